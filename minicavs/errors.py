@@ -1,0 +1,21 @@
+"""Exceptions users can catch; every message names the op, node, sample or file at fault."""
+
+
+class MinicavsError(Exception):
+    """Base class of the errors minicavs raises on bad input."""
+
+
+class ShapeError(MinicavsError, ValueError):
+    """Shapes or dtypes that do not fit an op, found at declaration time."""
+
+
+class FeedError(MinicavsError, ValueError):
+    """A missing, misshaped or mistyped value given to the executor."""
+
+
+class NonFiniteError(MinicavsError, FloatingPointError):
+    """A NaN or Inf loss or gradient; raised before any parameter changes."""
+
+
+class CheckpointError(MinicavsError, ValueError):
+    """A checkpoint that is missing, corrupt, or does not match the model."""

@@ -1,0 +1,93 @@
+"""The numpy interpreter for graphs: the reference every faster path is checked against."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from .errors import FeedError
+from .graph import Graph, Node, fmt_shape
+from .ops.registry import OPS
+
+
+@dataclass
+class RunContext:
+    """What an op may read besides its inputs: the dropout hash words and the train/eval switch."""
+
+    seed: int = 0
+    step: int = 0
+    training: bool = True
+    row_keys: Any = None  # per-row keys of the rows being computed (None: the row index)
+
+
+def check_value(node: Node, value, what: str):
+    """Return ``value`` as an array of the node's dtype, or raise naming the node and both shapes."""
+    arr = np.asarray(value)
+    want = node.dtype.np
+    if arr.dtype != want:
+        if arr.dtype.kind != want.kind and not (arr.dtype.kind in "iub" and want.kind in "iu"):
+            raise FeedError(f"{what} {node.label()}: got dtype {arr.dtype}, declared {node.dtype.name}")
+        arr = arr.astype(want)
+    if arr.ndim != node.ndim or any(d is not None and d != a for d, a in zip(node.shape, arr.shape)):
+        raise FeedError(f"{what} {node.label()}: got shape {arr.shape}, declared {fmt_shape(node.shape)}")
+    return arr
+
+
+class Executor:
+    """A graph compiled once into a flat instruction list; ``run`` only interprets it."""
+
+    def __init__(self, graph: Graph | Sequence[Node]):
+        self.graph = graph if isinstance(graph, Graph) else Graph(graph)
+        nodes = self.graph.nodes
+        index = {n: i for i, n in enumerate(nodes)}
+        self.index = index
+        self.out_idx = [index[o] for o in self.graph.outputs]
+        last_use = {i: len(nodes) for i in self.out_idx}  # outputs live to the end
+        for i, n in enumerate(nodes):
+            for x in n.inputs:
+                last_use[index[x]] = max(last_use.get(index[x], -1), i)
+        self.program = []
+        for i, n in enumerate(nodes):
+            free = tuple(sorted({index[x] for x in n.inputs if last_use[index[x]] == i}))
+            self.program.append((i, n, OPS[n.op], tuple(index[x] for x in n.inputs), free))
+
+    def run(self, feeds: Mapping | None = None, params: Mapping[str, Any] | None = None,
+            ctx: RunContext | None = None, xp=np) -> list:
+        """Evaluate the graph. ``feeds`` maps input nodes (or their names) to arrays; ``params`` maps
+        parameter names to arrays (or objects with a ``.value``)."""
+        feeds = feeds or {}
+        params = params or {}
+        ctx = ctx or RunContext()
+        env: list = [None] * len(self.program)
+        for i, n, opdef, args, free in self.program:
+            if n.op == "input":
+                if n in feeds:
+                    value = feeds[n]
+                elif n.name is not None and n.name in feeds:
+                    value = feeds[n.name]
+                else:
+                    raise FeedError(f"missing feed for input {n.label()} {fmt_shape(n.shape)}")
+                env[i] = check_value(n, value, "feed for input")
+            elif n.op == "param":
+                if n.name not in params:
+                    raise FeedError(f"missing value for parameter '{n.name}' {fmt_shape(n.shape)}")
+                value = params[n.name]
+                env[i] = check_value(n, getattr(value, "value", value), "parameter")
+            else:
+                xs = [env[a] for a in args]
+                if opdef.needs_ctx:
+                    env[i] = opdef.impl(xp, *xs, ctx=ctx, **n.attrs)
+                else:
+                    env[i] = opdef.impl(xp, *xs, **n.attrs)
+                for a in free:
+                    env[a] = None
+        return [env[i] for i in self.out_idx]
+
+
+def run(outputs: Node | Sequence[Node], feeds: Mapping | None = None, params: Mapping | None = None,
+        ctx: RunContext | None = None):
+    """One-shot evaluation; returns one array for one output node, else a list."""
+    single = isinstance(outputs, Node)
+    result = Executor([outputs] if single else list(outputs)).run(feeds, params, ctx)
+    return result[0] if single else result

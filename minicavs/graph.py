@@ -1,0 +1,238 @@
+"""The IR: plain-data nodes (op, inputs, attrs, shape, dtype) and graphs of them in topological order.
+
+Shapes are static tuples; ``None`` marks the leading row axis whose length is known only at run time.
+Static graphs declare it explicitly (``(None, H)``). Per-vertex symbols of a vertex function are declared
+without it (``(H,)``, the paper's "shape excluding the batch dimension", §3.3): inside a
+:func:`rows_implicit` scope the IR stores them as ``(None, H)`` all the same, so that autodiff reduces
+parameter gradients over vertices exactly as it reduces over rows of a static graph, while every ``axis``
+and ``shape`` argument a user writes there indexes the batch-less shape.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import itertools
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from .dtypes import SHORT, DType
+from .errors import ShapeError
+
+Shape = tuple  # tuple[int | None, ...]
+
+_ids = itertools.count()
+_rows_implicit: contextvars.ContextVar[bool] = contextvars.ContextVar("rows_implicit", default=False)
+
+
+class Node:
+    """One op application. Immutable by convention; compared and hashed by identity."""
+
+    __slots__ = ("op", "inputs", "attrs", "shape", "dtype", "id", "name", "__weakref__")
+
+    def __init__(self, op: str, inputs: tuple, attrs: dict, shape: Shape, dtype: DType,
+                 name: str | None = None):
+        self.op = op
+        self.inputs = inputs
+        self.attrs = attrs
+        self.shape = shape
+        self.dtype = dtype
+        self.id = next(_ids)  # creation order: inputs always have smaller ids (a valid topo order)
+        self.name = name
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def has_rows(self) -> bool:
+        """True if the leading axis is the run-time row (vertex) axis."""
+        return bool(self.shape) and self.shape[0] is None
+
+    @property
+    def vshape(self) -> Shape:
+        """The shape without the row axis: what a vertex function author declares."""
+        return self.shape[1:] if self.has_rows else self.shape
+
+    def label(self) -> str:
+        return f"{self.op}#{self.id}" + (f" '{self.name}'" if self.name else "")
+
+    def __repr__(self) -> str:
+        return f"<Node {self.label()} {type_str(self)}>"
+
+    # Python operators build nodes (ops are imported lazily: the op modules import this one).
+    def __add__(self, other): return _ops().add(self, other)
+    def __radd__(self, other): return _ops().add(other, self)
+    def __sub__(self, other): return _ops().sub(self, other)
+    def __rsub__(self, other): return _ops().sub(other, self)
+    def __mul__(self, other): return _ops().mul(self, other)
+    def __rmul__(self, other): return _ops().mul(other, self)
+    def __truediv__(self, other): return _ops().div(self, other)
+    def __rtruediv__(self, other): return _ops().div(other, self)
+    def __matmul__(self, other): return _ops().matmul(self, other)
+    def __rmatmul__(self, other): return _ops().matmul(other, self)
+    def __neg__(self): return _ops().neg(self)
+    def __pow__(self, p): return _ops().pow(self, p)
+
+    def __bool__(self):
+        raise TypeError("a symbolic Node has no truth value; run the graph to get numbers")
+
+
+def _ops():
+    from . import ops
+    return ops
+
+
+def make_node(op: str, inputs: Sequence[Node], attrs: dict | None = None, name: str | None = None) -> Node:
+    """Create a node, inferring its shape and dtype now so mistakes surface at declaration."""
+    from .ops.registry import OPS
+    attrs = dict(attrs or {})
+    inputs = tuple(inputs)
+    for i, x in enumerate(inputs):
+        if not isinstance(x, Node):
+            raise TypeError(f"{op}: input {i} is {type(x).__name__}, not a Node")
+    try:
+        opdef = OPS[op]
+    except KeyError:
+        raise ShapeError(f"unknown op {op!r}") from None
+    try:
+        shape, dtype = opdef.infer(*inputs, **attrs)
+    except ShapeError as e:
+        where = f"{op} '{name}'" if name else op
+        raise ShapeError(f"{where}: {e}") from None
+    return Node(op, inputs, attrs, tuple(shape), dtype, name)
+
+
+# --- axes and shapes as users write them -------------------------------------------------------------
+
+@contextlib.contextmanager
+def rows_implicit():
+    """Scope in which ``axis``/``shape`` arguments exclude the row axis (used by vertex functions)."""
+    token = _rows_implicit.set(True)
+    try:
+        yield
+    finally:
+        _rows_implicit.reset(token)
+
+
+def row_lead(x: Node) -> int:
+    """1 if ``x`` has a row axis that the current scope hides from users, else 0."""
+    return 1 if _rows_implicit.get() and x.has_rows else 0
+
+
+def user_axis(x: Node, axis: int, what: str = "axis") -> int:
+    """Normalise a user's axis (negative allowed) to an index into ``x.shape``."""
+    lead = row_lead(x)
+    nd = x.ndim - lead
+    if not isinstance(axis, (int, np.integer)) or not -nd <= axis < nd:
+        shown = x.vshape if lead else x.shape
+        raise ShapeError(f"{what} {axis!r} out of range for shape {fmt_shape(shown)}")
+    return int(axis) % nd + lead
+
+
+def user_axes(x: Node, axis) -> tuple[int, ...]:
+    """Normalise None (all axes a user can see), an int or a tuple of ints."""
+    if axis is None:
+        return tuple(range(row_lead(x), x.ndim))
+    if isinstance(axis, (int, np.integer)):
+        axis = (axis,)
+    out = tuple(sorted({user_axis(x, a) for a in axis}))
+    if len(out) != len(axis):
+        raise ShapeError(f"repeated axis in {axis!r}")
+    return out
+
+
+def user_shape(x: Node, shape: Sequence) -> Shape:
+    """A user's target shape, with the row axis put back in front inside a vertex function."""
+    shape = tuple(shape)
+    return ((None,) + shape) if row_lead(x) else shape
+
+
+# --- formatting --------------------------------------------------------------------------------------
+
+def fmt_shape(shape: Shape) -> str:
+    return "(" + ", ".join("?" if d is None else str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
+
+
+def type_str(n: Node) -> str:
+    return f"{SHORT[n.dtype.name]}[{','.join('?' if d is None else str(d) for d in n.shape)}]"
+
+
+def _fmt_attr(v: Any) -> str:
+    if isinstance(v, np.ndarray):
+        return repr(v.item()) if v.size == 1 else f"array{v.shape}"
+    if isinstance(v, float):
+        return f"{v:g}"
+    return repr(v)
+
+
+class Graph:
+    """The nodes reachable from ``outputs``, in topological order (creation order)."""
+
+    def __init__(self, outputs: Iterable[Node]):
+        self.outputs = tuple(outputs)
+        seen: dict[int, Node] = {}
+        stack = list(self.outputs)
+        while stack:  # iterative: deep graphs must not hit the recursion limit
+            n = stack.pop()
+            if n.id not in seen:
+                seen[n.id] = n
+                stack.extend(n.inputs)
+        self.nodes: tuple[Node, ...] = tuple(seen[i] for i in sorted(seen))
+
+    def __iter__(self):
+        return iter(self.nodes)
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def inputs(self) -> tuple[Node, ...]:
+        return tuple(n for n in self.nodes if n.op == "input")
+
+    @property
+    def params(self) -> tuple[Node, ...]:
+        return tuple(n for n in self.nodes if n.op == "param")
+
+    def consumers(self) -> dict[Node, list[Node]]:
+        out: dict[Node, list[Node]] = {n: [] for n in self.nodes}
+        for n in self.nodes:
+            for x in n.inputs:
+                out[x].append(n)
+        return out
+
+    def dump(self, labels: dict[Node, str] | None = None) -> str:
+        """One line per node, jaxpr-like: ``%3:f32[?,4] = tanh %2  # label``."""
+        idx = {n: i for i, n in enumerate(self.nodes)}
+        lines = []
+        for n in self.nodes:
+            args = " ".join(f"%{idx[x]}" for x in n.inputs)
+            attrs = " ".join(f"{k}={_fmt_attr(v)}" for k, v in n.attrs.items()
+                             if not (n.op in ("input", "param") and k in ("shape", "dtype")))
+            rhs = " ".join(s for s in (n.op, args, attrs) if s)
+            note = []
+            if n.name:
+                note.append(repr(n.name))
+            if labels and n in labels:
+                note.append(labels[n])
+            lines.append(f"  %{idx[n]}:{type_str(n)} = {rhs}" + (f"  # {' '.join(note)}" if note else ""))
+        outs = ", ".join(f"%{idx[o]}" for o in self.outputs)
+        return "{\n" + "\n".join(lines) + f"\n  return {outs}\n}}"
+
+    def to_dot(self, labels: dict[Node, str] | None = None) -> str:
+        """Graphviz source; ``dot -Tsvg`` renders it."""
+        idx = {n: i for i, n in enumerate(self.nodes)}
+        outs = set(self.outputs)
+        lines = ["digraph G {", "  rankdir=TB;", '  node [shape=box, fontname="monospace"];']
+        for n in self.nodes:
+            text = f"%{idx[n]} {n.op}" + (f" '{n.name}'" if n.name else "") + f"\\n{type_str(n)}"
+            if labels and n in labels:
+                text += f"\\n[{labels[n]}]"
+            style = ', style=filled, fillcolor="#dde8f8"' if n.op in ("input", "param") else ""
+            if n in outs:
+                style += ", peripheries=2"
+            lines.append(f'  n{idx[n]} [label="{text}"{style}];')
+            for x in n.inputs:
+                lines.append(f"  n{idx[x]} -> n{idx[n]};")
+        lines.append("}")
+        return "\n".join(lines)

@@ -1,0 +1,153 @@
+"""Elementwise ops with numpy broadcasting. Each carries a scalar ``expr`` for the fusion pass."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from ..errors import ShapeError
+from ..graph import Node, fmt_shape, make_node
+from . import scalar as S
+from .reduce import sum_to
+from .registry import OpDef, register
+from .sources import as_node, constant
+
+
+def broadcast_shapes(a: tuple, b: tuple) -> tuple:
+    """numpy's rule, with None (rows known at run time) matching any length."""
+    out = []
+    for da, db in itertools.zip_longest(reversed(a), reversed(b), fillvalue=1):
+        if da == db or db == 1:
+            out.append(da)
+        elif da == 1:
+            out.append(db)
+        elif da is None or db is None:
+            out.append(db if da is None else da)
+        else:
+            raise ShapeError(f"shapes {fmt_shape(a)} and {fmt_shape(b)} do not broadcast")
+    return tuple(reversed(out))
+
+
+def _unary_infer(x, **attrs):
+    if not x.dtype.is_float:
+        raise ShapeError(f"needs a float input, got {x.dtype.name}")
+    return x.shape, x.dtype
+
+
+def _binary_infer(a, b):
+    if a.dtype != b.dtype:
+        raise ShapeError(f"dtypes {a.dtype.name} and {b.dtype.name} differ (shapes {fmt_shape(a.shape)} "
+                         f"and {fmt_shape(b.shape)})")
+    return broadcast_shapes(a.shape, b.shape), a.dtype
+
+
+def unbroadcast(g: Node, x: Node):
+    """The part of gradient ``g`` that belongs to operand ``x`` of a broadcasting op."""
+    return g if g.shape == x.shape else sum_to(g, x.shape)
+
+
+def _unary(name, impl, vjp, expr):
+    register(OpDef(name, infer=_unary_infer, impl=impl, vjp=vjp, expr=expr))
+
+    def build(x: Node) -> Node:
+        return make_node(name, (x,))
+    build.__name__ = name
+    return build
+
+
+def _binary(name, impl, vjp, expr):
+    register(OpDef(name, infer=_binary_infer, impl=impl, vjp=vjp, expr=expr))
+
+    def build(a, b) -> Node:
+        if not isinstance(a, Node) and not isinstance(b, Node):
+            raise TypeError(f"{name}: at least one operand must be a Node")
+        a = as_node(a, b) if not isinstance(a, Node) else a
+        b = as_node(b, a)
+        return make_node(name, (a, b))
+    build.__name__ = name
+    return build
+
+
+def _half(y):
+    return constant(0.5, y.dtype)
+
+
+neg = _unary("neg", lambda xp, x: -x, lambda g, y, x: (neg(g),), lambda x: -x)
+exp = _unary("exp", lambda xp, x: xp.exp(x), lambda g, y, x: (mul(g, y),), S.exp)
+log = _unary("log", lambda xp, x: xp.log(x), lambda g, y, x: (div(g, x),), S.log)
+tanh = _unary("tanh", lambda xp, x: xp.tanh(x),
+              lambda g, y, x: (mul(g, sub(1.0, mul(y, y))),), S.tanh)
+# sigmoid in chainer's overflow-free form: no exp(-x) that overflows for large negative x
+sigmoid = _unary("sigmoid", lambda xp, x: x.dtype.type(0.5) * xp.tanh(x.dtype.type(0.5) * x) + x.dtype.type(0.5),
+                 lambda g, y, x: (mul(g, mul(y, sub(1.0, y))),),
+                 lambda x: 0.5 * S.tanh(0.5 * x) + 0.5)
+relu = _unary("relu", lambda xp, x: xp.maximum(x, x.dtype.type(0)),
+              lambda g, y, x: (mul(g, step(x)),), lambda x: S.fmax(x, 0.0))
+square = _unary("square", lambda xp, x: x * x,
+                lambda g, y, x: (mul(g, mul(x, 2.0)),), lambda x: x * x)
+sqrt = _unary("sqrt", lambda xp, x: xp.sqrt(x), lambda g, y, x: (div(mul(g, 0.5), y),), S.sqrt)
+abs = _unary("abs", lambda xp, x: xp.abs(x), lambda g, y, x: (mul(g, sign(x)),), S.fabs)
+step = _unary("step", lambda xp, x: (x > 0).astype(x.dtype), None, S.step)
+sign = _unary("sign", lambda xp, x: xp.sign(x), None, S.sign)
+
+register(OpDef("pow", infer=_unary_infer,
+               impl=lambda xp, x, p: xp.power(x, x.dtype.type(p)),
+               vjp=lambda g, y, x, p: (mul(g, mul(pow(x, p - 1.0), float(p))),),
+               expr=lambda x, p: S.pow_(x, p)))
+
+
+def pow(x: Node, p: float) -> Node:
+    """x ** p for a constant exponent p."""
+    if isinstance(p, Node):
+        raise TypeError("pow: the exponent must be a Python number (pow by a constant)")
+    return make_node("pow", (x,), {"p": float(p)})
+
+
+add = _binary("add", lambda xp, a, b: a + b,
+              lambda g, y, a, b: (unbroadcast(g, a), unbroadcast(g, b)), lambda a, b: a + b)
+sub = _binary("sub", lambda xp, a, b: a - b,
+              lambda g, y, a, b: (unbroadcast(g, a), unbroadcast(neg(g), b)), lambda a, b: a - b)
+mul = _binary("mul", lambda xp, a, b: a * b,
+              lambda g, y, a, b: (unbroadcast(mul(g, b), a), unbroadcast(mul(g, a), b)), lambda a, b: a * b)
+div = _binary("div", lambda xp, a, b: a / b,
+              lambda g, y, a, b: (unbroadcast(div(g, b), a), unbroadcast(neg(div(mul(g, y), b)), b)),
+              lambda a, b: a / b)
+ge = _binary("ge", lambda xp, a, b: (a >= b).astype(np.result_type(a, b)), None, S.ge)
+
+
+def _maximum_vjp(g, y, a, b):
+    mask = ge(a, b)  # ties go to a, as in numpy's subgradient convention for maximum
+    return unbroadcast(mul(g, mask), a), unbroadcast(mul(g, sub(1.0, mask)), b)
+
+
+maximum = _binary("maximum", lambda xp, a, b: xp.maximum(a, b), _maximum_vjp, S.fmax)
+
+
+def _accum_infer(*xs):
+    shape = xs[0].shape
+    for x in xs[1:]:
+        if x.shape != shape or x.dtype != xs[0].dtype:
+            raise ShapeError(f"accum operands differ: {fmt_shape(shape)} and {fmt_shape(x.shape)}")
+    return shape, xs[0].dtype
+
+
+def _accum_impl(xp, *xs):
+    from ..sparse import add_all
+    return add_all(xp, xs)
+
+
+# accum: the n-ary sum autodiff uses for fan-out; the only op that accepts row-sparse operands.
+register(OpDef("accum", infer=_accum_infer, impl=_accum_impl,
+               vjp=lambda g, y, *xs: (g,) * len(xs),
+               expr=lambda *xs: _sum_exprs(xs)))
+
+
+def _sum_exprs(xs):
+    total = xs[0]
+    for x in xs[1:]:
+        total = total + x
+    return total
+
+
+def accum(*xs: Node) -> Node:
+    return xs[0] if len(xs) == 1 else make_node("accum", xs)

@@ -1,0 +1,70 @@
+"""Matrix products: matmul (numpy semantics over the last two axes) and linear (rows @ W + b)."""
+from __future__ import annotations
+
+from ..errors import ShapeError
+from ..graph import Node, fmt_shape, make_node
+from .elementwise import broadcast_shapes, unbroadcast
+from .reduce import sum
+from .registry import OpDef, register
+from .shape import swap_last
+from .sources import as_node
+
+
+def _dims_match(a, b):
+    return a == b or a is None or b is None
+
+
+def _matmul_infer(a, b):
+    if a.dtype != b.dtype:
+        raise ShapeError(f"dtypes {a.dtype.name} and {b.dtype.name} differ")
+    if a.ndim < 2 or b.ndim < 2:
+        raise ShapeError(f"needs operands with at least 2 axes, got {fmt_shape(a.shape)} and {fmt_shape(b.shape)}")
+    if not _dims_match(a.shape[-1], b.shape[-2]):
+        raise ShapeError(f"shapes {fmt_shape(a.shape)} and {fmt_shape(b.shape)}: inner dimensions "
+                         f"{a.shape[-1]} and {b.shape[-2]} differ")
+    try:
+        batch = broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    except ShapeError:
+        raise ShapeError(f"batch axes of {fmt_shape(a.shape)} and {fmt_shape(b.shape)} do not broadcast") from None
+    return batch + (a.shape[-2], b.shape[-1]), a.dtype
+
+
+def _matmul_vjp(g, y, a, b):
+    return (unbroadcast(matmul(g, swap_last(b)), a), unbroadcast(matmul(swap_last(a), g), b))
+
+
+register(OpDef("matmul", infer=_matmul_infer, impl=lambda xp, a, b: xp.matmul(a, b), vjp=_matmul_vjp))
+
+
+def matmul(a: Node, b: Node) -> Node:
+    return make_node("matmul", (a, b))
+
+
+def _linear_infer(x, w, b):
+    if not (x.dtype == w.dtype == b.dtype):
+        raise ShapeError(f"dtypes {x.dtype.name}, {w.dtype.name} and {b.dtype.name} differ")
+    if x.ndim != 2 or w.ndim != 2 or b.ndim != 1:
+        raise ShapeError(f"needs rows (R, K), W (K, N), b (N,); got {fmt_shape(x.shape)}, "
+                         f"{fmt_shape(w.shape)} and {fmt_shape(b.shape)}")
+    if not _dims_match(x.shape[1], w.shape[0]) or not _dims_match(w.shape[1], b.shape[0]):
+        raise ShapeError(f"shapes {fmt_shape(x.shape)} @ {fmt_shape(w.shape)} + {fmt_shape(b.shape)} do not fit")
+    return (x.shape[0], w.shape[1]), x.dtype
+
+
+def _linear_impl(xp, x, w, b):
+    y = xp.matmul(x, w)
+    y += b
+    return y
+
+
+register(OpDef("linear", infer=_linear_infer, impl=_linear_impl,
+               vjp=lambda g, y, x, w, b: (matmul(g, swap_last(w)), matmul(swap_last(x), g),
+                                          make_node("sum", (g,), {"axes": (0,), "keepdims": False}))))
+
+
+def linear(x: Node, w: Node, b: Node) -> Node:
+    """rows @ W + b: x (R, K) or, in a vertex function, a per-vertex (K,); W (K, N); b (N,)."""
+    return make_node("linear", (x, w, as_node(b, x)))
+
+
+__all__ = ["matmul", "linear", "sum"]

@@ -1,0 +1,217 @@
+"""Neural-network ops: softmax family and losses, dropout, row lookup (embedding) with row-sparse gradients."""
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+
+from ..errors import FeedError, ShapeError
+from ..graph import Node, fmt_shape, make_node, user_axis
+from ..random import uniform
+from ..sparse import RowSparse, densify as _densify
+from .elementwise import exp, mul, neg, sub, unbroadcast
+from .reduce import mean_grad
+from .registry import OpDef, register
+from .sources import as_node
+
+
+def no_second_order(name):
+    def vjp(*args, **attrs):
+        raise NotImplementedError(f"{name} has no gradient: second-order derivatives through it are not supported")
+    return vjp
+
+
+def _same(x, **attrs):
+    if not x.dtype.is_float:
+        raise ShapeError(f"needs a float input, got {x.dtype.name}")
+    return x.shape, x.dtype
+
+
+def _keepsum(x, axis):
+    return make_node("sum", (x,), {"axes": (axis,), "keepdims": True})
+
+
+def _softmax_impl(xp, x, axis):
+    e = xp.exp(x - xp.max(x, axis=axis, keepdims=True))
+    return e / xp.sum(e, axis=axis, keepdims=True)
+
+
+def _log_softmax_impl(xp, x, axis):
+    z = x - xp.max(x, axis=axis, keepdims=True)
+    return z - xp.log(xp.sum(xp.exp(z), axis=axis, keepdims=True))
+
+
+register(OpDef("softmax", infer=_same, impl=_softmax_impl,
+               vjp=lambda g, y, x, axis: (mul(y, sub(g, _keepsum(mul(g, y), axis))),)))
+register(OpDef("log_softmax", infer=_same, impl=_log_softmax_impl,
+               vjp=lambda g, y, x, axis: (sub(g, mul(exp(y), _keepsum(g, axis))),)))
+
+
+def softmax(x: Node, axis: int = -1) -> Node:
+    return make_node("softmax", (x,), {"axis": user_axis(x, axis)})
+
+
+def log_softmax(x: Node, axis: int = -1) -> Node:
+    return make_node("log_softmax", (x,), {"axis": user_axis(x, axis)})
+
+
+# --- softmax cross-entropy with integer labels ------------------------------------------------------
+
+def _xent_infer(logits, labels, *weight):
+    if not logits.dtype.is_float or labels.dtype.is_float:
+        raise ShapeError(f"needs float logits and integer labels, got {logits.dtype.name} and {labels.dtype.name}")
+    if logits.ndim < 1 or len(labels.shape) != logits.ndim - 1 or any(
+            a != b and a is not None and b is not None for a, b in zip(logits.shape[:-1], labels.shape)):
+        raise ShapeError(f"logits {fmt_shape(logits.shape)} need labels of shape {fmt_shape(logits.shape[:-1])}, "
+                         f"got {fmt_shape(labels.shape)}")
+    if weight:
+        w = weight[0]
+        if w.dtype != logits.dtype or w.shape != labels.shape:
+            raise ShapeError(f"weight {w.dtype.name}{fmt_shape(w.shape)} must match labels {fmt_shape(labels.shape)} "
+                             f"and logits dtype {logits.dtype.name}")
+    return labels.shape, logits.dtype
+
+
+def _check_labels(xp, labels, classes):
+    if labels.size and (int(labels.min()) < 0 or int(labels.max()) >= classes):
+        bad = int(labels.min()) if int(labels.min()) < 0 else int(labels.max())
+        raise FeedError(f"softmax_cross_entropy: label {bad} out of range for {classes} classes")
+
+
+def _xent_impl(xp, logits, labels, *weight):
+    _check_labels(xp, labels, logits.shape[-1])
+    logp = _log_softmax_impl(xp, logits, -1)
+    loss = -xp.take_along_axis(logp, labels[..., None].astype(np.intp), axis=-1)[..., 0]
+    return loss * weight[0] if weight else loss
+
+
+def _xent_vjp(g, y, logits, labels, *weight):
+    if weight:
+        gl = make_node("xent_grad", (mul(g, weight[0]), logits, labels))
+        return gl, None, mul(g, make_node("softmax_cross_entropy", (logits, labels)))
+    return make_node("xent_grad", (g, logits, labels)), None
+
+
+def _xent_grad_impl(xp, g, logits, labels):
+    p = _softmax_impl(xp, logits, -1)
+    onehot = xp.zeros_like(p)
+    xp.put_along_axis(onehot, labels[..., None].astype(np.intp), 1, axis=-1)
+    return (p - onehot) * g[..., None]
+
+
+register(OpDef("softmax_cross_entropy", infer=_xent_infer, impl=_xent_impl, vjp=_xent_vjp))
+# xent_grad(g, logits, labels) = (softmax(logits) - onehot(labels)) * g[..., None]
+register(OpDef("xent_grad", infer=lambda g, logits, labels: (logits.shape, logits.dtype),
+               impl=_xent_grad_impl, vjp=no_second_order("xent_grad")))
+
+
+def softmax_cross_entropy(logits: Node, labels: Node, weight: Node | None = None) -> Node:
+    """Per-row loss ``weight * (logsumexp(logits) - logits[label])``; weight 0 masks a row out."""
+    args = (logits, labels) + (() if weight is None else (as_node(weight, logits),))
+    return make_node("softmax_cross_entropy", args)
+
+
+# --- mean squared error -----------------------------------------------------------------------------
+
+def _mse_infer(a, b):
+    from .elementwise import _binary_infer
+    _binary_infer(a, b)
+    return (), a.dtype
+
+
+def _mse_vjp(g, y, a, b):
+    d = sub(a, b)
+    gd = mul(mean_grad(g, d, tuple(range(d.ndim)), False), mul(d, 2.0))
+    return unbroadcast(gd, a), unbroadcast(neg(gd), b)
+
+
+register(OpDef("mse", infer=_mse_infer, impl=lambda xp, a, b: xp.mean(xp.square(a - b)), vjp=_mse_vjp))
+
+
+def mse(a: Node, b) -> Node:
+    """mean((a - b)**2) over every element (b broadcasts against a)."""
+    return make_node("mse", (a, as_node(b, a)))
+
+
+# --- dropout ----------------------------------------------------------------------------------------
+
+_sites = itertools.count()
+
+
+def dropout_mask(shape, p, site, ctx, dtype):
+    """The keep-mask scaled by 1/(1-p): a pure function of (seed, step, site, row key, column)."""
+    rows = shape[0] if shape else 1
+    keys = getattr(ctx, "row_keys", None)
+    if keys is None:
+        keys = np.arange(rows, dtype=np.uint64)
+    elif len(keys) != rows:
+        raise FeedError(f"dropout site {site}: {len(keys)} row keys for {rows} rows")
+    cols = np.arange(math.prod(shape[1:]), dtype=np.uint64)
+    u = uniform(ctx.seed, ctx.step, site, np.asarray(keys)[:, None], cols[None, :])
+    return ((u >= p) * (1.0 / (1.0 - p))).astype(dtype).reshape(shape)
+
+
+def _dropout_impl(xp, x, p, site, ctx):
+    if not ctx.training or p == 0.0:
+        return x
+    return x * xp.asarray(dropout_mask(x.shape, p, site, ctx, x.dtype))
+
+
+register(OpDef("dropout", infer=lambda x, p, site: _same(x), impl=_dropout_impl, needs_ctx=True,
+               vjp=lambda g, y, x, p, site: (make_node("dropout", (g,), {"p": p, "site": site}),)))
+
+
+def dropout(x: Node, p: float, site: int | None = None) -> Node:
+    """Inverted dropout. The mask hashes (seed, step, site, row key, column): see :mod:`minicavs.random`.
+
+    ``site`` names this dropout for the hash; pass a fixed number to keep masks stable across programs that
+    build their graphs in a different order (default: a process-wide counter)."""
+    if not 0.0 <= p < 1.0:
+        raise ShapeError(f"dropout: p={p} must be in [0, 1)")
+    return make_node("dropout", (x,), {"p": float(p), "site": next(_sites) if site is None else int(site)})
+
+
+# --- row lookup (embedding) -------------------------------------------------------------------------
+
+def _lookup_infer(table, idx):
+    if table.ndim < 1 or table.shape[0] is None or idx.dtype.is_float:
+        raise ShapeError(f"needs a table with a known row count and integer indices, got "
+                         f"{table.dtype.name}{fmt_shape(table.shape)} and {idx.dtype.name}{fmt_shape(idx.shape)}")
+    return idx.shape + table.shape[1:], table.dtype
+
+
+def _lookup_impl(xp, table, idx):
+    if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= table.shape[0]):
+        bad = int(idx.min()) if int(idx.min()) < 0 else int(idx.max())
+        raise FeedError(f"lookup: index {bad} out of range for a table of {table.shape[0]} rows")
+    return xp.take(table, idx, axis=0)
+
+
+def _lookup_grad_impl(xp, g, idx, shape):
+    return RowSparse(idx.reshape(-1), g.reshape((-1,) + tuple(shape[1:])), tuple(shape))
+
+
+register(OpDef("lookup", infer=_lookup_infer, impl=_lookup_impl,
+               vjp=lambda g, y, table, idx: (make_node("lookup_grad", (g, idx), {"shape": table.shape}), None)))
+# lookup_grad(g, idx): the row-sparse gradient of the table: indices + rows, never a dense table.
+register(OpDef("lookup_grad", infer=lambda g, idx, shape: (shape, g.dtype), impl=_lookup_grad_impl,
+               vjp=no_second_order("lookup_grad")))
+register(OpDef("densify", infer=lambda x: (x.shape, x.dtype), impl=lambda xp, x: _densify(xp, x),
+               vjp=lambda g, y, x: (g,)))
+
+
+def lookup(table: Node, idx: Node) -> Node:
+    """Rows of ``table`` at integer ``idx``: shape idx.shape + table.shape[1:]."""
+    return make_node("lookup", (table, idx))
+
+
+def is_row_sparse(n: Node) -> bool:
+    """True if the node's value at run time is a RowSparse (a lookup gradient or a sum of them only)."""
+    if n.op == "lookup_grad":
+        return True
+    return n.op == "accum" and all(is_row_sparse(x) for x in n.inputs)
+
+
+def densify(x: Node) -> Node:
+    return make_node("densify", (x,)) if is_row_sparse(x) else x

@@ -1,0 +1,103 @@
+"""Reductions and their adjoints: sum/mean over axes, sum_to (undoing broadcasting), broadcast_like."""
+from __future__ import annotations
+
+from ..errors import ShapeError
+from ..graph import Node, fmt_shape, make_node, user_axes
+from .registry import OpDef, register
+
+
+def _reduced(shape, axes, keepdims):
+    return tuple((1 if i in axes else d) for i, d in enumerate(shape) if keepdims or i not in axes)
+
+
+def _reduce_infer(x, axes, keepdims):
+    return _reduced(x.shape, axes, keepdims), x.dtype
+
+
+def _expand(xp, g, axes, keepdims):
+    return g if keepdims else xp.expand_dims(g, axes)
+
+
+register(OpDef(
+    "sum", infer=_reduce_infer,
+    impl=lambda xp, x, axes, keepdims: xp.sum(x, axis=axes, keepdims=keepdims),
+    vjp=lambda g, out, x, axes, keepdims: (broadcast_like(g, x, axes, keepdims),)))
+
+register(OpDef(
+    "mean", infer=_reduce_infer,
+    impl=lambda xp, x, axes, keepdims: xp.mean(x, axis=axes, keepdims=keepdims),
+    vjp=lambda g, out, x, axes, keepdims: (mean_grad(g, x, axes, keepdims),)))
+
+
+def _count(shape, axes):
+    n = 1
+    for a in axes:
+        n *= shape[a]
+    return n
+
+
+# broadcast_like(g, x): g (reduced over `axes` of x) broadcast back to x's shape; adjoint of sum.
+register(OpDef(
+    "broadcast_like", infer=lambda g, x, axes, keepdims: (x.shape, g.dtype),
+    impl=lambda xp, g, x, axes, keepdims: xp.broadcast_to(_expand(xp, g, axes, keepdims), x.shape),
+    vjp=lambda gg, out, g, x, axes, keepdims: (make_node("sum", (gg,), {"axes": axes, "keepdims": keepdims}),
+                                               None)))
+
+# mean_grad(g, x): the adjoint of mean, i.e. broadcast_like divided by the (run-time) element count.
+register(OpDef(
+    "mean_grad", infer=lambda g, x, axes, keepdims: (x.shape, g.dtype),
+    impl=lambda xp, g, x, axes, keepdims: xp.broadcast_to(
+        _expand(xp, g, axes, keepdims) / g.dtype.type(_count(x.shape, axes)), x.shape),
+    vjp=lambda gg, out, g, x, axes, keepdims: (make_node("mean", (gg,), {"axes": axes, "keepdims": keepdims}),
+                                               None)))
+
+
+def _sum_to_infer(x, axes, shape):
+    return shape, x.dtype
+
+
+def _sum_to_impl(xp, x, axes, shape):
+    y = xp.sum(x, axis=axes) if axes else x
+    lead = x.ndim - len(shape)
+    return y.reshape(tuple(x.shape[i + lead] if d is None else d for i, d in enumerate(shape)))
+
+
+register(OpDef(
+    "sum_to", infer=_sum_to_infer, impl=_sum_to_impl,
+    vjp=lambda g, out, x, axes, shape: (
+        broadcast_like(g, x, tuple(range(x.ndim - len(shape))), False),)))
+
+
+def sum(x: Node, axis=None, keepdims: bool = False) -> Node:
+    """Sum over ``axis`` (None: every axis a user sees; inside a vertex function, not the vertex axis)."""
+    return make_node("sum", (x,), {"axes": user_axes(x, axis), "keepdims": bool(keepdims)})
+
+
+def mean(x: Node, axis=None, keepdims: bool = False) -> Node:
+    return make_node("mean", (x,), {"axes": user_axes(x, axis), "keepdims": bool(keepdims)})
+
+
+def broadcast_like(g: Node, x: Node, axes: tuple, keepdims: bool) -> Node:
+    return make_node("broadcast_like", (g, x), {"axes": tuple(axes), "keepdims": bool(keepdims)})
+
+
+def mean_grad(g: Node, x: Node, axes: tuple, keepdims: bool) -> Node:
+    return make_node("mean_grad", (g, x), {"axes": tuple(axes), "keepdims": bool(keepdims)})
+
+
+def sum_to(x: Node, shape: tuple) -> Node:
+    """Sum ``x`` down to ``shape``, the inverse of numpy broadcasting (used by gradients)."""
+    shape = tuple(shape)
+    if x.shape == shape:
+        return x
+    lead = x.ndim - len(shape)
+    if lead < 0:
+        raise ShapeError(f"cannot sum {fmt_shape(x.shape)} down to {fmt_shape(shape)}")
+    axes = list(range(lead))
+    for i, d in enumerate(shape):
+        xd = x.shape[i + lead]
+        if d == 1 and xd != 1:
+            axes.append(i + lead)
+        elif d != xd and not (d is None or xd is None):
+            raise ShapeError(f"cannot sum {fmt_shape(x.shape)} down to {fmt_shape(shape)}")
+    return make_node("sum_to", (x,), {"axes": tuple(axes), "shape": shape})

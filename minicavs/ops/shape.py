@@ -1,0 +1,172 @@
+"""Ops that move data without arithmetic: reshape, transpose, concat, slice/split (views where numpy allows)."""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+from ..errors import ShapeError
+from ..graph import Node, fmt_shape, make_node, row_lead, user_axis, user_shape
+from .registry import OpDef, register
+
+
+def _run_shape(shape, rows):
+    return tuple(rows if d is None else d for d in shape)
+
+
+def _reshape_infer(x, shape):
+    return shape, x.dtype
+
+
+register(OpDef("reshape", infer=_reshape_infer,
+               impl=lambda xp, x, shape: x.reshape(_run_shape(shape, x.shape[0] if x.ndim else None)),
+               vjp=lambda g, y, x, shape: (make_node("reshape", (g,), {"shape": x.shape}),)))
+
+
+def reshape(x: Node, shape: Sequence[int]) -> Node:
+    """Reshape; one entry may be -1. A leading row axis (None) is kept and cannot be merged away."""
+    shape = list(user_shape(x, shape))
+    fixed_in = x.shape[1:] if x.has_rows else x.shape
+    body = shape[1:] if shape and shape[0] is None else shape
+    if x.has_rows != (len(shape) > 0 and shape[0] is None):
+        raise ShapeError(f"reshape {fmt_shape(x.shape)} -> {fmt_shape(tuple(shape))}: "
+                         "the row axis (None) must stay leading")
+    if any(d is None for d in body):
+        raise ShapeError(f"reshape: only the leading axis may be None, got {fmt_shape(tuple(shape))}")
+    total = math.prod(fixed_in)
+    if body.count(-1) > 1:
+        raise ShapeError(f"reshape: at most one -1 in {fmt_shape(tuple(shape))}")
+    if -1 in body:
+        known = math.prod(d for d in body if d != -1)
+        if known == 0 or total % known:
+            raise ShapeError(f"reshape {fmt_shape(x.shape)} -> {fmt_shape(tuple(shape))}: sizes do not fit")
+        body[body.index(-1)] = total // known
+    if math.prod(body) != total:
+        raise ShapeError(f"reshape {fmt_shape(x.shape)} -> {fmt_shape(tuple(shape))}: sizes do not fit")
+    out = ((None,) if x.has_rows else ()) + tuple(int(d) for d in body)
+    return x if out == x.shape else make_node("reshape", (x,), {"shape": out})
+
+
+def _perm_infer(x, perm):
+    if sorted(perm) != list(range(x.ndim)):
+        raise ShapeError(f"perm {perm} is not a permutation of the axes of {fmt_shape(x.shape)}")
+    return tuple(x.shape[p] for p in perm), x.dtype
+
+
+def _inverse(perm):
+    inv = [0] * len(perm)
+    for i, p in enumerate(perm):
+        inv[p] = i
+    return tuple(inv)
+
+
+register(OpDef("transpose", infer=_perm_infer, impl=lambda xp, x, perm: xp.transpose(x, perm),
+               vjp=lambda g, y, x, perm: (make_node("transpose", (g,), {"perm": _inverse(perm)}),)))
+
+
+def transpose(x: Node, perm: Sequence[int] | None = None) -> Node:
+    """Permute axes (default: reverse the axes a user sees; a vertex axis stays first in F)."""
+    lead = row_lead(x)
+    n = x.ndim - lead
+    perm = tuple(reversed(range(n))) if perm is None else tuple(perm)
+    if len(perm) != n:
+        raise ShapeError(f"transpose: perm {perm} has {len(perm)} axes, the shape has {n}")
+    full = tuple(range(lead)) + tuple(user_axis(x, p, "perm entry") for p in perm)
+    return make_node("transpose", (x,), {"perm": full})
+
+
+def swap_last(x: Node) -> Node:
+    perm = tuple(range(x.ndim - 2)) + (x.ndim - 1, x.ndim - 2)
+    return make_node("transpose", (x,), {"perm": perm})
+
+
+def _concat_infer(*xs, axis):
+    first = xs[0]
+    for x in xs[1:]:
+        if x.dtype != first.dtype:
+            raise ShapeError(f"dtypes {first.dtype.name} and {x.dtype.name} differ")
+        if x.ndim != first.ndim or any(a != b for i, (a, b) in enumerate(zip(first.shape, x.shape)) if i != axis):
+            raise ShapeError(f"shapes {fmt_shape(first.shape)} and {fmt_shape(x.shape)} differ off axis {axis}")
+    sizes = [x.shape[axis] for x in xs]
+    total = None if None in sizes else sum(sizes)
+    return first.shape[:axis] + (total,) + first.shape[axis + 1:], first.dtype
+
+
+def _concat_vjp(g, y, *xs, axis):
+    out, start = [], 0
+    for x in xs:
+        stop = start + x.shape[axis]
+        out.append(make_node("slice", (g,), {"axis": axis, "start": start, "stop": stop}))
+        start = stop
+    return tuple(out)
+
+
+register(OpDef("concat", infer=_concat_infer,
+               impl=lambda xp, *xs, axis: xp.concatenate(xs, axis=axis), vjp=_concat_vjp))
+
+
+def concat(xs: Sequence[Node], axis: int = -1) -> Node:
+    xs = tuple(xs)
+    if not xs:
+        raise ShapeError("concat: no inputs")
+    if len(xs) == 1:
+        return xs[0]
+    if any(x.shape[user_axis(xs[0], axis)] is None for x in xs):
+        raise ShapeError("concat: cannot concatenate along the row axis (its length is known only at run time)")
+    return make_node("concat", xs, {"axis": user_axis(xs[0], axis)})
+
+
+def _slice_infer(x, axis, start, stop):
+    return x.shape[:axis] + (stop - start,) + x.shape[axis + 1:], x.dtype
+
+
+def _index(axis, start, stop):
+    return (slice(None),) * axis + (slice(start, stop),)
+
+
+register(OpDef("slice", infer=_slice_infer,
+               impl=lambda xp, x, axis, start, stop: x[_index(axis, start, stop)],
+               vjp=lambda g, y, x, axis, start, stop: (
+                   make_node("unslice", (g, x), {"axis": axis, "start": start, "stop": stop}),)))
+
+
+def _unslice_impl(xp, g, x, axis, start, stop):
+    out = xp.zeros(x.shape, dtype=g.dtype)
+    out[_index(axis, start, stop)] = g
+    return out
+
+
+# unslice(g, x): zeros shaped like x with g written at [start:stop] on axis; the adjoint of slice.
+register(OpDef("unslice", infer=lambda g, x, axis, start, stop: (x.shape, g.dtype), impl=_unslice_impl,
+               vjp=lambda gg, y, g, x, axis, start, stop: (
+                   make_node("slice", (gg,), {"axis": axis, "start": start, "stop": stop}), None)))
+
+
+def slice_(x: Node, start: int, stop: int, axis: int = -1) -> Node:
+    """x[start:stop] along ``axis`` (a numpy view); not along the row axis."""
+    ax = user_axis(x, axis)
+    n = x.shape[ax]
+    if n is None:
+        raise ShapeError("slice: cannot slice the row axis (its length is known only at run time)")
+    if not (0 <= start < stop <= n):
+        raise ShapeError(f"slice [{start}:{stop}] out of range for axis {axis} of length {n}")
+    return make_node("slice", (x,), {"axis": ax, "start": int(start), "stop": int(stop)})
+
+
+def split(x: Node, sections, axis: int = -1) -> list[Node]:
+    """Split into ``sections`` equal parts (an int) or parts of the given sizes (a list); views."""
+    n = x.shape[user_axis(x, axis)]
+    if n is None:
+        raise ShapeError("split: cannot split the row axis")
+    if isinstance(sections, int):
+        if sections <= 0 or n % sections:
+            raise ShapeError(f"split: axis of length {n} does not split into {sections} equal parts")
+        sizes = [n // sections] * sections
+    else:
+        sizes = [int(s) for s in sections]
+        if sum(sizes) != n or min(sizes) <= 0:
+            raise ShapeError(f"split: sizes {sizes} do not add up to the axis length {n}")
+    out, start = [], 0
+    for s in sizes:
+        out.append(slice_(x, start, start + s, axis))
+        start += s
+    return out

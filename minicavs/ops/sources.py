@@ -1,0 +1,70 @@
+"""Leaves of a graph (inputs, parameters, constants) and value-free fills (zeros_like, ones_like)."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from ..dtypes import as_dtype, float32
+from ..errors import ShapeError
+from ..graph import Node, make_node
+from .registry import OpDef, register
+
+
+def _declared(shape=(), dtype=float32, **_):
+    shape = tuple(shape)
+    for i, d in enumerate(shape):
+        if d is not None and (not isinstance(d, (int, np.integer)) or d < 0):
+            raise ShapeError(f"bad dimension {d!r} in shape {shape}")
+        if d is None and i != 0:
+            raise ShapeError(f"only the leading (row) axis may be None, got shape {shape}")
+    return shape, as_dtype(dtype)
+
+
+def _no_impl(xp, **attrs):
+    raise RuntimeError("leaf nodes are supplied by the executor, not computed")
+
+
+register(OpDef("input", infer=_declared, impl=_no_impl, vjp=None))
+register(OpDef("param", infer=_declared, impl=_no_impl, vjp=None))
+register(OpDef("constant", infer=lambda value, dtype: (value.shape, as_dtype(dtype)),
+               impl=lambda xp, value, dtype: xp.asarray(value), vjp=None,
+               expr=lambda value, dtype: value.item() if value.size == 1 else None))
+register(OpDef("zeros_like", infer=lambda x: (x.shape, x.dtype),
+               impl=lambda xp, x: xp.zeros_like(x), vjp=None, expr=lambda x: 0.0))
+register(OpDef("ones_like", infer=lambda x: (x.shape, x.dtype),
+               impl=lambda xp, x: xp.ones_like(x), vjp=None, expr=lambda x: 1.0))
+
+
+def input(shape: Sequence, dtype=float32, name: str | None = None) -> Node:
+    """A value fed at run time. ``shape`` may start with None: rows known only at run time."""
+    shape, dtype = _declared(shape, dtype)
+    return make_node("input", (), {"shape": shape, "dtype": dtype}, name=name)
+
+
+def param_node(name: str, shape: Sequence, dtype=float32) -> Node:
+    """The symbolic handle of a parameter; its value is looked up by ``name`` when the graph runs."""
+    return make_node("param", (), {"shape": tuple(shape), "dtype": as_dtype(dtype)}, name=name)
+
+
+def constant(value, dtype=None) -> Node:
+    """A value baked into the graph (copied, so later changes to ``value`` do not leak in)."""
+    arr = np.array(value, dtype=None if dtype is None else as_dtype(dtype).np)
+    dt = as_dtype(arr.dtype if dtype is None else dtype)
+    return make_node("constant", (), {"value": arr.astype(dt.np), "dtype": dt})
+
+
+def as_node(x, like: Node) -> Node:
+    """Python numbers and arrays become constants of ``like``'s dtype."""
+    return x if isinstance(x, Node) else constant(x, like.dtype)
+
+
+def zeros_like(x: Node) -> Node:
+    return make_node("zeros_like", (x,))
+
+
+def ones_like(x: Node) -> Node:
+    return make_node("ones_like", (x,))
+
+
+__all__ = ["input", "param_node", "constant", "as_node", "zeros_like", "ones_like"]
