@@ -1,0 +1,100 @@
+"""Trainable parameters: a named value plus the symbolic ``param`` node that graphs use to refer to it.
+
+Graphs hold only the node; the executor looks the value up by name at run time, so a :class:`ParameterSet`
+can be passed directly as the executor's ``params`` and the optimizer can update values in place.
+"""
+from __future__ import annotations
+
+import zlib
+from collections.abc import Mapping
+from typing import Iterable, Iterator, Sequence
+
+import numpy as np
+
+from ..dtypes import as_dtype
+from ..graph import Node, fmt_shape
+from ..ops import param_node
+from .init import InitSpec, get_initializer
+
+
+def _rng_for(name: str, rng) -> np.random.Generator:
+    """A Generator is drawn from as is; a seed (None = 0) is combined with a hash of the name, so each
+    parameter's initial value depends on (seed, name) only, not on the order parameters are created in."""
+    if isinstance(rng, np.random.Generator):
+        return rng
+    return np.random.default_rng([0 if rng is None else int(rng), zlib.crc32(name.encode())])
+
+
+class Parameter:
+    """A named trainable array. ``init`` is an initializer spec (see :mod:`minicavs.nn.init`) or an array
+    to copy; ``weight_decay=False`` opts this parameter out of the optimizer's L2 term (biases, say)."""
+
+    def __init__(self, name: str, shape: Sequence[int], init: InitSpec | np.ndarray = "glorot_uniform",
+                 dtype="float32", weight_decay: bool = True,
+                 rng: int | np.random.Generator | None = None):
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"parameter name must be a non-empty string, got {name!r}")
+        shape = tuple(shape)
+        if any(not isinstance(d, (int, np.integer)) or d < 0 for d in shape):
+            raise ValueError(f"parameter '{name}': shape {shape} must be non-negative integers")
+        self.name = name
+        self.dtype = as_dtype(dtype)
+        if not self.dtype.is_float:
+            raise ValueError(f"parameter '{name}': dtype {self.dtype.name} is not a float type")
+        if isinstance(init, np.ndarray):
+            value = np.array(init, dtype=self.dtype.np)
+        else:
+            value = np.asarray(get_initializer(init)(shape, _rng_for(name, rng))).astype(self.dtype.np)
+        if value.shape != shape:
+            raise ValueError(f"parameter '{name}': initial value has shape {value.shape}, "
+                             f"declared {fmt_shape(shape)}")
+        self.value: np.ndarray = value
+        self.node: Node = param_node(name, shape, self.dtype)
+        self.weight_decay = bool(weight_decay)
+
+    @property
+    def shape(self) -> tuple:
+        return self.value.shape
+
+    def __repr__(self) -> str:
+        return f"Parameter({self.name!r}, {fmt_shape(self.shape)}, {self.dtype.name})"
+
+
+class ParameterSet(Mapping):
+    """Parameters by name, in insertion order; a name may appear once. Usable as the executor's
+    ``params`` mapping, by the optimizer and by checkpoints."""
+
+    def __init__(self, params: Iterable[Parameter] = ()):
+        self._params: dict[str, Parameter] = {}
+        for p in params:
+            self.add(p)
+
+    def add(self, param: Parameter) -> Parameter:
+        if not isinstance(param, Parameter):
+            raise TypeError(f"expected a Parameter, got {type(param).__name__}")
+        if param.name in self._params:
+            raise ValueError(f"duplicate parameter name '{param.name}': names identify parameters in graphs "
+                             "and checkpoints, so each must be unique")
+        self._params[param.name] = param
+        return param
+
+    def new(self, name: str, shape: Sequence[int], **kwargs) -> Parameter:
+        """Create a :class:`Parameter` (same arguments), add it, and return it."""
+        return self.add(Parameter(name, shape, **kwargs))
+
+    def __getitem__(self, name: str) -> Parameter:
+        return self._params[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._params)
+
+    def __len__(self) -> int:
+        return len(self._params)
+
+    @property
+    def nodes(self) -> list[Node]:
+        """The param nodes in order: the ``wrt`` list for :func:`minicavs.grad`."""
+        return [p.node for p in self._params.values()]
+
+    def __repr__(self) -> str:
+        return f"ParameterSet({list(self._params.values())!r})"

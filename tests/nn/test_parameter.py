@@ -1,0 +1,90 @@
+"""Parameter and ParameterSet: values, nodes, determinism, and use as the executor's params."""
+import numpy as np
+import pytest
+
+from minicavs import Executor, FeedError, ops
+from minicavs.nn import Parameter, ParameterSet
+
+
+def test_parameter_holds_value_and_node():
+    p = Parameter("enc/W", (3, 4))
+    assert p.name == "enc/W" and p.shape == (3, 4) and p.weight_decay
+    assert p.value.dtype == np.float32 and p.value.shape == (3, 4)
+    assert p.node.op == "param" and p.node.name == "enc/W"
+    assert p.node.shape == (3, 4) and p.node.dtype.name == "float32"
+    assert np.abs(p.value).max() <= np.sqrt(6 / 7) and p.value.std() > 0  # glorot by default
+
+
+def test_float64_and_opt_out():
+    p = Parameter("b", (5,), init="zeros", dtype="float64", weight_decay=False)
+    assert p.value.dtype == np.float64 and p.node.dtype.name == "float64"
+    assert not p.value.any() and p.weight_decay is False
+
+
+def test_seed_and_name_determine_the_value():
+    a = Parameter("W", (4, 4), rng=3).value
+    np.testing.assert_array_equal(a, Parameter("W", (4, 4), rng=3).value)
+    assert not np.array_equal(a, Parameter("W", (4, 4), rng=4).value)
+    assert not np.array_equal(a, Parameter("U", (4, 4), rng=3).value)  # same shape, other name
+    np.testing.assert_array_equal(Parameter("W", (4, 4)).value, Parameter("W", (4, 4), rng=0).value)
+
+
+def test_generator_is_drawn_from():
+    gen = np.random.default_rng(5)
+    a, b = Parameter("a", (3,), init="uniform(1)", rng=gen), Parameter("b", (3,), init="uniform(1)", rng=gen)
+    expect = np.random.default_rng(5).uniform(-1, 1, size=6).astype(np.float32)
+    np.testing.assert_array_equal(np.concatenate([a.value, b.value]), expect)
+
+
+def test_initial_value_from_an_array_is_copied():
+    src = np.arange(6.0).reshape(2, 3)
+    p = Parameter("W", (2, 3), init=src)
+    src[0, 0] = 99
+    assert p.value[0, 0] == 0 and p.value.dtype == np.float32
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(name="", shape=(2,)), "non-empty"),
+    (dict(name="W", shape=(2, -1)), "non-negative"),
+    (dict(name="W", shape=(2, None)), "non-negative"),
+    (dict(name="W", shape=(2,), dtype="int32"), "not a float"),
+    (dict(name="W", shape=(2, 3), init=np.zeros((3, 2))), r"shape \(3, 2\)"),
+    (dict(name="W", shape=(2, 3), init=lambda shape, rng: np.zeros(4)), "declared"),
+])
+def test_bad_parameters(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        Parameter(**kwargs)
+
+
+def test_parameter_set_is_an_ordered_mapping():
+    ps = ParameterSet([Parameter("z", (1,)), Parameter("a", (2,))])
+    c = ps.new("m", (3,), init="zeros")
+    assert list(ps) == ["z", "a", "m"] and len(ps) == 3
+    assert ps["m"] is c and "a" in ps and "q" not in ps
+    assert [n.name for n in ps.nodes] == ["z", "a", "m"]
+    assert [p.name for p in ps.values()] == ["z", "a", "m"]
+
+
+def test_duplicate_names_are_rejected():
+    ps = ParameterSet([Parameter("W", (2,))])
+    with pytest.raises(ValueError, match="duplicate parameter name 'W'"):
+        ps.add(Parameter("W", (3,)))
+    assert ps["W"].shape == (2,)
+    with pytest.raises(ValueError, match="duplicate"):
+        ParameterSet([Parameter("b", (1,)), Parameter("b", (1,))])
+    with pytest.raises(TypeError):
+        ps.add(np.zeros(2))
+
+
+def test_parameter_set_feeds_the_executor():
+    ps = ParameterSet()
+    w = ps.new("W", (3, 2), init=np.array([[1, 2], [3, 4], [5, 6]]))
+    b = ps.new("b", (2,), init="constant(0.5)")
+    x = ops.input((None, 3), name="x")
+    ex = Executor([ops.linear(x, w.node, b.node)])
+    xv = np.array([[1, 0, -1], [2, 1, 0]], np.float32)
+    np.testing.assert_array_equal(ex.run({x: xv}, ps)[0], [[-3.5, -3.5], [5.5, 8.5]])
+    w.value *= 2  # in-place updates are seen by the next run
+    np.testing.assert_array_equal(ex.run({x: xv}, ps)[0], [[-7.5, -7.5], [10.5, 16.5]])
+    with pytest.raises(FeedError, match="'b'"):
+        ex.run({x: xv}, ParameterSet([w]))
