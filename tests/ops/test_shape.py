@@ -1,0 +1,17 @@
+"""Table-driven checks of the shape ops (see tests/ops/specs.py): forward vs tests/reference.py, gradients
+vs finite differences."""
+import pytest
+
+from .specs import check_forward, check_gradient, params_for
+
+
+@pytest.mark.parametrize("rows", [3, 1])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("spec,case", params_for("shape"))
+def test_forward_matches_reference(spec, case, dtype, rows):
+    check_forward(spec, case, dtype, rows)
+
+
+@pytest.mark.parametrize("spec,case", params_for("shape", gradient=True))
+def test_gradient_matches_finite_differences(spec, case):
+    check_gradient(spec, case)
