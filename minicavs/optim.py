@@ -1,0 +1,300 @@
+"""Optimizers: SGD (with momentum), Adagrad and Adam, with L2 weight decay, global-norm clipping and
+row-sparse (embedding) gradients.
+
+One :meth:`Optimizer.step` does, in order:
+
+1. **validate** the loss (if given) and every gradient: known parameter, matching shape, finite values;
+   a bad one raises :class:`~minicavs.errors.NonFiniteError` or ``ValueError`` naming the parameter;
+2. **clip**: with ``clip_norm=c``, if the global L2 norm ``n`` of all gradients exceeds ``c``, every
+   gradient is multiplied by ``c / n`` (weight decay is not part of the norm);
+3. **weight decay**: ``g += weight_decay * p`` for parameters whose ``weight_decay`` flag is set;
+4. **update** out of place, check the new values and slots are finite, and only then **commit** them
+   (in place, so arrays handed out earlier stay valid). Any error leaves every parameter, every optimizer
+   slot and the step counter exactly as they were.
+
+A parameter missing from ``grads`` (or given ``None``) is skipped: no update, its slots do not decay.
+
+Row-sparse gradients (:class:`~minicavs.sparse.RowSparse`, the gradient of an embedding lookup):
+
+- default (``sparse_updates=False``): exactly the dense semantics; the gradient is densified first, so the
+  result is identical to passing ``g.to_dense()``: weight decay, momentum decay and Adam's moment decay
+  reach every row, looked up or not.
+- ``sparse_updates=True`` (DyNet's lazy updates, TensorFlow's LazyAdam): duplicate indices are summed, and
+  only the looked-up rows of the parameter and of its slots are read or written. Rows not looked up keep
+  their value *and* their slots: SGD momentum is neither applied nor decayed there, Adam's ``m`` and ``v``
+  are not decayed, Adagrad's accumulator is unchanged (for Adagrad without weight decay this equals the
+  dense result, since a zero gradient changes nothing). Weight decay applies to the looked-up rows only.
+  Adam's bias correction uses the optimizer's global step count ``t``, not a per-row count. Clipping still
+  uses the global norm of all gradients. Dense gradients are updated densely in either mode.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+
+from .errors import NonFiniteError
+from .nn.parameter import Parameter
+from .sparse import RowSparse
+
+Grad = Any  # np.ndarray | RowSparse
+
+
+class Optimizer:
+    """Base class. Subclasses name their per-parameter ``slots`` and write one elementwise :meth:`rule`,
+    which runs on whole arrays (dense updates) or on the looked-up rows (lazy sparse updates) alike."""
+
+    slots: tuple[str, ...] = ()
+
+    def __init__(self, params: Mapping[str, Parameter] | Iterable[Parameter], lr: float, *,
+                 weight_decay: float = 0.0, clip_norm: float | None = None,
+                 sparse_updates: bool = False):
+        items = params.values() if isinstance(params, Mapping) else params
+        self.params: dict[str, Parameter] = {}
+        for p in items:
+            if p.name in self.params:
+                raise ValueError(f"parameter '{p.name}' given twice")
+            self.params[p.name] = p
+        if lr <= 0 or weight_decay < 0 or (clip_norm is not None and clip_norm <= 0):
+            raise ValueError(f"need lr > 0, weight_decay >= 0, clip_norm > 0; got lr={lr}, "
+                             f"weight_decay={weight_decay}, clip_norm={clip_norm}")
+        self.lr = float(lr)
+        self.weight_decay = float(weight_decay)
+        self.clip_norm = None if clip_norm is None else float(clip_norm)
+        self.sparse_updates = bool(sparse_updates)
+        self.steps = 0  # successful steps so far
+        self.state: dict[str, dict[str, np.ndarray]] = {
+            name: {s: np.zeros_like(p.value) for s in self.slots} for name, p in self.params.items()}
+
+    # --- to be written by subclasses -----------------------------------------------------------------
+
+    def rule(self, value: np.ndarray, g: np.ndarray, slots: dict[str, np.ndarray], t: int):
+        """Return (new value, {slot: new slot}) for step number ``t`` (1-based); must not modify inputs."""
+        raise NotImplementedError
+
+    def hyper(self) -> dict:
+        """Hyperparameters, recorded in :meth:`state_dict` for reference."""
+        return {"lr": self.lr, "weight_decay": self.weight_decay, "clip_norm": self.clip_norm,
+                "sparse_updates": self.sparse_updates}
+
+    # --- one step ------------------------------------------------------------------------------------
+
+    def step(self, grads: Mapping[str, Grad], loss=None) -> float | None:
+        """Apply one update; returns the global gradient norm before clipping (None without clip_norm)."""
+        checked = self._validate(grads, loss)
+        norm = None
+        if self.clip_norm is not None:
+            norm = math.sqrt(sum(_sq_norm(g) for _, g in checked))
+            if not math.isfinite(norm):
+                raise NonFiniteError("global gradient norm overflows; no parameter was updated")
+            if norm > self.clip_norm:
+                scale = self.clip_norm / norm
+                checked = [(p, _scaled(g, scale)) for p, g in checked]
+        t = self.steps + 1
+        updates = []
+        with np.errstate(over="ignore", invalid="ignore"):  # overflow is caught below, as NonFiniteError
+            for p, g in checked:
+                slots = self.state[p.name]
+                if isinstance(g, RowSparse):
+                    idx = g.indices
+                    value = p.value[idx]
+                    rows = g.rows
+                    if self.weight_decay and p.weight_decay:
+                        rows = rows + self.weight_decay * value
+                    new, new_slots = self.rule(value, rows, {s: a[idx] for s, a in slots.items()}, t)
+                else:
+                    idx = Ellipsis
+                    if self.weight_decay and p.weight_decay:
+                        g = g + self.weight_decay * p.value
+                    new, new_slots = self.rule(p.value, g, slots, t)
+                if not all(np.isfinite(a).all() for a in (new, *new_slots.values())):
+                    raise NonFiniteError(f"update of parameter '{p.name}' is not finite (learning rate or "
+                                         "gradient too large?); no parameter was updated")
+                updates.append((p, idx, new, new_slots))
+        for p, idx, new, new_slots in updates:  # commit: plain copies, nothing here can fail
+            p.value[idx] = new
+            for s, a in new_slots.items():
+                self.state[p.name][s][idx] = a
+        self.steps = t
+        return norm
+
+    def _validate(self, grads: Mapping[str, Grad], loss) -> list[tuple[Parameter, Grad]]:
+        """Check everything before anything changes; returns (parameter, gradient) pairs ready to use:
+        dense arrays of the parameter's dtype, or coalesced RowSparse values in lazy mode."""
+        if loss is not None and not np.isfinite(np.asarray(loss, dtype=np.float64)).all():
+            raise NonFiniteError(f"loss is {loss}; no parameter was updated")
+        out = []
+        for name, g in grads.items():
+            if g is None:
+                continue
+            p = self.params.get(name)
+            if p is None:
+                raise ValueError(f"gradient for unknown parameter '{name}'")
+            if isinstance(g, RowSparse):
+                g = _check_sparse(p, g)
+                g = g.coalesce() if self.sparse_updates else g.to_dense()
+                if isinstance(g, RowSparse):
+                    g = RowSparse(g.indices, g.rows.astype(p.value.dtype, copy=False), g.shape)
+                    out.append((p, g))
+                    continue
+            g = np.asarray(g)
+            if g.dtype.kind != "f":
+                raise ValueError(f"gradient of parameter '{name}' has dtype {g.dtype}, not a float type")
+            if g.shape != p.value.shape:
+                raise ValueError(f"gradient of parameter '{name}' has shape {g.shape}, "
+                                 f"parameter has {p.value.shape}")
+            if not np.isfinite(g).all():
+                raise NonFiniteError(f"gradient of parameter '{name}' is not finite; "
+                                     "no parameter was updated")
+            out.append((p, g.astype(p.value.dtype, copy=False)))
+        return out
+
+    # --- state ---------------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """A snapshot (copies): ``{"type", "steps", "hyper", "slots": {param: {slot: array}}}``."""
+        slots = {name: {s: a.copy() for s, a in got.items()} for name, got in self.state.items()}
+        return {"type": type(self).__name__, "steps": self.steps, "hyper": self.hyper(), "slots": slots}
+
+    def check_state_dict(self, state: Mapping) -> None:
+        """Raise ValueError naming the parameter or slot if ``state`` does not fit this optimizer."""
+        kind = state.get("type")
+        if kind != type(self).__name__:
+            raise ValueError(f"optimizer state is for {kind!r}, not {type(self).__name__!r}")
+        steps = state.get("steps")
+        if not isinstance(steps, (int, np.integer)) or isinstance(steps, bool) or steps < 0:
+            raise ValueError(f"optimizer step count {steps!r} is not a non-negative integer")
+        slots = state.get("slots")
+        if not isinstance(slots, Mapping):
+            raise ValueError("optimizer state has no 'slots' mapping")
+        for name in self.params:
+            if name not in slots:
+                raise ValueError(f"optimizer state is missing parameter '{name}'")
+        for name, got in slots.items():
+            if name not in self.params:
+                raise ValueError(f"optimizer state has unexpected parameter '{name}'")
+            if set(got) != set(self.slots):
+                raise ValueError(f"optimizer state of parameter '{name}' has slots {sorted(got)}, "
+                                 f"expected {sorted(self.slots)}")
+            for s, a in got.items():
+                want = self.state[name][s]
+                a = np.asarray(a)
+                if a.shape != want.shape or a.dtype != want.dtype:
+                    raise ValueError(f"optimizer slot '{s}' of parameter '{name}' is {a.dtype}{a.shape}, "
+                                     f"expected {want.dtype}{want.shape}")
+
+    def load_state_dict(self, state: Mapping) -> None:
+        """Restore the step count and slots (all checked first). Hyperparameters stay as constructed, so
+        a resumed run takes them from its configuration."""
+        self.check_state_dict(state)
+        for name, got in state["slots"].items():
+            for s, a in got.items():
+                self.state[name][s][...] = a
+        self.steps = int(state["steps"])
+
+
+def _check_sparse(p: Parameter, g: RowSparse) -> RowSparse:
+    shape = p.value.shape
+    idx, rows = np.asarray(g.indices), np.asarray(g.rows)
+    if tuple(g.shape) != shape:
+        raise ValueError(f"row-sparse gradient of parameter '{p.name}' has shape {tuple(g.shape)}, "
+                         f"parameter has {shape}")
+    if idx.ndim != 1 or idx.dtype.kind not in "iu" or rows.shape != (len(idx),) + shape[1:]:
+        raise ValueError(f"row-sparse gradient of parameter '{p.name}': indices {idx.dtype}{idx.shape} and "
+                         f"rows {rows.shape} do not fit a parameter of shape {shape}")
+    if rows.dtype.kind != "f":
+        raise ValueError(f"row-sparse gradient of parameter '{p.name}' has dtype {rows.dtype}")
+    if idx.size and (idx.min() < 0 or idx.max() >= shape[0]):
+        raise ValueError(f"row-sparse gradient of parameter '{p.name}': index out of range [0, {shape[0]})")
+    if not np.isfinite(rows).all():
+        raise NonFiniteError(f"gradient of parameter '{p.name}' is not finite; no parameter was updated")
+    return RowSparse(idx, rows, shape)
+
+
+def _sq_norm(g: Grad) -> float:
+    a = g.rows if isinstance(g, RowSparse) else g
+    a = a.astype(np.float64, copy=False).reshape(-1)
+    return float(np.dot(a, a))
+
+
+def _scaled(g: Grad, scale: float) -> Grad:
+    if isinstance(g, RowSparse):
+        return RowSparse(g.indices, g.rows * g.rows.dtype.type(scale), g.shape)
+    return g * g.dtype.type(scale)
+
+
+class SGD(Optimizer):
+    """``v = momentum * v + g;  p -= lr * v`` (plain SGD when momentum is 0: no slot is kept)."""
+
+    def __init__(self, params, lr: float = 0.1, momentum: float = 0.0, **kwargs):
+        if not 0.0 <= momentum < 1.0:
+            raise ValueError(f"momentum {momentum} must be in [0, 1)")
+        self.momentum = float(momentum)
+        self.slots = ("momentum",) if momentum else ()
+        super().__init__(params, lr, **kwargs)
+
+    def hyper(self) -> dict:
+        return {**super().hyper(), "momentum": self.momentum}
+
+    def rule(self, value, g, slots, t):
+        if not self.momentum:
+            return value - self.lr * g, {}
+        v = self.momentum * slots["momentum"] + g
+        return value - self.lr * v, {"momentum": v}
+
+
+class Adagrad(Optimizer):
+    """``acc += g**2;  p -= lr * g / (sqrt(acc) + eps)`` (Duchi et al. 2011)."""
+
+    slots = ("sum_sq",)
+
+    def __init__(self, params, lr: float = 0.1, eps: float = 1e-10, **kwargs):
+        self.eps = float(eps)
+        super().__init__(params, lr, **kwargs)
+
+    def hyper(self) -> dict:
+        return {**super().hyper(), "eps": self.eps}
+
+    def rule(self, value, g, slots, t):
+        acc = slots["sum_sq"] + g * g
+        return value - self.lr * g / (np.sqrt(acc) + self.eps), {"sum_sq": acc}
+
+
+class Adam(Optimizer):
+    """Kingma & Ba 2015: ``m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
+    p -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)``; weight decay is L2 (added to g)."""
+
+    slots = ("m", "v")
+
+    def __init__(self, params, lr: float = 1e-3, beta1: float = 0.9, beta2: float = 0.999,
+                 eps: float = 1e-8, **kwargs):
+        if not (0.0 <= beta1 < 1.0 and 0.0 <= beta2 < 1.0):
+            raise ValueError(f"betas ({beta1}, {beta2}) must be in [0, 1)")
+        self.beta1, self.beta2, self.eps = float(beta1), float(beta2), float(eps)
+        super().__init__(params, lr, **kwargs)
+
+    def hyper(self) -> dict:
+        return {**super().hyper(), "beta1": self.beta1, "beta2": self.beta2, "eps": self.eps}
+
+    def rule(self, value, g, slots, t):
+        m = self.beta1 * slots["m"] + (1.0 - self.beta1) * g
+        v = self.beta2 * slots["v"] + (1.0 - self.beta2) * (g * g)
+        m_hat = m / (1.0 - self.beta1 ** t)
+        v_hat = v / (1.0 - self.beta2 ** t)
+        return value - self.lr * m_hat / (np.sqrt(v_hat) + self.eps), {"m": m, "v": v}
+
+
+OPTIMIZERS = {"sgd": SGD, "adagrad": Adagrad, "adam": Adam}
+
+
+def make_optimizer(name: str, params, **kwargs) -> Optimizer:
+    """Build an optimizer by (case-insensitive) name, as a config file names it."""
+    try:
+        cls = OPTIMIZERS[name.lower()]
+    except KeyError:
+        raise ValueError(f"unknown optimizer {name!r}; known: {', '.join(OPTIMIZERS)}") from None
+    return cls(params, **kwargs)
+
+
+__all__ = ["Optimizer", "SGD", "Adagrad", "Adam", "OPTIMIZERS", "make_optimizer"]
