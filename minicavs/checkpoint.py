@@ -136,7 +136,7 @@ def read(path: str | os.PathLike) -> Checkpoint:
         found = meta.get("format") if isinstance(meta, dict) else None
         raise bad(f"format is {found!r}, expected {FORMAT!r}")
     version = meta.get("version")
-    if not isinstance(version, int) or not 1 <= version <= VERSION:
+    if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= VERSION:
         raise bad(f"format version {version!r} is not supported (this minicavs reads 1 to {VERSION})")
 
     def array(key, shape=None, dtype=None, what="") -> np.ndarray:

@@ -48,7 +48,7 @@ def test_round_trip_is_bit_exact(tmp_path):
     ps, opt = trained()
     path = tmp_path / "ck.npz"
     checkpoint.save(path, ps, opt, extra={"data": {"epoch": 2, "offset": 17}, "rng": [1, 2 ** 70]})
-    fresh_ps, fresh_opt = model(seed=5), Adam(model(seed=5), lr=0.01, weight_decay=0.01)
+    fresh_ps = model(seed=5)
     fresh_opt = Adam(fresh_ps, lr=0.01, weight_decay=0.01)
     assert not np.array_equal(fresh_ps["enc/W"].value, ps["enc/W"].value)
     ck = checkpoint.load(path, fresh_ps, fresh_opt)
@@ -83,6 +83,17 @@ def test_load_assigns_in_place_and_read_needs_no_model(tmp_path):
         np.testing.assert_array_equal(arrays[k], ps[k].value)
     ck = checkpoint.read(tmp_path / "ck")
     assert list(ck.params) == list(ps) and ck.params["enc/b"].dtype == np.float32
+
+
+def test_restores_by_name_not_position(tmp_path):
+    ps, opt = trained()
+    checkpoint.save(tmp_path / "ck", ps, opt)
+    reordered = ParameterSet(reversed(list(model(seed=3).values())))
+    opt2 = Adam(reordered, lr=0.01)
+    checkpoint.load(tmp_path / "ck", reordered, opt2)
+    for k in ps:
+        np.testing.assert_array_equal(reordered[k].value, ps[k].value)
+        np.testing.assert_array_equal(opt2.state[k]["v"], opt.state[k]["v"])
 
 
 def test_plain_arrays_and_default_step(tmp_path):
@@ -237,6 +248,7 @@ def test_misshaped_optimizer_slot(saved):
     (lambda m: m.update(format="something-else"), "format is 'something-else'"),
     (lambda m: m.update(version=checkpoint.VERSION + 1), "version 2 is not supported"),
     (lambda m: m.update(version="1"), "version '1' is not supported"),
+    (lambda m: m.update(version=True), "version True is not supported"),
     (lambda m: m.pop("params"), "metadata is malformed"),
     (lambda m: m["params"][0].update(shape=[3, 4]), "metadata says"),
     (lambda m: m["params"][1].update(key="p99"), "'p99' of parameter 'enc/b' is missing"),

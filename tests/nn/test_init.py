@@ -15,8 +15,8 @@ def test_uniform_bounds_and_moments():
     assert a.var() == pytest.approx(0.3 ** 2 / 3, rel=0.01)
 
 
-@pytest.mark.parametrize("shape, fan_in, fan_out", [((200, 300), 200, 300), ((7,), 7, 7),
-                                                     ((4, 5, 60), 20, 60), ((), 1, 1)])
+@pytest.mark.parametrize("shape, fan_in, fan_out",
+                         [((200, 300), 200, 300), ((7,), 7, 7), ((4, 5, 60), 20, 60), ((), 1, 1)])
 def test_fans(shape, fan_in, fan_out):
     assert init.fans(shape) == (fan_in, fan_out)
 
