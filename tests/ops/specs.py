@@ -492,8 +492,8 @@ def check_forward(spec_: OpSpec, case: Case, dtype: str, rows: int):
         assert_matches(d, e, dtype, what)
 
 
-def check_gradient(spec_: OpSpec, case: Case):
-    nodes, outs, feeds, params, values = build(case, "float64", ROWS, case_seed(spec_, case))
+def check_gradient(spec_: OpSpec, case: Case, rows: int = ROWS):
+    nodes, outs, feeds, params, values = build(case, "float64", rows, case_seed(spec_, case))
     wrt = [n for n, a in zip(nodes, case.args) if a.is_float]
-    ctx = RunContext(**case.ctx(ROWS)) if case.ctx else None
+    ctx = RunContext(**case.ctx(rows)) if case.ctx else None
     check_grads(outs, wrt, feeds, params, eps=1e-6, rtol=1e-6, atol=1e-8, ctx=ctx)

@@ -1,8 +1,13 @@
 """Table-driven checks of the reduce ops (see tests/ops/specs.py): forward vs tests/reference.py, gradients
 vs finite differences."""
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import array_shapes
 
-from .specs import check_forward, check_gradient, params_for
+import minicavs.ops as ops
+
+from .specs import SPECS, Arg, Case, check_forward, check_gradient, params_for
 
 
 @pytest.mark.parametrize("rows", [3, 1])
@@ -15,3 +20,39 @@ def test_forward_matches_reference(spec, case, dtype, rows):
 @pytest.mark.parametrize("spec,case", params_for("reduce", gradient=True))
 def test_gradient_matches_finite_differences(spec, case):
     check_gradient(spec, case)
+
+
+@settings(deadline=None, max_examples=40)
+@given(data=st.data(), name=st.sampled_from(["sum", "mean"]))
+def test_random_axes(data, name):
+    """Any shape (maybe with a row axis), any set of axes written with either sign, keepdims or not."""
+    shape = data.draw(array_shapes(min_dims=1, max_dims=4, min_side=1, max_side=3), label="shape")
+    rows = shape[0]
+    if data.draw(st.booleans(), label="row axis"):
+        shape = (None,) + tuple(shape[1:])
+    nd = len(shape)
+    chosen = data.draw(st.lists(st.integers(0, nd - 1), unique=True, max_size=nd), label="axes")
+    axes = tuple(a - nd if data.draw(st.booleans()) else a for a in chosen)
+    axis = None if not axes and data.draw(st.booleans()) else axes
+    keep = data.draw(st.booleans(), label="keepdims")
+    fn = getattr(ops, name)
+    case = Case("random", (Arg(shape),), lambda x: fn(x, axis=axis, keepdims=keep),
+                kwargs={"axes": axis, "keepdims": keep})
+    for dtype in ("float32", "float64"):
+        check_forward(SPECS[name], case, dtype, rows)
+    check_gradient(SPECS[name], case, rows)
+
+
+@settings(deadline=None, max_examples=40)
+@given(data=st.data())
+def test_random_sum_to(data):
+    """sum_to undoes any numpy broadcast: drop some leading axes, squash some others to 1."""
+    shape = data.draw(array_shapes(min_dims=1, max_dims=4, min_side=1, max_side=3), label="shape")
+    lead = data.draw(st.integers(0, len(shape)), label="dropped")
+    target = tuple(1 if data.draw(st.booleans()) else d for d in shape[lead:])
+    if target == tuple(shape):
+        target = target[1:]
+    case = Case("random", (Arg(tuple(shape)),), lambda x: ops.sum_to(x, target), kwargs={"shape": target})
+    for dtype in ("float32", "float64"):
+        check_forward(SPECS["sum_to"], case, dtype, 3)
+    check_gradient(SPECS["sum_to"], case)
