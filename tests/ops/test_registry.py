@@ -1,6 +1,7 @@
 """The registry is covered: every op has a numpy reference and a test spec, and every op without a gradient
 is declared so on purpose (with the reason) in the spec table."""
 import ast
+import dataclasses
 import pathlib
 
 import numpy as np
@@ -11,7 +12,7 @@ from minicavs.autodiff import grad
 from minicavs.ops.registry import OPS, OpDef, register
 
 from ..reference import LEAVES, REFERENCE
-from .specs import SPECS, build
+from .specs import SPECS, build, check_forward, check_gradient
 
 
 def test_every_op_has_a_spec_or_is_a_leaf():
@@ -90,3 +91,19 @@ def test_nondifferentiable_ops_behave_as_declared(name):
 def test_registering_a_name_twice_is_refused():
     with pytest.raises(ValueError, match="registered twice"):
         register(OpDef("add", infer=None, impl=None, vjp=None))
+
+
+def test_the_harness_catches_a_slightly_wrong_rule(monkeypatch):
+    """Guard against a vacuous table: a kernel or a gradient off by a small relative error must fail."""
+    s = SPECS["tanh"]
+    case = next(c for c in s.cases if c.id == "Nx3")
+    good = OPS["tanh"]
+    check_forward(s, case, "float64", 3)
+    check_gradient(s, case)
+    monkeypatch.setitem(OPS, "tanh", dataclasses.replace(
+        good, vjp=lambda g, y, x: (ops.mul(good.vjp(g, y, x)[0], 1.00001),)))
+    with pytest.raises(AssertionError, match="gradient of input"):
+        check_gradient(s, case)
+    monkeypatch.setitem(OPS, "tanh", dataclasses.replace(good, impl=lambda xp, x: xp.tanh(x) * (1 + 1e-8)))
+    with pytest.raises(AssertionError, match=r"max\|diff\|"):
+        check_forward(s, case, "float64", 3)
