@@ -5,6 +5,7 @@ import pytest
 
 import minicavs.ops as ops
 from minicavs.autodiff import grad
+from minicavs.errors import ShapeError
 from minicavs.executor import Executor, RunContext, run
 from minicavs.graph import Graph
 
@@ -178,3 +179,23 @@ def test_unsupported_operator_uses_raise_type_error():
     with pytest.raises(TypeError):
         if x:  # noqa: SIM102  (a symbolic node has no truth value)
             pass
+
+
+def test_integer_graphs_keep_their_declared_dtype():
+    """Ops that accept integers compute integers; ops whose numpy kernel would return floats for integer
+    operands (true division, mean, mse) refuse them at declaration instead of lying about the dtype."""
+    i = ops.input((None, 3), "int64", name="i")
+    j = ops.input((3,), "int64", name="j")
+    t = ops.param_node("T", (4, 2), "int32")
+    k = ops.input((None,), "int32", name="k")
+    M = ops.input((3, 3), "int64", name="M")
+    nodes = [i + j, i - 1, i * j, ops.maximum(i, j), ops.ge(i, j), ops.sum(i, axis=-1), ops.sum(i),
+             ops.concat([i, i]), ops.reshape(i, (None, 3, 1)), ops.transpose(M), ops.slice_(i, 0, 2),
+             ops.lookup(t, k), i @ M, ops.sum_to(i, (1, 3)), ops.zeros_like(i)]
+    values = Executor(nodes).run({i: np.arange(6).reshape(2, 3), j: np.array([1, 2, 3]), k: np.array([3, 0]),
+                                  M: np.eye(3, dtype=np.int64)}, {"T": np.arange(8).reshape(4, 2)})
+    for n, v in zip(nodes, values):
+        assert np.asarray(v).dtype == n.dtype.np, f"{n.label()}: {np.asarray(v).dtype} vs {n.dtype.name}"
+    for make in (lambda: i / j, lambda: 1 / i, lambda: ops.mean(i), lambda: ops.mse(i, j)):
+        with pytest.raises(ShapeError, match="float"):
+            make()

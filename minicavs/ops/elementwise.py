@@ -41,6 +41,15 @@ def _binary_infer(a, b):
     return broadcast_shapes(a.shape, b.shape), a.dtype
 
 
+def _float_binary_infer(a, b):
+    """For ops whose numpy kernel returns floats even for integers (true division): float operands only."""
+    shape, dtype = _binary_infer(a, b)
+    if not dtype.is_float:
+        raise ShapeError(f"needs float operands, got {a.dtype.name}{fmt_shape(a.shape)} and "
+                         f"{b.dtype.name}{fmt_shape(b.shape)}")
+    return shape, dtype
+
+
 def unbroadcast(g: Node, x: Node):
     """The part of gradient ``g`` that belongs to operand ``x`` of a broadcasting op."""
     return g if g.shape == x.shape else sum_to(g, x.shape)
@@ -55,8 +64,8 @@ def _unary(name, impl, vjp, expr):
     return build
 
 
-def _binary(name, impl, vjp, expr):
-    register(OpDef(name, infer=_binary_infer, impl=impl, vjp=vjp, expr=expr))
+def _binary(name, impl, vjp, expr, infer=_binary_infer):
+    register(OpDef(name, infer=infer, impl=impl, vjp=vjp, expr=expr))
 
     def build(a, b) -> Node:
         if not isinstance(a, Node) and not isinstance(b, Node):
@@ -111,7 +120,7 @@ mul = _binary("mul", lambda xp, a, b: a * b,
               lambda g, y, a, b: (unbroadcast(mul(g, b), a), unbroadcast(mul(g, a), b)), lambda a, b: a * b)
 div = _binary("div", lambda xp, a, b: a / b,
               lambda g, y, a, b: (unbroadcast(div(g, b), a), unbroadcast(neg(div(mul(g, y), b)), b)),
-              lambda a, b: a / b)
+              lambda a, b: a / b, infer=_float_binary_infer)
 ge = _binary("ge", lambda xp, a, b: (a >= b).astype(np.result_type(a, b)), None, S.ge)
 
 

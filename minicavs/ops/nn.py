@@ -115,8 +115,8 @@ def softmax_cross_entropy(logits: Node, labels: Node, weight: Node | None = None
 # --- mean squared error -----------------------------------------------------------------------------
 
 def _mse_infer(a, b):
-    from .elementwise import _binary_infer
-    _binary_infer(a, b)
+    from .elementwise import _float_binary_infer
+    _float_binary_infer(a, b)
     return (), a.dtype
 
 

@@ -14,6 +14,12 @@ def _reduce_infer(x, axes, keepdims):
     return _reduced(x.shape, axes, keepdims), x.dtype
 
 
+def _mean_infer(x, axes, keepdims):
+    if not x.dtype.is_float:  # numpy's mean of integers is a float: the declared dtype would be wrong
+        raise ShapeError(f"needs a float input, got {x.dtype.name}{fmt_shape(x.shape)}")
+    return _reduce_infer(x, axes, keepdims)
+
+
 def _expand(xp, g, axes, keepdims):
     return g if keepdims else xp.expand_dims(g, axes)
 
@@ -24,7 +30,7 @@ register(OpDef(
     vjp=lambda g, out, x, axes, keepdims: (broadcast_like(g, x, axes, keepdims),)))
 
 register(OpDef(
-    "mean", infer=_reduce_infer,
+    "mean", infer=_mean_infer,
     impl=lambda xp, x, axes, keepdims: xp.mean(x, axis=axes, keepdims=keepdims),
     vjp=lambda g, out, x, axes, keepdims: (mean_grad(g, x, axes, keepdims),)))
 
