@@ -61,6 +61,9 @@ class Node:
         return f"<Node {self.label()} {type_str(self)}>"
 
     # Python operators build nodes (ops are imported lazily: the op modules import this one).
+    # numpy must not broadcast over a Node as an object: ``array + node`` defers to ``node.__radd__``.
+    __array_ufunc__ = None
+
     def __add__(self, other): return _ops().add(self, other)
     def __radd__(self, other): return _ops().add(other, self)
     def __sub__(self, other): return _ops().sub(self, other)

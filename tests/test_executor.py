@@ -199,3 +199,16 @@ def test_integer_graphs_keep_their_declared_dtype():
     for make in (lambda: i / j, lambda: 1 / i, lambda: ops.mean(i), lambda: ops.mse(i, j)):
         with pytest.raises(ShapeError, match="float"):
             make()
+
+
+def test_numpy_operands_on_the_left_build_one_node():
+    """``array + node`` must not become an object array of nodes (numpy broadcasting over a Node)."""
+    x = ops.input((None, 3), "float64", name="x")
+    c = np.array([1.0, -2.0, 0.5])
+    exprs = [c + x, c * x, c - x, c / (x + 3.0), np.float64(2.0) * x, np.float32(0.5) - x]
+    for e in exprs:
+        assert type(e) is type(x) and e.shape == (None, 3) and e.dtype.name == "float64", e
+    xv = np.random.default_rng(0).uniform(-1, 1, (2, 3))
+    want = [c + xv, c * xv, c - xv, c / (xv + 3.0), 2.0 * xv, 0.5 - xv]
+    for g, w in zip(Executor(exprs).run({x: xv}), want):
+        np.testing.assert_allclose(g, w, rtol=1e-15)
