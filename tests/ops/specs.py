@@ -497,3 +497,22 @@ def check_gradient(spec_: OpSpec, case: Case, rows: int = ROWS):
     wrt = [n for n, a in zip(nodes, case.args) if a.is_float]
     ctx = RunContext(**case.ctx(rows)) if case.ctx else None
     check_grads(outs, wrt, feeds, params, eps=1e-6, rtol=1e-6, atol=1e-8, ctx=ctx)
+
+
+def check_backward_types(spec_: OpSpec, case: Case, dtype: str, rows: int):
+    """Every node of the backward graph (vjp rules, sum_to, accum, ...) yields at run time exactly the dtype
+    and shape it declares: no silent float64 promotion inside a float32 gradient, no stray broadcasting."""
+    from minicavs.autodiff import grad
+    from minicavs.graph import Graph
+    nodes, outs, feeds, params, values = build(case, dtype, rows, case_seed(spec_, case))
+    wrt = [n for n, a in zip(nodes, case.args) if a.is_float]
+    cots = [ops.input(o.shape, o.dtype, name=f"cot{k}") for k, o in enumerate(outs)]
+    rng = np.random.default_rng(0)
+    for c in cots:
+        feeds[c] = rng.standard_normal(_run_shape(c.shape, rows)).astype(c.dtype.np)
+    graph = Graph(grad(outs, wrt, cots))
+    ctx = RunContext(**case.ctx(rows)) if case.ctx else RunContext()
+    for n, v in zip(graph.nodes, Executor(graph.nodes).run(feeds, params, ctx)):
+        d = dense_of(v)
+        assert d.dtype == n.dtype.np, f"{n.label()}: dtype {d.dtype}, declared {n.dtype.name}"
+        assert d.shape == _run_shape(n.shape, rows), f"{n.label()}: shape {d.shape}, declared {n.shape}"

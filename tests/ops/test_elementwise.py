@@ -7,7 +7,8 @@ from hypothesis.extra.numpy import mutually_broadcastable_shapes
 
 import minicavs.ops as ops
 
-from .specs import SPECS, Arg, Case, away, check_forward, check_gradient, grid, normal, params_for
+from .specs import (SPECS, Arg, Case, away, check_backward_types, check_forward, check_gradient, grid, normal,
+                    params_for)
 
 
 @pytest.mark.parametrize("rows", [3, 1])
@@ -20,6 +21,13 @@ def test_forward_matches_reference(spec, case, dtype, rows):
 @pytest.mark.parametrize("spec,case", params_for("elementwise", gradient=True))
 def test_gradient_matches_finite_differences(spec, case):
     check_gradient(spec, case)
+
+
+@pytest.mark.parametrize("rows", [3, 1])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("spec,case", params_for("elementwise", gradient=True))
+def test_backward_values_have_declared_types(spec, case, dtype, rows):
+    check_backward_types(spec, case, dtype, rows)
 
 
 _GENS = {"div": (normal, away(0.5, 2.0)), "maximum": (grid(0), grid(1))}

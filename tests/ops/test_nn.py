@@ -12,7 +12,7 @@ from minicavs.sparse import RowSparse
 from minicavs.testing import check_grads
 
 from .. import reference as R
-from .specs import check_forward, check_gradient, dense_of, params_for
+from .specs import check_backward_types, check_forward, check_gradient, dense_of, params_for
 
 
 @pytest.mark.parametrize("rows", [3, 1])
@@ -25,6 +25,13 @@ def test_forward_matches_reference(spec, case, dtype, rows):
 @pytest.mark.parametrize("spec,case", params_for("nn", gradient=True))
 def test_gradient_matches_finite_differences(spec, case):
     check_gradient(spec, case)
+
+
+@pytest.mark.parametrize("rows", [3, 1])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("spec,case", params_for("nn", gradient=True))
+def test_backward_values_have_declared_types(spec, case, dtype, rows):
+    check_backward_types(spec, case, dtype, rows)
 
 
 # --- lookup: the table gradient is row-sparse ----------------------------------------------------------

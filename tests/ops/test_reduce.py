@@ -7,7 +7,7 @@ from hypothesis.extra.numpy import array_shapes
 
 import minicavs.ops as ops
 
-from .specs import SPECS, Arg, Case, check_forward, check_gradient, params_for
+from .specs import SPECS, Arg, Case, check_backward_types, check_forward, check_gradient, params_for
 
 
 @pytest.mark.parametrize("rows", [3, 1])
@@ -20,6 +20,13 @@ def test_forward_matches_reference(spec, case, dtype, rows):
 @pytest.mark.parametrize("spec,case", params_for("reduce", gradient=True))
 def test_gradient_matches_finite_differences(spec, case):
     check_gradient(spec, case)
+
+
+@pytest.mark.parametrize("rows", [3, 1])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("spec,case", params_for("reduce", gradient=True))
+def test_backward_values_have_declared_types(spec, case, dtype, rows):
+    check_backward_types(spec, case, dtype, rows)
 
 
 @settings(deadline=None, max_examples=40)

@@ -2,7 +2,7 @@
 vs finite differences."""
 import pytest
 
-from .specs import check_forward, check_gradient, params_for
+from .specs import check_backward_types, check_forward, check_gradient, params_for
 
 
 @pytest.mark.parametrize("rows", [3, 1])
@@ -15,3 +15,10 @@ def test_forward_matches_reference(spec, case, dtype, rows):
 @pytest.mark.parametrize("spec,case", params_for("shape", gradient=True))
 def test_gradient_matches_finite_differences(spec, case):
     check_gradient(spec, case)
+
+
+@pytest.mark.parametrize("rows", [3, 1])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("spec,case", params_for("shape", gradient=True))
+def test_backward_values_have_declared_types(spec, case, dtype, rows):
+    check_backward_types(spec, case, dtype, rows)
