@@ -516,3 +516,32 @@ def check_backward_types(spec_: OpSpec, case: Case, dtype: str, rows: int):
         d = dense_of(v)
         assert d.dtype == n.dtype.np, f"{n.label()}: dtype {d.dtype}, declared {n.dtype.name}"
         assert d.shape == _run_shape(n.shape, rows), f"{n.label()}: shape {d.shape}, declared {n.shape}"
+
+
+def expr_params(family: str) -> list:
+    """(spec, case) pairs of the family's elementwise ops (those with a fusion ``expr``)."""
+    from minicavs.ops.registry import OPS
+    return [_param(s, c) for s in SPECS.values() if s.family == family and OPS[s.name].expr is not None
+            for c in s.cases]
+
+
+def check_expr(spec_: OpSpec, case: Case, dtype: str, rows: int):
+    """The op's scalar ``expr`` (what fusion renders to C/CUDA), evaluated by the numpy oracle of
+    minicavs.ops.scalar on the node's input values, agrees with the reference like the kernel does."""
+    from minicavs.ops import scalar as S
+    from minicavs.ops.registry import OPS
+    nodes, outs, feeds, params, values = build(case, dtype, rows, case_seed(spec_, case))
+    (out,) = outs
+    if any(ops.is_row_sparse(x) for x in out.inputs):
+        return  # a row-sparse accum is not elementwise: fusion never sees it
+    args = Executor(list(out.inputs)).run(feeds, params) if out.inputs else []
+    e = OPS[out.op].expr(*(S.arg(k) for k in range(len(args))), **out.attrs)
+    if e is None:
+        return  # declared not fusable (a constant array)
+    got = S.evaluate(S.lift(e), [np.asarray(a) for a in args], dtype=np.dtype(dtype))
+    got = np.broadcast_to(np.asarray(got), _run_shape(out.shape, rows))
+    assert got.dtype == np.dtype(dtype), f"expr of {out.op} evaluates to {got.dtype}"
+    args64 = [v.astype(np.float64) if a.is_float else v for a, v in zip(case.args, values)]
+    ref = case.ref or R.REFERENCE[spec_.name]
+    expected = ref(*args64, **({} if case.ref else case.kwargs))
+    assert_matches(got, expected, dtype, f"expr of {spec_.name}[{case.id}] {dtype}")

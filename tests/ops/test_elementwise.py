@@ -7,8 +7,8 @@ from hypothesis.extra.numpy import mutually_broadcastable_shapes
 
 import minicavs.ops as ops
 
-from .specs import (SPECS, Arg, Case, away, check_backward_types, check_forward, check_gradient, grid, normal,
-                    params_for)
+from .specs import (SPECS, Arg, Case, away, check_backward_types, check_expr, check_forward, check_gradient,
+                    expr_params, grid, normal, params_for)
 
 
 @pytest.mark.parametrize("rows", [3, 1])
@@ -50,3 +50,10 @@ def test_random_broadcast_shapes(data, name):
     for dtype in ("float32", "float64"):
         check_forward(SPECS[name], case, dtype, rows)
     check_gradient(SPECS[name], case, rows)
+
+
+@pytest.mark.parametrize("rows", [3, 1])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("spec,case", expr_params("elementwise"))
+def test_fusion_expr_matches_reference(spec, case, dtype, rows):
+    check_expr(spec, case, dtype, rows)
