@@ -8,3 +8,4 @@ from .shape import reshape, transpose, concat, slice_, split  # noqa: F401
 from .linalg import matmul, linear  # noqa: F401
 from .nn import (softmax, log_softmax, softmax_cross_entropy, mse, dropout, lookup, densify,  # noqa: F401
                  is_row_sparse)
+from .message import gather_node, pull_node, scatter_node, push_node  # noqa: F401

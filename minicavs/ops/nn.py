@@ -175,8 +175,8 @@ def dropout(x: Node, p: float, site: int | None = None) -> Node:
 # --- row lookup (embedding) -------------------------------------------------------------------------
 
 def _lookup_infer(table, idx):
-    if table.ndim < 1 or table.shape[0] is None or idx.dtype.is_float:
-        raise ShapeError(f"needs a table with a known row count and integer indices, got "
+    if table.ndim < 1 or idx.dtype.is_float:
+        raise ShapeError(f"needs a table with at least one axis and integer indices, got "
                          f"{table.dtype.name}{fmt_shape(table.shape)} and {idx.dtype.name}{fmt_shape(idx.shape)}")
     return idx.shape + table.shape[1:], table.dtype
 
@@ -188,21 +188,25 @@ def _lookup_impl(xp, table, idx):
     return xp.take(table, idx, axis=0)
 
 
-def _lookup_grad_impl(xp, g, idx, shape):
-    return RowSparse(idx.reshape(-1), g.reshape((-1,) + tuple(shape[1:])), tuple(shape))
+def _lookup_grad_impl(xp, g, idx, table):
+    return RowSparse(idx.reshape(-1), g.reshape((-1,) + table.shape[1:]), table.shape)
 
 
 register(OpDef("lookup", infer=_lookup_infer, impl=_lookup_impl,
-               vjp=lambda g, y, table, idx: (make_node("lookup_grad", (g, idx), {"shape": table.shape}), None)))
-# lookup_grad(g, idx): the row-sparse gradient of the table: indices + rows, never a dense table.
-register(OpDef("lookup_grad", infer=lambda g, idx, shape: (shape, g.dtype), impl=_lookup_grad_impl,
+               vjp=lambda g, y, table, idx: (make_node("lookup_grad", (g, idx, table)), None)))
+# lookup_grad(g, idx, table): the row-sparse gradient of the table (indices + rows, never a dense table);
+# the table input only gives the dense shape (its row count may be known only at run time).
+register(OpDef("lookup_grad", infer=lambda g, idx, table: (table.shape, g.dtype), impl=_lookup_grad_impl,
                vjp=no_second_order("lookup_grad")))
 register(OpDef("densify", infer=lambda x: (x.shape, x.dtype), impl=lambda xp, x: _densify(xp, x),
                vjp=lambda g, y, x: (g,)))
 
 
 def lookup(table: Node, idx: Node) -> Node:
-    """Rows of ``table`` at integer ``idx``: shape idx.shape + table.shape[1:]."""
+    """Rows of ``table`` at integer ``idx``: shape idx.shape + table.shape[1:].
+
+    The table may be a parameter (an embedding) or computed rows such as a push buffer (e.g. picking
+    the roots' rows); either way its gradient is row-sparse until something needs it dense."""
     return make_node("lookup", (table, idx))
 
 
