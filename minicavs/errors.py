@@ -19,3 +19,7 @@ class NonFiniteError(MinicavsError, FloatingPointError):
 
 class CheckpointError(MinicavsError, ValueError):
     """A checkpoint that is missing, corrupt, or does not match the model."""
+
+
+class InputGraphError(MinicavsError, ValueError):
+    """A malformed input graph: cycles, child indices out of range, too many children, empty graphs."""

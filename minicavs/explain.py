@@ -1,0 +1,97 @@
+"""Seeing and checking the batching: what ran where and how much memory moved, and batched == serial."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .executor import RunContext
+from .sparse import densify
+
+
+@dataclass
+class StructureReport:
+    name: str
+    vertices: int
+    tasks: int
+    task_sizes: np.ndarray
+    copies: dict
+    tensors: list          # (kind, symbol, per-vertex shape, dtype, bytes)
+    where: dict            # kind -> {"F once": n, "F per task": n, "∂F once": n, "∂F per task": n}
+
+    @property
+    def tensor_bytes(self) -> int:
+        return sum(t[4] for t in self.tensors)
+
+
+@dataclass
+class Explanation:
+    structures: list = field(default_factory=list)
+
+    def __str__(self) -> str:
+        lines = []
+        for r in self.structures:
+            sizes = r.task_sizes
+            hist = np.bincount(np.minimum(np.ceil(np.log2(np.maximum(sizes, 1))).astype(int), 16))
+            bins = ", ".join(f"<={1 << i}: {c}" for i, c in enumerate(hist) if c)
+            lines += [f"structure '{r.name}': {r.vertices} vertices in {r.tasks} tasks "
+                      f"(vertices per task: min {sizes.min()}, median {int(np.median(sizes))}, max {sizes.max()})",
+                      f"  tasks by size: {bins}",
+                      "  rows copied: " + ", ".join(f"{k} {v}" for k, v in r.copies.items())]
+            for kind, counts in r.where.items():
+                lines.append(f"  kind '{kind}': " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+            lines.append(f"  dynamic tensors: {len(r.tensors)}, {r.tensor_bytes / 1024:.1f} KiB held")
+            for kind, sym, shape, dtype, nbytes in sorted(r.tensors, key=lambda t: -t[4])[:12]:
+                lines.append(f"    {kind:>10} {sym:<24} {str(shape):<12} {dtype:<8} {nbytes / 1024:10.1f} KiB")
+        return "\n".join(lines)
+
+
+def explain(model, graphs, feeds=None, params=None, ctx=None) -> Explanation:
+    """Run one training step's forward and backward and report the batching it used."""
+    result = model.run(graphs, feeds, params, ctx or RunContext())
+    out = Explanation()
+    for s in model.structures:
+        batch, plan = result.batches[s.name]
+        state = result.states[s.name]
+        sizes = np.diff(plan.schedule.task_ptr)
+        tensors, where = [], {}
+        for kid, kname in enumerate(batch.kind_names):
+            fn = s.compiled.get(kname)
+            if fn is None or plan.kinds[kid] is None:
+                continue
+            for node, t in state.tensors[kid].items():
+                tensors.append((kname, node.name or f"{node.op}#{node.id}", t.shape, t.dtype.name, t.nbytes))
+            where[kname] = {"F once": len(fn.static_fwd), "F per task": len(fn.row_fwd),
+                            "∂F once": len(fn.static_bwd), "∂F per task": len(fn.task_bwd)}
+        if state.scatter is not None:
+            tensors.append(("(shared)", "scatter", state.scatter.shape[1:], state.scatter.dtype.name,
+                            state.scatter.nbytes))
+        out.structures.append(StructureReport(s.name, batch.num_vertices, len(sizes), sizes,
+                                              dict(state.copies), tensors, where))
+    return out
+
+
+def _maxdiff(a, b) -> float:
+    a, b = np.asarray(densify(np, a), np.float64), np.asarray(densify(np, b), np.float64)
+    return float(np.max(np.abs(a - b))) if a.size else 0.0
+
+
+def check(model, graphs, feeds=None, params=None, ctx=None) -> dict:
+    """Rerun the batch with the serial policy; the largest differences in loss, pushes and gradients.
+
+    Run in float64 for a meaningful comparison (DESIGN.md's "equal": max|a-b| <= 1e-10 * max(1, max|ref|))."""
+    ctx = ctx or RunContext()
+    batched = model.run(graphs, feeds, params, RunContext(ctx.seed, ctx.step, ctx.training))
+    serial = model.run(graphs, feeds, params, RunContext(ctx.seed, ctx.step, ctx.training), policy="serial")
+    report = {}
+    if batched.loss is not None:
+        report["loss"] = abs(batched.loss - serial.loss)
+    for name in batched.outputs:
+        report[f"output {name}"] = _maxdiff(batched.outputs[name], serial.outputs[name])
+    for s, pushes in batched.pushes.items():
+        for name, buf in pushes.items():
+            report[f"push {s}.{name}"] = _maxdiff(buf, serial.pushes[s][name])
+    for name, g in batched.grads.items():
+        report[f"grad {name}"] = _maxdiff(g, serial.grads[name])
+    report["max"] = max(report.values()) if report else 0.0
+    return report

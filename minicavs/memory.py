@@ -1,0 +1,125 @@
+"""Dynamic tensors and the per-batch memory plan (§3.3, Alg. 2), laid out after the schedule.
+
+Because the whole schedule is known before F runs, every vertex has a fixed row in every dynamic tensor:
+its position among the vertices of its kind in task order. A task's view of any tensor is then the
+contiguous slice ``[offset, offset + bs)``. The scattered symbol is shared by all kinds and indexed by the
+vertex's position in the whole task order, plus one trailing all-zero row that stands for a missing child.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .inputs import Batch
+from .random import row_key
+from .scheduler import Schedule
+
+
+class DynamicTensor:
+    """Rows of one symbol for all vertices of a batch: (shape without batch, bs, offset, one buffer).
+
+    The buffer grows (x1.5) and is reused across batches, so steady-state training allocates nothing."""
+
+    __slots__ = ("name", "shape", "dtype", "buffer", "rows", "peak_bytes")
+
+    def __init__(self, name: str, shape: tuple, dtype):
+        self.name = name
+        self.shape = tuple(shape)
+        self.dtype = np.dtype(dtype)
+        self.buffer = np.empty((0,) + self.shape, self.dtype)
+        self.rows = 0
+        self.peak_bytes = 0
+
+    def resize(self, rows: int, zero: bool = False) -> np.ndarray:
+        """Make room for ``rows`` rows and return the view of exactly those rows."""
+        if rows > len(self.buffer):
+            self.buffer = np.empty((max(rows, int(len(self.buffer) * 1.5)),) + self.shape, self.dtype)
+        self.rows = rows
+        self.peak_bytes = max(self.peak_bytes, self.buffer.nbytes)
+        view = self.buffer[:rows]
+        if zero:
+            view.fill(0)
+        return view
+
+    def view(self, offset: int, bs: int) -> np.ndarray:
+        return self.buffer[offset:offset + bs]
+
+    @property
+    def nbytes(self) -> int:
+        return self.rows * int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+
+@dataclass
+class KindPlan:
+    """Index arrays of one vertex kind; row i of every tensor of this kind is vertex ``vertices[i]``."""
+
+    name: str
+    kid: int
+    vertices: np.ndarray                     # global vertex ids in task order
+    child_rows: list = field(default_factory=list)    # per child slot j: scatter-buffer row (sentinel N)
+    pull_rows: dict = field(default_factory=dict)     # pull name -> row in that pull buffer
+    push_rows: dict = field(default_factory=dict)     # push name -> row in that push buffer
+    row_keys: np.ndarray | None = None       # dropout row keys (sample << 32 | local vertex id)
+
+    @property
+    def n(self) -> int:
+        return len(self.vertices)
+
+
+@dataclass
+class MemoryPlan:
+    schedule: Schedule
+    num_vertices: int
+    tasks: list            # (kind id, kind offset, bs, global offset) per task, in forward order
+    kinds: list            # KindPlan per kind id (None for kinds absent from the batch)
+    pull_rows: dict        # pull name -> number of rows of its buffer
+    push_order: dict       # push name -> global vertex ids, buffer row order (global id order)
+    forest: bool           # no vertex is a child twice: backward gather can use plain fancy-index adds
+
+
+def plan_memory(batch: Batch, schedule: Schedule, arity: dict, pulls: dict, pushes: dict,
+                sample_ids=None) -> MemoryPlan:
+    """Offsets and index arrays for one batch, all computed with vectorised numpy.
+
+    ``arity``/``pulls``/``pushes`` map a kind name to its F's arity, pull names and push names. Pull and
+    push buffers have one row per vertex of the kinds that use them, in global vertex id order."""
+    n = batch.num_vertices
+    sample_ids = np.arange(len(batch.graphs)) if sample_ids is None else np.asarray(sample_ids, np.int64)
+    if sample_ids.shape != (len(batch.graphs),):
+        raise ValueError(f"{len(sample_ids)} sample ids for {len(batch.graphs)} samples")
+    order, row = schedule.order, schedule.row
+    kind_of_task = schedule.task_kind
+    sizes = np.diff(schedule.task_ptr)
+    kinds: list = [None] * len(batch.kind_names)
+    for kid, kname in enumerate(batch.kind_names):
+        verts = order[batch.kind[order] == kid]
+        if len(verts) == 0:
+            continue
+        kp = KindPlan(kname, kid, verts)
+        ptr, idx = batch.child_ptr, batch.child_idx
+        start, nch = ptr[verts], ptr[verts + 1] - ptr[verts]
+        for j in range(arity.get(kname, 0)):
+            has = nch > j
+            pos = np.where(has, start + j, 0)
+            kp.child_rows.append(np.where(has, row[idx[pos]] if len(idx) else 0, n).astype(np.int64))
+        kp.row_keys = row_key(sample_ids[batch.sample[verts]], batch.local[verts])
+        kinds[kid] = kp
+    pull_rows, push_order = {}, {}
+    for names, store, out in ((pulls, "pull_rows", pull_rows), (pushes, "push_rows", push_order)):
+        for name in sorted({x for k in names.values() for x in k}):
+            users = [kid for kid, kn in enumerate(batch.kind_names) if name in names.get(kn, ())]
+            mask = np.isin(batch.kind, users)
+            rank = np.cumsum(mask) - 1
+            out[name] = int(mask.sum()) if store == "pull_rows" else np.flatnonzero(mask)
+            for kid in users:
+                if kinds[kid] is not None:
+                    getattr(kinds[kid], store)[name] = rank[kinds[kid].vertices]
+    goff = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
+    koff = np.zeros(len(sizes), np.int64)
+    for kid in range(len(batch.kind_names)):
+        m = kind_of_task == kid
+        koff[m] = np.cumsum(sizes[m]) - sizes[m]
+    tasks = list(zip(kind_of_task.tolist(), koff.tolist(), sizes.tolist(), goff.tolist()))
+    counts = np.bincount(batch.child_idx, minlength=n) if len(batch.child_idx) else np.zeros(1)
+    return MemoryPlan(schedule, n, tasks, kinds, pull_rows, push_order, bool(counts.max() <= 1))

@@ -1,0 +1,348 @@
+"""A model = dynamic structures (vertex functions over input graphs) + static graphs joined by push/pull.
+
+    enc = Structure({"leaf": F_leaf, "internal": F_int}, pulls={"x": ops.lookup(E.node, words)})
+    h = enc.pushed("h")                                   # (None, H): one row per pushing vertex
+    loss = ops.sum(ops.softmax_cross_entropy(ops.linear(h, Wo, bo), labels)) / n_trees
+    model = Model(enc, loss=loss)
+    result = model.forward_backward(graphs, feeds={words: ..., labels: ..., n_trees: ...}, params=params)
+
+Pull and push buffers have one row per vertex of the kinds that pull / push the name, in global vertex order
+(sample by sample, local vertex id within a sample): :func:`minicavs.inputs.make_batch` numbering.
+Structures run in the order given; a structure's pulls may depend on feeds and on earlier structures' pushes
+(e.g. the root push of a tree encoder feeding the pull of a chain decoder, §3.1).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from .autodiff import grad
+from .engine import CompiledFunction, backward, forward
+from .errors import FeedError, InputGraphError, ShapeError
+from .executor import RunContext, check_value
+from .graph import Graph, Node, fmt_shape
+from .inputs import Batch, InputGraph, make_batch
+from .memory import plan_memory
+from .ops import input as input_node
+from .ops import ones_like
+from .ops.registry import OPS
+from .scheduler import get_policy
+from .sparse import add_all, densify
+from .vertex import VertexFunction
+
+
+def leaf_internal(batch: Batch) -> tuple[np.ndarray, tuple[str, ...]]:
+    """The usual kind rule: a vertex without children is a 'leaf', any other an 'internal' vertex."""
+    return (batch.num_children() > 0).astype(np.int64), ("leaf", "internal")
+
+
+class Structure:
+    """Vertex functions by kind, evaluated over one input graph per sample."""
+
+    def __init__(self, functions: VertexFunction | Mapping[str, VertexFunction],
+                 pulls: Mapping[str, Node] | None = None,
+                 kinds: Callable[[Batch], tuple] | None = None, name: str = "G"):
+        if isinstance(functions, VertexFunction):
+            functions = {functions.name: functions}
+        self.name = name
+        self.functions = dict(functions)
+        if not self.functions:
+            raise ShapeError(f"structure '{name}': no vertex function")
+        if kinds is None and len(self.functions) > 1:
+            if set(self.functions) == {"leaf", "internal"}:
+                kinds = leaf_internal
+        self.kinds = kinds
+        fs = list(self.functions.values())
+        self.dtype = fs[0].dtype
+        messages = {f.name: f.message for f in fs if f.message is not None}
+        if len(set(messages.values())) > 1:
+            raise ShapeError(f"structure '{name}': vertex functions disagree on the scattered shape: "
+                             + ", ".join(f"'{k}' {fmt_shape(v)}" for k, v in messages.items()))
+        self.message = next(iter(messages.values()), None)
+        for f in fs:
+            if f.dtype != self.dtype:
+                raise ShapeError(f"structure '{name}': '{f.name}' is {f.dtype.name}, others {self.dtype.name}")
+            if f.gathers and not any(g.scattered is not None for g in fs):
+                raise ShapeError(f"structure '{name}': '{f.name}' gathers but no vertex function scatters")
+        self.pulls = dict(pulls or {})
+        self.pull_shapes: dict[str, tuple] = {}
+        for f in fs:
+            for pname, pnode in f.pulls.items():
+                src = self.pulls.get(pname)
+                if src is None:
+                    raise ShapeError(f"structure '{name}': '{f.name}' pulls '{pname}' but no static node "
+                                     f"produces it (pass pulls={{'{pname}': node}})")
+                if not src.has_rows or src.vshape != pnode.vshape or src.dtype != pnode.dtype:
+                    raise ShapeError(f"structure '{name}': pull '{pname}' of '{f.name}' is "
+                                     f"{pnode.dtype.name}{fmt_shape(pnode.vshape)} per vertex but its source "
+                                     f"{src.label()} is {src.dtype.name}{fmt_shape(src.shape)}")
+                self.pull_shapes[pname] = pnode.vshape
+        self._pushed: dict[str, Node] = {}
+        self.compiled = {k: CompiledFunction(f) for k, f in self.functions.items()}
+
+    def pushed(self, name: str = "h") -> Node:
+        """The static-graph node standing for push buffer ``name``: one row per pushing vertex."""
+        if name not in self._pushed:
+            shapes = {f.pushes[name].vshape for f in self.functions.values() if name in f.pushes}
+            if not shapes:
+                raise ShapeError(f"structure '{self.name}': no vertex function pushes '{name}'")
+            if len(shapes) > 1:
+                raise ShapeError(f"structure '{self.name}': push '{name}' has several shapes {sorted(shapes)}")
+            self._pushed[name] = input_node((None,) + shapes.pop(), self.dtype, name=f"{self.name}.{name}")
+        return self._pushed[name]
+
+    def batch(self, graphs: Sequence[InputGraph]) -> Batch:
+        """Flatten, assign kinds, validate (arity per kind) in one step; raises before anything runs."""
+        names = list(self.functions)
+        if self.kinds is None:
+            batch = make_batch(graphs, kind_names=names if any(g.kinds for g in graphs) or len(names) > 1
+                               else None, default_kind=names[0])
+            if len(names) == 1:
+                batch = batch.with_kinds(np.zeros(batch.num_vertices, np.int64), (names[0],))
+        else:
+            batch = make_batch(graphs)
+            kind, kind_names = self.kinds(batch)
+            batch = batch.with_kinds(kind, tuple(kind_names))
+        used = set(np.unique(batch.kind).tolist())
+        missing = {k for i, k in enumerate(batch.kind_names) if i in used and k not in self.functions}
+        if missing:
+            raise ShapeError(f"structure '{self.name}': no vertex function for kind(s) {sorted(missing)}")
+        nch = batch.num_children()
+        for kid, kname in enumerate(batch.kind_names):
+            f = self.functions.get(kname)
+            if f is None:
+                continue
+            over = np.flatnonzero((batch.kind == kid) & (nch > f.arity))
+            if len(over):
+                v = int(over[0])
+                raise InputGraphError(f"sample {int(batch.sample[v])}, vertex {int(batch.local[v])}: "
+                                      f"{int(nch[v])} children, more than the arity {f.arity} of "
+                                      f"vertex function '{kname}'")
+        return batch
+
+    def fns_for(self, batch: Batch) -> list:
+        return [self.compiled.get(k) for k in batch.kind_names]
+
+
+@dataclass
+class Result:
+    loss: float | None
+    grads: dict = field(default_factory=dict)      # parameter name -> array or RowSparse
+    outputs: dict = field(default_factory=dict)    # name -> array (static graph outputs)
+    pushes: dict = field(default_factory=dict)     # structure name -> {push name: buffer}
+    batches: dict = field(default_factory=dict)    # structure name -> (Batch, MemoryPlan)
+    states: dict = field(default_factory=dict)     # structure name -> engine RunState
+
+    def per_sample(self, structure: str, push: str = "h") -> list[np.ndarray]:
+        """The push buffer split by sample; rows in local vertex order."""
+        batch, plan = self.batches[structure]
+        order = plan.push_order[push]
+        counts = np.bincount(batch.sample[order], minlength=len(batch.graphs))
+        return np.split(self.pushes[structure][push], np.cumsum(counts)[:-1])
+
+
+def _eval(nodes, env, feeds, params, ctx):
+    """Evaluate ``nodes`` (topological order) into ``env``; leaves come from feeds and params."""
+    for n in nodes:
+        if n in env:
+            continue
+        if n.op == "input":
+            value = feeds.get(n, feeds.get(n.name)) if n.name is not None else feeds.get(n)
+            if value is None:
+                raise FeedError(f"missing feed for input {n.label()} {fmt_shape(n.shape)}")
+            env[n] = check_value(n, value, "feed for input")
+        elif n.op == "param":
+            if n.name not in params:
+                raise FeedError(f"missing value for parameter '{n.name}' {fmt_shape(n.shape)}")
+            v = params[n.name]
+            env[n] = check_value(n, getattr(v, "value", v), "parameter")
+        else:
+            opdef = OPS[n.op]
+            args = [env[x] for x in n.inputs]
+            env[n] = opdef.impl(np, *args, ctx=ctx, **n.attrs) if opdef.needs_ctx \
+                else opdef.impl(np, *args, **n.attrs)
+
+
+class Model:
+    """Structures + static graphs; one call runs forward and backward for a batch of samples."""
+
+    def __init__(self, structures: Structure | Sequence[Structure], loss: Node | None = None,
+                 outputs: Mapping[str, Node] | None = None, policy="cavs"):
+        self.structures = [structures] if isinstance(structures, Structure) else list(structures)
+        names = [s.name for s in self.structures]
+        if len(set(names)) != len(names):
+            raise ShapeError(f"structure names must differ, got {names}")
+        if loss is not None and loss.shape != ():
+            raise ShapeError(f"the loss must be a scalar, got {loss.label()} {fmt_shape(loss.shape)}")
+        self.loss = loss
+        self.outputs = dict(outputs or {})
+        self.policy = get_policy(policy)
+        # Forward stages: static nodes each structure's pulls need, then the loss and outputs.
+        done: set = set()
+        self.stages = []
+        available = set()
+        for s in self.structures:
+            nodes = [n for n in Graph(list(s.pulls.values())).nodes if n not in done] if s.pulls else []
+            for n in nodes:
+                if n.op == "input" and n.name and "." in n.name and n not in available and any(
+                        n in t._pushed.values() for t in self.structures):
+                    raise ShapeError(f"structure '{s.name}' pulls from {n.label()}, pushed by a later structure")
+            done.update(nodes)
+            self.stages.append(nodes)
+            available.update(s._pushed.values())
+        final = [x for x in ([loss] if loss is not None else []) + list(self.outputs.values())]
+        self.final_stage = [n for n in Graph(final).nodes if n not in done] if final else []
+        self.static_nodes = done | set(self.final_stage)
+        self.param_nodes = {}
+        for n in self.static_nodes:
+            if n.op == "param":
+                self.param_nodes[n.name] = n
+        for s in self.structures:
+            for f in s.functions.values():
+                for p in f.params:
+                    self.param_nodes.setdefault(p.name, p)
+        self._build_backward()
+        self._pool: dict = {}
+
+    def _build_backward(self):
+        if self.loss is None:
+            self.bwd = None
+            return
+        pulls = [(s, name, node) for s in self.structures for name, node in s.pulls.items()
+                 if node.dtype.is_float]
+        self.pull_ct = {(s.name, name): input_node(node.shape, node.dtype, name=f"d{s.name}.{name}")
+                        for s, name, node in pulls}
+        outs = [self.loss] + [node for _, _, node in pulls]
+        cts = [ones_like(self.loss)] + [self.pull_ct[(s.name, name)] for s, name, _ in pulls]
+        pushed = [(s, name, node) for s in self.structures for name, node in s._pushed.items()]
+        params = sorted((n for n in self.static_nodes if n.op == "param" and n.dtype.is_float),
+                        key=lambda n: n.name)
+        grads = grad(outs, [node for _, _, node in pushed] + params, cts, zeros=False)
+        self.push_grad = {(s.name, name): g for (s, name, _), g in zip(pushed, grads)}
+        self.static_param_grad = {p.name: g for p, g in zip(params, grads[len(pushed):]) if g is not None}
+        self.bwd = True
+        everything = Graph([g for g in grads if g is not None]).nodes
+        self._ct_dependents = {}
+        for s in self.structures:
+            dep = {ct for (name, _), ct in self.pull_ct.items() if name == s.name}
+            for n in everything:
+                if n not in dep and any(x in dep for x in n.inputs):
+                    dep.add(n)
+            self._ct_dependents[s.name] = [n for n in dep if n.op != "input"]
+
+    # --- running ----------------------------------------------------------------------------------------
+
+    def _graphs_by_structure(self, graphs) -> dict:
+        if isinstance(graphs, Mapping):
+            unknown = set(graphs) - {s.name for s in self.structures}
+            if unknown:
+                raise KeyError(f"graphs given for unknown structure(s) {sorted(unknown)}")
+            return dict(graphs)
+        if len(self.structures) != 1:
+            raise TypeError("this model has several structures: pass graphs as {structure name: graphs}")
+        return {self.structures[0].name: graphs}
+
+    def _plan(self, s: Structure, graphs, policy, sample_ids=None):
+        if s.name not in graphs:
+            raise KeyError(f"no input graphs for structure '{s.name}'")
+        batch = s.batch(graphs[s.name])
+        schedule = policy.schedule(batch)
+        fns = s.fns_for(batch)
+        spec = {k: f for k, f in s.functions.items()}
+        plan = plan_memory(batch, schedule, {k: f.arity for k, f in spec.items()},
+                           {k: tuple(f.pulls) for k, f in spec.items()},
+                           {k: tuple(f.pushes) for k, f in spec.items()}, sample_ids)
+        return batch, plan, fns
+
+    def run(self, graphs, feeds: Mapping | None = None, params: Mapping | None = None,
+            ctx: RunContext | None = None, backward_pass: bool = True, policy=None,
+            sample_ids=None) -> Result:
+        """Forward (and, with a loss and ``backward_pass``, backward) over one batch of samples.
+
+        ``sample_ids`` (one per sample, default 0..K-1) key the dropout masks together with the vertex id,
+        so a sample draws the same masks in any batch that gives it the same id."""
+        feeds = dict(feeds or {})
+        params = params or {}
+        ctx = ctx or RunContext()
+        policy = self.policy if policy is None else get_policy(policy)
+        graphs = self._graphs_by_structure(graphs)
+        training = backward_pass and self.bwd is not None
+        plans = {s.name: self._plan(s, graphs, policy, sample_ids) for s in self.structures}  # validate all first
+        env: dict = {}
+        result = Result(None)
+        states = {}
+        for s, stage in zip(self.structures, self.stages):
+            _eval(stage, env, feeds, params, ctx)
+            batch, plan, fns = plans[s.name]
+            pull_bufs = {}
+            for name, src in s.pulls.items():
+                buf = env[src]
+                want = plan.pull_rows.get(name, 0)
+                if len(buf) != want:
+                    raise FeedError(f"structure '{s.name}': pull buffer '{name}' has {len(buf)} rows, the batch "
+                                    f"has {want} vertices that pull it")
+                pull_bufs[name] = buf
+            pool = self._pool.setdefault(s.name, {})
+            st = forward(fns, plan, pull_bufs, params, ctx, s.message, s.dtype, training=training, pool=pool)
+            states[s.name] = st
+            result.pushes[s.name] = st.pushes
+            result.batches[s.name] = (batch, plan)
+            for name, node in s._pushed.items():
+                if name not in st.pushes:
+                    raise FeedError(f"structure '{s.name}': no vertex in the batch pushes '{name}'")
+                env[node] = st.pushes[name]
+        _eval(self.final_stage, env, feeds, params, ctx)
+        result.outputs = {k: env[v] for k, v in self.outputs.items()}
+        result.states = states
+        if self.loss is not None:
+            loss = env[self.loss]
+            result.loss = float(loss)
+        if training:
+            result.grads = self._backward(plans, states, env, feeds, params, ctx)
+        return result
+
+    def _backward(self, plans, states, env, feeds, params, ctx) -> dict:
+        benv = dict(env)
+        for s in self.structures:  # unknown cotangents are zero until their structure has run backward
+            for name, node in s.pulls.items():
+                key = (s.name, name)
+                if key in self.pull_ct:
+                    benv[self.pull_ct[key]] = np.zeros_like(env[node])
+        grads: dict = {}
+        for s in reversed(self.structures):
+            batch, plan, fns = plans[s.name]
+            push_grads = {}
+            for name in s._pushed:
+                g = self.push_grad[(s.name, name)]
+                if g is None:
+                    push_grads[name] = np.zeros_like(env[s._pushed[name]])
+                else:
+                    _eval(Graph([g]).nodes, benv, feeds, params, ctx)
+                    push_grads[name] = densify(np, benv[g])  # e.g. a lookup picked root rows
+            for name in {n for f in s.functions.values() for n in f.pushes} - set(push_grads):
+                push_grads[name] = np.zeros_like(states[s.name].pushes[name])  # consumed by nothing
+            pull_shapes = {name: env[src].shape for name, src in s.pulls.items() if src.dtype.is_float}
+            pull_grads, pgrads = backward(fns, states[s.name], push_grads, pull_shapes, params, ctx, s.dtype)
+            for name, g in pgrads.items():
+                grads[name] = add_all(np, [grads[name], g]) if name in grads else g
+            for name, g in pull_grads.items():
+                benv[self.pull_ct[(s.name, name)]] = g
+            for node in self._ct_dependents[s.name]:  # computed with this structure's zero cotangents
+                benv.pop(node, None)
+        sg = self.static_param_grad
+        if sg:
+            _eval(Graph(list(sg.values())).nodes, benv, feeds, params, ctx)
+            for name, g in sg.items():
+                grads[name] = add_all(np, [grads[name], benv[g]]) if name in grads else benv[g]
+        return grads
+
+    def forward_backward(self, graphs, feeds=None, params=None, ctx=None, policy=None,
+                         sample_ids=None) -> Result:
+        return self.run(graphs, feeds, params, ctx, True, policy, sample_ids)
+
+    def infer(self, graphs, feeds=None, params=None, ctx=None, policy=None, sample_ids=None) -> Result:
+        """Forward only: keeps no backward state (no dynamic tensors for intermediates), dropout off."""
+        ctx = ctx or RunContext(training=False)
+        return self.run(graphs, feeds, params, ctx, False, policy, sample_ids)
