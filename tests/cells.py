@@ -29,14 +29,14 @@ class Case:
     extra: dict = field(default_factory=dict)
 
 
-def P(name, shape, rng, scale=0.5):
-    return ops.param_node(name, shape, F64), rng.uniform(-scale, scale, shape)
+def P(name, shape, rng, scale=0.5, dtype=F64):
+    return ops.param_node(name, shape, dtype), rng.uniform(-scale, scale, shape).astype(dtype)
 
 
-def _params(rng, **shapes):
+def _params(rng, dtype=F64, **shapes):
     nodes, values = {}, {}
     for name, shape in shapes.items():
-        nodes[name], values[name] = P(name, shape, rng)
+        nodes[name], values[name] = P(name, shape, rng, dtype=dtype)
     return nodes, values
 
 
@@ -46,10 +46,10 @@ def _classifier(structure, p, H, C):
     return ops.sum(ops.softmax_cross_entropy(ops.linear(hs, p["Wo"], p["bo"]), labels)) * 0.5
 
 
-def binary_tree_lstm(rng, H=3, D=2, V=7, C=3, p_drop=0.0) -> Case:
-    p, vals = _params(rng, E=(V, D), W=(D, 3 * H), bl=(3 * H,), U=(2 * H, 3 * H), bi=(3 * H,),
+def binary_tree_lstm(rng, H=3, D=2, V=7, C=3, p_drop=0.0, dtype=F64) -> Case:
+    p, vals = _params(rng, dtype, E=(V, D), W=(D, 3 * H), bl=(3 * H,), U=(2 * H, 3 * H), bi=(3 * H,),
                       Uf1=(H, H), Uf2=(H, H), bf=(H,), Wo=(H, C), bo=(C,))
-    leaf = VertexFunction("leaf", arity=0, message=(2 * H,), dtype=F64)
+    leaf = VertexFunction("leaf", arity=0, message=(2 * H,), dtype=dtype)
     with leaf:
         x = leaf.pull((D,), "x")
         if p_drop:
@@ -59,7 +59,7 @@ def binary_tree_lstm(rng, H=3, D=2, V=7, C=3, p_drop=0.0) -> Case:
         h = ops.sigmoid(o) * ops.tanh(c)
         leaf.scatter(ops.concat([h, c]))
         leaf.push(h)
-    internal = VertexFunction("internal", arity=2, message=(2 * H,), dtype=F64)
+    internal = VertexFunction("internal", arity=2, message=(2 * H,), dtype=dtype)
     with internal:
         h1, c1 = ops.split(internal.gather(0), 2)
         h2, c2 = ops.split(internal.gather(1), 2)
@@ -239,3 +239,33 @@ def topo(g):
                 stack.append((v, True))
                 stack.extend((int(c), False) for c in g.children(v) if int(c) not in seen)
     return out
+
+
+def encoder_decoder(rng, H=3):
+    """A Tree-FC encoder whose root state is pulled by every vertex of a chain decoder (§3.1's remark)."""
+    p, vals = _params(rng, Wl=(H, H), bl=(H,), W=(2 * H, H), b=(H,), Wd=(2 * H, H), bd=(H,), wo=(H, 1),
+                      bo=(1,))
+    leaf = VertexFunction("leaf", message=(H,), dtype=F64)
+    with leaf:
+        h = ops.tanh(ops.linear(leaf.pull((H,)), p["Wl"], p["bl"]))
+        leaf.scatter(h)
+        leaf.push(h)
+    internal = VertexFunction("internal", arity=2, message=(H,), dtype=F64)
+    with internal:
+        h = ops.tanh(ops.linear(ops.concat([internal.gather(0), internal.gather(1)]), p["W"], p["b"]))
+        internal.scatter(h)
+        internal.push(h)
+    enc = Structure({"leaf": leaf, "internal": internal}, pulls={"x": ops.input((None, H), F64, name="xs")},
+                    name="enc")
+    roots = ops.input((None,), "int64", name="roots")          # encoder row of each sample's root
+    dec_sample = ops.input((None,), "int64", name="dec_sample")  # sample of each decoder vertex
+    context = ops.lookup(ops.lookup(enc.pushed("h"), roots), dec_sample)
+    dec = VertexFunction("dec", arity=1, message=(H,), dtype=F64)
+    with dec:
+        h = ops.tanh(ops.linear(ops.concat([dec.gather(0), dec.pull((H,), "ctx")]), p["Wd"], p["bd"]))
+        dec.scatter(h)
+        dec.push(h)
+    decs = Structure(dec, pulls={"ctx": context}, name="dec")
+    target = ops.input((None, 1), F64, name="target")
+    y = ops.linear(decs.pushed("h"), p["wo"], p["bo"])
+    return Model([enc, decs], loss=ops.sum(ops.square(y - target))), vals

@@ -181,3 +181,78 @@ def test_param_gradients_shaped_like_params():
     res, _ = run_case(case, graphs, rng)
     for k, v in case.params.items():
         assert dense(res.grads[k]).shape == v.shape
+
+
+def test_tree_encoder_chain_decoder_composition():
+    rng = np.random.default_rng(6)
+    model, params = cells.encoder_decoder(rng)
+    trees = [random_tree(rng, n, 2, full_binary=True) for n in (3, 1, 4)]
+    chains = [InputGraph.chain(n) for n in (2, 3, 1)]
+    offsets = np.cumsum([0] + [t.num_vertices for t in trees])
+    roots = np.array([offsets[k] + t.roots()[0] for k, t in enumerate(trees)])
+    feeds = {"xs": rng.standard_normal((sum(int(np.sum(t.num_children() == 0)) for t in trees), 3)),
+             "roots": roots, "dec_sample": np.repeat(np.arange(3), [c.num_vertices for c in chains]),
+             "target": rng.uniform(-1, 1, (6, 1))}
+    graphs = {"enc": trees, "dec": chains}
+    rep = check(model, graphs, feeds, params)
+    assert rep["max"] <= 1e-10 and "grad Wl" in rep
+    check_model_grads(model, graphs, feeds, params, directions=2)
+    # The decoder depends on the encoder: changing an encoder weight changes the loss.
+    base = model.forward_backward(graphs, feeds, params)
+    assert np.abs(dense(base.grads["Wl"])).max() > 0
+    with pytest.raises(TypeError, match="several structures"):
+        model.forward_backward(trees, feeds, params)
+
+
+def _tree_lstm_inputs(rng):
+    case = cells.binary_tree_lstm(rng)
+    graphs = [random_tree(rng, n, 2, full_binary=True) for n in (3, 2)]
+    per = [case.data(rng, g) for g in graphs]
+    return case, graphs, cells.batch_feeds(case, graphs, per)
+
+
+@pytest.mark.parametrize("bad, match", [
+    (lambda g: [InputGraph([[1], [0]])], r"sample 0, vertex [01]: lies on a cycle"),
+    (lambda g: [g[0], InputGraph([[], [5]])], r"sample 1, vertex 1: child index 5 out of range"),
+    (lambda g: [InputGraph([[], [], [], [0, 1, 2]])], r"sample 0, vertex 3: 3 children, more than the arity 2"),
+    (lambda g: [], "empty batch"),
+    (lambda g: [g[0], InputGraph([])], "sample 1: empty graph"),
+])
+def test_bad_input_graphs_raise_and_change_nothing(bad, match):
+    from minicavs.errors import InputGraphError
+    rng = np.random.default_rng(7)
+    case, graphs, feeds = _tree_lstm_inputs(rng)
+    before = case.model.forward_backward(graphs, feeds, case.params)
+    snapshot = {k: v.copy() for k, v in case.params.items()}
+    with pytest.raises(InputGraphError, match=match):
+        case.model.forward_backward(bad(graphs), feeds, case.params)
+    after = case.model.forward_backward(graphs, feeds, case.params)
+    assert all(np.array_equal(case.params[k], v) for k, v in snapshot.items())
+    assert after.loss == before.loss
+    assert all(np.array_equal(dense(after.grads[k]), dense(before.grads[k])) for k in before.grads)
+
+
+def test_pull_buffer_with_wrong_number_of_rows():
+    from minicavs.errors import FeedError
+    rng = np.random.default_rng(8)
+    case, graphs, feeds = _tree_lstm_inputs(rng)
+    feeds = dict(feeds, words=feeds["words"][:-1])
+    with pytest.raises(FeedError, match=r"pull buffer 'x' has \d+ rows, the batch has \d+ vertices that pull it"):
+        case.model.forward_backward(graphs, feeds, case.params)
+
+
+def test_float32_run_matches_float64():
+    """float32 is the default dtype; it agrees with float64 by DESIGN.md's float32 rule."""
+    graphs = [random_tree(np.random.default_rng(9), n, 2, full_binary=True) for n in (5, 2, 7)]
+    runs = {}
+    for dtype in ("float32", "float64"):
+        rng = np.random.default_rng(10)
+        case = cells.binary_tree_lstm(rng, dtype=dtype)
+        per = [case.data(rng, g) for g in graphs]
+        runs[dtype] = case.model.forward_backward(graphs, cells.batch_feeds(case, graphs, per), case.params)
+    r32, r64 = runs["float32"], runs["float64"]
+    assert all(dense(g).dtype == np.float32 for g in r32.grads.values())
+    assert abs(r32.loss - r64.loss) <= 1e-5 * max(1.0, abs(r64.loss))
+    for k, g in r64.grads.items():
+        ref = dense(g)
+        assert np.max(np.abs(dense(r32.grads[k]) - ref)) <= 1e-5 * max(1.0, np.max(np.abs(ref))), k
