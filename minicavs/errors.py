@@ -23,3 +23,7 @@ class CheckpointError(MinicavsError, ValueError):
 
 class InputGraphError(MinicavsError, ValueError):
     """A malformed input graph: cycles, child indices out of range, too many children, empty graphs."""
+
+
+class DataError(MinicavsError, ValueError):
+    """Malformed data: the message names the file and line."""

@@ -1,0 +1,88 @@
+"""The Stanford Sentiment Treebank bracket format: ``(label child child)`` or ``(label word)`` per node.
+
+Parsing is iterative (an explicit stack), so deep trees are fine; a malformed line raises DataError naming
+the file and the line number.
+"""
+from __future__ import annotations
+
+import os
+import re
+
+import numpy as np
+
+from ..errors import DataError
+from .trees import Tree
+
+_TOKEN = re.compile(r"\(|\)|[^\s()]+")
+
+
+def parse_tree(line: str, where: str = "<string>", num_labels: int = 5, binary: bool = False) -> Tree:
+    tokens = _TOKEN.findall(line)
+    children: list = []
+    labels: list = []
+    words: list = []
+    stack: list = []     # open nodes: [label, child ids, word]
+    i = 0
+    root = None
+    while i < len(tokens):
+        tok = tokens[i]
+        if tok == "(":
+            if root is not None:
+                raise DataError(f"{where}: text after the end of the tree")
+            if i + 1 >= len(tokens) or tokens[i + 1] in "()":
+                raise DataError(f"{where}: a node without a label")
+            label = tokens[i + 1]
+            if not re.fullmatch(r"-?\d+", label):
+                raise DataError(f"{where}: label {label!r} is not an integer")
+            if not 0 <= int(label) < num_labels:
+                raise DataError(f"{where}: label {label} out of range 0..{num_labels - 1}")
+            stack.append([int(label), [], None])
+            i += 2
+        elif tok == ")":
+            if not stack:
+                raise DataError(f"{where}: unbalanced ')'")
+            label, kids, word = stack.pop()
+            if not kids and word is None:
+                raise DataError(f"{where}: node with label {label} has neither children nor a word")
+            if binary and len(kids) not in (0, 2):
+                raise DataError(f"{where}: node with {len(kids)} children in a binary treebank")
+            children.append(kids)
+            labels.append(label)
+            words.append(word)
+            v = len(children) - 1
+            if stack:
+                stack[-1][1].append(v)
+            else:
+                root = v
+            i += 1
+        else:
+            if not stack:
+                raise DataError(f"{where}: word {tok!r} outside any node")
+            node = stack[-1]
+            if node[1] or node[2] is not None:
+                raise DataError(f"{where}: word {tok!r} beside other children")
+            node[2] = tok
+            i += 1
+    if stack:
+        raise DataError(f"{where}: unbalanced '(' (missing {len(stack)} closing parentheses)")
+    if root is None:
+        raise DataError(f"{where}: no tree")
+    return Tree(children, np.array(labels, np.int64), words)
+
+
+def read_sst(path: str | os.PathLike, binary: bool = True, num_labels: int = 5) -> list[Tree]:
+    """One tree per non-empty line."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"SST file not found: {path}")
+    trees = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if line.strip():
+                trees.append(parse_tree(line, f"{path}:{lineno}", num_labels, binary))
+    return trees
+
+
+def write_sst(trees, path: str | os.PathLike) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        for t in trees:
+            f.write(t.to_bracket() + "\n")

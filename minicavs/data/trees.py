@@ -1,0 +1,62 @@
+"""Labelled trees as samples: children before parents, the root last, a label on every vertex."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class Tree:
+    children: list          # children[v]: child ids of vertex v, left to right
+    labels: np.ndarray      # (n,) int label of every vertex, -1 if unlabelled
+    words: list             # token at a leaf, None at an internal vertex
+
+    @property
+    def num_vertices(self) -> int:
+        return len(self.children)
+
+    @property
+    def root(self) -> int:
+        return len(self.children) - 1
+
+    def leaves(self) -> list[int]:
+        """Leaf ids in sentence order (left to right)."""
+        out, stack = [], [self.root]
+        while stack:
+            v = stack.pop()
+            if self.children[v]:
+                stack.extend(reversed(self.children[v]))
+            else:
+                out.append(v)
+        return out
+
+    def sentence(self) -> list[str]:
+        return [self.words[v] for v in self.leaves()]
+
+    def to_graph(self):
+        from ..inputs import InputGraph
+        return InputGraph(self.children)
+
+    def to_bracket(self) -> str:
+        """The SST bracket format, e.g. ``(3 (2 it) (4 works))``."""
+        def render(v):
+            if not self.children[v]:
+                return f"({self.labels[v]} {self.words[v]})"
+            return f"({self.labels[v]} " + " ".join(render(c) for c in self.children[v]) + ")"
+        return render(self.root)
+
+
+def complete_binary_tree(leaves: int) -> Tree:
+    """Leaves 0..L-1 left to right, then parents level by level; the root last."""
+    if leaves < 1 or leaves & (leaves - 1):
+        raise ValueError(f"complete binary tree needs a power-of-two number of leaves, got {leaves}")
+    children: list = [[] for _ in range(leaves)]
+    level = list(range(leaves))
+    while len(level) > 1:
+        nxt = []
+        for i in range(0, len(level), 2):
+            children.append([level[i], level[i + 1]])
+            nxt.append(len(children) - 1)
+        level = nxt
+    return Tree(children, np.full(len(children), -1, np.int64), [None] * len(children))

@@ -1,0 +1,29 @@
+"""What a bundled model module provides to the trainer: parameters, the model, batches and metrics."""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from .model import Model
+from .nn import ParameterSet
+
+
+class Task:
+    """Base class of the models in ``models/``. Subclasses set the attributes and write the methods."""
+
+    params: ParameterSet
+    model: Model
+    data: dict            # split name -> list of samples
+    unit: str = "samples"  # what throughput counts ("trees", "words")
+    key_metric: str = "loss"
+    key_mode: str = "min"  # "max" if a larger key metric is better
+
+    def batch(self, samples: Sequence[Any]) -> tuple[Any, dict]:
+        """(graphs, feeds) for ``Model.run`` over these samples."""
+        raise NotImplementedError
+
+    def units(self, samples: Sequence[Any]) -> int:
+        return len(samples)
+
+    def evaluate(self, samples: Sequence[Any], batch_size: int) -> dict:
+        """Metrics over ``samples`` in inference mode (no dropout)."""
+        raise NotImplementedError

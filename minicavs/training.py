@@ -1,0 +1,190 @@
+"""Training and evaluation from a config: the engine behind ``minicavs train|eval`` and the Python API.
+
+    trainer = Trainer("models/tree_lstm.yaml", overrides=["train.epochs=3"])
+    history = trainer.fit()                       # per-epoch metrics, also in RUN_DIR/metrics.jsonl
+    trainer.evaluate("test")
+    result = trainer.loss_and_grads(trainer.task.data["dev"][:4])    # loss + gradient of every parameter
+
+Determinism: every random choice is counter-based. Parameters are initialised from (seed, name), the epoch's
+sample order from (seed, epoch), dropout masks from (seed, step, site, sample id, vertex id). The checkpoint
+written after each epoch therefore holds all the "RNG state" there is (seed, epoch, step) plus the data
+position and the early-stopping state, and ``--resume`` continues exactly where an uninterrupted run would be.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from . import checkpoint
+from .config import load_config, load_model_module
+from .errors import MinicavsError
+from .executor import RunContext
+from .optim import make_optimizer
+from .progress import Progress
+
+CHECKPOINT_FORMAT_EXTRA = 1
+
+
+class Trainer:
+    def __init__(self, config: dict | str | os.PathLike, overrides: Sequence[str] = (),
+                 run_dir: str | os.PathLike | None = None):
+        self.cfg = config if isinstance(config, dict) else load_config(config, overrides)
+        module = load_model_module(self.cfg["model"]["name"], Path(self.cfg["config_path"]).resolve().parent)
+        self.task = module.build(self.cfg)
+        self.model = self.task.model
+        self.params = self.task.params
+        tc = self.cfg["train"]
+        kw = dict(lr=tc["lr"], weight_decay=tc["weight_decay"], clip_norm=tc["clip_norm"],
+                  sparse_updates=tc["sparse_updates"])
+        self.optimizer = make_optimizer(tc["optimizer"], self.params.values(), **kw)
+        self.seed = int(tc["seed"])
+        self.epoch = 0
+        es = tc["early_stopping"] or {}
+        self.early = {"metric": es.get("metric", f"dev_{self.task.key_metric}"),
+                      "mode": es.get("mode", self.task.key_mode), "patience": es.get("patience"),
+                      "best": None, "best_epoch": None, "bad_epochs": 0, "stopped": False}
+        self.run_dir = Path(run_dir) if run_dir else Path("runs") / self.cfg["config_name"]
+
+    # --- one batch --------------------------------------------------------------------------------------
+
+    def context(self, training: bool = True) -> RunContext:
+        return RunContext(seed=self.seed, step=self.optimizer.steps, training=training)
+
+    def loss_and_grads(self, samples, training: bool = True, sample_ids=None):
+        """Forward and backward over ``samples``: a Result with ``loss`` and ``grads`` (name -> array)."""
+        graphs, feeds = self.task.batch(samples)
+        return self.model.forward_backward(graphs, feeds, self.params, self.context(training),
+                                           policy=self.cfg["train"]["policy"], sample_ids=sample_ids)
+
+    # --- epochs -----------------------------------------------------------------------------------------
+
+    def epoch_order(self, epoch: int) -> np.ndarray:
+        return np.random.default_rng([self.seed, epoch]).permutation(len(self.task.data["train"]))
+
+    def train_epoch(self, progress: bool = True) -> dict:
+        data = self.task.data["train"]
+        bs = self.cfg["train"]["batch_size"]
+        order = self.epoch_order(self.epoch + 1)
+        batches = [order[i:i + bs] for i in range(0, len(order), bs)]
+        bar = Progress(len(batches), f"epoch {self.epoch + 1}", self.task.unit,
+                       every=self.cfg["train"]["log_every"]) if progress else None
+        total, weight, units = 0.0, 0, 0
+        start = time.perf_counter()
+        for idx in batches:
+            samples = [data[i] for i in idx]
+            res = self.loss_and_grads(samples, sample_ids=idx)
+            self.optimizer.step(res.grads, loss=res.loss)
+            n = self.task.units(samples)
+            total += res.loss * len(samples)
+            weight += len(samples)
+            units += n
+            if bar:
+                bar.update(n, loss=res.loss)
+        if bar:
+            bar.close()
+        seconds = time.perf_counter() - start
+        self.epoch += 1
+        return {"train_loss": total / max(weight, 1),
+                "timing": {"epoch_seconds": seconds, f"train_{self.task.unit}_per_s": units / seconds}}
+
+    def evaluate(self, split: str = "dev") -> dict:
+        samples = self.task.data.get(split)
+        if not samples:
+            raise MinicavsError(f"no '{split}' data in this config (data.{split})")
+        start = time.perf_counter()
+        metrics = self.task.evaluate(samples, self.cfg["train"]["eval_batch_size"])
+        metrics = {f"{split}_{k}": v for k, v in metrics.items()}
+        metrics["timing"] = {f"{split}_seconds": time.perf_counter() - start}
+        return metrics
+
+    def fit(self, epochs: int | None = None, resume: bool = False, progress: bool = True,
+            log: Callable[[str], None] = print) -> list[dict]:
+        """Train to ``epochs`` (default: the config's), evaluating on dev and checkpointing every epoch."""
+        epochs = self.cfg["train"]["epochs"] if epochs is None else epochs
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        metrics_path = self.run_dir / "metrics.jsonl"
+        last = self.run_dir / "last.npz"
+        if resume and last.exists():
+            self.load(last)
+            _truncate_metrics(metrics_path, self.epoch)
+            log(f"resumed from {last} at epoch {self.epoch} (step {self.optimizer.steps})")
+        elif not resume and metrics_path.exists():
+            metrics_path.unlink()
+        history = []
+        has_dev = bool(self.task.data.get("dev"))
+        while self.epoch < epochs and not self.early["stopped"]:
+            row = {"epoch": self.epoch + 1}
+            row.update(self.train_epoch(progress))
+            row["step"] = self.optimizer.steps
+            if has_dev:
+                dev = self.evaluate("dev")
+                timing = {**row.pop("timing"), **dev.pop("timing")}
+                row.update(dev)
+                row["timing"] = timing
+                self._early_stopping(row)
+            log(_format(row))
+            with open(metrics_path, "a") as f:
+                f.write(json.dumps(row) + "\n")
+            self.save(last)
+            if self.early["best_epoch"] == self.epoch or not has_dev:
+                self.save(self.run_dir / "best.npz")
+            history.append(row)
+        return history
+
+    def _early_stopping(self, row: dict) -> None:
+        e = self.early
+        value = row.get(e["metric"])
+        if value is None:
+            raise MinicavsError(f"early stopping metric '{e['metric']}' is not among {sorted(row)}")
+        better = e["best"] is None or (value > e["best"] if e["mode"] == "max" else value < e["best"])
+        if better:
+            e.update(best=value, best_epoch=self.epoch, bad_epochs=0)
+        else:
+            e["bad_epochs"] += 1
+            if e["patience"] is not None and e["bad_epochs"] >= e["patience"]:
+                e["stopped"] = True
+
+    # --- checkpoints ------------------------------------------------------------------------------------
+
+    def save(self, path: str | os.PathLike) -> None:
+        extra = {"version": CHECKPOINT_FORMAT_EXTRA, "epoch": self.epoch, "batch": 0,
+                 "rng": {"seed": self.seed, "epoch": self.epoch, "step": self.optimizer.steps},
+                 "early_stopping": dict(self.early), "model": self.cfg["model"]}
+        checkpoint.save(path, self.params, self.optimizer, self.optimizer.steps, extra=extra)
+
+    def load(self, path: str | os.PathLike, optimizer: bool = True) -> dict:
+        ck = checkpoint.load(path, self.params, self.optimizer if optimizer else None)
+        extra = ck.extra or {}
+        if extra.get("model", self.cfg["model"]) != self.cfg["model"]:
+            raise MinicavsError(f"{path}: written for model settings {extra.get('model')}, "
+                                f"the config says {self.cfg['model']}")
+        if optimizer:
+            self.epoch = int(extra.get("epoch", 0))
+            if "early_stopping" in extra:
+                self.early.update(extra["early_stopping"])
+        return extra
+
+
+def _truncate_metrics(path: Path, epoch: int) -> None:
+    """Drop lines of epochs after the checkpoint (written before a crash): resume rewrites them."""
+    if not path.exists():
+        return
+    keep = [line for line in path.read_text().splitlines() if json.loads(line).get("epoch", 0) <= epoch]
+    path.write_text("".join(line + "\n" for line in keep))
+
+
+def _format(row: dict) -> str:
+    parts = [f"epoch {row['epoch']}"]
+    for k, v in row.items():
+        if k in ("epoch", "timing"):
+            continue
+        parts.append(f"{k} {v:.4f}" if isinstance(v, float) and math.isfinite(v) else f"{k} {v}")
+    t = row.get("timing", {})
+    parts += [f"{k} {v:,.1f}" for k, v in t.items()]
+    return "  ".join(parts)

@@ -1,0 +1,164 @@
+"""Tree-LSTM sentiment classifier (the binary Tree-LSTM of DyNet's benchmark; child-sum as a variant).
+
+Rows @ W convention, σ = sigmoid. Leaf vertex with word embedding x:
+    [i, o, u] = x·W + b_l,                 c = σ(i) ⊙ tanh(u)
+Internal vertex with children (h1, c1), (h2, c2), binary variant:
+    [i, o, u] = [h1; h2]·U + b_i,          f_k = σ(h_k·U_fk + b_f)
+    c = σ(i) ⊙ tanh(u) + f_1 ⊙ c_1 + f_2 ⊙ c_2
+child-sum variant (Tai et al. 2015; the paper's Fig. 4 with W^(u) for u): h~ = h1 + h2,
+    [i, o, u] = h~·U + b_i,                f_k = σ(h_k·U_f + b_f),   c likewise
+Every vertex: h = σ(o) ⊙ tanh(c); scatter [h, c]; push h. A classifier softmax(h·W_o + b_o) over the 5
+labels runs at every vertex; the loss is the sum over vertices divided by the number of trees in the batch.
+Dropout (on the embeddings and on h before the classifier) is inside F, so masks follow (sample, vertex).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from minicavs import ops
+from minicavs.data.sst import read_sst
+from minicavs.data.synthetic import synthetic_treebank
+from minicavs.model import Model, Structure
+from minicavs.nn import ParameterSet
+from minicavs.task import Task
+from minicavs.vertex import VertexFunction
+
+NAME = "tree_lstm"
+DEFAULTS = {"embed": 300, "hidden": 150, "classes": 5, "variant": "binary", "dropout": 0.5,
+            "embed_init": 0.1}
+DATA_DEFAULTS = {"train": "synthetic", "dev": "synthetic", "test": "synthetic",
+                 "synthetic": {"train": 3000, "dev": 500, "test": 500, "seed": 7, "vocab": 1000}}
+TRAIN_DEFAULTS = {"optimizer": "adagrad", "lr": 0.05, "weight_decay": 1e-4, "batch_size": 25}
+UNK = "<unk>"
+
+
+def cells(p, H: int, D: int, variant: str, dropout: float, dtype):
+    """The leaf and internal vertex functions (a few lines each)."""
+    leaf = VertexFunction("leaf", arity=0, message=(2 * H,), dtype=dtype)
+    with leaf:
+        x = leaf.pull((D,), "x")
+        if dropout:
+            x = ops.dropout(x, dropout, site=1)
+        i, o, u = ops.split(ops.linear(x, p["W"].node, p["b_l"].node), 3)
+        c = ops.sigmoid(i) * ops.tanh(u)
+        h = ops.sigmoid(o) * ops.tanh(c)
+        leaf.scatter(ops.concat([h, c]))
+        leaf.push(ops.dropout(h, dropout, site=2) if dropout else h)
+    internal = VertexFunction("internal", arity=2, message=(2 * H,), dtype=dtype)
+    with internal:
+        h1, c1 = ops.split(internal.gather(0), 2)
+        h2, c2 = ops.split(internal.gather(1), 2)
+        if variant == "binary":
+            iou = ops.linear(ops.concat([h1, h2]), p["U"].node, p["b_i"].node)
+            f1 = ops.sigmoid(ops.linear(h1, p["U_f1"].node, p["b_f"].node))
+            f2 = ops.sigmoid(ops.linear(h2, p["U_f2"].node, p["b_f"].node))
+        else:
+            iou = ops.linear(h1 + h2, p["U"].node, p["b_i"].node)
+            f1 = ops.sigmoid(ops.linear(h1, p["U_f"].node, p["b_f"].node))
+            f2 = ops.sigmoid(ops.linear(h2, p["U_f"].node, p["b_f"].node))
+        i, o, u = ops.split(iou, 3)
+        c = ops.sigmoid(i) * ops.tanh(u) + f1 * c1 + f2 * c2
+        h = ops.sigmoid(o) * ops.tanh(c)
+        internal.scatter(ops.concat([h, c]))
+        internal.push(ops.dropout(h, dropout, site=3) if dropout else h)
+    return {"leaf": leaf, "internal": internal}
+
+
+class TreeLSTM(Task):
+    unit = "trees"
+    key_metric = "root_acc"
+    key_mode = "max"
+
+    def __init__(self, cfg: dict):
+        m, tc = cfg["model"], cfg["train"]
+        if m["variant"] not in ("binary", "child_sum"):
+            raise ValueError(f"model.variant must be 'binary' or 'child_sum', got {m['variant']!r}")
+        self.data = load_data(cfg["data"])
+        self.vocab = build_vocab(self.data["train"])
+        self.samples = {}
+        H, D, C, dtype, seed = m["hidden"], m["embed"], m["classes"], tc["dtype"], tc["seed"]
+        p = self.params = ParameterSet()
+        p.new("E", (len(self.vocab), D), init=f"uniform({m['embed_init']})", dtype=dtype, rng=seed)
+        p.new("W", (D, 3 * H), dtype=dtype, rng=seed)
+        p.new("b_l", (3 * H,), init="zeros", dtype=dtype, rng=seed)
+        p.new("U", ((2 if m["variant"] == "binary" else 1) * H, 3 * H), dtype=dtype, rng=seed)
+        p.new("b_i", (3 * H,), init="zeros", dtype=dtype, rng=seed)
+        for name in (("U_f1", "U_f2") if m["variant"] == "binary" else ("U_f",)):
+            p.new(name, (H, H), dtype=dtype, rng=seed)
+        p.new("b_f", (H,), init="constant(1.0)", dtype=dtype, rng=seed)
+        p.new("W_o", (H, C), dtype=dtype, rng=seed)
+        p.new("b_o", (C,), init="zeros", dtype=dtype, rng=seed)
+        self.words = ops.input((None,), "int64", name="words")
+        self.labels = ops.input((None,), "int64", name="labels")
+        self.inv_trees = ops.input((), dtype, name="inv_trees")
+        fns = cells(p, H, D, m["variant"], m["dropout"], dtype)
+        s = Structure(fns, pulls={"x": ops.lookup(p["E"].node, self.words)}, name="tree")
+        logits = ops.linear(s.pushed("h"), p["W_o"].node, p["b_o"].node)
+        loss = ops.sum(ops.softmax_cross_entropy(logits, self.labels)) * self.inv_trees
+        self.model = Model(s, loss=loss, outputs={"probs": ops.softmax(logits)}, policy=tc["policy"])
+        self.dtype = np.dtype(dtype)
+
+    def _prepared(self, tree):
+        key = id(tree)
+        if key not in self.samples:  # graph, word ids of the leaves (vertex order), labels: once per tree
+            leaves = [v for v, ch in enumerate(tree.children) if not ch]
+            unk = self.vocab[UNK]
+            ids = np.array([self.vocab.get(tree.words[v], unk) for v in leaves], np.int64)
+            self.samples[key] = (tree.to_graph(), ids, np.asarray(tree.labels, np.int64))
+        return self.samples[key]
+
+    def batch(self, samples):
+        prep = [self._prepared(t) for t in samples]
+        feeds = {"words": np.concatenate([q[1] for q in prep]), "labels": np.concatenate([q[2] for q in prep]),
+                 "inv_trees": np.asarray(1.0 / len(samples), self.dtype)}
+        return [q[0] for q in prep], feeds
+
+    def evaluate(self, samples, batch_size: int) -> dict:
+        loss, counts = 0.0, np.zeros(4)
+        fine = np.zeros(2)   # correct roots, correct vertices
+        binary = np.zeros(4)  # correct roots, non-neutral roots, correct vertices, non-neutral vertices
+        for i in range(0, len(samples), batch_size):
+            chunk = samples[i:i + batch_size]
+            graphs, feeds = self.batch(chunk)
+            res = self.model.infer(graphs, feeds, self.params)
+            loss += res.loss * len(chunk)
+            probs = res.outputs["probs"]
+            labels = feeds["labels"]
+            roots = np.cumsum([g.num_vertices for g in graphs]) - 1
+            pred = probs.argmax(1)
+            pos = probs[:, 3:].sum(1) > probs[:, :2].sum(1)
+            polar = labels != 2
+            ok_bin = pos == (labels > 2)
+            fine += [np.sum(pred[roots] == labels[roots]), np.sum(pred == labels)]
+            binary += [np.sum(ok_bin[roots] & polar[roots]), np.sum(polar[roots]),
+                       np.sum(ok_bin & polar), np.sum(polar)]
+            counts += [len(chunk), len(labels), 0, 0]
+        return {"loss": loss / len(samples), "root_acc": fine[0] / counts[0], "all_acc": fine[1] / counts[1],
+                "root_bin_acc": binary[0] / max(binary[1], 1), "all_bin_acc": binary[2] / max(binary[3], 1)}
+
+
+def load_data(d: dict) -> dict:
+    """SST bracket files by path, or the synthetic treebank ('synthetic') generated from d['synthetic']."""
+    out = {}
+    syn = d["synthetic"]
+    for split_id, split in enumerate(("train", "dev", "test")):
+        src = d[split]
+        if src is None:
+            continue
+        if src == "synthetic":
+            out[split] = synthetic_treebank(int(syn[split]), seed=int(syn["seed"]), vocab_size=int(syn["vocab"]),
+                                            split=split_id)
+        else:
+            out[split] = read_sst(src)
+    if "train" not in out:
+        raise ValueError("data.train is required")
+    return out
+
+
+def build_vocab(trees) -> dict:
+    words = sorted({w for t in trees for w in t.words if w is not None})
+    return {w: i for i, w in enumerate([UNK] + words)}
+
+
+def build(cfg: dict) -> TreeLSTM:
+    return TreeLSTM(cfg)
