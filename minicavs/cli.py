@@ -24,7 +24,56 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", help="a YAML config, e.g. models/tree_lstm.yaml")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config value, e.g. --set train.lr=0.1 (repeatable)")
+    p.add_argument("--run-dir", default=None, help="where metrics and checkpoints go (default runs/<config>)")
+
+
+def _train_args(p: argparse.ArgumentParser) -> None:
+    _config_args(p)
+    p.add_argument("--resume", action="store_true", help="continue from RUN_DIR/last.npz")
+    p.add_argument("--epochs", type=int, default=None, help="train to this epoch (default: the config's)")
+    p.add_argument("--no-progress", action="store_true", help="no live progress bar")
+
+
+def _train(args: argparse.Namespace) -> int:
+    from .training import Trainer
+    trainer = Trainer(args.config, args.overrides, args.run_dir)
+    print(f"training {trainer.cfg['model']['name']} ({sum(p.value.size for p in trainer.params.values()):,} "
+          f"parameters) on {len(trainer.task.data['train'])} samples; run dir {trainer.run_dir}")
+    trainer.fit(args.epochs, resume=args.resume, progress=not args.no_progress)
+    best = trainer.run_dir / "best.npz"
+    trainer.load(best, optimizer=False)
+    for split in ("dev", "test"):
+        if trainer.task.data.get(split):
+            metrics = trainer.evaluate(split)
+            metrics.pop("timing")
+            print(f"best checkpoint ({best}) on {split}: "
+                  + "  ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+    return 0
+
+
+def _eval_args(p: argparse.ArgumentParser) -> None:
+    _config_args(p)
+    p.add_argument("--checkpoint", required=True, help="a checkpoint written by minicavs train")
+    p.add_argument("--split", default="test", choices=("train", "dev", "test"))
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from .training import Trainer
+    trainer = Trainer(args.config, args.overrides, args.run_dir)
+    trainer.load(args.checkpoint, optimizer=False)
+    metrics = trainer.evaluate(args.split)
+    timing = metrics.pop("timing")
+    print("  ".join(f"{k} {v:.4f}" for k, v in metrics.items()) + f"  ({timing[args.split + '_seconds']:.1f} s)")
+    return 0
+
+
 COMMANDS: dict[str, tuple[str, Callable, Callable]] = {
+    "train": ("train a model from a YAML config", _train_args, _train),
+    "eval": ("evaluate a checkpoint on a data split", _eval_args, _eval),
     "demo": ("train a small MLP on a synthetic spiral (a smoke test of the core)", _demo_args, _demo),
 }
 
@@ -42,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return COMMANDS[args.command][2](args)
-    except (MinicavsError, FileNotFoundError) as e:
+    except (MinicavsError, FileNotFoundError) as e:  # ConfigError, DataError, CheckpointError, ...
         print(f"minicavs {args.command}: error: {e}", file=sys.stderr)
         return 2
 

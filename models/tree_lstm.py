@@ -75,6 +75,8 @@ class TreeLSTM(Task):
             raise ValueError(f"model.variant must be 'binary' or 'child_sum', got {m['variant']!r}")
         self.data = load_data(cfg["data"])
         self.vocab = build_vocab(self.data["train"])
+        root_labels = np.array([t.labels[t.root] for t in self.data["train"]])
+        self.majority = int(np.bincount(root_labels).argmax())  # the baseline accuracy is reported
         self.samples = {}
         H, D, C, dtype, seed = m["hidden"], m["embed"], m["classes"], tc["dtype"], tc["seed"]
         p = self.params = ParameterSet()
@@ -133,8 +135,10 @@ class TreeLSTM(Task):
             binary += [np.sum(ok_bin[roots] & polar[roots]), np.sum(polar[roots]),
                        np.sum(ok_bin & polar), np.sum(polar)]
             counts += [len(chunk), len(labels), 0, 0]
-        return {"loss": loss / len(samples), "root_acc": fine[0] / counts[0], "all_acc": fine[1] / counts[1],
-                "root_bin_acc": binary[0] / max(binary[1], 1), "all_bin_acc": binary[2] / max(binary[3], 1)}
+        majority = np.mean([t.labels[t.root] == self.majority for t in samples])
+        return {"loss": float(loss / len(samples)), "root_acc": float(fine[0] / counts[0]),
+                "all_acc": float(fine[1] / counts[1]), "root_bin_acc": float(binary[0] / max(binary[1], 1)),
+                "all_bin_acc": float(binary[2] / max(binary[3], 1)), "root_majority_acc": float(majority)}
 
 
 def load_data(d: dict) -> dict:
