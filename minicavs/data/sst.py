@@ -59,9 +59,9 @@ def parse_tree(line: str, where: str = "<string>", num_labels: int = 5, binary: 
             if not stack:
                 raise DataError(f"{where}: word {tok!r} outside any node")
             node = stack[-1]
-            if node[1] or node[2] is not None:
+            if node[1]:
                 raise DataError(f"{where}: word {tok!r} beside other children")
-            node[2] = tok
+            node[2] = tok if node[2] is None else f"{node[2]} {tok}"  # SST has leaves like (2 8 1\/2)
             i += 1
     if stack:
         raise DataError(f"{where}: unbalanced '(' (missing {len(stack)} closing parentheses)")
