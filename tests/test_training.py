@@ -1,0 +1,134 @@
+"""Training from configs: config errors, exact resume, the CLI end to end in a temporary directory."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from minicavs.cli import main
+from minicavs.config import ConfigError, load_config
+from minicavs.training import Trainer
+
+MODELS = Path(__file__).resolve().parent.parent / "models"
+
+
+def tiny_config(tmp_path, **train) -> Path:
+    cfg = yaml.safe_load((MODELS / "tree_lstm.yaml").read_text())
+    cfg["model"]["name"] = str(MODELS / "tree_lstm.py")
+    cfg["model"].update(embed=8, hidden=8)
+    cfg["data"]["synthetic"] = {"train": 120, "dev": 40, "test": 40, "seed": 7, "vocab": 60}
+    cfg["train"].update({"epochs": 3, "batch_size": 16, **train})
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def without_timing(rows):
+    return [{k: v for k, v in r.items() if k != "timing"} for r in rows]
+
+
+def read_metrics(run_dir):
+    return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("override, match", [
+    ("train.lrr=0.1", r"unknown config key 'train.lrr' \(did you mean 'lr'\?\)"),
+    ("model.hiden=3", r"unknown config key 'model.hiden' \(did you mean 'hidden'\?\)"),
+    ("train.epochs=many", r"train.epochs: expected an integer, got 'many'"),
+    ("train.lr=fast", r"train.lr: expected a number"),
+    ("train.sparse_updates=3", r"expected true/false"),
+    ("lr=0.1", r"needs a section"),
+])
+def test_config_errors_name_the_key(override, match):
+    with pytest.raises(ConfigError, match=match):
+        load_config(MODELS / "tree_lstm.yaml", [override])
+
+
+def test_config_file_errors(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        load_config(tmp_path / "none.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("modle: {name: tree_lstm}\n")
+    with pytest.raises(ConfigError, match=r"unknown config section 'modle' \(did you mean 'model'\?\)"):
+        load_config(bad)
+    bad.write_text("model: {name: no_such_model}\n")
+    with pytest.raises(ConfigError, match="model 'no_such_model' not found"):
+        load_config(bad)
+    bad.write_text("model: [1, 2\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+
+
+def test_defaults_are_filled_and_overrides_apply():
+    cfg = load_config(MODELS / "tree_lstm.yaml", ["train.lr=0.5", "model.variant=child_sum"])
+    assert cfg["train"]["lr"] == 0.5 and cfg["model"]["variant"] == "child_sum"
+    assert cfg["train"]["dtype"] == "float32" and cfg["model"]["classes"] == 5
+
+
+def test_training_beats_the_majority_class(tmp_path):
+    trainer = Trainer(tiny_config(tmp_path, epochs=4, lr=0.2), run_dir=tmp_path / "run")
+    before = trainer.evaluate("dev")
+    history = trainer.fit(progress=False, log=lambda s: None)
+    after = history[-1]
+    assert after["train_loss"] < history[0]["train_loss"]
+    assert after["dev_loss"] < 0.8 * before["dev_loss"]
+    assert after["dev_all_acc"] > before["dev_all_acc"] + 0.1
+
+
+def test_resume_equals_uninterrupted_run(tmp_path):
+    cfg = tiny_config(tmp_path)
+    full = Trainer(cfg, run_dir=tmp_path / "full")
+    full.fit(progress=False, log=lambda s: None)
+    part = Trainer(cfg, run_dir=tmp_path / "part")
+    part.fit(epochs=1, progress=False, log=lambda s: None)
+    resumed = Trainer(cfg, run_dir=tmp_path / "part")   # a fresh process would start like this
+    resumed.fit(resume=True, progress=False, log=lambda s: None)
+    assert without_timing(read_metrics(tmp_path / "full")) == without_timing(read_metrics(tmp_path / "part"))
+    for name, p in full.params.items():
+        assert np.array_equal(p.value, resumed.params[name].value), name
+
+
+def test_failed_step_leaves_parameters_unchanged(tmp_path):
+    trainer = Trainer(tiny_config(tmp_path), run_dir=tmp_path / "run")
+    samples = trainer.task.data["train"][:4]
+    res = trainer.loss_and_grads(samples)
+    before = {k: p.value.copy() for k, p in trainer.params.items()}
+    grads = dict(res.grads)
+    grads["W"] = np.full_like(trainer.params["W"].value, np.nan)
+    with pytest.raises(Exception, match="W"):
+        trainer.optimizer.step(grads, loss=res.loss)
+    assert all(np.array_equal(before[k], p.value) for k, p in trainer.params.items())
+
+
+def test_python_api_gives_named_parameters_and_gradients(tmp_path):
+    trainer = Trainer(tiny_config(tmp_path, dtype="float64"), run_dir=tmp_path / "run")
+    samples = trainer.task.data["dev"][:3]
+    res = trainer.loss_and_grads(samples, training=False)
+    assert set(res.grads) == set(trainer.params)
+    from minicavs.testing import check_model_grads
+    graphs, feeds = trainer.task.batch(samples)
+    check_model_grads(trainer.model, graphs, feeds, {k: p.value for k, p in trainer.params.items()},
+                      directions=1, ctx=trainer.context(training=False))
+
+
+def test_cli_train_then_eval(tmp_path, capsys):
+    cfg = tiny_config(tmp_path, epochs=2)
+    run = tmp_path / "run"
+    assert main(["train", str(cfg), "--run-dir", str(run), "--no-progress", "--set", "train.lr=0.1"]) == 0
+    out = capsys.readouterr().out
+    assert "epoch 2" in out and "on test: test_loss" in out
+    assert (run / "last.npz").exists() and (run / "best.npz").exists() and len(read_metrics(run)) == 2
+    assert main(["eval", str(cfg), "--checkpoint", str(run / "best.npz"), "--split", "dev"]) == 0
+    assert "dev_root_acc" in capsys.readouterr().out
+
+
+def test_cli_errors_are_one_line(tmp_path, capsys):
+    assert main(["train", str(tmp_path / "missing.yaml")]) == 2
+    assert "config file not found" in capsys.readouterr().err
+    cfg = tiny_config(tmp_path)
+    assert main(["train", str(cfg), "--set", "train.lrr=1"]) == 2
+    assert "did you mean 'lr'" in capsys.readouterr().err
+    assert main(["eval", str(cfg), "--checkpoint", str(tmp_path / "none.npz")]) == 2
