@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .autodiff import grad
-from .executor import RunContext
-from .graph import Graph, Node
+from .executor import RunContext, eval_nodes
+from .graph import Graph
 from .memory import DynamicTensor, MemoryPlan
 from .ops import input as input_node
 from .ops.registry import OPS
@@ -91,20 +91,6 @@ def _value(x, local, static):
     return static[x] if v is None else v
 
 
-def _eval_static(nodes, static, params, ctx):
-    for n in nodes:
-        if n.op == "param":
-            v = params[n.name]
-            static[n] = np.asarray(getattr(v, "value", v))
-        elif n.op in ("input", "gather", "pull"):
-            continue
-        else:
-            args = [static[x] for x in n.inputs]
-            opdef = OPS[n.op]
-            static[n] = opdef.impl(np, *args, ctx=ctx, **n.attrs) if opdef.needs_ctx \
-                else opdef.impl(np, *args, **n.attrs)
-
-
 def forward(fns: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContext, message,
             dtype, training: bool = True, pool: dict | None = None) -> RunState:
     """Evaluate F at every vertex, task by task. ``fns[kid]`` is the CompiledFunction of kind ``kid``."""
@@ -122,7 +108,7 @@ def forward(fns: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContex
         kp = plan.kinds[kid] if kid < len(plan.kinds) else None
         tensors, static = {}, {}
         if fn is not None and kp is not None:
-            _eval_static(fn.static_fwd, static, params, ctx)
+            eval_nodes(fn.static_fwd, static, {}, params, ctx)
             if training:
                 for node in fn.row_nodes:
                     key = (kid, node)
@@ -171,7 +157,7 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
     param_grads: dict = {}
     for kid, fn in enumerate(fns):
         if fn is not None and kid < len(plan.kinds) and plan.kinds[kid] is not None:
-            _eval_static(fn.static_bwd, state.statics[kid], params, ctx)
+            eval_nodes(fn.static_bwd, state.statics[kid], {}, params, ctx)
     for kid, koff, bs, goff in reversed(plan.tasks):
         fn, kp, tensors, static = fns[kid], plan.kinds[kid], state.tensors[kid], state.statics[kid]
         sl = slice(koff, koff + bs)

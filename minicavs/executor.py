@@ -34,6 +34,39 @@ def check_value(node: Node, value, what: str):
     return arr
 
 
+def leaf_value(n: Node, feeds: Mapping, params: Mapping):
+    """The value of an ``input`` (from feeds, by node or name) or ``param`` (by name) node, checked."""
+    if n.op == "input":
+        if n in feeds:
+            value = feeds[n]
+        elif n.name is not None and n.name in feeds:
+            value = feeds[n.name]
+        else:
+            raise FeedError(f"missing feed for input {n.label()} {fmt_shape(n.shape)}")
+        return check_value(n, value, "feed for input")
+    if n.name not in params:
+        raise FeedError(f"missing value for parameter '{n.name}' {fmt_shape(n.shape)}")
+    value = params[n.name]
+    return check_value(n, getattr(value, "value", value), "parameter")
+
+
+def eval_nodes(nodes: Sequence[Node], env: dict, feeds: Mapping, params: Mapping, ctx: RunContext,
+               skip=("gather", "pull")) -> None:
+    """Evaluate ``nodes`` (in topological order) into ``env``, keeping every value (for a backward pass).
+
+    Nodes already in ``env`` are not recomputed; ``skip`` ops are leaves someone else supplies."""
+    for n in nodes:
+        if n in env or n.op in skip:
+            continue
+        if n.op in ("input", "param"):
+            env[n] = leaf_value(n, feeds, params)
+        else:
+            opdef = OPS[n.op]
+            args = [env[x] for x in n.inputs]
+            env[n] = opdef.impl(np, *args, ctx=ctx, **n.attrs) if opdef.needs_ctx \
+                else opdef.impl(np, *args, **n.attrs)
+
+
 class Executor:
     """A graph compiled once into a flat instruction list; ``run`` only interprets it."""
 
@@ -61,19 +94,8 @@ class Executor:
         ctx = ctx or RunContext()
         env: list = [None] * len(self.program)
         for i, n, opdef, args, free in self.program:
-            if n.op == "input":
-                if n in feeds:
-                    value = feeds[n]
-                elif n.name is not None and n.name in feeds:
-                    value = feeds[n.name]
-                else:
-                    raise FeedError(f"missing feed for input {n.label()} {fmt_shape(n.shape)}")
-                env[i] = check_value(n, value, "feed for input")
-            elif n.op == "param":
-                if n.name not in params:
-                    raise FeedError(f"missing value for parameter '{n.name}' {fmt_shape(n.shape)}")
-                value = params[n.name]
-                env[i] = check_value(n, getattr(value, "value", value), "parameter")
+            if n.op in ("input", "param"):
+                env[i] = leaf_value(n, feeds, params)
             else:
                 xs = [env[a] for a in args]
                 if opdef.needs_ctx:

@@ -21,13 +21,12 @@ import numpy as np
 from .autodiff import grad
 from .engine import CompiledFunction, backward, forward
 from .errors import FeedError, InputGraphError, ShapeError
-from .executor import RunContext, check_value
+from .executor import RunContext, eval_nodes
 from .graph import Graph, Node, fmt_shape
 from .inputs import Batch, InputGraph, make_batch
 from .memory import plan_memory
 from .ops import input as input_node
 from .ops import ones_like
-from .ops.registry import OPS
 from .scheduler import get_policy
 from .sparse import add_all, densify
 from .vertex import VertexFunction
@@ -143,28 +142,6 @@ class Result:
         return np.split(self.pushes[structure][push], np.cumsum(counts)[:-1])
 
 
-def _eval(nodes, env, feeds, params, ctx):
-    """Evaluate ``nodes`` (topological order) into ``env``; leaves come from feeds and params."""
-    for n in nodes:
-        if n in env:
-            continue
-        if n.op == "input":
-            value = feeds.get(n, feeds.get(n.name)) if n.name is not None else feeds.get(n)
-            if value is None:
-                raise FeedError(f"missing feed for input {n.label()} {fmt_shape(n.shape)}")
-            env[n] = check_value(n, value, "feed for input")
-        elif n.op == "param":
-            if n.name not in params:
-                raise FeedError(f"missing value for parameter '{n.name}' {fmt_shape(n.shape)}")
-            v = params[n.name]
-            env[n] = check_value(n, getattr(v, "value", v), "parameter")
-        else:
-            opdef = OPS[n.op]
-            args = [env[x] for x in n.inputs]
-            env[n] = opdef.impl(np, *args, ctx=ctx, **n.attrs) if opdef.needs_ctx \
-                else opdef.impl(np, *args, **n.attrs)
-
-
 class Model:
     """Structures + static graphs; one call runs forward and backward for a batch of samples."""
 
@@ -274,7 +251,7 @@ class Model:
         result = Result(None)
         states = {}
         for s, stage in zip(self.structures, self.stages):
-            _eval(stage, env, feeds, params, ctx)
+            eval_nodes(stage, env, feeds, params, ctx)
             batch, plan, fns = plans[s.name]
             pull_bufs = {}
             for name, src in s.pulls.items():
@@ -293,7 +270,7 @@ class Model:
                 if name not in st.pushes:
                     raise FeedError(f"structure '{s.name}': no vertex in the batch pushes '{name}'")
                 env[node] = st.pushes[name]
-        _eval(self.final_stage, env, feeds, params, ctx)
+        eval_nodes(self.final_stage, env, feeds, params, ctx)
         result.outputs = {k: env[v] for k, v in self.outputs.items()}
         result.states = states
         if self.loss is not None:
@@ -319,7 +296,7 @@ class Model:
                 if g is None:
                     push_grads[name] = np.zeros_like(env[s._pushed[name]])
                 else:
-                    _eval(Graph([g]).nodes, benv, feeds, params, ctx)
+                    eval_nodes(Graph([g]).nodes, benv, feeds, params, ctx)
                     push_grads[name] = densify(np, benv[g])  # e.g. a lookup picked root rows
             for name in {n for f in s.functions.values() for n in f.pushes} - set(push_grads):
                 push_grads[name] = np.zeros_like(states[s.name].pushes[name])  # consumed by nothing
@@ -333,7 +310,7 @@ class Model:
                 benv.pop(node, None)
         sg = self.static_param_grad
         if sg:
-            _eval(Graph(list(sg.values())).nodes, benv, feeds, params, ctx)
+            eval_nodes(Graph(list(sg.values())).nodes, benv, feeds, params, ctx)
             for name, g in sg.items():
                 grads[name] = add_all(np, [grads[name], benv[g]]) if name in grads else benv[g]
         return grads
