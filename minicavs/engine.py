@@ -5,6 +5,11 @@ child slot and task), pull takes rows of an external buffer, scatter writes the 
 shared scatter tensor, push writes rows of an external buffer. Backward reads forward values from their
 dynamic tensors at the same offsets and *adds* gradients: gather's adjoint scatter-adds into the children's
 rows of the scatter-gradient tensor, so a DAG vertex with several parents receives all contributions.
+
+Each pass runs in three phases per vertex kind (§3.4, and DESIGN.md's schedule-first layout): with eager
+batching, eager nodes run once over all vertices of the kind before the task loop; the task loop runs the
+recurrent nodes (and, with a switch off, the eager or lazy ones too) task by task; with lazy batching, lazy
+nodes (pushes, parameter and pull gradients) run once over all vertices after it.
 """
 from __future__ import annotations
 
@@ -18,16 +23,69 @@ from .graph import Graph
 from .memory import DynamicTensor, MemoryPlan
 from .ops import input as input_node
 from .ops.registry import OPS
+from .passes.classify import EAGER, LAZY, classify
 from .sparse import RowSparse, add_all
 from .vertex import VertexFunction
 
+PRE, TASK, POST = 0, 1, 2
 
-def _program(nodes):
-    return [(n, OPS[n.op].impl, n.inputs, n.attrs, OPS[n.op].needs_ctx) for n in nodes]
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """The optimisation switches; every combination computes the same numbers (DESIGN.md's "equal")."""
+
+    lazy_batching: bool = True
+    eager_batching: bool = True
+
+
+@dataclass
+class Phases:
+    """Per phase (PRE, TASK, POST): the program and the values it reads that another phase computed."""
+
+    programs: list
+    reads: list
+    phase: dict
+
+
+def _phases(nodes, classes, leaves, opts: EngineOptions, eager_leaves=()) -> Phases:
+    """Assign each node to PRE, TASK or POST by its class and the switches.
+
+    A value with the vertex axis leading is stored in a dynamic tensor and can be read by any later phase.
+    A row-dependent value without it (a transposed block, a partial parameter gradient) is only meaningful
+    inside the phase that computed it, so it is computed in every phase that consumes it."""
+    def own(n):
+        c = classes[n]
+        return PRE if c == EAGER and opts.eager_batching else POST if c == LAZY and opts.lazy_batching \
+            else TASK
+
+    phase = {n: (PRE if (n in eager_leaves and opts.eager_batching) else TASK) for n in leaves}
+    member = set(nodes)
+    consumers: dict = {n: [] for n in nodes}
+    for n in nodes:
+        for x in n.inputs:
+            if x in member:
+                consumers[x].append(n)
+    where: dict = {}
+    for n in reversed(nodes):
+        if n.has_rows or not consumers[n]:
+            where[n] = {own(n)}
+        else:
+            where[n] = set().union(*(where[c] for c in consumers[n]))
+    programs, reads = [[], [], []], [[], [], []]
+    for n in nodes:
+        phase[n] = min(where[n])
+        for p in sorted(where[n]):
+            programs[p].append((n, OPS[n.op].impl, n.inputs, n.attrs, OPS[n.op].needs_ctx))
+            for x in n.inputs:
+                if x in phase and p not in where.get(x, {phase[x]}) and x not in reads[p]:
+                    if not x.has_rows:
+                        raise AssertionError(f"{x.label()} crosses phases without a vertex axis")
+                    reads[p].append(x)
+    return Phases(programs, reads, phase)
 
 
 class CompiledFunction:
-    """F and ∂F of one vertex kind, split into what runs once per batch and what runs per task."""
+    """F and ∂F of one vertex kind: classified, split into phases, everything static done once."""
 
     def __init__(self, F: VertexFunction):
         self.F = F
@@ -36,12 +94,14 @@ class CompiledFunction:
         self.pulls = dict(F.pulls)
         self.pushes = dict(F.pushes)
         self.scattered = F.scattered
-        leaves = set(self.gathers.values()) | set(self.pulls.values())
+        leaves = list(self.gathers.values()) + list(self.pulls.values())
         fwd = [n for n in g.nodes if n not in leaves]
         # Row-free nodes depend only on parameters and constants: evaluated once per batch.
         self.static_fwd = [n for n in fwd if not n.has_rows]
-        self.row_fwd = _program([n for n in fwd if n.has_rows])
+        self.row_fwd = [n for n in fwd if n.has_rows]
         self.fwd_nodes = set(g.nodes)
+        self.fwd_class = classify(g.nodes, self.gathers.values(),
+                                  [] if self.scattered is None else [self.scattered])
 
         # ∂F: cotangents of scatter and pushes in; gradients of gathers, pulls and parameters out.
         outs = list(F.outputs)
@@ -49,14 +109,13 @@ class CompiledFunction:
         wrt_leaves = list(self.gathers.values()) + [p for p in self.pulls.values() if p.dtype.is_float]
         params = [p for p in g.params if p.dtype.is_float]
         grads = grad(outs, wrt_leaves + params, [self.ct[o] for o in outs], zeros=False)
-        self.leaf_grads = {leaf: gnode for leaf, gnode in zip(wrt_leaves, grads) if gnode is not None}
-        self.param_grads = {p.name: gnode for p, gnode in zip(params, grads[len(wrt_leaves):])
-                            if gnode is not None}
+        self.leaf_grads = {leaf: gn for leaf, gn in zip(wrt_leaves, grads) if gn is not None}
+        self.param_grads = {p.name: gn for p, gn in zip(params, grads[len(wrt_leaves):]) if gn is not None}
         bgraph = Graph(list(self.leaf_grads.values()) + list(self.param_grads.values()))
         cts = set(self.ct.values())
         bwd = [n for n in bgraph.nodes if n not in self.fwd_nodes and n not in cts]
         per_task = set()
-        for n in bwd:  # per task: everything downstream of a per-vertex value
+        for n in bwd:  # everything downstream of a per-vertex value runs over vertices
             if n.has_rows or any(x in per_task or x in cts or (x in self.fwd_nodes and x.has_rows)
                                  for x in n.inputs):
                 per_task.add(n)
@@ -64,14 +123,39 @@ class CompiledFunction:
             if n.has_rows and any(x in per_task and not x.has_rows for x in n.inputs):
                 raise ValueError(f"vertex function '{F.name}': {n.label()} mixes vertices in ∂F")
         self.static_bwd = [n for n in bwd if n not in per_task]
-        self.task_bwd = _program([n for n in bwd if n in per_task])
-        # Every per-vertex symbol of F and ∂F gets a dynamic tensor.
-        self.row_nodes = [n for n in g.nodes if n.has_rows and n not in self.pushes.values()
-                          and n is not self.scattered] + [n for n in bwd if n in per_task and n.has_rows]
+        self.row_bwd = [n for n in bwd if n in per_task]
+        ct_scatter = [self.ct[self.scattered]] if self.scattered is not None else []
+        gather_grads = [self.leaf_grads[gn] for gn in self.gathers.values() if gn in self.leaf_grads]
+        self.bwd_class = classify([c for c in self.ct.values()] + self.row_bwd, ct_scatter, gather_grads)
+        # Every per-vertex symbol of F and of ∂F gets a dynamic tensor when training.
+        self.fwd_tensors = [n for n in g.nodes if n.has_rows and n not in self.pushes.values()
+                            and n is not self.scattered]
+        self.bwd_tensors = list(self.ct.values()) + [n for n in self.row_bwd if n.has_rows]
+        self._phases: dict = {}
+
+    def phases(self, opts: EngineOptions) -> tuple[Phases, Phases]:
+        if opts not in self._phases:
+            fwd = _phases(self.row_fwd, self.fwd_class,
+                          list(self.gathers.values()) + list(self.pulls.values()), opts,
+                          eager_leaves=set(self.pulls.values()))
+            push_cts = [c for o, c in self.ct.items() if o is not self.scattered]
+            bwd = _phases(self.row_bwd, self.bwd_class, list(self.ct.values()), opts, eager_leaves=set(push_cts))
+            self._phases[opts] = (fwd, bwd)
+        return self._phases[opts]
 
     @property
     def params(self):
         return self.F.graph.params
+
+    def dump(self) -> str:
+        """F and ∂F with every node's class (eager / lazy / recurrent; 'static' = once per batch)."""
+        fl = {n: ("static" if not n.has_rows else c) for n, c in self.fwd_class.items()}
+        bl = dict(self.bwd_class)
+        bl.update({n: "static" for n in self.static_bwd})
+        bl.update({n: "forward value" for n in self.fwd_nodes})
+        outs = list(self.leaf_grads.values()) + list(self.param_grads.values())
+        return (f"F of '{self.F.name}':\n{self.F.graph.dump(fl)}\n"
+                f"∂F of '{self.F.name}':\n{Graph(outs).dump(bl)}")
 
 
 @dataclass
@@ -79,6 +163,7 @@ class RunState:
     """What a forward pass leaves for backward (and for ``explain``)."""
 
     plan: MemoryPlan
+    opts: EngineOptions
     scatter: np.ndarray | None                      # (N + 1, *message): last row stays zero
     tensors: list = field(default_factory=list)     # per kind id: {node: DynamicTensor}
     statics: list = field(default_factory=list)     # per kind id: {node: value}
@@ -86,63 +171,102 @@ class RunState:
     copies: dict = field(default_factory=dict)      # rows moved by gather / pull / push
 
 
-def _value(x, local, static):
-    v = local.get(x)
-    return static[x] if v is None else v
+def _run(program, local, static, ctx) -> None:
+    for node, impl, ins, attrs, needs_ctx in program:
+        args = [local[x] if x in local else static[x] for x in ins]
+        local[node] = impl(np, *args, ctx=ctx, **attrs) if needs_ctx else impl(np, *args, **attrs)
+
+
+def _store(tensors, local, program, sl) -> None:
+    for node, *_ in program:
+        t = tensors.get(node)
+        if t is not None:
+            t.buffer[sl] = local[node]
+
+
+def _tensors(pool, kid, nodes, n):
+    out = {}
+    for node in nodes:
+        t = pool.get((kid, node))
+        if t is None:
+            t = pool[(kid, node)] = DynamicTensor(node.name or node.op, node.vshape, node.dtype.np)
+        t.resize(n)
+        out[node] = t
+    return out
 
 
 def forward(fns: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContext, message,
-            dtype, training: bool = True, pool: dict | None = None) -> RunState:
-    """Evaluate F at every vertex, task by task. ``fns[kid]`` is the CompiledFunction of kind ``kid``."""
+            dtype, training: bool = True, pool: dict | None = None,
+            opts: EngineOptions = EngineOptions()) -> RunState:
+    """Evaluate F at every vertex: eager phase, task loop, lazy phase. ``fns[kid]`` compiles kind ``kid``."""
     n = plan.num_vertices
     pool = {} if pool is None else pool
-    state = RunState(plan, None, copies={"gather": 0, "pull": 0, "push": 0})
+    state = RunState(plan, opts, None, copies={"gather": 0, "pull": 0, "push": 0})
     if message is not None:
-        scatter = np.empty((n + 1,) + tuple(message), dtype.np)
-        scatter[n] = 0
-        state.scatter = scatter
+        state.scatter = np.empty((n + 1,) + tuple(message), dtype.np)
+        state.scatter[n] = 0
     for name, order in plan.push_order.items():
         shape = next(f.pushes[name].vshape for f in fns if f is not None and name in f.pushes)
         state.pushes[name] = np.zeros((len(order),) + shape, dtype.np)
+    active = []
     for kid, fn in enumerate(fns):
         kp = plan.kinds[kid] if kid < len(plan.kinds) else None
         tensors, static = {}, {}
         if fn is not None and kp is not None:
             eval_nodes(fn.static_fwd, static, {}, params, ctx)
-            if training:
-                for node in fn.row_nodes:
-                    key = (kid, node)
-                    if key not in pool:
-                        pool[key] = DynamicTensor(node.name or node.op, node.vshape, node.dtype.np)
-                    tensors[node] = pool[key]
-                    pool[key].resize(kp.n)
+            ph, _ = fn.phases(opts)
+            keep = fn.fwd_tensors if training else [x for r in ph.reads for x in r if x.has_rows]
+            tensors = _tensors(pool, kid, keep, kp.n)
+            active.append(kid)
         state.tensors.append(tensors)
         state.statics.append(static)
+
+    def leaves_and_outputs(fn, kp, ph, p, sl, grows, local):
+        """Fill the phase's leaves, run its program, write its outputs for rows ``sl`` of the kind."""
+        bs = sl.stop - sl.start
+        for j, gnode in fn.gathers.items():
+            if ph.phase[gnode] == p:
+                local[gnode] = np.take(state.scatter, kp.child_rows[j][sl], axis=0)
+                state.copies["gather"] += bs
+        for name, pnode in fn.pulls.items():
+            if ph.phase[pnode] == p:
+                local[pnode] = np.take(pull_bufs[name], kp.pull_rows[name][sl], axis=0)
+                state.copies["pull"] += bs
+        _run(ph.programs[p], local, state.statics[kp.kid], ctx)
+        if fn.scattered is not None and ph.phase[fn.scattered] == p:
+            state.scatter[grows] = local[fn.scattered]
+        for name, pnode in fn.pushes.items():
+            if ph.phase[pnode] == p:
+                state.pushes[name][kp.push_rows[name][sl]] = local[pnode]
+                state.copies["push"] += bs
+
+    def whole(kid, p):
+        fn, kp, tensors = fns[kid], plan.kinds[kid], state.tensors[kid]
+        ph, _ = fn.phases(opts)
+        sl = slice(0, kp.n)
+        ctx.row_keys = kp.row_keys
+        local = {x: tensors[x].buffer[sl] for x in ph.reads[p]}
+        leaves_and_outputs(fn, kp, ph, p, sl, plan.schedule.row[kp.vertices], local)
+        _store(tensors, local, ph.programs[p], sl)
+        for leaf in list(fn.gathers.values()) + list(fn.pulls.values()):
+            if ph.phase[leaf] == p and leaf in tensors:
+                tensors[leaf].buffer[sl] = local[leaf]
+
+    for kid in active:
+        whole(kid, PRE)
     for kid, koff, bs, goff in plan.tasks:
-        fn, kp, tensors, static = fns[kid], plan.kinds[kid], state.tensors[kid], state.statics[kid]
+        fn, kp, tensors = fns[kid], plan.kinds[kid], state.tensors[kid]
+        ph, _ = fn.phases(opts)
         sl = slice(koff, koff + bs)
         ctx.row_keys = kp.row_keys[sl]
-        local = {}
-        for j, gnode in fn.gathers.items():
-            rows = kp.child_rows[j][sl]
-            local[gnode] = np.take(state.scatter, rows, axis=0)
-            state.copies["gather"] += bs
-        for name, pnode in fn.pulls.items():
-            local[pnode] = np.take(pull_bufs[name], kp.pull_rows[name][sl], axis=0)
-            state.copies["pull"] += bs
-        for node, impl, ins, attrs, needs_ctx in fn.row_fwd:
-            args = [_value(x, local, static) for x in ins]
-            out = impl(np, *args, ctx=ctx, **attrs) if needs_ctx else impl(np, *args, **attrs)
-            local[node] = out
-        if fn.scattered is not None:
-            state.scatter[goff:goff + bs] = local[fn.scattered]
-        for name, pnode in fn.pushes.items():
-            state.pushes[name][kp.push_rows[name][sl]] = local[pnode]
-            state.copies["push"] += bs
+        local = {x: tensors[x].buffer[sl] for x in ph.reads[TASK]}
+        leaves_and_outputs(fn, kp, ph, TASK, sl, slice(goff, goff + bs), local)
         if tensors:
             for node, t in tensors.items():
-                if node in local:
+                if ph.phase.get(node) == TASK:
                     t.buffer[sl] = local[node]
+    for kid in active:
+        whole(kid, POST)
     ctx.row_keys = None
     return state
 
@@ -150,29 +274,41 @@ def forward(fns: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContex
 def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, params, ctx: RunContext,
              dtype) -> tuple[dict, dict]:
     """Replay the task stack in reverse. Returns (gradients of pull buffers, gradients of F's parameters)."""
-    plan = state.plan
+    plan, opts = state.plan, state.opts
     n = plan.num_vertices
     sgrad = None if state.scatter is None else np.zeros_like(state.scatter)
     pull_grads = {name: np.zeros(shape, dtype.np) for name, shape in pull_shapes.items()}
     param_grads: dict = {}
+    pool: dict = {}
+    btensors = {}
+    active = []
     for kid, fn in enumerate(fns):
         if fn is not None and kid < len(plan.kinds) and plan.kinds[kid] is not None:
             eval_nodes(fn.static_bwd, state.statics[kid], {}, params, ctx)
-    for kid, koff, bs, goff in reversed(plan.tasks):
-        fn, kp, tensors, static = fns[kid], plan.kinds[kid], state.tensors[kid], state.statics[kid]
-        sl = slice(koff, koff + bs)
+            btensors[kid] = _tensors(pool, kid, fn.bwd_tensors, plan.kinds[kid].n)
+            active.append(kid)
+
+    def run_phase(kid, p, sl, goff=None):
+        fn, kp, static = fns[kid], plan.kinds[kid], state.statics[kid]
+        _, ph = fn.phases(opts)
+        bs = sl.stop - sl.start
         ctx.row_keys = kp.row_keys[sl]
-        local = {node: t.buffer[sl] for node, t in tensors.items()}
+        local = {node: t.buffer[sl] for node, t in state.tensors[kid].items()}
+        local.update((x, btensors[kid][x].buffer[sl]) for x in ph.reads[p] if x in btensors[kid])
         for out, ct in fn.ct.items():
+            if ph.phase[ct] != p:
+                continue
             if out is fn.scattered:
                 local[ct] = sgrad[goff:goff + bs]
             else:
                 local[ct] = np.take(push_grads[out.name], kp.push_rows[out.name][sl], axis=0)
-        for node, impl, ins, attrs, needs_ctx in fn.task_bwd:
-            args = [_value(x, local, static) for x in ins]
-            local[node] = impl(np, *args, ctx=ctx, **attrs) if needs_ctx else impl(np, *args, **attrs)
+            btensors[kid][ct].buffer[sl] = local[ct]
+        _run(ph.programs[p], local, static, ctx)
+        _store(btensors[kid], local, ph.programs[p], sl)
         for leaf, gnode in fn.leaf_grads.items():
-            g = _value(gnode, local, static)
+            if ph.phase[gnode] != p:
+                continue
+            g = local[gnode] if gnode in local else static[gnode]
             if leaf.op == "gather":
                 rows = kp.child_rows[leaf.attrs["k"]][sl]
                 if plan.forest:
@@ -182,7 +318,9 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
             else:
                 pull_grads[leaf.name][kp.pull_rows[leaf.name][sl]] = g
         for name, gnode in fn.param_grads.items():
-            g = _value(gnode, local, static)
+            if ph.phase[gnode] != p:
+                continue
+            g = local[gnode]
             prev = param_grads.get(name)
             if prev is None:
                 param_grads[name] = g.copy() if isinstance(g, np.ndarray) else g
@@ -190,6 +328,13 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
                 param_grads[name] = add_all(np, [prev, g])
             else:
                 prev += g
+
+    for kid in active:
+        run_phase(kid, PRE, slice(0, plan.kinds[kid].n))
+    for kid, koff, bs, goff in reversed(plan.tasks):
+        run_phase(kid, TASK, slice(koff, koff + bs), goff)
+    for kid in active:
+        run_phase(kid, POST, slice(0, plan.kinds[kid].n))
     ctx.row_keys = None
     if sgrad is not None:
         sgrad[n] = 0

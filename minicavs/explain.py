@@ -61,8 +61,11 @@ def explain(model, graphs, feeds=None, params=None, ctx=None) -> Explanation:
                 continue
             for node, t in state.tensors[kid].items():
                 tensors.append((kname, node.name or f"{node.op}#{node.id}", t.shape, t.dtype.name, t.nbytes))
-            where[kname] = {"F once": len(fn.static_fwd), "F per task": len(fn.row_fwd),
-                            "∂F once": len(fn.static_bwd), "∂F per task": len(fn.task_bwd)}
+            fph, bph = fn.phases(state.opts)
+            where[kname] = {"F static": len(fn.static_fwd), "F before tasks": len(fph.programs[0]),
+                            "F per task": len(fph.programs[1]), "F after tasks": len(fph.programs[2]),
+                            "∂F static": len(fn.static_bwd), "∂F before tasks": len(bph.programs[0]),
+                            "∂F per task": len(bph.programs[1]), "∂F after tasks": len(bph.programs[2])}
         if state.scatter is not None:
             tensors.append(("(shared)", "scatter", state.scatter.shape[1:], state.scatter.dtype.name,
                             state.scatter.nbytes))

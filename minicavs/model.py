@@ -19,7 +19,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from .autodiff import grad
-from .engine import CompiledFunction, backward, forward
+from .engine import CompiledFunction, EngineOptions, backward, forward
 from .errors import FeedError, InputGraphError, ShapeError
 from .executor import RunContext, eval_nodes
 from .graph import Graph, Node, fmt_shape
@@ -146,7 +146,8 @@ class Model:
     """Structures + static graphs; one call runs forward and backward for a batch of samples."""
 
     def __init__(self, structures: Structure | Sequence[Structure], loss: Node | None = None,
-                 outputs: Mapping[str, Node] | None = None, policy="cavs"):
+                 outputs: Mapping[str, Node] | None = None, policy="cavs",
+                 options: EngineOptions | None = None):
         self.structures = [structures] if isinstance(structures, Structure) else list(structures)
         names = [s.name for s in self.structures]
         if len(set(names)) != len(names):
@@ -156,6 +157,7 @@ class Model:
         self.loss = loss
         self.outputs = dict(outputs or {})
         self.policy = get_policy(policy)
+        self.options = options or EngineOptions()
         # Forward stages: static nodes each structure's pulls need, then the loss and outputs.
         done: set = set()
         self.stages = []
@@ -235,7 +237,7 @@ class Model:
 
     def run(self, graphs, feeds: Mapping | None = None, params: Mapping | None = None,
             ctx: RunContext | None = None, backward_pass: bool = True, policy=None,
-            sample_ids=None) -> Result:
+            sample_ids=None, options: EngineOptions | None = None) -> Result:
         """Forward (and, with a loss and ``backward_pass``, backward) over one batch of samples.
 
         ``sample_ids`` (one per sample, default 0..K-1) key the dropout masks together with the vertex id,
@@ -244,6 +246,7 @@ class Model:
         params = params or {}
         ctx = ctx or RunContext()
         policy = self.policy if policy is None else get_policy(policy)
+        options = options or self.options
         graphs = self._graphs_by_structure(graphs)
         training = backward_pass and self.bwd is not None
         plans = {s.name: self._plan(s, graphs, policy, sample_ids) for s in self.structures}  # validate all first
@@ -262,7 +265,8 @@ class Model:
                                     f"has {want} vertices that pull it")
                 pull_bufs[name] = buf
             pool = self._pool.setdefault(s.name, {})
-            st = forward(fns, plan, pull_bufs, params, ctx, s.message, s.dtype, training=training, pool=pool)
+            st = forward(fns, plan, pull_bufs, params, ctx, s.message, s.dtype, training=training, pool=pool,
+                         opts=options)
             states[s.name] = st
             result.pushes[s.name] = st.pushes
             result.batches[s.name] = (batch, plan)
@@ -316,10 +320,11 @@ class Model:
         return grads
 
     def forward_backward(self, graphs, feeds=None, params=None, ctx=None, policy=None,
-                         sample_ids=None) -> Result:
-        return self.run(graphs, feeds, params, ctx, True, policy, sample_ids)
+                         sample_ids=None, options: EngineOptions | None = None) -> Result:
+        return self.run(graphs, feeds, params, ctx, True, policy, sample_ids, options)
 
-    def infer(self, graphs, feeds=None, params=None, ctx=None, policy=None, sample_ids=None) -> Result:
-        """Forward only: keeps no backward state (no dynamic tensors for intermediates), dropout off."""
+    def infer(self, graphs, feeds=None, params=None, ctx=None, policy=None, sample_ids=None,
+              options: EngineOptions | None = None) -> Result:
+        """Forward only, dropout off: keeps no backward state (only values that cross engine phases)."""
         ctx = ctx or RunContext(training=False)
-        return self.run(graphs, feeds, params, ctx, False, policy, sample_ids)
+        return self.run(graphs, feeds, params, ctx, False, policy, sample_ids, options)

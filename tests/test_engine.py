@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from minicavs.engine import EngineOptions
 from minicavs.executor import RunContext
 from minicavs.explain import check, explain
 from minicavs.inputs import InputGraph
@@ -156,8 +157,12 @@ def test_inference_returns_pushes_per_sample_and_keeps_no_state():
     rows = res.per_sample("G", "h")
     assert [r.shape for r in rows] == [(3, 3), (1, 3), (4, 3)]
     assert res.grads == {}
-    assert all(not t for t in res.states["G"].tensors)
     train = case.model.forward_backward(graphs, feeds, case.params)
+    # Inference keeps only values that cross from the eager phase into the task loop; training keeps all.
+    kept, trained = res.states["G"].tensors[0], train.states["G"].tensors[0]
+    assert 0 < len(kept) < len(trained) and all(not n.op == "gather" for n in kept)
+    off = case.model.infer(graphs, feeds, case.params, options=EngineOptions(False, False))
+    assert all(not t for t in off.states["G"].tensors)
     equal(np.concatenate(rows), train.pushes["G"]["h"])
 
 
