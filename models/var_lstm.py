@@ -1,0 +1,122 @@
+"""LSTM language model over variable-length sentences: each sentence is a chain graph (the paper's Var-LSTM).
+
+A sentence w_1..w_n becomes a chain of n + 1 vertices; vertex t's only child is vertex t - 1. Vertex t pulls
+the embedding of its input word (<eos> as the start symbol, then w_1..w_n) and predicts the next word
+(w_1..w_n, then <eos>), so perplexity counts n + 1 predictions per sentence. Standard LSTM cell, rows @ W:
+    [i, f, o, u] = x·W_x + h_prev·W_h + b;   c = σ(f) ⊙ c_prev + σ(i) ⊙ tanh(u);   h = σ(o) ⊙ tanh(c)
+scatter [h, c]; push h; softmax(h·W_o + b_o) over the vocabulary at every vertex. Loss = summed cross-entropy
+divided by the number of sentences. Dropout on the embedding and on h before the softmax, inside F.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from minicavs import ops
+from minicavs.data.text import EOS, Vocab, read_sentences, synthetic_corpus
+from minicavs.inputs import InputGraph
+from minicavs.model import Model, Structure
+from minicavs.nn import ParameterSet
+from minicavs.task import Task
+from minicavs.vertex import VertexFunction
+
+NAME = "var_lstm"
+DEFAULTS = {"embed": 128, "hidden": 256, "dropout": 0.5, "max_vocab": 0, "embed_init": 0.1}
+DATA_DEFAULTS = {"train": "synthetic", "dev": "synthetic", "test": "synthetic", "dev_fraction": 0.0,
+                 "synthetic": {"train": 2000, "dev": 200, "test": 200, "seed": 5, "vocab": 200}}
+TRAIN_DEFAULTS = {"optimizer": "adam", "lr": 1e-3, "batch_size": 64}
+
+
+def lstm_cell(p, H: int, D: int, dropout: float, dtype) -> VertexFunction:
+    F = VertexFunction("lstm", arity=1, message=(2 * H,), dtype=dtype)
+    with F:
+        h0, c0 = ops.split(F.gather(0), 2)
+        x = F.pull((D,), "x")
+        if dropout:
+            x = ops.dropout(x, dropout, site=1)
+        i, f, o, u = ops.split(ops.linear(x, p["W_x"].node, p["b"].node) + h0 @ p["W_h"].node, 4)
+        c = ops.sigmoid(f) * c0 + ops.sigmoid(i) * ops.tanh(u)
+        h = ops.sigmoid(o) * ops.tanh(c)
+        F.scatter(ops.concat([h, c]))
+        F.push(ops.dropout(h, dropout, site=2) if dropout else h)
+    return F
+
+
+class LanguageModel(Task):
+    unit = "words"
+    key_metric = "perplexity"
+    key_mode = "min"
+
+    def __init__(self, cfg: dict, data: dict | None = None):
+        m, tc = cfg["model"], cfg["train"]
+        sentences = data or load_sentences(cfg["data"])
+        self.vocab = Vocab.build(sentences["train"], max_size=m["max_vocab"] or None)
+        self.data = {k: self.make_samples(v) for k, v in sentences.items()}
+        V, H, D, dtype, seed = len(self.vocab), m["hidden"], m["embed"], tc["dtype"], tc["seed"]
+        p = self.params = ParameterSet()
+        p.new("E", (V, D), init=f"uniform({m['embed_init']})", dtype=dtype, rng=seed)
+        p.new("W_x", (D, 4 * H), dtype=dtype, rng=seed)
+        p.new("W_h", (H, 4 * H), init="orthogonal", dtype=dtype, rng=seed)
+        p.new("b", (4 * H,), init="zeros", dtype=dtype, rng=seed)
+        p.new("W_o", (H, V), dtype=dtype, rng=seed)
+        p.new("b_o", (V,), init="zeros", dtype=dtype, rng=seed)
+        self.inputs = ops.input((None,), "int64", name="inputs")
+        self.targets = ops.input((None,), "int64", name="targets")
+        self.inv_sentences = ops.input((), dtype, name="inv_sentences")
+        s = Structure(lstm_cell(p, H, D, m["dropout"], dtype), pulls={"x": ops.lookup(p["E"].node, self.inputs)},
+                      name="chain")
+        logits = ops.linear(s.pushed("h"), p["W_o"].node, p["b_o"].node)
+        nll = ops.sum(ops.softmax_cross_entropy(logits, self.targets))
+        self.model = Model(s, loss=nll * self.inv_sentences, outputs={"nll": nll}, policy=tc["policy"])
+        self.dtype = np.dtype(dtype)
+
+    def make_samples(self, sentences):
+        """(inputs, targets) id arrays per sentence: <eos> w_1..w_n -> w_1..w_n <eos>."""
+        eos = self.vocab.index[EOS]
+        out = []
+        for s in sentences:
+            ids = self.vocab.encode(s)
+            out.append((np.concatenate(([eos], ids)), np.concatenate((ids, [eos]))))
+        return out
+
+    def batch(self, samples):
+        graphs = [InputGraph.chain(len(x)) for x, _ in samples]
+        feeds = {"inputs": np.concatenate([x for x, _ in samples]),
+                 "targets": np.concatenate([y for _, y in samples]),
+                 "inv_sentences": np.asarray(1.0 / len(samples), self.dtype)}
+        return graphs, feeds
+
+    def units(self, samples) -> int:
+        return sum(len(y) for _, y in samples)
+
+    def evaluate(self, samples, batch_size: int) -> dict:
+        nll, n = 0.0, 0
+        for i in range(0, len(samples), batch_size):
+            chunk = samples[i:i + batch_size]
+            graphs, feeds = self.batch(chunk)
+            nll += float(self.model.infer(graphs, feeds, self.params).outputs["nll"])
+            n += self.units(chunk)
+        return {"loss": nll / len(samples), "nll_per_word": nll / n, "perplexity": math.exp(nll / n)}
+
+
+def load_sentences(d: dict) -> dict:
+    """Token lists per split: files by path, or the synthetic corpus ('synthetic')."""
+    out = {}
+    syn = d["synthetic"]
+    for split_id, split in enumerate(("train", "dev", "test")):
+        src = d[split]
+        if src == "synthetic":
+            out[split] = synthetic_corpus(int(syn[split]), int(syn["seed"]), int(syn["vocab"]), split_id)
+        elif src is not None:
+            out[split] = read_sentences(src)
+    if "train" not in out:
+        raise ValueError("data.train is required")
+    if d["dev_fraction"] and "dev" not in out:  # hold out the tail of the training text for model selection
+        k = max(1, int(len(out["train"]) * d["dev_fraction"]))
+        out["train"], out["dev"] = out["train"][:-k], out["train"][-k:]
+    return out
+
+
+def build(cfg: dict) -> LanguageModel:
+    return LanguageModel(cfg)

@@ -1,0 +1,79 @@
+"""Every bundled model: a short training run lowers the loss below a bound, gradients match finite
+differences, and the batched run equals the serial one."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from minicavs.explain import check
+from minicavs.testing import check_model_grads
+from minicavs.training import Trainer
+
+MODELS = Path(__file__).resolve().parents[2] / "models"
+
+TINY = {
+    "tree_lstm": ["model.embed=6", "model.hidden=5", "data.synthetic.train=60", "data.synthetic.dev=20",
+                  "data.synthetic.test=20", "data.synthetic.vocab=40", "model.dropout=0.0"],
+    "tree_lstm_child_sum": ["model.variant=child_sum", "model.embed=6", "model.hidden=5",
+                            "data.synthetic.train=60", "data.synthetic.dev=20", "data.synthetic.test=20",
+                            "data.synthetic.vocab=40", "model.dropout=0.0"],
+    "var_lstm": ["model.embed=6", "model.hidden=5", "data.synthetic.train=60", "data.synthetic.dev=20",
+                 "data.synthetic.test=20", "data.synthetic.vocab=30", "model.dropout=0.0"],
+    "fixed_lstm": ["model.embed=6", "model.hidden=5", "model.window=8", "data.synthetic.train=40",
+                   "data.synthetic.dev=10", "data.synthetic.test=10", "data.synthetic.vocab=30",
+                   "model.dropout=0.0"],
+    "tree_fc": ["model.hidden=4", "model.leaves=8", "data.synthetic.train=40", "data.synthetic.dev=10"],
+}
+
+
+def trainer(name, tmp_path, *extra):
+    config = MODELS / f"{name.replace('_child_sum', '')}.yaml"
+    return Trainer(config, TINY[name] + list(extra), run_dir=tmp_path / name)
+
+
+# (overrides for a short run, the training-loss bound it must reach)
+SHORT = {
+    "tree_lstm": (["model.embed=16", "model.hidden=16", "train.epochs=5", "train.lr=0.1",
+                   "data.synthetic.train=300"], 0.75),
+    "tree_lstm_child_sum": (["model.embed=16", "model.hidden=16", "train.epochs=5", "train.lr=0.1",
+                             "data.synthetic.train=300"], 0.75),
+    "var_lstm": (["model.embed=16", "model.hidden=32", "train.epochs=8", "train.lr=0.01",
+                  "data.synthetic.train=300", "train.batch_size=16"], 0.85),
+    "fixed_lstm": (["model.embed=16", "model.hidden=32", "train.epochs=8", "train.lr=0.01",
+                    "data.synthetic.train=300", "model.window=16", "train.batch_size=8"], 0.85),
+    "tree_fc": (["train.epochs=30", "train.lr=0.01", "train.batch_size=8"], 0.3),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_short_training_lowers_the_loss(name, tmp_path):
+    overrides, ratio = SHORT[name]
+    t = trainer(name, tmp_path, *overrides)
+    before = t.evaluate("train")["train_loss"]
+    history = t.fit(progress=False, log=lambda s: None)
+    after = t.evaluate("train")["train_loss"]
+    bound = ratio * before
+    assert before > bound and after < bound, (before, after, [h["train_loss"] for h in history])
+
+
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_gradients_match_finite_differences(name, tmp_path):
+    t = trainer(name, tmp_path, "train.dtype=float64")
+    samples = t.task.data["train"][:3]
+    graphs, feeds = t.task.batch(samples)
+    params = {k: p.value for k, p in t.params.items()}
+    report = check_model_grads(t.model, graphs, feeds, params, directions=1, ctx=t.context(training=False))
+    assert set(report) == set(params)
+    rep = check(t.model, graphs, feeds, params, ctx=t.context(training=False))
+    assert rep["max"] <= 1e-10 * max(1.0, abs(t.model.run(graphs, feeds, params, t.context(False),
+                                                             backward_pass=False).loss))
+
+
+def test_perplexity_is_exp_of_mean_nll(tmp_path):
+    t = trainer("var_lstm", tmp_path)
+    m = t.evaluate("dev")
+    assert np.isclose(m["dev_perplexity"], np.exp(m["dev_nll_per_word"]))
+    words = sum(len(y) for _, y in t.task.data["dev"])
+    assert np.isclose(m["dev_loss"] * len(t.task.data["dev"]), m["dev_nll_per_word"] * words)
