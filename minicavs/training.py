@@ -22,7 +22,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from . import checkpoint
-from .config import load_config, load_model_module
+from .config import ConfigError, load_config, load_model_module
+from .engine import EngineOptions
 from .errors import MinicavsError
 from .executor import RunContext
 from .optim import make_optimizer
@@ -38,6 +39,7 @@ class Trainer:
         module = load_model_module(self.cfg["model"]["name"], Path(self.cfg["config_path"]).resolve().parent)
         self.task = module.build(self.cfg)
         self.model = self.task.model
+        self.model.options = engine_options(self.cfg["train"]["engine"])
         self.params = self.task.params
         tc = self.cfg["train"]
         kw = dict(lr=tc["lr"], weight_decay=tc["weight_decay"], clip_norm=tc["clip_norm"],
@@ -169,6 +171,14 @@ class Trainer:
             if "early_stopping" in extra:
                 self.early.update(extra["early_stopping"])
         return extra
+
+
+def engine_options(cfg: dict) -> EngineOptions:
+    unknown = set(cfg) - set(EngineOptions.__dataclass_fields__)
+    if unknown:
+        raise ConfigError(f"unknown config key(s) train.engine.{', train.engine.'.join(sorted(unknown))}; "
+                          f"known: {', '.join(EngineOptions.__dataclass_fields__)}")
+    return EngineOptions(**{k: bool(v) for k, v in cfg.items()})
 
 
 def _truncate_metrics(path: Path, epoch: int) -> None:

@@ -132,3 +132,16 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     assert main(["train", str(cfg), "--set", "train.lrr=1"]) == 2
     assert "did you mean 'lr'" in capsys.readouterr().err
     assert main(["eval", str(cfg), "--checkpoint", str(tmp_path / "none.npz")]) == 2
+
+
+def test_engine_switches_from_config(tmp_path):
+    cfg = tiny_config(tmp_path, dtype="float64")
+    on = Trainer(cfg, run_dir=tmp_path / "a")
+    off = Trainer(cfg, ["train.engine.lazy_batching=false", "train.engine.eager_batching=false"],
+                  run_dir=tmp_path / "b")
+    assert not off.model.options.lazy_batching and on.model.options.eager_batching
+    samples = on.task.data["train"][:5]
+    a, b = on.loss_and_grads(samples), off.loss_and_grads(samples)
+    assert abs(a.loss - b.loss) <= 1e-10 * max(1, abs(a.loss))
+    with pytest.raises(ConfigError, match="train.engine.streams"):
+        Trainer(cfg, ["train.engine.streams=true"], run_dir=tmp_path / "c")
