@@ -71,9 +71,20 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_args(p: argparse.ArgumentParser) -> None:
+    from .bench import add_arguments
+    add_arguments(p)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from .bench import run
+    return run(args)
+
+
 COMMANDS: dict[str, tuple[str, Callable, Callable]] = {
     "train": ("train a model from a YAML config", _train_args, _train),
     "eval": ("evaluate a checkpoint on a data split", _eval_args, _eval),
+    "bench": ("Tree-LSTM training throughput, vs DyNet if given, and the switch ablation", _bench_args, _bench),
     "demo": ("train a small MLP on a synthetic spiral (a smoke test of the core)", _demo_args, _demo),
 }
 

@@ -127,10 +127,10 @@ class CompiledFunction:
         ct_scatter = [self.ct[self.scattered]] if self.scattered is not None else []
         gather_grads = [self.leaf_grads[gn] for gn in self.gathers.values() if gn in self.leaf_grads]
         self.bwd_class = classify([c for c in self.ct.values()] + self.row_bwd, ct_scatter, gather_grads)
-        # Every per-vertex symbol of F and of ∂F gets a dynamic tensor when training.
+        # Every per-vertex symbol of F gets a dynamic tensor when training (backward reads them); symbols of
+        # ∂F get one when a later phase reads them.
         self.fwd_tensors = [n for n in g.nodes if n.has_rows and n not in self.pushes.values()
                             and n is not self.scattered]
-        self.bwd_tensors = list(self.ct.values()) + [n for n in self.row_bwd if n.has_rows]
         self._phases: dict = {}
 
     def phases(self, opts: EngineOptions) -> tuple[Phases, Phases]:
@@ -285,7 +285,8 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
     for kid, fn in enumerate(fns):
         if fn is not None and kid < len(plan.kinds) and plan.kinds[kid] is not None:
             eval_nodes(fn.static_bwd, state.statics[kid], {}, params, ctx)
-            btensors[kid] = _tensors(pool, kid, fn.bwd_tensors, plan.kinds[kid].n)
+            _, bph = fn.phases(opts)  # only values that cross phases need rows kept
+            btensors[kid] = _tensors(pool, kid, [x for r in bph.reads for x in r], plan.kinds[kid].n)
             active.append(kid)
 
     def run_phase(kid, p, sl, goff=None):
@@ -302,7 +303,8 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
                 local[ct] = sgrad[goff:goff + bs]
             else:
                 local[ct] = np.take(push_grads[out.name], kp.push_rows[out.name][sl], axis=0)
-            btensors[kid][ct].buffer[sl] = local[ct]
+            if ct in btensors[kid]:
+                btensors[kid][ct].buffer[sl] = local[ct]
         _run(ph.programs[p], local, static, ctx)
         _store(btensors[kid], local, ph.programs[p], sl)
         for leaf, gnode in fn.leaf_grads.items():

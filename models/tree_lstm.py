@@ -26,7 +26,7 @@ from minicavs.vertex import VertexFunction
 NAME = "tree_lstm"
 DEFAULTS = {"embed": 300, "hidden": 150, "classes": 5, "variant": "binary", "dropout": 0.5,
             "embed_init": 0.1}
-DATA_DEFAULTS = {"train": "synthetic", "dev": "synthetic", "test": "synthetic",
+DATA_DEFAULTS = {"train": "synthetic", "dev": "synthetic", "test": "synthetic", "limit": 0,
                  "synthetic": {"train": 3000, "dev": 500, "test": 500, "seed": 7, "vocab": 1000}}
 TRAIN_DEFAULTS = {"optimizer": "adagrad", "lr": 0.05, "weight_decay": 1e-4, "batch_size": 25}
 UNK = "<unk>"
@@ -154,6 +154,8 @@ def load_data(d: dict) -> dict:
                                             split=split_id)
         else:
             out[split] = read_sst(src)
+        if d["limit"]:
+            out[split] = out[split][:d["limit"]]   # the first trees only (benchmarks)
     if "train" not in out:
         raise ValueError("data.train is required")
     return out

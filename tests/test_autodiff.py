@@ -183,3 +183,16 @@ def test_second_order_through_shape_and_reduction_adjoints():
             + ops.sum(ops.square(z) * ops.constant([[1.0, -2.0], [0.5, 3.0]], F64)))
     (gx,) = grad(loss, [x])
     check_grads(gx, [x], {x: _rng(11).uniform(-1, 1, (3, 4))})
+
+
+def test_split_gradient_is_one_concat_not_zero_filled_parts():
+    import minicavs.ops as O
+    from minicavs.autodiff import grad
+    from minicavs.graph import Graph
+    x = O.input((None, 6), "float64", name="x")
+    a, b, c = O.split(x, 3)
+    (g,) = grad(O.sum(O.tanh(a) * O.exp(b) + c * c), [x])
+    ops_used = {n.op for n in Graph([g]).nodes}
+    assert g.op == "concat" and "unslice" not in ops_used
+    (g2,) = grad(O.sum(O.tanh(a) + c), [x])          # b unused: parts do not tile, fall back to unslice
+    assert "unslice" in {n.op for n in Graph([g2]).nodes}

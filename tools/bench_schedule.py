@@ -81,9 +81,12 @@ def main(argv=None):
         tp, plan = median_time(lambda: plan_memory(b, sched, arity, pulls, pushes), args.repeats)
 
         def alloc():
-            blocks = [np.empty((plan.kinds[kid].n,) + node.vshape, np.float32)
-                      for kid, kname in enumerate(b.kind_names) for node in s.compiled[kname].fwd_tensors
-                      + s.compiled[kname].bwd_tensors]
+            blocks = []
+            for kid, kname in enumerate(b.kind_names):
+                fn = s.compiled[kname]
+                crossing = [x for r in fn.phases(EngineOptions())[1].reads for x in r]
+                blocks += [np.empty((plan.kinds[kid].n,) + node.vshape, np.float32)
+                           for node in fn.fwd_tensors + crossing]
             return sum(x.nbytes for x in blocks)
         ta, nbytes = median_time(alloc, args.repeats)
         print(f"{name:<42} {n:>8} {tb / n * 1e6:>7.3f} {ts / n * 1e6:>7.3f} {tp / n * 1e6:>7.3f} "
