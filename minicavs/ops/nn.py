@@ -34,7 +34,8 @@ def _keepsum(x, axis):
 
 def _softmax_impl(xp, x, axis):
     e = xp.exp(x - xp.max(x, axis=axis, keepdims=True))
-    return e / xp.sum(e, axis=axis, keepdims=True)
+    e /= xp.sum(e, axis=axis, keepdims=True)
+    return e
 
 
 def _log_softmax_impl(xp, x, axis):
@@ -81,8 +82,9 @@ def _check_labels(xp, labels, classes):
 
 def _xent_impl(xp, logits, labels, *weight):
     _check_labels(xp, labels, logits.shape[-1])
-    logp = _log_softmax_impl(xp, logits, -1)
-    loss = -xp.take_along_axis(logp, labels[..., None].astype(np.intp), axis=-1)[..., 0]
+    m = xp.max(logits, axis=-1, keepdims=True)
+    lse = (m + xp.log(xp.sum(xp.exp(logits - m), axis=-1, keepdims=True)))[..., 0]  # one (rows, classes) temp
+    loss = lse - xp.take_along_axis(logits, labels[..., None].astype(np.intp), axis=-1)[..., 0]
     return loss * weight[0] if weight else loss
 
 
@@ -94,10 +96,11 @@ def _xent_vjp(g, y, logits, labels, *weight):
 
 
 def _xent_grad_impl(xp, g, logits, labels):
-    p = _softmax_impl(xp, logits, -1)
-    onehot = xp.zeros_like(p)
-    xp.put_along_axis(onehot, labels[..., None].astype(np.intp), 1, axis=-1)
-    return (p - onehot) * g[..., None]
+    p = _softmax_impl(xp, logits, -1)          # a fresh array: updated in place below
+    idx = labels[..., None].astype(np.intp)
+    xp.put_along_axis(p, idx, xp.take_along_axis(p, idx, axis=-1) - 1, axis=-1)
+    p *= g[..., None]
+    return p
 
 
 register(OpDef("softmax_cross_entropy", infer=_xent_infer, impl=_xent_impl, vjp=_xent_vjp))
