@@ -24,7 +24,8 @@ from .engine import EngineOptions
 from .training import Trainer
 
 SWITCHES = {"all off": EngineOptions(False, False), "lazy batching": EngineOptions(True, False),
-            "eager batching": EngineOptions(False, True), "all on": EngineOptions(True, True)}
+            "eager batching": EngineOptions(False, True), "streaming": EngineOptions(False, False, True),
+            "all on": EngineOptions(True, True, True)}
 
 
 def models_dir() -> Path:

@@ -30,12 +30,39 @@ from .vertex import VertexFunction
 PRE, TASK, POST = 0, 1, 2
 
 
+def _produce_eager(tasks, work, ctx, with_index=False):
+    """Run ``work`` for every task, in order, on the eager stream; returns one event per task and the
+    worker's copy counters (read them after the last event). The worker has its own run context, since
+    dropout row keys change per call."""
+    from dataclasses import replace
+    from .streams import Event, get_stream
+    events = [Event() for _ in tasks]
+    wctx = replace(ctx)
+    wcopies = {"gather": 0, "pull": 0, "push": 0}
+
+    def produce():
+        i = 0
+        try:
+            for i, (kid, koff, bs, goff) in enumerate(tasks):
+                if with_index:
+                    work(i, kid, koff, bs, goff, wctx, wcopies)
+                else:
+                    work(kid, koff, bs, goff, wctx, wcopies)
+                events[i].set()
+        except BaseException as e:
+            for ev in events[i:]:
+                ev.set(e)
+    get_stream("eager").submit(produce)
+    return events, wcopies
+
+
 @dataclass(frozen=True)
 class EngineOptions:
     """The optimisation switches; every combination computes the same numbers (DESIGN.md's "equal")."""
 
     lazy_batching: bool = True
     eager_batching: bool = True
+    streaming: bool = False   # eager work on a second stream, task by task ahead of the recurrent path
 
 
 @dataclass
@@ -135,6 +162,8 @@ class CompiledFunction:
 
     def phases(self, opts: EngineOptions) -> tuple[Phases, Phases]:
         if opts not in self._phases:
+            if opts.streaming:  # the eager stream computes eager nodes, in chunks of one task
+                opts = EngineOptions(opts.lazy_batching, True, True)
             fwd = _phases(self.row_fwd, self.fwd_class,
                           list(self.gathers.values()) + list(self.pulls.values()), opts,
                           eager_leaves=set(self.pulls.values()))
@@ -221,52 +250,50 @@ def forward(fns: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContex
         state.tensors.append(tensors)
         state.statics.append(static)
 
-    def leaves_and_outputs(fn, kp, ph, p, sl, grows, local):
-        """Fill the phase's leaves, run its program, write its outputs for rows ``sl`` of the kind."""
+    def chunk(kid, p, sl, grows, cctx, copies):
+        """Fill phase ``p``'s leaves, run its program and write its outputs, for rows ``sl`` of the kind."""
+        fn, kp, tensors = fns[kid], plan.kinds[kid], state.tensors[kid]
+        ph, _ = fn.phases(opts)
         bs = sl.stop - sl.start
+        cctx.row_keys = kp.row_keys[sl]
+        local = {x: tensors[x].buffer[sl] for x in ph.reads[p]}
         for j, gnode in fn.gathers.items():
             if ph.phase[gnode] == p:
                 local[gnode] = np.take(state.scatter, kp.child_rows[j][sl], axis=0)
-                state.copies["gather"] += bs
+                copies["gather"] += bs
         for name, pnode in fn.pulls.items():
             if ph.phase[pnode] == p:
                 local[pnode] = np.take(pull_bufs[name], kp.pull_rows[name][sl], axis=0)
-                state.copies["pull"] += bs
-        _run(ph.programs[p], local, state.statics[kp.kid], ctx)
+                copies["pull"] += bs
+        _run(ph.programs[p], local, state.statics[kid], cctx)
         if fn.scattered is not None and ph.phase[fn.scattered] == p:
             state.scatter[grows] = local[fn.scattered]
         for name, pnode in fn.pushes.items():
             if ph.phase[pnode] == p:
                 state.pushes[name][kp.push_rows[name][sl]] = local[pnode]
-                state.copies["push"] += bs
+                copies["push"] += bs
+        for node, t in tensors.items():
+            if ph.phase.get(node) == p:
+                t.buffer[sl] = local[node]
 
-    def whole(kid, p):
-        fn, kp, tensors = fns[kid], plan.kinds[kid], state.tensors[kid]
-        ph, _ = fn.phases(opts)
-        sl = slice(0, kp.n)
-        ctx.row_keys = kp.row_keys
-        local = {x: tensors[x].buffer[sl] for x in ph.reads[p]}
-        leaves_and_outputs(fn, kp, ph, p, sl, plan.schedule.row[kp.vertices], local)
-        _store(tensors, local, ph.programs[p], sl)
-        for leaf in list(fn.gathers.values()) + list(fn.pulls.values()):
-            if ph.phase[leaf] == p and leaf in tensors:
-                tensors[leaf].buffer[sl] = local[leaf]
-
+    whole = {kid: (slice(0, plan.kinds[kid].n), plan.schedule.row[plan.kinds[kid].vertices]) for kid in active}
+    events = None
+    if opts.streaming:
+        events, wcopies = _produce_eager(plan.tasks, lambda kid, koff, bs, goff, wctx, wc: chunk(
+            kid, PRE, slice(koff, koff + bs), slice(goff, goff + bs), wctx, wc), ctx)
+    else:
+        for kid in active:
+            chunk(kid, PRE, *whole[kid], ctx, state.copies)
+    for t, (kid, koff, bs, goff) in enumerate(plan.tasks):
+        if events is not None:
+            events[t].wait()
+        chunk(kid, TASK, slice(koff, koff + bs), slice(goff, goff + bs), ctx, state.copies)
+    if events is not None:
+        events[-1].wait()
+        for k, v in wcopies.items():
+            state.copies[k] += v
     for kid in active:
-        whole(kid, PRE)
-    for kid, koff, bs, goff in plan.tasks:
-        fn, kp, tensors = fns[kid], plan.kinds[kid], state.tensors[kid]
-        ph, _ = fn.phases(opts)
-        sl = slice(koff, koff + bs)
-        ctx.row_keys = kp.row_keys[sl]
-        local = {x: tensors[x].buffer[sl] for x in ph.reads[TASK]}
-        leaves_and_outputs(fn, kp, ph, TASK, sl, slice(goff, goff + bs), local)
-        if tensors:
-            for node, t in tensors.items():
-                if ph.phase.get(node) == TASK:
-                    t.buffer[sl] = local[node]
-    for kid in active:
-        whole(kid, POST)
+        chunk(kid, POST, *whole[kid], ctx, state.copies)
     ctx.row_keys = None
     return state
 
@@ -289,11 +316,12 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
             btensors[kid] = _tensors(pool, kid, [x for r in bph.reads for x in r], plan.kinds[kid].n)
             active.append(kid)
 
-    def run_phase(kid, p, sl, goff=None):
+    def compute(kid, p, sl, goff, cctx):
+        """Run phase ``p`` of ∂F for rows ``sl``; returns the values (outputs are emitted by ``emit``)."""
         fn, kp, static = fns[kid], plan.kinds[kid], state.statics[kid]
         _, ph = fn.phases(opts)
         bs = sl.stop - sl.start
-        ctx.row_keys = kp.row_keys[sl]
+        cctx.row_keys = kp.row_keys[sl]
         local = {node: t.buffer[sl] for node, t in state.tensors[kid].items()}
         local.update((x, btensors[kid][x].buffer[sl]) for x in ph.reads[p] if x in btensors[kid])
         for out, ct in fn.ct.items():
@@ -305,8 +333,14 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
                 local[ct] = np.take(push_grads[out.name], kp.push_rows[out.name][sl], axis=0)
             if ct in btensors[kid]:
                 btensors[kid][ct].buffer[sl] = local[ct]
-        _run(ph.programs[p], local, static, ctx)
+        _run(ph.programs[p], local, static, cctx)
         _store(btensors[kid], local, ph.programs[p], sl)
+        return local
+
+    def emit(kid, p, sl, local):
+        """Add phase ``p``'s gradients for rows ``sl`` to children, pull buffers and parameters."""
+        fn, kp, static = fns[kid], plan.kinds[kid], state.statics[kid]
+        _, ph = fn.phases(opts)
         for leaf, gnode in fn.leaf_grads.items():
             if ph.phase[gnode] != p:
                 continue
@@ -331,9 +365,25 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
             else:
                 prev += g
 
-    for kid in active:
-        run_phase(kid, PRE, slice(0, plan.kinds[kid].n))
-    for kid, koff, bs, goff in reversed(plan.tasks):
+    def run_phase(kid, p, sl, goff=None):
+        emit(kid, p, sl, compute(kid, p, sl, goff, ctx))
+
+    order = list(reversed(plan.tasks))
+    events = None
+    if opts.streaming:
+        pre_locals = [None] * len(order)
+
+        def produce(i, kid, koff, bs, goff, wctx, wcopies):
+            pre_locals[i] = compute(kid, PRE, slice(koff, koff + bs), goff, wctx)
+        events, _ = _produce_eager(order, produce, ctx, with_index=True)
+    else:
+        for kid in active:
+            run_phase(kid, PRE, slice(0, plan.kinds[kid].n))
+    for i, (kid, koff, bs, goff) in enumerate(order):
+        if events is not None:
+            events[i].wait()
+            emit(kid, PRE, slice(koff, koff + bs), pre_locals[i])
+            pre_locals[i] = None
         run_phase(kid, TASK, slice(koff, koff + bs), goff)
     for kid in active:
         run_phase(kid, POST, slice(0, plan.kinds[kid].n))

@@ -110,3 +110,50 @@ def test_dump_shows_classes(tree_lstm):
     leaf, internal = tree_lstm
     text = internal.dump()
     assert "recurrent" in text and "lazy" in text and "eager" in text and "∂F" in text
+
+
+STREAMING = [EngineOptions(True, True, True), EngineOptions(False, False, True)]
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_streaming_equals_all_off_and_repeats_identically(name):
+    build, make_graph = CASES[name]
+    rng = np.random.default_rng(13)
+    case = build(rng)
+    graphs = [make_graph(rng, n) for n in (5, 2, 7, 1)]
+    feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
+    ref = case.model.forward_backward(graphs, feeds, case.params, RunContext(), options=SWITCHES[0])
+    for opts in STREAMING:
+        first = case.model.forward_backward(graphs, feeds, case.params, RunContext(), options=opts)
+        assert_same(ref, first)
+        for _ in range(20):   # a race would show as a difference between repeated runs
+            again = case.model.forward_backward(graphs, feeds, case.params, RunContext(), options=opts)
+            assert again.loss == first.loss
+            for k in first.grads:
+                assert np.array_equal(dense(again.grads[k]), dense(first.grads[k])), k
+
+
+def test_streaming_with_dropout_and_errors():
+    rng = np.random.default_rng(14)
+    case = cells.binary_tree_lstm(rng, p_drop=0.3)
+    graphs = [random_tree(rng, n, 2, full_binary=True) for n in (6, 3)]
+    per = [case.data(rng, g) for g in graphs]
+    feeds = cells.batch_feeds(case, graphs, per)
+    ref = case.model.forward_backward(graphs, feeds, case.params, RunContext(seed=2), options=SWITCHES[0])
+    got = case.model.forward_backward(graphs, feeds, case.params, RunContext(seed=2), options=STREAMING[0])
+    assert_same(ref, got)
+
+
+def test_an_error_on_the_eager_stream_reaches_the_waiting_thread():
+    from minicavs.engine import _produce_eager
+
+    def work(kid, koff, bs, goff, wctx, wcopies):
+        if koff == 2:
+            raise ValueError("boom in task 2")
+    tasks = [(0, k, 1, k) for k in range(4)]
+    events, _ = _produce_eager(tasks, work, RunContext())
+    events[0].wait()
+    events[1].wait()
+    for ev in events[2:]:
+        with pytest.raises(ValueError, match="boom in task 2"):
+            ev.wait()
