@@ -176,15 +176,24 @@ class CompiledFunction:
     def params(self):
         return self.F.graph.params
 
-    def dump(self) -> str:
-        """F and ∂F with every node's class (eager / lazy / recurrent; 'static' = once per batch)."""
+    def labels(self) -> tuple[dict, dict, list]:
+        """Class labels of F's and ∂F's nodes ('static' = once per batch) and ∂F's outputs."""
         fl = {n: ("static" if not n.has_rows else c) for n, c in self.fwd_class.items()}
         bl = dict(self.bwd_class)
         bl.update({n: "static" for n in self.static_bwd})
         bl.update({n: "forward value" for n in self.fwd_nodes})
-        outs = list(self.leaf_grads.values()) + list(self.param_grads.values())
+        return fl, bl, list(self.leaf_grads.values()) + list(self.param_grads.values())
+
+    def dump(self) -> str:
+        """F and ∂F, one line per node, with every node's class (eager / lazy / recurrent / static)."""
+        fl, bl, outs = self.labels()
         return (f"F of '{self.F.name}':\n{self.F.graph.dump(fl)}\n"
                 f"∂F of '{self.F.name}':\n{Graph(outs).dump(bl)}")
+
+    def to_dot(self, backward: bool = False) -> str:
+        """Graphviz source of F (or ∂F) with the classes in the node labels."""
+        fl, bl, outs = self.labels()
+        return Graph(outs).to_dot(bl) if backward else self.F.graph.to_dot(fl)
 
 
 @dataclass

@@ -17,7 +17,8 @@ class StructureReport:
     task_sizes: np.ndarray
     copies: dict
     tensors: list          # (kind, symbol, per-vertex shape, dtype, bytes)
-    where: dict            # kind -> {"F once": n, "F per task": n, "∂F once": n, "∂F per task": n}
+    where: dict            # kind -> number of nodes run in each phase (static, before, per task, after)
+    peak_bytes: int        # the largest buffers the reused dynamic tensors have held so far
 
     @property
     def tensor_bytes(self) -> int:
@@ -40,7 +41,8 @@ class Explanation:
                       "  rows copied: " + ", ".join(f"{k} {v}" for k, v in r.copies.items())]
             for kind, counts in r.where.items():
                 lines.append(f"  kind '{kind}': " + ", ".join(f"{k} {v}" for k, v in counts.items()))
-            lines.append(f"  dynamic tensors: {len(r.tensors)}, {r.tensor_bytes / 1024:.1f} KiB held")
+            lines.append(f"  dynamic tensors: {len(r.tensors)}, {r.tensor_bytes / 1024:.1f} KiB held by this batch, "
+                         f"peak {r.peak_bytes / 1024:.1f} KiB of buffers")
             for kind, sym, shape, dtype, nbytes in sorted(r.tensors, key=lambda t: -t[4])[:12]:
                 lines.append(f"    {kind:>10} {sym:<24} {str(shape):<12} {dtype:<8} {nbytes / 1024:10.1f} KiB")
         return "\n".join(lines)
@@ -69,8 +71,9 @@ def explain(model, graphs, feeds=None, params=None, ctx=None) -> Explanation:
         if state.scatter is not None:
             tensors.append(("(shared)", "scatter", state.scatter.shape[1:], state.scatter.dtype.name,
                             state.scatter.nbytes))
+        peak = sum(t.peak_bytes for t in model._pool.get(s.name, {}).values())
         out.structures.append(StructureReport(s.name, batch.num_vertices, len(sizes), sizes,
-                                              dict(state.copies), tensors, where))
+                                              dict(state.copies), tensors, where, peak))
     return out
 
 

@@ -157,3 +157,9 @@ def test_an_error_on_the_eager_stream_reaches_the_waiting_thread():
     for ev in events[2:]:
         with pytest.raises(ValueError, match="boom in task 2"):
             ev.wait()
+
+
+def test_dot_shows_classes(tree_lstm):
+    leaf, internal = tree_lstm
+    assert "[recurrent]" in internal.to_dot() and "[lazy]" in internal.to_dot()
+    assert "[eager]" in internal.to_dot(backward=True) and internal.to_dot().startswith("digraph")
