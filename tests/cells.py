@@ -129,9 +129,7 @@ def chain_lstm(rng, H=3, D=2, C=4) -> Case:
     return Case(model, vals, data, lambda g: np.full(g.num_vertices, "lstm"))
 
 
-def tree_fc(rng, H=3) -> Case:
-    """TensorFlow Fold's Tree-FC: the loss is the squared error of the root outputs only."""
-    p, vals = _params(rng, Wl=(H, H), bl=(H,), W=(2 * H, H), b=(H,), wo=(H, 1), bo=(1,))
+def tree_fc_functions(p, H):
     leaf = VertexFunction("leaf", message=(H,), dtype=F64)
     with leaf:
         h = ops.tanh(ops.linear(leaf.pull((H,)), p["Wl"], p["bl"]))
@@ -142,8 +140,14 @@ def tree_fc(rng, H=3) -> Case:
         h = ops.tanh(ops.linear(ops.concat([internal.gather(0), internal.gather(1)]), p["W"], p["b"]))
         internal.scatter(h)
         internal.push(h)
+    return {"leaf": leaf, "internal": internal}
+
+
+def tree_fc(rng, H=3) -> Case:
+    """TensorFlow Fold's Tree-FC: the loss is the squared error of the root outputs only."""
+    p, vals = _params(rng, Wl=(H, H), bl=(H,), W=(2 * H, H), b=(H,), wo=(H, 1), bo=(1,))
     xs = ops.input((None, H), F64, name="xs")
-    s = Structure({"leaf": leaf, "internal": internal}, pulls={"x": xs})
+    s = Structure(tree_fc_functions(p, H), pulls={"x": xs})
     roots = ops.input((None,), "int64", name="roots")
     target = ops.input((None, 1), F64, name="target")
     r = ops.linear(ops.lookup(s.pushed("h"), roots), p["wo"], p["bo"])
@@ -245,18 +249,7 @@ def encoder_decoder(rng, H=3):
     """A Tree-FC encoder whose root state is pulled by every vertex of a chain decoder (§3.1's remark)."""
     p, vals = _params(rng, Wl=(H, H), bl=(H,), W=(2 * H, H), b=(H,), Wd=(2 * H, H), bd=(H,), wo=(H, 1),
                       bo=(1,))
-    leaf = VertexFunction("leaf", message=(H,), dtype=F64)
-    with leaf:
-        h = ops.tanh(ops.linear(leaf.pull((H,)), p["Wl"], p["bl"]))
-        leaf.scatter(h)
-        leaf.push(h)
-    internal = VertexFunction("internal", arity=2, message=(H,), dtype=F64)
-    with internal:
-        h = ops.tanh(ops.linear(ops.concat([internal.gather(0), internal.gather(1)]), p["W"], p["b"]))
-        internal.scatter(h)
-        internal.push(h)
-    enc = Structure({"leaf": leaf, "internal": internal}, pulls={"x": ops.input((None, H), F64, name="xs")},
-                    name="enc")
+    enc = Structure(tree_fc_functions(p, H), pulls={"x": ops.input((None, H), F64, name="xs")}, name="enc")
     roots = ops.input((None,), "int64", name="roots")          # encoder row of each sample's root
     dec_sample = ops.input((None,), "int64", name="dec_sample")  # sample of each decoder vertex
     context = ops.lookup(ops.lookup(enc.pushed("h"), roots), dec_sample)
