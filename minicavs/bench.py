@@ -25,7 +25,7 @@ from .training import Trainer
 
 SWITCHES = {"all off": EngineOptions(False, False), "lazy batching": EngineOptions(True, False),
             "eager batching": EngineOptions(False, True), "streaming": EngineOptions(False, False, True),
-            "all on": EngineOptions(True, True, True)}
+            "lazy + eager (default)": EngineOptions(True, True), "all on": EngineOptions(True, True, True)}
 
 
 def models_dir() -> Path:
@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"Tree-LSTM training: first {args.trees} SST trees, embeddings {args.embed}, batch {args.batch}, "
           f"float32, Adam; median of {args.epochs} epochs after a warm-up")
     for h in args.hidden:
-        t = tree_lstm(args.sst, h, args.embed, args.batch, args.trees, SWITCHES["all on"])
+        t = tree_lstm(args.sst, h, args.embed, args.batch, args.trees, SWITCHES["lazy + eager (default)"])
         line = f"  hidden {h:>4}: minicavs "
         ref = None
         if args.dynet_python:
