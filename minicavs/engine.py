@@ -13,7 +13,7 @@ nodes (pushes, parameter and pull gradients) run once over all vertices after it
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -25,17 +25,16 @@ from .ops import input as input_node
 from .ops.registry import OPS
 from .passes.classify import EAGER, LAZY, classify
 from .sparse import RowSparse, add_all
+from .streams import Event, get_stream
 from .vertex import VertexFunction
 
 PRE, TASK, POST = 0, 1, 2
 
 
-def _produce_eager(tasks, work, ctx, with_index=False):
-    """Run ``work`` for every task, in order, on the eager stream; returns one event per task and the
-    worker's copy counters (read them after the last event). The worker has its own run context, since
-    dropout row keys change per call."""
-    from dataclasses import replace
-    from .streams import Event, get_stream
+def _produce_eager(tasks, work, ctx):
+    """Run ``work(i, *task, ctx, copies)`` for every task, in order, on the eager stream; returns one event
+    per task and the worker's copy counters (read them after the last event). The worker has its own run
+    context, since dropout row keys change per call."""
     events = [Event() for _ in tasks]
     wctx = replace(ctx)
     wcopies = {"gather": 0, "pull": 0, "push": 0}
@@ -44,10 +43,7 @@ def _produce_eager(tasks, work, ctx, with_index=False):
         i = 0
         try:
             for i, (kid, koff, bs, goff) in enumerate(tasks):
-                if with_index:
-                    work(i, kid, koff, bs, goff, wctx, wcopies)
-                else:
-                    work(kid, koff, bs, goff, wctx, wcopies)
+                work(i, kid, koff, bs, goff, wctx, wcopies)
                 events[i].set()
         except BaseException as e:
             for ev in events[i:]:
@@ -288,7 +284,7 @@ def forward(fns: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContex
     whole = {kid: (slice(0, plan.kinds[kid].n), plan.schedule.row[plan.kinds[kid].vertices]) for kid in active}
     events = None
     if opts.streaming:
-        events, wcopies = _produce_eager(plan.tasks, lambda kid, koff, bs, goff, wctx, wc: chunk(
+        events, wcopies = _produce_eager(plan.tasks, lambda i, kid, koff, bs, goff, wctx, wc: chunk(
             kid, PRE, slice(koff, koff + bs), slice(goff, goff + bs), wctx, wc), ctx)
     else:
         for kid in active:
@@ -384,7 +380,7 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
 
         def produce(i, kid, koff, bs, goff, wctx, wcopies):
             pre_locals[i] = compute(kid, PRE, slice(koff, koff + bs), goff, wctx)
-        events, _ = _produce_eager(order, produce, ctx, with_index=True)
+        events, _ = _produce_eager(order, produce, ctx)
     else:
         for kid in active:
             run_phase(kid, PRE, slice(0, plan.kinds[kid].n))

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from minicavs.engine import CompiledFunction, EngineOptions
+from minicavs.engine import EngineOptions
 from minicavs.executor import RunContext
 from minicavs.passes.classify import EAGER, LAZY, RECURRENT, classify
 
@@ -147,7 +147,7 @@ def test_streaming_with_dropout_and_errors():
 def test_an_error_on_the_eager_stream_reaches_the_waiting_thread():
     from minicavs.engine import _produce_eager
 
-    def work(kid, koff, bs, goff, wctx, wcopies):
+    def work(i, kid, koff, bs, goff, wctx, wcopies):
         if koff == 2:
             raise ValueError("boom in task 2")
     tasks = [(0, k, 1, k) for k in range(4)]
