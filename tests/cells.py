@@ -46,6 +46,16 @@ def _classifier(structure, p, H, C):
     return ops.sum(ops.softmax_cross_entropy(ops.linear(hs, p["Wo"], p["bo"]), labels)) * 0.5
 
 
+def _one_kind_classifier(F, p, vals, H, D, C) -> Case:
+    """Every vertex pulls a D-vector and is classified into C labels."""
+    s = Structure(F, pulls={"x": ops.input((None, D), F64, name="xs")})
+    model = Model(s, loss=_classifier(s, p, H, C))
+
+    def data(rng, g):
+        return {"xs": rng.standard_normal((g.num_vertices, D)), "labels": rng.integers(0, C, g.num_vertices)}
+    return Case(model, vals, data, lambda g: np.full(g.num_vertices, F.name))
+
+
 def binary_tree_lstm(rng, H=3, D=2, V=7, C=3, p_drop=0.0, dtype=F64) -> Case:
     p, vals = _params(rng, dtype, E=(V, D), W=(D, 3 * H), bl=(3 * H,), U=(2 * H, 3 * H), bi=(3 * H,),
                       Uf1=(H, H), Uf2=(H, H), bf=(H,), Wo=(H, C), bo=(C,))
@@ -101,13 +111,7 @@ def child_sum_tree_lstm(rng, arity=3, H=3, D=2, C=3) -> Case:
         h = o * ops.tanh(c)
         F.scatter(ops.concat([h, c]))
         F.push(h)
-    xs = ops.input((None, D), F64, name="xs")
-    s = Structure(F, pulls={"x": xs})
-    model = Model(s, loss=_classifier(s, p, H, C))
-
-    def data(rng, g):
-        return {"xs": rng.standard_normal((g.num_vertices, D)), "labels": rng.integers(0, C, g.num_vertices)}
-    return Case(model, vals, data, lambda g: np.full(g.num_vertices, "cell"))
+    return _one_kind_classifier(F, p, vals, H, D, C)
 
 
 def chain_lstm(rng, H=3, D=2, C=4) -> Case:
@@ -120,13 +124,7 @@ def chain_lstm(rng, H=3, D=2, C=4) -> Case:
         h = ops.sigmoid(o) * ops.tanh(c)
         F.scatter(ops.concat([h, c]))
         F.push(h)
-    xs = ops.input((None, D), F64, name="xs")
-    s = Structure(F, pulls={"x": xs})
-    model = Model(s, loss=_classifier(s, p, H, C))
-
-    def data(rng, g):
-        return {"xs": rng.standard_normal((g.num_vertices, D)), "labels": rng.integers(0, C, g.num_vertices)}
-    return Case(model, vals, data, lambda g: np.full(g.num_vertices, "lstm"))
+    return _one_kind_classifier(F, p, vals, H, D, C)
 
 
 def tree_fc_functions(p, H):
