@@ -22,7 +22,7 @@ from minicavs.task import Task
 from minicavs.vertex import VertexFunction
 
 NAME = "var_lstm"
-DEFAULTS = {"embed": 128, "hidden": 256, "dropout": 0.5, "max_vocab": 0, "embed_init": 0.1}
+DEFAULTS = {"embed": 128, "hidden": 256, "dropout": 0.5, "max_vocab": 0, "embed_init": 0.1, "forget_bias": 0.0}
 DATA_DEFAULTS = {"train": "synthetic", "dev": "synthetic", "test": "synthetic", "dev_fraction": 0.0,
                  "synthetic": {"train": 2000, "dev": 200, "test": 200, "seed": 5, "vocab": 200}}
 TRAIN_DEFAULTS = {"optimizer": "adam", "lr": 1e-3, "batch_size": 64}
@@ -58,7 +58,9 @@ class LanguageModel(Task):
         p.new("E", (V, D), init=f"uniform({m['embed_init']})", dtype=dtype, rng=seed)
         p.new("W_x", (D, 4 * H), dtype=dtype, rng=seed)
         p.new("W_h", (H, 4 * H), init="orthogonal", dtype=dtype, rng=seed)
-        p.new("b", (4 * H,), init="zeros", dtype=dtype, rng=seed)
+        gates = np.zeros(4 * H)
+        gates[H:2 * H] = m["forget_bias"]          # gate order i, f, o, u
+        p.new("b", (4 * H,), init=gates, dtype=dtype, rng=seed)
         p.new("W_o", (H, V), dtype=dtype, rng=seed)
         p.new("b_o", (V,), init="zeros", dtype=dtype, rng=seed)
         self.inputs = ops.input((None,), "int64", name="inputs")
