@@ -277,10 +277,14 @@ def forward(fns: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContex
             if ph.phase[pnode] == p:
                 state.pushes[name][kp.push_rows[name][sl]] = local[pnode]
                 copies["push"] += bs
-        for node, t in tensors.items():
-            if ph.phase.get(node) == p:
-                t.buffer[sl] = local[node]
+        for node, t in stores[kid][p]:
+            t.buffer[sl] = local[node]
 
+    stores = {}  # per kind and phase: the tensors that phase writes (looked up once, not per task)
+    for kid in active:
+        ph, _ = fns[kid].phases(opts)
+        stores[kid] = [[(node, t) for node, t in state.tensors[kid].items() if ph.phase.get(node) == p]
+                       for p in (PRE, TASK, POST)]
     whole = {kid: (slice(0, plan.kinds[kid].n), plan.schedule.row[plan.kinds[kid].vertices]) for kid in active}
     events = None
     if opts.streaming:
