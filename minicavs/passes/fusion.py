@@ -27,7 +27,7 @@ def fusible(n: Node) -> bool:
 class FusedGroup:
     nodes: list            # topological order; the last is the output
     inputs: list           # external input nodes, in first-use order
-    broadcast: list        # per input: "full", "row" (a trailing block such as a bias) or "scalar"
+    broadcast: list        # per input: "full", "row", "col", "scalar" or "other" (see _kind)
 
     @property
     def output(self) -> Node:
@@ -52,11 +52,20 @@ class FusedGroup:
 
 
 def _kind(x: Node, out: Node) -> str:
+    """How input ``x`` is indexed by the flat output index: full, row (a trailing block such as a bias:
+    ``i % cols``), col (one value per row: ``i / cols``), scalar, or other (a kernel cannot index it)."""
     if x.shape == out.shape:
         return "full"
     if all(d == 1 for d in x.shape):
         return "scalar"
-    return "row"
+    tail = list(x.shape)
+    while tail and tail[0] == 1:
+        tail.pop(0)
+    if len(tail) == 1 and out.shape and tail[0] == out.shape[-1]:
+        return "row"
+    if x.ndim == out.ndim and x.shape[-1] == 1 and x.shape[:-1] == out.shape[:-1]:
+        return "col"
+    return "other"
 
 
 def _foldable(x: Node) -> bool:

@@ -1,0 +1,1 @@
+"""Code generation for fused elementwise groups: pure strings (no compiler or cupy imported here)."""
