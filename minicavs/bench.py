@@ -1,6 +1,6 @@
 """``minicavs bench``: the measuring stick of the engine passes.
 
-Workload: binary Tree-LSTM training (forward, backward, Adam update) on the first 1024 trees of SST train,
+Workload: binary Tree-LSTM training (forward, backward, Adam update, sparse embedding rows as in DyNet) on the first 1024 trees of SST train,
 embeddings 128, batch 64 trees, float32. Prints trees/s for minicavs and, given a Python that has DyNet 2.2
 (`pip install dynet38` in its own environment, `--dynet-python`), for the same model in DyNet with
 autobatching (tools/dynet_tree_lstm.py), in one run, after checking both compute the same loss for the same
@@ -39,7 +39,7 @@ def tree_lstm(sst: str, hidden: int, embed: int, batch: int, trees: int, opts: E
     cfg = load_config(models_dir() / "tree_lstm.yaml", [
         f"data.train={sst}", "data.dev=null", "data.test=null", f"data.limit={trees}", f"model.hidden={hidden}",
         f"model.embed={embed}", "model.dropout=0.0", "train.optimizer=adam", "train.lr=0.001",
-        f"train.batch_size={batch}", "train.weight_decay=0.0"])
+        f"train.batch_size={batch}", "train.weight_decay=0.0", "train.sparse_updates=true"])
     t = Trainer(cfg, run_dir=tempfile.mkdtemp(prefix="minicavs-bench-"))
     t.model.options = opts
     return t
