@@ -21,10 +21,12 @@ def literal(value: float, dtype: DType) -> str:
     return text + dtype.c_suffix
 
 
-def render_body(expr: Expr, args: list[str], dtype: DType, out: str) -> list[str]:
-    """Statements computing ``expr`` into ``out``; ``args[i]`` is how argument i is read."""
+def render_body(expr: Expr, args: list[str], dtype: DType, out: str, funcs: dict | None = None) -> list[str]:
+    """Statements computing ``expr`` into ``out``; ``args[i]`` is how argument i is read. ``funcs`` overrides
+    the spelling of a math function (the C target's own vectorizable ``exp``/``tanh``)."""
     T = dtype.c_type
     fsuf = "f" if dtype.name == "float32" else ""
+    funcs = funcs or {}
     names: dict[int, str] = {}
     lines: list[str] = []
 
@@ -48,7 +50,7 @@ def render_body(expr: Expr, args: list[str], dtype: DType, out: str) -> list[str
         elif e.op == "sign":
             rhs = f"(({a[0]} > 0) - ({a[0]} < 0))"
         else:
-            rhs = f"{FUNCS[e.op]}{fsuf}({', '.join(a)})"
+            rhs = f"{funcs.get(e.op) or FUNCS[e.op] + fsuf}({', '.join(a)})"
         name = f"t{len(names)}"
         names[k] = name
         lines.append(f"{T} {name} = ({T})({rhs});")
