@@ -1,28 +1,38 @@
 """C kernels for fused groups: render, compile once with the system compiler, load with cffi, cache on disk.
 
-The cache lives in ``$MINICAVS_CACHE`` (default ``~/.cache/minicavs``), keyed by sha256 of the source, the
-flags, the compiler's version and ``CODEGEN_VERSION``. A build goes to a temporary file that is renamed into
-place, so two processes building the same kernel cannot corrupt each other. Kernels are compiled without
-``-ffast-math`` (a library linked with it would set flush-to-zero for the whole process).
+Every group becomes ``void k(long rows, long cols, const T *x0, long ld0, ..., T *y, long ldy)``: a row loop
+around a ``#pragma omp simd`` column loop, so a group reads strided views (the ``h`` half of a gathered
+``[h, c]``) and writes straight into a dynamic tensor's rows without copies. float32 groups use
+:mod:`.vecmath`'s branch-free ``exp``/``tanh`` so the column loop vectorizes; float64 groups call libm.
+
+All groups of one call to :func:`build` share one translation unit (one compiler run per vertex function,
+not per group). The cache lives in ``$MINICAVS_CACHE`` (default ``~/.cache/minicavs``), keyed by sha256 of the
+source, the flags, the compiler's version, the target CPU and ``CODEGEN_VERSION``. A build goes to a
+temporary file renamed into place, so two processes building the same library cannot corrupt each other.
+``-ffast-math`` is never used (a library linked with it would set flush-to-zero for the whole process);
+``-fopenmp-simd`` honours the simd pragma without linking the OpenMP runtime.
 """
 from __future__ import annotations
 
 import functools
 import hashlib
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
+import warnings
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
-from ..dtypes import as_dtype
 from ..passes.fusion import FusedGroup
 from .cstyle import render_body
+from .vecmath import FUNCS_F32, PRELUDE_F32
 
-CODEGEN_VERSION = 1
-FLAGS = ("-O2", "-fPIC", "-shared", "-std=c99", "-fno-math-errno")
+CODEGEN_VERSION = 2
+FLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-std=c99", "-fno-math-errno", "-fopenmp-simd", "-mprefer-vector-width=512")
 
 
 def cache_dir() -> Path:
@@ -38,61 +48,143 @@ def compiler_version(cc: str) -> str:
     return subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.splitlines()[0]
 
 
+@functools.lru_cache(maxsize=None)
+def target_cpu() -> str:
+    """What ``-march=native`` means here: the machine and its CPU's model and feature flags."""
+    info = ""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+        info = "\n".join(sorted({ln for ln in text.splitlines() if ln.startswith(("model name", "flags"))}))
+    except OSError:
+        pass
+    return f"{platform.machine()} {platform.processor()} {hashlib.sha256(info.encode()).hexdigest()[:16]}"
+
+
 def render(group: FusedGroup) -> tuple[str, str, str]:
-    """(kernel name, C declaration, C source) of a group: y[i] = expr(x0[...], x1[...], ...), i < n."""
+    """(kernel name, C declaration, C function) of a group: y[r, c] = expr(x0[...], x1[...], ...)."""
     dt = group.output.dtype
     T = dt.c_type
-    index = {"full": "i", "row": "i % cols", "col": "i / cols", "scalar": "0"}
-    reads = [f"x{i}[{index[kind]}]" for i, kind in enumerate(group.broadcast)]
-    body = render_body(group.expr(), reads, dt, "y[i]")
-    params = ", ".join([f"const {T} *restrict x{i}" for i in range(len(group.inputs))] + [f"{T} *restrict y"])
-    sig_body = "\n".join(body)
-    name = "fused_" + hashlib.sha1(f"{params}\n{sig_body}".encode()).hexdigest()[:10]
-    decl = f"void {name}(long n, long cols, {params});"
-    source = (f"#include <math.h>\n{decl[:-1]}\n{{\n    for (long i = 0; i < n; i++) {{\n        "
-              + "\n        ".join(body) + "\n    }\n}\n")
+    reads, hoisted = [], []
+    for i, kind in enumerate(group.broadcast):
+        if kind == "full":
+            reads.append(f"x{i}[r * ld{i} + c]")
+        elif kind == "row":
+            reads.append(f"x{i}[c]")
+        elif kind == "col":
+            hoisted.append(f"const {T} v{i} = x{i}[r * ld{i}];")
+            reads.append(f"v{i}")
+        else:
+            hoisted.append(f"const {T} v{i} = x{i}[0];")
+            reads.append(f"v{i}")
+    body = render_body(group.expr(), reads, dt, "y[r * ldy + c]", FUNCS_F32 if dt.name == "float32" else None)
+    params = ", ".join([f"const {T} *restrict x{i}, long ld{i}" for i in range(len(group.inputs))]
+                       + [f"{T} *restrict y, long ldy"])
+    text = "\n".join(hoisted + body)
+    name = "fused_" + hashlib.sha1(f"{params}\n{text}".encode()).hexdigest()[:12]
+    decl = f"void {name}(long rows, long cols, {params});"
+    inner = "\n            ".join(body)
+    outer = "".join(f"\n        {h}" for h in hoisted)
+    source = (f"{decl[:-1]}\n{{\n    for (long r = 0; r < rows; r++) {{{outer}\n"
+              f"        #pragma omp simd\n        for (long c = 0; c < cols; c++) {{\n            {inner}\n"
+              f"        }}\n    }}\n}}\n")
     return name, decl, source
 
 
-class Kernel:
-    """A compiled group, bound once; calling it runs the fused loop over contiguous arrays."""
+def _pointer(ffi, ctype: str, a: np.ndarray):
+    if a.flags.c_contiguous:
+        return ffi.from_buffer(ctype + "[]", a)
+    return ffi.cast(ctype + " *", a.ctypes.data)
 
-    def __init__(self, group: FusedGroup, lib, name: str, ffi):
+
+class Kernel:
+    """A compiled group, bound once. ``kernel(arrays, out=None)`` runs it; inputs and ``out`` may be views
+    with a row stride (unit stride along the last axis)."""
+
+    def __init__(self, group: FusedGroup, fn, ffi, lib):
         self.group = group
-        self.fn = getattr(lib, name)
+        self.fn = fn
         self.ffi = ffi
         self.lib = lib  # keep the library loaded
         self.dtype = group.output.dtype.np
+        self.ctype = group.output.dtype.c_type
+        self.kinds = list(group.broadcast)
+        self.full = next((i for i, k in enumerate(self.kinds) if k == "full"), None)
 
-    def __call__(self, arrays):
-        arrays = [np.ascontiguousarray(a, self.dtype) for a in arrays]
-        out_shape = np.broadcast_shapes(*(a.shape for a in arrays)) if arrays else ()
-        y = np.empty(out_shape, self.dtype)
-        cols = out_shape[-1] if out_shape else 1
-        ptrs = [self.ffi.from_buffer(a) for a in arrays] + [self.ffi.from_buffer(y)]
-        self.fn(y.size, cols, *[self.ffi.cast(f"{as_dtype(self.dtype).c_type} *", p) for p in ptrs])
+    def _matrix(self, a: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, int]:
+        """``a`` as a (rows, cols) matrix with unit column stride, and its row stride in elements."""
+        if a.dtype != self.dtype:
+            a = a.astype(self.dtype)
+        if a.ndim != 2 or a.shape[1] > 1 and a.strides[1] != a.itemsize:
+            a = np.ascontiguousarray(a).reshape(rows, -1)
+        return a, (a.strides[0] // a.itemsize if a.shape[0] > 1 else a.shape[1])
+
+    def __call__(self, arrays: Sequence[np.ndarray], out: np.ndarray | None = None) -> np.ndarray:
+        shape = arrays[self.full].shape if self.full is not None else \
+            np.broadcast_shapes(*(np.shape(a) for a in arrays))
+        cols = shape[-1] if shape else 1
+        rows = int(np.prod(shape[:-1], dtype=np.int64)) if len(shape) > 1 else 1
+        y = np.empty(shape, self.dtype) if out is None else out
+        if rows * cols == 0:
+            return y
+        args = []
+        for a, kind in zip(arrays, self.kinds):
+            if kind == "full" or kind == "col":
+                a, ld = self._matrix(np.asarray(a), rows, cols if kind == "full" else 1)
+            else:
+                a, ld = np.ascontiguousarray(a, self.dtype), 0
+            args += [_pointer(self.ffi, self.ctype, a), ld]
+        ym, ldy = self._matrix(y, rows, cols)
+        self.fn(rows, cols, *args, _pointer(self.ffi, self.ctype, ym), ldy)
+        if ym is not y and not np.shares_memory(ym, y):
+            y[...] = ym.reshape(y.shape)
         return y
 
 
-def build(group: FusedGroup) -> Kernel | None:
-    """Compile (or load from the cache) the group's kernel; None if no C compiler is available or an input
-    broadcasts in a way a flat index cannot express (the caller then evaluates the group with numpy)."""
+_warned = False
+
+
+def build(groups: FusedGroup | Sequence[FusedGroup]) -> Kernel | None | list:
+    """Compile (or load from the cache) the groups' kernels as one library. Returns one Kernel per group,
+    or None for a group an index over (rows, cols) cannot express (the caller evaluates it unfused); all
+    None, with one warning per process, if there is no C compiler. A single group gives a single result."""
+    global _warned
     import cffi
+    single = isinstance(groups, FusedGroup)
+    groups = [groups] if single else list(groups)
+    ok = [g for g in groups if "other" not in g.broadcast]
     cc = compiler()
-    if cc is None or "other" in group.broadcast:
-        return None
-    name, decl, source = render(group)
-    key = hashlib.sha256("\n".join([source, " ".join(FLAGS), compiler_version(cc),
-                                    str(CODEGEN_VERSION)]).encode()).hexdigest()[:24]
-    target = cache_dir() / f"{name}-{key}.so"
-    if not target.exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-            src = Path(tmp) / f"{name}.c"
-            src.write_text(source)
-            so = Path(tmp) / f"{name}.so"
-            subprocess.run([cc, *FLAGS, str(src), "-o", str(so), "-lm"], check=True, capture_output=True)
-            os.replace(so, target)  # atomic: a concurrent build of the same kernel just replaces it
-    ffi = cffi.FFI()
-    ffi.cdef(decl)
-    return Kernel(group, ffi.dlopen(str(target)), name, ffi)
+    if cc is None:
+        if not _warned:
+            warnings.warn(f"no C compiler ({os.environ.get('CC', 'cc')}) found: fused elementwise groups run "
+                          "unfused with numpy", RuntimeWarning, stacklevel=2)
+            _warned = True
+        ok = []
+    rendered = {id(g): render(g) for g in ok}
+    kernels: dict = {}
+    if ok:
+        decls = sorted({d for _, d, _ in rendered.values()})
+        bodies = sorted({s for _, _, s in rendered.values()})
+        prelude = "#include <math.h>\n" + (PRELUDE_F32 if any(g.output.dtype.name == "float32" for g in ok)
+                                           else "")
+        source = prelude + "\n".join(bodies)
+        key = hashlib.sha256("\n".join([source, " ".join(FLAGS), compiler_version(cc), target_cpu(),
+                                        str(CODEGEN_VERSION)]).encode()).hexdigest()[:24]
+        target = cache_dir() / f"fused-{key}.so"
+        if not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+                src = Path(tmp) / "fused.c"
+                src.write_text(source)
+                so = Path(tmp) / "fused.so"
+                res = subprocess.run([cc, *FLAGS, str(src), "-o", str(so), "-lm"], capture_output=True, text=True)
+                if res.returncode:
+                    raise RuntimeError(f"C compiler failed on generated kernels ({src}):\n{res.stderr[-3000:]}")
+                os.replace(so, target)  # atomic: a concurrent build of the same library just replaces it
+        ffi = cffi.FFI()
+        ffi.cdef("\n".join(decls))
+        lib = ffi.dlopen(str(target))
+        for g in ok:
+            name = rendered[id(g)][0]
+            kernels[id(g)] = Kernel(g, getattr(lib, name), ffi, lib)
+    out = [kernels.get(id(g)) for g in groups]
+    return out[0] if single else out
