@@ -20,6 +20,7 @@ import numpy as np
 from .autodiff import grad
 from .executor import RunContext, eval_nodes
 from .graph import Graph
+from .kernels import lower
 from .memory import DynamicTensor, MemoryPlan
 from .ops import input as input_node
 from .ops.registry import OPS
@@ -59,6 +60,7 @@ class EngineOptions:
     lazy_batching: bool = True
     eager_batching: bool = True
     streaming: bool = False   # eager work on a second stream, task by task ahead of the recurrent path
+    fusion: bool = True       # fused elementwise groups run as generated C kernels
 
 
 @dataclass
@@ -68,6 +70,8 @@ class Phases:
     programs: list
     reads: list
     phase: dict
+    groups: list = field(default_factory=lambda: [[], [], []])   # per phase: fused groups that became kernels
+    inplace: set = field(default_factory=set)   # nodes whose step can write into a given ``out``
 
 
 def _phases(nodes, classes, leaves, opts: EngineOptions, eager_leaves=()) -> Phases:
@@ -152,21 +156,34 @@ class CompiledFunction:
         self.bwd_class = classify([c for c in self.ct.values()] + self.row_bwd, ct_scatter, gather_grads)
         # Every per-vertex symbol of F gets a dynamic tensor when training (backward reads them); symbols of
         # ∂F get one when a later phase reads them.
-        self.fwd_tensors = [n for n in g.nodes if n.has_rows and n not in self.pushes.values()
-                            and n is not self.scattered]
+        bwd_inputs = {x for n in self.row_bwd for x in n.inputs}
+        self.fwd_tensors = [n for n in g.nodes if n.has_rows and n in bwd_inputs]
         self._phases: dict = {}
 
     def phases(self, opts: EngineOptions) -> tuple[Phases, Phases]:
-        if opts not in self._phases:
+        key = opts
+        if key not in self._phases:
             if opts.streaming:  # the eager stream computes eager nodes, in chunks of one task
-                opts = EngineOptions(opts.lazy_batching, True, True)
+                opts = replace(opts, eager_batching=True)
             fwd = _phases(self.row_fwd, self.fwd_class,
                           list(self.gathers.values()) + list(self.pulls.values()), opts,
                           eager_leaves=set(self.pulls.values()))
             push_cts = [c for o, c in self.ct.items() if o is not self.scattered]
             bwd = _phases(self.row_bwd, self.bwd_class, list(self.ct.values()), opts, eager_leaves=set(push_cts))
-            self._phases[opts] = (fwd, bwd)
-        return self._phases[opts]
+            if opts.fusion:
+                self._lower(fwd, bwd)
+            self._phases[key] = (fwd, bwd)
+        return self._phases[key]
+
+    def _lower(self, fwd: Phases, bwd: Phases) -> None:
+        """Fuse each phase's elementwise nodes into kernels; values read outside a phase end a group."""
+        crossing = {x for ph in (fwd, bwd) for r in ph.reads for x in r}
+        keep = crossing | set(self.fwd_tensors) | set(self.pushes.values()) | set(self.leaf_grads.values()) \
+            | set(self.param_grads.values()) | ({self.scattered} if self.scattered is not None else set())
+        programs, groups = lower(fwd.programs + bwd.programs, keep)
+        for i, ph in enumerate((fwd, bwd)):
+            ph.programs, ph.groups = programs[3 * i:3 * i + 3], groups[3 * i:3 * i + 3]
+            ph.inplace = {g.output for gs in ph.groups for g in gs}
 
     @property
     def params(self):
@@ -205,17 +222,22 @@ class RunState:
     copies: dict = field(default_factory=dict)      # rows moved by gather / pull / push
 
 
-def _run(program, local, static, ctx) -> None:
+def _run(program, local, static, ctx, outs) -> None:
+    """Run the steps in order; a step whose node is in ``outs`` writes its result there (no copy)."""
     for node, impl, ins, attrs, needs_ctx in program:
         args = [local[x] if x in local else static[x] for x in ins]
-        local[node] = impl(np, *args, ctx=ctx, **attrs) if needs_ctx else impl(np, *args, **attrs)
+        if needs_ctx:
+            local[node] = impl(np, *args, ctx=ctx, **attrs)
+        elif node in outs:
+            local[node] = impl(np, *args, out=outs[node])
+        else:
+            local[node] = impl(np, *args, **attrs)
 
 
-def _store(tensors, local, program, sl) -> None:
-    for node, *_ in program:
-        t = tensors.get(node)
-        if t is not None:
-            t.buffer[sl] = local[node]
+def _stores(tensors: dict, ph: Phases, p: int, computed) -> tuple[list, list]:
+    """The tensors phase ``p`` writes: (written in place by a kernel, copied after the program)."""
+    pairs = [(node, tensors[node]) for node in computed if node in tensors]
+    return [x for x in pairs if x[0] in ph.inplace], [x for x in pairs if x[0] not in ph.inplace]
 
 
 def _tensors(pool, kid, nodes, n):
@@ -249,7 +271,7 @@ def forward(fns: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContex
         if fn is not None and kp is not None:
             eval_nodes(fn.static_fwd, static, {}, params, ctx)
             ph, _ = fn.phases(opts)
-            keep = fn.fwd_tensors if training else [x for r in ph.reads for x in r if x.has_rows]
+            keep = list(dict.fromkeys((fn.fwd_tensors if training else []) + [x for r in ph.reads for x in r]))
             tensors = _tensors(pool, kid, keep, kp.n)
             active.append(kid)
         state.tensors.append(tensors)
@@ -270,20 +292,21 @@ def forward(fns: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContex
             if ph.phase[pnode] == p:
                 local[pnode] = np.take(pull_bufs[name], kp.pull_rows[name][sl], axis=0)
                 copies["pull"] += bs
-        _run(ph.programs[p], local, state.statics[kid], cctx)
+        inplace, copied = stores[kid][p]
+        _run(ph.programs[p], local, state.statics[kid], cctx, {node: t.buffer[sl] for node, t in inplace})
         if fn.scattered is not None and ph.phase[fn.scattered] == p:
             state.scatter[grows] = local[fn.scattered]
         for name, pnode in fn.pushes.items():
             if ph.phase[pnode] == p:
                 state.pushes[name][kp.push_rows[name][sl]] = local[pnode]
                 copies["push"] += bs
-        for node, t in stores[kid][p]:
+        for node, t in copied:
             t.buffer[sl] = local[node]
 
     stores = {}  # per kind and phase: the tensors that phase writes (looked up once, not per task)
     for kid in active:
         ph, _ = fns[kid].phases(opts)
-        stores[kid] = [[(node, t) for node, t in state.tensors[kid].items() if ph.phase.get(node) == p]
+        stores[kid] = [_stores(state.tensors[kid], ph, p, [x for x in state.tensors[kid] if ph.phase.get(x) == p])
                        for p in (PRE, TASK, POST)]
     whole = {kid: (slice(0, plan.kinds[kid].n), plan.schedule.row[plan.kinds[kid].vertices]) for kid in active}
     events = None
@@ -316,13 +339,14 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
     pull_grads = {name: np.zeros(shape, dtype.np) for name, shape in pull_shapes.items()}
     param_grads: dict = {}
     pool: dict = {}
-    btensors = {}
+    btensors, bstores = {}, {}
     active = []
     for kid, fn in enumerate(fns):
         if fn is not None and kid < len(plan.kinds) and plan.kinds[kid] is not None:
             eval_nodes(fn.static_bwd, state.statics[kid], {}, params, ctx)
             _, bph = fn.phases(opts)  # only values that cross phases need rows kept
             btensors[kid] = _tensors(pool, kid, [x for r in bph.reads for x in r], plan.kinds[kid].n)
+            bstores[kid] = [_stores(btensors[kid], bph, p, [s[0] for s in bph.programs[p]]) for p in (PRE, TASK, POST)]
             active.append(kid)
 
     def compute(kid, p, sl, goff, cctx):
@@ -342,8 +366,10 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
                 local[ct] = np.take(push_grads[out.name], kp.push_rows[out.name][sl], axis=0)
             if ct in btensors[kid]:
                 btensors[kid][ct].buffer[sl] = local[ct]
-        _run(ph.programs[p], local, static, cctx)
-        _store(btensors[kid], local, ph.programs[p], sl)
+        inplace, copied = bstores[kid][p]
+        _run(ph.programs[p], local, static, cctx, {node: t.buffer[sl] for node, t in inplace})
+        for node, t in copied:
+            t.buffer[sl] = local[node]
         return local
 
     def emit(kid, p, sl, local):

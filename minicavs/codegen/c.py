@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import math
 import os
 import platform
 import shutil
@@ -90,25 +91,24 @@ def render(group: FusedGroup) -> tuple[str, str, str]:
     return name, decl, source
 
 
-def _pointer(ffi, ctype: str, a: np.ndarray):
-    if a.flags.c_contiguous:
-        return ffi.from_buffer(ctype + "[]", a)
-    return ffi.cast(ctype + " *", a.ctypes.data)
-
-
 class Kernel:
     """A compiled group, bound once. ``kernel(arrays, out=None)`` runs it; inputs and ``out`` may be views
-    with a row stride (unit stride along the last axis)."""
+    with a row stride (unit stride along the last axis). Per-call work is kept to attribute lookups: the
+    engine calls small kernels thousands of times per batch."""
 
     def __init__(self, group: FusedGroup, fn, ffi, lib):
         self.group = group
         self.fn = fn
-        self.ffi = ffi
         self.lib = lib  # keep the library loaded
         self.dtype = group.output.dtype.np
-        self.ctype = group.output.dtype.c_type
         self.kinds = list(group.broadcast)
         self.full = next((i for i, k in enumerate(self.kinds) if k == "full"), None)
+        T = group.output.dtype.c_type
+        self._buf = functools.partial(ffi.from_buffer, ffi.typeof(f"{T}[]"))
+        self._cast = functools.partial(ffi.cast, ffi.typeof(f"{T} *"))
+
+    def _ptr(self, a: np.ndarray):
+        return self._buf(a) if a.flags.c_contiguous else self._cast(a.ctypes.data)
 
     def _matrix(self, a: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, int]:
         """``a`` as a (rows, cols) matrix with unit column stride, and its row stride in elements."""
@@ -121,20 +121,26 @@ class Kernel:
     def __call__(self, arrays: Sequence[np.ndarray], out: np.ndarray | None = None) -> np.ndarray:
         shape = arrays[self.full].shape if self.full is not None else \
             np.broadcast_shapes(*(np.shape(a) for a in arrays))
-        cols = shape[-1] if shape else 1
-        rows = int(np.prod(shape[:-1], dtype=np.int64)) if len(shape) > 1 else 1
+        if len(shape) == 2:
+            rows, cols = shape
+        else:
+            cols = shape[-1] if shape else 1
+            rows = math.prod(shape[:-1])
         y = np.empty(shape, self.dtype) if out is None else out
         if rows * cols == 0:
             return y
         args = []
         for a, kind in zip(arrays, self.kinds):
-            if kind == "full" or kind == "col":
-                a, ld = self._matrix(np.asarray(a), rows, cols if kind == "full" else 1)
+            if kind == "full" and a.ndim == 2 and a.dtype is self.dtype and a.strides[1] == a.itemsize:
+                args += [self._buf(a) if a.flags.c_contiguous else self._cast(a.ctypes.data),
+                         a.strides[0] // a.itemsize]   # the common case, without calls
+            elif kind == "full" or kind == "col":
+                a, ld = self._matrix(a, rows, cols if kind == "full" else 1)
+                args += [self._ptr(a), ld]
             else:
-                a, ld = np.ascontiguousarray(a, self.dtype), 0
-            args += [_pointer(self.ffi, self.ctype, a), ld]
+                args += [self._ptr(np.ascontiguousarray(a, self.dtype)), 0]
         ym, ldy = self._matrix(y, rows, cols)
-        self.fn(rows, cols, *args, _pointer(self.ffi, self.ctype, ym), ldy)
+        self.fn(rows, cols, *args, self._ptr(ym), ldy)
         if ym is not y and not np.shares_memory(ym, y):
             y[...] = ym.reshape(y.shape)
         return y
