@@ -20,7 +20,7 @@ import numpy as np
 from .autodiff import grad
 from .executor import RunContext, eval_nodes
 from .graph import Graph
-from .kernels import lower
+from .kernels import FUSED, lower
 from .memory import DynamicTensor, MemoryPlan
 from .ops import input as input_node
 from .ops.registry import OPS
@@ -183,7 +183,7 @@ class CompiledFunction:
         programs, groups = lower(fwd.programs + bwd.programs, keep)
         for i, ph in enumerate((fwd, bwd)):
             ph.programs, ph.groups = programs[3 * i:3 * i + 3], groups[3 * i:3 * i + 3]
-            ph.inplace = {g.output for gs in ph.groups for g in gs}
+            ph.inplace = {o for gs in ph.groups for g in gs for o in g.outputs}
 
     @property
     def params(self):
@@ -228,10 +228,16 @@ def _run(program, local, static, ctx, outs) -> None:
         args = [local[x] if x in local else static[x] for x in ins]
         if needs_ctx:
             local[node] = impl(np, *args, ctx=ctx, **attrs)
-        elif node in outs:
-            local[node] = impl(np, *args, out=outs[node])
+        elif attrs is FUSED:  # node is the tuple of the group's outputs
+            for o, y in zip(node, impl(args, [outs.get(o) for o in node])):
+                local[o] = y
         else:
             local[node] = impl(np, *args, **attrs)
+
+
+def _computed(program) -> list:
+    """Nodes a program computes (a fused step computes all its group's outputs)."""
+    return [x for node, *_, attrs, _ in program for x in (node if attrs is FUSED else (node,))]
 
 
 def _stores(tensors: dict, ph: Phases, p: int, computed) -> tuple[list, list]:
@@ -346,7 +352,7 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
             eval_nodes(fn.static_bwd, state.statics[kid], {}, params, ctx)
             _, bph = fn.phases(opts)  # only values that cross phases need rows kept
             btensors[kid] = _tensors(pool, kid, [x for r in bph.reads for x in r], plan.kinds[kid].n)
-            bstores[kid] = [_stores(btensors[kid], bph, p, [s[0] for s in bph.programs[p]]) for p in (PRE, TASK, POST)]
+            bstores[kid] = [_stores(btensors[kid], bph, p, _computed(bph.programs[p])) for p in (PRE, TASK, POST)]
             active.append(kid)
 
     def compute(kid, p, sl, goff, cctx):

@@ -7,6 +7,7 @@ Groups a kernel cannot index, and every group when there is no C compiler, stay 
 """
 from __future__ import annotations
 
+import heapq
 from typing import Sequence
 
 import numpy as np
@@ -15,8 +16,12 @@ from .codegen import c as cgen
 from .passes.fusion import FusedGroup, fuse
 
 
+FUSED: dict = {}   # the attrs of a fused step: the engine tests ``attrs is FUSED``
+
+
 class FusedStep:
-    """The impl of a fused step: ``step(xp, *arrays, out=None)`` like an op's impl, plus ``out``."""
+    """The impl of a fused step: ``step(arrays, outs)`` with one entry of ``outs`` per output (an array to
+    write into, or None) returns the list of outputs."""
 
     __slots__ = ("kernel", "group")
 
@@ -24,17 +29,18 @@ class FusedStep:
         self.kernel = kernel
         self.group = group
 
-    def __call__(self, xp, *arrays, out: np.ndarray | None = None) -> np.ndarray:
-        return self.kernel(arrays, out)
+    def __call__(self, arrays, outs: list) -> list:
+        ys = self.kernel(arrays, outs)
+        return ys if isinstance(ys, list) else [ys]
 
     def __repr__(self) -> str:
         return f"<fused {' '.join(n.op for n in self.group.nodes)}>"
 
 
 def lower(programs: Sequence[list], keep: set) -> tuple[list[list], list[list[FusedGroup]]]:
-    """Replace the multi-node fusible groups of every program by fused steps; ``keep`` are nodes read
-    outside their program (they end a group). One compiler run for all programs. Returns the new programs
-    and, per program, the groups that became kernels."""
+    """Replace the multi-node fusible groups of every program by fused steps, ``(outputs, FusedStep,
+    inputs, FUSED, False)``; ``keep`` are nodes read outside their program (group outputs). One compiler
+    run for all programs. Returns the new programs and, per program, the groups that became kernels."""
     grouped = []
     for prog in programs:
         nodes = [step[0] for step in prog]
@@ -45,8 +51,42 @@ def lower(programs: Sequence[list], keep: set) -> tuple[list[list], list[list[Fu
     out_programs, out_groups = [], []
     for prog, groups in zip(programs, grouped):
         live = [g for g in groups if kernel_of[id(g)] is not None]
-        absorbed = {n for g in live for n in g.nodes[:-1]}
-        step_of = {g.output: (g.output, FusedStep(kernel_of[id(g)], g), list(g.inputs), {}, False) for g in live}
-        out_programs.append([step_of.get(s[0], s) for s in prog if s[0] not in absorbed])
+        absorbed = {n: g for g in live for n in g.nodes}
+        steps, seen = [], set()
+        for st in prog:
+            g = absorbed.get(st[0])
+            if g is None:
+                steps.append(st)
+            elif id(g) not in seen:
+                seen.add(id(g))
+                steps.append((tuple(g.outputs), FusedStep(kernel_of[id(g)], g), list(g.inputs), FUSED, False))
+        out_programs.append(_toposort(steps))
         out_groups.append(live)
     return out_programs, out_groups
+
+
+def _toposort(steps: list) -> list:
+    """Order steps so each runs after the steps computing its inputs, staying close to the given order
+    (a fused group must run after all its members' inputs and before any reader of its outputs)."""
+    producer = {}
+    for i, st in enumerate(steps):
+        for n in (st[0] if st[3] is FUSED else (st[0],)):
+            producer[n] = i
+    deps = [{producer[x] for x in st[2] if x in producer and producer[x] != i} for i, st in enumerate(steps)]
+    users: list = [[] for _ in steps]
+    for i, d in enumerate(deps):
+        for j in d:
+            users[j].append(i)
+    waiting = [len(d) for d in deps]
+    ready = [i for i, w in enumerate(waiting) if w == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(steps[i])
+        for u in users[i]:
+            waiting[u] -= 1
+            if not waiting[u]:
+                heapq.heappush(ready, u)
+    assert len(order) == len(steps), "fused groups formed a cycle"
+    return order

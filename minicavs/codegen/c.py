@@ -62,7 +62,7 @@ def target_cpu() -> str:
 
 
 def render(group: FusedGroup) -> tuple[str, str, str]:
-    """(kernel name, C declaration, C function) of a group: y[r, c] = expr(x0[...], x1[...], ...)."""
+    """(kernel name, C declaration, C function) of a group: y_k[r, c] = expr_k(x0[...], x1[...], ...)."""
     dt = group.output.dtype
     T = dt.c_type
     reads, hoisted = [], []
@@ -77,9 +77,11 @@ def render(group: FusedGroup) -> tuple[str, str, str]:
         else:
             hoisted.append(f"const {T} v{i} = x{i}[0];")
             reads.append(f"v{i}")
-    body = render_body(group.expr(), reads, dt, "y[r * ldy + c]", FUNCS_F32 if dt.name == "float32" else None)
+    nout = len(group.outputs)
+    body = render_body(group.exprs(), reads, dt, [f"y{k}[r * ldy{k} + c]" for k in range(nout)],
+                       FUNCS_F32 if dt.name == "float32" else None)
     params = ", ".join([f"const {T} *restrict x{i}, long ld{i}" for i in range(len(group.inputs))]
-                       + [f"{T} *restrict y, long ldy"])
+                       + [f"{T} *restrict y{k}, long ldy{k}" for k in range(nout)])
     text = "\n".join(hoisted + body)
     name = "fused_" + hashlib.sha1(f"{params}\n{text}".encode()).hexdigest()[:12]
     decl = f"void {name}(long rows, long cols, {params});"
@@ -102,6 +104,7 @@ class Kernel:
         self.lib = lib  # keep the library loaded
         self.dtype = group.output.dtype.np
         self.kinds = list(group.broadcast)
+        self.nout = len(group.outputs)
         self.full = next((i for i, k in enumerate(self.kinds) if k == "full"), None)
         T = group.output.dtype.c_type
         self._buf = functools.partial(ffi.from_buffer, ffi.typeof(f"{T}[]"))
@@ -118,7 +121,9 @@ class Kernel:
             a = np.ascontiguousarray(a).reshape(rows, -1)
         return a, (a.strides[0] // a.itemsize if a.shape[0] > 1 else a.shape[1])
 
-    def __call__(self, arrays: Sequence[np.ndarray], out: np.ndarray | None = None) -> np.ndarray:
+    def __call__(self, arrays: Sequence[np.ndarray], out=None):
+        """Run over the rows; ``out`` (an array, or a list with None where to allocate, for a group with
+        several outputs) receives the results. Returns the output, or the list of outputs."""
         shape = arrays[self.full].shape if self.full is not None else \
             np.broadcast_shapes(*(np.shape(a) for a in arrays))
         if len(shape) == 2:
@@ -126,9 +131,10 @@ class Kernel:
         else:
             cols = shape[-1] if shape else 1
             rows = math.prod(shape[:-1])
-        y = np.empty(shape, self.dtype) if out is None else out
+        outs = out if isinstance(out, list) else [out] * self.nout
+        ys = [np.empty(shape, self.dtype) if o is None else o for o in outs]
         if rows * cols == 0:
-            return y
+            return ys if self.nout > 1 else ys[0]
         args = []
         for a, kind in zip(arrays, self.kinds):
             if kind == "full" and a.ndim == 2 and a.dtype is self.dtype and a.strides[1] == a.itemsize:
@@ -139,11 +145,14 @@ class Kernel:
                 args += [self._ptr(a), ld]
             else:
                 args += [self._ptr(np.ascontiguousarray(a, self.dtype)), 0]
-        ym, ldy = self._matrix(y, rows, cols)
-        self.fn(rows, cols, *args, self._ptr(ym), ldy)
-        if ym is not y and not np.shares_memory(ym, y):
-            y[...] = ym.reshape(y.shape)
-        return y
+        mats = [self._matrix(y, rows, cols) for y in ys]
+        for ym, ld in mats:
+            args += [self._ptr(ym), ld]
+        self.fn(rows, cols, *args)
+        for y, (ym, _) in zip(ys, mats):
+            if ym is not y and not np.shares_memory(ym, y):
+                y[...] = ym.reshape(y.shape)
+        return ys if self.nout > 1 else ys[0]
 
 
 _warned = False

@@ -21,9 +21,11 @@ def literal(value: float, dtype: DType) -> str:
     return text + dtype.c_suffix
 
 
-def render_body(expr: Expr, args: list[str], dtype: DType, out: str, funcs: dict | None = None) -> list[str]:
-    """Statements computing ``expr`` into ``out``; ``args[i]`` is how argument i is read. ``funcs`` overrides
-    the spelling of a math function (the C target's own vectorizable ``exp``/``tanh``)."""
+def render_body(expr: Expr | list[Expr], args: list[str], dtype: DType, out: str | list[str],
+                funcs: dict | None = None) -> list[str]:
+    """Statements computing ``expr`` into ``out`` (or each of several expressions into its out, sharing
+    subexpressions); ``args[i]`` is how argument i is read. ``funcs`` overrides the spelling of a math
+    function (the C target's own vectorizable ``exp``/``tanh``)."""
     T = dtype.c_type
     fsuf = "f" if dtype.name == "float32" else ""
     funcs = funcs or {}
@@ -56,6 +58,7 @@ def render_body(expr: Expr, args: list[str], dtype: DType, out: str, funcs: dict
         lines.append(f"{T} {name} = ({T})({rhs});")
         return name
 
-    result = emit(expr)
-    lines.append(f"{out} = {result};")
+    exprs, outs = (expr, out) if isinstance(expr, list) else ([expr], [out])
+    results = [emit(e) for e in exprs]
+    lines += [f"{o} = {r};" for o, r in zip(outs, results)]
     return lines

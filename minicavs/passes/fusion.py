@@ -1,17 +1,18 @@
 """Fusion grouping (§3.4): directly linked elementwise nodes become one group, one generated kernel later.
 
 Target-neutral: a :class:`FusedGroup` lists its external inputs (with how each broadcasts against the
-output), its nodes in topological order and its output, and builds the scalar expression DAG from the ops'
-``expr`` templates; codegen renders that DAG to C or CUDA, and :meth:`FusedGroup.evaluate` runs it with numpy
-(the oracle for generated kernels).
+group's shape), its nodes in topological order and its outputs (the members something outside the group
+reads), and builds the scalar expression DAG from the ops' ``expr`` templates; codegen renders that DAG to C
+or CUDA, and :meth:`FusedGroup.evaluate_all` runs it with numpy (the oracle for generated kernels).
 
-The rule keeps groups acyclic without a search: an elementwise producer joins its consumer's group only if
-every consumer of the producer is in that group and it has the group's output shape. Groups are therefore
-in-trees with one output; a value needed outside (e.g. h, read by both scatter and push) ends its group.
+Union-find over producer -> consumer edges between fusible nodes of one shape; a merge is refused when a
+path would leave the group and come back (through a matmul, say), since the kernel must run as one step.
+A member read outside (h, both scattered and pushed; a forward value ∂F reads) does not end its group: it
+becomes one more output the kernel writes.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 from ..graph import Node
@@ -25,16 +26,23 @@ def fusible(n: Node) -> bool:
 
 @dataclass(eq=False)  # identity: groups are dict keys
 class FusedGroup:
-    nodes: list            # topological order; the last is the output
+    nodes: list            # topological order
     inputs: list           # external input nodes, in first-use order
     broadcast: list        # per input: "full", "row", "col", "scalar" or "other" (see _kind)
+    outputs: list = field(default_factory=list)   # members read outside the group, topological order
+
+    def __post_init__(self):
+        if not self.outputs and self.nodes:
+            self.outputs = [self.nodes[-1]]
 
     @property
     def output(self) -> Node:
-        return self.nodes[-1]
+        """The last output; its shape is every member's shape."""
+        return self.outputs[-1]
 
-    def expr(self) -> S.Expr:
-        """The output as one scalar expression over the inputs (``arg(i)`` = ``inputs[i]``)."""
+    def exprs(self) -> list[S.Expr]:
+        """Each output as a scalar expression over the inputs (``arg(i)`` = ``inputs[i]``), sharing
+        common subexpressions."""
         env = {x: S.arg(i) for i, x in enumerate(self.inputs)}
         for n in self.nodes:
             args = []
@@ -44,11 +52,17 @@ class FusedGroup:
                 else:  # a scalar constant folded into the expression
                     args.append(S.lift(float(x.attrs["value"])))
             env[n] = OPS[n.op].expr(*args, **n.attrs)
-        return env[self.output]
+        return [env[o] for o in self.outputs]
+
+    def expr(self) -> S.Expr:
+        return self.exprs()[-1]
+
+    def evaluate_all(self, arrays: Sequence) -> list:
+        """numpy evaluation of every output: what every generated kernel must reproduce."""
+        return [S.evaluate(e, list(arrays), dtype=self.output.dtype.np) for e in self.exprs()]
 
     def evaluate(self, arrays: Sequence):
-        """numpy evaluation of the fused expression: what every generated kernel must reproduce."""
-        return S.evaluate(self.expr(), list(arrays), dtype=self.output.dtype.np)
+        return self.evaluate_all(arrays)[-1]
 
 
 def _kind(x: Node, out: Node) -> str:
@@ -72,6 +86,21 @@ def _foldable(x: Node) -> bool:
     return x.op == "constant" and x.attrs["value"].size == 1
 
 
+def _cyclic(group: set, consumers: dict) -> bool:
+    """Does a path leave ``group`` and come back into it?"""
+    frontier = [c for n in group for c in consumers[n] if c not in group]
+    seen = set(frontier)
+    while frontier:
+        n = frontier.pop()
+        for c in consumers[n]:
+            if c in group:
+                return True
+            if c not in seen:
+                seen.add(c)
+                frontier.append(c)
+    return False
+
+
 def fuse(nodes: Sequence[Node], outputs: Sequence[Node] = ()) -> list[FusedGroup]:
     """Group the fusible nodes among ``nodes`` (topological order); ``outputs`` must stay materialised."""
     member = set(nodes)
@@ -80,30 +109,28 @@ def fuse(nodes: Sequence[Node], outputs: Sequence[Node] = ()) -> list[FusedGroup
         for x in n.inputs:
             if x in member:
                 consumers[x].append(n)
-    keep = set(outputs)
     group_of: dict = {}
-    for n in reversed(nodes):  # consumers first: a producer joins the group of its consumers
+    for n in nodes:
         if not fusible(n):
             continue
-        cs = consumers[n]
-        gs = {group_of.get(c) for c in cs}
-        if (n not in keep and cs and len(gs) == 1 and None not in gs
-                and n.shape == next(iter(gs)).output.shape):
-            g = next(iter(gs))
-            g.nodes.insert(0, n)
-        else:
-            g = FusedGroup([n], [], [])
-        group_of[n] = g
+        g = {n}
+        for x in n.inputs:
+            other = group_of.get(x)
+            if other is not None and other is not g and x.shape == n.shape and not _cyclic(g | other, consumers):
+                g = g | other
+        for m in g:
+            group_of[m] = g
+    keep = set(outputs)
     groups = []
-    for g in dict.fromkeys(group_of.values()):
-        g.nodes.sort(key=lambda n: n.id)
-        inside = set(g.nodes)
-        for n in g.nodes:
+    for g in {id(g): g for g in group_of.values()}.values():
+        ordered = sorted(g, key=lambda n: n.id)
+        inputs = []
+        for n in ordered:
             for x in n.inputs:
-                if x not in inside and x not in g.inputs and not _foldable(x):
-                    g.inputs.append(x)
-        g.broadcast = [_kind(x, g.output) for x in g.inputs]
-        groups.append(g)
+                if x not in g and x not in inputs and not _foldable(x):
+                    inputs.append(x)
+        outs = [n for n in ordered if n in keep or not consumers[n] or any(c not in g for c in consumers[n])]
+        groups.append(FusedGroup(ordered, inputs, [_kind(x, ordered[-1]) for x in inputs], outs))
     groups.sort(key=lambda g: g.output.id)
     return groups
 
