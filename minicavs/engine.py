@@ -38,7 +38,7 @@ def _produce_eager(tasks, work, ctx):
     context, since dropout row keys change per call."""
     events = [Event() for _ in tasks]
     wctx = replace(ctx)
-    wcopies = {"gather": 0, "pull": 0, "push": 0}
+    wcopies = {"gather": 0, "gathered": 0, "pull": 0, "push": 0}
 
     def produce():
         i = 0
@@ -61,6 +61,7 @@ class EngineOptions:
     eager_batching: bool = True
     streaming: bool = False   # eager work on a second stream, task by task ahead of the recurrent path
     fusion: bool = True       # fused elementwise groups run as generated C kernels
+    gather_elision: bool = True   # a gather whose child rows are an evenly strided block reads a view
 
 
 @dataclass
@@ -71,6 +72,7 @@ class Phases:
     reads: list
     phase: dict
     groups: list = field(default_factory=lambda: [[], [], []])   # per phase: fused groups that became kernels
+    without_concat: list | None = None   # the task program when the gather concat is a view (gather elision)
     inplace: set = field(default_factory=set)   # nodes whose step can write into a given ``out``
 
 
@@ -156,6 +158,12 @@ class CompiledFunction:
         self.bwd_class = classify([c for c in self.ct.values()] + self.row_bwd, ct_scatter, gather_grads)
         # Every per-vertex symbol of F gets a dynamic tensor when training (backward reads them); symbols of
         # ∂F get one when a later phase reads them.
+        # [gather(0); ...; gather(K-1)] of a complete tree's siblings side by side is a reshape of the
+        # scatter tensor (when gather elision finds the children rows start + K*i + j).
+        slots = list(self.gathers.values())
+        self.gather_concat = next((n for n in self.row_fwd if n.op == "concat" and list(n.inputs) == slots
+                                   and n.attrs["axis"] in (-1, n.ndim - 1) and len(slots) > 1
+                                   and all(len(x.vshape) == 1 for x in slots)), None)
         bwd_inputs = {x for n in self.row_bwd for x in n.inputs}
         self.fwd_tensors = [n for n in g.nodes if n.has_rows and n in bwd_inputs]
         self._phases: dict = {}
@@ -172,6 +180,7 @@ class CompiledFunction:
             bwd = _phases(self.row_bwd, self.bwd_class, list(self.ct.values()), opts, eager_leaves=set(push_cts))
             if opts.fusion:
                 self._lower(fwd, bwd)
+            fwd.without_concat = [st for st in fwd.programs[TASK] if st[0] is not self.gather_concat]
             self._phases[key] = (fwd, bwd)
         return self._phases[key]
 
@@ -197,11 +206,20 @@ class CompiledFunction:
         bl.update({n: "forward value" for n in self.fwd_nodes})
         return fl, bl, list(self.leaf_grads.values()) + list(self.param_grads.values())
 
-    def dump(self) -> str:
-        """F and ∂F, one line per node, with every node's class (eager / lazy / recurrent / static)."""
+    def dump(self, opts: EngineOptions | None = None) -> str:
+        """F and ∂F, one line per node, with every node's class (eager / lazy / recurrent / static); then
+        the steps each phase runs under ``opts`` (default: the default switches), fused groups shown as
+        ``fused[ops] -> outputs``."""
         fl, bl, outs = self.labels()
-        return (f"F of '{self.F.name}':\n{self.F.graph.dump(fl)}\n"
+        text = (f"F of '{self.F.name}':\n{self.F.graph.dump(fl)}\n"
                 f"∂F of '{self.F.name}':\n{Graph(outs).dump(bl)}")
+        lines = []
+        for label, ph in zip(("F", "∂F"), self.phases(opts or EngineOptions())):
+            for p, when in ((PRE, "before tasks"), (TASK, "per task"), (POST, "after tasks")):
+                if ph.programs[p]:
+                    lines.append(f"{label} {when}: {len(ph.programs[p])} steps")
+                    lines += [f"  {_step_text(st)}" for st in ph.programs[p]]
+        return text + "\nsteps:\n" + "\n".join(lines)
 
     def to_dot(self, backward: bool = False) -> str:
         """Graphviz source of F (or ∂F) with the classes in the node labels."""
@@ -235,6 +253,14 @@ def _run(program, local, static, ctx, outs) -> None:
             local[node] = impl(np, *args, **attrs)
 
 
+def _step_text(step) -> str:
+    node, impl, ins, attrs, _ = step
+    if attrs is FUSED:
+        names = ", ".join(o.name or f"%{o.id}" for o in node)
+        return f"fused[{' '.join(n.op for n in impl.group.nodes)}] -> {names}"
+    return f"{node.op} -> {node.name or f'%{node.id}'}"
+
+
 def _computed(program) -> list:
     """Nodes a program computes (a fused step computes all its group's outputs)."""
     return [x for node, *_, attrs, _ in program for x in (node if attrs is FUSED else (node,))]
@@ -263,7 +289,7 @@ def forward(fns: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContex
     """Evaluate F at every vertex: eager phase, task loop, lazy phase. ``fns[kid]`` compiles kind ``kid``."""
     n = plan.num_vertices
     pool = {} if pool is None else pool
-    state = RunState(plan, opts, None, copies={"gather": 0, "pull": 0, "push": 0})
+    state = RunState(plan, opts, None, copies={"gather": 0, "gathered": 0, "pull": 0, "push": 0})
     if message is not None:
         state.scatter = np.empty((n + 1,) + tuple(message), dtype.np)
         state.scatter[n] = 0
@@ -290,16 +316,30 @@ def forward(fns: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContex
         bs = sl.stop - sl.start
         cctx.row_keys = kp.row_keys[sl]
         local = {x: tensors[x].buffer[sl] for x in ph.reads[p]}
+        program = ph.programs[p]
+        views = [kp.views[j].get(sl.start) for j in fn.gathers] if p == TASK and opts.gather_elision else None
         for j, gnode in fn.gathers.items():
             if ph.phase[gnode] == p:
-                local[gnode] = np.take(state.scatter, kp.child_rows[j][sl], axis=0)
-                copies["gather"] += bs
+                if views is None or views[j] is None:
+                    local[gnode] = np.take(state.scatter, kp.child_rows[j][sl], axis=0)
+                    copies["gather"] += bs
+                else:
+                    start, step = views[j]
+                    local[gnode] = (state.scatter[start:start + step * (bs - 1) + 1:step] if step else
+                                    np.broadcast_to(state.scatter[start], (bs,) + state.scatter.shape[1:]))
+                copies["gathered"] += bs
+        cat = fn.gather_concat
+        if cat is not None and views is not None and ph.phase.get(cat) == p:
+            k = len(views)
+            if all(v is not None and v[1] == k and v[0] == views[0][0] + j for j, v in enumerate(views)):
+                local[cat] = state.scatter[views[0][0]:views[0][0] + k * bs].reshape(bs, -1)
+                program = ph.without_concat
         for name, pnode in fn.pulls.items():
             if ph.phase[pnode] == p:
                 local[pnode] = np.take(pull_bufs[name], kp.pull_rows[name][sl], axis=0)
                 copies["pull"] += bs
         inplace, copied = stores[kid][p]
-        _run(ph.programs[p], local, state.statics[kid], cctx, {node: t.buffer[sl] for node, t in inplace})
+        _run(program, local, state.statics[kid], cctx, {node: t.buffer[sl] for node, t in inplace})
         if fn.scattered is not None and ph.phase[fn.scattered] == p:
             state.scatter[grows] = local[fn.scattered]
         for name, pnode in fn.pushes.items():
@@ -387,8 +427,14 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
                 continue
             g = local[gnode] if gnode in local else static[gnode]
             if leaf.op == "gather":
-                rows = kp.child_rows[leaf.attrs["k"]][sl]
-                if plan.forest:
+                j = leaf.attrs["k"]
+                view = kp.views[j].get(sl.start) if p == TASK and opts.gather_elision else None
+                rows = kp.child_rows[j][sl]
+                if view is not None:  # distinct rows: a strided view, no fancy indexing
+                    start, step = view
+                    if step:  # (step 0: only the sentinel row, whose gradient is discarded)
+                        sgrad[start:start + step * (len(rows) - 1) + 1:step] += g
+                elif plan.forest:
                     sgrad[rows] += g  # duplicate rows only at the discarded sentinel row n
                 else:
                     np.add.at(sgrad, rows, g)

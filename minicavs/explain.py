@@ -21,6 +21,11 @@ class StructureReport:
     peak_bytes: int        # the largest buffers the reused dynamic tensors have held so far
 
     @property
+    def gather_copied(self) -> float:
+        """Fraction of gathered rows that were copied (the rest were read as views: gather elision)."""
+        return self.copies.get("gather", 0) / max(1, self.copies.get("gathered", 0))
+
+    @property
     def tensor_bytes(self) -> int:
         return sum(t[4] for t in self.tensors)
 
@@ -38,7 +43,8 @@ class Explanation:
             lines += [f"structure '{r.name}': {r.vertices} vertices in {r.tasks} tasks "
                       f"(vertices per task: min {sizes.min()}, median {int(np.median(sizes))}, max {sizes.max()})",
                       f"  tasks by size: {bins}",
-                      "  rows copied: " + ", ".join(f"{k} {v}" for k, v in r.copies.items())]
+                      "  rows copied: " + ", ".join(f"{k} {v}" for k, v in r.copies.items() if k != "gathered")
+                      + f"; gathered rows copied: {100 * r.gather_copied:.1f}% of {r.copies.get('gathered', 0)}"]
             for kind, counts in r.where.items():
                 lines.append(f"  kind '{kind}': " + ", ".join(f"{k} {v}" for k, v in counts.items()))
             lines.append(f"  dynamic tensors: {len(r.tensors)}, {r.tensor_bytes / 1024:.1f} KiB held by this batch, "
@@ -67,7 +73,8 @@ def explain(model, graphs, feeds=None, params=None, ctx=None) -> Explanation:
             where[kname] = {"F static": len(fn.static_fwd), "F before tasks": len(fph.programs[0]),
                             "F per task": len(fph.programs[1]), "F after tasks": len(fph.programs[2]),
                             "∂F static": len(fn.static_bwd), "∂F before tasks": len(bph.programs[0]),
-                            "∂F per task": len(bph.programs[1]), "∂F after tasks": len(bph.programs[2])}
+                            "∂F per task": len(bph.programs[1]), "∂F after tasks": len(bph.programs[2]),
+                            "fused kernels": sum(len(g) for g in fph.groups + bph.groups)}
         if state.scatter is not None:
             tensors.append(("(shared)", "scatter", state.scatter.shape[1:], state.scatter.dtype.name,
                             state.scatter.nbytes))

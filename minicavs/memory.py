@@ -61,6 +61,7 @@ class KindPlan:
     pull_rows: dict = field(default_factory=dict)     # pull name -> row in that pull buffer
     push_rows: dict = field(default_factory=dict)     # push name -> row in that push buffer
     row_keys: np.ndarray | None = None       # dropout row keys (sample << 32 | local vertex id)
+    views: list = field(default_factory=list)         # per child slot j: {kind offset of a task: (start, step)}
 
     @property
     def n(self) -> int:
@@ -120,6 +121,34 @@ def plan_memory(batch: Batch, schedule: Schedule, arity: dict, pulls: dict, push
     for kid in range(len(batch.kind_names)):
         m = kind_of_task == kid
         koff[m] = np.cumsum(sizes[m]) - sizes[m]
+        if kinds[kid] is not None:
+            kinds[kid].views = [_strided(rows, koff[m], sizes[m], n) for rows in kinds[kid].child_rows]
     tasks = list(zip(kind_of_task.tolist(), koff.tolist(), sizes.tolist(), goff.tolist()))
     counts = np.bincount(batch.child_idx, minlength=n) if len(batch.child_idx) else np.zeros(1)
     return MemoryPlan(schedule, n, tasks, kinds, pull_rows, push_order, bool(counts.max() <= 1))
+
+
+def _strided(rows: np.ndarray, offs: np.ndarray, sizes: np.ndarray, sentinel: int) -> dict:
+    """Tasks whose child rows are an evenly strided block of the scatter tensor, ``start + step * i``
+    (ED-Batch's insight: the cheapest gather is a view): {task's kind offset: (start, step)}. Step 0 marks
+    a task where every row is the sentinel (no vertex has that child)."""
+    out = {}
+    if not len(rows):
+        return out
+    d = np.diff(rows)
+    same = np.concatenate(([True], d[1:] == d[:-1]))   # same[i]: d[i] == d[i - 1]
+    bad = np.cumsum(~same)                                # prefix count of changes in the stride
+    for off, bs in zip(offs.tolist(), sizes.tolist()):
+        start = int(rows[off])
+        if start == sentinel:   # no vertex of the task has this child: a view of the zero row, step 0
+            if bs == 1 or (d[off] == 0 and bad[off + bs - 2] == bad[off]):
+                out[off] = (start, 0)
+            continue
+        if bs == 1:
+            out[off] = (start, 1)
+            continue
+        step = int(d[off])
+        # d[off + 1 .. off + bs - 2] must all equal d[off]
+        if step >= 1 and bad[off + bs - 2] == bad[off]:
+            out[off] = (start, step)
+    return out

@@ -59,12 +59,16 @@ class Policy:
 
 class CavsPolicy(Policy):
     """Cavs: task t holds every vertex whose children are all evaluated, i.e. the vertices of height t,
-    one task per kind (in kind id order). Inside a task vertices are sorted by (sample, local id)."""
+    one task per kind (in kind id order). Inside a task vertices are sorted by their sample's height
+    (tallest first), then sample, then local id: chains sorted by length then continue as a prefix of the
+    previous task, and siblings of complete trees sit side by side, so gathers become views (memory.py)."""
 
     name = "cavs"
 
     def schedule(self, batch: Batch) -> Schedule:
-        order = np.lexsort((batch.local, batch.sample, batch.kind, batch.height))
+        tall = np.zeros(len(batch.graphs), np.int64)
+        np.maximum.at(tall, batch.sample, batch.height)
+        order = np.lexsort((batch.local, batch.sample, -tall[batch.sample], batch.kind, batch.height))
         key = batch.height[order] * len(batch.kind_names) + batch.kind[order]
         return _from_keys(batch, order, key)
 

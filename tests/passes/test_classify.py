@@ -1,6 +1,8 @@
 """Eager / lazy / recurrent classes of the Tree-LSTM's F and ∂F against a table derived by hand."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -72,8 +74,9 @@ def test_classify_small_graph():
     assert (c[g0], c[x], c[e], c[r], c[s], c[lz]) == (RECURRENT, EAGER, EAGER, RECURRENT, RECURRENT, LAZY)
 
 
-SWITCHES = [EngineOptions(False, False), EngineOptions(True, False), EngineOptions(False, True),
-            EngineOptions(True, True)]
+OFF = EngineOptions(lazy_batching=False, eager_batching=False, fusion=False, gather_elision=False)
+SWITCHES = [OFF] + [replace(OFF, **{k: True}) for k in ("lazy_batching", "eager_batching", "fusion",
+                                                        "gather_elision")] + [EngineOptions()]
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -112,7 +115,7 @@ def test_dump_shows_classes(tree_lstm):
     assert "recurrent" in text and "lazy" in text and "eager" in text and "∂F" in text
 
 
-STREAMING = [EngineOptions(True, True, True), EngineOptions(False, False, True)]
+STREAMING = [EngineOptions(streaming=True), replace(OFF, streaming=True)]
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

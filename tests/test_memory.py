@@ -1,0 +1,75 @@
+"""Gather elision: the schedule puts siblings side by side and chains sorted by length, so the rows a task
+gathers are an evenly strided block of the scatter tensor and are read as a view; results never change."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from minicavs.engine import EngineOptions
+from minicavs.executor import RunContext
+from minicavs.explain import explain
+from minicavs.inputs import InputGraph
+from minicavs.memory import _strided
+
+from . import cells
+from .test_engine import assert_same, random_tree
+
+ON = EngineOptions()
+OFF = replace(ON, gather_elision=False)
+
+
+def test_strided_blocks_found_per_task():
+    rows = np.array([0, 2, 4, 6, 1, 3, 5, 9, 7, 8, 10, 12, 12])
+    offs, sizes = np.array([0, 4, 7, 8, 11]), np.array([4, 3, 1, 3, 2])
+    # 7, 8, 10 is not evenly strided; 12, 12 are missing children (the zero sentinel row 12): step 0
+    assert _strided(rows, offs, sizes, sentinel=12) == {0: (0, 2), 4: (1, 2), 7: (9, 1), 11: (12, 0)}
+    assert _strided(np.array([12, 3]), np.array([0]), np.array([2]), sentinel=12) == {}
+
+
+def run(case, graphs, rng, opts):
+    feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
+    res = case.model.forward_backward(graphs, feeds, case.params, RunContext(), options=opts)
+    return res, feeds
+
+
+@pytest.mark.parametrize("leaves", [1, 2, 8, 32])
+def test_complete_trees_gather_nothing(leaves):
+    """Tree-FC on complete trees: [h_left; h_right] is a reshape of the previous level's rows."""
+    rng = np.random.default_rng(leaves)
+    case = cells.tree_fc(rng)
+    graphs = [InputGraph.complete_binary_tree(leaves) for _ in range(3)]
+    on, feeds = run(case, graphs, np.random.default_rng(0), ON)
+    off, _ = run(case, graphs, np.random.default_rng(0), OFF)
+    assert_same(off, on)
+    internal = sum(g.num_vertices for g in graphs) - 3 * leaves
+    st_on, st_off = on.states[case.model.structures[0].name], off.states[case.model.structures[0].name]
+    assert st_off.copies["gather"] == 2 * internal and st_on.copies["gathered"] == 2 * internal
+    assert st_on.copies["gather"] == 0
+    text = str(explain(case.model, graphs, feeds, case.params))
+    assert f"gathered rows copied: 0.0% of {2 * internal}" in text
+
+
+def test_chains_sorted_by_length_gather_nothing():
+    rng = np.random.default_rng(5)
+    case = cells.chain_lstm(rng)
+    graphs = [InputGraph.chain(n) for n in (3, 7, 1, 5, 5, 2)]
+    on, _ = run(case, graphs, np.random.default_rng(1), ON)
+    off, _ = run(case, graphs, np.random.default_rng(1), OFF)
+    assert_same(off, on)
+    st = on.states[case.model.structures[0].name]
+    assert st.copies["gather"] == 0 and st.copies["gathered"] == sum((3, 7, 1, 5, 5, 2))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_irregular_trees_copy_only_what_is_not_strided(seed):
+    rng = np.random.default_rng(seed)
+    case = cells.binary_tree_lstm(rng)
+    graphs = [random_tree(rng, int(n), 2, full_binary=True) for n in rng.integers(1, 9, size=5)]
+    on, _ = run(case, graphs, np.random.default_rng(2), ON)
+    off, _ = run(case, graphs, np.random.default_rng(2), OFF)
+    assert_same(off, on)
+    st_on, st_off = (r.states[case.model.structures[0].name] for r in (on, off))
+    assert st_on.copies["gathered"] == st_off.copies["gathered"] == st_off.copies["gather"]
+    assert st_on.copies["gather"] <= st_off.copies["gather"]
