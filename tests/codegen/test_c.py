@@ -113,3 +113,52 @@ def test_unindexable_broadcast_falls_back():
     out = ops.tanh(x) * z
     (g,) = fuse(list(Graph([out]).nodes), [out])
     assert "other" in g.broadcast and cgen.build(g) is None
+
+
+def test_concurrent_builds_of_one_library(cache):
+    """Four processes build the same kernels at once: all succeed, and one library is left in the cache."""
+    import subprocess
+    import sys
+    import textwrap
+    script = textwrap.dedent("""
+        import numpy as np
+        from minicavs import ops
+        from minicavs.codegen import c as cgen
+        from minicavs.graph import Graph
+        from minicavs.passes.fusion import fuse
+        x = ops.input((None, 8), "float32", name="x")
+        out = ops.tanh(x) * ops.sigmoid(x) + 0.25
+        (g,) = fuse(list(Graph([out]).nodes), [out])
+        v = np.linspace(-3, 3, 32, dtype=np.float32).reshape(4, 8)
+        got = cgen.build(g)([v])
+        assert np.max(np.abs(got - g.evaluate([v]))) <= 1e-6
+    """)
+    procs = [subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True)
+             for _ in range(4)]
+    errors = [p.communicate()[1] for p in procs]
+    assert all(p.returncode == 0 for p in procs), errors
+    assert len([p for p in cache.iterdir() if p.suffix == ".so"]) == 1
+    assert not [p for p in cache.iterdir() if p.is_dir()]   # no temporary build directory left behind
+
+
+@pytest.mark.parametrize("op, ref", [(ops.tanh, np.tanh), (ops.exp, np.exp)])
+def test_float32_vector_math_accuracy_and_special_values(op, ref):
+    """The kernels' own exp/tanh (vecmath.py) against float64 numpy: a few ULP over the whole range,
+    NaN and infinities kept, overflow to inf and underflow to 0 where float32 does."""
+    x = ops.input((None, 64), "float32", name="x")
+    out = op(x) * 1.0 + 0.0   # a group of more than one node, as the engine builds them
+    (g,) = fuse(list(Graph([out]).nodes), [out])
+    v = np.concatenate([np.linspace(-110, 110, 64 * 400), np.geomspace(1e-30, 20, 64 * 100),
+                        -np.geomspace(1e-30, 20, 64 * 100)]).astype(np.float32).reshape(-1, 64)
+    got = cgen.build(g)([v]).astype(np.float64)
+    with np.errstate(over="ignore"):
+        want = ref(v.astype(np.float64))
+    representable = (np.abs(want) < np.finfo(np.float32).max) & (np.abs(want) > np.finfo(np.float32).tiny)
+    ulps = np.abs(got - want)[representable] / np.spacing(np.abs(want[representable]).astype(np.float32))
+    assert ulps.max() <= 8, ulps.max()
+    special = np.array([[np.nan, np.inf, -np.inf, 0.0, -0.0, 100.0, -200.0, 1e-40] * 8], np.float32)
+    s = cgen.build(g)([special])[0, :8]
+    with np.errstate(over="ignore"):
+        want_s = ref(special[0, :8])   # numpy's float32 result: exp(100) overflows to inf
+    assert np.isnan(s[0]) and np.array_equal(s[1:7], want_s[1:7])
+    assert abs(float(s[7]) - float(want_s[7])) <= 1e-44
