@@ -20,6 +20,7 @@ import numpy as np
 from .autodiff import grad
 from .executor import RunContext, eval_nodes
 from .graph import Graph
+from .codegen.c import row_kernels
 from .kernels import FUSED, lower
 from .memory import DynamicTensor, MemoryPlan
 from .ops import input as input_node
@@ -386,6 +387,7 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
     param_grads: dict = {}
     pool: dict = {}
     btensors, bstores = {}, {}
+    rows_k = row_kernels(dtype.np)
     active = []
     for kid, fn in enumerate(fns):
         if fn is not None and kid < len(plan.kinds) and plan.kinds[kid] is not None:
@@ -434,10 +436,8 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
                     start, step = view
                     if step:  # (step 0: only the sentinel row, whose gradient is discarded)
                         sgrad[start:start + step * (len(rows) - 1) + 1:step] += g
-                elif plan.forest:
-                    sgrad[rows] += g  # duplicate rows only at the discarded sentinel row n
-                else:
-                    np.add.at(sgrad, rows, g)
+                else:  # one pass over the task's rows; repeated rows (DAGs) add up in row order
+                    rows_k.scatter_add(sgrad, rows, np.broadcast_to(g, (len(rows),) + sgrad.shape[1:]))
             else:
                 pull_grads[leaf.name][kp.pull_rows[leaf.name][sl]] = g
         for name, gnode in fn.param_grads.items():

@@ -182,19 +182,7 @@ def build(groups: FusedGroup | Sequence[FusedGroup]) -> Kernel | None | list:
         prelude = "#include <math.h>\n" + (PRELUDE_F32 if any(g.output.dtype.name == "float32" for g in ok)
                                            else "")
         source = prelude + "\n".join(bodies)
-        key = hashlib.sha256("\n".join([source, " ".join(FLAGS), compiler_version(cc), target_cpu(),
-                                        str(CODEGEN_VERSION)]).encode()).hexdigest()[:24]
-        target = cache_dir() / f"fused-{key}.so"
-        if not target.exists():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-                src = Path(tmp) / "fused.c"
-                src.write_text(source)
-                so = Path(tmp) / "fused.so"
-                res = subprocess.run([cc, *FLAGS, str(src), "-o", str(so), "-lm"], capture_output=True, text=True)
-                if res.returncode:
-                    raise RuntimeError(f"C compiler failed on generated kernels ({src}):\n{res.stderr[-3000:]}")
-                os.replace(so, target)  # atomic: a concurrent build of the same library just replaces it
+        target = _compiled(source, cc, "fused")
         ffi = cffi.FFI()
         ffi.cdef("\n".join(decls))
         lib = ffi.dlopen(str(target))
@@ -203,3 +191,100 @@ def build(groups: FusedGroup | Sequence[FusedGroup]) -> Kernel | None | list:
             kernels[id(g)] = Kernel(g, getattr(lib, name), ffi, lib)
     out = [kernels.get(id(g)) for g in groups]
     return out[0] if single else out
+
+
+ROWS_SOURCE = """
+#include <string.h>
+void gather_rows_{T}(long n, long cols, const {T} *restrict src, long lds, const long *restrict idx,
+                     {T} *restrict dst, long ldd) {{
+    for (long r = 0; r < n; r++)
+        memcpy(dst + r * ldd, src + idx[r] * lds, (size_t)cols * sizeof({T}));
+}}
+void scatter_add_rows_{T}(long n, long cols, const {T} *restrict src, long lds, const long *restrict idx,
+                          {T} *restrict dst, long ldd) {{
+    for (long r = 0; r < n; r++) {{
+        {T} *d = dst + idx[r] * ldd;
+        const {T} *s = src + r * lds;
+        #pragma omp simd
+        for (long c = 0; c < cols; c++)
+            d[c] += s[c];
+    }}
+}}
+"""
+
+
+class RowKernels:
+    """Row movement for one dtype, all rows of a task in one call: ``gather`` (dst[r] = src[idx[r]]) and
+    ``scatter_add`` (dst[idx[r]] += src[r], in row order, so repeated indices — a DAG vertex with several
+    parents — add up deterministically). numpy's ``take`` / ``add.at`` when there is no compiler."""
+
+    def __init__(self, dtype):
+        import cffi
+        self.dtype = np.dtype(dtype)
+        T = {"float32": "float", "float64": "double"}[self.dtype.name]
+        self.lib = None
+        cc = compiler()
+        if cc is None:
+            return
+        source = ROWS_SOURCE.format(T=T)
+        ffi = cffi.FFI()
+        ffi.cdef(_row_decls(T))
+        self.lib = ffi.dlopen(str(_compiled(source, cc)))
+        self.ffi = ffi
+        self._gather = getattr(self.lib, f"gather_rows_{T}")
+        self._add = getattr(self.lib, f"scatter_add_rows_{T}")
+        self._cast = functools.partial(ffi.cast, ffi.typeof(f"{T} *"))
+        self._idx = functools.partial(ffi.cast, ffi.typeof("long *"))
+
+    def _rows(self, a: np.ndarray):
+        """(columns, row stride) of a 2-D array with unit column stride, else None (numpy handles it)."""
+        if a.dtype != self.dtype or a.ndim != 2 or (a.shape[1] > 1 and a.strides[1] != a.itemsize):
+            return None
+        return a.shape[1], a.strides[0] // a.itemsize
+
+    def scatter_add(self, dst: np.ndarray, idx: np.ndarray, src: np.ndarray) -> None:
+        d, s = self._rows(dst), self._rows(src)
+        if self.lib is None or d is None or s is None or d[0] != s[0] or idx.dtype != np.int64:
+            np.add.at(dst, idx, src)
+            return
+        idx = np.ascontiguousarray(idx)
+        self._add(len(idx), s[0], self._cast(src.ctypes.data), s[1], self._idx(idx.ctypes.data),
+                  self._cast(dst.ctypes.data), d[1])
+
+    def gather(self, src: np.ndarray, idx: np.ndarray) -> np.ndarray:
+        s = self._rows(src)
+        if self.lib is None or s is None or idx.dtype != np.int64:
+            return np.take(src, idx, axis=0)
+        out = np.empty((len(idx),) + src.shape[1:], src.dtype)
+        idx = np.ascontiguousarray(idx)
+        self._gather(len(idx), s[0], self._cast(src.ctypes.data), s[1], self._idx(idx.ctypes.data),
+                     self._cast(out.ctypes.data), s[0])
+        return out
+
+
+def _row_decls(T: str) -> str:
+    args = f"long n, long cols, const {T} *src, long lds, const long *idx, {T} *dst, long ldd"
+    return f"void gather_rows_{T}({args});\nvoid scatter_add_rows_{T}({args});"
+
+
+@functools.lru_cache(maxsize=None)
+def row_kernels(dtype) -> RowKernels:
+    return RowKernels(np.dtype(dtype).name)
+
+
+def _compiled(source: str, cc: str, stem: str = "rows") -> Path:
+    """The cached shared library of ``source`` (built once, atomically)."""
+    key = hashlib.sha256("\n".join([source, " ".join(FLAGS), compiler_version(cc), target_cpu(),
+                                    str(CODEGEN_VERSION)]).encode()).hexdigest()[:24]
+    target = cache_dir() / f"{stem}-{key}.so"
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+            src = Path(tmp) / f"{stem}.c"
+            src.write_text(source)
+            so = Path(tmp) / f"{stem}.so"
+            res = subprocess.run([cc, *FLAGS, str(src), "-o", str(so), "-lm"], capture_output=True, text=True)
+            if res.returncode:
+                raise RuntimeError(f"C compiler failed on generated kernels ({src}):\n{res.stderr[-3000:]}")
+            os.replace(so, target)  # atomic: a concurrent build of the same library just replaces it
+    return target

@@ -162,3 +162,26 @@ def test_float32_vector_math_accuracy_and_special_values(op, ref):
         want_s = ref(special[0, :8])   # numpy's float32 result: exp(100) overflows to inf
     assert np.isnan(s[0]) and np.array_equal(s[1:7], want_s[1:7])
     assert abs(float(s[7]) - float(want_s[7])) <= 1e-44
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_row_kernels_equal_numpy(dtype):
+    rng = np.random.default_rng(7)
+    rows = cgen.RowKernels(dtype)
+    src = rng.standard_normal((9, 6)).astype(dtype)
+    idx = np.array([3, 0, 3, 8, 8, 8, 1], np.int64)   # repeated rows: parents sharing a child
+    assert np.array_equal(rows.gather(src, idx), src[idx])
+    assert np.array_equal(rows.gather(src[:, 2:5], idx), src[idx, 2:5])   # strided rows
+    g = rng.standard_normal((7, 6)).astype(dtype)
+    want, got = np.zeros((9, 6), dtype), np.zeros((9, 6), dtype)
+    np.add.at(want, idx, g)
+    rows.scatter_add(got, idx, g)
+    assert np.allclose(got, want, rtol=1e-6 if dtype == "float32" else 1e-15)
+    got[:] = 0
+    rows.scatter_add(got, idx[:1], g[:1])    # a task of one row
+    assert np.array_equal(got[3], g[0]) and not got[np.arange(9) != 3].any()
+    half = np.zeros((9, 3), dtype)
+    rows.scatter_add(half, idx, g[:, ::2])  # a source with a column stride goes through numpy
+    want_half = np.zeros((9, 3), dtype)
+    np.add.at(want_half, idx, g[:, ::2])
+    assert np.allclose(half, want_half)
