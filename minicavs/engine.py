@@ -75,6 +75,7 @@ class Phases:
     groups: list = field(default_factory=lambda: [[], [], []])   # per phase: fused groups that became kernels
     without_concat: list | None = None   # the task program when the gather concat is a view (gather elision)
     inplace: set = field(default_factory=set)   # nodes whose step can write into a given ``out``
+    concats: list = field(default_factory=lambda: [[], [], []])   # per phase: (concat, [(member, a, b)])
 
 
 def _phases(nodes, classes, leaves, opts: EngineOptions, eager_leaves=()) -> Phases:
@@ -165,6 +166,9 @@ class CompiledFunction:
         self.gather_concat = next((n for n in self.row_fwd if n.op == "concat" and list(n.inputs) == slots
                                    and n.attrs["axis"] in (-1, n.ndim - 1) and len(slots) > 1
                                    and all(len(x.vshape) == 1 for x in slots)), None)
+        # The value the scatter tensor receives (``scatter`` is an identity op on it).
+        sc = self.scattered
+        self.scatter_source = sc.inputs[0] if sc is not None and sc.op == "scatter" else sc
         bwd_inputs = {x for n in self.row_bwd for x in n.inputs}
         self.fwd_tensors = [n for n in g.nodes if n.has_rows and n in bwd_inputs]
         self._phases: dict = {}
@@ -194,6 +198,8 @@ class CompiledFunction:
         for i, ph in enumerate((fwd, bwd)):
             ph.programs, ph.groups = programs[3 * i:3 * i + 3], groups[3 * i:3 * i + 3]
             ph.inplace = {o for gs in ph.groups for g in gs for o in g.outputs}
+            for p in (PRE, TASK, POST):
+                ph.programs[p], ph.concats[p] = _elide_concats(ph.programs[p])
 
     @property
     def params(self):
@@ -267,10 +273,50 @@ def _computed(program) -> list:
     return [x for node, *_, attrs, _ in program for x in (node if attrs is FUSED else (node,))]
 
 
-def _stores(tensors: dict, ph: Phases, p: int, computed) -> tuple[list, list]:
-    """The tensors phase ``p`` writes: (written in place by a kernel, copied after the program)."""
+def _elide_concats(program: list) -> tuple[list, list]:
+    """Concats along the last axis whose parts are all outputs of fused steps of this program: the kernels
+    write the parts straight into column blocks of the concat's buffer and the concat step disappears."""
+    made = {o for st in program if st[3] is FUSED for o in st[0]}
+    out, concats, taken = [], [], set()
+    for st in program:
+        n = st[0]
+        if (st[3] is not FUSED and n.op == "concat" and n.ndim == 2 and n.attrs["axis"] in (-1, 1)
+                and len(set(n.inputs)) == len(n.inputs) and all(x in made and x not in taken for x in n.inputs)):
+            bounds = np.cumsum([0] + [x.shape[1] for x in n.inputs])
+            concats.append((n, [(x, int(a), int(b)) for x, a, b in zip(n.inputs, bounds[:-1], bounds[1:])]))
+            taken.update(n.inputs)
+            continue
+        out.append(st)
+    return out, concats
+
+
+def _stores(tensors: dict, ph: Phases, p: int, computed) -> tuple[list, list, list]:
+    """The tensors phase ``p`` writes, split into (written in place by a step, copied after the
+    program), and the phase's elided concats. A concat's parts are written into the concat's buffer, so
+    a part stored in its own tensor is copied there; a concat stored in a tensor is its buffer."""
+    concats = ph.concats[p]
+    parts = {m for _, ms in concats for m, _, _ in ms}
+    direct = (ph.inplace - parts) | {c for c, _ in concats}
+    computed = list(computed) + [c for c, _ in concats if c not in computed]
     pairs = [(node, tensors[node]) for node in computed if node in tensors]
-    return [x for x in pairs if x[0] in ph.inplace], [x for x in pairs if x[0] not in ph.inplace]
+    return [x for x in pairs if x[0] in direct], [x for x in pairs if x[0] not in direct], concats
+
+
+def _concat_buffers(concats, outs: dict, local: dict, bs: int, scatter_rows=None, scattered=None) -> bool:
+    """Give each elided concat its buffer (its tensor's rows, the scatter tensor's rows of this task, or a
+    new array) and its parts their column blocks; True if the scatter tensor was written this way."""
+    direct_scatter = False
+    for c, parts in concats:
+        dest = outs.get(c)
+        if dest is None:
+            if c is scattered and scatter_rows is not None:
+                dest, direct_scatter = scatter_rows, True
+            else:
+                dest = np.empty((bs, c.shape[1]), c.dtype.np)
+        local[c] = dest
+        for m, a, b in parts:
+            outs[m] = dest[:, a:b]
+    return direct_scatter
 
 
 def _tensors(pool, kid, nodes, n):
@@ -339,9 +385,12 @@ def forward(fns: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContex
             if ph.phase[pnode] == p:
                 local[pnode] = np.take(pull_bufs[name], kp.pull_rows[name][sl], axis=0)
                 copies["pull"] += bs
-        inplace, copied = stores[kid][p]
-        _run(program, local, state.statics[kid], cctx, {node: t.buffer[sl] for node, t in inplace})
-        if fn.scattered is not None and ph.phase[fn.scattered] == p:
+        inplace, copied, concats = stores[kid][p]
+        outs = {node: t.buffer[sl] for node, t in inplace}
+        direct = concats and _concat_buffers(concats, outs, local, bs, state.scatter[grows] if isinstance(
+            grows, slice) else None, fn.scatter_source)
+        _run(program, local, state.statics[kid], cctx, outs)
+        if fn.scattered is not None and ph.phase[fn.scattered] == p and not direct:
             state.scatter[grows] = local[fn.scattered]
         for name, pnode in fn.pushes.items():
             if ph.phase[pnode] == p:
@@ -414,8 +463,11 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
                 local[ct] = np.take(push_grads[out.name], kp.push_rows[out.name][sl], axis=0)
             if ct in btensors[kid]:
                 btensors[kid][ct].buffer[sl] = local[ct]
-        inplace, copied = bstores[kid][p]
-        _run(ph.programs[p], local, static, cctx, {node: t.buffer[sl] for node, t in inplace})
+        inplace, copied, concats = bstores[kid][p]
+        outs = {node: t.buffer[sl] for node, t in inplace}
+        if concats:
+            _concat_buffers(concats, outs, local, bs)
+        _run(ph.programs[p], local, static, cctx, outs)
         for node, t in copied:
             t.buffer[sl] = local[node]
         return local

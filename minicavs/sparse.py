@@ -21,11 +21,16 @@ class RowSparse:
         return self.rows.dtype
 
     def coalesce(self, xp=np) -> "RowSparse":
-        """Sum repeated indices: unique sorted indices, one row each."""
-        uniq, inv = xp.unique(self.indices, return_inverse=True)
-        rows = xp.zeros((len(uniq),) + tuple(self.shape[1:]), dtype=self.rows.dtype)
-        xp.add.at(rows, inv.reshape(-1), self.rows)
-        return RowSparse(uniq, rows, self.shape)
+        """Sum repeated indices: unique sorted indices, one row each. A stable sort and one segmented sum
+        (``add.reduceat``), so repeated rows add in their original order (deterministic) and fast."""
+        idx = self.indices.reshape(-1)
+        if len(idx) == 0:
+            return RowSparse(idx, self.rows.reshape((0,) + tuple(self.shape[1:])), self.shape)
+        order = xp.argsort(idx, kind="stable")
+        sidx = idx[order]
+        starts = xp.flatnonzero(xp.concatenate((xp.ones(1, bool), sidx[1:] != sidx[:-1])))
+        rows = xp.add.reduceat(self.rows[order], starts, axis=0)
+        return RowSparse(sidx[starts], rows, self.shape)
 
     def to_dense(self, xp=np):
         out = xp.zeros(self.shape, dtype=self.rows.dtype)

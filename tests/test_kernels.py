@@ -35,7 +35,9 @@ def test_tree_lstm_internal_task_runs_one_kernel_forward_and_one_backward():
     assert len(elementwise) == 12 and set(step[1].group.nodes) == set(elementwise)
     assert {"sigmoid", "tanh", "mul", "add"} == {n.op for n in elementwise}
     unfused, _ = internal.phases(OFF)
-    assert len(fwd.programs[TASK]) == len(unfused.programs[TASK]) - len(elementwise) + 1
+    # The scattered [h, c] is not copied: the kernel writes h and c into the scatter tensor's rows.
+    assert [c for c, _ in fwd.concats[TASK]] == [internal.scatter_source] == [internal.scattered.inputs[0]]
+    assert len(fwd.programs[TASK]) == len(unfused.programs[TASK]) - len(elementwise) + 1 - 1
     # ∂F per task: the gradients through the gates and the cell are one kernel too.
     (bstep,) = fused_steps(bwd.programs[TASK])
     assert len(bstep[1].group.nodes) >= 10
