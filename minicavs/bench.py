@@ -1,11 +1,18 @@
-"""``minicavs bench``: the measuring stick of the engine passes.
+"""``minicavs bench``: training throughput against peers measured in the same run, and the switch ablation.
 
-Workload: binary Tree-LSTM training (forward, backward, Adam update, sparse embedding rows as in DyNet) on the first 1024 trees of SST train,
-embeddings 128, batch 64 trees, float32. Prints trees/s for minicavs and, given a Python that has DyNet 2.2
-(`pip install dynet38` in its own environment, `--dynet-python`), for the same model in DyNet with
-autobatching (tools/dynet_tree_lstm.py), in one run, after checking both compute the same loss for the same
-weights. ``--ablation`` prints the speedup of each engine switch over all-off (the paper's Fig. 10) on
-Tree-LSTM and Fixed-LSTM. Medians over the timed epochs; the machine is noisy.
+Workloads (float32, Adam, forward + backward + update; medians over the timed epochs after a warm-up):
+- ``tree_lstm``: binary Tree-LSTM on the first 1024 SST train trees, embeddings 128, batch 64, sparse
+  embedding updates (as DyNet updates lookup parameters); peer: DyNet with autobatching
+  (tools/dynet_tree_lstm.py, ``--dynet-python``).
+- ``tree_fc``: Tree-FC on complete binary trees of 256 leaves, hidden 256, batch 64; peer: PyTorch batched
+  by level by hand (tools/torch_tree_fc.py, ``--torch-python``).
+- ``var_lstm``: LSTM LM on the first 2000 sentences of PTB's ptb.valid.txt (vocabulary from that file),
+  hidden 512, embeddings 256, batch 64; peer: PyTorch ``nn.LSTM`` on packed sequences (tools/torch_lstm_lm.py).
+Before timing, each peer computes the loss of a few samples with minicavs' weights; the check is printed.
+Each model's useful matmul FLOPs (the equations' products, no rows of zeros; forward + backward = 3x forward)
+give its achieved rate as a fraction of this machine's numpy float32 2048^3 matmul rate, measured here.
+Peers run in their own environments: tools/setup_peers.sh. ``--ablation`` prints each engine switch's
+speedup over all switches off (the paper's Fig. 10) on Tree-LSTM and Fixed-LSTM.
 """
 from __future__ import annotations
 
@@ -15,6 +22,7 @@ import os
 import subprocess
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -23,9 +31,12 @@ from .config import REPO_ROOT, load_config
 from .engine import EngineOptions
 from .training import Trainer
 
-SWITCHES = {"all off": EngineOptions(False, False), "lazy batching": EngineOptions(True, False),
-            "eager batching": EngineOptions(False, True), "streaming": EngineOptions(False, False, True),
-            "lazy + eager (default)": EngineOptions(True, True), "all on": EngineOptions(True, True, True)}
+OFF = EngineOptions(lazy_batching=False, eager_batching=False, fusion=False, gather_elision=False)
+SWITCHES = {"all off": OFF, "lazy batching": replace(OFF, lazy_batching=True),
+            "eager batching": replace(OFF, eager_batching=True), "streaming": replace(OFF, streaming=True),
+            "fusion": replace(OFF, fusion=True), "gather elision": replace(OFF, gather_elision=True),
+            "default (all but streaming)": EngineOptions(), "all on": EngineOptions(streaming=True)}
+WORKLOADS = ("tree_lstm", "tree_fc", "var_lstm")
 
 
 def models_dir() -> Path:
@@ -35,31 +46,90 @@ def models_dir() -> Path:
     raise FileNotFoundError("minicavs bench needs the models/ directory of the repository (run it from there)")
 
 
+def tool(name: str) -> Path:
+    for d in (REPO_ROOT / "tools", Path.cwd() / "tools"):
+        if (d / name).is_file():
+            return d / name
+    raise FileNotFoundError(f"tools/{name} not found (run minicavs bench from the repository)")
+
+
+def _trainer(config: str, overrides: list, opts: EngineOptions) -> Trainer:
+    t = Trainer(load_config(models_dir() / config, overrides), run_dir=tempfile.mkdtemp(prefix="minicavs-bench-"))
+    t.model.options = opts
+    return t
+
+
 def tree_lstm(sst: str, hidden: int, embed: int, batch: int, trees: int, opts: EngineOptions) -> Trainer:
-    cfg = load_config(models_dir() / "tree_lstm.yaml", [
+    return _trainer("tree_lstm.yaml", [
         f"data.train={sst}", "data.dev=null", "data.test=null", f"data.limit={trees}", f"model.hidden={hidden}",
         f"model.embed={embed}", "model.dropout=0.0", "train.optimizer=adam", "train.lr=0.001",
-        f"train.batch_size={batch}", "train.weight_decay=0.0", "train.sparse_updates=true"])
-    t = Trainer(cfg, run_dir=tempfile.mkdtemp(prefix="minicavs-bench-"))
-    t.model.options = opts
+        f"train.batch_size={batch}", "train.weight_decay=0.0", "train.sparse_updates=true"], opts)
+
+
+def tree_fc(hidden: int, leaves: int, batch: int, trees: int, opts: EngineOptions) -> Trainer:
+    return _trainer("tree_fc.yaml", [f"model.hidden={hidden}", f"model.leaves={leaves}", f"train.batch_size={batch}",
+                                     f"data.synthetic.train={trees}", "data.dev=null"], opts)
+
+
+def var_lstm(text: str, sentences: int, hidden: int, embed: int, batch: int, opts: EngineOptions) -> Trainer:
+    t = _trainer("var_lstm.yaml", [f"data.train={text}", "data.dev=null", "data.test=null", "model.dropout=0.0",
+                                   f"model.hidden={hidden}", f"model.embed={embed}", f"train.batch_size={batch}",
+                                   "train.lr=0.001"], opts)
+    t.task.data["train"] = t.task.data["train"][:sentences]
     return t
 
 
 def fixed_lstm(text: str | None, hidden: int, batch: int, opts: EngineOptions) -> Trainer:
     data = [f"data.train={text}", "data.dev=null", "data.test=null"] if text else \
         ["data.synthetic.train=1500", "data.synthetic.vocab=2000", "data.dev=null", "data.test=null"]
-    cfg = load_config(models_dir() / "fixed_lstm.yaml", data + [
-        f"model.hidden={hidden}", "model.embed=128", "model.dropout=0.0", f"train.batch_size={batch}"])
-    t = Trainer(cfg, run_dir=tempfile.mkdtemp(prefix="minicavs-bench-"))
+    t = _trainer("fixed_lstm.yaml", data + [f"model.hidden={hidden}", "model.embed=128", "model.dropout=0.0",
+                                            f"train.batch_size={batch}"], opts)
     t.task.data["train"] = t.task.data["train"][:batch * 8]
-    t.model.options = opts
     return t
 
 
+# --- useful matmul FLOPs of one forward pass (the equations' products; backward counts 2x more) ---------
+
+def tree_lstm_flops(trees, embed: int, hidden: int, classes: int = 5) -> float:
+    """Leaf: x·W (E x 3H); internal: [h1; h2]·U (2H x 3H) and h_k·U_fk (H x H, twice); classifier at
+    every vertex (H x C)."""
+    leaves = sum(sum(1 for ch in t.children if not ch) for t in trees)
+    vertices = sum(len(t.children) for t in trees)
+    internal = vertices - leaves
+    H = hidden
+    return 2.0 * (leaves * embed * 3 * H + internal * (2 * H * 3 * H + 2 * H * H) + vertices * H * classes)
+
+
+def tree_fc_flops(trees: int, leaves: int, hidden: int) -> float:
+    """Leaves x·W_l (H x H), internal [h_l; h_r]·W (2H x H), root h·w_o (H x 1)."""
+    H = hidden
+    return 2.0 * trees * (leaves * H * H + (leaves - 1) * 2 * H * H + H)
+
+
+def lstm_lm_flops(lengths, embed: int, hidden: int, vocab: int) -> float:
+    """Per step x·W_x (D x 4H) and the softmax layer (H x V); h·W_h (H x 4H) except at the first step,
+    whose h is zero."""
+    steps = float(sum(lengths))
+    H = hidden
+    return 2.0 * (steps * (embed * 4 * H + H * vocab) + (steps - len(lengths)) * H * 4 * H)
+
+
+def machine_rate(repeats: int = 5) -> float:
+    """Median FLOP/s of numpy float32 2048 x 2048 x 2048 matmuls in this process."""
+    a = np.random.default_rng(0).standard_normal((2048, 2048)).astype(np.float32)
+    times = []
+    for _ in range(repeats + 1):
+        start = time.perf_counter()
+        a @ a
+        times.append(time.perf_counter() - start)
+    return 2 * 2048 ** 3 / float(np.median(times[1:]))
+
+
 def throughput(t: Trainer, epochs: int) -> list[float]:
-    """Samples per second of each timed epoch (one warm-up epoch first)."""
+    """Units (trees or words) per second of each timed epoch (one warm-up epoch first)."""
     data = t.task.data["train"]
     bs = t.cfg["train"]["batch_size"]
+    units = t.task.units(data)
     rates = []
     for epoch in range(epochs + 1):
         start = time.perf_counter()
@@ -67,15 +137,27 @@ def throughput(t: Trainer, epochs: int) -> list[float]:
             res = t.loss_and_grads(data[i:i + bs])
             t.optimizer.step(res.grads, loss=res.loss)
         if epoch:
-            rates.append(len(data) / (time.perf_counter() - start))
+            rates.append(units / (time.perf_counter() - start))
     return rates
+
+
+def _peer(python: str, script: str, spec: dict, arrays: dict) -> dict:
+    """Run a peer script in its own environment with weights and data handed over as .npz files."""
+    with tempfile.TemporaryDirectory() as d:
+        for name, content in arrays.items():
+            np.savez(os.path.join(d, f"{name}.npz"), **content)
+            spec[name] = os.path.join(d, f"{name}.npz")
+        with open(os.path.join(d, "spec.json"), "w") as f:
+            json.dump(spec, f)
+        out = subprocess.run([python, str(tool(script)), os.path.join(d, "spec.json")], capture_output=True,
+                             text=True)
+    if out.returncode:
+        raise RuntimeError(f"{script} failed:\n{out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def dynet(python: str, t: Trainer, check_trees: int, epochs: int) -> dict:
     """Run tools/dynet_tree_lstm.py with this trainer's current weights and trees."""
-    tool = REPO_ROOT / "tools" / "dynet_tree_lstm.py"
-    if not tool.is_file():
-        tool = Path.cwd() / "tools" / "dynet_tree_lstm.py"
     trees = []
     for tree in t.task.data["train"]:
         _, ids, labels = t.task._prepared(tree)
@@ -89,47 +171,108 @@ def dynet(python: str, t: Trainer, check_trees: int, epochs: int) -> dict:
                 "check_trees": check_trees}
         with open(os.path.join(d, "spec.json"), "w") as f:
             json.dump(spec, f)
-        out = subprocess.run([python, str(tool), os.path.join(d, "spec.json")], capture_output=True, text=True,
-                             env={**os.environ, "OMP_NUM_THREADS": "1"})
+        out = subprocess.run([python, str(tool("dynet_tree_lstm.py")), os.path.join(d, "spec.json")],
+                             capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     if out.returncode:
         raise RuntimeError(f"DyNet run failed:\n{out.stderr[-2000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    return {"check_loss": res["check_loss"], "rates": res["trees_per_s"]}
+
+
+def _check_line(name: str, k: int, unit: str, ours: float, theirs: float) -> str:
+    rel = abs(ours - theirs) / max(1.0, abs(ours))
+    return (f"    same loss for the same weights on {k} {unit}: {'yes' if rel < 1e-4 else 'NO'} "
+            f"(minicavs {ours:.6f}, {name} {theirs:.6f})")
+
+
+def _report(label: str, unit: str, rate: float, flops: float, machine: float, peer: str | None,
+            ref: dict | None) -> None:
+    line = (f"  {label:<34} minicavs {rate:9.1f} {unit}/s   matmul rate {rate * flops / 1e9:6.1f} GFLOP/s "
+            f"= {100 * rate * flops / machine:4.1f}% of the machine")
+    if ref is not None:
+        theirs = float(np.median(ref["rates"]))
+        line += f"   {peer} {theirs:9.1f} {unit}/s   ratio {rate / theirs:5.2f}x"
+    print(line)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
     p.add_argument("--sst", default="../shared/data/sst/train.txt", help="SST train file")
-    p.add_argument("--hidden", type=int, nargs="+", default=[128, 512])
-    p.add_argument("--embed", type=int, default=128)
+    p.add_argument("--ptb", default="../shared/data/ptb/ptb.valid.txt", help="text of the LM workloads")
+    p.add_argument("--hidden", type=int, nargs="+", default=[128, 512], help="Tree-LSTM hidden sizes")
+    p.add_argument("--embed", type=int, default=128, help="Tree-LSTM embedding size")
     p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--trees", type=int, default=1024)
+    p.add_argument("--trees", type=int, default=1024, help="SST trees per Tree-LSTM epoch")
+    p.add_argument("--fc-trees", type=int, default=512, help="trees per Tree-FC epoch")
+    p.add_argument("--sentences", type=int, default=2000, help="sentences per Var-LSTM epoch")
     p.add_argument("--epochs", type=int, default=3, help="timed epochs (after one warm-up epoch)")
-    p.add_argument("--dynet-python", default=None, help="a python with dynet38 installed")
+    p.add_argument("--dynet-python", default=None, help="a python with dynet38 (tools/setup_peers.sh)")
+    p.add_argument("--torch-python", default=None, help="a python with torch (tools/setup_peers.sh)")
     p.add_argument("--ablation", action="store_true", help="speedup of each switch over all-off (Fig. 10)")
-    p.add_argument("--ptb", default="../shared/data/ptb/ptb.valid.txt", help="text for the Fixed-LSTM ablation")
 
 
 def run(args: argparse.Namespace) -> int:
-    if not os.path.isfile(args.sst):
-        raise FileNotFoundError(f"SST train file not found: {args.sst} (pass --sst)")
-    print(f"Tree-LSTM training: first {args.trees} SST trees, embeddings {args.embed}, batch {args.batch}, "
-          f"float32, Adam; median of {args.epochs} epochs after a warm-up")
-    for h in args.hidden:
-        t = tree_lstm(args.sst, h, args.embed, args.batch, args.trees, SWITCHES["lazy + eager (default)"])
-        line = f"  hidden {h:>4}: minicavs "
+    machine = machine_rate()
+    print(f"machine: numpy float32 2048^3 matmul {machine / 1e9:.1f} GFLOP/s (median of 5); "
+          f"medians of {args.epochs} timed epochs after a warm-up; float32, Adam")
+    if "tree_lstm" in args.workloads:
+        if not os.path.isfile(args.sst):
+            raise FileNotFoundError(f"SST train file not found: {args.sst} (pass --sst)")
+        print(f"Tree-LSTM: first {args.trees} SST trees, embeddings {args.embed}, batch {args.batch}")
+        for h in args.hidden:
+            t = tree_lstm(args.sst, h, args.embed, args.batch, args.trees, EngineOptions())
+            ref = None
+            if args.dynet_python:
+                check = t.task.data["train"][:8]
+                ref = dynet(args.dynet_python, t, len(check), args.epochs)
+                print(_check_line("DyNet", len(check), "trees", t.loss_and_grads(check, training=False).loss,
+                                  ref["check_loss"]))
+            flops = 3 * tree_lstm_flops(t.task.data["train"], args.embed, h) / len(t.task.data["train"])
+            _report(f"hidden {h}", "trees", float(np.median(throughput(t, args.epochs))), flops, machine,
+                    "DyNet (autobatching)", ref)
+    if "tree_fc" in args.workloads:
+        H, L = 256, 256
+        print(f"Tree-FC: {args.fc_trees} complete binary trees of {L} leaves, hidden {H}, batch {args.batch}")
+        t = tree_fc(H, L, args.batch, args.fc_trees, EngineOptions())
         ref = None
-        if args.dynet_python:
-            check = t.task.data["train"][:8]
-            ours = t.loss_and_grads(check, training=False).loss
-            ref = dynet(args.dynet_python, t, len(check), args.epochs)
-            rel = abs(ours - ref["check_loss"]) / max(1.0, abs(ours))
-            print(f"  hidden {h:>4}: same loss for the same weights on {len(check)} trees: "
-                  f"{'yes' if rel < 1e-4 else 'NO'} (minicavs {ours:.6f}, DyNet {ref['check_loss']:.6f})")
-        rate = float(np.median(throughput(t, args.epochs)))
-        line += f"{rate:8.1f} trees/s"
-        if ref:
-            dy = float(np.median(ref["trees_per_s"]))
-            line += f"   DyNet (autobatching) {dy:8.1f} trees/s   ratio {rate / dy:5.2f}x"
-        print(line)
+        if args.torch_python:
+            data = t.task.data["train"]
+            check = data[:4]
+            ref = _peer(args.torch_python, "torch_tree_fc.py",
+                        {"batch": args.batch, "lr": t.cfg["train"]["lr"], "epochs": args.epochs,
+                         "check_trees": len(check)},
+                        {"weights": {k: p.value for k, p in t.params.items()},
+                         "data": {"xs": np.stack([x for x, _ in data]), "ys": np.array([y for _, y in data])}})
+            print(_check_line("PyTorch", len(check), "trees", t.loss_and_grads(check, training=False).loss,
+                              ref["check_loss"]))
+        _report(f"leaves {L}, hidden {H}", "trees", float(np.median(throughput(t, args.epochs))),
+                3 * tree_fc_flops(1, L, H), machine, "PyTorch (by level)", ref)
+    if "var_lstm" in args.workloads:
+        if not os.path.isfile(args.ptb):
+            raise FileNotFoundError(f"PTB text not found: {args.ptb} (pass --ptb)")
+        H, D = 512, 256
+        t = var_lstm(args.ptb, args.sentences, H, D, args.batch, EngineOptions())
+        data = t.task.data["train"]
+        V = len(t.task.vocab)
+        print(f"Var-LSTM LM: first {len(data)} sentences of {os.path.basename(args.ptb)} "
+              f"({t.task.units(data)} words), vocabulary {V} from that file, hidden {H}, embeddings {D}, "
+              f"batch {args.batch}")
+        ref = None
+        if args.torch_python:
+            check = data[:8]
+            lens = [len(x) for x, _ in data]
+            ref = _peer(args.torch_python, "torch_lstm_lm.py",
+                        {"batch": args.batch, "lr": t.cfg["train"]["lr"], "epochs": args.epochs,
+                         "check_sentences": len(check)},
+                        {"weights": {k: p.value for k, p in t.params.items()},
+                         "data": {"inputs": np.concatenate([x for x, _ in data]),
+                                  "targets": np.concatenate([y for _, y in data]),
+                                  "ptr": np.concatenate(([0], np.cumsum(lens)))}})
+            print(_check_line("PyTorch", len(check), "sentences", t.loss_and_grads(check, training=False).loss,
+                              ref["check_loss"]))
+        flops = 3 * lstm_lm_flops([len(x) for x, _ in data], D, H, V) / t.task.units(data)
+        _report("hidden 512", "words", float(np.median(throughput(t, args.epochs))), flops, machine,
+                "PyTorch nn.LSTM (packed)", ref)
     if args.ablation:
         print("\nspeedup over all switches off (Fig. 10), median epoch time ratio")
         ptb = args.ptb if os.path.isfile(args.ptb) else None

@@ -1,0 +1,73 @@
+"""The bench's Var-LSTM language model in PyTorch (CPU): nn.LSTM over packed sequences.
+
+Same function as models/var_lstm.py without dropout: sentence w_1..w_n reads <eos> w_1..w_n and predicts
+w_1..w_n <eos>; [i, f, o, u] = x·W_x + h·W_h + b (minicavs' gate order; PyTorch's is i, f, g, o, so the
+weights are permuted here), zero initial state, softmax over the vocabulary at every step, loss = summed
+cross-entropy / sentences. Runs in its own environment (tools/setup_peers.sh), imports nothing from minicavs;
+one JSON spec in (weights and data as .npz), one JSON line out: the loss of the first sentences for the given
+weights (no update) and words/s (predictions per second) of each timed epoch (forward, backward, Adam).
+
+    python tools/torch_lstm_lm.py SPEC.json
+"""
+import json
+import sys
+import time
+
+import numpy as np
+
+
+def main(path):
+    import torch
+    from torch.nn.utils.rnn import pack_sequence
+    spec = json.load(open(path))
+    torch.set_num_threads(spec.get("threads", 2))
+    w = np.load(spec["weights"])
+    data = np.load(spec["data"])
+    ptr = data["ptr"]
+    inputs = [torch.from_numpy(data["inputs"][a:b]) for a, b in zip(ptr[:-1], ptr[1:])]
+    targets = [torch.from_numpy(data["targets"][a:b]) for a, b in zip(ptr[:-1], ptr[1:])]
+    V, D = w["E"].shape
+    H = w["W_h"].shape[0]
+    blocks = [slice(0, H), slice(H, 2 * H), slice(3 * H, 4 * H), slice(2 * H, 3 * H)]   # i, f, u(g), o
+    perm = np.concatenate([np.arange(4 * H)[s] for s in blocks])
+    emb = torch.nn.Embedding(V, D)
+    lstm = torch.nn.LSTM(D, H)
+    out = torch.nn.Linear(H, V)
+    with torch.no_grad():
+        emb.weight.copy_(torch.from_numpy(w["E"]))
+        lstm.weight_ih_l0.copy_(torch.from_numpy(np.ascontiguousarray(w["W_x"][:, perm].T)))
+        lstm.weight_hh_l0.copy_(torch.from_numpy(np.ascontiguousarray(w["W_h"][:, perm].T)))
+        lstm.bias_ih_l0.copy_(torch.from_numpy(w["b"][perm]))
+        lstm.bias_hh_l0.zero_()
+        out.weight.copy_(torch.from_numpy(np.ascontiguousarray(w["W_o"].T)))
+        out.bias.copy_(torch.from_numpy(w["b_o"]))
+    params = list(emb.parameters()) + list(lstm.parameters()) + list(out.parameters())
+
+    def loss_fn(xs, ys):
+        packed = pack_sequence([emb(x) for x in xs], enforce_sorted=False)
+        h, _ = lstm(packed)
+        gold = pack_sequence(ys, enforce_sorted=False)   # the same (sorted) packing order as h
+        return torch.nn.functional.cross_entropy(out(h.data), gold.data, reduction="sum") / len(xs)
+
+    k = spec["check_sentences"]
+    with torch.no_grad():
+        check_loss = float(loss_fn(inputs[:k], targets[:k]))
+    opt = torch.optim.Adam(params, lr=spec["lr"])
+    bs, n = spec["batch"], len(inputs)
+    words = sum(len(y) for y in targets)
+    rates = []
+    for epoch in range(spec["epochs"] + 1):   # the first epoch warms up
+        start = time.perf_counter()
+        for i in range(0, n, bs):
+            opt.zero_grad()
+            loss = loss_fn(inputs[i:i + bs], targets[i:i + bs])
+            loss.backward()
+            opt.step()
+        if epoch:
+            rates.append(words / (time.perf_counter() - start))
+    print(json.dumps({"check_loss": check_loss, "rates": rates, "threads": torch.get_num_threads(),
+                      "torch": torch.__version__}))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
