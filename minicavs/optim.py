@@ -29,6 +29,7 @@ Row-sparse gradients (:class:`~minicavs.sparse.RowSparse`, the gradient of an em
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Iterable, Mapping
 
@@ -36,6 +37,7 @@ import numpy as np
 
 from .errors import NonFiniteError
 from .nn.parameter import Parameter
+from .codegen.library import library
 from .sparse import RowSparse
 
 Grad = Any  # np.ndarray | RowSparse
@@ -73,6 +75,22 @@ class Optimizer:
         """Return (new value, {slot: new slot}) for step number ``t`` (1-based); must not modify inputs."""
         raise NotImplementedError
 
+    def _prepare(self, value, g, slots, t: int, wd: float):
+        """Check one parameter's update without changing anything: returns (not finite?, apply), where
+        ``apply()`` writes the update into ``value`` and ``slots`` in place. Here: :meth:`rule` on the
+        L2-decayed gradient; Adam and Adagrad run a compiled kernel twice instead (check, then apply), which
+        touches memory far less than numpy's temporaries."""
+        if wd:
+            g = g + wd * value
+        new, new_slots = self.rule(value, g, slots, t)
+        bad = not all(np.isfinite(a).all() for a in (new, *new_slots.values()))
+
+        def apply():
+            value[...] = new
+            for k, a in new_slots.items():
+                slots[k][...] = a
+        return bad, apply
+
     def hyper(self) -> dict:
         """Hyperparameters, recorded in :meth:`state_dict` for reference."""
         return {"lr": self.lr, "weight_decay": self.weight_decay, "clip_norm": self.clip_norm,
@@ -96,26 +114,23 @@ class Optimizer:
         with np.errstate(over="ignore", invalid="ignore"):  # overflow is caught below, as NonFiniteError
             for p, g in checked:
                 slots = self.state[p.name]
-                if isinstance(g, RowSparse):
-                    idx = g.indices
-                    value = p.value[idx]
-                    rows = g.rows
-                    if self.weight_decay and p.weight_decay:
-                        rows = rows + self.weight_decay * value
-                    new, new_slots = self.rule(value, rows, {s: a[idx] for s, a in slots.items()}, t)
+                wd = self.weight_decay if p.weight_decay else 0.0
+                if isinstance(g, RowSparse):   # lazy: update gathered copies of the rows, scatter them back
+                    idx, value, grad = g.indices, p.value[g.indices], g.rows
+                    slots = {s: a[idx] for s, a in slots.items()}
                 else:
-                    idx = Ellipsis
-                    if self.weight_decay and p.weight_decay:
-                        g = g + self.weight_decay * p.value
-                    new, new_slots = self.rule(p.value, g, slots, t)
-                if not all(np.isfinite(a).all() for a in (new, *new_slots.values())):
+                    idx, value, grad = None, p.value, g
+                bad, apply = self._prepare(value, grad, slots, t, wd)
+                if bad:
                     raise NonFiniteError(f"update of parameter '{p.name}' is not finite (learning rate or "
                                          "gradient too large?); no parameter was updated")
-                updates.append((p, idx, new, new_slots))
-        for p, idx, new, new_slots in updates:  # commit: plain copies, nothing here can fail
-            p.value[idx] = new
-            for s, a in new_slots.items():
-                self.state[p.name][s][idx] = a
+                updates.append((p, idx, value, slots, apply))
+        for p, idx, value, slots, apply in updates:  # commit: every update was checked, nothing can fail
+            apply()
+            if idx is not None:
+                p.value[idx] = value
+                for s, a in slots.items():
+                    self.state[p.name][s][idx] = a
         self.steps = t
         return norm
 
@@ -194,6 +209,11 @@ class Optimizer:
         self.steps = int(state["steps"])
 
 
+def _inplace(*arrays) -> bool:
+    """Can a compiled kernel update these arrays in place (writable, C-contiguous)?"""
+    return all(a.flags.c_contiguous and a.flags.writeable for a in arrays)
+
+
 def _check_sparse(p: Parameter, g: RowSparse) -> RowSparse:
     shape = p.value.shape
     idx, rows = np.asarray(g.indices), np.asarray(g.rows)
@@ -256,6 +276,14 @@ class Adagrad(Optimizer):
     def hyper(self) -> dict:
         return {**super().hyper(), "eps": self.eps}
 
+    def _prepare(self, value, g, slots, t, wd):
+        lib = library(value.dtype)
+        if lib is None or not _inplace(value, *slots.values()):
+            return super()._prepare(value, g, slots, t, wd)
+        g = np.ascontiguousarray(g, value.dtype)
+        run = functools.partial(lib.adagrad, value, g, slots["sum_sq"], self.lr, self.eps, wd)
+        return run(apply=False) > 0, functools.partial(run, apply=True)
+
     def rule(self, value, g, slots, t):
         acc = slots["sum_sq"] + g * g
         return value - self.lr * g / (np.sqrt(acc) + self.eps), {"sum_sq": acc}
@@ -276,6 +304,15 @@ class Adam(Optimizer):
 
     def hyper(self) -> dict:
         return {**super().hyper(), "beta1": self.beta1, "beta2": self.beta2, "eps": self.eps}
+
+    def _prepare(self, value, g, slots, t, wd):
+        lib = library(value.dtype)
+        if lib is None or not _inplace(value, *slots.values()):
+            return super()._prepare(value, g, slots, t, wd)
+        g = np.ascontiguousarray(g, value.dtype)
+        run = functools.partial(lib.adam, value, g, slots["m"], slots["v"], self.lr, self.beta1, self.beta2,
+                                1.0 - self.beta1 ** t, 1.0 - self.beta2 ** t, self.eps, wd)
+        return run(apply=False) > 0, functools.partial(run, apply=True)
 
     def rule(self, value, g, slots, t):
         m = self.beta1 * slots["m"] + (1.0 - self.beta1) * g

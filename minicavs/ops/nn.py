@@ -80,8 +80,20 @@ def _check_labels(xp, labels, classes):
         raise FeedError(f"softmax_cross_entropy: label {bad} out of range for {classes} classes")
 
 
+def _compiled(xp, dtype):
+    """The C row kernels (codegen/library.py) for numpy arrays of a float dtype, else None."""
+    if xp is not np:
+        return None
+    from ..codegen.library import library
+    return library(dtype)
+
+
 def _xent_impl(xp, logits, labels, *weight):
     _check_labels(xp, labels, logits.shape[-1])
+    lib = _compiled(xp, logits.dtype)
+    if lib is not None and logits.ndim >= 1 and logits.shape[-1]:   # one pass per row, no temporaries
+        loss = lib.xent(logits, labels)
+        return loss * weight[0] if weight else loss
     m = xp.max(logits, axis=-1, keepdims=True)
     lse = (m + xp.log(xp.sum(xp.exp(logits - m), axis=-1, keepdims=True)))[..., 0]  # one (rows, classes) temp
     loss = lse - xp.take_along_axis(logits, labels[..., None].astype(np.intp), axis=-1)[..., 0]
@@ -96,6 +108,9 @@ def _xent_vjp(g, y, logits, labels, *weight):
 
 
 def _xent_grad_impl(xp, g, logits, labels):
+    lib = _compiled(xp, logits.dtype)
+    if lib is not None and logits.ndim >= 1 and logits.shape[-1]:
+        return lib.xent_grad(xp.asarray(g, logits.dtype), logits, labels)
     p = _softmax_impl(xp, logits, -1)          # a fresh array: updated in place below
     idx = labels[..., None].astype(np.intp)
     xp.put_along_axis(p, idx, xp.take_along_axis(p, idx, axis=-1) - 1, axis=-1)
