@@ -34,7 +34,8 @@ class RowSparse:
 
     def to_dense(self, xp=np):
         out = xp.zeros(self.shape, dtype=self.rows.dtype)
-        xp.add.at(out, self.indices, self.rows)
+        c = self.coalesce(xp)
+        out[c.indices] = c.rows   # unique indices: a plain assignment, no add.at
         return out
 
     def scale(self, s) -> "RowSparse":
@@ -56,5 +57,6 @@ def add_all(xp, xs):
     for d in dense[2:]:
         out += d
     for s in sparse:
-        xp.add.at(out, s.indices, s.rows)
+        c = s.coalesce(xp)
+        out[c.indices] += c.rows
     return out

@@ -42,9 +42,9 @@ class Parameter:
         if not self.dtype.is_float:
             raise ValueError(f"parameter '{name}': dtype {self.dtype.name} is not a float type")
         if isinstance(init, np.ndarray):
-            value = np.array(init, dtype=self.dtype.np)
-        else:
-            value = np.asarray(get_initializer(init)(shape, _rng_for(name, rng))).astype(self.dtype.np)
+            value = np.array(init, dtype=self.dtype.np, order="C")
+        else:   # C order always: optimizers update parameters in place with compiled kernels
+            value = np.array(get_initializer(init)(shape, _rng_for(name, rng)), dtype=self.dtype.np, order="C")
         if value.shape != shape:
             raise ValueError(f"parameter '{name}': initial value has shape {value.shape}, "
                              f"declared {fmt_shape(shape)}")
