@@ -426,12 +426,31 @@ def forward(fns: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContex
     return state
 
 
+def _scatter_grad(fns: list, plan: MemoryPlan, scatter: np.ndarray) -> np.ndarray:
+    """The gradient of the scatter tensor, before any parent has sent anything. In a forest every vertex
+    that some parent gathers (with a gradient) receives exactly one write, so only the other rows (roots,
+    children whose gather has no gradient) need zeros; a DAG's rows accumulate, so all start at zero."""
+    if not plan.forest:
+        return np.zeros_like(scatter)
+    sgrad = np.empty_like(scatter)
+    unwritten = np.ones(len(scatter), bool)
+    for kid, fn in enumerate(fns):
+        kp = plan.kinds[kid] if kid < len(plan.kinds) else None
+        if fn is None or kp is None:
+            continue
+        for leaf in fn.leaf_grads:
+            if leaf.op == "gather":
+                unwritten[kp.child_rows[leaf.attrs["k"]]] = False
+    sgrad[unwritten] = 0
+    return sgrad
+
+
 def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, params, ctx: RunContext,
              dtype) -> tuple[dict, dict]:
     """Replay the task stack in reverse. Returns (gradients of pull buffers, gradients of F's parameters)."""
     plan, opts = state.plan, state.opts
     n = plan.num_vertices
-    sgrad = None if state.scatter is None else np.zeros_like(state.scatter)
+    sgrad = None if state.scatter is None else _scatter_grad(fns, plan, state.scatter)
     pull_grads = {name: np.zeros(shape, dtype.np) for name, shape in pull_shapes.items()}
     param_grads: dict = {}
     pool: dict = {}
@@ -486,8 +505,12 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
                 rows = kp.child_rows[j][sl]
                 if view is not None:  # distinct rows: a strided view, no fancy indexing
                     start, step = view
-                    if step:  # (step 0: only the sentinel row, whose gradient is discarded)
+                    if step and plan.forest:  # (step 0: only the sentinel row, whose gradient is discarded)
+                        sgrad[start:start + step * (len(rows) - 1) + 1:step] = g
+                    elif step:
                         sgrad[start:start + step * (len(rows) - 1) + 1:step] += g
+                elif plan.forest:   # each child has one parent: its gradient is written once, not added
+                    sgrad[rows] = g
                 else:  # one pass over the task's rows; repeated rows (DAGs) add up in row order
                     rows_k.scatter_add(sgrad, rows, np.broadcast_to(g, (len(rows),) + sgrad.shape[1:]))
             else:

@@ -261,3 +261,25 @@ def test_float32_run_matches_float64():
     for k, g in r64.grads.items():
         ref = dense(g)
         assert np.max(np.abs(dense(r32.grads[k]) - ref)) <= 1e-5 * max(1.0, np.max(np.abs(ref))), k
+
+
+@pytest.mark.parametrize("name", ["binary_tree_lstm", "child_sum", "child_sum_dag", "tree_fc"])
+def test_scatter_gradient_rows_no_parent_writes_are_zero(name, monkeypatch):
+    """Backward writes (not adds) each forest child's gradient once and zeroes only the other rows:
+    with fresh buffers full of NaN, results must not change."""
+    build, make_graph = CASES[name]
+    rng = np.random.default_rng(21)
+    case = build(rng)
+    graphs = [make_graph(rng, n) for n in (3, 5, 1)]
+    feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
+    ref = case.model.forward_backward(graphs, feeds, case.params, RunContext())
+    empty_like = np.empty_like
+
+    def poisoned(a, *args, **kw):
+        out = empty_like(a, *args, **kw)
+        if out.dtype.kind == "f":
+            out.fill(np.nan)
+        return out
+    monkeypatch.setattr(np, "empty_like", poisoned)
+    got = case.model.forward_backward(graphs, feeds, case.params, RunContext())
+    assert_same(ref, got)
