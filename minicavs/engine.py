@@ -21,7 +21,7 @@ from .autodiff import grad
 from .executor import RunContext, eval_nodes
 from .graph import Graph
 from .codegen.c import row_kernels
-from .kernels import FUSED, lower
+from .kernels import FUSED, lower, plan
 from .memory import DynamicTensor, MemoryPlan
 from .ops import input as input_node
 from .ops.registry import OPS
@@ -189,12 +189,22 @@ class CompiledFunction:
             self._phases[key] = (fwd, bwd)
         return self._phases[key]
 
+    def _keep(self, fwd: Phases, bwd: Phases) -> set:
+        """Values read outside the phase program computing them: fused groups must write them."""
+        crossing = {x for ph in (fwd, bwd) for r in ph.reads for x in r}
+        return crossing | set(self.fwd_tensors) | set(self.pushes.values()) | set(self.leaf_grads.values()) \
+            | set(self.param_grads.values()) | ({self.scattered} if self.scattered is not None else set())
+
+    def fusion_groups(self, opts: EngineOptions = EngineOptions()) -> list:
+        """Every fused group of F and ∂F under ``opts`` (target-neutral, whether or not a C compiler is
+        here): what the C backend compiles and the CUDA backend renders."""
+        fwd, bwd = self.phases(replace(opts, fusion=False))
+        keep = self._keep(fwd, bwd)
+        return [g for prog in fwd.programs + bwd.programs for g in plan(prog, keep)]
+
     def _lower(self, fwd: Phases, bwd: Phases) -> None:
         """Fuse each phase's elementwise nodes into kernels; values read outside a phase end a group."""
-        crossing = {x for ph in (fwd, bwd) for r in ph.reads for x in r}
-        keep = crossing | set(self.fwd_tensors) | set(self.pushes.values()) | set(self.leaf_grads.values()) \
-            | set(self.param_grads.values()) | ({self.scattered} if self.scattered is not None else set())
-        programs, groups = lower(fwd.programs + bwd.programs, keep)
+        programs, groups = lower(fwd.programs + bwd.programs, self._keep(fwd, bwd))
         for i, ph in enumerate((fwd, bwd)):
             ph.programs, ph.groups = programs[3 * i:3 * i + 3], groups[3 * i:3 * i + 3]
             ph.inplace = {o for gs in ph.groups for g in gs for o in g.outputs}

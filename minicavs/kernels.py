@@ -37,14 +37,18 @@ class FusedStep:
         return f"<fused {' '.join(n.op for n in self.group.nodes)}>"
 
 
+def plan(program: list, keep: set) -> list[FusedGroup]:
+    """The groups of a program (unfused steps) worth a kernel: more than one node. Target-neutral: the C
+    path compiles them here, the CUDA path renders the same groups (codegen/cuda.py)."""
+    nodes = [step[0] for step in program]
+    return [g for g in fuse(nodes, [n for n in nodes if n in keep]) if len(g.nodes) > 1]
+
+
 def lower(programs: Sequence[list], keep: set) -> tuple[list[list], list[list[FusedGroup]]]:
     """Replace the multi-node fusible groups of every program by fused steps, ``(outputs, FusedStep,
     inputs, FUSED, False)``; ``keep`` are nodes read outside their program (group outputs). One compiler
     run for all programs. Returns the new programs and, per program, the groups that became kernels."""
-    grouped = []
-    for prog in programs:
-        nodes = [step[0] for step in prog]
-        grouped.append([g for g in fuse(nodes, [n for n in nodes if n in keep]) if len(g.nodes) > 1])
+    grouped = [plan(prog, keep) for prog in programs]
     flat = [g for gs in grouped for g in gs]
     kernels = cgen.build(flat) if flat else []
     kernel_of = {id(g): k for g, k in zip(flat, kernels)}

@@ -1,0 +1,178 @@
+"""CUDA C++ for fused groups and row movement: plain strings, no CUDA import, so CI can compile them with NVRTC
+or nvcc and run the very same text on the CPU (tests/codegen/cuda_emulation.py).
+
+A fused kernel has the C kernels' contract (codegen/c.py): ``(long rows, long cols, const T *x0, long ld0,
+..., T *y0, long ldy0, ...)``, input i read at ``r * ld_i + c`` (full), ``c`` (row), ``r * ld_i`` (col) or
+``0`` (scalar); the body comes from the same renderer (cstyle.py), with CUDA's own ``tanhf``/``expf``. One
+thread per element in a grid-stride loop, so any grid covers any size. Row kernels move all rows of a task in
+one launch: gather (dst[r] = src[idx[r]]), scatter (dst[idx[r]] = src[r], pushes), scatter-add with
+``atomicAdd`` (parents sharing a child in a DAG: fast, not bit-reproducible, since the order of atomic adds
+varies), and a deterministic segment sum (rows sorted by destination, each (segment, column) summed by one
+thread in a fixed order).
+"""
+from __future__ import annotations
+
+import hashlib
+
+from ..dtypes import as_dtype
+from ..passes.fusion import FusedGroup
+from .cstyle import render_body
+
+BLOCK = 256
+MAX_BLOCKS = 4096   # the grid-stride loop covers the rest; enough blocks to fill any current GPU
+
+LOOP = "for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)blockDim.x * gridDim.x)"
+
+
+def grid(n: int, block: int = BLOCK) -> int:
+    """Blocks for ``n`` threads' worth of work, at least one, at most MAX_BLOCKS."""
+    return max(1, min(MAX_BLOCKS, (n + block - 1) // block))
+
+
+def render(group: FusedGroup) -> tuple[str, str]:
+    """(kernel name, CUDA source) of a fused group; every output is written where the C kernel writes it."""
+    dt = group.output.dtype
+    T = dt.c_type
+    reads = []
+    for i, kind in enumerate(group.broadcast):
+        if kind == "other":
+            raise ValueError("a flat (rows, cols) index cannot express this group's broadcasting")
+        reads.append({"full": f"x{i}[r * ld{i} + c]", "row": f"x{i}[c]", "col": f"x{i}[r * ld{i}]",
+                      "scalar": f"x{i}[0]"}[kind])
+    nout = len(group.outputs)
+    body = render_body(group.exprs(), reads, dt, [f"y{k}[r * ldy{k} + c]" for k in range(nout)])
+    params = ", ".join(["long rows", "long cols"]
+                       + [f"const {T} *__restrict__ x{i}, long ld{i}" for i in range(len(group.inputs))]
+                       + [f"{T} *__restrict__ y{k}, long ldy{k}" for k in range(nout)])
+    text = "\n".join(body)
+    name = "fused_" + hashlib.sha1(f"{params}\n{text}".encode()).hexdigest()[:12]
+    inner = "\n        ".join(body)
+    source = (f'extern "C" __global__ void {name}({params})\n{{\n    const long n = rows * cols;\n    {LOOP} {{\n'
+              f"        const long r = i / cols, c = i - r * cols;\n        {inner}\n    }}\n}}\n")
+    return name, source
+
+
+ROW_KERNELS = """
+extern "C" __global__ void gather_rows_{T}(long rows, long cols, const {T} *__restrict__ src, long lds,
+                                           const long *__restrict__ idx, {T} *__restrict__ dst, long ldd)
+{{
+    const long n = rows * cols;
+    {LOOP} {{
+        const long r = i / cols, c = i - r * cols;
+        dst[r * ldd + c] = src[idx[r] * lds + c];
+    }}
+}}
+extern "C" __global__ void scatter_rows_{T}(long rows, long cols, const {T} *__restrict__ src, long lds,
+                                            const long *__restrict__ idx, {T} *__restrict__ dst, long ldd)
+{{
+    const long n = rows * cols;
+    {LOOP} {{
+        const long r = i / cols, c = i - r * cols;
+        dst[idx[r] * ldd + c] = src[r * lds + c];
+    }}
+}}
+extern "C" __global__ void scatter_add_rows_{T}(long rows, long cols, const {T} *__restrict__ src, long lds,
+                                                const long *__restrict__ idx, {T} *__restrict__ dst, long ldd)
+{{
+    const long n = rows * cols;
+    {LOOP} {{
+        const long r = i / cols, c = i - r * cols;
+        atomicAdd(&dst[idx[r] * ldd + c], src[r * lds + c]);
+    }}
+}}
+extern "C" __global__ void segment_sum_rows_{T}(long segments, long cols, const {T} *__restrict__ src, long lds,
+                                                const long *__restrict__ order, const long *__restrict__ ptr,
+                                                const long *__restrict__ target, {T} *__restrict__ dst, long ldd)
+{{
+    const long n = segments * cols;
+    {LOOP} {{
+        const long s = i / cols, c = i - s * cols;
+        {T} acc = 0;
+        for (long k = ptr[s]; k < ptr[s + 1]; k++)
+            acc += src[order[k] * lds + c];
+        dst[target[s] * ldd + c] += acc;
+    }}
+}}
+"""
+
+ROW_KERNEL_NAMES = ("gather_rows", "scatter_rows", "scatter_add_rows", "segment_sum_rows")
+
+
+def row_kernels(dtype) -> tuple[str, str]:
+    """(module name, CUDA source) of the four row kernels for ``dtype``; kernel names end in ``_float`` or
+    ``_double``."""
+    T = as_dtype(dtype).c_type
+    return f"rows_{T}", ROW_KERNELS.format(T=T, LOOP=LOOP)
+
+
+def segments(idx) -> tuple:
+    """The deterministic scatter-add's plan for destination rows ``idx``: (order, ptr, target) with rows
+    ``order[ptr[s]:ptr[s+1]]`` summed, in that fixed order, into row ``target[s]``."""
+    import numpy as np
+    idx = np.asarray(idx, np.int64)
+    order = np.argsort(idx, kind="stable")
+    sidx = idx[order]
+    starts = np.flatnonzero(np.concatenate(([True], sidx[1:] != sidx[:-1]))) if len(idx) else np.zeros(0, int)
+    ptr = np.concatenate((starts, [len(idx)])).astype(np.int64)
+    return order.astype(np.int64), ptr, sidx[starts].astype(np.int64)
+
+
+def kernel_sources(groups, dtypes=("float32", "float64")) -> list[tuple[str, str]]:
+    """Every (name, source) the backend hands to CuPy for these fused groups and dtypes: one per group
+    (groups a flat index cannot express are left to the unfused path), and the row kernels per dtype."""
+    out = [render(g) for g in groups if "other" not in g.broadcast]
+    out += [row_kernels(dt) for dt in dtypes]
+    return list(dict(out).items())
+
+
+def compiler_available() -> str | None:
+    """'nvrtc' (PyPI's nvidia-cuda-nvrtc + cuda-bindings, no GPU needed), 'nvcc' (on PATH), or None."""
+    try:
+        from cuda.bindings import nvrtc  # noqa: F401
+        return "nvrtc"
+    except ImportError:
+        import shutil
+        return "nvcc" if shutil.which("nvcc") else None
+
+
+def compile_source(source: str, arch: str = "sm_80", name: str = "kernel") -> bytes:
+    """Compile CUDA source for ``arch`` exactly as given; returns the CUBIN (NVRTC) or raises RuntimeError
+    with the compiler's log. This is the check CI runs on every kernel the backend can generate."""
+    how = compiler_available()
+    if how == "nvrtc":
+        from cuda.bindings import nvrtc
+
+        def ok(res, what):
+            err = res[0]
+            if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+                raise RuntimeError(f"NVRTC {what} failed: {err}")
+            return res[1:] if len(res) > 1 else None
+        (prog,) = ok(nvrtc.nvrtcCreateProgram(source.encode(), f"{name}.cu".encode(), 0, [], []), "create")
+        try:
+            opts = [f"--gpu-architecture={arch}".encode(), b"-std=c++14"]
+            err = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)[0]
+            if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+                (size,) = ok(nvrtc.nvrtcGetProgramLogSize(prog), "log size")
+                log = b" " * size
+                ok(nvrtc.nvrtcGetProgramLog(prog, log), "log")
+                raise RuntimeError(f"NVRTC could not compile {name} for {arch}:\n{log.decode(errors='replace')}")
+            (size,) = ok(nvrtc.nvrtcGetCUBINSize(prog), "cubin size")
+            cubin = b" " * size
+            ok(nvrtc.nvrtcGetCUBIN(prog, cubin), "cubin")
+            return cubin
+        finally:
+            nvrtc.nvrtcDestroyProgram(prog)
+    if how == "nvcc":
+        import subprocess
+        import tempfile
+        from pathlib import Path
+        with tempfile.TemporaryDirectory() as d:
+            src, out = Path(d) / f"{name}.cu", Path(d) / f"{name}.cubin"
+            src.write_text(source)
+            res = subprocess.run(["nvcc", f"-arch={arch}", "-cubin", "-std=c++14", str(src), "-o", str(out)],
+                                 capture_output=True, text=True)
+            if res.returncode:
+                raise RuntimeError(f"nvcc could not compile {name} for {arch}:\n{res.stderr}")
+            return out.read_bytes()
+    raise RuntimeError("no CUDA compiler: pip install nvidia-cuda-nvrtc cuda-bindings (no GPU needed), "
+                       "or put nvcc on PATH")

@@ -1,0 +1,98 @@
+"""Run generated CUDA source on the CPU: the same text compiled as C++ behind a small shim.
+
+The shim defines ``blockIdx``/``threadIdx``/``blockDim``/``gridDim`` as globals, ``__global__`` as nothing and
+``atomicAdd`` as a plain add; for every ``extern "C" __global__`` kernel a launcher loops over the grid, block
+by block and thread by thread, calling the kernel body once per thread. That checks what a compile check
+cannot: indexing, bounds, broadcasting and math of every kernel, grid-stride loops included. Threads run one
+after another, so races are not modelled (atomics are exact; a real GPU's atomic order varies).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+SHIM = """
+#include <math.h>
+#include <stdint.h>
+struct mc_dim3 { unsigned x, y, z; };
+static mc_dim3 blockIdx, threadIdx, blockDim, gridDim;
+#define __global__
+template <class T> static inline T atomicAdd(T *a, T v) { T old = *a; *a = old + v; return old; }
+"""
+
+SIGNATURE = re.compile(r'extern "C" __global__ void (\w+)\(([^)]*)\)', re.S)
+
+
+def kernels_in(source: str) -> list[tuple[str, list[str]]]:
+    """(name, parameter declarations) of every ``extern "C" __global__`` kernel in ``source``."""
+    return [(m.group(1), [p.strip() for p in m.group(2).replace("\n", " ").split(",")])
+            for m in SIGNATURE.finditer(source)]
+
+
+def _launcher(name: str, params: list[str]) -> tuple[str, str]:
+    args = ", ".join(p.split()[-1].lstrip("*") for p in params)
+    plist = ", ".join(["unsigned grid_", "unsigned block_"] + params)
+    body = (f'extern "C" void launch_{name}({plist}) {{\n'
+            "    gridDim.x = grid_; gridDim.y = gridDim.z = 1; blockDim.x = block_; blockDim.y = blockDim.z = 1;\n"
+            "    blockIdx.y = blockIdx.z = threadIdx.y = threadIdx.z = 0;\n"
+            "    for (unsigned b = 0; b < grid_; b++)\n        for (unsigned t = 0; t < block_; t++) {\n"
+            f"            blockIdx.x = b; threadIdx.x = t;\n            {name}({args});\n        }}\n}}\n")
+    decl = f"void launch_{name}({plist.replace('__restrict__', '')});"
+    return body, decl
+
+
+class Emulator:
+    """Kernels of one or more CUDA sources, callable on numpy arrays: ``emu.launch(name, grid, block,
+    *args)`` with arrays for pointer parameters and ints for the rest, in the kernel's parameter order."""
+
+    def __init__(self, sources: list[str], workdir: str | Path | None = None):
+        import cffi
+        cxx = shutil.which(os.environ.get("CXX", "g++"))
+        if cxx is None:
+            raise RuntimeError("CUDA emulation needs a C++ compiler (g++)")
+        self.params: dict[str, list[str]] = {}
+        launchers, decls = [], []
+        for source in sources:
+            for name, params in kernels_in(source):
+                self.params[name] = params
+                body, decl = _launcher(name, params)
+                launchers.append(body)
+                decls.append(decl)
+        text = SHIM + "\n".join(sources) + "\n" + "\n".join(launchers)
+        work = Path(workdir or tempfile.mkdtemp(prefix="minicavs-cuda-emu-"))
+        work.mkdir(parents=True, exist_ok=True)
+        key = hashlib.sha256(text.encode()).hexdigest()[:16]
+        so = work / f"emu-{key}.so"
+        if not so.exists():
+            src = work / f"emu-{key}.cpp"
+            src.write_text(text)
+            tmp = work / f"emu-{key}.{os.getpid()}.so"
+            res = subprocess.run([cxx, "-O1", "-shared", "-fPIC", "-std=c++14", str(src), "-o", str(tmp)],
+                                 capture_output=True, text=True)
+            if res.returncode:
+                raise RuntimeError(f"emulation build failed ({src}):\n{res.stderr[-3000:]}")
+            os.replace(tmp, so)
+        self.ffi = cffi.FFI()
+        self.ffi.cdef("\n".join(decls))
+        self.lib = self.ffi.dlopen(str(so))
+
+    def launch(self, name: str, grid: int, block: int, *args) -> None:
+        params = self.params[name]
+        if len(args) != len(params):
+            raise TypeError(f"{name} takes {len(params)} arguments, got {len(args)}")
+        conv = []
+        for p, a in zip(params, args):
+            if "*" in p:
+                ctype = p.replace("__restrict__", "").replace("const", "").split("*")[0].strip()
+                a = np.asarray(a)   # a view's first element; the kernel's ld arguments give the strides
+                conv.append(self.ffi.cast(f"{ctype} *", a.ctypes.data))
+            else:
+                conv.append(int(a))
+        getattr(self.lib, f"launch_{name}")(grid, block, *conv)
