@@ -118,7 +118,9 @@ def _phases(nodes, classes, leaves, opts: EngineOptions, eager_leaves=()) -> Pha
 class CompiledFunction:
     """F and ∂F of one vertex kind: classified, split into phases, everything static done once."""
 
-    def __init__(self, F: VertexFunction):
+    def __init__(self, F: VertexFunction, pull_grads=None):
+        """``pull_grads``: names of the pulls whose gradient something needs (default: every float pull);
+        a pull of plain data (Tree-FC's random inputs) then costs no gradient at all."""
         self.F = F
         g = F.graph
         self.gathers = dict(sorted(F.gathers.items()))
@@ -137,7 +139,8 @@ class CompiledFunction:
         # ∂F: cotangents of scatter and pushes in; gradients of gathers, pulls and parameters out.
         outs = list(F.outputs)
         self.ct = {o: input_node(o.shape, o.dtype, name=f"d{o.name}") for o in outs}
-        wrt_leaves = list(self.gathers.values()) + [p for p in self.pulls.values() if p.dtype.is_float]
+        wrt_leaves = list(self.gathers.values()) + [p for name, p in self.pulls.items() if p.dtype.is_float
+                                                    and (pull_grads is None or name in pull_grads)]
         params = [p for p in g.params if p.dtype.is_float]
         grads = grad(outs, wrt_leaves + params, [self.ct[o] for o in outs], zeros=False)
         self.leaf_grads = {leaf: gn for leaf, gn in zip(wrt_leaves, grads) if gn is not None}

@@ -13,6 +13,7 @@ Structures run in the order given; a structure's pulls may depend on feeds and o
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
@@ -30,6 +31,8 @@ from .ops import ones_like
 from .scheduler import get_policy
 from .sparse import add_all, densify
 from .vertex import VertexFunction
+
+_PUSHED: weakref.WeakSet = weakref.WeakSet()   # every structure's push-buffer nodes
 
 
 def leaf_internal(batch: Batch) -> tuple[np.ndarray, tuple[str, ...]]:
@@ -79,7 +82,11 @@ class Structure:
                                      f"{src.label()} is {src.dtype.name}{fmt_shape(src.shape)}")
                 self.pull_shapes[pname] = pnode.vshape
         self._pushed: dict[str, Node] = {}
-        self.compiled = {k: CompiledFunction(f) for k, f in self.functions.items()}
+        # A pull needs a gradient only if its source depends on a parameter or on another structure's
+        # pushes; a pull of plain data does not.
+        self.pull_grads = {name for name, src in self.pulls.items() if src.dtype.is_float and any(
+            (n.op == "param" and n.dtype.is_float) or n in _PUSHED for n in Graph([src]).nodes)}
+        self.compiled = {k: CompiledFunction(f, self.pull_grads) for k, f in self.functions.items()}
 
     def pushed(self, name: str = "h") -> Node:
         """The static-graph node standing for push buffer ``name``: one row per pushing vertex."""
@@ -90,6 +97,7 @@ class Structure:
             if len(shapes) > 1:
                 raise ShapeError(f"structure '{self.name}': push '{name}' has several shapes {sorted(shapes)}")
             self._pushed[name] = input_node((None,) + shapes.pop(), self.dtype, name=f"{self.name}.{name}")
+            _PUSHED.add(self._pushed[name])
         return self._pushed[name]
 
     def batch(self, graphs: Sequence[InputGraph]) -> Batch:
@@ -190,7 +198,7 @@ class Model:
             self.bwd = None
             return
         pulls = [(s, name, node) for s in self.structures for name, node in s.pulls.items()
-                 if node.dtype.is_float]
+                 if name in s.pull_grads]
         self.pull_ct = {(s.name, name): input_node(node.shape, node.dtype, name=f"d{s.name}.{name}")
                         for s, name, node in pulls}
         outs = [self.loss] + [node for _, _, node in pulls]
@@ -304,7 +312,7 @@ class Model:
                     push_grads[name] = densify(np, benv[g])  # e.g. a lookup picked root rows
             for name in {n for f in s.functions.values() for n in f.pushes} - set(push_grads):
                 push_grads[name] = np.zeros_like(states[s.name].pushes[name])  # consumed by nothing
-            pull_shapes = {name: env[src].shape for name, src in s.pulls.items() if src.dtype.is_float}
+            pull_shapes = {name: env[src].shape for name, src in s.pulls.items() if name in s.pull_grads}
             pull_grads, pgrads = backward(fns, states[s.name], push_grads, pull_shapes, params, ctx, s.dtype)
             for name, g in pgrads.items():
                 grads[name] = add_all(np, [grads[name], g]) if name in grads else g

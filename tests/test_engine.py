@@ -283,3 +283,18 @@ def test_scatter_gradient_rows_no_parent_writes_are_zero(name, monkeypatch):
     monkeypatch.setattr(np, "empty_like", poisoned)
     got = case.model.forward_backward(graphs, feeds, case.params, RunContext())
     assert_same(ref, got)
+
+
+def test_pull_gradients_only_where_something_needs_them():
+    """Tree-FC pulls plain inputs: no gradient is computed for them. A Tree-LSTM pulls embedding rows (a
+    parameter) and a decoder pulls an encoder's pushes: both need theirs."""
+    rng = np.random.default_rng(8)
+    fc = cells.tree_fc(rng).model.structures[0]
+    assert fc.pull_grads == set()
+    assert not [leaf for fn in fc.compiled.values() for leaf in fn.leaf_grads if leaf.op == "pull"]
+    lstm = cells.binary_tree_lstm(rng).model.structures[0]
+    assert lstm.pull_grads == set(lstm.pulls) and any(
+        leaf.op == "pull" for fn in lstm.compiled.values() for leaf in fn.leaf_grads)
+    model, _ = cells.encoder_decoder(rng)
+    enc, dec = model.structures
+    assert enc.pull_grads == set() and dec.pull_grads == {"ctx"}
