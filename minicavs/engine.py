@@ -173,7 +173,17 @@ class CompiledFunction:
         sc = self.scattered
         self.scatter_source = sc.inputs[0] if sc is not None and sc.op == "scatter" else sc
         bwd_inputs = {x for n in self.row_bwd for x in n.inputs}
-        self.fwd_tensors = [n for n in g.nodes if n.has_rows and n in bwd_inputs]
+        # What ∂F reads of the scattered value (or of the parts of a scattered concat such as [h, c]) it
+        # reads back from the scatter tensor, which holds it anyway: no second copy in a tensor of its own.
+        parts = {}
+        if sc is not None and len(self.scatter_source.shape) == 2:
+            src = self.scatter_source
+            parts[src] = (0, src.shape[1])
+            if src.op == "concat" and src.attrs["axis"] in (-1, 1) and len(set(src.inputs)) == len(src.inputs):
+                bounds = np.cumsum([0] + [x.shape[1] for x in src.inputs])
+                parts.update((x, (int(a), int(b))) for x, a, b in zip(src.inputs, bounds[:-1], bounds[1:]))
+        self.scatter_parts = {n: ab for n, ab in parts.items() if n in bwd_inputs}
+        self.fwd_tensors = [n for n in g.nodes if n.has_rows and n in bwd_inputs and n not in self.scatter_parts]
         self._phases: dict = {}
 
     def phases(self, opts: EngineOptions) -> tuple[Phases, Phases]:
@@ -478,6 +488,16 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
             bstores[kid] = [_stores(btensors[kid], bph, p, _computed(bph.programs[p])) for p in (PRE, TASK, POST)]
             active.append(kid)
 
+    whole_rows: dict = {}
+
+    def kind_rows(kid):
+        """All of a kind's rows of the scatter tensor, in kind order: a slice when its tasks are adjacent."""
+        if kid not in whole_rows:
+            r = plan.schedule.row[plan.kinds[kid].vertices]
+            contiguous = len(r) and r[-1] - r[0] == len(r) - 1 and bool(np.all(np.diff(r) == 1))
+            whole_rows[kid] = state.scatter[r[0]:r[0] + len(r)] if contiguous else np.take(state.scatter, r, axis=0)
+        return whole_rows[kid]
+
     def compute(kid, p, sl, goff, cctx):
         """Run phase ``p`` of ∂F for rows ``sl``; returns the values (outputs are emitted by ``emit``)."""
         fn, kp, static = fns[kid], plan.kinds[kid], state.statics[kid]
@@ -485,6 +505,9 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
         bs = sl.stop - sl.start
         cctx.row_keys = kp.row_keys[sl]
         local = {node: t.buffer[sl] for node, t in state.tensors[kid].items()}
+        if fn.scatter_parts:
+            rows = state.scatter[goff:goff + bs] if goff is not None else kind_rows(kid)
+            local.update((x, rows[:, a:b]) for x, (a, b) in fn.scatter_parts.items() if x not in local)
         local.update((x, btensors[kid][x].buffer[sl]) for x in ph.reads[p] if x in btensors[kid])
         for out, ct in fn.ct.items():
             if ph.phase[ct] != p:

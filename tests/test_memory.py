@@ -73,3 +73,19 @@ def test_irregular_trees_copy_only_what_is_not_strided(seed):
     st_on, st_off = (r.states[case.model.structures[0].name] for r in (on, off))
     assert st_on.copies["gathered"] == st_off.copies["gathered"] == st_off.copies["gather"]
     assert st_on.copies["gather"] <= st_off.copies["gather"]
+
+
+def test_backward_reads_scattered_values_back_from_the_scatter_tensor():
+    """h (Tree-FC) and the parts h, c of a scattered [h, c] (Tree-LSTM) are not stored twice."""
+    fc = cells.tree_fc(np.random.default_rng(0)).model.structures[0].compiled["internal"]
+    assert fc.scatter_source in fc.scatter_parts and fc.scatter_source not in fc.fwd_tensors
+    from minicavs import ops
+    from minicavs.engine import CompiledFunction
+    from minicavs.vertex import VertexFunction
+    F = VertexFunction("sq", arity=1, message=(4,), dtype="float64")
+    with F:
+        c = ops.tanh(ops.slice_(F.gather(0), 2, 4) + F.pull((2,), "x"))
+        h = c * c                       # ∂F reads c (the gradient of c * c is 2c)
+        F.scatter(ops.concat([h, c]))
+    fn = CompiledFunction(F)
+    assert fn.scatter_parts == {c: (2, 4)} and c not in fn.fwd_tensors
