@@ -283,6 +283,13 @@ def _run(program, local, static, ctx, outs) -> None:
             local[node] = impl(np, *args, **attrs)
 
 
+def _as_slice(rows: np.ndarray):
+    """``rows`` as a slice when they are consecutive (a kind whose tasks are adjacent), else unchanged."""
+    if len(rows) and rows[-1] - rows[0] == len(rows) - 1 and bool(np.all(np.diff(rows) == 1)):
+        return slice(int(rows[0]), int(rows[0]) + len(rows))
+    return rows
+
+
 def _step_text(step) -> str:
     node, impl, ins, attrs, _ = step
     if attrs is FUSED:
@@ -412,6 +419,11 @@ def forward(fns: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContex
         outs = {node: t.buffer[sl] for node, t in inplace}
         direct = concats and _concat_buffers(concats, outs, local, bs, state.scatter[grows] if isinstance(
             grows, slice) else None, fn.scatter_source)
+        src = fn.scatter_source
+        if (not direct and src in ph.inplace and src not in outs and isinstance(grows, slice)
+                and ph.phase.get(src) == p):
+            outs[src] = state.scatter[grows]   # the kernel computing the scattered value writes it in place
+            direct = True
         _run(program, local, state.statics[kid], cctx, outs)
         if fn.scattered is not None and ph.phase[fn.scattered] == p and not direct:
             state.scatter[grows] = local[fn.scattered]
@@ -427,7 +439,8 @@ def forward(fns: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContex
         ph, _ = fns[kid].phases(opts)
         stores[kid] = [_stores(state.tensors[kid], ph, p, [x for x in state.tensors[kid] if ph.phase.get(x) == p])
                        for p in (PRE, TASK, POST)]
-    whole = {kid: (slice(0, plan.kinds[kid].n), plan.schedule.row[plan.kinds[kid].vertices]) for kid in active}
+    whole = {kid: (slice(0, plan.kinds[kid].n), _as_slice(plan.schedule.row[plan.kinds[kid].vertices]))
+             for kid in active}
     events = None
     if opts.streaming:
         events, wcopies = _produce_eager(plan.tasks, lambda i, kid, koff, bs, goff, wctx, wc: chunk(

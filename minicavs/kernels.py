@@ -13,7 +13,7 @@ from typing import Sequence
 import numpy as np
 
 from .codegen import c as cgen
-from .passes.fusion import FusedGroup, fuse
+from .passes.fusion import FusedGroup, _kind, fuse
 
 
 FUSED: dict = {}   # the attrs of a fused step: the engine tests ``attrs is FUSED``
@@ -38,10 +38,37 @@ class FusedStep:
 
 
 def plan(program: list, keep: set) -> list[FusedGroup]:
-    """The groups of a program (unfused steps) worth a kernel: more than one node. Target-neutral: the C
-    path compiles them here, the CUDA path renders the same groups (codegen/cuda.py)."""
+    """The groups of a program (unfused steps) worth a kernel. Target-neutral: the C path compiles them
+    here, the CUDA path renders the same groups (codegen/cuda.py).
+
+    A ``linear`` feeding only one group hands its bias add to the group (``FusedGroup.biased``): the
+    linear step then only multiplies, and ``tanh(x·W + b)`` is one matmul and one kernel. A group is worth a
+    kernel if it has more than one node or absorbs a bias."""
     nodes = [step[0] for step in program]
-    return [g for g in fuse(nodes, [n for n in nodes if n in keep]) if len(g.nodes) > 1]
+    member = set(nodes)
+    users: dict = {n: [] for n in nodes}
+    for n in nodes:
+        for x in n.inputs:
+            if x in member:
+                users[x].append(n)
+    out = []
+    for g in fuse(nodes, [n for n in nodes if n in keep]):
+        inside = set(g.nodes)
+        for x in list(g.inputs):
+            if (x.op == "linear" and x in member and x not in keep and x.shape == g.output.shape
+                    and users[x] and all(u in inside for u in users[x])):
+                b = x.inputs[2]
+                g.biased[x] = b
+                if b not in g.inputs:
+                    g.inputs.append(b)
+                    g.broadcast.append(_kind(b, g.output))
+        if len(g.nodes) > 1 or g.biased:
+            out.append(g)
+    return out
+
+
+def _matmul(xp, x, w):
+    return xp.matmul(x, w)
 
 
 def lower(programs: Sequence[list], keep: set) -> tuple[list[list], list[list[FusedGroup]]]:
@@ -56,10 +83,13 @@ def lower(programs: Sequence[list], keep: set) -> tuple[list[list], list[list[Fu
     for prog, groups in zip(programs, grouped):
         live = [g for g in groups if kernel_of[id(g)] is not None]
         absorbed = {n: g for g in live for n in g.nodes}
+        unbiased = {x for g in live for x in g.biased}
         steps, seen = [], set()
         for st in prog:
             g = absorbed.get(st[0])
-            if g is None:
+            if st[0] in unbiased:   # its group adds the bias
+                steps.append((st[0], _matmul, list(st[0].inputs[:2]), {}, False))
+            elif g is None:
                 steps.append(st)
             elif id(g) not in seen:
                 seen.add(id(g))

@@ -76,3 +76,23 @@ def test_no_compiler_runs_unfused_after_one_warning(monkeypatch, tmp_path):
     assert not any(fused_steps(prog) for ph in internal.phases(ON) for prog in ph.programs)
     ref = case.model.forward_backward(graphs, feeds, case.params, RunContext(), options=OFF)
     assert res.loss == ref.loss
+
+
+def test_linear_bias_joins_the_kernel_of_its_consumer():
+    """Tree-FC's h = tanh([h_l; h_r]·W + b): the linear step only multiplies, one kernel adds b and takes
+    tanh, and the results equal the unfused run."""
+    rng = np.random.default_rng(9)
+    case = cells.tree_fc(rng)
+    internal = case.model.structures[0].compiled["internal"]
+    fwd, _ = internal.phases(ON)
+    (step,) = fused_steps(fwd.programs[TASK])
+    (lin,) = [n for n in internal.row_fwd if n.op == "linear"]
+    assert step[1].group.biased == {lin: lin.inputs[2]} and [n.op for n in step[1].group.nodes] == ["tanh"]
+    assert [st for st in fwd.programs[TASK] if st[0] is lin][0][2] == list(lin.inputs[:2])
+    graphs = [random_tree(rng, n, 2, full_binary=True) for n in (4, 7, 2)]
+    feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
+    on, off = (case.model.forward_backward(graphs, feeds, case.params, RunContext(), options=o) for o in (ON, OFF))
+    assert abs(on.loss - off.loss) <= 1e-10 * max(1.0, abs(off.loss))
+    for k in off.grads:
+        assert np.max(np.abs(dense(on.grads[k]) - dense(off.grads[k]))) <= 1e-10 * max(
+            1.0, float(np.max(np.abs(dense(off.grads[k]))))), k

@@ -30,6 +30,7 @@ class FusedGroup:
     inputs: list           # external input nodes, in first-use order
     broadcast: list        # per input: "full", "row", "col", "scalar" or "other" (see _kind)
     outputs: list = field(default_factory=list)   # members read outside the group, topological order
+    biased: dict = field(default_factory=dict)    # input -> bias input: the input arrives without its bias
 
     def __post_init__(self):
         if not self.outputs and self.nodes:
@@ -44,6 +45,8 @@ class FusedGroup:
         """Each output as a scalar expression over the inputs (``arg(i)`` = ``inputs[i]``), sharing
         common subexpressions."""
         env = {x: S.arg(i) for i, x in enumerate(self.inputs)}
+        for x, b in self.biased.items():   # a linear layer's bias added here, not in its own pass
+            env[x] = env[x] + env[b]
         for n in self.nodes:
             args = []
             for x in n.inputs:
