@@ -183,7 +183,10 @@ class CompiledFunction:
                 bounds = np.cumsum([0] + [x.shape[1] for x in src.inputs])
                 parts.update((x, (int(a), int(b))) for x, a, b in zip(src.inputs, bounds[:-1], bounds[1:]))
         self.scatter_parts = {n: ab for n, ab in parts.items() if n in bwd_inputs}
-        self.fwd_tensors = [n for n in g.nodes if n.has_rows and n in bwd_inputs and n not in self.scatter_parts]
+        # Pulled rows ∂F reads are read again from the pull buffer, which outlives the backward pass.
+        self.pull_reads = {name: n for name, n in self.pulls.items() if n in bwd_inputs}
+        self.fwd_tensors = [n for n in g.nodes if n.has_rows and n in bwd_inputs and n not in self.scatter_parts
+                            and n not in self.pull_reads.values()]
         self._phases: dict = {}
 
     def phases(self, opts: EngineOptions) -> tuple[Phases, Phases]:
@@ -268,6 +271,7 @@ class RunState:
     statics: list = field(default_factory=list)     # per kind id: {node: value}
     pushes: dict = field(default_factory=dict)      # push name -> buffer
     copies: dict = field(default_factory=dict)      # rows moved by gather / pull / push
+    pull_bufs: dict = field(default_factory=dict)    # the pulled buffers, read again by backward
 
 
 def _run(program, local, static, ctx, outs) -> None:
@@ -288,6 +292,18 @@ def _as_slice(rows: np.ndarray):
     if len(rows) and rows[-1] - rows[0] == len(rows) - 1 and bool(np.all(np.diff(rows) == 1)):
         return slice(int(rows[0]), int(rows[0]) + len(rows))
     return rows
+
+
+def _index(rows: np.ndarray):
+    """Rows of a pull or push buffer as an index: a slice (no fancy indexing) when they are consecutive,
+    as they are for a kind whose vertices are in global id order (the leaves of a batch, say)."""
+    return _as_slice(rows) if len(rows) > 32 else rows
+
+
+def _rows_of(buf: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """``buf[rows]``: a view when the rows are consecutive, else one ``take``."""
+    ix = _index(rows)
+    return buf[ix] if isinstance(ix, slice) else np.take(buf, rows, axis=0)
 
 
 def _step_text(step) -> str:
@@ -366,7 +382,8 @@ def forward(fns: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContex
     """Evaluate F at every vertex: eager phase, task loop, lazy phase. ``fns[kid]`` compiles kind ``kid``."""
     n = plan.num_vertices
     pool = {} if pool is None else pool
-    state = RunState(plan, opts, None, copies={"gather": 0, "gathered": 0, "pull": 0, "push": 0})
+    state = RunState(plan, opts, None, copies={"gather": 0, "gathered": 0, "pull": 0, "push": 0},
+                     pull_bufs=pull_bufs)
     if message is not None:
         state.scatter = np.empty((n + 1,) + tuple(message), dtype.np)
         state.scatter[n] = 0
@@ -413,7 +430,7 @@ def forward(fns: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContex
                 program = ph.without_concat
         for name, pnode in fn.pulls.items():
             if ph.phase[pnode] == p:
-                local[pnode] = np.take(pull_bufs[name], kp.pull_rows[name][sl], axis=0)
+                local[pnode] = _rows_of(pull_bufs[name], kp.pull_rows[name][sl])
                 copies["pull"] += bs
         inplace, copied, concats = stores[kid][p]
         outs = {node: t.buffer[sl] for node, t in inplace}
@@ -429,7 +446,7 @@ def forward(fns: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContex
             state.scatter[grows] = local[fn.scattered]
         for name, pnode in fn.pushes.items():
             if ph.phase[pnode] == p:
-                state.pushes[name][kp.push_rows[name][sl]] = local[pnode]
+                state.pushes[name][_index(kp.push_rows[name][sl])] = local[pnode]
                 copies["push"] += bs
         for node, t in copied:
             t.buffer[sl] = local[node]
@@ -521,6 +538,9 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
         if fn.scatter_parts:
             rows = state.scatter[goff:goff + bs] if goff is not None else kind_rows(kid)
             local.update((x, rows[:, a:b]) for x, (a, b) in fn.scatter_parts.items() if x not in local)
+        for name, x in fn.pull_reads.items():
+            if x not in local:
+                local[x] = _rows_of(state.pull_bufs[name], kp.pull_rows[name][sl])
         local.update((x, btensors[kid][x].buffer[sl]) for x in ph.reads[p] if x in btensors[kid])
         for out, ct in fn.ct.items():
             if ph.phase[ct] != p:
@@ -528,7 +548,7 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
             if out is fn.scattered:
                 local[ct] = sgrad[goff:goff + bs]
             else:
-                local[ct] = np.take(push_grads[out.name], kp.push_rows[out.name][sl], axis=0)
+                local[ct] = _rows_of(push_grads[out.name], kp.push_rows[out.name][sl])
             if ct in btensors[kid]:
                 btensors[kid][ct].buffer[sl] = local[ct]
         inplace, copied, concats = bstores[kid][p]
@@ -563,7 +583,7 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
                 else:  # one pass over the task's rows; repeated rows (DAGs) add up in row order
                     rows_k.scatter_add(sgrad, rows, np.broadcast_to(g, (len(rows),) + sgrad.shape[1:]))
             else:
-                pull_grads[leaf.name][kp.pull_rows[leaf.name][sl]] = g
+                pull_grads[leaf.name][_index(kp.pull_rows[leaf.name][sl])] = g
         for name, gnode in fn.param_grads.items():
             if ph.phase[gnode] != p:
                 continue

@@ -89,3 +89,9 @@ def test_backward_reads_scattered_values_back_from_the_scatter_tensor():
         F.scatter(ops.concat([h, c]))
     fn = CompiledFunction(F)
     assert fn.scatter_parts == {c: (2, 4)} and c not in fn.fwd_tensors
+
+
+def test_backward_reads_pulled_rows_back_from_the_pull_buffer():
+    leaf = cells.tree_fc(np.random.default_rng(0)).model.structures[0].compiled["leaf"]
+    (x,) = leaf.pulls.values()
+    assert leaf.pull_reads == {"x": x} and x not in leaf.fwd_tensors   # dW_l = x^T g needs x
