@@ -36,6 +36,7 @@ class Trainer:
     def __init__(self, config: dict | str | os.PathLike, overrides: Sequence[str] = (),
                  run_dir: str | os.PathLike | None = None):
         self.cfg = config if isinstance(config, dict) else load_config(config, overrides)
+        check_device(self.cfg["train"]["device"])
         module = load_model_module(self.cfg["model"]["name"], Path(self.cfg["config_path"]).resolve().parent)
         self.task = module.build(self.cfg)
         self.model = self.task.model
@@ -171,6 +172,18 @@ class Trainer:
             if "early_stopping" in extra:
                 self.early.update(extra["early_stopping"])
         return extra
+
+
+def check_device(device: str) -> None:
+    """Fail before any work when the device cannot be used: at start, never mid-epoch."""
+    if device == "cpu":
+        return
+    if device != "cuda":
+        raise ConfigError(f"train.device: unknown device {device!r}; known: cpu, cuda")
+    from . import cuda
+    cuda.require()   # CudaUnavailable names what is missing (CuPy, a device)
+    raise ConfigError("train.device: cuda: the engine cannot run on the CUDA backend yet; its kernels are "
+                      "generated and compile-checked (minicavs/codegen/cuda.py), see the README's Status")
 
 
 def engine_options(cfg: dict) -> EngineOptions:

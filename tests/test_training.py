@@ -145,3 +145,16 @@ def test_engine_switches_from_config(tmp_path):
     assert abs(a.loss - b.loss) <= 1e-10 * max(1, abs(a.loss))
     with pytest.raises(ConfigError, match="train.engine.streams"):
         Trainer(cfg, ["train.engine.streams=true"], run_dir=tmp_path / "c")
+
+
+def test_device_is_checked_before_any_work(tmp_path):
+    from minicavs.config import ConfigError
+    from minicavs.cuda import CudaUnavailable, available
+    from minicavs.training import Trainer
+    from minicavs.config import REPO_ROOT
+    cfg = REPO_ROOT / "models" / "tree_lstm.yaml"
+    with pytest.raises(ConfigError, match="unknown device 'tpu'"):
+        Trainer(cfg, ["train.device=tpu"], run_dir=tmp_path)
+    with pytest.raises(CudaUnavailable if not available() else ConfigError, match="CuPy|CUDA"):
+        Trainer(cfg, ["train.device=cuda"], run_dir=tmp_path)
+    assert not any(tmp_path.iterdir())   # nothing written

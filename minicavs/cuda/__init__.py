@@ -6,8 +6,8 @@ package never needs CuPy; :func:`require` fails at start with a clear message wh
 
 Status: these launchers have not run on a real GPU (none is available where minicavs is developed); the
 generated sources are compiled for sm_80/sm_90 with NVRTC in CI and executed on the CPU through an emulation
-shim (tests/codegen/test_cuda.py). The engine does not dispatch to this backend yet: ``device: cuda`` is not
-a config key, and the tests marked ``gpu`` are the checks to run first on a machine with a GPU.
+shim (tests/codegen/test_cuda.py). The engine does not dispatch to this backend yet: ``train.device: cuda``
+fails at start (training.check_device); the tests marked ``gpu`` are the checks to run first on a GPU.
 """
 from __future__ import annotations
 
