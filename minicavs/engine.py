@@ -19,7 +19,7 @@ import numpy as np
 
 from .autodiff import grad
 from .executor import RunContext, eval_nodes
-from .graph import Graph
+from .graph import Graph, consumers as consumers_of
 from .codegen.c import row_kernels
 from .kernels import FUSED, lower, plan
 from .memory import DynamicTensor, MemoryPlan
@@ -90,12 +90,7 @@ def _phases(nodes, classes, leaves, opts: EngineOptions, eager_leaves=()) -> Pha
             else TASK
 
     phase = {n: (PRE if (n in eager_leaves and opts.eager_batching) else TASK) for n in leaves}
-    member = set(nodes)
-    consumers: dict = {n: [] for n in nodes}
-    for n in nodes:
-        for x in n.inputs:
-            if x in member:
-                consumers[x].append(n)
+    consumers = consumers_of(nodes)
     where: dict = {}
     for n in reversed(nodes):
         if n.has_rows or not consumers[n]:

@@ -169,6 +169,18 @@ def _fmt_attr(v: Any) -> str:
     return repr(v)
 
 
+def consumers(nodes: Sequence[Node]) -> dict:
+    """For each of ``nodes``, the nodes among them that read it (in order): the one use-def map the passes
+    need."""
+    member = set(nodes)
+    out: dict = {n: [] for n in nodes}
+    for n in nodes:
+        for x in n.inputs:
+            if x in member:
+                out[x].append(n)
+    return out
+
+
 class Graph:
     """The nodes reachable from ``outputs``, in topological order (creation order)."""
 

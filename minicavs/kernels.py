@@ -10,9 +10,8 @@ from __future__ import annotations
 import heapq
 from typing import Sequence
 
-import numpy as np
-
 from .codegen import c as cgen
+from .graph import consumers
 from .passes.fusion import FusedGroup, _kind, fuse
 
 
@@ -46,11 +45,7 @@ def plan(program: list, keep: set) -> list[FusedGroup]:
     kernel if it has more than one node or absorbs a bias."""
     nodes = [step[0] for step in program]
     member = set(nodes)
-    users: dict = {n: [] for n in nodes}
-    for n in nodes:
-        for x in n.inputs:
-            if x in member:
-                users[x].append(n)
+    users = consumers(nodes)
     out = []
     for g in fuse(nodes, [n for n in nodes if n in keep]):
         inside = set(g.nodes)

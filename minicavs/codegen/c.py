@@ -33,7 +33,8 @@ from .cstyle import render_body
 from .vecmath import FUNCS_F32, PRELUDE_F32
 
 CODEGEN_VERSION = 2
-FLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-std=c99", "-fno-math-errno", "-fopenmp-simd", "-mprefer-vector-width=512")
+FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fPIC", "-shared", "-std=c99", "-fno-math-errno",
+         "-fopenmp-simd")
 
 
 def cache_dir() -> Path:

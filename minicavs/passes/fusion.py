@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from ..graph import Node
+from ..graph import Node, consumers as consumers_of
 from ..ops import scalar as S
 from ..ops.registry import OPS
 
@@ -106,12 +106,7 @@ def _cyclic(group: set, consumers: dict) -> bool:
 
 def fuse(nodes: Sequence[Node], outputs: Sequence[Node] = ()) -> list[FusedGroup]:
     """Group the fusible nodes among ``nodes`` (topological order); ``outputs`` must stay materialised."""
-    member = set(nodes)
-    consumers: dict = {n: [] for n in nodes}
-    for n in nodes:
-        for x in n.inputs:
-            if x in member:
-                consumers[x].append(n)
+    consumers = consumers_of(nodes)
     group_of: dict = {}
     for n in nodes:
         if not fusible(n):
