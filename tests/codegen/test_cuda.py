@@ -9,7 +9,6 @@ import shutil
 import numpy as np
 import pytest
 
-from minicavs import ops
 from minicavs.codegen import cuda
 from minicavs.codegen.cuda_emulation import Emulator, kernels_in
 from minicavs.config import REPO_ROOT, load_config, load_model_module
