@@ -26,6 +26,7 @@ from .memory import DynamicTensor, MemoryPlan
 from .ops import input as input_node
 from .ops.registry import OPS
 from .passes.classify import EAGER, LAZY, classify
+from .passes.fusion import fusible
 from .sparse import RowSparse, add_all
 from .streams import Event, get_stream
 from .vertex import VertexFunction
@@ -81,7 +82,8 @@ class Phases:
 def _phases(nodes, classes, leaves, opts: EngineOptions, eager_leaves=()) -> Phases:
     """Assign each node to PRE, TASK or POST by its class and the switches.
 
-    A value with the vertex axis leading is stored in a dynamic tensor and can be read by any later phase.
+    A value with the vertex axis leading is stored in a dynamic tensor and can be read by any later phase;
+    with fusion, an eager elementwise node that only feeds elementwise nodes joins its consumers' phase.
     A row-dependent value without it (a transposed block, a partial parameter gradient) is only meaningful
     inside the phase that computed it, so it is computed in every phase that consumes it."""
     def own(n):
@@ -93,7 +95,13 @@ def _phases(nodes, classes, leaves, opts: EngineOptions, eager_leaves=()) -> Pha
     consumers = consumers_of(nodes)
     where: dict = {}
     for n in reversed(nodes):
-        if n.has_rows or not consumers[n]:
+        cs = consumers[n]
+        if (opts.fusion and n.has_rows and classes[n] == EAGER and fusible(n) and cs
+                and all(fusible(c) and c.has_rows for c in cs)):
+            # Cheap elementwise work feeding only elementwise work: computed inside its consumers' kernel
+            # (recomputing is free, a stored array read back is not), not in a pass of its own.
+            where[n] = {min(min(where[c]) for c in cs)}
+        elif n.has_rows or not cs:
             where[n] = {own(n)}
         else:
             where[n] = set().union(*(where[c] for c in consumers[n]))

@@ -96,3 +96,15 @@ def test_linear_bias_joins_the_kernel_of_its_consumer():
     for k in off.grads:
         assert np.max(np.abs(dense(on.grads[k]) - dense(off.grads[k]))) <= 1e-10 * max(
             1.0, float(np.max(np.abs(dense(off.grads[k]))))), k
+
+
+def test_eager_elementwise_work_joins_the_task_kernel():
+    """σ'(x) = s(1 - s) of ∂F depends only on forward values (eager), but a pass of its own over the whole
+    kind would write and read back five arrays: with fusion it is computed inside the per-task kernel."""
+    case = cells.binary_tree_lstm(np.random.default_rng(0))
+    internal = case.model.structures[0].compiled["internal"]
+    _, bwd = internal.phases(ON)
+    _, unfused = internal.phases(OFF)
+    assert not fused_steps(bwd.programs[PRE]) and len(unfused.programs[PRE]) >= 5
+    (step,) = fused_steps(bwd.programs[TASK])
+    assert {n.op for n in step[1].group.nodes} >= {"sub", "mul", "accum"}
