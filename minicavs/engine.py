@@ -182,9 +182,7 @@ class CompiledFunction:
         if sc is not None and len(self.scatter_source.shape) == 2:
             src = self.scatter_source
             parts[src] = (0, src.shape[1])
-            if src.op == "concat" and src.attrs["axis"] in (-1, 1) and len(set(src.inputs)) == len(src.inputs):
-                bounds = np.cumsum([0] + [x.shape[1] for x in src.inputs])
-                parts.update((x, (int(a), int(b))) for x, a, b in zip(src.inputs, bounds[:-1], bounds[1:]))
+            parts.update((x, (a, b)) for x, a, b in _column_blocks(src) or ())
         self.scatter_parts = {n: ab for n, ab in parts.items() if n in bwd_inputs}
         # Pulled rows ∂F reads are read again from the pull buffer, which outlives the backward pass.
         self.pull_reads = {name: n for name, n in self.pulls.items() if n in bwd_inputs}
@@ -322,6 +320,14 @@ def _computed(program) -> list:
     return [x for node, *_, attrs, _ in program for x in (node if attrs is FUSED else (node,))]
 
 
+def _column_blocks(n) -> list | None:
+    """For a concat of distinct per-vertex vectors along the last axis: [(part, first column, end)]."""
+    if n.op != "concat" or n.ndim != 2 or n.attrs["axis"] not in (-1, 1) or len(set(n.inputs)) < len(n.inputs):
+        return None
+    bounds = np.cumsum([0] + [x.shape[1] for x in n.inputs]).tolist()
+    return [(x, a, b) for x, a, b in zip(n.inputs, bounds[:-1], bounds[1:])]
+
+
 def _elide_concats(program: list) -> tuple[list, list]:
     """Concats along the last axis whose parts are all outputs of fused steps of this program: the kernels
     write the parts straight into column blocks of the concat's buffer and the concat step disappears."""
@@ -329,10 +335,9 @@ def _elide_concats(program: list) -> tuple[list, list]:
     out, concats, taken = [], [], set()
     for st in program:
         n = st[0]
-        if (st[3] is not FUSED and n.op == "concat" and n.ndim == 2 and n.attrs["axis"] in (-1, 1)
-                and len(set(n.inputs)) == len(n.inputs) and all(x in made and x not in taken for x in n.inputs)):
-            bounds = np.cumsum([0] + [x.shape[1] for x in n.inputs])
-            concats.append((n, [(x, int(a), int(b)) for x, a, b in zip(n.inputs, bounds[:-1], bounds[1:])]))
+        blocks = _column_blocks(n) if st[3] is not FUSED else None
+        if blocks and all(x in made and x not in taken for x in n.inputs):
+            concats.append((n, blocks))
             taken.update(n.inputs)
             continue
         out.append(st)
@@ -526,9 +531,7 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
     def kind_rows(kid):
         """All of a kind's rows of the scatter tensor, in kind order: a slice when its tasks are adjacent."""
         if kid not in whole_rows:
-            r = plan.schedule.row[plan.kinds[kid].vertices]
-            contiguous = len(r) and r[-1] - r[0] == len(r) - 1 and bool(np.all(np.diff(r) == 1))
-            whole_rows[kid] = state.scatter[r[0]:r[0] + len(r)] if contiguous else np.take(state.scatter, r, axis=0)
+            whole_rows[kid] = _rows_of(state.scatter, plan.schedule.row[plan.kinds[kid].vertices])
         return whole_rows[kid]
 
     def compute(kid, p, sl, goff, cctx):
