@@ -2,8 +2,9 @@
 
 Workloads (float32, Adam, forward + backward + update; medians over the timed epochs after a warm-up):
 - ``tree_lstm``: binary Tree-LSTM on the first 1024 SST train trees, embeddings 128, batch 64, sparse
-  embedding updates (as DyNet updates lookup parameters); peer: DyNet with autobatching
-  (tools/dynet_tree_lstm.py, ``--dynet-python``).
+  embedding updates (as DyNet updates lookup parameters); peers: DyNet with autobatching
+  (tools/dynet_tree_lstm.py, ``--dynet-python``), PyTorch batched by level and PyTorch per-sample recursion
+  on the first ``--recursive-trees`` trees (tools/torch_tree_lstm.py, ``--torch-python``).
 - ``tree_fc``: Tree-FC on complete binary trees of 256 leaves, hidden 256, batch 64; peer: PyTorch batched
   by level by hand (tools/torch_tree_fc.py, ``--torch-python``).
 - ``var_lstm``: LSTM LM on the first 2000 sentences of PTB's ptb.valid.txt (vocabulary from that file),
@@ -156,14 +157,20 @@ def _peer(python: str, script: str, spec: dict, arrays: dict) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def dynet(python: str, t: Trainer, check_trees: int, epochs: int) -> dict:
-    """Run tools/dynet_tree_lstm.py with this trainer's current weights and trees."""
+def _trees(t: Trainer, limit: int | None = None) -> list:
+    """The trainer's SST trees as plain JSON for the peers: children, labels, leaf word ids."""
     trees = []
-    for tree in t.task.data["train"]:
+    for tree in t.task.data["train"][:limit]:
         _, ids, labels = t.task._prepared(tree)
         leaves = [v for v, ch in enumerate(tree.children) if not ch]
         trees.append({"children": tree.children, "labels": labels.tolist(),
                       "words": {str(v): int(i) for v, i in zip(leaves, ids)}})
+    return trees
+
+
+def dynet(python: str, t: Trainer, check_trees: int, epochs: int) -> dict:
+    """Run tools/dynet_tree_lstm.py with this trainer's current weights and trees."""
+    trees = _trees(t)
     with tempfile.TemporaryDirectory() as d:
         np.savez(os.path.join(d, "w.npz"), **{k: p.value for k, p in t.params.items()})
         spec = {"weights": os.path.join(d, "w.npz"), "trees": trees, "hidden": t.cfg["model"]["hidden"],
@@ -177,6 +184,14 @@ def dynet(python: str, t: Trainer, check_trees: int, epochs: int) -> dict:
         raise RuntimeError(f"DyNet run failed:\n{out.stderr[-2000:]}")
     res = json.loads(out.stdout.strip().splitlines()[-1])
     return {"check_loss": res["check_loss"], "rates": res["trees_per_s"]}
+
+
+def torch_tree_lstm(python: str, t: Trainer, mode: str, limit: int | None, epochs: int) -> dict:
+    """tools/torch_tree_lstm.py (``level`` or ``recursive``) with this trainer's weights and trees."""
+    return _peer(python, "torch_tree_lstm.py",
+                 {"mode": mode, "trees": _trees(t, limit), "batch": t.cfg["train"]["batch_size"],
+                  "lr": t.cfg["train"]["lr"], "epochs": epochs, "check_trees": 8},
+                 {"weights": {k: p.value for k, p in t.params.items()}})
 
 
 def _check_line(name: str, k: int, unit: str, ours: float, theirs: float) -> str:
@@ -205,6 +220,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trees", type=int, default=1024, help="SST trees per Tree-LSTM epoch")
     p.add_argument("--fc-trees", type=int, default=512, help="trees per Tree-FC epoch")
     p.add_argument("--sentences", type=int, default=2000, help="sentences per Var-LSTM epoch")
+    p.add_argument("--recursive-trees", type=int, default=128,
+                   help="trees per epoch of the (slow) per-sample PyTorch Tree-LSTM")
     p.add_argument("--epochs", type=int, default=3, help="timed epochs (after one warm-up epoch)")
     p.add_argument("--dynet-python", default=None, help="a python with dynet38 (tools/setup_peers.sh)")
     p.add_argument("--torch-python", default=None, help="a python with torch (tools/setup_peers.sh)")
@@ -228,8 +245,15 @@ def run(args: argparse.Namespace) -> int:
                 print(_check_line("DyNet", len(check), "trees", t.loss_and_grads(check, training=False).loss,
                                   ref["check_loss"]))
             flops = 3 * tree_lstm_flops(t.task.data["train"], args.embed, h) / len(t.task.data["train"])
-            _report(f"hidden {h}", "trees", float(np.median(throughput(t, args.epochs))), flops, machine,
-                    "DyNet (autobatching)", ref)
+            rate = float(np.median(throughput(t, args.epochs)))
+            _report(f"hidden {h}", "trees", rate, flops, machine, "DyNet (autobatching)", ref)
+            if args.torch_python:
+                for mode, limit in (("level", None), ("recursive", args.recursive_trees)):
+                    ref = torch_tree_lstm(args.torch_python, t, mode, limit, args.epochs)
+                    print(_check_line(f"PyTorch {mode}", 8, "trees", t.loss_and_grads(
+                        t.task.data["train"][:8], training=False).loss, ref["check_loss"]))
+                    label = "batched by level" if mode == "level" else f"per-sample recursion, {limit} trees"
+                    _report(f"hidden {h}", "trees", rate, flops, machine, f"PyTorch ({label})", ref)
     if "tree_fc" in args.workloads:
         H, L = 256, 256
         print(f"Tree-FC: {args.fc_trees} complete binary trees of {L} leaves, hidden {H}, batch {args.batch}")
