@@ -2,7 +2,7 @@
 C kernel (codegen/c.py) that reads strided views and can write straight into a dynamic tensor's rows.
 
 A program is a list of steps ``(node, impl, inputs, attrs, needs_ctx)`` run in order by the engine; a fused
-step has the group's output as node and its external inputs as inputs, so the engine runs it like any op.
+step has the tuple of the group's outputs as node, its external inputs as inputs and ``FUSED`` as attrs.
 Groups a kernel cannot index, and every group when there is no C compiler, stay as their unfused nodes.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Sequence
 
 from .codegen import c as cgen
 from .graph import consumers
-from .passes.fusion import FusedGroup, _kind, fuse
+from .passes.fusion import FusedGroup, broadcast_kind, fuse
 
 
 FUSED: dict = {}   # the attrs of a fused step: the engine tests ``attrs is FUSED``
@@ -56,7 +56,7 @@ def plan(program: list, keep: set) -> list[FusedGroup]:
                 g.biased[x] = b
                 if b not in g.inputs:
                     g.inputs.append(b)
-                    g.broadcast.append(_kind(b, g.output))
+                    g.broadcast.append(broadcast_kind(b, g.output))
         if len(g.nodes) > 1 or g.biased:
             out.append(g)
     return out

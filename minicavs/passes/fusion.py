@@ -28,7 +28,7 @@ def fusible(n: Node) -> bool:
 class FusedGroup:
     nodes: list            # topological order
     inputs: list           # external input nodes, in first-use order
-    broadcast: list        # per input: "full", "row", "col", "scalar" or "other" (see _kind)
+    broadcast: list        # per input: "full", "row", "col", "scalar" or "other" (see broadcast_kind)
     outputs: list = field(default_factory=list)   # members read outside the group, topological order
     biased: dict = field(default_factory=dict)    # input -> bias input: the input arrives without its bias
 
@@ -68,7 +68,7 @@ class FusedGroup:
         return self.evaluate_all(arrays)[-1]
 
 
-def _kind(x: Node, out: Node) -> str:
+def broadcast_kind(x: Node, out: Node) -> str:
     """How input ``x`` is indexed by the flat output index: full, row (a trailing block such as a bias:
     ``i % cols``), col (one value per row: ``i / cols``), scalar, or other (a kernel cannot index it)."""
     if x.shape == out.shape:
@@ -128,7 +128,7 @@ def fuse(nodes: Sequence[Node], outputs: Sequence[Node] = ()) -> list[FusedGroup
                 if x not in g and x not in inputs and not _foldable(x):
                     inputs.append(x)
         outs = [n for n in ordered if n in keep or not consumers[n] or any(c not in g for c in consumers[n])]
-        groups.append(FusedGroup(ordered, inputs, [_kind(x, ordered[-1]) for x in inputs], outs))
+        groups.append(FusedGroup(ordered, inputs, [broadcast_kind(x, ordered[-1]) for x in inputs], outs))
     groups.sort(key=lambda g: g.output.id)
     return groups
 
