@@ -33,8 +33,9 @@ from .cstyle import render_body
 from .vecmath import FUNCS_F32, PRELUDE_F32
 
 CODEGEN_VERSION = 2
-FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fPIC", "-shared", "-std=c99", "-fno-math-errno",
-         "-fopenmp-simd")
+# -mprefer-vector-width=512: gcc otherwise keeps AVX-512 machines at 256-bit vectors (x86 only).
+FLAGS = ("-O3", "-march=native") + (("-mprefer-vector-width=512",) if platform.machine() in ("x86_64", "AMD64")
+                                    else ()) + ("-fPIC", "-shared", "-std=c99", "-fno-math-errno", "-fopenmp-simd")
 
 
 def cache_dir() -> Path:
