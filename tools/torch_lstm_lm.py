@@ -11,9 +11,9 @@ weights (no update) and words/s (predictions per second) of each timed epoch (fo
 """
 import json
 import sys
-import time
 
 import numpy as np
+from torch_peer import train_and_report
 
 
 def main(path):
@@ -52,21 +52,9 @@ def main(path):
     k = spec["check_sentences"]
     with torch.no_grad():
         check_loss = float(loss_fn(inputs[:k], targets[:k]))
-    opt = torch.optim.Adam(params, lr=spec["lr"])
-    bs, n = spec["batch"], len(inputs)
-    words = sum(len(y) for y in targets)
-    rates = []
-    for epoch in range(spec["epochs"] + 1):   # the first epoch warms up
-        start = time.perf_counter()
-        for i in range(0, n, bs):
-            opt.zero_grad()
-            loss = loss_fn(inputs[i:i + bs], targets[i:i + bs])
-            loss.backward()
-            opt.step()
-        if epoch:
-            rates.append(words / (time.perf_counter() - start))
-    print(json.dumps({"check_loss": check_loss, "rates": rates, "threads": torch.get_num_threads(),
-                      "torch": torch.__version__}))
+    bs = spec["batch"]
+    batches = [(inputs[i:i + bs], targets[i:i + bs]) for i in range(0, len(inputs), bs)]
+    train_and_report(torch, params, loss_fn, batches, sum(len(y) for y in targets), spec, check_loss)
 
 
 if __name__ == "__main__":

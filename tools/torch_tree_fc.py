@@ -11,9 +11,9 @@ first trees for the given weights (no update) and trees/s of each timed epoch (f
 """
 import json
 import sys
-import time
 
 import numpy as np
+from torch_peer import train_and_report
 
 
 def main(path):
@@ -36,20 +36,9 @@ def main(path):
     k = spec["check_trees"]
     with torch.no_grad():
         check_loss = float(loss_fn(xs[:k], ys[:k]))
-    opt = torch.optim.Adam(P.values(), lr=spec["lr"])
-    bs, n = spec["batch"], len(xs)
-    rates = []
-    for epoch in range(spec["epochs"] + 1):   # the first epoch warms up
-        start = time.perf_counter()
-        for i in range(0, n, bs):
-            opt.zero_grad()
-            loss = loss_fn(xs[i:i + bs], ys[i:i + bs])
-            loss.backward()
-            opt.step()
-        if epoch:
-            rates.append(n / (time.perf_counter() - start))
-    print(json.dumps({"check_loss": check_loss, "rates": rates, "threads": torch.get_num_threads(),
-                      "torch": torch.__version__}))
+    bs = spec["batch"]
+    batches = [(xs[i:i + bs], ys[i:i + bs]) for i in range(0, len(xs), bs)]
+    train_and_report(torch, P.values(), loss_fn, batches, len(xs), spec, check_loss)
 
 
 if __name__ == "__main__":

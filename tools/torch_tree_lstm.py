@@ -16,9 +16,9 @@ line with the loss of the first trees for the given weights (no update) and tree
 """
 import json
 import sys
-import time
 
 import numpy as np
+from torch_peer import train_and_report
 
 
 def main(path):
@@ -93,20 +93,9 @@ def main(path):
     loss_fn = recursive_loss if spec["mode"] == "recursive" else level_loss
     with torch.no_grad():
         check_loss = float(loss_fn(trees[:spec["check_trees"]]))
-    opt = torch.optim.Adam(P.values(), lr=spec["lr"])
     bs = spec["batch"]
-    rates = []
-    for epoch in range(spec["epochs"] + 1):   # the first epoch warms up
-        start = time.perf_counter()
-        for i in range(0, len(trees), bs):
-            opt.zero_grad()
-            loss = loss_fn(trees[i:i + bs])
-            loss.backward()
-            opt.step()
-        if epoch:
-            rates.append(len(trees) / (time.perf_counter() - start))
-    print(json.dumps({"check_loss": check_loss, "rates": rates, "threads": torch.get_num_threads(),
-                      "torch": torch.__version__}))
+    batches = [(trees[i:i + bs],) for i in range(0, len(trees), bs)]
+    train_and_report(torch, P.values(), loss_fn, batches, len(trees), spec, check_loss)
 
 
 if __name__ == "__main__":
