@@ -2,10 +2,16 @@
 
 Same function as models/var_lstm.py without dropout: sentence w_1..w_n reads <eos> w_1..w_n and predicts
 w_1..w_n <eos>; [i, f, o, u] = x·W_x + h·W_h + b (minicavs' gate order; PyTorch's is i, f, g, o, so the
-weights are permuted here), zero initial state, softmax over the vocabulary at every step, loss = summed
-cross-entropy / sentences. Runs in its own environment (tools/setup_peers.sh), imports nothing from minicavs;
-one JSON spec in (weights and data as .npz), one JSON line out: the loss of the first sentences for the given
-weights (no update) and words/s (predictions per second) of each timed epoch (forward, backward, Adam).
+weights are permuted here; bias_hh stays zero at the start), zero initial state, softmax over the vocabulary
+at every step, loss = summed cross-entropy / sentences. A batch is packed once (pack_sequence, unsorted:
+PyTorch sorts by length), embedded with one lookup on the packed ids, run through nn.LSTM and the output
+layer on the packed rows. Runs in its own environment (tools/setup_peers.sh), imports nothing from minicavs.
+
+Input: one JSON spec naming an .npz of weights (rows @ W, as minicavs stores them: E, W_x, W_h, b, W_o, b_o)
+and an .npz of data (inputs and targets of all sentences concatenated, ptr: sentence offsets), with batch,
+epochs, check_sentences, threads and optimizer (tools/torch_peer.py). Output: one JSON line with the loss of
+the first check_sentences sentences for the given weights (no update) and words/s (predictions per second)
+of each timed epoch after a warm-up epoch (forward, backward, update).
 
     python tools/torch_lstm_lm.py SPEC.json
 """
@@ -13,14 +19,14 @@ import json
 import sys
 
 import numpy as np
-from torch_peer import train_and_report
+from torch_peer import set_threads, train_and_report
 
 
 def main(path):
     import torch
     from torch.nn.utils.rnn import pack_sequence
     spec = json.load(open(path))
-    torch.set_num_threads(spec.get("threads", 2))
+    set_threads(torch, spec)
     w = np.load(spec["weights"])
     data = np.load(spec["data"])
     ptr = data["ptr"]
@@ -44,9 +50,9 @@ def main(path):
     params = list(emb.parameters()) + list(lstm.parameters()) + list(out.parameters())
 
     def loss_fn(xs, ys):
-        packed = pack_sequence([emb(x) for x in xs], enforce_sorted=False)
-        h, _ = lstm(packed)
-        gold = pack_sequence(ys, enforce_sorted=False)   # the same (sorted) packing order as h
+        ids = pack_sequence(xs, enforce_sorted=False)      # time-major, sentences sorted by length
+        h, _ = lstm(ids._replace(data=emb(ids.data)))      # one embedding lookup for the whole batch
+        gold = pack_sequence(ys, enforce_sorted=False)     # the same lengths, so the same order as h
         return torch.nn.functional.cross_entropy(out(h.data), gold.data, reduction="sum") / len(xs)
 
     k = spec["check_sentences"]

@@ -1,16 +1,46 @@
-"""What the PyTorch peers share: the timed training loop and the one JSON line they print.
+"""What the PyTorch peers share: threads, the optimizer, the timed training loop and the JSON line they print.
 
 Imported by tools/torch_*.py, which run in the peers' own environment (tools/setup_peers.sh) and import
 nothing from minicavs; the script's directory is on sys.path, so ``from torch_peer import ...`` works.
+
+The spec's ``optimizer`` is minicavs' optimizer as ``{"name": "adam" | "sgd" | "adagrad", **hyper()}``
+(lr, weight_decay, clip_norm, and beta1/beta2/eps, momentum or eps); without it, Adam with ``spec["lr"]``.
+The update rules are the same as minicavs' (torch's Adam/SGD/Adagrad add L2 weight decay to the gradient,
+SGD's momentum is v = m v + g); ``clip_norm`` clips the global gradient norm first. minicavs'
+``sparse_updates`` (lazy row updates of embeddings) has no counterpart here: PyTorch updates densely.
 """
 import json
+import os
 import time
 
 
+def set_threads(torch, spec: dict) -> int:
+    """Intra-op threads: ``spec["threads"]`` or every core of the machine."""
+    n = int(spec.get("threads") or os.cpu_count() or 1)
+    torch.set_num_threads(n)
+    return n
+
+
+def make_optimizer(torch, params, spec: dict):
+    o = dict(spec.get("optimizer") or {"name": "adam", "lr": spec["lr"]})
+    name, lr, wd = o["name"].lower(), o["lr"], o.get("weight_decay", 0.0)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr, betas=(o.get("beta1", 0.9), o.get("beta2", 0.999)),
+                                eps=o.get("eps", 1e-8), weight_decay=wd)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=o.get("momentum", 0.0), weight_decay=wd)
+    if name == "adagrad":
+        return torch.optim.Adagrad(params, lr=lr, eps=o.get("eps", 1e-10), weight_decay=wd)
+    raise ValueError(f"optimizer {name!r}: the PyTorch peers know adam, sgd, adagrad")
+
+
 def train_and_report(torch, params, loss_fn, batches, units: int, spec: dict, check_loss: float) -> None:
-    """Adam over ``batches`` (argument tuples for ``loss_fn``) for one warm-up epoch and ``spec["epochs"]``
-    timed ones; prints the check loss, ``units`` per second of each timed epoch, threads and version."""
-    opt = torch.optim.Adam(params, lr=spec["lr"])
+    """The spec's optimizer over ``batches`` (argument tuples for ``loss_fn``) for one warm-up epoch and
+    ``spec["epochs"]`` timed ones; prints the check loss, ``units`` per second of each timed epoch, the
+    optimizer, threads and torch version."""
+    params = list(params)
+    opt = make_optimizer(torch, params, spec)
+    clip = (spec.get("optimizer") or {}).get("clip_norm")
     rates = []
     for epoch in range(spec["epochs"] + 1):   # the first epoch warms up
         start = time.perf_counter()
@@ -18,8 +48,10 @@ def train_and_report(torch, params, loss_fn, batches, units: int, spec: dict, ch
             opt.zero_grad()
             loss = loss_fn(*args)
             loss.backward()
+            if clip:
+                torch.nn.utils.clip_grad_norm_(params, clip)
             opt.step()
         if epoch:
             rates.append(units / (time.perf_counter() - start))
     print(json.dumps({"check_loss": check_loss, "rates": rates, "threads": torch.get_num_threads(),
-                      "torch": torch.__version__}))
+                      "optimizer": type(opt).__name__, "torch": torch.__version__}))

@@ -1,11 +1,16 @@
 """The bench's Tree-FC in PyTorch (CPU), hand-batched by level, for `minicavs bench --torch-python`.
 
-Every tree of a batch is the same complete binary tree, so each level is one matmul over all its vertices:
-leaves h = tanh(x·W_l + b_l); a level's parents take [h_left; h_right] of consecutive children, which is a
-view of the level below; the root's r = h·w_o + b_o; loss = sum of (r - y)^2 / trees. Runs in its own
-environment (tools/setup_peers.sh) and imports nothing from minicavs. Input: one JSON spec naming an .npz of
-weights (rows @ W, as minicavs stores them) and an .npz of data; output: one JSON line with the loss of the
-first trees for the given weights (no update) and trees/s of each timed epoch (forward, backward, Adam).
+Same function as models/tree_fc.py. Every tree of a batch is the same complete binary tree, so each level is
+one matmul over (trees x vertices of the level) rows: leaves h = tanh(x·W_l + b_l); a level's parents take
+[h_left; h_right] of consecutive children, which is a view (reshape) of the level below; the root's
+r = h·w_o + b_o; loss = summed (r - y)^2 / trees. Runs in its own environment (tools/setup_peers.sh) and
+imports nothing from minicavs.
+
+Input: one JSON spec naming an .npz of weights (rows @ W, as minicavs stores them: W_l, b_l, W, b, w_o, b_o)
+and an .npz of data (xs: trees x leaves x H in minicavs' leaf order, ys: trees), with batch, epochs,
+check_trees, threads and optimizer (tools/torch_peer.py). Output: one JSON line with the loss of the first
+check_trees trees for the given weights (no update) and trees/s of each timed epoch after a warm-up epoch
+(forward, backward, update).
 
     python tools/torch_tree_fc.py SPEC.json
 """
@@ -13,13 +18,13 @@ import json
 import sys
 
 import numpy as np
-from torch_peer import train_and_report
+from torch_peer import set_threads, train_and_report
 
 
 def main(path):
     import torch
     spec = json.load(open(path))
-    torch.set_num_threads(spec.get("threads", 2))
+    set_threads(torch, spec)
     w = np.load(spec["weights"])
     data = np.load(spec["data"])
     P = {k: torch.nn.Parameter(torch.from_numpy(np.array(w[k]))) for k in ("W_l", "b_l", "W", "b", "w_o", "b_o")}
@@ -27,10 +32,10 @@ def main(path):
 
     def loss_fn(x, y):
         B, L, H = x.shape
-        h = torch.tanh(x.reshape(B * L, H) @ P["W_l"] + P["b_l"])
+        h = torch.tanh(torch.addmm(P["b_l"], x.reshape(B * L, H), P["W_l"]))
         while h.shape[0] > B:
-            h = torch.tanh(h.reshape(-1, 2 * H) @ P["W"] + P["b"])   # siblings side by side
-        r = (h @ P["w_o"] + P["b_o"]).reshape(B)
+            h = torch.tanh(torch.addmm(P["b"], h.reshape(-1, 2 * H), P["W"]))   # siblings side by side
+        r = torch.addmm(P["b_o"], h, P["w_o"]).reshape(B)
         return ((r - y) ** 2).sum() / B
 
     k = spec["check_trees"]

@@ -10,7 +10,7 @@ c = σ(i)⊙tanh(u) + f1⊙c1 + f2⊙c2; h = σ(o)⊙tanh(c); softmax(h·W_o + b
 cross-entropy / trees. Runs in its own environment (tools/setup_peers.sh), imports nothing from minicavs.
 Input: one JSON spec (trees as children lists, leaf word ids and labels; weights as .npz); output: one JSON
 line with the loss of the first trees for the given weights (no update) and trees/s of each timed epoch
-(forward, backward, Adam).
+(forward, backward, update with the spec's optimizer: tools/torch_peer.py).
 
     python tools/torch_tree_lstm.py SPEC.json
 """
@@ -18,14 +18,14 @@ import json
 import sys
 
 import numpy as np
-from torch_peer import train_and_report
+from torch_peer import set_threads, train_and_report
 
 
 def main(path):
     import torch
     F = torch.nn.functional
     spec = json.load(open(path))
-    torch.set_num_threads(spec.get("threads", 2))
+    set_threads(torch, spec)
     w = np.load(spec["weights"])
     names = ("E", "W", "b_l", "U", "b_i", "U_f1", "U_f2", "b_f", "W_o", "b_o")
     P = {k: torch.nn.Parameter(torch.from_numpy(np.array(w[k]))) for k in names}
