@@ -1,13 +1,44 @@
 #!/usr/bin/env bash
-# Isolated environments for the benchmark's peers (never dependencies of minicavs):
-#   DyNet 2.2 with autobatching (PyPI dynet38) and PyTorch 2.13 for the CPU.
-# Usage: tools/setup_peers.sh [DIR]   (default /tmp/minicavs-peers); then pass
-#   --dynet-python DIR/dynet/bin/python --torch-python DIR/torch/bin/python to `minicavs bench`.
-# Two environments, so neither peer's numpy pin constrains the other.
+# One isolated environment for the benchmark's peers (never dependencies of minicavs):
+#   DyNet 2.2 with autobatching (PyPI dynet38) and PyTorch 2.13.0 for the CPU.
+# Usage: tools/setup_peers.sh [DIR]   (default /tmp/peervenv); then
+#   minicavs bench --dynet-python DIR/bin/python --torch-python DIR/bin/python
+# dynet38 and torch 2.13.0 coexist in one environment (both import and train in one process: checked at the
+# end); set PEERS_TWO_VENVS=1 to get DIR/dynet and DIR/torch instead if a future version clashes.
+# torch is pinned: a CPU wheel of 2.13.0 is what the benchmark was measured with, and an unpinned
+# `pip install torch` may pull a multi-GB CUDA build.
 set -euo pipefail
-dir=${1:-/tmp/minicavs-peers}
-python3 -m venv "$dir/dynet" && "$dir/dynet/bin/pip" install -q dynet38
-python3 -m venv "$dir/torch" && "$dir/torch/bin/pip" install -q numpy torch==2.13.0
-"$dir/dynet/bin/python" -c "import dynet_config, numpy; print('dynet ok, numpy', numpy.__version__)"
-"$dir/torch/bin/python" -c "import torch; print('torch', torch.__version__, 'threads', torch.get_num_threads())"
-echo "peers ready: --dynet-python $dir/dynet/bin/python --torch-python $dir/torch/bin/python"
+dir=${1:-/tmp/peervenv}
+if [[ ${PEERS_TWO_VENVS:-0} == 1 ]]; then
+  python3 -m venv "$dir/dynet" && "$dir/dynet/bin/pip" install -q numpy dynet38
+  python3 -m venv "$dir/torch" && "$dir/torch/bin/pip" install -q numpy torch==2.13.0
+  dynet_py=$dir/dynet/bin/python torch_py=$dir/torch/bin/python
+else
+  python3 -m venv "$dir"
+  "$dir/bin/pip" install -q numpy torch==2.13.0
+  "$dir/bin/pip" install -q dynet38
+  dynet_py=$dir/bin/python torch_py=$dir/bin/python
+fi
+# A forward/backward step in each; in one environment, both in the same process.
+"$dynet_py" - <<'PY'
+import dynet_config
+dynet_config.set(autobatch=1, mem=64, random_seed=1)
+import dynet as dy, numpy
+pc = dy.ParameterCollection()
+W = pc.add_parameters((3, 3))
+dy.renew_cg()
+loss = dy.sum_elems(W * dy.inputVector([1.0, 2.0, 3.0]))
+loss.backward()
+print("dynet38 ok, numpy", numpy.__version__)
+PY
+"$torch_py" - <<'PY'
+import torch
+a = torch.randn(8, 8, requires_grad=True)
+(a @ a).sum().backward()
+assert torch.__version__.startswith("2.13.0"), torch.__version__
+print("torch", torch.__version__, "ok, threads", torch.get_num_threads())
+PY
+if [[ $dynet_py == "$torch_py" ]]; then
+  "$dynet_py" -c "import dynet_config; dynet_config.set(mem=64); import dynet, torch; print('dynet and torch in one process ok')"
+fi
+echo "peers ready: --dynet-python $dynet_py --torch-python $torch_py"
