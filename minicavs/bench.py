@@ -142,6 +142,13 @@ def throughput(t: Trainer, epochs: int) -> list[float]:
     return rates
 
 
+def peer_settings(t: Trainer) -> dict:
+    """What every PyTorch peer is told besides weights and data: batch size, this trainer's optimizer
+    (name and hyperparameters, tools/torch_peer.py builds the same rule) and one thread per core."""
+    return {"batch": t.cfg["train"]["batch_size"], "lr": t.optimizer.lr, "threads": os.cpu_count() or 1,
+            "optimizer": {"name": type(t.optimizer).__name__.lower(), **t.optimizer.hyper()}}
+
+
 def _peer(python: str, script: str, spec: dict, arrays: dict) -> dict:
     """Run a peer script in its own environment with weights and data handed over as .npz files."""
     with tempfile.TemporaryDirectory() as d:
@@ -189,9 +196,27 @@ def dynet(python: str, t: Trainer, check_trees: int, epochs: int) -> dict:
 def torch_tree_lstm(python: str, t: Trainer, mode: str, limit: int | None, epochs: int) -> dict:
     """tools/torch_tree_lstm.py (``level`` or ``recursive``) with this trainer's weights and trees."""
     return _peer(python, "torch_tree_lstm.py",
-                 {"mode": mode, "trees": _trees(t, limit), "batch": t.cfg["train"]["batch_size"],
-                  "lr": t.cfg["train"]["lr"], "epochs": epochs, "check_trees": 8},
+                 {**peer_settings(t), "mode": mode, "trees": _trees(t, limit), "epochs": epochs, "check_trees": 8},
                  {"weights": {k: p.value for k, p in t.params.items()}})
+
+
+def torch_tree_fc(python: str, t: Trainer, check_trees: int, epochs: int) -> dict:
+    """tools/torch_tree_fc.py with this trainer's weights and trees (inputs in minicavs' leaf order)."""
+    data = t.task.data["train"]
+    return _peer(python, "torch_tree_fc.py", {**peer_settings(t), "epochs": epochs, "check_trees": check_trees},
+                 {"weights": {k: p.value for k, p in t.params.items()},
+                  "data": {"xs": np.stack([x for x, _ in data]), "ys": np.array([y for _, y in data])}})
+
+
+def torch_lstm_lm(python: str, t: Trainer, check_sentences: int, epochs: int) -> dict:
+    """tools/torch_lstm_lm.py with this trainer's weights and sentences (input and target ids)."""
+    data = t.task.data["train"]
+    return _peer(python, "torch_lstm_lm.py",
+                 {**peer_settings(t), "epochs": epochs, "check_sentences": check_sentences},
+                 {"weights": {k: p.value for k, p in t.params.items()},
+                  "data": {"inputs": np.concatenate([x for x, _ in data]),
+                           "targets": np.concatenate([y for _, y in data]),
+                           "ptr": np.concatenate(([0], np.cumsum([len(x) for x, _ in data])))}})
 
 
 def _check_line(name: str, k: int, unit: str, ours: float, theirs: float) -> str:
@@ -202,11 +227,14 @@ def _check_line(name: str, k: int, unit: str, ours: float, theirs: float) -> str
 
 def _report(label: str, unit: str, rate: float, flops: float, machine: float, peer: str | None,
             ref: dict | None) -> None:
+    """One line: minicavs' rate and matmul FLOP rate (% of the machine); the peer's, and the ratio."""
     line = (f"  {label:<34} minicavs {rate:9.1f} {unit}/s   matmul rate {rate * flops / 1e9:6.1f} GFLOP/s "
             f"= {100 * rate * flops / machine:4.1f}% of the machine")
     if ref is not None:
         theirs = float(np.median(ref["rates"]))
-        line += f"   {peer} {theirs:9.1f} {unit}/s   ratio {rate / theirs:5.2f}x"
+        threads = f", {ref['threads']} threads" if "threads" in ref else ""
+        line += (f"   {peer}{threads} {theirs:9.1f} {unit}/s ({100 * theirs * flops / machine:4.1f}%)"
+                 f"   ratio {rate / theirs:5.2f}x")
     print(line)
 
 
@@ -260,13 +288,8 @@ def run(args: argparse.Namespace) -> int:
         t = tree_fc(H, L, args.batch, args.fc_trees, EngineOptions())
         ref = None
         if args.torch_python:
-            data = t.task.data["train"]
-            check = data[:4]
-            ref = _peer(args.torch_python, "torch_tree_fc.py",
-                        {"batch": args.batch, "lr": t.cfg["train"]["lr"], "epochs": args.epochs,
-                         "check_trees": len(check)},
-                        {"weights": {k: p.value for k, p in t.params.items()},
-                         "data": {"xs": np.stack([x for x, _ in data]), "ys": np.array([y for _, y in data])}})
+            check = t.task.data["train"][:4]
+            ref = torch_tree_fc(args.torch_python, t, len(check), args.epochs)
             print(_check_line("PyTorch", len(check), "trees", t.loss_and_grads(check, training=False).loss,
                               ref["check_loss"]))
         _report(f"leaves {L}, hidden {H}", "trees", float(np.median(throughput(t, args.epochs))),
@@ -284,14 +307,7 @@ def run(args: argparse.Namespace) -> int:
         ref = None
         if args.torch_python:
             check = data[:8]
-            lens = [len(x) for x, _ in data]
-            ref = _peer(args.torch_python, "torch_lstm_lm.py",
-                        {"batch": args.batch, "lr": t.cfg["train"]["lr"], "epochs": args.epochs,
-                         "check_sentences": len(check)},
-                        {"weights": {k: p.value for k, p in t.params.items()},
-                         "data": {"inputs": np.concatenate([x for x, _ in data]),
-                                  "targets": np.concatenate([y for _, y in data]),
-                                  "ptr": np.concatenate(([0], np.cumsum(lens)))}})
+            ref = torch_lstm_lm(args.torch_python, t, len(check), args.epochs)
             print(_check_line("PyTorch", len(check), "sentences", t.loss_and_grads(check, training=False).loss,
                               ref["check_loss"]))
         flops = 3 * lstm_lm_flops([len(x) for x, _ in data], D, H, V) / t.task.units(data)

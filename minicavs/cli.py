@@ -84,7 +84,8 @@ def _bench(args: argparse.Namespace) -> int:
 COMMANDS: dict[str, tuple[str, Callable, Callable]] = {
     "train": ("train a model from a YAML config", _train_args, _train),
     "eval": ("evaluate a checkpoint on a data split", _eval_args, _eval),
-    "bench": ("Tree-LSTM training throughput, vs DyNet if given, and the switch ablation", _bench_args, _bench),
+    "bench": ("training throughput (Tree-LSTM, Tree-FC, Var-LSTM LM) vs DyNet and PyTorch if given, matmul "
+              "rate vs the machine's, and the switch ablation", _bench_args, _bench),
     "demo": ("train a small MLP on a synthetic spiral (a smoke test of the core)", _demo_args, _demo),
 }
 
