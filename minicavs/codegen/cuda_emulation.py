@@ -27,6 +27,7 @@ static mc_dim3 blockIdx, threadIdx, blockDim, gridDim;
 template <class T> static inline T atomicAdd(T *a, T v) { T old = *a; *a = old + v; return old; }
 """
 
+POINTEE = {"float": np.dtype(np.float32), "double": np.dtype(np.float64), "long": np.dtype(np.int64)}
 SIGNATURE = re.compile(r'extern "C" __global__ void (\w+)\(([^)]*)\)', re.S)
 
 
@@ -91,8 +92,35 @@ class Emulator:
         for p, a in zip(params, args):
             if "*" in p:
                 ctype = p.replace("__restrict__", "").replace("const", "").split("*")[0].strip()
-                a = np.asarray(a)   # a view's first element; the kernel's ld arguments give the strides
+                if not isinstance(a, np.ndarray) or a.dtype != POINTEE[ctype]:
+                    raise TypeError(f"{name}: {p} needs a {POINTEE[ctype]} array, got {type(a).__name__} "
+                                    f"{getattr(a, 'dtype', '')}")
+                if "const" not in p and not a.flags.writeable:
+                    raise TypeError(f"{name}: {p} is written, got a read-only array")
+                # a view's first element; the kernel's ld arguments give the strides
                 conv.append(self.ffi.cast(f"{ctype} *", a.ctypes.data))
             else:
+                if not isinstance(a, (int, np.integer)):
+                    raise TypeError(f"{name}: {p} needs an integer, got {type(a).__name__}")
                 conv.append(int(a))
         getattr(self.lib, f"launch_{name}")(grid, block, *conv)
+
+
+class Launcher:
+    """A launcher (see :mod:`minicavs.cuda`) that runs kernels through the emulation, on numpy arrays:
+    ``FusedKernel(group, Launcher())`` and ``RowKernels(dtype, Launcher())`` execute the very source and
+    argument packing they would hand to CuPy. One emulation library per source, built on first use."""
+
+    xp = np
+
+    def __init__(self, workdir: str | Path | None = None):
+        self.workdir = workdir
+        self.emulators: dict[str, Emulator] = {}
+        self.launches: list[tuple[str, int, int]] = []   # (kernel, grid, block) of every launch, in order
+
+    def __call__(self, source: str, name: str, grid: int, block: int, args, stream=None) -> None:
+        emu = self.emulators.get(source)
+        if emu is None:
+            emu = self.emulators[source] = Emulator([source], self.workdir)
+        self.launches.append((name, grid, block))
+        emu.launch(name, grid, block, *args)

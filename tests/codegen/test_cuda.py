@@ -1,79 +1,144 @@
 """CUDA kernels verified without a GPU: every source the backend can generate for the bundled models
-compiles for sm_80 and sm_90 (NVRTC, or nvcc), and the same text, compiled as C++ behind an emulation shim,
-computes what numpy computes (float32 1e-5, float64 1e-12 relative to max(1, max|ref|))."""
+compiles for sm_80 and sm_90 (NVRTC per source, as CuPy compiles them; nvcc too when on PATH), and the same
+text, compiled as C++ behind an emulation shim, computes what numpy computes (float32 1e-5, float64 1e-12
+relative to max(1, max|ref|))."""
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 
 import numpy as np
 import pytest
 
+from minicavs import ops
 from minicavs.codegen import cuda
 from minicavs.codegen.cuda_emulation import Emulator, kernels_in
 from minicavs.config import REPO_ROOT, load_config, load_model_module
+from minicavs.engine import EngineOptions
 from minicavs.graph import Graph
 from minicavs.passes.fusion import fuse
 
 from .test_c import random_group
 
 TOL = {"float32": 1e-5, "float64": 1e-12}
-MODELS = {"tree_lstm": ["model.hidden=6", "model.embed=4", "data.synthetic.train=4", "data.synthetic.dev=2",
-                        "data.synthetic.test=2"],
-          "var_lstm": ["model.hidden=6", "model.embed=4"],
-          "fixed_lstm": ["model.hidden=6", "model.embed=4"],
-          "tree_fc": ["model.hidden=6", "model.leaves=4", "data.synthetic.train=2", "data.synthetic.dev=1"]}
+SMALL = ["model.hidden=6", "model.embed=4"]
+TREES = ["data.synthetic.train=4", "data.synthetic.dev=2", "data.synthetic.test=2"]
+MODELS = {"tree_lstm": ("tree_lstm", SMALL + TREES),
+          "tree_lstm_child_sum": ("tree_lstm", SMALL + TREES + ["model.variant=child_sum"]),
+          "var_lstm": ("var_lstm", SMALL),
+          "fixed_lstm": ("fixed_lstm", SMALL),
+          "tree_fc": ("tree_fc", ["model.hidden=6", "model.leaves=4", "data.synthetic.train=2",
+                                  "data.synthetic.dev=1"])}
+# Every engine configuration that fuses: the switches change which nodes share a phase, so the groups.
+FUSING = [EngineOptions(lazy, eager, streaming, True, elision)
+          for lazy, eager, streaming, elision in itertools.product([False, True], repeat=4)]
 
-needs_cxx = pytest.mark.skipif(shutil.which("g++") is None, reason="CUDA emulation needs g++")
+needs_cxx = pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None,
+                               reason="CUDA emulation needs g++")
 
 
 def close(got, want, dtype):
     assert np.max(np.abs(np.asarray(got, np.float64) - want)) <= TOL[dtype] * max(1.0, float(np.max(np.abs(want))))
 
 
-def model_groups(name: str, dtype: str) -> list:
-    cfg = load_config(REPO_ROOT / "models" / f"{name}.yaml", MODELS[name] + [f"train.dtype={dtype}"])
-    task = load_model_module(name, REPO_ROOT / "models").build(cfg)
-    return [g for s in task.model.structures for fn in s.compiled.values() for g in fn.fusion_groups()]
+def model_groups(model: str, dtype: str) -> list:
+    """The fused groups of a bundled model's vertex functions (F and ∂F of every kind): those the engine
+    lowers under each fusing configuration (what a backend actually runs) and ``fusion_groups()``."""
+    module, overrides = MODELS[model]
+    cfg = load_config(REPO_ROOT / "models" / f"{module}.yaml", overrides + [f"train.dtype={dtype}"])
+    task = load_model_module(module, REPO_ROOT / "models").build(cfg)
+    groups = {}
+    for s in task.model.structures:
+        for fn in s.compiled.values():
+            found = list(fn.fusion_groups())
+            for opts in FUSING:
+                fwd, bwd = fn.phases(opts)
+                found += [g for ph in (fwd, bwd) for gs in ph.groups for g in gs]
+            for g in found:
+                if "other" not in g.broadcast:
+                    groups.setdefault(cuda.render(g)[1], g)
+    return list(groups.values())
 
 
 @pytest.fixture(scope="module")
-def every_source():
-    """{model: [(name, source), ...]} for float32 and float64: exactly what FusedKernel/RowKernels compile."""
-    return {m: cuda.kernel_sources(model_groups(m, "float32") + model_groups(m, "float64")) for m in MODELS}
+def groups_of():
+    """{model: [group, ...]} over float32 and float64."""
+    return {m: model_groups(m, "float32") + model_groups(m, "float64") for m in MODELS}
+
+
+@pytest.fixture(scope="module")
+def every_source(groups_of):
+    """{model: [(name, source), ...]}: exactly the strings FusedKernel and RowKernels hand to CuPy."""
+    return {m: cuda.kernel_sources(gs) for m, gs in groups_of.items()}
+
+
+def unique_sources(every_source) -> dict:
+    return {src: (m, name) for m, sources in every_source.items() for name, src in sources}
 
 
 def test_every_model_has_fused_kernels(every_source):
     for m, sources in every_source.items():
         fused = [n for n, _ in sources if n.startswith("fused_")]
-        assert len(fused) >= 2, m     # F and ∂F of at least one kind, per dtype
+        assert len(fused) >= 4, m     # F and ∂F of at least one kind, per dtype
         assert {"rows_float", "rows_double"} <= {n for n, _ in sources}
 
 
+@pytest.mark.skipif(shutil.which("cc") is None, reason="the engine lowers groups only with a C compiler")
+def test_the_engine_lowered_groups_are_all_checked(groups_of):
+    """The compile and emulation checks cover the groups the engine runs with its default switches."""
+    module, overrides = MODELS["tree_lstm"]
+    cfg = load_config(REPO_ROOT / "models" / f"{module}.yaml", overrides)
+    task = load_model_module(module, REPO_ROOT / "models").build(cfg)
+    checked = {cuda.render(g)[1] for g in groups_of["tree_lstm"]}
+    for fn in task.model.structures[0].compiled.values():
+        fwd, bwd = fn.phases(EngineOptions())
+        lowered = [g for ph in (fwd, bwd) for gs in ph.groups for g in gs]
+        assert lowered and {cuda.render(g)[1] for g in lowered} <= checked
+
+
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-def test_every_generated_kernel_compiles(every_source, arch):
-    if cuda.compiler_available() is None:
+def test_every_generated_kernel_compiles_with_nvrtc(every_source, arch):
+    """Each source on its own, with the options CuPy's RawModule gets: what a GPU run would compile."""
+    if "nvrtc" not in cuda.compilers_available():
         if os.environ.get("CI") == "true":
-            pytest.fail("CI must compile the CUDA kernels: install minicavs[cudacheck] (NVRTC from PyPI)")
-        pytest.skip("no NVRTC (pip install 'minicavs[cudacheck]') and no nvcc")
-    seen = set()
-    for m, sources in every_source.items():
-        for name, source in sources:
-            if source not in seen:
-                seen.add(source)
-                assert cuda.compile_source(source, arch, name), (m, name)
-    assert len(seen) >= 10
+            pytest.fail("CI must compile the CUDA kernels: pip install '.[cudacheck]' (NVRTC from PyPI)")
+        pytest.skip("no NVRTC: pip install 'minicavs[cudacheck]'")
+    sources = unique_sources(every_source)
+    for source, (m, name) in sources.items():
+        assert cuda.compile_source(source, arch, name, compiler="nvrtc"), (m, name)
+    assert len(sources) >= 20
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc on PATH")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_every_generated_kernel_compiles_with_nvcc(every_source, arch):
+    """The same strings through nvcc, all in one translation unit (one nvcc run per architecture)."""
+    assert cuda.compile_source("\n".join(unique_sources(every_source)), arch, "all", compiler="nvcc")
+
+
+def test_compile_errors_carry_the_log():
+    if not cuda.compilers_available():
+        pytest.skip("no CUDA compiler")
+    with pytest.raises(RuntimeError, match="(?s)could not compile.*undefined"):
+        cuda.compile_source('extern "C" __global__ void k(float *y) { y[0] = undefined_name; }', "sm_80")
+
+
+@pytest.fixture(scope="module")
+def model_emulator(groups_of, emulation_dir):
+    """One emulation library for every fused kernel of the bundled models."""
+    sources = {cuda.render(g)[1] for gs in groups_of.values() for g in gs}
+    return Emulator(sorted(sources), emulation_dir)
 
 
 @needs_cxx
-def test_model_kernels_run_on_the_cpu_emulation(every_source, tmp_path_factory):
+def test_model_kernels_run_on_the_cpu_emulation(groups_of, model_emulator):
     """Every fused kernel of the bundled models, through the emulation shim, equals the group's numpy
-    evaluation, with row-strided inputs and outputs and a grid smaller than the work (grid-stride loop)."""
-    groups = {cuda.render(g)[0]: g for m in MODELS for dt in ("float32", "float64") for g in model_groups(m, dt)
-              if "other" not in g.broadcast}
-    emu = Emulator([cuda.render(g)[1] for g in groups.values()], tmp_path_factory.mktemp("emu"))
+    evaluation, with row-strided inputs and outputs, a grid smaller than the work (grid-stride loop) and
+    tasks of one row; nothing is written past a row."""
     rng = np.random.default_rng(0)
-    for name, g in groups.items():
+    for g in {cuda.render(g)[0]: g for gs in groups_of.values() for g in gs}.values():
+        name = cuda.render(g)[0]
         dtype = g.output.dtype.name
         for rows in (1, 7):
             cols = 5
@@ -87,7 +152,7 @@ def test_model_kernels_run_on_the_cpu_emulation(every_source, tmp_path_factory):
             outs = [np.full((rows, cols + 2), np.nan, dtype) for _ in g.outputs]
             for o in outs:
                 args += [o, cols + 2]
-            emu.launch(name, 2, 4, rows, cols, *args)   # 8 threads for up to 35 elements
+            model_emulator.launch(name, 2, 4, rows, cols, *args)   # 8 threads for up to 35 elements
             for o, want in zip(outs, g.evaluate_all(arrays)):
                 close(o[:, :cols], np.broadcast_to(want, (rows, cols)), dtype)
                 assert np.isnan(o[:, cols:]).all()        # nothing written past the row
@@ -96,11 +161,11 @@ def test_model_kernels_run_on_the_cpu_emulation(every_source, tmp_path_factory):
 @needs_cxx
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("seed", range(4))
-def test_random_fused_dags_on_the_cpu_emulation(dtype, seed, tmp_path_factory):
+def test_random_fused_dags_on_the_cpu_emulation(dtype, seed, emulation_dir):
     rng = np.random.default_rng(seed)
     x, y, b, out = random_group(rng, dtype)
     groups = fuse(list(Graph([out]).nodes), [out])
-    emu = Emulator([cuda.render(g)[1] for g in groups], tmp_path_factory.mktemp("emu"))
+    emu = Emulator([cuda.render(g)[1] for g in groups], emulation_dir)
     env = {x: rng.standard_normal((9, 5)).astype(dtype), y: rng.standard_normal((9, 5)).astype(dtype),
            b: rng.standard_normal(5).astype(dtype)}
     for g in groups:
@@ -120,11 +185,37 @@ def test_random_fused_dags_on_the_cpu_emulation(dtype, seed, tmp_path_factory):
 
 @needs_cxx
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_every_broadcast_kind_on_the_cpu_emulation(dtype, emulation_dir):
+    """full (i), row (a bias: i % cols), col (one value per row: i / cols) and scalar (0), in one kernel."""
+    x = ops.input((None, 6), dtype, name="x")
+    b = ops.input((6,), dtype, name="b")
+    s = ops.input((None, 1), dtype, name="s")
+    k = ops.input((), dtype, name="k")
+    out = ops.tanh(x * s + b) * k + ops.sigmoid(x - s)
+    (g,) = fuse(list(Graph([out]).nodes), [out])
+    assert sorted(set(g.broadcast)) == ["col", "full", "row", "scalar"]
+    name, source = cuda.render(g)
+    emu = Emulator([source], emulation_dir)
+    rng = np.random.default_rng(3)
+    for rows, grid, block in [(1, 1, 1), (1, 4, 32), (11, 1, 5), (11, 3, 7)]:
+        env = {x: rng.standard_normal((rows, 6)), b: rng.standard_normal(6), s: rng.standard_normal((rows, 1)),
+               k: np.asarray(rng.standard_normal())}
+        arrays = [env[i].astype(dtype) for i in g.inputs]
+        args = []
+        for a, kind in zip(arrays, g.broadcast):
+            args += [a, {"full": 6, "col": 1}.get(kind, 0)]
+        y = np.full((rows, 6), np.nan, dtype)
+        emu.launch(name, grid, block, rows, 6, *args, y, 6)
+        close(y, g.evaluate(arrays), dtype)
+
+
+@needs_cxx
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("grid, block", [(1, 1), (2, 3), (64, 256)])
-def test_row_kernels_on_the_cpu_emulation(dtype, grid, block, tmp_path_factory):
+def test_row_kernels_on_the_cpu_emulation(dtype, grid, block, emulation_dir):
     name, source = cuda.row_kernels(dtype)
     T = "float" if dtype == "float32" else "double"
-    emu = Emulator([source], tmp_path_factory.mktemp("emu"))
+    emu = Emulator([source], emulation_dir)
     assert {n for n, _ in kernels_in(source)} == {f"{k}_{T}" for k in cuda.ROW_KERNEL_NAMES}
     rng = np.random.default_rng(1)
     src = rng.standard_normal((6, 4)).astype(dtype)
@@ -144,10 +235,34 @@ def test_row_kernels_on_the_cpu_emulation(dtype, grid, block, tmp_path_factory):
     emu.launch(f"scatter_add_rows_{T}", grid, block, 6, 4, src, 4, idx, atomic, 4)
     close(atomic, want, dtype)
     order, ptr, target = cuda.segments(idx)
+    assert list(target) == [0, 1, 2, 5] and list(ptr) == [0, 1, 2, 3, 6]
     seg = np.zeros((7, 4), dtype)
     emu.launch(f"segment_sum_rows_{T}", grid, block, len(target), 4, src, 4, order, ptr, target, seg, 4)
-    close(seg, want, dtype)
+    # The emulation adds atomically in row order, the segment sum in row order too: the same bits.
+    assert np.array_equal(seg, atomic)
+    base = rng.standard_normal((7, 4)).astype(dtype)   # both add to what the destination holds
+    seg, atomic = base.copy(), base.copy()
+    emu.launch(f"segment_sum_rows_{T}", grid, block, len(target), 4, src, 4, order, ptr, target, seg, 4)
+    emu.launch(f"scatter_add_rows_{T}", grid, block, 6, 4, src, 4, idx, atomic, 4)
+    close(seg, base + want, dtype)
+    close(atomic, base + want, dtype)
+
+
+def test_segments_plan():
+    order, ptr, target = cuda.segments(np.array([3, 1, 3, 3, 0], np.int64))
+    assert list(order) == [4, 1, 0, 2, 3] and list(ptr) == [0, 1, 2, 5] and list(target) == [0, 1, 3]
+    order, ptr, target = cuda.segments(np.zeros(0, np.int64))
+    assert len(order) == 0 and list(ptr) == [0] and len(target) == 0
 
 
 def test_grid_is_bounded():
-    assert cuda.grid(1) == 1 and cuda.grid(257) == 2 and cuda.grid(10 ** 9) == cuda.MAX_BLOCKS
+    assert cuda.grid(0) == 1 and cuda.grid(1) == 1 and cuda.grid(257) == 2
+    assert cuda.grid(10 ** 9) == cuda.MAX_BLOCKS
+
+
+def test_kernel_sources_lists_row_kernels_per_dtype():
+    x = ops.input((None, 3), "float32", name="x")
+    out = ops.tanh(x) * 2.0
+    (g,) = fuse(list(Graph([out]).nodes), [out])
+    names = [n for n, _ in cuda.kernel_sources([g, g], ["float32", "float64"])]
+    assert names == [cuda.render(g)[0], "rows_float", "rows_double"]
