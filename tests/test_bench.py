@@ -10,8 +10,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from minicavs.bench import (WORKLOADS, add_arguments, lstm_lm_flops, peer_settings, torch_lstm_lm, torch_tree_fc,
-                            tree_fc, tree_fc_flops, tree_lstm_flops, var_lstm)
+from minicavs.bench import add_arguments
+from minicavs.bench.peers import peer_settings, torch_lstm_lm, torch_tree_fc
+from minicavs.bench.workloads import WORKLOADS, lstm_lm_flops, tree_fc, tree_fc_flops, tree_lstm_flops, var_lstm
 from minicavs.engine import EngineOptions
 
 
