@@ -29,6 +29,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from .device import array_module, to_host
 from .errors import CheckpointError
 
 FORMAT = "minicavs-checkpoint"
@@ -56,7 +57,7 @@ def save(path: str | os.PathLike, params: Mapping[str, Any], optimizer=None, ste
     arrays: dict[str, np.ndarray] = {}
     entries = []
     for i, (name, p) in enumerate(params.items()):
-        arr = np.asarray(getattr(p, "value", p))
+        arr = to_host(getattr(p, "value", p))   # device arrays are written from a host copy
         arrays[f"p{i}"] = arr
         entries.append({"name": name, "key": f"p{i}", "shape": list(arr.shape), "dtype": arr.dtype.name})
     opt_meta = None
@@ -67,7 +68,7 @@ def save(path: str | os.PathLike, params: Mapping[str, Any], optimizer=None, ste
             slots[name] = {}
             for s, arr in got.items():
                 slots[name][s] = key = f"o{len(arrays) - len(entries)}"  # o0, o1, ...
-                arrays[key] = arr
+                arrays[key] = to_host(arr)
         opt_meta = {"type": state["type"], "steps": int(state["steps"]), "hyper": state["hyper"],
                     "slots": slots}
     if step is None:
@@ -178,7 +179,7 @@ def load(path: str | os.PathLike, params: Mapping[str, Any], optimizer=None) -> 
     for name, p in params.items():
         if name not in ck.params:
             raise bad(f"parameter '{name}' is missing")
-        want, got = np.asarray(p.value), ck.params[name]
+        want, got = p.value, ck.params[name]
         if got.shape != want.shape or got.dtype != want.dtype:
             raise bad(f"parameter '{name}' is {got.dtype}{got.shape} in the checkpoint, "
                       f"{want.dtype}{want.shape} in the model")
@@ -193,7 +194,7 @@ def load(path: str | os.PathLike, params: Mapping[str, Any], optimizer=None) -> 
         except ValueError as e:
             raise bad(str(e)) from None
     for name, p in params.items():
-        p.value[...] = ck.params[name]
+        p.value[...] = array_module(p.value).asarray(ck.params[name])
     if optimizer is not None:
         optimizer.load_state_dict(ck.optimizer)
     return ck

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from .autodiff import grad
+from .device import CPU, Device
 from .executor import RunContext, eval_nodes
 from .graph import Graph, consumers as consumers_of
-from .codegen.c import row_kernels
 from .kernels import FUSED, lower, plan
 from .memory import DynamicTensor, MemoryPlan
 from .ops import input as input_node
@@ -28,31 +28,9 @@ from .ops.registry import OPS
 from .passes.classify import EAGER, LAZY, classify
 from .passes.fusion import fusible
 from .sparse import RowSparse, add_all
-from .streams import Event, get_stream
 from .vertex import VertexFunction
 
 PRE, TASK, POST = 0, 1, 2
-
-
-def _produce_eager(tasks, work, ctx):
-    """Run ``work(i, *task, ctx, copies)`` for every task, in order, on the eager stream; returns one event
-    per task and the worker's copy counters (read them after the last event). The worker has its own run
-    context, since dropout row keys change per call."""
-    events = [Event() for _ in tasks]
-    wctx = replace(ctx)
-    wcopies = {"gather": 0, "gathered": 0, "pull": 0, "push": 0}
-
-    def produce():
-        i = 0
-        try:
-            for i, (kid, koff, bs, goff) in enumerate(tasks):
-                work(i, kid, koff, bs, goff, wctx, wcopies)
-                events[i].set()
-        except BaseException as e:
-            for ev in events[i:]:
-                ev.set(e)
-    get_stream("eager").submit(produce)
-    return events, wcopies
 
 
 @dataclass(frozen=True)
@@ -190,18 +168,23 @@ class CompiledFunction:
                             and n not in self.pull_reads.values()]
         self._phases: dict = {}
 
-    def phases(self, opts: EngineOptions) -> tuple[Phases, Phases]:
-        key = opts
+    def _split(self, opts: EngineOptions) -> tuple[Phases, Phases]:
+        """F's and ∂F's phases under ``opts``, before fused groups are lowered to a device's kernels."""
+        if opts.streaming:  # the eager stream computes eager nodes, in chunks of one task
+            opts = replace(opts, eager_batching=True)
+        fwd = _phases(self.row_fwd, self.fwd_class, list(self.gathers.values()) + list(self.pulls.values()),
+                      opts, eager_leaves=set(self.pulls.values()))
+        push_cts = [c for o, c in self.ct.items() if o is not self.scattered]
+        bwd = _phases(self.row_bwd, self.bwd_class, list(self.ct.values()), opts, eager_leaves=set(push_cts))
+        return fwd, bwd
+
+    def phases(self, opts: EngineOptions, device: Device = CPU) -> tuple[Phases, Phases]:
+        """The phases ``device`` runs: with fusion, each fused group is one of the device's kernels."""
+        key = (opts, device)
         if key not in self._phases:
-            if opts.streaming:  # the eager stream computes eager nodes, in chunks of one task
-                opts = replace(opts, eager_batching=True)
-            fwd = _phases(self.row_fwd, self.fwd_class,
-                          list(self.gathers.values()) + list(self.pulls.values()), opts,
-                          eager_leaves=set(self.pulls.values()))
-            push_cts = [c for o, c in self.ct.items() if o is not self.scattered]
-            bwd = _phases(self.row_bwd, self.bwd_class, list(self.ct.values()), opts, eager_leaves=set(push_cts))
+            fwd, bwd = self._split(opts)
             if opts.fusion:
-                self._lower(fwd, bwd)
+                self._lower(fwd, bwd, device)
             fwd.without_concat = [st for st in fwd.programs[TASK] if st[0] is not self.gather_concat]
             self._phases[key] = (fwd, bwd)
         return self._phases[key]
@@ -215,13 +198,13 @@ class CompiledFunction:
     def fusion_groups(self, opts: EngineOptions = EngineOptions()) -> list:
         """Every fused group of F and ∂F under ``opts`` (target-neutral, whether or not a C compiler is
         here): what the C backend compiles and the CUDA backend renders."""
-        fwd, bwd = self.phases(replace(opts, fusion=False))
+        fwd, bwd = self._split(replace(opts, fusion=True))
         keep = self._keep(fwd, bwd)
         return [g for prog in fwd.programs + bwd.programs for g in plan(prog, keep)]
 
-    def _lower(self, fwd: Phases, bwd: Phases) -> None:
+    def _lower(self, fwd: Phases, bwd: Phases, device: Device) -> None:
         """Fuse each phase's elementwise nodes into kernels; values read outside a phase end a group."""
-        programs, groups = lower(fwd.programs + bwd.programs, self._keep(fwd, bwd))
+        programs, groups = lower(fwd.programs + bwd.programs, self._keep(fwd, bwd), device.fused)
         for i, ph in enumerate((fwd, bwd)):
             ph.programs, ph.groups = programs[3 * i:3 * i + 3], groups[3 * i:3 * i + 3]
             ph.inplace = {o for gs in ph.groups for g in gs for o in g.outputs}
@@ -273,19 +256,20 @@ class RunState:
     pushes: dict = field(default_factory=dict)      # push name -> buffer
     copies: dict = field(default_factory=dict)      # rows moved by gather / pull / push
     pull_bufs: dict = field(default_factory=dict)    # the pulled buffers, read again by backward
+    device: Device = CPU
 
 
-def _run(program, local, static, ctx, outs) -> None:
+def _run(xp, program, local, static, ctx, outs) -> None:
     """Run the steps in order; a step whose node is in ``outs`` writes its result there (no copy)."""
     for node, impl, ins, attrs, needs_ctx in program:
         args = [local[x] if x in local else static[x] for x in ins]
         if needs_ctx:
-            local[node] = impl(np, *args, ctx=ctx, **attrs)
+            local[node] = impl(xp, *args, ctx=ctx, **attrs)
         elif attrs is FUSED:  # node is the tuple of the group's outputs
             for o, y in zip(node, impl(args, [outs.get(o) for o in node])):
                 local[o] = y
         else:
-            local[node] = impl(np, *args, **attrs)
+            local[node] = impl(xp, *args, **attrs)
 
 
 def _as_slice(rows: np.ndarray):
@@ -301,10 +285,21 @@ def _index(rows: np.ndarray):
     return _as_slice(rows) if len(rows) > 32 else rows
 
 
-def _rows_of(buf: np.ndarray, rows: np.ndarray) -> np.ndarray:
+def _device_index(xp, rows: np.ndarray):
+    """:func:`_index` for writing into an array of ``xp``: index arrays moved to its device."""
+    ix = _index(rows)
+    return ix if isinstance(ix, slice) or xp is np else xp.asarray(ix)
+
+
+def _take(xp, buf, rows: np.ndarray):
+    """``buf[rows]`` in one ``take`` (``rows``, a host index array, moved to ``buf``'s device)."""
+    return xp.take(buf, rows if xp is np else xp.asarray(rows), axis=0)
+
+
+def _rows_of(xp, buf, rows: np.ndarray):
     """``buf[rows]``: a view when the rows are consecutive, else one ``take``."""
     ix = _index(rows)
-    return buf[ix] if isinstance(ix, slice) else np.take(buf, rows, axis=0)
+    return buf[ix] if isinstance(ix, slice) else _take(xp, buf, rows)
 
 
 def _step_text(step) -> str:
@@ -356,7 +351,7 @@ def _stores(tensors: dict, ph: Phases, p: int, computed) -> tuple[list, list, li
     return [x for x in pairs if x[0] in direct], [x for x in pairs if x[0] not in direct], concats
 
 
-def _concat_buffers(concats, outs: dict, local: dict, bs: int, scatter_rows=None, scattered=None) -> bool:
+def _concat_buffers(xp, concats, outs: dict, local: dict, bs: int, scatter_rows=None, scattered=None) -> bool:
     """Give each elided concat its buffer (its tensor's rows, the scatter tensor's rows of this task, or a
     new array) and its parts their column blocks; True if the scatter tensor was written this way."""
     direct_scatter = False
@@ -366,19 +361,19 @@ def _concat_buffers(concats, outs: dict, local: dict, bs: int, scatter_rows=None
             if c is scattered and scatter_rows is not None:
                 dest, direct_scatter = scatter_rows, True
             else:
-                dest = np.empty((bs, c.shape[1]), c.dtype.np)
+                dest = xp.empty((bs, c.shape[1]), c.dtype.np)
         local[c] = dest
         for m, a, b in parts:
             outs[m] = dest[:, a:b]
     return direct_scatter
 
 
-def _tensors(pool, kid, nodes, n):
+def _tensors(pool, kid, nodes, n, xp):
     out = {}
     for node in nodes:
         t = pool.get((kid, node))
         if t is None:
-            t = pool[(kid, node)] = DynamicTensor(node.name or node.op, node.vshape, node.dtype.np)
+            t = pool[(kid, node)] = DynamicTensor(node.name or node.op, node.vshape, node.dtype.np, xp)
         t.resize(n)
         out[node] = t
     return out
@@ -386,27 +381,29 @@ def _tensors(pool, kid, nodes, n):
 
 def forward(fns: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContext, message,
             dtype, training: bool = True, pool: dict | None = None,
-            opts: EngineOptions = EngineOptions()) -> RunState:
-    """Evaluate F at every vertex: eager phase, task loop, lazy phase. ``fns[kid]`` compiles kind ``kid``."""
+            opts: EngineOptions = EngineOptions(), device: Device = CPU) -> RunState:
+    """Evaluate F at every vertex: eager phase, task loop, lazy phase. ``fns[kid]`` compiles kind ``kid``.
+    Arrays (parameters, pull buffers, the pool's tensors) are ``device``'s."""
     n = plan.num_vertices
+    xp = device.xp
     pool = {} if pool is None else pool
     state = RunState(plan, opts, None, copies={"gather": 0, "gathered": 0, "pull": 0, "push": 0},
-                     pull_bufs=pull_bufs)
+                     pull_bufs=pull_bufs, device=device)
     if message is not None:
-        state.scatter = np.empty((n + 1,) + tuple(message), dtype.np)
+        state.scatter = xp.empty((n + 1,) + tuple(message), dtype.np)
         state.scatter[n] = 0
     for name, order in plan.push_order.items():
         shape = next(f.pushes[name].vshape for f in fns if f is not None and name in f.pushes)
-        state.pushes[name] = np.zeros((len(order),) + shape, dtype.np)
+        state.pushes[name] = xp.zeros((len(order),) + shape, dtype.np)
     active = []
     for kid, fn in enumerate(fns):
         kp = plan.kinds[kid] if kid < len(plan.kinds) else None
         tensors, static = {}, {}
         if fn is not None and kp is not None:
-            eval_nodes(fn.static_fwd, static, {}, params, ctx)
-            ph, _ = fn.phases(opts)
+            eval_nodes(fn.static_fwd, static, {}, params, ctx, xp=xp)
+            ph, _ = fn.phases(opts, device)
             keep = list(dict.fromkeys((fn.fwd_tensors if training else []) + [x for r in ph.reads for x in r]))
-            tensors = _tensors(pool, kid, keep, kp.n)
+            tensors = _tensors(pool, kid, keep, kp.n, xp)
             active.append(kid)
         state.tensors.append(tensors)
         state.statics.append(static)
@@ -414,7 +411,7 @@ def forward(fns: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContex
     def chunk(kid, p, sl, grows, cctx, copies):
         """Fill phase ``p``'s leaves, run its program and write its outputs, for rows ``sl`` of the kind."""
         fn, kp, tensors = fns[kid], plan.kinds[kid], state.tensors[kid]
-        ph, _ = fn.phases(opts)
+        ph, _ = fn.phases(opts, device)
         bs = sl.stop - sl.start
         cctx.row_keys = kp.row_keys[sl]
         local = {x: tensors[x].buffer[sl] for x in ph.reads[p]}
@@ -423,12 +420,12 @@ def forward(fns: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContex
         for j, gnode in fn.gathers.items():
             if ph.phase[gnode] == p:
                 if views is None or views[j] is None:
-                    local[gnode] = np.take(state.scatter, kp.child_rows[j][sl], axis=0)
+                    local[gnode] = _take(xp, state.scatter, kp.child_rows[j][sl])
                     copies["gather"] += bs
                 else:
                     start, step = views[j]
                     local[gnode] = (state.scatter[start:start + step * (bs - 1) + 1:step] if step else
-                                    np.broadcast_to(state.scatter[start], (bs,) + state.scatter.shape[1:]))
+                                    xp.broadcast_to(state.scatter[start], (bs,) + state.scatter.shape[1:]))
                 copies["gathered"] += bs
         cat = fn.gather_concat
         if cat is not None and views is not None and ph.phase.get(cat) == p:
@@ -438,37 +435,37 @@ def forward(fns: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContex
                 program = ph.without_concat
         for name, pnode in fn.pulls.items():
             if ph.phase[pnode] == p:
-                local[pnode] = _rows_of(pull_bufs[name], kp.pull_rows[name][sl])
+                local[pnode] = _rows_of(xp, pull_bufs[name], kp.pull_rows[name][sl])
                 copies["pull"] += bs
         inplace, copied, concats = stores[kid][p]
         outs = {node: t.buffer[sl] for node, t in inplace}
-        direct = concats and _concat_buffers(concats, outs, local, bs, state.scatter[grows] if isinstance(
+        direct = concats and _concat_buffers(xp, concats, outs, local, bs, state.scatter[grows] if isinstance(
             grows, slice) else None, fn.scatter_source)
         src = fn.scatter_source
         if (not direct and src in ph.inplace and src not in outs and isinstance(grows, slice)
                 and ph.phase.get(src) == p):
             outs[src] = state.scatter[grows]   # the kernel computing the scattered value writes it in place
             direct = True
-        _run(program, local, state.statics[kid], cctx, outs)
+        _run(xp, program, local, state.statics[kid], cctx, outs)
         if fn.scattered is not None and ph.phase[fn.scattered] == p and not direct:
             state.scatter[grows] = local[fn.scattered]
         for name, pnode in fn.pushes.items():
             if ph.phase[pnode] == p:
-                state.pushes[name][_index(kp.push_rows[name][sl])] = local[pnode]
+                state.pushes[name][_device_index(xp, kp.push_rows[name][sl])] = local[pnode]
                 copies["push"] += bs
         for node, t in copied:
             t.buffer[sl] = local[node]
 
     stores = {}  # per kind and phase: the tensors that phase writes (looked up once, not per task)
     for kid in active:
-        ph, _ = fns[kid].phases(opts)
+        ph, _ = fns[kid].phases(opts, device)
         stores[kid] = [_stores(state.tensors[kid], ph, p, [x for x in state.tensors[kid] if ph.phase.get(x) == p])
                        for p in (PRE, TASK, POST)]
     whole = {kid: (slice(0, plan.kinds[kid].n), _as_slice(plan.schedule.row[plan.kinds[kid].vertices]))
              for kid in active}
     events = None
     if opts.streaming:
-        events, wcopies = _produce_eager(plan.tasks, lambda i, kid, koff, bs, goff, wctx, wc: chunk(
+        events, wcopies = device.eager(plan.tasks, lambda i, kid, koff, bs, goff, wctx, wc: chunk(
             kid, PRE, slice(koff, koff + bs), slice(goff, goff + bs), wctx, wc), ctx)
     else:
         for kid in active:
@@ -487,13 +484,13 @@ def forward(fns: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContex
     return state
 
 
-def _scatter_grad(fns: list, plan: MemoryPlan, scatter: np.ndarray) -> np.ndarray:
+def _scatter_grad(xp, fns: list, plan: MemoryPlan, scatter):
     """The gradient of the scatter tensor, before any parent has sent anything. In a forest every vertex
     that some parent gathers (with a gradient) receives exactly one write, so only the other rows (roots,
     children whose gather has no gradient) need zeros; a DAG's rows accumulate, so all start at zero."""
     if not plan.forest:
-        return np.zeros_like(scatter)
-    sgrad = np.empty_like(scatter)
+        return xp.zeros_like(scatter)
+    sgrad = xp.empty_like(scatter)
     unwritten = np.ones(len(scatter), bool)
     for kid, fn in enumerate(fns):
         kp = plan.kinds[kid] if kid < len(plan.kinds) else None
@@ -502,27 +499,28 @@ def _scatter_grad(fns: list, plan: MemoryPlan, scatter: np.ndarray) -> np.ndarra
         for leaf in fn.leaf_grads:
             if leaf.op == "gather":
                 unwritten[kp.child_rows[leaf.attrs["k"]]] = False
-    sgrad[unwritten] = 0
+    sgrad[_device_index(xp, np.flatnonzero(unwritten))] = 0
     return sgrad
 
 
 def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, params, ctx: RunContext,
              dtype) -> tuple[dict, dict]:
     """Replay the task stack in reverse. Returns (gradients of pull buffers, gradients of F's parameters)."""
-    plan, opts = state.plan, state.opts
+    plan, opts, device = state.plan, state.opts, state.device
+    xp = device.xp
     n = plan.num_vertices
-    sgrad = None if state.scatter is None else _scatter_grad(fns, plan, state.scatter)
-    pull_grads = {name: np.zeros(shape, dtype.np) for name, shape in pull_shapes.items()}
+    sgrad = None if state.scatter is None else _scatter_grad(xp, fns, plan, state.scatter)
+    pull_grads = {name: xp.zeros(shape, dtype.np) for name, shape in pull_shapes.items()}
     param_grads: dict = {}
     pool: dict = {}
     btensors, bstores = {}, {}
-    rows_k = row_kernels(dtype.np)
+    rows_k = device.rows(dtype.np)
     active = []
     for kid, fn in enumerate(fns):
         if fn is not None and kid < len(plan.kinds) and plan.kinds[kid] is not None:
-            eval_nodes(fn.static_bwd, state.statics[kid], {}, params, ctx)
-            _, bph = fn.phases(opts)  # only values that cross phases need rows kept
-            btensors[kid] = _tensors(pool, kid, [x for r in bph.reads for x in r], plan.kinds[kid].n)
+            eval_nodes(fn.static_bwd, state.statics[kid], {}, params, ctx, xp=xp)
+            _, bph = fn.phases(opts, device)  # only values that cross phases need rows kept
+            btensors[kid] = _tensors(pool, kid, [x for r in bph.reads for x in r], plan.kinds[kid].n, xp)
             bstores[kid] = [_stores(btensors[kid], bph, p, _computed(bph.programs[p])) for p in (PRE, TASK, POST)]
             active.append(kid)
 
@@ -531,13 +529,13 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
     def kind_rows(kid):
         """All of a kind's rows of the scatter tensor, in kind order: a slice when its tasks are adjacent."""
         if kid not in whole_rows:
-            whole_rows[kid] = _rows_of(state.scatter, plan.schedule.row[plan.kinds[kid].vertices])
+            whole_rows[kid] = _rows_of(xp, state.scatter, plan.schedule.row[plan.kinds[kid].vertices])
         return whole_rows[kid]
 
     def compute(kid, p, sl, goff, cctx):
         """Run phase ``p`` of ∂F for rows ``sl``; returns the values (outputs are emitted by ``emit``)."""
         fn, kp, static = fns[kid], plan.kinds[kid], state.statics[kid]
-        _, ph = fn.phases(opts)
+        _, ph = fn.phases(opts, device)
         bs = sl.stop - sl.start
         cctx.row_keys = kp.row_keys[sl]
         local = {node: t.buffer[sl] for node, t in state.tensors[kid].items()}
@@ -546,7 +544,7 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
             local.update((x, rows[:, a:b]) for x, (a, b) in fn.scatter_parts.items() if x not in local)
         for name, x in fn.pull_reads.items():
             if x not in local:
-                local[x] = _rows_of(state.pull_bufs[name], kp.pull_rows[name][sl])
+                local[x] = _rows_of(xp, state.pull_bufs[name], kp.pull_rows[name][sl])
         local.update((x, btensors[kid][x].buffer[sl]) for x in ph.reads[p] if x in btensors[kid])
         for out, ct in fn.ct.items():
             if ph.phase[ct] != p:
@@ -554,14 +552,14 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
             if out is fn.scattered:
                 local[ct] = sgrad[goff:goff + bs]
             else:
-                local[ct] = _rows_of(push_grads[out.name], kp.push_rows[out.name][sl])
+                local[ct] = _rows_of(xp, push_grads[out.name], kp.push_rows[out.name][sl])
             if ct in btensors[kid]:
                 btensors[kid][ct].buffer[sl] = local[ct]
         inplace, copied, concats = bstores[kid][p]
         outs = {node: t.buffer[sl] for node, t in inplace}
         if concats:
-            _concat_buffers(concats, outs, local, bs)
-        _run(ph.programs[p], local, static, cctx, outs)
+            _concat_buffers(xp, concats, outs, local, bs)
+        _run(xp, ph.programs[p], local, static, cctx, outs)
         for node, t in copied:
             t.buffer[sl] = local[node]
         return local
@@ -569,7 +567,7 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
     def emit(kid, p, sl, local):
         """Add phase ``p``'s gradients for rows ``sl`` to children, pull buffers and parameters."""
         fn, kp, static = fns[kid], plan.kinds[kid], state.statics[kid]
-        _, ph = fn.phases(opts)
+        _, ph = fn.phases(opts, device)
         for leaf, gnode in fn.leaf_grads.items():
             if ph.phase[gnode] != p:
                 continue
@@ -585,20 +583,20 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
                     elif step:
                         sgrad[start:start + step * (len(rows) - 1) + 1:step] += g
                 elif plan.forest:   # each child has one parent: its gradient is written once, not added
-                    sgrad[rows] = g
-                else:  # one pass over the task's rows; repeated rows (DAGs) add up in row order
-                    rows_k.scatter_add(sgrad, rows, np.broadcast_to(g, (len(rows),) + sgrad.shape[1:]))
+                    sgrad[_device_index(xp, rows)] = g
+                else:  # one pass over the task's rows; repeated rows (DAGs) add up
+                    rows_k.scatter_add(sgrad, rows, xp.broadcast_to(g, (len(rows),) + sgrad.shape[1:]))
             else:
-                pull_grads[leaf.name][_index(kp.pull_rows[leaf.name][sl])] = g
+                pull_grads[leaf.name][_device_index(xp, kp.pull_rows[leaf.name][sl])] = g
         for name, gnode in fn.param_grads.items():
             if ph.phase[gnode] != p:
                 continue
             g = local[gnode]
             prev = param_grads.get(name)
             if prev is None:
-                param_grads[name] = g.copy() if isinstance(g, np.ndarray) else g
+                param_grads[name] = g if isinstance(g, RowSparse) else g.copy()
             elif isinstance(prev, RowSparse) or isinstance(g, RowSparse):
-                param_grads[name] = add_all(np, [prev, g])
+                param_grads[name] = add_all(xp, [prev, g])
             else:
                 prev += g
 
@@ -612,7 +610,7 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
 
         def produce(i, kid, koff, bs, goff, wctx, wcopies):
             pre_locals[i] = compute(kid, PRE, slice(koff, koff + bs), goff, wctx)
-        events, _ = _produce_eager(order, produce, ctx)
+        events, _ = device.eager(order, produce, ctx)
     else:
         for kid in active:
             run_phase(kid, PRE, slice(0, plan.kinds[kid].n))
@@ -620,7 +618,8 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
         if events is not None:
             events[i].wait()
             emit(kid, PRE, slice(koff, koff + bs), pre_locals[i])
-            pre_locals[i] = None
+            if device is CPU:   # a CUDA pool could hand the memory to the eager stream while still read
+                pre_locals[i] = None
         run_phase(kid, TASK, slice(koff, koff + bs), goff)
     for kid in active:
         run_phase(kid, POST, slice(0, plan.kinds[kid].n))

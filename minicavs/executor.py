@@ -22,8 +22,9 @@ class RunContext:
 
 
 def check_value(node: Node, value, what: str):
-    """Return ``value`` as an array of the node's dtype, or raise naming the node and both shapes."""
-    arr = np.asarray(value)
+    """Return ``value`` as an array of the node's dtype, or raise naming the node and both shapes. Arrays
+    of another array module (a device's) are checked and kept there."""
+    arr = value if hasattr(value, "__array_namespace__") or isinstance(value, np.ndarray) else np.asarray(value)
     want = node.dtype.np
     if arr.dtype != want:
         if arr.dtype.kind != want.kind and not (arr.dtype.kind in "iub" and want.kind in "iu"):
@@ -51,10 +52,11 @@ def leaf_value(n: Node, feeds: Mapping, params: Mapping):
 
 
 def eval_nodes(nodes: Sequence[Node], env: dict, feeds: Mapping, params: Mapping, ctx: RunContext,
-               skip=("gather", "pull")) -> None:
+               skip=("gather", "pull"), xp=np) -> None:
     """Evaluate ``nodes`` (in topological order) into ``env``, keeping every value (for a backward pass).
 
-    Nodes already in ``env`` are not recomputed; ``skip`` ops are leaves someone else supplies."""
+    Nodes already in ``env`` are not recomputed; ``skip`` ops are leaves someone else supplies. Feeds and
+    parameters must already be arrays of ``xp``'s device."""
     for n in nodes:
         if n in env or n.op in skip:
             continue
@@ -63,8 +65,8 @@ def eval_nodes(nodes: Sequence[Node], env: dict, feeds: Mapping, params: Mapping
         else:
             opdef = OPS[n.op]
             args = [env[x] for x in n.inputs]
-            env[n] = opdef.impl(np, *args, ctx=ctx, **n.attrs) if opdef.needs_ctx \
-                else opdef.impl(np, *args, **n.attrs)
+            env[n] = opdef.impl(xp, *args, ctx=ctx, **n.attrs) if opdef.needs_ctx \
+                else opdef.impl(xp, *args, **n.attrs)
 
 
 class Executor:

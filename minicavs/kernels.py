@@ -1,5 +1,6 @@
 """Lowering a phase's program to steps: each fused elementwise group (passes/fusion.py) becomes one generated
-C kernel (codegen/c.py) that reads strided views and can write straight into a dynamic tensor's rows.
+kernel (C by codegen/c.py, CUDA by minicavs/cuda) that reads strided views and can write straight into a
+dynamic tensor's rows.
 
 A program is a list of steps ``(node, impl, inputs, attrs, needs_ctx)`` run in order by the engine; a fused
 step has the tuple of the group's outputs as node, its external inputs as inputs and ``FUSED`` as attrs.
@@ -8,7 +9,7 @@ Groups a kernel cannot index, and every group when there is no C compiler, stay 
 from __future__ import annotations
 
 import heapq
-from typing import Sequence
+from typing import Callable, Sequence
 
 from .codegen import c as cgen
 from .graph import consumers
@@ -24,7 +25,7 @@ class FusedStep:
 
     __slots__ = ("kernel", "group")
 
-    def __init__(self, kernel: cgen.Kernel, group: FusedGroup):
+    def __init__(self, kernel, group: FusedGroup):
         self.kernel = kernel
         self.group = group
 
@@ -66,13 +67,15 @@ def _matmul(xp, x, w):
     return xp.matmul(x, w)
 
 
-def lower(programs: Sequence[list], keep: set) -> tuple[list[list], list[list[FusedGroup]]]:
+def lower(programs: Sequence[list], keep: set, build: Callable = cgen.build) -> tuple[list[list], list[list]]:
     """Replace the multi-node fusible groups of every program by fused steps, ``(outputs, FusedStep,
-    inputs, FUSED, False)``; ``keep`` are nodes read outside their program (group outputs). One compiler
-    run for all programs. Returns the new programs and, per program, the groups that became kernels."""
+    inputs, FUSED, False)``; ``keep`` are nodes read outside their program (group outputs). ``build`` makes
+    the kernels of a list of groups (None where a group stays unfused): the C compiler by default, one run
+    for all programs; a device's ``fused``. Returns the new programs and, per program, the groups that
+    became kernels."""
     grouped = [plan(prog, keep) for prog in programs]
     flat = [g for gs in grouped for g in gs]
-    kernels = cgen.build(flat) if flat else []
+    kernels = build(flat) if flat else []
     kernel_of = {id(g): k for g, k in zip(flat, kernels)}
     out_programs, out_groups = [], []
     for prog, groups in zip(programs, grouped):

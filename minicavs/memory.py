@@ -21,20 +21,21 @@ class DynamicTensor:
 
     The buffer grows (x1.5) and is reused across batches, so steady-state training allocates nothing."""
 
-    __slots__ = ("name", "shape", "dtype", "buffer", "rows", "peak_bytes")
+    __slots__ = ("name", "shape", "dtype", "buffer", "rows", "peak_bytes", "xp")
 
-    def __init__(self, name: str, shape: tuple, dtype):
+    def __init__(self, name: str, shape: tuple, dtype, xp=np):
         self.name = name
         self.shape = tuple(shape)
         self.dtype = np.dtype(dtype)
-        self.buffer = np.empty((0,) + self.shape, self.dtype)
+        self.xp = xp   # the array module of the device holding the buffer
+        self.buffer = xp.empty((0,) + self.shape, self.dtype)
         self.rows = 0
         self.peak_bytes = 0
 
     def resize(self, rows: int, zero: bool = False) -> np.ndarray:
         """Make room for ``rows`` rows and return the view of exactly those rows."""
         if rows > len(self.buffer):
-            self.buffer = np.empty((max(rows, int(len(self.buffer) * 1.5)),) + self.shape, self.dtype)
+            self.buffer = self.xp.empty((max(rows, int(len(self.buffer) * 1.5)),) + self.shape, self.dtype)
         self.rows = rows
         self.peak_bytes = max(self.peak_bytes, self.buffer.nbytes)
         view = self.buffer[:rows]

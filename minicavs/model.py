@@ -20,6 +20,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from .autodiff import grad
+from .device import Device, get_device
 from .engine import CompiledFunction, EngineOptions, backward, forward
 from .errors import FeedError, InputGraphError, ShapeError
 from .executor import RunContext, eval_nodes
@@ -155,7 +156,9 @@ class Model:
 
     def __init__(self, structures: Structure | Sequence[Structure], loss: Node | None = None,
                  outputs: Mapping[str, Node] | None = None, policy="cavs",
-                 options: EngineOptions | None = None):
+                 options: EngineOptions | None = None, device: Device | str = "cpu"):
+        """``device``: where every array of a run lives and every kernel runs (``cpu`` or ``cuda``, or a
+        :class:`~minicavs.device.Device`); parameters passed to :meth:`run` must already be there."""
         self.structures = [structures] if isinstance(structures, Structure) else list(structures)
         names = [s.name for s in self.structures]
         if len(set(names)) != len(names):
@@ -166,6 +169,7 @@ class Model:
         self.outputs = dict(outputs or {})
         self.policy = get_policy(policy)
         self.options = options or EngineOptions()
+        self.device = get_device(device)
         # Forward stages: static nodes each structure's pulls need, then the loss and outputs.
         done: set = set()
         self.stages = []
@@ -250,7 +254,9 @@ class Model:
 
         ``sample_ids`` (one per sample, default 0..K-1) key the dropout masks together with the vertex id,
         so a sample draws the same masks in any batch that gives it the same id."""
-        feeds = dict(feeds or {})
+        device = self.device
+        xp = device.xp
+        feeds = {k: device.asarray(v) for k, v in (feeds or {}).items()} if xp is not np else dict(feeds or {})
         params = params or {}
         ctx = ctx or RunContext()
         policy = self.policy if policy is None else get_policy(policy)
@@ -262,7 +268,7 @@ class Model:
         result = Result(None)
         states = {}
         for s, stage in zip(self.structures, self.stages):
-            eval_nodes(stage, env, feeds, params, ctx)
+            eval_nodes(stage, env, feeds, params, ctx, xp=xp)
             batch, plan, fns = plans[s.name]
             pull_bufs = {}
             for name, src in s.pulls.items():
@@ -272,9 +278,9 @@ class Model:
                     raise FeedError(f"structure '{s.name}': pull buffer '{name}' has {len(buf)} rows, the batch "
                                     f"has {want} vertices that pull it")
                 pull_bufs[name] = buf
-            pool = self._pool.setdefault(s.name, {})
+            pool = self._pool.setdefault((s.name, device), {})   # buffers live on the device
             st = forward(fns, plan, pull_bufs, params, ctx, s.message, s.dtype, training=training, pool=pool,
-                         opts=options)
+                         opts=options, device=device)
             states[s.name] = st
             result.pushes[s.name] = st.pushes
             result.batches[s.name] = (batch, plan)
@@ -282,8 +288,8 @@ class Model:
                 if name not in st.pushes:
                     raise FeedError(f"structure '{s.name}': no vertex in the batch pushes '{name}'")
                 env[node] = st.pushes[name]
-        eval_nodes(self.final_stage, env, feeds, params, ctx)
-        result.outputs = {k: env[v] for k, v in self.outputs.items()}
+        eval_nodes(self.final_stage, env, feeds, params, ctx, xp=xp)
+        result.outputs = {k: device.to_host(env[v]) for k, v in self.outputs.items()}   # for metrics: host
         result.states = states
         if self.loss is not None:
             loss = env[self.loss]
@@ -293,12 +299,13 @@ class Model:
         return result
 
     def _backward(self, plans, states, env, feeds, params, ctx) -> dict:
+        xp = self.device.xp
         benv = dict(env)
         for s in self.structures:  # unknown cotangents are zero until their structure has run backward
             for name, node in s.pulls.items():
                 key = (s.name, name)
                 if key in self.pull_ct:
-                    benv[self.pull_ct[key]] = np.zeros_like(env[node])
+                    benv[self.pull_ct[key]] = xp.zeros_like(env[node])
         grads: dict = {}
         for s in reversed(self.structures):
             batch, plan, fns = plans[s.name]
@@ -306,25 +313,25 @@ class Model:
             for name in s._pushed:
                 g = self.push_grad[(s.name, name)]
                 if g is None:
-                    push_grads[name] = np.zeros_like(env[s._pushed[name]])
+                    push_grads[name] = xp.zeros_like(env[s._pushed[name]])
                 else:
-                    eval_nodes(Graph([g]).nodes, benv, feeds, params, ctx)
-                    push_grads[name] = densify(np, benv[g])  # e.g. a lookup picked root rows
+                    eval_nodes(Graph([g]).nodes, benv, feeds, params, ctx, xp=xp)
+                    push_grads[name] = densify(xp, benv[g])  # e.g. a lookup picked root rows
             for name in {n for f in s.functions.values() for n in f.pushes} - set(push_grads):
-                push_grads[name] = np.zeros_like(states[s.name].pushes[name])  # consumed by nothing
+                push_grads[name] = xp.zeros_like(states[s.name].pushes[name])  # consumed by nothing
             pull_shapes = {name: env[src].shape for name, src in s.pulls.items() if name in s.pull_grads}
             pull_grads, pgrads = backward(fns, states[s.name], push_grads, pull_shapes, params, ctx, s.dtype)
             for name, g in pgrads.items():
-                grads[name] = add_all(np, [grads[name], g]) if name in grads else g
+                grads[name] = add_all(xp, [grads[name], g]) if name in grads else g
             for name, g in pull_grads.items():
                 benv[self.pull_ct[(s.name, name)]] = g
             for node in self._ct_dependents[s.name]:  # computed with this structure's zero cotangents
                 benv.pop(node, None)
         sg = self.static_param_grad
         if sg:
-            eval_nodes(Graph(list(sg.values())).nodes, benv, feeds, params, ctx)
+            eval_nodes(Graph(list(sg.values())).nodes, benv, feeds, params, ctx, xp=xp)
             for name, g in sg.items():
-                grads[name] = add_all(np, [grads[name], benv[g]]) if name in grads else benv[g]
+                grads[name] = add_all(xp, [grads[name], benv[g]]) if name in grads else benv[g]
         return grads
 
     def forward_backward(self, graphs, feeds=None, params=None, ctx=None, policy=None,

@@ -38,6 +38,7 @@ import numpy as np
 from .errors import NonFiniteError
 from .nn.parameter import Parameter
 from .codegen.library import library
+from .device import array_module
 from .sparse import RowSparse
 
 Grad = Any  # np.ndarray | RowSparse
@@ -67,7 +68,8 @@ class Optimizer:
         self.sparse_updates = bool(sparse_updates)
         self.steps = 0  # successful steps so far
         self.state: dict[str, dict[str, np.ndarray]] = {
-            name: {s: np.zeros_like(p.value) for s in self.slots} for name, p in self.params.items()}
+            name: {s: array_module(p.value).zeros_like(p.value) for s in self.slots}
+            for name, p in self.params.items()}
 
     # --- to be written by subclasses -----------------------------------------------------------------
 
@@ -148,18 +150,19 @@ class Optimizer:
                 raise ValueError(f"gradient for unknown parameter '{name}'")
             if isinstance(g, RowSparse):
                 g = _check_sparse(p, g)
-                g = g.coalesce() if self.sparse_updates else g.to_dense()
+                xp = array_module(p.value)
+                g = g.coalesce(xp) if self.sparse_updates else g.to_dense(xp)
                 if isinstance(g, RowSparse):
                     g = RowSparse(g.indices, g.rows.astype(p.value.dtype, copy=False), g.shape)
                     out.append((p, g))
                     continue
-            g = np.asarray(g)
+            g = array_module(p.value).asarray(g)
             if g.dtype.kind != "f":
                 raise ValueError(f"gradient of parameter '{name}' has dtype {g.dtype}, not a float type")
             if g.shape != p.value.shape:
                 raise ValueError(f"gradient of parameter '{name}' has shape {g.shape}, "
                                  f"parameter has {p.value.shape}")
-            if not np.isfinite(g).all():
+            if not bool(array_module(g).isfinite(g).all()):
                 raise NonFiniteError(f"gradient of parameter '{name}' is not finite; "
                                      "no parameter was updated")
             out.append((p, g.astype(p.value.dtype, copy=False)))
@@ -205,18 +208,20 @@ class Optimizer:
         self.check_state_dict(state)
         for name, got in state["slots"].items():
             for s, a in got.items():
-                self.state[name][s][...] = a
+                slot = self.state[name][s]
+                slot[...] = array_module(slot).asarray(a)
         self.steps = int(state["steps"])
 
 
 def _inplace(*arrays) -> bool:
-    """Can a compiled kernel update these arrays in place (writable, C-contiguous)?"""
-    return all(a.flags.c_contiguous and a.flags.writeable for a in arrays)
+    """Can a compiled (C) kernel update these arrays in place (numpy, writable, C-contiguous)?"""
+    return all(isinstance(a, np.ndarray) and a.flags.c_contiguous and a.flags.writeable for a in arrays)
 
 
 def _check_sparse(p: Parameter, g: RowSparse) -> RowSparse:
     shape = p.value.shape
-    idx, rows = np.asarray(g.indices), np.asarray(g.rows)
+    xp = array_module(p.value)
+    idx, rows = xp.asarray(g.indices), xp.asarray(g.rows)
     if tuple(g.shape) != shape:
         raise ValueError(f"row-sparse gradient of parameter '{p.name}' has shape {tuple(g.shape)}, "
                          f"parameter has {shape}")
@@ -227,7 +232,7 @@ def _check_sparse(p: Parameter, g: RowSparse) -> RowSparse:
         raise ValueError(f"row-sparse gradient of parameter '{p.name}' has dtype {rows.dtype}")
     if idx.size and (idx.min() < 0 or idx.max() >= shape[0]):
         raise ValueError(f"row-sparse gradient of parameter '{p.name}': index out of range [0, {shape[0]})")
-    if not np.isfinite(rows).all():
+    if not bool(xp.isfinite(rows).all()):
         raise NonFiniteError(f"gradient of parameter '{p.name}' is not finite; no parameter was updated")
     return RowSparse(idx, rows, shape)
 

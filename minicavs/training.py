@@ -23,6 +23,7 @@ import numpy as np
 
 from . import checkpoint
 from .config import ConfigError, load_config, load_model_module
+from .device import CPU, Cuda, Device
 from .engine import EngineOptions
 from .errors import MinicavsError
 from .executor import RunContext
@@ -36,12 +37,15 @@ class Trainer:
     def __init__(self, config: dict | str | os.PathLike, overrides: Sequence[str] = (),
                  run_dir: str | os.PathLike | None = None):
         self.cfg = config if isinstance(config, dict) else load_config(config, overrides)
-        check_device(self.cfg["train"]["device"])
+        self.device = check_device(self.cfg["train"]["device"], self.cfg["train"]["deterministic"])
         module = load_model_module(self.cfg["model"]["name"], Path(self.cfg["config_path"]).resolve().parent)
         self.task = module.build(self.cfg)
         self.model = self.task.model
         self.model.options = engine_options(self.cfg["train"]["engine"])
+        self.model.device = self.device
         self.params = self.task.params
+        for p in self.params.values():   # parameters (and so the optimizer's slots) live on the device
+            p.value = self.device.asarray(p.value)
         tc = self.cfg["train"]
         kw = dict(lr=tc["lr"], weight_decay=tc["weight_decay"], clip_norm=tc["clip_norm"],
                   sparse_updates=tc["sparse_updates"])
@@ -174,16 +178,16 @@ class Trainer:
         return extra
 
 
-def check_device(device: str) -> None:
-    """Fail before any work when the device cannot be used: at start, never mid-epoch."""
+def check_device(device: str, deterministic: bool = False) -> Device:
+    """The device to train on, or an error before any work when it cannot be used: at start, never
+    mid-epoch (CudaUnavailable names what is missing: CuPy, a device)."""
     if device == "cpu":
-        return
+        return CPU
     if device != "cuda":
         raise ConfigError(f"train.device: unknown device {device!r}; known: cpu, cuda")
     from . import cuda
-    cuda.require()   # CudaUnavailable names what is missing (CuPy, a device)
-    raise ConfigError("train.device: cuda: the engine cannot run on the CUDA backend yet; its kernels are "
-                      "generated and compile-checked (minicavs/codegen/cuda.py), see the README's Status")
+    cuda.require()
+    return Cuda(deterministic=deterministic)
 
 
 def engine_options(cfg: dict) -> EngineOptions:

@@ -298,3 +298,18 @@ def test_pull_gradients_only_where_something_needs_them():
     model, _ = cells.encoder_decoder(rng)
     enc, dec = model.structures
     assert enc.pull_grads == set() and dec.pull_grads == {"ctx"}
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+@pytest.mark.parametrize("name", ["binary_tree_lstm", "chain_lstm", "tree_fc"])
+def test_fusion_groups_are_the_groups_the_engine_lowers(name, streaming):
+    """``fusion_groups()`` (what a backend renders without compiling) lists exactly the groups ``phases``
+    turns into kernels under the same switches."""
+    case = CASES[name][0](np.random.default_rng(0))
+    opts = EngineOptions(streaming=streaming)
+    for s in case.model.structures:
+        for fn in s.compiled.values():
+            fwd, bwd = fn.phases(opts)
+            lowered = sorted(tuple(n.id for n in g.nodes) for ph in (fwd, bwd) for gs in ph.groups for g in gs)
+            listed = sorted(tuple(n.id for n in g.nodes) for g in fn.fusion_groups(opts))
+            assert lowered and lowered == listed

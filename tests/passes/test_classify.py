@@ -148,13 +148,13 @@ def test_streaming_with_dropout_and_errors():
 
 
 def test_an_error_on_the_eager_stream_reaches_the_waiting_thread():
-    from minicavs.engine import _produce_eager
+    from minicavs.device import CPU
 
     def work(i, kid, koff, bs, goff, wctx, wcopies):
         if koff == 2:
             raise ValueError("boom in task 2")
     tasks = [(0, k, 1, k) for k in range(4)]
-    events, _ = _produce_eager(tasks, work, RunContext())
+    events, _ = CPU.eager(tasks, work, RunContext())
     events[0].wait()
     events[1].wait()
     for ev in events[2:]:
