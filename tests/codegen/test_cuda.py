@@ -16,6 +16,7 @@ from minicavs.codegen import cuda
 from minicavs.codegen.cuda_emulation import Emulator, kernels_in
 from minicavs.config import REPO_ROOT, load_config, load_model_module
 from minicavs.engine import EngineOptions
+from minicavs.kernels import FUSED
 from minicavs.graph import Graph
 from minicavs.passes.fusion import fuse
 
@@ -43,19 +44,15 @@ def close(got, want, dtype):
 
 
 def model_groups(model: str, dtype: str) -> list:
-    """The fused groups of a bundled model's vertex functions (F and ∂F of every kind): those the engine
-    lowers under each fusing configuration (what a backend actually runs) and ``fusion_groups()``."""
+    """The fused groups of a bundled model's vertex functions (F and ∂F of every kind) under each fusing
+    configuration: ``fusion_groups()``, the groups a device lowers to kernels."""
     module, overrides = MODELS[model]
     cfg = load_config(REPO_ROOT / "models" / f"{module}.yaml", overrides + [f"train.dtype={dtype}"])
     task = load_model_module(module, REPO_ROOT / "models").build(cfg)
     groups = {}
     for s in task.model.structures:
         for fn in s.compiled.values():
-            found = list(fn.fusion_groups())
-            for opts in FUSING:
-                fwd, bwd = fn.phases(opts)
-                found += [g for ph in (fwd, bwd) for gs in ph.groups for g in gs]
-            for g in found:
+            for g in (g for opts in FUSING for g in fn.fusion_groups(opts)):
                 if "other" not in g.broadcast:
                     groups.setdefault(cuda.render(g)[1], g)
     return list(groups.values())
@@ -84,17 +81,21 @@ def test_every_model_has_fused_kernels(every_source):
         assert {"rows_float", "rows_double"} <= {n for n, _ in sources}
 
 
-@pytest.mark.skipif(shutil.which("cc") is None, reason="the engine lowers groups only with a C compiler")
-def test_the_engine_lowered_groups_are_all_checked(groups_of):
-    """The compile and emulation checks cover the groups the engine runs with its default switches."""
+@pytest.mark.parametrize("opts", [EngineOptions(), EngineOptions(streaming=True)], ids=["default", "streaming"])
+def test_the_groups_a_cuda_device_lowers_are_all_checked(groups_of, opts, emulation_dir):
+    """The compile and emulation checks cover every kernel source the CUDA device builds for the engine."""
+    from minicavs.codegen.cuda_emulation import Launcher
+    from minicavs.device import Cuda
+    device = Cuda(Launcher(emulation_dir))
     module, overrides = MODELS["tree_lstm"]
     cfg = load_config(REPO_ROOT / "models" / f"{module}.yaml", overrides)
     task = load_model_module(module, REPO_ROOT / "models").build(cfg)
     checked = {cuda.render(g)[1] for g in groups_of["tree_lstm"]}
     for fn in task.model.structures[0].compiled.values():
-        fwd, bwd = fn.phases(EngineOptions())
-        lowered = [g for ph in (fwd, bwd) for gs in ph.groups for g in gs]
-        assert lowered and {cuda.render(g)[1] for g in lowered} <= checked
+        fwd, bwd = fn.phases(opts, device)
+        sources = [st[1].kernel.source for ph in (fwd, bwd) for prog in ph.programs for st in prog
+                   if st[3] is FUSED]
+        assert sources and set(sources) <= checked
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
