@@ -9,11 +9,12 @@ A *launcher* is what runs a kernel: an object with ``xp`` (the array module) and
 grid, block, args, stream)``. The default is :class:`CuPyLauncher`; ``codegen.cuda_emulation.Launcher`` runs
 the same source on the CPU with numpy arrays, so the argument packing below is tested without a GPU too.
 
+The engine reaches them through :class:`minicavs.device.Cuda` (``train.device: cuda``).
+
 Status: these launchers have not run on a real GPU (none is available where minicavs is developed); the
 generated sources are compiled for sm_80/sm_90 with NVRTC in CI and executed on the CPU through the emulation
-shim (tests/codegen/test_cuda.py, tests/cuda/test_launchers.py). The engine does not dispatch to this backend
-yet: ``train.device: cuda`` fails at start (training.check_device); the tests marked ``gpu`` are the checks to
-run first on a GPU.
+shim (tests/codegen/test_cuda.py, tests/cuda/test_launchers.py, and whole training steps in
+tests/test_device.py); the tests marked ``gpu`` are the checks to run first on a GPU.
 """
 from __future__ import annotations
 
