@@ -47,6 +47,14 @@ class Device:
         """Row kernels for ``dtype``: ``scatter_add(dst, idx, src)`` adds repeated indices in row order."""
         return cgen.row_kernels(dtype)
 
+    def take(self, buf, rows: np.ndarray):
+        """``buf[rows]`` (a gather or pull: all rows of a task at once); ``rows`` is a host index array."""
+        return np.take(buf, rows, axis=0)
+
+    def put(self, dst, rows: np.ndarray, src) -> None:
+        """``dst[rows] = src`` for distinct ``rows`` (a push, a child's gradient in a forest)."""
+        dst[rows] = src
+
     def eager(self, tasks: list, work: Callable, ctx) -> tuple[list, dict]:
         """Run ``work(i, *task, ctx, copies)`` for every task, in order, on the eager stream; returns one
         event per task (``wait()`` before reading task i's results on the recurrent path) and the worker's
@@ -114,6 +122,19 @@ class Cuda(Device):
             self._rows[dtype] = _CudaRows(self._cuda.RowKernels(dtype, self.launcher), self.deterministic)
         return self._rows[dtype]
 
+    def take(self, buf, rows: np.ndarray):
+        if _row_matrix(buf):   # the generated gather kernel: one launch for the task
+            return self.rows(buf.dtype).kernels.gather(buf, rows)
+        return self.xp.take(buf, self.xp.asarray(rows), axis=0)
+
+    def put(self, dst, rows: np.ndarray, src) -> None:
+        xp = self.xp
+        if _row_matrix(dst):   # the generated scatter kernel
+            src = xp.ascontiguousarray(xp.broadcast_to(xp.asarray(src, dst.dtype), (len(rows),) + dst.shape[1:]))
+            self.rows(dst.dtype).kernels.scatter(dst, rows, src)
+        else:
+            dst[xp.asarray(rows)] = src
+
     def eager(self, tasks: list, work: Callable, ctx) -> tuple[list, dict]:
         """The host issues every eager task's kernels on the eager stream, recording an event after each;
         the recurrent path (the caller's stream) waits for that event on the device, not on the host. On
@@ -138,6 +159,12 @@ class Cuda(Device):
     def synchronize(self) -> None:
         if not self.emulated:
             self.xp.cuda.Device().synchronize()
+
+
+def _row_matrix(a) -> bool:
+    """Can the generated row kernels move rows of ``a`` (2-D float, unit column stride)?"""
+    return (a.ndim == 2 and a.dtype in (np.float32, np.float64)
+            and (a.shape[1] <= 1 or a.strides[1] == a.itemsize))
 
 
 class _CudaRows:

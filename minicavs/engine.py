@@ -291,15 +291,20 @@ def _device_index(xp, rows: np.ndarray):
     return ix if isinstance(ix, slice) or xp is np else xp.asarray(ix)
 
 
-def _take(xp, buf, rows: np.ndarray):
-    """``buf[rows]`` in one ``take`` (``rows``, a host index array, moved to ``buf``'s device)."""
-    return xp.take(buf, rows if xp is np else xp.asarray(rows), axis=0)
-
-
-def _rows_of(xp, buf, rows: np.ndarray):
-    """``buf[rows]``: a view when the rows are consecutive, else one ``take``."""
+def _rows_of(device: Device, buf, rows: np.ndarray):
+    """``buf[rows]``: a view when the rows are consecutive, else one row gather."""
     ix = _index(rows)
-    return buf[ix] if isinstance(ix, slice) else _take(xp, buf, rows)
+    return buf[ix] if isinstance(ix, slice) else device.take(buf, rows)
+
+
+def _put(device: Device, dst, rows: np.ndarray, src) -> None:
+    """``dst[rows] = src`` for distinct rows: a slice assignment when they are consecutive, else one row
+    scatter."""
+    ix = _index(rows)
+    if isinstance(ix, slice):
+        dst[ix] = src
+    else:
+        device.put(dst, rows, src)
 
 
 def _step_text(step) -> str:
@@ -420,7 +425,7 @@ def forward(fns: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContex
         for j, gnode in fn.gathers.items():
             if ph.phase[gnode] == p:
                 if views is None or views[j] is None:
-                    local[gnode] = _take(xp, state.scatter, kp.child_rows[j][sl])
+                    local[gnode] = device.take(state.scatter, kp.child_rows[j][sl])
                     copies["gather"] += bs
                 else:
                     start, step = views[j]
@@ -435,7 +440,7 @@ def forward(fns: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContex
                 program = ph.without_concat
         for name, pnode in fn.pulls.items():
             if ph.phase[pnode] == p:
-                local[pnode] = _rows_of(xp, pull_bufs[name], kp.pull_rows[name][sl])
+                local[pnode] = _rows_of(device, pull_bufs[name], kp.pull_rows[name][sl])
                 copies["pull"] += bs
         inplace, copied, concats = stores[kid][p]
         outs = {node: t.buffer[sl] for node, t in inplace}
@@ -451,7 +456,7 @@ def forward(fns: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContex
             state.scatter[grows] = local[fn.scattered]
         for name, pnode in fn.pushes.items():
             if ph.phase[pnode] == p:
-                state.pushes[name][_device_index(xp, kp.push_rows[name][sl])] = local[pnode]
+                _put(device, state.pushes[name], kp.push_rows[name][sl], local[pnode])
                 copies["push"] += bs
         for node, t in copied:
             t.buffer[sl] = local[node]
@@ -529,7 +534,7 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
     def kind_rows(kid):
         """All of a kind's rows of the scatter tensor, in kind order: a slice when its tasks are adjacent."""
         if kid not in whole_rows:
-            whole_rows[kid] = _rows_of(xp, state.scatter, plan.schedule.row[plan.kinds[kid].vertices])
+            whole_rows[kid] = _rows_of(device, state.scatter, plan.schedule.row[plan.kinds[kid].vertices])
         return whole_rows[kid]
 
     def compute(kid, p, sl, goff, cctx):
@@ -544,7 +549,7 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
             local.update((x, rows[:, a:b]) for x, (a, b) in fn.scatter_parts.items() if x not in local)
         for name, x in fn.pull_reads.items():
             if x not in local:
-                local[x] = _rows_of(xp, state.pull_bufs[name], kp.pull_rows[name][sl])
+                local[x] = _rows_of(device, state.pull_bufs[name], kp.pull_rows[name][sl])
         local.update((x, btensors[kid][x].buffer[sl]) for x in ph.reads[p] if x in btensors[kid])
         for out, ct in fn.ct.items():
             if ph.phase[ct] != p:
@@ -552,7 +557,7 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
             if out is fn.scattered:
                 local[ct] = sgrad[goff:goff + bs]
             else:
-                local[ct] = _rows_of(xp, push_grads[out.name], kp.push_rows[out.name][sl])
+                local[ct] = _rows_of(device, push_grads[out.name], kp.push_rows[out.name][sl])
             if ct in btensors[kid]:
                 btensors[kid][ct].buffer[sl] = local[ct]
         inplace, copied, concats = bstores[kid][p]
@@ -583,11 +588,11 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
                     elif step:
                         sgrad[start:start + step * (len(rows) - 1) + 1:step] += g
                 elif plan.forest:   # each child has one parent: its gradient is written once, not added
-                    sgrad[_device_index(xp, rows)] = g
+                    device.put(sgrad, rows, g)
                 else:  # one pass over the task's rows; repeated rows (DAGs) add up
                     rows_k.scatter_add(sgrad, rows, xp.broadcast_to(g, (len(rows),) + sgrad.shape[1:]))
             else:
-                pull_grads[leaf.name][_device_index(xp, kp.pull_rows[leaf.name][sl])] = g
+                _put(device, pull_grads[leaf.name], kp.pull_rows[leaf.name][sl], g)
         for name, gnode in fn.param_grads.items():
             if ph.phase[gnode] != p:
                 continue

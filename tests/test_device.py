@@ -84,8 +84,11 @@ def test_bundled_model_step_on_cuda_equals_cpu(launcher, model, dtype, tmp_path)
         for name in want.grads:
             close(got.grads[name], want.grads[name], dtype, f"{label} d{name}")
             assert array_module(dense(got.grads[name])) is device.xp
-    if hasattr(launcher, "launches"):
-        assert fused_launches(launcher) > 0   # the CUDA kernels ran, not a CPU fallback
+    if hasattr(launcher, "launches"):   # the CUDA kernels ran, not a CPU fallback
+        names = {name.rsplit("_", 1)[0] for name, _, _ in launcher.launches}
+        assert fused_launches(launcher) > 0 and "scatter_rows" in names
+        if model.startswith("tree"):
+            assert "gather_rows" in names
 
 
 @pytest.mark.parametrize("deterministic", [False, True])
