@@ -100,6 +100,7 @@ class Cuda(Device):
         self.deterministic = bool(deterministic)
         self._cuda = cuda
         self._rows: dict = {}
+        self._index: dict = {}   # id(plan array) -> (plan array, its device copy)
         self._streams = None
 
     @property
@@ -119,21 +120,36 @@ class Cuda(Device):
     def rows(self, dtype):
         dtype = np.dtype(dtype)
         if dtype not in self._rows:
-            self._rows[dtype] = _CudaRows(self._cuda.RowKernels(dtype, self.launcher), self.deterministic)
+            self._rows[dtype] = _CudaRows(self._cuda.RowKernels(dtype, self.launcher), self.deterministic, self)
         return self._rows[dtype]
+
+    def index(self, rows: np.ndarray):
+        """A host index array on the device. The engine's indices are slices of a batch plan's arrays: each
+        plan array is copied once and sliced there, so a task costs no host-to-device copy (a synchronous
+        one would stall the host that is issuing kernels ahead of the GPU)."""
+        base = rows.base if isinstance(rows.base, np.ndarray) else rows
+        if base.ndim != 1 or rows.ndim != 1 or not base.flags.c_contiguous or rows.strides != base.strides:
+            return self.xp.asarray(rows)
+        hit = self._index.get(id(base))
+        if hit is None or hit[0] is not base:
+            if len(self._index) > 256:   # plans of finished batches
+                self._index.clear()
+            hit = self._index[id(base)] = (base, self.xp.asarray(base))
+        start = (rows.ctypes.data - base.ctypes.data) // base.itemsize
+        return hit[1][start:start + len(rows)]
 
     def take(self, buf, rows: np.ndarray):
         if _row_matrix(buf):   # the generated gather kernel: one launch for the task
-            return self.rows(buf.dtype).kernels.gather(buf, rows)
-        return self.xp.take(buf, self.xp.asarray(rows), axis=0)
+            return self.rows(buf.dtype).kernels.gather(buf, self.index(rows))
+        return self.xp.take(buf, self.index(rows), axis=0)
 
     def put(self, dst, rows: np.ndarray, src) -> None:
         xp = self.xp
         if _row_matrix(dst):   # the generated scatter kernel
             src = xp.ascontiguousarray(xp.broadcast_to(xp.asarray(src, dst.dtype), (len(rows),) + dst.shape[1:]))
-            self.rows(dst.dtype).kernels.scatter(dst, rows, src)
+            self.rows(dst.dtype).kernels.scatter(dst, self.index(rows), src)
         else:
-            dst[xp.asarray(rows)] = src
+            dst[self.index(rows)] = src
 
     def eager(self, tasks: list, work: Callable, ctx) -> tuple[list, dict]:
         """The host issues every eager task's kernels on the eager stream, recording an event after each;
@@ -170,9 +186,10 @@ def _row_matrix(a) -> bool:
 class _CudaRows:
     """The engine's row-kernel calls on CUDA: scatter-add by atomics or, deterministic, by segment sums."""
 
-    def __init__(self, kernels, deterministic: bool):
+    def __init__(self, kernels, deterministic: bool, device: Cuda):
         self.kernels = kernels
         self.deterministic = deterministic
+        self.device = device
 
     def scatter_add(self, dst, idx, src) -> None:
         xp = self.kernels.launcher.xp
@@ -180,7 +197,7 @@ class _CudaRows:
         if self.deterministic:
             self.kernels.segment_sum(dst, np.asarray(idx), src)
         else:
-            self.kernels.scatter_add(dst, xp.asarray(idx), src)
+            self.kernels.scatter_add(dst, self.device.index(idx), src)
 
 
 class _Done:

@@ -160,3 +160,16 @@ def test_two_streams_give_the_same_numbers_every_time(tmp_path):
         close(got.loss, want.loss, "float32")
         for name in want.grads:
             close(got.grads[name], want.grads[name], "float32", name)
+
+
+def test_plan_indices_are_copied_to_the_device_once(emulation_dir):
+    """Task index arrays are slices of a plan array: the device copies the plan array once and slices it."""
+    from minicavs.codegen.cuda_emulation import Launcher
+    device = Cuda(Launcher(emulation_dir))
+    plan = np.arange(100, dtype=np.int64) * 3
+    a, b = device.index(plan[10:20]), device.index(plan[50:53])
+    assert a.tolist() == plan[10:20].tolist() and b.tolist() == plan[50:53].tolist()
+    assert len(device._index) == 1 and a.base is b.base      # one copy, two views of it
+    assert device.index(plan[::2]).tolist() == plan[::2].tolist()   # strided: copied as is
+    other = np.array([5, 1, 4])
+    assert device.index(other).tolist() == [5, 1, 4]
