@@ -8,7 +8,6 @@ eager-stream protocol, with the CPU path (C kernels, numpy) as the reference. On
 array API, transfers and real streams."""
 from __future__ import annotations
 
-import shutil
 
 import numpy as np
 import pytest
@@ -27,18 +26,6 @@ from .test_engine import CASES, dense
 TOL = {"float32": 2e-5, "float64": 1e-10}
 SWITCHES = {"default": EngineOptions(), "streaming": EngineOptions(streaming=True),
             "unfused": EngineOptions(fusion=False), "all off": EngineOptions(False, False, False, False, False)}
-
-
-@pytest.fixture(params=[
-    pytest.param("emulated", marks=pytest.mark.skipif(shutil.which("g++") is None, reason="no g++")),
-    pytest.param("cupy", marks=[pytest.mark.gpu,
-                                pytest.mark.skipif(not mcuda.available(), reason="no CuPy or no CUDA device")]),
-])
-def launcher(request, emulation_dir):
-    if request.param == "cupy":
-        return mcuda.CuPyLauncher()
-    from minicavs.codegen.cuda_emulation import Launcher
-    return Launcher(emulation_dir)
 
 
 def close(got, want, dtype, what=""):

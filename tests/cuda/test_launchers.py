@@ -5,7 +5,6 @@ the launchers' argument packing (shapes, row strides, copies, index plans); only
 launch and the GPU itself."""
 from __future__ import annotations
 
-import shutil
 
 import numpy as np
 import pytest
@@ -17,18 +16,6 @@ from minicavs.graph import Graph
 from minicavs.passes.fusion import fuse
 
 TOL = {"float32": 1e-5, "float64": 1e-12}
-
-
-@pytest.fixture(params=[
-    pytest.param("emulated", marks=pytest.mark.skipif(shutil.which("g++") is None, reason="no g++")),
-    pytest.param("cupy", marks=[pytest.mark.gpu,
-                                pytest.mark.skipif(not mcuda.available(), reason="no CuPy or no CUDA device")]),
-])
-def launcher(request, emulation_dir):
-    if request.param == "cupy":
-        return mcuda.CuPyLauncher()
-    from minicavs.codegen.cuda_emulation import Launcher
-    return Launcher(emulation_dir)
 
 
 def host(a) -> np.ndarray:
