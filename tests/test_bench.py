@@ -1,18 +1,23 @@
-"""`minicavs bench`'s FLOP counts (independent arithmetic), its command line and what it tells the peers.
-
-The peers themselves need torch: set MINICAVS_TORCH_PYTHON to run them on tiny configs (never in CI)."""
+"""`minicavs bench`: FLOP counts (independent arithmetic), the sweep definitions, the report writers from given
+numbers, the time split, the command line and a tiny end-to-end run without peers (tests/test_peers.py
+covers the peers)."""
 from __future__ import annotations
 
 import argparse
-import json
-import os
+import csv
+import math
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
-from minicavs.bench import add_arguments
-from minicavs.bench.peers import peer_settings, torch_lstm_lm, torch_tree_fc
-from minicavs.bench.workloads import WORKLOADS, lstm_lm_flops, tree_fc, tree_fc_flops, tree_lstm_flops, var_lstm
+from minicavs.bench import add_arguments, settings
+from minicavs.bench import report
+from minicavs.bench.breakdown import instrumented_epoch, replay_memory
+from minicavs.bench.point import prefix_size
+from minicavs.bench.suite import Settings, run_suite
+from minicavs.bench.sweeps import FULL, MODELS, Point, distinct_points, sweeps
+from minicavs.bench.workloads import Data, lstm_lm_flops, tree_fc, tree_fc_flops, tree_lstm_flops
 from minicavs.engine import EngineOptions
 
 
@@ -24,22 +29,6 @@ def test_tree_lstm_flops_count_the_equations():
     internal = 2 * (2 * H) * (3 * H) + 2 * 2 * H * H   # [h1; h2]·U and the two forget gates
     cls = 2 * H * C
     assert tree_lstm_flops(trees, E, H, C) == 4 * leaf + 2 * internal + 6 * cls
-
-
-def test_tree_fc_and_lm_flops():
-    assert tree_fc_flops(2, 4, 3) == 2 * 2 * (4 * 9 + 3 * 18 + 3)
-    # two sentences of 3 and 1 steps: 4 steps of x·W_x and softmax, h·W_h only after each first step
-    D, H, V = 2, 3, 7
-    assert lstm_lm_flops([3, 1], D, H, V) == 2 * (4 * (D * 4 * H + H * V) + 2 * H * 4 * H)
-
-
-def test_command_line_defaults_and_choices():
-    p = argparse.ArgumentParser()
-    add_arguments(p)
-    args = p.parse_args([])
-    assert args.workloads == list(WORKLOADS) and args.hidden == [128, 512] and args.sentences == 2000
-    args = p.parse_args(["--workloads", "tree_fc", "--torch-python", "/x/python", "--recursive-trees", "16"])
-    assert args.workloads == ["tree_fc"] and args.torch_python == "/x/python" and args.recursive_trees == 16
 
 
 def test_tree_fc_flops_level_by_level():
@@ -62,39 +51,162 @@ def test_lstm_lm_flops_step_by_step():
     assert lstm_lm_flops(lengths, D, H, V) == total
 
 
-def test_peer_settings_name_this_trainers_optimizer():
-    t = tree_fc(4, 4, 2, 4, EngineOptions())
-    s = peer_settings(t)
-    assert s["batch"] == 2 and s["threads"] == (os.cpu_count() or 1)
-    o = s["optimizer"]
-    assert o["name"] == "adam" and o["lr"] == 1e-3 and (o["beta1"], o["beta2"], o["eps"]) == (0.9, 0.999, 1e-8)
-    assert o["weight_decay"] == 0.0 and o["clip_norm"] is None
-    json.dumps(s)   # handed to the peer as JSON
+# --- sweeps ----------------------------------------------------------------------------------------------
+
+def test_full_sweeps_are_the_papers_scaled_grid():
+    sw = sweeps()
+    assert set(sw) == {f"{m}/{k}" for m in MODELS for k in ("batch", "hidden")} | {"tree_fc/leaves"}
+    for m in MODELS:
+        assert [(p.hidden, p.batch) for p in sw[f"{m}/batch"]] == [(512, 1), (512, 16), (512, 64), (512, 256)]
+        assert [(p.hidden, p.batch) for p in sw[f"{m}/hidden"]] == [(64, 64), (128, 64), (256, 64), (512, 64),
+                                                                      (1024, 64)]
+    assert [(p.leaves, p.hidden, p.batch) for p in sw["tree_fc/leaves"]] == [(32, 512, 64), (256, 512, 64),
+                                                                              (1024, 512, 64)]
+    assert all(p.leaves == 256 for p in sw["tree_fc/batch"] + sw["tree_fc/hidden"])
+    # per model 4 + 5 points sharing (512, 64); Tree-FC's leaves sweep adds 32 and 1024 leaves
+    pts = distinct_points(sw)
+    assert len(pts) == 4 * (4 + 5 - 1) + 2 and len(set(p.key() for p in pts)) == len(pts)
 
 
-def test_command_line_workloads_and_caps():
+def test_quick_sweeps_are_a_subset_and_models_are_checked():
+    full = set(distinct_points(sweeps()))
+    quick = distinct_points(sweeps(quick=True))
+    assert set(quick) < full and len(quick) == 4 * 3 + 1
+    assert set(sweeps(["var_lstm"])) == {"var_lstm/batch", "var_lstm/hidden"}
+    with pytest.raises(ValueError, match="unknown model"):
+        sweeps(["lstm"])
+    grid = {**FULL, "batch": [2], "hidden": [8], "hidden_at": 8, "batch_at": 2, "leaves": [4], "fc_leaves": 4}
+    assert distinct_points(sweeps(["tree_fc"], grid=grid)) == [Point("tree_fc", 8, 2, 4)]
+
+
+def test_prefix_is_whole_batches_within_the_cap():
+    assert prefix_size(1000, 64, 0.5, 2.0) == 4 * 64       # 4 batches of 0.5 s fit in 2 s
+    assert prefix_size(1000, 64, 0.5, 2.2) == 4 * 64
+    assert prefix_size(1000, 64, 5.0, 2.0) == 64           # at least one batch
+    assert prefix_size(100, 64, 0.01, 2.0) == 100          # never more than the data
+
+
+# --- reports from given numbers --------------------------------------------------------------------------
+
+def _systems():
+    return {"minicavs": {"rates": [90.0, 100.0, 130.0], "infer_rates": [300.0, 310.0], "flops_per_unit": 2e9,
+                         "samples": 64, "units": 64, "peak_rss_mb": 250.0,
+                         "breakdown": {"step_s": 4.0, "scheduling_s": 0.4, "memory_s": 0.2, "update_s": 0.2,
+                                       "compute_s": 3.2}},
+            "DyNet (autobatching)": {"rates": [40.0, 50.0, 45.0], "infer_rates": [150.0], "peak_rss_mb": 180.0,
+                                     "same_loss": True, "construction_s": [1.0, 1.2, 1.1],
+                                     "compute_s": [3.0, 3.3, 3.3]},
+            "PyTorch (per-sample recursion)": {"error": "failed: boom"}}
+
+
+def test_rows_have_medians_ratios_and_gemm_share():
+    rows = report.rows_for("tree_lstm/hidden", Point("tree_lstm", 512, 64), _systems(), machine=1e12)
+    ours, dy, failed = rows
+    assert (ours["train_median"], ours["train_min"], ours["train_max"]) == (100.0, 90.0, 130.0)
+    assert ours["infer_median"] == 305.0 and ours["ratio_train"] == 1.0
+    assert ours["gemm_fraction"] == pytest.approx(100 * 3 * 2e9 / 1e12)        # 60%
+    assert dy["ratio_train"] == pytest.approx(100 / 45) and dy["ratio_infer"] == pytest.approx(305 / 150)
+    assert dy["gemm_fraction"] == pytest.approx(45 * 3 * 2e9 / 1e12)
+    assert ours["scheduling_frac"] == pytest.approx(0.1) and ours["compute_frac"] == pytest.approx(0.8)
+    assert dy["construction_frac"] == pytest.approx(1.1 / (1.1 + 3.3))
+    assert math.isnan(failed["train_median"]) and failed["note"] == "failed: boom"
+
+
+def test_csv_and_markdown_from_given_numbers(tmp_path):
+    rows = report.rows_for("tree_lstm/hidden", Point("tree_lstm", 512, 64), _systems(), machine=1e12)
+    csv_path, md_path = report.write_sweep(tmp_path, "tree_lstm/hidden", rows)
+    with open(csv_path) as f:
+        back = list(csv.DictReader(f))
+    assert [r["system"] for r in back] == ["minicavs", "DyNet (autobatching)", "PyTorch (per-sample recursion)"]
+    assert float(back[1]["ratio_train"]) == pytest.approx(100 / 45, rel=1e-5)
+    assert back[2]["train_median"] == "" and back[0]["hidden"] == "512"
+    md = md_path.read_text()
+    lines = [line for line in md.splitlines() if line.startswith("| h512 b64")]
+    assert len(lines) == 3
+    assert "100 (90-130)" in lines[0] and "60%" in lines[0] and "sched 10%" in lines[0]
+    assert "45.0 (40.0-50.0)" in lines[1] and "2.22x" in lines[1] and "| yes |" in lines[1]
+    assert "construction 25%" in lines[1] and "failed: boom" in lines[2]
+
+
+def test_plots_or_a_clear_reason(tmp_path):
+    rows = report.rows_for("tree_lstm/hidden", Point("tree_lstm", 512, 64), _systems(), machine=1e12)
+    out = report.plot_sweeps(tmp_path, {}, {"tree_lstm/hidden": rows})
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert "matplotlib is not installed" in out
+    else:
+        assert [p.name for p in out] == ["tree_lstm_hidden.png"] and out[0].stat().st_size > 1000
+
+
+# --- the time split ----------------------------------------------------------------------------------------
+
+def test_breakdown_parts_and_restored_methods():
+    t = tree_fc(8, 8, 4, 8, EngineOptions())
+    data = t.task.data["train"]
+    res = t.loss_and_grads(data[:4])
+    assert replay_memory(res, gather_elision=True) >= 0.0
+    b = instrumented_epoch(t, data, 4)
+    assert b["scheduling_s"] > 0 and b["memory_s"] > 0 and b["update_s"] > 0
+    assert b["compute_s"] == pytest.approx(b["step_s"] - b["update_s"] - b["scheduling_s"] - b["memory_s"],
+                                           abs=1e-9)
+    assert "batch" not in vars(t.task) and "_plan" not in vars(t.model)    # the wrappers are gone
+
+
+# --- command line ------------------------------------------------------------------------------------------
+
+def _parser():
     p = argparse.ArgumentParser()
     add_arguments(p)
-    args = p.parse_args(["--workloads", "tree_fc", "var_lstm", "--epochs", "1", "--fc-trees", "64",
-                         "--sentences", "100", "--torch-python", "/p/bin/python"])
-    assert args.workloads == ["tree_fc", "var_lstm"] and args.epochs == 1
-    assert (args.fc_trees, args.sentences, args.torch_python, args.dynet_python) == (64, 100, "/p/bin/python", None)
+    return p
+
+
+def test_command_line_defaults_quick_and_env(monkeypatch, tmp_path):
+    args = _parser().parse_args(["--out", str(tmp_path), "--sst", "synthetic", "--ptb", "synthetic"])
+    s = settings(args)
+    assert s.models == MODELS and s.cap == 12.0 and s.repeats == 3 and s.epoch_cap == 4.0
+    assert s.data.sst is None and s.data.trees == 1024 and s.ablation and s.inference
+    s = settings(_parser().parse_args(["--quick", "--sst", "synthetic", "--ptb", "synthetic", "--cap", "3"]))
+    assert s.quick and s.cap == 3.0 and s.repeats == 2 and s.data.trees == 256
+    monkeypatch.setenv("MINICAVS_TORCH_PYTHON", "/p/bin/python")
+    args = _parser().parse_args(["--models", "tree_fc", "--no-ablation"])
+    assert args.torch_python == "/p/bin/python" and args.dynet_python is None and not args.ablation
+    assert args.models == ["tree_fc"]
+
+
+def test_command_line_errors(tmp_path):
     with pytest.raises(SystemExit):
-        p.parse_args(["--workloads", "fixed_lstm"])
+        _parser().parse_args(["--models", "lstm"])
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["--cap", "soon"])
+    with pytest.raises(ValueError, match="--cap must be positive"):
+        settings(_parser().parse_args(["--cap", "0", "--sst", "synthetic", "--ptb", "synthetic"]))
+    with pytest.raises(FileNotFoundError, match="SST not found: .*nope.txt"):
+        settings(_parser().parse_args(["--models", "tree_lstm", "--sst", str(tmp_path / "nope.txt")]))
 
 
-TORCH_PYTHON = os.environ.get("MINICAVS_TORCH_PYTHON")
+# --- end to end --------------------------------------------------------------------------------------------
 
-
-@pytest.mark.skipif(not TORCH_PYTHON, reason="set MINICAVS_TORCH_PYTHON to a python with torch (setup_peers.sh)")
-def test_torch_peers_compute_minicavs_loss(tmp_path):
-    t = tree_fc(8, 8, 4, 8, EngineOptions())
-    ref = torch_tree_fc(TORCH_PYTHON, t, 3, epochs=1)
-    ours = t.loss_and_grads(t.task.data["train"][:3], training=False).loss
-    assert abs(ref["check_loss"] - ours) <= 1e-5 * max(1.0, abs(ours)) and len(ref["rates"]) == 1
-    text = tmp_path / "lm.txt"
-    text.write_text("the cat sat\na dog ran far away\nthe dog sat\n\ncat ran\n")
-    t = var_lstm(str(text), 3, 6, 5, 2, EngineOptions())
-    ref = torch_lstm_lm(TORCH_PYTHON, t, 3, epochs=1)
-    ours = t.loss_and_grads(t.task.data["train"][:3], training=False).loss
-    assert abs(ref["check_loss"] - ours) <= 1e-5 * max(1.0, abs(ours)) and ref["threads"] == os.cpu_count()
+def test_tiny_suite_end_to_end(tmp_path):
+    grid = {**FULL, "batch": [2, 4], "hidden": [8], "hidden_at": 8, "batch_at": 4, "leaves": [4], "fc_leaves": 4}
+    logged = []
+    s = Settings(models=("tree_fc", "fixed_lstm"), quick=True, cap=0.05, repeats=1,
+                 data=Data(fc_trees=8, windows=8, lm_embed=8), out=tmp_path, grid=grid, ablation_hidden=(8,),
+                 gemm_n=128,
+                 log=logged.append)
+    summary = run_suite(s)
+    assert any("skipping the pytorch peers" in line for line in logged)
+    names = {p.name for p in tmp_path.iterdir()}
+    for sweep in ("tree_fc_batch", "tree_fc_hidden", "tree_fc_leaves", "fixed_lstm_batch", "fixed_lstm_hidden"):
+        assert {f"{sweep}.csv", f"{sweep}.md"} <= names
+    with open(tmp_path / "all.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert {(r["model"], r["hidden"], r["batch"]) for r in rows} == {
+        ("tree_fc", "8", "2"), ("tree_fc", "8", "4"), ("fixed_lstm", "8", "2"), ("fixed_lstm", "8", "4")}
+    for r in rows:
+        assert r["system"] == "minicavs" and float(r["train_median"]) > 0 and float(r["infer_median"]) > 0
+        assert float(r["peak_rss_mb"]) > 10 and 0 <= float(r["compute_frac"]) <= 1
+        assert int(r["samples"]) % int(r["batch"]) == 0 or int(r["samples"]) == 8
+    text = summary.read_text()
+    assert "| Tree-FC, 4 leaves | minicavs |" in text and "| Fixed-LSTM | 8 |" in text   # main table, ablation
+    assert np.isfinite(float(rows[0]["gemm_fraction"]))

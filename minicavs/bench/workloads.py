@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import tempfile
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -54,12 +54,14 @@ def var_lstm(text: str, sentences: int, hidden: int, embed: int, batch: int, opt
     return t
 
 
-def fixed_lstm(text: str | None, hidden: int, batch: int, opts: EngineOptions) -> Trainer:
+def fixed_lstm(text: str | None, hidden: int, batch: int, opts: EngineOptions, windows: int | None = None,
+               embed: int = 128) -> Trainer:
+    """64-word windows of ``text`` (synthetic text without it); the first ``windows`` (default 8 batches)."""
     data = [f"data.train={text}", "data.dev=null", "data.test=null"] if text else \
         ["data.synthetic.train=1500", "data.synthetic.vocab=2000", "data.dev=null", "data.test=null"]
-    t = _trainer("fixed_lstm.yaml", data + [f"model.hidden={hidden}", "model.embed=128", "model.dropout=0.0",
-                                            f"train.batch_size={batch}"], opts)
-    t.task.data["train"] = t.task.data["train"][:batch * 8]
+    t = _trainer("fixed_lstm.yaml", data + [f"model.hidden={hidden}", f"model.embed={embed}", "model.dropout=0.0",
+                                            f"train.batch_size={batch}", "train.lr=0.001"], opts)
+    t.task.data["train"] = t.task.data["train"][:windows or batch * 8]
     return t
 
 
@@ -89,15 +91,15 @@ def lstm_lm_flops(lengths, embed: int, hidden: int, vocab: int) -> float:
     return 2.0 * (steps * (embed * 4 * H + H * vocab) + (steps - len(lengths)) * H * 4 * H)
 
 
-def machine_rate(repeats: int = 5) -> float:
-    """Median FLOP/s of numpy float32 2048 x 2048 x 2048 matmuls in this process."""
-    a = np.random.default_rng(0).standard_normal((2048, 2048)).astype(np.float32)
+def machine_rate(repeats: int = 5, n: int = 2048) -> float:
+    """Median FLOP/s of numpy float32 n x n x n matmuls in this process."""
+    a = np.random.default_rng(0).standard_normal((n, n)).astype(np.float32)
     times = []
     for _ in range(repeats + 1):
         start = time.perf_counter()
         a @ a
         times.append(time.perf_counter() - start)
-    return 2 * 2048 ** 3 / float(np.median(times[1:]))
+    return 2 * n ** 3 / float(np.median(times[1:]))
 
 
 def throughput(t: Trainer, epochs: int) -> list[float]:
@@ -114,3 +116,56 @@ def throughput(t: Trainer, epochs: int) -> list[float]:
         if epoch:
             rates.append(units / (time.perf_counter() - start))
     return rates
+
+
+# --- the sweeps' workloads: one trainer per sweep point ----------------------------------------------------
+
+@dataclass(frozen=True)
+class Data:
+    """Where each model's data comes from and how many samples one epoch has before the time cap."""
+
+    sst: str | None = None     # SST train file (Tree-LSTM); None: minicavs' synthetic treebank
+    ptb: str | None = None     # PTB text (Var-LSTM, Fixed-LSTM); None: minicavs' synthetic corpus
+    trees: int = 1024          # Tree-LSTM trees
+    fc_trees: int = 256        # Tree-FC trees
+    sentences: int = 2000      # Var-LSTM sentences
+    windows: int = 512         # Fixed-LSTM 64-word windows
+    tree_embed: int = 128      # Tree-LSTM embeddings
+    lm_embed: int = 256        # LM embeddings
+
+
+def build(point, data: Data, opts: EngineOptions = EngineOptions()) -> Trainer:
+    """The trainer of one sweep point (``sweeps.Point``) with ``data``'s samples."""
+    m, H, B = point.model, point.hidden, point.batch
+    if m == "tree_lstm":
+        if data.sst is None:
+            return _trainer("tree_lstm.yaml", [
+                f"data.synthetic.train={data.trees}", "data.dev=null", "data.test=null", f"model.hidden={H}",
+                f"model.embed={data.tree_embed}", "model.dropout=0.0", "train.optimizer=adam", "train.lr=0.001",
+                f"train.batch_size={B}", "train.weight_decay=0.0", "train.sparse_updates=true"], opts)
+        return tree_lstm(data.sst, H, data.tree_embed, B, data.trees, opts)
+    if m == "tree_fc":
+        return tree_fc(H, point.leaves, B, data.fc_trees, opts)
+    if m == "var_lstm":
+        if data.ptb is None:
+            t = _trainer("var_lstm.yaml", ["data.synthetic.train=" + str(data.sentences), "data.dev=null",
+                                           "data.test=null", "model.dropout=0.0", f"model.hidden={H}",
+                                           f"model.embed={data.lm_embed}", f"train.batch_size={B}",
+                                           "train.lr=0.001"], opts)
+            t.task.data["train"] = t.task.data["train"][:data.sentences]
+            return t
+        return var_lstm(data.ptb, data.sentences, H, data.lm_embed, B, opts)
+    if m == "fixed_lstm":
+        return fixed_lstm(data.ptb, H, B, opts, windows=data.windows, embed=data.lm_embed)
+    raise ValueError(f"unknown model {m!r}")
+
+
+def flops_per_unit(t: Trainer, samples, point) -> float:
+    """Useful matmul FLOPs of one forward pass per unit (tree or word) over ``samples``."""
+    m, H = point.model, point.hidden
+    if m == "tree_lstm":
+        return tree_lstm_flops(samples, t.cfg["model"]["embed"], H) / len(samples)
+    if m == "tree_fc":
+        return tree_fc_flops(1, point.leaves, H)
+    lengths = [len(x) for x, _ in samples]
+    return lstm_lm_flops(lengths, t.cfg["model"]["embed"], H, len(t.task.vocab)) / sum(lengths)

@@ -1,0 +1,95 @@
+"""One sweep point of minicavs, measured in a process of its own so that its peak resident memory is its own.
+
+    python -m minicavs.bench.point SPEC.json     # prints one JSON line (the last line of stdout)
+
+The spec holds the point (``sweeps.Point`` fields), the data settings (``workloads.Data`` fields), the engine
+switches, ``repeats``, ``epoch_cap`` (seconds an epoch may take: the epoch is the longest prefix of whole
+batches that the warm-up's rate says fits; or ``samples``, a given number), ``inference``, ``breakdown``.
+Reported: the prefix's size, units per second of each timed training (and forward-only) epoch, FLOPs per
+unit, the breakdown of one more instrumented epoch, and the process's peak RSS.
+"""
+from __future__ import annotations
+
+import json
+import resource
+import subprocess
+import sys
+import time
+
+from ..engine import EngineOptions
+from .breakdown import instrumented_epoch
+from .sweeps import Point
+from .workloads import Data, build, flops_per_unit
+
+
+def _epoch(t, samples, batch: int, training: bool) -> float:
+    start = time.perf_counter()
+    for i in range(0, len(samples), batch):
+        if training:
+            res = t.loss_and_grads(samples[i:i + batch])
+            t.optimizer.step(res.grads, loss=res.loss)
+        else:
+            graphs, feeds = t.task.batch(samples[i:i + batch])
+            t.model.infer(graphs, feeds, t.params, t.context(training=False))
+    return time.perf_counter() - start
+
+
+def prefix_size(n: int, batch: int, seconds_per_batch: float, epoch_cap: float) -> int:
+    """Whole batches that fit into ``epoch_cap`` at the measured rate: at least one, at most all ``n``."""
+    fit = int(epoch_cap / max(seconds_per_batch, 1e-9))
+    return min(n, max(1, fit) * batch)
+
+
+def measure(spec: dict, t=None) -> dict:
+    """Run the spec's point (on trainer ``t`` if given: its engine switches are set to the spec's)."""
+    point = Point(**spec["point"])
+    opts = EngineOptions(**spec.get("options", {}))
+    if t is None:
+        t = build(point, Data(**spec["data"]), opts)
+    t.model.options = opts
+    data = t.task.data["train"]
+    B, R = point.batch, spec["repeats"]
+    warm = data[:B]
+    _epoch(t, warm, B, True)                       # compiles kernels, sizes the dynamic tensors
+    per_batch = _epoch(t, warm, B, True)
+    n = spec.get("samples") or prefix_size(len(data), B, per_batch, spec["epoch_cap"])
+    samples = data[:n]
+    units = t.task.units(samples)
+    out = {"samples": len(samples), "units": units, "flops_per_unit": flops_per_unit(t, samples, point)}
+    out["rates"] = [units / _epoch(t, samples, B, True) for _ in range(R)]
+    if spec.get("inference", True):
+        _epoch(t, warm, B, False)
+        out["infer_rates"] = [units / _epoch(t, samples, B, False) for _ in range(R)]
+    if spec.get("breakdown", True):
+        out["breakdown"] = instrumented_epoch(t, samples, B)
+    return out
+
+
+def peak_rss_mb() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return r / 2 ** 20 if sys.platform == "darwin" else r / 1024   # bytes on macOS, KiB on Linux
+
+
+def run_in_child(spec: dict, python: str = sys.executable, timeout: float | None = None) -> dict:
+    """``measure(spec)`` in a fresh process; its JSON result plus ``peak_rss_mb`` of that process."""
+    out = subprocess.run([python, "-m", "minicavs.bench.point", "-"], input=json.dumps(spec), text=True,
+                         capture_output=True, timeout=timeout)
+    if out.returncode:
+        raise RuntimeError(f"minicavs point {spec['point']} failed:\n{out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m minicavs.bench.point SPEC.json|-", file=sys.stderr)
+        return 2
+    spec = json.load(sys.stdin if argv[0] == "-" else open(argv[0]))
+    res = measure(spec)
+    res["peak_rss_mb"] = peak_rss_mb()
+    print(json.dumps(res))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,208 @@
+"""The suite's output: rows from measured rates, a CSV and a markdown table per sweep, the summary, plots.
+
+A row is one system at one sweep point. Rates are units (trees or words) per second; a row shows the median
+of the repeats with min and max, the minicavs/system ratio of medians (1 for minicavs itself), the achieved
+useful-matmul FLOP rate as a fraction of the machine's numpy GEMM rate, and the process's peak RSS.
+"""
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+import numpy as np
+
+from .sweeps import LABELS, UNITS, Point
+
+COLUMNS = ["sweep", "model", "hidden", "batch", "leaves", "system", "unit", "samples", "units",
+           "train_median", "train_min", "train_max", "infer_median", "infer_min", "infer_max",
+           "ratio_train", "ratio_infer", "gflops_train", "gemm_fraction", "peak_rss_mb", "same_loss",
+           "scheduling_frac", "memory_frac", "update_frac", "compute_frac", "construction_frac", "note"]
+MINICAVS = "minicavs"
+
+
+def spread(values) -> tuple[float, float, float]:
+    """(median, min, max) of a list of rates; NaNs when there are none."""
+    if not values:
+        return math.nan, math.nan, math.nan
+    v = np.asarray(values, float)
+    return float(np.median(v)), float(v.min()), float(v.max())
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b and not math.isnan(a) and not math.isnan(b) else math.nan
+
+
+def rows_for(sweep: str, point: Point, systems: dict, machine: float) -> list[dict]:
+    """One row per measured system at ``point``. ``systems``: name -> result dict (``rates``, optional
+    ``infer_rates``, ``flops_per_unit`` for minicavs, ``peak_rss_mb``, ``same_loss``, ``breakdown`` for
+    minicavs, ``construction_s``/``compute_s`` for DyNet, ``error`` when the system failed)."""
+    ours = systems.get(MINICAVS, {})
+    ot, oi = spread(ours.get("rates")), spread(ours.get("infer_rates"))
+    fpu = ours.get("flops_per_unit", math.nan)
+    rows = []
+    for name, r in systems.items():
+        tr, inf = spread(r.get("rates")), spread(r.get("infer_rates"))
+        gflops = tr[0] * 3 * fpu / 1e9       # forward + backward: 3x the forward's matmul FLOPs
+        row = {"sweep": sweep, "model": point.model, "hidden": point.hidden, "batch": point.batch,
+               "leaves": point.leaves or "", "system": name, "unit": UNITS[point.model],
+               "samples": r.get("samples", ""), "units": r.get("units", ""),
+               "train_median": tr[0], "train_min": tr[1], "train_max": tr[2],
+               "infer_median": inf[0], "infer_min": inf[1], "infer_max": inf[2],
+               "ratio_train": _ratio(ot[0], tr[0]), "ratio_infer": _ratio(oi[0], inf[0]),
+               "gflops_train": gflops, "gemm_fraction": gflops * 1e9 / machine if machine else math.nan,
+               "peak_rss_mb": r.get("peak_rss_mb", math.nan), "same_loss": r.get("same_loss", ""),
+               "note": r.get("error", "")}
+        b = r.get("breakdown")
+        if b:
+            for part in ("scheduling", "memory", "update", "compute"):
+                row[f"{part}_frac"] = b[f"{part}_s"] / b["step_s"] if b["step_s"] else math.nan
+        if "construction_s" in r and "compute_s" in r:
+            c, k = np.median(r["construction_s"]), np.median(r["compute_s"])
+            row["construction_frac"] = float(c / (c + k)) if c + k else math.nan
+        rows.append(row)
+    return rows
+
+
+def _cell(v) -> str:
+    if isinstance(v, float):
+        return "" if math.isnan(v) else f"{v:.6g}"
+    return str(v)
+
+
+def write_csv(path: Path, rows: list[dict]) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({c: _cell(r.get(c, "")) for c in COLUMNS})
+
+
+def fmt_rate(med: float, lo: float, hi: float) -> str:
+    """``median (min-max)`` with as many digits as the size needs."""
+    if math.isnan(med):
+        return "-"
+    d = 0 if med >= 100 else 1 if med >= 10 else 2
+    return f"{med:.{d}f} ({lo:.{d}f}-{hi:.{d}f})"
+
+
+def _pct(x) -> str:
+    return "" if x is None or (isinstance(x, float) and math.isnan(x)) or x == "" else f"{100 * x:.0f}%"
+
+
+def _x(x: float) -> str:
+    return "-" if math.isnan(x) else f"{x:.2f}x"
+
+
+def point_label(r: dict) -> str:
+    leaves = f", {r['leaves']} leaves" if r.get("leaves") else ""
+    return f"h{r['hidden']} b{r['batch']}{leaves}"
+
+
+def markdown(rows: list[dict]) -> str:
+    """A markdown table: one line per system and point, with the minicavs/system ratios."""
+    head = ["point", "system", "train /s median (min-max)", "minicavs/system", "infer /s median (min-max)",
+            "minicavs/system (infer)", "% of numpy GEMM", "peak RSS MB", "same loss", "breakdown"]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for r in rows:
+        parts = []
+        if r.get("compute_frac") not in (None, ""):
+            parts.append(f"sched {_pct(r['scheduling_frac'])}, memory {_pct(r['memory_frac'])}, "
+                         f"update {_pct(r['update_frac'])}, compute {_pct(r['compute_frac'])}")
+        if r.get("construction_frac") not in (None, ""):
+            parts.append(f"construction {_pct(r['construction_frac'])}")
+        if r.get("note"):
+            parts.append(str(r["note"]))
+        same = {True: "yes", False: "NO"}.get(r.get("same_loss"), "")
+        rss = r.get("peak_rss_mb")
+        lines.append("| " + " | ".join([
+            point_label(r), r["system"], fmt_rate(r["train_median"], r["train_min"], r["train_max"]),
+            "" if r["system"] == MINICAVS else _x(r["ratio_train"]),
+            fmt_rate(r["infer_median"], r["infer_min"], r["infer_max"]),
+            "" if r["system"] == MINICAVS else _x(r["ratio_infer"]), _pct(r["gemm_fraction"]),
+            "" if rss is None or (isinstance(rss, float) and math.isnan(rss)) else f"{rss:.0f}", same,
+            "; ".join(parts)]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def sweep_title(sweep: str) -> str:
+    model, kind = sweep.split("/")
+    what = {"batch": "hidden 512, batch sweep", "hidden": "batch 64, hidden sweep",
+            "leaves": "batch 64, hidden 512, leaves sweep (Fig. 9a)"}[kind]
+    return f"{LABELS[model]} ({UNITS[model]}/s), {what}"
+
+
+def write_sweep(out: Path, sweep: str, rows: list[dict], header: str = "") -> tuple[Path, Path]:
+    """``<model>_<kind>.csv`` and ``.md`` in ``out``."""
+    stem = sweep.replace("/", "_")
+    write_csv(out / f"{stem}.csv", rows)
+    (out / f"{stem}.md").write_text(f"## {sweep_title(sweep)}\n\n{header}{markdown(rows)}")
+    return out / f"{stem}.csv", out / f"{stem}.md"
+
+
+def plot_sweeps(out: Path, sweeps: dict, rows_by_sweep: dict) -> list[Path] | str:
+    """Fig. 8-like PNGs: training throughput vs batch and vs hidden (and leaves) per model, one line per
+    system, log-scaled. Returns the files written, or why none were (matplotlib missing)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed (pip install 'minicavs[plot]'): no plots"
+    written = []
+    for sweep, rows in rows_by_sweep.items():
+        kind = sweep.split("/")[1]
+        fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+        for ax, (col, what) in zip(axes, (("train", "training"), ("infer", "inference"))):
+            for system in dict.fromkeys(r["system"] for r in rows):
+                pts = [r for r in rows if r["system"] == system and not math.isnan(r[f"{col}_median"])]
+                if not pts:
+                    continue
+                xs = [r[kind] for r in pts]
+                med = np.array([r[f"{col}_median"] for r in pts])
+                err = [med - [r[f"{col}_min"] for r in pts], [r[f"{col}_max"] for r in pts] - med]
+                ax.errorbar(xs, med, yerr=err, marker="o", capsize=3, label=system,
+                            linewidth=2.5 if system == MINICAVS else 1.2)
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel(kind)
+            ax.set_ylabel(f"{UNITS[sweep.split('/')[0]]}/s")
+            ax.set_title(what)
+            ax.grid(True, which="both", alpha=0.3)
+        axes[0].legend(fontsize=7)
+        fig.suptitle(sweep_title(sweep))
+        fig.tight_layout()
+        path = out / f"{sweep.replace('/', '_')}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def plot_ablation(out: Path, ablation: dict) -> Path | str:
+    """Fig. 10-like PNG: each engine switch's speedup over all switches off, per model and hidden size.
+    ``ablation``: model label -> hidden -> switch label -> speedup."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed (pip install 'minicavs[plot]'): no ablation plot"
+    fig, axes = plt.subplots(1, len(ablation), figsize=(5.5 * len(ablation), 3.8), squeeze=False)
+    for ax, (model, by_hidden) in zip(axes[0], ablation.items()):
+        hiddens = sorted(by_hidden)
+        switches = list(next(iter(by_hidden.values())))
+        width = 0.8 / len(switches)
+        for i, s in enumerate(switches):
+            ax.bar(np.arange(len(hiddens)) + i * width, [by_hidden[h][s] for h in hiddens], width, label=s)
+        ax.axhline(1.0, color="k", linewidth=0.8)
+        ax.set_xticks(np.arange(len(hiddens)) + 0.4 - width / 2)
+        ax.set_xticklabels([f"h{h}" for h in hiddens])
+        ax.set_ylabel("speedup over all off")
+        ax.set_title(model)
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    path = out / "ablation.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

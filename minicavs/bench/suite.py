@@ -1,0 +1,270 @@
+"""The benchmark suite: every sweep point on minicavs (a child process per point) and on each installed peer,
+then the reports. See ``minicavs.bench`` for the command line."""
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from . import peers, report
+from .point import measure, run_in_child
+from .sweeps import LABELS, UNITS, Point, distinct_points, sweeps
+from .workloads import SWITCHES, Data, build, machine_rate
+
+
+@dataclass
+class Settings:
+    models: tuple
+    quick: bool
+    cap: float                 # seconds of timed training per system and point: repeats x epoch cap
+    repeats: int
+    data: Data
+    out: Path
+    dynet_python: str | None = None
+    torch_python: str | None = None
+    check: int = 4             # samples whose loss every peer must match before timing
+    inference: bool = True
+    breakdown: bool = True
+    ablation: bool = True
+    sweeps: bool = True
+    grid: dict | None = None   # replaces the full or quick grid (sweeps.FULL's keys)
+    ablation_hidden: tuple = (64, 128, 256, 512)
+    log: object = print
+    peer_timeout: float = 600.0
+    gemm_n: int = 2048         # size of the numpy GEMM that measures the machine
+    available: dict = field(default_factory=dict)   # framework -> python that can run its peers
+
+    @property
+    def epoch_cap(self) -> float:
+        return self.cap / self.repeats
+
+
+def find_peers(s: Settings) -> dict:
+    """framework -> python for the peers that can run; says why the others are skipped."""
+    ok = {}
+    if not hasattr(peers, "run"):
+        s.log("skipping the peers: minicavs/bench/peers.py has no run() (the peer protocol) yet")
+        return ok
+    for fw, python in (("dynet", s.dynet_python), ("pytorch", s.torch_python)):
+        why = peers.missing(python, fw)
+        if why:
+            s.log(f"skipping the {fw} peers: {why}")
+        else:
+            ok[fw] = python
+    return ok
+
+
+def _ours(s: Settings, point: Point) -> dict:
+    spec = {"point": point.as_dict(), "data": asdict(s.data), "repeats": s.repeats, "epoch_cap": s.epoch_cap,
+            "inference": s.inference, "breakdown": s.breakdown}
+    try:
+        return run_in_child(spec)
+    except Exception as e:   # a failed point is reported in its row, the suite goes on
+        return {"error": f"failed: {str(e).strip().splitlines()[-1][:200]}"}
+
+
+def _peers_at(s: Settings, point: Point, ours: dict) -> dict:
+    """Every available peer at ``point``: its JSON plus ``same_loss`` against minicavs' loss of the same
+    samples with the same weights."""
+    out = {}
+    todo = [p for p in peers.PEERS.get(point.model, ()) if p.framework in s.available]
+    if not todo:
+        return out
+    t = build(point, s.data)
+    ours_check = peers.check_loss(t, s.check)
+    n = len(t.task.data["train"])
+    # hand over what a peer up to 4x faster than minicavs could use in an epoch (all of it if unknown)
+    limit = min(n, max(4 * ours.get("samples", n), 2 * point.batch))
+    for p in todo:
+        try:
+            r = peers.run(s.available[p.framework], p.framework, t, mode=p.mode, epochs=s.repeats, check=s.check,
+                          max_seconds=s.epoch_cap, inference=s.inference, limit=limit, timeout=s.peer_timeout)
+            r["same_loss"] = bool(peers.same_loss(ours_check, r["check_loss"]))
+            r["ours_check_loss"] = ours_check
+        except Exception as e:
+            r = {"error": f"failed: {str(e).strip().splitlines()[-1][:200]}"}
+        out[p.label] = r
+    return out
+
+
+def _line(point: Point, name: str, r: dict, ours: dict) -> str:
+    if "error" in r:
+        return f"  {point.key():<28} {name:<36} {r['error']}"
+    med, lo, hi = report.spread(r.get("rates"))
+    text = f"  {point.key():<28} {name:<36} train {report.fmt_rate(med, lo, hi):>26} {UNITS[point.model]}/s"
+    if r.get("infer_rates"):
+        text += f"   infer {report.fmt_rate(*report.spread(r['infer_rates'])):>26}"
+    if name != report.MINICAVS and ours.get("rates"):
+        text += f"   minicavs/this {report.spread(ours['rates'])[0] / med:5.2f}x"
+    if "same_loss" in r:
+        text += (f"   same loss: {'yes' if r['same_loss'] else 'NO'} "
+                 f"({r['ours_check_loss']:.6f} vs {r['check_loss']:.6f})")
+    return text
+
+
+def run_sweeps(s: Settings) -> dict:
+    """Measure every point; returns {point key: {system: result}} (also written to results.json)."""
+    sw = sweeps(s.models, s.quick, s.grid)
+    results = {}
+    for point in distinct_points(sw):
+        start = time.perf_counter()
+        ours = _ours(s, point)
+        systems = {report.MINICAVS: ours}
+        s.log(_line(point, report.MINICAVS, ours, ours))
+        for name, r in _peers_at(s, point, ours).items():
+            systems[name] = r
+            s.log(_line(point, name, r, ours))
+        s.log(f"  ({time.perf_counter() - start:.0f} s)")
+        results[point.key()] = systems
+        (s.out / "results.json").write_text(json.dumps(results, indent=1, default=str))
+    return results
+
+
+def ablation(s: Settings) -> dict:
+    """Fig. 10: each switch's training-throughput speedup over all switches off, on Tree-LSTM and
+    Fixed-LSTM at batch 64, on the same samples for every switch setting (the all-off run's prefix)."""
+    out: dict = {}
+    for model in ("tree_lstm", "fixed_lstm"):
+        if model not in s.models:
+            continue
+        for h in s.ablation_hidden:
+            point = Point(model, h, (s.grid or {}).get("batch_at", 64))
+            spec = {"point": point.as_dict(), "data": asdict(s.data), "repeats": s.repeats,
+                    "epoch_cap": s.epoch_cap / 2, "inference": False, "breakdown": False}
+            rates = {}
+            t = build(point, s.data)    # one trainer: the switches change how, not what, it computes
+            for label, opts in SWITCHES.items():
+                r = measure({**spec, "options": asdict(opts)}, t)
+                spec.setdefault("samples", r["samples"])
+                rates[label] = float(np.median(r["rates"]))
+            base = rates.pop("all off")
+            out.setdefault(LABELS[model], {})[h] = {k: v / base for k, v in rates.items()}
+            s.log(f"  {LABELS[model]:<10} hidden {h:>4}: " + "  ".join(
+                f"{k} {v / base:4.2f}x" for k, v in rates.items()) + f"   (all off {base:.1f} {UNITS[model]}/s)")
+    return out
+
+
+def ablation_markdown(ab: dict) -> str:
+    if not ab:
+        return ""
+    switches = list(next(iter(next(iter(ab.values())).values())))
+    lines = ["| model | hidden | " + " | ".join(switches) + " |", "|" + " --- |" * (len(switches) + 2)]
+    for model, by_h in ab.items():
+        for h, sp in by_h.items():
+            lines.append(f"| {model} | {h} | " + " | ".join(f"{sp[k]:.2f}x" for k in switches) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_reports(s: Settings, results: dict, machine: tuple, ab: dict, seconds: float) -> Path:
+    """Per sweep a CSV and a markdown table, the plots and summary.md; returns the summary's path."""
+    sw = sweeps(s.models, s.quick, s.grid) if results else {}
+    rate = float(np.median(machine))
+    rows_by_sweep = {}
+    all_rows = []
+    for name, points in sw.items():
+        rows = [row for p in points for row in report.rows_for(name, p, results[p.key()], rate)]
+        rows_by_sweep[name] = rows
+        all_rows += rows
+        report.write_sweep(s.out, name, rows, _conditions(s, machine))
+    report.write_csv(s.out / "all.csv", all_rows)
+    plots = report.plot_sweeps(s.out, sw, rows_by_sweep)
+    if ab:
+        (s.out / "ablation.md").write_text("## Speedup of each engine switch over all off (Fig. 10)\n\n"
+                                           + ablation_markdown(ab))
+        ab_plot = report.plot_ablation(s.out, ab)
+        if isinstance(ab_plot, str):
+            s.log(ab_plot)
+    if isinstance(plots, str):
+        s.log(plots)
+    summary = s.out / "summary.md"
+    summary.write_text(summary_markdown(s, sw, results, rate, machine, ab, seconds))
+    return summary
+
+
+def _conditions(s: Settings, machine: tuple) -> str:
+    return (f"numpy float32 {s.gemm_n}^3 GEMM {machine[0] / 1e9:.0f} GFLOP/s at the start, "
+            f"{machine[1] / 1e9:.0f} at the end; medians of {s.repeats} timed epochs (min-max in brackets) "
+            f"after a warm-up of two batches; "
+            f"an epoch is the longest prefix of whole batches that fits {s.epoch_cap:.1f} s (cap: about "
+            f"{s.cap:.0f} s of timed training per system and point, at least one batch); float32, Adam.\n\n")
+
+
+def main_point(sw: dict) -> dict:
+    """Per model the point shown in the summary: the one in both Fig. 8 sweeps (hidden 512, batch 64)."""
+    both = {}
+    for name, pts in sw.items():
+        if name.endswith("/batch"):
+            both.update((p.model, p) for p in pts if p in sw[name.replace("/batch", "/hidden")])
+    return both
+
+
+def summary_markdown(s: Settings, sw: dict, results: dict, rate: float, machine: tuple, ab: dict,
+                     seconds: float) -> str:
+    lines = [f"# minicavs bench{' --quick' if s.quick else ''}", "",
+             f"{len(distinct_points(sw))} points, {seconds / 60:.1f} min wall time. " + _conditions(s, machine)]
+    main = main_point(sw)
+    if main:
+        p = next(iter(main.values()))
+        lines += [f"## Hidden {p.hidden}, batch {p.batch} (every model)", ""]
+    rows = [row for m, p in main.items() for row in report.rows_for(f"{m}/hidden", p, results[p.key()],
+                                                                                 rate)]
+    lines.append(main_table(rows))
+    lines += ["Sweeps: " + ", ".join(f"[{n}]({n.replace('/', '_')}.md)" for n in sw) + " (CSV alongside; "
+              "all.csv has every row).", ""]
+    if ab:
+        lines += ["## Speedup of each engine switch over all off (Fig. 10)", "", ablation_markdown(ab)]
+    return "\n".join(lines) + "\n"
+
+
+def main_table(rows: list[dict]) -> str:
+    """The README's table: model, system, training and inference rates, ratios, GEMM share, RSS."""
+    head = ["model", "system", "train /s", "minicavs/system", "infer /s", "minicavs/system (infer)",
+            "% GEMM", "peak RSS MB", "same loss", "time split"]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for r in rows:
+        split = ""
+        if r.get("compute_frac") not in (None, ""):
+            split = (f"sched {report._pct(r['scheduling_frac'])}, memory {report._pct(r['memory_frac'])}, "
+                     f"compute {report._pct(r['compute_frac'])}, update {report._pct(r['update_frac'])}")
+        elif r.get("construction_frac") not in (None, ""):
+            split = f"graph construction {report._pct(r['construction_frac'])}"
+        if r.get("note"):
+            split = r["note"]
+        same = {True: "yes", False: "NO"}.get(r.get("same_loss"), "")
+        rss = r.get("peak_rss_mb")
+        leaves = f", {r['leaves']} leaves" if r.get("leaves") else ""
+        lines.append("| " + " | ".join([
+            f"{LABELS[r['model']]}{leaves}", r["system"], report.fmt_rate(r["train_median"], r["train_min"],
+                                                                        r["train_max"]),
+            "" if r["system"] == report.MINICAVS else report._x(r["ratio_train"]),
+            report.fmt_rate(r["infer_median"], r["infer_min"], r["infer_max"]),
+            "" if r["system"] == report.MINICAVS else report._x(r["ratio_infer"]),
+            report._pct(r["gemm_fraction"]),
+            "" if rss is None or (isinstance(rss, float) and math.isnan(rss)) else f"{rss:.0f}", same, split])
+            + " |")
+    return "\n".join(lines) + "\n"
+
+
+def run_suite(s: Settings) -> Path:
+    start = time.perf_counter()
+    s.out.mkdir(parents=True, exist_ok=True)
+    m0 = machine_rate(n=s.gemm_n)
+    s.log(f"machine: numpy float32 {s.gemm_n}^3 GEMM {m0 / 1e9:.1f} GFLOP/s; cap {s.cap:.0f} s of timed "
+          f"training per system and point ({s.repeats} epochs of at most {s.epoch_cap:.1f} s), "
+          f"python {sys.version.split()[0]}")
+    s.available = find_peers(s)
+    results = run_sweeps(s) if s.sweeps else {}
+    ab = {}
+    if s.ablation:
+        s.log("speedup over all switches off (Fig. 10), training, batch 64")
+        ab = ablation(s)
+    m1 = machine_rate(n=s.gemm_n)
+    summary = write_reports(s, results, (m0, m1), ab, time.perf_counter() - start)
+    s.log(f"\nwrote {s.out}/ (summary.md, a CSV and a markdown table per sweep) in "
+          f"{(time.perf_counter() - start) / 60:.1f} min")
+    return summary
