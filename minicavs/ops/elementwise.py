@@ -121,7 +121,7 @@ mul = _binary("mul", lambda xp, a, b: a * b,
 div = _binary("div", lambda xp, a, b: a / b,
               lambda g, y, a, b: (unbroadcast(div(g, b), a), unbroadcast(neg(div(mul(g, y), b)), b)),
               lambda a, b: a / b, infer=_float_binary_infer)
-ge = _binary("ge", lambda xp, a, b: (a >= b).astype(np.result_type(a, b)), None, S.ge)
+ge = _binary("ge", lambda xp, a, b: (a >= b).astype(xp.result_type(a, b)), None, S.ge)
 
 
 def _maximum_vjp(g, y, a, b):
