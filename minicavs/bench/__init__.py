@@ -25,14 +25,14 @@ from .workloads import Data
 
 SST = "../shared/data/sst/train.txt"
 PTB = "../shared/data/ptb/ptb.valid.txt"
-FULL_CAP, QUICK_CAP = 12.0, 1.5
+FULL_CAP, QUICK_CAP = 8.0, 1.5
 QUICK_DATA = {"trees": 256, "fc_trees": 64, "sentences": 500, "windows": 128}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
     p.add_argument("--quick", action="store_true",
-                   help="fewer points (batch 16, 64; hidden 128, 512), a short cap: about 3 minutes")
+                   help="fewer points (batch 64 with hidden 128 and 512), a short cap: about 3 minutes")
     p.add_argument("--cap", type=float, default=None,
                    help=f"seconds of timed training per system and point (default {FULL_CAP:g}, "
                         f"quick {QUICK_CAP:g}); each timed epoch gets cap/repeats")

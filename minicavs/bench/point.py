@@ -72,8 +72,11 @@ def peak_rss_mb() -> float:
 
 def run_in_child(spec: dict, python: str = sys.executable, timeout: float | None = None) -> dict:
     """``measure(spec)`` in a fresh process; its JSON result plus ``peak_rss_mb`` of that process."""
-    out = subprocess.run([python, "-m", "minicavs.bench.point", "-"], input=json.dumps(spec), text=True,
-                         capture_output=True, timeout=timeout)
+    try:
+        out = subprocess.run([python, "-m", "minicavs.bench.point", "-"], input=json.dumps(spec), text=True,
+                             capture_output=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"minicavs point {spec['point']} ran longer than {timeout:.0f} s") from None
     if out.returncode:
         raise RuntimeError(f"minicavs point {spec['point']} failed:\n{out.stderr[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])

@@ -35,13 +35,18 @@ class Settings:
     grid: dict | None = None   # replaces the full or quick grid (sweeps.FULL's keys)
     ablation_hidden: tuple = (64, 128, 256, 512)
     log: object = print
-    peer_timeout: float = 600.0
     gemm_n: int = 2048         # size of the numpy GEMM that measures the machine
     available: dict = field(default_factory=dict)   # framework -> python that can run its peers
 
     @property
     def epoch_cap(self) -> float:
         return self.cap / self.repeats
+
+    @property
+    def timeout(self) -> float:
+        """Seconds after which one system's run at one point is stopped and reported as failed (a batch
+        can take longer than the cap, and a loaded machine can be very slow)."""
+        return 60 + 10 * self.cap
 
 
 def find_peers(s: Settings) -> dict:
@@ -63,7 +68,7 @@ def _ours(s: Settings, point: Point) -> dict:
     spec = {"point": point.as_dict(), "data": asdict(s.data), "repeats": s.repeats, "epoch_cap": s.epoch_cap,
             "inference": s.inference, "breakdown": s.breakdown}
     try:
-        return run_in_child(spec)
+        return run_in_child(spec, timeout=s.timeout)
     except Exception as e:   # a failed point is reported in its row, the suite goes on
         return {"error": f"failed: {str(e).strip().splitlines()[-1][:200]}"}
 
@@ -83,7 +88,7 @@ def _peers_at(s: Settings, point: Point, ours: dict) -> dict:
     for p in todo:
         try:
             r = peers.run(s.available[p.framework], p.framework, t, mode=p.mode, epochs=s.repeats, check=s.check,
-                          max_seconds=s.epoch_cap, inference=s.inference, limit=limit, timeout=s.peer_timeout)
+                          max_seconds=s.epoch_cap, inference=s.inference, limit=limit, timeout=s.timeout)
             r["same_loss"] = bool(peers.same_loss(ours_check, r["check_loss"]))
             r["ours_check_loss"] = ours_check
         except Exception as e:
@@ -135,7 +140,7 @@ def ablation(s: Settings) -> dict:
         for h in s.ablation_hidden:
             point = Point(model, h, (s.grid or {}).get("batch_at", 64))
             spec = {"point": point.as_dict(), "data": asdict(s.data), "repeats": s.repeats,
-                    "epoch_cap": s.epoch_cap / 2, "inference": False, "breakdown": False}
+                    "epoch_cap": s.epoch_cap / 4, "inference": False, "breakdown": False}
             rates = {}
             t = build(point, s.data)    # one trainer: the switches change how, not what, it computes
             for label, opts in SWITCHES.items():
