@@ -15,6 +15,7 @@ import resource
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 from ..engine import EngineOptions
 from .breakdown import instrumented_epoch
@@ -44,15 +45,23 @@ def measure(spec: dict, t=None) -> dict:
     """Run the spec's point (on trainer ``t`` if given: its engine switches are set to the spec's)."""
     point = Point(**spec["point"])
     opts = EngineOptions(**spec.get("options", {}))
-    if t is None:
-        t = build(point, Data(**spec["data"]), opts)
-    t.model.options = opts
-    data = t.task.data["train"]
+    data_spec = Data(**spec["data"])
     B, R = point.batch, spec["repeats"]
-    warm = data[:B]
+    tree_fc = t is None and point.model == "tree_fc"
+    if t is None:   # Tree-FC's inputs are large: generate one batch's first, the prefix's once it is known
+        t = build(point, replace(data_spec, fc_trees=min(B, data_spec.fc_trees)) if tree_fc else data_spec, opts)
+    t.model.options = opts
+    warm = t.task.data["train"][:B]
     _epoch(t, warm, B, True)                       # compiles kernels, sizes the dynamic tensors
     per_batch = _epoch(t, warm, B, True)
-    n = spec.get("samples") or prefix_size(len(data), B, per_batch, spec["epoch_cap"])
+    n = spec.get("samples") or prefix_size(data_spec.fc_trees if tree_fc else len(t.task.data["train"]), B,
+                                            per_batch, spec["epoch_cap"])
+    if tree_fc and n > len(t.task.data["train"]):
+        del t, warm
+        t = build(point, replace(data_spec, fc_trees=n), opts)   # n random trees, as many as fit
+        warm = t.task.data["train"][:B]
+        _epoch(t, warm, B, True)
+    data = t.task.data["train"]
     samples = data[:n]
     units = t.task.units(samples)
     out = {"samples": len(samples), "units": units, "flops_per_unit": flops_per_unit(t, samples, point)}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -37,6 +38,11 @@ class Settings:
     log: object = print
     gemm_n: int = 2048         # size of the numpy GEMM that measures the machine
     available: dict = field(default_factory=dict)   # framework -> python that can run its peers
+    notes: list = field(default_factory=list)       # what was skipped and why (printed and in summary.md)
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+        self.log(text)
 
     @property
     def epoch_cap(self) -> float:
@@ -49,16 +55,23 @@ class Settings:
         return 60 + 10 * self.cap
 
 
+def _load() -> str:
+    try:
+        return "%.1f/%.1f/%.1f (1/5/15 min)" % os.getloadavg()
+    except OSError:
+        return "unknown"
+
+
 def find_peers(s: Settings) -> dict:
     """framework -> python for the peers that can run; says why the others are skipped."""
     ok = {}
     if not hasattr(peers, "run"):
-        s.log("skipping the peers: minicavs/bench/peers.py has no run() (the peer protocol) yet")
+        s.note("skipping the peers: minicavs/bench/peers.py has no run() (the peer protocol) yet")
         return ok
     for fw, python in (("dynet", s.dynet_python), ("pytorch", s.torch_python)):
         why = peers.missing(python, fw)
         if why:
-            s.log(f"skipping the {fw} peers: {why}")
+            s.note(f"skipping the {fw} peers: {why}")
         else:
             ok[fw] = python
     return ok
@@ -83,8 +96,9 @@ def _peers_at(s: Settings, point: Point, ours: dict) -> dict:
     t = build(point, s.data)
     ours_check = peers.check_loss(t, s.check)
     n = len(t.task.data["train"])
-    # hand over what a peer up to 4x faster than minicavs could use in an epoch (all of it if unknown)
-    limit = min(n, max(4 * ours.get("samples", n), 2 * point.batch))
+    # Tree-FC's inputs are large (the peer's RSS counts them): what a peer up to twice as fast as minicavs
+    # could use in an epoch; the other models' data are small ids: all of it
+    limit = min(n, max(2 * ours.get("samples", n), 2 * point.batch)) if point.model == "tree_fc" else None
     for p in todo:
         try:
             r = peers.run(s.available[p.framework], p.framework, t, mode=p.mode, epochs=s.repeats, check=s.check,
@@ -183,9 +197,9 @@ def write_reports(s: Settings, results: dict, machine: tuple, ab: dict, seconds:
                                            + ablation_markdown(ab))
         ab_plot = report.plot_ablation(s.out, ab)
         if isinstance(ab_plot, str):
-            s.log(ab_plot)
+            s.note(ab_plot)
     if isinstance(plots, str):
-        s.log(plots)
+        s.note(plots)
     summary = s.out / "summary.md"
     summary.write_text(summary_markdown(s, sw, results, rate, machine, ab, seconds))
     return summary
@@ -212,6 +226,7 @@ def summary_markdown(s: Settings, sw: dict, results: dict, rate: float, machine:
                      seconds: float) -> str:
     lines = [f"# minicavs bench{' --quick' if s.quick else ''}", "",
              f"{len(distinct_points(sw))} points, {seconds / 60:.1f} min wall time. " + _conditions(s, machine)]
+    lines += [f"- {n}" for n in s.notes] + ([""] if s.notes else [])
     main = main_point(sw)
     if main:
         p = next(iter(main.values()))
@@ -262,6 +277,8 @@ def run_suite(s: Settings) -> Path:
     s.log(f"machine: numpy float32 {s.gemm_n}^3 GEMM {m0 / 1e9:.1f} GFLOP/s; cap {s.cap:.0f} s of timed "
           f"training per system and point ({s.repeats} epochs of at most {s.epoch_cap:.1f} s), "
           f"python {sys.version.split()[0]}")
+    s.note(f"load average {_load()} at the start, on {os.cpu_count()} cores (above 0.1: other work shared "
+           f"the machine and the numbers are noisy)")
     s.available = find_peers(s)
     results = run_sweeps(s) if s.sweeps else {}
     ab = {}
@@ -269,6 +286,7 @@ def run_suite(s: Settings) -> Path:
         s.log("speedup over all switches off (Fig. 10), training, batch 64")
         ab = ablation(s)
     m1 = machine_rate(n=s.gemm_n)
+    s.note(f"load average {_load()} at the end (before this run's own last GEMM measurement)")
     summary = write_reports(s, results, (m0, m1), ab, time.perf_counter() - start)
     s.log(f"\nwrote {s.out}/ (summary.md, a CSV and a markdown table per sweep) in "
           f"{(time.perf_counter() - start) / 60:.1f} min")
