@@ -131,12 +131,14 @@ def test_csv_and_markdown_from_given_numbers(tmp_path):
 def test_plots_or_a_clear_reason(tmp_path):
     rows = report.rows_for("tree_lstm/hidden", Point("tree_lstm", 512, 64), _systems(), machine=1e12)
     out = report.plot_sweeps(tmp_path, {}, {"tree_lstm/hidden": rows})
+    ab = report.plot_ablation(tmp_path, {"Tree-LSTM": {64: {"fusion": 1.2, "all on": 1.4}}})
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        assert "matplotlib is not installed" in out
+        assert "matplotlib is not installed" in out and "matplotlib is not installed" in ab
     else:
         assert [p.name for p in out] == ["tree_lstm_hidden.png"] and out[0].stat().st_size > 1000
+        assert ab.name == "ablation.png" and ab.stat().st_size > 1000
 
 
 # --- the time split ----------------------------------------------------------------------------------------
@@ -188,11 +190,11 @@ def test_command_line_errors(tmp_path):
 # --- end to end --------------------------------------------------------------------------------------------
 
 def test_tiny_suite_end_to_end(tmp_path):
-    grid = {**FULL, "batch": [2, 4], "hidden": [8], "hidden_at": 8, "batch_at": 4, "leaves": [4], "fc_leaves": 4}
+    grid = {**FULL, "batch": [4], "hidden": [8], "hidden_at": 8, "batch_at": 4, "leaves": [4], "fc_leaves": 4}
     logged = []
     s = Settings(models=("tree_fc", "fixed_lstm"), quick=True, cap=0.05, repeats=1,
                  data=Data(fc_trees=8, windows=8, lm_embed=8), out=tmp_path, grid=grid, ablation_hidden=(8,),
-                 gemm_n=128,
+                 gemm_n=128, plots=False,
                  log=logged.append)
     summary = run_suite(s)
     assert any("skipping the pytorch peers" in line for line in logged)
@@ -201,12 +203,14 @@ def test_tiny_suite_end_to_end(tmp_path):
         assert {f"{sweep}.csv", f"{sweep}.md"} <= names
     with open(tmp_path / "all.csv") as f:
         rows = list(csv.DictReader(f))
-    assert {(r["model"], r["hidden"], r["batch"]) for r in rows} == {
-        ("tree_fc", "8", "2"), ("tree_fc", "8", "4"), ("fixed_lstm", "8", "2"), ("fixed_lstm", "8", "4")}
+    # one point per model, in both of its Fig. 8 sweeps (and Tree-FC's leaves sweep)
+    assert sorted((r["sweep"], r["model"], r["hidden"], r["batch"]) for r in rows) == sorted(
+        [(f"tree_fc/{k}", "tree_fc", "8", "4") for k in ("batch", "hidden", "leaves")]
+        + [(f"fixed_lstm/{k}", "fixed_lstm", "8", "4") for k in ("batch", "hidden")])
     for r in rows:
         assert r["system"] == "minicavs" and float(r["train_median"]) > 0 and float(r["infer_median"]) > 0
         assert float(r["peak_rss_mb"]) > 10 and 0 <= float(r["compute_frac"]) <= 1
-        assert int(r["samples"]) % int(r["batch"]) == 0 or int(r["samples"]) == 8
+        assert int(r["samples"]) % 4 == 0 and 4 <= int(r["samples"]) <= 8     # whole batches, at most all
     text = summary.read_text()
     assert "| Tree-FC, 4 leaves | minicavs |" in text and "| Fixed-LSTM | 8 |" in text   # main table, ablation
     assert np.isfinite(float(rows[0]["gemm_fraction"]))

@@ -56,6 +56,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="minicavs' time split (one more instrumented epoch per point)")
     p.add_argument("--ablation", action=argparse.BooleanOptionalAction, default=True,
                    help="each engine switch's speedup over all off (Fig. 10)")
+    p.add_argument("--plots", action=argparse.BooleanOptionalAction, default=True,
+                   help="PNG plots (needs matplotlib: pip install 'minicavs[plot]')")
     p.add_argument("--sweeps", action=argparse.BooleanOptionalAction, default=True,
                    help="the Fig. 8/9a sweeps (--no-sweeps: only the ablation)")
 
@@ -89,7 +91,8 @@ def settings(args: argparse.Namespace):
                     repeats=args.repeats or (2 if args.quick else 3), data=data, out=Path(args.out),
                     dynet_python=args.dynet_python, torch_python=args.torch_python, inference=args.inference,
                     breakdown=args.breakdown, ablation=args.ablation,
-                    ablation_hidden=(128,) if args.quick else (64, 128, 256, 512), sweeps=args.sweeps)
+                    ablation_hidden=(128,) if args.quick else (64, 128, 256, 512), sweeps=args.sweeps,
+                    plots=args.plots)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -33,6 +33,7 @@ class Settings:
     breakdown: bool = True
     ablation: bool = True
     sweeps: bool = True
+    plots: bool = True
     grid: dict | None = None   # replaces the full or quick grid (sweeps.FULL's keys)
     ablation_hidden: tuple = (64, 128, 256, 512)
     log: object = print
@@ -186,16 +187,17 @@ def write_reports(s: Settings, results: dict, machine: tuple, ab: dict, seconds:
     rows_by_sweep = {}
     all_rows = []
     for name, points in sw.items():
-        rows = [row for p in points for row in report.rows_for(name, p, results[p.key()], rate)]
+        rows = [row for p in points if p.key() in results for row in report.rows_for(name, p, results[p.key()],
+                                                                                      rate)]
         rows_by_sweep[name] = rows
         all_rows += rows
         report.write_sweep(s.out, name, rows, _conditions(s, machine))
     report.write_csv(s.out / "all.csv", all_rows)
-    plots = report.plot_sweeps(s.out, sw, rows_by_sweep)
+    plots = report.plot_sweeps(s.out, sw, rows_by_sweep) if s.plots else []
     if ab:
         (s.out / "ablation.md").write_text("## Speedup of each engine switch over all off (Fig. 10)\n\n"
                                            + ablation_markdown(ab))
-        ab_plot = report.plot_ablation(s.out, ab)
+        ab_plot = report.plot_ablation(s.out, ab) if s.plots else None
         if isinstance(ab_plot, str):
             s.note(ab_plot)
     if isinstance(plots, str):
@@ -231,8 +233,8 @@ def summary_markdown(s: Settings, sw: dict, results: dict, rate: float, machine:
     if main:
         p = next(iter(main.values()))
         lines += [f"## Hidden {p.hidden}, batch {p.batch} (every model)", ""]
-    rows = [row for m, p in main.items() for row in report.rows_for(f"{m}/hidden", p, results[p.key()],
-                                                                                 rate)]
+    rows = [row for m, p in main.items() if p.key() in results
+            for row in report.rows_for(f"{m}/hidden", p, results[p.key()], rate)]
     lines.append(main_table(rows))
     lines += ["Sweeps: " + ", ".join(f"[{n}]({n.replace('/', '_')}.md)" for n in sw) + " (CSV alongside; "
               "all.csv has every row).", ""]
