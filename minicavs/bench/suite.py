@@ -131,7 +131,8 @@ def run_sweeps(s: Settings) -> dict:
     """Measure every point; returns {point key: {system: result}} (also written to results.json)."""
     sw = sweeps(s.models, s.quick, s.grid)
     results = {}
-    for point in distinct_points(sw):
+    main = list(main_point(sw).values())   # the summary's points first: a cut-short run still has them
+    for point in main + [p for p in distinct_points(sw) if p not in main]:
         start = time.perf_counter()
         ours = _ours(s, point)
         systems = {report.MINICAVS: ours}
