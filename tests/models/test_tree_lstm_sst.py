@@ -62,3 +62,22 @@ def test_sst_metrics_match_an_independent_count(tmp_path):
     m = t.evaluate("dev")   # dropout must be off here: the reference has none
     np.testing.assert_allclose([m["dev_root_acc"], m["dev_root_bin_acc"], m["dev_all_acc"], m["dev_all_bin_acc"]],
                                [root_fine, root_bin, all_fine, all_bin], rtol=0, atol=1e-12)
+
+
+def test_sst_recipe_decays_every_embedding_row(tmp_path):
+    """The recipe puts weight decay on all parameters: after one step, embedding rows the batch did not look up
+    have shrunk too (a lazy row-sparse update would leave them as they were)."""
+    small = ["model.embed=6", "model.hidden=5", "data.synthetic.train=30", "data.synthetic.vocab=40"]
+    small += [f"data.{split}=synthetic" for split in ("train", "dev", "test")]
+    t = Trainer(CONFIG.with_name("tree_lstm_sst.yaml"), small, run_dir=tmp_path)
+    assert t.optimizer.weight_decay > 0
+    batch = t.task.data["train"][:2]
+    looked_up = np.unique(t.task.batch(batch)[1]["words"])
+    E = t.params["E"].value
+    before = E.copy()
+    res = t.loss_and_grads(batch)
+    t.optimizer.step(res.grads, loss=res.loss)
+    others = np.setdiff1d(np.arange(len(E)), looked_up)
+    assert len(others) > 0
+    big = np.abs(before[others]) > t.optimizer.lr   # Adagrad's first step on g = wd * p moves p by lr toward 0
+    assert np.all(np.abs(E[others][big]) < np.abs(before[others][big]))
