@@ -214,3 +214,12 @@ def test_tiny_suite_end_to_end(tmp_path):
     text = summary.read_text()
     assert "| Tree-FC, 4 leaves | minicavs |" in text and "| Fixed-LSTM | 8 |" in text   # main table, ablation
     assert np.isfinite(float(rows[0]["gemm_fraction"]))
+
+
+def test_peak_rss_is_the_childs_own_not_its_parents():
+    import subprocess
+    import sys
+    held = np.ones(300 * 2 ** 20 // 8)      # 300 MB touched in this (the parent) process
+    code = "from minicavs.bench.point import peak_rss_mb; print(peak_rss_mb())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert 5 < float(out.stdout) < 200 and held[-1] == 1.0

@@ -75,6 +75,16 @@ def measure(spec: dict, t=None) -> dict:
 
 
 def peak_rss_mb() -> float:
+    """This process's peak resident memory. On Linux VmHWM of /proc/self/status: ru_maxrss is not it, since
+    Linux carries the forking parent's peak over exec into the child's ru_maxrss (a child of a 400 MB
+    benchmark process would report at least 400 MB)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024      # kB
+    except OSError:
+        pass
     r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return r / 2 ** 20 if sys.platform == "darwin" else r / 1024   # bytes on macOS, KiB on Linux
 
