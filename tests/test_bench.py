@@ -96,12 +96,14 @@ def _systems():
             "DyNet (autobatching)": {"rates": [40.0, 50.0, 45.0], "infer_rates": [150.0], "peak_rss_mb": 180.0,
                                      "same_loss": True, "construction_s": [1.0, 1.2, 1.1],
                                      "compute_s": [3.0, 3.3, 3.3]},
-            "PyTorch (per-sample recursion)": {"error": "failed: boom"}}
+            "PyTorch (per-sample recursion)": {"error": "failed: boom"},
+            "PyTorch (batched by level)": {"rates": [5.0], "samples": 1, "partial_batch": True}}
 
 
 def test_rows_have_medians_ratios_and_gemm_share():
     rows = report.rows_for("tree_lstm/hidden", Point("tree_lstm", 512, 64), _systems(), machine=1e12)
-    ours, dy, failed = rows
+    ours, dy, failed, partial = rows
+    assert partial["note"] == "1 samples per epoch, less than a batch: not comparable"
     assert (ours["train_median"], ours["train_min"], ours["train_max"]) == (100.0, 90.0, 130.0)
     assert ours["infer_median"] == 305.0 and ours["ratio_train"] == 1.0
     assert ours["gemm_fraction"] == pytest.approx(100 * 3 * 2e9 / 1e12)        # 60%
@@ -117,12 +119,13 @@ def test_csv_and_markdown_from_given_numbers(tmp_path):
     csv_path, md_path = report.write_sweep(tmp_path, "tree_lstm/hidden", rows)
     with open(csv_path) as f:
         back = list(csv.DictReader(f))
-    assert [r["system"] for r in back] == ["minicavs", "DyNet (autobatching)", "PyTorch (per-sample recursion)"]
+    assert [r["system"] for r in back] == ["minicavs", "DyNet (autobatching)", "PyTorch (per-sample recursion)",
+                                           "PyTorch (batched by level)"]
     assert float(back[1]["ratio_train"]) == pytest.approx(100 / 45, rel=1e-5)
     assert back[2]["train_median"] == "" and back[0]["hidden"] == "512"
     md = md_path.read_text()
     lines = [line for line in md.splitlines() if line.startswith("| h512 b64")]
-    assert len(lines) == 3
+    assert len(lines) == 4
     assert "100 (90-130)" in lines[0] and "60%" in lines[0] and "sched 10%" in lines[0]
     assert "45.0 (40.0-50.0)" in lines[1] and "2.22x" in lines[1] and "| yes |" in lines[1]
     assert "construction 25%" in lines[1] and "failed: boom" in lines[2]

@@ -53,6 +53,8 @@ def rows_for(sweep: str, point: Point, systems: dict, machine: float) -> list[di
                "gflops_train": gflops, "gemm_fraction": gflops * 1e9 / machine if machine else math.nan,
                "peak_rss_mb": r.get("peak_rss_mb", math.nan), "same_loss": r.get("same_loss", ""),
                "note": r.get("error", "")}
+        if r.get("partial_batch"):   # a peer whose one batch did not fit the cap ran part of one
+            row["note"] = f"{r.get('samples', '?')} samples per epoch, less than a batch: not comparable"
         b = r.get("breakdown")
         if b:
             for part in ("scheduling", "memory", "update", "compute"):
