@@ -1,27 +1,27 @@
 """The bench's binary Tree-LSTM in DyNet 2.2 with autobatching, for `minicavs bench --dynet-python`.
 
-Runs in DyNet's own environment (`pip install dynet38`) and imports nothing from minicavs. minicavs hands it
-the trees (children, leaf word ids, labels), the weights (rows @ W convention; transposed here for DyNet's
-W * x) and the settings in one .npz/.json pair; it prints one JSON line: the loss of the first trees with
-those weights (no update), then trees/s per timed epoch (forward, backward, Adam update).
+Same function as models/tree_lstm.py without dropout, written per vertex as a DyNet user writes it (DyNet's
+own benchmark model): leaf [i, o, u] = W·x + b_l, c = σ(i)⊙tanh(u); internal [i, o, u] = U·[h1; h2] + b_i,
+f_k = σ(U_fk·h_k + b_f), c = σ(i)⊙tanh(u) + f1⊙c1 + f2⊙c2; h = σ(o)⊙tanh(c); softmax(W_o·h + b_o) at every
+vertex; loss = summed cross-entropy / trees. minicavs' weights (rows @ W) are transposed for DyNet's W·x.
 
-    python tools/dynet_tree_lstm.py INPUT.json
+Runs in DyNet's own environment (tools/setup_peers.sh) and imports nothing from minicavs. Input: one JSON
+spec with the trees (children lists, children before parents; leaf word ids; labels) naming an .npz of
+weights; output: one JSON line (the protocol of minicavs/bench/peers.py; units are trees; DyNet settings
+and optimizer: tools/dynet_peer.py).
+
+    python tools/dynet_tree_lstm.py SPEC.json
 """
-import json
-import sys
-import time
-
 import numpy as np
+from dynet_peer import check_loss, start, train_and_report
+from peer_common import read_spec
 
 
-def main(path):
-    spec = json.load(open(path))
-    import dynet_config
-    dynet_config.set(autobatch=1, mem=spec.get("mem", 2048), random_seed=1)
-    import dynet as dy
-
+def main():
+    spec = read_spec()
+    dy = start(spec)
     w = np.load(spec["weights"])
-    H = spec["hidden"]
+    H = w["U_f1"].shape[0]
     pc = dy.ParameterCollection()
     E = pc.lookup_parameters_from_numpy(w["E"])
     P = {k: pc.parameters_from_numpy(np.ascontiguousarray(w[k].T)) for k in ("W", "U", "U_f1", "U_f2", "W_o")}
@@ -31,42 +31,28 @@ def main(path):
     def tree_loss(t):
         children, words, labels = t["children"], t["words"], t["labels"]
         state, losses = {}, []
-        for v in range(len(children)):  # children come before parents
-            ch = children[v]
+        for v, ch in enumerate(children):  # children come before parents
             if not ch:
-                iou = P["W"] * dy.lookup(E, words[str(v)]) + B["b_l"]
+                iou = dy.affine_transform([B["b_l"], P["W"], dy.lookup(E, words[str(v)])])
                 c = dy.cmult(dy.logistic(dy.pick_range(iou, 0, H)), dy.tanh(dy.pick_range(iou, 2 * H, 3 * H)))
             else:
                 (h1, c1), (h2, c2) = state[ch[0]], state[ch[1]]
-                iou = P["U"] * dy.concatenate([h1, h2]) + B["b_i"]
-                f1 = dy.logistic(P["U_f1"] * h1 + B["b_f"])
-                f2 = dy.logistic(P["U_f2"] * h2 + B["b_f"])
+                iou = dy.affine_transform([B["b_i"], P["U"], dy.concatenate([h1, h2])])
+                f1 = dy.logistic(dy.affine_transform([B["b_f"], P["U_f1"], h1]))
+                f2 = dy.logistic(dy.affine_transform([B["b_f"], P["U_f2"], h2]))
                 c = (dy.cmult(dy.logistic(dy.pick_range(iou, 0, H)), dy.tanh(dy.pick_range(iou, 2 * H, 3 * H)))
                      + dy.cmult(f1, c1) + dy.cmult(f2, c2))
             h = dy.cmult(dy.logistic(dy.pick_range(iou, H, 2 * H)), dy.tanh(c))
             state[v] = (h, c)
-            losses.append(dy.pickneglogsoftmax(P["W_o"] * h + B["b_o"], labels[v]))
+            losses.append(dy.pickneglogsoftmax(dy.affine_transform([B["b_o"], P["W_o"], h]), labels[v]))
         return dy.esum(losses)
 
-    dy.renew_cg()
-    check = trees[:spec["check_trees"]]
-    check_loss = (dy.esum([tree_loss(t) for t in check]) / len(check)).value()
-    trainer = dy.AdamTrainer(pc, alpha=spec["lr"])
-    bs = spec["batch"]
-    rates = []
-    for epoch in range(spec["epochs"] + 1):   # the first epoch warms up
-        start = time.perf_counter()
-        for i in range(0, len(trees), bs):
-            dy.renew_cg()
-            batch = trees[i:i + bs]
-            loss = dy.esum([tree_loss(t) for t in batch]) / len(batch)
-            loss.value()
-            loss.backward()
-            trainer.update()
-        if epoch:
-            rates.append(len(trees) / (time.perf_counter() - start))
-    print(json.dumps({"check_loss": check_loss, "trees_per_s": rates}))
+    def batch_loss(batch):
+        return dy.esum([tree_loss(t) for t in batch]) / len(batch)
+
+    check = check_loss(dy, batch_loss, trees[:spec["check"]])
+    train_and_report(dy, pc, batch_loss, trees, [1] * len(trees), spec, check)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main()

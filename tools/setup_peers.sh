@@ -3,19 +3,27 @@
 #   DyNet 2.2 with autobatching (PyPI dynet38) and PyTorch 2.13.0 for the CPU.
 # Usage: tools/setup_peers.sh [DIR]   (default /tmp/peervenv); then
 #   minicavs bench --dynet-python DIR/bin/python --torch-python DIR/bin/python
+# and, to test the peers (tests/test_peers.py: each computes minicavs' loss for minicavs' weights),
+#   MINICAVS_TORCH_PYTHON=DIR/bin/python MINICAVS_DYNET_PYTHON=DIR/bin/python python -m pytest tests/test_peers.py
 # dynet38 and torch 2.13.0 coexist in one environment (both import and train in one process: checked at the
 # end); set PEERS_TWO_VENVS=1 to get DIR/dynet and DIR/torch instead if a future version clashes.
-# torch is pinned: a CPU wheel of 2.13.0 is what the benchmark was measured with, and an unpinned
-# `pip install torch` may pull a multi-GB CUDA build.
+# torch is pinned to the CPU build 2.13.0+cpu, what the benchmark was measured with: PyPI's Linux torch wheel
+# is a CUDA build with gigabytes of dependencies, so the CPU build comes from PyTorch's CPU index
+# (PEERS_TORCH_INDEX, default https://download.pytorch.org/whl/cpu; set it empty to use only pip's own
+# configuration, e.g. a local wheel directory).
 set -euo pipefail
 dir=${1:-/tmp/peervenv}
+tools=$(cd "$(dirname "$0")" && pwd)
+torch_index=${PEERS_TORCH_INDEX-https://download.pytorch.org/whl/cpu}
+torch_pkgs=(numpy "torch==2.13.0+cpu")
+[[ -n $torch_index ]] && torch_pkgs+=(--extra-index-url "$torch_index")
 if [[ ${PEERS_TWO_VENVS:-0} == 1 ]]; then
   python3 -m venv "$dir/dynet" && "$dir/dynet/bin/pip" install -q numpy dynet38
-  python3 -m venv "$dir/torch" && "$dir/torch/bin/pip" install -q numpy torch==2.13.0
+  python3 -m venv "$dir/torch" && "$dir/torch/bin/pip" install -q "${torch_pkgs[@]}"
   dynet_py=$dir/dynet/bin/python torch_py=$dir/torch/bin/python
 else
   python3 -m venv "$dir"
-  "$dir/bin/pip" install -q numpy torch==2.13.0
+  "$dir/bin/pip" install -q "${torch_pkgs[@]}"
   "$dir/bin/pip" install -q dynet38
   dynet_py=$dir/bin/python torch_py=$dir/bin/python
 fi
@@ -41,4 +49,7 @@ PY
 if [[ $dynet_py == "$torch_py" ]]; then
   "$dynet_py" -c "import dynet_config; dynet_config.set(mem=64); import dynet, torch; print('dynet and torch in one process ok')"
 fi
+# The peer scripts' shared modules import in their environments (they run there, never in minicavs').
+(cd "$tools" && "$dynet_py" -c "import peer_common, dynet_peer" && "$torch_py" -c "import peer_common, torch_peer")
+echo "peer scripts ok"
 echo "peers ready: --dynet-python $dynet_py --torch-python $torch_py"

@@ -1,31 +1,40 @@
-"""The bench's Var-LSTM language model in PyTorch (CPU): nn.LSTM over packed sequences.
+"""The bench's LSTM language models (Var-LSTM on sentences, Fixed-LSTM on 64-word windows) in PyTorch (CPU),
+two ways, for `minicavs bench --torch-python`:
 
-Same function as models/var_lstm.py without dropout: sentence w_1..w_n reads <eos> w_1..w_n and predicts
-w_1..w_n <eos>; [i, f, o, u] = x·W_x + h·W_h + b (minicavs' gate order; PyTorch's is i, f, g, o, so the
-weights are permuted here; bias_hh stays zero at the start), zero initial state, softmax over the vocabulary
-at every step, loss = summed cross-entropy / sentences. A batch is packed once (pack_sequence, unsorted:
-PyTorch sorts by length), embedded with one lookup on the packed ids, run through nn.LSTM and the output
-layer on the packed rows. Runs in its own environment (tools/setup_peers.sh), imports nothing from minicavs.
+- ``packed``: ``nn.LSTM`` over packed sequences. A batch is packed once (pack_sequence, unsorted: PyTorch
+  sorts by length), embedded with one lookup on the packed ids, run through nn.LSTM and the output layer on
+  the packed rows;
+- ``recursive``: one sentence at a time, an ``nn.LSTMCell`` called word by word, as a user would write it
+  (the paper's per-sample baseline): one embedding lookup per sentence, the cell loop, the output layer and
+  the cross-entropy on the sentence's stacked states.
+
+Same function as models/var_lstm.py (and models/fixed_lstm.py, whose samples are windows) without dropout:
+sample k reads inputs x_1..x_n and predicts targets y_1..y_n (a sentence w_1..w_n reads <eos> w_1..w_n and
+predicts w_1..w_n <eos>; a window reads 64 words and predicts the next 64: the host hands over the pairs);
+[i, f, o, u] = x·W_x + h·W_h + b (minicavs' gate order; PyTorch's is i, f, g, o, so the weights are
+permuted here; bias_hh stays zero at the start); every sample starts from a zero state (h and c), softmax
+over the vocabulary at every step, loss = summed cross-entropy / samples. Runs in its own environment
+(tools/setup_peers.sh), imports nothing from minicavs.
 
 Input: one JSON spec naming an .npz of weights (rows @ W, as minicavs stores them: E, W_x, W_h, b, W_o, b_o)
-and an .npz of data (inputs and targets of all sentences concatenated, ptr: sentence offsets), with batch,
-epochs, check_sentences, threads and optimizer (tools/torch_peer.py). Output: one JSON line with the loss of
-the first check_sentences sentences for the given weights (no update) and words/s (predictions per second)
-of each timed epoch after a warm-up epoch (forward, backward, update).
+and an .npz of data (inputs and targets of all samples concatenated, ptr: sample offsets). Output: one JSON
+line (the protocol of minicavs/bench/peers.py; units are words, i.e. predictions; optimizer:
+tools/torch_peer.py).
 
     python tools/torch_lstm_lm.py SPEC.json
 """
-import json
-import sys
-
 import numpy as np
-from torch_peer import set_threads, train_and_report
+from peer_common import read_spec
+from torch_peer import check_loss, set_threads, train_and_report
 
 
-def main(path):
+def main():
     import torch
     from torch.nn.utils.rnn import pack_sequence
-    spec = json.load(open(path))
+    F = torch.nn.functional
+    spec = read_spec()
+    if spec["mode"] not in ("packed", "recursive"):
+        raise ValueError(f"mode {spec['mode']!r}: torch_lstm_lm.py runs 'packed' or 'recursive'")
     set_threads(torch, spec)
     w = np.load(spec["weights"])
     data = np.load(spec["data"])
@@ -37,31 +46,42 @@ def main(path):
     blocks = [slice(0, H), slice(H, 2 * H), slice(3 * H, 4 * H), slice(2 * H, 3 * H)]   # i, f, u(g), o
     perm = np.concatenate([np.arange(4 * H)[s] for s in blocks])
     emb = torch.nn.Embedding(V, D)
-    lstm = torch.nn.LSTM(D, H)
+    lstm = torch.nn.LSTM(D, H) if spec["mode"] == "packed" else torch.nn.LSTMCell(D, H)
+    suffix = "_l0" if spec["mode"] == "packed" else ""
     out = torch.nn.Linear(H, V)
     with torch.no_grad():
         emb.weight.copy_(torch.from_numpy(w["E"]))
-        lstm.weight_ih_l0.copy_(torch.from_numpy(np.ascontiguousarray(w["W_x"][:, perm].T)))
-        lstm.weight_hh_l0.copy_(torch.from_numpy(np.ascontiguousarray(w["W_h"][:, perm].T)))
-        lstm.bias_ih_l0.copy_(torch.from_numpy(w["b"][perm]))
-        lstm.bias_hh_l0.zero_()
+        getattr(lstm, "weight_ih" + suffix).copy_(torch.from_numpy(np.ascontiguousarray(w["W_x"][:, perm].T)))
+        getattr(lstm, "weight_hh" + suffix).copy_(torch.from_numpy(np.ascontiguousarray(w["W_h"][:, perm].T)))
+        getattr(lstm, "bias_ih" + suffix).copy_(torch.from_numpy(w["b"][perm]))
+        getattr(lstm, "bias_hh" + suffix).zero_()
         out.weight.copy_(torch.from_numpy(np.ascontiguousarray(w["W_o"].T)))
         out.bias.copy_(torch.from_numpy(w["b_o"]))
     params = list(emb.parameters()) + list(lstm.parameters()) + list(out.parameters())
 
-    def loss_fn(xs, ys):
+    def packed_loss(xs, ys):
         ids = pack_sequence(xs, enforce_sorted=False)      # time-major, sentences sorted by length
         h, _ = lstm(ids._replace(data=emb(ids.data)))      # one embedding lookup for the whole batch
         gold = pack_sequence(ys, enforce_sorted=False)     # the same lengths, so the same order as h
-        return torch.nn.functional.cross_entropy(out(h.data), gold.data, reduction="sum") / len(xs)
+        return F.cross_entropy(out(h.data), gold.data, reduction="sum") / len(xs)
 
-    k = spec["check_sentences"]
-    with torch.no_grad():
-        check_loss = float(loss_fn(inputs[:k], targets[:k]))
-    bs = spec["batch"]
-    batches = [(inputs[i:i + bs], targets[i:i + bs]) for i in range(0, len(inputs), bs)]
-    train_and_report(torch, params, loss_fn, batches, sum(len(y) for y in targets), spec, check_loss)
+    def recursive_loss(xs, ys):
+        total = 0.0
+        for x, y in zip(xs, ys):
+            e = emb(x)
+            state, hs = None, []                           # None: zero h and c
+            for t in range(len(x)):
+                state = lstm(e[t:t + 1], state)
+                hs.append(state[0])
+            total = total + F.cross_entropy(out(torch.cat(hs)), y, reduction="sum")
+        return total / len(xs)
+
+    loss_fn = packed_loss if spec["mode"] == "packed" else recursive_loss
+    k = spec["check"]
+    check = check_loss(torch, loss_fn, inputs[:k], targets[:k])
+    train_and_report(torch, params, loss_fn, lambda i, j: (inputs[i:j], targets[i:j]), [len(y) for y in targets],
+                     spec, check)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main()

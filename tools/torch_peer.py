@@ -1,4 +1,5 @@
-"""What the PyTorch peers share: threads, the optimizer, the timed training loop and the JSON line they print.
+"""What the PyTorch peers share: threads, the optimizer and the step functions handed to the protocol of
+tools/peer_common.py (documented in minicavs/bench/peers.py).
 
 Imported by tools/torch_*.py, which run in the peers' own environment (tools/setup_peers.sh) and import
 nothing from minicavs; the script's directory is on sys.path, so ``from torch_peer import ...`` works.
@@ -9,9 +10,9 @@ The update rules are the same as minicavs' (torch's Adam/SGD/Adagrad add L2 weig
 SGD's momentum is v = m v + g); ``clip_norm`` clips the global gradient norm first. minicavs'
 ``sparse_updates`` (lazy row updates of embeddings) has no counterpart here: PyTorch updates densely.
 """
-import json
 import os
-import time
+
+from peer_common import measure, report
 
 
 def set_threads(torch, spec: dict) -> int:
@@ -34,24 +35,31 @@ def make_optimizer(torch, params, spec: dict):
     raise ValueError(f"optimizer {name!r}: the PyTorch peers know adam, sgd, adagrad")
 
 
-def train_and_report(torch, params, loss_fn, batches, units: int, spec: dict, check_loss: float) -> None:
-    """The spec's optimizer over ``batches`` (argument tuples for ``loss_fn``) for one warm-up epoch and
-    ``spec["epochs"]`` timed ones; prints the check loss, ``units`` per second of each timed epoch, the
-    optimizer, threads and torch version."""
+def check_loss(torch, loss_fn, *args) -> float:
+    """The loss of the check samples for the weights as handed over (no gradient, no update)."""
+    with torch.no_grad():
+        return float(loss_fn(*args))
+
+
+def train_and_report(torch, params, loss_fn, make, units, spec: dict, check: float) -> None:
+    """The protocol (tools/peer_common.py) over the samples (``units[i]`` trees or words in sample i;
+    ``make(i, j)`` the argument tuple of ``loss_fn`` for samples i..j-1): forward, backward and the spec's
+    optimizer per batch; forward under ``torch.no_grad()`` for inference. Prints the JSON line."""
     params = list(params)
     opt = make_optimizer(torch, params, spec)
     clip = (spec.get("optimizer") or {}).get("clip_norm")
-    rates = []
-    for epoch in range(spec["epochs"] + 1):   # the first epoch warms up
-        start = time.perf_counter()
-        for args in batches:
-            opt.zero_grad()
-            loss = loss_fn(*args)
-            loss.backward()
-            if clip:
-                torch.nn.utils.clip_grad_norm_(params, clip)
-            opt.step()
-        if epoch:
-            rates.append(units / (time.perf_counter() - start))
-    print(json.dumps({"check_loss": check_loss, "rates": rates, "threads": torch.get_num_threads(),
-                      "optimizer": type(opt).__name__, "torch": torch.__version__}))
+
+    def train(args):
+        opt.zero_grad()
+        loss_fn(*args).backward()
+        if clip:
+            torch.nn.utils.clip_grad_norm_(params, clip)
+        opt.step()
+
+    def infer(args):
+        with torch.no_grad():
+            loss_fn(*args)
+
+    timing = measure(spec, units, make, train, infer)
+    report(spec, check, timing, framework="pytorch", threads=torch.get_num_threads(),
+           optimizer=type(opt).__name__, versions={"torch": torch.__version__})

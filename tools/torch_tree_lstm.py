@@ -9,22 +9,21 @@ c = σ(i)⊙tanh(u); internal [i, o, u] = [h1; h2]·U + b_i, f_k = σ(h_k·U_fk 
 c = σ(i)⊙tanh(u) + f1⊙c1 + f2⊙c2; h = σ(o)⊙tanh(c); softmax(h·W_o + b_o) at every vertex; loss = summed
 cross-entropy / trees. Runs in its own environment (tools/setup_peers.sh), imports nothing from minicavs.
 Input: one JSON spec (trees as children lists, leaf word ids and labels; weights as .npz); output: one JSON
-line with the loss of the first trees for the given weights (no update) and trees/s of each timed epoch
-(forward, backward, update with the spec's optimizer: tools/torch_peer.py).
+line (the protocol of minicavs/bench/peers.py; units are trees; optimizer: tools/torch_peer.py).
 
     python tools/torch_tree_lstm.py SPEC.json
 """
-import json
-import sys
-
 import numpy as np
-from torch_peer import set_threads, train_and_report
+from peer_common import read_spec
+from torch_peer import check_loss, set_threads, train_and_report
 
 
-def main(path):
+def main():
     import torch
     F = torch.nn.functional
-    spec = json.load(open(path))
+    spec = read_spec()
+    if spec["mode"] not in ("recursive", "level"):
+        raise ValueError(f"mode {spec['mode']!r}: torch_tree_lstm.py runs 'recursive' or 'level'")
     set_threads(torch, spec)
     w = np.load(spec["weights"])
     names = ("E", "W", "b_l", "U", "b_i", "U_f1", "U_f2", "b_f", "W_o", "b_o")
@@ -91,12 +90,9 @@ def main(path):
         return F.cross_entropy(logits, labels, reduction="sum") / len(batch)
 
     loss_fn = recursive_loss if spec["mode"] == "recursive" else level_loss
-    with torch.no_grad():
-        check_loss = float(loss_fn(trees[:spec["check_trees"]]))
-    bs = spec["batch"]
-    batches = [(trees[i:i + bs],) for i in range(0, len(trees), bs)]
-    train_and_report(torch, P.values(), loss_fn, batches, len(trees), spec, check_loss)
+    check = check_loss(torch, loss_fn, trees[:spec["check"]])
+    train_and_report(torch, P.values(), loss_fn, lambda i, j: (trees[i:j],), [1] * len(trees), spec, check)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main()

@@ -1,18 +1,105 @@
-"""The peers (tools/dynet_*.py, tools/torch_*.py), run in their own environment (tools/setup_peers.sh): what
-each is handed (this trainer's weights, data and settings as a spec.json and .npz files) and what it reports
-(the last line of its stdout, JSON)."""
+"""The peers: the benchmark's models written in DyNet and PyTorch for the comparison only (tools/dynet_*.py,
+tools/torch_*.py), run in their own environment (tools/setup_peers.sh), never imported by minicavs. This
+module hands a minicavs :class:`~minicavs.training.Trainer`'s weights, data and optimizer to a peer script
+and parses what it reports.
+
+Which peers each model has (:data:`PEERS`), by framework and mode::
+
+    model        DyNet (autobatching)       PyTorch per sample            PyTorch batched
+    tree_lstm    dynet_tree_lstm.py         torch_tree_lstm.py recursive  torch_tree_lstm.py level
+    tree_fc      dynet_tree_fc.py           torch_tree_fc.py recursive    torch_tree_fc.py level
+    var_lstm     dynet_lstm_lm.py           torch_lstm_lm.py recursive    torch_lstm_lm.py packed (nn.LSTM)
+    fixed_lstm   dynet_lstm_lm.py           torch_lstm_lm.py recursive    torch_lstm_lm.py packed (nn.LSTM)
+
+DyNet also runs ``unbatched`` (autobatch=0). Every peer computes the same function as the minicavs model with
+the same weights (each script's docstring writes its equations and how minicavs' layout maps onto its
+framework's); Fixed-LSTM's peers are the LM scripts fed minicavs' 64-word windows.
+
+The protocol, the same for every peer script::
+
+    python tools/PEER.py SPEC.json
+
+SPEC.json (written by :func:`run`):
+
+- ``mode``: how the peer computes (above);
+- ``epochs``: timed epochs, after the warm-up; ``check``: the number of samples (the first ones) whose loss
+  the peer computes with the weights as handed over, before any update;
+- ``max_seconds``: cap of one timed epoch, or null for every sample. The warm-up trains on one sample, then
+  (timed) on the first 1, 2, 4, ... samples up to a whole batch, stopping once a run took half the cap. An
+  epoch is then the longest prefix of whole batches that the whole batch's time says fits in
+  ``max_seconds`` (at least one batch, as minicavs' own points, minicavs/bench/point.py), or, when even one
+  batch does not fit (per-sample recursion on big trees), one partial batch of the samples that fit;
+- ``inference``: also time forward-only passes (no gradient) over the same prefix;
+- ``batch``, ``threads`` (PyTorch's intra-op threads; DyNet computes on one), ``optimizer``: minicavs'
+  optimizer as ``{"name", **hyper()}`` (tools/torch_peer.py and tools/dynet_peer.py build the same rule);
+- ``weights``: an .npz of the trainer's parameters under minicavs' names and layout (rows @ W);
+- the data: ``trees`` inline (Tree-LSTM: children lists, leaf word ids, labels); ``children`` inline and
+  ``data`` .npz with ``xs`` (trees x leaves x H) and ``ys`` (Tree-FC); ``data`` .npz with ``inputs`` and
+  ``targets`` of all samples concatenated and ``ptr`` (sample offsets) (LMs).
+
+Output: the LAST line of the peer's stdout is one JSON object with
+
+- ``check_loss`` (and ``check``, ``mode``, ``epochs``, ``max_seconds`` echoed);
+- ``rates``: units per second (trees, or words = predictions) of each timed training epoch (forward,
+  backward, update); ``infer_rates`` likewise for forward-only passes, when asked;
+- ``units``, ``samples``, ``batches``: what one timed epoch covered; ``capped``: whether it is less than the
+  data handed over; ``partial_batch``: whether it is less than one batch;
+- DyNet: ``construction_s`` and ``compute_s``, seconds per timed epoch spent building the graph in Python
+  (renew_cg and the expressions) vs in forward (with autobatching), backward and update (the paper's
+  Fig. 9 / Table 1 split); ``infer_construction_s``/``infer_compute_s`` for inference;
+- DyNet: ``mem_mb``, the memory pools it was given (:func:`run`);
+- ``threads`` (DyNet: 1, with ``threads_note`` saying why), ``peak_rss_mb`` (the peer process's peak resident
+  memory, getrusage ru_maxrss), ``versions`` (python, numpy, torch or dynet38), ``framework``,
+  ``optimizer`` (the framework's class).
+"""
 from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from ..config import REPO_ROOT
 from ..training import Trainer
+
+
+@dataclass(frozen=True)
+class Peer:
+    framework: str   # "dynet" or "pytorch": which environment runs it (--dynet-python, --torch-python)
+    mode: str
+    label: str
+
+
+_LM = (Peer("dynet", "autobatch", "DyNet (autobatching)"),
+       Peer("pytorch", "recursive", "PyTorch (per-sample LSTMCell loop)"),
+       Peer("pytorch", "packed", "PyTorch (nn.LSTM, packed)"))
+PEERS = {
+    "tree_lstm": (Peer("dynet", "autobatch", "DyNet (autobatching)"),
+                  Peer("pytorch", "recursive", "PyTorch (per-sample recursion)"),
+                  Peer("pytorch", "level", "PyTorch (batched by level)")),
+    "tree_fc": (Peer("dynet", "autobatch", "DyNet (autobatching)"),
+                Peer("pytorch", "recursive", "PyTorch (per-sample recursion)"),
+                Peer("pytorch", "level", "PyTorch (batched by level)")),
+    "var_lstm": _LM,
+    "fixed_lstm": _LM,
+}
+_DYNET = ("autobatch", "unbatched")
+SCRIPTS = {   # (framework, model) -> (peer script, its modes: the default first)
+    ("dynet", "tree_lstm"): ("dynet_tree_lstm.py", _DYNET), ("dynet", "tree_fc"): ("dynet_tree_fc.py", _DYNET),
+    ("dynet", "var_lstm"): ("dynet_lstm_lm.py", _DYNET), ("dynet", "fixed_lstm"): ("dynet_lstm_lm.py", _DYNET),
+    ("pytorch", "tree_lstm"): ("torch_tree_lstm.py", ("level", "recursive")),
+    ("pytorch", "tree_fc"): ("torch_tree_fc.py", ("level", "recursive")),
+    ("pytorch", "var_lstm"): ("torch_lstm_lm.py", ("packed", "recursive")),
+    ("pytorch", "fixed_lstm"): ("torch_lstm_lm.py", ("packed", "recursive")),
+}
+IMPORTS = {"dynet": "import dynet_config; dynet_config.set(mem=32); import dynet", "pytorch": "import torch"}
+SETUP = "tools/setup_peers.sh makes one (then pass its bin/python)"
 
 
 def tool(name: str) -> Path:
@@ -23,25 +110,32 @@ def tool(name: str) -> Path:
 
 
 def peer_settings(t: Trainer) -> dict:
-    """What every PyTorch peer is told besides weights and data: batch size, this trainer's optimizer
-    (name and hyperparameters, tools/torch_peer.py builds the same rule) and one thread per core."""
+    """What every peer is told besides weights and data: batch size, this trainer's optimizer (name and
+    hyperparameters) and one thread per core."""
     return {"batch": t.cfg["train"]["batch_size"], "lr": t.optimizer.lr, "threads": os.cpu_count() or 1,
             "optimizer": {"name": type(t.optimizer).__name__.lower(), **t.optimizer.hyper()}}
 
 
-def _peer(python: str, script: str, spec: dict, arrays: dict) -> dict:
-    """Run a peer script in its own environment with weights and data handed over as .npz files."""
-    with tempfile.TemporaryDirectory() as d:
-        for name, content in arrays.items():
-            np.savez(os.path.join(d, f"{name}.npz"), **content)
-            spec[name] = os.path.join(d, f"{name}.npz")
-        with open(os.path.join(d, "spec.json"), "w") as f:
-            json.dump(spec, f)
-        out = subprocess.run([python, str(tool(script)), os.path.join(d, "spec.json")], capture_output=True,
-                             text=True)
+def missing(python: str | None, framework: str) -> str | None:
+    """Why ``python`` cannot run ``framework``'s peers (not given, not found, the import fails), or None."""
+    if not python:
+        return f"no python given for the {framework} peers ({SETUP})"
+    if shutil.which(python) is None:
+        return f"{python} not found ({SETUP})"
+    out = subprocess.run([python, "-c", IMPORTS[framework]], capture_output=True, text=True)
     if out.returncode:
-        raise RuntimeError(f"{script} failed:\n{out.stderr[-2000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+        return f"{python} cannot {IMPORTS[framework].split('; ')[-1]} ({SETUP}): {out.stderr.strip()[-300:]}"
+    return None
+
+
+def check_loss(t: Trainer, k: int) -> float:
+    """minicavs' loss of the first ``k`` training samples with the trainer's weights (the peers' check)."""
+    graphs, feeds = t.task.batch(t.task.data["train"][:k])
+    return float(t.model.infer(graphs, feeds, t.params, t.context(training=False)).loss)
+
+
+def same_loss(ours: float, theirs: float, rel: float = 1e-4) -> bool:
+    return abs(ours - theirs) <= rel * abs(ours) + 1e-12
 
 
 def _trees(t: Trainer, limit: int | None = None) -> list:
@@ -55,45 +149,72 @@ def _trees(t: Trainer, limit: int | None = None) -> list:
     return trees
 
 
-def dynet(python: str, t: Trainer, check_trees: int, epochs: int) -> dict:
-    """Run tools/dynet_tree_lstm.py with this trainer's current weights and trees."""
-    trees = _trees(t)
-    with tempfile.TemporaryDirectory() as d:
-        np.savez(os.path.join(d, "w.npz"), **{k: p.value for k, p in t.params.items()})
-        spec = {"weights": os.path.join(d, "w.npz"), "trees": trees, "hidden": t.cfg["model"]["hidden"],
-                "batch": t.cfg["train"]["batch_size"], "lr": t.cfg["train"]["lr"], "epochs": epochs,
-                "check_trees": check_trees}
-        with open(os.path.join(d, "spec.json"), "w") as f:
-            json.dump(spec, f)
-        out = subprocess.run([python, str(tool("dynet_tree_lstm.py")), os.path.join(d, "spec.json")],
-                             capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+def _handover(t: Trainer, model: str, limit: int | None) -> tuple[dict, dict]:
+    """(spec entries, .npz arrays by spec key) with the trainer's weights and its first ``limit`` samples."""
+    arrays = {"weights": {k: p.value for k, p in t.params.items()}}
+    data = t.task.data["train"][:limit]
+    if model == "tree_lstm":
+        return {"trees": _trees(t, limit)}, arrays
+    if model == "tree_fc":
+        arrays["data"] = {"xs": np.stack([x for x, _ in data]), "ys": np.array([y for _, y in data])}
+        return {"children": t.task.tree.children}, arrays
+    arrays["data"] = {"inputs": np.concatenate([x for x, _ in data]), "targets": np.concatenate([y for _, y in data]),
+                      "ptr": np.concatenate(([0], np.cumsum([len(x) for x, _ in data])))}
+    return {}, arrays
+
+
+def run(python: str, framework: str, t: Trainer, *, mode: str | None = None, epochs: int = 3, check: int = 8,
+        max_seconds: float | None = None, inference: bool = False, limit: int | None = None,
+        threads: int | None = None, timeout: float | None = None, dynet_mem: int = 256) -> dict:
+    """Run ``framework``'s peer of ``t``'s model ("dynet" or "pytorch"; ``mode`` defaults to the first of
+    :data:`SCRIPTS`: DyNet's autobatching, PyTorch's batched peer) on ``t``'s current weights and its first
+    ``limit`` training samples (all by default) with the protocol above; returns the peer's JSON. PyTorch
+    computes with ``threads`` intra-op threads (default: one per core; DyNet always uses one).
+
+    DyNet starts with ``dynet_mem`` MB of memory pools and is run again with twice as much while its graphs
+    do not fit (with autobatching it cannot grow them; tools/dynet_peer.py), up to 64 GB.
+
+    Raises FileNotFoundError when ``python`` does not exist, RuntimeError naming the module when it cannot
+    import the framework, when the peer fails (its stderr) or one run of it takes longer than ``timeout``
+    seconds."""
+    model = t.cfg["model"]["name"]
+    if (framework, model) not in SCRIPTS:
+        raise ValueError(f"no {framework} peer for model {model!r}; peers: {sorted(SCRIPTS)}")
+    script, modes = SCRIPTS[framework, model]
+    mode = mode or modes[0]
+    if mode not in modes:
+        raise ValueError(f"{script}: mode {mode!r} unknown; it runs {', '.join(modes)}")
+    if not python or shutil.which(python) is None:
+        raise FileNotFoundError(f"python for the {framework} peers not found: {python!r} ({SETUP})")
+    spec, arrays = _handover(t, model, limit)
+    spec.update(peer_settings(t), mode=mode, epochs=epochs, check=check, max_seconds=max_seconds,
+                inference=inference)
+    if threads:
+        spec["threads"] = threads
+    if framework == "dynet":
+        spec["mem"] = dynet_mem
+    with tempfile.TemporaryDirectory(prefix="minicavs-peer-") as d:
+        for name, content in arrays.items():
+            spec[name] = os.path.join(d, f"{name}.npz")
+            np.savez(spec[name], **content)
+        while True:
+            with open(os.path.join(d, "spec.json"), "w") as f:
+                json.dump(spec, f)
+            try:
+                out = subprocess.run([python, str(tool(script)), os.path.join(d, "spec.json")],
+                                     capture_output=True, text=True, timeout=timeout)
+            except subprocess.TimeoutExpired:
+                raise RuntimeError(f"{script} ({mode}) ran longer than {timeout} s") from None
+            if not (out.returncode and "pre-allocate enough memory" in out.stderr and spec["mem"] < 2 ** 16):
+                break
+            spec["mem"] *= 2
     if out.returncode:
-        raise RuntimeError(f"DyNet run failed:\n{out.stderr[-2000:]}")
-    res = json.loads(out.stdout.strip().splitlines()[-1])
-    return {"check_loss": res["check_loss"], "rates": res["trees_per_s"]}
+        gone = re.search(r"No module named '([\w.]+)'", out.stderr)
+        if gone:
+            raise RuntimeError(f"{python} cannot import {gone.group(1)} for {script} ({SETUP})")
+        raise RuntimeError(f"{script} ({mode}) failed:\n{out.stderr[-2000:]}")
+    try:
+        return json.loads(out.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        raise RuntimeError(f"{script} ({mode}) printed no JSON line:\n{out.stdout[-1000:]}") from None
 
-
-def torch_tree_lstm(python: str, t: Trainer, mode: str, limit: int | None, epochs: int) -> dict:
-    """tools/torch_tree_lstm.py (``level`` or ``recursive``) with this trainer's weights and trees."""
-    return _peer(python, "torch_tree_lstm.py",
-                 {**peer_settings(t), "mode": mode, "trees": _trees(t, limit), "epochs": epochs, "check_trees": 8},
-                 {"weights": {k: p.value for k, p in t.params.items()}})
-
-
-def torch_tree_fc(python: str, t: Trainer, check_trees: int, epochs: int) -> dict:
-    """tools/torch_tree_fc.py with this trainer's weights and trees (inputs in minicavs' leaf order)."""
-    data = t.task.data["train"]
-    return _peer(python, "torch_tree_fc.py", {**peer_settings(t), "epochs": epochs, "check_trees": check_trees},
-                 {"weights": {k: p.value for k, p in t.params.items()},
-                  "data": {"xs": np.stack([x for x, _ in data]), "ys": np.array([y for _, y in data])}})
-
-
-def torch_lstm_lm(python: str, t: Trainer, check_sentences: int, epochs: int) -> dict:
-    """tools/torch_lstm_lm.py with this trainer's weights and sentences (input and target ids)."""
-    data = t.task.data["train"]
-    return _peer(python, "torch_lstm_lm.py",
-                 {**peer_settings(t), "epochs": epochs, "check_sentences": check_sentences},
-                 {"weights": {k: p.value for k, p in t.params.items()},
-                  "data": {"inputs": np.concatenate([x for x, _ in data]),
-                           "targets": np.concatenate([y for _, y in data]),
-                           "ptr": np.concatenate(([0], np.cumsum([len(x) for x, _ in data])))}})
