@@ -84,8 +84,9 @@ def _bench(args: argparse.Namespace) -> int:
 COMMANDS: dict[str, tuple[str, Callable, Callable]] = {
     "train": ("train a model from a YAML config", _train_args, _train),
     "eval": ("evaluate a checkpoint on a data split", _eval_args, _eval),
-    "bench": ("training throughput (Tree-LSTM, Tree-FC, Var-LSTM LM) vs DyNet and PyTorch if given, matmul "
-              "rate vs the machine's, and the switch ablation", _bench_args, _bench),
+    "bench": ("the paper's sweeps (Fig. 8, 9a) for Tree-LSTM, Tree-FC, Var-LSTM and Fixed-LSTM against DyNet and "
+              "PyTorch if given: training and inference rates, time split, peak memory, tables, plots, ablation",
+              _bench_args, _bench),
     "demo": ("train a small MLP on a synthetic spiral (a smoke test of the core)", _demo_args, _demo),
 }
 

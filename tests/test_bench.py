@@ -174,6 +174,7 @@ def test_command_line_defaults_quick_and_env(monkeypatch, tmp_path):
     s = settings(_parser().parse_args(["--quick", "--sst", "synthetic", "--ptb", "synthetic", "--cap", "3"]))
     assert s.quick and s.cap == 3.0 and s.repeats == 2 and s.data.trees == 256
     monkeypatch.setenv("MINICAVS_TORCH_PYTHON", "/p/bin/python")
+    monkeypatch.delenv("MINICAVS_DYNET_PYTHON", raising=False)   # set when the peer tests run
     args = _parser().parse_args(["--models", "tree_fc", "--no-ablation"])
     assert args.torch_python == "/p/bin/python" and args.dynet_python is None and not args.ablation
     assert args.models == ["tree_fc"]
