@@ -169,7 +169,7 @@ def _parser():
 def test_command_line_defaults_quick_and_env(monkeypatch, tmp_path):
     args = _parser().parse_args(["--out", str(tmp_path), "--sst", "synthetic", "--ptb", "synthetic"])
     s = settings(args)
-    assert s.models == MODELS and s.cap == 8.0 and s.repeats == 3 and s.epoch_cap == pytest.approx(8 / 3)
+    assert s.models == MODELS and s.cap == 3.0 and s.repeats == 3 and s.epoch_cap == pytest.approx(3 / 3)
     assert s.data.sst is None and s.data.trees == 1024 and s.ablation and s.inference
     s = settings(_parser().parse_args(["--quick", "--sst", "synthetic", "--ptb", "synthetic", "--cap", "3"]))
     assert s.quick and s.cap == 3.0 and s.repeats == 2 and s.data.trees == 256
