@@ -88,25 +88,18 @@ def train_and_report(dy, pc, batch_loss, samples: list, units: list, spec: dict,
     backward, update; forward only for inference). Prints the JSON line."""
     trainer = make_trainer(dy, pc, spec)
 
-    def train(batch):
+    def step(batch, training: bool):
         start = time.perf_counter()
         dy.renew_cg()
         loss = batch_loss(batch)
         built = time.perf_counter()
         loss.value()
-        loss.backward()
-        trainer.update()
+        if training:
+            loss.backward()
+            trainer.update()
         return built - start, time.perf_counter() - built
 
-    def infer(batch):
-        start = time.perf_counter()
-        dy.renew_cg()
-        loss = batch_loss(batch)
-        built = time.perf_counter()
-        loss.value()
-        return built - start, time.perf_counter() - built
-
-    timing = measure(spec, units, lambda i, j: samples[i:j], train, infer)
+    timing = measure(spec, units, lambda i, j: samples[i:j], lambda b: step(b, True), lambda b: step(b, False))
     n, why = threads()
     report(spec, check, timing, framework="dynet", threads=n, threads_note=why, optimizer=type(trainer).__name__,
            mem_mb=spec["mem"], versions={"dynet38": importlib.metadata.version("dynet38")})
