@@ -25,7 +25,7 @@ from minicavs.vertex import VertexFunction
 
 NAME = "tree_lstm"
 DEFAULTS = {"embed": 300, "hidden": 150, "classes": 5, "variant": "binary", "dropout": 0.5,
-            "embed_init": 0.1}
+            "embed_init": "uniform(0.1)"}
 DATA_DEFAULTS = {"train": "synthetic", "dev": "synthetic", "test": "synthetic", "limit": 0,
                  "synthetic": {"train": 3000, "dev": 500, "test": 500, "seed": 7, "vocab": 1000}}
 TRAIN_DEFAULTS = {"optimizer": "adagrad", "lr": 0.05, "weight_decay": 1e-4, "batch_size": 25}
@@ -80,7 +80,7 @@ class TreeLSTM(Task):
         self.samples = {}
         H, D, C, dtype, seed = m["hidden"], m["embed"], m["classes"], tc["dtype"], tc["seed"]
         p = self.params = ParameterSet()
-        p.new("E", (len(self.vocab), D), init=f"uniform({m['embed_init']})", dtype=dtype, rng=seed)
+        p.new("E", (len(self.vocab), D), init=m["embed_init"], dtype=dtype, rng=seed)
         p.new("W", (D, 3 * H), dtype=dtype, rng=seed)
         p.new("b_l", (3 * H,), init="zeros", dtype=dtype, rng=seed)
         p.new("U", ((2 if m["variant"] == "binary" else 1) * H, 3 * H), dtype=dtype, rng=seed)

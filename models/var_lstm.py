@@ -22,7 +22,7 @@ from minicavs.task import Task
 from minicavs.vertex import VertexFunction
 
 NAME = "var_lstm"
-DEFAULTS = {"embed": 128, "hidden": 256, "dropout": 0.5, "max_vocab": 0, "embed_init": 0.1, "forget_bias": 0.0}
+DEFAULTS = {"embed": 128, "hidden": 256, "dropout": 0.5, "max_vocab": 0, "embed_init": "uniform(0.1)", "forget_bias": 0.0}
 DATA_DEFAULTS = {"train": "synthetic", "dev": "synthetic", "test": "synthetic", "dev_fraction": 0.0,
                  "synthetic": {"train": 2000, "dev": 200, "test": 200, "seed": 5, "vocab": 200}}
 TRAIN_DEFAULTS = {"optimizer": "adam", "lr": 1e-3, "batch_size": 64}
@@ -55,7 +55,7 @@ class LanguageModel(Task):
         self.data = {k: self.make_samples(v) for k, v in sentences.items()}
         V, H, D, dtype, seed = len(self.vocab), m["hidden"], m["embed"], tc["dtype"], tc["seed"]
         p = self.params = ParameterSet()
-        p.new("E", (V, D), init=f"uniform({m['embed_init']})", dtype=dtype, rng=seed)
+        p.new("E", (V, D), init=m["embed_init"], dtype=dtype, rng=seed)
         p.new("W_x", (D, 4 * H), dtype=dtype, rng=seed)
         p.new("W_h", (H, 4 * H), init="orthogonal", dtype=dtype, rng=seed)
         gates = np.zeros(4 * H)

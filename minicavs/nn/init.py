@@ -41,6 +41,13 @@ def uniform(scale: float = 0.05) -> Initializer:
     return init
 
 
+def normal(std: float = 1.0) -> Initializer:
+    """N(0, std²) elementwise (``normal(1.0)`` is PyTorch's ``nn.Embedding`` default)."""
+    def init(shape, rng):
+        return as_rng(rng).normal(0.0, std, size=tuple(shape))
+    return init
+
+
 def glorot_uniform(gain: float = 1.0) -> Initializer:
     """U(-a, a) with a = gain * sqrt(6 / (fan_in + fan_out)) (Glorot & Bengio 2010): keeps the activation
     and gradient variances roughly equal across layers."""
@@ -86,6 +93,7 @@ def zeros() -> Initializer:
 
 _FACTORIES: dict[str, Callable[..., Initializer]] = {
     "uniform": uniform,
+    "normal": normal,
     "glorot_uniform": glorot_uniform,
     "xavier_uniform": glorot_uniform,
     "glorot": glorot_uniform,
@@ -120,5 +128,5 @@ def get_initializer(spec: InitSpec) -> Initializer:
         raise ValueError(f"initializer {spec!r}: wrong number of arguments") from None
 
 
-__all__ = ["Initializer", "InitSpec", "as_rng", "fans", "uniform", "glorot_uniform", "xavier_uniform",
+__all__ = ["Initializer", "InitSpec", "as_rng", "fans", "uniform", "normal", "glorot_uniform", "xavier_uniform",
            "orthogonal", "constant", "zeros", "get_initializer"]

@@ -15,6 +15,14 @@ def test_uniform_bounds_and_moments():
     assert a.var() == pytest.approx(0.3 ** 2 / 3, rel=0.01)
 
 
+def test_normal_moments_and_spec():
+    a = init.get_initializer("normal(0.5)")((400, 500), np.random.default_rng(0))
+    assert a.shape == (400, 500) and a.dtype == np.float64
+    assert abs(a.mean()) < 0.005
+    assert a.std() == pytest.approx(0.5, rel=0.01)
+    assert np.mean(np.abs(a) < 0.5) == pytest.approx(0.6827, abs=0.005)  # Gaussian, not uniform
+
+
 @pytest.mark.parametrize("shape, fan_in, fan_out",
                          [((200, 300), 200, 300), ((7,), 7, 7), ((4, 5, 60), 20, 60), ((), 1, 1)])
 def test_fans(shape, fan_in, fan_out):
