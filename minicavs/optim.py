@@ -16,9 +16,10 @@ A parameter missing from ``grads`` (or given ``None``) is skipped: no update, it
 
 Row-sparse gradients (:class:`~minicavs.sparse.RowSparse`, the gradient of an embedding lookup):
 
-- default (``sparse_updates=False``): exactly the dense semantics; the gradient is densified first, so the
-  result is identical to passing ``g.to_dense()``: weight decay, momentum decay and Adam's moment decay
-  reach every row, looked up or not.
+- default (``sparse_updates=False``): exactly the dense semantics, identical to passing ``g.to_dense()``:
+  weight decay, momentum decay and Adam's moment decay reach every row, looked up or not. The compiled
+  Adam and Adagrad kernels take the coalesced rows as they are (no dense gradient is built); other rules
+  and devices densify first.
 - ``sparse_updates=True`` (DyNet's lazy updates, TensorFlow's LazyAdam): duplicate indices are summed, and
   only the looked-up rows of the parameter and of its slots are read or written. Rows not looked up keep
   their value *and* their slots: SGD momentum is neither applied nor decayed there, Adam's ``m`` and ``v``
@@ -39,7 +40,7 @@ from .errors import NonFiniteError
 from .nn.parameter import Parameter
 from .codegen.library import library
 from .device import array_module
-from .sparse import RowSparse
+from .sparse import RowSparse, densify
 
 Grad = Any  # np.ndarray | RowSparse
 
@@ -79,9 +80,11 @@ class Optimizer:
 
     def _prepare(self, value, g, slots, t: int, wd: float):
         """Check one parameter's update without changing anything: returns (not finite?, apply), where
-        ``apply()`` writes the update into ``value`` and ``slots`` in place. Here: :meth:`rule` on the
-        L2-decayed gradient; Adam and Adagrad run a compiled kernel twice instead (check, then apply), which
-        touches memory far less than numpy's temporaries."""
+        ``apply()`` writes the update into ``value`` and ``slots`` in place. ``g`` is dense or a coalesced
+        RowSparse with dense semantics. Here: :meth:`rule` on the L2-decayed dense gradient; Adam and
+        Adagrad run a compiled kernel twice instead (check, then apply), which touches memory far less than
+        numpy's temporaries."""
+        g = densify(array_module(value), g)
         if wd:
             g = g + wd * value
         new, new_slots = self.rule(value, g, slots, t)
@@ -117,7 +120,8 @@ class Optimizer:
             for p, g in checked:
                 slots = self.state[p.name]
                 wd = self.weight_decay if p.weight_decay else 0.0
-                if isinstance(g, RowSparse):   # lazy: update gathered copies of the rows, scatter them back
+                if isinstance(g, RowSparse) and self.sparse_updates:  # lazy: update gathered copies of the
+                    # rows, scatter them back
                     idx, value, grad = g.indices, p.value[g.indices], g.rows
                     slots = {s: a[idx] for s, a in slots.items()}
                 else:
@@ -138,7 +142,7 @@ class Optimizer:
 
     def _validate(self, grads: Mapping[str, Grad], loss) -> list[tuple[Parameter, Grad]]:
         """Check everything before anything changes; returns (parameter, gradient) pairs ready to use:
-        dense arrays of the parameter's dtype, or coalesced RowSparse values in lazy mode."""
+        dense arrays of the parameter's dtype, or coalesced RowSparse values."""
         if loss is not None and not np.isfinite(np.asarray(loss, dtype=np.float64)).all():
             raise NonFiniteError(f"loss is {loss}; no parameter was updated")
         out = []
@@ -149,13 +153,8 @@ class Optimizer:
             if p is None:
                 raise ValueError(f"gradient for unknown parameter '{name}'")
             if isinstance(g, RowSparse):
-                g = _check_sparse(p, g)
-                xp = array_module(p.value)
-                g = g.coalesce(xp) if self.sparse_updates else g.to_dense(xp)
-                if isinstance(g, RowSparse):
-                    g = RowSparse(g.indices, g.rows.astype(p.value.dtype, copy=False), g.shape)
-                    out.append((p, g))
-                    continue
+                out.append((p, _check_sparse(p, g)))
+                continue
             g = array_module(p.value).asarray(g)
             if g.dtype.kind != "f":
                 raise ValueError(f"gradient of parameter '{name}' has dtype {g.dtype}, not a float type")
@@ -219,6 +218,7 @@ def _inplace(*arrays) -> bool:
 
 
 def _check_sparse(p: Parameter, g: RowSparse) -> RowSparse:
+    """The checked, coalesced gradient in the parameter's dtype, or an error naming the parameter."""
     shape = p.value.shape
     xp = array_module(p.value)
     idx, rows = xp.asarray(g.indices), xp.asarray(g.rows)
@@ -232,9 +232,10 @@ def _check_sparse(p: Parameter, g: RowSparse) -> RowSparse:
         raise ValueError(f"row-sparse gradient of parameter '{p.name}' has dtype {rows.dtype}")
     if idx.size and (idx.min() < 0 or idx.max() >= shape[0]):
         raise ValueError(f"row-sparse gradient of parameter '{p.name}': index out of range [0, {shape[0]})")
-    if not bool(xp.isfinite(rows).all()):
+    g = RowSparse(idx, rows, shape).coalesce(xp)  # repeated rows summed: dense or lazy, see step()
+    if not bool(xp.isfinite(g.rows).all()):
         raise NonFiniteError(f"gradient of parameter '{p.name}' is not finite; no parameter was updated")
-    return RowSparse(idx, rows, shape)
+    return RowSparse(g.indices, g.rows.astype(p.value.dtype, copy=False), shape)
 
 
 def _sq_norm(g: Grad) -> float:
@@ -285,8 +286,7 @@ class Adagrad(Optimizer):
         lib = library(value.dtype)
         if lib is None or not _inplace(value, *slots.values()):
             return super()._prepare(value, g, slots, t, wd)
-        g = np.ascontiguousarray(g, value.dtype)
-        run = functools.partial(lib.adagrad, value, g, slots["sum_sq"], self.lr, self.eps, wd)
+        run = functools.partial(lib.update, "adagrad", value, g, (slots["sum_sq"],), (self.lr, self.eps, wd))
         return run(apply=False) > 0, functools.partial(run, apply=True)
 
     def rule(self, value, g, slots, t):
@@ -314,9 +314,9 @@ class Adam(Optimizer):
         lib = library(value.dtype)
         if lib is None or not _inplace(value, *slots.values()):
             return super()._prepare(value, g, slots, t, wd)
-        g = np.ascontiguousarray(g, value.dtype)
-        run = functools.partial(lib.adam, value, g, slots["m"], slots["v"], self.lr, self.beta1, self.beta2,
-                                1.0 - self.beta1 ** t, 1.0 - self.beta2 ** t, self.eps, wd)
+        run = functools.partial(lib.update, "adam", value, g, (slots["m"], slots["v"]),
+                                (self.lr, self.beta1, self.beta2, 1.0 - self.beta1 ** t, 1.0 - self.beta2 ** t,
+                                 self.eps, wd))
         return run(apply=False) > 0, functools.partial(run, apply=True)
 
     def rule(self, value, g, slots, t):

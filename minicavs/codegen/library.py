@@ -1,6 +1,12 @@
 """Hand-written C kernels that are not elementwise, compiled once per dtype like the generated ones:
 softmax cross-entropy over rows (forward and gradient) and the optimizers' update rules.
 
+Each optimizer rule has two kernels: one for a dense gradient and one for a row-sparse gradient (an
+embedding's: sorted unique row indices and their rows) that still updates every row, as the dense rule does
+(weight decay and the slots' decay reach rows no batch looked up), without building the dense gradient.
+Both run twice per step: apply = 0 counts the non-finite results and writes nothing, apply = 1 writes in
+place; both passes compute the same values, so a checked update cannot fail when applied.
+
 Each replaces several numpy passes (and their temporaries) over large arrays by one or two: a softmax over a
 6k-word vocabulary or an Adam step over a 3M-float table is memory-bound. Every kernel has a numpy twin that
 stays the reference (ops/nn.py, optim.py) and runs when there is no C compiler; tests compare the two.
@@ -14,6 +20,7 @@ import numpy as np
 
 from . import c as cgen
 from .vecmath import PRELUDE_F32
+from ..sparse import RowSparse
 
 SOURCE = """
 #include <math.h>
@@ -50,53 +57,68 @@ void xent_grad_{T}(long rows, long n, const {T} *g, const {T} *x, const long *la
         o[label[r]] -= g[r];
     }}
 }}
-/* Adam with L2 weight decay. apply = 0: count the non-finite results, write nothing; apply = 1: write
-   them in place. Both passes compute the same values, so a checked update cannot fail when applied. */
-long adam_{T}(long n, {T} *p, const {T} *g, {T} *m, {T} *v, {T} lr, {T} b1, {T} b2, {T} c1, {T} c2, {T} eps,
-              {T} wd, int apply) {{
-    long bad = 0;
-    if (apply) {{
-        #pragma omp simd
-        for (long i = 0; i < n; i++) {{
-            ADAM_STEP
-            m[i] = mi; v[i] = vi; p[i] = pi;
-        }}
-        return 0;
-    }}
-    #pragma omp simd reduction(+:bad)
-    for (long i = 0; i < n; i++) {{
-        ADAM_STEP
-        bad += !(isfinite(pi) && isfinite(mi) && isfinite(vi));
-    }}
-    return bad;
-}}
-/* Adagrad with L2 weight decay; the same two passes. */
-long adagrad_{T}(long n, {T} *p, const {T} *g, {T} *a, {T} lr, {T} eps, {T} wd, int apply) {{
-    long bad = 0;
-    if (apply) {{
-        #pragma omp simd
-        for (long i = 0; i < n; i++) {{
-            ADAGRAD_STEP
-            a[i] = ai; p[i] = pi;
-        }}
-        return 0;
-    }}
-    #pragma omp simd reduction(+:bad)
-    for (long i = 0; i < n; i++) {{
-        ADAGRAD_STEP
-        bad += !(isfinite(pi) && isfinite(ai));
-    }}
-    return bad;
-}}
 """
 
 DECLS = """
 void xent_{T}(long rows, long n, const {T} *x, const long *label, {T} *loss);
 void xent_grad_{T}(long rows, long n, const {T} *g, const {T} *x, const long *label, {T} *out);
-long adam_{T}(long n, {T} *p, const {T} *g, {T} *m, {T} *v, {T} lr, {T} b1, {T} b2, {T} c1, {T} c2, {T} eps,
-              {T} wd, int apply);
-long adagrad_{T}(long n, {T} *p, const {T} *g, {T} *a, {T} lr, {T} eps, {T} wd, int apply);
 """
+
+# name: (slot arrays, scalar hyperparameters, one element's update from its gradient GRAD, slot write-back,
+# finiteness test). Every rule takes L2 weight decay ``wd``, added to the gradient.
+RULES = {
+    "adam": ("m, v", "lr, b1, b2, c1, c2, eps, wd",
+             "{T} gi = GRAD + wd * p[i]; {T} mi = b1 * m[i] + (1 - b1) * gi; "
+             "{T} vi = b2 * v[i] + (1 - b2) * (gi * gi); {T} pi = p[i] - lr * (mi / c1) / ({SQRT}(vi / c2) + eps);",
+             "m[i] = mi; v[i] = vi;", "isfinite(pi) && isfinite(mi) && isfinite(vi)"),
+    "adagrad": ("a", "lr, eps, wd",
+                "{T} gi = GRAD + wd * p[i]; {T} ai = a[i] + gi * gi; {T} pi = p[i] - lr * gi / ({SQRT}(ai) + eps);",
+                "a[i] = ai;", "isfinite(pi) && isfinite(ai)"),
+}
+
+# Elements [lo, hi) with gradient GRAD: apply in place, or count the non-finite results into ``bad``.
+LOOP = """
+        if (apply) {{
+            #pragma omp simd
+            for (long i = lo; i < hi; i++) {{ STEP WRITE p[i] = pi; }}
+        }} else {{
+            #pragma omp simd reduction(+:bad)
+            for (long i = lo; i < hi; i++) {{ STEP bad += !(FINITE); }}
+        }}"""
+
+# g of the _rows kernel holds the rows of the sorted unique indices idx[0..nidx); other rows' gradient is 0.
+RULE = """
+long NAME_{T}(long n, {T} *p, const {T} *g, SLOTS, HYPER, int apply) {{
+    long bad = 0;
+    {{ long lo = 0, hi = n; DENSE }}
+    return bad;
+}}
+long NAME_rows_{T}(long nrows, long width, {T} *p, const long *idx, long nidx, const {T} *g, SLOTS, HYPER, int apply) {{
+    long bad = 0;
+    for (long r = 0, k = 0; r < nrows; r++) {{
+        long lo = r * width, hi = lo + width;
+        if (k < nidx && idx[k] == r) {{
+            const {T} *gr = g + (k++) * width; ROWS
+        }} else {{ ZERO }}
+    }}
+    return bad;
+}}
+"""
+
+
+def _rule_source(name: str) -> tuple[str, str]:
+    """C source and declarations of one optimizer rule's two kernels (dense and row-sparse gradient);
+    still to be formatted with T and SQRT like SOURCE."""
+    slots, hyper, step, write, finite = RULES[name]
+    slots = ", ".join(f"{{T}} *{a.strip()}" for a in slots.split(","))
+    hyper = ", ".join(f"{{T}} {h.strip()}" for h in hyper.split(","))
+
+    def loop(grad):
+        return LOOP.replace("STEP", step.replace("GRAD", grad)).replace("WRITE", write).replace("FINITE", finite)
+    src = (RULE.replace("DENSE", loop("g[i]")).replace("ROWS", loop("gr[i - lo]")).replace("ZERO", loop("0"))
+           .replace("NAME", name).replace("SLOTS", slots).replace("HYPER", hyper))
+    decls = "".join(line[:-len(" {{")] + ";\n" for line in src.splitlines() if line.startswith("long "))
+    return src, decls
 
 
 class Library:
@@ -106,7 +128,8 @@ class Library:
         self.dtype = np.dtype(dtype)
         self.T = "float" if self.dtype == np.float32 else "double"
         self.lib, self.ffi = lib, ffi
-        self._fn = {name: getattr(lib, f"{name}_{self.T}") for name in ("xent", "xent_grad", "adam", "adagrad")}
+        names = ("xent", "xent_grad", *RULES, *(f"{r}_rows" for r in RULES))
+        self._fn = {name: getattr(lib, f"{name}_{self.T}") for name in names}
 
     def _p(self, a: np.ndarray):
         return self.ffi.from_buffer("long[]" if a.dtype == np.int64 else f"{self.T}[]", a)
@@ -128,13 +151,20 @@ class Library:
             self._fn["xent_grad"](gg.size, x.shape[-1], self._p(gg), self._p(x), self._p(lab), self._p(out))
         return out
 
-    def adam(self, p, g, m, v, lr, b1, b2, c1, c2, eps, wd, apply: bool) -> int:
-        """Check (apply=False: the number of non-finite results) or apply in place; p, m, v contiguous."""
-        return self._fn["adam"](p.size, *(self._p(a) for a in (p, g, m, v)), lr, b1, b2, c1, c2, eps, wd,
-                                int(apply)) if p.size else 0
-
-    def adagrad(self, p, g, a, lr, eps, wd, apply: bool) -> int:
-        return self._fn["adagrad"](p.size, *(self._p(x) for x in (p, g, a)), lr, eps, wd, int(apply)) if p.size else 0
+    def update(self, rule: str, p: np.ndarray, g, slots: tuple, hyper: tuple, apply: bool) -> int:
+        """One optimizer rule (a key of RULES) over all of ``p``: apply=False returns the number of
+        non-finite results and writes nothing, apply=True writes ``p`` and the slots in place (all
+        C-contiguous). ``g`` is a dense array or a coalesced RowSparse (sorted unique indices)."""
+        if not p.size:
+            return 0
+        arrays = [self._p(a) for a in slots]
+        if isinstance(g, RowSparse):
+            idx = np.ascontiguousarray(g.indices, np.int64)
+            rows = np.ascontiguousarray(g.rows, self.dtype)
+            return self._fn[f"{rule}_rows"](p.shape[0], p.size // p.shape[0], self._p(p), self._p(idx), len(idx),
+                                            self._p(rows), *arrays, *hyper, int(apply))
+        return self._fn[rule](p.size, self._p(p), self._p(np.ascontiguousarray(g, self.dtype)), *arrays, *hyper,
+                              int(apply))
 
 
 @functools.lru_cache(maxsize=None)
@@ -147,17 +177,10 @@ def library(dtype) -> Library | None:
         return None
     f32 = dtype == np.float32
     T = "float" if f32 else "double"
-    SQRT = "sqrtf" if f32 else "sqrt"
-    steps = {"ADAM_STEP": f"{T} gi = g[i] + wd * p[i]; {T} mi = b1 * m[i] + (1 - b1) * gi; "
-                          f"{T} vi = b2 * v[i] + (1 - b2) * (gi * gi); "
-                          f"{T} pi = p[i] - lr * (mi / c1) / ({SQRT}(vi / c2) + eps);",
-             "ADAGRAD_STEP": f"{T} gi = g[i] + wd * p[i]; {T} ai = a[i] + gi * gi; "
-                             f"{T} pi = p[i] - lr * gi / ({SQRT}(ai) + eps);"}
-    source = SOURCE
-    for k, v in steps.items():
-        source = source.replace(k, v)
-    source = source.format(T=T, prelude=PRELUDE_F32 if f32 else "", EXP="mc_expf" if f32 else "exp",
-                           LOG="logf" if f32 else "log")
+    rules = [_rule_source(name) for name in RULES]
+    fmt = dict(T=T, SQRT="sqrtf" if f32 else "sqrt", prelude=PRELUDE_F32 if f32 else "",
+               EXP="mc_expf" if f32 else "exp", LOG="logf" if f32 else "log")
+    source = (SOURCE + "".join(src for src, _ in rules)).format(**fmt)
     ffi = cffi.FFI()
-    ffi.cdef(DECLS.format(T=T))
+    ffi.cdef((DECLS + "".join(decls for _, decls in rules)).format(T=T))
     return Library(dtype, ffi.dlopen(str(cgen._compiled(source, cc, f"library-{T}"))), ffi)
