@@ -14,7 +14,7 @@ import math
 import numpy as np
 
 from minicavs import ops
-from minicavs.data.text import EOS, Vocab, read_sentences, synthetic_corpus
+from minicavs.data.text import EOS, Vocab, read_sentences, synthetic_corpus, unigram_perplexity
 from minicavs.inputs import InputGraph
 from minicavs.model import Model, Structure
 from minicavs.nn import ParameterSet
@@ -99,7 +99,9 @@ class LanguageModel(Task):
             graphs, feeds = self.batch(chunk)
             nll += float(self.model.infer(graphs, feeds, self.params).outputs["nll"])
             n += self.units(chunk)
-        return {"loss": nll / len(samples), "nll_per_word": nll / n, "perplexity": math.exp(nll / n)}
+        unigram = unigram_perplexity([y for _, y in self.data["train"]], [y for _, y in samples], len(self.vocab))
+        return {"loss": nll / len(samples), "nll_per_word": nll / n, "perplexity": math.exp(nll / n),
+                "unigram_perplexity": unigram}  # the baseline: add-one unigram counts of the training targets
 
 
 def load_sentences(d: dict) -> dict:

@@ -62,17 +62,13 @@ class Vocab:
             return cls([w for w in f.read().split("\n") if w])
 
 
-def unigram_perplexity(train_ids: Sequence[np.ndarray], eval_ids: Sequence[np.ndarray], vocab_size: int,
-                       eos: int = 1) -> float:
-    """Perplexity of an add-one unigram model fitted on the training sentences (each + <eos>)."""
-    counts = np.ones(vocab_size)
-    for s in train_ids:
-        np.add.at(counts, s, 1)
-        counts[eos] += 1
+def unigram_perplexity(train_targets: Sequence[np.ndarray], eval_targets: Sequence[np.ndarray],
+                       vocab_size: int) -> float:
+    """Perplexity on ``eval_targets`` of an add-one unigram model fitted on ``train_targets`` (id arrays of
+    the predicted words, each sentence's <eos> included): the baseline a language model must beat."""
+    counts = np.bincount(np.concatenate(list(train_targets)), minlength=vocab_size) + 1.0
     logp = np.log(counts / counts.sum())
-    total = sum(float(logp[s].sum()) + float(logp[eos]) for s in eval_ids)
-    n = sum(len(s) + 1 for s in eval_ids)
-    return math.exp(-total / n)
+    return math.exp(-float(logp[np.concatenate(list(eval_targets))].mean()))
 
 
 def windows(sentences_ids: Sequence[np.ndarray], length: int = 64, eos: int = 1) -> list[np.ndarray]:

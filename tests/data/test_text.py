@@ -33,9 +33,9 @@ def test_reader_errors(tmp_path):
 
 
 def test_unigram_perplexity_by_hand():
-    train = [np.array([2, 2, 3])]
+    train = [np.array([2, 2, 3, 1])]   # one sentence and its <eos> (id 1)
     # counts with add-one over V=4: <unk> 1, <eos> 1+1, id2 1+2, id3 1+1 -> total 8
-    ppl = unigram_perplexity(train, [np.array([2])], vocab_size=4)
+    ppl = unigram_perplexity(train, [np.array([2, 1])], vocab_size=4)
     assert math.isclose(ppl, math.exp(-(math.log(3 / 8) + math.log(2 / 8)) / 2))
 
 
@@ -48,5 +48,5 @@ def test_synthetic_corpus_is_deterministic_and_predictable():
     a, b = synthetic_corpus(50, seed=1), synthetic_corpus(50, seed=1)
     assert a == b and synthetic_corpus(50, seed=1, split=1) != a
     v = Vocab.build(a)
-    ids = [v.encode(s) for s in a]
+    ids = [np.append(v.encode(s), v.index[EOS]) for s in a]
     assert unigram_perplexity(ids, ids, len(v)) > 50   # many words are used, roughly uniformly

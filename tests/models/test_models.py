@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from minicavs.data.text import synthetic_corpus
 from minicavs.explain import check
 from minicavs.testing import check_model_grads
 from minicavs.training import Trainer
@@ -77,3 +78,23 @@ def test_perplexity_is_exp_of_mean_nll(tmp_path):
     assert np.isclose(m["dev_perplexity"], np.exp(m["dev_nll_per_word"]))
     words = sum(len(y) for _, y in t.task.data["dev"])
     assert np.isclose(m["dev_loss"] * len(t.task.data["dev"]), m["dev_nll_per_word"] * words)
+
+
+def test_unigram_baseline_counts_training_words_and_eos(tmp_path):
+    """The reported baseline: an add-one unigram over the training sentences' words and their <eos>,
+    counted here from the raw tokens rather than the model's id arrays."""
+    t = trainer("var_lstm", tmp_path)
+    vocab = t.task.vocab
+    syn = t.cfg["data"]["synthetic"]  # the sentences the config generates
+    train = synthetic_corpus(int(syn["train"]), int(syn["seed"]), int(syn["vocab"]), 0)
+    dev = synthetic_corpus(int(syn["dev"]), int(syn["seed"]), int(syn["vocab"]), 1)
+    counts = {w: 1 for w in vocab.words}
+    for s in train:
+        for w in s + ["<eos>"]:
+            counts[w if w in counts else "<unk>"] += 1
+    total = sum(counts.values())
+    dev_words = [w if w in counts else "<unk>" for s in dev for w in s + ["<eos>"]]
+    want = np.exp(-np.mean([np.log(counts[w] / total) for w in dev_words]))
+    got = t.evaluate("dev")["dev_unigram_perplexity"]
+    assert np.isclose(got, want, rtol=1e-12)
+    assert t.evaluate("dev")["dev_perplexity"] != got
