@@ -1,5 +1,5 @@
 """Hand-written C kernels that are not elementwise, compiled once per dtype like the generated ones:
-softmax cross-entropy over rows (forward and gradient) and the optimizers' update rules.
+softmax cross-entropy over rows (forward and gradient), dropout masks and the optimizers' update rules.
 
 Each optimizer rule has two kernels: one for a dense gradient and one for a row-sparse gradient (an
 embedding's: sorted unique row indices and their rows) that still updates every row, as the dense rule does
@@ -15,6 +15,7 @@ Reductions use ``#pragma omp simd reduction`` so they vectorize without ``-ffast
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 
@@ -57,11 +58,32 @@ void xent_grad_{T}(long rows, long n, const {T} *g, const {T} *x, const long *la
         o[label[r]] -= g[r];
     }}
 }}
+static inline unsigned long long mc_mix(unsigned long long z) {{  /* SplitMix64's finaliser */
+    z ^= z >> 30; z *= 0xBF58476D1CE4E5B9ULL; z ^= z >> 27; z *= 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}}
+/* Dropout's keep-mask, minicavs/random.py's hash word for word: h is the hash after (seed, step, site),
+   then row key keys[r], then column c; out[r, c] = scale if uniform >= p else 0, compared as integers:
+   (z >> 40) / 2^24 >= p  <=>  (z >> 40) >= t = ceil(p * 2^24) (a double compare would not vectorize). */
+void dropout_mask_{T}(long rows, long cols, unsigned long long h, const unsigned long long *keys,
+                      unsigned long long t, {T} scale, {T} *out) {{
+    const unsigned long long golden = 0x9E3779B97F4A7C15ULL;
+    for (long r = 0; r < rows; r++) {{
+        unsigned long long hr = mc_mix(h ^ keys[r]) + golden;
+        #pragma omp simd
+        for (long c = 0; c < cols; c++) {{
+            unsigned long long z = mc_mix(hr ^ (unsigned long long)c) + golden;
+            out[r * cols + c] = (z >> 40) >= t ? scale : 0;
+        }}
+    }}
+}}
 """
 
 DECLS = """
 void xent_{T}(long rows, long n, const {T} *x, const long *label, {T} *loss);
 void xent_grad_{T}(long rows, long n, const {T} *g, const {T} *x, const long *label, {T} *out);
+void dropout_mask_{T}(long rows, long cols, unsigned long long h, const unsigned long long *keys,
+                      unsigned long long t, {T} scale, {T} *out);
 """
 
 # name: (slot arrays, scalar hyperparameters, one element's update from its gradient GRAD, slot write-back,
@@ -128,11 +150,12 @@ class Library:
         self.dtype = np.dtype(dtype)
         self.T = "float" if self.dtype == np.float32 else "double"
         self.lib, self.ffi = lib, ffi
-        names = ("xent", "xent_grad", *RULES, *(f"{r}_rows" for r in RULES))
+        names = ("xent", "xent_grad", "dropout_mask", *RULES, *(f"{r}_rows" for r in RULES))
         self._fn = {name: getattr(lib, f"{name}_{self.T}") for name in names}
 
     def _p(self, a: np.ndarray):
-        return self.ffi.from_buffer("long[]" if a.dtype == np.int64 else f"{self.T}[]", a)
+        kind = {np.dtype(np.int64): "long[]", np.dtype(np.uint64): "unsigned long long[]"}.get(a.dtype)
+        return self.ffi.from_buffer(kind or f"{self.T}[]", a)
 
     def xent(self, logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
         x = np.ascontiguousarray(logits)
@@ -149,6 +172,15 @@ class Library:
         out = np.empty(x.shape, self.dtype)
         if gg.size:
             self._fn["xent_grad"](gg.size, x.shape[-1], self._p(gg), self._p(x), self._p(lab), self._p(out))
+        return out
+
+    def dropout_mask(self, h: int, keys: np.ndarray, cols: int, p: float) -> np.ndarray:
+        """(len(keys), cols) keep-mask scaled by 1 / (1 - p); ``h`` is random.hash_words(seed, step, site)."""
+        keys = np.ascontiguousarray(keys, np.uint64).reshape(-1)
+        out = np.empty((len(keys), cols), self.dtype)
+        if out.size:
+            self._fn["dropout_mask"](len(keys), cols, h, self._p(keys), math.ceil(p * (1 << 24)), 1.0 / (1.0 - p),
+                                     self._p(out))
         return out
 
     def update(self, rule: str, p: np.ndarray, g, slots: tuple, hyper: tuple, apply: bool) -> int:

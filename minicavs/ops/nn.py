@@ -8,7 +8,7 @@ import numpy as np
 
 from ..errors import FeedError, ShapeError
 from ..graph import Node, fmt_shape, make_node, user_axis
-from ..random import uniform
+from ..random import hash_words, uniform
 from ..sparse import RowSparse, densify as _densify
 from .elementwise import exp, mul, neg, sub, unbroadcast
 from .reduce import mean_grad
@@ -165,6 +165,10 @@ def dropout_mask(shape, p, site, ctx, dtype):
         keys = np.arange(rows, dtype=np.uint64)
     elif len(keys) != rows:
         raise FeedError(f"dropout site {site}: {len(keys)} row keys for {rows} rows")
+    lib = _compiled(np, dtype)
+    if lib is not None:   # the same hash in C: numpy's uint64 temporaries cost ~10 ms per SST batch
+        h = int(hash_words(ctx.seed, ctx.step, site)[0])
+        return lib.dropout_mask(h, keys, math.prod(shape[1:]), float(p)).reshape(shape)
     cols = np.arange(math.prod(shape[1:]), dtype=np.uint64)
     u = uniform(ctx.seed, ctx.step, site, np.asarray(keys)[:, None], cols[None, :])
     return ((u >= p) * (1.0 / (1.0 - p))).astype(dtype).reshape(shape)

@@ -96,3 +96,17 @@ def test_row_sparse_kernels_equal_the_dense_kernels(dtype, cls, kwargs, rows):
     huge[1, 0] = np.finfo(dtype).max  # (wd * p)^2 overflows the slot on a row without a gradient row
     assert opt._prepare(huge, RowSparse(idx[idx != 1], np.ones((int(np.sum(idx != 1)), 5), dtype), (7, 5)),
                         slots, 3, 1e3)[0] is True
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
+@pytest.mark.parametrize("cols", [1, 7, 300])
+def test_dropout_mask_kernel_equals_the_numpy_hash(dtype, p, cols):
+    """The C mask is random.py's hash bit for bit: keep where uniform(seed, step, site, key, column) >= p."""
+    from minicavs.random import hash_words, row_key, uniform
+    keys = row_key(np.array([0, 3, 3, 1 << 20]), np.array([0, 5, 6, (1 << 32) - 1]))
+    got = library(dtype).dropout_mask(int(hash_words(11, 4, 2)[0]), keys, cols, p)
+    u = uniform(11, 4, 2, keys[:, None], np.arange(cols, dtype=np.uint64)[None, :])
+    want = ((u >= p) * (1.0 / (1.0 - p))).astype(dtype)
+    assert got.dtype == np.dtype(dtype) and np.array_equal(got, want)
+    assert 0 < np.count_nonzero(got) < got.size or cols == 1
