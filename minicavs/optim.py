@@ -120,8 +120,8 @@ class Optimizer:
             for p, g in checked:
                 slots = self.state[p.name]
                 wd = self.weight_decay if p.weight_decay else 0.0
-                if isinstance(g, RowSparse) and self.sparse_updates:  # lazy: update gathered copies of the
-                    # rows, scatter them back
+                # lazy: update gathered copies of the rows, scatter them back
+                if isinstance(g, RowSparse) and self.sparse_updates:
                     idx, value, grad = g.indices, p.value[g.indices], g.rows
                     slots = {s: a[idx] for s, a in slots.items()}
                 else:

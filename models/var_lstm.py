@@ -22,7 +22,8 @@ from minicavs.task import Task
 from minicavs.vertex import VertexFunction
 
 NAME = "var_lstm"
-DEFAULTS = {"embed": 128, "hidden": 256, "dropout": 0.5, "max_vocab": 0, "embed_init": "uniform(0.1)", "forget_bias": 0.0}
+DEFAULTS = {"embed": 128, "hidden": 256, "dropout": 0.5, "max_vocab": 0, "embed_init": "uniform(0.1)",
+            "forget_bias": 0.0}
 DATA_DEFAULTS = {"train": "synthetic", "dev": "synthetic", "test": "synthetic", "dev_fraction": 0.0,
                  "synthetic": {"train": 2000, "dev": 200, "test": 200, "seed": 5, "vocab": 200}}
 TRAIN_DEFAULTS = {"optimizer": "adam", "lr": 1e-3, "batch_size": 64}
