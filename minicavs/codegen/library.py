@@ -14,10 +14,8 @@ Reductions use ``#pragma omp simd reduction`` so they vectorize without ``-ffast
 """
 from __future__ import annotations
 
-import concurrent.futures
 import functools
 import math
-import os
 
 import numpy as np
 
@@ -188,47 +186,17 @@ class Library:
     def update(self, rule: str, p: np.ndarray, g, slots: tuple, hyper: tuple, apply: bool) -> int:
         """One optimizer rule (a key of RULES) over all of ``p``: apply=False returns the number of
         non-finite results and writes nothing, apply=True writes ``p`` and the slots in place (all
-        C-contiguous). ``g`` is a dense array or a coalesced RowSparse (sorted unique indices). A large
-        parameter is cut into blocks of rows updated on parallel threads (the kernel is memory-bound and
-        cffi releases the GIL); every element's result is the same either way."""
+        C-contiguous). ``g`` is a dense array or a coalesced RowSparse (sorted unique indices)."""
         if not p.size:
             return 0
-        if not isinstance(g, RowSparse):
-            g = np.ascontiguousarray(g, self.dtype).reshape(p.shape)
-        parts = min(_THREADS, p.shape[0], p.size // PARALLEL_SIZE)
-        if parts < 2:
-            return self._update(rule, p, g, slots, hyper, apply)
-        cuts = [p.shape[0] * k // parts for k in range(parts + 1)]
-        blocks = [(slice(lo, hi), _rows_between(g, lo, hi)) for lo, hi in zip(cuts, cuts[1:])]
-        jobs = [_pool().submit(self._update, rule, p[s], gs, tuple(a[s] for a in slots), hyper, apply)
-                for s, gs in blocks]
-        return sum(j.result() for j in jobs)
-
-    def _update(self, rule, p, g, slots, hyper, apply) -> int:
         arrays = [self._p(a) for a in slots]
         if isinstance(g, RowSparse):
             idx = np.ascontiguousarray(g.indices, np.int64)
             rows = np.ascontiguousarray(g.rows, self.dtype)
             return self._fn[f"{rule}_rows"](p.shape[0], p.size // p.shape[0], self._p(p), self._p(idx), len(idx),
                                             self._p(rows), *arrays, *hyper, int(apply))
-        return self._fn[rule](p.size, self._p(p), self._p(g), *arrays, *hyper, int(apply))
-
-
-PARALLEL_SIZE = 1 << 20   # elements per thread below which an update stays on one thread
-_THREADS = min(4, os.cpu_count() or 1)
-
-
-@functools.lru_cache(maxsize=None)
-def _pool() -> concurrent.futures.ThreadPoolExecutor:
-    return concurrent.futures.ThreadPoolExecutor(_THREADS, thread_name_prefix="minicavs-update")
-
-
-def _rows_between(g, lo: int, hi: int):
-    """Rows [lo, hi) of a dense gradient, or of a coalesced RowSparse one (indices made block-relative)."""
-    if not isinstance(g, RowSparse):
-        return g[lo:hi]
-    a, b = np.searchsorted(g.indices, [lo, hi])
-    return RowSparse(g.indices[a:b] - lo, g.rows[a:b], (hi - lo,) + tuple(g.shape[1:]))
+        return self._fn[rule](p.size, self._p(p), self._p(np.ascontiguousarray(g, self.dtype)), *arrays, *hyper,
+                              int(apply))
 
 
 @functools.lru_cache(maxsize=None)

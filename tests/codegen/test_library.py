@@ -110,31 +110,3 @@ def test_dropout_mask_kernel_equals_the_numpy_hash(dtype, p, cols):
     want = ((u >= p) * (1.0 / (1.0 - p))).astype(dtype)
     assert got.dtype == np.dtype(dtype) and np.array_equal(got, want)
     assert 0 < np.count_nonzero(got) < got.size or cols == 1
-
-
-@pytest.mark.parametrize("sparse", [False, True])
-def test_large_updates_split_across_threads_equal_one_thread(sparse, monkeypatch):
-    """Blocks of rows on parallel threads give exactly the one-thread result, for dense and row-sparse
-    gradients (indices on both sides of every cut), and a bad element in the last block is counted."""
-    from minicavs.codegen import library as L
-    monkeypatch.setattr(L, "_THREADS", 3)
-    monkeypatch.setattr(L, "PARALLEL_SIZE", 100)
-    rng = np.random.default_rng(3)
-    lib = library("float32")
-    p = rng.standard_normal((31, 40)).astype(np.float32)
-    a = np.abs(rng.standard_normal((31, 40))).astype(np.float32)
-    idx = np.array([0, 9, 10, 11, 20, 21, 30])   # the cuts of 31 rows in 3 blocks: 10 and 20
-    g = (RowSparse(idx, rng.standard_normal((7, 40)).astype(np.float32), (31, 40)) if sparse
-         else rng.standard_normal((31, 40)).astype(np.float32))
-    results = []
-    for split in (True, False):
-        pp, aa = p.copy(), a.copy()
-        run = lib.update if split else lib._update
-        assert run("adagrad", pp, g, (aa,), (0.05, 1e-10, 1e-3), False) == 0
-        run("adagrad", pp, g, (aa,), (0.05, 1e-10, 1e-3), True)
-        results.append((pp, aa))
-    assert np.array_equal(results[0][0], results[1][0]) and np.array_equal(results[0][1], results[1][1])
-    assert not np.array_equal(results[0][0], p)
-    huge = p.copy()
-    huge[30, 5] = np.finfo(np.float32).max
-    assert lib.update("adagrad", huge, g, (a.copy(),), (0.05, 1e-10, 1e3), False) > 0
