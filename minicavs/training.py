@@ -39,7 +39,12 @@ class Trainer:
         self.cfg = config if isinstance(config, dict) else load_config(config, overrides)
         self.device = check_device(self.cfg["train"]["device"], self.cfg["train"]["deterministic"])
         module = load_model_module(self.cfg["model"]["name"], Path(self.cfg["config_path"]).resolve().parent)
-        self.task = module.build(self.cfg)
+        try:
+            self.task = module.build(self.cfg)
+        except MinicavsError:
+            raise
+        except ValueError as e:  # a model's check of its config values (model.variant, an initializer, ...)
+            raise ConfigError(f"{self.cfg['config_path']}: {e}") from e
         self.model = self.task.model
         self.model.options = engine_options(self.cfg["train"]["engine"])
         self.model.device = self.device

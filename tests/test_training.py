@@ -47,6 +47,17 @@ def test_config_errors_name_the_key(override, match):
         load_config(MODELS / "tree_lstm.yaml", [override])
 
 
+@pytest.mark.parametrize("override, match", [
+    ("model.variant=foo", r"tree_lstm.yaml: model.variant must be 'binary' or 'child_sum', got 'foo'"),
+    ("model.embed_init=gaussian", r"tree_lstm.yaml: parameter 'E': unknown initializer 'gaussian'"),
+    ("model.embed_init=uniform(a)", r"tree_lstm.yaml: parameter 'E': initializer 'uniform\(a\)': arguments"),
+])
+def test_bad_model_values_are_config_errors(override, match, tmp_path):
+    """Values the model itself checks fail as a ConfigError naming the file (the CLI prints it, no traceback)."""
+    with pytest.raises(ConfigError, match=match):
+        Trainer(MODELS / "tree_lstm.yaml", [override], run_dir=tmp_path)
+
+
 def test_config_file_errors(tmp_path):
     with pytest.raises(FileNotFoundError):
         load_config(tmp_path / "none.yaml")

@@ -44,7 +44,11 @@ class Parameter:
         if isinstance(init, np.ndarray):
             value = np.array(init, dtype=self.dtype.np, order="C")
         else:   # C order always: optimizers update parameters in place with compiled kernels
-            value = np.array(get_initializer(init)(shape, _rng_for(name, rng)), dtype=self.dtype.np, order="C")
+            try:
+                initializer = get_initializer(init)
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"parameter '{name}': {e}") from None
+            value = np.array(initializer(shape, _rng_for(name, rng)), dtype=self.dtype.np, order="C")
         if value.shape != shape:
             raise ValueError(f"parameter '{name}': initial value has shape {value.shape}, "
                              f"declared {fmt_shape(shape)}")
