@@ -98,6 +98,22 @@ def test_protocol_cuts_a_batch_that_outlasts_the_cap():
     assert sizes[-1] == out["samples"]          # the timed epoch: one batch of that many samples
 
 
+def test_protocol_runs_a_whole_batch_that_fits_a_few_caps():
+    """A batched peer whose one batch takes a little longer than the cap still runs whole batches."""
+    pc = _peer_common()
+    sizes = []
+
+    def train(batch):
+        sizes.append(len(batch))
+        time.sleep(0.01 * len(batch))
+
+    out = pc.measure({"batch": 8, "epochs": 1, "max_seconds": 0.05}, [1] * 100, lambda i, j: list(range(i, j)),
+                     train)
+    assert sizes[:4] == [1, 1, 2, 4]            # doubling stopped at 4 samples (0.04 s >= half the cap)
+    assert sizes[4] == 8                        # 8 samples projected at 0.08 s <= 4 caps: a whole batch
+    assert not out["partial_batch"] and out["samples"] == 8 and out["batches"] == 1
+
+
 # --- the peers themselves (need tools/setup_peers.sh's environment) ------------------------------------------
 
 def _trainer(model: str, hidden: int, batch: int, samples: int, leaves: int = 8) -> Trainer:

@@ -45,6 +45,9 @@ def _timed(step, batch) -> float:
     return time.perf_counter() - start
 
 
+WHOLE_BATCH_GRACE = 4   # a batch projected to take up to this many caps still runs whole (see measure)
+
+
 def measure(spec: dict, units: list, make, train, infer=None) -> dict:
     """The timed protocol over the samples (``units[i]`` trees or words in sample i).
 
@@ -54,11 +57,13 @@ def measure(spec: dict, units: list, make, train, infer=None) -> dict:
     epoch.
 
     Warm-up: one sample (one-time costs, cheaply); with ``max_seconds``, then the first 1, 2, 4, ... samples
-    up to a whole batch, each run timed, stopping early once a run took half of ``max_seconds``. If a whole
-    batch ran, an epoch is the longest prefix of whole batches that its time says fits in ``max_seconds`` (at
-    least one); if not (one batch takes longer than the cap, e.g. per-sample recursion on big trees), an
-    epoch is one partial batch of the samples the last run's rate says fit (``partial_batch``). Without
-    ``max_seconds``: every sample.
+    up to a whole batch, each run timed, stopping early once a run took half of ``max_seconds``; a whole
+    batch is still run when the last run's rate says it takes at most ``WHOLE_BATCH_GRACE`` times the cap
+    (batched peers, whose rate is only comparable on whole batches). If a whole batch ran, an epoch is the
+    longest prefix of whole batches that its time says fits in ``max_seconds`` (at least one); if not (one
+    batch takes far longer than the cap, e.g. per-sample recursion on big trees), an epoch is one partial
+    batch of the samples the last run's rate says fit (``partial_batch``). Without ``max_seconds``: every
+    sample.
     Then ``epochs`` timed epochs over that prefix; with ``inference``, a one-sample forward pass to warm up
     and ``epochs`` forward-only passes over the same prefix.
     """
@@ -71,6 +76,8 @@ def measure(spec: dict, units: list, make, train, infer=None) -> dict:
         while size < full and seconds < cap / 2:
             size = min(2 * size, full)
             seconds = _timed(train, make(0, size))
+        if size < full and seconds * full / size <= WHOLE_BATCH_GRACE * cap:
+            size, seconds = full, _timed(train, make(0, full))
         if size == full:
             m = min(n, max(1, int(cap / max(seconds, 1e-9))) * bs)
         else:

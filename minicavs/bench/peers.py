@@ -25,10 +25,11 @@ SPEC.json (written by :func:`run`):
 - ``epochs``: timed epochs, after the warm-up; ``check``: the number of samples (the first ones) whose loss
   the peer computes with the weights as handed over, before any update;
 - ``max_seconds``: cap of one timed epoch, or null for every sample. The warm-up trains on one sample, then
-  (timed) on the first 1, 2, 4, ... samples up to a whole batch, stopping once a run took half the cap. An
-  epoch is then the longest prefix of whole batches that the whole batch's time says fits in
-  ``max_seconds`` (at least one batch, as minicavs' own points, minicavs/bench/point.py), or, when even one
-  batch does not fit (per-sample recursion on big trees), one partial batch of the samples that fit;
+  (timed) on the first 1, 2, 4, ... samples up to a whole batch, stopping once a run took half the cap (a
+  whole batch still runs when it is projected to take at most 4 caps). An epoch is then the longest prefix
+  of whole batches that the whole batch's time says fits in ``max_seconds`` (at least one batch, as
+  minicavs' own points, minicavs/bench/point.py), or, when one batch takes far longer (per-sample recursion
+  on big trees), one partial batch of the samples that fit;
 - ``inference``: also time forward-only passes (no gradient) over the same prefix;
 - ``batch``, ``threads`` (PyTorch's intra-op threads; DyNet computes on one), ``optimizer``: minicavs'
   optimizer as ``{"name", **hyper()}`` (tools/torch_peer.py and tools/dynet_peer.py build the same rule);
