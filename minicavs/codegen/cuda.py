@@ -94,14 +94,38 @@ extern "C" __global__ void segment_sum_rows_{T}(long segments, long cols, const 
         dst[target[s] * ldd + c] += acc;
     }}
 }}
+#ifndef MC_MIX
+#define MC_MIX
+__device__ __forceinline__ unsigned long long mc_mix(unsigned long long z)
+{{
+    z ^= z >> 30; z *= 0xBF58476D1CE4E5B9ULL; z ^= z >> 27; z *= 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}}
+#endif
+/* y = x * dropout mask: minicavs/random.py's hash word for word (h: after seed, step, site; then the row
+   key, then the column), kept where (hash >> 40) >= t = ceil(p * 2^24), as the C library's mask */
+extern "C" __global__ void dropout_rows_{T}(long rows, long cols, unsigned long long h,
+                                            const unsigned long long *__restrict__ keys, unsigned long long t,
+                                            {T} scale, const {T} *__restrict__ x, long ldx,
+                                            {T} *__restrict__ y, long ldy)
+{{
+    const unsigned long long golden = 0x9E3779B97F4A7C15ULL;
+    const long n = rows * cols;
+    {LOOP} {{
+        const long r = i / cols, c = i - r * cols;
+        const unsigned long long hr = mc_mix(h ^ keys[r]) + golden;
+        const unsigned long long z = mc_mix(hr ^ (unsigned long long)c) + golden;
+        y[r * ldy + c] = x[r * ldx + c] * ((z >> 40) >= t ? scale : ({T})0);
+    }}
+}}
 """
 
-ROW_KERNEL_NAMES = ("gather_rows", "scatter_rows", "scatter_add_rows", "segment_sum_rows")
+ROW_KERNEL_NAMES = ("gather_rows", "scatter_rows", "scatter_add_rows", "segment_sum_rows", "dropout_rows")
 
 
 def row_kernels(dtype) -> tuple[str, str]:
-    """(module name, CUDA source) of the four row kernels for ``dtype``; kernel names end in ``_float`` or
-    ``_double``."""
+    """(module name, CUDA source) of the row kernels (ROW_KERNEL_NAMES: row movement and dropout) for
+    ``dtype``; kernel names end in ``_float`` or ``_double``."""
     T = as_dtype(dtype).c_type
     return f"rows_{T}", ROW_KERNELS.format(T=T, LOOP=LOOP)
 

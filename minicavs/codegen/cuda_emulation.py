@@ -1,7 +1,7 @@
 """Run generated CUDA source on the CPU: the same text compiled as C++ behind a small shim.
 
-The shim defines ``blockIdx``/``threadIdx``/``blockDim``/``gridDim`` as globals, ``__global__`` as nothing and
-``atomicAdd`` as a plain add; for every ``extern "C" __global__`` kernel a launcher loops over the grid, block
+The shim defines ``blockIdx``/``threadIdx``/``blockDim``/``gridDim`` as globals, ``__global__`` and
+``__device__`` as nothing and ``atomicAdd`` as a plain add; for every ``extern "C" __global__`` kernel a launcher loops over the grid, block
 by block and thread by thread, calling the kernel body once per thread. That checks what a compile check
 cannot: indexing, bounds, broadcasting and math of every kernel, grid-stride loops included. Threads run one
 after another, so races are not modelled (atomics are exact; a real GPU's atomic order varies).
@@ -24,10 +24,13 @@ SHIM = """
 struct mc_dim3 { unsigned x, y, z; };
 static mc_dim3 blockIdx, threadIdx, blockDim, gridDim;
 #define __global__
+#define __device__
+#define __forceinline__ inline
 template <class T> static inline T atomicAdd(T *a, T v) { T old = *a; *a = old + v; return old; }
 """
 
-POINTEE = {"float": np.dtype(np.float32), "double": np.dtype(np.float64), "long": np.dtype(np.int64)}
+POINTEE = {"float": np.dtype(np.float32), "double": np.dtype(np.float64), "long": np.dtype(np.int64),
+           "unsigned long long": np.dtype(np.uint64)}
 SIGNATURE = re.compile(r'extern "C" __global__ void (\w+)\(([^)]*)\)', re.S)
 
 
@@ -43,8 +46,8 @@ def _launcher(name: str, params: list[str]) -> tuple[str, str]:
     body = (f'extern "C" void launch_{name}({plist}) {{\n'
             "    gridDim.x = grid_; gridDim.y = gridDim.z = 1; blockDim.x = block_; blockDim.y = blockDim.z = 1;\n"
             "    blockIdx.y = blockIdx.z = threadIdx.y = threadIdx.z = 0;\n"
-            "    for (unsigned b = 0; b < grid_; b++)\n        for (unsigned t = 0; t < block_; t++) {\n"
-            f"            blockIdx.x = b; threadIdx.x = t;\n            {name}({args});\n        }}\n}}\n")
+            "    for (unsigned b_ = 0; b_ < grid_; b_++)\n        for (unsigned t_ = 0; t_ < block_; t_++) {\n"
+            f"            blockIdx.x = b_; threadIdx.x = t_;\n            {name}({args});\n        }}\n}}\n")
     decl = f"void launch_{name}({plist.replace('__restrict__', '')});"
     return body, decl
 
@@ -99,6 +102,10 @@ class Emulator:
                     raise TypeError(f"{name}: {p} is written, got a read-only array")
                 # a view's first element; the kernel's ld arguments give the strides
                 conv.append(self.ffi.cast(f"{ctype} *", a.ctypes.data))
+            elif p.split()[0] in ("float", "double"):
+                if not isinstance(a, (float, np.floating)):
+                    raise TypeError(f"{name}: {p} needs a float, got {type(a).__name__}")
+                conv.append(float(a))
             else:
                 if not isinstance(a, (int, np.integer)):
                     raise TypeError(f"{name}: {p} needs an integer, got {type(a).__name__}")

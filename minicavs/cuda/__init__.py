@@ -195,6 +195,19 @@ class RowKernels(_Launches):
         self._check(src, dst, idx)
         self._launch("scatter_add_rows", len(idx), src.shape[1], (src, lds, idx, dst, ldd), stream)
 
+    def dropout(self, x, keys, h: int, p: float, stream=None):
+        """``x`` (rows, cols) times its dropout mask, made on the device from the row ``keys`` (uint64) and
+        ``h`` = random.hash_words(seed, step, site): the C library's and numpy's mask, bit for bit."""
+        xp = self.launcher.xp
+        keys = xp.ascontiguousarray(keys, dtype=np.uint64)
+        y = xp.empty(x.shape, self.dtype)
+        ldx, ldy = self._rows(x, "dropout x"), self._rows(y, "dropout y")
+        if len(keys) != x.shape[0]:
+            raise ValueError(f"dropout: {len(keys)} row keys for {x.shape[0]} rows")
+        t, scale = np.uint64(math.ceil(p * (1 << 24))), self.dtype.type(1.0 / (1.0 - p))
+        self._launch("dropout_rows", x.shape[0], x.shape[1], (np.uint64(h), keys, t, scale, x, ldx, y, ldy), stream)
+        return y
+
     def segment_sum(self, dst, idx, src, plan=None, stream=None) -> None:
         """dst[idx[r]] += src[r], deterministic: the rows of each destination are summed by one thread in row
         order, then added once. ``plan`` is ``codegen.cuda.segments(idx)`` (computed on the host when not

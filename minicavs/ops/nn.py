@@ -1,6 +1,7 @@
 """Neural-network ops: softmax family and losses, dropout, row lookup (embedding) with row-sparse gradients."""
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 
@@ -157,14 +158,18 @@ def mse(a: Node, b) -> Node:
 _sites = itertools.count()
 
 
-def dropout_mask(shape, p, site, ctx, dtype):
-    """The keep-mask scaled by 1/(1-p): a pure function of (seed, step, site, row key, column)."""
-    rows = shape[0] if shape else 1
+def _row_keys(rows: int, site, ctx) -> np.ndarray:
     keys = getattr(ctx, "row_keys", None)
     if keys is None:
-        keys = np.arange(rows, dtype=np.uint64)
-    elif len(keys) != rows:
+        return np.arange(rows, dtype=np.uint64)
+    if len(keys) != rows:
         raise FeedError(f"dropout site {site}: {len(keys)} row keys for {rows} rows")
+    return keys
+
+
+def dropout_mask(shape, p, site, ctx, dtype):
+    """The keep-mask scaled by 1/(1-p): a pure function of (seed, step, site, row key, column)."""
+    keys = _row_keys(shape[0] if shape else 1, site, ctx)
     lib = _compiled(np, dtype)
     if lib is not None:   # the same hash in C: numpy's uint64 temporaries cost ~10 ms per SST batch
         h = int(hash_words(ctx.seed, ctx.step, site)[0])
@@ -177,7 +182,24 @@ def dropout_mask(shape, p, site, ctx, dtype):
 def _dropout_impl(xp, x, p, site, ctx):
     if not ctx.training or p == 0.0:
         return x
+    if xp is not np and x.dtype in (np.float32, np.float64):   # CuPy: the mask is made on the device
+        from ..cuda import RowKernels
+        return device_dropout(xp, x, p, site, ctx, _cuda_rows(RowKernels, x.dtype))
     return x * xp.asarray(dropout_mask(x.shape, p, site, ctx, x.dtype))
+
+
+def device_dropout(xp, x, p, site, ctx, rows):
+    """``x`` times its mask, made by the device's ``rows.dropout`` kernel (minicavs.cuda.RowKernels): the
+    same bits as :func:`dropout_mask`, without a host mask copied per call."""
+    n = x.shape[0] if x.ndim else 1
+    keys = xp.asarray(np.ascontiguousarray(_row_keys(n, site, ctx), np.uint64))
+    h = int(hash_words(ctx.seed, ctx.step, site)[0])
+    return rows.dropout(xp.ascontiguousarray(x).reshape(n, -1), keys, h, float(p)).reshape(x.shape)
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_rows(kernels, dtype):
+    return kernels(dtype)
 
 
 register(OpDef("dropout", infer=lambda x, p, site: _same(x), impl=_dropout_impl, needs_ctx=True,

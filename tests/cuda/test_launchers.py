@@ -130,3 +130,34 @@ def test_row_kernels_refuse_what_they_cannot_index(launcher):
         rk.gather(xp.zeros((4, 6), np.float32)[:, ::2], np.arange(2))
     with pytest.raises(ValueError, match="do not match"):
         rk.scatter_add(xp.zeros((4, 3), np.float32), np.arange(3), xp.zeros((2, 3), np.float32))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("p", [0.25, 0.5])
+def test_dropout_kernel_equals_the_host_mask(launcher, dtype, p):
+    """x times the mask made on the device equals x times random.py's mask (numpy), bit for bit, also for a
+    row-strided view of x."""
+    from minicavs.random import hash_words, row_key, uniform
+    xp = launcher.xp
+    rk = mcuda.RowKernels(dtype, launcher)
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((9, 40)).astype(dtype)
+    keys = row_key(np.arange(9) // 3, np.arange(9) * 7)
+    u = uniform(3, 17, 2, keys[:, None], np.arange(30, dtype=np.uint64)[None, :])
+    want = x[:, 5:35] * ((u >= p) * (1.0 / (1.0 - p))).astype(dtype)
+    got = host(rk.dropout(xp.asarray(x)[:, 5:35], keys, int(hash_words(3, 17, 2)[0]), p))
+    assert got.dtype == np.dtype(dtype) and np.array_equal(got, want)
+    assert 0.3 < np.mean(got != 0) < 0.9
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_device_dropout_equals_the_cpu_op(launcher, dtype):
+    """The dropout op's CUDA path (mask made by the kernel) equals its CPU path, for a 3-D value too."""
+    from minicavs.executor import RunContext
+    from minicavs.ops.nn import _dropout_impl, device_dropout
+    from minicavs.random import row_key
+    x = np.random.default_rng(6).standard_normal((6, 5, 4)).astype(dtype)
+    ctx = RunContext(seed=4, step=9, row_keys=row_key(np.arange(6), np.arange(6) + 100))
+    want = _dropout_impl(np, x, 0.3, 7, ctx)
+    got = device_dropout(launcher.xp, launcher.xp.asarray(x), 0.3, 7, ctx, mcuda.RowKernels(dtype, launcher))
+    assert got.shape == x.shape and np.array_equal(host(got), want) and np.any(want == 0)
