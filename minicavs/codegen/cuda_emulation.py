@@ -2,9 +2,10 @@
 
 The shim defines ``blockIdx``/``threadIdx``/``blockDim``/``gridDim`` as globals, ``__global__`` and
 ``__device__`` as nothing and ``atomicAdd`` as a plain add; for every ``extern "C" __global__`` kernel a
-launcher loops over the grid, block by block and thread by thread, calling the kernel body once per thread. That checks what a compile check
-cannot: indexing, bounds, broadcasting and math of every kernel, grid-stride loops included. Threads run one
-after another, so races are not modelled (atomics are exact; a real GPU's atomic order varies).
+launcher loops over the grid, block by block and thread by thread, calling the kernel body once per thread.
+That checks what a compile check cannot: indexing, bounds, broadcasting and math of every kernel, grid-stride
+loops included. Threads run one after another, so races are not modelled (atomics are exact; a real GPU's
+atomic order varies).
 """
 from __future__ import annotations
 
