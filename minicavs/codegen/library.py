@@ -62,18 +62,19 @@ static inline unsigned long long mc_mix(unsigned long long z) {{  /* SplitMix64'
     z ^= z >> 30; z *= 0xBF58476D1CE4E5B9ULL; z ^= z >> 27; z *= 0x94D049BB133111EBULL;
     return z ^ (z >> 31);
 }}
-/* Dropout's keep-mask, minicavs/random.py's hash word for word: h is the hash after (seed, step, site),
-   then row key keys[r], then column c; out[r, c] = scale if uniform >= p else 0, compared as integers:
+/* y = x * dropout mask, minicavs/random.py's hash word for word: h is the hash after (seed, step, site),
+   then row key keys[r], then column c; kept where uniform >= p, compared as integers:
    (z >> 40) / 2^24 >= p  <=>  (z >> 40) >= t = ceil(p * 2^24) (a double compare would not vectorize). */
-void dropout_mask_{T}(long rows, long cols, unsigned long long h, const unsigned long long *keys,
-                      unsigned long long t, {T} scale, {T} *out) {{
+void dropout_{T}(long rows, long cols, unsigned long long h, const unsigned long long *keys,
+                 unsigned long long t, {T} scale, const {T} *x, long ldx, {T} *y) {{
     const unsigned long long golden = 0x9E3779B97F4A7C15ULL;
     for (long r = 0; r < rows; r++) {{
         unsigned long long hr = mc_mix(h ^ keys[r]) + golden;
+        const {T} *xr = x + r * ldx;
         #pragma omp simd
         for (long c = 0; c < cols; c++) {{
             unsigned long long z = mc_mix(hr ^ (unsigned long long)c) + golden;
-            out[r * cols + c] = (z >> 40) >= t ? scale : 0;
+            y[r * cols + c] = xr[c] * ((z >> 40) >= t ? scale : 0);
         }}
     }}
 }}
@@ -82,8 +83,8 @@ void dropout_mask_{T}(long rows, long cols, unsigned long long h, const unsigned
 DECLS = """
 void xent_{T}(long rows, long n, const {T} *x, const long *label, {T} *loss);
 void xent_grad_{T}(long rows, long n, const {T} *g, const {T} *x, const long *label, {T} *out);
-void dropout_mask_{T}(long rows, long cols, unsigned long long h, const unsigned long long *keys,
-                      unsigned long long t, {T} scale, {T} *out);
+void dropout_{T}(long rows, long cols, unsigned long long h, const unsigned long long *keys,
+                 unsigned long long t, {T} scale, const {T} *x, long ldx, {T} *y);
 """
 
 # name: (slot arrays, scalar hyperparameters, one element's update from its gradient GRAD, slot write-back,
@@ -150,7 +151,7 @@ class Library:
         self.dtype = np.dtype(dtype)
         self.T = "float" if self.dtype == np.float32 else "double"
         self.lib, self.ffi = lib, ffi
-        names = ("xent", "xent_grad", "dropout_mask", *RULES, *(f"{r}_rows" for r in RULES))
+        names = ("xent", "xent_grad", "dropout", *RULES, *(f"{r}_rows" for r in RULES))
         self._fn = {name: getattr(lib, f"{name}_{self.T}") for name in names}
 
     def _p(self, a: np.ndarray):
@@ -174,14 +175,20 @@ class Library:
             self._fn["xent_grad"](gg.size, x.shape[-1], self._p(gg), self._p(x), self._p(lab), self._p(out))
         return out
 
-    def dropout_mask(self, h: int, keys: np.ndarray, cols: int, p: float) -> np.ndarray:
-        """(len(keys), cols) keep-mask scaled by 1 / (1 - p); ``h`` is random.hash_words(seed, step, site)."""
+    def dropout(self, x: np.ndarray, keys: np.ndarray, h: int, p: float) -> np.ndarray:
+        """``x`` (rows, cols) times its dropout mask from the row ``keys`` (uint64) and ``h`` =
+        random.hash_words(seed, step, site): the interface of minicavs.cuda.RowKernels.dropout."""
+        if x.dtype != self.dtype or (x.shape[1] > 1 and x.strides[1] != x.itemsize):
+            x = np.ascontiguousarray(x, self.dtype)
         keys = np.ascontiguousarray(keys, np.uint64).reshape(-1)
-        out = np.empty((len(keys), cols), self.dtype)
-        if out.size:
-            self._fn["dropout_mask"](len(keys), cols, h, self._p(keys), math.ceil(p * (1 << 24)), 1.0 / (1.0 - p),
-                                     self._p(out))
-        return out
+        if len(keys) != x.shape[0]:
+            raise ValueError(f"dropout: {len(keys)} row keys for {x.shape[0]} rows")
+        y = np.empty(x.shape, self.dtype)
+        if y.size:
+            ldx = x.strides[0] // x.itemsize if x.shape[0] > 1 else x.shape[1]
+            self._fn["dropout"](x.shape[0], x.shape[1], h, self._p(keys), math.ceil(p * (1 << 24)), 1.0 / (1.0 - p),
+                                self.ffi.cast(f"{self.T} *", x.ctypes.data), ldx, self._p(y))
+        return y
 
     def update(self, rule: str, p: np.ndarray, g, slots: tuple, hyper: tuple, apply: bool) -> int:
         """One optimizer rule (a key of RULES) over all of ``p``: apply=False returns the number of

@@ -199,6 +199,8 @@ class RowKernels(_Launches):
         """``x`` (rows, cols) times its dropout mask, made on the device from the row ``keys`` (uint64) and
         ``h`` = random.hash_words(seed, step, site): the C library's and numpy's mask, bit for bit."""
         xp = self.launcher.xp
+        if x.dtype != self.dtype or (x.shape[1] > 1 and x.strides[1] != x.itemsize):
+            x = xp.ascontiguousarray(x, dtype=self.dtype)
         keys = xp.ascontiguousarray(keys, dtype=np.uint64)
         y = xp.empty(x.shape, self.dtype)
         ldx, ldy = self._rows(x, "dropout x"), self._rows(y, "dropout y")

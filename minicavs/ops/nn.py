@@ -168,12 +168,9 @@ def _row_keys(rows: int, site, ctx) -> np.ndarray:
 
 
 def dropout_mask(shape, p, site, ctx, dtype):
-    """The keep-mask scaled by 1/(1-p): a pure function of (seed, step, site, row key, column)."""
+    """The keep-mask scaled by 1/(1-p): a pure function of (seed, step, site, row key, column); the numpy
+    reference of the kernels' masks (codegen/library.py, codegen/cuda.py)."""
     keys = _row_keys(shape[0] if shape else 1, site, ctx)
-    lib = _compiled(np, dtype)
-    if lib is not None:   # the same hash in C: numpy's uint64 temporaries cost ~10 ms per SST batch
-        h = int(hash_words(ctx.seed, ctx.step, site)[0])
-        return lib.dropout_mask(h, keys, math.prod(shape[1:]), float(p)).reshape(shape)
     cols = np.arange(math.prod(shape[1:]), dtype=np.uint64)
     u = uniform(ctx.seed, ctx.step, site, np.asarray(keys)[:, None], cols[None, :])
     return ((u >= p) * (1.0 / (1.0 - p))).astype(dtype).reshape(shape)
@@ -182,24 +179,32 @@ def dropout_mask(shape, p, site, ctx, dtype):
 def _dropout_impl(xp, x, p, site, ctx):
     if not ctx.training or p == 0.0:
         return x
-    if xp is not np and x.dtype in (np.float32, np.float64):   # CuPy: the mask is made on the device
-        from ..cuda import RowKernels
-        return device_dropout(xp, x, p, site, ctx, _cuda_rows(RowKernels, x.dtype))
-    return x * xp.asarray(dropout_mask(x.shape, p, site, ctx, x.dtype))
+    rows = _dropout_kernels(xp, x.dtype)
+    if rows is None:
+        return x * xp.asarray(dropout_mask(x.shape, p, site, ctx, x.dtype))
+    return kernel_dropout(xp, x, p, site, ctx, rows)
 
 
-def device_dropout(xp, x, p, site, ctx, rows):
-    """``x`` times its mask, made by the device's ``rows.dropout`` kernel (minicavs.cuda.RowKernels): the
-    same bits as :func:`dropout_mask`, without a host mask copied per call."""
+def kernel_dropout(xp, x, p, site, ctx, rows):
+    """``x`` times its mask, made by a kernel (``rows.dropout``: the C library's or the CUDA row kernels'):
+    the same bits as :func:`dropout_mask`, the mask never built on its own (nor copied to a device)."""
     n = x.shape[0] if x.ndim else 1
     keys = xp.asarray(np.ascontiguousarray(_row_keys(n, site, ctx), np.uint64))
     h = int(hash_words(ctx.seed, ctx.step, site)[0])
-    return rows.dropout(xp.ascontiguousarray(x).reshape(n, -1), keys, h, float(p)).reshape(x.shape)
+    return rows.dropout(x.reshape(n, math.prod(x.shape[1:])), keys, h, float(p)).reshape(x.shape)
 
 
 @functools.lru_cache(maxsize=None)
-def _cuda_rows(kernels, dtype):
-    return kernels(dtype)
+def _cuda_rows(dtype):
+    from ..cuda import RowKernels
+    return RowKernels(dtype)
+
+
+def _dropout_kernels(xp, dtype):
+    """The dropout kernel for arrays of ``xp``: the C library (numpy) or CUDA (CuPy), else None."""
+    if xp is np:
+        return _compiled(np, dtype)
+    return _cuda_rows(np.dtype(dtype)) if np.dtype(dtype) in (np.float32, np.float64) else None
 
 
 register(OpDef("dropout", infer=lambda x, p, site: _same(x), impl=_dropout_impl, needs_ctx=True,

@@ -101,12 +101,15 @@ def test_row_sparse_kernels_equal_the_dense_kernels(dtype, cls, kwargs, rows):
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
 @pytest.mark.parametrize("cols", [1, 7, 300])
-def test_dropout_mask_kernel_equals_the_numpy_hash(dtype, p, cols):
-    """The C mask is random.py's hash bit for bit: keep where uniform(seed, step, site, key, column) >= p."""
+def test_dropout_kernel_equals_x_times_the_numpy_mask(dtype, p, cols):
+    """x times random.py's mask (keep where uniform(seed, step, site, key, column) >= p), bit for bit, for a
+    contiguous x and a row-strided view."""
     from minicavs.random import hash_words, row_key, uniform
     keys = row_key(np.array([0, 3, 3, 1 << 20]), np.array([0, 5, 6, (1 << 32) - 1]))
-    got = library(dtype).dropout_mask(int(hash_words(11, 4, 2)[0]), keys, cols, p)
+    wide = np.random.default_rng(cols).standard_normal((4, cols + 3)).astype(dtype)
     u = uniform(11, 4, 2, keys[:, None], np.arange(cols, dtype=np.uint64)[None, :])
-    want = ((u >= p) * (1.0 / (1.0 - p))).astype(dtype)
-    assert got.dtype == np.dtype(dtype) and np.array_equal(got, want)
+    mask = ((u >= p) * (1.0 / (1.0 - p))).astype(dtype)
+    for x in (np.ascontiguousarray(wide[:, 1:cols + 1]), wide[:, 1:cols + 1]):
+        got = library(dtype).dropout(x, keys, int(hash_words(11, 4, 2)[0]), p)
+        assert got.dtype == np.dtype(dtype) and np.array_equal(got, x * mask)
     assert 0 < np.count_nonzero(got) < got.size or cols == 1

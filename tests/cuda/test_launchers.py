@@ -151,13 +151,13 @@ def test_dropout_kernel_equals_the_host_mask(launcher, dtype, p):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_device_dropout_equals_the_cpu_op(launcher, dtype):
+def test_cuda_dropout_equals_the_cpu_op(launcher, dtype):
     """The dropout op's CUDA path (mask made by the kernel) equals its CPU path, for a 3-D value too."""
     from minicavs.executor import RunContext
-    from minicavs.ops.nn import _dropout_impl, device_dropout
+    from minicavs.ops.nn import _dropout_impl, kernel_dropout
     from minicavs.random import row_key
     x = np.random.default_rng(6).standard_normal((6, 5, 4)).astype(dtype)
     ctx = RunContext(seed=4, step=9, row_keys=row_key(np.arange(6), np.arange(6) + 100))
     want = _dropout_impl(np, x, 0.3, 7, ctx)
-    got = device_dropout(launcher.xp, launcher.xp.asarray(x), 0.3, 7, ctx, mcuda.RowKernels(dtype, launcher))
+    got = kernel_dropout(launcher.xp, launcher.xp.asarray(x), 0.3, 7, ctx, mcuda.RowKernels(dtype, launcher))
     assert got.shape == x.shape and np.array_equal(host(got), want) and np.any(want == 0)

@@ -222,3 +222,16 @@ def test_reference_hash_twins_agree():
     words = [(0, 0, 0, 0, 0), (1, 2, 3, 4, 5), (2 ** 63, 7, 1, 2 ** 40 + 3, 1023)]
     for w in words:
         assert R.hash_uniform(*w).item() == R.hash_uniform_int(*w)
+
+
+@pytest.mark.parametrize("shape, transpose", [((0, 5), False), ((), False), ((3,), False), ((4, 2, 3), False),
+                                              ((6, 4), True)])
+def test_dropout_kernel_path_handles_any_shape_and_layout(shape, transpose):
+    """The compiled dropout (x times the kernel's mask) equals x times the numpy reference mask for empty,
+    0-d, 1-d, 3-d and transposed (non-contiguous) values."""
+    from minicavs.ops.nn import _dropout_impl, dropout_mask
+    x = np.random.default_rng(2).standard_normal(shape).astype(np.float32)
+    x = x.T if transpose else x
+    ctx = RunContext(seed=1, step=2)
+    got = _dropout_impl(np, x, 0.5, 3, ctx)
+    assert got.shape == x.shape and np.array_equal(got, x * dropout_mask(x.shape, 0.5, 3, ctx, x.dtype))
