@@ -199,7 +199,9 @@ def stage_summary(name: str, res: dict) -> str:
                          f"{i.get('errors', 0)} errors, {i.get('skipped', 0)} skipped" for i in items) or "no tests ran"
     if name == "equality":
         bad = [i for i in items if not i.get("ok")]
+        drift = sum(1 for i in items if i.get("params_ok") is False)
         return (f"{len(items) - len(bad)}/{len(items)} equal" +
+                (f" ({drift} with parameters beyond tolerance after all steps)" if drift else "") +
                 (": not equal: " + ", ".join(i["case"] for i in bad[:6]) + (" ..." if len(bad) > 6 else "")
                  if bad else ""))
     if name == "bench":

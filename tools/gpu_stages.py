@@ -123,12 +123,13 @@ def set_streaming(t, on: bool) -> None:
 
 
 def host(a):
-    """A numpy float64 array of a parameter value or gradient (dense), wherever it lives."""
+    """A numpy float64 copy of a parameter value or gradient (dense), wherever it lives (a copy: parameters
+    are updated in place)."""
     import numpy as np
     from minicavs.device import to_host
     if hasattr(a, "to_dense"):
         a = a.to_dense()
-    return np.asarray(to_host(a), dtype=np.float64)
+    return np.array(to_host(a), dtype=np.float64, copy=True)
 
 
 def params_of(t) -> dict:
