@@ -209,14 +209,28 @@ def stage_summary(name: str, res: dict) -> str:
     return f"{len(items)} items"
 
 
+BENCH_HEAD = ["point", "system", "train/s", "infer/s", "minicavs/peer", "(infer)", "2 streams/1", "launches/batch",
+              "GPU busy", "TFLOP/s", "note"]
+
+
 def bench_rows(res: dict) -> list[list[str]]:
+    """One row per measurement: rates (medians), minicavs/peer (training, inference) on the peer's row, two
+    streams over one, launches per training batch (generated kernels / every kernel CUPTI saw), the GPU's
+    busy share of a step's wall time, useful matmul TFLOP/s in training."""
     rows = []
     for i in res.get("items", []):
         if i.get("error"):
-            rows.append([i.get("point", "?"), i.get("system", "?"), "error: " + str(i["error"])[:60], "", "", "", ""])
+            rows.append([i.get("point", "?"), i.get("system", "?")] + ["-"] * (len(BENCH_HEAD) - 3)
+                        + ["error: " + str(i["error"])[:90]])
             continue
+        launches = fmt(i.get("launches_per_batch"))
+        if i.get("kernels_per_batch") is not None:
+            launches += f" / {fmt(i['kernels_per_batch'])}"
+        busy = i.get("gpu_busy_s_per_step"), i.get("wall_s_per_step_profiled")
         rows.append([i["point"], i["system"], fmt(i.get("train")), fmt(i.get("infer")), fmt(i.get("ratio_train")),
-                     fmt(i.get("launches_per_batch")), i.get("note", "")])
+                     fmt(i.get("ratio_infer")), fmt(i.get("two_vs_one_stream")), launches,
+                     f"{100 * busy[0] / busy[1]:.0f}%" if busy[0] is not None and busy[1] else "-",
+                     fmt(i.get("train_TFLOPs")), i.get("note", "") or i.get("profile", "")])
     return rows
 
 
@@ -238,8 +252,7 @@ def render(results: dict) -> str:
                          stage_summary(name, res)])
     text = table(rows, ["stage", "status", "s", "commit", "result"]) if rows else "no results"
     if "bench" in lat and lat["bench"][0].get("items"):
-        text += "\n\n" + table(bench_rows(lat["bench"][0]),
-                               ["point", "system", "train/s", "infer/s", "minicavs/peer", "launches/batch", "note"])
+        text += "\n\n" + table(bench_rows(lat["bench"][0]), BENCH_HEAD)
     return text + f"\n\n{len(results['runs'])} run(s) merged"
 
 
