@@ -154,6 +154,12 @@ def test_junit_reports_are_read_with_their_failures(tmp_path):
 
 # --- the stages on the emulated CUDA device ------------------------------------------------------------------
 
+@pytest.fixture(autouse=True)
+def _shared_emulation(emulation_dir, monkeypatch):
+    """The session's emulation libraries (tests/test_device.py builds many of the same sources)."""
+    monkeypatch.setattr(gpu_stages, "_EMULATION_DIR", str(emulation_dir))
+
+
 @needs_cxx
 def test_the_equality_stage_runs_on_the_emulated_device(tmp_path):
     out = tmp_path / "equality.json"

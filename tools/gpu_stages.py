@@ -256,7 +256,8 @@ def stage_facts(rec: Recorder, args) -> None:
                   "power.limit,pstate,temperature.gpu,persistence_mode,mig.mode.current", "--format=csv,noheader"])
     facts["nvidia_smi"] = q
     facts["nvcc"] = run_text(["nvcc", "--version"]).splitlines()[-1:] or ["?"]
-    facts["gxx"] = run_text(["g++", "--version"]).splitlines()[:1]
+    facts["gxx"] = run_text(["g++", "--version"]).splitlines()[:1]   # the CUDA emulation's compiler
+    facts["cc"] = run_text(["cc", "--version"]).splitlines()[:1]      # the C kernels' (the CPU reference)
     if args.emulate:
         import numpy as np
         facts["device"] = "EMULATED (CPU)"
