@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -337,6 +336,12 @@ def main(argv=None) -> int:
             run["install"] = install_wheels(Path(args.wheels), site, log)
             print(f"gpu_check: {run['install']}", flush=True)
         env = child_env(site if site.is_dir() else None)
+        if not args.emulate:
+            probe = subprocess.run([sys.executable, "-c", "import cffi, yaml, numpy"], env=env, capture_output=True,
+                                   text=True, timeout=60)
+            if probe.returncode:   # the C kernels (the CPU reference) need cffi: say so first, then go on
+                run["install"] += f"; WARNING: {probe.stderr.strip().splitlines()[-1]} (carry .whl: tools/gpu_pack.sh)"
+                print(f"gpu_check: {run['install']}", flush=True)
         for name in stages:
             left = args.budget - (time.monotonic() - started) - RESERVE
             cap = min(caps[name], left)

@@ -15,7 +15,6 @@ import argparse
 import json
 import os
 import platform
-import shutil
 import statistics
 import subprocess
 import sys
@@ -247,6 +246,20 @@ def event_times(cupy, fn, repeats: int, warmup: int = 2) -> list[float]:
     return times
 
 
+def copy_rate(cupy, n: int = 1 << 28) -> float:
+    """Bytes per second (read + written) of a device-to-device copy of ``n`` float32 (1 GiB)."""
+    src, dst = cupy.ones(n, cupy.float32), cupy.empty(n, cupy.float32)
+    seconds = median(event_times(cupy, lambda: dst.__setitem__(Ellipsis, src), 10))
+    return 2 * src.nbytes / seconds
+
+
+def matmul_rate(cupy, dtype, m: int = 8192) -> float:
+    """FLOP/s of an m x m x m cuBLAS matmul of random values (never zeros) in ``dtype``."""
+    a = cupy.random.standard_normal((m, m), dtype=cupy.float64).astype(dtype)
+    b = cupy.random.standard_normal((m, m), dtype=cupy.float64).astype(dtype)
+    return 2 * m ** 3 / median(event_times(cupy, lambda: cupy.matmul(a, b), 5))
+
+
 def stage_facts(rec: Recorder, args) -> None:
     facts = {"versions": versions(), "hostname": platform.node(), "cpus": os.cpu_count()}
     rec.set(facts=facts)
@@ -279,21 +292,12 @@ def stage_facts(rec: Recorder, args) -> None:
     from minicavs import cuda as mcuda
     facts["minicavs_cuda_available"] = mcuda.available()
     rec.set(facts=facts)
-    n = 1 << 28                                   # 1 GiB of float32
-    src, dst = cupy.ones(n, cupy.float32), cupy.empty(n, cupy.float32)
-    t = median(event_times(cupy, lambda: dst.__setitem__(Ellipsis, src), 10))
-    facts["copy_GBps"] = 2 * src.nbytes / t / 1e9      # bytes read + written
-    del src, dst
+    facts["copy_GBps"] = copy_rate(cupy) / 1e9
     rec.set(facts=facts)
-    for dtype, key in ((cupy.float32, "matmul_f32_TFLOPs"), (cupy.float64, "matmul_f64_TFLOPs")):
-        m = 8192
-        a = cupy.random.standard_normal((m, m), dtype=cupy.float64).astype(dtype)   # random, never zeros
-        b = cupy.random.standard_normal((m, m), dtype=cupy.float64).astype(dtype)
-        c = cupy.empty((m, m), dtype)
-        t = median(event_times(cupy, lambda: cupy.matmul(a, b, out=c), 5))
-        facts[key] = 2 * m ** 3 / t / 1e12
-        rec.set(facts=facts)
-        del a, b, c
+    facts["matmul_f32_TFLOPs"] = matmul_rate(cupy, cupy.float32) / 1e12
+    rec.set(facts=facts)
+    facts["matmul_f64_TFLOPs"] = matmul_rate(cupy, cupy.float64) / 1e12
+    rec.set(facts=facts)
     cupy.get_default_memory_pool().free_all_blocks()
 
 
@@ -358,8 +362,8 @@ def run_pytest(name: str, pytest_args: list, seconds: float, workdir: Path) -> d
 def stage_tests(rec: Recorder, args) -> None:
     workdir = Path(tempfile.mkdtemp(prefix="gpu-check-junit-"))
     try:
-        import xdist  # noqa: F401  (pytest-xdist: the GPU machine has 16 cores)
-        parallel = ["-n", "4"]
+        import xdist  # pytest-xdist: the GPU machine has 16 cores
+        parallel = ["-n", "4"] if xdist else []
     except ImportError:
         parallel = []
     runs = [("pytest -m gpu", ["-m", "gpu"], 0.45),
@@ -564,9 +568,13 @@ def profile_steps(t, samples, steps: int = 3) -> dict:
         for ev in prof.events():
             if getattr(ev, "device_type", None) == torch.autograd.DeviceType.CUDA:
                 kernels += 1
-                busy += getattr(ev, "device_time", None) or getattr(ev, "cuda_time", 0.0) or 0.0
-        return {"kernels_per_batch": kernels / steps, "gpu_busy_s_per_step": busy / 1e6 / steps,
-                "wall_s_per_step_profiled": wall / steps}
+                busy += ev.time_range.elapsed_us()     # a kernel's own GPU time (overlaps on two streams count twice)
+        out = {"kernels_per_batch": kernels / steps, "gpu_busy_s_per_step": busy / 1e6 / steps,
+               "wall_s_per_step_profiled": wall / steps}
+        if not kernels:
+            out["profile"] = "CUPTI (torch.profiler) saw no kernel of CuPy's: no count, no busy time"
+            out["kernels_per_batch"] = out["gpu_busy_s_per_step"] = None
+        return out
     except Exception as e:
         return {"profile": f"failed: {type(e).__name__}: {e}"[:300]}
 
