@@ -189,6 +189,8 @@ def run(python: str, framework: str, t: Trainer, *, mode: str | None = None, epo
     mode = mode or modes[0]
     if mode not in modes:
         raise ValueError(f"{script}: mode {mode!r} unknown; it runs {', '.join(modes)}")
+    if device and framework != "pytorch":
+        raise ValueError(f"device {device!r}: only the PyTorch peers take a device")
     if not python or shutil.which(python) is None:
         raise FileNotFoundError(f"python for the {framework} peers not found: {python!r} ({SETUP})")
     spec, arrays = _handover(t, model, limit)
@@ -197,8 +199,6 @@ def run(python: str, framework: str, t: Trainer, *, mode: str | None = None, epo
     if threads:
         spec["threads"] = threads
     if device:
-        if framework != "pytorch":
-            raise ValueError(f"device {device!r}: only the PyTorch peers take a device")
         spec["device"] = device
     if framework == "dynet":
         spec["mem"] = dynet_mem
