@@ -13,9 +13,8 @@ from pathlib import Path
 import pytest
 
 from minicavs import cuda as mcuda
-from minicavs.config import REPO_ROOT
 
-TOOLS = REPO_ROOT / "tools"
+TOOLS = Path(__file__).resolve().parent.parent / "tools"
 sys.path.insert(0, str(TOOLS))
 import gpu_check  # noqa: E402
 import gpu_stages  # noqa: E402
