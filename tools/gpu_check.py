@@ -195,7 +195,8 @@ def stage_summary(name: str, res: dict) -> str:
                 f"matmul f32 {fmt(f.get('matmul_f32_TFLOPs'))} / f64 {fmt(f.get('matmul_f64_TFLOPs'))} TFLOP/s")
     if name == "tests":
         return "; ".join(f"{i['name']}: {i.get('passed', 0)} passed, {i.get('failed', 0)} failed, "
-                         f"{i.get('errors', 0)} errors, {i.get('skipped', 0)} skipped" for i in items) or "no tests ran"
+                         f"{i.get('errors', 0)} errors, {i.get('skipped', 0)} skipped"
+                         + (" (interrupted at its cap)" if i.get("interrupted") else "") for i in items) or "no tests ran"
     if name == "equality":
         bad = [i for i in items if not i.get("ok")]
         drift = sum(1 for i in items if i.get("params_ok") is False)

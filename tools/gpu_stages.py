@@ -375,6 +375,9 @@ def stage_tests(rec: Recorder, args) -> None:
         left = deadline - time.monotonic() - 5
         item = run_pytest(name, pytest_args, max(10.0, left * share), workdir)
         bad = item.get("failed", 0) + item.get("errors", 0) or item.get("exit") not in (0, 5) or item["interrupted"]
+        if name == "pytest -m gpu" and item.get("skipped") and not args.emulate:   # on a GPU: none may skip
+            item["note"] = "gpu tests skipped on a GPU machine: see skip_reasons"
+            bad = True
         rec.add(item, problem=bool(bad))
 
 
