@@ -25,6 +25,8 @@ import xml.etree.ElementTree as ET
 from dataclasses import replace
 from pathlib import Path
 
+from gpu_check import write_json   # tools/ is this script's directory
+
 ROOT = Path(__file__).resolve().parent.parent
 TOL = {"float32": 1e-5, "float64": 1e-10}    # DESIGN.md: max|a - b| <= tol * max(1, max|ref|)
 
@@ -47,9 +49,7 @@ class Recorder:
         self.write()
 
     def write(self) -> None:
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(self.data, indent=1, default=str) + "\n")
-        os.replace(tmp, self.path)
+        write_json(self.path, self.data)
 
 
 def say(*parts) -> None:
