@@ -46,13 +46,14 @@ def _classifier(structure, p, H, C):
     return ops.sum(ops.softmax_cross_entropy(ops.linear(hs, p["Wo"], p["bo"]), labels)) * 0.5
 
 
-def _one_kind_classifier(F, p, vals, H, D, C) -> Case:
+def _one_kind_classifier(F, p, vals, H, D, C, dtype=F64) -> Case:
     """Every vertex pulls a D-vector and is classified into C labels."""
-    s = Structure(F, pulls={"x": ops.input((None, D), F64, name="xs")})
+    s = Structure(F, pulls={"x": ops.input((None, D), dtype, name="xs")})
     model = Model(s, loss=_classifier(s, p, H, C))
 
     def data(rng, g):
-        return {"xs": rng.standard_normal((g.num_vertices, D)), "labels": rng.integers(0, C, g.num_vertices)}
+        return {"xs": rng.standard_normal((g.num_vertices, D)).astype(dtype),
+                "labels": rng.integers(0, C, g.num_vertices)}
     return Case(model, vals, data, lambda g: np.full(g.num_vertices, F.name))
 
 
@@ -92,11 +93,11 @@ def binary_tree_lstm(rng, H=3, D=2, V=7, C=3, p_drop=0.0, dtype=F64) -> Case:
     return Case(model, vals, data, lambda g: np.where(g.num_children() == 0, "leaf", "internal"))
 
 
-def child_sum_tree_lstm(rng, arity=3, H=3, D=2, C=3) -> Case:
+def child_sum_tree_lstm(rng, arity=3, H=3, D=2, C=3, dtype=F64) -> Case:
     """Tai et al.'s child-sum Tree-LSTM (the paper's Fig. 4 with W^(u) for u): every vertex pulls x."""
-    p, vals = _params(rng, Wi=(D, H), Ui=(H, H), bi=(H,), Wo_=(D, H), Uo=(H, H), bo_=(H,), Wu=(D, H),
+    p, vals = _params(rng, dtype, Wi=(D, H), Ui=(H, H), bi=(H,), Wo_=(D, H), Uo=(H, H), bo_=(H,), Wu=(D, H),
                       Uu=(H, H), bu=(H,), Wf=(D, H), Uf=(H, H), bf=(H,), Wo=(H, C), bo=(C,))
-    F = VertexFunction("cell", arity=arity, message=(2 * H,), dtype=F64)
+    F = VertexFunction("cell", arity=arity, message=(2 * H,), dtype=dtype)
     with F:
         x = F.pull((D,), "x")
         hs, cs = zip(*(ops.split(F.gather(k), 2) for k in range(arity)))
@@ -111,7 +112,7 @@ def child_sum_tree_lstm(rng, arity=3, H=3, D=2, C=3) -> Case:
         h = o * ops.tanh(c)
         F.scatter(ops.concat([h, c]))
         F.push(h)
-    return _one_kind_classifier(F, p, vals, H, D, C)
+    return _one_kind_classifier(F, p, vals, H, D, C, dtype)
 
 
 def chain_lstm(rng, H=3, D=2, C=4) -> Case:

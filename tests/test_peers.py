@@ -54,6 +54,8 @@ def test_a_missing_peer_says_what_is_missing(tmp_path):
             peers.run(sys.executable, "dynet", t, epochs=1)
     with pytest.raises(ValueError, match="mode"):
         peers.run(sys.executable, "pytorch", t, mode="packed")
+    with pytest.raises(ValueError, match="only the PyTorch peers take a device"):
+        peers.run(sys.executable, "dynet", t, device="cuda")
 
 
 def test_protocol_whole_batches_breakdown_and_inference():
@@ -81,6 +83,19 @@ def test_protocol_whole_batches_breakdown_and_inference():
     out = pc.measure({"batch": 2, "epochs": 1}, [1, 2, 3], lambda i, j: list(range(i, j)), train)
     assert (out["samples"], out["units"], out["batches"], out["capped"]) == (3, 6, 2, False)
     assert calls == [("train", [0]), ("train", [0, 1]), ("train", [2])] and "infer_rates" not in out
+
+
+def test_protocol_waits_for_the_device_before_every_clock_read():
+    """A GPU peer's work is queued when a step returns: ``sync`` brackets every timed region."""
+    pc = _peer_common()
+    log = []
+    spec = {"batch": 2, "epochs": 2, "max_seconds": 5.0, "inference": True}
+    out = pc.measure(spec, [1] * 4, lambda i, j: list(range(i, j)), lambda b: log.append("train"),
+                     lambda b: log.append("infer"), sync=lambda: log.append("sync"))
+    assert out["batches"] == 2
+    timed_warmups = ["train"] + ["sync", "train", "sync"] * 2          # one sample untimed, then 1 and 2 timed
+    epochs = ["sync", "train", "train", "sync"] * 2 + ["infer"] + ["sync", "infer", "infer", "sync"] * 2
+    assert log == timed_warmups + epochs
 
 
 def test_protocol_cuts_a_batch_that_outlasts_the_cap():

@@ -20,17 +20,25 @@ def read_spec() -> dict:
         return json.load(f)
 
 
-def _epochs(step, batches: list, units: int, epochs: int, prefix: str = "") -> dict:
+def _nothing() -> None:
+    pass
+
+
+def _epochs(step, batches: list, units: int, epochs: int, prefix: str = "", sync=_nothing) -> dict:
     """``epochs`` runs of ``step`` over ``batches``: units per second of each, and the summed breakdown when
-    ``step`` returns one (keys ``rates``, ``construction_s``, ``compute_s``, each after ``prefix``)."""
+    ``step`` returns one (keys ``rates``, ``construction_s``, ``compute_s``, each after ``prefix``).
+    ``sync()`` waits for the device before each clock read (work queued on a GPU is not done when the
+    step returns)."""
     rates, split = [], []
     for _ in range(epochs):
         total = None
+        sync()
         start = time.perf_counter()
         for batch in batches:
             got = step(batch)
             if got is not None:
                 total = [a + b for a, b in zip(total, got)] if total else list(got)
+        sync()
         rates.append(units / (time.perf_counter() - start))
         split.append(total)
     out = {prefix + "rates": rates}
@@ -39,22 +47,25 @@ def _epochs(step, batches: list, units: int, epochs: int, prefix: str = "") -> d
     return out
 
 
-def _timed(step, batch) -> float:
+def _timed(step, batch, sync=_nothing) -> float:
+    sync()
     start = time.perf_counter()
     step(batch)
+    sync()
     return time.perf_counter() - start
 
 
 WHOLE_BATCH_GRACE = 4   # a batch projected to take up to this many caps still runs whole (see measure)
 
 
-def measure(spec: dict, units: list, make, train, infer=None) -> dict:
+def measure(spec: dict, units: list, make, train, infer=None, sync=_nothing) -> dict:
     """The timed protocol over the samples (``units[i]`` trees or words in sample i).
 
     ``make(i, j)`` is the batch of samples i..j-1 as ``train`` and ``infer`` take it; ``train(batch)`` runs
     forward, backward and update, ``infer(batch)`` the forward pass only. Either may return a
     ``(construction_s, compute_s)`` pair (DyNet's graph building vs its forward/backward/update), summed per
-    epoch.
+    epoch. ``sync()`` waits until the device has finished the work issued so far (a GPU peer's
+    ``torch.cuda.synchronize``): it runs before every clock read.
 
     Warm-up: one sample (one-time costs, cheaply); with ``max_seconds``, then the first 1, 2, 4, ... samples
     up to a whole batch, each run timed, stopping early once a run took half of ``max_seconds``; a whole
@@ -72,12 +83,12 @@ def measure(spec: dict, units: list, make, train, infer=None) -> dict:
     train(make(0, 1))
     m = n
     if cap:
-        size, seconds = 1, _timed(train, make(0, 1))
+        size, seconds = 1, _timed(train, make(0, 1), sync)
         while size < full and seconds < cap / 2:
             size = min(2 * size, full)
-            seconds = _timed(train, make(0, size))
+            seconds = _timed(train, make(0, size), sync)
         if size < full and seconds * full / size <= WHOLE_BATCH_GRACE * cap:
-            size, seconds = full, _timed(train, make(0, full))
+            size, seconds = full, _timed(train, make(0, full), sync)
         if size == full:
             m = min(n, max(1, int(cap / max(seconds, 1e-9))) * bs)
         else:
@@ -85,12 +96,12 @@ def measure(spec: dict, units: list, make, train, infer=None) -> dict:
     batches = [make(i, min(i + bs, m)) for i in range(0, m, bs)]
     used = sum(units[:m])
     out = {"units": used, "samples": m, "batches": len(batches), "partial_batch": m < full, "capped": m < n}
-    out.update(_epochs(train, batches, used, spec["epochs"]))
+    out.update(_epochs(train, batches, used, spec["epochs"], sync=sync))
     if spec.get("inference"):
         if infer is None:
             raise ValueError("this peer has no inference mode")
         infer(make(0, 1))
-        out.update(_epochs(infer, batches, used, spec["epochs"], "infer_"))
+        out.update(_epochs(infer, batches, used, spec["epochs"], "infer_", sync))
     return out
 
 

@@ -1,5 +1,5 @@
-"""The bench's LSTM language models (Var-LSTM on sentences, Fixed-LSTM on 64-word windows) in PyTorch (CPU),
-two ways, for `minicavs bench --torch-python`:
+"""The bench's LSTM language models (Var-LSTM on sentences, Fixed-LSTM on 64-word windows) in PyTorch (CPU, or
+the spec's ``device``: cuDNN's LSTM on a GPU), two ways, for `minicavs bench --torch-python`:
 
 - ``packed``: ``nn.LSTM`` over packed sequences. A batch is packed once (pack_sequence, unsorted: PyTorch
   sorts by length), embedded with one lookup on the packed ids, run through nn.LSTM and the output layer on
@@ -25,7 +25,7 @@ tools/torch_peer.py).
 """
 import numpy as np
 from peer_common import read_spec
-from torch_peer import check_loss, set_threads, train_and_report
+from torch_peer import check_loss, device, set_threads, train_and_report
 
 
 def main():
@@ -36,11 +36,13 @@ def main():
     if spec["mode"] not in ("packed", "recursive"):
         raise ValueError(f"mode {spec['mode']!r}: torch_lstm_lm.py runs 'packed' or 'recursive'")
     set_threads(torch, spec)
+    dev = device(torch, spec)
     w = np.load(spec["weights"])
     data = np.load(spec["data"])
     ptr = data["ptr"]
-    inputs = [torch.from_numpy(data["inputs"][a:b]) for a, b in zip(ptr[:-1], ptr[1:])]
-    targets = [torch.from_numpy(data["targets"][a:b]) for a, b in zip(ptr[:-1], ptr[1:])]
+    every_input, every_target = torch.from_numpy(data["inputs"]).to(dev), torch.from_numpy(data["targets"]).to(dev)
+    inputs = [every_input[a:b] for a, b in zip(ptr[:-1], ptr[1:])]
+    targets = [every_target[a:b] for a, b in zip(ptr[:-1], ptr[1:])]
     V, D = w["E"].shape
     H = w["W_h"].shape[0]
     blocks = [slice(0, H), slice(H, 2 * H), slice(3 * H, 4 * H), slice(2 * H, 3 * H)]   # i, f, u(g), o
@@ -57,6 +59,8 @@ def main():
         getattr(lstm, "bias_hh" + suffix).zero_()
         out.weight.copy_(torch.from_numpy(np.ascontiguousarray(w["W_o"].T)))
         out.bias.copy_(torch.from_numpy(w["b_o"]))
+    for module in (emb, lstm, out):
+        module.to(dev)
     params = list(emb.parameters()) + list(lstm.parameters()) + list(out.parameters())
 
     def packed_loss(xs, ys):

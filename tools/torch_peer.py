@@ -9,6 +9,9 @@ The spec's ``optimizer`` is minicavs' optimizer as ``{"name": "adam" | "sgd" | "
 The update rules are the same as minicavs' (torch's Adam/SGD/Adagrad add L2 weight decay to the gradient,
 SGD's momentum is v = m v + g); ``clip_norm`` clips the global gradient norm first. minicavs'
 ``sparse_updates`` (lazy row updates of embeddings) has no counterpart here: PyTorch updates densely.
+
+The spec's ``device`` (default ``cpu``; ``cuda``, ``cuda:1``) is where the peer's parameters and data live
+and its work runs; on a GPU every clock read of the protocol comes after ``torch.cuda.synchronize()``.
 """
 import os
 
@@ -20,6 +23,14 @@ def set_threads(torch, spec: dict) -> int:
     n = int(spec.get("threads") or os.cpu_count() or 1)
     torch.set_num_threads(n)
     return n
+
+
+def device(torch, spec: dict):
+    """The spec's ``device`` as a torch.device, checked to exist (a clear error, not a late CUDA one)."""
+    dev = torch.device(spec.get("device") or "cpu")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"device {dev}: this torch ({torch.__version__}) sees no CUDA device")
+    return dev
 
 
 def make_optimizer(torch, params, spec: dict):
@@ -60,6 +71,9 @@ def train_and_report(torch, params, loss_fn, make, units, spec: dict, check: flo
         with torch.no_grad():
             loss_fn(*args)
 
-    timing = measure(spec, units, make, train, infer)
+    dev = device(torch, spec)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    timing = measure(spec, units, make, train, infer, sync)
+    extra = {"gpu": torch.cuda.get_device_name(dev)} if dev.type == "cuda" else {}
     report(spec, check, timing, framework="pytorch", threads=torch.get_num_threads(),
-           optimizer=type(opt).__name__, versions={"torch": torch.__version__})
+           optimizer=type(opt).__name__, versions={"torch": torch.__version__}, device=str(dev), **extra)

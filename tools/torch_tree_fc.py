@@ -1,4 +1,4 @@
-"""The bench's Tree-FC in PyTorch (CPU), two ways, for `minicavs bench --torch-python`:
+"""The bench's Tree-FC in PyTorch (CPU, or the spec's ``device``), two ways, for `minicavs bench --torch-python`:
 
 - ``recursive``: one tree at a time, a recursive function over the tree's vertices, as a user would write
   it (the paper's PyTorch baseline);
@@ -20,7 +20,7 @@ optimizer: tools/torch_peer.py).
 """
 import numpy as np
 from peer_common import read_spec
-from torch_peer import check_loss, set_threads, train_and_report
+from torch_peer import check_loss, device, set_threads, train_and_report
 
 
 def level_layout(leaves: int) -> list:
@@ -39,10 +39,12 @@ def main():
     import torch
     spec = read_spec()
     set_threads(torch, spec)
+    dev = device(torch, spec)
     w = np.load(spec["weights"])
     data = np.load(spec["data"])
-    P = {k: torch.nn.Parameter(torch.from_numpy(np.array(w[k]))) for k in ("W_l", "b_l", "W", "b", "w_o", "b_o")}
-    xs, ys = torch.from_numpy(data["xs"]), torch.from_numpy(data["ys"])
+    P = {k: torch.nn.Parameter(torch.from_numpy(np.array(w[k])).to(dev))
+         for k in ("W_l", "b_l", "W", "b", "w_o", "b_o")}
+    xs, ys = torch.from_numpy(data["xs"]).to(dev), torch.from_numpy(data["ys"]).to(dev)
     children = spec["children"]
     leaf_row = {v: k for k, v in enumerate(v for v, ch in enumerate(children) if not ch)}
     root = len(children) - 1

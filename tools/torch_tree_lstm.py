@@ -1,4 +1,4 @@
-"""The bench's binary Tree-LSTM in PyTorch (CPU), two ways, for `minicavs bench --torch-python`:
+"""The bench's binary Tree-LSTM in PyTorch (CPU, or the spec's ``device``), two ways, for `minicavs bench --torch-python`:
 
 - ``recursive``: one tree at a time, vertex by vertex, as a user would write it (the paper's PyTorch baseline);
 - ``level``: hand-batched by level: all vertices of one height across the batch in one matmul, children's
@@ -15,7 +15,7 @@ line (the protocol of minicavs/bench/peers.py; units are trees; optimizer: tools
 """
 import numpy as np
 from peer_common import read_spec
-from torch_peer import check_loss, set_threads, train_and_report
+from torch_peer import check_loss, device, set_threads, train_and_report
 
 
 def main():
@@ -25,9 +25,10 @@ def main():
     if spec["mode"] not in ("recursive", "level"):
         raise ValueError(f"mode {spec['mode']!r}: torch_tree_lstm.py runs 'recursive' or 'level'")
     set_threads(torch, spec)
+    dev = device(torch, spec)
     w = np.load(spec["weights"])
     names = ("E", "W", "b_l", "U", "b_i", "U_f1", "U_f2", "b_f", "W_o", "b_o")
-    P = {k: torch.nn.Parameter(torch.from_numpy(np.array(w[k]))) for k in names}
+    P = {k: torch.nn.Parameter(torch.from_numpy(np.array(w[k])).to(dev)) for k in names}
     H = P["U_f1"].shape[0]
     trees = spec["trees"]
     for t in trees:   # children before parents (as minicavs and the DyNet peer number them)
@@ -53,8 +54,8 @@ def main():
                     f1 = torch.sigmoid(h[a] @ P["U_f1"] + P["b_f"])
                     f2 = torch.sigmoid(h[b] @ P["U_f2"] + P["b_f"])
                     h[v], c[v] = cell(torch.cat([h[a], h[b]]) @ P["U"] + P["b_i"], f1 * c[a] + f2 * c[b])
-                losses.append(F.cross_entropy((h[v] @ P["W_o"] + P["b_o"])[None], torch.tensor([t["labels"][v]]),
-                                              reduction="sum"))
+                gold = torch.tensor([t["labels"][v]], device=dev)
+                losses.append(F.cross_entropy((h[v] @ P["W_o"] + P["b_o"])[None], gold, reduction="sum"))
             total = total + torch.stack(losses).sum()
         return total / len(batch)
 
@@ -73,19 +74,19 @@ def main():
         for lvl in sorted(by_level):
             group = by_level[lvl]
             if lvl == 0:
-                ids = torch.tensor([batch[k]["words"][str(v)] for k, v in group])
+                ids = torch.tensor([batch[k]["words"][str(v)] for k, v in group], device=dev)
                 h, c = cell(P["E"][ids] @ P["W"] + P["b_l"], 0.0)
             else:
                 h_all, c_all = torch.cat(hs), torch.cat(cs)
-                left = torch.tensor([row[(k, batch[k]["children"][v][0])] for k, v in group])
-                right = torch.tensor([row[(k, batch[k]["children"][v][1])] for k, v in group])
+                left = torch.tensor([row[(k, batch[k]["children"][v][0])] for k, v in group], device=dev)
+                right = torch.tensor([row[(k, batch[k]["children"][v][1])] for k, v in group], device=dev)
                 h1, h2 = h_all[left], h_all[right]
                 f1 = torch.sigmoid(h1 @ P["U_f1"] + P["b_f"])
                 f2 = torch.sigmoid(h2 @ P["U_f2"] + P["b_f"])
                 h, c = cell(torch.cat([h1, h2], 1) @ P["U"] + P["b_i"], f1 * c_all[left] + f2 * c_all[right])
             hs.append(h)
             cs.append(c)
-        labels = torch.tensor([batch[k]["labels"][v] for k, v in order])
+        labels = torch.tensor([batch[k]["labels"][v] for k, v in order], device=dev)
         logits = torch.cat(hs) @ P["W_o"] + P["b_o"]
         return F.cross_entropy(logits, labels, reduction="sum") / len(batch)
 

@@ -31,6 +31,7 @@ SPEC.json (written by :func:`run`):
   minicavs' own points, minicavs/bench/point.py), or, when one batch takes far longer (per-sample recursion
   on big trees), one partial batch of the samples that fit;
 - ``inference``: also time forward-only passes (no gradient) over the same prefix;
+- ``device`` (PyTorch only; default ``cpu``): where the peer computes, e.g. ``cuda`` (tools/gpu_check.py);
 - ``batch``, ``threads`` (PyTorch's intra-op threads; DyNet computes on one), ``optimizer``: minicavs'
   optimizer as ``{"name", **hyper()}`` (tools/torch_peer.py and tools/dynet_peer.py build the same rule);
 - ``weights``: an .npz of the trainer's parameters under minicavs' names and layout (rows @ W);
@@ -67,6 +68,7 @@ from pathlib import Path
 import numpy as np
 
 from ..config import REPO_ROOT
+from ..device import to_host
 from ..training import Trainer
 
 
@@ -152,7 +154,7 @@ def _trees(t: Trainer, limit: int | None = None) -> list:
 
 def _handover(t: Trainer, model: str, limit: int | None) -> tuple[dict, dict]:
     """(spec entries, .npz arrays by spec key) with the trainer's weights and its first ``limit`` samples."""
-    arrays = {"weights": {k: p.value for k, p in t.params.items()}}
+    arrays = {"weights": {k: to_host(p.value) for k, p in t.params.items()}}
     data = t.task.data["train"][:limit]
     if model == "tree_lstm":
         return {"trees": _trees(t, limit)}, arrays
@@ -166,11 +168,13 @@ def _handover(t: Trainer, model: str, limit: int | None) -> tuple[dict, dict]:
 
 def run(python: str, framework: str, t: Trainer, *, mode: str | None = None, epochs: int = 3, check: int = 8,
         max_seconds: float | None = None, inference: bool = False, limit: int | None = None,
-        threads: int | None = None, timeout: float | None = None, dynet_mem: int = 256) -> dict:
+        threads: int | None = None, timeout: float | None = None, dynet_mem: int = 256,
+        device: str | None = None) -> dict:
     """Run ``framework``'s peer of ``t``'s model ("dynet" or "pytorch"; ``mode`` defaults to the first of
     :data:`SCRIPTS`: DyNet's autobatching, PyTorch's batched peer) on ``t``'s current weights and its first
     ``limit`` training samples (all by default) with the protocol above; returns the peer's JSON. PyTorch
-    computes with ``threads`` intra-op threads (default: one per core; DyNet always uses one).
+    computes with ``threads`` intra-op threads (default: one per core; DyNet always uses one), on ``device``
+    (PyTorch's name for it, e.g. ``cuda``; default the CPU; DyNet runs on the CPU only).
 
     DyNet starts with ``dynet_mem`` MB of memory pools and is run again with twice as much while its graphs
     do not fit (with autobatching it cannot grow them; tools/dynet_peer.py), up to 64 GB.
@@ -185,6 +189,8 @@ def run(python: str, framework: str, t: Trainer, *, mode: str | None = None, epo
     mode = mode or modes[0]
     if mode not in modes:
         raise ValueError(f"{script}: mode {mode!r} unknown; it runs {', '.join(modes)}")
+    if device and framework != "pytorch":
+        raise ValueError(f"device {device!r}: only the PyTorch peers take a device")
     if not python or shutil.which(python) is None:
         raise FileNotFoundError(f"python for the {framework} peers not found: {python!r} ({SETUP})")
     spec, arrays = _handover(t, model, limit)
@@ -192,6 +198,8 @@ def run(python: str, framework: str, t: Trainer, *, mode: str | None = None, epo
                 inference=inference)
     if threads:
         spec["threads"] = threads
+    if device:
+        spec["device"] = device
     if framework == "dynet":
         spec["mem"] = dynet_mem
     with tempfile.TemporaryDirectory(prefix="minicavs-peer-") as d:

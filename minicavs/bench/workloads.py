@@ -6,6 +6,7 @@ import tempfile
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
@@ -28,39 +29,44 @@ def models_dir() -> Path:
     raise FileNotFoundError("minicavs bench needs the models/ directory of the repository (run it from there)")
 
 
-def _trainer(config: str, overrides: list, opts: EngineOptions) -> Trainer:
-    t = Trainer(load_config(models_dir() / config, overrides), run_dir=tempfile.mkdtemp(prefix="minicavs-bench-"))
+def _trainer(config: str, overrides: list, opts: EngineOptions, extra: Sequence[str] = ()) -> Trainer:
+    """``extra`` overrides come last (e.g. ``train.device=cuda``)."""
+    t = Trainer(load_config(models_dir() / config, list(overrides) + list(extra)),
+                run_dir=tempfile.mkdtemp(prefix="minicavs-bench-"))
     t.model.options = opts
     return t
 
 
-def tree_lstm(sst: str, hidden: int, embed: int, batch: int, trees: int, opts: EngineOptions) -> Trainer:
+def tree_lstm(sst: str, hidden: int, embed: int, batch: int, trees: int, opts: EngineOptions,
+              extra: Sequence[str] = ()) -> Trainer:
     return _trainer("tree_lstm.yaml", [
         f"data.train={sst}", "data.dev=null", "data.test=null", f"data.limit={trees}", f"model.hidden={hidden}",
         f"model.embed={embed}", "model.dropout=0.0", "train.optimizer=adam", "train.lr=0.001",
-        f"train.batch_size={batch}", "train.weight_decay=0.0", "train.sparse_updates=true"], opts)
+        f"train.batch_size={batch}", "train.weight_decay=0.0", "train.sparse_updates=true"], opts, extra)
 
 
-def tree_fc(hidden: int, leaves: int, batch: int, trees: int, opts: EngineOptions) -> Trainer:
+def tree_fc(hidden: int, leaves: int, batch: int, trees: int, opts: EngineOptions,
+            extra: Sequence[str] = ()) -> Trainer:
     return _trainer("tree_fc.yaml", [f"model.hidden={hidden}", f"model.leaves={leaves}", f"train.batch_size={batch}",
-                                     f"data.synthetic.train={trees}", "data.dev=null"], opts)
+                                     f"data.synthetic.train={trees}", "data.dev=null"], opts, extra)
 
 
-def var_lstm(text: str, sentences: int, hidden: int, embed: int, batch: int, opts: EngineOptions) -> Trainer:
+def var_lstm(text: str, sentences: int, hidden: int, embed: int, batch: int, opts: EngineOptions,
+             extra: Sequence[str] = ()) -> Trainer:
     t = _trainer("var_lstm.yaml", [f"data.train={text}", "data.dev=null", "data.test=null", "model.dropout=0.0",
                                    f"model.hidden={hidden}", f"model.embed={embed}", f"train.batch_size={batch}",
-                                   "train.lr=0.001"], opts)
+                                   "train.lr=0.001"], opts, extra)
     t.task.data["train"] = t.task.data["train"][:sentences]
     return t
 
 
 def fixed_lstm(text: str | None, hidden: int, batch: int, opts: EngineOptions, windows: int | None = None,
-               embed: int = 128) -> Trainer:
+               embed: int = 128, extra: Sequence[str] = ()) -> Trainer:
     """64-word windows of ``text`` (synthetic text without it); the first ``windows`` (default 8 batches)."""
     data = [f"data.train={text}", "data.dev=null", "data.test=null"] if text else \
         ["data.synthetic.train=1500", "data.synthetic.vocab=2000", "data.dev=null", "data.test=null"]
     t = _trainer("fixed_lstm.yaml", data + [f"model.hidden={hidden}", f"model.embed={embed}", "model.dropout=0.0",
-                                            f"train.batch_size={batch}", "train.lr=0.001"], opts)
+                                            f"train.batch_size={batch}", "train.lr=0.001"], opts, extra)
     t.task.data["train"] = t.task.data["train"][:windows or batch * 8]
     return t
 
@@ -134,29 +140,30 @@ class Data:
     lm_embed: int = 256        # LM embeddings
 
 
-def build(point, data: Data, opts: EngineOptions = EngineOptions()) -> Trainer:
-    """The trainer of one sweep point (``sweeps.Point``) with ``data``'s samples."""
+def build(point, data: Data, opts: EngineOptions = EngineOptions(), extra: Sequence[str] = ()) -> Trainer:
+    """The trainer of one sweep point (``sweeps.Point``) with ``data``'s samples; ``extra`` config overrides
+    come last (``train.device=cuda``: tools/gpu_check.py)."""
     m, H, B = point.model, point.hidden, point.batch
     if m == "tree_lstm":
         if data.sst is None:
             return _trainer("tree_lstm.yaml", [
                 f"data.synthetic.train={data.trees}", "data.dev=null", "data.test=null", f"model.hidden={H}",
                 f"model.embed={data.tree_embed}", "model.dropout=0.0", "train.optimizer=adam", "train.lr=0.001",
-                f"train.batch_size={B}", "train.weight_decay=0.0", "train.sparse_updates=true"], opts)
-        return tree_lstm(data.sst, H, data.tree_embed, B, data.trees, opts)
+                f"train.batch_size={B}", "train.weight_decay=0.0", "train.sparse_updates=true"], opts, extra)
+        return tree_lstm(data.sst, H, data.tree_embed, B, data.trees, opts, extra)
     if m == "tree_fc":
-        return tree_fc(H, point.leaves, B, data.fc_trees, opts)
+        return tree_fc(H, point.leaves, B, data.fc_trees, opts, extra)
     if m == "var_lstm":
         if data.ptb is None:
             t = _trainer("var_lstm.yaml", ["data.synthetic.train=" + str(data.sentences), "data.dev=null",
                                            "data.test=null", "model.dropout=0.0", f"model.hidden={H}",
                                            f"model.embed={data.lm_embed}", f"train.batch_size={B}",
-                                           "train.lr=0.001"], opts)
+                                           "train.lr=0.001"], opts, extra)
             t.task.data["train"] = t.task.data["train"][:data.sentences]
             return t
-        return var_lstm(data.ptb, data.sentences, H, data.lm_embed, B, opts)
+        return var_lstm(data.ptb, data.sentences, H, data.lm_embed, B, opts, extra)
     if m == "fixed_lstm":
-        return fixed_lstm(data.ptb, H, B, opts, windows=data.windows, embed=data.lm_embed)
+        return fixed_lstm(data.ptb, H, B, opts, windows=data.windows, embed=data.lm_embed, extra=extra)
     raise ValueError(f"unknown model {m!r}")
 
 

@@ -1,0 +1,197 @@
+"""tools/gpu_check.py without a GPU: it refuses to run (non-zero, naming CuPy or the device, within 60 s); its
+stage runner keeps what a stage wrote before its cap; runs merge; the table shows them; and the equality and
+bench stages themselves run on the emulated CUDA device (codegen/cuda_emulation.py)."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from minicavs import cuda as mcuda
+
+TOOLS = Path(__file__).resolve().parent.parent / "tools"
+sys.path.insert(0, str(TOOLS))
+import gpu_check  # noqa: E402
+import gpu_stages  # noqa: E402
+
+needs_cxx = pytest.mark.skipif(shutil.which("g++") is None, reason="the CUDA emulation needs g++")
+
+
+def run_check(out: Path, *args, pythonpath: str | None = None) -> tuple[subprocess.CompletedProcess, float]:
+    env = None
+    if pythonpath is not None:
+        import os
+        env = dict(os.environ, PYTHONPATH=pythonpath)
+    start = time.monotonic()
+    res = subprocess.run(["bash", str(TOOLS / "gpu_check.sh"), str(out), *args], capture_output=True, text=True,
+                         timeout=120, env=env)
+    return res, time.monotonic() - start
+
+
+@pytest.mark.skipif(mcuda.available(), reason="CuPy and a CUDA device are here: the check would run")
+def test_without_cupy_or_a_device_it_exits_nonzero_naming_what_is_missing(tmp_path):
+    res, seconds = run_check(tmp_path / "out")
+    assert res.returncode != 0 and seconds < 60
+    assert "CuPy is missing" in res.stderr or "no CUDA device" in res.stderr, res.stderr
+    assert not (tmp_path / "out").exists()          # nothing run, nothing written
+
+
+@pytest.mark.parametrize("body, says", [
+    ("raise ImportError('libcudart.so.13: cannot open shared object file')", "CuPy is missing"),
+    ("class cuda:\n class runtime:\n  @staticmethod\n  def getDeviceCount():\n   return 0\n", "no CUDA device"),
+    ("class cuda:\n class runtime:\n  @staticmethod\n  def getDeviceCount():\n"
+     "   raise RuntimeError('cudaErrorNoDevice')\n", "no CUDA device"),
+])
+def test_a_broken_cupy_or_no_device_is_named(tmp_path, body, says):
+    """Whatever this machine has: a stand-in cupy package first on the path (import fails, no device)."""
+    (tmp_path / "fake" / "cupy").mkdir(parents=True)
+    (tmp_path / "fake" / "cupy" / "__init__.py").write_text(body)
+    res, seconds = run_check(tmp_path / "out", pythonpath=str(tmp_path / "fake"))
+    assert res.returncode == 2 and seconds < 60
+    assert says in res.stderr, res.stderr
+
+
+def test_bad_arguments_are_refused(tmp_path):
+    assert gpu_check.main([str(tmp_path), "--stages", "facts,nonsense", "--emulate"]) == 2
+    assert gpu_check.main([str(tmp_path), "--cap", "bench=soon", "--emulate"]) == 2
+
+
+# --- the stage runner --------------------------------------------------------------------------------------
+
+def stage_cmd(out: Path, body: str) -> list:
+    """A stand-in stage: writes one item as the real ones do, then runs ``body``."""
+    code = (f"import json, os, sys, time\np = {str(out / 'fake.json')!r}\n"
+            "json.dump({'stage': 'fake', 'items': [{'n': 1}], 'problems': 0}, open(p + '.tmp', 'w'))\n"
+            "os.replace(p + '.tmp', p)\nprint('stage output')\n" + body)
+    return [sys.executable, "-c", code]
+
+
+@pytest.mark.parametrize("body, status", [("time.sleep(60)", "timeout"), ("sys.exit(1)", "failed"), ("", "ok")])
+def test_a_stage_keeps_what_it_wrote_before_its_cap(tmp_path, body, status):
+    with open(tmp_path / "log.txt", "a") as log:
+        start = time.monotonic()
+        res = gpu_check.run_stage("fake", stage_cmd(tmp_path, body), tmp_path, 2, gpu_check.child_env(None), log)
+    assert time.monotonic() - start < 20
+    assert res["status"] == status and res["items"] == [{"n": 1}]
+    assert json.loads((tmp_path / "fake.json").read_text())["status"] == status
+    assert "stage output" in (tmp_path / "log.txt").read_text()
+
+
+def test_a_stage_that_writes_nothing_is_a_crash(tmp_path):
+    with open(tmp_path / "log.txt", "a") as log:
+        res = gpu_check.run_stage("fake", [sys.executable, "-c", "pass"], tmp_path, 10, gpu_check.child_env(None), log)
+    assert res["status"] == "crashed" and res["items"] == []
+
+
+def test_the_budget_shrinks_caps_and_skips_what_does_not_fit(tmp_path):
+    assert gpu_check.main([str(tmp_path), "--emulate", "--stages", "bench", "--budget", "10"]) == 1
+    runs = gpu_check.load_results(tmp_path)["runs"]
+    assert [r["stages"]["bench"]["status"] for r in runs] == ["not run"]
+
+
+# --- merging and the table ---------------------------------------------------------------------------------
+
+def a_run(run_id: str, started: str, **stages) -> dict:
+    return {"id": run_id, "started": started, "commit": "abc", "emulated": False,
+            "stages": {k: {"stage": k, "status": "ok", "seconds": 1.0, **v} for k, v in stages.items()}}
+
+
+def test_runs_merge_once_each_oldest_first(tmp_path):
+    first = {"format": 1, "runs": [a_run("r1", "2026-11-23T10:00:00Z", facts={"facts": {"device": "H100"}})]}
+    second = {"format": 1, "runs": [a_run("r2", "2026-11-23T11:00:00Z", bench={"items": []}),
+                                    a_run("r1", "2026-11-23T10:00:00Z", facts={"facts": {"device": "H100 again"}})]}
+    merged = gpu_check.merge(first, second)
+    assert [r["id"] for r in merged["runs"]] == ["r1", "r2"]
+    assert merged["runs"][0]["stages"]["facts"]["facts"]["device"] == "H100 again"   # the later copy of r1
+    latest = gpu_check.latest(merged)
+    assert set(latest) == {"facts", "bench"} and latest["bench"][1]["id"] == "r2"
+    # the command line: folders and files, merged into what DEST holds
+    for name, data in (("a", first), ("b", second)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "results.json").write_text(json.dumps(data))
+    assert gpu_check.main([str(tmp_path / "dest"), "--merge", str(tmp_path / "a"),
+                           str(tmp_path / "b" / "results.json")]) == 0
+    assert [r["id"] for r in gpu_check.load_results(tmp_path / "dest")["runs"]] == ["r1", "r2"]
+    (tmp_path / "bad.json").write_text(json.dumps({"format": 99}))
+    with pytest.raises(SystemExit, match="not a results file"):
+        gpu_check.load_results(tmp_path / "bad.json")
+
+
+def test_the_table_shows_each_stage_newest_and_the_benchmark_rows():
+    tests = {"items": [{"name": "pytest -m gpu", "passed": 7, "failed": 2, "errors": 0, "skipped": 1}]}
+    eq = {"items": [{"case": "tree_lstm float32", "ok": True, "params_ok": False}, {"case": "tree_fc float64", "ok": False}]}
+    bench = {"items": [{"point": "tree_lstm-h512-b64", "system": "minicavs", "train": 2500.0, "infer": 9000.0,
+                        "two_vs_one_stream": 1.25, "launches_per_batch": 400, "kernels_per_batch": 900.0,
+                        "gpu_busy_s_per_step": 0.01, "wall_s_per_step_profiled": 0.04},
+                       {"point": "tree_lstm-h512-b64", "system": "PyTorch level", "train": 1000.0, "infer": 3000.0,
+                        "ratio_train": 2.5, "ratio_infer": 3.0},
+                       {"point": "var_lstm-h512-b64", "system": "minicavs", "error": "RuntimeError: boom"}]}
+    results = {"format": 1, "runs": [a_run("r1", "1", tests={"items": []}),
+                                     a_run("r2", "2", tests=tests, equality=eq, bench=bench)]}
+    text = gpu_check.render(results)
+    assert "7 passed, 2 failed" in text and "1/2 equal" in text and "not equal: tree_fc float64" in text
+    assert "1 with parameters beyond tolerance" in text
+    rows = [line for line in text.splitlines() if line.startswith("tree_lstm-h512-b64")]
+    assert "2.5e+03" in rows[0] and "1.25" in rows[0] and "400 / 900" in rows[0] and "25%" in rows[0]
+    assert "2.5" in rows[1].split() and "error: RuntimeError: boom" in text
+    assert text.rstrip().endswith("2 run(s) merged")
+
+
+def test_junit_reports_are_read_with_their_failures(tmp_path):
+    (tmp_path / "test_sample.py").write_text(
+        "import pytest\ndef test_ok(): pass\ndef test_bad(): assert 1 == 2, 'one is not two'\n"
+        "@pytest.mark.skip(reason='not here')\ndef test_skip(): pass\n")
+    item = gpu_stages.run_pytest("sample", [str(tmp_path / "test_sample.py")], 60, tmp_path)
+    assert (item["passed"], item["failed"], item["skipped"], item["interrupted"]) == (1, 1, 1, False)
+    assert "one is not two" in item["failures"][0]["message"] and item["skip_reasons"] == {"not here": 1}
+
+
+# --- the stages on the emulated CUDA device ------------------------------------------------------------------
+
+@pytest.fixture(autouse=True)
+def _shared_emulation(emulation_dir, monkeypatch):
+    """The session's emulation libraries (tests/test_device.py builds many of the same sources)."""
+    monkeypatch.setattr(gpu_stages, "_EMULATION_DIR", str(emulation_dir))
+
+
+@needs_cxx
+def test_the_equality_stage_runs_on_the_emulated_device(tmp_path):
+    out = tmp_path / "equality.json"
+    assert gpu_stages.main(["equality", str(out), "--emulate", "--quick", "--data", str(tmp_path)]) == 0
+    res = json.loads(out.read_text())
+    cases = {i["case"]: i for i in res["items"]}
+    assert set(cases) == {"tree_lstm float64", "tree_lstm float64 streaming", "var_lstm float64",
+                          "var_lstm float64 streaming", "DAG atomics float64"}
+    assert all(i["ok"] for i in res["items"]) and res["problems"] == 0 and res["completed"]
+    assert all(i["generated_launches"] > 0 for c, i in cases.items() if not c.startswith("DAG"))
+    assert res["missing_data"] == ["tree_lstm_sst", "var_lstm_ptb"]
+
+
+@needs_cxx
+def test_the_equality_comparison_can_fail(tmp_path):
+    config, overrides = gpu_stages.equality_models(tmp_path, True, True)[0]["tree_lstm"]
+    item, ref = gpu_stages.compare_training(config, overrides, "emulated", "float64", False, False, 2, None)
+    assert item["ok"]
+    ref["losses"][1] *= 1 + 1e-6
+    ref["grads"]["W"] = ref["grads"]["W"] + 1e-6
+    item, _ = gpu_stages.compare_training(config, overrides, "emulated", "float64", False, False, 2, ref)
+    assert not item["ok"] and item["loss_errs"][1] > 1e-10 and item["grad_worst"] == "W"
+
+
+@needs_cxx
+def test_the_bench_stage_runs_on_the_emulated_device(tmp_path):
+    out = tmp_path / "bench.json"
+    assert gpu_stages.main(["bench", str(out), "--emulate", "--data", str(tmp_path)]) == 0
+    res = json.loads(out.read_text())
+    ours = [i for i in res["items"] if i["system"] == "minicavs"]
+    assert [i["point"] for i in ours] == ["tree_lstm-h8-b4", "tree_fc-h8-b2-l8", "var_lstm-h8-b4"]
+    for i in ours:
+        assert i["train"] > 0 and i["infer"] > 0 and i["train_two_streams"] > 0 and i["launches_per_batch"] > 0
+        assert len(i["train_rates"]) == 2 and i["units"] >= i["samples"] > 0
+    peers = [i for i in res["items"] if i["system"] != "minicavs"]
+    assert len(peers) == 3        # measured, or the reason it could not be (no torch here)
