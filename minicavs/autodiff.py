@@ -6,9 +6,9 @@ import contextlib
 from typing import Sequence
 
 from .errors import ShapeError
-from .graph import Graph, Node, _rows_implicit, fmt_shape, make_node
+from .graph import Graph, Node, _rows_implicit, fmt_shape
 from .ops import accum, densify, is_row_sparse, ones_like, zeros_like
-from .ops.registry import OPS
+from .ops.registry import OPS, make_node
 
 
 def _tile_slices(gs: list[Node]) -> list[Node]:

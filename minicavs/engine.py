@@ -18,7 +18,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from .autodiff import grad
-from .device import CPU, Device
+from .backend import Backend as Device
+from .cpu import CPU
 from .executor import RunContext, eval_nodes
 from .graph import Graph, consumers as consumers_of
 from .kernels import FUSED, lower, plan

@@ -11,7 +11,6 @@ from __future__ import annotations
 import heapq
 from typing import Callable, Sequence
 
-from .codegen import c as cgen
 from .graph import consumers
 from .passes.fusion import FusedGroup, broadcast_kind, fuse
 
@@ -67,11 +66,11 @@ def _matmul(xp, x, w):
     return xp.matmul(x, w)
 
 
-def lower(programs: Sequence[list], keep: set, build: Callable = cgen.build) -> tuple[list[list], list[list]]:
+def lower(programs: Sequence[list], keep: set, build: Callable) -> tuple[list[list], list[list]]:
     """Replace the multi-node fusible groups of every program by fused steps, ``(outputs, FusedStep,
     inputs, FUSED, False)``; ``keep`` are nodes read outside their program (group outputs). ``build`` makes
-    the kernels of a list of groups (None where a group stays unfused): the C compiler by default, one run
-    for all programs; a device's ``fused``. Returns the new programs and, per program, the groups that
+    the kernels of a list of groups (None where a group stays unfused): a backend's ``fused``, one run for all
+    programs. Returns the new programs and, per program, the groups that
     became kernels."""
     grouped = [plan(prog, keep) for prog in programs]
     flat = [g for gs in grouped for g in gs]

@@ -20,7 +20,9 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from .autodiff import grad
-from .device import Device, get_device
+from .backend import Backend as Device
+from .cpu import CPU
+from .cuda import Cuda, require as require_cuda
 from .engine import CompiledFunction, EngineOptions, backward, forward
 from .errors import FeedError, InputGraphError, ShapeError
 from .executor import RunContext, eval_nodes
@@ -158,7 +160,7 @@ class Model:
                  outputs: Mapping[str, Node] | None = None, policy="cavs",
                  options: EngineOptions | None = None, device: Device | str = "cpu"):
         """``device``: where every array of a run lives and every kernel runs (``cpu`` or ``cuda``, or a
-        :class:`~minicavs.device.Device`); parameters passed to :meth:`run` must already be there."""
+        :class:`~minicavs.backend.Backend`); parameters passed to :meth:`run` must already be there."""
         self.structures = [structures] if isinstance(structures, Structure) else list(structures)
         names = [s.name for s in self.structures]
         if len(set(names)) != len(names):
@@ -343,3 +345,16 @@ class Model:
         """Forward only, dropout off: keeps no backward state (only values that cross engine phases)."""
         ctx = ctx or RunContext(training=False)
         return self.run(graphs, feeds, params, ctx, False, policy, sample_ids, options)
+
+
+def get_device(name: str | Device, deterministic: bool = False) -> Device:
+    """``cpu`` or ``cuda`` (or a backend, returned as is); ``cuda`` needs CuPy and a GPU (CudaUnavailable).
+    ``deterministic``: CUDA sums a DAG child's gradient rows in a fixed order (see :class:`Cuda`)."""
+    if isinstance(name, Device):
+        return name
+    if name == "cpu":
+        return CPU
+    if name == "cuda":
+        require_cuda()
+        return Cuda(deterministic=deterministic)
+    raise ValueError(f"unknown device {name!r}; known: cpu, cuda")

@@ -23,10 +23,11 @@ import numpy as np
 
 from . import checkpoint
 from .config import ConfigError, load_config, load_model_module
-from .device import CPU, Cuda, Device
+from .backend import Backend as Device
 from .engine import EngineOptions
 from .errors import MinicavsError
 from .executor import RunContext
+from .model import get_device
 from .optim import make_optimizer
 from .progress import Progress
 
@@ -186,13 +187,9 @@ class Trainer:
 def check_device(device: str, deterministic: bool = False) -> Device:
     """The device to train on, or an error before any work when it cannot be used: at start, never
     mid-epoch (CudaUnavailable names what is missing: CuPy, a device)."""
-    if device == "cpu":
-        return CPU
-    if device != "cuda":
+    if device not in ("cpu", "cuda"):
         raise ConfigError(f"train.device: unknown device {device!r}; known: cpu, cuda")
-    from . import cuda
-    cuda.require()
-    return Cuda(deterministic=deterministic)
+    return get_device(device, deterministic)
 
 
 def engine_options(cfg: dict) -> EngineOptions:

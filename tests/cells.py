@@ -13,7 +13,8 @@ import numpy as np
 from minicavs import ops
 from minicavs.autodiff import grad
 from minicavs.executor import Executor
-from minicavs.graph import Graph, make_node
+from minicavs.graph import Graph
+from minicavs.ops import make_node
 from minicavs.model import Model, Structure
 from minicavs.vertex import VertexFunction
 

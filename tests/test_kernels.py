@@ -7,7 +7,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from minicavs.codegen import c as cgen
+from minicavs.cpu import compiler as ccomp
 from minicavs.engine import POST, PRE, TASK, EngineOptions
 from minicavs.executor import RunContext
 from minicavs.kernels import FUSED
@@ -64,7 +64,7 @@ def test_float32_fused_equals_unfused(seed):
 
 def test_no_compiler_runs_unfused_after_one_warning(monkeypatch, tmp_path):
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
-    monkeypatch.setattr(cgen, "_warned", False)
+    monkeypatch.setattr(ccomp, "_warned", False)
     rng = np.random.default_rng(4)
     case = cells.binary_tree_lstm(rng)
     graphs = [random_tree(rng, n, 2, full_binary=True) for n in (3, 5)]

@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 from ..errors import ShapeError
-from ..graph import Node, fmt_shape, make_node
+from ..graph import Node, fmt_shape
 from .elementwise import broadcast_shapes, unbroadcast
 from .reduce import sum
-from .registry import OpDef, register
+from .registry import OpDef, make_node, register
 from .shape import swap_last
 from .sources import as_node
 

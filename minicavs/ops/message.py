@@ -7,8 +7,8 @@ flows out to the static graph that produced the pull buffer.
 """
 from __future__ import annotations
 
-from ..graph import Node, make_node
-from .registry import OpDef, register
+from ..graph import Node
+from .registry import OpDef, make_node, register
 from .sources import _declared, _no_impl
 
 register(OpDef("gather", infer=lambda k, shape, dtype: _declared(shape, dtype), impl=_no_impl, vjp=None))

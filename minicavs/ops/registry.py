@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
+
+from ..errors import ShapeError
+from ..graph import Node
 
 
 @dataclass(frozen=True)
@@ -38,3 +41,39 @@ def register(opdef: OpDef) -> OpDef:
         raise ValueError(f"op {opdef.name!r} registered twice")
     OPS[opdef.name] = opdef
     return opdef
+
+
+def make_node(op: str, inputs: Sequence[Node], attrs: dict | None = None, name: str | None = None) -> Node:
+    """Create a node, inferring its shape and dtype now so mistakes surface at declaration."""
+    attrs = dict(attrs or {})
+    inputs = tuple(inputs)
+    for i, x in enumerate(inputs):
+        if not isinstance(x, Node):
+            raise TypeError(f"{op}: input {i} is {type(x).__name__}, not a Node")
+    try:
+        opdef = OPS[op]
+    except KeyError:
+        raise ShapeError(f"unknown op {op!r}") from None
+    try:
+        shape, dtype = opdef.infer(*inputs, **attrs)
+    except ShapeError as e:
+        where = f"{op} '{name}'" if name else op
+        raise ShapeError(f"{where}: {e}") from None
+    return Node(op, inputs, attrs, tuple(shape), dtype, name)
+
+
+# Hand-written kernels an op may call (softmax cross-entropy, dropout) and the optimizer's update rules, per
+# array module: a backend package (minicavs/cpu, minicavs/cuda) provides them when it is imported; ops never
+# import a backend. Where none is provided, ops run their numpy twins.
+_NATIVE_KERNELS: dict[str, Callable] = {}
+
+
+def provide_native_kernels(module_name: str, kernels_for_dtype: Callable) -> None:
+    """Register ``kernels_for_dtype(dtype) -> kernels | None`` for arrays of the module ``module_name``."""
+    _NATIVE_KERNELS[module_name] = kernels_for_dtype
+
+
+def native_kernels(xp, dtype):
+    """The native kernels for arrays of ``xp`` and ``dtype``, or None (then the numpy twin runs)."""
+    kernels_for_dtype = _NATIVE_KERNELS.get(getattr(xp, "__name__", ""))
+    return None if kernels_for_dtype is None else kernels_for_dtype(dtype)

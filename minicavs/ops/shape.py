@@ -5,8 +5,8 @@ import math
 from typing import Sequence
 
 from ..errors import ShapeError
-from ..graph import Node, fmt_shape, make_node, row_lead, user_axis, user_shape
-from .registry import OpDef, register
+from ..graph import Node, fmt_shape, row_lead, user_axis, user_shape
+from .registry import OpDef, make_node, register
 
 
 def _run_shape(shape, rows):

@@ -7,8 +7,8 @@ import numpy as np
 
 from ..dtypes import as_dtype, float32
 from ..errors import ShapeError
-from ..graph import Node, make_node
-from .registry import OpDef, register
+from ..graph import Node
+from .registry import OpDef, make_node, register
 
 
 def _declared(shape=(), dtype=float32, **_):
