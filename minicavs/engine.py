@@ -25,6 +25,7 @@ from .graph import Graph, consumers as consumers_of
 from .kernels import FUSED, lower, plan
 from .memory import DynamicTensor, MemoryPlan
 from .ops import input as input_node
+from .ops.message import as_slice, gather_adjoint, gather_rows, put_rows, row_index, take_rows
 from .ops.registry import OPS
 from .passes.classify import EAGER, LAZY, classify
 from .passes.fusion import fusible
@@ -106,6 +107,7 @@ class CompiledFunction:
         self.F = F
         g = F.graph
         self.gathers = dict(sorted(F.gathers.items()))
+        self.gather_slot = {node: k for k, node in self.gathers.items()}
         self.pulls = dict(F.pulls)
         self.pushes = dict(F.pushes)
         self.scattered = F.scattered
@@ -148,12 +150,11 @@ class CompiledFunction:
         # [gather(0); ...; gather(K-1)] of a complete tree's siblings side by side is a reshape of the
         # scatter tensor (when gather elision finds the children rows start + K*i + j).
         slots = list(self.gathers.values())
-        self.gather_concat = next((n for n in self.row_fwd if n.op == "concat" and list(n.inputs) == slots
-                                   and n.attrs["axis"] in (-1, n.ndim - 1) and len(slots) > 1
-                                   and all(len(x.vshape) == 1 for x in slots)), None)
+        self.gather_concat = next((n for n in self.row_fwd if len(slots) > 1 and all(len(x.vshape) == 1 for x in slots)
+                                   and [x for x, _, _ in _column_blocks(n) or ()] == slots), None)
         # The value the scatter tensor receives (``scatter`` is an identity op on it).
         sc = self.scattered
-        self.scatter_source = sc.inputs[0] if sc is not None and sc.op == "scatter" else sc
+        self.scatter_source = sc.inputs[0] if sc is not None and OPS[sc.op].identity else sc
         bwd_inputs = {x for n in self.row_bwd for x in n.inputs}
         # What ∂F reads of the scattered value (or of the parts of a scattered concat such as [h, c]) it
         # reads back from the scatter tensor, which holds it anyway: no second copy in a tensor of its own.
@@ -273,39 +274,10 @@ def _run(xp, program, local, static, ctx, outs) -> None:
             local[node] = impl(xp, *args, **attrs)
 
 
-def _as_slice(rows: np.ndarray):
-    """``rows`` as a slice when they are consecutive (a kind whose tasks are adjacent), else unchanged."""
-    if len(rows) and rows[-1] - rows[0] == len(rows) - 1 and bool(np.all(np.diff(rows) == 1)):
-        return slice(int(rows[0]), int(rows[0]) + len(rows))
-    return rows
-
-
-def _index(rows: np.ndarray):
-    """Rows of a pull or push buffer as an index: a slice (no fancy indexing) when they are consecutive,
-    as they are for a kind whose vertices are in global id order (the leaves of a batch, say)."""
-    return _as_slice(rows) if len(rows) > 32 else rows
-
-
 def _device_index(xp, rows: np.ndarray):
-    """:func:`_index` for writing into an array of ``xp``: index arrays moved to its device."""
-    ix = _index(rows)
+    """:func:`row_index` for writing into an array of ``xp``: index arrays moved to its device."""
+    ix = row_index(rows)
     return ix if isinstance(ix, slice) or xp is np else xp.asarray(ix)
-
-
-def _rows_of(device: Device, buf, rows: np.ndarray):
-    """``buf[rows]``: a view when the rows are consecutive, else one row gather."""
-    ix = _index(rows)
-    return buf[ix] if isinstance(ix, slice) else device.take(buf, rows)
-
-
-def _put(device: Device, dst, rows: np.ndarray, src) -> None:
-    """``dst[rows] = src`` for distinct rows: a slice assignment when they are consecutive, else one row
-    scatter."""
-    ix = _index(rows)
-    if isinstance(ix, slice):
-        dst[ix] = src
-    else:
-        device.put(dst, rows, src)
 
 
 def _step_text(step) -> str:
@@ -322,11 +294,9 @@ def _computed(program) -> list:
 
 
 def _column_blocks(n) -> list | None:
-    """For a concat of distinct per-vertex vectors along the last axis: [(part, first column, end)]."""
-    if n.op != "concat" or n.ndim != 2 or n.attrs["axis"] not in (-1, 1) or len(set(n.inputs)) < len(n.inputs):
-        return None
-    bounds = np.cumsum([0] + [x.shape[1] for x in n.inputs]).tolist()
-    return [(x, a, b) for x, a, b in zip(n.inputs, bounds[:-1], bounds[1:])]
+    """[(input, first column, end)] when ``n``'s value is its inputs side by side (the registry's answer)."""
+    blocks = OPS[n.op].column_blocks
+    return None if blocks is None else blocks(n)
 
 
 def _elide_concats(program: list) -> tuple[list, list]:
@@ -425,13 +395,10 @@ def forward(fns: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContex
         views = [kp.views[j].get(sl.start) for j in fn.gathers] if p == TASK and opts.gather_elision else None
         for j, gnode in fn.gathers.items():
             if ph.phase[gnode] == p:
-                if views is None or views[j] is None:
-                    local[gnode] = device.take(state.scatter, kp.child_rows[j][sl])
+                view = None if views is None else views[j]
+                local[gnode] = gather_rows(device, state.scatter, kp.child_rows[j][sl], view)
+                if view is None:
                     copies["gather"] += bs
-                else:
-                    start, step = views[j]
-                    local[gnode] = (state.scatter[start:start + step * (bs - 1) + 1:step] if step else
-                                    xp.broadcast_to(state.scatter[start], (bs,) + state.scatter.shape[1:]))
                 copies["gathered"] += bs
         cat = fn.gather_concat
         if cat is not None and views is not None and ph.phase.get(cat) == p:
@@ -441,7 +408,7 @@ def forward(fns: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContex
                 program = ph.without_concat
         for name, pnode in fn.pulls.items():
             if ph.phase[pnode] == p:
-                local[pnode] = _rows_of(device, pull_bufs[name], kp.pull_rows[name][sl])
+                local[pnode] = take_rows(device, pull_bufs[name], kp.pull_rows[name][sl])
                 copies["pull"] += bs
         inplace, copied, concats = stores[kid][p]
         outs = {node: t.buffer[sl] for node, t in inplace}
@@ -457,7 +424,7 @@ def forward(fns: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContex
             state.scatter[grows] = local[fn.scattered]
         for name, pnode in fn.pushes.items():
             if ph.phase[pnode] == p:
-                _put(device, state.pushes[name], kp.push_rows[name][sl], local[pnode])
+                put_rows(device, state.pushes[name], kp.push_rows[name][sl], local[pnode])
                 copies["push"] += bs
         for node, t in copied:
             t.buffer[sl] = local[node]
@@ -467,7 +434,7 @@ def forward(fns: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContex
         ph, _ = fns[kid].phases(opts, device)
         stores[kid] = [_stores(state.tensors[kid], ph, p, [x for x in state.tensors[kid] if ph.phase.get(x) == p])
                        for p in (PRE, TASK, POST)]
-    whole = {kid: (slice(0, plan.kinds[kid].n), _as_slice(plan.schedule.row[plan.kinds[kid].vertices]))
+    whole = {kid: (slice(0, plan.kinds[kid].n), as_slice(plan.schedule.row[plan.kinds[kid].vertices]))
              for kid in active}
     events = None
     if opts.streaming:
@@ -503,8 +470,8 @@ def _scatter_grad(xp, fns: list, plan: MemoryPlan, scatter):
         if fn is None or kp is None:
             continue
         for leaf in fn.leaf_grads:
-            if leaf.op == "gather":
-                unwritten[kp.child_rows[leaf.attrs["k"]]] = False
+            if leaf in fn.gather_slot:
+                unwritten[kp.child_rows[fn.gather_slot[leaf]]] = False
     sgrad[_device_index(xp, np.flatnonzero(unwritten))] = 0
     return sgrad
 
@@ -535,7 +502,7 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
     def kind_rows(kid):
         """All of a kind's rows of the scatter tensor, in kind order: a slice when its tasks are adjacent."""
         if kid not in whole_rows:
-            whole_rows[kid] = _rows_of(device, state.scatter, plan.schedule.row[plan.kinds[kid].vertices])
+            whole_rows[kid] = take_rows(device, state.scatter, plan.schedule.row[plan.kinds[kid].vertices])
         return whole_rows[kid]
 
     def compute(kid, p, sl, goff, cctx):
@@ -550,7 +517,7 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
             local.update((x, rows[:, a:b]) for x, (a, b) in fn.scatter_parts.items() if x not in local)
         for name, x in fn.pull_reads.items():
             if x not in local:
-                local[x] = _rows_of(device, state.pull_bufs[name], kp.pull_rows[name][sl])
+                local[x] = take_rows(device, state.pull_bufs[name], kp.pull_rows[name][sl])
         local.update((x, btensors[kid][x].buffer[sl]) for x in ph.reads[p] if x in btensors[kid])
         for out, ct in fn.ct.items():
             if ph.phase[ct] != p:
@@ -558,7 +525,7 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
             if out is fn.scattered:
                 local[ct] = sgrad[goff:goff + bs]
             else:
-                local[ct] = _rows_of(device, push_grads[out.name], kp.push_rows[out.name][sl])
+                local[ct] = take_rows(device, push_grads[out.name], kp.push_rows[out.name][sl])
             if ct in btensors[kid]:
                 btensors[kid][ct].buffer[sl] = local[ct]
         inplace, copied, concats = bstores[kid][p]
@@ -578,22 +545,12 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
             if ph.phase[gnode] != p:
                 continue
             g = local[gnode] if gnode in local else static[gnode]
-            if leaf.op == "gather":
-                j = leaf.attrs["k"]
+            j = fn.gather_slot.get(leaf)
+            if j is not None:
                 view = kp.views[j].get(sl.start) if p == TASK and opts.gather_elision else None
-                rows = kp.child_rows[j][sl]
-                if view is not None:  # distinct rows: a strided view, no fancy indexing
-                    start, step = view
-                    if step and plan.forest:  # (step 0: only the sentinel row, whose gradient is discarded)
-                        sgrad[start:start + step * (len(rows) - 1) + 1:step] = g
-                    elif step:
-                        sgrad[start:start + step * (len(rows) - 1) + 1:step] += g
-                elif plan.forest:   # each child has one parent: its gradient is written once, not added
-                    device.put(sgrad, rows, g)
-                else:  # one pass over the task's rows; repeated rows (DAGs) add up
-                    rows_k.scatter_add(sgrad, rows, xp.broadcast_to(g, (len(rows),) + sgrad.shape[1:]))
+                gather_adjoint(device, sgrad, kp.child_rows[j][sl], view, g, plan.forest, rows_k)
             else:
-                _put(device, pull_grads[leaf.name], kp.pull_rows[leaf.name][sl], g)
+                put_rows(device, pull_grads[leaf.name], kp.pull_rows[leaf.name][sl], g)
         for name, gnode in fn.param_grads.items():
             if ph.phase[gnode] != p:
                 continue

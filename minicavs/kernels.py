@@ -12,6 +12,7 @@ import heapq
 from typing import Callable, Sequence
 
 from .graph import consumers
+from .ops.registry import OPS
 from .passes.fusion import FusedGroup, broadcast_kind, fuse
 
 
@@ -40,8 +41,8 @@ def plan(program: list, keep: set) -> list[FusedGroup]:
     """The groups of a program (unfused steps) worth a kernel. Target-neutral: the C path compiles them
     here, the CUDA path renders the same groups (codegen/cuda.py).
 
-    A ``linear`` feeding only one group hands its bias add to the group (``FusedGroup.biased``): the
-    linear step then only multiplies, and ``tanh(x·W + b)`` is one matmul and one kernel. A group is worth a
+    An op with a bias input (``OpDef.bias_input``: linear) feeding only one group hands its bias add to the
+    group (``FusedGroup.biased``): the linear step then only multiplies, and ``tanh(x·W + b)`` is one matmul and one kernel. A group is worth a
     kernel if it has more than one node or absorbs a bias."""
     nodes = [step[0] for step in program]
     member = set(nodes)
@@ -50,9 +51,10 @@ def plan(program: list, keep: set) -> list[FusedGroup]:
     for g in fuse(nodes, [n for n in nodes if n in keep]):
         inside = set(g.nodes)
         for x in list(g.inputs):
-            if (x.op == "linear" and x in member and x not in keep and x.shape == g.output.shape
+            bias = OPS[x.op].bias_input
+            if (bias is not None and x in member and x not in keep and x.shape == g.output.shape
                     and users[x] and all(u in inside for u in users[x])):
-                b = x.inputs[2]
+                b = x.inputs[bias]
                 g.biased[x] = b
                 if b not in g.inputs:
                     g.inputs.append(b)
@@ -60,10 +62,6 @@ def plan(program: list, keep: set) -> list[FusedGroup]:
         if len(g.nodes) > 1 or g.biased:
             out.append(g)
     return out
-
-
-def _matmul(xp, x, w):
-    return xp.matmul(x, w)
 
 
 def lower(programs: Sequence[list], keep: set, build: Callable) -> tuple[list[list], list[list]]:
@@ -85,7 +83,9 @@ def lower(programs: Sequence[list], keep: set, build: Callable) -> tuple[list[li
         for st in prog:
             g = absorbed.get(st[0])
             if st[0] in unbiased:   # its group adds the bias
-                steps.append((st[0], _matmul, list(st[0].inputs[:2]), {}, False))
+                node = st[0]
+                rest = [x for i, x in enumerate(node.inputs) if i != OPS[node.op].bias_input]
+                steps.append((node, OPS[node.op].without_bias, rest, {}, False))
             elif g is None:
                 steps.append(st)
             elif id(g) not in seen:

@@ -57,9 +57,15 @@ def _linear_impl(xp, x, w, b):
     return y
 
 
+def _matmul_impl(xp, x, w):
+    return xp.matmul(x, w)
+
+
+# A fused group reading linear's output can add the bias itself (bias_input): linear then only multiplies.
 register(OpDef("linear", infer=_linear_infer, impl=_linear_impl,
                vjp=lambda g, y, x, w, b: (matmul(g, swap_last(w)), matmul(swap_last(x), g),
-                                          make_node("sum", (g,), {"axes": (0,), "keepdims": False}))))
+                                          make_node("sum", (g,), {"axes": (0,), "keepdims": False})),
+               bias_input=2, without_bias=_matmul_impl))
 
 
 def linear(x: Node, w: Node, b: Node) -> Node:

@@ -19,6 +19,19 @@ class OpDef:
         output is integer-valued or piecewise constant (step, sign, comparisons, shape-only inputs).
     expr(*arg_exprs, **attrs) -> Expr; elementwise ops only: the scalar body fusion renders to C/CUDA.
     needs_ctx: impl also takes ``ctx`` (the run context: seed, step, row keys, training flag).
+
+    What the compiler and the engine ask about an op (nothing outside ops/ branches on an op's name):
+    fuse: an elementwise op a fused kernel computes (False: a source, such as a constant, it reads instead).
+    literal(node) -> its value when a fused kernel inlines the node as a literal (a scalar constant), else None.
+    source: its value is supplied or built from attributes, not computed from inputs by a kernel launch.
+    bias_input, without_bias: an additive bias input that a fused consumer adds instead, and the impl of
+        the op without it (linear: ``x·W``; the kernel of ``tanh(x·W + b)`` adds b).
+    column_blocks(node) -> [(input, first column, end)] when the output is its inputs side by side along the
+        last axis (concat), so the producers can write their column blocks in place; else None.
+    identity: the output is its one input (scatter and push only mark F's outputs).
+    merge_gradients(grads) -> grads: several gradients made by this op and summed into one value, merged
+        into fewer nodes (unslice: the parts of a split become one concat).
+    rows: a message op's row movement and its adjoint (ops/message.py).
     """
 
     name: str
@@ -27,10 +40,23 @@ class OpDef:
     vjp: Optional[Callable]
     expr: Optional[Callable] = None
     needs_ctx: bool = False
+    fuse: bool = True
+    literal: Optional[Callable] = None
+    source: bool = False
+    bias_input: Optional[int] = None
+    without_bias: Optional[Callable] = None
+    column_blocks: Optional[Callable] = None
+    identity: bool = False
+    merge_gradients: Optional[Callable] = None
+    rows: Optional[object] = None
 
     @property
     def elementwise(self) -> bool:
         return self.expr is not None
+
+    @property
+    def fusible(self) -> bool:
+        return self.expr is not None and self.fuse
 
 
 OPS: dict[str, OpDef] = {}
