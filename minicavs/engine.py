@@ -13,237 +13,17 @@ nodes (pushes, parameter and pull gradients) run once over all vertices after it
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from .autodiff import grad
 from .backend import Backend as Device
+from .compile import POST, PRE, TASK, CompiledFunction, EngineOptions, Phases, _computed  # noqa: F401 (re-exported)
 from .cpu import CPU
-from .executor import RunContext, eval_nodes
-from .graph import Graph, consumers as consumers_of
-from .kernels import FUSED, lower, plan
 from .memory import DynamicTensor, MemoryPlan
-from .ops import input as input_node
 from .ops.message import as_slice, gather_adjoint, gather_rows, put_rows, row_index, take_rows
-from .ops.registry import OPS
-from .passes.classify import EAGER, LAZY, classify
-from .passes.fusion import fusible
+from .program import RunContext, evaluate, run_steps
 from .sparse import RowSparse, add_all
-from .vertex import VertexFunction
-
-PRE, TASK, POST = 0, 1, 2
-
-
-@dataclass(frozen=True)
-class EngineOptions:
-    """The optimisation switches; every combination computes the same numbers (DESIGN.md's "equal")."""
-
-    lazy_batching: bool = True
-    eager_batching: bool = True
-    streaming: bool = False   # eager work on a second stream, task by task ahead of the recurrent path
-    fusion: bool = True       # fused elementwise groups run as generated C kernels
-    gather_elision: bool = True   # a gather whose child rows are an evenly strided block reads a view
-
-
-@dataclass
-class Phases:
-    """Per phase (PRE, TASK, POST): the program and the values it reads that another phase computed."""
-
-    programs: list
-    reads: list
-    phase: dict
-    groups: list = field(default_factory=lambda: [[], [], []])   # per phase: fused groups that became kernels
-    without_concat: list | None = None   # the task program when the gather concat is a view (gather elision)
-    inplace: set = field(default_factory=set)   # nodes whose step can write into a given ``out``
-    concats: list = field(default_factory=lambda: [[], [], []])   # per phase: (concat, [(member, a, b)])
-
-
-def _phases(nodes, classes, leaves, opts: EngineOptions, eager_leaves=()) -> Phases:
-    """Assign each node to PRE, TASK or POST by its class and the switches.
-
-    A value with the vertex axis leading is stored in a dynamic tensor and can be read by any later phase;
-    with fusion, an eager elementwise node that only feeds elementwise nodes joins its consumers' phase.
-    A row-dependent value without it (a transposed block, a partial parameter gradient) is only meaningful
-    inside the phase that computed it, so it is computed in every phase that consumes it."""
-    def own(n):
-        c = classes[n]
-        return PRE if c == EAGER and opts.eager_batching else POST if c == LAZY and opts.lazy_batching \
-            else TASK
-
-    phase = {n: (PRE if (n in eager_leaves and opts.eager_batching) else TASK) for n in leaves}
-    consumers = consumers_of(nodes)
-    where: dict = {}
-    for n in reversed(nodes):
-        cs = consumers[n]
-        if (opts.fusion and n.has_rows and classes[n] == EAGER and fusible(n) and cs
-                and all(fusible(c) and c.has_rows for c in cs)):
-            # Cheap elementwise work feeding only elementwise work: computed inside its consumers' kernel
-            # (recomputing is free, a stored array read back is not), not in a pass of its own.
-            where[n] = {min(min(where[c]) for c in cs)}
-        elif n.has_rows or not cs:
-            where[n] = {own(n)}
-        else:
-            where[n] = set().union(*(where[c] for c in consumers[n]))
-    programs, reads = [[], [], []], [[], [], []]
-    for n in nodes:
-        phase[n] = min(where[n])
-        for p in sorted(where[n]):
-            programs[p].append((n, OPS[n.op].impl, n.inputs, n.attrs, OPS[n.op].needs_ctx))
-            for x in n.inputs:
-                if x in phase and p not in where.get(x, {phase[x]}) and x not in reads[p]:
-                    if not x.has_rows:
-                        raise AssertionError(f"{x.label()} crosses phases without a vertex axis")
-                    reads[p].append(x)
-    return Phases(programs, reads, phase)
-
-
-class CompiledFunction:
-    """F and ∂F of one vertex kind: classified, split into phases, everything static done once."""
-
-    def __init__(self, F: VertexFunction, pull_grads=None):
-        """``pull_grads``: names of the pulls whose gradient something needs (default: every float pull);
-        a pull of plain data (Tree-FC's random inputs) then costs no gradient at all."""
-        self.F = F
-        g = F.graph
-        self.gathers = dict(sorted(F.gathers.items()))
-        self.gather_slot = {node: k for k, node in self.gathers.items()}
-        self.pulls = dict(F.pulls)
-        self.pushes = dict(F.pushes)
-        self.scattered = F.scattered
-        leaves = list(self.gathers.values()) + list(self.pulls.values())
-        fwd = [n for n in g.nodes if n not in leaves]
-        # Row-free nodes depend only on parameters and constants: evaluated once per batch.
-        self.static_fwd = [n for n in fwd if not n.has_rows]
-        self.row_fwd = [n for n in fwd if n.has_rows]
-        self.fwd_nodes = set(g.nodes)
-        self.fwd_class = classify(g.nodes, self.gathers.values(),
-                                  [] if self.scattered is None else [self.scattered])
-
-        # ∂F: cotangents of scatter and pushes in; gradients of gathers, pulls and parameters out.
-        outs = list(F.outputs)
-        self.ct = {o: input_node(o.shape, o.dtype, name=f"d{o.name}") for o in outs}
-        wrt_leaves = list(self.gathers.values()) + [p for name, p in self.pulls.items() if p.dtype.is_float
-                                                    and (pull_grads is None or name in pull_grads)]
-        params = [p for p in g.params if p.dtype.is_float]
-        grads = grad(outs, wrt_leaves + params, [self.ct[o] for o in outs], zeros=False)
-        self.leaf_grads = {leaf: gn for leaf, gn in zip(wrt_leaves, grads) if gn is not None}
-        self.param_grads = {p.name: gn for p, gn in zip(params, grads[len(wrt_leaves):]) if gn is not None}
-        bgraph = Graph(list(self.leaf_grads.values()) + list(self.param_grads.values()))
-        cts = set(self.ct.values())
-        bwd = [n for n in bgraph.nodes if n not in self.fwd_nodes and n not in cts]
-        per_task = set()
-        for n in bwd:  # everything downstream of a per-vertex value runs over vertices
-            if n.has_rows or any(x in per_task or x in cts or (x in self.fwd_nodes and x.has_rows)
-                                 for x in n.inputs):
-                per_task.add(n)
-        for n in bwd:
-            if n.has_rows and any(x in per_task and not x.has_rows for x in n.inputs):
-                raise ValueError(f"vertex function '{F.name}': {n.label()} mixes vertices in ∂F")
-        self.static_bwd = [n for n in bwd if n not in per_task]
-        self.row_bwd = [n for n in bwd if n in per_task]
-        ct_scatter = [self.ct[self.scattered]] if self.scattered is not None else []
-        gather_grads = [self.leaf_grads[gn] for gn in self.gathers.values() if gn in self.leaf_grads]
-        self.bwd_class = classify([c for c in self.ct.values()] + self.row_bwd, ct_scatter, gather_grads)
-        # Every per-vertex symbol of F gets a dynamic tensor when training (backward reads them); symbols of
-        # ∂F get one when a later phase reads them.
-        # [gather(0); ...; gather(K-1)] of a complete tree's siblings side by side is a reshape of the
-        # scatter tensor (when gather elision finds the children rows start + K*i + j).
-        slots = list(self.gathers.values())
-        self.gather_concat = next((n for n in self.row_fwd if len(slots) > 1 and all(len(x.vshape) == 1 for x in slots)
-                                   and [x for x, _, _ in _column_blocks(n) or ()] == slots), None)
-        # The value the scatter tensor receives (``scatter`` is an identity op on it).
-        sc = self.scattered
-        self.scatter_source = sc.inputs[0] if sc is not None and OPS[sc.op].identity else sc
-        bwd_inputs = {x for n in self.row_bwd for x in n.inputs}
-        # What ∂F reads of the scattered value (or of the parts of a scattered concat such as [h, c]) it
-        # reads back from the scatter tensor, which holds it anyway: no second copy in a tensor of its own.
-        parts = {}
-        if sc is not None and len(self.scatter_source.shape) == 2:
-            src = self.scatter_source
-            parts[src] = (0, src.shape[1])
-            parts.update((x, (a, b)) for x, a, b in _column_blocks(src) or ())
-        self.scatter_parts = {n: ab for n, ab in parts.items() if n in bwd_inputs}
-        # Pulled rows ∂F reads are read again from the pull buffer, which outlives the backward pass.
-        self.pull_reads = {name: n for name, n in self.pulls.items() if n in bwd_inputs}
-        self.fwd_tensors = [n for n in g.nodes if n.has_rows and n in bwd_inputs and n not in self.scatter_parts
-                            and n not in self.pull_reads.values()]
-        self._phases: dict = {}
-
-    def _split(self, opts: EngineOptions) -> tuple[Phases, Phases]:
-        """F's and ∂F's phases under ``opts``, before fused groups are lowered to a device's kernels."""
-        if opts.streaming:  # the eager stream computes eager nodes, in chunks of one task
-            opts = replace(opts, eager_batching=True)
-        fwd = _phases(self.row_fwd, self.fwd_class, list(self.gathers.values()) + list(self.pulls.values()),
-                      opts, eager_leaves=set(self.pulls.values()))
-        push_cts = [c for o, c in self.ct.items() if o is not self.scattered]
-        bwd = _phases(self.row_bwd, self.bwd_class, list(self.ct.values()), opts, eager_leaves=set(push_cts))
-        return fwd, bwd
-
-    def phases(self, opts: EngineOptions, device: Device = CPU) -> tuple[Phases, Phases]:
-        """The phases ``device`` runs: with fusion, each fused group is one of the device's kernels."""
-        key = (opts, device)
-        if key not in self._phases:
-            fwd, bwd = self._split(opts)
-            if opts.fusion:
-                self._lower(fwd, bwd, device)
-            fwd.without_concat = [st for st in fwd.programs[TASK] if st[0] is not self.gather_concat]
-            self._phases[key] = (fwd, bwd)
-        return self._phases[key]
-
-    def _keep(self, fwd: Phases, bwd: Phases) -> set:
-        """Values read outside the phase program computing them: fused groups must write them."""
-        crossing = {x for ph in (fwd, bwd) for r in ph.reads for x in r}
-        return crossing | set(self.fwd_tensors) | set(self.pushes.values()) | set(self.leaf_grads.values()) \
-            | set(self.param_grads.values()) | ({self.scattered} if self.scattered is not None else set())
-
-    def fusion_groups(self, opts: EngineOptions = EngineOptions()) -> list:
-        """Every fused group of F and ∂F under ``opts`` (target-neutral, whether or not a C compiler is
-        here): what the C backend compiles and the CUDA backend renders."""
-        fwd, bwd = self._split(replace(opts, fusion=True))
-        keep = self._keep(fwd, bwd)
-        return [g for prog in fwd.programs + bwd.programs for g in plan(prog, keep)]
-
-    def _lower(self, fwd: Phases, bwd: Phases, device: Device) -> None:
-        """Fuse each phase's elementwise nodes into kernels; values read outside a phase end a group."""
-        programs, groups = lower(fwd.programs + bwd.programs, self._keep(fwd, bwd), device.fused)
-        for i, ph in enumerate((fwd, bwd)):
-            ph.programs, ph.groups = programs[3 * i:3 * i + 3], groups[3 * i:3 * i + 3]
-            ph.inplace = {o for gs in ph.groups for g in gs for o in g.outputs}
-            for p in (PRE, TASK, POST):
-                ph.programs[p], ph.concats[p] = _elide_concats(ph.programs[p])
-
-    @property
-    def params(self):
-        return self.F.graph.params
-
-    def labels(self) -> tuple[dict, dict, list]:
-        """Class labels of F's and ∂F's nodes ('static' = once per batch) and ∂F's outputs."""
-        fl = {n: ("static" if not n.has_rows else c) for n, c in self.fwd_class.items()}
-        bl = dict(self.bwd_class)
-        bl.update({n: "static" for n in self.static_bwd})
-        bl.update({n: "forward value" for n in self.fwd_nodes})
-        return fl, bl, list(self.leaf_grads.values()) + list(self.param_grads.values())
-
-    def dump(self, opts: EngineOptions | None = None) -> str:
-        """F and ∂F, one line per node, with every node's class (eager / lazy / recurrent / static); then
-        the steps each phase runs under ``opts`` (default: the default switches), fused groups shown as
-        ``fused[ops] -> outputs``."""
-        fl, bl, outs = self.labels()
-        text = (f"F of '{self.F.name}':\n{self.F.graph.dump(fl)}\n"
-                f"∂F of '{self.F.name}':\n{Graph(outs).dump(bl)}")
-        lines = []
-        for label, ph in zip(("F", "∂F"), self.phases(opts or EngineOptions())):
-            for p, when in ((PRE, "before tasks"), (TASK, "per task"), (POST, "after tasks")):
-                if ph.programs[p]:
-                    lines.append(f"{label} {when}: {len(ph.programs[p])} steps")
-                    lines += [f"  {_step_text(st)}" for st in ph.programs[p]]
-        return text + "\nsteps:\n" + "\n".join(lines)
-
-    def to_dot(self, backward: bool = False) -> str:
-        """Graphviz source of F (or ∂F) with the classes in the node labels."""
-        fl, bl, outs = self.labels()
-        return Graph(outs).to_dot(bl) if backward else self.F.graph.to_dot(fl)
 
 
 @dataclass
@@ -261,58 +41,10 @@ class RunState:
     device: Device = CPU
 
 
-def _run(xp, program, local, static, ctx, outs) -> None:
-    """Run the steps in order; a step whose node is in ``outs`` writes its result there (no copy)."""
-    for node, impl, ins, attrs, needs_ctx in program:
-        args = [local[x] if x in local else static[x] for x in ins]
-        if needs_ctx:
-            local[node] = impl(xp, *args, ctx=ctx, **attrs)
-        elif attrs is FUSED:  # node is the tuple of the group's outputs
-            for o, y in zip(node, impl(args, [outs.get(o) for o in node])):
-                local[o] = y
-        else:
-            local[node] = impl(xp, *args, **attrs)
-
-
 def _device_index(xp, rows: np.ndarray):
     """:func:`row_index` for writing into an array of ``xp``: index arrays moved to its device."""
     ix = row_index(rows)
     return ix if isinstance(ix, slice) or xp is np else xp.asarray(ix)
-
-
-def _step_text(step) -> str:
-    node, impl, ins, attrs, _ = step
-    if attrs is FUSED:
-        names = ", ".join(o.name or f"%{o.id}" for o in node)
-        return f"fused[{' '.join(n.op for n in impl.group.nodes)}] -> {names}"
-    return f"{node.op} -> {node.name or f'%{node.id}'}"
-
-
-def _computed(program) -> list:
-    """Nodes a program computes (a fused step computes all its group's outputs)."""
-    return [x for node, *_, attrs, _ in program for x in (node if attrs is FUSED else (node,))]
-
-
-def _column_blocks(n) -> list | None:
-    """[(input, first column, end)] when ``n``'s value is its inputs side by side (the registry's answer)."""
-    blocks = OPS[n.op].column_blocks
-    return None if blocks is None else blocks(n)
-
-
-def _elide_concats(program: list) -> tuple[list, list]:
-    """Concats along the last axis whose parts are all outputs of fused steps of this program: the kernels
-    write the parts straight into column blocks of the concat's buffer and the concat step disappears."""
-    made = {o for st in program if st[3] is FUSED for o in st[0]}
-    out, concats, taken = [], [], set()
-    for st in program:
-        n = st[0]
-        blocks = _column_blocks(n) if st[3] is not FUSED else None
-        if blocks and all(x in made and x not in taken for x in n.inputs):
-            concats.append((n, blocks))
-            taken.update(n.inputs)
-            continue
-        out.append(st)
-    return out, concats
 
 
 def _stores(tensors: dict, ph: Phases, p: int, computed) -> tuple[list, list, list]:
@@ -376,7 +108,7 @@ def forward(fns: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContex
         kp = plan.kinds[kid] if kid < len(plan.kinds) else None
         tensors, static = {}, {}
         if fn is not None and kp is not None:
-            eval_nodes(fn.static_fwd, static, {}, params, ctx, xp=xp)
+            evaluate(fn.static_fwd, static, {}, params, ctx, xp=xp)
             ph, _ = fn.phases(opts, device)
             keep = list(dict.fromkeys((fn.fwd_tensors if training else []) + [x for r in ph.reads for x in r]))
             tensors = _tensors(pool, kid, keep, kp.n, xp)
@@ -390,7 +122,8 @@ def forward(fns: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContex
         ph, _ = fn.phases(opts, device)
         bs = sl.stop - sl.start
         cctx.row_keys = kp.row_keys[sl]
-        local = {x: tensors[x].buffer[sl] for x in ph.reads[p]}
+        local = dict(state.statics[kid])   # the values computed once per batch, then this chunk's rows
+        local.update((x, tensors[x].buffer[sl]) for x in ph.reads[p])
         program = ph.programs[p]
         views = [kp.views[j].get(sl.start) for j in fn.gathers] if p == TASK and opts.gather_elision else None
         for j, gnode in fn.gathers.items():
@@ -419,7 +152,7 @@ def forward(fns: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContex
                 and ph.phase.get(src) == p):
             outs[src] = state.scatter[grows]   # the kernel computing the scattered value writes it in place
             direct = True
-        _run(xp, program, local, state.statics[kid], cctx, outs)
+        run_steps(program, local, xp, cctx, outs)
         if fn.scattered is not None and ph.phase[fn.scattered] == p and not direct:
             state.scatter[grows] = local[fn.scattered]
         for name, pnode in fn.pushes.items():
@@ -491,7 +224,7 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
     active = []
     for kid, fn in enumerate(fns):
         if fn is not None and kid < len(plan.kinds) and plan.kinds[kid] is not None:
-            eval_nodes(fn.static_bwd, state.statics[kid], {}, params, ctx, xp=xp)
+            evaluate(fn.static_bwd, state.statics[kid], {}, params, ctx, xp=xp)
             _, bph = fn.phases(opts, device)  # only values that cross phases need rows kept
             btensors[kid] = _tensors(pool, kid, [x for r in bph.reads for x in r], plan.kinds[kid].n, xp)
             bstores[kid] = [_stores(btensors[kid], bph, p, _computed(bph.programs[p])) for p in (PRE, TASK, POST)]
@@ -511,7 +244,8 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
         _, ph = fn.phases(opts, device)
         bs = sl.stop - sl.start
         cctx.row_keys = kp.row_keys[sl]
-        local = {node: t.buffer[sl] for node, t in state.tensors[kid].items()}
+        local = dict(static)
+        local.update((node, t.buffer[sl]) for node, t in state.tensors[kid].items())
         if fn.scatter_parts:
             rows = state.scatter[goff:goff + bs] if goff is not None else kind_rows(kid)
             local.update((x, rows[:, a:b]) for x, (a, b) in fn.scatter_parts.items() if x not in local)
@@ -532,19 +266,19 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
         outs = {node: t.buffer[sl] for node, t in inplace}
         if concats:
             _concat_buffers(xp, concats, outs, local, bs)
-        _run(xp, ph.programs[p], local, static, cctx, outs)
+        run_steps(ph.programs[p], local, xp, cctx, outs)
         for node, t in copied:
             t.buffer[sl] = local[node]
         return local
 
     def emit(kid, p, sl, local):
         """Add phase ``p``'s gradients for rows ``sl`` to children, pull buffers and parameters."""
-        fn, kp, static = fns[kid], plan.kinds[kid], state.statics[kid]
+        fn, kp = fns[kid], plan.kinds[kid]
         _, ph = fn.phases(opts, device)
         for leaf, gnode in fn.leaf_grads.items():
             if ph.phase[gnode] != p:
                 continue
-            g = local[gnode] if gnode in local else static[gnode]
+            g = local[gnode]
             j = fn.gather_slot.get(leaf)
             if j is not None:
                 view = kp.views[j].get(sl.start) if p == TASK and opts.gather_elision else None

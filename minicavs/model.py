@@ -25,7 +25,7 @@ from .cpu import CPU
 from .cuda import Cuda, require as require_cuda
 from .engine import CompiledFunction, EngineOptions, backward, forward
 from .errors import FeedError, InputGraphError, ShapeError
-from .executor import RunContext, eval_nodes
+from .program import RunContext, evaluate
 from .graph import Graph, Node, fmt_shape
 from .inputs import Batch, InputGraph, make_batch
 from .memory import plan_memory
@@ -270,7 +270,7 @@ class Model:
         result = Result(None)
         states = {}
         for s, stage in zip(self.structures, self.stages):
-            eval_nodes(stage, env, feeds, params, ctx, xp=xp)
+            evaluate(stage, env, feeds, params, ctx, xp=xp)
             batch, plan, fns = plans[s.name]
             pull_bufs = {}
             for name, src in s.pulls.items():
@@ -290,7 +290,7 @@ class Model:
                 if name not in st.pushes:
                     raise FeedError(f"structure '{s.name}': no vertex in the batch pushes '{name}'")
                 env[node] = st.pushes[name]
-        eval_nodes(self.final_stage, env, feeds, params, ctx, xp=xp)
+        evaluate(self.final_stage, env, feeds, params, ctx, xp=xp)
         result.outputs = {k: device.to_host(env[v]) for k, v in self.outputs.items()}   # for metrics: host
         result.states = states
         if self.loss is not None:
@@ -317,7 +317,7 @@ class Model:
                 if g is None:
                     push_grads[name] = xp.zeros_like(env[s._pushed[name]])
                 else:
-                    eval_nodes(Graph([g]).nodes, benv, feeds, params, ctx, xp=xp)
+                    evaluate(Graph([g]).nodes, benv, feeds, params, ctx, xp=xp)
                     push_grads[name] = densify(xp, benv[g])  # e.g. a lookup picked root rows
             for name in {n for f in s.functions.values() for n in f.pushes} - set(push_grads):
                 push_grads[name] = xp.zeros_like(states[s.name].pushes[name])  # consumed by nothing
@@ -331,7 +331,7 @@ class Model:
                 benv.pop(node, None)
         sg = self.static_param_grad
         if sg:
-            eval_nodes(Graph(list(sg.values())).nodes, benv, feeds, params, ctx, xp=xp)
+            evaluate(Graph(list(sg.values())).nodes, benv, feeds, params, ctx, xp=xp)
             for name, g in sg.items():
                 grads[name] = add_all(xp, [grads[name], benv[g]]) if name in grads else benv[g]
         return grads

@@ -17,7 +17,6 @@ from minicavs.cuda.compiler import compile_source, compilers_available
 from minicavs.cuda.emulation import Emulator, kernels_in
 from minicavs.config import REPO_ROOT, load_config, load_model_module
 from minicavs.engine import EngineOptions
-from minicavs.kernels import FUSED
 from minicavs.graph import Graph
 from minicavs.passes.fusion import fuse
 
@@ -94,8 +93,8 @@ def test_the_groups_a_cuda_device_lowers_are_all_checked(groups_of, opts, emulat
     checked = {cuda.render(g)[1] for g in groups_of["tree_lstm"]}
     for fn in task.model.structures[0].compiled.values():
         fwd, bwd = fn.phases(opts, device)
-        sources = [st[1].kernel.source for ph in (fwd, bwd) for prog in ph.programs for st in prog
-                   if st[3] is FUSED]
+        sources = [st.run.kernel.source for ph in (fwd, bwd) for prog in ph.programs for st in prog
+                   if st.fused]
         assert sources and set(sources) <= checked
 
 
