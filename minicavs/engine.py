@@ -20,7 +20,7 @@ import numpy as np
 from .backend import Backend as Device
 from .compile import POST, PRE, TASK, CompiledFunction, EngineOptions, Phases, _computed  # noqa: F401 (re-exported)
 from .cpu import CPU
-from .memory import DynamicTensor, MemoryPlan
+from .memory import MemoryPlan, Workspace
 from .ops.message import as_slice, gather_adjoint, gather_rows, put_rows, row_index, take_rows
 from .program import RunContext, evaluate, run_steps
 from .sparse import RowSparse, add_all
@@ -39,6 +39,7 @@ class RunState:
     copies: dict = field(default_factory=dict)      # rows moved by gather / pull / push
     pull_bufs: dict = field(default_factory=dict)    # the pulled buffers, read again by backward
     device: Device = CPU
+    workspace: Workspace | None = None              # the buffers (reused across batches) it ran in
 
 
 def _device_index(xp, rows: np.ndarray):
@@ -76,29 +77,19 @@ def _concat_buffers(xp, concats, outs: dict, local: dict, bs: int, scatter_rows=
     return direct_scatter
 
 
-def _tensors(pool, kid, nodes, n, xp):
-    out = {}
-    for node in nodes:
-        t = pool.get((kid, node))
-        if t is None:
-            t = pool[(kid, node)] = DynamicTensor(node.name or node.op, node.vshape, node.dtype.np, xp)
-        t.resize(n)
-        out[node] = t
-    return out
-
-
 def forward(fns: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContext, message,
-            dtype, training: bool = True, pool: dict | None = None,
+            dtype, training: bool = True, workspace: Workspace | None = None,
             opts: EngineOptions = EngineOptions(), device: Device = CPU) -> RunState:
     """Evaluate F at every vertex: eager phase, task loop, lazy phase. ``fns[kid]`` compiles kind ``kid``.
-    Arrays (parameters, pull buffers, the pool's tensors) are ``device``'s."""
+    Arrays (parameters, pull buffers, the workspace's buffers) are ``device``'s; the workspace (the model's,
+    reused across batches; a fresh one by default) is kept in the state for backward."""
     n = plan.num_vertices
     xp = device.xp
-    pool = {} if pool is None else pool
+    workspace = Workspace(xp) if workspace is None else workspace
     state = RunState(plan, opts, None, copies={"gather": 0, "gathered": 0, "pull": 0, "push": 0},
-                     pull_bufs=pull_bufs, device=device)
+                     pull_bufs=pull_bufs, device=device, workspace=workspace)
     if message is not None:
-        state.scatter = xp.empty((n + 1,) + tuple(message), dtype.np)
+        state.scatter = workspace.scatter_rows(n + 1, tuple(message), dtype.np)
         state.scatter[n] = 0
     for name, order in plan.push_order.items():
         shape = next(f.pushes[name].vshape for f in fns if f is not None and name in f.pushes)
@@ -111,7 +102,7 @@ def forward(fns: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContex
             evaluate(fn.static_fwd, static, {}, params, ctx, xp=xp)
             ph, _ = fn.phases(opts, device)
             keep = list(dict.fromkeys((fn.fwd_tensors if training else []) + [x for r in ph.reads for x in r]))
-            tensors = _tensors(pool, kid, keep, kp.n, xp)
+            tensors = workspace.tensors(workspace.forward, kid, keep, kp.n)
             active.append(kid)
         state.tensors.append(tensors)
         state.statics.append(static)
@@ -190,13 +181,14 @@ def forward(fns: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContex
     return state
 
 
-def _scatter_grad(xp, fns: list, plan: MemoryPlan, scatter):
+def _scatter_grad(xp, fns: list, plan: MemoryPlan, scatter, workspace: Workspace):
     """The gradient of the scatter tensor, before any parent has sent anything. In a forest every vertex
     that some parent gathers (with a gradient) receives exactly one write, so only the other rows (roots,
     children whose gather has no gradient) need zeros; a DAG's rows accumulate, so all start at zero."""
+    sgrad = workspace.scatter_grad_rows(scatter)
     if not plan.forest:
-        return xp.zeros_like(scatter)
-    sgrad = xp.empty_like(scatter)
+        sgrad.fill(0)
+        return sgrad
     unwritten = np.ones(len(scatter), bool)
     for kid, fn in enumerate(fns):
         kp = plan.kinds[kid] if kid < len(plan.kinds) else None
@@ -215,10 +207,10 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
     plan, opts, device = state.plan, state.opts, state.device
     xp = device.xp
     n = plan.num_vertices
-    sgrad = None if state.scatter is None else _scatter_grad(xp, fns, plan, state.scatter)
+    workspace = state.workspace
+    sgrad = None if state.scatter is None else _scatter_grad(xp, fns, plan, state.scatter, workspace)
     pull_grads = {name: xp.zeros(shape, dtype.np) for name, shape in pull_shapes.items()}
     param_grads: dict = {}
-    pool: dict = {}
     btensors, bstores = {}, {}
     rows_k = device.rows(dtype.np)
     active = []
@@ -226,7 +218,8 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
         if fn is not None and kid < len(plan.kinds) and plan.kinds[kid] is not None:
             evaluate(fn.static_bwd, state.statics[kid], {}, params, ctx, xp=xp)
             _, bph = fn.phases(opts, device)  # only values that cross phases need rows kept
-            btensors[kid] = _tensors(pool, kid, [x for r in bph.reads for x in r], plan.kinds[kid].n, xp)
+            btensors[kid] = workspace.tensors(workspace.backward, kid, [x for r in bph.reads for x in r],
+                                              plan.kinds[kid].n)
             bstores[kid] = [_stores(btensors[kid], bph, p, _computed(bph.programs[p])) for p in (PRE, TASK, POST)]
             active.append(kid)
 
@@ -291,7 +284,7 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
             g = local[gnode]
             prev = param_grads.get(name)
             if prev is None:
-                param_grads[name] = g if isinstance(g, RowSparse) else g.copy()
+                param_grads[name] = g.copy()   # (a RowSparse's rows may be a view of the workspace)
             elif isinstance(prev, RowSparse) or isinstance(g, RowSparse):
                 param_grads[name] = add_all(xp, [prev, g])
             else:

@@ -28,7 +28,7 @@ from .errors import FeedError, InputGraphError, ShapeError
 from .program import RunContext, evaluate
 from .graph import Graph, Node, fmt_shape
 from .inputs import Batch, InputGraph, make_batch
-from .memory import plan_memory
+from .memory import Workspace, plan_memory
 from .ops import input as input_node
 from .ops import ones_like
 from .scheduler import get_policy
@@ -197,7 +197,17 @@ class Model:
                 for p in f.params:
                     self.param_nodes.setdefault(p.name, p)
         self._build_backward()
-        self._pool: dict = {}
+        self._workspaces: dict = {}
+        for s in self.structures:   # compile F and ∂F for the model's options and device now, not in a run
+            for fn in s.compiled.values():
+                fn.phases(self.options, self.device)
+
+    def workspace(self, structure: str) -> Workspace:
+        """The buffers the runs of ``structure`` reuse across batches (on the model's device)."""
+        key = (structure, self.device)
+        if key not in self._workspaces:
+            self._workspaces[key] = Workspace(self.device.xp)
+        return self._workspaces[key]
 
     def _build_backward(self):
         if self.loss is None:
@@ -280,9 +290,8 @@ class Model:
                     raise FeedError(f"structure '{s.name}': pull buffer '{name}' has {len(buf)} rows, the batch "
                                     f"has {want} vertices that pull it")
                 pull_bufs[name] = buf
-            pool = self._pool.setdefault((s.name, device), {})   # buffers live on the device
-            st = forward(fns, plan, pull_bufs, params, ctx, s.message, s.dtype, training=training, pool=pool,
-                         opts=options, device=device)
+            st = forward(fns, plan, pull_bufs, params, ctx, s.message, s.dtype, training=training,
+                         workspace=self.workspace(s.name), opts=options, device=device)
             states[s.name] = st
             result.pushes[s.name] = st.pushes
             result.batches[s.name] = (batch, plan)
