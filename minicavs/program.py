@@ -15,7 +15,9 @@ import numpy as np
 
 from .errors import FeedError
 from .graph import Node, fmt_shape
-from .compile import Step
+from .compile import POST, PRE, TASK, Phases, Step
+from .ops.message import as_slice, gather_adjoint, put_rows, row_index, take_rows
+from .sparse import RowSparse, add_all
 
 
 @dataclass
@@ -93,3 +95,347 @@ def evaluate(nodes: Sequence[Node], env: dict, feeds: Mapping, params: Mapping, 
         else:
             steps.append(Step.of(n))
     run_steps(steps, env, xp, ctx)
+
+
+# --- batch programs: a compiled template bound to one batch -------------------------------------------
+
+PHASE_NAMES = ("before tasks", "task", "after tasks")
+
+
+class Block:
+    """The bound steps of one phase of one vertex kind over some of its rows (one task's, or all the kind's
+    rows before / after the task loop), in the order they run:
+
+    ``views``     values bound to arrays at bind time: a tensor's rows, a strided block of the scatter
+                  tensor (an elided gather), a slice of a pull buffer
+    ``takes``     values copied in by one row gather at run time (a gather, a pull by index)
+    ``stores_in`` values copied into a tensor before the steps (a cotangent a later phase reads again)
+    ``outs``      where steps write in place (a tensor's rows, the scatter tensor's rows)
+    ``concats``   elided concats: the buffer the parts' kernels write their column blocks into (None: new)
+    ``steps``     the compiled steps (registry ops and fused kernels)
+    ``writes``    values copied out after the steps (``dst[index] = value``)
+    ``puts``      values moved out by one row scatter (a push)
+    ``adjoints``  backward only: gradients added into children's rows (gather) or put into a pull buffer's
+                  gradient; ``param_grads``: gradients summed into F's parameter gradients
+
+    Each entry keeps a text saying where (for :meth:`BatchProgram.dump`). ``stream``: "eager" when the block
+    runs on the second stream (its ``adjoints`` and ``param_grads`` still run on the main one)."""
+
+    __slots__ = ("kind", "kid", "phase", "task", "rows", "row_keys", "stream", "views", "takes", "stores_in",
+                 "outs", "concats", "steps", "writes", "puts", "adjoints", "param_grads")
+
+    def __init__(self, kind: str, kid: int, phase: int, task, rows: slice, row_keys, stream: str = "main"):
+        self.kind, self.kid, self.phase, self.task, self.rows = kind, kid, phase, task, rows
+        self.row_keys, self.stream = row_keys, stream
+        self.views, self.takes, self.stores_in, self.outs, self.concats = [], [], [], [], []
+        self.steps, self.writes, self.puts, self.adjoints, self.param_grads = [], [], [], [], []
+
+    @property
+    def size(self) -> int:
+        return self.rows.stop - self.rows.start
+
+    def header(self) -> str:
+        where = f"task {self.task}" if self.task is not None else PHASE_NAMES[self.phase]
+        stream = " [eager stream]" if self.stream == "eager" else ""
+        return f"{where}: kind '{self.kind}' rows {self.rows.start}:{self.rows.stop}{stream}"
+
+    def lines(self) -> list[str]:
+        out = [f"{_name(n)} = {what}" for n, _, what in self.views]
+        out += [f"{_name(n)} = {what}" for n, _, _, what in self.takes]
+        out += [f"{what} = {_name(n)}" for n, _, what in self.stores_in]
+        writes_to = {n: what for n, _, what in self.outs}
+        for c, parts, _, what in self.concats:
+            writes_to[c] = what
+            writes_to.update((m, f"{what}[:, {a}:{b}]") for m, a, b in parts)
+        for step in self.steps:
+            into = [writes_to[o] for o in step.outputs if o in writes_to]
+            out.append(step.text(_name) + (f"  -> {', '.join(into)}" if into else ""))
+        out += [f"{what} = {_name(n)}" for n, _, _, what in self.writes]
+        out += [f"{what} = {_name(n)}" for n, _, _, what in self.puts]
+        out += [f"{what} += {_name(n)}" for n, _, _, _, what in self.adjoints]
+        out += [f"grad '{name}' += {_name(n)}" for name, n in self.param_grads]
+        return out
+
+
+def _name(n: Node) -> str:
+    return n.name or f"%{n.id}"
+
+
+class BatchProgram:
+    """F's (or ∂F's) steps bound to one batch: the blocks before the task loop, one block per task (in the
+    order they run: forward order, or the task stack popped for backward) and the blocks after it."""
+
+    def __init__(self, title: str, before: list, tasks: list, after: list, copies: dict):
+        self.title, self.before, self.tasks, self.after, self.copies = title, before, tasks, after, copies
+
+    def blocks(self) -> list:
+        return self.before + self.tasks + self.after
+
+    def dump(self) -> str:
+        """One bound step per line, jaxpr-like, block by block."""
+        lines = [f"{self.title}:"]
+        for block in self.blocks():
+            lines.append(f"  {block.header()}")
+            lines += [f"    {line}" for line in block.lines()]
+        return "\n".join(lines)
+
+
+def run_block(block: Block, statics: dict, xp, ctx: RunContext, backend) -> dict:
+    """The interpreter of bound steps: move rows in, run the block's steps, move rows out. Returns the
+    block's values (backward emits its gradients from them with :func:`emit_gradients`)."""
+    ctx.row_keys = block.row_keys
+    env = dict(statics)
+    for node, array, _ in block.views:
+        env[node] = array
+    for node, buffer, index, _ in block.takes:
+        env[node] = backend.take(buffer, index)
+    for node, dst, _ in block.stores_in:
+        dst[...] = env[node]
+    outs = {node: array for node, array, _ in block.outs}
+    for concat, parts, dest, _ in block.concats:
+        if dest is None:
+            dest = xp.empty((block.size, concat.shape[1]), concat.dtype.np)
+        env[concat] = dest
+        for part, a, b in parts:
+            outs[part] = dest[:, a:b]
+    run_steps(block.steps, env, xp, ctx, outs)
+    for node, dst, index, _ in block.writes:
+        dst[index] = env[node]
+    for node, buffer, index, _ in block.puts:
+        if isinstance(index, slice):
+            buffer[index] = env[node]
+        else:
+            backend.put(buffer, index, env[node])
+    return env
+
+
+def emit_gradients(block: Block, env: dict, param_grads: dict, xp) -> None:
+    """Backward: add the block's gradients into children's rows and pull buffers' gradients (the message
+    ops' adjoints, ops/message.py) and into F's parameter gradients."""
+    for node, adjoint, before, after, _ in block.adjoints:
+        adjoint(*before, env[node], *after)
+    for name, node in block.param_grads:
+        g = env[node]
+        prev = param_grads.get(name)
+        if prev is None:
+            param_grads[name] = g.copy()   # (a RowSparse's rows may be a view of the workspace)
+        elif isinstance(prev, RowSparse) or isinstance(g, RowSparse):
+            param_grads[name] = add_all(xp, [prev, g])
+        else:
+            prev += g
+
+
+def _rows_text(index) -> str:
+    if isinstance(index, slice):
+        return f"{index.start}:{index.stop}" + (f":{index.step}" if index.step not in (None, 1) else "")
+    return "[" + ", ".join(str(int(i)) for i in index) + "]"
+
+
+def _stores(tensors: dict, ph: Phases, p: int, computed) -> tuple[list, list, list]:
+    """The tensors phase ``p`` writes, split into (written in place by a step, copied after the
+    program), and the phase's elided concats. A concat's parts are written into the concat's buffer, so
+    a part stored in its own tensor is copied there; a concat stored in a tensor is its buffer."""
+    concats = ph.concats[p]
+    parts = {m for _, ms in concats for m, _, _ in ms}
+    direct = (ph.inplace - parts) | {c for c, _ in concats}
+    computed = list(computed) + [c for c, _ in concats if c not in computed]
+    pairs = [(node, tensors[node]) for node in computed if node in tensors]
+    return [x for x in pairs if x[0] in direct], [x for x in pairs if x[0] not in direct], concats
+
+
+def bind_forward(fns: list, plan, state, opts, device, active: list) -> BatchProgram:
+    """F's phases bound to the batch: every block's views, row indices and output buffers decided now, so
+    the task loop only runs them."""
+    scatter, pull_bufs = state.scatter, state.pull_bufs
+    copies = {"gather": 0, "gathered": 0, "pull": 0, "push": 0}
+    stores = {}
+    for kid in active:
+        ph, _ = fns[kid].phases(opts, device)
+        tensors = state.tensors[kid]
+        stores[kid] = [_stores(tensors, ph, p, [x for x in tensors if ph.phase.get(x) == p]) for p in (PRE, TASK, POST)]
+
+    def bind(kid, p, sl, grows, task, stream="main") -> Block:
+        fn, kp, tensors = fns[kid], plan.kinds[kid], state.tensors[kid]
+        ph, _ = fn.phases(opts, device)
+        block = Block(kp.name, kid, p, task, sl, kp.row_keys[sl], stream)
+        bs = sl.stop - sl.start
+        block.views += [(x, tensors[x].buffer[sl], f"tensor {_name(x)}[{sl.start}:{sl.stop}]") for x in ph.reads[p]]
+        program = ph.programs[p]
+        views = [kp.views[j].get(sl.start) for j in fn.gathers] if p == TASK and opts.gather_elision else None
+        for j, gnode in fn.gathers.items():
+            if ph.phase[gnode] != p:
+                continue
+            view = None if views is None else views[j]
+            child_rows = kp.child_rows[j][sl]
+            if view is None:
+                block.takes.append((gnode, scatter, child_rows, f"take scatter[{_rows_text(child_rows)}]"))
+                copies["gather"] += bs
+            else:
+                start, step = view
+                if step:
+                    block.views.append((gnode, scatter[start:start + step * (bs - 1) + 1:step],
+                                        f"view scatter[{start}:{start + step * (bs - 1) + 1}:{step}]"))
+                else:
+                    block.views.append((gnode, device.xp.broadcast_to(scatter[start], (bs,) + scatter.shape[1:]),
+                                        f"view scatter[{start}] (zero row) x {bs}"))
+            copies["gathered"] += bs
+        cat = fn.gather_concat
+        if cat is not None and views is not None and ph.phase.get(cat) == p:
+            k = len(views)
+            if all(v is not None and v[1] == k and v[0] == views[0][0] + j for j, v in enumerate(views)):
+                first = views[0][0]
+                block.views.append((cat, scatter[first:first + k * bs].reshape(bs, -1),
+                                    f"view scatter[{first}:{first + k * bs}] as {bs} rows"))
+                program = ph.without_concat
+        for name, pnode in fn.pulls.items():
+            if ph.phase[pnode] == p:
+                rows = kp.pull_rows[name][sl]
+                index = row_index(rows)
+                if isinstance(index, slice):
+                    block.views.append((pnode, pull_bufs[name][index], f"view pull {name}[{_rows_text(index)}]"))
+                else:
+                    block.takes.append((pnode, pull_bufs[name], rows, f"take pull {name}[{_rows_text(rows)}]"))
+                copies["pull"] += bs
+        inplace, copied, concats = stores[kid][p]
+        block.outs += [(node, t.buffer[sl], f"tensor {_name(node)}[{sl.start}:{sl.stop}]") for node, t in inplace]
+        written = {node for node, _, _ in block.outs} | {m for _, parts in concats for m, _, _ in parts}
+        src, direct = fn.scatter_source, False
+        scatter_rows = isinstance(grows, slice)
+        where = f"scatter[{_rows_text(grows)}]"
+        for c, parts in concats:
+            dest = next((a for node, a, _ in block.outs if node is c), None)
+            what = next((w for node, _, w in block.outs if node is c), None)
+            if dest is None and c is src and scatter_rows:
+                dest, what, direct = scatter[grows], where, True
+            block.concats.append((c, parts, dest, what or f"new {_name(c)}"))
+        if (not direct and src in ph.inplace and src not in written and scatter_rows
+                and ph.phase.get(src) == p):
+            block.outs.append((src, scatter[grows], where))   # the kernel computing it writes it in place
+            direct = True
+        block.steps = program
+        if fn.scattered is not None and ph.phase[fn.scattered] == p and not direct:
+            block.writes.append((fn.scattered, scatter, grows, where))
+        for name, pnode in fn.pushes.items():
+            if ph.phase[pnode] == p:
+                index = row_index(kp.push_rows[name][sl])
+                block.puts.append((pnode, state.pushes[name], index, f"push {name}[{_rows_text(index)}]"))
+                copies["push"] += bs
+        block.writes += [(node, t.buffer, sl, f"tensor {_name(node)}[{sl.start}:{sl.stop}]") for node, t in copied]
+        return block
+
+    whole = {kid: (slice(0, plan.kinds[kid].n), as_slice(plan.schedule.row[plan.kinds[kid].vertices]))
+             for kid in active}
+    tasks = [(kid, slice(koff, koff + bs), slice(goff, goff + bs)) for kid, koff, bs, goff in plan.tasks]
+    if opts.streaming:   # eager nodes on the second stream, task by task ahead of the recurrent path
+        before = [bind(kid, PRE, sl, grows, t, "eager") for t, (kid, sl, grows) in enumerate(tasks)]
+    else:
+        before = [bind(kid, PRE, *whole[kid], None) for kid in active]
+    per_task = [bind(kid, TASK, sl, grows, t) for t, (kid, sl, grows) in enumerate(tasks)]
+    after = [bind(kid, POST, *whole[kid], None) for kid in active]
+    return BatchProgram("F", before, per_task, after, copies)
+
+
+def bind_backward(fns: list, plan, state, opts, device, active: list, btensors: dict, scatter_grad,
+                  push_grads: dict, pull_grads: dict, row_kernels) -> BatchProgram:
+    """∂F's phases bound to the batch: the task stack popped (tasks in reverse), forward values read back
+    from their tensors, the scatter tensor and the pull buffers at the same rows, gradients added into the
+    children's rows of the scatter gradient and into the pull buffers' gradients."""
+    scatter = state.scatter
+    stores = {kid: [_stores(btensors[kid], fns[kid].phases(opts, device)[1], p,
+                            [x for st in fns[kid].phases(opts, device)[1].programs[p] for x in st.outputs])
+                    for p in (PRE, TASK, POST)] for kid in active}
+    whole_rows: dict = {}
+
+    def kind_rows(kid):
+        """All of a kind's rows of the scatter tensor, in kind order: a slice when its tasks are adjacent."""
+        if kid not in whole_rows:
+            rows = plan.schedule.row[plan.kinds[kid].vertices]
+            index = row_index(rows)
+            whole_rows[kid] = (take_rows(device, scatter, rows), _rows_text(index))
+        return whole_rows[kid]
+
+    def bind(kid, p, sl, goff, task, stream="main") -> Block:
+        fn, kp = fns[kid], plan.kinds[kid]
+        _, ph = fn.phases(opts, device)
+        block = Block(kp.name, kid, p, task, sl, kp.row_keys[sl], stream)
+        bs = sl.stop - sl.start
+        rows_text = f"[{sl.start}:{sl.stop}]"
+        bound = set()
+
+        def view(node, array, what):
+            block.views.append((node, array, what))
+            bound.add(node)
+
+        for node, t in state.tensors[kid].items():
+            view(node, t.buffer[sl], f"tensor {_name(node)}{rows_text}")
+        if fn.scatter_parts:
+            if goff is not None:
+                rows, where = scatter[goff:goff + bs], f"{goff}:{goff + bs}"
+            else:
+                rows, where = kind_rows(kid)
+            for x, (a, b) in fn.scatter_parts.items():
+                if x not in bound:
+                    view(x, rows[:, a:b], f"view scatter[{where}][:, {a}:{b}]")
+        for name, x in fn.pull_reads.items():
+            if x not in bound:
+                pull_rows = kp.pull_rows[name][sl]
+                index = row_index(pull_rows)
+                if isinstance(index, slice):
+                    view(x, state.pull_bufs[name][index], f"view pull {name}[{_rows_text(index)}]")
+                else:
+                    block.takes.append((x, state.pull_bufs[name], pull_rows, f"take pull {name}[{_rows_text(pull_rows)}]"))
+        for x in ph.reads[p]:
+            if x in btensors[kid]:
+                view(x, btensors[kid][x].buffer[sl], f"tensor {_name(x)}{rows_text}")
+        for out, ct in fn.ct.items():
+            if ph.phase[ct] != p:
+                continue
+            if out is fn.scattered:
+                view(ct, scatter_grad[goff:goff + bs], f"view scatter grad[{goff}:{goff + bs}]")
+            else:
+                push_rows = kp.push_rows[out.name][sl]
+                index = row_index(push_rows)
+                if isinstance(index, slice):
+                    view(ct, push_grads[out.name][index], f"view push grad {out.name}[{_rows_text(index)}]")
+                else:
+                    block.takes.append((ct, push_grads[out.name], push_rows,
+                                        f"take push grad {out.name}[{_rows_text(push_rows)}]"))
+            if ct in btensors[kid]:
+                block.stores_in.append((ct, btensors[kid][ct].buffer[sl], f"tensor {_name(ct)}{rows_text}"))
+        inplace, copied, concats = stores[kid][p]
+        block.outs += [(node, t.buffer[sl], f"tensor {_name(node)}{rows_text}") for node, t in inplace]
+        for c, parts in concats:
+            dest = next((a for node, a, _ in block.outs if node is c), None)
+            what = next((w for node, _, w in block.outs if node is c), None)
+            block.concats.append((c, parts, dest, what or f"new {_name(c)}"))
+        block.steps = ph.programs[p]
+        block.writes += [(node, t.buffer, sl, f"tensor {_name(node)}{rows_text}") for node, t in copied]
+        for leaf, gnode in fn.leaf_grads.items():
+            if ph.phase[gnode] != p:
+                continue
+            j = fn.gather_slot.get(leaf)
+            if j is not None:
+                elided = kp.views[j].get(sl.start) if p == TASK and opts.gather_elision else None
+                child_rows = kp.child_rows[j][sl]
+                if elided is not None:
+                    start, step = elided
+                    what = f"scatter grad[{start}:{start + step * (bs - 1) + 1}:{step}]"
+                else:
+                    what = f"scatter grad[{_rows_text(child_rows)}]"
+                block.adjoints.append((gnode, gather_adjoint, (device, scatter_grad, child_rows, elided),
+                                       (plan.forest, row_kernels), what))
+            else:
+                pull_rows = kp.pull_rows[leaf.name][sl]
+                block.adjoints.append((gnode, put_rows, (device, pull_grads[leaf.name], pull_rows), (),
+                                       f"pull grad {leaf.name}[{_rows_text(row_index(pull_rows))}]"))
+        block.param_grads += [(name, gnode) for name, gnode in fn.param_grads.items() if ph.phase[gnode] == p]
+        return block
+
+    stack = [(kid, slice(koff, koff + bs), goff) for kid, koff, bs, goff in reversed(plan.tasks)]
+    if opts.streaming:
+        before = [bind(kid, PRE, sl, goff, len(stack) - 1 - i, "eager") for i, (kid, sl, goff) in enumerate(stack)]
+    else:
+        before = [bind(kid, PRE, slice(0, plan.kinds[kid].n), None, None) for kid in active]
+    per_task = [bind(kid, TASK, sl, goff, len(stack) - 1 - i) for i, (kid, sl, goff) in enumerate(stack)]
+    after = [bind(kid, POST, slice(0, plan.kinds[kid].n), None, None) for kid in active]
+    return BatchProgram("∂F", before, per_task, after, {})
