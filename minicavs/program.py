@@ -118,7 +118,8 @@ class Block:
     ``adjoints``  backward only: gradients added into children's rows (gather) or put into a pull buffer's
                   gradient; ``param_grads``: gradients summed into F's parameter gradients
 
-    Each entry keeps a text saying where (for :meth:`BatchProgram.dump`). ``stream``: "eager" when the block
+    Each entry keeps where it reads or writes as (template, *args), rendered only by
+    :meth:`BatchProgram.dump`. ``stream``: "eager" when the block
     runs on the second stream (its ``adjoints`` and ``param_grads`` still run on the main one)."""
 
     __slots__ = ("kind", "kid", "phase", "task", "rows", "row_keys", "stream", "views", "takes", "stores_in",
@@ -140,25 +141,34 @@ class Block:
         return f"{where}: kind '{self.kind}' rows {self.rows.start}:{self.rows.stop}{stream}"
 
     def lines(self) -> list[str]:
-        out = [f"{_name(n)} = {what}" for n, _, what in self.views]
-        out += [f"{_name(n)} = {what}" for n, _, _, what in self.takes]
-        out += [f"{what} = {_name(n)}" for n, _, what in self.stores_in]
-        writes_to = {n: what for n, _, what in self.outs}
+        """The bound steps as text, one a line: ``value = where it is read from``, the steps with
+        ``-> where they write``, ``where = value`` for copies out, ``where += value`` for adjoints."""
+        out = [f"{_name(n)} = {_where(what)}" for n, _, what in self.views]
+        out += [f"{_name(n)} = {_where(what)}" for n, _, _, what in self.takes]
+        out += [f"{_where(what)} = {_name(n)}" for n, _, what in self.stores_in]
+        writes_to = {n: _where(what) for n, _, what in self.outs}
         for c, parts, _, what in self.concats:
-            writes_to[c] = what
-            writes_to.update((m, f"{what}[:, {a}:{b}]") for m, a, b in parts)
+            writes_to[c] = _where(what)
+            writes_to.update((m, f"{_where(what)}[:, {a}:{b}]") for m, a, b in parts)
         for step in self.steps:
             into = [writes_to[o] for o in step.outputs if o in writes_to]
             out.append(step.text(_name) + (f"  -> {', '.join(into)}" if into else ""))
-        out += [f"{what} = {_name(n)}" for n, _, _, what in self.writes]
-        out += [f"{what} = {_name(n)}" for n, _, _, what in self.puts]
-        out += [f"{what} += {_name(n)}" for n, _, _, _, what in self.adjoints]
+        out += [f"{_where(what)} = {_name(n)}" for n, _, _, what in self.writes]
+        out += [f"{_where(what)} = {_name(n)}" for n, _, _, what in self.puts]
+        out += [f"{_where(what)} += {_name(n)}" for n, _, _, _, what in self.adjoints]
         out += [f"grad '{name}' += {_name(n)}" for name, n in self.param_grads]
         return out
 
 
 def _name(n: Node) -> str:
     return n.name or f"%{n.id}"
+
+
+def _where(what: tuple) -> str:
+    """Render a location kept as (template, *args) at bind time: formatting is left to dump()."""
+    template, *args = what
+    return template.format(*(_name(a) if isinstance(a, Node) else _rows_text(a)
+                             if isinstance(a, (slice, np.ndarray)) else a for a in args))
 
 
 class BatchProgram:
@@ -259,7 +269,7 @@ def bind_forward(fns: list, plan, state, opts, device, active: list) -> BatchPro
         ph, _ = fn.phases(opts, device)
         block = Block(kp.name, kid, p, task, sl, kp.row_keys[sl], stream)
         bs = sl.stop - sl.start
-        block.views += [(x, tensors[x].buffer[sl], f"tensor {_name(x)}[{sl.start}:{sl.stop}]") for x in ph.reads[p]]
+        block.views += [(x, tensors[x].buffer[sl], ("tensor {}[{}]", x, sl)) for x in ph.reads[p]]
         program = ph.programs[p]
         views = [kp.views[j].get(sl.start) for j in fn.gathers] if p == TASK and opts.gather_elision else None
         for j, gnode in fn.gathers.items():
@@ -268,16 +278,16 @@ def bind_forward(fns: list, plan, state, opts, device, active: list) -> BatchPro
             view = None if views is None else views[j]
             child_rows = kp.child_rows[j][sl]
             if view is None:
-                block.takes.append((gnode, scatter, child_rows, f"take scatter[{_rows_text(child_rows)}]"))
+                block.takes.append((gnode, scatter, child_rows, ("take scatter[{}]", child_rows)))
                 copies["gather"] += bs
             else:
                 start, step = view
                 if step:
                     block.views.append((gnode, scatter[start:start + step * (bs - 1) + 1:step],
-                                        f"view scatter[{start}:{start + step * (bs - 1) + 1}:{step}]"))
+                                        ("view scatter[{}]", slice(start, start + step * (bs - 1) + 1, step))))
                 else:
                     block.views.append((gnode, device.xp.broadcast_to(scatter[start], (bs,) + scatter.shape[1:]),
-                                        f"view scatter[{start}] (zero row) x {bs}"))
+                                        ("view scatter[{}] (zero row) x {}", start, bs)))
             copies["gathered"] += bs
         cat = fn.gather_concat
         if cat is not None and views is not None and ph.phase.get(cat) == p:
@@ -285,29 +295,29 @@ def bind_forward(fns: list, plan, state, opts, device, active: list) -> BatchPro
             if all(v is not None and v[1] == k and v[0] == views[0][0] + j for j, v in enumerate(views)):
                 first = views[0][0]
                 block.views.append((cat, scatter[first:first + k * bs].reshape(bs, -1),
-                                    f"view scatter[{first}:{first + k * bs}] as {bs} rows"))
+                                    ("view scatter[{}] as {} rows", slice(first, first + k * bs), bs)))
                 program = ph.without_concat
         for name, pnode in fn.pulls.items():
             if ph.phase[pnode] == p:
                 rows = kp.pull_rows[name][sl]
                 index = row_index(rows)
                 if isinstance(index, slice):
-                    block.views.append((pnode, pull_bufs[name][index], f"view pull {name}[{_rows_text(index)}]"))
+                    block.views.append((pnode, pull_bufs[name][index], ("view pull {}[{}]", name, index)))
                 else:
-                    block.takes.append((pnode, pull_bufs[name], rows, f"take pull {name}[{_rows_text(rows)}]"))
+                    block.takes.append((pnode, pull_bufs[name], rows, ("take pull {}[{}]", name, rows)))
                 copies["pull"] += bs
         inplace, copied, concats = stores[kid][p]
-        block.outs += [(node, t.buffer[sl], f"tensor {_name(node)}[{sl.start}:{sl.stop}]") for node, t in inplace]
+        block.outs += [(node, t.buffer[sl], ("tensor {}[{}]", node, sl)) for node, t in inplace]
         written = {node for node, _, _ in block.outs} | {m for _, parts in concats for m, _, _ in parts}
         src, direct = fn.scatter_source, False
         scatter_rows = isinstance(grows, slice)
-        where = f"scatter[{_rows_text(grows)}]"
+        where = ("scatter[{}]", grows)
         for c, parts in concats:
             dest = next((a for node, a, _ in block.outs if node is c), None)
             what = next((w for node, _, w in block.outs if node is c), None)
             if dest is None and c is src and scatter_rows:
                 dest, what, direct = scatter[grows], where, True
-            block.concats.append((c, parts, dest, what or f"new {_name(c)}"))
+            block.concats.append((c, parts, dest, what or ("new {}", c)))
         if (not direct and src in ph.inplace and src not in written and scatter_rows
                 and ph.phase.get(src) == p):
             block.outs.append((src, scatter[grows], where))   # the kernel computing it writes it in place
@@ -318,9 +328,9 @@ def bind_forward(fns: list, plan, state, opts, device, active: list) -> BatchPro
         for name, pnode in fn.pushes.items():
             if ph.phase[pnode] == p:
                 index = row_index(kp.push_rows[name][sl])
-                block.puts.append((pnode, state.pushes[name], index, f"push {name}[{_rows_text(index)}]"))
+                block.puts.append((pnode, state.pushes[name], index, ("push {}[{}]", name, index)))
                 copies["push"] += bs
-        block.writes += [(node, t.buffer, sl, f"tensor {_name(node)}[{sl.start}:{sl.stop}]") for node, t in copied]
+        block.writes += [(node, t.buffer, sl, ("tensor {}[{}]", node, sl)) for node, t in copied]
         return block
 
     whole = {kid: (slice(0, plan.kinds[kid].n), as_slice(plan.schedule.row[plan.kinds[kid].vertices]))
@@ -351,7 +361,7 @@ def bind_backward(fns: list, plan, state, opts, device, active: list, btensors: 
         if kid not in whole_rows:
             rows = plan.schedule.row[plan.kinds[kid].vertices]
             index = row_index(rows)
-            whole_rows[kid] = (take_rows(device, scatter, rows), _rows_text(index))
+            whole_rows[kid] = (take_rows(device, scatter, rows), index)
         return whole_rows[kid]
 
     def bind(kid, p, sl, goff, task, stream="main") -> Block:
@@ -359,7 +369,6 @@ def bind_backward(fns: list, plan, state, opts, device, active: list, btensors: 
         _, ph = fn.phases(opts, device)
         block = Block(kp.name, kid, p, task, sl, kp.row_keys[sl], stream)
         bs = sl.stop - sl.start
-        rows_text = f"[{sl.start}:{sl.stop}]"
         bound = set()
 
         def view(node, array, what):
@@ -367,49 +376,49 @@ def bind_backward(fns: list, plan, state, opts, device, active: list, btensors: 
             bound.add(node)
 
         for node, t in state.tensors[kid].items():
-            view(node, t.buffer[sl], f"tensor {_name(node)}{rows_text}")
+            view(node, t.buffer[sl], ("tensor {}[{}]", node, sl))
         if fn.scatter_parts:
             if goff is not None:
-                rows, where = scatter[goff:goff + bs], f"{goff}:{goff + bs}"
+                rows, where = scatter[goff:goff + bs], slice(goff, goff + bs)
             else:
                 rows, where = kind_rows(kid)
             for x, (a, b) in fn.scatter_parts.items():
                 if x not in bound:
-                    view(x, rows[:, a:b], f"view scatter[{where}][:, {a}:{b}]")
+                    view(x, rows[:, a:b], ("view scatter[{}][:, {}:{}]", where, a, b))
         for name, x in fn.pull_reads.items():
             if x not in bound:
                 pull_rows = kp.pull_rows[name][sl]
                 index = row_index(pull_rows)
                 if isinstance(index, slice):
-                    view(x, state.pull_bufs[name][index], f"view pull {name}[{_rows_text(index)}]")
+                    view(x, state.pull_bufs[name][index], ("view pull {}[{}]", name, index))
                 else:
-                    block.takes.append((x, state.pull_bufs[name], pull_rows, f"take pull {name}[{_rows_text(pull_rows)}]"))
+                    block.takes.append((x, state.pull_bufs[name], pull_rows, ("take pull {}[{}]", name, pull_rows)))
         for x in ph.reads[p]:
             if x in btensors[kid]:
-                view(x, btensors[kid][x].buffer[sl], f"tensor {_name(x)}{rows_text}")
+                view(x, btensors[kid][x].buffer[sl], ("tensor {}[{}]", x, sl))
         for out, ct in fn.ct.items():
             if ph.phase[ct] != p:
                 continue
             if out is fn.scattered:
-                view(ct, scatter_grad[goff:goff + bs], f"view scatter grad[{goff}:{goff + bs}]")
+                view(ct, scatter_grad[goff:goff + bs], ("view scatter grad[{}]", slice(goff, goff + bs)))
             else:
                 push_rows = kp.push_rows[out.name][sl]
                 index = row_index(push_rows)
                 if isinstance(index, slice):
-                    view(ct, push_grads[out.name][index], f"view push grad {out.name}[{_rows_text(index)}]")
+                    view(ct, push_grads[out.name][index], ("view push grad {}[{}]", out.name, index))
                 else:
                     block.takes.append((ct, push_grads[out.name], push_rows,
-                                        f"take push grad {out.name}[{_rows_text(push_rows)}]"))
+                                        ("take push grad {}[{}]", out.name, push_rows)))
             if ct in btensors[kid]:
-                block.stores_in.append((ct, btensors[kid][ct].buffer[sl], f"tensor {_name(ct)}{rows_text}"))
+                block.stores_in.append((ct, btensors[kid][ct].buffer[sl], ("tensor {}[{}]", ct, sl)))
         inplace, copied, concats = stores[kid][p]
-        block.outs += [(node, t.buffer[sl], f"tensor {_name(node)}{rows_text}") for node, t in inplace]
+        block.outs += [(node, t.buffer[sl], ("tensor {}[{}]", node, sl)) for node, t in inplace]
         for c, parts in concats:
             dest = next((a for node, a, _ in block.outs if node is c), None)
             what = next((w for node, _, w in block.outs if node is c), None)
-            block.concats.append((c, parts, dest, what or f"new {_name(c)}"))
+            block.concats.append((c, parts, dest, what or ("new {}", c)))
         block.steps = ph.programs[p]
-        block.writes += [(node, t.buffer, sl, f"tensor {_name(node)}{rows_text}") for node, t in copied]
+        block.writes += [(node, t.buffer, sl, ("tensor {}[{}]", node, sl)) for node, t in copied]
         for leaf, gnode in fn.leaf_grads.items():
             if ph.phase[gnode] != p:
                 continue
@@ -419,15 +428,15 @@ def bind_backward(fns: list, plan, state, opts, device, active: list, btensors: 
                 child_rows = kp.child_rows[j][sl]
                 if elided is not None:
                     start, step = elided
-                    what = f"scatter grad[{start}:{start + step * (bs - 1) + 1}:{step}]"
+                    what = ("scatter grad[{}]", slice(start, start + step * (bs - 1) + 1, step))
                 else:
-                    what = f"scatter grad[{_rows_text(child_rows)}]"
+                    what = ("scatter grad[{}]", child_rows)
                 block.adjoints.append((gnode, gather_adjoint, (device, scatter_grad, child_rows, elided),
                                        (plan.forest, row_kernels), what))
             else:
                 pull_rows = kp.pull_rows[leaf.name][sl]
                 block.adjoints.append((gnode, put_rows, (device, pull_grads[leaf.name], pull_rows), (),
-                                       f"pull grad {leaf.name}[{_rows_text(row_index(pull_rows))}]"))
+                                       ("pull grad {}[{}]", leaf.name, pull_rows)))
         block.param_grads += [(name, gnode) for name, gnode in fn.param_grads.items() if ph.phase[gnode] == p]
         return block
 
