@@ -58,8 +58,11 @@ class Step:
         """``out = op in...`` (fused: ``fused[ops] ...``), jaxpr-like."""
         name = names or _default_name
         outs = ", ".join(name(o) for o in self.outputs)
-        what = (f"fused[{' '.join(n.op for n in self.run.group.nodes)}]" if self.fused
-                else self.outputs[0].op)
+        if self.fused:
+            what = f"fused[{' '.join(n.op for n in self.run.group.nodes)}]"
+        else:
+            op = self.outputs[0].op
+            what = op + (" (bias added by its kernel)" if self.run is OPS[op].without_bias else "")
         args = " ".join(name(x) for x in self.inputs)
         return f"{outs} = {what}" + (f" {args}" if args else "")
 

@@ -131,6 +131,19 @@ class Block:
         self.views, self.takes, self.stores_in, self.outs, self.concats = [], [], [], [], []
         self.steps, self.writes, self.puts, self.adjoints, self.param_grads = [], [], [], [], []
 
+    def empty(self) -> bool:
+        return not (self.takes or self.stores_in or self.steps or self.writes or self.puts or self.adjoints
+                    or self.param_grads)
+
+    def keep_read(self) -> None:
+        """Drop views and takes that nothing in the block reads (backward binds every forward tensor of the
+        kind, then keeps those its steps, copies and gradients use)."""
+        read = {x for step in self.steps for x in step.inputs}
+        read.update(n for n, *_ in self.stores_in + self.writes + self.puts + self.adjoints)
+        read.update(n for _, n in self.param_grads)
+        self.views = [v for v in self.views if v[0] in read]
+        self.takes = [t for t in self.takes if t[0] in read]
+
     @property
     def size(self) -> int:
         return self.rows.stop - self.rows.start
@@ -339,10 +352,15 @@ def bind_forward(fns: list, plan, state, opts, device, active: list) -> BatchPro
     if opts.streaming:   # eager nodes on the second stream, task by task ahead of the recurrent path
         before = [bind(kid, PRE, sl, grows, t, "eager") for t, (kid, sl, grows) in enumerate(tasks)]
     else:
-        before = [bind(kid, PRE, *whole[kid], None) for kid in active]
+        before = _nonempty(bind(kid, PRE, *whole[kid], None) for kid in active)
     per_task = [bind(kid, TASK, sl, grows, t) for t, (kid, sl, grows) in enumerate(tasks)]
-    after = [bind(kid, POST, *whole[kid], None) for kid in active]
+    after = _nonempty(bind(kid, POST, *whole[kid], None) for kid in active)
     return BatchProgram("F", before, per_task, after, copies)
+
+
+def _nonempty(blocks) -> list:
+    """Blocks before or after the task loop with something to do (a kind may have no eager or lazy work)."""
+    return [b for b in blocks if not b.empty()]
 
 
 def bind_backward(fns: list, plan, state, opts, device, active: list, btensors: dict, scatter_grad,
@@ -438,13 +456,14 @@ def bind_backward(fns: list, plan, state, opts, device, active: list, btensors: 
                 block.adjoints.append((gnode, put_rows, (device, pull_grads[leaf.name], pull_rows), (),
                                        ("pull grad {}[{}]", leaf.name, pull_rows)))
         block.param_grads += [(name, gnode) for name, gnode in fn.param_grads.items() if ph.phase[gnode] == p]
+        block.keep_read()
         return block
 
     stack = [(kid, slice(koff, koff + bs), goff) for kid, koff, bs, goff in reversed(plan.tasks)]
     if opts.streaming:
         before = [bind(kid, PRE, sl, goff, len(stack) - 1 - i, "eager") for i, (kid, sl, goff) in enumerate(stack)]
     else:
-        before = [bind(kid, PRE, slice(0, plan.kinds[kid].n), None, None) for kid in active]
+        before = _nonempty(bind(kid, PRE, slice(0, plan.kinds[kid].n), None, None) for kid in active)
     per_task = [bind(kid, TASK, sl, goff, len(stack) - 1 - i) for i, (kid, sl, goff) in enumerate(stack)]
-    after = [bind(kid, POST, slice(0, plan.kinds[kid].n), None, None) for kid in active]
+    after = _nonempty(bind(kid, POST, slice(0, plan.kinds[kid].n), None, None) for kid in active)
     return BatchProgram("∂F", before, per_task, after, {})

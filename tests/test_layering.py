@@ -11,8 +11,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "minicavs"
 
 # DESIGN.md's layer list, top to bottom, with the modules it does not name placed on the line of the layer
-# they belong to (kernels.py lowers fused groups at compile time; executor.py, engine.py and explain.py run
-# and read programs; progress.py, task.py, demo.py, testing.py and bench/ are product code around the engine;
+# they belong to (executor.py, engine.py and explain.py run and read programs; progress.py, task.py, demo.py, testing.py and bench/ are product code around the engine;
 # ``minicavs`` itself is the package's public face).
 LAYERS = [
     ["dtypes", "errors", "random", "sparse"],
@@ -27,7 +26,7 @@ LAYERS = [
     ["codegen"],
     ["backend"],
     ["cpu", "cuda"],
-    ["compile", "kernels"],
+    ["compile"],
     ["program", "executor", "engine", "explain"],
     ["model"],
     ["nn", "optim"],
