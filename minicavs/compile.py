@@ -19,6 +19,7 @@ from .cpu import CPU
 from .graph import Graph, Node, consumers
 from .ops import input as input_node
 from .ops.registry import OPS
+from .passes import alias
 from .passes.classify import EAGER, LAZY, classify
 from .passes.fusion import FusedGroup, broadcast_kind, fuse, fusible
 from .vertex import VertexFunction
@@ -187,29 +188,13 @@ class CompiledFunction:
         ct_scatter = [self.ct[self.scattered]] if self.scattered is not None else []
         gather_grads = [self.leaf_grads[gn] for gn in self.gathers.values() if gn in self.leaf_grads]
         self.bwd_class = classify([c for c in self.ct.values()] + self.row_bwd, ct_scatter, gather_grads)
-        # Every per-vertex symbol of F gets a dynamic tensor when training (backward reads them); symbols of
-        # ∂F get one when a later phase reads them.
-        # [gather(0); ...; gather(K-1)] of a complete tree's siblings side by side is a reshape of the
-        # scatter tensor (when gather elision finds the children rows start + K*i + j).
-        slots = list(self.gathers.values())
-        self.gather_concat = next((n for n in self.row_fwd if len(slots) > 1 and all(len(x.vshape) == 1 for x in slots)
-                                   and [x for x, _, _ in _column_blocks(n) or ()] == slots), None)
-        # The value the scatter tensor receives (``scatter`` is an identity op on it).
-        sc = self.scattered
-        self.scatter_source = sc.inputs[0] if sc is not None and OPS[sc.op].identity else sc
+        # Where each value lives (passes/alias.py): the scatter tensor, the pull buffers, or a dynamic tensor.
         bwd_inputs = {x for n in self.row_bwd for x in n.inputs}
-        # What ∂F reads of the scattered value (or of the parts of a scattered concat such as [h, c]) it
-        # reads back from the scatter tensor, which holds it anyway: no second copy in a tensor of its own.
-        parts = {}
-        if sc is not None and len(self.scatter_source.shape) == 2:
-            src = self.scatter_source
-            parts[src] = (0, src.shape[1])
-            parts.update((x, (a, b)) for x, a, b in _column_blocks(src) or ())
-        self.scatter_parts = {n: ab for n, ab in parts.items() if n in bwd_inputs}
-        # Pulled rows ∂F reads are read again from the pull buffer, which outlives the backward pass.
-        self.pull_reads = {name: n for name, n in self.pulls.items() if n in bwd_inputs}
-        self.fwd_tensors = [n for n in g.nodes if n.has_rows and n in bwd_inputs and n not in self.scatter_parts
-                            and n not in self.pull_reads.values()]
+        self.gather_concat = alias.gather_concat(self.row_fwd, list(self.gathers.values()))
+        self.scatter_source = alias.scatter_source(self.scattered)
+        self.scatter_parts = alias.scatter_parts(self.scattered, bwd_inputs)
+        self.pull_reads = alias.pull_reads(self.pulls, bwd_inputs)
+        self.fwd_tensors = alias.forward_tensors(g.nodes, bwd_inputs, self.scatter_parts, self.pull_reads)
         self._phases: dict = {}
 
     def _split(self, opts: EngineOptions) -> tuple[Phases, Phases]:
@@ -235,6 +220,25 @@ class CompiledFunction:
             self._phases[key] = (fwd, bwd)
         return self._phases[key]
 
+    def placement(self, opts: EngineOptions, device: Backend | None = None, training: bool = True) -> tuple:
+        """Where F's and ∂F's values live under ``opts`` (passes/alias.py), decided once: (F's tensor values,
+        per phase of F (written in place, copied after the steps, elided concats), ∂F's tensor values, per
+        phase of ∂F the same). ``training``: F keeps what ∂F reads, else only values crossing phases."""
+        device = CPU if device is None else device
+        key = ("placement", opts, device, training)
+        if key not in self._phases:
+            fwd, bwd = self.phases(opts, device)
+            f_stored = list(dict.fromkeys((self.fwd_tensors if training else [])
+                                          + [x for r in fwd.reads for x in r]))
+            b_stored = [x for r in bwd.reads for x in r]
+            f_places = [alias.stores(set(f_stored), fwd.inplace, fwd.concats[p],
+                                     [x for x in f_stored if fwd.phase.get(x) == p]) + (fwd.concats[p],)
+                        for p in (PRE, TASK, POST)]
+            b_places = [alias.stores(set(b_stored), bwd.inplace, bwd.concats[p], _computed(bwd.programs[p]))
+                        + (bwd.concats[p],) for p in (PRE, TASK, POST)]
+            self._phases[key] = (f_stored, f_places, b_stored, b_places)
+        return self._phases[key]
+
     def _keep(self, fwd: Phases, bwd: Phases) -> set:
         """Values read outside the phase program computing them: fused groups must write them."""
         crossing = {x for ph in (fwd, bwd) for r in ph.reads for x in r}
@@ -255,7 +259,7 @@ class CompiledFunction:
             ph.programs, ph.groups = programs[3 * i:3 * i + 3], groups[3 * i:3 * i + 3]
             ph.inplace = {o for gs in ph.groups for g in gs for o in g.outputs}
             for p in (PRE, TASK, POST):
-                ph.programs[p], ph.concats[p] = _elide_concats(ph.programs[p])
+                ph.programs[p], ph.concats[p] = alias.elide_concats(ph.programs[p])
 
     @property
     def params(self):
@@ -300,28 +304,6 @@ def _step_text(step: Step) -> str:
 def _computed(program) -> list:
     """Nodes a program computes (a fused step computes all its group's outputs)."""
     return [x for step in program for x in step.outputs]
-
-
-def _column_blocks(n) -> list | None:
-    """[(input, first column, end)] when ``n``'s value is its inputs side by side (the registry's answer)."""
-    blocks = OPS[n.op].column_blocks
-    return None if blocks is None else blocks(n)
-
-
-def _elide_concats(program: list) -> tuple[list, list]:
-    """Concats along the last axis whose parts are all outputs of fused steps of this program: the kernels
-    write the parts straight into column blocks of the concat's buffer and the concat step disappears."""
-    made = {o for st in program if st.fused for o in st.outputs}
-    out, concats, taken = [], [], set()
-    for st in program:
-        n = st.outputs[0]
-        blocks = _column_blocks(n) if not st.fused else None
-        if blocks and all(x in made and x not in taken for x in n.inputs):
-            concats.append((n, blocks))
-            taken.update(n.inputs)
-            continue
-        out.append(st)
-    return out, concats
 
 
 class FusedStep:

@@ -72,14 +72,13 @@ def forward(fns: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContex
         tensors, static = {}, {}
         if fn is not None and kp is not None:
             evaluate(fn.static_fwd, static, {}, params, ctx, xp=xp)
-            ph, _ = fn.phases(opts, device)
-            keep = list(dict.fromkeys((fn.fwd_tensors if training else []) + [x for r in ph.reads for x in r]))
-            tensors = workspace.tensors(workspace.forward, kid, keep, kp.n)
+            stored = fn.placement(opts, device, training)[0]
+            tensors = workspace.tensors(workspace.forward, kid, stored, kp.n)
             active.append(kid)
         state.tensors.append(tensors)
         state.statics.append(static)
 
-    program = bind_forward(fns, plan, state, opts, device, active)
+    program = bind_forward(fns, plan, state, opts, device, active, training)
     state.program = program
     state.copies = program.copies
     statics = state.statics
@@ -140,9 +139,8 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
     for kid, fn in enumerate(fns):
         if fn is not None and kid < len(plan.kinds) and plan.kinds[kid] is not None:
             evaluate(fn.static_bwd, state.statics[kid], {}, params, ctx, xp=xp)
-            _, bph = fn.phases(opts, device)  # only values that cross phases need rows kept
-            btensors[kid] = workspace.tensors(workspace.backward, kid, [x for r in bph.reads for x in r],
-                                              plan.kinds[kid].n)
+            stored = fn.placement(opts, device)[2]   # only values that cross phases need rows kept
+            btensors[kid] = workspace.tensors(workspace.backward, kid, stored, plan.kinds[kid].n)
             active.append(kid)
 
     program = bind_backward(fns, plan, state, opts, device, active, btensors, sgrad, push_grads, pull_grads,

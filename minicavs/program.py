@@ -15,7 +15,7 @@ import numpy as np
 
 from .errors import FeedError
 from .graph import Node, fmt_shape
-from .compile import POST, PRE, TASK, Phases, Step
+from .compile import POST, PRE, TASK, Step
 from .ops.message import as_slice, gather_adjoint, put_rows, row_index, take_rows
 from .sparse import RowSparse, add_all
 
@@ -254,28 +254,18 @@ def _rows_text(index) -> str:
     return "[" + ", ".join(str(int(i)) for i in index) + "]"
 
 
-def _stores(tensors: dict, ph: Phases, p: int, computed) -> tuple[list, list, list]:
-    """The tensors phase ``p`` writes, split into (written in place by a step, copied after the
-    program), and the phase's elided concats. A concat's parts are written into the concat's buffer, so
-    a part stored in its own tensor is copied there; a concat stored in a tensor is its buffer."""
-    concats = ph.concats[p]
-    parts = {m for _, ms in concats for m, _, _ in ms}
-    direct = (ph.inplace - parts) | {c for c, _ in concats}
-    computed = list(computed) + [c for c, _ in concats if c not in computed]
-    pairs = [(node, tensors[node]) for node in computed if node in tensors]
-    return [x for x in pairs if x[0] in direct], [x for x in pairs if x[0] not in direct], concats
+def _with_tensors(places: list, tensors: dict) -> list:
+    """Per phase: the alias pass's (in place, copied, concats) with each value's dynamic tensor."""
+    return [([(n, tensors[n]) for n in inplace], [(n, tensors[n]) for n in copied], concats)
+            for inplace, copied, concats in places]
 
 
-def bind_forward(fns: list, plan, state, opts, device, active: list) -> BatchProgram:
-    """F's phases bound to the batch: every block's views, row indices and output buffers decided now, so
-    the task loop only runs them."""
+def bind_forward(fns: list, plan, state, opts, device, active: list, training: bool = True) -> BatchProgram:
+    """F's phases bound to the batch: every block's views, row indices and output buffers (placed by the
+    alias pass at compile time) made now, so the task loop only runs them."""
     scatter, pull_bufs = state.scatter, state.pull_bufs
     copies = {"gather": 0, "gathered": 0, "pull": 0, "push": 0}
-    stores = {}
-    for kid in active:
-        ph, _ = fns[kid].phases(opts, device)
-        tensors = state.tensors[kid]
-        stores[kid] = [_stores(tensors, ph, p, [x for x in tensors if ph.phase.get(x) == p]) for p in (PRE, TASK, POST)]
+    stores = {kid: _with_tensors(fns[kid].placement(opts, device, training)[1], state.tensors[kid]) for kid in active}
 
     def bind(kid, p, sl, grows, task, stream="main") -> Block:
         fn, kp, tensors = fns[kid], plan.kinds[kid], state.tensors[kid]
@@ -369,9 +359,7 @@ def bind_backward(fns: list, plan, state, opts, device, active: list, btensors: 
     from their tensors, the scatter tensor and the pull buffers at the same rows, gradients added into the
     children's rows of the scatter gradient and into the pull buffers' gradients."""
     scatter = state.scatter
-    stores = {kid: [_stores(btensors[kid], fns[kid].phases(opts, device)[1], p,
-                            [x for st in fns[kid].phases(opts, device)[1].programs[p] for x in st.outputs])
-                    for p in (PRE, TASK, POST)] for kid in active}
+    stores = {kid: _with_tensors(fns[kid].placement(opts, device)[3], btensors[kid]) for kid in active}
     whole_rows: dict = {}
 
     def kind_rows(kid):
