@@ -36,7 +36,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from .errors import NonFiniteError
+from .errors import FeedError, NonFiniteError
 from .nn.parameter import Parameter
 from .codegen.library import library
 from .device import array_module
@@ -230,8 +230,11 @@ def _check_sparse(p: Parameter, g: RowSparse) -> RowSparse:
                          f"rows {rows.shape} do not fit a parameter of shape {shape}")
     if rows.dtype.kind != "f":
         raise ValueError(f"row-sparse gradient of parameter '{p.name}' has dtype {rows.dtype}")
-    if idx.size and (idx.min() < 0 or idx.max() >= shape[0]):
-        raise ValueError(f"row-sparse gradient of parameter '{p.name}': index out of range [0, {shape[0]})")
+    if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= shape[0]):
+        pos = int(xp.flatnonzero((idx < 0) | (idx >= shape[0]))[0])
+        raise FeedError(f"row-sparse gradient of parameter '{p.name}': index out of range [0, {shape[0]}): "
+                        f"{int(idx[pos])} at position {pos}")
+    idx = idx.astype(np.int64, copy=False)   # in range, so a uint64 index converts exactly
     g = RowSparse(idx, rows, shape).coalesce(xp)  # repeated rows summed: dense or lazy, see step()
     if not bool(xp.isfinite(g.rows).all()):
         raise NonFiniteError(f"gradient of parameter '{p.name}' is not finite; no parameter was updated")

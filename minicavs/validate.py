@@ -1,0 +1,87 @@
+"""Checks of integer indices and keys before they reach a kernel (C, CUDA or numpy fancy indexing).
+
+A C or CUDA kernel trusts every index it is given: one out of range reads or writes outside its buffer, a
+float or bool silently truncates, numpy wraps a negative index to the end. Everything that hands indices to
+a kernel calls :func:`indices` first: a few vectorised passes (dtype, shape, min and max), and only on
+failure a search for the first bad position, so the message can name it. The checks work on numpy and
+CuPy arrays alike (``xp`` is taken from the array).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import FeedError
+
+_INT64_MAX = np.iinfo(np.int64).max
+
+
+def _module(a):
+    return np if isinstance(a, np.ndarray) or not hasattr(a, "__array_namespace__") else a.__array_namespace__()
+
+
+def _where(pos: int, shape: tuple, at: str) -> str:
+    return f"{at} {pos}" if len(shape) <= 1 else f"{at} {tuple(int(i) for i in np.unravel_index(pos, shape))}"
+
+
+def _first_bad_object(flat) -> tuple[int, object] | None:
+    for i, x in enumerate(flat):
+        if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)) or not -_INT64_MAX - 1 <= x <= _INT64_MAX:
+            return i, x
+    return None
+
+
+def indices(values, what: str, *, size: int | None = None, shape: tuple | None = None,
+            dtype=np.int64, at: str = "position", of: str = "", error: type = FeedError):
+    """``values`` as a C-contiguous array of ``dtype`` (int64 or uint64) after checking that it holds
+    integers (not floats, bools or objects), has ``shape`` (None entries match anything) and, with
+    ``size``, lies in ``[0, size)`` (uint64 keys: in ``[0, 2**64)``, so only negative values fail).
+    Raises ``error`` (a FeedError by default) naming ``what`` (singular: 'lookup: index'), the sizes and
+    the first bad position (``at``: 'position', 'row', 'vertex'); ``of`` ends the message (' for ...')."""
+    xp = _module(values)
+    a = values if hasattr(values, "dtype") and hasattr(values, "shape") else np.asarray(values)
+    if a.dtype.kind == "O":
+        flat = a.reshape(-1).tolist()
+        bad = _first_bad_object(flat)
+        if bad is not None:
+            raise error(f"{what} {bad[1]!r} at {_where(bad[0], a.shape, at)} is not an integer (int64)")
+        a = np.array(flat, np.int64).reshape(a.shape) if flat else np.zeros(a.shape, np.int64)
+    elif a.dtype.kind not in "iu" and a.size:   # an empty list is float64 to numpy: no value is wrong
+        flat = a.reshape(-1)
+        if a.dtype.kind == "f":
+            nonint = xp.flatnonzero(flat != xp.floor(flat))
+            first = f" (first non-integer {float(flat[int(nonint[0])])!r} at {_where(int(nonint[0]), a.shape, at)})" \
+                if len(nonint) else ""
+        else:
+            first = ""
+        raise error(f"{what} dtype {a.dtype} is not an integer type{first}")
+    if shape is not None and (a.ndim != len(shape) or any(w is not None and w != s for w, s in zip(shape, a.shape))):
+        want = "(" + ", ".join("any" if w is None else str(w) for w in shape) + ("," if len(shape) == 1 else "") + ")"
+        raise error(f"{what} array of shape {tuple(a.shape)}, need {want}{of}")
+    unsigned = np.dtype(dtype).kind == "u"
+    limit = size if size is not None else (None if unsigned else _INT64_MAX + 1)
+    if a.size and (int(a.min()) < 0 or (limit is not None and int(a.max()) >= limit)):
+        flat = a.reshape(-1)
+        bad = flat < 0
+        if limit is not None and limit <= np.iinfo(a.dtype).max:
+            bad = bad | (flat >= limit)
+        pos = int(xp.flatnonzero(bad)[0])
+        rng = f"[0, {size})" if size is not None else ("[0, 2**64)" if unsigned else "[0, 2**63)")
+        raise error(f"{what} {int(flat[pos])} out of range {rng} at {_where(pos, a.shape, at)}{of}")
+    if a.dtype == dtype and a.flags.c_contiguous:
+        return a
+    return xp.ascontiguousarray(a, dtype=dtype).reshape(a.shape)   # (ascontiguousarray makes 0-d 1-d)
+
+
+def rows(n: int, want: int, what: str, of: str, error: type = FeedError) -> None:
+    """``n`` rows where ``want`` are needed: raise ``error`` naming both counts."""
+    if n != want:
+        raise error(f"{what}: {n} rows, but {of} has {want}")
+
+
+def check_labels(logits, labels, op: str = "softmax_cross_entropy"):
+    """One integer label in [0, classes) per row of ``logits``: the labels as int64, or a FeedError naming
+    the sizes and the first bad row (the cross-entropy kernels index each row with its label)."""
+    if logits.ndim < 1 or tuple(labels.shape) != tuple(logits.shape[:-1]):
+        raise FeedError(f"{op}: labels of shape {tuple(labels.shape)} for logits of shape {tuple(logits.shape)}: "
+                        f"need one label per row, shape {tuple(logits.shape[:-1])}")
+    return indices(labels, f"{op}: label", size=logits.shape[-1], at="row", of=f" ({logits.shape[-1]} classes)")
