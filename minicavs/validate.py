@@ -8,6 +8,8 @@ CuPy arrays alike (``xp`` is taken from the array).
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .errors import FeedError
@@ -85,3 +87,25 @@ def check_labels(logits, labels, op: str = "softmax_cross_entropy"):
         raise FeedError(f"{op}: labels of shape {tuple(labels.shape)} for logits of shape {tuple(logits.shape)}: "
                         f"need one label per row, shape {tuple(logits.shape[:-1])}")
     return indices(labels, f"{op}: label", size=logits.shape[-1], at="row", of=f" ({logits.shape[-1]} classes)")
+
+
+def check_rows(kernel: str, idx, n: int | None, size: int, src_shape=None, dst_shape=None):
+    """The row indices of a row kernel (C or CUDA), checked: a 1-D integer array of ``n`` entries (any
+    length when None) in [0, ``size``), and rows of the same shape on both sides; returned as int64."""
+    if src_shape is not None and tuple(src_shape) != tuple(dst_shape):
+        raise FeedError(f"{kernel}: source rows of shape {tuple(src_shape)}, destination rows {tuple(dst_shape)}")
+    shape = tuple(getattr(idx, "shape", ()))
+    if n is not None and len(shape) == 1 and shape[0] != n:
+        raise FeedError(f"{kernel}: {shape[0]} row indices and {n} source rows do not match")
+    return indices(idx, f"{kernel}: row index", size=size, shape=(n,), of=f" (the indexed array has {size} rows)")
+
+
+def check_dropout(rows: int, keys, h, p) -> tuple:
+    """The dropout kernels' arguments, checked (C's and CUDA's alike): ``rows`` uint64 row keys, the hash
+    word ``h`` in [0, 2**64), ``p`` in [0, 1). Returns (keys, h, threshold, scale) for the kernel."""
+    keys = indices(keys, "dropout: row key", shape=(rows,), dtype=np.uint64, at="row", of=f" ({rows} rows)")
+    if isinstance(h, (bool, np.bool_)) or not isinstance(h, (int, np.integer)) or not 0 <= int(h) < 1 << 64:
+        raise FeedError(f"dropout: hash word {h!r} is not an integer in [0, 2**64)")
+    if isinstance(p, (bool, np.bool_)) or not isinstance(p, (int, float, np.floating, np.integer)) or not 0.0 <= p < 1.0:
+        raise FeedError(f"dropout: p={p!r} must be a number in [0, 1)")
+    return keys, int(h), math.ceil(p * (1 << 24)), 1.0 / (1.0 - p)

@@ -23,7 +23,7 @@ from . import c as cgen
 from .vecmath import PRELUDE_F32
 from ..errors import FeedError
 from ..sparse import RowSparse
-from ..validate import check_labels, indices
+from ..validate import check_dropout, check_labels
 
 SOURCE = """
 #include <math.h>
@@ -242,17 +242,6 @@ class Library:
             raise FeedError(f"update {rule}: a gradient {g.dtype}{g.shape} for a parameter {p.dtype}{p.shape}")
         return self._fn[rule](p.size, self._p(p), self._p(np.ascontiguousarray(g, self.dtype)), *arrays, *hyper,
                               int(apply))
-
-
-def check_dropout(rows: int, keys, h, p) -> tuple:
-    """The dropout kernels' arguments, checked (C's and CUDA's alike): ``rows`` uint64 row keys, the hash
-    word ``h`` in [0, 2**64), ``p`` in [0, 1). Returns (keys, h, threshold, scale) for the kernel."""
-    keys = indices(keys, "dropout: row key", shape=(rows,), dtype=np.uint64, at="row", of=f" ({rows} rows)")
-    if isinstance(h, (bool, np.bool_)) or not isinstance(h, (int, np.integer)) or not 0 <= int(h) < 1 << 64:
-        raise FeedError(f"dropout: hash word {h!r} is not an integer in [0, 2**64)")
-    if isinstance(p, (bool, np.bool_)) or not isinstance(p, (int, float, np.floating, np.integer)) or not 0.0 <= p < 1.0:
-        raise FeedError(f"dropout: p={p!r} must be a number in [0, 1)")
-    return keys, int(h), math.ceil(p * (1 << 24)), 1.0 / (1.0 - p)
 
 
 @functools.lru_cache(maxsize=None)
