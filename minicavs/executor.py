@@ -27,8 +27,14 @@ def check_value(node: Node, value, what: str):
     arr = value if hasattr(value, "__array_namespace__") or isinstance(value, np.ndarray) else np.asarray(value)
     want = node.dtype.np
     if arr.dtype != want:
-        if arr.dtype.kind != want.kind and not (arr.dtype.kind in "iub" and want.kind in "iu"):
+        if arr.dtype.kind != want.kind and not (arr.dtype.kind in "iu" and want.kind in "iu"):
             raise FeedError(f"{what} {node.label()}: got dtype {arr.dtype}, declared {node.dtype.name}")
+        if want.kind in "iu" and arr.size and not np.can_cast(arr.dtype, want):   # would values wrap?
+            info = np.iinfo(want)
+            lo, hi = int(arr.min()), int(arr.max())
+            if lo < info.min or hi > info.max:
+                raise FeedError(f"{what} {node.label()}: value {lo if lo < info.min else hi} does not fit "
+                                f"its declared dtype {node.dtype.name}")
         arr = arr.astype(want)
     if arr.ndim != node.ndim or any(d is not None and d != a for d, a in zip(node.shape, arr.shape)):
         raise FeedError(f"{what} {node.label()}: got shape {arr.shape}, declared {fmt_shape(node.shape)}")

@@ -25,27 +25,34 @@ def _where(pos: int, shape: tuple, at: str) -> str:
     return f"{at} {pos}" if len(shape) <= 1 else f"{at} {tuple(int(i) for i in np.unravel_index(pos, shape))}"
 
 
+def is_integer(x) -> bool:
+    """A Python or numpy integer, not a bool (True is an int to Python, never an id here)."""
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
 def _first_bad_object(flat) -> tuple[int, object] | None:
     for i, x in enumerate(flat):
-        if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)) or not -_INT64_MAX - 1 <= x <= _INT64_MAX:
+        if not is_integer(x) or not -_INT64_MAX - 1 <= x <= _INT64_MAX:
             return i, x
     return None
 
 
 def indices(values, what: str, *, size: int | None = None, shape: tuple | None = None,
             dtype=np.int64, at: str = "position", of: str = "", error: type = FeedError):
-    """``values`` as a C-contiguous array of ``dtype`` (int64 or uint64) after checking that it holds
+    """``values`` as a C-contiguous array of ``dtype`` (int64 or uint64; None: the integer dtype it has,
+    with no range check beyond ``size``) after checking that it holds
     integers (not floats, bools or objects), has ``shape`` (None entries match anything) and, with
     ``size``, lies in ``[0, size)`` (uint64 keys: in ``[0, 2**64)``, so only negative values fail).
     Raises ``error`` (a FeedError by default) naming ``what`` (singular: 'lookup: index'), the sizes and
     the first bad position (``at``: 'position', 'row', 'vertex'); ``of`` ends the message (' for ...')."""
     xp = _module(values)
-    a = values if hasattr(values, "dtype") and hasattr(values, "shape") else np.asarray(values)
+    # Not an array (a list): look at each object, since numpy would make [1, True] ints and [2**63, 1] floats.
+    a = values if hasattr(values, "dtype") and hasattr(values, "shape") else np.asarray(values, dtype=object)
     if a.dtype.kind == "O":
         flat = a.reshape(-1).tolist()
         bad = _first_bad_object(flat)
         if bad is not None:
-            raise error(f"{what} {bad[1]!r} at {_where(bad[0], a.shape, at)} is not an integer (int64)")
+            raise error(f"{what} {bad[1]!r} at {_where(bad[0], a.shape, at)} is not an int64 integer")
         a = np.array(flat, np.int64).reshape(a.shape) if flat else np.zeros(a.shape, np.int64)
     elif a.dtype.kind not in "iu" and a.size:   # an empty list is float64 to numpy: no value is wrong
         flat = a.reshape(-1)
@@ -59,9 +66,11 @@ def indices(values, what: str, *, size: int | None = None, shape: tuple | None =
     if shape is not None and (a.ndim != len(shape) or any(w is not None and w != s for w, s in zip(shape, a.shape))):
         want = "(" + ", ".join("any" if w is None else str(w) for w in shape) + ("," if len(shape) == 1 else "") + ")"
         raise error(f"{what} array of shape {tuple(a.shape)}, need {want}{of}")
-    unsigned = np.dtype(dtype).kind == "u"
+    ranged = dtype is not None or size is not None
+    dtype = a.dtype if dtype is None else np.dtype(dtype)
+    unsigned = dtype.kind == "u"
     limit = size if size is not None else (None if unsigned else _INT64_MAX + 1)
-    if a.size and (int(a.min()) < 0 or (limit is not None and int(a.max()) >= limit)):
+    if ranged and a.size and (int(a.min()) < 0 or (limit is not None and int(a.max()) >= limit)):
         flat = a.reshape(-1)
         bad = flat < 0
         if limit is not None and limit <= np.iinfo(a.dtype).max:
@@ -104,8 +113,8 @@ def check_dropout(rows: int, keys, h, p) -> tuple:
     """The dropout kernels' arguments, checked (C's and CUDA's alike): ``rows`` uint64 row keys, the hash
     word ``h`` in [0, 2**64), ``p`` in [0, 1). Returns (keys, h, threshold, scale) for the kernel."""
     keys = indices(keys, "dropout: row key", shape=(rows,), dtype=np.uint64, at="row", of=f" ({rows} rows)")
-    if isinstance(h, (bool, np.bool_)) or not isinstance(h, (int, np.integer)) or not 0 <= int(h) < 1 << 64:
+    if not is_integer(h) or not 0 <= int(h) < 1 << 64:
         raise FeedError(f"dropout: hash word {h!r} is not an integer in [0, 2**64)")
-    if isinstance(p, (bool, np.bool_)) or not isinstance(p, (int, float, np.floating, np.integer)) or not 0.0 <= p < 1.0:
+    if not (is_integer(p) or isinstance(p, (float, np.floating))) or not 0.0 <= p < 1.0:
         raise FeedError(f"dropout: p={p!r} must be a number in [0, 1)")
     return keys, int(h), math.ceil(p * (1 << 24)), 1.0 / (1.0 - p)
