@@ -57,6 +57,12 @@ def leaf_value(n: Node, feeds: Mapping, params: Mapping):
     return check_value(n, getattr(value, "value", value), "parameter")
 
 
+def _located(e: FeedError, n: Node) -> FeedError:
+    """``e`` with the node it came from and that node's inputs, so a message about an op's operand
+    ('labels of shape (2,)') also names the input the user fed ('input#3 'labels'')."""
+    return FeedError(f"{e} [at {n.label()} of {', '.join(x.label() for x in n.inputs)}]")
+
+
 def eval_nodes(nodes: Sequence[Node], env: dict, feeds: Mapping, params: Mapping, ctx: RunContext,
                skip=("gather", "pull"), xp=np) -> None:
     """Evaluate ``nodes`` (in topological order) into ``env``, keeping every value (for a backward pass).
@@ -71,8 +77,11 @@ def eval_nodes(nodes: Sequence[Node], env: dict, feeds: Mapping, params: Mapping
         else:
             opdef = OPS[n.op]
             args = [env[x] for x in n.inputs]
-            env[n] = opdef.impl(xp, *args, ctx=ctx, **n.attrs) if opdef.needs_ctx \
-                else opdef.impl(xp, *args, **n.attrs)
+            try:
+                env[n] = opdef.impl(xp, *args, ctx=ctx, **n.attrs) if opdef.needs_ctx \
+                    else opdef.impl(xp, *args, **n.attrs)
+            except FeedError as e:
+                raise _located(e, n) from None
 
 
 class Executor:
@@ -106,10 +115,13 @@ class Executor:
                 env[i] = leaf_value(n, feeds, params)
             else:
                 xs = [env[a] for a in args]
-                if opdef.needs_ctx:
-                    env[i] = opdef.impl(xp, *xs, ctx=ctx, **n.attrs)
-                else:
-                    env[i] = opdef.impl(xp, *xs, **n.attrs)
+                try:
+                    if opdef.needs_ctx:
+                        env[i] = opdef.impl(xp, *xs, ctx=ctx, **n.attrs)
+                    else:
+                        env[i] = opdef.impl(xp, *xs, **n.attrs)
+                except FeedError as e:
+                    raise _located(e, n) from None
                 for a in free:
                     env[a] = None
         return [env[i] for i in self.out_idx]

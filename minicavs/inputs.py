@@ -53,10 +53,16 @@ class InputGraph:
     def _set(self, child_ptr, child_idx, kinds):
         ptr = indices(child_ptr, "InputGraph: child_ptr entry", shape=(None,), error=InputGraphError)
         idx = indices(child_idx, "InputGraph: child id", shape=(None,), dtype=None, error=InputGraphError)
-        if len(ptr) == 0 or ptr[0] != 0 or ptr[-1] != len(idx) or bool((ptr[1:] < ptr[:-1]).any()):
-            raise InputGraphError(f"InputGraph: child_ptr {ptr.tolist()[:20]}{' ...' if len(ptr) > 20 else ''} "
-                                  f"must start at 0, never decrease and end at the number of child ids "
-                                  f"({len(idx)})")
+        down = np.flatnonzero(ptr[1:] < ptr[:-1])
+        if len(ptr) == 0 or ptr[0] != 0:
+            raise InputGraphError(f"InputGraph: child_ptr must start at 0, got {ptr.tolist()[:1] or 'nothing'}")
+        if len(down):
+            v = int(down[0])
+            raise InputGraphError(f"vertex {v}: child_ptr decreases from {int(ptr[v])} to {int(ptr[v + 1])} "
+                                  f"(a negative number of children)")
+        if ptr[-1] != len(idx):
+            raise InputGraphError(f"InputGraph: child_ptr ends at {int(ptr[-1])}, but there are {len(idx)} child ids: "
+                                  f"they must be equal (every id belongs to exactly one vertex)")
         n = len(ptr) - 1
         if idx.dtype.kind == "u" and len(idx) and int(idx.max()) >= _BIG:
             e = int(np.argmax(idx >= _BIG))
