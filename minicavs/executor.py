@@ -9,6 +9,7 @@ import numpy as np
 from .errors import FeedError
 from .graph import Graph, Node, fmt_shape
 from .ops.registry import OPS
+from .validate import indices
 
 
 @dataclass
@@ -24,8 +25,13 @@ class RunContext:
 def check_value(node: Node, value, what: str):
     """Return ``value`` as an array of the node's dtype, or raise naming the node and both shapes. Arrays
     of another array module (a device's) are checked and kept there."""
-    arr = value if hasattr(value, "__array_namespace__") or isinstance(value, np.ndarray) else np.asarray(value)
     want = node.dtype.np
+    if (hasattr(value, "__array_namespace__") or isinstance(value, np.ndarray)) and value.dtype.kind != "O":
+        arr = value
+    elif want.kind in "iu":   # a list: numpy would turn [1, True] into ints and [2**63, 1] into floats
+        arr = indices(value, f"{what} {node.label()}: value", dtype=None)
+    else:
+        arr = np.asarray(value)
     if arr.dtype != want:
         if arr.dtype.kind != want.kind and not (arr.dtype.kind in "iu" and want.kind in "iu"):
             raise FeedError(f"{what} {node.label()}: got dtype {arr.dtype}, declared {node.dtype.name}")

@@ -326,8 +326,10 @@ class Model:
                 buf = env[src]
                 want = plan.pull_rows.get(name, 0)
                 if len(buf) != want:
+                    fed = [n.label() for n in Graph([src]).nodes if n.op == "input"]
                     raise FeedError(f"structure '{s.name}': pull buffer '{name}' has {len(buf)} rows, the batch "
-                                    f"has {want} vertices that pull it")
+                                    f"has {want} vertices that pull it (the buffer is {src.label()}"
+                                    + (f", computed from {', '.join(fed)})" if fed else ")"))
                 pull_bufs[name] = buf
             pool = self._pool.setdefault((s.name, device), {})   # buffers live on the device
             st = forward(fns, plan, pull_bufs, params, ctx, s.message, s.dtype, training=training, pool=pool,

@@ -92,6 +92,8 @@ def rows(n: int, want: int, what: str, of: str, error: type = FeedError) -> None
 def check_labels(logits, labels, op: str = "softmax_cross_entropy"):
     """One integer label in [0, classes) per row of ``logits``: the labels as int64, or a FeedError naming
     the sizes and the first bad row (the cross-entropy kernels index each row with its label)."""
+    if not hasattr(labels, "shape"):
+        labels = indices(labels, f"{op}: label", dtype=None)
     if logits.ndim < 1 or tuple(labels.shape) != tuple(logits.shape[:-1]):
         raise FeedError(f"{op}: labels of shape {tuple(labels.shape)} for logits of shape {tuple(logits.shape)}: "
                         f"need one label per row, shape {tuple(logits.shape[:-1])}")
