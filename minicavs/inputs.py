@@ -13,7 +13,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from .errors import InputGraphError
-from .validate import indices, is_integer
+from .validate import indices, is_integer, show
 
 
 _BIG = 1 << 63
@@ -43,7 +43,7 @@ class InputGraph:
             ch = list(ch)
             for k, x in enumerate(ch):
                 if not is_integer(x):
-                    raise InputGraphError(f"vertex {v}: child {k} is {x!r}, not an integer vertex id")
+                    raise InputGraphError(f"vertex {v}: child {k} is {show(x)}, not an integer vertex id")
                 if not -_BIG <= x < _BIG:   # cannot be stored, let alone be a vertex; range: make_batch
                     raise InputGraphError(f"vertex {v}: child {k} id {x} out of range for a graph of {n} vertices")
             counts[v] = len(ch)
@@ -78,7 +78,7 @@ class InputGraph:
                 raise InputGraphError(f"{len(kinds)} kinds for {n} vertices")
             for v, k in enumerate(kinds):
                 if not isinstance(k, str):
-                    raise InputGraphError(f"vertex {v}: kind {k!r} is not a string (a vertex function's kind name)")
+                    raise InputGraphError(f"vertex {v}: kind {show(k)} is not a string (a vertex function's kind name)")
         for a in (ptr, idx):
             a.setflags(write=False)
         self.child_ptr, self.child_idx, self.num_vertices, self.kinds = ptr, idx, n, kinds

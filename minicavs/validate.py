@@ -30,6 +30,11 @@ def is_integer(x) -> bool:
     return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
 
 
+def show(x) -> str:
+    """``repr`` of a value as the user wrote it: 1.0, not np.float64(1.0)."""
+    return repr(x.item() if isinstance(x, np.generic) else x)
+
+
 def _first_bad_object(flat) -> tuple[int, object] | None:
     for i, x in enumerate(flat):
         if not is_integer(x) or not -_INT64_MAX - 1 <= x <= _INT64_MAX:
@@ -52,7 +57,7 @@ def indices(values, what: str, *, size: int | None = None, shape: tuple | None =
         flat = a.reshape(-1).tolist()
         bad = _first_bad_object(flat)
         if bad is not None:
-            raise error(f"{what} {bad[1]!r} at {_where(bad[0], a.shape, at)} is not an int64 integer")
+            raise error(f"{what} {show(bad[1])} at {_where(bad[0], a.shape, at)} is not an int64 integer")
         a = np.array(flat, np.int64).reshape(a.shape) if flat else np.zeros(a.shape, np.int64)
     elif a.dtype.kind not in "iu" and a.size:   # an empty list is float64 to numpy: no value is wrong
         flat = a.reshape(-1)
