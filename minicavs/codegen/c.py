@@ -40,7 +40,10 @@ CODEGEN_VERSION = 2
 # -mprefer-vector-width=512: gcc otherwise keeps AVX-512 machines at 256-bit vectors (x86 only).
 FLAGS = (("-O3", "-march=native")
          + (("-mprefer-vector-width=512",) if platform.machine() in ("x86_64", "AMD64") else ())
-         + ("-fPIC", "-shared", "-std=c99", "-fno-math-errno", "-fno-trapping-math", "-fopenmp-simd"))
+         + ("-fPIC", "-shared", "-std=c99", "-fno-math-errno", "-fno-trapping-math", "-fopenmp-simd")
+         # extra flags, e.g. "-fsanitize=address -fno-omit-frame-pointer" to run the kernels under ASan
+         # (then LD_PRELOAD the compiler's libasan.so): part of the cache key like every flag
+         + tuple(os.environ.get("MINICAVS_CFLAGS", "").split()))
 
 
 def cache_dir() -> Path:
