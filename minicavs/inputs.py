@@ -174,9 +174,8 @@ class Batch:
         return self._parents
 
     def with_kinds(self, kind: np.ndarray, kind_names: Sequence[str]) -> "Batch":
-        kind = np.asarray(kind, np.int64)
-        if kind.shape != (self.num_vertices,) or (len(kind) and (kind.min() < 0 or kind.max() >= len(kind_names))):
-            raise InputGraphError(f"with_kinds: need {self.num_vertices} kind ids in [0, {len(kind_names)})")
+        kind = indices(kind, "with_kinds: kind id", size=len(kind_names), shape=(self.num_vertices,), at="vertex",
+                       of=f" ({len(kind_names)} kinds, {self.num_vertices} vertices)", error=InputGraphError)
         return replace(self, kind=kind, kind_names=tuple(kind_names))
 
     def where(self, v: int) -> str:
