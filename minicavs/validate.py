@@ -35,9 +35,9 @@ def show(x) -> str:
     return repr(x.item() if isinstance(x, np.generic) else x)
 
 
-def _first_bad_object(flat) -> tuple[int, object] | None:
+def _first_bad_object(flat, lo: int, hi: int) -> tuple[int, object] | None:
     for i, x in enumerate(flat):
-        if not is_integer(x) or not -_INT64_MAX - 1 <= x <= _INT64_MAX:
+        if not is_integer(x) or not lo <= x <= hi:
             return i, x
     return None
 
@@ -55,10 +55,13 @@ def indices(values, what: str, *, size: int | None = None, shape: tuple | None =
     a = values if hasattr(values, "dtype") and hasattr(values, "shape") else np.asarray(values, dtype=object)
     if a.dtype.kind == "O":
         flat = a.reshape(-1).tolist()
-        bad = _first_bad_object(flat)
+        unsigned = dtype is not None and np.dtype(dtype).kind == "u"
+        bad = _first_bad_object(flat, *((0, 2 ** 64 - 1) if unsigned else (-_INT64_MAX - 1, _INT64_MAX)))
         if bad is not None:
-            raise error(f"{what} {show(bad[1])} at {_where(bad[0], a.shape, at)} is not an int64 integer")
-        a = np.array(flat, np.int64).reshape(a.shape) if flat else np.zeros(a.shape, np.int64)
+            raise error(f"{what} {show(bad[1])} at {_where(bad[0], a.shape, at)} is not "
+                        f"{'a uint64' if unsigned else 'an int64'} integer")
+        to = np.uint64 if unsigned else np.int64
+        a = np.array(flat, to).reshape(a.shape) if flat else np.zeros(a.shape, to)
     elif a.dtype.kind not in "iu" and a.size:   # an empty list is float64 to numpy: no value is wrong
         flat = a.reshape(-1)
         if a.dtype.kind == "f":
@@ -98,7 +101,7 @@ def check_labels(logits, labels, op: str = "softmax_cross_entropy"):
     """One integer label in [0, classes) per row of ``logits``: the labels as int64, or a FeedError naming
     the sizes and the first bad row (the cross-entropy kernels index each row with its label)."""
     if not hasattr(labels, "shape"):
-        labels = indices(labels, f"{op}: label", dtype=None)
+        labels = indices(labels, f"{op}: label", dtype=None, at="row")
     if logits.ndim < 1 or tuple(labels.shape) != tuple(logits.shape[:-1]):
         raise FeedError(f"{op}: labels of shape {tuple(labels.shape)} for logits of shape {tuple(logits.shape)}: "
                         f"need one label per row, shape {tuple(logits.shape[:-1])}")
