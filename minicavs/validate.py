@@ -78,7 +78,9 @@ def indices(values, what: str, *, size: int | None = None, shape: tuple | None =
     dtype = a.dtype if dtype is None else np.dtype(dtype)
     unsigned = dtype.kind == "u"
     limit = size if size is not None else (None if unsigned else _INT64_MAX + 1)
-    if ranged and a.size and (int(a.min()) < 0 or (limit is not None and int(a.max()) >= limit)):
+    signed = a.dtype.kind == "i"    # unsigned values are never negative: only an upper limit can fail
+    if ranged and a.size and (limit is not None or signed) and (
+            (signed and int(a.min()) < 0) or (limit is not None and int(a.max()) >= limit)):
         flat = a.reshape(-1)
         bad = flat < 0
         if limit is not None and limit <= np.iinfo(a.dtype).max:
