@@ -106,7 +106,8 @@ def _library(rng):
         n, classes = 7, 4
         x = rng.standard_normal((n, classes)).astype(dtype)
         for name, bad, must in bad_indices(rng, n, classes):
-            cases.append((f"Library.xent {np.dtype(dtype)} labels {name}", lambda b=bad: lib.xent(x, b), must + ["label"]))
+            cases.append((f"Library.xent {np.dtype(dtype)} labels {name}", lambda b=bad: lib.xent(x, b),
+                          must + ["label"]))
             cases.append((f"Library.xent_grad {np.dtype(dtype)} labels {name}",
                           lambda b=bad: lib.xent_grad(np.ones(n, dtype), x, b), must + ["label"]))
         for name, bad, must in bad_indices(rng, n, None, unsigned=True):
@@ -133,11 +134,11 @@ def _library(rng):
                         assert all(np.array_equal(a, b) for a, b in zip((p, *slots), before)), "changed"
                 cases.append((f"Library.update {rule} {np.dtype(dtype)} indices {name}", update, must + ["index"]))
             for name, idx in (("unsorted", [3, 1, 5, 7]), ("repeated", [1, 1, 5, 7])):
-                cases.append((f"Library.update {rule} {np.dtype(dtype)} {name}", lambda idx=idx, rule=rule, nslots=nslots,
-                              hyper=hyper: lib.update(rule, np.ones((rows, width), dtype),
-                                                      RowSparse(np.array(idx), np.ones((k, width), dtype), (rows, width)),
-                                                      tuple(np.ones((rows, width), dtype) for _ in range(nslots)),
-                                                      hyper, True), ["sorted"]))
+                def unsorted(idx=idx, rule=rule, nslots=nslots, hyper=hyper):
+                    g = RowSparse(np.array(idx), np.ones((k, width), dtype), (rows, width))
+                    slots = tuple(np.ones((rows, width), dtype) for _ in range(nslots))
+                    lib.update(rule, np.ones((rows, width), dtype), g, slots, hyper, True)
+                cases.append((f"Library.update {rule} {np.dtype(dtype)} {name}", unsorted, ["sorted"]))
             for name, slots, rows_arr in (
                     ("slot dtype", lambda n=nslots: tuple(np.ones((rows, width), np.float16) for _ in range(n)), None),
                     ("slot shape", lambda n=nslots: tuple(np.ones((rows - 1, width), dtype) for _ in range(n)), None),
@@ -208,7 +209,8 @@ def _cuda_rows(rng):
         src = rng.standard_normal((6, 4)).astype(dtype)
         for name, bad, must in bad_indices(rng, 5, 6):
             if not name.startswith("length"):
-                cases.append((f"CUDA gather {np.dtype(dtype)} {name}", lambda b=bad: rk.gather(src, b), must + ["gather"]))
+                cases.append((f"CUDA gather {np.dtype(dtype)} {name}", lambda b=bad: rk.gather(src, b),
+                              must + ["gather"]))
                 cases.append((f"CUDA device take {np.dtype(dtype)} {name}", lambda b=bad: device.take(src, b),
                                must + ["gather"]))
                 cases.append((f"CUDA device put {np.dtype(dtype)} {name}",
@@ -291,7 +293,8 @@ def _sparse(rng):
     for name, bad, must in bad_indices(rng, 4, 6):
         cases.append((f"RowSparse.to_dense {name}",
                       lambda b=bad: RowSparse(b, np.ones((4, 2)), (6, 2)).to_dense(), must + ["index"]))
-        cases.append((f"add_all {name}", lambda b=bad: add_all(np, [np.zeros((6, 2)), RowSparse(b, np.ones((4, 2)), (6, 2))]),
+        cases.append((f"add_all {name}",
+                      lambda b=bad: add_all(np, [np.zeros((6, 2)), RowSparse(b, np.ones((4, 2)), (6, 2))]),
                       must + ["index"]))
     return cases
 
@@ -315,7 +318,8 @@ def _graphs(rng):
     for name, p in (("ptr not from 0", [1, 2, 2]), ("ptr decreasing", [0, 2, 1]), ("ptr short", [0, 1]),
                     ("ptr long", [0, 1, 2, 3]), ("ptr empty", [])):
         cases.append((f"from_csr {name}", lambda p=p: InputGraph.from_csr(p, [1, 0]), ["child_ptr"]))
-    for name, kinds in (("kinds short", ["a"]), ("kinds str", "ab"), ("kinds int", [0, 1]), ("kinds None", [None, "a"])):
+    for name, kinds in (("kinds short", ["a"]), ("kinds str", "ab"), ("kinds int", [0, 1]),
+                        ("kinds None", [None, "a"])):
         cases.append((f"InputGraph {name}", lambda k=kinds: InputGraph([[], [0]], kinds=k), ["kind"]))
     for name, children in (("children int", [0, 1]), ("children str", ["ab"]), ("children 0.9", [[], [0.9]]),
                            ("children True", [[], [True]]), ("children 2**63", [[], [2 ** 63]]),

@@ -15,7 +15,6 @@ Reductions use ``#pragma omp simd reduction`` so they vectorize without ``-ffast
 from __future__ import annotations
 
 import functools
-import math
 
 import numpy as np
 
