@@ -9,6 +9,7 @@ import numpy as np
 from .errors import FeedError
 from .graph import Graph, Node, fmt_shape
 from .ops.registry import OPS
+from .validate import indices
 
 
 @dataclass
@@ -24,11 +25,22 @@ class RunContext:
 def check_value(node: Node, value, what: str):
     """Return ``value`` as an array of the node's dtype, or raise naming the node and both shapes. Arrays
     of another array module (a device's) are checked and kept there."""
-    arr = value if hasattr(value, "__array_namespace__") or isinstance(value, np.ndarray) else np.asarray(value)
     want = node.dtype.np
+    if (hasattr(value, "__array_namespace__") or isinstance(value, np.ndarray)) and value.dtype.kind != "O":
+        arr = value
+    elif want.kind in "iu":   # a list: numpy would turn [1, True] into ints and [2**63, 1] into floats
+        arr = indices(value, f"{what} {node.label()}: value", dtype=None)
+    else:
+        arr = np.asarray(value)
     if arr.dtype != want:
-        if arr.dtype.kind != want.kind and not (arr.dtype.kind in "iub" and want.kind in "iu"):
+        if arr.dtype.kind != want.kind and not (arr.dtype.kind in "iu" and want.kind in "iu"):
             raise FeedError(f"{what} {node.label()}: got dtype {arr.dtype}, declared {node.dtype.name}")
+        if want.kind in "iu" and arr.size and not np.can_cast(arr.dtype, want):   # would values wrap?
+            info = np.iinfo(want)
+            lo, hi = int(arr.min()), int(arr.max())
+            if lo < info.min or hi > info.max:
+                raise FeedError(f"{what} {node.label()}: value {lo if lo < info.min else hi} does not fit "
+                                f"its declared dtype {node.dtype.name}")
         arr = arr.astype(want)
     if arr.ndim != node.ndim or any(d is not None and d != a for d, a in zip(node.shape, arr.shape)):
         raise FeedError(f"{what} {node.label()}: got shape {arr.shape}, declared {fmt_shape(node.shape)}")
@@ -51,6 +63,12 @@ def leaf_value(n: Node, feeds: Mapping, params: Mapping):
     return check_value(n, getattr(value, "value", value), "parameter")
 
 
+def _located(e: FeedError, n: Node) -> FeedError:
+    """``e`` with the node it came from and that node's inputs, so a message about an op's operand
+    ('labels of shape (2,)') also names the input the user fed ('input#3 'labels'')."""
+    return FeedError(f"{e} [at {n.label()} of {', '.join(x.label() for x in n.inputs)}]")
+
+
 def eval_nodes(nodes: Sequence[Node], env: dict, feeds: Mapping, params: Mapping, ctx: RunContext,
                skip=("gather", "pull"), xp=np) -> None:
     """Evaluate ``nodes`` (in topological order) into ``env``, keeping every value (for a backward pass).
@@ -65,8 +83,11 @@ def eval_nodes(nodes: Sequence[Node], env: dict, feeds: Mapping, params: Mapping
         else:
             opdef = OPS[n.op]
             args = [env[x] for x in n.inputs]
-            env[n] = opdef.impl(xp, *args, ctx=ctx, **n.attrs) if opdef.needs_ctx \
-                else opdef.impl(xp, *args, **n.attrs)
+            try:
+                env[n] = opdef.impl(xp, *args, ctx=ctx, **n.attrs) if opdef.needs_ctx \
+                    else opdef.impl(xp, *args, **n.attrs)
+            except FeedError as e:
+                raise _located(e, n) from None
 
 
 class Executor:
@@ -100,10 +121,13 @@ class Executor:
                 env[i] = leaf_value(n, feeds, params)
             else:
                 xs = [env[a] for a in args]
-                if opdef.needs_ctx:
-                    env[i] = opdef.impl(xp, *xs, ctx=ctx, **n.attrs)
-                else:
-                    env[i] = opdef.impl(xp, *xs, **n.attrs)
+                try:
+                    if opdef.needs_ctx:
+                        env[i] = opdef.impl(xp, *xs, ctx=ctx, **n.attrs)
+                    else:
+                        env[i] = opdef.impl(xp, *xs, **n.attrs)
+                except FeedError as e:
+                    raise _located(e, n) from None
                 for a in free:
                     env[a] = None
         return [env[i] for i in self.out_idx]

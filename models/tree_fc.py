@@ -11,7 +11,7 @@ import numpy as np
 
 from minicavs import ops
 from minicavs.data.trees import complete_binary_tree
-from minicavs.model import Model, Structure
+from minicavs.model import Model, Structure, leaf_internal
 from minicavs.nn import ParameterSet
 from minicavs.task import Task
 from minicavs.vertex import VertexFunction
@@ -66,7 +66,7 @@ class TreeFC(Task):
         p.new("w_o", (H, 1), dtype=dtype, rng=seed)
         p.new("b_o", (1,), init="zeros", dtype=dtype, rng=seed)
         xs = ops.input((None, H), dtype, name="xs")
-        s = Structure(cells(p, H, dtype), pulls={"x": xs}, name="tree")
+        s = Structure(cells(p, H, dtype), pulls={"x": xs}, kinds=leaf_internal, name="tree")
         self.roots = ops.input((None,), "int64", name="roots")     # row of each root in the push buffer
         target = ops.input((None,), dtype, name="target")
         r = ops.reshape(ops.linear(ops.lookup(s.pushed("h"), self.roots), p["w_o"].node, p["b_o"].node), (None,))

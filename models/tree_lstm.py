@@ -18,7 +18,7 @@ import numpy as np
 from minicavs import ops
 from minicavs.data.sst import read_sst
 from minicavs.data.synthetic import synthetic_treebank
-from minicavs.model import Model, Structure
+from minicavs.model import Model, Structure, leaf_internal
 from minicavs.nn import ParameterSet
 from minicavs.task import Task
 from minicavs.vertex import VertexFunction
@@ -94,7 +94,7 @@ class TreeLSTM(Task):
         self.labels = ops.input((None,), "int64", name="labels")
         self.inv_trees = ops.input((), dtype, name="inv_trees")
         fns = cells(p, H, D, m["variant"], m["dropout"], dtype)
-        s = Structure(fns, pulls={"x": ops.lookup(p["E"].node, self.words)}, name="tree")
+        s = Structure(fns, pulls={"x": ops.lookup(p["E"].node, self.words)}, kinds=leaf_internal, name="tree")
         logits = ops.linear(s.pushed("h"), p["W_o"].node, p["b_o"].node)
         loss = ops.sum(ops.softmax_cross_entropy(logits, self.labels)) * self.inv_trees
         self.model = Model(s, loss=loss, outputs={"probs": ops.softmax(logits)}, policy=tc["policy"])
