@@ -351,8 +351,8 @@ class DataParallel:
         settings = trainer.cfg["train"].get("distributed") or {}
         unknown = set(settings) - set(SETTINGS)
         if unknown:
-            raise DistributedError(f"unknown config key(s) train.distributed.{', train.distributed.'.join(sorted(unknown))}"
-                                   f"; known: {', '.join(SETTINGS)}")
+            keys = ", ".join(f"train.distributed.{k}" for k in sorted(unknown))
+            raise DistributedError(f"unknown config key(s) {keys}; known: {', '.join(SETTINGS)}")
         settings = {**SETTINGS, **settings}
         comm.timeout = float(settings["timeout"])
         self.digest_every = int(settings["digest_every"])

@@ -6,6 +6,8 @@ OMPI_ALLOW_RUN_AS_ROOT=1 and OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 are set, and needs
 processes than cores; :func:`mpirun` does both."""
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import json
 import os
 import shutil
@@ -40,9 +42,7 @@ MODELS = {"tree_lstm": ("tree_lstm", SMALL + DATA + ["data.synthetic.test=2"]),
 
 def find_mpirun() -> tuple[list[str] | None, str]:
     """The launcher command (with --oversubscribe for Open MPI), or None and why not."""
-    try:
-        import mpi4py  # noqa: F401  (the package only: MPI is initialised in the ranks, not here)
-    except ImportError:
+    if importlib.util.find_spec("mpi4py") is None:   # not imported: MPI is initialised in the ranks, not here
         return None, "mpi4py is not installed: pip install '.[mpi]'"
     exe = shutil.which("mpirun") or shutil.which("mpiexec", path=str(Path(sys.executable).parent))
     if exe is None:
@@ -139,7 +139,8 @@ def test_two_ranks_equal_one_process(launcher, tmp_path):
     cases = []
     for model, (module, overrides) in MODELS.items():
         for dtype in ("float64", "float32"):
-            cases.append({"name": f"{model}-{dtype}", "module": module, "overrides": overrides + [f"train.dtype={dtype}"]})
+            cases.append({"name": f"{model}-{dtype}", "module": module,
+                          "overrides": overrides + [f"train.dtype={dtype}"]})
     lazy = MODELS["tree_lstm"][1] + ["train.dtype=float64", "train.optimizer=adam", "train.sparse_updates=true"]
     for path in ("allgather", "allreduce"):
         cases.append({"name": f"sparse-{path}", "module": "tree_lstm",
@@ -257,3 +258,37 @@ def test_a_killed_rank_ends_the_job_and_resume_continues(launcher, tmp_path):
     for name, p in straight.params.items():
         close(resumed.params[name].value, p.value, "float64", name)
     assert metrics(run)[-1]["dev_loss"] == pytest.approx(metrics(tmp_path / "straight")[-1]["dev_loss"], rel=1e-10)
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="finds the rank's process through /proc")
+def test_a_hung_rank_trips_the_watchdog(launcher, tmp_path):
+    """Rank 1 stopped (SIGSTOP: alive, so the launcher sees nothing): rank 0's collective times out after
+    train.distributed.timeout seconds, it says so and ends, and the launcher ends the job."""
+    config = tiny_config(tmp_path, 4)
+    run = tmp_path / "run"
+    cmd = launcher + ["-n", "2", sys.executable, "-m", "minicavs", "train", str(config), "--run-dir", str(run),
+                      "--no-progress", "--set", "train.distributed.timeout=5"]
+    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=mpi_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    victim = None
+    try:
+        deadline = time.monotonic() + 240
+        while not (run / "last.npz").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.02)
+        victim = rank_pid(proc.pid, 1)
+        assert victim is not None, "rank 1's process not found"
+        os.kill(victim, signal.SIGSTOP)
+        stopped = time.monotonic()
+        _, stderr = proc.communicate(timeout=60)
+        assert 5 <= time.monotonic() - stopped < 60
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        if victim is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(victim, signal.SIGKILL)
+    assert proc.returncode != 0
+    assert "rank 0 of 2" in stderr and "waited more than 5 s" in stderr, stderr[-3000:]
+    checkpoint.read(run / "last.npz")
