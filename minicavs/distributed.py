@@ -11,7 +11,7 @@ applies the same optimizer step to the same parameters.
 Per step (:meth:`GradientReducer.reduce`): one small allgather of a float64 header (scaled loss, units, and per
 parameter: dense, none, or the number of row-sparse rows), then one in-place ``Allreduce`` per dtype of a flat
 buffer holding every dense gradient, and, per embedding, either an ``Allgatherv`` of its rows (indices + rows)
-or a dense buffer with a row-touch count (folded into the same flat buffer), whichever puts fewer bytes on the
+or a dense buffer with a row-touch mark (folded into the same flat buffer), whichever puts fewer bytes on the
 wire this step. Device arrays are copied to the host, reduced there, and copied back (NCCL is not used).
 
 Robustness: the configs are compared at start (a difference names the key and the ranks), rank 0's state
@@ -192,7 +192,8 @@ def shard(indices: Sequence[int], rank: int, size: int):
 class ReduceStats:
     """What the reduction moved and how long it waited, summed over steps (for benchmarks and the README)."""
     steps: int = 0
-    seconds: float = 0.0
+    seconds: float = 0.0          # in reduce(), waiting for slower ranks included
+    wait_seconds: float = 0.0     # in the header allgather: mostly waiting for the slowest rank's backward
     dense_bytes: int = 0          # elements allreduced x itemsize (header excluded)
     gathered_bytes: int = 0       # bytes of sparse rows + indices all ranks contributed to allgathers
     sparse_paths: dict = field(default_factory=lambda: {"allgather": 0, "allreduce": 0})
@@ -225,13 +226,16 @@ class GradientReducer:
         for j, name in enumerate(names):
             g = grads.get(name)
             if isinstance(g, RowSparse):
-                g = RowSparse(to_host(g.indices).reshape(-1).astype(np.int64), to_host(g.rows), tuple(g.shape))
+                g = RowSparse(to_host(g.indices).reshape(-1).astype(np.int64), to_host(g.rows),
+                              tuple(g.shape)).coalesce()   # repeated rows summed here: fewer bytes to send
                 header[2 + j] = len(g.indices)
             else:
                 header[2 + j] = _NONE if g is None else _DENSE
                 g = None if g is None else to_host(g)
             local[name] = g
+        waited = time.perf_counter()
         headers = comm.allgather(header, "the gradient header allgather")
+        self.stats.wait_seconds += time.perf_counter() - waited
         total_loss = float(headers[:, 0].sum())
         total_units = int(round(headers[:, 1].sum()))
         # What travels how: a parameter with a dense gradient on any rank goes dense; row-sparse everywhere
@@ -283,7 +287,7 @@ class GradientReducer:
         return gather < allreduce
 
     def _reduce_dense(self, dtype, group, local, weight) -> dict:
-        """One flat buffer for every gradient of this dtype (plus a touch count per row of densified
+        """One flat buffer for every gradient of this dtype (plus a touch mark per row of densified
         row-sparse gradients, so the optimizer still sees which rows were looked up), one allreduce."""
         sizes = []
         for name, touched in group:
@@ -296,15 +300,13 @@ class GradientReducer:
             if g is None:
                 continue
             value = self.params[name].value
-            if touched:
-                c = g.coalesce()
-                table = buf[lo:lo + value.size].reshape(value.shape)
-                table[c.indices] = c.rows
-                np.add.at(buf[lo + value.size:lo + value.size + value.shape[0]], c.indices, 1)
+            if touched:   # g is coalesced: unique indices
+                buf[lo:lo + value.size].reshape(value.shape)[g.indices] = g.rows
+                buf[lo + value.size + g.indices] = 1
             else:
                 buf[lo:lo + value.size] = g.reshape(-1)
         buf *= dtype.type(weight) if weight != 1 else dtype.type(1)
-        # the touch counts were scaled too: only their being nonzero matters
+        # the touch marks were scaled too: only their being nonzero matters
         self.comm.allreduce_(buf, f"the gradient allreduce ({dtype.name}, {buf.size:,} elements)")
         self.stats.dense_bytes += buf.nbytes
         out = {}
