@@ -39,8 +39,8 @@ from .errors import MinicavsError
 from .sparse import RowSparse
 from .task import Task
 
-# Environment variables MPI launchers set in every process they start (Open MPI, MPICH/Hydra and Intel MPI, PMIx).
-_LAUNCH_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS")
+# The world size MPI launchers put in every process they start: Open MPI; MPICH/Hydra and Intel MPI.
+_LAUNCH_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 SPARSE_MODES = ("auto", "allgather", "allreduce")
 # train.distributed in a config: digest check period (steps, 0: only at start), watchdog seconds, sparse path
 SETTINGS = {"digest_every": 100, "timeout": 600.0, "sparse": "auto"}

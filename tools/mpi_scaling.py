@@ -132,6 +132,8 @@ def main() -> None:
     p.add_argument("--latency-us", type=float, default=30.0)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--models", nargs="*", default=list(CONFIGS))
+    p.add_argument("--t1-ms", action="append", default=[], metavar="CONFIG=MS",
+                   help="use this single-process step time instead of measuring (e.g. one from a quiet machine)")
     args = ap.parse_args()
     if args.cmd == "measure":
         t = Trainer(args.config, args.overrides, run_dir="/tmp/minicavs-mpi-scaling")
@@ -151,7 +153,8 @@ def main() -> None:
         except (FileNotFoundError, OSError) as e:
             print(f"{name:15} skipped: {e}")
             continue
-        t1 = steps(t, args.steps, 2)["step_ms"] / 1e3
+        given = dict(item.split("=") for item in args.t1_ms)
+        t1 = float(given[name]) / 1e3 if name in given else steps(t, args.steps, 2)["step_ms"] / 1e3
         b = bytes_per_step(t, 2)
         cells = []
         for n in (2, 8, 64):
