@@ -14,7 +14,7 @@ step time, throughput and efficiency at 2, 8 and 64 ranks:
 
 Ring allreduce of S bytes over N ranks (Patarasuk & Yuan 2009; what Open MPI and NCCL do for large buffers):
 2 (N-1) steps, each sending S/N bytes and paying the latency a, so t = 2 (N-1) a + 2 (N-1)/N S / W at link
-bandwidth W. An allgather of rows totalling R bytes: t = (N-1) a + (N-1)/N R / W. The per-step header allgather
+bandwidth W. An allgather of rows totalling R bytes (indices and rows: two calls): t = 2 (N-1) a + (N-1)/N R / W. The per-step header allgather
 is counted as (N-1) a. Compute splits by samples: with the config's global batch of b samples (strong scaling,
 what ``mpirun -n N minicavs train`` does) a rank's forward/backward takes T1 ceil(b/N)/b; with a global batch
 grown to N b (weak scaling: --set train.batch_size=...) it takes T1. Efficiency = T1 / (N x step time) strong,
@@ -110,7 +110,7 @@ def ring_seconds(n: int, dense: int, sparse: dict, bandwidth: float, latency: fl
     for s in sparse.values():   # the reducer's choice: allgather iff it moves fewer bytes than the dense buffer
         gather = s["gather_bytes"] * (n - 1) / n
         if gather < 2 * (n - 1) / n * s["dense_bytes"]:
-            t += (n - 1) * latency + gather / bandwidth
+            t += 2 * (n - 1) * latency + gather / bandwidth   # two allgathers: indices, rows
             sent += s["gather_bytes"] / n
         else:
             buf += s["dense_bytes"]
