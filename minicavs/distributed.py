@@ -23,6 +23,7 @@ longer than ``train.distributed.timeout`` seconds (a peer that hangs rather than
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -119,21 +120,19 @@ class Communicator:
 
     # --- the watchdog --------------------------------------------------------------------------------
 
+    @contextlib.contextmanager
     def _guard(self, what: str):
-        comm = self
-
-        class Guard:
-            def __enter__(self):
-                with comm._lock:
-                    comm._deadline = (time.monotonic() + comm.timeout, what)
-                if comm._watchdog is None:
-                    comm._watchdog = threading.Thread(target=comm._watch, name="minicavs-mpi-watchdog", daemon=True)
-                    comm._watchdog.start()
-
-            def __exit__(self, *exc):
-                with comm._lock:
-                    comm._deadline = None
-        return Guard()
+        """Arm the watchdog for one collective (``what`` goes into its message)."""
+        with self._lock:
+            self._deadline = (time.monotonic() + self.timeout, what)
+        if self._watchdog is None:
+            self._watchdog = threading.Thread(target=self._watch, name="minicavs-mpi-watchdog", daemon=True)
+            self._watchdog.start()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._deadline = None
 
     def _watch(self) -> None:
         """mpi4py releases the GIL inside MPI calls, so this thread runs while the main thread waits."""
@@ -305,8 +304,8 @@ class GradientReducer:
                 buf[lo + value.size + g.indices] = 1
             else:
                 buf[lo:lo + value.size] = g.reshape(-1)
-        buf *= dtype.type(weight) if weight != 1 else dtype.type(1)
-        # the touch marks were scaled too: only their being nonzero matters
+        if weight != 1:
+            buf *= dtype.type(weight)   # the touch marks too: only their being nonzero matters
         self.comm.allreduce_(buf, f"the gradient allreduce ({dtype.name}, {buf.size:,} elements)")
         self.stats.dense_bytes += buf.nbytes
         out = {}
