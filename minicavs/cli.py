@@ -48,7 +48,7 @@ def _train(args: argparse.Namespace) -> int:
     trainer = Trainer(args.config, args.overrides, args.run_dir)
     say = print if trainer.is_root else _quiet   # under mpirun: rank 0 speaks
     say(f"training {trainer.cfg['model']['name']} ({sum(p.value.size for p in trainer.params.values()):,} "
-          f"parameters) on {len(trainer.task.data['train'])} samples; run dir {trainer.run_dir}"
+        f"parameters) on {len(trainer.task.data['train'])} samples; run dir {trainer.run_dir}"
         + (f"; {trainer.parallel.comm.size} ranks" if trainer.parallel else ""))
     trainer.fit(args.epochs, resume=args.resume, progress=not args.no_progress)
     best = trainer.run_dir / "best.npz"
@@ -58,7 +58,7 @@ def _train(args: argparse.Namespace) -> int:
             metrics = trainer.evaluate(split)
             metrics.pop("timing")
             say(f"best checkpoint ({best}) on {split}: "
-                  + "  ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+                + "  ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
     return 0
 
 
