@@ -220,16 +220,14 @@ def rank_pid(launcher_pid: int, rank: int) -> int | None:
     return None
 
 
-@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="finds the rank's process through /proc")
-def test_a_killed_rank_ends_the_job_and_resume_continues(launcher, tmp_path):
-    """Rank 1 is killed (SIGKILL) during epoch 2 of 4: the job ends non-zero within 60 s naming rank 1, the
-    epoch-1 checkpoint is intact, and one process resuming from it ends where an uninterrupted run does."""
-    config = tiny_config(tmp_path, 4)
-    run = tmp_path / "run"
+def signal_rank_after_first_epoch(launcher, config: Path, run: Path, sig: int, extra=()) -> tuple:
+    """``mpirun -n 2 minicavs train`` until the first checkpoint, then ``sig`` to rank 1's process. Returns
+    (seconds from the signal to the job's end, exit status, stdout, stderr); rank 1 never outlives the test."""
     cmd = launcher + ["-n", "2", sys.executable, "-m", "minicavs", "train", str(config), "--run-dir", str(run),
-                      "--no-progress"]
+                      "--no-progress", *extra]
     proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=mpi_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
+    victim = None
     try:
         deadline = time.monotonic() + 240
         while not (run / "last.npz").exists():
@@ -237,15 +235,30 @@ def test_a_killed_rank_ends_the_job_and_resume_continues(launcher, tmp_path):
             time.sleep(0.02)
         victim = rank_pid(proc.pid, 1)
         assert victim is not None, "rank 1's process not found"
-        os.kill(victim, signal.SIGKILL)
-        killed = time.monotonic()
+        os.kill(victim, sig)
+        sent = time.monotonic()
         stdout, stderr = proc.communicate(timeout=60)
-        assert time.monotonic() - killed < 60
+        return time.monotonic() - sent, proc.returncode, stdout, stderr
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
-    assert proc.returncode != 0
+        if victim is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(victim, signal.SIGKILL)
+
+
+needs_proc = pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="finds a rank's process in /proc")
+
+
+@needs_proc
+def test_a_killed_rank_ends_the_job_and_resume_continues(launcher, tmp_path):
+    """Rank 1 is killed (SIGKILL) during epoch 2 of 4: the job ends non-zero within 60 s naming rank 1, the
+    epoch-1 checkpoint is intact, and one process resuming from it ends where an uninterrupted run does."""
+    config = tiny_config(tmp_path, 4)
+    run = tmp_path / "run"
+    seconds, status, stdout, stderr = signal_rank_after_first_epoch(launcher, config, run, signal.SIGKILL)
+    assert status != 0 and seconds < 60
     assert "rank 1" in stderr, stderr[-3000:]
     ck = checkpoint.read(run / "last.npz")        # intact: a whole checkpoint of a finished epoch
     assert ck.extra["epoch"] in (1, 2, 3), ck.extra
@@ -260,35 +273,13 @@ def test_a_killed_rank_ends_the_job_and_resume_continues(launcher, tmp_path):
     assert metrics(run)[-1]["dev_loss"] == pytest.approx(metrics(tmp_path / "straight")[-1]["dev_loss"], rel=1e-10)
 
 
-@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="finds the rank's process through /proc")
+@needs_proc
 def test_a_hung_rank_trips_the_watchdog(launcher, tmp_path):
     """Rank 1 stopped (SIGSTOP: alive, so the launcher sees nothing): rank 0's collective times out after
     train.distributed.timeout seconds, it says so and ends, and the launcher ends the job."""
-    config = tiny_config(tmp_path, 4)
     run = tmp_path / "run"
-    cmd = launcher + ["-n", "2", sys.executable, "-m", "minicavs", "train", str(config), "--run-dir", str(run),
-                      "--no-progress", "--set", "train.distributed.timeout=5"]
-    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=mpi_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    victim = None
-    try:
-        deadline = time.monotonic() + 240
-        while not (run / "last.npz").exists():
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-            time.sleep(0.02)
-        victim = rank_pid(proc.pid, 1)
-        assert victim is not None, "rank 1's process not found"
-        os.kill(victim, signal.SIGSTOP)
-        stopped = time.monotonic()
-        _, stderr = proc.communicate(timeout=60)
-        assert 5 <= time.monotonic() - stopped < 60
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-        if victim is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(victim, signal.SIGKILL)
-    assert proc.returncode != 0
+    seconds, status, _, stderr = signal_rank_after_first_epoch(launcher, tiny_config(tmp_path, 4), run,
+                                                              signal.SIGSTOP, ["--set", "train.distributed.timeout=5"])
+    assert status != 0 and 5 <= seconds < 60
     assert "rank 0 of 2" in stderr and "waited more than 5 s" in stderr, stderr[-3000:]
     checkpoint.read(run / "last.npz")
