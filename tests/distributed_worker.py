@@ -34,7 +34,7 @@ def run_case(case: dict, out: Path, rank: int) -> dict:
         except DistributedError as e:
             report["error"] = str(e)
         return report
-    t.fit(progress=False, log=lambda s: None)
+    t.fit(case.get("epochs"), resume=case.get("resume", False), progress=False, log=lambda s: None)
     report["sparse_paths"] = t.parallel.reducer.stats.sparse_paths
     report["steps"] = t.optimizer.steps
     return report

@@ -163,13 +163,29 @@ def test_two_ranks_equal_one_process(launcher, tmp_path):
 
 
 def test_three_ranks_on_batches_that_do_not_divide(launcher, tmp_path):
-    """Batches of 5, 5, 2 over 3 ranks (shards 2+2+1, then 1+1+0: a rank with nothing to do), every model."""
+    """Batches of 5, 5, 2 over 3 ranks (shards 2+2+1, then 1+1+0: a rank with nothing to do), every model; and
+    3 ranks resuming a run one process began."""
     out = tmp_path / "three"
     cases = [{"name": model, "module": module, "overrides": overrides + ["train.dtype=float64"]}
              for model, (module, overrides) in MODELS.items()]
-    reports = run_worker(launcher, 3, cases, out)
+    # --resume on 3 ranks from a checkpoint one process wrote after epoch 1, to epoch 2
+    module, overrides = MODELS["tree_lstm"]
+    resume = {"name": "resume", "module": module, "overrides": overrides + ["train.dtype=float64"], "epochs": 2,
+              "resume": True}
+    trainer(module, resume["overrides"], out / "resume").fit(progress=False, log=lambda s: None)
+    reports = run_worker(launcher, 3, cases + [resume], out)
     for case in cases:
         check_against_one_process(case, out, tmp_path, reports)
+    straight = trainer(module, resume["overrides"], tmp_path / "straight")
+    straight.fit(2, progress=False, log=lambda s: None)
+    ck = checkpoint.read(out / "resume" / "last.npz")
+    assert ck.step == straight.optimizer.steps == 6 and ck.extra["epoch"] == 2
+    for name, p in straight.params.items():
+        close(ck.params[name], p.value, "float64", f"resumed on 3 ranks: {name}")
+    got, want = metrics(out / "resume"), metrics(tmp_path / "straight")
+    assert [r["epoch"] for r in got] == [1, 2]
+    for k, v in want[-1].items():
+        close(got[-1][k], v, "float64", f"resumed on 3 ranks: metric {k}")
 
 
 def tiny_config(tmp_path, epochs: int) -> Path:
