@@ -12,13 +12,13 @@ step time, throughput and efficiency at 2, 8 and 64 ranks:
 
     python tools/mpi_scaling.py project [--bandwidth-gbs 1.25 --latency-us 30]
 
-Ring allreduce of S bytes over N ranks (Patarasuk & Yuan 2009; what Open MPI and NCCL do for large buffers):
-2 (N-1) steps, each sending S/N bytes and paying the latency a, so t = 2 (N-1) a + 2 (N-1)/N S / W at link
-bandwidth W. An allgather of rows totalling R bytes (indices and rows: two calls): t = 2 (N-1) a + (N-1)/N R / W. The per-step header allgather
-is counted as (N-1) a. Compute splits by samples: with the config's global batch of b samples (strong scaling,
-what ``mpirun -n N minicavs train`` does) a rank's forward/backward takes T1 ceil(b/N)/b; with a global batch
-grown to N b (weak scaling: --set train.batch_size=...) it takes T1. Efficiency = T1 / (N x step time) strong,
-T1 / step time weak.
+Ring allreduce of S bytes over N ranks (Patarasuk & Yuan 2009; what Open MPI and NCCL do for large buffers): 2
+(N-1) steps, each sending S/N bytes and paying the latency a, so t = 2 (N-1) a + 2 (N-1)/N S / W at link
+bandwidth W. An allgather of rows totalling R bytes (indices and rows: two calls): t = 2 (N-1) a + (N-1)/N R /
+W. The per-step header allgather is counted as (N-1) a. Compute splits by samples: with the config's global
+batch of b samples (strong scaling, what ``mpirun -n N minicavs train`` does) a rank's forward/backward takes T1
+ceil(b/N)/b; with a global batch grown to N b (weak scaling: --set train.batch_size=...) it takes T1. Efficiency
+= T1 / (N x step time) strong, T1 / step time weak.
 """
 from __future__ import annotations
 
