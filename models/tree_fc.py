@@ -81,12 +81,15 @@ class TreeFC(Task):
                  "roots": roots, "inv_trees": np.asarray(1.0 / len(samples), self.dtype)}
         return [self.graph] * len(samples), feeds
 
-    def evaluate(self, samples, batch_size: int) -> dict:
+    def eval_sums(self, samples, batch_size: int) -> dict:
         total = 0.0
         for i in range(0, len(samples), batch_size):
             graphs, feeds = self.batch(samples[i:i + batch_size])
             total += float(self.model.infer(graphs, feeds, self.params).outputs["sq"])
-        return {"loss": total / len(samples)}
+        return {"sq": total, "samples": float(len(samples))}
+
+    def eval_metrics(self, sums: dict, samples) -> dict:
+        return {"loss": sums["sq"] / sums["samples"]}
 
 
 def build(cfg: dict) -> TreeFC:
