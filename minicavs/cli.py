@@ -6,7 +6,12 @@ import sys
 from typing import Callable, Sequence
 
 from . import __version__
+from .distributed import abort_peers
 from .errors import MinicavsError
+
+
+def _quiet(*_, **__) -> None:
+    pass
 
 
 def _demo_args(p: argparse.ArgumentParser) -> None:
@@ -41,8 +46,10 @@ def _train_args(p: argparse.ArgumentParser) -> None:
 def _train(args: argparse.Namespace) -> int:
     from .training import Trainer
     trainer = Trainer(args.config, args.overrides, args.run_dir)
-    print(f"training {trainer.cfg['model']['name']} ({sum(p.value.size for p in trainer.params.values()):,} "
-          f"parameters) on {len(trainer.task.data['train'])} samples; run dir {trainer.run_dir}")
+    say = print if trainer.is_root else _quiet   # under mpirun: rank 0 speaks
+    say(f"training {trainer.cfg['model']['name']} ({sum(p.value.size for p in trainer.params.values()):,} "
+        f"parameters) on {len(trainer.task.data['train'])} samples; run dir {trainer.run_dir}"
+        + (f"; {trainer.parallel.comm.size} ranks" if trainer.parallel else ""))
     trainer.fit(args.epochs, resume=args.resume, progress=not args.no_progress)
     best = trainer.run_dir / "best.npz"
     trainer.load(best, optimizer=False)
@@ -50,8 +57,8 @@ def _train(args: argparse.Namespace) -> int:
         if trainer.task.data.get(split):
             metrics = trainer.evaluate(split)
             metrics.pop("timing")
-            print(f"best checkpoint ({best}) on {split}: "
-                  + "  ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+            say(f"best checkpoint ({best}) on {split}: "
+                + "  ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
     return 0
 
 
@@ -67,7 +74,8 @@ def _eval(args: argparse.Namespace) -> int:
     trainer.load(args.checkpoint, optimizer=False)
     metrics = trainer.evaluate(args.split)
     timing = metrics.pop("timing")
-    print("  ".join(f"{k} {v:.4f}" for k, v in metrics.items()) + f"  ({timing[args.split + '_seconds']:.1f} s)")
+    say = print if trainer.is_root else _quiet
+    say("  ".join(f"{k} {v:.4f}" for k, v in metrics.items()) + f"  ({timing[args.split + '_seconds']:.1f} s)")
     return 0
 
 
@@ -106,6 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return COMMANDS[args.command][2](args)
     except (MinicavsError, FileNotFoundError) as e:  # ConfigError, DataError, CheckpointError, ...
         print(f"minicavs {args.command}: error: {e}", file=sys.stderr)
+        abort_peers(2)   # under mpirun: the other ranks may be waiting for this one
         return 2
 
 

@@ -30,6 +30,7 @@ TRAIN_DEFAULTS: dict[str, Any] = {
     "batch_size": 25, "epochs": 10, "seed": 1, "dtype": "float32", "policy": "cavs",
     "early_stopping": None,   # e.g. {metric: dev_root_acc, mode: max, patience: 3}
     "eval_batch_size": 256, "log_every": 1.0, "device": "cpu",
+    "distributed": {},   # mpirun: digest_every, timeout, sparse (minicavs.distributed.SETTINGS)
     "deterministic": False,   # cuda: sum a DAG child's gradient rows in a fixed order, not by atomicAdd
     "engine": {"lazy_batching": True, "eager_batching": True, "streaming": False,  # §3.4 (EngineOptions)
                "fusion": True, "gather_elision": True},

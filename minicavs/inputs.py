@@ -13,30 +13,82 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from .errors import InputGraphError
+from .validate import indices, is_integer, show
+
+
+_BIG = 1 << 63
 
 
 class InputGraph:
-    """One sample's graph. ``kinds`` optionally names each vertex's kind (e.g. 'leaf', 'internal')."""
+    """One sample's graph. ``kinds`` optionally names each vertex's kind, i.e. which vertex function of the
+    structure runs it (e.g. 'leaf', 'internal'); see :meth:`minicavs.model.Structure.batch`.
+
+    Both constructors validate the same way before anything is kept: integer child ids (not floats, bools
+    or strings), CSR pointers that start at 0, never decrease and end at the number of child ids, one string
+    kind per vertex. Ids out of range, self-loops and cycles are found by :func:`make_batch`, which names
+    the sample. The arrays are kept read-only (copies), so a graph stays what was checked."""
 
     __slots__ = ("num_vertices", "child_ptr", "child_idx", "kinds")
 
     def __init__(self, children: Sequence[Sequence[int]], kinds: Sequence[str] | None = None):
-        counts = np.fromiter((len(c) for c in children), np.int64, len(children))
-        idx = np.fromiter((int(x) for c in children for x in c), np.int64, int(counts.sum()))
-        self._set(np.concatenate(([0], np.cumsum(counts))).astype(np.int64), idx, kinds)
+        if isinstance(children, (str, bytes)) or not hasattr(children, "__len__"):
+            raise InputGraphError(f"InputGraph: children must be a list with one list of child ids per vertex, "
+                                  f"got {type(children).__name__}")
+        n = len(children)
+        counts = np.zeros(n, np.int64)
+        flat: list = []
+        for v, ch in enumerate(children):
+            if isinstance(ch, (str, bytes)) or not hasattr(ch, "__iter__"):
+                raise InputGraphError(f"vertex {v}: its children must be a list of child ids, got {ch!r}")
+            ch = list(ch)
+            for k, x in enumerate(ch):
+                if not is_integer(x):
+                    raise InputGraphError(f"vertex {v}: child {k} is {show(x)}, not an integer vertex id")
+                if not -_BIG <= x < _BIG:   # cannot be stored, let alone be a vertex; range: make_batch
+                    raise InputGraphError(f"vertex {v}: child {k} id {x} out of range for a graph of {n} vertices")
+            counts[v] = len(ch)
+            flat += ch
+        self._set(np.concatenate(([0], np.cumsum(counts))), np.array(flat, np.int64), kinds)
 
     def _set(self, child_ptr, child_idx, kinds):
-        self.child_ptr = np.ascontiguousarray(child_ptr, np.int64)
-        self.child_idx = np.ascontiguousarray(child_idx, np.int64)
-        self.num_vertices = len(self.child_ptr) - 1
-        self.kinds = None if kinds is None else tuple(kinds)
-        if self.kinds is not None and len(self.kinds) != self.num_vertices:
-            raise InputGraphError(f"{len(self.kinds)} kinds for {self.num_vertices} vertices")
+        ptr = indices(child_ptr, "InputGraph: child_ptr entry", shape=(None,), error=InputGraphError)
+        idx = indices(child_idx, "InputGraph: child id", shape=(None,), dtype=None, error=InputGraphError)
+        down = np.flatnonzero(ptr[1:] < ptr[:-1])
+        if len(ptr) == 0 or ptr[0] != 0:
+            raise InputGraphError(f"InputGraph: child_ptr must start at 0, got {ptr.tolist()[:1] or 'nothing'}")
+        if len(down):
+            v = int(down[0])
+            raise InputGraphError(f"vertex {v}: child_ptr decreases from {int(ptr[v])} to {int(ptr[v + 1])} "
+                                  f"(a negative number of children)")
+        if ptr[-1] != len(idx):
+            raise InputGraphError(f"InputGraph: child_ptr ends at {int(ptr[-1])}, but there are {len(idx)} child ids: "
+                                  f"they must be equal (every id belongs to exactly one vertex)")
+        n = len(ptr) - 1
+        if idx.dtype.kind == "u" and len(idx) and int(idx.max()) >= _BIG:
+            e = int(np.argmax(idx >= _BIG))
+            v = int(np.searchsorted(ptr, e, "right")) - 1
+            raise InputGraphError(f"vertex {v}: child {e - int(ptr[v])} id {int(idx[e])} out of range for a graph "
+                                  f"of {n} vertices")
+        idx = idx.astype(np.int64)   # ids in [0, n) and self-loops are checked by make_batch, naming the sample
+        if kinds is not None:
+            if isinstance(kinds, (str, bytes)) or not hasattr(kinds, "__len__"):
+                raise InputGraphError(f"InputGraph: kinds must be a list of strings, one per vertex, got {kinds!r}")
+            kinds = tuple(kinds)
+            if len(kinds) != n:
+                raise InputGraphError(f"{len(kinds)} kinds for {n} vertices")
+            for v, k in enumerate(kinds):
+                if not isinstance(k, str):
+                    raise InputGraphError(f"vertex {v}: kind {show(k)} is not a string (a vertex function's kind name)")
+        for a in (ptr, idx):
+            a.setflags(write=False)
+        self.child_ptr, self.child_idx, self.num_vertices, self.kinds = ptr, idx, n, kinds
 
     @classmethod
     def from_csr(cls, child_ptr, child_idx, kinds=None) -> "InputGraph":
+        """Child k of vertex v is ``child_idx[child_ptr[v] + k]``; validated as the constructor validates."""
         g = cls.__new__(cls)
-        g._set(child_ptr, child_idx, kinds)
+        g._set(np.array(child_ptr, copy=True) if isinstance(child_ptr, np.ndarray) else child_ptr,
+               np.array(child_idx, copy=True) if isinstance(child_idx, np.ndarray) else child_idx, kinds)
         return g
 
     @classmethod
@@ -122,9 +174,8 @@ class Batch:
         return self._parents
 
     def with_kinds(self, kind: np.ndarray, kind_names: Sequence[str]) -> "Batch":
-        kind = np.asarray(kind, np.int64)
-        if kind.shape != (self.num_vertices,) or (len(kind) and (kind.min() < 0 or kind.max() >= len(kind_names))):
-            raise InputGraphError(f"with_kinds: need {self.num_vertices} kind ids in [0, {len(kind_names)})")
+        kind = indices(kind, "with_kinds: kind id", size=len(kind_names), shape=(self.num_vertices,), at="vertex",
+                       of=f" ({len(kind_names)} kinds, {self.num_vertices} vertices)", error=InputGraphError)
         return replace(self, kind=kind, kind_names=tuple(kind_names))
 
     def where(self, v: int) -> str:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .errors import FeedError
 from .inputs import Batch
 from .random import row_key
 from .scheduler import Schedule
@@ -133,7 +134,7 @@ def plan_memory(batch: Batch, schedule: Schedule, arity: dict, pulls: dict, push
     n = batch.num_vertices
     sample_ids = np.arange(len(batch.graphs)) if sample_ids is None else np.asarray(sample_ids, np.int64)
     if sample_ids.shape != (len(batch.graphs),):
-        raise ValueError(f"{len(sample_ids)} sample ids for {len(batch.graphs)} samples")
+        raise FeedError(f"{len(sample_ids)} sample ids for {len(batch.graphs)} samples")
     order, row = schedule.order, schedule.row
     kind_of_task = schedule.task_kind
     sizes = np.diff(schedule.task_ptr)

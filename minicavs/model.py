@@ -1,6 +1,6 @@
 """A model = dynamic structures (vertex functions over input graphs) + static graphs joined by push/pull.
 
-    enc = Structure({"leaf": F_leaf, "internal": F_int}, pulls={"x": ops.lookup(E.node, words)})
+    enc = Structure({"leaf": F_leaf, "internal": F_int}, pulls={"x": ops.lookup(E.node, words)}, kinds=leaf_internal)
     h = enc.pushed("h")                                   # (None, H): one row per pushing vertex
     loss = ops.sum(ops.softmax_cross_entropy(ops.linear(h, Wo, bo), labels)) / n_trees
     model = Model(enc, loss=loss)
@@ -33,14 +33,22 @@ from .ops import input as input_node
 from .ops import ones_like
 from .scheduler import get_policy
 from .sparse import add_all, densify
+from .validate import indices
 from .vertex import VertexFunction
 
 _PUSHED: weakref.WeakSet = weakref.WeakSet()   # every structure's push-buffer nodes
 
 
-def leaf_internal(batch: Batch) -> tuple[np.ndarray, tuple[str, ...]]:
-    """The usual kind rule: a vertex without children is a 'leaf', any other an 'internal' vertex."""
-    return (batch.num_children() > 0).astype(np.int64), ("leaf", "internal")
+def by_child_count(leaf: str, internal: str) -> Callable[[Batch], tuple]:
+    """A kind rule for :class:`Structure`: a vertex without children gets vertex function ``leaf``, any
+    other ``internal``. Returns ``rule(batch) -> (kind id per vertex, kind names)``."""
+    def rule(batch: Batch) -> tuple[np.ndarray, tuple[str, ...]]:
+        return (batch.num_children() > 0).astype(np.int64), (leaf, internal)
+    rule.__name__ = rule.__qualname__ = f"by_child_count({leaf!r}, {internal!r})"
+    return rule
+
+
+leaf_internal = by_child_count("leaf", "internal")   # the usual rule of tree models
 
 
 class Structure:
@@ -49,15 +57,19 @@ class Structure:
     def __init__(self, functions: VertexFunction | Mapping[str, VertexFunction],
                  pulls: Mapping[str, Node] | None = None,
                  kinds: Callable[[Batch], tuple] | None = None, name: str = "G"):
+        """``functions``: vertex functions by kind name. Which one runs a vertex (its kind) never depends
+        on these names: it is the kind given with the vertex's graph (``InputGraph(kinds=...)``), else the
+        structure's rule ``kinds(batch) -> (kind id per vertex, kind names)`` (e.g. :func:`leaf_internal`),
+        else the only function; see :meth:`batch`."""
         if isinstance(functions, VertexFunction):
             functions = {functions.name: functions}
         self.name = name
         self.functions = dict(functions)
         if not self.functions:
             raise ShapeError(f"structure '{name}': no vertex function")
-        if kinds is None and len(self.functions) > 1:
-            if set(self.functions) == {"leaf", "internal"}:
-                kinds = leaf_internal
+        if kinds is not None and not callable(kinds):
+            raise ShapeError(f"structure '{name}': kinds must be a rule, kinds(batch) -> (kind ids, kind names), "
+                             f"e.g. minicavs.model.leaf_internal; got {kinds!r}")
         self.kinds = kinds
         fs = list(self.functions.values())
         self.dtype = fs[0].dtype
@@ -104,32 +116,67 @@ class Structure:
         return self._pushed[name]
 
     def batch(self, graphs: Sequence[InputGraph]) -> Batch:
-        """Flatten, assign kinds, validate (arity per kind) in one step; raises before anything runs."""
-        names = list(self.functions)
-        if self.kinds is None:
-            batch = make_batch(graphs, kind_names=names if any(g.kinds for g in graphs) or len(names) > 1
-                               else None, default_kind=names[0])
-            if len(names) == 1:
-                batch = batch.with_kinds(np.zeros(batch.num_vertices, np.int64), (names[0],))
-        else:
-            batch = make_batch(graphs)
-            kind, kind_names = self.kinds(batch)
-            batch = batch.with_kinds(kind, tuple(kind_names))
-        used = set(np.unique(batch.kind).tolist())
-        missing = {k for i, k in enumerate(batch.kind_names) if i in used and k not in self.functions}
-        if missing:
-            raise ShapeError(f"structure '{self.name}': no vertex function for kind(s) {sorted(missing)}")
-        nch = batch.num_children()
-        for kid, kname in enumerate(batch.kind_names):
-            f = self.functions.get(kname)
-            if f is None:
+        """Flatten, assign kinds, validate (arity per kind) in one step; raises before anything runs.
+
+        A vertex's kind (the vertex function that runs it) is, in this order: the kind given with its
+        graph (``InputGraph(kinds=...)``, every vertex of that graph), the structure's kind rule, the only
+        vertex function. A kind without a vertex function of that name, or a structure with several
+        functions and neither, is an error naming the sample, the vertex, the kind and the functions."""
+        names = tuple(self.functions)
+        batch = make_batch(graphs)
+        n = batch.num_vertices
+        kind = np.full(n, -1, np.int64)
+        source = np.zeros(n, np.int8)           # how each vertex got its kind: 0 graph, 1 rule, 2 only function
+        lookup = {k: i for i, k in enumerate(names)}
+        functions = f"vertex functions {list(names)}"
+        given = np.zeros(n, bool)
+        for sid, g in enumerate(batch.graphs):
+            if g.kinds is None:
                 continue
-            over = np.flatnonzero((batch.kind == kid) & (nch > f.arity))
+            ids = [lookup.get(k, -1) for k in g.kinds]
+            if -1 in ids:
+                v = ids.index(-1)
+                raise InputGraphError(f"sample {sid}, vertex {v}: kind {g.kinds[v]!r} (given with the graph) has no "
+                                      f"vertex function in structure '{self.name}' ({functions})")
+            lo = int(batch.offsets[sid])
+            kind[lo:lo + g.num_vertices] = ids
+            given[lo:lo + g.num_vertices] = True
+        rest = ~given
+        if rest.any():
+            if self.kinds is not None:
+                rule = getattr(self.kinds, "__name__", repr(self.kinds))
+                rule_kind, rule_names = self.kinds(batch)
+                rule_kind = indices(rule_kind, f"structure '{self.name}': kind rule {rule}: kind id",
+                                    size=len(rule_names), shape=(n,), at="vertex", error=InputGraphError)
+                to_fn = np.array([lookup.get(k, -1) for k in rule_names], np.int64)
+                mapped = to_fn[rule_kind] if len(to_fn) else rule_kind
+                unknown = np.flatnonzero(rest & (mapped < 0))
+                if len(unknown):
+                    v = int(unknown[0])
+                    raise InputGraphError(f"{batch.where(v)}: kind {rule_names[rule_kind[v]]!r} (by the structure's "
+                                          f"rule {rule}) has no vertex function in structure '{self.name}' "
+                                          f"({functions})")
+                kind[rest] = mapped[rest]
+                source[rest] = 1
+            elif len(names) == 1:
+                kind[rest] = 0
+                source[rest] = 2
+            else:
+                v = int(np.flatnonzero(rest)[0])
+                raise InputGraphError(f"structure '{self.name}' has {functions}, but sample {int(batch.sample[v])} "
+                                      f"gives no kinds: give each graph its kinds (InputGraph(..., kinds=[...])) or "
+                                      f"the structure a kind rule (Structure(..., kinds=minicavs.model.leaf_internal))")
+        batch = batch.with_kinds(kind, names)
+        nch = batch.num_children()
+        for kid, kname in enumerate(names):
+            f = self.functions[kname]
+            over = np.flatnonzero((kind == kid) & (nch > f.arity))
             if len(over):
                 v = int(over[0])
-                raise InputGraphError(f"sample {int(batch.sample[v])}, vertex {int(batch.local[v])}: "
-                                      f"{int(nch[v])} children, more than the arity {f.arity} of "
-                                      f"vertex function '{kname}'")
+                why = ("given with the graph", f"by the structure's rule {getattr(self.kinds, '__name__', '')}",
+                       "the structure's only vertex function")[int(source[v])]
+                raise InputGraphError(f"{batch.where(v)}: {int(nch[v])} children, more than the arity {f.arity} of "
+                                      f"vertex function '{kname}' (kind '{kname}', {why})")
         return batch
 
     def fns_for(self, batch: Batch) -> list:
@@ -275,6 +322,10 @@ class Model:
         options = options or self.options
         graphs = self._graphs_by_structure(graphs)
         training = backward_pass and self.bwd is not None
+        if sample_ids is not None:   # dropout row keys: sample id << 32 | vertex id (random.row_key)
+            sizes = sorted({len(g) for g in graphs.values()})
+            sample_ids = indices(sample_ids, "sample id", size=1 << 32, shape=(sizes[0] if len(sizes) == 1 else None,),
+                                 of=f" ({sizes} samples)")
         plans = {s.name: self._plan(s, graphs, policy, sample_ids) for s in self.structures}  # validate all first
         env: dict = {}
         result = Result(None)
@@ -287,8 +338,10 @@ class Model:
                 buf = env[src]
                 want = plan.pull_rows.get(name, 0)
                 if len(buf) != want:
+                    fed = [n.label() for n in Graph([src]).nodes if n.op == "input"]
                     raise FeedError(f"structure '{s.name}': pull buffer '{name}' has {len(buf)} rows, the batch "
-                                    f"has {want} vertices that pull it")
+                                    f"has {want} vertices that pull it (the buffer is {src.label()}"
+                                    + (f", computed from {', '.join(fed)})" if fed else ")"))
                 pull_bufs[name] = buf
             st = forward(fns, plan, pull_bufs, params, ctx, s.message, s.dtype, training=training,
                          workspace=self.workspace(s.name), opts=options, device=device)

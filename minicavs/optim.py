@@ -36,11 +36,12 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from .errors import NonFiniteError
+from .errors import FeedError, NonFiniteError
 from .nn.parameter import Parameter
 from .backend import array_module
 from .ops.registry import native_kernels
 from .sparse import RowSparse, densify
+from .validate import indices
 
 Grad = Any  # np.ndarray | RowSparse
 
@@ -227,17 +228,21 @@ def _check_sparse(p: Parameter, g: RowSparse) -> RowSparse:
     """The checked, coalesced gradient in the parameter's dtype, or an error naming the parameter."""
     shape = p.value.shape
     xp = array_module(p.value)
-    idx, rows = xp.asarray(g.indices), xp.asarray(g.rows)
+    idx = indices(g.indices, f"row-sparse gradient of parameter '{p.name}': index", dtype=None)
+    idx, rows = xp.asarray(idx), xp.asarray(g.rows)
     if tuple(g.shape) != shape:
-        raise ValueError(f"row-sparse gradient of parameter '{p.name}' has shape {tuple(g.shape)}, "
+        raise FeedError(f"row-sparse gradient of parameter '{p.name}' has shape {tuple(g.shape)}, "
                          f"parameter has {shape}")
     if idx.ndim != 1 or idx.dtype.kind not in "iu" or rows.shape != (len(idx),) + shape[1:]:
-        raise ValueError(f"row-sparse gradient of parameter '{p.name}': indices {idx.dtype}{idx.shape} and "
+        raise FeedError(f"row-sparse gradient of parameter '{p.name}': indices {idx.dtype}{idx.shape} and "
                          f"rows {rows.shape} do not fit a parameter of shape {shape}")
     if rows.dtype.kind != "f":
-        raise ValueError(f"row-sparse gradient of parameter '{p.name}' has dtype {rows.dtype}")
-    if idx.size and (idx.min() < 0 or idx.max() >= shape[0]):
-        raise ValueError(f"row-sparse gradient of parameter '{p.name}': index out of range [0, {shape[0]})")
+        raise FeedError(f"row-sparse gradient of parameter '{p.name}' has dtype {rows.dtype}")
+    if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= shape[0]):
+        pos = int(xp.flatnonzero((idx < 0) | (idx >= shape[0]))[0])
+        raise FeedError(f"row-sparse gradient of parameter '{p.name}': index out of range [0, {shape[0]}): "
+                        f"{int(idx[pos])} at position {pos}")
+    idx = idx.astype(np.int64, copy=False)   # in range, so a uint64 index converts exactly
     g = RowSparse(idx, rows, shape).coalesce(xp)  # repeated rows summed: dense or lazy, see step()
     if not bool(xp.isfinite(g.rows).all()):
         raise NonFiniteError(f"gradient of parameter '{p.name}' is not finite; no parameter was updated")

@@ -18,6 +18,7 @@ from .graph import Node, fmt_shape
 from .compile import POST, PRE, TASK, Step
 from .ops.message import as_slice, gather_adjoint, put_rows, row_index, take_rows
 from .sparse import RowSparse, add_all
+from .validate import indices
 
 
 @dataclass
@@ -36,25 +37,45 @@ def run_steps(steps: Sequence[Step], env: dict, xp, ctx: RunContext, outs: Mappi
     outs = outs or {}
     for step in steps:
         args = [env[x] for x in step.inputs]
-        if step.fused:
-            for node, value in zip(step.outputs, step.run(args, [outs.get(o) for o in step.outputs])):
-                env[node] = value
-        elif step.needs_ctx:
-            env[step.outputs[0]] = step.run(xp, *args, ctx=ctx, **step.attrs)
-        else:
-            env[step.outputs[0]] = step.run(xp, *args, **step.attrs)
+        try:
+            if step.fused:
+                for node, value in zip(step.outputs, step.run(args, [outs.get(o) for o in step.outputs])):
+                    env[node] = value
+            elif step.needs_ctx:
+                env[step.outputs[0]] = step.run(xp, *args, ctx=ctx, **step.attrs)
+            else:
+                env[step.outputs[0]] = step.run(xp, *args, **step.attrs)
+        except FeedError as e:
+            raise _located(e, step.outputs[0]) from None
         for x in step.frees:
             del env[x]
+
+
+def _located(e: FeedError, n: Node) -> FeedError:
+    """``e`` with the node it came from and that node's inputs, so a message about an op's operand
+    ('labels of shape (2,)') also names the input the user fed ('input#3 'labels'')."""
+    return FeedError(f"{e} [at {n.label()} of {', '.join(x.label() for x in n.inputs)}]")
 
 
 def check_value(node: Node, value, what: str):
     """Return ``value`` as an array of the node's dtype, or raise naming the node and both shapes. Arrays
     of another array module (a device's) are checked and kept there."""
-    arr = value if hasattr(value, "__array_namespace__") or isinstance(value, np.ndarray) else np.asarray(value)
     want = node.dtype.np
+    if (hasattr(value, "__array_namespace__") or isinstance(value, np.ndarray)) and value.dtype.kind != "O":
+        arr = value
+    elif want.kind in "iu":   # a list: numpy would turn [1, True] into ints and [2**63, 1] into floats
+        arr = indices(value, f"{what} {node.label()}: value", dtype=None)
+    else:
+        arr = np.asarray(value)
     if arr.dtype != want:
-        if arr.dtype.kind != want.kind and not (arr.dtype.kind in "iub" and want.kind in "iu"):
+        if arr.dtype.kind != want.kind and not (arr.dtype.kind in "iu" and want.kind in "iu"):
             raise FeedError(f"{what} {node.label()}: got dtype {arr.dtype}, declared {node.dtype.name}")
+        if want.kind in "iu" and arr.size and not np.can_cast(arr.dtype, want):   # would values wrap?
+            info = np.iinfo(want)
+            lo, hi = int(arr.min()), int(arr.max())
+            if lo < info.min or hi > info.max:
+                raise FeedError(f"{what} {node.label()}: value {lo if lo < info.min else hi} does not fit "
+                                f"its declared dtype {node.dtype.name}")
         arr = arr.astype(want)
     if arr.ndim != node.ndim or any(d is not None and d != a for d, a in zip(node.shape, arr.shape)):
         raise FeedError(f"{what} {node.label()}: got shape {arr.shape}, declared {fmt_shape(node.shape)}")
@@ -266,10 +287,11 @@ def bind_forward(fns: list, plan, state, opts, device, active: list, training: b
     scatter, pull_bufs = state.scatter, state.pull_bufs
     copies = {"gather": 0, "gathered": 0, "pull": 0, "push": 0}
     stores = {kid: _with_tensors(fns[kid].placement(opts, device, training)[1], state.tensors[kid]) for kid in active}
+    phases = {kid: fns[kid].phases(opts, device)[0] for kid in active}   # looked up once, not per block
 
     def bind(kid, p, sl, grows, task, stream="main") -> Block:
         fn, kp, tensors = fns[kid], plan.kinds[kid], state.tensors[kid]
-        ph, _ = fn.phases(opts, device)
+        ph = phases[kid]
         block = Block(kp.name, kid, p, task, sl, kp.row_keys[sl], stream)
         bs = sl.stop - sl.start
         block.views += [(x, tensors[x].buffer[sl], ("tensor {}[{}]", x, sl)) for x in ph.reads[p]]
@@ -360,6 +382,7 @@ def bind_backward(fns: list, plan, state, opts, device, active: list, btensors: 
     children's rows of the scatter gradient and into the pull buffers' gradients."""
     scatter = state.scatter
     stores = {kid: _with_tensors(fns[kid].placement(opts, device)[3], btensors[kid]) for kid in active}
+    phases = {kid: fns[kid].phases(opts, device)[1] for kid in active}   # looked up once, not per block
     whole_rows: dict = {}
 
     def kind_rows(kid):
@@ -372,7 +395,7 @@ def bind_backward(fns: list, plan, state, opts, device, active: list, btensors: 
 
     def bind(kid, p, sl, goff, task, stream="main") -> Block:
         fn, kp = fns[kid], plan.kinds[kid]
-        _, ph = fn.phases(opts, device)
+        ph = phases[kid]
         block = Block(kp.name, kid, p, task, sl, kp.row_keys[sl], stream)
         bs = sl.stop - sl.start
         bound = set()

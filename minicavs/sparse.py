@@ -9,6 +9,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .errors import FeedError
+from .validate import indices as _indices
+
 
 @dataclass
 class RowSparse:
@@ -19,6 +22,19 @@ class RowSparse:
     @property
     def dtype(self):
         return self.rows.dtype
+
+    def checked(self, what: str = "row-sparse value") -> "RowSparse":
+        """This value with int64 indices, after checking they are integers in [0, shape[0]), one per row of
+        ``rows``, and that the rows fit the dense shape; a FeedError naming ``what`` otherwise. Everything
+        that indexes with a RowSparse (numpy and CuPy wrap negative indices; the optimizers' C kernels
+        trust theirs) checks it first."""
+        shape = tuple(self.shape)
+        rows_shape = tuple(getattr(self.rows, "shape", ()))
+        if not shape or not rows_shape or rows_shape[1:] != shape[1:]:
+            raise FeedError(f"{what}: rows of shape {rows_shape} do not fit the dense shape {shape}")
+        idx = _indices(self.indices, f"{what}: index", size=shape[0], shape=(rows_shape[0],),
+                       of=f" for a dense shape {shape}")
+        return self if idx is self.indices else RowSparse(idx, self.rows, shape)
 
     def coalesce(self, xp=np) -> "RowSparse":
         """Sum repeated indices: unique sorted indices, one row each. A stable sort and one segmented sum
@@ -34,7 +50,7 @@ class RowSparse:
 
     def to_dense(self, xp=np):
         out = xp.zeros(self.shape, dtype=self.rows.dtype)
-        c = self.coalesce(xp)
+        c = self.checked().coalesce(xp)
         out[c.indices] = c.rows   # unique indices: a plain assignment, no add.at
         return out
 
@@ -60,6 +76,8 @@ def add_all(xp, xs):
     for d in dense[2:]:
         out += d
     for s in sparse:
-        c = s.coalesce(xp)
+        if tuple(s.shape) != out.shape:
+            raise FeedError(f"add_all: a row-sparse value of shape {tuple(s.shape)} added to one of {out.shape}")
+        c = s.checked().coalesce(xp)
         out[c.indices] += c.rows
     return out

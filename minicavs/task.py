@@ -26,4 +26,13 @@ class Task:
 
     def evaluate(self, samples: Sequence[Any], batch_size: int) -> dict:
         """Metrics over ``samples`` in inference mode (no dropout)."""
+        return self.eval_metrics(self.eval_sums(samples, batch_size), samples)
+
+    def eval_sums(self, samples: Sequence[Any], batch_size: int) -> dict:
+        """Additive statistics of ``samples`` (name -> float: summed losses, counts of correct answers, ...):
+        sums over parts of a split add up to the split's, so evaluation can be sharded over ranks."""
+        raise NotImplementedError
+
+    def eval_metrics(self, sums: dict, samples: Sequence[Any]) -> dict:
+        """Metrics from the statistics summed over all of ``samples`` (which baselines may read)."""
         raise NotImplementedError

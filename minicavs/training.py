@@ -21,7 +21,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from . import checkpoint
+from . import checkpoint, distributed
 from .config import ConfigError, load_config, load_model_module
 from .backend import Backend as Device
 from .engine import EngineOptions
@@ -36,7 +36,8 @@ CHECKPOINT_FORMAT_EXTRA = 1
 
 class Trainer:
     def __init__(self, config: dict | str | os.PathLike, overrides: Sequence[str] = (),
-                 run_dir: str | os.PathLike | None = None):
+                 run_dir: str | os.PathLike | None = None, comm: "distributed.Communicator | None" = None):
+        """``comm``: train data-parallel over its ranks (default: the MPI job's, when started by mpirun)."""
         self.cfg = config if isinstance(config, dict) else load_config(config, overrides)
         self.device = check_device(self.cfg["train"]["device"], self.cfg["train"]["deterministic"])
         module = load_model_module(self.cfg["model"]["name"], Path(self.cfg["config_path"]).resolve().parent)
@@ -63,6 +64,10 @@ class Trainer:
                       "mode": es.get("mode", self.task.key_mode), "patience": es.get("patience"),
                       "best": None, "best_epoch": None, "bad_epochs": 0, "stopped": False}
         self.run_dir = Path(run_dir) if run_dir else Path("runs") / self.cfg["config_name"]
+        # --- data parallelism (issue 19; the logic is in distributed.py): None in a single process ---
+        comm = comm if comm is not None else distributed.world()
+        self.parallel = distributed.DataParallel(self, comm) if comm is not None and comm.size > 1 else None
+        self.is_root = self.parallel is None or self.parallel.root   # rank 0 alone writes and prints
 
     # --- one batch --------------------------------------------------------------------------------------
 
@@ -86,16 +91,18 @@ class Trainer:
         order = self.epoch_order(self.epoch + 1)
         batches = [order[i:i + bs] for i in range(0, len(order), bs)]
         bar = Progress(len(batches), f"epoch {self.epoch + 1}", self.task.unit,
-                       every=self.cfg["train"]["log_every"]) if progress else None
+                       every=self.cfg["train"]["log_every"]) if progress and self.is_root else None
         total, weight, units = 0.0, 0, 0
         start = time.perf_counter()
         for idx in batches:
-            samples = [data[i] for i in idx]
-            res = self.loss_and_grads(samples, sample_ids=idx)
+            if self.parallel:   # issue 19: this rank's shard of the batch, gradients summed over ranks
+                res, n = self.parallel.loss_and_grads(idx)
+            else:
+                samples = [data[i] for i in idx]
+                res, n = self.loss_and_grads(samples, sample_ids=idx), self.task.units(samples)
             self.optimizer.step(res.grads, loss=res.loss)
-            n = self.task.units(samples)
-            total += res.loss * len(samples)
-            weight += len(samples)
+            total += res.loss * len(idx)
+            weight += len(idx)
             units += n
             if bar:
                 bar.update(n, loss=res.loss)
@@ -111,7 +118,8 @@ class Trainer:
         if not samples:
             raise MinicavsError(f"no '{split}' data in this config (data.{split})")
         start = time.perf_counter()
-        metrics = self.task.evaluate(samples, self.cfg["train"]["eval_batch_size"])
+        bs = self.cfg["train"]["eval_batch_size"]
+        metrics = self.parallel.evaluate(samples, bs) if self.parallel else self.task.evaluate(samples, bs)
         metrics = {f"{split}_{k}": v for k, v in metrics.items()}
         metrics["timing"] = {f"{split}_seconds": time.perf_counter() - start}
         return metrics
@@ -120,14 +128,19 @@ class Trainer:
             log: Callable[[str], None] = print) -> list[dict]:
         """Train to ``epochs`` (default: the config's), evaluating on dev and checkpointing every epoch."""
         epochs = self.cfg["train"]["epochs"] if epochs is None else epochs
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        root, log = self.is_root, log if self.is_root else _quiet
+        if root:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
         metrics_path = self.run_dir / "metrics.jsonl"
         last = self.run_dir / "last.npz"
-        if resume and last.exists():
+        if resume and (self.parallel.bcast(last.exists()) if self.parallel else last.exists()):
             self.load(last)
-            _truncate_metrics(metrics_path, self.epoch)
+            if root:
+                _truncate_metrics(metrics_path, self.epoch)
             log(f"resumed from {last} at epoch {self.epoch} (step {self.optimizer.steps})")
-        elif not resume and metrics_path.exists():
+        elif self.parallel:
+            self.parallel.sync_state()   # every rank starts from rank 0's parameters (and checks it)
+        if not resume and root and metrics_path.exists():
             metrics_path.unlink()
         history = []
         has_dev = bool(self.task.data.get("dev"))
@@ -142,11 +155,12 @@ class Trainer:
                 row["timing"] = timing
                 self._early_stopping(row)
             log(_format(row))
-            with open(metrics_path, "a") as f:
-                f.write(json.dumps(row) + "\n")
-            self.save(last)
-            if self.early["best_epoch"] == self.epoch or not has_dev:
-                self.save(self.run_dir / "best.npz")
+            if root:
+                with open(metrics_path, "a") as f:
+                    f.write(json.dumps(row) + "\n")
+                self.save(last)
+                if self.early["best_epoch"] == self.epoch or not has_dev:
+                    self.save(self.run_dir / "best.npz")
             history.append(row)
         return history
 
@@ -172,6 +186,11 @@ class Trainer:
         checkpoint.save(path, self.params, self.optimizer, self.optimizer.steps, extra=extra)
 
     def load(self, path: str | os.PathLike, optimizer: bool = True) -> dict:
+        if self.parallel:   # issue 19: rank 0 reads the file, every rank gets its state
+            return self.parallel.load(path, optimizer)
+        return self._load(path, optimizer)
+
+    def _load(self, path: str | os.PathLike, optimizer: bool = True) -> dict:
         ck = checkpoint.load(path, self.params, self.optimizer if optimizer else None)
         extra = ck.extra or {}
         if extra.get("model", self.cfg["model"]) != self.cfg["model"]:
@@ -198,6 +217,10 @@ def engine_options(cfg: dict) -> EngineOptions:
         raise ConfigError(f"unknown config key(s) train.engine.{', train.engine.'.join(sorted(unknown))}; "
                           f"known: {', '.join(EngineOptions.__dataclass_fields__)}")
     return EngineOptions(**{k: bool(v) for k, v in cfg.items()})
+
+
+def _quiet(_: str) -> None:
+    pass
 
 
 def _truncate_metrics(path: Path, epoch: int) -> None:

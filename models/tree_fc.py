@@ -11,7 +11,7 @@ import numpy as np
 
 from minicavs import ops
 from minicavs.data.trees import complete_binary_tree
-from minicavs.model import Model, Structure
+from minicavs.model import Model, Structure, leaf_internal
 from minicavs.nn import ParameterSet
 from minicavs.task import Task
 from minicavs.vertex import VertexFunction
@@ -66,7 +66,7 @@ class TreeFC(Task):
         p.new("w_o", (H, 1), dtype=dtype, rng=seed)
         p.new("b_o", (1,), init="zeros", dtype=dtype, rng=seed)
         xs = ops.input((None, H), dtype, name="xs")
-        s = Structure(cells(p, H, dtype), pulls={"x": xs}, name="tree")
+        s = Structure(cells(p, H, dtype), pulls={"x": xs}, kinds=leaf_internal, name="tree")
         self.roots = ops.input((None,), "int64", name="roots")     # row of each root in the push buffer
         target = ops.input((None,), dtype, name="target")
         r = ops.reshape(ops.linear(ops.lookup(s.pushed("h"), self.roots), p["w_o"].node, p["b_o"].node), (None,))
@@ -81,12 +81,15 @@ class TreeFC(Task):
                  "roots": roots, "inv_trees": np.asarray(1.0 / len(samples), self.dtype)}
         return [self.graph] * len(samples), feeds
 
-    def evaluate(self, samples, batch_size: int) -> dict:
+    def eval_sums(self, samples, batch_size: int) -> dict:
         total = 0.0
         for i in range(0, len(samples), batch_size):
             graphs, feeds = self.batch(samples[i:i + batch_size])
             total += float(self.model.infer(graphs, feeds, self.params).outputs["sq"])
-        return {"loss": total / len(samples)}
+        return {"sq": total, "samples": float(len(samples))}
+
+    def eval_metrics(self, sums: dict, samples) -> dict:
+        return {"loss": sums["sq"] / sums["samples"]}
 
 
 def build(cfg: dict) -> TreeFC:

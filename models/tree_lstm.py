@@ -18,7 +18,7 @@ import numpy as np
 from minicavs import ops
 from minicavs.data.sst import read_sst
 from minicavs.data.synthetic import synthetic_treebank
-from minicavs.model import Model, Structure
+from minicavs.model import Model, Structure, leaf_internal
 from minicavs.nn import ParameterSet
 from minicavs.task import Task
 from minicavs.vertex import VertexFunction
@@ -94,7 +94,7 @@ class TreeLSTM(Task):
         self.labels = ops.input((None,), "int64", name="labels")
         self.inv_trees = ops.input((), dtype, name="inv_trees")
         fns = cells(p, H, D, m["variant"], m["dropout"], dtype)
-        s = Structure(fns, pulls={"x": ops.lookup(p["E"].node, self.words)}, name="tree")
+        s = Structure(fns, pulls={"x": ops.lookup(p["E"].node, self.words)}, kinds=leaf_internal, name="tree")
         logits = ops.linear(s.pushed("h"), p["W_o"].node, p["b_o"].node)
         loss = ops.sum(ops.softmax_cross_entropy(logits, self.labels)) * self.inv_trees
         self.model = Model(s, loss=loss, outputs={"probs": ops.softmax(logits)}, policy=tc["policy"])
@@ -115,15 +115,13 @@ class TreeLSTM(Task):
                  "inv_trees": np.asarray(1.0 / len(samples), self.dtype)}
         return [q[0] for q in prep], feeds
 
-    def evaluate(self, samples, batch_size: int) -> dict:
-        loss, counts = 0.0, np.zeros(4)
-        fine = np.zeros(2)   # correct roots, correct vertices
-        binary = np.zeros(4)  # correct roots, non-neutral roots, correct vertices, non-neutral vertices
+    def eval_sums(self, samples, batch_size: int) -> dict:
+        sums = dict.fromkeys(("loss", "roots", "vertices", "root_ok", "vertex_ok", "root_bin_ok", "polar_roots",
+                              "vertex_bin_ok", "polar_vertices"), 0.0)
         for i in range(0, len(samples), batch_size):
             chunk = samples[i:i + batch_size]
             graphs, feeds = self.batch(chunk)
             res = self.model.infer(graphs, feeds, self.params)
-            loss += res.loss * len(chunk)
             probs = res.outputs["probs"]
             labels = feeds["labels"]
             roots = np.cumsum([g.num_vertices for g in graphs]) - 1
@@ -131,14 +129,20 @@ class TreeLSTM(Task):
             pos = probs[:, 3:].sum(1) > probs[:, :2].sum(1)
             polar = labels != 2
             ok_bin = pos == (labels > 2)
-            fine += [np.sum(pred[roots] == labels[roots]), np.sum(pred == labels)]
-            binary += [np.sum(ok_bin[roots] & polar[roots]), np.sum(polar[roots]),
-                       np.sum(ok_bin & polar), np.sum(polar)]
-            counts += [len(chunk), len(labels), 0, 0]
+            for k, v in (("loss", res.loss * len(chunk)), ("roots", len(chunk)), ("vertices", len(labels)),
+                         ("root_ok", np.sum(pred[roots] == labels[roots])), ("vertex_ok", np.sum(pred == labels)),
+                         ("root_bin_ok", np.sum(ok_bin[roots] & polar[roots])), ("polar_roots", np.sum(polar[roots])),
+                         ("vertex_bin_ok", np.sum(ok_bin & polar)), ("polar_vertices", np.sum(polar))):
+                sums[k] += float(v)
+        return sums
+
+    def eval_metrics(self, sums: dict, samples) -> dict:
         majority = np.mean([t.labels[t.root] == self.majority for t in samples])
-        return {"loss": float(loss / len(samples)), "root_acc": float(fine[0] / counts[0]),
-                "all_acc": float(fine[1] / counts[1]), "root_bin_acc": float(binary[0] / max(binary[1], 1)),
-                "all_bin_acc": float(binary[2] / max(binary[3], 1)), "root_majority_acc": float(majority)}
+        return {"loss": sums["loss"] / sums["roots"], "root_acc": sums["root_ok"] / sums["roots"],
+                "all_acc": sums["vertex_ok"] / sums["vertices"],
+                "root_bin_acc": sums["root_bin_ok"] / max(sums["polar_roots"], 1),
+                "all_bin_acc": sums["vertex_bin_ok"] / max(sums["polar_vertices"], 1),
+                "root_majority_acc": float(majority)}
 
 
 def load_data(d: dict) -> dict:

@@ -93,15 +93,19 @@ class LanguageModel(Task):
     def units(self, samples) -> int:
         return sum(len(y) for _, y in samples)
 
-    def evaluate(self, samples, batch_size: int) -> dict:
+    def eval_sums(self, samples, batch_size: int) -> dict:
         nll, n = 0.0, 0
         for i in range(0, len(samples), batch_size):
             chunk = samples[i:i + batch_size]
             graphs, feeds = self.batch(chunk)
             nll += float(self.model.infer(graphs, feeds, self.params).outputs["nll"])
             n += self.units(chunk)
+        return {"nll": nll, "words": float(n), "sentences": float(len(samples))}
+
+    def eval_metrics(self, sums: dict, samples) -> dict:
+        nll, n = sums["nll"], sums["words"]
         unigram = unigram_perplexity([y for _, y in self.data["train"]], [y for _, y in samples], len(self.vocab))
-        return {"loss": nll / len(samples), "nll_per_word": nll / n, "perplexity": math.exp(nll / n),
+        return {"loss": nll / sums["sentences"], "nll_per_word": nll / n, "perplexity": math.exp(nll / n),
                 "unigram_perplexity": unigram}  # the baseline: add-one unigram counts of the training targets
 
 

@@ -14,8 +14,8 @@ from minicavs import ops
 from minicavs.autodiff import grad
 from minicavs.executor import Executor
 from minicavs.graph import Graph
+from minicavs.model import Model, Structure, leaf_internal
 from minicavs.ops import make_node
-from minicavs.model import Model, Structure
 from minicavs.vertex import VertexFunction
 
 F64 = "float64"
@@ -85,7 +85,7 @@ def binary_tree_lstm(rng, H=3, D=2, V=7, C=3, p_drop=0.0, dtype=F64) -> Case:
         internal.scatter(ops.concat([h, c]))
         internal.push(h)
     words = ops.input((None,), "int64", name="words")
-    s = Structure({"leaf": leaf, "internal": internal}, pulls={"x": ops.lookup(p["E"], words)})
+    s = Structure({"leaf": leaf, "internal": internal}, pulls={"x": ops.lookup(p["E"], words)}, kinds=leaf_internal)
     model = Model(s, loss=_classifier(s, p, H, C))
 
     def data(rng, g):
@@ -147,7 +147,7 @@ def tree_fc(rng, H=3) -> Case:
     """TensorFlow Fold's Tree-FC: the loss is the squared error of the root outputs only."""
     p, vals = _params(rng, Wl=(H, H), bl=(H,), W=(2 * H, H), b=(H,), wo=(H, 1), bo=(1,))
     xs = ops.input((None, H), F64, name="xs")
-    s = Structure(tree_fc_functions(p, H), pulls={"x": xs})
+    s = Structure(tree_fc_functions(p, H), pulls={"x": xs}, kinds=leaf_internal)
     roots = ops.input((None,), "int64", name="roots")
     target = ops.input((None, 1), F64, name="target")
     r = ops.linear(ops.lookup(s.pushed("h"), roots), p["wo"], p["bo"])
@@ -249,7 +249,8 @@ def encoder_decoder(rng, H=3):
     """A Tree-FC encoder whose root state is pulled by every vertex of a chain decoder (§3.1's remark)."""
     p, vals = _params(rng, Wl=(H, H), bl=(H,), W=(2 * H, H), b=(H,), Wd=(2 * H, H), bd=(H,), wo=(H, 1),
                       bo=(1,))
-    enc = Structure(tree_fc_functions(p, H), pulls={"x": ops.input((None, H), F64, name="xs")}, name="enc")
+    enc = Structure(tree_fc_functions(p, H), pulls={"x": ops.input((None, H), F64, name="xs")}, kinds=leaf_internal,
+                    name="enc")
     roots = ops.input((None,), "int64", name="roots")          # encoder row of each sample's root
     dec_sample = ops.input((None,), "int64", name="dec_sample")  # sample of each decoder vertex
     context = ops.lookup(ops.lookup(enc.pushed("h"), roots), dec_sample)

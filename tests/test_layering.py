@@ -14,7 +14,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "minicavs"
 # they belong to (executor.py, engine.py and explain.py run and read programs; progress.py, task.py, demo.py, testing.py and bench/ are product code around the engine;
 # ``minicavs`` itself is the package's public face).
 LAYERS = [
-    ["dtypes", "errors", "random", "sparse"],
+    ["dtypes", "errors", "random", "sparse", "validate"],
     ["graph"],
     ["ops"],
     ["autodiff"],
@@ -31,8 +31,8 @@ LAYERS = [
     ["model"],
     ["nn", "optim"],
     ["data"],
-    ["checkpoint", "config", "training", "cli", "progress", "task", "demo", "testing", "bench", "__main__",
-     ""],
+    ["checkpoint", "config", "training", "distributed", "cli", "progress", "task", "demo", "testing", "bench",
+     "__main__", ""],
 ]
 # Device-specific code stays behind the backend seam: these never import codegen/ or cuda/.
 NO_DEVICE_CODE = ("ops", "optim", "training")

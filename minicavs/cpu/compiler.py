@@ -27,10 +27,14 @@ import numpy as np
 
 from ..codegen.c import CODEGEN_VERSION, ROWS_SOURCE, row_decls, translation_unit
 from ..passes.fusion import FusedGroup
+from ..validate import check_rows
 # -mprefer-vector-width=512: gcc otherwise keeps AVX-512 machines at 256-bit vectors (x86 only).
 FLAGS = (("-O3", "-march=native")
          + (("-mprefer-vector-width=512",) if platform.machine() in ("x86_64", "AMD64") else ())
-         + ("-fPIC", "-shared", "-std=c99", "-fno-math-errno", "-fno-trapping-math", "-fopenmp-simd"))
+         + ("-fPIC", "-shared", "-std=c99", "-fno-math-errno", "-fno-trapping-math", "-fopenmp-simd")
+         # extra flags, e.g. "-fsanitize=address -fno-omit-frame-pointer" to run the kernels under ASan
+         # (then LD_PRELOAD the compiler's libasan.so): part of the cache key like every flag
+         + tuple(os.environ.get("MINICAVS_CFLAGS", "").split()))
 
 
 def cache_dir() -> Path:
@@ -182,20 +186,20 @@ class RowKernels:
         return a.shape[1], a.strides[0] // a.itemsize
 
     def scatter_add(self, dst: np.ndarray, idx: np.ndarray, src: np.ndarray) -> None:
+        idx = check_rows("scatter_add", idx, len(src), len(dst), src.shape[1:], dst.shape[1:])
         d, s = self._rows(dst), self._rows(src)
-        if self.lib is None or d is None or s is None or d[0] != s[0] or idx.dtype != np.int64:
+        if self.lib is None or d is None or s is None or d[0] != s[0]:
             np.add.at(dst, idx, src)
             return
-        idx = np.ascontiguousarray(idx)
         self._add(len(idx), s[0], self._cast(src.ctypes.data), s[1], self._idx(idx.ctypes.data),
                   self._cast(dst.ctypes.data), d[1])
 
     def gather(self, src: np.ndarray, idx: np.ndarray) -> np.ndarray:
+        idx = check_rows("gather", idx, None, len(src))
         s = self._rows(src)
-        if self.lib is None or s is None or idx.dtype != np.int64:
+        if self.lib is None or s is None:
             return np.take(src, idx, axis=0)
         out = np.empty((len(idx),) + src.shape[1:], src.dtype)
-        idx = np.ascontiguousarray(idx)
         self._gather(len(idx), s[0], self._cast(src.ctypes.data), s[1], self._idx(idx.ctypes.data),
                      self._cast(out.ctypes.data), s[0])
         return out

@@ -9,6 +9,7 @@ import numpy as np
 
 from ..backend import Backend
 from ..passes.fusion import FusedGroup
+from ..validate import check_rows
 from . import kernels as cuda_kernels
 
 
@@ -66,15 +67,17 @@ class Cuda(Backend):
         return hit[1][start:start + len(rows)]
 
     def take(self, buf, rows: np.ndarray):
+        rows = check_rows("gather", rows, None, buf.shape[0])   # on the host: no wait for the device
         if _row_matrix(buf):   # the generated gather kernel: one launch for the task
-            return self.rows(buf.dtype).kernels.gather(buf, self.index(rows))
+            return self.rows(buf.dtype).kernels.gather_checked(buf, self.index(rows))
         return self.xp.take(buf, self.index(rows), axis=0)
 
     def put(self, dst, rows: np.ndarray, src) -> None:
         xp = self.xp
+        rows = check_rows("scatter", rows, None, dst.shape[0])
         if _row_matrix(dst):   # the generated scatter kernel
             src = xp.ascontiguousarray(xp.broadcast_to(xp.asarray(src, dst.dtype), (len(rows),) + dst.shape[1:]))
-            self.rows(dst.dtype).kernels.scatter(dst, self.index(rows), src)
+            self.rows(dst.dtype).kernels.scatter_checked(dst, self.index(rows), src)
         else:
             dst[self.index(rows)] = src
 
@@ -121,10 +124,11 @@ class _CudaRows:
     def scatter_add(self, dst, idx, src) -> None:
         xp = self.kernels.launcher.xp
         src = xp.ascontiguousarray(src)
+        idx = check_rows("scatter_add", idx, src.shape[0], dst.shape[0])   # host indices: no device wait
         if self.deterministic:
-            self.kernels.segment_sum(dst, np.asarray(idx), src)
+            self.kernels.segment_sum(dst, idx, src)
         else:
-            self.kernels.scatter_add(dst, self.device.index(idx), src)
+            self.kernels.scatter_add_checked(dst, self.device.index(idx), src)
 
 
 class _Done:

@@ -73,13 +73,14 @@ class Emulator:
         text = SHIM + "\n".join(sources) + "\n" + "\n".join(launchers)
         work = Path(workdir or tempfile.mkdtemp(prefix="minicavs-cuda-emu-"))
         work.mkdir(parents=True, exist_ok=True)
-        key = hashlib.sha256(text.encode()).hexdigest()[:16]
+        flags = ["-O1", "-shared", "-fPIC", "-std=c++14", *os.environ.get("MINICAVS_CFLAGS", "").split()]  # as c.py
+        key = hashlib.sha256((text + " ".join(flags)).encode()).hexdigest()[:16]
         so = work / f"emu-{key}.so"
         if not so.exists():
             src = work / f"emu-{key}.cpp"
             src.write_text(text)
             tmp = work / f"emu-{key}.{os.getpid()}.so"
-            res = subprocess.run([cxx, "-O1", "-shared", "-fPIC", "-std=c++14", str(src), "-o", str(tmp)],
+            res = subprocess.run([cxx, *flags, str(src), "-o", str(tmp)],
                                  capture_output=True, text=True)
             if res.returncode:
                 raise RuntimeError(f"emulation build failed ({src}):\n{res.stderr[-3000:]}")

@@ -24,7 +24,9 @@ import math
 import numpy as np
 
 from ..codegen import cuda as gen
+from ..errors import FeedError
 from ..passes.fusion import FusedGroup
+from ..validate import check_dropout, check_rows, indices
 
 
 class CudaUnavailable(RuntimeError):
@@ -170,8 +172,24 @@ class RowKernels(_Launches):
         if src.shape[1] != dst.shape[1] or len(idx) != src.shape[0]:
             raise ValueError(f"rows: src {src.shape}, dst {dst.shape} and {len(idx)} indices do not match")
 
+    # The public methods check their indices (dtype, count, range: a reduction, and on a GPU a wait for
+    # it); the ``*_checked`` ones trust them: the device calls those with a batch plan's indices, checked
+    # on the host (Cuda.take/put), so a training step never waits for a check.
+
     def gather(self, src, idx, out=None, stream=None):
         """out[r] = src[idx[r]]; ``out`` (allocated when None) may be a row-strided view."""
+        return self.gather_checked(src, check_rows("gather", idx, None, src.shape[0]), out, stream)
+
+    def scatter(self, dst, idx, src, stream=None) -> None:
+        """dst[idx[r]] = src[r] (pushes: distinct indices)."""
+        self.scatter_checked(dst, check_rows("scatter", idx, src.shape[0], dst.shape[0]), src, stream)
+
+    def scatter_add(self, dst, idx, src, stream=None) -> None:
+        """dst[idx[r]] += src[r] with atomicAdd: repeated indices add up, in an order that varies from run to
+        run (and so do the last bits)."""
+        self.scatter_add_checked(dst, check_rows("scatter_add", idx, src.shape[0], dst.shape[0]), src, stream)
+
+    def gather_checked(self, src, idx, out=None, stream=None):
         xp = self.launcher.xp
         idx = self._index(idx)
         out = xp.empty((len(idx), src.shape[1]), self.dtype) if out is None else out
@@ -180,16 +198,13 @@ class RowKernels(_Launches):
         self._launch("gather_rows", len(idx), src.shape[1], (src, lds, idx, out, ldo), stream)
         return out
 
-    def scatter(self, dst, idx, src, stream=None) -> None:
-        """dst[idx[r]] = src[r] (pushes: distinct indices)."""
+    def scatter_checked(self, dst, idx, src, stream=None) -> None:
         idx = self._index(idx)
         lds, ldd = self._rows(src, "scatter src"), self._rows(dst, "scatter dst")
         self._check(src, dst, idx)
         self._launch("scatter_rows", len(idx), src.shape[1], (src, lds, idx, dst, ldd), stream)
 
-    def scatter_add(self, dst, idx, src, stream=None) -> None:
-        """dst[idx[r]] += src[r] with atomicAdd: repeated indices add up, in an order that varies from run to
-        run (and so do the last bits)."""
+    def scatter_add_checked(self, dst, idx, src, stream=None) -> None:
         idx = self._index(idx)
         lds, ldd = self._rows(src, "scatter_add src"), self._rows(dst, "scatter_add dst")
         self._check(src, dst, idx)
@@ -199,14 +214,15 @@ class RowKernels(_Launches):
         """``x`` (rows, cols) times its dropout mask, made on the device from the row ``keys`` (uint64) and
         ``h`` = random.hash_words(seed, step, site): the C library's and numpy's mask, bit for bit."""
         xp = self.launcher.xp
-        if x.dtype != self.dtype or (x.shape[1] > 1 and x.strides[1] != x.itemsize):
+        if x.ndim != 2 or x.dtype.kind != "f":
+            raise FeedError(f"dropout: need a 2-D float array, got {x.dtype}{x.shape}")
+        if x.dtype != self.dtype or (x.shape[1] > 1 and x.strides[1] != x.itemsize) or x.strides[0] < 0:
             x = xp.ascontiguousarray(x, dtype=self.dtype)
+        keys, h, t, scale = check_dropout(x.shape[0], keys, h, p)
         keys = xp.ascontiguousarray(keys, dtype=np.uint64)
         y = xp.empty(x.shape, self.dtype)
         ldx, ldy = self._rows(x, "dropout x"), self._rows(y, "dropout y")
-        if len(keys) != x.shape[0]:
-            raise ValueError(f"dropout: {len(keys)} row keys for {x.shape[0]} rows")
-        t, scale = np.uint64(math.ceil(p * (1 << 24))), self.dtype.type(1.0 / (1.0 - p))
+        t, scale = np.uint64(t), self.dtype.type(scale)
         self._launch("dropout_rows", x.shape[0], x.shape[1], (np.uint64(h), keys, t, scale, x, ldx, y, ldy), stream)
         return y
 
@@ -216,9 +232,26 @@ class RowKernels(_Launches):
         given; the engine knows it once per batch)."""
         xp = self.launcher.xp
         lds, ldd = self._rows(src, "segment_sum src"), self._rows(dst, "segment_sum dst")
-        self._check(src, dst, idx)
         if plan is None:
-            plan = gen.segments(idx.get() if hasattr(idx, "get") else idx)
-        order, ptr, target = (xp.ascontiguousarray(a, dtype=np.int64) for a in plan)
+            host = idx.get() if hasattr(idx, "get") else idx
+            plan = gen.segments(check_rows("segment_sum", host, src.shape[0], dst.shape[0]))
+        order, ptr, target = check_segments(plan, src.shape[0], dst.shape[0])
+        order, ptr, target = (xp.ascontiguousarray(a, dtype=np.int64) for a in (order, ptr, target))
         self._launch("segment_sum_rows", len(target), src.shape[1], (src, lds, order, ptr, target, dst, ldd),
                      stream)
+
+
+def check_segments(plan, n: int, size: int) -> tuple:
+    """A segment-sum plan (order, ptr, target) that keeps the kernel inside its buffers: ``order`` holds
+    ``n`` source rows, ``ptr`` runs from 0 to ``n`` without decreasing, one segment per ``target`` row in
+    [0, ``size``)."""
+    if len(plan) != 3:
+        raise FeedError(f"segment_sum: a plan is (order, ptr, target), got {len(plan)} arrays")
+    order, ptr, target = plan
+    order = indices(order, "segment_sum: plan order entry", size=n, shape=(n,), of=f" ({n} source rows)")
+    target = indices(target, "segment_sum: plan target", size=size, shape=(None,), of=f" ({size} destination rows)")
+    ptr = indices(ptr, "segment_sum: plan ptr entry", size=n + 1, shape=(len(target) + 1,),
+                  of=f" ({len(target)} segments)")
+    if int(ptr[0]) != 0 or int(ptr[-1]) != n or bool((ptr[1:] < ptr[:-1]).any()):
+        raise FeedError(f"segment_sum: plan ptr must run from 0 to {n} without decreasing")
+    return order, ptr, target

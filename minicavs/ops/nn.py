@@ -10,6 +10,7 @@ from ..errors import FeedError, ShapeError
 from ..graph import Node, fmt_shape, user_axis
 from ..random import hash_words, uniform
 from ..sparse import RowSparse, densify as _densify
+from ..validate import check_labels, indices
 from .elementwise import exp, mul, neg, sub, unbroadcast
 from .reduce import mean_grad
 from .registry import OpDef, make_node, native_kernels, register
@@ -74,12 +75,6 @@ def _xent_infer(logits, labels, *weight):
     return labels.shape, logits.dtype
 
 
-def _check_labels(xp, labels, classes):
-    if labels.size and (int(labels.min()) < 0 or int(labels.max()) >= classes):
-        bad = int(labels.min()) if int(labels.min()) < 0 else int(labels.max())
-        raise FeedError(f"softmax_cross_entropy: label {bad} out of range for {classes} classes")
-
-
 def _native_xent(xp, dtype):
     """The backend's one-pass cross-entropy kernels for arrays of ``xp`` and ``dtype`` (the C library's on
     the CPU), else None."""
@@ -88,7 +83,7 @@ def _native_xent(xp, dtype):
 
 
 def _xent_impl(xp, logits, labels, *weight):
-    _check_labels(xp, labels, logits.shape[-1])
+    labels = check_labels(logits, labels)
     lib = _native_xent(xp, logits.dtype)
     if lib is not None and logits.ndim >= 1 and logits.shape[-1]:   # one pass per row, no temporaries
         loss = lib.xent(logits, labels)
@@ -107,6 +102,7 @@ def _xent_vjp(g, y, logits, labels, *weight):
 
 
 def _xent_grad_impl(xp, g, logits, labels):
+    labels = check_labels(logits, labels, "xent_grad")
     lib = _native_xent(xp, logits.dtype)
     if lib is not None and logits.ndim >= 1 and logits.shape[-1]:
         return lib.xent_grad(xp.asarray(g, logits.dtype), logits, labels)
@@ -160,9 +156,9 @@ def _row_keys(rows: int, site, ctx) -> np.ndarray:
     keys = getattr(ctx, "row_keys", None)
     if keys is None:
         return np.arange(rows, dtype=np.uint64)
-    if len(keys) != rows:
+    if getattr(keys, "shape", (len(keys),)) != (rows,):
         raise FeedError(f"dropout site {site}: {len(keys)} row keys for {rows} rows")
-    return keys
+    return indices(keys, f"dropout site {site}: row key", dtype=np.uint64, at="row")
 
 
 def dropout_mask(shape, p, site, ctx, dtype):
@@ -222,9 +218,7 @@ def _lookup_infer(table, idx):
 
 
 def _lookup_impl(xp, table, idx):
-    if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= table.shape[0]):
-        bad = int(idx.min()) if int(idx.min()) < 0 else int(idx.max())
-        raise FeedError(f"lookup: index {bad} out of range for a table of {table.shape[0]} rows")
+    idx = indices(idx, "lookup: index", size=table.shape[0], of=f" for a table of {table.shape[0]} rows")
     return xp.take(table, idx, axis=0)
 
 

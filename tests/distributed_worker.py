@@ -1,0 +1,53 @@
+"""Run under mpirun by tests/test_distributed.py: ``python -m tests.distributed_worker SPEC.json``.
+
+Every rank trains each case of the spec data-parallel (the trainer finds the MPI job itself), rank 0 writes the
+run directory as usual, and every rank writes what the test checks besides: the sparse paths taken, the
+error of the digest probe."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from minicavs.config import REPO_ROOT
+from minicavs.distributed import DistributedError, world
+from minicavs.training import Trainer
+
+
+def run_case(case: dict, out: Path, rank: int) -> dict:
+    t = Trainer(REPO_ROOT / "models" / f"{case['module']}.yaml", case["overrides"], run_dir=out / case["name"])
+    if case.get("emulated"):   # the model on the emulated CUDA device: gradients come back as device arrays
+        from minicavs.cuda.emulation import Launcher
+        from minicavs.cuda import Cuda
+        t.model.device = Cuda(Launcher(out / f"emulation-{rank}"))
+    report: dict = {"rank": rank, "size": t.parallel.comm.size}
+    if case.get("digest_probe"):   # one rank's parameter off by one ulp: the digest check must name it
+        t.parallel.sync_state()
+        if rank == t.parallel.comm.size - 1:
+            w = t.params[case["digest_probe"]].value
+            w.flat[0] = np.nextafter(w.flat[0], np.inf)
+        try:
+            t.parallel.check_digests()
+            report["error"] = None
+        except DistributedError as e:
+            report["error"] = str(e)
+        return report
+    t.fit(case.get("epochs"), resume=case.get("resume", False), progress=False, log=lambda s: None)
+    report["sparse_paths"] = t.parallel.reducer.stats.sparse_paths
+    report["steps"] = t.optimizer.steps
+    return report
+
+
+def main() -> None:
+    spec = json.loads(Path(sys.argv[1]).read_text())
+    out = Path(spec["out"])
+    comm = world()
+    assert comm is not None and comm.size > 1, "run me under mpirun with 2 or more processes"
+    reports = {case["name"]: run_case(case, out, comm.rank) for case in spec["cases"]}
+    (out / f"report-{comm.rank}.json").write_text(json.dumps(reports))
+
+
+if __name__ == "__main__":
+    main()

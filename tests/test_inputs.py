@@ -1,0 +1,89 @@
+"""Input graphs are validated when they are made, by both constructors alike; ids are integers."""
+import numpy as np
+import pytest
+
+from minicavs.errors import InputGraphError
+from minicavs.inputs import InputGraph, make_batch
+
+
+def test_from_csr_that_would_join_two_samples_is_rejected():
+    """Sample 0 claims 3 child ids but holds 2, sample 1 claims none but holds 1: batched unchecked, the
+    third id became an edge from sample 0's vertex 2 into sample 1."""
+    with pytest.raises(InputGraphError, match=r"child_ptr ends at 3, but there are 2 child ids"):
+        make_batch([InputGraph.from_csr([0, 0, 0, 3], [0, 1]), InputGraph.from_csr([0, 0, 0], [0])])
+    with pytest.raises(InputGraphError, match=r"child_ptr ends at 0, but there are 1 child ids"):
+        InputGraph.from_csr([0, 0, 0], [0])
+
+
+@pytest.mark.parametrize("ptr, idx, match", [
+    ([1, 1, 2], [0], r"child_ptr must start at 0, got \[1\]"),
+    ([], [], r"child_ptr must start at 0, got nothing"),
+    ([0, 2, 1, 2], [0, 1], r"vertex 1: child_ptr decreases from 2 to 1"),
+    ([0, 0, 1.5], [0], r"child_ptr entry 1.5 at position 2 is not an int64 integer"),
+    (np.array([0, 0, 1.5]), [0], r"child_ptr entry dtype float64 is not an integer type \(first non-integer 1.5 at "
+                                 r"position 2\)"),
+    ([0, 0, 1], [0.9], r"child id 0.9 at position 0 is not an int64 integer"),
+    ([0, 0, 1], np.array([0.0]), r"child id dtype float64 is not an integer type"),
+    ([0, 0, 1], np.array([True]), r"child id dtype bool is not an integer type"),
+    ([0, 0, 1], [True], r"child id True at position 0 is not an int64 integer"),
+    ([0, 0, 1], np.array([2 ** 63], np.uint64), r"vertex 1: child 0 id 9223372036854775808 out of range for a graph "
+                                                 r"of 2 vertices"),
+    ([0, 0, 1], [2 ** 64], r"child id 18446744073709551616 at position 0 is not an int64 integer"),
+    ([0, 0, 1], np.array([[0]]), r"child id array of shape \(1, 1\), need \(any,\)"),
+])
+def test_from_csr_validates(ptr, idx, match):
+    with pytest.raises(InputGraphError, match=match):
+        InputGraph.from_csr(ptr, idx)
+
+
+@pytest.mark.parametrize("children, match", [
+    ([[], [0.9]], r"vertex 1: child 0 is 0.9, not an integer vertex id"),
+    ([[], [np.float64(1.0)]], r"vertex 1: child 0 is 1.0, not an integer vertex id"),
+    ([[], [True]], r"vertex 1: child 0 is True, not an integer vertex id"),
+    ([[], ["0"]], r"vertex 1: child 0 is '0', not an integer vertex id"),
+    ([[], [0, None]], r"vertex 1: child 1 is None, not an integer vertex id"),
+    ([[], [2 ** 63]], r"vertex 1: child 0 id 9223372036854775808 out of range for a graph of 2 vertices"),
+    ([[], [-2 ** 63 - 1]], r"vertex 1: child 0 id -9223372036854775809 out of range"),
+    ([[], 0], r"vertex 1: its children must be a list of child ids, got 0"),
+    ("ab", r"children must be a list with one list of child ids per vertex"),
+])
+def test_constructor_rejects_non_integer_ids(children, match):
+    with pytest.raises(InputGraphError, match=match):
+        InputGraph(children)
+
+
+def test_numpy_integer_ids_and_empty_graph_parts_are_fine():
+    g = InputGraph([np.array([], np.int64), np.array([0], np.int32), [np.uint8(0), np.int64(1)]])
+    assert g.child_ptr.tolist() == [0, 0, 1, 3] and g.child_idx.tolist() == [0, 0, 1]
+    h = InputGraph.from_csr(np.array([0, 0, 1], np.uint32), np.array([0], np.uint64))
+    assert h.child_idx.dtype == np.int64 and h.child_idx.tolist() == [0]
+    assert InputGraph.from_csr([0], []).num_vertices == 0
+
+
+def test_graph_arrays_are_checked_copies():
+    ptr, idx = np.array([0, 0, 1]), np.array([0])
+    g = InputGraph.from_csr(ptr, idx)
+    idx[0] = 5   # the caller's array changes; the graph does not
+    assert g.child_idx.tolist() == [0]
+    with pytest.raises(ValueError, match="read-only"):
+        g.child_idx[0] = 7
+
+
+@pytest.mark.parametrize("kinds, match", [
+    (["leaf"], r"1 kinds for 2 vertices"),
+    ("li", r"kinds must be a list of strings, one per vertex"),
+    (["leaf", 1], r"vertex 1: kind 1 is not a string"),
+    ([None, "leaf"], r"vertex 0: kind None is not a string"),
+])
+def test_kinds_are_one_string_per_vertex(kinds, match):
+    with pytest.raises(InputGraphError, match=match):
+        InputGraph([[], [0]], kinds=kinds)
+    with pytest.raises(InputGraphError, match=match):
+        InputGraph.from_csr([0, 0, 1], [0], kinds=kinds)
+
+
+def test_range_and_cycles_still_name_the_sample():
+    with pytest.raises(InputGraphError, match=r"sample 1, vertex 1: child index 2 out of range"):
+        make_batch([InputGraph([[]]), InputGraph.from_csr([0, 0, 1], [2])])
+    with pytest.raises(InputGraphError, match=r"sample 0, vertex 1: lists itself"):
+        make_batch([InputGraph.from_csr([0, 0, 1], [1])])

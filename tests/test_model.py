@@ -1,0 +1,127 @@
+"""Which vertex function runs a vertex (its kind) is explicit: the kinds given with its graph, else the
+structure's kind rule, else the only function; never a function's name."""
+import numpy as np
+import pytest
+
+from minicavs import ops
+from minicavs.errors import InputGraphError, ShapeError
+from minicavs.inputs import InputGraph
+from minicavs.model import Model, Structure, by_child_count, leaf_internal
+from minicavs.vertex import VertexFunction
+
+H = 3
+RNG = np.random.default_rng(0)
+VALUES = {"W": RNG.standard_normal((H, H)), "U": RNG.standard_normal((2 * H, H)), "b": RNG.standard_normal(H)}
+
+
+def tree_model(leaf_name: str, internal_name: str, kinds=None):
+    """A leaf projects its pulled x, an internal vertex mixes its two children; loss = sum of pushed h**2."""
+    W, U, b = (ops.param_node(n, v.shape, "float64") for n, v in VALUES.items())
+    leaf = VertexFunction(leaf_name, message=(H,), dtype="float64")
+    with leaf:
+        h = ops.tanh(ops.linear(leaf.pull((H,), "x"), W, b))
+        leaf.scatter(h)
+        leaf.push(h)
+    internal = VertexFunction(internal_name, arity=2, message=(H,), dtype="float64")
+    with internal:
+        h = ops.tanh(ops.linear(ops.concat([internal.gather(0), internal.gather(1)]), U, b))
+        internal.scatter(h)
+        internal.push(h)
+    s = Structure({leaf_name: leaf, internal_name: internal}, pulls={"x": ops.input((None, H), "float64", name="xs")},
+                  kinds=kinds)
+    return s, Model(s, loss=ops.sum(ops.square(s.pushed("h"))))
+
+
+def trees():
+    return [InputGraph([[], [], [0, 1], [], [2, 3]]), InputGraph.complete_binary_tree(2)]
+
+
+def with_kinds(graphs, leaf, internal):
+    return [InputGraph.from_csr(g.child_ptr, g.child_idx, [leaf if n == 0 else internal for n in g.num_children()])
+            for g in graphs]
+
+
+def run(model, graphs):
+    leaves = sum(int((g.num_children() == 0).sum()) for g in graphs)
+    res = model.forward_backward(graphs, {"xs": np.linspace(-1, 1, leaves * H).reshape(leaves, H)}, VALUES)
+    return res.loss, res.grads
+
+
+def test_function_names_do_not_choose_the_function():
+    """The same model under other names, with the kinds given by a rule or with the graphs, computes the
+    same loss and gradients; with no rule and no kinds, even 'leaf'/'internal' is an error, not a guess."""
+    want = run(tree_model("leaf", "internal", leaf_internal)[1], trees())
+    for model, graphs in ((tree_model("word", "merge", by_child_count("word", "merge"))[1], trees()),
+                          (tree_model("word", "merge")[1], with_kinds(trees(), "word", "merge")),
+                          (tree_model("leaf", "internal")[1], with_kinds(trees(), "leaf", "internal"))):
+        loss, grads = run(model, graphs)
+        assert loss == pytest.approx(want[0], rel=1e-14, abs=0)
+        for name in VALUES:
+            np.testing.assert_allclose(grads[name], want[1][name], rtol=1e-13, atol=1e-15)
+    for names in (("leaf", "internal"), ("word", "merge")):
+        s, model = tree_model(*names)
+        with pytest.raises(InputGraphError, match=rf"structure 'G' has vertex functions \['{names[0]}', "
+                                                  rf"'{names[1]}'\], but sample 0 gives no kinds: give each graph "
+                                                  r"its kinds .* or the structure a kind rule"):
+            s.batch(trees())
+
+
+def test_kinds_given_with_a_graph_are_honoured_even_against_the_rule():
+    s, _ = tree_model("leaf", "internal", leaf_internal)
+    g = InputGraph([[], [], [0, 1]], kinds=["leaf", "internal", "internal"])   # vertex 1: no children, internal
+    batch = s.batch([g, InputGraph([[], [], [0, 1]])])                         # sample 1: by the rule
+    assert [batch.kind_names[k] for k in batch.kind] == ["leaf", "internal", "internal", "leaf", "leaf", "internal"]
+
+
+def test_a_kind_without_a_function_is_an_error_naming_sample_vertex_kind_and_functions():
+    s, _ = tree_model("word", "merge")
+    g = InputGraph([[], [], [0, 1]], kinds=["word", "word", "internal"])
+    with pytest.raises(InputGraphError, match=r"sample 1, vertex 2: kind 'internal' \(given with the graph\) has "
+                                              r"no vertex function in structure 'G' \(vertex functions "
+                                              r"\['word', 'merge'\]\)"):
+        s.batch([with_kinds(trees(), "word", "merge")[0], g])
+    s, _ = tree_model("word", "merge", leaf_internal)   # the rule names kinds the structure does not have
+    with pytest.raises(InputGraphError, match=r"sample 0, vertex 0: kind 'leaf' \(by the structure's rule "
+                                              r"by_child_count\('leaf', 'internal'\)\) has no vertex function"):
+        s.batch(trees())
+
+
+def test_arity_errors_name_sample_vertex_kind_function_and_where_the_kind_came_from():
+    s, _ = tree_model("word", "merge")
+    g = InputGraph([[], [], [0, 1]], kinds=["word", "word", "word"])
+    with pytest.raises(InputGraphError, match=r"sample 0, vertex 2: 2 children, more than the arity 0 of vertex "
+                                              r"function 'word' \(kind 'word', given with the graph\)"):
+        s.batch([g])
+    s, _ = tree_model("word", "merge", by_child_count("merge", "word"))   # a rule that swaps them
+    with pytest.raises(InputGraphError, match=r"sample 0, vertex 2: 2 children, more than the arity 0 of vertex "
+                                              r"function 'word' \(kind 'word', by the structure's rule "
+                                              r"by_child_count\('merge', 'word'\)\)"):
+        s.batch([InputGraph([[], [], [0, 1]])])
+
+
+def test_one_function_runs_every_vertex_and_other_kinds_are_rejected():
+    F = VertexFunction("cell", arity=2, message=(H,), dtype="float64")
+    with F:
+        F.scatter(ops.tanh(F.pull((H,), "x") + F.gather(0) + F.gather(1)))
+    s = Structure(F, pulls={"x": ops.input((None, H), "float64", name="xs")})
+    assert s.batch(trees()).kind.tolist() == [0] * 8
+    assert s.batch([InputGraph([[]], kinds=["cell"])]).kind.tolist() == [0]
+    with pytest.raises(InputGraphError, match=r"sample 0, vertex 0: kind 'leaf' \(given with the graph\) has no "
+                                              r"vertex function in structure 'G' \(vertex functions \['cell'\]\)"):
+        s.batch([InputGraph([[]], kinds=["leaf"])])
+
+
+def test_a_rule_must_be_callable_and_give_a_kind_per_vertex():
+    F = VertexFunction("cell", message=(H,), dtype="float64")
+    with F:
+        F.scatter(ops.tanh(F.pull((H,), "x")))
+    with pytest.raises(ShapeError, match=r"kinds must be a rule"):
+        Structure(F, pulls={"x": ops.input((None, H), "float64", name="xs")}, kinds=["cell"])
+    s = Structure(F, pulls={"x": ops.input((None, H), "float64", name="xs")},
+                  kinds=lambda batch: (np.zeros(batch.num_vertices - 1, np.int64), ("cell",)))
+    with pytest.raises(InputGraphError, match=r"kind rule <lambda>: kind id array of shape \(4,\), need \(5,\)"):
+        s.batch(trees()[:1])
+    s = Structure(F, pulls={"x": ops.input((None, H), "float64", name="xs")},
+                  kinds=lambda batch: (np.full(batch.num_vertices, 1), ("cell",)))
+    with pytest.raises(InputGraphError, match=r"kind rule <lambda>: kind id 1 out of range \[0, 1\) at vertex 0"):
+        s.batch(trees()[:1])
