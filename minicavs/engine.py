@@ -1,15 +1,14 @@
-"""Runs F over the tasks of a schedule (forward) and ∂F over them in reverse (backward, Alg. 1).
+"""Alg. 1: F over the tasks of a schedule (forward) and ∂F over the task stack popped (backward).
 
-Memory moves only at F's entrance and exit: gather takes the children's scattered rows (one ``take`` per
-child slot and task), pull takes rows of an external buffer, scatter writes the task's contiguous rows of the
-shared scatter tensor, push writes rows of an external buffer. Backward reads forward values from their
-dynamic tensors at the same offsets and *adds* gradients: gather's adjoint scatter-adds into the children's
-rows of the scatter-gradient tensor, so a DAG vertex with several parents receives all contributions.
-
-Each pass runs in three phases per vertex kind (§3.4, and DESIGN.md's schedule-first layout): with eager
-batching, eager nodes run once over all vertices of the kind before the task loop; the task loop runs the
-recurrent nodes (and, with a switch off, the eager or lazy ones too) task by task; with lazy batching, lazy
-nodes (pushes, parameter and pull gradients) run once over all vertices after it.
+Each pass binds the compiled F or ∂F to the batch (program.py: a BatchProgram of blocks whose views, row
+indices and output buffers are made before the loop) and runs it: the blocks before the task loop (eager
+nodes over all vertices of a kind, §3.4; streaming: task by task on the second stream), one block per task,
+the blocks after it (lazy nodes: pushes, parameter and pull gradients). Memory moves only at F's entrance and
+exit (ops/message.py): gather takes the children's scattered rows, pull takes rows of an external buffer,
+scatter writes the task's contiguous rows of the shared scatter tensor, push writes rows of an external
+buffer. Backward reads forward values from their dynamic tensors at the same offsets and *adds* gradients:
+gather's adjoint scatter-adds into the children's rows of the scatter-gradient tensor, so a DAG vertex with
+several parents receives all contributions. Every buffer comes from the model's workspace (memory.py).
 """
 from __future__ import annotations
 
