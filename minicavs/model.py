@@ -282,6 +282,11 @@ class Model:
             raise TypeError("this model has several structures: pass graphs as {structure name: graphs}")
         return {self.structures[0].name: graphs}
 
+    def batches(self, graphs) -> dict:
+        """Each structure's flattened, kind-assigned batch of ``graphs`` (what a policy schedules)."""
+        graphs = self._graphs_by_structure(graphs)
+        return {s.name: s.batch(graphs[s.name]) for s in self.structures}
+
     def _plan(self, s: Structure, graphs, policy, sample_ids=None):
         if s.name not in graphs:
             raise KeyError(f"no input graphs for structure '{s.name}'")

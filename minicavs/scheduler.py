@@ -15,6 +15,8 @@ policy orders the vertices inside a task the same way (see :class:`CavsPolicy`),
 """
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -117,6 +119,10 @@ class FsmPolicy(Policy):
 
     name = "fsm"
 
+    @property
+    def learned(self) -> bool:
+        return bool(self.fsms)
+
     def __init__(self, fsms: dict | None = None, encoding: str = "S3", hyper: fsm_module.Hyper | None = None,
                  seed: int = 0):
         fsm_module.encode(np.zeros(1, np.int64), encoding)
@@ -149,8 +155,6 @@ class FsmPolicy(Policy):
         return cls({f.kind_names: f for f in fsms}, doc["encoding"])
 
     def save(self, path) -> None:
-        import json
-        import os
         tmp = f"{path}.tmp{os.getpid()}"
         with open(tmp, "w") as f:
             json.dump(self.to_json(), f, indent=1)
@@ -158,7 +162,6 @@ class FsmPolicy(Policy):
 
     @classmethod
     def load(cls, path) -> "FsmPolicy":
-        import json
         with open(path) as f:
             return cls.from_json(json.load(f))
 
@@ -183,9 +186,16 @@ def lower_bound(batch: Batch) -> int:
 
 
 def get_policy(policy: str | Policy) -> Policy:
+    """A policy by name; ``fsm`` uses encoding S3, ``fsm:S1`` / ``fsm:S2`` / ``fsm:S3`` name one."""
     if isinstance(policy, Policy):
         return policy
+    if isinstance(policy, str) and policy.startswith("fsm:"):
+        if policy[4:] not in fsm_module.ENCODINGS:
+            raise ValueError(f"unknown FSM state encoding in policy {policy!r}; choose one of "
+                             + ", ".join(f"fsm:{e}" for e in fsm_module.ENCODINGS))
+        return FsmPolicy(encoding=policy[4:])
     try:
         return POLICIES[policy]()
-    except KeyError:
-        raise ValueError(f"unknown batching policy {policy!r}; choose one of {sorted(POLICIES)}") from None
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown batching policy {policy!r}; choose one of {sorted(POLICIES)} "
+                         f"(or fsm:S1, fsm:S2, fsm:S3)") from None
