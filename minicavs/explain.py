@@ -19,6 +19,8 @@ class StructureReport:
     tensors: list          # (kind, symbol, per-vertex shape, dtype, bytes)
     where: dict            # kind -> number of nodes run in each phase (static, before, per task, after)
     peak_bytes: int        # the largest buffers the reused dynamic tensors have held so far
+    policy: str = ""       # the batching policy that made the tasks
+    lower_bound: int = 0   # ED-Batch's lower bound (A.3) on the tasks of any policy for this batch
 
     @property
     def gather_copied(self) -> float:
@@ -40,7 +42,8 @@ class Explanation:
             sizes = r.task_sizes
             hist = np.bincount(np.minimum(np.ceil(np.log2(np.maximum(sizes, 1))).astype(int), 16))
             bins = ", ".join(f"<={1 << i}: {c}" for i, c in enumerate(hist) if c)
-            lines += [f"structure '{r.name}': {r.vertices} vertices in {r.tasks} tasks "
+            lines += [f"structure '{r.name}': {r.vertices} vertices in {r.tasks} tasks by policy '{r.policy}', "
+                      f"lower bound {r.lower_bound} ({r.tasks / max(r.lower_bound, 1):.2f}x) "
                       f"(vertices per task: min {sizes.min()}, median {int(np.median(sizes))}, max {sizes.max()})",
                       f"  tasks by size: {bins}",
                       "  rows copied: " + ", ".join(f"{k} {v}" for k, v in r.copies.items() if k != "gathered")
@@ -54,9 +57,11 @@ class Explanation:
         return "\n".join(lines)
 
 
-def explain(model, graphs, feeds=None, params=None, ctx=None) -> Explanation:
+def explain(model, graphs, feeds=None, params=None, ctx=None, policy=None) -> Explanation:
     """Run one training step's forward and backward and report the batching it used."""
-    result = model.run(graphs, feeds, params, ctx or RunContext())
+    from .scheduler import get_policy, lower_bound
+    policy = get_policy(policy) if policy is not None else model.policy
+    result = model.run(graphs, feeds, params, ctx or RunContext(), policy=policy)
     out = Explanation()
     for s in model.structures:
         batch, plan = result.batches[s.name]
@@ -80,7 +85,8 @@ def explain(model, graphs, feeds=None, params=None, ctx=None) -> Explanation:
                             state.scatter.nbytes))
         peak = sum(t.peak_bytes for t in model._pool.get(s.name, {}).values())
         out.structures.append(StructureReport(s.name, batch.num_vertices, len(sizes), sizes,
-                                              dict(state.copies), tensors, where, peak))
+                                              dict(state.copies), tensors, where, peak, policy.name,
+                                              lower_bound(batch)))
     return out
 
 

@@ -142,7 +142,7 @@ class LatticeLSTM(Task):
             loss += res.loss * len(chunk)
             right += int(np.sum(res.outputs["probs"].argmax(1) == feeds["labels"]))
             total += len(feeds["labels"])
-        majority = max(np.mean(np.concatenate([lat.labels for lat in samples])), 0.5)
+        majority = float(np.mean(np.concatenate([lat.labels for lat in samples])))
         return {"loss": float(loss / len(samples)), "char_acc": right / total,
                 "majority_acc": float(max(majority, 1 - majority))}
 
