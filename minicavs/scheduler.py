@@ -80,6 +80,11 @@ def _in_task_order(batch: Batch, task: np.ndarray) -> tuple[np.ndarray, np.ndarr
     return order, task[order]
 
 
+def _one_kind(batch: Batch) -> bool:
+    """With a single kind every frontier policy runs the vertices level by level: cavs's schedule."""
+    return batch.num_vertices == 0 or bool(np.all(batch.kind == batch.kind[0]))
+
+
 class CavsPolicy(Policy):
     """Cavs: task t holds every vertex whose children are all evaluated, i.e. the vertices of height t,
     one task per kind (in kind id order)."""
@@ -96,6 +101,8 @@ class AgendaPolicy(Policy):
     name = "agenda"
 
     def schedule(self, batch: Batch) -> Schedule:
+        if _one_kind(batch):
+            return CavsPolicy().schedule(batch)
         task, _ = run_agenda(TypedGraph.of(batch))
         return _from_keys(batch, *_in_task_order(batch, task))
 
@@ -107,6 +114,8 @@ class GreedyPolicy(Policy):
     name = "greedy"
 
     def schedule(self, batch: Batch) -> Schedule:
+        if _one_kind(batch):
+            return CavsPolicy().schedule(batch)
         task, _ = run_policy(Frontier(TypedGraph.of(batch), track_typewise=True), greedy_choice)
         return _from_keys(batch, *_in_task_order(batch, task))
 
@@ -139,6 +148,8 @@ class FsmPolicy(Policy):
         return self.fsms[names]
 
     def schedule(self, batch: Batch) -> Schedule:
+        if _one_kind(batch):
+            return CavsPolicy().schedule(batch)
         fsm = self.fsms.get(batch.kind_names) or self.learn([batch])
         task, _ = fsm.schedule(TypedGraph.of(batch))
         return _from_keys(batch, *_in_task_order(batch, task))

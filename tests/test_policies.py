@@ -210,3 +210,18 @@ def test_typed_graph_of_a_batch_keeps_its_arrays():
     batch = two_type_batch(5)
     g = TypedGraph.of(batch)
     assert g.num_types == 3 and g.kind is batch.kind and g.lower_bound() == lower_bound(batch)
+
+
+@settings(max_examples=30, deadline=None)
+@given(typed_dags(max_vertices=25))
+def test_one_kind_shortcut_is_what_the_frontier_gives(case):
+    """With one kind, agenda/greedy/fsm return cavs's schedule directly; the frontier run agrees."""
+    from minicavs.frontier import Frontier, run_policy
+    graphs, _ = case
+    batch = make_batch([InputGraph([g.children(v).tolist() for v in range(g.num_vertices)]) for g in graphs])
+    task, _ = run_policy(Frontier(TypedGraph.of(batch)), lambda f: 0)
+    assert np.array_equal(task, batch.height)
+    cavs = get_policy("cavs").schedule(batch)
+    for policy in ("agenda", "greedy", "fsm"):
+        s = get_policy(policy).schedule(batch)
+        assert np.array_equal(s.order, cavs.order) and np.array_equal(s.task_ptr, cavs.task_ptr)
