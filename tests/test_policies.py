@@ -12,6 +12,7 @@ from minicavs.data.lattice import Lattice
 from minicavs.data.synthetic import synthetic_treebank
 from minicavs.data.trees import two_type_kinds
 from minicavs.frontier import TypedGraph, typewise_children
+from minicavs.fsm import Hyper
 from minicavs.inputs import InputGraph, make_batch
 from minicavs.scheduler import FsmPolicy, Schedule, get_policy, lower_bound
 
@@ -178,7 +179,7 @@ def two_type_batch(n=40, seed=5):
 
 def test_learned_fsm_saved_and_reloaded_gives_the_same_schedule(tmp_path):
     learn_on, apply_to = two_type_batch(30, seed=5), two_type_batch(40, seed=6)
-    policy = FsmPolicy(encoding="S3")
+    policy = FsmPolicy(encoding="S3", hyper=Hyper(episodes=200))
     fsm = policy.learn([learn_on])
     assert fsm.stats["episodes"] >= 50 and fsm.stats["batches"] >= fsm.stats["lower_bound"]
     policy.save(tmp_path / "fsm.json")
