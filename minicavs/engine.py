@@ -149,7 +149,8 @@ class CompiledFunction:
         slots = list(self.gathers.values())
         self.gather_concat = next((n for n in self.row_fwd if n.op == "concat" and list(n.inputs) == slots
                                    and n.attrs["axis"] in (-1, n.ndim - 1) and len(slots) > 1
-                                   and all(len(x.vshape) == 1 for x in slots)), None)
+                                   and all(len(x.vshape) == 1 for x in slots)
+                                   and len({x.vshape for x in slots}) == 1), None)   # one scatter tensor
         # The value the scatter tensor receives (``scatter`` is an identity op on it).
         sc = self.scattered
         self.scatter_source = sc.inputs[0] if sc is not None and sc.op == "scatter" else sc
@@ -250,13 +251,18 @@ class RunState:
 
     plan: MemoryPlan
     opts: EngineOptions
-    scatter: np.ndarray | None                      # (N + 1, *message): last row stays zero
+    scatters: dict                                  # message shape -> (N + 1, *shape); last row stays zero
     tensors: list = field(default_factory=list)     # per kind id: {node: DynamicTensor}
     statics: list = field(default_factory=list)     # per kind id: {node: value}
     pushes: dict = field(default_factory=dict)      # push name -> buffer
     copies: dict = field(default_factory=dict)      # rows moved by gather / pull / push
     pull_bufs: dict = field(default_factory=dict)    # the pulled buffers, read again by backward
     device: Device = CPU
+
+    @property
+    def scatter(self):
+        """The scatter tensor when every kind scatters one shape (the usual case), else None."""
+        return next(iter(self.scatters.values())) if len(self.scatters) == 1 else None
 
 
 def _run(xp, program, local, static, ctx, outs) -> None:
@@ -384,19 +390,23 @@ def _tensors(pool, kid, nodes, n, xp):
     return out
 
 
-def forward(fns: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContext, message,
+def forward(fns: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContext, messages,
             dtype, training: bool = True, pool: dict | None = None,
             opts: EngineOptions = EngineOptions(), device: Device = CPU) -> RunState:
     """Evaluate F at every vertex: eager phase, task loop, lazy phase. ``fns[kid]`` compiles kind ``kid``.
-    Arrays (parameters, pull buffers, the pool's tensors) are ``device``'s."""
+    Arrays (parameters, pull buffers, the pool's tensors) are ``device``'s. ``messages``: the scattered
+    shapes (one scatter tensor each, indexed by every vertex's row; a gather reads the tensor of its shape,
+    and the structure has checked that its children's kinds scatter that shape)."""
     n = plan.num_vertices
     xp = device.xp
     pool = {} if pool is None else pool
-    state = RunState(plan, opts, None, copies={"gather": 0, "gathered": 0, "pull": 0, "push": 0},
+    state = RunState(plan, opts, {}, copies={"gather": 0, "gathered": 0, "pull": 0, "push": 0},
                      pull_bufs=pull_bufs, device=device)
-    if message is not None:
-        state.scatter = xp.empty((n + 1,) + tuple(message), dtype.np)
-        state.scatter[n] = 0
+    if messages is not None and not isinstance(messages, list):
+        messages = [tuple(messages)]    # one shape given as a shape
+    for shape in messages or ():
+        state.scatters[tuple(shape)] = xp.empty((n + 1,) + tuple(shape), dtype.np)
+        state.scatters[tuple(shape)][n] = 0
     for name, order in plan.push_order.items():
         shape = next(f.pushes[name].vshape for f in fns if f is not None and name in f.pushes)
         state.pushes[name] = xp.zeros((len(order),) + shape, dtype.np)
@@ -424,19 +434,21 @@ def forward(fns: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContex
         views = [kp.views[j].get(sl.start) for j in fn.gathers] if p == TASK and opts.gather_elision else None
         for j, gnode in fn.gathers.items():
             if ph.phase[gnode] == p:
+                sc = state.scatters[gnode.vshape]
                 if views is None or views[j] is None:
-                    local[gnode] = device.take(state.scatter, kp.child_rows[j][sl])
+                    local[gnode] = device.take(sc, kp.child_rows[j][sl])
                     copies["gather"] += bs
                 else:
                     start, step = views[j]
-                    local[gnode] = (state.scatter[start:start + step * (bs - 1) + 1:step] if step else
-                                    xp.broadcast_to(state.scatter[start], (bs,) + state.scatter.shape[1:]))
+                    local[gnode] = (sc[start:start + step * (bs - 1) + 1:step] if step else
+                                    xp.broadcast_to(sc[start], (bs,) + sc.shape[1:]))
                 copies["gathered"] += bs
         cat = fn.gather_concat
         if cat is not None and views is not None and ph.phase.get(cat) == p:
             k = len(views)
             if all(v is not None and v[1] == k and v[0] == views[0][0] + j for j, v in enumerate(views)):
-                local[cat] = state.scatter[views[0][0]:views[0][0] + k * bs].reshape(bs, -1)
+                sc = state.scatters[cat.inputs[0].vshape]
+                local[cat] = sc[views[0][0]:views[0][0] + k * bs].reshape(bs, -1)
                 program = ph.without_concat
         for name, pnode in fn.pulls.items():
             if ph.phase[pnode] == p:
@@ -444,16 +456,17 @@ def forward(fns: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContex
                 copies["pull"] += bs
         inplace, copied, concats = stores[kid][p]
         outs = {node: t.buffer[sl] for node, t in inplace}
-        direct = concats and _concat_buffers(xp, concats, outs, local, bs, state.scatter[grows] if isinstance(
-            grows, slice) else None, fn.scatter_source)
+        own = state.scatters[fn.scattered.vshape] if fn.scattered is not None else None
+        direct = concats and _concat_buffers(xp, concats, outs, local, bs, own[grows] if isinstance(
+            grows, slice) and own is not None else None, fn.scatter_source)
         src = fn.scatter_source
         if (not direct and src in ph.inplace and src not in outs and isinstance(grows, slice)
                 and ph.phase.get(src) == p):
-            outs[src] = state.scatter[grows]   # the kernel computing the scattered value writes it in place
+            outs[src] = own[grows]   # the kernel computing the scattered value writes it in place
             direct = True
         _run(xp, program, local, state.statics[kid], cctx, outs)
         if fn.scattered is not None and ph.phase[fn.scattered] == p and not direct:
-            state.scatter[grows] = local[fn.scattered]
+            own[grows] = local[fn.scattered]
         for name, pnode in fn.pushes.items():
             if ph.phase[pnode] == p:
                 _put(device, state.pushes[name], kp.push_rows[name][sl], local[pnode])
@@ -489,10 +502,11 @@ def forward(fns: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContex
     return state
 
 
-def _scatter_grad(xp, fns: list, plan: MemoryPlan, scatter):
-    """The gradient of the scatter tensor, before any parent has sent anything. In a forest every vertex
-    that some parent gathers (with a gradient) receives exactly one write, so only the other rows (roots,
-    children whose gather has no gradient) need zeros; a DAG's rows accumulate, so all start at zero."""
+def _scatter_grad(xp, fns: list, plan: MemoryPlan, scatter, shape: tuple):
+    """The gradient of the scatter tensor of message ``shape``, before any parent has sent anything. In a
+    forest every vertex that some parent gathers (with a gradient) receives exactly one write, so only the
+    other rows (roots, children whose gather has no gradient) need zeros; a DAG's rows accumulate, so all
+    start at zero."""
     if not plan.forest:
         return xp.zeros_like(scatter)
     sgrad = xp.empty_like(scatter)
@@ -502,7 +516,7 @@ def _scatter_grad(xp, fns: list, plan: MemoryPlan, scatter):
         if fn is None or kp is None:
             continue
         for leaf in fn.leaf_grads:
-            if leaf.op == "gather":
+            if leaf.op == "gather" and leaf.vshape == shape:
                 unwritten[kp.child_rows[leaf.attrs["k"]]] = False
     sgrad[_device_index(xp, np.flatnonzero(unwritten))] = 0
     return sgrad
@@ -514,7 +528,7 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
     plan, opts, device = state.plan, state.opts, state.device
     xp = device.xp
     n = plan.num_vertices
-    sgrad = None if state.scatter is None else _scatter_grad(xp, fns, plan, state.scatter)
+    sgrads = {shape: _scatter_grad(xp, fns, plan, sc, shape) for shape, sc in state.scatters.items()}
     pull_grads = {name: xp.zeros(shape, dtype.np) for name, shape in pull_shapes.items()}
     param_grads: dict = {}
     pool: dict = {}
@@ -534,7 +548,8 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
     def kind_rows(kid):
         """All of a kind's rows of the scatter tensor, in kind order: a slice when its tasks are adjacent."""
         if kid not in whole_rows:
-            whole_rows[kid] = _rows_of(device, state.scatter, plan.schedule.row[plan.kinds[kid].vertices])
+            own = state.scatters[fns[kid].scattered.vshape]
+            whole_rows[kid] = _rows_of(device, own, plan.schedule.row[plan.kinds[kid].vertices])
         return whole_rows[kid]
 
     def compute(kid, p, sl, goff, cctx):
@@ -545,7 +560,7 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
         cctx.row_keys = kp.row_keys[sl]
         local = {node: t.buffer[sl] for node, t in state.tensors[kid].items()}
         if fn.scatter_parts:
-            rows = state.scatter[goff:goff + bs] if goff is not None else kind_rows(kid)
+            rows = state.scatters[fn.scattered.vshape][goff:goff + bs] if goff is not None else kind_rows(kid)
             local.update((x, rows[:, a:b]) for x, (a, b) in fn.scatter_parts.items() if x not in local)
         for name, x in fn.pull_reads.items():
             if x not in local:
@@ -555,7 +570,7 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
             if ph.phase[ct] != p:
                 continue
             if out is fn.scattered:
-                local[ct] = sgrad[goff:goff + bs]
+                local[ct] = sgrads[out.vshape][goff:goff + bs]
             else:
                 local[ct] = _rows_of(device, push_grads[out.name], kp.push_rows[out.name][sl])
             if ct in btensors[kid]:
@@ -579,6 +594,7 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
             g = local[gnode] if gnode in local else static[gnode]
             if leaf.op == "gather":
                 j = leaf.attrs["k"]
+                sgrad = sgrads[leaf.vshape]
                 view = kp.views[j].get(sl.start) if p == TASK and opts.gather_elision else None
                 rows = kp.child_rows[j][sl]
                 if view is not None:  # distinct rows: a strided view, no fancy indexing
@@ -629,6 +645,6 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
     for kid in active:
         run_phase(kid, POST, slice(0, plan.kinds[kid].n))
     ctx.row_keys = None
-    if sgrad is not None:
+    for sgrad in sgrads.values():
         sgrad[n] = 0
     return pull_grads, param_grads

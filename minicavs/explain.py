@@ -80,9 +80,8 @@ def explain(model, graphs, feeds=None, params=None, ctx=None, policy=None) -> Ex
                             "∂F static": len(fn.static_bwd), "∂F before tasks": len(bph.programs[0]),
                             "∂F per task": len(bph.programs[1]), "∂F after tasks": len(bph.programs[2]),
                             "fused kernels": sum(len(g) for g in fph.groups + bph.groups)}
-        if state.scatter is not None:
-            tensors.append(("(shared)", "scatter", state.scatter.shape[1:], state.scatter.dtype.name,
-                            state.scatter.nbytes))
+        for shape, sc in state.scatters.items():    # one per message shape, shared by the kinds scattering it
+            tensors.append(("(shared)", "scatter", shape, sc.dtype.name, sc.nbytes))
         peak = sum(t.peak_bytes for t in model._pool.get(s.name, {}).values())
         out.structures.append(StructureReport(s.name, batch.num_vertices, len(sizes), sizes,
                                               dict(state.copies), tensors, where, peak, policy.name,

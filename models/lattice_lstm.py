@@ -5,16 +5,17 @@ char e gathers char e-1 (child 0) and the word cells ending at e (children 1..W,
 missing child reads zeros); a word cell gathers the char where it starts. Rows @ W convention, σ = sigmoid.
 
 Word cell for word w over chars b..e, with word embedding x_w and char b's state (h_b, c_b):
-    [i, f, o, u] = x_w·W_w + h_b·U_w + b_w;   c_w = σ(f) ⊙ c_b + σ(i) ⊙ tanh(u);   h_w = σ(o) ⊙ tanh(c_w)
-Char cell for char e, with char embedding x, the previous char's (h_p, c_p) and word cells (h_k, c_k):
+    [i, f, u] = x_w·W_w + h_b·U_w + b_w;      c_w = σ(f) ⊙ c_b + σ(i) ⊙ tanh(u)      scatter c_w (H,)
+Char cell for char e, with char embedding x, the previous char's (h_p, c_p) and word cells c_k ending at e:
     [i, f, o, u] = x·W_c + h_p·U_c + b_c
-    g_k = σ(x·W_g + h_k·U_g + b_g)               one gate per incoming word (Zhang & Yang gate on c_k; this
-                                                 variant reads h_k, so the word's output gate is used)
-    c = σ(f) ⊙ c_p + σ(i) ⊙ tanh(u) + Σ_k g_k ⊙ c_k,   h = σ(o) ⊙ tanh(c)
-A missing word reads (h_k, c_k) = 0, so it adds g_k ⊙ 0 = 0 (Zhang & Yang normalise the gates over the words
-present instead; the sum keeps F free of per-vertex counts). Both kinds scatter [h, c] and the char cell
-pushes h; softmax(h·W_o + b_o) tags every char (1: a word of the generating segmentation starts here). The
-loss is the summed cross-entropy over chars divided by the number of sentences.
+    g_k = σ(x·W_g + c_k·U_g + b_g)               one gate per incoming word (Zhang & Yang's additional gate)
+    c = σ(f) ⊙ c_p + σ(i) ⊙ tanh(u) + Σ_k g_k ⊙ c_k,   h = σ(o) ⊙ tanh(c)     scatter [h, c] (2H,)
+The two kinds scatter different messages: the char cell's gather(0) reads a 'char' (2H), its gathers 1..W
+read 'word' cells (H), the word cell's gather reads a 'char'. A missing word reads c_k = 0 and adds
+g_k ⊙ 0 = 0 (Zhang & Yang normalise the gates over the words present instead; the sum keeps F free of
+per-vertex counts). The char cell pushes h; softmax(h·W_o + b_o) tags every char (1: a word of the
+generating segmentation starts here). The loss is the summed cross-entropy over chars divided by the number
+of sentences.
 """
 from __future__ import annotations
 
@@ -37,18 +38,17 @@ CLASSES = 2
 
 
 def cells(p, H: int, D: int, words_per_char: int, dropout: float, dtype) -> dict:
-    word = VertexFunction("word", arity=1, message=(2 * H,), dtype=dtype)
+    word = VertexFunction("word", arity=1, message=(H,), dtype=dtype)
     with word:
-        h_b, c_b = ops.split(word.gather(0), 2)
+        h_b, c_b = ops.split(word.gather(0, kinds="char", message=(2 * H,)), 2)
         x = word.pull((D,), "xw")
         if dropout:
             x = ops.dropout(x, dropout, site=1)
-        i, f, o, u = ops.split(ops.linear(x, p["W_w"].node, p["b_w"].node) + h_b @ p["U_w"].node, 4)
-        c = ops.sigmoid(f) * c_b + ops.sigmoid(i) * ops.tanh(u)
-        word.scatter(ops.concat([ops.sigmoid(o) * ops.tanh(c), c]))
+        i, f, u = ops.split(ops.linear(x, p["W_w"].node, p["b_w"].node) + h_b @ p["U_w"].node, 3)
+        word.scatter(ops.sigmoid(f) * c_b + ops.sigmoid(i) * ops.tanh(u))
     char = VertexFunction("char", arity=1 + words_per_char, message=(2 * H,), dtype=dtype)
     with char:
-        h_p, c_p = ops.split(char.gather(0), 2)
+        h_p, c_p = ops.split(char.gather(0, kinds="char"), 2)
         x = char.pull((D,), "x")
         if dropout:
             x = ops.dropout(x, dropout, site=2)
@@ -56,8 +56,8 @@ def cells(p, H: int, D: int, words_per_char: int, dropout: float, dtype) -> dict
         c = ops.sigmoid(f) * c_p + ops.sigmoid(i) * ops.tanh(u)
         xg = ops.linear(x, p["W_g"].node, p["b_g"].node)
         for k in range(1, 1 + words_per_char):
-            h_k, c_k = ops.split(char.gather(k), 2)
-            c = c + ops.sigmoid(xg + h_k @ p["U_g"].node) * c_k
+            c_k = char.gather(k, kinds="word", message=(H,))
+            c = c + ops.sigmoid(xg + c_k @ p["U_g"].node) * c_k
         h = ops.sigmoid(o) * ops.tanh(c)
         char.scatter(ops.concat([h, c]))
         char.push(ops.dropout(h, dropout, site=3) if dropout else h)
@@ -91,10 +91,10 @@ class LatticeLSTM(Task):
         p = self.params = ParameterSet()
         p.new("E_c", (self.lexicon.alphabet, D), init=m["embed_init"], dtype=dtype, rng=seed)
         p.new("E_w", (len(self.lexicon.words), D), init=m["embed_init"], dtype=dtype, rng=seed)
-        for kind in ("w", "c"):
-            p.new(f"W_{kind}", (D, 4 * H), dtype=dtype, rng=seed)
-            p.new(f"U_{kind}", (H, 4 * H), dtype=dtype, rng=seed)
-            p.new(f"b_{kind}", (4 * H,), init="zeros", dtype=dtype, rng=seed)
+        for kind, gates in (("w", 3), ("c", 4)):
+            p.new(f"W_{kind}", (D, gates * H), dtype=dtype, rng=seed)
+            p.new(f"U_{kind}", (H, gates * H), dtype=dtype, rng=seed)
+            p.new(f"b_{kind}", (gates * H,), init="zeros", dtype=dtype, rng=seed)
         p.new("W_g", (D, H), dtype=dtype, rng=seed)
         p.new("U_g", (H, H), dtype=dtype, rng=seed)
         p.new("b_g", (H,), init="zeros", dtype=dtype, rng=seed)
