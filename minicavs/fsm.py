@@ -25,7 +25,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .frontier import Frontier, TypedGraph
+from .frontier import Frontier, TypedGraph, run_policy
 
 ENCODINGS = ("S1", "S2", "S3")
 
@@ -72,7 +72,7 @@ class Fsm:
         return state[0] if best is None else best
 
     def schedule(self, graph: TypedGraph) -> tuple[np.ndarray, np.ndarray]:
-        from .frontier import run_policy
+        """(task of every vertex, kind of every task), the FSM choosing every step."""
         return run_policy(Frontier(graph), self.choose)
 
     # --- files: a small JSON document ---------------------------------------------------------------
@@ -98,16 +98,25 @@ class Fsm:
         return cls(enc, names, q, dict(doc.get("stats", {})))
 
     def save(self, path: str | os.PathLike) -> None:
-        """Atomically: write a temporary file beside ``path``, then rename."""
-        tmp = f"{path}.tmp{os.getpid()}"
-        with open(tmp, "w") as f:
-            json.dump(self.to_json(), f, indent=1)
-        os.replace(tmp, path)
+        write_json(path, self.to_json())
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Fsm":
         with open(path) as f:
             return cls.from_json(json.load(f))
+
+
+def write_json(path: str | os.PathLike, doc: dict) -> None:
+    """Atomically: a temporary file beside ``path``, then a rename (a crash leaves the old file or the new)."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "w") as f:
+            json.dump(doc, f, indent=1)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
 
 
 @dataclass(frozen=True)

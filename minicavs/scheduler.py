@@ -16,7 +16,6 @@ policy orders the vertices inside a task the same way (see :class:`CavsPolicy`),
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -166,10 +165,7 @@ class FsmPolicy(Policy):
         return cls({f.kind_names: f for f in fsms}, doc["encoding"])
 
     def save(self, path) -> None:
-        tmp = f"{path}.tmp{os.getpid()}"
-        with open(tmp, "w") as f:
-            json.dump(self.to_json(), f, indent=1)
-        os.replace(tmp, path)
+        fsm_module.write_json(path, self.to_json())
 
     @classmethod
     def load(cls, path) -> "FsmPolicy":

@@ -5,7 +5,8 @@ Each internal vertex is a ``cell_a`` or a ``cell_b`` vertex at random (50% each,
 internal vertex but their own parameters (``a.U``, ``a.b_i``, ``a.U_f1``, ``a.U_f2``, ``a.b_f`` and the same
 with ``b.``). Leaves as in ``tree_lstm.py``:
     leaf:    [i, o, u] = x·W + b_l;  c = σ(i) ⊙ tanh(u)
-    type t:  [i, o, u] = [h1; h2]·U^t + b_i^t;  f_k = σ(h_k·U_fk^t + b_f^t);  c = σ(i) ⊙ tanh(u) + Σ_k f_k ⊙ c_k
+    type t:  [i, o, u] = [h1; h2]·U^t + b_i^t;   f_k = σ(h_k·U_fk^t + b_f^t)
+             c = σ(i) ⊙ tanh(u) + f_1 ⊙ c_1 + f_2 ⊙ c_2
     every vertex: h = σ(o) ⊙ tanh(c); scatter [h, c]; push h; softmax(h·W_o + b_o) at every vertex.
 With three kinds the order in which kinds run decides how many tasks a batch needs: the workload on which
 ED-Batch's learned policy beats depth and agenda batching.
