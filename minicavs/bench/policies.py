@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from ..config import load_config
+from ..frontier import Frontier, TypedGraph
 from ..scheduler import FsmPolicy, get_policy, lower_bound
 from ..training import Trainer
 
@@ -93,7 +94,8 @@ def count_model(model: str, batches: int = 8, learn: int = 4, log=print) -> dict
             learned = [policy.learn([s[k] for s in learn_on]) for k in learn_on[0]]
             row["fsm"][name] = {"seconds": sum(f.stats["seconds"] for f in learned),
                                 "episodes": max(f.stats["episodes"] for f in learned),
-                                "states": sum(f.stats["states"] for f in learned)}
+                                "states": sum(f.stats["states"] for f in learned),
+                                "lookup_us": lookup_us(learned[0], next(iter(evaluate_on[0].values())))}
         tasks, times = [], []
         for s in evaluate_on:
             start = time.perf_counter()
@@ -104,6 +106,15 @@ def count_model(model: str, batches: int = 8, learn: int = 4, log=print) -> dict
     log(f"{model}: " + ", ".join(f"{k} {v:.1f}" for k, v in row["tasks"].items())
         + f", lower bound {row['lower_bound']:.1f}")
     return row
+
+
+def lookup_us(fsm, batch, repeats: int = 2000) -> float:
+    """Microseconds of one FSM step's decision (state encoding + table lookup) on the batch's first frontier."""
+    frontier = Frontier(TypedGraph.of(batch))
+    start = time.perf_counter()
+    for _ in range(repeats):
+        fsm.choose(frontier)
+    return 1e6 * (time.perf_counter() - start) / repeats
 
 
 def throughput(model: str, policies, hidden: int, steps: int, repeats: int) -> dict:
@@ -157,15 +168,18 @@ def markdown(rows: list[dict], speed: dict) -> str:
         lines.append(f"| {r['model']} | {r['vertices']:.0f} | " + " | ".join(f"{t[p]:.1f}" for p in POLICIES)
                      + f" | {lb:.1f} | {t['fsm:S3'] / lb:.3f} | {1 - t['fsm:S3'] / t['cavs']:+.0%} fewer | "
                      f"{1 - t['fsm:S3'] / t['agenda']:+.0%} fewer |")
-    lines += ["", "## FSM learning (seconds, episodes, states) and scheduling time per batch (ms, median)", "",
+    lines += ["", "## FSM learning (seconds, episodes, states; one decision's encoding + lookup in µs) and "
+              "scheduling time per batch (ms, median; a frontier policy's includes the frontier updates)", "",
               "| model | " + " | ".join(f"learn {p}" for p in POLICIES if p.startswith("fsm"))
-              + " | " + " | ".join(f"{p} ms" for p in POLICIES) + " |",
-              "|---" * (1 + 3 + len(POLICIES)) + "|"]
+              + " | " + " | ".join(f"{p} ms" for p in POLICIES) + " | fsm:S3 µs per task |",
+              "|---" * (2 + 3 + len(POLICIES)) + "|"]
     for r in rows:
         f = r["fsm"]
         lines.append(f"| {r['model']} | " + " | ".join(
-            f"{f[p]['seconds']:.2f} s, {f[p]['episodes']} ep, {f[p]['states']} st" for p in POLICIES
-            if p.startswith("fsm")) + " | " + " | ".join(f"{r['schedule_ms'][p]:.2f}" for p in POLICIES) + " |")
+            f"{f[p]['seconds']:.2f} s, {f[p]['episodes']} ep, {f[p]['states']} st, {f[p]['lookup_us']:.1f} µs"
+            for p in POLICIES
+            if p.startswith("fsm")) + " | " + " | ".join(f"{r['schedule_ms'][p]:.2f}" for p in POLICIES)
+            + f" | {1e3 * r['schedule_ms']['fsm:S3'] / r['tasks']['fsm:S3']:.0f} |")
     if speed:
         lines += ["", "## Training throughput (samples/s, median [min-max]; scheduling share of the step)", "",
                   "| model | " + " | ".join(speed[next(iter(speed))]) + " | fsm:S3 / cavs |",
