@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .inputs import transpose
+
 
 def segments(ptr: np.ndarray, idx: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The CSR entries of ``rows`` concatenated, and the row (position in ``rows``) each came from."""
@@ -27,14 +29,6 @@ def segments(ptr: np.ndarray, idx: np.ndarray, rows: np.ndarray) -> tuple[np.nda
         return idx[:0], np.zeros(0, np.int64)
     pos = np.repeat(starts - np.cumsum(lens) + lens, lens) + np.arange(total)
     return idx[pos], np.repeat(np.arange(len(rows)), lens)
-
-
-def transpose(ptr: np.ndarray, idx: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """The transposed CSR (parents of each vertex), one entry per edge (duplicate edges kept)."""
-    owner = np.repeat(np.arange(n, dtype=np.int64), np.diff(ptr))
-    order = np.argsort(idx, kind="stable")
-    counts = np.bincount(idx, minlength=n) if len(idx) else np.zeros(n, np.int64)
-    return np.concatenate(([0], np.cumsum(counts))).astype(np.int64), owner[order]
 
 
 def levels(height: np.ndarray) -> list[np.ndarray]:
@@ -113,7 +107,9 @@ class TypedGraph:
     @classmethod
     def of(cls, batch) -> "TypedGraph":
         """The typed graph of an :class:`minicavs.inputs.Batch` (its kinds are the types)."""
-        return cls(batch.child_ptr, batch.child_idx, batch.kind, len(batch.kind_names), batch.height)
+        graph = cls(batch.child_ptr, batch.child_idx, batch.kind, len(batch.kind_names), batch.height)
+        graph._parents = batch.parents_csr()     # cached on the batch
+        return graph
 
     @property
     def num_vertices(self) -> int:
