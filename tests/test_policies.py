@@ -21,6 +21,11 @@ from .test_engine import CASES, assert_same, run_case
 POLICIES = ("cavs", "depth", "agenda", "greedy", "fsm")
 
 
+def make(policy: str):
+    """The policy by name; an FSM learns briefly (100 episodes) so that property tests stay fast."""
+    return FsmPolicy(hyper=Hyper(episodes=100)) if policy == "fsm" else get_policy(policy)
+
+
 def brute_force_optimum(children, kinds) -> int:
     """Fewest steps of Alg. 1 (run every ready vertex of one chosen type) over all type orders: BFS over
     the sets of executed vertices (bit masks)."""
@@ -149,7 +154,7 @@ def test_no_policy_beats_the_lower_bound_or_the_optimum(case):
     optimum = brute_force_optimum(children, kinds)
     assert bound <= optimum
     for policy in POLICIES:
-        s = get_policy(policy).schedule(batch)
+        s = make(policy).schedule(batch)
         assert_valid(batch, s)
         assert s.num_tasks >= optimum, policy
 
@@ -204,7 +209,7 @@ def test_batched_equals_serial_for_every_policy(name, policy, seed, k, size):
     case = build(rng)
     graphs = [make_graph(rng, int(rng.integers(1, size + 1))) for _ in range(k)]
     state = rng.bit_generator.state
-    batched, _ = run_case(case, graphs, rng, policy=policy)
+    batched, _ = run_case(case, graphs, rng, policy=make(policy))
     rng.bit_generator.state = state
     serial, _ = run_case(case, graphs, rng, policy="serial")
     assert_same(batched, serial)

@@ -89,10 +89,10 @@ def test_gradients_match_finite_differences(name, tmp_path):
 @pytest.mark.parametrize("name", ["tree_lstm", "tree_gru", "tree_lstm_2type", "lattice_lstm"])
 def test_batched_equals_serial_for_every_policy(name, tmp_path):
     t = trainer(name, tmp_path, "train.dtype=float64")
-    graphs, feeds = t.task.batch(t.task.data["train"][:6])
+    graphs, feeds = t.task.batch(t.task.data["train"][:4])
     params = {k: p.value for k, p in t.params.items()}
     scale = max(1.0, abs(t.model.run(graphs, feeds, params, t.context(False), backward_pass=False).loss))
-    fsm = [FsmPolicy(encoding=e, hyper=Hyper(episodes=100)) for e in ("S1", "S3")]   # short learning
+    fsm = [FsmPolicy(encoding="S3", hyper=Hyper(episodes=100))]   # short learning
     for policy in ["cavs", "agenda", "greedy"] + fsm:
         t.model.policy = get_policy(policy)
         assert check(t.model, graphs, feeds, params, ctx=t.context(training=False))["max"] <= 1e-10 * scale, policy
