@@ -218,7 +218,10 @@ class Trainer:
 
     def load(self, path: str | os.PathLike, optimizer: bool = True) -> dict:
         if self.parallel:   # issue 19: rank 0 reads the file, every rank gets its state
-            return self.parallel.load(path, optimizer)
+            extra = self.parallel.load(path, optimizer)
+            if isinstance(self.policy, FsmPolicy) and "policy" in extra:   # rank 0 checked it
+                self.policy.fsms = FsmPolicy.from_json(extra["policy"]).fsms
+            return extra
         return self._load(path, optimizer)
 
     def _load(self, path: str | os.PathLike, optimizer: bool = True) -> dict:
