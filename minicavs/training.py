@@ -30,8 +30,10 @@ from .executor import RunContext
 from .model import get_device
 from .optim import make_optimizer
 from .progress import Progress
+from .scheduler import FsmPolicy, get_policy
 
 CHECKPOINT_FORMAT_EXTRA = 1
+FSM_SAMPLE_BATCHES = 4   # training batches an FSM policy learns on before training
 
 
 class Trainer:
@@ -40,6 +42,10 @@ class Trainer:
         """``comm``: train data-parallel over its ranks (default: the MPI job's, when started by mpirun)."""
         self.cfg = config if isinstance(config, dict) else load_config(config, overrides)
         self.device = check_device(self.cfg["train"]["device"], self.cfg["train"]["deterministic"])
+        try:
+            self.policy = get_policy(self.cfg["train"]["policy"])
+        except ValueError as e:
+            raise ConfigError(f"{self.cfg['config_path']}: train.policy: {e}") from None
         module = load_model_module(self.cfg["model"]["name"], Path(self.cfg["config_path"]).resolve().parent)
         try:
             self.task = module.build(self.cfg)
@@ -48,6 +54,7 @@ class Trainer:
         except ValueError as e:  # a model's check of its config values (model.variant, an initializer, ...)
             raise ConfigError(f"{self.cfg['config_path']}: {e}") from e
         self.model = self.task.model
+        self.model.policy = self.policy   # evaluation schedules with the same (learned) policy
         self.model.options = engine_options(self.cfg["train"]["engine"])
         self.model.device = self.device
         self.params = self.task.params
@@ -76,9 +83,30 @@ class Trainer:
 
     def loss_and_grads(self, samples, training: bool = True, sample_ids=None):
         """Forward and backward over ``samples``: a Result with ``loss`` and ``grads`` (name -> array)."""
+        self.prepare_policy()
         graphs, feeds = self.task.batch(samples)
         return self.model.forward_backward(graphs, feeds, self.params, self.context(training),
-                                           policy=self.cfg["train"]["policy"], sample_ids=sample_ids)
+                                           policy=self.policy, sample_ids=sample_ids)
+
+    def prepare_policy(self) -> None:
+        """An ``fsm`` policy learns its FSM (ED-Batch §2.3) on a seeded sample of training batches before
+        the first step, and writes it to RUN_DIR/fsm.json; checkpoints carry it too."""
+        policy = self.policy
+        if not isinstance(policy, FsmPolicy) or policy.learned:
+            return
+        data = self.task.data["train"]
+        bs = self.cfg["train"]["batch_size"]
+        pick = np.random.default_rng([self.seed, 18]).permutation(len(data))[:FSM_SAMPLE_BATCHES * bs]
+        by_structure: dict = {}
+        for i in range(0, len(pick), bs):
+            graphs, _ = self.task.batch([data[j] for j in pick[i:i + bs]])
+            for name, batch in self.model.batches(graphs).items():
+                by_structure.setdefault(name, []).append(batch)
+        for batches in by_structure.values():
+            policy.learn(batches)
+        if self.is_root:   # every rank learns the same FSM (same seed, same samples); one writes it
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            policy.save(self.run_dir / "fsm.json")
 
     # --- epochs -----------------------------------------------------------------------------------------
 
@@ -117,6 +145,7 @@ class Trainer:
         samples = self.task.data.get(split)
         if not samples:
             raise MinicavsError(f"no '{split}' data in this config (data.{split})")
+        self.prepare_policy()
         start = time.perf_counter()
         bs = self.cfg["train"]["eval_batch_size"]
         metrics = self.parallel.evaluate(samples, bs) if self.parallel else self.task.evaluate(samples, bs)
@@ -142,6 +171,7 @@ class Trainer:
             self.parallel.sync_state()   # every rank starts from rank 0's parameters (and checks it)
         if not resume and root and metrics_path.exists():
             metrics_path.unlink()
+        self.prepare_policy()
         history = []
         has_dev = bool(self.task.data.get("dev"))
         while self.epoch < epochs and not self.early["stopped"]:
@@ -183,19 +213,33 @@ class Trainer:
         extra = {"version": CHECKPOINT_FORMAT_EXTRA, "epoch": self.epoch, "batch": 0,
                  "rng": {"seed": self.seed, "epoch": self.epoch, "step": self.optimizer.steps},
                  "early_stopping": dict(self.early), "model": self.cfg["model"]}
+        if isinstance(self.policy, FsmPolicy) and self.policy.learned:
+            extra["policy"] = self.policy.to_json()
         checkpoint.save(path, self.params, self.optimizer, self.optimizer.steps, extra=extra)
 
     def load(self, path: str | os.PathLike, optimizer: bool = True) -> dict:
         if self.parallel:   # issue 19: rank 0 reads the file, every rank gets its state
-            return self.parallel.load(path, optimizer)
+            extra = self.parallel.load(path, optimizer)
+            if isinstance(self.policy, FsmPolicy) and "policy" in extra:   # rank 0 checked it
+                self.policy.fsms = FsmPolicy.from_json(extra["policy"]).fsms
+            return extra
         return self._load(path, optimizer)
 
     def _load(self, path: str | os.PathLike, optimizer: bool = True) -> dict:
+        fsms = None
+        if isinstance(self.policy, FsmPolicy):   # checked before anything is assigned
+            doc = (checkpoint.read(path).extra or {}).get("policy")
+            try:
+                fsms = FsmPolicy.from_json(doc).fsms if doc is not None else None
+            except (ValueError, KeyError, TypeError) as e:
+                raise MinicavsError(f"{path}: its FSM policy cannot be read: {e}") from None
         ck = checkpoint.load(path, self.params, self.optimizer if optimizer else None)
         extra = ck.extra or {}
         if extra.get("model", self.cfg["model"]) != self.cfg["model"]:
             raise MinicavsError(f"{path}: written for model settings {extra.get('model')}, "
                                 f"the config says {self.cfg['model']}")
+        if fsms is not None:
+            self.policy.fsms = fsms
         if optimizer:
             self.epoch = int(extra.get("epoch", 0))
             if "early_stopping" in extra:

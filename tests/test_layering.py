@@ -11,7 +11,8 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "minicavs"
 
 # DESIGN.md's layer list, top to bottom, with the modules it does not name placed on the line of the layer
-# they belong to (executor.py, engine.py and explain.py run and read programs; progress.py, task.py, demo.py, testing.py and bench/ are product code around the engine;
+# they belong to (frontier.py and fsm.py are the batching policies' simulation of Alg. 1 and their learned
+# state machine, beside scheduler.py; executor.py, engine.py and explain.py run and read programs; progress.py, task.py, demo.py, testing.py and bench/ are product code around the engine;
 # ``minicavs`` itself is the package's public face).
 LAYERS = [
     ["dtypes", "errors", "random", "sparse", "validate"],
@@ -20,7 +21,7 @@ LAYERS = [
     ["autodiff"],
     ["vertex"],
     ["inputs"],
-    ["scheduler"],
+    ["scheduler", "frontier", "fsm"],
     ["memory"],
     ["passes"],
     ["codegen"],
