@@ -131,3 +131,38 @@ def test_a_child_of_a_kind_the_gather_does_not_read_is_an_input_error():
     with pytest.raises(InputGraphError, match=r"sample 0, vertex 1: child 0 \(vertex 0\) is a 'a' vertex, but "
                                               r"gather\(0\) of 'a' reads only 'b'"):
         model.forward_backward([g], {"x": np.zeros((2, 2))}, {k: q.value for k, q in p.items()})
+
+
+def test_each_gather_and_scatter_is_bound_to_the_tensor_of_its_shape():
+    """The alias pass decides at compile time which scatter tensor a kind writes and each gather reads; the
+    bound program's views are rows of that tensor, and the model's workspace keeps one tensor (and one
+    gradient) per shape, reused by the next batch."""
+    rng = np.random.default_rng(5)
+    p, model = build(rng)
+    s = model.structures[0]
+    assert s.message_shapes == [(2,), (3,)]
+    assert s.compiled["a"].scatter_message == (3,) and s.compiled["a"].gather_messages == {0: (2,)}
+    assert s.compiled["b"].scatter_message == (2,) and s.compiled["b"].gather_messages == {0: (3,), 1: (3,)}
+    graphs = [InputGraph([[], [0], [1], [], [3, 2]], ["a", "b", "a", "a", "b"])] * 2
+    feeds = {"x": rng.standard_normal((6, 2))}
+    params = {name: q.value for name, q in p.items()}
+    result = model.forward_backward(graphs, feeds, params)
+    state = result.states["g"]
+    assert sorted(state.scatters) == [(2,), (3,)] and state.scatter is None
+    bound = 0
+    for block in state.program.tasks:
+        fn = s.compiled[block.kind]
+        for node, array, _ in block.views + [(n, buf, w) for n, buf, _, w in block.takes]:
+            if node in fn.gather_slot:
+                assert np.shares_memory(array, state.scatters[fn.gather_messages[fn.gather_slot[node]]])
+                bound += 1
+    assert bound == sum(len(s.compiled[b.kind].gathers) for b in state.program.tasks)
+    text = state.program.dump() + state.backward_program.dump()
+    assert "scatter(2,)[" in text and "scatter(3,)[" in text and "scatter grad(3,)[" in text
+    workspace = model.workspace("g")
+    buffers = [t.buffer for t in list(workspace.scatters.values()) + list(workspace.scatter_grads.values())]
+    assert len(buffers) == 4
+    again = model.forward_backward(graphs, feeds, params)
+    assert again.loss == result.loss
+    assert all(a is b for a, b in zip(
+        [t.buffer for t in list(workspace.scatters.values()) + list(workspace.scatter_grads.values())], buffers))
