@@ -70,8 +70,6 @@ def _train(args: argparse.Namespace) -> int:
         if Path(args.config).is_dir():
             raise ConfigError(f"{args.config} is a directory: give a config to start a run, or --resume it")
         trainer = Trainer(args.config, args.overrides, _run_dir_of(args.config, args.run_dir))
-    print(f"training {trainer.cfg['model']['name']} ({sum(p.value.size for p in trainer.params.values()):,} "
-          f"parameters) on {len(trainer.task.data['train']):,} {trainer.task.unit}; run dir {trainer.run_dir}")
     trainer.fit(args.epochs, resume=args.resume, progress=not args.no_progress, force=args.force)
     trainer.final_results()
     return 0

@@ -227,6 +227,8 @@ class Trainer:
             log(f"resumed {self.run.path} at epoch {self.epoch} (step {self.optimizer.steps})")
         else:
             self.run.start(self._config_text(), force)
+        log(f"training {Path(self.cfg['model']['name']).stem} ({sum(p.value.size for p in self.params.values()):,} "
+            f"parameters) on {len(self.task.data['train']):,} samples; run dir {self.run.path}")
         rows = []
         has_dev = bool(self.task.data.get("dev"))
         started = time.perf_counter()
@@ -260,7 +262,8 @@ class Trainer:
             self.save(self.run.best)
 
     def _config_text(self) -> str:
-        return dump(self.cfg, header=f"the resolved config of this run (from {self.cfg['config_path']})")
+        return dump(self.cfg, header="The resolved config of this run: every default filled in, data paths "
+                                     "absolute.\nminicavs train RUN_DIR/config.yaml --run-dir NEW repeats it.")
 
     def _early_stopping(self, row: dict) -> None:
         e = self.early
@@ -290,7 +293,7 @@ class Trainer:
         rate = t.get(f"train_{self.task.unit}_per_s")
         took = sum(v for k, v in t.items() if k.endswith("_seconds"))
         timing = f"{took:.1f} s" + (f" ({rate:,.0f} {self.task.unit}/s)" if rate else "")
-        if seconds_left:
+        if seconds_left and seconds_left >= 1:
             timing += f", {duration(seconds_left)} left"
         return f"epoch {row['epoch']}/{epochs}: " + ", ".join(parts) + f"; {timing}"
 
