@@ -341,20 +341,20 @@ def resolve(raw: dict, source: str | os.PathLike, overrides: Sequence[str] = (),
     if isinstance(raw.get("data"), dict):
         _resolve_paths(raw["data"], base)
     overridden = []
-    for item in overrides:
-        keys, value = parse_override(item)
-        node = raw
-        for k in keys[:-1]:
-            node = node.setdefault(k, {})
-            if node is None:
-                node = {}
-            if not isinstance(node, dict):
-                raise ConfigError(f"--set {item!r}: '{k}' is not a section")
-        node[keys[-1]] = value
-        if keys[0] == "data" and len(keys) == 2:
-            _resolve_paths(raw["data"], Path.cwd())   # command-line paths: relative to where you are
-        overridden.append(".".join(keys))
     try:
+        for item in overrides:
+            keys, value = parse_override(item)
+            node = raw
+            for k in keys[:-1]:
+                if node.get(k) is None:
+                    node[k] = {}
+                node = node[k]
+                if not isinstance(node, dict):
+                    raise ConfigError(f"--set {item!r}: '{k}' is not a section")
+            node[keys[-1]] = value
+            if keys[0] == "data" and len(keys) == 2:
+                _resolve_paths(raw["data"], Path.cwd())   # command-line paths: relative to where you are
+            overridden.append(".".join(keys))
         return _resolved(raw, source, base)
     except ConfigError as e:
         key = str(e).split(" ", 1)[0].rstrip(":")

@@ -112,6 +112,7 @@ class Trainer:
         """A trainer with the model a checkpoint records and its parameters loaded (for eval and predict):
         data and how to run (:data:`EVAL_FROM_CONFIG`) come from ``config`` and ``overrides`` if given."""
         ck = checkpoint.read(path)
+        run_format(ck)
         stored = ck.extra.get("config")
         if stored is None:    # run format 1: the config must be given and must fit
             if config is None:
@@ -328,10 +329,7 @@ class Trainer:
         history) from a checkpoint; everything is checked first, so an error changes nothing."""
         ck = checkpoint_ or checkpoint.read(path)
         extra = ck.extra or {}
-        version = extra.get("version", 1)
-        if not isinstance(version, int) or not 1 <= version <= RUN_FORMAT:
-            raise CheckpointError(f"checkpoint file {path}: run format {version!r} is not supported (this "
-                                  f"minicavs reads 1 to {RUN_FORMAT}; a newer minicavs wrote it?)")
+        version = run_format(ck)
         if optimizer and version < 2:
             raise CheckpointError(f"checkpoint file {path}: written by an older minicavs (run format 1) that "
                                   "did not record the config and metrics: it can be evaluated, not resumed")
@@ -351,7 +349,17 @@ class Trainer:
         return extra
 
 
+def run_format(ck: checkpoint.Checkpoint) -> int:
+    """The version of what the trainer recorded in a checkpoint (1: before configs were recorded)."""
+    version = (ck.extra or {}).get("version", 1)
+    if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= RUN_FORMAT:
+        raise CheckpointError(f"checkpoint file {ck.path}: run format {version!r} is not supported (this "
+                              f"minicavs reads 1 to {RUN_FORMAT}; a newer minicavs wrote it?)")
+    return version
+
+
 def _recorded_config(ck: checkpoint.Checkpoint, what: str) -> dict:
+    run_format(ck)
     stored = ck.extra.get("config")
     if stored is None:
         raise CheckpointError(f"checkpoint file {ck.path} was written by an older minicavs (run format 1) "
