@@ -13,6 +13,7 @@ Dropout (on the embeddings and on h before the classifier) is inside F, so masks
 """
 from __future__ import annotations
 
+import os
 import numpy as np
 
 from minicavs import ops
@@ -168,7 +169,7 @@ def load_data(d: dict) -> dict:
             out[split] = synthetic_treebank(int(syn[split]), seed=int(syn["seed"]), vocab_size=int(syn["vocab"]),
                                             split=split_id)
         else:
-            out[split] = read_sst(src)
+            out[split] = read_sst(_existing(src, split))
             if not out[split]:
                 raise DataError(f"data.{split}: {src} holds no trees")
         if d["limit"]:
@@ -181,6 +182,13 @@ def load_data(d: dict) -> dict:
 def build_vocab(trees) -> dict:
     words = sorted({w for t in trees for w in t.words if w is not None})
     return {w: i for i, w in enumerate([UNK] + words)}
+
+
+def _existing(path: str, split: str) -> str:
+    if not os.path.isfile(path):
+        raise DataError(f"data.{split}: file not found: {path} (paths in a config file are relative to the file, "
+                        f"--set data.{split}=PATH to the current directory)")
+    return path
 
 
 def build(cfg: dict) -> TreeLSTM:

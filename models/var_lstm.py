@@ -10,6 +10,7 @@ divided by the number of sentences. Dropout on the embedding and on h before the
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 
@@ -129,7 +130,7 @@ def load_sentences(d: dict) -> dict:
         if src == "synthetic":
             out[split] = synthetic_corpus(int(syn[split]), int(syn["seed"]), int(syn["vocab"]), split_id)
         elif src is not None:
-            out[split] = read_sentences(src)
+            out[split] = read_sentences(_existing(src, split))
             if not out[split]:
                 raise DataError(f"data.{split}: {src} holds no sentences")
     if "train" not in out:
@@ -138,6 +139,13 @@ def load_sentences(d: dict) -> dict:
         k = max(1, int(len(out["train"]) * d["dev_fraction"]))
         out["train"], out["dev"] = out["train"][:-k], out["train"][-k:]
     return out
+
+
+def _existing(path: str, split: str) -> str:
+    if not os.path.isfile(path):
+        raise DataError(f"data.{split}: file not found: {path} (paths in a config file are relative to the file, "
+                        f"--set data.{split}=PATH to the current directory)")
+    return path
 
 
 def build(cfg: dict) -> LanguageModel:
