@@ -339,6 +339,12 @@ class Trainer:
             if changed:
                 raise CheckpointError(f"checkpoint file {path} was written for other model settings: "
                                       + ", ".join(f"model.{k} is {b!r} there, {a!r} here" for k, a, b in changed))
+        if optimizer:   # resuming: the run's recorded config is what continues
+            changed = [d for d in differences(recorded(self.cfg), recorded(resolve(extra["config"], path)))
+                       if not d[0].startswith(RESUME_MAY_CHANGE)]
+            if changed:
+                raise CheckpointError(f"checkpoint file {path} was written by a run with other settings: "
+                                      + ", ".join(f"{k} is {b!r} there, {a!r} here" for k, a, b in changed))
         if "vocab" in extra:
             check_vocabulary(extra["vocab"], self.task.vocabulary, path, self.cfg["data"].get("train"))
         checkpoint.apply(ck, self.params, self.optimizer if optimizer else None)

@@ -4,6 +4,7 @@ their config and vocabulary (eval RUN_DIR, resume without --set, other data refu
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -169,6 +170,9 @@ def test_the_readme_sequence_needs_no_repeated_set(tmp_path, capsys, monkeypatch
     cfg = tiny_config(tmp_path)
     assert main(["train", str(cfg), "--set", "train.epochs=2", "--set", "model.hidden=6", "--no-progress"]) == 0
     assert (tmp_path / "runs" / "tiny" / "config.yaml").exists()
+    out = capsys.readouterr().out
+    assert re.search(r"^epoch 2/2: train loss [\d.]+, dev loss [\d.]+, dev root_acc [\d.]+%( \(best\))?; "
+                     r"[\d.]+ s \([\d,]+ trees/s\)$", out, re.M), out
     assert main(["train", str(cfg), "--resume", "--set", "train.epochs=3", "--no-progress"]) == 0
     assert "epoch 3/3" in capsys.readouterr().out
     assert main(["eval", "runs/tiny"]) == 0
@@ -210,3 +214,15 @@ def test_older_and_newer_checkpoints(tmp_path, capsys):
     newer = tmp_path / "newer.npz"
     checkpoint.save(newer, t.params, t.optimizer, extra={"version": 99, "config": {}})
     user_error(["eval", str(cfg), "--checkpoint", str(newer)], capsys, "run format 99 is not supported")
+
+
+def test_resuming_from_python_with_other_settings_is_refused(tmp_path):
+    cfg = tiny_config(tmp_path)
+    Trainer(cfg, run_dir=tmp_path / "run").fit(epochs=1, progress=False, log=lambda s: None)
+    other = Trainer(cfg, ["train.lr=0.5"], run_dir=tmp_path / "run")
+    before = {k: p.value.copy() for k, p in other.params.items()}
+    with pytest.raises(CheckpointError, match=r"other settings: train.lr is 0.3 there, 0.5 here"):
+        other.fit(resume=True, progress=False, log=lambda s: None)
+    assert all(np.array_equal(before[k], p.value) for k, p in other.params.items())
+    longer = Trainer(cfg, ["train.epochs=2"], run_dir=tmp_path / "run")   # training longer is allowed
+    assert [r["epoch"] for r in longer.fit(resume=True, progress=False, log=lambda s: None)] == [2]
