@@ -228,8 +228,8 @@ class Trainer:
             log(f"resumed {self.run.path} at epoch {self.epoch} (step {self.optimizer.steps})")
         else:
             self.run.start(self._config_text(), force)
-        log(f"training {Path(self.cfg['model']['name']).stem} ({sum(p.value.size for p in self.params.values()):,} "
-            f"parameters) on {len(self.task.data['train']):,} samples; run dir {self.run.path}")
+            log(f"training {Path(self.cfg['model']['name']).stem} ({sum(p.value.size for p in self.params.values()):,}"
+                f" parameters) on {len(self.task.data['train']):,} samples; run dir {self.run.path}")
         rows = []
         has_dev = bool(self.task.data.get("dev"))
         started = time.perf_counter()
@@ -282,9 +282,9 @@ class Trainer:
 
     def format_epoch(self, row: dict, epochs: int, seconds_left: float | None = None) -> str:
         """One compact line: losses, the early-stopping metric, time and throughput."""
-        parts = [f"train loss {row['train_loss']:.4g}"]
+        parts = [f"train loss {row['train_loss']:#.4g}"]
         if "dev_loss" in row:
-            parts.append(f"dev loss {row['dev_loss']:.4g}")
+            parts.append(f"dev loss {row['dev_loss']:#.4g}")
         metric = self.early["metric"]
         if metric in row and metric != "dev_loss":
             parts.append(f"{metric.replace('_', ' ', 1)} {_value(metric, row[metric])}")
@@ -411,7 +411,7 @@ def _value(key: str, v) -> str:
     """Accuracies as percentages, other numbers with 4 significant digits."""
     if not isinstance(v, float) or not math.isfinite(v):
         return str(v)
-    return f"{100 * v:.1f}%" if key.endswith("acc") else f"{v:.4g}"
+    return f"{100 * v:.1f}%" if key.endswith("acc") else f"{v:#.4g}"
 
 
 def check_device(device: str, deterministic: bool = False) -> Device:
