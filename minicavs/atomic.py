@@ -44,15 +44,19 @@ def write_text(path: str | os.PathLike, text: str) -> None:
     write_bytes(path, text.encode("utf-8"))
 
 
-def is_temporary(name: str) -> bool:
-    return name.startswith(".") and name.endswith(TMP_SUFFIX)
+def is_temporary(name: str, of: tuple = ()) -> bool:
+    """Is ``name`` a temporary file of :func:`write_bytes` (of one of the files named ``of``, if given)?"""
+    if not (name.startswith(".") and name.endswith(TMP_SUFFIX)):
+        return False
+    return not of or any(name.startswith(f".{target}.") for target in of)
 
 
-def remove_temporaries(directory: str | os.PathLike) -> list[str]:
-    """Delete the temporary files an interrupted :func:`write_bytes` left in ``directory``; their names."""
+def remove_temporaries(directory: str | os.PathLike, of: tuple = ()) -> list[str]:
+    """Delete the temporary files an interrupted :func:`write_bytes` left in ``directory`` (only those of
+    the files named ``of``, if given); their names."""
     removed = []
     for entry in sorted(Path(directory).iterdir()) if Path(directory).is_dir() else []:
-        if is_temporary(entry.name) and entry.is_file():
+        if is_temporary(entry.name, of) and entry.is_file():
             entry.unlink()
             removed.append(entry.name)
     return removed

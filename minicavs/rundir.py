@@ -68,7 +68,7 @@ class RunDir:
             self.path.mkdir(parents=True, exist_ok=True)
             for name in held:
                 (self.path / name).unlink()
-            atomic.remove_temporaries(self.path)
+            atomic.remove_temporaries(self.path, RUN_FILES)
             atomic.write_text(self.config, config_text)
         except OSError as e:
             raise RunDirError(f"cannot write to run dir {self.path}: {e.strerror or e}") from None
@@ -84,9 +84,9 @@ class RunDir:
     def recover(self, last: checkpoint.Checkpoint, config_text: str | None = None) -> list[str]:
         """Repair what a crash after the commit of ``last`` (this directory's last.npz) can leave; returns
         what was repaired."""
-        repaired = [f"removed {name}" for name in atomic.remove_temporaries(self.path)]
+        repaired = [f"removed {name}" for name in atomic.remove_temporaries(self.path, RUN_FILES)]
         try:
-            if config_text is not None and (not self.config.exists() or self.config.read_text() != config_text):
+            if config_text is not None:   # always: an unwritable run dir is found now, not after an epoch
                 atomic.write_text(self.config, config_text)
             rows = last.extra.get("history", [])
             if not self.metrics.exists() or self.metrics.read_bytes() != metrics_text(rows).encode():

@@ -245,3 +245,12 @@ def test_resume_refuses_changes_to_what_is_trained(tmp_path, capsys):
     assert main(["train", str(run_dir), "--resume", "--set", "train.epochs=2", "--no-progress"]) == 0
     assert (run_dir / "last.npz").read_bytes() != before
     assert yaml.safe_load((run_dir / "config.yaml").read_text())["train"]["epochs"] == 2
+
+
+def test_only_the_runs_own_temporaries_are_removed(tmp_path):
+    from minicavs import atomic
+    for name in (".last.npz.1.ab.tmp", ".metrics.jsonl.2.cd.tmp", ".notes.txt.tmp", "last.npz.tmp", ".x.tmp"):
+        (tmp_path / name).write_text("")
+    assert atomic.remove_temporaries(tmp_path, ("last.npz", "metrics.jsonl")) == [".last.npz.1.ab.tmp",
+                                                                                   ".metrics.jsonl.2.cd.tmp"]
+    assert sorted(os.listdir(tmp_path)) == [".notes.txt.tmp", ".x.tmp", "last.npz.tmp"]
