@@ -125,6 +125,9 @@ class Trainer:
             cfg = resolve(stored, source)
             if config is not None or overrides:
                 given = load_config(config, overrides) if config is not None else resolve(stored, source, overrides)
+                if _model_key(given["model"])["name"] != _model_key(cfg["model"])["name"]:
+                    raise ConfigError(f"{config}: configures model {given['model']['name']}, the checkpoint {path} "
+                                      f"holds a {cfg['model']['name']} model")
                 for key, ours, theirs in differences(recorded(given), recorded(cfg)):
                     if not key.startswith("model."):
                         continue   # data and how to run are taken from the config; the rest is unused
@@ -133,6 +136,7 @@ class Trainer:
                                           f"checkpoint {path} ({key} = {theirs!r})")
                     log(f"note: using the checkpoint's {key} = {theirs!r} ({config} says {ours!r})")
                 _take(cfg, given, EVAL_FROM_CONFIG)
+                cfg = resolve(recorded(cfg), source)
             trainer = cls(cfg)
         trainer.load(path, optimizer=False, checkpoint_=ck)
         return trainer

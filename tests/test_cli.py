@@ -181,6 +181,8 @@ def test_the_readme_sequence_needs_no_repeated_set(tmp_path, capsys, monkeypatch
     assert "note: using the checkpoint's model.hidden = 6" in out and "dev_root_acc" in out
     user_error(["eval", str(cfg), "--checkpoint", "runs/tiny/best.npz", "--set", "model.hidden=4"], capsys,
                "--set model.hidden: the model and training settings come from the checkpoint")
+    user_error(["eval", "var_lstm", "--checkpoint", "runs/tiny/best.npz"], capsys,
+               "configures model var_lstm, the checkpoint runs/tiny/best.npz holds a tree_lstm model")
     results = yaml.safe_load((tmp_path / "runs" / "tiny" / "results.json").read_text())
     assert results["checkpoint"] == "best.npz" and "test_root_acc" in results and "dev_loss" in results
 
