@@ -57,7 +57,10 @@ class Trainer:
                  run_dir: str | os.PathLike | None = None, comm: "distributed.Communicator | None" = None):
         """``comm``: train data-parallel over its ranks (default: the MPI job's, when started by mpirun)."""
         self.cfg = config if isinstance(config, dict) else load_config(config, overrides)
-        self.device = check_device(self.cfg["train"]["device"], self.cfg["train"]["deterministic"])
+        try:
+            self.device = check_device(self.cfg["train"]["device"], self.cfg["train"]["deterministic"])
+        except MinicavsError as e:   # CudaUnavailable: no CuPy or no GPU
+            raise type(e)(f"{self.cfg['config_path']}: train.device = {self.cfg['train']['device']!r}: {e}") from None
         module = load_model_module(self.cfg["model"]["name"], Path(self.cfg["config_path"]).resolve().parent)
         try:
             self.task = module.build(self.cfg)
@@ -396,10 +399,9 @@ def check_vocabulary(stored, current, path, data_train) -> None:
     only_data = [w for w in current if w not in set(stored)]
     only_ck = [w for w in stored if w not in set(current)]
     if only_data or only_ck:
-        what = (f"{len(only_data)} words only in the data (e.g. {', '.join(map(repr, only_data[:3]))})"
-                if only_data else "")
-        what += ("; " if what and only_ck else "") + (
-            f"{len(only_ck)} only in the checkpoint (e.g. {', '.join(map(repr, only_ck[:3]))})" if only_ck else "")
+        what = "; ".join(f"{len(words)} {'word' if len(words) == 1 else 'words'} only in the {where} (e.g. "
+                         f"{', '.join(map(repr, words[:3]))})"
+                         for words, where in ((only_data, "data"), (only_ck, "checkpoint")) if words)
     else:
         i = next(i for i, (a, b) in enumerate(zip(stored, current)) if a != b)
         what = f"the same words in another order (id {i} is {stored[i]!r} there, {current[i]!r} here)"

@@ -56,7 +56,7 @@ def test_cuda_without_cupy_is_a_user_error(tmp_path, capsys):
     if available():
         pytest.skip("a usable GPU: cuda trains")
     user_error(["train", str(tiny_config(tmp_path)), "--run-dir", str(tmp_path / "run"), "--set",
-                "train.device=cuda"], capsys, "device: cuda")
+                "train.device=cuda"], capsys, "tiny.yaml: train.device = 'cuda': device: cuda")
     assert not (tmp_path / "run").exists()
 
 
@@ -138,7 +138,7 @@ def test_non_utf8_data_is_reported_with_its_path_and_line(tmp_path, capsys):
     bad = tmp_path / "bad.txt"
     bad.write_bytes(b"(3 (2 good) (4 words))\n(3 (2 caf\xe9) (4 x))\n")
     user_error(["train", str(sst_config(tmp_path, bad)), "--run-dir", str(tmp_path / "run")], capsys,
-               f"{bad}:2: not UTF-8 (invalid continuation byte at byte 9)")
+               f"{bad}:2: not UTF-8 (invalid continuation byte at byte 10 of the line)")
     user_error(["train", "var_lstm", "--run-dir", str(tmp_path / "run"), "--set", f"data.train={bad}"], capsys,
                f"{bad}:2: not UTF-8")
     assert not (tmp_path / "run").exists()
@@ -154,7 +154,7 @@ def test_eval_refuses_data_whose_vocabulary_differs(tmp_path, capsys):
     assert main(["eval", str(cfg), "--checkpoint", str(run / "best.npz")]) == 0
     user_error(["eval", str(run), "--set", f"data.train={b}"], capsys,
                "was trained with another vocabulary than data.train", f"({b})", "5 vs 5 words",
-               "1 words only in the data (e.g. 'eel'); 1 only in the checkpoint (e.g. 'date')")
+               "1 word only in the data (e.g. 'eel'); 1 word only in the checkpoint (e.g. 'date')")
     user_error(["eval", str(cfg), "--checkpoint", str(run / "best.npz"), "--set", f"data.train={b}"], capsys,
                "another vocabulary")
     write_sst(a, ["apple", "bean", "date", "corn", "apple"])      # the same words, other ids? no: sorted ids

@@ -23,7 +23,7 @@ def read_lines(path: str | os.PathLike):
             try:
                 yield lineno, raw.decode("utf-8")
             except UnicodeDecodeError as e:
-                raise DataError(f"{path}:{lineno}: not UTF-8 ({e.reason} at byte {e.start})") from None
+                raise DataError(f"{path}:{lineno}: not UTF-8 ({e.reason} at byte {e.start + 1} of the line)") from None
 
 
 def read_sentences(path: str | os.PathLike) -> list[list[str]]:
