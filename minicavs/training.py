@@ -53,6 +53,11 @@ EVAL_FROM_CONFIG = ("data.", "train.eval_batch_size", "train.device", "train.det
 
 
 class Trainer:
+    """A model, its data and optimizer built from a resolved config, and the run directory it trains into.
+
+    Construction checks everything that can be checked before training (config values, the device, data
+    that is missing, empty or undecodable, the early-stopping metric) and writes nothing."""
+
     def __init__(self, config: dict | str | os.PathLike, overrides: Sequence[str] = (),
                  run_dir: str | os.PathLike | None = None, comm: "distributed.Communicator | None" = None):
         """``comm``: train data-parallel over its ranks (default: the MPI job's, when started by mpirun)."""
@@ -141,7 +146,7 @@ class Trainer:
                 _take(cfg, given, EVAL_FROM_CONFIG)
                 cfg = resolve(recorded(cfg), source)
             trainer = cls(cfg)
-        trainer.load(path, optimizer=False, checkpoint_=ck)
+        trainer.load(path, optimizer=False, ck=ck)
         return trainer
 
     def _check_data(self) -> None:
@@ -229,7 +234,7 @@ class Trainer:
         epochs = self.cfg["train"]["epochs"] if epochs is None else epochs
         if resume:
             last = self.run.resumable()
-            self.load(last.path, checkpoint_=last)
+            self.load(last.path, ck=last)
             for what in self.run.recover(last, self._config_text()):
                 log(f"repaired {self.run.path}: {what}")
             log(f"resumed {self.run.path} at epoch {self.epoch} (step {self.optimizer.steps})")
@@ -331,10 +336,10 @@ class Trainer:
         checkpoint.save(path, self.params, self.optimizer, self.optimizer.steps, extra=extra)
 
     def load(self, path: str | os.PathLike, optimizer: bool = True,
-             checkpoint_: checkpoint.Checkpoint | None = None) -> dict:
+             ck: checkpoint.Checkpoint | None = None) -> dict:
         """Restore parameters (and with ``optimizer`` the optimizer, epoch, early-stopping state and
         history) from a checkpoint; everything is checked first, so an error changes nothing."""
-        ck = checkpoint_ or checkpoint.read(path)
+        ck = ck or checkpoint.read(path)   # ck: the file, already read
         extra = ck.extra or {}
         version = run_format(ck)
         if optimizer and version < 2:

@@ -10,6 +10,10 @@ import sys
 import zipfile
 from pathlib import Path
 
+import cffi
+import numpy
+import yaml
+
 REPO = Path(__file__).resolve().parent.parent
 SOURCES = ("minicavs", "models", "setup.py", "setup.cfg", "pyproject.toml", "README.md")
 
@@ -34,9 +38,13 @@ def test_pip_install_then_train_a_bundled_model_from_anywhere(tmp_path):
         assert f"minicavs/models/{model}.py" in names and f"minicavs/models/{model}.yaml" in names
     assert not any(n.startswith(("tests/", "tools/", "models/")) for n in names)
 
-    venv = tmp_path / "venv"   # numpy, cffi and pyyaml come from the running interpreter's site-packages
-    run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", venv])
+    venv = tmp_path / "venv"
+    run([sys.executable, "-m", "venv", "--without-pip", venv])
     python = venv / ("Scripts" if os.name == "nt" else "bin") / "python"
+    site = run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip()
+    # the dependencies (numpy, cffi, pyyaml) from the running environment, after the venv's own packages
+    deps = {str(Path(m.__file__).resolve().parent.parent) for m in (numpy, cffi, yaml)}
+    (Path(site) / "deps.pth").write_text("\n".join(sorted(deps)) + "\n")
     run([sys.executable, "-m", "pip", "--python", python, "install", "--no-deps", "--no-index", "-q", wheel])
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
