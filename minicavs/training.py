@@ -159,10 +159,8 @@ class Trainer:
     def _check_early_stopping(self) -> None:
         e, metrics = self.early, ["train_loss"] + [f"dev_{m}" for m in self.task.metrics]
         where = f"{self.cfg['config_path']}: train.early_stopping"
-        if e["metric"] not in metrics:
+        if e["metric"] not in metrics:   # (without dev data a dev metric never stops a run: best = latest)
             raise ConfigError(f"{where}.metric = {e['metric']!r}: must be one of {', '.join(metrics)}")
-        if e["metric"].startswith("dev_") and e["patience"] is not None and not self.task.data.get("dev"):
-            raise ConfigError(f"{where}: patience {e['patience']} needs dev data (data.dev is null)")
 
     # --- one batch --------------------------------------------------------------------------------------
 

@@ -255,3 +255,12 @@ def test_only_the_runs_own_temporaries_are_removed(tmp_path):
     assert atomic.remove_temporaries(tmp_path, ("last.npz", "metrics.jsonl")) == [".last.npz.1.ab.tmp",
                                                                                    ".metrics.jsonl.2.cd.tmp"]
     assert sorted(os.listdir(tmp_path)) == [".notes.txt.tmp", ".x.tmp", "last.npz.tmp"]
+
+
+def test_without_dev_data_the_latest_epoch_is_the_best(tmp_path):
+    cfg = tiny_config(tmp_path)     # early stopping on dev_root_acc, patience 2: inert without dev data
+    run_dir = tmp_path / "run"
+    assert train(cfg, run_dir, "--epochs", "3", "--set", "data.dev=null") == 0
+    assert checkpoint.read(run_dir / "best.npz").extra["epoch"] == 3
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["epoch"] == 3 and "test_loss" in results and "dev_loss" not in results
