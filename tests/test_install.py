@@ -41,11 +41,12 @@ def test_pip_install_then_train_a_bundled_model_from_anywhere(tmp_path):
     venv = tmp_path / "venv"
     run([sys.executable, "-m", "venv", "--without-pip", venv])
     python = venv / ("Scripts" if os.name == "nt" else "bin") / "python"
+    run([sys.executable, "-m", "pip", "--python", python, "install", "--no-deps", "--no-index", "-q", wheel])
     site = run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip()
-    # the dependencies (numpy, cffi, pyyaml) from the running environment, after the venv's own packages
+    # then the dependencies (numpy, cffi, pyyaml) from the running environment, after the venv's own packages
+    # (that environment may hold an installed minicavs too: CI's does; the venv's own comes first)
     deps = {str(Path(m.__file__).resolve().parent.parent) for m in (numpy, cffi, yaml)}
     (Path(site) / "deps.pth").write_text("\n".join(sorted(deps)) + "\n")
-    run([sys.executable, "-m", "pip", "--python", python, "install", "--no-deps", "--no-index", "-q", wheel])
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
