@@ -11,11 +11,8 @@ from typing import Callable, Sequence
 
 from . import __version__
 from .config import ConfigError
+from .distributed import abort_peers
 from .errors import MinicavsError
-
-
-def _quiet(*_, **__) -> None:
-    pass
 
 
 def _demo_args(p: argparse.ArgumentParser) -> None:
@@ -97,7 +94,8 @@ def _eval(args: argparse.Namespace) -> int:
     trainer = Trainer.for_checkpoint(ck, config, args.overrides)
     metrics = trainer.evaluate(args.split)
     timing = metrics.pop("timing")
-    print(f"{ck}: {format_metrics(metrics)}  ({timing[args.split + '_seconds']:.1f} s)")
+    if trainer.is_root:   # under mpirun: rank 0 speaks
+        print(f"{ck}: {format_metrics(metrics)}  ({timing[args.split + '_seconds']:.1f} s)")
     return 0
 
 
@@ -140,6 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except (MinicavsError, OSError) as e:  # ConfigError, DataError, CheckpointError, a missing file, a full disk
         print(f"minicavs {args.command}: error: {_one_line(e)}", file=sys.stderr)
+        abort_peers(2)   # under mpirun: the other ranks may be waiting for this one
         return 2
 
 

@@ -225,9 +225,11 @@ def _typecheck(where: str, value, default):
 
 
 def _merge(where: str, defaults: dict, given: dict) -> dict:
+    """Defaults overridden by ``given``; an empty default mapping is free-form (its consumer checks it, as
+    distributed.py does train.distributed)."""
     out = copy.deepcopy(defaults)
     for k, v in (given or {}).items():
-        if k not in defaults:
+        if k not in defaults and defaults:
             raise ConfigError(f"unknown config key '{where}.{k}'{_suggest(k, defaults)}; "
                               f"known keys: {', '.join(sorted(defaults))}")
         out[k] = _typecheck(f"{where}.{k}", v, defaults.get(k))

@@ -33,7 +33,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from . import checkpoint
+from . import checkpoint, distributed
 from .config import ConfigError, differences, dump, load_config, load_model_module, recorded, resolve
 from .device import CPU, Cuda, Device
 from .engine import EngineOptions
@@ -93,6 +93,10 @@ class Trainer:
                       "best": None, "best_epoch": None, "bad_epochs": 0, "stopped": False}
         self._check_early_stopping()
         self.run = RunDir(run_dir if run_dir else Path("runs") / self.cfg["config_name"])
+        # --- data parallelism (the logic is in distributed.py): None in a single process ---
+        comm = comm if comm is not None else distributed.world()
+        self.parallel = distributed.DataParallel(self, comm) if comm is not None and comm.size > 1 else None
+        self.is_root = self.parallel is None or self.parallel.root   # rank 0 alone writes and prints
 
     @property
     def run_dir(self) -> Path:
@@ -103,8 +107,8 @@ class Trainer:
         """A trainer for ``run_dir``'s run, rebuilt from its last.npz (``overrides`` may change only
         :data:`RESUME_MAY_CHANGE`); ``fit(resume=True)`` then continues it."""
         run = RunDir(run_dir)
-        last = run.resumable()
-        stored = _recorded_config(last, "resume it")
+        comm = distributed.world()   # under MPI rank 0 reads the run dir (it need not be shared)
+        stored = on_root(comm, lambda: _recorded_config(run.resumable(), "resume it"))
         cfg = resolve(stored, run.config, overrides)
         changed = [d for d in differences(recorded(cfg), recorded(resolve(stored, run.config)))
                    if not d[0].startswith(RESUME_MAY_CHANGE)]
@@ -174,11 +178,15 @@ class Trainer:
                                            policy=self.cfg["train"]["policy"], sample_ids=sample_ids)
 
     def train_step(self, sample_ids: np.ndarray) -> tuple[float, int]:
-        """One optimizer step on the training samples ``sample_ids``: (mean loss, units processed)."""
-        samples = [self.task.data["train"][i] for i in sample_ids]
-        res = self.loss_and_grads(samples, sample_ids=sample_ids)
+        """One optimizer step on the training samples ``sample_ids``: (mean loss, units processed). Under
+        MPI each rank computes its shard of the batch and the gradients are summed over ranks."""
+        if self.parallel:
+            res, units = self.parallel.loss_and_grads(sample_ids)
+        else:
+            samples = [self.task.data["train"][i] for i in sample_ids]
+            res, units = self.loss_and_grads(samples, sample_ids=sample_ids), self.task.units(samples)
         self.optimizer.step(res.grads, loss=res.loss)
-        return res.loss, self.task.units(samples)
+        return res.loss, units
 
     # --- epochs -----------------------------------------------------------------------------------------
 
@@ -194,7 +202,7 @@ class Trainer:
         batches = self.epoch_batches(self.epoch + 1)
         label = f"epoch {self.epoch + 1}" + (f"/{epochs}" if epochs else "")
         bar = Progress(len(batches), label, self.task.unit, every=self.cfg["train"]["log_every"]) \
-            if progress else None
+            if progress and self.is_root else None
         total, weight, units = 0.0, 0, 0
         start = time.perf_counter()
         for idx in batches:
@@ -230,16 +238,20 @@ class Trainer:
         A new run refuses a run dir that holds a run unless ``force``; ``resume`` continues the run dir's
         last.npz (the trainer must have been built for it: :meth:`resuming`)."""
         epochs = self.cfg["train"]["epochs"] if epochs is None else epochs
+        log = log if self.is_root else _quiet   # under MPI rank 0 alone reads and writes the run dir, and speaks
         if resume:
-            last = self.run.resumable()
-            self.load(last.path, ck=last)
-            for what in self.run.recover(last, self._config_text()):
+            path = self._on_root(lambda: self.run.resumable().path)
+            self.load(path)
+            for what in self._on_root(lambda: self.run.recover(checkpoint.read(path), self._config_text())):
                 log(f"repaired {self.run.path}: {what}")
             log(f"resumed {self.run.path} at epoch {self.epoch} (step {self.optimizer.steps})")
         else:
-            self.run.start(self._config_text(), force)
+            self._on_root(lambda: self.run.start(self._config_text(), force))
+            if self.parallel:
+                self.parallel.sync_state()   # every rank starts from rank 0's parameters (and checks it)
             log(f"training {Path(self.cfg['model']['name']).stem} ({sum(p.value.size for p in self.params.values()):,}"
-                f" parameters) on {len(self.task.data['train']):,} samples; run dir {self.run.path}")
+                f" parameters) on {len(self.task.data['train']):,} samples; run dir {self.run.path}"
+                + (f"; {self.parallel.comm.size} ranks" if self.parallel else ""))
         rows = []
         has_dev = bool(self.task.data.get("dev"))
         started = time.perf_counter()
@@ -254,7 +266,8 @@ class Trainer:
                 row["timing"] = timing
             self._early_stopping(row)
             self.history.append(row)
-            self._commit()
+            if self.is_root:
+                self._commit()
             rows.append(row)
             left = (time.perf_counter() - started) / len(rows) * (epochs - self.epoch)
             log(self.format_epoch(row, epochs, left))
@@ -264,6 +277,9 @@ class Trainer:
                     f"{_value(e['metric'], e['best'])} at epoch {e['best_epoch']}); stopped after epoch "
                     f"{self.epoch} of {epochs}")
         return rows
+
+    def _on_root(self, work: Callable):
+        return on_root(self.parallel.comm if self.parallel else None, work)
 
     def _commit(self) -> None:
         """End an epoch (rundir's protocol): last.npz (the commit point), metrics.jsonl, best.npz."""
@@ -310,7 +326,8 @@ class Trainer:
 
     def final_results(self, log: Callable[[str], None] = print) -> dict:
         """Load the best checkpoint, evaluate it on dev and test, write RUN_DIR/results.json."""
-        best = self.run.best_checkpoint()
+        log = log if self.is_root else _quiet
+        best = self._on_root(self.run.best_checkpoint)
         extra = self.load(best, optimizer=False)
         results = {"checkpoint": best.name, "epoch": extra.get("epoch"), "step": extra.get("rng", {}).get("step"),
                    "timing": {}}
@@ -320,7 +337,8 @@ class Trainer:
                 results["timing"].update(metrics.pop("timing"))
                 results.update(metrics)
                 log(f"best checkpoint (epoch {results['epoch']}) on {split}: " + format_metrics(metrics))
-        self.run.write_results(results)
+        if self.is_root:
+            self.run.write_results(results)
         log(f"results in {self.run.results}")
         return results
 
@@ -336,7 +354,14 @@ class Trainer:
     def load(self, path: str | os.PathLike, optimizer: bool = True,
              ck: checkpoint.Checkpoint | None = None) -> dict:
         """Restore parameters (and with ``optimizer`` the optimizer, epoch, early-stopping state and
-        history) from a checkpoint; everything is checked first, so an error changes nothing."""
+        history) from a checkpoint; everything is checked first, so an error changes nothing. Under MPI
+        rank 0 reads the file and every rank gets the state."""
+        if self.parallel:
+            return self.parallel.load(path, optimizer)
+        return self._load(path, optimizer, ck)
+
+    def _load(self, path: str | os.PathLike, optimizer: bool = True,
+              ck: checkpoint.Checkpoint | None = None) -> dict:
         ck = ck or checkpoint.read(path)   # ck: the file, already read
         extra = ck.extra or {}
         version = run_format(ck)
@@ -410,6 +435,27 @@ def check_vocabulary(stored, current, path, data_train) -> None:
         what = f"the same words in another order (id {i} is {stored[i]!r} there, {current[i]!r} here)"
     raise DataError(f"checkpoint file {path} was trained with another vocabulary than data.train "
                     f"({data_train}) gives: {len(stored)} vs {len(current)} words, {what}")
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+def on_root(comm, work: Callable):
+    """``work()`` on rank 0 of ``comm`` only (the rank that reads and writes the run dir); its result, or
+    its error, reaches every rank. Without a communicator (one process): ``work()``."""
+    if comm is None or comm.size == 1:
+        return work()
+    result, error = None, None
+    if comm.rank == 0:
+        try:
+            result = work()
+        except (MinicavsError, OSError) as e:
+            error = e
+    result, error = comm.bcast_obj((result, error), "the run dir's answer")
+    if error is not None:
+        raise error
+    return result
 
 
 def format_metrics(metrics: dict) -> str:
