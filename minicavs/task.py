@@ -16,6 +16,14 @@ class Task:
     unit: str = "samples"  # what throughput counts ("trees", "words")
     key_metric: str = "loss"
     key_mode: str = "min"  # "max" if a larger key metric is better
+    metrics: tuple = ("loss",)  # the keys evaluate() returns (early stopping's metric is checked against them);
+                                # keys ending in "acc" are shown as percentages
+
+    @property
+    def vocabulary(self) -> list | None:
+        """The words in id order, if the model has a vocabulary: checkpoints record it, and loading one
+        refuses data that gives another (ids would silently mean other words)."""
+        return None
 
     def batch(self, samples: Sequence[Any]) -> tuple[Any, dict]:
         """(graphs, feeds) for ``Model.run`` over these samples."""

@@ -13,9 +13,12 @@ Dropout (on the embeddings and on h before the classifier) is inside F, so masks
 """
 from __future__ import annotations
 
+import os
 import numpy as np
 
 from minicavs import ops
+from minicavs.config import Choice, PROBABILITY, at_least
+from minicavs.errors import DataError
 from minicavs.data.sst import read_sst
 from minicavs.data.synthetic import synthetic_treebank
 from minicavs.model import Model, Structure, leaf_internal
@@ -29,6 +32,10 @@ DEFAULTS = {"embed": 300, "hidden": 150, "classes": 5, "variant": "binary", "dro
 DATA_DEFAULTS = {"train": "synthetic", "dev": "synthetic", "test": "synthetic", "limit": 0,
                  "synthetic": {"train": 3000, "dev": 500, "test": 500, "seed": 7, "vocab": 1000}}
 TRAIN_DEFAULTS = {"optimizer": "adagrad", "lr": 0.05, "weight_decay": 1e-4, "batch_size": 25}
+RULES = {"embed": at_least(1), "hidden": at_least(1), "classes": at_least(2),
+         "variant": Choice(("binary", "child_sum")), "dropout": PROBABILITY}
+DATA_RULES = {"limit": at_least(0), "synthetic.train": at_least(1), "synthetic.dev": at_least(1),
+              "synthetic.test": at_least(1), "synthetic.seed": at_least(0), "synthetic.vocab": at_least(3)}
 UNK = "<unk>"
 
 
@@ -68,6 +75,7 @@ class TreeLSTM(Task):
     unit = "trees"
     key_metric = "root_acc"
     key_mode = "max"
+    metrics = ("loss", "root_acc", "all_acc", "root_bin_acc", "all_bin_acc", "root_majority_acc")
 
     def __init__(self, cfg: dict):
         m, tc = cfg["model"], cfg["train"]
@@ -99,6 +107,10 @@ class TreeLSTM(Task):
         loss = ops.sum(ops.softmax_cross_entropy(logits, self.labels)) * self.inv_trees
         self.model = Model(s, loss=loss, outputs={"probs": ops.softmax(logits)}, policy=tc["policy"])
         self.dtype = np.dtype(dtype)
+
+    @property
+    def vocabulary(self) -> list:
+        return list(self.vocab)
 
     def _prepared(self, tree):
         key = id(tree)
@@ -157,7 +169,9 @@ def load_data(d: dict) -> dict:
             out[split] = synthetic_treebank(int(syn[split]), seed=int(syn["seed"]), vocab_size=int(syn["vocab"]),
                                             split=split_id)
         else:
-            out[split] = read_sst(src)
+            out[split] = read_sst(_existing(src, split))
+            if not out[split]:
+                raise DataError(f"data.{split}: {src} holds no trees")
         if d["limit"]:
             out[split] = out[split][:d["limit"]]   # the first trees only (benchmarks)
     if "train" not in out:
@@ -168,6 +182,13 @@ def load_data(d: dict) -> dict:
 def build_vocab(trees) -> dict:
     words = sorted({w for t in trees for w in t.words if w is not None})
     return {w: i for i, w in enumerate([UNK] + words)}
+
+
+def _existing(path: str, split: str) -> str:
+    if not os.path.isfile(path):
+        raise DataError(f"data.{split}: file not found: {path} (paths in a config file are relative to the file, "
+                        f"--set data.{split}=PATH to the current directory)")
+    return path
 
 
 def build(cfg: dict) -> TreeLSTM:

@@ -10,10 +10,13 @@ divided by the number of sentences. Dropout on the embedding and on h before the
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 
 from minicavs import ops
+from minicavs.config import PROBABILITY, Range, at_least
+from minicavs.errors import DataError
 from minicavs.data.text import EOS, Vocab, read_sentences, synthetic_corpus, unigram_perplexity
 from minicavs.inputs import InputGraph
 from minicavs.model import Model, Structure
@@ -27,6 +30,10 @@ DEFAULTS = {"embed": 128, "hidden": 256, "dropout": 0.5, "max_vocab": 0, "embed_
 DATA_DEFAULTS = {"train": "synthetic", "dev": "synthetic", "test": "synthetic", "dev_fraction": 0.0,
                  "synthetic": {"train": 2000, "dev": 200, "test": 200, "seed": 5, "vocab": 200}}
 TRAIN_DEFAULTS = {"optimizer": "adam", "lr": 1e-3, "batch_size": 64}
+RULES = {"embed": at_least(1), "hidden": at_least(1), "dropout": PROBABILITY, "max_vocab": at_least(0),
+         "forget_bias": Range()}
+DATA_RULES = {"dev_fraction": PROBABILITY, "synthetic.train": at_least(1), "synthetic.dev": at_least(1),
+              "synthetic.test": at_least(1), "synthetic.seed": at_least(0), "synthetic.vocab": at_least(1)}
 
 
 def lstm_cell(p, H: int, D: int, dropout: float, dtype) -> VertexFunction:
@@ -48,6 +55,11 @@ class LanguageModel(Task):
     unit = "words"
     key_metric = "perplexity"
     key_mode = "min"
+    metrics = ("loss", "nll_per_word", "perplexity", "unigram_perplexity")
+
+    @property
+    def vocabulary(self) -> list:
+        return list(self.vocab.words)
 
     def __init__(self, cfg: dict, data: dict | None = None):
         m, tc = cfg["model"], cfg["train"]
@@ -118,13 +130,22 @@ def load_sentences(d: dict) -> dict:
         if src == "synthetic":
             out[split] = synthetic_corpus(int(syn[split]), int(syn["seed"]), int(syn["vocab"]), split_id)
         elif src is not None:
-            out[split] = read_sentences(src)
+            out[split] = read_sentences(_existing(src, split))
+            if not out[split]:
+                raise DataError(f"data.{split}: {src} holds no sentences")
     if "train" not in out:
         raise ValueError("data.train is required")
     if d["dev_fraction"] and "dev" not in out:  # hold out the tail of the training text for model selection
         k = max(1, int(len(out["train"]) * d["dev_fraction"]))
         out["train"], out["dev"] = out["train"][:-k], out["train"][-k:]
     return out
+
+
+def _existing(path: str, split: str) -> str:
+    if not os.path.isfile(path):
+        raise DataError(f"data.{split}: file not found: {path} (paths in a config file are relative to the file, "
+                        f"--set data.{split}=PATH to the current directory)")
+    return path
 
 
 def build(cfg: dict) -> LanguageModel:

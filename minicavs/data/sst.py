@@ -11,6 +11,7 @@ import re
 import numpy as np
 
 from ..errors import DataError
+from .text import read_lines
 from .trees import Tree
 
 _TOKEN = re.compile(r"\(|\)|[^\s()]+")
@@ -72,14 +73,8 @@ def parse_tree(line: str, where: str = "<string>", num_labels: int = 5, binary: 
 
 def read_sst(path: str | os.PathLike, binary: bool = True, num_labels: int = 5) -> list[Tree]:
     """One tree per non-empty line."""
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"SST file not found: {path}")
-    trees = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if line.strip():
-                trees.append(parse_tree(line, f"{path}:{lineno}", num_labels, binary))
-    return trees
+    return [parse_tree(line, f"{path}:{lineno}", num_labels, binary)
+            for lineno, line in read_lines(path) if line.strip()]
 
 
 def write_sst(trees, path: str | os.PathLike) -> None:
