@@ -99,6 +99,16 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _predict_args(p: argparse.ArgumentParser) -> None:
+    from .predict import add_arguments
+    add_arguments(p)
+
+
+def _predict(args: argparse.Namespace) -> int:
+    from .predict import run
+    return run(args)
+
+
 def _bench_args(p: argparse.ArgumentParser) -> None:
     from .bench import add_arguments
     add_arguments(p)
@@ -112,6 +122,8 @@ def _bench(args: argparse.Namespace) -> int:
 COMMANDS: dict[str, tuple[str, Callable, Callable]] = {
     "train": ("train a model from a YAML config", _train_args, _train),
     "eval": ("evaluate a checkpoint on a data split", _eval_args, _eval),
+    "predict": ("apply a trained model to new input: one output line per input line (FILE or - for stdin)",
+                _predict_args, _predict),
     "bench": ("the paper's sweeps (Fig. 8, 9a) for Tree-LSTM, Tree-FC, Var-LSTM and Fixed-LSTM against DyNet and "
               "PyTorch if given: training and inference rates, time split, peak memory, tables, plots, ablation",
               _bench_args, _bench),

@@ -44,3 +44,17 @@ class Task:
     def eval_metrics(self, sums: dict, samples: Sequence[Any]) -> dict:
         """Metrics from the statistics summed over all of ``samples`` (which baselines may read)."""
         raise NotImplementedError
+
+    # --- minicavs predict --------------------------------------------------------------------------------
+
+    #: one line saying what ``predict`` writes per input line (shown by ``minicavs predict --help`` and the
+    #: README); empty: the model does not predict from text.
+    predicts: str = ""
+
+    def parse_input(self, line: str, where: str) -> Any:
+        """One sample from one line of ``minicavs predict`` input; a DataError naming ``where`` if bad."""
+        raise NotImplementedError(f"model {type(self).__name__} does not predict from text input")
+
+    def predict(self, samples: Sequence[Any], batch_size: int) -> list[dict]:
+        """Per sample a dict with ``text`` (its output line) and the numbers behind it (JSON output)."""
+        raise NotImplementedError(f"model {type(self).__name__} does not predict from text input")

@@ -19,8 +19,9 @@ import numpy as np
 from minicavs import ops
 from minicavs.config import Choice, PROBABILITY, at_least
 from minicavs.errors import DataError
-from minicavs.data.sst import read_sst
+from minicavs.data.sst import parse_any_tree, read_sst
 from minicavs.data.synthetic import synthetic_treebank
+from minicavs.data.trees import Tree
 from minicavs.model import Model, Structure, leaf_internal
 from minicavs.nn import ParameterSet
 from minicavs.task import Task
@@ -76,6 +77,8 @@ class TreeLSTM(Task):
     key_metric = "root_acc"
     key_mode = "max"
     metrics = ("loss", "root_acc", "all_acc", "root_bin_acc", "all_bin_acc", "root_majority_acc")
+    predicts = ("the tree with the predicted sentiment label (0-4, 0 = very negative) at every node; input: "
+                "one bracketed tree per line, SST-labelled or unlabelled: ((the movie) (was great))")
 
     def __init__(self, cfg: dict):
         m, tc = cfg["model"], cfg["train"]
@@ -107,6 +110,8 @@ class TreeLSTM(Task):
         loss = ops.sum(ops.softmax_cross_entropy(logits, self.labels)) * self.inv_trees
         self.model = Model(s, loss=loss, outputs={"probs": ops.softmax(logits)}, policy=tc["policy"])
         self.dtype = np.dtype(dtype)
+        self.classes = range(C)
+        self._predictor = None
 
     @property
     def vocabulary(self) -> list:
@@ -155,6 +160,31 @@ class TreeLSTM(Task):
                 "root_bin_acc": sums["root_bin_ok"] / max(sums["polar_roots"], 1),
                 "all_bin_acc": sums["vertex_bin_ok"] / max(sums["polar_vertices"], 1),
                 "root_majority_acc": float(majority)}
+
+    def parse_input(self, line: str, where: str):
+        return parse_any_tree(line, where, num_labels=len(self.classes), max_children=2)
+
+    def predict(self, samples, batch_size: int) -> list[dict]:
+        if self._predictor is None:   # the classifier without the loss: no labels needed
+            self._predictor = Model(self.model.structures, outputs={"probs": self.model.outputs["probs"]},
+                                    options=self.model.options, device=self.model.device)
+        self._predictor.options, self._predictor.device = self.model.options, self.model.device
+        unk = self.vocab[UNK]
+        out = []
+        for i in range(0, len(samples), batch_size):
+            chunk = samples[i:i + batch_size]
+            words = [self.vocab.get(t.words[v], unk) for t in chunk for v, ch in enumerate(t.children) if not ch]
+            res = self._predictor.infer([t.to_graph() for t in chunk], {"words": np.array(words, np.int64)},
+                                        self.params)
+            probs = np.split(res.outputs["probs"], np.cumsum([t.num_vertices for t in chunk])[:-1])
+            for tree, p in zip(chunk, probs):
+                labelled = Tree(tree.children, p.argmax(1), tree.words)
+                row = {"text": labelled.to_bracket(), "label": int(p[-1].argmax()),
+                       "probs": [round(float(q), 6) for q in p[-1]]}
+                if tree.labels[tree.root] >= 0:
+                    row["gold"] = int(tree.labels[tree.root])
+                out.append(row)
+        return out
 
 
 def load_data(d: dict) -> dict:
