@@ -119,6 +119,16 @@ def _show(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _plot_args(p: argparse.ArgumentParser) -> None:
+    from .plot import add_arguments
+    add_arguments(p)
+
+
+def _plot(args: argparse.Namespace) -> int:
+    from .plot import run
+    return run(args)
+
+
 def _bench_args(p: argparse.ArgumentParser) -> None:
     from .bench import add_arguments
     add_arguments(p)
@@ -134,6 +144,8 @@ COMMANDS: dict[str, tuple[str, Callable, Callable]] = {
     "eval": ("evaluate a checkpoint on a data split", _eval_args, _eval),
     "predict": ("apply a trained model to new input: one output line per input line (FILE or - for stdin)",
                 _predict_args, _predict),
+    "plot": ("training curves of a run dir as a PNG (needs matplotlib: pip install 'minicavs[plot]')",
+             _plot_args, _plot),
     "show": ("draw F and ∂F of every vertex function: DOT (and SVG/PNG with Graphviz), nodes colored by class "
              "(eager / lazy / recurrent / static), fused kernels as boxes, gradients named", _show_args, _show),
     "bench": ("the paper's sweeps (Fig. 8, 9a) for Tree-LSTM, Tree-FC, Var-LSTM and Fixed-LSTM against DyNet and "
