@@ -129,6 +129,16 @@ def _plot(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _prepare_args(p: argparse.ArgumentParser) -> None:
+    from .data.datasets import add_arguments
+    add_arguments(p)
+
+
+def _prepare(args: argparse.Namespace) -> int:
+    from .data.datasets import run
+    return run(args)
+
+
 def _bench_args(p: argparse.ArgumentParser) -> None:
     from .bench import add_arguments
     add_arguments(p)
@@ -148,6 +158,8 @@ COMMANDS: dict[str, tuple[str, Callable, Callable]] = {
              _plot_args, _plot),
     "show": ("draw F and ∂F of every vertex function: DOT (and SVG/PNG with Graphviz), nodes colored by class "
              "(eager / lazy / recurrent / static), fused kernels as boxes, gradients named", _show_args, _show),
+    "prepare": ("check a downloaded data set (sha256, format) and put it where the configs look: "
+                "minicavs prepare sst ../shared/data/sst", _prepare_args, _prepare),
     "bench": ("the paper's sweeps (Fig. 8, 9a) for Tree-LSTM, Tree-FC, Var-LSTM and Fixed-LSTM against DyNet and "
               "PyTorch if given: training and inference rates, time split, peak memory, tables, plots, ablation",
               _bench_args, _bench),
