@@ -55,6 +55,12 @@ class Task:
         """One sample from one line of ``minicavs predict`` input; a DataError naming ``where`` if bad."""
         raise NotImplementedError(f"model {type(self).__name__} does not predict from text input")
 
+    def inference_model(self, outputs: dict) -> Model:
+        """The model's structures and parameters with other outputs and no loss (what ``predict`` runs: no
+        labels or targets needed), on the model's current policy, engine switches and device."""
+        m = self.model
+        return Model(m.structures, outputs=outputs, policy=m.policy, options=m.options, device=m.device)
+
     def predict(self, samples: Sequence[Any], batch_size: int) -> list[dict]:
         """Per sample a dict with ``text`` (its output line) and the numbers behind it (JSON output)."""
         raise NotImplementedError(f"model {type(self).__name__} does not predict from text input")

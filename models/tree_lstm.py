@@ -111,7 +111,6 @@ class TreeLSTM(Task):
         self.model = Model(s, loss=loss, outputs={"probs": ops.softmax(logits)}, policy=tc["policy"])
         self.dtype = np.dtype(dtype)
         self.classes = range(C)
-        self._predictor = None
 
     @property
     def vocabulary(self) -> list:
@@ -165,17 +164,13 @@ class TreeLSTM(Task):
         return parse_any_tree(line, where, num_labels=len(self.classes), max_children=2)
 
     def predict(self, samples, batch_size: int) -> list[dict]:
-        if self._predictor is None:   # the classifier without the loss: no labels needed
-            self._predictor = Model(self.model.structures, outputs={"probs": self.model.outputs["probs"]},
-                                    options=self.model.options, device=self.model.device)
-        self._predictor.options, self._predictor.device = self.model.options, self.model.device
+        predictor = self.inference_model({"probs": self.model.outputs["probs"]})   # no labels needed
         unk = self.vocab[UNK]
         out = []
         for i in range(0, len(samples), batch_size):
             chunk = samples[i:i + batch_size]
             words = [self.vocab.get(t.words[v], unk) for t in chunk for v, ch in enumerate(t.children) if not ch]
-            res = self._predictor.infer([t.to_graph() for t in chunk], {"words": np.array(words, np.int64)},
-                                        self.params)
+            res = predictor.infer([t.to_graph() for t in chunk], {"words": np.array(words, np.int64)}, self.params)
             probs = np.split(res.outputs["probs"], np.cumsum([t.num_vertices for t in chunk])[:-1])
             for tree, p in zip(chunk, probs):
                 labelled = Tree(tree.children, p.argmax(1), tree.words)

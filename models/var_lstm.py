@@ -88,7 +88,7 @@ class LanguageModel(Task):
         self.model = Model(s, loss=nll * self.inv_sentences, outputs={"nll": nll}, policy=tc["policy"])
         self.dtype = np.dtype(dtype)
         self.logits = logits
-        self._predictor = None
+        self._predict_outputs = None
 
     def make_samples(self, sentences):
         """(inputs, targets) id arrays per sentence: <eos> w_1..w_n -> w_1..w_n <eos>."""
@@ -128,12 +128,11 @@ class LanguageModel(Task):
         return line.split()
 
     def predict(self, samples, batch_size: int, top: int = 3) -> list[dict]:
-        if self._predictor is None:   # per-word losses and the distribution after each sentence's last word
-            self._last = ops.input((None,), "int64", name="last")
-            outputs = {"token_nll": ops.softmax_cross_entropy(self.logits, self.targets),
-                       "next": ops.log_softmax(ops.lookup(self.logits, self._last))}
-            self._predictor = Model(self.model.structures, outputs=outputs)
-        self._predictor.options, self._predictor.device = self.model.options, self.model.device
+        if self._predict_outputs is None:   # per-word losses and the distribution after each sentence's last word
+            last = ops.input((None,), "int64", name="last")
+            self._predict_outputs = {"token_nll": ops.softmax_cross_entropy(self.logits, self.targets),
+                                     "next": ops.log_softmax(ops.lookup(self.logits, last))}
+        predictor = self.inference_model(self._predict_outputs)
         eos = self.vocab.index[EOS]
         out = []
         for i in range(0, len(samples), batch_size):
@@ -142,7 +141,7 @@ class LanguageModel(Task):
             graphs, feeds = self.batch(chunk)
             lengths = np.array([len(x) for x, _ in chunk])
             feeds["last"] = np.cumsum(lengths) - 1
-            res = self._predictor.infer(graphs, feeds, self.params)
+            res = predictor.infer(graphs, feeds, self.params)
             nll = np.add.reduceat(res.outputs["token_nll"].astype(np.float64), np.cumsum(lengths) - lengths)
             for tokens, n, sent_nll, logp in zip(samples[i:i + batch_size], lengths, nll, res.outputs["next"]):
                 best = np.argsort(-logp, kind="stable")[:top]
