@@ -77,11 +77,14 @@ def test_tree_predictions_equal_the_trained_model_one_tree_at_a_time(tree_traine
         ref_tree = type(tree)(tree.children, np.maximum(tree.labels, 0), tree.words)
         graphs, feeds = task.batch([ref_tree])
         probs = task.model.infer(graphs, feeds, task.params).outputs["probs"]
-        assert row["label"] == int(probs[-1].argmax())
         np.testing.assert_allclose(row["probs"], probs[-1], atol=1e-5)
         back = parse_any_tree(row["text"])          # every node labelled with its argmax, words unchanged
         assert back.words == tree.words and back.children == tree.children
-        assert back.labels.tolist() == probs.argmax(1).tolist()
+        top2 = np.sort(probs, 1)[:, -2:]
+        clear = top2[:, 1] - top2[:, 0] > 1e-5       # batched and serial float32 may round a near tie apart
+        assert clear.sum() > len(clear) // 2
+        assert back.labels[clear].tolist() == probs.argmax(1)[clear].tolist()
+        assert back.labels[-1] == row["label"] and (not clear[-1] or row["label"] == int(probs[-1].argmax()))
     assert rows[0]["gold"] == int(trees[0].labels[-1]) and "gold" not in rows[-1]
 
 
