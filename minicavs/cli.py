@@ -83,16 +83,8 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from .rundir import RunDir
     from .training import Trainer, format_metrics
-    config = None
-    if Path(args.target).is_dir():
-        ck = args.checkpoint or RunDir(args.target).best_checkpoint()
-    else:
-        if args.checkpoint is None:
-            raise ConfigError(f"{args.target} is not a run dir: give the checkpoint to evaluate with --checkpoint")
-        config, ck = args.target, args.checkpoint
-    trainer = Trainer.for_checkpoint(ck, config, args.overrides)
+    trainer, ck = Trainer.for_target(args.target, args.checkpoint, args.overrides)
     metrics = trainer.evaluate(args.split)
     timing = metrics.pop("timing")
     if trainer.is_root:   # under mpirun: rank 0 speaks

@@ -7,12 +7,13 @@ markers too, so a one-epoch run shows its point.
 """
 from __future__ import annotations
 
+import io
 import json
 import math
 from pathlib import Path
 
 from .errors import MinicavsError
-from .files import atomic_path
+from .atomic import write_bytes
 
 SPLITS = ("train", "dev", "test")
 BASELINE_WORDS = ("majority", "unigram")
@@ -104,9 +105,10 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     fig.suptitle(f"{run_dir.resolve().name}: {len(epochs)} epoch{'s' if len(epochs) != 1 else ''}")
     fig.tight_layout()
     target = Path(out) if out else run_dir / "curves.png"
-    with atomic_path(target) as tmp:
-        fig.savefig(tmp, dpi=100, format="png")
+    png = io.BytesIO()
+    fig.savefig(png, dpi=100, format="png")
     plt.close(fig)
+    write_bytes(target, png.getvalue())
     return target
 
 

@@ -15,46 +15,14 @@ import argparse
 import json
 import os
 import sys
-from pathlib import Path
 from typing import IO, Iterable
 
+from .atomic import write_text
 from .errors import MinicavsError
-from .files import atomic_write
 
 
 class PredictError(MinicavsError):
     """What the user asked for cannot be predicted (no checkpoint, a model without text input)."""
-
-
-def resolve(target: str | os.PathLike, checkpoint: str | os.PathLike | None) -> tuple[Path, Path]:
-    """(config, checkpoint) for a run dir (its ``config.yaml``, default ``best.npz``) or a config file."""
-    target = Path(target)
-    if target.is_dir():
-        config = target / "config.yaml"
-        if not config.is_file():
-            raise PredictError(f"{target}: no config.yaml in this run dir (runs written by an older minicavs); "
-                               f"give the config instead: minicavs predict CONFIG --checkpoint "
-                               f"{target / 'best.npz'} FILE")
-        ck = Path(checkpoint) if checkpoint else target / "best.npz"
-    elif target.is_file():
-        if not checkpoint:
-            raise PredictError(f"{target} is a config: say which weights to use with --checkpoint "
-                               "(e.g. RUN_DIR/best.npz), or give the run dir instead of the config")
-        config, ck = target, Path(checkpoint)
-    else:
-        raise PredictError(f"{target}: no such run dir or config file")
-    if not ck.is_file():
-        raise PredictError(f"checkpoint not found: {ck}")
-    return config, ck
-
-
-def load_trainer(target, checkpoint=None, overrides=()):
-    """A Trainer with the model of ``target`` (run dir or config) and the checkpoint's weights."""
-    from .training import Trainer
-    config, ck = resolve(target, checkpoint)
-    trainer = Trainer(config, overrides)
-    trainer.load(ck, optimizer=False)
-    return trainer
 
 
 def read_lines(source: IO[str], name: str) -> list[str]:
@@ -94,7 +62,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    trainer = load_trainer(args.target, args.checkpoint, args.overrides)
+    from .training import Trainer
+    trainer, _ = Trainer.for_target(args.target, args.checkpoint, args.overrides)
     if args.input == "-":
         lines = read_lines(sys.stdin, "<stdin>")
     else:
@@ -106,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
                          trainer.cfg["train"]["eval_batch_size"])
     text = "".join((json.dumps(r) if args.json else r["text"]) + "\n" for r in rows)
     if args.output:
-        atomic_write(args.output, text)
+        write_text(args.output, text)
     else:
         sys.stdout.write(text)
     return 0

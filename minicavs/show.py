@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from .files import atomic_path, atomic_write
+from .atomic import write_bytes, write_text
 from .graph import Graph, Node, type_str
 
 # class -> (fill color, what it means); the legend lists the classes a picture uses, in this order
@@ -123,8 +123,8 @@ def render(dot_path: Path, formats: Sequence[str]) -> list[Path]:
         return written
     for fmt in formats:
         target = dot_path.with_suffix(f".{fmt}")
-        with atomic_path(target) as tmp:
-            subprocess.run([exe, f"-T{fmt}", str(dot_path), "-o", str(tmp)], check=True, capture_output=True)
+        picture = subprocess.run([exe, f"-T{fmt}", str(dot_path)], check=True, capture_output=True).stdout
+        write_bytes(target, picture)
         written.append(target)
     return written
 
@@ -158,7 +158,7 @@ def run(args) -> int:
         for kind, compiled in s.compiled.items():
             for suffix, view in zip(("F", "dF"), views(compiled, trainer.model.options)):
                 path = out / f"{s.name}.{kind}.{suffix}.dot"
-                atomic_write(path, to_dot(view))
+                write_text(path, to_dot(view))
                 files = [path] + render(path, formats)
                 print(f"{view.title}: {summary(view)}: " + ", ".join(str(f) for f in files))
     if formats and not rendered:

@@ -118,12 +118,13 @@ class TreeLSTM(Task):
 
     def _prepared(self, tree):
         key = id(tree)
-        if key not in self.samples:  # graph, word ids of the leaves (vertex order), labels: once per tree
-            leaves = [v for v, ch in enumerate(tree.children) if not ch]
+        cached = self.samples.get(key)
+        if cached is None or cached[0] is not tree:  # once per tree; an id is reused after a tree is freed,
+            leaves = [v for v, ch in enumerate(tree.children) if not ch]   # so the cache keeps the tree itself
             unk = self.vocab[UNK]
             ids = np.array([self.vocab.get(tree.words[v], unk) for v in leaves], np.int64)
-            self.samples[key] = (tree.to_graph(), ids, np.asarray(tree.labels, np.int64))
-        return self.samples[key]
+            self.samples[key] = cached = (tree, tree.to_graph(), ids, np.asarray(tree.labels, np.int64))
+        return cached[1:]
 
     def batch(self, samples):
         prep = [self._prepared(t) for t in samples]

@@ -11,13 +11,12 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from ..errors import DataError
-from ..files import atomic_path
+from ..atomic import write_bytes
 from .sst import read_sst
 from .text import read_sentences
 
@@ -53,10 +52,20 @@ DATASETS = {
 }
 
 
-def default_root() -> Path:
-    """``data/`` of the checkout this package runs from (where the bundled configs look), else ``./data``."""
-    checkout = Path(__file__).resolve().parents[2] / "data"
-    return checkout if (checkout / "README.md").is_file() else Path("data")
+CONFIGS = {"sst": "tree_lstm_sst", "ptb": "var_lstm_ptb"}   # the bundled config that reads each data set
+
+
+def default_dir(name: str) -> Path:
+    """Where the bundled config of data set ``name`` looks for its files (its data paths resolved: the
+    checkout's ``data/NAME``, or beside the installed package's models)."""
+    from ..config import find_config, load_config
+    cfg = load_config(find_config(CONFIGS[name]))
+    folders = {Path(cfg["data"][split]).parent for split in ("train", "dev", "test")
+               if cfg["data"].get(split) not in (None, "synthetic")}
+    if len(folders) != 1:
+        raise DataError(f"the bundled {CONFIGS[name]} config reads {name} from {sorted(map(str, folders))}: "
+                        "give --root")
+    return folders.pop()
 
 
 def sha256(path: Path) -> str:
@@ -97,21 +106,21 @@ def prepare(name: str, source: str | os.PathLike, root: str | os.PathLike | None
         raise DataError(f"unknown data set {name!r}; known: {', '.join(DATASETS)}")
     dataset = DATASETS[name]
     report = check(dataset, Path(source), checksums)
-    dest = Path(root or default_root()) / name
+    dest = Path(root) / name if root else default_dir(name)
     dest.mkdir(parents=True, exist_ok=True)
     for f in dataset.files:
         src, target = Path(source) / f.name, dest / f.name
         if target.is_file() and os.path.samefile(src, target):
             continue
-        with atomic_path(target) as tmp:
-            shutil.copyfile(src, tmp)
+        write_bytes(target, src.read_bytes())   # a few MB: whole, then renamed into place
     return dest, report
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("name", choices=sorted(DATASETS), help="which data set")
     p.add_argument("source", help="the folder holding the downloaded files (e.g. ../shared/data/sst)")
-    p.add_argument("--root", default=None, help="where prepared data sets go (default: the checkout's data/)")
+    p.add_argument("--root", default=None, help="prepare into ROOT/NAME (default: where the bundled config "
+                   "looks, the checkout's data/NAME)")
     p.add_argument("--skip-checksums", action="store_true",
                    help="accept files whose sha256 differs from the known release (the format is still checked)")
 

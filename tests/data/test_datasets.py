@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from minicavs.cli import main
-from minicavs.data.datasets import DATASETS, check, default_root, prepare, sha256
+from minicavs.data.datasets import DATASETS, check, default_dir, prepare, sha256
 from minicavs.errors import DataError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,13 +34,13 @@ def test_prepared_files_are_git_ignored_the_readme_is_not():
     assert ignored == ["data/sst/train.txt", "data/ptb/ptb.test.txt"]
 
 
-def test_default_root_is_the_checkouts_data_folder():
-    assert default_root() == ROOT / "data"
+def test_default_folder_is_where_the_bundled_configs_look():
+    assert default_dir("sst") == ROOT / "data" / "sst" and default_dir("ptb") == ROOT / "data" / "ptb"
 
 
 def test_configs_look_where_prepare_puts_files():
     for config, name in (("tree_lstm_sst.yaml", "sst"), ("var_lstm_ptb.yaml", "ptb")):
-        paths = re.findall(r"data/(\w+)/([\w.]+\.txt)", (ROOT / "models" / config).read_text())
+        paths = re.findall(r"\.\./data/(\w+)/([\w.]+\.txt)", (ROOT / "models" / config).read_text())
         assert paths and all(d == name and f in {x.name for x in DATASETS[name].files} for d, f in paths)
 
 
