@@ -5,6 +5,7 @@ one line on stderr, no traceback), 130 interrupted (Ctrl-C). A traceback means a
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from pathlib import Path
 from typing import Callable, Sequence
@@ -82,16 +83,8 @@ def _eval_args(p: argparse.ArgumentParser) -> None:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from .rundir import RunDir
     from .training import Trainer, format_metrics
-    config = None
-    if Path(args.target).is_dir():
-        ck = args.checkpoint or RunDir(args.target).best_checkpoint()
-    else:
-        if args.checkpoint is None:
-            raise ConfigError(f"{args.target} is not a run dir: give the checkpoint to evaluate with --checkpoint")
-        config, ck = args.target, args.checkpoint
-    trainer = Trainer.for_checkpoint(ck, config, args.overrides)
+    trainer, ck = Trainer.for_target(args.target, args.checkpoint, args.overrides)
     metrics = trainer.evaluate(args.split)
     timing = metrics.pop("timing")
     if trainer.is_root:   # under mpirun: rank 0 speaks
@@ -99,22 +92,31 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def _bench_args(p: argparse.ArgumentParser) -> None:
-    from .bench import add_arguments
-    add_arguments(p)
+def _module(name: str) -> tuple[Callable, Callable]:
+    """A command that lives in a module of its own, as (add_arguments, run): its ``add_arguments(parser)`` and
+    ``run(args)``, the module imported when the parser is built."""
+    def add(p: argparse.ArgumentParser) -> None:
+        importlib.import_module(name, __package__).add_arguments(p)
 
-
-def _bench(args: argparse.Namespace) -> int:
-    from .bench import run
-    return run(args)
+    def run(args: argparse.Namespace) -> int:
+        return importlib.import_module(name, __package__).run(args)
+    return add, run
 
 
 COMMANDS: dict[str, tuple[str, Callable, Callable]] = {
     "train": ("train a model from a YAML config", _train_args, _train),
     "eval": ("evaluate a checkpoint on a data split", _eval_args, _eval),
+    "predict": ("apply a trained model to new input: one output line per input line (FILE or - for stdin)",
+                *_module(".predict")),
+    "plot": ("training curves of a run dir as a PNG (needs matplotlib: pip install 'minicavs[plot]')",
+             *_module(".plot")),
+    "show": ("draw F and ∂F of every vertex function: DOT (and SVG/PNG with Graphviz), nodes colored by class "
+             "(eager / lazy / recurrent / static), fused kernels as boxes, gradients named", *_module(".show")),
+    "prepare": ("check a downloaded data set (sha256, format) and put it where the configs look: "
+                "minicavs prepare sst ../shared/data/sst", *_module(".data.datasets")),
     "bench": ("the paper's sweeps (Fig. 8, 9a) for Tree-LSTM, Tree-FC, Var-LSTM and Fixed-LSTM against DyNet and "
               "PyTorch if given: training and inference rates, time split, peak memory, tables, plots, ablation",
-              _bench_args, _bench),
+              *_module(".bench")),
     "demo": ("train a small MLP on a synthetic spiral (a smoke test of the core)", _demo_args, _demo),
 }
 

@@ -78,7 +78,7 @@ def explain(model, graphs, feeds=None, params=None, ctx=None) -> Explanation:
         if state.scatter is not None:
             tensors.append(("(shared)", "scatter", state.scatter.shape[1:], state.scatter.dtype.name,
                             state.scatter.nbytes))
-        peak = sum(t.peak_bytes for t in model._pool.get(s.name, {}).values())
+        peak = sum(t.peak_bytes for t in model._pool.get((s.name, model.device), {}).values())
         out.structures.append(StructureReport(s.name, batch.num_vertices, len(sizes), sizes,
                                               dict(state.copies), tensors, where, peak))
     return out

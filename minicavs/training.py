@@ -119,6 +119,19 @@ class Trainer:
         return cls(cfg, run_dir=run.path)
 
     @classmethod
+    def for_target(cls, target: str | os.PathLike, checkpoint: str | os.PathLike | None = None,
+                   overrides: Sequence[str] = ()) -> tuple["Trainer", Path]:
+        """For eval and predict: (trainer, checkpoint) of a run dir (its recorded config, its best checkpoint
+        unless ``checkpoint`` names another) or of a config file with ``checkpoint``."""
+        if Path(target).is_dir():
+            ck = Path(checkpoint) if checkpoint else RunDir(target).best_checkpoint()
+            return cls.for_checkpoint(ck, None, overrides), ck
+        if checkpoint is None:
+            raise ConfigError(f"{target} is not a run dir: give the checkpoint to use with --checkpoint "
+                              "(e.g. RUN_DIR/best.npz), or give the run dir")
+        return cls.for_checkpoint(checkpoint, target, overrides), Path(checkpoint)
+
+    @classmethod
     def for_checkpoint(cls, path: str | os.PathLike, config: str | os.PathLike | None = None,
                        overrides: Sequence[str] = (), log: Callable[[str], None] = print) -> "Trainer":
         """A trainer with the model a checkpoint records and its parameters loaded (for eval and predict):

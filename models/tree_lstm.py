@@ -19,8 +19,9 @@ import numpy as np
 from minicavs import ops
 from minicavs.config import Choice, PROBABILITY, at_least
 from minicavs.errors import DataError
-from minicavs.data.sst import read_sst
+from minicavs.data.sst import parse_any_tree, read_sst
 from minicavs.data.synthetic import synthetic_treebank
+from minicavs.data.trees import Tree
 from minicavs.model import Model, Structure, leaf_internal
 from minicavs.nn import ParameterSet
 from minicavs.task import Task
@@ -76,6 +77,8 @@ class TreeLSTM(Task):
     key_metric = "root_acc"
     key_mode = "max"
     metrics = ("loss", "root_acc", "all_acc", "root_bin_acc", "all_bin_acc", "root_majority_acc")
+    predicts = ("the tree with the predicted sentiment label (0-4, 0 = very negative) at every node; input: "
+                "one bracketed tree per line, SST-labelled or unlabelled: ((the movie) (was great))")
 
     def __init__(self, cfg: dict):
         m, tc = cfg["model"], cfg["train"]
@@ -107,6 +110,7 @@ class TreeLSTM(Task):
         loss = ops.sum(ops.softmax_cross_entropy(logits, self.labels)) * self.inv_trees
         self.model = Model(s, loss=loss, outputs={"probs": ops.softmax(logits)}, policy=tc["policy"])
         self.dtype = np.dtype(dtype)
+        self.classes = range(C)
 
     @property
     def vocabulary(self) -> list:
@@ -114,12 +118,13 @@ class TreeLSTM(Task):
 
     def _prepared(self, tree):
         key = id(tree)
-        if key not in self.samples:  # graph, word ids of the leaves (vertex order), labels: once per tree
-            leaves = [v for v, ch in enumerate(tree.children) if not ch]
+        cached = self.samples.get(key)
+        if cached is None or cached[0] is not tree:  # once per tree; an id is reused after a tree is freed,
+            leaves = [v for v, ch in enumerate(tree.children) if not ch]   # so the cache keeps the tree itself
             unk = self.vocab[UNK]
             ids = np.array([self.vocab.get(tree.words[v], unk) for v in leaves], np.int64)
-            self.samples[key] = (tree.to_graph(), ids, np.asarray(tree.labels, np.int64))
-        return self.samples[key]
+            self.samples[key] = cached = (tree, tree.to_graph(), ids, np.asarray(tree.labels, np.int64))
+        return cached[1:]
 
     def batch(self, samples):
         prep = [self._prepared(t) for t in samples]
@@ -155,6 +160,27 @@ class TreeLSTM(Task):
                 "root_bin_acc": sums["root_bin_ok"] / max(sums["polar_roots"], 1),
                 "all_bin_acc": sums["vertex_bin_ok"] / max(sums["polar_vertices"], 1),
                 "root_majority_acc": float(majority)}
+
+    def parse_input(self, line: str, where: str):
+        return parse_any_tree(line, where, num_labels=len(self.classes), max_children=2)
+
+    def predict(self, samples, batch_size: int) -> list[dict]:
+        predictor = self.inference_model({"probs": self.model.outputs["probs"]})   # no labels needed
+        unk = self.vocab[UNK]
+        out = []
+        for i in range(0, len(samples), batch_size):
+            chunk = samples[i:i + batch_size]
+            words = [self.vocab.get(t.words[v], unk) for t in chunk for v, ch in enumerate(t.children) if not ch]
+            res = predictor.infer([t.to_graph() for t in chunk], {"words": np.array(words, np.int64)}, self.params)
+            probs = np.split(res.outputs["probs"], np.cumsum([t.num_vertices for t in chunk])[:-1])
+            for tree, p in zip(chunk, probs):
+                labelled = Tree(tree.children, p.argmax(1), tree.words)
+                row = {"text": labelled.to_bracket(), "label": int(p[-1].argmax()),
+                       "probs": [round(float(q), 6) for q in p[-1]]}
+                if tree.labels[tree.root] >= 0:
+                    row["gold"] = int(tree.labels[tree.root])
+                out.append(row)
+        return out
 
 
 def load_data(d: dict) -> dict:

@@ -60,6 +60,8 @@ class LanguageModel(Task):
     @property
     def vocabulary(self) -> list:
         return list(self.vocab.words)
+    predicts = ("per line (a sentence, tokens separated by spaces): its perplexity and log-likelihood under "
+                "the model (each word and the closing <eos>, natural log), then the 3 likeliest next words")
 
     def __init__(self, cfg: dict, data: dict | None = None):
         m, tc = cfg["model"], cfg["train"]
@@ -85,6 +87,8 @@ class LanguageModel(Task):
         nll = ops.sum(ops.softmax_cross_entropy(logits, self.targets))
         self.model = Model(s, loss=nll * self.inv_sentences, outputs={"nll": nll}, policy=tc["policy"])
         self.dtype = np.dtype(dtype)
+        self.logits = logits
+        self._predict_outputs = None
 
     def make_samples(self, sentences):
         """(inputs, targets) id arrays per sentence: <eos> w_1..w_n -> w_1..w_n <eos>."""
@@ -119,6 +123,36 @@ class LanguageModel(Task):
         unigram = unigram_perplexity([y for _, y in self.data["train"]], [y for _, y in samples], len(self.vocab))
         return {"loss": nll / sums["sentences"], "nll_per_word": nll / n, "perplexity": math.exp(nll / n),
                 "unigram_perplexity": unigram}  # the baseline: add-one unigram counts of the training targets
+
+    def parse_input(self, line: str, where: str):
+        return line.split()
+
+    def predict(self, samples, batch_size: int, top: int = 3) -> list[dict]:
+        if self._predict_outputs is None:   # per-word losses and the distribution after each sentence's last word
+            last = ops.input((None,), "int64", name="last")
+            self._predict_outputs = {"token_nll": ops.softmax_cross_entropy(self.logits, self.targets),
+                                     "next": ops.log_softmax(ops.lookup(self.logits, last))}
+        predictor = self.inference_model(self._predict_outputs)
+        eos = self.vocab.index[EOS]
+        out = []
+        for i in range(0, len(samples), batch_size):
+            chunk = [(np.concatenate(([eos], ids)), np.concatenate((ids, [eos])))
+                     for ids in map(self.vocab.encode, samples[i:i + batch_size])]
+            graphs, feeds = self.batch(chunk)
+            lengths = np.array([len(x) for x, _ in chunk])
+            feeds["last"] = np.cumsum(lengths) - 1
+            res = predictor.infer(graphs, feeds, self.params)
+            nll = np.add.reduceat(res.outputs["token_nll"].astype(np.float64), np.cumsum(lengths) - lengths)
+            for tokens, n, sent_nll, logp in zip(samples[i:i + batch_size], lengths, nll, res.outputs["next"]):
+                best = np.argsort(-logp, kind="stable")[:top]
+                nxt = [(self.vocab.words[k], float(np.exp(logp[k]))) for k in best]
+                ppl = math.exp(sent_nll / n)
+                out.append({"text": f"perplexity {ppl:.2f}  log-likelihood {-sent_nll:.2f} ({n} predictions)  next: "
+                                    + ", ".join(f"{w} {p:.3f}" for w, p in nxt),
+                            "perplexity": ppl, "log_likelihood": -float(sent_nll), "predictions": int(n),
+                            "unknown_words": int(sum(w not in self.vocab.index for w in tokens)),
+                            "next": [{"word": w, "prob": round(p, 6)} for w, p in nxt]})
+        return out
 
 
 def load_sentences(d: dict) -> dict:
