@@ -1,5 +1,6 @@
 """The package as users get it: a wheel built from a copy of the repository, installed into a fresh virtual
-environment, trains a bundled model by name from a directory that is not the repository."""
+environment, trains a bundled model by name from a directory that is not the repository, then evaluates it and
+predicts with it from its run dir."""
 from __future__ import annotations
 
 import json
@@ -19,7 +20,8 @@ SOURCES = ("minicavs", "models", "setup.py", "setup.cfg", "pyproject.toml", "REA
 
 
 def run(cmd, **kw) -> subprocess.CompletedProcess:
-    res = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=300, **kw)
+    res = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=300,
+                         input=kw.pop("input", None), **kw)
     assert res.returncode == 0, f"{cmd}\n{res.stdout}\n{res.stderr}"
     return res
 
@@ -59,3 +61,12 @@ def test_pip_install_then_train_a_bundled_model_from_anywhere(tmp_path):
     assert results["epoch"] == 1 and 0 <= results["test_root_acc"] <= 1
     out = run([minicavs, "eval", "runs/tree_lstm", "--split", "dev"], cwd=elsewhere, env=env)
     assert "dev_root_acc" in out.stdout
+    trees = "((the movie) (was great))\n(3 (2 an) (4 unseen))\n"
+    out = run([minicavs, "predict", "runs/tree_lstm", "-"], cwd=elsewhere, env=env, input=trees)
+    predicted = out.stdout.splitlines()
+    assert len(predicted) == 2, out.stdout
+    # each input tree comes back with the same words and a label 0-4 at every node
+    for line, words in zip(predicted, (["the", "movie", "was", "great"], ["an", "unseen"])):
+        tokens = line.replace("(", " ").replace(")", " ").split()
+        assert [t for t in tokens if not t.isdigit()] == words, line
+        assert all(t in "01234" for t in tokens if t.isdigit()), line
