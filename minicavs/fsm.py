@@ -25,6 +25,7 @@ from typing import Sequence
 
 import numpy as np
 
+from . import atomic
 from .frontier import Frontier, TypedGraph, run_policy
 
 ENCODINGS = ("S1", "S2", "S3")
@@ -107,16 +108,8 @@ class Fsm:
 
 
 def write_json(path: str | os.PathLike, doc: dict) -> None:
-    """Atomically: a temporary file beside ``path``, then a rename (a crash leaves the old file or the new)."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        with open(tmp, "w") as f:
-            json.dump(doc, f, indent=1)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """Atomically (:mod:`minicavs.atomic`): a crash leaves the old file or the new."""
+    atomic.write_text(path, json.dumps(doc, indent=1))
 
 
 @dataclass(frozen=True)

@@ -187,6 +187,11 @@ POLICIES: dict[str, type] = {"cavs": CavsPolicy, "depth": CavsPolicy, "agenda": 
                              "greedy": GreedyPolicy, "fsm": FsmPolicy, "serial": SerialPolicy}
 
 
+def policy_names() -> tuple:
+    """Every name :func:`get_policy` accepts (``fsm:S1`` ... name an FSM's state encoding)."""
+    return tuple(POLICIES) + tuple(f"fsm:{e}" for e in fsm_module.ENCODINGS)
+
+
 def lower_bound(batch: Batch) -> int:
     """ED-Batch's lower bound (A.3) on the number of tasks of any policy for this batch."""
     return TypedGraph.of(batch).lower_bound()
