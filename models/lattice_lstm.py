@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from minicavs import ops
+from minicavs.config import PROBABILITY, at_least
 from minicavs.data.lattice import synthetic_lattices
 from minicavs.model import Model, Structure
 from minicavs.nn import ParameterSet
@@ -34,6 +35,10 @@ DATA_DEFAULTS = {"train": "synthetic", "dev": "synthetic", "test": "synthetic",
                  "synthetic": {"train": 2000, "dev": 200, "test": 200, "seed": 11, "lexicon": 400,
                                "alphabet": 60, "min_len": 8, "max_len": 48}}
 TRAIN_DEFAULTS = {"optimizer": "adam", "lr": 3e-3, "batch_size": 64}
+RULES = {"embed": at_least(1), "hidden": at_least(1), "dropout": PROBABILITY, "max_word": at_least(2)}
+DATA_RULES = {f"synthetic.{k}": at_least(lo) for k, lo in (("train", 1), ("dev", 1), ("test", 1), ("seed", 0),
+                                                            ("lexicon", 1), ("alphabet", 2), ("min_len", 1),
+                                                            ("max_len", 1))}
 CLASSES = 2
 
 
@@ -68,6 +73,7 @@ class LatticeLSTM(Task):
     unit = "sentences"
     key_metric = "char_acc"
     key_mode = "max"
+    metrics = ("loss", "char_acc", "majority_acc")
 
     def __init__(self, cfg: dict):
         m, tc, d = cfg["model"], cfg["train"], cfg["data"]
@@ -115,12 +121,13 @@ class LatticeLSTM(Task):
 
     def _prepared(self, lat):
         key = id(lat)
-        if key not in self.prepared:   # graph; word ids in vertex order (chars are in order already)
-            _, word_id = lat.vertex_ids()
+        cached = self.prepared.get(key)
+        if cached is None or cached[0] is not lat:   # once per lattice; the cache keeps the lattice, since an
+            _, word_id = lat.vertex_ids()              # id is reused after a lattice is freed
             order = np.argsort(np.asarray(word_id, np.int64))
-            wids = np.array([lat.words[w][2] for w in order], np.int64)
-            self.prepared[key] = (lat.to_graph(), wids)
-        return self.prepared[key]
+            wids = np.array([lat.words[w][2] for w in order], np.int64)   # word ids in vertex order
+            self.prepared[key] = cached = (lat, lat.to_graph(), wids)
+        return cached[1:]
 
     def batch(self, samples):
         prep = [self._prepared(lat) for lat in samples]
@@ -133,17 +140,21 @@ class LatticeLSTM(Task):
     def units(self, samples) -> int:
         return len(samples)
 
-    def evaluate(self, samples, batch_size: int) -> dict:
-        loss, right, total = 0.0, 0, 0
+    def eval_sums(self, samples, batch_size: int) -> dict:
+        sums = {"loss": 0.0, "right": 0, "chars": 0, "ones": 0}
         for i in range(0, len(samples), batch_size):
             chunk = samples[i:i + batch_size]
             graphs, feeds = self.batch(chunk)
             res = self.model.infer(graphs, feeds, self.params)
-            loss += res.loss * len(chunk)
-            right += int(np.sum(res.outputs["probs"].argmax(1) == feeds["labels"]))
-            total += len(feeds["labels"])
-        majority = float(np.mean(np.concatenate([lat.labels for lat in samples])))
-        return {"loss": float(loss / len(samples)), "char_acc": right / total,
+            sums["loss"] += float(res.loss) * len(chunk)
+            sums["right"] += int(np.sum(res.outputs["probs"].argmax(1) == feeds["labels"]))
+            sums["chars"] += len(feeds["labels"])
+            sums["ones"] += int(np.sum(feeds["labels"]))
+        return sums
+
+    def eval_metrics(self, sums: dict, samples) -> dict:
+        majority = sums["ones"] / sums["chars"]
+        return {"loss": sums["loss"] / len(samples), "char_acc": sums["right"] / sums["chars"],
                 "majority_acc": float(max(majority, 1 - majority))}
 
 

@@ -24,6 +24,8 @@ NAME = "tree_gru"
 DEFAULTS = {k: v for k, v in tree_lstm.DEFAULTS.items() if k != "variant"}
 DATA_DEFAULTS = tree_lstm.DATA_DEFAULTS
 TRAIN_DEFAULTS = tree_lstm.TRAIN_DEFAULTS
+RULES = {k: v for k, v in tree_lstm.RULES.items() if k != "variant"}
+DATA_RULES = tree_lstm.DATA_RULES
 
 
 def cells(p, H: int, D: int, dropout: float, dtype) -> dict:

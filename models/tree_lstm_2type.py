@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from minicavs.config import load_model_module
+from minicavs.config import Choice, at_least, load_model_module
 from minicavs.data.trees import two_type_kinds
 from minicavs.inputs import InputGraph
 
@@ -25,6 +25,8 @@ NAME = "tree_lstm_2type"
 DEFAULTS = {**tree_lstm.DEFAULTS, "type_seed": 0}
 DATA_DEFAULTS = tree_lstm.DATA_DEFAULTS
 TRAIN_DEFAULTS = tree_lstm.TRAIN_DEFAULTS
+RULES = {**tree_lstm.RULES, "variant": Choice(("binary",)), "type_seed": at_least(0)}
+DATA_RULES = tree_lstm.DATA_RULES
 TYPES = ("cell_a", "cell_b")
 
 
