@@ -184,5 +184,13 @@ def test_fsm_policy_learned_before_training_saved_and_restored(tmp_path):
     a = learned.schedule(trainer.model.batches(graphs)["tree"])
     b = fresh.policy.schedule(fresh.model.batches(graphs)["tree"])
     assert np.array_equal(a.order, b.order) and np.array_equal(a.task_ptr, b.task_ptr)
-    with pytest.raises(ConfigError, match="train.policy: unknown batching policy 'fifo'"):
-        Trainer(cfg, ["train.policy=fifo"], run_dir=tmp_path / "bad")
+    with pytest.raises(ConfigError, match="train.policy = 'fifo': must be one of cavs, depth, agenda, greedy, fsm"):
+        Trainer(cfg, ["train.policy=fifo"], run_dir=tmp_path / "bad")   # the config's RULES, before any work
+    # fsm.json is a run file: resume repairs it from the FSM last.npz records
+    (tmp_path / "run" / "fsm.json").unlink()
+    again = Trainer.resuming(tmp_path / "run", ["train.epochs=2"])
+    logged = []
+    again.fit(resume=True, progress=False, log=logged.append)
+    assert any("rewrote fsm.json" in line for line in logged), logged
+    assert json.loads((tmp_path / "run" / "fsm.json").read_text()) == learned.to_json()
+    assert again.policy.to_json() == learned.to_json()   # resumed with the learned FSM, not a new one
