@@ -199,7 +199,7 @@ class TreeLSTM(Task):
         for i in range(0, len(samples), batch_size):
             chunk = samples[i:i + batch_size]
             words = [self.vocab.get(t.words[v], unk) for t in chunk for v, ch in enumerate(t.children) if not ch]
-            res = predictor.infer([t.to_graph() for t in chunk], {"words": np.array(words, np.int64)}, self.params)
+            res = predictor.infer([self.graph_of(t) for t in chunk], {"words": np.array(words, np.int64)}, self.params)
             probs = np.split(res.outputs["probs"], np.cumsum([t.num_vertices for t in chunk])[:-1])
             for tree, p in zip(chunk, probs):
                 labelled = Tree(tree.children, p.argmax(1), tree.words)
