@@ -12,16 +12,15 @@ Layout (format ``minicavs-checkpoint``, version 1). Arrays are stored under opaq
 ``extra`` is a free JSON object for state later issues add (RNG state, data position) without a format
 change; readers ignore keys they do not know. A reader accepts versions up to :data:`VERSION`.
 
-Files are written atomically (temp file in the same directory, fsync, ``os.replace``), so a crash leaves
-either the old checkpoint or the new one, never a torn file. :func:`load` checks everything before it
+Files are written atomically (:mod:`minicavs.atomic`: temp file in the same directory, fsync,
+``os.replace``), so a crash leaves either the old checkpoint or the new one, never a torn file. :func:`load` checks everything before it
 assigns anything: on any :class:`~minicavs.errors.CheckpointError` the model and optimizer are unchanged.
 """
 from __future__ import annotations
 
-import contextlib
+import io
 import json
 import os
-import secrets
 import zipfile
 import zlib
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from . import atomic
 from .backend import array_module, to_host
 from .errors import CheckpointError
 
@@ -84,26 +84,9 @@ def save(path: str | os.PathLike, params: Mapping[str, Any], optimizer=None, ste
 
 
 def _atomic_savez(path: str, arrays: dict[str, np.ndarray]) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    # os.open with mode 0o666 rather than mkstemp (0o600): the checkpoint gets the usual umask permissions
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    with contextlib.suppress(OSError):  # make the rename itself durable (not possible on every OS)
-        dfd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+    buffer = io.BytesIO()   # serialised first, then written in one piece (atomic.write_bytes)
+    np.savez(buffer, **arrays)
+    atomic.write_bytes(path, buffer.getbuffer())
 
 
 def read(path: str | os.PathLike) -> Checkpoint:
@@ -172,7 +155,12 @@ def load(path: str | os.PathLike, params: Mapping[str, Any], optimizer=None) -> 
     Every parameter must be present with the same shape and dtype and the checkpoint may hold no other
     parameter; all checks run before any value is assigned, so an error changes nothing."""
     ck = read(path)
+    apply(ck, params, optimizer)
+    return ck
 
+
+def check(ck: Checkpoint, params: Mapping[str, Any], optimizer=None) -> None:
+    """Raise CheckpointError unless ``ck`` fits ``params`` (and ``optimizer``); changes nothing."""
     def bad(msg: str) -> CheckpointError:
         return CheckpointError(f"checkpoint file {ck.path}: {msg}")
 
@@ -193,11 +181,15 @@ def load(path: str | os.PathLike, params: Mapping[str, Any], optimizer=None) -> 
             optimizer.check_state_dict(ck.optimizer)
         except ValueError as e:
             raise bad(str(e)) from None
+
+
+def apply(ck: Checkpoint, params: Mapping[str, Any], optimizer=None) -> None:
+    """:func:`check`, then assign the parameters in place and restore the optimizer's state."""
+    check(ck, params, optimizer)
     for name, p in params.items():
         p.value[...] = array_module(p.value).asarray(ck.params[name])
     if optimizer is not None:
         optimizer.load_state_dict(ck.optimizer)
-    return ck
 
 
-__all__ = ["FORMAT", "VERSION", "Checkpoint", "save", "read", "load"]
+__all__ = ["FORMAT", "VERSION", "Checkpoint", "save", "read", "load", "check", "apply"]

@@ -1,17 +1,19 @@
-"""The ``minicavs`` command. Each subcommand is (add_arguments, run); run returns the exit status."""
+"""The ``minicavs`` command. Each subcommand is (add_arguments, run); run returns the exit status.
+
+Exit status: 0 done, 2 a user error (bad config, data, checkpoint or run dir; a missing or unwritable file:
+one line on stderr, no traceback), 130 interrupted (Ctrl-C). A traceback means a bug in minicavs."""
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
+from pathlib import Path
 from typing import Callable, Sequence
 
 from . import __version__
+from .config import ConfigError
 from .distributed import abort_peers
 from .errors import MinicavsError
-
-
-def _quiet(*_, **__) -> None:
-    pass
 
 
 def _demo_args(p: argparse.ArgumentParser) -> None:
@@ -30,71 +32,91 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _config_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("config", help="a YAML config, e.g. models/tree_lstm.yaml")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config value, e.g. --set train.lr=0.1 (repeatable)")
-    p.add_argument("--run-dir", default=None, help="where metrics and checkpoints go (default runs/<config>)")
 
 
 def _train_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", help="a YAML config (models/tree_lstm.yaml), a bundled model's name (tree_lstm), or "
+                                  "with --resume a run dir")
     _config_args(p)
-    p.add_argument("--resume", action="store_true", help="continue from RUN_DIR/last.npz")
+    p.add_argument("--run-dir", default=None, help="where the run's files go (default runs/<config name>)")
+    p.add_argument("--resume", action="store_true", help="continue the run in the run dir from its last.npz, "
+                   "with its recorded config (--set may change only train.epochs and how to run)")
+    p.add_argument("--force", action="store_true", help="replace the run the run dir holds")
     p.add_argument("--epochs", type=int, default=None, help="train to this epoch (default: the config's)")
     p.add_argument("--no-progress", action="store_true", help="no live progress bar")
 
 
+def _run_dir_of(target: str, run_dir: str | None) -> Path:
+    """--run-dir, else the target itself if it is a directory, else runs/<config name>."""
+    if run_dir:
+        return Path(run_dir)
+    if Path(target).is_dir():
+        return Path(target)
+    from .config import find_config
+    return Path("runs") / find_config(target).stem
+
+
 def _train(args: argparse.Namespace) -> int:
     from .training import Trainer
-    trainer = Trainer(args.config, args.overrides, args.run_dir)
-    say = print if trainer.is_root else _quiet   # under mpirun: rank 0 speaks
-    say(f"training {trainer.cfg['model']['name']} ({sum(p.value.size for p in trainer.params.values()):,} "
-        f"parameters) on {len(trainer.task.data['train'])} samples; run dir {trainer.run_dir}"
-        + (f"; {trainer.parallel.comm.size} ranks" if trainer.parallel else ""))
-    trainer.fit(args.epochs, resume=args.resume, progress=not args.no_progress)
-    best = trainer.run_dir / "best.npz"
-    trainer.load(best, optimizer=False)
-    for split in ("dev", "test"):
-        if trainer.task.data.get(split):
-            metrics = trainer.evaluate(split)
-            metrics.pop("timing")
-            say(f"best checkpoint ({best}) on {split}: "
-                + "  ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+    if args.epochs is not None and args.epochs < 1:
+        raise ConfigError(f"--epochs {args.epochs}: must be an integer >= 1")
+    if args.resume:
+        trainer = Trainer.resuming(_run_dir_of(args.config, args.run_dir), args.overrides)
+    else:
+        if Path(args.config).is_dir():
+            raise ConfigError(f"{args.config} is a directory: give a config to start a run, or --resume it")
+        trainer = Trainer(args.config, args.overrides, _run_dir_of(args.config, args.run_dir))
+    trainer.fit(args.epochs, resume=args.resume, progress=not args.no_progress, force=args.force)
+    trainer.final_results()
     return 0
 
 
 def _eval_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("target", help="a run dir (its best checkpoint and recorded config), or a config whose data "
+                                  "to evaluate a --checkpoint on")
     _config_args(p)
-    p.add_argument("--checkpoint", required=True, help="a checkpoint written by minicavs train")
+    p.add_argument("--checkpoint", default=None, help="a checkpoint written by minicavs train (default, for a run "
+                   "dir: its best)")
     p.add_argument("--split", default="test", choices=("train", "dev", "test"))
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from .training import Trainer
-    trainer = Trainer(args.config, args.overrides, args.run_dir)
-    trainer.load(args.checkpoint, optimizer=False)
+    from .training import Trainer, format_metrics
+    trainer, ck = Trainer.for_target(args.target, args.checkpoint, args.overrides)
     metrics = trainer.evaluate(args.split)
     timing = metrics.pop("timing")
-    say = print if trainer.is_root else _quiet
-    say("  ".join(f"{k} {v:.4f}" for k, v in metrics.items()) + f"  ({timing[args.split + '_seconds']:.1f} s)")
+    if trainer.is_root:   # under mpirun: rank 0 speaks
+        print(f"{ck}: {format_metrics(metrics)}  ({timing[args.split + '_seconds']:.1f} s)")
     return 0
 
 
-def _bench_args(p: argparse.ArgumentParser) -> None:
-    from .bench import add_arguments
-    add_arguments(p)
+def _module(name: str) -> tuple[Callable, Callable]:
+    """A command that lives in a module of its own, as (add_arguments, run): its ``add_arguments(parser)`` and
+    ``run(args)``, the module imported when the parser is built."""
+    def add(p: argparse.ArgumentParser) -> None:
+        importlib.import_module(name, __package__).add_arguments(p)
 
-
-def _bench(args: argparse.Namespace) -> int:
-    from .bench import run
-    return run(args)
+    def run(args: argparse.Namespace) -> int:
+        return importlib.import_module(name, __package__).run(args)
+    return add, run
 
 
 COMMANDS: dict[str, tuple[str, Callable, Callable]] = {
     "train": ("train a model from a YAML config", _train_args, _train),
     "eval": ("evaluate a checkpoint on a data split", _eval_args, _eval),
+    "predict": ("apply a trained model to new input: one output line per input line (FILE or - for stdin)",
+                *_module(".predict")),
+    "plot": ("training curves of a run dir as a PNG (needs matplotlib: pip install 'minicavs[plot]')",
+             *_module(".plot")),
+    "show": ("draw F and ∂F of every vertex function: DOT (and SVG/PNG with Graphviz), nodes colored by class "
+             "(eager / lazy / recurrent / static), fused kernels as boxes, gradients named", *_module(".show")),
+    "prepare": ("check a downloaded data set (sha256, format) and put it where the configs look: "
+                "minicavs prepare sst ../shared/data/sst", *_module(".data.datasets")),
     "bench": ("the paper's sweeps (Fig. 8, 9a) for Tree-LSTM, Tree-FC, Var-LSTM and Fixed-LSTM against DyNet and "
               "PyTorch if given: training and inference rates, time split, peak memory, tables, plots, ablation",
-              _bench_args, _bench),
+              *_module(".bench")),
     "demo": ("train a small MLP on a synthetic spiral (a smoke test of the core)", _demo_args, _demo),
 }
 
@@ -112,10 +134,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return COMMANDS[args.command][2](args)
-    except (MinicavsError, FileNotFoundError) as e:  # ConfigError, DataError, CheckpointError, ...
-        print(f"minicavs {args.command}: error: {e}", file=sys.stderr)
+    except KeyboardInterrupt:
+        hint = ": resume with --resume" if args.command == "train" else ""
+        print(f"\nminicavs {args.command}: interrupted{hint}", file=sys.stderr)
+        return 130
+    except (MinicavsError, OSError) as e:  # ConfigError, DataError, CheckpointError, a missing file, a full disk
+        print(f"minicavs {args.command}: error: {_one_line(e)}", file=sys.stderr)
         abort_peers(2)   # under mpirun: the other ranks may be waiting for this one
         return 2
+
+
+def _one_line(e: BaseException) -> str:
+    if isinstance(e, OSError) and not isinstance(e, MinicavsError) and e.filename and e.strerror:
+        return f"{e.filename}: {e.strerror}"
+    return " ".join(str(e).split("\n"))
 
 
 if __name__ == "__main__":

@@ -27,3 +27,8 @@ class InputGraphError(MinicavsError, ValueError):
 
 class DataError(MinicavsError, ValueError):
     """Malformed data: the message names the file and line."""
+
+
+class RunDirError(MinicavsError):
+    """A run directory that cannot be used as asked: it holds another run, has nothing to resume, or is
+    not writable."""

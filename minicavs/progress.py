@@ -1,8 +1,16 @@
-"""A one-line progress bar with live throughput; quiet when stderr is not a terminal."""
+"""A one-line progress bar with live throughput, elapsed time and ETA; quiet when stderr is not a terminal."""
 from __future__ import annotations
 
 import sys
 import time
+
+
+def duration(seconds: float) -> str:
+    """``75`` -> ``1:15``, ``3725`` -> ``1:02:05``."""
+    seconds = max(0, int(round(seconds)))
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
 
 class Progress:
@@ -14,18 +22,23 @@ class Progress:
         self.done = 0
         self.units = 0
 
+    def line(self, now: float, **info) -> str:
+        elapsed = max(now - self.start, 1e-9)
+        rate = self.units / elapsed
+        width = 24
+        fill = int(width * self.done / max(self.total, 1))
+        left = elapsed / max(self.done, 1) * (self.total - self.done)
+        extra = "".join(f" {k} {v:.4g}" for k, v in info.items())
+        return (f"{self.label} [{'#' * fill}{'.' * (width - fill)}] {self.done}/{self.total} batches, "
+                f"{rate:,.0f} {self.unit}/s{extra}, {duration(elapsed)} elapsed, ETA {duration(left)}")
+
     def update(self, units: int, **info) -> None:
         self.done += 1
         self.units += units
         now = time.perf_counter()
         if self.live and (now - self.last >= self.every or self.done == self.total):
             self.last = now
-            rate = self.units / max(now - self.start, 1e-9)
-            width = 24
-            fill = int(width * self.done / max(self.total, 1))
-            extra = " ".join(f"{k} {v:.4g}" for k, v in info.items())
-            self.stream.write(f"\r{self.label} [{'#' * fill}{'.' * (width - fill)}] {self.done}/{self.total} "
-                              f"{rate:,.0f} {self.unit}/s {extra}\033[K")
+            self.stream.write(f"\r{self.line(now, **info)}\033[K")
             self.stream.flush()
 
     def close(self) -> float:

@@ -16,6 +16,14 @@ class Task:
     unit: str = "samples"  # what throughput counts ("trees", "words")
     key_metric: str = "loss"
     key_mode: str = "min"  # "max" if a larger key metric is better
+    metrics: tuple = ("loss",)  # the keys evaluate() returns (early stopping's metric is checked against them);
+                                # keys ending in "acc" are shown as percentages
+
+    @property
+    def vocabulary(self) -> list | None:
+        """The words in id order, if the model has a vocabulary: checkpoints record it, and loading one
+        refuses data that gives another (ids would silently mean other words)."""
+        return None
 
     def batch(self, samples: Sequence[Any]) -> tuple[Any, dict]:
         """(graphs, feeds) for ``Model.run`` over these samples."""
@@ -36,3 +44,23 @@ class Task:
     def eval_metrics(self, sums: dict, samples: Sequence[Any]) -> dict:
         """Metrics from the statistics summed over all of ``samples`` (which baselines may read)."""
         raise NotImplementedError
+
+    # --- minicavs predict --------------------------------------------------------------------------------
+
+    #: one line saying what ``predict`` writes per input line (shown by ``minicavs predict --help`` and the
+    #: README); empty: the model does not predict from text.
+    predicts: str = ""
+
+    def parse_input(self, line: str, where: str) -> Any:
+        """One sample from one line of ``minicavs predict`` input; a DataError naming ``where`` if bad."""
+        raise NotImplementedError(f"model {type(self).__name__} does not predict from text input")
+
+    def inference_model(self, outputs: dict) -> Model:
+        """The model's structures and parameters with other outputs and no loss (what ``predict`` runs: no
+        labels or targets needed), on the model's current policy, engine switches and device."""
+        m = self.model
+        return Model(m.structures, outputs=outputs, policy=m.policy, options=m.options, device=m.device)
+
+    def predict(self, samples: Sequence[Any], batch_size: int) -> list[dict]:
+        """Per sample a dict with ``text`` (its output line) and the numbers behind it (JSON output)."""
+        raise NotImplementedError(f"model {type(self).__name__} does not predict from text input")

@@ -1,18 +1,30 @@
 """Training and evaluation from a config: the engine behind ``minicavs train|eval`` and the Python API.
 
-    trainer = Trainer("models/tree_lstm.yaml", overrides=["train.epochs=3"])
+    trainer = Trainer("models/tree_lstm.yaml", overrides=["train.epochs=3"], run_dir="runs/demo")
     history = trainer.fit()                       # per-epoch metrics, also in RUN_DIR/metrics.jsonl
     trainer.evaluate("test")
     result = trainer.loss_and_grads(trainer.task.data["dev"][:4])    # loss + gradient of every parameter
+    Trainer.resuming("runs/demo").fit(resume=True)                   # a later process continues the run
+
+Structure: :meth:`Trainer.fit` runs epochs; an epoch (:meth:`Trainer.train_epoch`) is a loop of
+:meth:`Trainer.train_step` over the batches of :meth:`Trainer.epoch_batches`, then a dev evaluation, the
+early-stopping rule, and the commit of the run directory (:mod:`minicavs.rundir`). A data-parallel trainer
+splits each batch across workers inside ``train_step`` (sum the gradients between ``loss_and_grads`` and the
+optimizer's step) and lets one worker commit.
 
 Determinism: every random choice is counter-based. Parameters are initialised from (seed, name), the epoch's
 sample order from (seed, epoch), dropout masks from (seed, step, site, sample id, vertex id). The checkpoint
-written after each epoch therefore holds all the "RNG state" there is (seed, epoch, step) plus the data
-position and the early-stopping state, and ``--resume`` continues exactly where an uninterrupted run would be.
+written after each epoch therefore holds all the "RNG state" there is (seed, epoch, step) plus the
+early-stopping state, and ``--resume`` continues exactly where an uninterrupted run would be.
+
+Checkpoints written by the trainer record, besides parameters and optimizer state (``extra``, run format
+:data:`RUN_FORMAT`): the resolved config, the vocabulary, the epoch, the early-stopping state and every
+epoch's metrics, so ``minicavs eval RUN_DIR`` and ``--resume`` rebuild the model from the checkpoint alone
+and refuse data whose vocabulary differs. Run format 1 (before configs were recorded) is still read by
+``eval CONFIG --checkpoint``; resuming it is refused.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -22,24 +34,39 @@ from typing import Callable, Sequence
 import numpy as np
 
 from . import checkpoint, distributed
-from .config import ConfigError, load_config, load_model_module
+from .config import ConfigError, differences, dump, load_config, load_model_module, recorded, resolve
 from .backend import Backend as Device
 from .engine import EngineOptions
-from .errors import MinicavsError
+from .errors import CheckpointError, DataError, MinicavsError, RunDirError
 from .executor import RunContext
 from .model import get_device
 from .optim import make_optimizer
-from .progress import Progress
+from .progress import Progress, duration
+from .rundir import RunDir
 
-CHECKPOINT_FORMAT_EXTRA = 1
+RUN_FORMAT = 2
+# what --resume may change: how long to train and where, not what is trained
+RESUME_MAY_CHANGE = ("train.epochs", "train.log_every", "train.eval_batch_size", "train.device",
+                     "train.deterministic", "train.engine.")
+# what eval takes from the given config rather than the checkpoint: the data and how to run
+EVAL_FROM_CONFIG = ("data.", "train.eval_batch_size", "train.device", "train.deterministic", "train.engine.",
+                    "train.policy")
 
 
 class Trainer:
+    """A model, its data and optimizer built from a resolved config, and the run directory it trains into.
+
+    Construction checks everything that can be checked before training (config values, the device, data
+    that is missing, empty or undecodable, the early-stopping metric) and writes nothing."""
+
     def __init__(self, config: dict | str | os.PathLike, overrides: Sequence[str] = (),
                  run_dir: str | os.PathLike | None = None, comm: "distributed.Communicator | None" = None):
         """``comm``: train data-parallel over its ranks (default: the MPI job's, when started by mpirun)."""
         self.cfg = config if isinstance(config, dict) else load_config(config, overrides)
-        self.device = check_device(self.cfg["train"]["device"], self.cfg["train"]["deterministic"])
+        try:
+            self.device = check_device(self.cfg["train"]["device"], self.cfg["train"]["deterministic"])
+        except MinicavsError as e:   # CudaUnavailable: no CuPy or no GPU
+            raise type(e)(f"{self.cfg['config_path']}: train.device = {self.cfg['train']['device']!r}: {e}") from None
         module = load_model_module(self.cfg["model"]["name"], Path(self.cfg["config_path"]).resolve().parent)
         try:
             self.task = module.build(self.cfg)
@@ -47,6 +74,7 @@ class Trainer:
             raise
         except ValueError as e:  # a model's check of its config values (model.variant, an initializer, ...)
             raise ConfigError(f"{self.cfg['config_path']}: {e}") from e
+        self._check_data()
         self.model = self.task.model
         self.model.options = engine_options(self.cfg["train"]["engine"])
         self.model.device = self.device
@@ -59,15 +87,98 @@ class Trainer:
         self.optimizer = make_optimizer(tc["optimizer"], self.params.values(), **kw)
         self.seed = int(tc["seed"])
         self.epoch = 0
+        self.history: list[dict] = []
         es = tc["early_stopping"] or {}
-        self.early = {"metric": es.get("metric", f"dev_{self.task.key_metric}"),
-                      "mode": es.get("mode", self.task.key_mode), "patience": es.get("patience"),
+        self.early = {"metric": es.get("metric") or f"dev_{self.task.key_metric}",
+                      "mode": es.get("mode") or self.task.key_mode, "patience": es.get("patience"),
                       "best": None, "best_epoch": None, "bad_epochs": 0, "stopped": False}
-        self.run_dir = Path(run_dir) if run_dir else Path("runs") / self.cfg["config_name"]
-        # --- data parallelism (issue 19; the logic is in distributed.py): None in a single process ---
+        self._check_early_stopping()
+        self.run = RunDir(run_dir if run_dir else Path("runs") / self.cfg["config_name"])
+        # --- data parallelism (the logic is in distributed.py): None in a single process ---
         comm = comm if comm is not None else distributed.world()
         self.parallel = distributed.DataParallel(self, comm) if comm is not None and comm.size > 1 else None
         self.is_root = self.parallel is None or self.parallel.root   # rank 0 alone writes and prints
+
+    @property
+    def run_dir(self) -> Path:
+        return self.run.path
+
+    @classmethod
+    def resuming(cls, run_dir: str | os.PathLike, overrides: Sequence[str] = ()) -> "Trainer":
+        """A trainer for ``run_dir``'s run, rebuilt from its last.npz (``overrides`` may change only
+        :data:`RESUME_MAY_CHANGE`); ``fit(resume=True)`` then continues it."""
+        run = RunDir(run_dir)
+        comm = distributed.world()   # under MPI rank 0 reads the run dir (it need not be shared)
+        stored = on_root(comm, lambda: _recorded_config(run.resumable(), "resume it"))
+        cfg = resolve(stored, run.config, overrides)
+        changed = [d for d in differences(recorded(cfg), recorded(resolve(stored, run.config)))
+                   if not d[0].startswith(RESUME_MAY_CHANGE)]
+        if changed:
+            raise ConfigError(f"--resume continues the recorded run of {run.path}; it cannot change "
+                              + ", ".join(f"{k} ({a!r}, the run has {b!r})" for k, a, b in changed)
+                              + ": start a new run (--run-dir) for that")
+        return cls(cfg, run_dir=run.path)
+
+    @classmethod
+    def for_target(cls, target: str | os.PathLike, checkpoint: str | os.PathLike | None = None,
+                   overrides: Sequence[str] = ()) -> tuple["Trainer", Path]:
+        """For eval and predict: (trainer, checkpoint) of a run dir (its recorded config, its best checkpoint
+        unless ``checkpoint`` names another) or of a config file with ``checkpoint``."""
+        if Path(target).is_dir():
+            ck = Path(checkpoint) if checkpoint else RunDir(target).best_checkpoint()
+            return cls.for_checkpoint(ck, None, overrides), ck
+        if checkpoint is None:
+            raise ConfigError(f"{target} is not a run dir: give the checkpoint to use with --checkpoint "
+                              "(e.g. RUN_DIR/best.npz), or give the run dir")
+        return cls.for_checkpoint(checkpoint, target, overrides), Path(checkpoint)
+
+    @classmethod
+    def for_checkpoint(cls, path: str | os.PathLike, config: str | os.PathLike | None = None,
+                       overrides: Sequence[str] = (), log: Callable[[str], None] = print) -> "Trainer":
+        """A trainer with the model a checkpoint records and its parameters loaded (for eval and predict):
+        data and how to run (:data:`EVAL_FROM_CONFIG`) come from ``config`` and ``overrides`` if given."""
+        ck = checkpoint.read(path)
+        run_format(ck)
+        stored = ck.extra.get("config")
+        if stored is None:    # run format 1: the config must be given and must fit
+            if config is None:
+                raise CheckpointError(f"checkpoint file {path} was written by an older minicavs and does not "
+                                      "record its config: give it, e.g. minicavs eval CONFIG --checkpoint "
+                                      f"{path}")
+            trainer = cls(config, overrides)
+        else:
+            source = Path(path).with_name("config.yaml")
+            cfg = resolve(stored, source)
+            if config is not None or overrides:
+                given = load_config(config, overrides) if config is not None else resolve(stored, source, overrides)
+                if _model_key(given["model"])["name"] != _model_key(cfg["model"])["name"]:
+                    raise ConfigError(f"{config}: configures model {given['model']['name']}, the checkpoint {path} "
+                                      f"holds a {cfg['model']['name']} model")
+                for key, ours, theirs in differences(recorded(given), recorded(cfg)):
+                    if not key.startswith("model."):
+                        continue   # data and how to run are taken from the config; the rest is unused
+                    if any(o.split("=", 1)[0].strip() == key for o in overrides):
+                        raise ConfigError(f"--set {key}: the model and training settings come from the "
+                                          f"checkpoint {path} ({key} = {theirs!r})")
+                    log(f"note: using the checkpoint's {key} = {theirs!r} ({config} says {ours!r})")
+                _take(cfg, given, EVAL_FROM_CONFIG)
+                cfg = resolve(recorded(cfg), source)
+            trainer = cls(cfg)
+        trainer.load(path, optimizer=False, ck=ck)
+        return trainer
+
+    def _check_data(self) -> None:
+        for split, samples in self.task.data.items():
+            if len(samples) == 0:
+                src = self.cfg["data"].get(split, split)
+                raise DataError(f"data.{split} ({src}) holds no samples"
+                                + ("; training needs at least one" if split == "train" else ""))
+
+    def _check_early_stopping(self) -> None:
+        e, metrics = self.early, ["train_loss"] + [f"dev_{m}" for m in self.task.metrics]
+        where = f"{self.cfg['config_path']}: train.early_stopping"
+        if e["metric"] not in metrics:   # (without dev data a dev metric never stops a run: best = latest)
+            raise ConfigError(f"{where}.metric = {e['metric']!r}: must be one of {', '.join(metrics)}")
 
     # --- one batch --------------------------------------------------------------------------------------
 
@@ -80,32 +191,41 @@ class Trainer:
         return self.model.forward_backward(graphs, feeds, self.params, self.context(training),
                                            policy=self.cfg["train"]["policy"], sample_ids=sample_ids)
 
+    def train_step(self, sample_ids: np.ndarray) -> tuple[float, int]:
+        """One optimizer step on the training samples ``sample_ids``: (mean loss, units processed). Under
+        MPI each rank computes its shard of the batch and the gradients are summed over ranks."""
+        if self.parallel:
+            res, units = self.parallel.loss_and_grads(sample_ids)
+        else:
+            samples = [self.task.data["train"][i] for i in sample_ids]
+            res, units = self.loss_and_grads(samples, sample_ids=sample_ids), self.task.units(samples)
+        self.optimizer.step(res.grads, loss=res.loss)
+        return res.loss, units
+
     # --- epochs -----------------------------------------------------------------------------------------
 
     def epoch_order(self, epoch: int) -> np.ndarray:
         return np.random.default_rng([self.seed, epoch]).permutation(len(self.task.data["train"]))
 
-    def train_epoch(self, progress: bool = True) -> dict:
-        data = self.task.data["train"]
-        bs = self.cfg["train"]["batch_size"]
-        order = self.epoch_order(self.epoch + 1)
-        batches = [order[i:i + bs] for i in range(0, len(order), bs)]
-        bar = Progress(len(batches), f"epoch {self.epoch + 1}", self.task.unit,
-                       every=self.cfg["train"]["log_every"]) if progress and self.is_root else None
+    def epoch_batches(self, epoch: int) -> list[np.ndarray]:
+        """The sample ids of each batch of ``epoch`` (1-based), in order."""
+        order, bs = self.epoch_order(epoch), self.cfg["train"]["batch_size"]
+        return [order[i:i + bs] for i in range(0, len(order), bs)]
+
+    def train_epoch(self, progress: bool = True, epochs: int | None = None) -> dict:
+        batches = self.epoch_batches(self.epoch + 1)
+        label = f"epoch {self.epoch + 1}" + (f"/{epochs}" if epochs else "")
+        bar = Progress(len(batches), label, self.task.unit, every=self.cfg["train"]["log_every"]) \
+            if progress and self.is_root else None
         total, weight, units = 0.0, 0, 0
         start = time.perf_counter()
         for idx in batches:
-            if self.parallel:   # issue 19: this rank's shard of the batch, gradients summed over ranks
-                res, n = self.parallel.loss_and_grads(idx)
-            else:
-                samples = [data[i] for i in idx]
-                res, n = self.loss_and_grads(samples, sample_ids=idx), self.task.units(samples)
-            self.optimizer.step(res.grads, loss=res.loss)
-            total += res.loss * len(idx)
+            loss, n = self.train_step(idx)
+            total += loss * len(idx)
             weight += len(idx)
             units += n
             if bar:
-                bar.update(n, loss=res.loss)
+                bar.update(n, loss=loss)
         if bar:
             bar.close()
         seconds = time.perf_counter() - start
@@ -125,50 +245,73 @@ class Trainer:
         return metrics
 
     def fit(self, epochs: int | None = None, resume: bool = False, progress: bool = True,
-            log: Callable[[str], None] = print) -> list[dict]:
-        """Train to ``epochs`` (default: the config's), evaluating on dev and checkpointing every epoch."""
+            log: Callable[[str], None] = print, force: bool = False) -> list[dict]:
+        """Train to ``epochs`` (default: the config's), evaluating on dev and committing the run dir after
+        every epoch; returns the metric rows of the epochs trained by this call.
+
+        A new run refuses a run dir that holds a run unless ``force``; ``resume`` continues the run dir's
+        last.npz (the trainer must have been built for it: :meth:`resuming`)."""
         epochs = self.cfg["train"]["epochs"] if epochs is None else epochs
-        root, log = self.is_root, log if self.is_root else _quiet
-        if root:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-        metrics_path = self.run_dir / "metrics.jsonl"
-        last = self.run_dir / "last.npz"
-        if resume and (self.parallel.bcast(last.exists()) if self.parallel else last.exists()):
-            self.load(last)
-            if root:
-                _truncate_metrics(metrics_path, self.epoch)
-            log(f"resumed from {last} at epoch {self.epoch} (step {self.optimizer.steps})")
-        elif self.parallel:
-            self.parallel.sync_state()   # every rank starts from rank 0's parameters (and checks it)
-        if not resume and root and metrics_path.exists():
-            metrics_path.unlink()
-        history = []
+        log = log if self.is_root else _quiet   # under MPI rank 0 alone reads and writes the run dir, and speaks
+        if resume:
+            path = self._on_root(lambda: self.run.resumable().path)
+            self.load(path)
+            for what in self._on_root(lambda: self.run.recover(checkpoint.read(path), self._config_text())):
+                log(f"repaired {self.run.path}: {what}")
+            log(f"resumed {self.run.path} at epoch {self.epoch} (step {self.optimizer.steps})")
+        else:
+            self._on_root(lambda: self.run.start(self._config_text(), force))
+            if self.parallel:
+                self.parallel.sync_state()   # every rank starts from rank 0's parameters (and checks it)
+            log(f"training {Path(self.cfg['model']['name']).stem} ({sum(p.value.size for p in self.params.values()):,}"
+                f" parameters) on {len(self.task.data['train']):,} samples; run dir {self.run.path}"
+                + (f"; {self.parallel.comm.size} ranks" if self.parallel else ""))
+        rows = []
         has_dev = bool(self.task.data.get("dev"))
+        started = time.perf_counter()
         while self.epoch < epochs and not self.early["stopped"]:
             row = {"epoch": self.epoch + 1}
-            row.update(self.train_epoch(progress))
+            row.update(self.train_epoch(progress, epochs))
             row["step"] = self.optimizer.steps
             if has_dev:
                 dev = self.evaluate("dev")
                 timing = {**row.pop("timing"), **dev.pop("timing")}
                 row.update(dev)
                 row["timing"] = timing
-                self._early_stopping(row)
-            log(_format(row))
-            if root:
-                with open(metrics_path, "a") as f:
-                    f.write(json.dumps(row) + "\n")
-                self.save(last)
-                if self.early["best_epoch"] == self.epoch or not has_dev:
-                    self.save(self.run_dir / "best.npz")
-            history.append(row)
-        return history
+            self._early_stopping(row)
+            self.history.append(row)
+            if self.is_root:
+                self._commit()
+            rows.append(row)
+            left = (time.perf_counter() - started) / len(rows) * (epochs - self.epoch)
+            log(self.format_epoch(row, epochs, left))
+            if self.early["stopped"]:
+                e = self.early
+                log(f"early stopping: {e['metric']} has not improved for {e['bad_epochs']} epochs (best "
+                    f"{_value(e['metric'], e['best'])} at epoch {e['best_epoch']}); stopped after epoch "
+                    f"{self.epoch} of {epochs}")
+        return rows
+
+    def _on_root(self, work: Callable):
+        return on_root(self.parallel.comm if self.parallel else None, work)
+
+    def _commit(self) -> None:
+        """End an epoch (rundir's protocol): last.npz (the commit point), metrics.jsonl, best.npz."""
+        self.save(self.run.last)
+        self.run.write_metrics(self.history)
+        if self.early["best_epoch"] == self.epoch:
+            self.save(self.run.best)
+
+    def _config_text(self) -> str:
+        return dump(self.cfg, header="The resolved config of this run: every default filled in, data paths "
+                                     "absolute.\nminicavs train RUN_DIR/config.yaml --run-dir NEW repeats it.")
 
     def _early_stopping(self, row: dict) -> None:
         e = self.early
-        value = row.get(e["metric"])
-        if value is None:
-            raise MinicavsError(f"early stopping metric '{e['metric']}' is not among {sorted(row)}")
+        if e["metric"] not in row:  # no dev data: the latest epoch is the best
+            e.update(best_epoch=self.epoch)
+            return
+        value = row[e["metric"]]
         better = e["best"] is None or (value > e["best"] if e["mode"] == "max" else value < e["best"])
         if better:
             e.update(best=value, best_epoch=self.epoch, bad_epochs=0)
@@ -177,30 +320,167 @@ class Trainer:
             if e["patience"] is not None and e["bad_epochs"] >= e["patience"]:
                 e["stopped"] = True
 
+    def format_epoch(self, row: dict, epochs: int, seconds_left: float | None = None) -> str:
+        """One compact line: losses, the early-stopping metric, time and throughput."""
+        parts = [f"train loss {row['train_loss']:#.4g}"]
+        if "dev_loss" in row:
+            parts.append(f"dev loss {row['dev_loss']:#.4g}")
+        metric = self.early["metric"]
+        if metric in row and metric != "dev_loss":
+            parts.append(f"{metric.replace('_', ' ', 1)} {_value(metric, row[metric])}")
+        if self.early["best_epoch"] == row["epoch"] and "dev_loss" in row:
+            parts[-1] += " (best)"
+        t = row.get("timing", {})
+        rate = t.get(f"train_{self.task.unit}_per_s")
+        took = sum(v for k, v in t.items() if k.endswith("_seconds"))
+        timing = f"{took:.1f} s" + (f" ({rate:,.0f} {self.task.unit}/s)" if rate else "")
+        if seconds_left and seconds_left >= 1:
+            timing += f", {duration(seconds_left)} left"
+        return f"epoch {row['epoch']}/{epochs}: " + ", ".join(parts) + f"; {timing}"
+
+    def final_results(self, log: Callable[[str], None] = print) -> dict:
+        """Load the best checkpoint, evaluate it on dev and test, write RUN_DIR/results.json."""
+        log = log if self.is_root else _quiet
+        best = self._on_root(self.run.best_checkpoint)
+        extra = self.load(best, optimizer=False)
+        results = {"checkpoint": best.name, "epoch": extra.get("epoch"), "step": extra.get("rng", {}).get("step"),
+                   "timing": {}}
+        for split in ("dev", "test"):
+            if self.task.data.get(split):
+                metrics = self.evaluate(split)
+                results["timing"].update(metrics.pop("timing"))
+                results.update(metrics)
+                log(f"best checkpoint (epoch {results['epoch']}) on {split}: " + format_metrics(metrics))
+        if self.is_root:
+            self.run.write_results(results)
+        log(f"results in {self.run.results}")
+        return results
+
     # --- checkpoints ------------------------------------------------------------------------------------
 
     def save(self, path: str | os.PathLike) -> None:
-        extra = {"version": CHECKPOINT_FORMAT_EXTRA, "epoch": self.epoch, "batch": 0,
+        extra = {"version": RUN_FORMAT, "epoch": self.epoch,
                  "rng": {"seed": self.seed, "epoch": self.epoch, "step": self.optimizer.steps},
-                 "early_stopping": dict(self.early), "model": self.cfg["model"]}
+                 "early_stopping": dict(self.early), "config": recorded(self.cfg),
+                 "vocab": self.task.vocabulary, "history": self.history}
         checkpoint.save(path, self.params, self.optimizer, self.optimizer.steps, extra=extra)
 
-    def load(self, path: str | os.PathLike, optimizer: bool = True) -> dict:
-        if self.parallel:   # issue 19: rank 0 reads the file, every rank gets its state
+    def load(self, path: str | os.PathLike, optimizer: bool = True,
+             ck: checkpoint.Checkpoint | None = None) -> dict:
+        """Restore parameters (and with ``optimizer`` the optimizer, epoch, early-stopping state and
+        history) from a checkpoint; everything is checked first, so an error changes nothing. Under MPI
+        rank 0 reads the file and every rank gets the state."""
+        if self.parallel:
             return self.parallel.load(path, optimizer)
-        return self._load(path, optimizer)
+        return self._load(path, optimizer, ck)
 
-    def _load(self, path: str | os.PathLike, optimizer: bool = True) -> dict:
-        ck = checkpoint.load(path, self.params, self.optimizer if optimizer else None)
+    def _load(self, path: str | os.PathLike, optimizer: bool = True,
+              ck: checkpoint.Checkpoint | None = None) -> dict:
+        ck = ck or checkpoint.read(path)   # ck: the file, already read
         extra = ck.extra or {}
-        if extra.get("model", self.cfg["model"]) != self.cfg["model"]:
-            raise MinicavsError(f"{path}: written for model settings {extra.get('model')}, "
-                                f"the config says {self.cfg['model']}")
+        version = run_format(ck)
+        if optimizer and version < 2:
+            raise CheckpointError(f"checkpoint file {path}: written by an older minicavs (run format 1) that "
+                                  "did not record the config and metrics: it can be evaluated, not resumed")
+        stored_model = extra.get("config", {}).get("model", extra.get("model"))
+        if stored_model is not None:
+            changed = differences(_model_key(self.cfg["model"]), _model_key(stored_model))
+            if changed:
+                raise CheckpointError(f"checkpoint file {path} was written for other model settings: "
+                                      + ", ".join(f"model.{k} is {b!r} there, {a!r} here" for k, a, b in changed))
+        if optimizer:   # resuming: the run's recorded config is what continues
+            changed = [d for d in differences(recorded(self.cfg), recorded(resolve(extra["config"], path)))
+                       if not d[0].startswith(RESUME_MAY_CHANGE)]
+            if changed:
+                raise CheckpointError(f"checkpoint file {path} was written by a run with other settings: "
+                                      + ", ".join(f"{k} is {b!r} there, {a!r} here" for k, a, b in changed))
+        if "vocab" in extra:
+            check_vocabulary(extra["vocab"], self.task.vocabulary, path, self.cfg["data"].get("train"))
+        checkpoint.apply(ck, self.params, self.optimizer if optimizer else None)
         if optimizer:
             self.epoch = int(extra.get("epoch", 0))
-            if "early_stopping" in extra:
-                self.early.update(extra["early_stopping"])
+            self.early.update(extra.get("early_stopping", {}))
+            self.history = list(extra.get("history", []))
         return extra
+
+
+def run_format(ck: checkpoint.Checkpoint) -> int:
+    """The version of what the trainer recorded in a checkpoint (1: before configs were recorded)."""
+    version = (ck.extra or {}).get("version", 1)
+    if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= RUN_FORMAT:
+        raise CheckpointError(f"checkpoint file {ck.path}: run format {version!r} is not supported (this "
+                              f"minicavs reads 1 to {RUN_FORMAT}; a newer minicavs wrote it?)")
+    return version
+
+
+def _recorded_config(ck: checkpoint.Checkpoint, what: str) -> dict:
+    run_format(ck)
+    stored = ck.extra.get("config")
+    if stored is None:
+        raise CheckpointError(f"checkpoint file {ck.path} was written by an older minicavs (run format 1) "
+                              f"that did not record its config: cannot {what}")
+    return stored
+
+
+def _model_key(model: dict) -> dict:
+    """A model section compared by module name (a bundled name and a path to the same module agree)."""
+    return {**model, "name": Path(str(model.get("name"))).stem}
+
+
+def _take(cfg: dict, given: dict, prefixes: tuple) -> None:
+    for section in ("data", "train"):
+        for k, v in given[section].items():
+            if f"{section}.{k}".startswith(prefixes) or f"{section}.{k}." in prefixes:
+                cfg[section][k] = v
+
+
+def check_vocabulary(stored, current, path, data_train) -> None:
+    """The vocabulary a checkpoint was trained with must be the one the data gives, word for word."""
+    if stored is None or current is None or list(stored) == list(current):
+        return
+    only_data = [w for w in current if w not in set(stored)]
+    only_ck = [w for w in stored if w not in set(current)]
+    if only_data or only_ck:
+        what = "; ".join(f"{len(words)} {'word' if len(words) == 1 else 'words'} only in the {where} (e.g. "
+                         f"{', '.join(map(repr, words[:3]))})"
+                         for words, where in ((only_data, "data"), (only_ck, "checkpoint")) if words)
+    else:
+        i = next(i for i, (a, b) in enumerate(zip(stored, current)) if a != b)
+        what = f"the same words in another order (id {i} is {stored[i]!r} there, {current[i]!r} here)"
+    raise DataError(f"checkpoint file {path} was trained with another vocabulary than data.train "
+                    f"({data_train}) gives: {len(stored)} vs {len(current)} words, {what}")
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+def on_root(comm, work: Callable):
+    """``work()`` on rank 0 of ``comm`` only (the rank that reads and writes the run dir); its result, or
+    its error, reaches every rank. Without a communicator (one process): ``work()``."""
+    if comm is None or comm.size == 1:
+        return work()
+    result, error = None, None
+    if comm.rank == 0:
+        try:
+            result = work()
+        except (MinicavsError, OSError) as e:
+            error = e
+    result, error = comm.bcast_obj((result, error), "the run dir's answer")
+    if error is not None:
+        raise error
+    return result
+
+
+def format_metrics(metrics: dict) -> str:
+    return "  ".join(f"{k} {_value(k, v)}" for k, v in metrics.items() if k != "timing")
+
+
+def _value(key: str, v) -> str:
+    """Accuracies as percentages, other numbers with 4 significant digits."""
+    if not isinstance(v, float) or not math.isfinite(v):
+        return str(v)
+    return f"{100 * v:.1f}%" if key.endswith("acc") else f"{v:#.4g}"
 
 
 def check_device(device: str, deterministic: bool = False) -> Device:
@@ -217,26 +497,3 @@ def engine_options(cfg: dict) -> EngineOptions:
         raise ConfigError(f"unknown config key(s) train.engine.{', train.engine.'.join(sorted(unknown))}; "
                           f"known: {', '.join(EngineOptions.__dataclass_fields__)}")
     return EngineOptions(**{k: bool(v) for k, v in cfg.items()})
-
-
-def _quiet(_: str) -> None:
-    pass
-
-
-def _truncate_metrics(path: Path, epoch: int) -> None:
-    """Drop lines of epochs after the checkpoint (written before a crash): resume rewrites them."""
-    if not path.exists():
-        return
-    keep = [line for line in path.read_text().splitlines() if json.loads(line).get("epoch", 0) <= epoch]
-    path.write_text("".join(line + "\n" for line in keep))
-
-
-def _format(row: dict) -> str:
-    parts = [f"epoch {row['epoch']}"]
-    for k, v in row.items():
-        if k in ("epoch", "timing"):
-            continue
-        parts.append(f"{k} {v:.4f}" if isinstance(v, float) and math.isfinite(v) else f"{k} {v}")
-    t = row.get("timing", {})
-    parts += [f"{k} {v:,.1f}" for k, v in t.items()]
-    return "  ".join(parts)

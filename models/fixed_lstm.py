@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from minicavs.config import load_model_module
+from minicavs.config import at_least, load_model_module
 from minicavs.data.text import EOS, windows
 
 var_lstm = load_model_module("var_lstm", Path(__file__).resolve().parent)
@@ -16,6 +16,8 @@ NAME = "fixed_lstm"
 DEFAULTS = {**var_lstm.DEFAULTS, "window": 64}
 DATA_DEFAULTS = var_lstm.DATA_DEFAULTS
 TRAIN_DEFAULTS = var_lstm.TRAIN_DEFAULTS
+RULES = {**var_lstm.RULES, "window": at_least(1)}
+DATA_RULES = var_lstm.DATA_RULES
 
 
 class FixedLSTM(var_lstm.LanguageModel):

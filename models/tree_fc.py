@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from minicavs import ops
+from minicavs.config import at_least
 from minicavs.data.trees import complete_binary_tree
 from minicavs.model import Model, Structure, leaf_internal
 from minicavs.nn import ParameterSet
@@ -21,6 +22,9 @@ DEFAULTS = {"hidden": 256, "leaves": 256}
 DATA_DEFAULTS = {"train": "synthetic", "dev": "synthetic", "test": None,
                  "synthetic": {"train": 1000, "dev": 100, "test": 100, "seed": 3}}
 TRAIN_DEFAULTS = {"optimizer": "adam", "lr": 1e-3, "batch_size": 64}
+RULES = {"hidden": at_least(1), "leaves": at_least(2)}   # leaves: a power of two (checked by the tree builder)
+DATA_RULES = {"synthetic.train": at_least(1), "synthetic.dev": at_least(1), "synthetic.test": at_least(1),
+              "synthetic.seed": at_least(0)}
 
 
 def cells(p, H: int, dtype):

@@ -13,11 +13,15 @@ Dropout (on the embeddings and on h before the classifier) is inside F, so masks
 """
 from __future__ import annotations
 
+import os
 import numpy as np
 
 from minicavs import ops
-from minicavs.data.sst import read_sst
+from minicavs.config import Choice, PROBABILITY, at_least
+from minicavs.errors import DataError
+from minicavs.data.sst import parse_any_tree, read_sst
 from minicavs.data.synthetic import synthetic_treebank
+from minicavs.data.trees import Tree
 from minicavs.model import Model, Structure, leaf_internal
 from minicavs.nn import ParameterSet
 from minicavs.task import Task
@@ -29,6 +33,10 @@ DEFAULTS = {"embed": 300, "hidden": 150, "classes": 5, "variant": "binary", "dro
 DATA_DEFAULTS = {"train": "synthetic", "dev": "synthetic", "test": "synthetic", "limit": 0,
                  "synthetic": {"train": 3000, "dev": 500, "test": 500, "seed": 7, "vocab": 1000}}
 TRAIN_DEFAULTS = {"optimizer": "adagrad", "lr": 0.05, "weight_decay": 1e-4, "batch_size": 25}
+RULES = {"embed": at_least(1), "hidden": at_least(1), "classes": at_least(2),
+         "variant": Choice(("binary", "child_sum")), "dropout": PROBABILITY}
+DATA_RULES = {"limit": at_least(0), "synthetic.train": at_least(1), "synthetic.dev": at_least(1),
+              "synthetic.test": at_least(1), "synthetic.seed": at_least(0), "synthetic.vocab": at_least(3)}
 UNK = "<unk>"
 
 
@@ -68,6 +76,9 @@ class TreeLSTM(Task):
     unit = "trees"
     key_metric = "root_acc"
     key_mode = "max"
+    metrics = ("loss", "root_acc", "all_acc", "root_bin_acc", "all_bin_acc", "root_majority_acc")
+    predicts = ("the tree with the predicted sentiment label (0-4, 0 = very negative) at every node; input: "
+                "one bracketed tree per line, SST-labelled or unlabelled: ((the movie) (was great))")
 
     def __init__(self, cfg: dict):
         m, tc = cfg["model"], cfg["train"]
@@ -99,15 +110,21 @@ class TreeLSTM(Task):
         loss = ops.sum(ops.softmax_cross_entropy(logits, self.labels)) * self.inv_trees
         self.model = Model(s, loss=loss, outputs={"probs": ops.softmax(logits)}, policy=tc["policy"])
         self.dtype = np.dtype(dtype)
+        self.classes = range(C)
+
+    @property
+    def vocabulary(self) -> list:
+        return list(self.vocab)
 
     def _prepared(self, tree):
         key = id(tree)
-        if key not in self.samples:  # graph, word ids of the leaves (vertex order), labels: once per tree
-            leaves = [v for v, ch in enumerate(tree.children) if not ch]
+        cached = self.samples.get(key)
+        if cached is None or cached[0] is not tree:  # once per tree; an id is reused after a tree is freed,
+            leaves = [v for v, ch in enumerate(tree.children) if not ch]   # so the cache keeps the tree itself
             unk = self.vocab[UNK]
             ids = np.array([self.vocab.get(tree.words[v], unk) for v in leaves], np.int64)
-            self.samples[key] = (tree.to_graph(), ids, np.asarray(tree.labels, np.int64))
-        return self.samples[key]
+            self.samples[key] = cached = (tree, tree.to_graph(), ids, np.asarray(tree.labels, np.int64))
+        return cached[1:]
 
     def batch(self, samples):
         prep = [self._prepared(t) for t in samples]
@@ -144,6 +161,27 @@ class TreeLSTM(Task):
                 "all_bin_acc": sums["vertex_bin_ok"] / max(sums["polar_vertices"], 1),
                 "root_majority_acc": float(majority)}
 
+    def parse_input(self, line: str, where: str):
+        return parse_any_tree(line, where, num_labels=len(self.classes), max_children=2)
+
+    def predict(self, samples, batch_size: int) -> list[dict]:
+        predictor = self.inference_model({"probs": self.model.outputs["probs"]})   # no labels needed
+        unk = self.vocab[UNK]
+        out = []
+        for i in range(0, len(samples), batch_size):
+            chunk = samples[i:i + batch_size]
+            words = [self.vocab.get(t.words[v], unk) for t in chunk for v, ch in enumerate(t.children) if not ch]
+            res = predictor.infer([t.to_graph() for t in chunk], {"words": np.array(words, np.int64)}, self.params)
+            probs = np.split(res.outputs["probs"], np.cumsum([t.num_vertices for t in chunk])[:-1])
+            for tree, p in zip(chunk, probs):
+                labelled = Tree(tree.children, p.argmax(1), tree.words)
+                row = {"text": labelled.to_bracket(), "label": int(p[-1].argmax()),
+                       "probs": [round(float(q), 6) for q in p[-1]]}
+                if tree.labels[tree.root] >= 0:
+                    row["gold"] = int(tree.labels[tree.root])
+                out.append(row)
+        return out
+
 
 def load_data(d: dict) -> dict:
     """SST bracket files by path, or the synthetic treebank ('synthetic') generated from d['synthetic']."""
@@ -157,7 +195,9 @@ def load_data(d: dict) -> dict:
             out[split] = synthetic_treebank(int(syn[split]), seed=int(syn["seed"]), vocab_size=int(syn["vocab"]),
                                             split=split_id)
         else:
-            out[split] = read_sst(src)
+            out[split] = read_sst(_existing(src, split))
+            if not out[split]:
+                raise DataError(f"data.{split}: {src} holds no trees")
         if d["limit"]:
             out[split] = out[split][:d["limit"]]   # the first trees only (benchmarks)
     if "train" not in out:
@@ -168,6 +208,13 @@ def load_data(d: dict) -> dict:
 def build_vocab(trees) -> dict:
     words = sorted({w for t in trees for w in t.words if w is not None})
     return {w: i for i, w in enumerate([UNK] + words)}
+
+
+def _existing(path: str, split: str) -> str:
+    if not os.path.isfile(path):
+        raise DataError(f"data.{split}: file not found: {path} (paths in a config file are relative to the file, "
+                        f"--set data.{split}=PATH to the current directory)")
+    return path
 
 
 def build(cfg: dict) -> TreeLSTM:

@@ -10,10 +10,13 @@ divided by the number of sentences. Dropout on the embedding and on h before the
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 
 from minicavs import ops
+from minicavs.config import PROBABILITY, Range, at_least
+from minicavs.errors import DataError
 from minicavs.data.text import EOS, Vocab, read_sentences, synthetic_corpus, unigram_perplexity
 from minicavs.inputs import InputGraph
 from minicavs.model import Model, Structure
@@ -27,6 +30,10 @@ DEFAULTS = {"embed": 128, "hidden": 256, "dropout": 0.5, "max_vocab": 0, "embed_
 DATA_DEFAULTS = {"train": "synthetic", "dev": "synthetic", "test": "synthetic", "dev_fraction": 0.0,
                  "synthetic": {"train": 2000, "dev": 200, "test": 200, "seed": 5, "vocab": 200}}
 TRAIN_DEFAULTS = {"optimizer": "adam", "lr": 1e-3, "batch_size": 64}
+RULES = {"embed": at_least(1), "hidden": at_least(1), "dropout": PROBABILITY, "max_vocab": at_least(0),
+         "forget_bias": Range()}
+DATA_RULES = {"dev_fraction": PROBABILITY, "synthetic.train": at_least(1), "synthetic.dev": at_least(1),
+              "synthetic.test": at_least(1), "synthetic.seed": at_least(0), "synthetic.vocab": at_least(1)}
 
 
 def lstm_cell(p, H: int, D: int, dropout: float, dtype) -> VertexFunction:
@@ -48,6 +55,13 @@ class LanguageModel(Task):
     unit = "words"
     key_metric = "perplexity"
     key_mode = "min"
+    metrics = ("loss", "nll_per_word", "perplexity", "unigram_perplexity")
+
+    @property
+    def vocabulary(self) -> list:
+        return list(self.vocab.words)
+    predicts = ("per line (a sentence, tokens separated by spaces): its perplexity and log-likelihood under "
+                "the model (each word and the closing <eos>, natural log), then the 3 likeliest next words")
 
     def __init__(self, cfg: dict, data: dict | None = None):
         m, tc = cfg["model"], cfg["train"]
@@ -73,6 +87,8 @@ class LanguageModel(Task):
         nll = ops.sum(ops.softmax_cross_entropy(logits, self.targets))
         self.model = Model(s, loss=nll * self.inv_sentences, outputs={"nll": nll}, policy=tc["policy"])
         self.dtype = np.dtype(dtype)
+        self.logits = logits
+        self._predict_outputs = None
 
     def make_samples(self, sentences):
         """(inputs, targets) id arrays per sentence: <eos> w_1..w_n -> w_1..w_n <eos>."""
@@ -108,6 +124,36 @@ class LanguageModel(Task):
         return {"loss": nll / sums["sentences"], "nll_per_word": nll / n, "perplexity": math.exp(nll / n),
                 "unigram_perplexity": unigram}  # the baseline: add-one unigram counts of the training targets
 
+    def parse_input(self, line: str, where: str):
+        return line.split()
+
+    def predict(self, samples, batch_size: int, top: int = 3) -> list[dict]:
+        if self._predict_outputs is None:   # per-word losses and the distribution after each sentence's last word
+            last = ops.input((None,), "int64", name="last")
+            self._predict_outputs = {"token_nll": ops.softmax_cross_entropy(self.logits, self.targets),
+                                     "next": ops.log_softmax(ops.lookup(self.logits, last))}
+        predictor = self.inference_model(self._predict_outputs)
+        eos = self.vocab.index[EOS]
+        out = []
+        for i in range(0, len(samples), batch_size):
+            chunk = [(np.concatenate(([eos], ids)), np.concatenate((ids, [eos])))
+                     for ids in map(self.vocab.encode, samples[i:i + batch_size])]
+            graphs, feeds = self.batch(chunk)
+            lengths = np.array([len(x) for x, _ in chunk])
+            feeds["last"] = np.cumsum(lengths) - 1
+            res = predictor.infer(graphs, feeds, self.params)
+            nll = np.add.reduceat(res.outputs["token_nll"].astype(np.float64), np.cumsum(lengths) - lengths)
+            for tokens, n, sent_nll, logp in zip(samples[i:i + batch_size], lengths, nll, res.outputs["next"]):
+                best = np.argsort(-logp, kind="stable")[:top]
+                nxt = [(self.vocab.words[k], float(np.exp(logp[k]))) for k in best]
+                ppl = math.exp(sent_nll / n)
+                out.append({"text": f"perplexity {ppl:.2f}  log-likelihood {-sent_nll:.2f} ({n} predictions)  next: "
+                                    + ", ".join(f"{w} {p:.3f}" for w, p in nxt),
+                            "perplexity": ppl, "log_likelihood": -float(sent_nll), "predictions": int(n),
+                            "unknown_words": int(sum(w not in self.vocab.index for w in tokens)),
+                            "next": [{"word": w, "prob": round(p, 6)} for w, p in nxt]})
+        return out
+
 
 def load_sentences(d: dict) -> dict:
     """Token lists per split: files by path, or the synthetic corpus ('synthetic')."""
@@ -118,13 +164,22 @@ def load_sentences(d: dict) -> dict:
         if src == "synthetic":
             out[split] = synthetic_corpus(int(syn[split]), int(syn["seed"]), int(syn["vocab"]), split_id)
         elif src is not None:
-            out[split] = read_sentences(src)
+            out[split] = read_sentences(_existing(src, split))
+            if not out[split]:
+                raise DataError(f"data.{split}: {src} holds no sentences")
     if "train" not in out:
         raise ValueError("data.train is required")
     if d["dev_fraction"] and "dev" not in out:  # hold out the tail of the training text for model selection
         k = max(1, int(len(out["train"]) * d["dev_fraction"]))
         out["train"], out["dev"] = out["train"][:-k], out["train"][-k:]
     return out
+
+
+def _existing(path: str, split: str) -> str:
+    if not os.path.isfile(path):
+        raise DataError(f"data.{split}: file not found: {path} (paths in a config file are relative to the file, "
+                        f"--set data.{split}=PATH to the current directory)")
+    return path
 
 
 def build(cfg: dict) -> LanguageModel:

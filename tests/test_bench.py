@@ -227,3 +227,36 @@ def test_peak_rss_is_the_childs_own_not_its_parents():
     code = "from minicavs.bench.point import peak_rss_mb; print(peak_rss_mb())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert 5 < float(out.stdout) < 200 and held[-1] == 1.0
+
+
+def _figures(monkeypatch):
+    """The figures a plot function builds (it closes them; keep them to look at their axes)."""
+    plt = pytest.importorskip("matplotlib.pyplot")
+    figs = []
+    monkeypatch.setattr(plt, "close", figs.append)
+    return figs
+
+
+def test_one_point_sweep_has_linear_axes_with_its_tick(tmp_path, monkeypatch):
+    figs = _figures(monkeypatch)
+    rows = report.rows_for("tree_lstm/hidden", Point("tree_lstm", 512, 64), _systems(), machine=1e12)
+    report.plot_sweeps(tmp_path, {}, {"tree_lstm/hidden": rows})
+    train, infer = figs[0].axes
+    for ax in (train, infer):
+        assert ax.get_xscale() == "linear" and list(ax.get_xticks()) == [512]
+        assert ax.lines and all(len(line.get_xdata()) == 1 for line in ax.lines)
+    assert infer.get_yscale() == "linear" and infer.get_ylim()[0] == 0    # 150-310/s: no empty log decades
+    assert train.get_yscale() == "log"                                     # 5-130/s spans decades
+
+
+def test_ablation_legend_is_clear_of_the_bars(tmp_path, monkeypatch):
+    figs = _figures(monkeypatch)
+    switches = {"lazy batching": 1.1, "eager batching": 1.0, "fusion": 1.2, "gather elision": 0.98,
+                "streaming": 0.9, "all on": 1.4}
+    report.plot_ablation(tmp_path, {m: {h: switches for h in (64, 128, 256, 512)} for m in ("A", "B")})
+    fig = figs[0]
+    fig.canvas.draw()
+    (legend,) = fig.legends
+    box = legend.get_window_extent()
+    assert all(ax.get_legend() is None for ax in fig.axes)
+    assert all(box.y1 < ax.get_window_extent().y0 for ax in fig.axes)   # below every panel

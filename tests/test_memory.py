@@ -162,3 +162,18 @@ def test_workspace_is_reused_across_batches(monkeypatch):
     # C kernels' calls, on main as well; not buffers)
     assert max(live) < 64 * 1024, live
     assert len({round(x, 12) for i, x in enumerate(losses) if i % 4 != 3}) == 1
+
+
+def test_explain_reports_the_peak_of_the_reused_buffers():
+    """The peak counts the model's pooled dynamic tensors (kept per structure and device): at least what this
+    batch holds, and what a larger earlier batch grew them to."""
+    case = cells.chain_lstm(np.random.default_rng(5))
+    big = [InputGraph.chain(n) for n in (30, 20, 25)]
+    small = [InputGraph.chain(2)]
+    rng = np.random.default_rng(1)
+    run(case, big, rng, ON)
+    rng = np.random.default_rng(2)
+    feeds = cells.batch_feeds(case, small, [case.data(rng, g) for g in small])
+    report = explain(case.model, small, feeds, case.params).structures[0]
+    assert report.peak_bytes >= report.tensor_bytes > 0
+    assert report.peak_bytes > 10 * report.tensor_bytes

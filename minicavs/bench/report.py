@@ -165,8 +165,7 @@ def plot_sweeps(out: Path, sweeps: dict, rows_by_sweep: dict) -> list[Path] | st
                 err = [med - [r[f"{col}_min"] for r in pts], [r[f"{col}_max"] for r in pts] - med]
                 ax.errorbar(xs, med, yerr=err, marker="o", capsize=3, label=system,
                             linewidth=2.5 if system == MINICAVS else 1.2)
-            ax.set_xscale("log", base=2)
-            ax.set_yscale("log")
+            _scales(ax, [r[kind] for r in rows], [v for r in rows for v in (r[f"{col}_min"], r[f"{col}_max"])])
             ax.set_xlabel(kind)
             ax.set_ylabel(f"{UNITS[sweep.split('/')[0]]}/s")
             ax.set_title(what)
@@ -179,6 +178,23 @@ def plot_sweeps(out: Path, sweeps: dict, rows_by_sweep: dict) -> list[Path] | st
         plt.close(fig)
         written.append(path)
     return written
+
+
+def _scales(ax, xs, ys) -> None:
+    """Log axes where the values span them; a sweep of one point (or a narrow range of rates) gets linear
+    axes with the point's own tick, never empty log decades."""
+    xs = sorted({x for x in xs if x})
+    if len(xs) > 1:
+        ax.set_xscale("log", base=2)
+    ax.set_xticks(xs)
+    ax.set_xticklabels([str(x) for x in xs])
+    if len(xs) == 1:
+        ax.set_xlim(xs[0] / 2, xs[0] * 1.5)
+    ys = [y for y in ys if y and not math.isnan(y)]
+    if ys and max(ys) / min(ys) > 10:
+        ax.set_yscale("log")
+    else:
+        ax.set_ylim(0, max(ys, default=1) * 1.15)
 
 
 def plot_ablation(out: Path, ablation: dict) -> Path | str:
@@ -202,8 +218,9 @@ def plot_ablation(out: Path, ablation: dict) -> Path | str:
         ax.set_xticklabels([f"h{h}" for h in hiddens])
         ax.set_ylabel("speedup over all off")
         ax.set_title(model)
-    axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
+    handles, labels = axes[0][0].get_legend_handles_labels()   # below the panels, clear of the bars
+    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 6), fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.08 + 0.04 * ((len(labels) - 1) // 6), 1, 1))
     path = out / "ablation.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)

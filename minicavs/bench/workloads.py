@@ -10,7 +10,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..config import REPO_ROOT, load_config
+from ..config import bundled_models_dir, load_config
 from ..engine import EngineOptions
 from ..training import Trainer
 
@@ -23,10 +23,7 @@ WORKLOADS = ("tree_lstm", "tree_fc", "var_lstm")
 
 
 def models_dir() -> Path:
-    for d in (Path.cwd() / "models", REPO_ROOT / "models"):
-        if (d / "tree_lstm.yaml").is_file():
-            return d
-    raise FileNotFoundError("minicavs bench needs the models/ directory of the repository (run it from there)")
+    return bundled_models_dir()
 
 
 def _trainer(config: str, overrides: list, opts: EngineOptions, extra: Sequence[str] = ()) -> Trainer:

@@ -24,13 +24,13 @@ import math
 import numpy as np
 
 from ..codegen import cuda as gen
-from ..errors import FeedError
+from ..errors import FeedError, MinicavsError
 from ..passes.fusion import FusedGroup
 from ..validate import check_dropout, check_rows, indices
 
 
-class CudaUnavailable(RuntimeError):
-    pass
+class CudaUnavailable(MinicavsError, RuntimeError):
+    """No CuPy or no usable CUDA device (the CLI reports it in one line)."""
 
 
 def _cupy():

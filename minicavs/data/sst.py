@@ -11,6 +11,7 @@ import re
 import numpy as np
 
 from ..errors import DataError
+from .text import read_lines
 from .trees import Tree
 
 _TOKEN = re.compile(r"\(|\)|[^\s()]+")
@@ -72,17 +73,61 @@ def parse_tree(line: str, where: str = "<string>", num_labels: int = 5, binary: 
 
 def read_sst(path: str | os.PathLike, binary: bool = True, num_labels: int = 5) -> list[Tree]:
     """One tree per non-empty line."""
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"SST file not found: {path}")
-    trees = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if line.strip():
-                trees.append(parse_tree(line, f"{path}:{lineno}", num_labels, binary))
-    return trees
+    return [parse_tree(line, f"{path}:{lineno}", num_labels, binary)
+            for lineno, line in read_lines(path) if line.strip()]
 
 
 def write_sst(trees, path: str | os.PathLike) -> None:
     with open(path, "w", encoding="utf-8") as f:
         for t in trees:
             f.write(t.to_bracket() + "\n")
+
+
+def parse_any_tree(line: str, where: str = "<string>", num_labels: int = 5, max_children: int = 2) -> Tree:
+    """A tree to predict on: SST-labelled (every node starts with an integer label, as ``parse_tree``
+    reads) or unlabelled brackets, where every token is a word, ``(a b)`` a node whose children are the
+    leaves a and b, and a node with one child is that child: ``((the movie) (was great))``, ``(great)``,
+    ``great``. Unlabelled vertices get label -1."""
+    tokens = _TOKEN.findall(line)
+    opens = [i for i, t in enumerate(tokens) if t == "("]
+    if opens and all(i + 1 < len(tokens) and re.fullmatch(r"-?\d+", tokens[i + 1]) for i in opens):
+        tree = parse_tree(line, where, num_labels)
+        wide = [v for v, ch in enumerate(tree.children) if len(ch) > max_children]
+        if wide:
+            raise DataError(f"{where}: a node with {len(tree.children[wide[0]])} children; this model's "
+                            f"trees have at most {max_children}")
+        return tree
+    children: list = []
+    words: list = []
+    stack: list = [[]]   # per open node: its items (vertex ids)
+    for tok in tokens:
+        if tok == "(":
+            stack.append([])
+        elif tok == ")":
+            if len(stack) == 1:
+                raise DataError(f"{where}: unbalanced ')'")
+            items = stack.pop()
+            if not items:
+                raise DataError(f"{where}: an empty node '()'")
+            if len(items) == 1:          # (x) is x
+                stack[-1].append(items[0])
+                continue
+            if len(items) > max_children:
+                raise DataError(f"{where}: a node with {len(items)} children; this model's trees have at most "
+                                f"{max_children} (bracket them: ((a b) c))")
+            children.append(items)
+            words.append(None)
+            stack[-1].append(len(children) - 1)
+        else:
+            children.append([])
+            words.append(tok)
+            stack[-1].append(len(children) - 1)
+    if len(stack) > 1:
+        raise DataError(f"{where}: unbalanced '(' (missing {len(stack) - 1} closing parentheses)")
+    top = stack[0]
+    if not top:
+        raise DataError(f"{where}: no tree")
+    if len(top) > 1:
+        raise DataError(f"{where}: {len(top)} trees or words side by side; put one tree per line "
+                        "(bracket the words: (a b))")
+    return Tree(children, np.full(len(children), -1, np.int64), words)

@@ -13,21 +13,22 @@ from ..errors import DataError
 UNK, EOS = "<unk>", "<eos>"
 
 
-def read_sentences(path: str | os.PathLike) -> list[list[str]]:
-    """Non-empty lines as token lists; undecodable bytes are a DataError naming file and line."""
+def read_lines(path: str | os.PathLike):
+    """(line number, text) of every line of a UTF-8 file; undecodable bytes are a DataError naming the file
+    and the line."""
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"text file not found: {path}")
-    out = []
+        raise FileNotFoundError(f"data file not found: {path}")
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, 1):
             try:
-                line = raw.decode("utf-8")
+                yield lineno, raw.decode("utf-8")
             except UnicodeDecodeError as e:
-                raise DataError(f"{path}:{lineno}: not UTF-8 ({e.reason} at byte {e.start})") from None
-            tokens = line.split()
-            if tokens:
-                out.append(tokens)
-    return out
+                raise DataError(f"{path}:{lineno}: not UTF-8 ({e.reason} at byte {e.start + 1} of the line)") from None
+
+
+def read_sentences(path: str | os.PathLike) -> list[list[str]]:
+    """Non-empty lines as token lists."""
+    return [tokens for _, line in read_lines(path) if (tokens := line.split())]
 
 
 class Vocab:

@@ -69,3 +69,12 @@ def test_real_sst_splits(split, count):
     assert all(len(c) in (0, 2) for t in trees for c in t.children)
     assert all(t.labels.min() >= 0 and t.labels.max() <= 4 for t in trees)
     assert np.mean([len(t.leaves()) for t in trees]) > 15
+
+
+def test_undecodable_bytes_name_the_file_and_line(tmp_path):
+    from minicavs.data.sst import read_sst
+    from minicavs.errors import DataError
+    path = tmp_path / "bad.txt"
+    path.write_bytes(b"(3 (2 a) (4 b))\n\n(1 (2 caf\xe9) (4 b))\n")
+    with pytest.raises(DataError, match=rf"^{path}:3: not UTF-8 \(invalid continuation byte at byte 10 of the line\)$"):
+        read_sst(path)

@@ -1,0 +1,135 @@
+"""A run directory and the protocol that keeps it one consistent state at every instant.
+
+Files (every one written atomically, :mod:`minicavs.atomic`)::
+
+    config.yaml     the resolved config (every default filled in, absolute data paths), written at start
+    last.npz        the checkpoint after the latest epoch: THE COMMIT POINT (see below)
+    metrics.jsonl   one JSON line per committed epoch (a copy of the history last.npz records)
+    best.npz        the checkpoint of the best epoch by the early-stopping metric (every epoch without dev)
+    results.json    final dev/test metrics of the best checkpoint, written when training ends
+
+An epoch ends by writing, in this order: last.npz, metrics.jsonl, best.npz (if the epoch is the best).
+last.npz records the epoch, the optimizer and early-stopping state (best epoch included), the resolved
+config, the vocabulary and the metric rows of every epoch so far; everything else is derived from it.
+A crash at any instant therefore leaves either the old commit or the new one, and what the other files can
+lack is repaired from last.npz by :meth:`RunDir.recover` (``--resume`` calls it): metrics.jsonl is rewritten
+from the recorded rows (so it never keeps a torn or uncommitted line), a best epoch equal to the last one is
+copied from last.npz when best.npz is older, and temporary files are deleted. Readers find the best
+checkpoint with :meth:`RunDir.best_checkpoint`, which is right at every instant, before any repair too.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from . import atomic, checkpoint
+from .errors import CheckpointError, RunDirError
+
+RUN_FILES = ("config.yaml", "last.npz", "best.npz", "metrics.jsonl", "results.json")
+
+
+class RunDir:
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.config = self.path / "config.yaml"
+        self.last = self.path / "last.npz"
+        self.best = self.path / "best.npz"
+        self.metrics = self.path / "metrics.jsonl"
+        self.results = self.path / "results.json"
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+    def existing(self) -> list[str]:
+        return [name for name in RUN_FILES if (self.path / name).exists()]
+
+    def describe(self) -> str:
+        """What the directory holds, for messages: 'epoch 3 of 6' or 'no checkpoint yet'."""
+        if not self.last.exists():
+            return "no checkpoint yet"
+        try:
+            extra = checkpoint.read(self.last).extra
+            return f"epoch {extra.get('epoch')} of {extra.get('config', {}).get('train', {}).get('epochs', '?')}"
+        except CheckpointError:
+            return "an unreadable last.npz"
+
+    def start(self, config_text: str, force: bool = False) -> None:
+        """Make the directory ready for a new run and write its config.yaml: refuses a directory that holds
+        a run unless ``force`` (then only the run's own files are deleted); fails here, before training,
+        when the directory cannot be written."""
+        if self.path.exists() and not self.path.is_dir():
+            raise RunDirError(f"run dir {self.path} exists and is not a directory")
+        held = self.existing()
+        if held and not force:
+            raise RunDirError(f"run dir {self.path} already holds a run ({self.describe()}); continue it with "
+                              f"--resume, replace it with --force, or choose another --run-dir")
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            for name in held:
+                (self.path / name).unlink()
+            atomic.remove_temporaries(self.path, RUN_FILES)
+            atomic.write_text(self.config, config_text)
+        except OSError as e:
+            raise RunDirError(f"cannot write to run dir {self.path}: {e.strerror or e}") from None
+
+    def resumable(self) -> checkpoint.Checkpoint:
+        """last.npz, or an error that says how to start fresh."""
+        if not self.last.exists():
+            what = "does not exist" if not self.path.exists() else f"holds no checkpoint ({self.describe()})"
+            raise RunDirError(f"cannot resume: run dir {self.path} {what}; start a fresh run without --resume"
+                              + (" (with --force to replace what is there)" if self.existing() else ""))
+        return checkpoint.read(self.last)
+
+    def recover(self, last: checkpoint.Checkpoint, config_text: str | None = None) -> list[str]:
+        """Repair what a crash after the commit of ``last`` (this directory's last.npz) can leave; returns
+        what was repaired."""
+        repaired = [f"removed {name}" for name in atomic.remove_temporaries(self.path, RUN_FILES)]
+        try:
+            if config_text is not None:   # always: an unwritable run dir is found now, not after an epoch
+                atomic.write_text(self.config, config_text)
+            rows = last.extra.get("history", [])
+            if not self.metrics.exists() or self.metrics.read_bytes() != metrics_text(rows).encode():
+                self.write_metrics(rows)
+                repaired.append(f"rewrote metrics.jsonl ({len(rows)} epochs)")
+            epoch, best_epoch = last.extra.get("epoch"), last.extra.get("early_stopping", {}).get("best_epoch")
+            if best_epoch == epoch and _epoch_of(self.best) != epoch:
+                atomic.write_bytes(self.best, self.last.read_bytes())
+                repaired.append(f"best.npz <- last.npz (epoch {epoch})")
+        except OSError as e:
+            raise RunDirError(f"cannot write to run dir {self.path}: {e.strerror or e}") from None
+        return repaired
+
+    def write_metrics(self, rows: list[dict]) -> None:
+        atomic.write_text(self.metrics, metrics_text(rows))
+
+    def write_results(self, results: dict) -> None:
+        atomic.write_text(self.results, json.dumps(results, indent=1) + "\n")
+
+    def best_checkpoint(self) -> Path:
+        """The file holding the best epoch's state, as last.npz's record says."""
+        if not self.last.exists():
+            raise RunDirError(f"run dir {self.path} holds no checkpoint ({self.describe()})")
+        extra = checkpoint.read(self.last).extra
+        epoch, best_epoch = extra.get("epoch"), extra.get("early_stopping", {}).get("best_epoch")
+        if best_epoch is None:    # an older run, or no epoch was ever better than none
+            return self.best if self.best.exists() else self.last
+        if _epoch_of(self.best) == best_epoch:
+            return self.best
+        if best_epoch == epoch:   # committed, best.npz not yet written: last.npz is the best
+            return self.last
+        raise RunDirError(f"run dir {self.path}: best.npz does not hold the best epoch {best_epoch} that "
+                          f"last.npz records (files changed by hand?)")
+
+
+def metrics_text(rows: list[dict]) -> str:
+    return "".join(json.dumps(row) + "\n" for row in rows)
+
+
+def _epoch_of(path: Path):
+    if not path.exists():
+        return None
+    try:
+        return checkpoint.read(path).extra.get("epoch")
+    except CheckpointError:
+        return None

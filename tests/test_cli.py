@@ -1,0 +1,230 @@
+"""The command line: one line on stderr and exit 2 for every user error, 130 on Ctrl-C, a traceback only for
+bugs; bad data and unusable run dirs found before anything is written or trained; checkpoints that carry
+their config and vocabulary (eval RUN_DIR, resume without --set, other data refused)."""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from minicavs import checkpoint
+from minicavs.cli import main
+from minicavs.errors import CheckpointError
+from minicavs.training import Trainer
+
+from .test_rundir import tiny_config
+
+MODELS = Path(__file__).resolve().parent.parent / "models"
+
+
+def user_error(argv, capsys, *expected) -> str:
+    """Run the CLI, expect exit 2 and one line on stderr that contains every expected piece."""
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"minicavs {argv[0]}: error: "), err
+    assert "Traceback" not in err
+    for piece in expected:
+        assert piece in err, (piece, err)
+    return err
+
+
+@pytest.mark.parametrize("override, message", [
+    ("train.batch_size=-5", "train.batch_size = -5: must be an integer >= 1 (from --set)"),
+    ("model.hidden=0", "model.hidden = 0: must be an integer >= 1"),
+    ("train.lr=0", "train.lr = 0.0: must be a finite number > 0"),
+    ("train.optimizer=adamw", "train.optimizer = 'adamw': must be one of sgd, adagrad, adam"),
+    ("train.dtype=float16", "train.dtype = 'float16': must be one of float32, float64"),
+    ("train.lr=null", "train.lr: null is not allowed"),
+    ("train.early_stopping.metric=dev_acc", "train.early_stopping.metric = 'dev_acc': must be one of train_loss, "
+                                            "dev_loss, dev_root_acc"),
+    ("train.lr=1e-3x", "train.lr: expected a number, got '1e-3x'"),
+    ("train", "--set 'train': expected key=value"),
+])
+def test_config_errors_are_one_line_and_nothing_is_written(tmp_path, capsys, override, message):
+    cfg = tiny_config(tmp_path)
+    user_error(["train", str(cfg), "--run-dir", str(tmp_path / "run"), "--set", override], capsys, str(cfg), message)
+    assert not (tmp_path / "run").exists()
+
+
+def test_cuda_without_cupy_is_a_user_error(tmp_path, capsys):
+    from minicavs.cuda import available
+    if available():
+        pytest.skip("a usable GPU: cuda trains")
+    user_error(["train", str(tiny_config(tmp_path)), "--run-dir", str(tmp_path / "run"), "--set",
+                "train.device=cuda"], capsys, "tiny.yaml: train.device = 'cuda': device: cuda")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_yaml_1_2_learning_rate_trains(tmp_path, capsys):
+    assert main(["train", str(tiny_config(tmp_path)), "--run-dir", str(tmp_path / "run"), "--no-progress",
+                 "--epochs", "1", "--set", "train.lr=1e-1"]) == 0
+    assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["train"]["lr"] == 0.1
+
+
+def test_ctrl_c_exits_130_and_the_run_resumes(tmp_path, capsys, monkeypatch):
+    cfg = tiny_config(tmp_path)
+    run = tmp_path / "run"
+    assert main(["train", str(cfg), "--run-dir", str(run), "--no-progress", "--epochs", "1"]) == 0
+    real = Trainer.train_step
+
+    def interrupted(self, ids):
+        if self.epoch == 1:
+            raise KeyboardInterrupt
+        return real(self, ids)
+    monkeypatch.setattr(Trainer, "train_step", interrupted)
+    capsys.readouterr()
+    assert main(["train", str(cfg), "--run-dir", str(run), "--no-progress", "--resume", "--epochs", "3"]) == 130
+    err = capsys.readouterr().err
+    assert err.strip() == "minicavs train: interrupted: resume with --resume"
+    monkeypatch.undo()
+    assert main(["train", str(cfg), "--run-dir", str(run), "--no-progress", "--resume", "--epochs", "3"]) == 0
+
+
+def test_a_bug_still_gets_a_traceback(tmp_path, monkeypatch):
+    def broken(self, ids):
+        raise ZeroDivisionError("a bug")
+    monkeypatch.setattr(Trainer, "train_step", broken)
+    with pytest.raises(ZeroDivisionError):
+        main(["train", str(tiny_config(tmp_path)), "--run-dir", str(tmp_path / "run"), "--no-progress"])
+
+
+def test_an_unwritable_run_dir_is_found_before_training(tmp_path, capsys, monkeypatch):
+    cfg = tiny_config(tmp_path)
+    (tmp_path / "a_file").write_text("x")
+    trained = []
+    monkeypatch.setattr(Trainer, "train_epoch", lambda self, *a: trained.append(1))
+    user_error(["train", str(cfg), "--run-dir", str(tmp_path / "a_file" / "run")], capsys,
+               f"cannot write to run dir {tmp_path / 'a_file' / 'run'}: Not a directory")
+    if os.geteuid() != 0:   # root writes anywhere
+        (tmp_path / "ro").mkdir(mode=0o500)
+        user_error(["train", str(cfg), "--run-dir", str(tmp_path / "ro")], capsys, "Permission denied")
+    assert not trained
+
+
+def write_sst(path: Path, words) -> Path:
+    lines = [f"(3 (2 {a}) (4 {b}))" for a, b in zip(words, words[1:] + words[:1])]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def sst_config(tmp_path, train: Path) -> Path:
+    cfg = yaml.safe_load(tiny_config(tmp_path).read_text())
+    cfg["data"].update(train=str(train), dev=str(train), test=str(train))
+    cfg["train"]["early_stopping"] = None
+    path = tmp_path / "sst.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def test_empty_training_data_is_refused_before_anything_is_written(tmp_path, capsys):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n")
+    user_error(["train", str(sst_config(tmp_path, empty)), "--run-dir", str(tmp_path / "run")], capsys,
+               f"data.train: {empty} holds no trees")
+    assert not (tmp_path / "run").exists()
+    user_error(["train", "var_lstm", "--run-dir", str(tmp_path / "run"), "--set", f"data.train={empty}"], capsys,
+               f"data.train: {empty} holds no sentences")
+    user_error(["train", "fixed_lstm", "--run-dir", str(tmp_path / "run"), "--set", "data.synthetic.train=1",
+                "--set", "model.window=500"], capsys, "data.train (synthetic) holds no samples")
+    assert not (tmp_path / "run").exists()
+
+
+def test_non_utf8_data_is_reported_with_its_path_and_line(tmp_path, capsys):
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"(3 (2 good) (4 words))\n(3 (2 caf\xe9) (4 x))\n")
+    user_error(["train", str(sst_config(tmp_path, bad)), "--run-dir", str(tmp_path / "run")], capsys,
+               f"{bad}:2: not UTF-8 (invalid continuation byte at byte 10 of the line)")
+    user_error(["train", "var_lstm", "--run-dir", str(tmp_path / "run"), "--set", f"data.train={bad}"], capsys,
+               f"{bad}:2: not UTF-8")
+    assert not (tmp_path / "run").exists()
+
+
+def test_eval_refuses_data_whose_vocabulary_differs(tmp_path, capsys):
+    a = write_sst(tmp_path / "a.txt", ["apple", "bean", "corn", "date"])
+    b = write_sst(tmp_path / "b.txt", ["apple", "bean", "corn", "eel"])    # same size, one other word
+    cfg = sst_config(tmp_path, a)
+    run = tmp_path / "run"
+    assert main(["train", str(cfg), "--run-dir", str(run), "--no-progress", "--epochs", "1"]) == 0
+    assert main(["eval", str(run)]) == 0
+    assert main(["eval", str(cfg), "--checkpoint", str(run / "best.npz")]) == 0
+    user_error(["eval", str(run), "--set", f"data.train={b}"], capsys,
+               "was trained with another vocabulary than data.train", f"({b})", "5 vs 5 words",
+               "1 word only in the data (e.g. 'eel'); 1 word only in the checkpoint (e.g. 'date')")
+    user_error(["eval", str(cfg), "--checkpoint", str(run / "best.npz"), "--set", f"data.train={b}"], capsys,
+               "another vocabulary")
+    write_sst(a, ["apple", "bean", "date", "corn", "apple"])      # the same words, other ids? no: sorted ids
+    assert main(["eval", str(run)]) == 0
+    write_sst(a, ["apple", "bean", "corn", "fig"])                # the train file changed under the run
+    user_error(["train", str(run), "--resume", "--epochs", "2"], capsys, "another vocabulary", "'fig'")
+    user_error(["eval", str(run)], capsys, "another vocabulary")
+
+
+def test_the_readme_sequence_needs_no_repeated_set(tmp_path, capsys, monkeypatch):
+    """train with --set, then --resume, eval RUN_DIR and eval CONFIG --checkpoint: the checkpoint's settings."""
+    monkeypatch.chdir(tmp_path)
+    cfg = tiny_config(tmp_path)
+    assert main(["train", str(cfg), "--set", "train.epochs=2", "--set", "model.hidden=6", "--no-progress"]) == 0
+    assert (tmp_path / "runs" / "tiny" / "config.yaml").exists()
+    out = capsys.readouterr().out
+    assert re.search(r"^epoch 2/2: train loss [\d.]+, dev loss [\d.]+, dev root_acc [\d.]+%( \(best\))?; "
+                     r"[\d.]+ s \([\d,]+ trees/s\)$", out, re.M), out
+    assert main(["train", str(cfg), "--resume", "--set", "train.epochs=3", "--no-progress"]) == 0
+    assert "epoch 3/3" in capsys.readouterr().out
+    assert main(["eval", "runs/tiny"]) == 0
+    assert main(["eval", str(cfg), "--checkpoint", "runs/tiny/best.npz", "--split", "dev"]) == 0
+    out = capsys.readouterr().out
+    assert "note: using the checkpoint's model.hidden = 6" in out and "dev_root_acc" in out
+    user_error(["eval", str(cfg), "--checkpoint", "runs/tiny/best.npz", "--set", "model.hidden=4"], capsys,
+               "--set model.hidden: the model and training settings come from the checkpoint")
+    user_error(["eval", "var_lstm", "--checkpoint", "runs/tiny/best.npz"], capsys,
+               "configures model var_lstm, the checkpoint runs/tiny/best.npz holds a tree_lstm model")
+    results = yaml.safe_load((tmp_path / "runs" / "tiny" / "results.json").read_text())
+    assert results["checkpoint"] == "best.npz" and "test_root_acc" in results and "dev_loss" in results
+
+
+def test_load_checks_everything_before_it_changes_anything(tmp_path):
+    cfg = tiny_config(tmp_path)
+    trained = Trainer(cfg, run_dir=tmp_path / "a")
+    trained.fit(epochs=1, progress=False, log=lambda s: None)
+    other = Trainer(cfg, ["model.dropout=0.0"], run_dir=tmp_path / "b")   # same shapes, other model
+    res = other.loss_and_grads(other.task.data["train"][:4])
+    other.optimizer.step(res.grads, loss=res.loss)
+    before = {k: p.value.copy() for k, p in other.params.items()}
+    slots = {k: {s: a.copy() for s, a in v.items()} for k, v in other.optimizer.state.items()}
+    with pytest.raises(CheckpointError, match=r"other model settings: model.dropout is 0.2 there, 0.0 here"):
+        other.load(tmp_path / "a" / "last.npz")
+    assert all(np.array_equal(before[k], p.value) for k, p in other.params.items())
+    assert all(np.array_equal(slots[k][s], a) for k, v in other.optimizer.state.items() for s, a in v.items())
+    assert other.optimizer.steps == 1 and other.epoch == 0
+
+
+def test_older_and_newer_checkpoints(tmp_path, capsys):
+    cfg = tiny_config(tmp_path)
+    t = Trainer(cfg, run_dir=tmp_path / "run")
+    old = tmp_path / "old.npz"     # what minicavs wrote before checkpoints recorded their config
+    checkpoint.save(old, t.params, t.optimizer, extra={"version": 1, "epoch": 3, "batch": 0, "model": t.cfg["model"]})
+    assert main(["eval", str(cfg), "--checkpoint", str(old)]) == 0
+    (tmp_path / "oldrun").mkdir()
+    checkpoint.save(tmp_path / "oldrun" / "last.npz", t.params, t.optimizer, extra={"version": 1, "epoch": 3})
+    user_error(["train", str(tmp_path / "oldrun"), "--resume"], capsys, "older minicavs (run format 1)",
+               "cannot resume it")
+    newer = tmp_path / "newer.npz"
+    checkpoint.save(newer, t.params, t.optimizer, extra={"version": 99, "config": {}})
+    user_error(["eval", str(cfg), "--checkpoint", str(newer)], capsys, "run format 99 is not supported")
+
+
+def test_resuming_from_python_with_other_settings_is_refused(tmp_path):
+    cfg = tiny_config(tmp_path)
+    Trainer(cfg, run_dir=tmp_path / "run").fit(epochs=1, progress=False, log=lambda s: None)
+    other = Trainer(cfg, ["train.lr=0.5"], run_dir=tmp_path / "run")
+    before = {k: p.value.copy() for k, p in other.params.items()}
+    with pytest.raises(CheckpointError, match=r"other settings: train.lr is 0.3 there, 0.5 here"):
+        other.fit(resume=True, progress=False, log=lambda s: None)
+    assert all(np.array_equal(before[k], p.value) for k, p in other.params.items())
+    longer = Trainer(cfg, ["train.epochs=2"], run_dir=tmp_path / "run")   # training longer is allowed
+    assert [r["epoch"] for r in longer.fit(resume=True, progress=False, log=lambda s: None)] == [2]

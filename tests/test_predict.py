@@ -1,0 +1,184 @@
+"""minicavs predict: outputs equal an independent per-sample computation; bad lines and targets are clear errors."""
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from minicavs.cli import main
+from minicavs.data.sst import parse_any_tree
+from minicavs.errors import DataError
+from minicavs.predict import PredictError, predict_lines
+from minicavs.training import Trainer
+
+MODELS = Path(__file__).resolve().parent.parent / "models"
+
+
+def tiny(tmp_path, model: str, **model_cfg) -> Path:
+    cfg = yaml.safe_load((MODELS / f"{model}.yaml").read_text())
+    cfg["model"]["name"] = str(MODELS / f"{model}.py")
+    cfg["model"].update(model_cfg)
+    cfg["data"]["synthetic"] = {"train": 60, "dev": 10, "test": 10, "seed": 7}
+    if model != "tree_fc":   # tree_fc draws random vectors: no vocabulary
+        cfg["data"]["synthetic"]["vocab"] = 40
+    cfg["train"]["epochs"] = 1
+    path = tmp_path / f"{model}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def softmax(z):
+    e = np.exp(z - z.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def test_parse_any_tree_labelled_and_unlabelled():
+    t = parse_any_tree("((the movie) (was great))")
+    assert t.children == [[], [], [0, 1], [], [], [3, 4], [2, 5]]
+    assert t.words == ["the", "movie", None, "was", "great", None, None] and (t.labels == -1).all()
+    t = parse_any_tree("(3 (2 it) (4 works))")
+    assert t.labels.tolist() == [2, 4, 3] and t.words == ["it", "works", None]
+    assert parse_any_tree("((great))").words == ["great"]
+    assert parse_any_tree("(1 (2 3))").labels.tolist() == [2, 1]   # labelled: every node starts with an integer
+
+
+@pytest.mark.parametrize("line, match", [
+    ("(a b c)", r"x:7: a node with 3 children; this model's trees have at most 2"),
+    ("(3 (2 a) (2 b) (2 c))", r"x:7: a node with 3 children"),
+    ("((a b)", r"x:7: unbalanced '\(' \(missing 1"),
+    ("(a b))", r"x:7: unbalanced '\)'"),
+    ("", r"x:7: no tree"),
+    ("a b", r"x:7: 2 trees or words side by side"),
+    ("(a ())", r"x:7: an empty node"),
+    ("(9 (2 a) (2 b))", r"x:7: label 9 out of range 0..4"),
+])
+def test_bad_trees_name_the_line(line, match):
+    with pytest.raises(DataError, match=match):
+        parse_any_tree(line, "x:7")
+
+
+@pytest.fixture(scope="module")
+def tree_trainer(tmp_path_factory):
+    return Trainer(tiny(tmp_path_factory.mktemp("t"), "tree_lstm", embed=8, hidden=8))
+
+
+def test_tree_predictions_equal_the_trained_model_one_tree_at_a_time(tree_trainer):
+    """Batched predict == the training model's own probs (its outputs), each tree run alone."""
+    task = tree_trainer.task
+    trees = task.data["dev"][:6]
+    lines = [t.to_bracket() for t in trees] + ["((" + " ".join(trees[0].sentence()[:2]) + ") unseenword)"]
+    rows = predict_lines(task, lines, batch_size=4)
+    assert len(rows) == len(lines)
+    for line, row in zip(lines, rows):
+        tree = parse_any_tree(line)
+        ref_tree = type(tree)(tree.children, np.maximum(tree.labels, 0), tree.words)
+        graphs, feeds = task.batch([ref_tree])
+        probs = task.model.infer(graphs, feeds, task.params).outputs["probs"]
+        np.testing.assert_allclose(row["probs"], probs[-1], atol=1e-5)
+        back = parse_any_tree(row["text"])          # every node labelled with its argmax, words unchanged
+        assert back.words == tree.words and back.children == tree.children
+        top2 = np.sort(probs, 1)[:, -2:]
+        clear = top2[:, 1] - top2[:, 0] > 1e-5       # batched and serial float32 may round a near tie apart
+        assert clear.sum() > len(clear) // 2
+        assert back.labels[clear].tolist() == probs.argmax(1)[clear].tolist()
+        assert back.labels[-1] == row["label"] and (not clear[-1] or row["label"] == int(probs[-1].argmax()))
+    assert rows[0]["gold"] == int(trees[0].labels[-1]) and "gold" not in rows[-1]
+
+
+@pytest.fixture(scope="module")
+def lm_trainer(tmp_path_factory):
+    return Trainer(tiny(tmp_path_factory.mktemp("lm"), "var_lstm", embed=8, hidden=8))
+
+
+def test_lm_predictions_equal_a_numpy_reference(lm_trainer):
+    """Per-line log-likelihood == the model's own eval loss of that one sentence; next-word probabilities ==
+    softmax(h_last W_o + b_o) in numpy from the pushed h."""
+    task = lm_trainer.task
+    vocab = task.vocab
+    sentences = [[vocab.words[i] for i in x[1:]] for x, _ in task.data["dev"][:4]] + [[], ["never", "seen"]]
+    rows = predict_lines(task, [" ".join(s) for s in sentences], batch_size=3)
+    p = {k: np.asarray(v.value, np.float64) for k, v in task.params.items()}
+    for s, row in zip(sentences, rows):
+        sample = task.make_samples([s])
+        nll = task.evaluate(sample, 1)["loss"]
+        assert row["predictions"] == len(s) + 1
+        assert math.isclose(row["log_likelihood"], -nll, rel_tol=1e-5, abs_tol=1e-4)
+        assert math.isclose(row["perplexity"], math.exp(nll / (len(s) + 1)), rel_tol=1e-5)
+        graphs, feeds = task.batch(sample)
+        h = task.model.infer(graphs, feeds, task.params).pushes["chain"]["h"][-1].astype(np.float64)
+        ref = softmax(h @ p["W_o"] + p["b_o"])
+        top = np.argsort(-ref)[:3]
+        assert [n["word"] for n in row["next"]][:1] == [vocab.words[top[0]]]
+        np.testing.assert_allclose([n["prob"] for n in row["next"]], ref[top], rtol=1e-4, atol=1e-6)
+        assert row["unknown_words"] == sum(w not in vocab.index for w in s)
+    assert rows[-1]["unknown_words"] == 2
+
+
+def test_cli_predict_config_and_checkpoint(tmp_path, capsys):
+    config = tiny(tmp_path, "tree_lstm", embed=8, hidden=8)
+    trainer = Trainer(config)
+    trainer.save(tmp_path / "w.npz")
+    (tmp_path / "in.txt").write_text("((a b) c)\n(2 (1 x) (3 y))\n")
+    assert main(["predict", str(config), "--checkpoint", str(tmp_path / "w.npz"), str(tmp_path / "in.txt")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 2 and all(parse_any_tree(line).labels.min() >= 0 for line in out)
+    assert main(["predict", str(config), "--checkpoint", str(tmp_path / "w.npz"), str(tmp_path / "in.txt"),
+                 "--json", "-o", str(tmp_path / "out.jsonl")]) == 0
+    rows = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [r["text"] for r in rows] == out and rows[1]["gold"] == 2
+    assert not list(tmp_path.glob(".*.tmp*"))
+
+
+@pytest.mark.parametrize("args, match", [
+    (["{config}", "{input}"], r"is not a run dir: give the checkpoint to use with --checkpoint"),
+    (["{tmp}", "{input}"], r"holds no checkpoint"),
+    (["{tmp}/nothing", "{input}"], r"nothing is not a run dir"),
+    (["{config}", "--checkpoint", "{tmp}/missing.npz", "{input}"], r"missing.npz"),
+    (["{config}", "--checkpoint", "{tmp}/w.npz", "{tmp}/missing.txt"], r"input file not found"),
+    (["{config}", "--checkpoint", "{tmp}/w.npz", "{bad}"], r"bad.txt:2: a node with 3 children"),
+])
+def test_cli_predict_errors(tmp_path, capsys, args, match):
+    config = tiny(tmp_path, "tree_lstm", embed=8, hidden=8)
+    Trainer(config).save(tmp_path / "w.npz")
+    (tmp_path / "in.txt").write_text("(a b)\n")
+    (tmp_path / "bad.txt").write_text("(a b)\n(a b c)\n")
+    fill = dict(config=config, input=tmp_path / "in.txt", tmp=tmp_path, bad=tmp_path / "bad.txt")
+    assert main(["predict"] + [a.format(**fill) for a in args]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert len(captured.err.strip().splitlines()) == 1
+    assert re.search(match, captured.err), captured.err
+
+
+def test_tree_fc_does_not_predict(tmp_path):
+    trainer = Trainer(tiny(tmp_path, "tree_fc", hidden=4, leaves=4))
+    with pytest.raises(PredictError, match="does not predict from text input"):
+        predict_lines(trainer.task, ["x"])
+
+
+def test_cli_predict_run_dir_uses_its_config_and_best_checkpoint(tmp_path, capsys):
+    """A run dir alone is enough (its config.yaml and checkpoints); the output equals predicting with the
+    config and the best checkpoint given explicitly."""
+    config = tiny(tmp_path, "tree_lstm", embed=8, hidden=8)
+    Trainer(config, run_dir=tmp_path / "run").fit(progress=False, log=lambda line: None)
+    (tmp_path / "in.txt").write_text("((a b) c)\n(2 (1 x) (3 y))\n")
+    assert main(["predict", str(tmp_path / "run"), str(tmp_path / "in.txt"), "--json"]) == 0
+    from_run = capsys.readouterr().out
+    assert main(["predict", str(config), "--checkpoint", str(tmp_path / "run" / "best.npz"),
+                 str(tmp_path / "in.txt"), "--json"]) == 0
+    assert capsys.readouterr().out == from_run and len(from_run.splitlines()) == 2
+
+
+def test_tree_cache_is_not_fooled_by_a_reused_id(tree_trainer):
+    """TreeLSTM caches prepared trees by id(); a freed tree's id can come back for another tree."""
+    task = tree_trainer.task
+    a, b = parse_any_tree("(2 (2 a) (2 b))"), parse_any_tree("(1 (1 x) (1 (1 y) (1 z)))")
+    task.batch([a])
+    task.samples[id(b)] = task.samples[id(a)]          # what id reuse after freeing ``a`` looks like
+    graphs, feeds = task.batch([b])
+    assert graphs[0].num_vertices == 5 and feeds["labels"].tolist() == [1, 1, 1, 1, 1]

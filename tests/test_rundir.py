@@ -1,0 +1,266 @@
+"""Run dirs survive a crash at any instant: a failure injected at every write, flush, fsync, rename and file
+creation of a run, then ``--resume``, ends with the same files (parameters, optimizer state, metrics, best
+checkpoint, results) as an uninterrupted run; and the repairs resume makes by itself."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from minicavs import checkpoint
+from minicavs.cli import main
+from minicavs.rundir import RunDir
+
+MODELS = Path(__file__).resolve().parent.parent / "models"
+
+
+def tiny_config(tmp_path) -> Path:
+    """4 epochs of a tiny Tree-LSTM whose dev root accuracy improves at epochs 1 and 2, not at 3 and 4
+    (early stopping with patience 2 ends it after epoch 4): every branch of an epoch's end is taken."""
+    cfg = yaml.safe_load((MODELS / "tree_lstm.yaml").read_text())
+    cfg["model"].update(embed=4, hidden=4)
+    cfg["data"]["synthetic"] = {"train": 24, "dev": 12, "test": 12, "seed": 7, "vocab": 30}
+    cfg["train"].update(epochs=6, batch_size=8, lr=0.3, seed=1,
+                        early_stopping={"metric": "dev_root_acc", "mode": "max", "patience": 2})
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+class Crash(BaseException):
+    """The process dies here (not an Exception: nothing in minicavs may catch it)."""
+
+
+class Injector:
+    """Counts the file operations on a run dir; the k-th raises Crash, and so does every later one (a dead
+    process does no more I/O, not even the cleanup in its exception handlers)."""
+
+    def __init__(self, run_dir: Path, k: int | None = None):
+        self.run_dir, self.k = str(run_dir.resolve()), k
+        self.calls: list[str] = []
+        self.dead = False
+        self.fds: set = set()
+
+    def ours(self, path) -> bool:
+        return os.path.abspath(os.fspath(path)).startswith(self.run_dir)
+
+    def hit(self, what: str) -> None:
+        if self.dead:
+            raise Crash(f"dead: {what}")
+        self.calls.append(what)
+        if len(self.calls) == self.k:
+            self.dead = True
+            raise Crash(f"injected at {what} (call {self.k})")
+
+    def install(self, monkeypatch) -> None:
+        real = {name: getattr(os, name) for name in ("open", "fdopen", "fsync", "replace", "unlink")}
+        inj = self
+
+        class File:
+            def __init__(self, f):
+                self.f = f
+
+            def write(self, data):
+                inj.hit("write")
+                return self.f.write(data)
+
+            def flush(self):
+                inj.hit("flush")
+                return self.f.flush()
+
+            def __getattr__(self, name):
+                return getattr(self.f, name)
+
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                self.f.__exit__(*exc)
+
+        def open_(path, flags, *args, **kw):
+            if not self.ours(path):
+                return real["open"](path, flags, *args, **kw)
+            self.hit(f"open {os.path.basename(path)}")
+            fd = real["open"](path, flags, *args, **kw)
+            self.fds.add(fd)
+            return fd
+
+        def fdopen(fd, *args, **kw):
+            f = real["fdopen"](fd, *args, **kw)
+            return File(f) if fd in self.fds else f
+
+        def fsync(fd):
+            if fd in self.fds:   # counted and injected; not paid for (durability is the disk's, order is ours)
+                self.hit("fsync")
+                return None
+            return real["fsync"](fd)
+
+        def replace(src, dst, **kw):
+            if self.ours(dst):
+                self.hit(f"rename to {os.path.basename(dst)}")
+            return real["replace"](src, dst, **kw)
+
+        def unlink(path, **kw):
+            if self.ours(path) and self.dead:
+                raise Crash("dead: unlink")
+            return real["unlink"](path, **kw)
+
+        for name, fn in (("open", open_), ("fdopen", fdopen), ("fsync", fsync), ("replace", replace),
+                         ("unlink", unlink)):
+            monkeypatch.setattr(os, name, fn)
+
+
+def train(cfg, run_dir, *extra) -> int:
+    return main(["train", str(cfg), "--run-dir", str(run_dir), "--no-progress", *extra])
+
+
+def state(run_dir: Path) -> dict:
+    """Everything a run dir holds, timings left out (they differ between any two runs)."""
+    def untimed(rows):
+        return [{k: v for k, v in r.items() if k != "timing"} for r in rows]
+
+    out = {"files": sorted(os.listdir(run_dir)), "config": (run_dir / "config.yaml").read_text(),
+           "metrics": untimed(json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()),
+           "results": untimed([json.loads((run_dir / "results.json").read_text())])}
+    for name in ("last.npz", "best.npz"):
+        ck = checkpoint.read(run_dir / name)
+        extra = dict(ck.extra, history=untimed(ck.extra["history"]))
+        out[name] = (ck.step, extra, {k: v.tobytes() for k, v in ck.params.items()},
+                     {k: {s: a.tobytes() for s, a in slots.items()} for k, slots in ck.optimizer["slots"].items()})
+    return out
+
+
+def test_a_crash_at_every_write_then_resume_ends_as_an_uninterrupted_run(tmp_path, monkeypatch, capsys):
+    cfg = tiny_config(tmp_path)
+    reference = tmp_path / "reference"
+    counter = Injector(reference)
+    with monkeypatch.context() as m:
+        counter.install(m)
+        assert train(cfg, reference) == 0
+    expected = state(reference)
+    assert [r["epoch"] for r in expected["metrics"]] == [1, 2, 3, 4]        # early stopping after epoch 4
+    assert expected["last.npz"][1]["early_stopping"]["best_epoch"] == 2
+    assert "early stopping: dev_root_acc has not improved for 2 epochs" in capsys.readouterr().out
+    points = len(counter.calls)
+    kinds = {c.split()[0] for c in counter.calls}
+    assert kinds == {"open", "write", "flush", "fsync", "rename"}
+    # per file: create the temporary, write, flush, fsync, rename, open and fsync the directory; files:
+    # config.yaml, 4 x (last.npz, metrics.jsonl), best.npz at epochs 1 and 2, results.json
+    assert points == 7 * (1 + 4 + 4 + 2 + 1)
+    restarted = 0
+    for k in range(1, points + 1):
+        run_dir = tmp_path / f"crash{k}"
+        with monkeypatch.context() as m:
+            Injector(run_dir, k).install(m)
+            with pytest.raises(Crash):
+                train(cfg, run_dir)
+        capsys.readouterr()
+        code = train(cfg, run_dir, "--resume")
+        if code == 2:   # the crash came before the first commit: nothing to resume, said so
+            err = capsys.readouterr().err
+            assert "cannot resume" in err and "start a fresh run without --resume" in err, err
+            assert not (run_dir / "last.npz").exists()
+            code = train(cfg, run_dir, "--force")
+            restarted += 1
+        assert code == 0, (k, counter.calls[k - 1], capsys.readouterr().err)
+        assert state(run_dir) == expected, (k, counter.calls[k - 1])
+    assert 0 < restarted < points
+
+
+def test_readers_see_the_best_checkpoint_at_every_instant(tmp_path, monkeypatch):
+    """Between the commit of a new best epoch and the write of best.npz, the best state is last.npz's."""
+    cfg = tiny_config(tmp_path)
+    run_dir = tmp_path / "run"
+    calls = Injector(run_dir)
+    with monkeypatch.context() as m:
+        calls.install(m)
+        assert train(cfg, run_dir, "--epochs", "2") == 0
+    k = [i for i, c in enumerate(calls.calls, 1) if c.startswith("open .best.npz")][1]   # epoch 2: best.npz
+    crashed = tmp_path / "crashed"
+    with monkeypatch.context() as m:
+        Injector(crashed, k).install(m)
+        with pytest.raises(Crash):
+            train(cfg, crashed, "--epochs", "2")
+    run = RunDir(crashed)
+    assert checkpoint.read(run.best).extra["epoch"] == 1
+    assert checkpoint.read(run.last).extra["early_stopping"]["best_epoch"] == 2
+    assert run.best_checkpoint() == run.last
+    assert main(["eval", str(crashed), "--split", "dev"]) == 0
+
+
+def test_resume_repairs_a_torn_metrics_line_and_removes_temporaries(tmp_path, capsys):
+    cfg = tiny_config(tmp_path)
+    run_dir = tmp_path / "run"
+    assert train(cfg, run_dir, "--epochs", "2") == 0
+    good = (run_dir / "metrics.jsonl").read_text()
+    with open(run_dir / "metrics.jsonl", "a") as f:
+        f.write('{"epoch": 3, "train_lo')          # a full disk tore the last line
+    (run_dir / ".last.npz.123.abcd.tmp").write_bytes(b"PK\x03\x04 half")
+    capsys.readouterr()
+    assert train(cfg, run_dir, "--resume", "--epochs", "2") == 0
+    out = capsys.readouterr().out
+    assert "removed .last.npz.123.abcd.tmp" in out and "rewrote metrics.jsonl (2 epochs)" in out
+    assert (run_dir / "metrics.jsonl").read_text() == good
+    assert not any(name.endswith(".tmp") for name in os.listdir(run_dir))
+    assert train(cfg, run_dir, "--resume", "--epochs", "3") == 0
+    assert [json.loads(line)["epoch"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
+
+
+def test_resume_without_a_checkpoint_is_an_error_that_says_how_to_start(tmp_path, capsys):
+    cfg = tiny_config(tmp_path)
+    assert train(cfg, tmp_path / "none", "--resume") == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot resume: run dir" in err and "does not exist" in err
+    assert "start a fresh run without --resume" in err
+    assert not (tmp_path / "none").exists()          # nothing written
+
+
+def test_a_new_run_never_overwrites_an_old_one(tmp_path, capsys):
+    cfg = tiny_config(tmp_path)
+    run_dir = tmp_path / "run"
+    assert train(cfg, run_dir, "--epochs", "1") == 0
+    before = {name: (run_dir / name).read_bytes() for name in os.listdir(run_dir)}
+    capsys.readouterr()
+    assert train(cfg, run_dir, "--epochs", "1") == 2
+    err = capsys.readouterr().err
+    assert "already holds a run (epoch 1 of 6)" in err and "--resume" in err and "--force" in err
+    assert {name: (run_dir / name).read_bytes() for name in os.listdir(run_dir)} == before
+    (run_dir / "notes.txt").write_text("mine")
+    assert train(cfg, run_dir, "--epochs", "2", "--force") == 0
+    assert (run_dir / "notes.txt").read_text() == "mine"   # --force deletes the run's own files only
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+def test_resume_refuses_changes_to_what_is_trained(tmp_path, capsys):
+    cfg = tiny_config(tmp_path)
+    run_dir = tmp_path / "run"
+    assert train(cfg, run_dir, "--epochs", "1") == 0
+    capsys.readouterr()
+    assert train(cfg, run_dir, "--resume", "--set", "model.hidden=5") == 2
+    assert "cannot change model.hidden (5, the run has 4)" in capsys.readouterr().err
+    before = (run_dir / "last.npz").read_bytes()
+    assert main(["train", str(run_dir), "--resume", "--set", "train.epochs=2", "--no-progress"]) == 0
+    assert (run_dir / "last.npz").read_bytes() != before
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["train"]["epochs"] == 2
+
+
+def test_only_the_runs_own_temporaries_are_removed(tmp_path):
+    from minicavs import atomic
+    for name in (".last.npz.1.ab.tmp", ".metrics.jsonl.2.cd.tmp", ".notes.txt.tmp", "last.npz.tmp", ".x.tmp"):
+        (tmp_path / name).write_text("")
+    assert atomic.remove_temporaries(tmp_path, ("last.npz", "metrics.jsonl")) == [".last.npz.1.ab.tmp",
+                                                                                   ".metrics.jsonl.2.cd.tmp"]
+    assert sorted(os.listdir(tmp_path)) == [".notes.txt.tmp", ".x.tmp", "last.npz.tmp"]
+
+
+def test_without_dev_data_the_latest_epoch_is_the_best(tmp_path):
+    cfg = tiny_config(tmp_path)     # early stopping on dev_root_acc, patience 2: inert without dev data
+    run_dir = tmp_path / "run"
+    assert train(cfg, run_dir, "--epochs", "3", "--set", "data.dev=null") == 0
+    assert checkpoint.read(run_dir / "best.npz").extra["epoch"] == 3
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["epoch"] == 3 and "test_loss" in results and "dev_loss" not in results
