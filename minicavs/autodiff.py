@@ -6,28 +6,21 @@ import contextlib
 from typing import Sequence
 
 from .errors import ShapeError
-from .graph import Graph, Node, _rows_implicit, fmt_shape, make_node
+from .graph import Graph, Node, _rows_implicit, fmt_shape
 from .ops import accum, densify, is_row_sparse, ones_like, zeros_like
 from .ops.registry import OPS
 
 
-def _tile_slices(gs: list[Node]) -> list[Node]:
-    """Gradients of slices that tile their source exactly (the parts of a split) become one concat,
-    instead of a zero-filled array per part summed together."""
-    groups: dict = {}
+def _merge_gradients(gs: list[Node]) -> list[Node]:
+    """The gradients summed into one value, with those of ops that know how to merge theirs
+    (``OpDef.merge_gradients``: split parts into one concat) merged."""
+    kept, mergeable = [], {}
     for g in gs:
-        if g.op == "unslice":
-            groups.setdefault((g.inputs[1].id, g.attrs["axis"]), []).append(g)
-    out = [g for g in gs if g.op != "unslice"]
-    for (_, axis), parts in groups.items():
-        parts.sort(key=lambda g: g.attrs["start"])
-        ends = [0] + [g.attrs["stop"] for g in parts]
-        full = parts[0].inputs[1].shape[axis]
-        if len(parts) > 1 and all(g.attrs["start"] == e for g, e in zip(parts, ends)) and ends[-1] == full:
-            out.append(make_node("concat", tuple(g.inputs[0] for g in parts), {"axis": axis}))
+        if OPS[g.op].merge_gradients is None:
+            kept.append(g)
         else:
-            out.extend(parts)
-    return out
+            mergeable.setdefault(g.op, []).append(g)
+    return kept + [m for op, group in mergeable.items() for m in OPS[op].merge_gradients(group)]
 
 
 @contextlib.contextmanager
@@ -79,7 +72,7 @@ def grad(outputs: Node | Sequence[Node], wrt: Sequence[Node],
             gs = pending.pop(n, None)
             if not gs or n not in needed:
                 continue
-            g = accum(*_tile_slices(gs))
+            g = accum(*_merge_gradients(gs))
             if n in wanted:
                 result[n] = g
             vjp = OPS[n.op].vjp

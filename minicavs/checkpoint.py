@@ -29,7 +29,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from . import atomic
-from .device import array_module, to_host
+from .backend import array_module, to_host
 from .errors import CheckpointError
 
 FORMAT = "minicavs-checkpoint"

@@ -35,7 +35,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .device import array_module, to_host
+from .backend import array_module, to_host
 from .errors import MinicavsError
 from .sparse import RowSparse
 from .task import Task

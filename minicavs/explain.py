@@ -19,6 +19,11 @@ class StructureReport:
     tensors: list          # (kind, symbol, per-vertex shape, dtype, bytes)
     where: dict            # kind -> number of nodes run in each phase (static, before, per task, after)
     peak_bytes: int        # the largest buffers the reused dynamic tensors have held so far
+    programs: list = field(default_factory=list)   # the BatchPrograms that ran: F, then ∂F
+
+    def program_text(self) -> str:
+        """The batch programs, one bound step a line (BatchProgram.dump)."""
+        return "\n".join(p.dump() for p in self.programs)
 
     @property
     def gather_copied(self) -> float:
@@ -47,6 +52,12 @@ class Explanation:
                       + f"; gathered rows copied: {100 * r.gather_copied:.1f}% of {r.copies.get('gathered', 0)}"]
             for kind, counts in r.where.items():
                 lines.append(f"  kind '{kind}': " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+            for program in r.programs:
+                blocks = program.blocks()
+                lines.append(f"  {program.title}: {len(blocks)} blocks ({len(program.before)} before tasks, "
+                             f"{len(program.tasks)} tasks, {len(program.after)} after), "
+                             f"{sum(len(b.steps) for b in blocks)} steps run, "
+                             f"{sum(len(b.takes) for b in blocks)} row gathers")
             lines.append(f"  dynamic tensors: {len(r.tensors)}, {r.tensor_bytes / 1024:.1f} KiB held by this batch, "
                          f"peak {r.peak_bytes / 1024:.1f} KiB of buffers")
             for kind, sym, shape, dtype, nbytes in sorted(r.tensors, key=lambda t: -t[4])[:12]:
@@ -78,9 +89,10 @@ def explain(model, graphs, feeds=None, params=None, ctx=None) -> Explanation:
         if state.scatter is not None:
             tensors.append(("(shared)", "scatter", state.scatter.shape[1:], state.scatter.dtype.name,
                             state.scatter.nbytes))
-        peak = sum(t.peak_bytes for t in model._pool.get((s.name, model.device), {}).values())
+        peak = model.workspace(s.name).peak_bytes
+        programs = [p for p in (state.program, state.backward_program) if p is not None]
         out.structures.append(StructureReport(s.name, batch.num_vertices, len(sizes), sizes,
-                                              dict(state.copies), tensors, where, peak))
+                                              dict(state.copies), tensors, where, peak, programs))
     return out
 
 

@@ -60,50 +60,30 @@ class Node:
     def __repr__(self) -> str:
         return f"<Node {self.label()} {type_str(self)}>"
 
-    # Python operators build nodes (ops are imported lazily: the op modules import this one).
-    # numpy must not broadcast over a Node as an object: ``array + node`` defers to ``node.__radd__``.
+    # Python operators build nodes through the op functions the ops package installs here (OPERATORS):
+    # the IR imports nothing above it. numpy must not broadcast over a Node as an object: ``array + node``
+    # defers to ``node.__radd__``.
     __array_ufunc__ = None
 
-    def __add__(self, other): return _ops().add(self, other)
-    def __radd__(self, other): return _ops().add(other, self)
-    def __sub__(self, other): return _ops().sub(self, other)
-    def __rsub__(self, other): return _ops().sub(other, self)
-    def __mul__(self, other): return _ops().mul(self, other)
-    def __rmul__(self, other): return _ops().mul(other, self)
-    def __truediv__(self, other): return _ops().div(self, other)
-    def __rtruediv__(self, other): return _ops().div(other, self)
-    def __matmul__(self, other): return _ops().matmul(self, other)
-    def __rmatmul__(self, other): return _ops().matmul(other, self)
-    def __neg__(self): return _ops().neg(self)
-    def __pow__(self, p): return _ops().pow(self, p)
+    def __add__(self, other): return OPERATORS["add"](self, other)
+    def __radd__(self, other): return OPERATORS["add"](other, self)
+    def __sub__(self, other): return OPERATORS["sub"](self, other)
+    def __rsub__(self, other): return OPERATORS["sub"](other, self)
+    def __mul__(self, other): return OPERATORS["mul"](self, other)
+    def __rmul__(self, other): return OPERATORS["mul"](other, self)
+    def __truediv__(self, other): return OPERATORS["div"](self, other)
+    def __rtruediv__(self, other): return OPERATORS["div"](other, self)
+    def __matmul__(self, other): return OPERATORS["matmul"](self, other)
+    def __rmatmul__(self, other): return OPERATORS["matmul"](other, self)
+    def __neg__(self): return OPERATORS["neg"](self)
+    def __pow__(self, p): return OPERATORS["pow"](self, p)
 
     def __bool__(self):
         raise TypeError("a symbolic Node has no truth value; run the graph to get numbers")
 
 
-def _ops():
-    from . import ops
-    return ops
-
-
-def make_node(op: str, inputs: Sequence[Node], attrs: dict | None = None, name: str | None = None) -> Node:
-    """Create a node, inferring its shape and dtype now so mistakes surface at declaration."""
-    from .ops.registry import OPS
-    attrs = dict(attrs or {})
-    inputs = tuple(inputs)
-    for i, x in enumerate(inputs):
-        if not isinstance(x, Node):
-            raise TypeError(f"{op}: input {i} is {type(x).__name__}, not a Node")
-    try:
-        opdef = OPS[op]
-    except KeyError:
-        raise ShapeError(f"unknown op {op!r}") from None
-    try:
-        shape, dtype = opdef.infer(*inputs, **attrs)
-    except ShapeError as e:
-        where = f"{op} '{name}'" if name else op
-        raise ShapeError(f"{where}: {e}") from None
-    return Node(op, inputs, attrs, tuple(shape), dtype, name)
+# op name -> the function building that op's node; filled by minicavs.ops when it is imported.
+OPERATORS: dict = {}
 
 
 # --- axes and shapes as users write them -------------------------------------------------------------

@@ -52,6 +52,50 @@ class DynamicTensor:
         return self.rows * int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
 
 
+class Workspace:
+    """The buffers one structure's runs reuse from batch to batch, owned by the model: the forward and
+    backward dynamic tensors (keyed by (kind id, node)), the scatter tensor and its gradient. A buffer grows
+    when a batch needs more rows and is never shrunk, so steady-state training allocates none of them."""
+
+    def __init__(self, xp=np):
+        self.xp = xp
+        self.forward: dict = {}
+        self.backward: dict = {}
+        self.scatter: DynamicTensor | None = None
+        self.scatter_grad: DynamicTensor | None = None
+
+    def tensors(self, pool: dict, kid: int, nodes, rows: int) -> dict:
+        """{node: its dynamic tensor}, sized for ``rows`` rows (created on first use)."""
+        out = {}
+        for node in nodes:
+            tensor = pool.get((kid, node))
+            if tensor is None:
+                tensor = pool[(kid, node)] = DynamicTensor(node.name or node.op, node.vshape, node.dtype.np,
+                                                           self.xp)
+            tensor.resize(rows)
+            out[node] = tensor
+        return out
+
+    def scatter_rows(self, rows: int, message: tuple, dtype) -> np.ndarray:
+        """The scatter tensor's first ``rows`` rows (stale values: every row is written before it is read)."""
+        if self.scatter is None or self.scatter.shape != tuple(message) or self.scatter.dtype != np.dtype(dtype):
+            self.scatter = DynamicTensor("scatter", message, dtype, self.xp)
+        return self.scatter.resize(rows)
+
+    def scatter_grad_rows(self, like) -> np.ndarray:
+        """A buffer shaped like the scatter tensor ``like`` for its gradient (stale values)."""
+        if (self.scatter_grad is None or self.scatter_grad.shape != like.shape[1:]
+                or self.scatter_grad.dtype != like.dtype):
+            self.scatter_grad = DynamicTensor("scatter grad", like.shape[1:], like.dtype, self.xp)
+        return self.scatter_grad.resize(len(like))
+
+    @property
+    def peak_bytes(self) -> int:
+        tensors = list(self.forward.values()) + list(self.backward.values()) + [
+            t for t in (self.scatter, self.scatter_grad) if t is not None]
+        return sum(t.peak_bytes for t in tensors)
+
+
 @dataclass
 class KindPlan:
     """Index arrays of one vertex kind; row i of every tensor of this kind is vertex ``vertices[i]``."""

@@ -20,13 +20,15 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from .autodiff import grad
-from .device import Device, get_device
+from .backend import Backend as Device
+from .cpu import CPU
+from .cuda import Cuda, require as require_cuda
 from .engine import CompiledFunction, EngineOptions, backward, forward
 from .errors import FeedError, InputGraphError, ShapeError
-from .executor import RunContext, eval_nodes
+from .program import RunContext, evaluate
 from .graph import Graph, Node, fmt_shape
 from .inputs import Batch, InputGraph, make_batch
-from .memory import plan_memory
+from .memory import Workspace, plan_memory
 from .ops import input as input_node
 from .ops import ones_like
 from .scheduler import get_policy
@@ -205,7 +207,7 @@ class Model:
                  outputs: Mapping[str, Node] | None = None, policy="cavs",
                  options: EngineOptions | None = None, device: Device | str = "cpu"):
         """``device``: where every array of a run lives and every kernel runs (``cpu`` or ``cuda``, or a
-        :class:`~minicavs.device.Device`); parameters passed to :meth:`run` must already be there."""
+        :class:`~minicavs.backend.Backend`); parameters passed to :meth:`run` must already be there."""
         self.structures = [structures] if isinstance(structures, Structure) else list(structures)
         names = [s.name for s in self.structures]
         if len(set(names)) != len(names):
@@ -242,7 +244,17 @@ class Model:
                 for p in f.params:
                     self.param_nodes.setdefault(p.name, p)
         self._build_backward()
-        self._pool: dict = {}
+        self._workspaces: dict = {}
+        for s in self.structures:   # compile F and ∂F for the model's options and device now, not in a run
+            for fn in s.compiled.values():
+                fn.phases(self.options, self.device)
+
+    def workspace(self, structure: str) -> Workspace:
+        """The buffers the runs of ``structure`` reuse across batches (on the model's device)."""
+        key = (structure, self.device)
+        if key not in self._workspaces:
+            self._workspaces[key] = Workspace(self.device.xp)
+        return self._workspaces[key]
 
     def _build_backward(self):
         if self.loss is None:
@@ -319,7 +331,7 @@ class Model:
         result = Result(None)
         states = {}
         for s, stage in zip(self.structures, self.stages):
-            eval_nodes(stage, env, feeds, params, ctx, xp=xp)
+            evaluate(stage, env, feeds, params, ctx, xp=xp)
             batch, plan, fns = plans[s.name]
             pull_bufs = {}
             for name, src in s.pulls.items():
@@ -331,9 +343,8 @@ class Model:
                                     f"has {want} vertices that pull it (the buffer is {src.label()}"
                                     + (f", computed from {', '.join(fed)})" if fed else ")"))
                 pull_bufs[name] = buf
-            pool = self._pool.setdefault((s.name, device), {})   # buffers live on the device
-            st = forward(fns, plan, pull_bufs, params, ctx, s.message, s.dtype, training=training, pool=pool,
-                         opts=options, device=device)
+            st = forward(fns, plan, pull_bufs, params, ctx, s.message, s.dtype, training=training,
+                         workspace=self.workspace(s.name), opts=options, device=device)
             states[s.name] = st
             result.pushes[s.name] = st.pushes
             result.batches[s.name] = (batch, plan)
@@ -341,7 +352,7 @@ class Model:
                 if name not in st.pushes:
                     raise FeedError(f"structure '{s.name}': no vertex in the batch pushes '{name}'")
                 env[node] = st.pushes[name]
-        eval_nodes(self.final_stage, env, feeds, params, ctx, xp=xp)
+        evaluate(self.final_stage, env, feeds, params, ctx, xp=xp)
         result.outputs = {k: device.to_host(env[v]) for k, v in self.outputs.items()}   # for metrics: host
         result.states = states
         if self.loss is not None:
@@ -368,7 +379,7 @@ class Model:
                 if g is None:
                     push_grads[name] = xp.zeros_like(env[s._pushed[name]])
                 else:
-                    eval_nodes(Graph([g]).nodes, benv, feeds, params, ctx, xp=xp)
+                    evaluate(Graph([g]).nodes, benv, feeds, params, ctx, xp=xp)
                     push_grads[name] = densify(xp, benv[g])  # e.g. a lookup picked root rows
             for name in {n for f in s.functions.values() for n in f.pushes} - set(push_grads):
                 push_grads[name] = xp.zeros_like(states[s.name].pushes[name])  # consumed by nothing
@@ -382,7 +393,7 @@ class Model:
                 benv.pop(node, None)
         sg = self.static_param_grad
         if sg:
-            eval_nodes(Graph(list(sg.values())).nodes, benv, feeds, params, ctx, xp=xp)
+            evaluate(Graph(list(sg.values())).nodes, benv, feeds, params, ctx, xp=xp)
             for name, g in sg.items():
                 grads[name] = add_all(xp, [grads[name], benv[g]]) if name in grads else benv[g]
         return grads
@@ -396,3 +407,16 @@ class Model:
         """Forward only, dropout off: keeps no backward state (only values that cross engine phases)."""
         ctx = ctx or RunContext(training=False)
         return self.run(graphs, feeds, params, ctx, False, policy, sample_ids, options)
+
+
+def get_device(name: str | Device, deterministic: bool = False) -> Device:
+    """``cpu`` or ``cuda`` (or a backend, returned as is); ``cuda`` needs CuPy and a GPU (CudaUnavailable).
+    ``deterministic``: CUDA sums a DAG child's gradient rows in a fixed order (see :class:`Cuda`)."""
+    if isinstance(name, Device):
+        return name
+    if name == "cpu":
+        return CPU
+    if name == "cuda":
+        require_cuda()
+        return Cuda(deterministic=deterministic)
+    raise ValueError(f"unknown device {name!r}; known: cpu, cuda")

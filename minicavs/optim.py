@@ -38,8 +38,8 @@ import numpy as np
 
 from .errors import FeedError, NonFiniteError
 from .nn.parameter import Parameter
-from .codegen.library import library
-from .device import array_module
+from .backend import array_module
+from .ops.registry import native_kernels
 from .sparse import RowSparse, densify
 from .validate import indices
 
@@ -213,6 +213,12 @@ class Optimizer:
         self.steps = int(state["steps"])
 
 
+def _update_kernels(value):
+    """The backend's update-rule kernels for arrays like ``value`` (the C library's on the CPU), else None."""
+    kernels = native_kernels(array_module(value), value.dtype)
+    return kernels if hasattr(kernels, "update") else None
+
+
 def _inplace(*arrays) -> bool:
     """Can a compiled (C) kernel update these arrays in place (numpy, writable, C-contiguous)?"""
     return all(isinstance(a, np.ndarray) and a.flags.c_contiguous and a.flags.writeable for a in arrays)
@@ -288,7 +294,7 @@ class Adagrad(Optimizer):
         return {**super().hyper(), "eps": self.eps}
 
     def _prepare(self, value, g, slots, t, wd):
-        lib = library(value.dtype)
+        lib = _update_kernels(value)
         if lib is None or not _inplace(value, *slots.values()):
             return super()._prepare(value, g, slots, t, wd)
         run = functools.partial(lib.update, "adagrad", value, g, (slots["sum_sq"],), (self.lr, self.eps, wd))
@@ -316,7 +322,7 @@ class Adam(Optimizer):
         return {**super().hyper(), "beta1": self.beta1, "beta2": self.beta2, "eps": self.eps}
 
     def _prepare(self, value, g, slots, t, wd):
-        lib = library(value.dtype)
+        lib = _update_kernels(value)
         if lib is None or not _inplace(value, *slots.values()):
             return super()._prepare(value, g, slots, t, wd)
         run = functools.partial(lib.update, "adam", value, g, (slots["m"], slots["v"]),

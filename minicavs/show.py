@@ -15,6 +15,7 @@ from typing import Mapping, Sequence
 
 from .atomic import write_bytes, write_text
 from .graph import Graph, Node, type_str
+from .ops.registry import OPS
 
 # class -> (fill color, what it means); the legend lists the classes a picture uses, in this order
 CLASSES = {
@@ -57,7 +58,7 @@ def to_dot(view: View) -> str:
         if n in view.names:
             parts.insert(0, view.names[n])
         text = "\\n".join(_esc(p) for p in parts)
-        shape = ", shape=ellipse" if n.op in ("param", "input", "constant") else ""
+        shape = ", shape=ellipse" if OPS[n.op].source and not n.inputs and OPS[n.op].rows is None else ""
         style = ', style="rounded,filled,dashed"' if cls == "forward value" else ""
         extra = ", penwidth=2.5" if n in outs or n in view.names else ""
         return f'{indent}n{idx[n]} [label="{text}", fillcolor="{color}"{shape}{style}{extra}];'
@@ -108,7 +109,7 @@ def views(compiled, options) -> tuple[View, View]:
     fwd = View(f"F of '{name}'", f_graph.nodes, fl, [g for g in groups if g[0] in fl], outputs=f_graph.outputs)
     names = {g: f"∂{p}" for p, g in compiled.param_grads.items()}
     for leaf, g in compiled.leaf_grads.items():
-        names[g] = f"∂{leaf.name or leaf.op}" + (" (to child)" if leaf.op == "gather" else "")
+        names[g] = f"∂{leaf.name or leaf.op}" + (" (to child)" if leaf in compiled.gather_slot else "")
     b_graph = Graph(outs)
     bwd = View(f"∂F of '{name}' (outputs: gradients, bold)", b_graph.nodes, bl,
                [g for g in groups if g[0] not in fl], names, outputs=outs)

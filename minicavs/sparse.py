@@ -54,6 +54,9 @@ class RowSparse:
         out[c.indices] = c.rows   # unique indices: a plain assignment, no add.at
         return out
 
+    def copy(self) -> "RowSparse":
+        return RowSparse(self.indices.copy(), self.rows.copy(), self.shape)
+
     def scale(self, s) -> "RowSparse":
         return RowSparse(self.indices, self.rows * self.rows.dtype.type(s), self.shape)
 

@@ -35,10 +35,11 @@ import numpy as np
 
 from . import checkpoint, distributed
 from .config import ConfigError, differences, dump, load_config, load_model_module, recorded, resolve
-from .device import CPU, Cuda, Device
+from .backend import Backend as Device
 from .engine import EngineOptions
 from .errors import CheckpointError, DataError, MinicavsError, RunDirError
 from .executor import RunContext
+from .model import get_device
 from .optim import make_optimizer
 from .progress import Progress, duration
 from .rundir import RunDir
@@ -485,13 +486,9 @@ def _value(key: str, v) -> str:
 def check_device(device: str, deterministic: bool = False) -> Device:
     """The device to train on, or an error before any work when it cannot be used: at start, never
     mid-epoch (CudaUnavailable names what is missing: CuPy, a device)."""
-    if device == "cpu":
-        return CPU
-    if device != "cuda":
+    if device not in ("cpu", "cuda"):
         raise ConfigError(f"train.device: unknown device {device!r}; known: cpu, cuda")
-    from . import cuda
-    cuda.require()
-    return Cuda(deterministic=deterministic)
+    return get_device(device, deterministic)
 
 
 def engine_options(cfg: dict) -> EngineOptions:

@@ -13,8 +13,9 @@ import numpy as np
 from minicavs import ops
 from minicavs.autodiff import grad
 from minicavs.executor import Executor
-from minicavs.graph import Graph, make_node
+from minicavs.graph import Graph
 from minicavs.model import Model, Structure, leaf_internal
+from minicavs.ops import make_node
 from minicavs.vertex import VertexFunction
 
 F64 = "float64"

@@ -33,5 +33,5 @@ def launcher(request, emulation_dir):
     arrays: always, with g++) or ``cupy`` (a real GPU, marked gpu: skipped without one, never mocked)."""
     if request.param == "cupy":
         return mcuda.CuPyLauncher()
-    from minicavs.codegen.cuda_emulation import Launcher
+    from minicavs.cuda.emulation import Launcher
     return Launcher(emulation_dir)

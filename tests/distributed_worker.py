@@ -19,8 +19,8 @@ from minicavs.training import Trainer
 def run_case(case: dict, out: Path, rank: int) -> dict:
     t = Trainer(REPO_ROOT / "models" / f"{case['module']}.yaml", case["overrides"], run_dir=out / case["name"])
     if case.get("emulated"):   # the model on the emulated CUDA device: gradients come back as device arrays
-        from minicavs.codegen.cuda_emulation import Launcher
-        from minicavs.device import Cuda
+        from minicavs.cuda.emulation import Launcher
+        from minicavs.cuda import Cuda
         t.model.device = Cuda(Launcher(out / f"emulation-{rank}"))
     report: dict = {"rank": rank, "size": t.parallel.comm.size}
     if case.get("digest_probe"):   # one rank's parameter off by one ulp: the digest check must name it

@@ -14,7 +14,9 @@ import pytest
 
 from minicavs import cuda as mcuda
 from minicavs.config import REPO_ROOT
-from minicavs.device import CPU, Cuda, array_module, to_host
+from minicavs.backend import array_module, to_host
+from minicavs.cpu import CPU
+from minicavs.cuda import Cuda
 from minicavs.engine import EngineOptions
 from minicavs.executor import RunContext
 from minicavs.training import Trainer
@@ -102,7 +104,7 @@ def test_dag_gradients_add_up_on_cuda(launcher, deterministic):
 
 def test_training_on_the_emulated_device_equals_cpu(emulation_dir, tmp_path):
     """Three optimizer steps (Adam, parameters updated in place) with the model on the emulated device."""
-    from minicavs.codegen.cuda_emulation import Launcher
+    from minicavs.cuda.emulation import Launcher
     a, b = trainer("tree_lstm", "float64", tmp_path / "a"), trainer("tree_lstm", "float64", tmp_path / "b")
     b.model.device = Cuda(Launcher(emulation_dir))
     batches = [a.task.data["train"][i:i + 2] for i in (0, 2, 0)]
@@ -151,7 +153,7 @@ def test_two_streams_give_the_same_numbers_every_time(tmp_path):
 
 def test_plan_indices_are_copied_to_the_device_once(emulation_dir):
     """Task index arrays are slices of a plan array: the device copies the plan array once and slices it."""
-    from minicavs.codegen.cuda_emulation import Launcher
+    from minicavs.cuda.emulation import Launcher
     device = Cuda(Launcher(emulation_dir))
     plan = np.arange(100, dtype=np.int64) * 3
     a, b = device.index(plan[10:20]), device.index(plan[50:53])

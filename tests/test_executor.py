@@ -105,7 +105,7 @@ def test_intermediates_are_released_after_their_last_use():
     b = ops.tanh(a)
     c = ops.sum(b)
     ex = Executor([c])
-    freed = {ex.graph.nodes[j] for _, _, _, _, free in ex.program for j in free}
+    freed = {x for step in ex.steps for x in step.frees}
     assert a in freed and b in freed and x in freed and c not in freed
 
 

@@ -75,7 +75,7 @@ def bad_indices(rng, n: int, size: int, one_d: bool = True, unsigned: bool = Fal
 def _xent_op(rng):
     from minicavs import ops
     from minicavs.executor import run
-    from minicavs.graph import make_node
+    from minicavs.ops import make_node
     cases = []
     for dtype in ("float32", "float64"):
         for n, classes in ((6, 5), (1, 3), (9, 1)):
@@ -96,7 +96,7 @@ def _xent_op(rng):
 
 
 def _library(rng):
-    from minicavs.codegen.library import library
+    from minicavs.cpu.library import library
     from minicavs.sparse import RowSparse
     cases = []
     for dtype in (np.float32, np.float64):
@@ -175,7 +175,7 @@ def _lookup(rng):
 
 
 def _c_rows(rng):
-    from minicavs.codegen.c import row_kernels
+    from minicavs.cpu.compiler import row_kernels
     cases = []
     for dtype in (np.float32, np.float64):
         rk = row_kernels(dtype)
@@ -198,8 +198,8 @@ def _c_rows(rng):
 
 def _cuda_rows(rng):
     from minicavs import cuda as mcuda
-    from minicavs.codegen.cuda_emulation import Launcher
-    from minicavs.device import Cuda
+    from minicavs.cuda.emulation import Launcher
+    from minicavs.cuda import Cuda
     cases = []
     launcher = Launcher()
     device = Cuda(launcher=launcher)

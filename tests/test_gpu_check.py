@@ -1,6 +1,6 @@
 """tools/gpu_check.py without a GPU: it refuses to run (non-zero, naming CuPy or the device, within 60 s); its
 stage runner keeps what a stage wrote before its cap; runs merge; the table shows them; and the equality and
-bench stages themselves run on the emulated CUDA device (codegen/cuda_emulation.py)."""
+bench stages themselves run on the emulated CUDA device (minicavs/cuda/emulation.py)."""
 from __future__ import annotations
 
 import json

@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 import minicavs.ops as ops
 from minicavs.errors import FeedError, ShapeError
 from minicavs.executor import Executor, run
-from minicavs.graph import Graph, Node, make_node, rows_implicit
+from minicavs.graph import Graph, Node, rows_implicit
+from minicavs.ops import make_node
 
 
 def small_graph():

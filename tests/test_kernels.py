@@ -7,10 +7,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from minicavs.codegen import c as cgen
+from minicavs.cpu import compiler as ccomp
 from minicavs.engine import POST, PRE, TASK, EngineOptions
 from minicavs.executor import RunContext
-from minicavs.kernels import FUSED
 from minicavs.passes.fusion import fusible
 
 from . import cells
@@ -21,7 +20,7 @@ OFF = replace(ON, fusion=False)
 
 
 def fused_steps(program):
-    return [st for st in program if st[3] is FUSED]
+    return [st for st in program if st.fused]
 
 
 def test_tree_lstm_internal_task_runs_one_kernel_forward_and_one_backward():
@@ -32,7 +31,7 @@ def test_tree_lstm_internal_task_runs_one_kernel_forward_and_one_backward():
     # all directly linked: one kernel, which writes the values ∂F reads as extra outputs.
     elementwise = [n for n in internal.row_fwd if fusible(n)]
     (step,) = fused_steps(fwd.programs[TASK])
-    assert len(elementwise) == 12 and set(step[1].group.nodes) == set(elementwise)
+    assert len(elementwise) == 12 and set(step.run.group.nodes) == set(elementwise)
     assert {"sigmoid", "tanh", "mul", "add"} == {n.op for n in elementwise}
     unfused, _ = internal.phases(OFF)
     # The scattered [h, c] is not copied: the kernel writes h and c into the scatter tensor's rows.
@@ -40,8 +39,8 @@ def test_tree_lstm_internal_task_runs_one_kernel_forward_and_one_backward():
     assert len(fwd.programs[TASK]) == len(unfused.programs[TASK]) - len(elementwise) + 1 - 1
     # ∂F per task: the gradients through the gates and the cell are one kernel too.
     (bstep,) = fused_steps(bwd.programs[TASK])
-    assert len(bstep[1].group.nodes) >= 10
-    assert all(len(st[1].group.nodes) >= 2 for p in (PRE, TASK, POST)
+    assert len(bstep.run.group.nodes) >= 10
+    assert all(len(st.run.group.nodes) >= 2 for p in (PRE, TASK, POST)
                for st in fused_steps(fwd.programs[p]) + fused_steps(bwd.programs[p]))
     assert "fused[" in internal.dump()
 
@@ -64,12 +63,12 @@ def test_float32_fused_equals_unfused(seed):
 
 def test_no_compiler_runs_unfused_after_one_warning(monkeypatch, tmp_path):
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
-    monkeypatch.setattr(cgen, "_warned", False)
+    monkeypatch.setattr(ccomp, "_warned", False)
     rng = np.random.default_rng(4)
-    case = cells.binary_tree_lstm(rng)
-    graphs = [random_tree(rng, n, 2, full_binary=True) for n in (3, 5)]
-    feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
-    with pytest.warns(RuntimeWarning, match="no C compiler") as record:
+    with pytest.warns(RuntimeWarning, match="no C compiler") as record:   # F and ∂F compile at model build
+        case = cells.binary_tree_lstm(rng)
+        graphs = [random_tree(rng, n, 2, full_binary=True) for n in (3, 5)]
+        feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
         res = case.model.forward_backward(graphs, feeds, case.params, RunContext(), options=ON)
     assert len([w for w in record if "no C compiler" in str(w.message)]) == 1
     internal = case.model.structures[0].compiled["internal"]
@@ -87,8 +86,8 @@ def test_linear_bias_joins_the_kernel_of_its_consumer():
     fwd, _ = internal.phases(ON)
     (step,) = fused_steps(fwd.programs[TASK])
     (lin,) = [n for n in internal.row_fwd if n.op == "linear"]
-    assert step[1].group.biased == {lin: lin.inputs[2]} and [n.op for n in step[1].group.nodes] == ["tanh"]
-    assert [st for st in fwd.programs[TASK] if st[0] is lin][0][2] == list(lin.inputs[:2])
+    assert step.run.group.biased == {lin: lin.inputs[2]} and [n.op for n in step.run.group.nodes] == ["tanh"]
+    assert [st for st in fwd.programs[TASK] if st.outputs[0] is lin][0].inputs == tuple(lin.inputs[:2])
     graphs = [random_tree(rng, n, 2, full_binary=True) for n in (4, 7, 2)]
     feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
     on, off = (case.model.forward_backward(graphs, feeds, case.params, RunContext(), options=o) for o in (ON, OFF))
@@ -107,4 +106,4 @@ def test_eager_elementwise_work_joins_the_task_kernel():
     _, unfused = internal.phases(OFF)
     assert not fused_steps(bwd.programs[PRE]) and len(unfused.programs[PRE]) >= 5
     (step,) = fused_steps(bwd.programs[TASK])
-    assert {n.op for n in step[1].group.nodes} >= {"sub", "mul", "accum"}
+    assert {n.op for n in step.run.group.nodes} >= {"sub", "mul", "accum"}

@@ -97,6 +97,73 @@ def test_backward_reads_pulled_rows_back_from_the_pull_buffer():
     assert leaf.pull_reads == {"x": x} and x not in leaf.fwd_tensors   # dW_l = x^T g needs x
 
 
+def test_workspace_is_reused_across_batches(monkeypatch):
+    """Steady state: forward and backward run in the model's workspace. After warm-up no dynamic tensor is
+    created or regrown (backward included: it used to allocate its tensors anew every batch), the scatter
+    tensor and its gradient keep their buffers, and the bytes a batch allocates (tracemalloc: peak above
+    what was live before it) do not grow with the number of batches."""
+    import gc
+    import tracemalloc
+
+    from minicavs.memory import DynamicTensor
+
+    rng = np.random.default_rng(3)
+    case = cells.binary_tree_lstm(rng, H=16)
+    big = [random_tree(rng, int(n), 2, full_binary=True) for n in (9, 7, 5, 9)]
+    small = big[:2]
+    feeds = {k: cells.batch_feeds(case, g, [case.data(np.random.default_rng(1), t) for t in g])
+             for k, g in (("big", big), ("small", small))}
+    graphs = {"big": big, "small": small}
+
+    def step(which):
+        res = case.model.forward_backward(graphs[which], feeds[which], case.params, RunContext(seed=2))
+        return res.loss
+
+    for _ in range(3):   # warm-up: kernels loaded, buffers at their size
+        step("big")
+    created, regrown = [], []
+    init, resize = DynamicTensor.__init__, DynamicTensor.resize
+
+    def counting_init(self, *args, **kwargs):
+        created.append(args[0])
+        init(self, *args, **kwargs)
+
+    def watching_resize(self, rows, zero=False):
+        before = self.buffer
+        out = resize(self, rows, zero)
+        if self.buffer is not before:
+            regrown.append(self.name)
+        return out
+
+    monkeypatch.setattr(DynamicTensor, "__init__", counting_init)
+    monkeypatch.setattr(DynamicTensor, "resize", watching_resize)
+    workspace = case.model.workspace(case.model.structures[0].name)
+    buffers = (workspace.scatter.buffer, workspace.scatter_grad.buffer)
+    assert workspace.backward, "backward keeps its cross-phase tensors in the workspace"
+    tracemalloc.start()
+    try:
+        allocated, live, losses = [], [], []
+        for i in range(8):
+            gc.collect()
+            before = tracemalloc.get_traced_memory()[0]
+            tracemalloc.reset_peak()
+            losses.append(step("small" if i % 4 == 3 else "big"))
+            peak = tracemalloc.get_traced_memory()[1]
+            gc.collect()   # reference cycles of a batch (cffi buffers, closures) count only until collected
+            allocated.append(peak - before)
+            live.append(tracemalloc.get_traced_memory()[0])
+    finally:
+        tracemalloc.stop()
+    assert created == [] and regrown == []
+    assert (workspace.scatter.buffer, workspace.scatter_grad.buffer) == buffers
+    big_runs = [a for i, a in enumerate(allocated) if i % 4 != 3]
+    assert max(big_runs[3:]) <= 1.05 * max(big_runs[:3]) + 4096, allocated
+    # (what stays live grows by ~2 KB a batch: 56-byte blocks that cffi's from_buffer leaves behind in the
+    # C kernels' calls, on main as well; not buffers)
+    assert max(live) < 64 * 1024, live
+    assert len({round(x, 12) for i, x in enumerate(losses) if i % 4 != 3}) == 1
+
+
 def test_explain_reports_the_peak_of_the_reused_buffers():
     """The peak counts the model's pooled dynamic tensors (kept per structure and device): at least what this
     batch holds, and what a larger earlier batch grew them to."""

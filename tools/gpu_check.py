@@ -16,7 +16,7 @@ OUT gets one JSON per stage (``facts.json`` ...), ``results.json`` (every run in
 are added to what OUT already holds) and ``log.txt`` (every stage's output): at most 6 files, so all of them
 come back from a device call. The table is printed last. Without CuPy or a CUDA device it exits with status 2
 within seconds, naming what is missing. ``--emulate`` runs the equality and bench stages on the CPU emulation
-of the CUDA device (codegen/cuda_emulation.py): how the stage code is tested without a GPU; its results say
+of the CUDA device (minicavs/cuda/emulation.py): how the stage code is tested without a GPU; its results say
 so and never count as GPU results.
 
 Standard library only (plus the project, imported by the stages in their own processes).

@@ -64,12 +64,13 @@ _EMULATION_DIR = None
 
 def project_device(kind: str, deterministic: bool = False):
     """A device object: ``cuda`` (CuPy), ``emulated`` (the CUDA device over the CPU emulation), ``cpu``."""
-    from minicavs.device import CPU, Cuda
+    from minicavs.cpu import CPU
+    from minicavs.cuda import Cuda
     if kind == "cpu":
         return CPU
     if kind == "emulated":
         global _EMULATION_DIR
-        from minicavs.codegen.cuda_emulation import Launcher
+        from minicavs.cuda.emulation import Launcher
         _EMULATION_DIR = _EMULATION_DIR or tempfile.mkdtemp(prefix="gpu-check-emu-")
         return Cuda(Launcher(_EMULATION_DIR), deterministic=deterministic)
     from minicavs import cuda
@@ -125,7 +126,7 @@ def host(a):
     """A numpy float64 copy of a parameter value or gradient (dense), wherever it lives (a copy: parameters
     are updated in place)."""
     import numpy as np
-    from minicavs.device import to_host
+    from minicavs.backend import to_host
     if hasattr(a, "to_dense"):
         a = a.to_dense()
     return np.array(to_host(a), dtype=np.float64, copy=True)

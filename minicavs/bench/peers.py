@@ -68,7 +68,7 @@ from pathlib import Path
 import numpy as np
 
 from ..config import REPO_ROOT
-from ..device import to_host
+from ..backend import to_host
 from ..training import Trainer
 
 

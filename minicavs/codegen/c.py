@@ -1,74 +1,21 @@
-"""C kernels for fused groups: render, compile once with the system compiler, load with cffi, cache on disk.
+"""C source for fused groups and row movement: strings only (minicavs/cpu compiles, loads and caches them).
 
 Every group becomes ``void k(long rows, long cols, const T *x0, long ld0, ..., T *y, long ldy)``: a row loop
 around a ``#pragma omp simd`` column loop, so a group reads strided views (the ``h`` half of a gathered
 ``[h, c]``) and writes straight into a dynamic tensor's rows without copies. float32 groups use
 :mod:`.vecmath`'s branch-free ``exp``/``tanh`` so the column loop vectorizes; float64 groups call libm.
-
-All groups of one call to :func:`build` share one translation unit (one compiler run per vertex function,
-not per group). The cache lives in ``$MINICAVS_CACHE`` (default ``~/.cache/minicavs``), keyed by sha256 of the
-source, the flags, the compiler's version, the target CPU and ``CODEGEN_VERSION``. A build goes to a
-temporary file renamed into place, so two processes building the same library cannot corrupt each other.
-``-ffast-math`` is never used (a library linked with it would set flush-to-zero for the whole process);
-``-fopenmp-simd`` honours the simd pragma without linking the OpenMP runtime. ``-fno-trapping-math`` (no
-value changes: nothing here unmasks floating-point traps) lets gcc turn the selects of ``exp``/``tanh`` into
-vector blends: without it gcc 12 on AVX2 (no masked AVX-512 ops) leaves every loop with a select scalar,
-about 6x slower.
+All groups of one vertex function share one translation unit (one compiler run, not one per group).
 """
 from __future__ import annotations
 
-import functools
 import hashlib
-import math
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
-import warnings
-from pathlib import Path
 from typing import Sequence
 
-import numpy as np
-
 from ..passes.fusion import FusedGroup
-from ..validate import check_rows
 from .cstyle import render_body
 from .vecmath import FUNCS_F32, PRELUDE_F32
 
 CODEGEN_VERSION = 2
-# -mprefer-vector-width=512: gcc otherwise keeps AVX-512 machines at 256-bit vectors (x86 only).
-FLAGS = (("-O3", "-march=native")
-         + (("-mprefer-vector-width=512",) if platform.machine() in ("x86_64", "AMD64") else ())
-         + ("-fPIC", "-shared", "-std=c99", "-fno-math-errno", "-fno-trapping-math", "-fopenmp-simd")
-         # extra flags, e.g. "-fsanitize=address -fno-omit-frame-pointer" to run the kernels under ASan
-         # (then LD_PRELOAD the compiler's libasan.so): part of the cache key like every flag
-         + tuple(os.environ.get("MINICAVS_CFLAGS", "").split()))
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("MINICAVS_CACHE") or Path.home() / ".cache" / "minicavs")
-
-
-def compiler() -> str | None:
-    return shutil.which(os.environ.get("CC", "cc"))
-
-
-@functools.lru_cache(maxsize=None)
-def compiler_version(cc: str) -> str:
-    return subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.splitlines()[0]
-
-
-@functools.lru_cache(maxsize=None)
-def target_cpu() -> str:
-    """What ``-march=native`` means here: the machine and its CPU's model and feature flags."""
-    info = ""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-        info = "\n".join(sorted({ln for ln in text.splitlines() if ln.startswith(("model name", "flags"))}))
-    except OSError:
-        pass
-    return f"{platform.machine()} {platform.processor()} {hashlib.sha256(info.encode()).hexdigest()[:16]}"
 
 
 def render(group: FusedGroup) -> tuple[str, str, str]:
@@ -103,106 +50,12 @@ def render(group: FusedGroup) -> tuple[str, str, str]:
     return name, decl, source
 
 
-class Kernel:
-    """A compiled group, bound once. ``kernel(arrays, out=None)`` runs it; inputs and ``out`` may be views
-    with a row stride (unit stride along the last axis). Per-call work is kept to attribute lookups: the
-    engine calls small kernels thousands of times per batch."""
-
-    def __init__(self, group: FusedGroup, fn, ffi, lib):
-        self.group = group
-        self.fn = fn
-        self.lib = lib  # keep the library loaded
-        self.dtype = group.output.dtype.np
-        self.kinds = list(group.broadcast)
-        self.nout = len(group.outputs)
-        self.full = next((i for i, k in enumerate(self.kinds) if k == "full"), None)
-        T = group.output.dtype.c_type
-        self._buf = functools.partial(ffi.from_buffer, ffi.typeof(f"{T}[]"))
-        self._cast = functools.partial(ffi.cast, ffi.typeof(f"{T} *"))
-
-    def _ptr(self, a: np.ndarray):
-        return self._buf(a) if a.flags.c_contiguous else self._cast(a.ctypes.data)
-
-    def _matrix(self, a: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, int]:
-        """``a`` as a (rows, cols) matrix with unit column stride, and its row stride in elements."""
-        if a.dtype != self.dtype:
-            a = a.astype(self.dtype)
-        if a.ndim != 2 or a.shape[1] > 1 and a.strides[1] != a.itemsize:
-            a = np.ascontiguousarray(a).reshape(rows, -1)
-        return a, (a.strides[0] // a.itemsize if a.shape[0] > 1 else a.shape[1])
-
-    def __call__(self, arrays: Sequence[np.ndarray], out=None):
-        """Run over the rows; ``out`` (an array, or a list with None where to allocate, for a group with
-        several outputs) receives the results. Returns the output, or the list of outputs."""
-        shape = arrays[self.full].shape if self.full is not None else \
-            np.broadcast_shapes(*(np.shape(a) for a in arrays))
-        if len(shape) == 2:
-            rows, cols = shape
-        else:
-            cols = shape[-1] if shape else 1
-            rows = math.prod(shape[:-1])
-        outs = out if isinstance(out, list) else [out] * self.nout
-        ys = [np.empty(shape, self.dtype) if o is None else o for o in outs]
-        if rows * cols == 0:
-            return ys if self.nout > 1 else ys[0]
-        args = []
-        for a, kind in zip(arrays, self.kinds):
-            if kind == "full" and a.ndim == 2 and a.dtype is self.dtype and a.strides[1] == a.itemsize:
-                args += [self._buf(a) if a.flags.c_contiguous else self._cast(a.ctypes.data),
-                         a.strides[0] // a.itemsize]   # the common case, without calls
-            elif kind == "full" or kind == "col":
-                a, ld = self._matrix(a, rows, cols if kind == "full" else 1)
-                args += [self._ptr(a), ld]
-            else:
-                args += [self._ptr(np.ascontiguousarray(a, self.dtype)), 0]
-        mats = [self._matrix(y, rows, cols) for y in ys]
-        for ym, ld in mats:
-            args += [self._ptr(ym), ld]
-        self.fn(rows, cols, *args)
-        for y, (ym, _) in zip(ys, mats):
-            if ym is not y and not np.shares_memory(ym, y):
-                y[...] = ym.reshape(y.shape)
-        return ys if self.nout > 1 else ys[0]
-
-
-_warned = False
-
-
 def translation_unit(groups: Sequence[FusedGroup]) -> tuple[str, str, list]:
     """One library's C source, its cffi declarations, and each group's rendering (name, decl, function)."""
     rendered = [render(g) for g in groups]
     f32 = any(g.output.dtype.name == "float32" for g in groups)
     source = "#include <math.h>\n" + (PRELUDE_F32 if f32 else "") + "\n".join(sorted({s for _, _, s in rendered}))
     return source, "\n".join(sorted({d for _, d, _ in rendered})), rendered
-
-
-def build(groups: FusedGroup | Sequence[FusedGroup]) -> Kernel | None | list:
-    """Compile (or load from the cache) the groups' kernels as one library. Returns one Kernel per group,
-    or None for a group an index over (rows, cols) cannot express (the caller evaluates it unfused); all
-    None, with one warning per process, if there is no C compiler. A single group gives a single result."""
-    global _warned
-    import cffi
-    single = isinstance(groups, FusedGroup)
-    groups = [groups] if single else list(groups)
-    ok = [g for g in groups if "other" not in g.broadcast]
-    cc = compiler()
-    if cc is None:
-        if not _warned:
-            warnings.warn(f"no C compiler ({os.environ.get('CC', 'cc')}) found: fused elementwise groups run "
-                          "unfused with numpy", RuntimeWarning, stacklevel=2)
-            _warned = True
-        ok = []
-    kernels: dict = {}
-    if ok:
-        source, decls, rendered = translation_unit(ok)
-        target = _compiled(source, cc, "fused")
-        ffi = cffi.FFI()
-        ffi.cdef(decls)
-        lib = ffi.dlopen(str(target))
-        for g, (name, _, _) in zip(ok, rendered):
-            kernels[id(g)] = Kernel(g, getattr(lib, name), ffi, lib)
-    out = [kernels.get(id(g)) for g in groups]
-    return out[0] if single else out
 
 
 ROWS_SOURCE = """
@@ -225,78 +78,6 @@ void scatter_add_rows_{T}(long n, long cols, const {T} *restrict src, long lds, 
 """
 
 
-class RowKernels:
-    """Row movement for one dtype, all rows of a task in one call: ``gather`` (dst[r] = src[idx[r]]) and
-    ``scatter_add`` (dst[idx[r]] += src[r], in row order, so repeated indices — a DAG vertex with several
-    parents — add up deterministically). numpy's ``take`` / ``add.at`` when there is no compiler."""
-
-    def __init__(self, dtype):
-        import cffi
-        self.dtype = np.dtype(dtype)
-        T = {"float32": "float", "float64": "double"}[self.dtype.name]
-        self.lib = None
-        cc = compiler()
-        if cc is None:
-            return
-        source = ROWS_SOURCE.format(T=T)
-        ffi = cffi.FFI()
-        ffi.cdef(_row_decls(T))
-        self.lib = ffi.dlopen(str(_compiled(source, cc)))
-        self.ffi = ffi
-        self._gather = getattr(self.lib, f"gather_rows_{T}")
-        self._add = getattr(self.lib, f"scatter_add_rows_{T}")
-        self._cast = functools.partial(ffi.cast, ffi.typeof(f"{T} *"))
-        self._idx = functools.partial(ffi.cast, ffi.typeof("long *"))
-
-    def _rows(self, a: np.ndarray):
-        """(columns, row stride) of a 2-D array with unit column stride, else None (numpy handles it)."""
-        if a.dtype != self.dtype or a.ndim != 2 or (a.shape[1] > 1 and a.strides[1] != a.itemsize):
-            return None
-        return a.shape[1], a.strides[0] // a.itemsize
-
-    def scatter_add(self, dst: np.ndarray, idx: np.ndarray, src: np.ndarray) -> None:
-        idx = check_rows("scatter_add", idx, len(src), len(dst), src.shape[1:], dst.shape[1:])
-        d, s = self._rows(dst), self._rows(src)
-        if self.lib is None or d is None or s is None or d[0] != s[0]:
-            np.add.at(dst, idx, src)
-            return
-        self._add(len(idx), s[0], self._cast(src.ctypes.data), s[1], self._idx(idx.ctypes.data),
-                  self._cast(dst.ctypes.data), d[1])
-
-    def gather(self, src: np.ndarray, idx: np.ndarray) -> np.ndarray:
-        idx = check_rows("gather", idx, None, len(src))
-        s = self._rows(src)
-        if self.lib is None or s is None:
-            return np.take(src, idx, axis=0)
-        out = np.empty((len(idx),) + src.shape[1:], src.dtype)
-        self._gather(len(idx), s[0], self._cast(src.ctypes.data), s[1], self._idx(idx.ctypes.data),
-                     self._cast(out.ctypes.data), s[0])
-        return out
-
-
-def _row_decls(T: str) -> str:
+def row_decls(T: str) -> str:
     args = f"long n, long cols, const {T} *src, long lds, const long *idx, {T} *dst, long ldd"
     return f"void gather_rows_{T}({args});\nvoid scatter_add_rows_{T}({args});"
-
-
-@functools.lru_cache(maxsize=None)
-def row_kernels(dtype) -> RowKernels:
-    return RowKernels(np.dtype(dtype).name)
-
-
-def _compiled(source: str, cc: str, stem: str = "rows") -> Path:
-    """The cached shared library of ``source`` (built once, atomically)."""
-    key = hashlib.sha256("\n".join([source, " ".join(FLAGS), compiler_version(cc), target_cpu(),
-                                    str(CODEGEN_VERSION)]).encode()).hexdigest()[:24]
-    target = cache_dir() / f"{stem}-{key}.so"
-    if not target.exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-            src = Path(tmp) / f"{stem}.c"
-            src.write_text(source)
-            so = Path(tmp) / f"{stem}.so"
-            res = subprocess.run([cc, *FLAGS, str(src), "-o", str(so), "-lm"], capture_output=True, text=True)
-            if res.returncode:
-                raise RuntimeError(f"C compiler failed on generated kernels ({src}):\n{res.stderr[-3000:]}")
-            os.replace(so, target)  # atomic: a concurrent build of the same library just replaces it
-    return target

@@ -9,3 +9,7 @@ from .linalg import matmul, linear  # noqa: F401
 from .nn import (softmax, log_softmax, softmax_cross_entropy, mse, dropout, lookup, densify,  # noqa: F401
                  is_row_sparse)
 from .message import gather_node, pull_node, scatter_node, push_node  # noqa: F401
+from .registry import make_node, native_kernels  # noqa: F401
+from .. import graph as _graph
+
+_graph.OPERATORS.update(add=add, sub=sub, mul=mul, div=div, matmul=matmul, neg=neg, pow=pow)

@@ -6,10 +6,10 @@ import itertools
 import numpy as np
 
 from ..errors import ShapeError
-from ..graph import Node, fmt_shape, make_node
+from ..graph import Node, fmt_shape
 from . import scalar as S
 from .reduce import sum_to
-from .registry import OpDef, register
+from .registry import OpDef, make_node, register
 from .sources import as_node, constant
 
 

@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 from ..errors import ShapeError
-from ..graph import Node, fmt_shape, make_node
+from ..graph import Node, fmt_shape
 from .elementwise import broadcast_shapes, unbroadcast
 from .reduce import sum
-from .registry import OpDef, register
+from .registry import OpDef, make_node, register
 from .shape import swap_last
 from .sources import as_node
 
@@ -57,9 +57,15 @@ def _linear_impl(xp, x, w, b):
     return y
 
 
+def _matmul_impl(xp, x, w):
+    return xp.matmul(x, w)
+
+
+# A fused group reading linear's output can add the bias itself (bias_input): linear then only multiplies.
 register(OpDef("linear", infer=_linear_infer, impl=_linear_impl,
                vjp=lambda g, y, x, w, b: (matmul(g, swap_last(w)), matmul(swap_last(x), g),
-                                          make_node("sum", (g,), {"axes": (0,), "keepdims": False}))))
+                                          make_node("sum", (g,), {"axes": (0,), "keepdims": False})),
+               bias_input=2, without_bias=_matmul_impl))
 
 
 def linear(x: Node, w: Node, b: Node) -> Node:

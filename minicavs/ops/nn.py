@@ -1,20 +1,19 @@
 """Neural-network ops: softmax family and losses, dropout, row lookup (embedding) with row-sparse gradients."""
 from __future__ import annotations
 
-import functools
 import itertools
 import math
 
 import numpy as np
 
 from ..errors import FeedError, ShapeError
-from ..graph import Node, fmt_shape, make_node, user_axis
+from ..graph import Node, fmt_shape, user_axis
 from ..random import hash_words, uniform
 from ..sparse import RowSparse, densify as _densify
 from ..validate import check_labels, indices
 from .elementwise import exp, mul, neg, sub, unbroadcast
 from .reduce import mean_grad
-from .registry import OpDef, register
+from .registry import OpDef, make_node, native_kernels, register
 from .sources import as_node
 
 
@@ -76,17 +75,16 @@ def _xent_infer(logits, labels, *weight):
     return labels.shape, logits.dtype
 
 
-def _compiled(xp, dtype):
-    """The C row kernels (codegen/library.py) for numpy arrays of a float dtype, else None."""
-    if xp is not np:
-        return None
-    from ..codegen.library import library
-    return library(dtype)
+def _native_xent(xp, dtype):
+    """The backend's one-pass cross-entropy kernels for arrays of ``xp`` and ``dtype`` (the C library's on
+    the CPU), else None."""
+    kernels = native_kernels(xp, dtype)
+    return kernels if hasattr(kernels, "xent") else None
 
 
 def _xent_impl(xp, logits, labels, *weight):
     labels = check_labels(logits, labels)
-    lib = _compiled(xp, logits.dtype)
+    lib = _native_xent(xp, logits.dtype)
     if lib is not None and logits.ndim >= 1 and logits.shape[-1]:   # one pass per row, no temporaries
         loss = lib.xent(logits, labels)
         return loss * weight[0] if weight else loss
@@ -105,7 +103,7 @@ def _xent_vjp(g, y, logits, labels, *weight):
 
 def _xent_grad_impl(xp, g, logits, labels):
     labels = check_labels(logits, labels, "xent_grad")
-    lib = _compiled(xp, logits.dtype)
+    lib = _native_xent(xp, logits.dtype)
     if lib is not None and logits.ndim >= 1 and logits.shape[-1]:
         return lib.xent_grad(xp.asarray(g, logits.dtype), logits, labels)
     p = _softmax_impl(xp, logits, -1)          # a fresh array: updated in place below
@@ -190,17 +188,10 @@ def kernel_dropout(xp, x, p, site, ctx, rows):
     return rows.dropout(x.reshape(n, math.prod(x.shape[1:])), keys, h, float(p)).reshape(x.shape)
 
 
-@functools.lru_cache(maxsize=None)
-def _cuda_rows(dtype):
-    from ..cuda import RowKernels
-    return RowKernels(dtype)
-
-
 def _dropout_kernels(xp, dtype):
-    """The dropout kernel for arrays of ``xp``: the C library (numpy) or CUDA (CuPy), else None."""
-    if xp is np:
-        return _compiled(np, dtype)
-    return _cuda_rows(np.dtype(dtype)) if np.dtype(dtype) in (np.float32, np.float64) else None
+    """The dropout kernel for arrays of ``xp``: the backend's (the C library, CUDA's row kernels), else None."""
+    kernels = native_kernels(xp, dtype)
+    return kernels if hasattr(kernels, "dropout") else None
 
 
 register(OpDef("dropout", infer=lambda x, p, site: _same(x), impl=_dropout_impl, needs_ctx=True,

@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 from ..errors import ShapeError
-from ..graph import Node, fmt_shape, make_node, user_axes
-from .registry import OpDef, register
+from ..graph import Node, fmt_shape, user_axes
+from .registry import OpDef, make_node, register
 
 
 def _reduced(shape, axes, keepdims):

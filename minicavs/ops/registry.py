@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
+
+from ..errors import ShapeError
+from ..graph import Node
 
 
 @dataclass(frozen=True)
@@ -16,6 +19,19 @@ class OpDef:
         output is integer-valued or piecewise constant (step, sign, comparisons, shape-only inputs).
     expr(*arg_exprs, **attrs) -> Expr; elementwise ops only: the scalar body fusion renders to C/CUDA.
     needs_ctx: impl also takes ``ctx`` (the run context: seed, step, row keys, training flag).
+
+    What the compiler and the engine ask about an op (nothing outside ops/ branches on an op's name):
+    fuse: an elementwise op a fused kernel computes (False: a source, such as a constant, it reads instead).
+    literal(node) -> its value when a fused kernel inlines the node as a literal (a scalar constant), else None.
+    source: its value is supplied or built from attributes, not computed from inputs by a kernel launch.
+    bias_input, without_bias: an additive bias input that a fused consumer adds instead, and the impl of
+        the op without it (linear: ``x·W``; the kernel of ``tanh(x·W + b)`` adds b).
+    column_blocks(node) -> [(input, first column, end)] when the output is its inputs side by side along the
+        last axis (concat), so the producers can write their column blocks in place; else None.
+    identity: the output is its one input (scatter and push only mark F's outputs).
+    merge_gradients(grads) -> grads: several gradients made by this op and summed into one value, merged
+        into fewer nodes (unslice: the parts of a split become one concat).
+    rows: a message op's row movement and its adjoint (ops/message.py).
     """
 
     name: str
@@ -24,10 +40,23 @@ class OpDef:
     vjp: Optional[Callable]
     expr: Optional[Callable] = None
     needs_ctx: bool = False
+    fuse: bool = True
+    literal: Optional[Callable] = None
+    source: bool = False
+    bias_input: Optional[int] = None
+    without_bias: Optional[Callable] = None
+    column_blocks: Optional[Callable] = None
+    identity: bool = False
+    merge_gradients: Optional[Callable] = None
+    rows: Optional[object] = None
 
     @property
     def elementwise(self) -> bool:
         return self.expr is not None
+
+    @property
+    def fusible(self) -> bool:
+        return self.expr is not None and self.fuse
 
 
 OPS: dict[str, OpDef] = {}
@@ -38,3 +67,39 @@ def register(opdef: OpDef) -> OpDef:
         raise ValueError(f"op {opdef.name!r} registered twice")
     OPS[opdef.name] = opdef
     return opdef
+
+
+def make_node(op: str, inputs: Sequence[Node], attrs: dict | None = None, name: str | None = None) -> Node:
+    """Create a node, inferring its shape and dtype now so mistakes surface at declaration."""
+    attrs = dict(attrs or {})
+    inputs = tuple(inputs)
+    for i, x in enumerate(inputs):
+        if not isinstance(x, Node):
+            raise TypeError(f"{op}: input {i} is {type(x).__name__}, not a Node")
+    try:
+        opdef = OPS[op]
+    except KeyError:
+        raise ShapeError(f"unknown op {op!r}") from None
+    try:
+        shape, dtype = opdef.infer(*inputs, **attrs)
+    except ShapeError as e:
+        where = f"{op} '{name}'" if name else op
+        raise ShapeError(f"{where}: {e}") from None
+    return Node(op, inputs, attrs, tuple(shape), dtype, name)
+
+
+# Hand-written kernels an op may call (softmax cross-entropy, dropout) and the optimizer's update rules, per
+# array module: a backend package (minicavs/cpu, minicavs/cuda) provides them when it is imported; ops never
+# import a backend. Where none is provided, ops run their numpy twins.
+_NATIVE_KERNELS: dict[str, Callable] = {}
+
+
+def provide_native_kernels(module_name: str, kernels_for_dtype: Callable) -> None:
+    """Register ``kernels_for_dtype(dtype) -> kernels | None`` for arrays of the module ``module_name``."""
+    _NATIVE_KERNELS[module_name] = kernels_for_dtype
+
+
+def native_kernels(xp, dtype):
+    """The native kernels for arrays of ``xp`` and ``dtype``, or None (then the numpy twin runs)."""
+    kernels_for_dtype = _NATIVE_KERNELS.get(getattr(xp, "__name__", ""))
+    return None if kernels_for_dtype is None else kernels_for_dtype(dtype)

@@ -5,8 +5,8 @@ import math
 from typing import Sequence
 
 from ..errors import ShapeError
-from ..graph import Node, fmt_shape, make_node, row_lead, user_axis, user_shape
-from .registry import OpDef, register
+from ..graph import Node, fmt_shape, row_lead, user_axis, user_shape
+from .registry import OpDef, make_node, register
 
 
 def _run_shape(shape, rows):
@@ -100,8 +100,19 @@ def _concat_vjp(g, y, *xs, axis):
     return tuple(out)
 
 
+def _concat_column_blocks(n: Node) -> list | None:
+    """For a concat of distinct per-row vectors along the last axis: [(part, first column, end)]."""
+    if n.ndim != 2 or n.attrs["axis"] not in (-1, 1) or len(set(n.inputs)) < len(n.inputs):
+        return None
+    bounds = [0]
+    for x in n.inputs:
+        bounds.append(bounds[-1] + x.shape[1])
+    return [(x, a, b) for x, a, b in zip(n.inputs, bounds[:-1], bounds[1:])]
+
+
 register(OpDef("concat", infer=_concat_infer,
-               impl=lambda xp, *xs, axis: xp.concatenate(xs, axis=axis), vjp=_concat_vjp))
+               impl=lambda xp, *xs, axis: xp.concatenate(xs, axis=axis), vjp=_concat_vjp,
+               column_blocks=_concat_column_blocks))
 
 
 def concat(xs: Sequence[Node], axis: int = -1) -> Node:
@@ -135,10 +146,29 @@ def _unslice_impl(xp, g, x, axis, start, stop):
     return out
 
 
+def _merge_unslices(gs: list) -> list:
+    """Gradients of slices that tile their source exactly (the parts of a split) become one concat,
+    instead of a zero-filled array per part summed together."""
+    groups: dict = {}
+    for g in gs:
+        groups.setdefault((g.inputs[1].id, g.attrs["axis"]), []).append(g)
+    out = []
+    for (_, axis), parts in groups.items():
+        parts.sort(key=lambda g: g.attrs["start"])
+        ends = [0] + [g.attrs["stop"] for g in parts]
+        full = parts[0].inputs[1].shape[axis]
+        if len(parts) > 1 and all(g.attrs["start"] == e for g, e in zip(parts, ends)) and ends[-1] == full:
+            out.append(make_node("concat", tuple(g.inputs[0] for g in parts), {"axis": axis}))
+        else:
+            out.extend(parts)
+    return out
+
+
 # unslice(g, x): zeros shaped like x with g written at [start:stop] on axis; the adjoint of slice.
 register(OpDef("unslice", infer=lambda g, x, axis, start, stop: (x.shape, g.dtype), impl=_unslice_impl,
                vjp=lambda gg, y, g, x, axis, start, stop: (
-                   make_node("slice", (gg,), {"axis": axis, "start": start, "stop": stop}), None)))
+                   make_node("slice", (gg,), {"axis": axis, "start": start, "stop": stop}), None),
+               merge_gradients=_merge_unslices))
 
 
 def slice_(x: Node, start: int, stop: int, axis: int = -1) -> Node:

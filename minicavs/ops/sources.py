@@ -7,8 +7,8 @@ import numpy as np
 
 from ..dtypes import as_dtype, float32
 from ..errors import ShapeError
-from ..graph import Node, make_node
-from .registry import OpDef, register
+from ..graph import Node
+from .registry import OpDef, make_node, register
 
 
 def _declared(shape=(), dtype=float32, **_):
@@ -25,15 +25,17 @@ def _no_impl(xp, **attrs):
     raise RuntimeError("leaf nodes are supplied by the executor, not computed")
 
 
-register(OpDef("input", infer=_declared, impl=_no_impl, vjp=None))
-register(OpDef("param", infer=_declared, impl=_no_impl, vjp=None))
+register(OpDef("input", infer=_declared, impl=_no_impl, vjp=None, source=True))
+register(OpDef("param", infer=_declared, impl=_no_impl, vjp=None, source=True))
+# Constants are not fused (a kernel reads them as inputs), but a scalar one is inlined as a literal.
 register(OpDef("constant", infer=lambda value, dtype: (value.shape, as_dtype(dtype)),
                impl=lambda xp, value, dtype: xp.asarray(value), vjp=None,
-               expr=lambda value, dtype: value.item() if value.size == 1 else None))
+               expr=lambda value, dtype: value.item() if value.size == 1 else None, fuse=False, source=True,
+               literal=lambda n: n.attrs["value"] if n.attrs["value"].size == 1 else None))
 register(OpDef("zeros_like", infer=lambda x: (x.shape, x.dtype),
-               impl=lambda xp, x: xp.zeros_like(x), vjp=None, expr=lambda x: 0.0))
+               impl=lambda xp, x: xp.zeros_like(x), vjp=None, expr=lambda x: 0.0, fuse=False))
 register(OpDef("ones_like", infer=lambda x: (x.shape, x.dtype),
-               impl=lambda xp, x: xp.ones_like(x), vjp=None, expr=lambda x: 1.0))
+               impl=lambda xp, x: xp.ones_like(x), vjp=None, expr=lambda x: 1.0, fuse=False))
 
 
 def input(shape: Sequence, dtype=float32, name: str | None = None) -> Node:

@@ -21,7 +21,7 @@ from ..ops.registry import OPS
 
 
 def fusible(n: Node) -> bool:
-    return OPS[n.op].elementwise and n.op not in ("constant", "zeros_like", "ones_like") and n.dtype.is_float
+    return OPS[n.op].fusible and n.dtype.is_float
 
 
 @dataclass(eq=False)  # identity: groups are dict keys
@@ -86,7 +86,8 @@ def broadcast_kind(x: Node, out: Node) -> str:
 
 
 def _foldable(x: Node) -> bool:
-    return x.op == "constant" and x.attrs["value"].size == 1
+    literal = OPS[x.op].literal
+    return literal is not None and literal(x) is not None
 
 
 def _cyclic(group: set, consumers: dict) -> bool:
@@ -135,6 +136,5 @@ def fuse(nodes: Sequence[Node], outputs: Sequence[Node] = ()) -> list[FusedGroup
 
 def count_kernels(nodes: Sequence[Node], outputs: Sequence[Node] = ()) -> int:
     """Fused elementwise kernels plus every other non-leaf node: what one evaluation launches."""
-    leaves = ("input", "param", "constant", "gather", "pull")
-    others = sum(1 for n in nodes if not fusible(n) and n.op not in leaves)
+    others = sum(1 for n in nodes if not fusible(n) and not OPS[n.op].source)
     return len(fuse(nodes, outputs)) + others

@@ -10,6 +10,7 @@ import pytest
 
 from minicavs import ops
 from minicavs.codegen import c as cgen
+from minicavs.cpu import compiler as ccomp
 from minicavs.graph import Graph
 from minicavs.passes.fusion import fuse
 
@@ -58,7 +59,7 @@ def test_random_fused_dags_match_numpy(dtype, seed):
     for group in fuse(list(Graph([out]).nodes), [out]):
         arrays = [env[i] for i in group.inputs]
         want = group.evaluate(arrays)
-        got = cgen.build(group)(arrays)
+        got = ccomp.build(group)(arrays)
         assert got.dtype == np.dtype(dtype) and got.shape == np.shape(want)
         assert np.max(np.abs(got - want)) <= tol * max(1.0, float(np.max(np.abs(want))))
         env[group.output] = got
@@ -77,9 +78,9 @@ def test_cache_is_reused_and_denormals_survive(cache):
     x = ops.input((None, 3), name="x")
     out = ops.tanh(x) + 1.0
     (g,) = fuse(list(Graph([out]).nodes), [out])
-    cgen.build(g)
+    ccomp.build(g)
     files = sorted(p.name for p in cache.iterdir())
-    cgen.build(g)
+    ccomp.build(g)
     assert sorted(p.name for p in cache.iterdir()) == files and len(files) == 1
     assert np.array([1e-310]) * 1.0 != 0.0   # loading kernels must not turn on flush-to-zero
 
@@ -89,10 +90,10 @@ def test_no_compiler(monkeypatch):
     x = ops.input((None, 3), name="x")
     out = ops.exp(x) * 2.0
     (g,) = fuse(list(Graph([out]).nodes), [out])
-    monkeypatch.setattr(cgen, "_warned", False)
+    monkeypatch.setattr(ccomp, "_warned", False)
     with pytest.warns(RuntimeWarning, match="no C compiler"):
-        assert cgen.build(g) is None
-    assert cgen.build([g, g]) == [None, None]   # warned once per process
+        assert ccomp.build(g) is None
+    assert ccomp.build([g, g]) == [None, None]   # warned once per process
 
 
 @pytest.mark.parametrize("shape, kind", [((None, 4), "full"), ((4,), "row"), ((1, 4), "row"),
@@ -106,7 +107,7 @@ def test_broadcast_kinds(shape, kind):
     assert g.broadcast[g.inputs.index(z)] == kind
     vals = {x: rng.standard_normal((6, 4)), z: rng.standard_normal(tuple(6 if d is None else d for d in shape))}
     arrays = [vals[i] for i in g.inputs]
-    assert np.max(np.abs(cgen.build(g)(arrays) - g.evaluate(arrays))) <= 1e-12
+    assert np.max(np.abs(ccomp.build(g)(arrays) - g.evaluate(arrays))) <= 1e-12
 
 
 def test_unindexable_broadcast_falls_back():
@@ -114,7 +115,7 @@ def test_unindexable_broadcast_falls_back():
     z = ops.input((3, 1), "float64", name="z")
     out = ops.tanh(x) * z
     (g,) = fuse(list(Graph([out]).nodes), [out])
-    assert "other" in g.broadcast and cgen.build(g) is None
+    assert "other" in g.broadcast and ccomp.build(g) is None
 
 
 def test_concurrent_builds_of_one_library(cache):
@@ -125,14 +126,14 @@ def test_concurrent_builds_of_one_library(cache):
     script = textwrap.dedent("""
         import numpy as np
         from minicavs import ops
-        from minicavs.codegen import c as cgen
+        from minicavs.cpu import compiler as ccomp
         from minicavs.graph import Graph
         from minicavs.passes.fusion import fuse
         x = ops.input((None, 8), "float32", name="x")
         out = ops.tanh(x) * ops.sigmoid(x) + 0.25
         (g,) = fuse(list(Graph([out]).nodes), [out])
         v = np.linspace(-3, 3, 32, dtype=np.float32).reshape(4, 8)
-        got = cgen.build(g)([v])
+        got = ccomp.build(g)([v])
         assert np.max(np.abs(got - g.evaluate([v]))) <= 1e-6
     """)
     procs = [subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True)
@@ -152,14 +153,14 @@ def test_float32_vector_math_accuracy_and_special_values(op, ref):
     (g,) = fuse(list(Graph([out]).nodes), [out])
     v = np.concatenate([np.linspace(-110, 110, 64 * 400), np.geomspace(1e-30, 20, 64 * 100),
                         -np.geomspace(1e-30, 20, 64 * 100)]).astype(np.float32).reshape(-1, 64)
-    got = cgen.build(g)([v]).astype(np.float64)
+    got = ccomp.build(g)([v]).astype(np.float64)
     with np.errstate(over="ignore"):
         want = ref(v.astype(np.float64))
     representable = (np.abs(want) < np.finfo(np.float32).max) & (np.abs(want) > np.finfo(np.float32).tiny)
     ulps = np.abs(got - want)[representable] / np.spacing(np.abs(want[representable]).astype(np.float32))
     assert ulps.max() <= 8, ulps.max()
     special = np.array([[np.nan, np.inf, -np.inf, 0.0, -0.0, 100.0, -200.0, 1e-40] * 8], np.float32)
-    s = cgen.build(g)([special])[0, :8]
+    s = ccomp.build(g)([special])[0, :8]
     with np.errstate(over="ignore"):
         want_s = ref(special[0, :8])   # numpy's float32 result: exp(100) overflows to inf
     assert np.isnan(s[0]) and np.array_equal(s[1:7], want_s[1:7])
@@ -177,12 +178,12 @@ def test_every_float32_kernel_of_the_bundled_models_vectorizes(model, tmp_path):
     6x slower, found only by profiling). gcc's own vectorizer report is the evidence; other compilers are
     skipped."""
     from .test_cuda import model_groups
-    cc = cgen.compiler()
+    cc = ccomp.compiler()
     if "Free Software Foundation" not in subprocess.run([cc, "--version"], capture_output=True, text=True).stdout:
         pytest.skip(f"{cc} is not gcc: no -fopt-info report")
     source, _, _ = cgen.translation_unit(model_groups(model, "float32"))
     (tmp_path / "k.c").write_text(source)
-    flags = [f for f in cgen.FLAGS if f != "-shared"]
+    flags = [f for f in ccomp.FLAGS if f != "-shared"]
     res = subprocess.run([cc, *flags, "-fopt-info-vec-optimized", "-c", str(tmp_path / "k.c"), "-o",
                           str(tmp_path / "k.o")], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
@@ -196,7 +197,7 @@ def test_every_float32_kernel_of_the_bundled_models_vectorizes(model, tmp_path):
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_row_kernels_equal_numpy(dtype):
     rng = np.random.default_rng(7)
-    rows = cgen.RowKernels(dtype)
+    rows = ccomp.RowKernels(dtype)
     src = rng.standard_normal((9, 6)).astype(dtype)
     idx = np.array([3, 0, 3, 8, 8, 8, 1], np.int64)   # repeated rows: parents sharing a child
     assert np.array_equal(rows.gather(src, idx), src[idx])

@@ -13,10 +13,10 @@ import pytest
 
 from minicavs import ops
 from minicavs.codegen import cuda
-from minicavs.codegen.cuda_emulation import Emulator, kernels_in
+from minicavs.cuda.compiler import compile_source, compilers_available
+from minicavs.cuda.emulation import Emulator, kernels_in
 from minicavs.config import REPO_ROOT, load_config, load_model_module
 from minicavs.engine import EngineOptions
-from minicavs.kernels import FUSED
 from minicavs.graph import Graph
 from minicavs.passes.fusion import fuse
 
@@ -84,8 +84,8 @@ def test_every_model_has_fused_kernels(every_source):
 @pytest.mark.parametrize("opts", [EngineOptions(), EngineOptions(streaming=True)], ids=["default", "streaming"])
 def test_the_groups_a_cuda_device_lowers_are_all_checked(groups_of, opts, emulation_dir):
     """The compile and emulation checks cover every kernel source the CUDA device builds for the engine."""
-    from minicavs.codegen.cuda_emulation import Launcher
-    from minicavs.device import Cuda
+    from minicavs.cuda.emulation import Launcher
+    from minicavs.cuda import Cuda
     device = Cuda(Launcher(emulation_dir))
     module, overrides = MODELS["tree_lstm"]
     cfg = load_config(REPO_ROOT / "models" / f"{module}.yaml", overrides)
@@ -93,21 +93,21 @@ def test_the_groups_a_cuda_device_lowers_are_all_checked(groups_of, opts, emulat
     checked = {cuda.render(g)[1] for g in groups_of["tree_lstm"]}
     for fn in task.model.structures[0].compiled.values():
         fwd, bwd = fn.phases(opts, device)
-        sources = [st[1].kernel.source for ph in (fwd, bwd) for prog in ph.programs for st in prog
-                   if st[3] is FUSED]
+        sources = [st.run.kernel.source for ph in (fwd, bwd) for prog in ph.programs for st in prog
+                   if st.fused]
         assert sources and set(sources) <= checked
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_every_generated_kernel_compiles_with_nvrtc(every_source, arch):
     """Each source on its own, with the options CuPy's RawModule gets: what a GPU run would compile."""
-    if "nvrtc" not in cuda.compilers_available():
+    if "nvrtc" not in compilers_available():
         if os.environ.get("CI") == "true":
             pytest.fail("CI must compile the CUDA kernels: pip install '.[cudacheck]' (NVRTC from PyPI)")
         pytest.skip("no NVRTC: pip install 'minicavs[cudacheck]'")
     sources = unique_sources(every_source)
     for source, (m, name) in sources.items():
-        assert cuda.compile_source(source, arch, name, compiler="nvrtc"), (m, name)
+        assert compile_source(source, arch, name, compiler="nvrtc"), (m, name)
     assert len(sources) >= 20
 
 
@@ -115,14 +115,14 @@ def test_every_generated_kernel_compiles_with_nvrtc(every_source, arch):
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_every_generated_kernel_compiles_with_nvcc(every_source, arch):
     """The same strings through nvcc, all in one translation unit (one nvcc run per architecture)."""
-    assert cuda.compile_source("\n".join(unique_sources(every_source)), arch, "all", compiler="nvcc")
+    assert compile_source("\n".join(unique_sources(every_source)), arch, "all", compiler="nvcc")
 
 
 def test_compile_errors_carry_the_log():
-    if not cuda.compilers_available():
+    if not compilers_available():
         pytest.skip("no CUDA compiler")
     with pytest.raises(RuntimeError, match="(?s)could not compile.*undefined"):
-        cuda.compile_source('extern "C" __global__ void k(float *y) { y[0] = undefined_name; }', "sm_80")
+        compile_source('extern "C" __global__ void k(float *y) { y[0] = undefined_name; }', "sm_80")
 
 
 @pytest.fixture(scope="module")

@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from minicavs.codegen.c import compiler
-from minicavs.codegen.library import library
+from minicavs.cpu.compiler import compiler
+from minicavs.cpu.library import library
 from minicavs.nn import Parameter
 from minicavs.optim import Adagrad, Adam, Optimizer
 from minicavs.sparse import RowSparse

@@ -15,7 +15,8 @@ import numpy as np
 
 import minicavs.ops as ops
 from minicavs.executor import Executor, RunContext
-from minicavs.graph import make_node, rows_implicit
+from minicavs.graph import rows_implicit
+from minicavs.ops import make_node
 from minicavs.sparse import RowSparse
 from minicavs.testing import check_grads
 

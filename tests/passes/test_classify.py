@@ -148,7 +148,7 @@ def test_streaming_with_dropout_and_errors():
 
 
 def test_an_error_on_the_eager_stream_reaches_the_waiting_thread():
-    from minicavs.device import CPU
+    from minicavs.cpu import CPU
 
     def work(i, kid, koff, bs, goff, wctx, wcopies):
         if koff == 2:

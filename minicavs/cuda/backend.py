@@ -1,13 +1,5 @@
-"""Where arrays live and kernels run: the one seam between the engine and a backend.
-
-The engine, the model and the optimizer only touch arrays through ``device.xp`` (numpy or CuPy: the ops'
-kernels already take the array module as their first argument) and ask the device for the three things a
-backend must generate: a kernel per fused elementwise group, row-movement kernels, and a way to run the
-eager nodes on a second stream. :data:`CPU` is numpy with generated C kernels and a worker thread as the
-second stream; :class:`Cuda` is CuPy with generated CUDA kernels (minicavs/cuda) and two CUDA streams.
-``Cuda(launcher=codegen.cuda_emulation.Launcher())`` runs the same CUDA sources on the CPU with numpy
-arrays: it is how the whole CUDA path of a training step is checked on machines without a GPU.
-"""
+"""The CUDA backend: CuPy arrays, fused groups and row movement as generated CUDA kernels (codegen/cuda.py)
+launched by :mod:`.kernels`, eager nodes on a second CUDA stream with one event per task."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -15,76 +7,13 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .codegen import c as cgen
-from .passes.fusion import FusedGroup
-from .streams import Event, get_stream
-from .validate import check_rows
+from ..backend import Backend
+from ..passes.fusion import FusedGroup
+from ..validate import check_rows
+from . import kernels as cuda_kernels
 
 
-class Device:
-    """numpy arrays, fused groups as generated C kernels, eager work on a worker thread."""
-
-    name = "cpu"
-    deterministic = True
-
-    def __init__(self):
-        self.xp = np
-
-    def __repr__(self) -> str:
-        return f"<device {self.name}>"
-
-    def asarray(self, a, dtype=None):
-        """``a`` as an array of this device (no copy if it already is one)."""
-        return self.xp.asarray(a, dtype)
-
-    def to_host(self, a) -> np.ndarray:
-        return to_host(a)
-
-    def fused(self, groups: Sequence[FusedGroup]) -> list:
-        """One kernel per group (``kernel(arrays, outs)``), None where the group stays unfused."""
-        return cgen.build(list(groups)) if groups else []
-
-    def rows(self, dtype):
-        """Row kernels for ``dtype``: ``scatter_add(dst, idx, src)`` adds repeated indices in row order."""
-        return cgen.row_kernels(dtype)
-
-    def take(self, buf, rows: np.ndarray):
-        """``buf[rows]`` (a gather or pull: all rows of a task at once); ``rows`` is a host index array."""
-        return np.take(buf, rows, axis=0)
-
-    def put(self, dst, rows: np.ndarray, src) -> None:
-        """``dst[rows] = src`` for distinct ``rows`` (a push, a child's gradient in a forest)."""
-        dst[rows] = src
-
-    def eager(self, tasks: list, work: Callable, ctx) -> tuple[list, dict]:
-        """Run ``work(i, *task, ctx, copies)`` for every task, in order, on the eager stream; returns one
-        event per task (``wait()`` before reading task i's results on the recurrent path) and the worker's
-        copy counters (read them after the last event). The worker has its own run context, since dropout
-        row keys change per call."""
-        events = [Event() for _ in tasks]
-        wctx = replace(ctx)
-        wcopies = {"gather": 0, "gathered": 0, "pull": 0, "push": 0}
-
-        def produce():
-            i = 0
-            try:
-                for i, task in enumerate(tasks):
-                    work(i, *task, wctx, wcopies)
-                    events[i].set()
-            except BaseException as e:
-                for ev in events[i:]:
-                    ev.set(e)
-        get_stream("eager").submit(produce)
-        return events, wcopies
-
-    def synchronize(self) -> None:
-        """Wait until every kernel issued so far has finished (nothing to wait for on the CPU)."""
-
-
-CPU = Device()
-
-
-class Cuda(Device):
+class Cuda(Backend):
     """CuPy arrays, fused groups and row movement as generated CUDA kernels (codegen/cuda.py), eager nodes
     on a second CUDA stream with one event per task.
 
@@ -95,11 +24,9 @@ class Cuda(Device):
     name = "cuda"
 
     def __init__(self, launcher=None, deterministic: bool = False):
-        from . import cuda
-        self.launcher = launcher if launcher is not None else cuda.CuPyLauncher()
+        self.launcher = launcher if launcher is not None else cuda_kernels.CuPyLauncher()
         self.xp = self.launcher.xp
         self.deterministic = bool(deterministic)
-        self._cuda = cuda
         self._rows: dict = {}
         self._index: dict = {}   # id(plan array) -> (plan array, its device copy)
         self._streams = None
@@ -113,7 +40,7 @@ class Cuda(Device):
         out = []
         for g in groups:
             try:
-                out.append(self._cuda.FusedKernel(g, self.launcher))
+                out.append(cuda_kernels.FusedKernel(g, self.launcher))
             except ValueError:   # broadcasting a flat index cannot express: stays unfused
                 out.append(None)
         return out
@@ -121,7 +48,7 @@ class Cuda(Device):
     def rows(self, dtype):
         dtype = np.dtype(dtype)
         if dtype not in self._rows:
-            self._rows[dtype] = _CudaRows(self._cuda.RowKernels(dtype, self.launcher), self.deterministic, self)
+            self._rows[dtype] = _CudaRows(cuda_kernels.RowKernels(dtype, self.launcher), self.deterministic, self)
         return self._rows[dtype]
 
     def index(self, rows: np.ndarray):
@@ -217,26 +144,3 @@ class _StreamEvent:
 
     def wait(self) -> None:
         self.cupy.cuda.get_current_stream().wait_event(self.event)
-
-
-def array_module(a):
-    """numpy, or the module of a device array (CuPy's ``cupy``)."""
-    return np if isinstance(a, np.ndarray) or not hasattr(a, "__array_namespace__") else a.__array_namespace__()
-
-
-def to_host(a) -> np.ndarray:
-    """A numpy array of ``a``'s values, wherever it lives (a copy only when it lives elsewhere)."""
-    return a.get() if hasattr(a, "get") and not isinstance(a, np.ndarray) else np.asarray(a)
-
-
-def get_device(name: str | Device) -> Device:
-    """``cpu`` or ``cuda`` (or a Device, returned as is); ``cuda`` needs CuPy and a GPU (CudaUnavailable)."""
-    if isinstance(name, Device):
-        return name
-    if name == "cpu":
-        return CPU
-    if name == "cuda":
-        from . import cuda
-        cuda.require()
-        return Cuda()
-    raise ValueError(f"unknown device {name!r}; known: cpu, cuda")

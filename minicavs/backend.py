@@ -1,0 +1,71 @@
+"""The seam between the engine and a backend: what every backend provides, and array helpers.
+
+The engine, the model and the optimizer only touch arrays through ``backend.xp`` (numpy or CuPy: the ops'
+kernels already take the array module as their first argument) and ask the backend for the three things a
+backend must generate: a kernel per fused elementwise group, row-movement kernels, and a way to run the eager
+nodes on a second stream. Two implementations: :data:`minicavs.cpu.CPU` (numpy, generated C kernels, a worker
+thread as the second stream) and :class:`minicavs.cuda.Cuda` (CuPy, generated CUDA kernels, two CUDA streams;
+``Cuda(launcher=minicavs.cuda.emulation.Launcher())`` runs the same CUDA sources on the CPU with numpy arrays:
+how the whole CUDA path of a training step is checked on machines without a GPU). This module knows neither.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+
+from .passes.fusion import FusedGroup
+
+
+class Backend:
+    """The protocol, with the parts both backends share. A backend has ``name``, ``xp`` (its array module),
+    ``deterministic`` (same bits on every run) and the methods below."""
+
+    name = "backend"
+    deterministic = True
+    xp = np
+
+    def __repr__(self) -> str:
+        return f"<device {self.name}>"
+
+    def asarray(self, a, dtype=None):
+        """``a`` as an array of this backend (no copy if it already is one)."""
+        return self.xp.asarray(a, dtype)
+
+    def to_host(self, a) -> np.ndarray:
+        return to_host(a)
+
+    def fused(self, groups: Sequence[FusedGroup]) -> list:
+        """One kernel per group (``kernel(arrays, outs)``), None where the group stays unfused."""
+        raise NotImplementedError
+
+    def rows(self, dtype):
+        """Row kernels for ``dtype``: ``scatter_add(dst, idx, src)`` adds repeated indices in row order."""
+        raise NotImplementedError
+
+    def take(self, buf, rows: np.ndarray):
+        """``buf[rows]`` (a gather or pull: all rows of a task at once); ``rows`` is a host index array."""
+        raise NotImplementedError
+
+    def put(self, dst, rows: np.ndarray, src) -> None:
+        """``dst[rows] = src`` for distinct ``rows`` (a push, a child's gradient in a forest)."""
+        raise NotImplementedError
+
+    def eager(self, tasks: list, work: Callable, ctx) -> tuple[list, dict]:
+        """Run ``work(i, *task, ctx, copies)`` for every task, in order, on the eager stream; returns one
+        event per task (``wait()`` before reading task i's results on the recurrent path) and the stream's
+        copy counters (read them after the last event)."""
+        raise NotImplementedError
+
+    def synchronize(self) -> None:
+        """Wait until every kernel issued so far has finished."""
+
+
+def array_module(a):
+    """numpy, or the module of a device array (CuPy's ``cupy``)."""
+    return np if isinstance(a, np.ndarray) or not hasattr(a, "__array_namespace__") else a.__array_namespace__()
+
+
+def to_host(a) -> np.ndarray:
+    """A numpy array of ``a``'s values, wherever it lives (a copy only when it lives elsewhere)."""
+    return a.get() if hasattr(a, "get") and not isinstance(a, np.ndarray) else np.asarray(a)

@@ -1,0 +1,70 @@
+"""The CPU backend: numpy arrays, fused groups as generated C kernels (compiled by :mod:`.compiler`), the
+hand-written C library (:mod:`.library`) and a worker thread as the eager stream (:mod:`.streams`)."""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ..backend import Backend
+from ..ops.registry import provide_native_kernels
+from ..passes.fusion import FusedGroup
+from . import compiler
+from .library import library
+from .streams import Event, get_stream
+
+
+class CpuBackend(Backend):
+    """numpy arrays, fused groups as generated C kernels, eager work on a worker thread."""
+
+    name = "cpu"
+    deterministic = True
+
+    def __init__(self):
+        self.xp = np
+
+    def fused(self, groups: Sequence[FusedGroup]) -> list:
+        """One kernel per group (``kernel(arrays, outs)``), None where the group stays unfused."""
+        return compiler.build(list(groups)) if groups else []
+
+    def rows(self, dtype):
+        """Row kernels for ``dtype``: ``scatter_add(dst, idx, src)`` adds repeated indices in row order."""
+        return compiler.row_kernels(dtype)
+
+    def take(self, buf, rows: np.ndarray):
+        """``buf[rows]`` (a gather or pull: all rows of a task at once); ``rows`` is a host index array."""
+        return np.take(buf, rows, axis=0)
+
+    def put(self, dst, rows: np.ndarray, src) -> None:
+        """``dst[rows] = src`` for distinct ``rows`` (a push, a child's gradient in a forest)."""
+        dst[rows] = src
+
+    def eager(self, tasks: list, work: Callable, ctx) -> tuple[list, dict]:
+        """Run ``work(i, *task, ctx, copies)`` for every task, in order, on the eager stream; returns one
+        event per task (``wait()`` before reading task i's results on the recurrent path) and the worker's
+        copy counters (read them after the last event). The worker has its own run context, since dropout
+        row keys change per call."""
+        events = [Event() for _ in tasks]
+        wctx = replace(ctx)
+        wcopies = {"gather": 0, "gathered": 0, "pull": 0, "push": 0}
+
+        def produce():
+            i = 0
+            try:
+                for i, task in enumerate(tasks):
+                    work(i, *task, wctx, wcopies)
+                    events[i].set()
+            except BaseException as e:
+                for ev in events[i:]:
+                    ev.set(e)
+        get_stream("eager").submit(produce)
+        return events, wcopies
+
+    def synchronize(self) -> None:
+        """Wait until every kernel issued so far has finished (nothing to wait for on the CPU)."""
+
+
+CPU = CpuBackend()
+
+provide_native_kernels("numpy", library)

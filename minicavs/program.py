@@ -1,0 +1,480 @@
+"""Programs as data and the one interpreter that runs them.
+
+A program is a list of :class:`~minicavs.compile.Step` records: what runs (a registry op's impl, or a generated kernel computing
+a fused group), on which values, into which. Static graphs (``Executor``), F and ∂F (the engine's phases)
+all run through :func:`run_steps`; a step can be written straight into a buffer it is given (``outs``: a
+dynamic tensor's rows, the scatter tensor's rows, a concat's column block), which is how values land where
+the compiler placed them without copies.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from .errors import FeedError
+from .graph import Node, fmt_shape
+from .compile import POST, PRE, TASK, Step
+from .ops.message import as_slice, gather_adjoint, put_rows, row_index, take_rows
+from .sparse import RowSparse, add_all
+from .validate import indices
+
+
+@dataclass
+class RunContext:
+    """What an op may read besides its inputs: the dropout hash words and the train/eval switch."""
+
+    seed: int = 0
+    step: int = 0
+    training: bool = True
+    row_keys: Any = None  # per-row keys of the rows being computed (None: the row index)
+
+
+def run_steps(steps: Sequence[Step], env: dict, xp, ctx: RunContext, outs: Mapping | None = None) -> None:
+    """The interpreter: run ``steps`` in order, reading and writing values in ``env``. A fused step whose
+    output is in ``outs`` writes its result there (no copy)."""
+    outs = outs or {}
+    for step in steps:
+        args = [env[x] for x in step.inputs]
+        try:
+            if step.fused:
+                for node, value in zip(step.outputs, step.run(args, [outs.get(o) for o in step.outputs])):
+                    env[node] = value
+            elif step.needs_ctx:
+                env[step.outputs[0]] = step.run(xp, *args, ctx=ctx, **step.attrs)
+            else:
+                env[step.outputs[0]] = step.run(xp, *args, **step.attrs)
+        except FeedError as e:
+            raise _located(e, step.outputs[0]) from None
+        for x in step.frees:
+            del env[x]
+
+
+def _located(e: FeedError, n: Node) -> FeedError:
+    """``e`` with the node it came from and that node's inputs, so a message about an op's operand
+    ('labels of shape (2,)') also names the input the user fed ('input#3 'labels'')."""
+    return FeedError(f"{e} [at {n.label()} of {', '.join(x.label() for x in n.inputs)}]")
+
+
+def check_value(node: Node, value, what: str):
+    """Return ``value`` as an array of the node's dtype, or raise naming the node and both shapes. Arrays
+    of another array module (a device's) are checked and kept there."""
+    want = node.dtype.np
+    if (hasattr(value, "__array_namespace__") or isinstance(value, np.ndarray)) and value.dtype.kind != "O":
+        arr = value
+    elif want.kind in "iu":   # a list: numpy would turn [1, True] into ints and [2**63, 1] into floats
+        arr = indices(value, f"{what} {node.label()}: value", dtype=None)
+    else:
+        arr = np.asarray(value)
+    if arr.dtype != want:
+        if arr.dtype.kind != want.kind and not (arr.dtype.kind in "iu" and want.kind in "iu"):
+            raise FeedError(f"{what} {node.label()}: got dtype {arr.dtype}, declared {node.dtype.name}")
+        if want.kind in "iu" and arr.size and not np.can_cast(arr.dtype, want):   # would values wrap?
+            info = np.iinfo(want)
+            lo, hi = int(arr.min()), int(arr.max())
+            if lo < info.min or hi > info.max:
+                raise FeedError(f"{what} {node.label()}: value {lo if lo < info.min else hi} does not fit "
+                                f"its declared dtype {node.dtype.name}")
+        arr = arr.astype(want)
+    if arr.ndim != node.ndim or any(d is not None and d != a for d, a in zip(node.shape, arr.shape)):
+        raise FeedError(f"{what} {node.label()}: got shape {arr.shape}, declared {fmt_shape(node.shape)}")
+    return arr
+
+
+def is_fed(n: Node) -> bool:
+    """Inputs and parameters: values a graph is given, not computed."""
+    return n.op in ("input", "param")
+
+
+def leaf_value(n: Node, feeds: Mapping, params: Mapping):
+    """The value of an ``input`` (from feeds, by node or name) or ``param`` (by name) node, checked."""
+    if n.op == "input":
+        if n in feeds:
+            value = feeds[n]
+        elif n.name is not None and n.name in feeds:
+            value = feeds[n.name]
+        else:
+            raise FeedError(f"missing feed for input {n.label()} {fmt_shape(n.shape)}")
+        return check_value(n, value, "feed for input")
+    if n.name not in params:
+        raise FeedError(f"missing value for parameter '{n.name}' {fmt_shape(n.shape)}")
+    value = params[n.name]
+    return check_value(n, getattr(value, "value", value), "parameter")
+
+
+def evaluate(nodes: Sequence[Node], env: dict, feeds: Mapping, params: Mapping, ctx: RunContext, xp=np) -> None:
+    """Evaluate ``nodes`` (in topological order) into ``env``, keeping every value (for a backward pass):
+    nodes already in ``env`` are not recomputed. Feeds and parameters must already be arrays of ``xp``'s
+    device."""
+    steps = []
+    for n in nodes:
+        if n in env:
+            continue
+        if is_fed(n):
+            env[n] = leaf_value(n, feeds, params)
+        else:
+            steps.append(Step.of(n))
+    run_steps(steps, env, xp, ctx)
+
+
+# --- batch programs: a compiled template bound to one batch -------------------------------------------
+
+PHASE_NAMES = ("before tasks", "task", "after tasks")
+
+
+class Block:
+    """The bound steps of one phase of one vertex kind over some of its rows (one task's, or all the kind's
+    rows before / after the task loop), in the order they run:
+
+    ``views``     values bound to arrays at bind time: a tensor's rows, a strided block of the scatter
+                  tensor (an elided gather), a slice of a pull buffer
+    ``takes``     values copied in by one row gather at run time (a gather, a pull by index)
+    ``stores_in`` values copied into a tensor before the steps (a cotangent a later phase reads again)
+    ``outs``      where steps write in place (a tensor's rows, the scatter tensor's rows)
+    ``concats``   elided concats: the buffer the parts' kernels write their column blocks into (None: new)
+    ``steps``     the compiled steps (registry ops and fused kernels)
+    ``writes``    values copied out after the steps (``dst[index] = value``)
+    ``puts``      values moved out by one row scatter (a push)
+    ``adjoints``  backward only: gradients added into children's rows (gather) or put into a pull buffer's
+                  gradient; ``param_grads``: gradients summed into F's parameter gradients
+
+    Each entry keeps where it reads or writes as (template, *args), rendered only by
+    :meth:`BatchProgram.dump`. ``stream``: "eager" when the block
+    runs on the second stream (its ``adjoints`` and ``param_grads`` still run on the main one)."""
+
+    __slots__ = ("kind", "kid", "phase", "task", "rows", "row_keys", "stream", "views", "takes", "stores_in",
+                 "outs", "concats", "steps", "writes", "puts", "adjoints", "param_grads")
+
+    def __init__(self, kind: str, kid: int, phase: int, task, rows: slice, row_keys, stream: str = "main"):
+        self.kind, self.kid, self.phase, self.task, self.rows = kind, kid, phase, task, rows
+        self.row_keys, self.stream = row_keys, stream
+        self.views, self.takes, self.stores_in, self.outs, self.concats = [], [], [], [], []
+        self.steps, self.writes, self.puts, self.adjoints, self.param_grads = [], [], [], [], []
+
+    def empty(self) -> bool:
+        return not (self.takes or self.stores_in or self.steps or self.writes or self.puts or self.adjoints
+                    or self.param_grads)
+
+    def keep_read(self) -> None:
+        """Drop views and takes that nothing in the block reads (backward binds every forward tensor of the
+        kind, then keeps those its steps, copies and gradients use)."""
+        read = {x for step in self.steps for x in step.inputs}
+        read.update(n for n, *_ in self.stores_in + self.writes + self.puts + self.adjoints)
+        read.update(n for _, n in self.param_grads)
+        self.views = [v for v in self.views if v[0] in read]
+        self.takes = [t for t in self.takes if t[0] in read]
+
+    @property
+    def size(self) -> int:
+        return self.rows.stop - self.rows.start
+
+    def header(self) -> str:
+        where = f"task {self.task}" if self.task is not None else PHASE_NAMES[self.phase]
+        stream = " [eager stream]" if self.stream == "eager" else ""
+        return f"{where}: kind '{self.kind}' rows {self.rows.start}:{self.rows.stop}{stream}"
+
+    def lines(self) -> list[str]:
+        """The bound steps as text, one a line: ``value = where it is read from``, the steps with
+        ``-> where they write``, ``where = value`` for copies out, ``where += value`` for adjoints."""
+        out = [f"{_name(n)} = {_where(what)}" for n, _, what in self.views]
+        out += [f"{_name(n)} = {_where(what)}" for n, _, _, what in self.takes]
+        out += [f"{_where(what)} = {_name(n)}" for n, _, what in self.stores_in]
+        writes_to = {n: _where(what) for n, _, what in self.outs}
+        for c, parts, _, what in self.concats:
+            writes_to[c] = _where(what)
+            writes_to.update((m, f"{_where(what)}[:, {a}:{b}]") for m, a, b in parts)
+        for step in self.steps:
+            into = [writes_to[o] for o in step.outputs if o in writes_to]
+            out.append(step.text(_name) + (f"  -> {', '.join(into)}" if into else ""))
+        out += [f"{_where(what)} = {_name(n)}" for n, _, _, what in self.writes]
+        out += [f"{_where(what)} = {_name(n)}" for n, _, _, what in self.puts]
+        out += [f"{_where(what)} += {_name(n)}" for n, _, _, _, what in self.adjoints]
+        out += [f"grad '{name}' += {_name(n)}" for name, n in self.param_grads]
+        return out
+
+
+def _name(n: Node) -> str:
+    return n.name or f"%{n.id}"
+
+
+def _where(what: tuple) -> str:
+    """Render a location kept as (template, *args) at bind time: formatting is left to dump()."""
+    template, *args = what
+    return template.format(*(_name(a) if isinstance(a, Node) else _rows_text(a)
+                             if isinstance(a, (slice, np.ndarray)) else a for a in args))
+
+
+class BatchProgram:
+    """F's (or ∂F's) steps bound to one batch: the blocks before the task loop, one block per task (in the
+    order they run: forward order, or the task stack popped for backward) and the blocks after it."""
+
+    def __init__(self, title: str, before: list, tasks: list, after: list, copies: dict):
+        self.title, self.before, self.tasks, self.after, self.copies = title, before, tasks, after, copies
+
+    def blocks(self) -> list:
+        return self.before + self.tasks + self.after
+
+    def dump(self) -> str:
+        """One bound step per line, jaxpr-like, block by block."""
+        lines = [f"{self.title}:"]
+        for block in self.blocks():
+            lines.append(f"  {block.header()}")
+            lines += [f"    {line}" for line in block.lines()]
+        return "\n".join(lines)
+
+
+def run_block(block: Block, statics: dict, xp, ctx: RunContext, backend) -> dict:
+    """The interpreter of bound steps: move rows in, run the block's steps, move rows out. Returns the
+    block's values (backward emits its gradients from them with :func:`emit_gradients`)."""
+    ctx.row_keys = block.row_keys
+    env = dict(statics)
+    for node, array, _ in block.views:
+        env[node] = array
+    for node, buffer, index, _ in block.takes:
+        env[node] = backend.take(buffer, index)
+    for node, dst, _ in block.stores_in:
+        dst[...] = env[node]
+    outs = {node: array for node, array, _ in block.outs}
+    for concat, parts, dest, _ in block.concats:
+        if dest is None:
+            dest = xp.empty((block.size, concat.shape[1]), concat.dtype.np)
+        env[concat] = dest
+        for part, a, b in parts:
+            outs[part] = dest[:, a:b]
+    run_steps(block.steps, env, xp, ctx, outs)
+    for node, dst, index, _ in block.writes:
+        dst[index] = env[node]
+    for node, buffer, index, _ in block.puts:
+        if isinstance(index, slice):
+            buffer[index] = env[node]
+        else:
+            backend.put(buffer, index, env[node])
+    return env
+
+
+def emit_gradients(block: Block, env: dict, param_grads: dict, xp) -> None:
+    """Backward: add the block's gradients into children's rows and pull buffers' gradients (the message
+    ops' adjoints, ops/message.py) and into F's parameter gradients."""
+    for node, adjoint, before, after, _ in block.adjoints:
+        adjoint(*before, env[node], *after)
+    for name, node in block.param_grads:
+        g = env[node]
+        prev = param_grads.get(name)
+        if prev is None:
+            param_grads[name] = g.copy()   # (a RowSparse's rows may be a view of the workspace)
+        elif isinstance(prev, RowSparse) or isinstance(g, RowSparse):
+            param_grads[name] = add_all(xp, [prev, g])
+        else:
+            prev += g
+
+
+def _rows_text(index) -> str:
+    if isinstance(index, slice):
+        return f"{index.start}:{index.stop}" + (f":{index.step}" if index.step not in (None, 1) else "")
+    return "[" + ", ".join(str(int(i)) for i in index) + "]"
+
+
+def _with_tensors(places: list, tensors: dict) -> list:
+    """Per phase: the alias pass's (in place, copied, concats) with each value's dynamic tensor."""
+    return [([(n, tensors[n]) for n in inplace], [(n, tensors[n]) for n in copied], concats)
+            for inplace, copied, concats in places]
+
+
+def bind_forward(fns: list, plan, state, opts, device, active: list, training: bool = True) -> BatchProgram:
+    """F's phases bound to the batch: every block's views, row indices and output buffers (placed by the
+    alias pass at compile time) made now, so the task loop only runs them."""
+    scatter, pull_bufs = state.scatter, state.pull_bufs
+    copies = {"gather": 0, "gathered": 0, "pull": 0, "push": 0}
+    stores = {kid: _with_tensors(fns[kid].placement(opts, device, training)[1], state.tensors[kid]) for kid in active}
+    phases = {kid: fns[kid].phases(opts, device)[0] for kid in active}   # looked up once, not per block
+
+    def bind(kid, p, sl, grows, task, stream="main") -> Block:
+        fn, kp, tensors = fns[kid], plan.kinds[kid], state.tensors[kid]
+        ph = phases[kid]
+        block = Block(kp.name, kid, p, task, sl, kp.row_keys[sl], stream)
+        bs = sl.stop - sl.start
+        block.views += [(x, tensors[x].buffer[sl], ("tensor {}[{}]", x, sl)) for x in ph.reads[p]]
+        program = ph.programs[p]
+        views = [kp.views[j].get(sl.start) for j in fn.gathers] if p == TASK and opts.gather_elision else None
+        for j, gnode in fn.gathers.items():
+            if ph.phase[gnode] != p:
+                continue
+            view = None if views is None else views[j]
+            child_rows = kp.child_rows[j][sl]
+            if view is None:
+                block.takes.append((gnode, scatter, child_rows, ("take scatter[{}]", child_rows)))
+                copies["gather"] += bs
+            else:
+                start, step = view
+                if step:
+                    block.views.append((gnode, scatter[start:start + step * (bs - 1) + 1:step],
+                                        ("view scatter[{}]", slice(start, start + step * (bs - 1) + 1, step))))
+                else:
+                    block.views.append((gnode, device.xp.broadcast_to(scatter[start], (bs,) + scatter.shape[1:]),
+                                        ("view scatter[{}] (zero row) x {}", start, bs)))
+            copies["gathered"] += bs
+        cat = fn.gather_concat
+        if cat is not None and views is not None and ph.phase.get(cat) == p:
+            k = len(views)
+            if all(v is not None and v[1] == k and v[0] == views[0][0] + j for j, v in enumerate(views)):
+                first = views[0][0]
+                block.views.append((cat, scatter[first:first + k * bs].reshape(bs, -1),
+                                    ("view scatter[{}] as {} rows", slice(first, first + k * bs), bs)))
+                program = ph.without_concat
+        for name, pnode in fn.pulls.items():
+            if ph.phase[pnode] == p:
+                rows = kp.pull_rows[name][sl]
+                index = row_index(rows)
+                if isinstance(index, slice):
+                    block.views.append((pnode, pull_bufs[name][index], ("view pull {}[{}]", name, index)))
+                else:
+                    block.takes.append((pnode, pull_bufs[name], rows, ("take pull {}[{}]", name, rows)))
+                copies["pull"] += bs
+        inplace, copied, concats = stores[kid][p]
+        block.outs += [(node, t.buffer[sl], ("tensor {}[{}]", node, sl)) for node, t in inplace]
+        written = {node for node, _, _ in block.outs} | {m for _, parts in concats for m, _, _ in parts}
+        src, direct = fn.scatter_source, False
+        scatter_rows = isinstance(grows, slice)
+        where = ("scatter[{}]", grows)
+        for c, parts in concats:
+            dest = next((a for node, a, _ in block.outs if node is c), None)
+            what = next((w for node, _, w in block.outs if node is c), None)
+            if dest is None and c is src and scatter_rows:
+                dest, what, direct = scatter[grows], where, True
+            block.concats.append((c, parts, dest, what or ("new {}", c)))
+        if (not direct and src in ph.inplace and src not in written and scatter_rows
+                and ph.phase.get(src) == p):
+            block.outs.append((src, scatter[grows], where))   # the kernel computing it writes it in place
+            direct = True
+        block.steps = program
+        if fn.scattered is not None and ph.phase[fn.scattered] == p and not direct:
+            block.writes.append((fn.scattered, scatter, grows, where))
+        for name, pnode in fn.pushes.items():
+            if ph.phase[pnode] == p:
+                index = row_index(kp.push_rows[name][sl])
+                block.puts.append((pnode, state.pushes[name], index, ("push {}[{}]", name, index)))
+                copies["push"] += bs
+        block.writes += [(node, t.buffer, sl, ("tensor {}[{}]", node, sl)) for node, t in copied]
+        return block
+
+    whole = {kid: (slice(0, plan.kinds[kid].n), as_slice(plan.schedule.row[plan.kinds[kid].vertices]))
+             for kid in active}
+    tasks = [(kid, slice(koff, koff + bs), slice(goff, goff + bs)) for kid, koff, bs, goff in plan.tasks]
+    if opts.streaming:   # eager nodes on the second stream, task by task ahead of the recurrent path
+        before = [bind(kid, PRE, sl, grows, t, "eager") for t, (kid, sl, grows) in enumerate(tasks)]
+    else:
+        before = _nonempty(bind(kid, PRE, *whole[kid], None) for kid in active)
+    per_task = [bind(kid, TASK, sl, grows, t) for t, (kid, sl, grows) in enumerate(tasks)]
+    after = _nonempty(bind(kid, POST, *whole[kid], None) for kid in active)
+    return BatchProgram("F", before, per_task, after, copies)
+
+
+def _nonempty(blocks) -> list:
+    """Blocks before or after the task loop with something to do (a kind may have no eager or lazy work)."""
+    return [b for b in blocks if not b.empty()]
+
+
+def bind_backward(fns: list, plan, state, opts, device, active: list, btensors: dict, scatter_grad,
+                  push_grads: dict, pull_grads: dict, row_kernels) -> BatchProgram:
+    """∂F's phases bound to the batch: the task stack popped (tasks in reverse), forward values read back
+    from their tensors, the scatter tensor and the pull buffers at the same rows, gradients added into the
+    children's rows of the scatter gradient and into the pull buffers' gradients."""
+    scatter = state.scatter
+    stores = {kid: _with_tensors(fns[kid].placement(opts, device)[3], btensors[kid]) for kid in active}
+    phases = {kid: fns[kid].phases(opts, device)[1] for kid in active}   # looked up once, not per block
+    whole_rows: dict = {}
+
+    def kind_rows(kid):
+        """All of a kind's rows of the scatter tensor, in kind order: a slice when its tasks are adjacent."""
+        if kid not in whole_rows:
+            rows = plan.schedule.row[plan.kinds[kid].vertices]
+            index = row_index(rows)
+            whole_rows[kid] = (take_rows(device, scatter, rows), index)
+        return whole_rows[kid]
+
+    def bind(kid, p, sl, goff, task, stream="main") -> Block:
+        fn, kp = fns[kid], plan.kinds[kid]
+        ph = phases[kid]
+        block = Block(kp.name, kid, p, task, sl, kp.row_keys[sl], stream)
+        bs = sl.stop - sl.start
+        bound = set()
+
+        def view(node, array, what):
+            block.views.append((node, array, what))
+            bound.add(node)
+
+        for node, t in state.tensors[kid].items():
+            view(node, t.buffer[sl], ("tensor {}[{}]", node, sl))
+        if fn.scatter_parts:
+            if goff is not None:
+                rows, where = scatter[goff:goff + bs], slice(goff, goff + bs)
+            else:
+                rows, where = kind_rows(kid)
+            for x, (a, b) in fn.scatter_parts.items():
+                if x not in bound:
+                    view(x, rows[:, a:b], ("view scatter[{}][:, {}:{}]", where, a, b))
+        for name, x in fn.pull_reads.items():
+            if x not in bound:
+                pull_rows = kp.pull_rows[name][sl]
+                index = row_index(pull_rows)
+                if isinstance(index, slice):
+                    view(x, state.pull_bufs[name][index], ("view pull {}[{}]", name, index))
+                else:
+                    block.takes.append((x, state.pull_bufs[name], pull_rows, ("take pull {}[{}]", name, pull_rows)))
+        for x in ph.reads[p]:
+            if x in btensors[kid]:
+                view(x, btensors[kid][x].buffer[sl], ("tensor {}[{}]", x, sl))
+        for out, ct in fn.ct.items():
+            if ph.phase[ct] != p:
+                continue
+            if out is fn.scattered:
+                view(ct, scatter_grad[goff:goff + bs], ("view scatter grad[{}]", slice(goff, goff + bs)))
+            else:
+                push_rows = kp.push_rows[out.name][sl]
+                index = row_index(push_rows)
+                if isinstance(index, slice):
+                    view(ct, push_grads[out.name][index], ("view push grad {}[{}]", out.name, index))
+                else:
+                    block.takes.append((ct, push_grads[out.name], push_rows,
+                                        ("take push grad {}[{}]", out.name, push_rows)))
+            if ct in btensors[kid]:
+                block.stores_in.append((ct, btensors[kid][ct].buffer[sl], ("tensor {}[{}]", ct, sl)))
+        inplace, copied, concats = stores[kid][p]
+        block.outs += [(node, t.buffer[sl], ("tensor {}[{}]", node, sl)) for node, t in inplace]
+        for c, parts in concats:
+            dest = next((a for node, a, _ in block.outs if node is c), None)
+            what = next((w for node, _, w in block.outs if node is c), None)
+            block.concats.append((c, parts, dest, what or ("new {}", c)))
+        block.steps = ph.programs[p]
+        block.writes += [(node, t.buffer, sl, ("tensor {}[{}]", node, sl)) for node, t in copied]
+        for leaf, gnode in fn.leaf_grads.items():
+            if ph.phase[gnode] != p:
+                continue
+            j = fn.gather_slot.get(leaf)
+            if j is not None:
+                elided = kp.views[j].get(sl.start) if p == TASK and opts.gather_elision else None
+                child_rows = kp.child_rows[j][sl]
+                if elided is not None:
+                    start, step = elided
+                    what = ("scatter grad[{}]", slice(start, start + step * (bs - 1) + 1, step))
+                else:
+                    what = ("scatter grad[{}]", child_rows)
+                block.adjoints.append((gnode, gather_adjoint, (device, scatter_grad, child_rows, elided),
+                                       (plan.forest, row_kernels), what))
+            else:
+                pull_rows = kp.pull_rows[leaf.name][sl]
+                block.adjoints.append((gnode, put_rows, (device, pull_grads[leaf.name], pull_rows), (),
+                                       ("pull grad {}[{}]", leaf.name, pull_rows)))
+        block.param_grads += [(name, gnode) for name, gnode in fn.param_grads.items() if ph.phase[gnode] == p]
+        block.keep_read()
+        return block
+
+    stack = [(kid, slice(koff, koff + bs), goff) for kid, koff, bs, goff in reversed(plan.tasks)]
+    if opts.streaming:
+        before = [bind(kid, PRE, sl, goff, len(stack) - 1 - i, "eager") for i, (kid, sl, goff) in enumerate(stack)]
+    else:
+        before = _nonempty(bind(kid, PRE, slice(0, plan.kinds[kid].n), None, None) for kid in active)
+    per_task = [bind(kid, TASK, sl, goff, len(stack) - 1 - i) for i, (kid, sl, goff) in enumerate(stack)]
+    after = _nonempty(bind(kid, POST, slice(0, plan.kinds[kid].n), None, None) for kid in active)
+    return BatchProgram("∂F", before, per_task, after, {})

@@ -1,0 +1,115 @@
+"""The batch program as data: the Tree-LSTM's F and ∂F bound to a two-tree batch, read back with dump() and
+checked step by step against a list counted by hand, with where each output is written; and the one
+interpreter that runs static graphs."""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from minicavs import ops
+from minicavs.executor import Executor
+from minicavs.inputs import InputGraph
+from minicavs.program import RunContext
+
+from . import cells
+
+# Two trees, each a root (global ids 0 and 3) with two leaves (1, 2 and 4, 5). H = 2, so a message [h, c]
+# has 4 columns: h in 0:2, c in 2:4. The schedule puts the four leaves in task 0 (scatter rows 0:4, children
+# of one root side by side: 1, 2, 4, 5) and the two roots in task 1 (scatter rows 4:6). Pull rows of x: one
+# per leaf in global id order (0..3); push rows of h: one per vertex in global id order (leaves 1, 2, 4, 5;
+# roots 0, 3). Node ids (%N) are left out: they depend on creation order.
+LEAF_F = ["x = take pull x[[0, 1, 2, 3]]",                  # 4 rows, too few for a slice: one row gather
+          "% = linear x W bl",
+          "% = slice %", "% = slice %", "% = slice %",        # i, o, u
+          # σ(i), tanh(u), c, σ(o), tanh(c), h: one kernel; c and h straight into the scatter tensor's
+          # column blocks, the four values ∂F reads into their tensors
+          "%, %, %, %, %, % = fused[sigmoid tanh mul sigmoid tanh mul] % % %  -> tensor %[0:4], "
+          "tensor %[0:4], scatter[0:4][:, 2:4], tensor %[0:4], tensor %[0:4], scatter[0:4][:, 0:2]",
+          "scatter = scatter %",                              # the identity marking F's output
+          "h = push %", "push h[[1, 2, 4, 5]] = h"]
+ROOT_F = ["gather0 = view scatter[0:3:2]",                    # children in slot 0: rows 0 and 2, a view
+          "gather1 = view scatter[1:4:2]",                    # slot 1: rows 1 and 3
+          "% = slice gather0", "% = slice gather0",           # h1, c1
+          "% = slice gather1", "% = slice gather1",           # h2, c2
+          "% = concat % %", "% = linear % U bi",
+          "% = slice %", "% = slice %", "% = slice %",        # i, o, u
+          "% = linear (bias added by its kernel) % Uf1", "% = linear (bias added by its kernel) % Uf2",
+          # σ(f1), σ(f2), σ(i), tanh(u), the cell sum c, σ(o), tanh(c), h: one kernel that also adds bf
+          "%, %, %, %, %, %, %, % = fused[sigmoid sigmoid sigmoid tanh mul mul add mul add sigmoid tanh mul] "
+          "% % % % % % % bf  -> tensor %[0:2], tensor %[0:2], tensor %[0:2], tensor %[0:2], "
+          "scatter[4:6][:, 2:4], tensor %[0:2], tensor %[0:2], scatter[4:6][:, 0:2]",
+          "scatter = scatter %"]
+ROOT_F += ["tensor %[0:2] = %"] * 6                           # h1, c1, h2, c2, [h1; h2], h kept for later
+ROOT_PUSH = ["% = tensor %[0:2]", "h = push %", "push h[[0, 3]] = h"]   # lazy: pushes after the task loop
+
+FORWARD = (["F:", "  before tasks: kind 'leaf' rows 0:4"] + [f"    {x}" for x in LEAF_F]
+           + ["  task 0: kind 'leaf' rows 0:4",                # all of the leaves' F ran before the loop
+              "  task 1: kind 'internal' rows 0:2"] + [f"    {x}" for x in ROOT_F]
+           + ["  after tasks: kind 'internal' rows 0:2"] + [f"    {x}" for x in ROOT_PUSH])
+
+
+def _two_tree_program():
+    rng = np.random.default_rng(0)
+    case = cells.binary_tree_lstm(rng, H=2)
+    trees = [InputGraph([[1, 2], [], []]), InputGraph([[1, 2], [], []])]
+    feeds = cells.batch_feeds(case, trees, [case.data(rng, g) for g in trees])
+    result = case.model.forward_backward(trees, feeds, case.params, RunContext())
+    return case, trees, feeds, result.states[case.model.structures[0].name]
+
+
+def _lines(program) -> list[str]:
+    return re.sub(r"%\d+", "%", program.dump()).splitlines()
+
+
+def test_tree_lstm_forward_program_of_a_two_tree_batch():
+    _, _, _, state = _two_tree_program()
+    assert _lines(state.program) == FORWARD
+
+
+def test_tree_lstm_backward_program_of_a_two_tree_batch():
+    """∂F pops the task stack: task 1 (the roots) first, then task 0; gradients are added into the
+    children's rows of the scatter gradient through the same strided views the forward gathers read."""
+    _, _, _, state = _two_tree_program()
+    lines = _lines(state.backward_program)
+    headers = [x.strip() for x in lines if not x.startswith("    ")]
+    assert headers == ["∂F:", "before tasks: kind 'leaf' rows 0:4", "before tasks: kind 'internal' rows 0:2",
+                       "task 1: kind 'internal' rows 0:2", "task 0: kind 'leaf' rows 0:4",
+                       "after tasks: kind 'leaf' rows 0:4", "after tasks: kind 'internal' rows 0:2"]
+    blocks = state.backward_program.blocks()
+    # before the loop: the push cotangents taken at the push rows, kept for the lazy phase
+    assert [b.lines() for b in blocks[:2]] == [["dh = take push grad h[[1, 2, 4, 5]]", "tensor dh[0:4] = dh"],
+                                               ["dh = take push grad h[[0, 3]]", "tensor dh[0:2] = dh"]]
+    roots, leaves, leaves_after, roots_after = blocks[2:]
+    root_lines = [re.sub(r"%\d+", "%", x) for x in roots.lines()]
+    assert root_lines[:10] == ["% = tensor %[0:2]"] * 8 + ["dh = tensor dh[0:2]",
+                                                          "dscatter = view scatter grad[4:6]"]
+    assert [s.outputs[0].op if not s.fused else "fused" for s in roots.steps] == [
+        "slice", "slice", "fused", "matmul", "matmul", "matmul", "slice", "slice", "accum", "concat", "accum",
+        "concat"]
+    assert root_lines[-2:] == ["scatter grad[0:3:2] += %", "scatter grad[1:4:2] += %"]
+    assert leaves.lines() == ["dscatter = view scatter grad[0:4]", "tensor dscatter[0:4] = dscatter"]
+    assert [re.sub(r"%\d+", "%", x) for x in leaves_after.lines()[-3:]] == [
+        "pull grad x[[0, 1, 2, 3]] += %", "grad 'W' += %", "grad 'bl' += %"]
+    assert [name for name, _ in roots_after.param_grads] == ["U", "bi", "Uf1", "Uf2", "bf"]
+    assert not any(b.takes for b in (roots, leaves))   # the task loop copies no rows in
+
+
+def test_bound_views_are_rows_of_the_scatter_tensor():
+    """A bound gather is a strided view of the scatter tensor itself (no copy): the children's rows."""
+    _, _, _, state = _two_tree_program()
+    task = state.program.tasks[1]
+    assert [(n.name, w) for n, _, w in task.views] == [("gather0", ("view scatter[{}]", slice(0, 3, 2))),
+                                                      ("gather1", ("view scatter[{}]", slice(1, 4, 2)))]
+    for (_, view, _), rows in zip(task.views, ([0, 2], [1, 3])):
+        assert np.shares_memory(view, state.scatter)
+        np.testing.assert_array_equal(view, state.scatter[rows])
+
+
+def test_executor_runs_static_graphs_with_the_same_interpreter():
+    x = ops.input((None, 3), "float64", name="x")
+    y = ops.sum(ops.tanh(x) * 2.0)
+    ex = Executor([y])
+    assert [s.text() for s in ex.steps][0].startswith("%") and all(not s.fused for s in ex.steps)
+    v = np.random.default_rng(0).normal(size=(4, 3))
+    assert abs(ex.run({x: v})[0] - 2 * np.tanh(v).sum()) <= 1e-12
