@@ -42,12 +42,6 @@ def _esc(text: str) -> str:
     return text.replace("\\", "\\\\").replace('"', '\\"')
 
 
-def _supplied(n: Node) -> bool:
-    """A value fed, declared or constant (drawn as an ellipse): a source op that is not a message."""
-    opdef = OPS[n.op]
-    return opdef.source and opdef.rows is None
-
-
 def to_dot(view: View) -> str:
     """Graphviz source of ``view``: a box per node (op, name, type), filled by class; clusters for fused
     groups; a legend of the classes used."""
@@ -64,7 +58,7 @@ def to_dot(view: View) -> str:
         if n in view.names:
             parts.insert(0, view.names[n])
         text = "\\n".join(_esc(p) for p in parts)
-        shape = ", shape=ellipse" if _supplied(n) else ""
+        shape = ", shape=ellipse" if OPS[n.op].source and not n.inputs and OPS[n.op].rows is None else ""
         style = ', style="rounded,filled,dashed"' if cls == "forward value" else ""
         extra = ", penwidth=2.5" if n in outs or n in view.names else ""
         return f'{indent}n{idx[n]} [label="{text}", fillcolor="{color}"{shape}{style}{extra}];'

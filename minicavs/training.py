@@ -34,8 +34,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from . import checkpoint, distributed
-from .backend import Backend as Device
 from .config import ConfigError, differences, dump, load_config, load_model_module, recorded, resolve
+from .backend import Backend as Device
 from .engine import EngineOptions
 from .errors import CheckpointError, DataError, MinicavsError, RunDirError
 from .executor import RunContext
