@@ -190,6 +190,8 @@ class CompiledFunction:
         self.bwd_class = classify([c for c in self.ct.values()] + self.row_bwd, ct_scatter, gather_grads)
         # Where each value lives (passes/alias.py): the scatter tensor, the pull buffers, or a dynamic tensor.
         bwd_inputs = {x for n in self.row_bwd for x in n.inputs}
+        self.scatter_message = alias.scatter_message(self.scattered)   # the scatter tensor it writes
+        self.gather_messages = alias.gather_messages(self.gathers)       # the scatter tensor each gather reads
         self.gather_concat = alias.gather_concat(self.row_fwd, list(self.gathers.values()))
         self.scatter_source = alias.scatter_source(self.scattered)
         self.scatter_parts = alias.scatter_parts(self.scattered, bwd_inputs)

@@ -153,10 +153,10 @@ EARLY_STOPPING_KEYS = {"metric": None, "mode": None, "patience": None}
 
 def _train_rules() -> dict:
     from .optim import OPTIMIZERS
-    from .scheduler import POLICIES
+    from .scheduler import policy_names
     return {"optimizer": Choice(tuple(OPTIMIZERS), fold_case=True), "lr": POSITIVE, "weight_decay": NON_NEGATIVE,
             "clip_norm": POSITIVE, "batch_size": at_least(1), "epochs": at_least(1), "seed": at_least(0),
-            "dtype": Choice(("float32", "float64")), "policy": Choice(tuple(POLICIES)),
+            "dtype": Choice(("float32", "float64")), "policy": Choice(policy_names()),
             "eval_batch_size": at_least(1), "log_every": NON_NEGATIVE, "device": Choice(("cpu", "cuda")),
             "early_stopping.metric": Choice(()), "early_stopping.mode": Choice(("min", "max")),
             "early_stopping.patience": at_least(1)}

@@ -5,7 +5,8 @@ indices and output buffers are made before the loop) and runs it: the blocks bef
 nodes over all vertices of a kind, §3.4; streaming: task by task on the second stream), one block per task,
 the blocks after it (lazy nodes: pushes, parameter and pull gradients). Memory moves only at F's entrance and
 exit (ops/message.py): gather takes the children's scattered rows, pull takes rows of an external buffer,
-scatter writes the task's contiguous rows of the shared scatter tensor, push writes rows of an external
+scatter writes the task's contiguous rows of the scatter tensor of its kind's message shape (shared by the kinds
+scattering that shape; a gather reads the tensor of the shape it declared), push writes rows of an external
 buffer. Backward reads forward values from their dynamic tensors at the same offsets and *adds* gradients:
 gather's adjoint scatter-adds into the children's rows of the scatter-gradient tensor, so a DAG vertex with
 several parents receives all contributions. Every buffer comes from the model's workspace (memory.py).
@@ -30,7 +31,7 @@ class RunState:
 
     plan: MemoryPlan
     opts: EngineOptions
-    scatter: np.ndarray | None                      # (N + 1, *message): last row stays zero
+    scatters: dict                                  # message shape -> (N + 1, *shape); last row stays zero
     tensors: list = field(default_factory=list)     # per kind id: {node: DynamicTensor}
     statics: list = field(default_factory=list)     # per kind id: {node: value}
     pushes: dict = field(default_factory=dict)      # push name -> buffer
@@ -41,6 +42,11 @@ class RunState:
     program: BatchProgram | None = None             # F bound to the batch (what ran)
     backward_program: BatchProgram | None = None    # ∂F bound to the batch, once backward has run
 
+    @property
+    def scatter(self):
+        """The scatter tensor when every kind scatters one shape (the usual case), else None."""
+        return next(iter(self.scatters.values())) if len(self.scatters) == 1 else None
+
 
 def _device_index(xp, rows: np.ndarray):
     """:func:`row_index` for writing into an array of ``xp``: index arrays moved to its device."""
@@ -48,20 +54,21 @@ def _device_index(xp, rows: np.ndarray):
     return ix if isinstance(ix, slice) or xp is np else xp.asarray(ix)
 
 
-def forward(fns: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContext, message,
+def forward(fns: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContext, messages,
             dtype, training: bool = True, workspace: Workspace | None = None,
             opts: EngineOptions = EngineOptions(), device: Device = CPU) -> RunState:
     """Evaluate F at every vertex: eager phase, task loop, lazy phase. ``fns[kid]`` compiles kind ``kid``.
     Arrays (parameters, pull buffers, the workspace's buffers) are ``device``'s; the workspace (the model's,
-    reused across batches; a fresh one by default) is kept in the state for backward."""
+    reused across batches; a fresh one by default) is kept in the state for backward. ``messages``: the
+    scattered shapes (the structure's :attr:`message_shapes`), one scatter tensor each."""
     n = plan.num_vertices
     xp = device.xp
     workspace = Workspace(xp) if workspace is None else workspace
-    state = RunState(plan, opts, None, copies={"gather": 0, "gathered": 0, "pull": 0, "push": 0},
+    state = RunState(plan, opts, {}, copies={"gather": 0, "gathered": 0, "pull": 0, "push": 0},
                      pull_bufs=pull_bufs, device=device, workspace=workspace)
-    if message is not None:
-        state.scatter = workspace.scatter_rows(n + 1, tuple(message), dtype.np)
-        state.scatter[n] = 0
+    for shape in messages:
+        state.scatters[tuple(shape)] = workspace.scatter_rows(n + 1, tuple(shape), dtype.np)
+        state.scatters[tuple(shape)][n] = 0
     for name, order in plan.push_order.items():
         shape = next(f.pushes[name].vshape for f in fns if f is not None and name in f.pushes)
         state.pushes[name] = xp.zeros((len(order),) + shape, dtype.np)
@@ -102,10 +109,11 @@ def forward(fns: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContex
     return state
 
 
-def _scatter_grad(xp, fns: list, plan: MemoryPlan, scatter, workspace: Workspace):
-    """The gradient of the scatter tensor, before any parent has sent anything. In a forest every vertex
-    that some parent gathers (with a gradient) receives exactly one write, so only the other rows (roots,
-    children whose gather has no gradient) need zeros; a DAG's rows accumulate, so all start at zero."""
+def _scatter_grad(xp, fns: list, plan: MemoryPlan, message: tuple, scatter, workspace: Workspace):
+    """The gradient of the scatter tensor of ``message``, before any parent has sent anything. In a forest
+    every vertex that some parent gathers (with a gradient) receives exactly one write, so only the other
+    rows (roots, children whose gather of this message has no gradient) need zeros; a DAG's rows
+    accumulate, so all start at zero."""
     sgrad = workspace.scatter_grad_rows(scatter)
     if not plan.forest:
         sgrad.fill(0)
@@ -116,8 +124,9 @@ def _scatter_grad(xp, fns: list, plan: MemoryPlan, scatter, workspace: Workspace
         if fn is None or kp is None:
             continue
         for leaf in fn.leaf_grads:
-            if leaf in fn.gather_slot:
-                unwritten[kp.child_rows[fn.gather_slot[leaf]]] = False
+            slot = fn.gather_slot.get(leaf)
+            if slot is not None and fn.gather_messages[slot] == message:
+                unwritten[kp.child_rows[slot]] = False
     sgrad[_device_index(xp, np.flatnonzero(unwritten))] = 0
     return sgrad
 
@@ -129,7 +138,8 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
     xp = device.xp
     n = plan.num_vertices
     workspace = state.workspace
-    sgrad = None if state.scatter is None else _scatter_grad(xp, fns, plan, state.scatter, workspace)
+    sgrads = {message: _scatter_grad(xp, fns, plan, message, scatter, workspace)
+              for message, scatter in state.scatters.items()}
     pull_grads = {name: xp.zeros(shape, dtype.np) for name, shape in pull_shapes.items()}
     param_grads: dict = {}
     btensors = {}
@@ -142,7 +152,7 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
             btensors[kid] = workspace.tensors(workspace.backward, kid, stored, plan.kinds[kid].n)
             active.append(kid)
 
-    program = bind_backward(fns, plan, state, opts, device, active, btensors, sgrad, push_grads, pull_grads,
+    program = bind_backward(fns, plan, state, opts, device, active, btensors, sgrads, push_grads, pull_grads,
                             rows_k)
     state.backward_program = program
     statics = state.statics
@@ -168,6 +178,6 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
     for block in program.after:
         emit_gradients(block, run_block(block, statics[block.kid], xp, ctx, device), param_grads, xp)
     ctx.row_keys = None
-    if sgrad is not None:
+    for sgrad in sgrads.values():
         sgrad[n] = 0
     return pull_grads, param_grads

@@ -19,6 +19,8 @@ class StructureReport:
     tensors: list          # (kind, symbol, per-vertex shape, dtype, bytes)
     where: dict            # kind -> number of nodes run in each phase (static, before, per task, after)
     peak_bytes: int        # the largest buffers the reused dynamic tensors have held so far
+    policy: str = ""       # the batching policy that made the tasks
+    lower_bound: int = 0   # ED-Batch's lower bound (A.3) on the tasks of any policy for this batch
     programs: list = field(default_factory=list)   # the BatchPrograms that ran: F, then ∂F
 
     def program_text(self) -> str:
@@ -45,7 +47,8 @@ class Explanation:
             sizes = r.task_sizes
             hist = np.bincount(np.minimum(np.ceil(np.log2(np.maximum(sizes, 1))).astype(int), 16))
             bins = ", ".join(f"<={1 << i}: {c}" for i, c in enumerate(hist) if c)
-            lines += [f"structure '{r.name}': {r.vertices} vertices in {r.tasks} tasks "
+            lines += [f"structure '{r.name}': {r.vertices} vertices in {r.tasks} tasks by policy '{r.policy}', "
+                      f"lower bound {r.lower_bound} ({r.tasks / max(r.lower_bound, 1):.2f}x) "
                       f"(vertices per task: min {sizes.min()}, median {int(np.median(sizes))}, max {sizes.max()})",
                       f"  tasks by size: {bins}",
                       "  rows copied: " + ", ".join(f"{k} {v}" for k, v in r.copies.items() if k != "gathered")
@@ -65,9 +68,11 @@ class Explanation:
         return "\n".join(lines)
 
 
-def explain(model, graphs, feeds=None, params=None, ctx=None) -> Explanation:
+def explain(model, graphs, feeds=None, params=None, ctx=None, policy=None) -> Explanation:
     """Run one training step's forward and backward and report the batching it used."""
-    result = model.run(graphs, feeds, params, ctx or RunContext())
+    from .scheduler import get_policy, lower_bound
+    policy = get_policy(policy) if policy is not None else model.policy
+    result = model.run(graphs, feeds, params, ctx or RunContext(), policy=policy)
     out = Explanation()
     for s in model.structures:
         batch, plan = result.batches[s.name]
@@ -86,13 +91,13 @@ def explain(model, graphs, feeds=None, params=None, ctx=None) -> Explanation:
                             "∂F static": len(fn.static_bwd), "∂F before tasks": len(bph.programs[0]),
                             "∂F per task": len(bph.programs[1]), "∂F after tasks": len(bph.programs[2]),
                             "fused kernels": sum(len(g) for g in fph.groups + bph.groups)}
-        if state.scatter is not None:
-            tensors.append(("(shared)", "scatter", state.scatter.shape[1:], state.scatter.dtype.name,
-                            state.scatter.nbytes))
+        for shape, sc in state.scatters.items():    # one per message shape, shared by the kinds scattering it
+            tensors.append(("(shared)", "scatter", shape, sc.dtype.name, sc.nbytes))
         peak = model.workspace(s.name).peak_bytes
         programs = [p for p in (state.program, state.backward_program) if p is not None]
         out.structures.append(StructureReport(s.name, batch.num_vertices, len(sizes), sizes,
-                                              dict(state.copies), tensors, where, peak, programs))
+                                              dict(state.copies), tensors, where, peak, policy.name,
+                                              lower_bound(batch), programs))
     return out
 
 

@@ -170,7 +170,7 @@ class Batch:
     def parents_csr(self) -> tuple[np.ndarray, np.ndarray]:
         """The transpose of the child CSR: parents of v are ``parent_idx[parent_ptr[v]:parent_ptr[v+1]]``."""
         if self._parents is None:
-            self._parents = _transpose(self.child_ptr, self.child_idx, self.num_vertices)
+            self._parents = transpose(self.child_ptr, self.child_idx, self.num_vertices)
         return self._parents
 
     def with_kinds(self, kind: np.ndarray, kind_names: Sequence[str]) -> "Batch":
@@ -182,7 +182,8 @@ class Batch:
         return f"sample {int(self.sample[v])}, vertex {int(self.local[v])}"
 
 
-def _transpose(ptr, idx, n):
+def transpose(ptr: np.ndarray, idx: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The transposed CSR (the parents of each vertex), one entry per edge (duplicate edges kept)."""
     owner = np.repeat(np.arange(n, dtype=np.int64), np.diff(ptr))
     order = np.argsort(idx, kind="stable")
     counts = np.bincount(idx, minlength=n)
@@ -191,7 +192,7 @@ def _transpose(ptr, idx, n):
 
 def _heights(ptr, idx, n, where) -> np.ndarray:
     """Level by level from the vertices without children; unreached vertices lie on or above a cycle."""
-    pptr, pidx = _transpose(ptr, idx, n)
+    pptr, pidx = transpose(ptr, idx, n)
     pending = np.diff(ptr).copy()
     height = np.full(n, -1, np.int64)
     frontier = np.flatnonzero(pending == 0)

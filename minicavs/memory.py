@@ -2,8 +2,9 @@
 
 Because the whole schedule is known before F runs, every vertex has a fixed row in every dynamic tensor:
 its position among the vertices of its kind in task order. A task's view of any tensor is then the
-contiguous slice ``[offset, offset + bs)``. The scattered symbol is shared by all kinds and indexed by the
-vertex's position in the whole task order, plus one trailing all-zero row that stands for a missing child.
+contiguous slice ``[offset, offset + bs)``. The scattered symbol has one tensor per message shape, shared by
+the kinds scattering that shape and indexed by the vertex's position in the whole task order, plus one
+trailing all-zero row that stands for a missing child.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .errors import FeedError
+from .graph import fmt_shape
 from .inputs import Batch
 from .random import row_key
 from .scheduler import Schedule
@@ -54,15 +56,16 @@ class DynamicTensor:
 
 class Workspace:
     """The buffers one structure's runs reuse from batch to batch, owned by the model: the forward and
-    backward dynamic tensors (keyed by (kind id, node)), the scatter tensor and its gradient. A buffer grows
-    when a batch needs more rows and is never shrunk, so steady-state training allocates none of them."""
+    backward dynamic tensors (keyed by (kind id, node)), the scatter tensors (one per message shape) and their
+    gradients. A buffer grows when a batch needs more rows and is never shrunk, so steady-state training
+    allocates none of them."""
 
     def __init__(self, xp=np):
         self.xp = xp
         self.forward: dict = {}
         self.backward: dict = {}
-        self.scatter: DynamicTensor | None = None
-        self.scatter_grad: DynamicTensor | None = None
+        self.scatters: dict = {}        # message shape -> DynamicTensor
+        self.scatter_grads: dict = {}   # message shape -> DynamicTensor
 
     def tensors(self, pool: dict, kid: int, nodes, rows: int) -> dict:
         """{node: its dynamic tensor}, sized for ``rows`` rows (created on first use)."""
@@ -77,22 +80,28 @@ class Workspace:
         return out
 
     def scatter_rows(self, rows: int, message: tuple, dtype) -> np.ndarray:
-        """The scatter tensor's first ``rows`` rows (stale values: every row is written before it is read)."""
-        if self.scatter is None or self.scatter.shape != tuple(message) or self.scatter.dtype != np.dtype(dtype):
-            self.scatter = DynamicTensor("scatter", message, dtype, self.xp)
-        return self.scatter.resize(rows)
+        """The first ``rows`` rows of the scatter tensor of ``message`` (stale values: every row is written
+        before it is read)."""
+        message = tuple(message)
+        tensor = self.scatters.get(message)
+        if tensor is None or tensor.dtype != np.dtype(dtype):
+            tensor = self.scatters[message] = DynamicTensor(f"scatter{fmt_shape(message)}", message, dtype,
+                                                            self.xp)
+        return tensor.resize(rows)
 
     def scatter_grad_rows(self, like) -> np.ndarray:
         """A buffer shaped like the scatter tensor ``like`` for its gradient (stale values)."""
-        if (self.scatter_grad is None or self.scatter_grad.shape != like.shape[1:]
-                or self.scatter_grad.dtype != like.dtype):
-            self.scatter_grad = DynamicTensor("scatter grad", like.shape[1:], like.dtype, self.xp)
-        return self.scatter_grad.resize(len(like))
+        message = tuple(like.shape[1:])
+        tensor = self.scatter_grads.get(message)
+        if tensor is None or tensor.dtype != like.dtype:
+            tensor = self.scatter_grads[message] = DynamicTensor(f"scatter grad{fmt_shape(message)}", message,
+                                                                 like.dtype, self.xp)
+        return tensor.resize(len(like))
 
     @property
     def peak_bytes(self) -> int:
-        tensors = list(self.forward.values()) + list(self.backward.values()) + [
-            t for t in (self.scatter, self.scatter_grad) if t is not None]
+        tensors = (list(self.forward.values()) + list(self.backward.values()) + list(self.scatters.values())
+                   + list(self.scatter_grads.values()))
         return sum(t.peak_bytes for t in tensors)
 
 

@@ -31,6 +31,7 @@ from .inputs import Batch, InputGraph, make_batch
 from .memory import Workspace, plan_memory
 from .ops import input as input_node
 from .ops import ones_like
+from .passes import alias
 from .scheduler import get_policy
 from .sparse import add_all, densify
 from .validate import indices
@@ -73,11 +74,27 @@ class Structure:
         self.kinds = kinds
         fs = list(self.functions.values())
         self.dtype = fs[0].dtype
-        messages = {f.name: f.message for f in fs if f.message is not None}
-        if len(set(messages.values())) > 1:
-            raise ShapeError(f"structure '{name}': vertex functions disagree on the scattered shape: "
-                             + ", ".join(f"'{k}' {fmt_shape(v)}" for k, v in messages.items()))
-        self.message = next(iter(messages.values()), None)
+        # Each kind scatters its own message; each gather reads the kinds it names (default: all that
+        # scatter), which must all scatter the gather's shape. One scatter tensor per distinct shape.
+        self.messages = {k: f.scattered.vshape for k, f in self.functions.items() if f.scattered is not None}
+        for k, f in self.functions.items():
+            for j, g in sorted(f.gathers.items()):
+                named = f.gather_kinds.get(j)
+                for kind in named or ():
+                    if kind not in self.functions:
+                        raise ShapeError(f"structure '{name}': gather({j}) of '{k}' names kind '{kind}', "
+                                         f"which has no vertex function (kinds: {', '.join(self.functions)})")
+                    if kind not in self.messages:
+                        raise ShapeError(f"structure '{name}': gather({j}) of '{k}' reads kind '{kind}', "
+                                         "which scatters nothing")
+                readers = {kind: self.messages[kind] for kind in (named or self.messages)}
+                wrong = {kind: shape for kind, shape in readers.items() if shape != g.vshape}
+                if wrong:
+                    hint = "" if named else f"; name the kinds it reads: gather({j}, kinds=...)"
+                    raise ShapeError(f"structure '{name}': gather({j}) of '{k}' reads {fmt_shape(g.vshape)} but "
+                                     + ", ".join(f"'{kind}' scatters {fmt_shape(shape)}"
+                                                 for kind, shape in wrong.items()) + hint)
+        self.message_shapes = alias.message_tensors(f.scattered for f in fs)   # one scatter tensor each
         for f in fs:
             if f.dtype != self.dtype:
                 raise ShapeError(f"structure '{name}': '{f.name}' is {f.dtype.name}, others {self.dtype.name}")
@@ -177,6 +194,19 @@ class Structure:
                        "the structure's only vertex function")[int(source[v])]
                 raise InputGraphError(f"{batch.where(v)}: {int(nch[v])} children, more than the arity {f.arity} of "
                                       f"vertex function '{kname}' (kind '{kname}', {why})")
+            for j, named in f.gather_kinds.items():
+                if named is None:
+                    continue
+                allowed = np.isin(np.arange(len(batch.kind_names)),
+                                  [i for i, kn in enumerate(batch.kind_names) if kn in named])
+                has = np.flatnonzero((batch.kind == kid) & (nch > j))
+                child = batch.child_idx[batch.child_ptr[has] + j]
+                bad = np.flatnonzero(~allowed[batch.kind[child]])
+                if len(bad):
+                    v, c = int(has[bad[0]]), int(child[bad[0]])
+                    raise InputGraphError(f"{batch.where(v)}: child {j} (vertex {int(batch.local[c])}) is a "
+                                          f"'{batch.kind_names[batch.kind[c]]}' vertex, but gather({j}) of "
+                                          f"'{kname}' reads only {', '.join(repr(x) for x in named)}")
         return batch
 
     def fns_for(self, batch: Batch) -> list:
@@ -294,6 +324,11 @@ class Model:
             raise TypeError("this model has several structures: pass graphs as {structure name: graphs}")
         return {self.structures[0].name: graphs}
 
+    def batches(self, graphs) -> dict:
+        """Each structure's flattened, kind-assigned batch of ``graphs`` (what a policy schedules)."""
+        graphs = self._graphs_by_structure(graphs)
+        return {s.name: s.batch(graphs[s.name]) for s in self.structures}
+
     def _plan(self, s: Structure, graphs, policy, sample_ids=None):
         if s.name not in graphs:
             raise KeyError(f"no input graphs for structure '{s.name}'")
@@ -343,7 +378,7 @@ class Model:
                                     f"has {want} vertices that pull it (the buffer is {src.label()}"
                                     + (f", computed from {', '.join(fed)})" if fed else ")"))
                 pull_bufs[name] = buf
-            st = forward(fns, plan, pull_bufs, params, ctx, s.message, s.dtype, training=training,
+            st = forward(fns, plan, pull_bufs, params, ctx, s.message_shapes, s.dtype, training=training,
                          workspace=self.workspace(s.name), opts=options, device=device)
             states[s.name] = st
             result.pushes[s.name] = st.pushes

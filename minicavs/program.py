@@ -281,10 +281,18 @@ def _with_tensors(places: list, tensors: dict) -> list:
             for inplace, copied, concats in places]
 
 
+def _scatter_names(scatters: dict, what: str = "scatter") -> dict:
+    """{message shape: how dump() names its scatter tensor}: ``scatter``, or ``scatter(3,)`` per shape when the
+    kinds scatter several."""
+    return {m: what if len(scatters) == 1 else f"{what}{fmt_shape(m)}" for m in scatters}
+
+
 def bind_forward(fns: list, plan, state, opts, device, active: list, training: bool = True) -> BatchProgram:
     """F's phases bound to the batch: every block's views, row indices and output buffers (placed by the
-    alias pass at compile time) made now, so the task loop only runs them."""
-    scatter, pull_bufs = state.scatter, state.pull_bufs
+    alias pass at compile time) made now, so the task loop only runs them. A gather reads, and a kind
+    writes, the scatter tensor of its message shape (``gather_messages`` / ``scatter_message``)."""
+    scatters, pull_bufs = state.scatters, state.pull_bufs
+    names = _scatter_names(scatters)
     copies = {"gather": 0, "gathered": 0, "pull": 0, "push": 0}
     stores = {kid: _with_tensors(fns[kid].placement(opts, device, training)[1], state.tensors[kid]) for kid in active}
     phases = {kid: fns[kid].phases(opts, device)[0] for kid in active}   # looked up once, not per block
@@ -302,25 +310,28 @@ def bind_forward(fns: list, plan, state, opts, device, active: list, training: b
                 continue
             view = None if views is None else views[j]
             child_rows = kp.child_rows[j][sl]
+            message = fn.gather_messages[j]
+            scatter, name = scatters[message], names[message]
             if view is None:
-                block.takes.append((gnode, scatter, child_rows, ("take scatter[{}]", child_rows)))
+                block.takes.append((gnode, scatter, child_rows, (f"take {name}[{{}}]", child_rows)))
                 copies["gather"] += bs
             else:
                 start, step = view
                 if step:
                     block.views.append((gnode, scatter[start:start + step * (bs - 1) + 1:step],
-                                        ("view scatter[{}]", slice(start, start + step * (bs - 1) + 1, step))))
+                                        (f"view {name}[{{}}]", slice(start, start + step * (bs - 1) + 1, step))))
                 else:
                     block.views.append((gnode, device.xp.broadcast_to(scatter[start], (bs,) + scatter.shape[1:]),
-                                        ("view scatter[{}] (zero row) x {}", start, bs)))
+                                        (f"view {name}[{{}}] (zero row) x {{}}", start, bs)))
             copies["gathered"] += bs
         cat = fn.gather_concat
         if cat is not None and views is not None and ph.phase.get(cat) == p:
             k = len(views)
             if all(v is not None and v[1] == k and v[0] == views[0][0] + j for j, v in enumerate(views)):
                 first = views[0][0]
-                block.views.append((cat, scatter[first:first + k * bs].reshape(bs, -1),
-                                    ("view scatter[{}] as {} rows", slice(first, first + k * bs), bs)))
+                message = cat.inputs[0].vshape   # (the alias pass made it only of gathers of one message)
+                block.views.append((cat, scatters[message][first:first + k * bs].reshape(bs, -1),
+                                    (f"view {names[message]}[{{}}] as {{}} rows", slice(first, first + k * bs), bs)))
                 program = ph.without_concat
         for name, pnode in fn.pulls.items():
             if ph.phase[pnode] == p:
@@ -336,20 +347,21 @@ def bind_forward(fns: list, plan, state, opts, device, active: list, training: b
         written = {node for node, _, _ in block.outs} | {m for _, parts in concats for m, _, _ in parts}
         src, direct = fn.scatter_source, False
         scatter_rows = isinstance(grows, slice)
-        where = ("scatter[{}]", grows)
+        own = scatters.get(fn.scatter_message)   # the scatter tensor of this kind's message
+        where = (f"{names.get(fn.scatter_message)}[{{}}]", grows)
         for c, parts in concats:
             dest = next((a for node, a, _ in block.outs if node is c), None)
             what = next((w for node, _, w in block.outs if node is c), None)
             if dest is None and c is src and scatter_rows:
-                dest, what, direct = scatter[grows], where, True
+                dest, what, direct = own[grows], where, True
             block.concats.append((c, parts, dest, what or ("new {}", c)))
         if (not direct and src in ph.inplace and src not in written and scatter_rows
                 and ph.phase.get(src) == p):
-            block.outs.append((src, scatter[grows], where))   # the kernel computing it writes it in place
+            block.outs.append((src, own[grows], where))   # the kernel computing it writes it in place
             direct = True
         block.steps = program
         if fn.scattered is not None and ph.phase[fn.scattered] == p and not direct:
-            block.writes.append((fn.scattered, scatter, grows, where))
+            block.writes.append((fn.scattered, own, grows, where))
         for name, pnode in fn.pushes.items():
             if ph.phase[pnode] == p:
                 index = row_index(kp.push_rows[name][sl])
@@ -375,12 +387,14 @@ def _nonempty(blocks) -> list:
     return [b for b in blocks if not b.empty()]
 
 
-def bind_backward(fns: list, plan, state, opts, device, active: list, btensors: dict, scatter_grad,
+def bind_backward(fns: list, plan, state, opts, device, active: list, btensors: dict, scatter_grads: dict,
                   push_grads: dict, pull_grads: dict, row_kernels) -> BatchProgram:
     """∂F's phases bound to the batch: the task stack popped (tasks in reverse), forward values read back
-    from their tensors, the scatter tensor and the pull buffers at the same rows, gradients added into the
-    children's rows of the scatter gradient and into the pull buffers' gradients."""
-    scatter = state.scatter
+    from their tensors, the scatter tensors and the pull buffers at the same rows, gradients added into the
+    children's rows of the scatter gradients (``scatter_grads``: one per message shape) and into the pull
+    buffers' gradients."""
+    scatters = state.scatters
+    names, grad_names = _scatter_names(scatters), _scatter_names(scatters, "scatter grad")
     stores = {kid: _with_tensors(fns[kid].placement(opts, device)[3], btensors[kid]) for kid in active}
     phases = {kid: fns[kid].phases(opts, device)[1] for kid in active}   # looked up once, not per block
     whole_rows: dict = {}
@@ -390,7 +404,7 @@ def bind_backward(fns: list, plan, state, opts, device, active: list, btensors: 
         if kid not in whole_rows:
             rows = plan.schedule.row[plan.kinds[kid].vertices]
             index = row_index(rows)
-            whole_rows[kid] = (take_rows(device, scatter, rows), index)
+            whole_rows[kid] = (take_rows(device, scatters[fns[kid].scatter_message], rows), index)
         return whole_rows[kid]
 
     def bind(kid, p, sl, goff, task, stream="main") -> Block:
@@ -408,12 +422,12 @@ def bind_backward(fns: list, plan, state, opts, device, active: list, btensors: 
             view(node, t.buffer[sl], ("tensor {}[{}]", node, sl))
         if fn.scatter_parts:
             if goff is not None:
-                rows, where = scatter[goff:goff + bs], slice(goff, goff + bs)
+                rows, where = scatters[fn.scatter_message][goff:goff + bs], slice(goff, goff + bs)
             else:
                 rows, where = kind_rows(kid)
             for x, (a, b) in fn.scatter_parts.items():
                 if x not in bound:
-                    view(x, rows[:, a:b], ("view scatter[{}][:, {}:{}]", where, a, b))
+                    view(x, rows[:, a:b], (f"view {names[fn.scatter_message]}[{{}}][:, {{}}:{{}}]", where, a, b))
         for name, x in fn.pull_reads.items():
             if x not in bound:
                 pull_rows = kp.pull_rows[name][sl]
@@ -429,7 +443,8 @@ def bind_backward(fns: list, plan, state, opts, device, active: list, btensors: 
             if ph.phase[ct] != p:
                 continue
             if out is fn.scattered:
-                view(ct, scatter_grad[goff:goff + bs], ("view scatter grad[{}]", slice(goff, goff + bs)))
+                view(ct, scatter_grads[fn.scatter_message][goff:goff + bs],
+                     (f"view {grad_names[fn.scatter_message]}[{{}}]", slice(goff, goff + bs)))
             else:
                 push_rows = kp.push_rows[out.name][sl]
                 index = row_index(push_rows)
@@ -455,12 +470,13 @@ def bind_backward(fns: list, plan, state, opts, device, active: list, btensors: 
             if j is not None:
                 elided = kp.views[j].get(sl.start) if p == TASK and opts.gather_elision else None
                 child_rows = kp.child_rows[j][sl]
+                message = fn.gather_messages[j]
                 if elided is not None:
                     start, step = elided
-                    what = ("scatter grad[{}]", slice(start, start + step * (bs - 1) + 1, step))
+                    what = (f"{grad_names[message]}[{{}}]", slice(start, start + step * (bs - 1) + 1, step))
                 else:
-                    what = ("scatter grad[{}]", child_rows)
-                block.adjoints.append((gnode, gather_adjoint, (device, scatter_grad, child_rows, elided),
+                    what = (f"{grad_names[message]}[{{}}]", child_rows)
+                block.adjoints.append((gnode, gather_adjoint, (device, scatter_grads[message], child_rows, elided),
                                        (plan.forest, row_kernels), what))
             else:
                 pull_rows = kp.pull_rows[leaf.name][sl]

@@ -7,6 +7,7 @@ Files (every one written atomically, :mod:`minicavs.atomic`)::
     metrics.jsonl   one JSON line per committed epoch (a copy of the history last.npz records)
     best.npz        the checkpoint of the best epoch by the early-stopping metric (every epoch without dev)
     results.json    final dev/test metrics of the best checkpoint, written when training ends
+    fsm.json        with ``train.policy: fsm``: the FSM learned before the first step (last.npz records it too)
 
 An epoch ends by writing, in this order: last.npz, metrics.jsonl, best.npz (if the epoch is the best).
 last.npz records the epoch, the optimizer and early-stopping state (best epoch included), the resolved
@@ -14,7 +15,8 @@ config, the vocabulary and the metric rows of every epoch so far; everything els
 A crash at any instant therefore leaves either the old commit or the new one, and what the other files can
 lack is repaired from last.npz by :meth:`RunDir.recover` (``--resume`` calls it): metrics.jsonl is rewritten
 from the recorded rows (so it never keeps a torn or uncommitted line), a best epoch equal to the last one is
-copied from last.npz when best.npz is older, and temporary files are deleted. Readers find the best
+copied from last.npz when best.npz is older, fsm.json is rewritten from the FSM last.npz records, and
+temporary files are deleted. Readers find the best
 checkpoint with :meth:`RunDir.best_checkpoint`, which is right at every instant, before any repair too.
 """
 from __future__ import annotations
@@ -26,7 +28,7 @@ from pathlib import Path
 from . import atomic, checkpoint
 from .errors import CheckpointError, RunDirError
 
-RUN_FILES = ("config.yaml", "last.npz", "best.npz", "metrics.jsonl", "results.json")
+RUN_FILES = ("config.yaml", "last.npz", "best.npz", "metrics.jsonl", "results.json", "fsm.json")
 
 
 class RunDir:
@@ -37,6 +39,7 @@ class RunDir:
         self.best = self.path / "best.npz"
         self.metrics = self.path / "metrics.jsonl"
         self.results = self.path / "results.json"
+        self.fsm = self.path / "fsm.json"   # an fsm policy's learned FSM, a copy of what last.npz records
 
     def __str__(self) -> str:
         return str(self.path)
@@ -92,6 +95,10 @@ class RunDir:
             if not self.metrics.exists() or self.metrics.read_bytes() != metrics_text(rows).encode():
                 self.write_metrics(rows)
                 repaired.append(f"rewrote metrics.jsonl ({len(rows)} epochs)")
+            policy = last.extra.get("policy")
+            if policy is not None and (not self.fsm.exists() or self.fsm.read_bytes() != fsm_text(policy).encode()):
+                self.write_fsm(policy)
+                repaired.append("rewrote fsm.json")
             epoch, best_epoch = last.extra.get("epoch"), last.extra.get("early_stopping", {}).get("best_epoch")
             if best_epoch == epoch and _epoch_of(self.best) != epoch:
                 atomic.write_bytes(self.best, self.last.read_bytes())
@@ -102,6 +109,9 @@ class RunDir:
 
     def write_metrics(self, rows: list[dict]) -> None:
         atomic.write_text(self.metrics, metrics_text(rows))
+
+    def write_fsm(self, policy: dict) -> None:
+        atomic.write_text(self.fsm, fsm_text(policy))
 
     def write_results(self, results: dict) -> None:
         atomic.write_text(self.results, json.dumps(results, indent=1) + "\n")
@@ -120,6 +130,10 @@ class RunDir:
             return self.last
         raise RunDirError(f"run dir {self.path}: best.npz does not hold the best epoch {best_epoch} that "
                           f"last.npz records (files changed by hand?)")
+
+
+def fsm_text(policy: dict) -> str:
+    return json.dumps(policy, indent=1)
 
 
 def metrics_text(rows: list[dict]) -> str:

@@ -2,14 +2,26 @@
 
 A :class:`Schedule` is plain arrays: ``order`` lists the vertices task by task, ``task_ptr`` delimits the
 tasks. Backward replays the same tasks in reverse (Alg. 1's task stack). Policies are small objects with a
-``schedule(batch)`` method; later ones (depth-based, agenda-based, learned) plug in the same way.
+``schedule(batch)`` method, chosen by name (``train.policy``):
+
+- ``cavs`` (alias ``depth``, TF Fold's and DyNet's depth-based batching): one task per height and kind;
+- ``agenda`` (DyNet): the ready kind whose unexecuted vertices have the lowest average depth;
+- ``greedy``: the kind maximising ED-Batch's Eq. 1 ratio (its sufficient condition for optimal batching);
+- ``fsm``: ED-Batch's learned finite state machine (:mod:`minicavs.fsm`);
+- ``serial``: one vertex per task, the reference for checks.
+
+The frontier policies (agenda, greedy, fsm) run :mod:`minicavs.frontier`'s simulation of Alg. 1; every
+policy orders the vertices inside a task the same way (see :class:`CavsPolicy`), so gathers stay views.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import numpy as np
 
+from . import fsm as fsm_module
+from .frontier import Frontier, TypedGraph, greedy_choice, run_agenda, run_policy
 from .inputs import Batch
 
 
@@ -57,20 +69,108 @@ class Policy:
         return f"<{type(self).__name__} '{self.name}'>"
 
 
+def _in_task_order(batch: Batch, task: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Vertices sorted by task, and inside a task by their sample's height (tallest first), then sample,
+    then local id: chains sorted by length then continue as a prefix of the previous task, and siblings of
+    complete trees sit side by side, so gathers become views (memory.py)."""
+    tall = np.zeros(len(batch.graphs), np.int64)
+    np.maximum.at(tall, batch.sample, batch.height)
+    order = np.lexsort((batch.local, batch.sample, -tall[batch.sample], task))
+    return order, task[order]
+
+
+def _one_kind(batch: Batch) -> bool:
+    """With a single kind every frontier policy runs the vertices level by level: cavs's schedule."""
+    return batch.num_vertices == 0 or bool(np.all(batch.kind == batch.kind[0]))
+
+
 class CavsPolicy(Policy):
     """Cavs: task t holds every vertex whose children are all evaluated, i.e. the vertices of height t,
-    one task per kind (in kind id order). Inside a task vertices are sorted by their sample's height
-    (tallest first), then sample, then local id: chains sorted by length then continue as a prefix of the
-    previous task, and siblings of complete trees sit side by side, so gathers become views (memory.py)."""
+    one task per kind (in kind id order)."""
 
     name = "cavs"
 
     def schedule(self, batch: Batch) -> Schedule:
-        tall = np.zeros(len(batch.graphs), np.int64)
-        np.maximum.at(tall, batch.sample, batch.height)
-        order = np.lexsort((batch.local, batch.sample, -tall[batch.sample], batch.kind, batch.height))
-        key = batch.height[order] * len(batch.kind_names) + batch.kind[order]
-        return _from_keys(batch, order, key)
+        return _from_keys(batch, *_in_task_order(batch, batch.height * len(batch.kind_names) + batch.kind))
+
+
+class AgendaPolicy(Policy):
+    """DyNet's agenda-based batching (:func:`minicavs.frontier.run_agenda`)."""
+
+    name = "agenda"
+
+    def schedule(self, batch: Batch) -> Schedule:
+        if _one_kind(batch):
+            return CavsPolicy().schedule(batch)
+        task, _ = run_agenda(TypedGraph.of(batch))
+        return _from_keys(batch, *_in_task_order(batch, task))
+
+
+class GreedyPolicy(Policy):
+    """The kind with the largest Eq. 1 ratio next (:func:`minicavs.frontier.greedy_choice`); it builds
+    ED-Batch's G[t] per batch, the cost the FSM avoids."""
+
+    name = "greedy"
+
+    def schedule(self, batch: Batch) -> Schedule:
+        if _one_kind(batch):
+            return CavsPolicy().schedule(batch)
+        task, _ = run_policy(Frontier(TypedGraph.of(batch), track_typewise=True), greedy_choice)
+        return _from_keys(batch, *_in_task_order(batch, task))
+
+
+class FsmPolicy(Policy):
+    """ED-Batch's learned FSM, one per set of kind names (one per structure of a model).
+
+    ``learn(batches)`` learns it on sample batches (the trainer does so before training); a batch whose
+    kinds have no FSM yet learns one on that batch first, as ED-Batch does on its first graph."""
+
+    name = "fsm"
+
+    @property
+    def learned(self) -> bool:
+        return bool(self.fsms)
+
+    def __init__(self, fsms: dict | None = None, encoding: str = "S3", hyper: fsm_module.Hyper | None = None,
+                 seed: int = 0):
+        fsm_module.encode(np.zeros(1, np.int64), encoding)
+        self.encoding, self.hyper, self.seed = encoding, hyper or fsm_module.Hyper(), seed
+        self.fsms: dict[tuple, fsm_module.Fsm] = dict(fsms or {})
+
+    def learn(self, batches) -> fsm_module.Fsm:
+        batches = list(batches)
+        names = batches[0].kind_names
+        if any(b.kind_names != names for b in batches):
+            raise ValueError("FSM sample batches must share their kind names")
+        self.fsms[names] = fsm_module.learn([TypedGraph.of(b) for b in batches], names, self.encoding,
+                                            self.hyper, self.seed)
+        return self.fsms[names]
+
+    def schedule(self, batch: Batch) -> Schedule:
+        if _one_kind(batch):
+            return CavsPolicy().schedule(batch)
+        fsm = self.fsms.get(batch.kind_names) or self.learn([batch])
+        task, _ = fsm.schedule(TypedGraph.of(batch))
+        return _from_keys(batch, *_in_task_order(batch, task))
+
+    def to_json(self) -> dict:
+        return {"format": "minicavs-fsm-policy", "encoding": self.encoding,
+                "fsms": [f.to_json() for f in self.fsms.values()]}
+
+    @classmethod
+    def from_json(cls, doc: dict) -> "FsmPolicy":
+        if not isinstance(doc, dict) or doc.get("format") != "minicavs-fsm-policy":
+            raise ValueError("not a minicavs FSM policy document (format 'minicavs-fsm-policy')")
+        fsms = [fsm_module.Fsm.from_json(d) for d in doc["fsms"]]
+        return cls({f.kind_names: f for f in fsms}, doc["encoding"])
+
+    def save(self, path) -> None:
+        fsm_module.write_json(path, self.to_json())
+
+    @classmethod
+    def load(cls, path) -> "FsmPolicy":
+        with open(path) as f:
+            return cls.from_json(json.load(f))
 
 
 class SerialPolicy(Policy):
@@ -83,13 +183,31 @@ class SerialPolicy(Policy):
         return _from_keys(batch, order, np.arange(len(order)))
 
 
-POLICIES: dict[str, type] = {"cavs": CavsPolicy, "serial": SerialPolicy}
+POLICIES: dict[str, type] = {"cavs": CavsPolicy, "depth": CavsPolicy, "agenda": AgendaPolicy,
+                             "greedy": GreedyPolicy, "fsm": FsmPolicy, "serial": SerialPolicy}
+
+
+def policy_names() -> tuple:
+    """Every name :func:`get_policy` accepts (``fsm:S1`` ... name an FSM's state encoding)."""
+    return tuple(POLICIES) + tuple(f"fsm:{e}" for e in fsm_module.ENCODINGS)
+
+
+def lower_bound(batch: Batch) -> int:
+    """ED-Batch's lower bound (A.3) on the number of tasks of any policy for this batch."""
+    return TypedGraph.of(batch).lower_bound()
 
 
 def get_policy(policy: str | Policy) -> Policy:
+    """A policy by name; ``fsm`` uses encoding S3, ``fsm:S1`` / ``fsm:S2`` / ``fsm:S3`` name one."""
     if isinstance(policy, Policy):
         return policy
+    if isinstance(policy, str) and policy.startswith("fsm:"):
+        if policy[4:] not in fsm_module.ENCODINGS:
+            raise ValueError(f"unknown FSM state encoding in policy {policy!r}; choose one of "
+                             + ", ".join(f"fsm:{e}" for e in fsm_module.ENCODINGS))
+        return FsmPolicy(encoding=policy[4:])
     try:
         return POLICIES[policy]()
-    except KeyError:
-        raise ValueError(f"unknown batching policy {policy!r}; choose one of {sorted(POLICIES)}") from None
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown batching policy {policy!r}; choose one of {sorted(POLICIES)} "
+                         f"(or fsm:S1, fsm:S2, fsm:S3)") from None

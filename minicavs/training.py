@@ -43,6 +43,7 @@ from .model import get_device
 from .optim import make_optimizer
 from .progress import Progress, duration
 from .rundir import RunDir
+from .scheduler import FsmPolicy, get_policy
 
 RUN_FORMAT = 2
 # what --resume may change: how long to train and where, not what is trained
@@ -51,6 +52,7 @@ RESUME_MAY_CHANGE = ("train.epochs", "train.log_every", "train.eval_batch_size",
 # what eval takes from the given config rather than the checkpoint: the data and how to run
 EVAL_FROM_CONFIG = ("data.", "train.eval_batch_size", "train.device", "train.deterministic", "train.engine.",
                     "train.policy")
+FSM_SAMPLE_BATCHES = 4   # training batches an FSM policy learns on before training
 
 
 class Trainer:
@@ -67,6 +69,10 @@ class Trainer:
             self.device = check_device(self.cfg["train"]["device"], self.cfg["train"]["deterministic"])
         except MinicavsError as e:   # CudaUnavailable: no CuPy or no GPU
             raise type(e)(f"{self.cfg['config_path']}: train.device = {self.cfg['train']['device']!r}: {e}") from None
+        try:
+            self.policy = get_policy(self.cfg["train"]["policy"])
+        except ValueError as e:
+            raise ConfigError(f"{self.cfg['config_path']}: train.policy: {e}") from None
         module = load_model_module(self.cfg["model"]["name"], Path(self.cfg["config_path"]).resolve().parent)
         try:
             self.task = module.build(self.cfg)
@@ -76,6 +82,7 @@ class Trainer:
             raise ConfigError(f"{self.cfg['config_path']}: {e}") from e
         self._check_data()
         self.model = self.task.model
+        self.model.policy = self.policy   # evaluation schedules with the same (learned) policy
         self.model.options = engine_options(self.cfg["train"]["engine"])
         self.model.device = self.device
         self.params = self.task.params
@@ -187,9 +194,29 @@ class Trainer:
 
     def loss_and_grads(self, samples, training: bool = True, sample_ids=None):
         """Forward and backward over ``samples``: a Result with ``loss`` and ``grads`` (name -> array)."""
+        self.prepare_policy()
         graphs, feeds = self.task.batch(samples)
         return self.model.forward_backward(graphs, feeds, self.params, self.context(training),
-                                           policy=self.cfg["train"]["policy"], sample_ids=sample_ids)
+                                           policy=self.policy, sample_ids=sample_ids)
+
+    def prepare_policy(self) -> bool:
+        """An ``fsm`` policy learns its FSM (ED-Batch §2.3) on a seeded sample of training batches before
+        the first step (every rank the same: same seed, same samples); returns whether it learned one now.
+        :meth:`fit` writes it to RUN_DIR/fsm.json, checkpoints carry it (resume and eval reuse it)."""
+        policy = self.policy
+        if not isinstance(policy, FsmPolicy) or policy.learned:
+            return False
+        data = self.task.data["train"]
+        bs = self.cfg["train"]["batch_size"]
+        pick = np.random.default_rng([self.seed, 18]).permutation(len(data))[:FSM_SAMPLE_BATCHES * bs]
+        by_structure: dict = {}
+        for i in range(0, len(pick), bs):
+            graphs, _ = self.task.batch([data[j] for j in pick[i:i + bs]])
+            for name, batch in self.model.batches(graphs).items():
+                by_structure.setdefault(name, []).append(batch)
+        for batches in by_structure.values():
+            policy.learn(batches)
+        return True
 
     def train_step(self, sample_ids: np.ndarray) -> tuple[float, int]:
         """One optimizer step on the training samples ``sample_ids``: (mean loss, units processed). Under
@@ -237,6 +264,7 @@ class Trainer:
         samples = self.task.data.get(split)
         if not samples:
             raise MinicavsError(f"no '{split}' data in this config (data.{split})")
+        self.prepare_policy()
         start = time.perf_counter()
         bs = self.cfg["train"]["eval_batch_size"]
         metrics = self.parallel.evaluate(samples, bs) if self.parallel else self.task.evaluate(samples, bs)
@@ -266,6 +294,8 @@ class Trainer:
             log(f"training {Path(self.cfg['model']['name']).stem} ({sum(p.value.size for p in self.params.values()):,}"
                 f" parameters) on {len(self.task.data['train']):,} samples; run dir {self.run.path}"
                 + (f"; {self.parallel.comm.size} ranks" if self.parallel else ""))
+        if self.prepare_policy():   # a new FSM: learned before the first step, kept beside the run's files
+            self._on_root(lambda: self.run.write_fsm(self.policy.to_json()))
         rows = []
         has_dev = bool(self.task.data.get("dev"))
         started = time.perf_counter()
@@ -363,15 +393,20 @@ class Trainer:
                  "rng": {"seed": self.seed, "epoch": self.epoch, "step": self.optimizer.steps},
                  "early_stopping": dict(self.early), "config": recorded(self.cfg),
                  "vocab": self.task.vocabulary, "history": self.history}
+        if isinstance(self.policy, FsmPolicy) and self.policy.learned:
+            extra["policy"] = self.policy.to_json()   # resume and eval schedule with the same FSM
         checkpoint.save(path, self.params, self.optimizer, self.optimizer.steps, extra=extra)
 
     def load(self, path: str | os.PathLike, optimizer: bool = True,
              ck: checkpoint.Checkpoint | None = None) -> dict:
         """Restore parameters (and with ``optimizer`` the optimizer, epoch, early-stopping state and
-        history) from a checkpoint; everything is checked first, so an error changes nothing. Under MPI
-        rank 0 reads the file and every rank gets the state."""
+        history) and a learned FSM policy from a checkpoint; everything is checked first, so an error
+        changes nothing. Under MPI rank 0 reads the file and every rank gets the state."""
         if self.parallel:
-            return self.parallel.load(path, optimizer)
+            extra = self.parallel.load(path, optimizer)
+            if isinstance(self.policy, FsmPolicy) and "policy" in extra:   # rank 0 checked it
+                self.policy.fsms = FsmPolicy.from_json(extra["policy"]).fsms
+            return extra
         return self._load(path, optimizer, ck)
 
     def _load(self, path: str | os.PathLike, optimizer: bool = True,
@@ -396,7 +431,15 @@ class Trainer:
                                       + ", ".join(f"{k} is {b!r} there, {a!r} here" for k, a, b in changed))
         if "vocab" in extra:
             check_vocabulary(extra["vocab"], self.task.vocabulary, path, self.cfg["data"].get("train"))
+        fsms = None
+        if isinstance(self.policy, FsmPolicy) and "policy" in extra:
+            try:
+                fsms = FsmPolicy.from_json(extra["policy"]).fsms
+            except (ValueError, KeyError, TypeError) as e:
+                raise CheckpointError(f"checkpoint file {path}: its FSM policy cannot be read: {e}") from None
         checkpoint.apply(ck, self.params, self.optimizer if optimizer else None)
+        if fsms is not None:
+            self.policy.fsms = fsms
         if optimizer:
             self.epoch = int(extra.get("epoch", 0))
             self.early.update(extra.get("early_stopping", {}))

@@ -34,6 +34,7 @@ class VertexFunction:
         self.message = None if message is None else tuple(int(d) for d in message)
         self.dtype = as_dtype(dtype)
         self.gathers: dict[int, Node] = {}
+        self.gather_kinds: dict[int, tuple | None] = {}   # gather k -> the kinds child k may be (None: any)
         self.pulls: dict[str, Node] = {}
         self.pushes: dict[str, Node] = {}
         self.scattered: Node | None = None
@@ -59,13 +60,26 @@ class VertexFunction:
         if self._graph is not None:
             raise RuntimeError(f"vertex function '{self.name}': {what} after the declaration was closed")
 
-    def gather(self, k: int) -> Node:
-        """What child k scattered; a zero row when the vertex has no child k."""
+    def gather(self, k: int, kinds: str | Sequence[str] | None = None,
+               message: Sequence[int] | None = None) -> Node:
+        """What child k scattered; a zero row when the vertex has no child k.
+
+        ``kinds`` names the vertex kinds child k may be (default: any); ``message`` is the shape they
+        scatter (default: this function's own message). The structure checks both when it is declared: every
+        named kind must scatter exactly ``message`` (a lattice's character cell gathers a word cell's
+        message, which differs from its own), and every batch that child k is of a named kind."""
         self._check_open("gather")
         if not 0 <= k < self.arity:
             raise ShapeError(f"vertex function '{self.name}': gather({k}) beyond the declared arity {self.arity}")
+        kinds = (kinds,) if isinstance(kinds, str) else None if kinds is None else tuple(kinds)
+        shape = self.message if message is None else tuple(int(d) for d in message)
         if k not in self.gathers:
-            self.gathers[k] = gather_node(k, self.message, self.dtype)
+            self.gathers[k] = gather_node(k, shape, self.dtype)
+            self.gather_kinds[k] = kinds
+        elif self.gathers[k].vshape != shape or self.gather_kinds[k] != kinds:
+            raise ShapeError(f"vertex function '{self.name}': gather({k}) declared twice, as "
+                             f"{fmt_shape(self.gathers[k].vshape)} of kinds {self.gather_kinds[k]} and "
+                             f"{fmt_shape(shape)} of kinds {kinds}")
         return self.gathers[k]
 
     def scatter(self, x: Node) -> None:

@@ -40,8 +40,7 @@ DATA_RULES = {"limit": at_least(0), "synthetic.train": at_least(1), "synthetic.d
 UNK = "<unk>"
 
 
-def cells(p, H: int, D: int, variant: str, dropout: float, dtype):
-    """The leaf and internal vertex functions (a few lines each)."""
+def leaf_cell(p, H: int, D: int, dropout: float, dtype) -> VertexFunction:
     leaf = VertexFunction("leaf", arity=0, message=(2 * H,), dtype=dtype)
     with leaf:
         x = leaf.pull((D,), "x")
@@ -52,24 +51,45 @@ def cells(p, H: int, D: int, variant: str, dropout: float, dtype):
         h = ops.sigmoid(o) * ops.tanh(c)
         leaf.scatter(ops.concat([h, c]))
         leaf.push(ops.dropout(h, dropout, site=2) if dropout else h)
-    internal = VertexFunction("internal", arity=2, message=(2 * H,), dtype=dtype)
+    return leaf
+
+
+def internal_cell(p, H: int, variant: str, dropout: float, dtype, name: str = "internal",
+                  prefix: str = "") -> VertexFunction:
+    """An internal vertex function whose parameters are named ``prefix + U`` etc."""
+    def w(key):
+        return p[prefix + key].node
+    internal = VertexFunction(name, arity=2, message=(2 * H,), dtype=dtype)
     with internal:
         h1, c1 = ops.split(internal.gather(0), 2)
         h2, c2 = ops.split(internal.gather(1), 2)
         if variant == "binary":
-            iou = ops.linear(ops.concat([h1, h2]), p["U"].node, p["b_i"].node)
-            f1 = ops.sigmoid(ops.linear(h1, p["U_f1"].node, p["b_f"].node))
-            f2 = ops.sigmoid(ops.linear(h2, p["U_f2"].node, p["b_f"].node))
+            iou = ops.linear(ops.concat([h1, h2]), w("U"), w("b_i"))
+            f1 = ops.sigmoid(ops.linear(h1, w("U_f1"), w("b_f")))
+            f2 = ops.sigmoid(ops.linear(h2, w("U_f2"), w("b_f")))
         else:
-            iou = ops.linear(h1 + h2, p["U"].node, p["b_i"].node)
-            f1 = ops.sigmoid(ops.linear(h1, p["U_f"].node, p["b_f"].node))
-            f2 = ops.sigmoid(ops.linear(h2, p["U_f"].node, p["b_f"].node))
+            iou = ops.linear(h1 + h2, w("U"), w("b_i"))
+            f1 = ops.sigmoid(ops.linear(h1, w("U_f"), w("b_f")))
+            f2 = ops.sigmoid(ops.linear(h2, w("U_f"), w("b_f")))
         i, o, u = ops.split(iou, 3)
         c = ops.sigmoid(i) * ops.tanh(u) + f1 * c1 + f2 * c2
         h = ops.sigmoid(o) * ops.tanh(c)
         internal.scatter(ops.concat([h, c]))
         internal.push(ops.dropout(h, dropout, site=3) if dropout else h)
-    return {"leaf": leaf, "internal": internal}
+    return internal
+
+
+def internal_params(p, H: int, variant: str, dtype, seed, prefix: str = "") -> None:
+    p.new(prefix + "U", ((2 if variant == "binary" else 1) * H, 3 * H), dtype=dtype, rng=seed)
+    p.new(prefix + "b_i", (3 * H,), init="zeros", dtype=dtype, rng=seed)
+    for name in (("U_f1", "U_f2") if variant == "binary" else ("U_f",)):
+        p.new(prefix + name, (H, H), dtype=dtype, rng=seed)
+    p.new(prefix + "b_f", (H,), init="constant(1.0)", dtype=dtype, rng=seed)
+
+
+def cells(p, H: int, D: int, variant: str, dropout: float, dtype):
+    """The leaf and internal vertex functions (a few lines each)."""
+    return {"leaf": leaf_cell(p, H, D, dropout, dtype), "internal": internal_cell(p, H, variant, dropout, dtype)}
 
 
 class TreeLSTM(Task):
@@ -92,19 +112,13 @@ class TreeLSTM(Task):
         H, D, C, dtype, seed = m["hidden"], m["embed"], m["classes"], tc["dtype"], tc["seed"]
         p = self.params = ParameterSet()
         p.new("E", (len(self.vocab), D), init=m["embed_init"], dtype=dtype, rng=seed)
-        p.new("W", (D, 3 * H), dtype=dtype, rng=seed)
-        p.new("b_l", (3 * H,), init="zeros", dtype=dtype, rng=seed)
-        p.new("U", ((2 if m["variant"] == "binary" else 1) * H, 3 * H), dtype=dtype, rng=seed)
-        p.new("b_i", (3 * H,), init="zeros", dtype=dtype, rng=seed)
-        for name in (("U_f1", "U_f2") if m["variant"] == "binary" else ("U_f",)):
-            p.new(name, (H, H), dtype=dtype, rng=seed)
-        p.new("b_f", (H,), init="constant(1.0)", dtype=dtype, rng=seed)
+        self.make_params(p, m, dtype, seed)
         p.new("W_o", (H, C), dtype=dtype, rng=seed)
         p.new("b_o", (C,), init="zeros", dtype=dtype, rng=seed)
         self.words = ops.input((None,), "int64", name="words")
         self.labels = ops.input((None,), "int64", name="labels")
         self.inv_trees = ops.input((), dtype, name="inv_trees")
-        fns = cells(p, H, D, m["variant"], m["dropout"], dtype)
+        fns = self.make_cells(p, m, dtype)
         s = Structure(fns, pulls={"x": ops.lookup(p["E"].node, self.words)}, kinds=leaf_internal, name="tree")
         logits = ops.linear(s.pushed("h"), p["W_o"].node, p["b_o"].node)
         loss = ops.sum(ops.softmax_cross_entropy(logits, self.labels)) * self.inv_trees
@@ -116,6 +130,20 @@ class TreeLSTM(Task):
     def vocabulary(self) -> list:
         return list(self.vocab)
 
+    def make_params(self, p: ParameterSet, m: dict, dtype, seed) -> None:
+        """The vertex functions' parameters (subclasses with other cells override this and make_cells)."""
+        H, D = m["hidden"], m["embed"]
+        p.new("W", (D, 3 * H), dtype=dtype, rng=seed)
+        p.new("b_l", (3 * H,), init="zeros", dtype=dtype, rng=seed)
+        internal_params(p, H, m["variant"], dtype, seed)
+
+    def make_cells(self, p: ParameterSet, m: dict, dtype) -> dict:
+        return cells(p, m["hidden"], m["embed"], m["variant"], m["dropout"], dtype)
+
+    def graph_of(self, tree):
+        """The input graph of a tree (a subclass may give its vertices kinds)."""
+        return tree.to_graph()
+
     def _prepared(self, tree):
         key = id(tree)
         cached = self.samples.get(key)
@@ -123,7 +151,7 @@ class TreeLSTM(Task):
             leaves = [v for v, ch in enumerate(tree.children) if not ch]   # so the cache keeps the tree itself
             unk = self.vocab[UNK]
             ids = np.array([self.vocab.get(tree.words[v], unk) for v in leaves], np.int64)
-            self.samples[key] = cached = (tree, tree.to_graph(), ids, np.asarray(tree.labels, np.int64))
+            self.samples[key] = cached = (tree, self.graph_of(tree), ids, np.asarray(tree.labels, np.int64))
         return cached[1:]
 
     def batch(self, samples):
@@ -171,7 +199,7 @@ class TreeLSTM(Task):
         for i in range(0, len(samples), batch_size):
             chunk = samples[i:i + batch_size]
             words = [self.vocab.get(t.words[v], unk) for t in chunk for v, ch in enumerate(t.children) if not ch]
-            res = predictor.infer([t.to_graph() for t in chunk], {"words": np.array(words, np.int64)}, self.params)
+            res = predictor.infer([self.graph_of(t) for t in chunk], {"words": np.array(words, np.int64)}, self.params)
             probs = np.split(res.outputs["probs"], np.cumsum([t.num_vertices for t in chunk])[:-1])
             for tree, p in zip(chunk, probs):
                 labelled = Tree(tree.children, p.argmax(1), tree.words)

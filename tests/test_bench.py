@@ -229,6 +229,31 @@ def test_peak_rss_is_the_childs_own_not_its_parents():
     assert 5 < float(out.stdout) < 200 and held[-1] == 1.0
 
 
+def test_policies_table_end_to_end(tmp_path, monkeypatch):
+    """`bench --policies` on two small workloads: every policy at or above the lower bound, the files."""
+    from minicavs.bench import policies
+    small = ["data.synthetic.train=256", "model.dropout=0.0"]
+    monkeypatch.setattr(policies, "WORKLOADS", {"tree_lstm": ("tree_lstm.yaml", lambda: small),
+                                                "tree_lstm_2type": ("tree_lstm_2type.yaml", lambda: small)})
+    monkeypatch.setattr(policies, "POLICIES", ("cavs", "agenda", "greedy", "fsm:S3"))
+    from minicavs.fsm import Hyper
+    from minicavs.scheduler import FsmPolicy, get_policy
+    monkeypatch.setattr(policies, "get_policy", lambda name: FsmPolicy(encoding=name[4:], hyper=Hyper(
+        episodes=100)) if name.startswith("fsm:") else get_policy(name))     # short learning
+    res = policies.run_policies(["tree_lstm", "tree_lstm_2type"], tmp_path, batches=2, learn=1, log=lambda s: None)
+    rows = {r["model"]: r for r in res["rows"]}
+    for r in rows.values():
+        assert all(t >= r["lower_bound"] for t in r["tasks"].values()) and r["fsm"]["fsm:S3"]["episodes"] >= 50
+    assert rows["tree_lstm"]["tasks"]["cavs"] == rows["tree_lstm"]["lower_bound"]   # leaf/internal: optimal
+    text = (tmp_path / "policies.md").read_text()
+    assert "| tree_lstm_2type |" in text and "lower bound" in text and (tmp_path / "policies.json").is_file()
+    with pytest.raises(ValueError, match="--policy-models: unknown"):
+        from minicavs.bench import run
+        parser = argparse.ArgumentParser()
+        add_arguments(parser)
+        run(parser.parse_args(["--policies", "--policy-models", "nope"]))
+
+
 def _figures(monkeypatch):
     """The figures a plot function builds (it closes them; keep them to look at their axes)."""
     plt = pytest.importorskip("matplotlib.pyplot")

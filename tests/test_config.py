@@ -45,7 +45,10 @@ def test_yaml_1_2_numbers_in_files_and_overrides(tmp_path):
     ("train.optimizer=adamw", "train.optimizer = 'adamw': must be one of sgd, adagrad, adam"),
     ("train.dtype=float16", "train.dtype = 'float16': must be one of float32, float64"),
     ("train.device=tpu", "train.device = 'tpu': must be one of cpu, cuda"),
-    ("train.policy=greedy", "train.policy = 'greedy': must be one of cavs, serial"),
+    ("train.policy=greedy2", "train.policy = 'greedy2': must be one of cavs, depth, agenda, greedy, fsm, serial, "
+                             "fsm:S1, fsm:S2, fsm:S3"),
+    ("train.policy=fsm:S9", "train.policy = 'fsm:S9': must be one of cavs, depth, agenda, greedy, fsm, serial, "
+                            "fsm:S1, fsm:S2, fsm:S3"),
     ("train.epochs=0", "train.epochs = 0: must be an integer >= 1"),
     ("train.seed=-1", "train.seed = -1: must be an integer >= 0"),
     ("train.weight_decay=-0.1", "train.weight_decay = -0.1: must be a finite number >= 0"),
@@ -108,7 +111,7 @@ def test_data_paths_resolve_against_the_config_file_and_set_against_the_cwd(tmp_
 
 def test_bundled_configs_by_name_and_the_resolved_config_reads_back(tmp_path):
     assert find_config("tree_lstm") == bundled_models_dir() / "tree_lstm.yaml"
-    with pytest.raises(FileNotFoundError, match="bundled configs: fixed_lstm, tree_fc, tree_lstm"):
+    with pytest.raises(FileNotFoundError, match="bundled configs: fixed_lstm, lattice_lstm, tree_fc, tree_gru, tree_lstm, tree_lstm_2type"):
         find_config("tree_lsmt")
     cfg = load_config("tree_lstm", ["model.hidden=7", "train.lr=1e-4"])
     assert cfg["model"]["name"] == "tree_lstm"

@@ -22,7 +22,11 @@ from minicavs.executor import RunContext
 from minicavs.training import Trainer
 
 from . import cells
-from .codegen.test_cuda import MODELS
+from .codegen.test_cuda import MODELS, SMALL, TREES
+
+# and the model whose kinds scatter two message shapes (two scatter tensors on the device)
+MODELS = {**MODELS, "lattice_lstm": ("lattice_lstm", SMALL + TREES + ["data.synthetic.max_len=10",
+                                                                       "train.policy=cavs"])}
 from .test_engine import CASES, dense
 
 TOL = {"float32": 2e-5, "float64": 1e-10}
@@ -55,6 +59,8 @@ def fused_launches(launcher) -> int:
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("model", sorted(MODELS))
 def test_bundled_model_step_on_cuda_equals_cpu(launcher, model, dtype, tmp_path):
+    if model == "lattice_lstm" and dtype == "float32":
+        pytest.skip("two message shapes: checked in float64 (the scatter tensors do not depend on the dtype)")
     t = trainer(model, dtype, tmp_path)
     samples = t.task.data["train"][:4]
     graphs, feeds = t.task.batch(samples)

@@ -8,7 +8,7 @@ from hypothesis import given, settings, strategies as st
 from minicavs.engine import EngineOptions
 from minicavs.executor import RunContext
 from minicavs.explain import check, explain
-from minicavs.inputs import InputGraph
+from minicavs.inputs import InputGraph, make_batch
 from minicavs.testing import check_model_grads
 
 from . import cells
@@ -177,6 +177,12 @@ def test_check_and_explain_report():
     text = str(explain(case.model, graphs, feeds, case.params))
     n = sum(g.num_vertices for g in graphs)
     assert f"{n} vertices" in text and "gather" in text and "KiB" in text
+    # full binary trees, kinds leaf/internal: one leaf and `height` internal vertices on the longest path
+    bound = 1 + int(make_batch(graphs).height.max())
+    report = explain(case.model, graphs, feeds, case.params, policy="agenda").structures[0]
+    assert report.policy == "agenda" and report.lower_bound == bound and report.tasks >= bound
+    assert f"policy 'agenda', lower bound {bound}" in str(explain(case.model, graphs, feeds, case.params,
+                                                                    policy="agenda"))
 
 
 def test_param_gradients_shaped_like_params():

@@ -11,16 +11,19 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "minicavs"
 
 # DESIGN.md's layer list, top to bottom, with the modules it does not name placed on the line of the layer
-# they belong to (executor.py, engine.py and explain.py run and read programs; progress.py, task.py, demo.py, testing.py and bench/ are product code around the engine;
-# ``minicavs`` itself is the package's public face).
+# they belong to (frontier.py and fsm.py are the batching policies' simulation of Alg. 1 and their learned
+# state machine, beside scheduler.py; executor.py, engine.py and explain.py run and read programs; atomic.py
+# (atomic file writes) is a base utility that fsm.py, checkpoint.py and data/ use; progress.py, task.py,
+# demo.py, testing.py, bench/, rundir.py (the run-dir commit protocol), predict.py, plot.py and show.py are
+# product code around the engine (data/datasets.py too: PLACED below); ``minicavs`` itself is the package's public face).
 LAYERS = [
-    ["dtypes", "errors", "random", "sparse", "validate"],
+    ["dtypes", "errors", "random", "sparse", "validate", "atomic"],
     ["graph"],
     ["ops"],
     ["autodiff"],
     ["vertex"],
     ["inputs"],
-    ["scheduler"],
+    ["scheduler", "frontier", "fsm"],
     ["memory"],
     ["passes"],
     ["codegen"],
@@ -31,14 +34,15 @@ LAYERS = [
     ["model"],
     ["nn", "optim"],
     ["data"],
-    ["checkpoint", "config", "training", "rundir", "atomic", "distributed", "cli", "progress", "task", "predict",
+    ["checkpoint", "config", "training", "rundir", "distributed", "cli", "progress", "task", "predict",
      "plot", "show", "demo", "testing", "bench", "__main__", ""],
 ]
 # Modules placed apart from their package: data/datasets.py is `minicavs prepare` (checksums, atomic copies into
 # data/, reading the configs), product code that lives beside the readers it checks data with.
 PLACED = {"data.datasets": "checkpoint"}
 # Device-specific code stays behind the backend seam: these never import codegen/ or cuda/.
-NO_DEVICE_CODE = ("ops", "optim", "training")
+NO_DEVICE_CODE = ("ops", "optim", "training", "atomic", "rundir", "checkpoint", "distributed", "validate",
+                  "predict", "plot", "show", "data")
 
 
 def modules() -> dict[str, tuple[Path, bool]]:

@@ -138,7 +138,8 @@ def test_workspace_is_reused_across_batches(monkeypatch):
     monkeypatch.setattr(DynamicTensor, "__init__", counting_init)
     monkeypatch.setattr(DynamicTensor, "resize", watching_resize)
     workspace = case.model.workspace(case.model.structures[0].name)
-    buffers = (workspace.scatter.buffer, workspace.scatter_grad.buffer)
+    buffers = [t.buffer for t in list(workspace.scatters.values()) + list(workspace.scatter_grads.values())]
+    assert len(buffers) == 2   # one scatter tensor (one message shape) and its gradient
     assert workspace.backward, "backward keeps its cross-phase tensors in the workspace"
     tracemalloc.start()
     try:
@@ -155,7 +156,8 @@ def test_workspace_is_reused_across_batches(monkeypatch):
     finally:
         tracemalloc.stop()
     assert created == [] and regrown == []
-    assert (workspace.scatter.buffer, workspace.scatter_grad.buffer) == buffers
+    assert all(a is b for a, b in zip(
+        [t.buffer for t in list(workspace.scatters.values()) + list(workspace.scatter_grads.values())], buffers))
     big_runs = [a for i, a in enumerate(allocated) if i % 4 != 3]
     assert max(big_runs[3:]) <= 1.05 * max(big_runs[:3]) + 4096, allocated
     # (what stays live grows by ~2 KB a batch: 56-byte blocks that cffi's from_buffer leaves behind in the

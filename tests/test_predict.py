@@ -62,9 +62,11 @@ def test_bad_trees_name_the_line(line, match):
         parse_any_tree(line, "x:7")
 
 
-@pytest.fixture(scope="module")
-def tree_trainer(tmp_path_factory):
-    return Trainer(tiny(tmp_path_factory.mktemp("t"), "tree_lstm", embed=8, hidden=8))
+@pytest.fixture(scope="module", params=["tree_lstm", "tree_gru", "tree_lstm_2type"])
+def tree_trainer(tmp_path_factory, request):
+    """The tree classifiers (their subclasses give vertices other cells and kinds: predict builds the graphs
+    the same way training does)."""
+    return Trainer(tiny(tmp_path_factory.mktemp("t"), request.param, embed=8, hidden=8))
 
 
 def test_tree_predictions_equal_the_trained_model_one_tree_at_a_time(tree_trainer):

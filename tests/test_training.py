@@ -169,3 +169,28 @@ def test_device_is_checked_before_any_work(tmp_path):
         with pytest.raises(CudaUnavailable, match="CuPy|CUDA"):
             Trainer(cfg, ["train.device=cuda"], run_dir=tmp_path)
     assert not any(tmp_path.iterdir())   # nothing written
+
+
+def test_fsm_policy_learned_before_training_saved_and_restored(tmp_path):
+    cfg = tiny_config(tmp_path, epochs=1, policy="fsm")
+    trainer = Trainer(cfg, run_dir=tmp_path / "run")
+    trainer.fit(progress=False, log=lambda s: None)
+    learned = trainer.policy
+    assert learned.learned and (tmp_path / "run" / "fsm.json").is_file()
+    fresh = Trainer(cfg, run_dir=tmp_path / "other")
+    fresh.load(tmp_path / "run" / "last.npz", optimizer=False)
+    assert fresh.policy.to_json() == learned.to_json() and fresh.model.policy is fresh.policy
+    graphs, _ = trainer.task.batch(trainer.task.data["dev"][:16])
+    a = learned.schedule(trainer.model.batches(graphs)["tree"])
+    b = fresh.policy.schedule(fresh.model.batches(graphs)["tree"])
+    assert np.array_equal(a.order, b.order) and np.array_equal(a.task_ptr, b.task_ptr)
+    with pytest.raises(ConfigError, match="train.policy = 'fifo': must be one of cavs, depth, agenda, greedy, fsm"):
+        Trainer(cfg, ["train.policy=fifo"], run_dir=tmp_path / "bad")   # the config's RULES, before any work
+    # fsm.json is a run file: resume repairs it from the FSM last.npz records
+    (tmp_path / "run" / "fsm.json").unlink()
+    again = Trainer.resuming(tmp_path / "run", ["train.epochs=2"])
+    logged = []
+    again.fit(resume=True, progress=False, log=logged.append)
+    assert any("rewrote fsm.json" in line for line in logged), logged
+    assert json.loads((tmp_path / "run" / "fsm.json").read_text()) == learned.to_json()
+    assert again.policy.to_json() == learned.to_json()   # resumed with the learned FSM, not a new one

@@ -60,6 +60,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="PNG plots (needs matplotlib: pip install 'minicavs[plot]')")
     p.add_argument("--sweeps", action=argparse.BooleanOptionalAction, default=True,
                    help="the Fig. 8/9a sweeps (--no-sweeps: only the ablation)")
+    p.add_argument("--policies", action="store_true",
+                   help="instead of the sweeps: ED-Batch's batching policies on every bundled model (tasks per "
+                        "batch of 64 for cavs/depth, agenda, greedy, fsm S1-S3 and the lower bound, FSM learning "
+                        "time, scheduling time); writes policies.md/.json/.png")
+    p.add_argument("--policy-models", nargs="+", default=None,
+                   help="models for --policies (default: every bundled model with a config)")
+    p.add_argument("--policy-batches", type=int, default=8, help="held-out batches counted per model (8)")
+    p.add_argument("--policy-throughput", action=argparse.BooleanOptionalAction, default=True,
+                   help="with --policies: training throughput per policy at batch 64, hidden 256")
 
 
 def _data_file(given: str | None, default: str, what: str, flag: str) -> str | None:
@@ -96,6 +105,16 @@ def settings(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.policies:
+        from .policies import WORKLOADS, run_policies
+        if args.policy_batches <= 0:
+            raise ValueError(f"--policy-batches must be positive, got {args.policy_batches}")
+        unknown = set(args.policy_models or ()) - set(WORKLOADS)
+        if unknown:
+            raise ValueError(f"--policy-models: unknown {sorted(unknown)}; known: {', '.join(WORKLOADS)}")
+        run_policies(args.policy_models or list(WORKLOADS), Path(args.out), batches=args.policy_batches,
+                     speed=args.policy_throughput, steps=2 if args.quick else 4, repeats=2 if args.quick else 3)
+        return 0
     from .suite import run_suite
     run_suite(settings(args))
     return 0

@@ -60,3 +60,10 @@ def complete_binary_tree(leaves: int) -> Tree:
             nxt.append(len(children) - 1)
         level = nxt
     return Tree(children, np.full(len(children), -1, np.int64), [None] * len(children))
+
+
+def two_type_kinds(tree: Tree, seed: int, index: int, types: tuple = ("cell_a", "cell_b")) -> tuple:
+    """ED-Batch's TreeLSTM-2Type: each internal vertex one of two cell types, 50% each; leaves 'leaf'.
+    The draw depends on (seed, index) only, so a tree keeps its types across epochs and batches."""
+    draw = np.random.default_rng([seed, 2, index]).integers(0, len(types), size=tree.num_vertices)
+    return tuple("leaf" if not ch else types[int(k)] for ch, k in zip(tree.children, draw))

@@ -1,6 +1,10 @@
 """Aliasing: where each value of F and ∂F lives, decided once at compile time (§3.3, DESIGN.md's
 schedule-first layout), so binding a batch only turns these decisions into views of its buffers.
 
+- One scatter tensor per message shape: a kind writes its scattered value into the tensor of its shape
+  (:func:`scatter_message`), and each gather reads the tensor of the shape it declared
+  (:func:`gather_messages`; the structure checks that the kinds it reads scatter that shape). Every such
+  tensor is indexed by the vertex's row in the whole task order, so rows and views are the same for all.
 - The scatter tensor holds the scattered value; ∂F reads it (or a column block of a scattered concat such as
   ``[h, c]``) back from there, never from a copy of its own (:func:`scatter_parts`).
 - Pulled rows ∂F reads are read again from the pull buffer, which outlives the backward pass.
@@ -31,6 +35,21 @@ def scatter_source(scattered: Node | None) -> Node | None:
     return scattered.inputs[0] if OPS[scattered.op].identity else scattered
 
 
+def scatter_message(scattered: Node | None) -> tuple | None:
+    """The message shape a kind scatters: which scatter tensor its scattered value lives in."""
+    return None if scattered is None else scattered.vshape
+
+
+def gather_messages(gathers: dict) -> dict:
+    """{gather slot: message shape}: which scatter tensor each gather reads (and its adjoint adds into)."""
+    return {k: node.vshape for k, node in gathers.items()}
+
+
+def message_tensors(scattered_nodes) -> list:
+    """The scatter tensors of a structure: one per distinct message shape its kinds scatter."""
+    return sorted({scatter_message(n) for n in scattered_nodes if n is not None})
+
+
 def scatter_parts(scattered: Node | None, backward_reads: set) -> dict:
     """{value ∂F reads: (first column, end)} for the scattered value and the column blocks of a scattered
     concat: read back from the scatter tensor's rows."""
@@ -54,9 +73,10 @@ def forward_tensors(nodes, backward_reads: set, in_scatter: dict, in_pulls: dict
 
 
 def gather_concat(row_nodes, gathers: list) -> Node | None:
-    """The concat of all gathers, in slot order, of per-vertex vectors: a reshape of the scatter tensor when
-    the children's rows are adjacent."""
-    if len(gathers) < 2 or not all(len(x.vshape) == 1 for x in gathers):
+    """The concat of all gathers, in slot order, of per-vertex vectors of one message shape (they read one
+    scatter tensor): a reshape of that tensor when the children's rows are adjacent."""
+    if (len(gathers) < 2 or not all(len(x.vshape) == 1 for x in gathers)
+            or len({x.vshape for x in gathers}) > 1):
         return None
     return next((n for n in row_nodes if [x for x, _, _ in column_blocks(n) or ()] == gathers), None)
 

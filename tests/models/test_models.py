@@ -9,6 +9,8 @@ import pytest
 
 from minicavs.data.text import synthetic_corpus
 from minicavs.explain import check
+from minicavs.fsm import Hyper
+from minicavs.scheduler import FsmPolicy, get_policy
 from minicavs.testing import check_model_grads
 from minicavs.training import Trainer
 
@@ -26,6 +28,12 @@ TINY = {
                    "data.synthetic.dev=10", "data.synthetic.test=10", "data.synthetic.vocab=30",
                    "model.dropout=0.0"],
     "tree_fc": ["model.hidden=4", "model.leaves=8", "data.synthetic.train=40", "data.synthetic.dev=10"],
+    "tree_gru": ["model.embed=6", "model.hidden=5", "data.synthetic.train=60", "data.synthetic.dev=20",
+                 "data.synthetic.test=20", "data.synthetic.vocab=40", "model.dropout=0.0"],
+    "tree_lstm_2type": ["model.embed=6", "model.hidden=5", "data.synthetic.train=60", "data.synthetic.dev=20",
+                        "data.synthetic.test=20", "data.synthetic.vocab=40", "model.dropout=0.0"],
+    "lattice_lstm": ["model.embed=4", "model.hidden=5", "data.synthetic.train=40", "data.synthetic.dev=10",
+                     "data.synthetic.test=10", "data.synthetic.max_len=12"],
 }
 
 
@@ -45,6 +53,12 @@ SHORT = {
     "fixed_lstm": (["model.embed=16", "model.hidden=32", "train.epochs=8", "train.lr=0.01",
                     "data.synthetic.train=300", "model.window=16", "train.batch_size=8"], 0.85),
     "tree_fc": (["train.epochs=30", "train.lr=0.01", "train.batch_size=8"], 0.3),
+    "tree_gru": (["model.embed=16", "model.hidden=16", "train.epochs=5", "train.lr=0.1",
+                  "data.synthetic.train=300"], 0.75),
+    "tree_lstm_2type": (["model.embed=16", "model.hidden=16", "train.epochs=5", "train.lr=0.1",
+                         "data.synthetic.train=300"], 0.75),
+    "lattice_lstm": (["model.embed=16", "model.hidden=16", "train.epochs=6", "train.lr=0.02",
+                      "data.synthetic.train=200", "train.batch_size=16", "train.policy=cavs"], 0.75),
 }
 
 
@@ -70,6 +84,18 @@ def test_gradients_match_finite_differences(name, tmp_path):
     rep = check(t.model, graphs, feeds, params, ctx=t.context(training=False))
     assert rep["max"] <= 1e-10 * max(1.0, abs(t.model.run(graphs, feeds, params, t.context(False),
                                                              backward_pass=False).loss))
+
+
+@pytest.mark.parametrize("name", ["tree_lstm", "tree_gru", "tree_lstm_2type", "lattice_lstm"])
+def test_batched_equals_serial_for_every_policy(name, tmp_path):
+    t = trainer(name, tmp_path, "train.dtype=float64")
+    graphs, feeds = t.task.batch(t.task.data["train"][:4])
+    params = {k: p.value for k, p in t.params.items()}
+    scale = max(1.0, abs(t.model.run(graphs, feeds, params, t.context(False), backward_pass=False).loss))
+    fsm = [FsmPolicy(encoding="S3", hyper=Hyper(episodes=100))]   # short learning
+    for policy in ["cavs", "agenda", "greedy"] + fsm:
+        t.model.policy = get_policy(policy)
+        assert check(t.model, graphs, feeds, params, ctx=t.context(training=False))["max"] <= 1e-10 * scale, policy
 
 
 def test_perplexity_is_exp_of_mean_nll(tmp_path):

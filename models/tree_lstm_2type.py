@@ -1,0 +1,62 @@
+"""TreeLSTM-2Type (ED-Batch's workload): the binary Tree-LSTM with two internal cell types.
+
+Each internal vertex is a ``cell_a`` or a ``cell_b`` vertex at random (50% each, seeded per tree:
+:func:`minicavs.data.trees.two_type_kinds`); the two types have the same equations as ``tree_lstm.py``'s
+internal vertex but their own parameters (``a.U``, ``a.b_i``, ``a.U_f1``, ``a.U_f2``, ``a.b_f`` and the same
+with ``b.``). Leaves as in ``tree_lstm.py``:
+    leaf:    [i, o, u] = x·W + b_l;  c = σ(i) ⊙ tanh(u)
+    type t:  [i, o, u] = [h1; h2]·U^t + b_i^t;   f_k = σ(h_k·U_fk^t + b_f^t)
+             c = σ(i) ⊙ tanh(u) + f_1 ⊙ c_1 + f_2 ⊙ c_2
+    every vertex: h = σ(o) ⊙ tanh(c); scatter [h, c]; push h; softmax(h·W_o + b_o) at every vertex.
+With three kinds the order in which kinds run decides how many tasks a batch needs: the workload on which
+ED-Batch's learned policy beats depth and agenda batching.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from minicavs.config import Choice, at_least, load_model_module
+from minicavs.data.trees import two_type_kinds
+from minicavs.inputs import InputGraph
+
+tree_lstm = load_model_module("tree_lstm", Path(__file__).resolve().parent)
+
+NAME = "tree_lstm_2type"
+DEFAULTS = {**tree_lstm.DEFAULTS, "type_seed": 0}
+DATA_DEFAULTS = tree_lstm.DATA_DEFAULTS
+TRAIN_DEFAULTS = tree_lstm.TRAIN_DEFAULTS
+RULES = {**tree_lstm.RULES, "variant": Choice(("binary",)), "type_seed": at_least(0)}
+DATA_RULES = tree_lstm.DATA_RULES
+TYPES = ("cell_a", "cell_b")
+
+
+class TreeLSTM2Type(tree_lstm.TreeLSTM):
+    def __init__(self, cfg: dict):
+        if cfg["model"]["variant"] != "binary":
+            raise ValueError("tree_lstm_2type: only model.variant=binary")
+        self.type_seed = int(cfg["model"]["type_seed"])
+        super().__init__(cfg)
+        self.index = {id(t): (s, i) for s, split in enumerate(("train", "dev", "test"))
+                      for i, t in enumerate(self.data.get(split) or [])}
+
+    def make_params(self, p, m, dtype, seed) -> None:
+        H, D = m["hidden"], m["embed"]
+        p.new("W", (D, 3 * H), dtype=dtype, rng=seed)
+        p.new("b_l", (3 * H,), init="zeros", dtype=dtype, rng=seed)
+        for t in TYPES:
+            tree_lstm.internal_params(p, H, "binary", dtype, seed, prefix=t[-1] + ".")
+
+    def make_cells(self, p, m, dtype) -> dict:
+        H = m["hidden"]
+        fns = {"leaf": tree_lstm.leaf_cell(p, H, m["embed"], m["dropout"], dtype)}
+        for t in TYPES:
+            fns[t] = tree_lstm.internal_cell(p, H, "binary", m["dropout"], dtype, name=t, prefix=t[-1] + ".")
+        return fns
+
+    def graph_of(self, tree):
+        split, i = self.index.get(id(tree), (3, 0))
+        return InputGraph(tree.children, two_type_kinds(tree, self.type_seed, split * 10 ** 7 + i, TYPES))
+
+
+def build(cfg: dict) -> TreeLSTM2Type:
+    return TreeLSTM2Type(cfg)
