@@ -243,7 +243,7 @@ class CompiledFunction:
 
     def _keep(self, fwd: Phases, bwd: Phases) -> set:
         """Values read outside the phase program computing them: fused groups must write them."""
-        crossing = {x for ph in (fwd, bwd) for r in ph.reads for x in r}
+        crossing = {x for phases in (fwd, bwd) for reads in phases.reads for x in reads}
         return crossing | set(self.fwd_tensors) | set(self.pushes.values()) | set(self.leaf_grads.values()) \
             | set(self.param_grads.values()) | ({self.scattered} if self.scattered is not None else set())
 
@@ -257,11 +257,11 @@ class CompiledFunction:
     def _lower(self, fwd: Phases, bwd: Phases, device: Backend) -> None:
         """Fuse each phase's elementwise nodes into kernels; values read outside a phase end a group."""
         programs, groups = lower(fwd.programs + bwd.programs, self._keep(fwd, bwd), device.fused)
-        for i, ph in enumerate((fwd, bwd)):
-            ph.programs, ph.groups = programs[3 * i:3 * i + 3], groups[3 * i:3 * i + 3]
-            ph.inplace = {o for gs in ph.groups for g in gs for o in g.outputs}
-            for p in (PRE, TASK, POST):
-                ph.programs[p], ph.concats[p] = alias.elide_concats(ph.programs[p])
+        for i, phases in enumerate((fwd, bwd)):
+            phases.programs, phases.groups = programs[3 * i:3 * i + 3], groups[3 * i:3 * i + 3]
+            phases.inplace = {o for gs in phases.groups for g in gs for o in g.outputs}
+            for phase in (PRE, TASK, POST):
+                phases.programs[phase], phases.concats[phase] = alias.elide_concats(phases.programs[phase])
 
     @property
     def params(self):
@@ -283,11 +283,11 @@ class CompiledFunction:
         text = (f"F of '{self.F.name}':\n{self.F.graph.dump(fl)}\n"
                 f"∂F of '{self.F.name}':\n{Graph(outs).dump(bl)}")
         lines = []
-        for label, ph in zip(("F", "∂F"), self.phases(opts or EngineOptions())):
-            for p, when in ((PRE, "before tasks"), (TASK, "per task"), (POST, "after tasks")):
-                if ph.programs[p]:
-                    lines.append(f"{label} {when}: {len(ph.programs[p])} steps")
-                    lines += [f"  {_step_text(st)}" for st in ph.programs[p]]
+        for label, phases in zip(("F", "∂F"), self.phases(opts or EngineOptions())):
+            for phase, when in ((PRE, "before tasks"), (TASK, "per task"), (POST, "after tasks")):
+                if phases.programs[phase]:
+                    lines.append(f"{label} {when}: {len(phases.programs[phase])} steps")
+                    lines += [f"  {_step_text(st)}" for st in phases.programs[phase]]
         return text + "\nsteps:\n" + "\n".join(lines)
 
     def to_dot(self, backward: bool = False) -> str:

@@ -74,12 +74,12 @@ def forward(fns: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContex
         state.pushes[name] = xp.zeros((len(order),) + shape, dtype.np)
     active = []
     for kid, fn in enumerate(fns):
-        kp = plan.kinds[kid] if kid < len(plan.kinds) else None
+        kind_plan = plan.kinds[kid] if kid < len(plan.kinds) else None
         tensors, static = {}, {}
-        if fn is not None and kp is not None:
+        if fn is not None and kind_plan is not None:
             evaluate(fn.static_fwd, static, {}, params, ctx, xp=xp)
             stored = fn.placement(opts, device, training)[0]
-            tensors = workspace.tensors(workspace.forward, kid, stored, kp.n)
+            tensors = workspace.tensors(workspace.forward, kid, stored, kind_plan.n)
             active.append(kid)
         state.tensors.append(tensors)
         state.statics.append(static)
@@ -93,7 +93,8 @@ def forward(fns: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContex
     # gather the children's rows, evaluate F, scatter and push the results; then the lazy phase.
     if opts.streaming:
         events, _ = device.eager([(block,) for block in program.before],
-                                 lambda i, block, wctx, _: run_block(block, statics[block.kid], xp, wctx, device), ctx)
+                                 lambda i, block, worker_ctx, _:
+                                 run_block(block, statics[block.kid], xp, worker_ctx, device), ctx)
     else:
         for block in program.before:
             run_block(block, statics[block.kid], xp, ctx, device)
@@ -120,13 +121,13 @@ def _scatter_grad(xp, fns: list, plan: MemoryPlan, message: tuple, scatter, work
         return sgrad
     unwritten = np.ones(len(scatter), bool)
     for kid, fn in enumerate(fns):
-        kp = plan.kinds[kid] if kid < len(plan.kinds) else None
-        if fn is None or kp is None:
+        kind_plan = plan.kinds[kid] if kid < len(plan.kinds) else None
+        if fn is None or kind_plan is None:
             continue
         for leaf in fn.leaf_grads:
             slot = fn.gather_slot.get(leaf)
             if slot is not None and fn.gather_messages[slot] == message:
-                unwritten[kp.child_rows[slot]] = False
+                unwritten[kind_plan.child_rows[slot]] = False
     sgrad[_device_index(xp, np.flatnonzero(unwritten))] = 0
     return sgrad
 
@@ -143,7 +144,7 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
     pull_grads = {name: xp.zeros(shape, dtype.np) for name, shape in pull_shapes.items()}
     param_grads: dict = {}
     btensors = {}
-    rows_k = device.rows(dtype.np)
+    row_kernels = device.rows(dtype.np)
     active = []
     for kid, fn in enumerate(fns):
         if fn is not None and kid < len(plan.kinds) and plan.kinds[kid] is not None:
@@ -153,7 +154,7 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
             active.append(kid)
 
     program = bind_backward(fns, plan, state, opts, device, active, btensors, sgrads, push_grads, pull_grads,
-                            rows_k)
+                            row_kernels)
     state.backward_program = program
     statics = state.statics
     events = None
@@ -162,8 +163,8 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
     if opts.streaming:
         pre_envs = [None] * len(program.before)
 
-        def produce(i, block, wctx, _):
-            pre_envs[i] = run_block(block, statics[block.kid], xp, wctx, device)
+        def produce(i, block, worker_ctx, _):
+            pre_envs[i] = run_block(block, statics[block.kid], xp, worker_ctx, device)
         events, _ = device.eager([(block,) for block in program.before], produce, ctx)
     else:
         for block in program.before:

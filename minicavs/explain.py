@@ -85,12 +85,16 @@ def explain(model, graphs, feeds=None, params=None, ctx=None, policy=None) -> Ex
                 continue
             for node, t in state.tensors[kid].items():
                 tensors.append((kname, node.name or f"{node.op}#{node.id}", t.shape, t.dtype.name, t.nbytes))
-            fph, bph = fn.phases(state.opts)
-            where[kname] = {"F static": len(fn.static_fwd), "F before tasks": len(fph.programs[0]),
-                            "F per task": len(fph.programs[1]), "F after tasks": len(fph.programs[2]),
-                            "∂F static": len(fn.static_bwd), "∂F before tasks": len(bph.programs[0]),
-                            "∂F per task": len(bph.programs[1]), "∂F after tasks": len(bph.programs[2]),
-                            "fused kernels": sum(len(g) for g in fph.groups + bph.groups)}
+            forward_phases, backward_phases = fn.phases(state.opts)
+            where[kname] = {"F static": len(fn.static_fwd),
+                            "F before tasks": len(forward_phases.programs[0]),
+                            "F per task": len(forward_phases.programs[1]),
+                            "F after tasks": len(forward_phases.programs[2]),
+                            "∂F static": len(fn.static_bwd),
+                            "∂F before tasks": len(backward_phases.programs[0]),
+                            "∂F per task": len(backward_phases.programs[1]),
+                            "∂F after tasks": len(backward_phases.programs[2]),
+                            "fused kernels": sum(len(g) for g in forward_phases.groups + backward_phases.groups)}
         for shape, sc in state.scatters.items():    # one per message shape, shared by the kinds scattering it
             tensors.append(("(shared)", "scatter", shape, sc.dtype.name, sc.nbytes))
         peak = model.workspace(s.name).peak_bytes

@@ -152,15 +152,15 @@ def plan_memory(batch: Batch, schedule: Schedule, arity: dict, pulls: dict, push
         verts = order[batch.kind[order] == kid]
         if len(verts) == 0:
             continue
-        kp = KindPlan(kname, kid, verts)
+        kind_plan = KindPlan(kname, kid, verts)
         ptr, idx = batch.child_ptr, batch.child_idx
         start, nch = ptr[verts], ptr[verts + 1] - ptr[verts]
         for j in range(arity.get(kname, 0)):
             has = nch > j
             pos = np.where(has, start + j, 0)
-            kp.child_rows.append(np.where(has, row[idx[pos]] if len(idx) else 0, n).astype(np.int64))
-        kp.row_keys = row_key(sample_ids[batch.sample[verts]], batch.local[verts])
-        kinds[kid] = kp
+            kind_plan.child_rows.append(np.where(has, row[idx[pos]] if len(idx) else 0, n).astype(np.int64))
+        kind_plan.row_keys = row_key(sample_ids[batch.sample[verts]], batch.local[verts])
+        kinds[kid] = kind_plan
     pull_rows, push_order = {}, {}
     for names, store, out in ((pulls, "pull_rows", pull_rows), (pushes, "push_rows", push_order)):
         for name in sorted({x for k in names.values() for x in k}):
@@ -171,14 +171,14 @@ def plan_memory(batch: Batch, schedule: Schedule, arity: dict, pulls: dict, push
             for kid in users:
                 if kinds[kid] is not None:
                     getattr(kinds[kid], store)[name] = rank[kinds[kid].vertices]
-    goff = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
+    scatter_offsets = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
     koff = np.zeros(len(sizes), np.int64)
     for kid in range(len(batch.kind_names)):
         m = kind_of_task == kid
         koff[m] = np.cumsum(sizes[m]) - sizes[m]
         if kinds[kid] is not None:
             kinds[kid].views = [_strided(rows, koff[m], sizes[m], n) for rows in kinds[kid].child_rows]
-    tasks = list(zip(kind_of_task.tolist(), koff.tolist(), sizes.tolist(), goff.tolist()))
+    tasks = list(zip(kind_of_task.tolist(), koff.tolist(), sizes.tolist(), scatter_offsets.tolist()))
     counts = np.bincount(batch.child_idx, minlength=n) if len(batch.child_idx) else np.zeros(1)
     return MemoryPlan(schedule, n, tasks, kinds, pull_rows, push_order, bool(counts.max() <= 1))
 

@@ -297,19 +297,21 @@ def bind_forward(fns: list, plan, state, opts, device, active: list, training: b
     stores = {kid: _with_tensors(fns[kid].placement(opts, device, training)[1], state.tensors[kid]) for kid in active}
     phases = {kid: fns[kid].phases(opts, device)[0] for kid in active}   # looked up once, not per block
 
-    def bind(kid, p, sl, grows, task, stream="main") -> Block:
-        fn, kp, tensors = fns[kid], plan.kinds[kid], state.tensors[kid]
-        ph = phases[kid]
-        block = Block(kp.name, kid, p, task, sl, kp.row_keys[sl], stream)
-        bs = sl.stop - sl.start
-        block.views += [(x, tensors[x].buffer[sl], ("tensor {}[{}]", x, sl)) for x in ph.reads[p]]
-        program = ph.programs[p]
-        views = [kp.views[j].get(sl.start) for j in fn.gathers] if p == TASK and opts.gather_elision else None
+    def bind(kid, phase, task_rows, scatter_rows, task, stream="main") -> Block:
+        fn, kind_plan, tensors = fns[kid], plan.kinds[kid], state.tensors[kid]
+        kind_phases = phases[kid]
+        block = Block(kind_plan.name, kid, phase, task, task_rows, kind_plan.row_keys[task_rows], stream)
+        bs = task_rows.stop - task_rows.start
+        block.views += [(x, tensors[x].buffer[task_rows], ("tensor {}[{}]", x, task_rows))
+                        for x in kind_phases.reads[phase]]
+        program = kind_phases.programs[phase]
+        elide = phase == TASK and opts.gather_elision
+        views = [kind_plan.views[j].get(task_rows.start) for j in fn.gathers] if elide else None
         for j, gnode in fn.gathers.items():
-            if ph.phase[gnode] != p:
+            if kind_phases.phase[gnode] != phase:
                 continue
             view = None if views is None else views[j]
-            child_rows = kp.child_rows[j][sl]
+            child_rows = kind_plan.child_rows[j][task_rows]
             message = fn.gather_messages[j]
             scatter, name = scatters[message], names[message]
             if view is None:
@@ -325,59 +327,61 @@ def bind_forward(fns: list, plan, state, opts, device, active: list, training: b
                                         (f"view {name}[{{}}] (zero row) x {{}}", start, bs)))
             copies["gathered"] += bs
         cat = fn.gather_concat
-        if cat is not None and views is not None and ph.phase.get(cat) == p:
+        if cat is not None and views is not None and kind_phases.phase.get(cat) == phase:
             k = len(views)
             if all(v is not None and v[1] == k and v[0] == views[0][0] + j for j, v in enumerate(views)):
                 first = views[0][0]
                 message = cat.inputs[0].vshape   # (the alias pass made it only of gathers of one message)
                 block.views.append((cat, scatters[message][first:first + k * bs].reshape(bs, -1),
                                     (f"view {names[message]}[{{}}] as {{}} rows", slice(first, first + k * bs), bs)))
-                program = ph.without_concat
+                program = kind_phases.without_concat
         for name, pnode in fn.pulls.items():
-            if ph.phase[pnode] == p:
-                rows = kp.pull_rows[name][sl]
+            if kind_phases.phase[pnode] == phase:
+                rows = kind_plan.pull_rows[name][task_rows]
                 index = row_index(rows)
                 if isinstance(index, slice):
                     block.views.append((pnode, pull_bufs[name][index], ("view pull {}[{}]", name, index)))
                 else:
                     block.takes.append((pnode, pull_bufs[name], rows, ("take pull {}[{}]", name, rows)))
                 copies["pull"] += bs
-        inplace, copied, concats = stores[kid][p]
-        block.outs += [(node, t.buffer[sl], ("tensor {}[{}]", node, sl)) for node, t in inplace]
+        inplace, copied, concats = stores[kid][phase]
+        block.outs += [(node, t.buffer[task_rows], ("tensor {}[{}]", node, task_rows)) for node, t in inplace]
         written = {node for node, _, _ in block.outs} | {m for _, parts in concats for m, _, _ in parts}
         src, direct = fn.scatter_source, False
-        scatter_rows = isinstance(grows, slice)
+        rows_contiguous = isinstance(scatter_rows, slice)
         own = scatters.get(fn.scatter_message)   # the scatter tensor of this kind's message
-        where = (f"{names.get(fn.scatter_message)}[{{}}]", grows)
+        where = (f"{names.get(fn.scatter_message)}[{{}}]", scatter_rows)
         for c, parts in concats:
             dest = next((a for node, a, _ in block.outs if node is c), None)
             what = next((w for node, _, w in block.outs if node is c), None)
-            if dest is None and c is src and scatter_rows:
-                dest, what, direct = own[grows], where, True
+            if dest is None and c is src and rows_contiguous:
+                dest, what, direct = own[scatter_rows], where, True
             block.concats.append((c, parts, dest, what or ("new {}", c)))
-        if (not direct and src in ph.inplace and src not in written and scatter_rows
-                and ph.phase.get(src) == p):
-            block.outs.append((src, own[grows], where))   # the kernel computing it writes it in place
+        if (not direct and src in kind_phases.inplace and src not in written and rows_contiguous
+                and kind_phases.phase.get(src) == phase):
+            block.outs.append((src, own[scatter_rows], where))   # the kernel computing it writes it in place
             direct = True
         block.steps = program
-        if fn.scattered is not None and ph.phase[fn.scattered] == p and not direct:
-            block.writes.append((fn.scattered, own, grows, where))
+        if fn.scattered is not None and kind_phases.phase[fn.scattered] == phase and not direct:
+            block.writes.append((fn.scattered, own, scatter_rows, where))
         for name, pnode in fn.pushes.items():
-            if ph.phase[pnode] == p:
-                index = row_index(kp.push_rows[name][sl])
+            if kind_phases.phase[pnode] == phase:
+                index = row_index(kind_plan.push_rows[name][task_rows])
                 block.puts.append((pnode, state.pushes[name], index, ("push {}[{}]", name, index)))
                 copies["push"] += bs
-        block.writes += [(node, t.buffer, sl, ("tensor {}[{}]", node, sl)) for node, t in copied]
+        block.writes += [(node, t.buffer, task_rows, ("tensor {}[{}]", node, task_rows)) for node, t in copied]
         return block
 
     whole = {kid: (slice(0, plan.kinds[kid].n), as_slice(plan.schedule.row[plan.kinds[kid].vertices]))
              for kid in active}
-    tasks = [(kid, slice(koff, koff + bs), slice(goff, goff + bs)) for kid, koff, bs, goff in plan.tasks]
+    tasks = [(kid, slice(koff, koff + bs), slice(scatter_offset, scatter_offset + bs))
+             for kid, koff, bs, scatter_offset in plan.tasks]
     if opts.streaming:   # eager nodes on the second stream, task by task ahead of the recurrent path
-        before = [bind(kid, PRE, sl, grows, t, "eager") for t, (kid, sl, grows) in enumerate(tasks)]
+        before = [bind(kid, PRE, task_rows, scatter_rows, t, "eager")
+                  for t, (kid, task_rows, scatter_rows) in enumerate(tasks)]
     else:
         before = _nonempty(bind(kid, PRE, *whole[kid], None) for kid in active)
-    per_task = [bind(kid, TASK, sl, grows, t) for t, (kid, sl, grows) in enumerate(tasks)]
+    per_task = [bind(kid, TASK, task_rows, scatter_rows, t) for t, (kid, task_rows, scatter_rows) in enumerate(tasks)]
     after = _nonempty(bind(kid, POST, *whole[kid], None) for kid in active)
     return BatchProgram("F", before, per_task, after, copies)
 
@@ -407,11 +411,11 @@ def bind_backward(fns: list, plan, state, opts, device, active: list, btensors: 
             whole_rows[kid] = (take_rows(device, scatters[fns[kid].scatter_message], rows), index)
         return whole_rows[kid]
 
-    def bind(kid, p, sl, goff, task, stream="main") -> Block:
-        fn, kp = fns[kid], plan.kinds[kid]
-        ph = phases[kid]
-        block = Block(kp.name, kid, p, task, sl, kp.row_keys[sl], stream)
-        bs = sl.stop - sl.start
+    def bind(kid, phase, task_rows, scatter_offset, task, stream="main") -> Block:
+        fn, kind_plan = fns[kid], plan.kinds[kid]
+        kind_phases = phases[kid]
+        block = Block(kind_plan.name, kid, phase, task, task_rows, kind_plan.row_keys[task_rows], stream)
+        bs = task_rows.stop - task_rows.start
         bound = set()
 
         def view(node, array, what):
@@ -419,10 +423,11 @@ def bind_backward(fns: list, plan, state, opts, device, active: list, btensors: 
             bound.add(node)
 
         for node, t in state.tensors[kid].items():
-            view(node, t.buffer[sl], ("tensor {}[{}]", node, sl))
+            view(node, t.buffer[task_rows], ("tensor {}[{}]", node, task_rows))
         if fn.scatter_parts:
-            if goff is not None:
-                rows, where = scatters[fn.scatter_message][goff:goff + bs], slice(goff, goff + bs)
+            if scatter_offset is not None:
+                where = slice(scatter_offset, scatter_offset + bs)
+                rows = scatters[fn.scatter_message][where]
             else:
                 rows, where = kind_rows(kid)
             for x, (a, b) in fn.scatter_parts.items():
@@ -430,23 +435,23 @@ def bind_backward(fns: list, plan, state, opts, device, active: list, btensors: 
                     view(x, rows[:, a:b], (f"view {names[fn.scatter_message]}[{{}}][:, {{}}:{{}}]", where, a, b))
         for name, x in fn.pull_reads.items():
             if x not in bound:
-                pull_rows = kp.pull_rows[name][sl]
+                pull_rows = kind_plan.pull_rows[name][task_rows]
                 index = row_index(pull_rows)
                 if isinstance(index, slice):
                     view(x, state.pull_bufs[name][index], ("view pull {}[{}]", name, index))
                 else:
                     block.takes.append((x, state.pull_bufs[name], pull_rows, ("take pull {}[{}]", name, pull_rows)))
-        for x in ph.reads[p]:
+        for x in kind_phases.reads[phase]:
             if x in btensors[kid]:
-                view(x, btensors[kid][x].buffer[sl], ("tensor {}[{}]", x, sl))
+                view(x, btensors[kid][x].buffer[task_rows], ("tensor {}[{}]", x, task_rows))
         for out, ct in fn.ct.items():
-            if ph.phase[ct] != p:
+            if kind_phases.phase[ct] != phase:
                 continue
             if out is fn.scattered:
-                view(ct, scatter_grads[fn.scatter_message][goff:goff + bs],
-                     (f"view {grad_names[fn.scatter_message]}[{{}}]", slice(goff, goff + bs)))
+                view(ct, scatter_grads[fn.scatter_message][scatter_offset:scatter_offset + bs],
+                     (f"view {grad_names[fn.scatter_message]}[{{}}]", slice(scatter_offset, scatter_offset + bs)))
             else:
-                push_rows = kp.push_rows[out.name][sl]
+                push_rows = kind_plan.push_rows[out.name][task_rows]
                 index = row_index(push_rows)
                 if isinstance(index, slice):
                     view(ct, push_grads[out.name][index], ("view push grad {}[{}]", out.name, index))
@@ -454,22 +459,22 @@ def bind_backward(fns: list, plan, state, opts, device, active: list, btensors: 
                     block.takes.append((ct, push_grads[out.name], push_rows,
                                         ("take push grad {}[{}]", out.name, push_rows)))
             if ct in btensors[kid]:
-                block.stores_in.append((ct, btensors[kid][ct].buffer[sl], ("tensor {}[{}]", ct, sl)))
-        inplace, copied, concats = stores[kid][p]
-        block.outs += [(node, t.buffer[sl], ("tensor {}[{}]", node, sl)) for node, t in inplace]
+                block.stores_in.append((ct, btensors[kid][ct].buffer[task_rows], ("tensor {}[{}]", ct, task_rows)))
+        inplace, copied, concats = stores[kid][phase]
+        block.outs += [(node, t.buffer[task_rows], ("tensor {}[{}]", node, task_rows)) for node, t in inplace]
         for c, parts in concats:
             dest = next((a for node, a, _ in block.outs if node is c), None)
             what = next((w for node, _, w in block.outs if node is c), None)
             block.concats.append((c, parts, dest, what or ("new {}", c)))
-        block.steps = ph.programs[p]
-        block.writes += [(node, t.buffer, sl, ("tensor {}[{}]", node, sl)) for node, t in copied]
+        block.steps = kind_phases.programs[phase]
+        block.writes += [(node, t.buffer, task_rows, ("tensor {}[{}]", node, task_rows)) for node, t in copied]
         for leaf, gnode in fn.leaf_grads.items():
-            if ph.phase[gnode] != p:
+            if kind_phases.phase[gnode] != phase:
                 continue
             j = fn.gather_slot.get(leaf)
             if j is not None:
-                elided = kp.views[j].get(sl.start) if p == TASK and opts.gather_elision else None
-                child_rows = kp.child_rows[j][sl]
+                elided = kind_plan.views[j].get(task_rows.start) if phase == TASK and opts.gather_elision else None
+                child_rows = kind_plan.child_rows[j][task_rows]
                 message = fn.gather_messages[j]
                 if elided is not None:
                     start, step = elided
@@ -479,18 +484,21 @@ def bind_backward(fns: list, plan, state, opts, device, active: list, btensors: 
                 block.adjoints.append((gnode, gather_adjoint, (device, scatter_grads[message], child_rows, elided),
                                        (plan.forest, row_kernels), what))
             else:
-                pull_rows = kp.pull_rows[leaf.name][sl]
+                pull_rows = kind_plan.pull_rows[leaf.name][task_rows]
                 block.adjoints.append((gnode, put_rows, (device, pull_grads[leaf.name], pull_rows), (),
                                        ("pull grad {}[{}]", leaf.name, pull_rows)))
-        block.param_grads += [(name, gnode) for name, gnode in fn.param_grads.items() if ph.phase[gnode] == p]
+        block.param_grads += [(name, gnode) for name, gnode in fn.param_grads.items()
+                              if kind_phases.phase[gnode] == phase]
         block.keep_read()
         return block
 
-    stack = [(kid, slice(koff, koff + bs), goff) for kid, koff, bs, goff in reversed(plan.tasks)]
+    stack = [(kid, slice(koff, koff + bs), scatter_offset) for kid, koff, bs, scatter_offset in reversed(plan.tasks)]
     if opts.streaming:
-        before = [bind(kid, PRE, sl, goff, len(stack) - 1 - i, "eager") for i, (kid, sl, goff) in enumerate(stack)]
+        before = [bind(kid, PRE, task_rows, scatter_offset, len(stack) - 1 - i, "eager")
+                  for i, (kid, task_rows, scatter_offset) in enumerate(stack)]
     else:
         before = _nonempty(bind(kid, PRE, slice(0, plan.kinds[kid].n), None, None) for kid in active)
-    per_task = [bind(kid, TASK, sl, goff, len(stack) - 1 - i) for i, (kid, sl, goff) in enumerate(stack)]
+    per_task = [bind(kid, TASK, task_rows, scatter_offset, len(stack) - 1 - i)
+                for i, (kid, task_rows, scatter_offset) in enumerate(stack)]
     after = _nonempty(bind(kid, POST, slice(0, plan.kinds[kid].n), None, None) for kid in active)
     return BatchProgram("∂F", before, per_task, after, {})

@@ -40,32 +40,32 @@ def replay_memory(result, gather_elision: bool) -> float:
         if scatter is not None:
             dest = np.empty_like(scatter)
             sgrad = np.empty_like(scatter)
-            for kid, koff, bs, goff in plan.tasks:          # forward, task by task
-                kp = plan.kinds[kid]
-                for j, rows in enumerate(kp.child_rows):
-                    if not (gather_elision and kp.views[j].get(koff) is not None):
+            for kid, koff, bs, scatter_offset in plan.tasks:          # forward, task by task
+                kind_plan = plan.kinds[kid]
+                for j, rows in enumerate(kind_plan.child_rows):
+                    if not (gather_elision and kind_plan.views[j].get(koff) is not None):
                         np.take(scatter, rows[koff:koff + bs], axis=0)
-                dest[goff:goff + bs] = scatter[goff:goff + bs]
-            for kid, koff, bs, goff in reversed(plan.tasks):   # backward: gradients to the children's rows
-                kp = plan.kinds[kid]
-                for j, rows in enumerate(kp.child_rows):
-                    g = scatter[goff:goff + bs]
-                    view = kp.views[j].get(koff) if gather_elision else None
+                dest[scatter_offset:scatter_offset + bs] = scatter[scatter_offset:scatter_offset + bs]
+            for kid, koff, bs, scatter_offset in reversed(plan.tasks):   # backward: gradients to the children's rows
+                kind_plan = plan.kinds[kid]
+                for j, rows in enumerate(kind_plan.child_rows):
+                    g = scatter[scatter_offset:scatter_offset + bs]
+                    view = kind_plan.views[j].get(koff) if gather_elision else None
                     if view is not None and view[1]:
                         s, step = view
                         sgrad[s:s + step * (bs - 1) + 1:step] = g
                     elif view is None:
                         sgrad[rows[koff:koff + bs]] = g
-        for kp in plan.kinds:
-            if kp is None:
+        for kind_plan in plan.kinds:
+            if kind_plan is None:
                 continue
-            for pname, rows in kp.pull_rows.items():      # pull rows in, pull gradients out
+            for pname, rows in kind_plan.pull_rows.items():      # pull rows in, pull gradients out
                 buf = state.pull_bufs[pname]
                 taken = np.take(buf, rows, axis=0)
                 if np.issubdtype(buf.dtype, np.floating):
                     grad = np.empty_like(buf)
                     grad[rows] = taken
-            for pname, rows in kp.push_rows.items():      # push rows out, push gradients in
+            for pname, rows in kind_plan.push_rows.items():      # push rows out, push gradients in
                 out = state.pushes[pname]
                 out[rows] = np.take(out, rows, axis=0)
         total += time.perf_counter() - start

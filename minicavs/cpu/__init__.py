@@ -46,20 +46,20 @@ class CpuBackend(Backend):
         copy counters (read them after the last event). The worker has its own run context, since dropout
         row keys change per call."""
         events = [Event() for _ in tasks]
-        wctx = replace(ctx)
-        wcopies = {"gather": 0, "gathered": 0, "pull": 0, "push": 0}
+        worker_ctx = replace(ctx)
+        worker_copies = {"gather": 0, "gathered": 0, "pull": 0, "push": 0}
 
         def produce():
             i = 0
             try:
                 for i, task in enumerate(tasks):
-                    work(i, *task, wctx, wcopies)
+                    work(i, *task, worker_ctx, worker_copies)
                     events[i].set()
             except BaseException as e:
                 for ev in events[i:]:
                     ev.set(e)
         get_stream("eager").submit(produce)
-        return events, wcopies
+        return events, worker_copies
 
     def synchronize(self) -> None:
         """Wait until every kernel issued so far has finished (nothing to wait for on the CPU)."""

@@ -85,12 +85,12 @@ class Cuda(Backend):
         """The host issues every eager task's kernels on the eager stream, recording an event after each;
         the recurrent path (the caller's stream) waits for that event on the device, not on the host. On
         the emulated device kernels run as they are issued, so the tasks simply run first."""
-        wcopies = {"gather": 0, "gathered": 0, "pull": 0, "push": 0}
-        wctx = replace(ctx)
+        worker_copies = {"gather": 0, "gathered": 0, "pull": 0, "push": 0}
+        worker_ctx = replace(ctx)
         if self.emulated:
             for i, task in enumerate(tasks):
-                work(i, *task, wctx, wcopies)
-            return [_Done()] * len(tasks), wcopies
+                work(i, *task, worker_ctx, worker_copies)
+            return [_Done()] * len(tasks), worker_copies
         cupy = self.xp
         if self._streams is None:
             self._streams = cupy.cuda.Stream(non_blocking=True)
@@ -98,9 +98,9 @@ class Cuda(Backend):
         self._streams.wait_event(cupy.cuda.get_current_stream().record())   # inputs the main stream wrote
         with self._streams:
             for i, task in enumerate(tasks):
-                work(i, *task, wctx, wcopies)
+                work(i, *task, worker_ctx, worker_copies)
                 events.append(_StreamEvent(cupy, self._streams.record()))
-        return events, wcopies
+        return events, worker_copies
 
     def synchronize(self) -> None:
         if not self.emulated:
