@@ -13,9 +13,12 @@ several parents receives all contributions. Every buffer comes from the model's 
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from . import instructions
 
 from .backend import Backend as Device
 from .compile import POST, PRE, TASK, CompiledFunction, EngineOptions  # noqa: F401 (the engine's public names)
@@ -23,6 +26,69 @@ from .cpu import CPU
 from .memory import MemoryPlan, Workspace
 from .ops.message import row_index
 from .program import BatchProgram, RunContext, bind_backward, bind_forward, emit_gradients, evaluate, run_block
+from .sparse import RowSparse, add_all
+
+_warned: set = set()
+
+
+def _native(fns: list, active: list, opts: EngineOptions, device: Device, dtype, backward: bool,
+            training: bool = True):
+    """The task loop lowered for the native executor, or None (the Python interpreter runs it) with one
+    warning per reason and process when the native executor was asked for and cannot run it."""
+    if opts.executor != "native":
+        return None
+    why = instructions.available(dtype.np, device)
+    if why is None and opts.streaming:
+        why = "streaming runs eager blocks on a worker thread"
+    lowered = None
+    if why is None:
+        lowered = instructions.link(fns, sorted(active), opts.compiled, device, backward, training)
+        if isinstance(lowered, str):
+            why, lowered = lowered, None
+    if why is not None and why not in _warned:
+        _warned.add(why)
+        warnings.warn(f"executor 'native': {why}; the Python interpreter runs that task loop", RuntimeWarning,
+                      stacklevel=3)
+    return lowered
+
+
+def _resolver(fns: list, plan: MemoryPlan, state: "RunState", dtype, btensors=None, sgrads=None,
+              push_grads=None, pull_grads=None):
+    """``key -> array`` for the buffers a lowered program names (instructions.py's buffer keys)."""
+    def index(a):
+        return np.ascontiguousarray(a, np.int64)
+
+    def resolve(key):
+        what = key[0]
+        if what == "tensor":
+            return state.tensors[key[2]][key[1]].buffer
+        if what == "btensor":
+            return btensors[key[2]][key[1]].buffer
+        if what == "scatter":
+            return state.scatters[key[1]]
+        if what == "sgrad":
+            return sgrads[key[1]]
+        if what == "child":
+            return index(plan.kinds[key[2]].child_rows[key[1]])
+        if what == "pullrows":
+            return index(plan.kinds[key[2]].pull_rows[key[1]])
+        if what == "pushrows":
+            return index(plan.kinds[key[2]].push_rows[key[1]])
+        if what == "pull":
+            return state.pull_bufs[key[1]]
+        if what == "push":
+            return state.pushes[key[1]]
+        if what == "pullgrad":
+            return pull_grads[key[1]]
+        if what == "pushgrad":
+            return push_grads[key[1]]
+        if what == "static":
+            return state.statics[key[2]][key[1]]
+        if what == "pgrad":
+            node = next(fn.param_grads[key[1]] for fn in fns if fn is not None and key[1] in fn.param_grads)
+            return np.zeros(node.shape, dtype)
+        raise KeyError(key)
+    return resolve
 
 
 @dataclass
@@ -84,7 +150,8 @@ def forward(fns: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContex
         state.tensors.append(tensors)
         state.statics.append(static)
 
-    program = bind_forward(fns, plan, state, opts, device, active, training)
+    native = _native(fns, active, opts, device, dtype, False, training)
+    program = bind_forward(fns, plan, state, opts, device, active, training, with_tasks=native is None)
     state.program = program
     state.copies = program.copies
     statics = state.statics
@@ -98,6 +165,12 @@ def forward(fns: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContex
     else:
         for block in program.before:
             run_block(block, statics[block.kid], xp, ctx, device)
+    if native is not None:
+        table, copies = instructions.task_table(fns, plan, opts, backward=False)
+        program.native, program.task_table = native, table
+        for k, v in copies.items():
+            program.copies[k] += v
+        instructions.run(native, table, _resolver(fns, plan, state, dtype.np), dtype.np, plan.forest)
     for t, block in enumerate(program.tasks):
         if events is not None:
             events[t].wait()
@@ -153,8 +226,9 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
             btensors[kid] = workspace.tensors(workspace.backward, kid, stored, plan.kinds[kid].n)
             active.append(kid)
 
+    native = _native(fns, active, opts, device, dtype, True)
     program = bind_backward(fns, plan, state, opts, device, active, btensors, sgrads, push_grads, pull_grads,
-                            row_kernels)
+                            row_kernels, with_tasks=native is None)
     state.backward_program = program
     statics = state.statics
     events = None
@@ -169,6 +243,18 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
     else:
         for block in program.before:
             emit_gradients(block, run_block(block, statics[block.kid], xp, ctx, device), param_grads, xp)
+    if native is not None:
+        table, _ = instructions.task_table(fns, plan, opts, backward=True)
+        program.native, program.task_table = native, table
+        resolve = _resolver(fns, plan, state, dtype.np, btensors, sgrads, push_grads, pull_grads)
+        for name, g in instructions.run(native, table, resolve, dtype.np, plan.forest).items():
+            prev = param_grads.get(name)
+            if prev is None:
+                param_grads[name] = g
+            elif isinstance(prev, RowSparse):
+                param_grads[name] = add_all(xp, [prev, g])
+            else:
+                prev += g
     for i, block in enumerate(program.tasks):
         if events is not None:
             events[i].wait()

@@ -67,9 +67,10 @@ class Kernel:
     with a row stride (unit stride along the last axis). Per-call work is kept to attribute lookups: the
     engine calls small kernels thousands of times per batch."""
 
-    def __init__(self, group: FusedGroup, fn, ffi, lib):
+    def __init__(self, group: FusedGroup, fn, ffi, lib, address: int = 0):
         self.group = group
         self.fn = fn
+        self.address = address   # of the kernel's uniform-signature twin (the native executor calls it)
         self.lib = lib  # keep the library loaded
         self.dtype = group.output.dtype.np
         self.kinds = list(group.broadcast)
@@ -151,7 +152,8 @@ def build(groups: FusedGroup | Sequence[FusedGroup]) -> Kernel | None | list:
         ffi.cdef(decls)
         lib = ffi.dlopen(str(target))
         for g, (name, _, _) in zip(ok, rendered):
-            kernels[id(g)] = Kernel(g, getattr(lib, name), ffi, lib)
+            address = int(ffi.cast("intptr_t", ffi.addressof(lib, name + "_u")))
+            kernels[id(g)] = Kernel(g, getattr(lib, name), ffi, lib, address)
     out = [kernels.get(id(g)) for g in groups]
     return out[0] if single else out
 

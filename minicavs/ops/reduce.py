@@ -27,7 +27,9 @@ def _expand(xp, g, axes, keepdims):
 register(OpDef(
     "sum", infer=_reduce_infer,
     impl=lambda xp, x, axes, keepdims: xp.sum(x, axis=axes, keepdims=keepdims),
-    vjp=lambda g, out, x, axes, keepdims: (broadcast_like(g, x, axes, keepdims),)))
+    vjp=lambda g, out, x, axes, keepdims: (broadcast_like(g, x, axes, keepdims),),
+    native=lambda n: "sum_rows" if n.inputs[0].ndim == 2 and tuple(n.attrs["axes"]) == (0,)
+    and not n.attrs["keepdims"] else None))
 
 register(OpDef(
     "mean", infer=_mean_infer,
