@@ -38,7 +38,9 @@ def _native(fns: list, active: list, opts: EngineOptions, device: Device, dtype,
     if opts.executor != "native":
         return None
     why = instructions.available(dtype.np, device)
-    if why is None and opts.streaming:
+    if why is not None:   # (cpu/native.py said why, once)
+        return None
+    if opts.streaming:
         why = "streaming runs eager blocks on a worker thread"
     lowered = None
     if why is None:

@@ -47,6 +47,7 @@ class NativeCheckError(RuntimeError):
     """The executor's bounds check caught an instruction addressing outside its buffer."""
 
 
+OPCODES_BY_ID = list(OPCODES)
 NONE, KIND_ROWS, SCATTER_ROWS = 0, 1, 2
 MODE_NAMES = {NONE: "0", KIND_ROWS: "task rows", SCATTER_ROWS: "scatter rows"}
 TASK_COLUMNS = 5   # kind, kind offset, rows, scatter offset, first row of the sibling-concat view (-1: none)
@@ -83,6 +84,7 @@ class Template:
         self.buffers: dict = {}         # buffer key -> local id
         self.kernels: list = []         # Kernel objects (their uniform addresses)
         self.scratch = 0                # scratch columns (per row) used
+        self.fixed = 0                  # elements of values without a row axis (a task's partial gradients)
         self.param_grads: list = []     # parameter names accumulated per task
 
     def reg(self, node: Node | None = None, name: str = "") -> int:
@@ -104,8 +106,12 @@ class Template:
     def scratch_reg(self, node: Node) -> int:
         cols = _cols(node)
         r = self.reg(node)
-        self.emit("SCRATCH", r, self.scratch, cols)
-        self.scratch += cols
+        if node.has_rows:
+            self.emit("SCRATCH", r, self.scratch, cols)
+            self.scratch += cols
+        else:   # a fixed-size value: its own region of the fixed arena
+            self.emit("BIND", r, self.buf(("fixed",)), NONE, self.fixed, cols)
+            self.fixed += _rows(node) * cols
         return r
 
     def take(self, node: Node, key: tuple, width: int, index_key: tuple) -> None:
@@ -138,7 +144,7 @@ class Lowered:
     kernels: np.ndarray
     nregs: int
     scratch_cols: int
-    reg_names: list = field(default_factory=list)   # per instruction range: the template's register names
+    fixed_size: int = 0
 
     def lines(self) -> list[str]:
         """The templates, one instruction a line: opcode and named operands."""
@@ -463,7 +469,7 @@ def link(fns: list, kids: list, opts, device, backward: bool, training: bool = T
                       np.array(code, np.int64).reshape(-1, WIDTH), np.array(pool or [0], np.int64), ranges,
                       keys_list, np.array([k.address for k in kernels] or [0], np.int64),
                       max((len(t.reg_names) for t in templates), default=1),
-                      max((t.scratch for t in templates), default=0))
+                      max((t.scratch for t in templates), default=0), max((t.fixed for t in templates), default=0))
     _LINKED[key] = (list(fns), lowered)
     return lowered
 
@@ -547,6 +553,8 @@ def run(lowered: Lowered, table: np.ndarray, resolve, dtype, forest: bool) -> di
     for i, key in enumerate(lowered.keys):
         if key[0] == "scratch":
             a = np.empty(max(1, lowered.scratch_cols * max_bs), dtype)
+        elif key[0] == "fixed":
+            a = np.empty(max(1, lowered.fixed_size), dtype)
         elif key[0] == "pgrad":
             a = grads[key[1]] = resolve(key)
         else:
@@ -588,3 +596,28 @@ def available(dtype, device) -> str | None:
     if cpu_native.executor(dtype) is None:
         return "no compiler or BLAS"
     return None
+
+
+def nop_program(count: int) -> Lowered:
+    """A one-kind program of ``count`` NOPs: what the executor's dispatch alone costs."""
+    t = Template("nop")
+    for _ in range(count):
+        t.emit("NOP")
+    code = np.zeros((count, WIDTH), np.int64)
+    return Lowered("nop", [0], [t], code, np.zeros(1, np.int64), np.array([[0, count]], np.int64), [("scratch",)],
+                   np.zeros(1, np.int64), 1, 0)
+
+
+def dispatch_ns(count: int = 100_000, tasks: int = 10, repeats: int = 5, dtype=np.float32) -> float:
+    """Nanoseconds per instruction of the native executor's dispatch loop (the best of ``repeats`` runs of
+    ``tasks`` tasks over a program of ``count`` NOPs)."""
+    import time
+    program = nop_program(count)
+    table = np.full((tasks, TASK_COLUMNS), -1, np.int64)
+    table[:, 0], table[:, 1], table[:, 2], table[:, 3] = 0, 0, 1, 0
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        run(program, table, lambda key: None, dtype, True)
+        best = min(best, time.perf_counter() - t0)
+    return best / (count * tasks) * 1e9
