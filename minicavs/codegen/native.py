@@ -108,8 +108,9 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
             case NOP: break;
             case BIND: {{
                 REGOK(a[0], 0); BUFOK(a[1], 1);
-                int64_t row = a[2] == 1 ? koff : a[2] == 2 ? soff : 0;
-                R[a[0]].p = (T *)base[a[1]] + row * a[4] + a[3];
+                const int64_t row = a[2] == 1 ? koff : a[2] == 2 ? soff : 0, at = row * a[4] + a[3];
+                if (check && bs > 0 && (at < 0 || at >= size[a[1]])) FAIL(3);
+                R[a[0]].p = (T *)base[a[1]] + at;
                 R[a[0]].ld = a[4]; R[a[0]].trans = 0; R[a[0]].buf = a[1];
                 break;
             }}
