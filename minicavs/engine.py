@@ -86,6 +86,8 @@ def _resolver(fns: list, plan: MemoryPlan, state: "RunState", dtype, btensors=No
             return push_grads[key[1]]
         if what == "static":
             return state.statics[key[2]][key[1]]
+        if what == "arena":
+            return state.workspace.arena(key[1], key[2], dtype)
         if what == "pgrad":
             node = next(fn.param_grads[key[1]] for fn in fns if fn is not None and key[1] in fn.param_grads)
             return np.zeros(node.shape, dtype)

@@ -552,9 +552,9 @@ def run(lowered: Lowered, table: np.ndarray, resolve, dtype, forest: bool) -> di
     max_bs = int(table[:, 2].max()) if len(table) else 0
     for i, key in enumerate(lowered.keys):
         if key[0] == "scratch":
-            a = np.empty(max(1, lowered.scratch_cols * max_bs), dtype)
+            a = resolve(("arena", "scratch", lowered.scratch_cols * max_bs))
         elif key[0] == "fixed":
-            a = np.empty(max(1, lowered.fixed_size), dtype)
+            a = resolve(("arena", "fixed", lowered.fixed_size))
         elif key[0] == "pgrad":
             a = grads[key[1]] = resolve(key)
         else:
@@ -618,6 +618,6 @@ def dispatch_ns(count: int = 100_000, tasks: int = 10, repeats: int = 5, dtype=n
     best = float("inf")
     for _ in range(repeats):
         t0 = time.perf_counter()
-        run(program, table, lambda key: None, dtype, True)
+        run(program, table, lambda key: np.empty(max(1, key[2]), dtype), dtype, True)
         best = min(best, time.perf_counter() - t0)
     return best / (count * tasks) * 1e9
