@@ -87,7 +87,7 @@ class EngineOptions:
     streaming: bool = False   # eager work on a second stream, task by task ahead of the recurrent path
     fusion: bool = True       # fused elementwise groups run as generated C kernels
     gather_elision: bool = True   # a gather whose child rows are an evenly strided block reads a view
-    executor: str = "python"  # "native": the task loop runs as one C call over an instruction stream
+    executor: str = "native"  # the task loop as one C call over an instruction stream; "python": block by block
 
     def __post_init__(self):
         if self.executor not in EXECUTORS:

@@ -147,7 +147,7 @@ TRAIN_DEFAULTS: dict[str, Any] = {
     "deterministic": False,   # cuda: sum a DAG child's gradient rows in a fixed order, not by atomicAdd
     "engine": {"lazy_batching": True, "eager_batching": True, "streaming": False,  # §3.4 (EngineOptions)
                "fusion": True, "gather_elision": True,
-               "executor": "python"},   # or "native": the task loop as one C call (instructions.py)
+               "executor": "native"},   # or "python": the task loop block by block in Python
 }
 EARLY_STOPPING_KEYS = {"metric": None, "mode": None, "patience": None}
 

@@ -13,7 +13,6 @@ several parents receives all contributions. Every buffer comes from the model's 
 """
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -28,30 +27,20 @@ from .ops.message import row_index
 from .program import BatchProgram, RunContext, bind_backward, bind_forward, emit_gradients, evaluate, run_block
 from .sparse import RowSparse, add_all
 
-_warned: set = set()
-
-
 def _native(fns: list, active: list, opts: EngineOptions, device: Device, dtype, backward: bool,
             training: bool = True):
-    """The task loop lowered for the native executor, or None (the Python interpreter runs it) with one
-    warning per reason and process when the native executor was asked for and cannot run it."""
+    """(The task loop lowered for the native executor, None) or (None, why the Python interpreter runs it:
+    another executor asked for, no compiler or BLAS (cpu/native.py warned once), streaming, CUDA, an op the
+    lowering cannot express). The reason is kept on the program (``native_why``, shown by dump())."""
     if opts.executor != "native":
-        return None
+        return None, "executor 'python'"
     why = instructions.available(dtype.np, device)
-    if why is not None:   # (cpu/native.py said why, once)
-        return None
+    if why is not None:
+        return None, why
     if opts.streaming:
-        why = "streaming runs eager blocks on a worker thread"
-    lowered = None
-    if why is None:
-        lowered = instructions.link(fns, sorted(active), opts.compiled, device, backward, training)
-        if isinstance(lowered, str):
-            why, lowered = lowered, None
-    if why is not None and why not in _warned:
-        _warned.add(why)
-        warnings.warn(f"executor 'native': {why}; the Python interpreter runs that task loop", RuntimeWarning,
-                      stacklevel=3)
-    return lowered
+        return None, "streaming runs eager blocks on a worker thread"
+    lowered = instructions.link(fns, sorted(active), opts.compiled, device, backward, training)
+    return (None, lowered) if isinstance(lowered, str) else (lowered, None)
 
 
 def _resolver(fns: list, plan: MemoryPlan, state: "RunState", dtype, btensors=None, sgrads=None,
@@ -154,8 +143,9 @@ def forward(fns: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContex
         state.tensors.append(tensors)
         state.statics.append(static)
 
-    native = _native(fns, active, opts, device, dtype, False, training)
+    native, why = _native(fns, active, opts, device, dtype, False, training)
     program = bind_forward(fns, plan, state, opts, device, active, training, with_tasks=native is None)
+    program.native_why = why
     state.program = program
     state.copies = program.copies
     statics = state.statics
@@ -230,9 +220,10 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
             btensors[kid] = workspace.tensors(workspace.backward, kid, stored, plan.kinds[kid].n)
             active.append(kid)
 
-    native = _native(fns, active, opts, device, dtype, True)
+    native, why = _native(fns, active, opts, device, dtype, True)
     program = bind_backward(fns, plan, state, opts, device, active, btensors, sgrads, push_grads, pull_grads,
                             row_kernels, with_tasks=native is None)
+    program.native_why = why
     state.backward_program = program
     statics = state.statics
     events = None

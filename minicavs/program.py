@@ -213,6 +213,7 @@ class BatchProgram:
         self.title, self.before, self.tasks, self.after, self.copies = title, before, tasks, after, copies
         self.native = None   # the task loop as instructions (instructions.Lowered), when the native executor ran it
         self.task_table = None
+        self.native_why = None   # why the Python interpreter ran the task loop (None: the native executor did)
 
     def blocks(self) -> list:
         return self.before + self.tasks + self.after
@@ -226,6 +227,8 @@ class BatchProgram:
         if self.native is not None:
             lines.append(f"  tasks 0:{len(self.task_table)} (native executor): per task, its kind's template")
             lines += [f"    {line}" for line in self.native.lines()]
+        elif self.native_why is not None and self.native_why != "executor 'python'":
+            lines.append(f"  (task loop in Python: {self.native_why})")
         for block in self.tasks + self.after:
             lines.append(f"  {block.header()}")
             lines += [f"    {line}" for line in block.lines()]

@@ -94,17 +94,34 @@ def test_random_graphs_native_equals_python(name, seed, k, size, switch):
     assert_native_equals_python(run, SWITCHES[switch], "float64")
 
 
-def test_streaming_leaves_the_task_loop_to_python_with_one_warning():
+def test_streaming_leaves_the_task_loop_to_python_and_says_why():
     rng = np.random.default_rng(1)
     case = cells.binary_tree_lstm(rng)
     graphs = [InputGraph([[1, 2], [], []])]
     feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
-    case.model.options = EngineOptions(streaming=True)
+    case.model.options = EngineOptions(streaming=True, executor="python")
     python = case.model.forward_backward(graphs, feeds, case.params, RunContext())
     case.model.options = EngineOptions(streaming=True, executor="native")
-    with pytest.warns(RuntimeWarning, match="streaming"):
-        native = case.model.forward_backward(graphs, feeds, case.params, RunContext())
-    assert native.states["G"].program.native is None
+    native = case.model.forward_backward(graphs, feeds, case.params, RunContext())
+    assert native.states["G"].program.native is None and native.states["G"].program.tasks
+    assert "(task loop in Python: streaming" in native.states["G"].program.dump()
+    equal(python.loss, native.loss)
+
+
+def test_an_op_without_a_native_lowering_leaves_its_pass_to_python():
+    """Dropout inside the task loop (eager batching off puts the leaves' dropout there) needs the run
+    context: that pass runs in Python, the numbers stay the same."""
+    rng = np.random.default_rng(2)
+    case = cells.binary_tree_lstm(rng, p_drop=0.3)
+    graphs = [InputGraph([[1, 2], [], []]), InputGraph([[1, 2], [], []])]
+    feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
+    off = EngineOptions(eager_batching=False, executor="python")
+    case.model.options = off
+    python = case.model.forward_backward(graphs, feeds, case.params, RunContext(seed=3))
+    case.model.options = replace(off, executor="native")
+    native = case.model.forward_backward(graphs, feeds, case.params, RunContext(seed=3))
+    program = native.states["G"].program
+    assert program.native is None and "dropout" in program.native_why
     equal(python.loss, native.loss)
 
 
@@ -161,7 +178,7 @@ def test_python_calls_of_a_native_step_do_not_grow_with_the_tasks():
     long = [InputGraph.chain(16) for _ in range(40)]      # 16 tasks of 40 rows
     native = EngineOptions(executor="native")
     assert _engine_calls(case, short, native) == _engine_calls(case, long, native)
-    python = EngineOptions()
+    python = EngineOptions(executor="python")
     assert sum(_engine_calls(case, long, python).values()) > sum(_engine_calls(case, short, python).values())
 
 
@@ -223,3 +240,16 @@ def test_without_a_compiler_the_python_interpreter_trains_with_one_warning(tmp_p
 def test_dispatch_overhead_is_measured():
     ns = instructions.dispatch_ns(count=10_000, tasks=2, repeats=1)
     assert 0 < ns < 1e6
+
+
+def test_inference_native_equals_python():
+    """Forward only (no backward state kept): the template of an inference pass stores less."""
+    rng = np.random.default_rng(3)
+    case = cells.child_sum_tree_lstm(rng)
+    graphs = [CASES["child_sum"][1](rng, 5) for _ in range(4)]
+    feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
+    python = case.model.infer(graphs, feeds, case.params, options=EngineOptions(executor="python"))
+    native = case.model.infer(graphs, feeds, case.params, options=EngineOptions(executor="native"))
+    assert native.states["G"].program.native is not None if native.states else True
+    for name in python.pushes["G"]:
+        equal(python.pushes["G"][name], native.pushes["G"][name])

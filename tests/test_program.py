@@ -8,6 +8,7 @@ import re
 import numpy as np
 
 from minicavs import ops
+from minicavs.compile import EngineOptions
 from minicavs.executor import Executor
 from minicavs.inputs import InputGraph
 from minicavs.program import RunContext
@@ -54,7 +55,9 @@ def _two_tree_program():
     case = cells.binary_tree_lstm(rng, H=2)
     trees = [InputGraph([[1, 2], [], []]), InputGraph([[1, 2], [], []])]
     feeds = cells.batch_feeds(case, trees, [case.data(rng, g) for g in trees])
-    result = case.model.forward_backward(trees, feeds, case.params, RunContext())
+    # the Python interpreter's bound blocks (the native executor's instructions: tests/test_instructions.py)
+    result = case.model.forward_backward(trees, feeds, case.params, RunContext(),
+                                         options=EngineOptions(executor="python"))
     return case, trees, feeds, result.states[case.model.structures[0].name]
 
 

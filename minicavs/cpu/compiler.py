@@ -128,21 +128,27 @@ class Kernel:
 _warned = False
 
 
+def warn_no_compiler() -> None:
+    """The one warning per process that there is no C compiler (fused kernels and the native executor)."""
+    global _warned
+    if not _warned:
+        warnings.warn(f"no C compiler ({os.environ.get('CC', 'cc')}) found: fused elementwise groups run "
+                      "unfused with numpy, and the Python interpreter runs the batch program (no native "
+                      "executor)", RuntimeWarning, stacklevel=3)
+        _warned = True
+
+
 def build(groups: FusedGroup | Sequence[FusedGroup]) -> Kernel | None | list:
     """Compile (or load from the cache) the groups' kernels as one library. Returns one Kernel per group,
     or None for a group an index over (rows, cols) cannot express (the caller evaluates it unfused); all
     None, with one warning per process, if there is no C compiler. A single group gives a single result."""
-    global _warned
     import cffi
     single = isinstance(groups, FusedGroup)
     groups = [groups] if single else list(groups)
     ok = [g for g in groups if "other" not in g.broadcast]
     cc = compiler()
     if cc is None:
-        if not _warned:
-            warnings.warn(f"no C compiler ({os.environ.get('CC', 'cc')}) found: fused elementwise groups run "
-                          "unfused with numpy", RuntimeWarning, stacklevel=2)
-            _warned = True
+        warn_no_compiler()
         ok = []
     kernels: dict = {}
     if ok:

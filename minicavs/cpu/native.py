@@ -8,7 +8,8 @@ So there is one BLAS and one BLAS thread pool per process, and no link-time depe
 compiled without ``-l``. If numpy's BLAS is not found (another numpy build), a system ``libopenblas`` /
 ``libcblas`` exporting the LP64 ``cblas_{s,d}gemm`` is used instead (a second library, with its own threads:
 say ``OPENBLAS_NUM_THREADS`` when that matters). With no compiler or no BLAS, :func:`executor` returns None
-and warns once per process naming why; the engine then runs the Python interpreter.
+and warns once per process naming why (no compiler: the same one warning as the fused kernels'); the engine
+then runs the Python interpreter.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from ..codegen.native import executor_decls, executor_source
-from .compiler import compiled, compiler
+from .compiler import compiled, compiler, warn_no_compiler
 
 _warned: set = set()
 
@@ -105,7 +106,7 @@ def executor(dtype) -> NativeExecutor | None:
         return None
     cc = compiler()
     if cc is None:
-        _warn_once(f"no C compiler ({os.environ.get('CC', 'cc')})")
+        warn_no_compiler()
         return None
     gemm = blas(c_type)
     if gemm is None:
