@@ -28,7 +28,7 @@ from .program import BatchProgram, RunContext, bind_backward, bind_forward, emit
 from .sparse import RowSparse, add_all
 
 def _native(fns: list, active: list, opts: EngineOptions, device: Device, dtype, backward: bool,
-            training: bool = True):
+            workspace: Workspace, training: bool = True):
     """(The task loop lowered for the native executor, None) or (None, why the Python interpreter runs it:
     another executor asked for, no compiler or BLAS (cpu/native.py warned once), streaming, CUDA, an op the
     lowering cannot express). The reason is kept on the program (``native_why``, shown by dump())."""
@@ -39,7 +39,7 @@ def _native(fns: list, active: list, opts: EngineOptions, device: Device, dtype,
         return None, why
     if opts.streaming:
         return None, "streaming runs eager blocks on a worker thread"
-    lowered = instructions.link(fns, sorted(active), opts.compiled, device, backward, training)
+    lowered = instructions.link(fns, sorted(active), opts, device, backward, training, workspace.programs)
     return (None, lowered) if isinstance(lowered, str) else (lowered, None)
 
 
@@ -143,7 +143,7 @@ def forward(fns: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContex
         state.tensors.append(tensors)
         state.statics.append(static)
 
-    native, why = _native(fns, active, opts, device, dtype, False, training)
+    native, why = _native(fns, active, opts, device, dtype, False, workspace, training)
     program = bind_forward(fns, plan, state, opts, device, active, training, with_tasks=native is None)
     program.native_why = why
     state.program = program
@@ -220,7 +220,7 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
             btensors[kid] = workspace.tensors(workspace.backward, kid, stored, plan.kinds[kid].n)
             active.append(kid)
 
-    native, why = _native(fns, active, opts, device, dtype, True)
+    native, why = _native(fns, active, opts, device, dtype, True, workspace)
     program = bind_backward(fns, plan, state, opts, device, active, btensors, sgrads, push_grads, pull_grads,
                             row_kernels, with_tasks=native is None)
     program.native_why = why

@@ -413,36 +413,32 @@ def backward_template(fn, opts, device) -> Template:
     return t
 
 
-_TEMPLATES: dict = {}
-
-
 def template(fn, opts, device, backward: bool, training: bool = True) -> Template | str:
-    """The kind's template (cached per function, options, direction), or why there is none."""
-    key = (id(fn), opts, device, backward, training)
-    hit = _TEMPLATES.get(key)
-    if hit is None or hit[0] is not fn:
+    """The kind's template (kept with the function's compiled phases), or why there is none."""
+    key = ("native", opts.compiled, device, backward, training)
+    if key not in fn._phases:
         try:
-            t = backward_template(fn, opts, device) if backward else forward_template(fn, opts, device, training)
+            fn._phases[key] = backward_template(fn, opts, device) if backward else \
+                forward_template(fn, opts, device, training)
         except Unsupported as e:
-            t = f"kind '{fn.F.name}': {e}"
-        hit = _TEMPLATES[key] = (fn, t)
-    return hit[1]
+            fn._phases[key] = f"kind '{fn.F.name}': {e}"
+    return fn._phases[key]
 
 
-_LINKED: dict = {}
-
-
-def link(fns: list, kids: list, opts, device, backward: bool, training: bool = True) -> Lowered | str:
-    """The templates of the kinds ``kids`` as one program (cached), or why the pass stays in Python."""
-    key = (tuple(id(f) for f in fns), tuple(kids), opts, device, backward, training)
-    hit = _LINKED.get(key)
+def link(fns: list, kids: list, opts, device, backward: bool, training: bool = True,
+         cache: dict | None = None) -> Lowered | str:
+    """The templates of the kinds ``kids`` as one program, or why the pass stays in Python. ``cache``: where
+    linked programs are kept (the workspace's: they live as long as the model)."""
+    cache = {} if cache is None else cache
+    key = (tuple(id(f) for f in fns), tuple(kids), opts.compiled, device, backward, training)
+    hit = cache.get(key)
     if hit is not None and all(a is b for a, b in zip(hit[0], fns)):
         return hit[1]
     templates = []
     for kid in kids:
         t = template(fns[kid], opts, device, backward, training)
         if isinstance(t, str):
-            _LINKED[key] = (list(fns), t)
+            cache[key] = (list(fns), t)
             return t
         templates.append(t)
     keys: dict = {}
@@ -470,7 +466,7 @@ def link(fns: list, kids: list, opts, device, backward: bool, training: bool = T
                       keys_list, np.array([k.address for k in kernels] or [0], np.int64),
                       max((len(t.reg_names) for t in templates), default=1),
                       max((t.scratch for t in templates), default=0), max((t.fixed for t in templates), default=0))
-    _LINKED[key] = (list(fns), lowered)
+    cache[key] = (list(fns), lowered)
     return lowered
 
 

@@ -67,6 +67,7 @@ class Workspace:
         self.scatters: dict = {}        # message shape -> DynamicTensor
         self.scatter_grads: dict = {}   # message shape -> DynamicTensor
         self.arenas: dict = {}          # name -> DynamicTensor (flat scratch of the native executor)
+        self.programs: dict = {}        # the native executor's linked programs (instructions.link's cache)
 
     def tensors(self, pool: dict, kid: int, nodes, rows: int) -> dict:
         """{node: its dynamic tensor}, sized for ``rows`` rows (created on first use)."""
