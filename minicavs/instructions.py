@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .codegen.native import ARG_KINDS, OPCODES, OPS as OPCODE, WIDTH
+from .codegen.native import ARG_KINDS, MAX_ARGS, MAX_REGISTERS, OPCODES, OPS as OPCODE, WIDTH
 from .compile import TASK
 from .cpu import CPU
 from .cpu import native as cpu_native
@@ -214,6 +214,8 @@ def _kernel_step(t: Template, group, kernel, inputs, outputs) -> None:
     for y in outputs:
         r = t.regs[y] if y in t.regs else t.scratch_reg(y)
         args += [r, ARG_KINDS["full"]]
+    if len(args) // 2 > MAX_ARGS:
+        raise Unsupported(f"fused group with {len(args) // 2} arguments (the executor passes at most {MAX_ARGS})")
     if kernel not in t.kernels:
         t.kernels.append(kernel)
     t.emit("FUSED", t.kernels.index(kernel), len(args) // 2, _rows(out), _cols(out), len(t.pool))
@@ -440,6 +442,9 @@ def link(fns: list, kids: list, opts, device, backward: bool, training: bool = T
         if isinstance(t, str):
             cache[key] = (list(fns), t)
             return t
+        if len(t.reg_names) > MAX_REGISTERS:
+            cache[key] = (list(fns), f"kind '{t.kind}': {len(t.reg_names)} registers (at most {MAX_REGISTERS})")
+            return cache[key][1]
         templates.append(t)
     keys: dict = {}
     kernels: list = []

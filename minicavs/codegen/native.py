@@ -15,6 +15,8 @@ returns its instruction index and operand instead of touching memory.
 from __future__ import annotations
 
 WIDTH = 10
+MAX_REGISTERS = 512   # registers of one template (the lowering refuses more)
+MAX_ARGS = 64         # arguments of one fused kernel
 
 # name -> operand names (a0, a1, ...): shared by the C switch below and by the dump in instructions.py
 OPCODES = {
@@ -56,7 +58,8 @@ typedef void (*gemm32_t)(int, int, int, int, int, int, T, const T *, int, const 
 
 enum {{ {ENUM} }};
 #define W {WIDTH}
-#define MAXARGS 64
+#define MAXARGS {MAX_ARGS}
+#define MAXREGS {MAX_REGISTERS}
 
 /* buffers: base pointers, sizes in elements, row strides, transposed flags, element size (T or int64) */
 typedef struct {{
@@ -89,11 +92,11 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
             int64_t scratch_buf, int64_t max_bs, int64_t nregs, const int64_t *kernels, int64_t nkernels,
             int64_t gemm, int64_t ilp64, int64_t forest, int64_t check, int64_t *err) {{
     buftab_t B = {{base, size, ld, trans}};
-    reg_t R[512];
+    reg_t R[MAXREGS];
     void *ptrs[MAXARGS];
     long lds[MAXARGS];
     int64_t t = -1, pc = -1;
-    if (nregs > 512) FAIL(-1);
+    if (nregs > MAXREGS) FAIL(-1);
     for (int64_t i = 0; i < nregs; i++) {{ R[i].p = 0; R[i].ld = 0; R[i].trans = 0; R[i].buf = -1; }}
     T *scratch = (T *)base[scratch_buf];
     for (t = 0; t < ntasks; t++) {{
@@ -216,7 +219,7 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
             }}
             case FUSED: {{
                 const int64_t nargs = a[1], rows = DIM(a[2]), cols = a[3];
-                if (check && (a[0] < 0 || a[0] >= nkernels || nargs > MAXARGS)) FAIL(0);
+                if (nargs > MAXARGS || (check && (a[0] < 0 || a[0] >= nkernels))) FAIL(0);
                 if (rows == 0 || cols == 0) break;
                 const int64_t *args = pool + a[4];
                 for (int64_t i = 0; i < nargs; i++) {{
@@ -335,7 +338,7 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
 def executor_source(c_type: str) -> str:
     """The executor's C source for one element type (``float`` or ``double``)."""
     enum = ", ".join(f"{name} = {i}" for name, i in OPS.items())
-    return EXECUTOR_SOURCE.format(T=c_type, ENUM=enum, WIDTH=WIDTH)
+    return EXECUTOR_SOURCE.format(T=c_type, ENUM=enum, WIDTH=WIDTH, MAX_ARGS=MAX_ARGS, MAX_REGISTERS=MAX_REGISTERS)
 
 
 def executor_decls(c_type: str) -> str:
