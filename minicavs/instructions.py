@@ -540,6 +540,9 @@ def _matrix_info(a: np.ndarray) -> tuple[np.ndarray, int, int]:
     return a, (a.shape[-1] if a.ndim >= 1 else 1) if a.ndim <= 2 else int(math.prod(a.shape[1:])), 0
 
 
+PROFILE: np.ndarray | None = None   # set to np.zeros(3, np.int64): native calls add ns in GEMMs, fused kernels, all
+
+
 def run(lowered: Lowered, table: np.ndarray, resolve, dtype, forest: bool) -> dict:
     """Run the task loop natively: ``resolve(key)`` gives each buffer's array. Returns the parameter-gradient
     accumulators ({name: array}) the program added into."""
@@ -565,11 +568,12 @@ def run(lowered: Lowered, table: np.ndarray, resolve, dtype, forest: bool) -> di
         base[i], size[i], ld[i], trans[i] = a.ctypes.data, a.size, stride, flag
     err = np.zeros(4, np.int64)
     check = int(os.environ.get("MINICAVS_NATIVE_CHECK", "0") not in ("", "0"))
+    prof = ex.ffi.NULL if PROFILE is None else ex.ffi.cast("int64_t *", PROFILE.ctypes.data)
     p = ex.ptr
     rc = ex.run(p(lowered.code), p(lowered.pool), p(lowered.ranges), len(lowered.ranges), p(table), len(table),
                 table.shape[1], p(base), p(size), p(ld), p(trans), n, n - 1, max_bs, lowered.nregs,
                 p(lowered.kernels), len(lowered.kernels), ex.gemm, int(ex.ilp64), int(forest), check,
-                ex.ffi.cast("int64_t *", err.ctypes.data))
+                ex.ffi.cast("int64_t *", err.ctypes.data), prof)
     if rc:
         _, task, pc, operand = err.tolist()
         where = lowered.text(pc) if 0 <= pc < len(lowered.code) else f"instruction {pc}"

@@ -25,3 +25,15 @@ st = next(iter(t.loss_and_grads([t.task.data["train"][i] for i in batches[0]]).s
 load = os.getloadavg()[0]
 mp, mn = statistics.median(res["python"]), statistics.median(res["native"])
 print(f"{cfg} {' '.join(sets)}: python {mp:.0f}/s native {mn:.0f}/s ratio {mn/mp:.2f} (load {load:.1f}) native_used={st.program.native is not None}/{st.backward_program.native is not None}")
+# where a native step's time goes: the task loops' GEMMs, fused kernels and the rest (dispatch, row moves)
+import minicavs.instructions as instructions
+t.model.options = replace(base, executor="native")
+instructions.PROFILE = np.zeros(3, np.int64)
+t0 = time.perf_counter()
+for b in batches:
+    t.train_step(b)
+step = (time.perf_counter() - t0) / len(batches)
+gemm, fused, loop = instructions.PROFILE / len(batches) / 1e6
+instructions.PROFILE = None
+print(f"  native step {step * 1e3:.1f} ms: task loops {loop:.1f} ms ({100 * loop / (step * 1e3):.0f}%), of which GEMM "
+      f"{gemm:.1f}, fused kernels {fused:.1f}, rest {loop - gemm - fused:.2f} ms ({100 * (loop - gemm - fused) / loop:.1f}% of the loops)")

@@ -9,6 +9,7 @@ fused kernels (by function pointer, through a uniform wrapper) and the small loo
 
 Instruction layout (``WIDTH`` int64 each): ``op, a0 .. a{WIDTH-2}``; the meaning of a0.. per opcode is in
 ``OPCODES`` (instructions.py renders them by these names). A dimension given as -1 means the task's row count.
+With ``prof`` (not NULL) the call adds the nanoseconds spent in GEMMs, in fused kernels and in all to prof[0..2].
 With ``check`` set every address an instruction computes is checked against its buffer's size first; a failure
 returns its instruction index and operand instead of touching memory.
 """
@@ -46,6 +47,8 @@ OPS = {name: i for i, name in enumerate(OPCODES)}
 ARG_KINDS = {"full": 0, "row": 1, "col": 2, "scalar": 3}
 
 EXECUTOR_SOURCE = r"""
+#define _POSIX_C_SOURCE 199309L
+#include <time.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -90,8 +93,11 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
             const int64_t *tasks, int64_t ntasks, int64_t tw,
             const int64_t *base, const int64_t *size, const int64_t *ld, const int64_t *trans, int64_t nbufs,
             int64_t scratch_buf, int64_t max_bs, int64_t nregs, const int64_t *kernels, int64_t nkernels,
-            int64_t gemm, int64_t ilp64, int64_t forest, int64_t check, int64_t *err) {{
+            int64_t gemm, int64_t ilp64, int64_t forest, int64_t check, int64_t *err, int64_t *prof) {{
     buftab_t B = {{base, size, ld, trans}};
+    struct timespec t0, t1;
+    int64_t start_ns = 0;
+    if (prof) {{ clock_gettime(CLOCK_MONOTONIC, &t0); start_ns = t0.tv_sec * 1000000000LL + t0.tv_nsec; }}
     reg_t R[MAXREGS];
     void *ptrs[MAXARGS];
     long lds[MAXARGS];
@@ -107,6 +113,8 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
         for (pc = begin; pc < end; pc++) {{
             const int64_t *in = code + pc * W;
             const int64_t *a = in + 1;
+            const int timed = prof && (in[0] == GEMM || in[0] == FUSED);
+            if (timed) clock_gettime(CLOCK_MONOTONIC, &t0);
             switch (in[0]) {{
             case NOP: break;
             case BIND: {{
@@ -326,8 +334,13 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
             default:
                 FAIL(-3);
             }}
+            if (timed) {{
+                clock_gettime(CLOCK_MONOTONIC, &t1);
+                prof[in[0] == GEMM ? 0 : 1] += (t1.tv_sec - t0.tv_sec) * 1000000000LL + (t1.tv_nsec - t0.tv_nsec);
+            }}
         }}
     }}
+    if (prof) {{ clock_gettime(CLOCK_MONOTONIC, &t1); prof[2] += t1.tv_sec * 1000000000LL + t1.tv_nsec - start_ns; }}
     err[0] = 0;
     return 0;
 }}
@@ -346,4 +359,4 @@ def executor_decls(c_type: str) -> str:
             " const int64_t *tasks, int64_t ntasks, int64_t tw, const int64_t *base, const int64_t *size,"
             " const int64_t *ld, const int64_t *trans, int64_t nbufs, int64_t scratch_buf, int64_t max_bs,"
             " int64_t nregs, const int64_t *kernels, int64_t nkernels, int64_t gemm, int64_t ilp64,"
-            " int64_t forest, int64_t check, int64_t *err);")
+            " int64_t forest, int64_t check, int64_t *err, int64_t *prof);")
