@@ -61,8 +61,9 @@ def blas(c_type: str) -> tuple[int, bool, str] | None:
         except OSError:
             lib = None
         if lib is not None:
+            # ILP64 (numpy 2.x wheels: scipy-openblas64, older: openblas64_), else the LP64 names
             for name, ilp64 in ((f"scipy_cblas_{letter}gemm64_", True), (f"cblas_{letter}gemm64_", True),
-                                (f"cblas_{letter}gemm", not path.endswith("64_.so") and "64_" in path)):
+                                (f"scipy_cblas_{letter}gemm", False), (f"cblas_{letter}gemm", False)):
                 fn = getattr(lib, name, None)
                 if fn is not None:
                     return ctypes.cast(fn, ctypes.c_void_p).value, ilp64, f"{path}:{name}"
