@@ -540,7 +540,8 @@ def _matrix_info(a: np.ndarray) -> tuple[np.ndarray, int, int]:
     return a, (a.shape[-1] if a.ndim >= 1 else 1) if a.ndim <= 2 else int(math.prod(a.shape[1:])), 0
 
 
-PROFILE: np.ndarray | None = None   # set to np.zeros(3, np.int64): native calls add ns in GEMMs, fused kernels, all
+# profiling: set to np.zeros(len(OPCODES) + 1, np.int64) and native calls add their ns per opcode, and in all last
+PROFILE: np.ndarray | None = None
 
 
 def run(lowered: Lowered, table: np.ndarray, resolve, dtype, forest: bool) -> dict:

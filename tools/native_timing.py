@@ -28,12 +28,15 @@ print(f"{cfg} {' '.join(sets)}: python {mp:.0f}/s native {mn:.0f}/s ratio {mn/mp
 # where a native step's time goes: the task loops' GEMMs, fused kernels and the rest (dispatch, row moves)
 import minicavs.instructions as instructions
 t.model.options = replace(base, executor="native")
-instructions.PROFILE = np.zeros(3, np.int64)
+instructions.PROFILE = np.zeros(len(instructions.OPCODES) + 1, np.int64)
 t0 = time.perf_counter()
 for b in batches:
     t.train_step(b)
-step = (time.perf_counter() - t0) / len(batches)
-gemm, fused, loop = instructions.PROFILE / len(batches) / 1e6
+step = (time.perf_counter() - t0) / len(batches) * 1e3
+per_op = dict(zip(list(instructions.OPCODES) + ["all"], instructions.PROFILE / len(batches) / 1e6))
 instructions.PROFILE = None
-print(f"  native step {step * 1e3:.1f} ms: task loops {loop:.1f} ms ({100 * loop / (step * 1e3):.0f}%), of which GEMM "
-      f"{gemm:.1f}, fused kernels {fused:.1f}, rest {loop - gemm - fused:.2f} ms ({100 * (loop - gemm - fused) / loop:.1f}% of the loops)")
+loop, gemm, fused = per_op.pop("all"), per_op.pop("GEMM"), per_op.pop("FUSED")
+rest = ", ".join(f"{k} {v:.2f}" for k, v in sorted(per_op.items(), key=lambda kv: -kv[1])[:4])
+print(f"  native step {step:.1f} ms (timed per instruction): task loops {loop:.1f} ms ({100 * loop / step:.0f}%), "
+      f"GEMM {gemm:.1f}, fused {fused:.1f}, other {loop - gemm - fused:.2f} ms "
+      f"({100 * (loop - gemm - fused) / loop:.1f}% of the loops: {rest})")

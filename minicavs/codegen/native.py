@@ -9,7 +9,8 @@ fused kernels (by function pointer, through a uniform wrapper) and the small loo
 
 Instruction layout (``WIDTH`` int64 each): ``op, a0 .. a{WIDTH-2}``; the meaning of a0.. per opcode is in
 ``OPCODES`` (instructions.py renders them by these names). A dimension given as -1 means the task's row count.
-With ``prof`` (not NULL) the call adds the nanoseconds spent in GEMMs, in fused kernels and in all to prof[0..2].
+With ``prof`` (not NULL) the call adds the nanoseconds spent in each opcode to prof[opcode] and the whole call's to
+prof[len(OPCODES)] (two clock reads per instruction: for profiling only).
 With ``check`` set every address an instruction computes is checked against its buffer's size first; a failure
 returns its instruction index and operand instead of touching memory.
 """
@@ -113,8 +114,7 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
         for (pc = begin; pc < end; pc++) {{
             const int64_t *in = code + pc * W;
             const int64_t *a = in + 1;
-            const int timed = prof && (in[0] == GEMM || in[0] == FUSED);
-            if (timed) clock_gettime(CLOCK_MONOTONIC, &t0);
+            if (prof) clock_gettime(CLOCK_MONOTONIC, &t0);
             switch (in[0]) {{
             case NOP: break;
             case BIND: {{
@@ -245,6 +245,10 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
                 const int64_t rows = DIM(a[2]), cols = a[3];
                 if (check && (R[a[0]].trans || R[a[1]].trans)) FAIL(0);
                 CHECKR(a[0], rows, cols, 0); CHECKR(a[1], rows, cols, 1);
+                if (in[0] == COPY && R[a[0]].ld == cols && R[a[1]].ld == cols) {{   /* both contiguous: one move */
+                    memmove(R[a[0]].p, R[a[1]].p, (size_t)(rows * cols) * sizeof(T));
+                    break;
+                }}
                 for (int64_t r = 0; r < rows; r++) {{
                     T *d = R[a[0]].p + r * R[a[0]].ld;
                     const T *s = R[a[1]].p + r * R[a[1]].ld;
@@ -334,13 +338,13 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
             default:
                 FAIL(-3);
             }}
-            if (timed) {{
+            if (prof) {{
                 clock_gettime(CLOCK_MONOTONIC, &t1);
-                prof[in[0] == GEMM ? 0 : 1] += (t1.tv_sec - t0.tv_sec) * 1000000000LL + (t1.tv_nsec - t0.tv_nsec);
+                prof[in[0]] += (t1.tv_sec - t0.tv_sec) * 1000000000LL + (t1.tv_nsec - t0.tv_nsec);
             }}
         }}
     }}
-    if (prof) {{ clock_gettime(CLOCK_MONOTONIC, &t1); prof[2] += t1.tv_sec * 1000000000LL + t1.tv_nsec - start_ns; }}
+    if (prof) {{ clock_gettime(CLOCK_MONOTONIC, &t1); prof[NOPCODES] += t1.tv_sec * 1000000000LL + t1.tv_nsec - start_ns; }}
     err[0] = 0;
     return 0;
 }}
@@ -350,7 +354,7 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
 
 def executor_source(c_type: str) -> str:
     """The executor's C source for one element type (``float`` or ``double``)."""
-    enum = ", ".join(f"{name} = {i}" for name, i in OPS.items())
+    enum = ", ".join([f"{name} = {i}" for name, i in OPS.items()] + [f"NOPCODES = {len(OPS)}"])
     return EXECUTOR_SOURCE.format(T=c_type, ENUM=enum, WIDTH=WIDTH, MAX_ARGS=MAX_ARGS, MAX_REGISTERS=MAX_REGISTERS)
 
 
