@@ -188,16 +188,14 @@ def _key_text(key: tuple) -> str:
 
 # --- lowering a kind's task program -----------------------------------------------------------------------
 
-_ELEMENTWISE: dict = {}   # node -> single-node kernel (an elementwise step fusion left alone)
-
-
-def _single_kernel(node: Node, device):
-    if node not in _ELEMENTWISE:
+def _single_kernel(node: Node, device, singles: dict):
+    """The kernel of an elementwise node fusion left alone (``singles``: the function's, kept with it)."""
+    if node not in singles:
         groups = fuse([node], [node])
         if len(groups) != 1 or "other" in groups[0].broadcast:
             raise Unsupported(f"{node.label()}: no kernel for its broadcast")
-        _ELEMENTWISE[node] = (groups[0], device.fused(groups)[0])
-    return _ELEMENTWISE[node]
+        singles[node] = (groups[0], device.fused(groups)[0])
+    return singles[node]
 
 
 def _kernel_step(t: Template, group, kernel, inputs, outputs) -> None:
@@ -222,7 +220,7 @@ def _kernel_step(t: Template, group, kernel, inputs, outputs) -> None:
     t.pool += args
 
 
-def _step(t: Template, step, statics: set, device) -> None:
+def _step(t: Template, step, statics: set, device, singles: dict) -> None:
     """One step's instructions (its inputs are registers already)."""
     for x in step.inputs:
         if x not in t.regs:
@@ -244,7 +242,7 @@ def _step(t: Template, step, statics: set, device) -> None:
     how = opdef.native(node) if opdef.native is not None else None
     if how is None:
         if fusible(node):
-            group, kernel = _single_kernel(node, device)
+            group, kernel = _single_kernel(node, device, singles)
             _kernel_step(t, group, kernel, group.inputs, group.outputs)
             return
         raise Unsupported(f"{node.label()}: op '{node.op}' has no native lowering")
@@ -277,16 +275,20 @@ def _width(shape) -> int:
     return int(math.prod(shape))
 
 
-def _steps(t: Template, program, statics: set, device, skip_concat: Node | None = None) -> None:
+def _steps(t: Template, program, statics: set, device, singles: dict, skip_concat: Node | None = None) -> None:
     for step in program:
         if skip_concat is not None and step.outputs[0] is skip_concat:
             # the sibling concat: skipped when the task's children are side by side (CATVIEW bound it)
             mark = len(t.code)
             t.emit("SKIP_IF_CAT", 0)
-            _step(t, step, statics, device)
+            _step(t, step, statics, device, singles)
             t.code[mark] = ("SKIP_IF_CAT", len(t.code) - mark - 1)
         else:
-            _step(t, step, statics, device)
+            _step(t, step, statics, device, singles)
+
+
+def _singles(fn, device) -> dict:
+    return fn._phases.setdefault(("native single kernels", device), {})
 
 
 def forward_template(fn, opts, device, training: bool) -> Template:
@@ -329,7 +331,7 @@ def forward_template(fn, opts, device, training: bool) -> Template:
     if (not direct and src in kp.inplace and src not in written and kp.phase.get(src) == TASK):
         t.bind(src, ("scatter", smsg), SCATTER_ROWS, 0, _width(smsg))
         direct = True
-    _steps(t, kp.programs[TASK], statics, device, cat if cat_view else None)
+    _steps(t, kp.programs[TASK], statics, device, _singles(fn, device), cat if cat_view else None)
     if fn.scattered is not None and kp.phase[fn.scattered] == TASK and not direct:
         t.copy_to(("scatter", smsg), SCATTER_ROWS, _width(smsg), fn.scattered)
     for name, p in fn.pushes.items():
@@ -390,7 +392,7 @@ def backward_template(fn, opts, device) -> Template:
             t.scratch_reg(c)
         for m, a, _ in parts:
             t.emit("COLS", t.reg(m), t.regs[c], a)
-    _steps(t, program, statics, device)
+    _steps(t, program, statics, device, _singles(fn, device))
     for node in copied:
         t.copy_to(("btensor", node), KIND_ROWS, _width(node.vshape), node)
     for leaf, g in fn.leaf_grads.items():
