@@ -1,0 +1,206 @@
+"""Fewer, larger GEMMs (issue 17): products in F that read one operand become one product over a merged
+weight, so a task runs one GEMM of N_1 + ... + N_n columns instead of n narrow ones (a GEMM of a few dozen
+rows is dominated by its call and its pass over the left operand, not by its flops).
+
+A candidate is a product ``x·W`` (``OpDef.product``, 2-D operands, plus the bias of a linear) whose left
+operand has the vertex axis and whose right operand is row-free: a function of parameters and constants,
+evaluated once per batch. Products whose left operands are the same value ``L``, or column blocks of one
+concat ``L`` (the binary Tree-LSTM's ``[h1; h2]·U``, ``h1·U_f1``, ``h2·U_f2``), of the same class (eager /
+recurrent / lazy, so that no eager or lazy product moves into the task loop) and dtype become::
+
+    Y = L·[W_1' | ... | W_n'] + [b_1 | ... | b_n],    x_j·W_j + b_j = Y[:, o_j : o_j + N_j]
+
+where ``W_j'`` is ``W_j`` with zero rows outside ``x_j``'s block of ``L`` (more flops for one call instead
+of several: ``pad``) and a missing bias is zeros. The merged weight is a row-free node, concats of the
+declared parameters, built once per batch; autodiff runs on the rewritten F, so ∂F gets the merged GEMMs
+too (``dY·W'ᵀ`` and ``Lᵀ·dY``), and the concat's adjoint splits ``∂W'`` back into the parameters' gradients:
+the parameters a user declared stay the parameters (names, checkpoints, optimizer state). ED-Batch §3.2
+plans the memory of a whole static subgraph; this is the part of it that pays on a CPU BLAS: the layout of
+a product's weights. The summation order inside a merged GEMM differs (DESIGN.md's "equal" allows it).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..graph import Node, type_str
+from ..ops import concat, constant, linear, matmul, slice_
+from ..ops.registry import OPS, make_node
+from ..vertex import VertexFunction
+from .classify import classify
+
+
+@dataclass(frozen=True)
+class Merge:
+    """One merged GEMM: ``products`` (F's declared nodes) now read column blocks of ``merged`` = ``left``
+    times the merged weight. ``zero_entries``: entries of the merged weight that are padding."""
+
+    left: Node
+    products: tuple
+    merged: Node
+    zero_entries: int
+
+    def text(self) -> str:
+        K, N = self.merged.inputs[1].shape
+        pad = f", {self.zero_entries * 100 // max(1, K * N)}% of the weight zero padding" if self.zero_entries else ""
+        return (f"{len(self.products)} products ({', '.join(p.label() for p in self.products)}) -> one GEMM "
+                f"{type_str(self.left)} x ({K},{N}){pad}")
+
+
+def operands(n: Node) -> tuple | None:
+    """(left, right, bias or None) of a product that may merge, else None."""
+    idx = OPS[n.op].product
+    if idx is None:
+        return None
+    left, right = n.inputs[idx[0]], n.inputs[idx[1]]
+    bias_input = OPS[n.op].bias_input
+    bias = None if bias_input is None else n.inputs[bias_input]
+    if (left.ndim != 2 or right.ndim != 2 or not left.has_rows or right.has_rows or left.dtype != right.dtype
+            or (bias is not None and (bias.has_rows or bias.ndim != 1))):
+        return None
+    return left, right, bias
+
+
+def _covers(nodes) -> dict:
+    """value -> [(concat, first column, end)]: the concats among ``nodes`` holding it as a column block."""
+    out: dict = {}
+    for n in nodes:
+        blocks = OPS[n.op].column_blocks
+        found = blocks(n) if blocks is not None and n.has_rows else None
+        for x, a, b in found or ():
+            out.setdefault(x, []).append((n, a, b))
+    return out
+
+
+def _acyclic(nodes, deps) -> bool:
+    """Whether ``deps`` (node -> the nodes it needs) orders ``nodes`` (Kahn's algorithm)."""
+    member = set(nodes)
+    waiting = {n: sum(1 for d in deps(n) if d in member) for n in nodes}
+    users: dict = {n: [] for n in nodes}
+    for n in nodes:
+        for d in deps(n):
+            if d in member:
+                users[d].append(n)
+    ready = [n for n, w in waiting.items() if w == 0]
+    done = 0
+    while ready:
+        n = ready.pop()
+        done += 1
+        for u in users[n]:
+            waiting[u] -= 1
+            if not waiting[u]:
+                ready.append(u)
+    return done == len(nodes)
+
+
+def plan(F: VertexFunction, pad: bool = True) -> list[tuple]:
+    """The groups to merge: [(L, [(product, first column of L, end)])], largest first.
+
+    Each product joins at most one group; a group needs two products; a group whose merged GEMM would
+    need its own output (L depends on one of its products, directly or through another group) is dropped."""
+    nodes = F.graph.nodes
+    classes = classify(nodes, F.gathers.values(), [] if F.scattered is None else [F.scattered])
+    covers = _covers(nodes) if pad else {}
+    candidates: dict = {}
+    for p in nodes:
+        ops_ = operands(p)
+        if ops_ is None:
+            continue
+        x = ops_[0]
+        for L, a, b in [(x, 0, x.shape[1])] + covers.get(x, []):
+            candidates.setdefault((L, classes[p], p.dtype), []).append((p, a, b))
+    # Largest groups first; among equals, less padding first, then declaration order (deterministic).
+    ranked = sorted(candidates.items(), key=lambda kv: (
+        -len(kv[1]), sum(kv[0][0].shape[1] - (b - a) for _, a, b in kv[1]), kv[0][0].id))
+    taken, groups, member_of = set(), [], {}
+    for (L, _, _), members in ranked:
+        members = [m for m in members if m[0] not in taken]
+        if len(members) < 2:
+            continue
+        trial = dict(member_of)
+        for p, _, _ in members:
+            trial[p] = L
+
+        def deps(n, trial=trial):
+            return ((trial[n],) + tuple(x for x in n.inputs if not x.has_rows)) if n in trial else n.inputs
+        if not _acyclic(nodes, deps):
+            continue
+        member_of = trial
+        taken.update(p for p, _, _ in members)
+        groups.append((L, sorted(members, key=lambda m: m[0].id)))
+    return groups
+
+
+def _zeros(shape, dtype) -> Node:
+    return constant(np.zeros(shape, dtype.np), dtype)
+
+
+def _merged_product(L: Node, members: list) -> tuple[Node, list, int]:
+    """``L·W' (+ b')`` for the group, the column offset of each member, and the zero rows of ``W'``."""
+    K = L.shape[1]
+    columns, biases, offsets, zero_entries, start = [], [], [], 0, 0
+    has_bias = any(operands(p)[2] is not None for p, _, _ in members)
+    for p, a, b in members:
+        _, W, bias = operands(p)
+        N = W.shape[1]
+        parts = ([_zeros((a, N), W.dtype)] if a else []) + [W] + ([_zeros((K - b, N), W.dtype)] if b < K else [])
+        columns.append(concat(parts, axis=0))
+        zero_entries += (K - (b - a)) * N
+        if has_bias:
+            biases.append(bias if bias is not None else _zeros((N,), W.dtype))
+        offsets.append(start)
+        start += N
+    weight = concat(columns, axis=1)
+    merged = linear(L, weight, concat(biases, axis=0)) if has_bias else matmul(L, weight)
+    return merged, offsets, zero_entries
+
+
+def merge_products(F: VertexFunction, pad: bool = True) -> tuple[VertexFunction, list[Merge]]:
+    """F with its mergeable products merged (:func:`plan`), and what was merged; F itself if nothing was.
+
+    The rewrite keeps every node that does not depend on a merged product (gathers, pulls, parameters and
+    everything before the products are the same nodes) and rebuilds those downstream."""
+    groups = plan(F, pad)
+    if not groups:
+        return F, []
+    group_of = {p: i for i, (_, members) in enumerate(groups) for p, _, _ in members}
+    built: dict = {}   # group index -> (merged node, {product: its column block of the merged output})
+    new: dict = {}     # F's node -> the rewritten graph's node
+
+    def needs(n):
+        if n in group_of:
+            L, members = groups[group_of[n]]
+            return [L] + [x for p, _, _ in members for x in operands(p)[1:] if x is not None]
+        return list(n.inputs)
+
+    def build(n):
+        if n in group_of:
+            i = group_of[n]
+            if i not in built:
+                L, members = groups[i]
+                merged, offsets, zero_entries = _merged_product(new[L], members)
+                slices = {p: slice_(merged, o, o + p.shape[1], axis=1) for (p, _, _), o in zip(members, offsets)}
+                built[i] = (Merge(L, tuple(p for p, _, _ in members), merged, zero_entries), slices)
+            return built[i][1][n]
+        inputs = tuple(new[x] for x in n.inputs)
+        if all(a is b for a, b in zip(inputs, n.inputs)):
+            return n
+        return make_node(n.op, inputs, n.attrs, n.name)
+
+    for out in F.outputs:   # depth first, without recursion: F can be deep
+        stack = [out]
+        while stack:
+            n = stack[-1]
+            if n in new:
+                stack.pop()
+                continue
+            missing = [x for x in needs(n) if x not in new]
+            if missing:
+                stack.extend(missing)
+                continue
+            stack.pop()
+            new[n] = build(n)
+    merged_F = F.rewritten(new[F.scattered] if F.scattered is not None else None,
+                           {name: new[node] for name, node in F.pushes.items()})
+    return merged_F, [built[i][0] for i in sorted(built)]
