@@ -1,0 +1,88 @@
+"""Per-step time with and without GEMM merging (issue 17 item 3, EngineOptions.merge_gemms).
+
+One trainer per workload; each repeat times the same batches once with merging off and once on, the order
+flipped every repeat (the machine is shared: alternate, take medians), all other switches at their defaults.
+Prints the median milliseconds per training step (forward, backward, Adam) of each setting, their ratio,
+the products each vertex kind merged, and the load average before and after.
+
+    python tools/bench_merge_gemms.py [--models tree_lstm,var_lstm,tree_gru] [--hidden 64,128,512]
+                                      [--batch 64] [--batches 4] [--repeats 7] [--sst PATH]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from minicavs.bench.workloads import _trainer  # noqa: E402
+from minicavs.engine import EngineOptions  # noqa: E402
+
+SST = "/work/shared/data/sst/train.txt"
+
+
+def trainer(model: str, hidden: int, batch: int, samples: int, sst: str | None):
+    common = [f"model.hidden={hidden}", "model.dropout=0.0", f"train.batch_size={batch}", "data.dev=null",
+              "data.test=null"]
+    if model in ("tree_lstm", "tree_gru", "tree_lstm_2type"):
+        data = [f"data.train={sst}", f"data.limit={samples}"] if sst else [f"data.synthetic.train={samples}"]
+        extra = ["model.embed=128", "train.optimizer=adam", "train.lr=0.001", "train.weight_decay=0.0",
+                 "train.sparse_updates=true"]
+    elif model == "var_lstm":
+        data, extra = [f"data.synthetic.train={samples}"], ["model.embed=256", "train.lr=0.001"]
+    else:
+        data, extra = [f"data.synthetic.train={samples}"], []
+    return _trainer(f"{model}.yaml", common + data + extra, EngineOptions())
+
+
+def step_times(t, opts: EngineOptions, batches: list) -> list[float]:
+    t.model.options = opts
+    out = []
+    for b in batches:
+        start = time.perf_counter()
+        res = t.loss_and_grads(b)
+        t.optimizer.step(res.grads, loss=res.loss)
+        out.append(time.perf_counter() - start)
+    return out
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="tree_lstm,var_lstm,tree_gru")
+    ap.add_argument("--hidden", default="64,128,512")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--batches", type=int, default=4)
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--sst", default=SST if os.path.exists(SST) else None)
+    args = ap.parse_args(argv)
+    on, off = EngineOptions(merge_gemms=True), EngineOptions(merge_gemms=False)
+    for model in args.models.split(","):
+        for hidden in [int(h) for h in args.hidden.split(",")]:
+            t = trainer(model, hidden, args.batch, args.batch * args.batches, args.sst)
+            data = t.task.data["train"]
+            batches = [data[i:i + args.batch] for i in range(0, len(data), args.batch)][:args.batches]
+            merged = {k: [m.text() for m in fn.variant(on).merges]
+                      for s in t.model.structures for k, fn in s.compiled.items()}
+            load = os.getloadavg()[0]
+            times = {"off": [], "on": []}
+            step_times(t, off, batches), step_times(t, on, batches)   # warm-up: compile, caches
+            for r in range(args.repeats):
+                for name in (("off", "on") if r % 2 == 0 else ("on", "off")):
+                    times[name] += step_times(t, on if name == "on" else off, batches)
+            med = {k: 1e3 * float(np.median(v)) for k, v in times.items()}
+            print(f"{model} hidden {hidden} batch {args.batch}: per step off {med['off']:.2f} ms, on "
+                  f"{med['on']:.2f} ms, off/on {med['off'] / med['on']:.3f} ({len(times['on'])} steps each; "
+                  f"load {load:.2f} -> {os.getloadavg()[0]:.2f})", flush=True)
+            for k, texts in merged.items():
+                for text in texts or ["nothing merged"]:
+                    print(f"    {k}: {text}")
+
+
+if __name__ == "__main__":
+    main()
