@@ -44,8 +44,14 @@ class Merge:
     def text(self) -> str:
         K, N = self.merged.inputs[1].shape
         pad = f", {self.zero_entries * 100 // max(1, K * N)}% of the weight zero padding" if self.zero_entries else ""
-        return (f"{len(self.products)} products ({', '.join(p.label() for p in self.products)}) -> one GEMM "
+        return (f"{len(self.products)} products ({', '.join(map(_product_text, self.products))}) -> one GEMM "
                 f"{type_str(self.left)} x ({K},{N}){pad}")
+
+
+def _product_text(p: Node) -> str:
+    """``·W + b``: a product named by its weight and bias."""
+    _, W, b = operands(p)
+    return f"·{W.name or W.label()}" + ("" if b is None else f" + {b.name or b.label()}")
 
 
 def operands(n: Node) -> tuple | None:
