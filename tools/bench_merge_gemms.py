@@ -2,11 +2,12 @@
 
 One trainer per workload; each repeat times the same batches once with merging off and once on, the order
 flipped every repeat (the machine is shared: alternate, take medians), all other switches at their defaults.
-Prints the median milliseconds per training step (forward, backward, Adam) of each setting, their ratio,
-the products each vertex kind merged, and the load average before and after.
+Prints the median milliseconds per training step (forward, backward, Adam) of each setting, wall-clock and
+process CPU time (on a loaded machine wall time mostly measures waiting; with ``OPENBLAS_NUM_THREADS=1``
+CPU time is the work done), their ratios, the products each vertex kind merged, and the load average.
 
     python tools/bench_merge_gemms.py [--models tree_lstm,var_lstm,tree_gru] [--hidden 64,128,512]
-                                      [--batch 64] [--batches 4] [--repeats 7] [--sst PATH]
+                                      [--batch 64] [--batches 4] [--repeats 7] [--sst PATH] [--pad-limit N]
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from minicavs.bench.workloads import _trainer  # noqa: E402
 from minicavs.engine import EngineOptions  # noqa: E402
+from minicavs.passes import gemm  # noqa: E402
 
 SST = "/work/shared/data/sst/train.txt"
 
@@ -41,14 +43,15 @@ def trainer(model: str, hidden: int, batch: int, samples: int, sst: str | None):
     return _trainer(f"{model}.yaml", common + data + extra, EngineOptions())
 
 
-def step_times(t, opts: EngineOptions, batches: list) -> list[float]:
+def step_times(t, opts: EngineOptions, batches: list) -> list[tuple[float, float]]:
+    """(wall seconds, process CPU seconds) of each step."""
     t.model.options = opts
     out = []
     for b in batches:
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         res = t.loss_and_grads(b)
         t.optimizer.step(res.grads, loss=res.loss)
-        out.append(time.perf_counter() - start)
+        out.append((time.perf_counter() - start, time.process_time() - cpu))
     return out
 
 
@@ -60,7 +63,11 @@ def main(argv=None) -> None:
     ap.add_argument("--batches", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--sst", default=SST if os.path.exists(SST) else None)
+    ap.add_argument("--pad-limit", type=int, default=None,
+                    help=f"zero entries a merged weight may hold (default {gemm.PAD_LIMIT}; large: always pad)")
     args = ap.parse_args(argv)
+    if args.pad_limit is not None:
+        gemm.PAD_LIMIT = args.pad_limit
     on, off = EngineOptions(merge_gemms=True), EngineOptions(merge_gemms=False)
     for model in args.models.split(","):
         for hidden in [int(h) for h in args.hidden.split(",")]:
@@ -75,10 +82,11 @@ def main(argv=None) -> None:
             for r in range(args.repeats):
                 for name in (("off", "on") if r % 2 == 0 else ("on", "off")):
                     times[name] += step_times(t, on if name == "on" else off, batches)
-            med = {k: 1e3 * float(np.median(v)) for k, v in times.items()}
-            print(f"{model} hidden {hidden} batch {args.batch}: per step off {med['off']:.2f} ms, on "
-                  f"{med['on']:.2f} ms, off/on {med['off'] / med['on']:.3f} ({len(times['on'])} steps each; "
-                  f"load {load:.2f} -> {os.getloadavg()[0]:.2f})", flush=True)
+            med = {k: 1e3 * np.median(np.array(v), axis=0) for k, v in times.items()}
+            print(f"{model} hidden {hidden} batch {args.batch}: per step wall off {med['off'][0]:.2f} ms, on "
+                  f"{med['on'][0]:.2f} ms, off/on {med['off'][0] / med['on'][0]:.3f}; CPU off "
+                  f"{med['off'][1]:.2f} ms, on {med['on'][1]:.2f} ms, off/on {med['off'][1] / med['on'][1]:.3f} "
+                  f"({len(times['on'])} steps each; load {load:.2f} -> {os.getloadavg()[0]:.2f})", flush=True)
             for k, texts in merged.items():
                 for text in texts or ["nothing merged"]:
                     print(f"    {k}: {text}")

@@ -61,6 +61,7 @@ def test_concat_blocks_merge_with_zero_padding_only_when_asked():
     assert m.merged.inputs[1].shape == (6, 15) and m.zero_entries == 2 * 3 * 3
     assert "one GEMM" in m.text() and "20% of the weight zero padding" in m.text()
     assert plan(F, pad=False) == []                  # no two products read the same value
+    assert plan(F, pad_limit=17) == [] and len(plan(F, pad_limit=18)) == 1   # 18 zero entries
 
 
 def test_products_of_different_classes_do_not_merge():
