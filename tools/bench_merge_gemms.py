@@ -1,7 +1,7 @@
 """Per-step time with and without GEMM merging (issue 17 item 3, EngineOptions.merge_gemms).
 
-One trainer per workload; each repeat times the same batches once with merging off and once on, the order
-flipped every repeat (the machine is shared: alternate, take medians), all other switches at their defaults.
+One trainer per workload; each batch is timed with merging off and on back to back, the order flipped every
+time (the machine is shared: alternate, take medians), all other switches at their defaults.
 Prints the median milliseconds per training step (forward, backward, Adam) of each setting, wall-clock and
 process CPU time (on a loaded machine wall time mostly measures waiting; with ``OPENBLAS_NUM_THREADS=1``
 CPU time is the work done), their ratios, the products each vertex kind merged, and the load average.
@@ -29,7 +29,38 @@ from minicavs.passes import gemm  # noqa: E402
 SST = "/work/shared/data/sst/train.txt"
 
 
+def per_gate_lstm_cell(p, H: int, D: int, dropout: float, dtype):
+    """var_lstm's cell written one GEMM per gate and operand (column blocks of the same parameters): eight
+    products where the bundled cell has two."""
+    from minicavs import ops
+    from minicavs.vertex import VertexFunction
+    F = VertexFunction("lstm", arity=1, message=(2 * H,), dtype=dtype)
+    with F:
+        h0, c0 = ops.split(F.gather(0), 2)
+        x = F.pull((D,), "x")
+
+        def gate(k):
+            cols = slice(k * H, (k + 1) * H)
+            return (ops.linear(x, ops.slice_(p["W_x"].node, cols.start, cols.stop, axis=1),
+                               ops.slice_(p["b"].node, cols.start, cols.stop))
+                    + h0 @ ops.slice_(p["W_h"].node, cols.start, cols.stop, axis=1))
+        i, f, o, u = (gate(k) for k in range(4))
+        c = ops.sigmoid(f) * c0 + ops.sigmoid(i) * ops.tanh(u)
+        h = ops.sigmoid(o) * ops.tanh(c)
+        F.scatter(ops.concat([h, c]))
+        F.push(h)
+    return F
+
+
 def trainer(model: str, hidden: int, batch: int, samples: int, sst: str | None):
+    if model == "var_lstm_per_gate":
+        from minicavs.config import load_model_module
+        module = load_model_module("var_lstm")
+        declared, module.lstm_cell = module.lstm_cell, per_gate_lstm_cell
+        try:
+            return trainer("var_lstm", hidden, batch, samples, sst)
+        finally:
+            module.lstm_cell = declared
     common = [f"model.hidden={hidden}", "model.dropout=0.0", f"train.batch_size={batch}", "data.dev=null",
               "data.test=null"]
     if model in ("tree_lstm", "tree_gru", "tree_lstm_2type"):
@@ -57,7 +88,8 @@ def step_times(t, opts: EngineOptions, batches: list) -> list[tuple[float, float
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default="tree_lstm,var_lstm,tree_gru")
+    ap.add_argument("--models", default="tree_lstm,var_lstm,tree_gru",
+                    help="bundled models, or var_lstm_per_gate (its cell written one GEMM per gate)")
     ap.add_argument("--hidden", default="64,128,512")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--batches", type=int, default=4)
@@ -79,9 +111,10 @@ def main(argv=None) -> None:
             load = os.getloadavg()[0]
             times = {"off": [], "on": []}
             step_times(t, off, batches), step_times(t, on, batches)   # warm-up: compile, caches
-            for r in range(args.repeats):
-                for name in (("off", "on") if r % 2 == 0 else ("on", "off")):
-                    times[name] += step_times(t, on if name == "on" else off, batches)
+            for r in range(args.repeats):   # step by step: off, on / on, off, so both see the same load
+                for i, b in enumerate(batches):
+                    for name in (("off", "on") if (r + i) % 2 == 0 else ("on", "off")):
+                        times[name] += step_times(t, on if name == "on" else off, [b])
             med = {k: 1e3 * np.median(np.array(v), axis=0) for k, v in times.items()}
             print(f"{model} hidden {hidden} batch {args.batch}: per step wall off {med['off'][0]:.2f} ms, on "
                   f"{med['on'][0]:.2f} ms, off/on {med['off'][0] / med['on'][0]:.3f}; CPU off "

@@ -11,7 +11,7 @@ recurrent / lazy, so that no eager or lazy product moves into the task loop) and
     Y = L·[W_1' | ... | W_n'] + [b_1 | ... | b_n],    x_j·W_j + b_j = Y[:, o_j : o_j + N_j]
 
 where ``W_j'`` is ``W_j`` with zero rows outside ``x_j``'s block of ``L`` (more flops for one call instead
-of several: ``pad``) and a missing bias is zeros. The merged weight is a row-free node, concats of the
+of several: ``pad_limit``) and a missing bias is zeros. The merged weight is a row-free node, concats of the
 declared parameters, built once per batch; autodiff runs on the rewritten F, so ∂F gets the merged GEMMs
 too (``dY·W'ᵀ`` and ``Lᵀ·dY``), and the concat's adjoint splits ``∂W'`` back into the parameters' gradients:
 the parameters a user declared stay the parameters (names, checkpoints, optimizer state). ED-Batch §3.2
@@ -111,7 +111,7 @@ def _zero_entries(L: Node, members) -> int:
     return sum((L.shape[1] - (b - a)) * p.shape[1] for p, a, b in members)
 
 
-def plan(F: VertexFunction, pad: bool = True, pad_limit: int | None = None) -> list[tuple]:
+def plan(F: VertexFunction, pad_limit: int | None = None) -> list[tuple]:
     """The groups to merge: [(L, [(product, first column of L, end)])], largest first.
 
     Each product joins at most one group; a group needs two products; a group whose merged GEMM would
@@ -121,7 +121,7 @@ def plan(F: VertexFunction, pad: bool = True, pad_limit: int | None = None) -> l
     pad_limit = PAD_LIMIT if pad_limit is None else pad_limit
     nodes = F.graph.nodes
     classes = classify(nodes, F.gathers.values(), [] if F.scattered is None else [F.scattered])
-    covers = _covers(nodes) if pad else {}
+    covers = _covers(nodes) if pad_limit > 0 else {}
     candidates: dict = {}
     for p in nodes:
         ops_ = operands(p)
@@ -177,13 +177,12 @@ def _merged_product(L: Node, members: list) -> tuple[Node, list, int]:
     return merged, offsets, _zero_entries(L, members)
 
 
-def merge_products(F: VertexFunction, pad: bool = True, pad_limit: int | None = None
-                   ) -> tuple[VertexFunction, list[Merge]]:
+def merge_products(F: VertexFunction, pad_limit: int | None = None) -> tuple[VertexFunction, list[Merge]]:
     """F with its mergeable products merged (:func:`plan`), and what was merged; F itself if nothing was.
 
     The rewrite keeps every node that does not depend on a merged product (gathers, pulls, parameters and
     everything before the products are the same nodes) and rebuilds those downstream."""
-    groups = plan(F, pad, pad_limit)
+    groups = plan(F, pad_limit)
     if not groups:
         return F, []
     group_of = {p: i for i, (_, members) in enumerate(groups) for p, _, _ in members}

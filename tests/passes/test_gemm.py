@@ -13,6 +13,7 @@ from minicavs.engine import EngineOptions
 from minicavs.executor import RunContext
 from minicavs.explain import explain
 from minicavs.model import Model, Structure
+from minicavs.passes import gemm
 from minicavs.passes.gemm import merge_products, operands, plan
 from minicavs.testing import check_model_grads
 from minicavs.vertex import VertexFunction
@@ -28,8 +29,14 @@ def P(name, shape):
     return ops.param_node(name, shape, F64)
 
 
-def merged_sets(F):
-    return [{p.name or p.op for p, _, _ in members} for _, members in plan(F)]
+def merged_sets(F, pad_limit=None):
+    return [{p.name or p.op for p, _, _ in members} for _, members in plan(F, pad_limit)]
+
+
+@pytest.fixture
+def padded(monkeypatch):
+    """Every merge the pass can make, zero padding of any size included (the default limits it)."""
+    monkeypatch.setattr(gemm, "PAD_LIMIT", 10**9)
 
 
 def test_products_of_one_left_operand_merge_with_their_biases():
@@ -50,17 +57,17 @@ def test_products_of_one_left_operand_merge_with_their_biases():
     assert merged.pulls == F.pulls and merged.gathers == F.gathers and merged.name == F.name
 
 
-def test_concat_blocks_merge_with_zero_padding_only_when_asked():
+def test_concat_blocks_merge_with_zero_padding_up_to_a_limit():
     """The binary Tree-LSTM's shape: [h1; h2]·U, h1·Uf1, h2·Uf2 -> one GEMM of a (2H, 5H) weight."""
     case = cells.binary_tree_lstm(np.random.default_rng(0))
     F = case.model.structures[0].compiled["internal"].F
-    assert merged_sets(F) == [{"linear"}]            # one group
-    (L, members), = plan(F)
+    assert merged_sets(F, pad_limit=10**6) == [{"linear"}]   # one group
+    (L, members), = plan(F, pad_limit=10**6)
     assert L.op == "concat" and [(a, b) for _, a, b in members] == [(0, 6), (0, 3), (3, 6)]
-    _, (m,) = merge_products(F)
+    _, (m,) = merge_products(F, pad_limit=10**6)
     assert m.merged.inputs[1].shape == (6, 15) and m.zero_entries == 2 * 3 * 3
     assert "one GEMM" in m.text() and "20% of the weight zero padding" in m.text()
-    assert plan(F, pad=False) == []                  # no two products read the same value
+    assert plan(F, pad_limit=0) == []                # no two products read the same value
     assert plan(F, pad_limit=17) == [] and len(plan(F, pad_limit=18)) == 1   # 18 zero entries
 
 
@@ -99,7 +106,7 @@ def test_products_that_cannot_merge():
     assert operands(outer) is None
 
 
-def test_rewritten_functions_equal_the_declared_ones_on_random_trees_chains_and_dags():
+def test_rewritten_functions_equal_the_declared_ones_on_random_trees_chains_and_dags(padded):
     for name, (build, make_graph) in sorted(CASES.items()):
         rng = np.random.default_rng(5)
         case = build(rng)
@@ -113,7 +120,7 @@ def test_rewritten_functions_equal_the_declared_ones_on_random_trees_chains_and_
 
 
 @pytest.mark.parametrize("name", ["binary_tree_lstm", "child_sum"])
-def test_merged_cells_match_finite_differences(name):
+def test_merged_cells_match_finite_differences(name, padded):
     build, make_graph = CASES[name]
     rng = np.random.default_rng(2)
     case = build(rng)
@@ -126,17 +133,18 @@ def test_merged_cells_match_finite_differences(name):
     assert set(report) == set(case.params)
 
 
-def test_dropout_masks_follow_the_declared_sites():
+def test_dropout_masks_follow_the_declared_sites(padded):
     rng = np.random.default_rng(3)
     case = cells.binary_tree_lstm(rng, p_drop=0.4)
     graphs = [random_tree(rng, n, 2, full_binary=True) for n in (5, 3)]
     feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
     runs = [case.model.forward_backward(graphs, feeds, case.params, RunContext(seed=4, step=1), options=o)
             for o in (OFF, ON)]
+    assert case.model.structures[0].compiled["internal"].variant(ON).merges
     assert_same(*runs)
 
 
-def test_switch_is_visible_in_dump_and_explain():
+def test_switch_is_visible_in_dump_and_explain(padded):
     case = cells.binary_tree_lstm(np.random.default_rng(0))
     internal = case.model.structures[0].compiled["internal"]
     assert internal.variant(OFF) is internal and internal.variant(ON) is not internal
