@@ -8,6 +8,7 @@ CPU time is the work done), their ratios, the products each vertex kind merged, 
 
     python tools/bench_merge_gemms.py [--models tree_lstm,var_lstm,tree_gru] [--hidden 64,128,512]
                                       [--batch 64] [--batches 4] [--repeats 7] [--sst PATH] [--pad-limit N]
+                                      [--weight-limit N]
 """
 from __future__ import annotations
 
@@ -97,9 +98,13 @@ def main(argv=None) -> None:
     ap.add_argument("--sst", default=SST if os.path.exists(SST) else None)
     ap.add_argument("--pad-limit", type=int, default=None,
                     help=f"zero entries a merged weight may hold (default {gemm.PAD_LIMIT}; large: always pad)")
+    ap.add_argument("--weight-limit", type=int, default=None,
+                    help=f"entries a merged weight may hold (default {gemm.WEIGHT_LIMIT})")
     args = ap.parse_args(argv)
     if args.pad_limit is not None:
         gemm.PAD_LIMIT = args.pad_limit
+    if args.weight_limit is not None:
+        gemm.WEIGHT_LIMIT = args.weight_limit
     on, off = EngineOptions(merge_gemms=True), EngineOptions(merge_gemms=False)
     for model in args.models.split(","):
         for hidden in [int(h) for h in args.hidden.split(",")]:

@@ -100,25 +100,32 @@ def _acyclic(nodes, deps) -> bool:
     return done == len(nodes)
 
 
-# Zero padding pays while the extra flops cost less than the calls it saves: measured per training step of
-# the binary Tree-LSTM (batch 64, one BLAS thread, tools/bench_merge_gemms.py), the padded merge gained 17%
-# at hidden 64 (8192 zero entries), lost 3% at 128 (32768) and 13% at 512 (524288). Merges without padding
-# add no flops and are always made.
-PAD_LIMIT = 16384
+# What a merge costs and saves, measured per training step (batch 64, one BLAS thread, median process CPU
+# time of steps alternating off/on: OPENBLAS_NUM_THREADS=1 python tools/bench_merge_gemms.py --models ...
+# --pad-limit / --weight-limit): it saves GEMM calls (two per task and direction for three products), and
+# costs copies of the merged weight and of its gradient every batch, plus, with padding, the flops on the
+# zero blocks. The binary Tree-LSTM's padded merge (20% zeros)
+# lost 5% at hidden 64 and 7% at 128 (13% at 512): no padding by default. An LSTM written one GEMM per
+# gate (four products per operand) gained 4-12% at hidden 64 and lost 3% at 256 (weights of 256 x 1024):
+# merged weights up to WEIGHT_LIMIT entries only.
+PAD_LIMIT = 0
+WEIGHT_LIMIT = 1 << 17
 
 
 def _zero_entries(L: Node, members) -> int:
     return sum((L.shape[1] - (b - a)) * p.shape[1] for p, a, b in members)
 
 
-def plan(F: VertexFunction, pad_limit: int | None = None) -> list[tuple]:
+def plan(F: VertexFunction, pad_limit: int | None = None, weight_limit: int | None = None) -> list[tuple]:
     """The groups to merge: [(L, [(product, first column of L, end)])], largest first.
 
     Each product joins at most one group; a group needs two products; a group whose merged GEMM would
     need its own output (L depends on one of its products, directly or through another group) is dropped;
     a group whose weight would hold more than ``pad_limit`` (default :data:`PAD_LIMIT`) zero entries keeps
-    only the products of all of L."""
+    only the products of all of L; a group whose weight would hold more than ``weight_limit`` (default
+    :data:`WEIGHT_LIMIT`) entries is not merged."""
     pad_limit = PAD_LIMIT if pad_limit is None else pad_limit
+    weight_limit = WEIGHT_LIMIT if weight_limit is None else weight_limit
     nodes = F.graph.nodes
     classes = classify(nodes, F.gathers.values(), [] if F.scattered is None else [F.scattered])
     covers = _covers(nodes) if pad_limit > 0 else {}
@@ -138,7 +145,7 @@ def plan(F: VertexFunction, pad_limit: int | None = None) -> list[tuple]:
         members = [m for m in members if m[0] not in taken]
         if _zero_entries(L, members) > pad_limit:
             members = [m for m in members if m[2] - m[1] == L.shape[1]]
-        if len(members) < 2:
+        if len(members) < 2 or L.shape[1] * sum(p.shape[1] for p, _, _ in members) > weight_limit:
             continue
         trial = dict(member_of)
         for p, _, _ in members:
@@ -177,12 +184,13 @@ def _merged_product(L: Node, members: list) -> tuple[Node, list, int]:
     return merged, offsets, _zero_entries(L, members)
 
 
-def merge_products(F: VertexFunction, pad_limit: int | None = None) -> tuple[VertexFunction, list[Merge]]:
+def merge_products(F: VertexFunction, pad_limit: int | None = None, weight_limit: int | None = None
+                   ) -> tuple[VertexFunction, list[Merge]]:
     """F with its mergeable products merged (:func:`plan`), and what was merged; F itself if nothing was.
 
     The rewrite keeps every node that does not depend on a merged product (gathers, pulls, parameters and
     everything before the products are the same nodes) and rebuilds those downstream."""
-    groups = plan(F, pad_limit)
+    groups = plan(F, pad_limit, weight_limit)
     if not groups:
         return F, []
     group_of = {p: i for i, (_, members) in enumerate(groups) for p, _, _ in members}

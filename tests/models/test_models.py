@@ -97,7 +97,8 @@ MERGED = {"tree_lstm": {"internal": 3}, "tree_lstm_2type": {"cell_a": 3, "cell_b
 
 @pytest.mark.parametrize("name", sorted(TINY))
 def test_merged_gemms_equal_the_declared_products(name, tmp_path, monkeypatch):
-    monkeypatch.setattr(gemm, "PAD_LIMIT", 10**9)   # every merge the pass can make, however much padding
+    monkeypatch.setattr(gemm, "PAD_LIMIT", 10**9)   # every merge the pass can make, whatever its size
+    monkeypatch.setattr(gemm, "WEIGHT_LIMIT", 10**9)
     t = trainer(name, tmp_path, "train.dtype=float64", *([] if name == "tree_fc" else ["model.dropout=0.3"]))
     merged = {k: sum(len(m.products) for m in fn.variant(EngineOptions()).merges)
               for s in t.model.structures for k, fn in s.compiled.items()}

@@ -37,6 +37,7 @@ def merged_sets(F, pad_limit=None):
 def padded(monkeypatch):
     """Every merge the pass can make, zero padding of any size included (the default limits it)."""
     monkeypatch.setattr(gemm, "PAD_LIMIT", 10**9)
+    monkeypatch.setattr(gemm, "WEIGHT_LIMIT", 10**9)
 
 
 def test_products_of_one_left_operand_merge_with_their_biases():
@@ -69,6 +70,8 @@ def test_concat_blocks_merge_with_zero_padding_up_to_a_limit():
     assert "one GEMM" in m.text() and "20% of the weight zero padding" in m.text()
     assert plan(F, pad_limit=0) == []                # no two products read the same value
     assert plan(F, pad_limit=17) == [] and len(plan(F, pad_limit=18)) == 1   # 18 zero entries
+    assert plan(F, 18, weight_limit=89) == [] and len(plan(F, 18, weight_limit=90)) == 1   # of 6 x 15
+    assert plan(F) == []                             # the default: no padding
 
 
 def test_products_of_different_classes_do_not_merge():
