@@ -8,10 +8,10 @@ evaluated once per batch. Products whose left operands are the same value ``L``,
 concat ``L`` (the binary Tree-LSTM's ``[h1; h2]·U``, ``h1·U_f1``, ``h2·U_f2``), of the same class (eager /
 recurrent / lazy, so that no eager or lazy product moves into the task loop) and dtype become::
 
-    Y = L·[W_1' | ... | W_n'] + [b_1 | ... | b_n],    x_j·W_j + b_j = Y[:, o_j : o_j + N_j]
+    Y = L·[W_1' | ... | W_n'],    x_j·W_j + b_j = Y[:, o_j : o_j + N_j] + b_j
 
 where ``W_j'`` is ``W_j`` with zero rows outside ``x_j``'s block of ``L`` (more flops for one call instead
-of several: ``pad_limit``) and a missing bias is zeros. The merged weight is a row-free node, concats of the
+of several: ``pad_limit``). The merged weight is a row-free node, concats of the
 declared parameters, built once per batch; autodiff runs on the rewritten F, so ∂F gets the merged GEMMs
 too (``dY·W'ᵀ`` and ``Lᵀ·dY``), and the concat's adjoint splits ``∂W'`` back into the parameters' gradients:
 the parameters a user declared stay the parameters (names, checkpoints, optimizer state). ED-Batch §3.2
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..graph import Node, type_str
-from ..ops import concat, constant, linear, matmul, slice_
+from ..ops import add, concat, constant, matmul, slice_
 from ..ops.registry import OPS, make_node
 from ..vertex import VertexFunction
 from .classify import classify
@@ -104,12 +104,14 @@ def _acyclic(nodes, deps) -> bool:
 
 # What a merge costs and saves, measured per training step (batch 64, one BLAS thread, median process CPU
 # time of steps alternating off/on: OPENBLAS_NUM_THREADS=1 python tools/bench_merge_gemms.py --models ...
-# --pad-limit / --weight-limit): it saves GEMM calls (two per task and direction for three products), and
-# costs copies of the merged weight and of its gradient every batch, plus, with padding, the flops on the
-# zero blocks. The binary Tree-LSTM's padded merge (20% zeros)
-# lost 5% at hidden 64 and 7% at 128 (13% at 512): no padding by default. An LSTM written one GEMM per
-# gate (four products per operand) gained 4-12% at hidden 64 and lost 3% at 256 (weights of 256 x 1024):
-# merged weights up to WEIGHT_LIMIT entries only.
+# --pad-limit / --weight-limit): it saves GEMM calls, and costs a slice step per product (in the Python
+# interpreter a step costs about what a small GEMM call does), copies of the merged weight and its gradient
+# every batch (0.05 ms for 256 x 1024), and, with padding, the flops on the zero blocks. The binary
+# Tree-LSTM's padded merge (20% zeros) lost 4-7% at hidden 64 and 128, 16% at 192, 13% at 512, and 10% of
+# the batch-1 forward latency at 128: no padding by default. An LSTM written one GEMM per gate (four
+# products per operand) gained 4% (three runs: 4-12%) at hidden 64, was even at 128, lost 3-4% at 256
+# (weights of 256 x 1024: the GEMM time is flops, the calls saved are few): merged weights up to
+# WEIGHT_LIMIT entries only. The noise floor (the same program timed twice) was 1-2%.
 PAD_LIMIT = 0
 WEIGHT_LIMIT = 1 << 17
 
@@ -167,23 +169,27 @@ def _zeros(shape, dtype) -> Node:
     return constant(np.zeros(shape, dtype.np), dtype)
 
 
-def _merged_product(L: Node, members: list) -> tuple[Node, list, int]:
-    """``L·W' (+ b')`` for the group, the column offset of each member, and the zero rows of ``W'``."""
+def _merged_product(L: Node, members: list) -> tuple[Node, list]:
+    """``L·W'`` for the group and the column offset of each member."""
     K = L.shape[1]
-    columns, biases, offsets, start = [], [], [], 0
-    has_bias = any(operands(p)[2] is not None for p, _, _ in members)
+    columns, offsets, start = [], [], 0
     for p, a, b in members:
-        _, W, bias = operands(p)
+        W = operands(p)[1]
         N = W.shape[1]
         parts = ([_zeros((a, N), W.dtype)] if a else []) + [W] + ([_zeros((K - b, N), W.dtype)] if b < K else [])
         columns.append(concat(parts, axis=0))
-        if has_bias:
-            biases.append(bias if bias is not None else _zeros((N,), W.dtype))
         offsets.append(start)
         start += N
-    weight = concat(columns, axis=1)
-    merged = linear(L, weight, concat(biases, axis=0)) if has_bias else matmul(L, weight)
-    return merged, offsets, _zero_entries(L, members)
+    return matmul(L, concat(columns, axis=1)), offsets
+
+
+def _block(merged: Node, product: Node, offset: int) -> Node:
+    """The product's value: its column block of the merged GEMM, plus its bias. The bias is added to the
+    block, not to the merged GEMM, so that a fused consumer adds it in its kernel (as it does a linear's),
+    with no pass over the whole output and no concat of the biases; ``(x·W) + b`` is what linear computes."""
+    bias = operands(product)[2]
+    block = slice_(merged, offset, offset + product.shape[1], axis=1)
+    return block if bias is None else add(block, bias)
 
 
 def merge_products(F: VertexFunction, pad_limit: int | None = None, weight_limit: int | None = None
@@ -210,9 +216,9 @@ def merge_products(F: VertexFunction, pad_limit: int | None = None, weight_limit
             i = group_of[n]
             if i not in built:
                 L, members = groups[i]
-                merged, offsets, zero_entries = _merged_product(new[L], members)
-                slices = {p: slice_(merged, o, o + p.shape[1], axis=1) for (p, _, _), o in zip(members, offsets)}
-                built[i] = (Merge(L, tuple(p for p, _, _ in members), merged, zero_entries), slices)
+                merged, offsets = _merged_product(new[L], members)
+                blocks = {p: _block(merged, p, o) for (p, _, _), o in zip(members, offsets)}
+                built[i] = (Merge(L, tuple(p for p, _, _ in members), merged, _zero_entries(L, members)), blocks)
             return built[i][1][n]
         inputs = tuple(new[x] for x in n.inputs)
         if all(a is b for a, b in zip(inputs, n.inputs)):
