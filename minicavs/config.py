@@ -146,7 +146,7 @@ TRAIN_DEFAULTS: dict[str, Any] = {
     "distributed": {},   # mpirun: digest_every, timeout, sparse (minicavs.distributed.SETTINGS)
     "deterministic": False,   # cuda: sum a DAG child's gradient rows in a fixed order, not by atomicAdd
     "engine": {"lazy_batching": True, "eager_batching": True, "streaming": False,  # §3.4 (EngineOptions)
-               "fusion": True, "gather_elision": True},
+               "fusion": True, "gather_elision": True, "merge_gemms": True},
 }
 EARLY_STOPPING_KEYS = {"metric": None, "mode": None, "patience": None}
 

@@ -209,8 +209,9 @@ class Structure:
                                           f"'{kname}' reads only {', '.join(repr(x) for x in named)}")
         return batch
 
-    def fns_for(self, batch: Batch) -> list:
-        return [self.compiled.get(k) for k in batch.kind_names]
+    def fns_for(self, batch: Batch, opts: EngineOptions) -> list:
+        """Each kind's compiled function as ``opts`` runs it (GEMMs merged or not)."""
+        return [None if self.compiled.get(k) is None else self.compiled[k].variant(opts) for k in batch.kind_names]
 
 
 @dataclass
@@ -277,7 +278,7 @@ class Model:
         self._workspaces: dict = {}
         for s in self.structures:   # compile F and ∂F for the model's options and device now, not in a run
             for fn in s.compiled.values():
-                fn.phases(self.options, self.device)
+                fn.variant(self.options).phases(self.options, self.device)
 
     def workspace(self, structure: str) -> Workspace:
         """The buffers the runs of ``structure`` reuse across batches (on the model's device)."""
@@ -329,12 +330,12 @@ class Model:
         graphs = self._graphs_by_structure(graphs)
         return {s.name: s.batch(graphs[s.name]) for s in self.structures}
 
-    def _plan(self, s: Structure, graphs, policy, sample_ids=None):
+    def _plan(self, s: Structure, graphs, policy, options: EngineOptions, sample_ids=None):
         if s.name not in graphs:
             raise KeyError(f"no input graphs for structure '{s.name}'")
         batch = s.batch(graphs[s.name])
         schedule = policy.schedule(batch)
-        fns = s.fns_for(batch)
+        fns = s.fns_for(batch, options)
         spec = {k: f for k, f in s.functions.items()}
         plan = plan_memory(batch, schedule, {k: f.arity for k, f in spec.items()},
                            {k: tuple(f.pulls) for k, f in spec.items()},
@@ -361,7 +362,8 @@ class Model:
             sizes = sorted({len(g) for g in graphs.values()})
             sample_ids = indices(sample_ids, "sample id", size=1 << 32, shape=(sizes[0] if len(sizes) == 1 else None,),
                                  of=f" ({sizes} samples)")
-        plans = {s.name: self._plan(s, graphs, policy, sample_ids) for s in self.structures}  # validate all first
+        plans = {s.name: self._plan(s, graphs, policy, options, sample_ids)   # validate all first
+                 for s in self.structures}
         env: dict = {}
         result = Result(None)
         states = {}

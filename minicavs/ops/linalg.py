@@ -33,7 +33,8 @@ def _matmul_vjp(g, y, a, b):
     return (unbroadcast(matmul(g, swap_last(b)), a), unbroadcast(matmul(swap_last(a), g), b))
 
 
-register(OpDef("matmul", infer=_matmul_infer, impl=lambda xp, a, b: xp.matmul(a, b), vjp=_matmul_vjp))
+register(OpDef("matmul", infer=_matmul_infer, impl=lambda xp, a, b: xp.matmul(a, b), vjp=_matmul_vjp,
+               product=(0, 1)))
 
 
 def matmul(a: Node, b: Node) -> Node:
@@ -65,7 +66,7 @@ def _matmul_impl(xp, x, w):
 register(OpDef("linear", infer=_linear_infer, impl=_linear_impl,
                vjp=lambda g, y, x, w, b: (matmul(g, swap_last(w)), matmul(swap_last(x), g),
                                           make_node("sum", (g,), {"axes": (0,), "keepdims": False})),
-               bias_input=2, without_bias=_matmul_impl))
+               bias_input=2, without_bias=_matmul_impl, product=(0, 1)))
 
 
 def linear(x: Node, w: Node, b: Node) -> Node:
