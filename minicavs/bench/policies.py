@@ -53,6 +53,7 @@ WORKLOADS = {
     "var_lstm": ("var_lstm.yaml", lambda: _ptb() + NO_DROPOUT),
     "fixed_lstm": ("fixed_lstm.yaml", lambda: _ptb() + NO_DROPOUT),
     "tree_gru": ("tree_gru.yaml", lambda: _sst() + NO_DROPOUT),
+    "mv_rnn": ("mv_rnn.yaml", lambda: _sst() + NO_DROPOUT),
     "tree_lstm_2type": ("tree_lstm_2type.yaml", lambda: _sst() + NO_DROPOUT),
     "lattice_lstm": ("lattice_lstm.yaml", lambda: NO_DROPOUT),
 }

@@ -34,6 +34,8 @@ TINY = {
                  "data.synthetic.test=20", "data.synthetic.vocab=40", "model.dropout=0.0"],
     "tree_lstm_2type": ["model.embed=6", "model.hidden=5", "data.synthetic.train=60", "data.synthetic.dev=20",
                         "data.synthetic.test=20", "data.synthetic.vocab=40", "model.dropout=0.0"],
+    "mv_rnn": ["model.hidden=3", "data.synthetic.train=60", "data.synthetic.dev=20", "data.synthetic.test=20",
+               "data.synthetic.vocab=40", "model.dropout=0.0"],
     "lattice_lstm": ["model.embed=4", "model.hidden=5", "data.synthetic.train=40", "data.synthetic.dev=10",
                      "data.synthetic.test=10", "data.synthetic.max_len=12"],
 }
@@ -59,6 +61,7 @@ SHORT = {
                   "data.synthetic.train=300"], 0.75),
     "tree_lstm_2type": (["model.embed=16", "model.hidden=16", "train.epochs=5", "train.lr=0.1",
                          "data.synthetic.train=300"], 0.75),
+    "mv_rnn": (["model.hidden=8", "train.epochs=5", "train.lr=0.1", "data.synthetic.train=300"], 0.75),
     "lattice_lstm": (["model.embed=16", "model.hidden=16", "train.epochs=6", "train.lr=0.02",
                       "data.synthetic.train=200", "train.batch_size=16", "train.policy=cavs"], 0.75),
 }
@@ -115,7 +118,7 @@ def test_merged_gemms_equal_the_declared_products(name, tmp_path, monkeypatch):
         assert np.max(np.abs(a - b)) <= 1e-10 * max(1.0, float(np.max(np.abs(a)))), k
 
 
-@pytest.mark.parametrize("name", ["tree_lstm", "tree_gru", "tree_lstm_2type", "lattice_lstm"])
+@pytest.mark.parametrize("name", ["tree_lstm", "tree_gru", "tree_lstm_2type", "lattice_lstm", "mv_rnn"])
 def test_batched_equals_serial_for_every_policy(name, tmp_path):
     t = trainer(name, tmp_path, "train.dtype=float64")
     graphs, feeds = t.task.batch(t.task.data["train"][:4])
