@@ -92,10 +92,12 @@ def test_gradients_match_finite_differences(name, tmp_path):
 
 
 # The products each model's cells merge into one GEMM (passes/gemm.py), counted by hand from the cells: the
-# binary Tree-LSTM's [h1; h2]·U, h1·U_f1, h2·U_f2 (per internal type in 2Type); the lattice's char cell x·W_c
-# and x·W_g. The child-sum variant's h_k·U_f share the weight, not the left operand; the LSTMs' x·W_x (eager)
-# and h·W_h (recurrent) differ in class; Tree-GRU's second product reads the first's output.
-MERGED = {"tree_lstm": {"internal": 3}, "tree_lstm_2type": {"cell_a": 3, "cell_b": 3}, "lattice_lstm": {"char": 2}}
+# binary Tree-LSTM's [h1; h2]·U, h1·U_f1, h2·U_f2 (per internal type in 2Type); the lattice's char_words cell
+# x·W_c and x·W_g (its plain char cell has only x·W_c). The child-sum variant's h_k·U_f share the weight, not the
+# left operand; the LSTMs' x·W_x (eager) and h·W_h (recurrent) differ in class; Tree-GRU's second product reads
+# the first's output; MV-RNN's [B·a; A·b]·W and W_M·[A; B] share no operand.
+MERGED = {"tree_lstm": {"internal": 3}, "tree_lstm_2type": {"cell_a": 3, "cell_b": 3},
+          "lattice_lstm": {"char_words": 2}}
 
 
 @pytest.mark.parametrize("name", sorted(TINY))
