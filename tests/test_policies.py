@@ -240,3 +240,14 @@ def test_one_kind_shortcut_is_what_the_frontier_gives(case):
     for policy in ("agenda", "greedy", "fsm"):
         s = get_policy(policy).schedule(batch)
         assert np.array_equal(s.order, cavs.order) and np.array_equal(s.task_ptr, cavs.task_ptr)
+    # leaf/internal kinds (the childless vertices one kind, the rest another): the frontier runs cavs's tasks
+    # whatever the policy picks, since only one kind is ever ready
+    kinds = [["leaf" if not len(g.children(v)) else "internal" for v in range(g.num_vertices)] for g in graphs]
+    batch = make_batch([InputGraph([g.children(v).tolist() for v in range(g.num_vertices)], k)
+                        for g, k in zip(graphs, kinds)], kind_names=("leaf", "internal"))
+    cavs = get_policy("cavs").schedule(batch)
+    task, _ = run_policy(Frontier(TypedGraph.of(batch)), lambda f: int(np.flatnonzero(f.counts)[0]))
+    assert np.array_equal(task, np.repeat(np.arange(cavs.num_tasks), cavs.sizes())[cavs.row])
+    for policy in ("agenda", "greedy", "fsm"):
+        s = get_policy(policy).schedule(batch)
+        assert np.array_equal(s.order, cavs.order) and np.array_equal(s.task_ptr, cavs.task_ptr)
