@@ -240,18 +240,40 @@ def test_policies_table_end_to_end(tmp_path, monkeypatch):
     from minicavs.scheduler import FsmPolicy, get_policy
     monkeypatch.setattr(policies, "get_policy", lambda name: FsmPolicy(encoding=name[4:], hyper=Hyper(
         episodes=100)) if name.startswith("fsm:") else get_policy(name))     # short learning
-    res = policies.run_policies(["tree_lstm", "tree_lstm_2type"], tmp_path, batches=2, learn=1, log=lambda s: None)
+    res = policies.run_policies(["tree_lstm", "tree_lstm_2type", "tree_lstm_2type+outputs"], tmp_path, batches=2,
+                                learn=1, log=lambda s: None)
     rows = {r["model"]: r for r in res["rows"]}
+    ops = rows["tree_lstm_2type+outputs"]    # every vertex pushes: one output per vertex, one sum per tree
+    assert ops["kinds"] == ["cell_a", "cell_b", "leaf", "out", "sum"]
+    assert ops["vertices"] == 2 * rows["tree_lstm_2type"]["vertices"] + 64
     for r in rows.values():
         assert all(t >= r["lower_bound"] for t in r["tasks"].values()) and r["fsm"]["fsm:S3"]["episodes"] >= 50
     assert rows["tree_lstm"]["tasks"]["cavs"] == rows["tree_lstm"]["lower_bound"]   # leaf/internal: optimal
     text = (tmp_path / "policies.md").read_text()
-    assert "| tree_lstm_2type |" in text and "lower bound" in text and (tmp_path / "policies.json").is_file()
+    assert "| tree_lstm_2type |" in text and "| tree_lstm_2type+outputs |" in text and "lower bound" in text and (tmp_path / "policies.json").is_file()
     with pytest.raises(ValueError, match="--policy-models: unknown"):
         from minicavs.bench import run
         parser = argparse.ArgumentParser()
         add_arguments(parser)
         run(parser.parse_args(["--policies", "--policy-models", "nope"]))
+
+
+def test_with_outputs_is_ed_batch_fig1():
+    """The output/sum vertices added to a tree are ED-Batch's Fig. 1 graph: the same policy counts."""
+    from minicavs.bench.policies import with_outputs
+    from minicavs.inputs import InputGraph, make_batch
+    from minicavs.scheduler import get_policy, lower_bound
+
+    from .test_policies import fig1_graph
+    tree = InputGraph([[], [], [], [], [0, 1], [4, 2], [5, 3]], ["I"] * 7)
+    ours = with_outputs(make_batch([tree] * 3, kind_names=("I",)), {"I"})
+    children, kinds = fig1_graph()
+    theirs = make_batch([InputGraph(children, [{"O": "out", "R": "sum"}.get(k, k) for k in kinds])] * 3,
+                        kind_names=("I", "out", "sum"))
+    assert ours.kind.tolist() == theirs.kind.tolist()
+    assert ours.child_idx.tolist() == theirs.child_idx.tolist() and ours.child_ptr.tolist() == theirs.child_ptr.tolist()
+    assert lower_bound(ours) == 6
+    assert [get_policy(p).schedule(ours).num_tasks for p in ("cavs", "agenda", "greedy")] == [9, 7, 6]
 
 
 def _figures(monkeypatch):

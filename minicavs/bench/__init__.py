@@ -65,8 +65,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "batch of 64 for cavs/depth, agenda, greedy, fsm S1-S3 and the lower bound, FSM learning "
                         "time, scheduling time); writes policies.md/.json/.png")
     p.add_argument("--policy-models", nargs="+", default=None,
-                   help="models for --policies (default: every bundled model with a config)")
+                   help="models for --policies (default: every bundled model with a config, and the rows "
+                        "tree_lstm_2type+outputs, lattice_lstm+outputs: the same batches as ED-Batch's operator "
+                        "graphs have them, with an output vertex per pushing vertex and a sum per sample)")
     p.add_argument("--policy-batches", type=int, default=8, help="held-out batches counted per model (8)")
+    p.add_argument("--policy-search", type=int, default=0, metavar="STATES",
+                   help="with --policies: bracket each batch's optimum by A* over at most STATES expanded states "
+                        "and a beam search (slow: minutes per model for 20000; default 0, off)")
     p.add_argument("--policy-throughput", action=argparse.BooleanOptionalAction, default=True,
                    help="with --policies: training throughput per policy at batch 64, hidden 256")
 
@@ -106,14 +111,18 @@ def settings(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     if args.policies:
-        from .policies import WORKLOADS, run_policies
+        from .policies import OP_GRAPHS, WORKLOADS, run_policies
         if args.policy_batches <= 0:
             raise ValueError(f"--policy-batches must be positive, got {args.policy_batches}")
-        unknown = set(args.policy_models or ()) - set(WORKLOADS)
+        known = list(WORKLOADS) + list(OP_GRAPHS)
+        unknown = set(args.policy_models or ()) - set(known)
         if unknown:
-            raise ValueError(f"--policy-models: unknown {sorted(unknown)}; known: {', '.join(WORKLOADS)}")
-        run_policies(args.policy_models or list(WORKLOADS), Path(args.out), batches=args.policy_batches,
-                     speed=args.policy_throughput, steps=2 if args.quick else 4, repeats=2 if args.quick else 3)
+            raise ValueError(f"--policy-models: unknown {sorted(unknown)}; known: {', '.join(known)}")
+        if args.policy_search < 0:
+            raise ValueError(f"--policy-search must be >= 0, got {args.policy_search}")
+        run_policies(args.policy_models or known, Path(args.out), batches=args.policy_batches,
+                     search=args.policy_search, speed=args.policy_throughput, steps=2 if args.quick else 4,
+                     repeats=2 if args.quick else 3)
         return 0
     from .suite import run_suite
     run_suite(settings(args))
