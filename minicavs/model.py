@@ -374,8 +374,9 @@ class Model:
         """Forward (and, with a loss and ``backward_pass``, backward) over one batch of samples.
 
         ``graphs``: the input graphs (a dict by structure name when there are several), or the batch
-        :meth:`prepare` made of them. ``sample_ids`` (one per sample, default 0..K-1) key the dropout masks together with the vertex id,
-        so a sample draws the same masks in any batch that gives it the same id."""
+        :meth:`prepare` made of them. ``sample_ids`` (one per sample, default 0..K-1) key the dropout masks
+        together with the vertex id, so a sample draws the same masks in any batch that gives it the same
+        id."""
         device = self.device
         xp = device.xp
         feeds = {k: device.asarray(v) for k, v in (feeds or {}).items()} if xp is not np else dict(feeds or {})
