@@ -80,11 +80,12 @@ def test_prefetch_trains_bit_for_bit_like_without(tmp_path):
     """Dropout on (keyed by the step, read by the main thread when the step runs), two epochs; and both as
     the plain loop of loss_and_grads and optimizer steps."""
     a, b, plain = (_trainer(tmp_path, name, prefetch) for name, prefetch in (("a", False), ("b", True), ("c", False)))
-    threads = set()
+    threads = []
     prepare = b.prepare_step
-    b.prepare_step = lambda ids: threads.add(threading.current_thread().name) or prepare(ids)
+    b.prepare_step = lambda ids: threads.append(threading.current_thread().name) or prepare(ids)
     rows_a, rows_b = (t.fit(progress=False, log=lambda _: None) for t in (a, b))
-    assert threads and all(name.startswith("minicavs-prefetch") for name in threads)
+    assert len(threads) == 2 * len(b.epoch_batches(1))    # each batch prepared once, all on the worker
+    assert all(name.startswith("minicavs-prefetch") for name in threads)
     assert [r["train_loss"] for r in rows_a] == [r["train_loss"] for r in rows_b]
     assert [r["dev_loss"] for r in rows_a] == [r["dev_loss"] for r in rows_b]
     for epoch in (1, 2):
