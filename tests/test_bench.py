@@ -339,7 +339,12 @@ def test_targets_are_judged_on_their_worst_point():
     assert by["Tree-LSTM, batch 64, hidden 64"]["status"] == "met"
     assert by["Tree-LSTM, batch 64, hidden 128"]["value"] == pytest.approx(3.0)
     assert by["Tree-LSTM, batch 64, hidden 128"]["status"] == "missed"
-    assert by["Tree-LSTM, batch 64, hidden 512"]["status"] == "not measured"
+    assert by["Tree-LSTM, batch 64, hidden 512"]["status"] == "not measured"   # no such point in the results
+    partial = {**results, "tree_lstm-h512-b64": {**_result(100.0, **{dy: 10.0}), dy: {
+        "rates": [10.0], "samples": 12, "partial_batch": True}}}
+    row = next(r for r in targets.evaluate(partial, 1e12, ("tree_lstm",)) if "hidden 512: >= 2.5x" in r["target"])
+    assert row["status"] == ("not measured (DyNet (autobatching): 12 samples per epoch, less than a batch: "
+                             "not comparable)")
     assert by["Tree-LSTM, batch 1, hidden 128, forward only"]["value"] == pytest.approx(2.5)
     gemm = by["Tree-FC, 256 leaves, batch 64, hidden 512"]
     assert gemm["value"] == pytest.approx(0.3) and gemm["status"] == "missed"

@@ -299,7 +299,7 @@ def summary_markdown(s: Settings, sw: dict, results: dict, rate: float, machine:
     lines = [f"# {title}", "", f"{len(results) if s.targets else len(distinct_points(sw))} points, "
              f"{seconds / 60:.1f} min wall time. " + _conditions(s, machine)]
     if s.command:
-        lines += [f"Command: `{s.command}`", ""]
+        lines += [f"Command: `{s.command}`\n"]
     lines += [f"- {n}" for n in s.notes] + ([""] if s.notes else [])
     main = main_point(sw)
     if main:

@@ -81,18 +81,19 @@ def points(models, quick: bool = False, grid: dict | None = None, targets=TARGET
 
 
 def _value(row_ours: dict, rows: list[dict], target: Target) -> tuple[float, str]:
-    """(measured value, what it was measured against) at one point; NaN when it was not measured."""
+    """(measured value, what it was measured against) at one point; (NaN, why) when it was not measured:
+    the peer did not run, failed, or ran less than a batch (its note)."""
     if target.measure == "gemm":
         return row_ours.get("gemm_fraction", math.nan), ""
     if target.measure == "fastest":
         peers = [r for r in rows if r["system"] in BATCHED and not math.isnan(r["train_median"]) and not r["note"]]
         if not peers:
-            return math.nan, ""
+            return math.nan, "no batched peer measured a whole batch"
         best = max(peers, key=lambda r: r["train_median"])
         return best["ratio_train"], best["system"]
     peer = next((r for r in rows if r["system"] == target.peer), None)
     if peer is None or peer["note"]:
-        return math.nan, ""
+        return math.nan, f"{target.peer}: {peer['note'] if peer else 'not run'}"
     return peer["ratio_train" if target.measure == "train" else "ratio_infer"], target.peer
 
 
@@ -107,20 +108,23 @@ def evaluate(results: dict, machine: float, models, quick: bool = False, grid: d
         pts = target_points(target, models, quick, grid)
         if target.sweeps == ("*",):   # judged on every measured point (the sweeps', the targets')
             pts = [p for p in dict.fromkeys(pts + points(models, quick, grid, targets)) if p.key() in results]
-        measured = []
+        measured, why = [], ""
         for p in pts:
             if p.key() not in results:
                 continue
             point_rows = rows_for("", p, results[p.key()], machine)
             ours = next((r for r in point_rows if r["system"] == MINICAVS), None)
             if ours is None or math.isnan(ours["train_median"]):
+                why = why or f"minicavs: {ours['note'] if ours and ours['note'] else 'not run'}"
                 continue
             value, against = _value(ours, point_rows, target)
-            if not math.isnan(value):
+            if math.isnan(value):
+                why = why or against
+            else:
                 measured.append((value, p, against))
         row = {"target": target.text, "measure": target.measure, "at_least": target.at_least,
                "points": len(pts), "measured": len(measured), "value": math.nan, "worst": "", "against": "",
-               "status": "not measured"}
+               "status": "not measured" + (f" ({why})" if why else "")}
         if measured:
             value, p, against = min(measured, key=lambda m: m[0])
             row.update(value=value, worst=_label(p), against=against,
