@@ -19,7 +19,7 @@ from .cpu import CPU
 from .graph import Graph, Node, consumers
 from .ops import input as input_node
 from .ops.registry import OPS
-from .passes import alias
+from .passes import alias, gemm
 from .passes.classify import EAGER, LAZY, classify
 from .passes.fusion import FusedGroup, broadcast_kind, fuse, fusible
 from .vertex import VertexFunction
@@ -87,6 +87,7 @@ class EngineOptions:
     streaming: bool = False   # eager work on a second stream, task by task ahead of the recurrent path
     fusion: bool = True       # fused elementwise groups run as generated C kernels
     gather_elision: bool = True   # a gather whose child rows are an evenly strided block reads a view
+    merge_gemms: bool = True      # products of F sharing a left operand run as one GEMM (passes/gemm.py)
     executor: str = "native"  # the task loop as one C call over an instruction stream; "python": block by block
 
     def __post_init__(self):
@@ -157,10 +158,14 @@ def _phases(nodes, classes, leaves, opts: EngineOptions, eager_leaves=()) -> Pha
 class CompiledFunction:
     """F and ∂F of one vertex kind: classified, split into phases, everything static done once."""
 
-    def __init__(self, F: VertexFunction, pull_grads=None):
+    def __init__(self, F: VertexFunction, pull_grads=None, merges: Sequence[gemm.Merge] = ()):
         """``pull_grads``: names of the pulls whose gradient something needs (default: every float pull);
-        a pull of plain data (Tree-FC's random inputs) then costs no gradient at all."""
+        a pull of plain data (Tree-FC's random inputs) then costs no gradient at all. ``merges``: the GEMM
+        merges that made ``F`` (see :meth:`variant`)."""
         self.F = F
+        self.pull_grads = pull_grads
+        self.merges = list(merges)
+        self._merged: CompiledFunction | None = self if merges else None   # a merged function is its own variant
         g = F.graph
         self.gathers = dict(sorted(F.gathers.items()))
         self.gather_slot = {node: k for k, node in self.gathers.items()}
@@ -211,6 +216,17 @@ class CompiledFunction:
         self.pull_reads = alias.pull_reads(self.pulls, bwd_inputs)
         self.fwd_tensors = alias.forward_tensors(g.nodes, bwd_inputs, self.scatter_parts, self.pull_reads)
         self._phases: dict = {}
+
+    def variant(self, opts: EngineOptions) -> "CompiledFunction":
+        """The compiled function that runs under ``opts``: with ``merge_gemms``, the one of F with its
+        products merged (passes/gemm.py; F's graph is rewritten before autodiff, so ∂F has its own merged
+        GEMMs), compiled on first use; itself when nothing merges."""
+        if not opts.merge_gemms or self._merged is self:
+            return self
+        if self._merged is None:
+            merged_F, merges = gemm.merge_products(self.F)
+            self._merged = CompiledFunction(merged_F, self.pull_grads, merges) if merges else self
+        return self._merged
 
     def _split(self, opts: EngineOptions) -> tuple[Phases, Phases]:
         """F's and ∂F's phases under ``opts``, before fused groups are lowered to a device's kernels."""
@@ -293,10 +309,14 @@ class CompiledFunction:
     def dump(self, opts: EngineOptions | None = None) -> str:
         """F and ∂F, one line per node, with every node's class (eager / lazy / recurrent / static); then
         the steps each phase runs under ``opts`` (default: the default switches), fused groups shown as
-        ``fused[ops] -> outputs``."""
+        ``fused[ops] -> outputs``. With ``merge_gemms`` in ``opts``, the merged function's (its merges
+        listed first)."""
+        if opts is not None and self.variant(opts) is not self:
+            return self.variant(opts).dump(opts)
         fl, bl, outs = self.labels()
-        text = (f"F of '{self.F.name}':\n{self.F.graph.dump(fl)}\n"
-                f"∂F of '{self.F.name}':\n{Graph(outs).dump(bl)}")
+        merged = "".join(f"\n  {m.text()}" for m in self.merges)
+        text = (f"F of '{self.F.name}'" + (f" (GEMMs merged:{merged})" if merged else "")
+                + f":\n{self.F.graph.dump(fl)}\n∂F of '{self.F.name}':\n{Graph(outs).dump(bl)}")
         lines = []
         for label, phases in zip(("F", "∂F"), self.phases(opts or EngineOptions())):
             for phase, when in ((PRE, "before tasks"), (TASK, "per task"), (POST, "after tasks")):

@@ -145,8 +145,9 @@ TRAIN_DEFAULTS: dict[str, Any] = {
     "eval_batch_size": 256, "log_every": 1.0, "device": "cpu",
     "distributed": {},   # mpirun: digest_every, timeout, sparse (minicavs.distributed.SETTINGS)
     "deterministic": False,   # cuda: sum a DAG child's gradient rows in a fixed order, not by atomicAdd
+    "prefetch": False,   # prepare the next batch (inputs, schedule, memory plan) while one trains (prefetch.py)
     "engine": {"lazy_batching": True, "eager_batching": True, "streaming": False,  # §3.4 (EngineOptions)
-               "fusion": True, "gather_elision": True,
+               "fusion": True, "gather_elision": True, "merge_gemms": True,
                "executor": "native"},   # or "python": the task loop block by block in Python
 }
 EARLY_STOPPING_KEYS = {"metric": None, "mode": None, "patience": None}

@@ -85,6 +85,7 @@ def explain(model, graphs, feeds=None, params=None, ctx=None, policy=None) -> Ex
             fn = s.compiled.get(kname)
             if fn is None or plan.kinds[kid] is None:
                 continue
+            fn = fn.variant(state.opts)
             for node, t in state.tensors[kid].items():
                 tensors.append((kname, node.name or f"{node.op}#{node.id}", t.shape, t.dtype.name, t.nbytes))
             forward_phases, backward_phases = fn.phases(state.opts)
@@ -96,7 +97,8 @@ def explain(model, graphs, feeds=None, params=None, ctx=None, policy=None) -> Ex
                             "∂F before tasks": len(backward_phases.programs[0]),
                             "∂F per task": len(backward_phases.programs[1]),
                             "∂F after tasks": len(backward_phases.programs[2]),
-                            "fused kernels": sum(len(g) for g in forward_phases.groups + backward_phases.groups)}
+                            "fused kernels": sum(len(g) for g in forward_phases.groups + backward_phases.groups),
+                            "merged GEMMs": len(fn.merges)}
         for shape, sc in state.scatters.items():    # one per message shape, shared by the kinds scattering it
             tensors.append(("(shared)", "scatter", shape, sc.dtype.name, sc.nbytes))
         peak = model.workspace(s.name).peak_bytes

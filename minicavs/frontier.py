@@ -132,10 +132,12 @@ class TypedGraph:
 
 
 class Frontier:
-    """The run state of Alg. 1: which vertices are left, which are ready, how many ready per type.
+    """The run state of Alg. 1: which vertices are left, which are ready (kept per type), how many per type.
 
-    With ``track_typewise`` it also keeps, per type t, how many vertices are on G[t]'s frontier (the
-    denominator of Eq. 1's ratio)."""
+    A step costs a handful of numpy calls on the executed batch and its parents only (no pass over the
+    whole ready set): the ready vertices are kept as one list of arrays per type, and the parents' pending
+    child counts drop by ``np.subtract.at``. With ``track_typewise`` it also keeps, per type t, how many
+    vertices are on G[t]'s frontier (the denominator of Eq. 1's ratio)."""
 
     def __init__(self, graph: TypedGraph, track_typewise: bool = False):
         kind, T = graph.kind, graph.num_types
@@ -143,8 +145,9 @@ class Frontier:
         self.num_types = T
         self.parent_ptr, self.parent_idx = graph.parents()
         self.pending = np.diff(graph.child_ptr).astype(np.int64)
-        self.ready = np.flatnonzero(self.pending == 0)
-        self.counts = np.bincount(kind[self.ready], minlength=T)
+        ready = np.flatnonzero(self.pending == 0)
+        self.by_type = [[ready[kind[ready] == t]] for t in range(T)]
+        self.counts = np.bincount(kind[ready], minlength=T)
         self.left = graph.num_vertices
         self.tw = None
         if track_typewise:
@@ -152,35 +155,52 @@ class Frontier:
             self.tw_pending = tw_count.astype(np.int64)        # a copy: the run changes it
             self.tw_front = np.bincount(kind[self.tw_pending == 0], minlength=T)
 
+    @property
+    def ready(self) -> np.ndarray:
+        """Every ready vertex (by type, then in the order they became ready)."""
+        return np.concatenate([a for chunks in self.by_type for a in chunks])
+
     def ratios(self) -> np.ndarray:
         """Eq. 1's ratio per type: ready vertices / vertices on G[t]'s frontier (0 where none is ready)."""
         return self.counts / np.maximum(self.tw_front, 1)
 
     def run(self, t: int) -> np.ndarray:
         """Execute every ready vertex of type ``t`` as one batch; returns the batch's vertex ids."""
-        ready = self.ready
-        mine = self.kind[ready] == t
-        batch = ready[mine]
-        parents, _ = segments(self.parent_ptr, self.parent_idx, batch)
+        chunks = self.by_type[t]
+        batch = chunks[0] if len(chunks) == 1 else np.concatenate(chunks)
+        self.by_type[t] = []
+        self.counts[t] = 0
+        parents = parents_of(self.parent_ptr, self.parent_idx, batch)
         if len(parents):
-            uniq, hits = np.unique(parents, return_counts=True)
-            self.pending[uniq] -= hits
-            newly = uniq[self.pending[uniq] == 0]
-            self.ready = np.concatenate((ready[~mine], newly))
-            self.counts[t] = 0
-            self.counts += np.bincount(self.kind[newly], minlength=self.num_types)
-        else:
-            self.ready = ready[~mine]
-            self.counts[t] = 0
+            np.subtract.at(self.pending, parents, 1)
+            newly = parents[self.pending[parents] == 0]
+            if len(newly) > 1:
+                newly = np.unique(newly)      # a parent of several vertices of the batch appears once each
+            if len(newly):
+                kinds = self.kind[newly]
+                self.counts += np.bincount(kinds, minlength=self.num_types)
+                for k in np.unique(kinds).tolist():
+                    self.by_type[k].append(newly[kinds == k])
         if self.tw is not None:
             self.tw_front[t] -= len(batch)
-            tw_parents, _ = segments(self.tw[0], self.tw[1], batch)
+            tw_parents = parents_of(self.tw[0], self.tw[1], batch)
             if len(tw_parents):
-                uniq, hits = np.unique(tw_parents, return_counts=True)
-                self.tw_pending[uniq] -= hits
-                self.tw_front[t] += int(np.count_nonzero(self.tw_pending[uniq] == 0))
+                np.subtract.at(self.tw_pending, tw_parents, 1)
+                hit = tw_parents[self.tw_pending[tw_parents] == 0]
+                self.tw_front[t] += len(np.unique(hit)) if len(hit) > 1 else len(hit)
         self.left -= len(batch)
         return batch
+
+
+def parents_of(ptr: np.ndarray, idx: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """The CSR entries of ``rows`` concatenated (:func:`segments` without the owners)."""
+    starts = ptr[rows]
+    lens = ptr[rows + 1] - starts
+    offsets = np.cumsum(lens)
+    total = int(offsets[-1]) if len(offsets) else 0
+    if total == 0:
+        return idx[:0]
+    return idx[np.repeat(starts - offsets + lens, lens) + np.arange(total)]
 
 
 def run_policy(frontier: Frontier, choose) -> tuple[np.ndarray, np.ndarray]:

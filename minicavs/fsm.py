@@ -10,7 +10,8 @@ batches (ED-Batch §2.3; the authors' ``dynet/ooc-scheduler.cc`` was read for th
   is 1 exactly when Lemma 1 says an optimal sequence may start with a;
 - 10-step returns, learning rate 0.4, gamma 1, Q = 0 initially; epsilon-greedy exploration with epsilon
   0.5 x 0.9 per episode down to 0.05; at most 1000 episodes; every 50 the greedy policy is run on all sample
-  batches, the best table so far kept, and learning stops once it needs at most 1.01 x the lower bound.
+  batches, the best table so far kept (the empty table, i.e. the fallback rule below, is the first
+  candidate), and learning stops once it needs at most 1.01 x the lower bound.
 
 A state never seen in learning falls back to a fixed rule: the first type of the state (S3: the type with
 the most ready vertices; S1/S2: the lowest type id), which is also what a fresh all-zero entry would pick.
@@ -166,7 +167,10 @@ def learn(graphs: Sequence[TypedGraph], kind_names: Sequence[str], encoding: str
     rng = np.random.default_rng([seed, 18])
     bound = sum(g.lower_bound() for g in graphs)
     q: dict = {}
-    best, best_batches, eps, done = {}, None, hp.eps_start, 0
+    # the all-zero table (every state takes its fallback) is the first candidate: learning keeps a table only
+    # if the greedy check finds it better on the sample batches
+    best, eps, done = {}, hp.eps_start, 0
+    best_batches = sum(len(Fsm(encoding, kind_names, {}).schedule(g)[1]) for g in graphs)
     for ep in range(hp.episodes):
         update(q, episode(graphs[ep % len(graphs)], q, encoding, eps, rng), hp)
         eps = max(hp.eps_min, eps * hp.eps_decay)
@@ -174,7 +178,7 @@ def learn(graphs: Sequence[TypedGraph], kind_names: Sequence[str], encoding: str
         if done % hp.check_every == 0 or done == hp.episodes:
             fsm = Fsm(encoding, kind_names, q)
             batches = sum(len(fsm.schedule(g)[1]) for g in graphs)
-            if best_batches is None or batches < best_batches:
+            if batches < best_batches:
                 best, best_batches = {s: list(v) for s, v in q.items()}, batches
             if best_batches <= hp.stop_ratio * bound:
                 break

@@ -209,8 +209,18 @@ class Structure:
                                           f"'{kname}' reads only {', '.join(repr(x) for x in named)}")
         return batch
 
-    def fns_for(self, batch: Batch) -> list:
-        return [self.compiled.get(k) for k in batch.kind_names]
+    def fns_for(self, batch: Batch, opts: EngineOptions) -> list:
+        """Each kind's compiled function as ``opts`` runs it (GEMMs merged or not)."""
+        return [None if self.compiled.get(k) is None else self.compiled[k].variant(opts) for k in batch.kind_names]
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A batch scheduled and planned by :meth:`Model.prepare`, ready for :meth:`Model.run`."""
+
+    model: "Model"
+    plans: dict     # structure name -> (Batch, MemoryPlan, compiled function per kind id)
+    options: EngineOptions   # what the compiled functions were chosen for (merged GEMMs or not)
 
 
 @dataclass
@@ -277,7 +287,7 @@ class Model:
         self._workspaces: dict = {}
         for s in self.structures:   # compile F and ∂F for the model's options and device now, not in a run
             for fn in s.compiled.values():
-                fn.phases(self.options, self.device)
+                fn.variant(self.options).phases(self.options, self.device)
 
     def workspace(self, structure: str) -> Workspace:
         """The buffers the runs of ``structure`` reuse across batches (on the model's device)."""
@@ -329,12 +339,29 @@ class Model:
         graphs = self._graphs_by_structure(graphs)
         return {s.name: s.batch(graphs[s.name]) for s in self.structures}
 
-    def _plan(self, s: Structure, graphs, policy, sample_ids=None):
+    def prepare(self, graphs, policy=None, sample_ids=None, options: EngineOptions | None = None) -> "Prepared":
+        """Everything about a batch that does not depend on parameter values: each structure's flattened
+        batch, its schedule, memory plan and compiled functions (for ``options``, default the model's), all
+        validated. Pure (it reads the model, writes nothing that a run reads), so the trainer prepares the
+        next batch on a background thread while one runs (``train.prefetch``); :meth:`run` takes the
+        result in place of the graphs."""
+        policy = self.policy if policy is None else get_policy(policy)
+        options = options or self.options
+        graphs = self._graphs_by_structure(graphs)
+        if sample_ids is not None:   # dropout row keys: sample id << 32 | vertex id (random.row_key)
+            sizes = sorted({len(g) for g in graphs.values()})
+            sample_ids = indices(sample_ids, "sample id", size=1 << 32, shape=(sizes[0] if len(sizes) == 1 else None,),
+                                 of=f" ({sizes} samples)")
+        plans = {s.name: self._plan(s, graphs, policy, options, sample_ids)   # validate all first
+                 for s in self.structures}
+        return Prepared(self, plans, options)
+
+    def _plan(self, s: Structure, graphs, policy, options: EngineOptions, sample_ids=None):
         if s.name not in graphs:
             raise KeyError(f"no input graphs for structure '{s.name}'")
         batch = s.batch(graphs[s.name])
         schedule = policy.schedule(batch)
-        fns = s.fns_for(batch)
+        fns = s.fns_for(batch, options)
         spec = {k: f for k, f in s.functions.items()}
         plan = plan_memory(batch, schedule, {k: f.arity for k, f in spec.items()},
                            {k: tuple(f.pulls) for k, f in spec.items()},
@@ -346,22 +373,30 @@ class Model:
             sample_ids=None, options: EngineOptions | None = None) -> Result:
         """Forward (and, with a loss and ``backward_pass``, backward) over one batch of samples.
 
-        ``sample_ids`` (one per sample, default 0..K-1) key the dropout masks together with the vertex id,
-        so a sample draws the same masks in any batch that gives it the same id."""
+        ``graphs``: the input graphs (a dict by structure name when there are several), or the batch
+        :meth:`prepare` made of them. ``sample_ids`` (one per sample, default 0..K-1) key the dropout masks
+        together with the vertex id, so a sample draws the same masks in any batch that gives it the same
+        id."""
         device = self.device
         xp = device.xp
         feeds = {k: device.asarray(v) for k, v in (feeds or {}).items()} if xp is not np else dict(feeds or {})
         params = params or {}
         ctx = ctx or RunContext()
-        policy = self.policy if policy is None else get_policy(policy)
         options = options or self.options
-        graphs = self._graphs_by_structure(graphs)
         training = backward_pass and self.bwd is not None
-        if sample_ids is not None:   # dropout row keys: sample id << 32 | vertex id (random.row_key)
-            sizes = sorted({len(g) for g in graphs.values()})
-            sample_ids = indices(sample_ids, "sample id", size=1 << 32, shape=(sizes[0] if len(sizes) == 1 else None,),
-                                 of=f" ({sizes} samples)")
-        plans = {s.name: self._plan(s, graphs, policy, sample_ids) for s in self.structures}  # validate all first
+        if isinstance(graphs, Prepared):
+            if policy is not None or sample_ids is not None:
+                raise TypeError("a prepared batch was scheduled with its policy and sample ids already: "
+                                "pass them to Model.prepare, not to run")
+            if graphs.model is not self:
+                raise ValueError("this batch was prepared by another model")
+            if graphs.options != options:
+                raise ValueError(f"this batch was prepared for other engine options ({graphs.options}); "
+                                 f"it runs with {options}")
+            prepared = graphs
+        else:
+            prepared = self.prepare(graphs, policy, sample_ids, options)
+        plans = prepared.plans
         env: dict = {}
         result = Result(None)
         states = {}

@@ -80,8 +80,14 @@ def _in_task_order(batch: Batch, task: np.ndarray) -> tuple[np.ndarray, np.ndarr
 
 
 def _one_kind(batch: Batch) -> bool:
-    """With a single kind every frontier policy runs the vertices level by level: cavs's schedule."""
-    return batch.num_vertices == 0 or bool(np.all(batch.kind == batch.kind[0]))
+    """Whether every frontier policy runs cavs's schedule, so it is returned without a frontier run: with one
+    kind, the vertices run level by level; with a leaf kind (exactly the childless vertices) and one other
+    kind, the leaves are all that is ready first, and the other kind all that is left after them."""
+    if batch.num_vertices == 0 or bool(np.all(batch.kind == batch.kind[0])):
+        return True
+    childless = np.diff(batch.child_ptr) == 0
+    leaf, other = np.unique(batch.kind[childless]), np.unique(batch.kind[~childless])
+    return len(leaf) == 1 and len(other) == 1 and leaf[0] != other[0]
 
 
 class CavsPolicy(Policy):

@@ -28,6 +28,8 @@ from __future__ import annotations
 import math
 import os
 import time
+from contextlib import closing
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -39,15 +41,16 @@ from .backend import Backend as Device
 from .engine import EngineOptions
 from .errors import CheckpointError, DataError, MinicavsError, RunDirError
 from .executor import RunContext
-from .model import get_device
+from .model import Prepared, get_device
 from .optim import make_optimizer
+from .prefetch import prefetched
 from .progress import Progress, duration
 from .rundir import RunDir
 from .scheduler import FsmPolicy, get_policy
 
 RUN_FORMAT = 2
 # what --resume may change: how long to train and where, not what is trained
-RESUME_MAY_CHANGE = ("train.epochs", "train.log_every", "train.eval_batch_size", "train.device",
+RESUME_MAY_CHANGE = ("train.epochs", "train.log_every", "train.eval_batch_size", "train.device", "train.prefetch",
                      "train.deterministic", "train.engine.")
 # what eval takes from the given config rather than the checkpoint: the data and how to run
 EVAL_FROM_CONFIG = ("data.", "train.eval_batch_size", "train.device", "train.deterministic", "train.engine.",
@@ -218,16 +221,58 @@ class Trainer:
             policy.learn(batches)
         return True
 
-    def train_step(self, sample_ids: np.ndarray) -> tuple[float, int]:
-        """One optimizer step on the training samples ``sample_ids``: (mean loss, units processed). Under
-        MPI each rank computes its shard of the batch and the gradients are summed over ranks."""
+    def prepare_step(self, sample_ids: np.ndarray) -> "PreparedStep":
+        """The part of a training step that reads no parameter: the samples' graphs and feeds, their
+        schedule and memory plan (:meth:`Model.prepare`). With ``train.prefetch`` it runs on a background
+        thread for the next batch while the current one trains."""
+        samples = [self.task.data["train"][i] for i in sample_ids]
+        graphs, feeds = self.task.batch(samples)
+        return PreparedStep(self.model.prepare(graphs, self.policy, sample_ids), feeds, self.task.units(samples))
+
+    def train_step(self, sample_ids: np.ndarray, prepared: "PreparedStep | None" = None) -> tuple[float, int]:
+        """One optimizer step on the training samples ``sample_ids`` (``prepared``: their
+        :meth:`prepare_step`, made ahead): (mean loss, units processed). Under MPI each rank computes its
+        shard of the batch and the gradients are summed over ranks."""
         if self.parallel:
             res, units = self.parallel.loss_and_grads(sample_ids)
         else:
-            samples = [self.task.data["train"][i] for i in sample_ids]
-            res, units = self.loss_and_grads(samples, sample_ids=sample_ids), self.task.units(samples)
+            self.prepare_policy()
+            prepared = prepared or self.prepare_step(sample_ids)
+            res = self.model.forward_backward(prepared.batch, prepared.feeds, self.params, self.context(True))
+            units = prepared.units
         self.optimizer.step(res.grads, loss=res.loss)
         return res.loss, units
+
+    def train_batches(self, batches: Sequence[np.ndarray], label: str = "training",
+                      after_step: Callable[[np.ndarray, float, int], None] | None = None) -> tuple[float, int, int]:
+        """:meth:`train_step` on each batch of sample ids in turn (``after_step(ids, loss, units)`` after
+        each); returns (sum of loss x samples, samples, units). With ``train.prefetch`` (one process) the
+        next batch is prepared while one trains, with the same results bit for bit; an error preparing a
+        batch names it (``label`` batch i of n) and is raised when the batches before it have trained,
+        with or without prefetching."""
+        self.prepare_policy()   # an FSM is learned before the first step, not on the prefetch thread
+
+        def prepare(i: int):
+            if self.parallel:   # each rank prepares its own shard inside the step
+                return None
+            try:
+                return self.prepare_step(batches[i])
+            except Exception as e:
+                named = _naming(e, f"{label} batch {i + 1} of {len(batches)}")
+                if named is e:
+                    raise
+                raise named from e.__cause__
+        total, weight, units = 0.0, 0, 0
+        ahead = bool(self.cfg["train"]["prefetch"]) and self.parallel is None
+        with closing(prefetched(prepare, range(len(batches)), ahead)) as stream:
+            for idx, prepared in zip(batches, stream):
+                loss, n = self.train_step(idx, prepared)
+                total += loss * len(idx)
+                weight += len(idx)
+                units += n
+                if after_step:
+                    after_step(idx, loss, n)
+        return total, weight, units
 
     # --- epochs -----------------------------------------------------------------------------------------
 
@@ -244,15 +289,9 @@ class Trainer:
         label = f"epoch {self.epoch + 1}" + (f"/{epochs}" if epochs else "")
         bar = Progress(len(batches), label, self.task.unit, every=self.cfg["train"]["log_every"]) \
             if progress and self.is_root else None
-        total, weight, units = 0.0, 0, 0
         start = time.perf_counter()
-        for idx in batches:
-            loss, n = self.train_step(idx)
-            total += loss * len(idx)
-            weight += len(idx)
-            units += n
-            if bar:
-                bar.update(n, loss=loss)
+        total, weight, units = self.train_batches(batches, f"epoch {self.epoch + 1}: training",
+                                                  (lambda _, loss, n: bar.update(n, loss=loss)) if bar else None)
         if bar:
             bar.close()
         seconds = time.perf_counter() - start
@@ -445,6 +484,29 @@ class Trainer:
             self.early.update(extra.get("early_stopping", {}))
             self.history = list(extra.get("history", []))
         return extra
+
+
+@dataclass(frozen=True)
+class PreparedStep:
+    """A training batch made ready to run by :meth:`Trainer.prepare_step`."""
+
+    batch: Prepared      # the model's scheduled and planned batch
+    feeds: dict
+    units: int           # what throughput counts (trees, words)
+
+
+def _naming(e: Exception, where: str) -> Exception:
+    """``e`` with ``where`` in front of its message (same type; a minicavs error's message is its only
+    argument), or ``e`` itself with a note where its type takes other arguments."""
+    if isinstance(e, MinicavsError) and len(e.args) == 1:
+        try:
+            named = type(e)(f"{where}: {e}")
+            return named.with_traceback(e.__traceback__)
+        except TypeError:
+            pass
+    if hasattr(e, "add_note"):   # Python 3.11+: shown under the traceback
+        e.add_note(f"(while preparing {where})")
+    return e
 
 
 def run_format(ck: checkpoint.Checkpoint) -> int:

@@ -141,6 +141,19 @@ class VertexFunction:
             self._graph = Graph(self.outputs)
         return self._graph
 
+    def rewritten(self, scattered: Node | None, pushes: dict[str, Node]) -> "VertexFunction":
+        """This function computing its outputs by other nodes (a compile pass's rewrite of its graph): the same
+        name, gathers, pulls and parameters; ``scattered`` and ``pushes`` replace the output nodes."""
+        if self._graph is None and self._scope is not None:
+            raise RuntimeError(f"vertex function '{self.name}' is still being declared")
+        if set(pushes) != set(self.pushes) or (scattered is None) != (self.scattered is None):
+            raise ValueError(f"vertex function '{self.name}': a rewrite must keep the outputs it replaces")
+        out = VertexFunction(self.name, self.arity, self.message, self.dtype)
+        out.gathers, out.gather_kinds, out.pulls = dict(self.gathers), dict(self.gather_kinds), dict(self.pulls)
+        out.scattered, out.pushes = scattered, dict(pushes)
+        out.graph  # validates: outputs exist
+        return out
+
     @property
     def params(self) -> tuple[Node, ...]:
         return self.graph.params

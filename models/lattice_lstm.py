@@ -1,21 +1,28 @@
 """Lattice LSTM character tagger (Zhang & Yang 2018; ED-Batch's LatticeLSTM workload) on generated lattices.
 
-Each sentence is a character chain plus one word cell per lexicon word in it (:mod:`minicavs.data.lattice`):
-char e gathers char e-1 (child 0) and the word cells ending at e (children 1..W, shortest word first; a
-missing child reads zeros); a word cell gathers the char where it starts. Rows @ W convention, σ = sigmoid.
+Each sentence is a character chain plus one word cell per lexicon word in it (:mod:`minicavs.data.lattice`).
+Three vertex kinds: a ``word`` cell gathers the char where its word starts; a ``char`` (no word ends here)
+gathers the previous char (child 0; char 0 has none and reads zeros); a ``char_words`` cell gathers the
+previous char and the word cells ending at it (children 1..W, shortest word first). Rows @ W convention,
+σ = sigmoid, Zhang & Yang's equation numbers in brackets.
 
-Word cell for word w over chars b..e, with word embedding x_w and char b's state (h_b, c_b):
+Word cell for word w over chars b..e, with word embedding x_w and char b's state (h_b, c_b):          [12-13]
     [i, f, u] = x_w·W_w + h_b·U_w + b_w;      c_w = σ(f) ⊙ c_b + σ(i) ⊙ tanh(u)      scatter c_w (H,)
-Char cell for char e, with char embedding x, the previous char's (h_p, c_p) and word cells c_k ending at e:
+Both char kinds, with char embedding x and the previous char's (h_p, c_p), share the char LSTM's gates:  [11]
     [i, f, o, u] = x·W_c + h_p·U_c + b_c
-    g_k = σ(x·W_g + c_k·U_g + b_g)               one gate per incoming word (Zhang & Yang's additional gate)
-    c = σ(f) ⊙ c_p + σ(i) ⊙ tanh(u) + Σ_k g_k ⊙ c_k,   h = σ(o) ⊙ tanh(c)     scatter [h, c] (2H,)
-The two kinds scatter different messages: the char cell's gather(0) reads a 'char' (2H), its gathers 1..W
-read 'word' cells (H), the word cell's gather reads a 'char'. A missing word reads c_k = 0 and adds
-g_k ⊙ 0 = 0 (Zhang & Yang normalise the gates over the words present instead; the sum keeps F free of
-per-vertex counts). The char cell pushes h; softmax(h·W_o + b_o) tags every char (1: a word of the
-generating segmentation starts here). The loss is the summed cross-entropy over chars divided by the number
-of sentences.
+char (no word ends at e): the plain LSTM update
+    c = σ(f) ⊙ c_p + σ(i) ⊙ tanh(u)
+char_words (words k = 1..n end at e, with cells c_k): one extra gate per word, then every input to the
+cell weighted by gates normalised against each other (element-wise, a softmax over {σ(i), g_1..g_n}):
+    g_k = σ(x·W_g + c_k·U_g + b_g)                                                                      [14]
+    a_0 = exp(σ(i)),  a_k = m_k · exp(g_k)                                                              [16]
+    c = (a_0 ⊙ tanh(u) + Σ_k a_k ⊙ c_k) / (a_0 + Σ_k a_k)                                                [15]
+    m_k = 1 if slot k holds a word, else 0: a pulled mask, so empty slots (which read c_k = 0) drop out
+    of the normalisation; c_p does not enter c here (only through h_p in the gates), as in the paper.
+both char kinds: h = σ(o) ⊙ tanh(c); scatter [h, c] (2H,); push h; softmax(h·W_o + b_o) tags every char
+    (1: a word of the generating segmentation starts here).
+The loss is the summed cross-entropy over chars divided by the number of sentences. (The authors' code
+couples the plain cell's forget gate as f = 1 - σ(i); the paper's Eq. 11 has its own f, used here.)
 """
 from __future__ import annotations
 
@@ -43,30 +50,46 @@ CLASSES = 2
 
 
 def cells(p, H: int, D: int, words_per_char: int, dropout: float, dtype) -> dict:
+    chars = ("char", "char_words")
     word = VertexFunction("word", arity=1, message=(H,), dtype=dtype)
     with word:
-        h_b, c_b = ops.split(word.gather(0, kinds="char", message=(2 * H,)), 2)
+        h_b, c_b = ops.split(word.gather(0, kinds=chars, message=(2 * H,)), 2)
         x = word.pull((D,), "xw")
         if dropout:
             x = ops.dropout(x, dropout, site=1)
         i, f, u = ops.split(ops.linear(x, p["W_w"].node, p["b_w"].node) + h_b @ p["U_w"].node, 3)
         word.scatter(ops.sigmoid(f) * c_b + ops.sigmoid(i) * ops.tanh(u))
-    char = VertexFunction("char", arity=1 + words_per_char, message=(2 * H,), dtype=dtype)
-    with char:
-        h_p, c_p = ops.split(char.gather(0, kinds="char"), 2)
-        x = char.pull((D,), "x")
+
+    def gates(fn: VertexFunction, site: int):
+        """The char LSTM's gates, shared by both char kinds (inside ``fn``'s declaration)."""
+        h_p, c_p = ops.split(fn.gather(0, kinds=chars), 2)
+        x = fn.pull((D,), "x")
         if dropout:
-            x = ops.dropout(x, dropout, site=2)
-        i, f, o, u = ops.split(ops.linear(x, p["W_c"].node, p["b_c"].node) + h_p @ p["U_c"].node, 4)
-        c = ops.sigmoid(f) * c_p + ops.sigmoid(i) * ops.tanh(u)
-        xg = ops.linear(x, p["W_g"].node, p["b_g"].node)
-        for k in range(1, 1 + words_per_char):
-            c_k = char.gather(k, kinds="word", message=(H,))
-            c = c + ops.sigmoid(xg + c_k @ p["U_g"].node) * c_k
+            x = ops.dropout(x, dropout, site=site)
+        return x, c_p, ops.split(ops.linear(x, p["W_c"].node, p["b_c"].node) + h_p @ p["U_c"].node, 4)
+
+    def finish(fn: VertexFunction, o, c, site: int) -> None:
         h = ops.sigmoid(o) * ops.tanh(c)
-        char.scatter(ops.concat([h, c]))
-        char.push(ops.dropout(h, dropout, site=3) if dropout else h)
-    return {"char": char, "word": word}
+        fn.scatter(ops.concat([h, c]))
+        fn.push(ops.dropout(h, dropout, site=site) if dropout else h)
+
+    char = VertexFunction("char", arity=1, message=(2 * H,), dtype=dtype)
+    with char:
+        _, c_p, (i, f, o, u) = gates(char, 2)
+        finish(char, o, ops.sigmoid(f) * c_p + ops.sigmoid(i) * ops.tanh(u), 3)
+    merge = VertexFunction("char_words", arity=1 + words_per_char, message=(2 * H,), dtype=dtype)
+    with merge:
+        x, _, (i, _, o, u) = gates(merge, 4)
+        mask = ops.split(merge.pull((words_per_char,), "word_mask"), words_per_char)
+        xg = ops.linear(x, p["W_g"].node, p["b_g"].node)
+        a = ops.exp(ops.sigmoid(i))
+        num, den = a * ops.tanh(u), a
+        for k in range(1, 1 + words_per_char):
+            c_k = merge.gather(k, kinds="word", message=(H,))
+            a_k = ops.exp(ops.sigmoid(xg + c_k @ p["U_g"].node)) * mask[k - 1]
+            num, den = num + a_k * c_k, den + a_k
+        finish(merge, o, num / den, 5)
+    return {"char": char, "char_words": merge, "word": word}
 
 
 class LatticeLSTM(Task):
@@ -110,9 +133,12 @@ class LatticeLSTM(Task):
         self.words = ops.input((None,), "int64", name="words")
         self.labels = ops.input((None,), "int64", name="labels")
         self.inv_sentences = ops.input((), dtype, name="inv_sentences")
-        s = Structure(cells(p, H, D, m["max_word"] - 1, m["dropout"], dtype),
+        self.slots = m["max_word"] - 1
+        self.word_mask = ops.input((None, self.slots), dtype, name="word_mask")
+        s = Structure(cells(p, H, D, self.slots, m["dropout"], dtype),
                       pulls={"x": ops.lookup(p["E_c"].node, self.chars),
-                             "xw": ops.lookup(p["E_w"].node, self.words)}, name="lattice")
+                             "xw": ops.lookup(p["E_w"].node, self.words), "word_mask": self.word_mask},
+                      name="lattice")
         logits = ops.linear(s.pushed("h"), p["W_o"].node, p["b_o"].node)
         loss = ops.sum(ops.softmax_cross_entropy(logits, self.labels)) * self.inv_sentences
         self.model = Model(s, loss=loss, outputs={"probs": ops.softmax(logits)}, policy=tc["policy"])
@@ -126,13 +152,15 @@ class LatticeLSTM(Task):
             _, word_id = lat.vertex_ids()              # id is reused after a lattice is freed
             order = np.argsort(np.asarray(word_id, np.int64))
             wids = np.array([lat.words[w][2] for w in order], np.int64)   # word ids in vertex order
-            self.prepared[key] = cached = (lat, lat.to_graph(), wids)
+            mask = lat.word_mask(self.slots).astype(self.dtype)
+            self.prepared[key] = cached = (lat, lat.to_graph(), wids, mask)
         return cached[1:]
 
     def batch(self, samples):
         prep = [self._prepared(lat) for lat in samples]
         feeds = {"chars": np.concatenate([lat.chars for lat in samples]),
                  "words": np.concatenate([q[1] for q in prep]),
+                 "word_mask": np.concatenate([q[2] for q in prep]),
                  "labels": np.concatenate([lat.labels for lat in samples]),
                  "inv_sentences": np.asarray(1.0 / len(samples), self.dtype)}
         return [q[0] for q in prep], feeds

@@ -55,7 +55,9 @@ def test_lstm_lm_flops_step_by_step():
 
 def test_full_sweeps_are_the_papers_scaled_grid():
     sw = sweeps()
-    assert set(sw) == {f"{m}/{k}" for m in MODELS for k in ("batch", "hidden")} | {"tree_fc/leaves"}
+    assert set(sw) == {f"{m}/{k}" for m in MODELS for k in ("batch", "hidden")} | {"tree_fc/leaves",
+                                                                                     "tree_lstm/latency"}
+    assert sw["tree_lstm/latency"] == [Point("tree_lstm", 128, 1)]   # issue 17's batch-1 target
     for m in MODELS:
         assert [(p.hidden, p.batch) for p in sw[f"{m}/batch"]] == [(512, 1), (512, 16), (512, 64), (512, 256)]
         assert [(p.hidden, p.batch) for p in sw[f"{m}/hidden"]] == [(64, 64), (128, 64), (256, 64), (512, 64),
@@ -63,9 +65,10 @@ def test_full_sweeps_are_the_papers_scaled_grid():
     assert [(p.leaves, p.hidden, p.batch) for p in sw["tree_fc/leaves"]] == [(32, 512, 64), (256, 512, 64),
                                                                               (1024, 512, 64)]
     assert all(p.leaves == 256 for p in sw["tree_fc/batch"] + sw["tree_fc/hidden"])
-    # per model 4 + 5 points sharing (512, 64); Tree-FC's leaves sweep adds 32 and 1024 leaves
+    # per model 4 + 5 points sharing (512, 64); Tree-FC's leaves sweep adds 32 and 1024 leaves, Tree-LSTM's
+    # latency one point
     pts = distinct_points(sw)
-    assert len(pts) == 4 * (4 + 5 - 1) + 2 and len(set(p.key() for p in pts)) == len(pts)
+    assert len(pts) == 4 * (4 + 5 - 1) + 2 + 1 and len(set(p.key() for p in pts)) == len(pts)
 
 
 def test_quick_sweeps_are_a_subset_and_models_are_checked():
@@ -240,18 +243,40 @@ def test_policies_table_end_to_end(tmp_path, monkeypatch):
     from minicavs.scheduler import FsmPolicy, get_policy
     monkeypatch.setattr(policies, "get_policy", lambda name: FsmPolicy(encoding=name[4:], hyper=Hyper(
         episodes=100)) if name.startswith("fsm:") else get_policy(name))     # short learning
-    res = policies.run_policies(["tree_lstm", "tree_lstm_2type"], tmp_path, batches=2, learn=1, log=lambda s: None)
+    res = policies.run_policies(["tree_lstm", "tree_lstm_2type", "tree_lstm_2type+outputs"], tmp_path, batches=2,
+                                learn=1, log=lambda s: None)
     rows = {r["model"]: r for r in res["rows"]}
+    ops = rows["tree_lstm_2type+outputs"]    # every vertex pushes: one output per vertex, one sum per tree
+    assert ops["kinds"] == ["cell_a", "cell_b", "leaf", "out", "sum"]
+    assert ops["vertices"] == 2 * rows["tree_lstm_2type"]["vertices"] + 64
     for r in rows.values():
         assert all(t >= r["lower_bound"] for t in r["tasks"].values()) and r["fsm"]["fsm:S3"]["episodes"] >= 50
     assert rows["tree_lstm"]["tasks"]["cavs"] == rows["tree_lstm"]["lower_bound"]   # leaf/internal: optimal
     text = (tmp_path / "policies.md").read_text()
-    assert "| tree_lstm_2type |" in text and "lower bound" in text and (tmp_path / "policies.json").is_file()
+    assert "| tree_lstm_2type |" in text and "| tree_lstm_2type+outputs |" in text and "lower bound" in text and (tmp_path / "policies.json").is_file()
     with pytest.raises(ValueError, match="--policy-models: unknown"):
         from minicavs.bench import run
         parser = argparse.ArgumentParser()
         add_arguments(parser)
         run(parser.parse_args(["--policies", "--policy-models", "nope"]))
+
+
+def test_with_outputs_is_ed_batch_fig1():
+    """The output/sum vertices added to a tree are ED-Batch's Fig. 1 graph: the same policy counts."""
+    from minicavs.bench.policies import with_outputs
+    from minicavs.inputs import InputGraph, make_batch
+    from minicavs.scheduler import get_policy, lower_bound
+
+    from .test_policies import fig1_graph
+    tree = InputGraph([[], [], [], [], [0, 1], [4, 2], [5, 3]], ["I"] * 7)
+    ours = with_outputs(make_batch([tree] * 3, kind_names=("I",)), {"I"})
+    children, kinds = fig1_graph()
+    theirs = make_batch([InputGraph(children, [{"O": "out", "R": "sum"}.get(k, k) for k in kinds])] * 3,
+                        kind_names=("I", "out", "sum"))
+    assert ours.kind.tolist() == theirs.kind.tolist()
+    assert ours.child_idx.tolist() == theirs.child_idx.tolist() and ours.child_ptr.tolist() == theirs.child_ptr.tolist()
+    assert lower_bound(ours) == 6
+    assert [get_policy(p).schedule(ours).num_tasks for p in ("cavs", "agenda", "greedy")] == [9, 7, 6]
 
 
 def _figures(monkeypatch):
@@ -285,3 +310,114 @@ def test_ablation_legend_is_clear_of_the_bars(tmp_path, monkeypatch):
     box = legend.get_window_extent()
     assert all(ax.get_legend() is None for ax in fig.axes)
     assert all(box.y1 < ax.get_window_extent().y0 for ax in fig.axes)   # below every panel
+
+
+# --- issue 17's targets ------------------------------------------------------------------------------------
+
+def _result(ours: float, fpu: float = 1e6, infer: float | None = None, **peers) -> dict:
+    """A point's systems: minicavs' rate (and forward-only rate), the peers' by label."""
+    out = {"minicavs": {"rates": [ours], "flops_per_unit": fpu, **({"infer_rates": [infer]} if infer else {})}}
+    for label, rate in peers.items():
+        out[label] = {"rates": [rate], **({"infer_rates": [rate]} if infer else {})}
+    return out
+
+
+def test_targets_are_judged_on_their_worst_point():
+    from minicavs.bench import targets
+    dy, lvl, packed = targets.DYNET, targets.TORCH_LEVEL, targets.TORCH_PACKED
+    results = {
+        "tree_lstm-h64-b64": _result(400.0, **{dy: 100.0}),                   # 4.0x: met (the bound itself)
+        "tree_lstm-h128-b64": _result(300.0, **{dy: 100.0, lvl: 350.0}),      # 3.0x: missed
+        "tree_lstm-h128-b1": _result(30.0, infer=50.0, **{dy: 20.0}),         # forward-only 2.5x: met
+        "tree_fc-h512-b64-l256": _result(100.0, fpu=1e9, **{lvl: 90.0}),      # 100 * 3e9 / 1e12 = 30% GEMM
+        "tree_fc-h64-b64-l256": _result(50.0, **{lvl: 100.0}),                # 0.5x: the worst Tree-FC point
+        "tree_fc-h512-b1-l256": _result(5.0, **{lvl: 4.0, dy: 1.0}),
+    }
+    rows = {r["target"]: r for r in targets.evaluate(results, 1e12, ("tree_lstm", "tree_fc"))}
+    assert all(r["target"].startswith(("Tree-LSTM", "Tree-FC", "No sweep")) for r in rows.values())
+    by = {k.split(":")[0]: r for k, r in rows.items()}
+    assert by["Tree-LSTM, batch 64, hidden 64"]["status"] == "met"
+    assert by["Tree-LSTM, batch 64, hidden 128"]["value"] == pytest.approx(3.0)
+    assert by["Tree-LSTM, batch 64, hidden 128"]["status"] == "missed"
+    assert by["Tree-LSTM, batch 64, hidden 512"]["status"] == "not measured"   # no such point in the results
+    partial = {**results, "tree_lstm-h512-b64": {**_result(100.0, **{dy: 10.0}), dy: {
+        "rates": [10.0], "samples": 12, "partial_batch": True}}}
+    row = next(r for r in targets.evaluate(partial, 1e12, ("tree_lstm",)) if "hidden 512: >= 2.5x" in r["target"])
+    assert row["status"] == ("not measured (DyNet (autobatching): 12 samples per epoch, less than a batch: "
+                             "not comparable)")
+    assert by["Tree-LSTM, batch 1, hidden 128, forward only"]["value"] == pytest.approx(2.5)
+    gemm = by["Tree-FC, 256 leaves, batch 64, hidden 512"]
+    assert gemm["value"] == pytest.approx(0.3) and gemm["status"] == "missed"
+    every = by["Tree-FC"]
+    assert (every["value"], every["worst"], every["measured"], every["points"]) == (
+        0.5, "Tree-FC h64 b64 l256", 3, 10)
+    fastest = by["No sweep point below 1.0x the fastest batched peer"]
+    assert fastest["value"] == pytest.approx(0.5) and fastest["measured"] == 6
+    assert by["Tree-LSTM, batch 64, hidden 128"]["value"] == pytest.approx(3.0)   # vs DyNet, not the faster peer
+    text = targets.markdown(list(rows.values()), "minicavs bench --targets")
+    assert "| Tree-LSTM, batch 64, hidden 128: >= 4x DyNet | >= 4.00x | 3.00x | Tree-LSTM h128 b64 | 1/1 | " \
+           "**missed** |" in text
+    assert "| 30% | Tree-FC h512 b64 l256 |" in text and "Measured by `minicavs bench --targets`" in text
+    assert "Tree-FC h64 b64 l256 vs PyTorch (batched by level)" in text
+
+
+def test_target_points_cover_each_target_once():
+    from minicavs.bench import targets
+    pts = targets.points(MODELS)
+    keys = [p.key() for p in pts]
+    assert len(set(keys)) == len(keys)
+    assert {"tree_lstm-h64-b64", "tree_lstm-h128-b64", "tree_lstm-h512-b64", "tree_lstm-h128-b1",
+            "var_lstm-h512-b64"} <= set(keys)
+    assert sum(p.model == "tree_fc" for p in pts) == 5 + 4 + 3 - 2     # the three sweeps share h512 b64 l256
+    assert sum(p.model == "fixed_lstm" for p in pts) == 5 + 4 - 1
+    assert not any(p.model == "var_lstm" and p.key() != "var_lstm-h512-b64" for p in pts)
+    assert keys[:4] == ["tree_lstm-h64-b64", "tree_lstm-h128-b64", "tree_lstm-h512-b64", "tree_lstm-h128-b1"]
+    assert len(targets.points(["tree_fc"], quick=True)) == 1
+
+
+def test_engine_settings_are_read_like_config_keys():
+    from minicavs.bench import engine_settings
+    assert engine_settings([]) == {}
+    assert engine_settings(["fusion=false", "streaming=true"]) == {"fusion": False, "streaming": True}
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        engine_settings(["fusion"])
+    with pytest.raises(ValueError, match="train.engine.fusoin"):
+        engine_settings(["fusoin=false"])
+    with pytest.raises(ValueError, match="expected true/false"):
+        engine_settings(["fusion=3"])
+    args = _parser().parse_args(["--targets", "--engine", "fusion=false", "--sst", "synthetic", "--ptb",
+                                 "synthetic"])
+    s = settings(args)
+    assert s.targets and s.engine == {"fusion": False}
+
+
+def test_tiny_targets_run_end_to_end(tmp_path, monkeypatch):
+    """--targets without peers: the points the targets need (here a tiny grid's), rounds, the table; the
+    --engine settings reach the measured point."""
+    from minicavs.bench import point as point_module
+    from minicavs.bench import suite, targets
+    tiny = (targets.Target("Tree-FC gemm", "tree_fc", "gemm", 0.85, None, Point("tree_fc", 8, 4, 4)),
+            targets.Target("Tree-FC vs level", "tree_fc", "train", 1.0, targets.TORCH_LEVEL,
+                           sweeps=("tree_fc/hidden",)),
+            targets.Target("fastest", "*", "fastest", 1.0, sweeps=("*",)))
+    monkeypatch.setattr(targets, "TARGETS", tiny)
+    monkeypatch.setattr(targets.evaluate, "__defaults__", (False, None, tiny))
+    monkeypatch.setattr(targets.points, "__defaults__", (False, None, tiny))
+    specs, outs = [], []
+    monkeypatch.setattr(suite, "run_in_child", lambda spec, timeout=None: specs.append(spec) or outs.append(
+        {**point_module.measure(spec), "peak_rss_mb": 1.0}) or outs[-1])
+    grid = {**FULL, "batch": [4], "hidden": [8, 16], "hidden_at": 8, "batch_at": 4, "leaves": [4], "fc_leaves": 4}
+    logged = []
+    s = Settings(models=("tree_fc",), quick=False, cap=0.05, repeats=2, data=Data(fc_trees=8), out=tmp_path,
+                 grid=grid, gemm_n=128, plots=False, breakdown=False, inference=False, log=logged.append,
+                 targets=True, engine={"fusion": False}, command="minicavs bench --targets")
+    summary = run_suite(s)
+    assert [sp["point"]["hidden"] for sp in specs] == [8, 16, 16, 8]          # the second round reversed
+    assert all(sp["options"] == {"fusion": False} and sp["repeats"] == 1 for sp in specs)
+    assert "samples" not in specs[0] and specs[2]["samples"] == outs[1]["samples"]   # round 1's prefix
+    results = __import__("json").loads((tmp_path / "results.json").read_text())
+    assert len(results["tree_fc-h8-b4-l4"]["minicavs"]["rates"]) == 2           # one per round
+    table = (tmp_path / "targets.md").read_text()
+    assert "| Tree-FC gemm | >= 85% |" in table and "| Tree-FC vs level | >= 1.00x | - |" in table
+    assert "not measured" in table and "Tree-FC gemm" in summary.read_text()
+    assert any("| Tree-FC gemm |" in line for line in logged)

@@ -66,27 +66,33 @@ def test_a_yaml_1_2_learning_rate_trains(tmp_path, capsys):
     assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["train"]["lr"] == 0.1
 
 
-def test_ctrl_c_exits_130_and_the_run_resumes(tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_ctrl_c_exits_130_and_the_run_resumes(tmp_path, capsys, monkeypatch, prefetch):
+    """With train.prefetch the interrupt comes while the next batch may be preparing: no thread stays."""
+    import threading
     cfg = tiny_config(tmp_path)
     run = tmp_path / "run"
-    assert main(["train", str(cfg), "--run-dir", str(run), "--no-progress", "--epochs", "1"]) == 0
+    prefetching = ["--set", f"train.prefetch={str(prefetch).lower()}"]
+    assert main(["train", str(cfg), "--run-dir", str(run), "--no-progress", "--epochs", "1"] + prefetching) == 0
     real = Trainer.train_step
 
-    def interrupted(self, ids):
-        if self.epoch == 1:
+    def interrupted(self, ids, *prepared):
+        if self.epoch == 1 and self.optimizer.steps == 4:   # epoch 2's second batch of 3
             raise KeyboardInterrupt
-        return real(self, ids)
+        return real(self, ids, *prepared)
     monkeypatch.setattr(Trainer, "train_step", interrupted)
     capsys.readouterr()
-    assert main(["train", str(cfg), "--run-dir", str(run), "--no-progress", "--resume", "--epochs", "3"]) == 130
+    assert main(["train", str(cfg), "--run-dir", str(run), "--no-progress", "--resume", "--epochs", "3"]
+                + prefetching) == 130
     err = capsys.readouterr().err
     assert err.strip() == "minicavs train: interrupted: resume with --resume"
+    assert not [t for t in threading.enumerate() if t.name.startswith("minicavs-prefetch")]
     monkeypatch.undo()
     assert main(["train", str(cfg), "--run-dir", str(run), "--no-progress", "--resume", "--epochs", "3"]) == 0
 
 
 def test_a_bug_still_gets_a_traceback(tmp_path, monkeypatch):
-    def broken(self, ids):
+    def broken(self, ids, *prepared):
         raise ZeroDivisionError("a bug")
     monkeypatch.setattr(Trainer, "train_step", broken)
     with pytest.raises(ZeroDivisionError):

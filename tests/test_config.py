@@ -111,7 +111,7 @@ def test_data_paths_resolve_against_the_config_file_and_set_against_the_cwd(tmp_
 
 def test_bundled_configs_by_name_and_the_resolved_config_reads_back(tmp_path):
     assert find_config("tree_lstm") == bundled_models_dir() / "tree_lstm.yaml"
-    with pytest.raises(FileNotFoundError, match="bundled configs: fixed_lstm, lattice_lstm, tree_fc, tree_gru, tree_lstm, tree_lstm_2type"):
+    with pytest.raises(FileNotFoundError, match="bundled configs: fixed_lstm, lattice_lstm, mv_rnn, tree_fc, tree_gru, tree_lstm, tree_lstm_2type"):
         find_config("tree_lsmt")
     cfg = load_config("tree_lstm", ["model.hidden=7", "train.lr=1e-4"])
     assert cfg["model"]["name"] == "tree_lstm"

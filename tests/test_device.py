@@ -31,7 +31,8 @@ from .test_engine import CASES, dense
 
 TOL = {"float32": 2e-5, "float64": 1e-10}
 SWITCHES = {"default": EngineOptions(), "streaming": EngineOptions(streaming=True),
-            "unfused": EngineOptions(fusion=False), "all off": EngineOptions(False, False, False, False, False)}
+            "unfused": EngineOptions(fusion=False),
+            "all off": EngineOptions(False, False, False, False, False, False)}
 
 
 def close(got, want, dtype, what=""):

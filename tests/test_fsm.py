@@ -65,3 +65,17 @@ def test_file_format_checks(tmp_path):
         Fsm.from_json(doc)
     with pytest.raises(ValueError, match="not a minicavs FSM"):
         Fsm.from_json({"q": []})
+
+
+def test_learning_never_returns_a_table_worse_than_the_fallback_rule():
+    """The empty table (every state takes its fallback) is the first candidate; with a single episode (no
+    check before the end) learning must still return a table at least as good on its sample batches."""
+    from minicavs.data.lattice import synthetic_lattices
+    lattices, _ = synthetic_lattices(40, seed=4)
+    batch = make_batch([lat.to_graph() for lat in lattices], kind_names=("char", "char_words", "word"))
+    graph = TypedGraph.of(batch)
+    fallback = len(Fsm("S3", batch.kind_names, {}).schedule(graph)[1])
+    for seed in range(3):
+        fsm = learn([graph], batch.kind_names, "S3", Hyper(episodes=1), seed=seed)
+        assert fsm.stats["batches"] <= fallback
+        assert len(fsm.schedule(graph)[1]) == fsm.stats["batches"]

@@ -35,7 +35,7 @@ LAYERS = [
     ["nn", "optim"],
     ["data"],
     ["checkpoint", "config", "training", "rundir", "distributed", "cli", "progress", "task", "predict",
-     "plot", "show", "demo", "testing", "bench", "__main__", ""],
+     "plot", "show", "demo", "testing", "bench", "prefetch", "__main__", ""],
 ]
 # Modules placed apart from their package: data/datasets.py is `minicavs prepare` (checksums, atomic copies into
 # data/, reading the configs), product code that lives beside the readers it checks data with.

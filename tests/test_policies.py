@@ -93,12 +93,18 @@ def small_lattice():
 #   agenda after the leaves: unexecuted I depths n1 1, n2 2, n3 3 (avg 2); O depths 1,1,1,1,2,3,4 (avg
 #   13/7 < 2), so it runs the 4 leaf outputs early: I O I I I O R = 7.
 #   greedy: after the leaves the O ratio is 4 ready / 7 on G[O]'s frontier, I's is 1/1: I I I I O R = 6.
-# Small lattice: c0 | c1 w02 | c2 w13 | c3 w24 | c4 by height: 8 tasks for cavs. Lower bound: 5 chars on the
-#   character chain, 2 words on c0-w02-c2-w24-c4: 7; reached by c0 c1 w(02, 13) c2 c3 w24 c4 = 7.
-#   agenda: after c0 the unexecuted chars average depth (1+2+3+4)/4 = 2.5, words (1+2+3)/3 = 2, so w02 runs
-#   alone; then c1; then words (2+3)/2 = 2.5 < chars 3: w13 alone; c2; w24 (3 < 3.5); c3; c4: 8 tasks.
+# Small lattice: kinds C (char: c0, c1), M (char_words: c2, c3, c4, where words end), W (w02, w13, w24); heights
+#   c0 0, c1 1, w02 1, c2 2, w13 2, c3 3, w24 3, c4 4.
+#   cavs by (height, kind): C0 | C1 W1 | M2 W2 | M3 W3 | M4 = 8 tasks.
+#   lower bound: 2 C on the chain c0-c1-c2-c3-c4, 3 M (c2, c3, c4), 2 W on c0-w02-c2-w24-c4: 7; reached by
+#   C(c0) C(c1) W(w02, w13) M(c2) W(w24) M(c3) M(c4), so the optimum is 7.
+#   agenda: after c0, c1 (C avg depth 1) beats w02 (W avg (1+2+3)/3 = 2); then W runs w02 and w13; M (c2) is
+#   all that is ready; then W (w24 at 3) beats M (c3, c4 avg 3.5); then c3, c4: 7 tasks.
+#   greedy (Eq. 1 ratios; G[M]: c3 -> c2, c4 -> c3 and c2 (through w24); G[W]: w24 -> w02): C 1/1; C 1/1 vs
+#   W 1/2; W 2/2; M 1/1; then M c3 1/1 ties W w24 1/1, the lower id (M) runs; W; M: 7 tasks.
 HAND = {"fig1": (fig1_graph, ("I", "O", "R"), {"cavs": 9, "depth": 9, "agenda": 7, "greedy": 6, "fsm": 6}, 6, 6),
-        "lattice": (small_lattice, ("char", "word"), {"cavs": 8, "depth": 8, "agenda": 8, "greedy": 7, "fsm": 7},
+        "lattice": (small_lattice, ("char", "char_words", "word"),
+                    {"cavs": 8, "depth": 8, "agenda": 7, "greedy": 7, "fsm": 7},
                     7, 7)}
 
 
@@ -231,6 +237,17 @@ def test_one_kind_shortcut_is_what_the_frontier_gives(case):
     task, _ = run_policy(Frontier(TypedGraph.of(batch)), lambda f: 0)
     assert np.array_equal(task, batch.height)
     cavs = get_policy("cavs").schedule(batch)
+    for policy in ("agenda", "greedy", "fsm"):
+        s = get_policy(policy).schedule(batch)
+        assert np.array_equal(s.order, cavs.order) and np.array_equal(s.task_ptr, cavs.task_ptr)
+    # leaf/internal kinds (the childless vertices one kind, the rest another): the frontier runs cavs's tasks
+    # whatever the policy picks, since only one kind is ever ready
+    kinds = [["leaf" if not len(g.children(v)) else "internal" for v in range(g.num_vertices)] for g in graphs]
+    batch = make_batch([InputGraph([g.children(v).tolist() for v in range(g.num_vertices)], k)
+                        for g, k in zip(graphs, kinds)], kind_names=("leaf", "internal"))
+    cavs = get_policy("cavs").schedule(batch)
+    task, _ = run_policy(Frontier(TypedGraph.of(batch)), lambda f: int(np.flatnonzero(f.counts)[0]))
+    assert np.array_equal(task, np.repeat(np.arange(cavs.num_tasks), cavs.sizes())[cavs.row])
     for policy in ("agenda", "greedy", "fsm"):
         s = get_policy(policy).schedule(batch)
         assert np.array_equal(s.order, cavs.order) and np.array_equal(s.task_ptr, cavs.task_ptr)

@@ -4,11 +4,12 @@ interpreter that runs static graphs."""
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import numpy as np
 
 from minicavs import ops
-from minicavs.compile import EngineOptions
+from minicavs.engine import EngineOptions
 from minicavs.executor import Executor
 from minicavs.inputs import InputGraph
 from minicavs.program import RunContext
@@ -50,14 +51,15 @@ FORWARD = (["F:", "  before tasks: kind 'leaf' rows 0:4"] + [f"    {x}" for x in
            + ["  after tasks: kind 'internal' rows 0:2"] + [f"    {x}" for x in ROOT_PUSH])
 
 
-def _two_tree_program():
+def _two_tree_program(options=EngineOptions(merge_gemms=False)):
+    """The batch's run state; by default F as declared (three products), which the lists above count."""
     rng = np.random.default_rng(0)
     case = cells.binary_tree_lstm(rng, H=2)
     trees = [InputGraph([[1, 2], [], []]), InputGraph([[1, 2], [], []])]
     feeds = cells.batch_feeds(case, trees, [case.data(rng, g) for g in trees])
     # the Python interpreter's bound blocks (the native executor's instructions: tests/test_instructions.py)
     result = case.model.forward_backward(trees, feeds, case.params, RunContext(),
-                                         options=EngineOptions(executor="python"))
+                                         options=replace(options, executor="python"))
     return case, trees, feeds, result.states[case.model.structures[0].name]
 
 

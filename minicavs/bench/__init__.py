@@ -9,10 +9,13 @@ computes the loss of a few samples with minicavs' weights, which must equal mini
 training and forward-only rates (medians of the repeats, min-max), minicavs/peer ratios, the useful matmul
 FLOP rate as a share of the machine's numpy GEMM rate (measured in the same run), peak RSS, minicavs' time
 split (scheduling, memory movement, update, computation) and DyNet's (graph construction vs computation).
-Then the ablation (Fig. 10): each engine switch's speedup over all switches off.
+Then the ablation (Fig. 10): each engine switch's speedup over all switches off, and the table of issue 17's
+speed targets over the points measured (``--targets``: only the points the targets need, minicavs and the
+batched peers alternating round by round; :mod:`minicavs.bench.targets`). ``--engine KEY=VALUE`` sets
+minicavs' engine (any ``train.engine`` key) for every point.
 
 Output (``--out``): per sweep a CSV and a markdown table, ``all.csv``, ``summary.md``, ``results.json`` and,
-with matplotlib (``pip install "minicavs[plot]"``), a PNG per sweep and ``ablation.png``.
+with matplotlib (``pip install "minicavs[plot]"``), a PNG per sweep and ``ablation.png``; ``targets.md``.
 """
 from __future__ import annotations
 
@@ -60,13 +63,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="PNG plots (needs matplotlib: pip install 'minicavs[plot]')")
     p.add_argument("--sweeps", action=argparse.BooleanOptionalAction, default=True,
                    help="the Fig. 8/9a sweeps (--no-sweeps: only the ablation)")
+    p.add_argument("--targets", action="store_true",
+                   help="only the points issue 17's speed targets need (minicavs and the batched peers), in "
+                        "--repeats rounds of one timed epoch per system, systems alternating; prints and writes "
+                        "targets.md: each target, the measured ratio, met or missed")
+    p.add_argument("--engine", nargs="+", default=[], metavar="KEY=VALUE",
+                   help="minicavs' engine settings, as train.engine.KEY=VALUE in a config (any EngineOptions "
+                        "field, e.g. fusion=false; the ablation keeps varying its own switches)")
     p.add_argument("--policies", action="store_true",
                    help="instead of the sweeps: ED-Batch's batching policies on every bundled model (tasks per "
                         "batch of 64 for cavs/depth, agenda, greedy, fsm S1-S3 and the lower bound, FSM learning "
                         "time, scheduling time); writes policies.md/.json/.png")
     p.add_argument("--policy-models", nargs="+", default=None,
-                   help="models for --policies (default: every bundled model with a config)")
+                   help="models for --policies (default: every bundled model with a config, and the rows "
+                        "tree_lstm_2type+outputs, lattice_lstm+outputs: the same batches as ED-Batch's operator "
+                        "graphs have them, with an output vertex per pushing vertex and a sum per sample)")
     p.add_argument("--policy-batches", type=int, default=8, help="held-out batches counted per model (8)")
+    p.add_argument("--policy-search", type=int, default=0, metavar="STATES",
+                   help="with --policies: bracket each batch's optimum by A* over at most STATES expanded states "
+                        "and a beam search (slow: minutes per model for 20000; default 0, off)")
     p.add_argument("--policy-throughput", action=argparse.BooleanOptionalAction, default=True,
                    help="with --policies: training throughput per policy at batch 64, hidden 256")
 
@@ -82,8 +97,30 @@ def _data_file(given: str | None, default: str, what: str, flag: str) -> str | N
     return path
 
 
+def engine_settings(items) -> dict:
+    """``--engine KEY=VALUE ...`` as EngineOptions fields: read and checked as ``train.engine.KEY=VALUE``
+    overrides of a config are, so every field the engine gains is taken with its config's rules."""
+    if not items:
+        return {}
+    from ..config import ConfigError, bundled_models_dir, load_config
+    from ..training import engine_options
+    keys = []
+    for item in items:
+        if "=" not in item:
+            raise ValueError(f"--engine {item!r}: expected KEY=VALUE, e.g. fusion=false")
+        keys.append(item.split("=", 1)[0].strip())
+    try:
+        cfg = load_config(bundled_models_dir() / "tree_lstm.yaml", [f"train.engine.{item}" for item in items])
+        opts = engine_options(cfg["train"]["engine"])
+    except ConfigError as e:
+        raise ValueError(f"--engine: {str(e).split(': ', 1)[-1]}") from None
+    return {k: getattr(opts, k) for k in keys}
+
+
 def settings(args: argparse.Namespace):
     """The suite's settings from the command line (defaults depend on ``--quick``)."""
+    import shlex
+    import sys
     from .suite import Settings
     for name in ("cap", "repeats", "trees", "fc_trees", "sentences", "windows"):
         v = getattr(args, name)
@@ -101,19 +138,24 @@ def settings(args: argparse.Namespace):
                     dynet_python=args.dynet_python, torch_python=args.torch_python, inference=args.inference,
                     breakdown=args.breakdown, ablation=args.ablation,
                     ablation_hidden=(128,) if args.quick else (64, 128, 256, 512), sweeps=args.sweeps,
-                    plots=args.plots)
+                    plots=args.plots, engine=engine_settings(args.engine), targets=args.targets,
+                    command=shlex.join(["minicavs", "bench"] + sys.argv[2:]) if sys.argv[1:2] == ["bench"] else "")
 
 
 def run(args: argparse.Namespace) -> int:
     if args.policies:
-        from .policies import WORKLOADS, run_policies
+        from .policies import OP_GRAPHS, WORKLOADS, run_policies
         if args.policy_batches <= 0:
             raise ValueError(f"--policy-batches must be positive, got {args.policy_batches}")
-        unknown = set(args.policy_models or ()) - set(WORKLOADS)
+        known = list(WORKLOADS) + list(OP_GRAPHS)
+        unknown = set(args.policy_models or ()) - set(known)
         if unknown:
-            raise ValueError(f"--policy-models: unknown {sorted(unknown)}; known: {', '.join(WORKLOADS)}")
-        run_policies(args.policy_models or list(WORKLOADS), Path(args.out), batches=args.policy_batches,
-                     speed=args.policy_throughput, steps=2 if args.quick else 4, repeats=2 if args.quick else 3)
+            raise ValueError(f"--policy-models: unknown {sorted(unknown)}; known: {', '.join(known)}")
+        if args.policy_search < 0:
+            raise ValueError(f"--policy-search must be >= 0, got {args.policy_search}")
+        run_policies(args.policy_models or known, Path(args.out), batches=args.policy_batches,
+                     search=args.policy_search, speed=args.policy_throughput, steps=2 if args.quick else 4,
+                     repeats=2 if args.quick else 3)
         return 0
     from .suite import run_suite
     run_suite(settings(args))

@@ -53,9 +53,31 @@ WORKLOADS = {
     "var_lstm": ("var_lstm.yaml", lambda: _ptb() + NO_DROPOUT),
     "fixed_lstm": ("fixed_lstm.yaml", lambda: _ptb() + NO_DROPOUT),
     "tree_gru": ("tree_gru.yaml", lambda: _sst() + NO_DROPOUT),
+    "mv_rnn": ("mv_rnn.yaml", lambda: _sst() + NO_DROPOUT),
     "tree_lstm_2type": ("tree_lstm_2type.yaml", lambda: _sst() + NO_DROPOUT),
     "lattice_lstm": ("lattice_lstm.yaml", lambda: NO_DROPOUT),
 }
+
+
+# ED-Batch batches a DyNet graph of operators: there every tree vertex's output (its softmax loss) is a node
+# of its own and a reduction sums them (its Fig. 1's O and R). Cavs's push/pull move both into the static
+# part, so the bundled models' vertex graphs lack them. These rows count the same batches as the graphs
+# ED-Batch schedules: an "out" vertex on every vertex that pushes, and one "sum" vertex per sample.
+OP_GRAPHS = {"tree_lstm_2type+outputs": "tree_lstm_2type", "lattice_lstm+outputs": "lattice_lstm"}
+
+
+def with_outputs(batch, pushing: set):
+    """``batch`` with an "out" vertex on each vertex of a kind in ``pushing`` and a "sum" vertex per sample
+    over its outputs (kinds appended after the batch's own)."""
+    from ..inputs import InputGraph, make_batch
+    graphs = []
+    for g in batch.graphs:
+        n = g.num_vertices
+        outs = [v for v in range(n) if g.kinds[v] in pushing]
+        children = [g.children(v).tolist() for v in range(n)] + [[v] for v in outs] + \
+            [list(range(n, n + len(outs)))]
+        graphs.append(InputGraph(children, list(g.kinds) + ["out"] * len(outs) + ["sum"]))
+    return make_batch(graphs, kind_names=tuple(batch.kind_names) + ("out", "sum"))
 
 
 def trainer_for(model: str, hidden: int | None = None, batch: int = 64, policy: str = "cavs") -> Trainer:
@@ -78,9 +100,12 @@ def sample_batches(t: Trainer, count: int, batch: int = 64, seed: int = 0) -> li
     return out
 
 
-def count_model(model: str, batches: int = 8, learn: int = 4, log=print) -> dict:
-    t = trainer_for(model)
+def count_model(model: str, batches: int = 8, learn: int = 4, log=print, search: int = 0) -> dict:
+    t = trainer_for(OP_GRAPHS.get(model, model))
     sample = sample_batches(t, learn + batches)
+    if model in OP_GRAPHS:
+        pushing = {k for s in t.model.structures for k, f in s.functions.items() if f.pushes}
+        sample = [{k: with_outputs(b, pushing) for k, b in s.items()} for s in sample]
     learn_on, evaluate_on = sample[:learn], sample[learn:] or sample
     row = {"model": model, "batches": len(evaluate_on),
            "vertices": float(np.mean([sum(b.num_vertices for b in s.values()) for s in evaluate_on])),
@@ -102,9 +127,28 @@ def count_model(model: str, batches: int = 8, learn: int = 4, log=print) -> dict
             times.append(time.perf_counter() - start)
         row["tasks"][name] = float(np.mean(tasks))
         row["schedule_ms"][name] = 1e3 * float(np.median(times))
+    if search:
+        row["search"] = bracket(evaluate_on, search, log)
     log(f"{model}: " + ", ".join(f"{k} {v:.1f}" for k, v in row["tasks"].items())
         + f", lower bound {row['lower_bound']:.1f}")
     return row
+
+
+def bracket(batches: list[dict], expansions: int, log=print, width: int = 30) -> dict:
+    """The optimum of every batch bracketed (:mod:`minicavs.bench.optimum`): A* with ``expansions`` states
+    (exact, or a lower bound), a beam search of ``width`` (an upper bound); per batch and their means."""
+    from .optimum import astar, beam
+    per = []
+    for s in batches:
+        graphs = [TypedGraph.of(b) for b in s.values()]
+        found = [astar(g, expansions) for g in graphs]
+        per.append({"low": sum(f[0] for f in found), "exact": all(f[1] for f in found),
+                    "high": sum(beam(g, width) for g in graphs),
+                    "agenda": sum(get_policy("agenda").schedule(b).num_tasks for b in s.values())})
+        log(f"  optimum in [{per[-1]['low']}, {per[-1]['high']}]" + (" (exact)" if per[-1]["exact"] else "")
+            + f", agenda {per[-1]['agenda']}")
+    return {"low": float(np.mean([p["low"] for p in per])), "high": float(np.mean([p["high"] for p in per])),
+            "exact": sum(p["exact"] for p in per), "expansions": expansions, "width": width, "per_batch": per}
 
 
 def lookup_us(fsm, batch, repeats: int = 2000) -> float:
@@ -179,6 +223,17 @@ def markdown(rows: list[dict], speed: dict) -> str:
             for p in POLICIES
             if p.startswith("fsm")) + " | " + " | ".join(f"{r['schedule_ms'][p]:.2f}" for p in POLICIES)
             + f" | {1e3 * r['schedule_ms']['fsm:S3'] / r['tasks']['fsm:S3']:.0f} |")
+    searched = [r for r in rows if "search" in r]
+    if searched:
+        lines += ["", "## The optimum, bracketed by search (mean per batch of 64; A* with the lower bound left as its "
+                  "heuristic: exact where it settled, else a lower bound; beam search: a schedule found)", "",
+                  "| model | optimum >= | optimum <= | batches settled | agenda | fewest tasks vs agenda any policy can "
+                  "reach (at best) | fsm:S3 / optimum (at most) |", "|---" * 7 + "|"]
+        for r in searched:
+            s, t = r["search"], r["tasks"]
+            lines.append(f"| {r['model']} | {s['low']:.1f} | {s['high']:.1f} | {s['exact']}/{len(s['per_batch'])} | "
+                         f"{t['agenda']:.1f} | {1 - s['low'] / t['agenda']:.0%} fewer | "
+                         f"{t['fsm:S3'] / s['low']:.3f} |")
     if speed:
         lines += ["", "## Training throughput at batch 64, hidden 256 (samples/s: wall-clock median [min-max], "
                   "then per CPU-second of this process, less sensitive to other load; scheduling share of the "
@@ -215,19 +270,21 @@ def plot(rows: list[dict], path: Path) -> bool:
     return True
 
 
-def available(models) -> list:
+def available(models, op_graphs: bool = True) -> list:
+    """The models whose config exists (with ``op_graphs``, also the ED-Batch graph rows of :data:`OP_GRAPHS`)."""
     from .workloads import models_dir
-    return [m for m in models if (models_dir() / WORKLOADS[m][0]).is_file()]
+    return [m for m in models if (m in WORKLOADS or op_graphs) and
+            (models_dir() / WORKLOADS[OP_GRAPHS.get(m, m)][0]).is_file()]
 
 
 def run_policies(models, out: Path, batches: int = 8, learn: int = 4, speed: bool = False, hidden: int = 256,
                  steps: int = 4, repeats: int = 3, speed_policies=("cavs", "agenda", "greedy", "fsm:S3"),
-                 log=print) -> dict:
+                 log=print, search: int = 0) -> dict:
     out.mkdir(parents=True, exist_ok=True)
-    rows = [count_model(m, batches, learn, log) for m in available(models)]
+    rows = [count_model(m, batches, learn, log, search) for m in available(models)]
     results = {"rows": rows, "throughput": {}}
     if speed:
-        for m in available(models):
+        for m in available(models, op_graphs=False):
             results["throughput"][m] = per = throughput(m, list(speed_policies), hidden, steps, repeats)
             log(f"{m}: " + ", ".join(f"{p} {v['rate']:.1f}/s (sched {v['scheduling_frac']:.1%})"
                                      for p, v in per.items()))

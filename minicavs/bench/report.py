@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .sweeps import LABELS, UNITS, Point
+from .sweeps import LABELS, UNITS, Point, axis
 
 COLUMNS = ["sweep", "model", "hidden", "batch", "leaves", "system", "unit", "samples", "units",
            "train_median", "train_min", "train_max", "infer_median", "infer_min", "infer_max",
@@ -130,7 +130,8 @@ def markdown(rows: list[dict]) -> str:
 def sweep_title(sweep: str) -> str:
     model, kind = sweep.split("/")
     what = {"batch": "hidden 512, batch sweep", "hidden": "batch 64, hidden sweep",
-            "leaves": "batch 64, hidden 512, leaves sweep (Fig. 9a)"}[kind]
+            "leaves": "batch 64, hidden 512, leaves sweep (Fig. 9a)",
+            "latency": "batch 1 (one tree at a time: forward-only latency)"}[kind]
     return f"{LABELS[model]} ({UNITS[model]}/s), {what}"
 
 
@@ -153,7 +154,7 @@ def plot_sweeps(out: Path, sweeps: dict, rows_by_sweep: dict) -> list[Path] | st
         return "matplotlib is not installed (pip install 'minicavs[plot]'): no plots"
     written = []
     for sweep, rows in rows_by_sweep.items():
-        kind = sweep.split("/")[1]
+        kind = axis(sweep)
         fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
         for ax, (col, what) in zip(axes, (("train", "training"), ("infer", "inference"))):
             for system in dict.fromkeys(r["system"] for r in rows):

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import numpy as np
 
-from . import peers, report
+from . import peers, report, targets
 from .point import measure, run_in_child
 from .sweeps import LABELS, UNITS, Point, distinct_points, sweeps
-from .workloads import SWITCHES, Data, build, machine_rate
+from .workloads import ABLATED, SWITCHES, Data, build, machine_rate
 
 
 @dataclass
@@ -40,6 +40,9 @@ class Settings:
     gemm_n: int = 2048         # size of the numpy GEMM that measures the machine
     available: dict = field(default_factory=dict)   # framework -> python that can run its peers
     notes: list = field(default_factory=list)       # what was skipped and why (printed and in summary.md)
+    engine: dict = field(default_factory=dict)      # EngineOptions fields set for minicavs (--engine KEY=VALUE)
+    targets: bool = False      # only the points issue 17's targets need, systems alternating (--targets)
+    command: str = ""          # the command line, quoted in the reports
 
     def note(self, text: str) -> None:
         self.notes.append(text)
@@ -78,20 +81,23 @@ def find_peers(s: Settings) -> dict:
     return ok
 
 
-def _ours(s: Settings, point: Point) -> dict:
-    spec = {"point": point.as_dict(), "data": asdict(s.data), "repeats": s.repeats, "epoch_cap": s.epoch_cap,
-            "inference": s.inference, "breakdown": s.breakdown}
+def _ours(s: Settings, point: Point, repeats: int | None = None, samples: int | None = None) -> dict:
+    spec = {"point": point.as_dict(), "data": asdict(s.data), "repeats": repeats or s.repeats,
+            "epoch_cap": s.epoch_cap, "inference": s.inference, "breakdown": s.breakdown, "options": dict(s.engine)}
+    if samples:
+        spec["samples"] = samples
     try:
         return run_in_child(spec, timeout=s.timeout)
     except Exception as e:   # a failed point is reported in its row, the suite goes on
         return {"error": f"failed: {str(e).strip().splitlines()[-1][:200]}"}
 
 
-def _peers_at(s: Settings, point: Point, ours: dict) -> dict:
-    """Every available peer at ``point``: its JSON plus ``same_loss`` against minicavs' loss of the same
-    samples with the same weights."""
+def _peers_at(s: Settings, point: Point, ours: dict, labels=None, epochs: int | None = None) -> dict:
+    """Every available peer at ``point`` (those of ``labels`` if given): its JSON plus ``same_loss`` against
+    minicavs' loss of the same samples with the same weights."""
     out = {}
-    todo = [p for p in peers.PEERS.get(point.model, ()) if p.framework in s.available]
+    todo = [p for p in peers.PEERS.get(point.model, ()) if p.framework in s.available
+            and (labels is None or p.label in labels)]
     if not todo:
         return out
     t = build(point, s.data)
@@ -102,7 +108,8 @@ def _peers_at(s: Settings, point: Point, ours: dict) -> dict:
     limit = min(n, max(2 * ours.get("samples", n), 2 * point.batch)) if point.model == "tree_fc" else None
     for p in todo:
         try:
-            r = peers.run(s.available[p.framework], p.framework, t, mode=p.mode, epochs=s.repeats, check=s.check,
+            r = peers.run(s.available[p.framework], p.framework, t, mode=p.mode, epochs=epochs or s.repeats,
+                          check=s.check,
                           max_seconds=s.epoch_cap, inference=s.inference, limit=limit, timeout=s.timeout)
             r["same_loss"] = bool(peers.same_loss(ours_check, r["check_loss"]))
             r["ours_check_loss"] = ours_check
@@ -146,6 +153,54 @@ def run_sweeps(s: Settings) -> dict:
     return results
 
 
+def _merge(into: dict, new: dict) -> None:
+    """Add one round's result of a system to the rounds before: rates extended, the rest from the first
+    round that worked; an error stays only while no round has worked."""
+    if "error" in new:
+        if not into:
+            into.update(new)
+        return
+    if not into or "error" in into:
+        into.clear()
+        into.update(new)
+        return
+    for key in ("rates", "infer_rates", "construction_s", "compute_s", "infer_construction_s", "infer_compute_s"):
+        if key in new:
+            into[key] = list(into.get(key, [])) + list(new[key] if isinstance(new[key], list) else [new[key]])
+    if "same_loss" in new:
+        into["same_loss"] = bool(into.get("same_loss", True)) and bool(new["same_loss"])
+    if "peak_rss_mb" in new:
+        into["peak_rss_mb"] = max(into.get("peak_rss_mb", 0.0), new["peak_rss_mb"])
+
+
+def run_targets(s: Settings) -> dict:
+    """Only the points issue 17's targets need (:mod:`targets`), minicavs and the batched peers at each, in
+    ``repeats`` rounds of one timed epoch per system: the points in reverse order every other round, the
+    peers before minicavs at a point every other round, so that a change of the machine's load falls on
+    every system alike. Rates are the medians over the rounds; every round times the samples minicavs'
+    first round chose. Returns {point key: {system: result}}."""
+    pts = targets.points(s.models, s.quick, s.grid)
+    results: dict = {p.key(): {} for p in pts}
+    samples: dict = {}
+    for r in range(s.repeats):
+        s.log(f"round {r + 1}/{s.repeats} ({len(pts)} points; load average {_load()})")
+        for point in (pts if r % 2 == 0 else pts[::-1]):
+            key = point.key()
+            systems = {}
+            if r % 2 and samples.get(key):   # odd rounds: the peers first
+                systems.update(_peers_at(s, point, {"samples": samples[key]}, targets.BATCHED, epochs=1))
+            ours = _ours(s, point, repeats=1, samples=samples.get(key))
+            samples.setdefault(key, ours.get("samples"))
+            systems = {report.MINICAVS: ours, **systems}
+            if not (r % 2 and samples.get(key)):
+                systems.update(_peers_at(s, point, ours, targets.BATCHED, epochs=1))
+            for name, res in systems.items():
+                _merge(results[key].setdefault(name, {}), res)
+                s.log(_line(point, name, res, ours))
+        (s.out / "results.json").write_text(json.dumps(results, indent=1, default=str))
+    return results
+
+
 def ablation(s: Settings) -> dict:
     """Fig. 10: each switch's training-throughput speedup over all switches off, on Tree-LSTM and
     Fixed-LSTM at batch 64, on the same samples for every switch setting (the all-off run's prefix)."""
@@ -159,8 +214,9 @@ def ablation(s: Settings) -> dict:
                     "epoch_cap": s.epoch_cap / 4, "inference": False, "breakdown": False}
             rates = {}
             t = build(point, s.data)    # one trainer: the switches change how, not what, it computes
-            for label, opts in SWITCHES.items():
-                r = measure({**spec, "options": asdict(opts)}, t)
+            for label, opts in SWITCHES.items():   # --engine settings other than the switches varied here
+                r = measure({**spec, "options": {**{k: v for k, v in s.engine.items() if k not in ABLATED},
+                                                 **asdict(opts)}}, t)
                 spec.setdefault("samples", r["samples"])
                 rates[label] = float(np.median(r["rates"]))
             base = rates.pop("all off")
@@ -203,15 +259,27 @@ def write_reports(s: Settings, results: dict, machine: tuple, ab: dict, seconds:
             s.note(ab_plot)
     if isinstance(plots, str):
         s.note(plots)
+    table = targets_markdown(s, results, rate)
+    if table:
+        (s.out / "targets.md").write_text("## Issue 17's targets\n\n" + _conditions(s, machine) + table)
     summary = s.out / "summary.md"
     summary.write_text(summary_markdown(s, sw, results, rate, machine, ab, seconds))
     return summary
 
 
+def targets_markdown(s: Settings, results: dict, machine: float) -> str:
+    """The targets table over the measured points ("" when nothing was measured)."""
+    if not results:
+        return ""
+    return targets.markdown(targets.evaluate(results, machine, s.models, s.quick, s.grid), s.command)
+
+
 def _conditions(s: Settings, machine: tuple) -> str:
+    timed = (f"medians of {s.repeats} rounds (min-max in brackets), each running every system once for one "
+             f"timed epoch, systems alternating, after a warm-up of two batches" if s.targets else
+             f"medians of {s.repeats} timed epochs (min-max in brackets) after a warm-up of two batches")
     return (f"numpy float32 {s.gemm_n}^3 GEMM {machine[0] / 1e9:.0f} GFLOP/s at the start, "
-            f"{machine[1] / 1e9:.0f} at the end; medians of {s.repeats} timed epochs (min-max in brackets) "
-            f"after a warm-up of two batches; "
+            f"{machine[1] / 1e9:.0f} at the end; {timed}; "
             f"an epoch is the longest prefix of whole batches that fits {s.epoch_cap:.1f} s (cap: about "
             f"{s.cap:.0f} s of timed training per system and point, at least one batch); float32, Adam.\n\n")
 
@@ -227,8 +295,11 @@ def main_point(sw: dict) -> dict:
 
 def summary_markdown(s: Settings, sw: dict, results: dict, rate: float, machine: tuple, ab: dict,
                      seconds: float) -> str:
-    lines = [f"# minicavs bench{' --quick' if s.quick else ''}", "",
-             f"{len(distinct_points(sw))} points, {seconds / 60:.1f} min wall time. " + _conditions(s, machine)]
+    title = "minicavs bench" + (" --quick" if s.quick else "") + (" --targets" if s.targets else "")
+    lines = [f"# {title}", "", f"{len(results) if s.targets else len(distinct_points(sw))} points, "
+             f"{seconds / 60:.1f} min wall time. " + _conditions(s, machine)]
+    if s.command:
+        lines += [f"Command: `{s.command}`\n"]
     lines += [f"- {n}" for n in s.notes] + ([""] if s.notes else [])
     main = main_point(sw)
     if main:
@@ -237,8 +308,12 @@ def summary_markdown(s: Settings, sw: dict, results: dict, rate: float, machine:
     rows = [row for m, p in main.items() if p.key() in results
             for row in report.rows_for(f"{m}/hidden", p, results[p.key()], rate)]
     lines.append(main_table(rows))
-    lines += ["Sweeps: " + ", ".join(f"[{n}]({n.replace('/', '_')}.md)" for n in sw) + " (CSV alongside; "
-              "all.csv has every row).", ""]
+    if sw and not s.targets:
+        lines += ["Sweeps: " + ", ".join(f"[{n}]({n.replace('/', '_')}.md)" for n in sw) + " (CSV alongside; "
+                  "all.csv has every row).", ""]
+    table = targets_markdown(s, results, rate)
+    if table:
+        lines += ["## Issue 17's targets" + (" (over the points measured)" if not s.targets else ""), "", table]
     if ab:
         lines += ["## Speedup of each engine switch over all off (Fig. 10)", "", ablation_markdown(ab)]
     return "\n".join(lines) + "\n"
@@ -282,15 +357,19 @@ def run_suite(s: Settings) -> Path:
           f"python {sys.version.split()[0]}")
     s.note(f"load average {_load()} at the start, on {os.cpu_count()} cores (above 0.1: other work shared "
            f"the machine and the numbers are noisy)")
+    if s.engine:
+        s.note("minicavs' engine: " + ", ".join(f"{k}={v}" for k, v in s.engine.items()))
     s.available = find_peers(s)
-    results = run_sweeps(s) if s.sweeps else {}
+    results = (run_targets(s) if s.targets else run_sweeps(s)) if s.sweeps else {}
     ab = {}
-    if s.ablation:
+    if s.ablation and not s.targets:
         s.log("speedup over all switches off (Fig. 10), training, batch 64")
         ab = ablation(s)
     m1 = machine_rate(n=s.gemm_n)
     s.note(f"load average {_load()} at the end (before this run's own last GEMM measurement)")
     summary = write_reports(s, results, (m0, m1), ab, time.perf_counter() - start)
-    s.log(f"\nwrote {s.out}/ (summary.md, a CSV and a markdown table per sweep) in "
+    if s.targets:
+        s.log("\n" + targets_markdown(s, results, float(np.median((m0, m1)))))
+    s.log(f"\nwrote {s.out}/ (summary.md, targets.md, a CSV and a markdown table per sweep) in "
           f"{(time.perf_counter() - start) / 60:.1f} min")
     return summary

@@ -1,8 +1,9 @@
 """The paper's sweeps (Fig. 8 and Fig. 9a) scaled to a 2-core CPU: which points each model runs.
 
 Fig. 8: hidden 512 with batch 1, 16, 64, 256 ("batch" sweep) and batch 64 with hidden 64 .. 1024 ("hidden"
-sweep), for every model; Fig. 9a: Tree-FC at batch 64, hidden 512 with 32, 256 and 1024 leaves. A point
-shared by two sweeps (batch 64, hidden 512) is measured once and shown in both.
+sweep), for every model; Fig. 9a: Tree-FC at batch 64, hidden 512 with 32, 256 and 1024 leaves. Tree-LSTM also
+runs one tree at a time at hidden 128 ("latency": issue 17's batch-1 forward-only target against DyNet). A
+point shared by two sweeps (batch 64, hidden 512) is measured once and shown in both.
 """
 from __future__ import annotations
 
@@ -14,10 +15,10 @@ UNITS = {"tree_lstm": "trees", "tree_fc": "trees", "var_lstm": "words", "fixed_l
 TREE_FC_LEAVES = 256   # Tree-FC's leaves in the batch and hidden sweeps (TensorFlow Fold's benchmark)
 
 # "batch" runs at hidden "hidden_at", "hidden" at batch "batch_at"; Tree-FC has "fc_leaves" leaves in both,
-# and "leaves" runs at ("hidden_at", "batch_at")
+# and "leaves" runs at ("hidden_at", "batch_at"); "latency": Tree-LSTM's hidden sizes at batch 1
 FULL = {"batch": [1, 16, 64, 256], "hidden": [64, 128, 256, 512, 1024], "leaves": [32, 256, 1024],
-        "hidden_at": 512, "batch_at": 64, "fc_leaves": TREE_FC_LEAVES}
-QUICK = {**FULL, "batch": [64], "hidden": [512], "leaves": [256]}   # the summary table's points
+        "hidden_at": 512, "batch_at": 64, "fc_leaves": TREE_FC_LEAVES, "latency": [128]}
+QUICK = {**FULL, "batch": [64], "hidden": [512], "leaves": [256], "latency": []}   # the summary table's points
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,8 @@ class Point:
 
 
 def sweeps(models=MODELS, quick: bool = False, grid: dict | None = None) -> dict[str, list[Point]]:
-    """Sweep name (``<model>/batch``, ``<model>/hidden``, ``tree_fc/leaves``) -> its points in order.
+    """Sweep name (``<model>/batch``, ``<model>/hidden``, ``tree_fc/leaves``, ``tree_lstm/latency``) -> its
+    points in order.
     ``grid`` (keys as in FULL) replaces the full or quick grid."""
     grid = grid or (QUICK if quick else FULL)
     unknown = [m for m in models if m not in MODELS]
@@ -52,7 +54,15 @@ def sweeps(models=MODELS, quick: bool = False, grid: dict | None = None) -> dict
         out[f"{m}/hidden"] = [Point(m, h, B, leaves) for h in grid["hidden"]]
         if m == "tree_fc":
             out["tree_fc/leaves"] = [Point(m, H, B, n) for n in grid["leaves"]]
+        if m == "tree_lstm" and grid.get("latency"):
+            out["tree_lstm/latency"] = [Point(m, h, 1) for h in grid["latency"]]
     return out
+
+
+def axis(sweep: str) -> str:
+    """The Point field a sweep varies (its plots' x axis)."""
+    kind = sweep.split("/")[1]
+    return "hidden" if kind == "latency" else kind
 
 
 def distinct_points(sw: dict[str, list[Point]]) -> list[Point]:

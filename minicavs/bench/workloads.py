@@ -19,6 +19,8 @@ SWITCHES = {"all off": OFF, "lazy batching": replace(OFF, lazy_batching=True),
             "eager batching": replace(OFF, eager_batching=True), "streaming": replace(OFF, streaming=True),
             "fusion": replace(OFF, fusion=True), "gather elision": replace(OFF, gather_elision=True),
             "default (all but streaming)": EngineOptions(), "all on": EngineOptions(streaming=True)}
+ABLATED = tuple(f for f in EngineOptions.__dataclass_fields__    # the fields SWITCHES vary
+                if len({getattr(o, f) for o in SWITCHES.values()}) > 1)
 WORKLOADS = ("tree_lstm", "tree_fc", "var_lstm")
 
 

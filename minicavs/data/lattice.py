@@ -1,10 +1,13 @@
 """Character lattices from a lexicon (Lattice LSTM, Zhang & Yang 2018; ED-Batch's LatticeLSTM workload).
 
 A sentence is a character sequence; every substring of two or more characters that is a lexicon word adds a
-word cell. As an input graph (vertex kinds 'char' and 'word'):
+word cell. As an input graph, three vertex kinds (Zhang & Yang's character cell takes a different form where
+lexicon words end, so it is two kinds):
 
-- char e gathers char e-1 (absent for e = 0), then the word cells ending at e (shortest word first);
-- the word cell of characters b..e (b < e) gathers char b, the character where it starts.
+- ``char``: a character where no word ends; gathers char e-1 (absent for e = 0);
+- ``char_words``: a character where words end; gathers char e-1, then the word cells ending at e (shortest
+  word first);
+- ``word``: the word cell of characters b..e (b < e); gathers char b, the character where it starts.
 
 Vertex ids are topological: for each position e, the word cells ending at e, then char e.
 
@@ -58,8 +61,17 @@ class Lattice:
             ending[e].append(word_id[w])
         for e in range(self.num_chars):
             children[char_id[e]] = ([int(char_id[e - 1])] if e else []) + sorted(ending[e])
-            kinds[char_id[e]] = "char"
+            kinds[char_id[e]] = "char_words" if ending[e] else "char"
         return InputGraph(children, kinds)
+
+    def word_mask(self, slots: int) -> np.ndarray:
+        """One row per character where words end (in order): 1 for each of its word slots that holds a word
+        (the first ``len(words ending there)``), 0 after; ``slots`` is a char cell's number of word slots."""
+        ending = np.bincount([e for _, e, _ in self.words], minlength=self.num_chars)
+        ending = ending[ending > 0]
+        if len(ending) and ending.max() > slots:
+            raise ValueError(f"a character ends {ending.max()} lexicon words, more than the {slots} word slots")
+        return (np.arange(slots)[None, :] < ending[:, None]).astype(np.float64)
 
 
 class LatticeLexicon:

@@ -32,6 +32,9 @@ class OpDef:
     merge_gradients(grads) -> grads: several gradients made by this op and summed into one value, merged
         into fewer nodes (unslice: the parts of a split become one concat).
     rows: a message op's row movement and its adjoint (ops/message.py).
+    product: (left, right) input indices when the output of 2-D operands is the matrix product left·right
+        (plus the bias, if ``bias_input``): products sharing a left operand can be merged into one GEMM
+        (passes/gemm.py).
     native(node) -> how the native executor (instructions.py) runs a non-elementwise node, or None where it
         cannot: "gemm" (a 2-D product; a linear's bias added after it), "cols" (a column block of a 2-D value:
         a view at a column offset), "concat" (parts copied into column blocks), "transpose" (a view with the
@@ -54,6 +57,7 @@ class OpDef:
     identity: bool = False
     merge_gradients: Optional[Callable] = None
     rows: Optional[object] = None
+    product: Optional[tuple] = None
     native: Optional[Callable] = None
 
     @property

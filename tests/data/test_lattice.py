@@ -24,13 +24,18 @@ def test_lattice_graph_structure():
         for e in range(lat.num_chars):
             ending = sorted(word_id[w] for w, (_, end, _) in enumerate(lat.words) if end == e)
             assert g.children(char_id[e]).tolist() == ([char_id[e - 1]] if e else []) + ending
-            assert g.kinds[char_id[e]] == "char"
+            assert g.kinds[char_id[e]] == ("char_words" if ending else "char")
+        mask = lat.word_mask(3)
+        ends = [e for e in range(lat.num_chars) if any(end == e for _, end, _ in lat.words)]
+        assert mask.shape == (len(ends), 3)
+        assert mask.sum(1).tolist() == [sum(end == e for _, end, _ in lat.words) for e in ends]
+        assert all(row.tolist() == sorted(row.tolist(), reverse=True) for row in mask)   # filled slots first
         # every lexicon occurrence is a word cell
         occurrences = {(b, b + len(w) - 1) for b in range(lat.num_chars) for w in lex.words
                        if tuple(lat.chars[b:b + len(w)].tolist()) == w}
         assert occurrences == {(b, e) for b, e, _ in lat.words}
         assert lat.labels[0] == 1 and set(lat.labels.tolist()) <= {0, 1}
-        make_batch([g], kind_names=("char", "word"))     # a valid DAG
+        make_batch([g], kind_names=("char", "char_words", "word"))     # a valid DAG
 
 
 def test_lattices_deterministic_and_split_dependent():

@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 
 from minicavs.data.text import synthetic_corpus
+from minicavs.engine import EngineOptions
 from minicavs.explain import check
+from minicavs.passes import gemm
 from minicavs.fsm import Hyper
 from minicavs.scheduler import FsmPolicy, get_policy
 from minicavs.testing import check_model_grads
@@ -32,6 +34,8 @@ TINY = {
                  "data.synthetic.test=20", "data.synthetic.vocab=40", "model.dropout=0.0"],
     "tree_lstm_2type": ["model.embed=6", "model.hidden=5", "data.synthetic.train=60", "data.synthetic.dev=20",
                         "data.synthetic.test=20", "data.synthetic.vocab=40", "model.dropout=0.0"],
+    "mv_rnn": ["model.hidden=3", "data.synthetic.train=60", "data.synthetic.dev=20", "data.synthetic.test=20",
+               "data.synthetic.vocab=40", "model.dropout=0.0"],
     "lattice_lstm": ["model.embed=4", "model.hidden=5", "data.synthetic.train=40", "data.synthetic.dev=10",
                      "data.synthetic.test=10", "data.synthetic.max_len=12"],
 }
@@ -57,6 +61,7 @@ SHORT = {
                   "data.synthetic.train=300"], 0.75),
     "tree_lstm_2type": (["model.embed=16", "model.hidden=16", "train.epochs=5", "train.lr=0.1",
                          "data.synthetic.train=300"], 0.75),
+    "mv_rnn": (["model.hidden=8", "train.epochs=5", "train.lr=0.1", "data.synthetic.train=300"], 0.75),
     "lattice_lstm": (["model.embed=16", "model.hidden=16", "train.epochs=6", "train.lr=0.02",
                       "data.synthetic.train=200", "train.batch_size=16", "train.policy=cavs"], 0.75),
 }
@@ -86,7 +91,36 @@ def test_gradients_match_finite_differences(name, tmp_path):
                                                              backward_pass=False).loss))
 
 
-@pytest.mark.parametrize("name", ["tree_lstm", "tree_gru", "tree_lstm_2type", "lattice_lstm"])
+# The products each model's cells merge into one GEMM (passes/gemm.py), counted by hand from the cells: the
+# binary Tree-LSTM's [h1; h2]·U, h1·U_f1, h2·U_f2 (per internal type in 2Type); the lattice's char_words cell
+# x·W_c and x·W_g (its plain char cell has only x·W_c). The child-sum variant's h_k·U_f share the weight, not the
+# left operand; the LSTMs' x·W_x (eager) and h·W_h (recurrent) differ in class; Tree-GRU's second product reads
+# the first's output; MV-RNN's [B·a; A·b]·W and W_M·[A; B] share no operand.
+MERGED = {"tree_lstm": {"internal": 3}, "tree_lstm_2type": {"cell_a": 3, "cell_b": 3},
+          "lattice_lstm": {"char_words": 2}}
+
+
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_merged_gemms_equal_the_declared_products(name, tmp_path, monkeypatch):
+    monkeypatch.setattr(gemm, "PAD_LIMIT", 10**9)   # every merge the pass can make, whatever its size
+    monkeypatch.setattr(gemm, "WEIGHT_LIMIT", 10**9)
+    t = trainer(name, tmp_path, "train.dtype=float64", *([] if name == "tree_fc" else ["model.dropout=0.3"]))
+    merged = {k: sum(len(m.products) for m in fn.variant(EngineOptions()).merges)
+              for s in t.model.structures for k, fn in s.compiled.items()}
+    assert {k: n for k, n in merged.items() if n} == MERGED.get(name, {})
+    graphs, feeds = t.task.batch(t.task.data["train"][:4])
+    params = {k: p.value for k, p in t.params.items()}
+    off, on = (t.model.forward_backward(graphs, feeds, params, t.context(training=True),
+                                        options=EngineOptions(merge_gemms=m)) for m in (False, True))
+    scale = max(1.0, abs(off.loss))
+    assert abs(off.loss - on.loss) <= 1e-10 * scale
+    assert set(off.grads) == set(on.grads)
+    for k in off.grads:
+        a, b = (np.asarray(getattr(g, "to_dense", lambda: g)()) for g in (off.grads[k], on.grads[k]))
+        assert np.max(np.abs(a - b)) <= 1e-10 * max(1.0, float(np.max(np.abs(a)))), k
+
+
+@pytest.mark.parametrize("name", ["tree_lstm", "tree_gru", "tree_lstm_2type", "lattice_lstm", "mv_rnn"])
 def test_batched_equals_serial_for_every_policy(name, tmp_path):
     t = trainer(name, tmp_path, "train.dtype=float64")
     graphs, feeds = t.task.batch(t.task.data["train"][:4])

@@ -74,9 +74,10 @@ def test_classify_small_graph():
     assert (c[g0], c[x], c[e], c[r], c[s], c[lz]) == (RECURRENT, EAGER, EAGER, RECURRENT, RECURRENT, LAZY)
 
 
-OFF = EngineOptions(lazy_batching=False, eager_batching=False, fusion=False, gather_elision=False)
+OFF = EngineOptions(lazy_batching=False, eager_batching=False, fusion=False, gather_elision=False,
+                    merge_gemms=False)
 SWITCHES = [OFF] + [replace(OFF, **{k: True}) for k in ("lazy_batching", "eager_batching", "fusion",
-                                                        "gather_elision")] + [EngineOptions()]
+                                                        "gather_elision", "merge_gemms")] + [EngineOptions()]
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -1,0 +1,157 @@
+"""Issue 17's CPU speed targets: which points each needs, and met or missed from measured results.
+
+A target is a bound on one measure over one or more sweep points; over several points the worst point
+decides (and is named). Measures, from :func:`report.rows_for`'s rows:
+
+- ``train``: minicavs' training throughput / the named peer's (medians of the repeats);
+- ``infer``: the same for forward-only passes (a latency target: at most half the peer's latency is at
+  least 2x its rate at batch 1);
+- ``gemm``: minicavs' useful matmul FLOP rate as a share of the machine's numpy GEMM rate;
+- ``fastest``: minicavs' training throughput / the fastest batched peer's at that point (DyNet autobatching,
+  PyTorch batched by level, ``nn.LSTM`` packed; not the per-sample peers).
+
+``minicavs bench --targets`` measures only the points these need (``points``), alternating the systems
+round by round; the full sweep's summary carries the same table over every point it measured.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .report import MINICAVS, rows_for
+from .sweeps import LABELS, Point, distinct_points, sweeps
+
+DYNET = "DyNet (autobatching)"
+TORCH_LEVEL = "PyTorch (batched by level)"
+TORCH_PACKED = "PyTorch (nn.LSTM, packed)"
+BATCHED = (DYNET, TORCH_LEVEL, TORCH_PACKED)   # the batched peers (peers.PEERS' labels)
+
+
+@dataclass(frozen=True)
+class Target:
+    text: str                # the issue's words
+    model: str
+    measure: str             # "train", "infer", "gemm" or "fastest" (module doc)
+    at_least: float
+    peer: str | None = None  # the peer a train/infer ratio is taken against
+    point: Point | None = None   # one point, or
+    sweeps: tuple = ()       # every point of these sweeps (``sweeps.sweeps`` names; "*": all of them)
+
+
+TARGETS = (
+    Target("Tree-LSTM, batch 64, hidden 64: >= 4x DyNet", "tree_lstm", "train", 4.0, DYNET, Point("tree_lstm", 64, 64)),
+    Target("Tree-LSTM, batch 64, hidden 128: >= 4x DyNet", "tree_lstm", "train", 4.0, DYNET,
+           Point("tree_lstm", 128, 64)),
+    Target("Tree-LSTM, batch 64, hidden 512: >= 2.5x DyNet", "tree_lstm", "train", 2.5, DYNET,
+           Point("tree_lstm", 512, 64)),
+    Target("Tree-LSTM, batch 64, hidden 512: >= 75% of the matmul rate", "tree_lstm", "gemm", 0.75, None,
+           Point("tree_lstm", 512, 64)),
+    Target("Tree-LSTM, batch 1, hidden 128, forward only: latency <= 1/2 DyNet's (rate >= 2x)", "tree_lstm",
+           "infer", 2.0, DYNET, Point("tree_lstm", 128, 1)),
+    Target("Tree-FC, 256 leaves, batch 64, hidden 512: >= 85% of the matmul rate", "tree_fc", "gemm", 0.85, None,
+           Point("tree_fc", 512, 64, 256)),
+    Target("Tree-FC: >= 1.0x PyTorch batched by level at every point of the hidden, batch and leaves sweeps",
+           "tree_fc", "train", 1.0, TORCH_LEVEL, sweeps=("tree_fc/hidden", "tree_fc/batch", "tree_fc/leaves")),
+    Target("Var-LSTM, hidden 512, batch 64: >= 1.7x nn.LSTM packed", "var_lstm", "train", 1.7, TORCH_PACKED,
+           Point("var_lstm", 512, 64)),
+    Target("Fixed-LSTM: >= 1.0x nn.LSTM packed at every point", "fixed_lstm", "train", 1.0, TORCH_PACKED,
+           sweeps=("fixed_lstm/hidden", "fixed_lstm/batch")),
+    Target("No sweep point below 1.0x the fastest batched peer", "*", "fastest", 1.0, sweeps=("*",)),
+)
+
+
+def target_points(target: Target, models, quick: bool = False, grid: dict | None = None) -> list[Point]:
+    """The points ``target`` is judged on, among ``models``."""
+    if target.point is not None:
+        return [target.point] if target.point.model in models else []
+    sw = sweeps(models, quick, grid)
+    names = list(sw) if "*" in target.sweeps else [n for n in target.sweeps if n in sw]
+    return distinct_points({n: sw[n] for n in names})
+
+
+def points(models, quick: bool = False, grid: dict | None = None, targets=TARGETS) -> list[Point]:
+    """Every point the targets need, once, single-point targets first. The "fastest batched peer" target
+    adds no points: it is judged on the points measured for the others (the full sweep: ``minicavs
+    bench``)."""
+    out: dict = {}
+    for t in sorted(targets, key=lambda t: t.point is None):
+        if "*" not in t.sweeps:
+            out.update(dict.fromkeys(target_points(t, models, quick, grid)))
+    return list(out)
+
+
+def _value(row_ours: dict, rows: list[dict], target: Target) -> tuple[float, str]:
+    """(measured value, what it was measured against) at one point; (NaN, why) when it was not measured:
+    the peer did not run, failed, or ran less than a batch (its note)."""
+    if target.measure == "gemm":
+        return row_ours.get("gemm_fraction", math.nan), ""
+    if target.measure == "fastest":
+        peers = [r for r in rows if r["system"] in BATCHED and not math.isnan(r["train_median"]) and not r["note"]]
+        if not peers:
+            return math.nan, "no batched peer measured a whole batch"
+        best = max(peers, key=lambda r: r["train_median"])
+        return best["ratio_train"], best["system"]
+    peer = next((r for r in rows if r["system"] == target.peer), None)
+    if peer is None or peer["note"]:
+        return math.nan, f"{target.peer}: {peer['note'] if peer else 'not run'}"
+    return peer["ratio_train" if target.measure == "train" else "ratio_infer"], target.peer
+
+
+def evaluate(results: dict, machine: float, models, quick: bool = False, grid: dict | None = None,
+             targets=TARGETS) -> list[dict]:
+    """One row per target: the worst point's value among the measured ones, met or missed (or not
+    measured). ``results``: {point key: {system: result}} (the suite's), ``machine``: FLOP/s."""
+    rows = []
+    for target in targets:
+        if target.model != "*" and target.model not in models:
+            continue
+        pts = target_points(target, models, quick, grid)
+        if target.sweeps == ("*",):   # judged on every measured point (the sweeps', the targets')
+            pts = [p for p in dict.fromkeys(pts + points(models, quick, grid, targets)) if p.key() in results]
+        measured, why = [], ""
+        for p in pts:
+            if p.key() not in results:
+                continue
+            point_rows = rows_for("", p, results[p.key()], machine)
+            ours = next((r for r in point_rows if r["system"] == MINICAVS), None)
+            if ours is None or math.isnan(ours["train_median"]):
+                why = why or f"minicavs: {ours['note'] if ours and ours['note'] else 'not run'}"
+                continue
+            value, against = _value(ours, point_rows, target)
+            if math.isnan(value):
+                why = why or against
+            else:
+                measured.append((value, p, against))
+        row = {"target": target.text, "measure": target.measure, "at_least": target.at_least,
+               "points": len(pts), "measured": len(measured), "value": math.nan, "worst": "", "against": "",
+               "status": "not measured" + (f" ({why})" if why else "")}
+        if measured:
+            value, p, against = min(measured, key=lambda m: m[0])
+            row.update(value=value, worst=_label(p), against=against,
+                       status="met" if value >= target.at_least else "missed")
+        rows.append(row)
+    return rows
+
+
+def _label(p: Point) -> str:
+    leaves = f" l{p.leaves}" if p.leaves else ""
+    return f"{LABELS[p.model]} h{p.hidden} b{p.batch}{leaves}"
+
+
+def _fmt(row: dict) -> str:
+    if math.isnan(row["value"]):
+        return "-"
+    return f"{100 * row['value']:.0f}%" if row["measure"] == "gemm" else f"{row['value']:.2f}x"
+
+
+def markdown(rows: list[dict], command: str = "") -> str:
+    """The targets table: target, bound, measured (the worst point, and against which peer), status."""
+    lines = ["| target | bound | measured | at (worst point) | points measured | status |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        bound = f">= {100 * r['at_least']:.0f}%" if r["measure"] == "gemm" else f">= {r['at_least']:.2f}x"
+        at = r["worst"] + (f" vs {r['against']}" if r["against"] and r["measure"] == "fastest" else "")
+        status = {"met": "met", "missed": "**missed**"}.get(r["status"], r["status"])
+        lines.append(f"| {r['target']} | {bound} | {_fmt(r)} | {at} | {r['measured']}/{r['points']} | {status} |")
+    text = "\n".join(lines) + "\n"
+    return text + (f"\nMeasured by `{command}`.\n" if command else "")
