@@ -264,6 +264,12 @@ def _step(t: Template, step, statics: set, device, singles: dict) -> None:
             t.emit("COLS", part, out, col)
             t.emit("COPY", part, r, _rows(node), _cols(x))
             col += _cols(x)
+    elif how == "unslice":
+        out = t.scratch_reg(node)
+        t.emit("ZERO", out, _rows(node), _cols(node))
+        part = t.reg(name=f"{t.reg_names[out]}[:, {node.attrs['start']}:]")
+        t.emit("COLS", part, out, node.attrs["start"])
+        t.emit("COPY", part, ins[0], _rows(node), _cols(step.inputs[0]))
     elif how == "sum_rows":
         out = t.scratch_reg(node)
         t.emit("SUMROWS", out, ins[0], _dim(step.inputs[0].shape[0]), _cols(node))

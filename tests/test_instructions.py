@@ -46,13 +46,22 @@ def close(a, b, dtype):
             np.max(np.abs(a - b))
 
 
-def assert_native_equals_python(run, options, dtype):
-    """``run(options)`` -> Result; the native executor must have run the task loop of both passes."""
+# Bundled models whose task programs the lowering cannot express, and why (they run in Python, same numbers):
+# MV-RNN's per-vertex matrices are values of three axes (reshape, batched products).
+PYTHON_ONLY = {"mv_rnn": "reshape"}
+
+
+def assert_native_equals_python(run, options, dtype, python_only: str | None = None):
+    """``run(options)`` -> Result; the native executor must have run the task loop of both passes (or, for a
+    model in PYTHON_ONLY, said why it could not)."""
     python = run(options)
     native = run(replace(options, executor="native"))
     for state in native.states.values():
-        assert state.program.native is not None and state.backward_program.native is not None
-        assert not state.program.tasks and not state.backward_program.tasks
+        for program in (state.program, state.backward_program):
+            if python_only is None:
+                assert program.native is not None and not program.tasks, program.native_why
+            else:
+                assert program.native is None and python_only in program.native_why
     close(python.loss, native.loss, dtype)
     for s in python.pushes:
         for name in python.pushes[s]:
@@ -74,7 +83,7 @@ def test_bundled_models_native_equals_python_under_every_switch(name, tmp_path):
             t.model.options = options
             return t.loss_and_grads(samples)
         for options in switches:
-            assert_native_equals_python(run, options, dtype)
+            assert_native_equals_python(run, options, dtype, PYTHON_ONLY.get(name))
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -36,6 +36,7 @@ OPCODES = {
     "GEMM": ("c", "a", "b", "m", "n", "k", "bias"),       # c = a . b (+ bias row, reg or -1)
     "FUSED": ("kernel", "nargs", "rows", "cols", "pool"),   # args: pool[2i] register, pool[2i+1] rows kind
     "COPY": ("dst", "src", "rows", "cols"),
+    "ZERO": ("dst", "rows", "cols"),
     "ADD": ("dst", "src", "rows", "cols"),
     "SUMROWS": ("dst", "src", "rows", "cols"),            # dst[c] = sum over rows of src[r, c]
     "PUT": ("buf", "width", "idx", "src", "cols"),        # buf[idx[koff + r]] = src[r]
@@ -258,6 +259,14 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
                         for (int64_t j = 0; j < cols; j++) d[j] += s[j];
                     }}
                 }}
+                break;
+            }}
+            case ZERO: {{
+                REGOK(a[0], 0);
+                const int64_t rows = DIM(a[1]), cols = a[2];
+                if (check && R[a[0]].trans) FAIL(0);
+                CHECKR(a[0], rows, cols, 0);
+                for (int64_t r = 0; r < rows; r++) memset(R[a[0]].p + r * R[a[0]].ld, 0, (size_t)cols * sizeof(T));
                 break;
             }}
             case SUMROWS: {{

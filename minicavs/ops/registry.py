@@ -38,8 +38,8 @@ class OpDef:
     native(node) -> how the native executor (instructions.py) runs a non-elementwise node, or None where it
         cannot: "gemm" (a 2-D product; a linear's bias added after it), "cols" (a column block of a 2-D value:
         a view at a column offset), "concat" (parts copied into column blocks), "transpose" (a view with the
-        transposed flag), "sum_rows" (a sum over the row axis). Identities alias their input; elementwise
-        ops run as fused kernels.
+        transposed flag), "sum_rows" (a sum over the row axis), "unslice" (zeros with a column block
+        written). Identities alias their input; elementwise ops run as fused kernels.
     """
 
     name: str

@@ -171,7 +171,8 @@ def _merge_unslices(gs: list) -> list:
 register(OpDef("unslice", infer=lambda g, x, axis, start, stop: (x.shape, g.dtype), impl=_unslice_impl,
                vjp=lambda gg, y, g, x, axis, start, stop: (
                    make_node("slice", (gg,), {"axis": axis, "start": start, "stop": stop}), None),
-               merge_gradients=_merge_unslices))
+               merge_gradients=_merge_unslices,
+               native=lambda n: "unslice" if n.ndim == 2 and n.attrs["axis"] == 1 else None))
 
 
 def slice_(x: Node, start: int, stop: int, axis: int = -1) -> Node:
