@@ -88,6 +88,19 @@ class EngineOptions:
     fusion: bool = True       # fused elementwise groups run as generated C kernels
     gather_elision: bool = True   # a gather whose child rows are an evenly strided block reads a view
     merge_gemms: bool = True      # products of F sharing a left operand run as one GEMM (passes/gemm.py)
+    executor: str = "native"  # the task loop as one C call over an instruction stream; "python": block by block
+
+    def __post_init__(self):
+        if self.executor not in EXECUTORS:
+            raise ValueError(f"executor {self.executor!r}: expected one of {', '.join(EXECUTORS)}")
+
+    @property
+    def compiled(self) -> "EngineOptions":
+        """The options that decide what is compiled (the executor only decides who runs it)."""
+        return self if self.executor == "python" else replace(self, executor="python")
+
+
+EXECUTORS = ("python", "native")
 
 
 @dataclass
@@ -229,6 +242,7 @@ class CompiledFunction:
         """The phases ``device`` runs (default: the CPU): with fusion, each fused group is one of the
         device's kernels. Compiled once per (options, device)."""
         device = CPU if device is None else device
+        opts = opts.compiled
         key = (opts, device)
         if key not in self._phases:
             fwd, bwd = self._split(opts)
@@ -243,6 +257,7 @@ class CompiledFunction:
         per phase of F (written in place, copied after the steps, elided concats), ∂F's tensor values, per
         phase of ∂F the same). ``training``: F keeps what ∂F reads, else only values crossing phases."""
         device = CPU if device is None else device
+        opts = opts.compiled
         key = ("placement", opts, device, training)
         if key not in self._phases:
             fwd, bwd = self.phases(opts, device)

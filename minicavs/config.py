@@ -147,7 +147,8 @@ TRAIN_DEFAULTS: dict[str, Any] = {
     "deterministic": False,   # cuda: sum a DAG child's gradient rows in a fixed order, not by atomicAdd
     "prefetch": False,   # prepare the next batch (inputs, schedule, memory plan) while one trains (prefetch.py)
     "engine": {"lazy_batching": True, "eager_batching": True, "streaming": False,  # §3.4 (EngineOptions)
-               "fusion": True, "gather_elision": True, "merge_gemms": True},
+               "fusion": True, "gather_elision": True, "merge_gemms": True,
+               "executor": "native"},   # or "python": the task loop block by block in Python
 }
 EARLY_STOPPING_KEYS = {"metric": None, "mode": None, "patience": None}
 
@@ -160,7 +161,7 @@ def _train_rules() -> dict:
             "dtype": Choice(("float32", "float64")), "policy": Choice(policy_names()),
             "eval_batch_size": at_least(1), "log_every": NON_NEGATIVE, "device": Choice(("cpu", "cuda")),
             "early_stopping.metric": Choice(()), "early_stopping.mode": Choice(("min", "max")),
-            "early_stopping.patience": at_least(1)}
+            "early_stopping.patience": at_least(1), "engine.executor": Choice(("python", "native"))}
 
 
 DATA_DEFAULTS: dict[str, Any] = {"train": None, "dev": None, "test": None}

@@ -17,12 +17,71 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import instructions
+
 from .backend import Backend as Device
 from .compile import POST, PRE, TASK, CompiledFunction, EngineOptions  # noqa: F401 (the engine's public names)
 from .cpu import CPU
 from .memory import MemoryPlan, Workspace
 from .ops.message import row_index
 from .program import BatchProgram, RunContext, bind_backward, bind_forward, emit_gradients, evaluate, run_block
+from .sparse import RowSparse, add_all
+
+def _native(fns: list, active: list, opts: EngineOptions, device: Device, dtype, backward: bool,
+            workspace: Workspace, training: bool = True):
+    """(The task loop lowered for the native executor, None) or (None, why the Python interpreter runs it:
+    another executor asked for, no compiler or BLAS (cpu/native.py warned once), streaming, CUDA, an op the
+    lowering cannot express). The reason is kept on the program (``native_why``, shown by dump())."""
+    if opts.executor != "native":
+        return None, "executor 'python'"
+    why = instructions.available(dtype.np, device)
+    if why is not None:
+        return None, why
+    if opts.streaming:
+        return None, "streaming runs eager blocks on a worker thread"
+    lowered = instructions.link(fns, sorted(active), opts, device, backward, training, workspace.programs)
+    return (None, lowered) if isinstance(lowered, str) else (lowered, None)
+
+
+def _resolver(fns: list, plan: MemoryPlan, state: "RunState", dtype, btensors=None, sgrads=None,
+              push_grads=None, pull_grads=None):
+    """``key -> array`` for the buffers a lowered program names (instructions.py's buffer keys)."""
+    def index(a):
+        return np.ascontiguousarray(a, np.int64)
+
+    def resolve(key):
+        what = key[0]
+        if what == "tensor":
+            return state.tensors[key[2]][key[1]].buffer
+        if what == "btensor":
+            return btensors[key[2]][key[1]].buffer
+        if what == "scatter":
+            return state.scatters[key[1]]
+        if what == "sgrad":
+            return sgrads[key[1]]
+        if what == "child":
+            return index(plan.kinds[key[2]].child_rows[key[1]])
+        if what == "pullrows":
+            return index(plan.kinds[key[2]].pull_rows[key[1]])
+        if what == "pushrows":
+            return index(plan.kinds[key[2]].push_rows[key[1]])
+        if what == "pull":
+            return state.pull_bufs[key[1]]
+        if what == "push":
+            return state.pushes[key[1]]
+        if what == "pullgrad":
+            return pull_grads[key[1]]
+        if what == "pushgrad":
+            return push_grads[key[1]]
+        if what == "static":
+            return state.statics[key[2]][key[1]]
+        if what == "arena":
+            return state.workspace.arena(key[1], key[2], dtype)
+        if what == "pgrad":
+            node = next(fn.param_grads[key[1]] for fn in fns if fn is not None and key[1] in fn.param_grads)
+            return np.zeros(node.shape, dtype)
+        raise KeyError(key)
+    return resolve
 
 
 @dataclass
@@ -84,7 +143,9 @@ def forward(fns: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContex
         state.tensors.append(tensors)
         state.statics.append(static)
 
-    program = bind_forward(fns, plan, state, opts, device, active, training)
+    native, why = _native(fns, active, opts, device, dtype, False, workspace, training)
+    program = bind_forward(fns, plan, state, opts, device, active, training, with_tasks=native is None)
+    program.native_why = why
     state.program = program
     state.copies = program.copies
     statics = state.statics
@@ -98,6 +159,12 @@ def forward(fns: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContex
     else:
         for block in program.before:
             run_block(block, statics[block.kid], xp, ctx, device)
+    if native is not None:
+        table, copies = instructions.task_table(fns, plan, opts, backward=False)
+        program.native, program.task_table = native, table
+        for k, v in copies.items():
+            program.copies[k] += v
+        instructions.run(native, table, _resolver(fns, plan, state, dtype.np), dtype.np, plan.forest)
     for t, block in enumerate(program.tasks):
         if events is not None:
             events[t].wait()
@@ -153,8 +220,10 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
             btensors[kid] = workspace.tensors(workspace.backward, kid, stored, plan.kinds[kid].n)
             active.append(kid)
 
+    native, why = _native(fns, active, opts, device, dtype, True, workspace)
     program = bind_backward(fns, plan, state, opts, device, active, btensors, sgrads, push_grads, pull_grads,
-                            row_kernels)
+                            row_kernels, with_tasks=native is None)
+    program.native_why = why
     state.backward_program = program
     statics = state.statics
     events = None
@@ -169,6 +238,18 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
     else:
         for block in program.before:
             emit_gradients(block, run_block(block, statics[block.kid], xp, ctx, device), param_grads, xp)
+    if native is not None:
+        table, _ = instructions.task_table(fns, plan, opts, backward=True)
+        program.native, program.task_table = native, table
+        resolve = _resolver(fns, plan, state, dtype.np, btensors, sgrads, push_grads, pull_grads)
+        for name, g in instructions.run(native, table, resolve, dtype.np, plan.forest).items():
+            prev = param_grads.get(name)
+            if prev is None:
+                param_grads[name] = g
+            elif isinstance(prev, RowSparse):
+                param_grads[name] = add_all(xp, [prev, g])
+            else:
+                prev += g
     for i, block in enumerate(program.tasks):
         if events is not None:
             events[i].wait()

@@ -57,9 +57,11 @@ class Explanation:
                 lines.append(f"  kind '{kind}': " + ", ".join(f"{k} {v}" for k, v in counts.items()))
             for program in r.programs:
                 blocks = program.blocks()
+                tasks = (f"{len(program.task_table)} tasks by the native executor ({len(program.native.code)} "
+                         f"instructions in its templates)" if program.native is not None else f"{len(program.tasks)} tasks")
                 lines.append(f"  {program.title}: {len(blocks)} blocks ({len(program.before)} before tasks, "
-                             f"{len(program.tasks)} tasks, {len(program.after)} after), "
-                             f"{sum(len(b.steps) for b in blocks)} steps run, "
+                             f"{tasks}, {len(program.after)} after), "
+                             f"{sum(len(b.steps) for b in blocks)} steps run in Python, "
                              f"{sum(len(b.takes) for b in blocks)} row gathers")
             lines.append(f"  dynamic tensors: {len(r.tensors)}, {r.tensor_bytes / 1024:.1f} KiB held by this batch, "
                          f"peak {r.peak_bytes / 1024:.1f} KiB of buffers")

@@ -66,6 +66,8 @@ class Workspace:
         self.backward: dict = {}
         self.scatters: dict = {}        # message shape -> DynamicTensor
         self.scatter_grads: dict = {}   # message shape -> DynamicTensor
+        self.arenas: dict = {}          # name -> DynamicTensor (flat scratch of the native executor)
+        self.programs: dict = {}        # the native executor's linked programs (instructions.link's cache)
 
     def tensors(self, pool: dict, kid: int, nodes, rows: int) -> dict:
         """{node: its dynamic tensor}, sized for ``rows`` rows (created on first use)."""
@@ -89,6 +91,14 @@ class Workspace:
                                                             self.xp)
         return tensor.resize(rows)
 
+    def arena(self, key: str, elements: int, dtype) -> np.ndarray:
+        """A flat buffer of at least ``elements`` elements (stale values), kept for the next batch: the native
+        executor's scratch arenas."""
+        tensor = self.arenas.get(key)
+        if tensor is None or tensor.dtype != np.dtype(dtype):
+            tensor = self.arenas[key] = DynamicTensor(key, (), dtype, self.xp)
+        return tensor.resize(max(1, elements))
+
     def scatter_grad_rows(self, like) -> np.ndarray:
         """A buffer shaped like the scatter tensor ``like`` for its gradient (stale values)."""
         message = tuple(like.shape[1:])
@@ -101,7 +111,7 @@ class Workspace:
     @property
     def peak_bytes(self) -> int:
         tensors = (list(self.forward.values()) + list(self.backward.values()) + list(self.scatters.values())
-                   + list(self.scatter_grads.values()))
+                   + list(self.scatter_grads.values()) + list(self.arenas.values()))
         return sum(t.peak_bytes for t in tensors)
 
 

@@ -211,6 +211,9 @@ class BatchProgram:
 
     def __init__(self, title: str, before: list, tasks: list, after: list, copies: dict):
         self.title, self.before, self.tasks, self.after, self.copies = title, before, tasks, after, copies
+        self.native = None   # the task loop as instructions (instructions.Lowered), when the native executor ran it
+        self.task_table = None
+        self.native_why = None   # why the Python interpreter ran the task loop (None: the native executor did)
 
     def blocks(self) -> list:
         return self.before + self.tasks + self.after
@@ -218,7 +221,15 @@ class BatchProgram:
     def dump(self) -> str:
         """One bound step per line, jaxpr-like, block by block."""
         lines = [f"{self.title}:"]
-        for block in self.blocks():
+        for block in self.before:
+            lines.append(f"  {block.header()}")
+            lines += [f"    {line}" for line in block.lines()]
+        if self.native is not None:
+            lines.append(f"  tasks 0:{len(self.task_table)} (native executor): per task, its kind's template")
+            lines += [f"    {line}" for line in self.native.lines()]
+        elif self.native_why is not None and self.native_why != "executor 'python'":
+            lines.append(f"  (task loop in Python: {self.native_why})")
+        for block in self.tasks + self.after:
             lines.append(f"  {block.header()}")
             lines += [f"    {line}" for line in block.lines()]
         return "\n".join(lines)
@@ -287,7 +298,8 @@ def _scatter_names(scatters: dict, what: str = "scatter") -> dict:
     return {m: what if len(scatters) == 1 else f"{what}{fmt_shape(m)}" for m in scatters}
 
 
-def bind_forward(fns: list, plan, state, opts, device, active: list, training: bool = True) -> BatchProgram:
+def bind_forward(fns: list, plan, state, opts, device, active: list, training: bool = True,
+                 with_tasks: bool = True) -> BatchProgram:
     """F's phases bound to the batch: every block's views, row indices and output buffers (placed by the
     alias pass at compile time) made now, so the task loop only runs them. A gather reads, and a kind
     writes, the scatter tensor of its message shape (``gather_messages`` / ``scatter_message``)."""
@@ -381,7 +393,8 @@ def bind_forward(fns: list, plan, state, opts, device, active: list, training: b
                   for t, (kid, task_rows, scatter_rows) in enumerate(tasks)]
     else:
         before = _nonempty(bind(kid, PRE, *whole[kid], None) for kid in active)
-    per_task = [bind(kid, TASK, task_rows, scatter_rows, t) for t, (kid, task_rows, scatter_rows) in enumerate(tasks)]
+    per_task = [bind(kid, TASK, task_rows, scatter_rows, t) for t, (kid, task_rows, scatter_rows) in enumerate(tasks)] \
+        if with_tasks else []   # (without: the native executor runs the task loop)
     after = _nonempty(bind(kid, POST, *whole[kid], None) for kid in active)
     return BatchProgram("F", before, per_task, after, copies)
 
@@ -392,7 +405,7 @@ def _nonempty(blocks) -> list:
 
 
 def bind_backward(fns: list, plan, state, opts, device, active: list, btensors: dict, scatter_grads: dict,
-                  push_grads: dict, pull_grads: dict, row_kernels) -> BatchProgram:
+                  push_grads: dict, pull_grads: dict, row_kernels, with_tasks: bool = True) -> BatchProgram:
     """∂F's phases bound to the batch: the task stack popped (tasks in reverse), forward values read back
     from their tensors, the scatter tensors and the pull buffers at the same rows, gradients added into the
     children's rows of the scatter gradients (``scatter_grads``: one per message shape) and into the pull
@@ -499,6 +512,6 @@ def bind_backward(fns: list, plan, state, opts, device, active: list, btensors: 
     else:
         before = _nonempty(bind(kid, PRE, slice(0, plan.kinds[kid].n), None, None) for kid in active)
     per_task = [bind(kid, TASK, task_rows, scatter_offset, len(stack) - 1 - i)
-                for i, (kid, task_rows, scatter_offset) in enumerate(stack)]
+                for i, (kid, task_rows, scatter_offset) in enumerate(stack)] if with_tasks else []
     after = _nonempty(bind(kid, POST, slice(0, plan.kinds[kid].n), None, None) for kid in active)
     return BatchProgram("∂F", before, per_task, after, {})

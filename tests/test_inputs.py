@@ -87,3 +87,24 @@ def test_range_and_cycles_still_name_the_sample():
         make_batch([InputGraph([[]]), InputGraph.from_csr([0, 0, 1], [2])])
     with pytest.raises(InputGraphError, match=r"sample 0, vertex 1: lists itself"):
         make_batch([InputGraph.from_csr([0, 0, 1], [1])])
+
+
+def test_heights_kernel_equals_the_numpy_levels(monkeypatch):
+    """The C kernel (one call) and the level-by-level numpy loop give the same heights, cycles included."""
+    from minicavs import inputs
+    from minicavs.ops.registry import native_kernels
+    from .test_engine import random_dag, random_tree
+    if native_kernels(np, np.float64) is None:
+        pytest.skip("no C compiler: only the numpy loop exists")
+    rng = np.random.default_rng(11)
+    for trial in range(60):
+        g = (random_dag if trial % 2 else random_tree)(rng, int(rng.integers(1, 40)), 3)
+        b = make_batch([g, g])
+        args = (b.child_ptr, b.child_idx, b.num_vertices, str)
+        native = inputs._heights(*args)
+        with monkeypatch.context() as m:
+            m.setattr(inputs, "native_kernels", lambda xp, dtype: None)
+            assert (native == inputs._heights(*args)).all()
+    ptr, idx = np.array([0, 1, 2, 2]), np.array([1, 0])   # 0 -> 1 -> 0 is a cycle, 2 is a leaf
+    with pytest.raises(InputGraphError, match="cycle"):
+        inputs._heights(ptr, idx, 3, lambda v: f"vertex {v}")

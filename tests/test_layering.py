@@ -30,7 +30,7 @@ LAYERS = [
     ["backend"],
     ["cpu", "cuda"],
     ["compile"],
-    ["program", "executor", "engine", "explain"],
+    ["program", "executor", "engine", "explain", "instructions"],
     ["model"],
     ["nn", "optim"],
     ["data"],

@@ -4,6 +4,7 @@ interpreter that runs static graphs."""
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import numpy as np
 
@@ -56,7 +57,9 @@ def _two_tree_program(options=EngineOptions(merge_gemms=False)):
     case = cells.binary_tree_lstm(rng, H=2)
     trees = [InputGraph([[1, 2], [], []]), InputGraph([[1, 2], [], []])]
     feeds = cells.batch_feeds(case, trees, [case.data(rng, g) for g in trees])
-    result = case.model.forward_backward(trees, feeds, case.params, RunContext(), options=options)
+    # the Python interpreter's bound blocks (the native executor's instructions: tests/test_instructions.py)
+    result = case.model.forward_backward(trees, feeds, case.params, RunContext(),
+                                         options=replace(options, executor="python"))
     return case, trees, feeds, result.states[case.model.structures[0].name]
 
 

@@ -1,6 +1,7 @@
 """C source for fused groups and row movement: strings only (minicavs/cpu compiles, loads and caches them).
 
-Every group becomes ``void k(long rows, long cols, const T *x0, long ld0, ..., T *y, long ldy)``: a row loop
+Every group becomes ``void k(long rows, long cols, const T *x0, long ld0, ..., T *y, long ldy)`` (and
+``k_u(rows, cols, ptrs, lds)``, the same behind one signature for the native executor): a row loop
 around a ``#pragma omp simd`` column loop, so a group reads strided views (the ``h`` half of a gathered
 ``[h, c]``) and writes straight into a dynamic tensor's rows without copies. float32 groups use
 :mod:`.vecmath`'s branch-free ``exp``/``tanh`` so the column loop vectorizes; float64 groups call libm.
@@ -47,7 +48,20 @@ def render(group: FusedGroup) -> tuple[str, str, str]:
     source = (f"{decl[:-1]}\n{{\n    for (long r = 0; r < rows; r++) {{{outer}\n"
               f"        #pragma omp simd\n        for (long c = 0; c < cols; c++) {{\n            {inner}\n"
               f"        }}\n    }}\n}}\n")
-    return name, decl, source
+    return name, decl, source + _uniform(name, T, len(group.inputs), nout)
+
+
+def _uniform(name: str, T: str, nin: int, nout: int) -> str:
+    """``name_u(rows, cols, ptrs, lds)``: the kernel behind one signature, so the native executor
+    (codegen/native.py) can call any group through one function pointer type."""
+    args = ", ".join([f"(const {T} *)p[{i}], ld[{i}]" for i in range(nin)]
+                     + [f"({T} *)p[{nin + k}], ld[{nin + k}]" for k in range(nout)])
+    return (f"void {name}_u(long rows, long cols, void *const *p, const long *ld)\n"
+            f"{{\n    {name}(rows, cols, {args});\n}}\n")
+
+
+def uniform_decl(name: str) -> str:
+    return f"void {name}_u(long rows, long cols, void *const *p, const long *ld);"
 
 
 def translation_unit(groups: Sequence[FusedGroup]) -> tuple[str, str, list]:
@@ -55,7 +69,8 @@ def translation_unit(groups: Sequence[FusedGroup]) -> tuple[str, str, list]:
     rendered = [render(g) for g in groups]
     f32 = any(g.output.dtype.name == "float32" for g in groups)
     source = "#include <math.h>\n" + (PRELUDE_F32 if f32 else "") + "\n".join(sorted({s for _, _, s in rendered}))
-    return source, "\n".join(sorted({d for _, d, _ in rendered})), rendered
+    decls = sorted({d for _, d, _ in rendered} | {uniform_decl(name) for name, _, _ in rendered})
+    return source, "\n".join(decls), rendered
 
 
 ROWS_SOURCE = """

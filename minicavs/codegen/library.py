@@ -72,9 +72,32 @@ void dropout_{T}(long rows, long cols, unsigned long long h, const unsigned long
         }}
     }}
 }}
+/* Heights of a graph's vertices (0 without children, else 1 + the children's largest), Kahn's algorithm over
+   the parents (pptr, pidx: one entry per edge); vertices on or above a cycle keep -1. The same numbers as
+   minicavs/inputs.py's level-by-level numpy loop, in one call however deep the graph. */
+void heights_{T}(long n, const long *ptr, const long *pptr, const long *pidx, long *height, long *pending,
+                 long *best, long *queue) {{
+    long head = 0, tail = 0;
+    for (long v = 0; v < n; v++) {{
+        pending[v] = ptr[v + 1] - ptr[v];
+        best[v] = 0;
+        height[v] = -1;
+        if (!pending[v]) {{ height[v] = 0; queue[tail++] = v; }}
+    }}
+    while (head < tail) {{
+        const long v = queue[head++];
+        for (long e = pptr[v]; e < pptr[v + 1]; e++) {{
+            const long p = pidx[e];
+            if (height[v] + 1 > best[p]) best[p] = height[v] + 1;
+            if (--pending[p] == 0) {{ height[p] = best[p]; queue[tail++] = p; }}
+        }}
+    }}
+}}
 """
 
 DECLS = """
+void heights_{T}(long n, const long *ptr, const long *pptr, const long *pidx, long *height, long *pending,
+                 long *best, long *queue);
 void xent_{T}(long rows, long n, const {T} *x, const long *label, {T} *loss);
 void xent_grad_{T}(long rows, long n, const {T} *g, const {T} *x, const long *label, {T} *out);
 void dropout_{T}(long rows, long cols, unsigned long long h, const unsigned long long *keys,

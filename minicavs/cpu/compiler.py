@@ -67,9 +67,10 @@ class Kernel:
     with a row stride (unit stride along the last axis). Per-call work is kept to attribute lookups: the
     engine calls small kernels thousands of times per batch."""
 
-    def __init__(self, group: FusedGroup, fn, ffi, lib):
+    def __init__(self, group: FusedGroup, fn, ffi, lib, address: int = 0):
         self.group = group
         self.fn = fn
+        self.address = address   # of the kernel's uniform-signature twin (the native executor calls it)
         self.lib = lib  # keep the library loaded
         self.dtype = group.output.dtype.np
         self.kinds = list(group.broadcast)
@@ -127,21 +128,27 @@ class Kernel:
 _warned = False
 
 
+def warn_no_compiler() -> None:
+    """The one warning per process that there is no C compiler (fused kernels and the native executor)."""
+    global _warned
+    if not _warned:
+        warnings.warn(f"no C compiler ({os.environ.get('CC', 'cc')}) found: fused elementwise groups run "
+                      "unfused with numpy, and the Python interpreter runs the batch program (no native "
+                      "executor)", RuntimeWarning, stacklevel=3)
+        _warned = True
+
+
 def build(groups: FusedGroup | Sequence[FusedGroup]) -> Kernel | None | list:
     """Compile (or load from the cache) the groups' kernels as one library. Returns one Kernel per group,
     or None for a group an index over (rows, cols) cannot express (the caller evaluates it unfused); all
     None, with one warning per process, if there is no C compiler. A single group gives a single result."""
-    global _warned
     import cffi
     single = isinstance(groups, FusedGroup)
     groups = [groups] if single else list(groups)
     ok = [g for g in groups if "other" not in g.broadcast]
     cc = compiler()
     if cc is None:
-        if not _warned:
-            warnings.warn(f"no C compiler ({os.environ.get('CC', 'cc')}) found: fused elementwise groups run "
-                          "unfused with numpy", RuntimeWarning, stacklevel=2)
-            _warned = True
+        warn_no_compiler()
         ok = []
     kernels: dict = {}
     if ok:
@@ -151,7 +158,8 @@ def build(groups: FusedGroup | Sequence[FusedGroup]) -> Kernel | None | list:
         ffi.cdef(decls)
         lib = ffi.dlopen(str(target))
         for g, (name, _, _) in zip(ok, rendered):
-            kernels[id(g)] = Kernel(g, getattr(lib, name), ffi, lib)
+            address = int(ffi.cast("intptr_t", ffi.addressof(lib, name + "_u")))
+            kernels[id(g)] = Kernel(g, getattr(lib, name), ffi, lib, address)
     out = [kernels.get(id(g)) for g in groups]
     return out[0] if single else out
 

@@ -21,7 +21,7 @@ class Library:
         self.dtype = np.dtype(dtype)
         self.T = "float" if self.dtype == np.float32 else "double"
         self.lib, self.ffi = lib, ffi
-        names = ("xent", "xent_grad", "dropout", *RULES, *(f"{r}_rows" for r in RULES))
+        names = ("xent", "xent_grad", "dropout", "heights", *RULES, *(f"{r}_rows" for r in RULES))
         self._fn = {name: getattr(lib, f"{name}_{self.T}") for name in names}
 
     def _p(self, a: np.ndarray):
@@ -56,6 +56,16 @@ class Library:
         if gg.size:
             self._fn["xent_grad"](gg.size, x.shape[-1], self._p(gg), self._p(x), self._p(lab), self._p(out))
         return out
+
+    def heights(self, ptr: np.ndarray, parent_ptr: np.ndarray, parent_idx: np.ndarray) -> np.ndarray:
+        """inputs.py's vertex heights (children CSR ``ptr``, parents CSR) in one call, not one numpy round per
+        level; -1 on or above a cycle. The CSR arrays are validated int64 (make_batch built them)."""
+        n = len(ptr) - 1
+        ptr, parent_ptr, parent_idx = (np.ascontiguousarray(a, np.int64) for a in (ptr, parent_ptr, parent_idx))
+        height, pending, best, queue = (np.empty(max(n, 1), np.int64) for _ in range(4))
+        self._fn["heights"](n, self._p(ptr), self._p(parent_ptr), self._p(parent_idx) if len(parent_idx) else
+                            self.ffi.NULL, self._p(height), self._p(pending), self._p(best), self._p(queue))
+        return height[:n]
 
     def dropout(self, x: np.ndarray, keys: np.ndarray, h: int, p: float) -> np.ndarray:
         """``x`` (rows, cols) times its dropout mask from the row ``keys`` (uint64) and ``h`` =

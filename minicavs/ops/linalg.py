@@ -33,8 +33,12 @@ def _matmul_vjp(g, y, a, b):
     return (unbroadcast(matmul(g, swap_last(b)), a), unbroadcast(matmul(swap_last(a), g), b))
 
 
+def _native_gemm(n: Node):
+    return "gemm" if n.ndim == 2 and all(x.ndim == 2 for x in n.inputs[:2]) else None
+
+
 register(OpDef("matmul", infer=_matmul_infer, impl=lambda xp, a, b: xp.matmul(a, b), vjp=_matmul_vjp,
-               product=(0, 1)))
+               product=(0, 1), native=_native_gemm))
 
 
 def matmul(a: Node, b: Node) -> Node:
@@ -66,7 +70,7 @@ def _matmul_impl(xp, x, w):
 register(OpDef("linear", infer=_linear_infer, impl=_linear_impl,
                vjp=lambda g, y, x, w, b: (matmul(g, swap_last(w)), matmul(swap_last(x), g),
                                           make_node("sum", (g,), {"axes": (0,), "keepdims": False})),
-               bias_input=2, without_bias=_matmul_impl, product=(0, 1)))
+               bias_input=2, without_bias=_matmul_impl, product=(0, 1), native=_native_gemm))
 
 
 def linear(x: Node, w: Node, b: Node) -> Node:

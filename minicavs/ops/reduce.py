@@ -27,7 +27,9 @@ def _expand(xp, g, axes, keepdims):
 register(OpDef(
     "sum", infer=_reduce_infer,
     impl=lambda xp, x, axes, keepdims: xp.sum(x, axis=axes, keepdims=keepdims),
-    vjp=lambda g, out, x, axes, keepdims: (broadcast_like(g, x, axes, keepdims),)))
+    vjp=lambda g, out, x, axes, keepdims: (broadcast_like(g, x, axes, keepdims),),
+    native=lambda n: "sum_rows" if n.inputs[0].ndim == 2 and tuple(n.attrs["axes"]) == (0,)
+    and not n.attrs["keepdims"] else None))
 
 register(OpDef(
     "mean", infer=_mean_infer,
@@ -71,7 +73,9 @@ def _sum_to_impl(xp, x, axes, shape):
 register(OpDef(
     "sum_to", infer=_sum_to_infer, impl=_sum_to_impl,
     vjp=lambda g, out, x, axes, shape: (
-        broadcast_like(g, x, tuple(range(x.ndim - len(shape))), False),)))
+        broadcast_like(g, x, tuple(range(x.ndim - len(shape))), False),),
+    native=lambda n: "sum_rows" if n.inputs[0].ndim == 2 and tuple(n.attrs["axes"]) == (0,)
+    and len(n.attrs["shape"]) == 1 else None))
 
 
 def sum(x: Node, axis=None, keepdims: bool = False) -> Node:

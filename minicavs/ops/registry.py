@@ -35,6 +35,11 @@ class OpDef:
     product: (left, right) input indices when the output of 2-D operands is the matrix product left·right
         (plus the bias, if ``bias_input``): products sharing a left operand can be merged into one GEMM
         (passes/gemm.py).
+    native(node) -> how the native executor (instructions.py) runs a non-elementwise node, or None where it
+        cannot: "gemm" (a 2-D product; a linear's bias added after it), "cols" (a column block of a 2-D value:
+        a view at a column offset), "concat" (parts copied into column blocks), "transpose" (a view with the
+        transposed flag), "sum_rows" (a sum over the row axis), "unslice" (zeros with a column block
+        written). Identities alias their input; elementwise ops run as fused kernels.
     """
 
     name: str
@@ -53,6 +58,7 @@ class OpDef:
     merge_gradients: Optional[Callable] = None
     rows: Optional[object] = None
     product: Optional[tuple] = None
+    native: Optional[Callable] = None
 
     @property
     def elementwise(self) -> bool:

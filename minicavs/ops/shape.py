@@ -60,7 +60,8 @@ def _inverse(perm):
 
 
 register(OpDef("transpose", infer=_perm_infer, impl=lambda xp, x, perm: xp.transpose(x, perm),
-               vjp=lambda g, y, x, perm: (make_node("transpose", (g,), {"perm": _inverse(perm)}),)))
+               vjp=lambda g, y, x, perm: (make_node("transpose", (g,), {"perm": _inverse(perm)}),),
+               native=lambda n: "transpose" if n.attrs["perm"] == (1, 0) else None))
 
 
 def transpose(x: Node, perm: Sequence[int] | None = None) -> Node:
@@ -112,7 +113,8 @@ def _concat_column_blocks(n: Node) -> list | None:
 
 register(OpDef("concat", infer=_concat_infer,
                impl=lambda xp, *xs, axis: xp.concatenate(xs, axis=axis), vjp=_concat_vjp,
-               column_blocks=_concat_column_blocks))
+               column_blocks=_concat_column_blocks,
+               native=lambda n: "concat" if n.ndim == 2 and n.attrs["axis"] == 1 else None))
 
 
 def concat(xs: Sequence[Node], axis: int = -1) -> Node:
@@ -137,7 +139,8 @@ def _index(axis, start, stop):
 register(OpDef("slice", infer=_slice_infer,
                impl=lambda xp, x, axis, start, stop: x[_index(axis, start, stop)],
                vjp=lambda g, y, x, axis, start, stop: (
-                   make_node("unslice", (g, x), {"axis": axis, "start": start, "stop": stop}),)))
+                   make_node("unslice", (g, x), {"axis": axis, "start": start, "stop": stop}),),
+               native=lambda n: "cols" if n.ndim == 2 and n.attrs["axis"] == 1 else None))
 
 
 def _unslice_impl(xp, g, x, axis, start, stop):
@@ -168,7 +171,8 @@ def _merge_unslices(gs: list) -> list:
 register(OpDef("unslice", infer=lambda g, x, axis, start, stop: (x.shape, g.dtype), impl=_unslice_impl,
                vjp=lambda gg, y, g, x, axis, start, stop: (
                    make_node("slice", (gg,), {"axis": axis, "start": start, "stop": stop}), None),
-               merge_gradients=_merge_unslices))
+               merge_gradients=_merge_unslices,
+               native=lambda n: "unslice" if n.ndim == 2 and n.attrs["axis"] == 1 else None))
 
 
 def slice_(x: Node, start: int, stop: int, axis: int = -1) -> Node:

@@ -1,0 +1,375 @@
+"""C source of the native whole-batch executor: strings only (minicavs/cpu/native.py compiles and loads it).
+
+The executor is an interpreter of a compact instruction stream (minicavs/instructions.py builds it): one C call
+runs every task of a batch. Each vertex kind has a *template* (its F or ∂F task program as instructions whose
+addresses are relative to the task's rows); the call expands template x task table, so no Python runs per
+task. Values live in registers (a pointer, a row stride, a transposed flag and the buffer the pointer points
+into); instructions bind registers to rows of buffers, move rows, and run GEMMs (BLAS, by function pointer),
+fused kernels (by function pointer, through a uniform wrapper) and the small loops in between.
+
+Instruction layout (``WIDTH`` int64 each): ``op, a0 .. a{WIDTH-2}``; the meaning of a0.. per opcode is in
+``OPCODES`` (instructions.py renders them by these names). A dimension given as -1 means the task's row count.
+With ``prof`` (not NULL) the call adds the nanoseconds spent in each opcode to prof[opcode] and the whole call's to
+prof[len(OPCODES)] (two clock reads per instruction: for profiling only).
+With ``check`` set every address an instruction computes is checked against its buffer's size first; a failure
+returns its instruction index and operand instead of touching memory.
+"""
+from __future__ import annotations
+
+WIDTH = 10
+MAX_REGISTERS = 512   # registers of one template (the lowering refuses more)
+MAX_ARGS = 64         # arguments of one fused kernel
+
+# name -> operand names (a0, a1, ...): shared by the C switch below and by the dump in instructions.py
+OPCODES = {
+    "NOP": (),
+    "BIND": ("dst", "buf", "mode", "col", "ld"),          # dst = buf + (base(mode) * ld + col); mode 0 none, 1 kind rows, 2 scatter rows
+    "STATIC": ("dst", "buf"),                             # dst = the whole buffer (its ld and transposed flag)
+    "SCRATCH": ("dst", "off", "cols"),                    # dst = scratch + off * max_bs, ld cols
+    "GATHER": ("dst", "buf", "width", "idx", "slot", "elide", "off"),   # children's rows: a strided view or a copy
+    "CATVIEW": ("dst", "buf", "width", "k"),              # [gather0; ...] as a view when the task's children are side by side
+    "SKIP_IF_CAT": ("n",),                                # skip the next n instructions when the task has the concat view
+    "TAKE": ("dst", "buf", "width", "idx", "cols", "off"),   # rows buf[idx[koff + r]] copied into scratch
+    "COLS": ("dst", "src", "col"),                        # a column slice: same rows, same ld
+    "ALIAS": ("dst", "src"),
+    "TRANSPOSE": ("dst", "src"),
+    "GEMM": ("c", "a", "b", "m", "n", "k", "bias"),       # c = a . b (+ bias row, reg or -1)
+    "FUSED": ("kernel", "nargs", "rows", "cols", "pool"),   # args: pool[2i] register, pool[2i+1] rows kind
+    "COPY": ("dst", "src", "rows", "cols"),
+    "ZERO": ("dst", "rows", "cols"),
+    "ADD": ("dst", "src", "rows", "cols"),
+    "SUMROWS": ("dst", "src", "rows", "cols"),            # dst[c] = sum over rows of src[r, c]
+    "PUT": ("buf", "width", "idx", "src", "cols"),        # buf[idx[koff + r]] = src[r]
+    "ADJ": ("buf", "width", "idx", "slot", "elide", "src", "cols"),   # gather's adjoint into the scatter gradient
+    "GACC": ("buf", "src", "rows", "cols"),               # parameter gradient accumulator += src
+}
+OPS = {name: i for i, name in enumerate(OPCODES)}
+
+# Per fused-kernel argument: how many rows it spans (full: the rows, row: 1 with ld 0, col: rows x 1, scalar).
+ARG_KINDS = {"full": 0, "row": 1, "col": 2, "scalar": 3}
+
+EXECUTOR_SOURCE = r"""
+#define _POSIX_C_SOURCE 199309L
+#include <time.h>
+#include <stdint.h>
+#include <string.h>
+
+typedef {T} T;
+typedef struct {{ T *p; int64_t ld; int64_t trans; int64_t buf; }} reg_t;
+typedef void (*kernel_t)(long rows, long cols, void *const *ptrs, const long *lds);
+typedef void (*gemm64_t)(int, int, int, int64_t, int64_t, int64_t, T, const T *, int64_t, const T *, int64_t,
+                         T, T *, int64_t);
+typedef void (*gemm32_t)(int, int, int, int, int, int, T, const T *, int, const T *, int, T, T *, int);
+
+enum {{ {ENUM} }};
+#define W {WIDTH}
+#define MAXARGS {MAX_ARGS}
+#define MAXREGS {MAX_REGISTERS}
+
+/* buffers: base pointers, sizes in elements, row strides, transposed flags, element size (T or int64) */
+typedef struct {{
+    const int64_t *base, *size, *ld, *trans;
+}} buftab_t;
+
+static int out_of(const buftab_t *b, int64_t buf, const void *p, int64_t rows, int64_t cols, int64_t ld,
+                  int64_t trans, int64_t esz) {{
+    if (buf < 0) return 1;
+    if (rows <= 0 || cols <= 0) return 0;
+    const char *lo = (const char *)b->base[buf];
+    const char *hi = lo + b->size[buf] * esz;
+    const char *first = (const char *)p;
+    int64_t r = trans ? cols : rows, c = trans ? rows : cols;
+    if (ld < 0) return 1;
+    const char *last = first + ((r - 1) * ld + (c - 1)) * esz;
+    return first < lo || last >= hi;
+}}
+
+#define FAIL(operand) do {{ err[0] = 1; err[1] = t; err[2] = pc; err[3] = (operand); return 1; }} while (0)
+#define DIM(x) ((x) < 0 ? bs : (x))
+#define CHECKR(reg, rows, cols, operand) do {{ if (check && (\
+    out_of(&B, R[reg].buf, R[reg].p, rows, cols, R[reg].ld, R[reg].trans, sizeof(T)))) FAIL(operand); }} while (0)
+#define REGOK(r, operand) do {{ if (check && ((r) < 0 || (r) >= nregs)) FAIL(operand); }} while (0)
+#define BUFOK(b, operand) do {{ if (check && ((b) < 0 || (b) >= nbufs)) FAIL(operand); }} while (0)
+
+int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int64_t nkinds,
+            const int64_t *tasks, int64_t ntasks, int64_t tw,
+            const int64_t *base, const int64_t *size, const int64_t *ld, const int64_t *trans, int64_t nbufs,
+            int64_t scratch_buf, int64_t max_bs, int64_t nregs, const int64_t *kernels, int64_t nkernels,
+            int64_t gemm, int64_t ilp64, int64_t forest, int64_t check, int64_t *err, int64_t *prof) {{
+    buftab_t B = {{base, size, ld, trans}};
+    struct timespec t0, t1;
+    int64_t start_ns = 0;
+    if (prof) {{ clock_gettime(CLOCK_MONOTONIC, &t0); start_ns = t0.tv_sec * 1000000000LL + t0.tv_nsec; }}
+    reg_t R[MAXREGS];
+    void *ptrs[MAXARGS];
+    long lds[MAXARGS];
+    int64_t t = -1, pc = -1;
+    if (nregs > MAXREGS) FAIL(-1);
+    for (int64_t i = 0; i < nregs; i++) {{ R[i].p = 0; R[i].ld = 0; R[i].trans = 0; R[i].buf = -1; }}
+    T *scratch = (T *)base[scratch_buf];
+    for (t = 0; t < ntasks; t++) {{
+        const int64_t *task = tasks + t * tw;
+        const int64_t kid = task[0], koff = task[1], bs = task[2], soff = task[3], catfirst = task[4];
+        if (check && (kid < 0 || kid >= nkinds || bs < 0 || bs > max_bs)) FAIL(-2);
+        const int64_t begin = kinds[2 * kid], end = kinds[2 * kid + 1];
+        for (pc = begin; pc < end; pc++) {{
+            const int64_t *in = code + pc * W;
+            const int64_t *a = in + 1;
+            if (prof) clock_gettime(CLOCK_MONOTONIC, &t0);
+            switch (in[0]) {{
+            case NOP: break;
+            case BIND: {{
+                REGOK(a[0], 0); BUFOK(a[1], 1);
+                const int64_t row = a[2] == 1 ? koff : a[2] == 2 ? soff : 0, at = row * a[4] + a[3];
+                if (check && bs > 0 && (at < 0 || at >= size[a[1]])) FAIL(3);
+                R[a[0]].p = (T *)base[a[1]] + at;
+                R[a[0]].ld = a[4]; R[a[0]].trans = 0; R[a[0]].buf = a[1];
+                break;
+            }}
+            case STATIC:
+                REGOK(a[0], 0); BUFOK(a[1], 1);
+                R[a[0]].p = (T *)base[a[1]]; R[a[0]].ld = ld[a[1]]; R[a[0]].trans = trans[a[1]];
+                R[a[0]].buf = a[1];
+                break;
+            case SCRATCH:
+                REGOK(a[0], 0);
+                R[a[0]].p = scratch + a[1] * max_bs; R[a[0]].ld = a[2]; R[a[0]].trans = 0;
+                R[a[0]].buf = scratch_buf;
+                break;
+            case GATHER: {{
+                REGOK(a[0], 0); BUFOK(a[1], 1); BUFOK(a[3], 3);
+                const int64_t width = a[2];
+                const T *src = (const T *)base[a[1]];
+                const int64_t start = task[5 + 2 * a[4]], step = task[6 + 2 * a[4]];
+                if (a[5] && step >= 1) {{
+                    R[a[0]].p = (T *)src + start * width; R[a[0]].ld = step * width;
+                    R[a[0]].trans = 0; R[a[0]].buf = a[1];
+                    break;
+                }}
+                const int64_t *idx = (const int64_t *)base[a[3]] + koff;
+                if (check && (koff < 0 || koff + bs > size[a[3]])) FAIL(3);
+                T *dst = scratch + a[6] * max_bs;
+                for (int64_t r = 0; r < bs; r++) {{
+                    if (check && (idx[r] < 0 || (idx[r] + 1) * width > size[a[1]])) FAIL(1);
+                    memcpy(dst + r * width, src + idx[r] * width, (size_t)width * sizeof(T));
+                }}
+                R[a[0]].p = dst; R[a[0]].ld = width; R[a[0]].trans = 0; R[a[0]].buf = scratch_buf;
+                break;
+            }}
+            case CATVIEW:
+                REGOK(a[0], 0); BUFOK(a[1], 1);
+                if (catfirst >= 0) {{
+                    R[a[0]].p = (T *)base[a[1]] + catfirst * a[2]; R[a[0]].ld = a[3] * a[2];
+                    R[a[0]].trans = 0; R[a[0]].buf = a[1];
+                }}
+                break;
+            case SKIP_IF_CAT:
+                if (catfirst >= 0) pc += a[0];
+                break;
+            case TAKE: {{
+                REGOK(a[0], 0); BUFOK(a[1], 1); BUFOK(a[3], 3);
+                const int64_t width = a[2], cols = a[4];
+                const T *src = (const T *)base[a[1]];
+                const int64_t *idx = (const int64_t *)base[a[3]] + koff;
+                if (check && (koff < 0 || koff + bs > size[a[3]])) FAIL(3);
+                T *dst = scratch + a[5] * max_bs;
+                for (int64_t r = 0; r < bs; r++) {{
+                    if (check && (idx[r] < 0 || idx[r] * width + cols > size[a[1]])) FAIL(1);
+                    memcpy(dst + r * cols, src + idx[r] * width, (size_t)cols * sizeof(T));
+                }}
+                R[a[0]].p = dst; R[a[0]].ld = cols; R[a[0]].trans = 0; R[a[0]].buf = scratch_buf;
+                break;
+            }}
+            case COLS:
+                REGOK(a[0], 0); REGOK(a[1], 1);
+                R[a[0]] = R[a[1]]; R[a[0]].p += a[2];
+                break;
+            case ALIAS:
+                REGOK(a[0], 0); REGOK(a[1], 1);
+                R[a[0]] = R[a[1]];
+                break;
+            case TRANSPOSE:
+                REGOK(a[0], 0); REGOK(a[1], 1);
+                R[a[0]] = R[a[1]]; R[a[0]].trans ^= 1;
+                break;
+            case GEMM: {{
+                REGOK(a[0], 0); REGOK(a[1], 1); REGOK(a[2], 2);
+                const int64_t m = DIM(a[3]), n = DIM(a[4]), k = DIM(a[5]);
+                if (m == 0 || n == 0) break;
+                const reg_t *A = &R[a[1]], *Bm = &R[a[2]];
+                reg_t *C = &R[a[0]];
+                if (check && C->trans) FAIL(0);
+                CHECKR(a[1], m, k, 1); CHECKR(a[2], k, n, 2); CHECKR(a[0], m, n, 0);
+                /* BLAS wants ld >= the row length; a one-row operand's stride is never used */
+                const int64_t need_a = A->trans ? m : k, need_b = Bm->trans ? k : n;
+                const int64_t lda = A->ld < need_a ? need_a : A->ld, ldb = Bm->ld < need_b ? need_b : Bm->ld;
+                const int64_t ldc = C->ld < n ? n : C->ld;
+                if (check && ((A->ld < need_a && (A->trans ? k : m) > 1) || (Bm->ld < need_b && (Bm->trans ? n : k) > 1)
+                              || (C->ld < n && m > 1))) FAIL(0);
+                if (k == 0) {{
+                    for (int64_t r = 0; r < m; r++) memset(C->p + r * C->ld, 0, (size_t)n * sizeof(T));
+                }} else if (ilp64) {{
+                    ((gemm64_t)gemm)(101, A->trans ? 112 : 111, Bm->trans ? 112 : 111, m, n, k, (T)1, A->p, lda,
+                                     Bm->p, ldb, (T)0, C->p, ldc);
+                }} else {{
+                    ((gemm32_t)gemm)(101, A->trans ? 112 : 111, Bm->trans ? 112 : 111, (int)m, (int)n, (int)k,
+                                     (T)1, A->p, (int)lda, Bm->p, (int)ldb, (T)0, C->p, (int)ldc);
+                }}
+                if (a[6] >= 0) {{
+                    REGOK(a[6], 6); CHECKR(a[6], 1, n, 6);
+                    const T *b = R[a[6]].p;
+                    for (int64_t r = 0; r < m; r++) {{
+                        T *c = C->p + r * C->ld;
+                        #pragma omp simd
+                        for (int64_t j = 0; j < n; j++) c[j] += b[j];
+                    }}
+                }}
+                break;
+            }}
+            case FUSED: {{
+                const int64_t nargs = a[1], rows = DIM(a[2]), cols = a[3];
+                if (nargs > MAXARGS || (check && (a[0] < 0 || a[0] >= nkernels))) FAIL(0);
+                if (rows == 0 || cols == 0) break;
+                const int64_t *args = pool + a[4];
+                for (int64_t i = 0; i < nargs; i++) {{
+                    const int64_t r = args[2 * i], kind = args[2 * i + 1];
+                    REGOK(r, 10 + i);
+                    if (check && R[r].trans) FAIL(10 + i);
+                    CHECKR(r, kind == 0 || kind == 2 ? rows : 1, kind <= 1 ? cols : 1, 10 + i);
+                    ptrs[i] = R[r].p; lds[i] = (long)R[r].ld;
+                }}
+                ((kernel_t)kernels[a[0]])((long)rows, (long)cols, ptrs, lds);
+                break;
+            }}
+            case COPY: case ADD: {{
+                REGOK(a[0], 0); REGOK(a[1], 1);
+                const int64_t rows = DIM(a[2]), cols = a[3];
+                if (check && (R[a[0]].trans || R[a[1]].trans)) FAIL(0);
+                CHECKR(a[0], rows, cols, 0); CHECKR(a[1], rows, cols, 1);
+                if (in[0] == COPY && R[a[0]].ld == cols && R[a[1]].ld == cols) {{   /* both contiguous: one move */
+                    memmove(R[a[0]].p, R[a[1]].p, (size_t)(rows * cols) * sizeof(T));
+                    break;
+                }}
+                for (int64_t r = 0; r < rows; r++) {{
+                    T *d = R[a[0]].p + r * R[a[0]].ld;
+                    const T *s = R[a[1]].p + r * R[a[1]].ld;
+                    if (in[0] == COPY) memmove(d, s, (size_t)cols * sizeof(T));
+                    else {{
+                        #pragma omp simd
+                        for (int64_t j = 0; j < cols; j++) d[j] += s[j];
+                    }}
+                }}
+                break;
+            }}
+            case ZERO: {{
+                REGOK(a[0], 0);
+                const int64_t rows = DIM(a[1]), cols = a[2];
+                if (check && R[a[0]].trans) FAIL(0);
+                CHECKR(a[0], rows, cols, 0);
+                for (int64_t r = 0; r < rows; r++) memset(R[a[0]].p + r * R[a[0]].ld, 0, (size_t)cols * sizeof(T));
+                break;
+            }}
+            case SUMROWS: {{
+                REGOK(a[0], 0); REGOK(a[1], 1);
+                const int64_t rows = DIM(a[2]), cols = a[3];
+                CHECKR(a[0], 1, cols, 0); CHECKR(a[1], rows, cols, 1);
+                T *d = R[a[0]].p;
+                for (int64_t j = 0; j < cols; j++) d[j] = 0;
+                for (int64_t r = 0; r < rows; r++) {{
+                    const T *s = R[a[1]].p + r * R[a[1]].ld;
+                    #pragma omp simd
+                    for (int64_t j = 0; j < cols; j++) d[j] += s[j];
+                }}
+                break;
+            }}
+            case PUT: {{
+                BUFOK(a[0], 0); BUFOK(a[2], 2); REGOK(a[3], 3);
+                const int64_t width = a[1], cols = a[4];
+                T *dst = (T *)base[a[0]];
+                const int64_t *idx = (const int64_t *)base[a[2]] + koff;
+                if (check && (koff < 0 || koff + bs > size[a[2]])) FAIL(2);
+                CHECKR(a[3], bs, cols, 3);
+                for (int64_t r = 0; r < bs; r++) {{
+                    if (check && (idx[r] < 0 || idx[r] * width + cols > size[a[0]])) FAIL(0);
+                    memcpy(dst + idx[r] * width, R[a[3]].p + r * R[a[3]].ld, (size_t)cols * sizeof(T));
+                }}
+                break;
+            }}
+            case ADJ: {{
+                BUFOK(a[0], 0); BUFOK(a[2], 2); REGOK(a[5], 5);
+                const int64_t width = a[1], cols = a[6];
+                T *dst = (T *)base[a[0]];
+                const int64_t start = task[5 + 2 * a[3]], step = task[6 + 2 * a[3]];
+                CHECKR(a[5], bs, cols, 5);
+                const T *src = R[a[5]].p;
+                const int64_t lds_ = R[a[5]].ld;
+                if (a[4] && step >= 0) {{
+                    if (step == 0) break;   /* only the sentinel row: its gradient is discarded */
+                    if (check && (start < 0 || (start + step * (bs - 1)) * width + cols > size[a[0]])) FAIL(0);
+                    for (int64_t r = 0; r < bs; r++) {{
+                        T *d = dst + (start + step * r) * width;
+                        const T *s = src + r * lds_;
+                        if (forest) memcpy(d, s, (size_t)cols * sizeof(T));
+                        else {{
+                            #pragma omp simd
+                            for (int64_t j = 0; j < cols; j++) d[j] += s[j];
+                        }}
+                    }}
+                    break;
+                }}
+                const int64_t *idx = (const int64_t *)base[a[2]] + koff;
+                if (check && (koff < 0 || koff + bs > size[a[2]])) FAIL(2);
+                for (int64_t r = 0; r < bs; r++) {{
+                    if (check && (idx[r] < 0 || idx[r] * width + cols > size[a[0]])) FAIL(0);
+                    T *d = dst + idx[r] * width;
+                    const T *s = src + r * lds_;
+                    if (forest) memcpy(d, s, (size_t)cols * sizeof(T));
+                    else {{
+                        #pragma omp simd
+                        for (int64_t j = 0; j < cols; j++) d[j] += s[j];
+                    }}
+                }}
+                break;
+            }}
+            case GACC: {{
+                BUFOK(a[0], 0); REGOK(a[1], 1);
+                const int64_t rows = DIM(a[2]), cols = a[3];
+                if (check && rows * cols > size[a[0]]) FAIL(0);
+                CHECKR(a[1], rows, cols, 1);
+                T *d = (T *)base[a[0]];
+                for (int64_t r = 0; r < rows; r++) {{
+                    const T *s = R[a[1]].p + r * R[a[1]].ld;
+                    #pragma omp simd
+                    for (int64_t j = 0; j < cols; j++) d[r * cols + j] += s[j];
+                }}
+                break;
+            }}
+            default:
+                FAIL(-3);
+            }}
+            if (prof) {{
+                clock_gettime(CLOCK_MONOTONIC, &t1);
+                prof[in[0]] += (t1.tv_sec - t0.tv_sec) * 1000000000LL + (t1.tv_nsec - t0.tv_nsec);
+            }}
+        }}
+    }}
+    if (prof) {{ clock_gettime(CLOCK_MONOTONIC, &t1); prof[NOPCODES] += t1.tv_sec * 1000000000LL + t1.tv_nsec - start_ns; }}
+    err[0] = 0;
+    return 0;
+}}
+
+"""
+
+
+def executor_source(c_type: str) -> str:
+    """The executor's C source for one element type (``float`` or ``double``)."""
+    enum = ", ".join([f"{name} = {i}" for name, i in OPS.items()] + [f"NOPCODES = {len(OPS)}"])
+    return EXECUTOR_SOURCE.format(T=c_type, ENUM=enum, WIDTH=WIDTH, MAX_ARGS=MAX_ARGS, MAX_REGISTERS=MAX_REGISTERS)
+
+
+def executor_decls(c_type: str) -> str:
+    return (f"int run_{c_type}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int64_t nkinds,"
+            " const int64_t *tasks, int64_t ntasks, int64_t tw, const int64_t *base, const int64_t *size,"
+            " const int64_t *ld, const int64_t *trans, int64_t nbufs, int64_t scratch_buf, int64_t max_bs,"
+            " int64_t nregs, const int64_t *kernels, int64_t nkernels, int64_t gemm, int64_t ilp64,"
+            " int64_t forest, int64_t check, int64_t *err, int64_t *prof);")

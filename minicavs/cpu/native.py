@@ -1,0 +1,119 @@
+"""The native executor on the CPU: codegen/native.py's interpreter compiled like the fused kernels (cached,
+atomic), loaded with cffi (which releases the GIL for the call), and the BLAS it calls GEMMs through.
+
+BLAS: the OpenBLAS numpy itself loaded. numpy 2.x wheels ship ``numpy.libs/libscipy_openblas64_-*.so``
+exporting the ILP64 cblas ``scipy_cblas_{s,d}gemm64_``; we find it in ``/proc/self/maps``, dlopen it with
+``RTLD_NOLOAD`` (the same copy numpy uses, never a second one) and hand the executor the symbols' addresses.
+So there is one BLAS and one BLAS thread pool per process, and no link-time dependency: the executor is
+compiled without ``-l``. If numpy's BLAS is not found (another numpy build), a system ``libopenblas`` /
+``libcblas`` exporting the LP64 ``cblas_{s,d}gemm`` is used instead (a second library, with its own threads:
+say ``OPENBLAS_NUM_THREADS`` when that matters). With no compiler or no BLAS, :func:`executor` returns None
+and warns once per process naming why (no compiler: the same one warning as the fused kernels'); the engine
+then runs the Python interpreter.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import os
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from ..codegen.native import executor_decls, executor_source
+from .compiler import compiled, compiler, warn_no_compiler
+
+_warned: set = set()
+
+
+def _warn_once(why: str) -> None:
+    if not _warned:
+        warnings.warn(f"native executor unavailable ({why}): the Python interpreter runs the batch program",
+                      RuntimeWarning, stacklevel=3)
+    _warned.add(why)
+
+
+def _numpy_blas() -> str | None:
+    """The path of the OpenBLAS numpy loaded (from this process's memory map), or None."""
+    try:
+        maps = Path("/proc/self/maps").read_text().splitlines()
+    except OSError:
+        maps = []
+    for line in maps:
+        path = line.split()[-1] if len(line.split()) >= 6 else ""
+        if "openblas" in os.path.basename(path).lower():
+            return path
+    libs = Path(np.__file__).resolve().parent.parent / "numpy.libs"
+    found = sorted(libs.glob("libscipy_openblas*.so*")) if libs.is_dir() else []
+    return str(found[0]) if found else None
+
+
+@functools.lru_cache(maxsize=None)
+def blas(c_type: str) -> tuple[int, bool, str] | None:
+    """(address of the gemm, whether it takes 64-bit ints, where it came from) for ``float``/``double``."""
+    letter = "s" if c_type == "float" else "d"
+    path = _numpy_blas()
+    if path is not None:
+        try:
+            lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+        except OSError:
+            lib = None
+        if lib is not None:
+            # ILP64 (numpy 2.x wheels: scipy-openblas64, older: openblas64_), else the LP64 names
+            for name, ilp64 in ((f"scipy_cblas_{letter}gemm64_", True), (f"cblas_{letter}gemm64_", True),
+                                (f"scipy_cblas_{letter}gemm", False), (f"cblas_{letter}gemm", False)):
+                fn = getattr(lib, name, None)
+                if fn is not None:
+                    return ctypes.cast(fn, ctypes.c_void_p).value, ilp64, f"{path}:{name}"
+    for candidate in ("openblas", "cblas", "blas"):
+        found = ctypes.util.find_library(candidate)
+        if not found:
+            continue
+        try:
+            lib = ctypes.CDLL(found)
+        except OSError:
+            continue
+        fn = getattr(lib, f"cblas_{letter}gemm", None)
+        if fn is not None:
+            return ctypes.cast(fn, ctypes.c_void_p).value, False, f"{found}:cblas_{letter}gemm"
+    return None
+
+
+class NativeExecutor:
+    """The compiled interpreter for one element type, with its GEMM."""
+
+    def __init__(self, c_type: str, lib, ffi, gemm: tuple):
+        self.c_type = c_type
+        self.lib, self.ffi = lib, ffi
+        self.run = getattr(lib, f"run_{c_type}")
+        self.gemm, self.ilp64, self.blas = gemm
+        self._i64 = functools.partial(ffi.cast, "const int64_t *")
+
+    def ptr(self, a: np.ndarray):
+        return self._i64(a.ctypes.data)
+
+
+@functools.lru_cache(maxsize=None)
+def executor(dtype) -> NativeExecutor | None:
+    """The native executor for ``dtype`` (float32 / float64), or None (with one warning) when this process
+    cannot build it: no C compiler, no BLAS."""
+    import cffi
+    name = np.dtype(dtype).name
+    c_type = {"float32": "float", "float64": "double"}.get(name)
+    if c_type is None:
+        _warn_once(f"dtype {name}")
+        return None
+    cc = compiler()
+    if cc is None:
+        warn_no_compiler()
+        return None
+    gemm = blas(c_type)
+    if gemm is None:
+        _warn_once("no BLAS: neither numpy's OpenBLAS nor a system libopenblas/libcblas")
+        return None
+    ffi = cffi.FFI()
+    ffi.cdef(executor_decls(c_type))
+    lib = ffi.dlopen(str(compiled(executor_source(c_type), cc, "native")))
+    return NativeExecutor(c_type, lib, ffi, gemm)

@@ -1,0 +1,637 @@
+"""The task loop of a batch program as an instruction stream for the native executor (VPPS's script, CPU).
+
+Per vertex kind and direction (F or ∂F) the kind's task program is lowered once to a *template*: fixed-width
+int64 instructions (codegen/native.py's ``OPCODES``) whose addresses are relative to a task's rows (its offset
+in the kind's dynamic tensors, its offset in the scatter tensor, its children's rows through the kind's index
+arrays, the task's gather views). Per batch, Python only resolves the buffers (a few dozen base pointers:
+the workspace's tensors, the scatter tensors and their gradients, pull and push buffers, the kind's index
+arrays, parameters, parameter-gradient accumulators, one scratch arena) and builds the task table with numpy
+(kind, row offset, rows, scatter offset, the gather views and the sibling-concat view per task); one C call
+then expands template x task table. So the Python work of a native pass does not grow with the number of
+tasks (the schedule and memory plan before it still do, in numpy and some Python: see the issue's report).
+
+Only the task loop is native: the blocks before and after it (eager and lazy phases) are one block per kind,
+which the Python interpreter runs as before. A task program the lowering cannot express (an op with no
+native lowering, such as dropout; a value of more than two axes; a row-sparse gradient) leaves the whole pass
+to the Python interpreter (:func:`lower` says why); so does streaming (the eager stream is a worker thread
+that runs blocks task by task).
+
+Registers: every value of a template is a register (pointer, row stride, transposed flag, buffer) set by the
+instruction that binds or computes it; views (row blocks, column slices, strided gathers, transposes,
+identities) only set registers, computed values get a region of the scratch arena (``off`` x the batch's
+largest task). Parameter gradients computed per task are added into accumulators zeroed per batch (0 + g is
+exact, so the numbers equal the Python path's copy-then-add up to summation order).
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .codegen.native import ARG_KINDS, MAX_ARGS, MAX_REGISTERS, OPCODES, OPS as OPCODE, WIDTH
+from .compile import TASK
+from .cpu import CPU
+from .cpu import native as cpu_native
+from .graph import Node
+from .ops.registry import OPS
+from .passes.fusion import fuse, fusible
+
+
+class Unsupported(Exception):
+    """The lowering cannot express this task program natively (the message says what)."""
+
+
+class NativeCheckError(RuntimeError):
+    """The executor's bounds check caught an instruction addressing outside its buffer."""
+
+
+OPCODES_BY_ID = list(OPCODES)
+NONE, KIND_ROWS, SCATTER_ROWS = 0, 1, 2
+MODE_NAMES = {NONE: "0", KIND_ROWS: "task rows", SCATTER_ROWS: "scatter rows"}
+TASK_COLUMNS = 5   # kind, kind offset, rows, scatter offset, first row of the sibling-concat view (-1: none)
+
+
+def _cols(node: Node) -> int:
+    """Columns of a node as a 2-D matrix: a per-row value (None, c) or (None,); a static (r, c), (c,), ()."""
+    shape = node.vshape if node.has_rows else node.shape
+    if len(shape) > (1 if node.has_rows else 2):
+        raise Unsupported(f"{node.label()} has shape {node.shape} (more than two axes)")
+    return int(shape[-1]) if shape else 1
+
+
+def _rows(node: Node) -> int:
+    """Rows as an instruction dimension: -1 for the task's rows."""
+    if node.has_rows:
+        return -1
+    return int(node.shape[0]) if node.ndim == 2 else 1
+
+
+def _dim(d) -> int:
+    return -1 if d is None else int(d)
+
+
+class Template:
+    """One kind's task program (F or ∂F) as instructions over local registers and buffer keys."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        self.code: list = []            # (opcode name, operands...)
+        self.pool: list = []            # fused kernels' argument lists
+        self.regs: dict = {}            # node -> register
+        self.reg_names: list = []
+        self.buffers: dict = {}         # buffer key -> local id
+        self.kernels: list = []         # Kernel objects (their uniform addresses)
+        self.scratch = 0                # scratch columns (per row) used
+        self.fixed = 0                  # elements of values without a row axis (a task's partial gradients)
+        self.param_grads: list = []     # parameter names accumulated per task
+
+    def reg(self, node: Node | None = None, name: str = "") -> int:
+        if node is not None and node in self.regs:
+            return self.regs[node]
+        r = len(self.reg_names)
+        self.reg_names.append(name or (node.name or f"%{node.id}" if node is not None else f"t{r}"))
+        if node is not None:
+            self.regs[node] = r
+        return r
+
+    def buf(self, key: tuple) -> int:
+        return self.buffers.setdefault(key, len(self.buffers))
+
+    def emit(self, op: str, *args: int) -> None:
+        assert len(args) == len(OPCODES[op]) and len(args) < WIDTH, (op, args)
+        self.code.append((op,) + tuple(int(a) for a in args))
+
+    def scratch_reg(self, node: Node) -> int:
+        cols = _cols(node)
+        r = self.reg(node)
+        if node.has_rows:
+            self.emit("SCRATCH", r, self.scratch, cols)
+            self.scratch += cols
+        else:   # a fixed-size value: its own region of the fixed arena
+            self.emit("BIND", r, self.buf(("fixed",)), NONE, self.fixed, cols)
+            self.fixed += _rows(node) * cols
+        return r
+
+    def take(self, node: Node, key: tuple, width: int, index_key: tuple) -> None:
+        cols = _cols(node)
+        self.emit("TAKE", self.reg(node), self.buf(key), width, self.buf(index_key), cols, self.scratch)
+        self.scratch += cols
+
+    def bind(self, node: Node, key: tuple, mode: int, col: int, ld: int) -> int:
+        r = self.reg(node) if node is not None else self.reg(name=f"{key[0]} {key[-1]}")
+        self.emit("BIND", r, self.buf(key), mode, col, ld)
+        return r
+
+    def copy_to(self, key: tuple, mode: int, ld: int, node: Node) -> None:
+        dst = self.reg(name=f"dst {_key_text(key)}")
+        self.emit("BIND", dst, self.buf(key), mode, 0, ld)
+        self.emit("COPY", dst, self.regs[node], -1, _cols(node))
+
+
+@dataclass
+class Lowered:
+    """The templates of one pass, linked: one code array for all kinds (instructions per kind range)."""
+
+    title: str
+    kids: list
+    templates: list
+    code: np.ndarray
+    pool: np.ndarray
+    ranges: np.ndarray          # per kind id: [begin, end) of its template
+    keys: list                  # global buffer keys (index = buffer id); the scratch arena is last
+    kernels: np.ndarray
+    nregs: int
+    scratch_cols: int
+    fixed_size: int = 0
+
+    def lines(self) -> list[str]:
+        """The templates, one instruction a line: opcode and named operands."""
+        out = []
+        for kid, t in zip(self.kids, self.templates):
+            begin, end = self.ranges[kid]
+            out.append(f"kind '{t.kind}' task template (instructions {begin}:{end}):")
+            out += [f"  {pc}: {self.text(pc, t)}" for pc in range(begin, end)]
+        return out
+
+    def text(self, pc: int, template: Template | None = None) -> str:
+        if template is None:
+            template = next(t for kid, t in zip(self.kids, self.templates) if self.ranges[kid][0] <= pc
+                            < self.ranges[kid][1])
+        row = self.code[pc]
+        name = list(OPCODES)[int(row[0])]
+        parts = []
+        for field_name, value in zip(OPCODES[name], row[1:].tolist()):
+            if field_name in ("dst", "src", "a", "b", "c") or (field_name == "bias" and value >= 0):
+                v = f"r{value}({template.reg_names[value]})" if 0 <= value < len(template.reg_names) \
+                    else f"r{value}"
+            elif field_name in ("buf", "idx"):
+                v = _key_text(self.keys[value]) if 0 <= value < len(self.keys) else f"#{value}"
+            elif field_name == "mode":
+                v = MODE_NAMES.get(value, str(value))
+            else:
+                v = str(value)
+            parts.append(f"{field_name}={v}")
+        if name == "FUSED":
+            off, n = int(row[5]), int(row[2])
+            regs = self.pool[off:off + 2 * n:2].tolist()
+            parts.append("args=" + ",".join(f"r{r}({template.reg_names[r]})" for r in regs))
+        return f"{name} " + " ".join(parts)
+
+
+def _key_text(key: tuple) -> str:
+    what, *rest = key
+    names = [x.name or f"%{x.id}" if isinstance(x, Node) else str(x) for x in rest]
+    return f"{what}[{','.join(names)}]" if names else what
+
+
+# --- lowering a kind's task program -----------------------------------------------------------------------
+
+def _single_kernel(node: Node, device, singles: dict):
+    """The kernel of an elementwise node fusion left alone (``singles``: the function's, kept with it)."""
+    if node not in singles:
+        groups = fuse([node], [node])
+        if len(groups) != 1 or "other" in groups[0].broadcast:
+            raise Unsupported(f"{node.label()}: no kernel for its broadcast")
+        singles[node] = (groups[0], device.fused(groups)[0])
+    return singles[node]
+
+
+def _kernel_step(t: Template, group, kernel, inputs, outputs) -> None:
+    if kernel is None or not getattr(kernel, "address", 0):
+        raise Unsupported(f"fused group {' '.join(n.op for n in group.nodes)} has no compiled kernel")
+    out = group.output
+    if out.ndim > 2:
+        raise Unsupported(f"fused group output {out.label()} has shape {out.shape}")
+    args = []
+    for x, kind in zip(inputs, group.broadcast):
+        if x not in t.regs:
+            raise Unsupported(f"{x.label()} is read before anything binds it")
+        args += [t.regs[x], ARG_KINDS[kind]]
+    for y in outputs:
+        r = t.regs[y] if y in t.regs else t.scratch_reg(y)
+        args += [r, ARG_KINDS["full"]]
+    if len(args) // 2 > MAX_ARGS:
+        raise Unsupported(f"fused group with {len(args) // 2} arguments (the executor passes at most {MAX_ARGS})")
+    if kernel not in t.kernels:
+        t.kernels.append(kernel)
+    t.emit("FUSED", t.kernels.index(kernel), len(args) // 2, _rows(out), _cols(out), len(t.pool))
+    t.pool += args
+
+
+def _step(t: Template, step, statics: set, device, singles: dict) -> None:
+    """One step's instructions (its inputs are registers already)."""
+    for x in step.inputs:
+        if x not in t.regs:
+            if x in statics:
+                _cols(x)
+                t.emit("STATIC", t.reg(x), t.buf(("static", x)))
+            else:
+                raise Unsupported(f"{x.label()} is read before anything binds it")
+    if step.fused:
+        _kernel_step(t, step.run.group, step.run.kernel, step.inputs, step.outputs)
+        return
+    node = step.outputs[0]
+    opdef = OPS[node.op]
+    if opdef.needs_ctx:
+        raise Unsupported(f"{node.label()} needs the run context (dropout's row keys)")
+    if opdef.identity:
+        t.emit("ALIAS", t.reg(node), t.regs[step.inputs[0]])
+        return
+    how = opdef.native(node) if opdef.native is not None else None
+    if how is None:
+        if fusible(node):
+            group, kernel = _single_kernel(node, device, singles)
+            _kernel_step(t, group, kernel, group.inputs, group.outputs)
+            return
+        raise Unsupported(f"{node.label()}: op '{node.op}' has no native lowering")
+    ins = [t.regs[x] for x in step.inputs]
+    if how == "cols":
+        t.emit("COLS", t.reg(node), ins[0], node.attrs["start"])
+    elif how == "transpose":
+        t.emit("TRANSPOSE", t.reg(node), ins[0])
+    elif how == "gemm":
+        a, b = step.inputs[:2]
+        out = t.scratch_reg(node)
+        bias = ins[2] if len(ins) > 2 else -1
+        t.emit("GEMM", out, ins[0], ins[1], _dim(node.shape[0]), _dim(node.shape[1]), _dim(a.shape[1]), bias)
+    elif how == "concat":
+        out = t.scratch_reg(node)
+        col = 0
+        for x, r in zip(step.inputs, ins):
+            part = t.reg(name=f"{t.reg_names[out]}[:, {col}:]")
+            t.emit("COLS", part, out, col)
+            t.emit("COPY", part, r, _rows(node), _cols(x))
+            col += _cols(x)
+    elif how == "unslice":
+        out = t.scratch_reg(node)
+        t.emit("ZERO", out, _rows(node), _cols(node))
+        part = t.reg(name=f"{t.reg_names[out]}[:, {node.attrs['start']}:]")
+        t.emit("COLS", part, out, node.attrs["start"])
+        t.emit("COPY", part, ins[0], _rows(node), _cols(step.inputs[0]))
+    elif how == "sum_rows":
+        out = t.scratch_reg(node)
+        t.emit("SUMROWS", out, ins[0], _dim(step.inputs[0].shape[0]), _cols(node))
+    else:
+        raise Unsupported(f"{node.label()}: unknown native lowering {how!r}")
+
+
+def _width(shape) -> int:
+    return int(math.prod(shape))
+
+
+def _steps(t: Template, program, statics: set, device, singles: dict, skip_concat: Node | None = None) -> None:
+    for step in program:
+        if skip_concat is not None and step.outputs[0] is skip_concat:
+            # the sibling concat: skipped when the task's children are side by side (CATVIEW bound it)
+            mark = len(t.code)
+            t.emit("SKIP_IF_CAT", 0)
+            _step(t, step, statics, device, singles)
+            t.code[mark] = ("SKIP_IF_CAT", len(t.code) - mark - 1)
+        else:
+            _step(t, step, statics, device, singles)
+
+
+def _singles(fn, device) -> dict:
+    return fn._phases.setdefault(("native single kernels", device), {})
+
+
+def forward_template(fn, opts, device, training: bool) -> Template:
+    """F's task program of one kind, mirroring program.bind_forward's task blocks."""
+    kp = fn.phases(opts, device)[0]
+    inplace, copied, concats = fn.placement(opts, device, training)[1][TASK]
+    t = Template(fn.F.name)
+    statics = set(fn.static_fwd)
+    for x in kp.reads[TASK]:
+        t.bind(x, ("tensor", x), KIND_ROWS, 0, _width(x.vshape))
+    for j, g in fn.gathers.items():
+        if kp.phase[g] == TASK:
+            message = fn.gather_messages[j]
+            width = _width(message)
+            t.emit("GATHER", t.reg(g), t.buf(("scatter", message)), width, t.buf(("child", j)), j,
+                   int(opts.gather_elision), t.scratch)
+            t.scratch += width
+    cat = fn.gather_concat
+    cat_view = cat is not None and opts.gather_elision and kp.phase.get(cat) == TASK
+    if cat_view:
+        message = cat.inputs[0].vshape
+        t.emit("CATVIEW", t.reg(cat), t.buf(("scatter", message)), _width(message), len(fn.gathers))
+    for name, p in fn.pulls.items():
+        if kp.phase[p] == TASK:
+            t.take(p, ("pull", name), _width(p.vshape), ("pullrows", name))
+    for node in inplace:
+        t.bind(node, ("tensor", node), KIND_ROWS, 0, _width(node.vshape))
+    written = set(inplace) | {m for _, parts in concats for m, _, _ in parts}
+    src, direct = fn.scatter_source, False
+    smsg = fn.scatter_message
+    for c, parts in concats:
+        if c not in t.regs:
+            if c is src:
+                t.bind(c, ("scatter", smsg), SCATTER_ROWS, 0, _width(smsg))
+                direct = True
+            else:
+                t.scratch_reg(c)
+        for m, a, _ in parts:
+            t.emit("COLS", t.reg(m), t.regs[c], a)
+    if (not direct and src in kp.inplace and src not in written and kp.phase.get(src) == TASK):
+        t.bind(src, ("scatter", smsg), SCATTER_ROWS, 0, _width(smsg))
+        direct = True
+    _steps(t, kp.programs[TASK], statics, device, _singles(fn, device), cat if cat_view else None)
+    if fn.scattered is not None and kp.phase[fn.scattered] == TASK and not direct:
+        t.copy_to(("scatter", smsg), SCATTER_ROWS, _width(smsg), fn.scattered)
+    for name, p in fn.pushes.items():
+        if kp.phase[p] == TASK:
+            t.emit("PUT", t.buf(("push", name)), _width(p.vshape), t.buf(("pushrows", name)), t.regs[p],
+                   _cols(p))
+    for node in copied:
+        t.copy_to(("tensor", node), KIND_ROWS, _width(node.vshape), node)
+    return t
+
+
+def backward_template(fn, opts, device) -> Template:
+    """∂F's task program of one kind, mirroring program.bind_backward's task blocks."""
+    kp = fn.phases(opts, device)[1]
+    f_stored, _, b_stored, b_places = fn.placement(opts, device, True)
+    inplace, copied, concats = b_places[TASK]
+    b_stored = set(b_stored)
+    t = Template(fn.F.name)
+    statics = set(fn.static_fwd) | set(fn.static_bwd)
+    program = kp.programs[TASK]
+    read = {x for step in program for x in step.inputs}
+    read.update(x for x in copied)
+    read.update(g for leaf, g in fn.leaf_grads.items() if kp.phase[g] == TASK)
+    read.update(g for g in fn.param_grads.values() if kp.phase[g] == TASK)
+    bound = set()
+    for node in f_stored:
+        if node in read:
+            t.bind(node, ("tensor", node), KIND_ROWS, 0, _width(node.vshape))
+        bound.add(node)
+    smsg = fn.scatter_message
+    if fn.scatter_parts:
+        for x, (a, b) in fn.scatter_parts.items():
+            if x not in bound:
+                if x in read:
+                    t.bind(x, ("scatter", smsg), SCATTER_ROWS, a, _width(smsg))
+                bound.add(x)
+    for name, x in fn.pull_reads.items():
+        if x not in bound:
+            if x in read:
+                t.take(x, ("pull", name), _width(x.vshape), ("pullrows", name))
+            bound.add(x)
+    for x in kp.reads[TASK]:
+        if x in b_stored:
+            t.bind(x, ("btensor", x), KIND_ROWS, 0, _width(x.vshape))
+    for out, ct in fn.ct.items():
+        if kp.phase[ct] != TASK:
+            continue
+        if out is fn.scattered:
+            t.bind(ct, ("sgrad", smsg), SCATTER_ROWS, 0, _width(smsg))
+        else:
+            t.take(ct, ("pushgrad", out.name), _width(ct.vshape), ("pushrows", out.name))
+        if ct in b_stored:
+            t.copy_to(("btensor", ct), KIND_ROWS, _width(ct.vshape), ct)
+    for node in inplace:
+        t.bind(node, ("btensor", node), KIND_ROWS, 0, _width(node.vshape))
+    for c, parts in concats:
+        if c not in t.regs:
+            t.scratch_reg(c)
+        for m, a, _ in parts:
+            t.emit("COLS", t.reg(m), t.regs[c], a)
+    _steps(t, program, statics, device, _singles(fn, device))
+    for node in copied:
+        t.copy_to(("btensor", node), KIND_ROWS, _width(node.vshape), node)
+    for leaf, g in fn.leaf_grads.items():
+        if kp.phase[g] != TASK:
+            continue
+        if g not in t.regs:
+            raise Unsupported(f"gradient {g.label()} is not computed by the task program")
+        j = fn.gather_slot.get(leaf)
+        if j is not None:
+            message = fn.gather_messages[j]
+            t.emit("ADJ", t.buf(("sgrad", message)), _width(message), t.buf(("child", j)), j,
+                   int(opts.gather_elision), t.regs[g], _cols(g))
+        else:
+            t.emit("PUT", t.buf(("pullgrad", leaf.name)), _width(leaf.vshape), t.buf(("pullrows", leaf.name)),
+                   t.regs[g], _cols(g))
+    for name, g in fn.param_grads.items():
+        if kp.phase[g] == TASK:
+            if g not in t.regs:
+                raise Unsupported(f"gradient of '{name}' is not computed by the task program")
+            t.emit("GACC", t.buf(("pgrad", name)), t.regs[g], _rows(g), _cols(g))
+            t.param_grads.append(name)
+    return t
+
+
+def template(fn, opts, device, backward: bool, training: bool = True) -> Template | str:
+    """The kind's template (kept with the function's compiled phases), or why there is none."""
+    key = ("native", opts.compiled, device, backward, training)
+    if key not in fn._phases:
+        try:
+            fn._phases[key] = backward_template(fn, opts, device) if backward else \
+                forward_template(fn, opts, device, training)
+        except Unsupported as e:
+            fn._phases[key] = f"kind '{fn.F.name}': {e}"
+    return fn._phases[key]
+
+
+def link(fns: list, kids: list, opts, device, backward: bool, training: bool = True,
+         cache: dict | None = None) -> Lowered | str:
+    """The templates of the kinds ``kids`` as one program, or why the pass stays in Python. ``cache``: where
+    linked programs are kept (the workspace's: they live as long as the model)."""
+    cache = {} if cache is None else cache
+    key = (tuple(id(f) for f in fns), tuple(kids), opts.compiled, device, backward, training)
+    hit = cache.get(key)
+    if hit is not None and all(a is b for a, b in zip(hit[0], fns)):
+        return hit[1]
+    templates = []
+    for kid in kids:
+        t = template(fns[kid], opts, device, backward, training)
+        if isinstance(t, str):
+            cache[key] = (list(fns), t)
+            return t
+        if len(t.reg_names) > MAX_REGISTERS:
+            cache[key] = (list(fns), f"kind '{t.kind}': {len(t.reg_names)} registers (at most {MAX_REGISTERS})")
+            return cache[key][1]
+        templates.append(t)
+    keys: dict = {}
+    kernels: list = []
+    code, pool = [], []
+    ranges = np.zeros((len(fns), 2), np.int64)
+    for kid, t in zip(kids, templates):
+        local_buf = {i: keys.setdefault(_global_key(k, kid), len(keys)) for k, i in t.buffers.items()}
+        local_kernel = {}
+        for i, k in enumerate(t.kernels):
+            if k not in kernels:
+                kernels.append(k)
+            local_kernel[i] = kernels.index(k)
+        begin = len(code)
+        for op, *args in t.code:
+            names = OPCODES[op]
+            args = [local_buf[v] if n in ("buf", "idx") else local_kernel[v] if n == "kernel"
+                    else v + len(pool) if n == "pool" else v for n, v in zip(names, args)]
+            code.append([OPCODE[op]] + args + [0] * (WIDTH - 1 - len(args)))
+        pool += t.pool
+        ranges[kid] = (begin, len(code))
+    keys_list = list(keys) + [("scratch",)]
+    lowered = Lowered("∂F" if backward else "F", list(kids), templates,
+                      np.array(code, np.int64).reshape(-1, WIDTH), np.array(pool or [0], np.int64), ranges,
+                      keys_list, np.array([k.address for k in kernels] or [0], np.int64),
+                      max((len(t.reg_names) for t in templates), default=1),
+                      max((t.scratch for t in templates), default=0), max((t.fixed for t in templates), default=0))
+    cache[key] = (list(fns), lowered)
+    return lowered
+
+
+def _global_key(key: tuple, kid: int) -> tuple:
+    """Buffer keys of one kind's own arrays (tensors, index arrays, statics) carry its kind id."""
+    return key + (kid,) if key[0] in ("tensor", "btensor", "child", "pullrows", "pushrows", "static") else key
+
+
+# --- per batch: the task table and the buffer table --------------------------------------------------------
+
+def task_table(fns: list, plan, opts, backward: bool) -> tuple[np.ndarray, dict]:
+    """One row per task, in the order they run (backward: the stack popped), built with numpy: kind, kind
+    offset, rows, scatter offset, the sibling-concat view's first row (-1: none), and per gather slot the
+    strided view (start, step; step -1: none). Also the rows moved, for the program's copy counters."""
+    tasks = np.array(plan.tasks, np.int64).reshape(-1, 4)
+    arity = max((len(fn.gathers) for fn in fns if fn is not None), default=0)
+    table = np.full((len(tasks), TASK_COLUMNS + 2 * arity), -1, np.int64)
+    table[:, :4] = tasks
+    kinds, koffs, sizes = tasks[:, 0], tasks[:, 1], tasks[:, 2]
+    copies = {"gather": 0, "gathered": 0, "pull": 0, "push": 0}
+    for kid, fn in enumerate(fns):
+        kind_plan = plan.kinds[kid] if kid < len(plan.kinds) else None
+        if fn is None or kind_plan is None:
+            continue
+        mine = np.flatnonzero(kinds == kid)
+        if not len(mine):
+            continue
+        kp = fn.phases(opts)[1 if backward else 0]
+        views = []
+        for j in fn.gathers:
+            start = np.full(kind_plan.n + 1, -1, np.int64)
+            step = np.full(kind_plan.n + 1, -1, np.int64)
+            if opts.gather_elision and kind_plan.views[j]:
+                at = np.fromiter(kind_plan.views[j].keys(), np.int64, len(kind_plan.views[j]))
+                pairs = np.array(list(kind_plan.views[j].values()), np.int64).reshape(-1, 2)
+                start[at], step[at] = pairs[:, 0], pairs[:, 1]
+            views.append((start[koffs[mine]], step[koffs[mine]]))
+            table[mine, TASK_COLUMNS + 2 * j] = views[-1][0]
+            table[mine, TASK_COLUMNS + 2 * j + 1] = views[-1][1]
+        bs = sizes[mine]
+        if not backward:
+            gathered = sum(kp.phase[g] == TASK for g in fn.gathers.values())
+            copies["gathered"] += int(bs.sum()) * gathered
+            for j, g in fn.gathers.items():
+                if kp.phase[g] == TASK:
+                    copies["gather"] += int(bs[views[j][1] < 0].sum()) if opts.gather_elision else int(bs.sum())
+            copies["pull"] += int(bs.sum()) * sum(kp.phase[p] == TASK for p in fn.pulls.values())
+            copies["push"] += int(bs.sum()) * sum(kp.phase[p] == TASK for p in fn.pushes.values())
+            cat = fn.gather_concat
+            if cat is not None and opts.gather_elision and kp.phase.get(cat) == TASK and views:
+                k = len(views)
+                ok = np.ones(len(mine), bool)
+                for j, (start, step) in enumerate(views):
+                    ok &= (step == k) & (start == views[0][0] + j)
+                table[mine, 4] = np.where(ok, views[0][0], -1)
+    if backward:
+        table = table[::-1]
+    return np.ascontiguousarray(table), copies
+
+
+def _matrix_info(a: np.ndarray) -> tuple[np.ndarray, int, int]:
+    """(array kept alive, row stride, transposed flag) of a buffer the executor reads whole."""
+    if a.ndim == 2 and not a.flags.c_contiguous and a.T.flags.c_contiguous:
+        return a, a.shape[0], 1
+    a = np.ascontiguousarray(a)
+    return a, (a.shape[-1] if a.ndim >= 1 else 1) if a.ndim <= 2 else int(math.prod(a.shape[1:])), 0
+
+
+# profiling: set to np.zeros(len(OPCODES) + 1, np.int64) and native calls add their ns per opcode, and in all last
+PROFILE: np.ndarray | None = None
+
+
+def run(lowered: Lowered, table: np.ndarray, resolve, dtype, forest: bool) -> dict:
+    """Run the task loop natively: ``resolve(key)`` gives each buffer's array. Returns the parameter-gradient
+    accumulators ({name: array}) the program added into."""
+    ex = cpu_native.executor(dtype)
+    n = len(lowered.keys)
+    base = np.zeros(n, np.int64)
+    size = np.zeros(n, np.int64)
+    ld = np.zeros(n, np.int64)
+    trans = np.zeros(n, np.int64)
+    keep, grads = [], {}
+    max_bs = int(table[:, 2].max()) if len(table) else 0
+    for i, key in enumerate(lowered.keys):
+        if key[0] == "scratch":
+            a = resolve(("arena", "scratch", lowered.scratch_cols * max_bs))
+        elif key[0] == "fixed":
+            a = resolve(("arena", "fixed", lowered.fixed_size))
+        elif key[0] == "pgrad":
+            a = grads[key[1]] = resolve(key)
+        else:
+            a = resolve(key)
+        a, stride, flag = _matrix_info(a)
+        keep.append(a)
+        base[i], size[i], ld[i], trans[i] = a.ctypes.data, a.size, stride, flag
+    err = np.zeros(4, np.int64)
+    check = int(os.environ.get("MINICAVS_NATIVE_CHECK", "0") not in ("", "0"))
+    prof = ex.ffi.NULL if PROFILE is None else ex.ffi.cast("int64_t *", PROFILE.ctypes.data)
+    p = ex.ptr
+    rc = ex.run(p(lowered.code), p(lowered.pool), p(lowered.ranges), len(lowered.ranges), p(table), len(table),
+                table.shape[1], p(base), p(size), p(ld), p(trans), n, n - 1, max_bs, lowered.nregs,
+                p(lowered.kernels), len(lowered.kernels), ex.gemm, int(ex.ilp64), int(forest), check,
+                ex.ffi.cast("int64_t *", err.ctypes.data), prof)
+    if rc:
+        _, task, pc, operand = err.tolist()
+        where = lowered.text(pc) if 0 <= pc < len(lowered.code) else f"instruction {pc}"
+        raise NativeCheckError(f"native {lowered.title}: task {task}, instruction {pc} ({where}): operand "
+                               f"{_operand_name(lowered, pc, operand)} is out of bounds or invalid")
+    del keep
+    return grads
+
+
+def _operand_name(lowered: Lowered, pc: int, operand: int) -> str:
+    if operand == -2:
+        return "task row (kind or rows)"
+    if not 0 <= pc < len(lowered.code):
+        return str(operand)
+    names = OPCODES[list(OPCODES)[int(lowered.code[pc][0])]]
+    if 0 <= operand < len(names):
+        return names[operand]
+    return f"argument {operand - 10}" if operand >= 10 else str(operand)
+
+
+def available(dtype, device) -> str | None:
+    """Why the native executor cannot run here (None: it can)."""
+    if device is not CPU:
+        return "the native executor runs on the CPU only"
+    if cpu_native.executor(dtype) is None:
+        return "no compiler or BLAS"
+    return None
+
+
+def nop_program(count: int) -> Lowered:
+    """A one-kind program of ``count`` NOPs: what the executor's dispatch alone costs."""
+    t = Template("nop")
+    for _ in range(count):
+        t.emit("NOP")
+    code = np.zeros((count, WIDTH), np.int64)
+    return Lowered("nop", [0], [t], code, np.zeros(1, np.int64), np.array([[0, count]], np.int64), [("scratch",)],
+                   np.zeros(1, np.int64), 1, 0)
+
+
+def dispatch_ns(count: int = 100_000, tasks: int = 10, repeats: int = 5, dtype=np.float32) -> float:
+    """Nanoseconds per instruction of the native executor's dispatch loop (the best of ``repeats`` runs of
+    ``tasks`` tasks over a program of ``count`` NOPs)."""
+    import time
+    program = nop_program(count)
+    table = np.full((tasks, TASK_COLUMNS), -1, np.int64)
+    table[:, 0], table[:, 1], table[:, 2], table[:, 3] = 0, 0, 1, 0
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        run(program, table, lambda key: np.empty(max(1, key[2]), dtype), dtype, True)
+        best = min(best, time.perf_counter() - t0)
+    return best / (count * tasks) * 1e9
