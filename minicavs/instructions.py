@@ -581,7 +581,7 @@ def run(lowered: Lowered, table: np.ndarray, resolve, dtype, forest: bool) -> di
     p = ex.ptr
     rc = ex.run(p(lowered.code), p(lowered.pool), p(lowered.ranges), len(lowered.ranges), p(table), len(table),
                 table.shape[1], p(base), p(size), p(ld), p(trans), n, n - 1, max_bs, lowered.nregs,
-                p(lowered.kernels), len(lowered.kernels), ex.gemm, int(ex.ilp64), int(forest), check,
+                p(lowered.kernels), len(lowered.kernels), ex.gemm, ex.gemv, int(ex.ilp64), int(forest), check,
                 ex.ffi.cast("int64_t *", err.ctypes.data), prof)
     if rc:
         _, task, pc, operand = err.tolist()

@@ -86,6 +86,22 @@ def test_bundled_models_native_equals_python_under_every_switch(name, tmp_path):
             assert_native_equals_python(run, options, dtype, PYTHON_ONLY.get(name))
 
 
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_one_sample_batches_native_equals_python(name, tmp_path):
+    """A batch of one sample: tasks of one row, whose products the executor runs as gemv (numpy's matmul does
+    the same; OpenBLAS's gemm at m = 1 is several times slower)."""
+    for dtype in ("float64", "float32"):
+        extra = ["model.variant=child_sum"] if "child_sum" in name else []
+        t = Trainer(MODELS / f"{name.replace('_child_sum', '')}.yaml", TINY[name] + extra + [f"train.dtype={dtype}"],
+                    run_dir=tmp_path / dtype)
+        for sample in t.task.data["train"][:2]:
+            def run(options):
+                t.model.options = options
+                return t.loss_and_grads([sample])
+            for options in (SWITCHES[0], SWITCHES[-1]):
+                assert_native_equals_python(run, options, dtype, PYTHON_ONLY.get(name))
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
 @settings(max_examples=6, deadline=None)
 @given(seed=st.integers(0, 2**31 - 1), k=st.integers(1, 5), size=st.integers(1, 6), switch=st.integers(0, 15))

@@ -60,6 +60,8 @@ typedef void (*kernel_t)(long rows, long cols, void *const *ptrs, const long *ld
 typedef void (*gemm64_t)(int, int, int, int64_t, int64_t, int64_t, T, const T *, int64_t, const T *, int64_t,
                          T, T *, int64_t);
 typedef void (*gemm32_t)(int, int, int, int, int, int, T, const T *, int, const T *, int, T, T *, int);
+typedef void (*gemv64_t)(int, int, int64_t, int64_t, T, const T *, int64_t, const T *, int64_t, T, T *, int64_t);
+typedef void (*gemv32_t)(int, int, int, int, T, const T *, int, const T *, int, T, T *, int);
 
 enum {{ {ENUM} }};
 #define W {WIDTH}
@@ -95,7 +97,7 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
             const int64_t *tasks, int64_t ntasks, int64_t tw,
             const int64_t *base, const int64_t *size, const int64_t *ld, const int64_t *trans, int64_t nbufs,
             int64_t scratch_buf, int64_t max_bs, int64_t nregs, const int64_t *kernels, int64_t nkernels,
-            int64_t gemm, int64_t ilp64, int64_t forest, int64_t check, int64_t *err, int64_t *prof) {{
+            int64_t gemm, int64_t gemv, int64_t ilp64, int64_t forest, int64_t check, int64_t *err, int64_t *prof) {{
     buftab_t B = {{base, size, ld, trans}};
     struct timespec t0, t1;
     int64_t start_ns = 0;
@@ -208,6 +210,16 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
                               || (C->ld < n && m > 1))) FAIL(0);
                 if (k == 0) {{
                     for (int64_t r = 0; r < m; r++) memset(C->p + r * C->ld, 0, (size_t)n * sizeof(T));
+                }} else if (m == 1 && gemv) {{
+                    /* one row: c = op(B)^T a, B read as stored (k x n, or n x k when transposed) */
+                    const int64_t inca = A->trans ? (A->ld < 1 ? 1 : A->ld) : 1;
+                    const int64_t rows_b = Bm->trans ? n : k, cols_b = Bm->trans ? k : n;
+                    if (ilp64)
+                        ((gemv64_t)gemv)(101, Bm->trans ? 111 : 112, rows_b, cols_b, (T)1, Bm->p, ldb, A->p, inca,
+                                         (T)0, C->p, 1);
+                    else
+                        ((gemv32_t)gemv)(101, Bm->trans ? 111 : 112, (int)rows_b, (int)cols_b, (T)1, Bm->p, (int)ldb,
+                                         A->p, (int)inca, (T)0, C->p, 1);
                 }} else if (ilp64) {{
                     ((gemm64_t)gemm)(101, A->trans ? 112 : 111, Bm->trans ? 112 : 111, m, n, k, (T)1, A->p, lda,
                                      Bm->p, ldb, (T)0, C->p, ldc);
@@ -371,5 +383,5 @@ def executor_decls(c_type: str) -> str:
     return (f"int run_{c_type}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int64_t nkinds,"
             " const int64_t *tasks, int64_t ntasks, int64_t tw, const int64_t *base, const int64_t *size,"
             " const int64_t *ld, const int64_t *trans, int64_t nbufs, int64_t scratch_buf, int64_t max_bs,"
-            " int64_t nregs, const int64_t *kernels, int64_t nkernels, int64_t gemm, int64_t ilp64,"
+            " int64_t nregs, const int64_t *kernels, int64_t nkernels, int64_t gemm, int64_t gemv, int64_t ilp64,"
             " int64_t forest, int64_t check, int64_t *err, int64_t *prof);")
