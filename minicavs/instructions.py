@@ -544,7 +544,9 @@ def _matrix_info(a: np.ndarray) -> tuple[np.ndarray, int, int]:
     """(array kept alive, row stride, transposed flag) of a buffer the executor reads whole."""
     if a.ndim == 2 and not a.flags.c_contiguous and a.T.flags.c_contiguous:
         return a, a.shape[0], 1
-    a = np.ascontiguousarray(a)
+    if not a.flags.c_contiguous:   # a copy would take the executor's writes and lose them
+        raise ValueError(f"native executor: a buffer of shape {a.shape} and strides {a.strides} is neither "
+                         "contiguous nor a transposed contiguous matrix")
     return a, (a.shape[-1] if a.ndim >= 1 else 1) if a.ndim <= 2 else int(math.prod(a.shape[1:])), 0
 
 
