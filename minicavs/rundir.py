@@ -18,12 +18,22 @@ from the recorded rows (so it never keeps a torn or uncommitted line), a best ep
 copied from last.npz when best.npz is older, fsm.json is rewritten from the FSM last.npz records, and
 temporary files are deleted. Readers find the best
 checkpoint with :meth:`RunDir.best_checkpoint`, which is right at every instant, before any repair too.
+
+One writer at a time: a trainer holds an exclusive lock on ``.lock`` in the directory (:meth:`RunDir.lock`)
+from its first write to the end, so a second process training, resuming or finishing into the same
+directory is refused instead of interleaving commits. The lock is the kernel's (``flock``): it dies with the
+process, so a crash leaves no stale lock to clear by hand.
 """
 from __future__ import annotations
 
 import json
 import os
 from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:       # not POSIX: no cross-process lock (documented in RunDir.lock)
+    fcntl = None
 
 from . import atomic, checkpoint
 from .errors import CheckpointError, RunDirError
@@ -40,6 +50,39 @@ class RunDir:
         self.metrics = self.path / "metrics.jsonl"
         self.results = self.path / "results.json"
         self.fsm = self.path / "fsm.json"   # an fsm policy's learned FSM, a copy of what last.npz records
+        self._lock_file = None               # the open .lock while this process holds it
+
+    def lock(self) -> None:
+        """Take the directory's writer lock (creating the directory), or fail naming the holder's pid;
+        holding it already is fine. Released by :meth:`unlock` or when the process ends, however it ends.
+        Where ``fcntl`` is missing (Windows) there is no lock."""
+        if self._lock_file is not None or fcntl is None:
+            return
+        if self.path.exists() and not self.path.is_dir():
+            raise RunDirError(f"run dir {self.path} exists and is not a directory")
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            f = open(self.path / ".lock", "a+")
+        except OSError as e:
+            raise RunDirError(f"cannot write to run dir {self.path}: {e.strerror or e}") from None
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            f.seek(0)
+            holder = f.read().strip() or "unknown"
+            f.close()
+            raise RunDirError(f"run dir {self.path} is in use by another minicavs process (pid {holder}); "
+                              f"wait for it to finish, or choose another --run-dir") from None
+        f.seek(0)
+        f.truncate()
+        f.write(f"{os.getpid()}\n")
+        f.flush()
+        self._lock_file = f
+
+    def unlock(self) -> None:
+        if self._lock_file is not None:
+            self._lock_file.close()      # closing the descriptor releases the flock
+            self._lock_file = None
 
     def __str__(self) -> str:
         return str(self.path)

@@ -320,6 +320,15 @@ class Trainer:
         last.npz (the trainer must have been built for it: :meth:`resuming`)."""
         epochs = self.cfg["train"]["epochs"] if epochs is None else epochs
         log = log if self.is_root else _quiet   # under MPI rank 0 alone reads and writes the run dir, and speaks
+        if not resume or self.run.path.is_dir():   # (no directory to resume: _fit's error says so)
+            self._on_root(self.run.lock)             # one writer per run dir (rundir's protocol)
+        try:
+            return self._fit(epochs, resume, progress, log, force)
+        finally:
+            self.run.unlock()
+
+    def _fit(self, epochs: int, resume: bool, progress: bool, log: Callable[[str], None],
+             force: bool) -> list[dict]:
         if resume:
             path = self._on_root(lambda: self.run.resumable().path)
             self.load(path)
@@ -410,6 +419,14 @@ class Trainer:
     def final_results(self, log: Callable[[str], None] = print) -> dict:
         """Load the best checkpoint, evaluate it on dev and test, write RUN_DIR/results.json."""
         log = log if self.is_root else _quiet
+        self._on_root(self.run.best_checkpoint)   # the error for a run dir without a checkpoint comes first
+        self._on_root(self.run.lock)
+        try:
+            return self._final_results(log)
+        finally:
+            self.run.unlock()
+
+    def _final_results(self, log: Callable[[str], None]) -> dict:
         best = self._on_root(self.run.best_checkpoint)
         extra = self.load(best, optimizer=False)
         results = {"checkpoint": best.name, "epoch": extra.get("epoch"), "step": extra.get("rng", {}).get("step"),

@@ -3,8 +3,11 @@ creation of a run, then ``--resume``, ends with the same files (parameters, opti
 checkpoint, results) as an uninterrupted run; and the repairs resume makes by itself."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -264,3 +267,48 @@ def test_without_dev_data_the_latest_epoch_is_the_best(tmp_path):
     assert checkpoint.read(run_dir / "best.npz").extra["epoch"] == 3
     results = json.loads((run_dir / "results.json").read_text())
     assert results["epoch"] == 3 and "test_loss" in results and "dev_loss" not in results
+
+
+@contextlib.contextmanager
+def _holder(run_dir: Path):
+    """Another process holding ``run_dir``'s writer lock until it is killed (SIGKILL: a crash, no cleanup
+    in the holder) when the block ends."""
+    code = ("import sys; from minicavs.rundir import RunDir; run = RunDir(sys.argv[1]); run.lock(); "
+            "print('held', flush=True); sys.stdin.read()")
+    with subprocess.Popen([sys.executable, "-c", code, str(run_dir)], stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parent.parent) as proc:
+        try:
+            assert proc.stdout.readline().strip() == "held"
+            yield proc
+        finally:
+            proc.kill()
+
+
+def test_a_second_process_cannot_write_into_a_run_dir_in_use(tmp_path, capsys):
+    cfg = tiny_config(tmp_path)
+    run_dir = tmp_path / "run"
+    assert train(cfg, run_dir, "--epochs", "1") == 0
+    before = {name: (run_dir / name).read_bytes() for name in os.listdir(run_dir) if name != ".lock"}
+    with _holder(run_dir) as holder:
+        capsys.readouterr()
+        for extra in (("--epochs", "2", "--resume"), ("--epochs", "1", "--force")):
+            assert train(cfg, run_dir, *extra) == 2
+            err = capsys.readouterr().err
+            assert f"is in use by another minicavs process (pid {holder.pid})" in err
+            assert {name: (run_dir / name).read_bytes() for name in os.listdir(run_dir)
+                    if name != ".lock"} == before                # refused before any write
+    assert train(cfg, run_dir, "--epochs", "2", "--resume") == 0   # the kernel dropped the dead holder's lock
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+def test_the_lock_is_released_when_training_ends(tmp_path):
+    from minicavs.training import Trainer
+    cfg = tiny_config(tmp_path)
+    run_dir = tmp_path / "run"
+    first = Trainer(str(cfg), ["train.epochs=1"], run_dir=run_dir)
+    first.fit(progress=False, log=lambda _: None)
+    first.final_results(log=lambda _: None)
+    again = Trainer.resuming(run_dir, ["train.epochs=2"])    # the same process, while `first` still lives
+    again.fit(resume=True, progress=False, log=lambda _: None)
+    with _holder(run_dir):                                  # and another process can take it too
+        pass
