@@ -24,14 +24,24 @@ from .vecmath import PRELUDE_F32
 SOURCE = """
 #include <math.h>
 {prelude}
+/* Rows shorter than a vector (SST's 5 classes over every tree vertex) take plain loops: the simd versions'
+   set-up and remainder cost ~3x more per row there. */
 static inline {T} row_max(const {T} *x, long n) {{
     {T} m = x[0];
+    if (n < 16) {{
+        for (long c = 1; c < n; c++) m = x[c] > m ? x[c] : m;
+        return m;
+    }}
     #pragma omp simd reduction(max:m)
     for (long c = 0; c < n; c++) m = x[c] > m ? x[c] : m;
     return m;
 }}
 static inline {T} row_sumexp(const {T} *x, long n, {T} m) {{
     {T} s = 0;
+    if (n < 16) {{
+        for (long c = 0; c < n; c++) s += {EXP}(x[c] - m);
+        return s;
+    }}
     #pragma omp simd reduction(+:s)
     for (long c = 0; c < n; c++) s += {EXP}(x[c] - m);
     return s;
@@ -51,8 +61,12 @@ void xent_grad_{T}(long rows, long n, const {T} *g, const {T} *x, const long *la
         {T} *o = out + r * n;
         {T} m = row_max(xr, n);
         {T} scale = g[r] / row_sumexp(xr, n, m);
-        #pragma omp simd
-        for (long c = 0; c < n; c++) o[c] = {EXP}(xr[c] - m) * scale;
+        if (n < 16) {{
+            for (long c = 0; c < n; c++) o[c] = {EXP}(xr[c] - m) * scale;
+        }} else {{
+            #pragma omp simd
+            for (long c = 0; c < n; c++) o[c] = {EXP}(xr[c] - m) * scale;
+        }}
         o[label[r]] -= g[r];
     }}
 }}
