@@ -25,8 +25,8 @@ Row-sparse gradients (:class:`~minicavs.sparse.RowSparse`, the gradient of an em
 
 - default (``sparse_updates=False``): exactly the dense semantics, identical to passing ``g.to_dense()``:
   weight decay, momentum decay and Adam's moment decay reach every row, looked up or not. The compiled
-  Adam and Adagrad kernels take the coalesced rows as they are (no dense gradient is built); other rules
-  and devices densify first.
+  kernels (every rule, on the CPU) take the coalesced rows as they are (no dense gradient is built); other
+  devices densify first.
 - ``sparse_updates=True`` (DyNet's lazy updates, TensorFlow's LazyAdam): duplicate indices are summed, and
   only the looked-up rows of the parameter and of its slots are read or written. Rows not looked up keep
   their value *and* their slots: SGD momentum is neither applied nor decayed there, Adam's ``m`` and ``v``
