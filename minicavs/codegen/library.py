@@ -19,6 +19,8 @@ Reductions use ``#pragma omp simd reduction`` so they vectorize without ``-ffast
 """
 from __future__ import annotations
 
+import functools
+
 from .vecmath import PRELUDE_F32
 
 SOURCE = """
@@ -209,6 +211,7 @@ RULES = {
 }
 
 
+@functools.lru_cache(maxsize=None)
 def rule_arity(name: str) -> tuple[int, int]:
     """(slot arrays, scalar hyperparameters) of a rule's kernels."""
     slots, hyper = RULES[name][:2]
