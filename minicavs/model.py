@@ -274,6 +274,7 @@ class Model:
             available.update(s._pushed.values())
         final = [x for x in ([loss] if loss is not None else []) + list(self.outputs.values())]
         self.final_stage = [n for n in Graph(final).nodes if n not in done] if final else []
+        self.loss_stage = [n for n in Graph([loss]).nodes if n not in done] if loss is not None else []
         self.static_nodes = done | set(self.final_stage)
         self.param_nodes = {}
         for n in self.static_nodes:
@@ -370,13 +371,14 @@ class Model:
 
     def run(self, graphs, feeds: Mapping | None = None, params: Mapping | None = None,
             ctx: RunContext | None = None, backward_pass: bool = True, policy=None,
-            sample_ids=None, options: EngineOptions | None = None) -> Result:
+            sample_ids=None, options: EngineOptions | None = None, outputs: bool = True) -> Result:
         """Forward (and, with a loss and ``backward_pass``, backward) over one batch of samples.
 
         ``graphs``: the input graphs (a dict by structure name when there are several), or the batch
         :meth:`prepare` made of them. ``sample_ids`` (one per sample, default 0..K-1) key the dropout masks
         together with the vertex id, so a sample draws the same masks in any batch that gives it the same
-        id."""
+        id. ``outputs=False`` (a training step that reads only the loss and gradients) skips the outputs that
+        the loss does not need, e.g. a classifier's softmax over every vertex."""
         device = self.device
         xp = device.xp
         feeds = {k: device.asarray(v) for k, v in (feeds or {}).items()} if xp is not np else dict(feeds or {})
@@ -422,8 +424,11 @@ class Model:
                 if name not in st.pushes:
                     raise FeedError(f"structure '{s.name}': no vertex in the batch pushes '{name}'")
                 env[node] = st.pushes[name]
-        evaluate(self.final_stage, env, feeds, params, ctx, xp=xp)
-        result.outputs = {k: device.to_host(env[v]) for k, v in self.outputs.items()}   # for metrics: host
+        if outputs or self.loss is None:
+            evaluate(self.final_stage, env, feeds, params, ctx, xp=xp)
+            result.outputs = {k: device.to_host(env[v]) for k, v in self.outputs.items()}   # for metrics: host
+        else:
+            evaluate(self.loss_stage, env, feeds, params, ctx, xp=xp)
         result.states = states
         if self.loss is not None:
             loss = env[self.loss]
@@ -469,8 +474,8 @@ class Model:
         return grads
 
     def forward_backward(self, graphs, feeds=None, params=None, ctx=None, policy=None,
-                         sample_ids=None, options: EngineOptions | None = None) -> Result:
-        return self.run(graphs, feeds, params, ctx, True, policy, sample_ids, options)
+                         sample_ids=None, options: EngineOptions | None = None, outputs: bool = True) -> Result:
+        return self.run(graphs, feeds, params, ctx, True, policy, sample_ids, options, outputs)
 
     def infer(self, graphs, feeds=None, params=None, ctx=None, policy=None, sample_ids=None,
               options: EngineOptions | None = None) -> Result:

@@ -14,12 +14,19 @@ One :meth:`Optimizer.step` does, in order:
 
 A parameter missing from ``grads`` (or given ``None``) is skipped: no update, its slots do not decay.
 
+On the CPU with the C library (numpy arrays of one float dtype, C-contiguous), a step is a handful of C
+calls: every dense parameter's check pass in one call over a table of addresses, one per row-sparse gradient
+(coalesced in C), then the same calls applying. The values are those of the per-parameter path bit for bit
+(the same kernels; SGD's kernel is its numpy rule operation for operation); anything unusual (another dtype
+or layout, an unknown name, a bad index, a non-finite value) goes the per-parameter way, which also writes
+the error messages.
+
 Row-sparse gradients (:class:`~minicavs.sparse.RowSparse`, the gradient of an embedding lookup):
 
 - default (``sparse_updates=False``): exactly the dense semantics, identical to passing ``g.to_dense()``:
   weight decay, momentum decay and Adam's moment decay reach every row, looked up or not. The compiled
-  Adam and Adagrad kernels take the coalesced rows as they are (no dense gradient is built); other rules
-  and devices densify first.
+  kernels (every rule, on the CPU) take the coalesced rows as they are (no dense gradient is built); other
+  devices densify first.
 - ``sparse_updates=True`` (DyNet's lazy updates, TensorFlow's LazyAdam): duplicate indices are summed, and
   only the looked-up rows of the parameter and of its slots are read or written. Rows not looked up keep
   their value *and* their slots: SGD momentum is neither applied nor decayed there, Adam's ``m`` and ``v``
@@ -79,12 +86,27 @@ class Optimizer:
         """Return (new value, {slot: new slot}) for step number ``t`` (1-based); must not modify inputs."""
         raise NotImplementedError
 
+    def kernel(self, t: int) -> tuple[str, tuple] | None:
+        """The C library's rule (codegen/library.py RULES) computing :meth:`rule` for step ``t``, and its
+        hyperparameters before the weight decay; None: :meth:`rule` runs in numpy."""
+        return None
+
     def _prepare(self, value, g, slots, t: int, wd: float):
         """Check one parameter's update without changing anything: returns (not finite?, apply), where
         ``apply()`` writes the update into ``value`` and ``slots`` in place. ``g`` is dense or a coalesced
-        RowSparse with dense semantics. Here: :meth:`rule` on the L2-decayed dense gradient; Adam and
-        Adagrad run a compiled kernel twice instead (check, then apply), which touches memory far less than
-        numpy's temporaries."""
+        RowSparse with dense semantics. With the C library: the rule's kernel twice (check, then apply),
+        which touches memory far less than numpy's temporaries; else :meth:`rule` on the L2-decayed
+        dense gradient."""
+        lib = _update_kernels(value)
+        kernel = self.kernel(t)
+        if lib is not None and kernel is not None and _inplace(value, *slots.values()):
+            rule, hyper = kernel
+            run = functools.partial(lib.update, rule, value, g, tuple(slots[s] for s in self.slots), (*hyper, wd))
+            return run(apply=False) > 0, functools.partial(run, apply=True)
+        return self._prepare_numpy(value, g, slots, t, wd)
+
+    def _prepare_numpy(self, value, g, slots, t: int, wd: float):
+        """:meth:`_prepare` with :meth:`rule` in numpy: the reference the kernels are tested against."""
         g = densify(array_module(value), g)
         if wd:
             g = g + wd * value
@@ -106,6 +128,74 @@ class Optimizer:
 
     def step(self, grads: Mapping[str, Grad], loss=None) -> float | None:
         """Apply one update; returns the global gradient norm before clipping (None without clip_norm)."""
+        native = self._native(grads, loss)
+        if native is not None:
+            norm, runs = native
+            if not any(run(False) for run in runs):   # every update checked: applying cannot fail
+                for run in runs:
+                    run(True)
+                self.steps += 1
+                return norm
+        return self._step(grads, loss)   # (after a failed check: the same values, and the error's message)
+
+    def _native(self, grads: Mapping[str, Grad], loss):
+        """The step as C calls: (norm, [run(apply) -> non-finite count]), or None where anything is unusual
+        (see the module's docstring). Checks nothing that the kernels' check pass catches."""
+        if loss is not None and not np.isfinite(np.asarray(loss, dtype=np.float64)).all():
+            return None
+        kernel = self.kernel(self.steps + 1)
+        if kernel is None or not grads:
+            return None
+        rule, hyper = kernel
+        lib, pending = None, []
+        for name, g in grads.items():
+            if g is None:
+                continue
+            p = self.params.get(name)
+            if p is None:
+                return None
+            value = p.value
+            lib = lib or _update_kernels(value)
+            slots = tuple(self.state[name][s] for s in self.slots)
+            if lib is None or value.dtype != lib.dtype or not _inplace(value, *slots):
+                return None
+            if isinstance(g, RowSparse):
+                idx, rows = g.indices, g.rows
+                if not (type(idx) is np.ndarray and idx.dtype == np.int64 and idx.ndim == 1
+                        and type(rows) is np.ndarray and rows.dtype == value.dtype
+                        and tuple(g.shape) == value.shape and rows.shape == (len(idx),) + value.shape[1:]):
+                    return None
+                idx, rows = lib.coalesce(idx, rows)
+                if len(idx) and (idx[0] < 0 or idx[-1] >= value.shape[0]):
+                    return None
+                g = RowSparse(idx, rows, value.shape)
+            elif not (type(g) is np.ndarray and g.dtype == value.dtype and g.shape == value.shape
+                      and g.flags.c_contiguous):
+                return None
+            pending.append((p, g, slots))
+        norm = None
+        if self.clip_norm is not None:
+            norm = math.sqrt(sum(_sq_norm(g) for _, g, _ in pending))
+            if not math.isfinite(norm):
+                return None
+            if norm > self.clip_norm:
+                scale = self.clip_norm / norm
+                pending = [(p, _scaled(g, scale), slots) for p, g, slots in pending]
+        dense, runs = [], []
+        for p, g, slots in pending:
+            h = (*hyper, self.weight_decay if p.weight_decay else 0.0)
+            if not isinstance(g, RowSparse):
+                dense.append(((p.value, g, slots), h))
+            elif self.sparse_updates:
+                runs.append(lib.update_lazy(rule, p.value, g.indices, g.rows, slots, h))
+            else:
+                runs.append(functools.partial(lib.update, rule, p.value, g, slots, h))
+        if dense:
+            runs.insert(0, lib.update_many(rule, [e for e, _ in dense], [h for _, h in dense]))
+        return norm, runs
+
+    def _step(self, grads: Mapping[str, Grad], loss) -> float | None:
+        """The per-parameter step: the reference for :meth:`_native`, and the way for anything unusual."""
         checked = self._validate(grads, loss)
         norm = None
         if self.clip_norm is not None:
@@ -274,6 +364,9 @@ class SGD(Optimizer):
     def hyper(self) -> dict:
         return {**super().hyper(), "momentum": self.momentum}
 
+    def kernel(self, t):
+        return ("momentum", (self.lr, self.momentum)) if self.momentum else ("sgd", (self.lr,))
+
     def rule(self, value, g, slots, t):
         if not self.momentum:
             return value - self.lr * g, {}
@@ -293,12 +386,8 @@ class Adagrad(Optimizer):
     def hyper(self) -> dict:
         return {**super().hyper(), "eps": self.eps}
 
-    def _prepare(self, value, g, slots, t, wd):
-        lib = _update_kernels(value)
-        if lib is None or not _inplace(value, *slots.values()):
-            return super()._prepare(value, g, slots, t, wd)
-        run = functools.partial(lib.update, "adagrad", value, g, (slots["sum_sq"],), (self.lr, self.eps, wd))
-        return run(apply=False) > 0, functools.partial(run, apply=True)
+    def kernel(self, t):
+        return "adagrad", (self.lr, self.eps)
 
     def rule(self, value, g, slots, t):
         acc = slots["sum_sq"] + g * g
@@ -321,14 +410,8 @@ class Adam(Optimizer):
     def hyper(self) -> dict:
         return {**super().hyper(), "beta1": self.beta1, "beta2": self.beta2, "eps": self.eps}
 
-    def _prepare(self, value, g, slots, t, wd):
-        lib = _update_kernels(value)
-        if lib is None or not _inplace(value, *slots.values()):
-            return super()._prepare(value, g, slots, t, wd)
-        run = functools.partial(lib.update, "adam", value, g, (slots["m"], slots["v"]),
-                                (self.lr, self.beta1, self.beta2, 1.0 - self.beta1 ** t, 1.0 - self.beta2 ** t,
-                                 self.eps, wd))
-        return run(apply=False) > 0, functools.partial(run, apply=True)
+    def kernel(self, t):
+        return "adam", (self.lr, self.beta1, self.beta2, 1.0 - self.beta1 ** t, 1.0 - self.beta2 ** t, self.eps)
 
     def rule(self, value, g, slots, t):
         m = self.beta1 * slots["m"] + (1.0 - self.beta1) * g

@@ -238,7 +238,8 @@ class Trainer:
         else:
             self.prepare_policy()
             prepared = prepared or self.prepare_step(sample_ids)
-            res = self.model.forward_backward(prepared.batch, prepared.feeds, self.params, self.context(True))
+            res = self.model.forward_backward(prepared.batch, prepared.feeds, self.params, self.context(True),
+                                              outputs=False)   # a step reads the loss and gradients only
             units = prepared.units
         self.optimizer.step(res.grads, loss=res.loss)
         return res.loss, units

@@ -125,3 +125,20 @@ def test_a_rule_must_be_callable_and_give_a_kind_per_vertex():
                   kinds=lambda batch: (np.full(batch.num_vertices, 1), ("cell",)))
     with pytest.raises(InputGraphError, match=r"kind rule <lambda>: kind id 1 out of range \[0, 1\) at vertex 0"):
         s.batch(trees()[:1])
+
+
+def test_a_step_without_outputs_skips_them_and_changes_nothing_else():
+    """forward_backward(outputs=False), as a training step calls it, computes the same loss and gradients and
+    no outputs: an output the loss does not need (here a softmax over the pushed rows) is not evaluated."""
+    s, _ = tree_model("leaf", "internal", leaf_internal)
+    h = s.pushed("h")
+    model = Model(s, loss=ops.sum(ops.square(h)), outputs={"probs": ops.softmax(h), "h": h})
+    feeds = {"xs": np.linspace(-1, 1, 5 * H).reshape(5, H)}
+    full = model.forward_backward(trees(), feeds, VALUES)
+    lean = model.forward_backward(trees(), feeds, VALUES, outputs=False)
+    assert set(full.outputs) == {"probs", "h"} and lean.outputs == {}
+    assert lean.loss == full.loss and set(lean.grads) == set(full.grads) == set(VALUES)
+    for name in VALUES:
+        assert np.array_equal(lean.grads[name], full.grads[name])
+    assert not any(n.op == "softmax" for n in model.loss_stage)
+    assert any(n.op == "softmax" for n in model.final_stage)

@@ -471,3 +471,67 @@ def test_make_optimizer_and_bad_hyperparameters():
         SGD(ps, momentum=1.0)
     with pytest.raises(ValueError, match="given twice"):
         SGD([ps["a"], ps["a"]])
+
+
+# --- the one-call step (C kernels over all parameters) against the per-parameter step ----------------------
+
+NATIVE = {
+    "sgd": lambda ps, **kw: SGD(ps, lr=0.05, **kw),
+    "momentum": lambda ps, **kw: SGD(ps, lr=0.05, momentum=0.9, **kw),
+    "adagrad": lambda ps, **kw: Adagrad(ps, lr=0.05, **kw),
+    "adam": lambda ps, **kw: Adam(ps, lr=0.01, **kw),
+}
+
+
+def embedding_params(dtype):
+    rng = np.random.default_rng(5)
+    return ParameterSet([Parameter("E", (40, 3), init=rng.standard_normal((40, 3)), dtype=dtype),
+                         Parameter("W", (3, 4), init=rng.standard_normal((3, 4)), dtype=dtype),
+                         Parameter("b", (4,), init=np.zeros(4), dtype=dtype, weight_decay=False)])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("lazy", [False, True])
+@pytest.mark.parametrize("extra", [{}, {"weight_decay": 0.01, "clip_norm": 0.5}])
+@pytest.mark.parametrize("kind", sorted(NATIVE))
+def test_native_step_equals_the_per_parameter_step(kind, extra, lazy, dtype):
+    """step() runs as a few C calls (the kernels over a table of parameters, C coalescing, lazy rows in
+    place) with the per-parameter path's values bit for bit: parameters, slots, norm, over several steps
+    with repeated embedding rows and a parameter without a gradient."""
+    pytest.importorskip("cffi")
+    from minicavs.cpu.compiler import compiler
+    if compiler() is None:
+        pytest.skip("no C compiler on this machine")
+    fast_ps, ref_ps = embedding_params(dtype), embedding_params(dtype)
+    fast = NATIVE[kind](fast_ps, sparse_updates=lazy, **extra)
+    ref = NATIVE[kind](ref_ps, sparse_updates=lazy, **extra)
+    rng = np.random.default_rng(11)
+    for step in range(4):
+        idx = rng.integers(0, 40, 30)
+        grads = {"E": RowSparse(idx, (rng.standard_normal((30, 3)) * 3).astype(dtype), (40, 3)),
+                 "W": (rng.standard_normal((3, 4)) * 3).astype(dtype),
+                 "b": None if step == 2 else rng.standard_normal(4).astype(dtype)}
+        assert fast._native(grads, 1.0) is not None   # the fast path applies here
+        norm = fast.step(grads, loss=1.0)
+        assert norm == ref._step(grads, loss=1.0)
+    assert fast.steps == ref.steps == 4
+    for name in fast_ps:
+        assert np.array_equal(fast_ps[name].value, ref_ps[name].value), name
+        for s in fast.slots:
+            assert np.array_equal(fast.state[name][s], ref.state[name][s]), (name, s)
+
+
+def test_native_step_hands_unusual_gradients_to_the_per_parameter_step():
+    """Another dtype, a non-contiguous gradient, int32 indices: the same result through the per-parameter
+    path (which converts), not an error."""
+    ps, ref_ps = embedding_params("float32"), embedding_params("float32")
+    opt, ref = Adam(ps, lr=0.01, sparse_updates=True), Adam(ref_ps, lr=0.01, sparse_updates=True)
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((4, 3))
+    grads = {"E": RowSparse(np.array([3, 1, 3], np.int32), rng.standard_normal((3, 3)).astype(np.float32), (40, 3)),
+             "W": w.T, "b": np.ones(4)}   # float64, not C-contiguous
+    assert opt._native(grads, None) is None
+    opt.step(grads)
+    ref._step(grads, None)
+    for name in ps:
+        assert np.array_equal(ps[name].value, ref_ps[name].value)

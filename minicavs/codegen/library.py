@@ -5,7 +5,11 @@ Each optimizer rule has two kernels: one for a dense gradient and one for a row-
 embedding's: sorted unique row indices and their rows) that still updates every row, as the dense rule does
 (weight decay and the slots' decay reach rows no batch looked up), without building the dense gradient.
 Both run twice per step: apply = 0 counts the non-finite results and writes nothing, apply = 1 writes in
-place; both passes compute the same values, so a checked update cannot fail when applied.
+place; both passes compute the same values, so a checked update cannot fail when applied. Two more variants
+serve the optimizer's one-call step (optim.py): ``_many`` runs the dense kernel over a table of parameters
+(addresses and per-parameter hyperparameters), ``_lazy`` updates only the looked-up rows of an embedding in
+place (lazy sparse updates; the same arithmetic as the dense kernel over gathered rows, without the gather
+and scatter). ``coalesce`` sums a row-sparse gradient's repeated rows as numpy's ``add.reduceat`` does.
 
 This module renders their C source (strings only); minicavs/cpu/library.py compiles, loads and wraps it.
 Each replaces several numpy passes (and their temporaries) over large arrays by one or two: a softmax over a
@@ -15,19 +19,31 @@ Reductions use ``#pragma omp simd reduction`` so they vectorize without ``-ffast
 """
 from __future__ import annotations
 
+import functools
+
 from .vecmath import PRELUDE_F32
 
 SOURCE = """
 #include <math.h>
 {prelude}
+/* Rows shorter than a vector (SST's 5 classes over every tree vertex) take plain loops: the simd versions'
+   set-up and remainder cost ~3x more per row there. */
 static inline {T} row_max(const {T} *x, long n) {{
     {T} m = x[0];
+    if (n < 16) {{
+        for (long c = 1; c < n; c++) m = x[c] > m ? x[c] : m;
+        return m;
+    }}
     #pragma omp simd reduction(max:m)
     for (long c = 0; c < n; c++) m = x[c] > m ? x[c] : m;
     return m;
 }}
 static inline {T} row_sumexp(const {T} *x, long n, {T} m) {{
     {T} s = 0;
+    if (n < 16) {{
+        for (long c = 0; c < n; c++) s += {EXP}(x[c] - m);
+        return s;
+    }}
     #pragma omp simd reduction(+:s)
     for (long c = 0; c < n; c++) s += {EXP}(x[c] - m);
     return s;
@@ -47,8 +63,12 @@ void xent_grad_{T}(long rows, long n, const {T} *g, const {T} *x, const long *la
         {T} *o = out + r * n;
         {T} m = row_max(xr, n);
         {T} scale = g[r] / row_sumexp(xr, n, m);
-        #pragma omp simd
-        for (long c = 0; c < n; c++) o[c] = {EXP}(xr[c] - m) * scale;
+        if (n < 16) {{
+            for (long c = 0; c < n; c++) o[c] = {EXP}(xr[c] - m) * scale;
+        }} else {{
+            #pragma omp simd
+            for (long c = 0; c < n; c++) o[c] = {EXP}(xr[c] - m) * scale;
+        }}
         o[label[r]] -= g[r];
     }}
 }}
@@ -93,9 +113,78 @@ void heights_{T}(long n, const long *ptr, const long *pptr, const long *pidx, lo
         }}
     }}
 }}
+/* numpy's pairwise summation (loops_utils.h.src, FLOAT_pairwise_sum: -0 start below 8 terms, 8 accumulators
+   up to 128, halves aligned to 8 above) of the terms rows[ord[j] * width + c], j < n, for the columns c < cw
+   (at most MC_CB) at once, so that the column loops vectorize; each column's sum is numpy's, term for term. */
+#define MC_CB 64
+static void mc_pairwise(const {T} *rows, const long *ord, long n, long width, long cw, {T} *res) {{
+    if (n < 8) {{
+        for (long c = 0; c < cw; c++) res[c] = -0.0;
+        for (long j = 0; j < n; j++) {{
+            const {T} *x = rows + ord[j] * width;
+            for (long c = 0; c < cw; c++) res[c] += x[c];
+        }}
+        return;
+    }}
+    if (n <= 128) {{
+        {T} r[8][MC_CB];
+        for (int a = 0; a < 8; a++) {{
+            const {T} *x = rows + ord[a] * width;
+            for (long c = 0; c < cw; c++) r[a][c] = x[c];
+        }}
+        long j = 8;
+        for (; j < n - (n % 8); j += 8)
+            for (int a = 0; a < 8; a++) {{
+                const {T} *x = rows + ord[j + a] * width;
+                for (long c = 0; c < cw; c++) r[a][c] += x[c];
+            }}
+        for (long c = 0; c < cw; c++)
+            res[c] = ((r[0][c] + r[1][c]) + (r[2][c] + r[3][c])) + ((r[4][c] + r[5][c]) + (r[6][c] + r[7][c]));
+        for (; j < n; j++) {{
+            const {T} *x = rows + ord[j] * width;
+            for (long c = 0; c < cw; c++) res[c] += x[c];
+        }}
+        return;
+    }}
+    long half = n / 2;
+    half -= half % 8;
+    {T} right[MC_CB];
+    mc_pairwise(rows, ord, half, width, cw, res);
+    mc_pairwise(rows, ord + half, n - half, width, cw, right);
+    for (long c = 0; c < cw; c++) res[c] += right[c];
+}}
+/* RowSparse.coalesce bit for bit: ``order`` is the stable argsort of idx[0..n); each run of equal indices
+   becomes one row, its first row plus the pairwise sum of the others, as np.add.reduceat(rows[order], starts,
+   axis=0) computes it. Writes the unique indices and their rows; returns how many. */
+long coalesce_{T}(long n, long width, const long *idx, const long *order, const {T} *rows, long *out_idx,
+                  {T} *out_rows) {{
+    long u = 0;
+    for (long s = 0; s < n; u++) {{
+        const long key = idx[order[s]];
+        long e = s + 1;
+        while (e < n && idx[order[e]] == key) e++;
+        const {T} *first = rows + order[s] * width;
+        {T} *o = out_rows + u * width;
+        out_idx[u] = key;
+        if (e - s == 1) {{
+            for (long c = 0; c < width; c++) o[c] = first[c];
+        }} else {{
+            {T} sum[MC_CB];
+            for (long c0 = 0; c0 < width; c0 += MC_CB) {{
+                const long cw = width - c0 < MC_CB ? width - c0 : MC_CB;
+                mc_pairwise(rows + c0, order + s + 1, e - s - 1, width, cw, sum);
+                for (long c = 0; c < cw; c++) o[c0 + c] = first[c0 + c] + sum[c];
+            }}
+        }}
+        s = e;
+    }}
+    return u;
+}}
 """
 
 DECLS = """
+long coalesce_{T}(long n, long width, const long *idx, const long *order, const {T} *rows, long *out_idx,
+                  {T} *out_rows);
 void heights_{T}(long n, const long *ptr, const long *pptr, const long *pidx, long *height, long *pending,
                  long *best, long *queue);
 void xent_{T}(long rows, long n, const {T} *x, const long *label, {T} *loss);
@@ -105,16 +194,29 @@ void dropout_{T}(long rows, long cols, unsigned long long h, const unsigned long
 """
 
 # name: (slot arrays, scalar hyperparameters, one element's update from its gradient GRAD, slot write-back,
-# finiteness test). Every rule takes L2 weight decay ``wd``, added to the gradient.
+# finiteness test). Every rule takes L2 weight decay ``wd``, added to the gradient; each is optim.py's numpy
+# rule operation for operation (``-std=c99`` keeps gcc from contracting into FMAs), so the optimizers may use
+# either. A non-finite gradient always fails the finiteness test (gi is part of it).
 RULES = {
+    "sgd": ("", "lr, wd", "{T} gi = GRAD + wd * p[i]; {T} pi = p[i] - lr * gi;", "", "isfinite(gi) && isfinite(pi)"),
+    "momentum": ("u", "lr, mu, wd", "{T} gi = GRAD + wd * p[i]; {T} ui = mu * u[i] + gi; {T} pi = p[i] - lr * ui;",
+                 "u[i] = ui;", "isfinite(gi) && isfinite(pi) && isfinite(ui)"),
     "adam": ("m, v", "lr, b1, b2, c1, c2, eps, wd",
              "{T} gi = GRAD + wd * p[i]; {T} mi = b1 * m[i] + (1 - b1) * gi; "
              "{T} vi = b2 * v[i] + (1 - b2) * (gi * gi); {T} pi = p[i] - lr * (mi / c1) / ({SQRT}(vi / c2) + eps);",
-             "m[i] = mi; v[i] = vi;", "isfinite(pi) && isfinite(mi) && isfinite(vi)"),
+             "m[i] = mi; v[i] = vi;", "isfinite(gi) && isfinite(pi) && isfinite(mi) && isfinite(vi)"),
     "adagrad": ("a", "lr, eps, wd",
                 "{T} gi = GRAD + wd * p[i]; {T} ai = a[i] + gi * gi; {T} pi = p[i] - lr * gi / ({SQRT}(ai) + eps);",
-                "a[i] = ai;", "isfinite(pi) && isfinite(ai)"),
+                "a[i] = ai;", "isfinite(gi) && isfinite(pi) && isfinite(ai)"),
 }
+
+
+@functools.lru_cache(maxsize=None)
+def rule_arity(name: str) -> tuple[int, int]:
+    """(slot arrays, scalar hyperparameters) of a rule's kernels."""
+    slots, hyper = RULES[name][:2]
+    return len([a for a in slots.split(",") if a.strip()]), len(hyper.split(","))
+
 
 # Elements [lo, hi) with gradient GRAD: apply in place, or count the non-finite results into ``bad``.
 LOOP = """
@@ -127,13 +229,15 @@ LOOP = """
         }}"""
 
 # g of the _rows kernel holds the rows of the sorted unique indices idx[0..nidx); other rows' gradient is 0.
+# The _lazy kernel updates only those rows (idx in range, unique). The _many kernel runs NAME over ``count``
+# parameters: ptrs holds each one's addresses (parameter, gradient, slots), hyper its hyperparameters.
 RULE = """
-long NAME_{T}(long n, {T} *p, const {T} *g, SLOTS, HYPER, int apply) {{
+long NAME_{T}(long n, {T} *p, const {T} *g, ARGS, int apply) {{
     long bad = 0;
     {{ long lo = 0, hi = n; DENSE }}
     return bad;
 }}
-long NAME_rows_{T}(long nrows, long width, {T} *p, const long *idx, long nidx, const {T} *g, SLOTS, HYPER, int apply) {{
+long NAME_rows_{T}(long nrows, long width, {T} *p, const long *idx, long nidx, const {T} *g, ARGS, int apply) {{
     long bad = 0;
     for (long r = 0, k = 0; r < nrows; r++) {{
         long lo = r * width, hi = lo + width;
@@ -143,20 +247,41 @@ long NAME_rows_{T}(long nrows, long width, {T} *p, const long *idx, long nidx, c
     }}
     return bad;
 }}
+long NAME_lazy_{T}(long width, {T} *p, const long *idx, long nidx, const {T} *g, ARGS, int apply) {{
+    long bad = 0;
+    for (long k = 0; k < nidx; k++) {{
+        long lo = idx[k] * width, hi = lo + width;
+        const {T} *gr = g + k * width; ROWS
+    }}
+    return bad;
+}}
+long NAME_many_{T}(long count, const long *n, const long *ptrs, const {T} *hyper, int apply) {{
+    long bad = 0;
+    for (long k = 0; k < count; k++) {{
+        const long *q = ptrs + k * NPTR;
+        const {T} *h = hyper + k * NHYPER;
+        bad += NAME_{T}(n[k], ({T} *)q[0], (const {T} *)q[1], CALL, apply);
+    }}
+    return bad;
+}}
 """
 
 
 def _rule_source(name: str) -> tuple[str, str]:
-    """C source and declarations of one optimizer rule's two kernels (dense and row-sparse gradient);
-    still to be formatted with T and SQRT like SOURCE."""
+    """C source and declarations of one optimizer rule's kernels (dense, row-sparse, lazy rows, many
+    parameters); still to be formatted with T and SQRT like SOURCE."""
     slots, hyper, step, write, finite = RULES[name]
-    slots = ", ".join(f"{{T}} *{a.strip()}" for a in slots.split(","))
-    hyper = ", ".join(f"{{T}} {h.strip()}" for h in hyper.split(","))
+    slot_names = [a.strip() for a in slots.split(",") if a.strip()]
+    hyper_names = [h.strip() for h in hyper.split(",")]
+    args = ", ".join([f"{{T}} *{a}" for a in slot_names] + [f"{{T}} {h}" for h in hyper_names])
+    call = ", ".join([f"({{T}} *)q[{2 + i}]" for i in range(len(slot_names))]
+                     + [f"h[{i}]" for i in range(len(hyper_names))])
 
     def loop(grad):
         return LOOP.replace("STEP", step.replace("GRAD", grad)).replace("WRITE", write).replace("FINITE", finite)
     src = (RULE.replace("DENSE", loop("g[i]")).replace("ROWS", loop("gr[i - lo]")).replace("ZERO", loop("0"))
-           .replace("NAME", name).replace("SLOTS", slots).replace("HYPER", hyper))
+           .replace("NAME", name).replace("ARGS", args).replace("CALL", call)
+           .replace("NPTR", str(2 + len(slot_names))).replace("NHYPER", str(len(hyper_names))))
     decls = "".join(line[:-len(" {{")] + ";\n" for line in src.splitlines() if line.startswith("long "))
     return src, decls
 

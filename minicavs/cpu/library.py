@@ -4,10 +4,11 @@ compiled once per dtype and wrapped for numpy arrays. Every kernel has a numpy t
 from __future__ import annotations
 
 import functools
+from typing import Callable
 
 import numpy as np
 
-from ..codegen.library import RULES, render
+from ..codegen.library import RULES, render, rule_arity
 from ..errors import FeedError
 from ..sparse import RowSparse
 from ..validate import check_dropout, check_labels
@@ -21,7 +22,8 @@ class Library:
         self.dtype = np.dtype(dtype)
         self.T = "float" if self.dtype == np.float32 else "double"
         self.lib, self.ffi = lib, ffi
-        names = ("xent", "xent_grad", "dropout", "heights", *RULES, *(f"{r}_rows" for r in RULES))
+        names = ("xent", "xent_grad", "dropout", "heights", "coalesce",
+                 *(f"{r}{v}" for r in RULES for v in ("", "_rows", "_lazy", "_many")))
         self._fn = {name: getattr(lib, f"{name}_{self.T}") for name in names}
 
     def _p(self, a: np.ndarray):
@@ -87,18 +89,7 @@ class Library:
         """One optimizer rule (a key of RULES) over all of ``p``: apply=False returns the number of
         non-finite results and writes nothing, apply=True writes ``p`` and the slots in place (all
         C-contiguous). ``g`` is a dense array or a coalesced RowSparse (sorted unique indices)."""
-        if rule not in RULES:
-            raise ValueError(f"unknown update rule {rule!r}; known: {sorted(RULES)}")
-        nslots, nhyper = (len(RULES[rule][i].split(",")) for i in (0, 1))
-        if len(slots) != nslots or len(hyper) != nhyper:
-            raise ValueError(f"update {rule}: {len(slots)} slots and {len(hyper)} hyperparameters given, "
-                             f"need {nslots} and {nhyper}")
-        for what, a in (("parameter", p),) + tuple((f"slot {i}", a) for i, a in enumerate(slots)):
-            if not (isinstance(a, np.ndarray) and a.dtype == self.dtype and a.flags.c_contiguous
-                    and a.flags.writeable and a.shape == p.shape):
-                raise FeedError(f"update {rule}: the {what} must be a writable C-contiguous {self.dtype} array "
-                                f"of the parameter's shape {getattr(p, 'shape', None)}, got "
-                                f"{getattr(a, 'dtype', type(a).__name__)}{getattr(a, 'shape', '')}")
+        self._check_update(rule, p, slots, hyper)
         if not p.size:
             return 0
         arrays = [self._p(a) for a in slots]
@@ -120,6 +111,87 @@ class Library:
             raise FeedError(f"update {rule}: a gradient {g.dtype}{g.shape} for a parameter {p.dtype}{p.shape}")
         return self._fn[rule](p.size, self._p(p), self._p(np.ascontiguousarray(g, self.dtype)), *arrays, *hyper,
                               int(apply))
+
+    def _check_update(self, rule: str, p, slots: tuple, hyper: tuple) -> None:
+        """The rule exists and takes these many slots and hyperparameters; the parameter and its slots are
+        writable C-contiguous arrays of this dtype and one shape (what the kernels write in place)."""
+        if rule not in RULES:
+            raise ValueError(f"unknown update rule {rule!r}; known: {sorted(RULES)}")
+        nslots, nhyper = rule_arity(rule)
+        if len(slots) != nslots or len(hyper) != nhyper:
+            raise ValueError(f"update {rule}: {len(slots)} slots and {len(hyper)} hyperparameters given, "
+                             f"need {nslots} and {nhyper}")
+        for what, a in (("parameter", p),) + tuple((f"slot {i}", a) for i, a in enumerate(slots)):
+            if not (isinstance(a, np.ndarray) and a.dtype == self.dtype and a.flags.c_contiguous
+                    and a.flags.writeable and a.shape == p.shape):
+                raise FeedError(f"update {rule}: the {what} must be a writable C-contiguous {self.dtype} array "
+                                f"of the parameter's shape {getattr(p, 'shape', None)}, got "
+                                f"{getattr(a, 'dtype', type(a).__name__)}{getattr(a, 'shape', '')}")
+
+    def update_many(self, rule: str, entries: list, hypers: list) -> Callable[[bool], int]:
+        """:meth:`update` over many parameters in one C call: ``entries`` holds (parameter, dense gradient,
+        slots) triples, ``hypers`` each one's hyperparameters. Returns ``run(apply)``, which checks
+        (apply=False: the number of non-finite results, nothing written) or applies them all, element for
+        element as :meth:`update` does. The arrays must stay alive and unchanged in shape while ``run`` is used."""
+        nslots, nhyper = rule_arity(rule) if rule in RULES else (0, 0)
+        addresses = np.empty((len(entries), 2 + nslots), np.int64)
+        sizes = np.empty(len(entries), np.int64)
+        table = np.empty((len(entries), nhyper), self.dtype)
+        for k, ((p, g, slots), hyper) in enumerate(zip(entries, hypers, strict=True)):
+            self._check_update(rule, p, slots, hyper)
+            if not (isinstance(g, np.ndarray) and g.dtype == self.dtype and g.flags.c_contiguous and g.shape == p.shape):
+                raise FeedError(f"update {rule}: the gradient must be a C-contiguous {self.dtype} array of the "
+                                f"parameter's shape {p.shape}, got {getattr(g, 'dtype', type(g).__name__)}"
+                                f"{getattr(g, 'shape', '')}")
+            addresses[k] = [a.ctypes.data for a in (p, g, *slots)]
+            sizes[k] = p.size
+            table[k] = hyper
+        fn, args = self._fn[f"{rule}_many"], (len(entries), self._p(sizes), self._p(addresses), self._p(table))
+        keep = (entries, sizes, addresses, table)   # the addresses stay valid while run lives
+        return lambda apply, keep=keep: fn(*args, int(apply))
+
+    def update_lazy(self, rule: str, p: np.ndarray, idx: np.ndarray, rows: np.ndarray, slots: tuple,
+                    hyper: tuple) -> Callable[[bool], int]:
+        """Lazy sparse updates: the rule on rows ``idx`` (sorted, unique, in range; checked) of ``p`` and its
+        slots only, with gradient ``rows``, in place: the same values as :meth:`update` over the gathered rows.
+        Returns ``run(apply)`` as :meth:`update_many` does."""
+        self._check_update(rule, p, slots, hyper)
+        idx = np.asarray(idx)
+        if p.ndim < 1 or idx.ndim != 1 or idx.dtype != np.int64:
+            raise FeedError(f"update {rule}: lazy rows need int64 indices (n,) into a parameter with rows, got "
+                            f"{idx.dtype}{idx.shape} for {p.shape}")
+        if not (isinstance(rows, np.ndarray) and rows.dtype == self.dtype and rows.flags.c_contiguous
+                and rows.shape == (len(idx),) + p.shape[1:]):
+            raise FeedError(f"update {rule}: gradient rows {getattr(rows, 'dtype', '')}{getattr(rows, 'shape', '')} "
+                            f"do not fit {len(idx)} rows of a {self.dtype} parameter of shape {p.shape}")
+        if len(idx) and (idx[0] < 0 or idx[-1] >= p.shape[0] or not bool((idx[1:] > idx[:-1]).all())):
+            raise FeedError(f"update {rule}: lazy row indices must be sorted, unique and in [0, {p.shape[0]})")
+        width = p.size // p.shape[0] if p.shape[0] else 0
+        fn, args = self._fn[f"{rule}_lazy"], (width, self._p(p), self._p(idx), len(idx), self._p(rows),
+                                              *(self._p(a) for a in slots), *hyper)
+        return lambda apply: fn(*args, int(apply))
+
+    def coalesce(self, idx: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`RowSparse.coalesce` of (``idx``, ``rows``) bit for bit (its stable sort, then add.reduceat's
+        summation order in C instead of numpy's slow axis-0 reduceat): sorted unique indices and their summed
+        rows. ``idx`` is int64 (n,), ``rows`` (n, ...) of this dtype; indices are not range-checked (only
+        ``rows`` is indexed, by position)."""
+        idx = np.asarray(idx)
+        rows = np.asarray(rows)
+        if idx.ndim != 1 or idx.dtype != np.int64 or rows.ndim < 1 or rows.shape[0] != len(idx) \
+                or rows.dtype != self.dtype:
+            raise FeedError(f"coalesce: need int64 indices (n,) and {self.dtype} rows (n, ...), got "
+                            f"{idx.dtype}{idx.shape} and {rows.dtype}{rows.shape}")
+        if not len(idx):
+            return idx.copy(), rows.copy()
+        idx = np.ascontiguousarray(idx)
+        rows = np.ascontiguousarray(rows)
+        order = np.argsort(idx, kind="stable")
+        out_idx, out_rows = np.empty_like(idx), np.empty_like(rows)
+        width = rows.size // len(idx)
+        u = self._fn["coalesce"](len(idx), width, self._p(idx), self._p(order), self._p(rows), self._p(out_idx),
+                                 self._p(out_rows))
+        return out_idx[:u], out_rows[:u]
 
 
 @functools.lru_cache(maxsize=None)

@@ -7,7 +7,7 @@ import pytest
 from minicavs.cpu.compiler import compiler
 from minicavs.cpu.library import library
 from minicavs.nn import Parameter
-from minicavs.optim import Adagrad, Adam, Optimizer
+from minicavs.optim import SGD, Adagrad, Adam
 from minicavs.sparse import RowSparse
 
 pytestmark = pytest.mark.skipif(compiler() is None, reason="no C compiler on this machine")
@@ -57,7 +57,7 @@ def test_optimizer_kernels_equal_numpy_rules(dtype, cls, kwargs, wd):
     assert bad is False and np.array_equal(value, p.value)                  # checking changes nothing
     apply()
     ref, ref_slots = p.value.copy(), {k: a.copy() for k, a in slots.items()}
-    ref_bad, ref_apply = Optimizer._prepare(opt, ref, g, ref_slots, 3, wd)  # the numpy rule
+    ref_bad, ref_apply = opt._prepare_numpy(ref, g, ref_slots, 3, wd)     # the numpy rule
     ref_apply()
     assert not ref_bad
     close(value, ref, dtype)
@@ -113,3 +113,111 @@ def test_dropout_kernel_equals_x_times_the_numpy_mask(dtype, p, cols):
         got = library(dtype).dropout(x, keys, int(hash_words(11, 4, 2)[0]), p)
         assert got.dtype == np.dtype(dtype) and np.array_equal(got, x * mask)
     assert 0 < np.count_nonzero(got) < got.size or cols == 1
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_coalesce_equals_row_sparse_coalesce_bit_for_bit(dtype):
+    """add.reduceat's order (first row, then numpy's pairwise sum of the rest) in C: runs of 1 to 700 equal
+    indices (the 8-accumulator and the recursive halves), widths across the 64-column blocks, -0 rows."""
+    lib = library(dtype)
+    rng = np.random.default_rng(7)
+    for n, vocab, width in [(1, 3, 1), (9, 1, 3), (130, 1, 65), (700, 2, 5), (1500, 40, 128), (400, 900, 7)]:
+        idx = rng.integers(0, vocab, n).astype(np.int64)
+        rows = (rng.standard_normal((n, width)) * 10.0 ** rng.integers(-4, 5, (n, 1))).astype(dtype)
+        want = RowSparse(idx, rows, (vocab, width)).coalesce()
+        got_idx, got_rows = lib.coalesce(idx, rows)
+        assert np.array_equal(got_idx, want.indices) and np.array_equal(got_rows, want.rows)
+    zeros = np.full((3, 2), -0.0, dtype)
+    got_idx, got_rows = lib.coalesce(np.array([4, 4, 4]), zeros)
+    assert list(got_idx) == [4] and np.all(np.signbit(got_rows)) and got_rows.shape == (1, 2)
+    got_idx, got_rows = lib.coalesce(np.zeros(0, np.int64), np.zeros((0, 3), dtype))
+    assert got_idx.shape == (0,) and got_rows.shape == (0, 3)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+@pytest.mark.parametrize("wd", [0.0, 1e-3])
+def test_sgd_kernels_equal_the_numpy_rule_exactly(dtype, momentum, wd):
+    """SGD's kernels are its numpy rule operation for operation (float32 hyperparameters, no FMA), so the
+    optimizer may use either: equal bit for bit, dense and row-sparse."""
+    rng = np.random.default_rng(1)
+    p = Parameter("w", (7, 5), init=rng.standard_normal((7, 5)), dtype=dtype)
+    opt = SGD([p], lr=0.03, momentum=momentum)
+    slots = {s: rng.standard_normal((7, 5)).astype(dtype) for s in opt.slots}
+    for g in (rng.standard_normal((7, 5)).astype(dtype),
+              RowSparse(np.array([1, 4]), rng.standard_normal((2, 5)).astype(dtype), (7, 5))):
+        results = []
+        for prepare in (opt._prepare, opt._prepare_numpy):
+            value, mine = p.value.copy(), {k: a.copy() for k, a in slots.items()}
+            bad, apply = prepare(value, g, mine, 3, wd)
+            assert bad is False
+            apply()
+            results.append((value, mine))
+        (v1, s1), (v2, s2) = results
+        assert np.array_equal(v1, v2) and all(np.array_equal(s1[k], s2[k]) for k in opt.slots)
+        assert not np.array_equal(v1, p.value)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("rule, nslots, hyper", [("sgd", 0, (0.1, 1e-3)), ("momentum", 1, (0.1, 0.9, 1e-3)),
+                                                 ("adagrad", 1, (0.1, 1e-10, 1e-3)),
+                                                 ("adam", 2, (0.1, 0.9, 0.999, 0.19, 0.002, 1e-8, 1e-3))])
+def test_many_and_lazy_kernels_equal_the_per_parameter_kernel(dtype, rule, nslots, hyper):
+    """update_many over a table of parameters = update on each; update_lazy on rows = update on the gathered
+    rows scattered back; checking writes nothing; a non-finite result is counted."""
+    lib = library(dtype)
+    rng = np.random.default_rng(2)
+    shapes = [(7, 5), (3,), (0, 4), (11, 2)]
+    def state(shape):
+        return (rng.standard_normal(shape).astype(dtype), rng.standard_normal(shape).astype(dtype),
+                tuple(np.abs(rng.standard_normal(shape)).astype(dtype) for _ in range(nslots)))
+    params = [state(s) for s in shapes]
+    hypers = [hyper[:-1] + (wd,) for wd in (0.0, 1e-3, 0.5, 0.0)]
+    copies = [(p.copy(), g, tuple(a.copy() for a in s)) for p, g, s in params]
+    run = lib.update_many(rule, copies, hypers)
+    assert run(False) == 0 and all(np.array_equal(c[0], p[0]) for c, p in zip(copies, params))
+    run(True)
+    for (p, g, slots), (cp, _, cslots), h in zip(params, copies, hypers):
+        assert lib.update(rule, p, g, slots, h, True) == 0
+        assert np.array_equal(p, cp) and all(np.array_equal(a, b) for a, b in zip(slots, cslots))
+    table, g, slots = state((9, 3))
+    idx = np.array([0, 2, 3, 8])
+    rows = rng.standard_normal((4, 3)).astype(dtype)
+    gathered, gslots = table[idx], tuple(a[idx] for a in slots)
+    lib.update(rule, gathered, rows, gslots, hyper, True)
+    before = table.copy()
+    lazy = lib.update_lazy(rule, table, idx, rows, slots, hyper)
+    assert lazy(False) == 0 and np.array_equal(table, before)
+    lazy(True)
+    assert np.array_equal(table[idx], gathered) and all(np.array_equal(a[idx], b) for a, b in zip(slots, gslots))
+    rest = np.setdiff1d(np.arange(9), idx)
+    assert np.array_equal(table[rest], before[rest])
+    rows[1, 2] = np.nan
+    assert lib.update_lazy(rule, table, idx, rows, slots, hyper)(False) > 0
+    params[1][1][0] = np.inf
+    assert lib.update_many(rule, params, hypers)(False) > 0
+
+
+def test_many_lazy_and_coalesce_refuse_what_would_leave_their_buffers():
+    from minicavs.errors import FeedError
+    lib = library("float32")
+    p, g, s = np.ones((4, 3), np.float32), np.ones((4, 3), np.float32), np.ones((4, 3), np.float32)
+    h = (0.1, 1e-10, 0.0)
+    for bad in [(p, np.ones((3, 3), np.float32), (s,)), (p, g.astype(np.float64), (s,)), (p, g[:, ::2], (s,)),
+                (p, g, (np.ones((4, 2), np.float32),)), (p[:, ::2], g[:, ::2].copy(), (s[:, ::2],))]:
+        with pytest.raises(FeedError, match="update adagrad"):
+            lib.update_many("adagrad", [bad], [h])
+    with pytest.raises(ValueError, match="slots"):
+        lib.update_many("adagrad", [(p, g, ())], [h])
+    rows = np.ones((2, 3), np.float32)
+    for idx in ([0, 4], [-1, 2], [2, 1], [1, 1]):
+        with pytest.raises(FeedError, match="sorted, unique and in"):
+            lib.update_lazy("adagrad", p, np.array(idx), rows, (s,), h)
+    for idx, r in ((np.array([0, 1], np.int32), rows), (np.array([0, 1]), np.ones((3, 3), np.float32)),
+                   (np.array([0, 1]), np.ones((2, 2), np.float32))):
+        with pytest.raises(FeedError, match="update adagrad"):
+            lib.update_lazy("adagrad", p, idx, r, (s,), h)
+    for idx, r in ((np.array([0, 1], np.int32), rows), (np.array([0, 1]), np.ones((3, 3), np.float32)),
+                   (np.array([[0, 1]]), rows), (np.array([0, 1]), rows.astype(np.float64))):
+        with pytest.raises(FeedError, match="coalesce"):
+            lib.coalesce(idx, r)
