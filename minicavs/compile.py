@@ -96,8 +96,13 @@ class EngineOptions:
 
     @property
     def compiled(self) -> "EngineOptions":
-        """The options that decide what is compiled (the executor only decides who runs it)."""
-        return self if self.executor == "python" else replace(self, executor="python")
+        """The options that decide what is compiled (the executor only decides who runs it). Kept on the
+        instance: every lookup of compiled phases asks for it, and ``replace`` costs microseconds."""
+        found = self.__dict__.get("_compiled")
+        if found is None:
+            found = self if self.executor == "python" else replace(self, executor="python")
+            object.__setattr__(self, "_compiled", found)   # (a cache, not a field: eq and hash ignore it)
+        return found
 
 
 EXECUTORS = ("python", "native")

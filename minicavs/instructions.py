@@ -494,11 +494,11 @@ def task_table(fns: list, plan, opts, backward: bool) -> tuple[np.ndarray, dict]
     """One row per task, in the order they run (backward: the stack popped), built with numpy: kind, kind
     offset, rows, scatter offset, the sibling-concat view's first row (-1: none), and per gather slot the
     strided view (start, step; step -1: none). Also the rows moved, for the program's copy counters."""
-    tasks = np.array(plan.tasks, np.int64).reshape(-1, 4)
+    tasks = plan.task_array if plan.task_array is not None else np.array(plan.tasks, np.int64).reshape(-1, 4)
     arity = max((len(fn.gathers) for fn in fns if fn is not None), default=0)
     table = np.full((len(tasks), TASK_COLUMNS + 2 * arity), -1, np.int64)
     table[:, :4] = tasks
-    kinds, koffs, sizes = tasks[:, 0], tasks[:, 1], tasks[:, 2]
+    kinds, sizes = tasks[:, 0], tasks[:, 2]
     copies = {"gather": 0, "gathered": 0, "pull": 0, "push": 0}
     for kid, fn in enumerate(fns):
         kind_plan = plan.kinds[kid] if kid < len(plan.kinds) else None
@@ -510,15 +510,12 @@ def task_table(fns: list, plan, opts, backward: bool) -> tuple[np.ndarray, dict]
         kp = fn.phases(opts)[1 if backward else 0]
         views = []
         for j in fn.gathers:
-            start = np.full(kind_plan.n + 1, -1, np.int64)
-            step = np.full(kind_plan.n + 1, -1, np.int64)
-            if opts.gather_elision and kind_plan.views[j]:
-                at = np.fromiter(kind_plan.views[j].keys(), np.int64, len(kind_plan.views[j]))
-                pairs = np.array(list(kind_plan.views[j].values()), np.int64).reshape(-1, 2)
-                start[at], step[at] = pairs[:, 0], pairs[:, 1]
-            views.append((start[koffs[mine]], step[koffs[mine]]))
-            table[mine, TASK_COLUMNS + 2 * j] = views[-1][0]
-            table[mine, TASK_COLUMNS + 2 * j + 1] = views[-1][1]
+            if opts.gather_elision:   # (the kind's tasks in task order, as ``mine``)
+                views.append(kind_plan.strides[j])
+                table[mine, TASK_COLUMNS + 2 * j] = views[-1][0]
+                table[mine, TASK_COLUMNS + 2 * j + 1] = views[-1][1]
+            else:
+                views.append((table[mine, TASK_COLUMNS + 2 * j], table[mine, TASK_COLUMNS + 2 * j + 1]))
         bs = sizes[mine]
         if not backward:
             gathered = sum(kp.phase[g] == TASK for g in fn.gathers.values())
