@@ -166,7 +166,7 @@ class Batch:
     _parents: tuple | None = field(default=None, repr=False)
 
     def num_children(self) -> np.ndarray:
-        return np.diff(self.child_ptr)
+        return self.child_ptr[1:] - self.child_ptr[:-1]   # (np.diff is a Python function: slower)
 
     def parents_csr(self) -> tuple[np.ndarray, np.ndarray]:
         """The transpose of the child CSR: parents of v are ``parent_idx[parent_ptr[v]:parent_ptr[v+1]]``."""

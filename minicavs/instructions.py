@@ -145,6 +145,7 @@ class Lowered:
     nregs: int
     scratch_cols: int
     fixed_size: int = 0
+    pointers: tuple | None = field(default=None, repr=False, compare=False)   # code, pool, ranges, kernels
 
     def lines(self) -> list[str]:
         """The templates, one instruction a line: opcode and named operands."""
@@ -553,41 +554,51 @@ PROFILE: np.ndarray | None = None
 
 def run(lowered: Lowered, table: np.ndarray, resolve, dtype, forest: bool) -> dict:
     """Run the task loop natively: ``resolve(key)`` gives each buffer's array. Returns the parameter-gradient
-    accumulators ({name: array}) the program added into."""
+    accumulators ({name: array}) the program added into. (Addresses come from cffi's ``from_buffer``: numpy's
+    ``ctypes.data`` costs microseconds a call, and a batch of one tree has a few dozen buffers.)"""
     ex = cpu_native.executor(dtype)
+    ffi = ex.ffi
     n = len(lowered.keys)
-    base = np.zeros(n, np.int64)
-    size = np.zeros(n, np.int64)
-    ld = np.zeros(n, np.int64)
-    trans = np.zeros(n, np.int64)
+    info = np.zeros((4, n), np.int64)     # per buffer: base address, size, row stride, transposed flag
+    slots = ffi.cast("void **", ffi.from_buffer(info))
+    sizes, strides, flags = [], [], []
     keep, grads = [], {}
     max_bs = int(table[:, 2].max()) if len(table) else 0
     for i, key in enumerate(lowered.keys):
-        if key[0] == "scratch":
+        what = key[0]
+        if what == "scratch":
             a = resolve(("arena", "scratch", lowered.scratch_cols * max_bs))
-        elif key[0] == "fixed":
+        elif what == "fixed":
             a = resolve(("arena", "fixed", lowered.fixed_size))
-        elif key[0] == "pgrad":
+        elif what == "pgrad":
             a = grads[key[1]] = resolve(key)
         else:
             a = resolve(key)
         a, stride, flag = _matrix_info(a)
         keep.append(a)
-        base[i], size[i], ld[i], trans[i] = a.ctypes.data, a.size, stride, flag
+        slots[i] = ffi.from_buffer(a.T if flag else a)   # writes the address into info[0, i]
+        sizes.append(a.size)
+        strides.append(stride)
+        flags.append(flag)
+    info[1], info[2], info[3] = sizes, strides, flags
     err = np.zeros(4, np.int64)
     check = int(os.environ.get("MINICAVS_NATIVE_CHECK", "0") not in ("", "0"))
-    prof = ex.ffi.NULL if PROFILE is None else ex.ffi.cast("int64_t *", PROFILE.ctypes.data)
+    prof = ffi.NULL if PROFILE is None else ex.ptr(PROFILE)
     p = ex.ptr
-    rc = ex.run(p(lowered.code), p(lowered.pool), p(lowered.ranges), len(lowered.ranges), p(table), len(table),
-                table.shape[1], p(base), p(size), p(ld), p(trans), n, n - 1, max_bs, lowered.nregs,
-                p(lowered.kernels), len(lowered.kernels), ex.gemm, ex.gemv, int(ex.ilp64), int(forest), check,
-                ex.ffi.cast("int64_t *", err.ctypes.data), prof)
+    if lowered.pointers is None:   # the program's own arrays: fixed, so their addresses are taken once
+        lowered.pointers = (p(lowered.code), p(lowered.pool), p(lowered.ranges), p(lowered.kernels))
+    code, pool, ranges, kernels = lowered.pointers
+    row = ffi.cast("const int64_t *", slots)
+    rc = ex.run(code, pool, ranges, len(lowered.ranges), p(table), len(table),
+                table.shape[1], row, row + n, row + 2 * n, row + 3 * n, n, n - 1, max_bs, lowered.nregs,
+                kernels, len(lowered.kernels), ex.gemm, ex.gemv, int(ex.ilp64), int(forest), check,
+                p(err), prof)
     if rc:
         _, task, pc, operand = err.tolist()
         where = lowered.text(pc) if 0 <= pc < len(lowered.code) else f"instruction {pc}"
         raise NativeCheckError(f"native {lowered.title}: task {task}, instruction {pc} ({where}): operand "
                                f"{_operand_name(lowered, pc, operand)} is out of bounds or invalid")
-    del keep
+    del keep, info
     return grads
 
 

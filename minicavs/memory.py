@@ -170,7 +170,7 @@ def plan_memory(batch: Batch, schedule: Schedule, arity: dict, pulls: dict, push
         raise FeedError(f"{len(sample_ids)} sample ids for {len(batch.graphs)} samples")
     order, row = schedule.order, schedule.row
     kind_of_task = schedule.task_kind
-    sizes = np.diff(schedule.task_ptr)
+    sizes = schedule.task_ptr[1:] - schedule.task_ptr[:-1]
     scatter_offsets = schedule.task_ptr[:-1].astype(np.int64)
     order_kind = batch.kind[order]
     ptr, idx = batch.child_ptr, batch.child_idx
@@ -222,7 +222,7 @@ def _strided_arrays(rows: np.ndarray, offs: np.ndarray, sizes: np.ndarray, senti
     step = np.where(start == sentinel, 0, 1)    # a task of one row is a view
     multi = np.flatnonzero(sizes > 1)
     if len(multi):
-        d = np.diff(rows)
+        d = rows[1:] - rows[:-1]
         bad = np.cumsum(np.concatenate(([False], d[1:] != d[:-1])))   # prefix count of changes in the stride
         first, last = offs[multi], offs[multi] + sizes[multi] - 2
         d0 = d[first]

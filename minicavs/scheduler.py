@@ -85,7 +85,7 @@ def _one_kind(batch: Batch) -> bool:
     kind, the leaves are all that is ready first, and the other kind all that is left after them."""
     if batch.num_vertices == 0 or bool(np.all(batch.kind == batch.kind[0])):
         return True
-    childless = np.diff(batch.child_ptr) == 0
+    childless = batch.num_children() == 0
     leaf, other = np.unique(batch.kind[childless]), np.unique(batch.kind[~childless])
     return len(leaf) == 1 and len(other) == 1 and leaf[0] != other[0]
 
