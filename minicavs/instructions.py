@@ -519,13 +519,14 @@ def task_table(fns: list, plan, opts, backward: bool) -> tuple[np.ndarray, dict]
                 views.append((table[mine, TASK_COLUMNS + 2 * j], table[mine, TASK_COLUMNS + 2 * j + 1]))
         bs = sizes[mine]
         if not backward:
+            rows = int(bs.sum())
             gathered = sum(kp.phase[g] == TASK for g in fn.gathers.values())
-            copies["gathered"] += int(bs.sum()) * gathered
+            copies["gathered"] += rows * gathered
             for j, g in fn.gathers.items():
                 if kp.phase[g] == TASK:
-                    copies["gather"] += int(bs[views[j][1] < 0].sum()) if opts.gather_elision else int(bs.sum())
-            copies["pull"] += int(bs.sum()) * sum(kp.phase[p] == TASK for p in fn.pulls.values())
-            copies["push"] += int(bs.sum()) * sum(kp.phase[p] == TASK for p in fn.pushes.values())
+                    copies["gather"] += int(bs[views[j][1] < 0].sum()) if opts.gather_elision else rows
+            copies["pull"] += rows * sum(kp.phase[p] == TASK for p in fn.pulls.values())
+            copies["push"] += rows * sum(kp.phase[p] == TASK for p in fn.pushes.values())
             cat = fn.gather_concat
             if cat is not None and opts.gather_elision and kp.phase.get(cat) == TASK and views:
                 k = len(views)
