@@ -505,21 +505,26 @@ def task_table(fns: list, plan, opts, backward: bool) -> tuple[np.ndarray, dict]
         kind_plan = plan.kinds[kid] if kid < len(plan.kinds) else None
         if fn is None or kind_plan is None:
             continue
-        mine = np.flatnonzero(kinds == kid)
+        mine = kind_plan.tasks if kind_plan.tasks is not None else np.flatnonzero(kinds == kid)
         if not len(mine):
             continue
         kp = fn.phases(opts)[1 if backward else 0]
-        views = []
-        for j in fn.gathers:
-            if opts.gather_elision:   # (the kind's tasks in task order, as ``mine``)
-                views.append(kind_plan.strides[j])
-                table[mine, TASK_COLUMNS + 2 * j] = views[-1][0]
-                table[mine, TASK_COLUMNS + 2 * j + 1] = views[-1][1]
+        slots = list(fn.gathers)
+        if opts.gather_elision and slots:   # (the kind's tasks in task order, as ``mine``)
+            views = [kind_plan.strides[j] for j in slots]
+            if slots == list(range(len(slots))) and kind_plan.view_table is not None \
+                    and kind_plan.view_table.shape[1] == 2 * len(slots):
+                table[mine, TASK_COLUMNS:TASK_COLUMNS + 2 * len(slots)] = kind_plan.view_table
             else:
-                views.append((table[mine, TASK_COLUMNS + 2 * j], table[mine, TASK_COLUMNS + 2 * j + 1]))
-        bs = sizes[mine]
+                for j, (start, step) in zip(slots, views):
+                    table[mine, TASK_COLUMNS + 2 * j] = start
+                    table[mine, TASK_COLUMNS + 2 * j + 1] = step
+        else:
+            views = [(table[mine, TASK_COLUMNS + 2 * j], table[mine, TASK_COLUMNS + 2 * j + 1]) for j in slots]
+        views = dict(zip(slots, views))
         if not backward:
-            rows = int(bs.sum())
+            bs = sizes[mine]
+            rows = kind_plan.n   # (its tasks' rows)
             gathered = sum(kp.phase[g] == TASK for g in fn.gathers.values())
             copies["gathered"] += rows * gathered
             for j, g in fn.gathers.items():
@@ -530,10 +535,12 @@ def task_table(fns: list, plan, opts, backward: bool) -> tuple[np.ndarray, dict]
             cat = fn.gather_concat
             if cat is not None and opts.gather_elision and kp.phase.get(cat) == TASK and views:
                 k = len(views)
-                ok = np.ones(len(mine), bool)
-                for j, (start, step) in enumerate(views):
-                    ok &= (step == k) & (start == views[0][0] + j)
-                table[mine, 4] = np.where(ok, views[0][0], -1)
+                first = views[slots[0]][0]
+                ok = views[slots[0]][1] == k
+                for i, j in enumerate(slots[1:], 1):
+                    start, step = views[j]
+                    ok &= (step == k) & (start == first + i)
+                table[mine, 4] = np.where(ok, first, -1)
     if backward:
         table = table[::-1]
     return np.ascontiguousarray(table), copies

@@ -127,7 +127,9 @@ class KindPlan:
     push_rows: dict = field(default_factory=dict)     # push name -> row in that push buffer
     row_keys: np.ndarray | None = None       # dropout row keys (sample << 32 | local vertex id)
     task_offsets: np.ndarray | None = None   # the kind offset of each of its tasks, in task order
+    tasks: np.ndarray | None = None          # the indices of its tasks in the schedule
     strides: list = field(default_factory=list)   # per child slot j: (start, step) arrays per task (step -1: none)
+    view_table: np.ndarray | None = None     # the strides side by side: per task, start and step of each slot
     _views: list | None = field(default=None, repr=False)
 
     @property
@@ -185,14 +187,16 @@ def plan_memory(batch: Batch, schedule: Schedule, arity: dict, pulls: dict, push
         kind_sizes = sizes[mine]
         offs = np.cumsum(kind_sizes) - kind_sizes
         koff[mine] = offs
-        kind_plan = KindPlan(kname, kid, verts, task_offsets=offs)
+        kind_plan = KindPlan(kname, kid, verts, task_offsets=offs, tasks=mine)
         start, count = ptr[verts], nch[verts]
-        for j in range(arity.get(kname, 0)):
+        k = arity.get(kname, 0)
+        kind_plan.view_table = np.empty((len(mine), 2 * k), np.int64)
+        for j in range(k):
             has = count > j
             rows = np.full(len(verts), n, np.int64)
             rows[has] = row[idx[start[has] + j]]
             kind_plan.child_rows.append(rows)
-            kind_plan.strides.append(_strided_arrays(rows, offs, kind_sizes, n))
+            kind_plan.strides.append(_strided_arrays(rows, offs, kind_sizes, n, kind_plan.view_table[:, 2 * j:]))
         kind_plan.row_keys = row_key(sample_ids[batch.sample[verts]], batch.local[verts])
         kinds[kid] = kind_plan
     pull_rows, push_order = {}, {}
@@ -213,13 +217,17 @@ def plan_memory(batch: Batch, schedule: Schedule, arity: dict, pulls: dict, push
     return MemoryPlan(schedule, n, tasks, kinds, pull_rows, push_order, forest, task_array)
 
 
-def _strided_arrays(rows: np.ndarray, offs: np.ndarray, sizes: np.ndarray, sentinel: int) -> tuple:
+def _strided_arrays(rows: np.ndarray, offs: np.ndarray, sizes: np.ndarray, sentinel: int, out=None) -> tuple:
     """Per task (kind offset ``offs``, ``sizes`` rows): whether its child rows are an evenly strided block of
     the scatter tensor, ``start + step * i`` (ED-Batch's insight: the cheapest gather is a view), as two
     arrays (start, step): step 0 marks a task where every row is the sentinel (no vertex has that child),
-    step -1 a task whose rows are not a strided block (a gather copies them)."""
-    start = rows[offs]
-    step = np.where(start == sentinel, 0, 1)    # a task of one row is a view
+    step -1 a task whose rows are not a strided block (a gather copies them). ``out``: an int64 array whose
+    first two columns receive start and step (what is returned are views of them)."""
+    if out is None:
+        out = np.empty((len(offs), 2), np.int64)
+    start, step = out[:, 0], out[:, 1]
+    start[:] = rows[offs]
+    np.not_equal(start, sentinel, out=step)     # a task of one row is a view: step 1, or 0 on the sentinel
     multi = np.flatnonzero(sizes > 1)
     if len(multi):
         d = rows[1:] - rows[:-1]
