@@ -173,11 +173,12 @@ def plan_memory(batch: Batch, schedule: Schedule, arity: dict, pulls: dict, push
     order, row = schedule.order, schedule.row
     kind_of_task = schedule.task_kind
     sizes = schedule.task_ptr[1:] - schedule.task_ptr[:-1]
-    scatter_offsets = schedule.task_ptr[:-1].astype(np.int64)
+    scatter_offsets = schedule.task_ptr[:-1]
     order_kind = batch.kind[order]
     ptr, idx = batch.child_ptr, batch.child_idx
     nch = ptr[1:] - ptr[:-1]
     koff = np.zeros(len(sizes), np.int64)
+    keys = row_key(sample_ids[batch.sample], batch.local)   # every vertex's at once, then per kind
     kinds: list = [None] * len(batch.kind_names)
     for kid, kname in enumerate(batch.kind_names):
         verts = order[order_kind == kid]
@@ -197,7 +198,7 @@ def plan_memory(batch: Batch, schedule: Schedule, arity: dict, pulls: dict, push
             rows[has] = row[idx[start[has] + j]]
             kind_plan.child_rows.append(rows)
             kind_plan.strides.append(_strided_arrays(rows, offs, kind_sizes, n, kind_plan.view_table[:, 2 * j:]))
-        kind_plan.row_keys = row_key(sample_ids[batch.sample[verts]], batch.local[verts])
+        kind_plan.row_keys = keys[verts]
         kinds[kid] = kind_plan
     pull_rows, push_order = {}, {}
     for names, store, out in ((pulls, "pull_rows", pull_rows), (pushes, "push_rows", push_order)):
@@ -211,7 +212,8 @@ def plan_memory(batch: Batch, schedule: Schedule, arity: dict, pulls: dict, push
             for kid in users:
                 if kinds[kid] is not None:
                     getattr(kinds[kid], store)[name] = rank[kinds[kid].vertices]
-    task_array = np.stack((kind_of_task.astype(np.int64), koff, sizes.astype(np.int64), scatter_offsets), 1)
+    task_array = np.empty((len(sizes), 4), np.int64)
+    task_array[:, 0], task_array[:, 1], task_array[:, 2], task_array[:, 3] = kind_of_task, koff, sizes, scatter_offsets
     tasks = list(map(tuple, task_array.tolist()))
     forest = not len(idx) or bool(np.bincount(idx, minlength=n).max() <= 1)
     return MemoryPlan(schedule, n, tasks, kinds, pull_rows, push_order, forest, task_array)
@@ -227,11 +229,12 @@ def _strided_arrays(rows: np.ndarray, offs: np.ndarray, sizes: np.ndarray, senti
         out = np.empty((len(offs), 2), np.int64)
     start, step = out[:, 0], out[:, 1]
     start[:] = rows[offs]
-    np.not_equal(start, sentinel, out=step)     # a task of one row is a view: step 1, or 0 on the sentinel
+    step[:] = start != sentinel     # a task of one row is a view: step 1, or 0 on the sentinel
     multi = np.flatnonzero(sizes > 1)
     if len(multi):
         d = rows[1:] - rows[:-1]
-        bad = np.cumsum(np.concatenate(([False], d[1:] != d[:-1])))   # prefix count of changes in the stride
+        bad = np.zeros(len(d), np.int64)     # prefix count of changes in the stride
+        np.cumsum(d[1:] != d[:-1], out=bad[1:])
         first, last = offs[multi], offs[multi] + sizes[multi] - 2
         d0 = d[first]
         uniform = bad[last] == bad[first]     # d[first + 1 .. last] all equal d[first]
