@@ -190,7 +190,7 @@ def transpose(ptr: np.ndarray, idx: np.ndarray, n: int, owner: np.ndarray | None
         owner = np.repeat(np.arange(n, dtype=np.int64), np.diff(ptr))
     order = np.argsort(idx, kind="stable")
     pptr = np.zeros(n + 1, np.int64)
-    np.cumsum(np.bincount(idx, minlength=n), out=pptr[1:])
+    pptr[1:] = np.bincount(idx, minlength=n).cumsum()
     return pptr, owner[order]
 
 

@@ -50,7 +50,7 @@ class Schedule:
 def _from_keys(batch: Batch, order: np.ndarray, task_key: np.ndarray) -> Schedule:
     """Build a schedule from vertices already sorted so that equal ``task_key`` values are adjacent."""
     n = len(order)
-    starts = np.flatnonzero(np.concatenate(([True], task_key[1:] != task_key[:-1]))) if n else np.zeros(0, int)
+    starts = np.concatenate(([0], (task_key[1:] != task_key[:-1]).nonzero()[0] + 1)) if n else np.zeros(0, int)
     ptr = np.concatenate((starts, [n])).astype(np.int64)
     row = np.empty(n, np.int64)
     row[order] = np.arange(n, dtype=np.int64)
