@@ -96,11 +96,31 @@ class EngineOptions:
 
     @property
     def compiled(self) -> "EngineOptions":
-        """The options that decide what is compiled (the executor only decides who runs it)."""
-        return self if self.executor == "python" else replace(self, executor="python")
+        """The options that decide what is compiled (the executor only decides who runs it). Kept on the
+        instance: every lookup of compiled phases asks for it, and ``replace`` costs microseconds."""
+        found = self.__dict__.get("_compiled")
+        if found is None:   # one instance per distinct value: the caches keyed by it then hit by identity
+            found = self if self.executor == "python" else replace(self, executor="python")
+            found = _COMPILED.setdefault(found._fields(), found)
+            object.__setattr__(self, "_compiled", found)   # (a cache, not a field: eq and hash ignore it)
+        return found
+
+    def __getstate__(self) -> dict:   # the fields only: the caches (a str's hash) are this process's
+        return {f: getattr(self, f) for f in self.__dataclass_fields__}
+
+    def _fields(self) -> tuple:
+        return tuple(getattr(self, f) for f in self.__dataclass_fields__)
+
+    def __hash__(self) -> int:   # computed once: options key every compiled-phase cache
+        found = self.__dict__.get("_hash")
+        if found is None:
+            found = hash(self._fields())
+            object.__setattr__(self, "_hash", found)
+        return found
 
 
 EXECUTORS = ("python", "native")
+_COMPILED: dict = {}   # field values -> the one EngineOptions instance ``compiled`` returns for them
 
 
 @dataclass

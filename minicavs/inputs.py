@@ -166,7 +166,7 @@ class Batch:
     _parents: tuple | None = field(default=None, repr=False)
 
     def num_children(self) -> np.ndarray:
-        return np.diff(self.child_ptr)
+        return self.child_ptr[1:] - self.child_ptr[:-1]   # (np.diff is a Python function: slower)
 
     def parents_csr(self) -> tuple[np.ndarray, np.ndarray]:
         """The transpose of the child CSR: parents of v are ``parent_idx[parent_ptr[v]:parent_ptr[v+1]]``."""
@@ -183,18 +183,22 @@ class Batch:
         return f"sample {int(self.sample[v])}, vertex {int(self.local[v])}"
 
 
-def transpose(ptr: np.ndarray, idx: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """The transposed CSR (the parents of each vertex), one entry per edge (duplicate edges kept)."""
-    owner = np.repeat(np.arange(n, dtype=np.int64), np.diff(ptr))
+def transpose(ptr: np.ndarray, idx: np.ndarray, n: int, owner: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The transposed CSR (the parents of each vertex), one entry per edge (duplicate edges kept).
+    ``owner``: the vertex of each edge, if already computed."""
+    if owner is None:
+        owner = np.repeat(np.arange(n, dtype=np.int64), np.diff(ptr))
     order = np.argsort(idx, kind="stable")
-    counts = np.bincount(idx, minlength=n)
-    return np.concatenate(([0], np.cumsum(counts))).astype(np.int64), owner[order]
+    pptr = np.zeros(n + 1, np.int64)
+    pptr[1:] = np.bincount(idx, minlength=n).cumsum()
+    return pptr, owner[order]
 
 
-def _heights(ptr, idx, n, where) -> np.ndarray:
+def _heights(ptr, idx, n, where, parents=None) -> np.ndarray:
     """Level by level from the vertices without children (one C call when the backend provides the kernel,
-    else one numpy round per level); unreached vertices lie on or above a cycle."""
-    pptr, pidx = transpose(ptr, idx, n)
+    else one numpy round per level); unreached vertices lie on or above a cycle. ``parents``: the transposed
+    CSR, if already computed."""
+    pptr, pidx = transpose(ptr, idx, n) if parents is None else parents
     kernels = native_kernels(np, np.float64)
     if kernels is not None and n:
         height = kernels.heights(ptr, pptr, pidx)
@@ -216,8 +220,8 @@ def _heights(ptr, idx, n, where) -> np.ndarray:
         cand = np.unique(parents)
         frontier = cand[pending[cand] == 0]
         level += 1
-    bad = np.flatnonzero(height < 0)
-    if len(bad):
+    if height.min(initial=0) < 0:
+        bad = np.flatnonzero(height < 0)
         # Walk children among the unreached vertices until one repeats: that vertex is on a cycle.
         v, seen = int(bad[0]), set()
         unreached = height < 0
@@ -231,41 +235,58 @@ def _heights(ptr, idx, n, where) -> np.ndarray:
 
 def make_batch(graphs: Sequence[InputGraph], kind_names: Sequence[str] | None = None,
                max_arity: int | Mapping[str, int] | None = None, default_kind: str = "vertex") -> Batch:
-    """Flatten and validate K graphs; errors name the sample and the vertex."""
+    """Flatten and validate K graphs; errors name the sample and the vertex. (Its numpy calls, not the
+    vertices, are the cost of a small batch: one graph takes the short way, without concatenations.)"""
     graphs = list(graphs)
     if not graphs:
         raise InputGraphError("empty batch: no input graphs")
-    sizes = np.fromiter((g.num_vertices for g in graphs), np.int64, len(graphs))
-    for k in np.flatnonzero(sizes == 0):
-        raise InputGraphError(f"sample {int(k)}: empty graph (no vertices)")
-    offsets = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
-    n = int(offsets[-1])
-    sample = np.repeat(np.arange(len(graphs), dtype=np.int64), sizes)
-    local = np.arange(n, dtype=np.int64) - offsets[sample]
-    edges = np.fromiter((len(g.child_idx) for g in graphs), np.int64, len(graphs))
-    local_idx = np.concatenate([g.child_idx for g in graphs])
-    owner = np.repeat(np.arange(len(graphs), dtype=np.int64), edges)  # sample of each edge
-    counts = np.concatenate([np.diff(g.child_ptr) for g in graphs])
-    parent = np.repeat(np.arange(n, dtype=np.int64), counts)
-    bad = np.flatnonzero((local_idx < 0) | (local_idx >= sizes[owner]))
-    if len(bad):
+    if len(graphs) == 1:
+        g = graphs[0]
+        n = g.num_vertices
+        if n == 0:
+            raise InputGraphError("sample 0: empty graph (no vertices)")
+        sizes = np.array([n], np.int64)
+        offsets = np.array([0, n], np.int64)
+        sample = np.zeros(n, np.int64)
+        local = np.arange(n, dtype=np.int64)
+        child_ptr, local_idx = g.child_ptr, g.child_idx   # validated int64, read-only
+        counts = child_ptr[1:] - child_ptr[:-1]
+        owner = None
+    else:
+        sizes = np.fromiter((g.num_vertices for g in graphs), np.int64, len(graphs))
+        for k in np.flatnonzero(sizes == 0):
+            raise InputGraphError(f"sample {int(k)}: empty graph (no vertices)")
+        offsets = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
+        n = int(offsets[-1])
+        sample = np.repeat(np.arange(len(graphs), dtype=np.int64), sizes)
+        local = np.arange(n, dtype=np.int64) - offsets[sample]
+        edges = np.fromiter((len(g.child_idx) for g in graphs), np.int64, len(graphs))
+        local_idx = np.concatenate([g.child_idx for g in graphs])
+        owner = np.repeat(np.arange(len(graphs), dtype=np.int64), edges)  # sample of each edge
+        counts = np.concatenate([np.diff(g.child_ptr) for g in graphs])
+        child_ptr = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+    parent = np.repeat(local, counts) if owner is None else np.repeat(np.arange(n, dtype=np.int64), counts)
+    limit = sizes[0] if owner is None else sizes[owner]
+    if len(local_idx) and (local_idx.min() < 0 or (local_idx >= limit).any()):
+        bad = np.flatnonzero((local_idx < 0) | (local_idx >= limit))
         e = int(bad[0])
-        raise InputGraphError(f"sample {int(owner[e])}, vertex {int(local[parent[e]])}: child index "
-                              f"{int(local_idx[e])} out of range for a graph of {int(sizes[owner[e]])} vertices")
-    child_idx = local_idx + offsets[owner]
-    selfloop = np.flatnonzero(child_idx == parent)
-    if len(selfloop):
-        v = int(parent[selfloop[0]])
+        s = 0 if owner is None else int(owner[e])
+        raise InputGraphError(f"sample {s}, vertex {int(local[parent[e]])}: child index "
+                              f"{int(local_idx[e])} out of range for a graph of {int(sizes[s])} vertices")
+    child_idx = local_idx if owner is None else local_idx + offsets[owner]
+    selfloop = child_idx == parent
+    if selfloop.any():
+        v = int(parent[np.flatnonzero(selfloop)[0]])
         raise InputGraphError(f"sample {int(sample[v])}, vertex {int(local[v])}: lists itself as a child "
                               "(a cycle)")
-    child_ptr = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
 
     def where(v):
         return f"sample {int(sample[v])}, vertex {int(local[v])}"
 
-    height = _heights(child_ptr, child_idx, n, where)
+    parents = transpose(child_ptr, child_idx, n, owner=parent)
+    height = _heights(child_ptr, child_idx, n, where, parents)
     kind, names = _kinds(graphs, sizes, kind_names, default_kind)
-    batch = Batch(graphs, n, offsets, sample, local, child_ptr, child_idx, height, kind, names)
+    batch = Batch(graphs, n, offsets, sample, local, child_ptr, child_idx, height, kind, names, parents)
     if max_arity is not None:
         check_arity(batch, max_arity)
     return batch

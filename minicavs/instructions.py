@@ -145,6 +145,7 @@ class Lowered:
     nregs: int
     scratch_cols: int
     fixed_size: int = 0
+    pointers: tuple | None = field(default=None, repr=False, compare=False)   # code, pool, ranges, kernels
 
     def lines(self) -> list[str]:
         """The templates, one instruction a line: opcode and named operands."""
@@ -494,47 +495,52 @@ def task_table(fns: list, plan, opts, backward: bool) -> tuple[np.ndarray, dict]
     """One row per task, in the order they run (backward: the stack popped), built with numpy: kind, kind
     offset, rows, scatter offset, the sibling-concat view's first row (-1: none), and per gather slot the
     strided view (start, step; step -1: none). Also the rows moved, for the program's copy counters."""
-    tasks = np.array(plan.tasks, np.int64).reshape(-1, 4)
+    tasks = plan.task_array if plan.task_array is not None else np.array(plan.tasks, np.int64).reshape(-1, 4)
     arity = max((len(fn.gathers) for fn in fns if fn is not None), default=0)
     table = np.full((len(tasks), TASK_COLUMNS + 2 * arity), -1, np.int64)
     table[:, :4] = tasks
-    kinds, koffs, sizes = tasks[:, 0], tasks[:, 1], tasks[:, 2]
+    kinds, sizes = tasks[:, 0], tasks[:, 2]
     copies = {"gather": 0, "gathered": 0, "pull": 0, "push": 0}
     for kid, fn in enumerate(fns):
         kind_plan = plan.kinds[kid] if kid < len(plan.kinds) else None
         if fn is None or kind_plan is None:
             continue
-        mine = np.flatnonzero(kinds == kid)
+        mine = kind_plan.tasks if kind_plan.tasks is not None else np.flatnonzero(kinds == kid)
         if not len(mine):
             continue
         kp = fn.phases(opts)[1 if backward else 0]
-        views = []
-        for j in fn.gathers:
-            start = np.full(kind_plan.n + 1, -1, np.int64)
-            step = np.full(kind_plan.n + 1, -1, np.int64)
-            if opts.gather_elision and kind_plan.views[j]:
-                at = np.fromiter(kind_plan.views[j].keys(), np.int64, len(kind_plan.views[j]))
-                pairs = np.array(list(kind_plan.views[j].values()), np.int64).reshape(-1, 2)
-                start[at], step[at] = pairs[:, 0], pairs[:, 1]
-            views.append((start[koffs[mine]], step[koffs[mine]]))
-            table[mine, TASK_COLUMNS + 2 * j] = views[-1][0]
-            table[mine, TASK_COLUMNS + 2 * j + 1] = views[-1][1]
-        bs = sizes[mine]
+        slots = list(fn.gathers)
+        if opts.gather_elision and slots:   # (the kind's tasks in task order, as ``mine``)
+            views = [kind_plan.strides[j] for j in slots]
+            if slots == list(range(len(slots))) and kind_plan.view_table is not None \
+                    and kind_plan.view_table.shape[1] == 2 * len(slots):
+                table[mine, TASK_COLUMNS:TASK_COLUMNS + 2 * len(slots)] = kind_plan.view_table
+            else:
+                for j, (start, step) in zip(slots, views):
+                    table[mine, TASK_COLUMNS + 2 * j] = start
+                    table[mine, TASK_COLUMNS + 2 * j + 1] = step
+        else:
+            views = [(table[mine, TASK_COLUMNS + 2 * j], table[mine, TASK_COLUMNS + 2 * j + 1]) for j in slots]
+        views = dict(zip(slots, views))
         if not backward:
+            bs = sizes[mine]
+            rows = kind_plan.n   # (its tasks' rows)
             gathered = sum(kp.phase[g] == TASK for g in fn.gathers.values())
-            copies["gathered"] += int(bs.sum()) * gathered
+            copies["gathered"] += rows * gathered
             for j, g in fn.gathers.items():
                 if kp.phase[g] == TASK:
-                    copies["gather"] += int(bs[views[j][1] < 0].sum()) if opts.gather_elision else int(bs.sum())
-            copies["pull"] += int(bs.sum()) * sum(kp.phase[p] == TASK for p in fn.pulls.values())
-            copies["push"] += int(bs.sum()) * sum(kp.phase[p] == TASK for p in fn.pushes.values())
+                    copies["gather"] += int(bs[views[j][1] < 0].sum()) if opts.gather_elision else rows
+            copies["pull"] += rows * sum(kp.phase[p] == TASK for p in fn.pulls.values())
+            copies["push"] += rows * sum(kp.phase[p] == TASK for p in fn.pushes.values())
             cat = fn.gather_concat
             if cat is not None and opts.gather_elision and kp.phase.get(cat) == TASK and views:
                 k = len(views)
-                ok = np.ones(len(mine), bool)
-                for j, (start, step) in enumerate(views):
-                    ok &= (step == k) & (start == views[0][0] + j)
-                table[mine, 4] = np.where(ok, views[0][0], -1)
+                first = views[slots[0]][0]
+                ok = views[slots[0]][1] == k
+                for i, j in enumerate(slots[1:], 1):
+                    start, step = views[j]
+                    ok &= (step == k) & (start == first + i)
+                table[mine, 4] = np.where(ok, first, -1)
     if backward:
         table = table[::-1]
     return np.ascontiguousarray(table), copies
@@ -556,41 +562,51 @@ PROFILE: np.ndarray | None = None
 
 def run(lowered: Lowered, table: np.ndarray, resolve, dtype, forest: bool) -> dict:
     """Run the task loop natively: ``resolve(key)`` gives each buffer's array. Returns the parameter-gradient
-    accumulators ({name: array}) the program added into."""
+    accumulators ({name: array}) the program added into. (Addresses come from cffi's ``from_buffer``: numpy's
+    ``ctypes.data`` costs microseconds a call, and a batch of one tree has a few dozen buffers.)"""
     ex = cpu_native.executor(dtype)
+    ffi = ex.ffi
     n = len(lowered.keys)
-    base = np.zeros(n, np.int64)
-    size = np.zeros(n, np.int64)
-    ld = np.zeros(n, np.int64)
-    trans = np.zeros(n, np.int64)
+    info = np.zeros((4, n), np.int64)     # per buffer: base address, size, row stride, transposed flag
+    slots = ffi.cast("void **", ffi.from_buffer(info))
+    sizes, strides, flags = [], [], []
     keep, grads = [], {}
     max_bs = int(table[:, 2].max()) if len(table) else 0
     for i, key in enumerate(lowered.keys):
-        if key[0] == "scratch":
+        what = key[0]
+        if what == "scratch":
             a = resolve(("arena", "scratch", lowered.scratch_cols * max_bs))
-        elif key[0] == "fixed":
+        elif what == "fixed":
             a = resolve(("arena", "fixed", lowered.fixed_size))
-        elif key[0] == "pgrad":
+        elif what == "pgrad":
             a = grads[key[1]] = resolve(key)
         else:
             a = resolve(key)
         a, stride, flag = _matrix_info(a)
         keep.append(a)
-        base[i], size[i], ld[i], trans[i] = a.ctypes.data, a.size, stride, flag
+        slots[i] = ffi.from_buffer(a.T if flag else a)   # writes the address into info[0, i]
+        sizes.append(a.size)
+        strides.append(stride)
+        flags.append(flag)
+    info[1], info[2], info[3] = sizes, strides, flags
     err = np.zeros(4, np.int64)
     check = int(os.environ.get("MINICAVS_NATIVE_CHECK", "0") not in ("", "0"))
-    prof = ex.ffi.NULL if PROFILE is None else ex.ffi.cast("int64_t *", PROFILE.ctypes.data)
+    prof = ffi.NULL if PROFILE is None else ex.ptr(PROFILE)
     p = ex.ptr
-    rc = ex.run(p(lowered.code), p(lowered.pool), p(lowered.ranges), len(lowered.ranges), p(table), len(table),
-                table.shape[1], p(base), p(size), p(ld), p(trans), n, n - 1, max_bs, lowered.nregs,
-                p(lowered.kernels), len(lowered.kernels), ex.gemm, ex.gemv, int(ex.ilp64), int(forest), check,
-                ex.ffi.cast("int64_t *", err.ctypes.data), prof)
+    if lowered.pointers is None:   # the program's own arrays: fixed, so their addresses are taken once
+        lowered.pointers = (p(lowered.code), p(lowered.pool), p(lowered.ranges), p(lowered.kernels))
+    code, pool, ranges, kernels = lowered.pointers
+    row = ffi.cast("const int64_t *", slots)
+    rc = ex.run(code, pool, ranges, len(lowered.ranges), p(table), len(table),
+                table.shape[1], row, row + n, row + 2 * n, row + 3 * n, n, n - 1, max_bs, lowered.nregs,
+                kernels, len(lowered.kernels), ex.gemm, ex.gemv, int(ex.ilp64), int(forest), check,
+                p(err), prof)
     if rc:
         _, task, pc, operand = err.tolist()
         where = lowered.text(pc) if 0 <= pc < len(lowered.code) else f"instruction {pc}"
         raise NativeCheckError(f"native {lowered.title}: task {task}, instruction {pc} ({where}): operand "
                                f"{_operand_name(lowered, pc, operand)} is out of bounds or invalid")
-    del keep
+    del keep, info
     return grads
 
 

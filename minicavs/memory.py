@@ -126,11 +126,25 @@ class KindPlan:
     pull_rows: dict = field(default_factory=dict)     # pull name -> row in that pull buffer
     push_rows: dict = field(default_factory=dict)     # push name -> row in that push buffer
     row_keys: np.ndarray | None = None       # dropout row keys (sample << 32 | local vertex id)
-    views: list = field(default_factory=list)         # per child slot j: {kind offset of a task: (start, step)}
+    task_offsets: np.ndarray | None = None   # the kind offset of each of its tasks, in task order
+    tasks: np.ndarray | None = None          # the indices of its tasks in the schedule
+    strides: list = field(default_factory=list)   # per child slot j: (start, step) arrays per task (step -1: none)
+    view_table: np.ndarray | None = None     # the strides side by side: per task, start and step of each slot
+    _views: list | None = field(default=None, repr=False)
 
     @property
     def n(self) -> int:
         return len(self.vertices)
+
+    @property
+    def views(self) -> list:
+        """Per child slot j: {kind offset of a task: (start, step)} for the tasks whose child rows are a view
+        (the Python interpreter's lookup; the native task table reads :attr:`strides` directly)."""
+        if self._views is None:
+            self._views = [{off: (a, b) for off, a, b in zip(self.task_offsets.tolist(), start.tolist(),
+                                                             step.tolist()) if b >= 0}
+                           for start, step in self.strides]
+        return self._views
 
 
 @dataclass
@@ -142,11 +156,13 @@ class MemoryPlan:
     pull_rows: dict        # pull name -> number of rows of its buffer
     push_order: dict       # push name -> global vertex ids, buffer row order (global id order)
     forest: bool           # no vertex is a child twice: backward gather can use plain fancy-index adds
+    task_array: np.ndarray | None = None   # ``tasks`` as a (T, 4) int64 array
 
 
 def plan_memory(batch: Batch, schedule: Schedule, arity: dict, pulls: dict, pushes: dict,
                 sample_ids=None) -> MemoryPlan:
-    """Offsets and index arrays for one batch, all computed with vectorised numpy.
+    """Offsets and index arrays for one batch, all computed with vectorised numpy (a few calls per kind
+    and per pull or push name: at batch size 1 their count, not the vertices, is the cost).
 
     ``arity``/``pulls``/``pushes`` map a kind name to its F's arity, pull names and push names. Pull and
     push buffers have one row per vertex of the kinds that use them, in global vertex id order."""
@@ -156,64 +172,82 @@ def plan_memory(batch: Batch, schedule: Schedule, arity: dict, pulls: dict, push
         raise FeedError(f"{len(sample_ids)} sample ids for {len(batch.graphs)} samples")
     order, row = schedule.order, schedule.row
     kind_of_task = schedule.task_kind
-    sizes = np.diff(schedule.task_ptr)
+    sizes = schedule.task_ptr[1:] - schedule.task_ptr[:-1]
+    scatter_offsets = schedule.task_ptr[:-1]
+    order_kind = batch.kind[order]
+    ptr, idx = batch.child_ptr, batch.child_idx
+    nch = ptr[1:] - ptr[:-1]
+    koff = np.zeros(len(sizes), np.int64)
+    keys = row_key(sample_ids[batch.sample], batch.local)   # every vertex's at once, then per kind
     kinds: list = [None] * len(batch.kind_names)
     for kid, kname in enumerate(batch.kind_names):
-        verts = order[batch.kind[order] == kid]
+        verts = order[order_kind == kid]
         if len(verts) == 0:
             continue
-        kind_plan = KindPlan(kname, kid, verts)
-        ptr, idx = batch.child_ptr, batch.child_idx
-        start, nch = ptr[verts], ptr[verts + 1] - ptr[verts]
-        for j in range(arity.get(kname, 0)):
-            has = nch > j
-            pos = np.where(has, start + j, 0)
-            kind_plan.child_rows.append(np.where(has, row[idx[pos]] if len(idx) else 0, n).astype(np.int64))
-        kind_plan.row_keys = row_key(sample_ids[batch.sample[verts]], batch.local[verts])
+        mine = (kind_of_task == kid).nonzero()[0]   # (methods: np.flatnonzero and np.cumsum cost 1-2 us more)
+        kind_sizes = sizes[mine]
+        offs = kind_sizes.cumsum() - kind_sizes
+        koff[mine] = offs
+        kind_plan = KindPlan(kname, kid, verts, task_offsets=offs, tasks=mine)
+        start, count = ptr[verts], nch[verts]
+        k = arity.get(kname, 0)
+        kind_plan.view_table = np.empty((len(mine), 2 * k), np.int64)
+        for j in range(k):
+            has = count > j
+            rows = np.full(len(verts), n, np.int64)
+            rows[has] = row[idx[start[has] + j]]
+            kind_plan.child_rows.append(rows)
+            kind_plan.strides.append(_strided_arrays(rows, offs, kind_sizes, n, kind_plan.view_table[:, 2 * j:]))
+        kind_plan.row_keys = keys[verts]
         kinds[kid] = kind_plan
     pull_rows, push_order = {}, {}
     for names, store, out in ((pulls, "pull_rows", pull_rows), (pushes, "push_rows", push_order)):
         for name in sorted({x for k in names.values() for x in k}):
             users = [kid for kid, kn in enumerate(batch.kind_names) if name in names.get(kn, ())]
-            mask = np.isin(batch.kind, users)
-            rank = np.cumsum(mask) - 1
-            out[name] = int(mask.sum()) if store == "pull_rows" else np.flatnonzero(mask)
+            uses = np.zeros(len(batch.kind_names), bool)
+            uses[users] = True
+            mask = uses[batch.kind]
+            rank = mask.cumsum() - 1
+            out[name] = (int(rank[-1]) + 1 if len(rank) else 0) if store == "pull_rows" else mask.nonzero()[0]
             for kid in users:
                 if kinds[kid] is not None:
                     getattr(kinds[kid], store)[name] = rank[kinds[kid].vertices]
-    scatter_offsets = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
-    koff = np.zeros(len(sizes), np.int64)
-    for kid in range(len(batch.kind_names)):
-        m = kind_of_task == kid
-        koff[m] = np.cumsum(sizes[m]) - sizes[m]
-        if kinds[kid] is not None:
-            kinds[kid].views = [_strided(rows, koff[m], sizes[m], n) for rows in kinds[kid].child_rows]
-    tasks = list(zip(kind_of_task.tolist(), koff.tolist(), sizes.tolist(), scatter_offsets.tolist()))
-    counts = np.bincount(batch.child_idx, minlength=n) if len(batch.child_idx) else np.zeros(1)
-    return MemoryPlan(schedule, n, tasks, kinds, pull_rows, push_order, bool(counts.max() <= 1))
+    task_array = np.empty((len(sizes), 4), np.int64)
+    task_array[:, 0], task_array[:, 1], task_array[:, 2], task_array[:, 3] = kind_of_task, koff, sizes, scatter_offsets
+    tasks = list(map(tuple, task_array.tolist()))
+    forest = not len(idx) or bool(np.bincount(idx, minlength=n).max() <= 1)
+    return MemoryPlan(schedule, n, tasks, kinds, pull_rows, push_order, forest, task_array)
+
+
+def _strided_arrays(rows: np.ndarray, offs: np.ndarray, sizes: np.ndarray, sentinel: int, out=None) -> tuple:
+    """Per task (kind offset ``offs``, ``sizes`` rows): whether its child rows are an evenly strided block of
+    the scatter tensor, ``start + step * i`` (ED-Batch's insight: the cheapest gather is a view), as two
+    arrays (start, step): step 0 marks a task where every row is the sentinel (no vertex has that child),
+    step -1 a task whose rows are not a strided block (a gather copies them). ``out``: an int64 array whose
+    first two columns receive start and step (what is returned are views of them)."""
+    if out is None:
+        out = np.empty((len(offs), 2), np.int64)
+    start, step = out[:, 0], out[:, 1]
+    start[:] = rows[offs]
+    step[:] = start != sentinel     # a task of one row is a view: step 1, or 0 on the sentinel
+    multi = (sizes > 1).nonzero()[0]
+    if len(multi):
+        d = rows[1:] - rows[:-1]
+        bad = np.zeros(len(d), np.int64)     # prefix count of changes in the stride
+        bad[1:] = (d[1:] != d[:-1]).cumsum()
+        first, last = offs[multi], offs[multi] + sizes[multi] - 2
+        d0 = d[first]
+        uniform = bad[last] == bad[first]     # d[first + 1 .. last] all equal d[first]
+        sentinel_task = start[multi] == sentinel
+        ok = uniform & np.where(sentinel_task, d0 == 0, d0 >= 1)
+        step[multi] = np.where(ok, d0, -1)
+        start[multi] = np.where(ok, start[multi], -1)
+    return start, step
 
 
 def _strided(rows: np.ndarray, offs: np.ndarray, sizes: np.ndarray, sentinel: int) -> dict:
-    """Tasks whose child rows are an evenly strided block of the scatter tensor, ``start + step * i``
-    (ED-Batch's insight: the cheapest gather is a view): {task's kind offset: (start, step)}. Step 0 marks
-    a task where every row is the sentinel (no vertex has that child)."""
-    out = {}
+    """{task's kind offset: (start, step)} for the tasks of :func:`_strided_arrays` whose rows are a view."""
     if not len(rows):
-        return out
-    d = np.diff(rows)
-    same = np.concatenate(([True], d[1:] == d[:-1]))   # same[i]: d[i] == d[i - 1]
-    bad = np.cumsum(~same)                                # prefix count of changes in the stride
-    for off, bs in zip(offs.tolist(), sizes.tolist()):
-        start = int(rows[off])
-        if start == sentinel:   # no vertex of the task has this child: a view of the zero row, step 0
-            if bs == 1 or (d[off] == 0 and bad[off + bs - 2] == bad[off]):
-                out[off] = (start, 0)
-            continue
-        if bs == 1:
-            out[off] = (start, 1)
-            continue
-        step = int(d[off])
-        # d[off + 1 .. off + bs - 2] must all equal d[off]
-        if step >= 1 and bad[off + bs - 2] == bad[off]:
-            out[off] = (start, step)
-    return out
+        return {}
+    start, step = _strided_arrays(rows, np.asarray(offs), np.asarray(sizes), sentinel)
+    return {o: (a, b) for o, a, b in zip(np.asarray(offs).tolist(), start.tolist(), step.tolist()) if b >= 0}

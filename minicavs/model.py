@@ -142,24 +142,29 @@ class Structure:
         names = tuple(self.functions)
         batch = make_batch(graphs)
         n = batch.num_vertices
-        kind = np.full(n, -1, np.int64)
-        source = np.zeros(n, np.int8)           # how each vertex got its kind: 0 graph, 1 rule, 2 only function
         lookup = {k: i for i, k in enumerate(names)}
         functions = f"vertex functions {list(names)}"
-        given = np.zeros(n, bool)
-        for sid, g in enumerate(batch.graphs):
-            if g.kinds is None:
-                continue
-            ids = [lookup.get(k, -1) for k in g.kinds]
-            if -1 in ids:
-                v = ids.index(-1)
-                raise InputGraphError(f"sample {sid}, vertex {v}: kind {g.kinds[v]!r} (given with the graph) has no "
-                                      f"vertex function in structure '{self.name}' ({functions})")
-            lo = int(batch.offsets[sid])
-            kind[lo:lo + g.num_vertices] = ids
-            given[lo:lo + g.num_vertices] = True
-        rest = ~given
-        if rest.any():
+        nch = batch.child_ptr[1:] - batch.child_ptr[:-1]
+        if all(g.kinds is None for g in batch.graphs):   # the usual case: no per-graph kinds to merge
+            kind, source, given = None, None, None
+        else:
+            kind = np.full(n, -1, np.int64)
+            source = np.zeros(n, np.int8)   # how each vertex got its kind: 0 graph, 1 rule, 2 only function
+            given = np.zeros(n, bool)
+            for sid, g in enumerate(batch.graphs):
+                if g.kinds is None:
+                    continue
+                ids = [lookup.get(k, -1) for k in g.kinds]
+                if -1 in ids:
+                    v = ids.index(-1)
+                    raise InputGraphError(f"sample {sid}, vertex {v}: kind {g.kinds[v]!r} (given with the graph) "
+                                          f"has no vertex function in structure '{self.name}' ({functions})")
+                lo = int(batch.offsets[sid])
+                kind[lo:lo + g.num_vertices] = ids
+                given[lo:lo + g.num_vertices] = True
+        rest = None if given is None else ~given
+        how = None   # how the vertices without graph kinds got theirs: 1 rule, 2 only function
+        if rest is None or rest.any():
             if self.kinds is not None:
                 rule = getattr(self.kinds, "__name__", repr(self.kinds))
                 rule_kind, rule_names = self.kinds(batch)
@@ -167,33 +172,40 @@ class Structure:
                                     size=len(rule_names), shape=(n,), at="vertex", error=InputGraphError)
                 to_fn = np.array([lookup.get(k, -1) for k in rule_names], np.int64)
                 mapped = to_fn[rule_kind] if len(to_fn) else rule_kind
-                unknown = np.flatnonzero(rest & (mapped < 0))
-                if len(unknown):
-                    v = int(unknown[0])
+                unknown = (mapped < 0) if rest is None else (rest & (mapped < 0))
+                if unknown.any():
+                    v = int(np.flatnonzero(unknown)[0])
                     raise InputGraphError(f"{batch.where(v)}: kind {rule_names[rule_kind[v]]!r} (by the structure's "
                                           f"rule {rule}) has no vertex function in structure '{self.name}' "
                                           f"({functions})")
-                kind[rest] = mapped[rest]
-                source[rest] = 1
+                how = 1
             elif len(names) == 1:
-                kind[rest] = 0
-                source[rest] = 2
+                mapped = np.zeros(n, np.int64)
+                how = 2
             else:
-                v = int(np.flatnonzero(rest)[0])
+                v = 0 if rest is None else int(np.flatnonzero(rest)[0])
                 raise InputGraphError(f"structure '{self.name}' has {functions}, but sample {int(batch.sample[v])} "
                                       f"gives no kinds: give each graph its kinds (InputGraph(..., kinds=[...])) or "
                                       f"the structure a kind rule (Structure(..., kinds=minicavs.model.leaf_internal))")
-        batch = batch.with_kinds(kind, names)
-        nch = batch.num_children()
+            if rest is None:
+                kind = mapped
+            else:
+                kind[rest] = mapped[rest]
+                source[rest] = how
+        # (kind ids are in [0, len(names)): from ``lookup``, or checked by ``indices`` and mapped)
+        batch = Batch(batch.graphs, n, batch.offsets, batch.sample, batch.local, batch.child_ptr, batch.child_idx,
+                      batch.height, kind, names, batch._parents)
+        arity = np.array([self.functions[k].arity for k in names], np.int64)
+        over = nch > arity[kind]
+        if over.any():
+            v = int(np.flatnonzero(over)[0])
+            kname = names[kind[v]]
+            why = ("given with the graph", f"by the structure's rule {getattr(self.kinds, '__name__', '')}",
+                   "the structure's only vertex function")[how if source is None else int(source[v])]
+            raise InputGraphError(f"{batch.where(v)}: {int(nch[v])} children, more than the arity "
+                                  f"{self.functions[kname].arity} of vertex function '{kname}' (kind '{kname}', {why})")
         for kid, kname in enumerate(names):
             f = self.functions[kname]
-            over = np.flatnonzero((kind == kid) & (nch > f.arity))
-            if len(over):
-                v = int(over[0])
-                why = ("given with the graph", f"by the structure's rule {getattr(self.kinds, '__name__', '')}",
-                       "the structure's only vertex function")[int(source[v])]
-                raise InputGraphError(f"{batch.where(v)}: {int(nch[v])} children, more than the arity {f.arity} of "
-                                      f"vertex function '{kname}' (kind '{kname}', {why})")
             for j, named in f.gather_kinds.items():
                 if named is None:
                     continue

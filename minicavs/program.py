@@ -8,6 +8,7 @@ the compiler placed them without copies.
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -61,6 +62,8 @@ def check_value(node: Node, value, what: str):
     """Return ``value`` as an array of the node's dtype, or raise naming the node and both shapes. Arrays
     of another array module (a device's) are checked and kept there."""
     want = node.dtype.np
+    if type(value) is np.ndarray and value.shape == node.shape and value.dtype == want:
+        return value   # the common case (a parameter, a fed array of a static shape), checked in one line
     if (hasattr(value, "__array_namespace__") or isinstance(value, np.ndarray)) and value.dtype.kind != "O":
         arr = value
     elif want.kind in "iu":   # a list: numpy would turn [1, True] into ints and [2**63, 1] into floats
@@ -114,8 +117,14 @@ def evaluate(nodes: Sequence[Node], env: dict, feeds: Mapping, params: Mapping, 
         if is_fed(n):
             env[n] = leaf_value(n, feeds, params)
         else:
-            steps.append(Step.of(n))
+            step = _STEPS.get(n)
+            if step is None:
+                step = _STEPS[n] = Step.of(n)
+            steps.append(step)
     run_steps(steps, env, xp, ctx)
+
+
+_STEPS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # node -> its Step (made once, not per run)
 
 
 # --- batch programs: a compiled template bound to one batch -------------------------------------------
@@ -387,7 +396,7 @@ def bind_forward(fns: list, plan, state, opts, device, active: list, training: b
     whole = {kid: (slice(0, plan.kinds[kid].n), as_slice(plan.schedule.row[plan.kinds[kid].vertices]))
              for kid in active}
     tasks = [(kid, slice(koff, koff + bs), slice(scatter_offset, scatter_offset + bs))
-             for kid, koff, bs, scatter_offset in plan.tasks]
+             for kid, koff, bs, scatter_offset in plan.tasks] if opts.streaming or with_tasks else []
     if opts.streaming:   # eager nodes on the second stream, task by task ahead of the recurrent path
         before = [bind(kid, PRE, task_rows, scatter_rows, t, "eager")
                   for t, (kid, task_rows, scatter_rows) in enumerate(tasks)]

@@ -22,6 +22,8 @@ _M2 = np.uint64(0x94D049BB133111EB)
 
 
 def _u64(x) -> np.ndarray:
+    if type(x) is np.ndarray and x.ndim:   # the per-batch case (row keys of a batch's vertices): one call
+        return x.astype(np.uint64)
     return np.atleast_1d(np.asarray(x).astype(np.uint64))
 
 

@@ -50,7 +50,7 @@ class Schedule:
 def _from_keys(batch: Batch, order: np.ndarray, task_key: np.ndarray) -> Schedule:
     """Build a schedule from vertices already sorted so that equal ``task_key`` values are adjacent."""
     n = len(order)
-    starts = np.flatnonzero(np.concatenate(([True], task_key[1:] != task_key[:-1]))) if n else np.zeros(0, int)
+    starts = np.concatenate(([0], (task_key[1:] != task_key[:-1]).nonzero()[0] + 1)) if n else np.zeros(0, int)
     ptr = np.concatenate((starts, [n])).astype(np.int64)
     row = np.empty(n, np.int64)
     row[order] = np.arange(n, dtype=np.int64)
@@ -85,7 +85,7 @@ def _one_kind(batch: Batch) -> bool:
     kind, the leaves are all that is ready first, and the other kind all that is left after them."""
     if batch.num_vertices == 0 or bool(np.all(batch.kind == batch.kind[0])):
         return True
-    childless = np.diff(batch.child_ptr) == 0
+    childless = batch.num_children() == 0
     leaf, other = np.unique(batch.kind[childless]), np.unique(batch.kind[~childless])
     return len(leaf) == 1 and len(other) == 1 and leaf[0] != other[0]
 

@@ -28,6 +28,40 @@ def test_strided_blocks_found_per_task():
     assert _strided(np.array([12, 3]), np.array([0]), np.array([2]), sentinel=12) == {}
 
 
+def _strided_by_task(rows, offs, sizes, sentinel):
+    """The per-task reference: a task is a view iff its rows are start + step * i, step >= 1, or all the
+    sentinel (step 0)."""
+    out = {}
+    for off, bs in zip(offs.tolist(), sizes.tolist()):
+        r = rows[off:off + bs].tolist()
+        steps = {b - a for a, b in zip(r, r[1:])}
+        if r[0] == sentinel:
+            if all(x == sentinel for x in r):
+                out[off] = (sentinel, 0)
+        elif bs == 1:
+            out[off] = (r[0], 1)
+        elif len(steps) == 1 and min(steps) >= 1:
+            out[off] = (r[0], steps.pop())
+    return out
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_strided_views_match_a_per_task_reference(seed):
+    """The vectorised test (one pass over all tasks, what plan_memory and the native task table use) finds
+    exactly the tasks a task-by-task check finds, with the same start and step."""
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(1, 6, rng.integers(1, 8))
+    offs = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+    sentinel = 40
+    rows = np.empty(sizes.sum(), np.int64)
+    for off, bs in zip(offs, sizes):   # strided blocks, sentinel runs, and random rows
+        pick = rng.integers(4)
+        start, step = int(rng.integers(0, 20)), int(rng.integers(0, 4))
+        rows[off:off + bs] = (sentinel if pick == 0 else start + step * np.arange(bs) if pick < 3
+                              else rng.choice([sentinel, *range(20)], bs))
+    assert _strided(rows, offs, sizes, sentinel) == _strided_by_task(rows, offs, sizes, sentinel)
+
+
 def run(case, graphs, rng, opts):
     feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
     res = case.model.forward_backward(graphs, feeds, case.params, RunContext(), options=opts)

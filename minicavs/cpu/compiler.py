@@ -81,7 +81,8 @@ class Kernel:
         self._cast = functools.partial(ffi.cast, ffi.typeof(f"{T} *"))
 
     def _ptr(self, a: np.ndarray):
-        return self._buf(a) if a.flags.c_contiguous else self._cast(a.ctypes.data)
+        # (a strided view's address from __array_interface__: ``ctypes.data`` costs twice as much)
+        return self._buf(a) if a.flags.c_contiguous else self._cast(a.__array_interface__["data"][0])
 
     def _matrix(self, a: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, int]:
         """``a`` as a (rows, cols) matrix with unit column stride, and its row stride in elements."""
@@ -108,18 +109,23 @@ class Kernel:
         args = []
         for a, kind in zip(arrays, self.kinds):
             if kind == "full" and a.ndim == 2 and a.dtype is self.dtype and a.strides[1] == a.itemsize:
-                args += [self._buf(a) if a.flags.c_contiguous else self._cast(a.ctypes.data),
-                         a.strides[0] // a.itemsize]   # the common case, without calls
+                args += [self._ptr(a), a.strides[0] // a.itemsize]   # the common case, without copies
             elif kind == "full" or kind == "col":
                 a, ld = self._matrix(a, rows, cols if kind == "full" else 1)
                 args += [self._ptr(a), ld]
             else:
                 args += [self._ptr(np.ascontiguousarray(a, self.dtype)), 0]
-        mats = [self._matrix(y, rows, cols) for y in ys]
-        for ym, ld in mats:
-            args += [self._ptr(ym), ld]
+        mats = []
+        for y in ys:
+            if y.ndim == 2 and y.dtype is self.dtype and y.strides[1] == y.itemsize:   # the common case
+                args += [self._ptr(y), y.strides[0] // y.itemsize if rows > 1 else cols]
+                mats.append(y)
+            else:
+                ym, ld = self._matrix(y, rows, cols)
+                args += [self._ptr(ym), ld]
+                mats.append(ym)
         self.fn(rows, cols, *args)
-        for y, (ym, _) in zip(ys, mats):
+        for y, ym in zip(ys, mats):
             if ym is not y and not np.shares_memory(ym, y):
                 y[...] = ym.reshape(y.shape)
         return ys if self.nout > 1 else ys[0]

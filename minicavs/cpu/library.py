@@ -27,8 +27,7 @@ class Library:
         self._fn = {name: getattr(lib, f"{name}_{self.T}") for name in names}
 
     def _p(self, a: np.ndarray):
-        kind = {np.dtype(np.int64): "long[]", np.dtype(np.uint64): "unsigned long long[]"}.get(a.dtype)
-        return self.ffi.from_buffer(kind or f"{self.T}[]", a)
+        return self.ffi.from_buffer(_C_ARRAY.get(a.dtype) or f"{self.T}[]", a)
 
     def _matrix(self, a, what: str, ndim_min: int = 1) -> np.ndarray:
         """``a`` as a C-contiguous array of this library's dtype (a copy only when needed)."""
@@ -37,9 +36,10 @@ class Library:
             raise FeedError(f"{what}: need a float array with at least {ndim_min} axes, got {a.dtype}{a.shape}")
         return np.ascontiguousarray(a, self.dtype)
 
-    def xent(self, logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
-        x = self._matrix(logits, "xent logits")
-        lab = check_labels(x, labels, "xent")
+    def xent(self, logits: np.ndarray, labels: np.ndarray, op: str = "xent") -> np.ndarray:
+        """Per row, the cross-entropy of the softmax at its label; the labels are checked (errors name ``op``)."""
+        x = self._matrix(logits, f"{op} logits")
+        lab = check_labels(x, labels, op)
         loss = np.empty(x.shape[:-1], self.dtype)
         if loss.size:
             self._fn["xent"](loss.size, x.shape[-1], self._p(x), self._p(lab), self._p(loss))
@@ -192,6 +192,9 @@ class Library:
         u = self._fn["coalesce"](len(idx), width, self._p(idx), self._p(order), self._p(rows), self._p(out_idx),
                                  self._p(out_rows))
         return out_idx[:u], out_rows[:u]
+
+
+_C_ARRAY = {np.dtype(np.int64): "long[]", np.dtype(np.uint64): "unsigned long long[]"}   # index arrays' C types
 
 
 @functools.lru_cache(maxsize=None)

@@ -89,6 +89,9 @@ class ParameterSet(Mapping):
     def __getitem__(self, name: str) -> Parameter:
         return self._params[name]
 
+    def __contains__(self, name) -> bool:   # (Mapping's would call __getitem__ and catch the KeyError)
+        return name in self._params
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._params)
 

@@ -27,7 +27,7 @@ from .sources import _declared, _no_impl
 
 def as_slice(rows: np.ndarray):
     """``rows`` as a slice when they are consecutive (a kind whose tasks are adjacent), else unchanged."""
-    if len(rows) and rows[-1] - rows[0] == len(rows) - 1 and bool(np.all(np.diff(rows) == 1)):
+    if len(rows) and rows[-1] - rows[0] == len(rows) - 1 and bool((rows[1:] - rows[:-1] == 1).all()):
         return slice(int(rows[0]), int(rows[0]) + len(rows))
     return rows
 

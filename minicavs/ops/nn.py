@@ -83,11 +83,11 @@ def _native_xent(xp, dtype):
 
 
 def _xent_impl(xp, logits, labels, *weight):
-    labels = check_labels(logits, labels)
     lib = _native_xent(xp, logits.dtype)
     if lib is not None and logits.ndim >= 1 and logits.shape[-1]:   # one pass per row, no temporaries
-        loss = lib.xent(logits, labels)
+        loss = lib.xent(logits, labels, "softmax_cross_entropy")   # (it checks the labels)
         return loss * weight[0] if weight else loss
+    labels = check_labels(logits, labels)
     m = xp.max(logits, axis=-1, keepdims=True)
     lse = (m + xp.log(xp.sum(xp.exp(logits - m), axis=-1, keepdims=True)))[..., 0]  # one (rows, classes) temp
     loss = lse - xp.take_along_axis(logits, labels[..., None].astype(np.intp), axis=-1)[..., 0]
