@@ -108,9 +108,10 @@ class Optimizer:
     def _prepare_numpy(self, value, g, slots, t: int, wd: float):
         """:meth:`_prepare` with :meth:`rule` in numpy: the reference the kernels are tested against."""
         g = densify(array_module(value), g)
-        if wd:
-            g = g + wd * value
-        new, new_slots = self.rule(value, g, slots, t)
+        with np.errstate(all="ignore"):   # a non-finite gradient is reported by ``bad``, not by numpy warnings
+            if wd:
+                g = g + wd * value
+            new, new_slots = self.rule(value, g, slots, t)
         bad = not all(np.isfinite(a).all() for a in (new, *new_slots.values()))
 
         def apply():

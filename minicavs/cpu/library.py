@@ -197,12 +197,15 @@ class Library:
 _C_ARRAY = {np.dtype(np.int64): "long[]", np.dtype(np.uint64): "unsigned long long[]"}   # index arrays' C types
 
 
-@functools.lru_cache(maxsize=None)
 def library(dtype) -> Library | None:
-    """The compiled kernels for ``dtype`` (float32 or float64), or None without a C compiler."""
+    """The compiled kernels for ``dtype`` (float32 or float64), or None without a C compiler. Cached per
+    compiler, so that an answer made while ``CC`` named no compiler does not outlive that setting."""
+    return _library(np.dtype(dtype), cgen.compiler())
+
+
+@functools.lru_cache(maxsize=None)
+def _library(dtype: np.dtype, cc: str | None) -> Library | None:
     import cffi
-    dtype = np.dtype(dtype)
-    cc = cgen.compiler()
     if cc is None or dtype not in (np.float32, np.float64):
         return None
     T = "float" if dtype == np.float32 else "double"

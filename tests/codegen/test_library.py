@@ -65,6 +65,7 @@ def test_optimizer_kernels_equal_numpy_rules(dtype, cls, kwargs, wd):
         close(mine[k], ref_slots[k], dtype)
     g[2, 3] = np.inf
     assert opt._prepare(p.value, g, slots, 3, wd)[0] is True
+    assert opt._prepare_numpy(p.value, g, slots, 3, wd)[0] is True   # reported, not a numpy warning
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
