@@ -222,3 +222,17 @@ def test_many_lazy_and_coalesce_refuse_what_would_leave_their_buffers():
                    (np.array([[0, 1]]), rows), (np.array([0, 1]), rows.astype(np.float64))):
         with pytest.raises(FeedError, match="coalesce"):
             lib.coalesce(idx, r)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("shape", [(0, 3), (1, 1), (1, 9), (9, 1), (8, 8), (13, 37), (64, 256)])
+def test_contiguous_copy_of_a_transposed_view_equals_numpy(dtype, shape):
+    lib = library(dtype)
+    a = np.random.default_rng(shape[0]).standard_normal(shape).astype(dtype)
+    got = lib.contiguous(a.T)
+    assert got.flags.c_contiguous and got.dtype == np.dtype(dtype) and np.array_equal(got, a.T)
+    assert lib.contiguous(a) is a                                # already contiguous: no copy
+    strided = a[:, ::2]
+    assert np.array_equal(lib.contiguous(strided), strided) and lib.contiguous(strided).flags.c_contiguous
+    with pytest.raises(Exception, match="contiguous: need a 2-D"):
+        lib.contiguous(a.ravel())
