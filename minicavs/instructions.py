@@ -577,7 +577,7 @@ def run(lowered: Lowered, table: np.ndarray, resolve, dtype, forest: bool) -> di
     max_bs = int(table[:, 2].max()) if len(table) else 0
     # A static read as a transposed view (∂F's W^T) is copied once per run when several multi-row tasks read it:
     # OpenBLAS packs a transposed B from strided reads, 25-40% slower per product at 16-64 rows, while the copy
-    # costs less than one such product (cpu/library.py contiguous). Same values, so the same results.
+    # costs less than one such product (cpu/library.py contiguous). Same values; BLAS may round differently.
     kernels = library(dtype) if len(table) >= CONTIGUOUS_STATICS_TASKS and max_bs > 1 else None
     for i, key in enumerate(lowered.keys):
         what = key[0]

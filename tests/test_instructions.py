@@ -277,7 +277,8 @@ def test_inference_native_equals_python():
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_transposed_statics_copied_for_the_task_loop_give_the_same_numbers(dtype, tmp_path, monkeypatch):
     """∂F's W_h^T is read as a contiguous copy when several multi-row tasks multiply by it (instructions.run):
-    the same loss and gradients, to the bit, as multiplying by the transposed view, and as Python's."""
+    the same loss and gradients as multiplying by the transposed view and as Python's, up to rounding (BLAS
+    may sum in another order for another layout)."""
     t = Trainer(MODELS / "var_lstm.yaml", TINY["var_lstm"] + [f"train.dtype={dtype}"], run_dir=tmp_path)
     samples = t.task.data["train"][:10]
     copied = []
@@ -300,9 +301,10 @@ def test_transposed_statics_copied_for_the_task_loop_give_the_same_numbers(dtype
             copied.clear()
     assert not copied
     a, b = runs[4], runs[10 ** 9]
-    assert float(a.loss) == float(b.loss) and set(a.grads) == set(b.grads)
+    close(a.loss, b.loss, dtype)
+    assert set(a.grads) == set(b.grads)
     for k in a.grads:
-        assert np.array_equal(dense(a.grads[k]), dense(b.grads[k])), k
+        close(a.grads[k], b.grads[k], dtype)
     t.model.options = EngineOptions()
     monkeypatch.setattr(instructions, "CONTIGUOUS_STATICS_TASKS", 4)
     assert_native_equals_python(lambda o: (setattr(t.model, "options", o), t.loss_and_grads(samples))[1],
