@@ -578,7 +578,7 @@ def run(lowered: Lowered, table: np.ndarray, resolve, dtype, forest: bool) -> di
     # A static read as a transposed view (∂F's W^T) is copied once per run when several multi-row tasks read it:
     # OpenBLAS packs a transposed B from strided reads, 25-40% slower per product at 16-64 rows, while the copy
     # costs less than one such product (cpu/library.py contiguous). Same values; BLAS may round differently.
-    kernels = library(dtype) if len(table) >= CONTIGUOUS_STATICS_TASKS and max_bs > 1 else None
+    copier = library(dtype) if len(table) >= CONTIGUOUS_STATICS_TASKS and max_bs > 1 else None
     for i, key in enumerate(lowered.keys):
         what = key[0]
         if what == "scratch":
@@ -589,9 +589,9 @@ def run(lowered: Lowered, table: np.ndarray, resolve, dtype, forest: bool) -> di
             a = grads[key[1]] = resolve(key)
         else:
             a = resolve(key)
-            if key[0] == "static" and kernels is not None and a.ndim == 2 and a.dtype == kernels.dtype \
+            if what == "static" and copier is not None and a.ndim == 2 and a.dtype == copier.dtype \
                     and not a.flags.c_contiguous:
-                a = kernels.contiguous(a)
+                a = copier.contiguous(a)
         a, stride, flag = _matrix_info(a)
         keep.append(a)
         slots[i] = ffi.from_buffer(a.T if flag else a)   # writes the address into info[0, i]
