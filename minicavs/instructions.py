@@ -34,6 +34,7 @@ from .codegen.native import ARG_KINDS, MAX_ARGS, MAX_REGISTERS, OPCODES, OPS as 
 from .compile import TASK
 from .cpu import CPU
 from .cpu import native as cpu_native
+from .cpu.library import library
 from .graph import Node
 from .ops.registry import OPS
 from .passes.fusion import fuse, fusible
@@ -556,6 +557,8 @@ def _matrix_info(a: np.ndarray) -> tuple[np.ndarray, int, int]:
     return a, (a.shape[-1] if a.ndim >= 1 else 1) if a.ndim <= 2 else int(math.prod(a.shape[1:])), 0
 
 
+CONTIGUOUS_STATICS_TASKS = 4   # tasks from which a run copies its transposed statics (see run)
+
 # profiling: set to np.zeros(len(OPCODES) + 1, np.int64) and native calls add their ns per opcode, and in all last
 PROFILE: np.ndarray | None = None
 
@@ -572,6 +575,10 @@ def run(lowered: Lowered, table: np.ndarray, resolve, dtype, forest: bool) -> di
     sizes, strides, flags = [], [], []
     keep, grads = [], {}
     max_bs = int(table[:, 2].max()) if len(table) else 0
+    # A static read as a transposed view (∂F's W^T) is copied once per run when several multi-row tasks read it:
+    # OpenBLAS packs a transposed B from strided reads, 25-40% slower per product at 16-64 rows, while the copy
+    # costs less than one such product (cpu/library.py contiguous). Same values; BLAS may round differently.
+    copier = library(dtype) if len(table) >= CONTIGUOUS_STATICS_TASKS and max_bs > 1 else None
     for i, key in enumerate(lowered.keys):
         what = key[0]
         if what == "scratch":
@@ -582,6 +589,9 @@ def run(lowered: Lowered, table: np.ndarray, resolve, dtype, forest: bool) -> di
             a = grads[key[1]] = resolve(key)
         else:
             a = resolve(key)
+            if what == "static" and copier is not None and a.ndim == 2 and a.dtype == copier.dtype \
+                    and not a.flags.c_contiguous:
+                a = copier.contiguous(a)
         a, stride, flag = _matrix_info(a)
         keep.append(a)
         slots[i] = ffi.from_buffer(a.T if flag else a)   # writes the address into info[0, i]

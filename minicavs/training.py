@@ -37,6 +37,7 @@ import numpy as np
 
 from . import checkpoint, distributed
 from .config import ConfigError, differences, dump, load_config, load_model_module, recorded, resolve
+from .cpu.heap import keep_freed_memory
 from .backend import Backend as Device
 from .engine import EngineOptions
 from .errors import CheckpointError, DataError, MinicavsError, RunDirError
@@ -88,6 +89,8 @@ class Trainer:
         self.model.policy = self.policy   # evaluation schedules with the same (learned) policy
         self.model.options = engine_options(self.cfg["train"]["engine"])
         self.model.device = self.device
+        if self.device.name == "cpu":
+            keep_freed_memory()     # each step's large arrays reuse the last step's pages (cpu/heap.py)
         self.params = self.task.params
         for p in self.params.values():   # parameters (and so the optimizer's slots) live on the device
             p.value = self.device.asarray(p.value)

