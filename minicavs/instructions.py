@@ -534,9 +534,10 @@ def _global_key(key: tuple, kid: int) -> tuple:
 # --- per batch: the task table and the buffer table --------------------------------------------------------
 
 def task_table(fns: list, plan, opts, backward: bool) -> tuple[np.ndarray, dict]:
-    """One row per task, in the order they run (backward: the stack popped), built with numpy: kind, kind
-    offset, rows, scatter offset, the sibling-concat view's first row (-1: none), and per gather slot the
-    strided view (start, step; step -1: none). Also the rows moved, for the program's copy counters."""
+    """One row per task, in the order they run (backward: the stack popped, the same rows reversed), built
+    with numpy: kind, kind offset, rows, scatter offset, the sibling-concat view's first row (-1: none), and
+    per gather slot the strided view (start, step; step -1: none). Also the rows moved, for the program's
+    copy counters."""
     tasks = plan.task_array if plan.task_array is not None else np.array(plan.tasks, np.int64).reshape(-1, 4)
     arity = max((len(fn.gathers) for fn in fns if fn is not None), default=0)
     table = np.full((len(tasks), TASK_COLUMNS + 2 * arity), -1, np.int64)

@@ -412,6 +412,17 @@ def bind_forward(fns: list, plan, state, opts, device, active: list, training: b
     return BatchProgram("F", before, per_task, after, copies)
 
 
+def _sparse_rows(dst, grad: RowSparse, push_rows: np.ndarray) -> None:
+    """``dst = grad[push_rows]`` for a row-sparse ``grad``: zeros, plus its rows that fall on ``push_rows``
+    (added up where an index repeats)."""
+    dst[...] = 0
+    where = np.full(grad.shape[0], -1, np.int64)
+    where[push_rows] = np.arange(len(push_rows))
+    at = where[np.asarray(grad.indices)]
+    hit = at >= 0
+    np.add.at(dst, at[hit], grad.rows[hit])
+
+
 def _bind_rows(block: Block, x: Node, buffer, rows, cols: tuple, name: str) -> None:
     """Bind ``x`` to columns ``cols`` of ``buffer``'s ``rows`` (a slice: a view; an index array: one take)."""
     a, b = cols
@@ -515,6 +526,15 @@ def bind_backward(fns: list, plan, state, opts, device, active: list, btensors: 
             else:
                 push_rows = kind_plan.push_rows[out.name][task_rows]
                 index = row_index(push_rows)
+                grad = push_grads[out.name]
+                if isinstance(grad, RowSparse):   # a few rows: put into zeros, where ∂F keeps the cotangent
+                    stored = btensors[kid].get(ct)
+                    dst = stored.buffer[task_rows] if stored is not None else device.xp.empty((bs,) + ct.vshape,
+                                                                                             grad.dtype)
+                    _sparse_rows(dst, grad, push_rows)
+                    view(ct, dst, ("push grad {}[{}] ({} rows put into zeros when bound)", out.name, push_rows,
+                                   len(grad.indices)))
+                    continue
                 if isinstance(index, slice):
                     view(ct, push_grads[out.name][index], ("view push grad {}[{}]", out.name, index))
                 else:

@@ -333,3 +333,18 @@ def test_tree_fc_task_loop_moves_no_rows_when_siblings_are_side_by_side(monkeypa
         moved[label] = {op: int(prof[i]) for i, op in enumerate(instructions.OPCODES) if op in ("COPY", "ADJ")}
     assert moved["complete"] == {"COPY": 0, "ADJ": 0}
     assert moved["irregular"]["ADJ"] > 0
+
+
+def test_backward_task_table_is_the_forward_one_reversed():
+    """∂F reuses F's task table (the stack popped) instead of building it again; it is what task_table
+    builds for backward."""
+    rng = np.random.default_rng(8)
+    case = cells.tree_fc(rng)
+    from minicavs.data.trees import complete_binary_tree
+    graphs = [complete_binary_tree(4).to_graph(), complete_binary_tree(8).to_graph()]
+    feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
+    res = case.model.forward_backward(graphs, feeds, case.params, RunContext(), options=EngineOptions())
+    state = res.states["G"]
+    forward, backward = state.program.task_table, state.backward_program.task_table
+    np.testing.assert_array_equal(backward, forward[::-1])
+    assert backward.flags.c_contiguous and (backward[:, 4] >= 0).any()   # some task has its children side by side

@@ -120,3 +120,33 @@ def test_executor_runs_static_graphs_with_the_same_interpreter():
     assert [s.text() for s in ex.steps][0].startswith("%") and all(not s.fused for s in ex.steps)
     v = np.random.default_rng(0).normal(size=(4, 3))
     assert abs(ex.run({x: v})[0] - 2 * np.tanh(v).sum()) <= 1e-12
+
+
+def test_row_sparse_push_gradient_is_put_into_zeros_not_densified():
+    """Tree-FC's loss reads the roots' rows of the push buffer, so its gradient is row-sparse. The phase
+    before ∂F's loop reads it (dh): its rows are put into zeros where ∂F keeps dh, without a dense gradient
+    of the whole push buffer and a take of every row of it. Same numbers as the serial policy."""
+    from minicavs import engine
+    from minicavs.program import _sparse_rows
+    from minicavs.sparse import RowSparse
+    dst = np.full((3, 2), 7.0)
+    grad = RowSparse(np.array([2, 9, 2, 7]), np.arange(8.0).reshape(4, 2), (10, 2))
+    _sparse_rows(dst, grad, np.array([5, 2, 7]))    # rows 2 (twice) and 7 land; row 9 is not among them
+    np.testing.assert_array_equal(dst, [[0, 0], [0 + 4, 1 + 5], [6, 7]])
+    rng = np.random.default_rng(7)
+    case = cells.tree_fc(rng)
+    graphs = [InputGraph([[1, 2], [3, 4], [], [], []]), InputGraph([[1, 2], [], []])]
+    feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
+    densified = []
+    real = engine.densify
+    for executor in ("native", "python"):
+        engine.densify = lambda xp, x: densified.append(x) or real(xp, x)
+        try:
+            res = case.model.forward_backward(graphs, feeds, case.params, RunContext(),
+                                              options=EngineOptions(executor=executor))
+        finally:
+            engine.densify = real
+        assert not densified and "take push grad" not in res.states["G"].backward_program.dump()
+        serial = case.model.forward_backward(graphs, feeds, case.params, RunContext(), policy="serial")
+        for k in serial.grads:
+            np.testing.assert_allclose(res.grads[k], serial.grads[k], rtol=1e-12, atol=1e-14)
