@@ -287,6 +287,7 @@ class CompiledFunction:
             f_stored = list(dict.fromkeys(([x for x in self.fwd_tensors if x not in regathered] if training else [])
                                           + [x for r in fwd.reads for x in r if x not in lazy]))
             b_stored = [x for r in bwd.reads for x in r if x not in lazy]
+            b_stored += [x for x in _block_temporaries(bwd) if x not in b_stored]
             f_places = [alias.stores(set(f_stored), fwd.inplace, fwd.concats[p],
                                      [x for x in f_stored if fwd.phase.get(x) == p]) + (fwd.concats[p],)
                         for p in (PRE, TASK, POST)]
@@ -389,6 +390,19 @@ def _step_text(step: Step) -> str:
     if step.fused:
         return f"fused[{' '.join(n.op for n in step.run.group.nodes)}] -> {names}"
     return f"{step.outputs[0].op} -> {names}"
+
+
+def _block_temporaries(phases: Phases) -> list:
+    """Per-vertex values the phases before and after the task loop compute with fused kernels (and their
+    elided concats): kept in dynamic tensors of the workspace, reused batch after batch, rather than in
+    arrays allocated per batch: a block's values are all of a kind's rows, often hundreds of MB, and a fresh
+    array of that size costs its page faults every batch."""
+    out = []
+    for p in (PRE, POST):
+        parts = {m for _, ms in phases.concats[p] for m, _, _ in ms}
+        out += [o for st in phases.programs[p] if st.fused for o in st.outputs if o.has_rows and o not in parts]
+        out += [c for c, _ in phases.concats[p]]
+    return list(dict.fromkeys(out))
 
 
 def _computed(program) -> list:

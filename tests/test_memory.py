@@ -248,3 +248,24 @@ def test_explain_reports_the_peak_of_the_reused_buffers():
     report = explain(case.model, small, feeds, case.params).structures[0]
     assert report.peak_bytes >= report.tensor_bytes > 0
     assert report.peak_bytes > 10 * report.tensor_bytes
+
+
+def test_lazy_phase_temporaries_live_in_the_workspace():
+    """The leaves' ∂F after the loop computes dY = dscatter·(1 - h²) for all leaves with one kernel: its
+    output goes into a dynamic tensor of the model's workspace, the same buffer every batch (not a fresh
+    array of all the leaves' rows per batch)."""
+    case = cells.tree_fc(np.random.default_rng(0), H=4)
+    leaf = case.model.structures[0].compiled["leaf"]
+    rng = np.random.default_rng(1)
+    trees = [random_tree(rng, 6, 2, full_binary=True) for _ in range(3)]
+    feeds = cells.batch_feeds(case, trees, [case.data(rng, g) for g in trees])
+    written = []
+    for _ in range(2):
+        res = case.model.forward_backward(trees, feeds, case.params, RunContext())
+        state = res.states[case.model.structures[0].name]
+        (after,) = [b for b in state.backward_program.after if b.kind == "leaf"]
+        (fused,) = [s for s in after.steps if s.fused]
+        outs = {n: a for n, a, _ in after.outs}
+        assert set(fused.outputs) <= set(outs) and set(fused.outputs) <= set(leaf.placement(ON)[2])
+        written.append(outs[fused.outputs[0]])
+    assert np.shares_memory(written[0], written[1])
