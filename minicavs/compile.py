@@ -233,6 +233,7 @@ class CompiledFunction:
         self.gather_concat = alias.gather_concat(self.row_fwd, list(self.gathers.values()))
         self.scatter_source = alias.scatter_source(self.scattered)
         self.scatter_parts = alias.scatter_parts(self.scattered, bwd_inputs)
+        self.scatter_columns = alias.scatter_parts(self.scattered, set(g.nodes))   # every part, whoever reads it
         self.pull_reads = alias.pull_reads(self.pulls, bwd_inputs)
         self.fwd_tensors = alias.forward_tensors(g.nodes, bwd_inputs, self.scatter_parts, self.pull_reads)
         self._phases: dict = {}
@@ -281,9 +282,12 @@ class CompiledFunction:
         key = ("placement", opts, device, training)
         if key not in self._phases:
             fwd, bwd = self.phases(opts, device)
-            f_stored = list(dict.fromkeys((self.fwd_tensors if training else [])
-                                          + [x for r in fwd.reads for x in r]))
-            b_stored = [x for r in bwd.reads for x in r]
+            lazy = self.lazy_scatter_reads(opts, device)
+            regathered = self.lazy_gather_reads(opts, device)
+            f_stored = list(dict.fromkeys(([x for x in self.fwd_tensors if x not in regathered] if training else [])
+                                          + [x for r in fwd.reads for x in r if x not in lazy]))
+            b_stored = [x for r in bwd.reads for x in r if x not in lazy]
+            b_stored += [x for x in _block_temporaries(bwd) if x not in b_stored]
             f_places = [alias.stores(set(f_stored), fwd.inplace, fwd.concats[p],
                                      [x for x in f_stored if fwd.phase.get(x) == p]) + (fwd.concats[p],)
                         for p in (PRE, TASK, POST)]
@@ -291,6 +295,36 @@ class CompiledFunction:
                         + (bwd.concats[p],) for p in (PRE, TASK, POST)]
             self._phases[key] = (f_stored, f_places, b_stored, b_places)
         return self._phases[key]
+
+    def lazy_scatter_reads(self, opts: EngineOptions, device: Backend | None = None) -> dict:
+        """{value: (first column, end)}: values that only the lazy phase (after the task loop) reads from
+        another phase and that the scatter tensor already holds when it runs: F's scattered value and its
+        column blocks (scattered in an earlier phase), ∂F's cotangent of the scattered value (its rows of the
+        scatter gradient are complete once the vertex's own task ran). The lazy phase reads them from those
+        rows at the kind's rows (passes/alias.py), so no dynamic tensor keeps a copy."""
+        fwd, bwd = self.phases(opts, device)
+        out = {}
+        if self.scattered is not None and fwd.phase.get(self.scattered, PRE) < POST:
+            out.update((x, cols) for x, cols in self.scatter_columns.items()
+                       if x not in fwd.reads[PRE] and x not in fwd.reads[TASK] and x not in self.fwd_tensors)
+            ct = self.ct[self.scattered]
+            if bwd.phase.get(ct) == TASK and ct not in bwd.reads[PRE]:
+                out[ct] = (0, ct.shape[-1])
+        return out
+
+    def lazy_gather_reads(self, opts: EngineOptions, device: Backend | None = None) -> set:
+        """The concat of the gathers (``[h_left; h_right]``) when only ∂F's lazy phase reads it (Tree-FC's
+        dW = Σ [h_l; h_r]ᵀ·dy): that phase gathers it again from the scatter tensor, which still holds the
+        children's rows (a view when the children are side by side, else one row gather), instead of every
+        task copying it into a dynamic tensor."""
+        cat = self.gather_concat
+        if cat is None or cat not in self.fwd_tensors:
+            return set()
+        fwd, bwd = self.phases(opts, device)
+        if fwd.phase.get(cat) != TASK:
+            return set()
+        early = {x for p in (PRE, TASK) for step in bwd.programs[p] for x in step.inputs}
+        return set() if cat in early else {cat}
 
     def _keep(self, fwd: Phases, bwd: Phases) -> set:
         """Values read outside the phase program computing them: fused groups must write them."""
@@ -356,6 +390,19 @@ def _step_text(step: Step) -> str:
     if step.fused:
         return f"fused[{' '.join(n.op for n in step.run.group.nodes)}] -> {names}"
     return f"{step.outputs[0].op} -> {names}"
+
+
+def _block_temporaries(phases: Phases) -> list:
+    """Per-vertex values the phases before and after the task loop compute with fused kernels (and their
+    elided concats): kept in dynamic tensors of the workspace, reused batch after batch, rather than in
+    arrays allocated per batch: a block's values are all of a kind's rows, often hundreds of MB, and a fresh
+    array of that size costs its page faults every batch."""
+    out = []
+    for p in (PRE, POST):
+        parts = {m for _, ms in phases.concats[p] for m, _, _ in ms}
+        out += [o for st in phases.programs[p] if st.fused for o in st.outputs if o.has_rows and o not in parts]
+        out += [c for c, _ in phases.concats[p]]
+    return list(dict.fromkeys(out))
 
 
 def _computed(program) -> list:

@@ -25,7 +25,7 @@ from .cpu import CPU
 from .memory import MemoryPlan, Workspace
 from .ops.message import row_index
 from .program import BatchProgram, RunContext, bind_backward, bind_forward, emit_gradients, evaluate, run_block
-from .sparse import RowSparse, add_all
+from .sparse import RowSparse, add_all, densify
 
 def _native(fns: list, active: list, opts: EngineOptions, device: Device, dtype, backward: bool,
             workspace: Workspace, training: bool = True):
@@ -199,6 +199,20 @@ def _scatter_grad(xp, fns: list, plan: MemoryPlan, message: tuple, scatter, work
     return sgrad
 
 
+def _dense_where_tasks_read(fns: list, active: list, opts, device, push_grads: dict) -> dict:
+    """Push gradients as the task loop needs them: dense where some kind's task program reads its rows (it
+    takes them task by task); elsewhere a row-sparse gradient (Tree-FC's: the roots' rows only) stays
+    sparse, and the phase before or after the loop puts its few rows into zeros (program.bind_backward)."""
+    out = dict(push_grads)
+    for kid in active:
+        fn = fns[kid]
+        kp = fn.phases(opts, device)[1]
+        for o, ct in fn.ct.items():
+            if o is not fn.scattered and (kp.phase[ct] == TASK or device.xp is not np):
+                out[o.name] = densify(device.xp, out[o.name])
+    return out
+
+
 def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, params, ctx: RunContext,
              dtype) -> tuple[dict, dict]:
     """Replay the task stack in reverse. Returns (gradients of pull buffers, gradients of F's parameters)."""
@@ -220,6 +234,7 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
             btensors[kid] = workspace.tensors(workspace.backward, kid, stored, plan.kinds[kid].n)
             active.append(kid)
 
+    push_grads = _dense_where_tasks_read(fns, active, opts, device, push_grads)
     native, why = _native(fns, active, opts, device, dtype, True, workspace)
     program = bind_backward(fns, plan, state, opts, device, active, btensors, sgrads, push_grads, pull_grads,
                             row_kernels, with_tasks=native is None)
@@ -239,7 +254,9 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
         for block in program.before:
             emit_gradients(block, run_block(block, statics[block.kid], xp, ctx, device), param_grads, xp)
     if native is not None:
-        table, _ = instructions.task_table(fns, plan, opts, backward=True)
+        forward_table = state.program.task_table   # (F's, when the native executor ran F: the rows reversed)
+        table = np.ascontiguousarray(forward_table[::-1]) if forward_table is not None else \
+            instructions.task_table(fns, plan, opts, backward=True)[0]
         program.native, program.task_table = native, table
         resolve = _resolver(fns, plan, state, dtype.np, btensors, sgrads, push_grads, pull_grads)
         for name, g in instructions.run(native, table, resolve, dtype.np, plan.forest).items():

@@ -87,6 +87,7 @@ class Template:
         self.scratch = 0                # scratch columns (per row) used
         self.fixed = 0                  # elements of values without a row axis (a task's partial gradients)
         self.param_grads: list = []     # parameter names accumulated per task
+        self.overlays: dict = {}        # node -> an instruction (its register first) re-pointing its scratch
 
     def reg(self, node: Node | None = None, name: str = "") -> int:
         if node is not None and node in self.regs:
@@ -110,6 +111,9 @@ class Template:
         if node.has_rows:
             self.emit("SCRATCH", r, self.scratch, cols)
             self.scratch += cols
+            if node in self.overlays:   # e.g. the scatter gradient's rows, when the task's layout allows
+                op, *args = self.overlays[node]
+                self.emit(op, r, *args)
         else:   # a fixed-size value: its own region of the fixed arena
             self.emit("BIND", r, self.buf(("fixed",)), NONE, self.fixed, cols)
             self.fixed += _rows(node) * cols
@@ -288,9 +292,9 @@ def _steps(t: Template, program, statics: set, device, singles: dict, skip_conca
         if skip_concat is not None and step.outputs[0] is skip_concat:
             # the sibling concat: skipped when the task's children are side by side (CATVIEW bound it)
             mark = len(t.code)
-            t.emit("SKIP_IF_CAT", 0)
+            t.emit("SKIP_IF_CAT", 0, 0)
             _step(t, step, statics, device, singles)
-            t.code[mark] = ("SKIP_IF_CAT", len(t.code) - mark - 1)
+            t.code[mark] = ("SKIP_IF_CAT", len(t.code) - mark - 1, 0)
         else:
             _step(t, step, statics, device, singles)
 
@@ -318,7 +322,7 @@ def forward_template(fn, opts, device, training: bool) -> Template:
     cat_view = cat is not None and opts.gather_elision and kp.phase.get(cat) == TASK
     if cat_view:
         message = cat.inputs[0].vshape
-        t.emit("CATVIEW", t.reg(cat), t.buf(("scatter", message)), _width(message), len(fn.gathers))
+        t.emit("CATVIEW", t.reg(cat), t.buf(("scatter", message)), _width(message), len(fn.gathers), 0)
     for name, p in fn.pulls.items():
         if kp.phase[p] == TASK:
             t.take(p, ("pull", name), _width(p.vshape), ("pullrows", name))
@@ -400,10 +404,18 @@ def backward_template(fn, opts, device) -> Template:
             t.scratch_reg(c)
         for m, a, _ in parts:
             t.emit("COLS", t.reg(m), t.regs[c], a)
+    grad_cat = _children_gradient(fn, kp, inplace, concats) if opts.gather_elision else None
+    if grad_cat is not None:
+        message = fn.gather_messages[0]
+        t.overlays[grad_cat] = ("CATVIEW", t.buf(("sgrad", message)), _width(message), len(fn.gathers), 1)
     _steps(t, program, statics, device, _singles(fn, device))
     for node in copied:
         t.copy_to(("btensor", node), KIND_ROWS, _width(node.vshape), node)
-    for leaf, g in fn.leaf_grads.items():
+    grads = sorted(fn.leaf_grads.items(), key=lambda lg: fn.gather_slot.get(lg[0], len(fn.gathers)))
+    if grad_cat is not None:   # the gradient was computed straight into the children's rows: no adjoints
+        t.emit("SKIP_IF_CAT", len(fn.gathers), 1)
+        skip_at = len(t.code)
+    for leaf, g in grads:
         if kp.phase[g] != TASK:
             continue
         if g not in t.regs:
@@ -416,6 +428,8 @@ def backward_template(fn, opts, device) -> Template:
         else:
             t.emit("PUT", t.buf(("pullgrad", leaf.name)), _width(leaf.vshape), t.buf(("pullrows", leaf.name)),
                    t.regs[g], _cols(g))
+    if grad_cat is not None:
+        assert [c[0] for c in t.code[skip_at:skip_at + len(fn.gathers)]] == ["ADJ"] * len(fn.gathers)
     for name, g in fn.param_grads.items():
         if kp.phase[g] == TASK:
             if g not in t.regs:
@@ -423,6 +437,33 @@ def backward_template(fn, opts, device) -> Template:
             t.emit("GACC", t.buf(("pgrad", name)), t.regs[g], _rows(g), _cols(g))
             t.param_grads.append(name)
     return t
+
+
+def _children_gradient(fn, kp, inplace, concats) -> Node | None:
+    """The value whose column blocks are the gathers' gradients, slot by slot (∂F of Tree-FC's [h_l; h_r]·W
+    is one product dY·Wᵀ), when the task program computes it into scratch: a task whose children are side by
+    side in a forest can compute it straight into their rows of the scatter gradient (CATVIEW), and the
+    gathers' adjoints, copies of its column blocks there, are skipped."""
+    k = len(fn.gathers)
+    if k < 2 or len(set(fn.gather_messages.values())) > 1:
+        return None
+    width = _width(fn.gather_messages[0])
+    blocks = set()
+    for j, gnode in fn.gathers.items():
+        g = fn.leaf_grads.get(gnode)
+        if g is None or kp.phase.get(g) != TASK or OPS[g.op].native is None or OPS[g.op].native(g) != "cols" \
+                or g.attrs.get("start") != j * width or _cols(g) != width:
+            return None
+        blocks.add(g.inputs[0])
+    if len(blocks) != 1:
+        return None
+    (whole,) = blocks
+    computed = {o for step in kp.programs[TASK] for o in step.outputs}
+    in_concat = {c for c, _ in concats} | {m for _, parts in concats for m, _, _ in parts}
+    if (whole not in computed or whole in inplace or whole in in_concat or not whole.has_rows
+            or _cols(whole) != k * width):
+        return None
+    return whole
 
 
 def template(fn, opts, device, backward: bool, training: bool = True) -> Template | str:
@@ -493,9 +534,10 @@ def _global_key(key: tuple, kid: int) -> tuple:
 # --- per batch: the task table and the buffer table --------------------------------------------------------
 
 def task_table(fns: list, plan, opts, backward: bool) -> tuple[np.ndarray, dict]:
-    """One row per task, in the order they run (backward: the stack popped), built with numpy: kind, kind
-    offset, rows, scatter offset, the sibling-concat view's first row (-1: none), and per gather slot the
-    strided view (start, step; step -1: none). Also the rows moved, for the program's copy counters."""
+    """One row per task, in the order they run (backward: the stack popped, the same rows reversed), built
+    with numpy: kind, kind offset, rows, scatter offset, the sibling-concat view's first row (-1: none), and
+    per gather slot the strided view (start, step; step -1: none). Also the rows moved, for the program's
+    copy counters."""
     tasks = plan.task_array if plan.task_array is not None else np.array(plan.tasks, np.int64).reshape(-1, 4)
     arity = max((len(fn.gathers) for fn in fns if fn is not None), default=0)
     table = np.full((len(tasks), TASK_COLUMNS + 2 * arity), -1, np.int64)
@@ -523,6 +565,14 @@ def task_table(fns: list, plan, opts, backward: bool) -> tuple[np.ndarray, dict]
         else:
             views = [(table[mine, TASK_COLUMNS + 2 * j], table[mine, TASK_COLUMNS + 2 * j + 1]) for j in slots]
         views = dict(zip(slots, views))
+        if opts.gather_elision and len(slots) >= 2:   # the children side by side: F's concat, ∂F's gradient
+            k = len(slots)
+            first = views[slots[0]][0]
+            ok = views[slots[0]][1] == k
+            for i, j in enumerate(slots[1:], 1):
+                start, step = views[j]
+                ok &= (step == k) & (start == first + i)
+            table[mine, 4] = np.where(ok, first, -1)
         if not backward:
             bs = sizes[mine]
             rows = kind_plan.n   # (its tasks' rows)
@@ -533,15 +583,6 @@ def task_table(fns: list, plan, opts, backward: bool) -> tuple[np.ndarray, dict]
                     copies["gather"] += int(bs[views[j][1] < 0].sum()) if opts.gather_elision else rows
             copies["pull"] += rows * sum(kp.phase[p] == TASK for p in fn.pulls.values())
             copies["push"] += rows * sum(kp.phase[p] == TASK for p in fn.pushes.values())
-            cat = fn.gather_concat
-            if cat is not None and opts.gather_elision and kp.phase.get(cat) == TASK and views:
-                k = len(views)
-                first = views[slots[0]][0]
-                ok = views[slots[0]][1] == k
-                for i, j in enumerate(slots[1:], 1):
-                    start, step = views[j]
-                    ok &= (step == k) & (start == first + i)
-                table[mine, 4] = np.where(ok, first, -1)
     if backward:
         table = table[::-1]
     return np.ascontiguousarray(table), copies

@@ -33,7 +33,7 @@ from .ops import input as input_node
 from .ops import ones_like
 from .passes import alias
 from .scheduler import get_policy
-from .sparse import add_all, densify
+from .sparse import add_all
 from .validate import indices
 from .vertex import VertexFunction
 
@@ -467,7 +467,7 @@ class Model:
                     push_grads[name] = xp.zeros_like(env[s._pushed[name]])
                 else:
                     evaluate(Graph([g]).nodes, benv, feeds, params, ctx, xp=xp)
-                    push_grads[name] = densify(xp, benv[g])  # e.g. a lookup picked root rows
+                    push_grads[name] = benv[g]   # may be row-sparse (a lookup picked root rows): engine.backward
             for name in {n for f in s.functions.values() for n in f.pushes} - set(push_grads):
                 push_grads[name] = xp.zeros_like(states[s.name].pushes[name])  # consumed by nothing
             pull_shapes = {name: env[src].shape for name, src in s.pulls.items() if name in s.pull_grads}

@@ -323,8 +323,12 @@ def bind_forward(fns: list, plan, state, opts, device, active: list, training: b
         kind_phases = phases[kid]
         block = Block(kind_plan.name, kid, phase, task, task_rows, kind_plan.row_keys[task_rows], stream)
         bs = task_rows.stop - task_rows.start
-        block.views += [(x, tensors[x].buffer[task_rows], ("tensor {}[{}]", x, task_rows))
-                        for x in kind_phases.reads[phase]]
+        for x in kind_phases.reads[phase]:
+            if x in tensors:
+                block.views.append((x, tensors[x].buffer[task_rows], ("tensor {}[{}]", x, task_rows)))
+            else:   # the lazy phase reads the scattered value back from the scatter tensor (alias.py)
+                _bind_rows(block, x, scatters[fn.scatter_message], scatter_rows, fn.lazy_scatter_reads(opts, device)[x],
+                           names[fn.scatter_message])
         program = kind_phases.programs[phase]
         elide = phase == TASK and opts.gather_elision
         views = [kind_plan.views[j].get(task_rows.start) for j in fn.gathers] if elide else None
@@ -408,6 +412,42 @@ def bind_forward(fns: list, plan, state, opts, device, active: list, training: b
     return BatchProgram("F", before, per_task, after, copies)
 
 
+def _sparse_rows(dst, grad: RowSparse, push_rows: np.ndarray) -> None:
+    """``dst = grad[push_rows]`` for a row-sparse ``grad``: zeros, plus its rows that fall on ``push_rows``
+    (added up where an index repeats)."""
+    dst[...] = 0
+    where = np.full(grad.shape[0], -1, np.int64)
+    where[push_rows] = np.arange(len(push_rows))
+    at = where[np.asarray(grad.indices)]
+    hit = at >= 0
+    np.add.at(dst, at[hit], grad.rows[hit])
+
+
+def _bind_rows(block: Block, x: Node, buffer, rows, cols: tuple, name: str) -> None:
+    """Bind ``x`` to columns ``cols`` of ``buffer``'s ``rows`` (a slice: a view; an index array: one take)."""
+    a, b = cols
+    part = buffer if (a, b) == (0, buffer.shape[1]) else buffer[:, a:b]
+    if isinstance(rows, slice):
+        block.views.append((x, part[rows], (f"view {name}[{{}}][:, {a}:{b}]", rows)))
+    else:
+        block.takes.append((x, part, rows, (f"take {name}[{{}}][:, {a}:{b}]", rows)))
+
+
+def _bind_regathered(block: Block, cat: Node, scatter, child_rows: list, name: str, device) -> None:
+    """Bind the concat of a kind's gathers, over all its rows, to the children's rows of ``scatter`` (which
+    holds F's values when ∂F is bound): a view (a reshape) when child j of vertex i is row start + k*i + j,
+    else the children's rows interleaved, gathered now in one take."""
+    k, n = len(child_rows), len(child_rows[0])
+    rows = np.stack(child_rows, axis=1).reshape(-1)
+    start = int(rows[0]) if n else 0
+    if n and np.array_equal(rows, np.arange(start, start + k * n)):
+        block.views.append((cat, scatter[start:start + k * n].reshape(n, -1),
+                            (f"view {name}[{{}}] as {{}} rows", slice(start, start + k * n), n)))
+    else:
+        block.views.append((cat, device.take(scatter, rows).reshape(n, -1),
+                            (f"taken when bound: {name}[{{}}] as rows of {k}", rows)))
+
+
 def _nonempty(blocks) -> list:
     """Blocks before or after the task loop with something to do (a kind may have no eager or lazy work)."""
     return [b for b in blocks if not b.empty()]
@@ -446,6 +486,12 @@ def bind_backward(fns: list, plan, state, opts, device, active: list, btensors: 
 
         for node, t in state.tensors[kid].items():
             view(node, t.buffer[task_rows], ("tensor {}[{}]", node, task_rows))
+        if phase == POST:
+            for cat in fn.lazy_gather_reads(opts, device):   # gathered again from the scatter tensor
+                scatter = scatters[cat.inputs[0].vshape]
+                _bind_regathered(block, cat, scatter, [kind_plan.child_rows[j] for j in fn.gathers],
+                                 names[cat.inputs[0].vshape], device)
+                bound.add(cat)
         if fn.scatter_parts:
             if scatter_offset is not None:
                 where = slice(scatter_offset, scatter_offset + bs)
@@ -466,6 +512,11 @@ def bind_backward(fns: list, plan, state, opts, device, active: list, btensors: 
         for x in kind_phases.reads[phase]:
             if x in btensors[kid]:
                 view(x, btensors[kid][x].buffer[task_rows], ("tensor {}[{}]", x, task_rows))
+            elif x not in bound:   # the scattered value's cotangent, read back from the scatter gradient
+                rows = plan.schedule.row[kind_plan.vertices]
+                _bind_rows(block, x, scatter_grads[fn.scatter_message], as_slice(rows),
+                           fn.lazy_scatter_reads(opts, device)[x], grad_names[fn.scatter_message])
+                bound.add(x)
         for out, ct in fn.ct.items():
             if kind_phases.phase[ct] != phase:
                 continue
@@ -475,6 +526,15 @@ def bind_backward(fns: list, plan, state, opts, device, active: list, btensors: 
             else:
                 push_rows = kind_plan.push_rows[out.name][task_rows]
                 index = row_index(push_rows)
+                grad = push_grads[out.name]
+                if isinstance(grad, RowSparse):   # a few rows: put into zeros, where ∂F keeps the cotangent
+                    stored = btensors[kid].get(ct)
+                    dst = stored.buffer[task_rows] if stored is not None else device.xp.empty((bs,) + ct.vshape,
+                                                                                             grad.dtype)
+                    _sparse_rows(dst, grad, push_rows)
+                    view(ct, dst, ("push grad {}[{}] ({} rows put into zeros when bound)", out.name, push_rows,
+                                   len(grad.indices)))
+                    continue
                 if isinstance(index, slice):
                     view(ct, push_grads[out.name][index], ("view push grad {}[{}]", out.name, index))
                 else:

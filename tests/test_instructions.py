@@ -309,3 +309,42 @@ def test_transposed_statics_copied_for_the_task_loop_give_the_same_numbers(dtype
     monkeypatch.setattr(instructions, "CONTIGUOUS_STATICS_TASKS", 4)
     assert_native_equals_python(lambda o: (setattr(t.model, "options", o), t.loss_and_grads(samples))[1],
                                 EngineOptions(), dtype)
+
+
+def test_tree_fc_task_loop_moves_no_rows_when_siblings_are_side_by_side(monkeypatch):
+    """Complete trees (siblings adjacent, a forest): F's loop reads [h_l; h_r] as a view and writes h into
+    the scatter tensor in place; ∂F's product dY·Wᵀ is written straight into the children's rows of the
+    scatter gradient, so no COPY or ADJ runs (a skipped instruction adds nothing to the per-opcode clock).
+    Irregular trees still take the adjoints; both equal the Python interpreter."""
+    from minicavs.data.trees import complete_binary_tree
+    rng = np.random.default_rng(5)
+    case = cells.tree_fc(rng, H=4)
+    complete = [complete_binary_tree(8).to_graph()] * 3
+    irregular = [CASES["tree_fc"][1](rng, n) for n in (5, 7, 6)]
+    moved = {}
+    for label, graphs in (("complete", complete), ("irregular", irregular)):
+        feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
+        prof = np.zeros(len(instructions.OPCODES) + 1, np.int64)
+        monkeypatch.setattr(instructions, "PROFILE", prof)
+
+        def run(options):
+            return case.model.forward_backward(graphs, feeds, case.params, RunContext(), options=options)
+        assert_native_equals_python(run, EngineOptions(executor="python"), "float64")
+        moved[label] = {op: int(prof[i]) for i, op in enumerate(instructions.OPCODES) if op in ("COPY", "ADJ")}
+    assert moved["complete"] == {"COPY": 0, "ADJ": 0}
+    assert moved["irregular"]["ADJ"] > 0
+
+
+def test_backward_task_table_is_the_forward_one_reversed():
+    """∂F reuses F's task table (the stack popped) instead of building it again; it is what task_table
+    builds for backward."""
+    rng = np.random.default_rng(8)
+    case = cells.tree_fc(rng)
+    from minicavs.data.trees import complete_binary_tree
+    graphs = [complete_binary_tree(4).to_graph(), complete_binary_tree(8).to_graph()]
+    feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
+    res = case.model.forward_backward(graphs, feeds, case.params, RunContext(), options=EngineOptions())
+    state = res.states["G"]
+    forward, backward = state.program.task_table, state.backward_program.task_table
+    np.testing.assert_array_equal(backward, forward[::-1])
+    assert backward.flags.c_contiguous and (backward[:, 4] >= 0).any()   # some task has its children side by side

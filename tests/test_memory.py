@@ -125,6 +125,41 @@ def test_backward_reads_scattered_values_back_from_the_scatter_tensor():
     assert fn.scatter_parts == {c: (2, 4)} and c not in fn.fwd_tensors
 
 
+def test_lazy_phases_read_scattered_values_and_gathered_children_back_from_the_scatter_tensors():
+    """Tree-FC: the lazy phase after F's loop pushes h, the one after ∂F's computes dW = Σ [h_l; h_r]ᵀ·dy
+    and the leaves' dW_l from dscatter. All three read the scatter tensor (or its gradient) at the kind's
+    rows, so no task copies h, [h_l; h_r] or dscatter into a dynamic tensor; results stay the same."""
+    case = cells.tree_fc(np.random.default_rng(0), H=4)
+    fns = case.model.structures[0].compiled
+    internal, leaf = fns["internal"], fns["leaf"]
+    cat, h = internal.gather_concat, internal.scatter_source
+    assert internal.lazy_gather_reads(ON) == {cat}
+    assert h in internal.lazy_scatter_reads(ON) and leaf.ct[leaf.scattered] in leaf.lazy_scatter_reads(ON)
+    f_stored, f_places, b_stored, b_places = internal.placement(ON)
+    assert cat not in f_stored and h not in f_stored                 # nothing of F is kept but the tensors ∂F
+    assert leaf.ct[leaf.scattered] not in leaf.placement(ON)[2]     # reads; the leaves' dscatter not either
+    from minicavs.data.trees import complete_binary_tree
+    complete = [complete_binary_tree(8).to_graph()] * 3          # siblings side by side: a reshape
+    irregular = [random_tree(np.random.default_rng(1), n, 2, full_binary=True) for n in (5, 7, 4)]
+    for executor, trees in [(e, t) for e in ("native", "python") for t in (complete, irregular)]:
+        opts = replace(ON, executor=executor)
+        rng = np.random.default_rng(2)
+        feeds = cells.batch_feeds(case, trees, [case.data(rng, g) for g in trees])
+        res = case.model.forward_backward(trees, feeds, case.params, RunContext(), options=opts)
+        state = res.states[case.model.structures[0].name]
+        (after,) = [b for b in state.backward_program.after if b.kind == "internal"]
+        (bound,) = [a for n, a, _ in after.views if n is cat]
+        kinds = state.plan.kinds[after.kid]
+        expect = np.concatenate([state.scatter[kinds.child_rows[j]] for j in (0, 1)], axis=1)
+        np.testing.assert_array_equal(bound, expect)
+        assert np.shares_memory(bound, state.scatter) == (trees is complete)
+        (push,) = [b for b in state.program.after if b.kind == "internal"]
+        assert [np.shares_memory(a, state.scatter) for n, a, _ in push.views if n is h] == [True]
+        # (the workspace is the model's: the serial run reuses the buffers checked above)
+        assert_same(res, case.model.forward_backward(trees, feeds, case.params, RunContext(), policy="serial",
+                                                     options=opts))
+
+
 def test_backward_reads_pulled_rows_back_from_the_pull_buffer():
     leaf = cells.tree_fc(np.random.default_rng(0)).model.structures[0].compiled["leaf"]
     (x,) = leaf.pulls.values()
@@ -213,3 +248,24 @@ def test_explain_reports_the_peak_of_the_reused_buffers():
     report = explain(case.model, small, feeds, case.params).structures[0]
     assert report.peak_bytes >= report.tensor_bytes > 0
     assert report.peak_bytes > 10 * report.tensor_bytes
+
+
+def test_lazy_phase_temporaries_live_in_the_workspace():
+    """The leaves' ∂F after the loop computes dY = dscatter·(1 - h²) for all leaves with one kernel: its
+    output goes into a dynamic tensor of the model's workspace, the same buffer every batch (not a fresh
+    array of all the leaves' rows per batch)."""
+    case = cells.tree_fc(np.random.default_rng(0), H=4)
+    leaf = case.model.structures[0].compiled["leaf"]
+    rng = np.random.default_rng(1)
+    trees = [random_tree(rng, 6, 2, full_binary=True) for _ in range(3)]
+    feeds = cells.batch_feeds(case, trees, [case.data(rng, g) for g in trees])
+    written = []
+    for _ in range(2):
+        res = case.model.forward_backward(trees, feeds, case.params, RunContext())
+        state = res.states[case.model.structures[0].name]
+        (after,) = [b for b in state.backward_program.after if b.kind == "leaf"]
+        (fused,) = [s for s in after.steps if s.fused]
+        outs = {n: a for n, a, _ in after.outs}
+        assert set(fused.outputs) <= set(outs) and set(fused.outputs) <= set(leaf.placement(ON)[2])
+        written.append(outs[fused.outputs[0]])
+    assert np.shares_memory(written[0], written[1])

@@ -27,8 +27,9 @@ OPCODES = {
     "STATIC": ("dst", "buf"),                             # dst = the whole buffer (its ld and transposed flag)
     "SCRATCH": ("dst", "off", "cols"),                    # dst = scratch + off * max_bs, ld cols
     "GATHER": ("dst", "buf", "width", "idx", "slot", "elide", "off"),   # children's rows: a strided view or a copy
-    "CATVIEW": ("dst", "buf", "width", "k"),              # [gather0; ...] as a view when the task's children are side by side
-    "SKIP_IF_CAT": ("n",),                                # skip the next n instructions when the task has the concat view
+    "CATVIEW": ("dst", "buf", "width", "k", "forest"),    # [gather0; ...] as a view when the task's children are side by side
+    "SKIP_IF_CAT": ("n", "forest"),                       # skip the next n instructions when the task has the concat view
+    # (forest = 1: only in a forest, where each child's gradient row is written once, not added)
     "TAKE": ("dst", "buf", "width", "idx", "cols", "off"),   # rows buf[idx[koff + r]] copied into scratch
     "COLS": ("dst", "src", "col"),                        # a column slice: same rows, same ld
     "ALIAS": ("dst", "src"),
@@ -160,13 +161,13 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
             }}
             case CATVIEW:
                 REGOK(a[0], 0); BUFOK(a[1], 1);
-                if (catfirst >= 0) {{
+                if (catfirst >= 0 && (!a[4] || forest)) {{
                     R[a[0]].p = (T *)base[a[1]] + catfirst * a[2]; R[a[0]].ld = a[3] * a[2];
                     R[a[0]].trans = 0; R[a[0]].buf = a[1];
                 }}
                 break;
             case SKIP_IF_CAT:
-                if (catfirst >= 0) pc += a[0];
+                if (catfirst >= 0 && (!a[1] || forest)) pc += a[0];
                 break;
             case TAKE: {{
                 REGOK(a[0], 0); BUFOK(a[1], 1); BUFOK(a[3], 3);
