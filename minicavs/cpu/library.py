@@ -4,6 +4,7 @@ compiled once per dtype and wrapped for numpy arrays. Every kernel has a numpy t
 from __future__ import annotations
 
 import functools
+import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
@@ -252,13 +253,15 @@ _C_ARRAY = {np.dtype(np.int64): "long[]", np.dtype(np.uint64): "unsigned long lo
 
 def library(dtype) -> Library | None:
     """The compiled kernels for ``dtype`` (float32 or float64), or None without a C compiler. Cached per
-    compiler, so that an answer made while ``CC`` named no compiler does not outlive that setting."""
-    return _library(np.dtype(dtype), cgen.compiler())
+    ``CC`` setting (not per resolved compiler: finding it on PATH costs ~50 us, and this runs per kernel
+    call), so that an answer made while ``CC`` named no compiler does not outlive that setting."""
+    return _library(np.dtype(dtype), os.environ.get("CC"))
 
 
 @functools.lru_cache(maxsize=None)
-def _library(dtype: np.dtype, cc: str | None) -> Library | None:
+def _library(dtype: np.dtype, cc_setting: str | None) -> Library | None:
     import cffi
+    cc = cgen.compiler()
     if cc is None or dtype not in (np.float32, np.float64):
         return None
     T = "float" if dtype == np.float32 else "double"
