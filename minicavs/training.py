@@ -423,8 +423,8 @@ class Trainer:
     def final_results(self, log: Callable[[str], None] = print) -> dict:
         """Load the best checkpoint, evaluate it on dev and test, write RUN_DIR/results.json."""
         log = log if self.is_root else _quiet
-        self._on_root(self.run.best_checkpoint)   # the error for a run dir without a checkpoint comes first
-        self._on_root(self.run.lock)
+        if self.run.path.is_dir():   # (no directory: _final_results's error says so; the lock would create it)
+            self._on_root(self.run.lock)
         try:
             return self._final_results(log)
         finally:
