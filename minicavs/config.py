@@ -174,11 +174,32 @@ NULLABLE = {("train", "clip_norm"), ("train", "early_stopping"), ("data", "dev")
             ("train", "early_stopping", "patience")}
 
 
+def _installed() -> bool:
+    """Whether minicavs runs as an installed package (``pip install .`` copies ``models/`` into it)."""
+    return (Path(__file__).resolve().parent / "models").is_dir()
+
+
 def bundled_models_dir() -> Path:
-    """The bundled models: ``minicavs/models`` when installed (``pip install .`` puts the repository's
-    ``models/`` there), else the repository's ``models/``."""
-    installed = Path(__file__).resolve().parent / "models"
-    return installed if installed.is_dir() else REPO_ROOT / "models"
+    """The bundled models: ``minicavs/models`` when installed, else the repository's ``models/``."""
+    return Path(__file__).resolve().parent / "models" if _installed() else REPO_ROOT / "models"
+
+
+DATA_ROOT_VAR = "MINICAVS_DATA"
+_DATA_ROOT_PREFIX = re.compile(r"^\$(?:\{%s\}|%s)(?=/|$)" % (DATA_ROOT_VAR, DATA_ROOT_VAR))
+
+
+def data_root() -> Path:
+    """Where prepared real data sets live (``minicavs prepare`` writes there; configs name it
+    ``$MINICAVS_DATA/...``): the environment variable if set; the checkout's ``data/`` when running from
+    source; for an installed package, whose own folder is no place for data (site-packages may be read-only
+    and is replaced on upgrade), the user's data directory ``$XDG_DATA_HOME/minicavs``
+    (``~/.local/share/minicavs``)."""
+    if os.environ.get(DATA_ROOT_VAR):
+        return Path(os.path.expanduser(os.environ[DATA_ROOT_VAR])).resolve()
+    if not _installed():
+        return REPO_ROOT / "data"
+    user_data = os.environ.get("XDG_DATA_HOME") or os.path.join("~", ".local", "share")
+    return (Path(os.path.expanduser(user_data)) / "minicavs").resolve()
 
 
 def bundled_configs() -> list[str]:
@@ -315,6 +336,7 @@ def _resolve_paths(data: dict, base: Path) -> None:
     for k in DATA_PATH_KEYS:
         v = data.get(k)
         if isinstance(v, str) and v != SYNTHETIC:
+            v = _DATA_ROOT_PREFIX.sub(lambda _: str(data_root()), v)   # a function: used verbatim
             data[k] = str((base / os.path.expanduser(v)).resolve())
 
 

@@ -7,9 +7,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from minicavs.config import ConfigError, Loader, bundled_models_dir, dump, find_config, load_config, parse_yaml
+from minicavs import config
+from minicavs.config import (ConfigError, Loader, bundled_models_dir, data_root, dump, find_config, load_config,
+                             parse_yaml)
+from minicavs.data.datasets import default_dir
 
-MODELS = Path(__file__).resolve().parent.parent / "models"
+REPO = Path(__file__).resolve().parent.parent
+MODELS = REPO / "models"
 TREE_LSTM = MODELS / "tree_lstm.yaml"
 
 
@@ -107,6 +111,28 @@ def test_data_paths_resolve_against_the_config_file_and_set_against_the_cwd(tmp_
     cfg = load_config(path, ["data.dev=mine/dev.txt"])
     assert cfg["data"]["dev"] == str(tmp_path / "work" / "mine" / "dev.txt")
     assert cfg["data"]["train"] == str(tmp_path / "data" / "train.txt")
+
+
+def test_data_paths_under_the_data_root(tmp_path, monkeypatch):
+    path = tmp_path / "c.yaml"
+    path.write_text("model: {name: tree_lstm}\n"
+                    "data: {train: $MINICAVS_DATA/sst/a.txt, dev: '${MINICAVS_DATA}/b.txt', test: $MINICAVS_DATAX/c}\n")
+    monkeypatch.delenv("MINICAVS_DATA", raising=False)
+    data = load_config(path)["data"]
+    assert data["train"] == str(REPO / "data" / "sst" / "a.txt") and data["dev"] == str(REPO / "data" / "b.txt")
+    assert data["test"] == str(tmp_path / "$MINICAVS_DATAX" / "c")     # another variable: a plain relative path
+    monkeypatch.setenv("MINICAVS_DATA", str(tmp_path / "mine"))
+    assert load_config(path)["data"]["train"] == str(tmp_path / "mine" / "sst" / "a.txt")
+    assert default_dir("ptb") == tmp_path / "mine" / "ptb"
+
+
+def test_an_installed_package_keeps_data_in_the_users_data_directory(tmp_path, monkeypatch):
+    monkeypatch.delenv("MINICAVS_DATA", raising=False)
+    monkeypatch.setattr(config, "_installed", lambda: True)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
+    assert data_root() == tmp_path / "minicavs"
+    monkeypatch.delenv("XDG_DATA_HOME")
+    assert data_root() == Path.home().resolve() / ".local" / "share" / "minicavs"
 
 
 def test_bundled_configs_by_name_and_the_resolved_config_reads_back(tmp_path):

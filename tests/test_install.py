@@ -70,3 +70,17 @@ def test_pip_install_then_train_a_bundled_model_from_anywhere(tmp_path):
         tokens = line.replace("(", " ").replace(")", " ").split()
         assert [t for t in tokens if not t.isdigit()] == words, line
         assert all(t in "01234" for t in tokens if t.isdigit()), line
+
+    # a real data set goes to the user's data directory, where the bundled config looks, never into the package
+    download = tmp_path / "download"
+    download.mkdir()
+    for name in ("train.txt", "dev.txt", "test.txt"):
+        (download / name).write_text(trees.replace("((the movie) (was great))", "(1 (2 the) (0 movie))"))
+    env = {k: v for k, v in env.items() if k != "MINICAVS_DATA"} | {"XDG_DATA_HOME": str(tmp_path / "xdg")}
+    run([minicavs, "prepare", "sst", download, "--skip-checksums"], cwd=elsewhere, env=env)
+    prepared = tmp_path / "xdg" / "minicavs" / "sst"
+    assert sorted(p.name for p in prepared.iterdir()) == ["dev.txt", "test.txt", "train.txt"]
+    assert not any(venv.rglob("dev.txt"))
+    looks = run([python, "-c", "from minicavs.config import load_config as l; print(l('tree_lstm_sst')['data']['dev'])"],
+                cwd=elsewhere, env=env).stdout.strip()
+    assert looks == str(prepared / "dev.txt")

@@ -1,6 +1,6 @@
 """The real data sets the bundled configs train on, and ``minicavs prepare``: check a downloaded copy (sha256 of
-every file, then its format, sample by sample) and put it where the configs look (``data/<name>/`` of the
-checkout; see ``data/README.md``).
+every file, then its format, sample by sample) and put it where the configs look (``$MINICAVS_DATA/<name>/``: the
+checkout's ``data/``, or the user's data directory for an installed package; see ``config.data_root``).
 
 Nothing here downloads: the files come from their publishers (URLs in ``data/README.md``) and are never
 committed. A copy whose bytes differ from the known checksums (another release, a re-encoding) is refused
@@ -57,7 +57,7 @@ CONFIGS = {"sst": "tree_lstm_sst", "ptb": "var_lstm_ptb"}   # the bundled config
 
 def default_dir(name: str) -> Path:
     """Where the bundled config of data set ``name`` looks for its files (its data paths resolved: the
-    checkout's ``data/NAME``, or beside the installed package's models)."""
+    checkout's ``data/NAME``, or ``NAME`` in the user's data directory for an installed package)."""
     from ..config import find_config, load_config
     cfg = load_config(find_config(CONFIGS[name]))
     folders = {Path(cfg["data"][split]).parent for split in ("train", "dev", "test")
@@ -120,7 +120,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("name", choices=sorted(DATASETS), help="which data set")
     p.add_argument("source", help="the folder holding the downloaded files (e.g. ../shared/data/sst)")
     p.add_argument("--root", default=None, help="prepare into ROOT/NAME (default: where the bundled config "
-                   "looks, the checkout's data/NAME)")
+                   "looks, $MINICAVS_DATA/NAME: the checkout's data/, or ~/.local/share/minicavs when installed)")
     p.add_argument("--skip-checksums", action="store_true",
                    help="accept files whose sha256 differs from the known release (the format is still checked)")
 

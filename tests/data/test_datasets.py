@@ -34,13 +34,14 @@ def test_prepared_files_are_git_ignored_the_readme_is_not():
     assert ignored == ["data/sst/train.txt", "data/ptb/ptb.test.txt"]
 
 
-def test_default_folder_is_where_the_bundled_configs_look():
+def test_default_folder_is_where_the_bundled_configs_look(monkeypatch):
+    monkeypatch.delenv("MINICAVS_DATA", raising=False)
     assert default_dir("sst") == ROOT / "data" / "sst" and default_dir("ptb") == ROOT / "data" / "ptb"
 
 
 def test_configs_look_where_prepare_puts_files():
     for config, name in (("tree_lstm_sst.yaml", "sst"), ("var_lstm_ptb.yaml", "ptb")):
-        paths = re.findall(r"\.\./data/(\w+)/([\w.]+\.txt)", (ROOT / "models" / config).read_text())
+        paths = re.findall(r"\$MINICAVS_DATA/(\w+)/([\w.]+\.txt)", (ROOT / "models" / config).read_text())
         assert paths and all(d == name and f in {x.name for x in DATASETS[name].files} for d, f in paths)
 
 
