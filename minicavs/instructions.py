@@ -598,7 +598,10 @@ def _matrix_info(a: np.ndarray) -> tuple[np.ndarray, int, int]:
     return a, (a.shape[-1] if a.ndim >= 1 else 1) if a.ndim <= 2 else int(math.prod(a.shape[1:])), 0
 
 
-CONTIGUOUS_STATICS_TASKS = 4   # tasks from which a run copies its transposed statics (see run)
+# rows of multi-row tasks from which a run copies its transposed statics (see run): Tree-LSTM h128 training
+# (1 BLAS thread, medians of 9 alternating runs) lost ~10% to the copies at batch 1 (~19 such rows per step)
+# and gained ~15% from them at batch 4 (~76)
+CONTIGUOUS_STATICS_ROWS = 48
 
 # profiling: set to np.zeros(len(OPCODES) + 1, np.int64) and native calls add their ns per opcode, and in all last
 PROFILE: np.ndarray | None = None
@@ -615,11 +618,12 @@ def run(lowered: Lowered, table: np.ndarray, resolve, dtype, forest: bool) -> di
     slots = ffi.cast("void **", ffi.from_buffer(info))
     sizes, strides, flags = [], [], []
     keep, grads = [], {}
-    max_bs = int(table[:, 2].max()) if len(table) else 0
-    # A static read as a transposed view (∂F's W^T) is copied once per run when several multi-row tasks read it:
+    rows = table[:, 2]
+    max_bs = int(rows.max()) if len(table) else 0
+    # A static read as a transposed view (∂F's W^T) is copied once per run when multi-row tasks read it enough:
     # OpenBLAS packs a transposed B from strided reads, 25-40% slower per product at 16-64 rows, while the copy
-    # costs less than one such product (cpu/library.py contiguous). Same values; BLAS may round differently.
-    copier = library(dtype) if len(table) >= CONTIGUOUS_STATICS_TASKS and max_bs > 1 else None
+    # costs a few such products (cpu/library.py contiguous). Same values; BLAS may round differently.
+    copier = library(dtype) if max_bs > 1 and int(rows[rows > 1].sum()) >= CONTIGUOUS_STATICS_ROWS else None
     for i, key in enumerate(lowered.keys):
         what = key[0]
         if what == "scratch":
