@@ -34,7 +34,7 @@ typedef uint64_t u64;
    does not use it), name_order[nnames*n] (the users' global ids, ascending), name_count[nnames], scalars[3]
    (T, forest, max height). scratch: 4n + 2K + 2 + (n + 3) nk int64.
    Returns 0, or the code of the first check that failed (codegen/plan.py CODES); then the outputs are junk. */
-i64 mc_prepare(i64 K, const i64 *sizes, const i64 *edges, const i64 *ptr_all, const i64 *idx_all, i64 n, i64 E,
+static i64 prepare(i64 K, const i64 *sizes, const i64 *edges, const i64 *ptr_all, const i64 *idx_all, i64 n, i64 E,
                i64 kind_mode, i64 leaf_kind, i64 internal_kind, i64 nk, const i64 *arity, i64 maxa,
                const u64 *sample_ids, i64 nnames, const unsigned char *uses,
                i64 *offsets, i64 *sample, i64 *local, i64 *child_ptr, i64 *child_idx, i64 *pptr, i64 *pidx,
@@ -206,15 +206,44 @@ i64 mc_prepare(i64 K, const i64 *sizes, const i64 *edges, const i64 *ptr_all, co
     scalars[0] = T; scalars[1] = forest; scalars[2] = maxh;
     return 0;
 }
+
+/* The entry point: one buffer ``buf`` of ``capacity`` int64 holds sizes[K] and edges[K] (written by the caller),
+   then OUTPUTS + 1 offsets (relative to buf) of the outputs above, in their order, then the outputs, then the
+   scratch. spec: kind mode, leaf kind, internal kind, nk, maxa, nnames, arity[nk]. sample_ids NULL: 0..K-1. */
+#define OUTPUTS 25
+i64 mc_prepare(i64 K, i64 n, i64 E, const i64 *ptr_all, const i64 *idx_all, const i64 *spec,
+               const unsigned char *uses, const u64 *sample_ids, i64 *buf, i64 capacity) {
+    if (K < 1 || n < 1 || E < 0 || capacity < 2 * K + OUTPUTS + 1) return 8;
+    const i64 nk = spec[3], maxa = spec[4], nnames = spec[5];
+    if (nk < 1 || maxa < 0 || nnames < 0) return 8;
+    const i64 lengths[OUTPUTS] = {K + 1, n, n, n + 1, E, n + 1, E, n, n, n, n, n + 1, 4 * n, nk, nk, n, n, n,
+                                  n * maxa, 2 * n * maxa, n, nnames * n, nnames * n, nnames, 3};
+    i64 *bounds = buf + 2 * K, at = 2 * K + OUTPUTS + 1;
+    i64 *out[OUTPUTS];
+    for (int i = 0; i < OUTPUTS; i++) { bounds[i] = at; out[i] = buf + at; at += lengths[i]; }
+    bounds[OUTPUTS] = at;
+    if (at + 4 * n + 2 * K + 2 + (n + 3) * nk > capacity) return 8;
+    u64 *ids = (u64 *)(buf + at);   /* (the scratch's first K entries until prepare reads them: copied below) */
+    i64 *scratch = buf + at + K;
+    if (sample_ids) for (i64 k = 0; k < K; k++) ids[k] = sample_ids[k];
+    else for (i64 k = 0; k < K; k++) ids[k] = (u64)k;
+    return prepare(K, buf, buf + K, ptr_all, idx_all, n, E, spec[0], spec[1], spec[2], nk, spec + 6, maxa, ids,
+                   nnames, uses, out[0], out[1], out[2], out[3], out[4], out[5], out[6], out[7], out[8], out[9],
+                   out[10], out[11], out[12], out[13], out[14], out[15], out[16], out[17], out[18], out[19],
+                   out[20], out[21], out[22], out[23], out[24], scratch);
+}
 """
 
 DECLS = """
-int64_t mc_prepare(int64_t K, const int64_t *sizes, const int64_t *edges, const int64_t *ptr_all,
-    const int64_t *idx_all, int64_t n, int64_t E, int64_t kind_mode, int64_t leaf_kind, int64_t internal_kind,
-    int64_t nk, const int64_t *arity, int64_t maxa, const uint64_t *sample_ids, int64_t nnames,
-    const unsigned char *uses, int64_t *offsets, int64_t *sample, int64_t *local, int64_t *child_ptr,
-    int64_t *child_idx, int64_t *pptr, int64_t *pidx, int64_t *height, int64_t *kind, int64_t *order, int64_t *row,
-    int64_t *task_ptr, int64_t *tasks, int64_t *kind_n, int64_t *kind_t, int64_t *verts, int64_t *task_of_kind,
-    int64_t *task_off, int64_t *child_rows, int64_t *views, int64_t *keys, int64_t *name_rows, int64_t *name_order,
-    int64_t *name_count, int64_t *scalars, int64_t *scratch);
+int64_t mc_prepare(int64_t K, int64_t n, int64_t E, const int64_t *ptr_all, const int64_t *idx_all,
+                   const int64_t *spec, const unsigned char *uses, const uint64_t *sample_ids, int64_t *buf,
+                   int64_t capacity);
 """
+
+OUTPUTS = 25   # (the C entry point's OUTPUTS)
+
+
+def capacity(K: int, n: int, E: int, nk: int, maxa: int, nnames: int) -> int:
+    """int64 entries of the buffer mc_prepare needs (it checks the one it is given)."""
+    return (2 * K + OUTPUTS + 1 + (K + 1) + 2 * E + n * (20 + 3 * maxa + 2 * nnames) + 2 * nk + nnames + 8
+            + K + 4 * n + 2 * K + 2 + (n + 3) * nk)

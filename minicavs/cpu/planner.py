@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..codegen.plan import DECLS, SOURCE
+from ..codegen.plan import DECLS, OUTPUTS, SOURCE, capacity
 from ..inputs import Batch, InputGraph
 from ..memory import KindPlan, MemoryPlan
 from ..scheduler import Schedule
@@ -37,6 +37,14 @@ class Spec:
     pushes: tuple
     uses: np.ndarray           # (len(pulls) + len(pushes), nk) uint8
 
+    def __post_init__(self):
+        nk = len(self.kind_names)
+        ints = np.array([self.mode, self.leaf, self.internal, nk, int(self.arity.max()), len(self.uses),
+                         *self.arity.tolist()], np.int64)
+        object.__setattr__(self, "ints", ints)   # what the C call reads (kept alive with the spec)
+        object.__setattr__(self, "layout", (nk, int(self.arity.max()), len(self.uses), self.arity.tolist(),
+                                            np.ascontiguousarray(self.uses.T).tolist()))
+
 
 @functools.lru_cache(maxsize=None)
 def _planner(cc_setting: str | None):
@@ -46,11 +54,12 @@ def _planner(cc_setting: str | None):
         return None
     ffi = cffi.FFI()
     ffi.cdef(DECLS)
-    return ffi, ffi.dlopen(str(cgen.compiled(SOURCE, cc, "planner")))
+    return ffi, ffi.dlopen(str(cgen.compiled(SOURCE, cc, "planner"))), ffi.typeof("int64_t[]"), \
+        ffi.typeof("unsigned char[]"), ffi.typeof("uint64_t[]")
 
 
 def planner():
-    """(ffi, library) of the compiled planner, or None without a C compiler (cached per ``CC`` setting)."""
+    """(ffi, library, ...) of the compiled planner, or None without a C compiler (cached per ``CC`` setting)."""
     return _planner(os.environ.get("CC"))
 
 
@@ -63,68 +72,61 @@ def prepare(graphs: list, spec: Spec, sample_ids: np.ndarray | None = None) -> t
     built = planner()
     if built is None or not graphs:
         return None
-    ffi, lib = built
+    ffi, lib, I64, U8, U64 = built
     K = len(graphs)
     for g in graphs:
         if type(g) is not InputGraph or g.kinds is not None:
             return None
     if K == 1:
         ptr_all, idx_all = graphs[0].child_ptr, graphs[0].child_idx
-        sizes = np.array([len(ptr_all) - 1], np.int64)
-        edges = np.array([len(idx_all)], np.int64)
     else:
         ptr_all = np.concatenate([g.child_ptr for g in graphs])
         idx_all = np.concatenate([g.child_idx for g in graphs])
-        sizes = np.fromiter((len(g.child_ptr) - 1 for g in graphs), np.int64, K)
-        edges = np.fromiter((len(g.child_idx) for g in graphs), np.int64, K)
-    if not (_int64(ptr_all) and _int64(idx_all)) or len(ptr_all) != K + int(sizes.sum()):
+    if not (_int64(ptr_all) and _int64(idx_all)):
         return None
     n, E = len(ptr_all) - K, len(idx_all)
     if n < 1:
         return None
-    nk = len(spec.kind_names)
-    maxa = int(spec.arity.max())
-    nnames = len(spec.uses)
-    ids = np.arange(K, dtype=np.uint64) if sample_ids is None else np.asarray(sample_ids).astype(np.uint64)
-    if ids.shape != (K,):
-        return None
-    # one int64 buffer holds every output (views of it are what the batch and plan keep)
-    lengths = (K + 1, n, n, n + 1, E, n + 1, E, n, n, n, n, n + 1, 4 * n, nk, nk, n, n, n, n * maxa, 2 * n * maxa,
-               n, nnames * n, nnames * n, nnames, 3)
-    bounds = np.cumsum((0,) + lengths).tolist()
-    scratch = 4 * n + 2 * K + 2 + (n + 3) * nk
-    buf = np.empty(bounds[-1] + scratch, np.int64)
-    base = ffi.from_buffer("int64_t[]", buf)
-    P = ffi.from_buffer
-    rc = lib.mc_prepare(K, P("int64_t[]", sizes), P("int64_t[]", edges), P("int64_t[]", ptr_all),
-                        P("int64_t[]", idx_all) if E else ffi.NULL, n, E, spec.mode, spec.leaf, spec.internal, nk,
-                        P("int64_t[]", spec.arity), maxa, P("uint64_t[]", ids), nnames,
-                        P("unsigned char[]", spec.uses) if nnames else ffi.NULL,
-                        *(base + b for b in bounds[:len(lengths)]), base + bounds[-1])
+    ids = None
+    if sample_ids is not None:
+        ids = np.ascontiguousarray(sample_ids).astype(np.uint64)
+        if ids.shape != (K,):
+            return None
+    nk, maxa, nnames, arity, uses_by_kind = spec.layout
+    buf = np.empty(capacity(K, n, E, nk, maxa, nnames), np.int64)
+    if K == 1:
+        buf[0], buf[1] = n, E
+    else:   # (sizes from the arrays' own lengths: what C is handed is what it checks)
+        buf[:K] = [len(g.child_ptr) - 1 for g in graphs]
+        buf[K:2 * K] = [len(g.child_idx) for g in graphs]
+    rc = lib.mc_prepare(K, n, E, ffi.from_buffer(I64, ptr_all), ffi.from_buffer(I64, idx_all) if E else ffi.NULL,
+                        ffi.from_buffer(I64, spec.ints), ffi.from_buffer(U8, spec.uses) if nnames else ffi.NULL,
+                        ffi.NULL if ids is None else ffi.from_buffer(U64, ids), ffi.from_buffer(I64, buf), len(buf))
     if rc:
         return None
+    bounds = buf[2 * K:2 * K + OUTPUTS + 1].tolist()
     (offsets, sample, local, child_ptr, child_idx, pptr, pidx, height, kind, order, row, task_ptr, tasks, kind_n,
      kind_t, verts, task_of_kind, task_off, child_rows, views, keys, name_rows, name_order, name_count,
-     scalars) = (buf[a:b] for a, b in zip(bounds, bounds[1:]))
+     scalars) = [buf[a:b] for a, b in zip(bounds, bounds[1:])]
     T, forest, _ = scalars.tolist()
     task_array = tasks[:4 * T].reshape(T, 4)
     batch = Batch(graphs, n, offsets, sample, local, child_ptr, child_idx, height, kind, spec.kind_names,
                   (pptr, pidx))
     schedule = Schedule(order, task_ptr[:T + 1], task_array[:, 0], row)
     keys = keys.view(np.uint64)
-    counts, tcounts = kind_n.tolist(), kind_t.tolist()
     name_count = name_count.tolist()
     npull = len(spec.pulls)
     kinds: list = [None] * nk
     v0 = t0 = c0 = w0 = 0
-    for kid, (kname, nv, nt, a) in enumerate(zip(spec.kind_names, counts, tcounts, spec.arity.tolist())):
+    for kid, nv, nt in zip(range(nk), kind_n.tolist(), kind_t.tolist()):
+        a = arity[kid]
         if nv:
             table = views[w0:w0 + 2 * a * nt].reshape(nt, 2 * a)
-            kp = KindPlan(kname, kid, verts[v0:v0 + nv], row_keys=keys[v0:v0 + nv], task_offsets=task_off[t0:t0 + nt],
-                          tasks=task_of_kind[t0:t0 + nt], view_table=table)
-            kp.child_rows = [child_rows[c0 + j * nv:c0 + (j + 1) * nv] for j in range(a)]
-            kp.strides = [(table[:, 2 * j], table[:, 2 * j + 1]) for j in range(a)]
-            for m, use in enumerate(spec.uses[:, kid].tolist()):
+            kp = KindPlan(spec.kind_names[kid], kid, verts[v0:v0 + nv], row_keys=keys[v0:v0 + nv],
+                          task_offsets=task_off[t0:t0 + nt], tasks=task_of_kind[t0:t0 + nt], view_table=table,
+                          child_rows=[child_rows[c0 + j * nv:c0 + (j + 1) * nv] for j in range(a)],
+                          strides=[(table[:, 2 * j], table[:, 2 * j + 1]) for j in range(a)])
+            for m, use in enumerate(uses_by_kind[kid]):
                 if use:
                     rows = name_rows[m * n + v0:m * n + v0 + nv]
                     if m < npull:
