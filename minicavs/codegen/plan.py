@@ -32,7 +32,8 @@ typedef uint64_t u64;
    views[2n*maxa] (kind-major: a (T_k, 2 arity[k]) table of start and step per task and slot), keys[n] (u64,
    kind-major), name_rows[nnames*n] (kind-major: rank of the vertex among the name's users; -1 where its kind
    does not use it), name_order[nnames*n] (the users' global ids, ascending), name_count[nnames], scalars[3]
-   (T, forest, max height). scratch: 4n + 2K + 2 + (n + 3) nk int64.
+   (T, forest, max height), ttable[n * (5 + 2 maxa)] (the native task table, first T rows), gcopy[nk * maxa] (per
+   kind and slot: rows of the tasks whose child rows are no view). scratch: 4n + 2K + 2 + (n + 3) nk int64.
    Returns 0, or the code of the first check that failed (codegen/plan.py CODES); then the outputs are junk. */
 static i64 prepare(i64 K, const i64 *sizes, const i64 *edges, const i64 *ptr_all, const i64 *idx_all, i64 n, i64 E,
                i64 kind_mode, i64 leaf_kind, i64 internal_kind, i64 nk, const i64 *arity, i64 maxa,
@@ -40,7 +41,8 @@ static i64 prepare(i64 K, const i64 *sizes, const i64 *edges, const i64 *ptr_all
                i64 *offsets, i64 *sample, i64 *local, i64 *child_ptr, i64 *child_idx, i64 *pptr, i64 *pidx,
                i64 *height, i64 *kind, i64 *order, i64 *row, i64 *task_ptr, i64 *tasks, i64 *kind_n,
                i64 *kind_t, i64 *verts, i64 *task_of_kind, i64 *task_off, i64 *child_rows, i64 *views, i64 *key_out,
-               i64 *name_rows, i64 *name_order, i64 *name_count, i64 *scalars, i64 *scratch) {
+               i64 *name_rows, i64 *name_order, i64 *name_count, i64 *scalars, i64 *ttable, i64 *gcopy,
+               i64 *scratch) {
     u64 *keys = (u64 *)key_out;
     if (K < 1 || n < 1 || E < 0 || nk < 1 || maxa < 0 || nnames < 0) return 8;
     for (i64 k = 0; k < nk; k++) if (arity[k] < 0 || arity[k] > maxa) return 8;
@@ -148,6 +150,7 @@ static i64 prepare(i64 K, const i64 *sizes, const i64 *edges, const i64 *ptr_all
     for (i64 t = 0; t < T; t++) kind_t[tasks[4 * t]]++;
     kstart[0] = tstart[0] = 0;
     for (i64 k = 0; k + 1 < nk; k++) { kstart[k + 1] = kstart[k] + kind_n[k]; tstart[k + 1] = tstart[k] + kind_t[k]; }
+    for (i64 k = 0; k < nk * maxa; k++) gcopy[k] = 0;
     for (i64 k = 0; k < nk; k++) fill[k] = 0;
     for (i64 i = 0; i < n; i++) { const i64 k = kind[order[i]]; verts[kstart[k] + fill[k]++] = order[i]; }
     for (i64 k = 0; k < nk; k++) fill[k] = 0;
@@ -186,7 +189,19 @@ static i64 prepare(i64 K, const i64 *sizes, const i64 *edges, const i64 *ptr_all
                 }
                 views[vbase + q * 2 * a + 2 * j] = start;
                 views[vbase + q * 2 * a + 2 * j + 1] = step;
+                if (step < 0) gcopy[k * maxa + j] += bs;
             }
+        }
+        /* the native executor's task table rows of this kind (instructions.task_table): the task, the first row
+           of the sibling-concat view (every slot j a view of step a starting j rows after slot 0's), the views */
+        for (i64 q = 0; q < tk; q++) {
+            const i64 t = task_of_kind[tstart[k] + q], *vw = views + vbase + q * 2 * a;
+            i64 *out = ttable + t * (5 + 2 * maxa);
+            for (int c = 0; c < 4; c++) out[c] = tasks[4 * t + c];
+            i64 first = a >= 2 ? vw[0] : -1;
+            for (i64 j = 0; j < a && first >= 0; j++) if (vw[2 * j + 1] != a || vw[2 * j] != vw[0] + j) first = -1;
+            out[4] = a >= 2 && vw[1] == a ? first : -1;
+            for (i64 j = 0; j < 2 * maxa; j++) out[5 + j] = j < 2 * a ? vw[j] : -1;
         }
         for (i64 i = 0; i < nkv; i++) keys[kstart[k] + i] = (sample_ids[sample[vk[i]]] << 32) | (u64)local[vk[i]];
         cbase += a * nkv;
@@ -210,14 +225,15 @@ static i64 prepare(i64 K, const i64 *sizes, const i64 *edges, const i64 *ptr_all
 /* The entry point: one buffer ``buf`` of ``capacity`` int64 holds sizes[K] and edges[K] (written by the caller),
    then OUTPUTS + 1 offsets (relative to buf) of the outputs above, in their order, then the outputs, then the
    scratch. spec: kind mode, leaf kind, internal kind, nk, maxa, nnames, arity[nk]. sample_ids NULL: 0..K-1. */
-#define OUTPUTS 25
+#define OUTPUTS 27
 i64 mc_prepare(i64 K, i64 n, i64 E, const i64 *ptr_all, const i64 *idx_all, const i64 *spec,
                const unsigned char *uses, const u64 *sample_ids, i64 *buf, i64 capacity) {
     if (K < 1 || n < 1 || E < 0 || capacity < 2 * K + OUTPUTS + 1) return 8;
     const i64 nk = spec[3], maxa = spec[4], nnames = spec[5];
     if (nk < 1 || maxa < 0 || nnames < 0) return 8;
     const i64 lengths[OUTPUTS] = {K + 1, n, n, n + 1, E, n + 1, E, n, n, n, n, n + 1, 4 * n, nk, nk, n, n, n,
-                                  n * maxa, 2 * n * maxa, n, nnames * n, nnames * n, nnames, 3};
+                                  n * maxa, 2 * n * maxa, n, nnames * n, nnames * n, nnames, 3,
+                                  n * (5 + 2 * maxa), nk * maxa};
     i64 *bounds = buf + 2 * K, at = 2 * K + OUTPUTS + 1;
     i64 *out[OUTPUTS];
     for (int i = 0; i < OUTPUTS; i++) { bounds[i] = at; out[i] = buf + at; at += lengths[i]; }
@@ -230,7 +246,7 @@ i64 mc_prepare(i64 K, i64 n, i64 E, const i64 *ptr_all, const i64 *idx_all, cons
     return prepare(K, buf, buf + K, ptr_all, idx_all, n, E, spec[0], spec[1], spec[2], nk, spec + 6, maxa, ids,
                    nnames, uses, out[0], out[1], out[2], out[3], out[4], out[5], out[6], out[7], out[8], out[9],
                    out[10], out[11], out[12], out[13], out[14], out[15], out[16], out[17], out[18], out[19],
-                   out[20], out[21], out[22], out[23], out[24], scratch);
+                   out[20], out[21], out[22], out[23], out[24], out[25], out[26], scratch);
 }
 """
 
@@ -240,10 +256,10 @@ int64_t mc_prepare(int64_t K, int64_t n, int64_t E, const int64_t *ptr_all, cons
                    int64_t capacity);
 """
 
-OUTPUTS = 25   # (the C entry point's OUTPUTS)
+OUTPUTS = 27   # (the C entry point's OUTPUTS)
 
 
 def capacity(K: int, n: int, E: int, nk: int, maxa: int, nnames: int) -> int:
     """int64 entries of the buffer mc_prepare needs (it checks the one it is given)."""
-    return (2 * K + OUTPUTS + 1 + (K + 1) + 2 * E + n * (20 + 3 * maxa + 2 * nnames) + 2 * nk + nnames + 8
+    return (2 * K + OUTPUTS + 1 + (K + 1) + 2 * E + n * (25 + 5 * maxa + 2 * nnames) + 2 * nk + nk * maxa + nnames + 8
             + K + 4 * n + 2 * K + 2 + (n + 3) * nk)

@@ -107,7 +107,7 @@ def prepare(graphs: list, spec: Spec, sample_ids: np.ndarray | None = None) -> t
     bounds = buf[2 * K:2 * K + OUTPUTS + 1].tolist()
     (offsets, sample, local, child_ptr, child_idx, pptr, pidx, height, kind, order, row, task_ptr, tasks, kind_n,
      kind_t, verts, task_of_kind, task_off, child_rows, views, keys, name_rows, name_order, name_count,
-     scalars) = [buf[a:b] for a, b in zip(bounds, bounds[1:])]
+     scalars, ttable, gcopy) = [buf[a:b] for a, b in zip(bounds, bounds[1:])]
     T, forest, _ = scalars.tolist()
     task_array = tasks[:4 * T].reshape(T, 4)
     batch = Batch(graphs, n, offsets, sample, local, child_ptr, child_idx, height, kind, spec.kind_names,
@@ -139,5 +139,6 @@ def prepare(graphs: list, spec: Spec, sample_ids: np.ndarray | None = None) -> t
     push_order = {name: name_order[(npull + m) * n:(npull + m) * n + name_count[npull + m]]
                   for m, name in enumerate(spec.pushes)}
     plan = MemoryPlan(schedule, n, list(map(tuple, task_array.tolist())), kinds, pull_rows, push_order,
-                      bool(forest), task_array)
+                      bool(forest), task_array, ttable[:T * (5 + 2 * maxa)].reshape(T, 5 + 2 * maxa),
+                      gcopy.reshape(nk, maxa), tuple(arity))
     return batch, plan

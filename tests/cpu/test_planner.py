@@ -23,6 +23,9 @@ from ..test_engine import CASES
 pytestmark = pytest.mark.skipif(planner.planner() is None, reason="no C compiler: the reference path plans")
 
 
+PLANNER_ONLY = ("task_views", "gather_copies", "view_arity")   # what only the planner makes (the task table)
+
+
 def assert_same(a, b, where="plan"):
     """Equal values, dtypes and structure (numpy arrays, dataclasses, dicts, sequences); the graphs list and the
     lazily built views are the same objects or caches, not compared."""
@@ -32,7 +35,7 @@ def assert_same(a, b, where="plan"):
     elif hasattr(a, "__dataclass_fields__"):
         assert type(a) is type(b), where
         for f in fields(a):
-            if f.name not in ("graphs", "_views"):
+            if f.name not in ("graphs", "_views") + PLANNER_ONLY:
                 assert_same(getattr(a, f.name), getattr(b, f.name), f"{where}.{f.name}")
     elif isinstance(a, dict):
         assert a.keys() == b.keys(), f"{where}: keys {sorted(a)} != {sorted(b)}"
@@ -78,6 +81,19 @@ def test_random_graphs_plan_as_the_reference(name, seed, k, size, policy, ids):
                 assert (kp is None) == (ref is None)
                 if kp is not None:
                     assert_same(kp.views, ref.views, f"kind {kp.name} views")
+            assert_same_task_tables(s, batch, plan, ref_plan)
+
+
+def assert_same_task_tables(s, batch, plan, ref_plan):
+    """The native executor's task table and copy counters from the planner's table equal those task_table
+    builds from the reference plan, forward and backward, under the switches that change them."""
+    from minicavs import instructions
+    from minicavs.engine import EngineOptions
+    for opts in (EngineOptions(), EngineOptions(gather_elision=False), EngineOptions(merge_gemms=False, lazy_batching=False, eager_batching=False)):
+        fns = s.fns_for(batch, opts)
+        for backward in (False, True):
+            assert_same(instructions.task_table(fns, plan, opts, backward),
+                        instructions.task_table(fns, ref_plan, opts, backward), f"task table {opts} {backward}")
 
 
 UNCOVERED = ("tree_lstm_2type", "lattice_lstm")   # kinds given with the graphs
@@ -100,6 +116,7 @@ def test_bundled_models_plan_as_the_reference(name, tmp_path):
             (batch, plan), (ref_batch, ref_plan) = native_and_reference(s, by_name[s.name], t.model.policy)
             assert_same(batch, ref_batch, "batch")
             assert_same(plan, ref_plan)
+            assert_same_task_tables(s, batch, plan, ref_plan)
     assert covered or name in UNCOVERED, f"{name}: the planner covers none of its structures"
     assert not (covered and name in UNCOVERED)
 
