@@ -232,10 +232,11 @@ class Structure:
         (cpu/planner.py) where it covers the structure, the policy and the graphs; else (and for any input a
         check refuses, so that the error is the reference's) the reference path: :meth:`batch`, the policy's
         schedule, :func:`~minicavs.memory.plan_memory`."""
+        graphs = graphs if isinstance(graphs, list) else list(graphs)   # (read twice when the reference runs)
         if native and type(policy) in _CAVS_WHEN_ONE_KIND:
             spec = self._planner_spec()
             if spec is not None:
-                made = planner.prepare(graphs if isinstance(graphs, list) else list(graphs), spec, sample_ids)
+                made = planner.prepare(graphs, spec, sample_ids)
                 if made is not None:
                     return made
         batch = self.batch(graphs)
