@@ -376,6 +376,9 @@ class Model:
         grads = grad(outs, [node for _, _, node in pushed] + params, cts, zeros=False)
         self.push_grad = {(s.name, name): g for (s, name, _), g in zip(pushed, grads)}
         self.static_param_grad = {p.name: g for p, g in zip(params, grads[len(pushed):]) if g is not None}
+        # the nodes each backward evaluates, in order (sorted once here, not per step)
+        self._push_grad_nodes = {key: Graph([g]).nodes for key, g in self.push_grad.items() if g is not None}
+        self._static_grad_nodes = Graph(list(self.static_param_grad.values())).nodes if self.static_param_grad else []
         self.bwd = True
         everything = Graph([g for g in grads if g is not None]).nodes
         self._ct_dependents = {}
@@ -511,7 +514,7 @@ class Model:
                 if g is None:
                     push_grads[name] = xp.zeros_like(env[s._pushed[name]])
                 else:
-                    evaluate(Graph([g]).nodes, benv, feeds, params, ctx, xp=xp)
+                    evaluate(self._push_grad_nodes[(s.name, name)], benv, feeds, params, ctx, xp=xp)
                     push_grads[name] = benv[g]   # may be row-sparse (a lookup picked root rows): engine.backward
             for name in {n for f in s.functions.values() for n in f.pushes} - set(push_grads):
                 push_grads[name] = xp.zeros_like(states[s.name].pushes[name])  # consumed by nothing
@@ -525,7 +528,7 @@ class Model:
                 benv.pop(node, None)
         sg = self.static_param_grad
         if sg:
-            evaluate(Graph(list(sg.values())).nodes, benv, feeds, params, ctx, xp=xp)
+            evaluate(self._static_grad_nodes, benv, feeds, params, ctx, xp=xp)
             for name, g in sg.items():
                 grads[name] = add_all(xp, [grads[name], benv[g]]) if name in grads else benv[g]
         return grads
