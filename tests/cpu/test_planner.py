@@ -191,3 +191,16 @@ def test_forged_arrays_are_checked_in_c(ptr, idx):
     spec = cells.binary_tree_lstm(rng).model.structures[0]._planner_spec()
     assert planner.prepare([_forged(ptr, idx)], spec) is None
     assert planner.prepare([InputGraph([[]]), _forged(ptr, idx)], spec) is None
+
+
+def test_large_graphs_plan_as_the_reference():
+    """A 20k-vertex chain (20k tasks), a 4k-leaf complete tree and a wide DAG in one batch: the counting sorts
+    and the scratch sized for them."""
+    rng = np.random.default_rng(11)
+    case = cells.child_sum_tree_lstm(rng)
+    wide = [[]] * 300 + [[int(c) for c in rng.choice(300, 3, replace=False)] for _ in range(300)]
+    graphs = [InputGraph.chain(20_000), InputGraph.complete_binary_tree(4096), InputGraph(wide)]
+    s = case.model.structures[0]
+    (batch, plan), (ref_batch, ref_plan) = native_and_reference(s, graphs)
+    assert_same(batch, ref_batch, "batch")
+    assert_same(plan, ref_plan)
