@@ -238,7 +238,7 @@ i64 mc_prepare(i64 K, i64 n, i64 E, const i64 *ptr_all, const i64 *idx_all, cons
     i64 *out[OUTPUTS];
     for (int i = 0; i < OUTPUTS; i++) { bounds[i] = at; out[i] = buf + at; at += lengths[i]; }
     bounds[OUTPUTS] = at;
-    if (at + 4 * n + 2 * K + 2 + (n + 3) * nk > capacity) return 8;
+    if (at + K + 4 * n + 2 * K + 2 + (n + 3) * nk > capacity) return 8;   /* ids, then the scratch */
     u64 *ids = (u64 *)(buf + at);   /* (the scratch's first K entries until prepare reads them: copied below) */
     i64 *scratch = buf + at + K;
     if (sample_ids) for (i64 k = 0; k < K; k++) ids[k] = sample_ids[k];

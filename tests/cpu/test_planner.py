@@ -204,3 +204,21 @@ def test_large_graphs_plan_as_the_reference():
     (batch, plan), (ref_batch, ref_plan) = native_and_reference(s, graphs)
     assert_same(batch, ref_batch, "batch")
     assert_same(plan, ref_plan)
+
+
+def test_the_c_entry_point_refuses_a_buffer_too_small():
+    """mc_prepare checks the buffer it is handed against what the batch needs before it writes the outputs."""
+    from minicavs.codegen.plan import capacity
+    rng = np.random.default_rng(4)
+    spec = cells.binary_tree_lstm(rng).model.structures[0]._planner_spec()
+    ffi, lib, I64, U8, _ = planner.planner()
+    g = InputGraph([[], [], [0, 1]])
+    need = capacity(1, 3, 2, len(spec.kind_names), int(spec.arity.max()), len(spec.uses))
+    for size, ok in ((need, True), (40, False), (4, False)):
+        buf = np.full(need + 8, -7, np.int64)
+        buf[0], buf[1] = 3, 2
+        rc = lib.mc_prepare(1, 3, 2, ffi.from_buffer(I64, g.child_ptr), ffi.from_buffer(I64, g.child_idx),
+                            ffi.from_buffer(I64, spec.ints), ffi.from_buffer(U8, spec.uses), ffi.NULL,
+                            ffi.from_buffer(I64, buf), size)
+        assert (rc == 0) == ok
+        assert (buf[size:] == -7).all()   # nothing written past the size given
