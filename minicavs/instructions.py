@@ -538,8 +538,21 @@ def task_table(fns: list, plan, opts, backward: bool) -> tuple[np.ndarray, dict]
     with numpy: kind, kind offset, rows, scatter offset, the sibling-concat view's first row (-1: none), and
     per gather slot the strided view (start, step; step -1: none). Also the rows moved, for the program's
     copy counters."""
-    tasks = plan.task_array if plan.task_array is not None else np.array(plan.tasks, np.int64).reshape(-1, 4)
     arity = max((len(fn.gathers) for fn in fns if fn is not None), default=0)
+    made = plan.task_views   # the native planner's (cpu/planner.py), for kinds that gather slots 0..arity - 1
+    if made is not None and opts.gather_elision and made.shape[1] == TASK_COLUMNS + 2 * arity \
+            and len(fns) == len(plan.view_arity) and all(
+                fn is not None and len(fn.gathers) == a and list(fn.gathers) == list(range(a))
+                for fn, a in zip(fns, plan.view_arity)):
+        copies = {"gather": 0, "gathered": 0, "pull": 0, "push": 0}
+        if not backward:
+            for kid, fn in enumerate(fns):
+                kind_plan = plan.kinds[kid]
+                if kind_plan is not None:
+                    _count_copies(copies, fn, fn.phases(opts)[0], kind_plan.n,
+                                  {j: int(plan.gather_copies[kid, j]) for j in fn.gathers})
+        return (np.ascontiguousarray(made[::-1]) if backward else made), copies
+    tasks = plan.task_array if plan.task_array is not None else np.array(plan.tasks, np.int64).reshape(-1, 4)
     table = np.full((len(tasks), TASK_COLUMNS + 2 * arity), -1, np.int64)
     table[:, :4] = tasks
     kinds, sizes = tasks[:, 0], tasks[:, 2]
@@ -576,16 +589,22 @@ def task_table(fns: list, plan, opts, backward: bool) -> tuple[np.ndarray, dict]
         if not backward:
             bs = sizes[mine]
             rows = kind_plan.n   # (its tasks' rows)
-            gathered = sum(kp.phase[g] == TASK for g in fn.gathers.values())
-            copies["gathered"] += rows * gathered
-            for j, g in fn.gathers.items():
-                if kp.phase[g] == TASK:
-                    copies["gather"] += int(bs[views[j][1] < 0].sum()) if opts.gather_elision else rows
-            copies["pull"] += rows * sum(kp.phase[p] == TASK for p in fn.pulls.values())
-            copies["push"] += rows * sum(kp.phase[p] == TASK for p in fn.pushes.values())
+            _count_copies(copies, fn, kp, rows, {j: int(bs[views[j][1] < 0].sum()) if opts.gather_elision else rows
+                                                 for j in fn.gathers})
     if backward:
         table = table[::-1]
     return np.ascontiguousarray(table), copies
+
+
+def _count_copies(copies: dict, fn, kp, rows: int, gather_rows: dict) -> None:
+    """Add one kind's row moves in its task loop (``rows`` vertices; ``gather_rows``: rows each gather slot
+    copies, those of the tasks where it is no view) to the program's counters."""
+    for j, g in fn.gathers.items():
+        if kp.phase[g] == TASK:
+            copies["gathered"] += rows
+            copies["gather"] += gather_rows[j]
+    copies["pull"] += rows * sum(kp.phase[p] == TASK for p in fn.pulls.values())
+    copies["push"] += rows * sum(kp.phase[p] == TASK for p in fn.pushes.values())
 
 
 def _matrix_info(a: np.ndarray) -> tuple[np.ndarray, int, int]:
@@ -598,7 +617,10 @@ def _matrix_info(a: np.ndarray) -> tuple[np.ndarray, int, int]:
     return a, (a.shape[-1] if a.ndim >= 1 else 1) if a.ndim <= 2 else int(math.prod(a.shape[1:])), 0
 
 
-CONTIGUOUS_STATICS_TASKS = 4   # tasks from which a run copies its transposed statics (see run)
+# rows of multi-row tasks from which a run copies its transposed statics (see run): Tree-LSTM h128 training
+# (1 BLAS thread, medians of 9 alternating runs) lost ~10% to the copies at batch 1 (~19 such rows per step)
+# and gained ~15% from them at batch 4 (~76)
+CONTIGUOUS_STATICS_ROWS = 48
 
 # profiling: set to np.zeros(len(OPCODES) + 1, np.int64) and native calls add their ns per opcode, and in all last
 PROFILE: np.ndarray | None = None
@@ -615,11 +637,12 @@ def run(lowered: Lowered, table: np.ndarray, resolve, dtype, forest: bool) -> di
     slots = ffi.cast("void **", ffi.from_buffer(info))
     sizes, strides, flags = [], [], []
     keep, grads = [], {}
-    max_bs = int(table[:, 2].max()) if len(table) else 0
-    # A static read as a transposed view (∂F's W^T) is copied once per run when several multi-row tasks read it:
+    rows = table[:, 2]
+    max_bs = int(rows.max()) if len(table) else 0
+    # A static read as a transposed view (∂F's W^T) is copied once per run when multi-row tasks read it enough:
     # OpenBLAS packs a transposed B from strided reads, 25-40% slower per product at 16-64 rows, while the copy
-    # costs less than one such product (cpu/library.py contiguous). Same values; BLAS may round differently.
-    copier = library(dtype) if len(table) >= CONTIGUOUS_STATICS_TASKS and max_bs > 1 else None
+    # costs a few such products (cpu/library.py contiguous). Same values; BLAS may round differently.
+    copier = library(dtype) if max_bs > 1 and int(rows[rows > 1].sum()) >= CONTIGUOUS_STATICS_ROWS else None
     for i, key in enumerate(lowered.keys):
         what = key[0]
         if what == "scratch":

@@ -21,7 +21,7 @@ import numpy as np
 
 from .autodiff import grad
 from .backend import Backend as Device
-from .cpu import CPU
+from .cpu import CPU, planner
 from .cuda import Cuda, require as require_cuda
 from .engine import CompiledFunction, EngineOptions, backward, forward
 from .errors import FeedError, InputGraphError, ShapeError
@@ -32,7 +32,7 @@ from .memory import Workspace, plan_memory
 from .ops import input as input_node
 from .ops import ones_like
 from .passes import alias
-from .scheduler import get_policy
+from .scheduler import AgendaPolicy, CavsPolicy, FsmPolicy, GreedyPolicy, get_policy
 from .sparse import add_all
 from .validate import indices
 from .vertex import VertexFunction
@@ -46,10 +46,15 @@ def by_child_count(leaf: str, internal: str) -> Callable[[Batch], tuple]:
     def rule(batch: Batch) -> tuple[np.ndarray, tuple[str, ...]]:
         return (batch.num_children() > 0).astype(np.int64), (leaf, internal)
     rule.__name__ = rule.__qualname__ = f"by_child_count({leaf!r}, {internal!r})"
+    rule.leaf_internal = (leaf, internal)   # what the native planner reads (cpu/planner.py) instead of calling it
     return rule
 
 
 leaf_internal = by_child_count("leaf", "internal")   # the usual rule of tree models
+
+# Policies that schedule as cavs does whenever the kinds are one function's or the leaf/internal rule's
+# (scheduler._one_kind), so the native planner's cavs schedule is theirs too.
+_CAVS_WHEN_ONE_KIND = (CavsPolicy, AgendaPolicy, GreedyPolicy, FsmPolicy)
 
 
 class Structure:
@@ -119,6 +124,7 @@ class Structure:
         self.pull_grads = {name for name, src in self.pulls.items() if src.dtype.is_float and any(
             (n.op == "param" and n.dtype.is_float) or n in _PUSHED for n in Graph([src]).nodes)}
         self.compiled = {k: CompiledFunction(f, self.pull_grads) for k, f in self.functions.items()}
+        self._spec = False   # the native planner's view of the structure, made on first use
 
     def pushed(self, name: str = "h") -> Node:
         """The static-graph node standing for push buffer ``name``: one row per pushing vertex."""
@@ -220,6 +226,51 @@ class Structure:
                                           f"'{batch.kind_names[batch.kind[c]]}' vertex, but gather({j}) of "
                                           f"'{kname}' reads only {', '.join(repr(x) for x in named)}")
         return batch
+
+    def plan(self, graphs: Sequence[InputGraph], policy, sample_ids=None, native: bool = True):
+        """(batch, memory plan) of ``graphs`` scheduled by ``policy``. ``native``: in one C call
+        (cpu/planner.py) where it covers the structure, the policy and the graphs; else (and for any input a
+        check refuses, so that the error is the reference's) the reference path: :meth:`batch`, the policy's
+        schedule, :func:`~minicavs.memory.plan_memory`."""
+        graphs = graphs if isinstance(graphs, list) else list(graphs)   # (read twice when the reference runs)
+        if native and type(policy) in _CAVS_WHEN_ONE_KIND:
+            spec = self._planner_spec()
+            if spec is not None:
+                made = planner.prepare(graphs, spec, sample_ids)
+                if made is not None:
+                    return made
+        batch = self.batch(graphs)
+        schedule = policy.schedule(batch)
+        fs = self.functions
+        plan = plan_memory(batch, schedule, {k: f.arity for k, f in fs.items()},
+                           {k: tuple(f.pulls) for k, f in fs.items()},
+                           {k: tuple(f.pushes) for k, f in fs.items()}, sample_ids)
+        return batch, plan
+
+    def _planner_spec(self) -> "planner.Spec | None":
+        """The native planner's view of this structure (None where it does not cover it: a kind rule other
+        than the leaf/internal one, gathers that name the kinds they read); made once."""
+        if self._spec is False:
+            names = tuple(self.functions)
+            lookup = {k: i for i, k in enumerate(names)}
+            rule = getattr(self.kinds, "leaf_internal", None)
+            if any(named is not None for f in self.functions.values() for named in f.gather_kinds.values()):
+                spec = None
+            elif self.kinds is None and len(names) == 1:
+                spec = (0, 0, 0)
+            elif rule is not None and isinstance(rule, tuple) and len(rule) == 2:
+                spec = (1, lookup.get(rule[0], -1), lookup.get(rule[1], -1))   # -1: the reference explains
+            else:
+                spec = None
+            if spec is not None:
+                fs = list(self.functions.values())
+                pulls = tuple(sorted({p for f in fs for p in f.pulls}))
+                pushes = tuple(sorted({p for f in fs for p in f.pushes}))
+                uses = np.array([[p in f.pulls for f in fs] for p in pulls]
+                                + [[p in f.pushes for f in fs] for p in pushes], np.uint8).reshape(-1, len(fs))
+                spec = planner.Spec(names, *spec, np.array([f.arity for f in fs], np.int64), pulls, pushes, uses)
+            self._spec = spec
+        return self._spec
 
     def fns_for(self, batch: Batch, opts: EngineOptions) -> list:
         """Each kind's compiled function as ``opts`` runs it (GEMMs merged or not)."""
@@ -325,6 +376,9 @@ class Model:
         grads = grad(outs, [node for _, _, node in pushed] + params, cts, zeros=False)
         self.push_grad = {(s.name, name): g for (s, name, _), g in zip(pushed, grads)}
         self.static_param_grad = {p.name: g for p, g in zip(params, grads[len(pushed):]) if g is not None}
+        # the nodes each backward evaluates, in order (sorted once here, not per step)
+        self._push_grad_nodes = {key: Graph([g]).nodes for key, g in self.push_grad.items() if g is not None}
+        self._static_grad_nodes = Graph(list(self.static_param_grad.values())).nodes if self.static_param_grad else []
         self.bwd = True
         everything = Graph([g for g in grads if g is not None]).nodes
         self._ct_dependents = {}
@@ -372,14 +426,8 @@ class Model:
     def _plan(self, s: Structure, graphs, policy, options: EngineOptions, sample_ids=None):
         if s.name not in graphs:
             raise KeyError(f"no input graphs for structure '{s.name}'")
-        batch = s.batch(graphs[s.name])
-        schedule = policy.schedule(batch)
-        fns = s.fns_for(batch, options)
-        spec = {k: f for k, f in s.functions.items()}
-        plan = plan_memory(batch, schedule, {k: f.arity for k, f in spec.items()},
-                           {k: tuple(f.pulls) for k, f in spec.items()},
-                           {k: tuple(f.pushes) for k, f in spec.items()}, sample_ids)
-        return batch, plan, fns
+        batch, plan = s.plan(graphs[s.name], policy, sample_ids)
+        return batch, plan, s.fns_for(batch, options)
 
     def run(self, graphs, feeds: Mapping | None = None, params: Mapping | None = None,
             ctx: RunContext | None = None, backward_pass: bool = True, policy=None,
@@ -466,7 +514,7 @@ class Model:
                 if g is None:
                     push_grads[name] = xp.zeros_like(env[s._pushed[name]])
                 else:
-                    evaluate(Graph([g]).nodes, benv, feeds, params, ctx, xp=xp)
+                    evaluate(self._push_grad_nodes[(s.name, name)], benv, feeds, params, ctx, xp=xp)
                     push_grads[name] = benv[g]   # may be row-sparse (a lookup picked root rows): engine.backward
             for name in {n for f in s.functions.values() for n in f.pushes} - set(push_grads):
                 push_grads[name] = xp.zeros_like(states[s.name].pushes[name])  # consumed by nothing
@@ -480,7 +528,7 @@ class Model:
                 benv.pop(node, None)
         sg = self.static_param_grad
         if sg:
-            evaluate(Graph(list(sg.values())).nodes, benv, feeds, params, ctx, xp=xp)
+            evaluate(self._static_grad_nodes, benv, feeds, params, ctx, xp=xp)
             for name, g in sg.items():
                 grads[name] = add_all(xp, [grads[name], benv[g]]) if name in grads else benv[g]
         return grads

@@ -276,7 +276,7 @@ def test_inference_native_equals_python():
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_transposed_statics_copied_for_the_task_loop_give_the_same_numbers(dtype, tmp_path, monkeypatch):
-    """∂F's W_h^T is read as a contiguous copy when several multi-row tasks multiply by it (instructions.run):
+    """∂F's W_h^T is read as a contiguous copy when multi-row tasks multiply by it enough (instructions.run):
     the same loss and gradients as multiplying by the transposed view and as Python's, up to rounding (BLAS
     may sum in another order for another layout)."""
     t = Trainer(MODELS / "var_lstm.yaml", TINY["var_lstm"] + [f"train.dtype={dtype}"], run_dir=tmp_path)
@@ -292,21 +292,21 @@ def test_transposed_statics_copied_for_the_task_loop_give_the_same_numbers(dtype
 
     monkeypatch.setattr(instructions, "library", counting)
     runs = {}
-    for threshold in (4, 10 ** 9):
-        monkeypatch.setattr(instructions, "CONTIGUOUS_STATICS_TASKS", threshold)
+    for threshold in (1, 10 ** 9):
+        monkeypatch.setattr(instructions, "CONTIGUOUS_STATICS_ROWS", threshold)
         t.model.options = EngineOptions(executor="native")
         runs[threshold] = t.loss_and_grads(samples)
-        if threshold == 4:
+        if threshold == 1:
             assert (20, 5) in copied           # W_h^T (4 hidden x hidden)
             copied.clear()
     assert not copied
-    a, b = runs[4], runs[10 ** 9]
+    a, b = runs[1], runs[10 ** 9]
     close(a.loss, b.loss, dtype)
     assert set(a.grads) == set(b.grads)
     for k in a.grads:
         close(a.grads[k], b.grads[k], dtype)
     t.model.options = EngineOptions()
-    monkeypatch.setattr(instructions, "CONTIGUOUS_STATICS_TASKS", 4)
+    monkeypatch.setattr(instructions, "CONTIGUOUS_STATICS_ROWS", 1)
     assert_native_equals_python(lambda o: (setattr(t.model, "options", o), t.loss_and_grads(samples))[1],
                                 EngineOptions(), dtype)
 

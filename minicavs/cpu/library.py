@@ -56,6 +56,7 @@ class Library:
         names = ("xent", "xent_grad", "transpose", "dropout", "heights", "coalesce",
                  *(f"{r}{v}" for r in RULES for v in ("", "_rows", "_lazy", "_many")))
         self._fn = {name: getattr(lib, f"{name}_{self.T}") for name in names}
+        self._tables: dict = {}   # update_many's checked parameters and slots (see there)
 
     def _p(self, a: np.ndarray):
         return self.ffi.from_buffer(_C_ARRAY.get(a.dtype) or f"{self.T}[]", a)
@@ -186,22 +187,43 @@ class Library:
         """:meth:`update` over many parameters in one C call: ``entries`` holds (parameter, dense gradient,
         slots) triples, ``hypers`` each one's hyperparameters. Returns ``run(apply)``, which checks
         (apply=False: the number of non-finite results, nothing written) or applies them all, element for
-        element as :meth:`update` does. The arrays must stay alive and unchanged in shape while ``run`` is used."""
+        element as :meth:`update` does. The arrays must stay alive and unchanged in shape while ``run`` is used.
+
+        The parameters and slots are the same arrays step after step: their checks and addresses are kept
+        (with the arrays, so that an address cannot be reused by another array) and only their flags are
+        looked at again; each gradient is checked and its address taken every call (``ctypes.data`` costs
+        ~1-2 us an array, and a Tree-LSTM step has 36 of them)."""
         nslots, nhyper = rule_arity(rule) if rule in RULES else (0, 0)
-        addresses = np.empty((len(entries), 2 + nslots), np.int64)
-        sizes = np.empty(len(entries), np.int64)
-        table = np.empty((len(entries), nhyper), self.dtype)
-        for k, ((p, g, slots), hyper) in enumerate(zip(entries, hypers, strict=True)):
-            self._check_update(rule, p, slots, hyper)
-            if not (isinstance(g, np.ndarray) and g.dtype == self.dtype and g.flags.c_contiguous and g.shape == p.shape):
+        key = (rule,) + tuple(id(a) for p, _, slots in entries for a in (p, *slots))
+        known = self._tables.get(key)
+        if known is None or not all(a.flags.writeable and a.flags.c_contiguous for a in known[0]):
+            arrays, addresses = [], np.empty((len(entries), 2 + nslots), np.int64)
+            for k, ((p, g, slots), hyper) in enumerate(zip(entries, hypers, strict=True)):
+                self._check_update(rule, p, slots, hyper)
+                arrays += (p, *slots)
+                addresses[k, 0] = p.ctypes.data
+                addresses[k, 2:] = [a.ctypes.data for a in slots]
+            sizes = np.array([p.size for p, _, _ in entries], np.int64)
+            shapes = [p.shape for p, _, _ in entries]
+            if len(self._tables) > 8:   # (parameter sets come and go in tests: keep the newest)
+                self._tables.clear()
+            known = self._tables[key] = (arrays, addresses, sizes, shapes)
+        arrays, addresses, sizes, shapes = known
+        addresses = addresses.copy()
+        table = np.array(hypers, self.dtype).reshape(len(entries), nhyper) if entries else \
+            np.empty((0, nhyper), self.dtype)
+        if table.shape[1] != nhyper:
+            raise ValueError(f"update {rule}: {table.shape[1]} hyperparameters given, need {nhyper}")
+        cast, buf = self.ffi.cast, self.ffi.from_buffer
+        for k, ((p, g, _), shape) in enumerate(zip(entries, shapes)):
+            if not (isinstance(g, np.ndarray) and g.dtype == self.dtype and g.flags.c_contiguous and g.shape == shape
+                    and p.shape == shape):
                 raise FeedError(f"update {rule}: the gradient must be a C-contiguous {self.dtype} array of the "
                                 f"parameter's shape {p.shape}, got {getattr(g, 'dtype', type(g).__name__)}"
                                 f"{getattr(g, 'shape', '')}")
-            addresses[k] = [a.ctypes.data for a in (p, g, *slots)]
-            sizes[k] = p.size
-            table[k] = hyper
+            addresses[k, 1] = int(cast("intptr_t", buf(g))) if g.size else 0
         fn, args = self._fn[f"{rule}_many"], (len(entries), self._p(sizes), self._p(addresses), self._p(table))
-        keep = (entries, sizes, addresses, table)   # the addresses stay valid while run lives
+        keep = (entries, sizes, addresses, table, arrays)   # the addresses stay valid while run lives
         return lambda apply, keep=keep: fn(*args, int(apply))
 
     def update_lazy(self, rule: str, p: np.ndarray, idx: np.ndarray, rows: np.ndarray, slots: tuple,
