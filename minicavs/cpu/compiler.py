@@ -62,22 +62,6 @@ def target_cpu() -> str:
     return f"{platform.machine()} {platform.processor()} {hashlib.sha256(info.encode()).hexdigest()[:16]}"
 
 
-# A group over at least this many elements splits its rows over the BLAS's threads (the kernel computes each row
-# on its own; cffi releases the GIL): the leaves' tanh of a Tree-FC batch (64 trees x 256 leaves x 64) and its
-# gradient were the largest serial work of the step once the GEMMs ran on two cores (PyTorch splits them too).
-FUSED_PARALLEL_ELEMENTS = 1 << 19
-
-
-def _from_row(args: list, lo: int) -> list:
-    """A kernel's (pointer, row stride) arguments moved to row ``lo`` (stride 0: a row broadcast to all)."""
-    return [x for p, ld in zip(args[0::2], args[1::2]) for x in (p + lo * ld, ld)]
-
-
-def _over_rows(rows: int, cols: int, run, min_elements: int) -> None:
-    from .library import over_rows   # (the library imports this module)
-    over_rows(rows, cols, run, min_elements)
-
-
 class Kernel:
     """A compiled group, bound once. ``kernel(arrays, out=None)`` runs it; inputs and ``out`` may be views
     with a row stride (unit stride along the last axis). Per-call work is kept to attribute lookups: the
@@ -140,11 +124,7 @@ class Kernel:
                 ym, ld = self._matrix(y, rows, cols)
                 args += [self._ptr(ym), ld]
                 mats.append(ym)
-        if rows * cols < FUSED_PARALLEL_ELEMENTS or rows == 1:
-            self.fn(rows, cols, *args)
-        else:
-            _over_rows(rows, cols, lambda lo, hi: self.fn(hi - lo, cols, *_from_row(args, lo)),
-                       FUSED_PARALLEL_ELEMENTS)
+        self.fn(rows, cols, *args)
         for y, ym in zip(ys, mats):
             if ym is not y and not np.shares_memory(ym, y):
                 y[...] = ym.reshape(y.shape)

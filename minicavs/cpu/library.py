@@ -30,12 +30,10 @@ def _pool(workers: int) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="minicavs-rows")
 
 
-def over_rows(rows: int, cols: int, run, min_elements: int | None = None) -> None:
+def over_rows(rows: int, cols: int, run) -> None:
     """``run(lo, hi)`` over row ranges that cover ``rows``: one call, or one per BLAS thread (the calling
-    thread takes the first) when the array has at least ``min_elements`` (default PARALLEL_ELEMENTS).
-    Each call writes only its own rows."""
-    large = rows * cols >= (PARALLEL_ELEMENTS if min_elements is None else min_elements)
-    threads = min(blas_threads(), rows) if large else 1
+    thread takes the first) when the array is large. Each call writes only its own rows."""
+    threads = min(blas_threads(), rows) if rows * cols >= PARALLEL_ELEMENTS else 1
     if threads <= 1:
         run(0, rows)
         return

@@ -1,7 +1,6 @@
 """Generated C for fused groups equals the numpy evaluation of the same group (float32 and float64)."""
 from __future__ import annotations
 
-import importlib
 import re
 import shutil
 import subprocess
@@ -109,38 +108,6 @@ def test_broadcast_kinds(shape, kind):
     vals = {x: rng.standard_normal((6, 4)), z: rng.standard_normal(tuple(6 if d is None else d for d in shape))}
     arrays = [vals[i] for i in g.inputs]
     assert np.max(np.abs(ccomp.build(g)(arrays) - g.evaluate(arrays))) <= 1e-12
-
-
-@pytest.mark.parametrize("threads", [2, 3, 40])
-@pytest.mark.parametrize("shape, kind", [((None, 4), "full"), ((4,), "row"), ((None, 1), "col"), ((), "scalar")])
-def test_large_groups_split_their_rows_over_threads_with_the_same_bits(shape, kind, threads, monkeypatch):
-    """A group over FUSED_PARALLEL_ELEMENTS or more runs its rows in ranges, one per BLAS thread, each
-    range's arguments moved to its first row (a broadcast row or scalar stays): the same bits as one call,
-    into strided views (a gathered [h, c]'s half) too, and with more threads than rows."""
-    clib = importlib.import_module("minicavs.cpu.library")   # (the package exports a function of that name)
-    rng = np.random.default_rng(threads)
-    x = ops.input((None, 4), "float32", name="x")
-    z = ops.input(shape, "float32", name="z")
-    out = ops.tanh(x) * z - ops.exp(x) / (x * x + 1.0) + z
-    (g,) = fuse(list(Graph([out]).nodes), [out])
-    assert g.broadcast[g.inputs.index(z)] == kind
-    wide = rng.standard_normal((23, 9)).astype(np.float32)
-    vals = {x: wide[:, 2:6], z: rng.standard_normal(tuple(23 if d is None else d for d in shape)).astype(np.float32)}
-    arrays = [vals[i] for i in g.inputs]
-    kernel = ccomp.build(g)
-    one = kernel(arrays)
-    ranges = []
-    real = clib.over_rows
-    monkeypatch.setattr(ccomp, "FUSED_PARALLEL_ELEMENTS", 1)
-    monkeypatch.setattr(clib, "blas_threads", lambda: threads)
-    monkeypatch.setattr(clib, "over_rows", lambda rows, cols, run, least=None: real(
-        rows, cols, lambda lo, hi: (ranges.append((lo, hi)), run(lo, hi)), least))
-    into = np.zeros((23, 10), np.float32)
-    split = kernel(arrays, out=into[:, 3:7])
-    k = min(threads, 23)
-    assert sorted(ranges) == [(23 * i // k, 23 * (i + 1) // k) for i in range(k)]
-    assert np.array_equal(split, one) and np.array_equal(into[:, 3:7], one)
-    assert not into[:, :3].any() and not into[:, 7:].any()
 
 
 def test_unindexable_broadcast_falls_back():
