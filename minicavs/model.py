@@ -41,7 +41,8 @@ from .validate import indices
 from .vertex import VertexFunction
 
 _PUSHED: weakref.WeakSet = weakref.WeakSet()   # every structure's push-buffer nodes
-PLAN_CACHE_SIZE = 4   # plans a model keeps for batches that come again (see Model._plan)
+PLAN_CACHE_SIZE = 4   # plans a model keeps for batches that come again (see Model._plan) ...
+PLAN_CACHE_VERTICES = 1 << 19   # ... and their vertices at most (about 100 bytes each), but the last one
 
 
 def by_child_count(leaf: str, internal: str) -> Callable[[Batch], tuple]:
@@ -457,7 +458,8 @@ class Model:
         if key is not None:
             with self._plans_lock:
                 self._plans[key] = planned
-                while len(self._plans) > PLAN_CACHE_SIZE:
+                while len(self._plans) > 1 and (len(self._plans) > PLAN_CACHE_SIZE or sum(
+                        b.num_vertices for b, _, _ in self._plans.values()) > PLAN_CACHE_VERTICES):
                     self._plans.popitem(last=False)
         return planned
 

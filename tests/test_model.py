@@ -162,7 +162,8 @@ def test_a_batch_of_the_same_graph_objects_reuses_its_plan_and_computes_the_same
     assert cached[0] == fresh[0] and all(np.array_equal(cached[1][k], fresh[1][k]) for k in VALUES)
 
 
-def test_the_plan_cache_never_serves_a_plan_made_for_other_graphs_policy_or_options():
+def test_the_plan_cache_never_serves_a_plan_made_for_other_graphs_policy_or_options(monkeypatch):
+    from minicavs import model as model_module
     from minicavs.engine import EngineOptions
     from minicavs.scheduler import FsmPolicy
     s, model = tree_model("leaf", "internal", leaf_internal)
@@ -182,6 +183,10 @@ def test_the_plan_cache_never_serves_a_plan_made_for_other_graphs_policy_or_opti
     for k in range(8):   # bounded: the oldest plans go
         model.prepare([InputGraph.complete_binary_tree(2 ** (k % 4 + 1))] * (k // 4 + 1))
     assert len(model._plans) <= 4 and plans_of(model.prepare(graphs)) is not first
+    monkeypatch.setattr(model_module, "PLAN_CACHE_VERTICES", 40)   # and at most so many vertices, but the last
+    big = [InputGraph.complete_binary_tree(32)]
+    plans_of(model.prepare(graphs))
+    assert plans_of(model.prepare(big)) is plans_of(model.prepare(big)) and len(model._plans) == 1
 
 
 def test_with_dropout_the_sample_ids_key_the_plan():
