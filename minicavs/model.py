@@ -444,7 +444,7 @@ class Model:
         key = None
         given = graphs[s.name]
         if not s.reads_row_keys and sample_ids is not None and len(sample_ids) == len(given):
-            sample_ids = None   # (a wrong count is still plan_memory's error)
+            sample_ids = None   # (a wrong count is still the planner's error)
         if depends_on_batch_only(policy) and isinstance(given, (list, tuple)) and all(
                 type(g) is InputGraph for g in given):
             key = (s.name, tuple(given), type(policy), options,
@@ -454,7 +454,8 @@ class Model:
                 if hit is not None:
                     self._plans.move_to_end(key)
                     return hit
-        planned = self._plan_new(s, graphs, policy, options, sample_ids)
+        batch, plan = s.plan(given, policy, sample_ids)
+        planned = batch, plan, s.fns_for(batch, options)
         if key is not None:
             with self._plans_lock:
                 self._plans[key] = planned
@@ -462,10 +463,6 @@ class Model:
                         b.num_vertices for b, _, _ in self._plans.values()) > PLAN_CACHE_VERTICES):
                     self._plans.popitem(last=False)
         return planned
-
-    def _plan_new(self, s: Structure, graphs, policy, options: EngineOptions, sample_ids=None):
-        batch, plan = s.plan(graphs[s.name], policy, sample_ids)
-        return batch, plan, s.fns_for(batch, options)
 
     def run(self, graphs, feeds: Mapping | None = None, params: Mapping | None = None,
             ctx: RunContext | None = None, backward_pass: bool = True, policy=None,
