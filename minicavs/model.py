@@ -13,7 +13,9 @@ Structures run in the order given; a structure's pulls may depend on feeds and o
 """
 from __future__ import annotations
 
+import threading
 import weakref
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
@@ -31,13 +33,16 @@ from .inputs import Batch, InputGraph, make_batch
 from .memory import Workspace, plan_memory
 from .ops import input as input_node
 from .ops import ones_like
+from .ops.registry import OPS
 from .passes import alias
-from .scheduler import AgendaPolicy, CavsPolicy, FsmPolicy, GreedyPolicy, get_policy
+from .scheduler import AgendaPolicy, CavsPolicy, FsmPolicy, GreedyPolicy, depends_on_batch_only, get_policy
 from .sparse import add_all
 from .validate import indices
 from .vertex import VertexFunction
 
 _PUSHED: weakref.WeakSet = weakref.WeakSet()   # every structure's push-buffer nodes
+PLAN_CACHE_SIZE = 4   # plans a model keeps for batches that come again (see Model._plan) ...
+PLAN_CACHE_VERTICES = 1 << 19   # ... and their vertices at most (about 100 bytes each), but the last one
 
 
 def by_child_count(leaf: str, internal: str) -> Callable[[Batch], tuple]:
@@ -125,6 +130,9 @@ class Structure:
             (n.op == "param" and n.dtype.is_float) or n in _PUSHED for n in Graph([src]).nodes)}
         self.compiled = {k: CompiledFunction(f, self.pull_grads) for k, f in self.functions.items()}
         self._spec = False   # the native planner's view of the structure, made on first use
+        # Whether a run reads the plan's row keys (dropout's: sample id << 32 | vertex id): only an op that
+        # takes the run context does; without one, a batch's plan does not depend on its sample ids.
+        self.reads_row_keys = any(OPS[n.op].needs_ctx for f in fs for n in f.graph.nodes)
 
     def pushed(self, name: str = "h") -> Node:
         """The static-graph node standing for push buffer ``name``: one row per pushing vertex."""
@@ -349,6 +357,8 @@ class Model:
                     self.param_nodes.setdefault(p.name, p)
         self._build_backward()
         self._workspaces: dict = {}
+        self._plans: OrderedDict = OrderedDict()   # see _plan
+        self._plans_lock = threading.Lock()        # prepare may run on the prefetch thread
         for s in self.structures:   # compile F and ∂F for the model's options and device now, not in a run
             for fn in s.compiled.values():
                 fn.variant(self.options).phases(self.options, self.device)
@@ -424,10 +434,35 @@ class Model:
         return Prepared(self, plans, options)
 
     def _plan(self, s: Structure, graphs, policy, options: EngineOptions, sample_ids=None):
+        """(Batch, MemoryPlan, compiled functions) of ``graphs[s.name]``. A batch of the very same graph
+        objects as one of the last few (Tree-FC: every batch the same tree) reuses that one's: flattening,
+        scheduling and planning are functions of the graphs (immutable: InputGraph keeps read-only arrays),
+        the policy (only one whose schedule depends on nothing else), the engine options and the sample ids,
+        which together are the key; the cached objects are never written by a run."""
         if s.name not in graphs:
             raise KeyError(f"no input graphs for structure '{s.name}'")
-        batch, plan = s.plan(graphs[s.name], policy, sample_ids)
-        return batch, plan, s.fns_for(batch, options)
+        key = None
+        given = graphs[s.name]
+        if not s.reads_row_keys and sample_ids is not None and len(sample_ids) == len(given):
+            sample_ids = None   # (a wrong count is still the planner's error)
+        if depends_on_batch_only(policy) and isinstance(given, (list, tuple)) and all(
+                type(g) is InputGraph for g in given):
+            key = (s.name, tuple(given), type(policy), options,
+                   None if sample_ids is None else sample_ids.tobytes())
+            with self._plans_lock:
+                hit = self._plans.get(key)
+                if hit is not None:
+                    self._plans.move_to_end(key)
+                    return hit
+        batch, plan = s.plan(given, policy, sample_ids)
+        planned = batch, plan, s.fns_for(batch, options)
+        if key is not None:
+            with self._plans_lock:
+                self._plans[key] = planned
+                while len(self._plans) > 1 and (len(self._plans) > PLAN_CACHE_SIZE or sum(
+                        b.num_vertices for b, _, _ in self._plans.values()) > PLAN_CACHE_VERTICES):
+                    self._plans.popitem(last=False)
+        return planned
 
     def run(self, graphs, feeds: Mapping | None = None, params: Mapping | None = None,
             ctx: RunContext | None = None, backward_pass: bool = True, policy=None,

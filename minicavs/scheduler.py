@@ -193,6 +193,12 @@ POLICIES: dict[str, type] = {"cavs": CavsPolicy, "depth": CavsPolicy, "agenda": 
                              "greedy": GreedyPolicy, "fsm": FsmPolicy, "serial": SerialPolicy}
 
 
+def depends_on_batch_only(policy: Policy) -> bool:
+    """Whether ``policy``'s schedule is a function of the batch alone (no learned or other state), so a
+    batch of the same graphs may reuse it (Model's plan cache). Exact types: a subclass may add state."""
+    return type(policy) in (CavsPolicy, AgendaPolicy, GreedyPolicy, SerialPolicy)
+
+
 def policy_names() -> tuple:
     """Every name :func:`get_policy` accepts (``fsm:S1`` ... name an FSM's state encoding)."""
     return tuple(POLICIES) + tuple(f"fsm:{e}" for e in fsm_module.ENCODINGS)

@@ -40,6 +40,24 @@ def cells(p, H: int, dtype):
     return {"leaf": leaf, "internal": internal}
 
 
+def leaf_rows(xs: list) -> np.ndarray:
+    """The samples' leaf inputs as one (trees x leaves, H) array: a read-only view of the data set's array
+    when the samples are consecutive trees of it (a batch in order, as the PyTorch peer slices its tensor;
+    33 MB copied per batch at hidden 512, batch 64), else a copy."""
+    first, base = xs[0], xs[0].base   # (numpy's base: the array that owns the memory)
+    if base is not None and base.flags.c_contiguous and base.dtype == first.dtype and first.ndim == 2:
+        at = first.__array_interface__["data"][0]
+        start = at - base.__array_interface__["data"][0]
+        size = first.nbytes
+        if all(x.base is base and x.shape == first.shape and x.dtype == first.dtype and x.flags.c_contiguous
+               and x.__array_interface__["data"][0] == at + k * size for k, x in enumerate(xs)):
+            lo = start // first.itemsize
+            view = base.reshape(-1)[lo:lo + len(xs) * first.size].reshape(-1, first.shape[1])
+            view.flags.writeable = False
+            return view
+    return np.concatenate(xs)
+
+
 class TreeFC(Task):
     unit = "trees"
     key_metric = "loss"
@@ -81,7 +99,7 @@ class TreeFC(Task):
     def batch(self, samples):
         internal = self.graph.num_vertices - self.n_leaves      # internal vertices push, in vertex order
         roots = (np.arange(len(samples)) + 1) * internal - 1    # the root is the last internal vertex
-        feeds = {"xs": np.concatenate([x for x, _ in samples]), "target": np.array([y for _, y in samples]),
+        feeds = {"xs": leaf_rows([x for x, _ in samples]), "target": np.array([y for _, y in samples]),
                  "roots": roots, "inv_trees": np.asarray(1.0 / len(samples), self.dtype)}
         return [self.graph] * len(samples), feeds
 

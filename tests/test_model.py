@@ -142,3 +142,70 @@ def test_a_step_without_outputs_skips_them_and_changes_nothing_else():
         assert np.array_equal(lean.grads[name], full.grads[name])
     assert not any(n.op == "softmax" for n in model.loss_stage)
     assert any(n.op == "softmax" for n in model.final_stage)
+
+
+# --- the plan cache: a batch of the very same graphs reuses its flattening, schedule and memory plan ----------
+
+def plans_of(prepared):
+    (plan,) = prepared.plans.values()
+    return plan
+
+
+def test_a_batch_of_the_same_graph_objects_reuses_its_plan_and_computes_the_same():
+    s, model = tree_model("leaf", "internal", leaf_internal)
+    graphs = trees()
+    first = plans_of(model.prepare(graphs))
+    assert plans_of(model.prepare(list(graphs))) is first                    # same objects, another list
+    assert plans_of(model.prepare(graphs, sample_ids=[7, 9])) is first       # no dropout: ids do not matter
+    cached = run(model, graphs)
+    fresh = run(Model(s, loss=model.loss), graphs)
+    assert cached[0] == fresh[0] and all(np.array_equal(cached[1][k], fresh[1][k]) for k in VALUES)
+
+
+def test_the_plan_cache_never_serves_a_plan_made_for_other_graphs_policy_or_options(monkeypatch):
+    from minicavs import model as model_module
+    from minicavs.engine import EngineOptions
+    from minicavs.scheduler import FsmPolicy
+    s, model = tree_model("leaf", "internal", leaf_internal)
+    graphs = trees()
+    first = plans_of(model.prepare(graphs))
+    same_shape = [InputGraph.from_csr(g.child_ptr, g.child_idx) for g in graphs]   # equal, not the same objects
+    assert plans_of(model.prepare(same_shape)) is not first
+    other = [graphs[1], graphs[0]]
+    assert plans_of(model.prepare(other))[0].num_vertices == first[0].num_vertices
+    assert plans_of(model.prepare(other)) is not first
+    assert np.array_equal(plans_of(model.prepare(other))[0].child_idx,
+                          plans_of(Model(s, loss=model.loss).prepare(other))[0].child_idx)
+    assert plans_of(model.prepare(graphs, policy="serial")) is not first
+    assert plans_of(model.prepare(graphs, options=EngineOptions(lazy_batching=False))) is not first
+    fsm = FsmPolicy()
+    assert plans_of(model.prepare(graphs, policy=fsm)) is not plans_of(model.prepare(graphs, policy=fsm))
+    for k in range(8):   # bounded: the oldest plans go
+        model.prepare([InputGraph.complete_binary_tree(2 ** (k % 4 + 1))] * (k // 4 + 1))
+    assert len(model._plans) <= 4 and plans_of(model.prepare(graphs)) is not first
+    monkeypatch.setattr(model_module, "PLAN_CACHE_VERTICES", 40)   # and at most so many vertices, but the last
+    big = [InputGraph.complete_binary_tree(32)]
+    plans_of(model.prepare(graphs))
+    assert plans_of(model.prepare(big)) is plans_of(model.prepare(big)) and len(model._plans) == 1
+
+
+def test_with_dropout_the_sample_ids_key_the_plan():
+    H2 = 2
+    leaf = VertexFunction("leaf", message=(H2,), dtype="float64")
+    with leaf:
+        leaf.scatter(ops.dropout(leaf.pull((H2,), "x"), 0.5))
+    node = VertexFunction("internal", arity=2, message=(H2,), dtype="float64")
+    with node:
+        h = ops.dropout(node.gather(0) + node.gather(1), 0.5)
+        node.scatter(h)
+        node.push(h)
+    s = Structure({"leaf": leaf, "internal": node}, pulls={"x": ops.input((None, H2), "float64", name="xs")},
+                  kinds=leaf_internal)
+    model = Model(s, loss=ops.sum(s.pushed("h")))
+    assert s.reads_row_keys
+    graphs = trees()
+    a = plans_of(model.prepare(graphs, sample_ids=[0, 1]))
+    b = plans_of(model.prepare(graphs, sample_ids=[4, 1]))
+    assert a is not b and plans_of(model.prepare(graphs, sample_ids=[0, 1])) is a
+    keys = [p.row_keys for p in a[1].kinds], [p.row_keys for p in b[1].kinds]
+    assert not all(np.array_equal(x, y) for x, y in zip(*keys))

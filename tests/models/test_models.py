@@ -158,3 +158,23 @@ def test_unigram_baseline_counts_training_words_and_eos(tmp_path):
     got = t.evaluate("dev")["dev_unigram_perplexity"]
     assert np.isclose(got, want, rtol=1e-12)
     assert t.evaluate("dev")["dev_perplexity"] != got
+
+
+def test_tree_fc_batch_of_consecutive_trees_is_a_read_only_view_and_trains_the_same(tmp_path):
+    """Tree-FC's batch feeds the leaf inputs of consecutive trees as a view of the data set's array (no copy);
+    other batches are copies; both give the same loss and gradients, and a run cannot write the data set."""
+    t = trainer("tree_fc", tmp_path)
+    data = t.task.data["train"]
+    in_order, shuffled = data[4:12], [data[i] for i in (5, 4, 6, 7, 8, 9, 10, 11)]
+    view = t.task.batch(in_order)[1]["xs"]
+    assert np.shares_memory(view, data[4][0]) and not view.flags.writeable
+    assert np.array_equal(view, np.concatenate([x for x, _ in in_order]))
+    assert not np.shares_memory(t.task.batch(shuffled)[1]["xs"], data[5][0])
+    assert not np.shares_memory(t.task.batch([data[4], data[6]])[1]["xs"], data[4][0])
+    before = np.stack([x for x, _ in data]).copy()
+    a = t.loss_and_grads(in_order)
+    copied = [(x.copy(), y) for x, y in in_order]
+    assert not np.shares_memory(t.task.batch(copied)[1]["xs"], data[4][0])
+    b = t.loss_and_grads(copied)
+    assert a.loss == b.loss and all(np.array_equal(a.grads[k], b.grads[k]) for k in a.grads)
+    assert np.array_equal(np.stack([x for x, _ in data]), before)
