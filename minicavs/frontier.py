@@ -266,8 +266,9 @@ def run_greedy(graph: TypedGraph, native: bool = True) -> tuple[np.ndarray, np.n
     """The greedy policy's run (:func:`greedy_choice` every step); G[t] is built first either way."""
     kernel = native_schedule() if native else None
     if kernel is not None:
+        typewise = graph._typewise or kernel.typewise(graph.child_ptr, graph.child_idx, graph.kind, graph.num_types)
         return kernel.schedule("greedy", graph.child_ptr, graph.child_idx, graph.kind, graph.num_types,
-                               typewise=graph.typewise())
+                               typewise=typewise)
     return run_policy(Frontier(graph, track_typewise=True), greedy_choice)
 
 

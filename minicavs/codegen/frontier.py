@@ -17,7 +17,8 @@ ran, and a step takes the whole list), and the rule:
 - ``RULE_AGENDA``: the ready type whose unexecuted vertices have the lowest average height (integer sums,
   divided in double as numpy divides its exact float sums; ties to the lower id);
 - ``RULE_GREEDY``: the type with the largest ready / G[t]-frontier ratio (ties to the lower id); the
-  typewise parents CSR and counts come from minicavs/frontier.py's ``typewise_children``.
+  typewise parents CSR and counts come from ``frontier_typewise`` (minicavs/frontier.py's
+  ``typewise_children`` in C, a second call: its near sets grow with the graph, so it allocates its own).
 
 Returns the number of tasks (the task of every vertex in ``task``, the type of every task in
 ``task_kind``), or ``ERR_STUCK`` when vertices are left but none is ready (a cycle), ``ERR_CHOICE`` when a
@@ -33,6 +34,8 @@ ERR_STUCK, ERR_CHOICE, ERR_RULE = -1, -2, -3
 HASH_MULTIPLIER = 0x9E3779B97F4A7C15     # 2^64 / golden ratio (Fibonacci hashing)
 
 DECLS = """
+long frontier_typewise(long n, const long *child_ptr, const long *child_idx, const long *kind, long cap,
+                       long *tw_count, long *tw_pptr, long *tw_pidx);
 long frontier_schedule(long n, long T, long rule, const long *child_ptr, const long *child_idx,
                        const long *kind, const long *height, long table_bits,
                        const unsigned long long *table_key, const long *table_best, const long *tw_count,
@@ -41,6 +44,7 @@ long frontier_schedule(long n, long T, long rule, const long *child_ptr, const l
 
 SOURCE = r"""
 #include <stdint.h>
+#include <stdlib.h>
 
 #define RULE_S1 0
 #define RULE_S2 1
@@ -78,6 +82,86 @@ static uint64_t fsm_state(long T, long encoding, const long *counts, long *state
     for (long i = 0; i < len; i++) { key += (uint64_t)(state[i] + 1) * scale; scale *= (uint64_t)(T + 1); }
     *first = state[0];
     return key;
+}
+
+/* G[t] for every type at once (minicavs/frontier.py's typewise_children): children first (Kahn's order), near(u)
+   = {u} plus the members of its children's near sets of another type than u's, and u's typewise children the
+   members of its type, each once (a stamp per vertex). Writes each vertex's typewise child count, and the
+   typewise parents as CSR when they fit ``cap`` entries. Returns the number of typewise edges (more than cap:
+   call again with that much room), ERR_STUCK on a cycle, -4 when memory runs out. */
+static int grow(long **buf, long *cap, long need) {
+    if (need <= *cap) return 1;
+    long c = *cap ? *cap : 64;
+    while (c < need) c *= 2;
+    long *b = realloc(*buf, (size_t)c * sizeof(long));
+    if (!b) return 0;
+    *buf = b;
+    *cap = c;
+    return 1;
+}
+
+long frontier_typewise(long n, const long *child_ptr, const long *child_idx, const long *kind, long cap,
+                       long *tw_count, long *tw_pptr, long *tw_pidx) {
+    const long edges = child_ptr[n];
+    long *pptr = malloc((size_t)(n + 1) * sizeof(long)), *pidx = malloc((size_t)(edges + 1) * sizeof(long));
+    long *pending = malloc((size_t)(n + 1) * sizeof(long)), *queue = malloc((size_t)(n + 1) * sizeof(long));
+    long *near_start = malloc((size_t)(n + 1) * sizeof(long)), *near_len = malloc((size_t)(n + 1) * sizeof(long));
+    long *in_near = malloc((size_t)(n + 1) * sizeof(long)), *in_tw = malloc((size_t)(n + 1) * sizeof(long));
+    long *near = NULL, *owner = NULL, *member = NULL, near_cap = 0, owner_cap = 0, member_cap = 0;
+    long used = 0, tw_edges = 0, head = 0, tail = 0, result = -4;
+    if (!pptr || !pidx || !pending || !queue || !near_start || !near_len || !in_near || !in_tw) goto done;
+    for (long v = 0; v <= n; v++) pptr[v] = 0;
+    for (long e = 0; e < edges; e++) pptr[child_idx[e] + 1]++;
+    for (long v = 0; v < n; v++) pptr[v + 1] += pptr[v];
+    for (long v = 0; v < n; v++) pending[v] = pptr[v];
+    for (long v = 0; v < n; v++)
+        for (long e = child_ptr[v]; e < child_ptr[v + 1]; e++) pidx[pending[child_idx[e]]++] = v;
+    for (long v = 0; v < n; v++) {
+        pending[v] = child_ptr[v + 1] - child_ptr[v];
+        in_near[v] = in_tw[v] = -1;
+        tw_count[v] = 0;
+        if (!pending[v]) queue[tail++] = v;
+    }
+    while (head < tail) {
+        const long u = queue[head++];
+        near_start[u] = used;
+        if (!grow(&near, &near_cap, used + 1)) goto done;
+        near[used++] = u;
+        in_near[u] = u;
+        for (long e = child_ptr[u]; e < child_ptr[u + 1]; e++) {
+            const long c = child_idx[e];
+            for (long j = near_start[c]; j < near_start[c] + near_len[c]; j++) {
+                const long m = near[j];
+                if (kind[m] == kind[u]) {
+                    if (in_tw[m] == u) continue;
+                    in_tw[m] = u;
+                    if (!grow(&owner, &owner_cap, tw_edges + 1) || !grow(&member, &member_cap, tw_edges + 1)) goto done;
+                    owner[tw_edges] = u;
+                    member[tw_edges++] = m;
+                    tw_count[u]++;
+                } else if (in_near[m] != u) {
+                    in_near[m] = u;
+                    if (!grow(&near, &near_cap, used + 1)) goto done;
+                    near[used++] = m;
+                }
+            }
+        }
+        near_len[u] = used - near_start[u];
+        for (long e = pptr[u]; e < pptr[u + 1]; e++)
+            if (--pending[pidx[e]] == 0) queue[tail++] = pidx[e];
+    }
+    if (tail < n) { result = -1; goto done; }
+    result = tw_edges;
+    if (tw_edges > cap) goto done;
+    for (long v = 0; v <= n; v++) tw_pptr[v] = 0;
+    for (long k = 0; k < tw_edges; k++) tw_pptr[member[k] + 1]++;
+    for (long v = 0; v < n; v++) tw_pptr[v + 1] += tw_pptr[v];
+    for (long v = 0; v < n; v++) pending[v] = tw_pptr[v];
+    for (long k = 0; k < tw_edges; k++) tw_pidx[pending[member[k]]++] = owner[k];
+done:
+    free(pptr); free(pidx); free(pending); free(queue); free(near_start); free(near_len); free(in_near);
+    free(in_tw); free(near); free(owner); free(member);
+    return result;
 }
 
 long frontier_schedule(long n, long T, long rule, const long *child_ptr, const long *child_idx,

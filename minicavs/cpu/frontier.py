@@ -102,6 +102,30 @@ class FrontierKernel:
         return task[:n], task_kind[:got].copy()
 
 
+    def typewise(self, child_ptr: np.ndarray, child_idx: np.ndarray, kind: np.ndarray,
+                 num_types: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """ED-Batch's G[t] for every type: (typewise child count, typewise parents ptr, idx) of every vertex,
+        as :meth:`minicavs.frontier.TypedGraph.typewise` (parents in another order)."""
+        n = len(kind)
+        kind = _index_array(kind, "kind", n, 0, num_types)
+        child_ptr, child_idx = _csr(child_ptr, child_idx, n, "children")
+        none = self.ffi.NULL
+        count, ptr = np.empty(max(n, 1), np.int64), np.empty(n + 1, np.int64)
+        cap = max(2 * n, 16)
+        while True:
+            idx = np.empty(cap, np.int64)
+            got = self.lib.frontier_typewise(n, self._p(child_ptr), self._p(child_idx) if len(child_idx) else none,
+                                             self._p(kind) if n else none, cap, self._p(count), self._p(ptr),
+                                             self._p(idx))
+            if got == ERR_STUCK:
+                raise RuntimeError("typewise graph: vertices are left but none is ready (the graph has a cycle)")
+            if got < 0:
+                raise MemoryError(f"typewise graph of {n} vertices: out of memory")
+            if got <= cap:
+                return count[:n], ptr, idx[:got]
+            cap = got
+
+
 def _index_array(a, what: str, n: int, lo: int, hi: int) -> np.ndarray:
     """``a`` as C-contiguous int64 of length ``n`` with every value in [lo, hi)."""
     a = np.ascontiguousarray(a, np.int64) if getattr(a, "dtype", None) != np.int64 or not a.flags.c_contiguous \

@@ -43,10 +43,25 @@ def random_table(graph: TypedGraph, encoding: str, rng: np.random.Generator) -> 
     return {s: v for s, v in q.items() if rng.random() < 0.8}
 
 
+def fresh(graph: TypedGraph) -> TypedGraph:
+    """The same graph without its cached parents and G[t] (so the native run builds its own)."""
+    return TypedGraph(graph.child_ptr, graph.child_idx, graph.kind, graph.num_types, graph.height)
+
+
+def assert_same_typewise(kernel, graph: TypedGraph):
+    """The C G[t] is frontier.py's: the same typewise child count and the same typewise parents per vertex."""
+    count, ptr, idx = kernel.typewise(graph.child_ptr, graph.child_idx, graph.kind, graph.num_types)
+    want_count, want_ptr, want_idx = fresh(graph).typewise()
+    assert np.array_equal(count, want_count) and np.array_equal(ptr, want_ptr)
+    for v in range(graph.num_vertices):
+        assert sorted(idx[ptr[v]:ptr[v + 1]].tolist()) == sorted(want_idx[want_ptr[v]:want_ptr[v + 1]].tolist())
+
+
 def assert_same_runs(graph: TypedGraph, fsms=()):
-    """Native and numpy agree for agenda, greedy and every given FSM."""
+    """Native and numpy agree for agenda, greedy and every given FSM (the native run on a graph without the
+    numpy run's cached G[t])."""
     for run in (run_agenda, run_greedy):
-        a, b = run(graph, native=False), run(graph)
+        a, b = run(fresh(graph), native=False), run(fresh(graph))
         assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1]), run.__name__
     for fsm in fsms:
         a, b = fsm.schedule(graph, native=False), fsm.schedule(graph)
@@ -78,6 +93,7 @@ def test_native_schedule_is_the_numpy_schedule_on_random_typed_dags(kernel, case
     fsms = [Fsm(enc, names, random_table(graph, enc, rng)) for enc in ENCODINGS]
     fsms += [Fsm(enc, names, {}) for enc in ENCODINGS]       # the fallback rule alone
     assert_same_runs(graph, fsms)
+    assert_same_typewise(kernel, graph)
 
 
 def lattice_batch(n=30, seed=4):
@@ -94,6 +110,7 @@ def test_native_schedule_is_the_numpy_schedule_on_the_bundled_graphs(kernel, mak
     fsms = [learn([graph], batch.kind_names, enc, Hyper(episodes=100)) for enc in ENCODINGS]
     fsms += [Fsm(enc, batch.kind_names, random_table(graph, enc, rng)) for enc in ENCODINGS]
     assert_same_runs(graph, fsms)
+    assert_same_typewise(kernel, graph)
     # through the policies too: the tasks the numpy run gives, vertex for vertex
     fsm = fsms[2]
     for policy, numpy_task in (("agenda", run_agenda(graph, native=False)[0]),
@@ -161,6 +178,10 @@ def test_bad_input_is_refused_before_c(kernel):
     # a cycle (vertex 1 and 2 each other's child) and a table choosing a type with nothing ready
     with pytest.raises(RuntimeError, match="cycle"):
         kernel.schedule("S3", np.array([0, 0, 1, 2]), np.array([2, 1]), kind, 2, table=table)
+    with pytest.raises(RuntimeError, match="cycle"):
+        kernel.typewise(np.array([0, 0, 1, 2]), np.array([2, 1]), kind, 2)
+    with pytest.raises(ValueError, match="frontier schedule: kind"):
+        kernel.typewise(ptr, idx, np.array([0, 2, 0]), 2)
     with pytest.raises(RuntimeError, match="no ready vertex"):
         kernel.schedule("S3", ptr, idx, kind, 2, table=FsmTable({(0,): 1}, 2))
 
@@ -172,3 +193,13 @@ def test_without_a_compiler_the_numpy_run_schedules(monkeypatch):
     batch = two_type_batch(20, seed=7)
     for policy in ("agenda", "greedy", "fsm"):
         assert get_policy(policy).schedule(batch).num_tasks >= 1
+
+
+def test_typewise_graph_larger_than_its_first_buffer(kernel):
+    """A dense one-type DAG has more typewise edges (every edge) than the first guess of room (2n): the C
+    call reports the size and runs again."""
+    n = 12
+    graph = TypedGraph.of(make_batch([InputGraph([list(range(v)) for v in range(n)])]))
+    count, ptr, idx = kernel.typewise(graph.child_ptr, graph.child_idx, graph.kind, graph.num_types)
+    assert len(idx) == n * (n - 1) // 2 > 2 * n and count.tolist() == list(range(n))
+    assert_same_typewise(kernel, graph)
