@@ -27,7 +27,7 @@ from typing import Sequence
 import numpy as np
 
 from . import atomic
-from .frontier import Frontier, TypedGraph, run_policy
+from .frontier import Frontier, TypedGraph, native_schedule, run_policy
 
 ENCODINGS = ("S1", "S2", "S3")
 
@@ -67,15 +67,24 @@ class Fsm:
     def freeze(self) -> None:
         """Precompute state -> best type, so applying the FSM is one lookup per step."""
         self.best = {s: actions(s, self.encoding)[int(np.argmax(q))] for s, q in self.q.items()}
+        self._native_table = None    # the native kernel's form of ``best``, made on first use
 
     def choose(self, frontier: Frontier) -> int:
         state = encode(frontier.counts, self.encoding)
         best = self.best.get(state)
         return state[0] if best is None else best
 
-    def schedule(self, graph: TypedGraph) -> tuple[np.ndarray, np.ndarray]:
-        """(task of every vertex, kind of every task), the FSM choosing every step."""
+    def schedule(self, graph: TypedGraph, native: bool = True) -> tuple[np.ndarray, np.ndarray]:
+        """(task of every vertex, kind of every task), the FSM choosing every step: in one native call where
+        a backend provides one (the same schedule), else with :class:`Frontier` and :meth:`choose`."""
+        kernel = native_schedule() if native else None
+        if kernel is not None and graph.num_types <= kernel.max_fsm_types:
+            if self._native_table is None or self._native_table.num_types != graph.num_types:
+                self._native_table = kernel.table(self.best, graph.num_types)
+            return kernel.schedule(self.encoding, graph.child_ptr, graph.child_idx, graph.kind, graph.num_types,
+                                   table=self._native_table)
         return run_policy(Frontier(graph), self.choose)
+
 
     # --- files: a small JSON document ---------------------------------------------------------------
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import fsm as fsm_module
-from .frontier import Frontier, TypedGraph, greedy_choice, run_agenda, run_policy
+from .frontier import TypedGraph, run_agenda, run_greedy
 from .inputs import Batch
 
 
@@ -86,8 +86,10 @@ def _one_kind(batch: Batch) -> bool:
     if batch.num_vertices == 0 or bool(np.all(batch.kind == batch.kind[0])):
         return True
     childless = batch.num_children() == 0
-    leaf, other = np.unique(batch.kind[childless]), np.unique(batch.kind[~childless])
-    return len(leaf) == 1 and len(other) == 1 and leaf[0] != other[0]
+    kinds = len(batch.kind_names)     # bincount, not unique: no sort (this runs on every batch)
+    leaf = np.bincount(batch.kind[childless], minlength=kinds) > 0
+    other = np.bincount(batch.kind[~childless], minlength=kinds) > 0
+    return int(leaf.sum()) == 1 and int(other.sum()) == 1 and not bool((leaf & other).any())
 
 
 class CavsPolicy(Policy):
@@ -121,7 +123,7 @@ class GreedyPolicy(Policy):
     def schedule(self, batch: Batch) -> Schedule:
         if _one_kind(batch):
             return CavsPolicy().schedule(batch)
-        task, _ = run_policy(Frontier(TypedGraph.of(batch), track_typewise=True), greedy_choice)
+        task, _ = run_greedy(TypedGraph.of(batch))
         return _from_keys(batch, *_in_task_order(batch, task))
 
 

@@ -278,6 +278,8 @@ def test_policies_table_end_to_end(tmp_path, monkeypatch):
         parser = argparse.ArgumentParser()
         add_arguments(parser)
         run(parser.parse_args(["--policies", "--policy-models", "nope"]))
+    with pytest.raises(ValueError, match="--policy-repeats must be positive"):
+        run(parser.parse_args(["--policies", "--policy-repeats", "0"]))
 
 
 def test_with_outputs_is_ed_batch_fig1():

@@ -84,6 +84,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "and a beam search (slow: minutes per model for 20000; default 0, off)")
     p.add_argument("--policy-throughput", action=argparse.BooleanOptionalAction, default=True,
                    help="with --policies: training throughput per policy at batch 64, hidden 256")
+    p.add_argument("--policy-repeats", type=int, default=None, metavar="N",
+                   help="with --policies: timed passes per policy for the throughput (alternating; the median "
+                        "is reported; default 3, 2 with --quick)")
 
 
 def _data_file(given: str | None, default: str, what: str, flag: str) -> str | None:
@@ -151,11 +154,13 @@ def run(args: argparse.Namespace) -> int:
         unknown = set(args.policy_models or ()) - set(known)
         if unknown:
             raise ValueError(f"--policy-models: unknown {sorted(unknown)}; known: {', '.join(known)}")
+        if args.policy_repeats is not None and args.policy_repeats <= 0:
+            raise ValueError(f"--policy-repeats must be positive, got {args.policy_repeats}")
         if args.policy_search < 0:
             raise ValueError(f"--policy-search must be >= 0, got {args.policy_search}")
         run_policies(args.policy_models or known, Path(args.out), batches=args.policy_batches,
                      search=args.policy_search, speed=args.policy_throughput, steps=2 if args.quick else 4,
-                     repeats=2 if args.quick else 3)
+                     repeats=args.policy_repeats or (2 if args.quick else 3))
         return 0
     from .suite import run_suite
     run_suite(settings(args))

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from ..config import load_config
-from ..frontier import Frontier, TypedGraph
+from ..frontier import Frontier, TypedGraph, native_schedule
 from ..scheduler import FsmPolicy, get_policy, lower_bound
 from ..training import Trainer
 
@@ -119,7 +119,9 @@ def count_model(model: str, batches: int = 8, learn: int = 4, log=print, search:
             row["fsm"][name] = {"seconds": sum(f.stats["seconds"] for f in learned),
                                 "episodes": max(f.stats["episodes"] for f in learned),
                                 "states": sum(f.stats["states"] for f in learned),
-                                "lookup_us": lookup_us(learned[0], next(iter(evaluate_on[0].values())))}
+                                "lookup_us": lookup_us(learned[0], next(iter(evaluate_on[0].values()))),
+                                "native_step_us": native_step_us(learned[0], [b for s in evaluate_on
+                                                                               for b in s.values()])}
         tasks, times = [], []
         for s in evaluate_on:
             start = time.perf_counter()
@@ -160,6 +162,25 @@ def lookup_us(fsm, batch, repeats: int = 2000) -> float:
     return 1e6 * (time.perf_counter() - start) / repeats
 
 
+def native_step_us(fsm, batches, repeats: int = 20) -> float | None:
+    """Microseconds per step of the FSM's whole run in the native schedule (frontier updates, encodings,
+    table lookups and the checks of its input; median per batch, averaged over the batches), or None
+    without one."""
+    if native_schedule() is None:
+        return None
+    per_step = []
+    for batch in batches:
+        graph = TypedGraph.of(batch)
+        steps = len(fsm.schedule(graph)[1])
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            fsm.schedule(graph)
+            times.append(time.perf_counter() - start)
+        per_step.append(1e6 * float(np.median(times)) / max(steps, 1))
+    return float(np.mean(per_step))
+
+
 def throughput(model: str, policies, hidden: int, steps: int, repeats: int) -> dict:
     """Training samples per second per policy: median of ``repeats`` timed passes over the same ``steps``
     batches of 64, after one warm-up pass; the policies' passes alternate (the machine is noisy). An FSM
@@ -187,6 +208,9 @@ def throughput(model: str, policies, hidden: int, steps: int, repeats: int) -> d
             clock["s"] = 0.0
             start, cpu = time.perf_counter(), time.process_time()
             for i in range(0, len(data), 64):
+                # training reshuffles, so its batches are new: drop the plans Model keeps for a batch of the
+                # same graphs, which would otherwise make the cacheable policies' (not fsm's) planning free here
+                t.model._plans.clear()
                 res = t.loss_and_grads(data[i:i + 64])
                 t.optimizer.step(res.grads, loss=res.loss)
             seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
@@ -211,15 +235,17 @@ def markdown(rows: list[dict], speed: dict) -> str:
         lines.append(f"| {r['model']} | {r['vertices']:.0f} | " + " | ".join(f"{t[p]:.1f}" for p in POLICIES)
                      + f" | {lb:.1f} | {t['fsm:S3'] / lb:.3f} | {1 - t['fsm:S3'] / t['cavs']:+.0%} fewer | "
                      f"{1 - t['fsm:S3'] / t['agenda']:+.0%} fewer |")
-    lines += ["", "## FSM learning (seconds, episodes, states; one decision's encoding + lookup in µs) and "
-              "scheduling time per batch (ms, median; a frontier policy's includes the frontier updates)", "",
+    lines += ["", "## FSM learning (seconds, episodes, states; one decision's encoding + lookup in numpy, then a "
+              "whole step of the native schedule: frontier update, encoding, lookup, in µs) and scheduling time "
+              "per batch (ms, median; a frontier policy's includes the frontier updates)", "",
               "| model | " + " | ".join(f"learn {p}" for p in POLICIES if p.startswith("fsm"))
               + " | " + " | ".join(f"{p} ms" for p in POLICIES) + " | fsm:S3 µs per task |",
               "|---" * (2 + 3 + len(POLICIES)) + "|"]
     for r in rows:
         f = r["fsm"]
         lines.append(f"| {r['model']} | " + " | ".join(
-            f"{f[p]['seconds']:.2f} s, {f[p]['episodes']} ep, {f[p]['states']} st, {f[p]['lookup_us']:.1f} µs"
+            f"{f[p]['seconds']:.2f} s, {f[p]['episodes']} ep, {f[p]['states']} st, {f[p]['lookup_us']:.1f} µs, "
+            + ("no native" if f[p].get("native_step_us") is None else f"{f[p]['native_step_us']:.2f} µs native")
             for p in POLICIES
             if p.startswith("fsm")) + " | " + " | ".join(f"{r['schedule_ms'][p]:.2f}" for p in POLICIES)
             + f" | {1e3 * r['schedule_ms']['fsm:S3'] / r['tasks']['fsm:S3']:.0f} |")

@@ -8,9 +8,11 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..backend import Backend
+from ..frontier import provide_native_schedule
 from ..ops.registry import provide_native_kernels
 from ..passes.fusion import FusedGroup
 from . import compiler
+from .frontier import frontier_kernel
 from .library import library
 from .streams import Event, get_stream
 
@@ -68,3 +70,4 @@ class CpuBackend(Backend):
 CPU = CpuBackend()
 
 provide_native_kernels("numpy", library)
+provide_native_schedule(frontier_kernel)
