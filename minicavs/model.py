@@ -433,6 +433,12 @@ class Model:
                  for s in self.structures}
         return Prepared(self, plans, options)
 
+    def forget_plans(self) -> None:
+        """Drop the plans kept for batches that come again (see ``_plan``): a benchmark that replays the
+        same batches measures planning as training, which reshuffles, pays it."""
+        with self._plans_lock:
+            self._plans.clear()
+
     def _plan(self, s: Structure, graphs, policy, options: EngineOptions, sample_ids=None):
         """(Batch, MemoryPlan, compiled functions) of ``graphs[s.name]``. A batch of the very same graph
         objects as one of the last few (Tree-FC: every batch the same tree) reuses that one's: flattening,

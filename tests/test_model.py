@@ -187,6 +187,9 @@ def test_the_plan_cache_never_serves_a_plan_made_for_other_graphs_policy_or_opti
     big = [InputGraph.complete_binary_tree(32)]
     plans_of(model.prepare(graphs))
     assert plans_of(model.prepare(big)) is plans_of(model.prepare(big)) and len(model._plans) == 1
+    kept = plans_of(model.prepare(big))
+    model.forget_plans()
+    assert plans_of(model.prepare(big)) is not kept
 
 
 def test_with_dropout_the_sample_ids_key_the_plan():

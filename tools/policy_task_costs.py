@@ -88,7 +88,7 @@ def task_costs(model: str, policies: list, batches: int, repeats: int, hidden: i
                     t, record = runs[name]
                     clock["forward"][:] = clock["backward"][:] = 0
                     s0, c0 = time.perf_counter(), time.process_time()
-                    t.model._plans.clear()    # training's batches are new: no plan cached for them
+                    t.model.forget_plans()    # training's batches are new: no plan cached for them
                     graphs, feeds = t.task.batch(samples)
                     prepared = t.model.prepare(graphs, t.policy)
                     s1, c1 = time.perf_counter(), time.process_time()

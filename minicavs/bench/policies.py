@@ -210,7 +210,7 @@ def throughput(model: str, policies, hidden: int, steps: int, repeats: int) -> d
             for i in range(0, len(data), 64):
                 # training reshuffles, so its batches are new: drop the plans Model keeps for a batch of the
                 # same graphs, which would otherwise make the cacheable policies' (not fsm's) planning free here
-                t.model._plans.clear()
+                t.model.forget_plans()
                 res = t.loss_and_grads(data[i:i + 64])
                 t.optimizer.step(res.grads, loss=res.loss)
             seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
