@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .codegen.native import ARG_KINDS, MAX_ARGS, MAX_REGISTERS, OPCODES, OPS as OPCODE, SMALL_M_ROWS, WIDTH
+from .codegen.native import ARG_KINDS, MAX_ARGS, MAX_REGISTERS, OPCODES, OPS as OPCODE, WIDTH
 from .compile import TASK
 from .cpu import CPU
 from .cpu import native as cpu_native
@@ -621,6 +621,11 @@ def _matrix_info(a: np.ndarray) -> tuple[np.ndarray, int, int]:
 # (1 BLAS thread, medians of 9 alternating runs) lost ~10% to the copies at batch 1 (~19 such rows per step)
 # and gained ~15% from them at batch 4 (~76)
 CONTIGUOUS_STATICS_ROWS = 48
+# A GEMM of at most this many rows by a static B at least twice as wide as deep (an LSTM's h·W_h, 4H x H) runs
+# as C^T = B^T·A^T on the static's transposed copy: OpenBLAS (1 thread, CPU time, this machine) took 0.55-0.8x
+# the time of C = A·B for 2-32 rows of 512 x 2048 and 256 x 1024, 0.9-0.98x at 1024 x 4096; at 64 rows about
+# the same. Deeper-than-wide products (∂F's dgates·W_hᵀ) gained little or lost, so they keep the plain call.
+SMALL_M_ROWS = 32
 
 # profiling: set to np.zeros(len(OPCODES) + 1, np.int64) and native calls add their ns per opcode, and in all last
 PROFILE: np.ndarray | None = None
@@ -644,7 +649,7 @@ def run(lowered: Lowered, table: np.ndarray, resolve, dtype, forest: bool) -> di
     # OpenBLAS packs a transposed B from strided reads, 25-40% slower per product at 16-64 rows, while the copy
     # costs a few such products (cpu/library.py contiguous). Same values; BLAS may round differently.
     # A static at least twice as wide as deep (an LSTM's W_h, H x 4H) also gets its transpose (the original
-    # array, or a copy): the executor multiplies few rows by it as C^T = B^T A^T (codegen/native.py SMALL_M_ROWS).
+    # array, or a copy): the executor multiplies few rows by it as C^T = B^T A^T (SMALL_M_ROWS).
     copier = library(dtype) if max_bs > 1 and int(rows[rows > 1].sum()) >= CONTIGUOUS_STATICS_ROWS else None
     twin_cols, scratch_at = 0, None
 
@@ -691,7 +696,7 @@ def run(lowered: Lowered, table: np.ndarray, resolve, dtype, forest: bool) -> di
     rc = ex.run(code, pool, ranges, len(lowered.ranges), p(table), len(table),
                 table.shape[1], row, row + n, row + 2 * n, row + 3 * n, n, n - 1, max_bs, lowered.nregs,
                 kernels, len(lowered.kernels), ex.gemm, ex.gemv, int(ex.ilp64), int(forest), check,
-                p(err), prof, row + 4 * n, lowered.scratch_cols * max_bs, tmp_rows * twin_cols)
+                p(err), prof, row + 4 * n, lowered.scratch_cols * max_bs, tmp_rows, twin_cols)
     if rc:
         _, task, pc, operand = err.tolist()
         where = lowered.text(pc) if 0 <= pc < len(lowered.code) else f"instruction {pc}"

@@ -19,11 +19,6 @@ from __future__ import annotations
 WIDTH = 10
 MAX_REGISTERS = 512   # registers of one template (the lowering refuses more)
 MAX_ARGS = 64         # arguments of one fused kernel
-# A GEMM of at most this many rows by a static B at least twice as wide as deep (an LSTM's h·W_h, 4H x H) runs
-# as C^T = B^T·A^T on the static's transposed copy: OpenBLAS (1 thread, CPU time, this machine) took 0.55-0.8x
-# the time of C = A·B for 2-32 rows of 512 x 2048 and 256 x 1024, 0.9-0.98x at 1024 x 4096; at 64 rows about
-# the same. Deeper-than-wide products (∂F's dgates·W_hᵀ) gained little or lost, so they keep the plain call.
-SMALL_M_ROWS = 32
 
 # name -> operand names (a0, a1, ...): shared by the C switch below and by the dump in instructions.py
 OPCODES = {
@@ -73,7 +68,6 @@ enum {{ {ENUM} }};
 #define W {WIDTH}
 #define MAXARGS {MAX_ARGS}
 #define MAXREGS {MAX_REGISTERS}
-#define SMALL_M {SMALL_M}
 
 /* buffers: base pointers, sizes in elements, row strides, transposed flags, element size (T or int64) */
 typedef struct {{
@@ -105,7 +99,7 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
             const int64_t *base, const int64_t *size, const int64_t *ld, const int64_t *trans, int64_t nbufs,
             int64_t scratch_buf, int64_t max_bs, int64_t nregs, const int64_t *kernels, int64_t nkernels,
             int64_t gemm, int64_t gemv, int64_t ilp64, int64_t forest, int64_t check, int64_t *err, int64_t *prof,
-            const int64_t *twin, int64_t tmp_off, int64_t tmp_cap) {{
+            const int64_t *twin, int64_t tmp_off, int64_t tmp_rows, int64_t tmp_cols) {{
     buftab_t B = {{base, size, ld, trans}};
     struct timespec t0, t1;
     int64_t start_ns = 0;
@@ -228,11 +222,11 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
                     else
                         ((gemv32_t)gemv)(101, Bm->trans ? 111 : 112, (int)rows_b, (int)cols_b, (T)1, Bm->p, (int)ldb,
                                          A->p, (int)inca, (T)0, C->p, 1);
-                }} else if (m >= 2 && m <= SMALL_M && n >= 2 * k && !Bm->trans && Bm->buf >= 0 && twin[Bm->buf]
-                           && Bm->p == (T *)base[Bm->buf] && m * n <= tmp_cap) {{
+                }} else if (m >= 2 && m <= tmp_rows && n <= tmp_cols && n >= 2 * k && !Bm->trans && Bm->buf >= 0
+                           && twin[Bm->buf] && Bm->p == (T *)base[Bm->buf]) {{
                     /* few rows times a wide static B: C^T = B^T A^T, B^T from the static's contiguous transposed
                        twin (n x k), into the scratch arena's tail, then transposed into C: OpenBLAS takes 20-45% less
-                       time at 2-32 rows this way (the few rows as its M dimension; SMALL_M_ROWS above) */
+                       time at 2-32 rows this way (the few rows as its M dimension; instructions.SMALL_M_ROWS) */
                     const T *bt = (const T *)twin[Bm->buf];
                     T *tmp = scratch + tmp_off;
                     if (ilp64)
@@ -403,8 +397,7 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
 def executor_source(c_type: str) -> str:
     """The executor's C source for one element type (``float`` or ``double``)."""
     enum = ", ".join([f"{name} = {i}" for name, i in OPS.items()] + [f"NOPCODES = {len(OPS)}"])
-    return EXECUTOR_SOURCE.format(T=c_type, ENUM=enum, WIDTH=WIDTH, MAX_ARGS=MAX_ARGS, MAX_REGISTERS=MAX_REGISTERS,
-                                   SMALL_M=SMALL_M_ROWS)
+    return EXECUTOR_SOURCE.format(T=c_type, ENUM=enum, WIDTH=WIDTH, MAX_ARGS=MAX_ARGS, MAX_REGISTERS=MAX_REGISTERS)
 
 
 def executor_decls(c_type: str) -> str:
@@ -413,4 +406,4 @@ def executor_decls(c_type: str) -> str:
             " const int64_t *ld, const int64_t *trans, int64_t nbufs, int64_t scratch_buf, int64_t max_bs,"
             " int64_t nregs, const int64_t *kernels, int64_t nkernels, int64_t gemm, int64_t gemv, int64_t ilp64,"
             " int64_t forest, int64_t check, int64_t *err, int64_t *prof, const int64_t *twin, int64_t tmp_off,"
-            " int64_t tmp_cap);")
+            " int64_t tmp_rows, int64_t tmp_cols);")
