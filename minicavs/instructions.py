@@ -626,6 +626,10 @@ CONTIGUOUS_STATICS_ROWS = 48
 # the time of C = A·B for 2-32 rows of 512 x 2048 and 256 x 1024, 0.9-0.98x at 1024 x 4096; at 64 rows about
 # the same. Deeper-than-wide products (∂F's dgates·W_hᵀ) gained little or lost, so they keep the plain call.
 SMALL_M_ROWS = 32
+# Also a static at least twice as deep as wide and this large (∂F's W_hᵀ, 2048 x 512: 8-22% less time at 2-32
+# rows; Fixed-LSTM h512 b16 step -1.8%); smaller ones (256 x 1024) lost. Near-square statics (a Tree-LSTM's U,
+# 2H x 3H) get no twin: with one, Tree-LSTM h512 b64 steps took 2.8% longer.
+TWIN_ELEMENTS = 1 << 20
 
 # profiling: set to np.zeros(len(OPCODES) + 1, np.int64) and native calls add their ns per opcode, and in all last
 PROFILE: np.ndarray | None = None
@@ -675,7 +679,8 @@ def run(lowered: Lowered, table: np.ndarray, resolve, dtype, forest: bool) -> di
                 if not a.flags.c_contiguous:
                     twin = a.T if a.T.flags.c_contiguous else None
                     a = copier.contiguous(a)
-                if a.shape[1] >= 2 * a.shape[0] > 0:
+                deep, wide = a.shape
+                if a.size and (wide >= 2 * deep or (deep >= 2 * wide and a.size >= TWIN_ELEMENTS)):
                     twin = copier.contiguous(a.T) if twin is None else twin
                     keep.append(twin)
                     twin_slots[i] = ffi.from_buffer(twin)

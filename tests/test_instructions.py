@@ -314,10 +314,12 @@ def test_transposed_statics_copied_for_the_task_loop_give_the_same_numbers(dtype
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_few_row_products_by_a_wide_static_run_transposed_with_the_same_numbers(dtype, tmp_path, monkeypatch):
     """A task of at most SMALL_M_ROWS rows multiplies by F's W_h (hidden x 4 hidden) as C^T = W_h^T·A^T on
-    the static's transposed copy (instructions.run, codegen/native.py): the same loss and gradients as the
-    plain product (the path switched off) and as the Python interpreter, at tasks of 1 to 40 rows (one row
-    takes the GEMV; more than SMALL_M_ROWS the plain GEMM), with the debug mode's bounds checks on."""
+    the static's transposed copy (instructions.run, codegen/native.py), and (TWIN_ELEMENTS lowered so that
+    this small model takes it) ∂F's dgates·W_h^T on W_h itself: the same loss and gradients as the plain
+    products (the path switched off) and as the Python interpreter, at tasks of 1 to 40 rows (one row takes
+    the GEMV; more than SMALL_M_ROWS the plain GEMM), with the debug mode's bounds checks on."""
     monkeypatch.setenv("MINICAVS_NATIVE_CHECK", "1")
+    monkeypatch.setattr(instructions, "TWIN_ELEMENTS", 1)
     t = Trainer(MODELS / "var_lstm.yaml", TINY["var_lstm"] + [f"train.dtype={dtype}", "data.synthetic.train=120"],
                 run_dir=tmp_path)
     twins = []

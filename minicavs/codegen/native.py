@@ -222,17 +222,18 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
                     else
                         ((gemv32_t)gemv)(101, Bm->trans ? 111 : 112, (int)rows_b, (int)cols_b, (T)1, Bm->p, (int)ldb,
                                          A->p, (int)inca, (T)0, C->p, 1);
-                }} else if (m >= 2 && m <= tmp_rows && n <= tmp_cols && n >= 2 * k && !Bm->trans && Bm->buf >= 0
-                           && twin[Bm->buf] && Bm->p == (T *)base[Bm->buf]) {{
+                }} else if (m >= 2 && m <= tmp_rows && n <= tmp_cols && !Bm->trans && Bm->buf >= 0 && twin[Bm->buf]
+                           && Bm->p == (T *)base[Bm->buf]) {{
                     /* few rows times a wide static B: C^T = B^T A^T, B^T from the static's contiguous transposed
                        twin (n x k), into the scratch arena's tail, then transposed into C: OpenBLAS takes 20-45% less
                        time at 2-32 rows this way (the few rows as its M dimension; instructions.SMALL_M_ROWS) */
                     const T *bt = (const T *)twin[Bm->buf];
+                    const int64_t ldt = size[Bm->buf] / ld[Bm->buf];   /* the twin's row: all of B's rows */
                     T *tmp = scratch + tmp_off;
                     if (ilp64)
-                        ((gemm64_t)gemm)(101, 111, A->trans ? 111 : 112, n, m, k, (T)1, bt, k, A->p, lda, (T)0, tmp, m);
+                        ((gemm64_t)gemm)(101, 111, A->trans ? 111 : 112, n, m, k, (T)1, bt, ldt, A->p, lda, (T)0, tmp, m);
                     else
-                        ((gemm32_t)gemm)(101, 111, A->trans ? 111 : 112, (int)n, (int)m, (int)k, (T)1, bt, (int)k,
+                        ((gemm32_t)gemm)(101, 111, A->trans ? 111 : 112, (int)n, (int)m, (int)k, (T)1, bt, (int)ldt,
                                          A->p, (int)lda, (T)0, tmp, (int)m);
                     for (int64_t j0 = 0; j0 < n; j0 += 64) {{
                         const int64_t j1 = j0 + 64 < n ? j0 + 64 : n;
