@@ -320,6 +320,7 @@ def test_few_row_products_by_a_wide_static_run_transposed_with_the_same_numbers(
     the GEMV; more than SMALL_M_ROWS the plain GEMM), with the debug mode's bounds checks on."""
     monkeypatch.setenv("MINICAVS_NATIVE_CHECK", "1")
     monkeypatch.setattr(instructions, "TWIN_ELEMENTS", 1)
+    monkeypatch.setattr(instructions, "CONTIGUOUS_STATICS_ROWS", 1)
     t = Trainer(MODELS / "var_lstm.yaml", TINY["var_lstm"] + [f"train.dtype={dtype}", "data.synthetic.train=120"],
                 run_dir=tmp_path)
     twins = []
