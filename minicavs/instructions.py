@@ -621,6 +621,15 @@ def _matrix_info(a: np.ndarray) -> tuple[np.ndarray, int, int]:
 # (1 BLAS thread, medians of 9 alternating runs) lost ~10% to the copies at batch 1 (~19 such rows per step)
 # and gained ~15% from them at batch 4 (~76)
 CONTIGUOUS_STATICS_ROWS = 48
+# A GEMM of at most this many rows by a static B at least twice as wide as deep (an LSTM's h·W_h, 4H x H) runs
+# as C^T = B^T·A^T on the static's transposed copy: OpenBLAS (1 thread, CPU time, this machine) took 0.55-0.8x
+# the time of C = A·B for 2-32 rows of 512 x 2048 and 256 x 1024, 0.9-0.98x at 1024 x 4096; at 64 rows about
+# the same. Deeper-than-wide products (∂F's dgates·W_hᵀ) gained little or lost, so they keep the plain call.
+SMALL_M_ROWS = 32
+# Also a static at least twice as deep as wide and this large (∂F's W_hᵀ, 2048 x 512: 8-22% less time at 2-32
+# rows; Fixed-LSTM h512 b16 step -1.8%); smaller ones (256 x 1024) lost. Near-square statics (a Tree-LSTM's U,
+# 2H x 3H) get no twin: with one, Tree-LSTM h512 b64 steps took 2.8% longer.
+TWIN_ELEMENTS = 1 << 20
 
 # profiling: set to np.zeros(len(OPCODES) + 1, np.int64) and native calls add their ns per opcode, and in all last
 PROFILE: np.ndarray | None = None
@@ -633,35 +642,53 @@ def run(lowered: Lowered, table: np.ndarray, resolve, dtype, forest: bool) -> di
     ex = cpu_native.executor(dtype)
     ffi = ex.ffi
     n = len(lowered.keys)
-    info = np.zeros((4, n), np.int64)     # per buffer: base address, size, row stride, transposed flag
+    info = np.zeros((5, n), np.int64)   # per buffer: base address, size, row stride, transposed flag, twin
     slots = ffi.cast("void **", ffi.from_buffer(info))
-    sizes, strides, flags = [], [], []
-    keep, grads = [], {}
+    twin_slots = ffi.cast("void **", ffi.from_buffer(info[4]))
+    sizes, strides, flags = [0] * n, [0] * n, [0] * n
+    keep, grads = [None] * n, {}
     rows = table[:, 2]
     max_bs = int(rows.max()) if len(table) else 0
     # A static read as a transposed view (∂F's W^T) is copied once per run when multi-row tasks read it enough:
     # OpenBLAS packs a transposed B from strided reads, 25-40% slower per product at 16-64 rows, while the copy
     # costs a few such products (cpu/library.py contiguous). Same values; BLAS may round differently.
+    # A static at least twice as wide as deep (an LSTM's W_h, H x 4H) also gets its transpose (the original
+    # array, or a copy): the executor multiplies few rows by it as C^T = B^T A^T (SMALL_M_ROWS).
     copier = library(dtype) if max_bs > 1 and int(rows[rows > 1].sum()) >= CONTIGUOUS_STATICS_ROWS else None
+    twin_cols, scratch_at = 0, None
+
+    def place(i, a):
+        a, stride, flag = _matrix_info(a)
+        keep[i] = a
+        slots[i] = ffi.from_buffer(a.T if flag else a)   # writes the address into info[0, i]
+        sizes[i], strides[i], flags[i] = a.size, stride, flag
+
     for i, key in enumerate(lowered.keys):
         what = key[0]
         if what == "scratch":
-            a = resolve(("arena", "scratch", lowered.scratch_cols * max_bs))
-        elif what == "fixed":
+            scratch_at = i
+            continue
+        if what == "fixed":
             a = resolve(("arena", "fixed", lowered.fixed_size))
         elif what == "pgrad":
             a = grads[key[1]] = resolve(key)
         else:
             a = resolve(key)
-            if what == "static" and copier is not None and a.ndim == 2 and a.dtype == copier.dtype \
-                    and not a.flags.c_contiguous:
-                a = copier.contiguous(a)
-        a, stride, flag = _matrix_info(a)
-        keep.append(a)
-        slots[i] = ffi.from_buffer(a.T if flag else a)   # writes the address into info[0, i]
-        sizes.append(a.size)
-        strides.append(stride)
-        flags.append(flag)
+            if what == "static" and copier is not None and a.ndim == 2 and a.dtype == copier.dtype:
+                twin = None
+                if not a.flags.c_contiguous:
+                    twin = a.T if a.T.flags.c_contiguous else None
+                    a = copier.contiguous(a)
+                deep, wide = a.shape
+                if a.size and (wide >= 2 * deep or (deep >= 2 * wide and a.size >= TWIN_ELEMENTS)):
+                    twin = copier.contiguous(a.T) if twin is None else twin
+                    keep.append(twin)
+                    twin_slots[i] = ffi.from_buffer(twin)
+                    twin_cols = max(twin_cols, a.shape[1])
+        place(i, a)
+    tmp_rows = min(max_bs, SMALL_M_ROWS) if twin_cols and scratch_at is not None else 0
+    if scratch_at is not None:
+        place(scratch_at, resolve(("arena", "scratch", lowered.scratch_cols * max_bs + tmp_rows * twin_cols)))
     info[1], info[2], info[3] = sizes, strides, flags
     err = np.zeros(4, np.int64)
     check = int(os.environ.get("MINICAVS_NATIVE_CHECK", "0") not in ("", "0"))
@@ -674,7 +701,7 @@ def run(lowered: Lowered, table: np.ndarray, resolve, dtype, forest: bool) -> di
     rc = ex.run(code, pool, ranges, len(lowered.ranges), p(table), len(table),
                 table.shape[1], row, row + n, row + 2 * n, row + 3 * n, n, n - 1, max_bs, lowered.nregs,
                 kernels, len(lowered.kernels), ex.gemm, ex.gemv, int(ex.ilp64), int(forest), check,
-                p(err), prof)
+                p(err), prof, row + 4 * n, lowered.scratch_cols * max_bs, tmp_rows, twin_cols)
     if rc:
         _, task, pc, operand = err.tolist()
         where = lowered.text(pc) if 0 <= pc < len(lowered.code) else f"instruction {pc}"

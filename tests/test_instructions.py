@@ -311,6 +311,47 @@ def test_transposed_statics_copied_for_the_task_loop_give_the_same_numbers(dtype
                                 EngineOptions(), dtype)
 
 
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_few_row_products_by_a_wide_static_run_transposed_with_the_same_numbers(dtype, tmp_path, monkeypatch):
+    """A task of at most SMALL_M_ROWS rows multiplies by F's W_h (hidden x 4 hidden) as C^T = W_h^T·A^T on
+    the static's transposed copy (instructions.run, codegen/native.py), and (TWIN_ELEMENTS lowered so that
+    this small model takes it) ∂F's dgates·W_h^T on W_h itself: the same loss and gradients as the plain
+    products (the path switched off) and as the Python interpreter, at tasks of 1 to 40 rows (one row takes
+    the GEMV; more than SMALL_M_ROWS the plain GEMM), with the debug mode's bounds checks on."""
+    monkeypatch.setenv("MINICAVS_NATIVE_CHECK", "1")
+    monkeypatch.setattr(instructions, "TWIN_ELEMENTS", 1)
+    monkeypatch.setattr(instructions, "CONTIGUOUS_STATICS_ROWS", 1)
+    t = Trainer(MODELS / "var_lstm.yaml", TINY["var_lstm"] + [f"train.dtype={dtype}", "data.synthetic.train=120"],
+                run_dir=tmp_path)
+    twins = []
+    real = instructions.library
+
+    def counting(d):
+        lib = real(d)
+        monkeypatch.setattr(lib, "contiguous", lambda a, f=type(lib).contiguous: twins.append(a.shape) or f(lib, a),
+                            raising=False)
+        return lib
+
+    monkeypatch.setattr(instructions, "library", counting)
+    for size in (2, 3, 17, 40):
+        samples = t.task.data["train"][:size]
+        runs = {}
+        for rows in (instructions.SMALL_M_ROWS, 0):
+            monkeypatch.setattr(instructions, "SMALL_M_ROWS", rows)
+            twins.clear()
+            t.model.options = EngineOptions(executor="native")
+            runs[rows] = t.loss_and_grads(samples)
+            assert (20, 5) in twins                     # F's W_h^T made for the task loop (and ∂F's W_h^T)
+        a, b = runs.values()
+        close(a.loss, b.loss, dtype)
+        assert set(a.grads) == set(b.grads)
+        for k in a.grads:
+            close(a.grads[k], b.grads[k], dtype)
+        monkeypatch.setattr(instructions, "SMALL_M_ROWS", 32)
+        assert_native_equals_python(lambda o: (setattr(t.model, "options", o), t.loss_and_grads(samples))[1],
+                                    EngineOptions(), dtype)
+
+
 def test_tree_fc_task_loop_moves_no_rows_when_siblings_are_side_by_side(monkeypatch):
     """Complete trees (siblings adjacent, a forest): F's loop reads [h_l; h_r] as a view and writes h into
     the scatter tensor in place; ∂F's product dY·Wᵀ is written straight into the children's rows of the

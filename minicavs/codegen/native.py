@@ -98,7 +98,8 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
             const int64_t *tasks, int64_t ntasks, int64_t tw,
             const int64_t *base, const int64_t *size, const int64_t *ld, const int64_t *trans, int64_t nbufs,
             int64_t scratch_buf, int64_t max_bs, int64_t nregs, const int64_t *kernels, int64_t nkernels,
-            int64_t gemm, int64_t gemv, int64_t ilp64, int64_t forest, int64_t check, int64_t *err, int64_t *prof) {{
+            int64_t gemm, int64_t gemv, int64_t ilp64, int64_t forest, int64_t check, int64_t *err, int64_t *prof,
+            const int64_t *twin, int64_t tmp_off, int64_t tmp_rows, int64_t tmp_cols) {{
     buftab_t B = {{base, size, ld, trans}};
     struct timespec t0, t1;
     int64_t start_ns = 0;
@@ -221,6 +222,26 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
                     else
                         ((gemv32_t)gemv)(101, Bm->trans ? 111 : 112, (int)rows_b, (int)cols_b, (T)1, Bm->p, (int)ldb,
                                          A->p, (int)inca, (T)0, C->p, 1);
+                }} else if (m >= 2 && m <= tmp_rows && n <= tmp_cols && !Bm->trans && Bm->buf >= 0 && twin[Bm->buf]
+                           && Bm->p == (T *)base[Bm->buf]) {{
+                    /* few rows times a wide static B: C^T = B^T A^T, B^T from the static's contiguous transposed
+                       twin (n x k), into the scratch arena's tail, then transposed into C: OpenBLAS takes 20-45% less
+                       time at 2-32 rows this way (the few rows as its M dimension; instructions.SMALL_M_ROWS) */
+                    const T *bt = (const T *)twin[Bm->buf];
+                    const int64_t ldt = size[Bm->buf] / ld[Bm->buf];   /* the twin's row: all of B's rows */
+                    T *tmp = scratch + tmp_off;
+                    if (ilp64)
+                        ((gemm64_t)gemm)(101, 111, A->trans ? 111 : 112, n, m, k, (T)1, bt, ldt, A->p, lda, (T)0, tmp, m);
+                    else
+                        ((gemm32_t)gemm)(101, 111, A->trans ? 111 : 112, (int)n, (int)m, (int)k, (T)1, bt, (int)ldt,
+                                         A->p, (int)lda, (T)0, tmp, (int)m);
+                    for (int64_t j0 = 0; j0 < n; j0 += 64) {{
+                        const int64_t j1 = j0 + 64 < n ? j0 + 64 : n;
+                        for (int64_t r = 0; r < m; r++) {{
+                            T *c = C->p + r * ldc;
+                            for (int64_t j = j0; j < j1; j++) c[j] = tmp[j * m + r];
+                        }}
+                    }}
                 }} else if (ilp64) {{
                     ((gemm64_t)gemm)(101, A->trans ? 112 : 111, Bm->trans ? 112 : 111, m, n, k, (T)1, A->p, lda,
                                      Bm->p, ldb, (T)0, C->p, ldc);
@@ -385,4 +406,5 @@ def executor_decls(c_type: str) -> str:
             " const int64_t *tasks, int64_t ntasks, int64_t tw, const int64_t *base, const int64_t *size,"
             " const int64_t *ld, const int64_t *trans, int64_t nbufs, int64_t scratch_buf, int64_t max_bs,"
             " int64_t nregs, const int64_t *kernels, int64_t nkernels, int64_t gemm, int64_t gemv, int64_t ilp64,"
-            " int64_t forest, int64_t check, int64_t *err, int64_t *prof);")
+            " int64_t forest, int64_t check, int64_t *err, int64_t *prof, const int64_t *twin, int64_t tmp_off,"
+            " int64_t tmp_rows, int64_t tmp_cols);")

@@ -5,11 +5,15 @@ Every training step allocates and frees the same large arrays (a language model'
 the end of each step (its trim threshold follows the largest freed block), so the next step faults the pages
 in again and the kernel zeroes them: 5-8% of a Fixed-LSTM h512 batch-16 step, serial (``perf``:
 clear_page_erms; 18-30 ms of system time per step, 0.5 ms with these settings). A framework's caching
-allocator does the same job (PyTorch's on the GPU); here it is two ``mallopt`` calls:
+allocator does the same job (PyTorch's on the GPU); here it is three ``mallopt`` calls:
 
 - ``M_TRIM_THRESHOLD`` 1 GiB: free memory at the top of the heap stays mapped up to that much;
 - ``M_MMAP_THRESHOLD`` 32 MiB (glibc's largest on 64-bit): blocks up to that size come from the heap, and
-  the threshold stops adapting. Larger blocks are still mapped and unmapped per use.
+  the threshold stops adapting;
+- ``M_MMAP_MAX`` 0: larger blocks come from the heap too. A Var-LSTM's logits and their gradient at batch 64
+  (1.5k rows of a 6k-word vocabulary: 37 MB each, above the largest threshold) were otherwise mapped, faulted
+  in (275 page faults, 2-4 ms of system time per step) and unmapped at every step; with it, 0.2 faults and
+  0.2-0.4 ms, peak memory 318 -> 326 MB. (glibc still maps where the heap cannot grow.)
 
 Only on glibc, only once per process, and never when the user chose malloc settings through the environment
 (``MALLOC_TRIM_THRESHOLD_``, ``MALLOC_MMAP_THRESHOLD_``, ``GLIBC_TUNABLES`` with ``glibc.malloc``).
@@ -21,7 +25,7 @@ import ctypes.util
 import functools
 import os
 
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3     # glibc's malloc.h
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_MMAP_MAX = -1, -3, -4     # glibc's malloc.h
 TRIM_THRESHOLD = 1 << 30
 MMAP_THRESHOLD = 32 << 20
 USER_SETTINGS = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_")
@@ -45,4 +49,5 @@ def keep_freed_memory() -> bool:
     if not hasattr(libc, "gnu_get_libc_version"):
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return bool(mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)) and bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD))
+    return bool(mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)) and bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) \
+        and bool(mallopt(M_MMAP_MAX, 0))
