@@ -274,6 +274,21 @@ def test_inference_native_equals_python():
         equal(python.pushes["G"][name], native.pushes["G"][name])
 
 
+def record_contiguous_copies(monkeypatch) -> list:
+    """The shapes of the statics instructions.run copies (cpu/library.py contiguous), appended as it runs."""
+    shapes = []
+    real = instructions.library
+
+    def counting(d):
+        lib = real(d)
+        monkeypatch.setattr(lib, "contiguous", lambda a, f=type(lib).contiguous: shapes.append(a.shape) or f(lib, a),
+                            raising=False)
+        return lib
+
+    monkeypatch.setattr(instructions, "library", counting)
+    return shapes
+
+
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_transposed_statics_copied_for_the_task_loop_give_the_same_numbers(dtype, tmp_path, monkeypatch):
     """∂F's W_h^T is read as a contiguous copy when multi-row tasks multiply by it enough (instructions.run):
@@ -281,16 +296,7 @@ def test_transposed_statics_copied_for_the_task_loop_give_the_same_numbers(dtype
     may sum in another order for another layout)."""
     t = Trainer(MODELS / "var_lstm.yaml", TINY["var_lstm"] + [f"train.dtype={dtype}"], run_dir=tmp_path)
     samples = t.task.data["train"][:10]
-    copied = []
-    real = instructions.library
-
-    def counting(d):
-        lib = real(d)
-        monkeypatch.setattr(lib, "contiguous", lambda a, f=type(lib).contiguous: copied.append(a.shape) or f(lib, a),
-                            raising=False)
-        return lib
-
-    monkeypatch.setattr(instructions, "library", counting)
+    copied = record_contiguous_copies(monkeypatch)
     runs = {}
     for threshold in (1, 10 ** 9):
         monkeypatch.setattr(instructions, "CONTIGUOUS_STATICS_ROWS", threshold)
@@ -323,16 +329,7 @@ def test_few_row_products_by_a_wide_static_run_transposed_with_the_same_numbers(
     monkeypatch.setattr(instructions, "CONTIGUOUS_STATICS_ROWS", 1)
     t = Trainer(MODELS / "var_lstm.yaml", TINY["var_lstm"] + [f"train.dtype={dtype}", "data.synthetic.train=120"],
                 run_dir=tmp_path)
-    twins = []
-    real = instructions.library
-
-    def counting(d):
-        lib = real(d)
-        monkeypatch.setattr(lib, "contiguous", lambda a, f=type(lib).contiguous: twins.append(a.shape) or f(lib, a),
-                            raising=False)
-        return lib
-
-    monkeypatch.setattr(instructions, "library", counting)
+    twins = record_contiguous_copies(monkeypatch)
     for size in (2, 3, 17, 40):
         samples = t.task.data["train"][:size]
         runs = {}
