@@ -132,15 +132,17 @@ def test_depth_is_cavs():
 
 
 @st.composite
-def typed_dags(draw, max_vertices=11):
-    """1-3 random DAGs (children among earlier vertices) with 1-3 types, at most ``max_vertices`` in all."""
-    num_types = draw(st.integers(1, 3))
+def typed_dags(draw, max_vertices=11, max_graphs=3, max_types=3, max_children=3, repeats=False):
+    """1-``max_graphs`` random DAGs (children among earlier vertices; ``repeats``: a child may be listed twice)
+    with 1-``max_types`` types, at most ``max_vertices`` vertices in all."""
+    num_types = draw(st.integers(1, max_types))
     graphs, total = [], 0
-    for _ in range(draw(st.integers(1, 3))):
+    for _ in range(draw(st.integers(1, max_graphs))):
         n = draw(st.integers(1, max(1, max_vertices - total)))
         if total + n > max_vertices:
             break
-        children = [sorted(set(draw(st.lists(st.integers(0, v - 1), max_size=3)))) if v else [] for v in range(n)]
+        children = [draw(st.lists(st.integers(0, v - 1), max_size=max_children)) if v else [] for v in range(n)]
+        children = children if repeats else [sorted(set(c)) for c in children]
         kinds = [f"t{draw(st.integers(0, num_types - 1))}" for _ in range(n)]
         graphs.append(InputGraph(children, kinds))
         total += n

@@ -15,7 +15,7 @@ from minicavs.fsm import ENCODINGS, Fsm, Hyper, actions, encode, learn
 from minicavs.inputs import InputGraph, make_batch
 from minicavs.scheduler import get_policy
 
-from ..test_policies import fig1_graph, two_type_batch
+from ..test_policies import fig1_graph, two_type_batch, typed_dags
 
 
 @pytest.fixture(scope="module")
@@ -68,20 +68,9 @@ def assert_same_runs(graph: TypedGraph, fsms=()):
         assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1]), fsm.encoding
 
 
-@st.composite
-def many_typed_dags(draw, max_vertices=40):
-    """1-4 random DAGs (children among earlier vertices, repeats allowed: a child listed twice) with 1-6 types,
-    at most ``max_vertices`` vertices in all."""
-    num_types = draw(st.integers(1, 6))
-    graphs, total = [], 0
-    for _ in range(draw(st.integers(1, 4))):
-        n = draw(st.integers(1, max(1, max_vertices - total)))
-        if total + n > max_vertices:
-            break
-        children = [draw(st.lists(st.integers(0, v - 1), max_size=4)) if v else [] for v in range(n)]
-        graphs.append(InputGraph(children, [f"t{draw(st.integers(0, num_types - 1))}" for _ in range(n)]))
-        total += n
-    return graphs, tuple(f"t{i}" for i in range(num_types))
+def many_typed_dags():
+    """1-4 random DAGs with 1-6 types, repeated children allowed, at most 40 vertices in all."""
+    return typed_dags(max_vertices=40, max_graphs=4, max_types=6, max_children=4, repeats=True)
 
 
 @settings(max_examples=50, deadline=None)
