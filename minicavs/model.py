@@ -62,6 +62,24 @@ leaf_internal = by_child_count("leaf", "internal")   # the usual rule of tree mo
 _CAVS_WHEN_ONE_KIND = (CavsPolicy, AgendaPolicy, GreedyPolicy, FsmPolicy)
 
 
+def _at_pull_row(e: FeedError, s: "Structure", batch: Batch) -> FeedError:
+    """``e`` naming the sample and vertex when its bad entry is a row of one of ``s``'s pull buffers (an
+    out-of-range word id in ``lookup(E, words)``): the user's feed is in vertex order, a position is not."""
+    row = getattr(e, "row", None)
+    names = [name for name, src in s.pulls.items() if src is getattr(e, "node", None)]
+    if row is None or not names:
+        return e
+    users = [kid for kid, kind in enumerate(batch.kind_names)
+             if kind in s.functions and names[0] in s.functions[kind].pulls]
+    pullers = np.flatnonzero(np.isin(batch.kind, users))
+    if row >= len(pullers):
+        return e
+    named = FeedError(f"{e}: row {row} of pull buffer '{names[0]}' of structure '{s.name}', pulled by "
+                      f"{batch.where(int(pullers[row]))}")
+    named.row, named.node = row, e.node
+    return named
+
+
 class Structure:
     """Vertex functions by kind, evaluated over one input graph per sample."""
 
@@ -504,8 +522,11 @@ class Model:
         result = Result(None)
         states = {}
         for s, stage in zip(self.structures, self.stages):
-            evaluate(stage, env, feeds, params, ctx, xp=xp)
             batch, plan, fns = plans[s.name]
+            try:
+                evaluate(stage, env, feeds, params, ctx, xp=xp)
+            except FeedError as e:
+                raise _at_pull_row(e, s, batch) from None
             pull_bufs = {}
             for name, src in s.pulls.items():
                 buf = env[src]

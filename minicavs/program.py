@@ -54,8 +54,11 @@ def run_steps(steps: Sequence[Step], env: dict, xp, ctx: RunContext, outs: Mappi
 
 def _located(e: FeedError, n: Node) -> FeedError:
     """``e`` with the node it came from and that node's inputs, so a message about an op's operand
-    ('labels of shape (2,)') also names the input the user fed ('input#3 'labels'')."""
-    return FeedError(f"{e} [at {n.label()} of {', '.join(x.label() for x in n.inputs)}]")
+    ('labels of shape (2,)') also names the input the user fed ('input#3 'labels''). It keeps the bad
+    entry's ``row`` (validate.indices) and names the ``node``, for Model.run to say which vertex it was."""
+    located = FeedError(f"{e} [at {n.label()} of {', '.join(x.label() for x in n.inputs)}]")
+    located.row, located.node = getattr(e, "row", None), n
+    return located
 
 
 def check_value(node: Node, value, what: str):

@@ -25,6 +25,14 @@ def _where(pos: int, shape: tuple, at: str) -> str:
     return f"{at} {pos}" if len(shape) <= 1 else f"{at} {tuple(int(i) for i in np.unravel_index(pos, shape))}"
 
 
+def _failure(error: type, message: str, pos: int, shape: tuple) -> Exception:
+    """``error(message)`` carrying ``row``: the bad entry's index along the first axis, so a caller that
+    knows what the rows are (a pull buffer's vertices: Model.run) can name the sample and vertex."""
+    e = error(message)
+    e.row = int(np.unravel_index(pos, shape)[0]) if len(shape) else None
+    return e
+
+
 def is_integer(x) -> bool:
     """A Python or numpy integer, not a bool (True is an int to Python, never an id here)."""
     return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
@@ -58,19 +66,18 @@ def indices(values, what: str, *, size: int | None = None, shape: tuple | None =
         unsigned = dtype is not None and np.dtype(dtype).kind == "u"
         bad = _first_bad_object(flat, *((0, 2 ** 64 - 1) if unsigned else (-_INT64_MAX - 1, _INT64_MAX)))
         if bad is not None:
-            raise error(f"{what} {show(bad[1])} at {_where(bad[0], a.shape, at)} is not "
-                        f"{'a uint64' if unsigned else 'an int64'} integer")
+            raise _failure(error, f"{what} {show(bad[1])} at {_where(bad[0], a.shape, at)} is not "
+                                  f"{'a uint64' if unsigned else 'an int64'} integer", bad[0], a.shape)
         to = np.uint64 if unsigned else np.int64
         a = np.array(flat, to).reshape(a.shape) if flat else np.zeros(a.shape, to)
     elif a.dtype.kind not in "iu" and a.size:   # an empty list is float64 to numpy: no value is wrong
         flat = a.reshape(-1)
-        if a.dtype.kind == "f":
-            nonint = xp.flatnonzero(flat != xp.floor(flat))
-            first = f" (first non-integer {float(flat[int(nonint[0])])!r} at {_where(int(nonint[0]), a.shape, at)})" \
-                if len(nonint) else ""
-        else:
-            first = ""
-        raise error(f"{what} dtype {a.dtype} is not an integer type{first}")
+        nonint = xp.flatnonzero(flat != xp.floor(flat)) if a.dtype.kind == "f" else ()
+        if len(nonint):
+            pos = int(nonint[0])
+            raise _failure(error, f"{what} dtype {a.dtype} is not an integer type (first non-integer "
+                                  f"{float(flat[pos])!r} at {_where(pos, a.shape, at)})", pos, a.shape)
+        raise error(f"{what} dtype {a.dtype} is not an integer type")
     if shape is not None and (a.ndim != len(shape) or any(w is not None and w != s for w, s in zip(shape, a.shape))):
         want = "(" + ", ".join("any" if w is None else str(w) for w in shape) + ("," if len(shape) == 1 else "") + ")"
         raise error(f"{what} array of shape {tuple(a.shape)}, need {want}{of}")
@@ -87,7 +94,8 @@ def indices(values, what: str, *, size: int | None = None, shape: tuple | None =
             bad = bad | (flat >= limit)
         pos = int(xp.flatnonzero(bad)[0])
         rng = f"[0, {size})" if size is not None else ("[0, 2**64)" if unsigned else "[0, 2**63)")
-        raise error(f"{what} {int(flat[pos])} out of range {rng} at {_where(pos, a.shape, at)}{of}")
+        raise _failure(error, f"{what} {int(flat[pos])} out of range {rng} at {_where(pos, a.shape, at)}{of}",
+                       pos, a.shape)
     if a.dtype == dtype and a.flags.c_contiguous:
         return a
     return xp.ascontiguousarray(a, dtype=dtype).reshape(a.shape)   # (ascontiguousarray makes 0-d 1-d)

@@ -252,6 +252,22 @@ def test_pull_buffer_with_wrong_number_of_rows():
         case.model.forward_backward(graphs, feeds, case.params)
 
 
+@pytest.mark.parametrize("bad_value, match", [(10 ** 6, "out of range"), (-1, "out of range")])
+def test_a_bad_word_id_names_the_sample_and_vertex_that_pull_it(bad_value, match):
+    """The feed is in vertex order: the error says which leaf of which tree the bad entry belongs to."""
+    from minicavs.errors import FeedError
+    rng = np.random.default_rng(8)
+    case, graphs, feeds = _tree_lstm_inputs(rng)
+    leaves = [(i, v) for i, g in enumerate(graphs) for v in np.flatnonzero(g.num_children() == 0)]
+    for position in (0, len(leaves) - 1, len(leaves) // 2):
+        words = feeds["words"].copy()
+        words[position] = bad_value
+        sample, vertex = leaves[position]
+        with pytest.raises(FeedError, match=rf"{match}.*row {position} of pull buffer 'x' of structure '\w+', "
+                                            rf"pulled by sample {sample}, vertex {vertex}$"):
+            case.model.forward_backward(graphs, dict(feeds, words=words), case.params)
+
+
 def test_float32_run_matches_float64():
     """float32 is the default dtype; it agrees with float64 by DESIGN.md's float32 rule."""
     graphs = [random_tree(np.random.default_rng(9), n, 2, full_binary=True) for n in (5, 2, 7)]
