@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 from typing import Any, Iterable, Mapping
 
 import numpy as np
@@ -76,7 +77,7 @@ class Optimizer:
         self.clip_norm = None if clip_norm is None else float(clip_norm)
         self.sparse_updates = bool(sparse_updates)
         self.steps = 0  # successful steps so far
-        self._table = None   # (key, the C library's UpdateTable) of _native's dense updates
+        self._table = None   # ((library, rule), UpdateTable, weight decays) of _native's dense updates
         self.state: dict[str, dict[str, np.ndarray]] = {
             name: {s: array_module(p.value).zeros_like(p.value) for s in self.slots}
             for name, p in self.params.items()}
@@ -162,32 +163,53 @@ class Optimizer:
             if norm > self.clip_norm:
                 scale = self.clip_norm / norm
                 checked = [(p, _scaled(g, scale)) for p, g in checked]
-        dense, hypers, runs = [], [], []
+        dense, names, runs = [], [], []
         for p, g in checked:
-            value, slots = p.value, tuple(self.state[p.name][s] for s in self.slots)
+            value = p.value
             if value.dtype != lib.dtype:
                 return None
-            h = (*hyper, self.weight_decay if p.weight_decay else 0.0)
             if not isinstance(g, RowSparse):
-                dense.append((value, slots, np.ascontiguousarray(g)))
-                hypers.append(h)
-            elif not _inplace(value, *slots):
+                dense.append(g if g.flags.c_contiguous else np.ascontiguousarray(g))
+                names.append(p.name)
+                continue
+            slots = tuple(self.state[p.name].values())
+            h = (*hyper, self.weight_decay if p.weight_decay else 0.0)
+            if not _inplace(value, *slots):
                 return None
-            elif self.sparse_updates:
+            if self.sparse_updates:
                 runs.append(lib.update_lazy(rule, value, g.indices, np.ascontiguousarray(g.rows), slots, h))
             else:
                 runs.append(functools.partial(lib.update, rule, value, g, slots, h))
         if dense:
-            key = (lib, rule, *(id(a) for value, slots, _ in dense for a in (value, *slots)))
-            if self._table is None or self._table[0] != key:   # (the table holds the arrays: ids stay theirs)
-                if not all(_inplace(value, *slots) for value, slots, _ in dense):
-                    return None
-                self._table = key, lib.update_table(rule, [(value, slots) for value, slots, _ in dense])
+            table = self._dense_table(lib, rule, names)
+            if table is None:
+                return None
+            kernel_table, decays = table
+            hypers = np.empty((len(names), len(hyper) + 1), lib.dtype)
+            hypers[:, :-1] = hyper
+            hypers[:, -1] = decays
             try:
-                runs.insert(0, self._table[1].bind([g for _, _, g in dense], hypers))
+                runs.insert(0, kernel_table.bind(dense, hypers))
             except FeedError:   # an array made read-only since: the per-parameter path (numpy) updates it
                 return None
         return norm, runs
+
+    def _dense_table(self, lib, rule: str, names: list):
+        """(the library's UpdateTable of these parameters and their slots, their weight decays), kept while
+        the same arrays come again step after step (the table holds them: no id is reused meanwhile); None
+        if one is not a writable C-contiguous array."""
+        arrays = [a for name in names for a in (self.params[name].value, *self.state[name].values())]
+        known = self._table
+        if known is not None and known[0] == (lib, rule) and len(known[1].arrays) == len(arrays) \
+                and all(map(operator.is_, arrays, known[1].arrays)):
+            return known[1:]
+        width = 1 + len(self.slots)
+        if not _inplace(*arrays):
+            return None
+        pairs = [(arrays[k], tuple(arrays[k + 1:k + width])) for k in range(0, len(arrays), width)]
+        decays = np.array([self.weight_decay if self.params[name].weight_decay else 0.0 for name in names])
+        self._table = (lib, rule), lib.update_table(rule, pairs), decays
+        return self._table[1:]
 
     def _step(self, grads: Mapping[str, Grad], loss) -> float | None:
         """The per-parameter step: the reference for :meth:`_native`, and the way for anything unusual."""

@@ -260,7 +260,8 @@ class UpdateTable:
 
     def bind(self, grads: list, hypers: list) -> Callable[[bool], int]:
         """``run(apply)``: the update of every parameter by its gradient (a C-contiguous array of its shape and
-        the table's dtype; checked, and its address taken, here) with its hyperparameters, in one C call.
+        the table's dtype; checked, and its address taken, here) with its hyperparameters (one sequence, or
+        one row of an array, per parameter), in one C call.
         apply=False checks (non-zero if a result is not finite, nothing written), apply=True applies, element
         for element as :meth:`Library.update` does. The gradients must stay alive and unchanged while ``run``
         is used."""
@@ -271,10 +272,11 @@ class UpdateTable:
         for a in self.arrays:   # (their shapes cannot change; a view could have been made read-only)
             if not (a.flags.writeable and a.flags.c_contiguous):
                 raise FeedError(f"update {rule}: a parameter or slot array is no longer writable and C-contiguous")
-        table = np.array(hypers, lib.dtype).reshape(len(hypers), -1) if hypers else \
-            np.empty((0, self.nhyper), lib.dtype)
-        if table.shape[1] != self.nhyper:
-            raise ValueError(f"update {rule}: {table.shape[1]} hyperparameters given, need {self.nhyper}")
+        table = np.asarray(hypers, lib.dtype) if len(hypers) else np.empty((0, self.nhyper), lib.dtype)
+        if table.shape != (len(self.params), self.nhyper):
+            raise ValueError(f"update {rule}: hyperparameters of shape {table.shape} given, need "
+                             f"{(len(self.params), self.nhyper)}")
+        table = np.ascontiguousarray(table)
         addresses = self.addresses.copy()
         cast, buf, dtype = lib.ffi.cast, lib.ffi.from_buffer, lib.dtype
         for k, (g, shape) in enumerate(zip(grads, self.shapes)):
