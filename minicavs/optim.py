@@ -252,7 +252,8 @@ class Optimizer:
         """Check everything before anything changes; returns (parameter, gradient) pairs ready to use:
         dense arrays of the parameter's dtype, or coalesced RowSparse values. With ``lib`` (the C library of
         :meth:`_native`) finiteness is left to its kernels' check pass, and repeated rows are summed in C."""
-        if loss is not None and not np.isfinite(np.asarray(loss, dtype=np.float64)).all():
+        if loss is not None and not (math.isfinite(loss) if type(loss) is float else
+                                     np.isfinite(np.asarray(loss, dtype=np.float64)).all()):
             raise NonFiniteError(f"loss is {loss}; no parameter was updated")
         out = []
         for name, g in grads.items():
@@ -349,6 +350,10 @@ def _check_sparse(p: Parameter, g: RowSparse, lib=None) -> RowSparse:
                          f"rows {rows.shape} do not fit a parameter of shape {shape}")
     if rows.dtype.kind != "f":
         raise FeedError(f"row-sparse gradient of parameter '{p.name}' has dtype {rows.dtype}")
+    if lib is not None and rows.dtype == lib.dtype and idx.dtype == np.int64:
+        out_idx, out_rows = lib.coalesce(idx, rows)   # (sorted: its ends bound every index; a bad one is
+        if not len(out_idx) or (out_idx[0] >= 0 and out_idx[-1] < shape[0]):   # named below)
+            return RowSparse(out_idx, out_rows, shape)
     if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= shape[0]):
         pos = int(xp.flatnonzero((idx < 0) | (idx >= shape[0]))[0])
         raise FeedError(f"row-sparse gradient of parameter '{p.name}': index out of range [0, {shape[0]}): "

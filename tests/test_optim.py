@@ -244,6 +244,8 @@ BAD = [
     ("sparse rows", {}, {"E": RowSparse(np.array([1]), np.ones((1, 3)), (6, 2))}, ValueError, "'E'"),
     ("sparse index", {}, {"E": RowSparse(np.array([6]), np.ones((1, 2)), (6, 2))}, ValueError,
      "'E': index out of range"),
+    ("negative sparse index", {}, {"E": RowSparse(np.array([2, -1, 3]), np.ones((3, 2)), (6, 2))}, ValueError,
+     r"'E': index out of range \[0, 6\): -1 at position 1"),
     ("float indices", {}, {"E": RowSparse(np.array([1.0]), np.ones((1, 2)), (6, 2))}, ValueError, "'E'"),
     ("unknown", {}, {"V": np.ones(2)}, ValueError, "unknown parameter 'V'"),
     ("int grad", {}, {"W": np.ones((2, 2), dtype=np.int64)}, ValueError, "'W' has dtype int64"),
