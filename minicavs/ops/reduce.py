@@ -28,7 +28,9 @@ def _expand(xp, g, axes, keepdims):
 
 register(OpDef(
     "sum", infer=_reduce_infer,
-    impl=lambda xp, x, axes, keepdims: xp.sum(x, axis=axes, keepdims=keepdims),
+    # (numpy's add.reduce is what np.sum calls, without its ~2 us of argument handling: a loss head's sums)
+    impl=lambda xp, x, axes, keepdims: np.add.reduce(x, axis=axes, keepdims=keepdims) if xp is np else
+    xp.sum(x, axis=axes, keepdims=keepdims),
     vjp=lambda g, out, x, axes, keepdims: (broadcast_like(g, x, axes, keepdims),),
     native=lambda n: "sum_rows" if n.inputs[0].ndim == 2 and tuple(n.attrs["axes"]) == (0,)
     and not n.attrs["keepdims"] else None))
@@ -47,10 +49,11 @@ def _count(shape, axes):
 
 
 def _broadcast_like(xp, g, shape, axes, keepdims):
-    """``g`` broadcast to ``shape`` (a read-only view). A numpy scalar (the gradient of a full sum: every
-    model's loss) becomes a view with zero strides directly: np.broadcast_to's argument handling cost ~8 us,
+    """``g`` broadcast to ``shape`` (a read-only view). A scalar (the gradient of a full sum: every model's
+    loss) becomes a view with zero strides directly: np.broadcast_to's argument handling cost ~8 us,
     most of a batch-1 loss head's backward."""
-    if type(g) is np.ndarray and g.ndim == 0 and xp is np:
+    if xp is np and (isinstance(g, np.generic) or (type(g) is np.ndarray and g.ndim == 0)):
+        g = np.asarray(g)   # (a numpy scalar: what numpy's arithmetic on 0-d arrays returns)
         out = np.ndarray(shape, g.dtype, g, 0, (0,) * len(shape))
         out.flags.writeable = False
         return out

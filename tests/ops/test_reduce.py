@@ -70,11 +70,11 @@ def test_broadcast_like_of_a_scalar_is_a_read_only_view_equal_to_numpys():
     """The zero-stride fast path (a full sum's gradient) gives np.broadcast_to's value, shape, dtype and
     read-only view; other gradients take np.broadcast_to itself."""
     from minicavs.ops.reduce import _broadcast_like
-    g = np.asarray(np.float32(2.5))
-    for shape, axes in (((37,), (0,)), ((0,), (0,)), ((3, 4), (0, 1)), ((), ())):
-        out = _broadcast_like(np, g, shape, axes, False)
-        want = np.broadcast_to(g, shape)
-        assert out.shape == want.shape and out.dtype == want.dtype and np.array_equal(out, want)
-        assert not out.flags.writeable and (out.size == 0 or np.shares_memory(out, g))
+    for g in (np.asarray(np.float32(2.5)), np.float64(-1.5)):   # a 0-d array, a numpy scalar
+        for shape, axes in (((37,), (0,)), ((0,), (0,)), ((3, 4), (0, 1)), ((), ())):
+            out = _broadcast_like(np, g, shape, axes, False)
+            want = np.broadcast_to(g, shape)
+            assert type(out) is np.ndarray and out.shape == want.shape and out.dtype == want.dtype
+            assert np.array_equal(out, want) and not out.flags.writeable
     rows = np.arange(3, dtype=np.float64)
     assert np.array_equal(_broadcast_like(np, rows, (4, 3), (0,), False), np.broadcast_to(rows, (4, 3)))
