@@ -14,12 +14,13 @@ One :meth:`Optimizer.step` does, in order:
 
 A parameter missing from ``grads`` (or given ``None``) is skipped: no update, its slots do not decay.
 
-On the CPU with the C library (numpy arrays of one float dtype, C-contiguous), a step is a handful of C
-calls: every dense parameter's check pass in one call over a table of addresses, one per row-sparse gradient
-(coalesced in C), then the same calls applying. The values are those of the per-parameter path bit for bit
-(the same kernels; SGD's kernel is its numpy rule operation for operation); anything unusual (another dtype
-or layout, an unknown name, a bad index, a non-finite value) goes the per-parameter way, which also writes
-the error messages.
+On the CPU with the C library (numpy parameters of one float dtype, C-contiguous), a step is a handful of C
+calls: every dense parameter's check pass in one call over a table of addresses (kept by the optimizer while
+its arrays stay the same), one per row-sparse gradient (coalesced in C), then the same calls applying. Both
+paths check and convert the gradients with the same code (:meth:`Optimizer._validate`; the C path leaves
+finiteness to the check pass), and the values are those of the per-parameter path bit for bit (the same
+kernels; SGD's kernel is its numpy rule operation for operation); anything unusual (another dtype or layout
+of a parameter, a non-finite result) goes the per-parameter way, which also writes the error messages.
 
 Row-sparse gradients (:class:`~minicavs.sparse.RowSparse`, the gradient of an embedding lookup):
 
