@@ -28,9 +28,7 @@ def _expand(xp, g, axes, keepdims):
 
 register(OpDef(
     "sum", infer=_reduce_infer,
-    # (numpy's add.reduce is what np.sum calls, without its ~2 us of argument handling: a loss head's sums)
-    impl=lambda xp, x, axes, keepdims: np.add.reduce(x, axis=axes, keepdims=keepdims) if xp is np else
-    xp.sum(x, axis=axes, keepdims=keepdims),
+    impl=lambda xp, x, axes, keepdims: xp.sum(x, axis=axes, keepdims=keepdims),
     vjp=lambda g, out, x, axes, keepdims: (broadcast_like(g, x, axes, keepdims),),
     native=lambda n: "sum_rows" if n.inputs[0].ndim == 2 and tuple(n.attrs["axes"]) == (0,)
     and not n.attrs["keepdims"] else None))
