@@ -14,12 +14,13 @@ One :meth:`Optimizer.step` does, in order:
 
 A parameter missing from ``grads`` (or given ``None``) is skipped: no update, its slots do not decay.
 
-On the CPU with the C library (numpy arrays of one float dtype, C-contiguous), a step is a handful of C
-calls: every dense parameter's check pass in one call over a table of addresses, one per row-sparse gradient
-(coalesced in C), then the same calls applying. The values are those of the per-parameter path bit for bit
-(the same kernels; SGD's kernel is its numpy rule operation for operation); anything unusual (another dtype
-or layout, an unknown name, a bad index, a non-finite value) goes the per-parameter way, which also writes
-the error messages.
+On the CPU with the C library (numpy parameters of one float dtype, C-contiguous), a step is a handful of C
+calls: every dense parameter's check pass in one call over a table of addresses (kept by the optimizer while
+its arrays stay the same), one per row-sparse gradient (coalesced in C), then the same calls applying. Both
+paths check and convert the gradients with the same code (:meth:`Optimizer._validate`; the C path leaves
+finiteness to the check pass), and the values are those of the per-parameter path bit for bit (the same
+kernels; SGD's kernel is its numpy rule operation for operation); anything unusual (another dtype or layout
+of a parameter, a non-finite result) goes the per-parameter way, which also writes the error messages.
 
 Row-sparse gradients (:class:`~minicavs.sparse.RowSparse`, the gradient of an embedding lookup):
 
@@ -39,6 +40,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 from typing import Any, Iterable, Mapping
 
 import numpy as np
@@ -76,6 +78,7 @@ class Optimizer:
         self.clip_norm = None if clip_norm is None else float(clip_norm)
         self.sparse_updates = bool(sparse_updates)
         self.steps = 0  # successful steps so far
+        self._table = None   # ((library, rule), UpdateTable, weight decays) of _native's dense updates
         self.state: dict[str, dict[str, np.ndarray]] = {
             name: {s: array_module(p.value).zeros_like(p.value) for s in self.slots}
             for name, p in self.params.items()}
@@ -140,60 +143,74 @@ class Optimizer:
         return self._step(grads, loss)   # (after a failed check: the same values, and the error's message)
 
     def _native(self, grads: Mapping[str, Grad], loss):
-        """The step as C calls: (norm, [run(apply) -> non-finite count]), or None where anything is unusual
-        (see the module's docstring). Checks nothing that the kernels' check pass catches."""
-        if loss is not None and not np.isfinite(np.asarray(loss, dtype=np.float64)).all():
-            return None
+        """The step as C calls: (norm, [run(apply) -> non-zero if not finite]), the dense parameters' one
+        call first, or None where the kernels do not apply (see the module's docstring). Gradients are
+        checked as :meth:`_step` checks them (the same code and errors), except for finiteness, which the
+        kernels' check pass catches."""
         kernel = self.kernel(self.steps + 1)
         if kernel is None or not grads:
             return None
+        first = next((self.params.get(name) for name, g in grads.items() if g is not None), None)
+        lib = first and _update_kernels(first.value)
+        if lib is None:
+            return None
         rule, hyper = kernel
-        lib, pending = None, []
-        for name, g in grads.items():
-            if g is None:
-                continue
-            p = self.params.get(name)
-            if p is None:
-                return None
-            value = p.value
-            lib = lib or _update_kernels(value)
-            slots = tuple(self.state[name][s] for s in self.slots)
-            if lib is None or value.dtype != lib.dtype or not _inplace(value, *slots):
-                return None
-            if isinstance(g, RowSparse):
-                idx, rows = g.indices, g.rows
-                if not (type(idx) is np.ndarray and idx.dtype == np.int64 and idx.ndim == 1
-                        and type(rows) is np.ndarray and rows.dtype == value.dtype
-                        and tuple(g.shape) == value.shape and rows.shape == (len(idx),) + value.shape[1:]):
-                    return None
-                idx, rows = lib.coalesce(idx, rows)
-                if len(idx) and (idx[0] < 0 or idx[-1] >= value.shape[0]):
-                    return None
-                g = RowSparse(idx, rows, value.shape)
-            elif not (type(g) is np.ndarray and g.dtype == value.dtype and g.shape == value.shape
-                      and g.flags.c_contiguous):
-                return None
-            pending.append((p, g, slots))
+        checked = self._validate(grads, loss, lib)
         norm = None
         if self.clip_norm is not None:
-            norm = math.sqrt(sum(_sq_norm(g) for _, g, _ in pending))
+            norm = math.sqrt(sum(_sq_norm(g) for _, g in checked))
             if not math.isfinite(norm):
                 return None
             if norm > self.clip_norm:
                 scale = self.clip_norm / norm
-                pending = [(p, _scaled(g, scale), slots) for p, g, slots in pending]
-        dense, runs = [], []
-        for p, g, slots in pending:
-            h = (*hyper, self.weight_decay if p.weight_decay else 0.0)
+                checked = [(p, _scaled(g, scale)) for p, g in checked]
+        dense, names, runs = [], [], []
+        for p, g in checked:
+            value = p.value
+            if value.dtype != lib.dtype:
+                return None
             if not isinstance(g, RowSparse):
-                dense.append(((p.value, g, slots), h))
-            elif self.sparse_updates:
-                runs.append(lib.update_lazy(rule, p.value, g.indices, g.rows, slots, h))
+                dense.append(g if g.flags.c_contiguous else np.ascontiguousarray(g))
+                names.append(p.name)
+                continue
+            slots = tuple(self.state[p.name].values())
+            h = (*hyper, self.weight_decay if p.weight_decay else 0.0)
+            if not _inplace(value, *slots):
+                return None
+            if self.sparse_updates:
+                runs.append(lib.update_lazy(rule, value, g.indices, np.ascontiguousarray(g.rows), slots, h))
             else:
-                runs.append(functools.partial(lib.update, rule, p.value, g, slots, h))
+                runs.append(functools.partial(lib.update, rule, value, g, slots, h))
         if dense:
-            runs.insert(0, lib.update_many(rule, [e for e, _ in dense], [h for _, h in dense]))
+            table = self._dense_table(lib, rule, names)
+            if table is None:
+                return None
+            kernel_table, decays = table
+            hypers = np.empty((len(names), len(hyper) + 1), lib.dtype)
+            hypers[:, :-1] = hyper
+            hypers[:, -1] = decays
+            try:
+                runs.insert(0, kernel_table.bind(dense, hypers))
+            except FeedError:   # an array made read-only since: the per-parameter path (numpy) updates it
+                return None
         return norm, runs
+
+    def _dense_table(self, lib, rule: str, names: list):
+        """(the library's UpdateTable of these parameters and their slots, their weight decays), kept while
+        the same arrays come again step after step (the table holds them: no id is reused meanwhile); None
+        if one is not a writable C-contiguous array."""
+        arrays = [a for name in names for a in (self.params[name].value, *self.state[name].values())]
+        known = self._table
+        if known is not None and known[0] == (lib, rule) and len(known[1].arrays) == len(arrays) \
+                and all(map(operator.is_, arrays, known[1].arrays)):
+            return known[1:]
+        width = 1 + len(self.slots)
+        if not _inplace(*arrays):
+            return None
+        pairs = [(arrays[k], tuple(arrays[k + 1:k + width])) for k in range(0, len(arrays), width)]
+        decays = np.array([self.weight_decay if self.params[name].weight_decay else 0.0 for name in names])
+        self._table = (lib, rule), lib.update_table(rule, pairs), decays
+        return self._table[1:]
 
     def _step(self, grads: Mapping[str, Grad], loss) -> float | None:
         """The per-parameter step: the reference for :meth:`_native`, and the way for anything unusual."""
@@ -232,10 +249,12 @@ class Optimizer:
         self.steps = t
         return norm
 
-    def _validate(self, grads: Mapping[str, Grad], loss) -> list[tuple[Parameter, Grad]]:
+    def _validate(self, grads: Mapping[str, Grad], loss, lib=None) -> list[tuple[Parameter, Grad]]:
         """Check everything before anything changes; returns (parameter, gradient) pairs ready to use:
-        dense arrays of the parameter's dtype, or coalesced RowSparse values."""
-        if loss is not None and not np.isfinite(np.asarray(loss, dtype=np.float64)).all():
+        dense arrays of the parameter's dtype, or coalesced RowSparse values. With ``lib`` (the C library of
+        :meth:`_native`) finiteness is left to its kernels' check pass, and repeated rows are summed in C."""
+        if loss is not None and not (math.isfinite(loss) if type(loss) is float else
+                                     np.isfinite(np.asarray(loss, dtype=np.float64)).all()):
             raise NonFiniteError(f"loss is {loss}; no parameter was updated")
         out = []
         for name, g in grads.items():
@@ -245,18 +264,20 @@ class Optimizer:
             if p is None:
                 raise ValueError(f"gradient for unknown parameter '{name}'")
             if isinstance(g, RowSparse):
-                out.append((p, _check_sparse(p, g)))
+                out.append((p, _check_sparse(p, g, lib)))
                 continue
-            g = array_module(p.value).asarray(g)
-            if g.dtype.kind != "f":
-                raise ValueError(f"gradient of parameter '{name}' has dtype {g.dtype}, not a float type")
-            if g.shape != p.value.shape:
+            value = p.value
+            if not (type(g) is type(value) is np.ndarray and g.dtype == value.dtype):   # (the usual case)
+                g = array_module(value).asarray(g)
+                if g.dtype.kind != "f":
+                    raise ValueError(f"gradient of parameter '{name}' has dtype {g.dtype}, not a float type")
+            if g.shape != value.shape:
                 raise ValueError(f"gradient of parameter '{name}' has shape {g.shape}, "
-                                 f"parameter has {p.value.shape}")
-            if not bool(array_module(g).isfinite(g).all()):
+                                 f"parameter has {value.shape}")
+            if lib is None and not bool(array_module(g).isfinite(g).all()):
                 raise NonFiniteError(f"gradient of parameter '{name}' is not finite; "
                                      "no parameter was updated")
-            out.append((p, g.astype(p.value.dtype, copy=False)))
+            out.append((p, g if g.dtype == value.dtype else g.astype(value.dtype)))
         return out
 
     # --- state ---------------------------------------------------------------------------------------
@@ -315,8 +336,9 @@ def _inplace(*arrays) -> bool:
     return all(isinstance(a, np.ndarray) and a.flags.c_contiguous and a.flags.writeable for a in arrays)
 
 
-def _check_sparse(p: Parameter, g: RowSparse) -> RowSparse:
-    """The checked, coalesced gradient in the parameter's dtype, or an error naming the parameter."""
+def _check_sparse(p: Parameter, g: RowSparse, lib=None) -> RowSparse:
+    """The checked, coalesced gradient in the parameter's dtype, or an error naming the parameter. With the C
+    library ``lib``: coalesced by its kernel (the same sums), and finiteness is left to its update kernels."""
     shape = p.value.shape
     xp = array_module(p.value)
     idx = indices(g.indices, f"row-sparse gradient of parameter '{p.name}': index", dtype=None)
@@ -329,13 +351,19 @@ def _check_sparse(p: Parameter, g: RowSparse) -> RowSparse:
                          f"rows {rows.shape} do not fit a parameter of shape {shape}")
     if rows.dtype.kind != "f":
         raise FeedError(f"row-sparse gradient of parameter '{p.name}' has dtype {rows.dtype}")
+    if lib is not None and rows.dtype == lib.dtype and idx.dtype == np.int64:
+        out_idx, out_rows = lib.coalesce(idx, rows)   # (sorted: its ends bound every index; a bad one is
+        if not len(out_idx) or (out_idx[0] >= 0 and out_idx[-1] < shape[0]):   # named below)
+            return RowSparse(out_idx, out_rows, shape)
     if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= shape[0]):
         pos = int(xp.flatnonzero((idx < 0) | (idx >= shape[0]))[0])
         raise FeedError(f"row-sparse gradient of parameter '{p.name}': index out of range [0, {shape[0]}): "
                         f"{int(idx[pos])} at position {pos}")
     idx = idx.astype(np.int64, copy=False)   # in range, so a uint64 index converts exactly
+    if lib is not None and rows.dtype == lib.dtype:
+        return RowSparse(*lib.coalesce(idx, rows), shape)
     g = RowSparse(idx, rows, shape).coalesce(xp)  # repeated rows summed: dense or lazy, see step()
-    if not bool(xp.isfinite(g.rows).all()):
+    if lib is None and not bool(xp.isfinite(g.rows).all()):
         raise NonFiniteError(f"gradient of parameter '{p.name}' is not finite; no parameter was updated")
     return RowSparse(g.indices, g.rows.astype(p.value.dtype, copy=False), shape)
 
@@ -397,7 +425,12 @@ class Adagrad(Optimizer):
 
 class Adam(Optimizer):
     """Kingma & Ba 2015: ``m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
-    p -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)``; weight decay is L2 (added to g)."""
+    p -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)``; weight decay is L2 (added to g).
+
+    Computed in the paper's more efficient order (its section 2), with the bias corrections folded into two
+    scalars: ``p -= lr_t * m / (sqrt(v) + eps_t)``, ``lr_t = lr sqrt(1-b2^t) / (1-b1^t)``, ``eps_t = eps
+    sqrt(1-b2^t)``: the same update in exact arithmetic (DyNet's Adam is this with ``eps_t = eps``), with one
+    division and one square root an element instead of three divisions, which bound the step's time."""
 
     slots = ("m", "v")
 
@@ -411,15 +444,20 @@ class Adam(Optimizer):
     def hyper(self) -> dict:
         return {**super().hyper(), "beta1": self.beta1, "beta2": self.beta2, "eps": self.eps}
 
+    def corrected(self, t: int) -> tuple[float, float]:
+        """(lr_t, eps_t) of step ``t``: the learning rate and eps with the bias corrections folded in."""
+        root = math.sqrt(1.0 - self.beta2 ** t)
+        return self.lr * root / (1.0 - self.beta1 ** t), self.eps * root
+
     def kernel(self, t):
-        return "adam", (self.lr, self.beta1, self.beta2, 1.0 - self.beta1 ** t, 1.0 - self.beta2 ** t, self.eps)
+        lr_t, eps_t = self.corrected(t)
+        return "adam", (lr_t, self.beta1, self.beta2, eps_t)
 
     def rule(self, value, g, slots, t):
+        lr_t, eps_t = self.corrected(t)
         m = self.beta1 * slots["m"] + (1.0 - self.beta1) * g
         v = self.beta2 * slots["v"] + (1.0 - self.beta2) * (g * g)
-        m_hat = m / (1.0 - self.beta1 ** t)
-        v_hat = v / (1.0 - self.beta2 ** t)
-        return value - self.lr * m_hat / (np.sqrt(v_hat) + self.eps), {"m": m, "v": v}
+        return value - lr_t * m / (np.sqrt(v) + eps_t), {"m": m, "v": v}
 
 
 OPTIMIZERS = {"sgd": SGD, "adagrad": Adagrad, "adam": Adam}

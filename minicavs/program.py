@@ -65,8 +65,9 @@ def check_value(node: Node, value, what: str):
     """Return ``value`` as an array of the node's dtype, or raise naming the node and both shapes. Arrays
     of another array module (a device's) are checked and kept there."""
     want = node.dtype.np
-    if type(value) is np.ndarray and value.shape == node.shape and value.dtype == want:
-        return value   # the common case (a parameter, a fed array of a static shape), checked in one line
+    if type(value) is np.ndarray and value.dtype == want and (value.shape == node.shape or (
+            value.ndim == node.ndim and all(d is None or d == a for d, a in zip(node.shape, value.shape)))):
+        return value   # the common case (a parameter, a fed array of the declared shape), checked in two lines
     if (hasattr(value, "__array_namespace__") or isinstance(value, np.ndarray)) and value.dtype.kind != "O":
         arr = value
     elif want.kind in "iu":   # a list: numpy would turn [1, True] into ints and [2**63, 1] into floats

@@ -244,6 +244,8 @@ BAD = [
     ("sparse rows", {}, {"E": RowSparse(np.array([1]), np.ones((1, 3)), (6, 2))}, ValueError, "'E'"),
     ("sparse index", {}, {"E": RowSparse(np.array([6]), np.ones((1, 2)), (6, 2))}, ValueError,
      "'E': index out of range"),
+    ("negative sparse index", {}, {"E": RowSparse(np.array([2, -1, 3]), np.ones((3, 2)), (6, 2))}, ValueError,
+     r"'E': index out of range \[0, 6\): -1 at position 1"),
     ("float indices", {}, {"E": RowSparse(np.array([1.0]), np.ones((1, 2)), (6, 2))}, ValueError, "'E'"),
     ("unknown", {}, {"V": np.ones(2)}, ValueError, "unknown parameter 'V'"),
     ("int grad", {}, {"W": np.ones((2, 2), dtype=np.int64)}, ValueError, "'W' has dtype int64"),
@@ -521,16 +523,16 @@ def test_native_step_equals_the_per_parameter_step(kind, extra, lazy, dtype):
             assert np.array_equal(fast.state[name][s], ref.state[name][s]), (name, s)
 
 
-def test_native_step_hands_unusual_gradients_to_the_per_parameter_step():
-    """Another dtype, a non-contiguous gradient, int32 indices: the same result through the per-parameter
-    path (which converts), not an error."""
+def test_native_step_converts_unusual_gradients_as_the_per_parameter_step_does():
+    """Another dtype, a non-contiguous gradient, int32 indices: both paths check and convert them with the
+    same code (_validate), so the C step takes them and gives the per-parameter step's values."""
     ps, ref_ps = embedding_params("float32"), embedding_params("float32")
     opt, ref = Adam(ps, lr=0.01, sparse_updates=True), Adam(ref_ps, lr=0.01, sparse_updates=True)
     rng = np.random.default_rng(3)
     w = rng.standard_normal((4, 3))
     grads = {"E": RowSparse(np.array([3, 1, 3], np.int32), rng.standard_normal((3, 3)).astype(np.float32), (40, 3)),
              "W": w.T, "b": np.ones(4)}   # float64, not C-contiguous
-    assert opt._native(grads, None) is None
+    assert opt._native(grads, None) is not None
     opt.step(grads)
     ref._step(grads, None)
     for name in ps:

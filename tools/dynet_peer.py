@@ -22,7 +22,8 @@ The spec's ``optimizer`` (minicavs' optimizer and its hyperparameters) becomes D
 (threshold 5) is replaced by minicavs' ``clip_norm`` (off when None) and lookup parameters get sparse
 updates exactly when minicavs' ``sparse_updates`` is set. Two differences DyNet's kernels impose, both
 negligible unless the second moments are as small as eps: DyNet's Adam adds eps to sqrt(v) before the bias
-correction (lr·sqrt(1-b2^t)/(1-b1^t)·m/(sqrt(v)+eps), minicavs: lr·m̂/(sqrt(v̂)+eps)) and its Adagrad
+correction (lr·sqrt(1-b2^t)/(1-b1^t)·m/(sqrt(v)+eps); minicavs computes the same way with eps·sqrt(1-b2^t)
+in its place, which is lr·m̂/(sqrt(v̂)+eps)) and its Adagrad
 divides by sqrt(acc + eps) instead of sqrt(acc) + eps. DyNet's weight decay is a different rule (a global shrink per
 update), so a nonzero ``weight_decay`` is refused.
 """

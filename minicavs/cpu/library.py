@@ -56,7 +56,6 @@ class Library:
         names = ("xent", "xent_grad", "transpose", "dropout", "heights", "coalesce",
                  *(f"{r}{v}" for r in RULES for v in ("", "_rows", "_lazy", "_many")))
         self._fn = {name: getattr(lib, f"{name}_{self.T}") for name in names}
-        self._tables: dict = {}   # update_many's checked parameters and slots (see there)
 
     def _p(self, a: np.ndarray):
         return self.ffi.from_buffer(_C_ARRAY.get(a.dtype) or f"{self.T}[]", a)
@@ -141,8 +140,8 @@ class Library:
         return y
 
     def update(self, rule: str, p: np.ndarray, g, slots: tuple, hyper: tuple, apply: bool) -> int:
-        """One optimizer rule (a key of RULES) over all of ``p``: apply=False returns the number of
-        non-finite results and writes nothing, apply=True writes ``p`` and the slots in place (all
+        """One optimizer rule (a key of RULES) over all of ``p``: apply=False returns non-zero if a result
+        is not finite and writes nothing, apply=True writes ``p`` and the slots in place (all
         C-contiguous). ``g`` is a dense array or a coalesced RowSparse (sorted unique indices)."""
         self._check_update(rule, p, slots, hyper)
         if not p.size:
@@ -185,46 +184,15 @@ class Library:
 
     def update_many(self, rule: str, entries: list, hypers: list) -> Callable[[bool], int]:
         """:meth:`update` over many parameters in one C call: ``entries`` holds (parameter, dense gradient,
-        slots) triples, ``hypers`` each one's hyperparameters. Returns ``run(apply)``, which checks
-        (apply=False: the number of non-finite results, nothing written) or applies them all, element for
-        element as :meth:`update` does. The arrays must stay alive and unchanged in shape while ``run`` is used.
+        slots) triples, ``hypers`` each one's hyperparameters. The same as
+        ``update_table(rule, [(p, slots), ...]).bind(gradients, hypers)``: see :meth:`UpdateTable.bind`."""
+        return self.update_table(rule, [(p, slots) for p, _, slots in entries]).bind([g for _, g, _ in entries],
+                                                                                   hypers)
 
-        The parameters and slots are the same arrays step after step: their checks and addresses are kept
-        (with the arrays, so that an address cannot be reused by another array) and only their flags are
-        looked at again; each gradient is checked and its address taken every call (``ctypes.data`` costs
-        ~1-2 us an array, and a Tree-LSTM step has 36 of them)."""
-        nslots, nhyper = rule_arity(rule) if rule in RULES else (0, 0)
-        key = (rule,) + tuple(id(a) for p, _, slots in entries for a in (p, *slots))
-        known = self._tables.get(key)
-        if known is None or not all(a.flags.writeable and a.flags.c_contiguous for a in known[0]):
-            arrays, addresses = [], np.empty((len(entries), 2 + nslots), np.int64)
-            for k, ((p, g, slots), hyper) in enumerate(zip(entries, hypers, strict=True)):
-                self._check_update(rule, p, slots, hyper)
-                arrays += (p, *slots)
-                addresses[k, 0] = p.ctypes.data
-                addresses[k, 2:] = [a.ctypes.data for a in slots]
-            sizes = np.array([p.size for p, _, _ in entries], np.int64)
-            shapes = [p.shape for p, _, _ in entries]
-            if len(self._tables) > 8:   # (parameter sets come and go in tests: keep the newest)
-                self._tables.clear()
-            known = self._tables[key] = (arrays, addresses, sizes, shapes)
-        arrays, addresses, sizes, shapes = known
-        addresses = addresses.copy()
-        table = np.array(hypers, self.dtype).reshape(len(entries), nhyper) if entries else \
-            np.empty((0, nhyper), self.dtype)
-        if table.shape[1] != nhyper:
-            raise ValueError(f"update {rule}: {table.shape[1]} hyperparameters given, need {nhyper}")
-        cast, buf = self.ffi.cast, self.ffi.from_buffer
-        for k, ((p, g, _), shape) in enumerate(zip(entries, shapes)):
-            if not (isinstance(g, np.ndarray) and g.dtype == self.dtype and g.flags.c_contiguous and g.shape == shape
-                    and p.shape == shape):
-                raise FeedError(f"update {rule}: the gradient must be a C-contiguous {self.dtype} array of the "
-                                f"parameter's shape {p.shape}, got {getattr(g, 'dtype', type(g).__name__)}"
-                                f"{getattr(g, 'shape', '')}")
-            addresses[k, 1] = int(cast("intptr_t", buf(g))) if g.size else 0
-        fn, args = self._fn[f"{rule}_many"], (len(entries), self._p(sizes), self._p(addresses), self._p(table))
-        keep = (entries, sizes, addresses, table, arrays)   # the addresses stay valid while run lives
-        return lambda apply, keep=keep: fn(*args, int(apply))
+    def update_table(self, rule: str, params: list) -> "UpdateTable":
+        """The checked table of (parameter, slots) pairs that :meth:`update_many` runs a rule over, to keep
+        while the same arrays are updated step after step (see :class:`UpdateTable`)."""
+        return UpdateTable(self, rule, params)
 
     def update_lazy(self, rule: str, p: np.ndarray, idx: np.ndarray, rows: np.ndarray, slots: tuple,
                     hyper: tuple) -> Callable[[bool], int]:
@@ -268,6 +236,59 @@ class Library:
         u = self._fn["coalesce"](len(idx), width, self._p(idx), self._p(order), self._p(rows), self._p(out_idx),
                                  self._p(out_rows))
         return out_idx[:u], out_rows[:u]
+
+
+class UpdateTable:
+    """The parameters and slots one rule updates together, checked once (:meth:`Library._check_update`), with
+    their addresses. An optimizer keeps its table while its arrays stay the same, so a step only checks and
+    addresses its gradients (``ctypes.data`` costs ~1-2 us an array, and a Tree-LSTM step has 36 of them);
+    the table holds the arrays, so an address cannot be reused by another array while it lives, and it is
+    the caller's (no cache in the library would keep a discarded model's arrays alive)."""
+
+    def __init__(self, lib: "Library", rule: str, params: list):
+        nslots = rule_arity(rule)[0] if rule in RULES else 0
+        self.lib, self.rule, self.nhyper = lib, rule, (rule_arity(rule)[1] if rule in RULES else 0)
+        self.arrays, self.addresses = [], np.zeros((len(params), 2 + nslots), np.int64)
+        for k, (p, slots) in enumerate(params):
+            lib._check_update(rule, p, slots, (0.0,) * self.nhyper)
+            self.arrays += (p, *slots)
+            self.addresses[k, 0] = p.ctypes.data
+            self.addresses[k, 2:] = [a.ctypes.data for a in slots]
+        self.params = [p for p, _ in params]
+        self.sizes = np.array([p.size for p in self.params], np.int64)
+        self.shapes = [p.shape for p in self.params]
+
+    def bind(self, grads: list, hypers: list) -> Callable[[bool], int]:
+        """``run(apply)``: the update of every parameter by its gradient (a C-contiguous array of its shape and
+        the table's dtype; checked, and its address taken, here) with its hyperparameters (one sequence, or
+        one row of an array, per parameter), in one C call.
+        apply=False checks (non-zero if a result is not finite, nothing written), apply=True applies, element
+        for element as :meth:`Library.update` does. The gradients must stay alive and unchanged while ``run``
+        is used."""
+        lib, rule = self.lib, self.rule
+        if len(grads) != len(self.params) or len(hypers) != len(self.params):
+            raise ValueError(f"update {rule}: {len(grads)} gradients and {len(hypers)} hyperparameter sets for "
+                             f"{len(self.params)} parameters")
+        for a in self.arrays:   # (their shapes cannot change; a view could have been made read-only)
+            if not (a.flags.writeable and a.flags.c_contiguous):
+                raise FeedError(f"update {rule}: a parameter or slot array is no longer writable and C-contiguous")
+        table = np.asarray(hypers, lib.dtype) if len(hypers) else np.empty((0, self.nhyper), lib.dtype)
+        if table.shape != (len(self.params), self.nhyper):
+            raise ValueError(f"update {rule}: hyperparameters of shape {table.shape} given, need "
+                             f"{(len(self.params), self.nhyper)}")
+        table = np.ascontiguousarray(table)
+        addresses = self.addresses.copy()
+        cast, buf, dtype = lib.ffi.cast, lib.ffi.from_buffer, lib.dtype
+        for k, (g, shape) in enumerate(zip(grads, self.shapes)):
+            if not (type(g) is np.ndarray and g.dtype == dtype and g.flags.c_contiguous and g.shape == shape):
+                raise FeedError(f"update {rule}: the gradient must be a C-contiguous {dtype} array of the "
+                                f"parameter's shape {shape}, got {getattr(g, 'dtype', type(g).__name__)}"
+                                f"{getattr(g, 'shape', '')}")
+            addresses[k, 1] = int(cast("intptr_t", buf(g))) if g.size else 0
+        fn = lib._fn[f"{rule}_many"]
+        args = (len(grads), lib._p(self.sizes), lib._p(addresses), lib._p(table))
+        keep = (self, grads, addresses, table)   # the addresses stay valid while run lives
+        return lambda apply, keep=keep: fn(*args, int(apply))
 
 
 _C_ARRAY = {np.dtype(np.int64): "long[]", np.dtype(np.uint64): "unsigned long long[]"}   # index arrays' C types

@@ -102,10 +102,10 @@ def _xent_vjp(g, y, logits, labels, *weight):
 
 
 def _xent_grad_impl(xp, g, logits, labels):
-    labels = check_labels(logits, labels, "xent_grad")
     lib = _native_xent(xp, logits.dtype)
     if lib is not None and logits.ndim >= 1 and logits.shape[-1]:
-        return lib.xent_grad(xp.asarray(g, logits.dtype), logits, labels)
+        return lib.xent_grad(xp.asarray(g, logits.dtype), logits, labels)   # (it checks the labels)
+    labels = check_labels(logits, labels, "xent_grad")
     p = _softmax_impl(xp, logits, -1)          # a fresh array: updated in place below
     idx = labels[..., None].astype(np.intp)
     xp.put_along_axis(p, idx, xp.take_along_axis(p, idx, axis=-1) - 1, axis=-1)

@@ -1,5 +1,6 @@
 """Table-driven checks of the reduce ops (see tests/ops/specs.py): forward vs tests/reference.py, gradients
 vs finite differences."""
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -63,3 +64,17 @@ def test_random_sum_to(data):
     for dtype in ("float32", "float64"):
         check_forward(SPECS["sum_to"], case, dtype, 3)
     check_gradient(SPECS["sum_to"], case)
+
+
+def test_broadcast_like_of_a_scalar_is_a_read_only_view_equal_to_numpys():
+    """The zero-stride fast path (a full sum's gradient) gives np.broadcast_to's value, shape, dtype and
+    read-only view; other gradients take np.broadcast_to itself."""
+    from minicavs.ops.reduce import _broadcast_like
+    for g in (np.asarray(np.float32(2.5)), np.float64(-1.5)):   # a 0-d array, a numpy scalar
+        for shape, axes in (((37,), (0,)), ((0,), (0,)), ((3, 4), (0, 1)), ((), ())):
+            out = _broadcast_like(np, g, shape, axes, False)
+            want = np.broadcast_to(g, shape)
+            assert type(out) is np.ndarray and out.shape == want.shape and out.dtype == want.dtype
+            assert np.array_equal(out, want) and not out.flags.writeable
+    rows = np.arange(3, dtype=np.float64)
+    assert np.array_equal(_broadcast_like(np, rows, (4, 3), (0,), False), np.broadcast_to(rows, (4, 3)))
