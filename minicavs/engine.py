@@ -107,6 +107,11 @@ class RunState:
         return next(iter(self.scatters.values())) if len(self.scatters) == 1 else None
 
 
+def _with_blocks(table: np.ndarray, pre: np.ndarray, post: np.ndarray) -> np.ndarray:
+    """The task table with the rows of the blocks before and after the task loop (instructions.block_rows)."""
+    return np.concatenate([pre, table, post]) if len(pre) or len(post) else table
+
+
 def _device_index(xp, rows: np.ndarray):
     """:func:`row_index` for writing into an array of ``xp``: index arrays moved to its device."""
     ix = row_index(rows)
@@ -144,7 +149,13 @@ def forward(fns: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContex
         state.statics.append(static)
 
     native, why = _native(fns, active, opts, device, dtype, False, workspace, training)
-    program = bind_forward(fns, plan, state, opts, device, active, training, with_tasks=native is None)
+    blocks = None
+    if native is not None:
+        block_copies = {"gather": 0, "gathered": 0, "pull": 0, "push": 0}
+        pre, post, why = instructions.block_rows(native, fns, plan, opts, copies=block_copies)
+        blocks = None if why is not None else (pre, post)
+    program = bind_forward(fns, plan, state, opts, device, active, training, with_tasks=native is None,
+                           with_blocks=blocks is None)
     program.native_why = why
     state.program = program
     state.copies = program.copies
@@ -164,6 +175,10 @@ def forward(fns: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContex
         program.native, program.task_table = native, table
         for k, v in copies.items():
             program.copies[k] += v
+        if blocks is not None:   # one call runs the blocks before the task loop, the tasks and the blocks after
+            for k, v in block_copies.items():
+                program.copies[k] += v
+            table = program.native_table = _with_blocks(table, *blocks)
         instructions.run(native, table, _resolver(fns, plan, state, dtype.np), dtype.np, plan.forest)
     for t, block in enumerate(program.tasks):
         if events is not None:
@@ -236,8 +251,12 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
 
     push_grads = _dense_where_tasks_read(fns, active, opts, device, push_grads)
     native, why = _native(fns, active, opts, device, dtype, True, workspace)
+    blocks = None
+    if native is not None:
+        pre, post, why = instructions.block_rows(native, fns, plan, opts, push_grads)
+        blocks = None if why is not None else (pre, post)
     program = bind_backward(fns, plan, state, opts, device, active, btensors, sgrads, push_grads, pull_grads,
-                            row_kernels, with_tasks=native is None)
+                            row_kernels, with_tasks=native is None, with_blocks=blocks is None)
     program.native_why = why
     state.backward_program = program
     statics = state.statics
@@ -258,6 +277,8 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
         table = np.ascontiguousarray(forward_table[::-1]) if forward_table is not None else \
             instructions.task_table(fns, plan, opts, backward=True)[0]
         program.native, program.task_table = native, table
+        if blocks is not None:
+            table = program.native_table = _with_blocks(table, *blocks)
         resolve = _resolver(fns, plan, state, dtype.np, btensors, sgrads, push_grads, pull_grads)
         for name, g in instructions.run(native, table, resolve, dtype.np, plan.forest).items():
             prev = param_grads.get(name)
