@@ -49,6 +49,18 @@ def _resolver(fns: list, plan: MemoryPlan, state: "RunState", dtype, btensors=No
     def index(a):
         return np.ascontiguousarray(a, np.int64)
 
+    sparse: dict = {}
+
+    def coalesced(name):
+        """A row-sparse push gradient (Tree-FC's: the roots' rows) read where it is: its rows, one per index,
+        which the kinds' push rows are mapped onto (-1: a zero row; the executor's TAKE writes zeros)."""
+        if name not in sparse:
+            grad = push_grads[name].checked(f"gradient of push '{name}'").coalesce()
+            where = np.full(grad.shape[0], -1, np.int64)
+            where[grad.indices] = np.arange(len(grad.indices))
+            sparse[name] = (np.ascontiguousarray(grad.rows), where)
+        return sparse[name]
+
     def resolve(key):
         what = key[0]
         if what == "tensor":
@@ -64,6 +76,8 @@ def _resolver(fns: list, plan: MemoryPlan, state: "RunState", dtype, btensors=No
         if what == "pullrows":
             return index(plan.kinds[key[2]].pull_rows[key[1]])
         if what == "pushrows":
+            if push_grads is not None and isinstance(push_grads.get(key[1]), RowSparse):
+                return coalesced(key[1])[1][plan.kinds[key[2]].push_rows[key[1]]]
             return index(plan.kinds[key[2]].push_rows[key[1]])
         if what == "pull":
             return state.pull_bufs[key[1]]
@@ -72,7 +86,8 @@ def _resolver(fns: list, plan: MemoryPlan, state: "RunState", dtype, btensors=No
         if what == "pullgrad":
             return pull_grads[key[1]]
         if what == "pushgrad":
-            return push_grads[key[1]]
+            grad = push_grads[key[1]]
+            return coalesced(key[1])[0] if isinstance(grad, RowSparse) else grad
         if what == "static":
             return state.statics[key[2]][key[1]]
         if what == "arena":
@@ -253,7 +268,7 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
     native, why = _native(fns, active, opts, device, dtype, True, workspace)
     blocks = None
     if native is not None:
-        pre, post, why = instructions.block_rows(native, fns, plan, opts, push_grads)
+        pre, post, why = instructions.block_rows(native, fns, plan, opts)
         blocks = None if why is not None else (pre, post)
     program = bind_backward(fns, plan, state, opts, device, active, btensors, sgrads, push_grads, pull_grads,
                             row_kernels, with_tasks=native is None, with_blocks=blocks is None)

@@ -424,6 +424,12 @@ def backward_template(fn, opts, device, phase: int = TASK) -> Template:
             continue
         if out is fn.scattered:
             t.bind(ct, ("sgrad", smsg), SCATTER_ROWS, 0, _width(smsg))
+        elif ct in b_stored:   # taken straight into the tensor that keeps it for a later phase
+            width = _width(ct.vshape)
+            t.bind(ct, ("btensor", ct), KIND_ROWS, 0, width)
+            t.emit("TAKETO", t.regs[ct], t.buf(("pushgrad", out.name)), width, t.buf(("pushrows", out.name)),
+                   _cols(ct), 0)
+            continue
         else:
             t.take(ct, ("pushgrad", out.name), _width(ct.vshape), ("pushrows", out.name))
         if ct in b_stored:
@@ -674,13 +680,12 @@ def task_table(fns: list, plan, opts, backward: bool) -> tuple[np.ndarray, dict]
     return np.ascontiguousarray(table), copies
 
 
-def block_rows(lowered: Lowered, fns: list, plan, opts, push_grads: dict | None = None, copies: dict | None = None):
+def block_rows(lowered: Lowered, fns: list, plan, opts, copies: dict | None = None):
     """The task-table rows of the blocks before and after the task loop (each a task of all its kind's rows:
     kind offset 0, scatter offset its first scatter row, the children's concat view's first row), or why this
     batch runs them in Python: a block reading or writing the kind's scatter rows needs them contiguous (as the
-    cavs schedule lays them out; the Python blocks take and put them by index), and one reading a push
-    gradient needs it dense (a row-sparse one is put into zeros by the Python binding). ``copies``: F's row
-    counters, to which the blocks' gathers, pulls and pushes are added."""
+    cavs schedule lays them out; the Python blocks take and put them by index). ``copies``: F's row
+    counters, to which the blocks' gathers, pulls and pushes are added.""" 
     if lowered.blocks_why is not None:
         return None, None, lowered.blocks_why
     arity = max((len(fn.gathers) for fn in fns if fn is not None), default=0)
@@ -701,9 +706,6 @@ def block_rows(lowered: Lowered, fns: list, plan, opts, push_grads: dict | None 
             first = int(rows[0])
             if np.array_equal(rows, np.arange(first, first + k * n)):
                 row[4] = first
-        for key in t.buffers:
-            if key[0] == "pushgrad" and push_grads is not None and not isinstance(push_grads[key[1]], np.ndarray):
-                return None, None, f"kind '{t.kind}': push gradient '{key[1]}' is row-sparse"
         if copies is not None:
             kp = fn.phases(opts)[0]
             for j, g in fn.gathers.items():

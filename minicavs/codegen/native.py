@@ -30,8 +30,8 @@ OPCODES = {
     "CATVIEW": ("dst", "buf", "width", "k", "forest"),    # [gather0; ...] as a view when the task's children are side by side
     "SKIP_IF_CAT": ("n", "forest"),                       # skip the next n instructions when the task has the concat view
     # (forest = 1: only in a forest, where each child's gradient row is written once, not added)
-    "TAKE": ("dst", "buf", "width", "idx", "cols", "off"),   # rows buf[idx[koff + r]] copied into scratch
-    "TAKETO": ("dst", "buf", "width", "idx", "cols", "col"),   # dst[r] = buf[idx[koff + r]][col:col + cols] (dst bound)
+    "TAKE": ("dst", "buf", "width", "idx", "cols", "off"),   # rows buf[idx[koff + r]] copied into scratch (-1: zeros)
+    "TAKETO": ("dst", "buf", "width", "idx", "cols", "col"),   # dst[r] = buf[idx[koff + r]][col:col + cols] (-1: zeros)
     "COLS": ("dst", "src", "col"),                        # a column slice: same rows, same ld
     "ALIAS": ("dst", "src"),
     "TRANSPOSE": ("dst", "src"),
@@ -179,6 +179,7 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
                 if (check && (koff < 0 || koff + bs > size[a[3]])) FAIL(3);
                 T *dst = scratch + a[5] * bs;
                 for (int64_t r = 0; r < bs; r++) {{
+                    if (idx[r] == -1) {{ memset(dst + r * cols, 0, (size_t)cols * sizeof(T)); continue; }}
                     if (check && (idx[r] < 0 || idx[r] * width + cols > size[a[1]])) FAIL(1);
                     memcpy(dst + r * cols, src + idx[r] * width, (size_t)cols * sizeof(T));
                 }}
@@ -196,6 +197,7 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
                 T *dst = R[a[0]].p;
                 const int64_t ldd = R[a[0]].ld;
                 for (int64_t r = 0; r < bs; r++) {{
+                    if (idx[r] == -1) {{ memset(dst + r * ldd, 0, (size_t)cols * sizeof(T)); continue; }}
                     if (check && (idx[r] < 0 || idx[r] * width + col + cols > size[a[1]])) FAIL(1);
                     memcpy(dst + r * ldd, src + idx[r] * width + col, (size_t)cols * sizeof(T));
                 }}
