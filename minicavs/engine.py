@@ -87,7 +87,9 @@ def _resolver(fns: list, plan: MemoryPlan, state: "RunState", dtype, btensors=No
             return pull_grads[key[1]]
         if what == "pushgrad":
             grad = push_grads[key[1]]
-            return coalesced(key[1])[0] if isinstance(grad, RowSparse) else grad
+            if isinstance(grad, RowSparse):
+                return coalesced(key[1])[0]
+            return grad if grad.flags.c_contiguous else np.ascontiguousarray(grad)   # (e.g. a broadcast)
         if what == "static":
             return state.statics[key[2]][key[1]]
         if what == "arena":
