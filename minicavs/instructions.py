@@ -156,9 +156,10 @@ class Lowered:
     nregs: int
     scratch_cols: int
     fixed_size: int = 0
-    blocks: list = field(default_factory=list)   # (template id, kind id, Template) of the blocks, in run order
+    blocks: list = field(default_factory=list)   # the blocks' BlockInfo, in run order
     blocks_why: str | None = None   # why the blocks before and after the task loop stay in Python (None: they do not)
     task_keys: int | None = None    # the buffers the task templates name are keys[:task_keys] (None: all)
+    table_width: int = TASK_COLUMNS   # columns of a task-table row
     pointers: tuple | None = field(default=None, repr=False, compare=False)   # code, pool, ranges, kernels
 
     def lines(self, blocks: bool = True) -> list[str]:
@@ -605,7 +606,9 @@ def link(fns: list, kids: list, opts, device, backward: bool, training: bool = T
                       keys_list, np.array([k.address for k in kernels] or [0], np.int64),
                       max((len(t.reg_names) for t in templates), default=1),
                       max((t.scratch for t in templates), default=0), max((t.fixed for t in templates), default=0),
-                      blocks=blocks, blocks_why=blocks_why, task_keys=task_keys)
+                      blocks=[_block_info(tid, kid, t, fns[kid], opts, backward) for tid, kid, t in blocks],
+                      blocks_why=blocks_why, task_keys=task_keys,
+                      table_width=TASK_COLUMNS + 2 * max((len(fn.gathers) for fn in fns if fn is not None), default=0))
     cache[key] = (list(fns), lowered)
     return lowered
 
@@ -680,6 +683,27 @@ def task_table(fns: list, plan, opts, backward: bool) -> tuple[np.ndarray, dict]
     return np.ascontiguousarray(table), copies
 
 
+@dataclass
+class BlockInfo:
+    """What a batch needs to know of one linked block template (found once, when linked)."""
+
+    tid: int                # its template id
+    kid: int
+    phase: int
+    template: Template
+    scatter_rows: bool      # binds the kind's scatter rows: they must be one block of rows
+    regather: int           # the children per row it gathers again (0: none)
+    moves: tuple            # F's rows moved per vertex: (gathers, pulls, pushes)
+
+
+def _block_info(tid: int, kid: int, t: Template, fn, opts, backward: bool) -> BlockInfo:
+    kp = fn.phases(opts)[0]
+    moves = (0, 0, 0) if backward else (sum(kp.phase[g] == t.phase for g in fn.gathers.values()),
+                                        sum(kp.phase[p] == t.phase for p in fn.pulls.values()),
+                                        sum(kp.phase[p] == t.phase for p in fn.pushes.values()))
+    return BlockInfo(tid, kid, t.phase, t, t.scatter_rows, len(fn.gathers) if t.regathers else 0, moves)
+
+
 def block_rows(lowered: Lowered, fns: list, plan, opts, copies: dict | None = None):
     """The task-table rows of the blocks before and after the task loop (each a task of all its kind's rows:
     kind offset 0, scatter offset its first scatter row, the children's concat view's first row), or why this
@@ -688,35 +712,35 @@ def block_rows(lowered: Lowered, fns: list, plan, opts, copies: dict | None = No
     counters, to which the blocks' gathers, pulls and pushes are added.""" 
     if lowered.blocks_why is not None:
         return None, None, lowered.blocks_why
-    arity = max((len(fn.gathers) for fn in fns if fn is not None), default=0)
     pre, post = [], []
-    for tid, kid, t in lowered.blocks:
-        fn, kind_plan = fns[kid], plan.kinds[kid]
+    firsts: dict = {}
+    for b in lowered.blocks:
+        kind_plan = plan.kinds[b.kid]
         n = kind_plan.n
-        row = [tid, 0, n, -1, -1] + [-1] * (2 * arity)
-        if t.scatter_rows and n:
-            rows = plan.schedule.row[kind_plan.vertices]
+        row = [b.tid, 0, n, -1, -1] + [-1] * (lowered.table_width - TASK_COLUMNS)
+        if b.scatter_rows and n:
+            if b.kid not in firsts:
+                rows = plan.schedule.row[kind_plan.vertices]
+                first = int(rows[0])
+                ok = int(rows[-1]) - first == n - 1 and (n < 3 or bool((rows[1:] - rows[:-1] == 1).all()))
+                firsts[b.kid] = first if ok else None
+            if firsts[b.kid] is None:
+                return None, None, f"kind '{b.template.kind}': its scatter rows are not contiguous"
+            row[3] = firsts[b.kid]
+        if b.regather and n:
+            rows = np.stack([kind_plan.child_rows[j] for j in fns[b.kid].gathers], axis=1).reshape(-1)
             first = int(rows[0])
-            if rows[-1] - first != n - 1 or (n > 2 and not np.array_equal(rows, np.arange(first, first + n))):
-                return None, None, f"kind '{t.kind}': its scatter rows are not contiguous"
-            row[3] = first
-        if t.regathers and n:
-            k = len(fn.gathers)
-            rows = np.stack([kind_plan.child_rows[j] for j in fn.gathers], axis=1).reshape(-1)
-            first = int(rows[0])
-            if np.array_equal(rows, np.arange(first, first + k * n)):
+            if np.array_equal(rows, np.arange(first, first + b.regather * n)):
                 row[4] = first
         if copies is not None:
-            kp = fn.phases(opts)[0]
-            for j, g in fn.gathers.items():
-                if kp.phase[g] == t.phase:
-                    copies["gather"] += n
-                    copies["gathered"] += n
-            copies["pull"] += n * sum(kp.phase[p] == t.phase for p in fn.pulls.values())
-            copies["push"] += n * sum(kp.phase[p] == t.phase for p in fn.pushes.values())
-        (pre if t.phase == PRE else post).append(row)
-    width = TASK_COLUMNS + 2 * arity
-    return np.array(pre, np.int64).reshape(-1, width), np.array(post, np.int64).reshape(-1, width), None
+            gathers, pulls, pushes = b.moves
+            copies["gather"] += n * gathers
+            copies["gathered"] += n * gathers
+            copies["pull"] += n * pulls
+            copies["push"] += n * pushes
+        (pre if b.phase == PRE else post).append(row)
+    return (np.array(pre, np.int64).reshape(-1, lowered.table_width),
+            np.array(post, np.int64).reshape(-1, lowered.table_width), None)
 
 
 def _count_copies(copies: dict, fn, kp, rows: int, gather_rows: dict) -> None:
