@@ -154,7 +154,7 @@ class Lowered:
     keys: list                  # global buffer keys (index = buffer id); the scratch arena is last
     kernels: np.ndarray
     nregs: int
-    scratch_cols: int
+    scratch_cols: int           # scratch columns per row of the task templates (a block's: its BlockInfo's)
     fixed_size: int = 0
     blocks: list = field(default_factory=list)   # the blocks' BlockInfo, in run order
     blocks_why: str | None = None   # why the blocks before and after the task loop stay in Python (None: they do not)
@@ -605,7 +605,8 @@ def link(fns: list, kids: list, opts, device, backward: bool, training: bool = T
                       np.array(code, np.int64).reshape(-1, WIDTH), np.array(pool or [0], np.int64), ranges,
                       keys_list, np.array([k.address for k in kernels] or [0], np.int64),
                       max((len(t.reg_names) for t in templates), default=1),
-                      max((t.scratch for t in templates), default=0), max((t.fixed for t in templates), default=0),
+                      max((t.scratch for t in templates[:ntask]), default=0),
+                      max((t.fixed for t in templates), default=0),
                       blocks=[_block_info(tid, kid, t, fns[kid], opts, backward) for tid, kid, t in blocks],
                       blocks_why=blocks_why, task_keys=task_keys,
                       table_width=TASK_COLUMNS + 2 * max((len(fn.gathers) for fn in fns if fn is not None), default=0))
@@ -796,8 +797,10 @@ def run(lowered: Lowered, table: np.ndarray, resolve, dtype, forest: bool) -> di
     keep, grads = [None] * n, {}
     rows = table[:, 2]
     max_bs = int(rows.max()) if len(table) else 0
-    if lowered.blocks:   # (the copies below pay for the tasks' products, not for the blocks' few large ones)
-        rows = rows[table[:, 0] < len(lowered.ranges) // 3]
+    nk = len(lowered.ranges) // 3
+    blocks = bool(lowered.blocks) and len(table) and int(table[:, 0].max()) >= nk
+    if blocks:   # (the copies below pay for the tasks' products, not for the blocks' few large ones)
+        rows = rows[table[:, 0] < nk]
     # A static read as a transposed view (∂F's W^T) is copied once per run when multi-row tasks read it enough:
     # OpenBLAS packs a transposed B from strided reads, 25-40% slower per product at 16-64 rows, while the copy
     # costs a few such products (cpu/library.py contiguous). Same values; BLAS may round differently.
@@ -812,7 +815,12 @@ def run(lowered: Lowered, table: np.ndarray, resolve, dtype, forest: bool) -> di
         slots[i] = ffi.from_buffer(a.T if flag else a)   # writes the address into info[0, i]
         sizes[i], strides[i], flags[i] = a.size, stride, flag
 
-    blocks = bool(lowered.blocks) and len(table) and int(table[:, 0].max()) >= len(lowered.ranges) // 3
+    scratch = lowered.scratch_cols * max_bs   # (elements: a task's scratch is its template's columns x its rows)
+    if blocks:   # the blocks' rows are all a kind's: the tasks' arena is sized by the tasks' rows
+        scratch = lowered.scratch_cols * (int(rows.max()) if len(rows) else 0)
+        cols = {b.tid: b.template.scratch for b in lowered.blocks}
+        for tid, n_rows in table[table[:, 0] >= nk][:, [0, 2]].tolist():
+            scratch = max(scratch, cols[tid] * n_rows)
     used = n if blocks or lowered.task_keys is None else lowered.task_keys   # (the blocks' own: left unbound)
     for i, key in enumerate(lowered.keys):
         what = key[0]
@@ -841,7 +849,7 @@ def run(lowered: Lowered, table: np.ndarray, resolve, dtype, forest: bool) -> di
         place(i, a)
     tmp_rows = min(max_bs, SMALL_M_ROWS) if twin_cols and scratch_at is not None else 0
     if scratch_at is not None:
-        place(scratch_at, resolve(("arena", "scratch", lowered.scratch_cols * max_bs + tmp_rows * twin_cols)))
+        place(scratch_at, resolve(("arena", "scratch", scratch + tmp_rows * twin_cols)))
     info[1], info[2], info[3] = sizes, strides, flags
     err = np.zeros(4, np.int64)
     check = int(os.environ.get("MINICAVS_NATIVE_CHECK", "0") not in ("", "0"))
@@ -854,7 +862,7 @@ def run(lowered: Lowered, table: np.ndarray, resolve, dtype, forest: bool) -> di
     rc = ex.run(code, pool, ranges, len(lowered.ranges), p(table), len(table),
                 table.shape[1], row, row + n, row + 2 * n, row + 3 * n, n, n - 1, max_bs, lowered.nregs,
                 kernels, len(lowered.kernels), ex.gemm, ex.gemv, int(ex.ilp64), int(forest), check,
-                p(err), prof, row + 4 * n, lowered.scratch_cols * max_bs, tmp_rows, twin_cols)
+                p(err), prof, row + 4 * n, scratch, tmp_rows, twin_cols)
     if rc:
         _, task, pc, operand = err.tolist()
         where = lowered.text(pc) if 0 <= pc < len(lowered.code) else f"instruction {pc}"
