@@ -94,9 +94,9 @@ def _resolver(fns: list, plan: MemoryPlan, state: "RunState", dtype, btensors=No
             return state.statics[key[2]][key[1]]
         if what == "arena":
             return state.workspace.arena(key[1], key[2], dtype)
-        if what == "pgrad":
+        if what == "pgrad":   # (a block computes a "set" one straight into it: no zeros needed)
             node = next(fn.param_grads[key[1]] for fn in fns if fn is not None and key[1] in fn.param_grads)
-            return np.zeros(node.shape, dtype)
+            return np.empty(node.shape, dtype) if key[-1] == "set" else np.zeros(node.shape, dtype)
         raise KeyError(key)
     return resolve
 

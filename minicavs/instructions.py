@@ -91,6 +91,7 @@ class Template:
         self.fixed = 0                  # elements of values without a row axis (a task's partial gradients)
         self.param_grads: list = []     # parameter names accumulated per task
         self.overlays: dict = {}        # node -> an instruction (its register first) re-pointing its scratch
+        self.direct: dict = {}          # node -> the parameter whose gradient accumulator it is computed into
 
     def reg(self, node: Node | None = None, name: str = "") -> int:
         if node is not None and node in self.regs:
@@ -119,6 +120,8 @@ class Template:
             if node in self.overlays:   # e.g. the scatter gradient's rows, when the task's layout allows
                 op, *args = self.overlays[node]
                 self.emit(op, r, *args)
+        elif node in self.direct:   # a block's parameter gradient: computed straight into its accumulator
+            self.emit("BIND", r, self.buf(("pgrad", self.direct[node], "set")), NONE, 0, cols)
         else:   # a fixed-size value: its own region of the fixed arena
             self.emit("BIND", r, self.buf(("fixed",)), NONE, self.fixed, cols)
             self.fixed += _rows(node) * cols
@@ -377,14 +380,17 @@ def forward_template(fn, opts, device, training: bool, phase: int = TASK) -> Tem
     return t
 
 
-def backward_template(fn, opts, device, phase: int = TASK) -> Template:
+def backward_template(fn, opts, device, phase: int = TASK, direct: bool = False) -> Template:
     """∂F's program of one kind in ``phase``, mirroring program.bind_backward's blocks (PRE and POST: over all
-    the kind's rows, as forward_template's)."""
+    the kind's rows, as forward_template's). ``direct`` (a block whose parameter gradients no other template
+    writes): each is computed straight into its accumulator (which then needs no zeros, no GACC)."""
     kp = fn.phases(opts, device)[1]
     f_stored, _, b_stored, b_places = fn.placement(opts, device, True)
     inplace, copied, concats = b_places[phase]
     b_stored = set(b_stored)
     t = Template(fn.F.name, phase)
+    if direct and phase != TASK:
+        t.direct = {g: name for name, g in fn.param_grads.items() if kp.phase[g] == phase and not g.has_rows}
     statics = set(fn.static_fwd) | set(fn.static_bwd)
     program = kp.programs[phase]
     read = {x for step in program for x in step.inputs}
@@ -472,7 +478,8 @@ def backward_template(fn, opts, device, phase: int = TASK) -> Template:
         if kp.phase[g] == phase:
             if g not in t.regs:
                 raise Unsupported(f"gradient of '{name}' is not computed by the task program")
-            t.emit("GACC", t.buf(("pgrad", name)), t.regs[g], _rows(g), _cols(g))
+            if ("pgrad", name, "set") not in t.buffers:   # (else computed into it)
+                t.emit("GACC", t.buf(("pgrad", name)), t.regs[g], _rows(g), _cols(g))
             t.param_grads.append(name)
     return t
 
@@ -524,12 +531,13 @@ def _children_gradient(fn, kp, inplace, concats) -> Node | None:
     return whole
 
 
-def template(fn, opts, device, backward: bool, training: bool = True, phase: int = TASK) -> Template | str:
+def template(fn, opts, device, backward: bool, training: bool = True, phase: int = TASK,
+             direct: bool = False) -> Template | str:
     """The kind's template of ``phase`` (kept with the function's compiled phases), or why there is none."""
-    key = ("native", opts.compiled, device, backward, training, phase)
+    key = ("native", opts.compiled, device, backward, training, phase, direct)
     if key not in fn._phases:
         try:
-            fn._phases[key] = backward_template(fn, opts, device, phase) if backward else \
+            fn._phases[key] = backward_template(fn, opts, device, phase, direct) if backward else \
                 forward_template(fn, opts, device, training, phase)
         except Unsupported as e:
             where = "" if phase == TASK else f" ({PHASE_WORDS[phase]})"
@@ -561,9 +569,18 @@ def link(fns: list, kids: list, opts, device, backward: bool, training: bool = T
     # the blocks before and after the task loop: all of them native, or all in Python (their order matters:
     # a kind's lazy block reads gradients another kind's lazy block may add)
     blocks, blocks_why = [], None
+    # a parameter gradient that one block alone computes is computed straight into its accumulator
+    writers: dict = {}
+    for kid in kids:
+        kp = fns[kid].phases(opts, device)[1]
+        for name, g in fns[kid].param_grads.items():
+            writers.setdefault(name, []).append(kp.phase[g])
     for phase in (PRE, POST):
         for kid in kids:
-            t = template(fns[kid], opts, device, backward, training, phase)
+            kp = fns[kid].phases(opts, device)[1]
+            direct = backward and all(writers[name] == [phase] for name, g in fns[kid].param_grads.items()
+                                      if kp.phase[g] == phase)
+            t = template(fns[kid], opts, device, backward, training, phase, direct)
             if isinstance(t, str):
                 blocks_why = blocks_why or t
             elif len(t.reg_names) > MAX_REGISTERS:
