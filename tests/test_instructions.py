@@ -6,6 +6,7 @@ the Python interpreter trains, with one warning."""
 from __future__ import annotations
 
 import collections
+import gc
 import itertools
 import os
 import re
@@ -58,7 +59,7 @@ def assert_native_equals_python(run, options, dtype, python_only: str | None = N
     """``run(options)`` -> Result; the native executor must have run the task loop of both passes (or, for a
     model in PYTHON_ONLY, said why it could not), and the blocks before and after it in the same call unless
     the batch says why not (BLOCKS_IN_PYTHON). Returns whether it ran every pass's blocks."""
-    python = run(options)
+    python = run(replace(options, executor="python"))   # (the switches default to the native executor)
     native = run(replace(options, executor="native"))
     blocks = True
     for state in native.states.values():
@@ -218,11 +219,14 @@ def _step_calls(case, graphs, options) -> collections.Counter:
             counts[event] += 1
         if event == "call" and frame.f_code.co_name in ("run_block", "emit_gradients"):
             counts[frame.f_code.co_name] += 1
+    gc.collect()   # (a collection during the step would add its weakref callbacks to the count)
+    gc.disable()
     sys.setprofile(profile)
     try:
         case.model.forward_backward(graphs, feeds, case.params, RunContext())
     finally:
         sys.setprofile(None)
+        gc.enable()
     return counts
 
 
