@@ -163,6 +163,13 @@ class Lowered:
     blocks_why: str | None = None   # why the blocks before and after the task loop stay in Python (None: they do not)
     task_keys: int | None = None    # the buffers the task templates name are keys[:task_keys] (None: all)
     table_width: int = TASK_COLUMNS   # columns of a task-table row
+
+    @property
+    def block_scratch(self) -> dict:
+        """{block template id: its scratch columns per row}."""
+        if "_block_scratch" not in self.__dict__:
+            self.__dict__["_block_scratch"] = {b.tid: b.template.scratch for b in self.blocks}
+        return self.__dict__["_block_scratch"]
     pointers: tuple | None = field(default=None, repr=False, compare=False)   # code, pool, ranges, kernels
 
     def lines(self, blocks: bool = True) -> list[str]:
@@ -826,18 +833,24 @@ def run(lowered: Lowered, table: np.ndarray, resolve, dtype, forest: bool) -> di
     copier = library(dtype) if max_bs > 1 and int(rows[rows > 1].sum()) >= CONTIGUOUS_STATICS_ROWS else None
     twin_cols, scratch_at = 0, None
 
+    from_buffer = ffi.from_buffer
+
     def place(i, a):
-        a, stride, flag = _matrix_info(a)
+        if a.flags.c_contiguous and a.ndim <= 2:   # (the common case, without _matrix_info's call)
+            stride, flag = (a.shape[-1] if a.ndim else 1), 0
+        else:
+            a, stride, flag = _matrix_info(a)
         keep[i] = a
-        slots[i] = ffi.from_buffer(a.T if flag else a)   # writes the address into info[0, i]
+        slots[i] = from_buffer(a.T if flag else a)   # writes the address into info[0, i]
         sizes[i], strides[i], flags[i] = a.size, stride, flag
 
     scratch = lowered.scratch_cols * max_bs   # (elements: a task's scratch is its template's columns x its rows)
     if blocks:   # the blocks' rows are all a kind's: the tasks' arena is sized by the tasks' rows
         scratch = lowered.scratch_cols * (int(rows.max()) if len(rows) else 0)
-        cols = {b.tid: b.template.scratch for b in lowered.blocks}
-        for tid, n_rows in table[table[:, 0] >= nk][:, [0, 2]].tolist():
-            scratch = max(scratch, cols[tid] * n_rows)
+        cols = lowered.block_scratch
+        for tid, n_rows in zip(table[:, 0].tolist(), table[:, 2].tolist()):
+            if tid >= nk:
+                scratch = max(scratch, cols[tid] * n_rows)
     used = n if blocks or lowered.task_keys is None else lowered.task_keys   # (the blocks' own: left unbound)
     for i, key in enumerate(lowered.keys):
         what = key[0]
