@@ -1,4 +1,4 @@
-"""The task loop of a batch program as an instruction stream for the native executor (VPPS's script, CPU).
+"""A batch program (its blocks and task loop) as an instruction stream for the native executor (VPPS's script, CPU).
 
 Per vertex kind and direction (F or ∂F) the kind's task program is lowered once to a *template*: fixed-width
 int64 instructions (codegen/native.py's ``OPCODES``) whose addresses are relative to a task's rows (its offset
@@ -10,17 +10,22 @@ arrays, parameters, parameter-gradient accumulators, one scratch arena) and buil
 then expands template x task table. So the Python work of a native pass does not grow with the number of
 tasks (the schedule and memory plan before it still do, in numpy and some Python: see the issue's report).
 
-Only the task loop is native: the blocks before and after it (eager and lazy phases) are one block per kind,
-which the Python interpreter runs as before. A task program the lowering cannot express (an op with no
-native lowering, such as dropout; a value of more than two axes; a row-sparse gradient) leaves the whole pass
-to the Python interpreter (:func:`lower` says why); so does streaming (the eager stream is a worker thread
-that runs blocks task by task).
+The blocks before and after the task loop (eager and lazy batching: one block per kind over all its rows) are
+templates too, run as one task each of all the kind's rows (kind offset 0, scatter offset the kind's first
+scatter row; block_rows adds their rows before and after the task table), so one C call runs a pass's
+blocks, tasks and blocks. They stay with the Python interpreter, all of them, when one cannot be lowered
+(the pass's ``native_why`` says why; the task loop stays native), or when a batch lays a kind's scatter
+rows out in more than one block (2Type, lattice: kinds interleaved by height). A task program the lowering
+cannot express (an op with no native lowering, such as dropout; a value of more than two axes; a row-sparse
+gradient) leaves the whole pass to the Python interpreter (:func:`link` says why); so does streaming (the
+eager stream is a worker thread that runs blocks task by task).
 
 Registers: every value of a template is a register (pointer, row stride, transposed flag, buffer) set by the
 instruction that binds or computes it; views (row blocks, column slices, strided gathers, transposes,
-identities) only set registers, computed values get a region of the scratch arena (``off`` x the batch's
-largest task). Parameter gradients computed per task are added into accumulators zeroed per batch (0 + g is
-exact, so the numbers equal the Python path's copy-then-add up to summation order).
+identities) only set registers, computed values get a region of the scratch arena (``off`` x the task's
+rows). Parameter gradients computed per task are added into accumulators zeroed per batch (0 + g is
+exact, so the numbers equal the Python path's copy-then-add up to summation order); one that a block alone
+computes is computed straight into its accumulator.
 """
 from __future__ import annotations
 
