@@ -49,6 +49,18 @@ def _resolver(fns: list, plan: MemoryPlan, state: "RunState", dtype, btensors=No
     def index(a):
         return np.ascontiguousarray(a, np.int64)
 
+    sparse: dict = {}
+
+    def coalesced(name):
+        """A row-sparse push gradient (Tree-FC's: the roots' rows) read where it is: its rows, one per index,
+        which the kinds' push rows are mapped onto (-1: a zero row; the executor's TAKE writes zeros)."""
+        if name not in sparse:
+            grad = push_grads[name].checked(f"gradient of push '{name}'").coalesce()
+            where = np.full(grad.shape[0], -1, np.int64)
+            where[grad.indices] = np.arange(len(grad.indices))
+            sparse[name] = (np.ascontiguousarray(grad.rows), where)
+        return sparse[name]
+
     def resolve(key):
         what = key[0]
         if what == "tensor":
@@ -64,6 +76,8 @@ def _resolver(fns: list, plan: MemoryPlan, state: "RunState", dtype, btensors=No
         if what == "pullrows":
             return index(plan.kinds[key[2]].pull_rows[key[1]])
         if what == "pushrows":
+            if push_grads is not None and isinstance(push_grads.get(key[1]), RowSparse):
+                return coalesced(key[1])[1][plan.kinds[key[2]].push_rows[key[1]]]
             return index(plan.kinds[key[2]].push_rows[key[1]])
         if what == "pull":
             return state.pull_bufs[key[1]]
@@ -72,14 +86,17 @@ def _resolver(fns: list, plan: MemoryPlan, state: "RunState", dtype, btensors=No
         if what == "pullgrad":
             return pull_grads[key[1]]
         if what == "pushgrad":
-            return push_grads[key[1]]
+            grad = push_grads[key[1]]
+            if isinstance(grad, RowSparse):
+                return coalesced(key[1])[0]
+            return grad if grad.flags.c_contiguous else np.ascontiguousarray(grad)   # (e.g. a broadcast)
         if what == "static":
             return state.statics[key[2]][key[1]]
         if what == "arena":
             return state.workspace.arena(key[1], key[2], dtype)
-        if what == "pgrad":
+        if what == "pgrad":   # (a block computes a "set" one straight into it: no zeros needed)
             node = next(fn.param_grads[key[1]] for fn in fns if fn is not None and key[1] in fn.param_grads)
-            return np.zeros(node.shape, dtype)
+            return np.empty(node.shape, dtype) if key[-1] == "set" else np.zeros(node.shape, dtype)
         raise KeyError(key)
     return resolve
 
@@ -105,6 +122,11 @@ class RunState:
     def scatter(self):
         """The scatter tensor when every kind scatters one shape (the usual case), else None."""
         return next(iter(self.scatters.values())) if len(self.scatters) == 1 else None
+
+
+def _with_blocks(table: np.ndarray, pre: np.ndarray, post: np.ndarray) -> np.ndarray:
+    """The task table with the rows of the blocks before and after the task loop (instructions.block_rows)."""
+    return np.concatenate([pre, table, post]) if len(pre) or len(post) else table
 
 
 def _device_index(xp, rows: np.ndarray):
@@ -144,7 +166,13 @@ def forward(fns: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContex
         state.statics.append(static)
 
     native, why = _native(fns, active, opts, device, dtype, False, workspace, training)
-    program = bind_forward(fns, plan, state, opts, device, active, training, with_tasks=native is None)
+    blocks = None
+    if native is not None:
+        block_copies = {"gather": 0, "gathered": 0, "pull": 0, "push": 0}
+        pre, post, why = instructions.block_rows(native, fns, plan, opts, copies=block_copies)
+        blocks = None if why is not None else (pre, post)
+    program = bind_forward(fns, plan, state, opts, device, active, training, with_tasks=native is None,
+                           with_blocks=blocks is None)
     program.native_why = why
     state.program = program
     state.copies = program.copies
@@ -164,6 +192,10 @@ def forward(fns: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContex
         program.native, program.task_table = native, table
         for k, v in copies.items():
             program.copies[k] += v
+        if blocks is not None:   # one call runs the blocks before the task loop, the tasks and the blocks after
+            for k, v in block_copies.items():
+                program.copies[k] += v
+            table = program.native_table = _with_blocks(table, *blocks)
         instructions.run(native, table, _resolver(fns, plan, state, dtype.np), dtype.np, plan.forest)
     for t, block in enumerate(program.tasks):
         if events is not None:
@@ -236,8 +268,12 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
 
     push_grads = _dense_where_tasks_read(fns, active, opts, device, push_grads)
     native, why = _native(fns, active, opts, device, dtype, True, workspace)
+    blocks = None
+    if native is not None:
+        pre, post, why = instructions.block_rows(native, fns, plan, opts)
+        blocks = None if why is not None else (pre, post)
     program = bind_backward(fns, plan, state, opts, device, active, btensors, sgrads, push_grads, pull_grads,
-                            row_kernels, with_tasks=native is None)
+                            row_kernels, with_tasks=native is None, with_blocks=blocks is None)
     program.native_why = why
     state.backward_program = program
     statics = state.statics
@@ -258,6 +294,8 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
         table = np.ascontiguousarray(forward_table[::-1]) if forward_table is not None else \
             instructions.task_table(fns, plan, opts, backward=True)[0]
         program.native, program.task_table = native, table
+        if blocks is not None:
+            table = program.native_table = _with_blocks(table, *blocks)
         resolve = _resolver(fns, plan, state, dtype.np, btensors, sgrads, push_grads, pull_grads)
         for name, g in instructions.run(native, table, resolve, dtype.np, plan.forest).items():
             prev = param_grads.get(name)

@@ -58,7 +58,9 @@ class Explanation:
             for program in r.programs:
                 blocks = program.blocks()
                 tasks = (f"{len(program.task_table)} tasks by the native executor ({len(program.native.code)} "
-                         f"instructions in its templates)" if program.native is not None else f"{len(program.tasks)} tasks")
+                         f"instructions in its templates" + ("; its call also runs the blocks before and after them)"
+                                                             if program.native_table is not None else ")")
+                         if program.native is not None else f"{len(program.tasks)} tasks")
                 lines.append(f"  {program.title}: {len(blocks)} blocks ({len(program.before)} before tasks, "
                              f"{tasks}, {len(program.after)} after), "
                              f"{sum(len(b.steps) for b in blocks)} steps run in Python, "

@@ -1,4 +1,4 @@
-"""The task loop of a batch program as an instruction stream for the native executor (VPPS's script, CPU).
+"""A batch program (its blocks and task loop) as an instruction stream for the native executor (VPPS's script, CPU).
 
 Per vertex kind and direction (F or ∂F) the kind's task program is lowered once to a *template*: fixed-width
 int64 instructions (codegen/native.py's ``OPCODES``) whose addresses are relative to a task's rows (its offset
@@ -10,17 +10,22 @@ arrays, parameters, parameter-gradient accumulators, one scratch arena) and buil
 then expands template x task table. So the Python work of a native pass does not grow with the number of
 tasks (the schedule and memory plan before it still do, in numpy and some Python: see the issue's report).
 
-Only the task loop is native: the blocks before and after it (eager and lazy phases) are one block per kind,
-which the Python interpreter runs as before. A task program the lowering cannot express (an op with no
-native lowering, such as dropout; a value of more than two axes; a row-sparse gradient) leaves the whole pass
-to the Python interpreter (:func:`lower` says why); so does streaming (the eager stream is a worker thread
-that runs blocks task by task).
+The blocks before and after the task loop (eager and lazy batching: one block per kind over all its rows) are
+templates too, run as one task each of all the kind's rows (kind offset 0, scatter offset the kind's first
+scatter row; block_rows adds their rows before and after the task table), so one C call runs a pass's
+blocks, tasks and blocks. They stay with the Python interpreter, all of them, when one cannot be lowered
+(the pass's ``native_why`` says why; the task loop stays native), or when a batch lays a kind's scatter
+rows out in more than one block (2Type, lattice: kinds interleaved by height). A task program the lowering
+cannot express (an op with no native lowering, such as dropout; a value of more than two axes; a row-sparse
+gradient) leaves the whole pass to the Python interpreter (:func:`link` says why); so does streaming (the
+eager stream is a worker thread that runs blocks task by task).
 
 Registers: every value of a template is a register (pointer, row stride, transposed flag, buffer) set by the
 instruction that binds or computes it; views (row blocks, column slices, strided gathers, transposes,
-identities) only set registers, computed values get a region of the scratch arena (``off`` x the batch's
-largest task). Parameter gradients computed per task are added into accumulators zeroed per batch (0 + g is
-exact, so the numbers equal the Python path's copy-then-add up to summation order).
+identities) only set registers, computed values get a region of the scratch arena (``off`` x the task's
+rows). Parameter gradients computed per task are added into accumulators zeroed per batch (0 + g is
+exact, so the numbers equal the Python path's copy-then-add up to summation order); one that a block alone
+computes is computed straight into its accumulator.
 """
 from __future__ import annotations
 
@@ -31,7 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .codegen.native import ARG_KINDS, MAX_ARGS, MAX_REGISTERS, OPCODES, OPS as OPCODE, WIDTH
-from .compile import TASK
+from .compile import POST, PRE, TASK
 from .cpu import CPU
 from .cpu import native as cpu_native
 from .cpu.library import library
@@ -51,6 +56,7 @@ class NativeCheckError(RuntimeError):
 OPCODES_BY_ID = list(OPCODES)
 NONE, KIND_ROWS, SCATTER_ROWS = 0, 1, 2
 MODE_NAMES = {NONE: "0", KIND_ROWS: "task rows", SCATTER_ROWS: "scatter rows"}
+PHASE_WORDS = {PRE: "before tasks", TASK: "task", POST: "after tasks"}
 TASK_COLUMNS = 5   # kind, kind offset, rows, scatter offset, first row of the sibling-concat view (-1: none)
 
 
@@ -76,8 +82,10 @@ def _dim(d) -> int:
 class Template:
     """One kind's task program (F or ∂F) as instructions over local registers and buffer keys."""
 
-    def __init__(self, kind: str):
-        self.kind = kind
+    def __init__(self, kind: str, phase: int = TASK):
+        self.kind, self.phase = kind, phase
+        self.scatter_rows = False       # binds rows of a scatter tensor (or its gradient) at the scatter offset
+        self.regathers = False          # (POST of ∂F) gathers the children's concat again: a view when side by side
         self.code: list = []            # (opcode name, operands...)
         self.pool: list = []            # fused kernels' argument lists
         self.regs: dict = {}            # node -> register
@@ -88,6 +96,7 @@ class Template:
         self.fixed = 0                  # elements of values without a row axis (a task's partial gradients)
         self.param_grads: list = []     # parameter names accumulated per task
         self.overlays: dict = {}        # node -> an instruction (its register first) re-pointing its scratch
+        self.direct: dict = {}          # node -> the parameter whose gradient accumulator it is computed into
 
     def reg(self, node: Node | None = None, name: str = "") -> int:
         if node is not None and node in self.regs:
@@ -103,6 +112,8 @@ class Template:
 
     def emit(self, op: str, *args: int) -> None:
         assert len(args) == len(OPCODES[op]) and len(args) < WIDTH, (op, args)
+        if op == "BIND" and args[2] == SCATTER_ROWS:
+            self.scatter_rows = True
         self.code.append((op,) + tuple(int(a) for a in args))
 
     def scratch_reg(self, node: Node) -> int:
@@ -114,6 +125,8 @@ class Template:
             if node in self.overlays:   # e.g. the scatter gradient's rows, when the task's layout allows
                 op, *args = self.overlays[node]
                 self.emit(op, r, *args)
+        elif node in self.direct:   # a block's parameter gradient: computed straight into its accumulator
+            self.emit("BIND", r, self.buf(("pgrad", self.direct[node], "set")), NONE, 0, cols)
         else:   # a fixed-size value: its own region of the fixed arena
             self.emit("BIND", r, self.buf(("fixed",)), NONE, self.fixed, cols)
             self.fixed += _rows(node) * cols
@@ -140,31 +153,47 @@ class Lowered:
     """The templates of one pass, linked: one code array for all kinds (instructions per kind range)."""
 
     title: str
-    kids: list
+    kids: list                  # per template: its id (a task's: its kind id; a block's: kinds + kind id before
+                                # the task loop, 2 x kinds + kind id after it)
     templates: list
     code: np.ndarray
     pool: np.ndarray
-    ranges: np.ndarray          # per kind id: [begin, end) of its template
+    ranges: np.ndarray          # per template id: [begin, end) of its instructions
     keys: list                  # global buffer keys (index = buffer id); the scratch arena is last
     kernels: np.ndarray
     nregs: int
-    scratch_cols: int
+    scratch_cols: int           # scratch columns per row of the task templates (a block's: its BlockInfo's)
     fixed_size: int = 0
+    blocks: list = field(default_factory=list)   # the blocks' BlockInfo, in run order
+    blocks_why: str | None = None   # why the blocks before and after the task loop stay in Python (None: they do not)
+    task_keys: int | None = None    # the buffers the task templates name are keys[:task_keys] (None: all)
+    table_width: int = TASK_COLUMNS   # columns of a task-table row
+
+    @property
+    def block_scratch(self) -> dict:
+        """{block template id: its scratch columns per row}."""
+        if "_block_scratch" not in self.__dict__:
+            self.__dict__["_block_scratch"] = {b.tid: b.template.scratch for b in self.blocks}
+        return self.__dict__["_block_scratch"]
     pointers: tuple | None = field(default=None, repr=False, compare=False)   # code, pool, ranges, kernels
 
-    def lines(self) -> list[str]:
-        """The templates, one instruction a line: opcode and named operands."""
+    def lines(self, blocks: bool = True) -> list[str]:
+        """The templates, one instruction a line: opcode and named operands (``blocks``: also those of the
+        blocks before and after the task loop)."""
         out = []
-        for kid, t in zip(self.kids, self.templates):
-            begin, end = self.ranges[kid]
-            out.append(f"kind '{t.kind}' task template (instructions {begin}:{end}):")
+        for tid, t in zip(self.kids, self.templates):
+            if t.phase != TASK and not blocks:
+                continue
+            begin, end = self.ranges[tid]
+            what = "task" if t.phase == TASK else PHASE_WORDS[t.phase] + " block"
+            out.append(f"kind '{t.kind}' {what} template (instructions {begin}:{end}):")
             out += [f"  {pc}: {self.text(pc, t)}" for pc in range(begin, end)]
         return out
 
     def text(self, pc: int, template: Template | None = None) -> str:
         if template is None:
-            template = next(t for kid, t in zip(self.kids, self.templates) if self.ranges[kid][0] <= pc
-                            < self.ranges[kid][1])
+            template = next(t for tid, t in zip(self.kids, self.templates) if self.ranges[tid][0] <= pc
+                            < self.ranges[tid][1])
         row = self.code[pc]
         name = list(OPCODES)[int(row[0])]
         parts = []
@@ -303,34 +332,42 @@ def _singles(fn, device) -> dict:
     return fn._phases.setdefault(("native single kernels", device), {})
 
 
-def forward_template(fn, opts, device, training: bool) -> Template:
-    """F's task program of one kind, mirroring program.bind_forward's task blocks."""
+def forward_template(fn, opts, device, training: bool, phase: int = TASK) -> Template:
+    """F's program of one kind in ``phase``, mirroring program.bind_forward's blocks: TASK's runs per task;
+    PRE's and POST's (eager and lazy batching) run once over all the kind's rows, as a task of those rows
+    (``block_rows``: kind offset 0, scatter offset the kind's first scatter row)."""
     kp = fn.phases(opts, device)[0]
-    inplace, copied, concats = fn.placement(opts, device, training)[1][TASK]
-    t = Template(fn.F.name)
+    f_stored = fn.placement(opts, device, training)[0]
+    inplace, copied, concats = fn.placement(opts, device, training)[1][phase]
+    t = Template(fn.F.name, phase)
     statics = set(fn.static_fwd)
-    for x in kp.reads[TASK]:
-        t.bind(x, ("tensor", x), KIND_ROWS, 0, _width(x.vshape))
+    smsg = fn.scatter_message
+    lazy = fn.lazy_scatter_reads(opts, device) if phase != TASK else {}
+    for x in kp.reads[phase]:
+        if phase == TASK or x in f_stored:
+            t.bind(x, ("tensor", x), KIND_ROWS, 0, _width(x.vshape))
+        else:   # the lazy phase reads the scattered value back from the scatter tensor (alias.py)
+            t.bind(x, ("scatter", smsg), SCATTER_ROWS, lazy[x][0], _width(smsg))
+    elide = phase == TASK and opts.gather_elision
     for j, g in fn.gathers.items():
-        if kp.phase[g] == TASK:
+        if kp.phase[g] == phase:
             message = fn.gather_messages[j]
             width = _width(message)
             t.emit("GATHER", t.reg(g), t.buf(("scatter", message)), width, t.buf(("child", j)), j,
-                   int(opts.gather_elision), t.scratch)
+                   int(elide), t.scratch)
             t.scratch += width
     cat = fn.gather_concat
-    cat_view = cat is not None and opts.gather_elision and kp.phase.get(cat) == TASK
+    cat_view = cat is not None and elide and kp.phase.get(cat) == TASK
     if cat_view:
         message = cat.inputs[0].vshape
         t.emit("CATVIEW", t.reg(cat), t.buf(("scatter", message)), _width(message), len(fn.gathers), 0)
     for name, p in fn.pulls.items():
-        if kp.phase[p] == TASK:
+        if kp.phase[p] == phase:
             t.take(p, ("pull", name), _width(p.vshape), ("pullrows", name))
     for node in inplace:
         t.bind(node, ("tensor", node), KIND_ROWS, 0, _width(node.vshape))
     written = set(inplace) | {m for _, parts in concats for m, _, _ in parts}
     src, direct = fn.scatter_source, False
-    smsg = fn.scatter_message
     for c, parts in concats:
         if c not in t.regs:
             if c is src:
@@ -340,14 +377,14 @@ def forward_template(fn, opts, device, training: bool) -> Template:
                 t.scratch_reg(c)
         for m, a, _ in parts:
             t.emit("COLS", t.reg(m), t.regs[c], a)
-    if (not direct and src in kp.inplace and src not in written and kp.phase.get(src) == TASK):
+    if (not direct and src in kp.inplace and src not in written and kp.phase.get(src) == phase):
         t.bind(src, ("scatter", smsg), SCATTER_ROWS, 0, _width(smsg))
         direct = True
-    _steps(t, kp.programs[TASK], statics, device, _singles(fn, device), cat if cat_view else None)
-    if fn.scattered is not None and kp.phase[fn.scattered] == TASK and not direct:
+    _steps(t, kp.programs[phase], statics, device, _singles(fn, device), cat if cat_view else None)
+    if fn.scattered is not None and kp.phase[fn.scattered] == phase and not direct:
         t.copy_to(("scatter", smsg), SCATTER_ROWS, _width(smsg), fn.scattered)
     for name, p in fn.pushes.items():
-        if kp.phase[p] == TASK:
+        if kp.phase[p] == phase:
             t.emit("PUT", t.buf(("push", name)), _width(p.vshape), t.buf(("pushrows", name)), t.regs[p],
                    _cols(p))
     for node in copied:
@@ -355,25 +392,35 @@ def forward_template(fn, opts, device, training: bool) -> Template:
     return t
 
 
-def backward_template(fn, opts, device) -> Template:
-    """∂F's task program of one kind, mirroring program.bind_backward's task blocks."""
+def backward_template(fn, opts, device, phase: int = TASK, direct: bool = False) -> Template:
+    """∂F's program of one kind in ``phase``, mirroring program.bind_backward's blocks (PRE and POST: over all
+    the kind's rows, as forward_template's). ``direct`` (a block whose parameter gradients no other template
+    writes): each is computed straight into its accumulator (which then needs no zeros, no GACC)."""
     kp = fn.phases(opts, device)[1]
     f_stored, _, b_stored, b_places = fn.placement(opts, device, True)
-    inplace, copied, concats = b_places[TASK]
+    inplace, copied, concats = b_places[phase]
     b_stored = set(b_stored)
-    t = Template(fn.F.name)
+    t = Template(fn.F.name, phase)
+    if direct and phase != TASK:
+        t.direct = {g: name for name, g in fn.param_grads.items() if kp.phase[g] == phase and not g.has_rows}
     statics = set(fn.static_fwd) | set(fn.static_bwd)
-    program = kp.programs[TASK]
+    program = kp.programs[phase]
     read = {x for step in program for x in step.inputs}
     read.update(x for x in copied)
-    read.update(g for leaf, g in fn.leaf_grads.items() if kp.phase[g] == TASK)
-    read.update(g for g in fn.param_grads.values() if kp.phase[g] == TASK)
+    read.update(g for leaf, g in fn.leaf_grads.items() if kp.phase[g] == phase)
+    read.update(g for g in fn.param_grads.values() if kp.phase[g] == phase)
+    read.update(ct for out, ct in fn.ct.items() if kp.phase[ct] == phase and ct in b_stored)
     bound = set()
     for node in f_stored:
         if node in read:
             t.bind(node, ("tensor", node), KIND_ROWS, 0, _width(node.vshape))
         bound.add(node)
     smsg = fn.scatter_message
+    if phase == POST:
+        for cat in fn.lazy_gather_reads(opts, device):   # gathered again from the scatter tensor
+            if cat in read:
+                _regather(t, fn, cat)
+            bound.add(cat)
     if fn.scatter_parts:
         for x, (a, b) in fn.scatter_parts.items():
             if x not in bound:
@@ -385,14 +432,23 @@ def backward_template(fn, opts, device) -> Template:
             if x in read:
                 t.take(x, ("pull", name), _width(x.vshape), ("pullrows", name))
             bound.add(x)
-    for x in kp.reads[TASK]:
+    lazy = fn.lazy_scatter_reads(opts, device) if phase != TASK else {}
+    for x in kp.reads[phase]:
         if x in b_stored:
             t.bind(x, ("btensor", x), KIND_ROWS, 0, _width(x.vshape))
+        elif x in lazy and x not in bound and x in read:   # the scattered value's cotangent, from the scatter gradient
+            t.bind(x, ("sgrad", smsg), SCATTER_ROWS, lazy[x][0], _width(smsg))
     for out, ct in fn.ct.items():
-        if kp.phase[ct] != TASK:
+        if kp.phase[ct] != phase:
             continue
         if out is fn.scattered:
             t.bind(ct, ("sgrad", smsg), SCATTER_ROWS, 0, _width(smsg))
+        elif ct in b_stored:   # taken straight into the tensor that keeps it for a later phase
+            width = _width(ct.vshape)
+            t.bind(ct, ("btensor", ct), KIND_ROWS, 0, width)
+            t.emit("TAKETO", t.regs[ct], t.buf(("pushgrad", out.name)), width, t.buf(("pushrows", out.name)),
+                   _cols(ct), 0)
+            continue
         else:
             t.take(ct, ("pushgrad", out.name), _width(ct.vshape), ("pushrows", out.name))
         if ct in b_stored:
@@ -404,7 +460,7 @@ def backward_template(fn, opts, device) -> Template:
             t.scratch_reg(c)
         for m, a, _ in parts:
             t.emit("COLS", t.reg(m), t.regs[c], a)
-    grad_cat = _children_gradient(fn, kp, inplace, concats) if opts.gather_elision else None
+    grad_cat = _children_gradient(fn, kp, inplace, concats) if opts.gather_elision and phase == TASK else None
     if grad_cat is not None:
         message = fn.gather_messages[0]
         t.overlays[grad_cat] = ("CATVIEW", t.buf(("sgrad", message)), _width(message), len(fn.gathers), 1)
@@ -416,7 +472,7 @@ def backward_template(fn, opts, device) -> Template:
         t.emit("SKIP_IF_CAT", len(fn.gathers), 1)
         skip_at = len(t.code)
     for leaf, g in grads:
-        if kp.phase[g] != TASK:
+        if kp.phase[g] != phase:
             continue
         if g not in t.regs:
             raise Unsupported(f"gradient {g.label()} is not computed by the task program")
@@ -424,19 +480,40 @@ def backward_template(fn, opts, device) -> Template:
         if j is not None:
             message = fn.gather_messages[j]
             t.emit("ADJ", t.buf(("sgrad", message)), _width(message), t.buf(("child", j)), j,
-                   int(opts.gather_elision), t.regs[g], _cols(g))
+                   int(opts.gather_elision and phase == TASK), t.regs[g], _cols(g))
         else:
             t.emit("PUT", t.buf(("pullgrad", leaf.name)), _width(leaf.vshape), t.buf(("pullrows", leaf.name)),
                    t.regs[g], _cols(g))
     if grad_cat is not None:
         assert [c[0] for c in t.code[skip_at:skip_at + len(fn.gathers)]] == ["ADJ"] * len(fn.gathers)
     for name, g in fn.param_grads.items():
-        if kp.phase[g] == TASK:
+        if kp.phase[g] == phase:
             if g not in t.regs:
                 raise Unsupported(f"gradient of '{name}' is not computed by the task program")
-            t.emit("GACC", t.buf(("pgrad", name)), t.regs[g], _rows(g), _cols(g))
+            if ("pgrad", name, "set") not in t.buffers:   # (else computed into it)
+                t.emit("GACC", t.buf(("pgrad", name)), t.regs[g], _rows(g), _cols(g))
             t.param_grads.append(name)
     return t
+
+
+def _regather(t: Template, fn, cat: Node) -> None:
+    """∂F's lazy phase reads the concat of the gathers over all the kind's rows (Tree-FC's [h_l; h_r] for
+    dW): a view of the scatter tensor when child j of row i is row first + k*i + j (the row of the block's
+    task table says first, as a task's concat view), else the children's rows copied side by side."""
+    message = fn.gather_messages[0]
+    width, k = _width(message), len(fn.gathers)
+    r = t.reg(cat)
+    t.regathers = True
+    t.emit("CATVIEW", r, t.buf(("scatter", message)), width, k, 0)
+    mark = len(t.code)
+    t.emit("SKIP_IF_CAT", 0, 0)
+    t.scratch_reg(cat)
+    for j in fn.gathers:
+        part = t.reg(name=f"{t.reg_names[r]}[:, {j * width}:]")
+        t.emit("COLS", part, r, j * width)
+        t.emit("TAKETO", part, t.buf(("scatter", fn.gather_messages[j])), _width(fn.gather_messages[j]),
+               t.buf(("child", j)), width, 0)
+    t.code[mark] = ("SKIP_IF_CAT", len(t.code) - mark - 1, 0)
 
 
 def _children_gradient(fn, kp, inplace, concats) -> Node | None:
@@ -466,15 +543,17 @@ def _children_gradient(fn, kp, inplace, concats) -> Node | None:
     return whole
 
 
-def template(fn, opts, device, backward: bool, training: bool = True) -> Template | str:
-    """The kind's template (kept with the function's compiled phases), or why there is none."""
-    key = ("native", opts.compiled, device, backward, training)
+def template(fn, opts, device, backward: bool, training: bool = True, phase: int = TASK,
+             direct: bool = False) -> Template | str:
+    """The kind's template of ``phase`` (kept with the function's compiled phases), or why there is none."""
+    key = ("native", opts.compiled, device, backward, training, phase, direct)
     if key not in fn._phases:
         try:
-            fn._phases[key] = backward_template(fn, opts, device) if backward else \
-                forward_template(fn, opts, device, training)
+            fn._phases[key] = backward_template(fn, opts, device, phase, direct) if backward else \
+                forward_template(fn, opts, device, training, phase)
         except Unsupported as e:
-            fn._phases[key] = f"kind '{fn.F.name}': {e}"
+            where = "" if phase == TASK else f" ({PHASE_WORDS[phase]})"
+            fn._phases[key] = f"kind '{fn.F.name}'{where}: {e}"
     return fn._phases[key]
 
 
@@ -487,7 +566,8 @@ def link(fns: list, kids: list, opts, device, backward: bool, training: bool = T
     hit = cache.get(key)
     if hit is not None and all(a is b for a, b in zip(hit[0], fns)):
         return hit[1]
-    templates = []
+    nk = len(fns)
+    templates, tids = [], []
     for kid in kids:
         t = template(fns[kid], opts, device, backward, training)
         if isinstance(t, str):
@@ -497,11 +577,42 @@ def link(fns: list, kids: list, opts, device, backward: bool, training: bool = T
             cache[key] = (list(fns), f"kind '{t.kind}': {len(t.reg_names)} registers (at most {MAX_REGISTERS})")
             return cache[key][1]
         templates.append(t)
+        tids.append(kid)
+    # the blocks before and after the task loop: all of them native, or all in Python (their order matters:
+    # a kind's lazy block reads gradients another kind's lazy block may add)
+    blocks, blocks_why = [], None
+    # a parameter gradient that one block alone computes is computed straight into its accumulator
+    writers: dict = {}
+    for kid in kids:
+        kp = fns[kid].phases(opts, device)[1]
+        for name, g in fns[kid].param_grads.items():
+            writers.setdefault(name, []).append(kp.phase[g])
+    for phase in (PRE, POST):
+        for kid in kids:
+            kp = fns[kid].phases(opts, device)[1]
+            direct = backward and all(writers[name] == [phase] for name, g in fns[kid].param_grads.items()
+                                      if kp.phase[g] == phase)
+            t = template(fns[kid], opts, device, backward, training, phase, direct)
+            if isinstance(t, str):
+                blocks_why = blocks_why or t
+            elif len(t.reg_names) > MAX_REGISTERS:
+                blocks_why = blocks_why or f"kind '{t.kind}' ({PHASE_WORDS[phase]}): {len(t.reg_names)} registers"
+            elif t.code:
+                blocks.append(((1 if phase == PRE else 2) * nk + kid, kid, t))
+    if blocks_why is not None:
+        blocks = []
+    ntask = len(templates)
+    templates += [t for _, _, t in blocks]
+    tids += [tid for tid, _, _ in blocks]
     keys: dict = {}
     kernels: list = []
     code, pool = [], []
-    ranges = np.zeros((len(fns), 2), np.int64)
-    for kid, t in zip(kids, templates):
+    ranges = np.zeros((3 * nk, 2), np.int64)
+    task_keys = 0
+    for i, (tid, t) in enumerate(zip(tids, templates)):
+        kid = tid % nk
+        if i == ntask:
+            task_keys = len(keys)
         local_buf = {i: keys.setdefault(_global_key(k, kid), len(keys)) for k, i in t.buffers.items()}
         local_kernel = {}
         for i, k in enumerate(t.kernels):
@@ -515,13 +626,19 @@ def link(fns: list, kids: list, opts, device, backward: bool, training: bool = T
                     else v + len(pool) if n == "pool" else v for n, v in zip(names, args)]
             code.append([OPCODE[op]] + args + [0] * (WIDTH - 1 - len(args)))
         pool += t.pool
-        ranges[kid] = (begin, len(code))
+        ranges[tid] = (begin, len(code))
     keys_list = list(keys) + [("scratch",)]
-    lowered = Lowered("∂F" if backward else "F", list(kids), templates,
+    if len(templates) == ntask:
+        task_keys = len(keys)
+    lowered = Lowered("∂F" if backward else "F", tids, templates,
                       np.array(code, np.int64).reshape(-1, WIDTH), np.array(pool or [0], np.int64), ranges,
                       keys_list, np.array([k.address for k in kernels] or [0], np.int64),
                       max((len(t.reg_names) for t in templates), default=1),
-                      max((t.scratch for t in templates), default=0), max((t.fixed for t in templates), default=0))
+                      max((t.scratch for t in templates[:ntask]), default=0),
+                      max((t.fixed for t in templates), default=0),
+                      blocks=[_block_info(tid, kid, t, fns[kid], opts, backward) for tid, kid, t in blocks],
+                      blocks_why=blocks_why, task_keys=task_keys,
+                      table_width=TASK_COLUMNS + 2 * max((len(fn.gathers) for fn in fns if fn is not None), default=0))
     cache[key] = (list(fns), lowered)
     return lowered
 
@@ -596,6 +713,66 @@ def task_table(fns: list, plan, opts, backward: bool) -> tuple[np.ndarray, dict]
     return np.ascontiguousarray(table), copies
 
 
+@dataclass
+class BlockInfo:
+    """What a batch needs to know of one linked block template (found once, when linked)."""
+
+    tid: int                # its template id
+    kid: int
+    phase: int
+    template: Template
+    scatter_rows: bool      # binds the kind's scatter rows: they must be one block of rows
+    regather: int           # the children per row it gathers again (0: none)
+    moves: tuple            # F's rows moved per vertex: (gathers, pulls, pushes)
+
+
+def _block_info(tid: int, kid: int, t: Template, fn, opts, backward: bool) -> BlockInfo:
+    kp = fn.phases(opts)[0]
+    moves = (0, 0, 0) if backward else (sum(kp.phase[g] == t.phase for g in fn.gathers.values()),
+                                        sum(kp.phase[p] == t.phase for p in fn.pulls.values()),
+                                        sum(kp.phase[p] == t.phase for p in fn.pushes.values()))
+    return BlockInfo(tid, kid, t.phase, t, t.scatter_rows, len(fn.gathers) if t.regathers else 0, moves)
+
+
+def block_rows(lowered: Lowered, fns: list, plan, opts, copies: dict | None = None):
+    """The task-table rows of the blocks before and after the task loop (each a task of all its kind's rows:
+    kind offset 0, scatter offset its first scatter row, the children's concat view's first row), or why this
+    batch runs them in Python: a block reading or writing the kind's scatter rows needs them contiguous (as the
+    cavs schedule lays them out; the Python blocks take and put them by index). ``copies``: F's row
+    counters, to which the blocks' gathers, pulls and pushes are added.""" 
+    if lowered.blocks_why is not None:
+        return None, None, lowered.blocks_why
+    pre, post = [], []
+    firsts: dict = {}
+    for b in lowered.blocks:
+        kind_plan = plan.kinds[b.kid]
+        n = kind_plan.n
+        row = [b.tid, 0, n, -1, -1] + [-1] * (lowered.table_width - TASK_COLUMNS)
+        if b.scatter_rows and n:
+            if b.kid not in firsts:
+                rows = plan.schedule.row[kind_plan.vertices]
+                first = int(rows[0])
+                ok = int(rows[-1]) - first == n - 1 and (n < 3 or bool((rows[1:] - rows[:-1] == 1).all()))
+                firsts[b.kid] = first if ok else None
+            if firsts[b.kid] is None:
+                return None, None, f"kind '{b.template.kind}': its scatter rows are not contiguous"
+            row[3] = firsts[b.kid]
+        if b.regather and n:
+            rows = np.stack([kind_plan.child_rows[j] for j in fns[b.kid].gathers], axis=1).reshape(-1)
+            first = int(rows[0])
+            if np.array_equal(rows, np.arange(first, first + b.regather * n)):
+                row[4] = first
+        if copies is not None:
+            gathers, pulls, pushes = b.moves
+            copies["gather"] += n * gathers
+            copies["gathered"] += n * gathers
+            copies["pull"] += n * pulls
+            copies["push"] += n * pushes
+        (pre if b.phase == PRE else post).append(row)
+    return (np.array(pre, np.int64).reshape(-1, lowered.table_width),
+            np.array(post, np.int64).reshape(-1, lowered.table_width), None)
+
+
 def _count_copies(copies: dict, fn, kp, rows: int, gather_rows: dict) -> None:
     """Add one kind's row moves in its task loop (``rows`` vertices; ``gather_rows``: rows each gather slot
     copies, those of the tasks where it is no view) to the program's counters."""
@@ -649,6 +826,10 @@ def run(lowered: Lowered, table: np.ndarray, resolve, dtype, forest: bool) -> di
     keep, grads = [None] * n, {}
     rows = table[:, 2]
     max_bs = int(rows.max()) if len(table) else 0
+    nk = len(lowered.ranges) // 3
+    blocks = bool(lowered.blocks) and len(table) and int(table[:, 0].max()) >= nk
+    if blocks:   # (the copies below pay for the tasks' products, not for the blocks' few large ones)
+        rows = rows[table[:, 0] < nk]
     # A static read as a transposed view (∂F's W^T) is copied once per run when multi-row tasks read it enough:
     # OpenBLAS packs a transposed B from strided reads, 25-40% slower per product at 16-64 rows, while the copy
     # costs a few such products (cpu/library.py contiguous). Same values; BLAS may round differently.
@@ -657,16 +838,31 @@ def run(lowered: Lowered, table: np.ndarray, resolve, dtype, forest: bool) -> di
     copier = library(dtype) if max_bs > 1 and int(rows[rows > 1].sum()) >= CONTIGUOUS_STATICS_ROWS else None
     twin_cols, scratch_at = 0, None
 
+    from_buffer = ffi.from_buffer
+
     def place(i, a):
-        a, stride, flag = _matrix_info(a)
+        if a.flags.c_contiguous and a.ndim <= 2:   # (the common case, without _matrix_info's call)
+            stride, flag = (a.shape[-1] if a.ndim else 1), 0
+        else:
+            a, stride, flag = _matrix_info(a)
         keep[i] = a
-        slots[i] = ffi.from_buffer(a.T if flag else a)   # writes the address into info[0, i]
+        slots[i] = from_buffer(a.T if flag else a)   # writes the address into info[0, i]
         sizes[i], strides[i], flags[i] = a.size, stride, flag
 
+    scratch = lowered.scratch_cols * max_bs   # (elements: a task's scratch is its template's columns x its rows)
+    if blocks:   # the blocks' rows are all a kind's: the tasks' arena is sized by the tasks' rows
+        scratch = lowered.scratch_cols * (int(rows.max()) if len(rows) else 0)
+        cols = lowered.block_scratch
+        for tid, n_rows in zip(table[:, 0].tolist(), table[:, 2].tolist()):
+            if tid >= nk:
+                scratch = max(scratch, cols[tid] * n_rows)
+    used = n if blocks or lowered.task_keys is None else lowered.task_keys   # (the blocks' own: left unbound)
     for i, key in enumerate(lowered.keys):
         what = key[0]
         if what == "scratch":
             scratch_at = i
+            continue
+        if i >= used:
             continue
         if what == "fixed":
             a = resolve(("arena", "fixed", lowered.fixed_size))
@@ -688,7 +884,7 @@ def run(lowered: Lowered, table: np.ndarray, resolve, dtype, forest: bool) -> di
         place(i, a)
     tmp_rows = min(max_bs, SMALL_M_ROWS) if twin_cols and scratch_at is not None else 0
     if scratch_at is not None:
-        place(scratch_at, resolve(("arena", "scratch", lowered.scratch_cols * max_bs + tmp_rows * twin_cols)))
+        place(scratch_at, resolve(("arena", "scratch", scratch + tmp_rows * twin_cols)))
     info[1], info[2], info[3] = sizes, strides, flags
     err = np.zeros(4, np.int64)
     check = int(os.environ.get("MINICAVS_NATIVE_CHECK", "0") not in ("", "0"))
@@ -701,7 +897,7 @@ def run(lowered: Lowered, table: np.ndarray, resolve, dtype, forest: bool) -> di
     rc = ex.run(code, pool, ranges, len(lowered.ranges), p(table), len(table),
                 table.shape[1], row, row + n, row + 2 * n, row + 3 * n, n, n - 1, max_bs, lowered.nregs,
                 kernels, len(lowered.kernels), ex.gemm, ex.gemv, int(ex.ilp64), int(forest), check,
-                p(err), prof, row + 4 * n, lowered.scratch_cols * max_bs, tmp_rows, twin_cols)
+                p(err), prof, row + 4 * n, scratch, tmp_rows, twin_cols)
     if rc:
         _, task, pc, operand = err.tolist()
         where = lowered.text(pc) if 0 <= pc < len(lowered.code) else f"instruction {pc}"

@@ -226,6 +226,7 @@ class BatchProgram:
         self.title, self.before, self.tasks, self.after, self.copies = title, before, tasks, after, copies
         self.native = None   # the task loop as instructions (instructions.Lowered), when the native executor ran it
         self.task_table = None
+        self.native_table = None   # the task table with the native blocks' rows (None: the blocks ran in Python)
         self.native_why = None   # why the Python interpreter ran the task loop (None: the native executor did)
 
     def blocks(self) -> list:
@@ -238,8 +239,14 @@ class BatchProgram:
             lines.append(f"  {block.header()}")
             lines += [f"    {line}" for line in block.lines()]
         if self.native is not None:
-            lines.append(f"  tasks 0:{len(self.task_table)} (native executor): per task, its kind's template")
-            lines += [f"    {line}" for line in self.native.lines()]
+            if self.native_table is not None:
+                lines.append(f"  one native call: the blocks before the task loop, tasks 0:{len(self.task_table)}, "
+                             "the blocks after it (native executor): per block or task, its template")
+            else:
+                lines.append(f"  tasks 0:{len(self.task_table)} (native executor): per task, its kind's template")
+                if self.native_why is not None:
+                    lines.append(f"  (blocks before and after the task loop in Python: {self.native_why})")
+            lines += [f"    {line}" for line in self.native.lines(blocks=self.native_table is not None)]
         elif self.native_why is not None and self.native_why != "executor 'python'":
             lines.append(f"  (task loop in Python: {self.native_why})")
         for block in self.tasks + self.after:
@@ -312,7 +319,7 @@ def _scatter_names(scatters: dict, what: str = "scatter") -> dict:
 
 
 def bind_forward(fns: list, plan, state, opts, device, active: list, training: bool = True,
-                 with_tasks: bool = True) -> BatchProgram:
+                 with_tasks: bool = True, with_blocks: bool = True) -> BatchProgram:
     """F's phases bound to the batch: every block's views, row indices and output buffers (placed by the
     alias pass at compile time) made now, so the task loop only runs them. A gather reads, and a kind
     writes, the scatter tensor of its message shape (``gather_messages`` / ``scatter_message``)."""
@@ -402,17 +409,17 @@ def bind_forward(fns: list, plan, state, opts, device, active: list, training: b
         return block
 
     whole = {kid: (slice(0, plan.kinds[kid].n), as_slice(plan.schedule.row[plan.kinds[kid].vertices]))
-             for kid in active}
+             for kid in active} if with_blocks or opts.streaming else {}
     tasks = [(kid, slice(koff, koff + bs), slice(scatter_offset, scatter_offset + bs))
              for kid, koff, bs, scatter_offset in plan.tasks] if opts.streaming or with_tasks else []
     if opts.streaming:   # eager nodes on the second stream, task by task ahead of the recurrent path
         before = [bind(kid, PRE, task_rows, scatter_rows, t, "eager")
                   for t, (kid, task_rows, scatter_rows) in enumerate(tasks)]
-    else:
-        before = _nonempty(bind(kid, PRE, *whole[kid], None) for kid in active)
+    else:   # (without blocks: the native executor runs them too)
+        before = _nonempty(bind(kid, PRE, *whole[kid], None) for kid in active) if with_blocks else []
     per_task = [bind(kid, TASK, task_rows, scatter_rows, t) for t, (kid, task_rows, scatter_rows) in enumerate(tasks)] \
         if with_tasks else []   # (without: the native executor runs the task loop)
-    after = _nonempty(bind(kid, POST, *whole[kid], None) for kid in active)
+    after = _nonempty(bind(kid, POST, *whole[kid], None) for kid in active) if with_blocks else []
     return BatchProgram("F", before, per_task, after, copies)
 
 
@@ -458,7 +465,8 @@ def _nonempty(blocks) -> list:
 
 
 def bind_backward(fns: list, plan, state, opts, device, active: list, btensors: dict, scatter_grads: dict,
-                  push_grads: dict, pull_grads: dict, row_kernels, with_tasks: bool = True) -> BatchProgram:
+                  push_grads: dict, pull_grads: dict, row_kernels, with_tasks: bool = True,
+                  with_blocks: bool = True) -> BatchProgram:
     """∂F's phases bound to the batch: the task stack popped (tasks in reverse), forward values read back
     from their tensors, the scatter tensors and the pull buffers at the same rows, gradients added into the
     children's rows of the scatter gradients (``scatter_grads``: one per message shape) and into the pull
@@ -578,13 +586,17 @@ def bind_backward(fns: list, plan, state, opts, device, active: list, btensors: 
         block.keep_read()
         return block
 
-    stack = [(kid, slice(koff, koff + bs), scatter_offset) for kid, koff, bs, scatter_offset in reversed(plan.tasks)]
+    stack = [(kid, slice(koff, koff + bs), scatter_offset) for kid, koff, bs, scatter_offset in reversed(plan.tasks)] \
+        if opts.streaming or with_tasks else []
     if opts.streaming:
         before = [bind(kid, PRE, task_rows, scatter_offset, len(stack) - 1 - i, "eager")
                   for i, (kid, task_rows, scatter_offset) in enumerate(stack)]
-    else:
+    elif with_blocks:
         before = _nonempty(bind(kid, PRE, slice(0, plan.kinds[kid].n), None, None) for kid in active)
+    else:   # (the native executor runs the blocks too)
+        before = []
     per_task = [bind(kid, TASK, task_rows, scatter_offset, len(stack) - 1 - i)
                 for i, (kid, task_rows, scatter_offset) in enumerate(stack)] if with_tasks else []
-    after = _nonempty(bind(kid, POST, slice(0, plan.kinds[kid].n), None, None) for kid in active)
+    after = _nonempty(bind(kid, POST, slice(0, plan.kinds[kid].n), None, None) for kid in active) \
+        if with_blocks else []
     return BatchProgram("∂F", before, per_task, after, {})

@@ -6,6 +6,7 @@ the Python interpreter trains, with one warning."""
 from __future__ import annotations
 
 import collections
+import gc
 import itertools
 import os
 import re
@@ -49,19 +50,31 @@ def close(a, b, dtype):
 # Bundled models whose task programs the lowering cannot express, and why (they run in Python, same numbers):
 # MV-RNN's per-vertex matrices are values of three axes (reshape, batched products).
 PYTHON_ONLY = {"mv_rnn": "reshape"}
+# Why a batch may run the blocks before and after the native task loop in Python: kinds whose vertices the
+# schedule interleaves (2Type, lattice) have scatter rows that are no one block of rows.
+BLOCKS_IN_PYTHON = ("scatter rows are not contiguous",)
 
 
-def assert_native_equals_python(run, options, dtype, python_only: str | None = None):
+def assert_native_equals_python(run, options, dtype, python_only: str | None = None) -> bool:
     """``run(options)`` -> Result; the native executor must have run the task loop of both passes (or, for a
-    model in PYTHON_ONLY, said why it could not)."""
-    python = run(options)
+    model in PYTHON_ONLY, said why it could not), and the blocks before and after it in the same call unless
+    the batch says why not (BLOCKS_IN_PYTHON). Returns whether it ran every pass's blocks."""
+    python = run(replace(options, executor="python"))   # (the switches default to the native executor)
     native = run(replace(options, executor="native"))
+    blocks = True
     for state in native.states.values():
         for program in (state.program, state.backward_program):
             if python_only is None:
                 assert program.native is not None and not program.tasks, program.native_why
+                if program.native_table is None:
+                    assert any(why in program.native_why for why in BLOCKS_IN_PYTHON), program.native_why
+                    blocks = False
+                else:
+                    assert not program.before and not program.after and program.native_why is None
+                    assert len(program.native_table) > len(program.task_table) or not program.native.blocks
             else:
                 assert program.native is None and python_only in program.native_why
+                blocks = False
     close(python.loss, native.loss, dtype)
     for s in python.pushes:
         for name in python.pushes[s]:
@@ -69,6 +82,12 @@ def assert_native_equals_python(run, options, dtype, python_only: str | None = N
     assert set(python.grads) == set(native.grads)
     for k in python.grads:
         close(python.grads[k], native.grads[k], dtype)
+    return blocks
+
+
+# Bundled models where some batch runs its blocks in Python (BLOCKS_IN_PYTHON); every other one runs each
+# pass's blocks and task loop in one native call under every switch
+BLOCKS_SOMETIMES_IN_PYTHON = {"lattice_lstm", "tree_lstm_2type"}
 
 
 @pytest.mark.parametrize("name", sorted(TINY))
@@ -83,7 +102,8 @@ def test_bundled_models_native_equals_python_under_every_switch(name, tmp_path):
             t.model.options = options
             return t.loss_and_grads(samples)
         for options in switches:
-            assert_native_equals_python(run, options, dtype, PYTHON_ONLY.get(name))
+            blocks = assert_native_equals_python(run, options, dtype, PYTHON_ONLY.get(name))
+            assert blocks or name in BLOCKS_SOMETIMES_IN_PYTHON or name in PYTHON_ONLY, (name, options)
 
 
 @pytest.mark.parametrize("name", sorted(TINY))
@@ -158,8 +178,15 @@ def test_dump_shows_the_instructions():
     case.model.options = EngineOptions(executor="native")
     state = case.model.forward_backward(trees, feeds, case.params, RunContext()).states["G"]
     text = state.program.dump()
-    assert "tasks 0:2 (native executor)" in text
+    assert "one native call: the blocks before the task loop, tasks 0:2, the blocks after it" in text
     lines = text.splitlines()
+    # the blocks' templates: the leaves' x·W over all leaf rows (eager batching), the roots' h pushed after
+    # the loop (lazy batching), read back from the scatter tensor's rows
+    leaf = text[text.index("kind 'leaf' before tasks block template"):]
+    assert re.search(r"TAKE dst=r\d+\(x\) buf=pull\[x\]", leaf) and re.search(r"GEMM c=\S+ a=r\d+\(x\) b=r\d+\(W\)", leaf)
+    root = text[text.index("kind 'internal' after tasks block template"):]
+    assert "BIND" in root and "mode=scatter rows" in root and "PUT buf=push[h]" in root
+    assert "before tasks: kind" not in text and "after tasks: kind" not in text   # no Python block
     # the internal kind's gathers read the scatter tensor by child index (or a strided view), the linear
     # over [h1; h2] is a GEMM, the cell one fused kernel writing straight into the scatter tensor's rows
     assert any(re.search(r"GATHER dst=r\d+\(gather0\) buf=scatter\[\(4,\)\] width=4 idx=child\[0,\d+\]", x)
@@ -169,6 +196,13 @@ def test_dump_shows_the_instructions():
     assert any("BIND" in x and "mode=scatter rows" in x for x in lines)
     back = state.backward_program.dump()
     assert "ADJ buf=scatter grad" not in back and "ADJ buf=sgrad[(4,)]" in back
+    # ∂F's lazy block: the parameter gradients over all rows (Xᵀ·dY products, bias sums) computed straight
+    # into their accumulators (no other block or task adds to them), the leaves' dx put into the pull
+    # buffer's gradient
+    lazy = back[back.index("kind 'leaf' after tasks block template"):]
+    assert re.search(r"BIND dst=r(\d+)\(%\d+\) buf=pgrad\[W,set\].*\n.*GEMM c=r\1\(", lazy)
+    assert re.search(r"BIND dst=r(\d+)\(%\d+\) buf=pgrad\[bl,set\].*\n.*SUMROWS dst=r\1\(", lazy)
+    assert "PUT buf=pullgrad[x]" in lazy and "GACC" not in back[back.index("before tasks block template"):]
 
 
 def _step_calls(case, graphs, options) -> collections.Counter:
@@ -183,11 +217,16 @@ def _step_calls(case, graphs, options) -> collections.Counter:
     def profile(frame, event, arg):
         if event in ("call", "c_call"):
             counts[event] += 1
+        if event == "call" and frame.f_code.co_name in ("run_block", "emit_gradients"):
+            counts[frame.f_code.co_name] += 1
+    gc.collect()   # (a collection during the step would add its weakref callbacks to the count)
+    gc.disable()
     sys.setprofile(profile)
     try:
         case.model.forward_backward(graphs, feeds, case.params, RunContext())
     finally:
         sys.setprofile(None)
+        gc.enable()
     return counts
 
 
@@ -196,9 +235,14 @@ def test_python_calls_of_a_native_step_do_not_grow_with_the_tasks():
     short = [InputGraph.chain(4) for _ in range(40)]      # 4 tasks of 40 rows
     long = [InputGraph.chain(16) for _ in range(40)]      # 16 tasks of 40 rows
     native = EngineOptions(executor="native")
-    assert _step_calls(case, short, native) == _step_calls(case, long, native)
+    calls = _step_calls(case, short, native)
+    assert calls == _step_calls(case, long, native)
+    # the blocks before and after the task loop (x·W over all rows; the parameter gradients) run in the same
+    # native call: no block is interpreted in Python
+    assert calls["run_block"] == calls["emit_gradients"] == 0, calls
     python = EngineOptions(executor="python")
     assert sum(_step_calls(case, long, python).values()) > sum(_step_calls(case, short, python).values())
+    assert _step_calls(case, short, replace(python, streaming=True))["run_block"] > 0
 
 
 def _run_script(code: str, **env) -> subprocess.CompletedProcess:
@@ -386,3 +430,80 @@ def test_backward_task_table_is_the_forward_one_reversed():
     forward, backward = state.program.task_table, state.backward_program.task_table
     np.testing.assert_array_equal(backward, forward[::-1])
     assert backward.flags.c_contiguous and (backward[:, 4] >= 0).any()   # some task has its children side by side
+
+
+def _block_instruction(program, template: str, opcode: str) -> int:
+    """The index of the first ``opcode`` instruction of the block template named ``template`` (dump()'s
+    'kind ... template' line) of a native program."""
+    lowered = program.native
+    tid = next(tid for tid, t in zip(lowered.kids, lowered.templates)
+               if f"kind '{t.kind}' {instructions.PHASE_WORDS[t.phase]} block" == template)
+    begin, end = lowered.ranges[tid]
+    return next(pc for pc in range(begin, end) if instructions.OPCODES_BY_ID[lowered.code[pc][0]] == opcode)
+
+
+@pytest.mark.parametrize("backward, template, opcode, field, change", [
+    (False, "kind 'leaf' before tasks block", "GEMM", 6, lambda v: v - 1),   # x·W without x's last column
+    (False, "kind 'internal' after tasks block", "PUT", 5, lambda v: v - 1),   # push one column short
+    (True, "kind 'leaf' after tasks block", "SUMROWS", 4, lambda v: v - 1),    # the bias sum one column short
+    (True, "kind 'internal' after tasks block", "GEMM", 3, lambda v: v - 1),   # dU one row short
+])
+def test_a_wrong_block_instruction_makes_native_differ_from_python(backward, template, opcode, field, change):
+    """The blocks the native executor runs are what computes those values: one perturbed instruction of a
+    block template (the linked program is cached with the model, so the next run uses it) and the equality
+    with the Python interpreter fails."""
+    rng = np.random.default_rng(4)
+    case = cells.binary_tree_lstm(rng)
+    graphs = [InputGraph([[1, 2], [], [3, 4], [], []]), InputGraph([[1, 2], [], []])]
+    feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
+
+    def run(options):
+        return case.model.forward_backward(graphs, feeds, case.params, RunContext(), options=options)
+    python = EngineOptions(executor="python")
+    assert_native_equals_python(run, python, "float64")
+    state = run(EngineOptions(executor="native")).states["G"]
+    program = state.backward_program if backward else state.program
+    pc = _block_instruction(program, template, opcode)
+    program.native.code[pc][field] = change(int(program.native.code[pc][field]))
+    with pytest.raises(AssertionError):
+        assert_native_equals_python(run, python, "float64")
+
+
+def test_a_bad_offset_in_a_block_instruction_is_caught_by_the_debug_mode():
+    """The debug mode's bounds checks cover the blocks' instructions: a block's BIND of a tensor's rows, and
+    TAKETO (Tree-FC's lazy ∂F gathers [h_l; h_r] again, row by row where the children are not side by
+    side), each given a column offset far outside its buffer."""
+    result = _run_script("""
+        import numpy as np
+        from minicavs import instructions
+        from minicavs.engine import EngineOptions
+        from minicavs.executor import RunContext
+        from minicavs.inputs import InputGraph
+        from tests import cells
+        from tests.test_engine import CASES
+        from tests.test_instructions import _block_instruction
+        rng = np.random.default_rng(5)
+        for name, make, backward, template, opcode, field in (
+                ("binary_tree_lstm", lambda: [InputGraph([[1, 2], [], []])] * 3, False,
+                 "kind 'leaf' before tasks block", "BIND", 4),
+                ("tree_fc", lambda: [CASES["tree_fc"][1](rng, n) for n in (5, 7, 6)], True,
+                 "kind 'internal' after tasks block", "TAKETO", 6)):
+            case = getattr(cells, name)(rng)
+            graphs = make()
+            feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
+            case.model.options = EngineOptions(executor="native")
+            state = case.model.forward_backward(graphs, feeds, case.params, RunContext()).states["G"]
+            program = state.backward_program if backward else state.program
+            pc = _block_instruction(program, template, opcode)
+            program.native.code[pc][field] += 10**9
+            try:
+                case.model.forward_backward(graphs, feeds, case.params, RunContext())
+                print("not caught", opcode)
+            except instructions.NativeCheckError as e:
+                print("caught:", e)
+        """, MINICAVS_NATIVE_CHECK="1")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert re.search(r"caught: native F: task \d+, instruction \d+ \(BIND dst=r\d+\(.*\) buf=tensor.* "
+                     r"col=1000000000.*\): operand \w+ is out of bounds", result.stdout), result.stdout
+    assert re.search(r"caught: native ∂F: task \d+, instruction \d+ \(TAKETO dst=r\d+\(.*\) buf=scatter.* "
+                     r"col=1000000000\): operand \w+ is out of bounds", result.stdout), result.stdout

@@ -4,13 +4,13 @@
   Cavs policy's schedule and the memory plan), timed by wrapping both on this trainer's instances;
 - **memory movement**: the row moves the step's programs really do, in two parts:
 
-  - ``memory_native_s``: the native executor's task loop, measured live by its per-opcode clock
-    (``instructions.PROFILE``): the instructions that copy rows (``GATHER`` where it is not a view, ``TAKE``,
-    ``COPY``, ``PUT``, ``ADJ``: gathers, pulls, scatters into the scatter tensor, stores into dynamic tensors,
-    pushes and the gathers' adjoints). Elided moves (views: ``CATVIEW``, strided ``GATHER``s, in-place
+  - ``memory_native_s``: the native executor's pass (its blocks before and after the task loop too), measured
+    live by its per-opcode clock (``instructions.PROFILE``): the instructions that copy rows (``GATHER`` where
+    it is not a view, ``TAKE``, ``TAKETO``, ``COPY``, ``PUT``, ``ADJ``: gathers, pulls, scatters into the
+    scatter tensor, stores into dynamic tensors, pushes and the gathers' adjoints). Elided moves (views: ``CATVIEW``, strided ``GATHER``s, in-place
     writes) cost an instruction's dispatch and nothing else;
-  - ``memory_blocks_s``: the Python-run blocks (before and after the task loop, and the per-task blocks when
-    the Python interpreter runs the loop): each bound block's takes, stores, writes, puts and gradient
+  - ``memory_blocks_s``: the Python-run blocks (before and after the task loop when the native executor
+    cannot run them, and the per-task blocks when the Python interpreter runs the loop): each bound block's takes, stores, writes, puts and gradient
     adjoints replayed after the step, one by one, with the block's own buffers, index arrays and views, into
     scratch copies of the destinations (so nothing the step produced changes). Moves the binding elided
     (views, in-place outputs) are not in a block's lists and cost nothing here either. A replay runs with
@@ -31,7 +31,7 @@ import numpy as np
 from .. import instructions
 from ..program import BatchProgram
 
-ROW_MOVES = ("GATHER", "TAKE", "COPY", "PUT", "ADJ")   # the native opcodes that move rows
+ROW_MOVES = ("GATHER", "TAKE", "TAKETO", "COPY", "PUT", "ADJ")   # the native opcodes that move rows
 
 
 class _Timer:

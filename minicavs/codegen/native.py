@@ -25,12 +25,13 @@ OPCODES = {
     "NOP": (),
     "BIND": ("dst", "buf", "mode", "col", "ld"),          # dst = buf + (base(mode) * ld + col); mode 0 none, 1 kind rows, 2 scatter rows
     "STATIC": ("dst", "buf"),                             # dst = the whole buffer (its ld and transposed flag)
-    "SCRATCH": ("dst", "off", "cols"),                    # dst = scratch + off * max_bs, ld cols
+    "SCRATCH": ("dst", "off", "cols"),                    # dst = scratch + off * rows, ld cols (the task's rows)
     "GATHER": ("dst", "buf", "width", "idx", "slot", "elide", "off"),   # children's rows: a strided view or a copy
     "CATVIEW": ("dst", "buf", "width", "k", "forest"),    # [gather0; ...] as a view when the task's children are side by side
     "SKIP_IF_CAT": ("n", "forest"),                       # skip the next n instructions when the task has the concat view
     # (forest = 1: only in a forest, where each child's gradient row is written once, not added)
-    "TAKE": ("dst", "buf", "width", "idx", "cols", "off"),   # rows buf[idx[koff + r]] copied into scratch
+    "TAKE": ("dst", "buf", "width", "idx", "cols", "off"),   # rows buf[idx[koff + r]] copied into scratch (-1: zeros)
+    "TAKETO": ("dst", "buf", "width", "idx", "cols", "col"),   # dst[r] = buf[idx[koff + r]][col:col + cols] (-1: zeros)
     "COLS": ("dst", "src", "col"),                        # a column slice: same rows, same ld
     "ALIAS": ("dst", "src"),
     "TRANSPOSE": ("dst", "src"),
@@ -137,7 +138,7 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
                 break;
             case SCRATCH:
                 REGOK(a[0], 0);
-                R[a[0]].p = scratch + a[1] * max_bs; R[a[0]].ld = a[2]; R[a[0]].trans = 0;
+                R[a[0]].p = scratch + a[1] * bs; R[a[0]].ld = a[2]; R[a[0]].trans = 0;
                 R[a[0]].buf = scratch_buf;
                 break;
             case GATHER: {{
@@ -152,7 +153,7 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
                 }}
                 const int64_t *idx = (const int64_t *)base[a[3]] + koff;
                 if (check && (koff < 0 || koff + bs > size[a[3]])) FAIL(3);
-                T *dst = scratch + a[6] * max_bs;
+                T *dst = scratch + a[6] * bs;
                 for (int64_t r = 0; r < bs; r++) {{
                     if (check && (idx[r] < 0 || (idx[r] + 1) * width > size[a[1]])) FAIL(1);
                     memcpy(dst + r * width, src + idx[r] * width, (size_t)width * sizeof(T));
@@ -176,12 +177,30 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
                 const T *src = (const T *)base[a[1]];
                 const int64_t *idx = (const int64_t *)base[a[3]] + koff;
                 if (check && (koff < 0 || koff + bs > size[a[3]])) FAIL(3);
-                T *dst = scratch + a[5] * max_bs;
+                T *dst = scratch + a[5] * bs;
                 for (int64_t r = 0; r < bs; r++) {{
+                    if (idx[r] == -1) {{ memset(dst + r * cols, 0, (size_t)cols * sizeof(T)); continue; }}
                     if (check && (idx[r] < 0 || idx[r] * width + cols > size[a[1]])) FAIL(1);
                     memcpy(dst + r * cols, src + idx[r] * width, (size_t)cols * sizeof(T));
                 }}
                 R[a[0]].p = dst; R[a[0]].ld = cols; R[a[0]].trans = 0; R[a[0]].buf = scratch_buf;
+                break;
+            }}
+            case TAKETO: {{
+                REGOK(a[0], 0); BUFOK(a[1], 1); BUFOK(a[3], 3);
+                const int64_t width = a[2], cols = a[4], col = a[5];
+                const T *src = (const T *)base[a[1]];
+                const int64_t *idx = (const int64_t *)base[a[3]] + koff;
+                if (check && (koff < 0 || koff + bs > size[a[3]])) FAIL(3);
+                if (check && (R[a[0]].trans || col < 0)) FAIL(0);
+                CHECKR(a[0], bs, cols, 0);
+                T *dst = R[a[0]].p;
+                const int64_t ldd = R[a[0]].ld;
+                for (int64_t r = 0; r < bs; r++) {{
+                    if (idx[r] == -1) {{ memset(dst + r * ldd, 0, (size_t)cols * sizeof(T)); continue; }}
+                    if (check && (idx[r] < 0 || idx[r] * width + col + cols > size[a[1]])) FAIL(1);
+                    memcpy(dst + r * ldd, src + idx[r] * width + col, (size_t)cols * sizeof(T));
+                }}
                 break;
             }}
             case COLS:
