@@ -47,7 +47,7 @@ static inline {T} row_max(const {T} *x, long n) {{
 static inline {T} row_sumexp(const {T} *x, long n, {T} m, const {T} *next) {{
     {T} s = 0;
     if (n < 16) {{
-        for (long c = 0; c < n; c++) s += {EXP}(x[c] - m);
+        for (long c = 0; c < n; c++) s += {EXP_NONPOS}(x[c] - m);
         return s;
     }}
     for (long c0 = 0; c0 < n; c0 += ROW_BLOCK) {{
@@ -55,7 +55,7 @@ static inline {T} row_sumexp(const {T} *x, long n, {T} m, const {T} *next) {{
         {T} block = 0;
         PREFETCH_BLOCK(next, c0, c1);
         #pragma omp simd reduction(+:block)
-        for (long c = c0; c < c1; c++) block += {EXP}(x[c] - m);
+        for (long c = c0; c < c1; c++) block += {EXP_NONPOS}(x[c] - m);
         s += block;
     }}
     return s;
@@ -77,7 +77,7 @@ void xent_grad_{T}(long rows, long n, const {T} *g, const {T} *x, const long *la
         {T} *o = out + r * n;
         {T} m = row_max(xr, n), s = 0;
         if (n < 16) {{
-            for (long c = 0; c < n; c++) {{ {T} e = {EXP}(xr[c] - m); o[c] = e; s += e; }}
+            for (long c = 0; c < n; c++) {{ {T} e = {EXP_NONPOS}(xr[c] - m); o[c] = e; s += e; }}
             {T} scale = g[r] / s;
             for (long c = 0; c < n; c++) o[c] *= scale;
         }} else {{
@@ -87,7 +87,7 @@ void xent_grad_{T}(long rows, long n, const {T} *g, const {T} *x, const long *la
                 {T} block = 0;
                 PREFETCH_BLOCK(next, c0, c1);
                 #pragma omp simd reduction(+:block)
-                for (long c = c0; c < c1; c++) {{ {T} e = {EXP}(xr[c] - m); o[c] = e; block += e; }}
+                for (long c = c0; c < c1; c++) {{ {T} e = {EXP_NONPOS}(xr[c] - m); o[c] = e; block += e; }}
                 s += block;
             }}
             {T} scale = g[r] / s;
@@ -340,6 +340,6 @@ def render(T: str) -> tuple[str, str]:
     f32 = T == "float"
     rules = [_rule_source(name) for name in RULES]
     fmt = dict(T=T, SQRT="sqrtf" if f32 else "sqrt", prelude=PRELUDE_F32 if f32 else "",
-               EXP="mc_expf" if f32 else "exp", LOG="logf" if f32 else "log")
+               EXP_NONPOS="mc_expf_nonpos" if f32 else "exp", LOG="logf" if f32 else "log")
     source = (SOURCE + "".join(src for src, _ in rules)).format(**fmt)
     return source, (DECLS + "".join(decls for _, decls in rules)).format(T=T)

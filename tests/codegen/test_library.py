@@ -37,6 +37,36 @@ def test_xent_rows_equal_numpy(dtype, classes):
     close(lib.xent_grad(g, x, labels), (want * g[:, None]).astype(dtype), dtype)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_xent_of_extreme_logits_equals_numpy(dtype):
+    """Rows whose exps underflow (gaps past -104, float32 exp's zero), huge magnitudes and -inf entries, in
+    rows long enough for the vector loops and their 256-column blocks: loss and gradient as numpy's float64."""
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal((6, 300)) * 3).astype(dtype)
+    x[0, ::7] -= 150.0                              # part of the row's exps underflow to 0
+    x[1] += 1e4                                     # large, close together
+    x[2, 5], x[2, 290] = 1e30, -1e30                # one dominant entry
+    x[3, 17] = -np.inf                              # never chosen
+    x[4, :] = -1e3                                  # all equal: uniform
+    labels = np.array([7, 3, 5, 1, 299, 290])
+    x64 = x.astype(np.float64)
+    m = x64.max(1, keepdims=True)
+    lse = (m + np.log(np.exp(x64 - m).sum(1, keepdims=True)))[:, 0]
+    want_loss = lse - x64[np.arange(6), labels]
+    g = rng.standard_normal(6).astype(dtype)
+    want = np.exp(x64 - lse[:, None])
+    want[np.arange(6), labels] -= 1
+    want *= g[:, None]
+    lib = library(dtype)
+    loss, grad = lib.xent(x, labels), lib.xent_grad(g, x, labels)
+    scale = np.maximum(1.0, np.abs(want_loss))
+    assert np.all(np.abs(loss - want_loss) <= TOL[dtype] * scale), (loss, want_loss)
+    close(grad, want.astype(dtype), dtype)
+    assert grad[3, 17] == 0
+    if dtype == "float32":   # e^-158: float32's 0, not the smallest denormal
+        assert grad[0, 14] == 0 and x64[0, 14] - m[0, 0] < -104
+
+
 def test_xent_propagates_non_finite_logits():
     x = np.zeros((3, 4), np.float32)
     x[1, 2] = np.nan
