@@ -5,7 +5,7 @@ from ..errors import ShapeError
 from ..graph import Node, fmt_shape
 from .elementwise import broadcast_shapes, unbroadcast
 from .reduce import sum
-from .registry import OpDef, make_node, register
+from .registry import OpDef, make_node, native_kernels, register
 from .shape import swap_last
 from .sources import as_node
 
@@ -57,6 +57,11 @@ def _linear_infer(x, w, b):
 
 
 def _linear_impl(xp, x, w, b):
+    kernels = native_kernels(xp, x.dtype)
+    if kernels is not None and hasattr(kernels, "linear"):   # the bias in the GEMM's C operand: no pass of its own
+        y = kernels.linear(x, w, b)
+        if y is not None:
+            return y
     y = xp.matmul(x, w)
     y += b
     return y

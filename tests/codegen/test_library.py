@@ -22,7 +22,7 @@ def close(a, b, dtype):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-@pytest.mark.parametrize("classes", [1, 5, 37, 600])
+@pytest.mark.parametrize("classes", [1, 5, 37, 600, 1000])   # 256-column blocks: 600 and 1000 end partly
 def test_xent_rows_equal_numpy(dtype, classes):
     rng = np.random.default_rng(classes)
     x = (rng.standard_normal((13, classes)) * 4).astype(dtype)
@@ -35,6 +35,36 @@ def test_xent_rows_equal_numpy(dtype, classes):
     want = np.exp(x64 - lse[:, None])
     want[np.arange(13), labels] -= 1
     close(lib.xent_grad(g, x, labels), (want * g[:, None]).astype(dtype), dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_xent_of_extreme_logits_equals_numpy(dtype):
+    """Rows whose exps underflow (gaps past -104, float32 exp's zero), huge magnitudes and -inf entries, in
+    rows long enough for the vector loops and their 256-column blocks: loss and gradient as numpy's float64."""
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal((6, 300)) * 3).astype(dtype)
+    x[0, ::7] -= 150.0                              # part of the row's exps underflow to 0
+    x[1] += 1e4                                     # large, close together
+    x[2, 5], x[2, 290] = 1e30, -1e30                # one dominant entry
+    x[3, 17] = -np.inf                              # never chosen
+    x[4, :] = -1e3                                  # all equal: uniform
+    labels = np.array([7, 3, 5, 1, 299, 290])
+    x64 = x.astype(np.float64)
+    m = x64.max(1, keepdims=True)
+    lse = (m + np.log(np.exp(x64 - m).sum(1, keepdims=True)))[:, 0]
+    want_loss = lse - x64[np.arange(6), labels]
+    g = rng.standard_normal(6).astype(dtype)
+    want = np.exp(x64 - lse[:, None])
+    want[np.arange(6), labels] -= 1
+    want *= g[:, None]
+    lib = library(dtype)
+    loss, grad = lib.xent(x, labels), lib.xent_grad(g, x, labels)
+    scale = np.maximum(1.0, np.abs(want_loss))
+    assert np.all(np.abs(loss - want_loss) <= TOL[dtype] * scale), (loss, want_loss)
+    close(grad, want.astype(dtype), dtype)
+    assert grad[3, 17] == 0
+    if dtype == "float32":   # e^-158: float32's 0, not the smallest denormal
+        assert grad[0, 14] == 0 and x64[0, 14] - m[0, 0] < -104
 
 
 def test_xent_propagates_non_finite_logits():
@@ -291,7 +321,7 @@ def test_many_lazy_and_coalesce_refuse_what_would_leave_their_buffers():
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-@pytest.mark.parametrize("shape", [(0, 3), (1, 1), (1, 9), (9, 1), (8, 8), (13, 37), (64, 256)])
+@pytest.mark.parametrize("shape", [(0, 3), (1, 1), (1, 9), (9, 1), (8, 8), (13, 37), (33, 17), (64, 256)])
 def test_contiguous_copy_of_a_transposed_view_equals_numpy(dtype, shape):
     lib = library(dtype)
     a = np.random.default_rng(shape[0]).standard_normal(shape).astype(dtype)
@@ -325,3 +355,26 @@ def test_xent_rows_split_over_threads_equal_one_call(threads, monkeypatch):
     assert np.array_equal(one[0], split[0]) and np.array_equal(one[1], split[1])
     k = min(threads, 10)
     assert sorted(calls) == sorted(2 * [(10 * i // k, 10 * (i + 1) // k) for i in range(k)])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("shape", [(1, 1, 1), (1, 7, 5), (9, 1, 3), (13, 37, 600), (300, 64, 260)])
+def test_linear_with_the_bias_in_the_gemm_equals_numpy(dtype, shape, monkeypatch):
+    """x·w + b with b in the GEMM's C operand (beta = 1), for C-contiguous and transposed operands; None (numpy
+    then runs) for what one BLAS call cannot read: a strided operand, another dtype, shapes that do not fit."""
+    monkeypatch.setattr(importlib.import_module("minicavs.cpu.library"), "LINEAR_ELEMENTS", 1)
+    lib = library(dtype)
+    rng = np.random.default_rng(sum(shape))
+    rows, k, n = shape
+    x, w, b = (rng.standard_normal(s).astype(dtype) for s in ((rows, k), (k, n), (n,)))
+    want = x.astype(np.float64) @ w.astype(np.float64) + b
+    for xv in (x, np.ascontiguousarray(x.T).T):
+        for wv in (w, np.ascontiguousarray(w.T).T):
+            got = lib.linear(xv, wv, b)
+            close(got, want.astype(dtype), dtype)
+            assert got.flags.c_contiguous
+    wide, two_b = rng.standard_normal((rows + 1, 2 * k + 2)).astype(dtype), np.stack([b, b], 1)
+    for args in ((wide[:rows, :2 * k:2], w, b) if rows > 1 and k > 1 else (x, w, two_b),
+                 (x.astype(np.float16), w, b), (x, w, b[1:]), (x, w, two_b[:, 0] if n > 1 else b[:0])):
+        assert lib.linear(*args) is None
+    assert lib.linear(x[:0], w, b) is None                        # nothing to multiply: numpy's empty result

@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import array_shapes
 
 import minicavs.ops as ops
+import minicavs.ops.reduce as reduce_ops
 
 from .specs import SPECS, Arg, Case, check_backward_types, check_forward, check_gradient, params_for
 
@@ -78,3 +79,27 @@ def test_broadcast_like_of_a_scalar_is_a_read_only_view_equal_to_numpys():
             assert np.array_equal(out, want) and not out.flags.writeable
     rows = np.arange(3, dtype=np.float64)
     assert np.array_equal(_broadcast_like(np, rows, (4, 3), (0,), False), np.broadcast_to(rows, (4, 3)))
+
+
+@pytest.mark.parametrize("spec,case", [p for p in params_for("reduce", gradient=True) if p.values[0].name == "sum"])
+def test_column_sums_by_gemv_match_reference_and_differences(spec, case, monkeypatch):
+    """The sum table with every float matrix summed over its rows through ``ones @ x`` (BLAS's gemv), the
+    path of 64k+ elements: forced here for every size."""
+    monkeypatch.setattr(reduce_ops, "GEMV_ELEMENTS", 1)
+    for dtype in ("float32", "float64"):
+        for rows in (3, 1):
+            check_forward(spec, case, dtype, rows)
+    check_gradient(spec, case)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("keepdims", [False, True])
+def test_large_column_sums_equal_numpy(dtype, keepdims):
+    x = np.random.default_rng(3).standard_normal((700, 101)).astype(dtype)   # past GEMV_ELEMENTS
+    assert x.size >= reduce_ops.GEMV_ELEMENTS
+    got = reduce_ops._sum_impl(np, x, (0,), keepdims)
+    want = x.astype(np.float64).sum(0, keepdims=keepdims)
+    assert got.dtype == x.dtype and got.shape == want.shape
+    assert np.abs(got - want).max() <= (1e-4 if dtype == "float32" else 1e-11)
+    for other in (x[:, ::2], x.astype(np.int64)):   # strided or integer: numpy's own sum
+        assert np.array_equal(reduce_ops._sum_impl(np, other, (0,), keepdims), other.sum(0, keepdims=keepdims))
