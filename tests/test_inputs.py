@@ -1,6 +1,7 @@
 """Input graphs are validated when they are made, by both constructors alike; ids are integers."""
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from minicavs.errors import InputGraphError
 from minicavs.inputs import InputGraph, make_batch
@@ -52,9 +53,31 @@ def test_constructor_rejects_non_integer_ids(children, match):
         InputGraph(children)
 
 
+@given(st.lists(st.lists(st.integers(-2 ** 63, 2 ** 63 - 1), max_size=4).map(
+    lambda ids: ids if len(ids) % 2 else tuple(ids)), max_size=12))
+@settings(max_examples=60, deadline=None)
+def test_lists_of_ints_give_the_csr_arrays_of_their_ids(children):
+    """The bulk path for lists and tuples of ints keeps each vertex's ids in order, as the per-id path does."""
+    g = InputGraph(children)
+    assert g.num_vertices == len(children)
+    assert g.child_ptr.tolist() == [sum(len(ch) for ch in children[:v]) for v in range(len(children) + 1)]
+    assert g.child_idx.tolist() == [x for ch in children for x in ch] and g.child_idx.dtype == np.int64
+    assert not g.child_ptr.flags.writeable and not g.child_idx.flags.writeable
+
+
+@pytest.mark.parametrize("children, match", [
+    ([(0,), (0, True)], r"vertex 1: child 1 is True"),
+    ([[], (0, 2 ** 63)], r"vertex 1: child 1 id 9223372036854775808 out of range"),
+    ([[], [0], (0, 1.0)], r"vertex 2: child 1 is 1.0, not an integer vertex id"),
+])
+def test_lists_that_the_bulk_path_refuses_get_the_per_id_errors(children, match):
+    with pytest.raises(InputGraphError, match=match):
+        InputGraph(children)
+
+
 def test_numpy_integer_ids_and_empty_graph_parts_are_fine():
-    g = InputGraph([np.array([], np.int64), np.array([0], np.int32), [np.uint8(0), np.int64(1)]])
-    assert g.child_ptr.tolist() == [0, 0, 1, 3] and g.child_idx.tolist() == [0, 0, 1]
+    g = InputGraph([np.array([], np.int64), np.array([0], np.int32), [np.uint8(0), np.int64(1)], iter([2])])
+    assert g.child_ptr.tolist() == [0, 0, 1, 3, 4] and g.child_idx.tolist() == [0, 0, 1, 2]
     h = InputGraph.from_csr(np.array([0, 0, 1], np.uint32), np.array([0], np.uint64))
     assert h.child_idx.dtype == np.int64 and h.child_idx.tolist() == [0]
     assert InputGraph.from_csr([0], []).num_vertices == 0
