@@ -29,6 +29,11 @@ class Task:
         """(graphs, feeds) for ``Model.run`` over these samples."""
         raise NotImplementedError
 
+    def prepare(self, samples: Sequence[Any]) -> None:
+        """Build and keep what :meth:`batch` needs per sample (graphs, word ids), for many samples at once.
+        The trainer calls it on every split when it starts, so data preparation is paid at load time, in
+        bulk, rather than inside the first epoch's steps; ``batch`` still prepares a sample it has not seen."""
+
     def units(self, samples: Sequence[Any]) -> int:
         return len(samples)
 

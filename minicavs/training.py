@@ -85,6 +85,8 @@ class Trainer:
         except ValueError as e:  # a model's check of its config values (model.variant, an initializer, ...)
             raise ConfigError(f"{self.cfg['config_path']}: {e}") from e
         self._check_data()
+        for samples in self.task.data.values():
+            self.task.prepare(samples)
         self.model = self.task.model
         self.model.policy = self.policy   # evaluation schedules with the same (learned) policy
         self.model.options = engine_options(self.cfg["train"]["engine"])

@@ -156,6 +156,10 @@ class LatticeLSTM(Task):
             self.prepared[key] = cached = (lat, lat.to_graph(), wids, mask)
         return cached[1:]
 
+    def prepare(self, samples) -> None:
+        for lat in samples:
+            self._prepared(lat)
+
     def batch(self, samples):
         prep = [self._prepared(lat) for lat in samples]
         feeds = {"chars": np.concatenate([lat.chars for lat in samples]),

@@ -13,15 +13,19 @@ Dropout (on the embeddings and on h before the classifier) is inside F, so masks
 """
 from __future__ import annotations
 
+import operator
 import os
+from itertools import chain, repeat
+
 import numpy as np
 
 from minicavs import ops
 from minicavs.config import Choice, PROBABILITY, at_least
-from minicavs.errors import DataError
 from minicavs.data.sst import parse_any_tree, read_sst
 from minicavs.data.synthetic import synthetic_treebank
 from minicavs.data.trees import Tree
+from minicavs.errors import DataError
+from minicavs.inputs import InputGraph
 from minicavs.model import Model, Structure, leaf_internal
 from minicavs.nn import ParameterSet
 from minicavs.task import Task
@@ -140,18 +144,32 @@ class TreeLSTM(Task):
     def make_cells(self, p: ParameterSet, m: dict, dtype) -> dict:
         return cells(p, m["hidden"], m["embed"], m["variant"], m["dropout"], dtype)
 
-    def graph_of(self, tree):
-        """The input graph of a tree (a subclass may give its vertices kinds)."""
-        return tree.to_graph()
+    def graphs_of(self, trees) -> list:
+        """The input graphs of trees (a subclass may give their vertices kinds)."""
+        return InputGraph.many([t.children for t in trees])
+
+    def prepare(self, samples) -> None:
+        """Graphs, leaf word ids and labels of the trees not yet prepared, all at once (see Task.prepare):
+        per tree they were ~30 µs of Python, a fifth of a first epoch at hidden 64."""
+        todo = [t for t in samples if self.samples.get(id(t), (None,))[0] is not t]
+        if not todo:
+            return
+        words = list(chain.from_iterable(t.words for t in todo))
+        is_leaf = np.fromiter(map(operator.not_, chain.from_iterable(t.children for t in todo)), bool, len(words))
+        ids = np.fromiter(map(self.vocab.get, words, repeat(self.vocab[UNK])), np.int64, len(words))[is_leaf]
+        leaves_before = np.zeros(len(words) + 1, np.int64)
+        np.cumsum(is_leaf, out=leaves_before[1:])
+        first_leaf = leaves_before[np.cumsum([0] + [t.num_vertices for t in todo])]
+        for i, (tree, graph) in enumerate(zip(todo, self.graphs_of(todo))):
+            # keyed by id: an id is reused after a tree is freed, so the entry keeps the tree itself
+            self.samples[id(tree)] = (tree, graph, ids[first_leaf[i]:first_leaf[i + 1]],
+                                      np.asarray(tree.labels, np.int64))
 
     def _prepared(self, tree):
-        key = id(tree)
-        cached = self.samples.get(key)
-        if cached is None or cached[0] is not tree:  # once per tree; an id is reused after a tree is freed,
-            leaves = [v for v, ch in enumerate(tree.children) if not ch]   # so the cache keeps the tree itself
-            unk = self.vocab[UNK]
-            ids = np.array([self.vocab.get(tree.words[v], unk) for v in leaves], np.int64)
-            self.samples[key] = cached = (tree, self.graph_of(tree), ids, np.asarray(tree.labels, np.int64))
+        cached = self.samples.get(id(tree))
+        if cached is None or cached[0] is not tree:
+            self.prepare([tree])
+            cached = self.samples[id(tree)]
         return cached[1:]
 
     def batch(self, samples):
@@ -199,7 +217,7 @@ class TreeLSTM(Task):
         for i in range(0, len(samples), batch_size):
             chunk = samples[i:i + batch_size]
             words = [self.vocab.get(t.words[v], unk) for t in chunk for v, ch in enumerate(t.children) if not ch]
-            res = predictor.infer([self.graph_of(t) for t in chunk], {"words": np.array(words, np.int64)}, self.params)
+            res = predictor.infer(self.graphs_of(chunk), {"words": np.array(words, np.int64)}, self.params)
             probs = np.split(res.outputs["probs"], np.cumsum([t.num_vertices for t in chunk])[:-1])
             for tree, p in zip(chunk, probs):
                 labelled = Tree(tree.children, p.argmax(1), tree.words)

@@ -53,9 +53,12 @@ class TreeLSTM2Type(tree_lstm.TreeLSTM):
             fns[t] = tree_lstm.internal_cell(p, H, "binary", m["dropout"], dtype, name=t, prefix=t[-1] + ".")
         return fns
 
-    def graph_of(self, tree):
-        split, i = self.index.get(id(tree), (3, 0))
-        return InputGraph(tree.children, two_type_kinds(tree, self.type_seed, split * 10 ** 7 + i, TYPES))
+    def graphs_of(self, trees) -> list:
+        kinds = []
+        for tree in trees:
+            split, i = self.index.get(id(tree), (3, 0))
+            kinds.append(two_type_kinds(tree, self.type_seed, split * 10 ** 7 + i, TYPES))
+        return InputGraph.many([t.children for t in trees], kinds)
 
 
 def build(cfg: dict) -> TreeLSTM2Type:

@@ -65,6 +65,32 @@ def test_lists_of_ints_give_the_csr_arrays_of_their_ids(children):
     assert not g.child_ptr.flags.writeable and not g.child_idx.flags.writeable
 
 
+@given(st.lists(st.lists(st.lists(st.integers(-2 ** 63, 2 ** 63 - 1), max_size=3), max_size=5), max_size=6),
+       st.booleans())
+@settings(max_examples=60, deadline=None)
+def test_many_graphs_at_once_equal_one_at_a_time(children_of, with_kinds):
+    kinds_of = [[f"k{v % 2}" for v in range(len(ch))] for ch in children_of] if with_kinds else None
+    graphs = InputGraph.many(children_of, kinds_of)
+    assert len(graphs) == len(children_of)
+    for i, (g, children) in enumerate(zip(graphs, children_of)):
+        one = InputGraph(children, kinds_of[i] if with_kinds else None)
+        assert g.child_ptr.tolist() == one.child_ptr.tolist() and g.child_idx.tolist() == one.child_idx.tolist()
+        assert g.num_vertices == one.num_vertices and g.kinds == one.kinds
+        assert g.child_idx.dtype == np.int64 and not g.child_ptr.flags.writeable and not g.child_idx.flags.writeable
+
+
+@pytest.mark.parametrize("children_of, kinds_of, match", [
+    ([[[]], [[], [0.5]]], None, r"vertex 1: child 0 is 0.5, not an integer vertex id"),
+    ([[[]], [[], [2 ** 63]]], None, r"vertex 1: child 0 id 9223372036854775808 out of range"),
+    ([[[]], "ab"], None, r"children must be a list with one list of child ids per vertex"),
+    ([[[]], [[], [0]]], [["leaf"], ["leaf"]], r"1 kinds for 2 vertices"),
+    ([[[]]], [["leaf"], ["leaf"]], r"InputGraph.many: 2 kind lists for 1 graphs"),
+])
+def test_many_graphs_refused_in_bulk_get_the_constructors_errors(children_of, kinds_of, match):
+    with pytest.raises(InputGraphError, match=match):
+        InputGraph.many(children_of, kinds_of)
+
+
 @pytest.mark.parametrize("children, match", [
     ([(0,), (0, True)], r"vertex 1: child 1 is True"),
     ([[], (0, 2 ** 63)], r"vertex 1: child 1 id 9223372036854775808 out of range"),

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from minicavs.data.trees import Tree
 from minicavs.training import Trainer
 
 CONFIG = Path(__file__).resolve().parents[2] / "models" / "tree_lstm.yaml"
@@ -81,3 +82,24 @@ def test_sst_recipe_decays_every_embedding_row(tmp_path):
     assert len(others) > 0
     big = np.abs(before[others]) > t.optimizer.lr   # Adagrad's first step on g = wd * p moves p by lr toward 0
     assert np.all(np.abs(E[others][big]) < np.abs(before[others][big]))
+
+
+def test_samples_are_prepared_at_load_time_as_one_tree_at_a_time_would_be(tmp_path):
+    """The trainer prepares every split in bulk when it starts; each tree's graph, leaf word ids and labels
+    equal what the tree says (ids through the vocabulary, unknown words -> <unk>), and a tree never seen
+    (not in any split) is prepared by ``batch`` itself."""
+    t = Trainer(CONFIG, ["data.synthetic.train=30", "data.synthetic.dev=12", "data.synthetic.vocab=40"],
+                run_dir=tmp_path)
+    task, vocab = t.task, t.task.vocab
+    trees = t.task.data["train"] + t.task.data["dev"]
+    assert all(task.samples[id(tree)][0] is tree for tree in trees)   # before any batch
+    for tree in trees:
+        graph, ids, labels = task.samples[id(tree)][1:]
+        assert [graph.children(v).tolist() for v in range(graph.num_vertices)] == [list(ch) for ch in tree.children]
+        leaf_words = [w for w, ch in zip(tree.words, tree.children) if not ch]
+        assert ids.tolist() == [vocab.get(w, vocab["<unk>"]) for w in leaf_words]
+        assert labels.tolist() == list(tree.labels)
+    new = Tree([[], [], [0, 1]], np.array([1, 2, 3]), ["no-such-word", trees[0].words[0], None])
+    graphs, feeds = task.batch([trees[1], new])
+    assert feeds["words"][-2:].tolist() == [vocab["<unk>"], vocab[trees[0].words[0]]]
+    assert graphs[1].child_idx.tolist() == [0, 1] and task.samples[id(new)][0] is new
