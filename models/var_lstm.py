@@ -89,6 +89,15 @@ class LanguageModel(Task):
         self.dtype = np.dtype(dtype)
         self.logits = logits
         self._predict_outputs = None
+        self._chains: dict = {}
+
+    def _chain(self, n: int) -> InputGraph:
+        """The chain of ``n`` words, made once per length (a graph is read-only; making one is ~13 µs of
+        checks, ~1 ms per batch of 64 sentences)."""
+        graph = self._chains.get(n)
+        if graph is None:
+            graph = self._chains[n] = InputGraph.chain(n)
+        return graph
 
     def make_samples(self, sentences):
         """(inputs, targets) id arrays per sentence: <eos> w_1..w_n -> w_1..w_n <eos>."""
@@ -100,7 +109,7 @@ class LanguageModel(Task):
         return out
 
     def batch(self, samples):
-        graphs = [InputGraph.chain(len(x)) for x, _ in samples]
+        graphs = [self._chain(len(x)) for x, _ in samples]
         feeds = {"inputs": np.concatenate([x for x, _ in samples]),
                  "targets": np.concatenate([y for _, y in samples]),
                  "inv_sentences": np.asarray(1.0 / len(samples), self.dtype)}
