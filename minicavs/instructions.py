@@ -812,24 +812,53 @@ TWIN_ELEMENTS = 1 << 20
 PROFILE: np.ndarray | None = None
 
 
+class BufferTable:
+    """A program's buffer table (per buffer: base address, elements, row stride, transposed flag, twin's
+    address; one int64 array the executor reads) kept from one run to the next, so that a batch re-addresses
+    only the buffers that are new. An entry is reused only for the very same array object (held here, so
+    its memory cannot be freed and its address handed to another array) with the same shape and strides;
+    anything else (a parameter array replaced, a workspace buffer grown, a new batch's index arrays) is
+    addressed again. A run takes the table off its program and puts it back only when the call returned
+    cleanly, so a failed run, or a second thread running the same program, starts from an empty table."""
+
+    __slots__ = ("ffi", "info", "slots", "twin_slots", "row", "held", "layouts", "twins")
+
+    def __init__(self, ffi, n: int):
+        self.ffi = ffi
+        self.info = np.zeros((5, n), np.int64)
+        self.slots = ffi.cast("void **", ffi.from_buffer(self.info))
+        self.twin_slots = ffi.cast("void **", ffi.from_buffer(self.info[4]))
+        self.row = ffi.cast("const int64_t *", self.slots)
+        self.held: list = [None] * n     # the array each entry addresses
+        self.layouts: list = [None] * n  # its (shape, strides) when addressed
+        self.twins: list = []            # this run's twins (kept alive while their addresses are in row 4)
+
+    def clear(self, i: int) -> None:
+        self.info[:, i] = 0
+        self.held[i] = self.layouts[i] = None
+
+
 def run(lowered: Lowered, table: np.ndarray, resolve, dtype, forest: bool) -> dict:
-    """Run the task loop natively: ``resolve(key)`` gives each buffer's array. Returns the parameter-gradient
-    accumulators ({name: array}) the program added into. (Addresses come from cffi's ``from_buffer``: numpy's
-    ``ctypes.data`` costs microseconds a call, and a batch of one tree has a few dozen buffers.)"""
+    """Run the task loop natively: ``resolve(key)`` gives each buffer's array, or (array, elements) for the
+    first ``elements`` of an array kept from batch to batch (a workspace buffer: memory.DynamicTensor.prefix).
+    Returns the parameter-gradient accumulators ({name: array}) the program added into. (Addresses come from
+    cffi's ``from_buffer``: numpy's ``ctypes.data`` costs microseconds a call; the buffer table keeps those
+    of arrays seen by the last run: :class:`BufferTable`.)"""
     ex = cpu_native.executor(dtype)
     ffi = ex.ffi
     n = len(lowered.keys)
-    info = np.zeros((5, n), np.int64)   # per buffer: base address, size, row stride, transposed flag, twin
-    slots = ffi.cast("void **", ffi.from_buffer(info))
-    twin_slots = ffi.cast("void **", ffi.from_buffer(info[4]))
-    sizes, strides, flags = [0] * n, [0] * n, [0] * n
-    keep, grads = [None] * n, {}
+    bound = lowered.__dict__.pop("_table", None)   # (taken: a run that fails leaves none behind)
+    if bound is None or bound.ffi is not ffi:
+        bound = BufferTable(ffi, n)
+    info, held, layouts = bound.info, bound.held, bound.layouts
+    grads = {}
     rows = table[:, 2]
     max_bs = int(rows.max()) if len(table) else 0
     nk = len(lowered.ranges) // 3
-    blocks = bool(lowered.blocks) and len(table) and int(table[:, 0].max()) >= nk
+    tids = table[:, 0]
+    blocks = bool(lowered.blocks) and len(table) and int(tids.max()) >= nk
     if blocks:   # (the copies below pay for the tasks' products, not for the blocks' few large ones)
-        rows = rows[table[:, 0] < nk]
+        rows = rows[tids < nk]
     # A static read as a transposed view (∂F's W^T) is copied once per run when multi-row tasks read it enough:
     # OpenBLAS packs a transposed B from strided reads, 25-40% slower per product at 16-64 rows, while the copy
     # costs a few such products (cpu/library.py contiguous). Same values; BLAS may round differently.
@@ -837,25 +866,31 @@ def run(lowered: Lowered, table: np.ndarray, resolve, dtype, forest: bool) -> di
     # array, or a copy): the executor multiplies few rows by it as C^T = B^T A^T (SMALL_M_ROWS).
     copier = library(dtype) if max_bs > 1 and int(rows[rows > 1].sum()) >= CONTIGUOUS_STATICS_ROWS else None
     twin_cols, scratch_at = 0, None
+    if bound.twins:   # (last run's twins: none unless this run makes them again)
+        info[4] = 0
+        bound.twins = []
+    twin_slots = bound.twin_slots
 
     from_buffer = ffi.from_buffer
+    slots = bound.slots
 
-    def place(i, a):
+    def place(i, a, used=None):
+        """Address ``a`` in entry i (``used``: elements of it the program may touch, default all)."""
         if a.flags.c_contiguous and a.ndim <= 2:   # (the common case, without _matrix_info's call)
             stride, flag = (a.shape[-1] if a.ndim else 1), 0
         else:
             a, stride, flag = _matrix_info(a)
-        keep[i] = a
         slots[i] = from_buffer(a.T if flag else a)   # writes the address into info[0, i]
-        sizes[i], strides[i], flags[i] = a.size, stride, flag
+        info[1, i], info[2, i], info[3, i] = a.size if used is None else used, stride, flag
+        held[i], layouts[i] = a, (a.shape, a.strides)
 
     scratch = lowered.scratch_cols * max_bs   # (elements: a task's scratch is its template's columns x its rows)
     if blocks:   # the blocks' rows are all a kind's: the tasks' arena is sized by the tasks' rows
         scratch = lowered.scratch_cols * (int(rows.max()) if len(rows) else 0)
         cols = lowered.block_scratch
-        for tid, n_rows in zip(table[:, 0].tolist(), table[:, 2].tolist()):
-            if tid >= nk:
-                scratch = max(scratch, cols[tid] * n_rows)
+        at = np.flatnonzero(tids >= nk)
+        for tid, n_rows in zip(tids[at].tolist(), table[at, 2].tolist()):
+            scratch = max(scratch, cols[tid] * n_rows)
     used = n if blocks or lowered.task_keys is None else lowered.task_keys   # (the blocks' own: left unbound)
     for i, key in enumerate(lowered.keys):
         what = key[0]
@@ -863,6 +898,8 @@ def run(lowered: Lowered, table: np.ndarray, resolve, dtype, forest: bool) -> di
             scratch_at = i
             continue
         if i >= used:
+            if held[i] is not None:   # (bound by a run whose blocks were native: no address may stay)
+                bound.clear(i)
             continue
         if what == "fixed":
             a = resolve(("arena", "fixed", lowered.fixed_size))
@@ -878,14 +915,13 @@ def run(lowered: Lowered, table: np.ndarray, resolve, dtype, forest: bool) -> di
                 deep, wide = a.shape
                 if a.size and (wide >= 2 * deep or (deep >= 2 * wide and a.size >= TWIN_ELEMENTS)):
                     twin = copier.contiguous(a.T) if twin is None else twin
-                    keep.append(twin)
-                    twin_slots[i] = ffi.from_buffer(twin)
+                    bound.twins.append(twin)
+                    twin_slots[i] = from_buffer(twin)
                     twin_cols = max(twin_cols, a.shape[1])
-        place(i, a)
+        _bind(bound, place, i, a)
     tmp_rows = min(max_bs, SMALL_M_ROWS) if twin_cols and scratch_at is not None else 0
     if scratch_at is not None:
-        place(scratch_at, resolve(("arena", "scratch", scratch + tmp_rows * twin_cols)))
-    info[1], info[2], info[3] = sizes, strides, flags
+        _bind(bound, place, scratch_at, resolve(("arena", "scratch", scratch + tmp_rows * twin_cols)))
     err = np.zeros(4, np.int64)
     check = int(os.environ.get("MINICAVS_NATIVE_CHECK", "0") not in ("", "0"))
     prof = ffi.NULL if PROFILE is None else ex.ptr(PROFILE)
@@ -893,7 +929,7 @@ def run(lowered: Lowered, table: np.ndarray, resolve, dtype, forest: bool) -> di
     if lowered.pointers is None:   # the program's own arrays: fixed, so their addresses are taken once
         lowered.pointers = (p(lowered.code), p(lowered.pool), p(lowered.ranges), p(lowered.kernels))
     code, pool, ranges, kernels = lowered.pointers
-    row = ffi.cast("const int64_t *", slots)
+    row = bound.row
     rc = ex.run(code, pool, ranges, len(lowered.ranges), p(table), len(table),
                 table.shape[1], row, row + n, row + 2 * n, row + 3 * n, n, n - 1, max_bs, lowered.nregs,
                 kernels, len(lowered.kernels), ex.gemm, ex.gemv, int(ex.ilp64), int(forest), check,
@@ -903,8 +939,24 @@ def run(lowered: Lowered, table: np.ndarray, resolve, dtype, forest: bool) -> di
         where = lowered.text(pc) if 0 <= pc < len(lowered.code) else f"instruction {pc}"
         raise NativeCheckError(f"native {lowered.title}: task {task}, instruction {pc} ({where}): operand "
                                f"{_operand_name(lowered, pc, operand)} is out of bounds or invalid")
-    del keep, info
+    lowered.__dict__["_table"] = bound
     return grads
+
+
+def _bind(bound: BufferTable, place, i: int, a) -> None:
+    """Entry i of the table for ``a`` (an array, or (array, elements used)): kept when it is the array it
+    already addresses, laid out the same (only the elements are updated); else addressed again."""
+    used = None
+    if type(a) is tuple:
+        a, used = a
+        if not 0 <= used <= a.size:
+            raise ValueError(f"native executor: {used} elements of a buffer of {a.size}")
+    if a is bound.held[i] and bound.layouts[i] == (a.shape, a.strides):
+        size = a.size if used is None else used
+        if bound.info[1, i] != size:
+            bound.info[1, i] = size
+        return
+    place(i, a, used)
 
 
 def _operand_name(lowered: Lowered, pc: int, operand: int) -> str:

@@ -24,7 +24,7 @@ class DynamicTensor:
 
     The buffer grows (x1.5) and is reused across batches, so steady-state training allocates nothing."""
 
-    __slots__ = ("name", "shape", "dtype", "buffer", "rows", "peak_bytes", "xp")
+    __slots__ = ("name", "shape", "dtype", "buffer", "rows", "peak_bytes", "xp", "last")
 
     def __init__(self, name: str, shape: tuple, dtype, xp=np):
         self.name = name
@@ -34,6 +34,7 @@ class DynamicTensor:
         self.buffer = xp.empty((0,) + self.shape, self.dtype)
         self.rows = 0
         self.peak_bytes = 0
+        self.last = None   # the view the last resize returned (see prefix)
 
     def resize(self, rows: int, zero: bool = False) -> np.ndarray:
         """Make room for ``rows`` rows and return the view of exactly those rows."""
@@ -41,10 +42,16 @@ class DynamicTensor:
             self.buffer = self.xp.empty((max(rows, int(len(self.buffer) * 1.5)),) + self.shape, self.dtype)
         self.rows = rows
         self.peak_bytes = max(self.peak_bytes, self.buffer.nbytes)
-        view = self.buffer[:rows]
+        view = self.last = self.buffer[:rows]
         if zero:
             view.fill(0)
         return view
+
+    def prefix(self, view):
+        """(buffer, elements) when ``view`` is what the last resize returned, i.e. the buffer's first rows at
+        the buffer's own address; else ``view``. The native executor keeps a buffer's address from batch to
+        batch while the buffer object is the same, and only updates the elements its rows cover."""
+        return (self.buffer, view.size) if view is self.last else view
 
     def view(self, offset: int, bs: int) -> np.ndarray:
         return self.buffer[offset:offset + bs]
@@ -98,6 +105,11 @@ class Workspace:
         if tensor is None or tensor.dtype != np.dtype(dtype):
             tensor = self.arenas[key] = DynamicTensor(key, (), dtype, self.xp)
         return tensor.resize(max(1, elements))
+
+    def arena_prefix(self, key: str, elements: int, dtype) -> tuple:
+        """:meth:`arena` as (its buffer, the elements used): see :meth:`DynamicTensor.prefix`."""
+        view = self.arena(key, elements, dtype)
+        return self.arenas[key].prefix(view)
 
     def scatter_grad_rows(self, like) -> np.ndarray:
         """A buffer shaped like the scatter tensor ``like`` for its gradient (stale values)."""
