@@ -203,7 +203,7 @@ def forward(fns: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContex
             for k, v in block_copies.items():
                 program.copies[k] += v
             table = program.native_table = _with_blocks(table, *blocks)
-        instructions.run(native, table, _resolver(fns, plan, state, dtype.np), dtype.np, plan.forest)
+        instructions.run(native, table, _resolver(fns, plan, state, dtype.np), dtype.np, plan.forest, workspace)
     for t, block in enumerate(program.tasks):
         if events is not None:
             events[t].wait()
@@ -304,7 +304,7 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
         if blocks is not None:
             table = program.native_table = _with_blocks(table, *blocks)
         resolve = _resolver(fns, plan, state, dtype.np, btensors, sgrads, push_grads, pull_grads)
-        for name, g in instructions.run(native, table, resolve, dtype.np, plan.forest).items():
+        for name, g in instructions.run(native, table, resolve, dtype.np, plan.forest, workspace).items():
             prev = param_grads.get(name)
             if prev is None:
                 param_grads[name] = g

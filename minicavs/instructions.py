@@ -41,6 +41,7 @@ from .cpu import CPU
 from .cpu import native as cpu_native
 from .cpu.library import library
 from .graph import Node
+from .memory import allocations
 from .ops.registry import OPS
 from .passes.fusion import fuse, fusible
 
@@ -821,7 +822,7 @@ class BufferTable:
     addressed again. A run takes the table off its program and puts it back only when the call returned
     cleanly, so a failed run, or a second thread running the same program, starts from an empty table."""
 
-    __slots__ = ("ffi", "info", "slots", "twin_slots", "row", "held", "layouts", "twins")
+    __slots__ = ("ffi", "info", "slots", "twin_slots", "row", "held", "layouts", "twins", "stamp")
 
     def __init__(self, ffi, n: int):
         self.ffi = ffi
@@ -832,15 +833,23 @@ class BufferTable:
         self.held: list = [None] * n     # the array each entry addresses
         self.layouts: list = [None] * n  # its (shape, strides) when addressed
         self.twins: list = []            # this run's twins (kept alive while their addresses are in row 4)
+        self.stamp = None                # (workspace, memory.allocations()) when the last run ended
 
     def clear(self, i: int) -> None:
         self.info[:, i] = 0
         self.held[i] = self.layouts[i] = None
 
 
-def run(lowered: Lowered, table: np.ndarray, resolve, dtype, forest: bool) -> dict:
+# buffer keys that name a workspace's dynamic tensor whole (its ``buffer``): while no DynamicTensor has
+# allocated a buffer since the last run in the same workspace, their entries are kept without resolving them
+WORKSPACE_TENSORS = ("tensor", "btensor")
+
+
+def run(lowered: Lowered, table: np.ndarray, resolve, dtype, forest: bool, workspace=None) -> dict:
     """Run the task loop natively: ``resolve(key)`` gives each buffer's array, or (array, elements) for the
     first ``elements`` of an array kept from batch to batch (a workspace buffer: memory.DynamicTensor.prefix).
+    ``workspace``: the one whose dynamic tensors the WORKSPACE_TENSORS keys resolve to (their buffers are
+    looked up again only when some buffer was allocated since this program's last run there).
     Returns the parameter-gradient accumulators ({name: array}) the program added into. (Addresses come from
     cffi's ``from_buffer``: numpy's ``ctypes.data`` costs microseconds a call; the buffer table keeps those
     of arrays seen by the last run: :class:`BufferTable`.)"""
@@ -851,6 +860,8 @@ def run(lowered: Lowered, table: np.ndarray, resolve, dtype, forest: bool) -> di
     if bound is None or bound.ffi is not ffi:
         bound = BufferTable(ffi, n)
     info, held, layouts = bound.info, bound.held, bound.layouts
+    kept = workspace is not None and bound.stamp is not None and bound.stamp[0] is workspace \
+        and bound.stamp[1] == allocations()
     grads = {}
     rows = table[:, 2]
     max_bs = int(rows.max()) if len(table) else 0
@@ -901,6 +912,8 @@ def run(lowered: Lowered, table: np.ndarray, resolve, dtype, forest: bool) -> di
             if held[i] is not None:   # (bound by a run whose blocks were native: no address may stay)
                 bound.clear(i)
             continue
+        if kept and what in WORKSPACE_TENSORS and held[i] is not None:
+            continue
         if what == "fixed":
             a = resolve(("arena", "fixed", lowered.fixed_size))
         elif what == "pgrad":
@@ -939,6 +952,7 @@ def run(lowered: Lowered, table: np.ndarray, resolve, dtype, forest: bool) -> di
         where = lowered.text(pc) if 0 <= pc < len(lowered.code) else f"instruction {pc}"
         raise NativeCheckError(f"native {lowered.title}: task {task}, instruction {pc} ({where}): operand "
                                f"{_operand_name(lowered, pc, operand)} is out of bounds or invalid")
+    bound.stamp = None if workspace is None else (workspace, allocations())   # (after the arenas' growth)
     lowered.__dict__["_table"] = bound
     return grads
 

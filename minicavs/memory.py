@@ -19,6 +19,16 @@ from .random import row_key
 from .scheduler import Schedule
 
 
+_allocated = [0]   # buffers DynamicTensors have allocated so far, in any workspace (see allocations)
+
+
+def allocations() -> int:
+    """How many buffers DynamicTensors have allocated so far (in any workspace; it only grows): while it is
+    unchanged, every DynamicTensor still holds the buffer it held (the native executor's buffer table keeps
+    their addresses without looking them up again)."""
+    return _allocated[0]
+
+
 class DynamicTensor:
     """Rows of one symbol for all vertices of a batch: (shape without batch, bs, offset, one buffer).
 
@@ -32,6 +42,7 @@ class DynamicTensor:
         self.dtype = np.dtype(dtype)
         self.xp = xp   # the array module of the device holding the buffer
         self.buffer = xp.empty((0,) + self.shape, self.dtype)
+        _allocated[0] += 1
         self.rows = 0
         self.peak_bytes = 0
         self.last = None   # the view the last resize returned (see prefix)
@@ -40,6 +51,7 @@ class DynamicTensor:
         """Make room for ``rows`` rows and return the view of exactly those rows."""
         if rows > len(self.buffer):
             self.buffer = self.xp.empty((max(rows, int(len(self.buffer) * 1.5)),) + self.shape, self.dtype)
+            _allocated[0] += 1
         self.rows = rows
         self.peak_bytes = max(self.peak_bytes, self.buffer.nbytes)
         view = self.last = self.buffer[:rows]

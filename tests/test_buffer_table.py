@@ -29,32 +29,38 @@ def _address(a) -> int:
 @pytest.fixture
 def checked_runs(monkeypatch) -> list:
     """Wrap instructions.run: after each call, every entry of the kept table must address the array this
-    pass resolved for it (a static's copy excepted: made by the run itself), with its size or the elements
-    the resolver said it uses; entries the pass left unbound must be zero. Returns the programs run."""
+    pass resolved for it (a static's copy excepted: made by the run itself), or, for a workspace tensor the
+    run did not look up again (WORKSPACE_TENSORS), the buffer it resolves to now; with its size or the
+    elements the resolver said it uses. Entries the pass left unbound must be zero. Returns the programs
+    run."""
     real = instructions.run
-    programs = []
+    programs, skipped = [], []
 
-    def run(lowered, table, resolve, dtype, forest):
-        resolved = []
+    def run(lowered, table, resolve, dtype, forest, *rest):
+        resolved = {}
 
         def recording(key):
             a = resolve(key)
-            resolved.append(a)
+            resolved[("fixed",) if key[:2] == ("arena", "fixed") else ("scratch",) if key[:2] ==
+                     ("arena", "scratch") else key] = a
             return a
-        grads = real(lowered, table, recording, dtype, forest)
+        grads = real(lowered, table, recording, dtype, forest, *rest)
         bound = lowered.__dict__["_table"]
-        keys = lowered.keys
-        order = [i for i, k in enumerate(keys) if k[0] != "scratch"]
-        order = order[:len(resolved) - 1] + [keys.index(("scratch",))]
-        assert len(order) == len(resolved)
-        for i, a in zip(order, resolved):
+        for i, key in enumerate(lowered.keys):
+            if bound.held[i] is None:
+                assert key not in resolved and not bound.info[:4, i].any(), key
+                continue
+            if key in resolved:
+                a = resolved[key]
+            else:
+                assert key[0] in instructions.WORKSPACE_TENSORS, key
+                a = resolve(key)
+                skipped.append(key)
             a, used = a if type(a) is tuple else (a, a.size)
             held = bound.held[i]
-            assert held is a or keys[i][0] == "static", (keys[i], "a stale array")
+            assert held is a or key[0] == "static", (key, "a stale array")
             assert bound.info[0, i] == _address(held) and bound.info[1, i] == (used if held is a else held.size)
-        for i in set(range(len(keys))) - set(order):
-            assert not bound.info[:4, i].any() and bound.held[i] is None, keys[i]
-        programs.append(lowered)
+        programs.append((lowered, len(skipped)))
         return grads
 
     monkeypatch.setattr(instructions, "run", run)
@@ -103,7 +109,8 @@ def test_every_change_between_passes_gives_the_python_numbers(dtype, tmp_path, c
         change()
         python, native = _both(t, samples)
         _same(python, native, dtype)
-    assert len({id(p) for p in checked_runs}) == 2   # (F's and ∂F's programs, each run again and again)
+    assert len({id(p) for p, _ in checked_runs}) == 2   # (F's and ∂F's programs, each run again and again)
+    assert 0 < checked_runs[-1][1] < sum(len(p.keys) for p, _ in checked_runs)   # (some kept, many looked up)
 
 
 def test_a_checkpoint_loaded_between_passes_gives_a_fresh_models_numbers(tmp_path, checked_runs):
@@ -132,7 +139,7 @@ def test_statics_copied_then_not_and_blocks_native_then_python(tmp_path, checked
         monkeypatch.setattr(instructions, "CONTIGUOUS_STATICS_ROWS", threshold)
         python, native = _both(t, samples)
         _same(python, native)
-        bound = [p.__dict__["_table"] for p in checked_runs[-2:]]
+        bound = [p.__dict__["_table"] for p, _ in checked_runs[-2:]]
         if threshold > 1:
             assert not any(b.twins or b.info[4].any() for b in bound)
     real = instructions.block_rows
@@ -152,13 +159,13 @@ def test_a_failed_run_leaves_no_table_behind(tmp_path, monkeypatch):
     real = instructions.run
     failing = []
 
-    def run(lowered, table, resolve, dtype, forest):
+    def run(lowered, table, resolve, dtype, forest, *rest):
         def broken(key):
-            if key[0] == "tensor":
+            if key[0] == "static":   # (resolved every run, after some entries were bound)
                 raise RuntimeError("resolve failed (test)")
             return resolve(key)
         failing.append(lowered)
-        return real(lowered, table, broken, dtype, forest)
+        return real(lowered, table, broken, dtype, forest, *rest)
     monkeypatch.setattr(instructions, "run", run)
     with pytest.raises(RuntimeError, match="resolve failed"):
         t.loss_and_grads(samples)
