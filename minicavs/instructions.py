@@ -822,7 +822,8 @@ class BufferTable:
     addressed again. A run takes the table off its program and puts it back only when the call returned
     cleanly, so a failed run, or a second thread running the same program, starts from an empty table."""
 
-    __slots__ = ("ffi", "info", "slots", "twin_slots", "row", "held", "layouts", "twins", "stamp")
+    __slots__ = ("ffi", "info", "slots", "twin_slots", "row", "held", "layouts", "twins", "stamp", "columns",
+                 "err", "err_ptr")
 
     def __init__(self, ffi, n: int):
         self.ffi = ffi
@@ -834,9 +835,14 @@ class BufferTable:
         self.layouts: list = [None] * n  # its (shape, strides) when addressed
         self.twins: list = []            # this run's twins (kept alive while their addresses are in row 4)
         self.stamp = None                # (workspace, memory.allocations()) when the last run ended
+        self.columns = [[0] * n for _ in range(3)]   # info's rows 1-3 as lists (written to info when changed)
+        self.err = np.zeros(4, np.int64)   # where C reports a failed check (the table is dropped after one)
+        self.err_ptr = ffi.from_buffer("int64_t[]", self.err)
 
     def clear(self, i: int) -> None:
         self.info[:, i] = 0
+        for column in self.columns:
+            column[i] = 0
         self.held[i] = self.layouts[i] = None
 
 
@@ -869,7 +875,8 @@ def run(lowered: Lowered, table: np.ndarray, resolve, dtype, forest: bool, works
     tids = table[:, 0]
     blocks = bool(lowered.blocks) and len(table) and int(tids.max()) >= nk
     if blocks:   # (the copies below pay for the tasks' products, not for the blocks' few large ones)
-        rows = rows[tids < nk]
+        is_block = tids >= nk
+        rows = rows[~is_block]
     # A static read as a transposed view (∂F's W^T) is copied once per run when multi-row tasks read it enough:
     # OpenBLAS packs a transposed B from strided reads, 25-40% slower per product at 16-64 rows, while the copy
     # costs a few such products (cpu/library.py contiguous). Same values; BLAS may round differently.
@@ -884,23 +891,35 @@ def run(lowered: Lowered, table: np.ndarray, resolve, dtype, forest: bool, works
 
     from_buffer = ffi.from_buffer
     slots = bound.slots
+    sizes, strides, flags = bound.columns
+    changed = False
 
-    def place(i, a, used=None):
-        """Address ``a`` in entry i (``used``: elements of it the program may touch, default all)."""
+    def bind(i, a):
+        """Entry i for ``a`` (an array, or (array, elements the program may touch)): kept when it is the array
+        it addresses already, laid out the same (then only its elements may change); else addressed anew."""
+        nonlocal changed
+        used = None
+        if type(a) is tuple:
+            a, used = a
+            if not 0 <= used <= a.size:
+                raise ValueError(f"native executor: {used} elements of a buffer of {a.size}")
+        if a is held[i] and layouts[i] == (a.shape, a.strides):
+            if used is not None and sizes[i] != used:
+                sizes[i], changed = used, True
+            return
         if a.flags.c_contiguous and a.ndim <= 2:   # (the common case, without _matrix_info's call)
             stride, flag = (a.shape[-1] if a.ndim else 1), 0
         else:
             a, stride, flag = _matrix_info(a)
         slots[i] = from_buffer(a.T if flag else a)   # writes the address into info[0, i]
-        info[1, i], info[2, i], info[3, i] = a.size if used is None else used, stride, flag
-        held[i], layouts[i] = a, (a.shape, a.strides)
+        sizes[i], strides[i], flags[i] = a.size if used is None else used, stride, flag
+        held[i], layouts[i], changed = a, (a.shape, a.strides), True
 
     scratch = lowered.scratch_cols * max_bs   # (elements: a task's scratch is its template's columns x its rows)
     if blocks:   # the blocks' rows are all a kind's: the tasks' arena is sized by the tasks' rows
         scratch = lowered.scratch_cols * (int(rows.max()) if len(rows) else 0)
         cols = lowered.block_scratch
-        at = np.flatnonzero(tids >= nk)
-        for tid, n_rows in zip(tids[at].tolist(), table[at, 2].tolist()):
+        for tid, n_rows in zip(tids[is_block].tolist(), table[is_block, 2].tolist()):
             scratch = max(scratch, cols[tid] * n_rows)
     used = n if blocks or lowered.task_keys is None else lowered.task_keys   # (the blocks' own: left unbound)
     for i, key in enumerate(lowered.keys):
@@ -931,11 +950,12 @@ def run(lowered: Lowered, table: np.ndarray, resolve, dtype, forest: bool, works
                     bound.twins.append(twin)
                     twin_slots[i] = from_buffer(twin)
                     twin_cols = max(twin_cols, a.shape[1])
-        _bind(bound, place, i, a)
+        bind(i, a)
     tmp_rows = min(max_bs, SMALL_M_ROWS) if twin_cols and scratch_at is not None else 0
     if scratch_at is not None:
-        _bind(bound, place, scratch_at, resolve(("arena", "scratch", scratch + tmp_rows * twin_cols)))
-    err = np.zeros(4, np.int64)
+        bind(scratch_at, resolve(("arena", "scratch", scratch + tmp_rows * twin_cols)))
+    if changed:
+        info[1], info[2], info[3] = sizes, strides, flags
     check = int(os.environ.get("MINICAVS_NATIVE_CHECK", "0") not in ("", "0"))
     prof = ffi.NULL if PROFILE is None else ex.ptr(PROFILE)
     p = ex.ptr
@@ -946,31 +966,15 @@ def run(lowered: Lowered, table: np.ndarray, resolve, dtype, forest: bool, works
     rc = ex.run(code, pool, ranges, len(lowered.ranges), p(table), len(table),
                 table.shape[1], row, row + n, row + 2 * n, row + 3 * n, n, n - 1, max_bs, lowered.nregs,
                 kernels, len(lowered.kernels), ex.gemm, ex.gemv, int(ex.ilp64), int(forest), check,
-                p(err), prof, row + 4 * n, scratch, tmp_rows, twin_cols)
+                bound.err_ptr, prof, row + 4 * n, scratch, tmp_rows, twin_cols)
     if rc:
-        _, task, pc, operand = err.tolist()
+        _, task, pc, operand = bound.err.tolist()
         where = lowered.text(pc) if 0 <= pc < len(lowered.code) else f"instruction {pc}"
         raise NativeCheckError(f"native {lowered.title}: task {task}, instruction {pc} ({where}): operand "
                                f"{_operand_name(lowered, pc, operand)} is out of bounds or invalid")
     bound.stamp = None if workspace is None else (workspace, allocations())   # (after the arenas' growth)
     lowered.__dict__["_table"] = bound
     return grads
-
-
-def _bind(bound: BufferTable, place, i: int, a) -> None:
-    """Entry i of the table for ``a`` (an array, or (array, elements used)): kept when it is the array it
-    already addresses, laid out the same (only the elements are updated); else addressed again."""
-    used = None
-    if type(a) is tuple:
-        a, used = a
-        if not 0 <= used <= a.size:
-            raise ValueError(f"native executor: {used} elements of a buffer of {a.size}")
-    if a is bound.held[i] and bound.layouts[i] == (a.shape, a.strides):
-        size = a.size if used is None else used
-        if bound.info[1, i] != size:
-            bound.info[1, i] = size
-        return
-    place(i, a, used)
 
 
 def _operand_name(lowered: Lowered, pc: int, operand: int) -> str:
