@@ -822,10 +822,10 @@ class BufferTable:
     addressed again. A run takes the table off its program and puts it back only when the call returned
     cleanly, so a failed run, or a second thread running the same program, starts from an empty table."""
 
-    __slots__ = ("ffi", "info", "slots", "twin_slots", "row", "held", "layouts", "twins", "stamp", "columns",
-                 "err", "err_ptr")
+    __slots__ = ("ffi", "info", "slots", "twin_slots", "row", "held", "layouts", "stamp", "columns", "err",
+                 "err_ptr", "transient")
 
-    def __init__(self, ffi, n: int):
+    def __init__(self, ffi, n: int, keys: list):
         self.ffi = ffi
         self.info = np.zeros((5, n), np.int64)
         self.slots = ffi.cast("void **", ffi.from_buffer(self.info))
@@ -833,7 +833,9 @@ class BufferTable:
         self.row = ffi.cast("const int64_t *", self.slots)
         self.held: list = [None] * n     # the array each entry addresses
         self.layouts: list = [None] * n  # its (shape, strides) when addressed
-        self.twins: list = []            # this run's twins (kept alive while their addresses are in row 4)
+        # entries of a batch's own arrays (index arrays, pull and push buffers, gradients): let go after each
+        # run, so that the table keeps nothing alive that the run's caller does not
+        self.transient = [i for i, key in enumerate(keys) if key[0] not in PERSISTENT]
         self.stamp = None                # (workspace, memory.allocations()) when the last run ended
         self.columns = [[0] * n for _ in range(3)]   # info's rows 1-3 as lists (written to info when changed)
         self.err = np.zeros(4, np.int64)   # where C reports a failed check (the table is dropped after one)
@@ -844,6 +846,19 @@ class BufferTable:
         for column in self.columns:
             column[i] = 0
         self.held[i] = self.layouts[i] = None
+
+    def release(self, entries: list) -> None:
+        """Forget ``entries`` (zero addresses: an entry is only ever read by C after a run bound it again)."""
+        if entries:
+            self.info[:, entries] = 0
+            held, layouts, (sizes, strides, flags) = self.held, self.layouts, self.columns
+            for i in entries:
+                held[i] = layouts[i] = None
+                sizes[i] = strides[i] = flags[i] = 0
+
+
+# buffer keys whose arrays outlive a batch: the workspace's buffers, the statics (parameters, mostly)
+PERSISTENT = ("tensor", "btensor", "scatter", "sgrad", "fixed", "scratch", "static")
 
 
 # buffer keys that name a workspace's dynamic tensor whole (its ``buffer``): while no DynamicTensor has
@@ -864,7 +879,7 @@ def run(lowered: Lowered, table: np.ndarray, resolve, dtype, forest: bool, works
     n = len(lowered.keys)
     bound = lowered.__dict__.pop("_table", None)   # (taken: a run that fails leaves none behind)
     if bound is None or bound.ffi is not ffi:
-        bound = BufferTable(ffi, n)
+        bound = BufferTable(ffi, n, lowered.keys)
     info, held, layouts = bound.info, bound.held, bound.layouts
     kept = workspace is not None and bound.stamp is not None and bound.stamp[0] is workspace \
         and bound.stamp[1] == allocations()
@@ -884,10 +899,8 @@ def run(lowered: Lowered, table: np.ndarray, resolve, dtype, forest: bool, works
     # array, or a copy): the executor multiplies few rows by it as C^T = B^T A^T (SMALL_M_ROWS).
     copier = library(dtype) if max_bs > 1 and int(rows[rows > 1].sum()) >= CONTIGUOUS_STATICS_ROWS else None
     twin_cols, scratch_at = 0, None
-    if bound.twins:   # (last run's twins: none unless this run makes them again)
-        info[4] = 0
-        bound.twins = []
     twin_slots = bound.twin_slots
+    twins, copied = [], []   # (kept alive for the call; their entries are let go after it)
 
     from_buffer = ffi.from_buffer
     slots = bound.slots
@@ -944,10 +957,11 @@ def run(lowered: Lowered, table: np.ndarray, resolve, dtype, forest: bool, works
                 if not a.flags.c_contiguous:
                     twin = a.T if a.T.flags.c_contiguous else None
                     a = copier.contiguous(a)
+                    copied.append(i)
                 deep, wide = a.shape
                 if a.size and (wide >= 2 * deep or (deep >= 2 * wide and a.size >= TWIN_ELEMENTS)):
                     twin = copier.contiguous(a.T) if twin is None else twin
-                    bound.twins.append(twin)
+                    twins.append(twin)
                     twin_slots[i] = from_buffer(twin)
                     twin_cols = max(twin_cols, a.shape[1])
         bind(i, a)
@@ -972,6 +986,9 @@ def run(lowered: Lowered, table: np.ndarray, resolve, dtype, forest: bool, works
         where = lowered.text(pc) if 0 <= pc < len(lowered.code) else f"instruction {pc}"
         raise NativeCheckError(f"native {lowered.title}: task {task}, instruction {pc} ({where}): operand "
                                f"{_operand_name(lowered, pc, operand)} is out of bounds or invalid")
+    bound.release(bound.transient + copied if copied else bound.transient)
+    if twins:
+        info[4] = 0
     bound.stamp = None if workspace is None else (workspace, allocations())   # (after the arenas' growth)
     lowered.__dict__["_table"] = bound
     return grads
