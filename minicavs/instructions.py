@@ -823,7 +823,7 @@ class BufferTable:
     cleanly, so a failed run, or a second thread running the same program, starts from an empty table."""
 
     __slots__ = ("ffi", "info", "slots", "twin_slots", "row", "held", "layouts", "stamp", "columns", "err",
-                 "err_ptr", "transient")
+                 "err_ptr", "transient", "transient_at")
 
     def __init__(self, ffi, n: int, keys: list):
         self.ffi = ffi
@@ -836,6 +836,7 @@ class BufferTable:
         # entries of a batch's own arrays (index arrays, pull and push buffers, gradients): let go after each
         # run, so that the table keeps nothing alive that the run's caller does not
         self.transient = [i for i, key in enumerate(keys) if key[0] not in PERSISTENT]
+        self.transient_at = np.array(self.transient, np.intp)
         self.stamp = None                # (workspace, memory.allocations()) when the last run ended
         self.columns = [[0] * n for _ in range(3)]   # info's rows 1-3 as lists (written to info when changed)
         self.err = np.zeros(4, np.int64)   # where C reports a failed check (the table is dropped after one)
@@ -847,10 +848,11 @@ class BufferTable:
             column[i] = 0
         self.held[i] = self.layouts[i] = None
 
-    def release(self, entries: list) -> None:
-        """Forget ``entries`` (zero addresses: an entry is only ever read by C after a run bound it again)."""
+    def release(self, entries: list, at: np.ndarray) -> None:
+        """Forget ``entries`` (``at``: the same as an array; zero addresses: an entry is only ever read by C
+        after a run bound it again)."""
         if entries:
-            self.info[:, entries] = 0
+            self.info[:, at] = 0
             held, layouts, (sizes, strides, flags) = self.held, self.layouts, self.columns
             for i in entries:
                 held[i] = layouts[i] = None
@@ -986,7 +988,10 @@ def run(lowered: Lowered, table: np.ndarray, resolve, dtype, forest: bool, works
         where = lowered.text(pc) if 0 <= pc < len(lowered.code) else f"instruction {pc}"
         raise NativeCheckError(f"native {lowered.title}: task {task}, instruction {pc} ({where}): operand "
                                f"{_operand_name(lowered, pc, operand)} is out of bounds or invalid")
-    bound.release(bound.transient + copied if copied else bound.transient)
+    if copied:
+        bound.release(bound.transient + copied, np.array(bound.transient + copied, np.intp))
+    else:
+        bound.release(bound.transient, bound.transient_at)
     if twins:
         info[4] = 0
     bound.stamp = None if workspace is None else (workspace, allocations())   # (after the arenas' growth)
