@@ -68,9 +68,9 @@ def _resolver(fns: list, plan: MemoryPlan, state: "RunState", dtype, btensors=No
         if what == "btensor":
             return btensors[key[2]][key[1]].buffer
         if what == "scatter":
-            return state.scatters[key[1]]
+            return _prefix(state.workspace.scatters, key[1], state.scatters[key[1]])
         if what == "sgrad":
-            return sgrads[key[1]]
+            return _prefix(state.workspace.scatter_grads, key[1], sgrads[key[1]])
         if what == "child":
             return index(plan.kinds[key[2]].child_rows[key[1]])
         if what == "pullrows":
@@ -93,12 +93,19 @@ def _resolver(fns: list, plan: MemoryPlan, state: "RunState", dtype, btensors=No
         if what == "static":
             return state.statics[key[2]][key[1]]
         if what == "arena":
-            return state.workspace.arena(key[1], key[2], dtype)
+            return state.workspace.arena_prefix(key[1], key[2], dtype)
         if what == "pgrad":   # (a block computes a "set" one straight into it: no zeros needed)
             node = next(fn.param_grads[key[1]] for fn in fns if fn is not None and key[1] in fn.param_grads)
             return np.empty(node.shape, dtype) if key[-1] == "set" else np.zeros(node.shape, dtype)
         raise KeyError(key)
     return resolve
+
+
+def _prefix(tensors: dict, message: tuple, view):
+    """``view`` as (its workspace buffer, elements) when it is that buffer's first rows (see
+    memory.DynamicTensor.prefix: the executor keeps the buffer's address), else ``view``."""
+    tensor = tensors.get(message)
+    return view if tensor is None else tensor.prefix(view)
 
 
 @dataclass
@@ -196,7 +203,7 @@ def forward(fns: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContex
             for k, v in block_copies.items():
                 program.copies[k] += v
             table = program.native_table = _with_blocks(table, *blocks)
-        instructions.run(native, table, _resolver(fns, plan, state, dtype.np), dtype.np, plan.forest)
+        instructions.run(native, table, _resolver(fns, plan, state, dtype.np), dtype.np, plan.forest, workspace)
     for t, block in enumerate(program.tasks):
         if events is not None:
             events[t].wait()
@@ -297,7 +304,7 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
         if blocks is not None:
             table = program.native_table = _with_blocks(table, *blocks)
         resolve = _resolver(fns, plan, state, dtype.np, btensors, sgrads, push_grads, pull_grads)
-        for name, g in instructions.run(native, table, resolve, dtype.np, plan.forest).items():
+        for name, g in instructions.run(native, table, resolve, dtype.np, plan.forest, workspace).items():
             prev = param_grads.get(name)
             if prev is None:
                 param_grads[name] = g

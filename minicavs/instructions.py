@@ -41,6 +41,7 @@ from .cpu import CPU
 from .cpu import native as cpu_native
 from .cpu.library import library
 from .graph import Node
+from .memory import allocations
 from .ops.registry import OPS
 from .passes.fusion import fuse, fusible
 
@@ -812,24 +813,87 @@ TWIN_ELEMENTS = 1 << 20
 PROFILE: np.ndarray | None = None
 
 
-def run(lowered: Lowered, table: np.ndarray, resolve, dtype, forest: bool) -> dict:
-    """Run the task loop natively: ``resolve(key)`` gives each buffer's array. Returns the parameter-gradient
-    accumulators ({name: array}) the program added into. (Addresses come from cffi's ``from_buffer``: numpy's
-    ``ctypes.data`` costs microseconds a call, and a batch of one tree has a few dozen buffers.)"""
+class BufferTable:
+    """A program's buffer table (per buffer: base address, elements, row stride, transposed flag, twin's
+    address; one int64 array the executor reads) kept from one run to the next, so that a batch re-addresses
+    only the buffers that are new. An entry is reused only for the very same array object (held here, so
+    its memory cannot be freed and its address handed to another array) with the same shape and strides;
+    anything else (a parameter array replaced, a workspace buffer grown, a new batch's index arrays) is
+    addressed again. A run takes the table off its program and puts it back only when the call returned
+    cleanly, so a failed run, or a second thread running the same program, starts from an empty table."""
+
+    __slots__ = ("ffi", "info", "slots", "twin_slots", "row", "held", "layouts", "stamp", "columns", "err",
+                 "err_ptr", "transient", "transient_at")
+
+    def __init__(self, ffi, n: int, keys: list):
+        self.ffi = ffi
+        self.info = np.zeros((5, n), np.int64)
+        self.slots = ffi.cast("void **", ffi.from_buffer(self.info))
+        self.twin_slots = ffi.cast("void **", ffi.from_buffer(self.info[4]))
+        self.row = ffi.cast("const int64_t *", self.slots)
+        self.held: list = [None] * n     # the array each entry addresses
+        self.layouts: list = [None] * n  # its (shape, strides) when addressed
+        # entries of a batch's own arrays (index arrays, pull and push buffers, gradients): let go after each
+        # run, so that the table keeps nothing alive that the run's caller does not
+        self.transient = [i for i, key in enumerate(keys) if key[0] not in PERSISTENT]
+        self.transient_at = np.array(self.transient, np.intp)
+        self.stamp = None                # (workspace, memory.allocations()) when the last run ended
+        self.columns = [[0] * n for _ in range(3)]   # info's rows 1-3 as lists (written to info when changed)
+        self.err = np.zeros(4, np.int64)   # where C reports a failed check (the table is dropped after one)
+        self.err_ptr = ffi.from_buffer("int64_t[]", self.err)
+
+    def clear(self, i: int) -> None:
+        self.info[:, i] = 0
+        for column in self.columns:
+            column[i] = 0
+        self.held[i] = self.layouts[i] = None
+
+    def release(self, entries: list, at: np.ndarray) -> None:
+        """Forget ``entries`` (``at``: the same as an array; zero addresses: an entry is only ever read by C
+        after a run bound it again)."""
+        if entries:
+            self.info[:, at] = 0
+            held, layouts, (sizes, strides, flags) = self.held, self.layouts, self.columns
+            for i in entries:
+                held[i] = layouts[i] = None
+                sizes[i] = strides[i] = flags[i] = 0
+
+
+# buffer keys whose arrays outlive a batch: the workspace's buffers, the statics (parameters, mostly)
+PERSISTENT = ("tensor", "btensor", "scatter", "sgrad", "fixed", "scratch", "static")
+
+
+# buffer keys that name a workspace's dynamic tensor whole (its ``buffer``): while no DynamicTensor has
+# allocated a buffer since the last run in the same workspace, their entries are kept without resolving them
+WORKSPACE_TENSORS = ("tensor", "btensor")
+
+
+def run(lowered: Lowered, table: np.ndarray, resolve, dtype, forest: bool, workspace=None) -> dict:
+    """Run the task loop natively: ``resolve(key)`` gives each buffer's array, or (array, elements) for the
+    first ``elements`` of an array kept from batch to batch (a workspace buffer: memory.DynamicTensor.prefix).
+    ``workspace``: the one whose dynamic tensors the WORKSPACE_TENSORS keys resolve to (their buffers are
+    looked up again only when some buffer was allocated since this program's last run there).
+    Returns the parameter-gradient accumulators ({name: array}) the program added into. (Addresses come from
+    cffi's ``from_buffer``: numpy's ``ctypes.data`` costs microseconds a call; the buffer table keeps those
+    of arrays seen by the last run: :class:`BufferTable`.)"""
     ex = cpu_native.executor(dtype)
     ffi = ex.ffi
     n = len(lowered.keys)
-    info = np.zeros((5, n), np.int64)   # per buffer: base address, size, row stride, transposed flag, twin
-    slots = ffi.cast("void **", ffi.from_buffer(info))
-    twin_slots = ffi.cast("void **", ffi.from_buffer(info[4]))
-    sizes, strides, flags = [0] * n, [0] * n, [0] * n
-    keep, grads = [None] * n, {}
+    bound = lowered.__dict__.pop("_table", None)   # (taken: a run that fails leaves none behind)
+    if bound is None or bound.ffi is not ffi:
+        bound = BufferTable(ffi, n, lowered.keys)
+    info, held, layouts = bound.info, bound.held, bound.layouts
+    kept = workspace is not None and bound.stamp is not None and bound.stamp[0] is workspace \
+        and bound.stamp[1] == allocations()
+    grads = {}
     rows = table[:, 2]
     max_bs = int(rows.max()) if len(table) else 0
     nk = len(lowered.ranges) // 3
-    blocks = bool(lowered.blocks) and len(table) and int(table[:, 0].max()) >= nk
+    tids = table[:, 0]
+    blocks = bool(lowered.blocks) and len(table) and int(tids.max()) >= nk
     if blocks:   # (the copies below pay for the tasks' products, not for the blocks' few large ones)
-        rows = rows[table[:, 0] < nk]
+        is_block = tids >= nk
+        rows = rows[~is_block]
     # A static read as a transposed view (∂F's W^T) is copied once per run when multi-row tasks read it enough:
     # OpenBLAS packs a transposed B from strided reads, 25-40% slower per product at 16-64 rows, while the copy
     # costs a few such products (cpu/library.py contiguous). Same values; BLAS may round differently.
@@ -837,25 +901,41 @@ def run(lowered: Lowered, table: np.ndarray, resolve, dtype, forest: bool) -> di
     # array, or a copy): the executor multiplies few rows by it as C^T = B^T A^T (SMALL_M_ROWS).
     copier = library(dtype) if max_bs > 1 and int(rows[rows > 1].sum()) >= CONTIGUOUS_STATICS_ROWS else None
     twin_cols, scratch_at = 0, None
+    twin_slots = bound.twin_slots
+    twins, copied = [], []   # (kept alive for the call; their entries are let go after it)
 
     from_buffer = ffi.from_buffer
+    slots = bound.slots
+    sizes, strides, flags = bound.columns
+    changed = False
 
-    def place(i, a):
+    def bind(i, a):
+        """Entry i for ``a`` (an array, or (array, elements the program may touch)): kept when it is the array
+        it addresses already, laid out the same (then only its elements may change); else addressed anew."""
+        nonlocal changed
+        used = None
+        if type(a) is tuple:
+            a, used = a
+            if not 0 <= used <= a.size:
+                raise ValueError(f"native executor: {used} elements of a buffer of {a.size}")
+        if a is held[i] and layouts[i] == (a.shape, a.strides):
+            if used is not None and sizes[i] != used:
+                sizes[i], changed = used, True
+            return
         if a.flags.c_contiguous and a.ndim <= 2:   # (the common case, without _matrix_info's call)
             stride, flag = (a.shape[-1] if a.ndim else 1), 0
         else:
             a, stride, flag = _matrix_info(a)
-        keep[i] = a
         slots[i] = from_buffer(a.T if flag else a)   # writes the address into info[0, i]
-        sizes[i], strides[i], flags[i] = a.size, stride, flag
+        sizes[i], strides[i], flags[i] = a.size if used is None else used, stride, flag
+        held[i], layouts[i], changed = a, (a.shape, a.strides), True
 
     scratch = lowered.scratch_cols * max_bs   # (elements: a task's scratch is its template's columns x its rows)
     if blocks:   # the blocks' rows are all a kind's: the tasks' arena is sized by the tasks' rows
         scratch = lowered.scratch_cols * (int(rows.max()) if len(rows) else 0)
         cols = lowered.block_scratch
-        for tid, n_rows in zip(table[:, 0].tolist(), table[:, 2].tolist()):
-            if tid >= nk:
-                scratch = max(scratch, cols[tid] * n_rows)
+        for tid, n_rows in zip(tids[is_block].tolist(), table[is_block, 2].tolist()):
+            scratch = max(scratch, cols[tid] * n_rows)
     used = n if blocks or lowered.task_keys is None else lowered.task_keys   # (the blocks' own: left unbound)
     for i, key in enumerate(lowered.keys):
         what = key[0]
@@ -863,6 +943,10 @@ def run(lowered: Lowered, table: np.ndarray, resolve, dtype, forest: bool) -> di
             scratch_at = i
             continue
         if i >= used:
+            if held[i] is not None:   # (bound by a run whose blocks were native: no address may stay)
+                bound.clear(i)
+            continue
+        if kept and what in WORKSPACE_TENSORS and held[i] is not None:
             continue
         if what == "fixed":
             a = resolve(("arena", "fixed", lowered.fixed_size))
@@ -875,35 +959,43 @@ def run(lowered: Lowered, table: np.ndarray, resolve, dtype, forest: bool) -> di
                 if not a.flags.c_contiguous:
                     twin = a.T if a.T.flags.c_contiguous else None
                     a = copier.contiguous(a)
+                    copied.append(i)
                 deep, wide = a.shape
                 if a.size and (wide >= 2 * deep or (deep >= 2 * wide and a.size >= TWIN_ELEMENTS)):
                     twin = copier.contiguous(a.T) if twin is None else twin
-                    keep.append(twin)
-                    twin_slots[i] = ffi.from_buffer(twin)
+                    twins.append(twin)
+                    twin_slots[i] = from_buffer(twin)
                     twin_cols = max(twin_cols, a.shape[1])
-        place(i, a)
+        bind(i, a)
     tmp_rows = min(max_bs, SMALL_M_ROWS) if twin_cols and scratch_at is not None else 0
     if scratch_at is not None:
-        place(scratch_at, resolve(("arena", "scratch", scratch + tmp_rows * twin_cols)))
-    info[1], info[2], info[3] = sizes, strides, flags
-    err = np.zeros(4, np.int64)
+        bind(scratch_at, resolve(("arena", "scratch", scratch + tmp_rows * twin_cols)))
+    if changed:
+        info[1], info[2], info[3] = sizes, strides, flags
     check = int(os.environ.get("MINICAVS_NATIVE_CHECK", "0") not in ("", "0"))
     prof = ffi.NULL if PROFILE is None else ex.ptr(PROFILE)
     p = ex.ptr
     if lowered.pointers is None:   # the program's own arrays: fixed, so their addresses are taken once
         lowered.pointers = (p(lowered.code), p(lowered.pool), p(lowered.ranges), p(lowered.kernels))
     code, pool, ranges, kernels = lowered.pointers
-    row = ffi.cast("const int64_t *", slots)
+    row = bound.row
     rc = ex.run(code, pool, ranges, len(lowered.ranges), p(table), len(table),
                 table.shape[1], row, row + n, row + 2 * n, row + 3 * n, n, n - 1, max_bs, lowered.nregs,
                 kernels, len(lowered.kernels), ex.gemm, ex.gemv, int(ex.ilp64), int(forest), check,
-                p(err), prof, row + 4 * n, scratch, tmp_rows, twin_cols)
+                bound.err_ptr, prof, row + 4 * n, scratch, tmp_rows, twin_cols)
     if rc:
-        _, task, pc, operand = err.tolist()
+        _, task, pc, operand = bound.err.tolist()
         where = lowered.text(pc) if 0 <= pc < len(lowered.code) else f"instruction {pc}"
         raise NativeCheckError(f"native {lowered.title}: task {task}, instruction {pc} ({where}): operand "
                                f"{_operand_name(lowered, pc, operand)} is out of bounds or invalid")
-    del keep, info
+    if copied:
+        bound.release(bound.transient + copied, np.array(bound.transient + copied, np.intp))
+    else:
+        bound.release(bound.transient, bound.transient_at)
+    if twins:
+        info[4] = 0
+    bound.stamp = None if workspace is None else (workspace, allocations())   # (after the arenas' growth)
+    lowered.__dict__["_table"] = bound
     return grads
 
 

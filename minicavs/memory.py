@@ -19,12 +19,22 @@ from .random import row_key
 from .scheduler import Schedule
 
 
+_allocated = [0]   # buffers DynamicTensors have allocated so far, in any workspace (see allocations)
+
+
+def allocations() -> int:
+    """How many buffers DynamicTensors have allocated so far (in any workspace; it only grows): while it is
+    unchanged, every DynamicTensor still holds the buffer it held (the native executor's buffer table keeps
+    their addresses without looking them up again)."""
+    return _allocated[0]
+
+
 class DynamicTensor:
     """Rows of one symbol for all vertices of a batch: (shape without batch, bs, offset, one buffer).
 
     The buffer grows (x1.5) and is reused across batches, so steady-state training allocates nothing."""
 
-    __slots__ = ("name", "shape", "dtype", "buffer", "rows", "peak_bytes", "xp")
+    __slots__ = ("name", "shape", "dtype", "buffer", "rows", "peak_bytes", "xp", "last")
 
     def __init__(self, name: str, shape: tuple, dtype, xp=np):
         self.name = name
@@ -32,19 +42,28 @@ class DynamicTensor:
         self.dtype = np.dtype(dtype)
         self.xp = xp   # the array module of the device holding the buffer
         self.buffer = xp.empty((0,) + self.shape, self.dtype)
+        _allocated[0] += 1
         self.rows = 0
         self.peak_bytes = 0
+        self.last = None   # the view the last resize returned (see prefix)
 
     def resize(self, rows: int, zero: bool = False) -> np.ndarray:
         """Make room for ``rows`` rows and return the view of exactly those rows."""
         if rows > len(self.buffer):
             self.buffer = self.xp.empty((max(rows, int(len(self.buffer) * 1.5)),) + self.shape, self.dtype)
+            _allocated[0] += 1
         self.rows = rows
         self.peak_bytes = max(self.peak_bytes, self.buffer.nbytes)
-        view = self.buffer[:rows]
+        view = self.last = self.buffer[:rows]
         if zero:
             view.fill(0)
         return view
+
+    def prefix(self, view):
+        """(buffer, elements) when ``view`` is what the last resize returned, i.e. the buffer's first rows at
+        the buffer's own address; else ``view``. The native executor keeps a buffer's address from batch to
+        batch while the buffer object is the same, and only updates the elements its rows cover."""
+        return (self.buffer, view.size) if view is self.last else view
 
     def view(self, offset: int, bs: int) -> np.ndarray:
         return self.buffer[offset:offset + bs]
@@ -98,6 +117,11 @@ class Workspace:
         if tensor is None or tensor.dtype != np.dtype(dtype):
             tensor = self.arenas[key] = DynamicTensor(key, (), dtype, self.xp)
         return tensor.resize(max(1, elements))
+
+    def arena_prefix(self, key: str, elements: int, dtype) -> tuple:
+        """:meth:`arena` as (its buffer, the elements used): see :meth:`DynamicTensor.prefix`."""
+        view = self.arena(key, elements, dtype)
+        return self.arenas[key].prefix(view)
 
     def scatter_grad_rows(self, like) -> np.ndarray:
         """A buffer shaped like the scatter tensor ``like`` for its gradient (stale values)."""

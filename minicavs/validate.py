@@ -86,8 +86,7 @@ def indices(values, what: str, *, size: int | None = None, shape: tuple | None =
     unsigned = dtype.kind == "u"
     limit = size if size is not None else (None if unsigned else _INT64_MAX + 1)
     signed = a.dtype.kind == "i"    # unsigned values are never negative: only an upper limit can fail
-    if ranged and a.size and (limit is not None or signed) and (
-            (signed and int(a.min()) < 0) or (limit is not None and int(a.max()) >= limit)):
+    if ranged and a.size and (limit is not None or signed) and _out_of_range(a, signed, limit):
         flat = a.reshape(-1)
         bad = flat < 0
         if limit is not None and limit <= np.iinfo(a.dtype).max:
@@ -99,6 +98,16 @@ def indices(values, what: str, *, size: int | None = None, shape: tuple | None =
     if a.dtype == dtype and a.flags.c_contiguous:
         return a
     return xp.ascontiguousarray(a, dtype=dtype).reshape(a.shape)   # (ascontiguousarray makes 0-d 1-d)
+
+
+def _out_of_range(a, signed: bool, limit: int | None) -> bool:
+    """Whether some value of the integer array ``a`` is negative or at least ``limit``: one reduction where a
+    signed array's values read as unsigned put every negative one at or above 2**(bits - 1), so above any
+    limit up to that (a batch-1 step checks a few small index arrays, where each reduction costs
+    microseconds)."""
+    if signed and limit is not None and limit <= 1 << (8 * a.dtype.itemsize - 1):
+        return int(a.view(a.dtype.str.replace("i", "u")).max()) >= limit
+    return (signed and int(a.min()) < 0) or (limit is not None and int(a.max()) >= limit)
 
 
 def rows(n: int, want: int, what: str, of: str, error: type = FeedError) -> None:

@@ -34,8 +34,9 @@ def _keepsum(x, axis):
 
 
 def _softmax_impl(xp, x, axis):
-    e = xp.exp(x - xp.max(x, axis=axis, keepdims=True))
-    e /= xp.sum(e, axis=axis, keepdims=True)
+    e = x - x.max(axis=axis, keepdims=True)   # (the array methods: the same reductions without the
+    xp.exp(e, out=e)                          # module functions' dispatch, microseconds at a batch of one)
+    e /= e.sum(axis=axis, keepdims=True)
     return e
 
 
