@@ -323,9 +323,11 @@ def bind_forward(fns: list, plan, state, opts, device, active: list, training: b
     """F's phases bound to the batch: every block's views, row indices and output buffers (placed by the
     alias pass at compile time) made now, so the task loop only runs them. A gather reads, and a kind
     writes, the scatter tensor of its message shape (``gather_messages`` / ``scatter_message``)."""
+    copies = {"gather": 0, "gathered": 0, "pull": 0, "push": 0}
+    if not (with_tasks or with_blocks or opts.streaming):   # the native executor runs every block
+        return BatchProgram("F", [], [], [], copies)
     scatters, pull_bufs = state.scatters, state.pull_bufs
     names = _scatter_names(scatters)
-    copies = {"gather": 0, "gathered": 0, "pull": 0, "push": 0}
     stores = {kid: _with_tensors(fns[kid].placement(opts, device, training)[1], state.tensors[kid]) for kid in active}
     phases = {kid: fns[kid].phases(opts, device)[0] for kid in active}   # looked up once, not per block
 
@@ -471,6 +473,8 @@ def bind_backward(fns: list, plan, state, opts, device, active: list, btensors: 
     from their tensors, the scatter tensors and the pull buffers at the same rows, gradients added into the
     children's rows of the scatter gradients (``scatter_grads``: one per message shape) and into the pull
     buffers' gradients."""
+    if not (with_tasks or with_blocks or opts.streaming):   # the native executor runs every block
+        return BatchProgram("∂F", [], [], [], {})
     scatters = state.scatters
     names, grad_names = _scatter_names(scatters), _scatter_names(scatters, "scatter grad")
     stores = {kid: _with_tensors(fns[kid].placement(opts, device)[3], btensors[kid]) for kid in active}
