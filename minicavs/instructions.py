@@ -42,6 +42,7 @@ from .cpu import native as cpu_native
 from .cpu.library import library
 from .graph import Node
 from .memory import allocations
+from .ops.message import as_slice
 from .ops.registry import OPS
 from .passes.fusion import fuse, fusible
 
@@ -751,18 +752,15 @@ def block_rows(lowered: Lowered, fns: list, plan, opts, copies: dict | None = No
         row = [b.tid, 0, n, -1, -1] + [-1] * (lowered.table_width - TASK_COLUMNS)
         if b.scatter_rows and n:
             if b.kid not in firsts:
-                rows = plan.schedule.row[kind_plan.vertices]
-                first = int(rows[0])
-                ok = int(rows[-1]) - first == n - 1 and (n < 3 or bool((rows[1:] - rows[:-1] == 1).all()))
-                firsts[b.kid] = first if ok else None
+                rows = as_slice(plan.schedule.row[kind_plan.vertices])
+                firsts[b.kid] = rows.start if isinstance(rows, slice) else None
             if firsts[b.kid] is None:
                 return None, None, f"kind '{b.template.kind}': its scatter rows are not contiguous"
             row[3] = firsts[b.kid]
         if b.regather and n:
-            rows = np.stack([kind_plan.child_rows[j] for j in fns[b.kid].gathers], axis=1).reshape(-1)
-            first = int(rows[0])
-            if np.array_equal(rows, np.arange(first, first + b.regather * n)):
-                row[4] = first
+            rows = as_slice(np.stack([kind_plan.child_rows[j] for j in fns[b.kid].gathers], axis=1).reshape(-1))
+            if isinstance(rows, slice):
+                row[4] = rows.start
         if copies is not None:
             gathers, pulls, pushes = b.moves
             copies["gather"] += n * gathers

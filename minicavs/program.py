@@ -89,9 +89,12 @@ def check_value(node: Node, value, what: str):
     return arr
 
 
+FED_OPS = ("input", "param")
+
+
 def is_fed(n: Node) -> bool:
     """Inputs and parameters: values a graph is given, not computed."""
-    return n.op in ("input", "param")
+    return n.op in FED_OPS
 
 
 def leaf_value(n: Node, feeds: Mapping, params: Mapping):
@@ -104,9 +107,10 @@ def leaf_value(n: Node, feeds: Mapping, params: Mapping):
         else:
             raise FeedError(f"missing feed for input {n.label()} {fmt_shape(n.shape)}")
         return check_value(n, value, "feed for input")
-    if n.name not in params:
-        raise FeedError(f"missing value for parameter '{n.name}' {fmt_shape(n.shape)}")
-    value = params[n.name]
+    try:   # (one lookup: a ParameterSet's ``in`` and ``[]`` are a Python call each)
+        value = params[n.name]
+    except KeyError:
+        raise FeedError(f"missing value for parameter '{n.name}' {fmt_shape(n.shape)}") from None
     return check_value(n, getattr(value, "value", value), "parameter")
 
 
@@ -118,7 +122,7 @@ def evaluate(nodes: Sequence[Node], env: dict, feeds: Mapping, params: Mapping, 
     for n in nodes:
         if n in env:
             continue
-        if is_fed(n):
+        if n.op in FED_OPS:
             env[n] = leaf_value(n, feeds, params)
         else:
             step = _STEPS.get(n)
@@ -452,10 +456,9 @@ def _bind_regathered(block: Block, cat: Node, scatter, child_rows: list, name: s
     else the children's rows interleaved, gathered now in one take."""
     k, n = len(child_rows), len(child_rows[0])
     rows = np.stack(child_rows, axis=1).reshape(-1)
-    start = int(rows[0]) if n else 0
-    if n and np.array_equal(rows, np.arange(start, start + k * n)):
-        block.views.append((cat, scatter[start:start + k * n].reshape(n, -1),
-                            (f"view {name}[{{}}] as {{}} rows", slice(start, start + k * n), n)))
+    index = as_slice(rows)
+    if isinstance(index, slice):
+        block.views.append((cat, scatter[index].reshape(n, -1), (f"view {name}[{{}}] as {{}} rows", index, n)))
     else:
         block.views.append((cat, device.take(scatter, rows).reshape(n, -1),
                             (f"taken when bound: {name}[{{}}] as rows of {k}", rows)))

@@ -106,13 +106,16 @@ class Library:
         and ``y += b`` then reads and writes all of it again: 3 ms of a 1.5k x 6k float32 Var-LSTM softmax
         layer (96 ms) here, which this saves whole. None where a BLAS call does not fit (another dtype, a
         strided operand, no BLAS, a small product): the caller runs numpy."""
+        if not (isinstance(x, np.ndarray) and isinstance(w, np.ndarray) and x.ndim == 2 and w.ndim == 2) \
+                or x.shape[0] * w.shape[1] < LINEAR_ELEMENTS:   # (small ones first: they are most calls)
+            return None
         gemm = self._gemm()
         if gemm is None or not all(isinstance(a, np.ndarray) and a.dtype == self.dtype for a in (x, w, b)):
             return None
-        if x.ndim != 2 or w.ndim != 2 or b.shape != (w.shape[1],) or x.shape[1] != w.shape[0]:
+        if b.shape != (w.shape[1],) or x.shape[1] != w.shape[0]:
             return None
         (rows, k), n = x.shape, w.shape[1]
-        if rows * n < LINEAR_ELEMENTS or not k or not b.flags.c_contiguous:
+        if not k or not b.flags.c_contiguous:
             return None
         operands = [_blas_operand(a) for a in (x, w)]
         if None in operands:
