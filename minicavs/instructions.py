@@ -564,9 +564,10 @@ def link(fns: list, kids: list, opts, device, backward: bool, training: bool = T
     """The templates of the kinds ``kids`` as one program, or why the pass stays in Python. ``cache``: where
     linked programs are kept (the workspace's: they live as long as the model)."""
     cache = {} if cache is None else cache
-    key = (tuple(id(f) for f in fns), tuple(kids), opts.compiled, device, backward, training)
+    # (the entry keeps its functions alive, so no other object can have their ids while it is there)
+    key = (tuple(map(id, fns)), tuple(kids), opts.compiled, device, backward, training)
     hit = cache.get(key)
-    if hit is not None and all(a is b for a, b in zip(hit[0], fns)):
+    if hit is not None:
         return hit[1]
     nk = len(fns)
     templates, tids = [], []

@@ -129,7 +129,8 @@ def evaluate(nodes: Sequence[Node], env: dict, feeds: Mapping, params: Mapping, 
             if step is None:
                 step = _STEPS[n] = Step.of(n)
             steps.append(step)
-    run_steps(steps, env, xp, ctx)
+    if steps:   # (parameters only: F's statics at inference)
+        run_steps(steps, env, xp, ctx)
 
 
 _STEPS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # node -> its Step (made once, not per run)
