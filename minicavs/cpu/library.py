@@ -60,9 +60,13 @@ class Library:
         names = ("xent", "xent_grad", "transpose", "dropout", "heights", "coalesce",
                  *(f"{r}{v}" for r in RULES for v in ("", "_rows", "_lazy", "_many")))
         self._fn = {name: getattr(lib, f"{name}_{self.T}") for name in names}
+        # the C array type of each element type, as cffi types made once (a type named by a string is looked
+        # up in cffi's parser cache by a Python call on every from_buffer)
+        self._c_arrays = {dtype: ffi.typeof(c_type) for dtype, c_type in _C_ARRAY.items()}
+        self._c_floats = ffi.typeof(f"{self.T}[]")
 
     def _p(self, a: np.ndarray):
-        return self.ffi.from_buffer(_C_ARRAY.get(a.dtype) or f"{self.T}[]", a)
+        return self.ffi.from_buffer(self._c_arrays.get(a.dtype, self._c_floats), a)
 
     def _matrix(self, a, what: str, ndim_min: int = 1) -> np.ndarray:
         """``a`` as a C-contiguous array of this library's dtype (a copy only when needed)."""
