@@ -318,6 +318,35 @@ def test_inference_native_equals_python():
         equal(python.pushes["G"][name], native.pushes["G"][name])
 
 
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_one_tree_inference_native_equals_python_and_the_batched_pass(dtype, tmp_path):
+    """The path ``bench.point`` times at batch 1 (the bundled Tree-LSTM, forward only, one tree per pass): the
+    native pass equals the Python interpreter's (loss, every vertex's class probabilities, the pushed states)
+    and each tree alone equals its rows of a batch of all of them (serial per-sample evaluation)."""
+    t = Trainer(MODELS / "tree_lstm.yaml", TINY["tree_lstm"] + [f"train.dtype={dtype}"], run_dir=tmp_path)
+    trees = t.task.data["train"][:6]
+
+    def infer(samples, executor):
+        t.model.options = EngineOptions(executor=executor)
+        graphs, feeds = t.task.batch(samples)
+        return t.model.infer(graphs, feeds, t.params, t.context(training=False))
+
+    alone = []
+    for tree in trees:
+        python, native = infer([tree], "python"), infer([tree], "native")
+        program = native.states["tree"].program
+        assert program.native_table is not None and not program.blocks(), program.native_why
+        close(python.loss, native.loss, dtype)
+        close(python.outputs["probs"], native.outputs["probs"], dtype)
+        close(python.pushes["tree"]["h"], native.pushes["tree"]["h"], dtype)
+        alone.append(native)
+    batched = infer(trees, "native")
+    close(np.concatenate([r.outputs["probs"] for r in alone]), batched.outputs["probs"], dtype)
+    for r, rows in zip(alone, batched.per_sample("tree", "h")):
+        close(r.per_sample("tree", "h")[0], rows, dtype)
+    close(np.mean([r.loss for r in alone]), batched.loss, dtype)
+
+
 def record_contiguous_copies(monkeypatch) -> list:
     """The shapes of the statics instructions.run copies (cpu/library.py contiguous), appended as it runs."""
     shapes = []
