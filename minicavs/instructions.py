@@ -885,20 +885,21 @@ def run(lowered: Lowered, table: np.ndarray, resolve, dtype, forest: bool, works
     kept = workspace is not None and bound.stamp is not None and bound.stamp[0] is workspace \
         and bound.stamp[1] == allocations()
     grads = {}
-    rows = table[:, 2]
-    max_bs = int(rows.max()) if len(table) else 0
     nk = len(lowered.ranges) // 3
-    tids = table[:, 0]
-    blocks = bool(lowered.blocks) and len(table) and int(tids.max()) >= nk
-    if blocks:   # (the copies below pay for the tasks' products, not for the blocks' few large ones)
-        is_block = tids >= nk
-        rows = rows[~is_block]
+    # the table's template ids and rows as lists: a batch of one has a dozen rows, where a numpy reduction costs
+    # more than a pass over the list
+    tids, rows = table[:, 0].tolist(), table[:, 2].tolist()
+    max_bs = max(rows, default=0)
+    blocks = bool(lowered.blocks) and max(tids, default=-1) >= nk
+    # (the copies below pay for the tasks' products, not for the blocks' few large ones)
+    task_rows = [r for tid, r in zip(tids, rows) if tid < nk] if blocks else rows
     # A static read as a transposed view (∂F's W^T) is copied once per run when multi-row tasks read it enough:
     # OpenBLAS packs a transposed B from strided reads, 25-40% slower per product at 16-64 rows, while the copy
     # costs a few such products (cpu/library.py contiguous). Same values; BLAS may round differently.
     # A static at least twice as wide as deep (an LSTM's W_h, H x 4H) also gets its transpose (the original
     # array, or a copy): the executor multiplies few rows by it as C^T = B^T A^T (SMALL_M_ROWS).
-    copier = library(dtype) if max_bs > 1 and int(rows[rows > 1].sum()) >= CONTIGUOUS_STATICS_ROWS else None
+    copier = library(dtype) if max_bs > 1 and sum([r for r in task_rows if r > 1]) >= CONTIGUOUS_STATICS_ROWS \
+        else None
     twin_cols, scratch_at = 0, None
     twin_slots = bound.twin_slots
     twins, copied = [], []   # (kept alive for the call; their entries are let go after it)
@@ -929,12 +930,12 @@ def run(lowered: Lowered, table: np.ndarray, resolve, dtype, forest: bool, works
         sizes[i], strides[i], flags[i] = a.size if used is None else used, stride, flag
         held[i], layouts[i], changed = a, (a.shape, a.strides), True
 
-    scratch = lowered.scratch_cols * max_bs   # (elements: a task's scratch is its template's columns x its rows)
-    if blocks:   # the blocks' rows are all a kind's: the tasks' arena is sized by the tasks' rows
-        scratch = lowered.scratch_cols * (int(rows.max()) if len(rows) else 0)
+    # (elements: a task's scratch is its template's columns x its rows; the blocks' rows are all a kind's, so
+    # the tasks' arena is sized by the tasks' rows, each block's by its own)
+    scratch = lowered.scratch_cols * max(task_rows, default=0)
+    if blocks:
         cols = lowered.block_scratch
-        for tid, n_rows in zip(tids[is_block].tolist(), table[is_block, 2].tolist()):
-            scratch = max(scratch, cols[tid] * n_rows)
+        scratch = max([scratch] + [cols[tid] * n_rows for tid, n_rows in zip(tids, rows) if tid >= nk])
     used = n if blocks or lowered.task_keys is None else lowered.task_keys   # (the blocks' own: left unbound)
     for i, key in enumerate(lowered.keys):
         what = key[0]
