@@ -668,9 +668,8 @@ def task_table(fns: list, plan, opts, backward: bool) -> tuple[np.ndarray, dict]
         if not backward:
             for kid, fn in enumerate(fns):
                 kind_plan = plan.kinds[kid]
-                if kind_plan is not None:
-                    _count_copies(copies, fn, fn.phases(opts)[0], kind_plan.n,
-                                  {j: int(plan.gather_copies[kid, j]) for j in fn.gathers})
+                if kind_plan is not None:   # (its gather slots are 0..arity - 1: a list indexed by slot)
+                    _count_copies(copies, _task_moves(fn, opts), kind_plan.n, plan.gather_copies[kid].tolist())
         return (np.ascontiguousarray(made[::-1]) if backward else made), copies
     tasks = plan.task_array if plan.task_array is not None else np.array(plan.tasks, np.int64).reshape(-1, 4)
     table = np.full((len(tasks), TASK_COLUMNS + 2 * arity), -1, np.int64)
@@ -684,7 +683,6 @@ def task_table(fns: list, plan, opts, backward: bool) -> tuple[np.ndarray, dict]
         mine = kind_plan.tasks if kind_plan.tasks is not None else np.flatnonzero(kinds == kid)
         if not len(mine):
             continue
-        kp = fn.phases(opts)[1 if backward else 0]
         slots = list(fn.gathers)
         if opts.gather_elision and slots:   # (the kind's tasks in task order, as ``mine``)
             views = [kind_plan.strides[j] for j in slots]
@@ -709,8 +707,9 @@ def task_table(fns: list, plan, opts, backward: bool) -> tuple[np.ndarray, dict]
         if not backward:
             bs = sizes[mine]
             rows = kind_plan.n   # (its tasks' rows)
-            _count_copies(copies, fn, kp, rows, {j: int(bs[views[j][1] < 0].sum()) if opts.gather_elision else rows
-                                                 for j in fn.gathers})
+            moves = _task_moves(fn, opts)
+            _count_copies(copies, moves, rows, {j: int(bs[views[j][1] < 0].sum()) if opts.gather_elision else rows
+                                                for j in moves[0]})
     if backward:
         table = table[::-1]
     return np.ascontiguousarray(table), copies
@@ -773,15 +772,28 @@ def block_rows(lowered: Lowered, fns: list, plan, opts, copies: dict | None = No
             np.array(post, np.int64).reshape(-1, lowered.table_width), None)
 
 
-def _count_copies(copies: dict, fn, kp, rows: int, gather_rows: dict) -> None:
-    """Add one kind's row moves in its task loop (``rows`` vertices; ``gather_rows``: rows each gather slot
-    copies, those of the tasks where it is no view) to the program's counters."""
-    for j, g in fn.gathers.items():
-        if kp.phase[g] == TASK:
-            copies["gathered"] += rows
-            copies["gather"] += gather_rows[j]
-    copies["pull"] += rows * sum(kp.phase[p] == TASK for p in fn.pulls.values())
-    copies["push"] += rows * sum(kp.phase[p] == TASK for p in fn.pushes.values())
+def _task_moves(fn, opts) -> tuple:
+    """What F's task loop moves per vertex under ``opts``: (the gather slots it takes there, its pulls, its
+    pushes), the copy counters' factors; found once per function and options (kept with its phases)."""
+    key = ("task moves", opts.compiled)
+    found = fn._phases.get(key)
+    if found is None:
+        phase = fn.phases(opts)[0].phase
+        found = fn._phases[key] = (tuple(j for j, g in fn.gathers.items() if phase[g] == TASK),
+                                   sum(phase[p] == TASK for p in fn.pulls.values()),
+                                   sum(phase[p] == TASK for p in fn.pushes.values()))
+    return found
+
+
+def _count_copies(copies: dict, moves: tuple, rows: int, gather_rows) -> None:
+    """Add one kind's row moves in its task loop (``moves``: :func:`_task_moves`; ``rows`` vertices;
+    ``gather_rows[j]``: the rows gather slot j copies, those of the tasks where it is no view) to the
+    program's counters."""
+    slots, pulls, pushes = moves
+    copies["gathered"] += rows * len(slots)
+    copies["gather"] += sum([gather_rows[j] for j in slots])
+    copies["pull"] += rows * pulls
+    copies["push"] += rows * pushes
 
 
 def _matrix_info(a: np.ndarray) -> tuple[np.ndarray, int, int]:
