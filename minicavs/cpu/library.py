@@ -4,7 +4,6 @@ compiled once per dtype and wrapped for numpy arrays. Every kernel has a numpy t
 from __future__ import annotations
 
 import functools
-import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
@@ -356,9 +355,9 @@ _C_ARRAY = {np.dtype(np.int64): "long[]", np.dtype(np.uint64): "unsigned long lo
 
 def library(dtype) -> Library | None:
     """The compiled kernels for ``dtype`` (float32 or float64), or None without a C compiler. Cached per
-    ``CC`` setting (not per resolved compiler: finding it on PATH costs ~50 us, and this runs per kernel
-    call), so that an answer made while ``CC`` named no compiler does not outlive that setting."""
-    return _library(np.dtype(dtype), os.environ.get("CC"))
+    ``CC`` setting until built (not per resolved compiler: finding it on PATH costs ~50 us, and this runs per
+    kernel call; see cpu/compiler.py kept_once_built)."""
+    return _built_library(np.dtype(dtype))
 
 
 @functools.lru_cache(maxsize=None)
@@ -372,3 +371,6 @@ def _library(dtype: np.dtype, cc_setting: str | None) -> Library | None:
     ffi = cffi.FFI()
     ffi.cdef(decls)
     return Library(dtype, ffi.dlopen(str(cgen.compiled(source, cc, f"library-{T}"))), ffi)
+
+
+_built_library = cgen.kept_once_built(_library)
