@@ -908,8 +908,10 @@ def run(lowered: Lowered, table: np.ndarray, resolve, dtype, forest: bool, works
     # A static read as a transposed view (∂F's W^T) is copied once per run when multi-row tasks read it enough:
     # OpenBLAS packs a transposed B from strided reads, 25-40% slower per product at 16-64 rows, while the copy
     # costs a few such products (cpu/library.py contiguous). Same values; BLAS may round differently.
-    # A static at least twice as wide as deep (an LSTM's W_h, H x 4H) also gets its transpose (the original
-    # array, or a copy): the executor multiplies few rows by it as C^T = B^T A^T (SMALL_M_ROWS).
+    # A static at least twice as wide as deep (an LSTM's W_h, H x 4H) that some task reads also gets its
+    # transpose (the original array, or a copy): the executor multiplies few rows by it as C^T = B^T A^T
+    # (SMALL_M_ROWS). One only the blocks read (a Tree-LSTM's leaf W) gets none: the copy, a pass over all of it
+    # each run (~15 us at 128 x 384, more from a cold cache), would serve one product.
     copier = library(dtype) if max_bs > 1 and sum([r for r in task_rows if r > 1]) >= CONTIGUOUS_STATICS_ROWS \
         else None
     twin_cols, scratch_at = 0, None
@@ -948,7 +950,8 @@ def run(lowered: Lowered, table: np.ndarray, resolve, dtype, forest: bool, works
     if blocks:
         cols = lowered.block_scratch
         scratch = max([scratch] + [cols[tid] * n_rows for tid, n_rows in zip(tids, rows) if tid >= nk])
-    used = n if blocks or lowered.task_keys is None else lowered.task_keys   # (the blocks' own: left unbound)
+    task_keys = n if lowered.task_keys is None else lowered.task_keys   # (the keys after them: the blocks' own)
+    used = n if blocks else task_keys   # (the blocks' own: left unbound)
     for i, key in enumerate(lowered.keys):
         what = key[0]
         if what == "scratch":
@@ -973,7 +976,7 @@ def run(lowered: Lowered, table: np.ndarray, resolve, dtype, forest: bool, works
                     a = copier.contiguous(a)
                     copied.append(i)
                 deep, wide = a.shape
-                if a.size and (wide >= 2 * deep or (deep >= 2 * wide and a.size >= TWIN_ELEMENTS)):
+                if a.size and i < task_keys and (wide >= 2 * deep or (deep >= 2 * wide and a.size >= TWIN_ELEMENTS)):
                     twin = copier.contiguous(a.T) if twin is None else twin
                     twins.append(twin)
                     twin_slots[i] = from_buffer(twin)

@@ -422,6 +422,24 @@ def test_few_row_products_by_a_wide_static_run_transposed_with_the_same_numbers(
                                     EngineOptions(), dtype)
 
 
+def test_a_wide_static_only_the_blocks_read_gets_no_transposed_copy(tmp_path, monkeypatch):
+    """The Tree-LSTM's leaf W (embed x 3 hidden: twice as wide as deep) is read only by F's block of all the
+    leaves: no transposed copy of it is made per forward pass (it would serve that one product; the task
+    loop's statics keep theirs: the Var-LSTM test above), and training equals the Python interpreter's."""
+    monkeypatch.setattr(instructions, "CONTIGUOUS_STATICS_ROWS", 1)
+    t = Trainer(MODELS / "tree_lstm.yaml", TINY["tree_lstm"] + ["train.dtype=float64"], run_dir=tmp_path)
+    samples = t.task.data["train"][:8]
+    shape = t.params["W"].value.shape
+    assert shape[1] >= 2 * shape[0]
+    copies = record_contiguous_copies(monkeypatch)
+    t.model.options = EngineOptions(executor="native")
+    graphs, feeds = t.task.batch(samples)
+    program = t.model.infer(graphs, feeds, t.params, t.context(training=False)).states["tree"].program
+    assert program.native_table is not None and shape[::-1] not in copies, copies   # (the old rule made it)
+    assert_native_equals_python(lambda o: (setattr(t.model, "options", o), t.loss_and_grads(samples))[1],
+                                EngineOptions(), "float64")
+
+
 def test_tree_fc_task_loop_moves_no_rows_when_siblings_are_side_by_side(monkeypatch):
     """Complete trees (siblings adjacent, a forest): F's loop reads [h_l; h_r] as a view and writes h into
     the scatter tensor in place; ∂F's product dY·Wᵀ is written straight into the children's rows of the
