@@ -89,12 +89,9 @@ def check_value(node: Node, value, what: str):
     return arr
 
 
-FED_OPS = ("input", "param")
-
-
 def is_fed(n: Node) -> bool:
     """Inputs and parameters: values a graph is given, not computed."""
-    return n.op in FED_OPS
+    return n.op in ("input", "param")
 
 
 def leaf_value(n: Node, feeds: Mapping, params: Mapping):
@@ -122,7 +119,7 @@ def evaluate(nodes: Sequence[Node], env: dict, feeds: Mapping, params: Mapping, 
     for n in nodes:
         if n in env:
             continue
-        if n.op in FED_OPS:
+        if n.op in ("input", "param"):   # (is_fed, inlined: it runs for every node of every pass)
             env[n] = leaf_value(n, feeds, params)
         else:
             step = _STEPS.get(n)
