@@ -61,8 +61,12 @@ def _resolver(fns: list, plan: MemoryPlan, state: "RunState", dtype, btensors=No
             sparse[name] = (np.ascontiguousarray(grad.rows), where)
         return sparse[name]
 
-    def resolve(key):
+    def resolve(key):   # (the kinds of key most programs have most of come first)
         what = key[0]
+        if what == "static":
+            return state.statics[key[2]][key[1]]
+        if what == "child":
+            return index(plan.kinds[key[2]].child_rows[key[1]])
         if what == "tensor":
             return state.tensors[key[2]][key[1]].buffer
         if what == "btensor":
@@ -71,8 +75,6 @@ def _resolver(fns: list, plan: MemoryPlan, state: "RunState", dtype, btensors=No
             return _prefix(state.workspace.scatters, key[1], state.scatters[key[1]])
         if what == "sgrad":
             return _prefix(state.workspace.scatter_grads, key[1], sgrads[key[1]])
-        if what == "child":
-            return index(plan.kinds[key[2]].child_rows[key[1]])
         if what == "pullrows":
             return index(plan.kinds[key[2]].pull_rows[key[1]])
         if what == "pushrows":
@@ -90,8 +92,6 @@ def _resolver(fns: list, plan: MemoryPlan, state: "RunState", dtype, btensors=No
             if isinstance(grad, RowSparse):
                 return coalesced(key[1])[0]
             return grad if grad.flags.c_contiguous else np.ascontiguousarray(grad)   # (e.g. a broadcast)
-        if what == "static":
-            return state.statics[key[2]][key[1]]
         if what == "arena":
             return state.workspace.arena_prefix(key[1], key[2], dtype)
         if what == "pgrad":   # (a block computes a "set" one straight into it: no zeros needed)

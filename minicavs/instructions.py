@@ -42,6 +42,7 @@ from .cpu import native as cpu_native
 from .cpu.library import library
 from .graph import Node
 from .memory import allocations
+from .ops.message import as_slice
 from .ops.registry import OPS
 from .passes.fusion import fuse, fusible
 
@@ -563,9 +564,10 @@ def link(fns: list, kids: list, opts, device, backward: bool, training: bool = T
     """The templates of the kinds ``kids`` as one program, or why the pass stays in Python. ``cache``: where
     linked programs are kept (the workspace's: they live as long as the model)."""
     cache = {} if cache is None else cache
-    key = (tuple(id(f) for f in fns), tuple(kids), opts.compiled, device, backward, training)
+    # (the entry keeps its functions alive, so no other object can have their ids while it is there)
+    key = (tuple(map(id, fns)), tuple(kids), opts.compiled, device, backward, training)
     hit = cache.get(key)
-    if hit is not None and all(a is b for a, b in zip(hit[0], fns)):
+    if hit is not None:
         return hit[1]
     nk = len(fns)
     templates, tids = [], []
@@ -666,9 +668,8 @@ def task_table(fns: list, plan, opts, backward: bool) -> tuple[np.ndarray, dict]
         if not backward:
             for kid, fn in enumerate(fns):
                 kind_plan = plan.kinds[kid]
-                if kind_plan is not None:
-                    _count_copies(copies, fn, fn.phases(opts)[0], kind_plan.n,
-                                  {j: int(plan.gather_copies[kid, j]) for j in fn.gathers})
+                if kind_plan is not None:   # (its gather slots are 0..arity - 1: a list indexed by slot)
+                    _count_copies(copies, _task_moves(fn, opts), kind_plan.n, plan.gather_copies[kid].tolist())
         return (np.ascontiguousarray(made[::-1]) if backward else made), copies
     tasks = plan.task_array if plan.task_array is not None else np.array(plan.tasks, np.int64).reshape(-1, 4)
     table = np.full((len(tasks), TASK_COLUMNS + 2 * arity), -1, np.int64)
@@ -682,7 +683,6 @@ def task_table(fns: list, plan, opts, backward: bool) -> tuple[np.ndarray, dict]
         mine = kind_plan.tasks if kind_plan.tasks is not None else np.flatnonzero(kinds == kid)
         if not len(mine):
             continue
-        kp = fn.phases(opts)[1 if backward else 0]
         slots = list(fn.gathers)
         if opts.gather_elision and slots:   # (the kind's tasks in task order, as ``mine``)
             views = [kind_plan.strides[j] for j in slots]
@@ -707,8 +707,9 @@ def task_table(fns: list, plan, opts, backward: bool) -> tuple[np.ndarray, dict]
         if not backward:
             bs = sizes[mine]
             rows = kind_plan.n   # (its tasks' rows)
-            _count_copies(copies, fn, kp, rows, {j: int(bs[views[j][1] < 0].sum()) if opts.gather_elision else rows
-                                                 for j in fn.gathers})
+            moves = _task_moves(fn, opts)
+            _count_copies(copies, moves, rows, {j: int(bs[views[j][1] < 0].sum()) if opts.gather_elision else rows
+                                                for j in moves[0]})
     if backward:
         table = table[::-1]
     return np.ascontiguousarray(table), copies
@@ -751,18 +752,15 @@ def block_rows(lowered: Lowered, fns: list, plan, opts, copies: dict | None = No
         row = [b.tid, 0, n, -1, -1] + [-1] * (lowered.table_width - TASK_COLUMNS)
         if b.scatter_rows and n:
             if b.kid not in firsts:
-                rows = plan.schedule.row[kind_plan.vertices]
-                first = int(rows[0])
-                ok = int(rows[-1]) - first == n - 1 and (n < 3 or bool((rows[1:] - rows[:-1] == 1).all()))
-                firsts[b.kid] = first if ok else None
+                rows = as_slice(plan.schedule.row[kind_plan.vertices])
+                firsts[b.kid] = rows.start if isinstance(rows, slice) else None
             if firsts[b.kid] is None:
                 return None, None, f"kind '{b.template.kind}': its scatter rows are not contiguous"
             row[3] = firsts[b.kid]
         if b.regather and n:
-            rows = np.stack([kind_plan.child_rows[j] for j in fns[b.kid].gathers], axis=1).reshape(-1)
-            first = int(rows[0])
-            if np.array_equal(rows, np.arange(first, first + b.regather * n)):
-                row[4] = first
+            rows = as_slice(np.stack([kind_plan.child_rows[j] for j in fns[b.kid].gathers], axis=1).reshape(-1))
+            if isinstance(rows, slice):
+                row[4] = rows.start
         if copies is not None:
             gathers, pulls, pushes = b.moves
             copies["gather"] += n * gathers
@@ -774,15 +772,28 @@ def block_rows(lowered: Lowered, fns: list, plan, opts, copies: dict | None = No
             np.array(post, np.int64).reshape(-1, lowered.table_width), None)
 
 
-def _count_copies(copies: dict, fn, kp, rows: int, gather_rows: dict) -> None:
-    """Add one kind's row moves in its task loop (``rows`` vertices; ``gather_rows``: rows each gather slot
-    copies, those of the tasks where it is no view) to the program's counters."""
-    for j, g in fn.gathers.items():
-        if kp.phase[g] == TASK:
-            copies["gathered"] += rows
-            copies["gather"] += gather_rows[j]
-    copies["pull"] += rows * sum(kp.phase[p] == TASK for p in fn.pulls.values())
-    copies["push"] += rows * sum(kp.phase[p] == TASK for p in fn.pushes.values())
+def _task_moves(fn, opts) -> tuple:
+    """What F's task loop moves per vertex under ``opts``: (the gather slots it takes there, its pulls, its
+    pushes), the copy counters' factors; found once per function and options (kept with its phases)."""
+    key = ("task moves", opts.compiled)
+    found = fn._phases.get(key)
+    if found is None:
+        phase = fn.phases(opts)[0].phase
+        found = fn._phases[key] = (tuple(j for j, g in fn.gathers.items() if phase[g] == TASK),
+                                   sum(phase[p] == TASK for p in fn.pulls.values()),
+                                   sum(phase[p] == TASK for p in fn.pushes.values()))
+    return found
+
+
+def _count_copies(copies: dict, moves: tuple, rows: int, gather_rows) -> None:
+    """Add one kind's row moves in its task loop (``moves``: :func:`_task_moves`; ``rows`` vertices;
+    ``gather_rows[j]``: the rows gather slot j copies, those of the tasks where it is no view) to the
+    program's counters."""
+    slots, pulls, pushes = moves
+    copies["gathered"] += rows * len(slots)
+    copies["gather"] += sum([gather_rows[j] for j in slots])
+    copies["pull"] += rows * pulls
+    copies["push"] += rows * pushes
 
 
 def _matrix_info(a: np.ndarray) -> tuple[np.ndarray, int, int]:
@@ -886,20 +897,23 @@ def run(lowered: Lowered, table: np.ndarray, resolve, dtype, forest: bool, works
     kept = workspace is not None and bound.stamp is not None and bound.stamp[0] is workspace \
         and bound.stamp[1] == allocations()
     grads = {}
-    rows = table[:, 2]
-    max_bs = int(rows.max()) if len(table) else 0
     nk = len(lowered.ranges) // 3
-    tids = table[:, 0]
-    blocks = bool(lowered.blocks) and len(table) and int(tids.max()) >= nk
-    if blocks:   # (the copies below pay for the tasks' products, not for the blocks' few large ones)
-        is_block = tids >= nk
-        rows = rows[~is_block]
+    # the table's template ids and rows as lists: a batch of one has a dozen rows, where a numpy reduction costs
+    # more than a pass over the list
+    tids, rows = table[:, 0].tolist(), table[:, 2].tolist()
+    max_bs = max(rows, default=0)
+    blocks = bool(lowered.blocks) and max(tids, default=-1) >= nk
+    # (the copies below pay for the tasks' products, not for the blocks' few large ones)
+    task_rows = [r for tid, r in zip(tids, rows) if tid < nk] if blocks else rows
     # A static read as a transposed view (∂F's W^T) is copied once per run when multi-row tasks read it enough:
     # OpenBLAS packs a transposed B from strided reads, 25-40% slower per product at 16-64 rows, while the copy
     # costs a few such products (cpu/library.py contiguous). Same values; BLAS may round differently.
-    # A static at least twice as wide as deep (an LSTM's W_h, H x 4H) also gets its transpose (the original
-    # array, or a copy): the executor multiplies few rows by it as C^T = B^T A^T (SMALL_M_ROWS).
-    copier = library(dtype) if max_bs > 1 and int(rows[rows > 1].sum()) >= CONTIGUOUS_STATICS_ROWS else None
+    # A static at least twice as wide as deep (an LSTM's W_h, H x 4H) that some task reads also gets its
+    # transpose (the original array, or a copy): the executor multiplies few rows by it as C^T = B^T A^T
+    # (SMALL_M_ROWS). One only the blocks read (a Tree-LSTM's leaf W) gets none: the copy, a pass over all of it
+    # each run (~15 us at 128 x 384, more from a cold cache), would serve one product.
+    copier = library(dtype) if max_bs > 1 and sum([r for r in task_rows if r > 1]) >= CONTIGUOUS_STATICS_ROWS \
+        else None
     twin_cols, scratch_at = 0, None
     twin_slots = bound.twin_slots
     twins, copied = [], []   # (kept alive for the call; their entries are let go after it)
@@ -930,13 +944,14 @@ def run(lowered: Lowered, table: np.ndarray, resolve, dtype, forest: bool, works
         sizes[i], strides[i], flags[i] = a.size if used is None else used, stride, flag
         held[i], layouts[i], changed = a, (a.shape, a.strides), True
 
-    scratch = lowered.scratch_cols * max_bs   # (elements: a task's scratch is its template's columns x its rows)
-    if blocks:   # the blocks' rows are all a kind's: the tasks' arena is sized by the tasks' rows
-        scratch = lowered.scratch_cols * (int(rows.max()) if len(rows) else 0)
+    # (elements: a task's scratch is its template's columns x its rows; the blocks' rows are all a kind's, so
+    # the tasks' arena is sized by the tasks' rows, each block's by its own)
+    scratch = lowered.scratch_cols * max(task_rows, default=0)
+    if blocks:
         cols = lowered.block_scratch
-        for tid, n_rows in zip(tids[is_block].tolist(), table[is_block, 2].tolist()):
-            scratch = max(scratch, cols[tid] * n_rows)
-    used = n if blocks or lowered.task_keys is None else lowered.task_keys   # (the blocks' own: left unbound)
+        scratch = max([scratch] + [cols[tid] * n_rows for tid, n_rows in zip(tids, rows) if tid >= nk])
+    task_keys = n if lowered.task_keys is None else lowered.task_keys   # (the keys after them: the blocks' own)
+    used = n if blocks else task_keys   # (the blocks' own: left unbound)
     for i, key in enumerate(lowered.keys):
         what = key[0]
         if what == "scratch":
@@ -961,7 +976,7 @@ def run(lowered: Lowered, table: np.ndarray, resolve, dtype, forest: bool, works
                     a = copier.contiguous(a)
                     copied.append(i)
                 deep, wide = a.shape
-                if a.size and (wide >= 2 * deep or (deep >= 2 * wide and a.size >= TWIN_ELEMENTS)):
+                if a.size and i < task_keys and (wide >= 2 * deep or (deep >= 2 * wide and a.size >= TWIN_ELEMENTS)):
                     twin = copier.contiguous(a.T) if twin is None else twin
                     twins.append(twin)
                     twin_slots[i] = from_buffer(twin)

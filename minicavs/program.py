@@ -104,9 +104,10 @@ def leaf_value(n: Node, feeds: Mapping, params: Mapping):
         else:
             raise FeedError(f"missing feed for input {n.label()} {fmt_shape(n.shape)}")
         return check_value(n, value, "feed for input")
-    if n.name not in params:
-        raise FeedError(f"missing value for parameter '{n.name}' {fmt_shape(n.shape)}")
-    value = params[n.name]
+    try:   # (one lookup: a ParameterSet's ``in`` and ``[]`` are a Python call each)
+        value = params[n.name]
+    except KeyError:
+        raise FeedError(f"missing value for parameter '{n.name}' {fmt_shape(n.shape)}") from None
     return check_value(n, getattr(value, "value", value), "parameter")
 
 
@@ -118,14 +119,15 @@ def evaluate(nodes: Sequence[Node], env: dict, feeds: Mapping, params: Mapping, 
     for n in nodes:
         if n in env:
             continue
-        if is_fed(n):
+        if n.op in ("input", "param"):   # (is_fed, inlined: it runs for every node of every pass)
             env[n] = leaf_value(n, feeds, params)
         else:
             step = _STEPS.get(n)
             if step is None:
                 step = _STEPS[n] = Step.of(n)
             steps.append(step)
-    run_steps(steps, env, xp, ctx)
+    if steps:   # (parameters only: F's statics at inference)
+        run_steps(steps, env, xp, ctx)
 
 
 _STEPS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # node -> its Step (made once, not per run)
@@ -323,9 +325,11 @@ def bind_forward(fns: list, plan, state, opts, device, active: list, training: b
     """F's phases bound to the batch: every block's views, row indices and output buffers (placed by the
     alias pass at compile time) made now, so the task loop only runs them. A gather reads, and a kind
     writes, the scatter tensor of its message shape (``gather_messages`` / ``scatter_message``)."""
+    copies = {"gather": 0, "gathered": 0, "pull": 0, "push": 0}
+    if not (with_tasks or with_blocks or opts.streaming):   # the native executor runs every block
+        return BatchProgram("F", [], [], [], copies)
     scatters, pull_bufs = state.scatters, state.pull_bufs
     names = _scatter_names(scatters)
-    copies = {"gather": 0, "gathered": 0, "pull": 0, "push": 0}
     stores = {kid: _with_tensors(fns[kid].placement(opts, device, training)[1], state.tensors[kid]) for kid in active}
     phases = {kid: fns[kid].phases(opts, device)[0] for kid in active}   # looked up once, not per block
 
@@ -450,10 +454,9 @@ def _bind_regathered(block: Block, cat: Node, scatter, child_rows: list, name: s
     else the children's rows interleaved, gathered now in one take."""
     k, n = len(child_rows), len(child_rows[0])
     rows = np.stack(child_rows, axis=1).reshape(-1)
-    start = int(rows[0]) if n else 0
-    if n and np.array_equal(rows, np.arange(start, start + k * n)):
-        block.views.append((cat, scatter[start:start + k * n].reshape(n, -1),
-                            (f"view {name}[{{}}] as {{}} rows", slice(start, start + k * n), n)))
+    index = as_slice(rows)
+    if isinstance(index, slice):
+        block.views.append((cat, scatter[index].reshape(n, -1), (f"view {name}[{{}}] as {{}} rows", index, n)))
     else:
         block.views.append((cat, device.take(scatter, rows).reshape(n, -1),
                             (f"taken when bound: {name}[{{}}] as rows of {k}", rows)))
@@ -471,6 +474,8 @@ def bind_backward(fns: list, plan, state, opts, device, active: list, btensors: 
     from their tensors, the scatter tensors and the pull buffers at the same rows, gradients added into the
     children's rows of the scatter gradients (``scatter_grads``: one per message shape) and into the pull
     buffers' gradients."""
+    if not (with_tasks or with_blocks or opts.streaming):   # the native executor runs every block
+        return BatchProgram("∂F", [], [], [], {})
     scatters = state.scatters
     names, grad_names = _scatter_names(scatters), _scatter_names(scatters, "scatter grad")
     stores = {kid: _with_tensors(fns[kid].placement(opts, device)[3], btensors[kid]) for kid in active}

@@ -318,6 +318,35 @@ def test_inference_native_equals_python():
         equal(python.pushes["G"][name], native.pushes["G"][name])
 
 
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_one_tree_inference_native_equals_python_and_the_batched_pass(dtype, tmp_path):
+    """The path ``bench.point`` times at batch 1 (the bundled Tree-LSTM, forward only, one tree per pass): the
+    native pass equals the Python interpreter's (loss, every vertex's class probabilities, the pushed states)
+    and each tree alone equals its rows of a batch of all of them (serial per-sample evaluation)."""
+    t = Trainer(MODELS / "tree_lstm.yaml", TINY["tree_lstm"] + [f"train.dtype={dtype}"], run_dir=tmp_path)
+    trees = t.task.data["train"][:6]
+
+    def infer(samples, executor):
+        t.model.options = EngineOptions(executor=executor)
+        graphs, feeds = t.task.batch(samples)
+        return t.model.infer(graphs, feeds, t.params, t.context(training=False))
+
+    alone = []
+    for tree in trees:
+        python, native = infer([tree], "python"), infer([tree], "native")
+        program = native.states["tree"].program
+        assert program.native_table is not None and not program.blocks(), program.native_why
+        close(python.loss, native.loss, dtype)
+        close(python.outputs["probs"], native.outputs["probs"], dtype)
+        close(python.pushes["tree"]["h"], native.pushes["tree"]["h"], dtype)
+        alone.append(native)
+    batched = infer(trees, "native")
+    close(np.concatenate([r.outputs["probs"] for r in alone]), batched.outputs["probs"], dtype)
+    for r, rows in zip(alone, batched.per_sample("tree", "h")):
+        close(r.per_sample("tree", "h")[0], rows, dtype)
+    close(np.mean([r.loss for r in alone]), batched.loss, dtype)
+
+
 def record_contiguous_copies(monkeypatch) -> list:
     """The shapes of the statics instructions.run copies (cpu/library.py contiguous), appended as it runs."""
     shapes = []
@@ -391,6 +420,24 @@ def test_few_row_products_by_a_wide_static_run_transposed_with_the_same_numbers(
         monkeypatch.setattr(instructions, "SMALL_M_ROWS", 32)
         assert_native_equals_python(lambda o: (setattr(t.model, "options", o), t.loss_and_grads(samples))[1],
                                     EngineOptions(), dtype)
+
+
+def test_a_wide_static_only_the_blocks_read_gets_no_transposed_copy(tmp_path, monkeypatch):
+    """The Tree-LSTM's leaf W (embed x 3 hidden: twice as wide as deep) is read only by F's block of all the
+    leaves: no transposed copy of it is made per forward pass (it would serve that one product; the task
+    loop's statics keep theirs: the Var-LSTM test above), and training equals the Python interpreter's."""
+    monkeypatch.setattr(instructions, "CONTIGUOUS_STATICS_ROWS", 1)
+    t = Trainer(MODELS / "tree_lstm.yaml", TINY["tree_lstm"] + ["train.dtype=float64"], run_dir=tmp_path)
+    samples = t.task.data["train"][:8]
+    shape = t.params["W"].value.shape
+    assert shape[1] >= 2 * shape[0]
+    copies = record_contiguous_copies(monkeypatch)
+    t.model.options = EngineOptions(executor="native")
+    graphs, feeds = t.task.batch(samples)
+    program = t.model.infer(graphs, feeds, t.params, t.context(training=False)).states["tree"].program
+    assert program.native_table is not None and shape[::-1] not in copies, copies   # (the old rule made it)
+    assert_native_equals_python(lambda o: (setattr(t.model, "options", o), t.loss_and_grads(samples))[1],
+                                EngineOptions(), "float64")
 
 
 def test_tree_fc_task_loop_moves_no_rows_when_siblings_are_side_by_side(monkeypatch):

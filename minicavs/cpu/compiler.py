@@ -45,6 +45,25 @@ def compiler() -> str | None:
     return shutil.which(os.environ.get("CC", "cc"))
 
 
+def kept_once_built(build):
+    """``build(*args, cc_setting)`` (an lru-cached loader of a compiled library, None without a compiler)
+    called as ``f(*args)``: asked again for each ``CC`` setting while it gives None, so that an answer made
+    while ``CC`` named no compiler does not outlive that setting; once it gave a library, that one for good
+    (a compiled library stays valid whatever ``CC`` says later, and reading ``CC`` costs about a microsecond
+    per call of a kernel that runs every step)."""
+    built: dict = {}
+
+    @functools.wraps(build)
+    def loaded(*args):
+        found = built.get(args)
+        if found is None:
+            found = build(*args, os.environ.get("CC"))
+            if found is not None:
+                built[args] = found
+        return found
+    return loaded
+
+
 @functools.lru_cache(maxsize=None)
 def compiler_version(cc: str) -> str:
     return subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.splitlines()[0]

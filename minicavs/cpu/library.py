@@ -4,7 +4,6 @@ compiled once per dtype and wrapped for numpy arrays. Every kernel has a numpy t
 from __future__ import annotations
 
 import functools
-import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
@@ -60,9 +59,13 @@ class Library:
         names = ("xent", "xent_grad", "transpose", "dropout", "heights", "coalesce",
                  *(f"{r}{v}" for r in RULES for v in ("", "_rows", "_lazy", "_many")))
         self._fn = {name: getattr(lib, f"{name}_{self.T}") for name in names}
+        # the C array type of each element type, as cffi types made once (a type named by a string is looked
+        # up in cffi's parser cache by a Python call on every from_buffer)
+        self._c_arrays = {dtype: ffi.typeof(c_type) for dtype, c_type in _C_ARRAY.items()}
+        self._c_floats = ffi.typeof(f"{self.T}[]")
 
     def _p(self, a: np.ndarray):
-        return self.ffi.from_buffer(_C_ARRAY.get(a.dtype) or f"{self.T}[]", a)
+        return self.ffi.from_buffer(self._c_arrays.get(a.dtype, self._c_floats), a)
 
     def _matrix(self, a, what: str, ndim_min: int = 1) -> np.ndarray:
         """``a`` as a C-contiguous array of this library's dtype (a copy only when needed)."""
@@ -106,13 +109,16 @@ class Library:
         and ``y += b`` then reads and writes all of it again: 3 ms of a 1.5k x 6k float32 Var-LSTM softmax
         layer (96 ms) here, which this saves whole. None where a BLAS call does not fit (another dtype, a
         strided operand, no BLAS, a small product): the caller runs numpy."""
+        if not (isinstance(x, np.ndarray) and isinstance(w, np.ndarray) and x.ndim == 2 and w.ndim == 2) \
+                or x.shape[0] * w.shape[1] < LINEAR_ELEMENTS:   # (small ones first: they are most calls)
+            return None
         gemm = self._gemm()
         if gemm is None or not all(isinstance(a, np.ndarray) and a.dtype == self.dtype for a in (x, w, b)):
             return None
-        if x.ndim != 2 or w.ndim != 2 or b.shape != (w.shape[1],) or x.shape[1] != w.shape[0]:
+        if b.shape != (w.shape[1],) or x.shape[1] != w.shape[0]:
             return None
         (rows, k), n = x.shape, w.shape[1]
-        if rows * n < LINEAR_ELEMENTS or not k or not b.flags.c_contiguous:
+        if not k or not b.flags.c_contiguous:
             return None
         operands = [_blas_operand(a) for a in (x, w)]
         if None in operands:
@@ -349,9 +355,9 @@ _C_ARRAY = {np.dtype(np.int64): "long[]", np.dtype(np.uint64): "unsigned long lo
 
 def library(dtype) -> Library | None:
     """The compiled kernels for ``dtype`` (float32 or float64), or None without a C compiler. Cached per
-    ``CC`` setting (not per resolved compiler: finding it on PATH costs ~50 us, and this runs per kernel
-    call), so that an answer made while ``CC`` named no compiler does not outlive that setting."""
-    return _library(np.dtype(dtype), os.environ.get("CC"))
+    ``CC`` setting until built (not per resolved compiler: finding it on PATH costs ~50 us, and this runs per
+    kernel call; see cpu/compiler.py kept_once_built)."""
+    return _built_library(np.dtype(dtype))
 
 
 @functools.lru_cache(maxsize=None)
@@ -365,3 +371,6 @@ def _library(dtype: np.dtype, cc_setting: str | None) -> Library | None:
     ffi = cffi.FFI()
     ffi.cdef(decls)
     return Library(dtype, ffi.dlopen(str(cgen.compiled(source, cc, f"library-{T}"))), ffi)
+
+
+_built_library = cgen.kept_once_built(_library)

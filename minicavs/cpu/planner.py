@@ -10,7 +10,6 @@ the error (naming the sample and the vertex)."""
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -58,9 +57,9 @@ def _planner(cc_setting: str | None):
         ffi.typeof("unsigned char[]"), ffi.typeof("uint64_t[]")
 
 
-def planner():
-    """(ffi, library, ...) of the compiled planner, or None without a C compiler (cached per ``CC`` setting)."""
-    return _planner(os.environ.get("CC"))
+# () -> (ffi, library, ...) of the compiled planner, or None without a C compiler (cached per ``CC`` setting until
+# built: cpu/compiler.py kept_once_built)
+planner = cgen.kept_once_built(_planner)
 
 
 def _int64(a) -> bool:

@@ -220,7 +220,7 @@ def _lookup_infer(table, idx):
 
 def _lookup_impl(xp, table, idx):
     idx = indices(idx, "lookup: index", size=table.shape[0], of=f" for a table of {table.shape[0]} rows")
-    return xp.take(table, idx, axis=0)
+    return table.take(idx, axis=0)   # (the method: numpy's module function adds its dispatch, ~1 us)
 
 
 def _lookup_grad_impl(xp, g, idx, table):

@@ -215,3 +215,22 @@ def test_row_kernels_equal_numpy(dtype):
     want_half = np.zeros((9, 3), dtype)
     np.add.at(want_half, idx, g[:, ::2])
     assert np.allclose(half, want_half)
+
+
+def test_a_built_library_is_kept_and_a_missing_one_asked_again_per_cc_setting(monkeypatch):
+    """cpu/compiler.kept_once_built (library() and the planner): no library while CC names no compiler,
+    built once CC names one, and that one kept whatever CC says later."""
+    calls = []
+
+    def build(name, cc_setting):
+        calls.append((name, cc_setting))
+        return None if cc_setting == "no-such-cc" else f"{name} built with {cc_setting}"
+
+    loaded = ccomp.kept_once_built(build)
+    monkeypatch.setenv("CC", "no-such-cc")
+    assert loaded("x") is None and loaded("x") is None
+    monkeypatch.setenv("CC", "cc")
+    assert loaded("x") == "x built with cc"
+    monkeypatch.setenv("CC", "no-such-cc")
+    assert loaded("x") == "x built with cc" and loaded("y") is None
+    assert calls == [("x", "no-such-cc"), ("x", "no-such-cc"), ("x", "cc"), ("y", "no-such-cc")]

@@ -378,3 +378,14 @@ def test_linear_with_the_bias_in_the_gemm_equals_numpy(dtype, shape, monkeypatch
                  (x.astype(np.float16), w, b), (x, w, b[1:]), (x, w, two_b[:, 0] if n > 1 else b[:0])):
         assert lib.linear(*args) is None
     assert lib.linear(x[:0], w, b) is None                        # nothing to multiply: numpy's empty result
+
+
+def test_small_products_are_left_to_numpy():
+    """Below LINEAR_ELEMENTS output elements Library.linear answers None (numpy's call costs less than the
+    cffi set-up), whatever its operands: a batch of one's classifier head takes that path."""
+    lib = library("float32")
+    x, w, b = np.ones((37, 128), np.float32), np.ones((128, 5), np.float32), np.ones(5, np.float32)
+    assert lib.linear(x, w, b) is None
+    assert lib.linear(x, w, b[:2]) is None and lib.linear(x.ravel(), w, b) is None
+    big = np.ones((20000, 128), np.float32)
+    np.testing.assert_array_equal(lib.linear(big, w, b), np.full((20000, 5), 129, np.float32))
