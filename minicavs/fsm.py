@@ -69,6 +69,11 @@ class Fsm:
         self.best = {s: actions(s, self.encoding)[int(np.argmax(q))] for s, q in self.q.items()}
         self._native_table = None    # the native kernel's form of ``best``, made on first use
 
+    def set_best(self, best: dict) -> None:
+        """Run ``best`` (state -> type) instead of what ``q`` says: a table searched for, not learned."""
+        self.best = dict(best)
+        self._native_table = None
+
     def choose(self, frontier: Frontier) -> int:
         state = encode(frontier.counts, self.encoding)
         best = self.best.get(state)

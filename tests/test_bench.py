@@ -444,3 +444,15 @@ def test_tiny_targets_run_end_to_end(tmp_path, monkeypatch):
     assert "| Tree-FC gemm | >= 85% |" in table and "| Tree-FC vs level | >= 1.00x | - |" in table
     assert "not measured" in table and "Tree-FC gemm" in summary.read_text()
     assert any("| Tree-FC gemm |" in line for line in logged)
+
+
+def test_policies_search_table_reports_the_best_s3_table():
+    """The search section says how far the best S3 table gets below cavs and agenda, or that none was tried."""
+    from minicavs.bench.policies import POLICIES, markdown
+    tasks = {p: 40.0 for p in POLICIES} | {"cavs": 40.0, "agenda": 32.0, "fsm:S3": 31.0}
+    row = {"model": "m", "vertices": 100.0, "tasks": tasks, "lower_bound": 25.0,
+           "fsm": {p: {"seconds": 1.0, "episodes": 50, "states": 3, "lookup_us": 1.0, "native_step_us": 1.0}
+                   for p in POLICIES if p.startswith("fsm")}, "schedule_ms": {p: 1.0 for p in POLICIES},
+           "search": {"low": 28.0, "high": 29.0, "exact": 1, "per_batch": [{}], "best_s3_table": 30.0}}
+    text = markdown([row, {**row, "model": "wide", "search": {**row["search"], "best_s3_table": None}}], {})
+    assert "| 30.0 | 25%, 6% fewer |" in text and "| wide |" in text and "n/a (too many tables)" in text

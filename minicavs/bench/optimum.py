@@ -10,15 +10,22 @@ below it. Two searches over type sequences bracket it on a real batch of 64 samp
 - :func:`beam`: a beam search over the same states (keeping the ``width`` states with the smallest bound
   left): a schedule, hence an upper bound on the optimum.
 
+A third number bounds learning rather than scheduling: :func:`best_table` runs every table an FSM encoding
+can hold (a type for each state) and keeps the fewest tasks. No FSM of that encoding, learned or not, can
+schedule those batches in fewer; where this is above a target, the target is out of the encoding's reach.
+
 Used by ``minicavs bench --policies --policy-search N`` to say how many tasks any policy could save.
 """
 from __future__ import annotations
 
 import heapq
+import itertools
+from typing import Sequence
 
 import numpy as np
 
 from ..frontier import TypedGraph, levels
+from ..fsm import Fsm, actions
 
 
 class _Remaining:
@@ -97,3 +104,39 @@ def beam(graph: TypedGraph, width: int = 30) -> int:
             return steps
         ranked = sorted(states.values(), key=lambda s: (rem.bound(s), -int(s.sum())))
         layer = ranked[:width]
+
+
+def encoding_states(num_types: int, encoding: str) -> list[tuple[int, ...]]:
+    """Every state ``encoding`` can give a frontier of ``num_types`` types (:func:`minicavs.fsm.encode`)."""
+    states = []
+    for size in range(1, num_types + 1):
+        for present in itertools.combinations(range(num_types), size):
+            if encoding == "S1":
+                states.append(present)
+            elif encoding == "S2":
+                states += [present + (most,) for most in present]
+            else:
+                states += list(itertools.permutations(present))
+    return states
+
+
+def table_count(num_types: int, encoding: str) -> int:
+    """How many distinct tables (one type chosen per state) the encoding has over ``num_types`` types."""
+    return int(np.prod([len(actions(s, encoding)) for s in encoding_states(num_types, encoding)], dtype=object))
+
+
+def best_table(graphs: Sequence[TypedGraph], kind_names: Sequence[str], encoding: str = "S3",
+               max_tables: int = 50_000) -> tuple[int, dict] | None:
+    """(fewest tasks over ``graphs`` together, one table reaching it as state -> type) among every table of
+    ``encoding``; None when there are more than ``max_tables`` (S3 over 3 types has 46,656; over 4, ~10^24)."""
+    num_types = len(kind_names)
+    if table_count(num_types, encoding) > max_tables:
+        return None
+    states = encoding_states(num_types, encoding)
+    fsm, best = Fsm(encoding, kind_names), None
+    for picks in itertools.product(*(actions(s, encoding) for s in states)):
+        fsm.set_best(zip(states, picks))
+        tasks = sum(len(fsm.schedule(g)[1]) for g in graphs)
+        if best is None or tasks < best[0]:
+            best = (tasks, fsm.best)
+    return best
