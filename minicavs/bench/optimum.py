@@ -128,14 +128,14 @@ def table_count(num_types: int, encoding: str) -> int:
 def best_table(graphs: Sequence[TypedGraph], kind_names: Sequence[str], encoding: str = "S3",
                max_tables: int = 50_000) -> tuple[int, dict] | None:
     """(fewest tasks over ``graphs`` together, one table reaching it as state -> type) among every table of
-    ``encoding``; None when there are more than ``max_tables`` (S3 over 3 types has 46,656; over 4, ~10^24)."""
+    ``encoding``; None when there are more than ``max_tables`` (S3 over 3 types has 46,656; over 4, ~10^29)."""
     num_types = len(kind_names)
     if table_count(num_types, encoding) > max_tables:
         return None
     states = encoding_states(num_types, encoding)
     fsm, best = Fsm(encoding, kind_names), None
     for picks in itertools.product(*(actions(s, encoding) for s in states)):
-        fsm.set_best(zip(states, picks))
+        fsm.set_best(dict(zip(states, picks)))
         tasks = sum(len(fsm.schedule(g)[1]) for g in graphs)
         if best is None or tasks < best[0]:
             best = (tasks, fsm.best)
