@@ -50,31 +50,24 @@ def close(a, b, dtype):
 # Bundled models whose task programs the lowering cannot express, and why (they run in Python, same numbers):
 # MV-RNN's per-vertex matrices are values of three axes (reshape, batched products).
 PYTHON_ONLY = {"mv_rnn": "reshape"}
-# Why a batch may run the blocks before and after the native task loop in Python: kinds whose vertices the
-# schedule interleaves (2Type, lattice) have scatter rows that are no one block of rows.
-BLOCKS_IN_PYTHON = ("scatter rows are not contiguous",)
 
 
-def assert_native_equals_python(run, options, dtype, python_only: str | None = None) -> bool:
-    """``run(options)`` -> Result; the native executor must have run the task loop of both passes (or, for a
-    model in PYTHON_ONLY, said why it could not), and the blocks before and after it in the same call unless
-    the batch says why not (BLOCKS_IN_PYTHON). Returns whether it ran every pass's blocks."""
+def assert_native_equals_python(run, options, dtype, python_only: str | None = None) -> None:
+    """``run(options)`` -> Result; the native executor must have run the task loop of both passes and the
+    blocks before and after it in the same call (kinds whose scatter rows are no one block of rows, 2Type's
+    and the lattice's, included: SROWS and SPUT move them by index), or, for a model in PYTHON_ONLY, said why
+    it could not."""
     python = run(replace(options, executor="python"))   # (the switches default to the native executor)
     native = run(replace(options, executor="native"))
-    blocks = True
     for state in native.states.values():
         for program in (state.program, state.backward_program):
             if python_only is None:
                 assert program.native is not None and not program.tasks, program.native_why
-                if program.native_table is None:
-                    assert any(why in program.native_why for why in BLOCKS_IN_PYTHON), program.native_why
-                    blocks = False
-                else:
-                    assert not program.before and not program.after and program.native_why is None
-                    assert len(program.native_table) > len(program.task_table) or not program.native.blocks
+                assert program.native_table is not None, program.native_why
+                assert not program.before and not program.after and program.native_why is None
+                assert len(program.native_table) > len(program.task_table) or not program.native.blocks
             else:
                 assert program.native is None and python_only in program.native_why
-                blocks = False
     close(python.loss, native.loss, dtype)
     for s in python.pushes:
         for name in python.pushes[s]:
@@ -82,12 +75,6 @@ def assert_native_equals_python(run, options, dtype, python_only: str | None = N
     assert set(python.grads) == set(native.grads)
     for k in python.grads:
         close(python.grads[k], native.grads[k], dtype)
-    return blocks
-
-
-# Bundled models where some batch runs its blocks in Python (BLOCKS_IN_PYTHON); every other one runs each
-# pass's blocks and task loop in one native call under every switch
-BLOCKS_SOMETIMES_IN_PYTHON = {"lattice_lstm", "tree_lstm_2type"}
 
 
 @pytest.mark.parametrize("name", sorted(TINY))
@@ -102,8 +89,7 @@ def test_bundled_models_native_equals_python_under_every_switch(name, tmp_path):
             t.model.options = options
             return t.loss_and_grads(samples)
         for options in switches:
-            blocks = assert_native_equals_python(run, options, dtype, PYTHON_ONLY.get(name))
-            assert blocks or name in BLOCKS_SOMETIMES_IN_PYTHON or name in PYTHON_ONLY, (name, options)
+            assert_native_equals_python(run, options, dtype, PYTHON_ONLY.get(name))
 
 
 @pytest.mark.parametrize("name", sorted(TINY))
