@@ -13,9 +13,13 @@ tasks (the schedule and memory plan before it still do, in numpy and some Python
 The blocks before and after the task loop (eager and lazy batching: one block per kind over all its rows) are
 templates too, run as one task each of all the kind's rows (kind offset 0, scatter offset the kind's first
 scatter row; block_rows adds their rows before and after the task table), so one C call runs a pass's
-blocks, tasks and blocks. They stay with the Python interpreter, all of them, when one cannot be lowered
-(the pass's ``native_why`` says why; the task loop stays native), or when a batch lays a kind's scatter
-rows out in more than one block (2Type, lattice: kinds interleaved by height). A task program the lowering
+blocks, tasks and blocks. A block reads and writes its kind's scatter rows through SROWS and SPUT: a view at
+the scatter offset, as a task's BIND, when the batch lays those rows out as one block (the cavs schedule of
+one kind, or of leaf/internal kinds); else (scatter offset -1: 2Type's and the lattice's kinds interleaved by
+height) rows copied in by the kind's row index (``srows``) and computed rows put back after the steps, as the
+Python interpreter takes and puts them. So the contiguous case copies nothing more than before, and the other
+needs no second template. The blocks stay with the Python interpreter, all of them, when one cannot be
+lowered (the pass's ``native_why`` says why; the task loop stays native). A task program the lowering
 cannot express (an op with no native lowering, such as dropout; a value of more than two axes; a row-sparse
 gradient) leaves the whole pass to the Python interpreter (:func:`link` says why); so does streaming (the
 eager stream is a worker thread that runs blocks task by task).
