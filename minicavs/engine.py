@@ -75,6 +75,8 @@ def _resolver(fns: list, plan: MemoryPlan, state: "RunState", dtype, btensors=No
             return _prefix(state.workspace.scatters, key[1], state.scatters[key[1]])
         if what == "sgrad":
             return _prefix(state.workspace.scatter_grads, key[1], sgrads[key[1]])
+        if what == "srows":
+            return plan.scatter_rows(key[1])
         if what == "pullrows":
             return index(plan.kinds[key[2]].pull_rows[key[1]])
         if what == "pushrows":

@@ -13,9 +13,13 @@ tasks (the schedule and memory plan before it still do, in numpy and some Python
 The blocks before and after the task loop (eager and lazy batching: one block per kind over all its rows) are
 templates too, run as one task each of all the kind's rows (kind offset 0, scatter offset the kind's first
 scatter row; block_rows adds their rows before and after the task table), so one C call runs a pass's
-blocks, tasks and blocks. They stay with the Python interpreter, all of them, when one cannot be lowered
-(the pass's ``native_why`` says why; the task loop stays native), or when a batch lays a kind's scatter
-rows out in more than one block (2Type, lattice: kinds interleaved by height). A task program the lowering
+blocks, tasks and blocks. A block reads and writes its kind's scatter rows through SROWS and SPUT: a view at
+the scatter offset, as a task's BIND, when the batch lays those rows out as one block (the cavs schedule of
+one kind, or of leaf/internal kinds); else (scatter offset -1: 2Type's and the lattice's kinds interleaved by
+height) rows copied in by the kind's row index (``srows``) and computed rows put back after the steps, as the
+Python interpreter takes and puts them. So the contiguous case copies nothing more than before, and the other
+needs no second template. The blocks stay with the Python interpreter, all of them, when one cannot be
+lowered (the pass's ``native_why`` says why; the task loop stays native). A task program the lowering
 cannot express (an op with no native lowering, such as dropout; a value of more than two axes; a row-sparse
 gradient) leaves the whole pass to the Python interpreter (:func:`link` says why); so does streaming (the
 eager stream is a worker thread that runs blocks task by task).
@@ -99,6 +103,7 @@ class Template:
         self.param_grads: list = []     # parameter names accumulated per task
         self.overlays: dict = {}        # node -> an instruction (its register first) re-pointing its scratch
         self.direct: dict = {}          # node -> the parameter whose gradient accumulator it is computed into
+        self.puts_back: list = []       # a block's values computed where SROWS bound the scatter rows (SPUT's)
 
     def reg(self, node: Node | None = None, name: str = "") -> int:
         if node is not None and node in self.regs:
@@ -114,7 +119,7 @@ class Template:
 
     def emit(self, op: str, *args: int) -> None:
         assert len(args) == len(OPCODES[op]) and len(args) < WIDTH, (op, args)
-        if op == "BIND" and args[2] == SCATTER_ROWS:
+        if (op == "BIND" and args[2] == SCATTER_ROWS) or op in ("SROWS", "SPUT"):
             self.scatter_rows = True
         self.code.append((op,) + tuple(int(a) for a in args))
 
@@ -144,7 +149,31 @@ class Template:
         self.emit("BIND", r, self.buf(key), mode, col, ld)
         return r
 
+    def scatter_view(self, node: Node, key: tuple, col: int, ld: int, write: bool = False) -> int:
+        """Bind ``node`` to columns ``col``.. of the kind's rows of a scatter tensor (or its gradient) ``key``
+        (``ld`` its row): a task's rows are one block of rows (a view, BIND); a block's (all the kind's rows)
+        are one when the schedule lays them out so (then a view too, no copy), else SROWS copies them in by
+        the kind's row index, or, ``write`` (a value the block computes there), gives it scratch rows that
+        :meth:`put_back` puts after the steps."""
+        if self.phase == TASK:
+            return self.bind(node, key, SCATTER_ROWS, col, ld)
+        cols = _cols(node)
+        r = self.reg(node)
+        self.emit("SROWS", r, self.buf(key), col, ld, self.buf(("srows",)), cols, self.scratch, int(not write))
+        self.scratch += cols
+        if write:
+            self.puts_back.append((key, col, ld, r, cols))
+        return r
+
+    def put_back(self) -> None:
+        """A block's values computed into scratch rows for SROWS's split case: put into the kind's rows."""
+        for key, col, ld, r, cols in self.puts_back:
+            self.emit("SPUT", self.buf(key), col, ld, self.buf(("srows",)), r, cols, 0)
+
     def copy_to(self, key: tuple, mode: int, ld: int, node: Node) -> None:
+        if mode == SCATTER_ROWS and self.phase != TASK:   # (a block's: one SPUT, a view or the rows by index)
+            self.emit("SPUT", self.buf(key), 0, ld, self.buf(("srows",)), self.regs[node], _cols(node), 1)
+            return
         dst = self.reg(name=f"dst {_key_text(key)}")
         self.emit("BIND", dst, self.buf(key), mode, 0, ld)
         self.emit("COPY", dst, self.regs[node], -1, _cols(node))
@@ -349,7 +378,7 @@ def forward_template(fn, opts, device, training: bool, phase: int = TASK) -> Tem
         if phase == TASK or x in f_stored:
             t.bind(x, ("tensor", x), KIND_ROWS, 0, _width(x.vshape))
         else:   # the lazy phase reads the scattered value back from the scatter tensor (alias.py)
-            t.bind(x, ("scatter", smsg), SCATTER_ROWS, lazy[x][0], _width(smsg))
+            t.scatter_view(x, ("scatter", smsg), lazy[x][0], _width(smsg))
     elide = phase == TASK and opts.gather_elision
     for j, g in fn.gathers.items():
         if kp.phase[g] == phase:
@@ -373,16 +402,17 @@ def forward_template(fn, opts, device, training: bool, phase: int = TASK) -> Tem
     for c, parts in concats:
         if c not in t.regs:
             if c is src:
-                t.bind(c, ("scatter", smsg), SCATTER_ROWS, 0, _width(smsg))
+                t.scatter_view(c, ("scatter", smsg), 0, _width(smsg), write=True)
                 direct = True
             else:
                 t.scratch_reg(c)
         for m, a, _ in parts:
             t.emit("COLS", t.reg(m), t.regs[c], a)
     if (not direct and src in kp.inplace and src not in written and kp.phase.get(src) == phase):
-        t.bind(src, ("scatter", smsg), SCATTER_ROWS, 0, _width(smsg))
+        t.scatter_view(src, ("scatter", smsg), 0, _width(smsg), write=True)
         direct = True
     _steps(t, kp.programs[phase], statics, device, _singles(fn, device), cat if cat_view else None)
+    t.put_back()
     if fn.scattered is not None and kp.phase[fn.scattered] == phase and not direct:
         t.copy_to(("scatter", smsg), SCATTER_ROWS, _width(smsg), fn.scattered)
     for name, p in fn.pushes.items():
@@ -427,7 +457,7 @@ def backward_template(fn, opts, device, phase: int = TASK, direct: bool = False)
         for x, (a, b) in fn.scatter_parts.items():
             if x not in bound:
                 if x in read:
-                    t.bind(x, ("scatter", smsg), SCATTER_ROWS, a, _width(smsg))
+                    t.scatter_view(x, ("scatter", smsg), a, _width(smsg))
                 bound.add(x)
     for name, x in fn.pull_reads.items():
         if x not in bound:
@@ -439,12 +469,12 @@ def backward_template(fn, opts, device, phase: int = TASK, direct: bool = False)
         if x in b_stored:
             t.bind(x, ("btensor", x), KIND_ROWS, 0, _width(x.vshape))
         elif x in lazy and x not in bound and x in read:   # the scattered value's cotangent, from the scatter gradient
-            t.bind(x, ("sgrad", smsg), SCATTER_ROWS, lazy[x][0], _width(smsg))
+            t.scatter_view(x, ("sgrad", smsg), lazy[x][0], _width(smsg))
     for out, ct in fn.ct.items():
         if kp.phase[ct] != phase:
             continue
         if out is fn.scattered:
-            t.bind(ct, ("sgrad", smsg), SCATTER_ROWS, 0, _width(smsg))
+            t.scatter_view(ct, ("sgrad", smsg), 0, _width(smsg))
         elif ct in b_stored:   # taken straight into the tensor that keeps it for a later phase
             width = _width(ct.vshape)
             t.bind(ct, ("btensor", ct), KIND_ROWS, 0, width)
@@ -648,7 +678,8 @@ def link(fns: list, kids: list, opts, device, backward: bool, training: bool = T
 
 def _global_key(key: tuple, kid: int) -> tuple:
     """Buffer keys of one kind's own arrays (tensors, index arrays, statics) carry its kind id."""
-    return key + (kid,) if key[0] in ("tensor", "btensor", "child", "pullrows", "pushrows", "static") else key
+    return key + (kid,) if key[0] in ("tensor", "btensor", "child", "pullrows", "pushrows", "srows", "static") \
+        else key
 
 
 # --- per batch: the task table and the buffer table --------------------------------------------------------
@@ -739,9 +770,10 @@ def _block_info(tid: int, kid: int, t: Template, fn, opts, backward: bool) -> Bl
 def block_rows(lowered: Lowered, fns: list, plan, opts, copies: dict | None = None):
     """The task-table rows of the blocks before and after the task loop (each a task of all its kind's rows:
     kind offset 0, scatter offset its first scatter row, the children's concat view's first row), or why this
-    batch runs them in Python: a block reading or writing the kind's scatter rows needs them contiguous (as the
-    cavs schedule lays them out; the Python blocks take and put them by index). ``copies``: F's row
-    counters, to which the blocks' gathers, pulls and pushes are added.""" 
+    pass runs them in Python (the linked program's ``blocks_why``). A kind whose scatter rows are no one block
+    of rows (2Type, lattice: kinds interleaved by height) gets scatter offset -1: its blocks' SROWS and SPUT
+    move those rows by the kind's row index (``srows``). ``copies``: F's row counters, to which the blocks'
+    gathers, pulls and pushes are added."""
     if lowered.blocks_why is not None:
         return None, None, lowered.blocks_why
     pre, post = [], []
@@ -752,10 +784,8 @@ def block_rows(lowered: Lowered, fns: list, plan, opts, copies: dict | None = No
         row = [b.tid, 0, n, -1, -1] + [-1] * (lowered.table_width - TASK_COLUMNS)
         if b.scatter_rows and n:
             if b.kid not in firsts:
-                rows = as_slice(plan.schedule.row[kind_plan.vertices])
-                firsts[b.kid] = rows.start if isinstance(rows, slice) else None
-            if firsts[b.kid] is None:
-                return None, None, f"kind '{b.template.kind}': its scatter rows are not contiguous"
+                rows = as_slice(plan.scatter_rows(b.kid))
+                firsts[b.kid] = rows.start if isinstance(rows, slice) else -1
             row[3] = firsts[b.kid]
         if b.regather and n:
             rows = as_slice(np.stack([kind_plan.child_rows[j] for j in fns[b.kid].gathers], axis=1).reshape(-1))

@@ -185,6 +185,16 @@ class MemoryPlan:
     task_views: np.ndarray | None = None   # the native task table (instructions.task_table) of those kinds
     gather_copies: np.ndarray | None = None   # (kinds, max arity): rows of the tasks whose slot is no view
     view_arity: tuple | None = None        # the arity each kind's columns of ``task_views`` assume
+    _scatter_rows: dict = field(default_factory=dict, repr=False)
+
+    def scatter_rows(self, kid: int) -> np.ndarray:
+        """Kind ``kid``'s rows of the scatter tensor, in kind order (int64; found once per batch, for the
+        blocks before and after the task loop, which run over all of them)."""
+        rows = self._scatter_rows.get(kid)
+        if rows is None:
+            rows = self._scatter_rows[kid] = np.ascontiguousarray(self.schedule.row[self.kinds[kid].vertices],
+                                                                  np.int64)
+        return rows
 
 
 def plan_memory(batch: Batch, schedule: Schedule, arity: dict, pulls: dict, pushes: dict,

@@ -412,7 +412,7 @@ def bind_forward(fns: list, plan, state, opts, device, active: list, training: b
         block.writes += [(node, t.buffer, task_rows, ("tensor {}[{}]", node, task_rows)) for node, t in copied]
         return block
 
-    whole = {kid: (slice(0, plan.kinds[kid].n), as_slice(plan.schedule.row[plan.kinds[kid].vertices]))
+    whole = {kid: (slice(0, plan.kinds[kid].n), as_slice(plan.scatter_rows(kid)))
              for kid in active} if with_blocks or opts.streaming else {}
     tasks = [(kid, slice(koff, koff + bs), slice(scatter_offset, scatter_offset + bs))
              for kid, koff, bs, scatter_offset in plan.tasks] if opts.streaming or with_tasks else []
@@ -485,7 +485,7 @@ def bind_backward(fns: list, plan, state, opts, device, active: list, btensors: 
     def kind_rows(kid):
         """All of a kind's rows of the scatter tensor, in kind order: a slice when its tasks are adjacent."""
         if kid not in whole_rows:
-            rows = plan.schedule.row[plan.kinds[kid].vertices]
+            rows = plan.scatter_rows(kid)
             index = row_index(rows)
             whole_rows[kid] = (take_rows(device, scatters[fns[kid].scatter_message], rows), index)
         return whole_rows[kid]
@@ -530,7 +530,7 @@ def bind_backward(fns: list, plan, state, opts, device, active: list, btensors: 
             if x in btensors[kid]:
                 view(x, btensors[kid][x].buffer[task_rows], ("tensor {}[{}]", x, task_rows))
             elif x not in bound:   # the scattered value's cotangent, read back from the scatter gradient
-                rows = plan.schedule.row[kind_plan.vertices]
+                rows = plan.scatter_rows(kid)
                 _bind_rows(block, x, scatter_grads[fn.scatter_message], as_slice(rows),
                            fn.lazy_scatter_reads(opts, device)[x], grad_names[fn.scatter_message])
                 bound.add(x)

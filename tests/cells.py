@@ -116,6 +116,37 @@ def child_sum_tree_lstm(rng, arity=3, H=3, D=2, C=3, dtype=F64) -> Case:
     return _one_kind_classifier(F, p, vals, H, D, C, dtype)
 
 
+def typed_child_sum_tree_lstm(rng, types=2, arity=3, H=3, D=2, C=3) -> Case:
+    """Child-sum Tree-LSTMs of ``types`` kinds (t0, t1, ...: each its own parameters), the kind of each vertex
+    given with its graph: a kind's vertices sit at many heights, so its rows of the scatter tensor are
+    interleaved with the other kinds' (as 2Type's and the lattice's)."""
+    names = [f"t{k}" for k in range(types)]
+    shapes = {}
+    for t in names:
+        shapes.update({f"{t}.W": (D, 4 * H), f"{t}.U": (H, 3 * H), f"{t}.Uf": (H, H), f"{t}.b": (4 * H,)})
+    p, vals = _params(rng, F64, Wo=(H, C), bo=(C,), **shapes)
+    functions = {}
+    for t in names:
+        F = functions[t] = VertexFunction(t, arity=arity, message=(2 * H,), dtype=F64)
+        with F:
+            x = F.pull((D,), "x")
+            hs, cs = zip(*(ops.split(F.gather(k), 2) for k in range(arity)))
+            i, o, u, f = ops.split(ops.linear(x, p[f"{t}.W"], p[f"{t}.b"]), 4)
+            iou = ops.split(ops.accum(*hs) @ p[f"{t}.U"], 3)
+            c = ops.sigmoid(i + iou[0]) * ops.tanh(u + iou[2])
+            for hk, ck in zip(hs, cs):
+                c = c + ops.sigmoid(f + hk @ p[f"{t}.Uf"]) * ck
+            h = ops.sigmoid(o + iou[1]) * ops.tanh(c)
+            F.scatter(ops.concat([h, c]))
+            F.push(h)
+    s = Structure(functions, pulls={"x": ops.input((None, D), F64, name="xs")})
+    model = Model(s, loss=_classifier(s, p, H, C))
+
+    def data(rng, g):
+        return {"xs": rng.standard_normal((g.num_vertices, D)), "labels": rng.integers(0, C, g.num_vertices)}
+    return Case(model, vals, data, lambda g: list(g.kinds))
+
+
 def chain_lstm(rng, H=3, D=2, C=4) -> Case:
     p, vals = _params(rng, Wx=(D, 4 * H), Wh=(H, 4 * H), b=(4 * H,), Wo=(H, C), bo=(C,))
     F = VertexFunction("lstm", arity=1, message=(2 * H,), dtype=F64)

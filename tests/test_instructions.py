@@ -28,7 +28,7 @@ from minicavs.training import Trainer
 
 from . import cells
 from .models.test_models import MODELS, TINY
-from .test_engine import CASES, dense, equal
+from .test_engine import CASES, dense, equal, random_dag, random_tree
 
 pytestmark = pytest.mark.skipif(instructions.available(np.float64, instructions.CPU) is not None,
                                 reason="no C compiler or BLAS: the native executor cannot run here")
@@ -50,31 +50,24 @@ def close(a, b, dtype):
 # Bundled models whose task programs the lowering cannot express, and why (they run in Python, same numbers):
 # MV-RNN's per-vertex matrices are values of three axes (reshape, batched products).
 PYTHON_ONLY = {"mv_rnn": "reshape"}
-# Why a batch may run the blocks before and after the native task loop in Python: kinds whose vertices the
-# schedule interleaves (2Type, lattice) have scatter rows that are no one block of rows.
-BLOCKS_IN_PYTHON = ("scatter rows are not contiguous",)
 
 
-def assert_native_equals_python(run, options, dtype, python_only: str | None = None) -> bool:
-    """``run(options)`` -> Result; the native executor must have run the task loop of both passes (or, for a
-    model in PYTHON_ONLY, said why it could not), and the blocks before and after it in the same call unless
-    the batch says why not (BLOCKS_IN_PYTHON). Returns whether it ran every pass's blocks."""
+def assert_native_equals_python(run, options, dtype, python_only: str | None = None) -> None:
+    """``run(options)`` -> Result; the native executor must have run the task loop of both passes and the
+    blocks before and after it in the same call (kinds whose scatter rows are no one block of rows, 2Type's
+    and the lattice's, included: SROWS and SPUT move them by index), or, for a model in PYTHON_ONLY, said why
+    it could not."""
     python = run(replace(options, executor="python"))   # (the switches default to the native executor)
     native = run(replace(options, executor="native"))
-    blocks = True
     for state in native.states.values():
         for program in (state.program, state.backward_program):
             if python_only is None:
                 assert program.native is not None and not program.tasks, program.native_why
-                if program.native_table is None:
-                    assert any(why in program.native_why for why in BLOCKS_IN_PYTHON), program.native_why
-                    blocks = False
-                else:
-                    assert not program.before and not program.after and program.native_why is None
-                    assert len(program.native_table) > len(program.task_table) or not program.native.blocks
+                assert program.native_table is not None, program.native_why
+                assert not program.before and not program.after and program.native_why is None
+                assert len(program.native_table) > len(program.task_table) or not program.native.blocks
             else:
                 assert program.native is None and python_only in program.native_why
-                blocks = False
     close(python.loss, native.loss, dtype)
     for s in python.pushes:
         for name in python.pushes[s]:
@@ -82,12 +75,6 @@ def assert_native_equals_python(run, options, dtype, python_only: str | None = N
     assert set(python.grads) == set(native.grads)
     for k in python.grads:
         close(python.grads[k], native.grads[k], dtype)
-    return blocks
-
-
-# Bundled models where some batch runs its blocks in Python (BLOCKS_IN_PYTHON); every other one runs each
-# pass's blocks and task loop in one native call under every switch
-BLOCKS_SOMETIMES_IN_PYTHON = {"lattice_lstm", "tree_lstm_2type"}
 
 
 @pytest.mark.parametrize("name", sorted(TINY))
@@ -102,8 +89,7 @@ def test_bundled_models_native_equals_python_under_every_switch(name, tmp_path):
             t.model.options = options
             return t.loss_and_grads(samples)
         for options in switches:
-            blocks = assert_native_equals_python(run, options, dtype, PYTHON_ONLY.get(name))
-            assert blocks or name in BLOCKS_SOMETIMES_IN_PYTHON or name in PYTHON_ONLY, (name, options)
+            assert_native_equals_python(run, options, dtype, PYTHON_ONLY.get(name))
 
 
 @pytest.mark.parametrize("name", sorted(TINY))
@@ -137,6 +123,153 @@ def test_random_graphs_native_equals_python(name, seed, k, size, switch):
         case.model.options = options
         return case.model.forward_backward(graphs, feeds, case.params, RunContext())
     assert_native_equals_python(run, SWITCHES[switch], "float64")
+
+
+def _typed(rng, graph: InputGraph) -> InputGraph:
+    """``graph`` with a random kind, t0 or t1, per vertex (cells.typed_child_sum_tree_lstm's)."""
+    return InputGraph([graph.children(v).tolist() for v in range(graph.num_vertices)],
+                      [f"t{k}" for k in rng.integers(0, 2, graph.num_vertices).tolist()])
+
+
+def _moved_by_index(result) -> set:
+    """What the native blocks of ``result``'s passes moved by the kind's row index, its scatter rows being no
+    one block of rows (task-table scatter offset -1): 'in' (SROWS copied rows in), 'out' (SPUT put rows)."""
+    moved = set()
+    for state in result.states.values():
+        for program in (state.program, state.backward_program):
+            lowered = program.native
+            split = {row[0] for row in program.native_table.tolist() if row[3] == -1}
+            for b in lowered.blocks:
+                if b.tid in split and b.scatter_rows:
+                    ops = [(instructions.OPCODES_BY_ID[row[0]], row[8]) for row in lowered.code[slice(*lowered.ranges[b.tid])]]
+                    moved |= {"in" for op, load in ops if op == "SROWS" and load} | {"out" for op, _ in ops if op == "SPUT"}
+    return moved
+
+
+@settings(max_examples=6, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), k=st.integers(1, 4), size=st.integers(1, 8), switch=st.integers(0, 15),
+       dag=st.booleans(), serial=st.booleans())
+def test_interleaved_kinds_native_equals_python(seed, k, size, switch, dag, serial):
+    """Random trees and DAGs whose vertices have random kinds (each kind's rows of the scatter tensor
+    interleaved with the other's), scheduled by height or one vertex per task: the blocks before and after
+    the task loop run natively (by the kinds' row indices) and equal the Python interpreter."""
+    rng = np.random.default_rng(seed)
+    case = cells.typed_child_sum_tree_lstm(rng)
+    shape = (lambda n: random_dag(rng, n, 3)) if dag else (lambda n: random_tree(rng, n, 3))
+    graphs = [_typed(rng, shape(2 * int(rng.integers(1, size + 1)))) for _ in range(k)]
+    feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
+
+    def run(options):
+        return case.model.forward_backward(graphs, feeds, case.params, RunContext(), options=options,
+                                           policy="serial" if serial else None)
+    assert_native_equals_python(run, SWITCHES[switch], "float64")
+
+
+def test_blocks_move_interleaved_rows_by_index_with_the_bounds_checks_on(monkeypatch):
+    """Both directions of the row moves by index, checked: the typed child-sum's lazy push reads each kind's
+    h back from its interleaved scatter rows (SROWS); one vertex per task (the serial schedule) interleaves the
+    Tree-LSTM's leaves with internal vertices, so the leaves' eager block computes [h; c] into scratch and
+    puts it into their rows (SPUT). The same numbers as the Python interpreter."""
+    monkeypatch.setenv("MINICAVS_NATIVE_CHECK", "1")
+    rng = np.random.default_rng(7)
+    typed = cells.typed_child_sum_tree_lstm(rng)
+    typed_graphs = [_typed(rng, random_tree(rng, 9, 3)) for _ in range(3)]
+    tree = cells.binary_tree_lstm(rng)
+    trees = [CASES["binary_tree_lstm"][1](rng, n) for n in (3, 5)]
+    for case, graphs, policy, moved in ((typed, typed_graphs, None, {"in"}), (tree, trees, "serial", {"in", "out"})):
+        feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
+
+        def run(options):
+            return case.model.forward_backward(graphs, feeds, case.params, RunContext(), options=options,
+                                               policy=policy)
+        assert_native_equals_python(run, EngineOptions(), "float64")
+        assert moved <= _moved_by_index(run(EngineOptions(executor="native")))
+
+
+def _interleaved(name: str):
+    """(case, graphs, policy) whose blocks move rows by index: 'typed' reads them in (SROWS), 'serial' also
+    puts them (SPUT)."""
+    rng = np.random.default_rng(7)
+    if name == "typed":
+        return cells.typed_child_sum_tree_lstm(rng), [_typed(rng, random_tree(rng, 9, 3)) for _ in range(3)], None
+    return cells.binary_tree_lstm(rng), [CASES["binary_tree_lstm"][1](rng, n) for n in (3, 5)], "serial"
+
+
+def _split_block_instruction(program, opcode: str) -> int:
+    """The index of the first ``opcode`` instruction of a block that this batch runs over rows by index."""
+    lowered = program.native
+    split = {row[0] for row in program.native_table.tolist() if row[3] == -1}
+    return next(pc for b in lowered.blocks if b.tid in split for pc in range(*lowered.ranges[b.tid])
+                if instructions.OPCODES_BY_ID[lowered.code[pc][0]] == opcode)
+
+
+def _shifted(row) -> None:
+    """SPUT's columns one to the right (one fewer): a column short alone would leave the last run's values."""
+    row[2] += 1
+    row[6] -= 1
+
+
+@pytest.mark.parametrize("name, backward, opcode, field, change", [
+    ("typed", False, "SROWS", 5, "child"),           # the lazy push's h read by the children's rows instead
+    ("typed", False, "SROWS", 6, lambda v: v - 1),   # h one column short
+    ("serial", False, "SPUT", None, _shifted),       # the leaves' [h; c] put one column off
+    ("serial", True, "SROWS", 3, lambda v: v + 1),   # ∂F's leaves read their cotangents one column off
+])
+def test_a_wrong_row_move_by_index_makes_native_differ_from_python(name, backward, opcode, field, change):
+    """The row moves by index compute what the blocks read and write: one perturbed SROWS or SPUT (a wrong
+    row index array, a column short or off) and the equality with the Python interpreter fails."""
+    case, graphs, policy = _interleaved(name)
+    feeds = cells.batch_feeds(case, graphs, [case.data(np.random.default_rng(1), g) for g in graphs])
+
+    def run(options):
+        return case.model.forward_backward(graphs, feeds, case.params, RunContext(), options=options, policy=policy)
+    python = EngineOptions(executor="python")
+    assert_native_equals_python(run, python, "float64")
+    state = next(iter(run(EngineOptions(executor="native")).states.values()))
+    program = state.backward_program if backward else state.program
+    pc = _split_block_instruction(program, opcode)
+    code, lowered = program.native.code, program.native
+    if change == "child":   # (the same kind's first child index: as many rows, each a valid row)
+        key = lowered.keys[code[pc][field]]
+        code[pc][field] = lowered.keys.index(("child", 0, key[-1]))
+    elif field is None:
+        change(code[pc])
+    else:
+        code[pc][field] = change(int(code[pc][field]))
+    with pytest.raises(AssertionError):
+        assert_native_equals_python(run, python, "float64")
+
+
+def test_a_bad_row_index_of_a_block_is_caught_by_the_debug_mode():
+    """A kind's row index with a row far outside the scatter tensor: the debug mode's bounds checks catch it
+    in SROWS (rows read in) and in SPUT (rows put), instead of a crash."""
+    result = _run_script("""
+        import numpy as np
+        from minicavs import instructions
+        from minicavs.engine import EngineOptions
+        from minicavs.executor import RunContext
+        from minicavs.memory import MemoryPlan
+        from tests import cells
+        from tests.test_instructions import _interleaved
+        real = MemoryPlan.scatter_rows
+        for name in ("typed", "serial"):
+            case, graphs, policy = _interleaved(name)
+            feeds = cells.batch_feeds(case, graphs, [case.data(np.random.default_rng(1), g) for g in graphs])
+            MemoryPlan.scatter_rows = real
+            case.model.forward_backward(graphs, feeds, case.params, RunContext(), policy=policy)
+            MemoryPlan.scatter_rows = lambda plan, kid: np.append(real(plan, kid)[:-1], 10**9)
+            try:
+                case.model.forward_backward(graphs, feeds, case.params, RunContext(),
+                                            options=EngineOptions(executor="native"), policy=policy)
+                print("not caught", name)
+            except instructions.NativeCheckError as e:
+                print("caught:", e)
+        """, MINICAVS_NATIVE_CHECK="1")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert re.search(r"caught: native F: task \d+, instruction \d+ \(SROWS dst=r\d+\(.*\) buf=scatter.*\): "
+                     r"operand idx is out of bounds", result.stdout), result.stdout
+    assert re.search(r"caught: native F: task \d+, instruction \d+ \(SPUT buf=scatter.*\): "
+                     r"operand idx is out of bounds", result.stdout), result.stdout
 
 
 def test_streaming_leaves_the_task_loop_to_python_and_says_why():
@@ -181,11 +314,13 @@ def test_dump_shows_the_instructions():
     assert "one native call: the blocks before the task loop, tasks 0:2, the blocks after it" in text
     lines = text.splitlines()
     # the blocks' templates: the leaves' x·W over all leaf rows (eager batching), the roots' h pushed after
-    # the loop (lazy batching), read back from the scatter tensor's rows
+    # the loop (lazy batching), read back from the scatter tensor's rows (a view of them when they are one
+    # block of rows, else copied in by the kind's row index: SROWS)
     leaf = text[text.index("kind 'leaf' before tasks block template"):]
     assert re.search(r"TAKE dst=r\d+\(x\) buf=pull\[x\]", leaf) and re.search(r"GEMM c=\S+ a=r\d+\(x\) b=r\d+\(W\)", leaf)
     root = text[text.index("kind 'internal' after tasks block template"):]
-    assert "BIND" in root and "mode=scatter rows" in root and "PUT buf=push[h]" in root
+    assert re.search(r"SROWS dst=r\d+\(\S+\) buf=scatter\[\(4,\)\] col=0 ld=4 idx=srows\[1\] cols=2 off=\d+ load=1",
+                     root) and "PUT buf=push[h]" in root, root
     assert "before tasks: kind" not in text and "after tasks: kind" not in text   # no Python block
     # the internal kind's gathers read the scatter tensor by child index (or a strided view), the linear
     # over [h1; h2] is a GEMM, the cell one fused kernel writing straight into the scatter tensor's rows

@@ -6,9 +6,10 @@
 
   - ``memory_native_s``: the native executor's pass (its blocks before and after the task loop too), measured
     live by its per-opcode clock (``instructions.PROFILE``): the instructions that copy rows (``GATHER`` where
-    it is not a view, ``TAKE``, ``TAKETO``, ``COPY``, ``PUT``, ``ADJ``: gathers, pulls, scatters into the
-    scatter tensor, stores into dynamic tensors, pushes and the gathers' adjoints). Elided moves (views: ``CATVIEW``, strided ``GATHER``s, in-place
-    writes) cost an instruction's dispatch and nothing else;
+    it is not a view, ``TAKE``, ``TAKETO``, ``COPY``, ``PUT``, ``ADJ``, and a block's ``SROWS`` and ``SPUT``
+    where its kind's scatter rows are no one block of rows: gathers, pulls, scatters into the scatter tensor,
+    stores into dynamic tensors, pushes and the gathers' adjoints). Elided moves (views: ``CATVIEW``, strided
+    ``GATHER``s, ``SROWS`` at an offset, in-place writes) cost an instruction's dispatch and nothing else;
   - ``memory_blocks_s``: the Python-run blocks (before and after the task loop when the native executor
     cannot run them, and the per-task blocks when the Python interpreter runs the loop): each bound block's takes, stores, writes, puts and gradient
     adjoints replayed after the step, one by one, with the block's own buffers, index arrays and views, into
@@ -31,7 +32,7 @@ import numpy as np
 from .. import instructions
 from ..program import BatchProgram
 
-ROW_MOVES = ("GATHER", "TAKE", "TAKETO", "COPY", "PUT", "ADJ")   # the native opcodes that move rows
+ROW_MOVES = ("GATHER", "TAKE", "TAKETO", "COPY", "PUT", "ADJ", "SROWS", "SPUT")   # the native opcodes that move rows
 
 
 class _Timer:

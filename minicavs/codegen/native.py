@@ -32,6 +32,12 @@ OPCODES = {
     # (forest = 1: only in a forest, where each child's gradient row is written once, not added)
     "TAKE": ("dst", "buf", "width", "idx", "cols", "off"),   # rows buf[idx[koff + r]] copied into scratch (-1: zeros)
     "TAKETO": ("dst", "buf", "width", "idx", "cols", "col"),   # dst[r] = buf[idx[koff + r]][col:col + cols] (-1: zeros)
+    # a block's rows of a scatter tensor: a view at the scatter offset, or (offset -1: the kind's rows are not one
+    # block) rows buf[idx[koff + r]][col:col + cols] copied into scratch (load 0: scratch only, for SPUT to put)
+    "SROWS": ("dst", "buf", "col", "ld", "idx", "cols", "off", "load"),
+    # after SROWS (offset -1): buf[idx[koff + r]][col:col + cols] = src[r]; at an offset (a view) nothing, or
+    # (always) the rows copied to the offset's
+    "SPUT": ("buf", "col", "ld", "idx", "src", "cols", "always"),
     "COLS": ("dst", "src", "col"),                        # a column slice: same rows, same ld
     "ALIAS": ("dst", "src"),
     "TRANSPOSE": ("dst", "src"),
@@ -200,6 +206,57 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
                     if (idx[r] == -1) {{ memset(dst + r * ldd, 0, (size_t)cols * sizeof(T)); continue; }}
                     if (check && (idx[r] < 0 || idx[r] * width + col + cols > size[a[1]])) FAIL(1);
                     memcpy(dst + r * ldd, src + idx[r] * width + col, (size_t)cols * sizeof(T));
+                }}
+                break;
+            }}
+            case SROWS: {{
+                REGOK(a[0], 0); BUFOK(a[1], 1);
+                const int64_t col = a[2], ldb = a[3], cols = a[5];
+                if (soff >= 0) {{   /* one block of rows: a view, as BIND's */
+                    const int64_t at = soff * ldb + col;
+                    if (check && bs > 0 && (at < 0 || at >= size[a[1]])) FAIL(2);
+                    R[a[0]].p = (T *)base[a[1]] + at; R[a[0]].ld = ldb; R[a[0]].trans = 0; R[a[0]].buf = a[1];
+                    break;
+                }}
+                T *dst = scratch + a[6] * bs;
+                if (a[7]) {{
+                    BUFOK(a[4], 4);
+                    const T *src = (const T *)base[a[1]];
+                    const int64_t *idx = (const int64_t *)base[a[4]] + koff;
+                    if (check && (koff < 0 || koff + bs > size[a[4]] || col < 0 || cols < 0)) FAIL(4);
+                    for (int64_t r = 0; r < bs; r++) {{
+                        if (check && (idx[r] < 0 || idx[r] * ldb + col + cols > size[a[1]])) FAIL(4);
+                        memcpy(dst + r * cols, src + idx[r] * ldb + col, (size_t)cols * sizeof(T));
+                    }}
+                }}
+                R[a[0]].p = dst; R[a[0]].ld = cols; R[a[0]].trans = 0; R[a[0]].buf = scratch_buf;
+                break;
+            }}
+            case SPUT: {{
+                BUFOK(a[0], 0); REGOK(a[4], 4);
+                const int64_t col = a[1], ldb = a[2], cols = a[5];
+                if (soff >= 0 && !a[6]) break;   /* SROWS bound a view: the steps wrote the rows in place */
+                if (check && (R[a[4]].trans || col < 0 || cols < 0)) FAIL(4);
+                CHECKR(a[4], bs, cols, 4);
+                T *dst = (T *)base[a[0]];
+                const T *s = R[a[4]].p;
+                const int64_t lds_ = R[a[4]].ld;
+                if (soff >= 0) {{   /* a copy into the offset's rows (as BIND and COPY) */
+                    if (check && out_of(&B, a[0], dst + soff * ldb + col, bs, cols, ldb, 0, sizeof(T))) FAIL(0);
+                    if (ldb == cols && lds_ == cols) {{
+                        memmove(dst + soff * ldb + col, s, (size_t)(bs * cols) * sizeof(T));
+                        break;
+                    }}
+                    for (int64_t r = 0; r < bs; r++)
+                        memmove(dst + (soff + r) * ldb + col, s + r * lds_, (size_t)cols * sizeof(T));
+                    break;
+                }}
+                BUFOK(a[3], 3);
+                const int64_t *idx = (const int64_t *)base[a[3]] + koff;
+                if (check && (koff < 0 || koff + bs > size[a[3]])) FAIL(3);
+                for (int64_t r = 0; r < bs; r++) {{
+                    if (check && (idx[r] < 0 || idx[r] * ldb + col + cols > size[a[0]])) FAIL(3);
+                    memcpy(dst + idx[r] * ldb + col, s + r * lds_, (size_t)cols * sizeof(T));
                 }}
                 break;
             }}
