@@ -14,6 +14,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from .arrays import array_module, on_device  # noqa: F401  (the seam's view of arrays)
 from .passes.fusion import FusedGroup
 
 
@@ -32,7 +33,12 @@ class Backend:
         """``a`` as an array of this backend (no copy if it already is one)."""
         return self.xp.asarray(a, dtype)
 
+    def to_device(self, a):
+        """A host array's values on this device: a host-to-device copy (none on the CPU)."""
+        return self.xp.asarray(a)
+
     def to_host(self, a) -> np.ndarray:
+        """A device array's values in host memory: a device-to-host copy (none on the CPU)."""
         return to_host(a)
 
     def fused(self, groups: Sequence[FusedGroup]) -> list:
@@ -61,11 +67,7 @@ class Backend:
         """Wait until every kernel issued so far has finished."""
 
 
-def array_module(a):
-    """numpy, or the module of a device array (CuPy's ``cupy``)."""
-    return np if isinstance(a, np.ndarray) or not hasattr(a, "__array_namespace__") else a.__array_namespace__()
-
-
 def to_host(a) -> np.ndarray:
-    """A numpy array of ``a``'s values, wherever it lives (a copy only when it lives elsewhere)."""
-    return a.get() if hasattr(a, "get") and not isinstance(a, np.ndarray) else np.asarray(a)
+    """A numpy array of ``a``'s values, wherever it lives (a device-to-host copy only when it lives on a
+    device: one of the crossings the stand-in counts)."""
+    return a.get() if on_device(a) else np.asarray(a)

@@ -21,10 +21,11 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
+from .arrays import on_device
 from .autodiff import grad
 from .backend import Backend as Device
 from .cpu import CPU, planner
-from .cuda import Cuda, require as require_cuda
+from .cuda import Cuda
 from .engine import CompiledFunction, EngineOptions, backward, forward
 from .errors import FeedError, InputGraphError, ShapeError
 from .program import RunContext, evaluate
@@ -314,7 +315,7 @@ class Prepared:
 
 @dataclass
 class Result:
-    loss: float | None
+    loss: float | None   # a 0-d device array after a training run on a device (see Model.run)
     grads: dict = field(default_factory=dict)      # parameter name -> array or RowSparse
     outputs: dict = field(default_factory=dict)    # name -> array (static graph outputs)
     pushes: dict = field(default_factory=dict)     # structure name -> {push name: buffer}
@@ -500,7 +501,7 @@ class Model:
         the loss does not need, e.g. a classifier's softmax over every vertex."""
         device = self.device
         xp = device.xp
-        feeds = {k: device.asarray(v) for k, v in (feeds or {}).items()} if xp is not np else dict(feeds or {})
+        feeds = dict(feeds or {}) if xp is np else {k: _feed_on(device, v) for k, v in (feeds or {}).items()}
         params = params or {}
         ctx = ctx or RunContext()
         options = options or self.options
@@ -554,7 +555,9 @@ class Model:
         result.states = states
         if self.loss is not None:
             loss = env[self.loss]
-            result.loss = float(loss)
+            # a training step on a device leaves its loss there: the optimizer reads it back together with
+            # the step's finite flags (one device-to-host read a step); everything else reads it now
+            result.loss = loss if training and on_device(loss) else float(loss)
         if training:
             result.grads = self._backward(plans, states, env, feeds, params, ctx)
         return result
@@ -606,6 +609,16 @@ class Model:
         return self.run(graphs, feeds, params, ctx, False, policy, sample_ids, options)
 
 
+def _feed_on(device: Device, value):
+    """A feed for a run on ``device``: float arrays copied over once (one host-to-device copy each); integer
+    feeds (labels, word ids, indices) stay on the host, where their checks read them without a device read,
+    and go over where a kernel reads them."""
+    if on_device(value):
+        return value
+    host = np.asarray(value)
+    return host if host.dtype.kind in "iub" or host.dtype.kind == "O" else device.to_device(host)
+
+
 def get_device(name: str | Device, deterministic: bool = False) -> Device:
     """``cpu`` or ``cuda`` (or a backend, returned as is); ``cuda`` needs CuPy and a GPU (CudaUnavailable).
     ``deterministic``: CUDA sums a DAG child's gradient rows in a fixed order (see :class:`Cuda`)."""
@@ -613,7 +626,6 @@ def get_device(name: str | Device, deterministic: bool = False) -> Device:
         return name
     if name == "cpu":
         return CPU
-    if name == "cuda":
-        require_cuda()
+    if name == "cuda":   # (CudaUnavailable from the launcher when CuPy or a GPU is missing)
         return Cuda(deterministic=deterministic)
     raise ValueError(f"unknown device {name!r}; known: cpu, cuda")

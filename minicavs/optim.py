@@ -47,7 +47,7 @@ import numpy as np
 
 from .errors import FeedError, NonFiniteError
 from .nn.parameter import Parameter
-from .backend import array_module
+from .backend import array_module, on_device
 from .ops.registry import native_kernels
 from .sparse import RowSparse, densify
 from .validate import indices
@@ -79,6 +79,7 @@ class Optimizer:
         self.sparse_updates = bool(sparse_updates)
         self.steps = 0  # successful steps so far
         self._table = None   # ((library, rule), UpdateTable, weight decays) of _native's dense updates
+        self.last_loss: float | None = None   # the latest step's loss, as a float
         self.state: dict[str, dict[str, np.ndarray]] = {
             name: {s: array_module(p.value).zeros_like(p.value) for s in self.slots}
             for name, p in self.params.items()}
@@ -131,7 +132,12 @@ class Optimizer:
     # --- one step ------------------------------------------------------------------------------------
 
     def step(self, grads: Mapping[str, Grad], loss=None) -> float | None:
-        """Apply one update; returns the global gradient norm before clipping (None without clip_norm)."""
+        """Apply one update; returns the global gradient norm before clipping (None without clip_norm).
+        ``last_loss`` is then ``loss`` as a float (on a device: read in the step's one device-to-host read)."""
+        first = next((p for p in self.params.values()), None)
+        if first is not None and on_device(first.value):
+            return self._device_step(grads, loss)
+        self.last_loss = None if loss is None else float(loss)
         native = self._native(grads, loss)
         if native is not None:
             norm, runs = native
@@ -249,7 +255,71 @@ class Optimizer:
         self.steps = t
         return norm
 
-    def _validate(self, grads: Mapping[str, Grad], loss, lib=None) -> list[tuple[Parameter, Grad]]:
+    def _device_step(self, grads: Mapping[str, Grad], loss) -> float | None:
+        """The step with parameters on a device: every update computed there into new arrays, the loss's,
+        the global norm's and each update's finiteness gathered into one small array, and that array read
+        back in the step's one device-to-host copy; then the new values written in place on the device, or
+        (something not finite) nothing changed. Gradient indices made on the host are checked there."""
+        checked = self._validate(grads, None, device=True)
+        xp = array_module(next(iter(self.params.values())).value)
+        f64 = np.float64
+        report = [xp.asarray(np.nan if loss is None else loss, dtype=f64) if not on_device(loss)
+                  else loss.astype(f64)]
+        scale = None
+        if self.clip_norm is not None:
+            sq = [xp.sum(xp.square((g.rows if isinstance(g, RowSparse) else g).astype(f64))) for _, g in checked]
+            norm2 = functools.reduce(operator.add, sq) if sq else xp.zeros((), f64)
+            report.append(norm2)
+            scale = xp.minimum(1.0, self.clip_norm / xp.sqrt(norm2))   # inf/nan norms: flagged below
+        t = self.steps + 1
+        updates = []
+        with np.errstate(all="ignore"):
+            for p, g in checked:
+                if scale is not None:
+                    g = (RowSparse(g.indices, g.rows * scale.astype(g.rows.dtype), g.shape)
+                         if isinstance(g, RowSparse) else g * scale.astype(g.dtype))
+                slots = self.state[p.name]
+                wd = self.weight_decay if p.weight_decay else 0.0
+                if isinstance(g, RowSparse) and self.sparse_updates:   # the looked-up rows only
+                    idx = xp.asarray(g.indices)                        # host indices: copied over once
+                    value, grad, slots = p.value[idx], g.rows, {s: a[idx] for s, a in slots.items()}
+                else:
+                    idx, value, grad = None, p.value, densify(xp, g)
+                if wd:
+                    grad = grad + wd * value
+                new, new_slots = self.rule(value, grad, slots, t)
+                report.append(xp.all(xp.isfinite(new)) & functools.reduce(
+                    operator.and_, (xp.all(xp.isfinite(a)) for a in new_slots.values()), xp.asarray(True)))
+                updates.append((p, idx, new, new_slots))
+        got = xp.stack([r.astype(f64) for r in report]).get()   # the one device-to-host read of a step
+        self.last_loss = None if loss is None else float(got[0])
+        norm = None
+        if self.clip_norm is not None:
+            norm = math.sqrt(got[1]) if got[1] >= 0 else float("nan")
+            if not math.isfinite(norm):
+                raise NonFiniteError("global gradient norm overflows; no parameter was updated")
+        if loss is not None and not math.isfinite(got[0]):
+            raise NonFiniteError(f"loss is {got[0]}; no parameter was updated")
+        flags = got[2 if self.clip_norm is not None else 1:]
+        for (p, *_), ok in zip(updates, flags):
+            if not ok:
+                raise NonFiniteError(f"update of parameter '{p.name}' is not finite (learning rate or "
+                                     "gradient too large?); no parameter was updated")
+        for p, idx, new, new_slots in updates:   # commit on the device: nothing can fail now
+            slots = self.state[p.name]
+            if idx is None:
+                p.value[...] = new
+                for s, a in new_slots.items():
+                    slots[s][...] = a
+            else:
+                p.value[idx] = new
+                for s, a in new_slots.items():
+                    slots[s][idx] = a
+        self.steps = t
+        return norm
+
+    def _validate(self, grads: Mapping[str, Grad], loss, lib=None, device: bool = False
+                  ) -> list[tuple[Parameter, Grad]]:
         """Check everything before anything changes; returns (parameter, gradient) pairs ready to use:
         dense arrays of the parameter's dtype, or coalesced RowSparse values. With ``lib`` (the C library of
         :meth:`_native`) finiteness is left to its kernels' check pass, and repeated rows are summed in C."""
@@ -264,7 +334,7 @@ class Optimizer:
             if p is None:
                 raise ValueError(f"gradient for unknown parameter '{name}'")
             if isinstance(g, RowSparse):
-                out.append((p, _check_sparse(p, g, lib)))
+                out.append((p, _check_sparse_on_device(p, g) if device else _check_sparse(p, g, lib)))
                 continue
             value = p.value
             if not (type(g) is type(value) is np.ndarray and g.dtype == value.dtype):   # (the usual case)
@@ -274,7 +344,7 @@ class Optimizer:
             if g.shape != value.shape:
                 raise ValueError(f"gradient of parameter '{name}' has shape {g.shape}, "
                                  f"parameter has {value.shape}")
-            if lib is None and not bool(array_module(g).isfinite(g).all()):
+            if lib is None and not device and not bool(array_module(g).isfinite(g).all()):
                 raise NonFiniteError(f"gradient of parameter '{name}' is not finite; "
                                      "no parameter was updated")
             out.append((p, g if g.dtype == value.dtype else g.astype(value.dtype)))
@@ -366,6 +436,22 @@ def _check_sparse(p: Parameter, g: RowSparse, lib=None) -> RowSparse:
     if lib is None and not bool(xp.isfinite(g.rows).all()):
         raise NonFiniteError(f"gradient of parameter '{p.name}' is not finite; no parameter was updated")
     return RowSparse(g.indices, g.rows.astype(p.value.dtype, copy=False), shape)
+
+
+def _check_sparse_on_device(p: Parameter, g: RowSparse) -> RowSparse:
+    """:func:`_check_sparse` for a parameter on a device: indices checked where they live (the host, for
+    every bundled model: no device read), rows kept on the device, repeated rows summed there."""
+    shape = p.value.shape
+    xp = array_module(p.value)
+    rows = g.rows if on_device(g.rows) else xp.asarray(g.rows)
+    if tuple(g.shape) != shape or rows.ndim == 0 or rows.shape[1:] != shape[1:]:
+        raise FeedError(f"row-sparse gradient of parameter '{p.name}' has shape {tuple(g.shape)} and rows "
+                        f"{rows.shape}; parameter has {shape}")
+    if rows.dtype.kind != "f":
+        raise FeedError(f"row-sparse gradient of parameter '{p.name}' has dtype {rows.dtype}")
+    checked = RowSparse(g.indices, rows, shape).checked(f"row-sparse gradient of parameter '{p.name}'")
+    c = checked.coalesce(xp)
+    return RowSparse(c.indices, c.rows.astype(p.value.dtype, copy=False), shape)
 
 
 def _sq_norm(g: Grad) -> float:

@@ -14,6 +14,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from .arrays import on_device
 from .errors import FeedError
 from .graph import Node, fmt_shape
 from .compile import POST, PRE, TASK, Step
@@ -68,7 +69,7 @@ def check_value(node: Node, value, what: str):
     if type(value) is np.ndarray and value.dtype == want and (value.shape == node.shape or (
             value.ndim == node.ndim and all(d is None or d == a for d, a in zip(node.shape, value.shape)))):
         return value   # the common case (a parameter, a fed array of the declared shape), checked in two lines
-    if (hasattr(value, "__array_namespace__") or isinstance(value, np.ndarray)) and value.dtype.kind != "O":
+    if (isinstance(value, np.ndarray) or on_device(value)) and value.dtype.kind != "O":
         arr = value
     elif want.kind in "iu":   # a list: numpy would turn [1, True] into ints and [2**63, 1] into floats
         arr = indices(value, f"{what} {node.label()}: value", dtype=None)

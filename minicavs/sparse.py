@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .arrays import array_module, as_module
 from .errors import FeedError
 from .validate import indices as _indices
 
@@ -42,11 +43,12 @@ class RowSparse:
         idx = self.indices.reshape(-1)
         if len(idx) == 0:
             return RowSparse(idx, self.rows.reshape((0,) + tuple(self.shape[1:])), self.shape)
-        order = xp.argsort(idx, kind="stable")
+        ixp = array_module(idx)   # indices made on the host are sorted there; rows stay where they live
+        order = ixp.argsort(idx, kind="stable")
         sidx = idx[order]
-        starts = xp.flatnonzero(xp.concatenate((xp.ones(1, bool), sidx[1:] != sidx[:-1])))
-        rows = xp.add.reduceat(self.rows[order], starts, axis=0)
-        return RowSparse(sidx[starts], rows, self.shape)
+        starts = ixp.flatnonzero(ixp.concatenate((ixp.ones(1, bool), sidx[1:] != sidx[:-1])))
+        rows = xp.add.reduceat(self.rows[as_module(xp, order)], as_module(xp, starts), axis=0)
+        return RowSparse(sidx[starts], rows, self.shape)   # (host positions for device rows: copied over)
 
     def to_dense(self, xp=np):
         out = xp.zeros(self.shape, dtype=self.rows.dtype)

@@ -247,7 +247,7 @@ class Trainer:
                                               outputs=False)   # a step reads the loss and gradients only
             units = prepared.units
         self.optimizer.step(res.grads, loss=res.loss)
-        return res.loss, units
+        return self.optimizer.last_loss, units   # (read in the step's one device-to-host copy on a device)
 
     def train_batches(self, batches: Sequence[np.ndarray], label: str = "training",
                       after_step: Callable[[np.ndarray, float, int], None] | None = None) -> tuple[float, int, int]:

@@ -12,13 +12,10 @@ import math
 
 import numpy as np
 
+from .arrays import array_module as _module
 from .errors import FeedError
 
 _INT64_MAX = np.iinfo(np.int64).max
-
-
-def _module(a):
-    return np if isinstance(a, np.ndarray) or not hasattr(a, "__array_namespace__") else a.__array_namespace__()
 
 
 def _where(pos: int, shape: tuple, at: str) -> str:

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from minicavs.backend import array_module, to_host
 from minicavs.engine import EngineOptions
 from minicavs.executor import RunContext
 from minicavs.explain import check, explain
@@ -23,7 +24,10 @@ def equal(a, b, ref=None):
 
 
 def dense(g):
-    return g.to_dense() if hasattr(g, "to_dense") else np.asarray(g)
+    """A gradient (dense or row-sparse, on any device) as a host array: copied back explicitly."""
+    if hasattr(g, "to_dense"):
+        g = g.to_dense(array_module(g.rows))
+    return to_host(g)
 
 
 def random_tree(rng, n, arity, full_binary=False):

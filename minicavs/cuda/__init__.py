@@ -1,6 +1,6 @@
 """The CUDA backend (optional extra ``cuda``): :class:`Cuda` (backend.py), the CuPy launchers of the
 generated kernels (kernels.py), compiling without a GPU (compiler.py) and running CUDA source on the CPU
-(emulation.py). Importing this package never needs CuPy; :func:`require` fails with a clear message when CuPy
+(emulation.py, on the arrays of the device stand-in, standin.py). Importing this package never needs CuPy; :func:`require` fails with a clear message when CuPy
 or a GPU is missing."""
 from __future__ import annotations
 
@@ -20,4 +20,18 @@ def _row_kernels(dtype):
     return RowKernels(dtype) if dtype in (np.float32, np.float64) else None
 
 
+@functools.lru_cache(maxsize=None)
+def _emulated_row_kernels(dtype):
+    """The same kernels for the device stand-in's arrays, run through the emulation."""
+    dtype = np.dtype(dtype)
+    return RowKernels(dtype, _emulation_launcher()) if dtype in (np.float32, np.float64) else None
+
+
+@functools.lru_cache(maxsize=None)
+def _emulation_launcher():
+    from .emulation import Launcher
+    return Launcher()
+
+
 provide_native_kernels("cupy", _row_kernels)
+provide_native_kernels("minicavs.cuda.standin", _emulated_row_kernels)

@@ -7,6 +7,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from .. import arrays
 from ..backend import Backend
 from ..passes.fusion import FusedGroup
 from ..validate import check_rows
@@ -24,8 +25,9 @@ class Cuda(Backend):
     name = "cuda"
 
     def __init__(self, launcher=None, deterministic: bool = False):
-        self.launcher = launcher if launcher is not None else cuda_kernels.CuPyLauncher()
+        self.launcher = launcher if launcher is not None else cuda_kernels.default_launcher()
         self.xp = self.launcher.xp
+        arrays.register(self.xp.ndarray, self.xp)
         self.deterministic = bool(deterministic)
         self._rows: dict = {}
         self._index: dict = {}   # id(plan array) -> (plan array, its device copy)
@@ -33,8 +35,12 @@ class Cuda(Backend):
 
     @property
     def emulated(self) -> bool:
-        """True when the kernels run on the CPU (numpy arrays): no CUDA streams then."""
-        return self.xp is np
+        """True on the emulated device (the stand-in's arrays, kernels run on the CPU): what it computes is
+        no GPU result, and everything that reports on a run says so."""
+        return bool(getattr(self.launcher, "emulated", False))
+
+    def __repr__(self) -> str:
+        return "<device cuda (emulated)>" if self.emulated else "<device cuda>"
 
     def fused(self, groups: Sequence[FusedGroup]) -> list:
         out = []
@@ -84,13 +90,10 @@ class Cuda(Backend):
     def eager(self, tasks: list, work: Callable, ctx) -> tuple[list, dict]:
         """The host issues every eager task's kernels on the eager stream, recording an event after each;
         the recurrent path (the caller's stream) waits for that event on the device, not on the host. On
-        the emulated device kernels run as they are issued, so the tasks simply run first."""
+        the emulated device kernels run as they are issued (its streams order nothing), so the tasks simply run
+        first there."""
         worker_copies = {"gather": 0, "gathered": 0, "pull": 0, "push": 0}
         worker_ctx = replace(ctx)
-        if self.emulated:
-            for i, task in enumerate(tasks):
-                work(i, *task, worker_ctx, worker_copies)
-            return [_Done()] * len(tasks), worker_copies
         cupy = self.xp
         if self._streams is None:
             self._streams = cupy.cuda.Stream(non_blocking=True)
@@ -103,8 +106,7 @@ class Cuda(Backend):
         return events, worker_copies
 
     def synchronize(self) -> None:
-        if not self.emulated:
-            self.xp.cuda.Device().synchronize()
+        self.xp.cuda.Device().synchronize()
 
 
 def _row_matrix(a) -> bool:
@@ -129,11 +131,6 @@ class _CudaRows:
             self.kernels.segment_sum(dst, idx, src)
         else:
             self.kernels.scatter_add_checked(dst, self.device.index(idx), src)
-
-
-class _Done:
-    def wait(self) -> None:
-        pass
 
 
 class _StreamEvent:

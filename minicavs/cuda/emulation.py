@@ -1,5 +1,9 @@
 """Run generated CUDA source on the CPU: the same text compiled as C++ behind a small shim.
 
+:class:`Launcher` runs a kernel on the arrays of the device stand-in (:mod:`.standin`): together they are the
+emulated CUDA device the tests train on. :class:`Emulator` alone calls kernels on numpy arrays (the codegen
+tests compare kernels with numpy that way).
+
 The shim defines ``blockIdx``/``threadIdx``/``blockDim``/``gridDim`` as globals, ``__global__`` and
 ``__device__`` as nothing and ``atomicAdd`` as a plain add; for every ``extern "C" __global__`` kernel a
 launcher loops over the grid, block by block and thread by thread, calling the kernel body once per thread.
@@ -116,13 +120,16 @@ class Emulator:
 
 
 class Launcher:
-    """A launcher (see :mod:`minicavs.cuda`) that runs kernels through the emulation, on numpy arrays:
-    ``FusedKernel(group, Launcher())`` and ``RowKernels(dtype, Launcher())`` execute the very source and
-    argument packing they would hand to CuPy. One emulation library per source, built on first use."""
+    """A launcher (see :mod:`minicavs.cuda`) that runs kernels through the emulation, on the device stand-in's
+    arrays: ``Cuda(Launcher())`` is the emulated CUDA device, whose arrays refuse every host/device crossing
+    CuPy refuses (:mod:`.standin`). A host array as a pointer argument raises CuPy's error. One emulation
+    library per source, built on first use."""
 
-    xp = np
+    emulated = True
 
     def __init__(self, workdir: str | Path | None = None):
+        from . import standin
+        self.xp = standin
         self.workdir = workdir
         self.emulators: dict[str, Emulator] = {}
         self.launches: list[tuple[str, int, int]] = []   # (kernel, grid, block) of every launch, in order
@@ -131,5 +138,12 @@ class Launcher:
         emu = self.emulators.get(source)
         if emu is None:
             emu = self.emulators[source] = Emulator([source], self.workdir)
+        host = []
+        for a in args:
+            if isinstance(a, np.ndarray):
+                raise TypeError(f"You are trying to pass a numpy.ndarray of shape {a.shape} as a kernel parameter. "
+                                "Only numpy.ndarrays of size one can be passed by value. If you meant to pass a "
+                                "pointer to __global__ memory, you need to pass a cupy.ndarray instead.")
+            host.append(a._a if isinstance(a, self.xp.ndarray) else a)
         self.launches.append((name, grid, block))
-        emu.launch(name, grid, block, *args)
+        emu.launch(name, grid, block, *host)

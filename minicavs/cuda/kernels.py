@@ -23,6 +23,7 @@ import math
 
 import numpy as np
 
+from ..arrays import on_device
 from ..codegen import cuda as gen
 from ..errors import FeedError, MinicavsError
 from ..passes.fusion import FusedGroup
@@ -78,6 +79,13 @@ class CuPyLauncher:
         _module(source).get_function(name)((grid,), (block,), tuple(args), stream=stream)
 
 
+def default_launcher():
+    """What a ``Cuda()`` device launches with: CuPy on the current GPU. The test suite replaces this (and
+    nothing else does) with the emulation on the device stand-in, so that ``train.device: cuda`` trains on
+    the emulated device there."""
+    return CuPyLauncher()
+
+
 class _Launches:
     def __init__(self, launcher):
         self._launcher = launcher
@@ -85,7 +93,7 @@ class _Launches:
     @property
     def launcher(self):
         if self._launcher is None:   # CuPy is needed from the first launch on, not to build the object
-            self._launcher = CuPyLauncher()
+            self._launcher = default_launcher()
         return self._launcher
 
 
@@ -166,7 +174,9 @@ class RowKernels(_Launches):
                           [np.int64(rows), np.int64(cols)] + list(args), stream)
 
     def _index(self, idx):
-        return self.launcher.xp.ascontiguousarray(idx, dtype=np.int64)
+        """``idx`` as a contiguous int64 device array (a host array is copied over: one counted crossing)."""
+        xp = self.launcher.xp
+        return xp.ascontiguousarray(xp.asarray(idx, dtype=np.int64))
 
     def _check(self, src, dst, idx):
         if src.shape[1] != dst.shape[1] or len(idx) != src.shape[0]:
@@ -219,7 +229,7 @@ class RowKernels(_Launches):
         if x.dtype != self.dtype or (x.shape[1] > 1 and x.strides[1] != x.itemsize) or x.strides[0] < 0:
             x = xp.ascontiguousarray(x, dtype=self.dtype)
         keys, h, t, scale = check_dropout(x.shape[0], keys, h, p)
-        keys = xp.ascontiguousarray(keys, dtype=np.uint64)
+        keys = xp.ascontiguousarray(xp.asarray(keys, dtype=np.uint64))   # host keys: copied over
         y = xp.empty(x.shape, self.dtype)
         ldx, ldy = self._rows(x, "dropout x"), self._rows(y, "dropout y")
         t, scale = np.uint64(t), self.dtype.type(scale)
@@ -232,11 +242,11 @@ class RowKernels(_Launches):
         given; the engine knows it once per batch)."""
         xp = self.launcher.xp
         lds, ldd = self._rows(src, "segment_sum src"), self._rows(dst, "segment_sum dst")
-        if plan is None:
-            host = idx.get() if hasattr(idx, "get") else idx
+        if plan is None:   # the plan is made on the host: device indices are read back for it
+            host = idx.get() if on_device(idx) else idx
             plan = gen.segments(check_rows("segment_sum", host, src.shape[0], dst.shape[0]))
         order, ptr, target = check_segments(plan, src.shape[0], dst.shape[0])
-        order, ptr, target = (xp.ascontiguousarray(a, dtype=np.int64) for a in (order, ptr, target))
+        order, ptr, target = (xp.asarray(a, dtype=np.int64) for a in (order, ptr, target))   # host to device
         self._launch("segment_sum_rows", len(target), src.shape[1], (src, lds, order, ptr, target, dst, ldd),
                      stream)
 

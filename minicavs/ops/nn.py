@@ -10,6 +10,7 @@ from ..errors import FeedError, ShapeError
 from ..graph import Node, fmt_shape, user_axis
 from ..random import hash_words, uniform
 from ..sparse import RowSparse, densify as _densify
+from ..arrays import as_module
 from ..validate import check_labels, indices
 from .elementwise import exp, mul, neg, sub, unbroadcast
 from .reduce import mean_grad
@@ -88,7 +89,7 @@ def _xent_impl(xp, logits, labels, *weight):
     if lib is not None and logits.ndim >= 1 and logits.shape[-1]:   # one pass per row, no temporaries
         loss = lib.xent(logits, labels, "softmax_cross_entropy")   # (it checks the labels)
         return loss * weight[0] if weight else loss
-    labels = check_labels(logits, labels)
+    labels = as_module(xp, check_labels(logits, labels))   # checked where they live (the host), then over
     m = xp.max(logits, axis=-1, keepdims=True)
     lse = (m + xp.log(xp.sum(xp.exp(logits - m), axis=-1, keepdims=True)))[..., 0]  # one (rows, classes) temp
     loss = lse - xp.take_along_axis(logits, labels[..., None].astype(np.intp), axis=-1)[..., 0]
@@ -106,7 +107,7 @@ def _xent_grad_impl(xp, g, logits, labels):
     lib = _native_xent(xp, logits.dtype)
     if lib is not None and logits.ndim >= 1 and logits.shape[-1]:
         return lib.xent_grad(xp.asarray(g, logits.dtype), logits, labels)   # (it checks the labels)
-    labels = check_labels(logits, labels, "xent_grad")
+    labels = as_module(xp, check_labels(logits, labels, "xent_grad"))
     p = _softmax_impl(xp, logits, -1)          # a fresh array: updated in place below
     idx = labels[..., None].astype(np.intp)
     xp.put_along_axis(p, idx, xp.take_along_axis(p, idx, axis=-1) - 1, axis=-1)
@@ -219,7 +220,7 @@ def _lookup_infer(table, idx):
 
 
 def _lookup_impl(xp, table, idx):
-    idx = indices(idx, "lookup: index", size=table.shape[0], of=f" for a table of {table.shape[0]} rows")
+    idx = as_module(xp, indices(idx, "lookup: index", size=table.shape[0], of=f" for a table of {table.shape[0]} rows"))
     return table.take(idx, axis=0)   # (the method: numpy's module function adds its dispatch, ~1 us)
 
 
