@@ -288,8 +288,8 @@ class Optimizer:
                 if wd:
                     grad = grad + wd * value
                 new, new_slots = self.rule(value, grad, slots, t)
-                report.append(xp.all(xp.isfinite(new)) & functools.reduce(
-                    operator.and_, (xp.all(xp.isfinite(a)) for a in new_slots.values()), xp.asarray(True)))
+                report.append(functools.reduce(operator.and_, (xp.all(xp.isfinite(a)) for a in new_slots.values()),
+                                               xp.all(xp.isfinite(new))))
                 updates.append((p, idx, new, new_slots))
         got = xp.stack([r.astype(f64) for r in report]).get()   # the one device-to-host read of a step
         self.last_loss = None if loss is None else float(got[0])

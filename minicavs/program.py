@@ -261,7 +261,8 @@ class BatchProgram:
 def run_block(block: Block, statics: dict, xp, ctx: RunContext, backend) -> dict:
     """The interpreter of bound steps: move rows in, run the block's steps, move rows out. Returns the
     block's values (backward emits its gradients from them with :func:`emit_gradients`)."""
-    ctx.row_keys = block.row_keys
+    # dropout's row keys where its kernel reads them: on a device, a view of the plan's keys copied over once
+    ctx.row_keys = block.row_keys if xp is np or block.row_keys is None else backend.index(block.row_keys)
     env = dict(statics)
     for node, array, _ in block.views:
         env[node] = array

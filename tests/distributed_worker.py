@@ -17,11 +17,14 @@ from minicavs.training import Trainer
 
 
 def run_case(case: dict, out: Path, rank: int) -> dict:
-    t = Trainer(REPO_ROOT / "models" / f"{case['module']}.yaml", case["overrides"], run_dir=out / case["name"])
-    if case.get("emulated"):   # the model on the emulated CUDA device: gradients come back as device arrays
+    overrides = list(case["overrides"])
+    if case.get("emulated"):   # train.device=cuda on the emulated device (the stand-in), as tests/conftest.py
+        from minicavs.cuda import kernels
         from minicavs.cuda.emulation import Launcher
-        from minicavs.cuda import Cuda
-        t.model.device = Cuda(Launcher(out / f"emulation-{rank}"))
+        launcher = Launcher(out / f"emulation-{rank}")
+        kernels.default_launcher = lambda: launcher
+        overrides.append("train.device=cuda")
+    t = Trainer(REPO_ROOT / "models" / f"{case['module']}.yaml", overrides, run_dir=out / case["name"])
     report: dict = {"rank": rank, "size": t.parallel.comm.size}
     if case.get("digest_probe"):   # one rank's parameter off by one ulp: the digest check must name it
         t.parallel.sync_state()

@@ -62,15 +62,21 @@ class Cuda(Backend):
         plan array is copied once and sliced there, so a task costs no host-to-device copy (a synchronous
         one would stall the host that is issuing kernels ahead of the GPU)."""
         base = rows.base if isinstance(rows.base, np.ndarray) else rows
-        if base.ndim != 1 or rows.ndim != 1 or not base.flags.c_contiguous or rows.strides != base.strides:
+        if (base.ndim != 1 or rows.ndim != 1 or not base.flags.c_contiguous or rows.strides != base.strides
+                or base.itemsize != rows.itemsize):
             return self.xp.asarray(rows)
         hit = self._index.get(id(base))
         if hit is None or hit[0] is not base:
             if len(self._index) > 256:   # plans of finished batches
                 self._index.clear()
-            hit = self._index[id(base)] = (base, self.xp.asarray(base))
+            hit = self._index[id(base)] = (base, self._plan_copy(base))
         start = (rows.ctypes.data - base.ctypes.data) // base.itemsize
-        return hit[1][start:start + len(rows)]
+        part = hit[1][start:start + len(rows)]
+        return part if base.dtype == rows.dtype else part.view(rows.dtype)   # (uint64 row keys of int64 plans)
+
+    def _plan_copy(self, base: np.ndarray):
+        """A batch plan's index array on the device: its one host-to-device copy."""
+        return self.xp.asarray(base)
 
     def take(self, buf, rows: np.ndarray):
         rows = check_rows("gather", rows, None, buf.shape[0])   # on the host: no wait for the device

@@ -41,7 +41,8 @@ IMPLICIT = ("Implicit conversion to a NumPy array is not allowed. "
 #: host/device crossings since the last :func:`reset`: ``h2d`` and ``d2h`` copies, and where they came from
 crossings: collections.Counter = collections.Counter()
 sites: collections.Counter = collections.Counter()
-TRACE = False   # record the caller of every crossing in ``sites`` (slow; for finding them)
+TRACE = False   # record the callers (file:function) of every crossing in ``sites`` (slow; to find them)
+TRACE_DEPTH = 1
 
 
 def reset() -> None:
@@ -54,8 +55,8 @@ def _count(direction: str) -> None:
     if TRACE:
         import traceback
         frames = [f for f in traceback.extract_stack()[:-2] if "standin.py" not in f.filename]
-        where = frames[-1] if frames else None
-        sites[(direction, f"{where.filename.rsplit('/', 2)[-2:]}:{where.lineno}" if where else "?")] += 1
+        sites[(direction, " < ".join(f"{'/'.join(f.filename.rsplit('/', 2)[-2:])}:{f.name}"
+                                     for f in reversed(frames[-TRACE_DEPTH:])))] += 1
 
 
 def _incorrect(name: str, x) -> TypeError:

@@ -154,10 +154,11 @@ def mse(a: Node, b) -> Node:
 _sites = itertools.count()
 
 
-def _row_keys(rows: int, site, ctx) -> np.ndarray:
+def _row_keys(rows: int, site, ctx, xp=np) -> np.ndarray:
+    """The dropout row keys of ``rows`` rows (made on ``xp``'s device when none are given: no copy)."""
     keys = getattr(ctx, "row_keys", None)
     if keys is None:
-        return np.arange(rows, dtype=np.uint64)
+        return xp.arange(rows, dtype=np.uint64)
     if getattr(keys, "shape", (len(keys),)) != (rows,):
         raise FeedError(f"dropout site {site}: {len(keys)} row keys for {rows} rows")
     return indices(keys, f"dropout site {site}: row key", dtype=np.uint64, at="row")
@@ -185,7 +186,7 @@ def kernel_dropout(xp, x, p, site, ctx, rows):
     """``x`` times its mask, made by a kernel (``rows.dropout``: the C library's or the CUDA row kernels'):
     the same bits as :func:`dropout_mask`, the mask never built on its own (nor copied to a device)."""
     n = x.shape[0] if x.ndim else 1
-    keys = xp.asarray(np.ascontiguousarray(_row_keys(n, site, ctx), np.uint64))
+    keys = as_module(xp, _row_keys(n, site, ctx, xp))   # (uint64 keys need no range check: no device read)
     h = int(hash_words(ctx.seed, ctx.step, site)[0])
     return rows.dropout(x.reshape(n, math.prod(x.shape[1:])), keys, h, float(p)).reshape(x.shape)
 

@@ -28,8 +28,23 @@ def _no_impl(xp, **attrs):
 register(OpDef("input", infer=_declared, impl=_no_impl, vjp=None, source=True))
 register(OpDef("param", infer=_declared, impl=_no_impl, vjp=None, source=True))
 # Constants are not fused (a kernel reads them as inputs), but a scalar one is inlined as a literal.
+_ON_DEVICE: dict = {}   # (id(value), device module) -> (value, its device copy)
+
+
+def _constant(xp, value, dtype):
+    """A constant's value on ``xp``'s device: copied over once per constant, not once per run (a constant is
+    never written: ops do not modify their inputs)."""
+    if xp is np:
+        return value
+    key = (id(value), xp.__name__)
+    hit = _ON_DEVICE.get(key)
+    if hit is None or hit[0] is not value:
+        hit = _ON_DEVICE[key] = (value, xp.asarray(value))
+    return hit[1]
+
+
 register(OpDef("constant", infer=lambda value, dtype: (value.shape, as_dtype(dtype)),
-               impl=lambda xp, value, dtype: xp.asarray(value), vjp=None,
+               impl=_constant, vjp=None,
                expr=lambda value, dtype: value.item() if value.size == 1 else None, fuse=False, source=True,
                literal=lambda n: n.attrs["value"] if n.attrs["value"].size == 1 else None))
 register(OpDef("zeros_like", infer=lambda x: (x.shape, x.dtype),
