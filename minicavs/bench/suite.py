@@ -328,7 +328,7 @@ def summary_markdown(s: Settings, sw: dict, results: dict, rate: float, machine:
 
 
 def main_table(rows: list[dict]) -> str:
-    """The README's table: model, system, training and inference rates, ratios, GEMM share, RSS."""
+    """The summary's main table: model, system, training and inference rates, ratios, GEMM share, RSS."""
     head = ["model", "system", "train /s", "minicavs/system", "infer /s", "minicavs/system (infer)",
             "% GEMM", "peak RSS MB", "same loss", "time split"]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
