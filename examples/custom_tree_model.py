@@ -18,14 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from minicavs import ops
-from minicavs.executor import RunContext
-from minicavs.explain import check, explain
-from minicavs.inputs import InputGraph
-from minicavs.model import Model, Structure, leaf_internal
-from minicavs.nn import ParameterSet
-from minicavs.optim import Adam
-from minicavs.vertex import VertexFunction
+from minicavs import (Adam, InputGraph, Model, ParameterSet, RunContext, Structure, VertexFunction, check,
+                      explain, leaf_internal, ops)
 
 H, D = 16, 8                                   # hidden state and embedding sizes
 VOCAB = ["good", "bad", "movie", "plot", "very", "the"]

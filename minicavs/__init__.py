@@ -1,10 +1,66 @@
-"""minicavs: a from-scratch implementation of Cavs, the vertex-centric runtime for dynamic neural networks."""
+"""minicavs: a from-scratch implementation of Cavs, the vertex-centric runtime for dynamic neural networks.
+
+The names in :data:`__all__` are the public API: what a model, a training script or a notebook imports, all
+from ``minicavs`` itself (``from minicavs import VertexFunction, Structure, Model, ops``).
+``tests/test_public_api.py`` holds this exact list, so a refactor that moves a module keeps every name here.
+The names whose modules cost time to import (the trainer reads YAML, configs and run directories) are loaded
+on first use, so ``import minicavs`` stays as fast as its core; everything else under ``minicavs.*`` is
+internal and may move.
+"""
+from __future__ import annotations
+
+import importlib
+
 from . import ops  # noqa: F401  (registers every op)
 from . import cpu  # noqa: F401  (the default backend: provides the C kernels the ops and optimizers use)
 from .autodiff import grad  # noqa: F401
 from .dtypes import float32, float64, int32, int64  # noqa: F401
-from .errors import CheckpointError, FeedError, MinicavsError, NonFiniteError, ShapeError  # noqa: F401
+from .errors import (CheckpointError, DataError, FeedError, InputGraphError, MinicavsError,  # noqa: F401
+                     NonFiniteError, RunDirError, ShapeError)
 from .executor import Executor, RunContext, run  # noqa: F401
+from .explain import check, explain  # noqa: F401  (eager: the function, not the module, is minicavs.explain)
 from .graph import Graph, Node  # noqa: F401
 
 __version__ = "0.1.0"
+
+# name -> the module that defines it, imported on first access (PEP 562)
+_LAZY = {
+    "VertexFunction": "vertex",
+    "InputGraph": "inputs",
+    "Structure": "model", "Model": "model", "leaf_internal": "model", "by_child_count": "model",
+    "EngineOptions": "compile",
+    "Parameter": "nn", "ParameterSet": "nn",
+    "Optimizer": "optim", "SGD": "optim", "Adagrad": "optim", "Adam": "optim",
+    "Task": "task",
+    "Trainer": "training",
+    "ConfigError": "config",
+}
+
+__all__ = [
+    # declaring a model: vertex functions (F), input graphs (G), structures and the model around them
+    "ops", "VertexFunction", "InputGraph", "Structure", "Model", "leaf_internal", "by_child_count",
+    "Parameter", "ParameterSet",
+    # running it: one batch, its options, what the batching did
+    "RunContext", "EngineOptions", "explain", "check",
+    # training: optimizers, the trainer and the model interface it drives
+    "Optimizer", "SGD", "Adagrad", "Adam", "Task", "Trainer",
+    # static graphs and autodiff
+    "Graph", "Node", "Executor", "run", "grad", "float32", "float64", "int32", "int64",
+    # errors (every user error is a MinicavsError)
+    "MinicavsError", "ShapeError", "FeedError", "NonFiniteError", "CheckpointError", "InputGraphError",
+    "DataError", "RunDirError", "ConfigError",
+    "__version__",
+]
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'minicavs' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value   # later accesses skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -1,12 +1,15 @@
 """Checkpoints: one ``.npz`` file holding parameters, optimizer state, the step and a JSON metadata entry.
 
-Layout (format ``minicavs-checkpoint``, version 1). Arrays are stored under opaque keys (``p0``, ``o0``,
-...), so parameter names never need escaping; the entry ``__meta__`` is UTF-8 JSON (a uint8 array)::
+Layout (format ``minicavs-checkpoint``, version 1). Arrays are stored under readable keys,
+``param/<name>`` and ``slot/<name>/<slot>`` (``np.load("best.npz")["param/W"]``), where a name is made of
+letters, digits, ``_``, ``.``, ``-`` and ``/``; any other name gets an opaque key (``p0``, ``o0``, ...: what
+every name got before, and what older files hold), so names never need escaping. Readers take each array's key
+from the metadata, so both kinds read alike. The entry ``__meta__`` is UTF-8 JSON (a uint8 array)::
 
     {"format": "minicavs-checkpoint", "version": 1, "step": 1200,
-     "params": [{"name": "mlp/W1", "key": "p0", "shape": [2, 32], "dtype": "float32"}, ...],
+     "params": [{"name": "mlp/W1", "key": "param/mlp/W1", "shape": [2, 32], "dtype": "float32"}, ...],
      "optimizer": null | {"type": "Adam", "steps": 1200, "hyper": {...},
-                          "slots": {"mlp/W1": {"m": "o0", "v": "o1"}, ...}},
+                          "slots": {"mlp/W1": {"m": "slot/mlp/W1/m", "v": "slot/mlp/W1/v"}, ...}},
      "extra": {...}}
 
 ``extra`` is a free JSON object for state later issues add (RNG state, data position) without a format
@@ -21,6 +24,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import zipfile
 import zlib
 from dataclasses import dataclass, field
@@ -58,8 +62,9 @@ def save(path: str | os.PathLike, params: Mapping[str, Any], optimizer=None, ste
     entries = []
     for i, (name, p) in enumerate(params.items()):
         arr = to_host(getattr(p, "value", p))   # device arrays are written from a host copy
-        arrays[f"p{i}"] = arr
-        entries.append({"name": name, "key": f"p{i}", "shape": list(arr.shape), "dtype": arr.dtype.name})
+        key = _array_key(f"param/{name}", name, f"p{i}", arrays)
+        arrays[key] = arr
+        entries.append({"name": name, "key": key, "shape": list(arr.shape), "dtype": arr.dtype.name})
     opt_meta = None
     if optimizer is not None:
         state = optimizer.state_dict()
@@ -67,7 +72,8 @@ def save(path: str | os.PathLike, params: Mapping[str, Any], optimizer=None, ste
         for name, got in state["slots"].items():
             slots[name] = {}
             for s, arr in got.items():
-                slots[name][s] = key = f"o{len(arrays) - len(entries)}"  # o0, o1, ...
+                key = _array_key(f"slot/{name}/{s}", f"{name}/{s}", f"o{len(arrays) - len(entries)}", arrays)
+                slots[name][s] = key
                 arrays[key] = to_host(arr)
         opt_meta = {"type": state["type"], "steps": int(state["steps"]), "hyper": state["hyper"],
                     "slots": slots}
@@ -81,6 +87,16 @@ def save(path: str | os.PathLike, params: Mapping[str, Any], optimizer=None, ste
         raise CheckpointError(f"cannot write checkpoint {path}: metadata is not plain JSON ({e})") from None
     arrays[META_KEY] = np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
     _atomic_savez(path, arrays)
+
+
+_READABLE = re.compile(r"[A-Za-z0-9_.\-]+(/[A-Za-z0-9_.\-]+)*")
+
+
+def _array_key(readable: str, name: str, opaque: str, taken: Mapping) -> str:
+    """``readable`` when ``name`` is plain enough to be a zip member's path (no empty, ``.`` or ``..`` part,
+    nothing to escape) and the key is free, else ``opaque`` (which the counters keep unique)."""
+    plain = _READABLE.fullmatch(name) and not {".", ".."} & set(name.split("/"))
+    return readable if plain and readable not in taken else opaque
 
 
 def _atomic_savez(path: str, arrays: dict[str, np.ndarray]) -> None:

@@ -129,7 +129,8 @@ def write_json(path: str | os.PathLike, doc: dict) -> None:
 
 @dataclass(frozen=True)
 class Hyper:
-    """ED-Batch's Q-learning settings (the issue's numbers)."""
+    """ED-Batch's tabular Q-learning settings: n-step returns, learning rate, epsilon schedule, the episode
+    budget and when learning stops."""
 
     episodes: int = 1000
     n_step: int = 10

@@ -8,7 +8,7 @@ the workspace's tensors, the scatter tensors and their gradients, pull and push 
 arrays, parameters, parameter-gradient accumulators, one scratch arena) and builds the task table with numpy
 (kind, row offset, rows, scatter offset, the gather views and the sibling-concat view per task); one C call
 then expands template x task table. So the Python work of a native pass does not grow with the number of
-tasks (the schedule and memory plan before it still do, in numpy and some Python: see the issue's report).
+tasks (the schedule and memory plan before it still do, in numpy and some Python).
 
 The blocks before and after the task loop (eager and lazy batching: one block per kind over all its rows) are
 templates too, run as one task each of all the kind's rows (kind offset 0, scatter offset the kind's first

@@ -600,11 +600,32 @@ class Model:
 
     def forward_backward(self, graphs, feeds=None, params=None, ctx=None, policy=None,
                          sample_ids=None, options: EngineOptions | None = None, outputs: bool = True) -> Result:
+        """Forward and backward over one batch of samples: the loss, every parameter's gradient, the outputs.
+
+        - ``graphs``: one :class:`InputGraph` per sample (a list), or ``{structure name: list}`` when the
+          model has several structures, or what :meth:`prepare` returned for them;
+        - ``feeds``: ``{input name: array}`` for every ``ops.input`` the model reads (word ids, labels, the
+          rows of the roots, ...); rows that a pull reads are in batch vertex order: sample by sample, each
+          sample's vertices in its graph's order;
+        - ``params``: ``{name: array}`` for every parameter (a :class:`ParameterSet` will do);
+        - ``ctx``: a :class:`RunContext` (``seed`` and ``step`` key the dropout masks; ``training``);
+          default: training, seed 0, step 0;
+        - ``policy``: the batching policy for this batch (default the model's, ``cavs``);
+        - ``sample_ids``: one integer per sample, keying its dropout masks (default ``0..K-1``);
+        - ``options``: :class:`EngineOptions` for this batch (default the model's);
+        - ``outputs``: ``False`` skips the outputs the loss does not need.
+
+        Returns a :class:`Result`: ``loss`` (a float), ``grads`` (parameter name -> array, or
+        :class:`~minicavs.sparse.RowSparse` for a looked-up embedding), ``outputs`` (name -> numpy array),
+        ``pushes`` and ``per_sample(structure, push)``."""
         return self.run(graphs, feeds, params, ctx, True, policy, sample_ids, options, outputs)
 
     def infer(self, graphs, feeds=None, params=None, ctx=None, policy=None, sample_ids=None,
               options: EngineOptions | None = None) -> Result:
-        """Forward only, dropout off: keeps no backward state (only values that cross engine phases)."""
+        """Forward only, dropout off (``ctx`` defaults to ``RunContext(training=False)``): keeps no backward
+        state (only values that cross engine phases). The arguments are :meth:`forward_backward`'s; the
+        :class:`Result` has ``outputs``, ``pushes`` and ``loss``, no ``grads``. A model with a loss needs the
+        loss's inputs (labels, targets) fed here too; :meth:`Task.inference_model` makes one without."""
         ctx = ctx or RunContext(training=False)
         return self.run(graphs, feeds, params, ctx, False, policy, sample_ids, options)
 

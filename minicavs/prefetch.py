@@ -6,7 +6,7 @@
 
 Overlap pays only where the main thread leaves the interpreter: numpy's GEMMs and the generated kernels
 (cffi) release the GIL, Python dispatch does not, so on 2 cores the gain is at most the preparation's share
-of a step (see the README's measurements). ``prepare`` must be pure with respect to what the caller's step
+of a step (docs/benchmarks.md has the measurements). ``prepare`` must be pure with respect to what the caller's step
 reads and writes: the trainer's prepares inputs, schedules and memory plans, never parameters, the
 workspace or anything random (dropout is keyed by the step, read when the step runs).
 

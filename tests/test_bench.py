@@ -58,7 +58,7 @@ def test_full_sweeps_are_the_papers_scaled_grid():
     sw = sweeps()
     assert set(sw) == {f"{m}/{k}" for m in MODELS for k in ("batch", "hidden")} | {"tree_fc/leaves",
                                                                                      "tree_lstm/latency"}
-    assert sw["tree_lstm/latency"] == [Point("tree_lstm", 128, 1)]   # issue 17's batch-1 target
+    assert sw["tree_lstm/latency"] == [Point("tree_lstm", 128, 1)]   # the batch-1 latency target
     for m in MODELS:
         assert [(p.hidden, p.batch) for p in sw[f"{m}/batch"]] == [(512, 1), (512, 16), (512, 64), (512, 256)]
         assert [(p.hidden, p.batch) for p in sw[f"{m}/hidden"]] == [(64, 64), (128, 64), (256, 64), (512, 64),
@@ -135,8 +135,17 @@ def test_csv_and_markdown_from_given_numbers(tmp_path):
     assert "construction 25%" in lines[1] and "failed: boom" in lines[2]
 
 
+def _sweep_rows(sweep: str, values) -> list[dict]:
+    """Rows of one sweep measured at the given values of its axis (the other fields at the quick point)."""
+    model, kind = sweep.split("/")
+    field = "hidden" if kind == "latency" else kind
+    base = {"hidden": 512, "batch": 1 if kind == "latency" else 64, "leaves": 256 if model == "tree_fc" else 0}
+    return [row for v in values
+            for row in report.rows_for(sweep, Point(model, **{**base, field: v}), _systems(), machine=1e12)]
+
+
 def test_plots_or_a_clear_reason(tmp_path):
-    rows = report.rows_for("tree_lstm/hidden", Point("tree_lstm", 512, 64), _systems(), machine=1e12)
+    rows = _sweep_rows("tree_lstm/hidden", (128, 512))
     out = report.plot_sweeps(tmp_path, {}, {"tree_lstm/hidden": rows})
     ab = report.plot_ablation(tmp_path, {"Tree-LSTM": {64: {"fusion": 1.2, "all on": 1.4}}})
     try:
@@ -148,7 +157,22 @@ def test_plots_or_a_clear_reason(tmp_path):
         assert ab.name == "ablation.png" and ab.stat().st_size > 1000
 
 
-# --- the time split ----------------------------------------------------------------------------------------
+QUICK_SWEEPS = list(sweeps(quick=True))   # every sweep --quick measures: one point each
+
+
+@pytest.mark.parametrize("sweep", QUICK_SWEEPS + ["tree_lstm/latency"])
+def test_a_sweep_of_one_point_gets_no_plot(tmp_path, sweep):
+    pytest.importorskip("matplotlib")
+    one, two = _sweep_rows(sweep, (128,)), _sweep_rows(sweep, (64, 128))
+    assert not report.plottable(sweep, one) and report.plottable(sweep, two)
+    assert report.plot_sweeps(tmp_path, {}, {sweep: one}) == [] and not list(tmp_path.iterdir())
+    assert [p.name for p in report.plot_sweeps(tmp_path, {}, {sweep: two})] == [sweep.replace("/", "_") + ".png"]
+
+
+def test_quick_sweeps_are_all_single_points():
+    """What the test above relies on: --quick measures each of its nine sweeps at one point."""
+    assert len(QUICK_SWEEPS) == 9 and all(len(pts) == 1 for pts in sweeps(quick=True).values())
+
 
 def test_breakdown_parts_and_restored_methods():
     t = tree_fc(8, 8, 4, 8, EngineOptions())
@@ -226,6 +250,8 @@ def test_tiny_suite_end_to_end(tmp_path):
                  log=logged.append)
     summary = run_suite(s)
     assert any("skipping the pytorch peers" in line for line in logged)
+    assert any("cap 0.05 s of timed training" in line for line in logged)
+    assert not (tmp_path / "targets.md").exists() and "target" not in summary.read_text().lower()
     names = {p.name for p in tmp_path.iterdir()}
     for sweep in ("tree_fc_batch", "tree_fc_hidden", "tree_fc_leaves", "fixed_lstm_batch", "fixed_lstm_hidden"):
         assert {f"{sweep}.csv", f"{sweep}.md"} <= names
@@ -310,14 +336,13 @@ def _figures(monkeypatch):
     return figs
 
 
-def test_one_point_sweep_has_linear_axes_with_its_tick(tmp_path, monkeypatch):
+def test_sweep_axes_are_log_with_every_point_ticked(tmp_path, monkeypatch):
     figs = _figures(monkeypatch)
-    rows = report.rows_for("tree_lstm/hidden", Point("tree_lstm", 512, 64), _systems(), machine=1e12)
+    rows = _sweep_rows("tree_lstm/hidden", (128, 512))
     report.plot_sweeps(tmp_path, {}, {"tree_lstm/hidden": rows})
     train, infer = figs[0].axes
     for ax in (train, infer):
-        assert ax.get_xscale() == "linear" and list(ax.get_xticks()) == [512]
-        assert ax.lines and all(len(line.get_xdata()) == 1 for line in ax.lines)
+        assert ax.get_xscale() == "log" and list(ax.get_xticks()) == [128, 512]
     assert infer.get_yscale() == "linear" and infer.get_ylim()[0] == 0    # 150-310/s: no empty log decades
     assert train.get_yscale() == "log"                                     # 5-130/s spans decades
 
@@ -335,7 +360,7 @@ def test_ablation_legend_is_clear_of_the_bars(tmp_path, monkeypatch):
     assert all(box.y1 < ax.get_window_extent().y0 for ax in fig.axes)   # below every panel
 
 
-# --- issue 17's targets ------------------------------------------------------------------------------------
+# --- the speed targets ----------------------------------------------------------------------------------
 
 def _result(ours: float, fpu: float = 1e6, infer: float | None = None, **peers) -> dict:
     """A point's systems: minicavs' rate (and forward-only rate), the peers' by label."""
@@ -382,6 +407,44 @@ def test_targets_are_judged_on_their_worst_point():
            "**missed** |" in text
     assert "| 30% | Tree-FC h512 b64 l256 |" in text and "Measured by `minicavs bench --targets`" in text
     assert "Tree-FC h64 b64 l256 vs PyTorch (batched by level)" in text
+
+
+def _quick_results() -> dict:
+    """Every point --quick measures, minicavs alone, at made-up rates."""
+    return {p.key(): _result(100.0) for p in distinct_points(sweeps(quick=True))}
+
+
+@pytest.mark.parametrize("quick,targets_flag,shown", [(True, False, False), (False, False, True),
+                                                      (True, True, True), (False, True, True)])
+def test_the_targets_table_is_left_out_of_quick_runs_only(tmp_path, quick, targets_flag, shown):
+    from minicavs.bench import suite
+    s = Settings(models=MODELS, quick=quick, cap=1.5, repeats=2, data=Data(), out=tmp_path, plots=False,
+                 targets=targets_flag, log=lambda *a: None)
+    summary = suite.write_reports(s, _quick_results(), (1e11, 1e11), {}, 60.0).read_text()
+    assert (tmp_path / "targets.md").exists() == shown
+    assert ("| target | bound |" in summary) == shown and ("missed" in summary) == shown
+    assert ("## Speed targets" in summary) == shown
+    assert "issue" not in summary.lower()
+
+
+def test_quick_reports_write_no_single_point_plot_and_say_so(tmp_path):
+    pytest.importorskip("matplotlib")
+    from minicavs.bench import suite
+    notes = []
+    s = Settings(models=MODELS, quick=True, cap=1.5, repeats=2, data=Data(), out=tmp_path, log=notes.append)
+    suite.write_reports(s, _quick_results(), (1e11, 1e11), {}, 60.0)
+    assert not [p.name for p in tmp_path.glob("*.png")]
+    assert any("no plot of 9 sweep(s) measured at a single point" in n for n in notes)
+    assert {f"{n.replace('/', '_')}.md" for n in QUICK_SWEEPS} <= {p.name for p in tmp_path.iterdir()}
+
+
+@pytest.mark.parametrize("cap,repeats", [(1.5, 2), (3.0, 3), (0.05, 1), (20.0, 3), (2.25, 2), (0.4, 3)])
+def test_reports_state_the_cap_used_unrounded(tmp_path, cap, repeats):
+    from minicavs.bench import suite
+    s = Settings(models=MODELS, quick=True, cap=cap, repeats=repeats, data=Data(), out=tmp_path)
+    text = suite._conditions(s, (1e11, 1e11))
+    assert f"cap: {cap:g} s of timed training" in text
+    assert float(text.split("fits ")[1].split(" s")[0]) == pytest.approx(cap / repeats, rel=1e-2)   # the epoch cap
 
 
 def test_target_points_cover_each_target_once():

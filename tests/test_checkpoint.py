@@ -108,10 +108,46 @@ def test_metadata_is_json_in_the_npz(tmp_path):
     checkpoint.save(tmp_path / "ck.npz", ps, opt)
     with np.load(tmp_path / "ck.npz", allow_pickle=False) as z:
         meta = json.loads(z["__meta__"].tobytes().decode())
-        assert meta["params"][0] == {"name": "enc/W", "key": "p0", "shape": [4, 3], "dtype": "float32"}
+        assert meta["params"][0] == {"name": "enc/W", "key": "param/enc/W", "shape": [4, 3], "dtype": "float32"}
         assert meta["optimizer"]["type"] == "Adam" and meta["optimizer"]["steps"] == 3
         key = meta["optimizer"]["slots"]["enc/b"]["v"]
         np.testing.assert_array_equal(z[key], opt.state["enc/b"]["v"])
+
+
+@pytest.mark.parametrize("name, key", [
+    ("W", "param/W"), ("enc/W", "param/enc/W"), ("cell.U_f-1", "param/cell.U_f-1"),
+    ("__meta__", "param/__meta__"),                        # no clash with the metadata entry
+    ("emb/table \u00e9", "p0"), ("a b", "p0"), ("../up", "p0"), ("a//b", "p0"), ("/abs", "p0"), ("a/", "p0"),
+    ("x\\y", "p0"), ("a/./b", "p0")])
+def test_arrays_are_stored_under_their_parameter_names(tmp_path, name, key):
+    """Plain names are readable keys of the .npz (its arrays can be read with numpy alone); any other name
+    gets an opaque key, and both read back by name."""
+    ps = ParameterSet([Parameter(name, (2, 3), dtype="float64", rng=0)])
+    opt = Adam(ps, lr=0.1)
+    opt.step({name: np.ones((2, 3))})
+    value = ps[name].value.copy()
+    checkpoint.save(tmp_path / "ck.npz", ps, opt)
+    with np.load(tmp_path / "ck.npz", allow_pickle=False) as z:
+        np.testing.assert_array_equal(z[key], value)
+        slot_keys = {k for k in z.files if k not in (key, "__meta__")}
+        assert slot_keys == ({f"slot/{name}/m", f"slot/{name}/v"} if key != "p0" else {"o0", "o1"})
+    ck = checkpoint.read(tmp_path / "ck.npz")
+    np.testing.assert_array_equal(ck.params[name], value)
+    np.testing.assert_array_equal(ck.optimizer["slots"][name]["m"], opt.state[name]["m"])
+
+
+def test_files_with_the_older_opaque_keys_still_load(tmp_path, monkeypatch):
+    """Files written before keys were readable hold every array under p0, o0, ... (the writer then)."""
+    ps, opt = trained()
+    with monkeypatch.context() as m:
+        m.setattr(checkpoint, "_array_key", lambda readable, name, opaque, taken: opaque)
+        checkpoint.save(tmp_path / "old.npz", ps, opt)
+    with np.load(tmp_path / "old.npz", allow_pickle=False) as z:
+        assert sorted(z.files) == sorted(["__meta__"] + [f"p{i}" for i in range(3)] + [f"o{i}" for i in range(6)])
+    fresh_ps = model(seed=5)
+    fresh_opt = Adam(fresh_ps, lr=0.01, weight_decay=0.01)
+    checkpoint.load(tmp_path / "old.npz", fresh_ps, fresh_opt)
+    assert_same(fresh_ps, fresh_opt, snapshot(ps, opt))
 
 
 # --- atomic writes ----------------------------------------------------------------------------------
@@ -238,7 +274,7 @@ def test_optimizer_mismatch(saved, tmp_path):
 
 def test_misshaped_optimizer_slot(saved):
     def edit(arrays):
-        arrays["o0"] = np.zeros((1, 1), np.float32)
+        arrays["slot/enc/W/m"] = np.zeros((1, 1), np.float32)
     rewrite(saved, edit_arrays=edit)
     ps, opt = fresh_target()
     expect_load_error(saved, ps, opt, "slot 'm' of parameter 'enc/W'")
@@ -280,7 +316,7 @@ def test_corrupt_file(saved, damage):
     elif damage == "garbage":
         data = bytearray(b"this is not a zip file at all" * 10)
     elif damage == "flip":
-        i = data.index(b"p0.npy") + 200  # inside the first parameter's data: the zip CRC catches it
+        i = data.index(b".npy") + 200  # inside the first parameter's data: the zip CRC catches it
         data[i] ^= 0xFF
     else:
         data = bytearray()

@@ -174,3 +174,25 @@ def test_readme_data_commands(tmp_path):
     for block in data_blocks:
         run_commands(block, repo)
     assert (repo / "data" / "sst" / "train.txt").is_file() and (repo / "data" / "ptb" / "ptb.test.txt").is_file()
+
+
+# --- a user's guide: short, and about the software, not about how it was built -----------------------------
+
+ISSUE_REF = re.compile(r"\bissues?\s*(no\.?\s*|#\s*)?\d+|\bthe issue'?s?\b(?! (of|with))", re.I)
+
+
+def test_readme_is_a_guide_of_at_most_450_lines():
+    assert len(README.read_text(encoding="utf-8").splitlines()) <= 450
+
+
+@pytest.mark.parametrize("text, refers", [("issue 17's targets", True), ("Issue #20", True), ("issues 3 and 4", True),
+                                          ("the issue's 1.1x", True), ("(issue 17)", True),
+                                          ("kernels issued so far", False), ("tissue 3", False),
+                                          ("the issue of memory", False)])
+def test_issue_reference_pattern(text, refers):
+    assert bool(ISSUE_REF.search(text)) == refers
+
+
+def test_readme_refers_to_no_issue():
+    for n, line in enumerate(README.read_text(encoding="utf-8").splitlines(), 1):
+        assert not ISSUE_REF.search(line), f"README.md:{n}: {line}"

@@ -320,7 +320,7 @@ def main(argv=None) -> int:
         why = missing_gpu()
         if why:
             print(f"gpu_check: cannot run on a GPU: {why}. Run it on a machine with CuPy (cupy-cuda13x) and a "
-                  f"CUDA device (see README, 'GPU check'), or pass --emulate to test the stage code on the CPU.",
+                  f"CUDA device (see docs/gpu.md), or pass --emulate to test the stage code on the CPU.",
                   file=sys.stderr)
             return 2
     out.mkdir(parents=True, exist_ok=True)

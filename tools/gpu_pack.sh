@@ -3,7 +3,7 @@
 #   .whl/       wheels for CPython 3.12 on manylinux x86_64 of what the GPU machines lack (cffi, pycparser)
 #   .gpu-data/  the data subset the GPU check reads: the first 1024 SST train trees, PTB's valid split;
 #               COMMIT, the commit packed (the checkout's .git may not travel)
-# Both are git-ignored; name them in the device call's carry: [".whl", ".gpu-data"] (README, "GPU check").
+# Both are git-ignored; name them in the device call's carry: [".whl", ".gpu-data"] (docs/gpu.md).
 #   bash tools/gpu_pack.sh [SHARED_DATA_DIR]      (default ../shared/data, else ../../shared/data: a worktree)
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -9,13 +9,15 @@ computes the loss of a few samples with minicavs' weights, which must equal mini
 training and forward-only rates (medians of the repeats, min-max), minicavs/peer ratios, the useful matmul
 FLOP rate as a share of the machine's numpy GEMM rate (measured in the same run), peak RSS, minicavs' time
 split (scheduling, memory movement, update, computation) and DyNet's (graph construction vs computation).
-Then the ablation (Fig. 10): each engine switch's speedup over all switches off, and the table of issue 17's
-speed targets over the points measured (``--targets``: only the points the targets need, minicavs and the
-batched peers alternating round by round; :mod:`minicavs.bench.targets`). ``--engine KEY=VALUE`` sets
-minicavs' engine (any ``train.engine`` key) for every point.
+Then the ablation (Fig. 10): each engine switch's speedup over all switches off, and the table of the CPU
+speed targets over the points measured (not with ``--quick``, whose few short points judge none;
+``--targets``: only the points the targets need, minicavs and the batched peers alternating round by round;
+:mod:`minicavs.bench.targets`). ``--engine KEY=VALUE`` sets minicavs' engine (any ``train.engine`` key) for
+every point.
 
 Output (``--out``): per sweep a CSV and a markdown table, ``all.csv``, ``summary.md``, ``results.json`` and,
-with matplotlib (``pip install "minicavs[plot]"``), a PNG per sweep and ``ablation.png``; ``targets.md``.
+with matplotlib (``pip install "minicavs[plot]"``), a PNG per sweep of two or more points and ``ablation.png``;
+``targets.md``.
 """
 from __future__ import annotations
 
@@ -35,7 +37,8 @@ QUICK_DATA = {"trees": 256, "fc_trees": 64, "sentences": 500, "windows": 128}
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
     p.add_argument("--quick", action="store_true",
-                   help="fewer points (batch 64 with hidden 128 and 512), a short cap: about 3 minutes")
+                   help=f"one point per model (batch 64, hidden 512), a {QUICK_CAP:g} s cap, a small ablation "
+                        f"(hidden 128), no targets table and no plots of one-point sweeps: about 3 minutes")
     p.add_argument("--cap", type=float, default=None,
                    help=f"seconds of timed training per system and point (default {FULL_CAP:g}, "
                         f"quick {QUICK_CAP:g}); each timed epoch gets cap/repeats")
@@ -64,7 +67,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sweeps", action=argparse.BooleanOptionalAction, default=True,
                    help="the Fig. 8/9a sweeps (--no-sweeps: only the ablation)")
     p.add_argument("--targets", action="store_true",
-                   help="only the points issue 17's speed targets need (minicavs and the batched peers), in "
+                   help="only the points the CPU speed targets need (minicavs and the batched peers), in "
                         "--repeats rounds of one timed epoch per system, systems alternating; prints and writes "
                         "targets.md: each target, the measured ratio, met or missed")
     p.add_argument("--engine", nargs="+", default=[], metavar="KEY=VALUE",

@@ -143,9 +143,16 @@ def write_sweep(out: Path, sweep: str, rows: list[dict], header: str = "") -> tu
     return out / f"{stem}.csv", out / f"{stem}.md"
 
 
+def plottable(sweep: str, rows: list[dict]) -> bool:
+    """Whether a sweep's rows span at least two values of its axis: a plot of one point shows nothing its
+    table does not (``--quick`` measures every sweep at one point)."""
+    return len({r[axis(sweep)] for r in rows}) >= 2
+
+
 def plot_sweeps(out: Path, sweeps: dict, rows_by_sweep: dict) -> list[Path] | str:
     """Fig. 8-like PNGs: training throughput vs batch and vs hidden (and leaves) per model, one line per
-    system, log-scaled. Returns the files written, or why none were (matplotlib missing)."""
+    system, log-scaled; a sweep measured at a single point gets none (:func:`plottable`). Returns the files
+    written, or why none were (matplotlib missing)."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -154,6 +161,8 @@ def plot_sweeps(out: Path, sweeps: dict, rows_by_sweep: dict) -> list[Path] | st
         return "matplotlib is not installed (pip install 'minicavs[plot]'): no plots"
     written = []
     for sweep, rows in rows_by_sweep.items():
+        if not plottable(sweep, rows):
+            continue
         kind = axis(sweep)
         fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
         for ax, (col, what) in zip(axes, (("train", "training"), ("infer", "inference"))):
@@ -182,15 +191,12 @@ def plot_sweeps(out: Path, sweeps: dict, rows_by_sweep: dict) -> list[Path] | st
 
 
 def _scales(ax, xs, ys) -> None:
-    """Log axes where the values span them; a sweep of one point (or a narrow range of rates) gets linear
-    axes with the point's own tick, never empty log decades."""
+    """Log axes where the values span them; a narrow range of rates gets a linear axis from 0, never empty
+    log decades."""
     xs = sorted({x for x in xs if x})
-    if len(xs) > 1:
-        ax.set_xscale("log", base=2)
+    ax.set_xscale("log", base=2)
     ax.set_xticks(xs)
     ax.set_xticklabels([str(x) for x in xs])
-    if len(xs) == 1:
-        ax.set_xlim(xs[0] / 2, xs[0] * 1.5)
     ys = [y for y in ys if y and not math.isnan(y)]
     if ys and max(ys) / min(ys) > 10:
         ax.set_yscale("log")

@@ -41,7 +41,7 @@ class Settings:
     available: dict = field(default_factory=dict)   # framework -> python that can run its peers
     notes: list = field(default_factory=list)       # what was skipped and why (printed and in summary.md)
     engine: dict = field(default_factory=dict)      # EngineOptions fields set for minicavs (--engine KEY=VALUE)
-    targets: bool = False      # only the points issue 17's targets need, systems alternating (--targets)
+    targets: bool = False      # only the points the speed targets need, systems alternating (--targets)
     command: str = ""          # the command line, quoted in the reports
 
     def note(self, text: str) -> None:
@@ -174,7 +174,7 @@ def _merge(into: dict, new: dict) -> None:
 
 
 def run_targets(s: Settings) -> dict:
-    """Only the points issue 17's targets need (:mod:`targets`), minicavs and the batched peers at each, in
+    """Only the points the speed targets need (:mod:`targets`), minicavs and the batched peers at each, in
     ``repeats`` rounds of one timed epoch per system: the points in reverse order every other round, the
     peers before minicavs at a point every other round, so that a change of the machine's load falls on
     every system alike. Rates are the medians over the rounds; every round times the samples minicavs'
@@ -251,6 +251,9 @@ def write_reports(s: Settings, results: dict, machine: tuple, ab: dict, seconds:
         report.write_sweep(s.out, name, rows, _conditions(s, machine))
     report.write_csv(s.out / "all.csv", all_rows)
     plots = report.plot_sweeps(s.out, sw, rows_by_sweep) if s.plots else []
+    flat = [name for name, rows in rows_by_sweep.items() if not report.plottable(name, rows)]
+    if s.plots and flat and not isinstance(plots, str):
+        s.note(f"no plot of {len(flat)} sweep(s) measured at a single point ({', '.join(flat)}): see their tables")
     if ab:
         (s.out / "ablation.md").write_text("## Speedup of each engine switch over all off (Fig. 10)\n\n"
                                            + ablation_markdown(ab))
@@ -261,15 +264,20 @@ def write_reports(s: Settings, results: dict, machine: tuple, ab: dict, seconds:
         s.note(plots)
     table = targets_markdown(s, results, rate)
     if table:
-        (s.out / "targets.md").write_text("## Issue 17's targets\n\n" + _conditions(s, machine) + table)
+        (s.out / "targets.md").write_text(f"## {TARGETS_TITLE}\n\n" + _conditions(s, machine) + table)
     summary = s.out / "summary.md"
     summary.write_text(summary_markdown(s, sw, results, rate, machine, ab, seconds))
     return summary
 
 
+TARGETS_TITLE = "Speed targets"
+
+
 def targets_markdown(s: Settings, results: dict, machine: float) -> str:
-    """The targets table over the measured points ("" when nothing was measured)."""
-    if not results:
+    """The targets table over the measured points: "" when nothing was measured, and for ``--quick``
+    (without ``--targets``), whose few short points judge no target: its rows would all be noise or
+    "not measured"."""
+    if not results or (s.quick and not s.targets):
         return ""
     return targets.markdown(targets.evaluate(results, machine, s.models, s.quick, s.grid), s.command)
 
@@ -280,8 +288,8 @@ def _conditions(s: Settings, machine: tuple) -> str:
              f"medians of {s.repeats} timed epochs (min-max in brackets) after a warm-up of two batches")
     return (f"numpy float32 {s.gemm_n}^3 GEMM {machine[0] / 1e9:.0f} GFLOP/s at the start, "
             f"{machine[1] / 1e9:.0f} at the end; {timed}; "
-            f"an epoch is the longest prefix of whole batches that fits {s.epoch_cap:.1f} s (cap: about "
-            f"{s.cap:.0f} s of timed training per system and point, at least one batch); float32, Adam.\n\n")
+            f"an epoch is the longest prefix of whole batches that fits {s.epoch_cap:.3g} s (cap: "
+            f"{s.cap:g} s of timed training per system and point, at least one batch); float32, Adam.\n\n")
 
 
 def main_point(sw: dict) -> dict:
@@ -313,14 +321,14 @@ def summary_markdown(s: Settings, sw: dict, results: dict, rate: float, machine:
                   "all.csv has every row).", ""]
     table = targets_markdown(s, results, rate)
     if table:
-        lines += ["## Issue 17's targets" + (" (over the points measured)" if not s.targets else ""), "", table]
+        lines += [f"## {TARGETS_TITLE}" + (" (over the points measured)" if not s.targets else ""), "", table]
     if ab:
         lines += ["## Speedup of each engine switch over all off (Fig. 10)", "", ablation_markdown(ab)]
     return "\n".join(lines) + "\n"
 
 
 def main_table(rows: list[dict]) -> str:
-    """The README's table: model, system, training and inference rates, ratios, GEMM share, RSS."""
+    """The summary's main table: model, system, training and inference rates, ratios, GEMM share, RSS."""
     head = ["model", "system", "train /s", "minicavs/system", "infer /s", "minicavs/system (infer)",
             "% GEMM", "peak RSS MB", "same loss", "time split"]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
@@ -352,8 +360,8 @@ def run_suite(s: Settings) -> Path:
     start = time.perf_counter()
     s.out.mkdir(parents=True, exist_ok=True)
     m0 = machine_rate(n=s.gemm_n)
-    s.log(f"machine: numpy float32 {s.gemm_n}^3 GEMM {m0 / 1e9:.1f} GFLOP/s; cap {s.cap:.0f} s of timed "
-          f"training per system and point ({s.repeats} epochs of at most {s.epoch_cap:.1f} s), "
+    s.log(f"machine: numpy float32 {s.gemm_n}^3 GEMM {m0 / 1e9:.1f} GFLOP/s; cap {s.cap:g} s of timed "
+          f"training per system and point ({s.repeats} epochs of at most {s.epoch_cap:.3g} s), "
           f"python {sys.version.split()[0]}")
     s.note(f"load average {_load()} at the start, on {os.cpu_count()} cores (above 0.1: other work shared "
            f"the machine and the numbers are noisy)")
@@ -368,8 +376,9 @@ def run_suite(s: Settings) -> Path:
     m1 = machine_rate(n=s.gemm_n)
     s.note(f"load average {_load()} at the end (before this run's own last GEMM measurement)")
     summary = write_reports(s, results, (m0, m1), ab, time.perf_counter() - start)
+    table = targets_markdown(s, results, float(np.median((m0, m1))))
     if s.targets:
-        s.log("\n" + targets_markdown(s, results, float(np.median((m0, m1)))))
-    s.log(f"\nwrote {s.out}/ (summary.md, targets.md, a CSV and a markdown table per sweep) in "
-          f"{(time.perf_counter() - start) / 60:.1f} min")
+        s.log("\n" + table)
+    s.log(f"\nwrote {s.out}/ (summary.md{', targets.md' if table else ''}, a CSV and a markdown table per "
+          f"sweep) in {(time.perf_counter() - start) / 60:.1f} min")
     return summary

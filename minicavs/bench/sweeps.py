@@ -2,7 +2,7 @@
 
 Fig. 8: hidden 512 with batch 1, 16, 64, 256 ("batch" sweep) and batch 64 with hidden 64 .. 1024 ("hidden"
 sweep), for every model; Fig. 9a: Tree-FC at batch 64, hidden 512 with 32, 256 and 1024 leaves. Tree-LSTM also
-runs one tree at a time at hidden 128 ("latency": issue 17's batch-1 forward-only target against DyNet). A
+runs one tree at a time at hidden 128 ("latency": the batch-1 forward-only speed target against DyNet). A
 point shared by two sweeps (batch 64, hidden 512) is measured once and shown in both.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 17's CPU speed targets: which points each needs, and met or missed from measured results.
+"""The CPU speed targets: which points each needs, and met or missed from measured results.
 
 A target is a bound on one measure over one or more sweep points; over several points the worst point
 decides (and is named). Measures, from :func:`report.rows_for`'s rows:
@@ -29,7 +29,7 @@ BATCHED = (DYNET, TORCH_LEVEL, TORCH_PACKED)   # the batched peers (peers.PEERS'
 
 @dataclass(frozen=True)
 class Target:
-    text: str                # the issue's words
+    text: str                # what the target is: model, point, measure and bound
     model: str
     measure: str             # "train", "infer", "gemm" or "fastest" (module doc)
     at_least: float

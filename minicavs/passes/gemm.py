@@ -1,4 +1,4 @@
-"""Fewer, larger GEMMs (issue 17): products in F that read one operand become one product over a merged
+"""Fewer, larger GEMMs: products in F that read one operand become one product over a merged
 weight, so a task runs one GEMM of N_1 + ... + N_n columns instead of n narrow ones (one call and one pass
 over the left operand instead of n, which counts where a GEMM has a few dozen rows).
 
