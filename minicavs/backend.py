@@ -27,7 +27,12 @@ class Backend:
     xp = np
 
     def __repr__(self) -> str:
-        return f"<device {self.name}>"
+        return f"<device {self.description}>"
+
+    @property
+    def description(self) -> str:
+        """The device in words, as run logs and results name it."""
+        return self.name
 
     def asarray(self, a, dtype=None):
         """``a`` as an array of this backend (no copy if it already is one)."""

@@ -88,7 +88,7 @@ def _eval(args: argparse.Namespace) -> int:
     metrics = trainer.evaluate(args.split)
     timing = metrics.pop("timing")
     if trainer.is_root:   # under mpirun: rank 0 speaks
-        print(f"{ck}: {format_metrics(metrics)}  ({timing[args.split + '_seconds']:.1f} s)")
+        print(f"{ck}: {format_metrics(metrics)}  ({timing[args.split + '_seconds']:.1f} s){trainer.device_note()}")
     return 0
 
 

@@ -73,6 +73,8 @@ def run(args: argparse.Namespace) -> int:
             lines = read_lines(f, args.input)
     rows = predict_lines(trainer.task, lines, "<stdin>" if args.input == "-" else args.input,
                          trainer.cfg["train"]["eval_batch_size"])
+    if trainer.device.name != "cpu":   # (on stderr: standard output holds the predictions only)
+        print(f"predicted on device {trainer.device.description}", file=sys.stderr)
     text = "".join((json.dumps(r) if args.json else r["text"]) + "\n" for r in rows)
     if args.output:
         write_text(args.output, text)

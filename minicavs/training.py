@@ -340,14 +340,14 @@ class Trainer:
             self.load(path)
             for what in self._on_root(lambda: self.run.recover(checkpoint.read(path), self._config_text())):
                 log(f"repaired {self.run.path}: {what}")
-            log(f"resumed {self.run.path} at epoch {self.epoch} (step {self.optimizer.steps})")
+            log(f"resumed {self.run.path} at epoch {self.epoch} (step {self.optimizer.steps})" + self.device_note())
         else:
             self._on_root(lambda: self.run.start(self._config_text(), force))
             if self.parallel:
                 self.parallel.sync_state()   # every rank starts from rank 0's parameters (and checks it)
             log(f"training {Path(self.cfg['model']['name']).stem} ({sum(p.value.size for p in self.params.values()):,}"
                 f" parameters) on {len(self.task.data['train']):,} samples; run dir {self.run.path}"
-                + (f"; {self.parallel.comm.size} ranks" if self.parallel else ""))
+                + (f"; {self.parallel.comm.size} ranks" if self.parallel else "") + self.device_note())
         if self.prepare_policy():   # a new FSM: learned before the first step, kept beside the run's files
             self._on_root(lambda: self.run.write_fsm(self.policy.to_json()))
         rows = []
@@ -422,6 +422,10 @@ class Trainer:
             timing += f", {duration(seconds_left)} left"
         return f"epoch {row['epoch']}/{epochs}: " + ", ".join(parts) + f"; {timing}"
 
+    def device_note(self) -> str:
+        """'; device D' for a log line, where the run is not on the CPU (an emulated device says so)."""
+        return "" if self.device.name == "cpu" else f"; device {self.device.description}"
+
     def final_results(self, log: Callable[[str], None] = print) -> dict:
         """Load the best checkpoint, evaluate it on dev and test, write RUN_DIR/results.json."""
         log = log if self.is_root else _quiet
@@ -436,7 +440,7 @@ class Trainer:
         best = self._on_root(self.run.best_checkpoint)
         extra = self.load(best, optimizer=False)
         results = {"checkpoint": best.name, "epoch": extra.get("epoch"), "step": extra.get("rng", {}).get("step"),
-                   "timing": {}}
+                   "device": self.device.description, "timing": {}}
         for split in ("dev", "test"):
             if self.task.data.get(split):
                 metrics = self.evaluate(split)

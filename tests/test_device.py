@@ -9,6 +9,8 @@ array API, transfers and real streams."""
 from __future__ import annotations
 
 
+import json
+
 import numpy as np
 import pytest
 
@@ -171,3 +173,69 @@ def test_plan_indices_are_copied_to_the_device_once(emulation_dir):
     assert device.index(plan[::2]).tolist() == plan[::2].tolist()   # strided: copied as is
     other = np.array([5, 1, 4])
     assert device.index(other).tolist() == [5, 1, 4]
+
+
+# --- the CLI on the emulated device: every bundled model, equal to the CPU ---------------------------------
+
+from minicavs import checkpoint, cli  # noqa: E402
+
+from .models.test_models import TINY  # noqa: E402
+
+
+def _cli_train(run_dir, name: str, dtype: str, device: str, *extra: str) -> None:
+    config = REPO_ROOT / "models" / f"{name.replace('_child_sum', '')}.yaml"
+    sets = [o for o in TINY[name] if not o.startswith("data.synthetic.train")] + [
+        "data.synthetic.train=12", "train.epochs=1", f"train.dtype={dtype}", f"train.device={device}", *extra]
+    assert cli.main(["train", str(config), "--run-dir", str(run_dir), "--no-progress",
+                     *[a for s in sets for a in ("--set", s)]]) == 0
+
+
+def _params(path) -> dict:
+    return checkpoint.read(path).params
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_cli_training_on_the_emulated_device_equals_cpu(cuda_standin, name, dtype, tmp_path, capsys):
+    """``minicavs train CONFIG --set train.device=cuda``, one epoch: every parameter of the checkpoint equals
+    the CPU run's; the run says it was emulated, in its log and in results.json."""
+    _cli_train(tmp_path / "cpu", name, dtype, "cpu")
+    capsys.readouterr()
+    _cli_train(tmp_path / "cuda", name, dtype, "cuda")
+    out = capsys.readouterr().out
+    assert "device cuda (emulated on the CPU: not a GPU result)" in out.splitlines()[0]
+    want, got = _params(tmp_path / "cpu" / "last.npz"), _params(tmp_path / "cuda" / "last.npz")
+    assert set(got) == set(want)
+    for key in want:
+        close(got[key], want[key], dtype, key)
+    results = json.loads((tmp_path / "cuda" / "results.json").read_text())
+    assert results["device"].startswith("cuda (emulated") and json.loads(
+        (tmp_path / "cpu" / "results.json").read_text())["device"] == "cpu"
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_a_device_run_resumes_evaluates_and_predicts_as_the_cpu_run(cuda_standin, streaming, tmp_path, capsys):
+    """A device run's checkpoint: ``--resume`` continues it on the device (two streams on and off) equal to
+    the CPU run resumed the same way; ``eval`` and ``predict`` of it give the CPU's metrics and labels."""
+    runs = {}
+    for device in ("cpu", "cuda"):
+        run = runs[device] = tmp_path / device
+        _cli_train(run, "tree_lstm", "float64", device, f"train.engine.streaming={str(streaming).lower()}")
+        assert cli.main(["train", str(run), "--resume", "--no-progress", "--set", "train.epochs=2"]) == 0
+    for key, want in _params(runs["cpu"] / "last.npz").items():
+        close(_params(runs["cuda"] / "last.npz")[key], want, "float64", key)
+    capsys.readouterr()
+    evals, predictions = {}, {}
+    source = tmp_path / "trees.txt"
+    source.write_text("(3 (2 w1) (3 (2 w2) (4 w3)))\n(1 (1 w4) (2 w5))\n")
+    for device, run in runs.items():
+        assert cli.main(["eval", str(run)]) == 0
+        evals[device] = capsys.readouterr().out
+        assert cli.main(["predict", str(run), str(source)]) == 0
+        captured = capsys.readouterr()
+        predictions[device] = captured.out
+        assert ("emulated" in captured.err) == (device == "cuda")
+    assert predictions["cuda"] == predictions["cpu"] and predictions["cpu"].count("\n") == 2
+    assert evals["cuda"].split("  (")[0].replace(str(runs["cuda"]), "") == \
+        evals["cpu"].split("  (")[0].replace(str(runs["cpu"]), "")
+    assert "emulated" in evals["cuda"] and "emulated" not in evals["cpu"]

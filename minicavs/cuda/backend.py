@@ -39,8 +39,9 @@ class Cuda(Backend):
         no GPU result, and everything that reports on a run says so."""
         return bool(getattr(self.launcher, "emulated", False))
 
-    def __repr__(self) -> str:
-        return "<device cuda (emulated)>" if self.emulated else "<device cuda>"
+    @property
+    def description(self) -> str:
+        return "cuda (emulated on the CPU: not a GPU result)" if self.emulated else "cuda"
 
     def fused(self, groups: Sequence[FusedGroup]) -> list:
         out = []

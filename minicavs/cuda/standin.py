@@ -35,6 +35,8 @@ from typing import Any
 
 import numpy as np
 
+from .. import arrays
+
 IMPLICIT = ("Implicit conversion to a NumPy array is not allowed. "
             "Please use `.get()` to construct a NumPy array explicitly.")
 
@@ -75,7 +77,7 @@ class ndarray:
 
     def _view(self, data: np.ndarray) -> "ndarray":
         """``data`` (numpy's result on this array's memory) as a device array, a view of this one if it is."""
-        if data.base is None or not np.may_share_memory(data, self._a):
+        if data.base is None or _owner(data) is not _owner(self._a):
             return ndarray(data)
         return ndarray(data, self if self._base is None else self._base)
 
@@ -200,6 +202,12 @@ class ndarray:
 
     def __dlpack__(self, *a, **k):
         raise TypeError("the stand-in has no DLPack export")
+
+
+def _owner(a: np.ndarray) -> np.ndarray:
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
 
 
 def _wrap(x):
@@ -530,3 +538,4 @@ cuda = types.SimpleNamespace(
 )
 
 __all__: list[Any] = []   # not for ``import *``: reached as a module object, as cupy is
+arrays.register(ndarray, _this)
