@@ -999,6 +999,8 @@ def run(lowered: Lowered, table: np.ndarray, resolve, dtype, forest: bool, works
             a = grads[key[1]] = resolve(key)
         else:
             a = resolve(key)
+            if what == "static" and not a.flags.c_contiguous and not (a.ndim == 2 and a.T.flags.c_contiguous):
+                a = np.ascontiguousarray(a)   # (a strided view, a parameter's slice, say: statics are only read)
             if what == "static" and copier is not None and a.ndim == 2 and a.dtype == copier.dtype:
                 twin = None
                 if not a.flags.c_contiguous:
