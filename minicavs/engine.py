@@ -83,8 +83,9 @@ def _resolver(fns: list, plan: MemoryPlan, state: "RunState", dtype, btensors=No
             if push_grads is not None and isinstance(push_grads.get(key[1]), RowSparse):
                 return coalesced(key[1])[1][plan.kinds[key[2]].push_rows[key[1]]]
             return index(plan.kinds[key[2]].push_rows[key[1]])
-        if what == "pull":
-            return state.pull_bufs[key[1]]
+        if what == "pull":   # (the executor reads a buffer by base and row stride: a computed view is copied)
+            buf = state.pull_bufs[key[1]]
+            return buf if buf.flags.c_contiguous else np.ascontiguousarray(buf)
         if what == "push":
             return state.pushes[key[1]]
         if what == "pullgrad":

@@ -826,13 +826,15 @@ def _count_copies(copies: dict, moves: tuple, rows: int, gather_rows) -> None:
     copies["push"] += rows * pushes
 
 
-def _matrix_info(a: np.ndarray) -> tuple[np.ndarray, int, int]:
-    """(array kept alive, row stride, transposed flag) of a buffer the executor reads whole."""
-    if a.ndim == 2 and not a.flags.c_contiguous and a.T.flags.c_contiguous:
+def _matrix_info(a: np.ndarray, static: bool = True) -> tuple[np.ndarray, int, int]:
+    """(array kept alive, row stride, transposed flag) of a buffer the executor reads whole. Only a static
+    (``STATIC``: a product's operand) is read through the transposed flag; every other instruction takes a
+    buffer as rows of its row stride, so a transposed view of anything else would be misread."""
+    if static and a.ndim == 2 and not a.flags.c_contiguous and a.T.flags.c_contiguous:
         return a, a.shape[0], 1
     if not a.flags.c_contiguous:   # a copy would take the executor's writes and lose them
-        raise ValueError(f"native executor: a buffer of shape {a.shape} and strides {a.strides} is neither "
-                         "contiguous nor a transposed contiguous matrix")
+        raise ValueError(f"native executor: a buffer of shape {a.shape} and strides {a.strides} is not "
+                         "C-contiguous" + (" nor a transposed contiguous matrix" if static else ""))
     return a, (a.shape[-1] if a.ndim >= 1 else 1) if a.ndim <= 2 else int(math.prod(a.shape[1:])), 0
 
 
@@ -953,7 +955,7 @@ def run(lowered: Lowered, table: np.ndarray, resolve, dtype, forest: bool, works
     sizes, strides, flags = bound.columns
     changed = False
 
-    def bind(i, a):
+    def bind(i, a, static=False):
         """Entry i for ``a`` (an array, or (array, elements the program may touch)): kept when it is the array
         it addresses already, laid out the same (then only its elements may change); else addressed anew."""
         nonlocal changed
@@ -969,7 +971,7 @@ def run(lowered: Lowered, table: np.ndarray, resolve, dtype, forest: bool, works
         if a.flags.c_contiguous and a.ndim <= 2:   # (the common case, without _matrix_info's call)
             stride, flag = (a.shape[-1] if a.ndim else 1), 0
         else:
-            a, stride, flag = _matrix_info(a)
+            a, stride, flag = _matrix_info(a, static)
         slots[i] = from_buffer(a.T if flag else a)   # writes the address into info[0, i]
         sizes[i], strides[i], flags[i] = a.size if used is None else used, stride, flag
         held[i], layouts[i], changed = a, (a.shape, a.strides), True
@@ -999,6 +1001,8 @@ def run(lowered: Lowered, table: np.ndarray, resolve, dtype, forest: bool, works
             a = grads[key[1]] = resolve(key)
         else:
             a = resolve(key)
+            if what == "static" and not a.flags.c_contiguous and not (a.ndim == 2 and a.T.flags.c_contiguous):
+                a = np.ascontiguousarray(a)   # (a strided view, a parameter's slice, say: statics are only read)
             if what == "static" and copier is not None and a.ndim == 2 and a.dtype == copier.dtype:
                 twin = None
                 if not a.flags.c_contiguous:
@@ -1011,7 +1015,7 @@ def run(lowered: Lowered, table: np.ndarray, resolve, dtype, forest: bool, works
                     twins.append(twin)
                     twin_slots[i] = from_buffer(twin)
                     twin_cols = max(twin_cols, a.shape[1])
-        bind(i, a)
+        bind(i, a, what == "static")
     tmp_rows = min(max_bs, SMALL_M_ROWS) if twin_cols and scratch_at is not None else 0
     if scratch_at is not None:
         bind(scratch_at, resolve(("arena", "scratch", scratch + tmp_rows * twin_cols)))

@@ -90,6 +90,18 @@ def check_value(node: Node, value, what: str):
     return arr
 
 
+def host_layout(value):
+    """``value`` as a C-contiguous array in native byte order when it is a numpy array laid out otherwise
+    (Fortran order, strided or negative-stride views, broadcast views of stride 0, big-endian), else
+    ``value`` itself. Feeds and parameters pass through here once, where they enter a run, so that no
+    kernel or executor ever sees a layout it does not expect (the native executor addresses buffers by
+    base pointer and row stride). A copy is made only when needed: an array already so laid out is read in
+    place (a run never writes to its feeds or parameters), so a caller's array is never written either way."""
+    if isinstance(value, np.ndarray) and not (value.flags.c_contiguous and value.dtype.isnative):
+        return np.ascontiguousarray(value, dtype=value.dtype.newbyteorder("="))
+    return value
+
+
 def is_fed(n: Node) -> bool:
     """Inputs and parameters: values a graph is given, not computed."""
     return n.op in ("input", "param")
@@ -104,12 +116,12 @@ def leaf_value(n: Node, feeds: Mapping, params: Mapping):
             value = feeds[n.name]
         else:
             raise FeedError(f"missing feed for input {n.label()} {fmt_shape(n.shape)}")
-        return check_value(n, value, "feed for input")
+        return host_layout(check_value(n, value, "feed for input"))
     try:   # (one lookup: a ParameterSet's ``in`` and ``[]`` are a Python call each)
         value = params[n.name]
     except KeyError:
         raise FeedError(f"missing value for parameter '{n.name}' {fmt_shape(n.shape)}") from None
-    return check_value(n, getattr(value, "value", value), "parameter")
+    return host_layout(check_value(n, getattr(value, "value", value), "parameter"))
 
 
 def evaluate(nodes: Sequence[Node], env: dict, feeds: Mapping, params: Mapping, ctx: RunContext, xp=np) -> None:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from .errors import FeedError
 from .model import Model
 from .nn import ParameterSet
 
@@ -38,7 +39,10 @@ class Task:
         return len(samples)
 
     def evaluate(self, samples: Sequence[Any], batch_size: int) -> dict:
-        """Metrics over ``samples`` in inference mode (no dropout)."""
+        """Metrics over ``samples`` in inference mode (no dropout). No samples is an error (FeedError): a
+        mean over nothing is no number, and an empty split is more likely a mistake than a result."""
+        if len(samples) == 0:
+            raise FeedError(f"{type(self).__name__}.evaluate: no samples to evaluate (an empty split or list)")
         return self.eval_metrics(self.eval_sums(samples, batch_size), samples)
 
     def eval_sums(self, samples: Sequence[Any], batch_size: int) -> dict:

@@ -202,6 +202,7 @@ class Trainer:
 
     def loss_and_grads(self, samples, training: bool = True, sample_ids=None):
         """Forward and backward over ``samples``: a Result with ``loss`` and ``grads`` (name -> array)."""
+        _not_empty(samples, "Trainer.loss_and_grads", "samples")
         self.prepare_policy()
         graphs, feeds = self.task.batch(samples)
         return self.model.forward_backward(graphs, feeds, self.params, self.context(training),
@@ -230,6 +231,7 @@ class Trainer:
         """The part of a training step that reads no parameter: the samples' graphs and feeds, their
         schedule and memory plan (:meth:`Model.prepare`). With ``train.prefetch`` it runs on a background
         thread for the next batch while the current one trains."""
+        _not_empty(sample_ids, "Trainer.prepare_step", "sample_ids")
         samples = [self.task.data["train"][i] for i in sample_ids]
         graphs, feeds = self.task.batch(samples)
         return PreparedStep(self.model.prepare(graphs, self.policy, sample_ids), feeds, self.task.units(samples))
@@ -238,6 +240,7 @@ class Trainer:
         """One optimizer step on the training samples ``sample_ids`` (``prepared``: their
         :meth:`prepare_step`, made ahead): (mean loss, units processed). Under MPI each rank computes its
         shard of the batch and the gradients are summed over ranks."""
+        _not_empty(sample_ids, "Trainer.train_step", "sample_ids")
         if self.parallel:
             res, units = self.parallel.loss_and_grads(sample_ids)
         else:
@@ -629,3 +632,10 @@ def engine_options(cfg: dict) -> EngineOptions:
         raise ConfigError(f"unknown config key(s) train.engine.{', train.engine.'.join(sorted(unknown))}; "
                           f"known: {', '.join(EngineOptions.__dataclass_fields__)}")
     return EngineOptions(**{k: str(v) if k == "executor" else bool(v) for k, v in cfg.items()})
+
+
+def _not_empty(samples, where: str, what: str) -> None:
+    """Refuse an empty batch before anything runs: a step over no samples has no loss to take a mean of."""
+    if len(samples) == 0:
+        from .errors import FeedError   # (here: the module's imports are other work's to change)
+        raise FeedError(f"{where}: the batch is empty ({what} holds no sample); a step needs at least one")

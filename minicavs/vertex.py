@@ -14,19 +14,38 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from .codegen.native import MAX_REGISTERS
 from .dtypes import as_dtype, float32
 from .errors import ShapeError
 from .graph import Graph, Node, fmt_shape, rows_implicit
 from .ops.message import gather_node, pull_node, push_node, scatter_node
 
 
+# The most children a vertex function may gather. Each gather is a value of its own (a register) in the
+# template the native executor runs a kind by, which holds at most MAX_REGISTERS (512); this leaves 32 for
+# the function's other values, so a function of the largest arity with a small body (a sum of its gathers,
+# an accum of them, a product and a nonlinearity) still runs natively.
+MAX_ARITY = MAX_REGISTERS - 32
+
+
 class VertexFunction:
-    """A static dataflow graph evaluated at every vertex of one kind."""
+    """A static dataflow graph evaluated at every vertex of one kind.
+
+    ``arity``: the most children a vertex of this kind has (gathers 0 .. arity-1), at most ``MAX_ARITY``
+    (480): every gather takes one of the native executor's 512 registers of a kind's template, and 32 are
+    left for the function's other values. A function of that arity whose other values need more registers
+    (a large body) runs its task loop in the Python interpreter instead: the same numbers, slower; the
+    batch program's ``dump()`` says why. Declaring a larger arity is an error."""
 
     def __init__(self, name: str = "F", arity: int = 0, message: Sequence[int] | None = None,
                  dtype=float32):
         if arity < 0:
             raise ValueError(f"vertex function '{name}': arity must be >= 0, got {arity}")
+        if arity > MAX_ARITY:
+            raise ShapeError(f"vertex function '{name}': arity {arity} is more than {MAX_ARITY}, the largest "
+                             f"supported (each gather takes one of the native executor's {MAX_REGISTERS} "
+                             "registers of a kind's template); give vertices with more children an intermediate "
+                             "level of vertices")
         if arity and message is None:
             raise ShapeError(f"vertex function '{name}': gathering children needs the message shape")
         self.name = name

@@ -194,3 +194,23 @@ def test_fsm_policy_learned_before_training_saved_and_restored(tmp_path):
     assert any("rewrote fsm.json" in line for line in logged), logged
     assert json.loads((tmp_path / "run" / "fsm.json").read_text()) == learned.to_json()
     assert again.policy.to_json() == learned.to_json()   # resumed with the learned FSM, not a new one
+
+
+@pytest.mark.parametrize("empty", [[], (), np.array([], np.int64)], ids=["list", "tuple", "array"])
+@pytest.mark.parametrize("model", ["tree_lstm", "tree_fc", "var_lstm"])
+def test_a_step_on_an_empty_batch_is_refused_naming_the_function(model, empty, tmp_path):
+    """loss_and_grads, train_step and prepare_step of no samples: a FeedError naming the function and saying the
+    batch is empty, raised before anything runs (the parameters and the optimizer's step count unchanged)."""
+    from minicavs.errors import FeedError
+    from .models.test_models import TINY
+    t = Trainer(MODELS / f"{model}.yaml", TINY[model], run_dir=tmp_path / "run")
+    before = {k: p.value.copy() for k, p in t.params.items()}
+    steps = t.optimizer.steps
+    for call, name in ((t.loss_and_grads, "loss_and_grads"), (t.train_step, "train_step"),
+                       (t.prepare_step, "prepare_step")):
+        with pytest.raises(FeedError, match=rf"^Trainer\.{name}: the batch is empty"):
+            call(empty)
+    assert t.optimizer.steps == steps
+    assert all((p.value == before[k]).all() for k, p in t.params.items())
+    loss, _ = t.train_step(np.array([0, 1]))   # (a batch of samples still trains)
+    assert np.isfinite(loss) and t.optimizer.steps == steps + 1

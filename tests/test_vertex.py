@@ -102,3 +102,92 @@ def test_axis_inside_vertex_function_indexes_per_vertex_shape():
             ops.sum(x, axis=2)
         F.scatter(ops.sum(x, axis=1))
     assert np.prod(F.message) == 2
+
+
+# --- arity: a sweep up to the largest supported, and a clear refusal beyond it ---------------------------------
+
+def _wide_model(arity: int, form: str, H: int = 3):
+    """One kind whose vertices add up what their children scattered, as a chain of ``+`` or one ``ops.accum``:
+    h = tanh(x·W + Σ_j gather(j)); the loss sums every vertex's h."""
+    from minicavs.vertex import VertexFunction
+    F = VertexFunction("wide", arity=arity, message=(H,), dtype="float64")
+    W = ops.param_node("W", (H, H), "float64")
+    with F:
+        gathers = [F.gather(j) for j in range(arity)]
+        if form == "sum":
+            total = gathers[0]
+            for g in gathers[1:]:
+                total = total + g
+        else:
+            total = ops.accum(*gathers)
+        h = ops.tanh(ops.matmul(F.pull((H,), "x"), W) + total)
+        F.scatter(h)
+        F.push(h)
+    s = Structure(F, pulls={"x": ops.input((None, H), "float64", name="xs")})
+    return Model(s, loss=ops.sum(s.pushed("h")))
+
+
+def _wide_graph(arity: int):
+    """A root with ``arity`` children, its first child with ``arity`` children of its own (leaves)."""
+    from minicavs.inputs import InputGraph
+    children = [list(range(1, arity + 1)), list(range(arity + 1, 2 * arity + 1))]
+    return InputGraph(children + [[] for _ in range(2 * arity - 1)])
+
+
+def _numpy_loss(graph, xs: np.ndarray, W: np.ndarray) -> float:
+    """The loss of _wide_model by numpy, vertex by vertex (children have higher ids than their parents)."""
+    h = np.zeros((graph.num_vertices, W.shape[1]))
+    for v in reversed(range(graph.num_vertices)):
+        h[v] = np.tanh(xs[v] @ W + sum((h[c] for c in graph.children(v)), np.zeros(W.shape[1])))
+    return float(h.sum())
+
+
+ARITIES = [2, 65, 256]   # 65: a sum of more gathers than one kernel takes operands (64)
+
+
+@pytest.mark.parametrize("form", ["sum", "accum"])
+@pytest.mark.parametrize("arity", ARITIES + ["MAX_ARITY"])
+def test_arity_sweep_up_to_the_largest_supported_on_every_executor(arity, form):
+    """Up to MAX_ARITY, building the model and running it work on both executors, the native one running the
+    whole task loop itself (no fallback), and the loss equals numpy's; the gradients of both executors agree."""
+    from minicavs import instructions
+    from minicavs.engine import EngineOptions
+    from minicavs.vertex import MAX_ARITY
+    from .test_engine import equal
+    arity = MAX_ARITY if arity == "MAX_ARITY" else arity
+    model = _wide_model(arity, form)
+    graph = _wide_graph(arity)
+    rng = np.random.default_rng(arity)
+    xs, W = rng.standard_normal((graph.num_vertices, 3)) * 0.3, rng.standard_normal((3, 3)) * 0.3
+    results = {}
+    for executor in ("python", "native"):
+        result = model.forward_backward([graph], {"xs": xs}, {"W": W}, options=EngineOptions(executor=executor))
+        equal(result.loss, _numpy_loss(graph, xs, W))
+        results[executor] = result
+    if instructions.available(np.float64, instructions.CPU) is None:
+        state = results["native"].states["G"]
+        for program in (state.program, state.backward_program):
+            assert program.native is not None and program.native_why is None, program.native_why
+    equal(results["native"].grads["W"], results["python"].grads["W"])
+
+
+@pytest.mark.parametrize("executor", ["python", "native"])
+@pytest.mark.parametrize("form", ["sum", "accum"])
+def test_wide_gradients_match_finite_differences(form, executor):
+    """At arity 65 (its sum split over two kernels), the gradient agrees with finite differences."""
+    from minicavs.engine import EngineOptions
+    from minicavs.testing import check_model_grads
+    model = _wide_model(65, form)
+    model.options = EngineOptions(executor=executor)
+    graph = _wide_graph(65)
+    rng = np.random.default_rng(1)
+    check_model_grads(model, [graph], {"xs": rng.standard_normal((graph.num_vertices, 3)) * 0.3},
+                      {"W": rng.standard_normal((3, 3)) * 0.3})
+
+
+def test_arity_beyond_the_largest_supported_is_refused_at_declaration():
+    from minicavs.vertex import MAX_ARITY
+    VertexFunction("widest", arity=MAX_ARITY, message=(3,))
+    with pytest.raises(ShapeError, match=rf"vertex function 'too_wide': arity {MAX_ARITY + 1} is more than "
+                                         rf"{MAX_ARITY}, the largest supported"):
+        VertexFunction("too_wide", arity=MAX_ARITY + 1, message=(3,))

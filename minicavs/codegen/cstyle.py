@@ -32,31 +32,44 @@ def render_body(expr: Expr | list[Expr], args: list[str], dtype: DType, out: str
     names: dict[int, str] = {}
     lines: list[str] = []
 
-    def emit(e: Expr) -> str:
-        k = id(e)
-        if k in names:
-            return names[k]
+    def rhs_of(e: Expr, a: list[str]) -> str:
+        if e.op in BINARY:
+            return f"{a[0]} {BINARY[e.op]} {a[1]}"
+        if e.op == "neg":
+            return f"-{a[0]}"
+        if e.op == "step":
+            return f"({a[0]} > 0 ? {literal(1, dtype)} : {literal(0, dtype)})"
+        if e.op == "ge":
+            return f"({a[0]} >= {a[1]} ? {literal(1, dtype)} : {literal(0, dtype)})"
+        if e.op == "sign":
+            return f"(({a[0]} > 0) - ({a[0]} < 0))"
+        return f"{funcs.get(e.op) or FUNCS[e.op] + fsuf}({', '.join(a)})"
+
+    def leaf(e: Expr) -> str | None:
         if e.op == "arg":
             return args[e.value]
         if e.op == "const":
             return literal(e.value, dtype)
-        a = [emit(x) for x in e.args]
-        if e.op in BINARY:
-            rhs = f"{a[0]} {BINARY[e.op]} {a[1]}"
-        elif e.op == "neg":
-            rhs = f"-{a[0]}"
-        elif e.op == "step":
-            rhs = f"({a[0]} > 0 ? {literal(1, dtype)} : {literal(0, dtype)})"
-        elif e.op == "ge":
-            rhs = f"({a[0]} >= {a[1]} ? {literal(1, dtype)} : {literal(0, dtype)})"
-        elif e.op == "sign":
-            rhs = f"(({a[0]} > 0) - ({a[0]} < 0))"
-        else:
-            rhs = f"{funcs.get(e.op) or FUNCS[e.op] + fsuf}({', '.join(a)})"
-        name = f"t{len(names)}"
-        names[k] = name
-        lines.append(f"{T} {name} = ({T})({rhs});")
-        return name
+        return names.get(id(e))
+
+    def emit(root: Expr) -> str:
+        """Name ``root``, emitting the statements of its operands first. Iterative (an explicit stack, in
+        post-order): a sum of hundreds of gathers is an expression as deep as its terms."""
+        stack = [root]
+        while stack:
+            e = stack[-1]
+            if leaf(e) is not None:
+                stack.pop()
+                continue
+            pending = [x for x in e.args if leaf(x) is None]
+            if pending:
+                stack.extend(reversed(pending))
+                continue
+            stack.pop()
+            name = f"t{len(names)}"
+            lines.append(f"{T} {name} = ({T})({rhs_of(e, [leaf(x) for x in e.args])});")
+            names[id(e)] = name
+        return leaf(root)
 
     exprs, outs = (expr, out) if isinstance(expr, list) else ([expr], [out])
     results = [emit(e) for e in exprs]

@@ -158,5 +158,14 @@ def _sum_exprs(xs):
     return total
 
 
+ACCUM_OPERANDS = 32   # operands of one accum node; more are summed by a tree of them (see accum)
+
+
 def accum(*xs: Node) -> Node:
+    """The sum of ``xs`` (dense or row-sparse). More than ``ACCUM_OPERANDS`` are added in chunks of that
+    many and the partial sums added up in turn: an elementwise node becomes one generated kernel, whose
+    operands the native executor passes at most 64 of (codegen/native.py MAX_ARGS)."""
+    while len(xs) > ACCUM_OPERANDS:
+        xs = tuple(xs[i] if len(xs) - i == 1 else make_node("accum", xs[i:i + ACCUM_OPERANDS])
+                   for i in range(0, len(xs), ACCUM_OPERANDS))
     return xs[0] if len(xs) == 1 else make_node("accum", xs)

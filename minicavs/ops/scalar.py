@@ -66,18 +66,23 @@ NUMPY = {
 
 
 def evaluate(e: Expr, args: list, dtype=np.float64):
-    """Evaluate an expression DAG with numpy; shared subexpressions are computed once."""
+    """Evaluate an expression DAG with numpy; shared subexpressions are computed once. Iterative (an explicit
+    stack, in post-order): a sum of hundreds of terms is an expression as deep as its terms."""
     memo: dict[int, Any] = {}
-
-    def ev(x: Expr):
+    stack = [e]
+    while stack:
+        x = stack[-1]
         k = id(x)
-        if k not in memo:
-            if x.op == "arg":
-                memo[k] = args[x.value]
-            elif x.op == "const":
-                memo[k] = np.asarray(x.value, dtype=dtype)
+        if k in memo:
+            stack.pop()
+        elif x.op == "arg":
+            memo[k] = args[x.value]
+        elif x.op == "const":
+            memo[k] = np.asarray(x.value, dtype=dtype)
+        else:
+            pending = [a for a in x.args if id(a) not in memo]
+            if pending:
+                stack.extend(reversed(pending))
             else:
-                memo[k] = NUMPY[x.op](*(ev(a) for a in x.args))
-        return memo[k]
-
-    return ev(e)
+                memo[k] = NUMPY[x.op](*(memo[id(a)] for a in x.args))
+    return memo[id(e)]

@@ -8,13 +8,16 @@ or CUDA, and :meth:`FusedGroup.evaluate_all` runs it with numpy (the oracle for 
 Union-find over producer -> consumer edges between fusible nodes of one shape; a merge is refused when a
 path would leave the group and come back (through a matmul, say), since the kernel must run as one step.
 A member read outside (h, both scattered and pushed; a forward value ∂F reads) does not end its group: it
-becomes one more output the kernel writes.
+becomes one more output the kernel writes. A merge is also refused when the group would need more than
+``MAX_ARGS`` kernel arguments (the native executor's limit): a sum of hundreds of gathers becomes a few
+kernels of at most that many operands each.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from ..codegen.native import MAX_ARGS
 from ..graph import Node, consumers as consumers_of
 from ..ops import scalar as S
 from ..ops.registry import OPS
@@ -105,9 +108,18 @@ def _cyclic(group: set, consumers: dict) -> bool:
     return False
 
 
+def _arguments(group: set, consumers: dict, keep: set) -> int:
+    """The kernel arguments ``group`` needs: its external inputs (folded constants aside) and its outputs,
+    counting each member read outside it so far (later merges can only lower that count)."""
+    inputs = {x for n in group for x in n.inputs if x not in group and not _foldable(x)}
+    outputs = sum(1 for n in group if n in keep or not consumers[n] or any(c not in group for c in consumers[n]))
+    return len(inputs) + outputs
+
+
 def fuse(nodes: Sequence[Node], outputs: Sequence[Node] = ()) -> list[FusedGroup]:
     """Group the fusible nodes among ``nodes`` (topological order); ``outputs`` must stay materialised."""
     consumers = consumers_of(nodes)
+    keep = set(outputs)
     group_of: dict = {}
     for n in nodes:
         if not fusible(n):
@@ -115,11 +127,11 @@ def fuse(nodes: Sequence[Node], outputs: Sequence[Node] = ()) -> list[FusedGroup
         g = {n}
         for x in n.inputs:
             other = group_of.get(x)
-            if other is not None and other is not g and x.shape == n.shape and not _cyclic(g | other, consumers):
+            if (other is not None and other is not g and x.shape == n.shape and not _cyclic(g | other, consumers)
+                    and _arguments(g | other, consumers, keep) <= MAX_ARGS):
                 g = g | other
         for m in g:
             group_of[m] = g
-    keep = set(outputs)
     groups = []
     for g in {id(g): g for g in group_of.values()}.values():
         ordered = sorted(g, key=lambda n: n.id)

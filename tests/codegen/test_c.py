@@ -234,3 +234,39 @@ def test_a_built_library_is_kept_and_a_missing_one_asked_again_per_cc_setting(mo
     monkeypatch.setenv("CC", "no-such-cc")
     assert loaded("x") == "x built with cc" and loaded("y") is None
     assert calls == [("x", "no-such-cc"), ("x", "no-such-cc"), ("x", "cc"), ("y", "no-such-cc")]
+
+
+def test_deep_expressions_render_and_evaluate_without_recursion(depth=600):
+    """A fused group as deep as the user makes it (a chain of 600 elementwise steps: an expression 1800 deep,
+    past Python's recursion limit when walked recursively) renders to C, evaluates with numpy, and its kernel
+    equals the graph run op by op."""
+    from minicavs.executor import Executor
+    x = ops.input((None, 4), "float64", name="x")
+    h = x
+    for _ in range(depth):
+        h = ops.tanh(h) * 0.5 + x
+    groups = fuse(list(Graph([h]).nodes), [h])
+    assert len(groups) == 1 and len(groups[0].nodes) == 3 * depth
+    vals = np.random.default_rng(depth).standard_normal((3, 4))
+    want = Executor([h]).run({x: vals})[0]
+    assert np.max(np.abs(groups[0].evaluate([vals]) - want)) <= 1e-12
+    assert np.max(np.abs(ccomp.build(groups[0])([vals]) - want)) <= 1e-12
+
+
+@pytest.mark.parametrize("terms", [63, 64, 65, 200])
+def test_a_long_sum_becomes_kernels_of_at_most_the_executors_arguments(terms):
+    """Fusion never makes a kernel of more operands than the native executor passes (inputs and outputs), for a
+    chain of ``+`` and for one ``accum``, and the kernels chained equal the graph run op by op."""
+    from minicavs.codegen.native import MAX_ARGS
+    from minicavs.executor import Executor
+    xs = [ops.input((None, 2), "float64", name=f"x{i}") for i in range(terms)]
+    chain = xs[0]
+    for x in xs[1:]:
+        chain = chain + x
+    vals = {x: np.random.default_rng(i).standard_normal((3, 2)) for i, x in enumerate(xs)}
+    for out in (chain, ops.accum(*xs)):
+        env = dict(vals)
+        for group in fuse(list(Graph([out]).nodes), [out]):
+            assert len(group.inputs) + len(group.outputs) <= MAX_ARGS
+            env[group.output] = ccomp.build(group)([env[i] for i in group.inputs])
+        assert np.max(np.abs(env[out] - Executor([out]).run(vals)[0])) <= 1e-12
