@@ -5,8 +5,12 @@ kernels already take the array module as their first argument) and ask the backe
 backend must generate: a kernel per fused elementwise group, row-movement kernels, and a way to run the eager
 nodes on a second stream. Two implementations: :data:`minicavs.cpu.CPU` (numpy, generated C kernels, a worker
 thread as the second stream) and :class:`minicavs.cuda.Cuda` (CuPy, generated CUDA kernels, two CUDA streams;
-``Cuda(launcher=minicavs.cuda.emulation.Launcher())`` runs the same CUDA sources on the CPU with numpy arrays:
-how the whole CUDA path of a training step is checked on machines without a GPU). This module knows neither.
+``Cuda(launcher=minicavs.cuda.emulation.Launcher())`` runs the same CUDA sources on the CPU over the device
+stand-in's arrays (cuda/standin.py), which refuse every host/device crossing CuPy refuses: how the whole CUDA
+path of a training step is checked on machines without a GPU). This module knows neither.
+
+Data crosses between host and device only here: :meth:`Backend.to_device` and :meth:`Backend.to_host` (and
+the device's own ``asarray``/``get`` where a kernel launcher needs them); the stand-in counts each crossing.
 """
 from __future__ import annotations
 

@@ -25,10 +25,14 @@ from minicavs.training import Trainer
 
 from . import cells
 from .codegen.test_cuda import MODELS, SMALL, TREES
+from .models.test_models import TINY as _TINY
 
 # and the model whose kinds scatter two message shapes (two scatter tensors on the device)
 MODELS = {**MODELS, "lattice_lstm": ("lattice_lstm", SMALL + TREES + ["data.synthetic.max_len=10",
                                                                        "train.policy=cavs"])}
+# and every other bundled model (their tiny configurations), so that each runs its step on the device
+MODELS.update({name: (name.replace("_child_sum", ""), overrides) for name, overrides in _TINY.items()
+               if name not in MODELS})
 from .test_engine import CASES, dense
 
 TOL = {"float32": 2e-5, "float64": 1e-10}

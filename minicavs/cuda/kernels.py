@@ -6,15 +6,17 @@ can call either backend the same way. Importing this package never needs CuPy; :
 clear message when CuPy or a GPU is missing.
 
 A *launcher* is what runs a kernel: an object with ``xp`` (the array module) and ``launcher(source, name,
-grid, block, args, stream)``. The default is :class:`CuPyLauncher`; ``minicavs.cuda.emulation.Launcher`` runs
-the same source on the CPU with numpy arrays, so the argument packing below is tested without a GPU too.
+grid, block, args, stream)``. The default is :class:`CuPyLauncher` (:func:`default_launcher`);
+``minicavs.cuda.emulation.Launcher`` runs the same source on the CPU over the device stand-in's arrays
+(cuda/standin.py), so the argument packing below is tested without a GPU, against a CuPy that refuses host
+arrays where CuPy does.
 
 The engine reaches them through :class:`minicavs.cuda.Cuda` (``train.device: cuda``).
 
-Status: these launchers have not run on a real GPU (none is available where minicavs is developed); the
-generated sources are compiled for sm_80/sm_90 with NVRTC in CI and executed on the CPU through the emulation
-shim (tests/codegen/test_cuda.py, tests/cuda/test_launchers.py, and whole training steps in
-tests/test_device.py); the tests marked ``gpu`` are the checks to run first on a GPU.
+Status: the generated sources are compiled for sm_80/sm_90 with NVRTC in CI and executed on the CPU through the
+emulation (tests/codegen/test_cuda.py, tests/cuda/, tests/test_device.py). The one real-GPU run so far (an
+H200, CuPy 14.2) failed on host/device crossings that the earlier numpy-array emulation could not see; those are
+fixed against the stand-in and wait for the next GPU run (the tests marked ``gpu``, tools/gpu_check.py).
 """
 from __future__ import annotations
 
