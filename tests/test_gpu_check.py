@@ -1,9 +1,13 @@
-"""tools/gpu_check.py without a GPU: it refuses to run (non-zero, naming CuPy or the device, within 60 s); its
-stage runner keeps what a stage wrote before its cap; runs merge; the table shows them; and the equality and
-bench stages themselves run on the emulated CUDA device (minicavs/cuda/emulation.py)."""
+"""tools/gpu_check.py without a GPU: it refuses to run (non-zero, naming CuPy or the device, within 60 s); the
+first call's caps fit its budget and its device timeout; past a stand-in cupy that reports a device, the runner
+kills a stage at its cap keeping what it wrote, shrinks the later caps to the budget and says whether the bench
+call is warranted; the tests stage's pytest survives a machine plugin that warns; the sanitize stage runs the
+step under compute-sanitizer's memcheck (a stand-in sanitizer here) or says it has none; runs merge; the table
+shows them; and the equality, bench and sanitize stages themselves run on the emulated CUDA device."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -71,12 +75,17 @@ def stage_cmd(out: Path, body: str) -> list:
     return [sys.executable, "-c", code]
 
 
-@pytest.mark.parametrize("body, status", [("time.sleep(60)", "timeout"), ("sys.exit(1)", "failed"), ("", "ok")])
+@pytest.mark.parametrize("body, status", [
+    ("time.sleep(60)", "timeout"),
+    ("import signal\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(60)", "timeout"),   # SIGKILL
+    ("sys.exit(1)", "failed"),
+    ("", "ok"),
+])
 def test_a_stage_keeps_what_it_wrote_before_its_cap(tmp_path, body, status):
     with open(tmp_path / "log.txt", "a") as log:
         start = time.monotonic()
         res = gpu_check.run_stage("fake", stage_cmd(tmp_path, body), tmp_path, 2, gpu_check.child_env(None), log)
-    assert time.monotonic() - start < 20
+    assert time.monotonic() - start < 2 + gpu_check.KILL_GRACE + 3
     assert res["status"] == status and res["items"] == [{"n": 1}]
     assert json.loads((tmp_path / "fake.json").read_text())["status"] == status
     assert "stage output" in (tmp_path / "log.txt").read_text()
@@ -92,6 +101,105 @@ def test_the_budget_shrinks_caps_and_skips_what_does_not_fit(tmp_path):
     assert gpu_check.main([str(tmp_path), "--emulate", "--stages", "bench", "--budget", "10"]) == 1
     runs = gpu_check.load_results(tmp_path)["runs"]
     assert [r["stages"]["bench"]["status"] for r in runs] == ["not run"]
+
+
+def test_the_first_call_fits_its_device_timeout_and_the_bench_is_a_second_call():
+    """The default stages in priority order; their caps, the setup before them, the last stage's time to die
+    and the reserve for the table within the default budget, and that below the first call's timeout_s; the
+    bench alone within the same budget."""
+    assert gpu_check.DEFAULT_STAGES == ("facts", "equality", "tests", "sanitize")
+    overhead = gpu_check.SETUP_S + gpu_check.KILL_GRACE + gpu_check.RESERVE
+    assert sum(gpu_check.CAPS[s] for s in gpu_check.DEFAULT_STAGES) + overhead <= gpu_check.BUDGET
+    assert gpu_check.CAPS["bench"] + overhead <= gpu_check.BUDGET
+    assert gpu_check.BUDGET + 10 <= gpu_check.DEVICE_TIMEOUT_S <= 360
+    args = gpu_check.parse_args(["out"])
+    assert args.budget == gpu_check.BUDGET and args.stages.split(",") == list(gpu_check.DEFAULT_STAGES)
+
+
+# --- the runner past a stand-in cupy (a device reported), stages stood in for --------------------------------
+
+@pytest.fixture
+def standin_cupy(tmp_path, monkeypatch):
+    """A cupy package that reports one CUDA device, first on the children's path: the runner takes it for a
+    GPU machine (the stages themselves are stood in for by :func:`fake_stages`)."""
+    (tmp_path / "standin" / "cupy").mkdir(parents=True)
+    (tmp_path / "standin" / "cupy" / "__init__.py").write_text(
+        "class cuda:\n class runtime:\n  @staticmethod\n  def getDeviceCount():\n   return 1\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path / "standin"), os.environ.get("PYTHONPATH", "")]))
+    return ["--wheels", str(tmp_path / "no-wheels"), "--site", str(tmp_path / "site")]
+
+
+def fake_stages(monkeypatch, results: dict, sleep: float = 0.0) -> None:
+    """Each stage's process writes ``results[stage]`` (as a stage writes its JSON) and then sleeps ``sleep``."""
+    def command(name, out, cap, args):
+        data = {"stage": name, "items": [], "problems": 0, **results.get(name, {})}
+        code = (f"import json, os, time\np = {str(out / f'{name}.json')!r}\n"
+                f"open(p + '.tmp', 'w').write({json.dumps(data)!r})\nos.replace(p + '.tmp', p)\n"
+                f"time.sleep({sleep})\n")
+        return [sys.executable, "-c", code]
+    monkeypatch.setattr(gpu_check, "stage_command", command)
+
+
+def test_stages_past_their_caps_are_killed_their_items_kept_and_the_budget_holds(tmp_path, monkeypatch, capsys,
+                                                                               standin_cupy):
+    """Every stage sleeps past its cap: facts and equality are killed at theirs (2 s), tests at what the
+    budget leaves it (less than its 30 s), sanitize is not started (less than 5 s left)."""
+    results = {s: {"items": [{"case": f"{s} item", "ok": True}]} for s in gpu_check.STAGES}
+    results["equality"] = equality_result(PLAN, [PLAN[0] + (True,)])         # cut off after its first case
+    fake_stages(monkeypatch, results, 60)
+    caps = ["--cap", "facts=2", "--cap", "equality=2", "--cap", "tests=30", "--cap", "sanitize=30"]
+    budget = 26
+    start = time.monotonic()
+    assert gpu_check.main([str(tmp_path / "out"), "--budget", str(budget), *caps, *standin_cupy]) == 1
+    assert time.monotonic() - start <= budget
+    stages = gpu_check.load_results(tmp_path / "out")["runs"][0]["stages"]
+    assert [stages[s]["status"] for s in gpu_check.DEFAULT_STAGES] == ["timeout", "timeout", "timeout", "not run"]
+    assert stages["facts"]["cap_s"] == stages["equality"]["cap_s"] == 2
+    assert 5 <= stages["tests"]["cap_s"] <= budget - 4 - gpu_check.RESERVE - gpu_check.KILL_GRACE
+    for s in gpu_check.DEFAULT_STAGES[:3]:
+        assert stages[s]["items"] == results[s]["items"]
+        assert stages[s]["seconds"] <= stages[s]["cap_s"] + gpu_check.KILL_GRACE
+        assert json.loads((tmp_path / "out" / f"{s}.json").read_text())["items"] == stages[s]["items"]
+    assert "the bench call is NOT warranted: equality stopped before comparing tree_lstm float32, var_lstm float32, " \
+           "var_lstm float64" in capsys.readouterr().out
+
+
+def equality_result(planned: list, items: list) -> dict:
+    return {"stage": "equality", "status": "ok",
+            "planned": [{"case": f"{m} {d}{v}", "model": m, "dtype": d} for m, d, v in planned],
+            "items": [{"case": f"{m} {d}{v}", "model": m, "dtype": d, "ok": ok} for m, d, v, ok in items]}
+
+
+PLAN = [("tree_lstm", "float64", ""), ("var_lstm", "float64", ""), ("tree_lstm", "float32", ""),
+        ("var_lstm", "float32", ""), ("tree_lstm", "float64", " streaming"), ("var_lstm", "float32", " streaming")]
+
+
+@pytest.mark.parametrize("items, warranted, says", [
+    ([p + (True,) for p in PLAN], True, "all 6 equality cases equal"),
+    ([p + (True,) for p in PLAN[:4]], True, "2 variant cases not reached"),
+    ([p + (p[0] != "var_lstm" or p[1] != "float32",) for p in PLAN], False, "2 of 6 equality cases not equal"),
+    ([p + (True,) for p in PLAN[:3]], False, "before comparing var_lstm float32"),
+    ([], False, "compared nothing"),
+])
+def test_the_bench_is_warranted_only_when_every_model_and_dtype_compared_equal(items, warranted, says):
+    got, why = gpu_check.bench_verdict(equality_result(PLAN, items))
+    assert got is warranted and says in why, why
+
+
+def test_the_bench_is_not_warranted_without_an_equality_plan_or_run():
+    assert gpu_check.bench_verdict(equality_result([], [PLAN[0] + (True,)])) == \
+        (False, "equality recorded no plan of its cases: what it did not reach is unknown")
+    assert gpu_check.bench_verdict(None) == (False, "equality did not run")
+
+
+def test_the_first_call_ends_saying_the_bench_call_is_warranted(tmp_path, monkeypatch, capsys, standin_cupy):
+    fake_stages(monkeypatch, {"equality": equality_result(PLAN, [p + (True,) for p in PLAN])})
+    assert gpu_check.main([str(tmp_path / "out"), *standin_cupy]) == 0
+    out = capsys.readouterr().out
+    assert "the bench call is WARRANTED: all 6 equality cases equal" in out
+    assert out.rstrip().endswith("Second call: bash tools/gpu_check.sh OUT --stages bench")
+    run = gpu_check.load_results(tmp_path / "out")["runs"][0]
+    assert run["bench_warranted"]["warranted"] and list(run["stages"]) == list(gpu_check.DEFAULT_STAGES)
 
 
 # --- merging and the table ---------------------------------------------------------------------------------

@@ -211,7 +211,7 @@ def stage_summary(name: str, res: dict) -> str:
                 f"CuPy {f.get('cupy', '?')}, copy {fmt(f.get('copy_GBps'))} GB/s, "
                 f"matmul f32 {fmt(f.get('matmul_f32_TFLOPs'))} / f64 {fmt(f.get('matmul_f64_TFLOPs'))} TFLOP/s")
     if name == "tests":
-        return "; ".join(f"{i['name']}: {i.get('passed', 0)} passed, {i.get('failed', 0)} failed, "
+        return "; ".join(f"{i.get('name', '?')}: {i.get('passed', 0)} passed, {i.get('failed', 0)} failed, "
                          f"{i.get('errors', 0)} errors, {i.get('skipped', 0)} skipped"
                          + (" (interrupted at its cap)" if i.get("interrupted") else "") for i in items) or "no tests ran"
     if name == "equality":
@@ -249,6 +249,8 @@ def bench_verdict(equality: dict | None) -> tuple[bool, str]:
         return False, (f"{len(bad)} of {len(items)} equality cases not equal (first: {bad[0].get('case', '?')}): "
                        f"fix those first")
     planned = equality.get("planned", [])
+    if not planned:
+        return False, "equality recorded no plan of its cases: what it did not reach is unknown"
     missing = sorted({f"{c['model']} {c['dtype']}" for c in planned} - {f"{i.get('model')} {i.get('dtype')}" for i in items})
     if missing:
         return False, f"equality stopped before comparing {', '.join(missing)}"
@@ -401,7 +403,7 @@ def main(argv=None) -> int:
         for name in stages:
             left = args.budget - (time.monotonic() - started) - RESERVE - KILL_GRACE
             cap = min(caps[name], left)
-            if cap < 5:
+            if cap < min(5, caps[name]):       # under 5 s left (or under the cap asked for, if smaller)
                 run["stages"][name] = {"stage": name, "status": "not run", "items": [],
                                        "note": f"the budget of {args.budget:.0f} s was spent"}
                 continue
