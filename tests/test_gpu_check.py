@@ -202,6 +202,50 @@ def test_the_first_call_ends_saying_the_bench_call_is_warranted(tmp_path, monkey
     assert run["bench_warranted"]["warranted"] and list(run["stages"]) == list(gpu_check.DEFAULT_STAGES)
 
 
+# --- the tests stage's pytest and a machine's plugins ----------------------------------------------------------
+
+def warning_plugin(root: Path) -> Path:
+    """A site folder holding an installed distribution whose pytest11 entry point is a plugin that warns in
+    ``pytest_configure`` (as pytest-benchmark does under xdist): with it on PYTHONPATH, pytest's autoloading
+    loads it, and ``filterwarnings = error`` turns its warning into an INTERNALERROR."""
+    site = root / "site"
+    (site / "warnplugin-1.0.dist-info").mkdir(parents=True)
+    (site / "warnplugin-1.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: warnplugin\nVersion: 1.0\n")
+    (site / "warnplugin-1.0.dist-info" / "entry_points.txt").write_text("[pytest11]\nwarnplugin = warnplugin_hooks\n")
+    (site / "warnplugin_hooks.py").write_text(
+        "import warnings\n\ndef pytest_configure(config):\n"
+        "    warnings.warn('warnplugin: a plugin of the machine warns at configure', UserWarning)\n")
+    return site
+
+
+TINY_TESTS = ("from hypothesis import given, strategies as st\n\n"
+              "def test_sum():\n    assert 1 + 1 == 2\n\n"
+              "@given(st.integers())\ndef test_any_integer(n):\n    assert n - n == 0\n")
+
+
+@pytest.mark.parametrize("parallel", [[], pytest.param(["-n", "2"], marks=pytest.mark.skipif(
+    not gpu_stages.has_xdist(), reason="pytest-xdist is not installed"))])
+def test_a_machine_plugin_that_warns_cannot_break_the_tests_stage(tmp_path, monkeypatch, parallel):
+    """The tests stage on a tiny selection with the warning plugin installed: it passes, with the plugins it
+    names loaded (xdist's ``-n``, hypothesis' ``--hypothesis-seed`` are understood); the same pytest command
+    with autoloading on fails on the plugin's warning (what the stage is guarded against)."""
+    site = warning_plugin(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
+    (tmp_path / "tiny").mkdir()
+    (tmp_path / "tiny" / "test_tiny.py").write_text(TINY_TESTS)
+    selection = parallel + ["--hypothesis-seed=1", str(tmp_path / "tiny" / "test_tiny.py")]
+    out = tmp_path / "tests.json"
+    assert gpu_stages.main(["tests", str(out), "--emulate", "--cap", "120", "--pytest-args", " ".join(selection)]) == 0
+    item = json.loads(out.read_text())["items"][0]
+    assert (item["exit"], item.get("passed"), item.get("failed"), item.get("errors")) == (0, 2, 0, 0), item
+    assert item["command"].startswith("PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 ")
+
+    autoload = {k: v for k, v in gpu_stages.pytest_env().items() if k != "PYTEST_DISABLE_PLUGIN_AUTOLOAD"}
+    cmd = gpu_stages.pytest_command(tmp_path / "autoload.xml", selection)
+    res = subprocess.run(cmd, env=autoload, cwd=str(TOOLS.parent), capture_output=True, text=True, timeout=120)
+    assert res.returncode != 0 and "warnplugin: a plugin of the machine warns" in res.stdout + res.stderr
+
+
 # --- merging and the table ---------------------------------------------------------------------------------
 
 def a_run(run_id: str, started: str, **stages) -> dict:

@@ -343,20 +343,30 @@ def parse_junit(path: Path) -> dict:
 INTERRUPT_GRACE = 10    # seconds pytest has, after SIGINT at its deadline, to write its report and stop
 
 
+TEST_PLUGINS = ("xdist.plugin", "_hypothesis_pytestplugin")   # the modules of the plugins the project's tests use
+
+
 def pytest_plugins() -> list[str]:
-    """``-p`` options of the plugins the project's tests use, by module name (what every pytest version
-    accepts), for pytest run with plugin autoloading off: pytest-xdist where installed (``xdist.plugin``:
-    the package itself holds no hooks), hypothesis' plugin (``_hypothesis_pytestplugin``, its pytest11 entry
-    point); ``no:cacheprovider`` writes nothing into the checkout."""
-    import importlib.util
+    """``-p`` options of the plugins the project's tests use (pytest-xdist, hypothesis), those installed, for
+    pytest run with plugin autoloading off; ``no:cacheprovider`` writes nothing into the checkout. A plugin is
+    named by its pytest11 entry point's name where this pytest loads entry points by ``-p`` (from 8.4: the
+    plugin is then registered under the name autoloading would give it, so the command means the same with
+    autoloading on), else by its module (``xdist.plugin``: the ``xdist`` package itself holds no hooks)."""
+    import importlib.metadata
+    import inspect
+    from _pytest.config import PytestPluginManager
+    by_entry_point = "consider_entry_points" in inspect.signature(PytestPluginManager.import_plugin).parameters
+    installed = {ep.value: ep.name for ep in importlib.metadata.entry_points(group="pytest11")}
     named = ["-p", "no:cacheprovider"]
-    for module in ("xdist.plugin", "_hypothesis_pytestplugin"):
-        try:
-            if importlib.util.find_spec(module) is not None:
-                named += ["-p", module]
-        except ImportError:      # the parent package is missing
-            pass
+    for module in TEST_PLUGINS:
+        if module in installed:
+            named += ["-p", installed[module] if by_entry_point else module]
     return named
+
+
+def has_xdist() -> bool:
+    import importlib.metadata
+    return any(ep.value == "xdist.plugin" for ep in importlib.metadata.entry_points(group="pytest11"))
 
 
 def pytest_command(junit: Path, pytest_args: list) -> list:
@@ -407,7 +417,7 @@ def stage_tests(rec: Recorder, args) -> None:
     less the time pytest needs to stop and write its report."""
     workdir = Path(tempfile.mkdtemp(prefix="gpu-check-junit-"))
     workers = max(2, min(8, (os.cpu_count() or 2) // 2))
-    parallel = ["-n", str(workers)] if "xdist.plugin" in pytest_plugins() else []
+    parallel = ["-n", str(workers)] if has_xdist() else []
     runs = [("pytest -m gpu", ["-m", "gpu"], 0.5),
             ("CUDA tests", parallel + ["-m", "not gpu", "tests/cuda", "tests/codegen/test_cuda.py",
                                        "tests/test_device.py"], 1.0)]
