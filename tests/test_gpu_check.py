@@ -246,6 +246,76 @@ def test_a_machine_plugin_that_warns_cannot_break_the_tests_stage(tmp_path, monk
     assert res.returncode != 0 and "warnplugin: a plugin of the machine warns" in res.stdout + res.stderr
 
 
+# --- the sanitize stage -------------------------------------------------------------------------------------
+
+FAKE_SANITIZER = """#!/bin/sh
+# compute-sanitizer stood in for: records its arguments, runs the program after its options (the first
+# argument that is a file), reports FAKE_ERRORS errors as memcheck does, after FAKE_SLEEP seconds
+printf '%s\\n' "$@" > "$0.argv"
+echo "========= COMPUTE-SANITIZER"
+sleep "${FAKE_SLEEP:-0}"
+while [ $# -gt 0 ] && [ ! -f "$1" ]; do shift; done
+"$@"; rc=$?
+n=${FAKE_ERRORS:-0}
+if [ "$n" -gt 0 ]; then echo "========= Invalid __global__ read of size 4 bytes"; fi
+echo "========= ERROR SUMMARY: $n errors"
+if [ "$n" -gt 0 ]; then exit 1; fi
+exit $rc
+"""
+
+
+@pytest.fixture
+def fake_sanitizer(tmp_path, monkeypatch) -> Path:
+    """A compute-sanitizer first on PATH (``.argv`` beside it gets the arguments it was given)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "compute-sanitizer").write_text(FAKE_SANITIZER)
+    (bin_dir / "compute-sanitizer").chmod(0o755)
+    monkeypatch.setenv("PATH", os.pathsep.join([str(bin_dir), os.environ["PATH"]]))
+    return bin_dir / "compute-sanitizer"
+
+
+@needs_cxx
+@pytest.mark.parametrize("errors", [0, 2])
+def test_the_sanitize_stage_runs_one_training_step_under_memcheck(tmp_path, monkeypatch, fake_sanitizer, errors):
+    monkeypatch.setenv("FAKE_ERRORS", str(errors))
+    out = tmp_path / "sanitize.json"
+    assert gpu_stages.main(["sanitize", str(out), "--emulate", "--cap", "300"]) == 0
+    res = json.loads(out.read_text())
+    argv = fake_sanitizer.with_name("compute-sanitizer.argv").read_text().splitlines()
+    assert argv[:4] == ["--tool", "memcheck", "--error-exitcode", "1"]          # any error: exit status 1
+    assert argv[4:] == [sys.executable, str(TOOLS / "gpu_stages.py"), "step", argv[7], "--emulate"]
+    assert gpu_stages.sanitize_command("cs", Path(argv[7]), emulate=False) == ["cs"] + argv[:-1]   # on a GPU
+    [item] = res["items"]
+    assert item["step"]["device"] == "emulated" and item["step"]["finite"] and item["step"]["loss"] > 0
+    assert item["summary"] == f"ERROR SUMMARY: {errors} errors" and item["errors"] == errors
+    assert (item["exit"], item["ok"], res["problems"]) == ((0, True, 0) if errors == 0 else (1, False, 1))
+    assert ("========= Invalid __global__ read of size 4 bytes" in item["report"]) == (errors > 0)
+
+
+def test_a_sanitizer_past_the_stage_cap_is_stopped_and_said(tmp_path, monkeypatch, fake_sanitizer):
+    monkeypatch.setenv("FAKE_SLEEP", "60")
+    out = tmp_path / "sanitize.json"
+    start = time.monotonic()
+    assert gpu_stages.main(["sanitize", str(out), "--emulate", "--cap", "10"]) == 0
+    assert time.monotonic() - start < 10
+    [item] = json.loads(out.read_text())["items"]
+    assert item["note"].startswith("stopped after 5 s") and item["step"] is None and not item["ok"]
+    assert item["tail"] == ["========= COMPUTE-SANITIZER"]
+
+
+def test_without_compute_sanitizer_the_stage_is_skipped_and_says_so(tmp_path, monkeypatch):
+    (tmp_path / "empty-bin").mkdir()
+    monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    args = gpu_check.parse_args([str(tmp_path), "--emulate"])
+    with open(tmp_path / "log.txt", "a") as log:
+        res = gpu_check.run_stage("sanitize", gpu_check.stage_command("sanitize", tmp_path, 30, args), tmp_path, 30,
+                                  gpu_check.child_env(None), log)
+    assert res["status"] == "skipped" and res["items"] == []
+    assert gpu_check.stage_summary("sanitize", res).startswith("skipped: no compute-sanitizer")
+
+
 # --- merging and the table ---------------------------------------------------------------------------------
 
 def a_run(run_id: str, started: str, **stages) -> dict:
