@@ -353,9 +353,11 @@ def test_the_table_shows_each_stage_newest_and_the_benchmark_rows():
                        {"point": "tree_lstm-h512-b64", "system": "PyTorch level", "train": 1000.0, "infer": 3000.0,
                         "ratio_train": 2.5, "ratio_infer": 3.0},
                        {"point": "var_lstm-h512-b64", "system": "minicavs", "error": "RuntimeError: boom"}]}
+    sanitize = {"items": [{"errors": 2, "exit": 1, "step": {"loss": 1.5, "device": "cuda"}}]}
     results = {"format": 1, "runs": [a_run("r1", "1", tests={"items": []}),
-                                     a_run("r2", "2", tests=tests, equality=eq, bench=bench)]}
+                                     a_run("r2", "2", tests=tests, equality=eq, bench=bench, sanitize=sanitize)]}
     text = gpu_check.render(results)
+    assert "memcheck: 2 errors (exit 1), step loss 1.5 on cuda" in text
     assert "7 passed, 2 failed" in text and "1/2 equal" in text and "not equal: tree_fc float64" in text
     assert "1 with parameters beyond tolerance" in text
     rows = [line for line in text.splitlines() if line.startswith("tree_lstm-h512-b64")]
