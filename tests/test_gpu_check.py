@@ -419,3 +419,11 @@ def test_the_bench_stage_runs_on_the_emulated_device(tmp_path):
         assert len(i["train_rates"]) == 2 and i["units"] >= i["samples"] > 0
     peers = [i for i in res["items"] if i["system"] != "minicavs"]
     assert len(peers) == 3        # measured, or the reason it could not be (no torch here)
+
+
+def test_the_bench_stage_starts_no_point_that_its_cap_leaves_no_time_for(tmp_path):
+    out = tmp_path / "bench.json"
+    assert gpu_stages.main(["bench", str(out), "--emulate", "--data", str(tmp_path), "--cap", "5"]) == 0
+    res = json.loads(out.read_text())
+    assert [i["point"] for i in res["items"]] == ["tree_lstm-h8-b4", "tree_fc-h8-b2-l8", "var_lstm-h8-b4"]
+    assert all(i["error"].startswith("not run: the last point took 0 s, more than the 0 s left") for i in res["items"])

@@ -802,9 +802,17 @@ def stage_bench(rec: Recorder, args) -> None:
         torch_ok, torch_why = False, f"no torch ({type(e).__name__})"
     rec.set(device=kind, data={"sst": sst or "synthetic (no carried SST)", "ptb": ptb or "synthetic (no carried PTB)"},
             repeats=repeats, epoch_cap_s=epoch_cap)
+    deadline, last, point_start = time.monotonic() + args.cap - 5, 0.0, None   # a point starts if the last fits
     for point, sizes in bench_points(args.quick, args.emulate):
         data = Data(sst=sst, ptb=ptb, **sizes)
         key = point.key()
+        if point_start is not None:
+            last = time.monotonic() - point_start
+        point_start = time.monotonic()
+        if point_start + last > deadline:
+            rec.add({"point": key, "system": "minicavs", "error": f"not run: the last point took {last:.0f} s, "
+                     f"more than the {max(0.0, deadline - time.monotonic()):.0f} s left of the stage's cap"})
+            continue
         say(f"--- {key}")
         start = time.monotonic()
         try:
