@@ -210,7 +210,8 @@ def warning_plugin(root: Path) -> Path:
     loads it, and ``filterwarnings = error`` turns its warning into an INTERNALERROR."""
     site = root / "site"
     (site / "warnplugin-1.0.dist-info").mkdir(parents=True)
-    (site / "warnplugin-1.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: warnplugin\nVersion: 1.0\n")
+    (site / "warnplugin-1.0.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: warnplugin\nVersion: 1.0\n")
     (site / "warnplugin-1.0.dist-info" / "entry_points.txt").write_text("[pytest11]\nwarnplugin = warnplugin_hooks\n")
     (site / "warnplugin_hooks.py").write_text(
         "import warnings\n\ndef pytest_configure(config):\n"

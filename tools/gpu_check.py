@@ -251,7 +251,8 @@ def bench_verdict(equality: dict | None) -> tuple[bool, str]:
     planned = equality.get("planned", [])
     if not planned:
         return False, "equality recorded no plan of its cases: what it did not reach is unknown"
-    missing = sorted({f"{c['model']} {c['dtype']}" for c in planned} - {f"{i.get('model')} {i.get('dtype')}" for i in items})
+    compared = {f"{i.get('model')} {i.get('dtype')}" for i in items}
+    missing = sorted({f"{c['model']} {c['dtype']}" for c in planned} - compared)
     if missing:
         return False, f"equality stopped before comparing {', '.join(missing)}"
     unreached = len(planned) - len(items)
