@@ -348,20 +348,14 @@ TEST_PLUGINS = ("xdist.plugin", "_hypothesis_pytestplugin")   # the modules of t
 
 def pytest_plugins() -> list[str]:
     """``-p`` options of the plugins the project's tests use (pytest-xdist, hypothesis), those installed, for
-    pytest run with plugin autoloading off; ``no:cacheprovider`` writes nothing into the checkout. A plugin is
-    named by its pytest11 entry point's name where this pytest loads entry points by ``-p`` (from 8.4: the
-    plugin is then registered under the name autoloading would give it, so the command means the same with
-    autoloading on), else by its module (``xdist.plugin``: the ``xdist`` package itself holds no hooks)."""
+    pytest run with plugin autoloading off; ``no:cacheprovider`` writes nothing into the checkout. Each is
+    named by its pytest11 entry point (``xdist``, ``hypothesispytest``: what ``-p`` takes since pytest 4.4),
+    so it is registered under the name autoloading would give it: the command means the same either way,
+    where a module name (``xdist.plugin``) would have the plugin registered twice with autoloading on."""
     import importlib.metadata
-    import inspect
-    from _pytest.config import PytestPluginManager
-    by_entry_point = "consider_entry_points" in inspect.signature(PytestPluginManager.import_plugin).parameters
     installed = {ep.value: ep.name for ep in importlib.metadata.entry_points(group="pytest11")}
-    named = ["-p", "no:cacheprovider"]
-    for module in TEST_PLUGINS:
-        if module in installed:
-            named += ["-p", installed[module] if by_entry_point else module]
-    return named
+    return ["-p", "no:cacheprovider"] + [a for module in TEST_PLUGINS if module in installed
+                                         for a in ("-p", installed[module])]
 
 
 def has_xdist() -> bool:
