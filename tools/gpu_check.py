@@ -1,23 +1,34 @@
-"""The GPU check of issue 20 in one command: on a bare GPU machine with this checkout, its carried wheels
-(``.whl/``, tools/gpu_pack.sh) and data (``.gpu-data/``), install what is missing and run, in priority order,
-each stage in a process of its own under its own time cap, keeping what it wrote before the cap:
+"""The GPU check in two device calls: on a bare GPU machine with this checkout, its carried wheels (``.whl/``)
+and data (``.gpu-data/``, both packed here by tools/gpu_pack.sh), install what is missing and run stages in
+priority order, each in a process of its own under its own time cap, keeping what it wrote before the cap, so
+that a call cut off early still brings back what matters most.
 
-- ``facts``: nvidia-smi, versions, CuPy's device, the two ceilings (a large device copy, a large matmul);
-- ``tests``: ``pytest -m gpu``, then the CUDA tests (tests/cuda, tests/codegen/test_cuda.py, tests/test_device.py);
-- ``equality``: a few training steps of every bundled model on the device against the CPU (float64 and
-  float32, streaming and deterministic on and off) and a DAG with atomics run twice;
-- ``bench``: the issue's throughput points against PyTorch on the same GPU (run it in a call of its own).
+The first call (the default stages, ``BUDGET`` = 340 s in all, so a device ``timeout_s`` of 360 covers it,
+the machine's start apart):
 
-    bash tools/gpu_check.sh OUT                                  # facts, tests, equality (one 10-min call)
-    bash tools/gpu_check.sh OUT --stages facts,bench             # the benchmark (another call)
-    python3 tools/gpu_check.py --merge DEST SRC [SRC ...]        # merge results of several runs, print the table
+- ``facts`` (cap 30 s): nvidia-smi, versions, CuPy's device, the two ceilings (a large device copy, a large
+  matmul);
+- ``equality`` (120 s): a few training steps of every bundled model on the device against the CPU, float64 and
+  float32 first, then streaming and deterministic on, then a DAG summed by atomics run twice;
+- ``tests`` (120 s): ``pytest -m gpu``, then the CUDA tests (tests/cuda, tests/codegen/test_cuda.py,
+  tests/test_device.py), pytest with plugin autoloading off and the plugins it needs named, so that a plugin
+  of the machine's (pytest-benchmark warns under xdist) cannot turn ``filterwarnings = error`` against it;
+- ``sanitize`` (45 s): one training step of the bundled tree_lstm under ``compute-sanitizer --tool memcheck``
+  ("skipped: no compute-sanitizer" where the machine has none on PATH).
+
+It ends by saying whether the second call is warranted (every equality case equal, every model and dtype
+reached): ``bench`` (cap 240 s), the throughput points against PyTorch on the same GPU.
+
+    bash tools/gpu_check.sh OUT                                  # first call: facts, equality, tests, sanitize
+    bash tools/gpu_check.sh OUT --stages bench                   # second call, only if the first says so
+    python3 tools/gpu_check.py DEST --merge SRC [SRC ...]        # here: merge the calls' results, print the table
 
 OUT gets one JSON per stage (``facts.json`` ...), ``results.json`` (every run in OUT merged: a run's stages
-are added to what OUT already holds) and ``log.txt`` (every stage's output): at most 6 files, so all of them
+are added to what OUT already holds) and ``log.txt`` (every stage's output): at most 7 files, so all of them
 come back from a device call. The table is printed last. Without CuPy or a CUDA device it exits with status 2
-within seconds, naming what is missing. ``--emulate`` runs the equality and bench stages on the CPU emulation
-of the CUDA device (minicavs/cuda/emulation.py): how the stage code is tested without a GPU; its results say
-so and never count as GPU results.
+within seconds, naming what is missing. ``--emulate`` runs the stages on the CPU emulation of the CUDA device
+(the one switch: tools/gpu_stages.py's ``project_device`` says which device that is): how the stage code is
+tested without a GPU; its results say so and never count as GPU results.
 
 Standard library only (plus the project, imported by the stages in their own processes).
 """
@@ -34,11 +45,14 @@ import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-STAGES = ("facts", "tests", "equality", "bench")
-DEFAULT_STAGES = ("facts", "tests", "equality")
-CAPS = {"facts": 60, "tests": 270, "equality": 210, "bench": 500}   # seconds; tests + equality + facts < 10 min
-BUDGET = 570          # seconds for the whole command by default: a device call may run 600
-RESERVE = 8           # seconds kept back from the budget for merging and the table
+STAGES = ("facts", "equality", "tests", "sanitize", "bench")      # the table's order
+DEFAULT_STAGES = ("facts", "equality", "tests", "sanitize")          # the first call, in priority order
+CAPS = {"facts": 30, "equality": 120, "tests": 120, "sanitize": 45, "bench": 240}   # seconds
+BUDGET = 340          # seconds for the whole command by default: the first call's device timeout_s is 360
+DEVICE_TIMEOUT_S = 360   # what the device call of the first call is given (README): BUDGET must end before it
+SETUP_S = 15          # seconds before the first stage: the CuPy probe, the wheels' install, the import check
+KILL_GRACE = 5        # seconds a stage past its cap may take to die: SIGTERM, 3 s, SIGKILL, 2 s
+RESERVE = 5           # seconds kept back from the budget for merging and the table
 FORMAT = 1
 
 
@@ -80,7 +94,7 @@ def install_wheels(wheels: Path, site: Path, log) -> str:
         return f"no wheels in {wheels} (nothing installed)"
     cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
            "--no-cache-dir", "--upgrade", "--target", str(site)] + [str(w) for w in found]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     log(f"$ {' '.join(cmd)}\n{out.stdout}{out.stderr}")
     if out.returncode:
         return f"pip install of {len(found)} wheels failed (exit {out.returncode}): {out.stderr.strip()[-300:]}"
@@ -104,9 +118,10 @@ def write_json(path: Path, data) -> None:
 
 
 def run_stage(name: str, cmd: list, out: Path, cap: float, env: dict, logfile) -> dict:
-    """Run one stage's process (its own process group) for at most ``cap`` seconds; its result is what it
-    last wrote to ``OUT/<name>.json`` (items so far), with the status the runner saw: ok, failed (exit
-    status), timeout (killed at the cap: the items before it are kept) or crashed (wrote nothing)."""
+    """Run one stage's process (its own process group) for at most ``cap`` seconds (and ``KILL_GRACE`` to
+    die); its result is what it last wrote to ``OUT/<name>.json`` (items so far), with the status the runner
+    saw: ok, skipped (it ran and said why it measured nothing), failed (exit status), timeout (killed at the
+    cap: the items before it are kept) or crashed (wrote nothing)."""
     path = out / f"{name}.json"
     if path.exists():
         path.unlink()
@@ -122,7 +137,7 @@ def run_stage(name: str, cmd: list, out: Path, cap: float, env: dict, logfile) -
             status = "failed"
     except subprocess.TimeoutExpired:
         status, rc = "timeout", None
-        for sig, grace in ((signal.SIGTERM, 5), (signal.SIGKILL, 5)):
+        for sig, grace in ((signal.SIGTERM, 3), (signal.SIGKILL, KILL_GRACE - 3)):
             try:
                 os.killpg(proc.pid, sig)
             except ProcessLookupError:
@@ -138,6 +153,8 @@ def run_stage(name: str, cmd: list, out: Path, cap: float, env: dict, logfile) -
         result = {"stage": name, "items": []}
         if status == "ok":
             status = "crashed"
+    elif status == "ok" and result.get("skipped"):
+        status = "skipped"
     result.update(stage=name, status=status, exit=rc, seconds=round(seconds, 1), cap_s=cap)
     logfile.write(f"===== stage {name}: {result['status']} after {seconds:.1f} s (exit {rc})\n")
     logfile.flush()
@@ -194,19 +211,53 @@ def stage_summary(name: str, res: dict) -> str:
                 f"CuPy {f.get('cupy', '?')}, copy {fmt(f.get('copy_GBps'))} GB/s, "
                 f"matmul f32 {fmt(f.get('matmul_f32_TFLOPs'))} / f64 {fmt(f.get('matmul_f64_TFLOPs'))} TFLOP/s")
     if name == "tests":
-        return "; ".join(f"{i['name']}: {i.get('passed', 0)} passed, {i.get('failed', 0)} failed, "
+        return "; ".join(f"{i.get('name', '?')}: {i.get('passed', 0)} passed, {i.get('failed', 0)} failed, "
                          f"{i.get('errors', 0)} errors, {i.get('skipped', 0)} skipped"
                          + (" (interrupted at its cap)" if i.get("interrupted") else "") for i in items) or "no tests ran"
     if name == "equality":
         bad = [i for i in items if not i.get("ok")]
         drift = sum(1 for i in items if i.get("params_ok") is False)
+        unreached = len(res.get("planned", [])) - len(items)
         return (f"{len(items) - len(bad)}/{len(items)} equal" +
+                (f" ({unreached} planned cases not reached)" if unreached > 0 else "") +
                 (f" ({drift} with parameters beyond tolerance after all steps)" if drift else "") +
                 (": not equal: " + ", ".join(i["case"] for i in bad[:6]) + (" ..." if len(bad) > 6 else "")
                  if bad else ""))
+    if name == "sanitize":
+        if res.get("skipped"):
+            return f"skipped: {res['skipped']}"
+        return "; ".join(f"memcheck: {i.get('errors', '?')} errors (exit {i.get('exit')}), "
+                         + (f"step loss {fmt(i['step'].get('loss'))} on {i['step'].get('device')}" if i.get("step")
+                            else "the step wrote no result")
+                         + (f"; {i['note']}" if i.get("note") else "") for i in items) or "nothing ran"
     if name == "bench":
         return f"{len(items)} measurements"
     return f"{len(items)} items"
+
+
+def bench_verdict(equality: dict | None) -> tuple[bool, str]:
+    """Whether an equality result warrants the second call (the bench), and why: every case it compared
+    equal, and every bundled model in every dtype compared at least once (a variant its cap cut off is
+    said, but does not hold the bench back: the bench times the plain path)."""
+    if equality is None:
+        return False, "equality did not run"
+    items = equality.get("items", [])
+    if not items:
+        return False, f"equality compared nothing (status {equality.get('status', '?')})"
+    bad = [i for i in items if not i.get("ok")]
+    if bad:
+        return False, (f"{len(bad)} of {len(items)} equality cases not equal (first: {bad[0].get('case', '?')}): "
+                       f"fix those first")
+    planned = equality.get("planned", [])
+    if not planned:
+        return False, "equality recorded no plan of its cases: what it did not reach is unknown"
+    compared = {f"{i.get('model')} {i.get('dtype')}" for i in items}
+    missing = sorted({f"{c['model']} {c['dtype']}" for c in planned} - compared)
+    if missing:
+        return False, f"equality stopped before comparing {', '.join(missing)}"
+    unreached = len(planned) - len(items)
+    return True, (f"all {len(items)} equality cases equal" +
+                  (f" ({unreached} variant cases not reached before the cap)" if unreached > 0 else ""))
 
 
 BENCH_HEAD = ["point", "system", "train/s", "infer/s", "minicavs/peer", "(infer)", "2 streams/1", "launches/batch",
@@ -271,6 +322,13 @@ def commit() -> str:
     return stamp.read_text().strip() + " (packed)" if stamp.exists() else "unknown"
 
 
+def stage_command(name: str, out: Path, cap: float, args: argparse.Namespace) -> list:
+    """The command line of stage ``name``'s process: tools/gpu_stages.py, told its cap."""
+    return ([sys.executable, str(Path(__file__).with_name("gpu_stages.py")), name, str(out / f"{name}.json"),
+             "--data", args.data, "--cap", f"{cap:.0f}"]
+            + (["--quick"] if args.quick else []) + (["--emulate"] if args.emulate else []))
+
+
 def parse_args(argv) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="gpu_check", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -283,7 +341,7 @@ def parse_args(argv) -> argparse.Namespace:
                    help="seconds for the whole command: stage caps shrink so that it ends in time (default %(default)s)")
     p.add_argument("--quick", action="store_true", help="fewer cases and points (a smoke run)")
     p.add_argument("--emulate", action="store_true",
-                   help="no GPU: equality and bench on the CPU emulation of the CUDA device (tests the stage code)")
+                   help="no GPU: the stages on the CPU emulation of the CUDA device (tests the stage code)")
     p.add_argument("--wheels", default=str(ROOT / ".whl"), help="carried wheels (default: .whl of the checkout)")
     p.add_argument("--data", default=str(ROOT / ".gpu-data"), help="carried data (default: .gpu-data)")
     p.add_argument("--site", default="/tmp/minicavs-site", help="where the wheels are installed")
@@ -344,25 +402,30 @@ def main(argv=None) -> int:
                 run["install"] += f"; WARNING: {probe.stderr.strip().splitlines()[-1]} (carry .whl: tools/gpu_pack.sh)"
                 print(f"gpu_check: {run['install']}", flush=True)
         for name in stages:
-            left = args.budget - (time.monotonic() - started) - RESERVE
+            left = args.budget - (time.monotonic() - started) - RESERVE - KILL_GRACE
             cap = min(caps[name], left)
-            if cap < 5:
+            if cap < min(5, caps[name]):       # under 5 s left (or under the cap asked for, if smaller)
                 run["stages"][name] = {"stage": name, "status": "not run", "items": [],
                                        "note": f"the budget of {args.budget:.0f} s was spent"}
                 continue
             print(f"gpu_check: stage {name} (cap {cap:.0f} s) ...", flush=True)
-            cmd = [sys.executable, str(Path(__file__).with_name("gpu_stages.py")), name, str(out / f"{name}.json"),
-                   "--data", args.data, "--cap", f"{cap:.0f}"] + (["--quick"] if args.quick else []) + (["--emulate"] if args.emulate else [])
-            res = run_stage(name, cmd, out, cap, env, logfile)
+            res = run_stage(name, stage_command(name, out, cap, args), out, cap, env, logfile)
             run["stages"][name] = res
             print(f"gpu_check: stage {name}: {res['status']} in {res['seconds']} s", flush=True)
             merged = merge(load_results(out), {"runs": [run]})    # after every stage: a later kill loses nothing
             write_json(out / "results.json", merged)
+        if "equality" in stages and "bench" not in stages:
+            warranted, why = bench_verdict(run["stages"].get("equality"))
+            run["bench_warranted"] = {"warranted": warranted, "why": why}
     merged = merge(load_results(out), {"runs": [run]})
     write_json(out / "results.json", merged)
     print()
     print(render(merged))
-    bad = [n for n, r in run["stages"].items() if r.get("status") != "ok" or r.get("problems")]
+    if "bench_warranted" in run:
+        print(f"\ngpu_check: the bench call is {'WARRANTED' if warranted else 'NOT warranted'}: {why}"
+              + (" (EMULATED: not a GPU result)" if args.emulate else "")
+              + (f". Second call: bash tools/gpu_check.sh OUT --stages bench" if warranted else ""), flush=True)
+    bad = [n for n, r in run["stages"].items() if r.get("status") not in ("ok", "skipped") or r.get("problems")]
     return 1 if bad else 0
 
 

@@ -1,20 +1,29 @@
-"""The stages of tools/gpu_check.py, each run by it in a process of its own:
+"""The stages of tools/gpu_check.py (facts, equality, tests, sanitize, bench), each run by it in a process of
+its own, and the one training step the sanitize stage runs under compute-sanitizer:
 
-    python tools/gpu_stages.py STAGE OUT.json [--data DIR] [--quick] [--emulate]
+    python tools/gpu_stages.py STAGE OUT.json [--data DIR] [--cap SECONDS] [--quick] [--emulate]
+    python tools/gpu_stages.py step OUT.json [--emulate]
 
 A stage appends one item per measurement to OUT.json, rewritten atomically after each, so that what it
 measured before being stopped at its cap is kept. It exits 0 when it ran to its end, whatever it found
-(failing tests, unequal results: ``problems`` counts them); an exception that escapes is a failed stage.
+(failing tests, unequal results, sanitizer errors: ``problems`` counts them); an exception that escapes is a
+failed stage. A stage that measures nothing for a reason it can name (no compute-sanitizer) says so in
+``skipped``.
 
 Everything that touches the project goes through the section "the project's API" below (Trainer, config
-overrides, the device's launcher and synchronize), so that an engine refactor is adapted in one place.
+overrides, the device's launcher and synchronize), so that an engine refactor is adapted in one place; and
+``--emulate`` is the one switch between the GPU and the CPU's stand-in for it (``project_device``).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
+import re
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -25,7 +34,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import replace
 from pathlib import Path
 
-from gpu_check import write_json   # tools/ is this script's directory
+from gpu_check import read_json, write_json   # tools/ is this script's directory
 
 ROOT = Path(__file__).resolve().parent.parent
 TOL = {"float32": 1e-5, "float64": 1e-10}    # DESIGN.md: max|a - b| <= tol * max(1, max|ref|)
@@ -57,7 +66,7 @@ def say(*parts) -> None:
 
 
 # --- the project's API, in one place ------------------------------------------------------------------------
-# (issue 16 may move engine.py/device.py/cuda/ into backend packages: adapt these functions, nothing else)
+# (where the engine or the device moves, adapt these functions, nothing else)
 
 _EMULATION_DIR = None
 
@@ -211,7 +220,7 @@ def data_file(data_dir: Path, rel: str) -> str | None:
     return str(path) if path.is_file() else None
 
 
-# --- stage 1: facts ----------------------------------------------------------------------------------------
+# --- the facts stage ----------------------------------------------------------------------------------------
 
 def run_text(cmd: list, timeout: float = 20) -> str:
     try:
@@ -302,7 +311,7 @@ def stage_facts(rec: Recorder, args) -> None:
     cupy.get_default_memory_pool().free_all_blocks()
 
 
-# --- stage 2: tests ----------------------------------------------------------------------------------------
+# --- the tests stage ----------------------------------------------------------------------------------------
 
 def parse_junit(path: Path) -> dict:
     """Counts and failures (test id, message, the end of the report) of a pytest junit XML file."""
@@ -331,15 +340,51 @@ def parse_junit(path: Path) -> dict:
     return out
 
 
+INTERRUPT_GRACE = 10    # seconds pytest has, after SIGINT at its deadline, to write its report and stop
+
+
+TEST_PLUGINS = ("xdist.plugin", "_hypothesis_pytestplugin")   # the modules of the plugins the project's tests use
+
+
+def pytest_plugins() -> list[str]:
+    """``-p`` options of the plugins the project's tests use (pytest-xdist, hypothesis), those installed, for
+    pytest run with plugin autoloading off; ``no:cacheprovider`` writes nothing into the checkout. Each is
+    named by its pytest11 entry point (``xdist``, ``hypothesispytest``: what ``-p`` takes since pytest 4.4),
+    so it is registered under the name autoloading would give it: the command means the same either way,
+    where a module name (``xdist.plugin``) would have the plugin registered twice with autoloading on."""
+    import importlib.metadata
+    installed = {ep.value: ep.name for ep in importlib.metadata.entry_points(group="pytest11")}
+    return ["-p", "no:cacheprovider"] + [a for module in TEST_PLUGINS if module in installed
+                                         for a in ("-p", installed[module])]
+
+
+def has_xdist() -> bool:
+    import importlib.metadata
+    return any(ep.value == "xdist.plugin" for ep in importlib.metadata.entry_points(group="pytest11"))
+
+
+def pytest_command(junit: Path, pytest_args: list) -> list:
+    """The tests stage's pytest: the project's own configuration (setup.cfg, ``filterwarnings = error``)
+    wherever the selection lies, short tracebacks (the junit report keeps each failure's), a junit report."""
+    return ([sys.executable, "-m", "pytest", "-q", "-rfE", "--tb=short", "-c", str(ROOT / "setup.cfg"),
+             "--rootdir", str(ROOT)] + pytest_plugins() + [f"--junitxml={junit}"] + list(pytest_args))
+
+
+def pytest_env() -> dict:
+    """The environment of the tests stage's pytest: plugin autoloading off, so that a plugin installed on
+    the machine (pytest-benchmark, which warns under xdist: an INTERNALERROR under ``filterwarnings =
+    error``) is never loaded; only those of :func:`pytest_plugins` are."""
+    return dict(os.environ, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
+
+
 def run_pytest(name: str, pytest_args: list, seconds: float, workdir: Path) -> dict:
     """pytest with a junit XML report; at ``seconds`` it gets SIGINT, so that it still writes the report of
-    the tests run so far (then SIGKILL if it does not stop)."""
-    import signal
+    the tests run so far (then SIGKILL if it has not stopped ``INTERRUPT_GRACE`` seconds later)."""
     junit = workdir / f"junit-{len(list(workdir.glob('junit-*')))}.xml"
-    cmd = [sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", f"--junitxml={junit}"] + pytest_args
-    say(f"$ {' '.join(cmd)}  (at most {seconds:.0f} s)")
+    cmd = pytest_command(junit, pytest_args)
+    say(f"$ PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 {' '.join(cmd)}  (at most {seconds:.0f} s)")
     start = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=str(ROOT))
+    proc = subprocess.Popen(cmd, cwd=str(ROOT), env=pytest_env())
     interrupted = False
     try:
         rc = proc.wait(timeout=seconds)
@@ -347,12 +392,12 @@ def run_pytest(name: str, pytest_args: list, seconds: float, workdir: Path) -> d
         interrupted = True
         proc.send_signal(signal.SIGINT)
         try:
-            rc = proc.wait(timeout=20)
+            rc = proc.wait(timeout=INTERRUPT_GRACE)
         except subprocess.TimeoutExpired:
             proc.kill()
             rc = proc.wait()
-    item = {"name": name, "command": " ".join(cmd[1:]), "exit": rc, "seconds": round(time.monotonic() - start, 1),
-            "interrupted": interrupted}
+    item = {"name": name, "command": "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 " + " ".join(cmd[1:]), "exit": rc,
+            "seconds": round(time.monotonic() - start, 1), "interrupted": interrupted}
     if junit.exists():
         item.update(parse_junit(junit))
     else:
@@ -361,20 +406,21 @@ def run_pytest(name: str, pytest_args: list, seconds: float, workdir: Path) -> d
 
 
 def stage_tests(rec: Recorder, args) -> None:
+    """``pytest -m gpu`` (the tests that need the device), then the CUDA tests not marked gpu (the emulated
+    launcher's, NVRTC's compile check) spread over workers; each run gets a share of what is left of the cap,
+    less the time pytest needs to stop and write its report."""
     workdir = Path(tempfile.mkdtemp(prefix="gpu-check-junit-"))
-    try:
-        import xdist  # pytest-xdist: the GPU machine has 16 cores
-        parallel = ["-n", "4"] if xdist else []
-    except ImportError:
-        parallel = []
-    runs = [("pytest -m gpu", ["-m", "gpu"], 0.45),
-            ("CUDA tests", parallel + ["tests/cuda", "tests/codegen/test_cuda.py", "tests/test_device.py"], 1.0)]
+    workers = max(2, min(8, (os.cpu_count() or 2) // 2))
+    parallel = ["-n", str(workers)] if has_xdist() else []
+    runs = [("pytest -m gpu", ["-m", "gpu"], 0.5),
+            ("CUDA tests", parallel + ["-m", "not gpu", "tests/cuda", "tests/codegen/test_cuda.py",
+                                       "tests/test_device.py"], 1.0)]
     if args.pytest_args:        # the runner's own tests: a given selection instead
         runs = [("selected tests", args.pytest_args.split(), 1.0)]
-    deadline = time.monotonic() + args.cap
+    deadline = time.monotonic() + args.cap - 3
     for name, pytest_args, share in runs:
-        left = deadline - time.monotonic() - 5
-        item = run_pytest(name, pytest_args, max(10.0, left * share), workdir)
+        left = deadline - time.monotonic() - INTERRUPT_GRACE
+        item = run_pytest(name, pytest_args, max(5.0, left * share), workdir)
         bad = item.get("failed", 0) + item.get("errors", 0) or item.get("exit") not in (0, 5) or item["interrupted"]
         if name == "pytest -m gpu" and item.get("skipped") and not args.emulate:   # on a GPU: none may skip
             item["note"] = "gpu tests skipped on a GPU machine: see skip_reasons"
@@ -382,7 +428,7 @@ def stage_tests(rec: Recorder, args) -> None:
         rec.add(item, problem=bool(bad))
 
 
-# --- stage 3: equality ---------------------------------------------------------------------------------------
+# --- the equality stage ---------------------------------------------------------------------------------------
 
 def equality_models(data_dir: Path, quick: bool, emulate: bool) -> dict:
     """name -> (config, overrides): every bundled model at a size the GPU does in well under a second a step;
@@ -463,8 +509,38 @@ def compare_training(config: str, overrides: list, kind: str, dtype: str, stream
     return item, reference
 
 
+def equality_plan(models: dict, dtypes: list, variants: list) -> list[dict]:
+    """The equality cases in priority order, so that a cap that cuts the stage short still compared the most:
+    every model in every dtype on the plain path first, then the DAG summed by atomics, then the other
+    engine switches (streaming, deterministic)."""
+    def case(model, dtype, streaming, deterministic):
+        name = f"{model} {dtype}{' streaming' if streaming else ''}{' deterministic' if deterministic else ''}"
+        return {"case": name, "model": model, "dtype": dtype, "streaming": streaming, "deterministic": deterministic}
+    plain = [case(m, d, *variants[0]) for d in dtypes for m in models]
+    dag = [{"case": f"DAG atomics {d}", "model": "child_sum_dag", "dtype": d} for d in dtypes[::-1]]
+    rest = [case(m, d, *v) for v in variants[1:] for d in dtypes for m in models]
+    return plain + dag + rest
+
+
+def dag_equality(kind: str, dtype: str, emulate: bool) -> dict:
+    """A DAG: gradient rows of vertices with several parents summed by atomicAdd (twice: the difference is
+    the atomics' order) and by the sorted segment sum (twice: bit-equal), each against the CPU."""
+    case, graphs, feeds = dag_case(dtype, hidden=8 if emulate else 128)
+    want = dag_run(case, graphs, feeds, "cpu", False)
+    runs = {d: [dag_run(case, graphs, feeds, kind, d) for _ in range(2)] for d in (False, True)}
+    item = {"tol": TOL[dtype]}
+    for d, (a, b) in runs.items():
+        tag = "sorted" if d else "atomic"
+        item[f"{tag}_vs_cpu"] = max(rel_err(a[0], want[0]), worst(a[1], want[1])[0])
+        item[f"{tag}_run_to_run"] = max(rel_err(a[0], b[0]), worst(a[1], b[1])[0])
+    item["ok"] = (item["atomic_vs_cpu"] <= TOL[dtype] and item["sorted_vs_cpu"] <= TOL[dtype]
+                  and item["atomic_run_to_run"] <= TOL[dtype] and item["sorted_run_to_run"] == 0.0)
+    return item
+
+
 def stage_equality(rec: Recorder, args) -> None:
-    """Every bundled model, float64 and float32, streaming and deterministic on and off, against the CPU.
+    """Every bundled model, float64 and float32, streaming and deterministic on and off, against the CPU, in
+    the order of :func:`equality_plan` (``planned`` lists it, so that what the cap cut off is known).
 
     ``ok`` is: equal initial parameters, every step's loss, the first step's gradients and the first update
     (the CPU's gradients fed to the device's optimizer) within DESIGN.md's tolerance. The parameters after
@@ -474,57 +550,126 @@ def stage_equality(rec: Recorder, args) -> None:
     disagreement there is rounding amplified by the optimizer unless the losses disagree too."""
     kind = "emulated" if args.emulate else "cuda"
     models, missing = equality_models(Path(args.data), args.quick, args.emulate)
-    rec.set(device=kind, missing_data=missing, tolerances=TOL)
     dtypes = ["float64"] if args.quick else ["float64", "float32"]
     variants = [(False, False), (True, False)] if args.emulate else \
         [(False, False), (True, False), (False, True), (True, True)]
     steps = 2 if args.emulate else 3
-    for dtype in dtypes:
-        for model, (config, overrides) in models.items():
-            reference = None
-            for streaming, deterministic in variants:
-                case = f"{model} {dtype}{' streaming' if streaming else ''}{' deterministic' if deterministic else ''}"
-                start = time.monotonic()
-                try:
-                    item, reference = compare_training(config, overrides, kind, dtype, streaming, deterministic,
-                                                       steps, reference)
-                except Exception as e:
-                    traceback.print_exc()
-                    item = {"ok": False, "error": f"{type(e).__name__}: {e}"[:600]}
-                item.update(case=case, model=model, dtype=dtype, streaming=streaming, deterministic=deterministic,
-                            seconds=round(time.monotonic() - start, 2))
-                say(f"{case}: {'equal' if item['ok'] else 'NOT EQUAL'} "
-                    f"(loss {item.get('loss_err')}, grads {item.get('grad_err')}, update {item.get('update_err')}, "
-                    f"params {item.get('param_err')})")
-                rec.add(item, problem=not item["ok"])
-    # a DAG: gradient rows of vertices with several parents summed by atomicAdd (twice: the difference is the
-    # atomics' order) and by the sorted segment sum (twice: bit-equal), each against the CPU
-    for dtype in dtypes[::-1]:
+    plan = equality_plan(models, dtypes, variants)
+    rec.set(device=kind, missing_data=missing, tolerances=TOL,
+            planned=[{k: c[k] for k in ("case", "model", "dtype")} for c in plan])
+    references = {}              # (model, dtype) -> the CPU's run, shared by the engine switches
+    for c in plan:
         start = time.monotonic()
         try:
-            case, graphs, feeds = dag_case(dtype, hidden=8 if args.emulate else 128)
-            want = dag_run(case, graphs, feeds, "cpu", False)
-            runs = {d: [dag_run(case, graphs, feeds, kind, d) for _ in range(2)] for d in (False, True)}
-            item = {"tol": TOL[dtype]}
-            for d, (a, b) in runs.items():
-                tag = "sorted" if d else "atomic"
-                item[f"{tag}_vs_cpu"] = max(rel_err(a[0], want[0]), worst(a[1], want[1])[0])
-                item[f"{tag}_run_to_run"] = max(rel_err(a[0], b[0]), worst(a[1], b[1])[0])
-            item["ok"] = (item["atomic_vs_cpu"] <= TOL[dtype] and item["sorted_vs_cpu"] <= TOL[dtype]
-                          and item["atomic_run_to_run"] <= TOL[dtype] and item["sorted_run_to_run"] == 0.0)
+            if c["model"] == "child_sum_dag":
+                item = dag_equality(kind, c["dtype"], args.emulate)
+            else:
+                config, overrides = models[c["model"]]
+                key = (c["model"], c["dtype"])
+                item, references[key] = compare_training(config, overrides, kind, c["dtype"], c["streaming"],
+                                                         c["deterministic"], steps, references.get(key))
         except Exception as e:
             traceback.print_exc()
             item = {"ok": False, "error": f"{type(e).__name__}: {e}"[:600]}
-        item.update(case=f"DAG atomics {dtype}", model="child_sum_dag", dtype=dtype,
-                    seconds=round(time.monotonic() - start, 2))
-        say(f"DAG {dtype}: {item}")
+        item.update(c, seconds=round(time.monotonic() - start, 2))
+        say(f"{c['case']}: {'equal' if item['ok'] else 'NOT EQUAL'} "
+            + ", ".join(f"{k} {item[k]}" for k in ("loss_err", "grad_err", "update_err", "param_err",
+                                                    "atomic_vs_cpu", "sorted_vs_cpu", "error") if k in item))
         rec.add(item, problem=not item["ok"])
 
 
-# --- stage 4: bench ------------------------------------------------------------------------------------------
+# --- the sanitize stage ---------------------------------------------------------------------------------------
+
+SANITIZE_CONFIG = ("tree_lstm.yaml", ["model.hidden=16", "model.embed=8", "data.synthetic.train=8", "data.dev=null",
+                                      "data.test=null", "train.batch_size=4"])
+SANITIZER_LINES = 40     # the sanitizer's report lines kept (its errors, first to last), besides the summary
+
+
+def find_sanitizer() -> str | None:
+    """compute-sanitizer on PATH, else in ``$CUDA_HOME/bin``; None where there is none."""
+    found = shutil.which("compute-sanitizer")
+    home = os.environ.get("CUDA_HOME")
+    if found is None and home and os.access(Path(home) / "bin" / "compute-sanitizer", os.X_OK):
+        found = str(Path(home) / "bin" / "compute-sanitizer")
+    return found
+
+
+def sanitize_command(sanitizer: str, step_out: Path, emulate: bool) -> list:
+    """memcheck over one training step (:func:`one_step`), exiting 1 on any error it reports."""
+    return ([sanitizer, "--tool", "memcheck", "--error-exitcode", "1", sys.executable, str(Path(__file__).resolve()),
+             "step", str(step_out)] + (["--emulate"] if emulate else []))
+
+
+def one_step(out: Path, emulate: bool) -> None:
+    """One training step of the bundled tree_lstm (small) on the device, its loss written to ``out``. On the
+    GPU, CuPy's memory pools are off first: every array is then an allocation of its own, whose bounds
+    memcheck knows (an overrun inside a pool's block is invisible to it)."""
+    kind = "emulated" if emulate else "cuda"
+    start = time.monotonic()
+    if not emulate:
+        import cupy
+        cupy.cuda.set_allocator(None)
+        cupy.cuda.set_pinned_memory_allocator(None)
+    config, overrides = SANITIZE_CONFIG
+    t = make_trainer(config, overrides, kind)
+    samples = t.task.data["train"][:t.cfg["train"]["batch_size"]]
+    loss = float(train_step(t, samples).loss)
+    synchronize(t)
+    write_json(out, {"device": kind, "model": config, "overrides": overrides, "samples": len(samples),
+                     "loss": loss, "finite": math.isfinite(loss), "seconds": round(time.monotonic() - start, 1)})
+
+
+def sanitizer_report(text: str) -> dict:
+    """The error count of compute-sanitizer's ``ERROR SUMMARY`` line (None without one) and its report
+    lines (those it prefixes with ``=========``), the first ``SANITIZER_LINES`` of them."""
+    lines = [line for line in text.splitlines() if line.startswith("=========")]
+    summary = re.search(r"ERROR SUMMARY: (\d+) errors?", text)
+    return {"errors": int(summary.group(1)) if summary else None, "summary": summary.group(0) if summary else None,
+            "report": lines[:SANITIZER_LINES]}
+
+
+def stage_sanitize(rec: Recorder, args) -> None:
+    """One training step under ``compute-sanitizer --tool memcheck`` (skipped, and said so, without one):
+    its exit status, its error count and first report lines, and the step's own result. The sanitizer is
+    stopped a few seconds before the stage's cap, so that what it printed is kept."""
+    sanitizer = find_sanitizer()
+    if sanitizer is None:
+        rec.set(skipped="no compute-sanitizer (not on PATH, nor in $CUDA_HOME/bin)")
+        say(f"sanitize: {rec.data['skipped']}")
+        return
+    workdir = Path(tempfile.mkdtemp(prefix="gpu-check-sanitize-"))
+    step_out, log = workdir / "step.json", workdir / "sanitizer.txt"
+    cmd = sanitize_command(sanitizer, step_out, args.emulate)
+    say(f"$ {' '.join(cmd)}")
+    seconds = max(5.0, args.cap - 8)
+    start = time.monotonic()
+    with open(log, "w") as sink:
+        proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, cwd=str(ROOT), start_new_session=True)
+        stop = lambda: os.killpg(proc.pid, signal.SIGKILL)        # the sanitizer and the step it runs
+        before = signal.signal(signal.SIGTERM, lambda *_: (stop(), sys.exit(1)))   # the runner's kill: both
+        try:
+            rc, note = proc.wait(timeout=seconds), None
+        except subprocess.TimeoutExpired:
+            stop()
+            rc, note = proc.wait(), f"stopped after {seconds:.0f} s (the stage's cap): the step did not finish"
+        finally:
+            signal.signal(signal.SIGTERM, before)
+    text = log.read_text(errors="replace")
+    say(text[-20000:])
+    item = {"command": " ".join(cmd), "exit": rc, "seconds": round(time.monotonic() - start, 1),
+            **sanitizer_report(text), "step": read_json(step_out)}
+    if note:
+        item["note"] = note
+    if item["step"] is None:
+        item["tail"] = text.splitlines()[-15:]
+    item["ok"] = (rc == 0 and item["errors"] == 0 and bool(item["step"]) and item["step"].get("finite", False))
+    rec.add(item, problem=not item["ok"])
+
+
+# --- the bench stage ------------------------------------------------------------------------------------------
 
 def bench_points(quick: bool, emulate: bool) -> list:
-    """(point, data settings) of the issue's item 3 (tiny stand-ins under the emulation)."""
+    """(point, data settings) of the benchmark's throughput points (tiny stand-ins under the emulation)."""
     from minicavs.bench.sweeps import Point
     if emulate:
         return [(Point("tree_lstm", 8, 4), {"trees": 8, "tree_embed": 6}),
@@ -651,9 +796,17 @@ def stage_bench(rec: Recorder, args) -> None:
         torch_ok, torch_why = False, f"no torch ({type(e).__name__})"
     rec.set(device=kind, data={"sst": sst or "synthetic (no carried SST)", "ptb": ptb or "synthetic (no carried PTB)"},
             repeats=repeats, epoch_cap_s=epoch_cap)
+    deadline, last, point_start = time.monotonic() + args.cap - 5, 0.0, None   # a point starts if the last fits
     for point, sizes in bench_points(args.quick, args.emulate):
         data = Data(sst=sst, ptb=ptb, **sizes)
         key = point.key()
+        if point_start is not None:
+            last = time.monotonic() - point_start
+        point_start = time.monotonic()
+        if point_start + last > deadline:
+            rec.add({"point": key, "system": "minicavs", "error": f"not run: the last point took {last:.0f} s, "
+                     f"more than the {max(0.0, deadline - time.monotonic()):.0f} s left of the stage's cap"})
+            continue
         say(f"--- {key}")
         start = time.monotonic()
         try:
@@ -691,12 +844,14 @@ def stage_bench(rec: Recorder, args) -> None:
         del t
 
 
-STAGE_FUNCTIONS = {"facts": stage_facts, "tests": stage_tests, "equality": stage_equality, "bench": stage_bench}
+STAGE_FUNCTIONS = {"facts": stage_facts, "equality": stage_equality, "tests": stage_tests,
+                   "sanitize": stage_sanitize, "bench": stage_bench}
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="gpu_stages")
-    p.add_argument("stage", choices=sorted(STAGE_FUNCTIONS))
+    p.add_argument("stage", choices=sorted(STAGE_FUNCTIONS) + ["step"],
+                   help="a stage, or step: the sanitize stage's one training step (its result to OUT)")
     p.add_argument("out")
     p.add_argument("--data", default=str(ROOT / ".gpu-data"))
     p.add_argument("--quick", action="store_true")
@@ -705,6 +860,9 @@ def main(argv=None) -> int:
     p.add_argument("--pytest-args", default=None, help="tests stage: this selection instead of the GPU suites")
     args = p.parse_args(argv)
     sys.path.insert(0, str(ROOT))
+    if args.stage == "step":
+        one_step(Path(args.out), args.emulate)
+        return 0
     rec = Recorder(Path(args.out), args.stage, emulated=args.emulate)
     try:
         STAGE_FUNCTIONS[args.stage](rec, args)
