@@ -50,7 +50,9 @@ class RowSparse:
         rows = xp.add.reduceat(self.rows[as_module(xp, order)], as_module(xp, starts), axis=0)
         return RowSparse(sidx[starts], rows, self.shape)   # (host positions for device rows: copied over)
 
-    def to_dense(self, xp=np):
+    def to_dense(self, xp=None):
+        """The dense array, on the device its rows live on (or ``xp``'s)."""
+        xp = array_module(self.rows) if xp is None else xp
         out = xp.zeros(self.shape, dtype=self.rows.dtype)
         c = self.checked().coalesce(xp)
         out[c.indices] = c.rows   # unique indices: a plain assignment, no add.at

@@ -71,50 +71,59 @@ def say(*parts) -> None:
 _EMULATION_DIR = None
 
 
+def use_standin() -> None:
+    """``--emulate``: ``train.device: cuda`` (and ``Cuda()``) is the emulated device in this process, the
+    generated kernels on the CPU over the device stand-in's arrays, installed as the test suite installs it
+    (tests/conftest.py). Idempotent."""
+    global _EMULATION_DIR
+    from minicavs.cuda import kernels
+    from minicavs.cuda.emulation import Launcher
+    if getattr(kernels.default_launcher, "standin", False):
+        return
+    _EMULATION_DIR = _EMULATION_DIR or tempfile.mkdtemp(prefix="gpu-check-emu-")
+    launcher = Launcher(_EMULATION_DIR)
+
+    def default_launcher():
+        return launcher
+    default_launcher.standin = True
+    kernels.default_launcher = default_launcher
+
+
 def project_device(kind: str, deterministic: bool = False):
-    """A device object: ``cuda`` (CuPy), ``emulated`` (the CUDA device over the CPU emulation), ``cpu``."""
+    """A device object: ``cuda`` (CuPy), ``emulated`` (the CUDA device over the stand-in), ``cpu``."""
     from minicavs.cpu import CPU
     from minicavs.cuda import Cuda
     if kind == "cpu":
         return CPU
     if kind == "emulated":
-        global _EMULATION_DIR
-        from minicavs.cuda.emulation import Launcher
-        _EMULATION_DIR = _EMULATION_DIR or tempfile.mkdtemp(prefix="gpu-check-emu-")
-        return Cuda(Launcher(_EMULATION_DIR), deterministic=deterministic)
-    from minicavs import cuda
-    cuda.require()
+        use_standin()
+    else:
+        from minicavs import cuda
+        cuda.require()
     return Cuda(deterministic=deterministic)
 
 
 def device_overrides(kind: str, deterministic: bool = False, streaming: bool = False) -> list[str]:
-    """Config overrides that put a trainer on ``kind``: the emulated device is not a config value, it is
-    swapped in by :func:`make_trainer`."""
-    return [f"train.device={'cuda' if kind == 'cuda' else 'cpu'}", f"train.deterministic={str(deterministic).lower()}",
-            f"train.engine.streaming={str(streaming).lower()}"]
-
-
-def on_device(t, kind: str, deterministic: bool = False):
-    """The trainer ``t`` (built on the CPU for ``emulated``) with its model on the emulated CUDA device
-    (numpy arrays: parameters and optimizer state stay as they are)."""
+    """Config overrides that put a trainer on ``kind`` (``emulated``: ``train.device=cuda`` on the stand-in)."""
     if kind == "emulated":
-        t.model.device = t.device = project_device("emulated", deterministic)
-    return t
+        use_standin()
+    return [f"train.device={'cpu' if kind == 'cpu' else 'cuda'}", f"train.deterministic={str(deterministic).lower()}",
+            f"train.engine.streaming={str(streaming).lower()}"]
 
 
 def make_trainer(config: str, overrides: list, kind: str, deterministic: bool = False, streaming: bool = False):
     from minicavs.config import REPO_ROOT
     from minicavs.training import Trainer
     path = Path(config) if Path(config).is_absolute() else REPO_ROOT / "models" / config
-    t = Trainer(path, list(overrides) + device_overrides(kind, deterministic, streaming),
-                run_dir=tempfile.mkdtemp(prefix="gpu-check-run-"))
-    return on_device(t, kind, deterministic)
+    return Trainer(path, list(overrides) + device_overrides(kind, deterministic, streaming),
+                   run_dir=tempfile.mkdtemp(prefix="gpu-check-run-"))
 
 
 def train_step(t, samples):
     """Forward, backward, update; the Result (loss as a host float)."""
     res = t.loss_and_grads(samples)
     t.optimizer.step(res.grads, loss=res.loss)
+    res.loss = t.optimizer.last_loss   # (read by the step's one device-to-host copy)
     return res
 
 
@@ -731,7 +740,7 @@ def profile_steps(t, samples, steps: int = 3) -> dict:
 def measure_minicavs(point, data, kind: str, repeats: int, epoch_cap: float) -> tuple[dict, object]:
     from minicavs.bench.workloads import build, flops_per_unit
     from minicavs.engine import EngineOptions
-    t = on_device(build(point, data, EngineOptions(), device_overrides(kind)), kind)
+    t = build(point, data, EngineOptions(), device_overrides(kind))
     counter = count_launches(t)
     B = point.batch
     warm = t.task.data["train"][:B]
