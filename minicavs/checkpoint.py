@@ -165,9 +165,9 @@ def _check_finite(arr: np.ndarray, bad) -> None:
     if arr.dtype.kind not in "fc" or np.isfinite(arr).all():
         return
     nan, inf = int(np.isnan(arr).sum()), int(np.isinf(arr).sum())
-    what = " and ".join(f"{n:,} {kind}" for n, kind in ((nan, "NaN"), (inf, "infinite")) if n)
-    raise bad(f"holds {what} of its {arr.size:,} values: the file is damaged or the run it comes from "
-              "diverged; it is not loaded")
+    what = ", ".join(f"{n:,} {kind}" for n, kind in ((nan, "NaN"), (inf, "infinite")) if n)
+    raise bad(f"holds non-finite values ({what}, of {arr.size:,}): the file is damaged or the run it comes "
+              "from diverged; it is not loaded")
 
 
 def load(path: str | os.PathLike, params: Mapping[str, Any], optimizer=None) -> Checkpoint:

@@ -142,8 +142,9 @@ class Trainer:
             name, theirs = _model_key(given["model"])["name"], _model_key(run_cfg["model"])["name"]
             if name != theirs:
                 raise wording.error(ConfigError, f"{config} configures a {name} model, but run dir {run.path} "
-                                    f"holds a {theirs} run (its {where}); resume it as {{resume_alone}}, or "
-                                    "start a new run in another run dir ({new_run_dir})")
+                                    f"holds a {theirs} run (its {where}); resume it as {{alt[minicavs train "
+                                    f"{run.path} --resume|Trainer.resuming({str(run.path)!r})]}}, or start a new "
+                                    "run in another run dir ({new_run_dir})")
             changed = differences(recorded(given), recorded(cfg))
             if changed and (comm is None or comm.rank == 0):
                 log(f"note: resuming the run's recorded settings; {config} differs in "
@@ -692,8 +693,9 @@ def _check_run_model(ck: checkpoint.Checkpoint, run: RunDir) -> None:
         if model is not None:
             _refuse_other_model(stored, f"checkpoint file {ck.path} holds", model, f"but run dir {run.path} is a "
                                 f"run of another model: {they}", "was the file copied from another run? Put the "
-                                "run's own checkpoint back, or evaluate this one with the config it was trained "
-                                "with", CheckpointError)
+                                "run's own checkpoint back, or use this one with the config it was trained with "
+                                f"({{alt[minicavs eval CONFIG --checkpoint {ck.path}|Trainer.for_checkpoint("
+                                f"{str(ck.path)!r}, CONFIG)]}})", CheckpointError)
 
 
 def _refuse_other_model(ours: dict, we: str, theirs: dict, they: str, advice: str,

@@ -2,8 +2,8 @@
 
 An error raised from the library says what to do in Python terms (``resume=True``); the ``minicavs`` command
 prints the same advice with its flags (``--resume``). A message is written once, as a template whose fields
-name the advice (``{resume}``, ``{force}``, ``{run_dir}``, ``{checkpoint}``, ``{set[train.epochs=12]}``;
-other text is kept as it is, so paths need no escaping);
+name the advice (``{resume}``, ``{force}``, ``{run_dir}``, ``{checkpoint}``, ``{set[train.epochs=12]}``,
+``{alt[command line text|Python text]}``; other text is kept as it is, so paths need no escaping);
 :func:`error` builds an exception whose ``str()`` is the Python wording and which carries the command line's
 wording beside it (:func:`cli_text` reads it back)."""
 from __future__ import annotations
@@ -43,11 +43,11 @@ class Words:
 
 
 PYTHON = Words("python", resume="resume=True", resuming="resuming (Trainer.resuming)", force="force=True",
-               run_dir="another run_dir", new_run_dir="run_dir=", checkpoint="checkpoint=",
-               resume_alone="Trainer.resuming(run_dir)", set=_Overrides(lambda item: f"overrides=[{item!r}]"))
+               run_dir="another run_dir", new_run_dir="run_dir=...", checkpoint="checkpoint=",
+               set=_Overrides(lambda item: f"overrides=[{item!r}]"), alt=_Overrides(lambda item: item.split("|")[-1]))
 CLI = Words("cli", resume="--resume", resuming="--resume", force="--force", run_dir="another --run-dir",
-            new_run_dir="--run-dir", checkpoint="--checkpoint", resume_alone="minicavs train RUN_DIR --resume",
-            set=_Overrides(lambda item: f"--set {item}"))
+            new_run_dir="--run-dir", checkpoint="--checkpoint", set=_Overrides(lambda item: f"--set {item}"),
+            alt=_Overrides(lambda item: item.split("|")[0]))
 
 
 def error(kind: type[E], template: str) -> E:
