@@ -104,14 +104,7 @@ class RunDir:
         """Make the directory ready for a new run and write its config.yaml: refuses a directory that holds
         a run unless ``force`` (then only the run's own files are deleted); fails here, before training,
         when the directory cannot be written."""
-        if self.path.exists() and not self.path.is_dir():
-            raise RunDirError(f"run dir {self.path} exists and is not a directory")
-        held = self.existing()
-        if held and not force:
-            again = "" if self.last.exists() else " (it starts over: no epoch was saved)"
-            raise wording.error(RunDirError, f"run dir {self.path} already holds a run ({self.describe()}); "
-                                             f"continue it with {{resume}}{again}, replace it with {{force}}, or "
-                                             f"choose {{run_dir}}")
+        held = self.check_start(force)
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             for name in held:
@@ -120,6 +113,18 @@ class RunDir:
             atomic.write_text(self.config, config_text)
         except OSError as e:
             raise RunDirError(f"cannot write to run dir {self.path}: {e.strerror or e}") from None
+
+    def check_start(self, force: bool = False) -> list[str]:
+        """The run files a new run would replace; refuses (changing nothing) what :meth:`start` refuses."""
+        if self.path.exists() and not self.path.is_dir():
+            raise RunDirError(f"run dir {self.path} exists and is not a directory")
+        held = self.existing()
+        if held and not force:
+            again = "" if self.last.exists() else " (it starts over: no epoch was saved)"
+            raise wording.error(RunDirError, f"run dir {self.path} already holds a run ({self.describe()}); "
+                                             f"continue it with {{resume}}{again}, replace it with {{force}}, or "
+                                             f"choose {{run_dir}}")
+        return held
 
     def resumable(self) -> checkpoint.Checkpoint | None:
         """last.npz (checked: :func:`checkpoint.read`); None for a run stopped before its first checkpoint

@@ -355,6 +355,7 @@ class Trainer:
         log = log if self.is_root else _quiet   # under MPI rank 0 alone reads and writes the run dir, and speaks
         # one writer per run dir (rundir's protocol); no directory to resume: _fit's error says so. Decided on
         # rank 0, the one rank that sees the run dir: every rank makes the same collective calls
+        self._on_root(lambda: self._check_before_lock(resume, force))   # a refusal leaves even .lock alone
         self._on_root(lambda: self.run.lock() if not resume or self.run.path.is_dir() else None)
         try:
             return self._fit(epochs, resume, progress, log, force)
@@ -414,6 +415,19 @@ class Trainer:
 
     def _on_root(self, work: Callable):
         return on_root(self.parallel.comm if self.parallel else None, work)
+
+    def _check_before_lock(self, resume: bool, force: bool) -> None:
+        """What refuses a run, checked before the lock is taken (and again under it): the checkpoints a
+        resumed run loads, or a run dir a new run may not take."""
+        if not resume:
+            self.run.check_start(force)
+            return
+        last = self.run.resumable()
+        if last is None:
+            self._check_started_config()
+        else:
+            self._verify(last.path, True, last)
+            self._check_best()
 
     def _nothing_to_train(self, epochs: int) -> str | None:
         """Why a resumed run will train no epoch, with how to go on; None when it will train."""
