@@ -432,3 +432,66 @@ def test_the_untampered_copy_passes_every_command(two_runs, tmp_path, capsys):
         run_dir = tmp_path / command.replace(" ", "_")
         shutil.copytree(runs / "lstm", run_dir)
         assert run_command(command, run_dir, cfg, runs / "trees.txt") == 0, capsys.readouterr().err
+
+
+# --- early stopping is when to stop: a resumed run says why it trains nothing, and trains on when told ---
+
+def untimed_state(run_dir: Path) -> tuple:
+    """The metric rows and every parameter of a run's last.npz, timings left out."""
+    rows = [{k: v for k, v in json.loads(line).items() if k != "timing"}
+            for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return rows, {k: v.tobytes() for k, v in checkpoint.read(run_dir / "last.npz").params.items()}
+
+
+@pytest.mark.parametrize("go_on", [["train.early_stopping.patience=10"], ["train.early_stopping=null"]])
+def test_a_run_that_early_stopping_ended_says_so_and_trains_on(tmp_path, capsys, go_on):
+    """The README's ``train RUN --resume --set train.epochs=N`` after early stopping: one line says why
+    nothing trains and how to go on; going on that way trains the remaining epochs exactly as a run that
+    never stopped would have."""
+    cfg = tiny_config(tmp_path)            # patience 2: stops after epoch 4 of 6
+    run = tmp_path / "run"
+    assert train(cfg, run) == 0
+    capsys.readouterr()
+    assert main(["train", str(run), "--resume", "--set", "train.epochs=6", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    said = [line for line in out.splitlines() if line.startswith("stopped early")]
+    assert len(said) == 1, out
+    assert said[0].startswith("stopped early at epoch 4: dev_root_acc has not improved for 2 epochs (best ")
+    assert said[0].endswith("at epoch 2); to train on, resume with --set train.early_stopping.patience=N (N > 2) "
+                            "or --set train.early_stopping=null")
+    assert [r["epoch"] for r in untimed_state(run)[0]] == [1, 2, 3, 4]
+    sets = [a for item in ["train.epochs=6"] + go_on for a in ("--set", item)]
+    assert main(["train", str(run), "--resume", *sets, "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "epoch 5/6" in out and "epoch 6/6" in out and "stopped early" not in out
+    straight = tmp_path / "straight"           # the same settings from the start
+    assert train(cfg, straight, *[a for item in go_on for a in ("--set", item)]) == 0
+    assert untimed_state(run) == untimed_state(straight)
+    assert json.loads((run / "results.json").read_text())["epoch"] == \
+        json.loads((straight / "results.json").read_text())["epoch"]
+
+
+@pytest.mark.parametrize("change, message", [
+    ("train.early_stopping.metric=dev_loss", "the run's early stopping has metric 'dev_root_acc', this config "
+                                             "'dev_loss'"),
+    ("train.early_stopping.mode=min", "the run's early stopping has mode 'max', this config 'min'"),
+])
+def test_resume_keeps_the_metric_that_chose_the_best_epoch(tmp_path, capsys, change, message):
+    cfg = tiny_config(tmp_path)
+    run = tmp_path / "run"
+    assert train(cfg, run, "--epochs", "2") == 0
+    before = files_of(run)
+    capsys.readouterr()
+    assert main(["train", str(run), "--resume", "--set", change, "--no-progress"]) == 2
+    assert message in capsys.readouterr().err
+    assert files_of(run) == before
+
+
+def test_a_run_trained_to_its_last_epoch_says_how_to_train_longer(tmp_path, capsys):
+    cfg = tiny_config(tmp_path)
+    run = tmp_path / "run"
+    assert train(cfg, run, "--set", "train.epochs=2") == 0
+    capsys.readouterr()
+    assert main(["train", str(run), "--resume", "--no-progress"]) == 0
+    assert ("the run has trained 2 of 2 epochs: nothing to train; to train longer, resume with --set "
+            "train.epochs=N (N > 2)") in capsys.readouterr().out
