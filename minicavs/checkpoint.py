@@ -15,6 +15,8 @@ change; readers ignore keys they do not know. A reader accepts versions up to :d
 Files are written atomically (:mod:`minicavs.atomic`: temp file in the same directory, fsync,
 ``os.replace``), so a crash leaves either the old checkpoint or the new one, never a torn file. :func:`load` checks everything before it
 assigns anything: on any :class:`~minicavs.errors.CheckpointError` the model and optimizer are unchanged.
+:func:`read` refuses NaN and infinite values, naming the parameter or optimizer slot: training never writes
+them (a non-finite loss or gradient is refused before a parameter changes), so they mean a damaged file.
 """
 from __future__ import annotations
 

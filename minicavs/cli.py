@@ -43,7 +43,8 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     _config_args(p)
     p.add_argument("--run-dir", default=None, help="where the run's files go (default runs/<config name>)")
     p.add_argument("--resume", action="store_true", help="continue the run in the run dir from its last.npz, "
-                   "with its recorded config (--set may change only train.epochs and how to run)")
+                   "with its recorded config (--set may change only train.epochs, early stopping's patience and "
+                   "how to run); a run stopped before its first checkpoint starts over")
     p.add_argument("--force", action="store_true", help="replace the run the run dir holds")
     p.add_argument("--epochs", type=int, default=None, help="train to this epoch (default: the config's)")
     p.add_argument("--no-progress", action="store_true", help="no live progress bar")

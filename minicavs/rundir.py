@@ -18,6 +18,8 @@ from the recorded rows (so it never keeps a torn or uncommitted line), a best ep
 copied from last.npz when best.npz is older, fsm.json is rewritten from the FSM last.npz records, and
 temporary files are deleted. Readers find the best
 checkpoint with :meth:`RunDir.best_checkpoint`, which is right at every instant, before any repair too.
+A run stopped before its first commit (config.yaml, no last.npz) has no epoch to continue: resuming it starts
+it over (:meth:`RunDir.resumable` returns None), and a new run is told so.
 
 One writer at a time: a trainer holds an exclusive lock on ``.lock`` in the directory (:meth:`RunDir.lock`)
 from its first write to the end, so a second process training, resuming or finishing into the same

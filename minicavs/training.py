@@ -20,8 +20,16 @@ early-stopping state, and ``--resume`` continues exactly where an uninterrupted 
 Checkpoints written by the trainer record, besides parameters and optimizer state (``extra``, run format
 :data:`RUN_FORMAT`): the resolved config, the vocabulary, the epoch, the early-stopping state and every
 epoch's metrics, so ``minicavs eval RUN_DIR`` and ``--resume`` rebuild the model from the checkpoint alone
-and refuse data whose vocabulary differs. Run format 1 (before configs were recorded) is still read by
-``eval CONFIG --checkpoint``; resuming it is refused.
+and refuse data whose vocabulary differs, and a checkpoint found in a run dir must hold the model of that run
+(its config.yaml, its last.npz): a file copied from another run is refused, as are NaN or infinite values
+(:func:`checkpoint.read`). Every refusal comes before anything is written, the run dir's lock included.
+
+Under MPI rank 0 alone reads and writes the run dir (it need exist on rank 0 alone), so every decision that
+precedes a collective (is the target a directory? is there a checkpoint?) is rank 0's, broadcast
+(:func:`on_root`): ranks that each looked for themselves would pair their broadcasts up wrongly.
+
+Run format 1 (before configs were recorded) is still read by ``eval CONFIG --checkpoint``; resuming it is
+refused.
 """
 from __future__ import annotations
 
@@ -565,7 +573,8 @@ class Trainer:
             self.history = list(ck.extra.get("history", []))
         return ck.extra or {}
 
-    def _verify(self, path: str | os.PathLike, optimizer: bool = True, ck: checkpoint.Checkpoint | None = None):
+    def _verify(self, path: str | os.PathLike, optimizer: bool = True, ck: checkpoint.Checkpoint | None = None
+                ) -> tuple[checkpoint.Checkpoint, dict | None, list | None]:
         """Every check :meth:`_load` makes, changing nothing: (the checkpoint, the early-stopping state to
         continue with, the FSMs of a learned policy or None)."""
         ck = ck or checkpoint.read(path)   # ck: the file, already read

@@ -307,7 +307,8 @@ def _meta(path) -> dict:
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
-@pytest.mark.parametrize("where", ["enc/W", "enc/b", "emb/table \u00e9", "slot m of enc/W", "slot v of emb/table \u00e9"])
+@pytest.mark.parametrize("where", ["enc/W", "enc/b", "emb/table \u00e9", "slot m of enc/W",
+                                   "slot v of emb/table \u00e9"])
 @pytest.mark.parametrize("count", [1, 3])
 def test_non_finite_values_are_refused_naming_the_array(saved, bad, where, count):
     meta = _meta(saved)

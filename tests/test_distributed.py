@@ -320,8 +320,8 @@ def test_a_run_dir_on_rank_0_alone(launcher, tmp_path):
     def job(*args: str) -> subprocess.CompletedProcess:
         contexts = [[":"] * (r > 0) + ["-n", "1", wdir, str(home), sys.executable, "-m", "minicavs", *args]
                     for r, home in enumerate(homes)]
-        proc = subprocess.run(launcher + [a for c in contexts for a in c], env={**mpi_env(), "PYTHONPATH": str(REPO_ROOT)},
-                              capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(launcher + [a for c in contexts for a in c], capture_output=True, text=True,
+                              env={**mpi_env(), "PYTHONPATH": str(REPO_ROOT)}, timeout=300)
         assert proc.returncode == 0, (args, proc.stdout[-2000:], proc.stderr[-3000:])
         return proc
 

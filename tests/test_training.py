@@ -215,7 +215,8 @@ def _situations(tmp_path):
                                                           "--resume"],
             ["start a fresh run without resume=True"], ["start a fresh run without --resume"]),
         "resuming with another model size": (
-            lambda: Trainer.resuming(run, ["model.hidden=5"]), ["train", str(run), "--resume", "--set", "model.hidden=5"],
+            lambda: Trainer.resuming(run, ["model.hidden=5"]),
+            ["train", str(run), "--resume", "--set", "model.hidden=5"],
             ["resuming (Trainer.resuming) continues the recorded run", "start a new run (run_dir=...) for that"],
             ["--resume continues the recorded run", "start a new run (--run-dir) for that"]),
         "resuming naming another model's config": (
