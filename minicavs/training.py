@@ -192,9 +192,9 @@ class Trainer:
         stored = ck.extra.get("config")
         if stored is None:    # run format 1: the config must be given and must fit
             if config is None:
-                raise CheckpointError(f"checkpoint file {path} was written by an older minicavs and does not "
-                                      "record its config: give it, e.g. minicavs eval CONFIG --checkpoint "
-                                      f"{path}")
+                raise wording.error(CheckpointError, f"checkpoint file {path} was written by an older minicavs and "
+                                    "does not record its config: give it, e.g. {alt[minicavs eval CONFIG --checkpoint "
+                                    f"{path}|Trainer.for_checkpoint({str(path)!r}, CONFIG)]}}")
             trainer = cls(config, overrides)
         else:
             source = Path(path).with_name("config.yaml")
@@ -208,8 +208,8 @@ class Trainer:
                     if not key.startswith("model."):
                         continue   # data and how to run are taken from the config; the rest is unused
                     if any(o.split("=", 1)[0].strip() == key for o in overrides):
-                        raise ConfigError(f"--set {key}: the model and training settings come from the "
-                                          f"checkpoint {path} ({key} = {theirs!r})")
+                        raise wording.error(ConfigError, f"{{alt[--set {key}|overrides: {key}]}}: the model and "
+                                            f"training settings come from the checkpoint {path} ({key} = {theirs!r})")
                     log(f"note: using the checkpoint's {key} = {theirs!r} ({config} says {ours!r})")
                 _take(cfg, given, EVAL_FROM_CONFIG)
                 cfg = resolve(recorded(cfg), source)

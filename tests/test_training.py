@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import yaml
 
+from minicavs import checkpoint
 from minicavs.cli import main
 from minicavs.config import ConfigError, load_config
 from minicavs.training import Trainer
@@ -205,6 +206,8 @@ def _situations(tmp_path):
     run = tmp_path / "run"
     Trainer(cfg, run_dir=run).fit(progress=False, log=lambda s: None)
     quiet = dict(progress=False, log=lambda s: None)
+    old = tmp_path / "old.npz"      # as minicavs wrote checkpoints before they recorded their config
+    checkpoint.save(old, Trainer(cfg).params, extra={"version": 1, "epoch": 1})
     return {
         "a new run into a run dir in use": (
             lambda: Trainer(cfg, run_dir=run).fit(**quiet), ["train", str(cfg), "--run-dir", str(run)],
@@ -226,12 +229,22 @@ def _situations(tmp_path):
         "a config without its checkpoint": (
             lambda: Trainer.for_target(str(cfg)), ["eval", str(cfg)],
             ["give the checkpoint to use with checkpoint="], ["give the checkpoint to use with --checkpoint"]),
+        "an override of the checkpoint's model": (
+            lambda: Trainer.for_target(str(cfg), run / "best.npz", ["model.hidden=5"]),
+            ["eval", str(cfg), "--checkpoint", str(run / "best.npz"), "--set", "model.hidden=5"],
+            ["overrides: model.hidden: the model and training settings come from the checkpoint"],
+            ["--set model.hidden: the model and training settings come from the checkpoint"]),
+        "a checkpoint that does not record its config": (
+            lambda: Trainer.for_target(str(run), old), ["eval", str(run), "--checkpoint", str(old)],
+            [f"give it, e.g. Trainer.for_checkpoint({str(old)!r}, CONFIG)"],
+            [f"give it, e.g. minicavs eval CONFIG --checkpoint {old}"]),
     }
 
 
 SITUATIONS = ["a new run into a run dir in use", "resuming a run dir that does not exist",
               "resuming with another model size", "resuming naming another model's config",
-              "a config without its checkpoint"]
+              "a config without its checkpoint", "an override of the checkpoint's model",
+              "a checkpoint that does not record its config"]
 
 
 @pytest.mark.parametrize("situation", SITUATIONS)
