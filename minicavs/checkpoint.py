@@ -18,6 +18,8 @@ change; readers ignore keys they do not know. A reader accepts versions up to :d
 Files are written atomically (:mod:`minicavs.atomic`: temp file in the same directory, fsync,
 ``os.replace``), so a crash leaves either the old checkpoint or the new one, never a torn file. :func:`load` checks everything before it
 assigns anything: on any :class:`~minicavs.errors.CheckpointError` the model and optimizer are unchanged.
+:func:`read` refuses NaN and infinite values, naming the parameter or optimizer slot: training never writes
+them (a non-finite loss or gradient is refused before a parameter changes), so they mean a damaged file.
 """
 from __future__ import annotations
 
@@ -105,8 +107,13 @@ def _atomic_savez(path: str, arrays: dict[str, np.ndarray]) -> None:
     atomic.write_bytes(path, buffer.getbuffer())
 
 
-def read(path: str | os.PathLike) -> Checkpoint:
-    """Decode and check a checkpoint file on its own (no model needed); raises CheckpointError."""
+def read(path: str | os.PathLike, finite: bool = True) -> Checkpoint:
+    """Decode and check a checkpoint file on its own (no model needed); raises CheckpointError.
+
+    With ``finite`` (the default) a parameter or optimizer slot holding NaN or an infinity is refused,
+    naming it: such a file is damaged (training refuses a non-finite loss or gradient before it changes a
+    parameter, so it never writes one), and a model loaded from it would compute nothing but NaN. Readers of
+    the metadata alone (a run dir's epoch and best epoch) pass ``finite=False``."""
     path = os.fspath(path)
     try:
         with open(path, "rb") as f:  # our own handle: np.load leaks its own on some corrupt files
@@ -158,11 +165,27 @@ def read(path: str | os.PathLike) -> Checkpoint:
                             for s, key in got.items()} for name, got in om["slots"].items()}
             optimizer = {"type": om["type"], "steps": om["steps"], "hyper": om.get("hyper", {}),
                          "slots": slots}
+        if finite:
+            for name, arr in params.items():
+                _check_finite(arr, lambda msg: bad(f"parameter '{name}' {msg}"))
+            for name, got in (optimizer or {"slots": {}})["slots"].items():
+                for s, arr in got.items():
+                    _check_finite(arr, lambda msg: bad(f"optimizer slot '{s}' of parameter '{name}' {msg}"))
         step = int(meta["step"])
         extra = meta.get("extra") or {}
     except (KeyError, TypeError, AttributeError) as e:
         raise bad(f"metadata is malformed ({type(e).__name__}: {e})") from None
     return Checkpoint(path, step, params, optimizer, extra, meta)
+
+
+def _check_finite(arr: np.ndarray, bad) -> None:
+    """Raise ``bad(what is wrong)`` when a floating-point ``arr`` holds NaN or an infinity."""
+    if arr.dtype.kind not in "fc" or np.isfinite(arr).all():
+        return
+    nan, inf = int(np.isnan(arr).sum()), int(np.isinf(arr).sum())
+    what = ", ".join(f"{n:,} {kind}" for n, kind in ((nan, "NaN"), (inf, "infinite")) if n)
+    raise bad(f"holds non-finite values ({what}, of {arr.size:,}): the file is damaged or the run it comes "
+              "from diverged; it is not loaded")
 
 
 def load(path: str | os.PathLike, params: Mapping[str, Any], optimizer=None) -> Checkpoint:

@@ -14,6 +14,7 @@ from . import __version__
 from .config import ConfigError
 from .distributed import abort_peers
 from .errors import MinicavsError
+from .wording import CLI, cli_text
 
 
 def _demo_args(p: argparse.ArgumentParser) -> None:
@@ -42,17 +43,26 @@ def _train_args(p: argparse.ArgumentParser) -> None:
     _config_args(p)
     p.add_argument("--run-dir", default=None, help="where the run's files go (default runs/<config name>)")
     p.add_argument("--resume", action="store_true", help="continue the run in the run dir from its last.npz, "
-                   "with its recorded config (--set may change only train.epochs and how to run)")
+                   "with its recorded config (--set may change only train.epochs, early stopping's patience and "
+                   "how to run); a run stopped before its first checkpoint starts over")
     p.add_argument("--force", action="store_true", help="replace the run the run dir holds")
     p.add_argument("--epochs", type=int, default=None, help="train to this epoch (default: the config's)")
     p.add_argument("--no-progress", action="store_true", help="no live progress bar")
+
+
+def _is_dir(path: str) -> bool:
+    """Whether ``path`` is a directory as MPI rank 0 sees it (a run dir need exist on rank 0 alone): every
+    rank takes the same branch, and so makes the same collective calls."""
+    from .distributed import world
+    from .training import on_root
+    return on_root(world(), lambda: Path(path).is_dir())
 
 
 def _run_dir_of(target: str, run_dir: str | None) -> Path:
     """--run-dir, else the target itself if it is a directory, else runs/<config name>."""
     if run_dir:
         return Path(run_dir)
-    if Path(target).is_dir():
+    if _is_dir(target):
         return Path(target)
     from .config import find_config
     return Path("runs") / find_config(target).stem
@@ -62,12 +72,14 @@ def _train(args: argparse.Namespace) -> int:
     from .training import Trainer
     if args.epochs is not None and args.epochs < 1:
         raise ConfigError(f"--epochs {args.epochs}: must be an integer >= 1")
-    if args.resume:
-        trainer = Trainer.resuming(_run_dir_of(args.config, args.run_dir), args.overrides)
+    if args.resume:   # a config named as well must describe the run (its model, what is trained)
+        named = None if _is_dir(args.config) else args.config
+        trainer = Trainer.resuming(_run_dir_of(args.config, args.run_dir), args.overrides, config=named)
     else:
-        if Path(args.config).is_dir():
+        if _is_dir(args.config):
             raise ConfigError(f"{args.config} is a directory: give a config to start a run, or --resume it")
         trainer = Trainer(args.config, args.overrides, _run_dir_of(args.config, args.run_dir))
+    trainer.words = CLI   # advice in what it prints names flags
     trainer.fit(args.epochs, resume=args.resume, progress=not args.no_progress, force=args.force)
     trainer.final_results()
     return 0
@@ -147,7 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _one_line(e: BaseException) -> str:
     if isinstance(e, OSError) and not isinstance(e, MinicavsError) and e.filename and e.strerror:
         return f"{e.filename}: {e.strerror}"
-    return " ".join(str(e).split("\n"))
+    return " ".join(cli_text(e).split("\n"))
 
 
 if __name__ == "__main__":

@@ -18,6 +18,8 @@ from the recorded rows (so it never keeps a torn or uncommitted line), a best ep
 copied from last.npz when best.npz is older, fsm.json is rewritten from the FSM last.npz records, and
 temporary files are deleted. Readers find the best
 checkpoint with :meth:`RunDir.best_checkpoint`, which is right at every instant, before any repair too.
+A run stopped before its first commit (config.yaml, no last.npz) has no epoch to continue: resuming it starts
+it over (:meth:`RunDir.resumable` returns None), and a new run is told so.
 
 One writer at a time: a trainer holds an exclusive lock on ``.lock`` in the directory (:meth:`RunDir.lock`)
 from its first write to the end, so a second process training, resuming or finishing into the same
@@ -35,7 +37,7 @@ try:
 except ImportError:       # not POSIX: no cross-process lock (documented in RunDir.lock)
     fcntl = None
 
-from . import atomic, checkpoint
+from . import atomic, checkpoint, wording
 from .errors import CheckpointError, RunDirError
 
 RUN_FILES = ("config.yaml", "last.npz", "best.npz", "metrics.jsonl", "results.json", "fsm.json")
@@ -71,8 +73,8 @@ class RunDir:
             f.seek(0)
             holder = f.read().strip() or "unknown"
             f.close()
-            raise RunDirError(f"run dir {self.path} is in use by another minicavs process (pid {holder}); "
-                              f"wait for it to finish, or choose another --run-dir") from None
+            raise wording.error(RunDirError, f"run dir {self.path} is in use by another minicavs process (pid "
+                                             f"{holder}); wait for it to finish, or choose {{run_dir}}") from None
         f.seek(0)
         f.truncate()
         f.write(f"{os.getpid()}\n")
@@ -95,7 +97,7 @@ class RunDir:
         if not self.last.exists():
             return "no checkpoint yet"
         try:
-            extra = checkpoint.read(self.last).extra
+            extra = checkpoint.read(self.last, finite=False).extra
             return f"epoch {extra.get('epoch')} of {extra.get('config', {}).get('train', {}).get('epochs', '?')}"
         except CheckpointError:
             return "an unreadable last.npz"
@@ -104,12 +106,7 @@ class RunDir:
         """Make the directory ready for a new run and write its config.yaml: refuses a directory that holds
         a run unless ``force`` (then only the run's own files are deleted); fails here, before training,
         when the directory cannot be written."""
-        if self.path.exists() and not self.path.is_dir():
-            raise RunDirError(f"run dir {self.path} exists and is not a directory")
-        held = self.existing()
-        if held and not force:
-            raise RunDirError(f"run dir {self.path} already holds a run ({self.describe()}); continue it with "
-                              f"--resume, replace it with --force, or choose another --run-dir")
+        held = self.check_start(force)
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             for name in held:
@@ -119,13 +116,30 @@ class RunDir:
         except OSError as e:
             raise RunDirError(f"cannot write to run dir {self.path}: {e.strerror or e}") from None
 
-    def resumable(self) -> checkpoint.Checkpoint:
-        """last.npz, or an error that says how to start fresh."""
-        if not self.last.exists():
-            what = "does not exist" if not self.path.exists() else f"holds no checkpoint ({self.describe()})"
-            raise RunDirError(f"cannot resume: run dir {self.path} {what}; start a fresh run without --resume"
-                              + (" (with --force to replace what is there)" if self.existing() else ""))
-        return checkpoint.read(self.last)
+    def check_start(self, force: bool = False) -> list[str]:
+        """The run files a new run would replace; refuses (changing nothing) what :meth:`start` refuses."""
+        if self.path.exists() and not self.path.is_dir():
+            raise RunDirError(f"run dir {self.path} exists and is not a directory")
+        held = self.existing()
+        if held and not force:
+            again = "" if self.last.exists() else " (it starts over: no epoch was saved)"
+            raise wording.error(RunDirError, f"run dir {self.path} already holds a run ({self.describe()}); "
+                                             f"continue it with {{resume}}{again}, replace it with {{force}}, or "
+                                             f"choose {{run_dir}}")
+        return held
+
+    def resumable(self) -> checkpoint.Checkpoint | None:
+        """last.npz (checked: :func:`checkpoint.read`); None for a run stopped before its first checkpoint
+        (config.yaml, no last.npz), which resuming starts over; or an error that says how to start fresh."""
+        if self.last.exists():
+            return checkpoint.read(self.last)
+        if self.config.is_file():
+            return None
+        what = ("does not exist" if not self.path.exists() else "is not a directory" if not self.path.is_dir()
+                else "holds no run (no config.yaml, no last.npz)")
+        raise wording.error(RunDirError, f"cannot resume: run dir {self.path} {what}; start a fresh run without "
+                                         f"{{resume}}" + (" (with {force} to replace what is there)"
+                                                          if self.path.is_dir() and self.existing() else ""))
 
     def recover(self, last: checkpoint.Checkpoint, config_text: str | None = None) -> list[str]:
         """Repair what a crash after the commit of ``last`` (this directory's last.npz) can leave; returns
@@ -163,7 +177,7 @@ class RunDir:
         """The file holding the best epoch's state, as last.npz's record says."""
         if not self.last.exists():
             raise RunDirError(f"run dir {self.path} holds no checkpoint ({self.describe()})")
-        extra = checkpoint.read(self.last).extra
+        extra = checkpoint.read(self.last, finite=False).extra   # the record only: its user checks the values
         epoch, best_epoch = extra.get("epoch"), extra.get("early_stopping", {}).get("best_epoch")
         if best_epoch is None:    # an older run, or no epoch was ever better than none
             return self.best if self.best.exists() else self.last
@@ -187,6 +201,6 @@ def _epoch_of(path: Path):
     if not path.exists():
         return None
     try:
-        return checkpoint.read(path).extra.get("epoch")
+        return checkpoint.read(path, finite=False).extra.get("epoch")
     except CheckpointError:
         return None

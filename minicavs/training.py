@@ -20,8 +20,16 @@ early-stopping state, and ``--resume`` continues exactly where an uninterrupted 
 Checkpoints written by the trainer record, besides parameters and optimizer state (``extra``, run format
 :data:`RUN_FORMAT`): the resolved config, the vocabulary, the epoch, the early-stopping state and every
 epoch's metrics, so ``minicavs eval RUN_DIR`` and ``--resume`` rebuild the model from the checkpoint alone
-and refuse data whose vocabulary differs. Run format 1 (before configs were recorded) is still read by
-``eval CONFIG --checkpoint``; resuming it is refused.
+and refuse data whose vocabulary differs, and a checkpoint found in a run dir must hold the model of that run
+(its config.yaml, its last.npz): a file copied from another run is refused, as are NaN or infinite values
+(:func:`checkpoint.read`). Every refusal comes before anything is written, the run dir's lock included.
+
+Under MPI rank 0 alone reads and writes the run dir (it need exist on rank 0 alone), so every decision that
+precedes a collective (is the target a directory? is there a checkpoint?) is rank 0's, broadcast
+(:func:`on_root`): ranks that each looked for themselves would pair their broadcasts up wrongly.
+
+Run format 1 (before configs were recorded) is still read by ``eval CONFIG --checkpoint``; resuming it is
+refused.
 """
 from __future__ import annotations
 
@@ -34,9 +42,11 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
+import yaml
 
-from . import checkpoint, distributed
-from .config import ConfigError, differences, dump, load_config, load_model_module, recorded, resolve
+from . import checkpoint, distributed, wording
+from .config import (ConfigError, differences, dump, load_config, load_model_module, parse_yaml, recorded,
+                     resolve)
 from .cpu.heap import keep_freed_memory
 from .backend import Backend as Device
 from .engine import EngineOptions
@@ -50,9 +60,10 @@ from .rundir import RunDir
 from .scheduler import FsmPolicy, get_policy
 
 RUN_FORMAT = 2
-# what --resume may change: how long to train and where, not what is trained
+# what --resume may change: how long to train and where, not what is trained. Early stopping is when to stop
+# (its metric and mode stay the run's: they define which epoch is the best; :meth:`Trainer._resumed_early`)
 RESUME_MAY_CHANGE = ("train.epochs", "train.log_every", "train.eval_batch_size", "train.device", "train.prefetch",
-                     "train.deterministic", "train.engine.")
+                     "train.deterministic", "train.engine.", "train.early_stopping")
 # what eval takes from the given config rather than the checkpoint: the data and how to run
 EVAL_FROM_CONFIG = ("data.", "train.eval_batch_size", "train.device", "train.deterministic", "train.engine.",
                     "train.policy")
@@ -109,6 +120,7 @@ class Trainer:
                       "best": None, "best_epoch": None, "bad_epochs": 0, "stopped": False}
         self._check_early_stopping()
         self.run = RunDir(run_dir if run_dir else Path("runs") / self.cfg["config_name"])
+        self.words = wording.PYTHON   # advice in logs speaks Python arguments; the CLI sets wording.CLI
         # --- data parallelism (the logic is in distributed.py): None in a single process ---
         comm = comm if comm is not None else distributed.world()
         self.parallel = distributed.DataParallel(self, comm) if comm is not None and comm.size > 1 else None
@@ -119,19 +131,38 @@ class Trainer:
         return self.run.path
 
     @classmethod
-    def resuming(cls, run_dir: str | os.PathLike, overrides: Sequence[str] = ()) -> "Trainer":
-        """A trainer for ``run_dir``'s run, rebuilt from its last.npz (``overrides`` may change only
-        :data:`RESUME_MAY_CHANGE`); ``fit(resume=True)`` then continues it."""
+    def resuming(cls, run_dir: str | os.PathLike, overrides: Sequence[str] = (),
+                 config: str | os.PathLike | None = None, log: Callable[[str], None] = print) -> "Trainer":
+        """A trainer for ``run_dir``'s run, rebuilt from its last.npz (or, stopped before its first
+        checkpoint, its config.yaml: resuming starts it over); ``fit(resume=True)`` then continues it.
+
+        ``overrides`` may change only :data:`RESUME_MAY_CHANGE`. ``config``, a config named as well (``minicavs
+        train CONFIG --resume``), must configure the run's model (its module: another model is refused); the
+        run's recorded settings are used, and where the config's differ a note says so (as eval does).
+        Everything is checked before anything is written."""
         run = RunDir(run_dir)
         comm = distributed.world()   # under MPI rank 0 reads the run dir (it need not be shared)
-        stored = on_root(comm, lambda: _recorded_config(run.resumable(), "resume it"))
+        stored, where = on_root(comm, lambda: _run_record(run))
+        run_cfg = resolve(stored, run.config)
         cfg = resolve(stored, run.config, overrides)
-        changed = [d for d in differences(recorded(cfg), recorded(resolve(stored, run.config)))
-                   if not d[0].startswith(RESUME_MAY_CHANGE)]
+        if config is not None:
+            given = load_config(config, overrides)
+            name, theirs = _model_key(given["model"])["name"], _model_key(run_cfg["model"])["name"]
+            if name != theirs:
+                raise wording.error(ConfigError, f"{config} configures a {name} model, but run dir {run.path} "
+                                    f"holds a {theirs} run (its {where}); resume it as {{alt[minicavs train "
+                                    f"{run.path} --resume|Trainer.resuming({str(run.path)!r})]}}, or start a new "
+                                    "run in another run dir ({new_run_dir})")
+            changed = differences(recorded(given), recorded(cfg))
+            if changed and (comm is None or comm.rank == 0):
+                log(f"note: resuming the run's recorded settings; {config} differs in "
+                    + ", ".join(f"{k} ({a!r}, the run has {b!r})" for k, a, b in changed[:6])
+                    + (f" and {len(changed) - 6} more" if len(changed) > 6 else ""))
+        changed = [d for d in differences(recorded(cfg), recorded(run_cfg)) if not _may_change_on_resume(d[0])]
         if changed:
-            raise ConfigError(f"--resume continues the recorded run of {run.path}; it cannot change "
-                              + ", ".join(f"{k} ({a!r}, the run has {b!r})" for k, a, b in changed)
-                              + ": start a new run (--run-dir) for that")
+            raise wording.error(ConfigError, f"{{resuming}} continues the recorded run of {run.path}; it cannot "
+                                "change " + ", ".join(f"{k} ({a!r}, the run has {b!r})" for k, a, b in changed)
+                                + ": start a new run ({new_run_dir}) for that")
         return cls(cfg, run_dir=run.path)
 
     @classmethod
@@ -139,27 +170,31 @@ class Trainer:
                    overrides: Sequence[str] = ()) -> tuple["Trainer", Path]:
         """For eval and predict: (trainer, checkpoint) of a run dir (its recorded config, its best checkpoint
         unless ``checkpoint`` names another) or of a config file with ``checkpoint``."""
-        if Path(target).is_dir():
-            ck = Path(checkpoint) if checkpoint else RunDir(target).best_checkpoint()
-            return cls.for_checkpoint(ck, None, overrides), ck
+        comm = distributed.world()   # under MPI rank 0 reads the run dir (it need not exist elsewhere)
+        if on_root(comm, lambda: Path(target).is_dir()):
+            run = RunDir(target)
+            ck = Path(checkpoint) if checkpoint else on_root(comm, run.best_checkpoint)
+            return cls.for_checkpoint(ck, None, overrides, run=run), ck
         if checkpoint is None:
-            raise ConfigError(f"{target} is not a run dir: give the checkpoint to use with --checkpoint "
-                              "(e.g. RUN_DIR/best.npz), or give the run dir")
+            raise wording.error(ConfigError, f"{target} is not a run dir: give the checkpoint to use with "
+                                             "{checkpoint} (e.g. RUN_DIR/best.npz), or give the run dir")
         return cls.for_checkpoint(checkpoint, target, overrides), Path(checkpoint)
 
     @classmethod
     def for_checkpoint(cls, path: str | os.PathLike, config: str | os.PathLike | None = None,
-                       overrides: Sequence[str] = (), log: Callable[[str], None] = print) -> "Trainer":
+                       overrides: Sequence[str] = (), log: Callable[[str], None] = print,
+                       run: RunDir | None = None) -> "Trainer":
         """A trainer with the model a checkpoint records and its parameters loaded (for eval and predict):
-        data and how to run (:data:`EVAL_FROM_CONFIG`) come from ``config`` and ``overrides`` if given."""
-        ck = checkpoint.read(path)
+        data and how to run (:data:`EVAL_FROM_CONFIG`) come from ``config`` and ``overrides`` if given.
+        ``run``: the run dir it was found in, whose model (config.yaml, last.npz) it must hold."""
+        ck = on_root(distributed.world(), lambda: _read_for_run(path, run))
         run_format(ck)
         stored = ck.extra.get("config")
         if stored is None:    # run format 1: the config must be given and must fit
             if config is None:
-                raise CheckpointError(f"checkpoint file {path} was written by an older minicavs and does not "
-                                      "record its config: give it, e.g. minicavs eval CONFIG --checkpoint "
-                                      f"{path}")
+                raise wording.error(CheckpointError, f"checkpoint file {path} was written by an older minicavs and "
+                                    "does not record its config: give it, e.g. {alt[minicavs eval CONFIG --checkpoint "
+                                    f"{path}|Trainer.for_checkpoint({str(path)!r}, CONFIG)]}}")
             trainer = cls(config, overrides)
         else:
             source = Path(path).with_name("config.yaml")
@@ -173,8 +208,8 @@ class Trainer:
                     if not key.startswith("model."):
                         continue   # data and how to run are taken from the config; the rest is unused
                     if any(o.split("=", 1)[0].strip() == key for o in overrides):
-                        raise ConfigError(f"--set {key}: the model and training settings come from the "
-                                          f"checkpoint {path} ({key} = {theirs!r})")
+                        raise wording.error(ConfigError, f"{{alt[--set {key}|overrides: {key}]}}: the model and "
+                                            f"training settings come from the checkpoint {path} ({key} = {theirs!r})")
                     log(f"note: using the checkpoint's {key} = {theirs!r} ({config} says {ours!r})")
                 _take(cfg, given, EVAL_FROM_CONFIG)
                 cfg = resolve(recorded(cfg), source)
@@ -329,8 +364,10 @@ class Trainer:
         last.npz (the trainer must have been built for it: :meth:`resuming`)."""
         epochs = self.cfg["train"]["epochs"] if epochs is None else epochs
         log = log if self.is_root else _quiet   # under MPI rank 0 alone reads and writes the run dir, and speaks
-        if not resume or self.run.path.is_dir():   # (no directory to resume: _fit's error says so)
-            self._on_root(self.run.lock)             # one writer per run dir (rundir's protocol)
+        # one writer per run dir (rundir's protocol); no directory to resume: _fit's error says so. Decided on
+        # rank 0, the one rank that sees the run dir: every rank makes the same collective calls
+        self._on_root(lambda: self._check_before_lock(resume, force))   # a refusal leaves even .lock alone
+        self._on_root(lambda: self.run.lock() if not resume or self.run.path.is_dir() else None)
         try:
             return self._fit(epochs, resume, progress, log, force)
         finally:
@@ -338,14 +375,22 @@ class Trainer:
 
     def _fit(self, epochs: int, resume: bool, progress: bool, log: Callable[[str], None],
              force: bool) -> list[dict]:
-        if resume:
-            path = self._on_root(lambda: self.run.resumable().path)
+        path = self._on_root(lambda: getattr(self.run.resumable(), "path", None)) if resume else None
+        if path is not None:
             self.load(path)
+            self._on_root(self._check_best)   # final_results will load it: refused now, before any write
             for what in self._on_root(lambda: self.run.recover(checkpoint.read(path), self._config_text())):
                 log(f"repaired {self.run.path}: {what}")
             log(f"resumed {self.run.path} at epoch {self.epoch} (step {self.optimizer.steps})" + self.device_note())
+            why = self._nothing_to_train(epochs)
+            if why:
+                log(why)
         else:
-            self._on_root(lambda: self.run.start(self._config_text(), force))
+            if resume:   # stopped before its first checkpoint: no epoch to continue, so it starts over
+                self._on_root(self._check_started_config)
+                log(f"run dir {self.run.path} holds no checkpoint yet (stopped before its first epoch ended): "
+                    "starting the run over from its config.yaml")
+            self._on_root(lambda: self.run.start(self._config_text(), force or resume))
             if self.parallel:
                 self.parallel.sync_state()   # every rank starts from rank 0's parameters (and checks it)
             log(f"training {Path(self.cfg['model']['name']).stem} ({sum(p.value.size for p in self.params.values()):,}"
@@ -381,6 +426,51 @@ class Trainer:
 
     def _on_root(self, work: Callable):
         return on_root(self.parallel.comm if self.parallel else None, work)
+
+    def _check_before_lock(self, resume: bool, force: bool) -> None:
+        """What refuses a run, checked before the lock is taken (and again under it): the checkpoints a
+        resumed run loads, or a run dir a new run may not take."""
+        if not resume:
+            self.run.check_start(force)
+            return
+        last = self.run.resumable()
+        if last is None:
+            self._check_started_config()
+        else:
+            self._verify(last.path, True, last)
+            self._check_best()
+
+    def _nothing_to_train(self, epochs: int) -> str | None:
+        """Why a resumed run will train no epoch, with how to go on; None when it will train."""
+        e = self.early
+        if e["stopped"]:
+            return self.words.say(
+                f"stopped early at epoch {self.epoch}: {e['metric']} has not improved for {e['bad_epochs']} epochs "
+                f"(best {_value(e['metric'], e['best'])} at epoch {e['best_epoch']}); to train on, resume with "
+                f"{{set[train.early_stopping.patience=N]}} (N > {e['bad_epochs']}) or "
+                "{set[train.early_stopping=null]}")
+        if self.epoch >= epochs:
+            return self.words.say(f"the run has trained {self.epoch} of {epochs} epochs: nothing to train; to train "
+                                  f"longer, resume with {{set[train.epochs=N]}} (N > {self.epoch})")
+        return None
+
+    def _check_best(self) -> None:
+        """The best checkpoint a resumed run's end will load fits this model (best.npz can be another file
+        than last.npz: copied in, damaged)."""
+        best = self.run.best_checkpoint()
+        if best != self.run.last:
+            self._verify(best, optimizer=False, ck=_read_for_run(best, self.run))
+
+    def _check_started_config(self) -> None:
+        """A run started over (no checkpoint yet) must be the one its config.yaml records."""
+        raw, _ = _run_record(self.run)
+        changed = [d for d in differences(recorded(self.cfg), recorded(resolve(raw, self.run.config)))
+                   if not _may_change_on_resume(d[0])]
+        if changed:
+            raise wording.error(ConfigError, f"run dir {self.run.path} was started with other settings (its "
+                                "config.yaml): " + ", ".join(f"{k} is {b!r} there, {a!r} here" for k, a, b in changed)
+                                + "; resume it with its own config, or start a new run in another run dir "
+                                  "({new_run_dir})")
 
     def _commit(self) -> None:
         """End an epoch (rundir's protocol): last.npz (the commit point), metrics.jsonl, best.npz."""
@@ -432,8 +522,8 @@ class Trainer:
     def final_results(self, log: Callable[[str], None] = print) -> dict:
         """Load the best checkpoint, evaluate it on dev and test, write RUN_DIR/results.json."""
         log = log if self.is_root else _quiet
-        if self.run.path.is_dir():   # (no directory: _final_results's error says so; the lock would create it)
-            self._on_root(self.run.lock)
+        # no directory: _final_results's error says so (the lock would create it); decided on rank 0 alone
+        self._on_root(lambda: self.run.lock() if self.run.path.is_dir() else None)
         try:
             return self._final_results(log)
         finally:
@@ -480,6 +570,20 @@ class Trainer:
 
     def _load(self, path: str | os.PathLike, optimizer: bool = True,
               ck: checkpoint.Checkpoint | None = None) -> dict:
+        ck, early, fsms = self._verify(path, optimizer, ck)
+        checkpoint.apply(ck, self.params, self.optimizer if optimizer else None)
+        if fsms is not None:
+            self.policy.fsms = fsms
+        if optimizer:
+            self.epoch = int(ck.extra.get("epoch", 0))
+            self.early = early
+            self.history = list(ck.extra.get("history", []))
+        return ck.extra or {}
+
+    def _verify(self, path: str | os.PathLike, optimizer: bool = True, ck: checkpoint.Checkpoint | None = None
+                ) -> tuple[checkpoint.Checkpoint, dict | None, list | None]:
+        """Every check :meth:`_load` makes, changing nothing: (the checkpoint, the early-stopping state to
+        continue with, the FSMs of a learned policy or None)."""
         ck = ck or checkpoint.read(path)   # ck: the file, already read
         extra = ck.extra or {}
         version = run_format(ck)
@@ -498,6 +602,7 @@ class Trainer:
             if changed:
                 raise CheckpointError(f"checkpoint file {path} was written by a run with other settings: "
                                       + ", ".join(f"{k} is {b!r} there, {a!r} here" for k, a, b in changed))
+        early = self._resumed_early(extra.get("early_stopping") or {}, path) if optimizer else None
         if "vocab" in extra:
             check_vocabulary(extra["vocab"], self.task.vocabulary, path, self.cfg["data"].get("train"))
         fsms = None
@@ -506,14 +611,24 @@ class Trainer:
                 fsms = FsmPolicy.from_json(extra["policy"]).fsms
             except (ValueError, KeyError, TypeError) as e:
                 raise CheckpointError(f"checkpoint file {path}: its FSM policy cannot be read: {e}") from None
-        checkpoint.apply(ck, self.params, self.optimizer if optimizer else None)
-        if fsms is not None:
-            self.policy.fsms = fsms
-        if optimizer:
-            self.epoch = int(extra.get("epoch", 0))
-            self.early.update(extra.get("early_stopping", {}))
-            self.history = list(extra.get("history", []))
-        return extra
+        checkpoint.check(ck, self.params, self.optimizer if optimizer else None)
+        return ck, early, fsms
+
+    def _resumed_early(self, stored: dict, path) -> dict:
+        """The early-stopping state a resumed run continues with: the run's record (best value and epoch,
+        epochs without improvement) under this config's patience (None: early stopping off), so a run that
+        early stopping ended trains on with a larger patience. The metric and mode stay the run's: they say
+        which epoch is the best, and best.npz holds it."""
+        mine = self.early
+        if self.cfg["train"]["early_stopping"] is not None:
+            for key in ("metric", "mode"):
+                if stored.get(key) not in (None, mine[key]):
+                    raise CheckpointError(f"checkpoint file {path}: the run's early stopping has {key} "
+                                          f"{stored[key]!r}, this config {mine[key]!r}: a resumed run keeps the "
+                                          "metric that chose its best epoch; start a new run to change it")
+        early = {**mine, **stored, "patience": mine["patience"]}
+        early["stopped"] = early["patience"] is not None and early.get("bad_epochs", 0) >= early["patience"]
+        return early
 
 
 @dataclass(frozen=True)
@@ -555,6 +670,77 @@ def _recorded_config(ck: checkpoint.Checkpoint, what: str) -> dict:
         raise CheckpointError(f"checkpoint file {ck.path} was written by an older minicavs (run format 1) "
                               f"that did not record its config: cannot {what}")
     return stored
+
+
+def _may_change_on_resume(key: str) -> bool:
+    return key.startswith(RESUME_MAY_CHANGE)
+
+
+def _run_record(run: RunDir) -> tuple[dict, str]:
+    """(the recorded config a resumed run continues, where it is recorded): last.npz's, which must hold
+    the model config.yaml names; or config.yaml's for a run stopped before its first checkpoint."""
+    last = run.resumable()
+    if last is None:
+        raw = _config_yaml(run)
+        if raw is None:
+            raise RunDirError(f"cannot resume: run dir {run.path} holds no checkpoint and its config.yaml "
+                              "cannot be read as a config")
+        return raw, "config.yaml"
+    stored = _recorded_config(last, "resume it")
+    _check_run_model(last, run)
+    return stored, "last.npz"
+
+
+def _config_yaml(run: RunDir) -> dict | None:
+    """A run dir's config.yaml as recorded (None when missing or not a YAML mapping)."""
+    try:
+        raw = parse_yaml(run.config.read_text(encoding="utf-8"))
+    except (OSError, ValueError, yaml.YAMLError):
+        return None
+    return raw if isinstance(raw, dict) and isinstance(raw.get("model"), dict) else None
+
+
+def _read_for_run(path, run: RunDir | None) -> checkpoint.Checkpoint:
+    """Read a checkpoint (its values checked: finite) and, found in ``run``, check it holds the run's model."""
+    ck = checkpoint.read(path)
+    if run is not None:
+        run_format(ck)
+        _check_run_model(ck, run)
+    return ck
+
+
+def _check_run_model(ck: checkpoint.Checkpoint, run: RunDir) -> None:
+    """A checkpoint of a run dir must hold the model of the run: the one its config.yaml names and, for
+    another file than last.npz (best.npz), the one last.npz records."""
+    stored = (ck.extra.get("config") or {}).get("model")
+    if stored is None:
+        return   # run format 1: no record to compare
+    theirs = [("its config.yaml names", (_config_yaml(run) or {}).get("model"))]
+    if Path(ck.path).resolve() != run.last.resolve() and run.last.exists():
+        last = checkpoint.read(run.last, finite=False)
+        theirs.append(("its last.npz holds", (last.extra.get("config") or {}).get("model")))
+    for they, model in theirs:
+        if model is not None:
+            _refuse_other_model(stored, f"checkpoint file {ck.path} holds", model, f"but run dir {run.path} is a "
+                                f"run of another model: {they}", "was the file copied from another run? Put the "
+                                "run's own checkpoint back, or use this one with the config it was trained with "
+                                f"({{alt[minicavs eval CONFIG --checkpoint {ck.path}|Trainer.for_checkpoint("
+                                f"{str(ck.path)!r}, CONFIG)]}})", CheckpointError)
+
+
+def _refuse_other_model(ours: dict, we: str, theirs: dict, they: str, advice: str,
+                        kind: type = ConfigError) -> None:
+    """Raise ``kind`` naming both sides when two model sections differ (model name first)."""
+    changed = differences(_model_key(ours), _model_key(theirs))
+    if not changed:
+        return
+    name, other = _model_key(ours)["name"], _model_key(theirs)["name"]
+    if name != other:
+        what = f"{we} a {name} model, {they} a {other} model"
+    else:
+        what = (f"{we} a {name} model with " + ", ".join(f"model.{k} = {a!r}" for k, a, _ in changed)
+                + f", {they} one with " + ", ".join(f"model.{k} = {b!r}" for k, _, b in changed))
+    raise wording.error(kind, f"{what}; {advice}")
 
 
 def _model_key(model: dict) -> dict:

@@ -1,6 +1,7 @@
 """Checkpoints: exact round trips, atomic writes, and load errors that leave the model untouched."""
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -331,3 +332,40 @@ def test_corrupt_file(saved, damage):
 def test_missing_file(tmp_path):
     ps, opt = fresh_target()
     expect_load_error(tmp_path / "nope.npz", ps, opt, "no checkpoint file")
+
+
+# --- non-finite values: refused on read, naming the file and the array --------------------------------
+
+
+def _meta(path) -> dict:
+    with np.load(path, allow_pickle=False) as z:
+        return json.loads(z["__meta__"].tobytes().decode())
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("where", ["enc/W", "enc/b", "emb/table \u00e9", "slot m of enc/W",
+                                   "slot v of emb/table \u00e9"])
+@pytest.mark.parametrize("count", [1, 3])
+def test_non_finite_values_are_refused_naming_the_array(saved, bad, where, count):
+    meta = _meta(saved)
+    if where.startswith("slot"):
+        _, slot, _, name = where.split(" ", 3)
+        key, what = meta["optimizer"]["slots"][name][slot], f"optimizer slot '{slot}' of parameter '{name}'"
+    else:
+        key, what = next(e["key"] for e in meta["params"] if e["name"] == where), f"parameter '{where}'"
+
+    def edit(arrays):
+        arrays[key] = arrays[key].copy()
+        arrays[key].flat[-count:] = bad
+    rewrite(saved, edit_arrays=edit)
+    kind = "NaN" if np.isnan(bad) else "infinite"
+    with pytest.raises(CheckpointError, match=re.escape(f"{saved}: {what} holds non-finite values ({count} {kind}, ")):
+        checkpoint.read(saved)
+    ps, opt = fresh_target()
+    expect_load_error(saved, ps, opt, "non-finite")
+    assert checkpoint.read(saved, finite=False).step == 3     # the metadata alone stays readable
+
+
+def test_integer_arrays_need_no_finiteness_check(tmp_path):
+    checkpoint.save(tmp_path / "ints.npz", {"ids": np.arange(4)})
+    assert checkpoint.read(tmp_path / "ints.npz").params["ids"].tolist() == [0, 1, 2, 3]

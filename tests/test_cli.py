@@ -234,3 +234,44 @@ def test_resuming_from_python_with_other_settings_is_refused(tmp_path):
     assert all(np.array_equal(before[k], p.value) for k, p in other.params.items())
     longer = Trainer(cfg, ["train.epochs=2"], run_dir=tmp_path / "run")   # training longer is allowed
     assert [r["epoch"] for r in longer.fit(resume=True, progress=False, log=lambda s: None)] == [2]
+
+
+def test_ctrl_c_before_the_first_checkpoint_resumes_by_starting_over(tmp_path, capsys, monkeypatch):
+    """Interrupted in epoch 1: the advice ('resume with --resume') works, a new run names the same way on,
+    and the resumed run ends as an uninterrupted one."""
+    cfg = tiny_config(tmp_path)
+    run = tmp_path / "run"
+    real = Trainer.train_step
+
+    def interrupted(self, ids, *prepared):
+        if self.optimizer.steps == 1:
+            raise KeyboardInterrupt
+        return real(self, ids, *prepared)
+    monkeypatch.setattr(Trainer, "train_step", interrupted)
+    assert main(["train", str(cfg), "--run-dir", str(run), "--no-progress", "--epochs", "2"]) == 130
+    assert capsys.readouterr().err.strip() == "minicavs train: interrupted: resume with --resume"
+    monkeypatch.undo()
+    assert (run / "config.yaml").exists() and not (run / "last.npz").exists()
+    user_error(["train", str(cfg), "--run-dir", str(run), "--epochs", "2"], capsys,
+               "already holds a run (no checkpoint yet); continue it with --resume (it starts over: no epoch was "
+               "saved), replace it with --force")
+    assert main(["train", str(run), "--resume", "--epochs", "2", "--no-progress"]) == 0
+    assert "holds no checkpoint yet (stopped before its first epoch ended): starting the run over from its " \
+           "config.yaml" in capsys.readouterr().out
+    assert main(["train", str(cfg), "--run-dir", str(tmp_path / "straight"), "--epochs", "2", "--no-progress"]) == 0
+    for name in ("last.npz", "best.npz"):
+        got, want = checkpoint.read(run / name), checkpoint.read(tmp_path / "straight" / name)
+        assert got.step == want.step == 6
+        assert all(np.array_equal(got.params[k], want.params[k]) for k in want.params)
+
+
+def test_resume_starting_over_still_refuses_another_model(tmp_path, capsys):
+    cfg = tiny_config(tmp_path)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text(Trainer(cfg, run_dir=run)._config_text())   # as a new run writes it
+    before = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in run.iterdir()}
+    user_error(["train", str(run), "--resume", "--set", "model.hidden=5"], capsys, "cannot change model.hidden")
+    user_error(["train", "tree_gru", "--resume", "--run-dir", str(run)], capsys,
+               "configures a tree_gru model, but run dir", "holds a tree_lstm run (its config.yaml)")
+    assert {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in run.iterdir()} == before

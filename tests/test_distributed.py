@@ -299,3 +299,43 @@ def test_a_hung_rank_trips_the_watchdog(launcher, tmp_path):
     assert status != 0 and 5 <= seconds < 60
     assert "rank 0 of 2" in stderr and "waited more than 5 s" in stderr, stderr[-3000:]
     checkpoint.read(run / "last.npz")
+
+
+def test_a_run_dir_on_rank_0_alone(launcher, tmp_path):
+    """Ranks in different working directories, so a relative --run-dir exists for rank 0 alone (the README
+    allows a run dir on rank 0's machine only): every decision before a collective is rank 0's, so training,
+    ``--resume`` (naming the config or the run dir) and ``eval RUN_DIR`` work, rank 1 writes nothing, and the
+    run ends where one process ends."""
+    cfg = yaml.safe_load((REPO_ROOT / "models" / "tree_lstm.yaml").read_text())
+    cfg["model"].update(name=str(REPO_ROOT / "models" / "tree_lstm.py"), embed=4, hidden=4)
+    cfg["data"]["synthetic"] = {"train": 24, "dev": 12, "test": 12, "seed": 7, "vocab": 30}
+    cfg["train"].update({"epochs": 2, "batch_size": 8, "dtype": "float64", "early_stopping": None})
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    homes = [tmp_path / "rank0", tmp_path / "rank1"]
+    for home in homes:
+        home.mkdir()
+    wdir = "--wdir" if "--oversubscribe" in launcher else "-wdir"   # Open MPI / MPICH's Hydra
+
+    def job(*args: str) -> subprocess.CompletedProcess:
+        contexts = [[":"] * (r > 0) + ["-n", "1", wdir, str(home), sys.executable, "-m", "minicavs", *args]
+                    for r, home in enumerate(homes)]
+        proc = subprocess.run(launcher + [a for c in contexts for a in c], capture_output=True, text=True,
+                              env={**mpi_env(), "PYTHONPATH": str(REPO_ROOT)}, timeout=300)
+        assert proc.returncode == 0, (args, proc.stdout[-2000:], proc.stderr[-3000:])
+        return proc
+
+    job("train", str(config), "--run-dir", "run", "--no-progress")
+    run = homes[0] / "run"
+    assert [r["epoch"] for r in metrics(run)] == [1, 2] and (run / "results.json").exists()
+    job("train", str(config), "--run-dir", "run", "--resume", "--set", "train.epochs=3", "--no-progress")
+    job("train", "run", "--resume", "--set", "train.epochs=4", "--no-progress")
+    assert [r["epoch"] for r in metrics(run)] == [1, 2, 3, 4]
+    assert "run/best.npz: test_loss" in job("eval", "run").stdout
+    assert list(homes[1].iterdir()) == []                           # rank 1 wrote nothing anywhere
+    straight = Trainer(config, ["train.epochs=4"], run_dir=tmp_path / "straight", comm=None)
+    straight.fit(progress=False, log=lambda s: None)
+    ck = checkpoint.read(run / "last.npz")
+    assert ck.step == straight.optimizer.steps
+    for name, p in straight.params.items():
+        close(ck.params[name], p.value, "float64", f"run dir on rank 0 alone: {name}")

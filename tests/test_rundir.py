@@ -6,6 +6,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -312,3 +314,184 @@ def test_the_lock_is_released_when_training_ends(tmp_path):
     again.fit(resume=True, progress=False, log=lambda _: None)
     with _holder(run_dir):                                  # and another process can take it too
         pass
+
+
+# --- tampered checkpoints: refused by eval, predict and --resume, with every file of the run dir unchanged ---
+
+def tiny_config_of(tmp_path, model: str) -> Path:
+    """:func:`tiny_config` for another bundled tree model (the same synthetic data, so the same vocabulary)."""
+    cfg = yaml.safe_load(tiny_config(tmp_path).read_text())
+    cfg["model"] = {**yaml.safe_load((MODELS / f"{model}.yaml").read_text())["model"], "embed": 4, "hidden": 4}
+    path = tmp_path / f"tiny_{model}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def files_of(run_dir: Path) -> dict:
+    """Every file of a run dir (the lock file included): its bytes and modification time."""
+    return {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(run_dir.iterdir())}
+
+
+def rewrite_arrays(path: Path, edit) -> None:
+    """Change a checkpoint's parameter arrays behind minicavs' back, keeping the metadata consistent (the
+    shapes it records follow the arrays): only the values or the shapes are wrong, not the file."""
+    with np.load(path, allow_pickle=False) as z:
+        arrays = {k: z[k] for k in z.files}
+    meta = json.loads(arrays["__meta__"].tobytes().decode())
+    for entry in meta["params"]:
+        arrays[entry["key"]] = edit(entry["name"], arrays[entry["key"]])
+        entry["shape"] = list(arrays[entry["key"]].shape)
+    arrays["__meta__"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+    with open(path, "wb") as f:
+        np.savez(f, **arrays)
+
+
+def _poison(value):
+    def edit(name, a):
+        if name == "E":    # the embedding table: every model's first lookup
+            a = a.copy()
+            a.flat[::3] = value
+        return a
+    return edit
+
+
+TAMPERS = {
+    "another model": None,    # the same file of a Tree-GRU run of the same data (vocabulary and epoch)
+    "NaN": _poison(np.nan),
+    "inf": _poison(np.inf),
+    "-inf": _poison(-np.inf),
+    "wrong shape": lambda name, a: np.concatenate([a, a[:1]]) if name == "E" else a,
+}
+EXPECTED = {"another model": r"holds a tree_gru model, but run dir .* is a run of another model: its "
+                             r"(config.yaml names|last.npz holds) a tree_lstm model",
+            "NaN": r"parameter 'E' holds non-finite values \(\d+ NaN, of \d+\)",
+            "inf": r"parameter 'E' holds non-finite values \(\d+ infinite, of \d+\)",
+            "-inf": r"parameter 'E' holds non-finite values \(\d+ infinite, of \d+\)",
+            "wrong shape": r"parameter 'E' is float32\(\d+, 4\) in the checkpoint, float32\(\d+, 4\) in the model"}
+# each command and the files of the run dir it loads
+COMMANDS = {"eval": ["best.npz"], "predict": ["best.npz"], "resume": ["last.npz", "best.npz"],
+            "resume naming its config": ["last.npz", "best.npz"]}
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory):
+    """One epoch of a tiny Tree-LSTM and of a tiny Tree-GRU on the same data (each file epoch 1, the best)."""
+    tmp = tmp_path_factory.mktemp("two_runs")
+    cfg, gru_cfg = tiny_config(tmp), tiny_config_of(tmp, "tree_gru")
+    assert train(cfg, tmp / "lstm", "--epochs", "1") == 0
+    assert train(gru_cfg, tmp / "gru", "--epochs", "1") == 0
+    (tmp / "trees.txt").write_text("(3 (2 good) (2 film))\n")
+    return tmp, cfg
+
+
+def run_command(command: str, run_dir: Path, cfg: Path, inputs: Path) -> int:
+    if command == "eval":
+        return main(["eval", str(run_dir)])
+    if command == "predict":
+        return main(["predict", str(run_dir), str(inputs), "-o", str(run_dir / "predictions.txt")])
+    named = [str(cfg), "--run-dir", str(run_dir)] if command == "resume naming its config" else [str(run_dir)]
+    return main(["train", *named, "--resume", "--set", "train.epochs=2", "--no-progress"])
+
+
+@pytest.mark.parametrize("tamper", list(TAMPERS))
+@pytest.mark.parametrize("command, target", [(c, f) for c, files in COMMANDS.items() for f in files])
+def test_a_tampered_checkpoint_is_refused_and_changes_nothing(two_runs, tmp_path, capsys, command, target, tamper):
+    runs, cfg = two_runs
+    run_dir = tmp_path / "run"
+    shutil.copytree(runs / "lstm", run_dir)
+    if tamper == "another model":
+        shutil.copyfile(runs / "gru" / target, run_dir / target)
+    else:
+        rewrite_arrays(run_dir / target, TAMPERS[tamper])
+    before = files_of(run_dir)
+    capsys.readouterr()
+    assert run_command(command, run_dir, cfg, runs / "trees.txt") == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{run_dir / target}" in err, err
+    assert re.search(EXPECTED[tamper], err), err
+    assert files_of(run_dir) == before
+
+
+def test_resume_naming_another_models_config_is_refused(two_runs, tmp_path, capsys):
+    runs, _ = two_runs
+    run_dir = tmp_path / "run"
+    shutil.copytree(runs / "lstm", run_dir)
+    before = files_of(run_dir)
+    capsys.readouterr()
+    assert train(tiny_config_of(tmp_path, "tree_gru"), run_dir, "--resume") == 2
+    err = capsys.readouterr().err
+    assert "tiny_tree_gru.yaml configures a tree_gru model, but run dir" in err
+    assert "holds a tree_lstm run (its last.npz)" in err and f"minicavs train {run_dir} --resume" in err
+    assert files_of(run_dir) == before
+
+
+def test_the_untampered_copy_passes_every_command(two_runs, tmp_path, capsys):
+    """The counterpart of the tampered cases: the same commands on the untouched copy succeed."""
+    runs, cfg = two_runs
+    for command in COMMANDS:
+        run_dir = tmp_path / command.replace(" ", "_")
+        shutil.copytree(runs / "lstm", run_dir)
+        assert run_command(command, run_dir, cfg, runs / "trees.txt") == 0, capsys.readouterr().err
+
+
+# --- early stopping is when to stop: a resumed run says why it trains nothing, and trains on when told ---
+
+def untimed_state(run_dir: Path) -> tuple:
+    """The metric rows and every parameter of a run's last.npz, timings left out."""
+    rows = [{k: v for k, v in json.loads(line).items() if k != "timing"}
+            for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return rows, {k: v.tobytes() for k, v in checkpoint.read(run_dir / "last.npz").params.items()}
+
+
+@pytest.mark.parametrize("go_on", [["train.early_stopping.patience=10"], ["train.early_stopping=null"]])
+def test_a_run_that_early_stopping_ended_says_so_and_trains_on(tmp_path, capsys, go_on):
+    """The README's ``train RUN --resume --set train.epochs=N`` after early stopping: one line says why
+    nothing trains and how to go on; going on that way trains the remaining epochs exactly as a run that
+    never stopped would have."""
+    cfg = tiny_config(tmp_path)            # patience 2: stops after epoch 4 of 6
+    run = tmp_path / "run"
+    assert train(cfg, run) == 0
+    capsys.readouterr()
+    assert main(["train", str(run), "--resume", "--set", "train.epochs=6", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    said = [line for line in out.splitlines() if line.startswith("stopped early")]
+    assert len(said) == 1, out
+    assert said[0].startswith("stopped early at epoch 4: dev_root_acc has not improved for 2 epochs (best ")
+    assert said[0].endswith("at epoch 2); to train on, resume with --set train.early_stopping.patience=N (N > 2) "
+                            "or --set train.early_stopping=null")
+    assert [r["epoch"] for r in untimed_state(run)[0]] == [1, 2, 3, 4]
+    sets = [a for item in ["train.epochs=6"] + go_on for a in ("--set", item)]
+    assert main(["train", str(run), "--resume", *sets, "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "epoch 5/6" in out and "epoch 6/6" in out and "stopped early" not in out
+    straight = tmp_path / "straight"           # the same settings from the start
+    assert train(cfg, straight, *[a for item in go_on for a in ("--set", item)]) == 0
+    assert untimed_state(run) == untimed_state(straight)
+    assert json.loads((run / "results.json").read_text())["epoch"] == \
+        json.loads((straight / "results.json").read_text())["epoch"]
+
+
+@pytest.mark.parametrize("change, message", [
+    ("train.early_stopping.metric=dev_loss", "the run's early stopping has metric 'dev_root_acc', this config "
+                                             "'dev_loss'"),
+    ("train.early_stopping.mode=min", "the run's early stopping has mode 'max', this config 'min'"),
+])
+def test_resume_keeps_the_metric_that_chose_the_best_epoch(tmp_path, capsys, change, message):
+    cfg = tiny_config(tmp_path)
+    run = tmp_path / "run"
+    assert train(cfg, run, "--epochs", "2") == 0
+    before = files_of(run)
+    capsys.readouterr()
+    assert main(["train", str(run), "--resume", "--set", change, "--no-progress"]) == 2
+    assert message in capsys.readouterr().err
+    assert files_of(run) == before
+
+
+def test_a_run_trained_to_its_last_epoch_says_how_to_train_longer(tmp_path, capsys):
+    cfg = tiny_config(tmp_path)
+    run = tmp_path / "run"
+    assert train(cfg, run, "--set", "train.epochs=2") == 0
+    capsys.readouterr()
+    assert main(["train", str(run), "--resume", "--no-progress"]) == 0
+    assert ("the run has trained 2 of 2 epochs: nothing to train; to train longer, resume with --set "
+            "train.epochs=N (N > 2)") in capsys.readouterr().out

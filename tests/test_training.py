@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
 
+from minicavs import checkpoint
 from minicavs.cli import main
 from minicavs.config import ConfigError, load_config
 from minicavs.training import Trainer
@@ -214,3 +216,78 @@ def test_a_step_on_an_empty_batch_is_refused_naming_the_function(model, empty, t
     assert all((p.value == before[k]).all() for k, p in t.params.items())
     loss, _ = t.train_step(np.array([0, 1]))   # (a batch of samples still trains)
     assert np.isfinite(loss) and t.optimizer.steps == steps + 1
+
+
+# --- advice in the words of the interface in use: Python arguments from the API, flags from the CLI ---
+
+def _situations(tmp_path):
+    """(what to do from Python, the same from the command line, the Python words, the CLI words)."""
+    cfg = tiny_config(tmp_path, epochs=1)
+    run = tmp_path / "run"
+    Trainer(cfg, run_dir=run).fit(progress=False, log=lambda s: None)
+    quiet = dict(progress=False, log=lambda s: None)
+    old = tmp_path / "old.npz"      # as minicavs wrote checkpoints before they recorded their config
+    checkpoint.save(old, Trainer(cfg).params, extra={"version": 1, "epoch": 1})
+    return {
+        "a new run into a run dir in use": (
+            lambda: Trainer(cfg, run_dir=run).fit(**quiet), ["train", str(cfg), "--run-dir", str(run)],
+            ["continue it with resume=True", "replace it with force=True", "choose another run_dir"],
+            ["continue it with --resume", "replace it with --force", "choose another --run-dir"]),
+        "resuming a run dir that does not exist": (
+            lambda: Trainer.resuming(tmp_path / "none"), ["train", str(cfg), "--run-dir", str(tmp_path / "none"),
+                                                          "--resume"],
+            ["start a fresh run without resume=True"], ["start a fresh run without --resume"]),
+        "resuming with another model size": (
+            lambda: Trainer.resuming(run, ["model.hidden=5"]),
+            ["train", str(run), "--resume", "--set", "model.hidden=5"],
+            ["resuming (Trainer.resuming) continues the recorded run", "start a new run (run_dir=...) for that"],
+            ["--resume continues the recorded run", "start a new run (--run-dir) for that"]),
+        "resuming naming another model's config": (
+            lambda: Trainer.resuming(run, config="tree_gru"), ["train", "tree_gru", "--resume", "--run-dir", str(run)],
+            [f"resume it as Trainer.resuming({str(run)!r})", "another run dir (run_dir=...)"],
+            [f"resume it as minicavs train {run} --resume", "another run dir (--run-dir)"]),
+        "a config without its checkpoint": (
+            lambda: Trainer.for_target(str(cfg)), ["eval", str(cfg)],
+            ["give the checkpoint to use with checkpoint="], ["give the checkpoint to use with --checkpoint"]),
+        "an override of the checkpoint's model": (
+            lambda: Trainer.for_target(str(cfg), run / "best.npz", ["model.hidden=5"]),
+            ["eval", str(cfg), "--checkpoint", str(run / "best.npz"), "--set", "model.hidden=5"],
+            ["overrides: model.hidden: the model and training settings come from the checkpoint"],
+            ["--set model.hidden: the model and training settings come from the checkpoint"]),
+        "a checkpoint that does not record its config": (
+            lambda: Trainer.for_target(str(run), old), ["eval", str(run), "--checkpoint", str(old)],
+            [f"give it, e.g. Trainer.for_checkpoint({str(old)!r}, CONFIG)"],
+            [f"give it, e.g. minicavs eval CONFIG --checkpoint {old}"]),
+    }
+
+
+SITUATIONS = ["a new run into a run dir in use", "resuming a run dir that does not exist",
+              "resuming with another model size", "resuming naming another model's config",
+              "a config without its checkpoint", "an override of the checkpoint's model",
+              "a checkpoint that does not record its config"]
+
+
+@pytest.mark.parametrize("situation", SITUATIONS)
+def test_errors_name_python_arguments_from_python_and_flags_from_the_cli(tmp_path, capsys, situation):
+    from minicavs.errors import MinicavsError
+    call, argv, python_words, cli_words = _situations(tmp_path)[situation]
+    with pytest.raises(MinicavsError) as info:
+        call()
+    message = str(info.value)
+    assert all(w in message for w in python_words), message
+    assert not re.search(r"(^|\W)--[a-z]", message), message      # no flag in a Python error
+    capsys.readouterr()
+    assert main(argv + ["--no-progress"] * (argv[0] == "train")) == 2
+    err = capsys.readouterr().err
+    assert all(w in err for w in cli_words), err
+
+
+def test_a_stopped_runs_advice_from_python_names_overrides(tmp_path):
+    cfg = tiny_config(tmp_path, epochs=6, early_stopping={"metric": "train_loss", "mode": "max", "patience": 1})
+    run = tmp_path / "run"
+    Trainer(cfg, run_dir=run).fit(progress=False, log=lambda s: None)   # the loss falls: stops after epoch 2
+    said: list[str] = []
+    Trainer.resuming(run).fit(resume=True, progress=False, log=said.append)
+    assert any(s.startswith("stopped early at epoch 2: train_loss has not improved for 1 epochs") and
+               s.endswith("resume with overrides=['train.early_stopping.patience=N'] (N > 1) or "
+                          "overrides=['train.early_stopping=null']") for s in said), said
