@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .codegen.native import MAX_REGISTERS
+from .limits import MAX_REGISTERS
 from .dtypes import as_dtype, float32
 from .errors import ShapeError
 from .graph import Graph, Node, fmt_shape, rows_implicit

@@ -204,9 +204,10 @@ def _cuda_rows(rng):
     launcher = Launcher()
     device = Cuda(launcher=launcher)
     det = Cuda(launcher=Launcher(), deterministic=True)
+    xp = launcher.xp   # the device stand-in: data on the device, bad indices from the host as users give them
     for dtype in (np.float32, np.float64):
         rk = mcuda.RowKernels(dtype, launcher)
-        src = rng.standard_normal((6, 4)).astype(dtype)
+        src = xp.asarray(rng.standard_normal((6, 4)).astype(dtype))
         for name, bad, must in bad_indices(rng, 5, 6):
             if not name.startswith("length"):
                 cases.append((f"CUDA gather {np.dtype(dtype)} {name}", lambda b=bad: rk.gather(src, b),
@@ -214,19 +215,19 @@ def _cuda_rows(rng):
                 cases.append((f"CUDA device take {np.dtype(dtype)} {name}", lambda b=bad: device.take(src, b),
                                must + ["gather"]))
                 cases.append((f"CUDA device put {np.dtype(dtype)} {name}",
-                               lambda b=bad: device.put(np.zeros((6, 4), dtype), b, 1.0), must + ["scatter"]))
+                               lambda b=bad: device.put(xp.zeros((6, 4), dtype), b, 1.0), must + ["scatter"]))
             for kernel in ("scatter", "scatter_add", "segment_sum"):
                 def launch(b=bad, kernel=kernel):
-                    dst = np.zeros((6, 4), dtype)
+                    dst = xp.zeros((6, 4), dtype)
                     try:
-                        getattr(rk, kernel)(dst, b, np.ones((5, 4), dtype))
+                        getattr(rk, kernel)(dst, b, xp.ones((5, 4), dtype))
                     finally:
-                        assert not dst.any(), "changed"
+                        assert not bool(dst.any()), "changed"
                 cases.append((f"CUDA {kernel} {np.dtype(dtype)} {name}", launch, must + [kernel]))
             for dev, what in ((device, "atomic"), (det, "deterministic")):
                 cases.append((f"CUDA device scatter_add {what} {np.dtype(dtype)} {name}",
-                               lambda b=bad, dev=dev: dev.rows(dtype).scatter_add(np.zeros((6, 4), dtype), b,
-                                                                                  np.ones((5, 4), dtype)),
+                               lambda b=bad, dev=dev: dev.rows(dtype).scatter_add(xp.zeros((6, 4), dtype), b,
+                                                                                  xp.ones((5, 4), dtype)),
                                must + ["scatter_add"]))
         for name, bad, must in bad_indices(rng, 6, None, unsigned=True):
             cases.append((f"CUDA dropout {np.dtype(dtype)} keys {name}", lambda b=bad: rk.dropout(src, b, 7, 0.5),
@@ -242,8 +243,8 @@ def _cuda_rows(rng):
                            ("target float", good_plan[:2] + (np.array([1.0, 3.0]),)),
                            ("two arrays", good_plan[:2])):
             cases.append((f"CUDA segment_sum plan {np.dtype(dtype)} {name}",
-                          lambda plan=plan: rk.segment_sum(np.zeros((6, 4), dtype), np.arange(5) % 6,
-                                                           np.ones((5, 4), dtype), plan=plan), ["segment_sum"]))
+                          lambda plan=plan: rk.segment_sum(xp.zeros((6, 4), dtype), np.arange(5) % 6,
+                                                           xp.ones((5, 4), dtype), plan=plan), ["segment_sum"]))
     return cases
 
 

@@ -18,7 +18,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "minicavs"
 # demo.py, testing.py, bench/, rundir.py (the run-dir commit protocol), predict.py, plot.py and show.py are
 # product code around the engine (data/datasets.py too: PLACED below); ``minicavs`` itself is the package's public face).
 LAYERS = [
-    ["dtypes", "errors", "random", "sparse", "validate", "atomic", "arrays", "wording"],
+    ["dtypes", "errors", "random", "sparse", "validate", "atomic", "arrays", "wording", "limits"],
     ["graph"],
     ["ops"],
     ["autodiff"],

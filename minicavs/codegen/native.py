@@ -16,9 +16,9 @@ returns its instruction index and operand instead of touching memory.
 """
 from __future__ import annotations
 
+from ..limits import MAX_ARGS, MAX_REGISTERS  # noqa: F401  (re-exported: the lowering's limits)
+
 WIDTH = 10
-MAX_REGISTERS = 512   # registers of one template (the lowering refuses more)
-MAX_ARGS = 64         # arguments of one fused kernel
 
 # name -> operand names (a0, a1, ...): shared by the C switch below and by the dump in instructions.py
 OPCODES = {

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from ..codegen.native import MAX_ARGS
+from ..limits import MAX_ARGS
 from ..graph import Node, consumers as consumers_of
 from ..ops import scalar as S
 from ..ops.registry import OPS
