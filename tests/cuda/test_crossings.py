@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from minicavs import arrays
 from minicavs.config import REPO_ROOT
 from minicavs.cuda import standin
 from minicavs.training import Trainer
@@ -66,3 +67,5 @@ def test_a_training_step_reads_the_device_once_and_copies_nothing_per_task(cuda_
             assert large_sites.get(site, 0) == small_sites.get(site, 0), (name, site, small_sites, large_sites)
     assert len({id(a) for a in copied}) == len(copied), f"{name}: a plan array was copied twice"
     assert t.optimizer.last_loss is not None and t.optimizer.steps == 3
+    assert all(arrays.on_device(p.value) for p in t.params.values())            # parameters stay there,
+    assert all(arrays.on_device(a) for slots in t.optimizer.state.values() for a in slots.values())  # slots too
