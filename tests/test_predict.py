@@ -184,3 +184,48 @@ def test_tree_cache_is_not_fooled_by_a_reused_id(tree_trainer):
     task.samples[id(b)] = task.samples[id(a)]          # what id reuse after freeing ``a`` looks like
     graphs, feeds = task.batch([b])
     assert graphs[0].num_vertices == 5 and feeds["labels"].tolist() == [1, 1, 1, 1, 1]
+
+
+def deep_tree_line(depth: int) -> str:
+    """Unlabelled: ``depth`` internal nodes, each a leaf word on the left and the rest of the tree on the right."""
+    return "(a " * depth + "b" + ")" * depth
+
+
+
+@pytest.fixture(scope="module")
+def executor_trainers(tmp_path_factory):
+    """A tiny Tree-LSTM per executor, made when first asked for."""
+    config = tiny(tmp_path_factory.mktemp("deep"), "tree_lstm", embed=2, hidden=2, dropout=0.0)
+    made: dict = {}
+
+    def trainer(executor: str) -> Trainer:
+        if executor not in made:
+            made[executor] = Trainer(config, [f"train.engine.executor={executor}"])
+        return made[executor]
+    return trainer
+
+
+@pytest.mark.parametrize("executor, depth", [
+    *((executor, depth) for executor in ("native", "python") for depth in (1, 2, 500, 5_000)),
+    ("native", 100_000),
+    pytest.param("python", 100_000, marks=pytest.mark.slow),   # ~30 s: a Python loop step per level
+])
+def test_deep_trees_train_predict_and_render_on_every_executor(executor_trainers, executor, depth):
+    """No walk over a tree recurses: a tree of any depth parses, trains one step, predicts and renders back,
+    with the python and the native instruction executor."""
+    trainer = executor_trainers(executor)
+    assert trainer.model.options.executor == executor
+    line = deep_tree_line(depth)
+    tree = trainer.task.parse_input(line, "<stdin>:1")
+    assert tree.num_vertices == 2 * depth + 1
+    train = trainer.task.data["train"]
+    trainer.task.data["train"] = [type(tree)(tree.children, np.full(tree.num_vertices, 2), tree.words)]
+    try:
+        loss, units = trainer.train_step(np.array([0]))
+    finally:
+        trainer.task.data["train"] = train
+    assert math.isfinite(loss) and units == 1
+    [row] = predict_lines(trainer.task, [line], "<stdin>")
+    back = parse_any_tree(row["text"])
+    assert back.children == tree.children and back.words == tree.words
+    assert 0 <= back.labels.min() and back.labels.max() < 5 and back.labels[-1] == row["label"]
