@@ -1,11 +1,14 @@
 """The ``minicavs`` command. Each subcommand is (add_arguments, run); run returns the exit status.
 
-Exit status: 0 done, 2 a user error (bad config, data, checkpoint or run dir; a missing or unwritable file:
-one line on stderr, no traceback), 130 interrupted (Ctrl-C). A traceback means a bug in minicavs."""
+Exit status: 0 done, 2 a user error (bad config, data, checkpoint or run dir; a missing or unwritable file; a
+model or batch too large for memory: one line on stderr, no traceback), 130 interrupted (Ctrl-C), 141 standard
+output closed early (``minicavs train ... | head -1``: quietly, as Unix tools end on SIGPIPE). A traceback means
+a bug in minicavs."""
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from pathlib import Path
 from typing import Callable, Sequence
@@ -134,6 +137,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return COMMANDS[args.command][2](args)
+    except BrokenPipeError:
+        return _stdout_closed()
     except KeyboardInterrupt:
         hint = ": resume with --resume" if args.command == "train" else ""
         print(f"\nminicavs {args.command}: interrupted{hint}", file=sys.stderr)
@@ -142,6 +147,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"minicavs {args.command}: error: {_one_line(e)}", file=sys.stderr)
         abort_peers(2)   # under mpirun: the other ranks may be waiting for this one
         return 2
+    except MemoryError as e:
+        print(f"minicavs {args.command}: error: {_out_of_memory(e, args.command)}", file=sys.stderr)
+        abort_peers(2)
+        return 2
+
+
+SIGPIPE_STATUS = 141   # 128 + SIGPIPE: what a shell reports for a tool that a closed pipe ended
+
+
+def _stdout_closed() -> int:
+    """The reader of standard output went away (``| head -1``): end quietly, as Unix tools do. Standard output
+    is pointed at /dev/null first, so the interpreter's last flush at exit cannot fail and print a second
+    error (the recipe in Python's ``signal`` documentation)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):   # stdout is no file descriptor (replaced in-process)
+        pass
+    return SIGPIPE_STATUS
+
+
+def _out_of_memory(e: MemoryError, command: str) -> str:
+    """One line for a MemoryError: what did not fit (numpy's message names the array's size, shape and dtype)
+    and which settings make a run smaller."""
+    what = " ".join(str(e).split()) or "an allocation failed"
+    batch = "train.batch_size" if command == "train" else "train.eval_batch_size"
+    return (f"out of memory: {what}; lower {batch} or the model's size (model.hidden, model.embed) with --set, "
+            "or free memory")
 
 
 def _one_line(e: BaseException) -> str:

@@ -234,3 +234,61 @@ def test_resuming_from_python_with_other_settings_is_refused(tmp_path):
     assert all(np.array_equal(before[k], p.value) for k, p in other.params.items())
     longer = Trainer(cfg, ["train.epochs=2"], run_dir=tmp_path / "run")   # training longer is allowed
     assert [r["epoch"] for r in longer.fit(resume=True, progress=False, log=lambda s: None)] == [2]
+
+
+@pytest.mark.parametrize("override, what", [
+    ("model.hidden=1000000000000", "Unable to allocate"),     # weights of hundreds of terabytes: numpy refuses them
+    ("model.embed=1000000000000", "Unable to allocate"),
+])
+def test_a_model_too_large_for_memory_is_one_line_naming_it_and_what_to_lower(tmp_path, capsys, override, what):
+    err = user_error(["train", str(tiny_config(tmp_path)), "--run-dir", str(tmp_path / "run"), "--set", override],
+                     capsys, "out of memory: ", what, "for an array with shape", "lower train.batch_size",
+                     "model.hidden")
+    assert not (tmp_path / "run").exists(), err
+
+
+@pytest.mark.parametrize("command", ["train", "eval", "predict"])
+def test_running_out_of_memory_mid_run_is_one_line(tmp_path, capsys, monkeypatch, command):
+    """Where a step, an evaluation or a prediction does not fit (simulated: numpy's MemoryError message)."""
+    cfg = tiny_config(tmp_path)
+    run = tmp_path / "run"
+    assert main(["train", str(cfg), "--run-dir", str(run), "--no-progress", "--epochs", "1"]) == 0
+    (tmp_path / "in.txt").write_text("(a b)\n")
+
+    def too_big(*args, **kwargs):
+        raise MemoryError("Unable to allocate 9.31 GiB for an array with shape (25000, 100000) and data type "
+                          "float32")
+    from minicavs.model import Model
+    monkeypatch.setattr(Model, "forward_backward", too_big)
+    monkeypatch.setattr(Model, "infer", too_big)
+    argv = {"train": ["train", str(run), "--resume", "--epochs", "2", "--no-progress"],
+            "eval": ["eval", str(run)], "predict": ["predict", str(run), str(tmp_path / "in.txt")]}[command]
+    user_error(argv, capsys, "out of memory: Unable to allocate 9.31 GiB for an array with shape (25000, 100000)",
+               "lower train.batch_size" if command == "train" else "lower train.eval_batch_size")
+
+
+def _closed_stdout(argv: list, cwd: Path) -> tuple[int, bytes]:
+    """Run ``minicavs argv`` in a process whose standard output's reader has gone (``| head -0``)."""
+    import subprocess
+    import sys
+    env = {**os.environ, "PYTHONPATH": str(MODELS.parent)}
+    proc = subprocess.Popen([sys.executable, "-m", "minicavs", *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, cwd=cwd, env=env)
+    proc.stdout.close()
+    with proc.stderr:
+        err = proc.stderr.read()
+    return proc.wait(timeout=120), err
+
+
+@pytest.mark.parametrize("command", ["train", "predict", "demo"])
+def test_a_closed_pipe_ends_quietly_as_unix_tools_do(tmp_path, command):
+    """``minicavs train ... | head -1``: no 'Broken pipe' error, no traceback, exit 141 (128 + SIGPIPE)."""
+    cfg = tiny_config(tmp_path)
+    if command == "predict":
+        assert main(["train", str(cfg), "--run-dir", str(tmp_path / "run"), "--epochs", "1", "--no-progress"]) == 0
+        (tmp_path / "in.txt").write_text("((a b) c)\n" * 200)
+    argv = {"train": ["train", str(cfg), "--run-dir", str(tmp_path / "run2"), "--epochs", "1", "--no-progress"],
+            "predict": ["predict", str(tmp_path / "run"), str(tmp_path / "in.txt")],
+            "demo": ["demo", "--steps", "1"]}[command]
+    status, err = _closed_stdout(argv, tmp_path)
+    assert (status, err.decode()) == (141, "")
