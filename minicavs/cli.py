@@ -109,7 +109,7 @@ def _module(name: str) -> tuple[Callable, Callable]:
 COMMANDS: dict[str, tuple[str, Callable, Callable]] = {
     "train": ("train a model from a YAML config", _train_args, _train),
     "eval": ("evaluate a checkpoint on a data split", _eval_args, _eval),
-    "predict": ("apply a trained model to new input: one output line per input line (FILE or - for stdin)",
+    "predict": ("apply a trained model to new input: one output line per non-blank input line (FILE or - for stdin)",
                 *_module(".predict")),
     "plot": ("training curves of a run dir as a PNG (needs matplotlib: pip install 'minicavs[plot]')",
              *_module(".plot")),
