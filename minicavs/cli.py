@@ -91,8 +91,26 @@ def _eval(args: argparse.Namespace) -> int:
     metrics = trainer.evaluate(args.split)
     timing = metrics.pop("timing")
     if trainer.is_root:   # under mpirun: rank 0 speaks
-        print(f"{ck}: {format_metrics(metrics)}  ({timing[args.split + '_seconds']:.1f} s)")
+        oov = _unknown_words(trainer.task, args.split)
+        print(f"{ck}: {format_metrics(metrics)}{oov}  ({timing[args.split + '_seconds']:.1f} s)")
     return 0
+
+
+UNKNOWN_WORDS_WARNING = 0.10   # eval warns above this out-of-vocabulary rate (the real SST's test set: 6.0%)
+
+
+def _unknown_words(task, split: str) -> str:
+    """The split's out-of-vocabulary rate for eval's line (empty for a model without a vocabulary), and a
+    warning on stderr when it is high: such a test set measures mostly the <unk> embedding."""
+    counts = task.unknown_words(split)
+    if not counts or not counts[1]:
+        return ""
+    unknown, words = counts
+    if unknown / words > UNKNOWN_WORDS_WARNING:
+        print(f"minicavs eval: warning: {unknown / words:.1%} of the {split} words ({unknown:,} of {words:,}) are "
+              "not in the model's vocabulary (each reads as <unk>): is it the kind of data the model was trained on?",
+              file=sys.stderr)
+    return f"  {split}_oov_rate {unknown / words:.1%}"
 
 
 def _module(name: str) -> tuple[Callable, Callable]:
