@@ -292,3 +292,49 @@ def test_a_closed_pipe_ends_quietly_as_unix_tools_do(tmp_path, command):
             "demo": ["demo", "--steps", "1"]}[command]
     status, err = _closed_stdout(argv, tmp_path)
     assert (status, err.decode()) == (141, "")
+
+
+@pytest.mark.parametrize("config, dataset, file", [("tree_lstm_sst", "sst", "train.txt"),
+                                                   ("var_lstm_ptb", "ptb", "ptb.valid.txt")])
+def test_a_data_set_not_prepared_points_at_minicavs_prepare(tmp_path, capsys, monkeypatch, config, dataset, file):
+    monkeypatch.setenv("MINICAVS_DATA", str(tmp_path / "data"))
+    user_error(["train", config, "--run-dir", str(tmp_path / "run")], capsys,
+               f"data.train: file not found: {tmp_path / 'data' / dataset / file} (",
+               f"is not prepared: download it (data/README.md says where), then minicavs prepare {dataset} FOLDER")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("model", ["tree_lstm", "var_lstm", "tree_gru"])
+@pytest.mark.parametrize("split", ["train", "dev", "test"])
+def test_a_directory_given_as_a_data_file_says_so(tmp_path, capsys, model, split):
+    user_error(["train", model, "--run-dir", str(tmp_path / "run"), "--set", f"data.{split}={tmp_path}"], capsys,
+               f"data.{split}: {tmp_path} is a directory, not a data file")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("model, known, unknown", [
+    ("tree_lstm", "(3 (2 {a}) (4 {b}))", "(3 (2 zzz{i}) (4 yyy{i}))"),
+    ("var_lstm", "{a} {b}", "zzz{i} yyy{i}"),
+])
+@pytest.mark.parametrize("unknown_lines, warned", [(0, False), (1, False), (3, True), (10, True)])
+def test_eval_reports_the_out_of_vocabulary_rate(tmp_path, capsys, model, known, unknown, unknown_lines, warned):
+    """Every word of a line is known or every word unknown: the rate is unknown lines / lines, warned above 10%."""
+    words = [f"w{i}" for i in range(10)]
+    train = tmp_path / "train.txt"
+    train.write_text("".join(known.format(a=a, b=b) + "\n" for a, b in zip(words, words[1:] + words[:1])))
+    test = tmp_path / "test.txt"
+    lines = [known.format(a=words[i], b=words[(i + 1) % 10]) for i in range(10 - min(unknown_lines, 9))]
+    lines += [unknown.format(i=i) for i in range(unknown_lines)]
+    test.write_text("\n".join(lines) + "\n")
+    run = tmp_path / "run"
+    sets = ["--set", f"data.train={train}", "--set", f"data.dev={train}", "--set", f"data.test={test}",
+            "--set", "model.hidden=4", "--set", "model.embed=4"]
+    assert main(["train", model, "--run-dir", str(run), "--no-progress", "--epochs", "1", *sets]) == 0
+    capsys.readouterr()
+    assert main(["eval", str(run)]) == 0
+    out, err = capsys.readouterr()
+    rate = unknown_lines / len(lines)
+    assert f"  test_oov_rate {rate:.1%}  (" in out
+    warning = (f"minicavs eval: warning: {rate:.1%} of the test words ({2 * unknown_lines} of {2 * len(lines)}) "
+               "are not in the model's vocabulary (each reads as <unk>)")
+    assert (warning in err) == warned and (err == "") == (not warned), err
