@@ -194,3 +194,36 @@ def test_fsm_policy_learned_before_training_saved_and_restored(tmp_path):
     assert any("rewrote fsm.json" in line for line in logged), logged
     assert json.loads((tmp_path / "run" / "fsm.json").read_text()) == learned.to_json()
     assert again.policy.to_json() == learned.to_json()   # resumed with the learned FSM, not a new one
+
+
+@pytest.mark.parametrize("model, overrides, announced", [
+    ("tree_lstm", ["model.embed=7", "model.hidden=7"], ["compiling kernels (once, cached in {cache}) ..."]),
+    ("lattice_lstm", ["model.embed=4", "model.hidden=5", "data.synthetic.max_len=12", "train.batch_size=8"],
+     ["compiling kernels (once, cached in {cache}) ...",
+      "learning the FSM batching policy for kinds char, char_words, word (once per run) ..."]),
+])
+def test_one_time_work_is_announced_and_left_out_of_the_throughput(tmp_path, monkeypatch, model, overrides,
+                                                                   announced):
+    """With an empty kernel cache the C compilation happens in epoch 1: it is announced in one line, and the
+    epoch's throughput is the units over the epoch's time without it (the line says so). An FSM policy is
+    learned before epoch 1, announced likewise."""
+    from minicavs.cpu.compiler import compiler
+    if compiler() is None:
+        pytest.skip("no C compiler: nothing is compiled")
+    monkeypatch.setenv("MINICAVS_CACHE", str(tmp_path / "cache"))
+    sizes = ["data.synthetic.train=40", "data.synthetic.dev=10", "data.synthetic.test=10", "train.epochs=2"]
+    trainer = Trainer(MODELS / f"{model}.yaml", sizes + overrides, run_dir=tmp_path / "run")
+    lines: list = []
+    rows = trainer.fit(progress=False, log=lines.append)
+    first_epoch = next(i for i, line in enumerate(lines) if line.startswith("epoch 1/2"))
+    expected = [a.format(cache=tmp_path / "cache") for a in announced]
+    assert [line for line in lines if line.endswith(" ...")] == expected
+    assert all(lines.index(a) < first_epoch for a in expected)
+    units = trainer.task.units(trainer.task.data["train"])
+    once = rows[0]["timing"]["one_time_s"]
+    assert 0 < once < rows[0]["timing"]["epoch_seconds"]
+    for row in rows:
+        t = row["timing"]
+        rate = t[f"train_{trainer.task.unit}_per_s"]
+        assert rate == pytest.approx(units / (t["epoch_seconds"] - t.get("one_time_s", 0.0)), rel=1e-9)
+    assert f"/s without the {once:.1f} s of one-time work)" in lines[first_epoch]
