@@ -343,3 +343,21 @@ def test_a_directory_as_input_says_so(weights, tmp_path, capsys):
     config, ck = weights["tree_lstm"]
     assert main(["predict", str(config), "--checkpoint", str(ck), str(tmp_path)]) == 2
     assert capsys.readouterr().err == f"minicavs predict: error: input {tmp_path} is a directory, not a file\n"
+
+
+@pytest.mark.parametrize("executor, words", [
+    *((executor, words) for executor in ("native", "python") for words in (1, 2, 500, 5_000)),
+    ("native", 100_000),
+    pytest.param("python", 100_000, marks=pytest.mark.slow),
+])
+def test_long_sentences_train_and_predict_on_every_executor(tmp_path_factory, executor, words):
+    """A sentence is a chain as deep as it is long: 100,000 words train a step and predict like 5."""
+    config = tiny(tmp_path_factory.mktemp("long"), "var_lstm", embed=2, hidden=2, dropout=0.0)
+    trainer = Trainer(config, [f"train.engine.executor={executor}"])
+    vocab = trainer.task.vocab.words[2:]
+    line = " ".join(vocab[i % len(vocab)] for i in range(words))
+    trainer.task.data["train"] = trainer.task.make_samples([line.split()])
+    loss, units = trainer.train_step(np.array([0]))
+    assert math.isfinite(loss) and units == words + 1
+    [row] = predict_lines(trainer.task, [line, ""], "<stdin>")
+    assert row["predictions"] == words + 1 and math.isfinite(row["log_likelihood"]) and row["line"] == 1
