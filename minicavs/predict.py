@@ -116,11 +116,23 @@ def run(args: argparse.Namespace) -> int:
     if args.output:
         write_text(args.output, text)
     else:
-        sys.stdout.write(text)
+        write_stdout(text)
     if bad and samples:
         print(f"minicavs predict: skipped {len(bad)} bad line{'s' * (len(bad) != 1)}, predicted {len(rows)}",
               file=sys.stderr)
     return 0
+
+
+def write_stdout(text: str) -> None:
+    """``text`` on standard output as UTF-8, as ``-o FILE`` writes it, whatever the locale's encoding (an ASCII
+    terminal would otherwise fail on the first accented word read back)."""
+    buffer = getattr(sys.stdout, "buffer", None)
+    if buffer is None:      # replaced by a text-only stream
+        sys.stdout.write(text)
+        return
+    sys.stdout.flush()
+    buffer.write(text.encode("utf-8"))
+    buffer.flush()
 
 
 def _check_input_file(path: str) -> None:

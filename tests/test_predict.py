@@ -361,3 +361,19 @@ def test_long_sentences_train_and_predict_on_every_executor(tmp_path_factory, ex
     assert math.isfinite(loss) and units == words + 1
     [row] = predict_lines(trainer.task, [line, ""], "<stdin>")
     assert row["predictions"] == words + 1 and math.isfinite(row["log_likelihood"]) and row["line"] == 1
+
+
+@pytest.mark.parametrize("encoding", ["ascii", "latin-1", "utf-8"])
+def test_output_is_utf8_whatever_the_locale(weights, tmp_path, encoding):
+    """Input words come back in the output: UTF-8 on standard output as in ``-o FILE``, even where the
+    locale's encoding cannot write them."""
+    import os
+    import subprocess
+    config, ck = weights["tree_lstm"]
+    line = "((café ünïcode) 日本)"
+    (tmp_path / "in.txt").write_bytes(f"{line}\n".encode())
+    env = {**os.environ, "PYTHONIOENCODING": encoding, "PYTHONPATH": str(MODELS.parent)}
+    proc = subprocess.run([sys.executable, "-m", "minicavs", "predict", str(config), "--checkpoint", str(ck),
+                           str(tmp_path / "in.txt")], capture_output=True, env=env, timeout=120)
+    assert proc.returncode == 0 and proc.stderr == b"", proc.stderr
+    assert parse_any_tree(proc.stdout.decode("utf-8")).sentence() == ["café", "ünïcode", "日本"]
