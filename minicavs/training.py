@@ -420,9 +420,8 @@ class Trainer:
         t = row.get("timing", {})
         rate = t.get(f"train_{self.task.unit}_per_s")
         took = sum(v for k, v in t.items() if k.endswith("_seconds"))
-        once = t.get("one_time_s")
-        timing = f"{took:.1f} s" + (f" ({rate:,.0f} {self.task.unit}/s" + (f" without the {once:.1f} s of one-time "
-                                                                           "work" if once else "") + ")" if rate else "")
+        once = f" without the {t['one_time_s']:.1f} s of one-time work" if t.get("one_time_s") else ""
+        timing = f"{took:.1f} s" + (f" ({rate:,.0f} {self.task.unit}/s{once})" if rate else "")
         if seconds_left and seconds_left >= 1:
             timing += f", {duration(seconds_left)} left"
         return f"epoch {row['epoch']}/{epochs}: " + ", ".join(parts) + f"; {timing}"

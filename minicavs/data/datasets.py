@@ -85,8 +85,9 @@ def _how_to_get(path: Path, key: str) -> str:
     for name, dataset in DATASETS.items():
         prepared_here = path.parent.resolve() == (data_root() / name).resolve()
         if prepared_here and path.name in {f.name for f in dataset.files}:
-            return (f"the {re.split(r',| [(]', dataset.title)[0]} is not prepared: download it (data/README.md says where), "
-                    f"then minicavs prepare {name} FOLDER puts it here")
+            what = re.split(r",| [(]", dataset.title)[0]
+            return (f"the {what} is not prepared: download it (data/README.md says where), then minicavs prepare "
+                    f"{name} FOLDER puts it here")
     return f"paths in a config file are relative to the file, --set {key}=PATH to the current directory"
 
 
