@@ -1,11 +1,14 @@
 """The ``minicavs`` command. Each subcommand is (add_arguments, run); run returns the exit status.
 
-Exit status: 0 done, 2 a user error (bad config, data, checkpoint or run dir; a missing or unwritable file:
-one line on stderr, no traceback), 130 interrupted (Ctrl-C). A traceback means a bug in minicavs."""
+Exit status: 0 done, 2 a user error (bad config, data, checkpoint or run dir; a missing or unwritable file; a
+model or batch too large for memory: one line on stderr, no traceback), 130 interrupted (Ctrl-C), 141 standard
+output closed early (``minicavs train ... | head -1``: quietly, as Unix tools end on SIGPIPE). A traceback means
+a bug in minicavs."""
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from pathlib import Path
 from typing import Callable, Sequence
@@ -100,8 +103,26 @@ def _eval(args: argparse.Namespace) -> int:
     metrics = trainer.evaluate(args.split)
     timing = metrics.pop("timing")
     if trainer.is_root:   # under mpirun: rank 0 speaks
-        print(f"{ck}: {format_metrics(metrics)}  ({timing[args.split + '_seconds']:.1f} s){trainer.device_note()}")
+        oov = _unknown_words(trainer.task, args.split)
+        print(f"{ck}: {format_metrics(metrics)}{oov}  ({timing[args.split + '_seconds']:.1f} s){trainer.device_note()}")
     return 0
+
+
+UNKNOWN_WORDS_WARNING = 0.10   # eval warns above this out-of-vocabulary rate (the real SST's test set: 6.0%)
+
+
+def _unknown_words(task, split: str) -> str:
+    """The split's out-of-vocabulary rate for eval's line (empty for a model without a vocabulary), and a
+    warning on stderr when it is high: such a test set measures mostly the <unk> embedding."""
+    counts = task.unknown_words(split)
+    if not counts or not counts[1]:
+        return ""
+    unknown, words = counts
+    if unknown / words > UNKNOWN_WORDS_WARNING:
+        print(f"minicavs eval: warning: {unknown / words:.1%} of the {split} words ({unknown:,} of {words:,}) are "
+              "not in the model's vocabulary (each reads as <unk>): is it the kind of data the model was trained on?",
+              file=sys.stderr)
+    return f"  {split}_oov_rate {unknown / words:.1%}"
 
 
 def _module(name: str) -> tuple[Callable, Callable]:
@@ -118,7 +139,7 @@ def _module(name: str) -> tuple[Callable, Callable]:
 COMMANDS: dict[str, tuple[str, Callable, Callable]] = {
     "train": ("train a model from a YAML config", _train_args, _train),
     "eval": ("evaluate a checkpoint on a data split", _eval_args, _eval),
-    "predict": ("apply a trained model to new input: one output line per input line (FILE or - for stdin)",
+    "predict": ("apply a trained model to new input: one output line per non-blank input line (FILE or - for stdin)",
                 *_module(".predict")),
     "plot": ("training curves of a run dir as a PNG (needs matplotlib: pip install 'minicavs[plot]')",
              *_module(".plot")),
@@ -146,6 +167,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return COMMANDS[args.command][2](args)
+    except BrokenPipeError:
+        return _stdout_closed()
     except KeyboardInterrupt:
         hint = ": resume with --resume" if args.command == "train" else ""
         print(f"\nminicavs {args.command}: interrupted{hint}", file=sys.stderr)
@@ -154,6 +177,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"minicavs {args.command}: error: {_one_line(e)}", file=sys.stderr)
         abort_peers(2)   # under mpirun: the other ranks may be waiting for this one
         return 2
+    except MemoryError as e:
+        print(f"minicavs {args.command}: error: {_out_of_memory(e, args.command)}", file=sys.stderr)
+        abort_peers(2)
+        return 2
+
+
+SIGPIPE_STATUS = 141   # 128 + SIGPIPE: what a shell reports for a tool that a closed pipe ended
+
+
+def _stdout_closed() -> int:
+    """The reader of standard output went away (``| head -1``): end quietly, as Unix tools do. Standard output
+    is pointed at /dev/null first, so the interpreter's last flush at exit cannot fail and print a second
+    error (the recipe in Python's ``signal`` documentation)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):   # stdout is no file descriptor (replaced in-process)
+        pass
+    return SIGPIPE_STATUS
+
+
+def _out_of_memory(e: MemoryError, command: str) -> str:
+    """One line for a MemoryError: what did not fit (numpy's message names the array's size, shape and dtype)
+    and which settings make a run smaller."""
+    what = " ".join(str(e).split()) or "an allocation failed"
+    batch = "train.batch_size" if command == "train" else "train.eval_batch_size"
+    return (f"out of memory: {what}; lower {batch} or the model's size (model.hidden, model.embed) with --set, "
+            "or free memory")
 
 
 def _one_line(e: BaseException) -> str:

@@ -36,7 +36,10 @@ from .errors import MinicavsError
 
 
 class ConfigError(MinicavsError, ValueError):
-    """A config file or override that does not fit the schema."""
+    """A config file or override that does not fit the schema. ``key``: the dotted key at fault, where the
+    message does not start with it (an unknown key), so an error can say whether ``--set`` gave it."""
+
+    key: str | None = None
 
 
 # --- YAML 1.2 numbers ---------------------------------------------------------------------------------
@@ -253,8 +256,10 @@ def _merge(where: str, defaults: dict, given: dict) -> dict:
     out = copy.deepcopy(defaults)
     for k, v in (given or {}).items():
         if k not in defaults and defaults:
-            raise ConfigError(f"unknown config key '{where}.{k}'{_suggest(k, defaults)}; "
-                              f"known keys: {', '.join(sorted(defaults))}")
+            error = ConfigError(f"unknown config key '{where}.{k}'{_suggest(k, defaults)}; "
+                                f"known keys: {', '.join(sorted(defaults))}")
+            error.key = f"{where}.{k}"
+            raise error
         out[k] = _typecheck(f"{where}.{k}", v, defaults.get(k))
     return out
 
@@ -370,6 +375,9 @@ def resolve(raw: dict, source: str | os.PathLike, overrides: Sequence[str] = (),
     try:
         for item in overrides:
             keys, value = parse_override(item)
+            if keys[0] not in SECTIONS:
+                raise ConfigError(f"--set {item!r}: unknown config section '{keys[0]}'{_suggest(keys[0], SECTIONS)};"
+                                  f" sections: {', '.join(SECTIONS)}")
             node = raw
             for k in keys[:-1]:
                 if node.get(k) is None:
@@ -383,7 +391,7 @@ def resolve(raw: dict, source: str | os.PathLike, overrides: Sequence[str] = (),
             overridden.append(".".join(keys))
         return _resolved(raw, source, base)
     except ConfigError as e:
-        key = str(e).split(" ", 1)[0].rstrip(":")
+        key = e.key or str(e).split(" ", 1)[0].rstrip(":")
         note = " (from --set)" if any(key == o or key.startswith(o + ".") for o in overridden) else ""
         raise ConfigError(f"{source}: {e}{note}") from None
 

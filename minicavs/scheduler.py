@@ -23,6 +23,7 @@ import numpy as np
 from . import fsm as fsm_module
 from .frontier import TypedGraph, run_agenda, run_greedy
 from .inputs import Batch
+from .onetime import one_time
 
 
 @dataclass
@@ -150,8 +151,9 @@ class FsmPolicy(Policy):
         names = batches[0].kind_names
         if any(b.kind_names != names for b in batches):
             raise ValueError("FSM sample batches must share their kind names")
-        self.fsms[names] = fsm_module.learn([TypedGraph.of(b) for b in batches], names, self.encoding,
-                                            self.hyper, self.seed)
+        with one_time(f"learning the FSM batching policy for kinds {', '.join(names)} (once per run)"):
+            self.fsms[names] = fsm_module.learn([TypedGraph.of(b) for b in batches], names, self.encoding,
+                                                self.hyper, self.seed)
         return self.fsms[names]
 
     def schedule(self, batch: Batch) -> Schedule:

@@ -26,6 +26,12 @@ class Task:
         refuses data that gives another (ids would silently mean other words)."""
         return None
 
+    def unknown_words(self, split: str) -> tuple[int, int] | None:
+        """(words of data split ``split`` that are not in the vocabulary, all its words), so ``minicavs eval``
+        can warn when a test set is mostly unknown words (they all read as one <unk>); None for a model
+        without a vocabulary."""
+        return None
+
     def batch(self, samples: Sequence[Any]) -> tuple[Any, dict]:
         """(graphs, feeds) for ``Model.run`` over these samples."""
         raise NotImplementedError

@@ -44,7 +44,7 @@ from typing import Callable, Sequence
 import numpy as np
 import yaml
 
-from . import checkpoint, distributed, wording
+from . import checkpoint, distributed, onetime, wording
 from .config import (ConfigError, differences, dump, load_config, load_model_module, parse_yaml, recorded,
                      resolve)
 from .cpu.heap import keep_freed_memory
@@ -333,15 +333,17 @@ class Trainer:
         label = f"epoch {self.epoch + 1}" + (f"/{epochs}" if epochs else "")
         bar = Progress(len(batches), label, self.task.unit, every=self.cfg["train"]["log_every"]) \
             if progress and self.is_root else None
-        start = time.perf_counter()
+        start, once = time.perf_counter(), onetime.seconds()
         total, weight, units = self.train_batches(batches, f"epoch {self.epoch + 1}: training",
                                                   (lambda _, loss, n: bar.update(n, loss=loss)) if bar else None)
         if bar:
             bar.close()
-        seconds = time.perf_counter() - start
+        seconds, once = time.perf_counter() - start, onetime.seconds() - once
         self.epoch += 1
-        return {"train_loss": total / max(weight, 1),
-                "timing": {"epoch_seconds": seconds, f"train_{self.task.unit}_per_s": units / seconds}}
+        timing = {"epoch_seconds": seconds, f"train_{self.task.unit}_per_s": units / max(seconds - once, 1e-9)}
+        if once:   # compiling kernels on a cold cache: not what the throughput measures
+            timing["one_time_s"] = once
+        return {"train_loss": total / max(weight, 1), "timing": timing}
 
     def evaluate(self, split: str = "dev") -> dict:
         samples = self.task.data.get(split)
@@ -369,7 +371,8 @@ class Trainer:
         self._on_root(lambda: self._check_before_lock(resume, force))   # a refusal leaves even .lock alone
         self._on_root(lambda: self.run.lock() if not resume or self.run.path.is_dir() else None)
         try:
-            return self._fit(epochs, resume, progress, log, force)
+            with onetime.announcing(log):   # compiling kernels, learning an FSM: said once, as they start
+                return self._fit(epochs, resume, progress, log, force)
         finally:
             self.run.unlock()
 
@@ -510,7 +513,8 @@ class Trainer:
         t = row.get("timing", {})
         rate = t.get(f"train_{self.task.unit}_per_s")
         took = sum(v for k, v in t.items() if k.endswith("_seconds"))
-        timing = f"{took:.1f} s" + (f" ({rate:,.0f} {self.task.unit}/s)" if rate else "")
+        once = f" without the {t['one_time_s']:.1f} s of one-time work" if t.get("one_time_s") else ""
+        timing = f"{took:.1f} s" + (f" ({rate:,.0f} {self.task.unit}/s{once})" if rate else "")
         if seconds_left and seconds_left >= 1:
             timing += f", {duration(seconds_left)} left"
         return f"epoch {row['epoch']}/{epochs}: " + ", ".join(parts) + f"; {timing}"

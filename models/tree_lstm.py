@@ -14,13 +14,13 @@ Dropout (on the embeddings and on h before the classifier) is inside F, so masks
 from __future__ import annotations
 
 import operator
-import os
 from itertools import chain, repeat
 
 import numpy as np
 
 from minicavs import ops
 from minicavs.config import Choice, PROBABILITY, at_least
+from minicavs.data.datasets import require_file
 from minicavs.data.sst import parse_any_tree, read_sst
 from minicavs.data.synthetic import synthetic_treebank
 from minicavs.data.trees import Tree
@@ -134,6 +134,10 @@ class TreeLSTM(Task):
     def vocabulary(self) -> list:
         return list(self.vocab)
 
+    def unknown_words(self, split: str) -> tuple[int, int]:
+        words = [w for t in self.data.get(split, ()) for w, ch in zip(t.words, t.children) if not ch]
+        return sum(w not in self.vocab for w in words), len(words)
+
     def make_params(self, p: ParameterSet, m: dict, dtype, seed) -> None:
         """The vertex functions' parameters (subclasses with other cells override this and make_cells)."""
         H, D = m["hidden"], m["embed"]
@@ -241,7 +245,7 @@ def load_data(d: dict) -> dict:
             out[split] = synthetic_treebank(int(syn[split]), seed=int(syn["seed"]), vocab_size=int(syn["vocab"]),
                                             split=split_id)
         else:
-            out[split] = read_sst(_existing(src, split))
+            out[split] = read_sst(require_file(src, f"data.{split}"))
             if not out[split]:
                 raise DataError(f"data.{split}: {src} holds no trees")
         if d["limit"]:
@@ -254,13 +258,6 @@ def load_data(d: dict) -> dict:
 def build_vocab(trees) -> dict:
     words = sorted({w for t in trees for w in t.words if w is not None})
     return {w: i for i, w in enumerate([UNK] + words)}
-
-
-def _existing(path: str, split: str) -> str:
-    if not os.path.isfile(path):
-        raise DataError(f"data.{split}: file not found: {path} (paths in a config file are relative to the file, "
-                        f"--set data.{split}=PATH to the current directory)")
-    return path
 
 
 def build(cfg: dict) -> TreeLSTM:

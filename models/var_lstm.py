@@ -10,13 +10,13 @@ divided by the number of sentences. Dropout on the embedding and on h before the
 from __future__ import annotations
 
 import math
-import os
 
 import numpy as np
 
 from minicavs import ops
 from minicavs.config import PROBABILITY, Range, at_least
 from minicavs.errors import DataError
+from minicavs.data.datasets import require_file
 from minicavs.data.text import EOS, Vocab, read_sentences, synthetic_corpus, unigram_perplexity
 from minicavs.inputs import InputGraph
 from minicavs.model import Model, Structure
@@ -27,13 +27,14 @@ from minicavs.vertex import VertexFunction
 NAME = "var_lstm"
 DEFAULTS = {"embed": 128, "hidden": 256, "dropout": 0.5, "max_vocab": 0, "embed_init": "uniform(0.1)",
             "forget_bias": 0.0}
-DATA_DEFAULTS = {"train": "synthetic", "dev": "synthetic", "test": "synthetic", "dev_fraction": 0.0,
+DATA_DEFAULTS = {"train": "synthetic", "dev": "synthetic", "test": "synthetic", "dev_fraction": 0.0, "limit": 0,
                  "synthetic": {"train": 2000, "dev": 200, "test": 200, "seed": 5, "vocab": 200}}
 TRAIN_DEFAULTS = {"optimizer": "adam", "lr": 1e-3, "batch_size": 64}
 RULES = {"embed": at_least(1), "hidden": at_least(1), "dropout": PROBABILITY, "max_vocab": at_least(0),
          "forget_bias": Range()}
-DATA_RULES = {"dev_fraction": PROBABILITY, "synthetic.train": at_least(1), "synthetic.dev": at_least(1),
-              "synthetic.test": at_least(1), "synthetic.seed": at_least(0), "synthetic.vocab": at_least(1)}
+DATA_RULES = {"dev_fraction": PROBABILITY, "limit": at_least(0), "synthetic.train": at_least(1),
+              "synthetic.dev": at_least(1), "synthetic.test": at_least(1), "synthetic.seed": at_least(0),
+              "synthetic.vocab": at_least(1)}
 
 
 def lstm_cell(p, H: int, D: int, dropout: float, dtype) -> VertexFunction:
@@ -68,6 +69,8 @@ class LanguageModel(Task):
         sentences = data or load_sentences(cfg["data"])
         self.vocab = Vocab.build(sentences["train"], max_size=m["max_vocab"] or None)
         self.data = {k: self.make_samples(v) for k, v in sentences.items()}
+        self.unknown = {k: (sum(w not in self.vocab.index for s in v for w in s), sum(map(len, v)))
+                        for k, v in sentences.items()}   # (ids lose it: <unk> is also a word of the text)
         V, H, D, dtype, seed = len(self.vocab), m["hidden"], m["embed"], tc["dtype"], tc["seed"]
         p = self.params = ParameterSet()
         p.new("E", (V, D), init=m["embed_init"], dtype=dtype, rng=seed)
@@ -90,6 +93,9 @@ class LanguageModel(Task):
         self.logits = logits
         self._predict_outputs = None
         self._chains: dict = {}
+
+    def unknown_words(self, split: str) -> tuple[int, int] | None:
+        return self.unknown.get(split)
 
     def _chain(self, n: int) -> InputGraph:
         """The chain of ``n`` words, made once per length (a graph is read-only; making one is ~13 µs of
@@ -173,22 +179,17 @@ def load_sentences(d: dict) -> dict:
         if src == "synthetic":
             out[split] = synthetic_corpus(int(syn[split]), int(syn["seed"]), int(syn["vocab"]), split_id)
         elif src is not None:
-            out[split] = read_sentences(_existing(src, split))
+            out[split] = read_sentences(require_file(src, f"data.{split}"))
             if not out[split]:
                 raise DataError(f"data.{split}: {src} holds no sentences")
+        if d["limit"] and split in out:
+            out[split] = out[split][:d["limit"]]   # the first sentences only (benchmarks, quick checks)
     if "train" not in out:
         raise ValueError("data.train is required")
     if d["dev_fraction"] and "dev" not in out:  # hold out the tail of the training text for model selection
         k = max(1, int(len(out["train"]) * d["dev_fraction"]))
         out["train"], out["dev"] = out["train"][:-k], out["train"][-k:]
     return out
-
-
-def _existing(path: str, split: str) -> str:
-    if not os.path.isfile(path):
-        raise DataError(f"data.{split}: file not found: {path} (paths in a config file are relative to the file, "
-                        f"--set data.{split}=PATH to the current directory)")
-    return path
 
 
 def build(cfg: dict) -> LanguageModel:

@@ -275,3 +275,107 @@ def test_resume_starting_over_still_refuses_another_model(tmp_path, capsys):
     user_error(["train", "tree_gru", "--resume", "--run-dir", str(run)], capsys,
                "configures a tree_gru model, but run dir", "holds a tree_lstm run (its config.yaml)")
     assert {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in run.iterdir()} == before
+
+
+@pytest.mark.parametrize("override, what", [
+    ("model.hidden=1000000000000", "Unable to allocate"),     # weights of hundreds of terabytes: numpy refuses them
+    ("model.embed=1000000000000", "Unable to allocate"),
+])
+def test_a_model_too_large_for_memory_is_one_line_naming_it_and_what_to_lower(tmp_path, capsys, override, what):
+    err = user_error(["train", str(tiny_config(tmp_path)), "--run-dir", str(tmp_path / "run"), "--set", override],
+                     capsys, "out of memory: ", what, "for an array with shape", "lower train.batch_size",
+                     "model.hidden")
+    assert not (tmp_path / "run").exists(), err
+
+
+@pytest.mark.parametrize("command", ["train", "eval", "predict"])
+def test_running_out_of_memory_mid_run_is_one_line(tmp_path, capsys, monkeypatch, command):
+    """Where a step, an evaluation or a prediction does not fit (simulated: numpy's MemoryError message)."""
+    cfg = tiny_config(tmp_path)
+    run = tmp_path / "run"
+    assert main(["train", str(cfg), "--run-dir", str(run), "--no-progress", "--epochs", "1"]) == 0
+    (tmp_path / "in.txt").write_text("(a b)\n")
+
+    def too_big(*args, **kwargs):
+        raise MemoryError("Unable to allocate 9.31 GiB for an array with shape (25000, 100000) and data type "
+                          "float32")
+    from minicavs.model import Model
+    monkeypatch.setattr(Model, "forward_backward", too_big)
+    monkeypatch.setattr(Model, "infer", too_big)
+    argv = {"train": ["train", str(run), "--resume", "--epochs", "2", "--no-progress"],
+            "eval": ["eval", str(run)], "predict": ["predict", str(run), str(tmp_path / "in.txt")]}[command]
+    user_error(argv, capsys, "out of memory: Unable to allocate 9.31 GiB for an array with shape (25000, 100000)",
+               "lower train.batch_size" if command == "train" else "lower train.eval_batch_size")
+
+
+def _closed_stdout(argv: list, cwd: Path) -> tuple[int, bytes]:
+    """Run ``minicavs argv`` in a process whose standard output's reader has gone (``| head -0``)."""
+    import subprocess
+    import sys
+    env = {**os.environ, "PYTHONPATH": str(MODELS.parent)}
+    proc = subprocess.Popen([sys.executable, "-m", "minicavs", *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, cwd=cwd, env=env)
+    proc.stdout.close()
+    with proc.stderr:
+        err = proc.stderr.read()
+    return proc.wait(timeout=120), err
+
+
+@pytest.mark.parametrize("command", ["train", "predict", "demo"])
+def test_a_closed_pipe_ends_quietly_as_unix_tools_do(tmp_path, command):
+    """``minicavs train ... | head -1``: no 'Broken pipe' error, no traceback, exit 141 (128 + SIGPIPE)."""
+    cfg = tiny_config(tmp_path)
+    if command == "predict":
+        assert main(["train", str(cfg), "--run-dir", str(tmp_path / "run"), "--epochs", "1", "--no-progress"]) == 0
+        (tmp_path / "in.txt").write_text("((a b) c)\n" * 200)
+    argv = {"train": ["train", str(cfg), "--run-dir", str(tmp_path / "run2"), "--epochs", "1", "--no-progress"],
+            "predict": ["predict", str(tmp_path / "run"), str(tmp_path / "in.txt")],
+            "demo": ["demo", "--steps", "1"]}[command]
+    status, err = _closed_stdout(argv, tmp_path)
+    assert (status, err.decode()) == (141, "")
+
+
+@pytest.mark.parametrize("config, dataset, file", [("tree_lstm_sst", "sst", "train.txt"),
+                                                   ("var_lstm_ptb", "ptb", "ptb.valid.txt")])
+def test_a_data_set_not_prepared_points_at_minicavs_prepare(tmp_path, capsys, monkeypatch, config, dataset, file):
+    monkeypatch.setenv("MINICAVS_DATA", str(tmp_path / "data"))
+    user_error(["train", config, "--run-dir", str(tmp_path / "run")], capsys,
+               f"data.train: file not found: {tmp_path / 'data' / dataset / file} (",
+               f"is not prepared: download it (data/README.md says where), then minicavs prepare {dataset} FOLDER")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("model", ["tree_lstm", "var_lstm", "tree_gru"])
+@pytest.mark.parametrize("split", ["train", "dev", "test"])
+def test_a_directory_given_as_a_data_file_says_so(tmp_path, capsys, model, split):
+    user_error(["train", model, "--run-dir", str(tmp_path / "run"), "--set", f"data.{split}={tmp_path}"], capsys,
+               f"data.{split}: {tmp_path} is a directory, not a data file")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("model, known, unknown", [
+    ("tree_lstm", "(3 (2 {a}) (4 {b}))", "(3 (2 zzz{i}) (4 yyy{i}))"),
+    ("var_lstm", "{a} {b}", "zzz{i} yyy{i}"),
+])
+@pytest.mark.parametrize("unknown_lines, warned", [(0, False), (1, False), (3, True), (10, True)])
+def test_eval_reports_the_out_of_vocabulary_rate(tmp_path, capsys, model, known, unknown, unknown_lines, warned):
+    """Every word of a line is known or every word unknown: the rate is unknown lines / lines, warned above 10%."""
+    words = [f"w{i}" for i in range(10)]
+    train = tmp_path / "train.txt"
+    train.write_text("".join(known.format(a=a, b=b) + "\n" for a, b in zip(words, words[1:] + words[:1])))
+    test = tmp_path / "test.txt"
+    lines = [known.format(a=words[i], b=words[(i + 1) % 10]) for i in range(10 - min(unknown_lines, 9))]
+    lines += [unknown.format(i=i) for i in range(unknown_lines)]
+    test.write_text("\n".join(lines) + "\n")
+    run = tmp_path / "run"
+    sets = ["--set", f"data.train={train}", "--set", f"data.dev={train}", "--set", f"data.test={test}",
+            "--set", "model.hidden=4", "--set", "model.embed=4"]
+    assert main(["train", model, "--run-dir", str(run), "--no-progress", "--epochs", "1", *sets]) == 0
+    capsys.readouterr()
+    assert main(["eval", str(run)]) == 0
+    out, err = capsys.readouterr()
+    rate = unknown_lines / len(lines)
+    assert f"  test_oov_rate {rate:.1%}  (" in out
+    warning = (f"minicavs eval: warning: {rate:.1%} of the test words ({2 * unknown_lines} of {2 * len(lines)}) "
+               "are not in the model's vocabulary (each reads as <unk>)")
+    assert (warning in err) == warned and (err == "") == (not warned), err

@@ -153,3 +153,30 @@ def test_a_model_file_given_by_path_is_recorded_by_absolute_path(tmp_path):
     (tmp_path / "mine.py").write_text((MODELS / "tree_fc.py").read_text())
     path.write_text("model: {name: mine.py}\n")
     assert load_config(path)["model"]["name"] == str(tmp_path / "mine.py")
+
+
+@pytest.mark.parametrize("model, key, value", [
+    ("tree_fc", "data.limit", 5), ("var_lstm", "model.hiden", 3), ("tree_lstm", "train.engine.fast", True),
+    ("tree_lstm", "data.synthetic.size", 5), ("var_lstm", "train.early_stopping.metrc", "dev_loss"),
+])
+def test_an_unknown_key_says_whether_set_or_the_file_gave_it(tmp_path, model, key, value):
+    with pytest.raises(ConfigError, match=rf"^{MODELS / model}.yaml: unknown config key '{key}'.* \(from --set\)$"):
+        load_config(MODELS / f"{model}.yaml", [f"{key}={str(value).lower()}"])
+    cfg = yaml.safe_load((MODELS / f"{model}.yaml").read_text())
+    *parents, last = key.split(".")
+    node = cfg
+    for k in parents:
+        if not isinstance(node.get(k), dict):
+            node[k] = {}
+        node = node[k]
+    node[last] = value
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    with pytest.raises(ConfigError, match=rf"^{tmp_path / 'c.yaml'}: unknown config key '{key}'") as info:
+        load_config(tmp_path / "c.yaml")
+    assert "--set" not in str(info.value)
+
+
+@pytest.mark.parametrize("override", ["foo.bar=1", "modle.hidden=3", "Train.lr=0.1"])
+def test_an_unknown_section_from_set_is_refused(override):
+    with pytest.raises(ConfigError, match=rf"--set '{override}': unknown config section '{override.split('.')[0]}'"):
+        load_config(TREE_LSTM, [override])

@@ -157,3 +157,17 @@ def test_heights_kernel_equals_the_numpy_levels(monkeypatch):
     ptr, idx = np.array([0, 1, 2, 2]), np.array([1, 0])   # 0 -> 1 -> 0 is a cycle, 2 is a leaf
     with pytest.raises(InputGraphError, match="cycle"):
         inputs._heights(ptr, idx, 3, lambda v: f"vertex {v}")
+
+
+@pytest.mark.parametrize("depth", [1, 2, 500, 5_000, 100_000])
+def test_from_nested_takes_any_depth(depth):
+    """Nested tuples are user data: no recursion, so a 100,000-level tree converts like a small one."""
+    from collections import deque
+    tree, leaves = "z", deque(["z"])     # the leaves left to right
+    for i in range(depth):               # a new leaf on alternate sides
+        tree = (f"a{i}", tree) if i % 2 else (tree, f"a{i}")
+        leaves.appendleft(f"a{i}") if i % 2 else leaves.append(f"a{i}")
+    graph, payloads = InputGraph.from_nested(tree)
+    assert graph.num_vertices == 2 * depth + 1 and graph.roots().tolist() == [2 * depth]
+    assert [p for p in payloads if p is not None] == list(leaves)
+    assert make_batch([graph]).num_vertices == 2 * depth + 1

@@ -13,12 +13,14 @@ PACKAGE = Path(__file__).resolve().parents[1] / "minicavs"
 # DESIGN.md's layer list, top to bottom, with the modules it does not name placed on the line of the layer
 # they belong to (frontier.py and fsm.py are the batching policies' simulation of Alg. 1 and their learned
 # state machine, beside scheduler.py; executor.py, engine.py and explain.py run and read programs; atomic.py
-# (atomic file writes) is a base utility that fsm.py, checkpoint.py and data/ use, and wording.py (advice in
-# Python or CLI words) one beside errors.py; progress.py, task.py,
-# demo.py, testing.py, bench/, rundir.py (the run-dir commit protocol), predict.py, plot.py and show.py are
-# product code around the engine (data/datasets.py too: PLACED below); ``minicavs`` itself is the package's public face).
+# (atomic file writes) is a base utility that fsm.py, checkpoint.py and data/ use, wording.py (advice in
+# Python or CLI words) one beside errors.py, onetime.py (announcing and timing one-time work: compiling kernels,
+# learning an FSM) one that cpu/compiler.py and scheduler.py use, arrays.py (which device an array lives on) and
+# limits.py (the generated code's sizes) too; progress.py, task.py, demo.py, testing.py, bench/, rundir.py (the
+# run-dir commit protocol), predict.py, plot.py and show.py are product code around the engine
+# (data/datasets.py too: PLACED below); ``minicavs`` itself is the package's public face).
 LAYERS = [
-    ["dtypes", "errors", "random", "sparse", "validate", "atomic", "arrays", "wording", "limits"],
+    ["dtypes", "errors", "random", "sparse", "validate", "atomic", "arrays", "wording", "limits", "onetime"],
     ["graph"],
     ["ops"],
     ["autodiff"],

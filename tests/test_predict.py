@@ -1,9 +1,11 @@
 """minicavs predict: outputs equal an independent per-sample computation; bad lines and targets are clear errors."""
 from __future__ import annotations
 
+import io
 import json
 import math
 import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -102,7 +104,7 @@ def test_lm_predictions_equal_a_numpy_reference(lm_trainer):
     softmax(h_last W_o + b_o) in numpy from the pushed h."""
     task = lm_trainer.task
     vocab = task.vocab
-    sentences = [[vocab.words[i] for i in x[1:]] for x, _ in task.data["dev"][:4]] + [[], ["never", "seen"]]
+    sentences = [[vocab.words[i] for i in x[1:]] for x, _ in task.data["dev"][:4]] + [["never", "seen"]]
     rows = predict_lines(task, [" ".join(s) for s in sentences], batch_size=3)
     p = {k: np.asarray(v.value, np.float64) for k, v in task.params.items()}
     for s, row in zip(sentences, rows):
@@ -184,3 +186,194 @@ def test_tree_cache_is_not_fooled_by_a_reused_id(tree_trainer):
     task.samples[id(b)] = task.samples[id(a)]          # what id reuse after freeing ``a`` looks like
     graphs, feeds = task.batch([b])
     assert graphs[0].num_vertices == 5 and feeds["labels"].tolist() == [1, 1, 1, 1, 1]
+
+
+def deep_tree_line(depth: int) -> str:
+    """Unlabelled: ``depth`` internal nodes, each a leaf word on the left and the rest of the tree on the right."""
+    return "(a " * depth + "b" + ")" * depth
+
+
+
+@pytest.fixture(scope="module")
+def executor_trainers(tmp_path_factory):
+    """A tiny Tree-LSTM per executor, made when first asked for."""
+    config = tiny(tmp_path_factory.mktemp("deep"), "tree_lstm", embed=2, hidden=2, dropout=0.0)
+    made: dict = {}
+
+    def trainer(executor: str) -> Trainer:
+        if executor not in made:
+            made[executor] = Trainer(config, [f"train.engine.executor={executor}"])
+        return made[executor]
+    return trainer
+
+
+@pytest.mark.parametrize("executor, depth", [
+    *((executor, depth) for executor in ("native", "python") for depth in (1, 2, 500, 5_000)),
+    ("native", 100_000),
+    pytest.param("python", 100_000, marks=pytest.mark.slow),   # ~30 s: a Python loop step per level
+])
+def test_deep_trees_train_predict_and_render_on_every_executor(executor_trainers, executor, depth):
+    """No walk over a tree recurses: a tree of any depth parses, trains one step, predicts and renders back,
+    with the python and the native instruction executor."""
+    trainer = executor_trainers(executor)
+    assert trainer.model.options.executor == executor
+    line = deep_tree_line(depth)
+    tree = trainer.task.parse_input(line, "<stdin>:1")
+    assert tree.num_vertices == 2 * depth + 1
+    train = trainer.task.data["train"]
+    trainer.task.data["train"] = [type(tree)(tree.children, np.full(tree.num_vertices, 2), tree.words)]
+    try:
+        loss, units = trainer.train_step(np.array([0]))
+    finally:
+        trainer.task.data["train"] = train
+    assert math.isfinite(loss) and units == 1
+    [row] = predict_lines(trainer.task, [line], "<stdin>")
+    back = parse_any_tree(row["text"])
+    assert back.children == tree.children and back.words == tree.words
+    assert 0 <= back.labels.min() and back.labels.max() < 5 and back.labels[-1] == row["label"]
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory):
+    """(config, checkpoint) of a tiny Tree-LSTM and of a tiny language model."""
+    tmp = tmp_path_factory.mktemp("weights")
+    out = {}
+    for model in ("tree_lstm", "var_lstm"):
+        config = tiny(tmp, model, embed=4, hidden=4)
+        Trainer(config).save(tmp / f"{model}.npz")
+        out[model] = (config, tmp / f"{model}.npz")
+    return out
+
+
+def predict_cli(weights, model: str, data: bytes, tmp_path, monkeypatch, capsys, *flags, stdin: str = "file"):
+    """``minicavs predict`` on ``data`` given as a file, as standard input (bytes under a text wrapper, as
+    Python's own stdin) or as an already decoded text stream: (exit status, stdout, stderr)."""
+    config, ck = weights[model]
+    if stdin == "file":
+        (tmp_path / "in.txt").write_bytes(data)
+        source = str(tmp_path / "in.txt")
+    else:
+        source = "-"
+        stream = io.TextIOWrapper(io.BytesIO(data), encoding="utf-8", errors="surrogateescape") \
+            if stdin == "stdin" else io.StringIO(data.decode("utf-8", "surrogateescape"))
+        monkeypatch.setattr(sys, "stdin", stream)
+    capsys.readouterr()
+    status = main(["predict", str(config), "--checkpoint", str(ck), source, *flags])
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+@pytest.mark.parametrize("stdin", ["file", "stdin", "decoded stdin"])
+@pytest.mark.parametrize("data, lineno, why", [
+    (b"\xff\xfe\n", 1, "invalid start byte"),
+    (b"(a b)\n(caf\xe9 x)\n", 2, "invalid continuation byte"),
+    (b"(a b)\n\n\xed\xa0\x80\n", 3, "invalid continuation byte"),     # an encoded surrogate
+    (b"(a \xc0\xaf)\n", 1, "invalid start byte"),                      # an overlong '/'
+    (b"(a b)\n(x y)\xff", 2, "invalid start byte"),                    # no final newline
+])
+def test_input_that_is_not_utf8_is_refused_alike_from_a_file_or_stdin(weights, tmp_path, monkeypatch, capsys,
+                                                                      stdin, data, lineno, why):
+    status, out, err = predict_cli(weights, "tree_lstm", data, tmp_path, monkeypatch, capsys,
+                                   "-o", str(tmp_path / "out.txt"), stdin=stdin)
+    name = str(tmp_path / "in.txt") if stdin == "file" else "<stdin>"
+    assert status == 2 and out == "" and not (tmp_path / "out.txt").exists()
+    assert err.startswith(f"minicavs predict: error: {name}:{lineno}: not UTF-8 (") and err.count("\n") == 1, err
+    if stdin != "decoded stdin":    # (a decoded stream names the character, Python's reason differs)
+        assert why in err
+
+
+BLANKS = ["", "   ", "\t", "\r", " \t \r"]
+
+
+@pytest.mark.parametrize("blank", BLANKS)
+@pytest.mark.parametrize("model, lines", [("tree_lstm", ["((a b) c)", "(2 (1 x) (3 y))"]),
+                                          ("var_lstm", ["t1 t2 t3", "t4"])])
+def test_predict_skips_blank_lines_as_the_data_readers_do(weights, tmp_path, monkeypatch, capsys, model, lines,
+                                                          blank):
+    data = f"{blank}\n{lines[0]}\n{blank}\n{blank}\n{lines[1]}\n{blank}\n".encode()
+    status, out, err = predict_cli(weights, model, data, tmp_path, monkeypatch, capsys, "--json", stdin="stdin")
+    assert (status, err) == (0, "")
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert [r["line"] for r in rows] == [2, 5]
+    for line, row in zip(lines, rows):    # each as predicted alone
+        status, alone, _ = predict_cli(weights, model, f"{line}\n".encode(), tmp_path, monkeypatch, capsys, "--json")
+        assert json.loads(alone) == {**row, "line": 1}
+
+
+BAD_TREES = [("(a b c)", "a node with 3 children"), ("(3 (2 a) (2 b) (2 c))", "a node with 3 children"),
+             ("((a b)", "unbalanced '('"), ("(a b))", "unbalanced ')'"), ("a b", "2 trees or words side by side"),
+             ("(a ())", "an empty node"), ("(9 (2 a) (2 b))", "label 9 out of range 0..4"),
+             ("()", "an empty node"), (")(", "unbalanced ')'")]
+
+
+@pytest.mark.parametrize("stdin", ["file", "stdin"])
+@pytest.mark.parametrize("bad, why", BAD_TREES + [("caf\udcff", "not UTF-8")])
+def test_skip_bad_reports_each_bad_line_and_predicts_the_rest(weights, tmp_path, monkeypatch, capsys, stdin,
+                                                              bad, why):
+    data = f"((a b) c)\n{bad}\n\n(x y)\n{bad}\n".encode("utf-8", "surrogateescape")
+    name = str(tmp_path / "in.txt") if stdin == "file" else "<stdin>"
+    status, out, err = predict_cli(weights, "tree_lstm", data, tmp_path, monkeypatch, capsys, stdin=stdin)
+    assert status == 2 and out == "" and err.startswith(f"minicavs predict: error: {name}:2: ") and why in err, err
+    status, out, err = predict_cli(weights, "tree_lstm", data, tmp_path, monkeypatch, capsys, "--skip-bad",
+                                   stdin=stdin)
+    assert status == 0
+    assert err.splitlines() == [f"minicavs predict: skipped {name}:2: " + err.splitlines()[0].split(":2: ", 1)[1],
+                                f"minicavs predict: skipped {name}:5: " + err.splitlines()[1].split(":5: ", 1)[1],
+                                "minicavs predict: skipped 2 bad lines, predicted 2"]
+    assert all(why in line for line in err.splitlines()[:2])
+    _, good, _ = predict_cli(weights, "tree_lstm", b"((a b) c)\n(x y)\n", tmp_path, monkeypatch, capsys)
+    assert out == good and len(out.splitlines()) == 2
+
+
+@pytest.mark.parametrize("data, flags, why", [
+    (b"", (), "it is empty or blank"), (b"\n", (), "it is empty or blank"),
+    (b" \n\t\n\r\n", (), "it is empty or blank"),
+    (b"(a b c)\n\n(a\n", ("--skip-bad",), "2 bad lines skipped, the others blank"),
+])
+@pytest.mark.parametrize("stdin", ["file", "stdin"])
+def test_no_line_to_predict_is_a_warning(weights, tmp_path, monkeypatch, capsys, data, flags, why, stdin):
+    status, out, err = predict_cli(weights, "tree_lstm", data, tmp_path, monkeypatch, capsys, *flags,
+                                   "-o", str(tmp_path / "out.txt"), stdin=stdin)
+    name = str(tmp_path / "in.txt") if stdin == "file" else "<stdin>"
+    assert status == 0 and out == "" and (tmp_path / "out.txt").read_text() == ""
+    assert err.splitlines()[-1] == f"minicavs predict: warning: {name} holds no line to predict ({why})"
+
+
+def test_a_directory_as_input_says_so(weights, tmp_path, capsys):
+    config, ck = weights["tree_lstm"]
+    assert main(["predict", str(config), "--checkpoint", str(ck), str(tmp_path)]) == 2
+    assert capsys.readouterr().err == f"minicavs predict: error: input {tmp_path} is a directory, not a file\n"
+
+
+@pytest.mark.parametrize("executor, words", [
+    *((executor, words) for executor in ("native", "python") for words in (1, 2, 500, 5_000)),
+    ("native", 100_000),
+    pytest.param("python", 100_000, marks=pytest.mark.slow),
+])
+def test_long_sentences_train_and_predict_on_every_executor(tmp_path_factory, executor, words):
+    """A sentence is a chain as deep as it is long: 100,000 words train a step and predict like 5."""
+    config = tiny(tmp_path_factory.mktemp("long"), "var_lstm", embed=2, hidden=2, dropout=0.0)
+    trainer = Trainer(config, [f"train.engine.executor={executor}"])
+    vocab = trainer.task.vocab.words[2:]
+    line = " ".join(vocab[i % len(vocab)] for i in range(words))
+    trainer.task.data["train"] = trainer.task.make_samples([line.split()])
+    loss, units = trainer.train_step(np.array([0]))
+    assert math.isfinite(loss) and units == words + 1
+    [row] = predict_lines(trainer.task, [line, ""], "<stdin>")
+    assert row["predictions"] == words + 1 and math.isfinite(row["log_likelihood"]) and row["line"] == 1
+
+
+@pytest.mark.parametrize("encoding", ["ascii", "latin-1", "utf-8"])
+def test_output_is_utf8_whatever_the_locale(weights, tmp_path, encoding):
+    """Input words come back in the output: UTF-8 on standard output as in ``-o FILE``, even where the
+    locale's encoding cannot write them."""
+    import os
+    import subprocess
+    config, ck = weights["tree_lstm"]
+    line = "((café ünïcode) 日本)"
+    (tmp_path / "in.txt").write_bytes(f"{line}\n".encode())
+    env = {**os.environ, "PYTHONIOENCODING": encoding, "PYTHONPATH": str(MODELS.parent)}
+    proc = subprocess.run([sys.executable, "-m", "minicavs", "predict", str(config), "--checkpoint", str(ck),
+                           str(tmp_path / "in.txt")], capture_output=True, env=env, timeout=120)
+    assert proc.returncode == 0 and proc.stderr == b"", proc.stderr
+    assert parse_any_tree(proc.stdout.decode("utf-8")).sentence() == ["café", "ünïcode", "日本"]

@@ -291,3 +291,37 @@ def test_a_stopped_runs_advice_from_python_names_overrides(tmp_path):
     assert any(s.startswith("stopped early at epoch 2: train_loss has not improved for 1 epochs") and
                s.endswith("resume with overrides=['train.early_stopping.patience=N'] (N > 1) or "
                           "overrides=['train.early_stopping=null']") for s in said), said
+
+
+@pytest.mark.parametrize("model, overrides, announced", [
+    ("tree_lstm", ["model.embed=7", "model.hidden=7"], ["compiling kernels (once, cached in {cache}) ..."]),
+    ("lattice_lstm", ["model.embed=4", "model.hidden=5", "data.synthetic.max_len=12", "train.batch_size=8"],
+     ["compiling kernels (once, cached in {cache}) ...",
+      "learning the FSM batching policy for kinds char, char_words, word (once per run) ..."]),
+])
+def test_one_time_work_is_announced_and_left_out_of_the_throughput(tmp_path, monkeypatch, model, overrides,
+                                                                   announced):
+    """With an empty kernel cache the C compilation happens in epoch 1: it is announced in one line, and the
+    epoch's throughput is the units over the epoch's time without it (the line says so). An FSM policy is
+    learned before epoch 1, announced likewise."""
+    from minicavs.cpu.compiler import compiler
+    if compiler() is None:
+        pytest.skip("no C compiler: nothing is compiled")
+    monkeypatch.setenv("MINICAVS_CACHE", str(tmp_path / "cache"))
+    sizes = ["data.synthetic.train=40", "data.synthetic.dev=10", "data.synthetic.test=10", "train.epochs=2"]
+    trainer = Trainer(MODELS / f"{model}.yaml", sizes + overrides, run_dir=tmp_path / "run")
+    lines: list = []
+    rows = trainer.fit(progress=False, log=lines.append)
+    first_epoch = next(i for i, line in enumerate(lines) if line.startswith("epoch 1/2"))
+    expected = [a.format(cache=tmp_path / "cache") for a in announced]
+    # (in either order: the kernels this process has loaded already decide which work comes first)
+    assert sorted(line for line in lines if line.endswith(" ...")) == sorted(expected)
+    assert all(lines.index(a) < first_epoch for a in expected)
+    units = trainer.task.units(trainer.task.data["train"])
+    once = rows[0]["timing"]["one_time_s"]
+    assert 0 < once < rows[0]["timing"]["epoch_seconds"]
+    for row in rows:
+        t = row["timing"]
+        rate = t[f"train_{trainer.task.unit}_per_s"]
+        assert rate == pytest.approx(units / (t["epoch_seconds"] - t.get("one_time_s", 0.0)), rel=1e-9)
+    assert f"/s without the {once:.1f} s of one-time work)" in lines[first_epoch]

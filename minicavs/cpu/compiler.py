@@ -27,6 +27,7 @@ import numpy as np
 
 from ..codegen.c import CODEGEN_VERSION, ROWS_SOURCE, row_decls, translation_unit
 from ..passes.fusion import FusedGroup
+from ..onetime import one_time
 from ..validate import check_rows
 # -mprefer-vector-width=512: gcc otherwise keeps AVX-512 machines at 256-bit vectors (x86 only).
 FLAGS = (("-O3", "-march=native")
@@ -250,7 +251,8 @@ def compiled(source: str, cc: str, stem: str = "rows") -> Path:
     target = cache_dir() / f"{stem}-{key}.so"
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        with one_time(f"compiling kernels (once, cached in {target.parent})"), \
+                tempfile.TemporaryDirectory(dir=target.parent) as tmp:
             src = Path(tmp) / f"{stem}.c"
             src.write_text(source)
             so = Path(tmp) / f"{stem}.so"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -66,6 +67,28 @@ def default_dir(name: str) -> Path:
         raise DataError(f"the bundled {CONFIGS[name]} config reads {name} from {sorted(map(str, folders))}: "
                         "give --root")
     return folders.pop()
+
+
+def require_file(path: str | os.PathLike, key: str) -> str:
+    """``path`` if it is a file, else a DataError naming the config ``key`` (``data.train``) that says what is
+    wrong: a directory given for a file, or a missing file; for a data set's file missing from where the
+    bundled configs look, how to put it there (``minicavs prepare NAME FOLDER``)."""
+    if os.path.isdir(path):
+        raise DataError(f"{key}: {path} is a directory, not a data file")
+    if not os.path.isfile(path):
+        raise DataError(f"{key}: file not found: {path} ({_how_to_get(Path(path), key)})")
+    return str(path)
+
+
+def _how_to_get(path: Path, key: str) -> str:
+    from ..config import data_root
+    for name, dataset in DATASETS.items():
+        prepared_here = path.parent.resolve() == (data_root() / name).resolve()
+        if prepared_here and path.name in {f.name for f in dataset.files}:
+            what = re.split(r",| [(]", dataset.title)[0]
+            return (f"the {what} is not prepared: download it (data/README.md says where), then minicavs prepare "
+                    f"{name} FOLDER puts it here")
+    return f"paths in a config file are relative to the file, --set {key}=PATH to the current directory"
 
 
 def sha256(path: Path) -> str:

@@ -11,7 +11,7 @@ import re
 import numpy as np
 
 from ..errors import DataError
-from .text import read_lines
+from .text import is_blank, read_lines
 from .trees import Tree
 
 _TOKEN = re.compile(r"\(|\)|[^\s()]+")
@@ -72,9 +72,9 @@ def parse_tree(line: str, where: str = "<string>", num_labels: int = 5, binary: 
 
 
 def read_sst(path: str | os.PathLike, binary: bool = True, num_labels: int = 5) -> list[Tree]:
-    """One tree per non-empty line."""
+    """One tree per non-blank line."""
     return [parse_tree(line, f"{path}:{lineno}", num_labels, binary)
-            for lineno, line in read_lines(path) if line.strip()]
+            for lineno, line in read_lines(path) if not is_blank(line)]
 
 
 def write_sst(trees, path: str | os.PathLike) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 import os
 from collections import Counter
-from typing import Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -16,19 +16,42 @@ UNK, EOS = "<unk>", "<eos>"
 def read_lines(path: str | os.PathLike):
     """(line number, text) of every line of a UTF-8 file; undecodable bytes are a DataError naming the file
     and the line."""
+    if os.path.isdir(path):
+        raise DataError(f"{path} is a directory, not a data file")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"data file not found: {path}")
     with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, 1):
-            try:
-                yield lineno, raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise DataError(f"{path}:{lineno}: not UTF-8 ({e.reason} at byte {e.start + 1} of the line)") from None
+        yield from decode_lines(f, str(path))
+
+
+def decode_lines(lines: Iterable[bytes | str], name: str, on_bad: Callable[[DataError], None] | None = None):
+    """(line number, text) of each line, decoded as strict UTF-8 (files and standard input alike): a line that
+    is not UTF-8 is a DataError naming ``name:line``, or with ``on_bad`` is passed to it and left out. Lines
+    given as text (a stream already decoded, e.g. with surrogate escapes) must encode back to UTF-8."""
+    for lineno, raw in enumerate(lines, 1):
+        try:
+            yield lineno, raw.decode("utf-8") if isinstance(raw, bytes) else _valid_text(raw)
+        except UnicodeError as e:
+            bad = DataError(f"{name}:{lineno}: not UTF-8 ({e.reason} at "
+                            f"{'byte' if isinstance(raw, bytes) else 'character'} {e.start + 1} of the line)")
+            if on_bad is None:
+                raise bad from None
+            on_bad(bad)
+
+
+def _valid_text(text: str) -> str:
+    text.encode("utf-8")    # a lone surrogate (an undecodable byte, escaped) cannot be encoded
+    return text
+
+
+def is_blank(line: str) -> bool:
+    """Blank lines (nothing but white space) are skipped by every reader: data sets and predict input."""
+    return not line.strip()
 
 
 def read_sentences(path: str | os.PathLike) -> list[list[str]]:
-    """Non-empty lines as token lists."""
-    return [tokens for _, line in read_lines(path) if (tokens := line.split())]
+    """Non-blank lines as token lists."""
+    return [line.split() for _, line in read_lines(path) if not is_blank(line)]
 
 
 class Vocab:

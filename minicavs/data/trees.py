@@ -39,13 +39,25 @@ class Tree:
         return InputGraph(self.children)
 
     def to_bracket(self) -> str:
-        """The SST bracket format, e.g. ``(3 (2 it) (4 works))``."""
-        def render(v):
-            if not self.children[v]:
-                return f"({self.labels[v]} {self.words[v]})"
-            return f"({self.labels[v]} " + " ".join(render(c) for c in self.children[v]) + ")"
-        return render(self.root)
-
+        """The SST bracket format, e.g. ``(3 (2 it) (4 works))``. Built with an explicit stack rather than
+        recursion: a tree is user data, and a deep one (a 100,000-level chain) must render too."""
+        parts: list = []
+        stack: list = [self.root]     # a vertex id to open, or a str to write as it is (a closing bracket)
+        while stack:
+            item = stack.pop()
+            if isinstance(item, str):
+                parts.append(item)
+                continue
+            kids = self.children[item]
+            if not kids:
+                parts.append(f"({self.labels[item]} {self.words[item]})")
+                continue
+            parts.append(f"({self.labels[item]}")
+            stack.append(")")
+            for c in reversed(kids):
+                stack.append(c)
+                stack.append(" ")
+        return "".join(parts)
 
 def complete_binary_tree(leaves: int) -> Tree:
     """Leaves 0..L-1 left to right, then parents level by level; the root last."""

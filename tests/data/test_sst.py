@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from minicavs.data.sst import parse_tree, read_sst, write_sst
+from minicavs.data.sst import parse_any_tree, parse_tree, read_sst, write_sst
 from minicavs.errors import DataError
 
 SST = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data", "sst")
@@ -78,3 +78,24 @@ def test_undecodable_bytes_name_the_file_and_line(tmp_path):
     path.write_bytes(b"(3 (2 a) (4 b))\n\n(1 (2 caf\xe9) (4 b))\n")
     with pytest.raises(DataError, match=rf"^{path}:3: not UTF-8 \(invalid continuation byte at byte 10 of the line\)$"):
         read_sst(path)
+
+
+def deep_line(depth: int, labelled: bool = True) -> str:
+    """A tree of ``depth`` internal nodes, each with a leaf on the left and the rest of the tree on the right."""
+    if labelled:
+        return "(2 (1 a) " * depth + "(3 z)" + ")" * depth
+    return "(a " * depth + "z" + ")" * depth
+
+
+@pytest.mark.parametrize("depth", [1, 2, 500, 5_000, 100_000])
+def test_deep_trees_parse_read_and_render(tmp_path, depth):
+    """Parsing, reading a file and rendering walk the tree without recursion: any depth works."""
+    line = deep_line(depth)
+    tree = parse_tree(line, "x:1")
+    assert tree.num_vertices == 2 * depth + 1 and tree.children[tree.root] == [tree.root - 2 * depth, tree.root - 1]
+    assert tree.to_bracket() == line
+    assert tree.sentence() == ["a"] * depth + ["z"]
+    (tmp_path / "deep.txt").write_text(f"{line}\n\n(4 great)\n")
+    assert [t.to_bracket() for t in read_sst(tmp_path / "deep.txt")] == [line, "(4 great)"]
+    unlabelled = parse_any_tree(deep_line(depth, labelled=False), "x:1")
+    assert unlabelled.children == tree.children and unlabelled.words == tree.words

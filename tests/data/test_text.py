@@ -50,3 +50,17 @@ def test_synthetic_corpus_is_deterministic_and_predictable():
     v = Vocab.build(a)
     ids = [np.append(v.encode(s), v.index[EOS]) for s in a]
     assert unigram_perplexity(ids, ids, len(v)) > 50   # many words are used, roughly uniformly
+
+
+@pytest.mark.parametrize("blank", ["", "   ", "\t", "\r", " \t \r"])
+@pytest.mark.parametrize("reader, text, samples", [
+    ("sst", "(1 (0 bad) (2 film))\n{b}\n(4 great)\n{b}", [3, 1]),
+    ("sentences", "the cat sat\n{b}\n the dog \n{b}", [3, 2]),
+])
+def test_blank_lines_are_skipped_by_every_data_reader(tmp_path, reader, text, samples, blank):
+    """One rule in every reader (minicavs predict's input too): blank lines are skipped."""
+    from minicavs.data.sst import read_sst
+    (tmp_path / "d.txt").write_bytes(text.format(b=blank).encode())
+    read = {"sst": lambda p: [t.num_vertices for t in read_sst(p)],
+            "sentences": lambda p: [len(s) for s in read_sentences(p)]}[reader]
+    assert read(tmp_path / "d.txt") == samples

@@ -178,3 +178,35 @@ def test_tree_fc_batch_of_consecutive_trees_is_a_read_only_view_and_trains_the_s
     b = t.loss_and_grads(copied)
     assert a.loss == b.loss and all(np.array_equal(a.grads[k], b.grads[k]) for k in a.grads)
     assert np.array_equal(np.stack([x for x, _ in data]), before)
+
+
+def _sample_key(task, sample):
+    """A comparable form of a data sample: a tree's brackets, or the words its arrays of ids stand for (a
+    vocabulary built from fewer sentences numbers them otherwise)."""
+    if hasattr(sample, "to_bracket"):
+        return sample.to_bracket()
+    if isinstance(sample, (tuple, list)):
+        return tuple(_sample_key(task, x) for x in sample)
+    return [task.vocab.words[i] for i in np.asarray(sample).tolist()]
+
+
+READS_DATA = ["tree_lstm", "tree_gru", "tree_lstm_2type", "mv_rnn", "var_lstm", "fixed_lstm"]
+
+
+@pytest.mark.parametrize("name", READS_DATA)
+def test_data_limit_keeps_the_first_samples_of_every_split(name, tmp_path):
+    """``data.limit`` exists on every bundled model that reads a data set (tree_fc and lattice_lstm generate
+    theirs, sized by data.synthetic)."""
+    full = trainer(name, tmp_path).task
+    limited = trainer(name, tmp_path, "data.limit=3").task
+    assert set(limited.data) == set(full.data)
+    for split, samples in limited.data.items():
+        assert 0 < len(samples) < len(full.data[split])
+        ours, theirs = _sample_key(limited, samples), _sample_key(full, full.data[split][:len(samples)])
+        assert len(ours) == len(theirs)
+        for a, b in zip(_flat(ours), _flat(theirs), strict=True):   # (fewer training words: more of them <unk>)
+            assert a == b or a == "<unk>", (split, a, b)
+
+
+def _flat(key) -> list:
+    return [x for item in key for x in _flat(item)] if isinstance(key, (tuple, list)) else [key]
