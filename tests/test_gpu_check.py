@@ -380,8 +380,11 @@ def test_junit_reports_are_read_with_their_failures(tmp_path):
 
 @pytest.fixture(autouse=True)
 def _shared_emulation(emulation_dir, monkeypatch):
-    """The session's emulation libraries (tests/test_device.py builds many of the same sources)."""
+    """The session's emulation libraries (tests/test_device.py builds many of the same sources); the stand-in
+    that ``--emulate`` installs in this process is taken out again after each test."""
+    from minicavs.cuda import kernels
     monkeypatch.setattr(gpu_stages, "_EMULATION_DIR", str(emulation_dir))
+    monkeypatch.setattr(kernels, "default_launcher", kernels.default_launcher)
 
 
 @needs_cxx
