@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import csv
 import math
+import os
 from types import SimpleNamespace
 
 import numpy as np
@@ -94,20 +95,26 @@ def test_prefix_is_whole_batches_within_the_cap():
 
 def _systems():
     return {"minicavs": {"rates": [90.0, 100.0, 130.0], "infer_rates": [300.0, 310.0], "flops_per_unit": 2e9,
-                         "samples": 64, "units": 64, "peak_rss_mb": 250.0,
+                         "samples": 64, "units": 64, "peak_rss_mb": 250.0, "threads": 2,
+                         "per_core": {"rates": [60.0, 64.0], "threads": 1},
                          "breakdown": {"step_s": 4.0, "scheduling_s": 0.4, "memory_s": 0.2, "update_s": 0.2,
                                        "compute_s": 3.2}},
             "DyNet (autobatching)": {"rates": [40.0, 50.0, 45.0], "infer_rates": [150.0], "peak_rss_mb": 180.0,
-                                     "same_loss": True, "construction_s": [1.0, 1.2, 1.1],
-                                     "compute_s": [3.0, 3.3, 3.3]},
+                                     "same_loss": True, "construction_s": [1.0, 1.2, 1.1], "threads": 1,
+                                     "compute_s": [3.0, 3.3, 3.3], "per_core": {"rates": [40.0, 50.0, 45.0],
+                                                                                "threads": 1}},
             "PyTorch (per-sample recursion)": {"error": "failed: boom"},
-            "PyTorch (batched by level)": {"rates": [5.0], "samples": 1, "partial_batch": True}}
+            "PyTorch (batched by level)": {"rates": [5.0], "samples": 64, "threads": 2,
+                                           "per_core": {"error": "failed: slow"}}}
 
 
 def test_rows_have_medians_ratios_and_gemm_share():
     rows = report.rows_for("tree_lstm/hidden", Point("tree_lstm", 512, 64), _systems(), machine=1e12)
-    ours, dy, failed, partial = rows
-    assert partial["note"] == "1 samples per epoch, less than a batch: not comparable"
+    ours, dy, failed, torch = rows
+    assert torch["ratio_train"] == 20.0 and math.isnan(torch["core_ratio_train"])
+    assert torch["note"] == "per core: failed: slow"
+    assert (ours["core_train_median"], ours["core_threads"], ours["threads"]) == (62.0, 1, 2)
+    assert dy["core_ratio_train"] == pytest.approx(62 / 45) and report.threads_cell(dy) == "1 / 1"
     assert (ours["train_median"], ours["train_min"], ours["train_max"]) == (100.0, 90.0, 130.0)
     assert ours["infer_median"] == 305.0 and ours["ratio_train"] == 1.0
     assert ours["gemm_fraction"] == pytest.approx(100 * 3 * 2e9 / 1e12)        # 60%
@@ -265,6 +272,8 @@ def test_tiny_suite_end_to_end(tmp_path):
         assert r["system"] == "minicavs" and float(r["train_median"]) > 0 and float(r["infer_median"]) > 0
         assert float(r["peak_rss_mb"]) > 10 and 0 <= float(r["compute_frac"]) <= 1
         assert int(r["samples"]) % 4 == 0 and 4 <= int(r["samples"]) <= 8     # whole batches, at most all
+        assert float(r["core_train_median"]) > 0 and r["core_threads"] == "1"   # the same samples, one thread
+        assert r["threads"] == str(os.cpu_count() or 1)
     text = summary.read_text()
     assert "| Tree-FC, 4 leaves | minicavs |" in text and "| Fixed-LSTM | 8 |" in text   # main table, ablation
     assert np.isfinite(float(rows[0]["gemm_fraction"]))
@@ -388,11 +397,6 @@ def test_targets_are_judged_on_their_worst_point():
     assert by["Tree-LSTM, batch 64, hidden 128"]["value"] == pytest.approx(3.0)
     assert by["Tree-LSTM, batch 64, hidden 128"]["status"] == "missed"
     assert by["Tree-LSTM, batch 64, hidden 512"]["status"] == "not measured"   # no such point in the results
-    partial = {**results, "tree_lstm-h512-b64": {**_result(100.0, **{dy: 10.0}), dy: {
-        "rates": [10.0], "samples": 12, "partial_batch": True}}}
-    row = next(r for r in targets.evaluate(partial, 1e12, ("tree_lstm",)) if "hidden 512: >= 2.5x" in r["target"])
-    assert row["status"] == ("not measured (DyNet (autobatching): 12 samples per epoch, less than a batch: "
-                             "not comparable)")
     assert by["Tree-LSTM, batch 1, hidden 128, forward only"]["value"] == pytest.approx(2.5)
     gemm = by["Tree-FC, 256 leaves, batch 64, hidden 512"]
     assert gemm["value"] == pytest.approx(0.3) and gemm["status"] == "missed"
@@ -489,18 +493,22 @@ def test_tiny_targets_run_end_to_end(tmp_path, monkeypatch):
     monkeypatch.setattr(targets, "TARGETS", tiny)
     monkeypatch.setattr(targets.evaluate, "__defaults__", (False, None, tiny))
     monkeypatch.setattr(targets.points, "__defaults__", (False, None, tiny))
-    specs, outs = [], []
-    monkeypatch.setattr(suite, "run_in_child", lambda spec, timeout=None: specs.append(spec) or outs.append(
-        {**point_module.measure(spec), "peak_rss_mb": 1.0}) or outs[-1])
+    specs, outs, threads = [], [], []
+    monkeypatch.setattr(suite, "run_in_child", lambda spec, timeout=None, one_thread=False: threads.append(
+        one_thread) or specs.append(dict(spec)) or outs.append({**point_module.measure(spec), "peak_rss_mb": 1.0})
+        or outs[-1])
     grid = {**FULL, "batch": [4], "hidden": [8, 16], "hidden_at": 8, "batch_at": 4, "leaves": [4], "fc_leaves": 4}
     logged = []
     s = Settings(models=("tree_fc",), quick=False, cap=0.05, repeats=2, data=Data(fc_trees=8), out=tmp_path,
                  grid=grid, gemm_n=128, plots=False, breakdown=False, inference=False, log=logged.append,
                  targets=True, engine={"fusion": False}, command="minicavs bench --targets")
     summary = run_suite(s)
-    assert [sp["point"]["hidden"] for sp in specs] == [8, 16, 16, 8]          # the second round reversed
+    # per point minicavs free to use the machine, then on one thread; the second round reversed
+    assert [sp["point"]["hidden"] for sp in specs] == [8, 8, 16, 16, 16, 16, 8, 8]
+    assert threads == [False, True] * 4
     assert all(sp["options"] == {"fusion": False} and sp["repeats"] == 1 for sp in specs)
-    assert "samples" not in specs[0] and specs[2]["samples"] == outs[1]["samples"]   # round 1's prefix
+    assert "samples" not in specs[0] and specs[1]["samples"] == outs[0]["samples"]   # the same samples
+    assert specs[4]["samples"] == specs[5]["samples"] == outs[2]["samples"]          # round 1's prefix
     results = __import__("json").loads((tmp_path / "results.json").read_text())
     assert len(results["tree_fc-h8-b4-l4"]["minicavs"]["rates"]) == 2           # one per round
     table = (tmp_path / "targets.md").read_text()
@@ -519,3 +527,36 @@ def test_policies_search_table_reports_the_best_s3_table():
            "search": {"low": 28.0, "high": 29.0, "exact": 1, "per_batch": [{}], "best_s3_table": 30.0}}
     text = markdown([row, {**row, "model": "wide", "search": {**row["search"], "best_s3_table": None}}], {})
     assert "| 30.0 | 25%, 6% fewer |" in text and "| wide |" in text and "n/a (too many tables)" in text
+
+
+def test_every_system_of_a_point_is_timed_on_the_samples_minicavs_was(monkeypatch, tmp_path):
+    """minicavs picks the samples once (its epoch cap); its one-thread run and every peer, on the machine and
+    on one thread, are timed on exactly those; DyNet's one-thread figure is its own run (it computes on one
+    thread either way)."""
+    from minicavs.bench import peers as peer_module
+    from minicavs.bench import suite
+    children, runs = [], []
+
+    def child(spec, timeout=None, one_thread=False):
+        children.append((spec.get("samples"), one_thread))
+        return {"samples": spec.get("samples") or 12, "rates": [1.0], "threads": 1 if one_thread else 2}
+
+    def peer(python, framework, t, *, mode, samples, threads=None, **kw):
+        runs.append((framework, mode, samples, threads))
+        return {"rates": [1.0], "check_loss": 1.0, "samples": samples, "threads": threads or 2}
+
+    monkeypatch.setattr(suite, "run_in_child", child)
+    monkeypatch.setattr(peer_module, "run", peer)
+    monkeypatch.setattr(peer_module, "check_loss", lambda t, k: 1.0)
+    s = Settings(models=("tree_lstm",), quick=True, cap=0.05, repeats=1, out=tmp_path,
+                 data=Data(trees=20), available={"dynet": "py", "pytorch": "py"}, log=lambda *a: None)
+    point = Point("tree_lstm", 8, 4)
+    ours = suite._ours(s, point)
+    assert children == [(None, False), (12, True)] and ours["per_core"]["threads"] == 1
+    got = suite._peers_at(s, point, ours)
+    assert {r[2] for r in runs} == {12}                         # every run on minicavs' 12 samples
+    assert sorted((r[0], r[1], r[3] or 0) for r in runs) == [   # DyNet once, each PyTorch peer twice
+        ("dynet", "autobatch", 0), ("pytorch", "level", 0), ("pytorch", "level", 1),
+        ("pytorch", "recursive", 0), ("pytorch", "recursive", 1)]
+    dynet = got["DyNet (autobatching)"]
+    assert dynet["per_core"]["samples"] == dynet["samples"] == 12

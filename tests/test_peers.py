@@ -58,75 +58,55 @@ def test_a_missing_peer_says_what_is_missing(tmp_path):
         peers.run(sys.executable, "dynet", t, device="cuda")
 
 
-def test_protocol_whole_batches_breakdown_and_inference():
+def test_protocol_warms_up_a_whole_epoch_then_times_the_given_samples():
     pc = _peer_common()
     calls = []
 
     def train(batch):
         calls.append(("train", batch))
-        time.sleep(0.01)
         return 0.25, 0.5
 
     def infer(batch):
         calls.append(("infer", batch))
 
-    spec = {"batch": 2, "epochs": 2, "max_seconds": 0.05, "inference": True}
+    spec = {"batch": 2, "epochs": 2, "samples": 5, "inference": True}
     out = pc.measure(spec, [3] * 100, lambda i, j: list(range(i, j)), train, infer)
-    m, k = out["samples"], out["batches"]
-    assert 2 <= m <= 10 and m == 2 * k and out["units"] == 3 * m and out["capped"] and not out["partial_batch"]
-    batches = [[i, i + 1] for i in range(0, m, 2)]
-    assert [b for kind, b in calls if kind == "train"] == [[0], [0], [0, 1]] + 2 * batches   # warm-up, 2 epochs
-    assert out["construction_s"] == [0.25 * k] * 2 and out["compute_s"] == [0.5 * k] * 2
-    assert [b for kind, b in calls if kind == "infer"] == [[0]] + 2 * batches
-    assert len(out["rates"]) == len(out["infer_rates"]) == 2 and "infer_construction_s" not in out
+    batches = [[0, 1], [2, 3], [4]]          # the first 5 samples, whole batches and the rest
+    assert (out["samples"], out["units"], out["batches"], out["capped"]) == (5, 15, 3, True)
+    assert [b for kind, b in calls if kind == "train"] == 3 * batches    # one warm-up epoch, two timed
+    assert [b for kind, b in calls if kind == "infer"] == 3 * batches
+    assert out["construction_s"] == [0.25 * 3] * 2 and out["compute_s"] == [0.5 * 3] * 2
+    assert len(out["rates"]) == len(out["infer_rates"]) == out["epochs_timed"] == 2 and out["warmup_s"] > 0
     calls.clear()
     out = pc.measure({"batch": 2, "epochs": 1}, [1, 2, 3], lambda i, j: list(range(i, j)), train)
-    assert (out["samples"], out["units"], out["batches"], out["capped"]) == (3, 6, 2, False)
-    assert calls == [("train", [0]), ("train", [0, 1]), ("train", [2])] and "infer_rates" not in out
+    assert (out["samples"], out["units"], out["batches"], out["capped"]) == (3, 6, 2, False)   # default: all
+    assert calls == 2 * [("train", [0, 1]), ("train", [2])] and "infer_rates" not in out
 
 
 def test_protocol_waits_for_the_device_before_every_clock_read():
     """A GPU peer's work is queued when a step returns: ``sync`` brackets every timed region."""
     pc = _peer_common()
     log = []
-    spec = {"batch": 2, "epochs": 2, "max_seconds": 5.0, "inference": True}
+    spec = {"batch": 2, "epochs": 2, "samples": 4, "inference": True}
     out = pc.measure(spec, [1] * 4, lambda i, j: list(range(i, j)), lambda b: log.append("train"),
                      lambda b: log.append("infer"), sync=lambda: log.append("sync"))
     assert out["batches"] == 2
-    timed_warmups = ["train"] + ["sync", "train", "sync"] * 2          # one sample untimed, then 1 and 2 timed
-    epochs = ["sync", "train", "train", "sync"] * 2 + ["infer"] + ["sync", "infer", "infer", "sync"] * 2
-    assert log == timed_warmups + epochs
+    epoch = ["sync", "{}", "{}", "sync"]
+    assert log == [x.format("train") for x in 3 * epoch] + [x.format("infer") for x in 3 * epoch]
 
 
-def test_protocol_cuts_a_batch_that_outlasts_the_cap():
+def test_a_peer_far_slower_than_the_cap_is_timed_on_the_same_samples_for_fewer_epochs():
     pc = _peer_common()
     sizes = []
 
     def train(batch):   # per-sample cost, as per-sample recursion has
         sizes.append(len(batch))
-        time.sleep(0.01 * len(batch))
+        time.sleep(0.002 * len(batch))
 
-    out = pc.measure({"batch": 50, "epochs": 1, "max_seconds": 0.1}, [1] * 200, lambda i, j: list(range(i, j)),
-                     train)
-    assert sizes[:4] == [1, 1, 2, 4]            # one sample, then doubling until a run takes half the cap
-    assert out["partial_batch"] and out["capped"] and out["batches"] == 1 and 4 <= out["samples"] <= 10
-    assert sizes[-1] == out["samples"]          # the timed epoch: one batch of that many samples
-
-
-def test_protocol_runs_a_whole_batch_that_fits_a_few_caps():
-    """A batched peer whose one batch takes a little longer than the cap still runs whole batches."""
-    pc = _peer_common()
-    sizes = []
-
-    def train(batch):
-        sizes.append(len(batch))
-        time.sleep(0.01 * len(batch))
-
-    out = pc.measure({"batch": 8, "epochs": 1, "max_seconds": 0.05}, [1] * 100, lambda i, j: list(range(i, j)),
-                     train)
-    assert sizes[:4] == [1, 1, 2, 4]            # doubling stopped at 4 samples (0.04 s >= half the cap)
-    assert sizes[4] == 8                        # 8 samples projected at 0.08 s <= 4 caps: a whole batch
-    assert not out["partial_batch"] and out["samples"] == 8 and out["batches"] == 1
+    out = pc.measure({"batch": 10, "epochs": 3, "samples": 30, "max_seconds": 0.01}, [1] * 200,
+                     lambda i, j: list(range(i, j)), train)
+    assert out["samples"] == 30 and out["batches"] == 3 and out["warmup_s"] > 0.01
+    assert out["epochs_timed"] == len(out["rates"]) == 1 and sizes == [10, 10, 10] * 2
 
 
 # --- the peers themselves (need tools/setup_peers.sh's environment) ------------------------------------------
@@ -157,7 +137,7 @@ def test_peer_computes_minicavs_loss_and_reports_the_protocol(model, peer):
     t = _trainer(model, hidden=6, batch=3, samples=7)
     check = 4
     ours = peers.check_loss(t, check)
-    out = peers.run(python, peer.framework, t, mode=peer.mode, epochs=2, check=check, inference=True)
+    out = peers.run(python, peer.framework, t, mode=peer.mode, epochs=2, check=check, inference=True, samples=7)
     assert peers.same_loss(ours, out["check_loss"]), (ours, out["check_loss"])
     assert out["mode"] == peer.mode and out["check"] == check and not out["capped"]
     assert out["samples"] == 7 and out["batches"] == 3
@@ -166,6 +146,7 @@ def test_peer_computes_minicavs_loss_and_reports_the_protocol(model, peer):
     assert out["peak_rss_mb"] > 10 and out["versions"]["python"]
     if peer.framework == "dynet":
         assert out["threads"] == 1 and "MKL" in out["threads_note"] and "dynet38" in out["versions"]
+        assert out["mem_mb"] == 2048   # the pools it was given from the start, as reported
         assert len(out["construction_s"]) == len(out["compute_s"]) == len(out["infer_compute_s"]) == 2
         assert min(out["construction_s"] + out["compute_s"]) > 0
     else:
@@ -173,10 +154,9 @@ def test_peer_computes_minicavs_loss_and_reports_the_protocol(model, peer):
 
 
 @pytest.mark.skipif(not TORCH_PYTHON, reason="set MINICAVS_TORCH_PYTHON to a python with torch (setup_peers.sh)")
-def test_max_seconds_and_limit_cut_the_epoch():
+def test_samples_and_limit_set_what_a_peer_times():
     t = _trainer("tree_fc", hidden=16, batch=4, samples=40, leaves=16)
-    out = peers.run(TORCH_PYTHON, "pytorch", t, mode="recursive", epochs=1, check=2, max_seconds=1e-4)
-    assert out["capped"] and out["partial_batch"] and out["batches"] == 1 and out["samples"] == out["units"] == 1
-    assert "infer_rates" not in out and out["max_seconds"] == 1e-4
+    out = peers.run(TORCH_PYTHON, "pytorch", t, mode="level", epochs=1, check=2, samples=6)
+    assert out["capped"] and out["samples"] == 6 and out["batches"] == 2 and out["epochs_timed"] == 1
     out = peers.run(TORCH_PYTHON, "pytorch", t, mode="level", epochs=1, check=2, limit=6)
     assert not out["capped"] and out["samples"] == 6 and out["batches"] == 2

@@ -8,10 +8,11 @@ Modes: ``autobatch`` (DyNet's automatic operation batching, autobatch=1: the com
 ``unbatched`` (autobatch=0: every sample's operations one by one).
 
 Memory: DyNet takes its memory pools (``spec["mem"]`` MB, split between forward, backward, parameters and
-scratch) at start-up, and with autobatching it cannot grow them: a graph that does not fit fails with
-"pre-allocate enough memory". The host (minicavs/bench/peers.py) then runs the peer again with twice the
-memory, so ``mem_mb`` in the report is the smallest power-of-two multiple of the first try that fits; DyNet's
-peak resident memory is about that much plus the interpreter's.
+scratch) at start-up, 2048 MB by default (minicavs/bench/peers.py), and with autobatching it cannot grow them: a
+graph that does not fit fails with "pre-allocate enough memory". The host then runs the peer again with twice
+the memory, so ``mem_mb`` in the report is the pools it ran with; the warm-up epoch runs every timed batch
+first, so no timed epoch meets a pool too small. DyNet's peak resident memory is about the pools' pages it
+touched plus the interpreter's.
 
 Threads: DyNet's CPU backend runs its kernels (Eigen) on the calling thread unless it was built with MKL;
 :func:`threads` reports 1 and says so unless an MKL or OpenMP runtime is mapped into the process.
@@ -40,7 +41,7 @@ def start(spec: dict):
     if spec["mode"] not in MODES:
         raise ValueError(f"mode {spec['mode']!r}: the DyNet peers run {', '.join(MODES)}")
     import dynet_config
-    spec.setdefault("mem", 256)
+    spec.setdefault("mem", 2048)
     dynet_config.set(autobatch=MODES[spec["mode"]], mem=spec["mem"], random_seed=1)
     import dynet
     return dynet

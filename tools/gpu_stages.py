@@ -834,7 +834,7 @@ def stage_bench(rec: Recorder, args) -> None:
         start = time.monotonic()
         try:
             got = run_peer(sys.executable, "pytorch", t, mode=peer.mode, epochs=repeats, max_seconds=epoch_cap,
-                           inference=True, limit=item["samples"], timeout=120,
+                           inference=True, samples=item["samples"], timeout=120,
                            device="cpu" if args.emulate else "cuda")
             ours = check_loss(t, got["check"])
             pi = {"point": key, "system": f"PyTorch {peer.mode}" + (" (CPU)" if args.emulate else ""),

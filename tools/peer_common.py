@@ -47,61 +47,38 @@ def _epochs(step, batches: list, units: int, epochs: int, prefix: str = "", sync
     return out
 
 
-def _timed(step, batch, sync=_nothing) -> float:
-    sync()
-    start = time.perf_counter()
-    step(batch)
-    sync()
-    return time.perf_counter() - start
-
-
-WHOLE_BATCH_GRACE = 4   # a batch projected to take up to this many caps still runs whole (see measure)
-
-
 def measure(spec: dict, units: list, make, train, infer=None, sync=_nothing) -> dict:
-    """The timed protocol over the samples (``units[i]`` trees or words in sample i).
+    """The timed protocol, in steady state over the same samples as every other system of the point.
 
     ``make(i, j)`` is the batch of samples i..j-1 as ``train`` and ``infer`` take it; ``train(batch)`` runs
     forward, backward and update, ``infer(batch)`` the forward pass only. Either may return a
     ``(construction_s, compute_s)`` pair (DyNet's graph building vs its forward/backward/update), summed per
     epoch. ``sync()`` waits until the device has finished the work issued so far (a GPU peer's
-    ``torch.cuda.synchronize``): it runs before every clock read.
+    ``torch.cuda.synchronize``): it runs before every clock read. ``units[i]``: trees or words in sample i.
 
-    Warm-up: one sample (one-time costs, cheaply); with ``max_seconds``, then the first 1, 2, 4, ... samples
-    up to a whole batch, each run timed, stopping early once a run took half of ``max_seconds``; a whole
-    batch is still run when the last run's rate says it takes at most ``WHOLE_BATCH_GRACE`` times the cap
-    (batched peers, whose rate is only comparable on whole batches). If a whole batch ran, an epoch is the
-    longest prefix of whole batches that its time says fits in ``max_seconds`` (at least one); if not (one
-    batch takes far longer than the cap, e.g. per-sample recursion on big trees), an epoch is one partial
-    batch of the samples the last run's rate says fit (``partial_batch``). Without ``max_seconds``: every
-    sample.
-    Then ``epochs`` timed epochs over that prefix; with ``inference``, a one-sample forward pass to warm up
-    and ``epochs`` forward-only passes over the same prefix.
-    """
-    n, bs, cap = len(units), spec["batch"], spec.get("max_seconds")
-    full = min(bs, n)
-    train(make(0, 1))
-    m = n
-    if cap:
-        size, seconds = 1, _timed(train, make(0, 1), sync)
-        while size < full and seconds < cap / 2:
-            size = min(2 * size, full)
-            seconds = _timed(train, make(0, size), sync)
-        if size < full and seconds * full / size <= WHOLE_BATCH_GRACE * cap:
-            size, seconds = full, _timed(train, make(0, full), sync)
-        if size == full:
-            m = min(n, max(1, int(cap / max(seconds, 1e-9))) * bs)
-        else:
-            m = max(1, min(full, int(size * cap / seconds)))
-    batches = [make(i, min(i + bs, m)) for i in range(0, m, bs)]
-    used = sum(units[:m])
-    out = {"units": used, "samples": m, "batches": len(batches), "partial_batch": m < full, "capped": m < n}
-    out.update(_epochs(train, batches, used, spec["epochs"], sync=sync))
+    The epoch is the first ``spec["samples"]`` samples (default: all) in whole batches of ``spec["batch"]``
+    (the last one may be smaller), the very samples the host timed minicavs on. First one whole untimed epoch
+    (the warm-up: one-time costs such as memory pools, caches and kernels fall there, in this process), then
+    ``spec["epochs"]`` timed epochs; with ``max_seconds``, a system whose warm-up epoch took longer than that
+    is timed for as many epochs as fit ``epochs x max_seconds``, at least one (a per-sample peer far slower than
+    the others: the same samples, fewer epochs). With ``inference``, a warm-up forward-only epoch and as many
+    timed ones over the same batches."""
+    n = min(int(spec.get("samples") or len(units)), len(units))
+    bs = spec["batch"]
+    batches = [make(i, min(i + bs, n)) for i in range(0, n, bs)]
+    used = sum(units[:n])
+    warmup_s = used / _epochs(train, batches, used, 1, sync=sync)["rates"][0]
+    epochs, cap = spec["epochs"], spec.get("max_seconds")
+    if cap and warmup_s > cap:
+        epochs = max(1, min(epochs, int(epochs * cap / warmup_s)))
+    out = {"units": used, "samples": n, "batches": len(batches), "capped": n < len(units),
+           "warmup_s": warmup_s, "epochs_timed": epochs}
+    out.update(_epochs(train, batches, used, epochs, sync=sync))
     if spec.get("inference"):
         if infer is None:
             raise ValueError("this peer has no inference mode")
-        infer(make(0, 1))
-        out.update(_epochs(infer, batches, used, spec["epochs"], "infer_", sync))
+        _epochs(infer, batches, used, 1, sync=sync)
+        out.update(_epochs(infer, batches, used, epochs, "infer_", sync))
     return out
 
 

@@ -22,14 +22,12 @@ The protocol, the same for every peer script::
 SPEC.json (written by :func:`run`):
 
 - ``mode``: how the peer computes (above);
-- ``epochs``: timed epochs, after the warm-up; ``check``: the number of samples (the first ones) whose loss
-  the peer computes with the weights as handed over, before any update;
-- ``max_seconds``: cap of one timed epoch, or null for every sample. The warm-up trains on one sample, then
-  (timed) on the first 1, 2, 4, ... samples up to a whole batch, stopping once a run took half the cap (a
-  whole batch still runs when it is projected to take at most 4 caps). An epoch is then the longest prefix
-  of whole batches that the whole batch's time says fits in ``max_seconds`` (at least one batch, as
-  minicavs' own points, minicavs/bench/point.py), or, when one batch takes far longer (per-sample recursion
-  on big trees), one partial batch of the samples that fit;
+- ``samples``: the first samples to time, the very ones minicavs was timed on at the point (default all);
+  ``epochs``: timed epochs over them, after one whole untimed warm-up epoch in the same process (tools/
+  peer_common.py: one-time costs such as DyNet's memory pools land there); ``check``: the number of samples
+  (the first ones) whose loss the peer computes with the weights as handed over, before any update;
+- ``max_seconds``: a system whose warm-up epoch took longer is timed for fewer epochs (at least one), never
+  on other samples;
 - ``inference``: also time forward-only passes (no gradient) over the same prefix;
 - ``device`` (PyTorch only; default ``cpu``): where the peer computes, e.g. ``cuda`` (tools/gpu_check.py);
 - ``batch``, ``threads`` (PyTorch's intra-op threads; DyNet computes on one), ``optimizer``: minicavs'
@@ -45,11 +43,12 @@ Output: the LAST line of the peer's stdout is one JSON object with
 - ``rates``: units per second (trees, or words = predictions) of each timed training epoch (forward,
   backward, update); ``infer_rates`` likewise for forward-only passes, when asked;
 - ``units``, ``samples``, ``batches``: what one timed epoch covered; ``capped``: whether it is less than the
-  data handed over; ``partial_batch``: whether it is less than one batch;
+  data handed over; ``warmup_s``: the warm-up epoch's seconds; ``epochs_timed``;
 - DyNet: ``construction_s`` and ``compute_s``, seconds per timed epoch spent building the graph in Python
   (renew_cg and the expressions) vs in forward (with autobatching), backward and update (the paper's
   Fig. 9 / Table 1 split); ``infer_construction_s``/``infer_compute_s`` for inference;
-- DyNet: ``mem_mb``, the memory pools it was given (:func:`run`);
+- DyNet: ``mem_mb``, the memory pools it was given (:func:`run`: 2048 MB from the start, so that no epoch
+  waits on a pool sized too small for it);
 - ``threads`` (DyNet: 1, with ``threads_note`` saying why), ``peak_rss_mb`` (the peer process's peak resident
   memory, getrusage ru_maxrss), ``versions`` (python, numpy, torch or dynet38), ``framework``,
   ``optimizer`` (the framework's class).
@@ -168,16 +167,18 @@ def _handover(t: Trainer, model: str, limit: int | None) -> tuple[dict, dict]:
 
 def run(python: str, framework: str, t: Trainer, *, mode: str | None = None, epochs: int = 3, check: int = 8,
         max_seconds: float | None = None, inference: bool = False, limit: int | None = None,
-        threads: int | None = None, timeout: float | None = None, dynet_mem: int = 256,
-        device: str | None = None) -> dict:
+        samples: int | None = None, threads: int | None = None, timeout: float | None = None,
+        dynet_mem: int = 2048, device: str | None = None) -> dict:
     """Run ``framework``'s peer of ``t``'s model ("dynet" or "pytorch"; ``mode`` defaults to the first of
-    :data:`SCRIPTS`: DyNet's autobatching, PyTorch's batched peer) on ``t``'s current weights and its first
-    ``limit`` training samples (all by default) with the protocol above; returns the peer's JSON. PyTorch
+    :data:`SCRIPTS`: DyNet's autobatching, PyTorch's batched peer) on ``t``'s current weights, timed on its
+    first ``samples`` training samples (all by default; the samples minicavs was timed on) with the protocol
+    above, and handed its first ``limit`` (default: ``samples``); returns the peer's JSON. PyTorch
     computes with ``threads`` intra-op threads (default: one per core; DyNet always uses one), on ``device``
     (PyTorch's name for it, e.g. ``cuda``; default the CPU; DyNet runs on the CPU only).
 
-    DyNet starts with ``dynet_mem`` MB of memory pools and is run again with twice as much while its graphs
-    do not fit (with autobatching it cannot grow them; tools/dynet_peer.py), up to 64 GB.
+    DyNet starts with ``dynet_mem`` MB of memory pools (2048: as much as its graphs at hidden 512 and batch
+    64 need, so the pools are never what a timed epoch waits for) and is run again with twice as much while
+    its graphs do not fit (with autobatching it cannot grow them; tools/dynet_peer.py), up to 64 GB.
 
     Raises FileNotFoundError when ``python`` does not exist, RuntimeError naming the module when it cannot
     import the framework, when the peer fails (its stderr) or one run of it takes longer than ``timeout``
@@ -193,9 +194,9 @@ def run(python: str, framework: str, t: Trainer, *, mode: str | None = None, epo
         raise ValueError(f"device {device!r}: only the PyTorch peers take a device")
     if not python or shutil.which(python) is None:
         raise FileNotFoundError(f"python for the {framework} peers not found: {python!r} ({SETUP})")
-    spec, arrays = _handover(t, model, limit)
+    spec, arrays = _handover(t, model, limit if limit is not None else samples)
     spec.update(peer_settings(t), mode=mode, epochs=epochs, check=check, max_seconds=max_seconds,
-                inference=inference)
+                inference=inference, samples=samples)
     if threads:
         spec["threads"] = threads
     if device:

@@ -5,12 +5,14 @@
 The spec holds the point (``sweeps.Point`` fields), the data settings (``workloads.Data`` fields), the engine
 switches, ``repeats``, ``epoch_cap`` (seconds an epoch may take: the epoch is the longest prefix of whole
 batches that the warm-up's rate says fits; or ``samples``, a given number), ``inference``, ``breakdown``.
-Reported: the prefix's size, units per second of each timed training (and forward-only) epoch, FLOPs per
-unit, the breakdown of one more instrumented epoch, and the process's peak RSS.
+Reported: the prefix's size, the seconds of one whole untimed warm-up epoch over it (the peers run the same),
+units per second of each timed training (and forward-only) epoch, FLOPs per unit, the BLAS threads, the
+breakdown of one more instrumented epoch, and the process's peak RSS.
 """
 from __future__ import annotations
 
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -67,14 +69,25 @@ def measure(spec: dict, t=None) -> dict:
     data = t.task.data["train"]
     samples = data[:n]
     units = t.task.units(samples)
-    out = {"samples": len(samples), "units": units, "flops_per_unit": flops_per_unit(t, samples, point)}
+    out = {"samples": len(samples), "units": units, "flops_per_unit": flops_per_unit(t, samples, point),
+           "threads": blas_threads()}
+    out["warmup_s"] = _epoch(t, samples, B, True)   # a whole untimed epoch over the timed samples, as the peers
     out["rates"] = [units / _epoch(t, samples, B, True) for _ in range(R)]
     if spec.get("inference", True):
-        _epoch(t, warm, B, False)
+        _epoch(t, samples, B, False)
         out["infer_rates"] = [units / _epoch(t, samples, B, False) for _ in range(R)]
     if spec.get("breakdown", True):
         out["breakdown"] = instrumented_epoch(t, samples, B)
     return out
+
+
+def blas_threads() -> int:
+    """The threads numpy's BLAS computes with: ``OPENBLAS_NUM_THREADS`` (``OMP_NUM_THREADS``) when set (the
+    bench's per-core runs set it to 1), else OpenBLAS's default, one per core."""
+    for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
+        if os.environ.get(name, "").strip().isdigit():
+            return int(os.environ[name])
+    return os.cpu_count() or 1
 
 
 def peak_rss_mb() -> float:
@@ -92,11 +105,17 @@ def peak_rss_mb() -> float:
     return r / 2 ** 20 if sys.platform == "darwin" else r / 1024   # bytes on macOS, KiB on Linux
 
 
-def run_in_child(spec: dict, python: str = sys.executable, timeout: float | None = None) -> dict:
-    """``measure(spec)`` in a fresh process; its JSON result plus ``peak_rss_mb`` of that process."""
+ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+def run_in_child(spec: dict, python: str = sys.executable, timeout: float | None = None,
+                 one_thread: bool = False) -> dict:
+    """``measure(spec)`` in a fresh process; its JSON result plus ``peak_rss_mb`` of that process. With
+    ``one_thread``, numpy's BLAS computes on one thread (the per-core measurement)."""
+    env = {**os.environ, **ONE_THREAD} if one_thread else None
     try:
         out = subprocess.run([python, "-m", "minicavs.bench.point", "-"], input=json.dumps(spec), text=True,
-                             capture_output=True, timeout=timeout)
+                             capture_output=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         raise RuntimeError(f"minicavs point {spec['point']} ran longer than {timeout:.0f} s") from None
     if out.returncode:

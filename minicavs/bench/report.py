@@ -1,8 +1,10 @@
 """The suite's output: rows from measured rates, a CSV and a markdown table per sweep, the summary, plots.
 
 A row is one system at one sweep point. Rates are units (trees or words) per second; a row shows the median
-of the repeats with min and max, the minicavs/system ratio of medians (1 for minicavs itself), the achieved
-useful-matmul FLOP rate as a fraction of the machine's numpy GEMM rate, and the process's peak RSS.
+of the repeats with min and max, the minicavs/system ratio of medians (1 for minicavs itself) with every system
+free to use the machine and per core (every system on one thread: the ``per_core`` result), the threads each
+used, the achieved useful-matmul FLOP rate as a fraction of the machine's numpy GEMM rate, and the process's
+peak RSS.
 """
 from __future__ import annotations
 
@@ -16,7 +18,8 @@ from .sweeps import LABELS, UNITS, Point, axis
 
 COLUMNS = ["sweep", "model", "hidden", "batch", "leaves", "system", "unit", "samples", "units",
            "train_median", "train_min", "train_max", "infer_median", "infer_min", "infer_max",
-           "ratio_train", "ratio_infer", "gflops_train", "gemm_fraction", "peak_rss_mb", "same_loss",
+           "ratio_train", "ratio_infer", "threads", "core_train_median", "core_train_min", "core_train_max",
+           "core_ratio_train", "core_threads", "gflops_train", "gemm_fraction", "peak_rss_mb", "same_loss",
            "scheduling_frac", "memory_frac", "update_frac", "compute_frac", "construction_frac", "note"]
 MINICAVS = "minicavs"
 
@@ -39,6 +42,7 @@ def rows_for(sweep: str, point: Point, systems: dict, machine: float) -> list[di
     minicavs, ``construction_s``/``compute_s`` for DyNet, ``error`` when the system failed)."""
     ours = systems.get(MINICAVS, {})
     ot, oi = spread(ours.get("rates")), spread(ours.get("infer_rates"))
+    oc = spread(ours.get("per_core", {}).get("rates"))
     fpu = ours.get("flops_per_unit", math.nan)
     rows = []
     for name, r in systems.items():
@@ -50,11 +54,16 @@ def rows_for(sweep: str, point: Point, systems: dict, machine: float) -> list[di
                "train_median": tr[0], "train_min": tr[1], "train_max": tr[2],
                "infer_median": inf[0], "infer_min": inf[1], "infer_max": inf[2],
                "ratio_train": _ratio(ot[0], tr[0]), "ratio_infer": _ratio(oi[0], inf[0]),
+               "threads": r.get("threads", ""),
                "gflops_train": gflops, "gemm_fraction": gflops * 1e9 / machine if machine else math.nan,
                "peak_rss_mb": r.get("peak_rss_mb", math.nan), "same_loss": r.get("same_loss", ""),
                "note": r.get("error", "")}
-        if r.get("partial_batch"):   # a peer whose one batch did not fit the cap ran part of one
-            row["note"] = f"{r.get('samples', '?')} samples per epoch, less than a batch: not comparable"
+        core = r.get("per_core") or {}   # the same system on one thread (per core)
+        ct = spread(core.get("rates"))
+        row.update(core_train_median=ct[0], core_train_min=ct[1], core_train_max=ct[2],
+                   core_ratio_train=_ratio(oc[0], ct[0]), core_threads=core.get("threads", ""))
+        if core.get("error") and not row["note"]:
+            row["note"] = f"per core: {core['error']}"
         b = r.get("breakdown")
         if b:
             for part in ("scheduling", "memory", "update", "compute"):
@@ -96,6 +105,11 @@ def _x(x: float) -> str:
     return "-" if math.isnan(x) else f"{x:.2f}x"
 
 
+def threads_cell(r: dict) -> str:
+    """The threads a system computed with: ``machine / per core`` (as each reported them)."""
+    return f"{r.get('threads', '') or '?'} / {r.get('core_threads', '') or '?'}"
+
+
 def point_label(r: dict) -> str:
     leaves = f", {r['leaves']} leaves" if r.get("leaves") else ""
     return f"h{r['hidden']} b{r['batch']}{leaves}"
@@ -104,7 +118,8 @@ def point_label(r: dict) -> str:
 def markdown(rows: list[dict]) -> str:
     """A markdown table: one line per system and point, with the minicavs/system ratios."""
     head = ["point", "system", "train /s median (min-max)", "minicavs/system", "infer /s median (min-max)",
-            "minicavs/system (infer)", "% of numpy GEMM", "peak RSS MB", "same loss", "breakdown"]
+            "minicavs/system (infer)", "threads", "train /s per core", "minicavs/system per core",
+            "% of numpy GEMM", "peak RSS MB", "same loss", "breakdown"]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for r in rows:
         parts = []
@@ -121,7 +136,9 @@ def markdown(rows: list[dict]) -> str:
             point_label(r), r["system"], fmt_rate(r["train_median"], r["train_min"], r["train_max"]),
             "" if r["system"] == MINICAVS else _x(r["ratio_train"]),
             fmt_rate(r["infer_median"], r["infer_min"], r["infer_max"]),
-            "" if r["system"] == MINICAVS else _x(r["ratio_infer"]), _pct(r["gemm_fraction"]),
+            "" if r["system"] == MINICAVS else _x(r["ratio_infer"]), threads_cell(r),
+            fmt_rate(r["core_train_median"], r["core_train_min"], r["core_train_max"]),
+            "" if r["system"] == MINICAVS else _x(r["core_ratio_train"]), _pct(r["gemm_fraction"]),
             "" if rss is None or (isinstance(rss, float) and math.isnan(rss)) else f"{rss:.0f}", same,
             "; ".join(parts)]) + " |")
     return "\n".join(lines) + "\n"

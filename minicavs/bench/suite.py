@@ -82,14 +82,26 @@ def find_peers(s: Settings) -> dict:
 
 
 def _ours(s: Settings, point: Point, repeats: int | None = None, samples: int | None = None) -> dict:
+    """minicavs at ``point`` free to use the machine, then (``per_core``) on one BLAS thread over the same
+    samples; the first run chooses the samples when ``samples`` is not given (its epoch cap)."""
     spec = {"point": point.as_dict(), "data": asdict(s.data), "repeats": repeats or s.repeats,
             "epoch_cap": s.epoch_cap, "inference": s.inference, "breakdown": s.breakdown, "options": dict(s.engine)}
-    if samples:
-        spec["samples"] = samples
-    try:
-        return run_in_child(spec, timeout=s.timeout)
-    except Exception as e:   # a failed point is reported in its row, the suite goes on
-        return {"error": f"failed: {str(e).strip().splitlines()[-1][:200]}"}
+    out = {}
+    for one_thread in (False, True):
+        if samples:
+            spec["samples"] = samples
+        try:
+            got = run_in_child(spec, timeout=s.timeout, one_thread=one_thread)
+        except Exception as e:   # a failed point is reported in its row, the suite goes on
+            got = {"error": f"failed: {str(e).strip().splitlines()[-1][:200]}"}
+        if one_thread:
+            out["per_core"] = got
+        else:
+            out.update(got)
+            samples = samples or got.get("samples")
+            if not samples:
+                break
+    return out
 
 
 def _peers_at(s: Settings, point: Point, ours: dict, labels=None, epochs: int | None = None) -> dict:
@@ -103,18 +115,25 @@ def _peers_at(s: Settings, point: Point, ours: dict, labels=None, epochs: int | 
     t = build(point, s.data)
     ours_check = peers.check_loss(t, s.check)
     n = len(t.task.data["train"])
-    # Tree-FC's inputs are large (the peer's RSS counts them): what a peer up to twice as fast as minicavs
-    # could use in an epoch; the other models' data are small ids: all of it
-    limit = min(n, max(2 * ours.get("samples", n), 2 * point.batch)) if point.model == "tree_fc" else None
+    samples = min(n, ours.get("samples") or n)   # every system times the samples minicavs was timed on
     for p in todo:
-        try:
-            r = peers.run(s.available[p.framework], p.framework, t, mode=p.mode, epochs=epochs or s.repeats,
-                          check=s.check,
-                          max_seconds=s.epoch_cap, inference=s.inference, limit=limit, timeout=s.timeout)
-            r["same_loss"] = bool(peers.same_loss(ours_check, r["check_loss"]))
-            r["ours_check_loss"] = ours_check
-        except Exception as e:
-            r = {"error": f"failed: {str(e).strip().splitlines()[-1][:200]}"}
+        r = {}
+        for threads in (None, 1):   # free to use the machine, then on one thread (per core)
+            if threads and p.framework == "dynet":   # DyNet computes on one thread either way: the same run
+                r["per_core"] = {k: v for k, v in r.items() if k != "per_core"}
+                continue
+            try:
+                got = peers.run(s.available[p.framework], p.framework, t, mode=p.mode,
+                                epochs=epochs or s.repeats, check=s.check, max_seconds=s.epoch_cap,
+                                inference=s.inference, samples=samples, threads=threads, timeout=s.timeout)
+                got["same_loss"] = bool(peers.same_loss(ours_check, got["check_loss"]))
+                got["ours_check_loss"] = ours_check
+            except Exception as e:
+                got = {"error": f"failed: {str(e).strip().splitlines()[-1][:200]}"}
+            if threads:
+                r["per_core"] = got
+            else:
+                r.update(got)
         out[p.label] = r
     return out
 
@@ -171,6 +190,8 @@ def _merge(into: dict, new: dict) -> None:
         into["same_loss"] = bool(into.get("same_loss", True)) and bool(new["same_loss"])
     if "peak_rss_mb" in new:
         into["peak_rss_mb"] = max(into.get("peak_rss_mb", 0.0), new["peak_rss_mb"])
+    if "per_core" in new:
+        _merge(into.setdefault("per_core", {}), new["per_core"])
 
 
 def run_targets(s: Settings) -> dict:
@@ -284,12 +305,16 @@ def targets_markdown(s: Settings, results: dict, machine: float) -> str:
 
 def _conditions(s: Settings, machine: tuple) -> str:
     timed = (f"medians of {s.repeats} rounds (min-max in brackets), each running every system once for one "
-             f"timed epoch, systems alternating, after a warm-up of two batches" if s.targets else
-             f"medians of {s.repeats} timed epochs (min-max in brackets) after a warm-up of two batches")
+             f"timed epoch, systems alternating" if s.targets else
+             f"medians of {s.repeats} timed epochs (min-max in brackets)")
     return (f"numpy float32 {s.gemm_n}^3 GEMM {machine[0] / 1e9:.0f} GFLOP/s at the start, "
-            f"{machine[1] / 1e9:.0f} at the end; {timed}; "
-            f"an epoch is the longest prefix of whole batches that fits {s.epoch_cap:.3g} s (cap: "
-            f"{s.cap:g} s of timed training per system and point, at least one batch); float32, Adam.\n\n")
+            f"{machine[1] / 1e9:.0f} at the end; {timed}, each process after one whole untimed warm-up epoch "
+            f"over the timed samples; every system of a point is timed on the same samples: the longest prefix "
+            f"of whole batches that minicavs' warm-up says fits {s.epoch_cap:.3g} s (cap: {s.cap:g} s of timed "
+            f"training per system and point, at least one batch); DyNet with 2048 MB of memory pools from the "
+            f"start; float32, Adam. Machine: every system free to use the machine (minicavs' BLAS and PyTorch "
+            f"on every core, DyNet on one thread, as it is built); per core: minicavs on one BLAS thread, PyTorch "
+            f"on one intra-op thread, DyNet as before.\n\n")
 
 
 def main_point(sw: dict) -> dict:
@@ -329,8 +354,8 @@ def summary_markdown(s: Settings, sw: dict, results: dict, rate: float, machine:
 
 def main_table(rows: list[dict]) -> str:
     """The summary's main table: model, system, training and inference rates, ratios, GEMM share, RSS."""
-    head = ["model", "system", "train /s", "minicavs/system", "infer /s", "minicavs/system (infer)",
-            "% GEMM", "peak RSS MB", "same loss", "time split"]
+    head = ["model", "system", "train /s", "minicavs/system", "infer /s", "minicavs/system (infer)", "threads",
+            "train /s per core", "minicavs/system per core", "% GEMM", "peak RSS MB", "same loss", "time split"]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for r in rows:
         split = ""
@@ -349,7 +374,9 @@ def main_table(rows: list[dict]) -> str:
                                                                         r["train_max"]),
             "" if r["system"] == report.MINICAVS else report._x(r["ratio_train"]),
             report.fmt_rate(r["infer_median"], r["infer_min"], r["infer_max"]),
-            "" if r["system"] == report.MINICAVS else report._x(r["ratio_infer"]),
+            "" if r["system"] == report.MINICAVS else report._x(r["ratio_infer"]), report.threads_cell(r),
+            report.fmt_rate(r["core_train_median"], r["core_train_min"], r["core_train_max"]),
+            "" if r["system"] == report.MINICAVS else report._x(r["core_ratio_train"]),
             report._pct(r["gemm_fraction"]),
             "" if rss is None or (isinstance(rss, float) and math.isnan(rss)) else f"{rss:.0f}", same, split])
             + " |")
