@@ -157,7 +157,7 @@ class _Reader:
         word, _, values = body.partition(b" ")
         if values.count(b" ") != self.dim - 1 or not values:
             word, values = self._spaced_word(body, lineno)
-        if values.translate(None, _NUMBER_CHARS):
+        if values.translate(None, _NUMBER_CHARS) or b"  " in values:
             raise self._bad_value(values, lineno)
         try:
             i = self.index.get(word.decode("utf-8"))
@@ -194,6 +194,8 @@ class _Reader:
     def _bad_value(self, values: bytes, lineno: int) -> DataError:
         """The error naming a line's first value that is not a finite number of the table's dtype."""
         for k, text in enumerate(values.split(b" "), 1):
+            if not text:
+                return DataError(f"{self.path}:{lineno}: value {k} is empty (values are separated by single spaces)")
             try:
                 v = float(text)
             except ValueError:
@@ -209,7 +211,8 @@ class _Reader:
 
 
 def _numeric(field: bytes) -> bool:
-    return bool(field) and not field.translate(None, _NUMBER_CHARS)
+    """Whether a field reads as a number (number characters, a digit among them: '...' is a word)."""
+    return not field.translate(None, _NUMBER_CHARS) and any(c in b"0123456789" for c in field)
 
 
 def _header(raw: bytes) -> tuple[int, int] | None:
