@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from minicavs.backend import to_host
 from minicavs.config import ConfigError
 from tests.models.test_models import TINY, trainer
 
@@ -100,3 +101,19 @@ def test_a_null_embed_takes_the_files_dimension(name, tmp_path):
         trainer(name, tmp_path, f"model.pretrained={tmp_path / 'v.txt'}")
     with pytest.raises(ConfigError, match="model.embed is null, which takes the dimension from model.pretrained"):
         trainer(name, tmp_path, "model.embed=null")
+
+
+def test_a_frozen_table_on_the_emulated_device(cuda_standin, tmp_path):
+    """On the device too: no slot for the frozen table, which stays bit-identical; the other parameters
+    train as on the CPU."""
+    write_vectors(tmp_path / "v.txt", trainer("tree_lstm", tmp_path / "plain").task.vocabulary[::2], 6)
+    sets = [f"model.pretrained={tmp_path / 'v.txt'}", "model.freeze_embeddings=true", "train.dtype=float64"]
+    cpu, dev = trainer("tree_lstm", tmp_path / "cpu", *sets), trainer("tree_lstm", tmp_path, *sets, "train.device=cuda")
+    assert dev.device.name == "cuda" and "E" not in dev.optimizer.state
+    before = cpu.params["E"].value.copy()
+    for step in range(3):
+        for t in (cpu, dev):
+            t.train_step(np.arange(8 * step, 8 * step + 8))
+    assert to_host(dev.params["E"].value).tobytes() == before.tobytes()
+    for name, p in cpu.params.items():
+        np.testing.assert_allclose(to_host(dev.params[name].value), p.value, rtol=1e-10, atol=1e-10)
