@@ -48,6 +48,7 @@ def test_cli_train_then_resume_eval_and_predict_without_the_file(tmp_path, capsy
     sets = ["--set", "model.pretrained=vectors.txt", "--set", f"model.freeze_embeddings={str(freeze).lower()}"]
     assert main(["train", str(cfg), "--run-dir", str(run), "--no-progress", *sets]) == 0
     out = capsys.readouterr().out
+    assert out.startswith(f"reading pretrained vectors from {tmp_path / 'vectors.txt'} ...\ntraining tree_lstm")
     found = len(vocab[::2])
     assert f"pretrained: {found} of {len(vocab)} words found ({100 * found / len(vocab):.1f}%) in " \
            f"{tmp_path / 'vectors.txt'} (glove, 8-d); table E {'frozen' if freeze else 'trained'}" in out

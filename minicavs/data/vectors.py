@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 import numpy as np
 
 from ..errors import DataError
+from ..onetime import one_time
 
 if TYPE_CHECKING:   # (only for the hints: minicavs.config reads FORMATS without importing the engine)
     from ..nn import Parameter, ParameterSet
@@ -291,7 +292,8 @@ def embedding_table(params: ParameterSet, name: str, vocabulary: Sequence[str], 
             raise ValueError(f"{dim_key} = {dim}, but model.pretrained {path} holds {found}-dimensional vectors "
                              f"({where}); {fix}")
 
-    vectors = read_vectors(path, vocabulary, fmt, tc["dtype"], check_dim)
+    with one_time(f"reading pretrained vectors from {path}"):   # (announced: a large file takes a while)
+        vectors = read_vectors(path, vocabulary, fmt, tc["dtype"], check_dim)
     p = table(vectors.dim)
     p.value[vectors.found, :vectors.dim] = vectors.rows[vectors.found]
     p.source = vectors.record()

@@ -255,3 +255,23 @@ def test_the_keys_and_formats():
     assert KEYS == {"pretrained": None, "pretrained_format": "auto", "freeze_embeddings": False}
     assert FORMATS == ("auto", "glove", "word2vec-text", "fasttext-vec")
     assert isinstance(Parameter("x", (1,)).trainable, bool)
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_memory_is_bounded_by_the_vocabulary_not_the_file(tmp_path, gz):
+    """A 6 MB file read for 10 words: the reader's peak allocation stays far below the file's size (it
+    streams lines and keeps the vocabulary's rows only)."""
+    import tracemalloc
+    rng = np.random.default_rng(0)
+    pool = [" ".join(f"{x:.6f}" for x in rng.standard_normal(300)) for _ in range(50)]
+    lines = [f"w{i} {pool[i % 50]}" for i in range(2000)]
+    path = write(tmp_path / ("big.txt" + (".gz" if gz else "")), lines)
+    vocab = [f"w{i}" for i in range(0, 2000, 200)]
+    tracemalloc.start()
+    try:
+        got = read_vectors(path, vocab)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert got.found.all() and got.lines == 2000
+    assert sum(map(len, lines)) > 5_000_000 and peak < 1_000_000
