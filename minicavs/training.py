@@ -18,8 +18,9 @@ written after each epoch therefore holds all the "RNG state" there is (seed, epo
 early-stopping state, and ``--resume`` continues exactly where an uninterrupted run would be.
 
 Checkpoints written by the trainer record, besides parameters and optimizer state (``extra``, run format
-:data:`RUN_FORMAT`): the resolved config, the vocabulary, the epoch, the early-stopping state and every
-epoch's metrics, so ``minicavs eval RUN_DIR`` and ``--resume`` rebuild the model from the checkpoint alone
+:data:`RUN_FORMAT`): the resolved config, the vocabulary, the epoch, the early-stopping state, every
+epoch's metrics and where pretrained embedding rows came from (``pretrained``: path and sha256), so
+``minicavs eval RUN_DIR`` and ``--resume`` rebuild the model from the checkpoint alone (no vector file is read)
 and refuse data whose vocabulary differs, and a checkpoint found in a run dir must hold the model of that run
 (its config.yaml, its last.npz): a file copied from another run is refused, as are NaN or infinite values
 (:func:`checkpoint.read`). Every refusal comes before anything is written, the run dir's lock included.
