@@ -116,6 +116,7 @@ def test_a_frozen_parameter_gets_no_gradient_in_f_or_outside_it():
         return p, Model(s, loss=ops.sum(s.pushed("h")))
 
     from minicavs.sparse import densify
+    from minicavs.testing import check_model_grads
 
     graphs = [InputGraph([[], [], [0, 1]])]
     feeds = {"words": np.array([1, 3])}
@@ -129,4 +130,5 @@ def test_a_frozen_parameter_gets_no_gradient_in_f_or_outside_it():
         assert set(grads) == {"E", "W", "U"} - frozen
         for name in grads:   # the other parameters' gradients are what they are without freezing
             np.testing.assert_array_equal(densify(np, grads[name]), densify(np, full[name]))
+        assert set(check_model_grads(model, graphs, feeds, p)) == {"E", "W", "U"} - frozen
     assert repr(build({"E"})[0]["E"]) == "Parameter('E', (5, 3), float64, frozen)"
