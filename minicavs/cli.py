@@ -72,16 +72,21 @@ def _run_dir_of(target: str, run_dir: str | None) -> Path:
 
 
 def _train(args: argparse.Namespace) -> int:
+    from . import onetime
+    from .distributed import world
     from .training import Trainer
     if args.epochs is not None and args.epochs < 1:
         raise ConfigError(f"--epochs {args.epochs}: must be an integer >= 1")
-    if args.resume:   # a config named as well must describe the run (its model, what is trained)
-        named = None if _is_dir(args.config) else args.config
-        trainer = Trainer.resuming(_run_dir_of(args.config, args.run_dir), args.overrides, config=named)
-    else:
-        if _is_dir(args.config):
-            raise ConfigError(f"{args.config} is a directory: give a config to start a run, or --resume it")
-        trainer = Trainer(args.config, args.overrides, _run_dir_of(args.config, args.run_dir))
+    comm = world()
+    # one-time work while the model is built (reading pretrained vectors) is said as it starts, by rank 0
+    with onetime.announcing(print if comm is None or comm.rank == 0 else lambda _: None):
+        if args.resume:   # a config named as well must describe the run (its model, what is trained)
+            named = None if _is_dir(args.config) else args.config
+            trainer = Trainer.resuming(_run_dir_of(args.config, args.run_dir), args.overrides, config=named)
+        else:
+            if _is_dir(args.config):
+                raise ConfigError(f"{args.config} is a directory: give a config to start a run, or --resume it")
+            trainer = Trainer(args.config, args.overrides, _run_dir_of(args.config, args.run_dir))
     trainer.words = CLI   # advice in what it prints names flags
     trainer.fit(args.epochs, resume=args.resume, progress=not args.no_progress, force=args.force)
     trainer.final_results()

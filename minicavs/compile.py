@@ -19,6 +19,7 @@ from .cpu import CPU
 from .graph import Graph, Node, consumers
 from .ops import input as input_node
 from .ops.registry import OPS
+from .ops.sources import trainable
 from .passes import alias, gemm
 from .passes.classify import EAGER, LAZY, classify
 from .passes.fusion import FusedGroup, broadcast_kind, fuse, fusible
@@ -206,7 +207,7 @@ class CompiledFunction:
         self.ct = {o: input_node(o.shape, o.dtype, name=f"d{o.name}") for o in outs}
         wrt_leaves = list(self.gathers.values()) + [p for name, p in self.pulls.items() if p.dtype.is_float
                                                     and (pull_grads is None or name in pull_grads)]
-        params = [p for p in g.params if p.dtype.is_float]
+        params = [p for p in g.params if trainable(p)]   # a frozen parameter gets no gradient
         grads = grad(outs, wrt_leaves + params, [self.ct[o] for o in outs], zeros=False)
         self.leaf_grads = {leaf: gn for leaf, gn in zip(wrt_leaves, grads) if gn is not None}
         self.param_grads = {p.name: gn for p, gn in zip(params, grads[len(wrt_leaves):]) if gn is not None}

@@ -11,7 +11,8 @@ key), wrong types, nulls where a value is needed, and values out of range or not
 
 Numbers follow YAML 1.2 (``1e-3`` is a float; ``010`` is ten), in files and in ``--set`` values alike.
 
-Data paths (``data.train``, ``data.dev``, ``data.test``) written in a config file are relative to that
+Data paths (``data.train``, ``data.dev``, ``data.test``, and ``model.pretrained``: a file of pretrained word
+vectors) written in a config file are relative to that
 file's directory; paths given with ``--set`` are relative to the current directory, like any other
 command-line path. Both become absolute in the resolved config, which a run records in its
 ``config.yaml`` and its checkpoints.
@@ -32,6 +33,7 @@ from typing import Any, Sequence
 
 import yaml
 
+from .data.vectors import FORMATS as VECTOR_FORMATS
 from .errors import MinicavsError
 
 
@@ -130,10 +132,38 @@ class Choice:
         return (value.lower() if self.fold_case else value) in self.options
 
 
+@dataclass(frozen=True)
+class Text:
+    """A non-empty string (a file path, a name): for a key whose default is null, which no type check covers."""
+
+    def describe(self) -> str:
+        return "a non-empty string"
+
+    def ok(self, value) -> bool:
+        return isinstance(value, str) and value != ""
+
+
+@dataclass(frozen=True)
+class Nullable:
+    """``rule``, or null, which means ``meaning``: a key a model lets its user leave unset (``model.embed:
+    null`` takes the dimension from the pretrained vectors). Other keys refuse null where the default is not."""
+
+    rule: Any
+    meaning: str
+
+    def describe(self) -> str:
+        return f"{self.rule.describe()}, or null ({self.meaning})"
+
+    def ok(self, value) -> bool:
+        return value is None or self.rule.ok(value)
+
+
 def at_least(lo, integer: bool = True) -> Range:
     return Range(lo=lo, integer=integer)
 
 
+# the rules of the pretrained-vector keys (minicavs.data.vectors.KEYS) of a model with an embedding table
+PRETRAINED_RULES = {"pretrained": Text(), "pretrained_format": Choice(VECTOR_FORMATS)}
 POSITIVE = Range(lo=0, lo_open=True)
 NON_NEGATIVE = Range(lo=0)
 PROBABILITY = Range(lo=0, hi=1, hi_open=True)   # dropout rates, held-out fractions
@@ -169,6 +199,7 @@ def _train_rules() -> dict:
 
 DATA_DEFAULTS: dict[str, Any] = {"train": None, "dev": None, "test": None}
 DATA_PATH_KEYS = ("train", "dev", "test")   # a file path, 'synthetic' (generated data) or null
+MODEL_PATH_KEYS = ("pretrained",)   # model keys that name a file (pretrained vectors): resolved as data paths
 SYNTHETIC = "synthetic"
 SECTIONS = ("model", "data", "train")
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -270,7 +301,8 @@ def _check_values(cfg: dict, defaults: dict, rules: dict, nullable: set) -> None
         for k, v in node.items():
             key = prefix + (k,)
             d = dflt.get(k) if isinstance(dflt, dict) else None
-            if v is None and d is not None and key not in nullable:
+            if v is None and d is not None and key not in nullable and not isinstance(
+                    rules.get(key[0], {}).get(".".join(key[1:])), Nullable):
                 raise ConfigError(f"{'.'.join(key)}: null is not allowed; "
                                   f"{_expected(rules, key) or f'default {d!r}'}")
             if isinstance(v, dict):
@@ -337,12 +369,14 @@ def parse_override(item: str) -> tuple[list[str], Any]:
         raise ConfigError(f"--set {item!r}: not a YAML value ({e})") from None
 
 
-def _resolve_paths(data: dict, base: Path) -> None:
-    for k in DATA_PATH_KEYS:
-        v = data.get(k)
-        if isinstance(v, str) and v != SYNTHETIC:
+def _resolve_paths(section: dict, base: Path, keys: tuple = DATA_PATH_KEYS) -> None:
+    """Make the file paths of ``section``'s ``keys`` absolute ($MINICAVS_DATA and ~ expanded, relative to
+    ``base``); 'synthetic' and null stay as they are."""
+    for k in keys:
+        v = section.get(k)
+        if isinstance(v, str) and v and v != SYNTHETIC:
             v = _DATA_ROOT_PREFIX.sub(lambda _: str(data_root()), v)   # a function: used verbatim
-            data[k] = str((base / os.path.expanduser(v)).resolve())
+            section[k] = str((base / os.path.expanduser(v)).resolve())
 
 
 def load_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> dict:
@@ -371,6 +405,8 @@ def resolve(raw: dict, source: str | os.PathLike, overrides: Sequence[str] = (),
             raise ConfigError(f"{source}: section '{k}' must be a mapping, got {raw[k]!r}")
     if isinstance(raw.get("data"), dict):
         _resolve_paths(raw["data"], base)
+    if isinstance(raw.get("model"), dict):
+        _resolve_paths(raw["model"], base, MODEL_PATH_KEYS)
     overridden = []
     try:
         for item in overrides:
@@ -388,6 +424,8 @@ def resolve(raw: dict, source: str | os.PathLike, overrides: Sequence[str] = (),
             node[keys[-1]] = value
             if keys[0] == "data" and len(keys) == 2:
                 _resolve_paths(raw["data"], Path.cwd())   # command-line paths: relative to where you are
+            if keys[0] == "model" and len(keys) == 2:
+                _resolve_paths(raw["model"], Path.cwd(), MODEL_PATH_KEYS)
             overridden.append(".".join(keys))
         return _resolved(raw, source, base)
     except ConfigError as e:

@@ -35,6 +35,7 @@ from .memory import Workspace, plan_memory
 from .ops import input as input_node
 from .ops import ones_like
 from .ops.registry import OPS
+from .ops.sources import trainable
 from .passes import alias
 from .scheduler import AgendaPolicy, CavsPolicy, FsmPolicy, GreedyPolicy, depends_on_batch_only, get_policy
 from .sparse import add_all
@@ -146,7 +147,7 @@ class Structure:
         # A pull needs a gradient only if its source depends on a parameter or on another structure's
         # pushes; a pull of plain data does not.
         self.pull_grads = {name for name, src in self.pulls.items() if src.dtype.is_float and any(
-            (n.op == "param" and n.dtype.is_float) or n in _PUSHED for n in Graph([src]).nodes)}
+            trainable(n) or n in _PUSHED for n in Graph([src]).nodes)}   # (a frozen table needs none)
         self.compiled = {k: CompiledFunction(f, self.pull_grads) for k, f in self.functions.items()}
         self._spec = False   # the native planner's view of the structure, made on first use
         # Whether a run reads the plan's row keys (dropout's: sample id << 32 | vertex id): only an op that
@@ -400,7 +401,7 @@ class Model:
         outs = [self.loss] + [node for _, _, node in pulls]
         cts = [ones_like(self.loss)] + [self.pull_ct[(s.name, name)] for s, name, _ in pulls]
         pushed = [(s, name, node) for s in self.structures for name, node in s._pushed.items()]
-        params = sorted((n for n in self.static_nodes if n.op == "param" and n.dtype.is_float),
+        params = sorted((n for n in self.static_nodes if trainable(n)),   # frozen parameters: no gradient
                         key=lambda n: n.name)
         grads = grad(outs, [node for _, _, node in pushed] + params, cts, zeros=False)
         self.push_grad = {(s.name, name): g for (s, name, _), g in zip(pushed, grads)}

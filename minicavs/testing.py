@@ -13,6 +13,7 @@ from .autodiff import grad
 from .executor import Executor, RunContext
 from .graph import Graph, Node
 from .ops import input as input_node
+from .ops.sources import trainable
 from .sparse import densify
 
 
@@ -107,7 +108,7 @@ def check_model_grads(model, graphs, feeds, params: Mapping[str, np.ndarray], *,
                       ctx: RunContext | None = None) -> dict:
     """Finite differences through a whole model (vertex functions + input graphs + static graphs).
 
-    Perturbs every float parameter along ``directions`` random directions (float64 values required) and
+    Perturbs every float parameter (but frozen ones) along ``directions`` random directions (float64 values required) and
     compares the central difference of the loss with the gradient the model returns. ``eps`` is larger than
     for single ops: a model's loss sums many terms, and rounding error grows as |loss| * 1e-16 / eps while
     the truncation error shrinks only as eps**2. Returns the largest
@@ -125,8 +126,8 @@ def check_model_grads(model, graphs, feeds, params: Mapping[str, np.ndarray], *,
     grads = model.forward_backward(graphs, feeds, params, fresh()).grads
     report = {}
     for name, x in params.items():
-        if x.dtype.kind != "f" or name not in model.param_nodes:
-            continue
+        if x.dtype.kind != "f" or name not in model.param_nodes or not trainable(model.param_nodes[name]):
+            continue   # (a frozen parameter has no gradient to check)
         g = densify(np, grads[name]) if name in grads else np.zeros_like(x)
         fds, gds = [], []
         for _ in range(directions):

@@ -18,8 +18,9 @@ written after each epoch therefore holds all the "RNG state" there is (seed, epo
 early-stopping state, and ``--resume`` continues exactly where an uninterrupted run would be.
 
 Checkpoints written by the trainer record, besides parameters and optimizer state (``extra``, run format
-:data:`RUN_FORMAT`): the resolved config, the vocabulary, the epoch, the early-stopping state and every
-epoch's metrics, so ``minicavs eval RUN_DIR`` and ``--resume`` rebuild the model from the checkpoint alone
+:data:`RUN_FORMAT`): the resolved config, the vocabulary, the epoch, the early-stopping state, every
+epoch's metrics and where pretrained embedding rows came from (``pretrained``: path and sha256), so
+``minicavs eval RUN_DIR`` and ``--resume`` rebuild the model from the checkpoint alone (no vector file is read)
 and refuse data whose vocabulary differs, and a checkpoint found in a run dir must hold the model of that run
 (its config.yaml, its last.npz): a file copied from another run is refused, as are NaN or infinite values
 (:func:`checkpoint.read`). Every refusal comes before anything is written, the run dir's lock included.
@@ -45,6 +46,7 @@ import numpy as np
 import yaml
 
 from . import checkpoint, distributed, onetime, wording
+from .data import vectors
 from .config import (ConfigError, differences, dump, load_config, load_model_module, parse_yaml, recorded,
                      resolve)
 from .cpu.heap import keep_freed_memory
@@ -77,8 +79,12 @@ class Trainer:
     that is missing, empty or undecodable, the early-stopping metric) and writes nothing."""
 
     def __init__(self, config: dict | str | os.PathLike, overrides: Sequence[str] = (),
-                 run_dir: str | os.PathLike | None = None, comm: "distributed.Communicator | None" = None):
-        """``comm``: train data-parallel over its ranks (default: the MPI job's, when started by mpirun)."""
+                 run_dir: str | os.PathLike | None = None, comm: "distributed.Communicator | None" = None,
+                 restoring: dict | None = None):
+        """``comm``: train data-parallel over its ranks (default: the MPI job's, when started by mpirun).
+        ``restoring``: the ``extra`` of the checkpoint every parameter will be loaded from (eval, predict,
+        ``--resume``): the model is built without reading files that only initialise parameters
+        (``model.pretrained``'s vectors: the checkpoint holds the rows)."""
         self.cfg = config if isinstance(config, dict) else load_config(config, overrides)
         try:
             self.device = check_device(self.cfg["train"]["device"], self.cfg["train"]["deterministic"])
@@ -90,7 +96,7 @@ class Trainer:
             raise ConfigError(f"{self.cfg['config_path']}: train.policy: {e}") from None
         module = load_model_module(self.cfg["model"]["name"], Path(self.cfg["config_path"]).resolve().parent)
         try:
-            self.task = module.build(self.cfg)
+            self.task = module.build(self.cfg if restoring is None else {**self.cfg, "restoring": restoring})
         except MinicavsError:
             raise
         except ValueError as e:  # a model's check of its config values (model.variant, an initializer, ...)
@@ -110,7 +116,8 @@ class Trainer:
         tc = self.cfg["train"]
         kw = dict(lr=tc["lr"], weight_decay=tc["weight_decay"], clip_norm=tc["clip_norm"],
                   sparse_updates=tc["sparse_updates"])
-        self.optimizer = make_optimizer(tc["optimizer"], self.params.values(), **kw)
+        # a frozen parameter (model.freeze_embeddings) has no gradient and no optimizer slot
+        self.optimizer = make_optimizer(tc["optimizer"], self.params.trainable(), **kw)
         self.seed = int(tc["seed"])
         self.epoch = 0
         self.history: list[dict] = []
@@ -142,7 +149,7 @@ class Trainer:
         Everything is checked before anything is written."""
         run = RunDir(run_dir)
         comm = distributed.world()   # under MPI rank 0 reads the run dir (it need not be shared)
-        stored, where = on_root(comm, lambda: _run_record(run))
+        stored, where, extra = on_root(comm, lambda: _run_record(run))
         run_cfg = resolve(stored, run.config)
         cfg = resolve(stored, run.config, overrides)
         if config is not None:
@@ -163,7 +170,7 @@ class Trainer:
             raise wording.error(ConfigError, f"{{resuming}} continues the recorded run of {run.path}; it cannot "
                                 "change " + ", ".join(f"{k} ({a!r}, the run has {b!r})" for k, a, b in changed)
                                 + ": start a new run ({new_run_dir}) for that")
-        return cls(cfg, run_dir=run.path)
+        return cls(cfg, run_dir=run.path, restoring=extra)
 
     @classmethod
     def for_target(cls, target: str | os.PathLike, checkpoint: str | os.PathLike | None = None,
@@ -195,7 +202,7 @@ class Trainer:
                 raise wording.error(CheckpointError, f"checkpoint file {path} was written by an older minicavs and "
                                     "does not record its config: give it, e.g. {alt[minicavs eval CONFIG --checkpoint "
                                     f"{path}|Trainer.for_checkpoint({str(path)!r}, CONFIG)]}}")
-            trainer = cls(config, overrides)
+            trainer = cls(config, overrides, restoring=ck.extra or {})
         else:
             source = Path(path).with_name("config.yaml")
             cfg = resolve(stored, source)
@@ -213,7 +220,7 @@ class Trainer:
                     log(f"note: using the checkpoint's {key} = {theirs!r} ({config} says {ours!r})")
                 _take(cfg, given, EVAL_FROM_CONFIG)
                 cfg = resolve(recorded(cfg), source)
-            trainer = cls(cfg)
+            trainer = cls(cfg, restoring=ck.extra or {})
         trainer.load(path, optimizer=False, ck=ck)
         return trainer
 
@@ -396,9 +403,14 @@ class Trainer:
             self._on_root(lambda: self.run.start(self._config_text(), force or resume))
             if self.parallel:
                 self.parallel.sync_state()   # every rank starts from rank 0's parameters (and checks it)
+            frozen = sum(p.value.size for p in self.params.values() if not p.trainable)
             log(f"training {Path(self.cfg['model']['name']).stem} ({sum(p.value.size for p in self.params.values()):,}"
-                f" parameters) on {len(self.task.data['train']):,} samples; run dir {self.run.path}"
-                + (f"; {self.parallel.comm.size} ranks" if self.parallel else "") + self.device_note())
+                f" parameters{f', {frozen:,} of them frozen' if frozen else ''}) on {len(self.task.data['train']):,}"
+                f" samples; run dir {self.run.path}" + (f"; {self.parallel.comm.size} ranks" if self.parallel else "")
+                + self.device_note())
+            for name, p in self.params.items():
+                if p.source is not None:
+                    log(vectors.describe(name, p.source, frozen=not p.trainable))
         if self.prepare_policy():   # a new FSM: learned before the first step, kept beside the run's files
             self._on_root(lambda: self.run.write_fsm(self.policy.to_json()))
         rows = []
@@ -466,7 +478,7 @@ class Trainer:
 
     def _check_started_config(self) -> None:
         """A run started over (no checkpoint yet) must be the one its config.yaml records."""
-        raw, _ = _run_record(self.run)
+        raw, _, _ = _run_record(self.run)
         changed = [d for d in differences(recorded(self.cfg), recorded(resolve(raw, self.run.config)))
                    if not _may_change_on_resume(d[0])]
         if changed:
@@ -556,6 +568,9 @@ class Trainer:
                  "rng": {"seed": self.seed, "epoch": self.epoch, "step": self.optimizer.steps},
                  "early_stopping": dict(self.early), "config": recorded(self.cfg),
                  "vocab": self.task.vocabulary, "history": self.history}
+        sources = {name: p.source for name, p in self.params.items() if p.source is not None}
+        if sources:   # where pretrained rows came from: eval and --resume take them from here, not the file
+            extra["pretrained"] = sources
         if isinstance(self.policy, FsmPolicy) and self.policy.learned:
             extra["policy"] = self.policy.to_json()   # resume and eval schedule with the same FSM
         checkpoint.save(path, self.params, self.optimizer, self.optimizer.steps, extra=extra)
@@ -680,19 +695,20 @@ def _may_change_on_resume(key: str) -> bool:
     return key.startswith(RESUME_MAY_CHANGE)
 
 
-def _run_record(run: RunDir) -> tuple[dict, str]:
-    """(the recorded config a resumed run continues, where it is recorded): last.npz's, which must hold
-    the model config.yaml names; or config.yaml's for a run stopped before its first checkpoint."""
+def _run_record(run: RunDir) -> tuple[dict, str, dict | None]:
+    """(the recorded config a resumed run continues, where it is recorded, the checkpoint's extra or None):
+    last.npz's, which must hold the model config.yaml names; or config.yaml's for a run stopped before its
+    first checkpoint."""
     last = run.resumable()
     if last is None:
         raw = _config_yaml(run)
         if raw is None:
             raise RunDirError(f"cannot resume: run dir {run.path} holds no checkpoint and its config.yaml "
                               "cannot be read as a config")
-        return raw, "config.yaml"
+        return raw, "config.yaml", None
     stored = _recorded_config(last, "resume it")
     _check_run_model(last, run)
-    return stored, "last.npz"
+    return stored, "last.npz", last.extra
 
 
 def _config_yaml(run: RunDir) -> dict | None:

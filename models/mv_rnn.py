@@ -11,7 +11,9 @@ Internal vertex, children (a, A) left and (b, B) right:
     P = W_M·[A; B]                        W_M (H, 2H), [A; B] the two matrices stacked (2H, H)
 Every vertex: scatter [p; vec(P)] (H + H²,); push p (dropout before the classifier); softmax(p·W_o + b_o) over
 the 5 labels at every vertex; the loss is the sum over vertices divided by the number of trees. Data,
-vocabulary and metrics as in ``tree_lstm.py``.
+vocabulary and metrics as in ``tree_lstm.py``. Pretrained word vectors (``model.pretrained``, of model.hidden
+values, as the paper's 50-d ones) fill each word's a; its M stays at the initializer, and since M is trained
+with the model the table cannot be frozen.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import numpy as np
 
 from minicavs import ops
 from minicavs.config import load_model_module
+from minicavs.data import vectors
 from minicavs.vertex import VertexFunction
 
 tree_lstm = load_model_module("tree_lstm", Path(__file__).resolve().parent)
@@ -63,6 +66,12 @@ class MVRNN(tree_lstm.TreeLSTM):
     def __init__(self, cfg: dict):
         H = cfg["model"]["hidden"]
         super().__init__({**cfg, "model": {**cfg["model"], "variant": "binary", "embed": H + H * H}})
+
+    def make_embedding(self, p, cfg: dict) -> None:
+        """E's rows are [a; vec(M)]: pretrained vectors (of model.hidden values) fill a, M stays random."""
+        H = cfg["model"]["hidden"]
+        vectors.embedding_table(p, "E", list(self.vocab), cfg, init=cfg["model"]["embed_init"], dim=H,
+                                dim_key="model.hidden", extra_columns=H * H)
 
     def make_params(self, p, m, dtype, seed) -> None:
         H = m["hidden"]

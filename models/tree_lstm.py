@@ -19,7 +19,8 @@ from itertools import chain, repeat
 import numpy as np
 
 from minicavs import ops
-from minicavs.config import Choice, PROBABILITY, at_least
+from minicavs.config import PRETRAINED_RULES, Choice, Nullable, PROBABILITY, at_least
+from minicavs.data import vectors
 from minicavs.data.datasets import require_file
 from minicavs.data.sst import parse_any_tree, read_sst
 from minicavs.data.synthetic import synthetic_treebank
@@ -33,12 +34,13 @@ from minicavs.vertex import VertexFunction
 
 NAME = "tree_lstm"
 DEFAULTS = {"embed": 300, "hidden": 150, "classes": 5, "variant": "binary", "dropout": 0.5,
-            "embed_init": "uniform(0.1)"}
+            "embed_init": "uniform(0.1)", **vectors.KEYS}   # pretrained, pretrained_format, freeze_embeddings
 DATA_DEFAULTS = {"train": "synthetic", "dev": "synthetic", "test": "synthetic", "limit": 0,
                  "synthetic": {"train": 3000, "dev": 500, "test": 500, "seed": 7, "vocab": 1000}}
 TRAIN_DEFAULTS = {"optimizer": "adagrad", "lr": 0.05, "weight_decay": 1e-4, "batch_size": 25}
-RULES = {"embed": at_least(1), "hidden": at_least(1), "classes": at_least(2),
-         "variant": Choice(("binary", "child_sum")), "dropout": PROBABILITY}
+RULES = {"embed": Nullable(at_least(1), "the dimension of model.pretrained's vectors"), "hidden": at_least(1),
+         "classes": at_least(2), "variant": Choice(("binary", "child_sum")), "dropout": PROBABILITY,
+         **PRETRAINED_RULES}
 DATA_RULES = {"limit": at_least(0), "synthetic.train": at_least(1), "synthetic.dev": at_least(1),
               "synthetic.test": at_least(1), "synthetic.seed": at_least(0), "synthetic.vocab": at_least(3)}
 UNK = "<unk>"
@@ -113,9 +115,10 @@ class TreeLSTM(Task):
         root_labels = np.array([t.labels[t.root] for t in self.data["train"]])
         self.majority = int(np.bincount(root_labels).argmax())  # the baseline accuracy is reported
         self.samples = {}
-        H, D, C, dtype, seed = m["hidden"], m["embed"], m["classes"], tc["dtype"], tc["seed"]
+        H, C, dtype, seed = m["hidden"], m["classes"], tc["dtype"], tc["seed"]
         p = self.params = ParameterSet()
-        p.new("E", (len(self.vocab), D), init=m["embed_init"], dtype=dtype, rng=seed)
+        self.make_embedding(p, cfg)
+        m = {**m, "embed": p["E"].shape[1]}   # (model.embed: null takes the vectors' dimension)
         self.make_params(p, m, dtype, seed)
         p.new("W_o", (H, C), dtype=dtype, rng=seed)
         p.new("b_o", (C,), init="zeros", dtype=dtype, rng=seed)
@@ -137,6 +140,11 @@ class TreeLSTM(Task):
     def unknown_words(self, split: str) -> tuple[int, int]:
         words = [w for t in self.data.get(split, ()) for w, ch in zip(t.words, t.children) if not ch]
         return sum(w not in self.vocab for w in words), len(words)
+
+    def make_embedding(self, p: ParameterSet, cfg: dict) -> None:
+        """The embedding table E, from model.pretrained's vectors where the file has the word."""
+        vectors.embedding_table(p, "E", list(self.vocab), cfg, init=cfg["model"]["embed_init"],
+                                dim=cfg["model"]["embed"])
 
     def make_params(self, p: ParameterSet, m: dict, dtype, seed) -> None:
         """The vertex functions' parameters (subclasses with other cells override this and make_cells)."""

@@ -14,7 +14,8 @@ import math
 import numpy as np
 
 from minicavs import ops
-from minicavs.config import PROBABILITY, Range, at_least
+from minicavs.config import PRETRAINED_RULES, PROBABILITY, Nullable, Range, at_least
+from minicavs.data import vectors
 from minicavs.errors import DataError
 from minicavs.data.datasets import require_file
 from minicavs.data.text import EOS, Vocab, read_sentences, synthetic_corpus, unigram_perplexity
@@ -26,12 +27,12 @@ from minicavs.vertex import VertexFunction
 
 NAME = "var_lstm"
 DEFAULTS = {"embed": 128, "hidden": 256, "dropout": 0.5, "max_vocab": 0, "embed_init": "uniform(0.1)",
-            "forget_bias": 0.0}
+            "forget_bias": 0.0, **vectors.KEYS}   # pretrained, pretrained_format, freeze_embeddings
 DATA_DEFAULTS = {"train": "synthetic", "dev": "synthetic", "test": "synthetic", "dev_fraction": 0.0, "limit": 0,
                  "synthetic": {"train": 2000, "dev": 200, "test": 200, "seed": 5, "vocab": 200}}
 TRAIN_DEFAULTS = {"optimizer": "adam", "lr": 1e-3, "batch_size": 64}
-RULES = {"embed": at_least(1), "hidden": at_least(1), "dropout": PROBABILITY, "max_vocab": at_least(0),
-         "forget_bias": Range()}
+RULES = {"embed": Nullable(at_least(1), "the dimension of model.pretrained's vectors"), "hidden": at_least(1),
+         "dropout": PROBABILITY, "max_vocab": at_least(0), "forget_bias": Range(), **PRETRAINED_RULES}
 DATA_RULES = {"dev_fraction": PROBABILITY, "limit": at_least(0), "synthetic.train": at_least(1),
               "synthetic.dev": at_least(1), "synthetic.test": at_least(1), "synthetic.seed": at_least(0),
               "synthetic.vocab": at_least(1)}
@@ -71,9 +72,9 @@ class LanguageModel(Task):
         self.data = {k: self.make_samples(v) for k, v in sentences.items()}
         self.unknown = {k: (sum(w not in self.vocab.index for s in v for w in s), sum(map(len, v)))
                         for k, v in sentences.items()}   # (ids lose it: <unk> is also a word of the text)
-        V, H, D, dtype, seed = len(self.vocab), m["hidden"], m["embed"], tc["dtype"], tc["seed"]
+        V, H, dtype, seed = len(self.vocab), m["hidden"], tc["dtype"], tc["seed"]
         p = self.params = ParameterSet()
-        p.new("E", (V, D), init=m["embed_init"], dtype=dtype, rng=seed)
+        D = vectors.embedding_table(p, "E", self.vocab.words, cfg, init=m["embed_init"], dim=m["embed"]).shape[1]
         p.new("W_x", (D, 4 * H), dtype=dtype, rng=seed)
         p.new("W_h", (H, 4 * H), init="orthogonal", dtype=dtype, rng=seed)
         gates = np.zeros(4 * H)

@@ -180,3 +180,45 @@ def test_an_unknown_key_says_whether_set_or_the_file_gave_it(tmp_path, model, ke
 def test_an_unknown_section_from_set_is_refused(override):
     with pytest.raises(ConfigError, match=rf"--set '{override}': unknown config section '{override.split('.')[0]}'"):
         load_config(TREE_LSTM, [override])
+
+
+# --- the pretrained-vector keys ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("model", ["tree_lstm", "tree_gru", "tree_lstm_2type", "mv_rnn", "var_lstm", "fixed_lstm"])
+def test_models_with_a_word_table_take_the_pretrained_keys(model):
+    cfg = load_config(MODELS / f"{model}.yaml")
+    assert {k: cfg["model"][k] for k in ("pretrained", "pretrained_format", "freeze_embeddings")} == \
+        {"pretrained": None, "pretrained_format": "auto", "freeze_embeddings": False}
+    with pytest.raises(ConfigError, match=r"model.pretrained_format = 'word2vec': must be one of auto, glove, "
+                                          r"word2vec-text, fasttext-vec"):
+        load_config(MODELS / f"{model}.yaml", ["model.pretrained_format=word2vec"])
+    with pytest.raises(ConfigError, match=r"model.pretrained = 5: must be a non-empty string"):
+        load_config(MODELS / f"{model}.yaml", ["model.pretrained=5"])
+    with pytest.raises(ConfigError, match=r"model.freeze_embeddings: expected true/false"):
+        load_config(MODELS / f"{model}.yaml", ["model.freeze_embeddings=yes please"])
+
+
+def test_a_nullable_key_takes_null_and_others_still_refuse_it():
+    """model.embed: null means "the vectors' dimension"; model.hidden has no such meaning and refuses null."""
+    assert load_config(TREE_LSTM, ["model.embed=null"])["model"]["embed"] is None
+    with pytest.raises(ConfigError, match=r"model.embed = 0: must be an integer >= 1, or null \(the dimension of "
+                                          r"model.pretrained's vectors\)"):
+        load_config(TREE_LSTM, ["model.embed=0"])
+    with pytest.raises(ConfigError, match=r"model.hidden: null is not allowed"):
+        load_config(TREE_LSTM, ["model.hidden=null"])
+
+
+def test_the_vector_path_is_relative_to_the_config_file_or_to_the_cwd_with_set(tmp_path, monkeypatch):
+    (tmp_path / "conf").mkdir()
+    cfg = yaml.safe_load(TREE_LSTM.read_text())
+    cfg["model"].update(name="tree_lstm", pretrained="vecs/glove.txt.gz")
+    (tmp_path / "conf" / "c.yaml").write_text(yaml.safe_dump(cfg))
+    monkeypatch.chdir(tmp_path)
+    assert load_config("conf/c.yaml")["model"]["pretrained"] == str(tmp_path / "conf" / "vecs" / "glove.txt.gz")
+    assert load_config("conf/c.yaml", ["model.pretrained=here.vec"])["model"]["pretrained"] == \
+        str(tmp_path / "here.vec")
+    assert load_config("conf/c.yaml", ["model.hidden=3"])["model"]["pretrained"] == \
+        str(tmp_path / "conf" / "vecs" / "glove.txt.gz")     # another --set leaves the file's path as it was
+    monkeypatch.setenv("MINICAVS_DATA", str(tmp_path / "data"))
+    assert load_config(TREE_LSTM, ["model.pretrained=$MINICAVS_DATA/glove/g.txt"])["model"]["pretrained"] == \
+        str(tmp_path / "data" / "glove" / "g.txt")

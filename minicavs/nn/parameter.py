@@ -27,11 +27,15 @@ def _rng_for(name: str, rng) -> np.random.Generator:
 
 class Parameter:
     """A named trainable array. ``init`` is an initializer spec (see :mod:`minicavs.nn.init`) or an array
-    to copy; ``weight_decay=False`` opts this parameter out of the optimizer's L2 term (biases, say)."""
+    to copy; ``weight_decay=False`` opts this parameter out of the optimizer's L2 term (biases, say).
+
+    ``trainable=False`` freezes it: the model derives no gradient for it and the trainer gives it no
+    optimizer slot, so its value stays as set (pretrained embeddings kept fixed). ``source`` records where a
+    value that is not the initializer's came from (:mod:`minicavs.data.vectors` sets it; checkpoints keep it)."""
 
     def __init__(self, name: str, shape: Sequence[int], init: InitSpec | np.ndarray = "glorot_uniform",
                  dtype="float32", weight_decay: bool = True,
-                 rng: int | np.random.Generator | None = None):
+                 rng: int | np.random.Generator | None = None, trainable: bool = True):
         if not isinstance(name, str) or not name:
             raise ValueError(f"parameter name must be a non-empty string, got {name!r}")
         shape = tuple(shape)
@@ -53,15 +57,18 @@ class Parameter:
             raise ValueError(f"parameter '{name}': initial value has shape {value.shape}, "
                              f"declared {fmt_shape(shape)}")
         self.value: np.ndarray = value
-        self.node: Node = param_node(name, shape, self.dtype)
+        self.trainable = bool(trainable)
+        self.node: Node = param_node(name, shape, self.dtype, frozen=not self.trainable)
         self.weight_decay = bool(weight_decay)
+        self.source: dict | None = None
 
     @property
     def shape(self) -> tuple:
         return self.value.shape
 
     def __repr__(self) -> str:
-        return f"Parameter({self.name!r}, {fmt_shape(self.shape)}, {self.dtype.name})"
+        frozen = "" if self.trainable else ", frozen"
+        return f"Parameter({self.name!r}, {fmt_shape(self.shape)}, {self.dtype.name}{frozen})"
 
 
 class ParameterSet(Mapping):
@@ -97,6 +104,10 @@ class ParameterSet(Mapping):
 
     def __len__(self) -> int:
         return len(self._params)
+
+    def trainable(self) -> list[Parameter]:
+        """The parameters an optimizer updates (frozen ones left out), in order."""
+        return [p for p in self._params.values() if p.trainable]
 
     @property
     def nodes(self) -> list[Node]:

@@ -59,9 +59,21 @@ def input(shape: Sequence, dtype=float32, name: str | None = None) -> Node:
     return make_node("input", (), {"shape": shape, "dtype": dtype}, name=name)
 
 
-def param_node(name: str, shape: Sequence, dtype=float32) -> Node:
-    """The symbolic handle of a parameter; its value is looked up by ``name`` when the graph runs."""
-    return make_node("param", (), {"shape": tuple(shape), "dtype": as_dtype(dtype)}, name=name)
+def param_node(name: str, shape: Sequence, dtype=float32, frozen: bool = False) -> Node:
+    """The symbolic handle of a parameter; its value is looked up by ``name`` when the graph runs.
+    ``frozen``: a parameter that is not trained (pretrained embeddings kept fixed), so no gradient is
+    derived for it (see :func:`trainable`)."""
+    attrs = {"shape": tuple(shape), "dtype": as_dtype(dtype)}
+    if frozen:   # (only then: the attrs of every other parameter stay what they were)
+        attrs["frozen"] = True
+    return make_node("param", (), attrs, name=name)
+
+
+def trainable(node: Node) -> bool:
+    """Whether gradients are wanted for ``node``: a float parameter that is not frozen. The model and the
+    compiled vertex functions differentiate with respect to these only, so a frozen parameter costs no
+    gradient computation (nor does a pull that only a frozen parameter feeds)."""
+    return node.op == "param" and node.dtype.is_float and not node.attrs.get("frozen", False)
 
 
 def constant(value, dtype=None) -> Node:
@@ -84,4 +96,4 @@ def ones_like(x: Node) -> Node:
     return make_node("ones_like", (x,))
 
 
-__all__ = ["input", "param_node", "constant", "as_node", "zeros_like", "ones_like"]
+__all__ = ["input", "param_node", "trainable", "constant", "as_node", "zeros_like", "ones_like"]

@@ -88,3 +88,47 @@ def test_parameter_set_feeds_the_executor():
     np.testing.assert_array_equal(ex.run({x: xv}, ps)[0], [[-7.5, -7.5], [10.5, 16.5]])
     with pytest.raises(FeedError, match="'b'"):
         ex.run({x: xv}, ParameterSet([w]))
+
+
+def test_a_frozen_parameter_gets_no_gradient_in_f_or_outside_it():
+    """trainable=False marks the parameter's node frozen: the model derives no gradient for it, whether a
+    vertex function reads it (W) or a static pull does (the table E), and the pull needs none either."""
+    from minicavs import InputGraph, Model, Structure, VertexFunction, leaf_internal
+
+    def build(frozen: set):
+        p = ParameterSet()
+        p.new("E", (5, 3), init="uniform(0.5)", dtype="float64", rng=1, trainable="E" not in frozen)
+        p.new("W", (3, 2), dtype="float64", rng=1, trainable="W" not in frozen)
+        p.new("U", (4, 2), dtype="float64", rng=1)
+        leaf = VertexFunction("leaf", message=(2,), dtype="float64")
+        with leaf:
+            h = ops.tanh(leaf.pull((3,), "x") @ p["W"].node)
+            leaf.scatter(h)
+            leaf.push(h)
+        internal = VertexFunction("internal", arity=2, message=(2,), dtype="float64")
+        with internal:
+            h = ops.tanh(ops.concat([internal.gather(0), internal.gather(1)]) @ p["U"].node)
+            internal.scatter(h)
+            internal.push(h)
+        words = ops.input((None,), "int64", name="words")
+        s = Structure({"leaf": leaf, "internal": internal}, pulls={"x": ops.lookup(p["E"].node, words)},
+                      kinds=leaf_internal, name="tree")
+        return p, Model(s, loss=ops.sum(s.pushed("h")))
+
+    from minicavs.sparse import densify
+    from minicavs.testing import check_model_grads
+
+    graphs = [InputGraph([[], [], [0, 1]])]
+    feeds = {"words": np.array([1, 3])}
+    p, model = build(set())
+    full = model.forward_backward(graphs, feeds, p).grads
+    for frozen in ({"E"}, {"W"}, {"E", "W"}):
+        p, model = build(frozen)
+        assert [q.name for q in p.trainable()] == [n for n in ("E", "W", "U") if n not in frozen]
+        assert model.structures[0].pull_grads == (set() if "E" in frozen else {"x"})
+        grads = model.forward_backward(graphs, feeds, p).grads
+        assert set(grads) == {"E", "W", "U"} - frozen
+        for name in grads:   # the other parameters' gradients are what they are without freezing
+            np.testing.assert_array_equal(densify(np, grads[name]), densify(np, full[name]))
+        assert set(check_model_grads(model, graphs, feeds, p)) == {"E", "W", "U"} - frozen
+    assert repr(build({"E"})[0]["E"]) == "Parameter('E', (5, 3), float64, frozen)"
