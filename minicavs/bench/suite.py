@@ -147,6 +147,15 @@ def _line(point: Point, name: str, r: dict, ours: dict) -> str:
         text += f"   infer {report.fmt_rate(*report.spread(r['infer_rates'])):>26}"
     if name != report.MINICAVS and ours.get("rates"):
         text += f"   minicavs/this {report.spread(ours['rates'])[0] / med:5.2f}x"
+    core = r.get("per_core") or {}
+    if core.get("rates"):   # the same samples on one thread
+        cmed = report.spread(core["rates"])[0]
+        text += f"   per core {report.fmt_rate(*report.spread(core['rates']))}"
+        ours_core = (ours.get("per_core") or {}).get("rates")
+        if name != report.MINICAVS and ours_core:
+            text += f" ({report.spread(ours_core)[0] / cmed:5.2f}x)"
+    elif core.get("error"):
+        text += f"   per core: {core['error']}"
     if "same_loss" in r:
         text += (f"   same loss: {'yes' if r['same_loss'] else 'NO'} "
                  f"({r['ours_check_loss']:.6f} vs {r['check_loss']:.6f})")
