@@ -107,6 +107,10 @@ def ge(a, b):
     return np.where(a >= b, 1.0, 0.0)
 
 
+def where(p, a, b):
+    return np.where(np.asarray(p, np.float64) > 0, np.asarray(a, np.float64), np.asarray(b, np.float64))
+
+
 def accum(*xs):
     """n-ary sum; operands here are dense (a row-sparse operand is given as its dense equivalent)."""
     total = np.zeros(np.shape(xs[0]))
@@ -339,7 +343,7 @@ REFERENCE = {
     "constant": constant, "zeros_like": zeros_like, "ones_like": ones_like,
     "neg": neg, "exp": exp, "log": log, "tanh": tanh, "sigmoid": sigmoid, "relu": relu, "square": square,
     "sqrt": sqrt, "abs": abs, "step": step, "sign": sign, "pow": pow,
-    "add": add, "sub": sub, "mul": mul, "div": div, "maximum": maximum, "ge": ge, "accum": accum,
+    "add": add, "sub": sub, "mul": mul, "div": div, "maximum": maximum, "ge": ge, "where": where, "accum": accum,
     "sum": sum, "mean": mean, "sum_to": sum_to, "broadcast_like": broadcast_like, "mean_grad": mean_grad,
     "reshape": reshape, "transpose": transpose, "concat": concat, "slice": slice, "unslice": unslice,
     "matmul": matmul, "linear": linear,

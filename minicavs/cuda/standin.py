@@ -334,6 +334,7 @@ argsort = _typed(np.argsort, ("a",))
 nonzero = _typed(np.nonzero, ("a",))
 take_along_axis = _typed(np.take_along_axis, ("arr", "indices"))
 reshape = _typed(np.reshape, ("a",))
+where = _typed(np.where, ("condition", "x", "y"))
 result_type = np.result_type
 
 

@@ -207,6 +207,17 @@ spec("maximum", "elementwise", *_binary_cases(ops.maximum, R.maximum, grid(0), g
 spec("ge", "elementwise", *_binary_cases(ops.ge, R.ge, grid(0), grid(1)),
      nondiff="a comparison: piecewise constant, derivative 0 almost everywhere")
 
+WHERE_SHAPES = [((), (), ()), ((None, 3), (None, 3), (None, 3)), ((None, 1), (None, 3), (3,)),
+                ((None, 3), (), (None, 3)), ((2, 1, 3), (4, 1), (3,)), ((), (None, 3), (None, 1))]
+spec("where", "elementwise",
+     *(Case(f"{_sid(p)}-{_sid(a)}-{_sid(b)}", (Arg(p, away()), Arg(a), Arg(b)), ops.where)
+       for p, a, b in WHERE_SHAPES),
+     Case("number-a", (A(None, 3, gen=away()), A(None, 3)), lambda p, b: ops.where(p, 1.5, b),
+          ref=lambda p, b: R.where(p, 1.5, b)),
+     Case("number-b", (A(None, 3, gen=away()), A(None, 3)), lambda p, a: ops.where(p, a, -0.5),
+          ref=lambda p, a: R.where(p, a, -0.5)))
+
+
 def _sparse(g, idx, table):
     """lookup_grad(g, idx, table): the row-sparse table gradient (``table`` gives only the dense shape)."""
     return make_node("lookup_grad", (g, idx, table))
