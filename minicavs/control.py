@@ -467,7 +467,7 @@ def _foreach_impl(xp, *values, body, n_in, n_state, n_out, length, reverse, has_
         count = values[-1]
         ran = int((count.get() if on_device(count) else np.asarray(count)).reshape(-1)[0])
     order = range(ran - 1, -1, -1) if reverse else range(ran)
-    rows_of = [a.shape[0] is None for a in body.args[:n_in]]   # a slice keeps the row axis: so did x
+    rows_of = [a.has_rows for a in body.args[:n_in]]   # a slice keeps the row axis: so did its input
     outs, states, saved = _run_steps(xp, body, xs, states, caps, rows_of, order, n_out, save)
     rows = _rows_in(values, body, n_in, n_state)
     result = [_stack(xp, [o[t] for t in range(ran)], length, body.outputs[k].shape, body.outputs[k].dtype, rows)
@@ -482,7 +482,7 @@ def _foreach_impl(xp, *values, body, n_in, n_state, n_out, length, reverse, has_
 def _rows_in(values, body: Subgraph, n_in: int, n_state: int) -> int | None:
     """The row count of the loop's values with the row axis (for outputs of a loop that ran no step)."""
     for k, a in enumerate(body.args[:n_in]):
-        if a.shape and a.shape[0] is None:
+        if a.has_rows:
             return values[k].shape[0]
     for k, a in enumerate(body.args[n_in:]):
         if a.has_rows and n_in + k < len(values):
