@@ -631,7 +631,7 @@ def _while_impl(xp, *values, body, cond, n_in, n_state, n_out, length, has_count
     rows = _rows_in(values, body, 0, n_state)
     result = [_stack(xp, o, length, body.outputs[k].shape, body.outputs[k].dtype, rows) for k, o in enumerate(outs)]
     result += states
-    result.append(np.asarray(ran, dtype=np.int64) if xp is np else xp.asarray(np.int64(ran)))
+    result.append(xp.full((), ran, dtype=np.int64))   # made on the device: no host copy
     result += [_stack(xp, s, length, body.args[j].shape, body.args[j].dtype, rows) for j, s in enumerate(saved)]
     return tuple(result)
 

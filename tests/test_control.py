@@ -318,3 +318,32 @@ def test_dump_prints_bodies_indented():
     assert body and all(line.startswith("      %") or line.startswith("      return") for line in body)
     assert any("tanh" in line for line in body)
     assert any("captured:w" in line for line in body)
+
+
+# --- on the device stand-in ------------------------------------------------------------------------------
+
+def test_control_flow_on_the_device_standin_equals_the_cpu_and_reads_only_predicates(cuda_standin):
+    """Forward and backward of a while_loop, a foreach and a cond with the stand-in's arrays (which refuse
+    every implicit crossing, as CuPy does): equal to the CPU run, and the only device-to-host copies are the
+    predicates (one per while_loop test, the cond's in the forward and in its backward cond, the backward
+    loop's trip count); host-to-device copies are the constants', once (none in a second run)."""
+    from minicavs.cuda import standin
+    x0, a, lim, (o1, o2), xT, count = _while_graph(6)
+    p = ops.input((), F64, name="p")
+    y = C.cond(p, lambda: ops.tanh(xT * a), lambda: ops.log(ops.neg(xT)))
+    (z,), zT = C.foreach(lambda x, s: ([x * s], s + x), o1, ops.constant(np.ones(3)))
+    loss = ops.sum(y * zT) + ops.sum(ops.square(z)) + ops.sum(o2)
+    gx, ga = grad(loss, [x0, a])
+    X, A = np.array([0.5, 0.8, 0.9]), np.array([1.3, 1.1, 1.2])
+    nodes = [loss, gx, ga, count]
+    want = Executor(nodes).run({x0: X, lim: 6.0, p: 1.0}, {"a": A})
+    feeds = {x0: standin.asarray(X), lim: standin.asarray(np.float64(6.0)), p: standin.asarray(np.float64(1.0))}
+    params = {"a": standin.asarray(A)}
+    Executor(nodes).run(feeds, params, xp=standin)   # (copies the constants over, once)
+    standin.reset()
+    got = Executor(nodes).run(feeds, params, xp=standin)
+    n = int(want[3])
+    assert n == 4 and dict(standin.crossings) == {"d2h": (n + 1) + 2 + 1}, dict(standin.crossings)
+    for g, w in zip(got, want):
+        assert isinstance(g, standin.ndarray)
+        close(g.get(), w)
