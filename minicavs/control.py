@@ -34,7 +34,7 @@ from .arrays import on_device
 from .autodiff import grad
 from .dtypes import int64
 from .errors import ShapeError
-from .graph import Graph, Node, fmt_shape, type_str
+from .graph import Graph, Node, _rows_implicit, fmt_shape, type_str
 from .ops import constant, densify, input as placeholder, is_row_sparse, zeros_like
 from .ops.registry import OPS, OpDef, make_node, register
 
@@ -158,8 +158,11 @@ def _merged_captures(*traced: Traced) -> list:
 # --- values with several results: tuple nodes, their items and their cotangents ------------------------
 
 def _tuple_node(op: str, inputs: Sequence[Node], attrs: dict, types: Sequence[tuple]) -> Node:
-    """The node of a control-flow op with several results: its value is a tuple; :func:`item` reads one."""
-    attrs = dict(attrs, _types=tuple(types))
+    """The node of a control-flow op with several results: its value is a tuple; :func:`item` reads one.
+    Its declared shape is ``(None,)`` when a result has the row axis (so a vertex function's compiler sees
+    a per-vertex value), else ``()``."""
+    rows = any(shape and shape[0] is None for shape, _ in types)
+    attrs = dict(attrs, _types=tuple(types), shape=(None,) if rows else ())
     return make_node(op, inputs, attrs)
 
 
@@ -422,20 +425,60 @@ def foreach(body: Callable, inputs: Sequence[Node] | Node, states: Sequence[Node
 
 
 def _loop_node(op: str, xs: list, ss: list, traced: Traced, n_out: int, length: int, extra: dict,
-               x_single: bool, s_single: bool, count: Node | None = None, save: bool = True):
-    """The node of a loop and its results as the caller gave its states (one node or a list)."""
+               x_single: bool, s_single: bool, count: Node | None = None, backward: bool = False,
+               pick: Sequence[int] | None = None):
+    """The node(s) of a loop; returns its outputs, its final states as the caller gave them (one node or a
+    list) and a while_loop's count (else None).
+
+    A loop with one result (a foreach with one state and no outputs: a vertex function's encoder) is a
+    node of that value, which saves nothing: its gradient replays it once to get the per-step states. Any
+    other loop is a tuple node whose value holds the per-step states too (``save``), for its gradient,
+    except in a vertex function (``in_vertex_function``): a value there may be stored per vertex between
+    phases and passes, which a tuple cannot be, so each result is a node of its own (``pick``: running the
+    loop once per result read) and the gradient replays the loop."""
     body = traced.graph
+    in_vf = bool(_rows_implicit.get()) and not backward
+    n_results = n_out + len(ss) + (1 if op == "while_loop" else 0)
+    if in_vf and pick is None and n_results > 1:
+        results = [_loop_node(op, xs, ss, traced, n_out, length, extra, False, False, count, backward, [i])
+                   for i in range(n_results)]
+        flat = [r[0][i] if i < n_out else r[1][i - n_out] if i < n_out + len(ss) else r[2]
+                for i, r in enumerate(results)]
+        return _split_results(flat, n_out, len(ss), s_single, op)
+    single = (op == "foreach" and not backward and n_results == 1) or (pick is not None and len(pick) == 1
+                                                                      and not backward)
+    attrs = dict(extra, body=body, n_in=len(xs), n_state=len(ss), n_out=n_out, length=length,
+                 has_count=count is not None, save=not (single or backward or in_vf),
+                 differentiable=not backward, in_vertex_function=in_vf,
+                 pick=None if pick is None else tuple(pick))
+    inputs = xs + ss + traced.captured + ([count] if count is not None else [])
+    types = _loop_types(op, body, ss, n_out, length, attrs["save"])
+    if pick is not None:
+        types = [types[i] for i in pick]
+    if single:
+        node = make_node(op, inputs, dict(attrs, shape=types[0][0], dtype=types[0][1]))
+    else:
+        node = _tuple_node(op, inputs, dict(attrs, dtype=(types[0][1] if types else int64)), types)
+    results = _results(node, len(types) if pick is not None else n_results)
+    if pick is not None:   # the results not picked are None
+        full = dict(zip(pick, results))
+        results = [full.get(i) for i in range(n_results)]
+    return _split_results(results, n_out, len(ss), s_single, op)
+
+
+def _split_results(results: list, n_out: int, n_state: int, s_single: bool, op: str):
+    outs, finals = results[:n_out], results[n_out:n_out + n_state]
+    count = results[n_out + n_state] if op == "while_loop" else None
+    return outs, (finals[0] if s_single else finals), count
+
+
+def _loop_types(op: str, body: Subgraph, ss: list, n_out: int, length: int, save: bool) -> list:
+    """(shape, dtype) of a loop's results: the stacked outputs, the final states (a while_loop's count),
+    and with ``save`` the stacked pre-step states."""
     out_types = [(_stacked_shape(o.shape, length), o.dtype) for o in body.outputs[:n_out]]
     state_types = [(s.shape, s.dtype) for s in ss]
     saved_types = [(_stacked_shape(s.shape, length), s.dtype) for s in ss] if save else []
-    types = out_types + state_types + ([((), int64)] if op == "while_loop" else []) + saved_types
-    attrs = dict(extra, body=body, n_in=len(xs), n_state=len(ss), n_out=n_out, length=length,
-                 has_count=count is not None, save=save)
-    inputs = xs + ss + traced.captured + ([count] if count is not None else [])
-    node = _tuple_node(op, inputs, dict(attrs, shape=(), dtype=(types[0][1] if types else int64)), types)
-    outs = [item(node, k) for k in range(n_out)]
-    finals = [item(node, n_out + j) for j in range(len(ss))]
-    return outs, (finals[0] if s_single else finals), node
+    return out_types + state_types + ([((), int64)] if op == "while_loop" else []) + saved_types
 
 
 def _loop_infer(*inputs, shape, dtype, **attrs):
@@ -458,8 +501,8 @@ def _run_steps(xp, body: Subgraph, xs, states, caps, rows_of, order, n_out, save
     return outs, states, saved
 
 
-def _foreach_impl(xp, *values, body, n_in, n_state, n_out, length, reverse, has_count, save, shape, dtype,
-                  _types):
+def _foreach_impl(xp, *values, body, n_in, n_state, n_out, length, reverse, has_count, save, differentiable,
+                  in_vertex_function, pick, shape, dtype, _types=None):
     xs, states = list(values[:n_in]), list(values[n_in:n_in + n_state])
     caps = list(values[n_in + n_state:len(values) - (1 if has_count else 0)])
     ran = length
@@ -476,7 +519,9 @@ def _foreach_impl(xp, *values, body, n_in, n_state, n_out, length, reverse, has_
     if save:
         result += [_stack(xp, [s[t] for t in range(ran)], length, body.args[n_in + j].shape,
                           body.args[n_in + j].dtype, rows) for j, s in enumerate(saved)]
-    return tuple(result)
+    if pick is not None:
+        result = [result[i] for i in pick]
+    return tuple(result) if _types is not None else result[0]
 
 
 def _rows_in(values, body: Subgraph, n_in: int, n_state: int) -> int | None:
@@ -490,19 +535,25 @@ def _rows_in(values, body: Subgraph, n_in: int, n_state: int) -> int | None:
     return None
 
 
-def _loop_vjp(g, node, *inputs, body, n_in, n_state, n_out, length, has_count, save, shape, dtype, _types,
-              **attrs):
+def _loop_vjp(g, node, *inputs, body, n_in, n_state, n_out, length, has_count, save, differentiable,
+              in_vertex_function, pick, shape, dtype, _types=None, **attrs):
     """The backward of foreach and while_loop: a reverse ``foreach`` over the saved pre-step states."""
-    if not save:
+    if not differentiable:
         raise NotImplementedError(f"{node.label()} is the backward of a loop: its own gradient (second "
                                   "order) is not defined")
     cts = _cotangents(g, node)
+    if pick is not None:   # (a result of its own, in a vertex function)
+        cts = {pick[i]: c for i, c in cts.items()}
     is_while = node.op == "while_loop"
     reverse = attrs.get("reverse", False)
     xs, ss = list(inputs[:n_in]), list(inputs[n_in:n_in + n_state])
     caps = list(inputs[n_in + n_state:len(inputs) - (1 if has_count else 0)])
     first_saved = n_out + n_state + (1 if is_while else 0)
-    saved = [item(node, first_saved + j) for j in range(n_state)]
+    keeper = node
+    if not save:   # a one-result loop: replayed once, saving its states
+        types = _loop_types(node.op, body, ss, n_out, length, True)
+        keeper = _tuple_node(node.op, inputs, dict(node.attrs, save=True, pick=None, dtype=types[0][1]), types)
+    saved = [item(keeper, first_saved + j) for j in range(n_state)]
     out_given = [k for k in range(n_out) if k in cts]
     cap_float = [c for c in caps if c.dtype.is_float]
     # carried: the state cotangents (zero where none came back) and the captured values' gradient sums
@@ -529,10 +580,10 @@ def _loop_vjp(g, node, *inputs, body, n_in, n_state, n_out, length, has_count, s
 
     # per-step inputs of the backward: the forward's inputs, its saved states, the outputs' cotangents
     step_inputs = xs + saved + [cts[k] for k in out_given]
-    count = item(node, n_out + n_state) if is_while else (inputs[-1] if has_count else None)
+    count = item(keeper, n_out + n_state) if is_while else (inputs[-1] if has_count else None)
     x_float = [x for x in xs if x.dtype.is_float]
     back_outs, back_finals = _backward_loop(backward, step_inputs, carried, length, not reverse, count,
-                                            len(x_float), n_x)
+                                            in_vertex_function)
     grads: list = [None] * len(inputs)
     fi = 0
     for i, x in enumerate(xs):
@@ -546,8 +597,13 @@ def _loop_vjp(g, node, *inputs, body, n_in, n_state, n_out, length, has_count, s
     return tuple(grads)
 
 
-def _backward_loop(backward, step_inputs, carried, length, reverse, count, n_gx, n_x):
-    """Trace ``backward`` as a foreach body over ``step_inputs`` (with ``count``: only that many steps ran)."""
+def _backward_loop(backward, step_inputs, carried, length, reverse, count, split: bool):
+    """Trace ``backward`` as a foreach body over ``step_inputs`` (with ``count``: only that many steps ran).
+
+    ``split`` (in a vertex function): two nodes running the same loop, one for the per-vertex results (the
+    inputs' and states' gradients) and one for those without the row axis (parameter gradients, summed over
+    the vertices): ∂F computes a value without the row axis in the phase that reads it, and a node there
+    must not mix the two."""
     def call(*formals):
         return backward(formals[:len(step_inputs)], formals[len(step_inputs):])
 
@@ -560,8 +616,18 @@ def _backward_loop(backward, step_inputs, carried, length, reverse, count, n_gx,
 
     types = [(_step_shape(x, "backward input"), x.dtype) for x in step_inputs]
     traced, _ = trace(call, types + [(c.shape, c.dtype) for c in carried], "backward", unpack)
-    outs, finals, _ = _loop_node("foreach", step_inputs, carried, traced, n_out[0], length,
-                                 {"reverse": reverse}, False, False, count=count, save=False)
+    results = list(traced.graph.outputs)
+    groups: list = [None]
+    if split:
+        with_rows = [i for i, r in enumerate(results) if r.has_rows]
+        groups = [grp for grp in (with_rows, [i for i in range(len(results)) if i not in with_rows]) if grp]
+    outs: list = [None] * n_out[0]
+    finals: list = [None] * len(carried)
+    for grp in groups:
+        o, f, _ = _loop_node("foreach", step_inputs, carried, traced, n_out[0], length, {"reverse": reverse},
+                             False, False, count=count, backward=True, pick=grp)
+        outs = [a if a is not None else b for a, b in zip(outs, o)]
+        finals = [a if a is not None else b for a, b in zip(finals, f)]
     return outs, finals
 
 
@@ -609,13 +675,12 @@ def while_loop(cond_fn: Callable, body: Callable, loop_vars: Sequence[Node] | No
     _check_states(body_t.graph, n_out[0], vs, what)
     captured = _merged_captures(body_t, cond_t)
     body_g, cond_g = _extend_captures(body_t, captured), _extend_captures(cond_t, captured)
-    outs, finals, node = _loop_node("while_loop", [], vs, Traced(body_g, captured), n_out[0],
-                                    int(max_iterations), {"cond": cond_g}, False, v_single)
-    count = item(node, n_out[0] + len(vs))
-    return outs, finals, count
+    return _loop_node("while_loop", [], vs, Traced(body_g, captured), n_out[0], int(max_iterations),
+                      {"cond": cond_g}, False, v_single)
 
 
-def _while_impl(xp, *values, body, cond, n_in, n_state, n_out, length, has_count, save, shape, dtype, _types):
+def _while_impl(xp, *values, body, cond, n_in, n_state, n_out, length, has_count, save, differentiable,
+                in_vertex_function, pick, shape, dtype, _types=None):
     states, caps = list(values[:n_state]), list(values[n_state:])
     outs: list = [[] for _ in range(n_out)]
     saved: list = [[] for _ in states]
@@ -632,8 +697,12 @@ def _while_impl(xp, *values, body, cond, n_in, n_state, n_out, length, has_count
     result = [_stack(xp, o, length, body.outputs[k].shape, body.outputs[k].dtype, rows) for k, o in enumerate(outs)]
     result += states
     result.append(xp.full((), ran, dtype=np.int64))   # made on the device: no host copy
-    result += [_stack(xp, s, length, body.args[j].shape, body.args[j].dtype, rows) for j, s in enumerate(saved)]
-    return tuple(result)
+    if save:
+        result += [_stack(xp, s, length, body.args[j].shape, body.args[j].dtype, rows)
+                   for j, s in enumerate(saved)]
+    if pick is not None:
+        result = [result[i] for i in pick]
+    return tuple(result) if _types is not None else result[0]
 
 
 register(OpDef("while_loop", infer=_loop_infer, impl=_while_impl, vjp=_loop_vjp, fuse=False))

@@ -347,3 +347,66 @@ def test_control_flow_on_the_device_standin_equals_the_cpu_and_reads_only_predic
     for g, w in zip(got, want):
         assert isinstance(g, standin.ndarray)
         close(g.get(), w)
+
+
+# --- inside a vertex function ----------------------------------------------------------------------------
+
+def _sequence_chain(tuple_valued: bool):
+    """A chain whose vertex function pulls a (T, D) sequence per vertex and runs an RNN over it with a
+    foreach of fixed trip count T, starting from the child's message. ``tuple_valued``: the foreach also
+    stacks its per-step states (a result with two values), which F pushes summed over the steps."""
+    from minicavs.model import Model, Structure
+    from minicavs.vertex import VertexFunction
+    T, D, H = 3, 2, 4
+    rng = np.random.default_rng(11)
+    Wx, Wh = ops.param_node("Wx", (D, H), F64), ops.param_node("Wh", (H, H), F64)
+    vals = {"Wx": rng.uniform(-0.5, 0.5, (D, H)), "Wh": rng.uniform(-0.5, 0.5, (H, H))}
+    F = VertexFunction("seq", arity=1, message=(H,), dtype=F64)
+    with F:
+        def body(x, h):
+            h2 = ops.tanh(x @ Wx + h @ Wh)
+            return ([h2] if tuple_valued else []), h2
+        outs, hT = C.foreach(body, F.pull((T, D)), F.gather(0))
+        F.scatter(hT)
+        F.push(hT + ops.sum(outs[0], axis=0) if tuple_valued else hT)
+    s = Structure(F, pulls={"x": ops.input((None, T, D), F64, name="xs")})
+    model = Model(s, loss=ops.sum(ops.square(s.pushed("h"))))
+    return model, vals, T
+
+
+def _sequence_chain_reference(X, sizes, Wx, Wh, T, tuple_valued):
+    total, r = 0.0, 0
+    for n in sizes:
+        h = np.zeros(Wh.shape[0])
+        for _ in range(n):
+            acc = np.zeros_like(h)
+            for t in range(T):
+                h = np.tanh(X[r, t] @ Wx + h @ Wh)
+                acc += h
+            total += np.sum((h + acc) ** 2 if tuple_valued else h ** 2)
+            r += 1
+    return total
+
+
+@pytest.mark.parametrize("tuple_valued", [False, True])
+def test_a_vertex_function_with_a_foreach_trains_on_both_executors(tuple_valued):
+    """F with a foreach over each vertex's sequence: the loss equals a Python loop over the chain, the
+    gradients finite differences; the native executor has no opcode for the loop and says so, leaving both
+    passes to the Python path (same numbers)."""
+    from minicavs.compile import EngineOptions
+    from minicavs.inputs import InputGraph
+    from minicavs.testing import check_model_grads
+    model, vals, T = _sequence_chain(tuple_valued)
+    sizes = (3, 1, 2)
+    graphs = [InputGraph.chain(n) for n in sizes]
+    X = np.random.default_rng(12).standard_normal((sum(sizes), T, 2))
+    python = model.forward_backward(graphs, {"xs": X}, vals, options=EngineOptions(executor="python"))
+    native = model.forward_backward(graphs, {"xs": X}, vals, options=EngineOptions(executor="native"))
+    close(python.loss, _sequence_chain_reference(X, sizes, vals["Wx"], vals["Wh"], T, tuple_valued))
+    close(native.loss, python.loss)
+    for k in vals:
+        close(native.grads[k], python.grads[k])
+    for state in native.states.values():
+        for program in (state.program, state.backward_program):
+            assert program.native is None and "op 'foreach' has no native lowering" in program.native_why
+    check_model_grads(model, graphs, {"xs": X}, vals, directions=2)
