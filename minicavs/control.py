@@ -544,7 +544,7 @@ def _loop_vjp(g, node, *inputs, body, n_in, n_state, n_out, length, has_count, s
     cts = _cotangents(g, node)
     if pick is not None:   # (a result of its own, in a vertex function)
         cts = {pick[i]: c for i, c in cts.items()}
-    is_while = node.op == "while_loop"
+    is_while = "cond" in node.attrs   # (a while_loop holds its condition)
     reverse = attrs.get("reverse", False)
     xs, ss = list(inputs[:n_in]), list(inputs[n_in:n_in + n_state])
     caps = list(inputs[n_in + n_state:len(inputs) - (1 if has_count else 0)])
