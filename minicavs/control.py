@@ -33,7 +33,7 @@ import numpy as np
 from .arrays import on_device
 from .autodiff import grad
 from .dtypes import int64
-from .errors import ShapeError
+from .errors import FeedError, ShapeError
 from .graph import Graph, Node, _rows_implicit, fmt_shape, type_str
 from .ops import constant, densify, input as placeholder, is_row_sparse, zeros_like
 from .ops.registry import OPS, OpDef, make_node, register
@@ -380,12 +380,16 @@ def _unpack_pair(result, what: str) -> list:
 
 
 def foreach(body: Callable, inputs: Sequence[Node] | Node, states: Sequence[Node] | Node,
-            length: int | None = None, reverse: bool = False, name: str | None = None):
+            length: int | None = None, reverse: bool = False, steps: Node | None = None,
+            name: str | None = None):
     """Run ``body`` over the iteration axis of ``inputs`` (axis 0, or axis 1 of a value with the row axis):
     ``outputs_t, states = body(inputs_t, states)``. Returns ``(outputs, final_states)``: each output stacked
     over the steps, on the same axis. ``inputs``/``states`` and the body's two results are each one node or
     a list of nodes (the body gets what was given: a node or a list). ``length`` gives the trip count when
     there are no inputs; ``reverse`` runs the steps from the last (outputs still stacked at their step).
+    ``steps`` (an int scalar node, read on the host once per run) runs only the first ``steps`` of them (at
+    most the static length; padded batches: the batch's longest sequence): the outputs keep the static
+    length, zero after the last step run, as a while_loop's do.
 
     Shapes are inferred from one trace of ``body`` (now, on fresh symbols); a state must come back with its
     shape and dtype. Gradients: the pre-step states are saved in the forward and the backward is a
@@ -394,15 +398,15 @@ def foreach(body: Callable, inputs: Sequence[Node] | Node, states: Sequence[Node
     what = f"foreach '{name}'" if name else "foreach"
     xs, x_single = _as_list(inputs, f"{what} inputs") if inputs is not None else ([], False)
     ss, s_single = _as_list(states, f"{what} states") if states is not None else ([], False)
-    steps = {x.shape[_iter_axis(x)] for x in xs if x.ndim > _iter_axis(x)}
+    lengths = {x.shape[_iter_axis(x)] for x in xs if x.ndim > _iter_axis(x)}
     slice_types = [(_step_shape(x, f"{what}: input"), x.dtype) for x in xs]
-    if len(steps) > 1:
-        raise ShapeError(f"{what}: the inputs have different lengths {sorted(steps)} along their iteration "
+    if len(lengths) > 1:
+        raise ShapeError(f"{what}: the inputs have different lengths {sorted(lengths)} along their iteration "
                          "axes (" + ", ".join(f"{x.label()} {fmt_shape(x.shape)}" for x in xs) + ")")
     if xs:
-        if length is not None and length != next(iter(steps)):
-            raise ShapeError(f"{what}: length={length} but the inputs have {next(iter(steps))} steps")
-        length = next(iter(steps))
+        if length is not None and length != next(iter(lengths)):
+            raise ShapeError(f"{what}: length={length} but the inputs have {next(iter(lengths))} steps")
+        length = next(iter(lengths))
     elif length is None or length < 0:
         raise ShapeError(f"{what}: without inputs, give the trip count as length=")
 
@@ -419,8 +423,14 @@ def foreach(body: Callable, inputs: Sequence[Node] | Node, states: Sequence[Node
 
     traced, _ = trace(call, slice_types + [(s.shape, s.dtype) for s in ss], name or "body", unpack)
     _check_states(traced.graph, n_out[0], ss, what)
+    if steps is not None and (not isinstance(steps, Node) or steps.dtype.is_float or steps.has_rows
+                              or any(d != 1 for d in steps.shape)):
+        raise ShapeError(f"{what}: steps must be one integer value (an int scalar node), got "
+                         f"{steps.label() + ' ' + type_str(steps) if isinstance(steps, Node) else repr(steps)}")
+    if steps is not None and reverse:
+        raise ShapeError(f"{what}: reverse with a run-time number of steps is not supported")
     outs, finals, _ = _loop_node("foreach", xs, ss, traced, n_out[0], length, {"reverse": bool(reverse)},
-                                 x_single, s_single)
+                                 x_single, s_single, count=steps)
     return outs, finals
 
 
@@ -506,9 +516,11 @@ def _foreach_impl(xp, *values, body, n_in, n_state, n_out, length, reverse, has_
     xs, states = list(values[:n_in]), list(values[n_in:n_in + n_state])
     caps = list(values[n_in + n_state:len(values) - (1 if has_count else 0)])
     ran = length
-    if has_count:   # a while_loop's backward: only the steps that ran (one read on the host)
+    if has_count:   # a run-time trip count (a while_loop's backward: the steps that ran), read on the host
         count = values[-1]
         ran = int((count.get() if on_device(count) else np.asarray(count)).reshape(-1)[0])
+        if not 0 <= ran <= length:
+            raise FeedError(f"foreach: {ran} steps asked of a loop over {length}")
     order = range(ran - 1, -1, -1) if reverse else range(ran)
     rows_of = [a.has_rows for a in body.args[:n_in]]   # a slice keeps the row axis: so did its input
     outs, states, saved = _run_steps(xp, body, xs, states, caps, rows_of, order, n_out, save)

@@ -410,3 +410,32 @@ def test_a_vertex_function_with_a_foreach_trains_on_both_executors(tuple_valued)
         for program in (state.program, state.backward_program):
             assert program.native is None and "op 'foreach' has no native lowering" in program.native_why
     check_model_grads(model, graphs, {"xs": X}, vals, directions=2)
+
+
+@pytest.mark.parametrize("ran", [0, 1, 3, 5])
+def test_foreach_with_a_run_time_trip_count(ran):
+    """``steps``: only the first ``ran`` of the 5 steps run; outputs stay 5 long, zero after; gradients of
+    the inputs' unread steps are zero (finite differences agree)."""
+    xs, h0, W, U = (ops.input((None, 5, 3), F64, name="xs"), ops.input((None, 4), F64, name="h0"),
+                    ops.param_node("W", (3, 4), F64), ops.param_node("U", (4, 4), F64))
+    n = ops.input((), "int64", name="n")
+    (y1, y2), hT = C.foreach(rnn_body(W, U), xs, h0, steps=n)
+    X, H, Wv, Uv = _rnn_values(5, True, seed=7)
+    got = run([y1, y2, hT], {xs: X, h0: H, n: np.int64(ran)}, {"W": Wv, "U": Uv})
+    w1, w2, wh = rnn_reference(X[:, :ran], H, Wv, Uv, True)
+    close(got[0][:, :ran], w1)
+    close(got[1][:, :ran], w2)
+    assert not np.any(got[0][:, ran:]) and not np.any(got[1][:, ran:])
+    close(got[2], wh)
+    check_grads([y1, y2, hT], [xs, h0, W, U], {xs: X, h0: H, n: np.int64(ran)}, {"W": Wv, "U": Uv})
+
+
+def test_foreach_refuses_more_run_time_steps_than_its_length():
+    from minicavs.errors import FeedError
+    xs = ops.input((4, 3), F64, name="xs")
+    n = ops.input((), "int64", name="n")
+    _, s = C.foreach(lambda x, s: ([], s + x), xs, ops.constant(np.zeros(3)), steps=n)
+    with pytest.raises(FeedError, match="5 steps asked of a loop over 4"):
+        run(s, {xs: np.ones((4, 3)), n: np.int64(5)})
+    with pytest.raises(ShapeError, match="steps must be one integer value"):
+        C.foreach(lambda x, s: ([], s + x), xs, ops.constant(np.zeros(3)), steps=ops.input((), F64))
