@@ -436,42 +436,42 @@ def foreach(body: Callable, inputs: Sequence[Node] | Node, states: Sequence[Node
 
 def _loop_node(op: str, xs: list, ss: list, traced: Traced, n_out: int, length: int, extra: dict,
                x_single: bool, s_single: bool, count: Node | None = None, backward: bool = False,
-               pick: Sequence[int] | None = None):
+               _pick: Sequence[int] | None = None):
     """The node(s) of a loop; returns its outputs, its final states as the caller gave them (one node or a
     list) and a while_loop's count (else None).
 
     A loop with one result (a foreach with one state and no outputs: a vertex function's encoder) is a
     node of that value, which saves nothing: its gradient replays it once to get the per-step states. Any
-    other loop is a tuple node whose value holds the per-step states too (``save``), for its gradient,
-    except in a vertex function (``in_vertex_function``): a value there may be stored per vertex between
-    phases and passes, which a tuple cannot be, so each result is a node of its own (``pick``: running the
+    other loop is a tuple node whose value holds the per-step states too (``_save``), for its gradient,
+    except in a vertex function (``_in_vertex_function``): a value there may be stored per vertex between
+    phases and passes, which a tuple cannot be, so each result is a node of its own (``_pick``: running the
     loop once per result read) and the gradient replays the loop."""
     body = traced.graph
     in_vf = bool(_rows_implicit.get()) and not backward
     n_results = n_out + len(ss) + (1 if op == "while_loop" else 0)
-    if in_vf and pick is None and n_results > 1:
+    if in_vf and _pick is None and n_results > 1:
         results = [_loop_node(op, xs, ss, traced, n_out, length, extra, False, False, count, backward, [i])
                    for i in range(n_results)]
         flat = [r[0][i] if i < n_out else r[1][i - n_out] if i < n_out + len(ss) else r[2]
                 for i, r in enumerate(results)]
         return _split_results(flat, n_out, len(ss), s_single, op)
-    single = (op == "foreach" and not backward and n_results == 1) or (pick is not None and len(pick) == 1
+    single = (op == "foreach" and not backward and n_results == 1) or (_pick is not None and len(_pick) == 1
                                                                       and not backward)
     attrs = dict(extra, body=body, n_in=len(xs), n_state=len(ss), n_out=n_out, length=length,
-                 has_count=count is not None, save=not (single or backward or in_vf),
-                 differentiable=not backward, in_vertex_function=in_vf,
-                 pick=None if pick is None else tuple(pick))
+                 _has_count=count is not None, _save=not (single or backward or in_vf),
+                 _differentiable=not backward, _in_vertex_function=in_vf,
+                 _pick=None if _pick is None else tuple(_pick))
     inputs = xs + ss + traced.captured + ([count] if count is not None else [])
-    types = _loop_types(op, body, ss, n_out, length, attrs["save"])
-    if pick is not None:
-        types = [types[i] for i in pick]
+    types = _loop_types(op, body, ss, n_out, length, attrs["_save"])
+    if _pick is not None:
+        types = [types[i] for i in _pick]
     if single:
         node = make_node(op, inputs, dict(attrs, shape=types[0][0], dtype=types[0][1]))
     else:
         node = _tuple_node(op, inputs, dict(attrs, dtype=(types[0][1] if types else int64)), types)
-    results = _results(node, len(types) if pick is not None else n_results)
-    if pick is not None:   # the results not picked are None
-        full = dict(zip(pick, results))
+    results = _results(node, len(types) if _pick is not None else n_results)
+    if _pick is not None:   # the results not picked are None
+        full = dict(zip(_pick, results))
         results = [full.get(i) for i in range(n_results)]
     return _split_results(results, n_out, len(ss), s_single, op)
 
@@ -482,12 +482,12 @@ def _split_results(results: list, n_out: int, n_state: int, s_single: bool, op: 
     return outs, (finals[0] if s_single else finals), count
 
 
-def _loop_types(op: str, body: Subgraph, ss: list, n_out: int, length: int, save: bool) -> list:
+def _loop_types(op: str, body: Subgraph, ss: list, n_out: int, length: int, _save: bool) -> list:
     """(shape, dtype) of a loop's results: the stacked outputs, the final states (a while_loop's count),
-    and with ``save`` the stacked pre-step states."""
+    and with ``_save`` the stacked pre-step states."""
     out_types = [(_stacked_shape(o.shape, length), o.dtype) for o in body.outputs[:n_out]]
     state_types = [(s.shape, s.dtype) for s in ss]
-    saved_types = [(_stacked_shape(s.shape, length), s.dtype) for s in ss] if save else []
+    saved_types = [(_stacked_shape(s.shape, length), s.dtype) for s in ss] if _save else []
     return out_types + state_types + ([((), int64)] if op == "while_loop" else []) + saved_types
 
 
@@ -495,13 +495,13 @@ def _loop_infer(*inputs, shape, dtype, **attrs):
     return shape, dtype
 
 
-def _run_steps(xp, body: Subgraph, xs, states, caps, rows_of, order, n_out, save: bool):
+def _run_steps(xp, body: Subgraph, xs, states, caps, rows_of, order, n_out, _save: bool):
     """The loop proper: per step, the input slices and states through the body."""
     outs = [dict() for _ in range(n_out)]
     saved = [dict() for _ in states]
     for t in order:
         slices = [_take_step(x, t, rows) for x, rows in zip(xs, rows_of)]
-        if save:
+        if _save:
             for j, s in enumerate(states):
                 saved[j][t] = s
         res = body.run(xp, slices + states + caps)
@@ -511,28 +511,28 @@ def _run_steps(xp, body: Subgraph, xs, states, caps, rows_of, order, n_out, save
     return outs, states, saved
 
 
-def _foreach_impl(xp, *values, body, n_in, n_state, n_out, length, reverse, has_count, save, differentiable,
-                  in_vertex_function, pick, shape, dtype, _types=None):
+def _foreach_impl(xp, *values, body, n_in, n_state, n_out, length, reverse, _has_count, _save, _differentiable,
+                  _in_vertex_function, _pick, shape, dtype, _types=None):
     xs, states = list(values[:n_in]), list(values[n_in:n_in + n_state])
-    caps = list(values[n_in + n_state:len(values) - (1 if has_count else 0)])
+    caps = list(values[n_in + n_state:len(values) - (1 if _has_count else 0)])
     ran = length
-    if has_count:   # a run-time trip count (a while_loop's backward: the steps that ran), read on the host
+    if _has_count:   # a run-time trip count (a while_loop's backward: the steps that ran), read on the host
         count = values[-1]
         ran = int((count.get() if on_device(count) else np.asarray(count)).reshape(-1)[0])
         if not 0 <= ran <= length:
             raise FeedError(f"foreach: {ran} steps asked of a loop over {length}")
     order = range(ran - 1, -1, -1) if reverse else range(ran)
     rows_of = [a.has_rows for a in body.args[:n_in]]   # a slice keeps the row axis: so did its input
-    outs, states, saved = _run_steps(xp, body, xs, states, caps, rows_of, order, n_out, save)
+    outs, states, saved = _run_steps(xp, body, xs, states, caps, rows_of, order, n_out, _save)
     rows = _rows_in(values, body, n_in, n_state)
     result = [_stack(xp, [o[t] for t in range(ran)], length, body.outputs[k].shape, body.outputs[k].dtype, rows)
               for k, o in enumerate(outs)]
     result += states
-    if save:
+    if _save:
         result += [_stack(xp, [s[t] for t in range(ran)], length, body.args[n_in + j].shape,
                           body.args[n_in + j].dtype, rows) for j, s in enumerate(saved)]
-    if pick is not None:
-        result = [result[i] for i in pick]
+    if _pick is not None:
+        result = [result[i] for i in _pick]
     return tuple(result) if _types is not None else result[0]
 
 
@@ -547,24 +547,24 @@ def _rows_in(values, body: Subgraph, n_in: int, n_state: int) -> int | None:
     return None
 
 
-def _loop_vjp(g, node, *inputs, body, n_in, n_state, n_out, length, has_count, save, differentiable,
-              in_vertex_function, pick, shape, dtype, _types=None, **attrs):
+def _loop_vjp(g, node, *inputs, body, n_in, n_state, n_out, length, _has_count, _save, _differentiable,
+              _in_vertex_function, _pick, shape, dtype, _types=None, **attrs):
     """The backward of foreach and while_loop: a reverse ``foreach`` over the saved pre-step states."""
-    if not differentiable:
+    if not _differentiable:
         raise NotImplementedError(f"{node.label()} is the backward of a loop: its own gradient (second "
                                   "order) is not defined")
     cts = _cotangents(g, node)
-    if pick is not None:   # (a result of its own, in a vertex function)
-        cts = {pick[i]: c for i, c in cts.items()}
+    if _pick is not None:   # (a result of its own, in a vertex function)
+        cts = {_pick[i]: c for i, c in cts.items()}
     is_while = "cond" in node.attrs   # (a while_loop holds its condition)
     reverse = attrs.get("reverse", False)
     xs, ss = list(inputs[:n_in]), list(inputs[n_in:n_in + n_state])
-    caps = list(inputs[n_in + n_state:len(inputs) - (1 if has_count else 0)])
+    caps = list(inputs[n_in + n_state:len(inputs) - (1 if _has_count else 0)])
     first_saved = n_out + n_state + (1 if is_while else 0)
     keeper = node
-    if not save:   # a one-result loop: replayed once, saving its states
+    if not _save:   # a one-result loop: replayed once, saving its states
         types = _loop_types(node.op, body, ss, n_out, length, True)
-        keeper = _tuple_node(node.op, inputs, dict(node.attrs, save=True, pick=None, dtype=types[0][1]), types)
+        keeper = _tuple_node(node.op, inputs, dict(node.attrs, _save=True, _pick=None, dtype=types[0][1]), types)
     saved = [item(keeper, first_saved + j) for j in range(n_state)]
     out_given = [k for k in range(n_out) if k in cts]
     cap_float = [c for c in caps if c.dtype.is_float]
@@ -592,10 +592,9 @@ def _loop_vjp(g, node, *inputs, body, n_in, n_state, n_out, length, has_count, s
 
     # per-step inputs of the backward: the forward's inputs, its saved states, the outputs' cotangents
     step_inputs = xs + saved + [cts[k] for k in out_given]
-    count = item(keeper, n_out + n_state) if is_while else (inputs[-1] if has_count else None)
-    x_float = [x for x in xs if x.dtype.is_float]
+    count = item(keeper, n_out + n_state) if is_while else (inputs[-1] if _has_count else None)
     back_outs, back_finals = _backward_loop(backward, step_inputs, carried, length, not reverse, count,
-                                            in_vertex_function)
+                                            _in_vertex_function)
     grads: list = [None] * len(inputs)
     fi = 0
     for i, x in enumerate(xs):
@@ -637,7 +636,7 @@ def _backward_loop(backward, step_inputs, carried, length, reverse, count, split
     finals: list = [None] * len(carried)
     for grp in groups:
         o, f, _ = _loop_node("foreach", step_inputs, carried, traced, n_out[0], length, {"reverse": reverse},
-                             False, False, count=count, backward=True, pick=grp)
+                             False, False, count=count, backward=True, _pick=grp)
         outs = [a if a is not None else b for a, b in zip(outs, o)]
         finals = [a if a is not None else b for a, b in zip(finals, f)]
     return outs, finals
@@ -667,10 +666,10 @@ def while_loop(cond_fn: Callable, body: Callable, loop_vars: Sequence[Node] | No
     vs, v_single = _as_list(loop_vars, f"{what} loop_vars")
     types = [(v.shape, v.dtype) for v in vs]
 
-    def pick(formals):
+    def _pick(formals):
         return formals[0] if v_single else list(formals)
 
-    cond_t, _ = trace(lambda *f: cond_fn(pick(f)), types, f"{name or 'while'}.cond")
+    cond_t, _ = trace(lambda *f: cond_fn(_pick(f)), types, f"{name or 'while'}.cond")
     (p,) = cond_t.graph.outputs if len(cond_t.graph.outputs) == 1 else (None,)
     if p is None or p.has_rows or any(d != 1 for d in p.shape):
         shown = "several values" if p is None else f"shape {fmt_shape(p.shape)}"
@@ -683,7 +682,7 @@ def while_loop(cond_fn: Callable, body: Callable, loop_vars: Sequence[Node] | No
         n_out.append(len(flat) - len(vs))
         return flat
 
-    body_t, _ = trace(lambda *f: body(pick(f)), types, name or "body", unpack)
+    body_t, _ = trace(lambda *f: body(_pick(f)), types, name or "body", unpack)
     _check_states(body_t.graph, n_out[0], vs, what)
     captured = _merged_captures(body_t, cond_t)
     body_g, cond_g = _extend_captures(body_t, captured), _extend_captures(cond_t, captured)
@@ -691,8 +690,8 @@ def while_loop(cond_fn: Callable, body: Callable, loop_vars: Sequence[Node] | No
                       {"cond": cond_g}, False, v_single)
 
 
-def _while_impl(xp, *values, body, cond, n_in, n_state, n_out, length, has_count, save, differentiable,
-                in_vertex_function, pick, shape, dtype, _types=None):
+def _while_impl(xp, *values, body, cond, n_in, n_state, n_out, length, _has_count, _save, _differentiable,
+                _in_vertex_function, _pick, shape, dtype, _types=None):
     states, caps = list(values[:n_state]), list(values[n_state:])
     outs: list = [[] for _ in range(n_out)]
     saved: list = [[] for _ in states]
@@ -709,11 +708,11 @@ def _while_impl(xp, *values, body, cond, n_in, n_state, n_out, length, has_count
     result = [_stack(xp, o, length, body.outputs[k].shape, body.outputs[k].dtype, rows) for k, o in enumerate(outs)]
     result += states
     result.append(xp.full((), ran, dtype=np.int64))   # made on the device: no host copy
-    if save:
+    if _save:
         result += [_stack(xp, s, length, body.args[j].shape, body.args[j].dtype, rows)
                    for j, s in enumerate(saved)]
-    if pick is not None:
-        result = [result[i] for i in pick]
+    if _pick is not None:
+        result = [result[i] for i in _pick]
     return tuple(result) if _types is not None else result[0]
 
 

@@ -159,11 +159,12 @@ def _fmt_attr(v: Any) -> str:
 
 def _own_type(n: Node, key: str, value: Any) -> bool:
     """Is attribute ``key`` the node's declared shape or dtype, which its type says already (a leaf's, a
-    tuple node's and its items')?"""
+    tuple node's and its items', a control-flow node's)?"""
     if key not in ("shape", "dtype"):
         return False
     holds_tuple = "_types" in n.attrs or (len(n.inputs) == 1 and "_types" in n.inputs[0].attrs)
-    return n.op in ("input", "param") or holds_tuple
+    holds_graphs = any(isinstance(v, Graph) for v in n.attrs.values())
+    return n.op in ("input", "param") or holds_tuple or holds_graphs
 
 
 def consumers(nodes: Sequence[Node]) -> dict:

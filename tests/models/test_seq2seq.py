@@ -57,7 +57,8 @@ def numpy_twin(P, src, L):
 def small(tmp_path, monkeypatch):
     """A briefly trained small model (float64): its decodings stop at several lengths."""
     monkeypatch.syspath_prepend(str(MODELS.parent))
-    t = Trainer(MODELS / "seq2seq.yaml", SMALL + ["train.epochs=3", "train.lr=0.03", "train.batch_size=16"], run_dir=tmp_path / "run")
+    t = Trainer(MODELS / "seq2seq.yaml", SMALL + ["train.epochs=3", "train.lr=0.03", "train.batch_size=16"],
+                run_dir=tmp_path / "run")
     t.fit(progress=False, log=lambda s: None)
     return t
 
