@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from minicavs import control, ops
+from minicavs.backend import to_host
 from minicavs.config import Range, at_least
 from minicavs.errors import DataError
 from minicavs.model import Model
@@ -152,7 +153,17 @@ class Reverse(Task):
             choice = argmax_one_hot(ops.linear(h2, W_o, b_o), VOCAB)
             return [choice], [h2, c2, choice @ E, ops.maximum(done, column(choice, EOS))]
         (tokens,), _, steps = control.while_loop(not_done, greedy, [h, c, go, done0], L + 1, name="greedy")
-        self.decoder = Model([], outputs={"tokens": tokens, "steps": steps})
+        self._decoding = {"tokens": tokens, "steps": steps}
+        self._decoder = None
+
+    @property
+    def decoder(self) -> Model:
+        """The greedy decoder, on the device and with the switches of the trained model (made on first use:
+        the trainer may move the model to its device after building the task)."""
+        m = self.model
+        if self._decoder is None or self._decoder.device is not m.device or self._decoder.options != m.options:
+            self._decoder = self.inference_model(self._decoding)
+        return self._decoder
 
     # --- batches -------------------------------------------------------------------------------------
 
@@ -184,7 +195,7 @@ class Reverse(Task):
         out = []
         for i in range(0, len(samples), batch_size):
             _, feeds = self.batch(samples[i:i + batch_size])
-            tokens = np.asarray(self.decoder.infer({}, feeds, self.params).outputs["tokens"])
+            tokens = to_host(self.decoder.infer({}, feeds, self.params).outputs["tokens"])
             for row in np.argmax(tokens, axis=-1):   # (steps that never ran are zeros: argmax 0, after <eos>)
                 stop = np.flatnonzero(row == EOS)
                 out.append(row[:stop[0]] if stop.size else row)
