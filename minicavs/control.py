@@ -255,8 +255,13 @@ def cond(pred: Node, then_fn: Callable, else_fn: Callable, inputs: Sequence[Node
     captured = _merged_captures(then_t, else_t)
     then_g, else_g = _extend_captures(then_t, captured), _extend_captures(else_t, captured)
     outs = then_g.outputs
-    attrs = {"then": then_g, "else_": else_g, "n_operands": len(operands)}
+    in_vf = bool(_rows_implicit.get())
+    attrs = {"then": then_g, "else_": else_g, "n_operands": len(operands), "_in_vertex_function": in_vf}
     args = [pred] + operands + captured
+    if in_vf and len(outs) > 1:   # a node per result in a vertex function (a tuple cannot be stored there)
+        results = [make_node("cond", args, dict(attrs, then=_only(then_g, i), else_=_only(else_g, i),
+                                                shape=o.shape, dtype=o.dtype)) for i, o in enumerate(outs)]
+        return results[0] if isinstance(then_raw, Node) else results
     if len(outs) == 1:
         node = make_node("cond", args, dict(attrs, shape=outs[0].shape, dtype=outs[0].dtype))
     else:
@@ -264,6 +269,11 @@ def cond(pred: Node, then_fn: Callable, else_fn: Callable, inputs: Sequence[Node
                            [(o.shape, o.dtype) for o in outs])
     results = _results(node, len(outs))
     return results[0] if isinstance(then_raw, Node) else results
+
+
+def _only(sub: Subgraph, i: int) -> Subgraph:
+    """``sub`` computing its output ``i`` alone."""
+    return Subgraph(sub.args, [sub.outputs[i]], sub.name)
 
 
 def _fn_name(fn, default: str) -> str:
@@ -281,16 +291,16 @@ def _check_branches(a: Subgraph, b: Subgraph) -> None:
                              f"{y.dtype.name}{fmt_shape(y.shape)} in {b.name}; both branches must agree")
 
 
-def _cond_infer(pred, *args, then, else_, n_operands, shape, dtype, _types=None):
+def _cond_infer(pred, *args, then, else_, n_operands, _in_vertex_function, shape, dtype, _types=None):
     return shape, dtype
 
 
-def _cond_impl(xp, pred, *values, then, else_, n_operands, shape, dtype, _types=None):
+def _cond_impl(xp, pred, *values, then, else_, n_operands, _in_vertex_function, shape, dtype, _types=None):
     outs = (then if _host_true(pred) else else_).run(xp, values)
     return tuple(outs) if _types is not None else outs[0]
 
 
-def _cond_vjp(g, node, pred, *args, then, else_, n_operands, shape, dtype, _types=None):
+def _cond_vjp(g, node, pred, *args, then, else_, n_operands, _in_vertex_function, shape, dtype, _types=None):
     cts = _cotangents(g, node)
     n_out = len(then.outputs)
     given = sorted(cts)
@@ -298,7 +308,7 @@ def _cond_vjp(g, node, pred, *args, then, else_, n_operands, shape, dtype, _type
     if not wanted:
         return (None,) * (1 + len(args))
 
-    def branch(sub: Subgraph):
+    def branch(sub: Subgraph, which: list):
         def backward(*vals):
             values, ct_vals = list(vals[:len(args)]), vals[len(args):]
             outs = sub.inline(values)
@@ -306,12 +316,16 @@ def _cond_vjp(g, node, pred, *args, then, else_, n_operands, shape, dtype, _type
             for i, c in zip(given, ct_vals):
                 ct[i] = c
             gs = _float_grads(outs, ct, values)
-            return [gs[i] for i in wanted]
+            return [gs[i] for i in which]
         backward.__name__ = f"{sub.name}.backward"
         return backward
 
-    back = cond(pred, branch(then), branch(else_), list(args) + [cts[i] for i in given])
-    back = [back] if isinstance(back, Node) else back
+    operands = list(args) + [cts[i] for i in given]
+    if _in_vertex_function:   # one node per gradient there: the gradients of per-vertex values and
+        # parameters' (summed over the vertices) must not share a node in ∂F
+        back = [cond(pred, branch(then, [i]), branch(else_, [i]), operands)[0] for i in wanted]
+    else:
+        back = cond(pred, branch(then, wanted), branch(else_, wanted), operands)
     grads: list = [None] * len(args)
     for i, gnode in zip(wanted, back):
         grads[i] = gnode

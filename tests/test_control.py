@@ -439,3 +439,44 @@ def test_foreach_refuses_more_run_time_steps_than_its_length():
         run(s, {xs: np.ones((4, 3)), n: np.int64(5)})
     with pytest.raises(ShapeError, match="steps must be one integer value"):
         C.foreach(lambda x, s: ([], s + x), xs, ops.constant(np.zeros(3)), steps=ops.input((), F64))
+
+
+def _cond_chain(choice):
+    """A chain whose F picks its cell by the sign of a parameter: with a cond (``choice=None``), or with
+    Python control flow (``choice`` True or False: that branch alone)."""
+    from minicavs.model import Model, Structure
+    from minicavs.vertex import VertexFunction
+    D, H = 2, 4
+    Wx, s = ops.param_node("Wx", (D, H), F64), ops.param_node("s", (), F64)
+    F = VertexFunction("v", arity=1, message=(H,), dtype=F64)
+    with F:
+        h0, x = F.gather(0), F.pull((D,))
+
+        def smooth():
+            return [ops.tanh(x @ Wx + h0), h0 * 0.5]
+
+        def other():
+            return [ops.sigmoid(x @ Wx) + ops.log(ops.abs(h0) + 1.0), ops.tanh(h0)]
+        h, extra = (C.cond(s, smooth, other) if choice is None else (smooth() if choice else other()))
+        F.scatter(h)
+        F.push(h + extra)
+    st = Structure(F, pulls={"x": ops.input((None, D), F64, name="xs")})
+    return Model(st, loss=ops.sum(ops.square(st.pushed("h"))))
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_a_cond_in_a_vertex_function_equals_python_control_flow(sign):
+    """A cond with two results in F (a node per result there), on both executors, equal to F written with
+    the branch chosen in Python: loss and gradients."""
+    from minicavs.compile import EngineOptions
+    from minicavs.inputs import InputGraph
+    rng = np.random.default_rng(13)
+    vals = {"Wx": rng.uniform(-0.5, 0.5, (2, 4)), "s": np.float64(sign)}
+    graphs = [InputGraph.chain(n) for n in (3, 1, 2)]
+    feeds = {"xs": rng.standard_normal((6, 2))}
+    want = _cond_chain(sign > 0).forward_backward(graphs, feeds, vals)
+    model = _cond_chain(None)
+    for executor in ("python", "native"):
+        got = model.forward_backward(graphs, feeds, vals, options=EngineOptions(executor=executor))
+        close(got.loss, want.loss)
+        close(got.grads["Wx"], want.grads["Wx"])
