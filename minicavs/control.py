@@ -21,7 +21,14 @@ stacked outputs keep the row axis in front.
 
 Values with several outputs: the node of a control-flow op with more than one result holds a tuple, and each
 result is an ``item`` node of it; the gradients of several items reach the tuple node as one ``tuple_ct``
-node (merged by the registry's ``merge_gradients``), which only the op's gradient rule reads.
+node (merged by the registry's ``merge_gradients``), which only the op's gradient rule reads. Inside a vertex
+function a value may be stored per vertex between phases and passes, which a tuple cannot be: there each
+result is a node of its own (running the body once per result read), a loop's gradient replays it to get its
+per-step states, and the gradients of per-vertex values and of parameters come from separate nodes.
+
+Run-time shapes: a static graph's shapes are fixed at declaration, so outputs sized by the iterations that
+actually ran (``while_loop``, ``foreach(steps=n)``) keep their declared length and are zero after the last
+step run; the number of steps is an output (``while_loop``) or an input (``foreach``).
 """
 from __future__ import annotations
 
