@@ -204,9 +204,9 @@ def where(pred, a, b) -> Node:
     since its own backward multiplies that 0 by an infinite derivative (0 * inf = NaN). The safe pattern
     chooses the *input* first, so the unselected side only ever sees a harmless value::
 
-        ok = ge(x, eps)                           # where sqrt is defined and smooth
-        safe_x = where(ok, x, ones_like(x))       # 1 where it is not: sqrt(1) and its slope are finite
-        y = where(ok, sqrt(safe_x), zeros_like(x))
+        ok = ge(x, eps)                  # where sqrt is defined and smooth
+        safe_x = where(ok, x, 1.0)       # 1 where it is not: sqrt(1) and its slope are finite
+        y = where(ok, sqrt(safe_x), 0.0)
 
     (``cond`` of minicavs.control runs only the taken branch, so it has no such caveat, but it chooses once
     for the whole value, not per element.)
