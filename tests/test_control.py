@@ -480,3 +480,26 @@ def test_a_cond_in_a_vertex_function_equals_python_control_flow(sign):
         got = model.forward_backward(graphs, feeds, vals, options=EngineOptions(executor=executor))
         close(got.loss, want.loss)
         close(got.grads["Wx"], want.grads["Wx"])
+
+
+def test_a_while_loop_inside_a_foreach():
+    """Per step of a foreach, a while_loop halving a value until it is below a threshold (a different trip
+    count per step); forward against Python loops, gradients by finite differences."""
+    xs = ops.input((4,), F64, name="xs")
+    k = ops.param_node("k", (), F64)
+
+    def body(x, s):
+        _, y, count = C.while_loop(lambda v: v - 1.0, lambda v: ([], v * 0.5 + k), x, 6)
+        return [y], s + y * x
+    (ys,), total = C.foreach(body, xs, ops.constant(0.0, F64))
+    X = np.array([0.7, 3.3, 9.1, 40.0])
+    got_ys, got_total = run([ys, total], {xs: X}, {"k": 0.1})
+    want = []
+    for x in X:
+        v, n = x, 0
+        while n < 6 and v - 1.0 > 0:
+            v, n = v * 0.5 + 0.1, n + 1
+        want.append(v)
+    close(got_ys, want)
+    close(got_total, float(np.dot(want, X)))
+    check_grads([ys, total], [xs, k], {xs: X}, {"k": 0.1})
