@@ -95,6 +95,12 @@ def test_cli_training_beats_the_copy_baseline(tmp_path, capsys):
     seq, copy = results["test_seq_acc"], results["test_copy_seq_acc"]
     assert seq >= 0.9 and copy < 0.5, (seq, copy)
     assert "test_copy_seq_acc" in capsys.readouterr().out
+    (tmp_path / "in.txt").write_text("1 2 3\n4071\n9\n")
+    assert main(["predict", str(run), str(tmp_path / "in.txt")]) == 0
+    assert capsys.readouterr().out.split() == ["321", "1704", "9"]
+    (tmp_path / "bad.txt").write_text("12a\n")
+    assert main(["predict", str(run), str(tmp_path / "bad.txt")]) != 0
+    assert "bad.txt:1: expected digits, got '12a'" in capsys.readouterr().err
 
 
 def _close(a, b):
