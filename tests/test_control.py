@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import minicavs.ops as ops
 from minicavs import control as C
@@ -503,3 +504,32 @@ def test_a_while_loop_inside_a_foreach():
     close(got_ys, want)
     close(got_total, float(np.dot(want, X)))
     check_grads([ys, total], [xs, k], {xs: X}, {"k": 0.1})
+
+
+@settings(deadline=None, max_examples=15)
+@given(steps=st.integers(0, 4), rows=st.booleans(), width=st.integers(1, 3), reverse=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_foreach_of_any_size_and_direction_equals_a_python_loop(steps, rows, width, reverse, seed):
+    """s' = tanh(x * a + s * b), output s' * x, over random lengths (zero included), widths, directions."""
+    lead = (None,) if rows else ()
+    xs = ops.input(lead + (steps, width) if rows else (steps, width), F64, name="xs")
+    s0 = ops.input(lead + (width,), F64, name="s0")
+    a, b = ops.param_node("a", (width,), F64), ops.param_node("b", (width,), F64)
+    (ys,), sT = C.foreach(lambda x, s: ([ops.tanh(x * a + s * b) * x], ops.tanh(x * a + s * b)), xs, s0,
+                          reverse=reverse)
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((2, steps, width) if rows else (steps, width))
+    S, A, B = rng.standard_normal((2, width) if rows else (width,)), rng.standard_normal(width), \
+        rng.standard_normal(width)
+    got_y, got_s = run([ys, sT], {xs: X, s0: S}, {"a": A, "b": B})
+    s, want = S, np.zeros_like(X)
+    for t in (reversed(range(steps)) if reverse else range(steps)):
+        x = X[:, t] if rows else X[t]
+        s = np.tanh(x * A + s * B)
+        if rows:
+            want[:, t] = s * x
+        else:
+            want[t] = s * x
+    close(got_y, want)
+    close(got_s, s)
+    check_grads([ys, sT], [xs, s0, a, b], {xs: X, s0: S}, {"a": A, "b": B})
