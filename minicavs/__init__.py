@@ -14,6 +14,7 @@ import importlib
 from . import ops  # noqa: F401  (registers every op)
 from . import cpu  # noqa: F401  (the default backend: provides the C kernels the ops and optimizers use)
 from .autodiff import grad  # noqa: F401
+from . import control  # noqa: F401  (cond, foreach, while_loop: registers their ops)
 from .dtypes import float32, float64, int32, int64  # noqa: F401
 from .errors import (CheckpointError, DataError, FeedError, InputGraphError, MinicavsError,  # noqa: F401
                      NonFiniteError, RunDirError, ShapeError)

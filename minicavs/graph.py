@@ -137,8 +137,16 @@ def fmt_shape(shape: Shape) -> str:
     return "(" + ", ".join("?" if d is None else str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
 
 
+def _type_of(shape: Shape, dtype: DType) -> str:
+    return f"{SHORT[dtype.name]}[{','.join('?' if d is None else str(d) for d in shape)}]"
+
+
 def type_str(n: Node) -> str:
-    return f"{SHORT[n.dtype.name]}[{','.join('?' if d is None else str(d) for d in n.shape)}]"
+    """``f32[?,4]``; a node holding several results (a control-flow op's, attribute ``_types``): the tuple."""
+    types = n.attrs.get("_types")
+    if types is not None:
+        return "(" + ", ".join(_type_of(shape, dtype) for shape, dtype in types) + ")"
+    return _type_of(n.shape, n.dtype)
 
 
 def _fmt_attr(v: Any) -> str:
@@ -147,6 +155,16 @@ def _fmt_attr(v: Any) -> str:
     if isinstance(v, float):
         return f"{v:g}"
     return repr(v)
+
+
+def _own_type(n: Node, key: str, value: Any) -> bool:
+    """Is attribute ``key`` the node's declared shape or dtype, which its type says already (a leaf's, a
+    tuple node's and its items', a control-flow node's)?"""
+    if key not in ("shape", "dtype"):
+        return False
+    holds_tuple = "_types" in n.attrs or (len(n.inputs) == 1 and "_types" in n.inputs[0].attrs)
+    holds_graphs = any(isinstance(v, Graph) for v in n.attrs.values())
+    return n.op in ("input", "param") or holds_tuple or holds_graphs
 
 
 def consumers(nodes: Sequence[Node]) -> dict:
@@ -196,23 +214,30 @@ class Graph:
                 out[x].append(n)
         return out
 
-    def dump(self, labels: dict[Node, str] | None = None) -> str:
-        """One line per node, jaxpr-like: ``%3:f32[?,4] = tanh %2  # label``."""
+    def dump(self, labels: dict[Node, str] | None = None, indent: str = "") -> str:
+        """One line per node, jaxpr-like: ``%3:f32[?,4] = tanh %2  # label``. A node whose attributes hold
+        graphs (a control-flow op's bodies) is followed by each of them, dumped the same way and indented;
+        attributes whose names start with ``_`` (bookkeeping) and a ``shape``/``dtype`` its type already
+        says are left out."""
         idx = {n: i for i, n in enumerate(self.nodes)}
         lines = []
         for n in self.nodes:
             args = " ".join(f"%{idx[x]}" for x in n.inputs)
+            bodies = [(k, v) for k, v in n.attrs.items() if isinstance(v, Graph)]
             attrs = " ".join(f"{k}={_fmt_attr(v)}" for k, v in n.attrs.items()
-                             if not (n.op in ("input", "param") and k in ("shape", "dtype")))
+                             if not (k.startswith("_") or isinstance(v, Graph) or _own_type(n, k, v)))
             rhs = " ".join(s for s in (n.op, args, attrs) if s)
             note = []
             if n.name:
                 note.append(repr(n.name))
             if labels and n in labels:
                 note.append(labels[n])
-            lines.append(f"  %{idx[n]}:{type_str(n)} = {rhs}" + (f"  # {' '.join(note)}" if note else ""))
+            lines.append(f"{indent}  %{idx[n]}:{type_str(n)} = {rhs}" + (f"  # {' '.join(note)}" if note else ""))
+            for k, body in bodies:
+                text = body.dump(indent=indent + "    ")
+                lines.append(f"{indent}    {k} = {text[len(indent) + 4:]}")
         outs = ", ".join(f"%{idx[o]}" for o in self.outputs)
-        return "{\n" + "\n".join(lines) + f"\n  return {outs}\n}}"
+        return f"{indent}{{\n" + "\n".join(lines) + f"\n{indent}  return {outs}\n{indent}}}"
 
     def to_dot(self, labels: dict[Node, str] | None = None) -> str:
         """Graphviz source; ``dot -Tsvg`` renders it."""

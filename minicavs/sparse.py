@@ -73,8 +73,10 @@ def add_all(xp, xs):
     """Sum dense arrays and RowSparse values; the result stays sparse only if every operand is."""
     sparse = [x for x in xs if isinstance(x, RowSparse)]
     dense = [x for x in xs if not isinstance(x, RowSparse)]
-    if not dense:
-        return RowSparse(xp.concatenate([s.indices for s in sparse]),
+    if not dense:   # indices stay where they live (a feed's on the host), unless they live in both places
+        idx = [s.indices for s in sparse]
+        ixp = array_module(idx[0]) if len({array_module(i) for i in idx}) == 1 else xp
+        return RowSparse(ixp.concatenate([as_module(ixp, i) for i in idx]),
                          xp.concatenate([s.rows for s in sparse]), sparse[0].shape)
     out = dense[0] + dense[1] if len(dense) > 1 else xp.array(dense[0], copy=True)
     for d in dense[2:]:

@@ -6,6 +6,12 @@ the embedding of its input word (<eos> as the start symbol, then w_1..w_n) and p
     [i, f, o, u] = x·W_x + h_prev·W_h + b;   c = σ(f) ⊙ c_prev + σ(i) ⊙ tanh(u);   h = σ(o) ⊙ tanh(c)
 scatter [h, c]; push h; softmax(h·W_o + b_o) over the vocabulary at every vertex. Loss = summed cross-entropy
 divided by the number of sentences. Dropout on the embedding and on h before the softmax, inside F.
+
+``model.graph: foreach`` writes the same model as one static graph instead, the baseline a static-graph
+framework would run: sentences padded to the longest of the data (a mask per word), a ``foreach``
+(minicavs/control.py) over the positions that runs as many steps as the batch's longest sentence, the LSTM
+cell and the per-word cross-entropy in its body, the state kept as it was past a sentence's end (``where``).
+Same parameters, same loss and gradients (without dropout, which a loop body does not take: dropout must be 0).
 """
 from __future__ import annotations
 
@@ -13,8 +19,8 @@ import math
 
 import numpy as np
 
-from minicavs import ops
-from minicavs.config import PRETRAINED_RULES, PROBABILITY, Nullable, Range, at_least
+from minicavs import control, ops
+from minicavs.config import PRETRAINED_RULES, PROBABILITY, Choice, ConfigError, Nullable, Range, at_least
 from minicavs.data import vectors
 from minicavs.errors import DataError
 from minicavs.data.datasets import require_file
@@ -27,12 +33,13 @@ from minicavs.vertex import VertexFunction
 
 NAME = "var_lstm"
 DEFAULTS = {"embed": 128, "hidden": 256, "dropout": 0.5, "max_vocab": 0, "embed_init": "uniform(0.1)",
-            "forget_bias": 0.0, **vectors.KEYS}   # pretrained, pretrained_format, freeze_embeddings
+            "forget_bias": 0.0, "graph": "chain", **vectors.KEYS}   # pretrained, pretrained_format, freeze_embeddings
 DATA_DEFAULTS = {"train": "synthetic", "dev": "synthetic", "test": "synthetic", "dev_fraction": 0.0, "limit": 0,
                  "synthetic": {"train": 2000, "dev": 200, "test": 200, "seed": 5, "vocab": 200}}
 TRAIN_DEFAULTS = {"optimizer": "adam", "lr": 1e-3, "batch_size": 64}
 RULES = {"embed": Nullable(at_least(1), "the dimension of model.pretrained's vectors"), "hidden": at_least(1),
-         "dropout": PROBABILITY, "max_vocab": at_least(0), "forget_bias": Range(), **PRETRAINED_RULES}
+         "dropout": PROBABILITY, "max_vocab": at_least(0), "forget_bias": Range(), "graph": Choice(("chain", "foreach")),
+         **PRETRAINED_RULES}
 DATA_RULES = {"dev_fraction": PROBABILITY, "limit": at_least(0), "synthetic.train": at_least(1),
               "synthetic.dev": at_least(1), "synthetic.test": at_least(1), "synthetic.seed": at_least(0),
               "synthetic.vocab": at_least(1)}
@@ -82,6 +89,17 @@ class LanguageModel(Task):
         p.new("b", (4 * H,), init=gates, dtype=dtype, rng=seed)
         p.new("W_o", (H, V), dtype=dtype, rng=seed)
         p.new("b_o", (V,), init="zeros", dtype=dtype, rng=seed)
+        self.graph = m["graph"]
+        self.dtype = np.dtype(dtype)
+        self._predict_outputs = None
+        self._chains: dict = {}
+        if self.graph == "foreach":
+            if m["dropout"]:
+                raise ConfigError(f"model.graph=foreach: a loop body takes no dropout; set model.dropout=0 "
+                                  f"(it is {m['dropout']})")
+            self.length = max(len(x) for split in self.data.values() for x, _ in split)
+            self._build_foreach(p, H, dtype, tc["policy"])
+            return
         self.inputs = ops.input((None,), "int64", name="inputs")
         self.targets = ops.input((None,), "int64", name="targets")
         self.inv_sentences = ops.input((), dtype, name="inv_sentences")
@@ -90,10 +108,45 @@ class LanguageModel(Task):
         logits = ops.linear(s.pushed("h"), p["W_o"].node, p["b_o"].node)
         nll = ops.sum(ops.softmax_cross_entropy(logits, self.targets))
         self.model = Model(s, loss=nll * self.inv_sentences, outputs={"nll": nll}, policy=tc["policy"])
-        self.dtype = np.dtype(dtype)
         self.logits = logits
-        self._predict_outputs = None
-        self._chains: dict = {}
+
+    def _build_foreach(self, p, H: int, dtype, policy) -> None:
+        """The static-graph model: a foreach over padded positions (see the module's docstring)."""
+        T = self.length
+        self.inputs = ops.input((None, T), "int64", name="inputs")
+        self.targets = ops.input((None, T), "int64", name="targets")
+        self.mask = ops.input((None, T), dtype, name="mask")
+        self.steps = ops.input((), "int64", name="steps")
+        self.state0 = ops.input((None, H), dtype, name="state0")
+        self.inv_sentences = ops.input((), dtype, name="inv_sentences")
+        W_x, W_h, b, W_o, b_o = (p[k].node for k in ("W_x", "W_h", "b", "W_o", "b_o"))
+
+        def body(inputs, states):
+            x, y, m = inputs
+            h0, c0 = states
+            i, f, o, u = ops.split(ops.linear(x, W_x, b) + h0 @ W_h, 4)
+            c = ops.sigmoid(f) * c0 + ops.sigmoid(i) * ops.tanh(u)
+            h = ops.sigmoid(o) * ops.tanh(c)
+            nll = ops.softmax_cross_entropy(ops.linear(h, W_o, b_o), y) * m
+            keep = ops.reshape(m, (None, 1))
+            return [nll], [ops.where(keep, h, h0), ops.where(keep, c, c0)]
+        (nll,), _ = control.foreach(body, [ops.lookup(p["E"].node, self.inputs), self.targets, self.mask],
+                                    [self.state0, self.state0], steps=self.steps, name="lstm")
+        nll = ops.sum(nll)
+        self.model = Model([], loss=nll * self.inv_sentences, outputs={"nll": nll}, policy=policy)
+
+    def _padded(self, samples) -> tuple[dict, dict]:
+        """The foreach graph's feeds: ids, targets and a mask padded to the longest sentence of the data."""
+        n, T = len(samples), self.length
+        inputs, targets = np.zeros((n, T), np.int64), np.zeros((n, T), np.int64)
+        mask = np.zeros((n, T), self.dtype)
+        for r, (x, y) in enumerate(samples):
+            inputs[r, :len(x)], targets[r, :len(y)], mask[r, :len(x)] = x, y, 1
+        feeds = {"inputs": inputs, "targets": targets, "mask": mask,
+                 "steps": np.int64(max(len(x) for x, _ in samples)),
+                 "state0": np.zeros((n, self.params["W_h"].value.shape[0]), self.dtype),
+                 "inv_sentences": np.asarray(1.0 / n, self.dtype)}
+        return {}, feeds
 
     def unknown_words(self, split: str) -> tuple[int, int] | None:
         return self.unknown.get(split)
@@ -116,6 +169,8 @@ class LanguageModel(Task):
         return out
 
     def batch(self, samples):
+        if self.graph == "foreach":
+            return self._padded(samples)
         graphs = [self._chain(len(x)) for x, _ in samples]
         feeds = {"inputs": np.concatenate([x for x, _ in samples]),
                  "targets": np.concatenate([y for _, y in samples]),
@@ -144,6 +199,8 @@ class LanguageModel(Task):
         return line.split()
 
     def predict(self, samples, batch_size: int, top: int = 3) -> list[dict]:
+        if self.graph == "foreach":
+            raise NotImplementedError("predict runs the chain graph: train with model.graph=chain")
         if self._predict_outputs is None:   # per-word losses and the distribution after each sentence's last word
             last = ops.input((None,), "int64", name="last")
             self._predict_outputs = {"token_nll": ops.softmax_cross_entropy(self.logits, self.targets),

@@ -13,6 +13,9 @@ from __future__ import annotations
 import numpy as np
 
 LEAVES = frozenset({"input", "param", "gather", "pull"})
+#: ops that never run: ``tuple_ct`` carries the cotangents of a control-flow node's results to that op's
+#: gradient rule, which takes it apart when it builds the backward graph.
+STRUCTURAL = frozenset({"tuple_ct"})
 
 
 # --- sources -----------------------------------------------------------------------------------------
@@ -105,6 +108,10 @@ def maximum(a, b):
 
 def ge(a, b):
     return np.where(a >= b, 1.0, 0.0)
+
+
+def where(p, a, b):
+    return np.where(np.asarray(p, np.float64) > 0, np.asarray(a, np.float64), np.asarray(b, np.float64))
 
 
 def accum(*xs):
@@ -334,16 +341,54 @@ def dropout(x, p, site, seed=0, step=0, row_keys=None, training=True):
     return np.where(dropout_keep(x.shape, p, site, seed, step, row_keys), x / (1.0 - p), 0.0)
 
 
+# --- control flow: Python loops over numpy, bodies given as numpy functions -------------------------
+
+def foreach(body, xs, states, rows=False, reverse=False):
+    """``outs_t, states = body(xs_t, states)`` over axis 0 (axis 1 with ``rows``); returns the stacked
+    outputs then the final states."""
+    steps = xs[0].shape[1 if rows else 0]
+    outs = None
+    per_step = {}
+    for t in (reversed(range(steps)) if reverse else range(steps)):
+        o, states = body([x[:, t] if rows else x[t] for x in xs], states)
+        per_step[t] = o
+        outs = o
+    stacked = [np.stack([per_step[t][k] for t in range(steps)], axis=1 if rows else 0)
+               for k in range(len(outs))]
+    return stacked + list(states)
+
+
+def while_loop(cond, body, loop_vars, max_iterations):
+    """Outputs stacked to ``max_iterations`` steps (zero after the last step run), final vars, the count."""
+    outs = []
+    while len(outs) < max_iterations and cond(loop_vars) > 0:
+        o, loop_vars = body(loop_vars)
+        outs.append(o)
+    like = body(loop_vars)[0]
+    stacked = [np.stack([o[k] for o in outs] + [np.zeros_like(like[k])] * (max_iterations - len(outs)))
+               for k in range(len(like))]
+    return stacked + list(loop_vars) + [np.int64(len(outs))]
+
+
+def cond(pred, then, else_, *operands):
+    return (then if np.asarray(pred).reshape(-1)[0] > 0 else else_)(*operands)
+
+
+def item(values, index):
+    return values[index]
+
+
 #: op name -> reference function (every op of the registry except the leaves).
 REFERENCE = {
     "constant": constant, "zeros_like": zeros_like, "ones_like": ones_like,
     "neg": neg, "exp": exp, "log": log, "tanh": tanh, "sigmoid": sigmoid, "relu": relu, "square": square,
     "sqrt": sqrt, "abs": abs, "step": step, "sign": sign, "pow": pow,
-    "add": add, "sub": sub, "mul": mul, "div": div, "maximum": maximum, "ge": ge, "accum": accum,
+    "add": add, "sub": sub, "mul": mul, "div": div, "maximum": maximum, "ge": ge, "where": where, "accum": accum,
     "sum": sum, "mean": mean, "sum_to": sum_to, "broadcast_like": broadcast_like, "mean_grad": mean_grad,
     "reshape": reshape, "transpose": transpose, "concat": concat, "slice": slice, "unslice": unslice,
     "matmul": matmul, "linear": linear,
     "softmax": softmax, "log_softmax": log_softmax, "softmax_cross_entropy": softmax_cross_entropy,
     "xent_grad": xent_grad, "mse": mse, "dropout": dropout, "lookup": lookup, "lookup_grad": lookup_grad,
     "densify": densify, "scatter": scatter, "push": push,
+    "cond": cond, "foreach": foreach, "while_loop": while_loop, "item": item,
 }

@@ -24,6 +24,7 @@ LAYERS = [
     ["graph"],
     ["ops"],
     ["autodiff"],
+    ["control"],
     ["vertex"],
     ["inputs"],
     ["scheduler", "frontier", "fsm"],

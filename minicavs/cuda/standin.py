@@ -334,7 +334,13 @@ argsort = _typed(np.argsort, ("a",))
 nonzero = _typed(np.nonzero, ("a",))
 take_along_axis = _typed(np.take_along_axis, ("arr", "indices"))
 reshape = _typed(np.reshape, ("a",))
-result_type = np.result_type
+where = _typed(np.where, ("condition", "x", "y"))
+
+
+def result_type(*arrays_and_dtypes):
+    """numpy's rule over the arrays' dtypes (as CuPy's: no crossing; numpy's own would recurse through
+    ``__array_function__`` back here)."""
+    return np.result_type(*(a.dtype if isinstance(a, ndarray) else a for a in arrays_and_dtypes))
 
 
 def put_along_axis(arr, indices, values, axis) -> None:

@@ -3,7 +3,7 @@ from .registry import OPS, OpDef, register  # noqa: F401
 from .sources import input, param_node, constant, zeros_like, ones_like  # noqa: F401
 from .reduce import sum, mean, sum_to, broadcast_like, mean_grad  # noqa: F401
 from .elementwise import (neg, exp, log, tanh, sigmoid, relu, square, sqrt, abs, step, sign, pow,  # noqa: F401
-                          add, sub, mul, div, maximum, ge, accum)
+                          add, sub, mul, div, maximum, ge, accum, where)
 from .shape import reshape, transpose, concat, slice_, split  # noqa: F401
 from .linalg import matmul, linear  # noqa: F401
 from .nn import (softmax, log_softmax, softmax_cross_entropy, mse, dropout, lookup, densify,  # noqa: F401

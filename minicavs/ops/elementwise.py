@@ -169,3 +169,51 @@ def accum(*xs: Node) -> Node:
         xs = tuple(xs[i] if len(xs) - i == 1 else make_node("accum", xs[i:i + ACCUM_OPERANDS])
                    for i in range(0, len(xs), ACCUM_OPERANDS))
     return xs[0] if len(xs) == 1 else make_node("accum", xs)
+
+
+def _where_infer(pred, a, b):
+    shape, dtype = _binary_infer(a, b)
+    if pred.dtype != dtype:
+        raise ShapeError(f"the predicate is {pred.dtype.name}{fmt_shape(pred.shape)} but the operands are "
+                         f"{dtype.name}: give a mask of the operands' dtype (positive where a is chosen), "
+                         "such as ge(x, y) or step(x)")
+    return broadcast_shapes(pred.shape, shape), dtype
+
+
+def _where_vjp(g, y, pred, a, b):
+    zero = constant(0.0, g.dtype)   # a literal in the fused kernel, not an array
+    return None, unbroadcast(where(pred, g, zero), a), unbroadcast(where(pred, zero, g), b)
+
+
+register(OpDef("where", infer=_where_infer, impl=lambda xp, p, a, b: xp.where(p > 0, a, b),
+               vjp=_where_vjp, expr=S.select))
+
+
+def where(pred, a, b) -> Node:
+    """Elementwise choice: ``a`` where ``pred > 0``, else ``b`` (numpy broadcasting over all three).
+
+    ``pred`` is a mask of the operands' dtype (positive where ``a`` is chosen: the convention of ``step``),
+    such as ``ge(x, y)``, ``step(x)`` or ``x`` itself; for a per-row choice in
+    a static graph it has the row axis. Both operands are computed everywhere; the choice is made per
+    element. What it guarantees for gradients: the cotangent reaches ``a`` only where ``pred > 0``
+    and ``b`` only where not, the other side getting exactly 0 (not ``0 * g``: a NaN or inf
+    cotangent on the unselected side stays out). No gradient flows into ``pred``.
+
+    What it cannot guarantee: an operand whose own derivative is infinite where it is not chosen (``sqrt``
+    at 0, ``log`` at 0, ``1/x`` at 0) still poisons the gradient there (its value is merely not chosen),
+    since its own backward multiplies that 0 by an infinite derivative (0 * inf = NaN). The safe pattern
+    chooses the *input* first, so the unselected side only ever sees a harmless value::
+
+        ok = ge(x, eps)                  # where sqrt is defined and smooth
+        safe_x = where(ok, x, 1.0)       # 1 where it is not: sqrt(1) and its slope are finite
+        y = where(ok, sqrt(safe_x), 0.0)
+
+    (``cond`` of minicavs.control runs only the taken branch, so it has no such caveat, but it chooses once
+    for the whole value, not per element.)
+    """
+    nodes = [x for x in (pred, a, b) if isinstance(x, Node)]
+    if not nodes:
+        raise TypeError("where: at least one operand must be a Node")
+    like = next((x for x in (a, b) if isinstance(x, Node)), nodes[0])
+    pred, a, b = (as_node(x, like) for x in (pred, a, b))
+    return make_node("where", (pred, a, b))

@@ -33,8 +33,12 @@ def random_group(rng, dtype):
     b = ops.input((5,), dtype, name="b")
     pool = [x, y, b]
     for _ in range(int(rng.integers(3, 9))):
-        if rng.random() < 0.5:
+        r = rng.random()
+        if r < 0.45:
             pool.append(UNARY[int(rng.integers(len(UNARY)))](pool[int(rng.integers(len(pool)))]))
+        elif r < 0.6:   # a select: its predicate, chosen and unchosen sides from the pool
+            p, a, c = (pool[int(i)] for i in rng.integers(len(pool), size=3))
+            pool.append(ops.where(p, a, c))
         else:
             a, c = (pool[int(i)] for i in rng.integers(len(pool), size=2))
             pool.append(BINARY[int(rng.integers(len(BINARY)))](a, c))

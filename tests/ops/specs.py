@@ -207,6 +207,17 @@ spec("maximum", "elementwise", *_binary_cases(ops.maximum, R.maximum, grid(0), g
 spec("ge", "elementwise", *_binary_cases(ops.ge, R.ge, grid(0), grid(1)),
      nondiff="a comparison: piecewise constant, derivative 0 almost everywhere")
 
+WHERE_SHAPES = [((), (), ()), ((None, 3), (None, 3), (None, 3)), ((None, 1), (None, 3), (3,)),
+                ((None, 3), (), (None, 3)), ((2, 1, 3), (4, 1), (3,)), ((), (None, 3), (None, 1))]
+spec("where", "elementwise",
+     *(Case(f"{_sid(p)}-{_sid(a)}-{_sid(b)}", (Arg(p, away()), Arg(a), Arg(b)), ops.where)
+       for p, a, b in WHERE_SHAPES),
+     Case("number-a", (A(None, 3, gen=away()), A(None, 3)), lambda p, b: ops.where(p, 1.5, b),
+          ref=lambda p, b: R.where(p, 1.5, b)),
+     Case("number-b", (A(None, 3, gen=away()), A(None, 3)), lambda p, a: ops.where(p, a, -0.5),
+          ref=lambda p, a: R.where(p, a, -0.5)))
+
+
 def _sparse(g, idx, table):
     """lookup_grad(g, idx, table): the row-sparse table gradient (``table`` gives only the dense shape)."""
     return make_node("lookup_grad", (g, idx, table))
@@ -325,6 +336,64 @@ spec("linear", "linalg",
      Case("params", (A(None, 3), A(3, 4, param="W"), A(4, param="b")), ops.linear),
      Case("inputs", (A(2, 3), A(3, 4), A(4)), ops.linear),
      Case("size1", (A(None, 1), A(1, 1, param="W"), A(1, param="b")), ops.linear))
+
+
+# --- control flow (minicavs/control.py) --------------------------------------------------------------
+
+def _control():
+    from minicavs import control
+    return control
+
+
+def _rnn(W):
+    def body(x, h):
+        h2 = ops.tanh(ops.matmul(x, W) + h)
+        return [h2 * 2.0], h2
+    return body
+
+
+def _rnn_ref(W):
+    def body(xs, states):
+        h2 = np.tanh(xs[0] @ W + states[0])
+        return [h2 * 2.0], [h2]
+    return body
+
+
+def _foreach(xs, h, W, reverse=False):
+    (y,), hT = _control().foreach(_rnn(W), xs, h, reverse=reverse)
+    return [y, hT]
+
+
+def _while(x, a):
+    outs, xT, count = _control().while_loop(lambda v: 3.0 - ops.sum(ops.abs(v)),
+                                            lambda v: ([v * a], v * a + 0.5), x, 4)
+    return [outs[0], xT]
+
+
+def _while_ref(x, a):
+    return R.while_loop(lambda vs: 3.0 - np.abs(vs[0]).sum(), lambda vs: ([vs[0] * a], [vs[0] * a + 0.5]),
+                        [x], 4)[:2]
+
+
+spec("foreach", "control",
+     Case("steps", (A(4, 2, 3), A(2, 3), A(3, 3, param="W")), _foreach,
+          ref=lambda xs, h, W: R.foreach(_rnn_ref(W), [xs], [h])),
+     Case("rows", (A(None, 4, 3), A(None, 3), A(3, 3, param="W")), _foreach,
+          ref=lambda xs, h, W: R.foreach(_rnn_ref(W), [xs], [h], rows=True)),
+     Case("reverse", (A(4, 2, 3), A(2, 3), A(3, 3, param="W")), lambda *a: _foreach(*a, reverse=True),
+          ref=lambda xs, h, W: R.foreach(_rnn_ref(W), [xs], [h], reverse=True)),
+     Case("one-step", (A(1, 2, 3), A(2, 3), A(3, 3, param="W")), _foreach,
+          ref=lambda xs, h, W: R.foreach(_rnn_ref(W), [xs], [h])))
+spec("while_loop", "control",
+     Case("vector", (A(3, gen=small(-0.5, 0.5)), A(3, gen=small(0.5, 1.5), param="a")), _while, ref=_while_ref))
+spec("cond", "control",
+     *(Case(f"{side}-{_sid(s)}", (A(gen=small(lo, hi)), Arg(s), A(3, param="w")),
+            lambda p, x, w: _control().cond(p, lambda v: ops.tanh(v * w), lambda v: ops.exp(v) - w, x),
+            ref=lambda p, x, w: R.cond(p, lambda v: np.tanh(v * w), lambda v: np.exp(v) - w, x))
+       for side, lo, hi in (("then", 0.5, 2.0), ("else", -2.0, -0.5)) for s in ((3,), (None, 3))))
+spec("item", "control",
+     Case("final-state", (A(4, 2, 3), A(2, 3), A(3, 3, param="W")), lambda *a: _foreach(*a)[1],
+          ref=lambda xs, h, W: R.item(R.foreach(_rnn_ref(W), [xs], [h]), 1)))
 
 
 # --- neural-network ops ------------------------------------------------------------------------------
@@ -470,7 +539,9 @@ def assert_matches(actual, expected, dtype: str, what: str):
 def check_forward(spec_: OpSpec, case: Case, dtype: str, rows: int):
     nodes, outs, feeds, params, values = build(case, dtype, rows, case_seed(spec_, case))
     for o in outs:
-        assert o.op == spec_.name, f"built {o.op}, expected {spec_.name}"
+        # (a result of a control-flow op with several is an item of the op's node)
+        made = o.inputs[0].op if o.op == "item" and spec_.name != "item" else o.op
+        assert made == spec_.name, f"built {made}, expected {spec_.name}"
     ctx_fields = case.ctx(rows) if case.ctx else {}
     before = [v.copy() for v in values]
     got = Executor(outs).run(feeds, params, RunContext(**ctx_fields))
@@ -515,6 +586,9 @@ def check_backward_types(spec_: OpSpec, case: Case, dtype: str, rows: int):
     graph = Graph(grad(outs, wrt, cots))
     ctx = RunContext(**case.ctx(rows)) if case.ctx else RunContext()
     for n, v in zip(graph.nodes, Executor(graph.nodes).run(feeds, params, ctx)):
+        if "_types" in n.attrs:   # a control-flow node's tuple: its items are checked
+            assert isinstance(v, tuple) and len(v) == len(n.attrs["_types"]), n.label()
+            continue
         d = dense_of(v)
         assert d.dtype == n.dtype.np, f"{n.label()}: dtype {d.dtype}, declared {n.dtype.name}"
         assert d.shape == _run_shape(n.shape, rows), f"{n.label()}: shape {d.shape}, declared {n.shape}"
