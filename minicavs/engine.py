@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import instructions
+from . import instructions, reference
 
 from .backend import Backend as Device
 from .compile import POST, PRE, TASK, CompiledFunction, EngineOptions  # noqa: F401 (the engine's public names)
@@ -32,15 +32,24 @@ def _native(fns: list, active: list, opts: EngineOptions, device: Device, dtype,
     """(The task loop lowered for the native executor, None) or (None, why the Python interpreter runs it:
     another executor asked for, no compiler or BLAS (cpu/native.py warned once), streaming, CUDA, an op the
     lowering cannot express). The reason is kept on the program (``native_why``, shown by dump())."""
-    if opts.executor != "native":
+    if opts.executor == "python":
         return None, "executor 'python'"
-    why = instructions.available(dtype.np, device)
+    why = instructions.available(dtype.np, device) if opts.executor == "native" else None
     if why is not None:
         return None, why
     if opts.streaming:
         return None, "streaming runs eager blocks on a worker thread"
     lowered = instructions.link(fns, sorted(active), opts, device, backward, training, workspace.programs)
     return (None, lowered) if isinstance(lowered, str) else (lowered, None)
+
+
+# who runs a lowered program, per EngineOptions.executor (dump() names it)
+RUNNERS = {"native": "native executor", "reference": "reference runner"}
+
+
+def _runner(opts: EngineOptions):
+    """The run function of the lowered program's runner: the C executor or the reference runner."""
+    return instructions.run if opts.executor == "native" else reference.run
 
 
 def _resolver(fns: list, plan: MemoryPlan, state: "RunState", dtype, btensors=None, sgrads=None,
@@ -199,14 +208,14 @@ def forward(fns: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContex
             run_block(block, statics[block.kid], xp, ctx, device)
     if native is not None:
         table, copies = instructions.task_table(fns, plan, opts, backward=False)
-        program.native, program.task_table = native, table
+        program.native, program.task_table, program.runner = native, table, RUNNERS[opts.executor]
         for k, v in copies.items():
             program.copies[k] += v
         if blocks is not None:   # one call runs the blocks before the task loop, the tasks and the blocks after
             for k, v in block_copies.items():
                 program.copies[k] += v
             table = program.native_table = _with_blocks(table, *blocks)
-        instructions.run(native, table, _resolver(fns, plan, state, dtype.np), dtype.np, plan.forest, workspace)
+        _runner(opts)(native, table, _resolver(fns, plan, state, dtype.np), dtype.np, plan.forest, workspace)
     for t, block in enumerate(program.tasks):
         if events is not None:
             events[t].wait()
@@ -303,11 +312,11 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
         forward_table = state.program.task_table   # (F's, when the native executor ran F: the rows reversed)
         table = np.ascontiguousarray(forward_table[::-1]) if forward_table is not None else \
             instructions.task_table(fns, plan, opts, backward=True)[0]
-        program.native, program.task_table = native, table
+        program.native, program.task_table, program.runner = native, table, RUNNERS[opts.executor]
         if blocks is not None:
             table = program.native_table = _with_blocks(table, *blocks)
         resolve = _resolver(fns, plan, state, dtype.np, btensors, sgrads, push_grads, pull_grads)
-        for name, g in instructions.run(native, table, resolve, dtype.np, plan.forest, workspace).items():
+        for name, g in _runner(opts)(native, table, resolve, dtype.np, plan.forest, workspace).items():
             prev = param_grads.get(name)
             if prev is None:
                 param_grads[name] = g

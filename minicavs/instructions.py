@@ -199,6 +199,7 @@ class Lowered:
     blocks_why: str | None = None   # why the blocks before and after the task loop stay in Python (None: they do not)
     task_keys: int | None = None    # the buffers the task templates name are keys[:task_keys] (None: all)
     table_width: int = TASK_COLUMNS   # columns of a task-table row
+    groups: list = field(default_factory=list)   # per kernel id: its fused group (what the reference runner runs)
 
     @property
     def block_scratch(self) -> dict:
@@ -671,7 +672,8 @@ def link(fns: list, kids: list, opts, device, backward: bool, training: bool = T
                       max((t.fixed for t in templates), default=0),
                       blocks=[_block_info(tid, kid, t, fns[kid], opts, backward) for tid, kid, t in blocks],
                       blocks_why=blocks_why, task_keys=task_keys,
-                      table_width=TASK_COLUMNS + 2 * max((len(fn.gathers) for fn in fns if fn is not None), default=0))
+                      table_width=TASK_COLUMNS + 2 * max((len(fn.gathers) for fn in fns if fn is not None), default=0),
+                      groups=[k.group for k in kernels])
     cache[key] = (list(fns), lowered)
     return lowered
 

@@ -243,6 +243,7 @@ class BatchProgram:
         self.task_table = None
         self.native_table = None   # the task table with the native blocks' rows (None: the blocks ran in Python)
         self.native_why = None   # why the Python interpreter ran the task loop (None: the native executor did)
+        self.runner = "native executor"   # who ran ``native``: the C executor or the reference runner
 
     def blocks(self) -> list:
         return self.before + self.tasks + self.after
@@ -256,9 +257,9 @@ class BatchProgram:
         if self.native is not None:
             if self.native_table is not None:
                 lines.append(f"  one native call: the blocks before the task loop, tasks 0:{len(self.task_table)}, "
-                             "the blocks after it (native executor): per block or task, its template")
+                             f"the blocks after it ({self.runner}): per block or task, its template")
             else:
-                lines.append(f"  tasks 0:{len(self.task_table)} (native executor): per task, its kind's template")
+                lines.append(f"  tasks 0:{len(self.task_table)} ({self.runner}): per task, its kind's template")
                 if self.native_why is not None:
                     lines.append(f"  (blocks before and after the task loop in Python: {self.native_why})")
             lines += [f"    {line}" for line in self.native.lines(blocks=self.native_table is not None)]
