@@ -18,6 +18,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from . import reference
 from .arrays import array_module, on_device  # noqa: F401  (the seam's view of arrays)
 from .passes.fusion import FusedGroup
 
@@ -74,6 +75,12 @@ class Backend:
 
     def synchronize(self) -> None:
         """Wait until every kernel issued so far has finished."""
+
+    def run_program(self, lowered, table: np.ndarray, resolve, dtype, forest: bool, workspace=None) -> dict:
+        """Run a lowered batch program (instructions.py) over ``table``: this device's runner. By default
+        the reference runner over this device's arrays (every opcode one function of :mod:`.reference`).
+        Returns the parameter-gradient accumulators the program added into."""
+        return reference.run(lowered, table, resolve, dtype, forest, workspace, device=self)
 
 
 def to_host(a) -> np.ndarray:

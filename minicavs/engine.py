@@ -13,6 +13,7 @@ several parents receives all contributions. Every buffer comes from the model's 
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -34,7 +35,8 @@ def _native(fns: list, active: list, opts: EngineOptions, device: Device, dtype,
     lowering cannot express). The reason is kept on the program (``native_why``, shown by dump())."""
     if opts.executor == "python":
         return None, "executor 'python'"
-    why = instructions.available(dtype.np, device) if opts.executor == "native" else None
+    # (the C executor runs on the CPU; another device runs the program with its own runner)
+    why = instructions.available(dtype.np, device) if opts.executor == "native" and device is CPU else None
     if why is not None:
         return None, why
     if opts.streaming:
@@ -43,19 +45,22 @@ def _native(fns: list, active: list, opts: EngineOptions, device: Device, dtype,
     return (None, lowered) if isinstance(lowered, str) else (lowered, None)
 
 
-# who runs a lowered program, per EngineOptions.executor (dump() names it)
-RUNNERS = {"native": "native executor", "reference": "reference runner"}
-
-
-def _runner(opts: EngineOptions):
-    """The run function of the lowered program's runner: the C executor or the reference runner."""
-    return instructions.run if opts.executor == "native" else reference.run
+def _runner(opts: EngineOptions, device: Device):
+    """(Who runs the lowered program, its run function): the reference runner over the device's arrays when
+    asked for, else the device's own runner (the C executor on the CPU)."""
+    if opts.executor == "reference":
+        return "reference runner", functools.partial(reference.run, device=device)
+    if device is CPU:
+        return "native executor", instructions.run
+    return f"{device.name} runner", device.run_program
 
 
 def _resolver(fns: list, plan: MemoryPlan, state: "RunState", dtype, btensors=None, sgrads=None,
               push_grads=None, pull_grads=None):
     """``key -> array`` for the buffers a lowered program names (instructions.py's buffer keys)."""
-    def index(a):
+    xp = state.device.xp
+
+    def index(a):   # (host arrays: a device's runner copies each over once)
         return np.ascontiguousarray(a, np.int64)
 
     sparse: dict = {}
@@ -85,7 +90,7 @@ def _resolver(fns: list, plan: MemoryPlan, state: "RunState", dtype, btensors=No
         if what == "sgrad":
             return _prefix(state.workspace.scatter_grads, key[1], sgrads[key[1]])
         if what == "srows":
-            return plan.scatter_rows(key[1])
+            return index(plan.scatter_rows(key[1]))
         if what == "pullrows":
             return index(plan.kinds[key[2]].pull_rows[key[1]])
         if what == "pushrows":
@@ -94,7 +99,7 @@ def _resolver(fns: list, plan: MemoryPlan, state: "RunState", dtype, btensors=No
             return index(plan.kinds[key[2]].push_rows[key[1]])
         if what == "pull":   # (the executor reads a buffer by base and row stride: a computed view is copied)
             buf = state.pull_bufs[key[1]]
-            return buf if buf.flags.c_contiguous else np.ascontiguousarray(buf)
+            return buf if buf.flags.c_contiguous else xp.ascontiguousarray(buf)
         if what == "push":
             return state.pushes[key[1]]
         if what == "pullgrad":
@@ -103,12 +108,12 @@ def _resolver(fns: list, plan: MemoryPlan, state: "RunState", dtype, btensors=No
             grad = push_grads[key[1]]
             if isinstance(grad, RowSparse):
                 return coalesced(key[1])[0]
-            return grad if grad.flags.c_contiguous else np.ascontiguousarray(grad)   # (e.g. a broadcast)
+            return grad if grad.flags.c_contiguous else xp.ascontiguousarray(grad)   # (e.g. a broadcast)
         if what == "arena":
             return state.workspace.arena_prefix(key[1], key[2], dtype)
         if what == "pgrad":   # (a block computes a "set" one straight into it: no zeros needed)
             node = next(fn.param_grads[key[1]] for fn in fns if fn is not None and key[1] in fn.param_grads)
-            return np.empty(node.shape, dtype) if key[-1] == "set" else np.zeros(node.shape, dtype)
+            return xp.empty(node.shape, dtype) if key[-1] == "set" else xp.zeros(node.shape, dtype)
         raise KeyError(key)
     return resolve
 
@@ -208,14 +213,15 @@ def forward(fns: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContex
             run_block(block, statics[block.kid], xp, ctx, device)
     if native is not None:
         table, copies = instructions.task_table(fns, plan, opts, backward=False)
-        program.native, program.task_table, program.runner = native, table, RUNNERS[opts.executor]
+        program.native, program.task_table = native, table
+        program.runner, run = _runner(opts, device)
         for k, v in copies.items():
             program.copies[k] += v
         if blocks is not None:   # one call runs the blocks before the task loop, the tasks and the blocks after
             for k, v in block_copies.items():
                 program.copies[k] += v
             table = program.native_table = _with_blocks(table, *blocks)
-        _runner(opts)(native, table, _resolver(fns, plan, state, dtype.np), dtype.np, plan.forest, workspace)
+        run(native, table, _resolver(fns, plan, state, dtype.np), dtype.np, plan.forest, workspace)
     for t, block in enumerate(program.tasks):
         if events is not None:
             events[t].wait()
@@ -312,11 +318,12 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
         forward_table = state.program.task_table   # (F's, when the native executor ran F: the rows reversed)
         table = np.ascontiguousarray(forward_table[::-1]) if forward_table is not None else \
             instructions.task_table(fns, plan, opts, backward=True)[0]
-        program.native, program.task_table, program.runner = native, table, RUNNERS[opts.executor]
+        program.native, program.task_table = native, table
+        program.runner, run = _runner(opts, device)
         if blocks is not None:
             table = program.native_table = _with_blocks(table, *blocks)
         resolve = _resolver(fns, plan, state, dtype.np, btensors, sgrads, push_grads, pull_grads)
-        for name, g in _runner(opts)(native, table, resolve, dtype.np, plan.forest, workspace).items():
+        for name, g in run(native, table, resolve, dtype.np, plan.forest, workspace).items():
             prev = param_grads.get(name)
             if prev is None:
                 param_grads[name] = g

@@ -199,7 +199,7 @@ class Lowered:
     blocks_why: str | None = None   # why the blocks before and after the task loop stay in Python (None: they do not)
     task_keys: int | None = None    # the buffers the task templates name are keys[:task_keys] (None: all)
     table_width: int = TASK_COLUMNS   # columns of a task-table row
-    groups: list = field(default_factory=list)   # per kernel id: its fused group (what the reference runner runs)
+    fused: list = field(default_factory=list)   # per kernel id: the device's kernel of a fused group (its .group)
 
     @property
     def block_scratch(self) -> dict:
@@ -266,7 +266,7 @@ def _single_kernel(node: Node, device, singles: dict):
 
 
 def _kernel_step(t: Template, group, kernel, inputs, outputs) -> None:
-    if kernel is None or not getattr(kernel, "address", 0):
+    if kernel is None or getattr(kernel, "address", None) == 0:   # (a C kernel without its uniform twin)
         raise Unsupported(f"fused group {' '.join(n.op for n in group.nodes)} has no compiled kernel")
     out = group.output
     if out.ndim > 2:
@@ -666,14 +666,14 @@ def link(fns: list, kids: list, opts, device, backward: bool, training: bool = T
         task_keys = len(keys)
     lowered = Lowered("∂F" if backward else "F", tids, templates,
                       np.array(code, np.int64).reshape(-1, WIDTH), np.array(pool or [0], np.int64), ranges,
-                      keys_list, np.array([k.address for k in kernels] or [0], np.int64),
+                      keys_list, np.array([getattr(k, "address", 0) for k in kernels] or [0], np.int64),
                       max((len(t.reg_names) for t in templates), default=1),
                       max((t.scratch for t in templates[:ntask]), default=0),
                       max((t.fixed for t in templates), default=0),
                       blocks=[_block_info(tid, kid, t, fns[kid], opts, backward) for tid, kid, t in blocks],
                       blocks_why=blocks_why, task_keys=task_keys,
                       table_width=TASK_COLUMNS + 2 * max((len(fn.gathers) for fn in fns if fn is not None), default=0),
-                      groups=[k.group for k in kernels])
+                      fused=list(kernels))
     cache[key] = (list(fns), lowered)
     return lowered
 

@@ -40,10 +40,12 @@ class Machine:
     """The state one run of a lowered program works on: buffers (flat arrays with a row stride and a
     transposed flag each), registers, and the task being run."""
 
-    def __init__(self, xp, lowered, flats: list, lds: list, transposed: list, scratch_buf: int, forest: bool,
-                 check: bool):
-        self.xp, self.lowered, self.forest, self.check = xp, lowered, forest, check
+    def __init__(self, device, lowered, flats: list, lds: list, transposed: list, hosts: dict, scratch_buf: int,
+                 forest: bool, check: bool):
+        self.device, self.xp = device, np if device is None else device.xp
+        self.lowered, self.forest, self.check = lowered, forest, check
         self.flats, self.lds, self.transposed = flats, lds, transposed
+        self.hosts = hosts   # index buffer -> its host array (flats holds the device's copy)
         self.scratch_buf = scratch_buf
         self.regs: list = [None] * max(1, lowered.nregs)   # (buffer, element offset, ld, transposed)
         self.task = None
@@ -120,33 +122,37 @@ class Machine:
         flat = self.flats[buf]
         return self.strided(buf, 0, flat.size // width, width, width) if width else flat.reshape(0, 0)
 
-    def index(self, buf: int):
-        """The task's rows of index buffer ``buf`` (row numbers, -1: a zero row)."""
-        flat = self.flats[buf]
+    def index(self, buf: int, host: bool = False):
+        """The task's rows of index buffer ``buf`` (row numbers, -1: a zero row): the device's (``host``: the
+        host's copy, to check or to sort by)."""
+        flat = self.hosts[buf] if host else self.flats[buf]
         if self.koff < 0 or self.koff + self.bs > flat.size:
             self.fail(f"rows {self.koff}:{self.koff + self.bs} of an index buffer of {flat.size}")
         return flat[self.koff:self.koff + self.bs]
 
-    def checked(self, idx, rows: int, allow_missing: bool = False):
-        """``idx`` after (in check mode) making sure each is a row of a buffer of ``rows`` rows."""
+    def checked(self, buf: int, rows: int, allow_missing: bool = False):
+        """The task's rows of index buffer ``buf`` after (in check mode: on the host's copy) making sure each
+        is a row of a buffer of ``rows`` rows."""
+        idx = self.index(buf)
         if self.check and idx.size:
-            low = -1 if allow_missing else 0
-            values = np.asarray(idx.get() if hasattr(idx, "get") else idx)
+            low, values = -1 if allow_missing else 0, self.index(buf, host=True)
             if values.min() < low or values.max() >= rows:
                 self.fail(f"row index out of range ({values.min()}..{values.max()} of {rows} rows)")
         return idx
 
-    def take_rows(self, buf: int, width: int, idx, col: int, cols: int):
-        """Rows ``idx`` of buffer ``buf`` (rows of ``width``), columns col:col + cols; -1: a zero row."""
+    def take_rows(self, buf: int, width: int, index_buf: int, col: int, cols: int):
+        """The rows of buffer ``buf`` (rows of ``width``) that the task's rows of ``index_buf`` name, columns
+        col:col + cols; -1: a zero row."""
         xp = self.xp
         src = self.rows_of(buf, width)
         if col < 0 or col + cols > width:
             self.fail(f"columns {col}:{col + cols} of rows of {width}")
-        self.checked(idx, src.shape[0], allow_missing=True)
+        idx = self.checked(index_buf, src.shape[0], allow_missing=True)
         if src.shape[0] == 0:
             return xp.zeros((idx.size, cols), self.flats[buf].dtype)
         picked = src[xp.maximum(idx, 0), col:col + cols]
-        return xp.where((idx >= 0)[:, None], picked, xp.zeros((), picked.dtype))
+        picked[idx < 0] = 0
+        return picked
 
     def scratch(self, off: int, cols: int) -> tuple:
         """The scratch region of ``cols`` columns at column ``off`` (x the task's rows)."""
@@ -182,7 +188,7 @@ def op_gather(m: Machine, dst, buf, width, idx, slot, elide, off) -> None:
     if elide and step >= 1:
         m.set(dst, buf, start * width, step * width)
         return
-    rows = m.take_rows(buf, width, m.index(idx), 0, width)
+    rows = m.take_rows(buf, width, idx, 0, width)
     m.set(dst, *m.scratch(off, width))
     m.matrix(dst, m.bs, width)[...] = rows
 
@@ -201,14 +207,14 @@ def op_skip_if_cat(m: Machine, n, forest) -> int:
 
 def op_take(m: Machine, dst, buf, width, idx, cols, off) -> None:
     """dst (scratch) = rows idx of ``buf`` (first ``cols`` columns; -1: zeros): a pull, a push gradient."""
-    rows = m.take_rows(buf, width, m.index(idx), 0, cols)
+    rows = m.take_rows(buf, width, idx, 0, cols)
     m.set(dst, *m.scratch(off, cols))
     m.matrix(dst, m.bs, cols)[...] = rows
 
 
 def op_taketo(m: Machine, dst, buf, width, idx, cols, col) -> None:
     """dst[r] = row idx[r] of ``buf``, columns col:col + cols (-1: zeros), into dst's own rows."""
-    m.matrix(dst, m.bs, cols)[...] = m.take_rows(buf, width, m.index(idx), col, cols)
+    m.matrix(dst, m.bs, cols)[...] = m.take_rows(buf, width, idx, col, cols)
 
 
 def op_srows(m: Machine, dst, buf, col, ld, idx, cols, off, load) -> None:
@@ -219,7 +225,7 @@ def op_srows(m: Machine, dst, buf, col, ld, idx, cols, off, load) -> None:
         return
     m.set(dst, *m.scratch(off, cols))
     if load:
-        m.matrix(dst, m.bs, cols)[...] = m.take_rows(buf, ld, m.index(idx), col, cols)
+        m.matrix(dst, m.bs, cols)[...] = m.take_rows(buf, ld, idx, col, cols)
 
 
 def op_sput(m: Machine, buf, col, ld, idx, src, cols, always) -> None:
@@ -232,7 +238,7 @@ def op_sput(m: Machine, buf, col, ld, idx, src, cols, always) -> None:
         m.strided(buf, m.soff * ld + col, m.bs, cols, ld)[...] = values.copy()
         return
     rows = m.rows_of(buf, ld)
-    rows[m.checked(m.index(idx), rows.shape[0]), col:col + cols] = values
+    rows[m.checked(idx, rows.shape[0]), col:col + cols] = values
 
 
 def op_cols(m: Machine, dst, src, col) -> None:
@@ -268,17 +274,23 @@ def op_gemm(m: Machine, c, a, b, rows, n, k, bias) -> None:
 def op_fused(m: Machine, kernel, nargs, rows, cols, pool) -> None:
     """A fused elementwise group over rows x cols: its inputs (each full, one row, one column or a scalar)
     and outputs are registers listed in the pool."""
+    kernel, ins, outs = fused_operands(m, kernel, nargs, rows, cols, pool)
+    group = kernel.group
+    for out, expr in zip(outs, group.exprs()):
+        out[...] = S.evaluate(expr, ins, dtype=group.output.dtype.np)
+
+
+def fused_operands(m: Machine, kernel, nargs, rows, cols, pool) -> tuple:
+    """(the device's kernel of the group, its input views, its output views) of a FUSED instruction; no
+    inputs and outputs when it has no rows or columns."""
     rows = m.dim(rows)
+    fused = m.lowered.fused[kernel]
     if rows == 0 or cols == 0:
-        return
-    group = m.lowered.groups[kernel]
+        return fused, [], []
     args = m.lowered.pool[pool:pool + 2 * nargs].tolist()
     shapes = {"full": (rows, cols), "row": (1, cols), "col": (rows, 1), "scalar": (1, 1)}
     views = [m.matrix(r, *shapes[KIND_OF_ARG[kind]]) for r, kind in zip(args[::2], args[1::2])]
-    ins, outs = views[:len(group.inputs)], views[len(group.inputs):]
-    dtype = group.output.dtype.np
-    for out, expr in zip(outs, group.exprs()):
-        out[...] = S.evaluate(expr, ins, dtype=dtype)
+    return fused, views[:len(fused.group.inputs)], views[len(fused.group.inputs):]
 
 
 def op_copy(m: Machine, dst, src, rows, cols) -> None:
@@ -306,7 +318,7 @@ def op_sumrows(m: Machine, dst, src, rows, cols) -> None:
 def op_put(m: Machine, buf, width, idx, src, cols) -> None:
     """Rows idx of ``buf`` (first ``cols`` columns) = src's rows (a push, a pull's gradient in a forest)."""
     rows = m.rows_of(buf, width)
-    rows[m.checked(m.index(idx), rows.shape[0]), :cols] = m.matrix(src, m.bs, cols)
+    rows[m.checked(idx, rows.shape[0]), :cols] = m.matrix(src, m.bs, cols)
 
 
 def op_adj(m: Machine, buf, width, idx, slot, elide, src, cols) -> None:
@@ -325,7 +337,7 @@ def op_adj(m: Machine, buf, width, idx, slot, elide, src, cols) -> None:
             dst[...] += values
         return
     rows = m.rows_of(buf, width)
-    at = m.checked(m.index(idx), rows.shape[0])
+    at = m.checked(idx, rows.shape[0])
     if m.forest:
         rows[at, :cols] = values
     else:   # (a DAG vertex may be the child of several rows of one task: every one adds)
@@ -384,13 +396,22 @@ def scratch_elements(lowered, table: np.ndarray) -> int:
                + [cols[tid] * n for tid, n in zip(tids, rows) if tid >= nk])
 
 
-def run(lowered, table: np.ndarray, resolve, dtype, forest: bool, workspace=None, xp=np,
-        check: bool | None = None) -> dict:
+# buffer keys of index arrays (row numbers): resolved on the host, copied to the device once per run
+INDEX_KEYS = ("child", "pullrows", "pushrows", "srows")
+
+
+def run(lowered, table: np.ndarray, resolve, dtype, forest: bool, workspace=None, device=None,
+        check: bool | None = None, operations: list | None = None) -> dict:
     """Run a lowered program over ``table`` (one row per task, blocks included) as the C runner does:
-    ``resolve(key)`` gives each buffer (instructions.py's buffer keys); returns the parameter-gradient
+    ``resolve(key)`` gives each buffer (instructions.py's buffer keys; index arrays on the host), on
+    ``device`` (its array module; None: numpy); returns the parameter-gradient
     accumulators ({name: array}) the program added into. ``check``: also check every gathered row number
     (None: as the C runner's debug mode, when ``MINICAVS_NATIVE_CHECK`` is set). ``workspace`` is unused (the C
-    runner keeps its buffer table per workspace)."""
+    runner keeps its buffer table per workspace). ``operations``: per opcode id the function that runs it
+    (a device's runner replaces some, e.g. FUSED by its generated kernel; default: :data:`BY_ID`)."""
+    operations = BY_ID if operations is None else operations
+    xp = np if device is None else device.xp
+    hosts = {}
     if check is None:
         check = os.environ.get("MINICAVS_NATIVE_CHECK", "0") not in ("", "0")
     flats, lds, transposed, grads = [], [], [], {}
@@ -410,11 +431,15 @@ def run(lowered, table: np.ndarray, resolve, dtype, forest: bool, workspace=None
             a = resolve(key)
             if what == "pgrad":
                 grads[key[1]] = a
+            elif what in INDEX_KEYS:   # (a batch plan's array: the device copies it once, then slices it)
+                hosts[i] = a = np.ascontiguousarray(a, np.int64)
+                if xp is not np:
+                    a = device.index(a)
         flat, ld, flag = _flat(a, what == "static", xp)
         flats.append(flat)
         lds.append(ld)
         transposed.append(flag)
-    m = Machine(xp, lowered, flats, lds, transposed, scratch_buf, forest, check)
+    m = Machine(device, lowered, flats, lds, transposed, hosts, scratch_buf, forest, check)
     code = lowered.code.tolist()
     ranges = lowered.ranges.tolist()
     for t, task in enumerate(table.tolist()):
@@ -424,6 +449,6 @@ def run(lowered, table: np.ndarray, resolve, dtype, forest: bool, workspace=None
         while pc < end:
             op, *operands = code[pc]
             m.pc = pc
-            skip = BY_ID[op](m, *operands[:ARITY[op]])
+            skip = operations[op](m, *operands[:ARITY[op]])
             pc += 1 + (skip or 0)
     return grads

@@ -229,8 +229,8 @@ def test_a_gathered_row_number_out_of_range_raises_in_check_mode(monkeypatch):
     feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
     real = reference.Machine.index
 
-    def shifted(m, buf):
-        idx = real(m, buf)
+    def shifted(m, buf, host=False):
+        idx = real(m, buf, host)
         return idx + 10**6 if m.lowered.keys[buf][0] == "child" else idx
     monkeypatch.setattr(reference.Machine, "index", shifted)
     with pytest.raises(reference.CheckError, match="row index out of range"):

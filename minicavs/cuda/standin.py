@@ -478,6 +478,17 @@ for _name in _REDUCTIONS:
 clip = _typed(np.clip, ("a",))
 ndarray.clip = lambda self, lo=None, hi=None: clip(self, lo, hi)
 
+
+
+def _as_strided(x, shape=None, strides=None):
+    """``cupy.lib.stride_tricks.as_strided``: a view of ``x``'s memory (no copy, no crossing)."""
+    if not isinstance(x, ndarray):
+        raise _incorrect("x", x)
+    return x._view(np.lib.stride_tricks.as_strided(x._a, shape, strides))
+
+
+lib = types.SimpleNamespace(stride_tricks=types.SimpleNamespace(as_strided=_as_strided))
+
 # the dtypes, as cupy re-exports numpy's
 float16, float32, float64 = np.float16, np.float32, np.float64
 int8, int32, int64, uint8, uint32, uint64, bool_ = np.int8, np.int32, np.int64, np.uint8, np.uint32, np.uint64, np.bool_
