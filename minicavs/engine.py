@@ -55,9 +55,10 @@ def _runner(opts: EngineOptions, device: Device):
     return f"{device.name} runner", device.run_program
 
 
-def _resolver(fns: list, plan: MemoryPlan, state: "RunState", dtype, btensors=None, sgrads=None,
-              push_grads=None, pull_grads=None):
-    """``key -> array`` for the buffers a lowered program names (instructions.py's buffer keys)."""
+def _resolver(fns: list, plan: MemoryPlan, state: "RunState", dtype, ctx: RunContext, dropouts: list,
+              btensors=None, sgrads=None, push_grads=None, pull_grads=None):
+    """``key -> array`` for the buffers a lowered program names (instructions.py's buffer keys; ``dropouts``:
+    the program's DROPOUT entries, whose table ``ctx`` decides)."""
     xp = state.device.xp
 
     def index(a):   # (host arrays: a device's runner copies each over once)
@@ -109,6 +110,10 @@ def _resolver(fns: list, plan: MemoryPlan, state: "RunState", dtype, btensors=No
             if isinstance(grad, RowSparse):
                 return coalesced(key[1])[0]
             return grad if grad.flags.c_contiguous else xp.ascontiguousarray(grad)   # (e.g. a broadcast)
+        if what == "rowkeys":   # (dropout's: uint64, the kind's rows)
+            return np.ascontiguousarray(plan.kinds[key[1]].row_keys, np.uint64)
+        if what == "dropout":
+            return instructions.dropout_table(dropouts, ctx)
         if what == "arena":
             return state.workspace.arena_prefix(key[1], key[2], dtype)
         if what == "pgrad":   # (a block computes a "set" one straight into it: no zeros needed)
@@ -221,7 +226,8 @@ def forward(fns: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContex
             for k, v in block_copies.items():
                 program.copies[k] += v
             table = program.native_table = _with_blocks(table, *blocks)
-        run(native, table, _resolver(fns, plan, state, dtype.np), dtype.np, plan.forest, workspace)
+        run(native, table, _resolver(fns, plan, state, dtype.np, ctx, native.dropouts), dtype.np, plan.forest,
+            workspace)
     for t, block in enumerate(program.tasks):
         if events is not None:
             events[t].wait()
@@ -322,7 +328,8 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
         program.runner, run = _runner(opts, device)
         if blocks is not None:
             table = program.native_table = _with_blocks(table, *blocks)
-        resolve = _resolver(fns, plan, state, dtype.np, btensors, sgrads, push_grads, pull_grads)
+        resolve = _resolver(fns, plan, state, dtype.np, ctx, native.dropouts, btensors, sgrads, push_grads,
+                            pull_grads)
         for name, g in run(native, table, resolve, dtype.np, plan.forest, workspace).items():
             prev = param_grads.get(name)
             if prev is None:

@@ -20,7 +20,7 @@ height) rows copied in by the kind's row index (``srows``) and computed rows put
 Python interpreter takes and puts them. So the contiguous case copies nothing more than before, and the other
 needs no second template. The blocks stay with the Python interpreter, all of them, when one cannot be
 lowered (the pass's ``native_why`` says why; the task loop stays native). A task program the lowering
-cannot express (an op with no native lowering, such as dropout; a value of more than two axes; a row-sparse
+cannot express (an op with no native lowering, such as reshape; a value of more than two axes; a row-sparse
 gradient) leaves the whole pass to the Python interpreter (:func:`link` says why); so does streaming (the
 eager stream is a worker thread that runs blocks task by task).
 
@@ -30,6 +30,10 @@ identities) only set registers, computed values get a region of the scratch aren
 rows). Parameter gradients computed per task are added into accumulators zeroed per batch (0 + g is
 exact, so the numbers equal the Python path's copy-then-add up to summation order); one that a block alone
 computes is computed straight into its accumulator.
+
+Dropout (DROPOUT) multiplies by the mask of the task's row keys (the kind's ``rowkeys`` buffer) and one entry of
+a per-run table (``dropout``: the hash word of (seed, step, site), threshold and scale; see
+:func:`dropout_table`), so a template serves every step and the masks are the Python interpreter's bits.
 """
 from __future__ import annotations
 
@@ -49,6 +53,7 @@ from .memory import allocations
 from .ops.message import as_slice
 from .ops.registry import OPS
 from .passes.fusion import fuse, fusible
+from .random import hash_words
 
 
 class Unsupported(Exception):
@@ -63,6 +68,7 @@ OPCODES_BY_ID = list(OPCODES)
 NONE, KIND_ROWS, SCATTER_ROWS = 0, 1, 2
 MODE_NAMES = {NONE: "0", KIND_ROWS: "task rows", SCATTER_ROWS: "scatter rows"}
 PHASE_WORDS = {PRE: "before tasks", TASK: "task", POST: "after tasks"}
+BUFFER_OPERANDS = ("buf", "idx", "keys", "table")   # operands that name a buffer (linked to global ids)
 TASK_COLUMNS = 5   # kind, kind offset, rows, scatter offset, first row of the sibling-concat view (-1: none)
 
 
@@ -104,6 +110,7 @@ class Template:
         self.overlays: dict = {}        # node -> an instruction (its register first) re-pointing its scratch
         self.direct: dict = {}          # node -> the parameter whose gradient accumulator it is computed into
         self.puts_back: list = []       # a block's values computed where SROWS bound the scatter rows (SPUT's)
+        self.dropouts: list = []        # per DROPOUT entry: (p, site)
 
     def reg(self, node: Node | None = None, name: str = "") -> int:
         if node is not None and node in self.regs:
@@ -200,6 +207,7 @@ class Lowered:
     task_keys: int | None = None    # the buffers the task templates name are keys[:task_keys] (None: all)
     table_width: int = TASK_COLUMNS   # columns of a task-table row
     fused: list = field(default_factory=list)   # per kernel id: the device's kernel of a fused group (its .group)
+    dropouts: list = field(default_factory=list)   # per DROPOUT entry: (p, site) (dropout_table makes its row)
 
     @property
     def block_scratch(self) -> dict:
@@ -233,7 +241,7 @@ class Lowered:
             if field_name in ("dst", "src", "a", "b", "c") or (field_name == "bias" and value >= 0):
                 v = f"r{value}({template.reg_names[value]})" if 0 <= value < len(template.reg_names) \
                     else f"r{value}"
-            elif field_name in ("buf", "idx"):
+            elif field_name in BUFFER_OPERANDS:
                 v = _key_text(self.keys[value]) if 0 <= value < len(self.keys) else f"#{value}"
             elif field_name == "mode":
                 v = MODE_NAMES.get(value, str(value))
@@ -301,12 +309,18 @@ def _step(t: Template, step, statics: set, device, singles: dict) -> None:
         return
     node = step.outputs[0]
     opdef = OPS[node.op]
+    how = opdef.native(node) if opdef.native is not None else None
+    if how == "dropout":   # the mask of the task's row keys (a per-batch table entry)
+        out = t.scratch_reg(node)
+        t.emit("DROPOUT", out, t.regs[step.inputs[0]], _cols(node), t.buf(("rowkeys",)), t.buf(("dropout",)),
+               len(t.dropouts))
+        t.dropouts.append((float(node.attrs["p"]), int(node.attrs["site"])))
+        return
     if opdef.needs_ctx:
-        raise Unsupported(f"{node.label()} needs the run context (dropout's row keys)")
+        raise Unsupported(f"{node.label()} needs the run context")
     if opdef.identity:
         t.emit("ALIAS", t.reg(node), t.regs[step.inputs[0]])
         return
-    how = opdef.native(node) if opdef.native is not None else None
     if how is None:
         if fusible(node):
             group, kernel = _single_kernel(node, device, singles)
@@ -640,7 +654,7 @@ def link(fns: list, kids: list, opts, device, backward: bool, training: bool = T
     tids += [tid for tid, _, _ in blocks]
     keys: dict = {}
     kernels: list = []
-    code, pool = [], []
+    code, pool, dropouts = [], [], []
     ranges = np.zeros((3 * nk, 2), np.int64)
     task_keys = 0
     for i, (tid, t) in enumerate(zip(tids, templates)):
@@ -656,10 +670,12 @@ def link(fns: list, kids: list, opts, device, backward: bool, training: bool = T
         begin = len(code)
         for op, *args in t.code:
             names = OPCODES[op]
-            args = [local_buf[v] if n in ("buf", "idx") else local_kernel[v] if n == "kernel"
-                    else v + len(pool) if n == "pool" else v for n, v in zip(names, args)]
+            args = [local_buf[v] if n in BUFFER_OPERANDS else local_kernel[v] if n == "kernel"
+                    else v + len(pool) if n == "pool" else v + len(dropouts) if n == "entry" else v
+                    for n, v in zip(names, args)]
             code.append([OPCODE[op]] + args + [0] * (WIDTH - 1 - len(args)))
         pool += t.pool
+        dropouts += t.dropouts
         ranges[tid] = (begin, len(code))
     keys_list = list(keys) + [("scratch",)]
     if len(templates) == ntask:
@@ -673,18 +689,35 @@ def link(fns: list, kids: list, opts, device, backward: bool, training: bool = T
                       blocks=[_block_info(tid, kid, t, fns[kid], opts, backward) for tid, kid, t in blocks],
                       blocks_why=blocks_why, task_keys=task_keys,
                       table_width=TASK_COLUMNS + 2 * max((len(fn.gathers) for fn in fns if fn is not None), default=0),
-                      fused=list(kernels))
+                      fused=list(kernels), dropouts=dropouts)
     cache[key] = (list(fns), lowered)
     return lowered
 
 
 def _global_key(key: tuple, kid: int) -> tuple:
     """Buffer keys of one kind's own arrays (tensors, index arrays, statics) carry its kind id."""
-    return key + (kid,) if key[0] in ("tensor", "btensor", "child", "pullrows", "pushrows", "srows", "static") \
+    return key + (kid,) if key[0] in ("tensor", "btensor", "child", "pullrows", "pushrows", "srows", "static",
+                                      "rowkeys") \
         else key
 
 
 # --- per batch: the task table and the buffer table --------------------------------------------------------
+
+def dropout_table(dropouts: list, ctx) -> np.ndarray:
+    """The DROPOUT entries' table for a run under ``ctx``: per entry (p, site) the hash word of (seed, step,
+    site), the keep threshold ceil(p * 2^24) and the scale 1 / (1 - p) as a double's bits (random.py's hash,
+    as ops.nn.kernel_dropout); outside training, or at p = 0, threshold 0 and scale 1 (every value kept as it
+    is)."""
+    table = np.zeros((max(1, len(dropouts)), 3), np.int64)
+    for i, (p, site) in enumerate(dropouts):
+        if ctx.training and p != 0.0:
+            table[i, 0] = hash_words(ctx.seed, ctx.step, site)[0].view(np.int64)
+            table[i, 1] = math.ceil(p * (1 << 24))
+            table[i, 2] = np.float64(1.0 / (1.0 - p)).view(np.int64)
+        else:
+            table[i, 2] = np.float64(1.0).view(np.int64)
+    return table
+
 
 def task_table(fns: list, plan, opts, backward: bool) -> tuple[np.ndarray, dict]:
     """One row per task, in the order they run (backward: the stack popped, the same rows reversed), built

@@ -12,8 +12,9 @@ wrong instruction raises :class:`CheckError` here instead of writing elsewhere.
 
 The functions are written against ``xp`` (numpy on the CPU; CuPy or the device stand-in on CUDA), so a pass
 run here stays on its device. The task table stays on the host (it decides which instructions run); index
-arrays (children's rows, pull and push rows) are the device's. Reading an index array's values on the host
-(the bounds check of gathered row numbers) is done only with ``check`` set, as the C runner's check mode.
+arrays (children's rows, pull and push rows, dropout's row keys) are resolved on the host and copied to the
+device once per run (the device's copy of a batch plan's array: ``Backend.index``); the host copies serve the
+bounds check of row numbers (only with ``check`` set, as the C runner's check mode) with no device read.
 
 Fused groups run as their scalar expression evaluated with the array module (passes/fusion.py's oracle, the
 numbers every generated kernel must reproduce); products as ``a @ b``; everything else as row copies, adds
@@ -27,6 +28,7 @@ import numpy as np
 
 from .codegen.native import ARG_KINDS, OPCODES
 from .ops import scalar as S
+from .random import GOLDEN, mix
 
 
 class CheckError(RuntimeError):
@@ -350,12 +352,26 @@ def op_gacc(m: Machine, buf, src, rows, cols) -> None:
     m.strided(buf, 0, rows, cols, cols)[...] += m.matrix(src, rows, cols)
 
 
+def op_dropout(m: Machine, dst, src, cols, keys, table, entry) -> None:
+    """dst = src x the dropout mask of the task's rows: per row key and column random.py's hash continued
+    from the entry's hash word, kept (x the scale) where its top 24 bits reach the threshold, else 0."""
+    xp, entries = m.xp, m.hosts[table].reshape(-1, 3)
+    if not 0 <= entry < len(entries):
+        m.fail(f"dropout entry {entry} of {len(entries)}")
+    h, threshold, scale_bits = (np.uint64(v) for v in entries[entry].view(np.uint64))
+    x = m.matrix(src, m.bs, cols)
+    hr = mix(m.index(keys) ^ h) + GOLDEN
+    z = mix(hr[:, None] ^ xp.arange(cols, dtype=np.uint64)[None, :]) + GOLDEN
+    scale = x.dtype.type(scale_bits.view(np.float64))
+    m.matrix(dst, m.bs, cols)[...] = x * ((z >> np.uint64(40)) >= threshold).astype(x.dtype) * scale
+
+
 OPERATIONS = {
     "NOP": op_nop, "BIND": op_bind, "STATIC": op_static, "SCRATCH": op_scratch, "GATHER": op_gather,
     "CATVIEW": op_catview, "SKIP_IF_CAT": op_skip_if_cat, "TAKE": op_take, "TAKETO": op_taketo,
     "SROWS": op_srows, "SPUT": op_sput, "COLS": op_cols, "ALIAS": op_alias, "TRANSPOSE": op_transpose,
     "GEMM": op_gemm, "FUSED": op_fused, "COPY": op_copy, "ZERO": op_zero, "ADD": op_add, "SUMROWS": op_sumrows,
-    "PUT": op_put, "ADJ": op_adj, "GACC": op_gacc,
+    "PUT": op_put, "ADJ": op_adj, "GACC": op_gacc, "DROPOUT": op_dropout,
 }
 BY_ID = [OPERATIONS[name] for name in OPCODES]
 ARITY = [len(operands) for operands in OPCODES.values()]
@@ -397,7 +413,7 @@ def scratch_elements(lowered, table: np.ndarray) -> int:
 
 
 # buffer keys of index arrays (row numbers): resolved on the host, copied to the device once per run
-INDEX_KEYS = ("child", "pullrows", "pushrows", "srows")
+INDEX_KEYS = ("child", "pullrows", "pushrows", "srows", "rowkeys")
 
 
 def run(lowered, table: np.ndarray, resolve, dtype, forest: bool, workspace=None, device=None,
@@ -432,9 +448,11 @@ def run(lowered, table: np.ndarray, resolve, dtype, forest: bool, workspace=None
             if what == "pgrad":
                 grads[key[1]] = a
             elif what in INDEX_KEYS:   # (a batch plan's array: the device copies it once, then slices it)
-                hosts[i] = a = np.ascontiguousarray(a, np.int64)
+                hosts[i] = a = np.ascontiguousarray(a, np.uint64 if what == "rowkeys" else np.int64)
                 if xp is not np:
                     a = device.index(a)
+            elif what == "dropout":   # (the entries' table: read on the host)
+                hosts[i] = a
         flat, ld, flag = _flat(a, what == "static", xp)
         flats.append(flat)
         lds.append(ld)

@@ -286,21 +286,39 @@ def test_streaming_leaves_the_task_loop_to_python_and_says_why():
     equal(python.loss, native.loss)
 
 
-def test_an_op_without_a_native_lowering_leaves_its_pass_to_python():
-    """Dropout inside the task loop (eager batching off puts the leaves' dropout there) needs the run
-    context: that pass runs in Python, the numbers stay the same."""
+@pytest.mark.parametrize("eager", [True, False])
+def test_dropout_runs_natively_with_the_python_interpreters_masks(eager):
+    """Dropout (DROPOUT: the mask of the task's row keys and a per-run table entry) in the leaves' block
+    before the task loop, or (eager batching off) in the task loop: both passes run natively and equal the
+    Python interpreter (the same mask bits); the mask changes with the step and is gone outside training."""
     rng = np.random.default_rng(2)
     case = cells.binary_tree_lstm(rng, p_drop=0.3)
-    graphs = [InputGraph([[1, 2], [], []]), InputGraph([[1, 2], [], []])]
+    graphs = [InputGraph([[1, 2], [], []]), InputGraph([[1, 2], [3, 4], [], [], []])]
     feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
-    off = EngineOptions(eager_batching=False, executor="python")
-    case.model.options = off
-    python = case.model.forward_backward(graphs, feeds, case.params, RunContext(seed=3))
-    case.model.options = replace(off, executor="native")
-    native = case.model.forward_backward(graphs, feeds, case.params, RunContext(seed=3))
-    program = native.states["G"].program
-    assert program.native is None and "dropout" in program.native_why
-    equal(python.loss, native.loss)
+    options = EngineOptions(eager_batching=eager)
+    losses = {}
+    for ctx in (RunContext(seed=3, step=1), RunContext(seed=3, step=2), RunContext(seed=3, training=False)):
+        def run(options):
+            return case.model.forward_backward(graphs, feeds, case.params, replace(ctx), options=options)
+        assert_native_equals_python(run, options, "float64")
+        native = run(options)
+        program = native.states["G"].program
+        assert "DROPOUT" in "\n".join(program.native.lines())
+        losses[(ctx.step, ctx.training)] = float(native.loss)
+    assert len(set(losses.values())) == 3, losses
+
+
+def test_an_op_without_a_native_lowering_leaves_its_pass_to_python():
+    """MV-RNN's per-vertex matrices (reshape, values of three axes): that pass runs in Python and says why."""
+    t = Trainer(MODELS / "mv_rnn.yaml", TINY["mv_rnn"], run_dir=None)
+    samples = t.task.data["train"][:3]
+    t.model.options = EngineOptions(executor="native")
+    native = t.loss_and_grads(samples)
+    t.model.options = EngineOptions(executor="python")
+    python = t.loss_and_grads(samples)
+    program = next(iter(native.states.values())).program
+    assert program.native is None and "reshape" in program.native_why
+    close(python.loss, native.loss, "float32")
 
 
 def test_dump_shows_the_instructions():

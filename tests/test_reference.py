@@ -116,7 +116,7 @@ def test_the_bundled_models_and_cases_exercise_every_opcode(tmp_path, monkeypatc
     feeds = cells.batch_feeds(typed, graphs, [typed.data(rng, g) for g in graphs])
     typed.model.forward_backward(graphs, feeds, typed.params, RunContext(),
                                  options=EngineOptions(executor="reference"), policy="serial")
-    t = Trainer(MODELS / "tree_lstm.yaml", TINY["tree_lstm"] + ["train.dtype=float64"], run_dir=tmp_path)
+    t = Trainer(MODELS / "tree_lstm.yaml", with_dropout("tree_lstm") + ["train.dtype=float64"], run_dir=tmp_path)
     t.model.options = EngineOptions(executor="reference")
     t.loss_and_grads(t.task.data["train"][:6])
     # (NOP: the dispatch benchmark's; ADD and ZERO, which no bundled model's lowering emits today: below)
@@ -165,6 +165,31 @@ def test_hand_written_programs_give_the_same_buffers_on_both_runners(dtype):
         tol = (1e-12 if dtype == np.float64 else 1e-5) * max(1.0, np.abs(b).max())
         np.testing.assert_allclose(buffers[("tensor", "A", 0)], a, rtol=0, atol=tol, err_msg=run.__module__)
         np.testing.assert_allclose(buffers[("tensor", "B", 0)], b, rtol=0, atol=tol, err_msg=run.__module__)
+
+
+def with_dropout(name: str, p: float = 0.4) -> list:
+    """The model's tiny overrides with dropout ``p`` instead of 0."""
+    return [o for o in TINY[name] if not o.startswith("model.dropout")] + [f"model.dropout={p}"]
+
+
+@pytest.mark.parametrize("name", sorted(n for n in TINY if "model.dropout=0.0" in TINY[n] and n not in PYTHON_ONLY))
+def test_dropout_reference_equals_native(name, tmp_path):
+    """Bundled models with dropout on: both runners run DROPOUT with the same masks (training; their losses
+    differ from inference's, so the masks did something)."""
+    for dtype in ("float64", "float32"):
+        t = Trainer(MODELS / f"{name.replace('_child_sum', '')}.yaml", with_dropout(name) + [f"train.dtype={dtype}"],
+                    run_dir=tmp_path / dtype)
+        samples = t.task.data["train"][:6]
+
+        def run(options):
+            t.model.options = options
+            return t.loss_and_grads(samples)
+        for options in SWITCHES[:1] + SWITCHES[-1:]:
+            assert_reference_equals_native(run, options, dtype)
+        t.model.options = EngineOptions(executor="reference")
+        graphs, feeds = t.task.batch(samples)
+        inferred = t.model.infer(graphs, feeds, t.params, t.context(training=False))
+        assert abs(float(inferred.loss) - float(run(EngineOptions(executor="reference")).loss)) > 1e-6
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

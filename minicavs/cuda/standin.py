@@ -423,7 +423,7 @@ class _Ufunc:
 _UFUNCS = ("add subtract multiply divide true_divide floor_divide power negative positive absolute abs sign "
            "exp log log1p expm1 sqrt square tanh sin cos floor ceil maximum minimum fmax fmin "
            "isfinite isnan isinf equal not_equal less less_equal greater greater_equal "
-           "logical_and logical_or logical_not bitwise_and bitwise_or invert right_shift left_shift "
+           "logical_and logical_or logical_not bitwise_and bitwise_or bitwise_xor invert right_shift left_shift "
            "matmul").split()
 
 
@@ -458,7 +458,7 @@ def _binary(ufunc: str, reflected: bool = False):
 
 for _op, _uf in {"add": "add", "sub": "subtract", "mul": "multiply", "truediv": "true_divide",
                  "floordiv": "floor_divide", "pow": "power", "matmul": "matmul", "and": "bitwise_and",
-                 "or": "bitwise_or", "rshift": "right_shift", "lshift": "left_shift"}.items():
+                 "or": "bitwise_or", "xor": "bitwise_xor", "rshift": "right_shift", "lshift": "left_shift"}.items():
     setattr(ndarray, f"__{_op}__", _binary(_uf))
     setattr(ndarray, f"__r{_op}__", _binary(_uf, reflected=True))
 

@@ -36,21 +36,23 @@ def assert_device_runs_the_program(result, executor: str, python_only: str | Non
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
-@pytest.mark.parametrize("name", sorted(TINY))
-def test_bundled_models_on_the_device_equal_the_c_runner(cuda_standin, name, dtype, tmp_path):
-    t = trainer(name, tmp_path, f"train.dtype={dtype}")
+@pytest.mark.parametrize("name, dropout", [(name, "0.0") for name in sorted(TINY)] + [
+    (name, "0.3") for name in sorted(TINY) if "model.dropout=0.0" in TINY[name] and name not in PYTHON_ONLY])
+def test_bundled_models_on_the_device_equal_the_c_runner(cuda_standin, name, dtype, dropout, tmp_path):
+    """(Dropout on, where the model has it: the device's DROPOUT draws the C runner's masks.)"""
+    t = trainer(name, tmp_path, f"train.dtype={dtype}", *([f"model.dropout={dropout}"] if dropout != "0.0" else []))
     graphs, feeds = t.task.batch(t.task.data["train"][:4])
     device = Cuda(cuda_standin)
     params = on(device, t)
     switches = SWITCHES[:1] + SWITCHES[-1:] if dtype == "float32" else SWITCHES[::5]
     for options in switches:
-        want = t.model.forward_backward(graphs, feeds, t.params, RunContext(), options=options)
+        want = t.model.forward_backward(graphs, feeds, t.params, RunContext(seed=5, step=2), options=options)
         inferred = t.model.infer(graphs, feeds, t.params, options=options)
         for executor in RUNNERS:
             opts = replace(options, executor=executor)
             t.model.device = device
             try:
-                got = t.model.forward_backward(graphs, feeds, params, RunContext(), options=opts)
+                got = t.model.forward_backward(graphs, feeds, params, RunContext(seed=5, step=2), options=opts)
                 inference = t.model.infer(graphs, feeds, params, options=opts)
             finally:
                 t.model.device = CPU
