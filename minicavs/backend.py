@@ -30,6 +30,7 @@ class Backend:
     name = "backend"
     deterministic = True
     xp = np
+    runner_name = "reference runner"   # who runs a lowered program here (dump() says it)
 
     def __repr__(self) -> str:
         return f"<device {self.description}>"
@@ -75,6 +76,10 @@ class Backend:
 
     def synchronize(self) -> None:
         """Wait until every kernel issued so far has finished."""
+
+    def runner_missing(self, dtype) -> str | None:
+        """Why this device's runner cannot run a program of ``dtype`` here (None: it can)."""
+        return None
 
     def run_program(self, lowered, table: np.ndarray, resolve, dtype, forest: bool, workspace=None) -> dict:
         """Run a lowered batch program (instructions.py) over ``table``: this device's runner. By default

@@ -35,8 +35,7 @@ def _native(fns: list, active: list, opts: EngineOptions, device: Device, dtype,
     lowering cannot express). The reason is kept on the program (``native_why``, shown by dump())."""
     if opts.executor == "python":
         return None, "executor 'python'"
-    # (the C executor runs on the CPU; another device runs the program with its own runner)
-    why = instructions.available(dtype.np, device) if opts.executor == "native" and device is CPU else None
+    why = device.runner_missing(dtype.np) if opts.executor == "native" else None
     if why is not None:
         return None, why
     if opts.streaming:
@@ -50,9 +49,7 @@ def _runner(opts: EngineOptions, device: Device):
     asked for, else the device's own runner (the C executor on the CPU)."""
     if opts.executor == "reference":
         return "reference runner", functools.partial(reference.run, device=device)
-    if device is CPU:
-        return "native executor", instructions.run
-    return f"{device.name} runner", device.run_program
+    return device.runner_name, device.run_program
 
 
 def _resolver(fns: list, plan: MemoryPlan, state: "RunState", dtype, ctx: RunContext, dropouts: list,

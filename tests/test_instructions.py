@@ -21,6 +21,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from minicavs import instructions
+from minicavs.cpu import CPU, runner as c_runner
 from minicavs.engine import EngineOptions
 from minicavs.executor import RunContext
 from minicavs.inputs import InputGraph
@@ -30,7 +31,7 @@ from . import cells
 from .models.test_models import MODELS, TINY
 from .test_engine import CASES, dense, equal, random_dag, random_tree
 
-pytestmark = pytest.mark.skipif(instructions.available(np.float64, instructions.CPU) is not None,
+pytestmark = pytest.mark.skipif(c_runner.available(np.float64) is not None,
                                 reason="no C compiler or BLAS: the native executor cannot run here")
 
 REPO = Path(__file__).resolve().parents[1]
@@ -246,6 +247,7 @@ def test_a_bad_row_index_of_a_block_is_caught_by_the_debug_mode():
     result = _run_script("""
         import numpy as np
         from minicavs import instructions
+        from minicavs.cpu import runner as c_runner
         from minicavs.engine import EngineOptions
         from minicavs.executor import RunContext
         from minicavs.memory import MemoryPlan
@@ -262,7 +264,7 @@ def test_a_bad_row_index_of_a_block_is_caught_by_the_debug_mode():
                 case.model.forward_backward(graphs, feeds, case.params, RunContext(),
                                             options=EngineOptions(executor="native"), policy=policy)
                 print("not caught", name)
-            except instructions.NativeCheckError as e:
+            except c_runner.NativeCheckError as e:
                 print("caught:", e)
         """, MINICAVS_NATIVE_CHECK="1")
     assert result.returncode == 0, result.stderr[-2000:]
@@ -407,6 +409,7 @@ def test_corrupted_offset_is_caught_by_the_debug_mode_not_a_crash():
     result = _run_script("""
         import numpy as np
         from minicavs import instructions
+        from minicavs.cpu import runner as c_runner
         from minicavs.engine import EngineOptions
         from minicavs.executor import RunContext
         from minicavs.inputs import InputGraph
@@ -423,7 +426,7 @@ def test_corrupted_offset_is_caught_by_the_debug_mode_not_a_crash():
         code[pc][4] += 10**9   # the column offset: far outside the scatter tensor
         try:
             case.model.forward_backward(trees, feeds, case.params, RunContext())
-        except instructions.NativeCheckError as e:
+        except c_runner.NativeCheckError as e:
             print("caught:", e)
         """, MINICAVS_NATIVE_CHECK="1")
     assert result.returncode == 0, result.stderr[-2000:]
@@ -454,7 +457,7 @@ def test_without_a_compiler_the_python_interpreter_trains_with_one_warning(tmp_p
 
 
 def test_dispatch_overhead_is_measured():
-    ns = instructions.dispatch_ns(count=10_000, tasks=2, repeats=1)
+    ns = instructions.dispatch_ns(CPU, count=10_000, tasks=2, repeats=1)
     assert 0 < ns < 1e6
 
 
@@ -501,9 +504,9 @@ def test_one_tree_inference_native_equals_python_and_the_batched_pass(dtype, tmp
 
 
 def record_contiguous_copies(monkeypatch) -> list:
-    """The shapes of the statics instructions.run copies (cpu/library.py contiguous), appended as it runs."""
+    """The shapes of the statics the C runner copies (cpu/library.py contiguous), appended as it runs."""
     shapes = []
-    real = instructions.library
+    real = c_runner.library
 
     def counting(d):
         lib = real(d)
@@ -511,13 +514,13 @@ def record_contiguous_copies(monkeypatch) -> list:
                             raising=False)
         return lib
 
-    monkeypatch.setattr(instructions, "library", counting)
+    monkeypatch.setattr(c_runner, "library", counting)
     return shapes
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_transposed_statics_copied_for_the_task_loop_give_the_same_numbers(dtype, tmp_path, monkeypatch):
-    """∂F's W_h^T is read as a contiguous copy when multi-row tasks multiply by it enough (instructions.run):
+    """∂F's W_h^T is read as a contiguous copy when multi-row tasks multiply by it enough (cpu/runner.py):
     the same loss and gradients as multiplying by the transposed view and as Python's, up to rounding (BLAS
     may sum in another order for another layout)."""
     t = Trainer(MODELS / "var_lstm.yaml", TINY["var_lstm"] + [f"train.dtype={dtype}"], run_dir=tmp_path)
@@ -525,7 +528,7 @@ def test_transposed_statics_copied_for_the_task_loop_give_the_same_numbers(dtype
     copied = record_contiguous_copies(monkeypatch)
     runs = {}
     for threshold in (1, 10 ** 9):
-        monkeypatch.setattr(instructions, "CONTIGUOUS_STATICS_ROWS", threshold)
+        monkeypatch.setattr(c_runner, "CONTIGUOUS_STATICS_ROWS", threshold)
         t.model.options = EngineOptions(executor="native")
         runs[threshold] = t.loss_and_grads(samples)
         if threshold == 1:
@@ -538,7 +541,7 @@ def test_transposed_statics_copied_for_the_task_loop_give_the_same_numbers(dtype
     for k in a.grads:
         close(a.grads[k], b.grads[k], dtype)
     t.model.options = EngineOptions()
-    monkeypatch.setattr(instructions, "CONTIGUOUS_STATICS_ROWS", 1)
+    monkeypatch.setattr(c_runner, "CONTIGUOUS_STATICS_ROWS", 1)
     assert_native_equals_python(lambda o: (setattr(t.model, "options", o), t.loss_and_grads(samples))[1],
                                 EngineOptions(), dtype)
 
@@ -546,21 +549,21 @@ def test_transposed_statics_copied_for_the_task_loop_give_the_same_numbers(dtype
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_few_row_products_by_a_wide_static_run_transposed_with_the_same_numbers(dtype, tmp_path, monkeypatch):
     """A task of at most SMALL_M_ROWS rows multiplies by F's W_h (hidden x 4 hidden) as C^T = W_h^T·A^T on
-    the static's transposed copy (instructions.run, codegen/native.py), and (TWIN_ELEMENTS lowered so that
+    the static's transposed copy (cpu/runner.py, codegen/native.py), and (TWIN_ELEMENTS lowered so that
     this small model takes it) ∂F's dgates·W_h^T on W_h itself: the same loss and gradients as the plain
     products (the path switched off) and as the Python interpreter, at tasks of 1 to 40 rows (one row takes
     the GEMV; more than SMALL_M_ROWS the plain GEMM), with the debug mode's bounds checks on."""
     monkeypatch.setenv("MINICAVS_NATIVE_CHECK", "1")
-    monkeypatch.setattr(instructions, "TWIN_ELEMENTS", 1)
-    monkeypatch.setattr(instructions, "CONTIGUOUS_STATICS_ROWS", 1)
+    monkeypatch.setattr(c_runner, "TWIN_ELEMENTS", 1)
+    monkeypatch.setattr(c_runner, "CONTIGUOUS_STATICS_ROWS", 1)
     t = Trainer(MODELS / "var_lstm.yaml", TINY["var_lstm"] + [f"train.dtype={dtype}", "data.synthetic.train=120"],
                 run_dir=tmp_path)
     twins = record_contiguous_copies(monkeypatch)
     for size in (2, 3, 17, 40):
         samples = t.task.data["train"][:size]
         runs = {}
-        for rows in (instructions.SMALL_M_ROWS, 0):
-            monkeypatch.setattr(instructions, "SMALL_M_ROWS", rows)
+        for rows in (c_runner.SMALL_M_ROWS, 0):
+            monkeypatch.setattr(c_runner, "SMALL_M_ROWS", rows)
             twins.clear()
             t.model.options = EngineOptions(executor="native")
             runs[rows] = t.loss_and_grads(samples)
@@ -570,7 +573,7 @@ def test_few_row_products_by_a_wide_static_run_transposed_with_the_same_numbers(
         assert set(a.grads) == set(b.grads)
         for k in a.grads:
             close(a.grads[k], b.grads[k], dtype)
-        monkeypatch.setattr(instructions, "SMALL_M_ROWS", 32)
+        monkeypatch.setattr(c_runner, "SMALL_M_ROWS", 32)
         assert_native_equals_python(lambda o: (setattr(t.model, "options", o), t.loss_and_grads(samples))[1],
                                     EngineOptions(), dtype)
 
@@ -579,7 +582,7 @@ def test_a_wide_static_only_the_blocks_read_gets_no_transposed_copy(tmp_path, mo
     """The Tree-LSTM's leaf W (embed x 3 hidden: twice as wide as deep) is read only by F's block of all the
     leaves: no transposed copy of it is made per forward pass (it would serve that one product; the task
     loop's statics keep theirs: the Var-LSTM test above), and training equals the Python interpreter's."""
-    monkeypatch.setattr(instructions, "CONTIGUOUS_STATICS_ROWS", 1)
+    monkeypatch.setattr(c_runner, "CONTIGUOUS_STATICS_ROWS", 1)
     t = Trainer(MODELS / "tree_lstm.yaml", TINY["tree_lstm"] + ["train.dtype=float64"], run_dir=tmp_path)
     samples = t.task.data["train"][:8]
     shape = t.params["W"].value.shape
@@ -607,7 +610,7 @@ def test_tree_fc_task_loop_moves_no_rows_when_siblings_are_side_by_side(monkeypa
     for label, graphs in (("complete", complete), ("irregular", irregular)):
         feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
         prof = np.zeros(len(instructions.OPCODES) + 1, np.int64)
-        monkeypatch.setattr(instructions, "PROFILE", prof)
+        monkeypatch.setattr(c_runner, "PROFILE", prof)
 
         def run(options):
             return case.model.forward_backward(graphs, feeds, case.params, RunContext(), options=options)
@@ -676,6 +679,7 @@ def test_a_bad_offset_in_a_block_instruction_is_caught_by_the_debug_mode():
     result = _run_script("""
         import numpy as np
         from minicavs import instructions
+        from minicavs.cpu import runner as c_runner
         from minicavs.engine import EngineOptions
         from minicavs.executor import RunContext
         from minicavs.inputs import InputGraph
@@ -699,7 +703,7 @@ def test_a_bad_offset_in_a_block_instruction_is_caught_by_the_debug_mode():
             try:
                 case.model.forward_backward(graphs, feeds, case.params, RunContext())
                 print("not caught", opcode)
-            except instructions.NativeCheckError as e:
+            except c_runner.NativeCheckError as e:
                 print("caught:", e)
         """, MINICAVS_NATIVE_CHECK="1")
     assert result.returncode == 0, result.stderr[-2000:]

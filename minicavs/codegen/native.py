@@ -310,7 +310,7 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
                            && Bm->p == (T *)base[Bm->buf]) {{
                     /* few rows times a wide static B: C^T = B^T A^T, B^T from the static's contiguous transposed
                        twin (n x k), into the scratch arena's tail, then transposed into C: OpenBLAS takes 20-45% less
-                       time at 2-32 rows this way (the few rows as its M dimension; instructions.SMALL_M_ROWS) */
+                       time at 2-32 rows this way (the few rows as its M dimension; cpu/runner.py's SMALL_M_ROWS) */
                     const T *bt = (const T *)twin[Bm->buf];
                     const int64_t ldt = size[Bm->buf] / ld[Bm->buf];   /* the twin's row: all of B's rows */
                     T *tmp = scratch + tmp_off;

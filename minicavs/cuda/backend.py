@@ -23,6 +23,7 @@ class Cuda(Backend):
     has one parent, so no atomics are needed either way."""
 
     name = "cuda"
+    runner_name = "cuda runner"
 
     def __init__(self, launcher=None, deterministic: bool = False):
         self.launcher = launcher if launcher is not None else cuda_kernels.default_launcher()

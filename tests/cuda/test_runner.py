@@ -17,7 +17,7 @@ from minicavs.executor import RunContext
 
 from .. import cells
 from ..test_device import close, on
-from ..test_engine import CASES, dense
+from ..test_engine import CASES
 from ..test_instructions import PYTHON_ONLY, SWITCHES
 from ..models.test_models import TINY, trainer
 
