@@ -36,6 +36,23 @@ def test_every_opcode_has_a_reference_implementation_of_its_operands():
         assert reference.OPERATIONS[name].__doc__, name
 
 
+def test_every_runner_implements_every_opcode():
+    """The C runner's switch has a case per opcode (and fails any other: its default case); the CUDA runner
+    runs each by the reference's function or its own (FUSED: the generated kernel; ADJ: the device's
+    scatter-add), with the reference's operands."""
+    from minicavs.codegen.native import executor_source
+    from minicavs.cuda import runner as cuda_runner
+    source = executor_source("double")
+    for name in OPCODES:
+        assert f"case {name}:" in source, name
+    assert "default:\n                FAIL(-3);" in source
+    assert len(cuda_runner.OPERATIONS) == len(OPCODES)
+    for name, fn in zip(OPCODES, cuda_runner.OPERATIONS):
+        assert fn is reference.OPERATIONS[name] or name in cuda_runner.OWN, name
+        operands = list(inspect.signature(fn).parameters)[1:]
+        assert operands == list(inspect.signature(reference.OPERATIONS[name]).parameters)[1:], name
+
+
 class Opcodes:
     """Counts the opcodes the reference runner executes (to see that a test exercised them)."""
 
