@@ -38,8 +38,6 @@ def _native(fns: list, active: list, opts: EngineOptions, device: Device, dtype,
     why = device.runner_missing(dtype.np) if opts.executor == "native" else None
     if why is not None:
         return None, why
-    if opts.streaming:
-        return None, "streaming runs eager blocks on a worker thread"
     lowered = instructions.link(fns, sorted(active), opts, device, backward, training, workspace.programs)
     return (None, lowered) if isinstance(lowered, str) else (lowered, None)
 
@@ -206,7 +204,7 @@ def forward(fns: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContex
     events = None
     # Alg. 1, forward: the eager phase (or, streaming, the eager stream task by task), then per task V_t:
     # gather the children's rows, evaluate F, scatter and push the results; then the lazy phase.
-    if opts.streaming:
+    if opts.streaming and native is None:   # (a runner runs its eager blocks batched, before the tasks)
         events, _ = device.eager([(block,) for block in program.before],
                                  lambda i, block, worker_ctx, _:
                                  run_block(block, statics[block.kid], xp, worker_ctx, device), ctx)
@@ -308,7 +306,7 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
     events = None
     # Alg. 1, backward: pop the task stack; per task V_t run ∂F at the same rows and add the gradients into
     # the children's rows; the eager phase (or stream) before it and the lazy phase after it.
-    if opts.streaming:
+    if opts.streaming and native is None:
         pre_envs = [None] * len(program.before)
 
         def produce(i, block, worker_ctx, _):

@@ -341,7 +341,8 @@ def bind_forward(fns: list, plan, state, opts, device, active: list, training: b
     alias pass at compile time) made now, so the task loop only runs them. A gather reads, and a kind
     writes, the scatter tensor of its message shape (``gather_messages`` / ``scatter_message``)."""
     copies = {"gather": 0, "gathered": 0, "pull": 0, "push": 0}
-    if not (with_tasks or with_blocks or opts.streaming):   # the native executor runs every block
+    streaming = opts.streaming and with_tasks   # (a runner that runs the task loop runs the eager blocks too)
+    if not (with_tasks or with_blocks):   # the native executor runs every block
         return BatchProgram("F", [], [], [], copies)
     scatters, pull_bufs = state.scatters, state.pull_bufs
     names = _scatter_names(scatters)
@@ -428,10 +429,10 @@ def bind_forward(fns: list, plan, state, opts, device, active: list, training: b
         return block
 
     whole = {kid: (slice(0, plan.kinds[kid].n), as_slice(plan.scatter_rows(kid)))
-             for kid in active} if with_blocks or opts.streaming else {}
+             for kid in active} if with_blocks or streaming else {}
     tasks = [(kid, slice(koff, koff + bs), slice(scatter_offset, scatter_offset + bs))
-             for kid, koff, bs, scatter_offset in plan.tasks] if opts.streaming or with_tasks else []
-    if opts.streaming:   # eager nodes on the second stream, task by task ahead of the recurrent path
+             for kid, koff, bs, scatter_offset in plan.tasks] if with_tasks else []
+    if streaming:   # eager nodes on the second stream, task by task ahead of the recurrent path
         before = [bind(kid, PRE, task_rows, scatter_rows, t, "eager")
                   for t, (kid, task_rows, scatter_rows) in enumerate(tasks)]
     else:   # (without blocks: the native executor runs them too)
@@ -489,7 +490,8 @@ def bind_backward(fns: list, plan, state, opts, device, active: list, btensors: 
     from their tensors, the scatter tensors and the pull buffers at the same rows, gradients added into the
     children's rows of the scatter gradients (``scatter_grads``: one per message shape) and into the pull
     buffers' gradients."""
-    if not (with_tasks or with_blocks or opts.streaming):   # the native executor runs every block
+    streaming = opts.streaming and with_tasks   # (a runner that runs the task loop runs the eager blocks too)
+    if not (with_tasks or with_blocks):   # the native executor runs every block
         return BatchProgram("∂F", [], [], [], {})
     scatters = state.scatters
     names, grad_names = _scatter_names(scatters), _scatter_names(scatters, "scatter grad")
@@ -607,8 +609,8 @@ def bind_backward(fns: list, plan, state, opts, device, active: list, btensors: 
         return block
 
     stack = [(kid, slice(koff, koff + bs), scatter_offset) for kid, koff, bs, scatter_offset in reversed(plan.tasks)] \
-        if opts.streaming or with_tasks else []
-    if opts.streaming:
+        if with_tasks else []
+    if streaming:
         before = [bind(kid, PRE, task_rows, scatter_offset, len(stack) - 1 - i, "eager")
                   for i, (kid, task_rows, scatter_offset) in enumerate(stack)]
     elif with_blocks:

@@ -156,6 +156,12 @@ class Machine:
         picked[idx < 0] = 0
         return picked
 
+    def put_rows(self, buf: int, width: int, index_buf: int, col: int, cols: int, values) -> None:
+        """Rows of buffer ``buf`` (rows of ``width``) that the task's rows of ``index_buf`` name, columns
+        col:col + cols, = ``values`` (distinct rows)."""
+        rows = self.rows_of(buf, width)
+        rows[self.checked(index_buf, rows.shape[0]), col:col + cols] = values
+
     def scratch(self, off: int, cols: int) -> tuple:
         """The scratch region of ``cols`` columns at column ``off`` (x the task's rows)."""
         return self.scratch_buf, off * self.bs, cols
@@ -239,8 +245,7 @@ def op_sput(m: Machine, buf, col, ld, idx, src, cols, always) -> None:
     if m.soff >= 0:
         m.strided(buf, m.soff * ld + col, m.bs, cols, ld)[...] = values.copy()
         return
-    rows = m.rows_of(buf, ld)
-    rows[m.checked(idx, rows.shape[0]), col:col + cols] = values
+    m.put_rows(buf, ld, idx, col, cols, values)
 
 
 def op_cols(m: Machine, dst, src, col) -> None:
@@ -319,8 +324,7 @@ def op_sumrows(m: Machine, dst, src, rows, cols) -> None:
 
 def op_put(m: Machine, buf, width, idx, src, cols) -> None:
     """Rows idx of ``buf`` (first ``cols`` columns) = src's rows (a push, a pull's gradient in a forest)."""
-    rows = m.rows_of(buf, width)
-    rows[m.checked(idx, rows.shape[0]), :cols] = m.matrix(src, m.bs, cols)
+    m.put_rows(buf, width, idx, 0, cols, m.matrix(src, m.bs, cols))
 
 
 def op_adj(m: Machine, buf, width, idx, slot, elide, src, cols) -> None:
@@ -338,12 +342,11 @@ def op_adj(m: Machine, buf, width, idx, slot, elide, src, cols) -> None:
         else:
             dst[...] += values
         return
-    rows = m.rows_of(buf, width)
-    at = m.checked(idx, rows.shape[0])
     if m.forest:
-        rows[at, :cols] = values
-    else:   # (a DAG vertex may be the child of several rows of one task: every one adds)
-        xp.add.at(rows[:, :cols], at, values)
+        m.put_rows(buf, width, idx, 0, cols, values)
+        return
+    rows = m.rows_of(buf, width)   # (a DAG vertex may be the child of several rows of one task: every one adds)
+    xp.add.at(rows[:, :cols], m.checked(idx, rows.shape[0]), values)
 
 
 def op_gacc(m: Machine, buf, src, rows, cols) -> None:
@@ -417,14 +420,15 @@ INDEX_KEYS = ("child", "pullrows", "pushrows", "srows", "rowkeys")
 
 
 def run(lowered, table: np.ndarray, resolve, dtype, forest: bool, workspace=None, device=None,
-        check: bool | None = None, operations: list | None = None) -> dict:
+        check: bool | None = None, operations: list | None = None, machine: type = Machine) -> dict:
     """Run a lowered program over ``table`` (one row per task, blocks included) as the C runner does:
     ``resolve(key)`` gives each buffer (instructions.py's buffer keys; index arrays on the host), on
     ``device`` (its array module; None: numpy); returns the parameter-gradient
     accumulators ({name: array}) the program added into. ``check``: also check every gathered row number
     (None: as the C runner's debug mode, when ``MINICAVS_NATIVE_CHECK`` is set). ``workspace`` is unused (the C
     runner keeps its buffer table per workspace). ``operations``: per opcode id the function that runs it
-    (a device's runner replaces some, e.g. FUSED by its generated kernel; default: :data:`BY_ID`)."""
+    (a device's runner replaces some, e.g. FUSED by its generated kernel; default: :data:`BY_ID`);
+    ``machine``: the :class:`Machine` (a device's may move rows with its own kernels)."""
     operations = BY_ID if operations is None else operations
     xp = np if device is None else device.xp
     hosts = {}
@@ -457,7 +461,7 @@ def run(lowered, table: np.ndarray, resolve, dtype, forest: bool, workspace=None
         flats.append(flat)
         lds.append(ld)
         transposed.append(flag)
-    m = Machine(device, lowered, flats, lds, transposed, hosts, scratch_buf, forest, check)
+    m = machine(device, lowered, flats, lds, transposed, hosts, scratch_buf, forest, check)
     code = lowered.code.tolist()
     ranges = lowered.ranges.tolist()
     for t, task in enumerate(table.tolist()):

@@ -274,18 +274,23 @@ def test_a_bad_row_index_of_a_block_is_caught_by_the_debug_mode():
                      r"operand idx is out of bounds", result.stdout), result.stdout
 
 
-def test_streaming_leaves_the_task_loop_to_python_and_says_why():
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_streaming_runs_the_program_natively(name):
+    """Streaming is the Python interpreter's way to run the eager blocks task by task on a second thread; the
+    native executor runs the same pass's eager blocks batched in its one call (nothing left to overlap), and
+    the numbers are the interpreter's, streaming or not."""
+    build, make_graph = CASES[name]
     rng = np.random.default_rng(1)
-    case = cells.binary_tree_lstm(rng)
-    graphs = [InputGraph([[1, 2], [], []])]
+    case = build(rng)
+    graphs = [make_graph(rng, n) for n in (5, 2, 7)]
     feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
-    case.model.options = EngineOptions(streaming=True, executor="python")
-    python = case.model.forward_backward(graphs, feeds, case.params, RunContext())
-    case.model.options = EngineOptions(streaming=True, executor="native")
-    native = case.model.forward_backward(graphs, feeds, case.params, RunContext())
-    assert native.states["G"].program.native is None and native.states["G"].program.tasks
-    assert "(task loop in Python: streaming" in native.states["G"].program.dump()
-    equal(python.loss, native.loss)
+
+    def run(options):
+        return case.model.forward_backward(graphs, feeds, case.params, RunContext(), options=options)
+    for options in (EngineOptions(streaming=True), EngineOptions(streaming=True, eager_batching=False)):
+        assert_native_equals_python(run, options, "float64")
+    python = run(EngineOptions(streaming=True, executor="python")).states["G"].program
+    assert python.native is None and any(block.stream == "eager" for block in python.before)
 
 
 @pytest.mark.parametrize("eager", [True, False])
