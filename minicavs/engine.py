@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import instructions, reference
+from . import instructions, program as binding, reference
 
 from .backend import Backend as Device
 from .compile import POST, PRE, TASK, CompiledFunction, EngineOptions  # noqa: F401 (the engine's public names)
@@ -108,7 +108,7 @@ def _resolver(fns: list, plan: MemoryPlan, state: "RunState", dtype, ctx: RunCon
         if what == "rowkeys":   # (dropout's: uint64, the kind's rows)
             return np.ascontiguousarray(plan.kinds[key[1]].row_keys, np.uint64)
         if what == "dropout":
-            return instructions.dropout_table(dropouts, ctx)
+            return binding.dropout_table(dropouts, ctx)
         if what == "arena":
             return state.workspace.arena_prefix(key[1], key[2], dtype)
         if what == "pgrad":   # (a block computes a "set" one straight into it: no zeros needed)
@@ -149,7 +149,7 @@ class RunState:
 
 
 def _with_blocks(table: np.ndarray, pre: np.ndarray, post: np.ndarray) -> np.ndarray:
-    """The task table with the rows of the blocks before and after the task loop (instructions.block_rows)."""
+    """The task table with the rows of the blocks before and after the task loop (program.block_rows)."""
     return np.concatenate([pre, table, post]) if len(pre) or len(post) else table
 
 
@@ -193,7 +193,7 @@ def forward(fns: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContex
     blocks = None
     if native is not None:
         block_copies = {"gather": 0, "gathered": 0, "pull": 0, "push": 0}
-        pre, post, why = instructions.block_rows(native, fns, plan, opts, copies=block_copies)
+        pre, post, why = binding.block_rows(native, fns, plan, opts, copies=block_copies)
         blocks = None if why is not None else (pre, post)
     program = bind_forward(fns, plan, state, opts, device, active, training, with_tasks=native is None,
                            with_blocks=blocks is None)
@@ -212,7 +212,7 @@ def forward(fns: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContex
         for block in program.before:
             run_block(block, statics[block.kid], xp, ctx, device)
     if native is not None:
-        table, copies = instructions.task_table(fns, plan, opts, backward=False)
+        table, copies = binding.task_table(fns, plan, opts, backward=False)
         program.native, program.task_table = native, table
         program.runner, run = _runner(opts, device)
         for k, v in copies.items():
@@ -296,7 +296,7 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
     native, why = _native(fns, active, opts, device, dtype, True, workspace)
     blocks = None
     if native is not None:
-        pre, post, why = instructions.block_rows(native, fns, plan, opts)
+        pre, post, why = binding.block_rows(native, fns, plan, opts)
         blocks = None if why is not None else (pre, post)
     program = bind_backward(fns, plan, state, opts, device, active, btensors, sgrads, push_grads, pull_grads,
                             row_kernels, with_tasks=native is None, with_blocks=blocks is None)
@@ -318,7 +318,7 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
     if native is not None:
         forward_table = state.program.task_table   # (F's, when the native executor ran F: the rows reversed)
         table = np.ascontiguousarray(forward_table[::-1]) if forward_table is not None else \
-            instructions.task_table(fns, plan, opts, backward=True)[0]
+            binding.task_table(fns, plan, opts, backward=True)[0]
         program.native, program.task_table = native, table
         program.runner, run = _runner(opts, device)
         if blocks is not None:

@@ -10,7 +10,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from minicavs import checkpoint, instructions
+from minicavs import checkpoint, program
 from minicavs.cpu import runner as c_runner
 from minicavs.engine import EngineOptions
 from minicavs.memory import DynamicTensor
@@ -144,9 +144,9 @@ def test_statics_copied_then_not_and_blocks_native_then_python(tmp_path, checked
         _same(python, native)
         bound = [p.__dict__["_table"] for p, _ in checked_runs[-2:]]
         assert not any(b.info[4].any() for b in bound)
-    real = instructions.block_rows
+    real = program.block_rows
     for blocks_native in (True, False, True):
-        monkeypatch.setattr(instructions, "block_rows", real if blocks_native else
+        monkeypatch.setattr(program, "block_rows", real if blocks_native else
                             lambda *a, **k: (None, None, "blocks in Python (test)"))
         python, native = _both(t, samples)
         _same(python, native)
