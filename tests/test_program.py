@@ -194,7 +194,7 @@ LAYOUTS = {
     "broadcast (stride 0)": lambda a: np.broadcast_to(a[:1], a.shape),
     "fortran, strided, big-endian": lambda a: _strided(_big_endian(a), order="F"),
 }
-EXECUTORS = ["python", "native", "native checked"]   # native checked: MINICAVS_NATIVE_CHECK=1
+EXECUTORS = ["python", "native", "native checked", "reference"]   # native checked: MINICAVS_NATIVE_CHECK=1
 
 
 def _c_order(a):
