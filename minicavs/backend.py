@@ -18,6 +18,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from . import reference
 from .arrays import array_module, on_device  # noqa: F401  (the seam's view of arrays)
 from .passes.fusion import FusedGroup
 
@@ -29,6 +30,7 @@ class Backend:
     name = "backend"
     deterministic = True
     xp = np
+    runner_name = "reference runner"   # who runs a lowered program here (dump() says it)
 
     def __repr__(self) -> str:
         return f"<device {self.description}>"
@@ -74,6 +76,16 @@ class Backend:
 
     def synchronize(self) -> None:
         """Wait until every kernel issued so far has finished."""
+
+    def runner_missing(self, dtype) -> str | None:
+        """Why this device's runner cannot run a program of ``dtype`` here (None: it can)."""
+        return None
+
+    def run_program(self, lowered, table: np.ndarray, resolve, dtype, forest: bool, workspace=None) -> dict:
+        """Run a lowered batch program (instructions.py) over ``table``: this device's runner. By default
+        the reference runner over this device's arrays (every opcode one function of :mod:`.reference`).
+        Returns the parameter-gradient accumulators the program added into."""
+        return reference.run(lowered, table, resolve, dtype, forest, workspace, device=self)
 
 
 def to_host(a) -> np.ndarray:

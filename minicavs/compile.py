@@ -89,7 +89,8 @@ class EngineOptions:
     fusion: bool = True       # fused elementwise groups run as generated C kernels
     gather_elision: bool = True   # a gather whose child rows are an evenly strided block reads a view
     merge_gemms: bool = True      # products of F sharing a left operand run as one GEMM (passes/gemm.py)
-    executor: str = "native"  # the task loop as one C call over an instruction stream; "python": block by block
+    executor: str = "native"  # the task loop as one C call over an instruction stream; "python": block by block;
+    # "reference": the same instruction stream run by reference.py (one Python function per opcode)
 
     def __post_init__(self):
         if self.executor not in EXECUTORS:
@@ -120,7 +121,7 @@ class EngineOptions:
         return found
 
 
-EXECUTORS = ("python", "native")
+EXECUTORS = ("python", "native", "reference")
 _COMPILED: dict = {}   # field values -> the one EngineOptions instance ``compiled`` returns for them
 
 

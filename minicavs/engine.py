@@ -13,11 +13,12 @@ several parents receives all contributions. Every buffer comes from the model's 
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import instructions
+from . import instructions, program as binding, reference
 
 from .backend import Backend as Device
 from .compile import POST, PRE, TASK, CompiledFunction, EngineOptions  # noqa: F401 (the engine's public names)
@@ -32,21 +33,30 @@ def _native(fns: list, active: list, opts: EngineOptions, device: Device, dtype,
     """(The task loop lowered for the native executor, None) or (None, why the Python interpreter runs it:
     another executor asked for, no compiler or BLAS (cpu/native.py warned once), streaming, CUDA, an op the
     lowering cannot express). The reason is kept on the program (``native_why``, shown by dump())."""
-    if opts.executor != "native":
+    if opts.executor == "python":
         return None, "executor 'python'"
-    why = instructions.available(dtype.np, device)
+    why = device.runner_missing(dtype.np) if opts.executor == "native" else None
     if why is not None:
         return None, why
-    if opts.streaming:
-        return None, "streaming runs eager blocks on a worker thread"
     lowered = instructions.link(fns, sorted(active), opts, device, backward, training, workspace.programs)
     return (None, lowered) if isinstance(lowered, str) else (lowered, None)
 
 
-def _resolver(fns: list, plan: MemoryPlan, state: "RunState", dtype, btensors=None, sgrads=None,
-              push_grads=None, pull_grads=None):
-    """``key -> array`` for the buffers a lowered program names (instructions.py's buffer keys)."""
-    def index(a):
+def _runner(opts: EngineOptions, device: Device):
+    """(Who runs the lowered program, its run function): the reference runner over the device's arrays when
+    asked for, else the device's own runner (the C executor on the CPU)."""
+    if opts.executor == "reference":
+        return "reference runner", functools.partial(reference.run, device=device)
+    return device.runner_name, device.run_program
+
+
+def _resolver(fns: list, plan: MemoryPlan, state: "RunState", dtype, ctx: RunContext, dropouts: list,
+              btensors=None, sgrads=None, push_grads=None, pull_grads=None):
+    """``key -> array`` for the buffers a lowered program names (instructions.py's buffer keys; ``dropouts``:
+    the program's DROPOUT entries, whose table ``ctx`` decides)."""
+    xp = state.device.xp
+
+    def index(a):   # (host arrays: a device's runner copies each over once)
         return np.ascontiguousarray(a, np.int64)
 
     sparse: dict = {}
@@ -76,7 +86,7 @@ def _resolver(fns: list, plan: MemoryPlan, state: "RunState", dtype, btensors=No
         if what == "sgrad":
             return _prefix(state.workspace.scatter_grads, key[1], sgrads[key[1]])
         if what == "srows":
-            return plan.scatter_rows(key[1])
+            return index(plan.scatter_rows(key[1]))
         if what == "pullrows":
             return index(plan.kinds[key[2]].pull_rows[key[1]])
         if what == "pushrows":
@@ -85,7 +95,7 @@ def _resolver(fns: list, plan: MemoryPlan, state: "RunState", dtype, btensors=No
             return index(plan.kinds[key[2]].push_rows[key[1]])
         if what == "pull":   # (the executor reads a buffer by base and row stride: a computed view is copied)
             buf = state.pull_bufs[key[1]]
-            return buf if buf.flags.c_contiguous else np.ascontiguousarray(buf)
+            return buf if buf.flags.c_contiguous else xp.ascontiguousarray(buf)
         if what == "push":
             return state.pushes[key[1]]
         if what == "pullgrad":
@@ -94,12 +104,16 @@ def _resolver(fns: list, plan: MemoryPlan, state: "RunState", dtype, btensors=No
             grad = push_grads[key[1]]
             if isinstance(grad, RowSparse):
                 return coalesced(key[1])[0]
-            return grad if grad.flags.c_contiguous else np.ascontiguousarray(grad)   # (e.g. a broadcast)
+            return grad if grad.flags.c_contiguous else xp.ascontiguousarray(grad)   # (e.g. a broadcast)
+        if what == "rowkeys":   # (dropout's: uint64, the kind's rows)
+            return np.ascontiguousarray(plan.kinds[key[1]].row_keys, np.uint64)
+        if what == "dropout":
+            return binding.dropout_table(dropouts, ctx)
         if what == "arena":
             return state.workspace.arena_prefix(key[1], key[2], dtype)
         if what == "pgrad":   # (a block computes a "set" one straight into it: no zeros needed)
             node = next(fn.param_grads[key[1]] for fn in fns if fn is not None and key[1] in fn.param_grads)
-            return np.empty(node.shape, dtype) if key[-1] == "set" else np.zeros(node.shape, dtype)
+            return xp.empty(node.shape, dtype) if key[-1] == "set" else xp.zeros(node.shape, dtype)
         raise KeyError(key)
     return resolve
 
@@ -135,7 +149,7 @@ class RunState:
 
 
 def _with_blocks(table: np.ndarray, pre: np.ndarray, post: np.ndarray) -> np.ndarray:
-    """The task table with the rows of the blocks before and after the task loop (instructions.block_rows)."""
+    """The task table with the rows of the blocks before and after the task loop (program.block_rows)."""
     return np.concatenate([pre, table, post]) if len(pre) or len(post) else table
 
 
@@ -179,7 +193,7 @@ def forward(fns: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContex
     blocks = None
     if native is not None:
         block_copies = {"gather": 0, "gathered": 0, "pull": 0, "push": 0}
-        pre, post, why = instructions.block_rows(native, fns, plan, opts, copies=block_copies)
+        pre, post, why = binding.block_rows(native, fns, plan, opts, copies=block_copies)
         blocks = None if why is not None else (pre, post)
     program = bind_forward(fns, plan, state, opts, device, active, training, with_tasks=native is None,
                            with_blocks=blocks is None)
@@ -190,7 +204,7 @@ def forward(fns: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContex
     events = None
     # Alg. 1, forward: the eager phase (or, streaming, the eager stream task by task), then per task V_t:
     # gather the children's rows, evaluate F, scatter and push the results; then the lazy phase.
-    if opts.streaming:
+    if opts.streaming and native is None:   # (a runner runs its eager blocks batched, before the tasks)
         events, _ = device.eager([(block,) for block in program.before],
                                  lambda i, block, worker_ctx, _:
                                  run_block(block, statics[block.kid], xp, worker_ctx, device), ctx)
@@ -198,15 +212,17 @@ def forward(fns: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContex
         for block in program.before:
             run_block(block, statics[block.kid], xp, ctx, device)
     if native is not None:
-        table, copies = instructions.task_table(fns, plan, opts, backward=False)
+        table, copies = binding.task_table(fns, plan, opts, backward=False)
         program.native, program.task_table = native, table
+        program.runner, run = _runner(opts, device)
         for k, v in copies.items():
             program.copies[k] += v
         if blocks is not None:   # one call runs the blocks before the task loop, the tasks and the blocks after
             for k, v in block_copies.items():
                 program.copies[k] += v
             table = program.native_table = _with_blocks(table, *blocks)
-        instructions.run(native, table, _resolver(fns, plan, state, dtype.np), dtype.np, plan.forest, workspace)
+        run(native, table, _resolver(fns, plan, state, dtype.np, ctx, native.dropouts), dtype.np, plan.forest,
+            workspace)
     for t, block in enumerate(program.tasks):
         if events is not None:
             events[t].wait()
@@ -280,7 +296,7 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
     native, why = _native(fns, active, opts, device, dtype, True, workspace)
     blocks = None
     if native is not None:
-        pre, post, why = instructions.block_rows(native, fns, plan, opts)
+        pre, post, why = binding.block_rows(native, fns, plan, opts)
         blocks = None if why is not None else (pre, post)
     program = bind_backward(fns, plan, state, opts, device, active, btensors, sgrads, push_grads, pull_grads,
                             row_kernels, with_tasks=native is None, with_blocks=blocks is None)
@@ -290,7 +306,7 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
     events = None
     # Alg. 1, backward: pop the task stack; per task V_t run ∂F at the same rows and add the gradients into
     # the children's rows; the eager phase (or stream) before it and the lazy phase after it.
-    if opts.streaming:
+    if opts.streaming and native is None:
         pre_envs = [None] * len(program.before)
 
         def produce(i, block, worker_ctx, _):
@@ -302,12 +318,14 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
     if native is not None:
         forward_table = state.program.task_table   # (F's, when the native executor ran F: the rows reversed)
         table = np.ascontiguousarray(forward_table[::-1]) if forward_table is not None else \
-            instructions.task_table(fns, plan, opts, backward=True)[0]
+            binding.task_table(fns, plan, opts, backward=True)[0]
         program.native, program.task_table = native, table
+        program.runner, run = _runner(opts, device)
         if blocks is not None:
             table = program.native_table = _with_blocks(table, *blocks)
-        resolve = _resolver(fns, plan, state, dtype.np, btensors, sgrads, push_grads, pull_grads)
-        for name, g in instructions.run(native, table, resolve, dtype.np, plan.forest, workspace).items():
+        resolve = _resolver(fns, plan, state, dtype.np, ctx, native.dropouts, btensors, sgrads, push_grads,
+                            pull_grads)
+        for name, g in run(native, table, resolve, dtype.np, plan.forest, workspace).items():
             prev = param_grads.get(name)
             if prev is None:
                 param_grads[name] = g

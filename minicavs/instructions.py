@@ -1,4 +1,4 @@
-"""A batch program (its blocks and task loop) as an instruction stream for the native executor (VPPS's script, CPU).
+"""A batch program (its blocks and task loop) as an instruction stream (VPPS's script), run by a device's runner.
 
 Per vertex kind and direction (F or ∂F) the kind's task program is lowered once to a *template*: fixed-width
 int64 instructions (codegen/native.py's ``OPCODES``) whose addresses are relative to a task's rows (its offset
@@ -6,13 +6,15 @@ in the kind's dynamic tensors, its offset in the scatter tensor, its children's 
 arrays, the task's gather views). Per batch, Python only resolves the buffers (a few dozen base pointers:
 the workspace's tensors, the scatter tensors and their gradients, pull and push buffers, the kind's index
 arrays, parameters, parameter-gradient accumulators, one scratch arena) and builds the task table with numpy
-(kind, row offset, rows, scatter offset, the gather views and the sibling-concat view per task); one C call
-then expands template x task table. So the Python work of a native pass does not grow with the number of
-tasks (the schedule and memory plan before it still do, in numpy and some Python).
+(kind, row offset, rows, scatter offset, the gather views and the sibling-concat view per task); the device's
+runner (``Backend.run_program``) then expands template x task table: on the CPU one C call (cpu/runner.py), so
+the Python work of a native pass does not grow with the number of tasks (the schedule and memory plan before
+it still do, in numpy and some Python); on CUDA the reference runner's opcodes over device arrays with the
+generated kernels (cuda/runner.py). reference.py defines every opcode, one Python function each.
 
 The blocks before and after the task loop (eager and lazy batching: one block per kind over all its rows) are
 templates too, run as one task each of all the kind's rows (kind offset 0, scatter offset the kind's first
-scatter row; block_rows adds their rows before and after the task table), so one C call runs a pass's
+scatter row; program.block_rows adds their rows before and after the task table), so one C call runs a pass's
 blocks, tasks and blocks. A block reads and writes its kind's scatter rows through SROWS and SPUT: a view at
 the scatter offset, as a task's BIND, when the batch lays those rows out as one block (the cavs schedule of
 one kind, or of leaf/internal kinds); else (scatter offset -1: 2Type's and the lattice's kinds interleaved by
@@ -20,7 +22,7 @@ height) rows copied in by the kind's row index (``srows``) and computed rows put
 Python interpreter takes and puts them. So the contiguous case copies nothing more than before, and the other
 needs no second template. The blocks stay with the Python interpreter, all of them, when one cannot be
 lowered (the pass's ``native_why`` says why; the task loop stays native). A task program the lowering
-cannot express (an op with no native lowering, such as dropout; a value of more than two axes; a row-sparse
+cannot express (an op with no native lowering, such as reshape; a value of more than two axes; a row-sparse
 gradient) leaves the whole pass to the Python interpreter (:func:`link` says why); so does streaming (the
 eager stream is a worker thread that runs blocks task by task).
 
@@ -30,23 +32,21 @@ identities) only set registers, computed values get a region of the scratch aren
 rows). Parameter gradients computed per task are added into accumulators zeroed per batch (0 + g is
 exact, so the numbers equal the Python path's copy-then-add up to summation order); one that a block alone
 computes is computed straight into its accumulator.
+
+Dropout (DROPOUT) multiplies by the mask of the task's row keys (the kind's ``rowkeys`` buffer) and one entry of
+a per-run table (``dropout``: the hash word of (seed, step, site), threshold and scale; see
+program.dropout_table), so a template serves every step and the masks are the Python interpreter's bits.
 """
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from .codegen.native import ARG_KINDS, MAX_ARGS, MAX_REGISTERS, OPCODES, OPS as OPCODE, WIDTH
 from .compile import POST, PRE, TASK
-from .cpu import CPU
-from .cpu import native as cpu_native
-from .cpu.library import library
 from .graph import Node
-from .memory import allocations
-from .ops.message import as_slice
 from .ops.registry import OPS
 from .passes.fusion import fuse, fusible
 
@@ -55,14 +55,11 @@ class Unsupported(Exception):
     """The lowering cannot express this task program natively (the message says what)."""
 
 
-class NativeCheckError(RuntimeError):
-    """The executor's bounds check caught an instruction addressing outside its buffer."""
-
-
 OPCODES_BY_ID = list(OPCODES)
 NONE, KIND_ROWS, SCATTER_ROWS = 0, 1, 2
 MODE_NAMES = {NONE: "0", KIND_ROWS: "task rows", SCATTER_ROWS: "scatter rows"}
 PHASE_WORDS = {PRE: "before tasks", TASK: "task", POST: "after tasks"}
+BUFFER_OPERANDS = ("buf", "idx", "keys", "table")   # operands that name a buffer (linked to global ids)
 TASK_COLUMNS = 5   # kind, kind offset, rows, scatter offset, first row of the sibling-concat view (-1: none)
 
 
@@ -104,6 +101,7 @@ class Template:
         self.overlays: dict = {}        # node -> an instruction (its register first) re-pointing its scratch
         self.direct: dict = {}          # node -> the parameter whose gradient accumulator it is computed into
         self.puts_back: list = []       # a block's values computed where SROWS bound the scatter rows (SPUT's)
+        self.dropouts: list = []        # per DROPOUT entry: (p, site)
 
     def reg(self, node: Node | None = None, name: str = "") -> int:
         if node is not None and node in self.regs:
@@ -199,6 +197,8 @@ class Lowered:
     blocks_why: str | None = None   # why the blocks before and after the task loop stay in Python (None: they do not)
     task_keys: int | None = None    # the buffers the task templates name are keys[:task_keys] (None: all)
     table_width: int = TASK_COLUMNS   # columns of a task-table row
+    fused: list = field(default_factory=list)   # per kernel id: the device's kernel of a fused group (its .group)
+    dropouts: list = field(default_factory=list)   # per DROPOUT entry: (p, site) (program.dropout_table makes its row)
 
     @property
     def block_scratch(self) -> dict:
@@ -232,7 +232,7 @@ class Lowered:
             if field_name in ("dst", "src", "a", "b", "c") or (field_name == "bias" and value >= 0):
                 v = f"r{value}({template.reg_names[value]})" if 0 <= value < len(template.reg_names) \
                     else f"r{value}"
-            elif field_name in ("buf", "idx"):
+            elif field_name in BUFFER_OPERANDS:
                 v = _key_text(self.keys[value]) if 0 <= value < len(self.keys) else f"#{value}"
             elif field_name == "mode":
                 v = MODE_NAMES.get(value, str(value))
@@ -265,7 +265,7 @@ def _single_kernel(node: Node, device, singles: dict):
 
 
 def _kernel_step(t: Template, group, kernel, inputs, outputs) -> None:
-    if kernel is None or not getattr(kernel, "address", 0):
+    if kernel is None or getattr(kernel, "address", None) == 0:   # (a C kernel without its uniform twin)
         raise Unsupported(f"fused group {' '.join(n.op for n in group.nodes)} has no compiled kernel")
     out = group.output
     if out.ndim > 2:
@@ -300,12 +300,18 @@ def _step(t: Template, step, statics: set, device, singles: dict) -> None:
         return
     node = step.outputs[0]
     opdef = OPS[node.op]
+    how = opdef.native(node) if opdef.native is not None else None
+    if how == "dropout":   # the mask of the task's row keys (a per-batch table entry)
+        out = t.scratch_reg(node)
+        t.emit("DROPOUT", out, t.regs[step.inputs[0]], _cols(node), t.buf(("rowkeys",)), t.buf(("dropout",)),
+               len(t.dropouts))
+        t.dropouts.append((float(node.attrs["p"]), int(node.attrs["site"])))
+        return
     if opdef.needs_ctx:
-        raise Unsupported(f"{node.label()} needs the run context (dropout's row keys)")
+        raise Unsupported(f"{node.label()} needs the run context")
     if opdef.identity:
         t.emit("ALIAS", t.reg(node), t.regs[step.inputs[0]])
         return
-    how = opdef.native(node) if opdef.native is not None else None
     if how is None:
         if fusible(node):
             group, kernel = _single_kernel(node, device, singles)
@@ -366,7 +372,7 @@ def _singles(fn, device) -> dict:
 def forward_template(fn, opts, device, training: bool, phase: int = TASK) -> Template:
     """F's program of one kind in ``phase``, mirroring program.bind_forward's blocks: TASK's runs per task;
     PRE's and POST's (eager and lazy batching) run once over all the kind's rows, as a task of those rows
-    (``block_rows``: kind offset 0, scatter offset the kind's first scatter row)."""
+    (program.block_rows: kind offset 0, scatter offset the kind's first scatter row)."""
     kp = fn.phases(opts, device)[0]
     f_stored = fn.placement(opts, device, training)[0]
     inplace, copied, concats = fn.placement(opts, device, training)[1][phase]
@@ -639,7 +645,7 @@ def link(fns: list, kids: list, opts, device, backward: bool, training: bool = T
     tids += [tid for tid, _, _ in blocks]
     keys: dict = {}
     kernels: list = []
-    code, pool = [], []
+    code, pool, dropouts = [], [], []
     ranges = np.zeros((3 * nk, 2), np.int64)
     task_keys = 0
     for i, (tid, t) in enumerate(zip(tids, templates)):
@@ -655,95 +661,35 @@ def link(fns: list, kids: list, opts, device, backward: bool, training: bool = T
         begin = len(code)
         for op, *args in t.code:
             names = OPCODES[op]
-            args = [local_buf[v] if n in ("buf", "idx") else local_kernel[v] if n == "kernel"
-                    else v + len(pool) if n == "pool" else v for n, v in zip(names, args)]
+            args = [local_buf[v] if n in BUFFER_OPERANDS else local_kernel[v] if n == "kernel"
+                    else v + len(pool) if n == "pool" else v + len(dropouts) if n == "entry" else v
+                    for n, v in zip(names, args)]
             code.append([OPCODE[op]] + args + [0] * (WIDTH - 1 - len(args)))
         pool += t.pool
+        dropouts += t.dropouts
         ranges[tid] = (begin, len(code))
     keys_list = list(keys) + [("scratch",)]
     if len(templates) == ntask:
         task_keys = len(keys)
     lowered = Lowered("∂F" if backward else "F", tids, templates,
                       np.array(code, np.int64).reshape(-1, WIDTH), np.array(pool or [0], np.int64), ranges,
-                      keys_list, np.array([k.address for k in kernels] or [0], np.int64),
+                      keys_list, np.array([getattr(k, "address", 0) for k in kernels] or [0], np.int64),
                       max((len(t.reg_names) for t in templates), default=1),
                       max((t.scratch for t in templates[:ntask]), default=0),
                       max((t.fixed for t in templates), default=0),
                       blocks=[_block_info(tid, kid, t, fns[kid], opts, backward) for tid, kid, t in blocks],
                       blocks_why=blocks_why, task_keys=task_keys,
-                      table_width=TASK_COLUMNS + 2 * max((len(fn.gathers) for fn in fns if fn is not None), default=0))
+                      table_width=TASK_COLUMNS + 2 * max((len(fn.gathers) for fn in fns if fn is not None), default=0),
+                      fused=list(kernels), dropouts=dropouts)
     cache[key] = (list(fns), lowered)
     return lowered
 
 
 def _global_key(key: tuple, kid: int) -> tuple:
     """Buffer keys of one kind's own arrays (tensors, index arrays, statics) carry its kind id."""
-    return key + (kid,) if key[0] in ("tensor", "btensor", "child", "pullrows", "pushrows", "srows", "static") \
+    return key + (kid,) if key[0] in ("tensor", "btensor", "child", "pullrows", "pushrows", "srows", "static",
+                                      "rowkeys") \
         else key
-
-
-# --- per batch: the task table and the buffer table --------------------------------------------------------
-
-def task_table(fns: list, plan, opts, backward: bool) -> tuple[np.ndarray, dict]:
-    """One row per task, in the order they run (backward: the stack popped, the same rows reversed), built
-    with numpy: kind, kind offset, rows, scatter offset, the sibling-concat view's first row (-1: none), and
-    per gather slot the strided view (start, step; step -1: none). Also the rows moved, for the program's
-    copy counters."""
-    arity = max((len(fn.gathers) for fn in fns if fn is not None), default=0)
-    made = plan.task_views   # the native planner's (cpu/planner.py), for kinds that gather slots 0..arity - 1
-    if made is not None and opts.gather_elision and made.shape[1] == TASK_COLUMNS + 2 * arity \
-            and len(fns) == len(plan.view_arity) and all(
-                fn is not None and len(fn.gathers) == a and list(fn.gathers) == list(range(a))
-                for fn, a in zip(fns, plan.view_arity)):
-        copies = {"gather": 0, "gathered": 0, "pull": 0, "push": 0}
-        if not backward:
-            for kid, fn in enumerate(fns):
-                kind_plan = plan.kinds[kid]
-                if kind_plan is not None:   # (its gather slots are 0..arity - 1: a list indexed by slot)
-                    _count_copies(copies, _task_moves(fn, opts), kind_plan.n, plan.gather_copies[kid].tolist())
-        return (np.ascontiguousarray(made[::-1]) if backward else made), copies
-    tasks = plan.task_array if plan.task_array is not None else np.array(plan.tasks, np.int64).reshape(-1, 4)
-    table = np.full((len(tasks), TASK_COLUMNS + 2 * arity), -1, np.int64)
-    table[:, :4] = tasks
-    kinds, sizes = tasks[:, 0], tasks[:, 2]
-    copies = {"gather": 0, "gathered": 0, "pull": 0, "push": 0}
-    for kid, fn in enumerate(fns):
-        kind_plan = plan.kinds[kid] if kid < len(plan.kinds) else None
-        if fn is None or kind_plan is None:
-            continue
-        mine = kind_plan.tasks if kind_plan.tasks is not None else np.flatnonzero(kinds == kid)
-        if not len(mine):
-            continue
-        slots = list(fn.gathers)
-        if opts.gather_elision and slots:   # (the kind's tasks in task order, as ``mine``)
-            views = [kind_plan.strides[j] for j in slots]
-            if slots == list(range(len(slots))) and kind_plan.view_table is not None \
-                    and kind_plan.view_table.shape[1] == 2 * len(slots):
-                table[mine, TASK_COLUMNS:TASK_COLUMNS + 2 * len(slots)] = kind_plan.view_table
-            else:
-                for j, (start, step) in zip(slots, views):
-                    table[mine, TASK_COLUMNS + 2 * j] = start
-                    table[mine, TASK_COLUMNS + 2 * j + 1] = step
-        else:
-            views = [(table[mine, TASK_COLUMNS + 2 * j], table[mine, TASK_COLUMNS + 2 * j + 1]) for j in slots]
-        views = dict(zip(slots, views))
-        if opts.gather_elision and len(slots) >= 2:   # the children side by side: F's concat, ∂F's gradient
-            k = len(slots)
-            first = views[slots[0]][0]
-            ok = views[slots[0]][1] == k
-            for i, j in enumerate(slots[1:], 1):
-                start, step = views[j]
-                ok &= (step == k) & (start == first + i)
-            table[mine, 4] = np.where(ok, first, -1)
-        if not backward:
-            bs = sizes[mine]
-            rows = kind_plan.n   # (its tasks' rows)
-            moves = _task_moves(fn, opts)
-            _count_copies(copies, moves, rows, {j: int(bs[views[j][1] < 0].sum()) if opts.gather_elision else rows
-                                                for j in moves[0]})
-    if backward:
-        table = table[::-1]
-    return np.ascontiguousarray(table), copies
 
 
 @dataclass
@@ -767,307 +713,6 @@ def _block_info(tid: int, kid: int, t: Template, fn, opts, backward: bool) -> Bl
     return BlockInfo(tid, kid, t.phase, t, t.scatter_rows, len(fn.gathers) if t.regathers else 0, moves)
 
 
-def block_rows(lowered: Lowered, fns: list, plan, opts, copies: dict | None = None):
-    """The task-table rows of the blocks before and after the task loop (each a task of all its kind's rows:
-    kind offset 0, scatter offset its first scatter row, the children's concat view's first row), or why this
-    pass runs them in Python (the linked program's ``blocks_why``). A kind whose scatter rows are no one block
-    of rows (2Type, lattice: kinds interleaved by height) gets scatter offset -1: its blocks' SROWS and SPUT
-    move those rows by the kind's row index (``srows``). ``copies``: F's row counters, to which the blocks'
-    gathers, pulls and pushes are added."""
-    if lowered.blocks_why is not None:
-        return None, None, lowered.blocks_why
-    pre, post = [], []
-    firsts: dict = {}
-    for b in lowered.blocks:
-        kind_plan = plan.kinds[b.kid]
-        n = kind_plan.n
-        row = [b.tid, 0, n, -1, -1] + [-1] * (lowered.table_width - TASK_COLUMNS)
-        if b.scatter_rows and n:
-            if b.kid not in firsts:
-                rows = as_slice(plan.scatter_rows(b.kid))
-                firsts[b.kid] = rows.start if isinstance(rows, slice) else -1
-            row[3] = firsts[b.kid]
-        if b.regather and n:
-            rows = as_slice(np.stack([kind_plan.child_rows[j] for j in fns[b.kid].gathers], axis=1).reshape(-1))
-            if isinstance(rows, slice):
-                row[4] = rows.start
-        if copies is not None:
-            gathers, pulls, pushes = b.moves
-            copies["gather"] += n * gathers
-            copies["gathered"] += n * gathers
-            copies["pull"] += n * pulls
-            copies["push"] += n * pushes
-        (pre if b.phase == PRE else post).append(row)
-    return (np.array(pre, np.int64).reshape(-1, lowered.table_width),
-            np.array(post, np.int64).reshape(-1, lowered.table_width), None)
-
-
-def _task_moves(fn, opts) -> tuple:
-    """What F's task loop moves per vertex under ``opts``: (the gather slots it takes there, its pulls, its
-    pushes), the copy counters' factors; found once per function and options (kept with its phases)."""
-    key = ("task moves", opts.compiled)
-    found = fn._phases.get(key)
-    if found is None:
-        phase = fn.phases(opts)[0].phase
-        found = fn._phases[key] = (tuple(j for j, g in fn.gathers.items() if phase[g] == TASK),
-                                   sum(phase[p] == TASK for p in fn.pulls.values()),
-                                   sum(phase[p] == TASK for p in fn.pushes.values()))
-    return found
-
-
-def _count_copies(copies: dict, moves: tuple, rows: int, gather_rows) -> None:
-    """Add one kind's row moves in its task loop (``moves``: :func:`_task_moves`; ``rows`` vertices;
-    ``gather_rows[j]``: the rows gather slot j copies, those of the tasks where it is no view) to the
-    program's counters."""
-    slots, pulls, pushes = moves
-    copies["gathered"] += rows * len(slots)
-    copies["gather"] += sum([gather_rows[j] for j in slots])
-    copies["pull"] += rows * pulls
-    copies["push"] += rows * pushes
-
-
-def _matrix_info(a: np.ndarray, static: bool = True) -> tuple[np.ndarray, int, int]:
-    """(array kept alive, row stride, transposed flag) of a buffer the executor reads whole. Only a static
-    (``STATIC``: a product's operand) is read through the transposed flag; every other instruction takes a
-    buffer as rows of its row stride, so a transposed view of anything else would be misread."""
-    if static and a.ndim == 2 and not a.flags.c_contiguous and a.T.flags.c_contiguous:
-        return a, a.shape[0], 1
-    if not a.flags.c_contiguous:   # a copy would take the executor's writes and lose them
-        raise ValueError(f"native executor: a buffer of shape {a.shape} and strides {a.strides} is not "
-                         "C-contiguous" + (" nor a transposed contiguous matrix" if static else ""))
-    return a, (a.shape[-1] if a.ndim >= 1 else 1) if a.ndim <= 2 else int(math.prod(a.shape[1:])), 0
-
-
-# rows of multi-row tasks from which a run copies its transposed statics (see run): Tree-LSTM h128 training
-# (1 BLAS thread, medians of 9 alternating runs) lost ~10% to the copies at batch 1 (~19 such rows per step)
-# and gained ~15% from them at batch 4 (~76)
-CONTIGUOUS_STATICS_ROWS = 48
-# A GEMM of at most this many rows by a static B at least twice as wide as deep (an LSTM's h·W_h, 4H x H) runs
-# as C^T = B^T·A^T on the static's transposed copy: OpenBLAS (1 thread, CPU time, this machine) took 0.55-0.8x
-# the time of C = A·B for 2-32 rows of 512 x 2048 and 256 x 1024, 0.9-0.98x at 1024 x 4096; at 64 rows about
-# the same. Deeper-than-wide products (∂F's dgates·W_hᵀ) gained little or lost, so they keep the plain call.
-SMALL_M_ROWS = 32
-# Also a static at least twice as deep as wide and this large (∂F's W_hᵀ, 2048 x 512: 8-22% less time at 2-32
-# rows; Fixed-LSTM h512 b16 step -1.8%); smaller ones (256 x 1024) lost. Near-square statics (a Tree-LSTM's U,
-# 2H x 3H) get no twin: with one, Tree-LSTM h512 b64 steps took 2.8% longer.
-TWIN_ELEMENTS = 1 << 20
-
-# profiling: set to np.zeros(len(OPCODES) + 1, np.int64) and native calls add their ns per opcode, and in all last
-PROFILE: np.ndarray | None = None
-
-
-class BufferTable:
-    """A program's buffer table (per buffer: base address, elements, row stride, transposed flag, twin's
-    address; one int64 array the executor reads) kept from one run to the next, so that a batch re-addresses
-    only the buffers that are new. An entry is reused only for the very same array object (held here, so
-    its memory cannot be freed and its address handed to another array) with the same shape and strides;
-    anything else (a parameter array replaced, a workspace buffer grown, a new batch's index arrays) is
-    addressed again. A run takes the table off its program and puts it back only when the call returned
-    cleanly, so a failed run, or a second thread running the same program, starts from an empty table."""
-
-    __slots__ = ("ffi", "info", "slots", "twin_slots", "row", "held", "layouts", "stamp", "columns", "err",
-                 "err_ptr", "transient", "transient_at")
-
-    def __init__(self, ffi, n: int, keys: list):
-        self.ffi = ffi
-        self.info = np.zeros((5, n), np.int64)
-        self.slots = ffi.cast("void **", ffi.from_buffer(self.info))
-        self.twin_slots = ffi.cast("void **", ffi.from_buffer(self.info[4]))
-        self.row = ffi.cast("const int64_t *", self.slots)
-        self.held: list = [None] * n     # the array each entry addresses
-        self.layouts: list = [None] * n  # its (shape, strides) when addressed
-        # entries of a batch's own arrays (index arrays, pull and push buffers, gradients): let go after each
-        # run, so that the table keeps nothing alive that the run's caller does not
-        self.transient = [i for i, key in enumerate(keys) if key[0] not in PERSISTENT]
-        self.transient_at = np.array(self.transient, np.intp)
-        self.stamp = None                # (workspace, memory.allocations()) when the last run ended
-        self.columns = [[0] * n for _ in range(3)]   # info's rows 1-3 as lists (written to info when changed)
-        self.err = np.zeros(4, np.int64)   # where C reports a failed check (the table is dropped after one)
-        self.err_ptr = ffi.from_buffer("int64_t[]", self.err)
-
-    def clear(self, i: int) -> None:
-        self.info[:, i] = 0
-        for column in self.columns:
-            column[i] = 0
-        self.held[i] = self.layouts[i] = None
-
-    def release(self, entries: list, at: np.ndarray) -> None:
-        """Forget ``entries`` (``at``: the same as an array; zero addresses: an entry is only ever read by C
-        after a run bound it again)."""
-        if entries:
-            self.info[:, at] = 0
-            held, layouts, (sizes, strides, flags) = self.held, self.layouts, self.columns
-            for i in entries:
-                held[i] = layouts[i] = None
-                sizes[i] = strides[i] = flags[i] = 0
-
-
-# buffer keys whose arrays outlive a batch: the workspace's buffers, the statics (parameters, mostly)
-PERSISTENT = ("tensor", "btensor", "scatter", "sgrad", "fixed", "scratch", "static")
-
-
-# buffer keys that name a workspace's dynamic tensor whole (its ``buffer``): while no DynamicTensor has
-# allocated a buffer since the last run in the same workspace, their entries are kept without resolving them
-WORKSPACE_TENSORS = ("tensor", "btensor")
-
-
-def run(lowered: Lowered, table: np.ndarray, resolve, dtype, forest: bool, workspace=None) -> dict:
-    """Run the task loop natively: ``resolve(key)`` gives each buffer's array, or (array, elements) for the
-    first ``elements`` of an array kept from batch to batch (a workspace buffer: memory.DynamicTensor.prefix).
-    ``workspace``: the one whose dynamic tensors the WORKSPACE_TENSORS keys resolve to (their buffers are
-    looked up again only when some buffer was allocated since this program's last run there).
-    Returns the parameter-gradient accumulators ({name: array}) the program added into. (Addresses come from
-    cffi's ``from_buffer``: numpy's ``ctypes.data`` costs microseconds a call; the buffer table keeps those
-    of arrays seen by the last run: :class:`BufferTable`.)"""
-    ex = cpu_native.executor(dtype)
-    ffi = ex.ffi
-    n = len(lowered.keys)
-    bound = lowered.__dict__.pop("_table", None)   # (taken: a run that fails leaves none behind)
-    if bound is None or bound.ffi is not ffi:
-        bound = BufferTable(ffi, n, lowered.keys)
-    info, held, layouts = bound.info, bound.held, bound.layouts
-    kept = workspace is not None and bound.stamp is not None and bound.stamp[0] is workspace \
-        and bound.stamp[1] == allocations()
-    grads = {}
-    nk = len(lowered.ranges) // 3
-    # the table's template ids and rows as lists: a batch of one has a dozen rows, where a numpy reduction costs
-    # more than a pass over the list
-    tids, rows = table[:, 0].tolist(), table[:, 2].tolist()
-    max_bs = max(rows, default=0)
-    blocks = bool(lowered.blocks) and max(tids, default=-1) >= nk
-    # (the copies below pay for the tasks' products, not for the blocks' few large ones)
-    task_rows = [r for tid, r in zip(tids, rows) if tid < nk] if blocks else rows
-    # A static read as a transposed view (∂F's W^T) is copied once per run when multi-row tasks read it enough:
-    # OpenBLAS packs a transposed B from strided reads, 25-40% slower per product at 16-64 rows, while the copy
-    # costs a few such products (cpu/library.py contiguous). Same values; BLAS may round differently.
-    # A static at least twice as wide as deep (an LSTM's W_h, H x 4H) that some task reads also gets its
-    # transpose (the original array, or a copy): the executor multiplies few rows by it as C^T = B^T A^T
-    # (SMALL_M_ROWS). One only the blocks read (a Tree-LSTM's leaf W) gets none: the copy, a pass over all of it
-    # each run (~15 us at 128 x 384, more from a cold cache), would serve one product.
-    copier = library(dtype) if max_bs > 1 and sum([r for r in task_rows if r > 1]) >= CONTIGUOUS_STATICS_ROWS \
-        else None
-    twin_cols, scratch_at = 0, None
-    twin_slots = bound.twin_slots
-    twins, copied = [], []   # (kept alive for the call; their entries are let go after it)
-
-    from_buffer = ffi.from_buffer
-    slots = bound.slots
-    sizes, strides, flags = bound.columns
-    changed = False
-
-    def bind(i, a, static=False):
-        """Entry i for ``a`` (an array, or (array, elements the program may touch)): kept when it is the array
-        it addresses already, laid out the same (then only its elements may change); else addressed anew."""
-        nonlocal changed
-        used = None
-        if type(a) is tuple:
-            a, used = a
-            if not 0 <= used <= a.size:
-                raise ValueError(f"native executor: {used} elements of a buffer of {a.size}")
-        if a is held[i] and layouts[i] == (a.shape, a.strides):
-            if used is not None and sizes[i] != used:
-                sizes[i], changed = used, True
-            return
-        if a.flags.c_contiguous and a.ndim <= 2:   # (the common case, without _matrix_info's call)
-            stride, flag = (a.shape[-1] if a.ndim else 1), 0
-        else:
-            a, stride, flag = _matrix_info(a, static)
-        slots[i] = from_buffer(a.T if flag else a)   # writes the address into info[0, i]
-        sizes[i], strides[i], flags[i] = a.size if used is None else used, stride, flag
-        held[i], layouts[i], changed = a, (a.shape, a.strides), True
-
-    # (elements: a task's scratch is its template's columns x its rows; the blocks' rows are all a kind's, so
-    # the tasks' arena is sized by the tasks' rows, each block's by its own)
-    scratch = lowered.scratch_cols * max(task_rows, default=0)
-    if blocks:
-        cols = lowered.block_scratch
-        scratch = max([scratch] + [cols[tid] * n_rows for tid, n_rows in zip(tids, rows) if tid >= nk])
-    task_keys = n if lowered.task_keys is None else lowered.task_keys   # (the keys after them: the blocks' own)
-    used = n if blocks else task_keys   # (the blocks' own: left unbound)
-    for i, key in enumerate(lowered.keys):
-        what = key[0]
-        if what == "scratch":
-            scratch_at = i
-            continue
-        if i >= used:
-            if held[i] is not None:   # (bound by a run whose blocks were native: no address may stay)
-                bound.clear(i)
-            continue
-        if kept and what in WORKSPACE_TENSORS and held[i] is not None:
-            continue
-        if what == "fixed":
-            a = resolve(("arena", "fixed", lowered.fixed_size))
-        elif what == "pgrad":
-            a = grads[key[1]] = resolve(key)
-        else:
-            a = resolve(key)
-            if what == "static" and not a.flags.c_contiguous and not (a.ndim == 2 and a.T.flags.c_contiguous):
-                a = np.ascontiguousarray(a)   # (a strided view, a parameter's slice, say: statics are only read)
-            if what == "static" and copier is not None and a.ndim == 2 and a.dtype == copier.dtype:
-                twin = None
-                if not a.flags.c_contiguous:
-                    twin = a.T if a.T.flags.c_contiguous else None
-                    a = copier.contiguous(a)
-                    copied.append(i)
-                deep, wide = a.shape
-                if a.size and i < task_keys and (wide >= 2 * deep or (deep >= 2 * wide and a.size >= TWIN_ELEMENTS)):
-                    twin = copier.contiguous(a.T) if twin is None else twin
-                    twins.append(twin)
-                    twin_slots[i] = from_buffer(twin)
-                    twin_cols = max(twin_cols, a.shape[1])
-        bind(i, a, what == "static")
-    tmp_rows = min(max_bs, SMALL_M_ROWS) if twin_cols and scratch_at is not None else 0
-    if scratch_at is not None:
-        bind(scratch_at, resolve(("arena", "scratch", scratch + tmp_rows * twin_cols)))
-    if changed:
-        info[1], info[2], info[3] = sizes, strides, flags
-    check = int(os.environ.get("MINICAVS_NATIVE_CHECK", "0") not in ("", "0"))
-    prof = ffi.NULL if PROFILE is None else ex.ptr(PROFILE)
-    p = ex.ptr
-    if lowered.pointers is None:   # the program's own arrays: fixed, so their addresses are taken once
-        lowered.pointers = (p(lowered.code), p(lowered.pool), p(lowered.ranges), p(lowered.kernels))
-    code, pool, ranges, kernels = lowered.pointers
-    row = bound.row
-    rc = ex.run(code, pool, ranges, len(lowered.ranges), p(table), len(table),
-                table.shape[1], row, row + n, row + 2 * n, row + 3 * n, n, n - 1, max_bs, lowered.nregs,
-                kernels, len(lowered.kernels), ex.gemm, ex.gemv, int(ex.ilp64), int(forest), check,
-                bound.err_ptr, prof, row + 4 * n, scratch, tmp_rows, twin_cols)
-    if rc:
-        _, task, pc, operand = bound.err.tolist()
-        where = lowered.text(pc) if 0 <= pc < len(lowered.code) else f"instruction {pc}"
-        raise NativeCheckError(f"native {lowered.title}: task {task}, instruction {pc} ({where}): operand "
-                               f"{_operand_name(lowered, pc, operand)} is out of bounds or invalid")
-    if copied:
-        bound.release(bound.transient + copied, np.array(bound.transient + copied, np.intp))
-    else:
-        bound.release(bound.transient, bound.transient_at)
-    if twins:
-        info[4] = 0
-    bound.stamp = None if workspace is None else (workspace, allocations())   # (after the arenas' growth)
-    lowered.__dict__["_table"] = bound
-    return grads
-
-
-def _operand_name(lowered: Lowered, pc: int, operand: int) -> str:
-    if operand == -2:
-        return "task row (kind or rows)"
-    if not 0 <= pc < len(lowered.code):
-        return str(operand)
-    names = OPCODES[list(OPCODES)[int(lowered.code[pc][0])]]
-    if 0 <= operand < len(names):
-        return names[operand]
-    return f"argument {operand - 10}" if operand >= 10 else str(operand)
-
-
-def available(dtype, device) -> str | None:
-    """Why the native executor cannot run here (None: it can)."""
-    if device is not CPU:
-        return "the native executor runs on the CPU only"
-    if cpu_native.executor(dtype) is None:
-        return "no compiler or BLAS"
-    return None
-
-
 def nop_program(count: int) -> Lowered:
     """A one-kind program of ``count`` NOPs: what the executor's dispatch alone costs."""
     t = Template("nop")
@@ -1078,8 +723,8 @@ def nop_program(count: int) -> Lowered:
                    np.zeros(1, np.int64), 1, 0)
 
 
-def dispatch_ns(count: int = 100_000, tasks: int = 10, repeats: int = 5, dtype=np.float32) -> float:
-    """Nanoseconds per instruction of the native executor's dispatch loop (the best of ``repeats`` runs of
+def dispatch_ns(device, count: int = 100_000, tasks: int = 10, repeats: int = 5, dtype=np.float32) -> float:
+    """Nanoseconds per instruction of ``device``'s runner's dispatch loop (the best of ``repeats`` runs of
     ``tasks`` tasks over a program of ``count`` NOPs)."""
     import time
     program = nop_program(count)
@@ -1088,6 +733,6 @@ def dispatch_ns(count: int = 100_000, tasks: int = 10, repeats: int = 5, dtype=n
     best = float("inf")
     for _ in range(repeats):
         t0 = time.perf_counter()
-        run(program, table, lambda key: np.empty(max(1, key[2]), dtype), dtype, True)
+        device.run_program(program, table, lambda key: np.empty(max(1, key[2]), dtype), dtype, True)
         best = min(best, time.perf_counter() - t0)
     return best / (count * tasks) * 1e9

@@ -5,9 +5,14 @@ a fused group), on which values, into which. Static graphs (``Executor``), F and
 all run through :func:`run_steps`; a step can be written straight into a buffer it is given (``outs``: a
 dynamic tensor's rows, the scatter tensor's rows, a concat's column block), which is how values land where
 the compiler placed them without copies.
+
+A batch's binding of a lowered program (instructions.py) lives here too: its task table (one row per task, in
+the order they run), the rows of the blocks before and after the task loop, and the per-run dropout table;
+the device's runner then runs template x task table.
 """
 from __future__ import annotations
 
+import math
 import weakref
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
@@ -17,6 +22,8 @@ import numpy as np
 from .arrays import on_device
 from .errors import FeedError
 from .graph import Node, fmt_shape
+from .instructions import TASK_COLUMNS
+from .random import hash_words
 from .compile import POST, PRE, TASK, Step
 from .ops.message import as_slice, gather_adjoint, put_rows, row_index, take_rows
 from .sparse import RowSparse, add_all
@@ -243,6 +250,7 @@ class BatchProgram:
         self.task_table = None
         self.native_table = None   # the task table with the native blocks' rows (None: the blocks ran in Python)
         self.native_why = None   # why the Python interpreter ran the task loop (None: the native executor did)
+        self.runner = "native executor"   # who ran ``native``: the C executor or the reference runner
 
     def blocks(self) -> list:
         return self.before + self.tasks + self.after
@@ -256,9 +264,9 @@ class BatchProgram:
         if self.native is not None:
             if self.native_table is not None:
                 lines.append(f"  one native call: the blocks before the task loop, tasks 0:{len(self.task_table)}, "
-                             "the blocks after it (native executor): per block or task, its template")
+                             f"the blocks after it ({self.runner}): per block or task, its template")
             else:
-                lines.append(f"  tasks 0:{len(self.task_table)} (native executor): per task, its kind's template")
+                lines.append(f"  tasks 0:{len(self.task_table)} ({self.runner}): per task, its kind's template")
                 if self.native_why is not None:
                     lines.append(f"  (blocks before and after the task loop in Python: {self.native_why})")
             lines += [f"    {line}" for line in self.native.lines(blocks=self.native_table is not None)]
@@ -340,7 +348,8 @@ def bind_forward(fns: list, plan, state, opts, device, active: list, training: b
     alias pass at compile time) made now, so the task loop only runs them. A gather reads, and a kind
     writes, the scatter tensor of its message shape (``gather_messages`` / ``scatter_message``)."""
     copies = {"gather": 0, "gathered": 0, "pull": 0, "push": 0}
-    if not (with_tasks or with_blocks or opts.streaming):   # the native executor runs every block
+    streaming = opts.streaming and with_tasks   # (a runner that runs the task loop runs the eager blocks too)
+    if not (with_tasks or with_blocks):   # the native executor runs every block
         return BatchProgram("F", [], [], [], copies)
     scatters, pull_bufs = state.scatters, state.pull_bufs
     names = _scatter_names(scatters)
@@ -427,10 +436,10 @@ def bind_forward(fns: list, plan, state, opts, device, active: list, training: b
         return block
 
     whole = {kid: (slice(0, plan.kinds[kid].n), as_slice(plan.scatter_rows(kid)))
-             for kid in active} if with_blocks or opts.streaming else {}
+             for kid in active} if with_blocks or streaming else {}
     tasks = [(kid, slice(koff, koff + bs), slice(scatter_offset, scatter_offset + bs))
-             for kid, koff, bs, scatter_offset in plan.tasks] if opts.streaming or with_tasks else []
-    if opts.streaming:   # eager nodes on the second stream, task by task ahead of the recurrent path
+             for kid, koff, bs, scatter_offset in plan.tasks] if with_tasks else []
+    if streaming:   # eager nodes on the second stream, task by task ahead of the recurrent path
         before = [bind(kid, PRE, task_rows, scatter_rows, t, "eager")
                   for t, (kid, task_rows, scatter_rows) in enumerate(tasks)]
     else:   # (without blocks: the native executor runs them too)
@@ -488,7 +497,8 @@ def bind_backward(fns: list, plan, state, opts, device, active: list, btensors: 
     from their tensors, the scatter tensors and the pull buffers at the same rows, gradients added into the
     children's rows of the scatter gradients (``scatter_grads``: one per message shape) and into the pull
     buffers' gradients."""
-    if not (with_tasks or with_blocks or opts.streaming):   # the native executor runs every block
+    streaming = opts.streaming and with_tasks   # (a runner that runs the task loop runs the eager blocks too)
+    if not (with_tasks or with_blocks):   # the native executor runs every block
         return BatchProgram("∂F", [], [], [], {})
     scatters = state.scatters
     names, grad_names = _scatter_names(scatters), _scatter_names(scatters, "scatter grad")
@@ -606,8 +616,8 @@ def bind_backward(fns: list, plan, state, opts, device, active: list, btensors: 
         return block
 
     stack = [(kid, slice(koff, koff + bs), scatter_offset) for kid, koff, bs, scatter_offset in reversed(plan.tasks)] \
-        if opts.streaming or with_tasks else []
-    if opts.streaming:
+        if with_tasks else []
+    if streaming:
         before = [bind(kid, PRE, task_rows, scatter_offset, len(stack) - 1 - i, "eager")
                   for i, (kid, task_rows, scatter_offset) in enumerate(stack)]
     elif with_blocks:
@@ -619,3 +629,142 @@ def bind_backward(fns: list, plan, state, opts, device, active: list, btensors: 
     after = _nonempty(bind(kid, POST, slice(0, plan.kinds[kid].n), None, None) for kid in active) \
         if with_blocks else []
     return BatchProgram("∂F", before, per_task, after, {})
+
+
+# --- per batch: the lowered program's task table (instructions.py) and its per-run tables -----------------
+
+def dropout_table(dropouts: list, ctx) -> np.ndarray:
+    """The DROPOUT entries' table for a run under ``ctx``: per entry (p, site) the hash word of (seed, step,
+    site), the keep threshold ceil(p * 2^24) and the scale 1 / (1 - p) as a double's bits (random.py's hash,
+    as ops.nn.kernel_dropout); outside training, or at p = 0, threshold 0 and scale 1 (every value kept as it
+    is)."""
+    table = np.zeros((max(1, len(dropouts)), 3), np.int64)
+    for i, (p, site) in enumerate(dropouts):
+        if ctx.training and p != 0.0:
+            table[i, 0] = hash_words(ctx.seed, ctx.step, site)[0].view(np.int64)
+            table[i, 1] = math.ceil(p * (1 << 24))
+            table[i, 2] = np.float64(1.0 / (1.0 - p)).view(np.int64)
+        else:
+            table[i, 2] = np.float64(1.0).view(np.int64)
+    return table
+
+
+def task_table(fns: list, plan, opts, backward: bool) -> tuple[np.ndarray, dict]:
+    """One row per task, in the order they run (backward: the stack popped, the same rows reversed), built
+    with numpy: kind, kind offset, rows, scatter offset, the sibling-concat view's first row (-1: none), and
+    per gather slot the strided view (start, step; step -1: none). Also the rows moved, for the program's
+    copy counters."""
+    arity = max((len(fn.gathers) for fn in fns if fn is not None), default=0)
+    made = plan.task_views   # the native planner's (cpu/planner.py), for kinds that gather slots 0..arity - 1
+    if made is not None and opts.gather_elision and made.shape[1] == TASK_COLUMNS + 2 * arity \
+            and len(fns) == len(plan.view_arity) and all(
+                fn is not None and len(fn.gathers) == a and list(fn.gathers) == list(range(a))
+                for fn, a in zip(fns, plan.view_arity)):
+        copies = {"gather": 0, "gathered": 0, "pull": 0, "push": 0}
+        if not backward:
+            for kid, fn in enumerate(fns):
+                kind_plan = plan.kinds[kid]
+                if kind_plan is not None:   # (its gather slots are 0..arity - 1: a list indexed by slot)
+                    _count_copies(copies, _task_moves(fn, opts), kind_plan.n, plan.gather_copies[kid].tolist())
+        return (np.ascontiguousarray(made[::-1]) if backward else made), copies
+    tasks = plan.task_array if plan.task_array is not None else np.array(plan.tasks, np.int64).reshape(-1, 4)
+    table = np.full((len(tasks), TASK_COLUMNS + 2 * arity), -1, np.int64)
+    table[:, :4] = tasks
+    kinds, sizes = tasks[:, 0], tasks[:, 2]
+    copies = {"gather": 0, "gathered": 0, "pull": 0, "push": 0}
+    for kid, fn in enumerate(fns):
+        kind_plan = plan.kinds[kid] if kid < len(plan.kinds) else None
+        if fn is None or kind_plan is None:
+            continue
+        mine = kind_plan.tasks if kind_plan.tasks is not None else np.flatnonzero(kinds == kid)
+        if not len(mine):
+            continue
+        slots = list(fn.gathers)
+        if opts.gather_elision and slots:   # (the kind's tasks in task order, as ``mine``)
+            views = [kind_plan.strides[j] for j in slots]
+            if slots == list(range(len(slots))) and kind_plan.view_table is not None \
+                    and kind_plan.view_table.shape[1] == 2 * len(slots):
+                table[mine, TASK_COLUMNS:TASK_COLUMNS + 2 * len(slots)] = kind_plan.view_table
+            else:
+                for j, (start, step) in zip(slots, views):
+                    table[mine, TASK_COLUMNS + 2 * j] = start
+                    table[mine, TASK_COLUMNS + 2 * j + 1] = step
+        else:
+            views = [(table[mine, TASK_COLUMNS + 2 * j], table[mine, TASK_COLUMNS + 2 * j + 1]) for j in slots]
+        views = dict(zip(slots, views))
+        if opts.gather_elision and len(slots) >= 2:   # the children side by side: F's concat, ∂F's gradient
+            k = len(slots)
+            first = views[slots[0]][0]
+            ok = views[slots[0]][1] == k
+            for i, j in enumerate(slots[1:], 1):
+                start, step = views[j]
+                ok &= (step == k) & (start == first + i)
+            table[mine, 4] = np.where(ok, first, -1)
+        if not backward:
+            bs = sizes[mine]
+            rows = kind_plan.n   # (its tasks' rows)
+            moves = _task_moves(fn, opts)
+            _count_copies(copies, moves, rows, {j: int(bs[views[j][1] < 0].sum()) if opts.gather_elision else rows
+                                                for j in moves[0]})
+    if backward:
+        table = table[::-1]
+    return np.ascontiguousarray(table), copies
+
+
+def block_rows(lowered, fns: list, plan, opts, copies: dict | None = None):
+    """The task-table rows of the blocks before and after the task loop (each a task of all its kind's rows:
+    kind offset 0, scatter offset its first scatter row, the children's concat view's first row), or why this
+    pass runs them in Python (the linked program's ``blocks_why``). A kind whose scatter rows are no one block
+    of rows (2Type, lattice: kinds interleaved by height) gets scatter offset -1: its blocks' SROWS and SPUT
+    move those rows by the kind's row index (``srows``). ``copies``: F's row counters, to which the blocks'
+    gathers, pulls and pushes are added."""
+    if lowered.blocks_why is not None:
+        return None, None, lowered.blocks_why
+    pre, post = [], []
+    firsts: dict = {}
+    for b in lowered.blocks:
+        kind_plan = plan.kinds[b.kid]
+        n = kind_plan.n
+        row = [b.tid, 0, n, -1, -1] + [-1] * (lowered.table_width - TASK_COLUMNS)
+        if b.scatter_rows and n:
+            if b.kid not in firsts:
+                rows = as_slice(plan.scatter_rows(b.kid))
+                firsts[b.kid] = rows.start if isinstance(rows, slice) else -1
+            row[3] = firsts[b.kid]
+        if b.regather and n:
+            rows = as_slice(np.stack([kind_plan.child_rows[j] for j in fns[b.kid].gathers], axis=1).reshape(-1))
+            if isinstance(rows, slice):
+                row[4] = rows.start
+        if copies is not None:
+            gathers, pulls, pushes = b.moves
+            copies["gather"] += n * gathers
+            copies["gathered"] += n * gathers
+            copies["pull"] += n * pulls
+            copies["push"] += n * pushes
+        (pre if b.phase == PRE else post).append(row)
+    return (np.array(pre, np.int64).reshape(-1, lowered.table_width),
+            np.array(post, np.int64).reshape(-1, lowered.table_width), None)
+
+
+def _task_moves(fn, opts) -> tuple:
+    """What F's task loop moves per vertex under ``opts``: (the gather slots it takes there, its pulls, its
+    pushes), the copy counters' factors; found once per function and options (kept with its phases)."""
+    key = ("task moves", opts.compiled)
+    found = fn._phases.get(key)
+    if found is None:
+        phase = fn.phases(opts)[0].phase
+        found = fn._phases[key] = (tuple(j for j, g in fn.gathers.items() if phase[g] == TASK),
+                                   sum(phase[p] == TASK for p in fn.pulls.values()),
+                                   sum(phase[p] == TASK for p in fn.pushes.values()))
+    return found
+
+
+def _count_copies(copies: dict, moves: tuple, rows: int, gather_rows) -> None:
+    """Add one kind's row moves in its task loop (``moves``: :func:`_task_moves`; ``rows`` vertices;
+    ``gather_rows[j]``: the rows gather slot j copies, those of the tasks where it is no view) to the
+    program's counters."""
+    slots, pulls, pushes = moves
+    copies["gathered"] += rows * len(slots)
+    copies["gather"] += sum([gather_rows[j] for j in slots])
+    copies["pull"] += rows * pulls
+    copies["push"] += rows * pushes

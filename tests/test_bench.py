@@ -19,7 +19,7 @@ from minicavs.bench.point import prefix_size
 from minicavs.bench.suite import Settings, run_suite
 from minicavs.bench.sweeps import FULL, MODELS, Point, distinct_points, sweeps
 from minicavs.bench.workloads import Data, lstm_lm_flops, tree_fc, tree_fc_flops, tree_lstm_flops
-from minicavs import instructions
+from minicavs.cpu import runner as c_runner
 from minicavs.engine import EngineOptions
 
 
@@ -192,7 +192,7 @@ def test_breakdown_parts_and_restored_methods():
     assert b["compute_s"] == pytest.approx(b["step_s"] - b["update_s"] - b["scheduling_s"] - b["memory_s"],
                                            abs=1e-9)
     assert "batch" not in vars(t.task) and "_plan" not in vars(t.model)    # the wrappers are gone
-    assert instructions.PROFILE is None                                    # and the native clock is off
+    assert c_runner.PROFILE is None                                    # and the native clock is off
 
 
 @pytest.mark.parametrize("executor", ["native", "python"])

@@ -1,4 +1,4 @@
-"""The native executor's buffer table kept from run to run (instructions.BufferTable): whatever changes
+"""The native executor's buffer table kept from run to run (cpu/runner.py's BufferTable): whatever changes
 between two passes (a parameter array replaced or written in place, a batch that grows the workspace's
 buffers or shrinks, another plan, the blocks run in Python or natively, the statics copied or not, a
 checkpoint loaded, a run that failed), the numbers equal the Python interpreter's and a fresh model's, and
@@ -10,7 +10,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from minicavs import checkpoint, instructions
+from minicavs import checkpoint, program
+from minicavs.cpu import runner as c_runner
 from minicavs.engine import EngineOptions
 from minicavs.memory import DynamicTensor
 from minicavs.training import Trainer
@@ -18,7 +19,7 @@ from minicavs.training import Trainer
 from .models.test_models import MODELS, TINY
 from .test_instructions import close
 
-pytestmark = pytest.mark.skipif(instructions.available(np.float64, instructions.CPU) is not None,
+pytestmark = pytest.mark.skipif(c_runner.available(np.float64) is not None,
                                 reason="no C compiler or BLAS: the native executor cannot run here")
 
 
@@ -28,12 +29,12 @@ def _address(a) -> int:
 
 @pytest.fixture
 def checked_runs(monkeypatch) -> list:
-    """Wrap instructions.run: after each call, every entry of the kept table must address the array this
+    """Wrap the C runner's run: after each call, every entry of the kept table must address the array this
     pass resolved for it (a static's copy excepted: made by the run itself), or, for a workspace tensor the
     run did not look up again (WORKSPACE_TENSORS), the buffer it resolves to now; with its size or the
     elements the resolver said it uses. Entries the pass left unbound must be zero. Returns the programs
     run."""
-    real = instructions.run
+    real = c_runner.run
     programs, skipped = [], []
 
     def run(lowered, table, resolve, dtype, forest, *rest):
@@ -49,13 +50,13 @@ def checked_runs(monkeypatch) -> list:
         assert not bound.info[4].any()   # (twins: let go after the call)
         for i, key in enumerate(lowered.keys):
             if bound.held[i] is None:   # unbound, or a batch's own array let go after the call
-                assert key[0] not in instructions.PERSISTENT or key not in resolved or key[0] == "static", key
+                assert key[0] not in c_runner.PERSISTENT or key not in resolved or key[0] == "static", key
                 assert not bound.info[:4, i].any(), key
                 continue
             if key in resolved:
                 a = resolved[key]
             else:
-                assert key[0] in instructions.WORKSPACE_TENSORS, key
+                assert key[0] in c_runner.WORKSPACE_TENSORS, key
                 a = resolve(key)
                 skipped.append(key)
             a, used = a if type(a) is tuple else (a, a.size)
@@ -65,7 +66,7 @@ def checked_runs(monkeypatch) -> list:
         programs.append((lowered, len(skipped)))
         return grads
 
-    monkeypatch.setattr(instructions, "run", run)
+    monkeypatch.setattr(c_runner, "run", run)
     return programs
 
 
@@ -138,14 +139,14 @@ def test_statics_copied_then_not_and_blocks_native_then_python(tmp_path, checked
     t = _trainer(tmp_path, "var_lstm")
     samples = t.task.data["train"][:10]
     for threshold in (1, 10 ** 9, 1):
-        monkeypatch.setattr(instructions, "CONTIGUOUS_STATICS_ROWS", threshold)
+        monkeypatch.setattr(c_runner, "CONTIGUOUS_STATICS_ROWS", threshold)
         python, native = _both(t, samples)
         _same(python, native)
         bound = [p.__dict__["_table"] for p, _ in checked_runs[-2:]]
         assert not any(b.info[4].any() for b in bound)
-    real = instructions.block_rows
+    real = program.block_rows
     for blocks_native in (True, False, True):
-        monkeypatch.setattr(instructions, "block_rows", real if blocks_native else
+        monkeypatch.setattr(program, "block_rows", real if blocks_native else
                             lambda *a, **k: (None, None, "blocks in Python (test)"))
         python, native = _both(t, samples)
         _same(python, native)
@@ -157,7 +158,7 @@ def test_a_failed_run_leaves_no_table_behind(tmp_path, monkeypatch):
     samples = t.task.data["train"][:4]
     t.model.options = EngineOptions(executor="native")
     expected = t.loss_and_grads(samples)
-    real = instructions.run
+    real = c_runner.run
     failing = []
 
     def run(lowered, table, resolve, dtype, forest, *rest):
@@ -167,11 +168,11 @@ def test_a_failed_run_leaves_no_table_behind(tmp_path, monkeypatch):
             return resolve(key)
         failing.append(lowered)
         return real(lowered, table, broken, dtype, forest, *rest)
-    monkeypatch.setattr(instructions, "run", run)
+    monkeypatch.setattr(c_runner, "run", run)
     with pytest.raises(RuntimeError, match="resolve failed"):
         t.loss_and_grads(samples)
     assert "_table" not in failing[0].__dict__
-    monkeypatch.setattr(instructions, "run", real)
+    monkeypatch.setattr(c_runner, "run", real)
     _same(expected, t.loss_and_grads(samples))
     assert "_table" in failing[0].__dict__
 

@@ -21,6 +21,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from minicavs import instructions
+from minicavs.cpu import CPU, runner as c_runner
 from minicavs.engine import EngineOptions
 from minicavs.executor import RunContext
 from minicavs.inputs import InputGraph
@@ -30,7 +31,7 @@ from . import cells
 from .models.test_models import MODELS, TINY
 from .test_engine import CASES, dense, equal, random_dag, random_tree
 
-pytestmark = pytest.mark.skipif(instructions.available(np.float64, instructions.CPU) is not None,
+pytestmark = pytest.mark.skipif(c_runner.available(np.float64) is not None,
                                 reason="no C compiler or BLAS: the native executor cannot run here")
 
 REPO = Path(__file__).resolve().parents[1]
@@ -246,6 +247,7 @@ def test_a_bad_row_index_of_a_block_is_caught_by_the_debug_mode():
     result = _run_script("""
         import numpy as np
         from minicavs import instructions
+        from minicavs.cpu import runner as c_runner
         from minicavs.engine import EngineOptions
         from minicavs.executor import RunContext
         from minicavs.memory import MemoryPlan
@@ -262,7 +264,7 @@ def test_a_bad_row_index_of_a_block_is_caught_by_the_debug_mode():
                 case.model.forward_backward(graphs, feeds, case.params, RunContext(),
                                             options=EngineOptions(executor="native"), policy=policy)
                 print("not caught", name)
-            except instructions.NativeCheckError as e:
+            except c_runner.NativeCheckError as e:
                 print("caught:", e)
         """, MINICAVS_NATIVE_CHECK="1")
     assert result.returncode == 0, result.stderr[-2000:]
@@ -272,35 +274,58 @@ def test_a_bad_row_index_of_a_block_is_caught_by_the_debug_mode():
                      r"operand idx is out of bounds", result.stdout), result.stdout
 
 
-def test_streaming_leaves_the_task_loop_to_python_and_says_why():
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_streaming_runs_the_program_natively(name):
+    """Streaming is the Python interpreter's way to run the eager blocks task by task on a second thread; the
+    native executor runs the same pass's eager blocks batched in its one call (nothing left to overlap), and
+    the numbers are the interpreter's, streaming or not."""
+    build, make_graph = CASES[name]
     rng = np.random.default_rng(1)
-    case = cells.binary_tree_lstm(rng)
-    graphs = [InputGraph([[1, 2], [], []])]
+    case = build(rng)
+    graphs = [make_graph(rng, n) for n in (5, 2, 7)]
     feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
-    case.model.options = EngineOptions(streaming=True, executor="python")
-    python = case.model.forward_backward(graphs, feeds, case.params, RunContext())
-    case.model.options = EngineOptions(streaming=True, executor="native")
-    native = case.model.forward_backward(graphs, feeds, case.params, RunContext())
-    assert native.states["G"].program.native is None and native.states["G"].program.tasks
-    assert "(task loop in Python: streaming" in native.states["G"].program.dump()
-    equal(python.loss, native.loss)
+
+    def run(options):
+        return case.model.forward_backward(graphs, feeds, case.params, RunContext(), options=options)
+    for options in (EngineOptions(streaming=True), EngineOptions(streaming=True, eager_batching=False)):
+        assert_native_equals_python(run, options, "float64")
+    python = run(EngineOptions(streaming=True, executor="python")).states["G"].program
+    assert python.native is None and any(block.stream == "eager" for block in python.before)
+
+
+@pytest.mark.parametrize("eager", [True, False])
+def test_dropout_runs_natively_with_the_python_interpreters_masks(eager):
+    """Dropout (DROPOUT: the mask of the task's row keys and a per-run table entry) in the leaves' block
+    before the task loop, or (eager batching off) in the task loop: both passes run natively and equal the
+    Python interpreter (the same mask bits); the mask changes with the step and is gone outside training."""
+    rng = np.random.default_rng(2)
+    case = cells.binary_tree_lstm(rng, p_drop=0.3)
+    graphs = [InputGraph([[1, 2], [], []]), InputGraph([[1, 2], [3, 4], [], [], []])]
+    feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
+    options = EngineOptions(eager_batching=eager)
+    losses = {}
+    for ctx in (RunContext(seed=3, step=1), RunContext(seed=3, step=2), RunContext(seed=3, training=False)):
+        def run(options):
+            return case.model.forward_backward(graphs, feeds, case.params, replace(ctx), options=options)
+        assert_native_equals_python(run, options, "float64")
+        native = run(options)
+        program = native.states["G"].program
+        assert "DROPOUT" in "\n".join(program.native.lines())
+        losses[(ctx.step, ctx.training)] = float(native.loss)
+    assert len(set(losses.values())) == 3, losses
 
 
 def test_an_op_without_a_native_lowering_leaves_its_pass_to_python():
-    """Dropout inside the task loop (eager batching off puts the leaves' dropout there) needs the run
-    context: that pass runs in Python, the numbers stay the same."""
-    rng = np.random.default_rng(2)
-    case = cells.binary_tree_lstm(rng, p_drop=0.3)
-    graphs = [InputGraph([[1, 2], [], []]), InputGraph([[1, 2], [], []])]
-    feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
-    off = EngineOptions(eager_batching=False, executor="python")
-    case.model.options = off
-    python = case.model.forward_backward(graphs, feeds, case.params, RunContext(seed=3))
-    case.model.options = replace(off, executor="native")
-    native = case.model.forward_backward(graphs, feeds, case.params, RunContext(seed=3))
-    program = native.states["G"].program
-    assert program.native is None and "dropout" in program.native_why
-    equal(python.loss, native.loss)
+    """MV-RNN's per-vertex matrices (reshape, values of three axes): that pass runs in Python and says why."""
+    t = Trainer(MODELS / "mv_rnn.yaml", TINY["mv_rnn"], run_dir=None)
+    samples = t.task.data["train"][:3]
+    t.model.options = EngineOptions(executor="native")
+    native = t.loss_and_grads(samples)
+    t.model.options = EngineOptions(executor="python")
+    python = t.loss_and_grads(samples)
+    program = next(iter(native.states.values())).program
+    assert program.native is None and "reshape" in program.native_why
+    close(python.loss, native.loss, "float32")
 
 
 def test_dump_shows_the_instructions():
@@ -389,6 +414,7 @@ def test_corrupted_offset_is_caught_by_the_debug_mode_not_a_crash():
     result = _run_script("""
         import numpy as np
         from minicavs import instructions
+        from minicavs.cpu import runner as c_runner
         from minicavs.engine import EngineOptions
         from minicavs.executor import RunContext
         from minicavs.inputs import InputGraph
@@ -405,7 +431,7 @@ def test_corrupted_offset_is_caught_by_the_debug_mode_not_a_crash():
         code[pc][4] += 10**9   # the column offset: far outside the scatter tensor
         try:
             case.model.forward_backward(trees, feeds, case.params, RunContext())
-        except instructions.NativeCheckError as e:
+        except c_runner.NativeCheckError as e:
             print("caught:", e)
         """, MINICAVS_NATIVE_CHECK="1")
     assert result.returncode == 0, result.stderr[-2000:]
@@ -436,7 +462,7 @@ def test_without_a_compiler_the_python_interpreter_trains_with_one_warning(tmp_p
 
 
 def test_dispatch_overhead_is_measured():
-    ns = instructions.dispatch_ns(count=10_000, tasks=2, repeats=1)
+    ns = instructions.dispatch_ns(CPU, count=10_000, tasks=2, repeats=1)
     assert 0 < ns < 1e6
 
 
@@ -483,9 +509,9 @@ def test_one_tree_inference_native_equals_python_and_the_batched_pass(dtype, tmp
 
 
 def record_contiguous_copies(monkeypatch) -> list:
-    """The shapes of the statics instructions.run copies (cpu/library.py contiguous), appended as it runs."""
+    """The shapes of the statics the C runner copies (cpu/library.py contiguous), appended as it runs."""
     shapes = []
-    real = instructions.library
+    real = c_runner.library
 
     def counting(d):
         lib = real(d)
@@ -493,13 +519,13 @@ def record_contiguous_copies(monkeypatch) -> list:
                             raising=False)
         return lib
 
-    monkeypatch.setattr(instructions, "library", counting)
+    monkeypatch.setattr(c_runner, "library", counting)
     return shapes
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_transposed_statics_copied_for_the_task_loop_give_the_same_numbers(dtype, tmp_path, monkeypatch):
-    """∂F's W_h^T is read as a contiguous copy when multi-row tasks multiply by it enough (instructions.run):
+    """∂F's W_h^T is read as a contiguous copy when multi-row tasks multiply by it enough (cpu/runner.py):
     the same loss and gradients as multiplying by the transposed view and as Python's, up to rounding (BLAS
     may sum in another order for another layout)."""
     t = Trainer(MODELS / "var_lstm.yaml", TINY["var_lstm"] + [f"train.dtype={dtype}"], run_dir=tmp_path)
@@ -507,7 +533,7 @@ def test_transposed_statics_copied_for_the_task_loop_give_the_same_numbers(dtype
     copied = record_contiguous_copies(monkeypatch)
     runs = {}
     for threshold in (1, 10 ** 9):
-        monkeypatch.setattr(instructions, "CONTIGUOUS_STATICS_ROWS", threshold)
+        monkeypatch.setattr(c_runner, "CONTIGUOUS_STATICS_ROWS", threshold)
         t.model.options = EngineOptions(executor="native")
         runs[threshold] = t.loss_and_grads(samples)
         if threshold == 1:
@@ -520,7 +546,7 @@ def test_transposed_statics_copied_for_the_task_loop_give_the_same_numbers(dtype
     for k in a.grads:
         close(a.grads[k], b.grads[k], dtype)
     t.model.options = EngineOptions()
-    monkeypatch.setattr(instructions, "CONTIGUOUS_STATICS_ROWS", 1)
+    monkeypatch.setattr(c_runner, "CONTIGUOUS_STATICS_ROWS", 1)
     assert_native_equals_python(lambda o: (setattr(t.model, "options", o), t.loss_and_grads(samples))[1],
                                 EngineOptions(), dtype)
 
@@ -528,21 +554,21 @@ def test_transposed_statics_copied_for_the_task_loop_give_the_same_numbers(dtype
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_few_row_products_by_a_wide_static_run_transposed_with_the_same_numbers(dtype, tmp_path, monkeypatch):
     """A task of at most SMALL_M_ROWS rows multiplies by F's W_h (hidden x 4 hidden) as C^T = W_h^T·A^T on
-    the static's transposed copy (instructions.run, codegen/native.py), and (TWIN_ELEMENTS lowered so that
+    the static's transposed copy (cpu/runner.py, codegen/native.py), and (TWIN_ELEMENTS lowered so that
     this small model takes it) ∂F's dgates·W_h^T on W_h itself: the same loss and gradients as the plain
     products (the path switched off) and as the Python interpreter, at tasks of 1 to 40 rows (one row takes
     the GEMV; more than SMALL_M_ROWS the plain GEMM), with the debug mode's bounds checks on."""
     monkeypatch.setenv("MINICAVS_NATIVE_CHECK", "1")
-    monkeypatch.setattr(instructions, "TWIN_ELEMENTS", 1)
-    monkeypatch.setattr(instructions, "CONTIGUOUS_STATICS_ROWS", 1)
+    monkeypatch.setattr(c_runner, "TWIN_ELEMENTS", 1)
+    monkeypatch.setattr(c_runner, "CONTIGUOUS_STATICS_ROWS", 1)
     t = Trainer(MODELS / "var_lstm.yaml", TINY["var_lstm"] + [f"train.dtype={dtype}", "data.synthetic.train=120"],
                 run_dir=tmp_path)
     twins = record_contiguous_copies(monkeypatch)
     for size in (2, 3, 17, 40):
         samples = t.task.data["train"][:size]
         runs = {}
-        for rows in (instructions.SMALL_M_ROWS, 0):
-            monkeypatch.setattr(instructions, "SMALL_M_ROWS", rows)
+        for rows in (c_runner.SMALL_M_ROWS, 0):
+            monkeypatch.setattr(c_runner, "SMALL_M_ROWS", rows)
             twins.clear()
             t.model.options = EngineOptions(executor="native")
             runs[rows] = t.loss_and_grads(samples)
@@ -552,7 +578,7 @@ def test_few_row_products_by_a_wide_static_run_transposed_with_the_same_numbers(
         assert set(a.grads) == set(b.grads)
         for k in a.grads:
             close(a.grads[k], b.grads[k], dtype)
-        monkeypatch.setattr(instructions, "SMALL_M_ROWS", 32)
+        monkeypatch.setattr(c_runner, "SMALL_M_ROWS", 32)
         assert_native_equals_python(lambda o: (setattr(t.model, "options", o), t.loss_and_grads(samples))[1],
                                     EngineOptions(), dtype)
 
@@ -561,7 +587,7 @@ def test_a_wide_static_only_the_blocks_read_gets_no_transposed_copy(tmp_path, mo
     """The Tree-LSTM's leaf W (embed x 3 hidden: twice as wide as deep) is read only by F's block of all the
     leaves: no transposed copy of it is made per forward pass (it would serve that one product; the task
     loop's statics keep theirs: the Var-LSTM test above), and training equals the Python interpreter's."""
-    monkeypatch.setattr(instructions, "CONTIGUOUS_STATICS_ROWS", 1)
+    monkeypatch.setattr(c_runner, "CONTIGUOUS_STATICS_ROWS", 1)
     t = Trainer(MODELS / "tree_lstm.yaml", TINY["tree_lstm"] + ["train.dtype=float64"], run_dir=tmp_path)
     samples = t.task.data["train"][:8]
     shape = t.params["W"].value.shape
@@ -589,7 +615,7 @@ def test_tree_fc_task_loop_moves_no_rows_when_siblings_are_side_by_side(monkeypa
     for label, graphs in (("complete", complete), ("irregular", irregular)):
         feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
         prof = np.zeros(len(instructions.OPCODES) + 1, np.int64)
-        monkeypatch.setattr(instructions, "PROFILE", prof)
+        monkeypatch.setattr(c_runner, "PROFILE", prof)
 
         def run(options):
             return case.model.forward_backward(graphs, feeds, case.params, RunContext(), options=options)
@@ -658,6 +684,7 @@ def test_a_bad_offset_in_a_block_instruction_is_caught_by_the_debug_mode():
     result = _run_script("""
         import numpy as np
         from minicavs import instructions
+        from minicavs.cpu import runner as c_runner
         from minicavs.engine import EngineOptions
         from minicavs.executor import RunContext
         from minicavs.inputs import InputGraph
@@ -681,7 +708,7 @@ def test_a_bad_offset_in_a_block_instruction_is_caught_by_the_debug_mode():
             try:
                 case.model.forward_backward(graphs, feeds, case.params, RunContext())
                 print("not caught", opcode)
-            except instructions.NativeCheckError as e:
+            except c_runner.NativeCheckError as e:
                 print("caught:", e)
         """, MINICAVS_NATIVE_CHECK="1")
     assert result.returncode == 0, result.stderr[-2000:]

@@ -17,7 +17,9 @@ PACKAGE = Path(__file__).resolve().parents[1] / "minicavs"
 # Python or CLI words) one beside errors.py, onetime.py (announcing and timing one-time work: compiling kernels,
 # learning an FSM) one that cpu/compiler.py and scheduler.py use, arrays.py (which device an array lives on) and
 # limits.py (the generated code's sizes) too; progress.py, task.py, demo.py, testing.py, bench/, rundir.py (the
-# run-dir commit protocol), predict.py, plot.py and show.py are product code around the engine
+# run-dir commit protocol), predict.py, plot.py and show.py are product code around the engine; reference.py
+# (the reference runner of a lowered program, over the device's array module) stands beside the seam, so that
+# every backend's runner can hand it an opcode it does not implement
 # (data/datasets.py too: PLACED below); ``minicavs`` itself is the package's public face).
 LAYERS = [
     ["dtypes", "errors", "random", "sparse", "validate", "atomic", "arrays", "wording", "limits", "onetime"],
@@ -31,7 +33,7 @@ LAYERS = [
     ["memory"],
     ["passes"],
     ["codegen"],
-    ["backend"],
+    ["backend", "reference"],
     ["cpu", "cuda"],
     ["compile"],
     ["program", "executor", "engine", "explain", "instructions"],

@@ -194,7 +194,7 @@ LAYOUTS = {
     "broadcast (stride 0)": lambda a: np.broadcast_to(a[:1], a.shape),
     "fortran, strided, big-endian": lambda a: _strided(_big_endian(a), order="F"),
 }
-EXECUTORS = ["python", "native", "native checked"]   # native checked: MINICAVS_NATIVE_CHECK=1
+EXECUTORS = ["python", "native", "native checked", "reference"]   # native checked: MINICAVS_NATIVE_CHECK=1
 
 
 def _c_order(a):
@@ -270,10 +270,10 @@ def test_every_feed_and_parameter_layout_gives_the_c_order_numbers(layout_cases,
     computes the loss and gradients that the Python interpreter computes from the same values in C order, and
     the caller's arrays are left as they were. A parameter's layout is that of a ``Parameter.value`` set from
     the array."""
-    from minicavs import instructions
+    from minicavs.cpu import CPU
     from minicavs.nn import Parameter, ParameterSet
     from .test_engine import dense, equal
-    if executor != "python" and instructions.available(np.float64, instructions.CPU) is not None:
+    if executor != "python" and CPU.runner_missing(np.float64) is not None:
         pytest.skip("no C compiler or BLAS: the native executor cannot run here")
     model, params, graphs, feeds, laid_feeds, laid_params = layout_cases[case]
     make = LAYOUTS[layout]

@@ -150,7 +150,7 @@ ARITIES = [2, 65, 256]   # 65: a sum of more gathers than one kernel takes opera
 def test_arity_sweep_up_to_the_largest_supported_on_every_executor(arity, form):
     """Up to MAX_ARITY, building the model and running it work on both executors, the native one running the
     whole task loop itself (no fallback), and the loss equals numpy's; the gradients of both executors agree."""
-    from minicavs import instructions
+    from minicavs.cpu import CPU
     from minicavs.engine import EngineOptions
     from minicavs.vertex import MAX_ARITY
     from .test_engine import equal
@@ -164,7 +164,7 @@ def test_arity_sweep_up_to_the_largest_supported_on_every_executor(arity, form):
         result = model.forward_backward([graph], {"xs": xs}, {"W": W}, options=EngineOptions(executor=executor))
         equal(result.loss, _numpy_loss(graph, xs, W))
         results[executor] = result
-    if instructions.available(np.float64, instructions.CPU) is None:
+    if CPU.runner_missing(np.float64) is None:
         state = results["native"].states["G"]
         for program in (state.program, state.backward_program):
             assert program.native is not None and program.native_why is None, program.native_why

@@ -27,14 +27,15 @@ mp, mn = statistics.median(res["python"]), statistics.median(res["native"])
 print(f"{cfg} {' '.join(sets)}: python {mp:.0f}/s native {mn:.0f}/s ratio {mn/mp:.2f} (load {load:.1f}) native_used={st.program.native is not None}/{st.backward_program.native is not None}")
 # where a native step's time goes: the task loops' GEMMs, fused kernels and the rest (dispatch, row moves)
 import minicavs.instructions as instructions
+from minicavs.cpu import runner as c_runner
 t.model.options = replace(base, executor="native")
-instructions.PROFILE = np.zeros(len(instructions.OPCODES) + 1, np.int64)
+c_runner.PROFILE = np.zeros(len(instructions.OPCODES) + 1, np.int64)
 t0 = time.perf_counter()
 for b in batches:
     t.train_step(b)
 step = (time.perf_counter() - t0) / len(batches) * 1e3
-per_op = dict(zip(list(instructions.OPCODES) + ["all"], instructions.PROFILE / len(batches) / 1e6))
-instructions.PROFILE = None
+per_op = dict(zip(list(instructions.OPCODES) + ["all"], c_runner.PROFILE / len(batches) / 1e6))
+c_runner.PROFILE = None
 loop, gemm, fused = per_op.pop("all"), per_op.pop("GEMM"), per_op.pop("FUSED")
 rest = ", ".join(f"{k} {v:.2f}" for k, v in sorted(per_op.items(), key=lambda kv: -kv[1])[:4])
 print(f"  native step {step:.1f} ms (timed per instruction): task loops {loop:.1f} ms ({100 * loop / step:.0f}%), "

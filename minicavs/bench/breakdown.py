@@ -5,7 +5,7 @@
 - **memory movement**: the row moves the step's programs really do, in two parts:
 
   - ``memory_native_s``: the native executor's pass (its blocks before and after the task loop too), measured
-    live by its per-opcode clock (``instructions.PROFILE``): the instructions that copy rows (``GATHER`` where
+    live by its per-opcode clock (``c_runner.PROFILE``): the instructions that copy rows (``GATHER`` where
     it is not a view, ``TAKE``, ``TAKETO``, ``COPY``, ``PUT``, ``ADJ``, and a block's ``SROWS`` and ``SPUT``
     where its kind's scatter rows are no one block of rows: gathers, pulls, scatters into the scatter tensor,
     stores into dynamic tensors, pushes and the gathers' adjoints). Elided moves (views: ``CATVIEW``, strided
@@ -30,6 +30,7 @@ import time
 import numpy as np
 
 from .. import instructions
+from ..cpu import runner as c_runner
 from ..program import BatchProgram
 
 ROW_MOVES = ("GATHER", "TAKE", "TAKETO", "COPY", "PUT", "ADJ", "SROWS", "SPUT")   # the native opcodes that move rows
@@ -104,8 +105,8 @@ def instrumented_epoch(t, samples, batch: int) -> dict:
     saved = [(obj, name, obj.__dict__.get(name)) for obj, name in ((task, "batch"), (model, "_plan"))]
     for obj, name, _ in saved:
         setattr(obj, name, sched.wrap(getattr(obj, name)))
-    profile_before = instructions.PROFILE
-    instructions.PROFILE = profile = np.zeros(len(instructions.OPCODES) + 1, np.int64)
+    profile_before = c_runner.PROFILE
+    c_runner.PROFILE = profile = np.zeros(len(instructions.OPCODES) + 1, np.int64)
     blocks = update = replay = 0.0
     start = time.perf_counter()
     try:
@@ -118,7 +119,7 @@ def instrumented_epoch(t, samples, batch: int) -> dict:
             blocks += replay_memory(res)["seconds"]
             replay += time.perf_counter() - m      # the replay is not part of the step
     finally:
-        instructions.PROFILE = profile_before
+        c_runner.PROFILE = profile_before
         for obj, name, before in saved:            # back to what they were (normally the class's method)
             if before is None:
                 delattr(obj, name)

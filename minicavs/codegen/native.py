@@ -50,6 +50,9 @@ OPCODES = {
     "PUT": ("buf", "width", "idx", "src", "cols"),        # buf[idx[koff + r]] = src[r]
     "ADJ": ("buf", "width", "idx", "slot", "elide", "src", "cols"),   # gather's adjoint into the scatter gradient
     "GACC": ("buf", "src", "rows", "cols"),               # parameter gradient accumulator += src
+    # dst = src * the dropout mask of the task's rows: row keys keys[koff + r] (uint64), the hash word, threshold
+    # and scale (a double's bits) in row ``entry`` of the int64 table ``table`` (minicavs/random.py's hash)
+    "DROPOUT": ("dst", "src", "cols", "keys", "table", "entry"),
 }
 OPS = {name: i for i, name in enumerate(OPCODES)}
 
@@ -92,6 +95,11 @@ static int out_of(const buftab_t *b, int64_t buf, const void *p, int64_t rows, i
     if (ld < 0) return 1;
     const char *last = first + ((r - 1) * ld + (c - 1)) * esz;
     return first < lo || last >= hi;
+}}
+
+static inline uint64_t mc_mix(uint64_t z) {{   /* SplitMix64's finaliser (minicavs/random.py) */
+    z ^= z >> 30; z *= 0xBF58476D1CE4E5B9ULL; z ^= z >> 27; z *= 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
 }}
 
 #define FAIL(operand) do {{ err[0] = 1; err[1] = t; err[2] = pc; err[3] = (operand); return 1; }} while (0)
@@ -302,7 +310,7 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
                            && Bm->p == (T *)base[Bm->buf]) {{
                     /* few rows times a wide static B: C^T = B^T A^T, B^T from the static's contiguous transposed
                        twin (n x k), into the scratch arena's tail, then transposed into C: OpenBLAS takes 20-45% less
-                       time at 2-32 rows this way (the few rows as its M dimension; instructions.SMALL_M_ROWS) */
+                       time at 2-32 rows this way (the few rows as its M dimension; cpu/runner.py's SMALL_M_ROWS) */
                     const T *bt = (const T *)twin[Bm->buf];
                     const int64_t ldt = size[Bm->buf] / ld[Bm->buf];   /* the twin's row: all of B's rows */
                     T *tmp = scratch + tmp_off;
@@ -451,6 +459,30 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
                     const T *s = R[a[1]].p + r * R[a[1]].ld;
                     #pragma omp simd
                     for (int64_t j = 0; j < cols; j++) d[r * cols + j] += s[j];
+                }}
+                break;
+            }}
+            case DROPOUT: {{
+                REGOK(a[0], 0); REGOK(a[1], 1); BUFOK(a[3], 3); BUFOK(a[4], 4);
+                const int64_t cols = a[2];
+                if (check && (koff < 0 || koff + bs > size[a[3]])) FAIL(3);
+                if (check && (a[5] < 0 || 3 * a[5] + 3 > size[a[4]])) FAIL(5);
+                if (check && (R[a[0]].trans || R[a[1]].trans)) FAIL(0);
+                CHECKR(a[0], bs, cols, 0); CHECKR(a[1], bs, cols, 1);
+                const uint64_t *keys = (const uint64_t *)base[a[3]] + koff;
+                const int64_t *e = (const int64_t *)base[a[4]] + 3 * a[5];
+                const uint64_t h = (uint64_t)e[0], th = (uint64_t)e[1], golden = 0x9E3779B97F4A7C15ULL;
+                double scale_d;
+                memcpy(&scale_d, &e[2], sizeof scale_d);
+                const T scale = (T)scale_d;
+                for (int64_t r = 0; r < bs; r++) {{
+                    const uint64_t hr = mc_mix(h ^ keys[r]) + golden;
+                    T *d = R[a[0]].p + r * R[a[0]].ld;
+                    const T *s = R[a[1]].p + r * R[a[1]].ld;
+                    for (int64_t c = 0; c < cols; c++) {{
+                        const uint64_t z = mc_mix(hr ^ (uint64_t)c) + golden;
+                        d[c] = s[c] * ((z >> 40) >= th ? scale : (T)0);
+                    }}
                 }}
                 break;
             }}

@@ -11,7 +11,7 @@ from ..backend import Backend
 from ..frontier import provide_native_schedule
 from ..ops.registry import provide_native_kernels
 from ..passes.fusion import FusedGroup
-from . import compiler
+from . import compiler, runner
 from .frontier import frontier_kernel
 from .library import library
 from .streams import Event, get_stream
@@ -22,6 +22,7 @@ class CpuBackend(Backend):
 
     name = "cpu"
     deterministic = True
+    runner_name = "native executor"
 
     def __init__(self):
         self.xp = np
@@ -37,6 +38,14 @@ class CpuBackend(Backend):
     def take(self, buf, rows: np.ndarray):
         """``buf[rows]`` (a gather or pull: all rows of a task at once); ``rows`` is a host index array."""
         return np.take(buf, rows, axis=0)
+
+    def runner_missing(self, dtype) -> str | None:
+        """Why the C runner cannot run here (no compiler or BLAS), None when it can."""
+        return runner.available(dtype)
+
+    def run_program(self, lowered, table: np.ndarray, resolve, dtype, forest: bool, workspace=None) -> dict:
+        """The C runner (:mod:`.runner`): one C call runs the pass."""
+        return runner.run(lowered, table, resolve, dtype, forest, workspace)
 
     def put(self, dst, rows: np.ndarray, src) -> None:
         """``dst[rows] = src`` for distinct ``rows`` (a push, a child's gradient in a forest)."""

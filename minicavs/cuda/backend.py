@@ -11,7 +11,7 @@ from .. import arrays
 from ..backend import Backend
 from ..passes.fusion import FusedGroup
 from ..validate import check_rows
-from . import kernels as cuda_kernels
+from . import kernels as cuda_kernels, runner
 
 
 class Cuda(Backend):
@@ -23,6 +23,7 @@ class Cuda(Backend):
     has one parent, so no atomics are needed either way."""
 
     name = "cuda"
+    runner_name = "cuda runner"
 
     def __init__(self, launcher=None, deterministic: bool = False):
         self.launcher = launcher if launcher is not None else cuda_kernels.default_launcher()
@@ -114,6 +115,11 @@ class Cuda(Backend):
 
     def synchronize(self) -> None:
         self.xp.cuda.Device().synchronize()
+
+    def run_program(self, lowered, table: np.ndarray, resolve, dtype, forest: bool, workspace=None) -> dict:
+        """The CUDA runner: the reference runner's opcodes over CuPy arrays, a fused group by its generated
+        kernel (:mod:`.runner`)."""
+        return runner.run(lowered, table, resolve, dtype, forest, self)
 
 
 def _row_matrix(a) -> bool:

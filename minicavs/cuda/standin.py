@@ -429,7 +429,7 @@ class _Ufunc:
 _UFUNCS = ("add subtract multiply divide true_divide floor_divide power negative positive absolute abs sign "
            "exp log log1p expm1 sqrt square tanh sin cos floor ceil maximum minimum fmax fmin "
            "isfinite isnan isinf equal not_equal less less_equal greater greater_equal "
-           "logical_and logical_or logical_not bitwise_and bitwise_or invert right_shift left_shift "
+           "logical_and logical_or logical_not bitwise_and bitwise_or bitwise_xor invert right_shift left_shift "
            "matmul").split()
 
 
@@ -464,7 +464,7 @@ def _binary(ufunc: str, reflected: bool = False):
 
 for _op, _uf in {"add": "add", "sub": "subtract", "mul": "multiply", "truediv": "true_divide",
                  "floordiv": "floor_divide", "pow": "power", "matmul": "matmul", "and": "bitwise_and",
-                 "or": "bitwise_or", "rshift": "right_shift", "lshift": "left_shift"}.items():
+                 "or": "bitwise_or", "xor": "bitwise_xor", "rshift": "right_shift", "lshift": "left_shift"}.items():
     setattr(ndarray, f"__{_op}__", _binary(_uf))
     setattr(ndarray, f"__r{_op}__", _binary(_uf, reflected=True))
 
@@ -483,6 +483,17 @@ for _name in _REDUCTIONS:
     setattr(ndarray, _name, lambda self, *a, _f=getattr(_this, _name), **k: _f(self, *a, **k))
 clip = _typed(np.clip, ("a",))
 ndarray.clip = lambda self, lo=None, hi=None: clip(self, lo, hi)
+
+
+
+def _as_strided(x, shape=None, strides=None):
+    """``cupy.lib.stride_tricks.as_strided``: a view of ``x``'s memory (no copy, no crossing)."""
+    if not isinstance(x, ndarray):
+        raise _incorrect("x", x)
+    return x._view(np.lib.stride_tricks.as_strided(x._a, shape, strides))
+
+
+lib = types.SimpleNamespace(stride_tricks=types.SimpleNamespace(as_strided=_as_strided))
 
 # the dtypes, as cupy re-exports numpy's
 float16, float32, float64 = np.float16, np.float32, np.float64

@@ -198,7 +198,8 @@ def _dropout_kernels(xp, dtype):
 
 
 register(OpDef("dropout", infer=lambda x, p, site: _same(x), impl=_dropout_impl, needs_ctx=True,
-               vjp=lambda g, y, x, p, site: (make_node("dropout", (g,), {"p": p, "site": site}),)))
+               vjp=lambda g, y, x, p, site: (make_node("dropout", (g,), {"p": p, "site": site}),),
+               native=lambda node: "dropout" if node.has_rows else None))
 
 
 def dropout(x: Node, p: float, site: int | None = None) -> Node:

@@ -39,7 +39,8 @@ class OpDef:
         cannot: "gemm" (a 2-D product; a linear's bias added after it), "cols" (a column block of a 2-D value:
         a view at a column offset), "concat" (parts copied into column blocks), "transpose" (a view with the
         transposed flag), "sum_rows" (a sum over the row axis), "unslice" (zeros with a column block
-        written). Identities alias their input; elementwise ops run as fused kernels.
+        written), "dropout" (a per-row value times the mask of its row keys). Identities alias their input;
+        elementwise ops run as fused kernels.
     """
 
     name: str

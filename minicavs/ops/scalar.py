@@ -80,7 +80,7 @@ def evaluate(e: Expr, args: list, dtype=np.float64):
         elif x.op == "arg":
             memo[k] = args[x.value]
         elif x.op == "const":
-            memo[k] = np.asarray(x.value, dtype=dtype)
+            memo[k] = np.dtype(dtype).type(x.value)   # (a scalar: any array module's arrays take it)
         else:
             pending = [a for a in x.args if id(a) not in memo]
             if pending:

@@ -87,13 +87,13 @@ def test_random_graphs_plan_as_the_reference(name, seed, k, size, policy, ids):
 def assert_same_task_tables(s, batch, plan, ref_plan):
     """The native executor's task table and copy counters from the planner's table equal those task_table
     builds from the reference plan, forward and backward, under the switches that change them."""
-    from minicavs import instructions
+    from minicavs import program
     from minicavs.engine import EngineOptions
     for opts in (EngineOptions(), EngineOptions(gather_elision=False), EngineOptions(merge_gemms=False, lazy_batching=False, eager_batching=False)):
         fns = s.fns_for(batch, opts)
         for backward in (False, True):
-            assert_same(instructions.task_table(fns, plan, opts, backward),
-                        instructions.task_table(fns, ref_plan, opts, backward), f"task table {opts} {backward}")
+            assert_same(program.task_table(fns, plan, opts, backward),
+                        program.task_table(fns, ref_plan, opts, backward), f"task table {opts} {backward}")
 
 
 UNCOVERED = ("tree_lstm_2type", "lattice_lstm")   # kinds given with the graphs

@@ -1,0 +1,476 @@
+"""The reference runner of a lowered batch program: one short function per opcode, over the device's arrays.
+
+A lowered program (instructions.py: templates linked into one code array, a task table, buffer keys) is run
+by the C runner (codegen/native.py's switch, over raw pointers) or by this module, which is the readable
+definition of every opcode. Both keep the same machine: per task (a row of the task table: template id,
+kind offset, rows ``bs``, scatter offset, the sibling-concat view's first row, per gather slot a strided view)
+the template's instructions run in order over registers. A register names a matrix inside one buffer: the
+buffer, an element offset, a row stride ``ld`` and a transposed flag, exactly the C executor's (pointer, ld,
+trans, buf). :meth:`Machine.matrix` turns a register into an array view of given rows and columns (a strided
+view, never a copy, so writes land in the buffer); every such view is bounds-checked against its buffer, so a
+wrong instruction raises :class:`CheckError` here instead of writing elsewhere.
+
+The functions are written against ``xp`` (numpy on the CPU; CuPy or the device stand-in on CUDA), so a pass
+run here stays on its device. The task table stays on the host (it decides which instructions run); index
+arrays (children's rows, pull and push rows, dropout's row keys) are resolved on the host and copied to the
+device once per run (the device's copy of a batch plan's array: ``Backend.index``); the host copies serve the
+bounds check of row numbers (only with ``check`` set, as the C runner's check mode) with no device read.
+
+Fused groups run as their scalar expression evaluated with the array module (passes/fusion.py's oracle, the
+numbers every generated kernel must reproduce); products as ``a @ b``; everything else as row copies, adds
+and scatter-adds.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from .codegen.native import ARG_KINDS, OPCODES
+from .ops import scalar as S
+from .random import GOLDEN, mix
+
+
+class CheckError(RuntimeError):
+    """An instruction addressed outside its buffer (or named no register or buffer)."""
+
+
+KIND_OF_ARG = {v: k for k, v in ARG_KINDS.items()}
+
+
+class Machine:
+    """The state one run of a lowered program works on: buffers (flat arrays with a row stride and a
+    transposed flag each), registers, and the task being run."""
+
+    def __init__(self, device, lowered, flats: list, lds: list, transposed: list, hosts: dict, scratch_buf: int,
+                 forest: bool, check: bool):
+        self.device, self.xp = device, np if device is None else device.xp
+        self.lowered, self.forest, self.check = lowered, forest, check
+        self.flats, self.lds, self.transposed = flats, lds, transposed
+        self.hosts = hosts   # index buffer -> its host array (flats holds the device's copy)
+        self.scratch_buf = scratch_buf
+        self.regs: list = [None] * max(1, lowered.nregs)   # (buffer, element offset, ld, transposed)
+        self.task = None
+        self.pc = -1
+        self.task_index = -1
+
+    # --- the task row's fields ----------------------------------------------------------------------------
+    @property
+    def koff(self) -> int:
+        return int(self.task[1])
+
+    @property
+    def bs(self) -> int:
+        return int(self.task[2])
+
+    @property
+    def soff(self) -> int:
+        return int(self.task[3])
+
+    @property
+    def catfirst(self) -> int:
+        return int(self.task[4])
+
+    def view_of_slot(self, slot: int) -> tuple[int, int]:
+        """(first row, step) of gather slot ``slot``'s strided view of the children (step -1: none)."""
+        return int(self.task[5 + 2 * slot]), int(self.task[6 + 2 * slot])
+
+    def dim(self, d: int) -> int:
+        """An instruction's dimension: -1 means the task's rows."""
+        return self.bs if d < 0 else int(d)
+
+    # --- registers and views ------------------------------------------------------------------------------
+    def fail(self, what: str):
+        raise CheckError(f"reference {self.lowered.title}: task {self.task_index}, instruction {self.pc} "
+                         f"({self.lowered.text(self.pc)}): {what}")
+
+    def set(self, r: int, buf: int, offset: int, ld: int, transposed: int = 0) -> None:
+        if not 0 <= r < len(self.regs):
+            self.fail(f"register {r} out of range")
+        if not 0 <= buf < len(self.flats):
+            self.fail(f"buffer {buf} out of range")
+        self.regs[r] = (buf, int(offset), int(ld), int(transposed))
+
+    def at(self, buf: int, offset: int) -> int:
+        """``offset`` after checking that a task with rows starts its view inside buffer ``buf``."""
+        if self.bs > 0 and not 0 <= offset < self.flats[buf].size:
+            self.fail(f"element {offset} of a buffer of {self.flats[buf].size}")
+        return offset
+
+    def reg(self, r: int) -> tuple:
+        if not 0 <= r < len(self.regs) or self.regs[r] is None:
+            self.fail(f"register {r} is not bound")
+        return self.regs[r]
+
+    def strided(self, buf: int, offset: int, rows: int, cols: int, ld: int):
+        """Rows x cols of buffer ``buf`` from element ``offset``, ``ld`` elements apart: a view."""
+        flat = self.flats[buf]
+        if rows <= 0 or cols <= 0:
+            return self.xp.zeros((max(rows, 0), max(cols, 0)), flat.dtype)
+        if offset < 0 or ld < 0 or offset + (rows - 1) * ld + cols > flat.size:
+            self.fail(f"{rows} x {cols} at element {offset} (row stride {ld}) of a buffer of {flat.size}")
+        item = flat.itemsize
+        return self.xp.lib.stride_tricks.as_strided(flat[offset:], (rows, cols), (ld * item, item))
+
+    def matrix(self, r: int, rows: int, cols: int):
+        """Register ``r`` as a rows x cols matrix (a transposed register: the transpose of what it points at)."""
+        buf, offset, ld, transposed = self.reg(r)
+        if transposed:
+            return self.strided(buf, offset, cols, rows, ld).T
+        return self.strided(buf, offset, rows, cols, ld)
+
+    def rows_of(self, buf: int, width: int):
+        """Buffer ``buf`` as its rows of ``width`` elements."""
+        flat = self.flats[buf]
+        return self.strided(buf, 0, flat.size // width, width, width) if width else flat.reshape(0, 0)
+
+    def index(self, buf: int, host: bool = False):
+        """The task's rows of index buffer ``buf`` (row numbers, -1: a zero row): the device's (``host``: the
+        host's copy, to check or to sort by)."""
+        flat = self.hosts[buf] if host else self.flats[buf]
+        if self.koff < 0 or self.koff + self.bs > flat.size:
+            self.fail(f"rows {self.koff}:{self.koff + self.bs} of an index buffer of {flat.size}")
+        return flat[self.koff:self.koff + self.bs]
+
+    def checked(self, buf: int, rows: int, allow_missing: bool = False):
+        """The task's rows of index buffer ``buf`` after (in check mode: on the host's copy) making sure each
+        is a row of a buffer of ``rows`` rows."""
+        idx = self.index(buf)
+        if self.check and idx.size:
+            low, values = -1 if allow_missing else 0, self.index(buf, host=True)
+            if values.min() < low or values.max() >= rows:
+                self.fail(f"row index out of range ({values.min()}..{values.max()} of {rows} rows)")
+        return idx
+
+    def take_rows(self, buf: int, width: int, index_buf: int, col: int, cols: int):
+        """The rows of buffer ``buf`` (rows of ``width``) that the task's rows of ``index_buf`` name, columns
+        col:col + cols; -1: a zero row."""
+        xp = self.xp
+        src = self.rows_of(buf, width)
+        if col < 0 or col + cols > width:
+            self.fail(f"columns {col}:{col + cols} of rows of {width}")
+        idx = self.checked(index_buf, src.shape[0], allow_missing=True)
+        if src.shape[0] == 0:
+            return xp.zeros((idx.size, cols), self.flats[buf].dtype)
+        picked = src[xp.maximum(idx, 0), col:col + cols]
+        picked[idx < 0] = 0
+        return picked
+
+    def put_rows(self, buf: int, width: int, index_buf: int, col: int, cols: int, values) -> None:
+        """Rows of buffer ``buf`` (rows of ``width``) that the task's rows of ``index_buf`` name, columns
+        col:col + cols, = ``values`` (distinct rows)."""
+        rows = self.rows_of(buf, width)
+        rows[self.checked(index_buf, rows.shape[0]), col:col + cols] = values
+
+    def scratch(self, off: int, cols: int) -> tuple:
+        """The scratch region of ``cols`` columns at column ``off`` (x the task's rows)."""
+        return self.scratch_buf, off * self.bs, cols
+
+
+# --- one function per opcode: ``op(m, *operands)`` ----------------------------------------------------------
+
+def op_nop(m: Machine) -> None:
+    """Nothing (the dispatch cost alone)."""
+
+
+def op_bind(m: Machine, dst, buf, mode, col, ld) -> None:
+    """dst = rows of ``buf`` at row (0, the kind offset or the scatter offset) x ld + col."""
+    row = {0: 0, 1: m.koff, 2: m.soff}[mode]
+    m.set(dst, buf, m.at(buf, row * ld + col), ld)
+
+
+def op_static(m: Machine, dst, buf) -> None:
+    """dst = the whole buffer (a parameter, say), with its own row stride and transposed flag."""
+    m.set(dst, buf, 0, m.lds[buf], m.transposed[buf])
+
+
+def op_scratch(m: Machine, dst, off, cols) -> None:
+    """dst = the scratch region at column ``off`` (rows x cols, contiguous)."""
+    m.set(dst, *m.scratch(off, cols))
+
+
+def op_gather(m: Machine, dst, buf, width, idx, slot, elide, off) -> None:
+    """dst = child ``slot`` of each row: a strided view when the task's children are evenly spaced rows
+    (gather elision), else their rows copied into scratch."""
+    start, step = m.view_of_slot(slot)
+    if elide and step >= 1:
+        m.set(dst, buf, start * width, step * width)
+        return
+    rows = m.take_rows(buf, width, idx, 0, width)
+    m.set(dst, *m.scratch(off, width))
+    m.matrix(dst, m.bs, width)[...] = rows
+
+
+def op_catview(m: Machine, dst, buf, width, k, forest) -> None:
+    """dst = [child 0, ..., child k-1] side by side, as one view, when the task's children are adjacent rows
+    (``forest``: only in a forest, where a gradient row is written once, not added)."""
+    if m.catfirst >= 0 and (not forest or m.forest):
+        m.set(dst, buf, m.catfirst * width, k * width)
+
+
+def op_skip_if_cat(m: Machine, n, forest) -> int:
+    """Skip the next ``n`` instructions when CATVIEW bound its view."""
+    return n if m.catfirst >= 0 and (not forest or m.forest) else 0
+
+
+def op_take(m: Machine, dst, buf, width, idx, cols, off) -> None:
+    """dst (scratch) = rows idx of ``buf`` (first ``cols`` columns; -1: zeros): a pull, a push gradient."""
+    rows = m.take_rows(buf, width, idx, 0, cols)
+    m.set(dst, *m.scratch(off, cols))
+    m.matrix(dst, m.bs, cols)[...] = rows
+
+
+def op_taketo(m: Machine, dst, buf, width, idx, cols, col) -> None:
+    """dst[r] = row idx[r] of ``buf``, columns col:col + cols (-1: zeros), into dst's own rows."""
+    m.matrix(dst, m.bs, cols)[...] = m.take_rows(buf, width, idx, col, cols)
+
+
+def op_srows(m: Machine, dst, buf, col, ld, idx, cols, off, load) -> None:
+    """A block's rows of a scatter tensor: a view at the scatter offset, or (offset -1: the kind's rows are
+    not one block) its rows by the kind's row index copied into scratch (``load`` 0: scratch only)."""
+    if m.soff >= 0:
+        m.set(dst, buf, m.at(buf, m.soff * ld + col), ld)
+        return
+    m.set(dst, *m.scratch(off, cols))
+    if load:
+        m.matrix(dst, m.bs, cols)[...] = m.take_rows(buf, ld, idx, col, cols)
+
+
+def op_sput(m: Machine, buf, col, ld, idx, src, cols, always) -> None:
+    """After SROWS: the rows computed in scratch put back by the kind's row index; at an offset, nothing (the
+    view was written in place) unless ``always`` (then a copy to the offset's rows)."""
+    if m.soff >= 0 and not always:
+        return
+    values = m.matrix(src, m.bs, cols)
+    if m.soff >= 0:
+        m.strided(buf, m.soff * ld + col, m.bs, cols, ld)[...] = values.copy()
+        return
+    m.put_rows(buf, ld, idx, col, cols, values)
+
+
+def op_cols(m: Machine, dst, src, col) -> None:
+    """dst = src's columns from ``col``: same rows, same row stride."""
+    buf, offset, ld, transposed = m.reg(src)
+    m.set(dst, buf, offset + col, ld, transposed)
+
+
+def op_alias(m: Machine, dst, src) -> None:
+    """dst = src."""
+    m.set(dst, *m.reg(src))
+
+
+def op_transpose(m: Machine, dst, src) -> None:
+    """dst = src transposed (a flag: no data moves)."""
+    buf, offset, ld, transposed = m.reg(src)
+    m.set(dst, buf, offset, ld, 1 - transposed)
+
+
+def op_gemm(m: Machine, c, a, b, rows, n, k, bias) -> None:
+    """c = a · b (+ the bias row)."""
+    rows, n, k = m.dim(rows), m.dim(n), m.dim(k)
+    if rows == 0 or n == 0:
+        return
+    if m.reg(c)[3]:
+        m.fail("a product's result register is transposed")
+    out = m.matrix(c, rows, n)
+    out[...] = m.matrix(a, rows, k) @ m.matrix(b, k, n) if k else 0
+    if bias >= 0:
+        out += m.matrix(bias, 1, n)
+
+
+def op_fused(m: Machine, kernel, nargs, rows, cols, pool) -> None:
+    """A fused elementwise group over rows x cols: its inputs (each full, one row, one column or a scalar)
+    and outputs are registers listed in the pool."""
+    kernel, ins, outs = fused_operands(m, kernel, nargs, rows, cols, pool)
+    group = kernel.group
+    for out, expr in zip(outs, group.exprs()):
+        out[...] = S.evaluate(expr, ins, dtype=group.output.dtype.np)
+
+
+def fused_operands(m: Machine, kernel, nargs, rows, cols, pool) -> tuple:
+    """(the device's kernel of the group, its input views, its output views) of a FUSED instruction; no
+    inputs and outputs when it has no rows or columns."""
+    rows = m.dim(rows)
+    fused = m.lowered.fused[kernel]
+    if rows == 0 or cols == 0:
+        return fused, [], []
+    args = m.lowered.pool[pool:pool + 2 * nargs].tolist()
+    shapes = {"full": (rows, cols), "row": (1, cols), "col": (rows, 1), "scalar": (1, 1)}
+    views = [m.matrix(r, *shapes[KIND_OF_ARG[kind]]) for r, kind in zip(args[::2], args[1::2])]
+    return fused, views[:len(fused.group.inputs)], views[len(fused.group.inputs):]
+
+
+def op_copy(m: Machine, dst, src, rows, cols) -> None:
+    """dst = src (as memmove: the two may overlap)."""
+    rows = m.dim(rows)
+    m.matrix(dst, rows, cols)[...] = m.matrix(src, rows, cols).copy()
+
+
+def op_zero(m: Machine, dst, rows, cols) -> None:
+    """dst = 0."""
+    m.matrix(dst, m.dim(rows), cols)[...] = 0
+
+
+def op_add(m: Machine, dst, src, rows, cols) -> None:
+    """dst += src."""
+    rows = m.dim(rows)
+    m.matrix(dst, rows, cols)[...] += m.matrix(src, rows, cols)
+
+
+def op_sumrows(m: Machine, dst, src, rows, cols) -> None:
+    """dst (one row) = the sum of src's rows."""
+    m.matrix(dst, 1, cols)[...] = m.matrix(src, m.dim(rows), cols).sum(axis=0, keepdims=True)
+
+
+def op_put(m: Machine, buf, width, idx, src, cols) -> None:
+    """Rows idx of ``buf`` (first ``cols`` columns) = src's rows (a push, a pull's gradient in a forest)."""
+    m.put_rows(buf, width, idx, 0, cols, m.matrix(src, m.bs, cols))
+
+
+def op_adj(m: Machine, buf, width, idx, slot, elide, src, cols) -> None:
+    """Gather's adjoint: src's rows added into the children's rows of the scatter gradient (in a forest each
+    such row is written once: set, not added); by the slot's strided view when it has one."""
+    xp = m.xp
+    values = m.matrix(src, m.bs, cols)
+    start, step = m.view_of_slot(slot)
+    if elide and step >= 0:
+        if step == 0:   # only the sentinel row: its gradient is discarded
+            return
+        dst = m.strided(buf, start * width, m.bs, cols, step * width)
+        if m.forest:
+            dst[...] = values
+        else:
+            dst[...] += values
+        return
+    if m.forest:
+        m.put_rows(buf, width, idx, 0, cols, values)
+        return
+    rows = m.rows_of(buf, width)   # (a DAG vertex may be the child of several rows of one task: every one adds)
+    xp.add.at(rows[:, :cols], m.checked(idx, rows.shape[0]), values)
+
+
+def op_gacc(m: Machine, buf, src, rows, cols) -> None:
+    """A parameter's gradient accumulator (rows x cols, contiguous) += src."""
+    rows = m.dim(rows)
+    m.strided(buf, 0, rows, cols, cols)[...] += m.matrix(src, rows, cols)
+
+
+def op_dropout(m: Machine, dst, src, cols, keys, table, entry) -> None:
+    """dst = src x the dropout mask of the task's rows: per row key and column random.py's hash continued
+    from the entry's hash word, kept (x the scale) where its top 24 bits reach the threshold, else 0."""
+    xp, entries = m.xp, m.hosts[table].reshape(-1, 3)
+    if not 0 <= entry < len(entries):
+        m.fail(f"dropout entry {entry} of {len(entries)}")
+    h, threshold, scale_bits = (np.uint64(v) for v in entries[entry].view(np.uint64))
+    x = m.matrix(src, m.bs, cols)
+    hr = mix(m.index(keys) ^ h) + GOLDEN
+    z = mix(hr[:, None] ^ xp.arange(cols, dtype=np.uint64)[None, :]) + GOLDEN
+    scale = x.dtype.type(scale_bits.view(np.float64))
+    m.matrix(dst, m.bs, cols)[...] = x * ((z >> np.uint64(40)) >= threshold).astype(x.dtype) * scale
+
+
+OPERATIONS = {
+    "NOP": op_nop, "BIND": op_bind, "STATIC": op_static, "SCRATCH": op_scratch, "GATHER": op_gather,
+    "CATVIEW": op_catview, "SKIP_IF_CAT": op_skip_if_cat, "TAKE": op_take, "TAKETO": op_taketo,
+    "SROWS": op_srows, "SPUT": op_sput, "COLS": op_cols, "ALIAS": op_alias, "TRANSPOSE": op_transpose,
+    "GEMM": op_gemm, "FUSED": op_fused, "COPY": op_copy, "ZERO": op_zero, "ADD": op_add, "SUMROWS": op_sumrows,
+    "PUT": op_put, "ADJ": op_adj, "GACC": op_gacc, "DROPOUT": op_dropout,
+}
+BY_ID = [OPERATIONS[name] for name in OPCODES]
+ARITY = [len(operands) for operands in OPCODES.values()]
+
+
+# --- a run ---------------------------------------------------------------------------------------------------
+
+def _flat(a, static: bool, xp) -> tuple:
+    """(flat array, row stride, transposed flag) of a buffer: a transposed contiguous matrix (a parameter's
+    ``.T``) is read through the flag, as the C runner reads it; anything else must be C-contiguous (the
+    program writes into it)."""
+    used = None
+    if type(a) is tuple:   # (a workspace buffer, the elements this run may touch)
+        a, used = a
+    if static and a.ndim == 2 and not a.flags.c_contiguous and a.T.flags.c_contiguous:
+        return a.T.reshape(-1), a.shape[0], 1
+    if static and not a.flags.c_contiguous:
+        a = xp.ascontiguousarray(a)
+    if not a.flags.c_contiguous:
+        raise ValueError(f"reference runner: a buffer of shape {a.shape} and strides {a.strides} is not "
+                         "C-contiguous")
+    flat = a.reshape(-1)
+    if used is not None:
+        if not 0 <= used <= flat.size:
+            raise ValueError(f"reference runner: {used} elements of a buffer of {flat.size}")
+        flat = flat[:used]
+    ld = (a.shape[-1] if a.ndim >= 1 else 1) if a.ndim <= 2 else int(np.prod(a.shape[1:]))
+    return flat, ld, 0
+
+
+def scratch_elements(lowered, table: np.ndarray) -> int:
+    """Scratch elements a run needs: the task templates' columns x the largest task, each block's own."""
+    nk = len(lowered.ranges) // 3
+    tids, rows = table[:, 0].tolist(), table[:, 2].tolist()
+    task_rows = [r for tid, r in zip(tids, rows) if tid < nk]
+    cols = lowered.block_scratch
+    return max([lowered.scratch_cols * max(task_rows, default=0)]
+               + [cols[tid] * n for tid, n in zip(tids, rows) if tid >= nk])
+
+
+# buffer keys of index arrays (row numbers): resolved on the host, copied to the device once per run
+INDEX_KEYS = ("child", "pullrows", "pushrows", "srows", "rowkeys")
+
+
+def run(lowered, table: np.ndarray, resolve, dtype, forest: bool, workspace=None, device=None,
+        check: bool | None = None, operations: list | None = None, machine: type = Machine) -> dict:
+    """Run a lowered program over ``table`` (one row per task, blocks included) as the C runner does:
+    ``resolve(key)`` gives each buffer (instructions.py's buffer keys; index arrays on the host), on
+    ``device`` (its array module; None: numpy); returns the parameter-gradient
+    accumulators ({name: array}) the program added into. ``check``: also check every gathered row number
+    (None: as the C runner's debug mode, when ``MINICAVS_NATIVE_CHECK`` is set). ``workspace`` is unused (the C
+    runner keeps its buffer table per workspace). ``operations``: per opcode id the function that runs it
+    (a device's runner replaces some, e.g. FUSED by its generated kernel; default: :data:`BY_ID`);
+    ``machine``: the :class:`Machine` (a device's may move rows with its own kernels)."""
+    operations = BY_ID if operations is None else operations
+    xp = np if device is None else device.xp
+    hosts = {}
+    if check is None:
+        check = os.environ.get("MINICAVS_NATIVE_CHECK", "0") not in ("", "0")
+    flats, lds, transposed, grads = [], [], [], {}
+    scratch_buf = len(lowered.keys) - 1
+    nk = len(lowered.ranges) // 3
+    blocks = bool(lowered.blocks) and max(table[:, 0].tolist(), default=-1) >= nk
+    task_keys = len(lowered.keys) if lowered.task_keys is None or blocks else lowered.task_keys
+    for i, key in enumerate(lowered.keys):
+        what = key[0]
+        if what == "scratch":
+            a = resolve(("arena", "scratch", scratch_elements(lowered, table)))
+        elif i >= task_keys:   # (a block's own buffer, and no block runs)
+            a = xp.zeros(0, dtype)
+        elif what == "fixed":
+            a = resolve(("arena", "fixed", lowered.fixed_size))
+        else:
+            a = resolve(key)
+            if what == "pgrad":
+                grads[key[1]] = a
+            elif what in INDEX_KEYS:   # (a batch plan's array: the device copies it once, then slices it)
+                hosts[i] = a = np.ascontiguousarray(a, np.uint64 if what == "rowkeys" else np.int64)
+                if xp is not np:
+                    a = device.index(a)
+            elif what == "dropout":   # (the entries' table: read on the host)
+                hosts[i] = a
+        flat, ld, flag = _flat(a, what == "static", xp)
+        flats.append(flat)
+        lds.append(ld)
+        transposed.append(flag)
+    m = machine(device, lowered, flats, lds, transposed, hosts, scratch_buf, forest, check)
+    code = lowered.code.tolist()
+    ranges = lowered.ranges.tolist()
+    for t, task in enumerate(table.tolist()):
+        m.task, m.task_index = task, t
+        begin, end = ranges[task[0]]
+        pc = begin
+        while pc < end:
+            op, *operands = code[pc]
+            m.pc = pc
+            skip = operations[op](m, *operands[:ARITY[op]])
+            pc += 1 + (skip or 0)
+    return grads

@@ -1,0 +1,281 @@
+"""The reference runner (minicavs/reference.py: one Python function per opcode) runs the lowered program the C
+runner runs and computes the same numbers: every bundled model and random trees, chains and DAGs under the
+engine switches, forward values, inference and all gradients (float64: DESIGN.md's "equal"; float32: 1e-5);
+every opcode has a reference implementation of its operands; a wrong instruction raises instead of writing
+outside its buffer."""
+from __future__ import annotations
+
+import inspect
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from minicavs import instructions, reference
+from minicavs.codegen.native import OPCODES
+from minicavs.cpu import runner as c_runner
+from minicavs.engine import EngineOptions
+from minicavs.executor import RunContext
+from minicavs.training import Trainer
+
+from . import cells
+from .models.test_models import MODELS, TINY
+from .test_engine import CASES, random_dag, random_tree
+from .test_instructions import PYTHON_ONLY, SWITCHES, _typed, close
+
+pytestmark = pytest.mark.skipif(c_runner.available(np.float64) is not None,
+                                reason="no C compiler or BLAS: the C runner to compare with cannot run here")
+
+
+def test_every_opcode_has_a_reference_implementation_of_its_operands():
+    assert list(reference.OPERATIONS) == list(OPCODES)
+    for name, operands in OPCODES.items():
+        params = list(inspect.signature(reference.OPERATIONS[name]).parameters)[1:]
+        assert len(params) == len(operands), (name, params, operands)
+        assert reference.OPERATIONS[name].__doc__, name
+
+
+def test_every_runner_implements_every_opcode():
+    """The C runner's switch has a case per opcode (and fails any other: its default case); the CUDA runner
+    runs each by the reference's function or its own (FUSED: the generated kernel; ADJ: the device's
+    scatter-add), with the reference's operands."""
+    from minicavs.codegen.native import executor_source
+    from minicavs.cuda import runner as cuda_runner
+    source = executor_source("double")
+    for name in OPCODES:
+        assert f"case {name}:" in source, name
+    assert "default:\n                FAIL(-3);" in source
+    assert len(cuda_runner.OPERATIONS) == len(OPCODES)
+    for name, fn in zip(OPCODES, cuda_runner.OPERATIONS):
+        assert fn is reference.OPERATIONS[name] or name in cuda_runner.OWN, name
+        operands = list(inspect.signature(fn).parameters)[1:]
+        assert operands == list(inspect.signature(reference.OPERATIONS[name]).parameters)[1:], name
+
+
+class Opcodes:
+    """Counts the opcodes the reference runner executes (to see that a test exercised them)."""
+
+    def __init__(self, monkeypatch):
+        self.seen: set = set()
+        wrapped = []
+        for name, fn in zip(OPCODES, reference.BY_ID):
+            def counted(m, *operands, _fn=fn, _name=name):
+                self.seen.add(_name)
+                return _fn(m, *operands)
+            wrapped.append(counted)
+        monkeypatch.setattr(reference, "BY_ID", wrapped)
+
+
+def assert_reference_equals_native(run, options, dtype, python_only: str | None = None) -> None:
+    """``run(options)`` -> Result: the reference runner and the C runner each ran both passes of the one
+    lowered program (its blocks before and after the task loop too), or, for a model in PYTHON_ONLY, neither
+    could; their losses, pushed values and gradients are equal."""
+    native = run(replace(options, executor="native"))
+    ref = run(replace(options, executor="reference"))
+    for result, runner in ((native, "native executor"), (ref, "reference runner")):
+        for state in result.states.values():
+            for program in (state.program, state.backward_program):
+                if python_only is None:
+                    assert program.native is not None and program.native_table is not None, program.native_why
+                    assert not program.tasks and not program.before and not program.after
+                    assert program.runner == runner and f"({runner})" in program.dump()
+                else:
+                    assert program.native is None and python_only in program.native_why
+    close(native.loss, ref.loss, dtype)
+    for s in native.pushes:
+        for name in native.pushes[s]:
+            close(native.pushes[s][name], ref.pushes[s][name], dtype)
+    assert set(native.grads) == set(ref.grads)
+    for k in native.grads:
+        close(native.grads[k], ref.grads[k], dtype)
+
+
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_bundled_models_reference_equals_native_under_every_switch(name, tmp_path, monkeypatch):
+    seen = Opcodes(monkeypatch).seen
+    for dtype, switches in (("float64", SWITCHES), ("float32", SWITCHES[:1] + SWITCHES[-1:])):
+        t = Trainer(MODELS / f"{name.replace('_child_sum', '')}.yaml", TINY[name] + [f"train.dtype={dtype}"],
+                    run_dir=tmp_path / dtype)
+        samples = t.task.data["train"][:6]
+
+        def run(options):
+            t.model.options = options
+            return t.loss_and_grads(samples)
+        for options in switches:
+            assert_reference_equals_native(run, options, dtype, PYTHON_ONLY.get(name))
+        # inference: forward only, the template of a pass that keeps nothing for backward
+        graphs, feeds = t.task.batch(samples)
+        passes = {}
+        for executor in ("native", "reference"):
+            t.model.options = EngineOptions(executor=executor)
+            passes[executor] = t.model.infer(graphs, feeds, t.params, t.context(training=False))
+        close(passes["native"].loss, passes["reference"].loss, dtype)
+        for s in passes["native"].pushes:
+            for push in passes["native"].pushes[s]:
+                close(passes["native"].pushes[s][push], passes["reference"].pushes[s][push], dtype)
+    if name not in PYTHON_ONLY:
+        assert {"BIND", "GEMM", "FUSED", "GACC"} <= seen, seen
+
+
+def test_the_bundled_models_and_cases_exercise_every_opcode(tmp_path, monkeypatch):
+    """Each opcode's reference function runs in some test above (NOP: only the dispatch benchmark's)."""
+    seen = Opcodes(monkeypatch).seen
+    rng = np.random.default_rng(2)
+    for name, (build, make) in CASES.items():
+        case = build(rng)
+        for graphs in ([make(rng, 4) for _ in range(3)], [make(rng, 1)]):
+            feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
+            for options in SWITCHES[:1] + SWITCHES[-1:]:
+                case.model.forward_backward(graphs, feeds, case.params, RunContext(),
+                                            options=replace(options, executor="reference"))
+    typed = cells.typed_child_sum_tree_lstm(rng)
+    graphs = [_typed(rng, random_tree(rng, 9, 3)) for _ in range(3)]
+    feeds = cells.batch_feeds(typed, graphs, [typed.data(rng, g) for g in graphs])
+    typed.model.forward_backward(graphs, feeds, typed.params, RunContext(),
+                                 options=EngineOptions(executor="reference"), policy="serial")
+    t = Trainer(MODELS / "tree_lstm.yaml", with_dropout("tree_lstm") + ["train.dtype=float64"], run_dir=tmp_path)
+    t.model.options = EngineOptions(executor="reference")
+    t.loss_and_grads(t.task.data["train"][:6])
+    # (NOP: the dispatch benchmark's; ADD and ZERO, which no bundled model's lowering emits today: below)
+    assert set(OPCODES) - seen == {"NOP", "ADD", "ZERO"}, sorted(set(OPCODES) - seen)
+
+
+def _hand_written(code: list, nregs: int) -> instructions.Lowered:
+    """A one-kind program of ``code`` ((opcode, operands...) rows) over buffers 0 (A), 1 (B), 2 (scratch)."""
+    rows = np.zeros((len(code), instructions.WIDTH), np.int64)
+    for i, (op, *operands) in enumerate(code):
+        rows[i, :1 + len(operands)] = [instructions.OPCODE[op]] + operands
+    ranges = np.array([[0, len(code)], [0, 0], [0, 0]], np.int64)
+    return instructions.Lowered("hand", [0], [instructions.Template("k")], rows, np.zeros(1, np.int64), ranges,
+                                [("tensor", "A", 0), ("tensor", "B", 0), ("scratch",)], np.zeros(1, np.int64),
+                                nregs, 4)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_hand_written_programs_give_the_same_buffers_on_both_runners(dtype):
+    """ADD, ZERO, COPY, SUMROWS, TRANSPOSE and a product by a transposed register, in a program written by
+    hand over two 3 x 4 buffers (rows 1:3 of the task: kind offset 1): both runners leave the buffers numpy
+    says they should hold."""
+    rng = np.random.default_rng(0)
+    a0, b0 = rng.standard_normal((4, 4)).astype(dtype), rng.standard_normal((4, 4)).astype(dtype)
+    program = _hand_written([
+        ("BIND", 0, 0, 1, 0, 4), ("BIND", 1, 1, 1, 0, 4),   # r0 = A[1:], r1 = B[1:]
+        ("ADD", 0, 1, -1, 4),                               # A[1:] += B[1:]
+        ("COLS", 2, 1, 2), ("ZERO", 2, -1, 2),              # B[1:, 2:] = 0
+        ("BIND", 3, 0, 0, 0, 4), ("SUMROWS", 3, 1, -1, 4),   # A[0] = the sum of B[1:]
+        ("TRANSPOSE", 4, 1), ("SCRATCH", 5, 0, 3),           # r4 = B[1:]ᵀ (4 x 3)
+        ("GEMM", 5, 0, 4, -1, 3, 4, -1),                    # scratch (3 x 3) = A[1:] · B[1:]ᵀ
+        ("COLS", 6, 1, 1), ("COPY", 6, 5, -1, 3),           # B[1:, 1:] = that product
+    ], nregs=7)
+    a, b = a0.copy(), b0.copy()
+    a[1:] += b[1:]
+    b[1:, 2:] = 0
+    a[0] = b[1:].sum(axis=0)
+    b[1:, 1:] = a[1:] @ b[1:].T
+    table = np.array([[0, 1, 3, 0, -1]], np.int64)
+    for run in (c_runner.run, reference.run):
+        buffers = {("tensor", "A", 0): a0.copy(), ("tensor", "B", 0): b0.copy()}
+
+        def resolve(key):
+            return np.zeros(max(1, key[2]), dtype) if key[0] == "arena" else buffers[key]
+        run(program, table, resolve, dtype, True)
+        tol = (1e-12 if dtype == np.float64 else 1e-5) * max(1.0, np.abs(b).max())
+        np.testing.assert_allclose(buffers[("tensor", "A", 0)], a, rtol=0, atol=tol, err_msg=run.__module__)
+        np.testing.assert_allclose(buffers[("tensor", "B", 0)], b, rtol=0, atol=tol, err_msg=run.__module__)
+
+
+def with_dropout(name: str, p: float = 0.4) -> list:
+    """The model's tiny overrides with dropout ``p`` instead of 0."""
+    return [o for o in TINY[name] if not o.startswith("model.dropout")] + [f"model.dropout={p}"]
+
+
+@pytest.mark.parametrize("name", sorted(n for n in TINY if "model.dropout=0.0" in TINY[n] and n not in PYTHON_ONLY))
+def test_dropout_reference_equals_native(name, tmp_path):
+    """Bundled models with dropout on: both runners run DROPOUT with the same masks (training; their losses
+    differ from inference's, so the masks did something)."""
+    for dtype in ("float64", "float32"):
+        t = Trainer(MODELS / f"{name.replace('_child_sum', '')}.yaml", with_dropout(name) + [f"train.dtype={dtype}"],
+                    run_dir=tmp_path / dtype)
+        samples = t.task.data["train"][:6]
+
+        def run(options):
+            t.model.options = options
+            return t.loss_and_grads(samples)
+        for options in SWITCHES[:1] + SWITCHES[-1:]:
+            assert_reference_equals_native(run, options, dtype)
+        t.model.options = EngineOptions(executor="reference")
+        graphs, feeds = t.task.batch(samples)
+        inferred = t.model.infer(graphs, feeds, t.params, t.context(training=False))
+        assert abs(float(inferred.loss) - float(run(EngineOptions(executor="reference")).loss)) > 1e-6
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+@settings(max_examples=5, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), k=st.integers(1, 5), size=st.integers(1, 6), switch=st.integers(0, 15))
+def test_random_graphs_reference_equals_native(name, seed, k, size, switch):
+    build, make_graph = CASES[name]
+    rng = np.random.default_rng(seed)
+    case = build(rng)
+    graphs = [make_graph(rng, int(rng.integers(1, size + 1))) for _ in range(k)]
+    feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
+
+    def run(options):
+        return case.model.forward_backward(graphs, feeds, case.params, RunContext(), options=options)
+    assert_reference_equals_native(run, SWITCHES[switch], "float64")
+
+
+@settings(max_examples=5, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), k=st.integers(1, 4), size=st.integers(1, 8), switch=st.integers(0, 15),
+       dag=st.booleans(), serial=st.booleans())
+def test_interleaved_kinds_reference_equals_native(seed, k, size, switch, dag, serial):
+    """Kinds whose scatter rows interleave (the blocks move them by the kinds' row indices: SROWS, SPUT)."""
+    rng = np.random.default_rng(seed)
+    case = cells.typed_child_sum_tree_lstm(rng)
+    shape = (lambda n: random_dag(rng, n, 3)) if dag else (lambda n: random_tree(rng, n, 3))
+    graphs = [_typed(rng, shape(2 * int(rng.integers(1, size + 1)))) for _ in range(k)]
+    feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
+
+    def run(options):
+        return case.model.forward_backward(graphs, feeds, case.params, RunContext(), options=options,
+                                           policy="serial" if serial else None)
+    assert_reference_equals_native(run, SWITCHES[switch], "float64")
+
+
+@pytest.mark.parametrize("opcode, field", [("GEMM", 4), ("BIND", 4), ("FUSED", 3)])
+def test_an_instruction_reaching_outside_its_buffer_raises(opcode, field):
+    """The reference runner checks every view it makes against its buffer: an instruction given a dimension
+    or column far outside raises CheckError naming the pass, task and instruction."""
+    rng = np.random.default_rng(4)
+    case = cells.binary_tree_lstm(rng)
+    graphs = [CASES["binary_tree_lstm"][1](rng, n) for n in (3, 4)]
+    feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
+    options = EngineOptions(executor="reference")
+    state = case.model.forward_backward(graphs, feeds, case.params, RunContext(), options=options).states["G"]
+    lowered = state.program.native
+    pc = next(pc for pc, row in enumerate(lowered.code.tolist()) if instructions.OPCODES_BY_ID[row[0]] == opcode)
+    original = int(lowered.code[pc][field])
+    lowered.code[pc][field] = 10**9
+    try:
+        with pytest.raises(reference.CheckError, match=rf"reference F: task \d+, instruction {pc} \({opcode} "):
+            case.model.forward_backward(graphs, feeds, case.params, RunContext(), options=options)
+    finally:
+        lowered.code[pc][field] = original
+
+
+def test_a_gathered_row_number_out_of_range_raises_in_check_mode(monkeypatch):
+    """With the debug mode on, an index array's values are checked too (a gather past the scatter tensor)."""
+    monkeypatch.setenv("MINICAVS_NATIVE_CHECK", "1")
+    rng = np.random.default_rng(4)
+    case = cells.child_sum_tree_lstm(rng)
+    graphs = [CASES["child_sum"][1](rng, 4) for _ in range(2)]
+    feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
+    real = reference.Machine.index
+
+    def shifted(m, buf, host=False):
+        idx = real(m, buf, host)
+        return idx + 10**6 if m.lowered.keys[buf][0] == "child" else idx
+    monkeypatch.setattr(reference.Machine, "index", shifted)
+    with pytest.raises(reference.CheckError, match="row index out of range"):
+        case.model.forward_backward(graphs, feeds, case.params, RunContext(),
+                                    options=EngineOptions(executor="reference", gather_elision=False))
