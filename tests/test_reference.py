@@ -22,7 +22,7 @@ from minicavs.training import Trainer
 from . import cells
 from .models.test_models import MODELS, TINY
 from .test_engine import CASES, random_dag, random_tree
-from .test_instructions import PYTHON_ONLY, SWITCHES, _typed, close
+from .test_instructions import PYTHON_ONLY, SWITCHES, _typed, close, results_equal
 
 pytestmark = pytest.mark.skipif(c_runner.available(np.float64) is not None,
                                 reason="no C compiler or BLAS: the C runner to compare with cannot run here")
@@ -82,13 +82,7 @@ def assert_reference_equals_native(run, options, dtype, python_only: str | None 
                     assert program.runner == runner and f"({runner})" in program.dump()
                 else:
                     assert program.native is None and python_only in program.native_why
-    close(native.loss, ref.loss, dtype)
-    for s in native.pushes:
-        for name in native.pushes[s]:
-            close(native.pushes[s][name], ref.pushes[s][name], dtype)
-    assert set(native.grads) == set(ref.grads)
-    for k in native.grads:
-        close(native.grads[k], ref.grads[k], dtype)
+    results_equal(native, ref, dtype)
 
 
 @pytest.mark.parametrize("name", sorted(TINY))
