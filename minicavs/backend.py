@@ -14,6 +14,8 @@ the device's own ``asarray``/``get`` where a kernel launcher needs them); the st
 """
 from __future__ import annotations
 
+import functools
+import importlib
 from typing import Callable, Sequence
 
 import numpy as np
@@ -92,3 +94,27 @@ def to_host(a) -> np.ndarray:
     """A numpy array of ``a``'s values, wherever it lives (a device-to-host copy only when it lives on a
     device: one of the crossings the stand-in counts)."""
     return a.get() if on_device(a) else np.asarray(a)
+
+
+# The backends by name: the module that makes each, imported when first asked for (so the layers above the seam
+# name a device without importing its code).
+DEVICES = {"cpu": "minicavs.cpu", "cuda": "minicavs.cuda"}
+
+
+def get_device(name: "str | Backend", deterministic: bool = False) -> Backend:
+    """``cpu`` or ``cuda`` (or a backend, returned as is); ``cuda`` needs CuPy and a GPU (CudaUnavailable).
+    ``deterministic``: CUDA sums a DAG child's gradient rows in a fixed order (see ``minicavs.cuda.Cuda``)."""
+    if isinstance(name, Backend):
+        return name
+    if name not in DEVICES:
+        raise ValueError(f"unknown device {name!r}; known: {', '.join(DEVICES)}")
+    module = importlib.import_module(DEVICES[name])
+    if name == "cpu":
+        return module.CPU
+    return module.Cuda(deterministic=deterministic)   # (CudaUnavailable from the launcher without CuPy or a GPU)
+
+
+@functools.cache
+def default_device() -> Backend:
+    """The CPU: where a run goes when no device is named."""
+    return get_device("cpu")

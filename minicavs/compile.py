@@ -14,8 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
 from .autodiff import grad
-from .backend import Backend
-from .cpu import CPU
+from .backend import Backend, default_device
 from .graph import Graph, Node, consumers
 from .ops import input as input_node
 from .ops.registry import OPS
@@ -264,7 +263,7 @@ class CompiledFunction:
     def phases(self, opts: EngineOptions, device: Backend | None = None) -> tuple[Phases, Phases]:
         """The phases ``device`` runs (default: the CPU): with fusion, each fused group is one of the
         device's kernels. Compiled once per (options, device)."""
-        device = CPU if device is None else device
+        device = default_device() if device is None else device
         opts = opts.compiled
         key = (opts, device)
         if key not in self._phases:
@@ -279,7 +278,7 @@ class CompiledFunction:
         """Where F's and ∂F's values live under ``opts`` (passes/alias.py), decided once: (F's tensor values,
         per phase of F (written in place, copied after the steps, elided concats), ∂F's tensor values, per
         phase of ∂F the same). ``training``: F keeps what ∂F reads, else only values crossing phases."""
-        device = CPU if device is None else device
+        device = default_device() if device is None else device
         opts = opts.compiled
         key = ("placement", opts, device, training)
         if key not in self._phases:

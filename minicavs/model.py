@@ -23,9 +23,8 @@ import numpy as np
 
 from .arrays import on_device
 from .autodiff import grad
-from .backend import Backend as Device
-from .cpu import CPU, planner
-from .cuda import Cuda
+from .backend import Backend as Device, get_device  # noqa: F401 (model.get_device: the public name)
+from .cpu import planner
 from .engine import CompiledFunction, EngineOptions, backward, forward
 from .errors import FeedError, InputGraphError, ShapeError
 from .program import RunContext, evaluate
@@ -639,15 +638,3 @@ def _feed_on(device: Device, value):
         return value
     host = np.asarray(value)
     return host if host.dtype.kind in "iub" or host.dtype.kind == "O" else device.to_device(host)
-
-
-def get_device(name: str | Device, deterministic: bool = False) -> Device:
-    """``cpu`` or ``cuda`` (or a backend, returned as is); ``cuda`` needs CuPy and a GPU (CudaUnavailable).
-    ``deterministic``: CUDA sums a DAG child's gradient rows in a fixed order (see :class:`Cuda`)."""
-    if isinstance(name, Device):
-        return name
-    if name == "cpu":
-        return CPU
-    if name == "cuda":   # (CudaUnavailable from the launcher when CuPy or a GPU is missing)
-        return Cuda(deterministic=deterministic)
-    raise ValueError(f"unknown device {name!r}; known: cpu, cuda")
