@@ -83,11 +83,16 @@ class Backend:
         """Why this device's runner cannot run a program of ``dtype`` here (None: it can)."""
         return None
 
-    def run_program(self, lowered, table: np.ndarray, resolve, dtype, forest: bool, workspace=None) -> dict:
+    def runner_declines(self, lowered, dtype) -> str | None:
+        """Why this device's runner leaves ``lowered`` to the reference runner on this device (None: it runs
+        it; a runner may decline opcodes it does not implement)."""
+        return self.runner_missing(dtype)
+
+    def run_program(self, lowered, table: np.ndarray, buffers, dtype, forest: bool, workspace=None) -> dict:
         """Run a lowered batch program (instructions.py) over ``table``: this device's runner. By default
         the reference runner over this device's arrays (every opcode one function of :mod:`.reference`).
         Returns the parameter-gradient accumulators the program added into."""
-        return reference.run(lowered, table, resolve, dtype, forest, workspace, device=self)
+        return reference.run(lowered, table, buffers, dtype, forest, workspace, device=self)
 
 
 def to_host(a) -> np.ndarray:

@@ -88,7 +88,7 @@ class EngineOptions:
     fusion: bool = True       # fused elementwise groups run as generated C kernels
     gather_elision: bool = True   # a gather whose child rows are an evenly strided block reads a view
     merge_gemms: bool = True      # products of F sharing a left operand run as one GEMM (passes/gemm.py)
-    executor: str = "native"  # the task loop as one C call over an instruction stream; "python": block by block;
+    executor: str = "native"  # the pass as one call of the device's runner over its instruction stream;
     # "reference": the same instruction stream run by reference.py (one Python function per opcode)
 
     def __post_init__(self):
@@ -101,7 +101,7 @@ class EngineOptions:
         instance: every lookup of compiled phases asks for it, and ``replace`` costs microseconds."""
         found = self.__dict__.get("_compiled")
         if found is None:   # one instance per distinct value: the caches keyed by it then hit by identity
-            found = self if self.executor == "python" else replace(self, executor="python")
+            found = self if self.executor == "native" else replace(self, executor="native")
             found = _COMPILED.setdefault(found._fields(), found)
             object.__setattr__(self, "_compiled", found)   # (a cache, not a field: eq and hash ignore it)
         return found
@@ -120,7 +120,7 @@ class EngineOptions:
         return found
 
 
-EXECUTORS = ("python", "native", "reference")
+EXECUTORS = ("native", "reference")
 _COMPILED: dict = {}   # field values -> the one EngineOptions instance ``compiled`` returns for them
 
 

@@ -181,8 +181,8 @@ TRAIN_DEFAULTS: dict[str, Any] = {
     "prefetch": False,   # prepare the next batch (inputs, schedule, memory plan) while one trains (prefetch.py)
     "engine": {"lazy_batching": True, "eager_batching": True, "streaming": False,  # §3.4 (EngineOptions)
                "fusion": True, "gather_elision": True, "merge_gemms": True,
-               "executor": "native"},   # or "python": the task loop block by block in Python; "reference":
-                                        # the native program run by reference.py (slow; the opcodes' definition)
+               "executor": "native"},   # the device's runner; or "reference": the same program run by
+                                        # reference.py (slow; the opcodes' definition)
 }
 EARLY_STOPPING_KEYS = {"metric": None, "mode": None, "patience": None}
 
@@ -195,7 +195,7 @@ def _train_rules() -> dict:
             "dtype": Choice(("float32", "float64")), "policy": Choice(policy_names()),
             "eval_batch_size": at_least(1), "log_every": NON_NEGATIVE, "device": Choice(("cpu", "cuda")),
             "early_stopping.metric": Choice(()), "early_stopping.mode": Choice(("min", "max")),
-            "early_stopping.patience": at_least(1), "engine.executor": Choice(("python", "native", "reference"))}
+            "early_stopping.patience": at_least(1), "engine.executor": Choice(("native", "reference"))}
 
 
 DATA_DEFAULTS: dict[str, Any] = {"train": None, "dev": None, "test": None}

@@ -56,15 +56,11 @@ class Explanation:
             for kind, counts in r.where.items():
                 lines.append(f"  kind '{kind}': " + ", ".join(f"{k} {v}" for k, v in counts.items()))
             for program in r.programs:
-                blocks = program.blocks()
-                tasks = (f"{len(program.task_table)} tasks by the native executor ({len(program.native.code)} "
-                         f"instructions in its templates" + ("; its call also runs the blocks before and after them)"
-                                                             if program.native_table is not None else ")")
-                         if program.native is not None else f"{len(program.tasks)} tasks")
-                lines.append(f"  {program.title}: {len(blocks)} blocks ({len(program.before)} before tasks, "
-                             f"{tasks}, {len(program.after)} after), "
-                             f"{sum(len(b.steps) for b in blocks)} steps run in Python, "
-                             f"{sum(len(b.takes) for b in blocks)} row gathers")
+                lowered, rows = program.lowered, len(program.table)
+                lines.append(f"  {program.title}: {len(program.task_table)} tasks and {rows - len(program.task_table)} "
+                             f"blocks before and after them, one call of the {program.runner} "
+                             f"({len(lowered.code)} instructions in {len(lowered.templates)} templates"
+                             + (f"; the device's runner declined it: {program.declined})" if program.declined else ")"))
             lines.append(f"  dynamic tensors: {len(r.tensors)}, {r.tensor_bytes / 1024:.1f} KiB held by this batch, "
                          f"peak {r.peak_bytes / 1024:.1f} KiB of buffers")
             for kind, sym, shape, dtype, nbytes in sorted(r.tensors, key=lambda t: -t[4])[:12]:

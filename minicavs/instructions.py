@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .codegen.native import ARG_KINDS, MAX_ARGS, MAX_REGISTERS, OPCODES, OPS as OPCODE, WIDTH
+from .codegen.native import ARG_KINDS, MAX_ARGS, OPCODES, OPS as OPCODE, WIDTH, matrix_shape
 from .compile import POST, PRE, TASK
 from .graph import Node
 from .ops.registry import OPS
@@ -64,18 +64,14 @@ TASK_COLUMNS = 5   # kind, kind offset, rows, scatter offset, first row of the s
 
 
 def _cols(node: Node) -> int:
-    """Columns of a node as a 2-D matrix: a per-row value (None, c) or (None,); a static (r, c), (c,), ()."""
-    shape = node.vshape if node.has_rows else node.shape
-    if len(shape) > (1 if node.has_rows else 2):
-        raise Unsupported(f"{node.label()} has shape {node.shape} (more than two axes)")
-    return int(shape[-1]) if shape else 1
+    """Columns of a node as the registers' matrix (codegen/native.matrix_shape: values of any shape are flat
+    rows)."""
+    return matrix_shape(node)[1]
 
 
 def _rows(node: Node) -> int:
     """Rows as an instruction dimension: -1 for the task's rows."""
-    if node.has_rows:
-        return -1
-    return int(node.shape[0]) if node.ndim == 2 else 1
+    return matrix_shape(node)[0]
 
 
 def _dim(d) -> int:
@@ -102,6 +98,7 @@ class Template:
         self.direct: dict = {}          # node -> the parameter whose gradient accumulator it is computed into
         self.puts_back: list = []       # a block's values computed where SROWS bound the scatter rows (SPUT's)
         self.dropouts: list = []        # per DROPOUT entry: (p, site)
+        self.steps: list = []           # per APPLY: the step it runs (compile.Step)
 
     def reg(self, node: Node | None = None, name: str = "") -> int:
         if node is not None and node in self.regs:
@@ -194,11 +191,11 @@ class Lowered:
     scratch_cols: int           # scratch columns per row of the task templates (a block's: its BlockInfo's)
     fixed_size: int = 0
     blocks: list = field(default_factory=list)   # the blocks' BlockInfo, in run order
-    blocks_why: str | None = None   # why the blocks before and after the task loop stay in Python (None: they do not)
     task_keys: int | None = None    # the buffers the task templates name are keys[:task_keys] (None: all)
     table_width: int = TASK_COLUMNS   # columns of a task-table row
     fused: list = field(default_factory=list)   # per kernel id: the device's kernel of a fused group (its .group)
     dropouts: list = field(default_factory=list)   # per DROPOUT entry: (p, site) (program.dropout_table makes its row)
+    steps: list = field(default_factory=list)      # per APPLY: the step (compile.Step) it runs
 
     @property
     def block_scratch(self) -> dict:
@@ -243,6 +240,9 @@ class Lowered:
             off, n = int(row[5]), int(row[2])
             regs = self.pool[off:off + 2 * n:2].tolist()
             parts.append("args=" + ",".join(f"r{r}({template.reg_names[r]})" for r in regs))
+        if name == "APPLY":
+            step = self.steps[int(row[1])]
+            parts.insert(0, step.text(lambda n: n.name or f"%{n.id}"))
         return f"{name} " + " ".join(parts)
 
 
@@ -255,48 +255,64 @@ def _key_text(key: tuple) -> str:
 # --- lowering a kind's task program -----------------------------------------------------------------------
 
 def _single_kernel(node: Node, device, singles: dict):
-    """The kernel of an elementwise node fusion left alone (``singles``: the function's, kept with it)."""
+    """(group, kernel) of an elementwise node fusion left alone (``singles``: the function's, kept with it), or
+    None when no kernel computes its broadcast."""
     if node not in singles:
         groups = fuse([node], [node])
-        if len(groups) != 1 or "other" in groups[0].broadcast:
-            raise Unsupported(f"{node.label()}: no kernel for its broadcast")
-        singles[node] = (groups[0], device.fused(groups)[0])
+        singles[node] = None if len(groups) != 1 or "other" in groups[0].broadcast else \
+            (groups[0], device.fused(groups)[0])
     return singles[node]
 
 
-def _kernel_step(t: Template, group, kernel, inputs, outputs) -> None:
-    if kernel is None or getattr(kernel, "address", None) == 0:   # (a C kernel without its uniform twin)
-        raise Unsupported(f"fused group {' '.join(n.op for n in group.nodes)} has no compiled kernel")
-    out = group.output
-    if out.ndim > 2:
-        raise Unsupported(f"fused group output {out.label()} has shape {out.shape}")
-    args = []
-    for x, kind in zip(inputs, group.broadcast):
+def _bound(t: Template, inputs) -> None:
+    for x in inputs:
         if x not in t.regs:
             raise Unsupported(f"{x.label()} is read before anything binds it")
+
+
+def _kernel_step(t: Template, group, kernel, inputs, outputs) -> bool:
+    """A fused group as one FUSED instruction; False (nothing emitted) where the runners' kernels cannot run
+    it: no compiled kernel, an output of more than two axes, more arguments than a kernel call passes."""
+    if kernel is None or getattr(kernel, "address", None) == 0:   # (a C kernel without its uniform twin)
+        return False
+    out = group.output
+    if out.ndim > 2 or len(inputs) + len(outputs) > MAX_ARGS:
+        return False
+    _bound(t, inputs)
+    args = []
+    for x, kind in zip(inputs, group.broadcast):
         args += [t.regs[x], ARG_KINDS[kind]]
     for y in outputs:
         r = t.regs[y] if y in t.regs else t.scratch_reg(y)
         args += [r, ARG_KINDS["full"]]
-    if len(args) // 2 > MAX_ARGS:
-        raise Unsupported(f"fused group with {len(args) // 2} arguments (the executor passes at most {MAX_ARGS})")
     if kernel not in t.kernels:
         t.kernels.append(kernel)
     t.emit("FUSED", t.kernels.index(kernel), len(args) // 2, _rows(out), _cols(out), len(t.pool))
     t.pool += args
+    return True
+
+
+def _apply(t: Template, step) -> None:
+    """APPLY: a step no other opcode expresses (an op with no lowering, such as a reshape that is not a view; a
+    broadcast no kernel computes; a fused group too wide for a kernel call) runs as its op's own
+    implementation over its inputs' values. Its outputs get scratch (or the registers already given them)."""
+    _bound(t, step.inputs)
+    outs = [t.regs[y] if y in t.regs else t.scratch_reg(y) for y in step.outputs]
+    keys = t.buf(("rowkeys",)) if step.needs_ctx and any(x.has_rows for x in step.outputs) else -1
+    t.emit("APPLY", len(t.steps), len(t.pool), keys)
+    t.pool += [t.regs[x] for x in step.inputs] + outs
+    t.steps.append(step)
 
 
 def _step(t: Template, step, statics: set, device, singles: dict) -> None:
     """One step's instructions (its inputs are registers already)."""
     for x in step.inputs:
-        if x not in t.regs:
-            if x in statics:
-                _cols(x)
-                t.emit("STATIC", t.reg(x), t.buf(("static", x)))
-            else:
-                raise Unsupported(f"{x.label()} is read before anything binds it")
+        if x not in t.regs and x in statics:
+            t.emit("STATIC", t.reg(x), t.buf(("static", x)))
+    _bound(t, step.inputs)
     if step.fused:
-        _kernel_step(t, step.run.group, step.run.kernel, step.inputs, step.outputs)
+        if not _kernel_step(t, step.run.group, step.run.kernel, step.inputs, step.outputs):
+            _apply(t, step)
         return
     node = step.outputs[0]
     opdef = OPS[node.op]
@@ -307,17 +323,14 @@ def _step(t: Template, step, statics: set, device, singles: dict) -> None:
                len(t.dropouts))
         t.dropouts.append((float(node.attrs["p"]), int(node.attrs["site"])))
         return
-    if opdef.needs_ctx:
-        raise Unsupported(f"{node.label()} needs the run context")
-    if opdef.identity:
+    if opdef.identity and not opdef.needs_ctx:
         t.emit("ALIAS", t.reg(node), t.regs[step.inputs[0]])
         return
     if how is None:
-        if fusible(node):
-            group, kernel = _single_kernel(node, device, singles)
-            _kernel_step(t, group, kernel, group.inputs, group.outputs)
-            return
-        raise Unsupported(f"{node.label()}: op '{node.op}' has no native lowering")
+        single = _single_kernel(node, device, singles) if fusible(node) else None
+        if single is None or not _kernel_step(t, *single, single[0].inputs, single[0].outputs):
+            _apply(t, step)
+        return
     ins = [t.regs[x] for x in step.inputs]
     if how == "cols":
         t.emit("COLS", t.reg(node), ins[0], node.attrs["start"])
@@ -582,8 +595,8 @@ def _children_gradient(fn, kp, inplace, concats) -> Node | None:
 
 
 def template(fn, opts, device, backward: bool, training: bool = True, phase: int = TASK,
-             direct: bool = False) -> Template | str:
-    """The kind's template of ``phase`` (kept with the function's compiled phases), or why there is none."""
+             direct: bool = False) -> Template:
+    """The kind's template of ``phase`` (kept with the function's compiled phases)."""
     key = ("native", opts.compiled, device, backward, training, phase, direct)
     if key not in fn._phases:
         try:
@@ -591,14 +604,14 @@ def template(fn, opts, device, backward: bool, training: bool = True, phase: int
                 forward_template(fn, opts, device, training, phase)
         except Unsupported as e:
             where = "" if phase == TASK else f" ({PHASE_WORDS[phase]})"
-            fn._phases[key] = f"kind '{fn.F.name}'{where}: {e}"
+            raise Unsupported(f"kind '{fn.F.name}'{where}: {e}") from None
     return fn._phases[key]
 
 
 def link(fns: list, kids: list, opts, device, backward: bool, training: bool = True,
-         cache: dict | None = None) -> Lowered | str:
-    """The templates of the kinds ``kids`` as one program, or why the pass stays in Python. ``cache``: where
-    linked programs are kept (the workspace's: they live as long as the model)."""
+         cache: dict | None = None) -> Lowered:
+    """The templates of the kinds ``kids`` (tasks, then the blocks before and after the task loop) as one
+    program. ``cache``: where linked programs are kept (the workspace's: they live as long as the model)."""
     cache = {} if cache is None else cache
     # (the entry keeps its functions alive, so no other object can have their ids while it is there)
     key = (tuple(map(id, fns)), tuple(kids), opts.compiled, device, backward, training)
@@ -606,21 +619,12 @@ def link(fns: list, kids: list, opts, device, backward: bool, training: bool = T
     if hit is not None:
         return hit[1]
     nk = len(fns)
-    templates, tids = [], []
-    for kid in kids:
-        t = template(fns[kid], opts, device, backward, training)
-        if isinstance(t, str):
-            cache[key] = (list(fns), t)
-            return t
-        if len(t.reg_names) > MAX_REGISTERS:
-            cache[key] = (list(fns), f"kind '{t.kind}': {len(t.reg_names)} registers (at most {MAX_REGISTERS})")
-            return cache[key][1]
-        templates.append(t)
-        tids.append(kid)
-    # the blocks before and after the task loop: all of them native, or all in Python (their order matters:
-    # a kind's lazy block reads gradients another kind's lazy block may add)
-    blocks, blocks_why = [], None
-    # a parameter gradient that one block alone computes is computed straight into its accumulator
+    templates = [template(fns[kid], opts, device, backward, training) for kid in kids]
+    tids = list(kids)
+    # the blocks before and after the task loop (their order matters: a kind's lazy block reads gradients
+    # another kind's lazy block may add); a parameter gradient that one block alone computes is computed
+    # straight into its accumulator
+    blocks = []
     writers: dict = {}
     for kid in kids:
         kp = fns[kid].phases(opts, device)[1]
@@ -632,20 +636,14 @@ def link(fns: list, kids: list, opts, device, backward: bool, training: bool = T
             direct = backward and all(writers[name] == [phase] for name, g in fns[kid].param_grads.items()
                                       if kp.phase[g] == phase)
             t = template(fns[kid], opts, device, backward, training, phase, direct)
-            if isinstance(t, str):
-                blocks_why = blocks_why or t
-            elif len(t.reg_names) > MAX_REGISTERS:
-                blocks_why = blocks_why or f"kind '{t.kind}' ({PHASE_WORDS[phase]}): {len(t.reg_names)} registers"
-            elif t.code:
+            if t.code:
                 blocks.append(((1 if phase == PRE else 2) * nk + kid, kid, t))
-    if blocks_why is not None:
-        blocks = []
     ntask = len(templates)
     templates += [t for _, _, t in blocks]
     tids += [tid for tid, _, _ in blocks]
     keys: dict = {}
     kernels: list = []
-    code, pool, dropouts = [], [], []
+    code, pool, dropouts, steps = [], [], [], []
     ranges = np.zeros((3 * nk, 2), np.int64)
     task_keys = 0
     for i, (tid, t) in enumerate(zip(tids, templates)):
@@ -661,12 +659,14 @@ def link(fns: list, kids: list, opts, device, backward: bool, training: bool = T
         begin = len(code)
         for op, *args in t.code:
             names = OPCODES[op]
-            args = [local_buf[v] if n in BUFFER_OPERANDS else local_kernel[v] if n == "kernel"
-                    else v + len(pool) if n == "pool" else v + len(dropouts) if n == "entry" else v
+            args = [(local_buf[v] if v >= 0 else v) if n in BUFFER_OPERANDS else local_kernel[v] if n == "kernel"
+                    else v + len(pool) if n == "pool" else v + len(dropouts) if n == "entry"
+                    else v + len(steps) if n == "step" else v
                     for n, v in zip(names, args)]
             code.append([OPCODE[op]] + args + [0] * (WIDTH - 1 - len(args)))
         pool += t.pool
         dropouts += t.dropouts
+        steps += t.steps
         ranges[tid] = (begin, len(code))
     keys_list = list(keys) + [("scratch",)]
     if len(templates) == ntask:
@@ -678,9 +678,9 @@ def link(fns: list, kids: list, opts, device, backward: bool, training: bool = T
                       max((t.scratch for t in templates[:ntask]), default=0),
                       max((t.fixed for t in templates), default=0),
                       blocks=[_block_info(tid, kid, t, fns[kid], opts, backward) for tid, kid, t in blocks],
-                      blocks_why=blocks_why, task_keys=task_keys,
+                      task_keys=task_keys,
                       table_width=TASK_COLUMNS + 2 * max((len(fn.gathers) for fn in fns if fn is not None), default=0),
-                      fused=list(kernels), dropouts=dropouts)
+                      fused=list(kernels), dropouts=dropouts, steps=steps)
     cache[key] = (list(fns), lowered)
     return lowered
 
@@ -723,6 +723,16 @@ def nop_program(count: int) -> Lowered:
                    np.zeros(1, np.int64), 1, 0)
 
 
+class _Arenas:
+    """The buffers of a NOP program: its scratch and fixed arenas."""
+
+    def __init__(self, dtype):
+        self.dtype = dtype
+
+    def __getitem__(self, key: tuple):
+        return np.empty(max(1, key[2]), self.dtype)
+
+
 def dispatch_ns(device, count: int = 100_000, tasks: int = 10, repeats: int = 5, dtype=np.float32) -> float:
     """Nanoseconds per instruction of ``device``'s runner's dispatch loop (the best of ``repeats`` runs of
     ``tasks`` tasks over a program of ``count`` NOPs)."""
@@ -733,6 +743,6 @@ def dispatch_ns(device, count: int = 100_000, tasks: int = 10, repeats: int = 5,
     best = float("inf")
     for _ in range(repeats):
         t0 = time.perf_counter()
-        device.run_program(program, table, lambda key: np.empty(max(1, key[2]), dtype), dtype, True)
+        device.run_program(program, table, _Arenas(dtype), dtype, True)
         best = min(best, time.perf_counter() - t0)
     return best / (count * tasks) * 1e9

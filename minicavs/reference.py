@@ -26,7 +26,7 @@ import os
 
 import numpy as np
 
-from .codegen.native import ARG_KINDS, OPCODES
+from .codegen.native import ARG_KINDS, OPCODES, matrix_shape
 from .ops import scalar as S
 from .random import GOLDEN, mix
 
@@ -51,6 +51,7 @@ class Machine:
         self.scratch_buf = scratch_buf
         self.regs: list = [None] * max(1, lowered.nregs)   # (buffer, element offset, ld, transposed)
         self.task = None
+        self.context = None   # the run context (seed, step, training) an APPLY of an op that reads it gets
         self.pc = -1
         self.task_index = -1
 
@@ -118,6 +119,15 @@ class Machine:
         if transposed:
             return self.strided(buf, offset, cols, rows, ld).T
         return self.strided(buf, offset, rows, cols, ld)
+
+    def value(self, r: int, node):
+        """Register ``r`` as ``node``'s value: its matrix (codegen/native.matrix_shape) in the node's shape, the
+        row axis the task's rows (a view where the register's rows are contiguous, as a written output's are)."""
+        rows, cols = matrix_shape(node)
+        rows = self.bs if rows < 0 else rows
+        shape = ((rows,) + tuple(node.vshape)) if node.has_rows else tuple(node.shape)
+        view = self.matrix(r, rows, cols)
+        return view.reshape(shape)
 
     def rows_of(self, buf: int, width: int):
         """Buffer ``buf`` as its rows of ``width`` elements."""
@@ -369,12 +379,37 @@ def op_dropout(m: Machine, dst, src, cols, keys, table, entry) -> None:
     m.matrix(dst, m.bs, cols)[...] = x * ((z >> np.uint64(40)) >= threshold).astype(x.dtype) * scale
 
 
+def op_apply(m: Machine, step, pool, keys) -> None:
+    """The outputs of a step no other opcode expresses = its op's own implementation (the registry's; a fused
+    group's expressions) over its inputs, each register read as its node's shape (the row axis: the task's
+    rows); an op that reads the run context gets the runner's, with the task's row keys."""
+    if not 0 <= step < len(m.lowered.steps):
+        m.fail(f"step {step} of {len(m.lowered.steps)}")
+    step = m.lowered.steps[step]
+    regs = m.lowered.pool[pool:pool + len(step.inputs) + len(step.outputs)].tolist()
+    args = [m.value(r, x) for r, x in zip(regs, step.inputs)]
+    if step.fused:
+        group = step.run.group
+        values = [S.evaluate(expr, args, dtype=group.output.dtype.np) for expr in group.exprs()]
+    elif step.needs_ctx:
+        ctx = m.context
+        ctx.row_keys = m.index(keys) if keys >= 0 else None
+        values = [step.run(m.xp, *args, ctx=ctx, **step.attrs)]
+        ctx.row_keys = None
+    else:
+        values = [step.run(m.xp, *args, **step.attrs)]
+    for r, y, v in zip(regs[len(step.inputs):], step.outputs, values):
+        rows, cols = matrix_shape(y)
+        rows = m.bs if rows < 0 else rows
+        m.matrix(r, rows, cols)[...] = m.xp.broadcast_to(v, m.value(r, y).shape).reshape(rows, cols)
+
+
 OPERATIONS = {
     "NOP": op_nop, "BIND": op_bind, "STATIC": op_static, "SCRATCH": op_scratch, "GATHER": op_gather,
     "CATVIEW": op_catview, "SKIP_IF_CAT": op_skip_if_cat, "TAKE": op_take, "TAKETO": op_taketo,
     "SROWS": op_srows, "SPUT": op_sput, "COLS": op_cols, "ALIAS": op_alias, "TRANSPOSE": op_transpose,
     "GEMM": op_gemm, "FUSED": op_fused, "COPY": op_copy, "ZERO": op_zero, "ADD": op_add, "SUMROWS": op_sumrows,
-    "PUT": op_put, "ADJ": op_adj, "GACC": op_gacc, "DROPOUT": op_dropout,
+    "PUT": op_put, "ADJ": op_adj, "GACC": op_gacc, "DROPOUT": op_dropout, "APPLY": op_apply,
 }
 BY_ID = [OPERATIONS[name] for name in OPCODES]
 ARITY = [len(operands) for operands in OPCODES.values()]
@@ -419,10 +454,10 @@ def scratch_elements(lowered, table: np.ndarray) -> int:
 INDEX_KEYS = ("child", "pullrows", "pushrows", "srows", "rowkeys")
 
 
-def run(lowered, table: np.ndarray, resolve, dtype, forest: bool, workspace=None, device=None,
+def run(lowered, table: np.ndarray, buffers, dtype, forest: bool, workspace=None, device=None,
         check: bool | None = None, operations: list | None = None, machine: type = Machine) -> dict:
     """Run a lowered program over ``table`` (one row per task, blocks included) as the C runner does:
-    ``resolve(key)`` gives each buffer (instructions.py's buffer keys; index arrays on the host), on
+    ``buffers[key]`` gives each buffer (instructions.py's buffer keys; index arrays on the host), on
     ``device`` (its array module; None: numpy); returns the parameter-gradient
     accumulators ({name: array}) the program added into. ``check``: also check every gathered row number
     (None: as the C runner's debug mode, when ``MINICAVS_NATIVE_CHECK`` is set). ``workspace`` is unused (the C
@@ -442,13 +477,13 @@ def run(lowered, table: np.ndarray, resolve, dtype, forest: bool, workspace=None
     for i, key in enumerate(lowered.keys):
         what = key[0]
         if what == "scratch":
-            a = resolve(("arena", "scratch", scratch_elements(lowered, table)))
+            a = buffers[("arena", "scratch", scratch_elements(lowered, table))]
         elif i >= task_keys:   # (a block's own buffer, and no block runs)
             a = xp.zeros(0, dtype)
         elif what == "fixed":
-            a = resolve(("arena", "fixed", lowered.fixed_size))
+            a = buffers[("arena", "fixed", lowered.fixed_size)]
         else:
-            a = resolve(key)
+            a = buffers[key]
             if what == "pgrad":
                 grads[key[1]] = a
             elif what in INDEX_KEYS:   # (a batch plan's array: the device copies it once, then slices it)
@@ -462,6 +497,7 @@ def run(lowered, table: np.ndarray, resolve, dtype, forest: bool, workspace=None
         lds.append(ld)
         transposed.append(flag)
     m = machine(device, lowered, flats, lds, transposed, hosts, scratch_buf, forest, check)
+    m.context = getattr(buffers, "ctx", None)
     code = lowered.code.tolist()
     ranges = lowered.ranges.tolist()
     for t, task in enumerate(table.tolist()):

@@ -1,10 +1,10 @@
-"""What preparing and binding a batch costs in a training step, and whether ``train.prefetch`` pays (issue 17).
+"""What preparing and binding a batch costs in a training step, and whether ``train.prefetch`` pays .
 
 ``--profile``: per part, milliseconds of the step's thread's CPU time per step (``time.thread_time``: the same
 on a loaded machine as on a quiet one; run it with ``OPENBLAS_NUM_THREADS=1`` so that the GEMMs are in that
 thread too): the task's feeds (``task.batch``), flattening and kinds (``Structure.batch``), the schedule, the
 memory plan (these four are what prefetching moves off the step) and binding the forward and backward batch
-programs (``bind_forward``/``bind_backward``, which it does not). ``--overlap``: steps per second of training
+programs (``program.bind``, which it does not). ``--overlap``: steps per second of training
 epochs with prefetching off, on, and on with a 0.1 ms GIL switch interval, alternating round by round; the
 medians of the per-round ratios to off, with their quartiles.
 
@@ -54,7 +54,7 @@ def profile(t, batches) -> None:
             finally:
                 spent[key] += time.thread_time() - start
         return run
-    patches = [(engine, "bind_forward"), (engine, "bind_backward"), (model, "plan_memory"),
+    patches = [(engine.binding, "bind"), (model, "plan_memory"),
                (model.Structure, "batch"), (scheduler.CavsPolicy, "schedule")]
     saved = [(obj, name, getattr(obj, name)) for obj, name in patches]
     for obj, name, fn in saved:
@@ -77,7 +77,7 @@ def profile(t, batches) -> None:
     for key, seconds in spent.most_common():
         print(f"  {key:<14} {1e3 * seconds / steps:7.2f} ms  {100 * seconds / total:5.1f}%")
     prep = sum(spent[k] for k in ("task.batch", "batch", "schedule", "plan_memory"))
-    bind = spent["bind_forward"] + spent["bind_backward"]
+    bind = spent["bind"]
     print(f"  prefetched (feeds, batch, schedule, memory plan) {100 * prep / total:.1f}%; binding "
           f"{100 * bind / total:.1f}%")
 

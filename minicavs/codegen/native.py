@@ -16,6 +16,8 @@ returns its instruction index and operand instead of touching memory.
 """
 from __future__ import annotations
 
+import math
+
 from ..limits import MAX_ARGS, MAX_REGISTERS  # noqa: F401  (re-exported: the lowering's limits)
 
 WIDTH = 10
@@ -53,8 +55,27 @@ OPCODES = {
     # dst = src * the dropout mask of the task's rows: row keys keys[koff + r] (uint64), the hash word, threshold
     # and scale (a double's bits) in row ``entry`` of the int64 table ``table`` (minicavs/random.py's hash)
     "DROPOUT": ("dst", "src", "cols", "keys", "table", "entry"),
+    # the outputs of a step no other opcode expresses = its op's own implementation (the registry's) over its
+    # inputs' values: steps[step]'s input registers, then its output registers, from pool[pool]; keys: the row
+    # keys buffer (-1: none) of an op that reads the run context. Only a runner that can call Python runs it
+    # (the reference runner, the CUDA runner); the C runner declines a program that has one.
+    "APPLY": ("step", "pool", "keys"),
 }
 OPS = {name: i for i, name in enumerate(OPCODES)}
+
+
+def matrix_shape(node) -> tuple[int, int]:
+    """A value as the machine's registers see it, a matrix: rows (-1: the task's rows, for a per-row value)
+    and columns. A per-row value of shape (None, *vshape) is rows of prod(vshape) numbers; a static of shape
+    (r, *rest), r rows of prod(rest); (c,) one row; () one number (row-major, as numpy lays them out)."""
+    if node.has_rows:
+        return -1, math.prod(node.vshape)
+    shape = node.shape
+    if not shape:
+        return 1, 1
+    if len(shape) == 1:
+        return 1, int(shape[0])
+    return int(shape[0]), math.prod(shape[1:])
 
 # Per fused-kernel argument: how many rows it spans (full: the rows, row: 1 with ld 0, col: rows x 1, scalar).
 ARG_KINDS = {"full": 0, "row": 1, "col": 2, "scalar": 3}

@@ -43,9 +43,13 @@ class CpuBackend(Backend):
         """Why the C runner cannot run here (no compiler or BLAS), None when it can."""
         return runner.available(dtype)
 
-    def run_program(self, lowered, table: np.ndarray, resolve, dtype, forest: bool, workspace=None) -> dict:
+    def runner_declines(self, lowered, dtype) -> str | None:
+        """Why the C runner leaves ``lowered`` to the reference runner (None: it runs it)."""
+        return runner.declines(lowered, dtype)
+
+    def run_program(self, lowered, table: np.ndarray, buffers, dtype, forest: bool, workspace=None) -> dict:
         """The C runner (:mod:`.runner`): one C call runs the pass."""
-        return runner.run(lowered, table, resolve, dtype, forest, workspace)
+        return runner.run(lowered, table, buffers, dtype, forest, workspace)
 
     def put(self, dst, rows: np.ndarray, src) -> None:
         """``dst[rows] = src`` for distinct ``rows`` (a push, a child's gradient in a forest)."""

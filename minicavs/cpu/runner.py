@@ -13,7 +13,7 @@ import os
 
 import numpy as np
 
-from ..codegen.native import OPCODES
+from ..codegen.native import MAX_REGISTERS, OPCODES, OPS as OPCODES_IDS
 from ..memory import allocations
 from ..reference import CheckError
 from . import native as cpu_native
@@ -29,6 +29,28 @@ def available(dtype) -> str | None:
     if cpu_native.executor(dtype) is None:
         return "no compiler or BLAS"
     return None
+
+
+# opcodes the C switch has no case for (its default case fails them): the runner declines a program with one
+DECLINED = ("APPLY",)
+APPLY = OPCODES_IDS["APPLY"]
+
+
+def declines(lowered, dtype) -> str | None:
+    """Why the C runner leaves ``lowered`` to the reference runner (None: it runs it): no compiler or BLAS
+    here, an opcode it declines (a step only Python runs), more registers than its register file."""
+    why = available(dtype)
+    if why is not None:
+        return why
+    if "_declined" not in lowered.__dict__:
+        ops = lowered.code[:, 0] if len(lowered.code) else lowered.code
+        if (ops == APPLY).any():
+            pc = int(np.flatnonzero(ops == APPLY)[0])
+            why = f"instruction {pc} ({lowered.text(pc)}) runs an op only Python runs"
+        elif lowered.nregs > MAX_REGISTERS:
+            why = f"{lowered.nregs} registers in a template (the C runner has {MAX_REGISTERS})"
+        lowered.__dict__["_declined"] = why
+    return lowered.__dict__["_declined"]
 
 
 def _matrix_info(a: np.ndarray, static: bool = True) -> tuple[np.ndarray, int, int]:
@@ -116,8 +138,8 @@ PERSISTENT = ("tensor", "btensor", "scatter", "sgrad", "fixed", "scratch", "stat
 WORKSPACE_TENSORS = ("tensor", "btensor")
 
 
-def run(lowered, table: np.ndarray, resolve, dtype, forest: bool, workspace=None) -> dict:
-    """Run the task loop natively: ``resolve(key)`` gives each buffer's array, or (array, elements) for the
+def run(lowered, table: np.ndarray, buffers, dtype, forest: bool, workspace=None) -> dict:
+    """Run the task loop natively: ``buffers[key]`` gives each buffer's array, or (array, elements) for the
     first ``elements`` of an array kept from batch to batch (a workspace buffer: memory.DynamicTensor.prefix).
     ``workspace``: the one whose dynamic tensors the WORKSPACE_TENSORS keys resolve to (their buffers are
     looked up again only when some buffer was allocated since this program's last run there).
@@ -201,11 +223,11 @@ def run(lowered, table: np.ndarray, resolve, dtype, forest: bool, workspace=None
         if kept and what in WORKSPACE_TENSORS and held[i] is not None:
             continue
         if what == "fixed":
-            a = resolve(("arena", "fixed", lowered.fixed_size))
+            a = buffers[("arena", "fixed", lowered.fixed_size)]
         elif what == "pgrad":
-            a = grads[key[1]] = resolve(key)
+            a = grads[key[1]] = buffers[key]
         else:
-            a = resolve(key)
+            a = buffers[key]
             if what == "static" and not a.flags.c_contiguous and not (a.ndim == 2 and a.T.flags.c_contiguous):
                 a = np.ascontiguousarray(a)   # (a strided view, a parameter's slice, say: statics are only read)
             if what == "static" and copier is not None and a.ndim == 2 and a.dtype == copier.dtype:
@@ -223,7 +245,7 @@ def run(lowered, table: np.ndarray, resolve, dtype, forest: bool, workspace=None
         bind(i, a, what == "static")
     tmp_rows = min(max_bs, SMALL_M_ROWS) if twin_cols and scratch_at is not None else 0
     if scratch_at is not None:
-        bind(scratch_at, resolve(("arena", "scratch", scratch + tmp_rows * twin_cols)))
+        bind(scratch_at, buffers[("arena", "scratch", scratch + tmp_rows * twin_cols)])
     if changed:
         info[1], info[2], info[3] = sizes, strides, flags
     check = int(os.environ.get("MINICAVS_NATIVE_CHECK", "0") not in ("", "0"))

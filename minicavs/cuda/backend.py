@@ -116,10 +116,10 @@ class Cuda(Backend):
     def synchronize(self) -> None:
         self.xp.cuda.Device().synchronize()
 
-    def run_program(self, lowered, table: np.ndarray, resolve, dtype, forest: bool, workspace=None) -> dict:
+    def run_program(self, lowered, table: np.ndarray, buffers, dtype, forest: bool, workspace=None) -> dict:
         """The CUDA runner: the reference runner's opcodes over CuPy arrays, a fused group by its generated
         kernel (:mod:`.runner`)."""
-        return runner.run(lowered, table, resolve, dtype, forest, self)
+        return runner.run(lowered, table, buffers, dtype, forest, self)
 
 
 def _row_matrix(a) -> bool:

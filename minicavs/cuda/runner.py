@@ -62,7 +62,7 @@ OWN = {"FUSED": op_fused, "ADJ": op_adj}
 OPERATIONS = [OWN.get(name, reference.OPERATIONS[name]) for name in OPCODES]
 
 
-def run(lowered, table: np.ndarray, resolve, dtype, forest: bool, device) -> dict:
+def run(lowered, table: np.ndarray, buffers, dtype, forest: bool, device) -> dict:
     """Run ``lowered`` over ``table`` on ``device`` (see reference.run)."""
-    return reference.run(lowered, table, resolve, dtype, forest, device=device, operations=OPERATIONS,
+    return reference.run(lowered, table, buffers, dtype, forest, device=device, operations=OPERATIONS,
                          machine=DeviceMachine)
