@@ -17,9 +17,10 @@ PACKAGE = Path(__file__).resolve().parents[1] / "minicavs"
 # Python or CLI words) one beside errors.py, onetime.py (announcing and timing one-time work: compiling kernels,
 # learning an FSM) one that cpu/compiler.py and scheduler.py use, arrays.py (which device an array lives on) and
 # limits.py (the generated code's sizes) too; progress.py, task.py, demo.py, testing.py, bench/, rundir.py (the
-# run-dir commit protocol), predict.py, plot.py and show.py are product code around the engine; reference.py
-# (the reference runner of a lowered program, over the device's array module) stands beside the seam, so that
-# every backend's runner can hand it an opcode it does not implement
+# run-dir commit protocol), runrecord.py (what the trainer's checkpoints record, checked on resume and eval),
+# predict.py, plot.py and show.py are product code around the engine; reference.py (the reference runner of a
+# lowered program, over the device's array module) stands beside the seam, so that every backend's runner can
+# hand it an opcode it does not implement
 # (data/datasets.py too: PLACED below); ``minicavs`` itself is the package's public face).
 LAYERS = [
     ["dtypes", "errors", "random", "sparse", "validate", "atomic", "arrays", "wording", "limits", "onetime"],
@@ -40,15 +41,15 @@ LAYERS = [
     ["model"],
     ["nn", "optim"],
     ["data"],
-    ["checkpoint", "config", "training", "rundir", "distributed", "cli", "progress", "task", "predict",
-     "plot", "show", "demo", "testing", "bench", "prefetch", "__main__", ""],
+    ["checkpoint", "config", "training", "runrecord", "rundir", "distributed", "cli", "progress", "task",
+     "predict", "plot", "show", "demo", "testing", "bench", "prefetch", "__main__", ""],
 ]
 # Modules placed apart from their package: data/datasets.py is `minicavs prepare` (checksums, atomic copies into
 # data/, reading the configs), product code that lives beside the readers it checks data with.
 PLACED = {"data.datasets": "checkpoint"}
 # Device-specific code stays behind the backend seam: these never import codegen/ or cuda/.
-NO_DEVICE_CODE = ("ops", "optim", "training", "atomic", "rundir", "checkpoint", "distributed", "validate",
-                  "predict", "plot", "show", "data")
+NO_DEVICE_CODE = ("ops", "optim", "training", "runrecord", "atomic", "rundir", "checkpoint", "distributed",
+                  "validate", "predict", "plot", "show", "data")
 
 
 def modules() -> dict[str, tuple[Path, bool]]:
