@@ -350,7 +350,7 @@ class Trainer:
                 log(why)
         else:
             if resume:   # stopped before its first checkpoint: no epoch to continue, so it starts over
-                self._on_root(self._check_started_config)
+                self._on_root(lambda: runrecord.check_started(self.run, self.cfg))
                 log(f"run dir {self.run.path} holds no checkpoint yet (stopped before its first epoch ended): "
                     "starting the run over from its config.yaml")
             self._on_root(lambda: self.run.start(self._config_text(), force or resume))
@@ -403,7 +403,7 @@ class Trainer:
             return
         last = self.run.resumable()
         if last is None:
-            self._check_started_config()
+            runrecord.check_started(self.run, self.cfg)
         else:
             self._verify(last.path, True, last)
             self._check_best()
@@ -428,10 +428,6 @@ class Trainer:
         best = self.run.best_checkpoint()
         if best != self.run.last:
             self._verify(best, optimizer=False, ck=read_for_run(best, self.run))
-
-    def _check_started_config(self) -> None:
-        """A run started over (no checkpoint yet) must be the one its config.yaml records."""
-        runrecord.check_started(self.run, self.cfg)
 
     def _commit(self) -> None:
         """End an epoch (rundir's protocol): last.npz (the commit point), metrics.jsonl, best.npz."""
