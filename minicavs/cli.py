@@ -56,8 +56,7 @@ def _train_args(p: argparse.ArgumentParser) -> None:
 def _is_dir(path: str) -> bool:
     """Whether ``path`` is a directory as MPI rank 0 sees it (a run dir need exist on rank 0 alone): every
     rank takes the same branch, and so makes the same collective calls."""
-    from .distributed import world
-    from .training import on_root
+    from .distributed import on_root, world
     return on_root(world(), lambda: Path(path).is_dir())
 
 

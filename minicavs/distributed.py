@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -81,6 +81,24 @@ def world() -> "Communicator | None":
     _WORLD = Communicator(MPI.COMM_WORLD)
     _install_excepthook(_WORLD)
     return _WORLD
+
+
+def on_root(comm, work: Callable):
+    """``work()`` on rank 0 of ``comm`` only (the rank that reads and writes the run dir); its result, or
+    its error, reaches every rank. Without a communicator (one process): ``work()``."""
+    if comm is None or comm.size == 1:
+        return work()
+    result, error = None, None
+    if comm.rank == 0:
+        try:
+            result = work()
+        except (MinicavsError, OSError) as e:
+            error = e
+    result, error = comm.bcast_obj((result, error), "the run dir's answer")
+    if error is not None:
+        raise error
+    return result
+
 
 
 def abort_peers(code: int) -> None:

@@ -21,10 +21,10 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
+from . import planner
 from .arrays import on_device
 from .autodiff import grad
 from .backend import Backend as Device, get_device  # noqa: F401 (model.get_device: the public name)
-from .cpu import planner
 from .engine import CompiledFunction, EngineOptions, backward, forward
 from .errors import FeedError, InputGraphError, ShapeError
 from .program import RunContext, evaluate
@@ -52,7 +52,7 @@ def by_child_count(leaf: str, internal: str) -> Callable[[Batch], tuple]:
     def rule(batch: Batch) -> tuple[np.ndarray, tuple[str, ...]]:
         return (batch.num_children() > 0).astype(np.int64), (leaf, internal)
     rule.__name__ = rule.__qualname__ = f"by_child_count({leaf!r}, {internal!r})"
-    rule.leaf_internal = (leaf, internal)   # what the native planner reads (cpu/planner.py) instead of calling it
+    rule.leaf_internal = (leaf, internal)   # what the native planner reads (planner.py) instead of calling it
     return rule
 
 
@@ -256,7 +256,7 @@ class Structure:
 
     def plan(self, graphs: Sequence[InputGraph], policy, sample_ids=None, native: bool = True):
         """(batch, memory plan) of ``graphs`` scheduled by ``policy``. ``native``: in one C call
-        (cpu/planner.py) where it covers the structure, the policy and the graphs; else (and for any input a
+        (planner.py) where it covers the structure, the policy and the graphs; else (and for any input a
         check refuses, so that the error is the reference's) the reference path: :meth:`batch`, the policy's
         schedule, :func:`~minicavs.memory.plan_memory`."""
         graphs = graphs if isinstance(graphs, list) else list(graphs)   # (read twice when the reference runs)

@@ -339,7 +339,7 @@ def task_table(fns: list, plan, opts, backward: bool) -> tuple[np.ndarray, dict]
     per gather slot the strided view (start, step; step -1: none). Also the rows moved, for the program's
     copy counters."""
     arity = max((len(fn.gathers) for fn in fns if fn is not None), default=0)
-    made = plan.task_views   # the native planner's (cpu/planner.py), for kinds that gather slots 0..arity - 1
+    made = plan.task_views   # the native planner's (planner.py), for kinds that gather slots 0..arity - 1
     if made is not None and opts.gather_elision and made.shape[1] == TASK_COLUMNS + 2 * arity \
             and len(fns) == len(plan.view_arity) and all(
                 fn is not None and len(fn.gathers) == a and list(fn.gathers) == list(range(a))

@@ -17,20 +17,16 @@ sample order from (seed, epoch), dropout masks from (seed, step, site, sample id
 written after each epoch therefore holds all the "RNG state" there is (seed, epoch, step) plus the
 early-stopping state, and ``--resume`` continues exactly where an uninterrupted run would be.
 
-Checkpoints written by the trainer record, besides parameters and optimizer state (``extra``, run format
-:data:`RUN_FORMAT`): the resolved config, the vocabulary, the epoch, the early-stopping state, every
-epoch's metrics and where pretrained embedding rows came from (``pretrained``: path and sha256), so
-``minicavs eval RUN_DIR`` and ``--resume`` rebuild the model from the checkpoint alone (no vector file is read)
-and refuse data whose vocabulary differs, and a checkpoint found in a run dir must hold the model of that run
-(its config.yaml, its last.npz): a file copied from another run is refused, as are NaN or infinite values
-(:func:`checkpoint.read`). Every refusal comes before anything is written, the run dir's lock included.
+Checkpoints written by the trainer record, besides parameters and optimizer state, the resolved config, the
+vocabulary, the epoch, the early-stopping state and every epoch's metrics, so ``minicavs eval RUN_DIR`` and
+``--resume`` rebuild the model from the checkpoint alone; what a checkpoint records and the checks that a run
+resumed or evaluated is the run recorded are :mod:`minicavs.runrecord`'s. Every refusal comes before anything is
+written, the run dir's lock included.
 
 Under MPI rank 0 alone reads and writes the run dir (it need exist on rank 0 alone), so every decision that
 precedes a collective (is the target a directory? is there a checkpoint?) is rank 0's, broadcast
-(:func:`on_root`): ranks that each looked for themselves would pair their broadcasts up wrongly.
-
-Run format 1 (before configs were recorded) is still read by ``eval CONFIG --checkpoint``; resuming it is
-refused.
+(:func:`~minicavs.distributed.on_root`): ranks that each looked for themselves would pair their broadcasts up
+wrongly.
 """
 from __future__ import annotations
 
@@ -43,32 +39,24 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
-import yaml
 
-from . import checkpoint, distributed, onetime, wording
+from . import checkpoint, distributed, onetime, runrecord, wording
 from .data import vectors
-from .config import (ConfigError, differences, dump, load_config, load_model_module, parse_yaml, recorded,
-                     resolve)
+from .config import ConfigError, dump, load_config, load_model_module, recorded
 from .cpu.heap import keep_freed_memory
 from .backend import Backend as Device
 from .engine import EngineOptions
-from .errors import CheckpointError, DataError, MinicavsError, RunDirError
+from .distributed import on_root
+from .errors import CheckpointError, DataError, MinicavsError
 from .executor import RunContext
 from .model import Prepared, get_device
 from .optim import make_optimizer
 from .prefetch import prefetched
 from .progress import Progress, duration
 from .rundir import RunDir
+from .runrecord import RUN_FORMAT, check_vocabulary, read_for_run, run_format
 from .scheduler import FsmPolicy, get_policy
 
-RUN_FORMAT = 2
-# what --resume may change: how long to train and where, not what is trained. Early stopping is when to stop
-# (its metric and mode stay the run's: they define which epoch is the best; :meth:`Trainer._resumed_early`)
-RESUME_MAY_CHANGE = ("train.epochs", "train.log_every", "train.eval_batch_size", "train.device", "train.prefetch",
-                     "train.deterministic", "train.engine.", "train.early_stopping")
-# what eval takes from the given config rather than the checkpoint: the data and how to run
-EVAL_FROM_CONFIG = ("data.", "train.eval_batch_size", "train.device", "train.deterministic", "train.engine.",
-                    "train.policy")
 FSM_SAMPLE_BATCHES = 4   # training batches an FSM policy learns on before training
 
 
@@ -143,34 +131,13 @@ class Trainer:
         """A trainer for ``run_dir``'s run, rebuilt from its last.npz (or, stopped before its first
         checkpoint, its config.yaml: resuming starts it over); ``fit(resume=True)`` then continues it.
 
-        ``overrides`` may change only :data:`RESUME_MAY_CHANGE`. ``config``, a config named as well (``minicavs
-        train CONFIG --resume``), must configure the run's model (its module: another model is refused); the
-        run's recorded settings are used, and where the config's differ a note says so (as eval does).
+        ``overrides`` may change only :data:`~minicavs.runrecord.RESUME_MAY_CHANGE`. ``config``, a config
+        named as well (``minicavs train CONFIG --resume``), must configure the run's model (its module: another
+        model is refused); the run's recorded settings are used, and where the config's differ a note says so
+        (as eval does).
         Everything is checked before anything is written."""
-        run = RunDir(run_dir)
-        comm = distributed.world()   # under MPI rank 0 reads the run dir (it need not be shared)
-        stored, where, extra = on_root(comm, lambda: _run_record(run))
-        run_cfg = resolve(stored, run.config)
-        cfg = resolve(stored, run.config, overrides)
-        if config is not None:
-            given = load_config(config, overrides)
-            name, theirs = _model_key(given["model"])["name"], _model_key(run_cfg["model"])["name"]
-            if name != theirs:
-                raise wording.error(ConfigError, f"{config} configures a {name} model, but run dir {run.path} "
-                                    f"holds a {theirs} run (its {where}); resume it as {{alt[minicavs train "
-                                    f"{run.path} --resume|Trainer.resuming({str(run.path)!r})]}}, or start a new "
-                                    "run in another run dir ({new_run_dir})")
-            changed = differences(recorded(given), recorded(cfg))
-            if changed and (comm is None or comm.rank == 0):
-                log(f"note: resuming the run's recorded settings; {config} differs in "
-                    + ", ".join(f"{k} ({a!r}, the run has {b!r})" for k, a, b in changed[:6])
-                    + (f" and {len(changed) - 6} more" if len(changed) > 6 else ""))
-        changed = [d for d in differences(recorded(cfg), recorded(run_cfg)) if not _may_change_on_resume(d[0])]
-        if changed:
-            raise wording.error(ConfigError, f"{{resuming}} continues the recorded run of {run.path}; it cannot "
-                                "change " + ", ".join(f"{k} ({a!r}, the run has {b!r})" for k, a, b in changed)
-                                + ": start a new run ({new_run_dir}) for that")
-        return cls(cfg, run_dir=run.path, restoring=extra)
+        cfg, path, extra = runrecord.resumed_run(run_dir, overrides, config, log)
+        return cls(cfg, run_dir=path, restoring=extra)
 
     @classmethod
     def for_target(cls, target: str | os.PathLike, checkpoint: str | os.PathLike | None = None,
@@ -192,9 +159,10 @@ class Trainer:
                        overrides: Sequence[str] = (), log: Callable[[str], None] = print,
                        run: RunDir | None = None) -> "Trainer":
         """A trainer with the model a checkpoint records and its parameters loaded (for eval and predict):
-        data and how to run (:data:`EVAL_FROM_CONFIG`) come from ``config`` and ``overrides`` if given.
-        ``run``: the run dir it was found in, whose model (config.yaml, last.npz) it must hold."""
-        ck = on_root(distributed.world(), lambda: _read_for_run(path, run))
+        data and how to run (:data:`~minicavs.runrecord.EVAL_FROM_CONFIG`) come from ``config`` and
+        ``overrides`` if given. ``run``: the run dir it was found in, whose model (config.yaml, last.npz) it
+        must hold."""
+        ck = on_root(distributed.world(), lambda: read_for_run(path, run))
         run_format(ck)
         stored = ck.extra.get("config")
         if stored is None:    # run format 1: the config must be given and must fit
@@ -204,22 +172,7 @@ class Trainer:
                                     f"{path}|Trainer.for_checkpoint({str(path)!r}, CONFIG)]}}")
             trainer = cls(config, overrides, restoring=ck.extra or {})
         else:
-            source = Path(path).with_name("config.yaml")
-            cfg = resolve(stored, source)
-            if config is not None or overrides:
-                given = load_config(config, overrides) if config is not None else resolve(stored, source, overrides)
-                if _model_key(given["model"])["name"] != _model_key(cfg["model"])["name"]:
-                    raise ConfigError(f"{config}: configures model {given['model']['name']}, the checkpoint {path} "
-                                      f"holds a {cfg['model']['name']} model")
-                for key, ours, theirs in differences(recorded(given), recorded(cfg)):
-                    if not key.startswith("model."):
-                        continue   # data and how to run are taken from the config; the rest is unused
-                    if any(o.split("=", 1)[0].strip() == key for o in overrides):
-                        raise wording.error(ConfigError, f"{{alt[--set {key}|overrides: {key}]}}: the model and "
-                                            f"training settings come from the checkpoint {path} ({key} = {theirs!r})")
-                    log(f"note: using the checkpoint's {key} = {theirs!r} ({config} says {ours!r})")
-                _take(cfg, given, EVAL_FROM_CONFIG)
-                cfg = resolve(recorded(cfg), source)
+            cfg = runrecord.evaluated_config(ck, path, config, overrides, log)
             trainer = cls(cfg, restoring=ck.extra or {})
         trainer.load(path, optimizer=False, ck=ck)
         return trainer
@@ -397,7 +350,7 @@ class Trainer:
                 log(why)
         else:
             if resume:   # stopped before its first checkpoint: no epoch to continue, so it starts over
-                self._on_root(self._check_started_config)
+                self._on_root(lambda: runrecord.check_started(self.run, self.cfg))
                 log(f"run dir {self.run.path} holds no checkpoint yet (stopped before its first epoch ended): "
                     "starting the run over from its config.yaml")
             self._on_root(lambda: self.run.start(self._config_text(), force or resume))
@@ -450,7 +403,7 @@ class Trainer:
             return
         last = self.run.resumable()
         if last is None:
-            self._check_started_config()
+            runrecord.check_started(self.run, self.cfg)
         else:
             self._verify(last.path, True, last)
             self._check_best()
@@ -474,18 +427,7 @@ class Trainer:
         than last.npz: copied in, damaged)."""
         best = self.run.best_checkpoint()
         if best != self.run.last:
-            self._verify(best, optimizer=False, ck=_read_for_run(best, self.run))
-
-    def _check_started_config(self) -> None:
-        """A run started over (no checkpoint yet) must be the one its config.yaml records."""
-        raw, _, _ = _run_record(self.run)
-        changed = [d for d in differences(recorded(self.cfg), recorded(resolve(raw, self.run.config)))
-                   if not _may_change_on_resume(d[0])]
-        if changed:
-            raise wording.error(ConfigError, f"run dir {self.run.path} was started with other settings (its "
-                                "config.yaml): " + ", ".join(f"{k} is {b!r} there, {a!r} here" for k, a, b in changed)
-                                + "; resume it with its own config, or start a new run in another run dir "
-                                  "({new_run_dir})")
+            self._verify(best, optimizer=False, ck=read_for_run(best, self.run))
 
     def _commit(self) -> None:
         """End an epoch (rundir's protocol): last.npz (the commit point), metrics.jsonl, best.npz."""
@@ -605,22 +547,7 @@ class Trainer:
         continue with, the FSMs of a learned policy or None)."""
         ck = ck or checkpoint.read(path)   # ck: the file, already read
         extra = ck.extra or {}
-        version = run_format(ck)
-        if optimizer and version < 2:
-            raise CheckpointError(f"checkpoint file {path}: written by an older minicavs (run format 1) that "
-                                  "did not record the config and metrics: it can be evaluated, not resumed")
-        stored_model = extra.get("config", {}).get("model", extra.get("model"))
-        if stored_model is not None:
-            changed = differences(_model_key(self.cfg["model"]), _model_key(stored_model))
-            if changed:
-                raise CheckpointError(f"checkpoint file {path} was written for other model settings: "
-                                      + ", ".join(f"model.{k} is {b!r} there, {a!r} here" for k, a, b in changed))
-        if optimizer:   # resuming: the run's recorded config is what continues
-            changed = [d for d in differences(recorded(self.cfg), recorded(resolve(extra["config"], path)))
-                       if not d[0].startswith(RESUME_MAY_CHANGE)]
-            if changed:
-                raise CheckpointError(f"checkpoint file {path} was written by a run with other settings: "
-                                      + ", ".join(f"{k} is {b!r} there, {a!r} here" for k, a, b in changed))
+        runrecord.check_recorded(ck, self.cfg, path, optimizer)
         early = self._resumed_early(extra.get("early_stopping") or {}, path) if optimizer else None
         if "vocab" in extra:
             check_vocabulary(extra["vocab"], self.task.vocabulary, path, self.cfg["data"].get("train"))
@@ -673,144 +600,9 @@ def _naming(e: Exception, where: str) -> Exception:
     return e
 
 
-def run_format(ck: checkpoint.Checkpoint) -> int:
-    """The version of what the trainer recorded in a checkpoint (1: before configs were recorded)."""
-    version = (ck.extra or {}).get("version", 1)
-    if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= RUN_FORMAT:
-        raise CheckpointError(f"checkpoint file {ck.path}: run format {version!r} is not supported (this "
-                              f"minicavs reads 1 to {RUN_FORMAT}; a newer minicavs wrote it?)")
-    return version
-
-
-def _recorded_config(ck: checkpoint.Checkpoint, what: str) -> dict:
-    run_format(ck)
-    stored = ck.extra.get("config")
-    if stored is None:
-        raise CheckpointError(f"checkpoint file {ck.path} was written by an older minicavs (run format 1) "
-                              f"that did not record its config: cannot {what}")
-    return stored
-
-
-def _may_change_on_resume(key: str) -> bool:
-    return key.startswith(RESUME_MAY_CHANGE)
-
-
-def _run_record(run: RunDir) -> tuple[dict, str, dict | None]:
-    """(the recorded config a resumed run continues, where it is recorded, the checkpoint's extra or None):
-    last.npz's, which must hold the model config.yaml names; or config.yaml's for a run stopped before its
-    first checkpoint."""
-    last = run.resumable()
-    if last is None:
-        raw = _config_yaml(run)
-        if raw is None:
-            raise RunDirError(f"cannot resume: run dir {run.path} holds no checkpoint and its config.yaml "
-                              "cannot be read as a config")
-        return raw, "config.yaml", None
-    stored = _recorded_config(last, "resume it")
-    _check_run_model(last, run)
-    return stored, "last.npz", last.extra
-
-
-def _config_yaml(run: RunDir) -> dict | None:
-    """A run dir's config.yaml as recorded (None when missing or not a YAML mapping)."""
-    try:
-        raw = parse_yaml(run.config.read_text(encoding="utf-8"))
-    except (OSError, ValueError, yaml.YAMLError):
-        return None
-    return raw if isinstance(raw, dict) and isinstance(raw.get("model"), dict) else None
-
-
-def _read_for_run(path, run: RunDir | None) -> checkpoint.Checkpoint:
-    """Read a checkpoint (its values checked: finite) and, found in ``run``, check it holds the run's model."""
-    ck = checkpoint.read(path)
-    if run is not None:
-        run_format(ck)
-        _check_run_model(ck, run)
-    return ck
-
-
-def _check_run_model(ck: checkpoint.Checkpoint, run: RunDir) -> None:
-    """A checkpoint of a run dir must hold the model of the run: the one its config.yaml names and, for
-    another file than last.npz (best.npz), the one last.npz records."""
-    stored = (ck.extra.get("config") or {}).get("model")
-    if stored is None:
-        return   # run format 1: no record to compare
-    theirs = [("its config.yaml names", (_config_yaml(run) or {}).get("model"))]
-    if Path(ck.path).resolve() != run.last.resolve() and run.last.exists():
-        last = checkpoint.read(run.last, finite=False)
-        theirs.append(("its last.npz holds", (last.extra.get("config") or {}).get("model")))
-    for they, model in theirs:
-        if model is not None:
-            _refuse_other_model(stored, f"checkpoint file {ck.path} holds", model, f"but run dir {run.path} is a "
-                                f"run of another model: {they}", "was the file copied from another run? Put the "
-                                "run's own checkpoint back, or use this one with the config it was trained with "
-                                f"({{alt[minicavs eval CONFIG --checkpoint {ck.path}|Trainer.for_checkpoint("
-                                f"{str(ck.path)!r}, CONFIG)]}})", CheckpointError)
-
-
-def _refuse_other_model(ours: dict, we: str, theirs: dict, they: str, advice: str,
-                        kind: type = ConfigError) -> None:
-    """Raise ``kind`` naming both sides when two model sections differ (model name first)."""
-    changed = differences(_model_key(ours), _model_key(theirs))
-    if not changed:
-        return
-    name, other = _model_key(ours)["name"], _model_key(theirs)["name"]
-    if name != other:
-        what = f"{we} a {name} model, {they} a {other} model"
-    else:
-        what = (f"{we} a {name} model with " + ", ".join(f"model.{k} = {a!r}" for k, a, _ in changed)
-                + f", {they} one with " + ", ".join(f"model.{k} = {b!r}" for k, _, b in changed))
-    raise wording.error(kind, f"{what}; {advice}")
-
-
-def _model_key(model: dict) -> dict:
-    """A model section compared by module name (a bundled name and a path to the same module agree)."""
-    return {**model, "name": Path(str(model.get("name"))).stem}
-
-
-def _take(cfg: dict, given: dict, prefixes: tuple) -> None:
-    for section in ("data", "train"):
-        for k, v in given[section].items():
-            if f"{section}.{k}".startswith(prefixes) or f"{section}.{k}." in prefixes:
-                cfg[section][k] = v
-
-
-def check_vocabulary(stored, current, path, data_train) -> None:
-    """The vocabulary a checkpoint was trained with must be the one the data gives, word for word."""
-    if stored is None or current is None or list(stored) == list(current):
-        return
-    only_data = [w for w in current if w not in set(stored)]
-    only_ck = [w for w in stored if w not in set(current)]
-    if only_data or only_ck:
-        what = "; ".join(f"{len(words)} {'word' if len(words) == 1 else 'words'} only in the {where} (e.g. "
-                         f"{', '.join(map(repr, words[:3]))})"
-                         for words, where in ((only_data, "data"), (only_ck, "checkpoint")) if words)
-    else:
-        i = next(i for i, (a, b) in enumerate(zip(stored, current)) if a != b)
-        what = f"the same words in another order (id {i} is {stored[i]!r} there, {current[i]!r} here)"
-    raise DataError(f"checkpoint file {path} was trained with another vocabulary than data.train "
-                    f"({data_train}) gives: {len(stored)} vs {len(current)} words, {what}")
-
-
 def _quiet(_: str) -> None:
     pass
 
-
-def on_root(comm, work: Callable):
-    """``work()`` on rank 0 of ``comm`` only (the rank that reads and writes the run dir); its result, or
-    its error, reaches every rank. Without a communicator (one process): ``work()``."""
-    if comm is None or comm.size == 1:
-        return work()
-    result, error = None, None
-    if comm.rank == 0:
-        try:
-            result = work()
-        except (MinicavsError, OSError) as e:
-            error = e
-    result, error = comm.bcast_obj((result, error), "the run dir's answer")
-    if error is not None:
-        raise error
-    return result
 
 
 def format_metrics(metrics: dict) -> str:

@@ -17,9 +17,11 @@ PACKAGE = Path(__file__).resolve().parents[1] / "minicavs"
 # Python or CLI words) one beside errors.py, onetime.py (announcing and timing one-time work: compiling kernels,
 # learning an FSM) one that cpu/compiler.py and scheduler.py use, arrays.py (which device an array lives on) and
 # limits.py (the generated code's sizes) too; progress.py, task.py, demo.py, testing.py, bench/, rundir.py (the
-# run-dir commit protocol), predict.py, plot.py and show.py are product code around the engine; reference.py
-# (the reference runner of a lowered program, over the device's array module) stands beside the seam, so that
-# every backend's runner can hand it an opcode it does not implement
+# run-dir commit protocol), runrecord.py (what the trainer's checkpoints record, checked on resume and eval),
+# predict.py, plot.py and show.py are product code around the engine; reference.py (the reference runner of a
+# lowered program, over the device's array module) stands beside the seam, so that every backend's runner can
+# hand it an opcode it does not implement, and planner.py (a batch's schedule and memory plan in one C call, the
+# host index arrays every device's run reads; the CPU backend provides its compiled library) stands there too
 # (data/datasets.py too: PLACED below); ``minicavs`` itself is the package's public face).
 LAYERS = [
     ["dtypes", "errors", "random", "sparse", "validate", "atomic", "arrays", "wording", "limits", "onetime"],
@@ -33,22 +35,29 @@ LAYERS = [
     ["memory"],
     ["passes"],
     ["codegen"],
-    ["backend", "reference"],
+    ["backend", "reference", "planner"],
     ["cpu", "cuda"],
     ["compile"],
     ["program", "executor", "engine", "explain", "instructions"],
     ["model"],
     ["nn", "optim"],
     ["data"],
-    ["checkpoint", "config", "training", "rundir", "distributed", "cli", "progress", "task", "predict",
-     "plot", "show", "demo", "testing", "bench", "prefetch", "__main__", ""],
+    ["checkpoint", "config", "training", "runrecord", "rundir", "distributed", "cli", "progress", "task",
+     "predict", "plot", "show", "demo", "testing", "bench", "prefetch", "__main__", ""],
 ]
 # Modules placed apart from their package: data/datasets.py is `minicavs prepare` (checksums, atomic copies into
 # data/, reading the configs), product code that lives beside the readers it checks data with.
 PLACED = {"data.datasets": "checkpoint"}
 # Device-specific code stays behind the backend seam: these never import codegen/ or cuda/.
-NO_DEVICE_CODE = ("ops", "optim", "training", "atomic", "rundir", "checkpoint", "distributed", "validate",
-                  "predict", "plot", "show", "data")
+NO_DEVICE_CODE = ("ops", "optim", "training", "runrecord", "atomic", "rundir", "checkpoint", "distributed",
+                  "validate", "predict", "plot", "show", "data")
+# The concrete backends, and the modules above the seam that reach them only through it
+# (minicavs.backend.get_device / default_device name a device without importing its code).
+BACKENDS = ("cpu", "cuda")
+THROUGH_THE_SEAM = ("compile", "instructions", "model",
+                    pytest.param("engine", marks=pytest.mark.xfail(
+                        strict=True, reason="engine.py rewritten in the one-program work")))
+MAX_LINES = 800   # a module longer than this holds more than one job: split it along them
 
 
 def modules() -> dict[str, tuple[Path, bool]]:
@@ -153,6 +162,42 @@ def test_ops_optimizer_and_trainer_never_import_device_code():
            if m.split(".")[1:2] and m.split(".")[1] in NO_DEVICE_CODE
            for t in targets if t.split(".")[1:2] and t.split(".")[1] in ("codegen", "cuda")]
     assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("module", THROUGH_THE_SEAM)
+def test_compiler_engine_and_model_import_no_concrete_backend(module):
+    bad = sorted(t for t in import_graph()[f"minicavs.{module}"]
+                 if t.split(".")[1:2] and t.split(".")[1] in BACKENDS)
+    assert not bad, (f"minicavs/{module}.py imports {', '.join(bad)}: look the device up through the seam "
+                     "(minicavs.backend.get_device / default_device)")
+
+
+def test_no_module_is_longer_than_the_limit():
+    long = [f"{path.relative_to(PACKAGE.parent)}: {n} lines" for path in sorted(PACKAGE.rglob("*.py"))
+            if (n := len(path.read_text().splitlines())) > MAX_LINES]
+    assert not long, f"modules over {MAX_LINES} lines (split each along its jobs):\n" + "\n".join(long)
+
+
+def test_the_seam_and_length_checks_fail_on_a_backend_import_and_a_long_module(tmp_path):
+    """A lazy import of a backend module is found, and a module one line over the limit is named."""
+    pkg = tmp_path / "minicavs"
+    (pkg / "cpu").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "cpu" / "__init__.py").write_text("")
+    (pkg / "cpu" / "planner.py").write_text("")
+    (pkg / "model.py").write_text("def f():\n    from .cpu import planner\n" + "\n" * (MAX_LINES - 1))
+    real, globals()["PACKAGE"] = PACKAGE, pkg
+    try:
+        with pytest.raises(AssertionError, match="minicavs/model.py imports minicavs.cpu.planner"):
+            test_compiler_engine_and_model_import_no_concrete_backend("model")
+        with pytest.raises(AssertionError, match=f"minicavs/model.py: {MAX_LINES + 1} lines"):
+            test_no_module_is_longer_than_the_limit()
+        (pkg / "model.py").write_text("from . import backend\n" + "\n" * (MAX_LINES - 1))
+        (pkg / "backend.py").write_text("")
+        test_compiler_engine_and_model_import_no_concrete_backend("model")
+        test_no_module_is_longer_than_the_limit()
+    finally:
+        globals()["PACKAGE"] = real
 
 
 def test_the_checks_see_lazy_imports_and_cycles(tmp_path):

@@ -1,8 +1,9 @@
-"""The C source of a batch's preparation in one call (cpu/planner.py wraps it): flatten K input graphs, check
-them, find every vertex's parents, height and kind, schedule the vertices by height and kind (the cavs policy)
-and lay out the memory plan's index arrays. It does what inputs.make_batch, model.Structure.batch,
-scheduler.CavsPolicy and memory.plan_memory do together, which stay the reference: at batch size 1 their
-~70 numpy calls, not the vertices, were the cost (~200 us of a ~700 us Tree-LSTM inference).
+"""The C source of a batch's preparation in one call (cpu/planner.py compiles it, minicavs/planner.py unpacks
+what it makes): flatten K input graphs, check them, find every vertex's parents, height and kind, schedule the
+vertices by height and kind (the cavs policy) and lay out the memory plan's index arrays. It does what
+inputs.make_batch, model.Structure.batch, scheduler.CavsPolicy and memory.plan_memory do together, which stay
+the reference: at batch size 1 their ~70 numpy calls, not the vertices, were the cost (~200 us of a ~700 us
+Tree-LSTM inference).
 
 Every index the C code follows is checked before it is used (child pointers, child ids, kind ids, arities);
 any input the reference would refuse makes it return a nonzero code and write nothing outside its outputs,

@@ -11,7 +11,8 @@ from ..backend import Backend
 from ..frontier import provide_native_schedule
 from ..ops.registry import provide_native_kernels
 from ..passes.fusion import FusedGroup
-from . import compiler, runner
+from ..planner import provide_library
+from . import compiler, planner, runner
 from .frontier import frontier_kernel
 from .library import library
 from .streams import Event, get_stream
@@ -84,3 +85,4 @@ CPU = CpuBackend()
 
 provide_native_kernels("numpy", library)
 provide_native_schedule(frontier_kernel)
+provide_library(planner.planner)
