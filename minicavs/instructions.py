@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .codegen.native import ARG_KINDS, MAX_ARGS, OPCODES, OPS as OPCODE, WIDTH, matrix_shape
+from .codegen.native import ARG_KINDS, MAX_ARGS, OPCODES, OPS as OPCODE, WIDTH, holds_tuple, matrix_shape
 from .compile import POST, PRE, TASK
 from .graph import Node
 from .ops.registry import OPS
@@ -297,7 +297,7 @@ def _apply(t: Template, step) -> None:
     broadcast no kernel computes; a fused group too wide for a kernel call) runs as its op's own
     implementation over its inputs' values. Its outputs get scratch (or the registers already given them)."""
     _bound(t, step.inputs)
-    outs = [t.regs[y] if y in t.regs else t.scratch_reg(y) for y in step.outputs]
+    outs = [t.regs[y] if y in t.regs else t.reg(y) if holds_tuple(y) else t.scratch_reg(y) for y in step.outputs]
     keys = t.buf(("rowkeys",)) if step.needs_ctx and any(x.has_rows for x in step.outputs) else -1
     t.emit("APPLY", len(t.steps), len(t.pool), keys)
     t.pool += [t.regs[x] for x in step.inputs] + outs

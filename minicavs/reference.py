@@ -26,7 +26,7 @@ import os
 
 import numpy as np
 
-from .codegen.native import ARG_KINDS, OPCODES, matrix_shape
+from .codegen.native import ARG_KINDS, OPCODES, holds_tuple, matrix_shape
 from .ops import scalar as S
 from .random import GOLDEN, mix
 
@@ -51,6 +51,7 @@ class Machine:
         self.scratch_buf = scratch_buf
         self.regs: list = [None] * max(1, lowered.nregs)   # (buffer, element offset, ld, transposed)
         self.task = None
+        self.objects: dict = {}   # register -> the tuple it holds (codegen/native.holds_tuple)
         self.context = None   # the run context (seed, step, training) an APPLY of an op that reads it gets
         self.pc = -1
         self.task_index = -1
@@ -387,7 +388,7 @@ def op_apply(m: Machine, step, pool, keys) -> None:
         m.fail(f"step {step} of {len(m.lowered.steps)}")
     step = m.lowered.steps[step]
     regs = m.lowered.pool[pool:pool + len(step.inputs) + len(step.outputs)].tolist()
-    args = [m.value(r, x) for r, x in zip(regs, step.inputs)]
+    args = [m.objects[r] if holds_tuple(x) else m.value(r, x) for r, x in zip(regs, step.inputs)]
     if step.fused:
         group = step.run.group
         values = [S.evaluate(expr, args, dtype=group.output.dtype.np) for expr in group.exprs()]
@@ -399,6 +400,9 @@ def op_apply(m: Machine, step, pool, keys) -> None:
     else:
         values = [step.run(m.xp, *args, **step.attrs)]
     for r, y, v in zip(regs[len(step.inputs):], step.outputs, values):
+        if holds_tuple(y):   # (a tuple: held as it is, for the APPLYs of its items)
+            m.objects[r] = v
+            continue
         rows, cols = matrix_shape(y)
         rows = m.bs if rows < 0 else rows
         m.matrix(r, rows, cols)[...] = m.xp.broadcast_to(v, m.value(r, y).shape).reshape(rows, cols)

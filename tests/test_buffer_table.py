@@ -1,7 +1,7 @@
 """The native executor's buffer table kept from run to run (cpu/runner.py's BufferTable): whatever changes
 between two passes (a parameter array replaced or written in place, a batch that grows the workspace's
-buffers or shrinks, another plan, the blocks run in Python or natively, the statics copied or not, a
-checkpoint loaded, a run that failed), the numbers equal the Python interpreter's and a fresh model's, and
+buffers or shrinks, another plan, a table with block rows or without, the statics copied or not, a
+checkpoint loaded, a run that failed), the numbers equal the reference runner's and a fresh model's, and
 every address the table hands C is that of an array alive and resolved for this very pass."""
 from __future__ import annotations
 
@@ -35,17 +35,23 @@ def checked_runs(monkeypatch) -> list:
     elements the resolver said it uses. Entries the pass left unbound must be zero. Returns the programs
     run."""
     real = c_runner.run
-    programs, skipped = [], []
+    programs, skipped, resolved = [], [], {}
 
-    def run(lowered, table, resolve, dtype, forest, *rest):
-        resolved = {}
+    class Recording:
+        """The pass's buffers, each one looked up recorded."""
 
-        def recording(key):
-            a = resolve(key)
+        def __init__(self, buffers):
+            self.buffers, self.ctx = buffers, buffers.ctx
+
+        def __getitem__(self, key):
+            a = self.buffers[key]
             resolved[("fixed",) if key[:2] == ("arena", "fixed") else ("scratch",) if key[:2] ==
                      ("arena", "scratch") else key] = a
             return a
-        grads = real(lowered, table, recording, dtype, forest, *rest)
+
+    def run(lowered, table, buffers, dtype, forest, *rest):
+        resolved.clear()
+        grads = real(lowered, table, Recording(buffers), dtype, forest, *rest)
         bound = lowered.__dict__["_table"]
         assert not bound.info[4].any()   # (twins: let go after the call)
         for i, key in enumerate(lowered.keys):
@@ -57,7 +63,7 @@ def checked_runs(monkeypatch) -> list:
                 a = resolved[key]
             else:
                 assert key[0] in c_runner.WORKSPACE_TENSORS, key
-                a = resolve(key)
+                a = buffers[key]
                 skipped.append(key)
             a, used = a if type(a) is tuple else (a, a.size)
             held = bound.held[i]
@@ -75,9 +81,9 @@ def _trainer(tmp_path, name="tree_lstm", dtype="float64") -> Trainer:
 
 
 def _both(t: Trainer, samples):
-    """(Python interpreter's, native executor's) loss and gradients on ``samples``."""
+    """(reference runner's, native executor's) loss and gradients on ``samples``."""
     out = []
-    for executor in ("python", "native"):
+    for executor in ("reference", "native"):
         t.model.options = EngineOptions(executor=executor)
         out.append(t.loss_and_grads(samples))
     return out
@@ -91,7 +97,7 @@ def _same(a, b, dtype="float64") -> None:
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
-def test_every_change_between_passes_gives_the_python_numbers(dtype, tmp_path, checked_runs):
+def test_every_change_between_passes_gives_the_reference_numbers(dtype, tmp_path, checked_runs):
     t = _trainer(tmp_path, dtype=dtype)
     data = t.task.data["train"]
     rng = np.random.default_rng(0)
@@ -132,10 +138,10 @@ def test_a_checkpoint_loaded_between_passes_gives_a_fresh_models_numbers(tmp_pat
     _same(fresh.loss_and_grads(samples), t.loss_and_grads(samples))
 
 
-def test_statics_copied_then_not_and_blocks_native_then_python(tmp_path, checked_runs, monkeypatch):
+def test_statics_copied_then_not_and_blocks_then_none(tmp_path, checked_runs, monkeypatch):
     """A run that copies transposed statics (their twins in the table's last row) followed by one that does
-    not, and a pass whose blocks run natively followed by one whose blocks run in Python (their buffers
-    unbound): no twin or block buffer of the earlier run is left in the table."""
+    not, and a pass with block rows followed by one without (their buffers unbound): no twin or block buffer
+    of the earlier run is left in the table."""
     t = _trainer(tmp_path, "var_lstm")
     samples = t.task.data["train"][:10]
     for threshold in (1, 10 ** 9, 1):
@@ -144,13 +150,23 @@ def test_statics_copied_then_not_and_blocks_native_then_python(tmp_path, checked
         _same(python, native)
         bound = [p.__dict__["_table"] for p, _ in checked_runs[-2:]]
         assert not any(b.info[4].any() for b in bound)
+    # a pass whose table has block rows, then one without (a batch whose blocks the test drops: their
+    # buffers left unbound), then with again
     real = program.block_rows
-    for blocks_native in (True, False, True):
-        monkeypatch.setattr(program, "block_rows", real if blocks_native else
-                            lambda *a, **k: (None, None, "blocks in Python (test)"))
-        python, native = _both(t, samples)
-        _same(python, native)
-        assert all((s.program.native_table is not None) == blocks_native for s in native.states.values())
+
+    def without_blocks(lowered, *args, **kwargs):
+        pre, post = real(lowered, *args, **kwargs)
+        return pre[:0], post[:0]
+    for blocks in (True, False, True):
+        monkeypatch.setattr(program, "block_rows", real if blocks else without_blocks)
+        native = t.loss_and_grads(samples)   # (the model's options: the native executor, from _both)
+        assert all((len(s.program.table) > len(s.program.task_table)) == blocks for s in native.states.values())
+        if blocks:
+            _same(python, native)
+        for lowered, _ in checked_runs[-2:]:
+            bound = lowered.__dict__["_table"]
+            unbound = [i for i in range(lowered.task_keys or len(lowered.keys), len(lowered.keys) - 1)]
+            assert blocks or not bound.info[:4, unbound].any()
 
 
 def test_a_failed_run_leaves_no_table_behind(tmp_path, monkeypatch):
@@ -161,13 +177,18 @@ def test_a_failed_run_leaves_no_table_behind(tmp_path, monkeypatch):
     real = c_runner.run
     failing = []
 
-    def run(lowered, table, resolve, dtype, forest, *rest):
-        def broken(key):
-            if key[0] == "static":   # (resolved every run, after some entries were bound)
+    class Broken:
+        def __init__(self, buffers):
+            self.buffers = buffers
+
+        def __getitem__(self, key):
+            if key[0] == "static":   # (looked up every run, after some entries were bound)
                 raise RuntimeError("resolve failed (test)")
-            return resolve(key)
+            return self.buffers[key]
+
+    def run(lowered, table, buffers, dtype, forest, *rest):
         failing.append(lowered)
-        return real(lowered, table, broken, dtype, forest, *rest)
+        return real(lowered, table, Broken(buffers), dtype, forest, *rest)
     monkeypatch.setattr(c_runner, "run", run)
     with pytest.raises(RuntimeError, match="resolve failed"):
         t.loss_and_grads(samples)

@@ -392,8 +392,8 @@ def _sequence_chain_reference(X, sizes, Wx, Wh, T, tuple_valued):
 @pytest.mark.parametrize("tuple_valued", [False, True])
 def test_a_vertex_function_with_a_foreach_trains_on_both_executors(tuple_valued):
     """F with a foreach over each vertex's sequence: the loss equals a Python loop over the chain, the
-    gradients finite differences; the native executor has no opcode for the loop and says so, leaving both
-    passes to the Python path (same numbers)."""
+    gradients finite differences; the C runner has no opcode for the loop (APPLY runs it) and says so,
+    leaving both passes to the reference runner on the CPU (same numbers)."""
     from minicavs.compile import EngineOptions
     from minicavs.inputs import InputGraph
     from minicavs.testing import check_model_grads
@@ -401,15 +401,15 @@ def test_a_vertex_function_with_a_foreach_trains_on_both_executors(tuple_valued)
     sizes = (3, 1, 2)
     graphs = [InputGraph.chain(n) for n in sizes]
     X = np.random.default_rng(12).standard_normal((sum(sizes), T, 2))
-    python = model.forward_backward(graphs, {"xs": X}, vals, options=EngineOptions(executor="python"))
+    reference = model.forward_backward(graphs, {"xs": X}, vals, options=EngineOptions(executor="reference"))
     native = model.forward_backward(graphs, {"xs": X}, vals, options=EngineOptions(executor="native"))
-    close(python.loss, _sequence_chain_reference(X, sizes, vals["Wx"], vals["Wh"], T, tuple_valued))
-    close(native.loss, python.loss)
+    close(reference.loss, _sequence_chain_reference(X, sizes, vals["Wx"], vals["Wh"], T, tuple_valued))
+    close(native.loss, reference.loss)
     for k in vals:
-        close(native.grads[k], python.grads[k])
+        close(native.grads[k], reference.grads[k])
     for state in native.states.values():
         for program in (state.program, state.backward_program):
-            assert program.native is None and "op 'foreach' has no native lowering" in program.native_why
+            assert program.runner == "reference runner" and "foreach" in program.declined, program.declined
     check_model_grads(model, graphs, {"xs": X}, vals, directions=2)
 
 
@@ -477,7 +477,7 @@ def test_a_cond_in_a_vertex_function_equals_python_control_flow(sign):
     feeds = {"xs": rng.standard_normal((6, 2))}
     want = _cond_chain(sign > 0).forward_backward(graphs, feeds, vals)
     model = _cond_chain(None)
-    for executor in ("python", "native"):
+    for executor in ("reference", "native"):
         got = model.forward_backward(graphs, feeds, vals, options=EngineOptions(executor=executor))
         close(got.loss, want.loss)
         close(got.grads["Wx"], want.grads["Wx"])

@@ -1,8 +1,9 @@
-"""The native executor (instructions.py over codegen/native.py's interpreter) against the Python interpreter:
-every bundled model and random trees, chains and DAGs under every engine switch, forward values and all
-gradients (float64: DESIGN.md's "equal"; float32: 1e-5); the Python work of a native step does not grow with
-the number of tasks; a corrupted instruction is caught by the debug mode, not by a crash; without a compiler
-the Python interpreter trains, with one warning."""
+"""The C runner (instructions.py's lowered program over codegen/native.py's interpreter) against the reference
+runner (tests/test_reference.py compares the two on every bundled model, random graphs and every engine
+switch): one-sample batches, blocks moving rows by index, dropout, streaming, inference; a step no opcode
+expresses (APPLY) leaves its pass to the reference runner; the Python work of a native step does not grow
+with the number of tasks; a corrupted instruction is caught by the debug mode, not by a crash; without a
+compiler the reference runner trains, with one warning."""
 from __future__ import annotations
 
 import collections
@@ -18,7 +19,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
 
 from minicavs import instructions
 from minicavs.cpu import CPU, runner as c_runner
@@ -29,7 +29,7 @@ from minicavs.training import Trainer
 
 from . import cells
 from .models.test_models import MODELS, TINY
-from .test_engine import CASES, dense, equal, random_dag, random_tree
+from .test_engine import CASES, dense, equal, random_tree
 
 pytestmark = pytest.mark.skipif(c_runner.available(np.float64) is not None,
                                 reason="no C compiler or BLAS: the native executor cannot run here")
@@ -48,28 +48,26 @@ def close(a, b, dtype):
             np.max(np.abs(a - b))
 
 
-# Bundled models whose task programs the lowering cannot express, and why (they run in Python, same numbers):
-# MV-RNN's per-vertex matrices are values of three axes (reshape, batched products).
-PYTHON_ONLY = {"mv_rnn": "reshape"}
+# Bundled models the C runner declines, and why (the reference runner on the CPU runs them, same numbers):
+# MV-RNN's per-vertex matrices are values of three axes (reshape, batched products: APPLY).
+DECLINED = {"mv_rnn": "reshape"}
 
 
-def assert_native_equals_python(run, options, dtype, python_only: str | None = None) -> None:
-    """``run(options)`` -> Result; the native executor must have run the task loop of both passes and the
-    blocks before and after it in the same call (kinds whose scatter rows are no one block of rows, 2Type's
-    and the lattice's, included: SROWS and SPUT move them by index), or, for a model in PYTHON_ONLY, said why
-    it could not."""
-    python = run(replace(options, executor="python"))   # (the switches default to the native executor)
+def assert_native_equals_reference(run, options, dtype, declined: str | None = None) -> None:
+    """``run(options)`` -> Result; the C runner must have run both passes, the blocks before and after the
+    task loop in the same call (kinds whose scatter rows are no one block of rows, 2Type's and the lattice's,
+    included: SROWS and SPUT move them by index), or, for a model in DECLINED, said why it declined; the
+    numbers equal the reference runner's."""
+    reference = run(replace(options, executor="reference"))
     native = run(replace(options, executor="native"))
     for state in native.states.values():
         for program in (state.program, state.backward_program):
-            if python_only is None:
-                assert program.native is not None and not program.tasks, program.native_why
-                assert program.native_table is not None, program.native_why
-                assert not program.before and not program.after and program.native_why is None
-                assert len(program.native_table) > len(program.task_table) or not program.native.blocks
+            if declined is None:
+                assert program.runner == "native executor" and program.declined is None, program.declined
+                assert len(program.table) > len(program.task_table) or not program.lowered.blocks
             else:
-                assert program.native is None and python_only in program.native_why
-    results_equal(python, native, dtype)
+                assert program.runner == "reference runner" and declined in program.declined
+    results_equal(reference, native, dtype)
 
 
 def results_equal(want, got, dtype) -> None:
@@ -84,22 +82,7 @@ def results_equal(want, got, dtype) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(TINY))
-def test_bundled_models_native_equals_python_under_every_switch(name, tmp_path):
-    for dtype, switches in (("float64", SWITCHES), ("float32", SWITCHES[:1] + SWITCHES[-1:])):
-        extra = ["model.variant=child_sum"] if "child_sum" in name else []
-        t = Trainer(MODELS / f"{name.replace('_child_sum', '')}.yaml", TINY[name] + extra + [f"train.dtype={dtype}"],
-                    run_dir=tmp_path / dtype)
-        samples = t.task.data["train"][:10]
-
-        def run(options):
-            t.model.options = options
-            return t.loss_and_grads(samples)
-        for options in switches:
-            assert_native_equals_python(run, options, dtype, PYTHON_ONLY.get(name))
-
-
-@pytest.mark.parametrize("name", sorted(TINY))
-def test_one_sample_batches_native_equals_python(name, tmp_path):
+def test_one_sample_batches_native_equals_reference(name, tmp_path):
     """A batch of one sample: tasks of one row, whose products the executor runs as gemv (numpy's matmul does
     the same; OpenBLAS's gemm at m = 1 is several times slower)."""
     for dtype in ("float64", "float32"):
@@ -111,24 +94,7 @@ def test_one_sample_batches_native_equals_python(name, tmp_path):
                 t.model.options = options
                 return t.loss_and_grads([sample])
             for options in (SWITCHES[0], SWITCHES[-1]):
-                assert_native_equals_python(run, options, dtype, PYTHON_ONLY.get(name))
-
-
-@pytest.mark.parametrize("name", sorted(CASES))
-@settings(max_examples=6, deadline=None)
-@given(seed=st.integers(0, 2**31 - 1), k=st.integers(1, 5), size=st.integers(1, 6), switch=st.integers(0, 15))
-def test_random_graphs_native_equals_python(name, seed, k, size, switch):
-    build, make_graph = CASES[name]
-    rng = np.random.default_rng(seed)
-    case = build(rng)
-    graphs = [make_graph(rng, int(rng.integers(1, size + 1))) for _ in range(k)]
-    per = [case.data(rng, g) for g in graphs]
-    feeds = cells.batch_feeds(case, graphs, per)
-
-    def run(options):
-        case.model.options = options
-        return case.model.forward_backward(graphs, feeds, case.params, RunContext())
-    assert_native_equals_python(run, SWITCHES[switch], "float64")
+                assert_native_equals_reference(run, options, dtype, DECLINED.get(name))
 
 
 def _typed(rng, graph: InputGraph) -> InputGraph:
@@ -143,32 +109,13 @@ def _moved_by_index(result) -> set:
     moved = set()
     for state in result.states.values():
         for program in (state.program, state.backward_program):
-            lowered = program.native
-            split = {row[0] for row in program.native_table.tolist() if row[3] == -1}
+            lowered = program.lowered
+            split = {row[0] for row in program.table.tolist() if row[3] == -1}
             for b in lowered.blocks:
                 if b.tid in split and b.scatter_rows:
                     ops = [(instructions.OPCODES_BY_ID[row[0]], row[8]) for row in lowered.code[slice(*lowered.ranges[b.tid])]]
                     moved |= {"in" for op, load in ops if op == "SROWS" and load} | {"out" for op, _ in ops if op == "SPUT"}
     return moved
-
-
-@settings(max_examples=6, deadline=None)
-@given(seed=st.integers(0, 2**31 - 1), k=st.integers(1, 4), size=st.integers(1, 8), switch=st.integers(0, 15),
-       dag=st.booleans(), serial=st.booleans())
-def test_interleaved_kinds_native_equals_python(seed, k, size, switch, dag, serial):
-    """Random trees and DAGs whose vertices have random kinds (each kind's rows of the scatter tensor
-    interleaved with the other's), scheduled by height or one vertex per task: the blocks before and after
-    the task loop run natively (by the kinds' row indices) and equal the Python interpreter."""
-    rng = np.random.default_rng(seed)
-    case = cells.typed_child_sum_tree_lstm(rng)
-    shape = (lambda n: random_dag(rng, n, 3)) if dag else (lambda n: random_tree(rng, n, 3))
-    graphs = [_typed(rng, shape(2 * int(rng.integers(1, size + 1)))) for _ in range(k)]
-    feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
-
-    def run(options):
-        return case.model.forward_backward(graphs, feeds, case.params, RunContext(), options=options,
-                                           policy="serial" if serial else None)
-    assert_native_equals_python(run, SWITCHES[switch], "float64")
 
 
 def test_blocks_move_interleaved_rows_by_index_with_the_bounds_checks_on(monkeypatch):
@@ -188,7 +135,7 @@ def test_blocks_move_interleaved_rows_by_index_with_the_bounds_checks_on(monkeyp
         def run(options):
             return case.model.forward_backward(graphs, feeds, case.params, RunContext(), options=options,
                                                policy=policy)
-        assert_native_equals_python(run, EngineOptions(), "float64")
+        assert_native_equals_reference(run, EngineOptions(), "float64")
         assert moved <= _moved_by_index(run(EngineOptions(executor="native")))
 
 
@@ -203,8 +150,8 @@ def _interleaved(name: str):
 
 def _split_block_instruction(program, opcode: str) -> int:
     """The index of the first ``opcode`` instruction of a block that this batch runs over rows by index."""
-    lowered = program.native
-    split = {row[0] for row in program.native_table.tolist() if row[3] == -1}
+    lowered = program.lowered
+    split = {row[0] for row in program.table.tolist() if row[3] == -1}
     return next(pc for b in lowered.blocks if b.tid in split for pc in range(*lowered.ranges[b.tid])
                 if instructions.OPCODES_BY_ID[lowered.code[pc][0]] == opcode)
 
@@ -221,20 +168,21 @@ def _shifted(row) -> None:
     ("serial", False, "SPUT", None, _shifted),       # the leaves' [h; c] put one column off
     ("serial", True, "SROWS", 3, lambda v: v + 1),   # ∂F's leaves read their cotangents one column off
 ])
-def test_a_wrong_row_move_by_index_makes_native_differ_from_python(name, backward, opcode, field, change):
+def test_a_wrong_row_move_by_index_makes_native_differ_from_reference(name, backward, opcode, field, change):
     """The row moves by index compute what the blocks read and write: one perturbed SROWS or SPUT (a wrong
-    row index array, a column short or off) and the equality with the Python interpreter fails."""
+    row index array, a column short or off) and the equality with the reference runner's numbers fails."""
     case, graphs, policy = _interleaved(name)
     feeds = cells.batch_feeds(case, graphs, [case.data(np.random.default_rng(1), g) for g in graphs])
 
     def run(options):
         return case.model.forward_backward(graphs, feeds, case.params, RunContext(), options=options, policy=policy)
-    python = EngineOptions(executor="python")
-    assert_native_equals_python(run, python, "float64")
+    reference = EngineOptions(executor="reference")
+    assert_native_equals_reference(run, reference, "float64")
+    want = run(reference)   # (before the change: both runners run the one program the change is made to)
     state = next(iter(run(EngineOptions(executor="native")).states.values()))
     program = state.backward_program if backward else state.program
     pc = _split_block_instruction(program, opcode)
-    code, lowered = program.native.code, program.native
+    code, lowered = program.lowered.code, program.lowered
     if change == "child":   # (the same kind's first child index: as many rows, each a valid row)
         key = lowered.keys[code[pc][field]]
         code[pc][field] = lowered.keys.index(("child", 0, key[-1]))
@@ -243,7 +191,7 @@ def test_a_wrong_row_move_by_index_makes_native_differ_from_python(name, backwar
     else:
         code[pc][field] = change(int(code[pc][field]))
     with pytest.raises(AssertionError):
-        assert_native_equals_python(run, python, "float64")
+        results_equal(want, run(EngineOptions(executor="native")), "float64")
 
 
 def test_a_bad_row_index_of_a_block_is_caught_by_the_debug_mode():
@@ -281,9 +229,7 @@ def test_a_bad_row_index_of_a_block_is_caught_by_the_debug_mode():
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_streaming_runs_the_program_natively(name):
-    """Streaming is the Python interpreter's way to run the eager blocks task by task on a second thread; the
-    native executor runs the same pass's eager blocks batched in its one call (nothing left to overlap), and
-    the numbers are the interpreter's, streaming or not."""
+    """With streaming asked for, the C runner runs the pass, and the numbers are the reference runner's."""
     build, make_graph = CASES[name]
     rng = np.random.default_rng(1)
     case = build(rng)
@@ -293,16 +239,14 @@ def test_streaming_runs_the_program_natively(name):
     def run(options):
         return case.model.forward_backward(graphs, feeds, case.params, RunContext(), options=options)
     for options in (EngineOptions(streaming=True), EngineOptions(streaming=True, eager_batching=False)):
-        assert_native_equals_python(run, options, "float64")
-    python = run(EngineOptions(streaming=True, executor="python")).states["G"].program
-    assert python.native is None and any(block.stream == "eager" for block in python.before)
+        assert_native_equals_reference(run, options, "float64")
 
 
 @pytest.mark.parametrize("eager", [True, False])
-def test_dropout_runs_natively_with_the_python_interpreters_masks(eager):
+def test_dropout_runs_natively_with_the_reference_runners_masks(eager):
     """Dropout (DROPOUT: the mask of the task's row keys and a per-run table entry) in the leaves' block
     before the task loop, or (eager batching off) in the task loop: both passes run natively and equal the
-    Python interpreter (the same mask bits); the mask changes with the step and is gone outside training."""
+    reference runner (the same mask bits); the mask changes with the step and is gone outside training."""
     rng = np.random.default_rng(2)
     case = cells.binary_tree_lstm(rng, p_drop=0.3)
     graphs = [InputGraph([[1, 2], [], []]), InputGraph([[1, 2], [3, 4], [], [], []])]
@@ -312,25 +256,49 @@ def test_dropout_runs_natively_with_the_python_interpreters_masks(eager):
     for ctx in (RunContext(seed=3, step=1), RunContext(seed=3, step=2), RunContext(seed=3, training=False)):
         def run(options):
             return case.model.forward_backward(graphs, feeds, case.params, replace(ctx), options=options)
-        assert_native_equals_python(run, options, "float64")
+        assert_native_equals_reference(run, options, "float64")
         native = run(options)
         program = native.states["G"].program
-        assert "DROPOUT" in "\n".join(program.native.lines())
+        assert "DROPOUT" in "\n".join(program.lowered.lines())
         losses[(ctx.step, ctx.training)] = float(native.loss)
     assert len(set(losses.values())) == 3, losses
 
 
-def test_an_op_without_a_native_lowering_leaves_its_pass_to_python():
-    """MV-RNN's per-vertex matrices (reshape, values of three axes): that pass runs in Python and says why."""
-    t = Trainer(MODELS / "mv_rnn.yaml", TINY["mv_rnn"], run_dir=None)
-    samples = t.task.data["train"][:3]
-    t.model.options = EngineOptions(executor="native")
-    native = t.loss_and_grads(samples)
-    t.model.options = EngineOptions(executor="python")
-    python = t.loss_and_grads(samples)
-    program = next(iter(native.states.values())).program
-    assert program.native is None and "reshape" in program.native_why
-    close(python.loss, native.loss, "float32")
+def test_an_op_without_an_opcode_runs_as_apply_on_the_reference_runner():
+    """A step no opcode expresses (here a softmax over each vertex's row) is an APPLY of its op's own
+    implementation: the C runner declines that pass and says why (dump()), the reference runner on the CPU
+    runs it; the loss equals plain numpy's, the gradients finite differences."""
+    from minicavs import ops
+    from minicavs.model import Model, Structure
+    from minicavs.testing import check_model_grads
+    from minicavs.vertex import VertexFunction
+    rng = np.random.default_rng(4)
+    W = ops.param_node("W", (3, 3), "float64")
+    F = VertexFunction("v", arity=1, message=(3,), dtype="float64")
+    with F:
+        h = ops.tanh(ops.softmax(F.pull((3,)) @ W) + F.gather(0))
+        F.scatter(h)
+        F.push(h)
+    s = Structure(F, pulls={"x": ops.input((None, 3), "float64", name="xs")})
+    model = Model(s, loss=ops.sum(ops.square(s.pushed("h"))))
+    sizes = (3, 2)
+    graphs = [InputGraph.chain(n) for n in sizes]
+    feeds, vals = {"xs": rng.standard_normal((5, 3))}, {"W": rng.standard_normal((3, 3))}
+    got = model.forward_backward(graphs, feeds, vals, options=EngineOptions(executor="native"))
+    for program in (got.states["G"].program, got.states["G"].backward_program):
+        assert program.runner == "reference runner" and "APPLY" in program.declined, program.declined
+        assert "the device's runner declined this pass" in program.dump()
+    want, row = 0.0, 0
+    for n in sizes:   # (vertex i's child is i - 1)
+        h = np.zeros(3)
+        for _ in range(n):
+            z = feeds["xs"][row] @ vals["W"]
+            h = np.tanh(np.exp(z - z.max()) / np.exp(z - z.max()).sum() + h)
+            want += np.sum(h ** 2)
+            row += 1
+    equal(got.loss, want)
+    model.options = EngineOptions(executor="native")
+    check_model_grads(model, graphs, feeds, vals, directions=3)
 
 
 def test_dump_shows_the_instructions():
@@ -341,7 +309,8 @@ def test_dump_shows_the_instructions():
     case.model.options = EngineOptions(executor="native")
     state = case.model.forward_backward(trees, feeds, case.params, RunContext()).states["G"]
     text = state.program.dump()
-    assert "one native call: the blocks before the task loop, tasks 0:2, the blocks after it" in text
+    assert "F: one call of the native executor runs the blocks before the task loop (1 rows), tasks 0:2 and " \
+        "the blocks after it (1 rows)" in text
     lines = text.splitlines()
     # the blocks' templates: the leaves' x·W over all leaf rows (eager batching), the roots' h pushed after
     # the loop (lazy batching), read back from the scatter tensor's rows (a view of them when they are one
@@ -382,8 +351,8 @@ def _step_calls(case, graphs, options) -> collections.Counter:
     def profile(frame, event, arg):
         if event in ("call", "c_call"):
             counts[event] += 1
-        if event == "call" and frame.f_code.co_name in ("run_block", "emit_gradients"):
-            counts[frame.f_code.co_name] += 1
+        if event == "call" and frame.f_code.co_filename.endswith("reference.py"):
+            counts["reference"] += 1
     gc.collect()   # (a collection during the step would add its weakref callbacks to the count)
     gc.disable()
     sys.setprofile(profile)
@@ -403,11 +372,10 @@ def test_python_calls_of_a_native_step_do_not_grow_with_the_tasks():
     calls = _step_calls(case, short, native)
     assert calls == _step_calls(case, long, native)
     # the blocks before and after the task loop (x·W over all rows; the parameter gradients) run in the same
-    # native call: no block is interpreted in Python
-    assert calls["run_block"] == calls["emit_gradients"] == 0, calls
-    python = EngineOptions(executor="python")
-    assert sum(_step_calls(case, long, python).values()) > sum(_step_calls(case, short, python).values())
-    assert _step_calls(case, short, replace(python, streaming=True))["run_block"] > 0
+    # native call: no instruction is interpreted in Python
+    assert calls["reference"] == 0, calls
+    reference = EngineOptions(executor="reference")   # (which does run one Python call per instruction)
+    assert _step_calls(case, long, reference)["reference"] > _step_calls(case, short, reference)["reference"] > 0
 
 
 def _run_script(code: str, **env) -> subprocess.CompletedProcess:
@@ -430,7 +398,7 @@ def test_corrupted_offset_is_caught_by_the_debug_mode_not_a_crash():
         feeds = cells.batch_feeds(case, trees, [case.data(rng, g) for g in trees])
         case.model.options = EngineOptions(executor="native")
         state = case.model.forward_backward(trees, feeds, case.params, RunContext()).states["G"]
-        code = state.program.native.code
+        code = state.program.lowered.code
         pc = next(i for i in range(len(code)) if instructions.OPCODES_BY_ID[code[i][0]] == "BIND"
                   and code[i][3] == instructions.SCATTER_ROWS)
         code[pc][4] += 10**9   # the column offset: far outside the scatter tensor
@@ -444,7 +412,7 @@ def test_corrupted_offset_is_caught_by_the_debug_mode_not_a_crash():
                      r"col=1000000000.*\): operand \w+ is out of bounds", result.stdout), result.stdout
 
 
-def test_without_a_compiler_the_python_interpreter_trains_with_one_warning(tmp_path):
+def test_without_a_compiler_the_reference_runner_trains_with_one_warning(tmp_path):
     result = _run_script(f"""
         import warnings
         warnings.simplefilter("always")
@@ -458,12 +426,13 @@ def test_without_a_compiler_the_python_interpreter_trains_with_one_warning(tmp_p
         native = [str(w.message) for w in caught if "native executor" in str(w.message)]
         print(len(native), native[0] if native else "")
         state = t.loss_and_grads(t.task.data["train"][:4]).states
-        print("tasks in python:", all(s.program.tasks for s in state.values()), "loss", loss)
+        programs = [p for s in state.values() for p in (s.program, s.backward_program)]
+        print("runners:", set(p.runner for p in programs), "loss", loss)
         """, CC="/nonexistent", MINICAVS_CACHE=str(tmp_path / "cache"))
     assert result.returncode == 0, result.stderr[-2000:]
     count, rest = result.stdout.split(" ", 1)
     assert count == "1" and "no C compiler (/nonexistent)" in rest, result.stdout
-    assert "tasks in python: True loss" in result.stdout
+    assert "runners: {'reference runner'} loss" in result.stdout
 
 
 def test_dispatch_overhead_is_measured():
@@ -477,17 +446,17 @@ def test_inference_native_equals_python():
     case = cells.child_sum_tree_lstm(rng)
     graphs = [CASES["child_sum"][1](rng, 5) for _ in range(4)]
     feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
-    python = case.model.infer(graphs, feeds, case.params, options=EngineOptions(executor="python"))
+    python = case.model.infer(graphs, feeds, case.params, options=EngineOptions(executor="reference"))
     native = case.model.infer(graphs, feeds, case.params, options=EngineOptions(executor="native"))
-    assert native.states["G"].program.native is not None if native.states else True
+    assert native.states["G"].program.lowered is not None if native.states else True
     for name in python.pushes["G"]:
         equal(python.pushes["G"][name], native.pushes["G"][name])
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
-def test_one_tree_inference_native_equals_python_and_the_batched_pass(dtype, tmp_path):
+def test_one_tree_inference_native_equals_reference_and_the_batched_pass(dtype, tmp_path):
     """The path ``bench.point`` times at batch 1 (the bundled Tree-LSTM, forward only, one tree per pass): the
-    native pass equals the Python interpreter's (loss, every vertex's class probabilities, the pushed states)
+    native pass equals the reference runner's (loss, every vertex's class probabilities, the pushed states)
     and each tree alone equals its rows of a batch of all of them (serial per-sample evaluation)."""
     t = Trainer(MODELS / "tree_lstm.yaml", TINY["tree_lstm"] + [f"train.dtype={dtype}"], run_dir=tmp_path)
     trees = t.task.data["train"][:6]
@@ -499,12 +468,12 @@ def test_one_tree_inference_native_equals_python_and_the_batched_pass(dtype, tmp
 
     alone = []
     for tree in trees:
-        python, native = infer([tree], "python"), infer([tree], "native")
+        reference, native = infer([tree], "reference"), infer([tree], "native")
         program = native.states["tree"].program
-        assert program.native_table is not None and not program.blocks(), program.native_why
-        close(python.loss, native.loss, dtype)
-        close(python.outputs["probs"], native.outputs["probs"], dtype)
-        close(python.pushes["tree"]["h"], native.pushes["tree"]["h"], dtype)
+        assert program.runner == "native executor" and program.declined is None, program.declined
+        close(reference.loss, native.loss, dtype)
+        close(reference.outputs["probs"], native.outputs["probs"], dtype)
+        close(reference.pushes["tree"]["h"], native.pushes["tree"]["h"], dtype)
         alone.append(native)
     batched = infer(trees, "native")
     close(np.concatenate([r.outputs["probs"] for r in alone]), batched.outputs["probs"], dtype)
@@ -552,7 +521,7 @@ def test_transposed_statics_copied_for_the_task_loop_give_the_same_numbers(dtype
         close(a.grads[k], b.grads[k], dtype)
     t.model.options = EngineOptions()
     monkeypatch.setattr(c_runner, "CONTIGUOUS_STATICS_ROWS", 1)
-    assert_native_equals_python(lambda o: (setattr(t.model, "options", o), t.loss_and_grads(samples))[1],
+    assert_native_equals_reference(lambda o: (setattr(t.model, "options", o), t.loss_and_grads(samples))[1],
                                 EngineOptions(), dtype)
 
 
@@ -584,7 +553,7 @@ def test_few_row_products_by_a_wide_static_run_transposed_with_the_same_numbers(
         for k in a.grads:
             close(a.grads[k], b.grads[k], dtype)
         monkeypatch.setattr(c_runner, "SMALL_M_ROWS", 32)
-        assert_native_equals_python(lambda o: (setattr(t.model, "options", o), t.loss_and_grads(samples))[1],
+        assert_native_equals_reference(lambda o: (setattr(t.model, "options", o), t.loss_and_grads(samples))[1],
                                     EngineOptions(), dtype)
 
 
@@ -601,8 +570,8 @@ def test_a_wide_static_only_the_blocks_read_gets_no_transposed_copy(tmp_path, mo
     t.model.options = EngineOptions(executor="native")
     graphs, feeds = t.task.batch(samples)
     program = t.model.infer(graphs, feeds, t.params, t.context(training=False)).states["tree"].program
-    assert program.native_table is not None and shape[::-1] not in copies, copies   # (the old rule made it)
-    assert_native_equals_python(lambda o: (setattr(t.model, "options", o), t.loss_and_grads(samples))[1],
+    assert program.table is not None and shape[::-1] not in copies, copies   # (the old rule made it)
+    assert_native_equals_reference(lambda o: (setattr(t.model, "options", o), t.loss_and_grads(samples))[1],
                                 EngineOptions(), "float64")
 
 
@@ -624,7 +593,7 @@ def test_tree_fc_task_loop_moves_no_rows_when_siblings_are_side_by_side(monkeypa
 
         def run(options):
             return case.model.forward_backward(graphs, feeds, case.params, RunContext(), options=options)
-        assert_native_equals_python(run, EngineOptions(executor="python"), "float64")
+        assert_native_equals_reference(run, EngineOptions(executor="reference"), "float64")
         moved[label] = {op: int(prof[i]) for i, op in enumerate(instructions.OPCODES) if op in ("COPY", "ADJ")}
     assert moved["complete"] == {"COPY": 0, "ADJ": 0}
     assert moved["irregular"]["ADJ"] > 0
@@ -648,7 +617,7 @@ def test_backward_task_table_is_the_forward_one_reversed():
 def _block_instruction(program, template: str, opcode: str) -> int:
     """The index of the first ``opcode`` instruction of the block template named ``template`` (dump()'s
     'kind ... template' line) of a native program."""
-    lowered = program.native
+    lowered = program.lowered
     tid = next(tid for tid, t in zip(lowered.kids, lowered.templates)
                if f"kind '{t.kind}' {instructions.PHASE_WORDS[t.phase]} block" == template)
     begin, end = lowered.ranges[tid]
@@ -661,10 +630,10 @@ def _block_instruction(program, template: str, opcode: str) -> int:
     (True, "kind 'leaf' after tasks block", "SUMROWS", 4, lambda v: v - 1),    # the bias sum one column short
     (True, "kind 'internal' after tasks block", "GEMM", 3, lambda v: v - 1),   # dU one row short
 ])
-def test_a_wrong_block_instruction_makes_native_differ_from_python(backward, template, opcode, field, change):
+def test_a_wrong_block_instruction_makes_native_differ_from_reference(backward, template, opcode, field, change):
     """The blocks the native executor runs are what computes those values: one perturbed instruction of a
-    block template (the linked program is cached with the model, so the next run uses it) and the equality
-    with the Python interpreter fails."""
+    block template (the linked program is cached with the model, so the next run uses it) and the numbers
+    differ from the reference runner's before the change."""
     rng = np.random.default_rng(4)
     case = cells.binary_tree_lstm(rng)
     graphs = [InputGraph([[1, 2], [], [3, 4], [], []]), InputGraph([[1, 2], [], []])]
@@ -672,14 +641,15 @@ def test_a_wrong_block_instruction_makes_native_differ_from_python(backward, tem
 
     def run(options):
         return case.model.forward_backward(graphs, feeds, case.params, RunContext(), options=options)
-    python = EngineOptions(executor="python")
-    assert_native_equals_python(run, python, "float64")
+    reference = EngineOptions(executor="reference")
+    assert_native_equals_reference(run, reference, "float64")
+    want = run(reference)   # (before the change: both runners run the one program the change is made to)
     state = run(EngineOptions(executor="native")).states["G"]
     program = state.backward_program if backward else state.program
     pc = _block_instruction(program, template, opcode)
-    program.native.code[pc][field] = change(int(program.native.code[pc][field]))
+    program.lowered.code[pc][field] = change(int(program.lowered.code[pc][field]))
     with pytest.raises(AssertionError):
-        assert_native_equals_python(run, python, "float64")
+        results_equal(want, run(EngineOptions(executor="native")), "float64")
 
 
 def test_a_bad_offset_in_a_block_instruction_is_caught_by_the_debug_mode():
@@ -709,7 +679,7 @@ def test_a_bad_offset_in_a_block_instruction_is_caught_by_the_debug_mode():
             state = case.model.forward_backward(graphs, feeds, case.params, RunContext()).states["G"]
             program = state.backward_program if backward else state.program
             pc = _block_instruction(program, template, opcode)
-            program.native.code[pc][field] += 10**9
+            program.lowered.code[pc][field] += 10**9
             try:
                 case.model.forward_backward(graphs, feeds, case.params, RunContext())
                 print("not caught", opcode)

@@ -54,9 +54,7 @@ NO_DEVICE_CODE = ("ops", "optim", "training", "runrecord", "atomic", "rundir", "
 # The concrete backends, and the modules above the seam that reach them only through it
 # (minicavs.backend.get_device / default_device name a device without importing its code).
 BACKENDS = ("cpu", "cuda")
-THROUGH_THE_SEAM = ("compile", "instructions", "model",
-                    pytest.param("engine", marks=pytest.mark.xfail(
-                        strict=True, reason="engine.py rewritten in the one-program work")))
+THROUGH_THE_SEAM = ("compile", "instructions", "model", "engine")
 MAX_LINES = 800   # a module longer than this holds more than one job: split it along them
 
 

@@ -8,6 +8,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from minicavs.compile import POST
 from minicavs.engine import EngineOptions
 from minicavs.executor import RunContext
 from minicavs.explain import explain
@@ -142,37 +143,28 @@ def test_lazy_phases_read_scattered_values_and_gathered_children_back_from_the_s
     from minicavs.data.trees import complete_binary_tree
     complete = [complete_binary_tree(8).to_graph()] * 3          # siblings side by side: a reshape
     irregular = [random_tree(np.random.default_rng(1), n, 2, full_binary=True) for n in (5, 7, 4)]
-    for executor, trees in [(e, t) for e in ("native", "python") for t in (complete, irregular)]:
+    for executor, trees in [(e, t) for e in ("native", "reference") for t in (complete, irregular)]:
         opts = replace(ON, executor=executor)
         rng = np.random.default_rng(2)
         feeds = cells.batch_feeds(case, trees, [case.data(rng, g) for g in trees])
         res = case.model.forward_backward(trees, feeds, case.params, RunContext(), options=opts)
         state = res.states[case.model.structures[0].name]
-        if executor == "native":   # the blocks are templates of the same native call
-            back, kid = state.backward_program, state.plan.kinds.index(
-                next(k for k in state.plan.kinds if k is not None and k.name == "internal"))
-            lazy = back.dump()[back.dump().index("kind 'internal' after tasks block template"):]
-            # [h_l; h_r] read as a view of the scatter tensor (its block row names the first child row) where
-            # siblings are side by side, else gathered row by row (TAKETO); h pushed from the scatter rows
-            assert "CATVIEW dst=r0(%" in lazy and "TAKETO" in lazy
-            (row,) = back.native_table[back.native_table[:, 0] == 2 * (len(back.native.ranges) // 3) + kid]
-            assert (row[4] >= 0) == (trees is complete)
-            push = state.program.dump()[state.program.dump().index("kind 'internal' after tasks block template"):]
-            # (SROWS: a view of the kind's scatter rows, which the cavs schedule lays out as one block: the
-            # block's row gives their first row, not -1, so nothing is copied)
-            assert re.search(r"SROWS dst=r\d+\(%\d+\) buf=scatter\S* .*load=1", push)
-            fwd = state.program
-            (row,) = fwd.native_table[fwd.native_table[:, 0] == 2 * (len(fwd.native.ranges) // 3) + kid]
-            assert row[3] >= 0
-        else:
-            (after,) = [b for b in state.backward_program.after if b.kind == "internal"]
-            (bound,) = [a for n, a, _ in after.views if n is cat]
-            kinds = state.plan.kinds[after.kid]
-            expect = np.concatenate([state.scatter[kinds.child_rows[j]] for j in (0, 1)], axis=1)
-            np.testing.assert_array_equal(bound, expect)
-            assert np.shares_memory(bound, state.scatter) == (trees is complete)
-            (push,) = [b for b in state.program.after if b.kind == "internal"]
-            assert [np.shares_memory(a, state.scatter) for n, a, _ in push.views if n is h] == [True]
+        # (both runners run the one lowered program: its blocks are templates of the same call)
+        back, kid = state.backward_program, state.plan.kinds.index(
+            next(k for k in state.plan.kinds if k is not None and k.name == "internal"))
+        lazy = back.dump()[back.dump().index("kind 'internal' after tasks block template"):]
+        # [h_l; h_r] read as a view of the scatter tensor (its block row names the first child row) where
+        # siblings are side by side, else gathered row by row (TAKETO); h pushed from the scatter rows
+        assert "CATVIEW dst=r0(%" in lazy and "TAKETO" in lazy
+        (row,) = back.table[back.table[:, 0] == 2 * (len(back.lowered.ranges) // 3) + kid]
+        assert (row[4] >= 0) == (trees is complete)
+        push = state.program.dump()[state.program.dump().index("kind 'internal' after tasks block template"):]
+        # (SROWS: a view of the kind's scatter rows, which the cavs schedule lays out as one block: the
+        # block's row gives their first row, not -1, so nothing is copied)
+        assert re.search(r"SROWS dst=r\d+\(%\d+\) buf=scatter\S* .*load=1", push)
+        fwd = state.program
+        (row,) = fwd.table[fwd.table[:, 0] == 2 * (len(fwd.lowered.ranges) // 3) + kid]
+        assert row[3] >= 0
         # (the workspace is the model's: the serial run reuses the buffers checked above)
         assert_same(res, case.model.forward_backward(trees, feeds, case.params, RunContext(), policy="serial",
                                                      options=opts))
@@ -277,14 +269,14 @@ def test_lazy_phase_temporaries_live_in_the_workspace():
     rng = np.random.default_rng(1)
     trees = [random_tree(rng, 6, 2, full_binary=True) for _ in range(3)]
     feeds = cells.batch_feeds(case, trees, [case.data(rng, g) for g in trees])
+    (fused,) = [s for s in leaf.phases(ON)[1].programs[POST] if s.fused]
+    assert set(fused.outputs) <= set(leaf.placement(ON)[2])   # (its output is a dynamic tensor of ∂F)
     written = []
-    for _ in range(2):   # (the Python blocks' binding; the native executor's templates bind the same tensors)
-        res = case.model.forward_backward(trees, feeds, case.params, RunContext(),
-                                          options=replace(ON, executor="python"))
-        state = res.states[case.model.structures[0].name]
-        (after,) = [b for b in state.backward_program.after if b.kind == "leaf"]
-        (fused,) = [s for s in after.steps if s.fused]
-        outs = {n: a for n, a, _ in after.outs}
-        assert set(fused.outputs) <= set(outs) and set(fused.outputs) <= set(leaf.placement(ON)[2])
-        written.append(outs[fused.outputs[0]])
+    for _ in range(2):
+        res = case.model.forward_backward(trees, feeds, case.params, RunContext(), options=ON)
+        program = res.states[case.model.structures[0].name].backward_program
+        kid = next(i for i, k in enumerate(program.buffers.plan.kinds) if k is not None and k.name == "leaf")
+        # the leaves' block template writes the kernel's output into that tensor's rows (BIND, then FUSED)
+        assert ("btensor", fused.outputs[0], kid) in program.lowered.keys
+        written.append(program.buffers.btensors[kid][fused.outputs[0]].buffer)
     assert np.shares_memory(written[0], written[1])

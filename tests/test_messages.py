@@ -147,23 +147,22 @@ def test_each_gather_and_scatter_is_bound_to_the_tensor_of_its_shape():
     graphs = [InputGraph([[], [0], [1], [], [3, 2]], ["a", "b", "a", "a", "b"])] * 2
     feeds = {"x": rng.standard_normal((6, 2))}
     params = {name: q.value for name, q in p.items()}
-    result = model.forward_backward(graphs, feeds, params, options=EngineOptions(executor="python"))   # bound blocks
+    result = model.forward_backward(graphs, feeds, params, options=EngineOptions(executor="reference"))
     state = result.states["g"]
     assert sorted(state.scatters) == [(2,), (3,)] and state.scatter is None
-    bound = 0
-    for block in state.program.tasks:
-        fn = s.compiled[block.kind]
-        for node, array, _ in block.views + [(n, buf, w) for n, buf, _, w in block.takes]:
-            if node in fn.gather_slot:
-                assert np.shares_memory(array, state.scatters[fn.gather_messages[fn.gather_slot[node]]])
-                bound += 1
-    assert bound == sum(len(s.compiled[b.kind].gathers) for b in state.program.tasks)
+    # every gather reads, and every scatter writes, the scatter tensor of its own shape (the program's keys)
+    reads = {k for k in state.program.lowered.keys if k[0] == "scatter"}
+    assert reads == {("scatter", (2,)), ("scatter", (3,))}
+    for kid, kind_plan in enumerate(state.plan.kinds):
+        fn = s.compiled[kind_plan.name]
+        for j, message in fn.gather_messages.items():
+            assert np.shares_memory(state.program.buffers[("scatter", message)][0], state.scatters[message])
     text = state.program.dump() + state.backward_program.dump()
-    assert "scatter(2,)[" in text and "scatter(3,)[" in text and "scatter grad(3,)[" in text
+    assert "buf=scatter[(2,)]" in text and "buf=scatter[(3,)]" in text and "buf=sgrad[(3,)]" in text
     workspace = model.workspace("g")
     buffers = [t.buffer for t in list(workspace.scatters.values()) + list(workspace.scatter_grads.values())]
     assert len(buffers) == 4
-    again = model.forward_backward(graphs, feeds, params)
+    again = model.forward_backward(graphs, feeds, params, options=EngineOptions(executor="reference"))
     assert again.loss == result.loss
     assert all(a is b for a, b in zip(
         [t.buffer for t in list(workspace.scatters.values()) + list(workspace.scatter_grads.values())], buffers))

@@ -208,9 +208,9 @@ def executor_trainers(tmp_path_factory):
 
 
 @pytest.mark.parametrize("executor, depth", [
-    *((executor, depth) for executor in ("native", "python") for depth in (1, 2, 500, 5_000)),
+    *((executor, depth) for executor in ("native", "reference") for depth in (1, 2, 500, 5_000)),
     ("native", 100_000),
-    pytest.param("python", 100_000, marks=pytest.mark.slow),   # ~30 s: a Python loop step per level
+    pytest.param("reference", 100_000, marks=pytest.mark.slow),   # ~30 s: a Python loop step per level
 ])
 def test_deep_trees_train_predict_and_render_on_every_executor(executor_trainers, executor, depth):
     """No walk over a tree recurses: a tree of any depth parses, trains one step, predicts and renders back,
@@ -346,9 +346,9 @@ def test_a_directory_as_input_says_so(weights, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("executor, words", [
-    *((executor, words) for executor in ("native", "python") for words in (1, 2, 500, 5_000)),
+    *((executor, words) for executor in ("native", "reference") for words in (1, 2, 500, 5_000)),
     ("native", 100_000),
-    pytest.param("python", 100_000, marks=pytest.mark.slow),
+    pytest.param("reference", 100_000, marks=pytest.mark.slow),
 ])
 def test_long_sentences_train_and_predict_on_every_executor(tmp_path_factory, executor, words):
     """A sentence is a chain as deep as it is long: 100,000 words train a step and predict like 5."""

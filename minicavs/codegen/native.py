@@ -64,6 +64,12 @@ OPCODES = {
 OPS = {name: i for i, name in enumerate(OPCODES)}
 
 
+def holds_tuple(node) -> bool:
+    """Whether ``node``'s value is a tuple (a control-flow op's several results, their cotangent): no matrix,
+    so only an APPLY writes or reads its register, which holds the tuple itself (control.py)."""
+    return node.op == "tuple_ct" or "_types" in node.attrs
+
+
 def matrix_shape(node) -> tuple[int, int]:
     """A value as the machine's registers see it, a matrix: rows (-1: the task's rows, for a per-row value)
     and columns. A per-row value of shape (None, *vshape) is rows of prod(vshape) numbers; a static of shape

@@ -30,7 +30,7 @@ _warned: set = set()
 
 def _warn_once(why: str) -> None:
     if not _warned:
-        warnings.warn(f"native executor unavailable ({why}): the Python interpreter runs the batch program",
+        warnings.warn(f"native executor unavailable ({why}): the reference runner runs the batch programs (slowly)",
                       RuntimeWarning, stacklevel=3)
     _warned.add(why)
 
