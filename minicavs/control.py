@@ -173,6 +173,10 @@ def _tuple_node(op: str, inputs: Sequence[Node], attrs: dict, types: Sequence[tu
     return make_node(op, inputs, attrs)
 
 
+def _is_tuple_node(node: Node) -> bool:
+    return "_types" in node.attrs
+
+
 def item(t: Node, index: int) -> Node:
     shape, dtype = t.attrs["_types"][index]
     return make_node("item", (t,), {"index": index, "shape": shape, "dtype": dtype})
@@ -197,7 +201,7 @@ register(OpDef("item", infer=lambda t, index, shape, dtype: (shape, dtype),
 # it); as a value it is the tuple of its parts.
 register(OpDef("tuple_ct", infer=lambda *parts, index, shape, dtype: (shape, dtype),
                impl=lambda xp, *parts, index, shape, dtype: tuple(parts), vjp=None, fuse=False,
-               merge_gradients=_merge_tuple_cts))
+               merge_gradients=_merge_tuple_cts, tuple_valued=lambda node: True))
 
 
 def _cotangents(g: Node, node: Node) -> dict:
@@ -339,7 +343,7 @@ def _cond_vjp(g, node, pred, *args, then, else_, n_operands, _in_vertex_function
     return (None, *grads)
 
 
-register(OpDef("cond", infer=_cond_infer, impl=_cond_impl, vjp=_cond_vjp, fuse=False))
+register(OpDef("cond", infer=_cond_infer, impl=_cond_impl, vjp=_cond_vjp, fuse=False, tuple_valued=_is_tuple_node))
 
 
 # --- loops -----------------------------------------------------------------------------------------------
@@ -663,7 +667,8 @@ def _backward_loop(backward, step_inputs, carried, length, reverse, count, split
     return outs, finals
 
 
-register(OpDef("foreach", infer=_loop_infer, impl=_foreach_impl, vjp=_loop_vjp, fuse=False))
+register(OpDef("foreach", infer=_loop_infer, impl=_foreach_impl, vjp=_loop_vjp, fuse=False,
+               tuple_valued=_is_tuple_node))
 
 
 # --- while_loop ------------------------------------------------------------------------------------------
@@ -737,4 +742,5 @@ def _while_impl(xp, *values, body, cond, n_in, n_state, n_out, length, _has_coun
     return tuple(result) if _types is not None else result[0]
 
 
-register(OpDef("while_loop", infer=_loop_infer, impl=_while_impl, vjp=_loop_vjp, fuse=False))
+register(OpDef("while_loop", infer=_loop_infer, impl=_while_impl, vjp=_loop_vjp, fuse=False,
+               tuple_valued=_is_tuple_node))

@@ -1,41 +1,40 @@
-"""A batch program (its blocks and task loop) as an instruction stream (VPPS's script), run by a device's runner.
+"""The batch program: F and ∂F of every kind lowered to one instruction stream (VPPS's script), run by a runner.
 
 Per vertex kind and direction (F or ∂F) the kind's task program is lowered once to a *template*: fixed-width
 int64 instructions (codegen/native.py's ``OPCODES``) whose addresses are relative to a task's rows (its offset
 in the kind's dynamic tensors, its offset in the scatter tensor, its children's rows through the kind's index
-arrays, the task's gather views). Per batch, Python only resolves the buffers (a few dozen base pointers:
-the workspace's tensors, the scatter tensors and their gradients, pull and push buffers, the kind's index
-arrays, parameters, parameter-gradient accumulators, one scratch arena) and builds the task table with numpy
-(kind, row offset, rows, scatter offset, the gather views and the sibling-concat view per task); the device's
-runner (``Backend.run_program``) then expands template x task table: on the CPU one C call (cpu/runner.py), so
-the Python work of a native pass does not grow with the number of tasks (the schedule and memory plan before
-it still do, in numpy and some Python); on CUDA the reference runner's opcodes over device arrays with the
-generated kernels (cuda/runner.py). reference.py defines every opcode, one Python function each.
+arrays, the task's gather views). :func:`link` joins the kinds' templates into one program (a ``Lowered``).
+Per batch, program.py binds it: the task table (kind, row offset, rows, scatter offset, the gather views and
+the sibling-concat view per task, built with numpy) and the batch's buffers (program.Buffers: the workspace's
+tensors, the scatter tensors and their gradients, pull and push buffers, the kind's index arrays, parameters,
+parameter-gradient accumulators, one scratch arena). A runner then expands template x task table: the C
+runner in one C call (cpu/runner.py), the CUDA runner with the generated kernels (cuda/runner.py), the
+reference runner (reference.py), which defines every opcode, one Python function each.
 
 The blocks before and after the task loop (eager and lazy batching: one block per kind over all its rows) are
 templates too, run as one task each of all the kind's rows (kind offset 0, scatter offset the kind's first
-scatter row; program.block_rows adds their rows before and after the task table), so one C call runs a pass's
+scatter row; program.block_rows adds their rows before and after the task table), so one call runs a pass's
 blocks, tasks and blocks. A block reads and writes its kind's scatter rows through SROWS and SPUT: a view at
 the scatter offset, as a task's BIND, when the batch lays those rows out as one block (the cavs schedule of
 one kind, or of leaf/internal kinds); else (scatter offset -1: 2Type's and the lattice's kinds interleaved by
-height) rows copied in by the kind's row index (``srows``) and computed rows put back after the steps, as the
-Python interpreter takes and puts them. So the contiguous case copies nothing more than before, and the other
-needs no second template. The blocks stay with the Python interpreter, all of them, when one cannot be
-lowered (the pass's ``native_why`` says why; the task loop stays native). A task program the lowering
-cannot express (an op with no native lowering, such as reshape; a value of more than two axes; a row-sparse
-gradient) leaves the whole pass to the Python interpreter (:func:`link` says why); so does streaming (the
-eager stream is a worker thread that runs blocks task by task).
+height) rows copied in by the kind's row index (``srows``) and computed rows put back after the steps. So
+the contiguous case copies nothing, and the other needs no second template.
+
+Every step lowers: a step no other opcode expresses (an op with no lowering, a broadcast no kernel computes,
+a fused group with more arguments than a kernel call passes) is an APPLY of its op's own implementation,
+which the reference and CUDA runners run and the C runner declines (that pass then runs on the reference
+runner on the same device, and dump() says why). Values of any shape are matrices of flat rows
+(codegen/native.matrix_shape).
 
 Registers: every value of a template is a register (pointer, row stride, transposed flag, buffer) set by the
 instruction that binds or computes it; views (row blocks, column slices, strided gathers, transposes,
 identities) only set registers, computed values get a region of the scratch arena (``off`` x the task's
-rows). Parameter gradients computed per task are added into accumulators zeroed per batch (0 + g is
-exact, so the numbers equal the Python path's copy-then-add up to summation order); one that a block alone
-computes is computed straight into its accumulator.
+rows). Parameter gradients computed per task are added into accumulators zeroed per batch; one that a block
+alone computes is computed straight into its accumulator.
 
 Dropout (DROPOUT) multiplies by the mask of the task's row keys (the kind's ``rowkeys`` buffer) and one entry of
 a per-run table (``dropout``: the hash word of (seed, step, site), threshold and scale; see
-program.dropout_table), so a template serves every step and the masks are the Python interpreter's bits.
+program.dropout_table), so a template serves every step and the masks are those of ops.nn's dropout.
 """
 from __future__ import annotations
 
@@ -52,7 +51,8 @@ from .passes.fusion import fuse, fusible
 
 
 class Unsupported(Exception):
-    """The lowering cannot express this task program natively (the message says what)."""
+    """The lowering met a task program it cannot have made (a value read before anything binds it: a
+    compiler bug, not a user's op; every op lowers, APPLY the last resort)."""
 
 
 OPCODES_BY_ID = list(OPCODES)
@@ -383,7 +383,7 @@ def _singles(fn, device) -> dict:
 
 
 def forward_template(fn, opts, device, training: bool, phase: int = TASK) -> Template:
-    """F's program of one kind in ``phase``, mirroring program.bind_forward's blocks: TASK's runs per task;
+    """F's program of one kind in ``phase``: TASK's runs per task;
     PRE's and POST's (eager and lazy batching) run once over all the kind's rows, as a task of those rows
     (program.block_rows: kind offset 0, scatter offset the kind's first scatter row)."""
     kp = fn.phases(opts, device)[0]
@@ -444,7 +444,7 @@ def forward_template(fn, opts, device, training: bool, phase: int = TASK) -> Tem
 
 
 def backward_template(fn, opts, device, phase: int = TASK, direct: bool = False) -> Template:
-    """∂F's program of one kind in ``phase``, mirroring program.bind_backward's blocks (PRE and POST: over all
+    """∂F's program of one kind in ``phase`` (PRE and POST: over all
     the kind's rows, as forward_template's). ``direct`` (a block whose parameter gradients no other template
     writes): each is computed straight into its accumulator (which then needs no zeros, no GACC)."""
     kp = fn.phases(opts, device)[1]

@@ -163,7 +163,7 @@ class KindPlan:
     @property
     def views(self) -> list:
         """Per child slot j: {kind offset of a task: (start, step)} for the tasks whose child rows are a view
-        (the Python interpreter's lookup; the native task table reads :attr:`strides` directly)."""
+        (a lookup by slot; the task table reads :attr:`strides` directly)."""
         if self._views is None:
             self._views = [{off: (a, b) for off, a, b in zip(self.task_offsets.tolist(), start.tolist(),
                                                              step.tolist()) if b >= 0}

@@ -34,8 +34,8 @@ class VertexFunction:
     ``arity``: the most children a vertex of this kind has (gathers 0 .. arity-1), at most ``MAX_ARITY``
     (480): every gather takes one of the native executor's 512 registers of a kind's template, and 32 are
     left for the function's other values. A function of that arity whose other values need more registers
-    (a large body) runs its task loop in the Python interpreter instead: the same numbers, slower; the
-    batch program's ``dump()`` says why. Declaring a larger arity is an error."""
+    (a large body) runs on the reference runner instead (the C runner declines it): the same numbers,
+    slower; the batch program's ``dump()`` says why. Declaring a larger arity is an error."""
 
     def __init__(self, name: str = "F", arity: int = 0, message: Sequence[int] | None = None,
                  dtype=float32):

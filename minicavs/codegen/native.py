@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import math
 
-from ..limits import MAX_ARGS, MAX_REGISTERS  # noqa: F401  (re-exported: the lowering's limits)
+from ..limits import MAX_ARGS, MAX_REGISTERS
+from ..ops.registry import holds_tuple  # noqa: F401  (the machine's view: a register of a tuple)  # noqa: F401  (re-exported: the lowering's limits)
 
 WIDTH = 10
 
@@ -62,12 +63,6 @@ OPCODES = {
     "APPLY": ("step", "pool", "keys"),
 }
 OPS = {name: i for i, name in enumerate(OPCODES)}
-
-
-def holds_tuple(node) -> bool:
-    """Whether ``node``'s value is a tuple (a control-flow op's several results, their cotangent): no matrix,
-    so only an APPLY writes or reads its register, which holds the tuple itself (control.py)."""
-    return node.op == "tuple_ct" or "_types" in node.attrs
 
 
 def matrix_shape(node) -> tuple[int, int]:

@@ -159,7 +159,7 @@ def warn_no_compiler() -> None:
     global _warned
     if not _warned:
         warnings.warn(f"no C compiler ({os.environ.get('CC', 'cc')}) found: fused elementwise groups run "
-                      "unfused with numpy, and the Python interpreter runs the batch program (no native "
+                      "unfused with numpy, and the reference runner runs the batch programs (no native "
                       "executor)", RuntimeWarning, stacklevel=3)
         _warned = True
 

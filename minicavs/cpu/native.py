@@ -9,7 +9,7 @@ compiled without ``-l``. If numpy's BLAS is not found (another numpy build), a s
 ``libcblas`` exporting the LP64 ``cblas_{s,d}gemm`` is used instead (a second library, with its own threads:
 say ``OPENBLAS_NUM_THREADS`` when that matters). With no compiler or no BLAS, :func:`executor` returns None
 and warns once per process naming why (no compiler: the same one warning as the fused kernels'); the engine
-then runs the Python interpreter.
+then runs the batch programs on the reference runner.
 """
 from __future__ import annotations
 

@@ -41,6 +41,8 @@ class OpDef:
         transposed flag), "sum_rows" (a sum over the row axis), "unslice" (zeros with a column block
         written), "dropout" (a per-row value times the mask of its row keys). Identities alias their input;
         elementwise ops run as fused kernels.
+    tuple_valued(node) -> True when the node's value is a tuple (a control-flow op's several results, their
+        cotangent): no matrix, so the lowering holds it in a register only its APPLYs read and write.
     """
 
     name: str
@@ -60,6 +62,7 @@ class OpDef:
     rows: Optional[object] = None
     product: Optional[tuple] = None
     native: Optional[Callable] = None
+    tuple_valued: Optional[Callable] = None
 
     @property
     def elementwise(self) -> bool:
@@ -71,6 +74,13 @@ class OpDef:
 
 
 OPS: dict[str, OpDef] = {}
+
+
+def holds_tuple(node) -> bool:
+    """Whether ``node``'s value is a tuple (a control-flow op's several results, their cotangent): no matrix,
+    so only an APPLY writes or reads its register, which holds the tuple itself (control.py)."""
+    tuple_valued = OPS[node.op].tuple_valued
+    return tuple_valued is not None and tuple_valued(node)
 
 
 def register(opdef: OpDef) -> OpDef:
