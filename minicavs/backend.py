@@ -83,11 +83,13 @@ class Backend:
         """Why this device's runner cannot run a program of ``dtype`` here (None: it can)."""
         return None
 
-    def run_program(self, lowered, table: np.ndarray, resolve, dtype, forest: bool, workspace=None) -> dict:
+    def run_program(self, lowered, table: np.ndarray, resolve, dtype, forest: bool, workspace=None,
+                    eager: np.ndarray | None = None) -> dict:
         """Run a lowered batch program (instructions.py) over ``table``: this device's runner. By default
         the reference runner over this device's arrays (every opcode one function of :mod:`.reference`).
-        Returns the parameter-gradient accumulators the program added into."""
-        return reference.run(lowered, table, resolve, dtype, forest, workspace, device=self)
+        ``eager``: the eager stream's table (program.eager_rows), run on the runner's second stream, row t
+        of ``table`` after its chunk t. Returns the parameter-gradient accumulators the program added into."""
+        return reference.run(lowered, table, resolve, dtype, forest, workspace, device=self, eager=eager)
 
 
 def to_host(a) -> np.ndarray:

@@ -153,6 +153,18 @@ def _with_blocks(table: np.ndarray, pre: np.ndarray, post: np.ndarray) -> np.nda
     return np.concatenate([pre, table, post]) if len(pre) or len(post) else table
 
 
+def _streamed(program: BatchProgram, lowered, table: np.ndarray, blocks: tuple, opts: EngineOptions,
+              forest: bool) -> np.ndarray:
+    """The table the runner's main stream runs; streaming, the blocks before the task loop become the eager
+    stream's table instead (program.eager_rows; kept on the program, or why not)."""
+    pre, post = blocks
+    if opts.streaming:
+        program.eager_table, program.eager_why = binding.eager_rows(lowered, table, forest)
+        if program.eager_table is not None:
+            pre = pre[:0]
+    return _with_blocks(table, pre, post)
+
+
 def _device_index(xp, rows: np.ndarray):
     """:func:`row_index` for writing into an array of ``xp``: index arrays moved to its device."""
     ix = row_index(rows)
@@ -220,9 +232,9 @@ def forward(fns: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContex
         if blocks is not None:   # one call runs the blocks before the task loop, the tasks and the blocks after
             for k, v in block_copies.items():
                 program.copies[k] += v
-            table = program.native_table = _with_blocks(table, *blocks)
+            table = program.native_table = _streamed(program, native, table, blocks, opts, plan.forest)
         run(native, table, _resolver(fns, plan, state, dtype.np, ctx, native.dropouts), dtype.np, plan.forest,
-            workspace)
+            workspace, eager=program.eager_table)
     for t, block in enumerate(program.tasks):
         if events is not None:
             events[t].wait()
@@ -322,10 +334,11 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
         program.native, program.task_table = native, table
         program.runner, run = _runner(opts, device)
         if blocks is not None:
-            table = program.native_table = _with_blocks(table, *blocks)
+            table = program.native_table = _streamed(program, native, table, blocks, opts, plan.forest)
         resolve = _resolver(fns, plan, state, dtype.np, ctx, native.dropouts, btensors, sgrads, push_grads,
                             pull_grads)
-        for name, g in run(native, table, resolve, dtype.np, plan.forest, workspace).items():
+        for name, g in run(native, table, resolve, dtype.np, plan.forest, workspace,
+                           eager=program.eager_table).items():
             prev = param_grads.get(name)
             if prev is None:
                 param_grads[name] = g

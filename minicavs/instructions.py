@@ -23,8 +23,10 @@ Python interpreter takes and puts them. So the contiguous case copies nothing mo
 needs no second template. The blocks stay with the Python interpreter, all of them, when one cannot be
 lowered (the pass's ``native_why`` says why; the task loop stays native). A task program the lowering
 cannot express (an op with no native lowering, such as reshape; a value of more than two axes; a row-sparse
-gradient) leaves the whole pass to the Python interpreter (:func:`link` says why); so does streaming (the
-eager stream is a worker thread that runs blocks task by task).
+gradient) leaves the whole pass to the Python interpreter (:func:`link` says why). Streaming runs the blocks
+before the task loop as a second table of the same templates, one chunk per task over the task's rows
+(program.eager_rows), on the runner's second stream; a parameter gradient such a block computes is then
+accumulated (GACC), never computed straight into its accumulator, since each chunk adds its rows' part.
 
 Registers: every value of a template is a register (pointer, row stride, transposed flag, buffer) set by the
 instruction that binds or computes it; views (row blocks, column slices, strided gathers, transposes,
@@ -629,8 +631,9 @@ def link(fns: list, kids: list, opts, device, backward: bool, training: bool = T
     for phase in (PRE, POST):
         for kid in kids:
             kp = fns[kid].phases(opts, device)[1]
-            direct = backward and all(writers[name] == [phase] for name, g in fns[kid].param_grads.items()
-                                      if kp.phase[g] == phase)
+            # (streaming splits the blocks before the task loop into chunks of one task: each adds into it)
+            direct = backward and not (opts.streaming and phase == PRE) and all(
+                writers[name] == [phase] for name, g in fns[kid].param_grads.items() if kp.phase[g] == phase)
             t = template(fns[kid], opts, device, backward, training, phase, direct)
             if isinstance(t, str):
                 blocks_why = blocks_why or t

@@ -251,6 +251,8 @@ class BatchProgram:
         self.native_table = None   # the task table with the native blocks' rows (None: the blocks ran in Python)
         self.native_why = None   # why the Python interpreter ran the task loop (None: the native executor did)
         self.runner = "native executor"   # who ran ``native``: the C executor or the reference runner
+        self.eager_table = None   # streaming: the eager stream's table (eager_rows), which the runner ran
+        self.eager_why = None     # streaming, and no eager table: why
 
     def blocks(self) -> list:
         return self.before + self.tasks + self.after
@@ -262,9 +264,16 @@ class BatchProgram:
             lines.append(f"  {block.header()}")
             lines += [f"    {line}" for line in block.lines()]
         if self.native is not None:
-            if self.native_table is not None:
+            if self.eager_table is not None:
+                lines.append(f"  main stream ({self.runner}): tasks 0:{len(self.task_table)}, task t after eager "
+                             "chunk t, then the blocks after the task loop: per block or task, its template")
+                lines.append(f"  eager stream ({self.runner}): chunks 0:{len(self.eager_table)}, chunk t the "
+                             "block before the task loop of task t's kind over task t's rows")
+            elif self.native_table is not None:
                 lines.append(f"  one native call: the blocks before the task loop, tasks 0:{len(self.task_table)}, "
                              f"the blocks after it ({self.runner}): per block or task, its template")
+                if self.eager_why is not None:
+                    lines.append(f"  (no eager stream: {self.eager_why})")
             else:
                 lines.append(f"  tasks 0:{len(self.task_table)} ({self.runner}): per task, its kind's template")
                 if self.native_why is not None:
@@ -768,3 +777,57 @@ def _count_copies(copies: dict, moves: tuple, rows: int, gather_rows) -> None:
     copies["gather"] += sum([gather_rows[j] for j in slots])
     copies["pull"] += rows * pulls
     copies["push"] += rows * pushes
+
+
+# --- streaming: the blocks before the task loop as a second table, one chunk per task ----------------------
+
+def eager_rows(lowered, table: np.ndarray, forest: bool) -> tuple[np.ndarray | None, str | None]:
+    """(The eager stream's table, None) or (None, why the pass cannot stream). Row t, for task row t of
+    ``table`` (the task table, in run order): its kind's template of the block before the task loop over the
+    task's rows (the same kind offset, rows, scatter offset and views; a kind with no such block: a template
+    of no instructions), so a runner can run chunk t on its second stream ahead of task t and task t waits
+    for it. Exact because a block before the task loop computes eager nodes, row by row: its parameter
+    gradients are accumulated chunk by chunk (instructions.link lowers them so under streaming) and its
+    scatter rows are the task's, a view at the task's scatter offset. Refused where chunks would race with
+    the task loop: a block that adds gather gradients into rows that tasks add into too (a DAG's)."""
+    if lowered.blocks_why is not None:
+        return None, lowered.blocks_why
+    nk = len(lowered.ranges) // 3
+    if not any(b.phase == PRE for b in lowered.blocks):
+        return None, "no block before the task loop"
+    if not forest:
+        pre_adds, task_adds = _writes(lowered, "ADJ", PRE), _writes(lowered, "ADJ", TASK)
+        if pre_adds & task_adds:
+            kind = next(b.template.kind for b in lowered.blocks if b.phase == PRE
+                        and _writes(lowered, "ADJ", PRE, b.tid) & task_adds)
+            return None, (f"kind '{kind}' (before tasks) adds gather gradients into rows the task loop adds "
+                          "into too (a DAG)")
+    rows = np.array(table, np.int64, copy=True)
+    rows[:, 0] += nk
+    return rows, None
+
+
+def eager_accumulators(lowered) -> list:
+    """Buffer ids of the parameter-gradient accumulators that both the eager stream (the blocks before the task
+    loop) and the task loop add into: a runner gives the eager stream its own (zeros) and adds it after the
+    pass, so the two streams never add into one buffer at once."""
+    found = lowered.__dict__.get("_eager_accumulators")
+    if found is None:
+        found = lowered.__dict__["_eager_accumulators"] = sorted(_writes(lowered, "GACC", PRE)
+                                                                & _writes(lowered, "GACC", TASK))
+    return found
+
+
+def _writes(lowered, opcode: str, phase: int, tid: int | None = None) -> set:
+    """The buffer ids (the first operand) of ``opcode``'s instructions in the templates of ``phase`` (or the
+    one template ``tid``)."""
+    from .codegen.native import OPS as OPCODE_IDS
+    nk = len(lowered.ranges) // 3
+    first = {TASK: 0, PRE: nk, POST: 2 * nk}[phase]   # (instructions.Lowered's template ids)
+    tids = range(first, first + nk) if tid is None else [tid]
+    found = set()
+    for t in tids:
+        begin, end = lowered.ranges[t]
+        code = lowered.code[begin:end]
+        found.update(code[code[:, 0] == OPCODE_IDS[opcode], 1].tolist())
+    return found

@@ -43,9 +43,11 @@ class CpuBackend(Backend):
         """Why the C runner cannot run here (no compiler or BLAS), None when it can."""
         return runner.available(dtype)
 
-    def run_program(self, lowered, table: np.ndarray, resolve, dtype, forest: bool, workspace=None) -> dict:
-        """The C runner (:mod:`.runner`): one C call runs the pass."""
-        return runner.run(lowered, table, resolve, dtype, forest, workspace)
+    def run_program(self, lowered, table: np.ndarray, resolve, dtype, forest: bool, workspace=None,
+                    eager: np.ndarray | None = None) -> dict:
+        """The C runner (:mod:`.runner`): one C call runs the pass (``eager``: a second one, on the eager
+        thread, runs the eager stream's table ahead of the tasks)."""
+        return runner.run(lowered, table, resolve, dtype, forest, workspace, eager)
 
     def put(self, dst, rows: np.ndarray, src) -> None:
         """``dst[rows] = src`` for distinct ``rows`` (a push, a child's gradient in a forest)."""
