@@ -31,8 +31,8 @@ from .sparse import RowSparse, add_all, densify
 def _native(fns: list, active: list, opts: EngineOptions, device: Device, dtype, backward: bool,
             workspace: Workspace, training: bool = True):
     """(The task loop lowered for the native executor, None) or (None, why the Python interpreter runs it:
-    another executor asked for, no compiler or BLAS (cpu/native.py warned once), streaming, CUDA, an op the
-    lowering cannot express). The reason is kept on the program (``native_why``, shown by dump())."""
+    another executor asked for, no compiler or BLAS (cpu/native.py warned once), an op the lowering cannot
+    express). The reason is kept on the program (``native_why``, shown by dump())."""
     if opts.executor == "python":
         return None, "executor 'python'"
     why = device.runner_missing(dtype.np) if opts.executor == "native" else None

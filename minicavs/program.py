@@ -795,6 +795,8 @@ def eager_rows(lowered, table: np.ndarray, forest: bool) -> tuple[np.ndarray | N
     nk = len(lowered.ranges) // 3
     if not any(b.phase == PRE for b in lowered.blocks):
         return None, "no block before the task loop"
+    if not len(table):
+        return None, "no tasks"
     if not forest:
         pre_adds, task_adds = _writes(lowered, "ADJ", PRE), _writes(lowered, "ADJ", TASK)
         if pre_adds & task_adds:

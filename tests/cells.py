@@ -196,8 +196,8 @@ def pushed_outputs(rng, H=3, eager_child=False, share=True) -> Case:
     """A binary tree (or DAG) whose vertices push an output layer computed in F, so that ∂F computes parameter
     gradients in its eager phase: the leaves' output layer (Wlo, blo) only there, by one kind; with ``share``
     Wo there too (the leaves' share of it) and, as the internal vertices' recurrent path multiplies the left
-    child's state by Wo, in their task loop (without lazy batching). ``eager_child``: the right child's state feeds only the pushed output (its gradient, added into the
-    child's rows, is eager too)."""
+    child's state by Wo, in their task loop (without lazy batching). ``eager_child``: the right child's state
+    feeds only the pushed output (its gradient, added into the child's rows, is eager too)."""
     p, vals = _params(rng, Wl=(H, H), bl=(H,), W=(H if eager_child else 2 * H, H), b=(H,), Wo=(H, H), bo=(H,),
                       Wlo=(H, H), blo=(H,), Wg=(H, H))
     if not eager_child:

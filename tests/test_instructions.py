@@ -363,6 +363,56 @@ def test_random_graphs_streaming_equals_one_stream(name, seed, k, size, switch):
     assert_streaming_equals_one_stream(run, SWITCHES[switch], "float64")
 
 
+@settings(max_examples=6, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), k=st.integers(1, 4), size=st.integers(1, 8), switch=st.integers(0, 15),
+       dag=st.booleans(), serial=st.booleans())
+def test_interleaved_kinds_streaming_equals_one_stream(seed, k, size, switch, dag, serial):
+    """Kinds whose scatter rows interleave (one stream: their blocks move them by the kinds' row indices; the
+    eager stream's chunks: a view at the task's scatter offset)."""
+    rng = np.random.default_rng(seed)
+    case = cells.typed_child_sum_tree_lstm(rng)
+    shape = (lambda n: random_dag(rng, n, 3)) if dag else (lambda n: random_tree(rng, n, 3))
+    graphs = [_typed(rng, shape(2 * int(rng.integers(1, size + 1)))) for _ in range(k)]
+    feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
+
+    def run(options):
+        return case.model.forward_backward(graphs, feeds, case.params, RunContext(), options=options,
+                                           policy="serial" if serial else None)
+    assert_streaming_equals_one_stream(run, SWITCHES[switch], "float64")
+
+
+@pytest.mark.parametrize("executor", ["native", "reference"])
+def test_eager_chunks_move_scatter_rows_by_index_when_given_no_offset(executor, tmp_path, monkeypatch):
+    """A chunk's scatter rows are its task's, one block (a view at the task's scatter offset); given none
+    (offset -1, as a block of a kind whose rows interleave), its SROWS and SPUT move them by the kind's row
+    index from the chunk's kind offset: the same numbers (2Type's leaf block reads and writes scatter rows)."""
+    from minicavs import program as binding
+    real = binding.eager_rows
+
+    def without_offsets(lowered, table, forest):
+        rows, why = real(lowered, table, forest)
+        if rows is not None:
+            rows[:, 3] = -1
+        return rows, why
+    t = Trainer(MODELS / "tree_lstm_2type.yaml", TINY["tree_lstm_2type"] + ["train.dtype=float64"],
+                run_dir=tmp_path)
+    samples = t.task.data["train"][:6]
+
+    def run(options):
+        t.model.options = replace(options, executor=executor)
+        return t.loss_and_grads(samples)
+    one = run(EngineOptions())
+    monkeypatch.setattr(binding, "eager_rows", without_offsets)
+    two = run(EngineOptions(streaming=True))
+    assert_streamed(two)
+    lowered = two.states["tree"].program.native
+    pre = [b for b in lowered.blocks if b.phase == PRE]
+    assert any(instructions.OPCODES_BY_ID[op] == "SROWS" for b in pre
+               for op in lowered.code[lowered.ranges[b.tid][0]:lowered.ranges[b.tid][1], 0])
+    assert (two.states["tree"].program.eager_table[:, 3] == -1).all()
+    results_equal(one, two, "float64")
+
+
 def _pushed_outputs_run(dag: bool, eager_child: bool = False, share: bool = True, seed: int = 3):
     rng = np.random.default_rng(seed)
     case = cells.pushed_outputs(rng, eager_child=eager_child, share=share)

@@ -1,6 +1,8 @@
 """The C runner of a lowered batch program (instructions.py): the buffer table the native executor reads
 (codegen/native.py's interpreter, compiled by :mod:`.native`), kept from run to run, and the one C call that
-runs a pass's blocks and tasks. The CPU backend's ``run_program``.
+runs a pass's blocks and tasks. The CPU backend's ``run_program``. Streaming, a second call runs the eager
+stream's table (program.eager_rows) on the CPU's eager thread, and the main call's task t waits for its
+chunk t (codegen/native.py: an atomic counter).
 
 Addresses come from cffi's ``from_buffer`` (numpy's ``ctypes.data`` costs microseconds a call); statics read
 as transposed views are copied once per run when multi-row tasks read them enough, and wide statics get a
