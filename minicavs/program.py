@@ -20,6 +20,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from .arrays import on_device
+from .codegen.native import OPS as OPCODE_IDS
 from .errors import FeedError
 from .graph import Node, fmt_shape
 from .instructions import TASK_COLUMNS
@@ -823,7 +824,6 @@ def eager_accumulators(lowered) -> list:
 def _writes(lowered, opcode: str, phase: int, tid: int | None = None) -> set:
     """The buffer ids (the first operand) of ``opcode``'s instructions in the templates of ``phase`` (or the
     one template ``tid``)."""
-    from .codegen.native import OPS as OPCODE_IDS
     nk = len(lowered.ranges) // 3
     first = {TASK: 0, PRE: nk, POST: 2 * nk}[phase]   # (instructions.Lowered's template ids)
     tids = range(first, first + nk) if tid is None else [tid]

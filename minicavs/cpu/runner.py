@@ -329,7 +329,9 @@ def _eager_call(ex, lowered, eager: np.ndarray, bound: BufferTable, resolve, gra
 
 
 def _raise_check(lowered, err: np.ndarray, stream: str = "") -> None:
-    failed, task, pc, operand = err.tolist()
+    """Raise the failed check a call's error row reports (operand -4: the main call stopped waiting for an
+    eager stream that failed)."""
+    _, task, pc, operand = err.tolist()
     if operand == -4:
         raise NativeCheckError(f"native {lowered.title}: task {task}: the eager stream failed")
     where = lowered.text(pc) if 0 <= pc < len(lowered.code) else f"instruction {pc}"
