@@ -25,6 +25,10 @@ a fused group with more arguments than a kernel call passes) is an APPLY of its 
 which the reference and CUDA runners run and the C runner declines (that pass then runs on the reference
 runner on the same device, and dump() says why). Values of any shape are matrices of flat rows
 (codegen/native.matrix_shape).
+Streaming runs the blocks before the task loop as a second table of the same templates, one chunk per task
+over the task's rows (program.eager_rows), on the runner's second stream; a parameter gradient such a block
+computes is then accumulated (GACC), never computed straight into its accumulator, since each chunk adds its
+rows' part.
 
 Registers: every value of a template is a register (pointer, row stride, transposed flag, buffer) set by the
 instruction that binds or computes it; views (row blocks, column slices, strided gathers, transposes,
@@ -633,8 +637,9 @@ def link(fns: list, kids: list, opts, device, backward: bool, training: bool = T
     for phase in (PRE, POST):
         for kid in kids:
             kp = fns[kid].phases(opts, device)[1]
-            direct = backward and all(writers[name] == [phase] for name, g in fns[kid].param_grads.items()
-                                      if kp.phase[g] == phase)
+            # (streaming splits the blocks before the task loop into chunks of one task: each adds into it)
+            direct = backward and not (opts.streaming and phase == PRE) and all(
+                writers[name] == [phase] for name, g in fns[kid].param_grads.items() if kp.phase[g] == phase)
             t = template(fns[kid], opts, device, backward, training, phase, direct)
             if t.code:
                 blocks.append(((1 if phase == PRE else 2) * nk + kid, kid, t))

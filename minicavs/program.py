@@ -20,11 +20,12 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from .arrays import on_device
+from .codegen.native import OPS as OPCODE_IDS
 from .errors import FeedError
 from .graph import Node, fmt_shape
 from .instructions import TASK_COLUMNS
 from .random import hash_words
-from .compile import PRE, TASK, Step
+from .compile import POST, PRE, TASK, Step
 from .ops.message import as_slice
 from .sparse import RowSparse
 from .validate import indices
@@ -172,6 +173,8 @@ class BatchProgram:
     copies: dict                 # rows moved, by what moved them (COPIES)
     runner: str = ""             # who ran it (set by the engine)
     declined: str | None = None  # why the device's runner left it to the reference runner (None: it did not)
+    eager: np.ndarray | None = None   # streaming: the eager stream's table (eager_rows), chunk t before task t
+    eager_why: str | None = None      # streaming, and no eager stream: why
 
     @property
     def task_table(self) -> np.ndarray:
@@ -180,9 +183,18 @@ class BatchProgram:
     def dump(self) -> str:
         """The templates, one instruction a line, under a line that says what ran them."""
         tasks = self.task_table
-        lines = [f"{self.title}: one call of the {self.runner} runs the blocks before the task loop "
-                 f"({self.tasks.start} rows), tasks 0:{len(tasks)} and the blocks after it "
-                 f"({len(self.table) - self.tasks.stop} rows): per block or task, its template"]
+        if self.eager is not None:
+            lines = [f"{self.title}: main stream ({self.runner}): tasks 0:{len(tasks)}, task t after eager chunk "
+                     f"t, then the blocks after the task loop ({len(self.table) - self.tasks.stop} rows): per "
+                     "block or task, its template",
+                     f"  eager stream ({self.runner}): chunks 0:{len(self.eager)}, chunk t the block before the "
+                     "task loop of task t's kind over task t's rows"]
+        else:
+            lines = [f"{self.title}: one call of the {self.runner} runs the blocks before the task loop "
+                     f"({self.tasks.start} rows), tasks 0:{len(tasks)} and the blocks after it "
+                     f"({len(self.table) - self.tasks.stop} rows): per block or task, its template"]
+            if self.eager_why is not None:
+                lines.append(f"  (no eager stream: {self.eager_why})")
         if self.declined is not None:
             lines.append(f"  (the device's runner declined this pass: {self.declined})")
         lines += [f"  {line}" for line in self.lowered.lines()]
@@ -201,9 +213,12 @@ def bind(lowered, fns: list, plan, opts, buffers: "Buffers", backward: bool, for
             copies[k] += v
     pre, post = block_rows(lowered, fns, plan, opts, None if backward else copies)
     buffers.dropouts = lowered.dropouts
+    eager, eager_why = eager_rows(lowered, tasks, plan.forest) if opts.streaming else (None, None)
+    if eager is not None:   # (the blocks before the task loop run as the eager stream's chunks instead)
+        pre = pre[:0]
     table = np.concatenate([pre, tasks, post]) if len(pre) or len(post) else tasks
     return BatchProgram("∂F" if backward else "F", lowered, table, slice(len(pre), len(pre) + len(tasks)), buffers,
-                        copies)
+                        copies, eager=eager, eager_why=eager_why)
 
 
 @dataclass
@@ -449,3 +464,56 @@ def _count_copies(copies: dict, moves: tuple, rows: int, gather_rows) -> None:
     copies["gather"] += sum([gather_rows[j] for j in slots])
     copies["pull"] += rows * pulls
     copies["push"] += rows * pushes
+
+
+# --- streaming: the blocks before the task loop as a second table, one chunk per task ----------------------
+
+def eager_rows(lowered, table: np.ndarray, forest: bool) -> tuple[np.ndarray | None, str | None]:
+    """(The eager stream's table, None) or (None, why the pass cannot stream). Row t, for task row t of
+    ``table`` (the task table, in run order): its kind's template of the block before the task loop over the
+    task's rows (the same kind offset, rows, scatter offset and views; a kind with no such block: a template
+    of no instructions), so a runner can run chunk t on its second stream ahead of task t and task t waits
+    for it. Exact because a block before the task loop computes eager nodes, row by row: its parameter
+    gradients are accumulated chunk by chunk (instructions.link lowers them so under streaming) and its
+    scatter rows are the task's, a view at the task's scatter offset. Refused where chunks would race with
+    the task loop: a block that adds gather gradients into rows that tasks add into too (a DAG's)."""
+    nk = len(lowered.ranges) // 3
+    if not any(b.phase == PRE for b in lowered.blocks):
+        return None, "no block before the task loop"
+    if not len(table):
+        return None, "no tasks"
+    if not forest:
+        pre_adds, task_adds = _writes(lowered, "ADJ", PRE), _writes(lowered, "ADJ", TASK)
+        if pre_adds & task_adds:
+            kind = next(b.template.kind for b in lowered.blocks if b.phase == PRE
+                        and _writes(lowered, "ADJ", PRE, b.tid) & task_adds)
+            return None, (f"kind '{kind}' (before tasks) adds gather gradients into rows the task loop adds "
+                          "into too (a DAG)")
+    rows = np.array(table, np.int64, copy=True)
+    rows[:, 0] += nk
+    return rows, None
+
+
+def eager_accumulators(lowered) -> list:
+    """Buffer ids of the parameter-gradient accumulators that both the eager stream (the blocks before the task
+    loop) and the task loop add into: a runner gives the eager stream its own (zeros) and adds it after the
+    pass, so the two streams never add into one buffer at once."""
+    found = lowered.__dict__.get("_eager_accumulators")
+    if found is None:
+        found = lowered.__dict__["_eager_accumulators"] = sorted(_writes(lowered, "GACC", PRE)
+                                                                & _writes(lowered, "GACC", TASK))
+    return found
+
+
+def _writes(lowered, opcode: str, phase: int, tid: int | None = None) -> set:
+    """The buffer ids (the first operand) of ``opcode``'s instructions in the templates of ``phase`` (or the
+    one template ``tid``)."""
+    nk = len(lowered.ranges) // 3
+    first = {TASK: 0, PRE: nk, POST: 2 * nk}[phase]   # (instructions.Lowered's template ids)
+    tids = range(first, first + nk) if tid is None else [tid]
+    found = set()
+    for t in tids:
+        begin, end = lowered.ranges[t]
+        code = lowered.code[begin:end]
+        found.update(code[code[:, 0] == OPCODE_IDS[opcode], 1].tolist())
+    return found

@@ -23,6 +23,7 @@ and scatter-adds.
 from __future__ import annotations
 
 import os
+import threading
 
 import numpy as np
 
@@ -55,6 +56,7 @@ class Machine:
         self.context = None   # the run context (seed, step, training) an APPLY of an op that reads it gets
         self.pc = -1
         self.task_index = -1
+        self.stream = "main"   # or "eager": the machine of the eager stream's table (a test hook reads it)
 
     # --- the task row's fields ----------------------------------------------------------------------------
     @property
@@ -83,7 +85,8 @@ class Machine:
 
     # --- registers and views ------------------------------------------------------------------------------
     def fail(self, what: str):
-        raise CheckError(f"reference {self.lowered.title}: task {self.task_index}, instruction {self.pc} "
+        stream = "eager stream " if self.stream == "eager" else ""
+        raise CheckError(f"reference {self.lowered.title}: {stream}task {self.task_index}, instruction {self.pc} "
                          f"({self.lowered.text(self.pc)}): {what}")
 
     def set(self, r: int, buf: int, offset: int, ld: int, transposed: int = 0) -> None:
@@ -451,7 +454,7 @@ def scratch_elements(lowered, table: np.ndarray) -> int:
     task_rows = [r for tid, r in zip(tids, rows) if tid < nk]
     cols = lowered.block_scratch
     return max([lowered.scratch_cols * max(task_rows, default=0)]
-               + [cols[tid] * n for tid, n in zip(tids, rows) if tid >= nk])
+               + [cols.get(tid, 0) * n for tid, n in zip(tids, rows) if tid >= nk], default=0)
 
 
 # buffer keys of index arrays (row numbers): resolved on the host, copied to the device once per run
@@ -459,7 +462,8 @@ INDEX_KEYS = ("child", "pullrows", "pushrows", "srows", "rowkeys")
 
 
 def run(lowered, table: np.ndarray, buffers, dtype, forest: bool, workspace=None, device=None,
-        check: bool | None = None, operations: list | None = None, machine: type = Machine) -> dict:
+        check: bool | None = None, operations: list | None = None, machine: type = Machine,
+        eager: np.ndarray | None = None, stream: type | None = None) -> dict:
     """Run a lowered program over ``table`` (one row per task, blocks included) as the C runner does:
     ``buffers[key]`` gives each buffer (instructions.py's buffer keys; index arrays on the host), on
     ``device`` (its array module; None: numpy); returns the parameter-gradient
@@ -467,7 +471,10 @@ def run(lowered, table: np.ndarray, buffers, dtype, forest: bool, workspace=None
     (None: as the C runner's debug mode, when ``MINICAVS_NATIVE_CHECK`` is set). ``workspace`` is unused (the C
     runner keeps its buffer table per workspace). ``operations``: per opcode id the function that runs it
     (a device's runner replaces some, e.g. FUSED by its generated kernel; default: :data:`BY_ID`);
-    ``machine``: the :class:`Machine` (a device's may move rows with its own kernels)."""
+    ``machine``: the :class:`Machine` (a device's may move rows with its own kernels). ``eager``: the eager
+    stream's table (program.eager_rows), run by a machine of its own (its own scratch and fixed arenas and,
+    where the tasks add into them too, parameter-gradient accumulators) on ``stream`` (default
+    :class:`ThreadStream`); row t of ``table`` runs after eager chunk t."""
     operations = BY_ID if operations is None else operations
     xp = np if device is None else device.xp
     hosts = {}
@@ -476,7 +483,8 @@ def run(lowered, table: np.ndarray, buffers, dtype, forest: bool, workspace=None
     flats, lds, transposed, grads = [], [], [], {}
     scratch_buf = len(lowered.keys) - 1
     nk = len(lowered.ranges) // 3
-    blocks = bool(lowered.blocks) and max(table[:, 0].tolist(), default=-1) >= nk
+    streaming = eager is not None and len(eager) > 0
+    blocks = bool(lowered.blocks) and (max(table[:, 0].tolist(), default=-1) >= nk or streaming)
     task_keys = len(lowered.keys) if lowered.task_keys is None or blocks else lowered.task_keys
     for i, key in enumerate(lowered.keys):
         what = key[0]
@@ -504,7 +512,40 @@ def run(lowered, table: np.ndarray, buffers, dtype, forest: bool, workspace=None
     m.context = getattr(buffers, "ctx", None)
     code = lowered.code.tolist()
     ranges = lowered.ranges.tolist()
+    if not streaming:
+        _loop(m, table, code, ranges, operations)
+        return grads
+    from .program import eager_accumulators   # (program.py imports the backends, which import this module)
+    own = {}
+    flats, lds, transposed = list(flats), list(lds), list(transposed)   # (the eager machine's: some its own)
+
+    def rebind(i, a):
+        flats[i], lds[i], transposed[i] = _flat(a, False, xp)
+    rebind(scratch_buf, buffers[("arena", "eager scratch", scratch_elements(lowered, eager))])
+    if ("fixed",) in lowered.keys:
+        rebind(lowered.keys.index(("fixed",)), buffers[("arena", "eager fixed", lowered.fixed_size)])
+    for i in eager_accumulators(lowered):
+        own[lowered.keys[i][1]] = xp.zeros_like(grads[lowered.keys[i][1]])
+        rebind(i, own[lowered.keys[i][1]])
+    em = machine(device, lowered, flats, lds, transposed, hosts, scratch_buf, forest, check)
+    em.stream = "eager"
+    second = (stream or ThreadStream)(device, len(eager))
+    second.start(lambda done: _loop(em, eager, code, ranges, operations, after=done))
+    try:
+        _loop(m, table, code, ranges, operations, before=second.wait)
+    finally:
+        second.join()
+    for name, acc in own.items():
+        grads[name] += acc
+    return grads
+
+
+def _loop(m: Machine, table: np.ndarray, code: list, ranges: list, operations: list, before=None,
+          after=None) -> None:
+    """Run every row of ``table`` on ``m`` (``before(t)``/``after(t)``: the streams' wait and record)."""
     for t, task in enumerate(table.tolist()):
+        if before is not None:
+            before(t)
         m.task, m.task_index = task, t
         begin, end = ranges[task[0]]
         pc = begin
@@ -513,4 +554,48 @@ def run(lowered, table: np.ndarray, buffers, dtype, forest: bool, workspace=None
             m.pc = pc
             skip = operations[op](m, *operands[:ARITY[op]])
             pc += 1 + (skip or 0)
-    return grads
+        if after is not None:
+            after(t)
+
+
+class ThreadStream:
+    """The reference runner's eager stream: a Python thread runs the eager table's chunks in order; row t of
+    the main table waits (a condition) until chunk t is done, rows past the chunks until all are. The eager
+    thread's error is raised by the main one (at its wait, else after the join)."""
+
+    def __init__(self, device, chunks: int):
+        self.chunks, self.done, self.error = chunks, 0, None
+        self.cond = threading.Condition()
+        self.thread = None
+
+    def start(self, work) -> None:
+        """Run ``work(after)`` on the thread; it calls ``after(t)`` when chunk t is done."""
+        def body():
+            try:
+                work(self.finished)
+            except BaseException as e:   # (handed to the main stream)
+                with self.cond:
+                    self.error = e
+                    self.cond.notify_all()
+        self.thread = threading.Thread(target=body, name="minicavs-reference-eager", daemon=True)
+        self.thread.start()
+
+    def finished(self, t: int) -> None:
+        with self.cond:
+            self.done = t + 1
+            self.cond.notify_all()
+
+    def wait(self, t: int) -> None:
+        need = min(t + 1, self.chunks)
+        if self.done >= need:
+            return
+        with self.cond:
+            while self.done < need and self.error is None:
+                self.cond.wait()
+        if self.error is not None:
+            raise self.error
+
+    def join(self) -> None:
+        self.thread.join()
+        if self.error is not None:
+            raise self.error

@@ -192,6 +192,44 @@ def tree_fc(rng, H=3) -> Case:
                 extra={"row_feeds": {"roots"}})
 
 
+def pushed_outputs(rng, H=3, eager_child=False, share=True) -> Case:
+    """A binary tree (or DAG) whose vertices push an output layer computed in F, so that ∂F computes parameter
+    gradients in its eager phase: the leaves' output layer (Wlo, blo) only there, by one kind; with ``share``
+    Wo there too (the leaves' share of it) and, as the internal vertices' recurrent path multiplies the left
+    child's state by Wo, in their task loop (without lazy batching). ``eager_child``: the right child's state
+    feeds only the pushed output (its gradient, added into the child's rows, is eager too)."""
+    p, vals = _params(rng, Wl=(H, H), bl=(H,), W=(H if eager_child else 2 * H, H), b=(H,), Wo=(H, H), bo=(H,),
+                      Wlo=(H, H), blo=(H,), Wg=(H, H))
+    if not eager_child:
+        del vals["Wg"]
+    leaf = VertexFunction("leaf", message=(H,), dtype=F64)
+    with leaf:
+        h = ops.tanh(ops.linear(leaf.pull((H,)), p["Wl"], p["bl"]))
+        leaf.scatter(h)
+        y = ops.linear(h, p["Wlo"], p["blo"])
+        leaf.push(y + ops.matmul(h, p["Wo"]) if share else y, name="y")
+    internal = VertexFunction("internal", arity=2, message=(H,), dtype=F64)
+    with internal:
+        left, right = internal.gather(0), internal.gather(1)
+        if eager_child:
+            h = ops.tanh(ops.linear(left, p["W"], p["b"]) + ops.matmul(left, p["Wo"]))
+            y = ops.linear(h, p["Wo"], p["bo"]) + ops.matmul(right, p["Wg"])
+        else:
+            h = ops.tanh(ops.linear(ops.concat([left, right]), p["W"], p["b"]) + ops.matmul(left, p["Wo"]))
+            y = ops.linear(h, p["Wo"], p["bo"])
+        internal.scatter(h)
+        internal.push(y, name="y")
+    xs = ops.input((None, H), F64, name="xs")
+    s = Structure({"leaf": leaf, "internal": internal}, pulls={"x": xs}, kinds=leaf_internal)
+    target = ops.input((None, H), F64, name="target")
+    model = Model(s, loss=ops.sum(ops.square(s.pushed("y") - target)))
+
+    def data(rng, g):
+        leaves = int(np.sum(g.num_children() == 0))
+        return {"xs": rng.standard_normal((leaves, H)), "target": rng.uniform(-1, 1, (g.num_vertices, H))}
+    return Case(model, vals, data, lambda g: np.where(g.num_children() == 0, "leaf", "internal"))
+
+
 def batch_feeds(case: Case, graphs, per_sample: list) -> dict:
     """Concatenate per-sample feeds in global vertex order; row-index feeds get sample offsets."""
     out = {}

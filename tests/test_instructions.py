@@ -14,13 +14,17 @@ import re
 import subprocess
 import sys
 import textwrap
+import threading
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from minicavs import instructions
+from minicavs.compile import PRE
+from minicavs.program import eager_accumulators
 from minicavs.cpu import CPU, runner as c_runner
 from minicavs.engine import EngineOptions
 from minicavs.executor import RunContext
@@ -29,7 +33,7 @@ from minicavs.training import Trainer
 
 from . import cells
 from .models.test_models import MODELS, TINY
-from .test_engine import CASES, dense, equal, random_tree
+from .test_engine import CASES, dense, equal, random_dag, random_tree
 
 pytestmark = pytest.mark.skipif(c_runner.available(np.float64) is not None,
                                 reason="no C compiler or BLAS: the native executor cannot run here")
@@ -227,19 +231,268 @@ def test_a_bad_row_index_of_a_block_is_caught_by_the_debug_mode():
                      r"operand idx is out of bounds", result.stdout), result.stdout
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_streaming_runs_the_program_natively(name):
-    """With streaming asked for, the C runner runs the pass, and the numbers are the reference runner's."""
-    build, make_graph = CASES[name]
-    rng = np.random.default_rng(1)
+# --- streaming: the blocks before the task loop as the eager stream's chunks, one per task -----------------
+
+def assert_streamed(result) -> None:
+    """Each pass of ``result`` ran its blocks before the task loop as the eager stream's table (one chunk per
+    task, program.eager_rows) beside a main table of the tasks and the blocks after them, and its dump says
+    so."""
+    for state in result.states.values():
+        for program in (state.program, state.backward_program):
+            assert program.eager is not None, program.eager_why
+            assert len(program.eager) == len(program.task_table)
+            nk = len(program.lowered.ranges) // 3
+            assert program.table[:, 0].min() >= 0 and not (
+                (program.table[:, 0] >= nk) & (program.table[:, 0] < 2 * nk)).any()
+            dump = program.dump()
+            assert f"eager stream ({program.runner}): chunks 0:{len(program.task_table)}" in dump
+            assert f"main stream ({program.runner}): tasks 0:{len(program.task_table)}, task t after eager " \
+                   "chunk t" in dump
+
+
+def assert_streaming_equals_one_stream(run, options, dtype) -> None:
+    """``run(options)`` -> Result: streaming, the runner of ``options.executor`` ran each pass on two streams
+    and computed the numbers it computes on one."""
+    one = run(replace(options, streaming=False))
+    two = run(replace(options, streaming=True))
+    assert_streamed(two)
+    results_equal(one, two, dtype)
+
+
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_bundled_models_streaming_equals_one_stream(name, tmp_path):
+    """The C runner, streaming: its eager call on the worker thread, the main call waiting chunk by chunk."""
+    extra = ["model.variant=child_sum"] if "child_sum" in name else []
+    t = Trainer(MODELS / f"{name.replace('_child_sum', '')}.yaml", TINY[name] + extra + ["train.dtype=float64"],
+                run_dir=tmp_path)
+    samples = t.task.data["train"][:6]
+
+    def run(options):
+        t.model.options = options
+        return t.loss_and_grads(samples)
+    for options in SWITCHES[::5]:
+        assert_streaming_equals_one_stream(run, options, "float64")
+
+
+def binary_dag(rng, n: int) -> InputGraph:
+    """A DAG of leaves and two-child vertices (each child an earlier vertex: several parents share some)."""
+    children = [[] for _ in range(n)]
+    for v in range(2, n):
+        if rng.random() < 0.6:
+            children[v] = [int(c) for c in rng.choice(v, size=2, replace=False)]
+    return InputGraph(children)
+
+
+STREAM_CASES = dict(CASES, pushed_outputs=(cells.pushed_outputs, lambda rng, n: random_tree(rng, n, 2, True)),
+                    pushed_outputs_dag=(cells.pushed_outputs, binary_dag),
+                    unshared_outputs=(lambda rng: cells.pushed_outputs(rng, share=False),
+                                      lambda rng, n: random_tree(rng, n, 2, True)),
+                    eager_child=(lambda rng: cells.pushed_outputs(rng, eager_child=True),
+                                 lambda rng, n: random_tree(rng, n, 2, True)))
+
+
+@pytest.mark.parametrize("name", sorted(STREAM_CASES))
+@settings(max_examples=4, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), k=st.integers(1, 4), size=st.integers(1, 7), switch=st.integers(0, 15))
+def test_random_graphs_streaming_equals_one_stream(name, seed, k, size, switch):
+    """Random trees, chains and DAGs, every switch; pushed_outputs's eager phase of ∂F computes parameter
+    gradients (one kind's alone: no longer straight into the accumulator, chunk by chunk; Wo's, which the task
+    loop adds into too without lazy batching: into the eager stream's own accumulator)."""
+    build, make_graph = STREAM_CASES[name]
+    rng = np.random.default_rng(seed)
     case = build(rng)
-    graphs = [make_graph(rng, n) for n in (5, 2, 7)]
+    graphs = [make_graph(rng, int(rng.integers(1, size + 1))) for _ in range(k)]
     feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
 
     def run(options):
         return case.model.forward_backward(graphs, feeds, case.params, RunContext(), options=options)
-    for options in (EngineOptions(streaming=True), EngineOptions(streaming=True, eager_batching=False)):
-        assert_native_equals_reference(run, options, "float64")
+    assert_streaming_equals_one_stream(run, SWITCHES[switch], "float64")
+
+
+@settings(max_examples=6, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), k=st.integers(1, 4), size=st.integers(1, 8), switch=st.integers(0, 15),
+       dag=st.booleans(), serial=st.booleans())
+def test_interleaved_kinds_streaming_equals_one_stream(seed, k, size, switch, dag, serial):
+    """Kinds whose scatter rows interleave (one stream: their blocks move them by the kinds' row indices; the
+    eager stream's chunks: a view at the task's scatter offset)."""
+    rng = np.random.default_rng(seed)
+    case = cells.typed_child_sum_tree_lstm(rng)
+    shape = (lambda n: random_dag(rng, n, 3)) if dag else (lambda n: random_tree(rng, n, 3))
+    graphs = [_typed(rng, shape(2 * int(rng.integers(1, size + 1)))) for _ in range(k)]
+    feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
+
+    def run(options):
+        return case.model.forward_backward(graphs, feeds, case.params, RunContext(), options=options,
+                                           policy="serial" if serial else None)
+    assert_streaming_equals_one_stream(run, SWITCHES[switch], "float64")
+
+
+@pytest.mark.parametrize("executor", ["native", "reference"])
+def test_eager_chunks_move_scatter_rows_by_index_when_given_no_offset(executor, tmp_path, monkeypatch):
+    """A chunk's scatter rows are its task's, one block (a view at the task's scatter offset); given none
+    (offset -1, as a block of a kind whose rows interleave), its SROWS and SPUT move them by the kind's row
+    index from the chunk's kind offset: the same numbers (2Type's leaf block reads and writes scatter rows)."""
+    from minicavs import program as binding
+    real = binding.eager_rows
+
+    def without_offsets(lowered, table, forest):
+        rows, why = real(lowered, table, forest)
+        if rows is not None:
+            rows[:, 3] = -1
+        return rows, why
+    t = Trainer(MODELS / "tree_lstm_2type.yaml", TINY["tree_lstm_2type"] + ["train.dtype=float64"],
+                run_dir=tmp_path)
+    samples = t.task.data["train"][:6]
+
+    def run(options):
+        t.model.options = replace(options, executor=executor)
+        return t.loss_and_grads(samples)
+    one = run(EngineOptions())
+    monkeypatch.setattr(binding, "eager_rows", without_offsets)
+    two = run(EngineOptions(streaming=True))
+    assert_streamed(two)
+    lowered = two.states["tree"].program.lowered
+    pre = [b for b in lowered.blocks if b.phase == PRE]
+    assert any(instructions.OPCODES_BY_ID[op] == "SROWS" for b in pre
+               for op in lowered.code[lowered.ranges[b.tid][0]:lowered.ranges[b.tid][1], 0])
+    assert (two.states["tree"].program.eager[:, 3] == -1).all()
+    results_equal(one, two, "float64")
+
+
+def _pushed_outputs_run(dag: bool, eager_child: bool = False, share: bool = True, seed: int = 3):
+    rng = np.random.default_rng(seed)
+    case = cells.pushed_outputs(rng, eager_child=eager_child, share=share)
+    graphs = [binary_dag(rng, 9) if dag else random_tree(rng, 5, 2, True) for _ in range(3)]
+    feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
+    return lambda options: case.model.forward_backward(graphs, feeds, case.params, RunContext(), options=options)
+
+
+def test_streaming_eager_parameter_gradients_are_accumulated_chunk_by_chunk():
+    """A parameter gradient only one kind's block before the task loop computes is computed straight into
+    its accumulator on one stream ("set"); streaming, that block runs per task, so it is accumulated (GACC)
+    instead, and one the task loop adds into too gets the eager stream's own accumulator."""
+    run = _pushed_outputs_run(dag=False, share=False)
+    one = run(EngineOptions()).states["G"].backward_program.lowered
+    two = run(EngineOptions(streaming=True)).states["G"].backward_program.lowered
+    assert ("pgrad", "Wlo", "set") in one.keys and ("pgrad", "Wlo", "set") not in two.keys
+    assert ("pgrad", "Wlo") in two.keys
+    run = _pushed_outputs_run(dag=False)
+    shared = run(EngineOptions(streaming=True, lazy_batching=False)).states["G"].backward_program.lowered
+    assert [shared.keys[i] for i in eager_accumulators(shared)] == [("pgrad", "Wo")]
+
+
+def test_streaming_a_dag_whose_eager_blocks_add_gather_gradients_runs_one_stream():
+    """In a DAG the eager stream would add a child's gradient rows while a task adds into the same rows: that
+    pass runs on one stream (its dump says why), with the same numbers; F and a tree still stream."""
+    run = _pushed_outputs_run(dag=True, eager_child=True)
+    for options in SWITCHES[::5]:
+        one, two = run(options), run(replace(options, streaming=True))
+        results_equal(one, two, "float64")
+        backward = two.states["G"].backward_program
+        assert backward.eager is None and "adds gather gradients" in backward.eager_why
+        assert "(no eager stream: kind 'internal' (before tasks) adds gather gradients" in backward.dump()
+        assert two.states["G"].program.eager is not None
+    tree = _pushed_outputs_run(dag=False, eager_child=True)(EngineOptions(streaming=True))
+    assert tree.states["G"].backward_program.eager is not None
+
+
+def test_eager_rows_are_the_task_rows_with_their_kinds_eager_templates():
+    """Chunk t: task t's row (kind offset, rows, scatter offset, views) with its kind's template id before the
+    task loop; a kind without such a block gets that id too (a template of no instructions)."""
+    run = _pushed_outputs_run(dag=False)
+    for program_ in (run(EngineOptions(streaming=True)).states["G"].program,
+                     run(EngineOptions(streaming=True)).states["G"].backward_program):
+        lowered, tasks, eager = program_.lowered, program_.task_table, program_.eager
+        nk = len(lowered.ranges) // 3
+        np.testing.assert_array_equal(eager[:, 1:], tasks[:, 1:])
+        np.testing.assert_array_equal(eager[:, 0], tasks[:, 0] + nk)
+        assert {b.tid for b in lowered.blocks if b.phase == PRE} <= set(eager[:, 0].tolist())
+
+
+def test_eager_chunks_run_on_the_worker_thread(monkeypatch):
+    """The C runner calls the executor twice per streamed pass: the eager call (role 2) over the eager table
+    on a thread other than the caller's, the main call (role 1) on the caller's, waiting for as many chunks."""
+    from minicavs.cpu import native as cpu_native
+    calls = []
+    for ex in {cpu_native.executor(np.float64), cpu_native.executor(np.dtype(np.float64))}:   # (cached by key)
+        def recorded(*args, _real=ex.run):
+            calls.append((args[-2], args[-1], args[5], threading.get_ident()))   # role, chunks waited for, rows
+            return _real(*args)
+        monkeypatch.setattr(ex, "run", recorded)
+    result = _pushed_outputs_run(dag=False)(EngineOptions(streaming=True))
+    assert_streamed(result)
+    me = threading.get_ident()
+    for program_ in (result.states["G"].program, result.states["G"].backward_program):
+        eager = [c for c in calls if c[0] == 2 and c[2] == len(program_.eager)]
+        main = [c for c in calls if c[0] == 1 and c[1] == len(program_.eager)
+                and c[2] == len(program_.native_table)]
+        assert eager and main
+        assert all(c[3] != me for c in eager) and all(c[3] == me for c in main)
+    assert {c[0] for c in calls} == {1, 2}
+
+
+def _one_kind_program(ex, table: np.ndarray, a: np.ndarray, sync: np.ndarray, role: int, nwait: int):
+    """The executor over a template that zeroes the task's rows of ``a`` (4 columns): returns (rc, err)."""
+    code = np.zeros((2, instructions.WIDTH), np.int64)
+    code[0, :6] = [instructions.OPCODE["BIND"], 0, 0, instructions.KIND_ROWS, 0, 4]
+    code[1, :4] = [instructions.OPCODE["ZERO"], 0, -1, 4]
+    ranges = np.array([[0, 2], [2, 2], [2, 2]], np.int64)
+    scratch = np.zeros(1, np.float64)
+    info = np.array([[a.ctypes.data, scratch.ctypes.data], [a.size, 1], [4, 1], [0, 0], [0, 0]], np.int64)
+    err, p = np.zeros(4, np.int64), ex.ptr
+    rc = ex.run(p(code), p(np.zeros(1, np.int64)), p(ranges), 3, p(table), len(table), table.shape[1],
+                p(info[0]), p(info[1]), p(info[2]), p(info[3]), 2, 1, 1, 1, p(np.zeros(1, np.int64)), 0, ex.gemm,
+                ex.gemv, int(ex.ilp64), 1, 1, p(err), ex.ffi.NULL, p(info[4]), 0, 0, 0, p(sync), role, nwait)
+    return rc, err
+
+
+@pytest.mark.parametrize("done, nwait", [(0, 4), (2, 4), (3, 4), (1, 2), (4, 4)])
+def test_the_main_call_runs_row_t_only_after_eager_chunk_t(done, nwait):
+    """The executor's wait, without a second thread: ``done`` chunks finished and the eager call failed; the
+    main call runs exactly the rows whose chunks are done (rows past the ``nwait`` chunks wait for all) and
+    stops with the eager stream's failure at the first other one (every row after ``nwait`` waits for all)."""
+    ex = cpu_native_executor()
+    a = np.ones((4, 4))
+    table = np.array([[0, t, 1, 0, -1] for t in range(4)], np.int64)
+    rc, err = _one_kind_program(ex, table, a, np.array([done, 1], np.int64), 1, nwait)
+    ran = 4 if done >= nwait else done
+    assert (a[:ran] == 0).all() and (a[ran:] == 1).all()
+    if ran < 4:
+        assert rc == 1 and err[1] == ran and err[3] == -4
+    else:
+        assert rc == 0
+
+
+def test_the_eager_call_publishes_each_chunk():
+    ex = cpu_native_executor()
+    a = np.ones((4, 4))
+    sync = np.zeros(2, np.int64)
+    rc, _ = _one_kind_program(ex, np.array([[0, t, 1, 0, -1] for t in range(3)], np.int64), a, sync, 2, 0)
+    assert rc == 0 and sync.tolist() == [3, 0] and (a[:3] == 0).all() and (a[3] == 1).all()
+
+
+def cpu_native_executor():
+    from minicavs.cpu import native as cpu_native
+    return cpu_native.executor(np.float64)
+
+
+def test_a_bad_eager_instruction_is_caught_on_the_eager_stream(monkeypatch):
+    """With the debug mode on, an eager template's instruction addressing outside its buffer fails the eager
+    call; the main call, waiting for that chunk, stops too, and the error names the eager stream."""
+    monkeypatch.setenv("MINICAVS_NATIVE_CHECK", "1")
+    run = _pushed_outputs_run(dag=False)
+    lowered = run(EngineOptions(streaming=True)).states["G"].program.lowered
+    block = next(b for b in lowered.blocks if b.phase == PRE)
+    begin, end = lowered.ranges[block.tid]
+    pc = next(pc for pc in range(begin, end) if instructions.OPCODES_BY_ID[lowered.code[pc][0]] == "GEMM")
+    original = int(lowered.code[pc][4])
+    lowered.code[pc][4] = 10**9   # (its rows)
+    try:
+        with pytest.raises(c_runner.NativeCheckError, match=rf"native F: eager stream task \d+, instruction {pc} "):
+            run(EngineOptions(streaming=True))
+    finally:
+        lowered.code[pc][4] = original
+    results_equal(run(EngineOptions()), run(EngineOptions(streaming=True)), "float64")
 
 
 @pytest.mark.parametrize("eager", [True, False])

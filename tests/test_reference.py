@@ -6,6 +6,7 @@ outside its buffer."""
 from __future__ import annotations
 
 import inspect
+import threading
 from dataclasses import replace
 
 import numpy as np
@@ -14,6 +15,7 @@ from hypothesis import given, settings, strategies as st
 
 from minicavs import instructions, reference
 from minicavs.codegen.native import OPCODES
+from minicavs.compile import PRE
 from minicavs.cpu import runner as c_runner
 from minicavs.engine import EngineOptions
 from minicavs.executor import RunContext
@@ -22,7 +24,8 @@ from minicavs.training import Trainer
 from . import cells
 from .models.test_models import MODELS, TINY
 from .test_engine import CASES, random_dag, random_tree
-from .test_instructions import DECLINED, SWITCHES, _typed, assert_native_equals_reference, close
+from .test_instructions import (DECLINED, STREAM_CASES, SWITCHES, _typed, assert_native_equals_reference,
+                                assert_streamed, assert_streaming_equals_one_stream, close)
 
 pytestmark = pytest.mark.skipif(c_runner.available(np.float64) is not None,
                                 reason="no C compiler or BLAS: the C runner to compare with cannot run here")
@@ -267,3 +270,92 @@ def test_a_gathered_row_number_out_of_range_raises_in_check_mode(monkeypatch):
     with pytest.raises(reference.CheckError, match="row index out of range"):
         case.model.forward_backward(graphs, feeds, case.params, RunContext(),
                                     options=EngineOptions(executor="reference", gather_elision=False))
+
+
+# --- streaming: the reference runner's eager stream is a Python thread --------------------------------------
+
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_bundled_models_reference_streaming_equals_one_stream(name, tmp_path):
+    t = Trainer(MODELS / f"{name.replace('_child_sum', '')}.yaml", TINY[name] + ["train.dtype=float64"],
+                run_dir=tmp_path)
+    samples = t.task.data["train"][:6]
+
+    def run(options):
+        t.model.options = options
+        return t.loss_and_grads(samples)
+    for options in SWITCHES[::5]:
+        assert_streaming_equals_one_stream(run, replace(options, executor="reference"), "float64")
+
+
+@pytest.mark.parametrize("name", sorted(STREAM_CASES))
+@settings(max_examples=3, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), k=st.integers(1, 4), size=st.integers(1, 7), switch=st.integers(0, 15))
+def test_random_graphs_reference_streaming_equals_one_stream(name, seed, k, size, switch):
+    build, make_graph = STREAM_CASES[name]
+    rng = np.random.default_rng(seed)
+    case = build(rng)
+    graphs = [make_graph(rng, int(rng.integers(1, size + 1))) for _ in range(k)]
+    feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
+
+    def run(options):
+        return case.model.forward_backward(graphs, feeds, case.params, RunContext(), options=options)
+    assert_streaming_equals_one_stream(run, replace(SWITCHES[switch], executor="reference"), "float64")
+
+
+def test_reference_eager_chunks_run_on_their_thread_before_their_tasks(monkeypatch):
+    """Every instruction of the eager table runs on the eager machine, on a thread other than the caller's;
+    every main-table row t runs after the last instruction of eager chunk t (rows past the chunks after all)."""
+    log, lock = [], threading.Lock()
+    wrapped = []
+    for fn in reference.BY_ID:
+        def logged(m, *operands, _fn=fn):
+            with lock:
+                log.append((m.stream, m.task_index, threading.get_ident(), id(m.lowered)))
+            return _fn(m, *operands)
+        wrapped.append(logged)
+    monkeypatch.setattr(reference, "BY_ID", wrapped)
+    rng = np.random.default_rng(5)
+    case = cells.pushed_outputs(rng)
+    graphs = [random_tree(rng, 7, 2, True) for _ in range(3)]
+    feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
+    result = case.model.forward_backward(graphs, feeds, case.params, RunContext(),
+                                         options=EngineOptions(executor="reference", streaming=True))
+    assert_streamed(result)
+    me = threading.get_ident()
+    for program in (result.states["G"].program, result.states["G"].backward_program):
+        mine = [entry for entry in log if entry[3] == id(program.lowered)]
+        eager = [(i, t) for i, (stream, t, thread, _) in enumerate(mine) if stream == "eager"]
+        main = [(i, t) for i, (stream, t, thread, _) in enumerate(mine) if stream == "main"]
+        assert eager and main
+        assert {thread for stream, _, thread, _ in mine if stream == "eager"} - {me}
+        assert {thread for stream, _, thread, _ in mine if stream == "main"} == {me}
+        chunks = len(program.eager)
+        last_of_chunk = {t: i for i, t in eager}
+        first_of_row = {}
+        for i, t in main:
+            first_of_row.setdefault(t, i)
+        for t, i in first_of_row.items():
+            done = [last_of_chunk[c] for c in range(min(t + 1, chunks)) if c in last_of_chunk]
+            assert all(j < i for j in done), (program.title, t)
+
+
+def test_a_failing_eager_chunk_raises_in_the_caller():
+    """An eager instruction reaching outside its buffer: the reference runner's CheckError, naming the eager
+    stream, reaches the caller (the main stream stops at its wait; nothing hangs)."""
+    rng = np.random.default_rng(4)
+    case = cells.pushed_outputs(rng)
+    graphs = [random_tree(rng, 5, 2, True) for _ in range(2)]
+    feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
+    options = EngineOptions(executor="reference", streaming=True)
+    lowered = case.model.forward_backward(graphs, feeds, case.params, RunContext(),
+                                          options=options).states["G"].program.lowered
+    block = next(b for b in lowered.blocks if b.phase == PRE)
+    begin, end = lowered.ranges[block.tid]
+    pc = next(pc for pc in range(begin, end) if instructions.OPCODES_BY_ID[lowered.code[pc][0]] == "GEMM")
+    original = int(lowered.code[pc][4])
+    lowered.code[pc][4] = 10**9
+    try:
+        with pytest.raises(reference.CheckError, match=rf"reference F: eager stream task \d+, instruction {pc} "):
+            case.model.forward_backward(graphs, feeds, case.params, RunContext(), options=options)
+    finally:
+        lowered.code[pc][4] = original

@@ -13,6 +13,10 @@ With ``prof`` (not NULL) the call adds the nanoseconds spent in each opcode to p
 prof[len(OPCODES)] (two clock reads per instruction: for profiling only).
 With ``check`` set every address an instruction computes is checked against its buffer's size first; a failure
 returns its instruction index and operand instead of touching memory.
+Streaming (two calls on two threads, cpu/runner.py): the eager call (``role`` 2) stores into ``sync[0]`` the
+chunks it has finished after each row of its table; the main call (``role`` 1) runs row t once ``sync[0]``
+reaches t + 1 (rows past the ``nwait`` chunks: all of them), spinning with ``sched_yield`` and failing with
+operand -4 when ``sync[1]`` says the eager call failed. ``role`` 0: no second stream.
 """
 from __future__ import annotations
 
@@ -86,6 +90,7 @@ EXECUTOR_SOURCE = r"""
 #include <time.h>
 #include <stdint.h>
 #include <string.h>
+#include <sched.h>
 
 typedef {T} T;
 typedef struct {{ T *p; int64_t ld; int64_t trans; int64_t buf; }} reg_t;
@@ -136,7 +141,8 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
             const int64_t *base, const int64_t *size, const int64_t *ld, const int64_t *trans, int64_t nbufs,
             int64_t scratch_buf, int64_t max_bs, int64_t nregs, const int64_t *kernels, int64_t nkernels,
             int64_t gemm, int64_t gemv, int64_t ilp64, int64_t forest, int64_t check, int64_t *err, int64_t *prof,
-            const int64_t *twin, int64_t tmp_off, int64_t tmp_rows, int64_t tmp_cols) {{
+            const int64_t *twin, int64_t tmp_off, int64_t tmp_rows, int64_t tmp_cols,
+            int64_t *sync, int64_t role, int64_t nwait) {{
     buftab_t B = {{base, size, ld, trans}};
     struct timespec t0, t1;
     int64_t start_ns = 0;
@@ -149,6 +155,13 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
     for (int64_t i = 0; i < nregs; i++) {{ R[i].p = 0; R[i].ld = 0; R[i].trans = 0; R[i].buf = -1; }}
     T *scratch = (T *)base[scratch_buf];
     for (t = 0; t < ntasks; t++) {{
+        if (role == 1 && nwait > 0) {{   /* the main stream: row t waits for eager chunk t (after them, for all) */
+            const int64_t need = t < nwait ? t + 1 : nwait;
+            while (__atomic_load_n(&sync[0], __ATOMIC_ACQUIRE) < need) {{
+                if (__atomic_load_n(&sync[1], __ATOMIC_ACQUIRE)) FAIL(-4);   /* the eager stream failed */
+                sched_yield();
+            }}
+        }}
         const int64_t *task = tasks + t * tw;
         const int64_t kid = task[0], koff = task[1], bs = task[2], soff = task[3], catfirst = task[4];
         if (check && (kid < 0 || kid >= nkinds || bs < 0 || bs > max_bs)) FAIL(-2);
@@ -516,6 +529,7 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
                 prof[in[0]] += (t1.tv_sec - t0.tv_sec) * 1000000000LL + (t1.tv_nsec - t0.tv_nsec);
             }}
         }}
+        if (role == 2) __atomic_store_n(&sync[0], t + 1, __ATOMIC_RELEASE);   /* the eager stream: chunk t done */
     }}
     if (prof) {{ clock_gettime(CLOCK_MONOTONIC, &t1); prof[NOPCODES] += t1.tv_sec * 1000000000LL + t1.tv_nsec - start_ns; }}
     err[0] = 0;
@@ -537,4 +551,4 @@ def executor_decls(c_type: str) -> str:
             " const int64_t *ld, const int64_t *trans, int64_t nbufs, int64_t scratch_buf, int64_t max_bs,"
             " int64_t nregs, const int64_t *kernels, int64_t nkernels, int64_t gemm, int64_t gemv, int64_t ilp64,"
             " int64_t forest, int64_t check, int64_t *err, int64_t *prof, const int64_t *twin, int64_t tmp_off,"
-            " int64_t tmp_rows, int64_t tmp_cols);")
+            " int64_t tmp_rows, int64_t tmp_cols, int64_t *sync, int64_t role, int64_t nwait);")

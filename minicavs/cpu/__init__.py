@@ -48,9 +48,11 @@ class CpuBackend(Backend):
         """Why the C runner leaves ``lowered`` to the reference runner (None: it runs it)."""
         return runner.declines(lowered, dtype)
 
-    def run_program(self, lowered, table: np.ndarray, buffers, dtype, forest: bool, workspace=None) -> dict:
-        """The C runner (:mod:`.runner`): one C call runs the pass."""
-        return runner.run(lowered, table, buffers, dtype, forest, workspace)
+    def run_program(self, lowered, table: np.ndarray, buffers, dtype, forest: bool, workspace=None,
+                    eager: np.ndarray | None = None) -> dict:
+        """The C runner (:mod:`.runner`): one C call runs the pass (``eager``: a second one, on the eager
+        thread, runs the eager stream's table ahead of the tasks)."""
+        return runner.run(lowered, table, buffers, dtype, forest, workspace, eager)
 
     def put(self, dst, rows: np.ndarray, src) -> None:
         """``dst[rows] = src`` for distinct ``rows`` (a push, a child's gradient in a forest)."""

@@ -1,6 +1,8 @@
 """The C runner of a lowered batch program (instructions.py): the buffer table the native executor reads
 (codegen/native.py's interpreter, compiled by :mod:`.native`), kept from run to run, and the one C call that
-runs a pass's blocks and tasks. The CPU backend's ``run_program``.
+runs a pass's blocks and tasks. The CPU backend's ``run_program``. Streaming, a second call runs the eager
+stream's table (program.eager_rows) on the CPU's eager thread, and the main call's task t waits for its
+chunk t (codegen/native.py: an atomic counter).
 
 Addresses come from cffi's ``from_buffer`` (numpy's ``ctypes.data`` costs microseconds a call); statics read
 as transposed views are copied once per run when multi-row tasks read them enough, and wide statics get a
@@ -138,14 +140,17 @@ PERSISTENT = ("tensor", "btensor", "scatter", "sgrad", "fixed", "scratch", "stat
 WORKSPACE_TENSORS = ("tensor", "btensor")
 
 
-def run(lowered, table: np.ndarray, buffers, dtype, forest: bool, workspace=None) -> dict:
+def run(lowered, table: np.ndarray, buffers, dtype, forest: bool, workspace=None,
+        eager: np.ndarray | None = None) -> dict:
     """Run the task loop natively: ``buffers[key]`` gives each buffer's array, or (array, elements) for the
     first ``elements`` of an array kept from batch to batch (a workspace buffer: memory.DynamicTensor.prefix).
     ``workspace``: the one whose dynamic tensors the WORKSPACE_TENSORS keys resolve to (their buffers are
     looked up again only when some buffer was allocated since this program's last run there).
     Returns the parameter-gradient accumulators ({name: array}) the program added into. (Addresses come from
     cffi's ``from_buffer``: numpy's ``ctypes.data`` costs microseconds a call; the buffer table keeps those
-    of arrays seen by the last run: :class:`BufferTable`.)"""
+    of arrays seen by the last run: :class:`BufferTable`.) ``eager``: the eager stream's table
+    (program.eager_rows), run by a second call of the executor on the CPU's eager thread while this one runs
+    ``table``, row t of which waits until eager chunk t is done (:func:`_eager_call`)."""
     ex = cpu_native.executor(dtype)
     ffi = ex.ffi
     n = len(lowered.keys)
@@ -161,7 +166,8 @@ def run(lowered, table: np.ndarray, buffers, dtype, forest: bool, workspace=None
     # more than a pass over the list
     tids, rows = table[:, 0].tolist(), table[:, 2].tolist()
     max_bs = max(rows, default=0)
-    blocks = bool(lowered.blocks) and max(tids, default=-1) >= nk
+    streaming = eager is not None and len(eager) > 0
+    blocks = bool(lowered.blocks) and (max(tids, default=-1) >= nk or streaming)
     # (the copies below pay for the tasks' products, not for the blocks' few large ones)
     task_rows = [r for tid, r in zip(tids, rows) if tid < nk] if blocks else rows
     # A static read as a transposed view (∂F's W^T) is copied once per run when multi-row tasks read it enough:
@@ -208,7 +214,7 @@ def run(lowered, table: np.ndarray, buffers, dtype, forest: bool, workspace=None
     scratch = lowered.scratch_cols * max(task_rows, default=0)
     if blocks:
         cols = lowered.block_scratch
-        scratch = max([scratch] + [cols[tid] * n_rows for tid, n_rows in zip(tids, rows) if tid >= nk])
+        scratch = max([scratch] + [cols.get(tid, 0) * n_rows for tid, n_rows in zip(tids, rows) if tid >= nk])
     task_keys = n if lowered.task_keys is None else lowered.task_keys   # (the keys after them: the blocks' own)
     used = n if blocks else task_keys   # (the blocks' own: left unbound)
     for i, key in enumerate(lowered.keys):
@@ -255,15 +261,28 @@ def run(lowered, table: np.ndarray, buffers, dtype, forest: bool, workspace=None
         lowered.pointers = (p(lowered.code), p(lowered.pool), p(lowered.ranges), p(lowered.kernels))
     code, pool, ranges, kernels = lowered.pointers
     row = bound.row
-    rc = ex.run(code, pool, ranges, len(lowered.ranges), p(table), len(table),
-                table.shape[1], row, row + n, row + 2 * n, row + 3 * n, n, n - 1, max_bs, lowered.nregs,
-                kernels, len(lowered.kernels), ex.gemm, ex.gemv, int(ex.ilp64), int(forest), check,
-                bound.err_ptr, prof, row + 4 * n, scratch, tmp_rows, twin_cols)
+    if streaming:
+        sync = np.zeros(2, np.int64)   # chunks the eager call has finished; whether it failed
+        done, eager_err, eager_grads = _eager_call(ex, lowered, eager, bound, buffers, grads, sync, twin_cols,
+                                                   forest, check)
+        stream = (p(sync), 1, len(eager))
+    else:
+        stream = (ffi.NULL, 0, 0)
+    try:
+        rc = ex.run(code, pool, ranges, len(lowered.ranges), p(table), len(table),
+                    table.shape[1], row, row + n, row + 2 * n, row + 3 * n, n, n - 1, max_bs, lowered.nregs,
+                    kernels, len(lowered.kernels), ex.gemm, ex.gemv, int(ex.ilp64), int(forest), check,
+                    bound.err_ptr, prof, row + 4 * n, scratch, tmp_rows, twin_cols, *stream)
+    finally:
+        if streaming:
+            done.wait()   # (the eager call's buffers stay alive, and its failure is reported, before we return)
+    if streaming and eager_err[0]:
+        _raise_check(lowered, eager_err, "eager stream ")
     if rc:
-        _, task, pc, operand = bound.err.tolist()
-        where = lowered.text(pc) if 0 <= pc < len(lowered.code) else f"instruction {pc}"
-        raise NativeCheckError(f"native {lowered.title}: task {task}, instruction {pc} ({where}): operand "
-                               f"{_operand_name(lowered, pc, operand)} is out of bounds or invalid")
+        _raise_check(lowered, bound.err)
+    if streaming:
+        for name, acc in eager_grads.items():
+            grads[name] += acc
     if copied:
         bound.release(bound.transient + copied, np.array(bound.transient + copied, np.intp))
     else:
@@ -273,6 +292,73 @@ def run(lowered, table: np.ndarray, buffers, dtype, forest: bool, workspace=None
     bound.stamp = None if workspace is None else (workspace, allocations())   # (after the arenas' growth)
     lowered.__dict__["_table"] = bound
     return grads
+
+
+def _eager_call(ex, lowered, eager: np.ndarray, bound: BufferTable, buffers, grads: dict, sync: np.ndarray,
+                twin_cols: int, forest: bool, check: int):
+    """Start the executor over the eager stream's table on the CPU's eager thread (cffi releases the GIL for
+    the call): the main call's buffer table but its own scratch and fixed arenas (registers are each call's
+    own) and its own accumulators for the parameter gradients that tasks add into too
+    (program.eager_accumulators). Returns (the thread's event, its error row: nonzero when a check failed,
+    {name: its accumulator}). After each chunk the call stores the count done into ``sync[0]``; a failure
+    sets ``sync[1]``, which stops the main call's wait."""
+    from ..program import eager_accumulators
+    from .streams import get_stream
+    ffi, n = ex.ffi, len(lowered.keys)
+    info = bound.info.copy()   # (addresses and sizes of the main call's entries, its twins)
+    slots = ffi.cast("void **", ffi.from_buffer(info))
+    held = []
+
+    def rebind(i, a, elements=None):
+        if type(a) is tuple:
+            a, elements = a
+        a, stride, _ = _matrix_info(a, static=False)
+        held.append(a)
+        slots[i] = ffi.from_buffer(a)
+        info[1, i], info[2, i], info[3, i] = a.size if elements is None else elements, stride, 0
+    tids, rows = eager[:, 0].tolist(), eager[:, 2].tolist()
+    cols = lowered.block_scratch
+    max_bs = max(rows, default=0)
+    scratch = max([cols.get(tid, 0) * r for tid, r in zip(tids, rows)], default=0)
+    tmp_rows = min(max_bs, SMALL_M_ROWS) if twin_cols else 0
+    rebind(n - 1, buffers[("arena", "eager scratch", scratch + tmp_rows * twin_cols)])
+    if ("fixed",) in lowered.keys:
+        rebind(lowered.keys.index(("fixed",)), buffers[("arena", "eager fixed", lowered.fixed_size)])
+    own = {}
+    for i in eager_accumulators(lowered):
+        name = lowered.keys[i][1]
+        own[name] = np.zeros_like(grads[name])
+        rebind(i, own[name])
+    err = np.zeros(4, np.int64)
+    p = ex.ptr
+    code, pool, ranges, kernels = lowered.pointers
+    row = ffi.cast("const int64_t *", slots)
+
+    def call():
+        try:
+            rc = ex.run(code, pool, ranges, len(lowered.ranges), p(eager), len(eager), eager.shape[1],
+                        row, row + n, row + 2 * n, row + 3 * n, n, n - 1, max_bs, lowered.nregs, kernels,
+                        len(lowered.kernels), ex.gemm, ex.gemv, int(ex.ilp64), int(forest), check, p(err),
+                        ffi.NULL, row + 4 * n, scratch, tmp_rows, twin_cols, p(sync), 2, 0)
+        except BaseException:
+            sync[1] = 1
+            raise
+        if rc:
+            sync[1] = 1
+        del alive[:]   # (the copied table and the arrays it addresses, alive until the call returned)
+    alive = [info, held, own, eager]
+    return get_stream("eager").submit(call), err, own
+
+
+def _raise_check(lowered, err: np.ndarray, stream: str = "") -> None:
+    """Raise the failed check a call's error row reports (operand -4: the main call stopped waiting for an
+    eager stream that failed)."""
+    _, task, pc, operand = err.tolist()
+    if operand == -4:
+        raise NativeCheckError(f"native {lowered.title}: task {task}: the eager stream failed")
+    where = lowered.text(pc) if 0 <= pc < len(lowered.code) else f"instruction {pc}"
+    raise NativeCheckError(f"native {lowered.title}: {stream}task {task}, instruction {pc} ({where}): operand "
+                           f"{_operand_name(lowered, pc, operand)} is out of bounds or invalid")
 
 
 def _operand_name(lowered, pc: int, operand: int) -> str:

@@ -116,10 +116,17 @@ class Cuda(Backend):
     def synchronize(self) -> None:
         self.xp.cuda.Device().synchronize()
 
-    def run_program(self, lowered, table: np.ndarray, buffers, dtype, forest: bool, workspace=None) -> dict:
+    def run_program(self, lowered, table: np.ndarray, buffers, dtype, forest: bool, workspace=None,
+                    eager: np.ndarray | None = None) -> dict:
         """The CUDA runner: the reference runner's opcodes over CuPy arrays, a fused group by its generated
-        kernel (:mod:`.runner`)."""
-        return runner.run(lowered, table, buffers, dtype, forest, self)
+        kernel (:mod:`.runner`); ``eager``'s chunks on the device's eager stream."""
+        return runner.run(lowered, table, buffers, dtype, forest, self, eager)
+
+    def eager_stream(self):
+        """The second CUDA stream (created once): eager work, ahead of the recurrent path."""
+        if self._streams is None:
+            self._streams = self.xp.cuda.Stream(non_blocking=True)
+        return self._streams
 
 
 def _row_matrix(a) -> bool:

@@ -62,7 +62,34 @@ OWN = {"FUSED": op_fused, "ADJ": op_adj}
 OPERATIONS = [OWN.get(name, reference.OPERATIONS[name]) for name in OPCODES]
 
 
-def run(lowered, table: np.ndarray, buffers, dtype, forest: bool, device) -> dict:
-    """Run ``lowered`` over ``table`` on ``device`` (see reference.run)."""
+class EventStream:
+    """The CUDA runner's eager stream: the device's second stream. The host issues every eager chunk's
+    launches there first (after an event of the current stream: the inputs it wrote), recording an event
+    after each; row t of the main table makes the current stream wait for chunk t's event on the device
+    (cudaStreamWaitEvent), not on the host. Nothing crosses between host and device."""
+
+    def __init__(self, device, chunks: int):
+        self.device, self.chunks, self.events, self.waited = device, chunks, [], 0
+
+    def start(self, work) -> None:
+        cuda = self.device.xp.cuda
+        eager = self.device.eager_stream()
+        eager.wait_event(cuda.get_current_stream().record())
+        with eager:
+            work(lambda t: self.events.append(eager.record()))
+
+    def wait(self, t: int) -> None:
+        need = min(t + 1, self.chunks)
+        if need > self.waited:
+            self.device.xp.cuda.get_current_stream().wait_event(self.events[need - 1])
+            self.waited = need
+
+    def join(self) -> None:
+        self.wait(self.chunks - 1)
+
+
+def run(lowered, table: np.ndarray, buffers, dtype, forest: bool, device, eager: np.ndarray | None = None) -> dict:
+    """Run ``lowered`` over ``table`` on ``device`` (see reference.run; ``eager``'s chunks on the device's
+    second stream: :class:`EventStream`)."""
     return reference.run(lowered, table, buffers, dtype, forest, device=device, operations=OPERATIONS,
-                         machine=DeviceMachine)
+                         machine=DeviceMachine, eager=eager, stream=EventStream)

@@ -18,7 +18,7 @@ from minicavs.executor import RunContext
 from .. import cells
 from ..test_device import close, on
 from ..test_engine import CASES
-from ..test_instructions import SWITCHES
+from ..test_instructions import SWITCHES, assert_streamed
 from ..models.test_models import TINY, trainer
 
 RUNNERS = {"native": "cuda runner", "reference": "reference runner"}
@@ -91,8 +91,9 @@ def test_dag_gradient_rows_are_added_by_the_device_kernels(cuda_standin, determi
     assert ("segment_sum_rows_double" if deterministic else "scatter_add_rows_double") in names
 
 
+@pytest.mark.parametrize("streaming", [False, True])
 @pytest.mark.parametrize("executor", sorted(RUNNERS))
-def test_no_crossing_per_task(cuda_standin, executor):
+def test_no_crossing_per_task(cuda_standin, executor, streaming):
     """A forward and backward pass of chains of 3 and of 12 vertices (3 and 12 tasks): the same host/device
     crossings (each index array copied once per batch, nothing read back per task)."""
     build, make_graph = CASES["chain_lstm"]
@@ -100,7 +101,7 @@ def test_no_crossing_per_task(cuda_standin, executor):
     case = build(rng)
     device = Cuda(cuda_standin)
     params = {k: device.asarray(v) for k, v in case.params.items()}
-    options = EngineOptions(executor=executor)
+    options = EngineOptions(executor=executor, streaming=streaming)
     case.model.device = device
     counts, tasks = [], []
     try:
@@ -116,3 +117,82 @@ def test_no_crossing_per_task(cuda_standin, executor):
     finally:
         case.model.device = CPU
     assert tasks[0] < tasks[1] and counts[0] == counts[1], (tasks, counts)
+
+
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_bundled_models_streaming_on_the_device_equal_the_c_runner(cuda_standin, name, tmp_path):
+    """Streaming on the device: the CUDA runner's eager chunks on the second stream (the reference runner's on
+    its thread) give the C runner's numbers on one stream."""
+    t = trainer(name, tmp_path, "train.dtype=float64")
+    graphs, feeds = t.task.batch(t.task.data["train"][:4])
+    device = Cuda(cuda_standin)
+    params = on(device, t)
+    for options in SWITCHES[:1] + SWITCHES[-1:]:
+        want = t.model.forward_backward(graphs, feeds, t.params, RunContext(seed=5, step=2), options=options)
+        for executor in RUNNERS:
+            opts = replace(options, executor=executor, streaming=True)
+            t.model.device = device
+            try:
+                got = t.model.forward_backward(graphs, feeds, params, RunContext(seed=5, step=2), options=opts)
+            finally:
+                t.model.device = CPU
+            assert_device_runs_the_program(got, executor)
+            assert_streamed(got)
+            what = f"{executor} streaming {options}"
+            close(got.loss, want.loss, "float64", f"{what} loss")
+            assert set(got.grads) == set(want.grads)
+            for k in want.grads:
+                close(got.grads[k], want.grads[k], "float64", f"{what} d{k}")
+
+
+def test_eager_chunks_run_on_the_second_stream(cuda_standin, monkeypatch):
+    """Every eager instruction runs while the device's eager stream is current, every main one on the caller's
+    stream; the eager stream first waits for the caller's stream, records an event per chunk, and the caller's
+    stream waits for chunk t's event before task t (on the device: no host wait, no crossing)."""
+    from minicavs.cuda import runner as cuda_runner
+    log, recorded, waited = [], [], []
+    wrapped = []
+    for fn in cuda_runner.OPERATIONS:
+        def logged(m, *operands, _fn=fn):
+            log.append((m.stream, m.task_index, standin.cuda.get_current_stream(), id(m.lowered)))
+            return _fn(m, *operands)
+        wrapped.append(logged)
+    monkeypatch.setattr(cuda_runner, "OPERATIONS", wrapped)
+    real_record, real_wait = standin._Stream.record, standin._Stream.wait_event
+
+    def record(stream, event=None):
+        event = real_record(stream, event)
+        recorded.append((stream, event))
+        return event
+
+    def wait_event(stream, event):
+        waited.append((stream, event, len(log)))
+        return real_wait(stream, event)
+    monkeypatch.setattr(standin._Stream, "record", record)
+    monkeypatch.setattr(standin._Stream, "wait_event", wait_event)
+    build, make_graph = CASES["binary_tree_lstm"]
+    rng = np.random.default_rng(6)
+    case = build(rng)
+    graphs = [make_graph(rng, 5) for _ in range(3)]
+    feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
+    device = Cuda(cuda_standin)
+    case.model.device = device
+    try:
+        result = case.model.forward_backward(graphs, feeds, {k: device.asarray(v) for k, v in case.params.items()},
+                                             RunContext(), options=EngineOptions(streaming=True))
+    finally:
+        case.model.device = CPU
+    assert_streamed(result)
+    eager_stream, main_stream = device.eager_stream(), standin.cuda.get_current_stream()
+    assert eager_stream is not main_stream
+    for program in (result.states["G"].program, result.states["G"].backward_program):
+        mine = [(i, entry) for i, entry in enumerate(log) if entry[3] == id(program.lowered)]
+        assert {entry[2] for _, entry in mine if entry[0] == "eager"} == {eager_stream}
+        assert {entry[2] for _, entry in mine if entry[0] == "main"} == {main_stream}
+        chunk_events = [(i, event) for i, (stream, event) in enumerate(recorded) if stream is eager_stream]
+        first_main = min(i for i, entry in mine if entry[0] == "main")
+        # the caller's stream waited for chunk events (recorded on the eager stream), the first before any task
+        waits = [(event, at) for stream, event, at in waited if stream is main_stream
+                 and any(event is e for _, e in chunk_events)]
+        assert waits and min(at for _, at in waits) <= first_main
+    assert any(stream is eager_stream and event is not None for stream, event, _ in waited)   # (the inputs)
