@@ -425,7 +425,7 @@ def test_eager_chunks_run_on_the_worker_thread(monkeypatch):
     for program_ in (result.states["G"].program, result.states["G"].backward_program):
         eager = [c for c in calls if c[0] == 2 and c[2] == len(program_.eager)]
         main = [c for c in calls if c[0] == 1 and c[1] == len(program_.eager)
-                and c[2] == len(program_.native_table)]
+                and c[2] == len(program_.table)]
         assert eager and main
         assert all(c[3] != me for c in eager) and all(c[3] == me for c in main)
     assert {c[0] for c in calls} == {1, 2}

@@ -29,7 +29,7 @@ def assert_device_runs_the_program(result, executor: str) -> None:
     for state in result.states.values():
         for program in (state.program, state.backward_program):
             assert program.runner == RUNNERS[executor] and program.declined is None, program.declined
-            assert f"one call of the {RUNNERS[executor]}" in program.dump()
+            assert RUNNERS[executor] in program.dump().splitlines()[0]
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
