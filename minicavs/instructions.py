@@ -64,11 +64,19 @@ TASK_COLUMNS = 5   # kind, kind offset, rows, scatter offset, first row of the s
 
 
 def _cols(node: Node) -> int:
-    """Columns of a node as a 2-D matrix: a per-row value (None, c) or (None,); a static (r, c), (c,), ()."""
-    shape = node.vshape if node.has_rows else node.shape
-    if len(shape) > (1 if node.has_rows else 2):
-        raise Unsupported(f"{node.label()} has shape {node.shape} (more than two axes)")
-    return int(shape[-1]) if shape else 1
+    """Columns of a node as a 2-D matrix: a per-row value (None, ...) is a matrix of flat rows of
+    prod(vshape) numbers, row-major ((None, c): c; (None, m, n): m x n); a static (r, c), (c,), ()."""
+    if node.has_rows:
+        return _width(node.vshape)
+    if node.ndim > 2:
+        raise Unsupported(f"{node.label()} has shape {node.shape} (a value without a row axis of more than two axes)")
+    return int(node.shape[-1]) if node.shape else 1
+
+
+def _col_offset(node: Node) -> int:
+    """The first flat column of a block along axis 1 (a slice's, an unslice's): ``start`` entries of axis 1,
+    each prod(shape[2:]) numbers of the flat row (1 for a 2-D value)."""
+    return int(node.attrs["start"]) * _width(node.shape[2:])
 
 
 def _rows(node: Node) -> int:
@@ -268,8 +276,11 @@ def _kernel_step(t: Template, group, kernel, inputs, outputs) -> None:
     if kernel is None or getattr(kernel, "address", None) == 0:   # (a C kernel without its uniform twin)
         raise Unsupported(f"fused group {' '.join(n.op for n in group.nodes)} has no compiled kernel")
     out = group.output
-    if out.ndim > 2:
-        raise Unsupported(f"fused group output {out.label()} has shape {out.shape}")
+    if out.ndim > 2:   # per-row values of more axes: their flat rows (full operands and scalars only)
+        odd = [(x, kind) for x, kind in zip(inputs, group.broadcast) if kind not in ("full", "scalar")]
+        if not out.has_rows or odd:
+            what = f"{odd[0][0].label()} broadcast as a {odd[0][1]}" if odd else "no row axis"
+            raise Unsupported(f"fused group output {out.label()} has shape {out.shape} ({what})")
     args = []
     for x, kind in zip(inputs, group.broadcast):
         if x not in t.regs:
@@ -320,9 +331,22 @@ def _step(t: Template, step, statics: set, device, singles: dict) -> None:
         raise Unsupported(f"{node.label()}: op '{node.op}' has no native lowering")
     ins = [t.regs[x] for x in step.inputs]
     if how == "cols":
-        t.emit("COLS", t.reg(node), ins[0], node.attrs["start"])
+        t.emit("COLS", t.reg(node), ins[0], _col_offset(node))
+    elif how == "alias":   # a per-row reshape: the same flat rows (per-row registers are never transposed)
+        t.emit("ALIAS", t.reg(node), ins[0])
     elif how == "transpose":
         t.emit("TRANSPOSE", t.reg(node), ins[0])
+    elif how == "transpose_rows":
+        _, rows, cols = step.inputs[0].shape
+        if rows == 1 or cols == 1:   # a row or column vector per row: the same flat numbers
+            t.emit("ALIAS", t.reg(node), ins[0])
+        else:
+            t.emit("TRANSROWS", t.scratch_reg(node), ins[0], rows, cols)
+    elif how == "bmm":
+        a, b = step.inputs[:2]
+        out = t.scratch_reg(node)
+        t.emit("BMM", out, ins[0], ins[1], node.shape[1], node.shape[2], a.shape[-1], int(a.has_rows),
+               int(b.has_rows))
     elif how == "gemm":
         a, b = step.inputs[:2]
         out = t.scratch_reg(node)
@@ -339,12 +363,15 @@ def _step(t: Template, step, statics: set, device, singles: dict) -> None:
     elif how == "unslice":
         out = t.scratch_reg(node)
         t.emit("ZERO", out, _rows(node), _cols(node))
-        part = t.reg(name=f"{t.reg_names[out]}[:, {node.attrs['start']}:]")
-        t.emit("COLS", part, out, node.attrs["start"])
+        part = t.reg(name=f"{t.reg_names[out]}[:, {_col_offset(node)}:]")
+        t.emit("COLS", part, out, _col_offset(node))
         t.emit("COPY", part, ins[0], _rows(node), _cols(step.inputs[0]))
     elif how == "sum_rows":
-        out = t.scratch_reg(node)
-        t.emit("SUMROWS", out, ins[0], _dim(step.inputs[0].shape[0]), _cols(node))
+        x = step.inputs[0]
+        if x.has_rows and _width(node.shape) != _cols(x):
+            raise Unsupported(f"{node.label()}: a sum over the rows of {x.label()} of shape {node.shape}")
+        out = t.scratch_reg(node)   # (one flat row: a static result keeps the row-major layout)
+        t.emit("SUMROWS", out, ins[0], _dim(x.shape[0]), _cols(x))
     else:
         raise Unsupported(f"{node.label()}: unknown native lowering {how!r}")
 
@@ -567,7 +594,7 @@ def _children_gradient(fn, kp, inplace, concats) -> Node | None:
     for j, gnode in fn.gathers.items():
         g = fn.leaf_grads.get(gnode)
         if g is None or kp.phase.get(g) != TASK or OPS[g.op].native is None or OPS[g.op].native(g) != "cols" \
-                or g.attrs.get("start") != j * width or _cols(g) != width:
+                or _col_offset(g) != j * width or _cols(g) != width:
             return None
         blocks.add(g.inputs[0])
     if len(blocks) != 1:

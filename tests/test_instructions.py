@@ -50,7 +50,7 @@ def close(a, b, dtype):
 
 # Bundled models whose task programs the lowering cannot express, and why (they run in Python, same numbers):
 # MV-RNN's per-vertex matrices are values of three axes (reshape, batched products).
-PYTHON_ONLY = {"mv_rnn": "reshape"}
+PYTHON_ONLY: dict = {}
 
 
 def assert_native_equals_python(run, options, dtype, python_only: str | None = None) -> None:
