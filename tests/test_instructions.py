@@ -20,12 +20,13 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from minicavs import instructions
+from minicavs import instructions, ops
 from minicavs.cpu import CPU, runner as c_runner
 from minicavs.engine import EngineOptions
 from minicavs.executor import RunContext
 from minicavs.inputs import InputGraph
 from minicavs.training import Trainer
+from minicavs.vertex import VertexFunction
 
 from . import cells
 from .models.test_models import MODELS, TINY
@@ -49,7 +50,7 @@ def close(a, b, dtype):
 
 
 # Bundled models whose task programs the lowering cannot express, and why (they run in Python, same numbers):
-# MV-RNN's per-vertex matrices are values of three axes (reshape, batched products).
+# none today (MV-RNN's per-vertex matrices, values of three axes, lower as flat rows: BMM, TRANSROWS).
 PYTHON_ONLY: dict = {}
 
 
@@ -321,16 +322,27 @@ def test_dropout_runs_natively_with_the_python_interpreters_masks(eager):
 
 
 def test_an_op_without_a_native_lowering_leaves_its_pass_to_python():
-    """MV-RNN's per-vertex matrices (reshape, values of three axes): that pass runs in Python and says why."""
-    t = Trainer(MODELS / "mv_rnn.yaml", TINY["mv_rnn"], run_dir=None)
-    samples = t.task.data["train"][:3]
-    t.model.options = EngineOptions(executor="native")
-    native = t.loss_and_grads(samples)
-    t.model.options = EngineOptions(executor="python")
-    python = t.loss_and_grads(samples)
-    program = next(iter(native.states.values())).program
-    assert program.native is None and "reshape" in program.native_why
-    close(python.loss, native.loss, "float32")
+    """A sum over a vertex axis of a per-row value of two axes (no native lowering: only sums over the rows
+    have one): that pass runs in Python, says why, and gives the Python interpreter's numbers."""
+    rng = np.random.default_rng(1)
+    H, D, C = 3, 2, 4
+    p, vals = cells._params(rng, W=(D, H), U=(H, H), b=(H,), Wo=(H, C), bo=(C,))
+    F = VertexFunction("f", arity=1, message=(H,), dtype="float64")
+    with F:
+        h = ops.tanh(ops.linear(F.pull((D,)), p["W"], p["b"]) + F.gather(0) @ p["U"])
+        z = ops.sum(ops.reshape(h, (1, H)), axis=0)
+        F.scatter(z)
+        F.push(z)
+    case = cells._one_kind_classifier(F, p, vals, H, D, C)
+    graphs = [InputGraph.chain(n) for n in (3, 5)]
+    feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
+
+    def run(options):
+        return case.model.forward_backward(graphs, feeds, case.params, RunContext(), options=options)
+    native = run(EngineOptions(executor="native"))
+    program = native.states["G"].program
+    assert program.native is None and "op 'sum' has no native lowering" in program.native_why, program.native_why
+    results_equal(run(EngineOptions(executor="python")), native, "float64")
 
 
 def test_dump_shows_the_instructions():
