@@ -272,12 +272,23 @@ def _single_kernel(node: Node, device, singles: dict):
     return singles[node]
 
 
+def _flat_broadcast(x: Node, kind: str, out: Node) -> bool:
+    """Does input ``x`` of a fused group broadcast the same way over ``out``'s flat rows as over its shape?
+    A full operand and a scalar always; a row (read at the column) when it is as wide as a flat row; a
+    column (read once per row) when each of its rows is one number."""
+    if kind in ("full", "scalar"):
+        return True
+    if kind == "row":
+        return _width(x.shape) == _cols(out)
+    return kind == "col" and x.has_rows and _cols(x) == 1
+
+
 def _kernel_step(t: Template, group, kernel, inputs, outputs) -> None:
     if kernel is None or getattr(kernel, "address", None) == 0:   # (a C kernel without its uniform twin)
         raise Unsupported(f"fused group {' '.join(n.op for n in group.nodes)} has no compiled kernel")
     out = group.output
-    if out.ndim > 2:   # per-row values of more axes: their flat rows (full operands and scalars only)
-        odd = [(x, kind) for x, kind in zip(inputs, group.broadcast) if kind not in ("full", "scalar")]
+    if out.ndim > 2:   # per-row values of more axes: the kernel runs over their flat rows
+        odd = [(x, kind) for x, kind in zip(inputs, group.broadcast) if not _flat_broadcast(x, kind, out)]
         if not out.has_rows or odd:
             what = f"{odd[0][0].label()} broadcast as a {odd[0][1]}" if odd else "no row axis"
             raise Unsupported(f"fused group output {out.label()} has shape {out.shape} ({what})")

@@ -733,3 +733,37 @@ def test_a_bad_offset_in_a_block_instruction_is_caught_by_the_debug_mode():
                      r"col=1000000000.*\): operand \w+ is out of bounds", result.stdout), result.stdout
     assert re.search(r"caught: native ∂F: task \d+, instruction \d+ \(TAKETO dst=r\d+\(.*\) buf=scatter.* "
                      r"col=1000000000\): operand \w+ is out of bounds", result.stdout), result.stdout
+
+
+@settings(max_examples=8, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), H=st.integers(1, 5), k=st.integers(1, 3), size=st.integers(1, 6),
+       switch=st.integers(0, 15))
+def test_per_row_matrices_native_equals_python(seed, H, k, size, switch):
+    """Per-row values of three axes (cells.per_row_matrices: static · M · static, Mᵀ · X, elementwise over the
+    flat rows) lower natively, BMM and all, and give the Python interpreter's numbers."""
+    rng = np.random.default_rng(seed)
+    case = cells.per_row_matrices(rng, H)
+    graphs = [InputGraph.chain(int(rng.integers(1, size + 1))) for _ in range(k)]
+    feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
+
+    def run(options):
+        return case.model.forward_backward(graphs, feeds, case.params, RunContext(), options=options)
+    assert_native_equals_python(run, SWITCHES[switch], "float64")
+    native = run(replace(SWITCHES[switch], executor="native")).states["G"]
+    assert "BMM" in "\n".join(native.program.native.lines() + native.backward_program.native.lines())
+
+
+def test_a_fused_input_broadcast_along_the_last_axis_of_a_per_row_matrix_leaves_its_pass_to_python():
+    """A per-row (H, 1) vector scaling an (H, H) matrix row by row reads one number per row of the matrix, not
+    per flat row: the kernel over flat rows cannot express it, so that pass runs in Python and says why."""
+    rng = np.random.default_rng(5)
+    case = cells.per_row_matrices(rng, 3, col_factor=True)
+    graphs = [InputGraph.chain(n) for n in (2, 4)]
+    feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
+
+    def run(options):
+        return case.model.forward_backward(graphs, feeds, case.params, RunContext(), options=options)
+    native = run(EngineOptions(executor="native"))
+    why = native.states["G"].program.native_why
+    assert native.states["G"].program.native is None and "broadcast as a col" in why, why
+    results_equal(run(EngineOptions(executor="python")), native, "float64")
