@@ -170,7 +170,7 @@ def per_row_matrices(rng, H=3, D=2, C=3, col_factor: bool = False) -> Case:
     with F:
         child = ops.reshape(F.gather(0), (H, H))
         x = ops.reshape(ops.linear(F.pull((D,)), p["Wx"], p["bx"]), (H, H))
-        y = ops.tanh(p["L"] @ child @ p["R"] + ops.matmul(ops.transpose(child), x) * 0.5)
+        y = ops.tanh(p["L"] @ child @ p["R"] + ops.matmul(ops.transpose(child), x) * 0.5 + x)
         if col_factor:
             y = y * ops.slice_(x, 0, 1, axis=1)
         F.scatter(ops.reshape(y, (H * H,)))
