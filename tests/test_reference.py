@@ -17,6 +17,7 @@ from minicavs.codegen.native import OPCODES
 from minicavs.cpu import runner as c_runner
 from minicavs.engine import EngineOptions
 from minicavs.executor import RunContext
+from minicavs.inputs import InputGraph
 from minicavs.training import Trainer
 
 from . import cells
@@ -215,6 +216,21 @@ def test_random_graphs_reference_equals_native(name, seed, k, size, switch):
     rng = np.random.default_rng(seed)
     case = build(rng)
     graphs = [make_graph(rng, int(rng.integers(1, size + 1))) for _ in range(k)]
+    feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
+
+    def run(options):
+        return case.model.forward_backward(graphs, feeds, case.params, RunContext(), options=options)
+    assert_reference_equals_native(run, SWITCHES[switch], "float64")
+
+
+@settings(max_examples=5, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), H=st.integers(1, 5), k=st.integers(1, 3), size=st.integers(1, 6),
+       switch=st.integers(0, 15))
+def test_per_row_matrices_reference_equals_native(seed, H, k, size, switch):
+    """Per-row values of three axes (cells.per_row_matrices): BMM, TRANSROWS and kernels over flat rows."""
+    rng = np.random.default_rng(seed)
+    case = cells.per_row_matrices(rng, H)
+    graphs = [InputGraph.chain(int(rng.integers(1, size + 1))) for _ in range(k)]
     feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
 
     def run(options):
