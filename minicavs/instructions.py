@@ -22,9 +22,19 @@ height) rows copied in by the kind's row index (``srows``) and computed rows put
 Python interpreter takes and puts them. So the contiguous case copies nothing more than before, and the other
 needs no second template. The blocks stay with the Python interpreter, all of them, when one cannot be
 lowered (the pass's ``native_why`` says why; the task loop stays native). A task program the lowering
-cannot express (an op with no native lowering, such as reshape; a value of more than two axes; a row-sparse
-gradient) leaves the whole pass to the Python interpreter (:func:`link` says why); so does streaming (the
-eager stream is a worker thread that runs blocks task by task).
+cannot express (an op with no native lowering, such as a sum over a vertex axis; a static of more than two
+axes; a row-sparse gradient) leaves the whole pass to the Python interpreter (:func:`link` says why); so does
+streaming (the eager stream is a worker thread that runs blocks task by task).
+
+A per-row value of any number of axes is a matrix of flat rows of prod(vshape) numbers, row-major (MV-RNN's
+(H, H) matrix per vertex: H² columns): a reshape keeping the row axis aliases the register (per-row
+registers are never transposed and their rows are contiguous), a slice, concat or unslice along axis 1 is a
+block of columns, a sum over the rows is SUMROWS over the flat columns, a fused group runs its kernel over
+the flat rows (when each input broadcasts there as over its shape), a product with a per-row operand of
+three axes is BMM (one product per row, an operand either per-row or a static), and a per-row transpose of
+the last two axes is TRANSROWS, a copy: a flag would have to be honoured by every reader of the value (the
+Python blocks that share the kind's tensors, fused kernels, copies into stored tensors), while the copy keeps
+every per-row value in the one layout they all assume.
 
 Registers: every value of a template is a register (pointer, row stride, transposed flag, buffer) set by the
 instruction that binds or computes it; views (row blocks, column slices, strided gathers, transposes,
