@@ -535,16 +535,28 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
                     }}
                     break;
                 }}
-                /* small products (H of 3 to 16): a loop per row beats a BLAS call's overhead */
+                /* small products (H of 3 to 16, or a matrix times a vector): a loop per row beats a BLAS call's
+                   overhead; a few columns (B.a, A.b: n = 1) as dot products, more as rows of b scaled and added */
                 const int64_t sai = ta ? 1 : lda, sap = ta ? lda : 1, sbp = tb ? 1 : ldb, sbj = tb ? ldb : 1;
                 for (int64_t r = 0; r < bs; r++) {{
                     const T *ap = A->p + r * astep, *bp = Bm->p + r * bstep;
                     T *cp = C->p + r * C->ld;
                     for (int64_t i = 0; i < m; i++) {{
                         T *ci = cp + i * n;
+                        const T *ai = ap + i * sai;
+                        if (n < 4) {{
+                            for (int64_t j = 0; j < n; j++) {{
+                                const T *bj = bp + j * sbj;
+                                T sum = 0;
+                                #pragma omp simd reduction(+:sum)
+                                for (int64_t p = 0; p < k; p++) sum += ai[p * sap] * bj[p * sbp];
+                                ci[j] = sum;
+                            }}
+                            continue;
+                        }}
                         for (int64_t j = 0; j < n; j++) ci[j] = 0;
                         for (int64_t p = 0; p < k; p++) {{
-                            const T aip = ap[i * sai + p * sap];
+                            const T aip = ai[p * sap];
                             const T *bpp = bp + p * sbp;
                             #pragma omp simd
                             for (int64_t j = 0; j < n; j++) ci[j] += aip * bpp[j * sbj];
