@@ -6,6 +6,7 @@ outside its buffer."""
 from __future__ import annotations
 
 import inspect
+import re
 from dataclasses import replace
 
 import numpy as np
@@ -23,7 +24,7 @@ from minicavs.training import Trainer
 from . import cells
 from .models.test_models import MODELS, TINY
 from .test_engine import CASES, random_dag, random_tree
-from .test_instructions import PYTHON_ONLY, SWITCHES, _typed, close, results_equal
+from .test_instructions import PYTHON_ONLY, SWITCHES, _run_script, _typed, close, results_equal
 
 pytestmark = pytest.mark.skipif(c_runner.available(np.float64) is not None,
                                 reason="no C compiler or BLAS: the C runner to compare with cannot run here")
@@ -274,6 +275,51 @@ def test_an_instruction_reaching_outside_its_buffer_raises(opcode, field):
             case.model.forward_backward(graphs, feeds, case.params, RunContext(), options=options)
     finally:
         lowered.code[pc][field] = original
+
+
+@pytest.mark.parametrize("opcode, field", [("BMM", 4), ("BMM", 6), ("TRANSROWS", 3)])
+def test_a_per_row_product_reaching_outside_its_buffer_raises(opcode, field):
+    """Per-row matrices (cells.per_row_matrices): a BMM or TRANSROWS given a dimension far outside its operands
+    raises CheckError naming the instruction, in the reference runner and in the C runner's check mode (run
+    in a child process: without the check, such an instruction would write outside its buffer)."""
+    rng = np.random.default_rng(4)
+    case = cells.per_row_matrices(rng, 3)
+    graphs = [InputGraph.chain(n) for n in (3, 4)]
+    feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
+    options = EngineOptions(executor="reference")
+    lowered = case.model.forward_backward(graphs, feeds, case.params, RunContext(),
+                                          options=options).states["G"].program.native
+    pc = next(pc for pc, row in enumerate(lowered.code.tolist()) if instructions.OPCODES_BY_ID[row[0]] == opcode)
+    original = int(lowered.code[pc][field])
+    lowered.code[pc][field] = 10**6
+    try:
+        with pytest.raises(reference.CheckError, match=rf"reference F: task \d+, instruction {pc} \({opcode} "):
+            case.model.forward_backward(graphs, feeds, case.params, RunContext(), options=options)
+    finally:
+        lowered.code[pc][field] = original
+    result = _run_script(f"""
+        import numpy as np
+        from minicavs import instructions
+        from minicavs.cpu import runner as c_runner
+        from minicavs.engine import EngineOptions
+        from minicavs.executor import RunContext
+        from minicavs.inputs import InputGraph
+        from tests import cells
+        rng = np.random.default_rng(4)
+        case = cells.per_row_matrices(rng, 3)
+        graphs = [InputGraph.chain(n) for n in (3, 4)]
+        feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
+        case.model.options = EngineOptions(executor="native")
+        code = case.model.forward_backward(graphs, feeds, case.params, RunContext()).states["G"].program.native.code
+        code[{pc}][{field}] = 10**6
+        try:
+            case.model.forward_backward(graphs, feeds, case.params, RunContext())
+        except c_runner.NativeCheckError as e:
+            print("caught:", e)
+        """, MINICAVS_NATIVE_CHECK="1")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert re.search(rf"caught: native F: task \d+, instruction {pc} \({opcode} .*\): operand \w+ is out of "
+                     "bounds", result.stdout), result.stdout
 
 
 def test_a_gathered_row_number_out_of_range_raises_in_check_mode(monkeypatch):
