@@ -25,10 +25,21 @@ a fused group with more arguments than a kernel call passes) is an APPLY of its 
 which the reference and CUDA runners run and the C runner declines (that pass then runs on the reference
 runner on the same device, and dump() says why). Values of any shape are matrices of flat rows
 (codegen/native.matrix_shape).
+
 Streaming runs the blocks before the task loop as a second table of the same templates, one chunk per task
 over the task's rows (program.eager_rows), on the runner's second stream; a parameter gradient such a block
 computes is then accumulated (GACC), never computed straight into its accumulator, since each chunk adds its
 rows' part.
+
+A per-row value of any number of axes is a matrix of flat rows of prod(vshape) numbers, row-major (MV-RNN's
+(H, H) matrix per vertex: H² columns): a reshape keeping the row axis aliases the register (per-row
+registers are never transposed and their rows are contiguous), a slice, concat or unslice along axis 1 is a
+block of columns, a sum over the rows is SUMROWS over the flat columns, a fused group runs its kernel over
+the flat rows (when each input broadcasts there as over its shape), a product with a per-row operand of
+three axes is BMM (one product per row, an operand either per-row or a static), and a per-row transpose of
+the last two axes is TRANSROWS, a copy: a flag would have to be honoured by every reader of the value (the
+Python blocks that share the kind's tensors, fused kernels, copies into stored tensors), while the copy keeps
+every per-row value in the one layout they all assume.
 
 Registers: every value of a template is a register (pointer, row stride, transposed flag, buffer) set by the
 instruction that binds or computes it; views (row blocks, column slices, strided gathers, transposes,
@@ -47,10 +58,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .codegen.native import ARG_KINDS, MAX_ARGS, OPCODES, OPS as OPCODE, WIDTH, holds_tuple, matrix_shape
+from .codegen.native import ARG_KINDS, MAX_ARGS, OPCODES, OPS as OPCODE, WIDTH, matrix_shape
 from .compile import POST, PRE, TASK
 from .graph import Node
-from .ops.registry import OPS
+from .ops.registry import OPS, holds_tuple
 from .passes.fusion import fuse, fusible
 
 
@@ -71,6 +82,12 @@ def _cols(node: Node) -> int:
     """Columns of a node as the registers' matrix (codegen/native.matrix_shape: values of any shape are flat
     rows)."""
     return matrix_shape(node)[1]
+
+
+def _col_offset(node: Node) -> int:
+    """The first flat column of a block along axis 1 (a slice's, an unslice's): ``start`` entries of axis 1,
+    each prod(shape[2:]) numbers of the flat row (1 for a 2-D value)."""
+    return int(node.attrs["start"]) * _width(node.shape[2:])
 
 
 def _rows(node: Node) -> int:
@@ -268,6 +285,17 @@ def _single_kernel(node: Node, device, singles: dict):
     return singles[node]
 
 
+def _flat_broadcast(x: Node, kind: str, out: Node) -> bool:
+    """Does input ``x`` of a fused group broadcast the same way over ``out``'s flat rows as over its shape?
+    A full operand and a scalar always; a row (read at the column) when it is as wide as a flat row; a
+    column (read once per row) when each of its rows is one number."""
+    if kind in ("full", "scalar"):
+        return True
+    if kind == "row":
+        return _width(x.shape) == _cols(out)
+    return kind == "col" and x.has_rows and _cols(x) == 1
+
+
 def _bound(t: Template, inputs) -> None:
     for x in inputs:
         if x not in t.regs:
@@ -276,11 +304,15 @@ def _bound(t: Template, inputs) -> None:
 
 def _kernel_step(t: Template, group, kernel, inputs, outputs) -> bool:
     """A fused group as one FUSED instruction; False (nothing emitted) where the runners' kernels cannot run
-    it: no compiled kernel, an output of more than two axes, more arguments than a kernel call passes."""
+    it: no compiled kernel, an output of more axes whose inputs do not broadcast over its flat rows as over its
+    shape (or that has no row axis), more arguments than a kernel call passes."""
     if kernel is None or getattr(kernel, "address", None) == 0:   # (a C kernel without its uniform twin)
         return False
     out = group.output
-    if out.ndim > 2 or len(inputs) + len(outputs) > MAX_ARGS:
+    if out.ndim > 2 and (not out.has_rows or not all(   # (per-row values of more axes: over their flat rows)
+            _flat_broadcast(x, kind, out) for x, kind in zip(inputs, group.broadcast))):
+        return False
+    if len(inputs) + len(outputs) > MAX_ARGS:
         return False
     _bound(t, inputs)
     args = []
@@ -337,9 +369,22 @@ def _step(t: Template, step, statics: set, device, singles: dict) -> None:
         return
     ins = [t.regs[x] for x in step.inputs]
     if how == "cols":
-        t.emit("COLS", t.reg(node), ins[0], node.attrs["start"])
+        t.emit("COLS", t.reg(node), ins[0], _col_offset(node))
+    elif how == "alias":   # a per-row reshape: the same flat rows (per-row registers are never transposed)
+        t.emit("ALIAS", t.reg(node), ins[0])
     elif how == "transpose":
         t.emit("TRANSPOSE", t.reg(node), ins[0])
+    elif how == "transpose_rows":
+        _, rows, cols = step.inputs[0].shape
+        if rows == 1 or cols == 1:   # a row or column vector per row: the same flat numbers
+            t.emit("ALIAS", t.reg(node), ins[0])
+        else:
+            t.emit("TRANSROWS", t.scratch_reg(node), ins[0], rows, cols)
+    elif how == "bmm":
+        a, b = step.inputs[:2]
+        out = t.scratch_reg(node)
+        t.emit("BMM", out, ins[0], ins[1], node.shape[1], node.shape[2], a.shape[-1], int(a.has_rows),
+               int(b.has_rows))
     elif how == "gemm":
         a, b = step.inputs[:2]
         out = t.scratch_reg(node)
@@ -356,12 +401,16 @@ def _step(t: Template, step, statics: set, device, singles: dict) -> None:
     elif how == "unslice":
         out = t.scratch_reg(node)
         t.emit("ZERO", out, _rows(node), _cols(node))
-        part = t.reg(name=f"{t.reg_names[out]}[:, {node.attrs['start']}:]")
-        t.emit("COLS", part, out, node.attrs["start"])
+        part = t.reg(name=f"{t.reg_names[out]}[:, {_col_offset(node)}:]")
+        t.emit("COLS", part, out, _col_offset(node))
         t.emit("COPY", part, ins[0], _rows(node), _cols(step.inputs[0]))
     elif how == "sum_rows":
-        out = t.scratch_reg(node)
-        t.emit("SUMROWS", out, ins[0], _dim(step.inputs[0].shape[0]), _cols(node))
+        x = step.inputs[0]
+        if x.has_rows and _width(node.shape) != _cols(x):   # (not a sum over the rows alone)
+            _apply(t, step)
+            return
+        out = t.scratch_reg(node)   # (one flat row: a static result keeps the row-major layout)
+        t.emit("SUMROWS", out, ins[0], _dim(x.shape[0]), _cols(x))
     else:
         raise Unsupported(f"{node.label()}: unknown native lowering {how!r}")
 
@@ -584,7 +633,7 @@ def _children_gradient(fn, kp, inplace, concats) -> Node | None:
     for j, gnode in fn.gathers.items():
         g = fn.leaf_grads.get(gnode)
         if g is None or kp.phase.get(g) != TASK or OPS[g.op].native is None or OPS[g.op].native(g) != "cols" \
-                or g.attrs.get("start") != j * width or _cols(g) != width:
+                or _col_offset(g) != j * width or _cols(g) != width:
             return None
         blocks.add(g.inputs[0])
     if len(blocks) != 1:

@@ -27,7 +27,8 @@ import threading
 
 import numpy as np
 
-from .codegen.native import ARG_KINDS, OPCODES, holds_tuple, matrix_shape
+from .codegen.native import ARG_KINDS, OPCODES, matrix_shape
+from .ops.registry import holds_tuple
 from .ops import scalar as S
 from .random import GOLDEN, mix
 
@@ -132,6 +133,19 @@ class Machine:
         shape = ((rows,) + tuple(node.vshape)) if node.has_rows else tuple(node.shape)
         view = self.matrix(r, rows, cols)
         return view.reshape(shape)
+
+    def per_row(self, r: int, rows: int, cols: int):
+        """Register ``r`` as one rows x cols matrix per task row (each row's flat numbers, row-major): a
+        (bs, rows, cols) view. A per-row value's register is never transposed."""
+        buf, offset, ld, transposed = self.reg(r)
+        if transposed:
+            self.fail(f"register {r} is transposed (a per-row operand)")
+        rows2d = self.strided(buf, offset, self.bs, rows * cols, ld)   # (bounds-checked)
+        if rows2d.size == 0:
+            return self.xp.zeros((self.bs, rows, cols), self.flats[buf].dtype)
+        item = rows2d.itemsize
+        return self.xp.lib.stride_tricks.as_strided(self.flats[buf][offset:], (self.bs, rows, cols),
+                                                    (ld * item, cols * item, item))
 
     def rows_of(self, buf: int, width: int):
         """Buffer ``buf`` as its rows of ``width`` elements."""
@@ -383,6 +397,21 @@ def op_dropout(m: Machine, dst, src, cols, keys, table, entry) -> None:
     m.matrix(dst, m.bs, cols)[...] = x * ((z >> np.uint64(40)) >= threshold).astype(x.dtype) * scale
 
 
+def op_bmm(m: Machine, c, a, b, rows, n, k, a_rows, b_rows) -> None:
+    """Per task row: c's matrix (rows x n) = a's · b's; an operand with ``*_rows`` 1 has one matrix per row
+    (its flat row), with 0 one for all rows (a static, with its own row stride and transposed flag)."""
+    left = m.per_row(a, rows, k) if a_rows else m.matrix(a, rows, k)
+    right = m.per_row(b, k, n) if b_rows else m.matrix(b, k, n)
+    out = m.per_row(c, rows, n)
+    if out.size:
+        out[...] = m.xp.matmul(left, right) if k else 0
+
+
+def op_transrows(m: Machine, dst, src, rows, cols) -> None:
+    """Per task row: dst's matrix (cols x rows) = src's (rows x cols) transposed, a new flat row."""
+    m.per_row(dst, cols, rows)[...] = m.per_row(src, rows, cols).transpose(0, 2, 1)
+
+
 def op_apply(m: Machine, step, pool, keys) -> None:
     """The outputs of a step no other opcode expresses = its op's own implementation (the registry's; a fused
     group's expressions) over its inputs, each register read as its node's shape (the row axis: the task's
@@ -416,7 +445,8 @@ OPERATIONS = {
     "CATVIEW": op_catview, "SKIP_IF_CAT": op_skip_if_cat, "TAKE": op_take, "TAKETO": op_taketo,
     "SROWS": op_srows, "SPUT": op_sput, "COLS": op_cols, "ALIAS": op_alias, "TRANSPOSE": op_transpose,
     "GEMM": op_gemm, "FUSED": op_fused, "COPY": op_copy, "ZERO": op_zero, "ADD": op_add, "SUMROWS": op_sumrows,
-    "PUT": op_put, "ADJ": op_adj, "GACC": op_gacc, "DROPOUT": op_dropout, "APPLY": op_apply,
+    "PUT": op_put, "ADJ": op_adj, "GACC": op_gacc, "DROPOUT": op_dropout, "BMM": op_bmm,
+    "TRANSROWS": op_transrows, "APPLY": op_apply,
 }
 BY_ID = [OPERATIONS[name] for name in OPCODES]
 ARITY = [len(operands) for operands in OPCODES.values()]

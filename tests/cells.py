@@ -160,6 +160,25 @@ def chain_lstm(rng, H=3, D=2, C=4) -> Case:
     return _one_kind_classifier(F, p, vals, H, D, C)
 
 
+def per_row_matrices(rng, H=3, D=2, C=3, col_factor: bool = False) -> Case:
+    """A chain whose vertices carry an H x H matrix each (per-row values of three axes, as MV-RNN's): products
+    by a static on either side and by the child's matrix transposed, elementwise ops over the flat rows, a
+    block of rows along the first vertex axis pushed. ``col_factor``: the matrix also scaled row by row by a
+    per-row (H, 1) vector (a fused input broadcast along the last axis)."""
+    p, vals = _params(rng, Wx=(D, H * H), bx=(H * H,), L=(H, H), R=(H, H), Wo=(H, C), bo=(C,))
+    F = VertexFunction("m", arity=1, message=(H * H,), dtype=F64)
+    with F:
+        child = ops.reshape(F.gather(0), (H, H))
+        x = ops.reshape(ops.linear(F.pull((D,)), p["Wx"], p["bx"]), (H, H))
+        y = ops.tanh(p["L"] @ child @ p["R"] + ops.matmul(ops.transpose(child), x) * 0.5 + x)
+        if col_factor:
+            y = y * ops.slice_(x, 0, 1, axis=1)
+        F.scatter(ops.reshape(y, (H * H,)))
+        row = min(1, H - 1)   # (the second row: a column block that does not start at 0)
+        F.push(ops.reshape(ops.slice_(y, row, row + 1, axis=0), (H,)))
+    return _one_kind_classifier(F, p, vals, H, D, C)
+
+
 def tree_fc_functions(p, H):
     leaf = VertexFunction("leaf", message=(H,), dtype=F64)
     with leaf:

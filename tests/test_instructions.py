@@ -30,6 +30,7 @@ from minicavs.engine import EngineOptions
 from minicavs.executor import RunContext
 from minicavs.inputs import InputGraph
 from minicavs.training import Trainer
+from minicavs.vertex import VertexFunction
 
 from . import cells
 from .models.test_models import MODELS, TINY
@@ -53,8 +54,8 @@ def close(a, b, dtype):
 
 
 # Bundled models the C runner declines, and why (the reference runner on the CPU runs them, same numbers):
-# MV-RNN's per-vertex matrices are values of three axes (reshape, batched products: APPLY).
-DECLINED = {"mv_rnn": "reshape"}
+# none today (MV-RNN's per-vertex matrices, values of three axes, lower as flat rows: BMM, TRANSROWS).
+DECLINED: dict = {}
 
 
 def assert_native_equals_reference(run, options, dtype, declined: str | None = None) -> None:
@@ -944,3 +945,41 @@ def test_a_bad_offset_in_a_block_instruction_is_caught_by_the_debug_mode():
                      r"col=1000000000.*\): operand \w+ is out of bounds", result.stdout), result.stdout
     assert re.search(r"caught: native ∂F: task \d+, instruction \d+ \(TAKETO dst=r\d+\(.*\) buf=scatter.* "
                      r"col=1000000000\): operand \w+ is out of bounds", result.stdout), result.stdout
+
+
+@settings(max_examples=8, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), H=st.integers(1, 5), k=st.integers(1, 3), size=st.integers(1, 6),
+       switch=st.integers(0, 15))
+def test_per_row_matrices_native_equals_reference(seed, H, k, size, switch):
+    """Per-row values of three axes (cells.per_row_matrices: static · M · static, Mᵀ · X, elementwise over the
+    flat rows) lower natively, BMM and all, and give the reference runner's numbers."""
+    rng = np.random.default_rng(seed)
+    case = cells.per_row_matrices(rng, H)
+    graphs = [InputGraph.chain(int(rng.integers(1, size + 1))) for _ in range(k)]
+    feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
+
+    def run(options):
+        return case.model.forward_backward(graphs, feeds, case.params, RunContext(), options=options)
+    assert_native_equals_reference(run, SWITCHES[switch], "float64")
+    native = run(replace(SWITCHES[switch], executor="native")).states["G"]
+    assert "BMM" in "\n".join(native.program.lowered.lines() + native.backward_program.lowered.lines())
+
+
+def test_a_fused_input_broadcast_along_the_last_axis_of_a_per_row_matrix_is_an_apply():
+    """A per-row (H, 1) vector scaling an (H, H) matrix row by row reads one number per row of the matrix, not
+    per flat row: the kernel over flat rows cannot express it, so the group is an APPLY, that pass runs on the
+    reference runner and says why; its gradients agree with finite differences."""
+    from minicavs.testing import check_model_grads
+    rng = np.random.default_rng(5)
+    case = cells.per_row_matrices(rng, 3, col_factor=True)
+    graphs = [InputGraph.chain(n) for n in (2, 4)]
+    feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
+
+    def run(options):
+        return case.model.forward_backward(graphs, feeds, case.params, RunContext(), options=options)
+    native = run(EngineOptions(executor="native"))
+    why = native.states["G"].program.declined
+    assert native.states["G"].program.runner == "reference runner" and "APPLY" in why, why
+    results_equal(run(EngineOptions(executor="reference")), native, "float64")
+    case.model.options = EngineOptions(executor="native")
+    check_model_grads(case.model, graphs, feeds, case.params, directions=3)

@@ -6,6 +6,7 @@ outside its buffer."""
 from __future__ import annotations
 
 import inspect
+import re
 import threading
 from dataclasses import replace
 
@@ -19,13 +20,15 @@ from minicavs.compile import PRE
 from minicavs.cpu import runner as c_runner
 from minicavs.engine import EngineOptions
 from minicavs.executor import RunContext
+from minicavs.inputs import InputGraph
 from minicavs.training import Trainer
 
 from . import cells
 from .models.test_models import MODELS, TINY
 from .test_engine import CASES, random_dag, random_tree
-from .test_instructions import (DECLINED, STREAM_CASES, SWITCHES, _typed, assert_native_equals_reference,
-                                assert_streamed, assert_streaming_equals_one_stream, close)
+from .test_instructions import (DECLINED, STREAM_CASES, SWITCHES, _run_script, _typed,
+                                assert_native_equals_reference, assert_streamed,
+                                assert_streaming_equals_one_stream, close)
 
 pytestmark = pytest.mark.skipif(c_runner.available(np.float64) is not None,
                                 reason="no C compiler or BLAS: the C runner to compare with cannot run here")
@@ -118,9 +121,12 @@ def test_the_bundled_models_and_cases_exercise_every_opcode(tmp_path, monkeypatc
     t = Trainer(MODELS / "tree_lstm.yaml", with_dropout("tree_lstm") + ["train.dtype=float64"], run_dir=tmp_path)
     t.model.options = EngineOptions(executor="reference")
     t.loss_and_grads(t.task.data["train"][:6])
-    # (NOP: the dispatch benchmark's; ADD and ZERO, which no bundled model's lowering emits today: below;
-    # APPLY, which no bundled model needs: test_instructions' softmax in F)
-    assert set(OPCODES) - seen == {"NOP", "ADD", "ZERO", "APPLY"}, sorted(set(OPCODES) - seen)
+    t = Trainer(MODELS / "mv_rnn.yaml", TINY["mv_rnn"] + ["train.dtype=float64"], run_dir=tmp_path / "mv_rnn")
+    t.model.options = EngineOptions(executor="reference")   # (per-row matrices: BMM, TRANSROWS)
+    t.loss_and_grads(t.task.data["train"][:6])
+    # (NOP: the dispatch benchmark's; ADD, which no bundled model's lowering emits today: below; APPLY,
+    # which no bundled model needs: test_instructions' softmax in F)
+    assert set(OPCODES) - seen == {"NOP", "ADD", "APPLY"}, sorted(set(OPCODES) - seen)
 
 
 def _hand_written(code: list, nregs: int) -> instructions.Lowered:
@@ -254,6 +260,51 @@ def test_an_instruction_reaching_outside_its_buffer_raises(opcode, field):
         lowered.code[pc][field] = original
 
 
+@pytest.mark.parametrize("opcode, field", [("BMM", 4), ("BMM", 6), ("TRANSROWS", 3)])
+def test_a_per_row_product_reaching_outside_its_buffer_raises(opcode, field):
+    """Per-row matrices (cells.per_row_matrices): a BMM or TRANSROWS given a dimension far outside its operands
+    raises CheckError naming the instruction, in the reference runner and in the C runner's check mode (run
+    in a child process: without the check, such an instruction would write outside its buffer)."""
+    rng = np.random.default_rng(4)
+    case = cells.per_row_matrices(rng, 3)
+    graphs = [InputGraph.chain(n) for n in (3, 4)]
+    feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
+    options = EngineOptions(executor="reference")
+    lowered = case.model.forward_backward(graphs, feeds, case.params, RunContext(),
+                                          options=options).states["G"].program.lowered
+    pc = next(pc for pc, row in enumerate(lowered.code.tolist()) if instructions.OPCODES_BY_ID[row[0]] == opcode)
+    original = int(lowered.code[pc][field])
+    lowered.code[pc][field] = 10**6
+    try:
+        with pytest.raises(reference.CheckError, match=rf"reference F: task \d+, instruction {pc} \({opcode} "):
+            case.model.forward_backward(graphs, feeds, case.params, RunContext(), options=options)
+    finally:
+        lowered.code[pc][field] = original
+    result = _run_script(f"""
+        import numpy as np
+        from minicavs import instructions
+        from minicavs.cpu import runner as c_runner
+        from minicavs.engine import EngineOptions
+        from minicavs.executor import RunContext
+        from minicavs.inputs import InputGraph
+        from tests import cells
+        rng = np.random.default_rng(4)
+        case = cells.per_row_matrices(rng, 3)
+        graphs = [InputGraph.chain(n) for n in (3, 4)]
+        feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
+        case.model.options = EngineOptions(executor="native")
+        code = case.model.forward_backward(graphs, feeds, case.params, RunContext()).states["G"].program.lowered.code
+        code[{pc}][{field}] = 10**6
+        try:
+            case.model.forward_backward(graphs, feeds, case.params, RunContext())
+        except c_runner.NativeCheckError as e:
+            print("caught:", e)
+        """, MINICAVS_NATIVE_CHECK="1")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert re.search(rf"caught: native F: task \d+, instruction {pc} \({opcode} .*\): operand \w+ is out of "
+                     "bounds", result.stdout), result.stdout
+
+
 def test_a_gathered_row_number_out_of_range_raises_in_check_mode(monkeypatch):
     """With the debug mode on, an index array's values are checked too (a gather past the scatter tensor)."""
     monkeypatch.setenv("MINICAVS_NATIVE_CHECK", "1")
@@ -270,6 +321,105 @@ def test_a_gathered_row_number_out_of_range_raises_in_check_mode(monkeypatch):
     with pytest.raises(reference.CheckError, match="row index out of range"):
         case.model.forward_backward(graphs, feeds, case.params, RunContext(),
                                     options=EngineOptions(executor="reference", gather_elision=False))
+
+
+def _program(code: list, keys: list, nregs: int) -> instructions.Lowered:
+    """A one-kind program of ``code`` ((opcode, operands...) rows) over the buffers ``keys`` (scratch last)."""
+    rows = np.zeros((len(code), instructions.WIDTH), np.int64)
+    for i, (op, *operands) in enumerate(code):
+        rows[i, :1 + len(operands)] = [instructions.OPCODE[op]] + operands
+    ranges = np.array([[0, len(code)], [0, 0], [0, 0]], np.int64)
+    return instructions.Lowered("hand", [0], [instructions.Template("k")], rows, np.zeros(1, np.int64), ranges,
+                                keys + [("scratch",)], np.zeros(1, np.int64), nregs, 1)
+
+
+def _on_every_runner(program, table, buffers: dict, dtype) -> list:
+    """The buffers after ``program`` ran over ``table`` on the C runner (with and without its check mode) and
+    on the reference runner: one dict of copies per run."""
+    out = []
+    for run, check in ((c_runner.run, "0"), (c_runner.run, "1"), (reference.run, "0")):
+        copies = {key: a.copy() for key, a in buffers.items()}
+
+        def resolve(key):
+            return np.zeros(max(1, key[2]), dtype) if key[0] == "arena" else copies[key]
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("MINICAVS_NATIVE_CHECK", check)
+            run(program, table, resolve, dtype, True)
+        out.append(copies)
+    return out
+
+
+def _operand(rng, per_row: bool, transposed: bool, rows: int, cols: int, koff: int, bs: int, dtype,
+             left: int, right: int) -> tuple:
+    """A BMM operand of rows x cols, with padding around it: per row (each task row's matrix its flat row, at a
+    column offset of a wider row), or one static matrix (stored transposed: read through the flag). Returns
+    (buffer, its row stride, its first column, the task's matrices as (bs, rows, cols))."""
+    if per_row:
+        ld = max(1, left + rows * cols + right)   # (a column at least: k = 0 has no numbers)
+        buf = rng.standard_normal((koff + bs + 1, ld)).astype(dtype)
+        mats = buf[koff:koff + bs, left:left + rows * cols].reshape(bs, rows, cols)
+        return buf, ld, left, mats
+    stored = (cols, rows) if transposed else (rows, cols)
+    ld = max(1, left + stored[1] + right)
+    buf = rng.standard_normal((stored[0] + 1, ld)).astype(dtype)   # (a row more: a k = 0 static has none)
+    mat = buf[:stored[0], left:left + stored[1]]
+    return buf, ld, left, np.broadcast_to((mat.T if transposed else mat)[None], (bs, rows, cols))
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), bs=st.integers(0, 5), koff=st.integers(0, 2),
+       dims=st.tuples(st.integers(1, 20), st.integers(1, 20), st.integers(0, 20)) | st.tuples(
+           st.integers(1, 4), st.integers(1, 4), st.integers(0, 4)),
+       a_rows=st.booleans(), b_rows=st.booleans(), a_trans=st.booleans(), b_trans=st.booleans(),
+       pads=st.tuples(*[st.integers(0, 2)] * 5))
+def test_bmm_is_a_product_per_row_on_both_runners(dtype, seed, bs, koff, dims, a_rows, b_rows, a_trans, b_trans,
+                                                  pads):
+    """BMM over random shapes (products small enough for the C runner's loop and large enough for its BLAS
+    calls, k = 0 included) and operand kinds (each one matrix per row at a column offset of a wider row, or a
+    static, stored transposed or not), into rows of a wider result: the C runner (check mode on and off) and
+    the reference runner write what numpy's matmul of the operands says, and nothing else."""
+    m, n, k = dims
+    rng = np.random.default_rng(seed)
+    a, lda, cola, want_a = _operand(rng, a_rows, a_trans, m, k, koff, bs, dtype, *pads[:2])
+    b, ldb, colb, want_b = _operand(rng, b_rows, b_trans, k, n, koff, bs, dtype, *pads[2:4])
+    ldc = m * n + pads[4]
+    c0 = rng.standard_normal((koff + bs + 1, ldc)).astype(dtype)
+    code = []
+    for r, (per_row, trans, ld, col) in enumerate(((a_rows, a_trans, lda, cola), (b_rows, b_trans, ldb, colb))):
+        code.append(("BIND", r, r, 1 if per_row else 0, col, ld))
+        if not per_row and trans:
+            code.append(("TRANSPOSE", r, r))
+    code += [("BIND", 2, 2, 1, 0, ldc), ("BMM", 2, 0, 1, m, n, k, int(a_rows), int(b_rows))]
+    keys = [("tensor", "A", 0), ("tensor", "B", 0), ("tensor", "C", 0)]
+    program = _program(code, keys, nregs=3)
+    table = np.array([[0, koff, bs, 0, -1]], np.int64)
+    want = c0.copy()
+    want[koff:koff + bs, :m * n] = np.matmul(want_a.astype(np.float64), want_b.astype(np.float64)).reshape(bs, m * n)
+    tol = (1e-10 if dtype == np.float64 else 1e-5) * max(1.0, np.abs(want).max())
+    for got in _on_every_runner(program, table, dict(zip(keys, (a, b, c0))), dtype):
+        np.testing.assert_allclose(got[keys[2]], want, rtol=0, atol=tol)
+        assert np.array_equal(got[keys[0]], a) and np.array_equal(got[keys[1]], b)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), bs=st.integers(0, 5), koff=st.integers(0, 2), m=st.integers(1, 6),
+       n=st.integers(1, 6), pad=st.integers(0, 2))
+def test_transrows_transposes_each_rows_matrix_on_both_runners(dtype, seed, bs, koff, m, n, pad):
+    """TRANSROWS: each task row's m x n matrix (its flat row, at a column offset) written transposed as the
+    destination's flat row; the rows outside the task stay as they were."""
+    rng = np.random.default_rng(seed)
+    src = rng.standard_normal((koff + bs + 1, pad + m * n)).astype(dtype)
+    dst0 = rng.standard_normal((koff + bs + 1, m * n + pad)).astype(dtype)
+    keys = [("tensor", "A", 0), ("tensor", "B", 0)]
+    program = _program([("BIND", 0, 0, 1, pad, pad + m * n), ("BIND", 1, 1, 1, 0, m * n + pad),
+                        ("TRANSROWS", 1, 0, m, n)], keys, nregs=2)
+    want = dst0.copy()
+    want[koff:koff + bs, :m * n] = src[koff:koff + bs, pad:].reshape(bs, m, n).transpose(0, 2, 1).reshape(bs, m * n)
+    for got in _on_every_runner(program, np.array([[0, koff, bs, 0, -1]], np.int64), dict(zip(keys, (src, dst0))),
+                                dtype):
+        assert np.array_equal(got[keys[1]], want) and np.array_equal(got[keys[0]], src)
 
 
 # --- streaming: the reference runner's eager stream is a Python thread --------------------------------------

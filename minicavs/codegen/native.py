@@ -60,6 +60,10 @@ OPCODES = {
     # dst = src * the dropout mask of the task's rows: row keys keys[koff + r] (uint64), the hash word, threshold
     # and scale (a double's bits) in row ``entry`` of the int64 table ``table`` (minicavs/random.py's hash)
     "DROPOUT": ("dst", "src", "cols", "keys", "table", "entry"),
+    # per task row r: c[r] (m x n, its flat row) = a[r] . b[r]; an operand with rows 1 is one matrix per row (its
+    # flat row, m x k or k x n), with rows 0 one matrix for all rows (a static: its register's ld and flag)
+    "BMM": ("c", "a", "b", "m", "n", "k", "a_rows", "b_rows"),
+    "TRANSROWS": ("dst", "src", "m", "n"),                # per task row: dst[r] (n x m) = src[r] (m x n) transposed
     # the outputs of a step no other opcode expresses = its op's own implementation (the registry's) over its
     # inputs' values: steps[step]'s input registers, then its output registers, from pool[pool]; keys: the row
     # keys buffer (-1: none) of an op that reads the run context. Only a runner that can call Python runs it
@@ -518,6 +522,94 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
                         const uint64_t z = mc_mix(hr ^ (uint64_t)c) + golden;
                         d[c] = s[c] * ((z >> 40) >= th ? scale : (T)0);
                     }}
+                }}
+                break;
+            }}
+            case BMM: {{
+                REGOK(a[0], 0); REGOK(a[1], 1); REGOK(a[2], 2);
+                const int64_t m = a[3], n = a[4], k = a[5], arows = a[6], brows = a[7];
+                if (check && (m < 0 || n < 0 || k < 0)) FAIL(3);
+                if (bs == 0 || m == 0 || n == 0) break;
+                const reg_t *A = &R[a[1]], *Bm = &R[a[2]];
+                const reg_t *C = &R[a[0]];
+                if (check && (C->trans || (arows && A->trans) || (brows && Bm->trans))) FAIL(0);
+                CHECKR(a[0], bs, m * n, 0);
+                if (arows) CHECKR(a[1], bs, m * k, 1); else CHECKR(a[1], m, k, 1);
+                if (brows) CHECKR(a[2], bs, k * n, 2); else CHECKR(a[2], k, n, 2);
+                /* one row's operand: stored row-major with row stride ld (transposed: stored k x m / n x k) */
+                const int64_t ta = arows ? 0 : A->trans, tb = brows ? 0 : Bm->trans;
+                const int64_t lda = arows ? k : A->ld, ldb = brows ? n : Bm->ld;
+                const int64_t astep = arows ? A->ld : 0, bstep = brows ? Bm->ld : 0;
+                if (k == 0) {{
+                    for (int64_t r = 0; r < bs; r++) memset(C->p + r * C->ld, 0, (size_t)(m * n) * sizeof(T));
+                    break;
+                }}
+                if (gemm && arows && !brows && A->ld == m * k && C->ld == m * n) {{
+                    /* every row's a side by side is one (bs m) x k matrix: one GEMM by the shared b */
+                    const int64_t need = tb ? k : n, ldb_ = ldb < need ? need : ldb;
+                    if (ilp64)
+                        ((gemm64_t)gemm)(101, 111, tb ? 112 : 111, bs * m, n, k, (T)1, A->p, k, Bm->p, ldb_, (T)0,
+                                         C->p, n);
+                    else
+                        ((gemm32_t)gemm)(101, 111, tb ? 112 : 111, (int)(bs * m), (int)n, (int)k, (T)1, A->p, (int)k,
+                                         Bm->p, (int)ldb_, (T)0, C->p, (int)n);
+                    break;
+                }}
+                if (gemm && m * n * k > 4096) {{   /* larger products: BLAS per row */
+                    const int64_t need_a = ta ? m : k, need_b = tb ? k : n;
+                    const int64_t lda_ = lda < need_a ? need_a : lda, ldb_ = ldb < need_b ? need_b : ldb;
+                    for (int64_t r = 0; r < bs; r++) {{
+                        const T *ap = A->p + r * astep, *bp = Bm->p + r * bstep;
+                        T *cp = C->p + r * C->ld;
+                        if (ilp64)
+                            ((gemm64_t)gemm)(101, ta ? 112 : 111, tb ? 112 : 111, m, n, k, (T)1, ap, lda_, bp, ldb_,
+                                             (T)0, cp, n);
+                        else
+                            ((gemm32_t)gemm)(101, ta ? 112 : 111, tb ? 112 : 111, (int)m, (int)n, (int)k, (T)1, ap,
+                                             (int)lda_, bp, (int)ldb_, (T)0, cp, (int)n);
+                    }}
+                    break;
+                }}
+                /* small products (H of 3 to 16, or a matrix times a vector): a loop per row beats a BLAS call's
+                   overhead; a few columns (B.a, A.b: n = 1) as dot products, more as rows of b scaled and added */
+                const int64_t sai = ta ? 1 : lda, sap = ta ? lda : 1, sbp = tb ? 1 : ldb, sbj = tb ? ldb : 1;
+                for (int64_t r = 0; r < bs; r++) {{
+                    const T *ap = A->p + r * astep, *bp = Bm->p + r * bstep;
+                    T *cp = C->p + r * C->ld;
+                    for (int64_t i = 0; i < m; i++) {{
+                        T *ci = cp + i * n;
+                        const T *ai = ap + i * sai;
+                        if (n < 4) {{
+                            for (int64_t j = 0; j < n; j++) {{
+                                const T *bj = bp + j * sbj;
+                                T sum = 0;
+                                #pragma omp simd reduction(+:sum)
+                                for (int64_t p = 0; p < k; p++) sum += ai[p * sap] * bj[p * sbp];
+                                ci[j] = sum;
+                            }}
+                            continue;
+                        }}
+                        for (int64_t j = 0; j < n; j++) ci[j] = 0;
+                        for (int64_t p = 0; p < k; p++) {{
+                            const T aip = ai[p * sap];
+                            const T *bpp = bp + p * sbp;
+                            #pragma omp simd
+                            for (int64_t j = 0; j < n; j++) ci[j] += aip * bpp[j * sbj];
+                        }}
+                    }}
+                }}
+                break;
+            }}
+            case TRANSROWS: {{
+                REGOK(a[0], 0); REGOK(a[1], 1);
+                const int64_t m = a[2], n = a[3];
+                if (check && (m < 0 || n < 0 || R[a[0]].trans || R[a[1]].trans)) FAIL(0);
+                CHECKR(a[0], bs, m * n, 0); CHECKR(a[1], bs, m * n, 1);
+                for (int64_t r = 0; r < bs; r++) {{
+                    T *d = R[a[0]].p + r * R[a[0]].ld;
+                    const T *s = R[a[1]].p + r * R[a[1]].ld;
+                    for (int64_t i = 0; i < m; i++)
+                        for (int64_t j = 0; j < n; j++) d[j * m + i] = s[i * n + j];
                 }}
                 break;
             }}

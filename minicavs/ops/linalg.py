@@ -34,7 +34,14 @@ def _matmul_vjp(g, y, a, b):
 
 
 def _native_gemm(n: Node):
-    return "gemm" if n.ndim == 2 and all(x.ndim == 2 for x in n.inputs[:2]) else None
+    """2-D operands: one GEMM. A per-row product of three axes, (None, m, n), whose operands are each a
+    per-row value of three axes or a 2-D static: a product per row ("bmm")."""
+    if n.ndim == 2 and all(x.ndim == 2 for x in n.inputs[:2]):
+        return "gemm"
+    if n.op == "matmul" and n.has_rows and n.ndim == 3 and any(x.has_rows for x in n.inputs) and all(
+            (x.ndim == 3 if x.has_rows else x.ndim == 2) for x in n.inputs):
+        return "bmm"
+    return None
 
 
 register(OpDef("matmul", infer=_matmul_infer, impl=lambda xp, a, b: xp.matmul(a, b), vjp=_matmul_vjp,

@@ -44,11 +44,17 @@ def _sum_impl(xp, x, axes, keepdims):
     return xp.sum(x, axis=axes, keepdims=keepdims)
 
 
+def _over_rows(n) -> bool:
+    """A sum over axis 0 alone of a 2-D value, or of a per-row value of any number of axes (its flat rows
+    summed: the result keeps their row-major layout)."""
+    x = n.inputs[0]
+    return tuple(n.attrs["axes"]) == (0,) and (x.ndim == 2 or (x.has_rows and x.ndim > 2))
+
+
 register(OpDef(
     "sum", infer=_reduce_infer, impl=_sum_impl,
     vjp=lambda g, out, x, axes, keepdims: (broadcast_like(g, x, axes, keepdims),),
-    native=lambda n: "sum_rows" if n.inputs[0].ndim == 2 and tuple(n.attrs["axes"]) == (0,)
-    and not n.attrs["keepdims"] else None))
+    native=lambda n: "sum_rows" if _over_rows(n) and not n.attrs["keepdims"] else None))
 
 register(OpDef(
     "mean", infer=_mean_infer,
@@ -105,8 +111,8 @@ register(OpDef(
     "sum_to", infer=_sum_to_infer, impl=_sum_to_impl,
     vjp=lambda g, out, x, axes, shape: (
         broadcast_like(g, x, tuple(range(x.ndim - len(shape))), False),),
-    native=lambda n: "sum_rows" if n.inputs[0].ndim == 2 and tuple(n.attrs["axes"]) == (0,)
-    and len(n.attrs["shape"]) == 1 else None))
+    native=lambda n: "sum_rows" if _over_rows(n) and (n.inputs[0].has_rows or len(n.attrs["shape"]) == 1)
+    else None))
 
 
 def sum(x: Node, axis=None, keepdims: bool = False) -> Node:

@@ -36,11 +36,14 @@ class OpDef:
         (plus the bias, if ``bias_input``): products sharing a left operand can be merged into one GEMM
         (passes/gemm.py).
     native(node) -> how the native executor (instructions.py) runs a non-elementwise node, or None where it
-        cannot: "gemm" (a 2-D product; a linear's bias added after it), "cols" (a column block of a 2-D value:
-        a view at a column offset), "concat" (parts copied into column blocks), "transpose" (a view with the
-        transposed flag), "sum_rows" (a sum over the row axis), "unslice" (zeros with a column block
-        written), "dropout" (a per-row value times the mask of its row keys). Identities alias their input;
-        elementwise ops run as fused kernels.
+        cannot. A per-row value of any number of axes is a matrix of flat rows (its numbers row-major), so
+        axis 1 of it is a run of column blocks: "gemm" (a 2-D product; a linear's bias added after it),
+        "bmm" (a product per row of per-row values of three axes, or of one and a 2-D static), "cols" (a
+        column block: a view at a column offset), "concat" (parts copied into column blocks), "transpose"
+        (a 2-D value: a view with the transposed flag), "transpose_rows" (each row's matrix transposed into
+        a new flat row), "alias" (a reshape keeping the flat rows), "sum_rows" (a sum over the row axis),
+        "unslice" (zeros with a column block written), "dropout" (a per-row value times the mask of its
+        row keys). Identities alias their input; elementwise ops run as fused kernels.
     tuple_valued(node) -> True when the node's value is a tuple (a control-flow op's several results, their
         cotangent): no matrix, so the lowering holds it in a register only its APPLYs read and write.
     """

@@ -17,9 +17,15 @@ def _reshape_infer(x, shape):
     return shape, x.dtype
 
 
+def _native_reshape(n: Node):
+    """A per-row value reshaped to another per-row shape keeps its flat row (row-major): an alias."""
+    return "alias" if n.has_rows and n.inputs[0].has_rows else None
+
+
 register(OpDef("reshape", infer=_reshape_infer,
                impl=lambda xp, x, shape: x.reshape(_run_shape(shape, x.shape[0] if x.ndim else None)),
-               vjp=lambda g, y, x, shape: (make_node("reshape", (g,), {"shape": x.shape}),)))
+               vjp=lambda g, y, x, shape: (make_node("reshape", (g,), {"shape": x.shape}),),
+               native=_native_reshape))
 
 
 def reshape(x: Node, shape: Sequence[int]) -> Node:
@@ -59,9 +65,19 @@ def _inverse(perm):
     return tuple(inv)
 
 
+def _native_transpose(n: Node):
+    """A 2-D value: the transposed flag (a view). A per-row value of three axes with its last two swapped:
+    each row's matrix transposed into a new flat row (so every per-row value keeps its row-major layout)."""
+    if n.attrs["perm"] == (1, 0):
+        return "transpose"
+    if n.has_rows and n.ndim == 3 and n.attrs["perm"] == (0, 2, 1):
+        return "transpose_rows"
+    return None
+
+
 register(OpDef("transpose", infer=_perm_infer, impl=lambda xp, x, perm: xp.transpose(x, perm),
                vjp=lambda g, y, x, perm: (make_node("transpose", (g,), {"perm": _inverse(perm)}),),
-               native=lambda n: "transpose" if n.attrs["perm"] == (1, 0) else None))
+               native=_native_transpose))
 
 
 def transpose(x: Node, perm: Sequence[int] | None = None) -> Node:
@@ -78,6 +94,12 @@ def transpose(x: Node, perm: Sequence[int] | None = None) -> Node:
 def swap_last(x: Node) -> Node:
     perm = tuple(range(x.ndim - 2)) + (x.ndim - 1, x.ndim - 2)
     return make_node("transpose", (x,), {"perm": perm})
+
+
+def _column_blocks_axis(n: Node) -> bool:
+    """Is ``n``'s axis 1 a run of column blocks of its flat rows: a 2-D value's columns, or axis 1 of a per-row
+    value of any number of axes (a block of it is ``prod(shape[2:])`` flat columns per entry)?"""
+    return n.attrs["axis"] == 1 and (n.ndim == 2 or (n.has_rows and n.ndim > 2))
 
 
 def _concat_infer(*xs, axis):
@@ -114,7 +136,7 @@ def _concat_column_blocks(n: Node) -> list | None:
 register(OpDef("concat", infer=_concat_infer,
                impl=lambda xp, *xs, axis: xp.concatenate(xs, axis=axis), vjp=_concat_vjp,
                column_blocks=_concat_column_blocks,
-               native=lambda n: "concat" if n.ndim == 2 and n.attrs["axis"] == 1 else None))
+               native=lambda n: "concat" if _column_blocks_axis(n) else None))
 
 
 def concat(xs: Sequence[Node], axis: int = -1) -> Node:
@@ -140,7 +162,7 @@ register(OpDef("slice", infer=_slice_infer,
                impl=lambda xp, x, axis, start, stop: x[_index(axis, start, stop)],
                vjp=lambda g, y, x, axis, start, stop: (
                    make_node("unslice", (g, x), {"axis": axis, "start": start, "stop": stop}),),
-               native=lambda n: "cols" if n.ndim == 2 and n.attrs["axis"] == 1 else None))
+               native=lambda n: "cols" if _column_blocks_axis(n) else None))
 
 
 def _unslice_impl(xp, g, x, axis, start, stop):
@@ -172,7 +194,7 @@ register(OpDef("unslice", infer=lambda g, x, axis, start, stop: (x.shape, g.dtyp
                vjp=lambda gg, y, g, x, axis, start, stop: (
                    make_node("slice", (gg,), {"axis": axis, "start": start, "stop": stop}), None),
                merge_gradients=_merge_unslices,
-               native=lambda n: "unslice" if n.ndim == 2 and n.attrs["axis"] == 1 else None))
+               native=lambda n: "unslice" if _column_blocks_axis(n) else None))
 
 
 def slice_(x: Node, start: int, stop: int, axis: int = -1) -> Node:

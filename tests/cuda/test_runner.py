@@ -14,6 +14,7 @@ from minicavs.cpu import CPU
 from minicavs.cuda import Cuda, standin
 from minicavs.engine import EngineOptions
 from minicavs.executor import RunContext
+from minicavs.inputs import InputGraph
 
 from .. import cells
 from ..test_device import close, on
@@ -63,6 +64,31 @@ def test_bundled_models_on_the_device_equal_the_c_runner(cuda_standin, name, dty
             assert set(got.grads) == set(want.grads)
             for k in want.grads:
                 close(got.grads[k], want.grads[k], dtype, f"{what} d{k}")
+
+
+@pytest.mark.parametrize("H", [1, 4])
+def test_per_row_matrices_on_the_device_equal_the_c_runner(cuda_standin, H):
+    """Per-row values of three axes (cells.per_row_matrices): both device runners run BMM (static operands on
+    either side, per-row ones on both), TRANSROWS and kernels over flat rows, as the C runner does."""
+    rng = np.random.default_rng(11)
+    case = cells.per_row_matrices(rng, H)
+    graphs = [InputGraph.chain(n) for n in (2, 5)]
+    feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
+    want = case.model.forward_backward(graphs, feeds, case.params, RunContext(),
+                                       options=EngineOptions(executor="native"))
+    device = Cuda(cuda_standin)
+    params = {k: device.asarray(v) for k, v in case.params.items()}
+    for executor in RUNNERS:
+        case.model.device = device
+        try:
+            got = case.model.forward_backward(graphs, feeds, params, RunContext(),
+                                              options=EngineOptions(executor=executor))
+        finally:
+            case.model.device = CPU
+        assert_device_runs_the_program(got, executor)
+        close(got.loss, want.loss, "float64", executor)
+        for k in want.grads:
+            close(got.grads[k], want.grads[k], "float64", f"{executor} d{k}")
 
 
 @pytest.mark.parametrize("deterministic", [False, True])
