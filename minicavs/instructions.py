@@ -226,6 +226,26 @@ class Lowered:
         return self.__dict__["_block_scratch"]
     pointers: tuple | None = field(default=None, repr=False, compare=False)   # code, pool, ranges, kernels
 
+    def writes(self, opcode: str, phase: int, tid: int | None = None) -> set:
+        """The buffer ids (the first operand) of ``opcode``'s instructions in the templates of ``phase`` (or
+        the one template ``tid``)."""
+        nk = len(self.ranges) // 3
+        first = {TASK: 0, PRE: nk, POST: 2 * nk}[phase]
+        found = set()
+        for t in range(first, first + nk) if tid is None else [tid]:
+            code = self.code[slice(*self.ranges[t])]
+            found.update(code[code[:, 0] == OPCODE[opcode], 1].tolist())
+        return found
+
+    @property
+    def eager_accumulators(self) -> list:
+        """Buffer ids of the parameter-gradient accumulators that both the blocks before the task loop and the
+        tasks add into: streaming, a runner gives the eager stream its own (zeros) and adds it after the pass,
+        so the two streams never add into one buffer at once."""
+        if "_eager_accumulators" not in self.__dict__:
+            self.__dict__["_eager_accumulators"] = sorted(self.writes("GACC", PRE) & self.writes("GACC", TASK))
+        return self.__dict__["_eager_accumulators"]
+
     def lines(self, blocks: bool = True) -> list[str]:
         """The templates, one instruction a line: opcode and named operands (``blocks``: also those of the
         blocks before and after the task loop)."""
@@ -765,38 +785,3 @@ def _block_info(tid: int, kid: int, t: Template, fn, opts, backward: bool) -> Bl
                                         sum(kp.phase[p] == t.phase for p in fn.pulls.values()),
                                         sum(kp.phase[p] == t.phase for p in fn.pushes.values()))
     return BlockInfo(tid, kid, t.phase, t, t.scatter_rows, len(fn.gathers) if t.regathers else 0, moves)
-
-
-def nop_program(count: int) -> Lowered:
-    """A one-kind program of ``count`` NOPs: what the executor's dispatch alone costs."""
-    t = Template("nop")
-    for _ in range(count):
-        t.emit("NOP")
-    code = np.zeros((count, WIDTH), np.int64)
-    return Lowered("nop", [0], [t], code, np.zeros(1, np.int64), np.array([[0, count]], np.int64), [("scratch",)],
-                   np.zeros(1, np.int64), 1, 0)
-
-
-class _Arenas:
-    """The buffers of a NOP program: its scratch and fixed arenas."""
-
-    def __init__(self, dtype):
-        self.dtype = dtype
-
-    def __getitem__(self, key: tuple):
-        return np.empty(max(1, key[2]), self.dtype)
-
-
-def dispatch_ns(device, count: int = 100_000, tasks: int = 10, repeats: int = 5, dtype=np.float32) -> float:
-    """Nanoseconds per instruction of ``device``'s runner's dispatch loop (the best of ``repeats`` runs of
-    ``tasks`` tasks over a program of ``count`` NOPs)."""
-    import time
-    program = nop_program(count)
-    table = np.full((tasks, TASK_COLUMNS), -1, np.int64)
-    table[:, 0], table[:, 1], table[:, 2], table[:, 3] = 0, 0, 1, 0
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        device.run_program(program, table, _Arenas(dtype), dtype, True)
-        best = min(best, time.perf_counter() - t0)
-    return best / (count * tasks) * 1e9

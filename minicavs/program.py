@@ -20,12 +20,11 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from .arrays import on_device
-from .codegen.native import OPS as OPCODE_IDS
 from .errors import FeedError
 from .graph import Node, fmt_shape
 from .instructions import TASK_COLUMNS
 from .random import hash_words
-from .compile import POST, PRE, TASK, Step
+from .compile import PRE, TASK, Step
 from .ops.message import as_slice
 from .sparse import RowSparse
 from .validate import indices
@@ -483,37 +482,12 @@ def eager_rows(lowered, table: np.ndarray, forest: bool) -> tuple[np.ndarray | N
     if not len(table):
         return None, "no tasks"
     if not forest:
-        pre_adds, task_adds = _writes(lowered, "ADJ", PRE), _writes(lowered, "ADJ", TASK)
+        pre_adds, task_adds = lowered.writes("ADJ", PRE), lowered.writes("ADJ", TASK)
         if pre_adds & task_adds:
             kind = next(b.template.kind for b in lowered.blocks if b.phase == PRE
-                        and _writes(lowered, "ADJ", PRE, b.tid) & task_adds)
+                        and lowered.writes("ADJ", PRE, b.tid) & task_adds)
             return None, (f"kind '{kind}' (before tasks) adds gather gradients into rows the task loop adds "
                           "into too (a DAG)")
     rows = np.array(table, np.int64, copy=True)
     rows[:, 0] += nk
     return rows, None
-
-
-def eager_accumulators(lowered) -> list:
-    """Buffer ids of the parameter-gradient accumulators that both the eager stream (the blocks before the task
-    loop) and the task loop add into: a runner gives the eager stream its own (zeros) and adds it after the
-    pass, so the two streams never add into one buffer at once."""
-    found = lowered.__dict__.get("_eager_accumulators")
-    if found is None:
-        found = lowered.__dict__["_eager_accumulators"] = sorted(_writes(lowered, "GACC", PRE)
-                                                                & _writes(lowered, "GACC", TASK))
-    return found
-
-
-def _writes(lowered, opcode: str, phase: int, tid: int | None = None) -> set:
-    """The buffer ids (the first operand) of ``opcode``'s instructions in the templates of ``phase`` (or the
-    one template ``tid``)."""
-    nk = len(lowered.ranges) // 3
-    first = {TASK: 0, PRE: nk, POST: 2 * nk}[phase]   # (instructions.Lowered's template ids)
-    tids = range(first, first + nk) if tid is None else [tid]
-    found = set()
-    for t in tids:
-        begin, end = lowered.ranges[t]
-        code = lowered.code[begin:end]
-        found.update(code[code[:, 0] == OPCODE_IDS[opcode], 1].tolist())
-    return found

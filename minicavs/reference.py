@@ -545,7 +545,6 @@ def run(lowered, table: np.ndarray, buffers, dtype, forest: bool, workspace=None
     if not streaming:
         _loop(m, table, code, ranges, operations)
         return grads
-    from .program import eager_accumulators   # (program.py imports the backends, which import this module)
     own = {}
     flats, lds, transposed = list(flats), list(lds), list(transposed)   # (the eager machine's: some its own)
 
@@ -554,7 +553,7 @@ def run(lowered, table: np.ndarray, buffers, dtype, forest: bool, workspace=None
     rebind(scratch_buf, buffers[("arena", "eager scratch", scratch_elements(lowered, eager))])
     if ("fixed",) in lowered.keys:
         rebind(lowered.keys.index(("fixed",)), buffers[("arena", "eager fixed", lowered.fixed_size)])
-    for i in eager_accumulators(lowered):
+    for i in lowered.eager_accumulators:
         own[lowered.keys[i][1]] = xp.zeros_like(grads[lowered.keys[i][1]])
         rebind(i, own[lowered.keys[i][1]])
     em = machine(device, lowered, flats, lds, transposed, hosts, scratch_buf, forest, check)

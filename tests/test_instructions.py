@@ -24,13 +24,11 @@ from hypothesis import given, settings, strategies as st
 
 from minicavs import instructions
 from minicavs.compile import PRE
-from minicavs.program import eager_accumulators
 from minicavs.cpu import CPU, runner as c_runner
 from minicavs.engine import EngineOptions
 from minicavs.executor import RunContext
 from minicavs.inputs import InputGraph
 from minicavs.training import Trainer
-from minicavs.vertex import VertexFunction
 
 from . import cells
 from .models.test_models import MODELS, TINY
@@ -379,7 +377,7 @@ def test_streaming_eager_parameter_gradients_are_accumulated_chunk_by_chunk():
     assert ("pgrad", "Wlo") in two.keys
     run = _pushed_outputs_run(dag=False)
     shared = run(EngineOptions(streaming=True, lazy_batching=False)).states["G"].backward_program.lowered
-    assert [shared.keys[i] for i in eager_accumulators(shared)] == [("pgrad", "Wo")]
+    assert [shared.keys[i] for i in shared.eager_accumulators] == [("pgrad", "Wo")]
 
 
 def test_streaming_a_dag_whose_eager_blocks_add_gather_gradients_runs_one_stream():
@@ -690,7 +688,8 @@ def test_without_a_compiler_the_reference_runner_trains_with_one_warning(tmp_pat
 
 
 def test_dispatch_overhead_is_measured():
-    ns = instructions.dispatch_ns(CPU, count=10_000, tasks=2, repeats=1)
+    from minicavs.bench.dispatch import dispatch_ns
+    ns = dispatch_ns(CPU, count=10_000, tasks=2, repeats=1)
     assert 0 < ns < 1e6
 
 

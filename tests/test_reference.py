@@ -338,14 +338,11 @@ def _on_every_runner(program, table, buffers: dict, dtype) -> list:
     on the reference runner: one dict of copies per run."""
     out = []
     for run, check in ((c_runner.run, "0"), (c_runner.run, "1"), (reference.run, "0")):
-        copies = {key: a.copy() for key, a in buffers.items()}
-
-        def resolve(key):
-            return np.zeros(max(1, key[2]), dtype) if key[0] == "arena" else copies[key]
+        copies = Arenas({key: a.copy() for key, a in buffers.items()}, dtype)
         with pytest.MonkeyPatch.context() as mp:
             mp.setenv("MINICAVS_NATIVE_CHECK", check)
-            run(program, table, resolve, dtype, True)
-        out.append(copies)
+            run(program, table, copies, dtype, True)
+        out.append(dict(copies))
     return out
 
 

@@ -299,10 +299,9 @@ def _eager_call(ex, lowered, eager: np.ndarray, bound: BufferTable, buffers, gra
     """Start the executor over the eager stream's table on the CPU's eager thread (cffi releases the GIL for
     the call): the main call's buffer table but its own scratch and fixed arenas (registers are each call's
     own) and its own accumulators for the parameter gradients that tasks add into too
-    (program.eager_accumulators). Returns (the thread's event, its error row: nonzero when a check failed,
+    (instructions.Lowered.eager_accumulators). Returns (the thread's event, its error row: nonzero when a check failed,
     {name: its accumulator}). After each chunk the call stores the count done into ``sync[0]``; a failure
     sets ``sync[1]``, which stops the main call's wait."""
-    from ..program import eager_accumulators
     from .streams import get_stream
     ffi, n = ex.ffi, len(lowered.keys)
     info = bound.info.copy()   # (addresses and sizes of the main call's entries, its twins)
@@ -325,7 +324,7 @@ def _eager_call(ex, lowered, eager: np.ndarray, bound: BufferTable, buffers, gra
     if ("fixed",) in lowered.keys:
         rebind(lowered.keys.index(("fixed",)), buffers[("arena", "eager fixed", lowered.fixed_size)])
     own = {}
-    for i in eager_accumulators(lowered):
+    for i in lowered.eager_accumulators:
         name = lowered.keys[i][1]
         own[name] = np.zeros_like(grads[name])
         rebind(i, own[name])
