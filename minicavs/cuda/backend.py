@@ -11,7 +11,7 @@ from .. import arrays
 from ..backend import Backend
 from ..passes.fusion import FusedGroup
 from ..validate import check_rows
-from . import kernels as cuda_kernels, runner
+from . import issue, kernels as cuda_kernels, runner
 
 
 class Cuda(Backend):
@@ -25,11 +25,13 @@ class Cuda(Backend):
     name = "cuda"
     runner_name = "cuda runner"
 
-    def __init__(self, launcher=None, deterministic: bool = False):
+    def __init__(self, launcher=None, deterministic: bool = False, issue_from_c: bool = True, tf32: bool = False):
         self.launcher = launcher if launcher is not None else cuda_kernels.default_launcher()
         self.xp = self.launcher.xp
         arrays.register(self.xp.ndarray, self.xp)
         self.deterministic = bool(deterministic)
+        self.issue_from_c = bool(issue_from_c)   # a pass issued by one C call (issue.py), else op by op from Python
+        self.tf32 = bool(tf32)   # float32 products with TF32 inputs (cuBLAS's; the stand-in rounds its inputs)
         self._rows: dict = {}
         self._index: dict = {}   # id(plan array) -> (plan array, its device copy)
         self._streams = None
@@ -118,8 +120,14 @@ class Cuda(Backend):
 
     def run_program(self, lowered, table: np.ndarray, buffers, dtype, forest: bool, workspace=None,
                     eager: np.ndarray | None = None) -> dict:
-        """The CUDA runner: the reference runner's opcodes over CuPy arrays, a fused group by its generated
-        kernel (:mod:`.runner`); ``eager``'s chunks on the device's eager stream."""
+        """The CUDA runner: the whole pass issued by one C call (:mod:`.issue`: every launch and product from
+        C), or, for a program that loop declines (``issue_declined`` says why) or with ``issue_from_c`` off,
+        the reference runner's opcodes over CuPy arrays, a fused group by its generated kernel
+        (:mod:`.runner`); ``eager``'s chunks on the device's eager stream."""
+        why = issue.declines(lowered, self, dtype, forest) if self.issue_from_c else "issue_from_c is off"
+        lowered.__dict__["issue_declined"] = why
+        if why is None:
+            return issue.run(lowered, table, buffers, dtype, forest, self, eager, tf32=self.tf32)
         return runner.run(lowered, table, buffers, dtype, forest, self, eager)
 
     def eager_stream(self):

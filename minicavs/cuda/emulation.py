@@ -54,7 +54,20 @@ def _launcher(name: str, params: list[str]) -> tuple[str, str]:
             "    for (unsigned b_ = 0; b_ < grid_; b_++)\n        for (unsigned t_ = 0; t_ < block_; t_++) {\n"
             f"            blockIdx.x = b_; threadIdx.x = t_;\n            {name}({args});\n        }}\n}}\n")
     decl = f"void launch_{name}({plist.replace('__restrict__', '')});"
-    return body, decl
+    return body + _caller(name, params), decl + f"\nvoid call_{name}(unsigned, unsigned, void **);"
+
+
+def _caller(name: str, params: list[str]) -> str:
+    """``call_<kernel>(grid, block, params)``: the kernel's launcher with its arguments read as
+    ``cuLaunchKernel`` passes them (params[i] points to argument i), so C code (the issuing loop, codegen/issue.py)
+    launches an emulated kernel through the same function-pointer interface as a real one."""
+    reads = []
+    for i, p in enumerate(params):
+        ctype = p.replace("__restrict__", "").rsplit(None, 1)[0].strip() if "*" not in p else \
+            p.replace("__restrict__", "").split("*")[0].strip() + " *"
+        reads.append(f"*({ctype} *)params_[{i}]")
+    return (f'extern "C" void call_{name}(unsigned grid_, unsigned block_, void **params_) {{\n'
+            f"    launch_{name}(grid_, block_, {', '.join(reads)});\n}}\n")
 
 
 class Emulator:
@@ -92,6 +105,11 @@ class Emulator:
         self.ffi = cffi.FFI()
         self.ffi.cdef("\n".join(decls))
         self.lib = self.ffi.dlopen(str(so))
+
+    def handle(self, name: str) -> int:
+        """The address of kernel ``name``'s ``call_`` wrapper: the function handle the issuing loop launches
+        through the stand-in's ``cuLaunchKernel`` (codegen/issue.py's mc_standin_launch)."""
+        return int(self.ffi.cast("uintptr_t", getattr(self.lib, f"call_{name}")))
 
     def launch(self, name: str, grid: int, block: int, *args) -> None:
         params = self.params[name]
@@ -134,10 +152,15 @@ class Launcher:
         self.emulators: dict[str, Emulator] = {}
         self.launches: list[tuple[str, int, int]] = []   # (kernel, grid, block) of every launch, in order
 
-    def __call__(self, source: str, name: str, grid: int, block: int, args, stream=None) -> None:
+    def emulator(self, source: str) -> Emulator:
+        """The emulation of ``source`` (built on first use)."""
         emu = self.emulators.get(source)
         if emu is None:
             emu = self.emulators[source] = Emulator([source], self.workdir)
+        return emu
+
+    def __call__(self, source: str, name: str, grid: int, block: int, args, stream=None) -> None:
+        emu = self.emulator(source)
         host = []
         for a in args:
             if isinstance(a, np.ndarray):

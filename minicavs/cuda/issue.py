@@ -1,0 +1,362 @@
+"""The CUDA runner's C issuing loop, Python side: one C call issues a whole pass (codegen/issue.py's loop).
+
+Per pass the host builds the buffer table once (per buffer: its device address, its host copy where the loop
+reads one, elements, row stride, transposed flag; index arrays are copied to the device once per batch plan by
+``Cuda.index``), then one call into C walks the instruction stream over the task table (and, streaming, the
+eager table on the second stream) and issues every kernel launch and product through function pointers. The
+Python work is per buffer and per kernel, never per task or per instruction.
+
+The function pointers come from the device's launcher:
+
+- CuPy on a GPU (:class:`_Gpu`): ``cuLaunchKernel``, ``cuEventRecord``, ``cuStreamWaitEvent`` from the libcuda
+  CuPy loaded, ``cublasGemmEx`` / ``cublasGemmStridedBatchedEx`` / ``cublasSetStream_v2`` from its libcublas
+  (found in this process's memory map, opened with ``RTLD_NOLOAD``: never a second copy), the kernels' function
+  handles from CuPy's modules. Not yet run on a GPU (none was lent while it was written): the stand-in runs the
+  same loop and product calls, but not these addresses.
+- the device stand-in (:class:`_Standin`): the emulated kernels (cuda/emulation.py's ``call_`` wrappers) and the
+  CPU's cblas product (TF32 inputs rounded to 10 mantissa bits when asked), so CI runs the loop;
+- a launcher with ``no_work`` set (:class:`_NoWork`): launches and products that do nothing, to time what
+  issuing costs the host (tools/bench_issue.py).
+
+A program the loop cannot issue goes to the Python CUDA runner (cuda/runner.py): a step only Python runs
+(APPLY), a DAG's scatter-add on a deterministic device (segment sums need a plan per task), no C compiler.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+from pathlib import Path
+
+import numpy as np
+
+from ..codegen.issue import ISSUE_KERNEL_NAMES, issue_decls, issue_kernels, issue_source
+from ..codegen.native import OPCODES, OPS as OPCODE_IDS
+from ..limits import MAX_REGISTERS
+from ..reference import INDEX_KEYS, CheckError, scratch_elements
+
+
+class IssueCheckError(CheckError):
+    """The issuing loop refused an instruction (an address outside its buffer, a bad operand) before issuing
+    it, or the driver refused a launch."""
+
+
+@functools.lru_cache(maxsize=None)
+def library():
+    """(ffi, lib) of the compiled loop, or None without a C compiler."""
+    import cffi
+    from ..cpu.compiler import compiled, compiler
+    cc = compiler()
+    if cc is None:
+        return None
+    ffi = cffi.FFI()
+    ffi.cdef(issue_decls())
+    return ffi, ffi.dlopen(str(compiled(issue_source(), cc, "issue")))
+
+
+def _address(name: str) -> int:
+    ffi, lib = library()
+    return int(ffi.cast("uintptr_t", getattr(lib, name)))
+
+
+C_TYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
+DEV = ("launch", "gemm", "gemm_ctx", "record", "wait", "stream", "eager_stream", "start_event", "chunk_event")
+
+
+class _Functions:
+    """What the loop issues through on one device for one dtype: the ``dev`` array (codegen/issue.py: launch,
+    gemm, its context, record, wait, streams, events), the row kernels' handles, and fused kernels' handles."""
+
+    def __init__(self, device, c_type: str, tf32: bool):
+        self.device, self.c_type, self.tf32 = device, c_type, tf32
+        ffi, _ = library()
+        self.ctx = ffi.new("mc_gemm_ctx *")
+        self.ctx.tf32 = int(tf32)
+        self.dev = np.zeros(len(DEV), np.int64)
+        self.dev[DEV.index("gemm_ctx")] = int(ffi.cast("uintptr_t", self.ctx))
+        self.rk = np.zeros(len(ISSUE_KERNEL_NAMES), np.int64)
+
+    def fused(self, kernel) -> int:
+        """The function handle of a fused group's generated kernel (0: none)."""
+        raise NotImplementedError
+
+    def streams(self) -> None:
+        """Point ``dev`` at the current and the eager stream (before each call)."""
+
+    def log(self, names: list, counts: np.ndarray) -> None:
+        """After a call: what a launcher that records its launches should know (counts per kernel)."""
+
+
+class _Standin(_Functions):
+    def __init__(self, device, c_type: str, tf32: bool):
+        super().__init__(device, c_type, tf32)
+        from ..cpu import native as cpu_native
+        blas = cpu_native.blas(c_type)
+        if blas is None:
+            raise RuntimeError("the device stand-in's products need a CPU BLAS")
+        self.ctx.blas, self.ctx.ilp64 = blas[0], int(blas[1])
+        self.dev[:5] = [_address("mc_standin_launch"), _address(f"mc_cpu_gemm_{c_type}"), self.dev[2],
+                        _address("mc_noop_record"), _address("mc_noop_wait")]
+        emu = device.launcher.emulator(issue_kernels(c_type))
+        self.rk[:] = [emu.handle(f"{name}_{c_type}") for name in ISSUE_KERNEL_NAMES]
+
+    def fused(self, kernel) -> int:
+        return self.device.launcher.emulator(kernel.source).handle(kernel.name)
+
+    def log(self, names: list, counts: np.ndarray) -> None:
+        launches = getattr(self.device.launcher, "launches", None)
+        if launches is not None:   # (grid and block are not kept: 0, 0)
+            for i in np.flatnonzero(counts).tolist():
+                launches.extend([(names[i], 0, 0)] * int(counts[i]))
+
+
+class _NoWork(_Functions):
+    def __init__(self, device, c_type: str, tf32: bool):
+        super().__init__(device, c_type, tf32)
+        self.dev[:5] = [_address("mc_noop_launch"), _address("mc_noop_gemm"), self.dev[2], _address("mc_noop_record"),
+                        _address("mc_noop_wait")]
+        self.rk[:] = 1
+
+    def fused(self, kernel) -> int:
+        return 1
+
+
+def _loaded(fragment: str) -> str | None:
+    """The path of a loaded library whose file name contains ``fragment`` (this process's memory map)."""
+    try:
+        for line in Path("/proc/self/maps").read_text().splitlines():
+            path = line.split()[-1] if len(line.split()) >= 6 else ""
+            if fragment in os.path.basename(path):
+                return path
+    except OSError:
+        pass
+    return None
+
+
+class _Gpu(_Functions):
+    """The driver's and cuBLAS's entry points, from the libraries CuPy loaded."""
+
+    def __init__(self, device, c_type: str, tf32: bool):
+        super().__init__(device, c_type, tf32)
+        cupy = device.xp
+        from cupy.cuda import cublas, device as cupy_device   # noqa: F401  (loads libcublas)
+        cuda = ctypes.CDLL(_loaded("libcuda.so") or "libcuda.so.1", mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+        path = _loaded("libcublas.so")
+        if path is None:
+            raise RuntimeError("the CUDA issuing loop: CuPy has not loaded libcublas")
+        blas = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+
+        def fn(lib, name):
+            return ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
+        self.ctx.handle = _ffi_pointer(cupy_device.get_cublas_handle())
+        self.ctx.set_stream = fn(blas, "cublasSetStream_v2")
+        self.ctx.gemm_ex = fn(blas, "cublasGemmEx")
+        self.ctx.gemm_batched = fn(blas, "cublasGemmStridedBatchedEx")
+        self.ctx.stream = _ffi_pointer(-1)   # (no stream set yet: the first product sets it)
+        self.dev[:5] = [fn(cuda, "cuLaunchKernel"), _address(f"mc_cublas_gemm_{c_type}"), self.dev[2],
+                        fn(cuda, "cuEventRecord"), fn(cuda, "cuStreamWaitEvent")]
+        self.events = [cupy.cuda.Event(disable_timing=True) for _ in range(2)]
+        self.dev[7:9] = [e.ptr for e in self.events]
+        from .kernels import _module
+        source = issue_kernels(c_type)
+        self.rk[:] = [_module(source).get_function(f"{name}_{c_type}").ptr for name in ISSUE_KERNEL_NAMES]
+
+    def fused(self, kernel) -> int:
+        from .kernels import _module
+        return _module(kernel.source).get_function(kernel.name).ptr
+
+    def streams(self) -> None:
+        cupy = self.device.xp
+        self.dev[5] = cupy.cuda.get_current_stream().ptr
+        self.dev[6] = self.device.eager_stream().ptr
+
+
+def _ffi_pointer(value: int):
+    ffi, _ = library()
+    return ffi.cast("void *", value)
+
+
+def functions(device, dtype, tf32: bool = False) -> _Functions:
+    """The device's function pointers for ``dtype`` (made once per device, dtype and TF32 mode)."""
+    cache = device.__dict__.setdefault("_issue_functions", {})
+    key = (np.dtype(dtype), bool(tf32))
+    if key not in cache:
+        launcher = device.launcher
+        kind = _NoWork if getattr(launcher, "no_work", False) else \
+            _Standin if getattr(launcher, "emulated", False) else _Gpu
+        cache[key] = kind(device, C_TYPES[np.dtype(dtype)], bool(tf32))
+    return cache[key]
+
+
+def declines(lowered, device, dtype, forest: bool) -> str | None:
+    """Why the loop leaves ``lowered`` to the Python CUDA runner (None: it issues it)."""
+    if np.dtype(dtype) not in C_TYPES:
+        return f"dtype {np.dtype(dtype).name}"
+    if library() is None:
+        return "no C compiler"
+    key = "_issue_declined"
+    if key not in lowered.__dict__:
+        ops = lowered.code[:, 0] if len(lowered.code) else lowered.code
+        why = None
+        if (ops == OPCODE_IDS["APPLY"]).any():
+            pc = int(np.flatnonzero(ops == OPCODE_IDS["APPLY"])[0])
+            why = f"instruction {pc} ({lowered.text(pc)}) runs an op only Python runs"
+        elif lowered.nregs > MAX_REGISTERS:
+            why = f"{lowered.nregs} registers in a template (the loop has {MAX_REGISTERS})"
+        elif (ops == OPCODE_IDS["FUSED"]).any() and any(not hasattr(k, "source") for k in lowered.fused):
+            why = "a fused group without a generated kernel"
+        lowered.__dict__[key] = why
+    why = lowered.__dict__[key]
+    if why is None and device.deterministic and not forest and (lowered.code[:, 0] == OPCODE_IDS["ADJ"]).any():
+        return "a DAG's gradient rows summed in a fixed order (segment sums, planned per task)"
+    return why
+
+
+# the device's counters (launches, products, events) since it was made, added to by every call
+STATS = ("launches", "products", "events")
+
+
+def stats(device) -> np.ndarray:
+    """The device's issue counters: launches, products, events (:data:`STATS`)."""
+    return device.__dict__.setdefault("_issue_stats", np.zeros(len(STATS), np.int64))
+
+
+def _pointer(a) -> int:
+    """The device address of an array (CuPy's, or the stand-in's host memory)."""
+    data = getattr(a, "data", None)
+    ptr = getattr(data, "ptr", None)
+    return int(ptr) if ptr is not None else a.__cuda_array_interface__["data"][0]
+
+
+def _bind(info: np.ndarray, i: int, a, static: bool, xp, alive: list) -> None:
+    """Entry ``i`` of the buffer table for ``a`` (an array, or (array, the elements the run may touch)): a
+    transposed contiguous static is read through the flag, any other static made contiguous, anything else
+    must be contiguous (the program writes into it)."""
+    used = None
+    if type(a) is tuple:
+        a, used = a
+    flag = 0
+    if static and a.ndim == 2 and not a.flags.c_contiguous and a.T.flags.c_contiguous:
+        a, ld, flag = a.T, a.shape[0], 1
+    else:
+        if static and not a.flags.c_contiguous:
+            a = xp.ascontiguousarray(a)
+            alive.append(a)
+        if not a.flags.c_contiguous:
+            raise ValueError(f"cuda runner: a buffer of shape {a.shape} and strides {a.strides} is not C-contiguous")
+        ld = (a.shape[-1] if a.ndim >= 1 else 1) if a.ndim <= 2 else int(np.prod(a.shape[1:]))
+    if used is not None and not 0 <= used <= a.size:
+        raise ValueError(f"cuda runner: {used} elements of a buffer of {a.size}")
+    info[0, i] = _pointer(a) if a.size else 0
+    info[2, i] = a.size if used is None else used
+    info[3, i], info[4, i] = ld, flag
+
+
+def _fused_handles(lowered, fns: _Functions) -> np.ndarray:
+    cache = lowered.__dict__.setdefault("_issue_fk", {})
+    if id(fns) not in cache:
+        cache[id(fns)] = (fns, np.array([fns.fused(k) if k is not None else 0 for k in lowered.fused] or [0],
+                                        np.int64))
+    return cache[id(fns)][1]
+
+
+def run(lowered, table: np.ndarray, buffers, dtype, forest: bool, device, eager: np.ndarray | None = None,
+        tf32: bool = False, check: bool | None = None) -> dict:
+    """Issue ``lowered`` over ``table`` on ``device`` with one C call (see reference.run for the buffers and
+    the eager table); returns the parameter-gradient accumulators it added into. ``check``: also check every
+    row number of the index arrays on their host copies (None: as the C runner, when
+    ``MINICAVS_NATIVE_CHECK`` is set)."""
+    ffi, lib = library()
+    fns = functions(device, dtype, tf32)
+    xp = device.xp
+    if check is None:
+        check = os.environ.get("MINICAVS_NATIVE_CHECK", "0") not in ("", "0")
+    n = len(lowered.keys)
+    nk = len(lowered.ranges) // 3
+    table = np.ascontiguousarray(table, np.int64)
+    streaming = eager is not None and len(eager) > 0
+    blocks = bool(lowered.blocks) and (int(table[:, 0].max(initial=-1)) >= nk or streaming)
+    task_keys = n if lowered.task_keys is None or blocks else lowered.task_keys
+    info = np.zeros((5, n), np.int64)
+    alive, grads = [], {}
+    scratch_buf = n - 1
+    for i, key in enumerate(lowered.keys):
+        what = key[0]
+        if what == "scratch":
+            a = buffers[("arena", "scratch", scratch_elements(lowered, table))]
+        elif i >= task_keys:   # (a block's own buffer, and no block runs: nothing to address)
+            continue
+        elif what == "fixed":
+            a = buffers[("arena", "fixed", lowered.fixed_size)]
+        else:
+            a = buffers[key]
+            if what == "pgrad":
+                grads[key[1]] = a
+            elif what in INDEX_KEYS:   # (the host copy checks row numbers; the device's is a plan's, copied once)
+                host = np.ascontiguousarray(a, np.uint64 if what == "rowkeys" else np.int64)
+                alive.append(host)
+                info[1, i] = host.ctypes.data if host.size else 0
+                a = device.index(host)
+            elif what == "dropout":   # (the entries' table: read on the host)
+                host = np.ascontiguousarray(a, np.int64)
+                alive.append(host)
+                info[1, i], info[2, i] = (host.ctypes.data if host.size else 0), host.size
+                continue
+        _bind(info, i, a, what == "static", xp, alive)
+    einfo, own = info, {}
+    if streaming:
+        eager = np.ascontiguousarray(eager, np.int64)
+        einfo = info.copy()
+        _bind(einfo, scratch_buf, buffers[("arena", "eager scratch", scratch_elements(lowered, eager))], False, xp,
+              alive)
+        if ("fixed",) in lowered.keys:
+            _bind(einfo, lowered.keys.index(("fixed",)), buffers[("arena", "eager fixed", lowered.fixed_size)],
+                  False, xp, alive)
+        for i in lowered.eager_accumulators:
+            name = lowered.keys[i][1]
+            own[name] = xp.zeros_like(grads[name])
+            _bind(einfo, i, own[name], False, xp, alive)
+    fk = _fused_handles(lowered, fns)
+    fns.streams()
+    err = np.zeros(6, np.int64)
+    counters = np.zeros(3, np.int64)
+    counts = np.zeros(len(ISSUE_KERNEL_NAMES) + len(fk), np.int64)
+    p = functools.partial(ffi.from_buffer, "int64_t[]")
+    none = eager if streaming else table
+    rc = getattr(lib, f"issue_{fns.c_type}")(
+        p(lowered.code), p(lowered.pool), p(lowered.ranges), len(lowered.ranges), p(table), len(table),
+        p(none), len(eager) if streaming else 0, table.shape[1], p(info), p(einfo), n, scratch_buf, lowered.nregs,
+        p(fns.dev), p(fns.rk), p(fk), len(lowered.fused), int(forest), int(check), p(err), p(counters), p(counts))
+    stats(device)[:] += counters
+    fns.log([f"{k}_{fns.c_type}" for k in ISSUE_KERNEL_NAMES]
+            + [getattr(k, "name", "") for k in lowered.fused], counts)
+    if rc:
+        _raise(lowered, err)
+    for name, acc in own.items():
+        grads[name] += acc
+    return grads
+
+
+def _raise(lowered, err: np.ndarray) -> None:
+    _, task, pc, operand, result, stream = err.tolist()
+    where = lowered.text(pc) if 0 <= pc < len(lowered.code) else f"instruction {pc}"
+    what = ("eager stream " if stream else "") + f"task {task}, instruction {pc} ({where})"
+    if operand == -5:
+        raise IssueCheckError(f"cuda {lowered.title}: {what}: a copy whose source and destination partly overlap")
+    if operand == -6:
+        raise IssueCheckError(f"cuda {lowered.title}: {what}: the device refused a launch or product (result {result})")
+    raise IssueCheckError(f"cuda {lowered.title}: {what}: operand {_operand_name(lowered, pc, operand)} is out of "
+                          "bounds or invalid")
+
+
+def _operand_name(lowered, pc: int, operand: int) -> str:
+    if operand == -2:
+        return "task row (kind or rows)"
+    if operand == -3:
+        return "opcode"
+    if not 0 <= pc < len(lowered.code):
+        return str(operand)
+    names = OPCODES[list(OPCODES)[int(lowered.code[pc][0])]]
+    if 0 <= operand < len(names):
+        return names[operand]
+    return f"argument {operand - 10}" if operand >= 10 else str(operand)
