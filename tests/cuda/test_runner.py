@@ -1,5 +1,5 @@
-"""The CUDA runner (minicavs/cuda/runner.py) on the emulated device: the one lowered program of every bundled
-model runs there (no pass left to the Python binder, no silent fallback) and equals the C runner on the CPU,
+"""The CUDA runner (minicavs/cuda/runner.py, and the pass issued by one C call: minicavs/cuda/issue.py) on the
+emulated device: the one lowered program of every bundled model runs there (no pass left to the Python binder, no silent fallback) and equals the C runner on the CPU,
 forward values, inference and gradients, float64 and float32, under the engine switches; so does the reference
 runner over the device's arrays; a DAG's gradient rows are added by the device's scatter-add kernels; neither
 runner copies anything between host and device per task."""
@@ -23,14 +23,26 @@ from ..test_instructions import SWITCHES, assert_streamed
 from ..models.test_models import TINY, trainer
 
 RUNNERS = {"native": "cuda runner", "reference": "reference runner"}
+# the ways a pass runs on the device: (executor, whether the CUDA runner issues it from C)
+WAYS = {"issued from C": ("native", True), "issued from Python": ("native", False), "reference": ("reference", True)}
 
 
-def assert_device_runs_the_program(result, executor: str) -> None:
-    """Both passes ran on the runner asked for (the CUDA runner declines no opcode: APPLY too runs on it)."""
+def assert_device_runs_the_program(result, executor: str, from_c: bool | None = None) -> None:
+    """Both passes ran on the runner asked for (the CUDA runner declines no opcode: APPLY too runs on it);
+    ``from_c``: the CUDA runner issued them from C (True) or from Python (False)."""
     for state in result.states.values():
         for program in (state.program, state.backward_program):
             assert program.runner == RUNNERS[executor] and program.declined is None, program.declined
             assert RUNNERS[executor] in program.dump().splitlines()[0]
+            if executor == "native" and from_c is not None:
+                why = program.lowered.__dict__.get("issue_declined")
+                assert (why is None) == from_c, why
+
+
+def ways(launcher) -> list:
+    """(name, executor, device, from_c) of every way a pass runs on the emulated device."""
+    devices = {True: Cuda(launcher), False: Cuda(launcher, issue_from_c=False)}
+    return [(name, executor, devices[from_c], from_c) for name, (executor, from_c) in WAYS.items()]
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
@@ -40,13 +52,12 @@ def test_bundled_models_on_the_device_equal_the_c_runner(cuda_standin, name, dty
     """(Dropout on, where the model has it: the device's DROPOUT draws the C runner's masks.)"""
     t = trainer(name, tmp_path, f"train.dtype={dtype}", *([f"model.dropout={dropout}"] if dropout != "0.0" else []))
     graphs, feeds = t.task.batch(t.task.data["train"][:4])
-    device = Cuda(cuda_standin)
-    params = on(device, t)
+    params = on(Cuda(cuda_standin), t)
     switches = SWITCHES[:1] + SWITCHES[-1:] if dtype == "float32" else SWITCHES[::5]
     for options in switches:
         want = t.model.forward_backward(graphs, feeds, t.params, RunContext(seed=5, step=2), options=options)
         inferred = t.model.infer(graphs, feeds, t.params, options=options)
-        for executor in RUNNERS:
+        for way, executor, device, from_c in ways(cuda_standin):
             opts = replace(options, executor=executor)
             t.model.device = device
             try:
@@ -54,8 +65,8 @@ def test_bundled_models_on_the_device_equal_the_c_runner(cuda_standin, name, dty
                 inference = t.model.infer(graphs, feeds, params, options=opts)
             finally:
                 t.model.device = CPU
-            assert_device_runs_the_program(got, executor)
-            what = f"{executor} {options}"
+            assert_device_runs_the_program(got, executor, from_c)
+            what = f"{way} {options}"
             close(got.loss, want.loss, dtype, f"{what} loss")
             close(inference.loss, inferred.loss, dtype, f"{what} inference loss")
             for s in want.pushes:
@@ -76,19 +87,18 @@ def test_per_row_matrices_on_the_device_equal_the_c_runner(cuda_standin, H):
     feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
     want = case.model.forward_backward(graphs, feeds, case.params, RunContext(),
                                        options=EngineOptions(executor="native"))
-    device = Cuda(cuda_standin)
-    params = {k: device.asarray(v) for k, v in case.params.items()}
-    for executor in RUNNERS:
+    params = {k: Cuda(cuda_standin).asarray(v) for k, v in case.params.items()}
+    for way, executor, device, from_c in ways(cuda_standin):
         case.model.device = device
         try:
             got = case.model.forward_backward(graphs, feeds, params, RunContext(),
                                               options=EngineOptions(executor=executor))
         finally:
             case.model.device = CPU
-        assert_device_runs_the_program(got, executor)
-        close(got.loss, want.loss, "float64", executor)
+        assert_device_runs_the_program(got, executor, from_c)
+        close(got.loss, want.loss, "float64", way)
         for k in want.grads:
-            close(got.grads[k], want.grads[k], "float64", f"{executor} d{k}")
+            close(got.grads[k], want.grads[k], "float64", f"{way} d{k}")
 
 
 @pytest.mark.parametrize("deterministic", [False, True])
@@ -110,6 +120,9 @@ def test_dag_gradient_rows_are_added_by_the_device_kernels(cuda_standin, determi
     finally:
         case.model.device = CPU
     assert_device_runs_the_program(got, "native")
+    for state in got.states.values():   # (a fixed order: the segment sums, planned per task from Python)
+        why = state.backward_program.lowered.__dict__.get("issue_declined")
+        assert (why is not None and "fixed order" in why) if deterministic else why is None, why
     close(got.loss, want.loss, "float64")
     for k in want.grads:
         close(got.grads[k], want.grads[k], "float64", k)
@@ -118,14 +131,15 @@ def test_dag_gradient_rows_are_added_by_the_device_kernels(cuda_standin, determi
 
 
 @pytest.mark.parametrize("streaming", [False, True])
-@pytest.mark.parametrize("executor", sorted(RUNNERS))
-def test_no_crossing_per_task(cuda_standin, executor, streaming):
+@pytest.mark.parametrize("way", sorted(WAYS))
+def test_no_crossing_per_task(cuda_standin, way, streaming):
     """A forward and backward pass of chains of 3 and of 12 vertices (3 and 12 tasks): the same host/device
     crossings (each index array copied once per batch, nothing read back per task)."""
     build, make_graph = CASES["chain_lstm"]
     rng = np.random.default_rng(3)
     case = build(rng)
-    device = Cuda(cuda_standin)
+    executor, from_c = WAYS[way]
+    device = Cuda(cuda_standin, issue_from_c=from_c)
     params = {k: device.asarray(v) for k, v in case.params.items()}
     options = EngineOptions(executor=executor, streaming=streaming)
     case.model.device = device
@@ -138,7 +152,7 @@ def test_no_crossing_per_task(cuda_standin, executor, streaming):
             standin.reset()
             result = case.model.forward_backward(graphs, feeds, params, RunContext(), options=options)
             counts.append(dict(standin.crossings))
-            assert_device_runs_the_program(result, executor)
+            assert_device_runs_the_program(result, executor, from_c)
             tasks.append(len(result.states["G"].program.task_table))
     finally:
         case.model.device = CPU
@@ -151,20 +165,19 @@ def test_bundled_models_streaming_on_the_device_equal_the_c_runner(cuda_standin,
     its thread) give the C runner's numbers on one stream."""
     t = trainer(name, tmp_path, "train.dtype=float64")
     graphs, feeds = t.task.batch(t.task.data["train"][:4])
-    device = Cuda(cuda_standin)
-    params = on(device, t)
+    params = on(Cuda(cuda_standin), t)
     for options in SWITCHES[:1] + SWITCHES[-1:]:
         want = t.model.forward_backward(graphs, feeds, t.params, RunContext(seed=5, step=2), options=options)
-        for executor in RUNNERS:
+        for way, executor, device, from_c in ways(cuda_standin):
             opts = replace(options, executor=executor, streaming=True)
             t.model.device = device
             try:
                 got = t.model.forward_backward(graphs, feeds, params, RunContext(seed=5, step=2), options=opts)
             finally:
                 t.model.device = CPU
-            assert_device_runs_the_program(got, executor)
+            assert_device_runs_the_program(got, executor, from_c)
             assert_streamed(got)
-            what = f"{executor} streaming {options}"
+            what = f"{way} streaming {options}"
             close(got.loss, want.loss, "float64", f"{what} loss")
             assert set(got.grads) == set(want.grads)
             for k in want.grads:
@@ -172,7 +185,8 @@ def test_bundled_models_streaming_on_the_device_equal_the_c_runner(cuda_standin,
 
 
 def test_eager_chunks_run_on_the_second_stream(cuda_standin, monkeypatch):
-    """Every eager instruction runs while the device's eager stream is current, every main one on the caller's
+    """(The CUDA runner issuing from Python; tests/cuda/test_issue.py checks the C loop's streams.) Every eager
+    instruction runs while the device's eager stream is current, every main one on the caller's
     stream; the eager stream first waits for the caller's stream, records an event per chunk, and the caller's
     stream waits for chunk t's event before task t (on the device: no host wait, no crossing)."""
     from minicavs.cuda import runner as cuda_runner
@@ -201,7 +215,7 @@ def test_eager_chunks_run_on_the_second_stream(cuda_standin, monkeypatch):
     case = build(rng)
     graphs = [make_graph(rng, 5) for _ in range(3)]
     feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
-    device = Cuda(cuda_standin)
+    device = Cuda(cuda_standin, issue_from_c=False)
     case.model.device = device
     try:
         result = case.model.forward_backward(graphs, feeds, {k: device.asarray(v) for k, v in case.params.items()},
