@@ -1,0 +1,217 @@
+"""The C issuing loop of the CUDA runner (minicavs/cuda/issue.py, codegen/issue.py) on the emulated device:
+a pass is one C call (its Python calls do not grow with the tasks), a wrong instruction is refused before
+anything is issued, the eager table's launches go to the second stream behind events, the TF32 mode rounds the
+stand-in's product inputs, and a device that does no work sees the same launches and products. (That every
+bundled model issued from C equals the C runner: tests/cuda/test_runner.py.)"""
+from __future__ import annotations
+
+import collections
+import gc
+import sys
+
+import numpy as np
+import pytest
+
+from minicavs import instructions
+from minicavs.cpu import CPU
+from minicavs.cuda import Cuda, issue
+from minicavs.engine import EngineOptions
+from minicavs.executor import RunContext
+from minicavs.inputs import InputGraph
+
+from .. import cells
+from ..test_device import close
+from ..test_engine import CASES
+
+
+def _run(case, device, graphs, options=EngineOptions(), params=None):
+    rng = np.random.default_rng(0)
+    feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
+    params = {k: device.asarray(v) for k, v in case.params.items()} if params is None else params
+    case.model.device = device
+    try:
+        return case.model.forward_backward(graphs, feeds, params, RunContext(), options=options)
+    finally:
+        case.model.device = CPU
+
+
+def _pass_calls(case, device, graphs) -> collections.Counter:
+    """Python calls (sys.setprofile 'call' and 'c_call' events) made inside the device's run_program during one
+    forward and backward pass, and how many of those ran an instruction or the task loop in Python."""
+    rng = np.random.default_rng(0)
+    feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
+    params = {k: device.asarray(v) for k, v in case.params.items()}
+    case.model.device = device
+    counts: collections.Counter = collections.Counter()
+    inside = [0]
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code.co_name == "run_program" and "cuda/backend.py" in frame.f_code.co_filename:
+            inside[0] += 1
+        elif event == "return" and frame.f_code.co_name == "run_program" and "cuda/backend.py" in \
+                frame.f_code.co_filename:
+            inside[0] -= 1
+        elif inside[0] and event in ("call", "c_call"):
+            counts[event] += 1
+            if event == "call" and (frame.f_code.co_name.startswith("op_") or frame.f_code.co_name == "_loop"):
+                counts["per instruction"] += 1   # (the Python runners' opcode functions and task loop)
+    try:
+        case.model.forward_backward(graphs, feeds, params, RunContext())   # compiled, cached
+        gc.collect()
+        gc.disable()
+        sys.setprofile(profile)
+        try:
+            case.model.forward_backward(graphs, feeds, params, RunContext())
+        finally:
+            sys.setprofile(None)
+            gc.enable()
+    finally:
+        case.model.device = CPU
+    return counts
+
+
+def test_python_calls_of_an_issued_pass_do_not_grow_with_the_tasks(cuda_standin):
+    """Chains of 4 and of 16 vertices (4 and 16 tasks a pass): the passes issued from C make the same Python
+    calls, none of them per instruction; issued from Python they grow with the tasks."""
+    case = cells.chain_lstm(np.random.default_rng(0))
+    short = [InputGraph.chain(4) for _ in range(5)]
+    long = [InputGraph.chain(16) for _ in range(5)]
+    device = Cuda(cuda_standin)
+    calls = _pass_calls(case, device, short)
+    assert calls == _pass_calls(case, device, long) and calls["per instruction"] == 0, calls
+    assert calls["call"] > 0
+    python = Cuda(cuda_standin, issue_from_c=False)
+    assert _pass_calls(case, python, long)["per instruction"] > _pass_calls(case, python, short)["per instruction"] > 0
+
+
+# (opcode, operand, added): an operand pushed far outside what it addresses
+CORRUPTIONS = [("BIND", 3, 10**9), ("SCRATCH", 1, 10**9), ("COLS", 2, 10**9), ("GEMM", 3, 10**6),
+               ("FUSED", 2, 10**6), ("STATIC", 1, 10**6), ("ADJ", 1, 10**6)]
+
+
+@pytest.mark.parametrize("opcode, operand, added", CORRUPTIONS)
+def test_a_wrong_instruction_is_refused_before_it_is_issued(cuda_standin, opcode, operand, added):
+    """A binary Tree-LSTM pass whose first ``opcode`` instruction addresses outside its buffer: the loop
+    raises naming the instruction and operand (that instruction, or, where it only sets a register, the
+    first that reads the register) before issuing anything there (the stand-in's memory is host memory: a
+    launch that wrote outside a buffer would corrupt this process, not raise)."""
+    case = cells.binary_tree_lstm(np.random.default_rng(1))
+    trees = [InputGraph([[1, 2], [], []])] * 3
+    device = Cuda(cuda_standin)
+    result = _run(case, device, trees)
+    programs = [result.states["G"].program.lowered, result.states["G"].backward_program.lowered]
+    lowered = next(p for p in programs if (p.code[:, 0] == instructions.OPCODE[opcode]).any())
+    pc = int(np.flatnonzero(lowered.code[:, 0] == instructions.OPCODE[opcode])[0])
+    lowered.code[pc][1 + operand] += added
+    try:
+        with pytest.raises(issue.IssueCheckError, match=r"cuda (∂F|F): task \d+, instruction (\d+) \(\w+ .*\): "
+                                                        r"operand [\w ]+ is out of bounds") as caught:
+            _run(case, device, trees)
+    finally:
+        lowered.code[pc][1 + operand] -= added
+    at = int(caught.value.args[0].split("instruction ")[1].split()[0])
+    assert at == pc or (at > pc and opcode in ("SCRATCH", "COLS")), (pc, caught.value)
+
+
+def test_a_row_number_out_of_range_is_caught_in_check_mode(cuda_standin, monkeypatch):
+    """With MINICAVS_NATIVE_CHECK set the loop checks every row number of an index array on its host copy
+    (as the C runner's check mode): a child row past the scatter tensor is refused."""
+    monkeypatch.setenv("MINICAVS_NATIVE_CHECK", "1")
+    case = cells.binary_tree_lstm(np.random.default_rng(1))
+    trees = [InputGraph([[1, 2], [], []])] * 3
+    device = Cuda(cuda_standin)
+    from minicavs import program as program_module
+    real = program_module.Buffers._child
+
+    def far(self, slot, kid):
+        rows = real(self, slot, kid).copy()
+        rows[:] = 10**6
+        return rows
+    monkeypatch.setattr(program_module.Buffers, "_child", far)
+    with pytest.raises(issue.IssueCheckError, match=r"instruction \d+ \((GATHER|TAKETO|ADJ) .*out of bounds"):
+        _run(case, device, trees, EngineOptions(gather_elision=False))
+
+
+def test_eager_launches_go_to_the_second_stream_behind_events(cuda_standin):
+    """Streaming, every launch and product of an eager chunk is issued on the eager stream, every task's on
+    the main one; the eager stream first waits for the main stream's earlier work, records the chunk event
+    after each chunk, and the main stream waits for that event before each task that follows a chunk."""
+    from cffi import FFI
+    ffi, lib = issue.library()
+    case = cells.binary_tree_lstm(np.random.default_rng(6))
+    trees = [InputGraph([[1, 2], [3, 4], [], [], []])] * 3
+    device = Cuda(cuda_standin)
+    fns = issue.functions(device, "float64")
+    log = []
+    launch = ffi.callback("int(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void *,"
+                          " void **, void **)",
+                          lambda f, gx, gy, gz, bx, by, bz, sh, stream, params, extra:
+                          (log.append(("launch", int(ffi.cast("intptr_t", stream)))),
+                           lib.mc_standin_launch(f, gx, gy, gz, bx, by, bz, sh, stream, params, extra))[1])
+    record = ffi.callback("int(void *, void *)", lambda event, stream: log.append(
+        ("record", int(ffi.cast("intptr_t", event)), int(ffi.cast("intptr_t", stream)))) or 0)
+    wait = ffi.callback("int(void *, void *, unsigned)", lambda stream, event, flags: log.append(
+        ("wait", int(ffi.cast("intptr_t", stream)), int(ffi.cast("intptr_t", event)))) or 0)
+    MAIN, EAGER, START, CHUNK = 11, 22, 33, 44
+    fns.dev[[0, 3, 4, 5, 6, 7, 8]] = [int(ffi.cast("intptr_t", launch)), int(ffi.cast("intptr_t", record)),
+                                     int(ffi.cast("intptr_t", wait)), MAIN, EAGER, START, CHUNK]
+    want = _run(case, Cuda(cuda_standin), trees)
+    got = _run(case, device, trees, EngineOptions(streaming=True))
+    close(got.loss, want.loss, "float64")
+    for k in want.grads:
+        close(got.grads[k], want.grads[k], "float64", k)
+    state = got.states["G"]
+    assert state.program.eager is not None and len(state.program.eager), "the forward pass did not stream"
+    # the forward pass's entries: up to the first launch after it (the backward pass begins with its own record)
+    starts = [i for i, e in enumerate(log) if e == ("record", START, MAIN)]
+    assert starts and log[starts[0] + 1] == ("wait", EAGER, START)
+    forward = log[starts[0]:starts[1] if len(starts) > 1 else len(log)]
+    chunks, tasks = len(state.program.eager), len(state.program.table)
+    assert sum(e == ("record", CHUNK, EAGER) for e in forward) == chunks
+    assert sum(e == ("wait", MAIN, CHUNK) for e in forward) == min(chunks, tasks) + (chunks > tasks)
+    assert {e[1] for e in forward if e[0] == "launch"} == {MAIN, EAGER}
+    # between two chunk records: the wait for the last chunk, the task after it on the main stream, then the
+    # next chunk on the eager stream
+    segments, seg = [], []
+    for e in forward[2:]:
+        if e == ("record", CHUNK, EAGER):
+            segments.append(seg)
+            seg = []
+        else:
+            seg.append(e)
+    segments.append(seg)
+    for k, seg in enumerate(segments):
+        streams = [e[1] for e in seg if e[0] == "launch"]
+        assert streams == sorted(streams, key=lambda s: s == EAGER), (k, streams)
+        if MAIN in streams:
+            assert seg[0] == ("wait", MAIN, CHUNK), (k, seg[:2])
+
+
+def test_tf32_rounds_the_stand_in_product_inputs(cuda_standin):
+    """A float32 pass with TF32 on: the stand-in's products read their inputs rounded to 10 mantissa bits, so
+    the loss moves away from exact float32's, by about what rounding every product input moves it."""
+    case = cells.binary_tree_lstm(np.random.default_rng(2), H=8, D=6, dtype="float32")
+    trees = [InputGraph([[1, 2], [3, 4], [], [], []])] * 2
+    exact = _run(case, Cuda(cuda_standin), trees)
+    rounded = _run(case, Cuda(cuda_standin, tf32=True), trees)
+    diff = abs(float(rounded.loss) - float(exact.loss))
+    assert 0 < diff < 1e-2 * max(1.0, abs(float(exact.loss))), diff
+
+
+def test_a_device_that_does_no_work_sees_the_same_launches(cuda_standin):
+    """The timing device (a launcher with ``no_work``: launches and products that do nothing) is issued the
+    same launches and products as the emulated device, for the same batch."""
+    case = cells.binary_tree_lstm(np.random.default_rng(3))
+    trees = [InputGraph([[1, 2], [3, 4], [], [], []])] * 3
+    device = Cuda(cuda_standin)
+    _run(case, device, trees)
+    before = issue.stats(device).copy()
+    _run(case, device, trees)
+    per_batch = issue.stats(device) - before
+
+    class NoWork:
+        no_work, emulated, xp = True, True, cuda_standin.xp
+    idle = Cuda(NoWork())
+    _run(case, idle, trees)
+    assert per_batch[0] > 0 and per_batch[1] > 0
+    assert (issue.stats(idle) == per_batch).all(), (issue.stats(idle), per_batch)
