@@ -221,6 +221,11 @@ def stats(device) -> np.ndarray:
     return device.__dict__.setdefault("_issue_stats", np.zeros(len(STATS), np.int64))
 
 
+def launch_counts(device) -> dict:
+    """The device's issued launches per kernel name, since it was made."""
+    return device.__dict__.setdefault("_issue_launches", {})
+
+
 def _pointer(a) -> int:
     """The device address of an array (CuPy's, or the stand-in's host memory)."""
     data = getattr(a, "data", None)
@@ -328,8 +333,11 @@ def run(lowered, table: np.ndarray, buffers, dtype, forest: bool, device, eager:
         p(none), len(eager) if streaming else 0, table.shape[1], p(info), p(einfo), n, scratch_buf, lowered.nregs,
         p(fns.dev), p(fns.rk), p(fk), len(lowered.fused), int(forest), int(check), p(err), p(counters), p(counts))
     stats(device)[:] += counters
-    fns.log([f"{k}_{fns.c_type}" for k in ISSUE_KERNEL_NAMES]
-            + [getattr(k, "name", "") for k in lowered.fused], counts)
+    names = [f"{k}_{fns.c_type}" for k in ISSUE_KERNEL_NAMES] + [getattr(k, "name", "") for k in lowered.fused]
+    per_kernel = launch_counts(device)
+    for i in np.flatnonzero(counts).tolist():
+        per_kernel[names[i]] = per_kernel.get(names[i], 0) + int(counts[i])
+    fns.log(names, counts)
     if rc:
         _raise(lowered, err)
     for name, acc in own.items():
