@@ -40,7 +40,8 @@ from .native import OPS, WIDTH
 
 # the kernels the loop launches, in the order of its ``rk`` handle array (names end in _float / _double)
 ISSUE_KERNEL_NAMES = ("take_rows", "scatter_rows", "scatter_add_rows", "copy2d", "add2d", "zero2d", "sumrows",
-                      "transrows", "dropout_rows")
+                      "transrows", "dropout_rows", "moves")
+MOVES = 8   # copies and adds one ``moves`` launch makes at most
 
 ISSUE_KERNELS = """
 /* dst[r] = src row idx[r] (idx < 0: a zero row): gathers, pulls, push gradients, a block's split rows */
@@ -93,6 +94,30 @@ extern "C" __global__ void sumrows_{T}(long rows, long cols, const {T} *__restri
         dst[i * ldc] = acc;
     }}
 }}
+/* up to MC_MOVES independent copies or adds (``add``) of rows x cols blocks, one launch: the loop's
+   consecutive COPY / ADD / GACC / adjoint copies of a task (codegen/issue.py's batching) */
+#ifndef MC_MOVES_{T}
+#define MC_MOVES_{T}
+struct mc_moves_{T} {{
+    long n, start[{MOVES} + 1], cols[{MOVES}], add[{MOVES}];
+    const {T} *src[{MOVES}];
+    long lsr[{MOVES}], lsc[{MOVES}];
+    {T} *dst[{MOVES}];
+    long ldr[{MOVES}], ldc[{MOVES}];
+}};
+#endif
+extern "C" __global__ void moves_{T}(mc_moves_{T} m)
+{{
+    const long n = m.start[m.n];
+    {LOOP} {{
+        long e = 0;
+        while (i >= m.start[e + 1]) e++;
+        const long j = i - m.start[e], r = j / m.cols[e], c = j - r * m.cols[e];
+        const {T} v = m.src[e][r * m.lsr[e] + c * m.lsc[e]];
+        {T} *d = &m.dst[e][r * m.ldr[e] + c * m.ldc[e]];
+        if (m.add[e]) *d += v; else *d = v;
+    }}
+}}
 /* per row r: dst's flat row (n x m) = src's (m x n) transposed */
 extern "C" __global__ void transrows_{T}(long rows, long m, long n_, const {T} *__restrict__ src, long lds,
                                          {T} *__restrict__ dst, long ldd)
@@ -109,7 +134,7 @@ extern "C" __global__ void transrows_{T}(long rows, long m, long n_, const {T} *
 def issue_kernels(c_type: str) -> str:
     """The CUDA source of every kernel the loop launches for ``c_type`` (the row kernels of codegen/cuda.py and
     the loop's own), one module."""
-    return ROW_KERNELS.format(T=c_type, LOOP=LOOP) + ISSUE_KERNELS.format(T=c_type, LOOP=LOOP)
+    return ROW_KERNELS.format(T=c_type, LOOP=LOOP) + ISSUE_KERNELS.format(T=c_type, LOOP=LOOP, MOVES=MOVES)
 
 
 HELPERS = r"""
@@ -126,7 +151,7 @@ typedef int (*gemm_fn)(void *ctx, void *stream, int ta, int tb, int64_t m, int64
                        int64_t lda, int64_t sa, const void *B, int64_t ldb, int64_t sb, void *C, int64_t ldc,
                        int64_t sc, int64_t batch);
 enum { K_take_rows, K_scatter_rows, K_scatter_add_rows, K_copy2d, K_add2d, K_zero2d, K_sumrows, K_transrows,
-        K_dropout_rows, NRK };
+        K_dropout_rows, K_moves, NRK };
 
 /* the device stand-in's launch: the handle is an emulation wrapper call_<kernel>(grid, block, params) */
 int mc_standin_launch(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
@@ -246,6 +271,21 @@ typedef struct {{
     const int64_t *dev, *rk, *fk;
     int64_t nkernels, forest, check;
     int64_t *err, *stats, *counts;
+    /* issued late, to batch them: consecutive moves (one ``moves`` launch), consecutive products of one
+       shape (one strided-batched product); at most one kind pending, flushed before anything else is issued */
+    struct {{
+        int64_t n, start[MOVES + 1], cols[MOVES], add[MOVES];
+        const {T} *src[MOVES];
+        int64_t lsr[MOVES], lsc[MOVES];
+        {T} *dst[MOVES];
+        int64_t ldr[MOVES], ldc[MOVES];
+    }} mv;
+    int64_t mv_rows[MOVES];
+    struct {{
+        int64_t count, ta, tb, m, n, k, lda, ldb, ldc, sa, sb, sc;
+        const {T} *A, *B;
+        {T} *C;
+    }} pr;
 }} mach_{T}_t;
 
 static int out_of_{T}(const mach_{T}_t *M, int64_t buf, const void *p, int64_t rows, int64_t cols, int64_t ld,
@@ -259,18 +299,62 @@ static int out_of_{T}(const mach_{T}_t *M, int64_t buf, const void *p, int64_t r
     return first < lo || last >= hi;
 }}
 
+/* do two rows x cols blocks (element strides sr, sc >= 0) share an element? (exact for column blocks of
+   rows of one stride; otherwise whether their spans meet: never a wrong "no") */
+static inline int overlaps_{T}(const {T} *p, int64_t rows, int64_t cols, int64_t sr, int64_t sc, const {T} *q,
+                               int64_t rows2, int64_t cols2, int64_t sr2, int64_t sc2) {{
+    if (rows <= 0 || cols <= 0 || rows2 <= 0 || cols2 <= 0) return 0;
+    const {T} *p1 = p + (rows - 1) * sr + (cols - 1) * sc, *q1 = q + (rows2 - 1) * sr2 + (cols2 - 1) * sc2;
+    if (p1 < q || q1 < p) return 0;
+    /* column blocks of rows of one stride (a concat's parts, the children's rows side by side): apart when,
+       within a row of ``sr`` elements, one's columns end before the other's begin */
+    if (sc == 1 && sc2 == 1 && sr == sr2 && sr > 0 && cols <= sr && cols2 <= sr) {{
+        const int64_t o = (((q - p) % sr) + sr) % sr, o2 = (((p - q) % sr) + sr) % sr;
+        if ((o >= cols && o + cols2 <= sr) || (o2 >= cols2 && o2 + cols <= sr)) return 0;
+    }}
+    return 1;
+}}
+
+static int flush_{T}(mach_{T}_t *M);
+
 /* one launch of kernel handle ``h`` (``slot``: its entry in the launch counts) over ``n`` elements */
-static int go_{T}(mach_{T}_t *M, int64_t h, int64_t slot, int64_t n, arg_t *args, int nargs) {{
-    void *params[MAXPARAMS];
-    if (n <= 0) return 0;
-    for (int i = 0; i < nargs; i++) params[i] = &args[i];
+static int launch_{T}(mach_{T}_t *M, int64_t h, int64_t slot, int64_t n, void **params) {{
     int64_t blocks = (n + BLOCK - 1) / BLOCK;
     if (blocks > MAXBLOCKS) blocks = MAXBLOCKS;
     M->stats[0]++;
     M->counts[slot]++;
     return ((launch_t)M->dev[0])((void *)h, (unsigned)blocks, 1, 1, BLOCK, 1, 1, 0, M->stream, params, 0);
 }}
+static int go_{T}(mach_{T}_t *M, int64_t h, int64_t slot, int64_t n, arg_t *args, int nargs) {{
+    void *params[MAXPARAMS];
+    if (n <= 0) return 0;
+    const int rc = flush_{T}(M);
+    if (rc) return rc;
+    for (int i = 0; i < nargs; i++) params[i] = &args[i];
+    return launch_{T}(M, h, slot, n, params);
+}}
 #define RK(name) M->rk[K_##name], K_##name
+
+/* the pending moves, one launch; the pending product, one call */
+static int flush_{T}(mach_{T}_t *M) {{
+    if (M->mv.n) {{
+        void *params[1] = {{ &M->mv }};
+        const int64_t n = M->mv.start[M->mv.n];
+        int rc = 0;
+        if (n > 0) rc = launch_{T}(M, RK(moves), n, params);
+        M->mv.n = 0;
+        return rc;
+    }}
+    if (M->pr.count) {{
+        M->stats[1]++;
+        const int64_t count = M->pr.count;
+        M->pr.count = 0;
+        return ((gemm_fn)M->dev[1])((void *)M->dev[2], M->stream, (int)M->pr.ta, (int)M->pr.tb, M->pr.m, M->pr.n,
+                                    M->pr.k, M->pr.A, M->pr.lda, M->pr.sa, M->pr.B, M->pr.ldb, M->pr.sb, M->pr.C,
+                                    M->pr.ldc, M->pr.sc, count);
+    }}
+    return 0;
+}}
 
 static int take_{T}(mach_{T}_t *M, const {T} *src, int64_t lds, const void *idx, {T} *dst, int64_t ldd, int64_t rows,
                     int64_t cols) {{
@@ -285,24 +369,78 @@ static int scatter_{T}(mach_{T}_t *M, int add, const {T} *src, int64_t lds, cons
     if (add) return go_{T}(M, RK(scatter_add_rows), rows * cols, a, 7);
     return go_{T}(M, RK(scatter_rows), rows * cols, a, 7);
 }}
+/* dst (+)= src, rows x cols with element strides: joins the pending moves when it touches nothing they touch
+   (they run in parallel, in one launch), else they are flushed first */
 static int move_{T}(mach_{T}_t *M, int add, const {T} *src, int64_t lsr, int64_t lsc, {T} *dst, int64_t ldr,
                     int64_t ldc, int64_t rows, int64_t cols) {{
-    arg_t a[8];
-    a[0].i = rows; a[1].i = cols; a[2].p = src; a[3].i = lsr; a[4].i = lsc; a[5].p = dst; a[6].i = ldr; a[7].i = ldc;
-    if (add) return go_{T}(M, RK(add2d), rows * cols, a, 8);
-    return go_{T}(M, RK(copy2d), rows * cols, a, 8);
+    if (rows <= 0 || cols <= 0) return 0;
+    int rc = 0;
+    if (M->pr.count) rc = flush_{T}(M);
+    if (rc) return rc;
+    int clash = M->mv.n >= MOVES;
+    for (int64_t e = 0; e < M->mv.n && !clash; e++) {{
+        const int64_t r2 = M->mv_rows[e], c2 = M->mv.cols[e];
+        clash = overlaps_{T}(dst, rows, cols, ldr, ldc, M->mv.dst[e], r2, c2, M->mv.ldr[e], M->mv.ldc[e])
+             || overlaps_{T}(dst, rows, cols, ldr, ldc, M->mv.src[e], r2, c2, M->mv.lsr[e], M->mv.lsc[e])
+             || overlaps_{T}(src, rows, cols, lsr, lsc, M->mv.dst[e], r2, c2, M->mv.ldr[e], M->mv.ldc[e]);
+    }}
+    if (clash) {{ rc = flush_{T}(M); if (rc) return rc; }}
+    const int64_t e = M->mv.n;
+    if (e == 0) M->mv.start[0] = 0;
+    M->mv.cols[e] = cols; M->mv.add[e] = add; M->mv.src[e] = src; M->mv.lsr[e] = lsr; M->mv.lsc[e] = lsc;
+    M->mv.dst[e] = dst; M->mv.ldr[e] = ldr; M->mv.ldc[e] = ldc; M->mv_rows[e] = rows;
+    M->mv.start[e + 1] = M->mv.start[e] + rows * cols;
+    M->mv.n = e + 1;
+    return 0;
 }}
 static int zero_{T}(mach_{T}_t *M, {T} *dst, int64_t ldr, int64_t ldc, int64_t rows, int64_t cols) {{
     arg_t a[5];
     a[0].i = rows; a[1].i = cols; a[2].p = dst; a[3].i = ldr; a[4].i = ldc;
     return go_{T}(M, RK(zero2d), rows * cols, a, 5);
 }}
+/* C = op(A) op(B): ``batch`` 1 joins the pending product as one more of a strided batch when it has the same
+   shape, its operands are evenly spaced from the pending ones' and it reads nothing they write (else the
+   pending one is issued first); a batch of its own is issued at once */
 static int product_{T}(mach_{T}_t *M, int ta, int tb, int64_t m, int64_t n, int64_t k, const {T} *A, int64_t lda,
                        int64_t sa, const {T} *B, int64_t ldb, int64_t sb, {T} *C, int64_t ldc, int64_t sc,
                        int64_t batch) {{
-    M->stats[1]++;
-    return ((gemm_fn)M->dev[1])((void *)M->dev[2], M->stream, ta, tb, m, n, k, A, lda, sa, B, ldb, sb, C, ldc, sc,
-                                batch);
+    int rc = 0;
+    if (M->mv.n) rc = flush_{T}(M);
+    if (rc) return rc;
+    if (batch == 1 && M->pr.count && M->pr.ta == ta && M->pr.tb == tb && M->pr.m == m && M->pr.n == n
+        && M->pr.k == k && M->pr.lda == lda && M->pr.ldb == ldb && M->pr.ldc == ldc) {{
+        const int64_t c = M->pr.count;
+        const int64_t dA = A - M->pr.A, dB = B - M->pr.B, dC = C - M->pr.C;
+        const int ok = c == 1 ? dA >= 0 && dB >= 0 && dC > 0
+                              : dA == c * M->pr.sa && dB == c * M->pr.sb && dC == c * M->pr.sc;
+        /* what the new one reads or writes must not be what the pending ones write, nor may it write what
+           they read (they all run at once) */
+        const int64_t ar = ta ? k : m, ac = ta ? m : k, br = tb ? n : k, bc = tb ? k : n;
+        int clash = !ok;
+        for (int64_t i = 0; i < c && !clash; i++) {{
+            const int64_t step = c == 1 ? 0 : i;
+            const {T} *Ci = M->pr.C + step * M->pr.sc, *Ai = M->pr.A + step * M->pr.sa, *Bi = M->pr.B + step * M->pr.sb;
+            clash = overlaps_{T}(C, m, n, ldc, 1, Ci, m, n, ldc, 1)
+                 || overlaps_{T}(A, ar, ac, lda, 1, Ci, m, n, ldc, 1)
+                 || overlaps_{T}(B, br, bc, ldb, 1, Ci, m, n, ldc, 1)
+                 || overlaps_{T}(C, m, n, ldc, 1, Ai, ar, ac, lda, 1)
+                 || overlaps_{T}(C, m, n, ldc, 1, Bi, br, bc, ldb, 1);
+        }}
+        if (!clash) {{
+            if (c == 1) {{ M->pr.sa = dA; M->pr.sb = dB; M->pr.sc = dC; }}
+            M->pr.count = c + 1;
+            return 0;
+        }}
+    }}
+    if (M->pr.count) {{ rc = flush_{T}(M); if (rc) return rc; }}
+    if (batch != 1) {{
+        M->stats[1]++;
+        return ((gemm_fn)M->dev[1])((void *)M->dev[2], M->stream, ta, tb, m, n, k, A, lda, sa, B, ldb, sb, C, ldc,
+                                    sc, batch);
+    }}
+    M->pr.count = 1; M->pr.ta = ta; M->pr.tb = tb; M->pr.m = m; M->pr.n = n; M->pr.k = k; M->pr.lda = lda;
+    M->pr.ldb = ldb; M->pr.ldc = ldc; M->pr.sa = M->pr.sb = M->pr.sc = 0; M->pr.A = A; M->pr.B = B; M->pr.C = C;
+    return 0;
 }}
 
 /* a register's element strides as a rows x cols matrix (transposed: the stored matrix read by columns) */
@@ -615,6 +753,7 @@ static int row_{T}(mach_{T}_t *M, const int64_t *code, const int64_t *pool, cons
             FAIL(-3);
         }}
     }}
+    ISSUED(flush_{T}(M));   /* (the task's last moves or product, before its stream's event) */
     return 0;
 }}
 
@@ -639,7 +778,7 @@ int issue_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, in
         M[s].trans = b + 4 * nbufs; M[s].nbufs = nbufs; M[s].scratch_buf = scratch_buf; M[s].nregs = nregs;
         M[s].stream_id = s; M[s].R = regs[s]; M[s].stream = (void *)dev[5 + s]; M[s].dev = dev; M[s].rk = rk;
         M[s].fk = fk; M[s].nkernels = nkernels; M[s].forest = forest; M[s].check = check; M[s].err = err;
-        M[s].stats = stats; M[s].counts = counts;
+        M[s].stats = stats; M[s].counts = counts; M[s].mv.n = 0; M[s].pr.count = 0;
     }}
     mach_{T}_t *main_ = &M[0], *eager = &M[1];
     {{
@@ -683,7 +822,7 @@ def issue_source() -> str:
     enum = ", ".join([f"{name} = {i}" for name, i in OPS.items()] + [f"NOPCODES = {len(OPS)}"])
     head = (HELPERS + f"enum {{ {enum} }};\n#define W {WIDTH}\n#define MAXARGS {MAX_ARGS}\n"
             f"#define MAXREGS {MAX_REGISTERS}\n#define MAXPARAMS {2 + 2 * MAX_ARGS}\n#define BLOCK {BLOCK}\n"
-            f"#define MAXBLOCKS {MAX_BLOCKS}\n")
+            f"#define MAXBLOCKS {MAX_BLOCKS}\n#define MOVES {MOVES}\n")
     body = ""
     for T in ("float", "double"):
         body += CPU_GEMM.format(T=T) + LOOP_SOURCE.format(T=T)

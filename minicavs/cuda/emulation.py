@@ -36,6 +36,7 @@ template <class T> static inline T atomicAdd(T *a, T v) { T old = *a; *a = old +
 
 POINTEE = {"float": np.dtype(np.float32), "double": np.dtype(np.float64), "long": np.dtype(np.int64),
            "unsigned long long": np.dtype(np.uint64)}
+SCALARS = ("long", "int", "unsigned", "float", "double", "unsigned long long", "unsigned long")
 SIGNATURE = re.compile(r'extern "C" __global__ void (\w+)\(([^)]*)\)', re.S)
 
 
@@ -54,6 +55,8 @@ def _launcher(name: str, params: list[str]) -> tuple[str, str]:
             "    for (unsigned b_ = 0; b_ < grid_; b_++)\n        for (unsigned t_ = 0; t_ < block_; t_++) {\n"
             f"            blockIdx.x = b_; threadIdx.x = t_;\n            {name}({args});\n        }}\n}}\n")
     decl = f"void launch_{name}({plist.replace('__restrict__', '')});"
+    if not all("*" in p or p.rsplit(None, 1)[0] in SCALARS for p in params):   # (a struct by value: C callers only)
+        decl = ""
     return body + _caller(name, params), decl + f"\nvoid call_{name}(unsigned, unsigned, void **);"
 
 
