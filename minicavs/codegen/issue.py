@@ -39,42 +39,10 @@ from .cuda import LOOP, MAX_BLOCKS, BLOCK, ROW_KERNELS
 from .native import OPS, WIDTH
 
 # the kernels the loop launches, in the order of its ``rk`` handle array (names end in _float / _double)
-ISSUE_KERNEL_NAMES = ("take_rows", "scatter_rows", "scatter_add_rows", "copy2d", "add2d", "zero2d", "sumrows",
-                      "transrows", "dropout_rows", "moves")
+ISSUE_KERNEL_NAMES = ("zero2d", "sumrows", "transrows", "dropout_rows", "moves")
 MOVES = 8   # copies and adds one ``moves`` launch makes at most
 
 ISSUE_KERNELS = """
-/* dst[r] = src row idx[r] (idx < 0: a zero row): gathers, pulls, push gradients, a block's split rows */
-extern "C" __global__ void take_rows_{T}(long rows, long cols, const {T} *__restrict__ src, long lds,
-                                         const long *__restrict__ idx, {T} *__restrict__ dst, long ldd)
-{{
-    const long n = rows * cols;
-    {LOOP} {{
-        const long r = i / cols, c = i - r * cols;
-        const long j = idx[r];
-        dst[r * ldd + c] = j < 0 ? ({T})0 : src[j * lds + c];
-    }}
-}}
-/* dst = src (a row stride and a column stride each: transposed registers too) */
-extern "C" __global__ void copy2d_{T}(long rows, long cols, const {T} *__restrict__ src, long lsr, long lsc,
-                                      {T} *__restrict__ dst, long ldr, long ldc)
-{{
-    const long n = rows * cols;
-    {LOOP} {{
-        const long r = i / cols, c = i - r * cols;
-        dst[r * ldr + c * ldc] = src[r * lsr + c * lsc];
-    }}
-}}
-/* dst += src (lsr 0: one row added to every row, a product's bias) */
-extern "C" __global__ void add2d_{T}(long rows, long cols, const {T} *__restrict__ src, long lsr, long lsc,
-                                     {T} *__restrict__ dst, long ldr, long ldc)
-{{
-    const long n = rows * cols;
-    {LOOP} {{
-        const long r = i / cols, c = i - r * cols;
-        dst[r * ldr + c * ldc] += src[r * lsr + c * lsc];
-    }}
-}}
 extern "C" __global__ void zero2d_{T}(long rows, long cols, {T} *__restrict__ dst, long ldr, long ldc)
 {{
     const long n = rows * cols;
@@ -94,8 +62,8 @@ extern "C" __global__ void sumrows_{T}(long rows, long cols, const {T} *__restri
         dst[i * ldc] = acc;
     }}
 }}
-/* up to MC_MOVES independent copies or adds (``add``) of rows x cols blocks, one launch: the loop's
-   consecutive COPY / ADD / GACC / adjoint copies of a task (codegen/issue.py's batching) */
+/* up to MOVES independent copies or adds (``add``) of rows x cols blocks, rows by index or not, one launch:
+   the loop's consecutive row moves of a task (gathers, copies, adds, adjoints, puts: codegen/issue.py) */
 #ifndef MC_MOVES_{T}
 #define MC_MOVES_{T}
 struct mc_moves_{T} {{
@@ -104,6 +72,7 @@ struct mc_moves_{T} {{
     long lsr[{MOVES}], lsc[{MOVES}];
     {T} *dst[{MOVES}];
     long ldr[{MOVES}], ldc[{MOVES}];
+    const long *sidx[{MOVES}], *didx[{MOVES}];   /* row r reads source row sidx[r] (-1: zeros), writes didx[r] */
 }};
 #endif
 extern "C" __global__ void moves_{T}(mc_moves_{T} m)
@@ -113,9 +82,12 @@ extern "C" __global__ void moves_{T}(mc_moves_{T} m)
         long e = 0;
         while (i >= m.start[e + 1]) e++;
         const long j = i - m.start[e], r = j / m.cols[e], c = j - r * m.cols[e];
-        const {T} v = m.src[e][r * m.lsr[e] + c * m.lsc[e]];
-        {T} *d = &m.dst[e][r * m.ldr[e] + c * m.ldc[e]];
-        if (m.add[e]) *d += v; else *d = v;
+        const long sr = m.sidx[e] ? m.sidx[e][r] : r, dr = m.didx[e] ? m.didx[e][r] : r;
+        const {T} v = sr < 0 ? ({T})0 : m.src[e][sr * m.lsr[e] + c * m.lsc[e]];
+        {T} *d = &m.dst[e][dr * m.ldr[e] + c * m.ldc[e]];
+        if (!m.add[e]) *d = v;
+        else if (m.didx[e]) atomicAdd(d, v);   /* (rows by index: several may name one row) */
+        else *d += v;
     }}
 }}
 /* per row r: dst's flat row (n x m) = src's (m x n) transposed */
@@ -149,9 +121,8 @@ typedef int (*wait_t)(void *stream, void *event, unsigned flags);
 typedef union { int64_t i; uint64_t u; double d; float f; const void *p; } arg_t;
 typedef int (*gemm_fn)(void *ctx, void *stream, int ta, int tb, int64_t m, int64_t n, int64_t k, const void *A,
                        int64_t lda, int64_t sa, const void *B, int64_t ldb, int64_t sb, void *C, int64_t ldc,
-                       int64_t sc, int64_t batch);
-enum { K_take_rows, K_scatter_rows, K_scatter_add_rows, K_copy2d, K_add2d, K_zero2d, K_sumrows, K_transrows,
-        K_dropout_rows, K_moves, NRK };
+                       int64_t sc, int64_t batch, int beta);
+enum { K_zero2d, K_sumrows, K_transrows, K_dropout_rows, K_moves, NRK };
 
 /* the device stand-in's launch: the handle is an emulation wrapper call_<kernel>(grid, block, params) */
 int mc_standin_launch(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
@@ -183,7 +154,7 @@ static inline float mc_tf32(float x) {
 }
 int mc_noop_gemm(void *ctx, void *stream, int ta, int tb, int64_t m, int64_t n, int64_t k, const void *A,
                  int64_t lda, int64_t sa, const void *B, int64_t ldb, int64_t sb, void *C, int64_t ldc, int64_t sc,
-                 int64_t batch) { return 0; }
+                 int64_t batch, int beta) { return 0; }
 """
 
 CPU_GEMM = r"""
@@ -200,10 +171,11 @@ static {T} *mc_rounded_{T}(const {T} *a, int64_t rows, int64_t cols, int64_t ld)
     return out;
 }}
 
-/* the stand-in's product: row-major C = op(A) op(B), ``batch`` of them ``sa``/``sb``/``sc`` elements apart */
+/* the stand-in's product: row-major C = op(A) op(B) (+ C: beta 1), ``batch`` of them ``sa``/``sb``/``sc``
+   elements apart */
 int mc_cpu_gemm_{T}(void *ctx_, void *stream, int ta, int tb, int64_t m, int64_t n, int64_t k, const void *A_,
                     int64_t lda, int64_t sa, const void *B_, int64_t ldb, int64_t sb, void *C_, int64_t ldc,
-                    int64_t sc, int64_t batch) {{
+                    int64_t sc, int64_t batch, int beta) {{
     const mc_gemm_ctx *ctx = (const mc_gemm_ctx *)ctx_;
     const {T} *A = (const {T} *)A_, *B = (const {T} *)B_;
     {T} *C = ({T} *)C_;
@@ -218,11 +190,11 @@ int mc_cpu_gemm_{T}(void *ctx_, void *stream, int ta, int tb, int64_t m, int64_t
             a = ra; bb = rb; la = ac > 0 ? ac : 1; lb = bc > 0 ? bc : 1;
         }}
         if (ctx->ilp64)
-            ((cblas64_{T}_t)ctx->blas)(101, ta ? 112 : 111, tb ? 112 : 111, m, n, k, ({T})1, a, la, bb, lb, ({T})0,
-                                        C + b * sc, ldc);
+            ((cblas64_{T}_t)ctx->blas)(101, ta ? 112 : 111, tb ? 112 : 111, m, n, k, ({T})1, a, la, bb, lb,
+                                        ({T})beta, C + b * sc, ldc);
         else
             ((cblas32_{T}_t)ctx->blas)(101, ta ? 112 : 111, tb ? 112 : 111, (int)m, (int)n, (int)k, ({T})1, a,
-                                        (int)la, bb, (int)lb, ({T})0, C + b * sc, (int)ldc);
+                                        (int)la, bb, (int)lb, ({T})beta, C + b * sc, (int)ldc);
         free(ra); free(rb);
     }}
     return 0;
@@ -238,11 +210,11 @@ typedef int (*cublas_gemm_batched_t)(void *, int, int, int, int, int, const void
 /* the GPU's product through cuBLAS: row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T */
 int mc_cublas_gemm_{T}(void *ctx_, void *stream, int ta, int tb, int64_t m, int64_t n, int64_t k, const void *A,
                        int64_t lda, int64_t sa, const void *B, int64_t ldb, int64_t sb, void *C, int64_t ldc,
-                       int64_t sc, int64_t batch) {{
+                       int64_t sc, int64_t batch, int beta) {{
     mc_gemm_ctx *ctx = (mc_gemm_ctx *)ctx_;
     const int dtype = sizeof({T}) == 4 ? 0 : 1;   /* CUDA_R_32F, CUDA_R_64F */
     const int compute = sizeof({T}) == 4 ? (ctx->tf32 ? 77 : 68) : 70;   /* CUBLAS_COMPUTE_32F(_FAST_TF32), _64F */
-    const {T} one = 1, zero = 0;
+    const {T} one = 1, zero = beta ? 1 : 0;
     int rc;
     if (ctx->stream != stream) {{
         rc = ((cublas_set_stream_t)ctx->set_stream)(ctx->handle, stream);
@@ -279,10 +251,11 @@ typedef struct {{
         int64_t lsr[MOVES], lsc[MOVES];
         {T} *dst[MOVES];
         int64_t ldr[MOVES], ldc[MOVES];
+        const int64_t *sidx[MOVES], *didx[MOVES];
     }} mv;
-    int64_t mv_rows[MOVES];
+    int64_t mv_srows[MOVES], mv_drows[MOVES], mv_commutes[MOVES];   /* rows each side spans (by index: all) */
     struct {{
-        int64_t count, ta, tb, m, n, k, lda, ldb, ldc, sa, sb, sc;
+        int64_t count, ta, tb, m, n, k, lda, ldb, ldc, sa, sb, sc, beta;
         const {T} *A, *B;
         {T} *C;
     }} pr;
@@ -351,48 +324,57 @@ static int flush_{T}(mach_{T}_t *M) {{
         M->pr.count = 0;
         return ((gemm_fn)M->dev[1])((void *)M->dev[2], M->stream, (int)M->pr.ta, (int)M->pr.tb, M->pr.m, M->pr.n,
                                     M->pr.k, M->pr.A, M->pr.lda, M->pr.sa, M->pr.B, M->pr.ldb, M->pr.sb, M->pr.C,
-                                    M->pr.ldc, M->pr.sc, count);
+                                    M->pr.ldc, M->pr.sc, count, (int)M->pr.beta);
     }}
     return 0;
 }}
 
-static int take_{T}(mach_{T}_t *M, const {T} *src, int64_t lds, const void *idx, {T} *dst, int64_t ldd, int64_t rows,
-                    int64_t cols) {{
-    arg_t a[7];
-    a[0].i = rows; a[1].i = cols; a[2].p = src; a[3].i = lds; a[4].p = idx; a[5].p = dst; a[6].i = ldd;
-    return go_{T}(M, RK(take_rows), rows * cols, a, 7);
-}}
-static int scatter_{T}(mach_{T}_t *M, int add, const {T} *src, int64_t lds, const void *idx, {T} *dst, int64_t ldd,
-                       int64_t rows, int64_t cols) {{
-    arg_t a[7];
-    a[0].i = rows; a[1].i = cols; a[2].p = src; a[3].i = lds; a[4].p = idx; a[5].p = dst; a[6].i = ldd;
-    if (add) return go_{T}(M, RK(scatter_add_rows), rows * cols, a, 7);
-    return go_{T}(M, RK(scatter_rows), rows * cols, a, 7);
-}}
-/* dst (+)= src, rows x cols with element strides: joins the pending moves when it touches nothing they touch
-   (they run in parallel, in one launch), else they are flushed first */
-static int move_{T}(mach_{T}_t *M, int add, const {T} *src, int64_t lsr, int64_t lsc, {T} *dst, int64_t ldr,
-                    int64_t ldc, int64_t rows, int64_t cols) {{
+/* dst (+)= src, rows x cols with element strides; ``sidx``/``didx`` (not NULL): row r reads source row
+   sidx[r] (-1: zeros) / writes row didx[r] (an add by index: atomic); ``srows``/``drows``: the rows each side
+   may touch (by index: all the buffer's). It joins the pending moves when it touches nothing they write and
+   writes nothing they touch (they run at once, in one launch), else they are issued first. ``commutes``
+   (nonzero): entries of the same value may write the same rows (atomic adds; a forest's adjoints, whose
+   rows are distinct vertices). */
+static int move_{T}(mach_{T}_t *M, int add, const {T} *src, int64_t lsr, int64_t lsc, const void *sidx,
+                    int64_t srows, {T} *dst, int64_t ldr, int64_t ldc, const void *didx, int64_t drows, int64_t rows,
+                    int64_t cols, int64_t commutes) {{
     if (rows <= 0 || cols <= 0) return 0;
     int rc = 0;
     if (M->pr.count) rc = flush_{T}(M);
     if (rc) return rc;
     int clash = M->mv.n >= MOVES;
     for (int64_t e = 0; e < M->mv.n && !clash; e++) {{
-        const int64_t r2 = M->mv_rows[e], c2 = M->mv.cols[e];
-        clash = overlaps_{T}(dst, rows, cols, ldr, ldc, M->mv.dst[e], r2, c2, M->mv.ldr[e], M->mv.ldc[e])
-             || overlaps_{T}(dst, rows, cols, ldr, ldc, M->mv.src[e], r2, c2, M->mv.lsr[e], M->mv.lsc[e])
-             || overlaps_{T}(src, rows, cols, lsr, lsc, M->mv.dst[e], r2, c2, M->mv.ldr[e], M->mv.ldc[e]);
+        const int64_t c2 = M->mv.cols[e];
+        clash = (!(commutes && commutes == M->mv_commutes[e])
+                 && overlaps_{T}(dst, drows, cols, ldr, ldc, M->mv.dst[e], M->mv_drows[e], c2, M->mv.ldr[e], M->mv.ldc[e]))
+             || overlaps_{T}(dst, drows, cols, ldr, ldc, M->mv.src[e], M->mv_srows[e], c2, M->mv.lsr[e], M->mv.lsc[e])
+             || overlaps_{T}(src, srows, cols, lsr, lsc, M->mv.dst[e], M->mv_drows[e], c2, M->mv.ldr[e], M->mv.ldc[e]);
     }}
     if (clash) {{ rc = flush_{T}(M); if (rc) return rc; }}
     const int64_t e = M->mv.n;
     if (e == 0) M->mv.start[0] = 0;
     M->mv.cols[e] = cols; M->mv.add[e] = add; M->mv.src[e] = src; M->mv.lsr[e] = lsr; M->mv.lsc[e] = lsc;
-    M->mv.dst[e] = dst; M->mv.ldr[e] = ldr; M->mv.ldc[e] = ldc; M->mv_rows[e] = rows;
+    M->mv.dst[e] = dst; M->mv.ldr[e] = ldr; M->mv.ldc[e] = ldc;
+    M->mv.sidx[e] = (const int64_t *)sidx; M->mv.didx[e] = (const int64_t *)didx;
+    M->mv_srows[e] = srows; M->mv_drows[e] = drows; M->mv_commutes[e] = commutes;
     M->mv.start[e + 1] = M->mv.start[e] + rows * cols;
     M->mv.n = e + 1;
     return 0;
 }}
+/* does a rows x cols block touch anything the pending moves touch? (a launch that does not may go first) */
+static int touches_moves_{T}(const mach_{T}_t *M, const {T} *p, int64_t rows, int64_t cols, int64_t sr, int64_t sc) {{
+    for (int64_t e = 0; e < M->mv.n; e++) {{
+        const int64_t c2 = M->mv.cols[e];
+        if (overlaps_{T}(p, rows, cols, sr, sc, M->mv.dst[e], M->mv_drows[e], c2, M->mv.ldr[e], M->mv.ldc[e])
+            || overlaps_{T}(p, rows, cols, sr, sc, M->mv.src[e], M->mv_srows[e], c2, M->mv.lsr[e], M->mv.lsc[e]))
+            return 1;
+    }}
+    return 0;
+}}
+#define COPY_(src, lsr, lsc, dst, ldr, ldc, rows, cols) \
+    move_{T}(M, 0, src, lsr, lsc, 0, rows, dst, ldr, ldc, 0, rows, rows, cols, 0)
+#define ADD_(src, lsr, lsc, dst, ldr, ldc, rows, cols) \
+    move_{T}(M, 1, src, lsr, lsc, 0, rows, dst, ldr, ldc, 0, rows, rows, cols, 0)
 static int zero_{T}(mach_{T}_t *M, {T} *dst, int64_t ldr, int64_t ldc, int64_t rows, int64_t cols) {{
     arg_t a[5];
     a[0].i = rows; a[1].i = cols; a[2].p = dst; a[3].i = ldr; a[4].i = ldc;
@@ -403,12 +385,12 @@ static int zero_{T}(mach_{T}_t *M, {T} *dst, int64_t ldr, int64_t ldc, int64_t r
    pending one is issued first); a batch of its own is issued at once */
 static int product_{T}(mach_{T}_t *M, int ta, int tb, int64_t m, int64_t n, int64_t k, const {T} *A, int64_t lda,
                        int64_t sa, const {T} *B, int64_t ldb, int64_t sb, {T} *C, int64_t ldc, int64_t sc,
-                       int64_t batch) {{
+                       int64_t batch, int64_t beta) {{
     int rc = 0;
     if (M->mv.n) rc = flush_{T}(M);
     if (rc) return rc;
     if (batch == 1 && M->pr.count && M->pr.ta == ta && M->pr.tb == tb && M->pr.m == m && M->pr.n == n
-        && M->pr.k == k && M->pr.lda == lda && M->pr.ldb == ldb && M->pr.ldc == ldc) {{
+        && M->pr.k == k && M->pr.lda == lda && M->pr.ldb == ldb && M->pr.ldc == ldc && M->pr.beta == beta) {{
         const int64_t c = M->pr.count;
         const int64_t dA = A - M->pr.A, dB = B - M->pr.B, dC = C - M->pr.C;
         const int ok = c == 1 ? dA >= 0 && dB >= 0 && dC > 0
@@ -436,8 +418,9 @@ static int product_{T}(mach_{T}_t *M, int ta, int tb, int64_t m, int64_t n, int6
     if (batch != 1) {{
         M->stats[1]++;
         return ((gemm_fn)M->dev[1])((void *)M->dev[2], M->stream, ta, tb, m, n, k, A, lda, sa, B, ldb, sb, C, ldc,
-                                    sc, batch);
+                                    sc, batch, (int)beta);
     }}
+    M->pr.beta = beta;
     M->pr.count = 1; M->pr.ta = ta; M->pr.tb = tb; M->pr.m = m; M->pr.n = n; M->pr.k = k; M->pr.lda = lda;
     M->pr.ldb = ldb; M->pr.ldc = ldc; M->pr.sa = M->pr.sb = M->pr.sc = 0; M->pr.A = A; M->pr.B = B; M->pr.C = C;
     return 0;
@@ -509,7 +492,8 @@ static int row_{T}(mach_{T}_t *M, const int64_t *code, const int64_t *pool, cons
             if (width <= 0 || !rows_ok_{T}(M, a[3], koff, bs, -1, NROWS(a[1], width))) FAIL(3);
             SET(a[0], scratch + a[6] * bs, width, 0, sbuf);
             CHECKR(a[0], bs, width, 0);
-            ISSUED(take_{T}(M, FBASE(a[1]), width, IDX(a[3]), R[a[0]].p, width, bs, width));
+            ISSUED(move_{T}(M, 0, FBASE(a[1]), width, 1, IDX(a[3]), NROWS(a[1], width), R[a[0]].p, width, 1, 0, bs, bs,
+                            width, 0));
             break;
         }}
         case CATVIEW:
@@ -526,7 +510,8 @@ static int row_{T}(mach_{T}_t *M, const int64_t *code, const int64_t *pool, cons
             if (!rows_ok_{T}(M, a[3], koff, bs, -1, NROWS(a[1], width))) FAIL(3);
             if (in[0] == TAKE) SET(a[0], scratch + a[5] * bs, cols, 0, sbuf);
             REGOK(a[0], 0); NOTRANS(a[0], 0); CHECKR(a[0], bs, cols, 0);
-            ISSUED(take_{T}(M, FBASE(a[1]) + col, width, IDX(a[3]), R[a[0]].p, R[a[0]].ld, bs, cols));
+            ISSUED(move_{T}(M, 0, FBASE(a[1]) + col, width, 1, IDX(a[3]), NROWS(a[1], width), R[a[0]].p, R[a[0]].ld, 1,
+                            0, bs, bs, cols, 0));
             break;
         }}
         case SROWS: {{
@@ -544,7 +529,8 @@ static int row_{T}(mach_{T}_t *M, const int64_t *code, const int64_t *pool, cons
                 BUFOK(a[4], 4);
                 if (col < 0 || cols < 0 || col + cols > ldb) FAIL(2);
                 if (!rows_ok_{T}(M, a[4], koff, bs, -1, NROWS(a[1], ldb))) FAIL(4);
-                ISSUED(take_{T}(M, FBASE(a[1]) + col, ldb, IDX(a[4]), R[a[0]].p, cols, bs, cols));
+                ISSUED(move_{T}(M, 0, FBASE(a[1]) + col, ldb, 1, IDX(a[4]), NROWS(a[1], ldb), R[a[0]].p, cols, 1, 0, bs,
+                                bs, cols, 0));
             }}
             break;
         }}
@@ -558,12 +544,13 @@ static int row_{T}(mach_{T}_t *M, const int64_t *code, const int64_t *pool, cons
             if (soff >= 0) {{
                 {T} *d = FBASE(a[0]) + soff * ldb + col;
                 if (out_of_{T}(M, a[0], d, bs, cols, ldb, 0, sizeof({T}))) FAIL(0);
-                ISSUED(move_{T}(M, 0, R[a[4]].p, sr, sc, d, ldb, 1, bs, cols));
+                ISSUED(COPY_(R[a[4]].p, sr, sc, d, ldb, 1, bs, cols));
                 break;
             }}
             BUFOK(a[3], 3); NOTRANS(a[4], 4);
             if (!rows_ok_{T}(M, a[3], koff, bs, 0, NROWS(a[0], ldb))) FAIL(3);
-            ISSUED(scatter_{T}(M, 0, R[a[4]].p, R[a[4]].ld, IDX(a[3]), FBASE(a[0]) + col, ldb, bs, cols));
+            ISSUED(move_{T}(M, 0, R[a[4]].p, R[a[4]].ld, 1, 0, bs, FBASE(a[0]) + col, ldb, 1, IDX(a[3]),
+                            NROWS(a[0], ldb), bs, cols, 0));
             break;
         }}
         case COLS:
@@ -585,21 +572,20 @@ static int row_{T}(mach_{T}_t *M, const int64_t *code, const int64_t *pool, cons
             const reg_{T}_t *A = &R[a[1]], *Bm = &R[a[2]], *C = &R[a[0]];
             NOTRANS(a[0], 0);
             CHECKR(a[1], m, k, 1); CHECKR(a[2], k, n, 2); CHECKR(a[0], m, n, 0);
-            if (k == 0) {{ ISSUED(zero_{T}(M, C->p, C->ld, 1, m, n)); }}
-            else {{
+            if (a[6] >= 0) {{   /* the bias row copied into every row of C first: the product adds onto it */
+                REGOK(a[6], 6); CHECKR(a[6], 1, n, 6);
+                STRIDES(a[6], br, bc);
+                (void)br;
+                ISSUED(COPY_(R[a[6]].p, 0, bc, C->p, C->ld, 1, m, n));
+            }} else if (k == 0) ISSUED(zero_{T}(M, C->p, C->ld, 1, m, n));
+            if (k > 0) {{
                 const int64_t need_a = A->trans ? m : k, need_b = Bm->trans ? k : n;
                 if ((A->ld < need_a && (A->trans ? k : m) > 1) || (Bm->ld < need_b && (Bm->trans ? n : k) > 1)
                     || (C->ld < n && m > 1)) FAIL(0);
                 const int64_t lda = A->ld < need_a ? need_a : A->ld, ldb = Bm->ld < need_b ? need_b : Bm->ld;
                 const int64_t ldc = C->ld < n ? n : C->ld;
                 ISSUED(product_{T}(M, (int)A->trans, (int)Bm->trans, m, n, k, A->p, lda, 0, Bm->p, ldb, 0, C->p, ldc,
-                                   0, 1));
-            }}
-            if (a[6] >= 0) {{
-                REGOK(a[6], 6); CHECKR(a[6], 1, n, 6);
-                STRIDES(a[6], br, bc);
-                (void)br;
-                ISSUED(move_{T}(M, 1, R[a[6]].p, 0, bc, C->p, C->ld, 1, m, n));
+                                   0, 1, a[6] >= 0));
             }}
             break;
         }}
@@ -609,16 +595,22 @@ static int row_{T}(mach_{T}_t *M, const int64_t *code, const int64_t *pool, cons
             if (rows == 0 || cols == 0) break;
             const int64_t *args = pool + a[4];
             arg_t p[2 + 2 * MAXARGS];
+            void *params[2 + 2 * MAXARGS];
             p[0].i = rows; p[1].i = cols;
+            int apart = M->pr.count == 0;   /* touches nothing the pending moves touch: goes before them */
             for (int64_t i = 0; i < nargs; i++) {{
                 const int64_t r = args[2 * i], kind = args[2 * i + 1];
                 REGOK(r, 10 + i);
                 if (R[r].trans) FAIL(10 + i);
-                CHECKR(r, kind == 0 || kind == 2 ? rows : 1, kind <= 1 ? cols : 1, 10 + i);
+                const int64_t ar = kind == 0 || kind == 2 ? rows : 1, ac = kind <= 1 ? cols : 1;
+                CHECKR(r, ar, ac, 10 + i);
                 p[2 + 2 * i].p = R[r].p;
                 p[3 + 2 * i].i = kind == 0 || kind == 2 ? R[r].ld : 0;
+                if (apart && M->mv.n) apart = !touches_moves_{T}(M, R[r].p, ar, ac, R[r].ld, 1);
             }}
-            ISSUED(go_{T}(M, M->fk[a[0]], NRK + a[0], rows * cols, p, (int)(2 + 2 * nargs)));
+            if (!apart) ISSUED(flush_{T}(M));
+            for (int64_t i = 0; i < 2 + 2 * nargs; i++) params[i] = &p[i];
+            ISSUED(launch_{T}(M, M->fk[a[0]], NRK + a[0], rows * cols, params));
             break;
         }}
         case COPY: case ADD: {{
@@ -633,7 +625,7 @@ static int row_{T}(mach_{T}_t *M, const int64_t *code, const int64_t *pool, cons
                 const {T} *s0 = R[a[1]].p, *s1 = s0 + (rows - 1) * sr + (cols - 1) * sc;
                 if (!(d1 < s0 || s1 < d0)) FAIL(-5);
             }}
-            ISSUED(move_{T}(M, in[0] == ADD, R[a[1]].p, sr, sc, R[a[0]].p, dr, dc, rows, cols));
+            ISSUED(move_{T}(M, in[0] == ADD, R[a[1]].p, sr, sc, 0, rows, R[a[0]].p, dr, dc, 0, rows, rows, cols, 0));
             break;
         }}
         case ZERO: {{
@@ -662,7 +654,8 @@ static int row_{T}(mach_{T}_t *M, const int64_t *code, const int64_t *pool, cons
             if (cols < 0 || cols > width) FAIL(4);
             CHECKR(a[3], bs, cols, 3); NOTRANS(a[3], 3);
             if (!rows_ok_{T}(M, a[2], koff, bs, 0, NROWS(a[0], width))) FAIL(2);
-            ISSUED(scatter_{T}(M, 0, R[a[3]].p, R[a[3]].ld, IDX(a[2]), FBASE(a[0]), width, bs, cols));
+            ISSUED(move_{T}(M, 0, R[a[3]].p, R[a[3]].ld, 1, 0, bs, FBASE(a[0]), width, 1, IDX(a[2]), NROWS(a[0], width),
+                            bs, cols, 0));
             break;
         }}
         case ADJ: {{
@@ -676,12 +669,14 @@ static int row_{T}(mach_{T}_t *M, const int64_t *code, const int64_t *pool, cons
                 if (step == 0) break;   /* only the sentinel row: its gradient is discarded */
                 {T} *d = FBASE(a[0]) + start * width;
                 if (out_of_{T}(M, a[0], d, bs, cols, step * width, 0, sizeof({T}))) FAIL(0);
-                ISSUED(move_{T}(M, !M->forest, R[a[5]].p, sr, sc, d, step * width, 1, bs, cols));
+                ISSUED(move_{T}(M, !M->forest, R[a[5]].p, sr, sc, 0, bs, d, step * width, 1, 0, bs, bs, cols, 0));
                 break;
             }}
             NOTRANS(a[5], 5);
             if (!rows_ok_{T}(M, a[2], koff, bs, 0, NROWS(a[0], width))) FAIL(2);
-            ISSUED(scatter_{T}(M, !M->forest, R[a[5]].p, R[a[5]].ld, IDX(a[2]), FBASE(a[0]), width, bs, cols));
+            /* (a forest's children are distinct vertices: the slots' puts never meet; a DAG's adds are atomic) */
+            ISSUED(move_{T}(M, !M->forest, R[a[5]].p, R[a[5]].ld, 1, 0, bs, FBASE(a[0]), width, 1, IDX(a[2]),
+                            NROWS(a[0], width), bs, cols, M->forest ? 2 : 1));
             break;
         }}
         case GACC: {{
@@ -690,7 +685,7 @@ static int row_{T}(mach_{T}_t *M, const int64_t *code, const int64_t *pool, cons
             if (rows < 0 || cols < 0 || rows * cols > M->size[a[0]]) FAIL(0);
             CHECKR(a[1], rows, cols, 1);
             STRIDES(a[1], sr, sc);
-            ISSUED(move_{T}(M, 1, R[a[1]].p, sr, sc, FBASE(a[0]), cols, 1, rows, cols));
+            ISSUED(ADD_(R[a[1]].p, sr, sc, FBASE(a[0]), cols, 1, rows, cols));
             break;
         }}
         case DROPOUT: {{
@@ -729,12 +724,12 @@ static int row_{T}(mach_{T}_t *M, const int64_t *code, const int64_t *pool, cons
             const int64_t lda = lda0 < need_a ? need_a : lda0, ldb = ldb0 < need_b ? need_b : ldb0;
             if (arows && !brows && A->ld == m * k && C->ld == m * n) {{
                 /* every row's a side by side is one (bs m) x k matrix: one product by the shared b */
-                ISSUED(product_{T}(M, 0, (int)tb, bs * m, n, k, A->p, k, 0, Bm->p, ldb, 0, C->p, n, 0, 1));
+                ISSUED(product_{T}(M, 0, (int)tb, bs * m, n, k, A->p, k, 0, Bm->p, ldb, 0, C->p, n, 0, 1, 0));
                 break;
             }}
             /* one product per row, issued as one strided batch (a shared operand: stride 0) */
             ISSUED(product_{T}(M, (int)ta, (int)tb, m, n, k, A->p, lda, arows ? A->ld : 0, Bm->p, ldb,
-                               brows ? Bm->ld : 0, C->p, n, C->ld, bs));
+                               brows ? Bm->ld : 0, C->p, n, C->ld, bs, 0));
             break;
         }}
         case TRANSROWS: {{
@@ -838,7 +833,7 @@ ISSUE_SIGNATURE = ("int issue_{T}(const int64_t *code, const int64_t *pool, cons
                    " int64_t check, int64_t *err, int64_t *stats, int64_t *counts);")
 GEMM_SIGNATURE = ("int {name}(void *ctx, void *stream, int ta, int tb, int64_t m, int64_t n, int64_t k, const void *A,"
                   " int64_t lda, int64_t sa, const void *B, int64_t ldb, int64_t sb, void *C, int64_t ldc, int64_t sc,"
-                  " int64_t batch);")
+                  " int64_t batch, int beta);")
 LAUNCH_SIGNATURE = ("int {name}(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,"
                     " unsigned shmem, void *stream, void **params, void **extra);")
 
