@@ -60,6 +60,8 @@ def _run(program: BatchProgram, state: RunState, dtype) -> dict:
     args = (lowered, program.table, program.buffers, dtype, state.plan.forest, state.workspace)
     if state.opts.executor != "reference" and why is None:
         program.runner = device.runner_name
+        if state.opts.tf32 and getattr(device, "tf32_products", False):   # (CUDA float32 products only)
+            return device.run_program(*args, eager=program.eager, tf32=True)
         return device.run_program(*args, eager=program.eager)
     program.runner, program.declined = "reference runner", why
     return reference.run(*args, device=device, eager=program.eager)

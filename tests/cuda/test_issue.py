@@ -188,14 +188,16 @@ def test_eager_launches_go_to_the_second_stream_behind_events(cuda_standin):
 
 
 def test_tf32_rounds_the_stand_in_product_inputs(cuda_standin):
-    """A float32 pass with TF32 on: the stand-in's products read their inputs rounded to 10 mantissa bits, so
-    the loss moves away from exact float32's, by about what rounding every product input moves it."""
+    """A float32 pass with TF32 on (``train.engine.tf32``, or the device's ``tf32``): the stand-in's products read
+    their inputs rounded to 10 mantissa bits, so the loss moves away from exact float32's, a little."""
     case = cells.binary_tree_lstm(np.random.default_rng(2), H=8, D=6, dtype="float32")
     trees = [InputGraph([[1, 2], [3, 4], [], [], []])] * 2
     exact = _run(case, Cuda(cuda_standin), trees)
-    rounded = _run(case, Cuda(cuda_standin, tf32=True), trees)
-    diff = abs(float(rounded.loss) - float(exact.loss))
+    by_device = _run(case, Cuda(cuda_standin, tf32=True), trees)
+    by_options = _run(case, Cuda(cuda_standin), trees, EngineOptions(tf32=True))   # (train.engine.tf32)
+    diff = abs(float(by_options.loss) - float(exact.loss))
     assert 0 < diff < 1e-2 * max(1.0, abs(float(exact.loss))), diff
+    assert float(by_device.loss) == float(by_options.loss)
 
 
 def test_a_device_that_does_no_work_sees_the_same_launches(cuda_standin):
