@@ -393,7 +393,9 @@ static int product_{T}(mach_{T}_t *M, int ta, int tb, int64_t m, int64_t n, int6
         && M->pr.k == k && M->pr.lda == lda && M->pr.ldb == ldb && M->pr.ldc == ldc && M->pr.beta == beta) {{
         const int64_t c = M->pr.count;
         const int64_t dA = A - M->pr.A, dB = B - M->pr.B, dC = C - M->pr.C;
-        const int ok = c == 1 ? dA >= 0 && dB >= 0 && dC > 0
+        /* (strides >= 0: two products whose operands all lie the other way round are batched new one first) */
+        const int flip = c == 1 && dA <= 0 && dB <= 0 && dC < 0;
+        const int ok = c == 1 ? (dA >= 0 && dB >= 0 && dC > 0) || flip
                               : dA == c * M->pr.sa && dB == c * M->pr.sb && dC == c * M->pr.sc;
         /* what the new one reads or writes must not be what the pending ones write, nor may it write what
            they read (they all run at once) */
@@ -409,7 +411,8 @@ static int product_{T}(mach_{T}_t *M, int ta, int tb, int64_t m, int64_t n, int6
                  || overlaps_{T}(C, m, n, ldc, 1, Bi, br, bc, ldb, 1);
         }}
         if (!clash) {{
-            if (c == 1) {{ M->pr.sa = dA; M->pr.sb = dB; M->pr.sc = dC; }}
+            if (flip) {{ M->pr.A = A; M->pr.B = B; M->pr.C = C; }}
+            if (c == 1) {{ M->pr.sa = flip ? -dA : dA; M->pr.sb = flip ? -dB : dB; M->pr.sc = flip ? -dC : dC; }}
             M->pr.count = c + 1;
             return 0;
         }}

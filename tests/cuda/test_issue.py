@@ -206,14 +206,15 @@ def test_a_device_that_does_no_work_sees_the_same_launches(cuda_standin):
     case = cells.binary_tree_lstm(np.random.default_rng(3))
     trees = [InputGraph([[1, 2], [3, 4], [], [], []])] * 3
     device = Cuda(cuda_standin)
-    _run(case, device, trees)
+    params = {k: device.asarray(v) for k, v in case.params.items()}   # (the same arrays: products of two
+    _run(case, device, trees, params=params)                           # weights batch as their addresses allow)
     before = issue.stats(device).copy()
-    _run(case, device, trees)
+    _run(case, device, trees, params=params)
     per_batch = issue.stats(device) - before
 
     class NoWork:
         no_work, emulated, xp = True, True, cuda_standin.xp
     idle = Cuda(NoWork())
-    _run(case, idle, trees)
+    _run(case, idle, trees, params=params)
     assert per_batch[0] > 0 and per_batch[1] > 0
     assert (issue.stats(idle) == per_batch).all(), (issue.stats(idle), per_batch)
