@@ -141,6 +141,7 @@ typedef struct {
     int64_t blas, ilp64, tf32;                  /* the CPU's cblas gemm, whether it takes 64-bit ints, TF32 rounding */
     void *handle;                               /* cuBLAS */
     int64_t set_stream, gemm_ex, gemm_batched;  /* cublasSetStream_v2, cublasGemmEx, cublasGemmStridedBatchedEx */
+    int64_t set_pointer_mode;                   /* cublasSetPointerMode_v2 (alpha and beta are host numbers) */
     void *stream;                               /* the stream cuBLAS was last set to */
 } mc_gemm_ctx;
 
@@ -201,6 +202,7 @@ int mc_cpu_gemm_{T}(void *ctx_, void *stream, int ta, int tb, int64_t m, int64_t
 }}
 
 typedef int (*cublas_set_stream_t)(void *, void *);
+typedef int (*cublas_set_mode_t)(void *, int);
 typedef int (*cublas_gemm_ex_t)(void *, int, int, int, int, int, const void *, const void *, int, int, const void *,
                                 int, int, const void *, void *, int, int, int, int);
 typedef int (*cublas_gemm_batched_t)(void *, int, int, int, int, int, const void *, const void *, int, int,
@@ -221,6 +223,8 @@ int mc_cublas_gemm_{T}(void *ctx_, void *stream, int ta, int tb, int64_t m, int6
         if (rc) return rc;
         ctx->stream = stream;
     }}
+    rc = ((cublas_set_mode_t)ctx->set_pointer_mode)(ctx->handle, 0);   /* CUBLAS_POINTER_MODE_HOST */
+    if (rc) return rc;
     if (batch == 1)
         return ((cublas_gemm_ex_t)ctx->gemm_ex)(ctx->handle, tb, ta, (int)n, (int)m, (int)k, &one, B, dtype, (int)ldb,
                                                 A, dtype, (int)lda, &zero, C, dtype, (int)ldc, compute, -1);
@@ -845,7 +849,7 @@ def issue_decls() -> str:
     """cffi declarations of the loop, the product shims and the stand-in's function pointers."""
     return "\n".join(
         ["typedef struct { int64_t blas, ilp64, tf32; void *handle; int64_t set_stream, gemm_ex, gemm_batched;"
-         " void *stream; } mc_gemm_ctx;"]
+         " int64_t set_pointer_mode; void *stream; } mc_gemm_ctx;"]
         + [ISSUE_SIGNATURE.format(T=T) for T in ("float", "double")]
         + [GEMM_SIGNATURE.format(name=n) for n in ("mc_noop_gemm", "mc_cpu_gemm_float", "mc_cpu_gemm_double",
                                                    "mc_cublas_gemm_float", "mc_cublas_gemm_double")]

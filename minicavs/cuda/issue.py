@@ -152,6 +152,7 @@ class _Gpu(_Functions):
         self.ctx.set_stream = fn(blas, "cublasSetStream_v2")
         self.ctx.gemm_ex = fn(blas, "cublasGemmEx")
         self.ctx.gemm_batched = fn(blas, "cublasGemmStridedBatchedEx")
+        self.ctx.set_pointer_mode = fn(blas, "cublasSetPointerMode_v2")
         self.ctx.stream = _ffi_pointer(-1)   # (no stream set yet: the first product sets it)
         self.dev[:5] = [fn(cuda, "cuLaunchKernel"), _address(f"mc_cublas_gemm_{c_type}"), self.dev[2],
                         fn(cuda, "cuEventRecord"), fn(cuda, "cuStreamWaitEvent")]
