@@ -1,5 +1,6 @@
-"""The CUDA runner of a lowered batch program: the reference runner's opcodes (minicavs/reference.py) over
-CuPy arrays, so every view, product and row move stays on the device, with a fused group run by its generated
+"""The CUDA runner issued from Python, for the programs the C issuing loop (issue.py) declines (a step only
+Python runs, a deterministic device's DAG adjoint) or with ``Cuda(issue_from_c=False)``: the reference
+runner's opcodes (minicavs/reference.py) over CuPy arrays, so every view, product and row move stays on the device, with a fused group run by its generated
 CUDA kernel (the device's kernel object linked into the program) instead of the expression evaluated op by op,
 and rows moved by index by the device's row kernels (gather_rows, scatter_rows, scatter_add or segment sums).
 
