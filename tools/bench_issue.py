@@ -2,7 +2,7 @@
 each pass from Python (op by op, per task: before) and from one C call (minicavs/cuda/issue.py: after).
 
     python tools/bench_issue.py [--sst ../shared/data/sst/train.txt] [--trees 1024] [--batch 64] [--hidden 512]
-                                [--batches 4] [--repeat 3] [--dtype float32]
+                                [--batches 4] [--repeat 3] [--dtype float32] [--streaming]
 
 The device is the stand-in's arrays (host memory) with a launcher and products that do nothing: launches and
 products are counted, not run, so the times are the host's alone (the Python path still moves a few rows
@@ -79,7 +79,8 @@ def _counted_operations() -> collections.Counter:
 def measure(args, from_c: bool) -> dict:
     launcher = NoWork()
     kernels.default_launcher = lambda: launcher
-    t = workloads.tree_lstm(args.sst, args.hidden, args.embed, args.batch, args.trees, EngineOptions(),
+    t = workloads.tree_lstm(args.sst, args.hidden, args.embed, args.batch, args.trees,
+                            EngineOptions(streaming=args.streaming),
                             extra=["train.device=cuda", f"train.dtype={args.dtype}"])
     device = t.model.device
     device.issue_from_c = from_c
@@ -142,6 +143,7 @@ def main(argv=None) -> int:
     p.add_argument("--batches", type=int, default=4)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--dtype", default="float32")
+    p.add_argument("--streaming", action="store_true", help="train.engine.streaming (eager chunks on a second stream)")
     args = p.parse_args(argv)
     if not Path(args.sst).exists():
         p.error(f"--sst {args.sst}: no such file")
@@ -149,7 +151,8 @@ def main(argv=None) -> int:
     np.seterr(all="ignore")
     _stub_products()
     print(f"Tree-LSTM h{args.hidden} e{args.embed} b{args.batch}, first {args.trees} SST trees, {args.dtype}; "
-          f"{args.batches} batches x {args.repeat}; a CUDA device that does no work (the stand-in's arrays)")
+          f"{args.batches} batches x {args.repeat}{', streaming' if args.streaming else ''}; a CUDA device that does "
+          "no work (the stand-in's arrays)")
     print(f"{'issued':<12} {'tasks/pass':>10} {'launches':>9} {'products':>9} {'events':>7} {'passes ms':>10} "
           f"{'fwd+bwd ms':>11} {'target ms':>10}")
     for name, from_c in (("from Python", False), ("from C", True)):

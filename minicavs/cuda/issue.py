@@ -168,6 +168,7 @@ class _Gpu(_Functions):
 
     def streams(self) -> None:
         cupy = self.device.xp
+        self.ctx.stream = _ffi_pointer(-1)   # (CuPy's own products may have set its handle's stream since)
         self.dev[5] = cupy.cuda.get_current_stream().ptr
         self.dev[6] = self.device.eager_stream().ptr
 
