@@ -2,6 +2,7 @@
 launched by :mod:`.kernels`, eager nodes on a second CUDA stream with one event per task."""
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from typing import Callable, Sequence
 
@@ -25,11 +26,14 @@ class Cuda(Backend):
     name = "cuda"
     runner_name = "cuda runner"
 
-    def __init__(self, launcher=None, deterministic: bool = False, issue_from_c: bool = True, tf32: bool = False):
+    def __init__(self, launcher=None, deterministic: bool = False, issue_from_c: bool | None = None,
+                 tf32: bool = False):
         self.launcher = launcher if launcher is not None else cuda_kernels.default_launcher()
         self.xp = self.launcher.xp
         arrays.register(self.xp.ndarray, self.xp)
         self.deterministic = bool(deterministic)
+        if issue_from_c is None:   # (MINICAVS_CUDA_ISSUE=0: op by op from Python, to compare the two on a GPU)
+            issue_from_c = os.environ.get("MINICAVS_CUDA_ISSUE", "1") not in ("", "0")
         self.issue_from_c = bool(issue_from_c)   # a pass issued by one C call (issue.py), else op by op from Python
         self.tf32 = bool(tf32)   # float32 products with TF32 inputs (cuBLAS's; the stand-in rounds its inputs)
         self._rows: dict = {}

@@ -26,6 +26,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -196,6 +197,9 @@ def declines(lowered, device, dtype, forest: bool) -> str | None:
         return f"dtype {np.dtype(dtype).name}"
     if library() is None:
         return "no C compiler"
+    unreachable = _unreachable(device, dtype)
+    if unreachable is not None:
+        return unreachable
     key = "_issue_declined"
     if key not in lowered.__dict__:
         ops = lowered.code[:, 0] if len(lowered.code) else lowered.code
@@ -212,6 +216,21 @@ def declines(lowered, device, dtype, forest: bool) -> str | None:
     if why is None and device.deterministic and not forest and (lowered.code[:, 0] == OPCODE_IDS["ADJ"]).any():
         return "a DAG's gradient rows summed in a fixed order (segment sums, planned per task)"
     return why
+
+
+def _unreachable(device, dtype) -> str | None:
+    """Why the device's function pointers cannot be had (None: they are), warned once per device: a GPU
+    whose driver or cuBLAS the loop cannot reach runs the Python CUDA runner instead of failing."""
+    cache = device.__dict__.setdefault("_issue_unreachable", {})
+    key = np.dtype(dtype)
+    if key not in cache:
+        try:
+            functions(device, dtype)
+            cache[key] = None
+        except Exception as e:   # (a driver, a cuBLAS or a CuPy this code has not met)
+            cache[key] = f"the issuing loop cannot reach the device's entry points ({type(e).__name__}: {e})"
+            warnings.warn(f"cuda: {cache[key]}; passes are issued from Python", RuntimeWarning, stacklevel=4)
+    return cache[key]
 
 
 # the device's counters (launches, products, events) since it was made, added to by every call

@@ -300,3 +300,30 @@ def test_the_cublas_shim_maps_row_major_products(cuda_standin, dtype):
             assert rc == 0
             np.testing.assert_allclose(c, want_c, rtol=1e-5, atol=1e-5)
     assert calls["batched"] >= 4
+
+
+def test_unreachable_entry_points_fall_back_to_the_python_runner(cuda_standin, monkeypatch):
+    """A device whose function pointers cannot be had (a driver or cuBLAS the loop has not met): one warning,
+    and its passes are issued from Python with the same numbers, not an error."""
+    case = cells.chain_lstm(np.random.default_rng(2))
+    graphs = [InputGraph.chain(3)] * 2
+    want = _run(case, Cuda(cuda_standin), graphs)
+
+    def unreachable(*args):
+        raise OSError("libcublas.so: cannot open shared object file")
+    monkeypatch.setattr(issue, "_Standin", unreachable)
+    device = Cuda(cuda_standin)
+    with pytest.warns(RuntimeWarning, match="cannot reach the device's entry points .*libcublas"):
+        got = _run(case, device, graphs)
+    why = got.states["G"].program.lowered.__dict__["issue_declined"]
+    assert why is not None and "libcublas" in why
+    close(got.loss, want.loss, "float64")
+    for k in want.grads:
+        close(got.grads[k], want.grads[k], "float64", k)
+
+
+def test_issuing_from_c_can_be_turned_off_by_the_environment(cuda_standin, monkeypatch):
+    monkeypatch.setenv("MINICAVS_CUDA_ISSUE", "0")
+    assert not Cuda(cuda_standin).issue_from_c
+    monkeypatch.delenv("MINICAVS_CUDA_ISSUE")
+    assert Cuda(cuda_standin).issue_from_c
