@@ -65,9 +65,6 @@ class DynamicTensor:
         batch while the buffer object is the same, and only updates the elements its rows cover."""
         return (self.buffer, view.size) if view is self.last else view
 
-    def view(self, offset: int, bs: int) -> np.ndarray:
-        return self.buffer[offset:offset + bs]
-
     @property
     def nbytes(self) -> int:
         return self.rows * int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
@@ -281,11 +278,3 @@ def _strided_arrays(rows: np.ndarray, offs: np.ndarray, sizes: np.ndarray, senti
         step[multi] = np.where(ok, d0, -1)
         start[multi] = np.where(ok, start[multi], -1)
     return start, step
-
-
-def _strided(rows: np.ndarray, offs: np.ndarray, sizes: np.ndarray, sentinel: int) -> dict:
-    """{task's kind offset: (start, step)} for the tasks of :func:`_strided_arrays` whose rows are a view."""
-    if not len(rows):
-        return {}
-    start, step = _strided_arrays(rows, np.asarray(offs), np.asarray(sizes), sentinel)
-    return {o: (a, b) for o, a, b in zip(np.asarray(offs).tolist(), start.tolist(), step.tolist()) if b >= 0}

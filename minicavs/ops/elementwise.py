@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import itertools
 
-import numpy as np
-
 from ..errors import ShapeError
 from ..graph import Node, fmt_shape
 from . import scalar as S
@@ -75,10 +73,6 @@ def _binary(name, impl, vjp, expr, infer=_binary_infer):
         return make_node(name, (a, b))
     build.__name__ = name
     return build
-
-
-def _half(y):
-    return constant(0.5, y.dtype)
 
 
 neg = _unary("neg", lambda xp, x: -x, lambda g, y, x: (neg(g),), lambda x: -x)

@@ -144,9 +144,3 @@ def fuse(nodes: Sequence[Node], outputs: Sequence[Node] = ()) -> list[FusedGroup
         groups.append(FusedGroup(ordered, inputs, [broadcast_kind(x, ordered[-1]) for x in inputs], outs))
     groups.sort(key=lambda g: g.output.id)
     return groups
-
-
-def count_kernels(nodes: Sequence[Node], outputs: Sequence[Node] = ()) -> int:
-    """Fused elementwise kernels plus every other non-leaf node: what one evaluation launches."""
-    others = sum(1 for n in nodes if not fusible(n) and not OPS[n.op].source)
-    return len(fuse(nodes, outputs)) + others
