@@ -90,6 +90,7 @@ class EngineOptions:
     merge_gemms: bool = True      # products of F sharing a left operand run as one GEMM (passes/gemm.py)
     executor: str = "native"  # the pass as one call of the device's runner over its instruction stream;
     # "reference": the same instruction stream run by reference.py (one Python function per opcode)
+    check: bool = False       # the runners' debug mode: every address and row number bounds-checked (slower)
 
     def __post_init__(self):
         if self.executor not in EXECUTORS:
@@ -97,11 +98,12 @@ class EngineOptions:
 
     @property
     def compiled(self) -> "EngineOptions":
-        """The options that decide what is compiled (the executor only decides who runs it). Kept on the
+        """The options that decide what is compiled (the executor and the check only decide how it runs). Kept on the
         instance: every lookup of compiled phases asks for it, and ``replace`` costs microseconds."""
         found = self.__dict__.get("_compiled")
         if found is None:   # one instance per distinct value: the caches keyed by it then hit by identity
-            found = self if self.executor == "native" else replace(self, executor="native")
+            found = self if self.executor == "native" and not self.check else replace(self, executor="native",
+                                                                                     check=False)
             found = _COMPILED.setdefault(found._fields(), found)
             object.__setattr__(self, "_compiled", found)   # (a cache, not a field: eq and hash ignore it)
         return found

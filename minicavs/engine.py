@@ -60,9 +60,9 @@ def _run(program: BatchProgram, state: RunState, dtype) -> dict:
     args = (lowered, program.table, program.buffers, dtype, state.plan.forest, state.workspace)
     if state.opts.executor != "reference" and why is None:
         program.runner = device.runner_name
-        return device.run_program(*args, eager=program.eager)
+        return device.run_program(*args, eager=program.eager, check=state.opts.check)
     program.runner, program.declined = "reference runner", why
-    return reference.run(*args, device=device, eager=program.eager)
+    return reference.run(*args, device=device, eager=program.eager, check=state.opts.check)
 
 
 def _link(fns: list, state: RunState, backward: bool, training: bool = True):

@@ -126,7 +126,6 @@ def test_blocks_move_interleaved_rows_by_index_with_the_bounds_checks_on(monkeyp
     h back from its interleaved scatter rows (SROWS); one vertex per task (the serial schedule) interleaves the
     Tree-LSTM's leaves with internal vertices, so the leaves' eager block computes [h; c] into scratch and
     puts it into their rows (SPUT). The same numbers as the Python interpreter."""
-    monkeypatch.setenv("MINICAVS_NATIVE_CHECK", "1")
     rng = np.random.default_rng(7)
     typed = cells.typed_child_sum_tree_lstm(rng)
     typed_graphs = [_typed(rng, random_tree(rng, 9, 3)) for _ in range(3)]
@@ -138,8 +137,8 @@ def test_blocks_move_interleaved_rows_by_index_with_the_bounds_checks_on(monkeyp
         def run(options):
             return case.model.forward_backward(graphs, feeds, case.params, RunContext(), options=options,
                                                policy=policy)
-        assert_native_equals_reference(run, EngineOptions(), "float64")
-        assert moved <= _moved_by_index(run(EngineOptions(executor="native")))
+        assert_native_equals_reference(run, EngineOptions(check=True), "float64")
+        assert moved <= _moved_by_index(run(EngineOptions(executor="native", check=True)))
 
 
 def _interleaved(name: str):
@@ -214,15 +213,16 @@ def test_a_bad_row_index_of_a_block_is_caught_by_the_debug_mode():
             case, graphs, policy = _interleaved(name)
             feeds = cells.batch_feeds(case, graphs, [case.data(np.random.default_rng(1), g) for g in graphs])
             MemoryPlan.scatter_rows = real
-            case.model.forward_backward(graphs, feeds, case.params, RunContext(), policy=policy)
+            case.model.forward_backward(graphs, feeds, case.params, RunContext(), policy=policy,
+                                        options=EngineOptions(check=True))
             MemoryPlan.scatter_rows = lambda plan, kid: np.append(real(plan, kid)[:-1], 10**9)
             try:
                 case.model.forward_backward(graphs, feeds, case.params, RunContext(),
-                                            options=EngineOptions(executor="native"), policy=policy)
+                                            options=EngineOptions(executor="native", check=True), policy=policy)
                 print("not caught", name)
             except c_runner.NativeCheckError as e:
                 print("caught:", e)
-        """, MINICAVS_NATIVE_CHECK="1")
+        """)
     assert result.returncode == 0, result.stderr[-2000:]
     assert re.search(r"caught: native F: task \d+, instruction \d+ \(SROWS dst=r\d+\(.*\) buf=scatter.*\): "
                      r"operand idx is out of bounds", result.stdout), result.stdout
@@ -478,9 +478,8 @@ def cpu_native_executor():
 def test_a_bad_eager_instruction_is_caught_on_the_eager_stream(monkeypatch):
     """With the debug mode on, an eager template's instruction addressing outside its buffer fails the eager
     call; the main call, waiting for that chunk, stops too, and the error names the eager stream."""
-    monkeypatch.setenv("MINICAVS_NATIVE_CHECK", "1")
     run = _pushed_outputs_run(dag=False)
-    lowered = run(EngineOptions(streaming=True)).states["G"].program.lowered
+    lowered = run(EngineOptions(streaming=True, check=True)).states["G"].program.lowered
     block = next(b for b in lowered.blocks if b.phase == PRE)
     begin, end = lowered.ranges[block.tid]
     pc = next(pc for pc in range(begin, end) if instructions.OPCODES_BY_ID[lowered.code[pc][0]] == "GEMM")
@@ -488,10 +487,10 @@ def test_a_bad_eager_instruction_is_caught_on_the_eager_stream(monkeypatch):
     lowered.code[pc][4] = 10**9   # (its rows)
     try:
         with pytest.raises(c_runner.NativeCheckError, match=rf"native F: eager stream task \d+, instruction {pc} "):
-            run(EngineOptions(streaming=True))
+            run(EngineOptions(streaming=True, check=True))
     finally:
         lowered.code[pc][4] = original
-    results_equal(run(EngineOptions()), run(EngineOptions(streaming=True)), "float64")
+    results_equal(run(EngineOptions(check=True)), run(EngineOptions(streaming=True, check=True)), "float64")
 
 
 @pytest.mark.parametrize("eager", [True, False])
@@ -648,7 +647,7 @@ def test_corrupted_offset_is_caught_by_the_debug_mode_not_a_crash():
         case = cells.binary_tree_lstm(rng)
         trees = [InputGraph([[1, 2], [], []])] * 3
         feeds = cells.batch_feeds(case, trees, [case.data(rng, g) for g in trees])
-        case.model.options = EngineOptions(executor="native")
+        case.model.options = EngineOptions(executor="native", check=True)
         state = case.model.forward_backward(trees, feeds, case.params, RunContext()).states["G"]
         code = state.program.lowered.code
         pc = next(i for i in range(len(code)) if instructions.OPCODES_BY_ID[code[i][0]] == "BIND"
@@ -658,7 +657,7 @@ def test_corrupted_offset_is_caught_by_the_debug_mode_not_a_crash():
             case.model.forward_backward(trees, feeds, case.params, RunContext())
         except c_runner.NativeCheckError as e:
             print("caught:", e)
-        """, MINICAVS_NATIVE_CHECK="1")
+        """)
     assert result.returncode == 0, result.stderr[-2000:]
     assert re.search(r"caught: native F: task \d+, instruction \d+ \(BIND dst=r\d+\(.*\) buf=scatter.* "
                      r"col=1000000000.*\): operand \w+ is out of bounds", result.stdout), result.stdout
@@ -785,7 +784,6 @@ def test_few_row_products_by_a_wide_static_run_transposed_with_the_same_numbers(
     this small model takes it) ∂F's dgates·W_h^T on W_h itself: the same loss and gradients as the plain
     products (the path switched off) and as the Python interpreter, at tasks of 1 to 40 rows (one row takes
     the GEMV; more than SMALL_M_ROWS the plain GEMM), with the debug mode's bounds checks on."""
-    monkeypatch.setenv("MINICAVS_NATIVE_CHECK", "1")
     monkeypatch.setattr(c_runner, "TWIN_ELEMENTS", 1)
     monkeypatch.setattr(c_runner, "CONTIGUOUS_STATICS_ROWS", 1)
     t = Trainer(MODELS / "var_lstm.yaml", TINY["var_lstm"] + [f"train.dtype={dtype}", "data.synthetic.train=120"],
@@ -797,7 +795,7 @@ def test_few_row_products_by_a_wide_static_run_transposed_with_the_same_numbers(
         for rows in (c_runner.SMALL_M_ROWS, 0):
             monkeypatch.setattr(c_runner, "SMALL_M_ROWS", rows)
             twins.clear()
-            t.model.options = EngineOptions(executor="native")
+            t.model.options = EngineOptions(executor="native", check=True)
             runs[rows] = t.loss_and_grads(samples)
             assert (20, 5) in twins                     # F's W_h^T made for the task loop (and ∂F's W_h^T)
         a, b = runs.values()
@@ -807,7 +805,7 @@ def test_few_row_products_by_a_wide_static_run_transposed_with_the_same_numbers(
             close(a.grads[k], b.grads[k], dtype)
         monkeypatch.setattr(c_runner, "SMALL_M_ROWS", 32)
         assert_native_equals_reference(lambda o: (setattr(t.model, "options", o), t.loss_and_grads(samples))[1],
-                                    EngineOptions(), dtype)
+                                    EngineOptions(check=True), dtype)
 
 
 def test_a_wide_static_only_the_blocks_read_gets_no_transposed_copy(tmp_path, monkeypatch):
@@ -928,7 +926,7 @@ def test_a_bad_offset_in_a_block_instruction_is_caught_by_the_debug_mode():
             case = getattr(cells, name)(rng)
             graphs = make()
             feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
-            case.model.options = EngineOptions(executor="native")
+            case.model.options = EngineOptions(executor="native", check=True)
             state = case.model.forward_backward(graphs, feeds, case.params, RunContext()).states["G"]
             program = state.backward_program if backward else state.program
             pc = _block_instruction(program, template, opcode)
@@ -938,7 +936,7 @@ def test_a_bad_offset_in_a_block_instruction_is_caught_by_the_debug_mode():
                 print("not caught", opcode)
             except c_runner.NativeCheckError as e:
                 print("caught:", e)
-        """, MINICAVS_NATIVE_CHECK="1")
+        """)
     assert result.returncode == 0, result.stderr[-2000:]
     assert re.search(r"caught: native F: task \d+, instruction \d+ \(BIND dst=r\d+\(.*\) buf=tensor.* "
                      r"col=1000000000.*\): operand \w+ is out of bounds", result.stdout), result.stdout

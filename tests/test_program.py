@@ -93,7 +93,7 @@ LAYOUTS = {
     "broadcast (stride 0)": lambda a: np.broadcast_to(a[:1], a.shape),
     "fortran, strided, big-endian": lambda a: _strided(_big_endian(a), order="F"),
 }
-EXECUTORS = ["native", "native checked", "reference"]   # native checked: MINICAVS_NATIVE_CHECK=1
+EXECUTORS = ["native", "native checked", "reference"]   # native checked: EngineOptions(check=True)
 
 
 def _c_order(a):
@@ -187,9 +187,8 @@ def test_every_feed_and_parameter_layout_gives_the_c_order_numbers(layout_cases,
                                        {p: _c_order(odd_params[p].value) for p in odd_params},
                                        options=EngineOptions(executor="reference"))
     before = {k: np.array(v, copy=True) for k, v in given.items()}
-    if executor == "native checked":
-        monkeypatch.setenv("MINICAVS_NATIVE_CHECK", "1")
-    result = model.forward_backward(graphs, odd_feeds, odd_params, options=EngineOptions(executor=executor.split()[0]))
+    result = model.forward_backward(graphs, odd_feeds, odd_params, options=EngineOptions(
+        executor=executor.split()[0], check=executor == "native checked"))
     for state in result.states.values():   # (the runner asked for ran both passes: no silent fallback)
         for program in (state.program, state.backward_program):
             assert program.runner == ("reference runner" if executor == "reference" else "native executor")

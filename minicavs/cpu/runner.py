@@ -11,7 +11,6 @@ transposed twin for few-row products (the constants below say when and why).
 from __future__ import annotations
 
 import math
-import os
 
 import numpy as np
 
@@ -141,7 +140,7 @@ WORKSPACE_TENSORS = ("tensor", "btensor")
 
 
 def run(lowered, table: np.ndarray, buffers, dtype, forest: bool, workspace=None,
-        eager: np.ndarray | None = None) -> dict:
+        eager: np.ndarray | None = None, check: bool = False) -> dict:
     """Run the task loop natively: ``buffers[key]`` gives each buffer's array, or (array, elements) for the
     first ``elements`` of an array kept from batch to batch (a workspace buffer: memory.DynamicTensor.prefix).
     ``workspace``: the one whose dynamic tensors the WORKSPACE_TENSORS keys resolve to (their buffers are
@@ -254,7 +253,7 @@ def run(lowered, table: np.ndarray, buffers, dtype, forest: bool, workspace=None
         bind(scratch_at, buffers[("arena", "scratch", scratch + tmp_rows * twin_cols)])
     if changed:
         info[1], info[2], info[3] = sizes, strides, flags
-    check = int(os.environ.get("MINICAVS_NATIVE_CHECK", "0") not in ("", "0"))
+    check = int(check)   # (the debug mode: every operand bounds-checked, a failure reported, not a crash)
     prof = ffi.NULL if PROFILE is None else ex.ptr(PROFILE)
     p = ex.ptr
     if lowered.pointers is None:   # the program's own arrays: fixed, so their addresses are taken once

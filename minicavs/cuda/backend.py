@@ -117,10 +117,10 @@ class Cuda(Backend):
         self.xp.cuda.Device().synchronize()
 
     def run_program(self, lowered, table: np.ndarray, buffers, dtype, forest: bool, workspace=None,
-                    eager: np.ndarray | None = None) -> dict:
+                    eager: np.ndarray | None = None, check: bool = False) -> dict:
         """The CUDA runner: the reference runner's opcodes over CuPy arrays, a fused group by its generated
         kernel (:mod:`.runner`); ``eager``'s chunks on the device's eager stream."""
-        return runner.run(lowered, table, buffers, dtype, forest, self, eager)
+        return runner.run(lowered, table, buffers, dtype, forest, self, eager, check)
 
     def eager_stream(self):
         """The second CUDA stream (created once): eager work, ahead of the recurrent path."""
