@@ -1,5 +1,6 @@
-"""Compile once, in the open: F and ∂F of a vertex kind become step templates (program.py's Steps) per
-(engine options, backend), built when the model is built.
+"""Compile once, in the open: F and ∂F of a vertex kind become phases of steps (:class:`Step`, defined here)
+per (engine options, backend), built when the model is built; instructions.py lowers them to the templates
+the runners run.
 
 Classification (passes/classify.py) splits each into phases (§3.4: eager nodes before the task loop, recurrent
 nodes per task, lazy nodes after it); fusion (passes/fusion.py) groups each phase's elementwise nodes, and
