@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field, replace
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 from .autodiff import grad
 from .backend import Backend, default_device
@@ -140,6 +140,30 @@ class Phases:
     concats: list = field(default_factory=lambda: [[], [], []])   # per phase: (concat, [(member, a, b)])
 
 
+class Passes(NamedTuple):
+    """A vertex function's phases: F's and ∂F's."""
+
+    forward: Phases
+    backward: Phases
+
+
+class PhasePlaces(NamedTuple):
+    """Where the values one phase computes into dynamic tensors go (passes/alias.py)."""
+
+    inplace: list     # written in place by the phase's steps (a fused kernel's output, an elided concat)
+    copied: list      # copied into their tensors after the steps
+    concats: list     # the elided concats: (concat, [(member, first column, end)])
+
+
+class Placement(NamedTuple):
+    """Where F's and ∂F's values live (:meth:`CompiledFunction.placement`)."""
+
+    forward_stored: list    # F's values kept in dynamic tensors (∂F reads them, or another phase of F)
+    forward: list           # per phase of F: its PhasePlaces
+    backward_stored: list   # ∂F's values kept in dynamic tensors (read by another phase of ∂F)
+    backward: list          # per phase of ∂F: its PhasePlaces
+
+
 def _phases(nodes, classes, leaves, opts: EngineOptions, eager_leaves=()) -> Phases:
     """Assign each node to PRE, TASK or POST by its class and the switches.
 
@@ -253,7 +277,7 @@ class CompiledFunction:
             self._merged = CompiledFunction(merged_F, self.pull_grads, merges) if merges else self
         return self._merged
 
-    def _split(self, opts: EngineOptions) -> tuple[Phases, Phases]:
+    def _split(self, opts: EngineOptions) -> Passes:
         """F's and ∂F's phases under ``opts``, before fused groups are lowered to a device's kernels."""
         if opts.streaming:  # the eager stream computes eager nodes, in chunks of one task
             opts = replace(opts, eager_batching=True)
@@ -261,9 +285,9 @@ class CompiledFunction:
                       opts, eager_leaves=set(self.pulls.values()))
         push_cts = [c for o, c in self.ct.items() if o is not self.scattered]
         bwd = _phases(self.row_bwd, self.bwd_class, list(self.ct.values()), opts, eager_leaves=set(push_cts))
-        return fwd, bwd
+        return Passes(fwd, bwd)
 
-    def phases(self, opts: EngineOptions, device: Backend | None = None) -> tuple[Phases, Phases]:
+    def phases(self, opts: EngineOptions, device: Backend | None = None) -> Passes:
         """The phases ``device`` runs (default: the CPU): with fusion, each fused group is one of the
         device's kernels. Compiled once per (options, device)."""
         device = default_device() if device is None else device
@@ -274,13 +298,12 @@ class CompiledFunction:
             if opts.fusion:
                 self._lower(fwd, bwd, device)
             fwd.without_concat = [st for st in fwd.programs[TASK] if st.outputs[0] is not self.gather_concat]
-            self._phases[key] = (fwd, bwd)
+            self._phases[key] = Passes(fwd, bwd)
         return self._phases[key]
 
-    def placement(self, opts: EngineOptions, device: Backend | None = None, training: bool = True) -> tuple:
-        """Where F's and ∂F's values live under ``opts`` (passes/alias.py), decided once: (F's tensor values,
-        per phase of F (written in place, copied after the steps, elided concats), ∂F's tensor values, per
-        phase of ∂F the same). ``training``: F keeps what ∂F reads, else only values crossing phases."""
+    def placement(self, opts: EngineOptions, device: Backend | None = None, training: bool = True) -> Placement:
+        """Where F's and ∂F's values live under ``opts`` (passes/alias.py), decided once. ``training``: F keeps
+        what ∂F reads, else only values crossing phases."""
         device = default_device() if device is None else device
         opts = opts.compiled
         key = ("placement", opts, device, training)
@@ -292,12 +315,13 @@ class CompiledFunction:
                                           + [x for r in fwd.reads for x in r if x not in lazy]))
             b_stored = [x for r in bwd.reads for x in r if x not in lazy]
             b_stored += [x for x in _block_temporaries(bwd) if x not in b_stored]
-            f_places = [alias.stores(set(f_stored), fwd.inplace, fwd.concats[p],
-                                     [x for x in f_stored if fwd.phase.get(x) == p]) + (fwd.concats[p],)
+            f_places = [PhasePlaces(*alias.stores(set(f_stored), fwd.inplace, fwd.concats[p],
+                                                  [x for x in f_stored if fwd.phase.get(x) == p]), fwd.concats[p])
                         for p in (PRE, TASK, POST)]
-            b_places = [alias.stores(set(b_stored), bwd.inplace, bwd.concats[p], _computed(bwd.programs[p]))
-                        + (bwd.concats[p],) for p in (PRE, TASK, POST)]
-            self._phases[key] = (f_stored, f_places, b_stored, b_places)
+            b_places = [PhasePlaces(*alias.stores(set(b_stored), bwd.inplace, bwd.concats[p],
+                                                  _computed(bwd.programs[p])), bwd.concats[p])
+                        for p in (PRE, TASK, POST)]
+            self._phases[key] = Placement(f_stored, f_places, b_stored, b_places)
         return self._phases[key]
 
     def lazy_scatter_reads(self, opts: EngineOptions, device: Backend | None = None) -> dict:

@@ -91,7 +91,7 @@ def forward(fns: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContex
         tensors, static = {}, {}
         if fn is not None and kid < len(plan.kinds) and plan.kinds[kid] is not None:
             evaluate(fn.static_fwd, static, {}, params, ctx, xp=xp)
-            stored = fn.placement(opts, device, training)[0]
+            stored = fn.placement(opts, device, training).forward_stored
             tensors = workspace.tensors(workspace.forward, kid, stored, plan.kinds[kid].n)
             state.active.append(kid)
         state.tensors.append(tensors)
@@ -117,7 +117,7 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
     for kid in state.active:   # ∂F's static part and the tensors of values that cross its phases
         fn = fns[kid]
         evaluate(fn.static_bwd, state.statics[kid], {}, params, ctx, xp=xp)
-        stored = fn.placement(opts, device)[2]
+        stored = fn.placement(opts, device).backward_stored
         btensors[kid] = workspace.tensors(workspace.backward, kid, stored, plan.kinds[kid].n)
     push_grads = _dense_where_tasks_read(fns, state.active, opts, device, push_grads)
     # Alg. 1, backward: the eager blocks, then the task stack popped: per task V_t run ∂F at the same rows and
@@ -166,7 +166,7 @@ def _dense_where_tasks_read(fns: list, active: list, opts, device, push_grads: d
     out = dict(push_grads)
     for kid in active:
         fn = fns[kid]
-        kp = fn.phases(opts, device)[1]
+        kp = fn.phases(opts, device).backward
         for o, ct in fn.ct.items():
             if o is not fn.scattered and (kp.phase[ct] == TASK or device.xp is not np):
                 out[o.name] = densify(device.xp, out[o.name])

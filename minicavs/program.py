@@ -447,7 +447,7 @@ def _task_moves(fn, opts) -> tuple:
     key = ("task moves", opts.compiled)
     found = fn._phases.get(key)
     if found is None:
-        phase = fn.phases(opts)[0].phase
+        phase = fn.phases(opts).forward.phase
         found = fn._phases[key] = (tuple(j for j, g in fn.gathers.items() if phase[g] == TASK),
                                    sum(phase[p] == TASK for p in fn.pulls.values()),
                                    sum(phase[p] == TASK for p in fn.pushes.values()))

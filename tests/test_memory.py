@@ -148,7 +148,7 @@ def test_lazy_phases_read_scattered_values_and_gathered_children_back_from_the_s
     assert h in internal.lazy_scatter_reads(ON) and leaf.ct[leaf.scattered] in leaf.lazy_scatter_reads(ON)
     f_stored, f_places, b_stored, b_places = internal.placement(ON)
     assert cat not in f_stored and h not in f_stored                 # nothing of F is kept but the tensors ∂F
-    assert leaf.ct[leaf.scattered] not in leaf.placement(ON)[2]     # reads; the leaves' dscatter not either
+    assert leaf.ct[leaf.scattered] not in leaf.placement(ON).backward_stored     # reads; the leaves' dscatter not either
     from minicavs.data.trees import complete_binary_tree
     complete = [complete_binary_tree(8).to_graph()] * 3          # siblings side by side: a reshape
     irregular = [random_tree(np.random.default_rng(1), n, 2, full_binary=True) for n in (5, 7, 4)]
@@ -278,8 +278,8 @@ def test_lazy_phase_temporaries_live_in_the_workspace():
     rng = np.random.default_rng(1)
     trees = [random_tree(rng, 6, 2, full_binary=True) for _ in range(3)]
     feeds = cells.batch_feeds(case, trees, [case.data(rng, g) for g in trees])
-    (fused,) = [s for s in leaf.phases(ON)[1].programs[POST] if s.fused]
-    assert set(fused.outputs) <= set(leaf.placement(ON)[2])   # (its output is a dynamic tensor of ∂F)
+    (fused,) = [s for s in leaf.phases(ON).backward.programs[POST] if s.fused]
+    assert set(fused.outputs) <= set(leaf.placement(ON).backward_stored)   # (its output is a dynamic tensor of ∂F)
     written = []
     for _ in range(2):
         res = case.model.forward_backward(trees, feeds, case.params, RunContext(), options=ON)
