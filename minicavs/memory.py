@@ -24,7 +24,7 @@ _allocated = [0]   # buffers DynamicTensors have allocated so far, in any worksp
 
 def allocations() -> int:
     """How many buffers DynamicTensors have allocated so far (in any workspace; it only grows): while it is
-    unchanged, every DynamicTensor still holds the buffer it held (the native executor's buffer table keeps
+    unchanged, every DynamicTensor still holds the buffer it held (the C runner's buffer table keeps
     their addresses without looking them up again)."""
     return _allocated[0]
 
@@ -61,7 +61,7 @@ class DynamicTensor:
 
     def prefix(self, view):
         """(buffer, elements) when ``view`` is what the last resize returned, i.e. the buffer's first rows at
-        the buffer's own address; else ``view``. The native executor keeps a buffer's address from batch to
+        the buffer's own address; else ``view``. The C runner keeps a buffer's address from batch to
         batch while the buffer object is the same, and only updates the elements its rows cover."""
         return (self.buffer, view.size) if view is self.last else view
 
@@ -82,8 +82,8 @@ class Workspace:
         self.backward: dict = {}
         self.scatters: dict = {}        # message shape -> DynamicTensor
         self.scatter_grads: dict = {}   # message shape -> DynamicTensor
-        self.arenas: dict = {}          # name -> DynamicTensor (flat scratch of the native executor)
-        self.programs: dict = {}        # the native executor's linked programs (instructions.link's cache)
+        self.arenas: dict = {}          # name -> DynamicTensor (flat scratch of the C runner)
+        self.programs: dict = {}        # the C runner's linked programs (instructions.link's cache)
 
     def tensors(self, pool: dict, kid: int, nodes, rows: int) -> dict:
         """{node: its dynamic tensor}, sized for ``rows`` rows (created on first use)."""

@@ -35,7 +35,7 @@ from .models.test_models import MODELS, TINY
 from .test_engine import CASES, dense, equal, random_dag, random_tree
 
 pytestmark = pytest.mark.skipif(c_runner.available(np.float64) is not None,
-                                reason="no C compiler or BLAS: the native executor cannot run here")
+                                reason="no C compiler or BLAS: the C runner cannot run here")
 
 REPO = Path(__file__).resolve().parents[1]
 SWITCHES = [EngineOptions(lazy_batching=lazy, eager_batching=eager, fusion=fusion, gather_elision=elision)
@@ -66,7 +66,7 @@ def assert_native_equals_reference(run, options, dtype, declined: str | None = N
     for state in native.states.values():
         for program in (state.program, state.backward_program):
             if declined is None:
-                assert program.runner == "native executor" and program.declined is None, program.declined
+                assert program.runner == "C runner" and program.declined is None, program.declined
                 assert len(program.table) > len(program.task_table) or not program.lowered.blocks
             else:
                 assert program.runner == "reference runner" and declined in program.declined
@@ -560,7 +560,7 @@ def test_dump_shows_the_instructions():
     case.model.options = EngineOptions(executor="native")
     state = case.model.forward_backward(trees, feeds, case.params, RunContext()).states["G"]
     text = state.program.dump()
-    assert "F: one call of the native executor runs the blocks before the task loop (1 rows), tasks 0:2 and " \
+    assert "F: one call of the C runner runs the blocks before the task loop (1 rows), tasks 0:2 and " \
         "the blocks after it (1 rows)" in text
     lines = text.splitlines()
     # the blocks' templates: the leaves' x·W over all leaf rows (eager batching), the roots' h pushed after
@@ -674,7 +674,7 @@ def test_without_a_compiler_the_reference_runner_trains_with_one_warning(tmp_pat
                         "train.epochs=1"], run_dir={str(tmp_path / 'run')!r})
             for step in range(3):
                 loss, _ = t.train_step(list(range(8 * step, 8 * step + 8)))
-        native = [str(w.message) for w in caught if "native executor" in str(w.message)]
+        native = [str(w.message) for w in caught if "C runner" in str(w.message)]
         print(len(native), native[0] if native else "")
         state = t.loss_and_grads(t.task.data["train"][:4]).states
         programs = [p for s in state.values() for p in (s.program, s.backward_program)]
@@ -722,7 +722,7 @@ def test_one_tree_inference_native_equals_reference_and_the_batched_pass(dtype, 
     for tree in trees:
         reference, native = infer([tree], "reference"), infer([tree], "native")
         program = native.states["tree"].program
-        assert program.runner == "native executor" and program.declined is None, program.declined
+        assert program.runner == "C runner" and program.declined is None, program.declined
         close(reference.loss, native.loss, dtype)
         close(reference.outputs["probs"], native.outputs["probs"], dtype)
         close(reference.pushes["tree"]["h"], native.pushes["tree"]["h"], dtype)
@@ -882,7 +882,7 @@ def _block_instruction(program, template: str, opcode: str) -> int:
     (True, "kind 'internal' after tasks block", "GEMM", 3, lambda v: v - 1),   # dU one row short
 ])
 def test_a_wrong_block_instruction_makes_native_differ_from_reference(backward, template, opcode, field, change):
-    """The blocks the native executor runs are what computes those values: one perturbed instruction of a
+    """The blocks the C runner runs are what computes those values: one perturbed instruction of a
     block template (the linked program is cached with the model, so the next run uses it) and the numbers
     differ from the reference runner's before the change."""
     rng = np.random.default_rng(4)

@@ -173,7 +173,7 @@ def test_every_feed_and_parameter_layout_gives_the_c_order_numbers(layout_cases,
     from minicavs.nn import Parameter, ParameterSet
     from .test_engine import dense, equal
     if executor != "reference" and CPU.runner_missing(np.float64) is not None:
-        pytest.skip("no C compiler or BLAS: the native executor cannot run here")
+        pytest.skip("no C compiler or BLAS: the C runner cannot run here")
     model, params, graphs, feeds, laid_feeds, laid_params = layout_cases[case]
     make = LAYOUTS[layout]
     given = {k: make(np.asarray(feeds[k])) for k in laid_feeds} | {p: make(params[p].value) for p in laid_params}
@@ -191,7 +191,7 @@ def test_every_feed_and_parameter_layout_gives_the_c_order_numbers(layout_cases,
         executor=executor.split()[0], check=executor == "native checked"))
     for state in result.states.values():   # (the runner asked for ran both passes: no silent fallback)
         for program in (state.program, state.backward_program):
-            assert program.runner == ("reference runner" if executor == "reference" else "native executor")
+            assert program.runner == ("reference runner" if executor == "reference" else "C runner")
             assert program.declined is None, program.declined
     equal(result.loss, reference.loss)
     assert set(result.grads) == set(reference.grads)

@@ -23,7 +23,7 @@ class CpuBackend(Backend):
 
     name = "cpu"
     deterministic = True
-    runner_name = "native executor"
+    runner_name = "C runner"
 
     def __init__(self):
         self.xp = np

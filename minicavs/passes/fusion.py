@@ -9,7 +9,7 @@ Union-find over producer -> consumer edges between fusible nodes of one shape; a
 path would leave the group and come back (through a matmul, say), since the kernel must run as one step.
 A member read outside (h, both scattered and pushed; a forward value ∂F reads) does not end its group: it
 becomes one more output the kernel writes. A merge is also refused when the group would need more than
-``MAX_ARGS`` kernel arguments (the native executor's limit): a sum of hundreds of gathers becomes a few
+``MAX_ARGS`` kernel arguments (the C runner's limit): a sum of hundreds of gathers becomes a few
 kernels of at most that many operands each.
 """
 from __future__ import annotations
