@@ -365,7 +365,7 @@ class CompiledFunction:
         here): what the C backend compiles and the CUDA backend renders."""
         fwd, bwd = self._split(replace(opts, fusion=True))
         keep = self._keep(fwd, bwd)
-        return [g for prog in fwd.programs + bwd.programs for g in plan(prog, keep)]
+        return [g for prog in fwd.programs + bwd.programs for g in group_kernels(prog, keep)]
 
     def _lower(self, fwd: Phases, bwd: Phases, device: Backend) -> None:
         """Fuse each phase's elementwise nodes into kernels; values read outside a phase end a group."""
@@ -456,7 +456,7 @@ class FusedStep:
         return f"<fused {' '.join(n.op for n in self.group.nodes)}>"
 
 
-def plan(program: list, keep: set) -> list[FusedGroup]:
+def group_kernels(program: list, keep: set) -> list[FusedGroup]:
     """The groups of a program (unfused steps) worth a kernel. Target-neutral: the C path compiles them
     here, the CUDA path renders the same groups (codegen/cuda.py).
 
@@ -489,7 +489,7 @@ def lower(programs: Sequence[list], keep: set, build: Callable) -> tuple[list[li
     the kernels of a list of groups (None where a group stays unfused): a backend's ``fused``, one run for all
     programs. Returns the new programs and, per program, the groups that
     became kernels."""
-    grouped = [plan(prog, keep) for prog in programs]
+    grouped = [group_kernels(prog, keep) for prog in programs]
     flat = [g for gs in grouped for g in gs]
     kernels = build(flat) if flat else []
     kernel_of = {id(g): k for g, k in zip(flat, kernels)}
