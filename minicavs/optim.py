@@ -256,11 +256,78 @@ class Optimizer:
         return norm
 
     def _device_step(self, grads: Mapping[str, Grad], loss) -> float | None:
-        """The step with parameters on a device: every update computed there into new arrays, the loss's,
-        the global norm's and each update's finiteness gathered into one small array, and that array read
-        back in the step's one device-to-host copy; then the new values written in place on the device, or
-        (something not finite) nothing changed. Gradient indices made on the host are checked there."""
+        """The step with parameters on a device, in a number of launches that does not grow with the number
+        of parameters: the backend's fused step (``fused_step`` of its native kernels, on CUDA
+        cuda/optim_kernels.py) checks every update over a table of all of them and leaves a report
+        ``[loss, squared norm, flags]`` on the device; that report is the step's one device-to-host read,
+        and only when everything in it is finite does one more launch write the updates in place. Gradient
+        indices made on the host are checked there. Where the fused step does not apply (no such kernels,
+        parameters of several dtypes or not contiguous, a rule without a kernel) the per-parameter device
+        step runs: the same reads, one array operation or more per parameter."""
         checked = self._validate(grads, None, device=True)
+        fused = self._fused_segments(checked)
+        if fused is None:
+            return self._device_step_per_parameter(checked, loss)
+        kernels, segments = fused
+        rule, hyper = self.kernel(self.steps + 1)
+        step = kernels.fused_step(rule, hyper, self.weight_decay, self.clip_norm, segments, loss)
+        got = step.report.get()   # the one device-to-host read of a step
+        self.last_loss = None if loss is None else float(got[0])
+        norm = self._check_report(got, [p for p, _ in checked], loss is not None)
+        step.apply()   # every update checked: writing it cannot fail
+        self.steps += 1
+        return norm
+
+    def _fused_segments(self, checked: list[tuple[Parameter, Grad]]):
+        """(the backend's kernels, one segment per parameter: (value, gradient, slots, row indices or None,
+        weight decay?)) for the fused device step, or None where it does not apply. Dense-semantics
+        row-sparse gradients are densified; lazy ones keep their coalesced rows, updated in place."""
+        if self.kernel(self.steps + 1) is None or not self.params:
+            return None
+        first = next(iter(self.params.values())).value
+        xp, dtype = array_module(first), first.dtype
+        kernels = native_kernels(xp, dtype)
+        if not hasattr(kernels, "fused_step"):
+            return None
+        segments = []
+        for p, g in checked:
+            slots = tuple(self.state[p.name][s] for s in self.slots)
+            if p.value.dtype != dtype or not all(_device_contiguous(a) for a in (p.value, *slots)):
+                return None
+            rows = None
+            if isinstance(g, RowSparse) and self.sparse_updates:
+                rows = xp.asarray(g.indices).astype(np.int64, copy=False)   # host indices: copied over once
+                g = g.rows
+            g = xp.ascontiguousarray(densify(xp, g))
+            segments.append((p.value, g, slots, rows, self.weight_decay > 0 and p.weight_decay))
+        return kernels, segments
+
+    def _check_report(self, got: np.ndarray, params: list[Parameter], has_loss: bool) -> float | None:
+        """The fused step's report read back: raise the per-parameter step's error for its first problem
+        (the loss, a gradient, the global norm, an update: in that order, as :meth:`_step` finds them);
+        return the global norm (None without clipping)."""
+        if has_loss and not math.isfinite(got[0]):
+            raise NonFiniteError(f"loss is {got[0]}; no parameter was updated")
+        flags = got[2:].reshape(-1, 2)
+        for p, (grad_bad, _) in zip(params, flags):
+            if grad_bad:
+                raise NonFiniteError(f"gradient of parameter '{p.name}' is not finite; no parameter was updated")
+        norm = None
+        if self.clip_norm is not None:
+            norm = math.sqrt(got[1]) if got[1] >= 0 else float("nan")
+            if not math.isfinite(norm):
+                raise NonFiniteError("global gradient norm overflows; no parameter was updated")
+        for p, (_, update_bad) in zip(params, flags):
+            if update_bad:
+                raise NonFiniteError(f"update of parameter '{p.name}' is not finite (learning rate or "
+                                     "gradient too large?); no parameter was updated")
+        return norm
+
+    def _device_step_per_parameter(self, checked: list[tuple[Parameter, Grad]], loss) -> float | None:
+        """The device step parameter by parameter (the fused step's reference and fallback): every update
+        computed into new arrays, the loss's, the global norm's and each update's finiteness gathered into
+        one small array, and that array read back in the step's one device-to-host copy; then the new values
+        written in place on the device, or (something not finite) nothing changed."""
         xp = array_module(next(iter(self.params.values())).value)
         f64 = np.float64
         report = [xp.asarray(np.nan if loss is None else loss, dtype=f64) if not on_device(loss)
@@ -399,6 +466,11 @@ def _update_kernels(value):
     """The backend's update-rule kernels for arrays like ``value`` (the C library's on the CPU), else None."""
     kernels = native_kernels(array_module(value), value.dtype)
     return kernels if hasattr(kernels, "update") else None
+
+
+def _device_contiguous(a) -> bool:
+    """Can the fused device step address ``a`` as one flat run of elements (C-contiguous)?"""
+    return bool(a.flags.c_contiguous)
 
 
 def _inplace(*arrays) -> bool:

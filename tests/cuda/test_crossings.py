@@ -1,6 +1,6 @@
 """Every host/device crossing of a training step on the emulated CUDA device, counted by the device stand-in,
 for every bundled model: one device-to-host read a step (the loss, the global norm and the finite flags read
-together by the optimizer), and host-to-device copies that do not grow with the number of tasks (none per
+together by the optimizer's fused step), and host-to-device copies that do not grow with the number of tasks (none per
 task), each from a site that says why it is there."""
 from __future__ import annotations
 
@@ -25,7 +25,10 @@ WHY_H2D = {
     "minicavs/engine.py:_device_index": "the scatter-gradient rows no task writes, zeroed once per batch and "
                                         "message shape (only in batches that have such rows)",
     "minicavs/sparse.py:to_dense": "a row-sparse gradient's indices, to densify it for a dense update",
-    "minicavs/optim.py:_device_step": "the looked-up rows of a sparse (lazy) update",
+    "minicavs/optim.py:_device_step_per_parameter": "the looked-up rows of a sparse (lazy) update",
+    "minicavs/optim.py:_fused_segments": "the looked-up rows of a sparse (lazy) update",
+    "cuda/optim_kernels.py:_copy_table": "the fused optimizer step's table of this step's gradient addresses: "
+                                         "one a step",
 }
 
 
