@@ -527,9 +527,11 @@ def _check_sparse_on_device(p: Parameter, g: RowSparse) -> RowSparse:
 
 
 def _sq_norm(g: Grad) -> float:
+    """The squared L2 norm in float64; inf where it overflows (the caller raises NonFiniteError, no warning)."""
     a = g.rows if isinstance(g, RowSparse) else g
     a = a.astype(np.float64, copy=False).reshape(-1)
-    return float(np.dot(a, a))
+    with np.errstate(over="ignore", invalid="ignore"):
+        return float(np.dot(a, a))
 
 
 def _scaled(g: Grad, scale: float) -> Grad:
