@@ -280,8 +280,8 @@ class Optimizer:
 
     def _fused_segments(self, checked: list[tuple[Parameter, Grad]]):
         """(the backend's kernels, one segment per parameter: (value, gradient, slots, row indices or None,
-        weight decay?)) for the fused device step, or None where it does not apply. Dense-semantics
-        row-sparse gradients are densified; lazy ones keep their coalesced rows, updated in place."""
+        weight decay?, lazy?)) for the fused device step, or None where it does not apply. A row-sparse
+        gradient stays its coalesced rows (no dense gradient is built), updated lazily or densely."""
         if self.kernel(self.steps + 1) is None or not self.params:
             return None
         first = next(iter(self.params.values())).value
@@ -295,11 +295,11 @@ class Optimizer:
             if p.value.dtype != dtype or not all(_device_contiguous(a) for a in (p.value, *slots)):
                 return None
             rows = None
-            if isinstance(g, RowSparse) and self.sparse_updates:
+            if isinstance(g, RowSparse):   # coalesced: sorted unique indices
                 rows = xp.asarray(g.indices).astype(np.int64, copy=False)   # host indices: copied over once
                 g = g.rows
-            g = xp.ascontiguousarray(densify(xp, g))
-            segments.append((p.value, g, slots, rows, self.weight_decay > 0 and p.weight_decay))
+            segments.append((p.value, xp.ascontiguousarray(g), slots, rows, self.weight_decay > 0 and p.weight_decay,
+                             self.sparse_updates))
         return kernels, segments
 
     def _check_report(self, got: np.ndarray, params: list[Parameter], has_loss: bool) -> float | None:

@@ -5,11 +5,18 @@ element offsets ``off[0..K]`` (``off[K]`` = every element) and per segment its a
 grid-stride loop covers all of them (each thread finds its segment by walking ``off`` forward). A segment's
 row of the table (``table_width(slots)`` entries) is::
 
-    parameter address, gradient address, index address (0: dense), columns, weight decay?, slot addresses...
+    parameter address, gradient address, row index address, columns, weight decay?, mode, index count,
+    slot addresses...
 
-A dense segment updates element ``e`` of the parameter with gradient element ``e``; a row segment (lazy
-sparse updates) holds the coalesced rows of a row-sparse gradient: element ``e`` is column ``e % cols`` of
-gradient row ``e / cols``, written at parameter row ``idx[e / cols]`` (unique indices: one thread per element).
+and its mode says how its elements map to the gradient's (:data:`DENSE`, :data:`LAZY`, :data:`ROWS`):
+
+- dense: element ``e`` of the parameter, gradient element ``e``;
+- lazy (lazy sparse updates): the coalesced rows of a row-sparse gradient, element ``e`` being column
+  ``e % cols`` of gradient row ``e / cols``, written at parameter row ``idx[e / cols]`` (unique indices: one
+  thread per element); rows not looked up are not touched;
+- rows (a row-sparse gradient with dense semantics): every element of the parameter, its gradient the
+  matching element of the coalesced rows, found by bisection in the sorted indices, or 0 on a row not
+  looked up (as the C library's ``_rows`` kernels: no dense gradient is built).
 
 The kernels of a step, in launch order (codegen/library.py's RULES give the update arithmetic, so the CPU's C
 kernels and these compute the same expressions):
@@ -32,9 +39,33 @@ from ..dtypes import as_dtype
 from .cuda import LOOP
 from .library import RULES
 
-VALUE, GRAD, INDEX, COLUMNS, DECAY, SLOT0 = range(6)   # a segment's entries in the table
+VALUE, GRAD, INDEX, COLUMNS, DECAY, MODE, COUNT, SLOT0 = range(8)   # a segment's entries in the table
+DENSE, LAZY, ROWS = range(3)   # a segment's modes
 PARTIALS = 256          # threads of optim_partials: the sums optim_finish adds up
 REDUCE_BLOCKS = 512     # at most this many blocks of optim_sumsq (threads x blocks partial sums)
+
+SEGMENT = """
+#ifndef MC_OPTIM_ELEMENT
+#define MC_OPTIM_ELEMENT
+/* Element e of the segment whose table row is s: the index of its gradient element (-1: a zero, on a row that
+   a dense-semantics row-sparse gradient does not hold); *at: the parameter element it updates. */
+__device__ __forceinline__ long mc_optim_element(const long *s, long e, long *at)
+{{
+    const long mode = s[{MODE}], cols = s[{COLUMNS}];
+    const long *idx = (const long *)s[{INDEX}];
+    if (mode == {DENSE}) {{ *at = e; return e; }}
+    const long r = e / cols, c = e - r * cols;
+    if (mode == {LAZY}) {{ *at = idx[r] * cols + c; return e; }}
+    long lo = 0, hi = s[{COUNT}];
+    while (lo < hi) {{
+        const long mid = (lo + hi) / 2;
+        if (idx[mid] < r) lo = mid + 1; else hi = mid;
+    }}
+    *at = e;
+    return lo < s[{COUNT}] && idx[lo] == r ? lo * cols + c : -1;
+}}
+#endif
+"""
 
 REDUCE = """
 extern "C" __global__ void optim_sumsq_{T}(long total, long K, long width, const long *__restrict__ table,
@@ -42,10 +73,12 @@ extern "C" __global__ void optim_sumsq_{T}(long total, long K, long width, const
 {{
     const long n = total, *off = table, *seg = table + K + 1;
     double s = 0;
-    long k = 0;
+    long k = 0, at;
     {LOOP} {{
         while (i >= off[k + 1]) k++;
-        const double x = (double)((const {T} *)seg[k * width + 1])[i - off[k]];
+        const long *row = seg + k * width;
+        const long j = mc_optim_element(row, i - off[k], &at);
+        const double x = j < 0 ? 0.0 : (double)((const {T} *)row[{GRAD}])[j];
         s += x * x;
     }}
     partial[blockIdx.x * (long)blockDim.x + threadIdx.x] = s;
@@ -79,16 +112,14 @@ extern "C" __global__ void optim_{RULE}_{T}(long total, long K, const long *__re
     const long n = total, *off = table, *seg = table + K + 1;
     const double norm = clip > 0 ? sqrt(report[1]) : 0;
     const {T} scale = clip > 0 && norm > clip ? ({T})(clip / norm) : ({T})1;
-    long k = 0;
+    long k = 0, at;
     {LOOP} {{
         while (i >= off[k + 1]) k++;
         const long *s = seg + k * {W};
-        const long e = i - off[k], cols = s[{COLS}];
-        const long *rows = (const long *)s[{IDX}];
-        const long at = rows ? rows[e / cols] * cols + e % cols : e;
-        const {T} graw = ((const {T} *)s[1])[e];
+        const long j = mc_optim_element(s, i - off[k], &at);
+        const {T} graw = j < 0 ? ({T})0 : ((const {T} *)s[{GRAD}])[j];
         const {T} wd = s[{DECAY}] ? weight_decay : ({T})0;
-        {T} *p = ({T} *)s[0] + at;
+        {T} *p = ({T} *)s[{VALUE}] + at;
         {SLOTS}
         {STEP}
         if (apply) {{
@@ -113,15 +144,19 @@ def rule_hyper(rule: str) -> list[str]:
 
 
 def table_width(slots: int) -> int:
-    """Entries per segment in the table: parameter, gradient, index, columns, weight decay flag, the slots."""
-    return slots + 5
+    """Entries per segment in the table: its addresses, layout and flags (:data:`SLOT0` of them), the slots."""
+    return SLOT0 + slots
+
+
+def _segment() -> str:
+    return SEGMENT.format(MODE=MODE, COLUMNS=COLUMNS, INDEX=INDEX, COUNT=COUNT, DENSE=DENSE, LAZY=LAZY)
 
 
 def reduce_kernels(dtype) -> tuple[str, str]:
     """(module name, CUDA source) of the step's reduction kernels for ``dtype`` (names end in ``_float`` or
     ``_double``); the table's width is an argument, so one source serves every rule."""
     T = as_dtype(dtype).c_type
-    return f"optim_reduce_{T}", REDUCE.format(T=T, LOOP=LOOP)
+    return f"optim_reduce_{T}", _segment() + REDUCE.format(T=T, LOOP=LOOP, GRAD=GRAD)
 
 
 def update_kernel(rule: str, dtype) -> tuple[str, str]:
@@ -134,15 +169,16 @@ def update_kernel(rule: str, dtype) -> tuple[str, str]:
     # RULES index every array at [i]: here each is a pointer already at the element
     for a in ["p"] + slots:
         step, write = step.replace(f"{a}[i]", f"{a}[0]"), write.replace(f"{a}[i]", f"{a}[0]")
-    step = step.replace("GRAD", "(graw * scale)").replace("{T}", T).replace("{SQRT}", "sqrtf" if T == "float" else "sqrt")
+    sqrt = "sqrtf" if T == "float" else "sqrt"
+    step = step.replace("GRAD", "(graw * scale)").replace("{T}", T).replace("{SQRT}", sqrt)
     w = table_width(len(slots))
     name = f"optim_{rule}_{T}"
     source = UPDATE.format(
-        RULE=rule, T=T, LOOP=LOOP, W=w, IDX=INDEX, COLS=COLUMNS, DECAY=DECAY,
+        RULE=rule, T=T, LOOP=LOOP, W=w, GRAD=GRAD, DECAY=DECAY, VALUE=VALUE,
         HYPER=", ".join(f"{T} {h}" for h in rule_hyper(rule)),
         SLOTS=" ".join(f"{T} *{a} = ({T} *)s[{SLOT0 + j}] + at;" for j, a in enumerate(slots)),
         STEP=step, WRITE=write, FINITE=" + ".join(f"({x} - {x})" for x in finite.split()))
-    return name, source
+    return name, _segment() + source
 
 
 def optimizer_sources(dtypes=("float32", "float64")) -> list[tuple[str, str]]:

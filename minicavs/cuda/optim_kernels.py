@@ -21,6 +21,25 @@ def address(a) -> int:
     return int(a.__cuda_array_interface__["data"][0])
 
 
+def segment_table(segments: Sequence[tuple], slots: int, address_of=address) -> np.ndarray:
+    """The int64 table of codegen/cuda_optim.py over ``segments`` (see :meth:`DeviceKernels.table`):
+    running element offsets, then a row of addresses, layout and flags per segment."""
+    width = opt.table_width(slots)
+    host = np.zeros(len(segments) + 1 + width * len(segments), np.int64)
+    table = host[len(segments) + 1:].reshape(len(segments), width)
+    for k, (value, grad, slot_arrays, rows, decay, lazy) in enumerate(segments):
+        mode = opt.DENSE if rows is None else opt.LAZY if lazy else opt.ROWS
+        host[k + 1] = host[k] + (grad.size if mode == opt.LAZY else value.size)
+        table[k, opt.VALUE], table[k, opt.GRAD] = address_of(value), address_of(grad)
+        table[k, opt.INDEX] = 0 if rows is None else address_of(rows)
+        table[k, opt.COLUMNS] = max(1, math.prod(value.shape[1:]))
+        table[k, opt.DECAY], table[k, opt.MODE] = bool(decay), mode
+        table[k, opt.COUNT] = 0 if rows is None else len(rows)
+        for j, a in enumerate(slot_arrays):
+            table[k, opt.SLOT0 + j] = address_of(a)
+    return host
+
+
 class FusedStep:
     """One optimizer step over a segment table, checked and not yet applied: :attr:`report` (float64 on the
     device: ``[loss, squared global norm, (gradient not finite, update not finite) per segment]``) is for the
@@ -50,19 +69,11 @@ class DeviceKernels(RowKernels):
         return self._partial
 
     def table(self, segments: Sequence[tuple], slots: int):
-        """The segment table on the device (one host-to-device copy). ``segments``: (value, gradient, slots,
-        row indices or None, weight decay?) per parameter, every array C-contiguous of this dtype."""
-        width = opt.table_width(slots)
-        host = np.zeros(len(segments) + 1 + width * len(segments), np.int64)
-        seg = host[len(segments) + 1:].reshape(len(segments), width)
-        for k, (value, grad, slot_arrays, rows, decay) in enumerate(segments):
-            host[k + 1] = host[k] + grad.size
-            seg[k, opt.VALUE], seg[k, opt.GRAD] = address(value), address(grad)
-            seg[k, opt.INDEX] = 0 if rows is None else address(rows)
-            seg[k, opt.COLUMNS] = max(1, math.prod(value.shape[1:])) if rows is not None else 1
-            seg[k, opt.DECAY] = bool(decay)
-            for j, a in enumerate(slot_arrays):
-                seg[k, opt.SLOT0 + j] = address(a)
+        """The segment table on the device (one host-to-device copy) and its element count. ``segments``:
+        (value, gradient, slots, row indices or None, weight decay?, lazy?) per parameter, every array
+        C-contiguous of this dtype; a row-sparse gradient is its coalesced rows with their sorted unique int64
+        indices, updated lazily or with dense semantics (codegen/cuda_optim.py)."""
+        host = segment_table(segments, slots, address)
         return self._copy_table(host), int(host[len(segments)])
 
     def _copy_table(self, host: np.ndarray):

@@ -14,6 +14,7 @@ from minicavs.codegen import cuda_optim as opt
 from minicavs.codegen.library import RULES
 from minicavs.cuda.compiler import compile_source, compilers_available
 from minicavs.cuda.emulation import Emulator, kernels_in
+from minicavs.cuda.optim_kernels import segment_table
 
 needs_cxx = pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None,
                                reason="CUDA emulation needs g++")
@@ -47,19 +48,8 @@ def test_every_optimizer_kernel_compiles_with_nvcc_in_one_unit():
 
 
 def table(segments: list, slots: int) -> np.ndarray:
-    """The table the device builds (cuda/optim_kernels.py), over numpy arrays: the emulation runs on them."""
-    width = opt.table_width(slots)
-    out = np.zeros(len(segments) + 1 + width * len(segments), np.int64)
-    seg = out[len(segments) + 1:].reshape(len(segments), width)
-    for k, (value, grad, slot_arrays, rows, decay) in enumerate(segments):
-        out[k + 1] = out[k] + grad.size
-        seg[k, opt.VALUE], seg[k, opt.GRAD] = value.ctypes.data, grad.ctypes.data
-        seg[k, opt.INDEX] = 0 if rows is None else rows.ctypes.data
-        seg[k, opt.COLUMNS] = value.shape[1] if rows is not None else 1
-        seg[k, opt.DECAY] = decay
-        for j, a in enumerate(slot_arrays):
-            seg[k, opt.SLOT0 + j] = a.ctypes.data
-    return out
+    """The device's table over numpy arrays (their host addresses): the emulation runs on them."""
+    return segment_table(segments, slots, lambda a: a.ctypes.data)
 
 
 @needs_cxx
@@ -72,7 +62,7 @@ def test_the_norm_kernels_sum_every_segment(dtype, sizes, grid, block, emulation
     T = "float" if dtype == "float32" else "double"
     rng = np.random.default_rng(len(sizes) + grid)
     grads = [rng.standard_normal(n).astype(dtype) for n in sizes]
-    segments = [(g, g, (), None, 0) for g in grads]
+    segments = [(g, g, (), None, 0, False) for g in grads]
     tab = table(segments, 0)
     total = int(tab[len(sizes)])
     partial = np.full(grid * block, np.nan)
@@ -88,31 +78,41 @@ def test_the_norm_kernels_sum_every_segment(dtype, sizes, grid, block, emulation
 
 
 @needs_cxx
+@pytest.mark.parametrize("lazy", [False, True], ids=["dense-semantics", "lazy"])
 @pytest.mark.parametrize("grid, block", [(1, 1), (2, 5)])
-def test_a_lazy_segment_updates_its_rows_only(grid, block, emulation_dir):
-    """SGD with momentum over a dense segment and a lazy one (rows 4 and 1 of a 6-row table): the check pass
-    writes nothing, the apply pass writes the rule's values at those rows and leaves the others."""
+def test_row_segments_update_as_their_mode_says(grid, block, lazy, emulation_dir):
+    """SGD with momentum over a dense segment and a row-sparse one (rows 1 and 4 of a 6-row table): the check
+    pass writes nothing; the apply pass writes the rule's values at those rows and, lazily, nothing else, or
+    with dense semantics the rule with a zero gradient on the other rows (momentum and weight decay reach
+    them); the norm kernels sum the rows' squares."""
     name, source = opt.update_kernel("momentum", "float64")
     emu = Emulator([source], emulation_dir)
     rng = np.random.default_rng(4)
     table_value, table_u = rng.standard_normal((6, 3)), rng.standard_normal((6, 3))
     w, w_u, w_g = rng.standard_normal(5), rng.standard_normal(5), rng.standard_normal(5)
-    rows, idx = rng.standard_normal((2, 3)), np.array([4, 1], np.int64)
-    tab = table([(w, w_g, (w_u,), None, 1), (table_value, rows, (table_u,), idx, 0)], 1)
+    rows, idx = rng.standard_normal((2, 3)), np.array([1, 4], np.int64)
+    tab = table([(w, w_g, (w_u,), None, True, lazy), (table_value, rows, (table_u,), idx, True, lazy)], 1)
+    total = int(tab[2])
+    assert total == 5 + (6 if lazy else 18)
     before = [a.copy() for a in (w, w_u, table_value, table_u)]
     report = np.zeros(2 + 4)
     lr, mu, wd = 0.1, 0.9, 0.01
-    emu.launch(name, grid, block, 11, 2, tab, report, 0.0, lr, mu, wd, 0)
+    emu.launch(name, grid, block, total, 2, tab, report, 0.0, lr, mu, wd, 0)
     assert all(np.array_equal(a, b) for a, b in zip((w, w_u, table_value, table_u), before))
     assert not report.any()
-    emu.launch(name, grid, block, 11, 2, tab, report, 0.0, lr, mu, wd, 1)
-    g = w_g + wd * before[0]
-    u = mu * before[1] + g
-    np.testing.assert_allclose(w_u, u, rtol=1e-15)
-    np.testing.assert_allclose(w, before[0] - lr * u, rtol=1e-15)
-    want_u, want_value = before[3].copy(), before[2].copy()
-    want_u[idx] = mu * before[3][idx] + rows
-    want_value[idx] = before[2][idx] - lr * want_u[idx]
-    np.testing.assert_allclose(table_u, want_u, rtol=1e-15)
-    np.testing.assert_allclose(table_value, want_value, rtol=1e-15)
-    assert np.array_equal(table_value[[0, 2, 3, 5]], before[2][[0, 2, 3, 5]])
+    emu.launch(name, grid, block, total, 2, tab, report, 0.0, lr, mu, wd, 1)
+    dense = np.zeros((6, 3))
+    dense[idx] = rows
+    for got_value, got_u, value, u, g, where in ((w, w_u, before[0], before[1], w_g, slice(None)),
+                                                 (table_value, table_u, before[2], before[3], dense,
+                                                  idx if lazy else slice(None))):
+        want_u, want_value = u.copy(), value.copy()
+        want_u[where] = mu * u[where] + (g[where] + wd * value[where])
+        want_value[where] = value[where] - lr * want_u[where]
+        np.testing.assert_allclose(got_u, want_u, rtol=1e-15)
+        np.testing.assert_allclose(got_value, want_value, rtol=1e-15)
+    assert lazy == np.array_equal(table_value[[0, 2, 3, 5]], before[2][[0, 2, 3, 5]])
+    emu = Emulator([opt.reduce_kernels("float64")[1]], emulation_dir)
+    partial = np.zeros(grid * block)
+    emu.launch("optim_sumsq_double", grid, block, total, 2, opt.table_width(1), tab, partial)
+    assert abs(partial.sum() - (w_g @ w_g + (rows * rows).sum())) <= 1e-12 * partial.sum()

@@ -77,7 +77,8 @@ def launches(dtype) -> list:
     return native_kernels(standin, np.dtype(dtype)).launcher.launches
 
 
-# Stand-in array operations that are each a CuPy kernel on a GPU (views, metadata and allocations are not).
+# Stand-in array operations that are each a CuPy kernel on a GPU (views, metadata and allocations are not);
+# indexing with an index array (a gather) is counted too (device_ops).
 KERNEL_OPS = {
     standin._Ufunc: ("__call__", "reduce", "reduceat", "at"),
     standin.ndarray: ("astype", "__setitem__", "copy", "fill", "take", *standin._REDUCTIONS),
@@ -99,6 +100,13 @@ def device_ops(monkeypatch) -> collections.Counter:
     for owner, names in KERNEL_OPS.items():
         for name in names:
             monkeypatch.setattr(owner, name, counting(name, getattr(owner, name)))
+    getitem = standin.ndarray.__getitem__
+
+    def gather(self, key):   # an index array is a gather kernel; a slice is a view
+        parts = key if isinstance(key, tuple) else (key,)
+        counts["gather"] += any(isinstance(k, (standin.ndarray, np.ndarray, list)) for k in parts)
+        return getitem(self, key)
+    monkeypatch.setattr(standin.ndarray, "__getitem__", gather)
     return counts
 
 
@@ -175,9 +183,8 @@ def test_a_non_finite_step_raises_the_cpus_error_and_changes_nothing(cuda_standi
     cpu, opt = make(cpu_ps), make(ps)
     cpu.step(good_grads(dtype), loss=1.0)
     opt.step(on_device(good_grads(dtype)), loss=1.0)   # non-zero slots to protect
-    grads = {**good_grads(dtype), **{k: v if isinstance(v, RowSparse) else v.astype(dtype) for k, v in override.items()}}
-    grads = {k: RowSparse(g.indices, g.rows.astype(dtype), g.shape) if isinstance(g, RowSparse) else g
-             for k, g in grads.items()}
+    grads = {k: RowSparse(g.indices, g.rows.astype(dtype), g.shape) if isinstance(g, RowSparse) else g.astype(dtype)
+             for k, g in {**good_grads(dtype), **override}.items()}
     with pytest.raises(NonFiniteError) as cpu_error:
         cpu.step(grads, loss=np.float32("nan") if loss == "device nan" else loss)
     before = snapshot(ps, opt)
