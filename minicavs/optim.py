@@ -22,6 +22,12 @@ finiteness to the check pass), and the values are those of the per-parameter pat
 kernels; SGD's kernel is its numpy rule operation for operation); anything unusual (another dtype or layout
 of a parameter, a non-finite result) goes the per-parameter way, which also writes the error messages.
 
+With parameters on a device (CUDA), a step is a few launches whatever the number of parameters: the backend's
+fused step runs each rule's kernel over a table of every parameter, gradient and slot (the same RULES as the
+C library), first checking (the loss, the gradients, the global norm and every result gathered into one small
+report), then, after the report's one device-to-host read found everything finite, applying in place. Its
+errors are the per-parameter step's, word for word; row-sparse gradients stay coalesced rows there too.
+
 Row-sparse gradients (:class:`~minicavs.sparse.RowSparse`, the gradient of an embedding lookup):
 
 - default (``sparse_updates=False``): exactly the dense semantics, identical to passing ``g.to_dense()``:
