@@ -63,6 +63,7 @@ class DeviceKernels(RowKernels):
         self._partial = None   # (stage-one partial sums, stage-two sums), allocated once
 
     def _sums(self):
+        """The norm's partial sums (stage one, stage two): device buffers of a fixed size, made once."""
         if self._partial is None:
             xp = self.launcher.xp
             self._partial = (xp.empty(opt.REDUCE_BLOCKS * gen.BLOCK, np.float64), xp.empty(opt.PARTIALS, np.float64))
@@ -92,14 +93,16 @@ class DeviceKernels(RowKernels):
         return [np.int64(2), unused, loss.astype(np.float64).reshape(1), 0.0]
 
     def update(self, rule: str, args: list, total: int) -> None:
+        """One launch of ``rule``'s update kernel over ``total`` elements (none for none): the check pass or,
+        with ``apply`` (the last argument) set, the writing one."""
         if total:
             name, source = opt.update_kernel(rule, self.dtype)
             self.launcher(source, name, gen.grid(total), gen.BLOCK, args)
 
     def fused_step(self, rule: str, hyper: Sequence[float], weight_decay: float, clip_norm: float | None,
                    segments: Sequence[tuple], loss) -> FusedStep:
-        """Check one update of every segment on the device (launches: with clipping the norm's three, then
-        the report's one and the check pass's one): returns the :class:`FusedStep` whose report the caller
+        """Check one update of every segment on the device (launches: with clipping the norm's two, then the
+        report's one, which finishes the norm, and the check pass's one): returns the :class:`FusedStep` whose report the caller
         reads. ``loss``: a device array (read into the report), a float or None."""
         xp, T = self.launcher.xp, self.dtype.type
         slots = len(opt.rule_slots(rule))
