@@ -89,12 +89,13 @@ class Backend:
         return self.runner_missing(dtype)
 
     def run_program(self, lowered, table: np.ndarray, buffers, dtype, forest: bool, workspace=None,
-                    eager: np.ndarray | None = None) -> dict:
+                    eager: np.ndarray | None = None, check: bool = False) -> dict:
         """Run a lowered batch program (instructions.py) over ``table``: this device's runner. By default
         the reference runner over this device's arrays (every opcode one function of :mod:`.reference`).
         ``eager``: the eager stream's table (program.eager_rows), run on the runner's second stream, row t
         of ``table`` after its chunk t. Returns the parameter-gradient accumulators the program added into."""
-        return reference.run(lowered, table, buffers, dtype, forest, workspace, device=self, eager=eager)
+        return reference.run(lowered, table, buffers, dtype, forest, workspace, device=self, eager=eager,
+                             check=check)
 
 
 def to_host(a) -> np.ndarray:

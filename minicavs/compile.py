@@ -1,5 +1,6 @@
-"""Compile once, in the open: F and ∂F of a vertex kind become step templates (program.py's Steps) per
-(engine options, backend), built when the model is built.
+"""Compile once, in the open: F and ∂F of a vertex kind become phases of steps (:class:`Step`, defined here)
+per (engine options, backend), built when the model is built; instructions.py lowers them to the templates
+the runners run.
 
 Classification (passes/classify.py) splits each into phases (§3.4: eager nodes before the task loop, recurrent
 nodes per task, lazy nodes after it); fusion (passes/fusion.py) groups each phase's elementwise nodes, and
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field, replace
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 from .autodiff import grad
 from .backend import Backend, default_device
@@ -90,6 +91,7 @@ class EngineOptions:
     merge_gemms: bool = True      # products of F sharing a left operand run as one GEMM (passes/gemm.py)
     executor: str = "native"  # the pass as one call of the device's runner over its instruction stream;
     # "reference": the same instruction stream run by reference.py (one Python function per opcode)
+    check: bool = False       # the runners' debug mode: every address and row number bounds-checked (slower)
     tf32: bool = False        # CUDA float32 products with TF32 inputs (10-bit mantissas; not "equal" numbers)
 
     def __post_init__(self):
@@ -98,12 +100,12 @@ class EngineOptions:
 
     @property
     def compiled(self) -> "EngineOptions":
-        """The options that decide what is compiled (the executor and TF32 only decide how it runs). Kept on the
-        instance: every lookup of compiled phases asks for it, and ``replace`` costs microseconds."""
+        """The options that decide what is compiled (the executor, the check and TF32 only decide how it runs).
+        Kept on the instance: every lookup of compiled phases asks for it, and ``replace`` costs microseconds."""
         found = self.__dict__.get("_compiled")
         if found is None:   # one instance per distinct value: the caches keyed by it then hit by identity
-            found = self if self.executor == "native" and not self.tf32 else \
-                replace(self, executor="native", tf32=False)   # (TF32 is the runner's: compiles the same)
+            found = self if self.executor == "native" and not self.check and not self.tf32 else \
+                replace(self, executor="native", check=False, tf32=False)
             found = _COMPILED.setdefault(found._fields(), found)
             object.__setattr__(self, "_compiled", found)   # (a cache, not a field: eq and hash ignore it)
         return found
@@ -137,6 +139,30 @@ class Phases:
     without_concat: list | None = None   # the task program when the gather concat is a view (gather elision)
     inplace: set = field(default_factory=set)   # nodes whose step can write into a given ``out``
     concats: list = field(default_factory=lambda: [[], [], []])   # per phase: (concat, [(member, a, b)])
+
+
+class Passes(NamedTuple):
+    """A vertex function's phases: F's and ∂F's."""
+
+    forward: Phases
+    backward: Phases
+
+
+class PhasePlaces(NamedTuple):
+    """Where the values one phase computes into dynamic tensors go (passes/alias.py)."""
+
+    inplace: list     # written in place by the phase's steps (a fused kernel's output, an elided concat)
+    copied: list      # copied into their tensors after the steps
+    concats: list     # the elided concats: (concat, [(member, first column, end)])
+
+
+class Placement(NamedTuple):
+    """Where F's and ∂F's values live (:meth:`CompiledFunction.placement`)."""
+
+    forward_stored: list    # F's values kept in dynamic tensors (∂F reads them, or another phase of F)
+    forward: list           # per phase of F: its PhasePlaces
+    backward_stored: list   # ∂F's values kept in dynamic tensors (read by another phase of ∂F)
+    backward: list          # per phase of ∂F: its PhasePlaces
 
 
 def _phases(nodes, classes, leaves, opts: EngineOptions, eager_leaves=()) -> Phases:
@@ -252,7 +278,7 @@ class CompiledFunction:
             self._merged = CompiledFunction(merged_F, self.pull_grads, merges) if merges else self
         return self._merged
 
-    def _split(self, opts: EngineOptions) -> tuple[Phases, Phases]:
+    def _split(self, opts: EngineOptions) -> Passes:
         """F's and ∂F's phases under ``opts``, before fused groups are lowered to a device's kernels."""
         if opts.streaming:  # the eager stream computes eager nodes, in chunks of one task
             opts = replace(opts, eager_batching=True)
@@ -260,9 +286,9 @@ class CompiledFunction:
                       opts, eager_leaves=set(self.pulls.values()))
         push_cts = [c for o, c in self.ct.items() if o is not self.scattered]
         bwd = _phases(self.row_bwd, self.bwd_class, list(self.ct.values()), opts, eager_leaves=set(push_cts))
-        return fwd, bwd
+        return Passes(fwd, bwd)
 
-    def phases(self, opts: EngineOptions, device: Backend | None = None) -> tuple[Phases, Phases]:
+    def phases(self, opts: EngineOptions, device: Backend | None = None) -> Passes:
         """The phases ``device`` runs (default: the CPU): with fusion, each fused group is one of the
         device's kernels. Compiled once per (options, device)."""
         device = default_device() if device is None else device
@@ -273,13 +299,12 @@ class CompiledFunction:
             if opts.fusion:
                 self._lower(fwd, bwd, device)
             fwd.without_concat = [st for st in fwd.programs[TASK] if st.outputs[0] is not self.gather_concat]
-            self._phases[key] = (fwd, bwd)
+            self._phases[key] = Passes(fwd, bwd)
         return self._phases[key]
 
-    def placement(self, opts: EngineOptions, device: Backend | None = None, training: bool = True) -> tuple:
-        """Where F's and ∂F's values live under ``opts`` (passes/alias.py), decided once: (F's tensor values,
-        per phase of F (written in place, copied after the steps, elided concats), ∂F's tensor values, per
-        phase of ∂F the same). ``training``: F keeps what ∂F reads, else only values crossing phases."""
+    def placement(self, opts: EngineOptions, device: Backend | None = None, training: bool = True) -> Placement:
+        """Where F's and ∂F's values live under ``opts`` (passes/alias.py), decided once. ``training``: F keeps
+        what ∂F reads, else only values crossing phases."""
         device = default_device() if device is None else device
         opts = opts.compiled
         key = ("placement", opts, device, training)
@@ -291,12 +316,13 @@ class CompiledFunction:
                                           + [x for r in fwd.reads for x in r if x not in lazy]))
             b_stored = [x for r in bwd.reads for x in r if x not in lazy]
             b_stored += [x for x in _block_temporaries(bwd) if x not in b_stored]
-            f_places = [alias.stores(set(f_stored), fwd.inplace, fwd.concats[p],
-                                     [x for x in f_stored if fwd.phase.get(x) == p]) + (fwd.concats[p],)
+            f_places = [PhasePlaces(*alias.stores(set(f_stored), fwd.inplace, fwd.concats[p],
+                                                  [x for x in f_stored if fwd.phase.get(x) == p]), fwd.concats[p])
                         for p in (PRE, TASK, POST)]
-            b_places = [alias.stores(set(b_stored), bwd.inplace, bwd.concats[p], _computed(bwd.programs[p]))
-                        + (bwd.concats[p],) for p in (PRE, TASK, POST)]
-            self._phases[key] = (f_stored, f_places, b_stored, b_places)
+            b_places = [PhasePlaces(*alias.stores(set(b_stored), bwd.inplace, bwd.concats[p],
+                                                  _computed(bwd.programs[p])), bwd.concats[p])
+                        for p in (PRE, TASK, POST)]
+            self._phases[key] = Placement(f_stored, f_places, b_stored, b_places)
         return self._phases[key]
 
     def lazy_scatter_reads(self, opts: EngineOptions, device: Backend | None = None) -> dict:
@@ -340,7 +366,7 @@ class CompiledFunction:
         here): what the C backend compiles and the CUDA backend renders."""
         fwd, bwd = self._split(replace(opts, fusion=True))
         keep = self._keep(fwd, bwd)
-        return [g for prog in fwd.programs + bwd.programs for g in plan(prog, keep)]
+        return [g for prog in fwd.programs + bwd.programs for g in group_kernels(prog, keep)]
 
     def _lower(self, fwd: Phases, bwd: Phases, device: Backend) -> None:
         """Fuse each phase's elementwise nodes into kernels; values read outside a phase end a group."""
@@ -431,7 +457,7 @@ class FusedStep:
         return f"<fused {' '.join(n.op for n in self.group.nodes)}>"
 
 
-def plan(program: list, keep: set) -> list[FusedGroup]:
+def group_kernels(program: list, keep: set) -> list[FusedGroup]:
     """The groups of a program (unfused steps) worth a kernel. Target-neutral: the C path compiles them
     here, the CUDA path renders the same groups (codegen/cuda.py).
 
@@ -464,7 +490,7 @@ def lower(programs: Sequence[list], keep: set, build: Callable) -> tuple[list[li
     the kernels of a list of groups (None where a group stays unfused): a backend's ``fused``, one run for all
     programs. Returns the new programs and, per program, the groups that
     became kernels."""
-    grouped = [plan(prog, keep) for prog in programs]
+    grouped = [group_kernels(prog, keep) for prog in programs]
     flat = [g for gs in grouped for g in gs]
     kernels = build(flat) if flat else []
     kernel_of = {id(g): k for g, k in zip(flat, kernels)}

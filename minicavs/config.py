@@ -183,6 +183,7 @@ TRAIN_DEFAULTS: dict[str, Any] = {
                "fusion": True, "gather_elision": True, "merge_gemms": True,
                "executor": "native",    # the device's runner; or "reference": the same program run by
                                         # reference.py (slow; the opcodes' definition)
+               "check": False,          # the runners' debug mode: every address bounds-checked
                "tf32": False},   # cuda, float32: products issued by the CUDA runner read TF32 inputs (faster
                                  # on tensor cores, 10-bit mantissas: results move by ~1e-3 relative)
 }

@@ -61,10 +61,10 @@ def _run(program: BatchProgram, state: RunState, dtype) -> dict:
     if state.opts.executor != "reference" and why is None:
         program.runner = device.runner_name
         if state.opts.tf32 and getattr(device, "tf32_products", False):   # (CUDA float32 products only)
-            return device.run_program(*args, eager=program.eager, tf32=True)
-        return device.run_program(*args, eager=program.eager)
+            return device.run_program(*args, eager=program.eager, check=state.opts.check, tf32=True)
+        return device.run_program(*args, eager=program.eager, check=state.opts.check)
     program.runner, program.declined = "reference runner", why
-    return reference.run(*args, device=device, eager=program.eager)
+    return reference.run(*args, device=device, eager=program.eager, check=state.opts.check)
 
 
 def _link(fns: list, state: RunState, backward: bool, training: bool = True):
@@ -93,7 +93,7 @@ def forward(fns: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContex
         tensors, static = {}, {}
         if fn is not None and kid < len(plan.kinds) and plan.kinds[kid] is not None:
             evaluate(fn.static_fwd, static, {}, params, ctx, xp=xp)
-            stored = fn.placement(opts, device, training)[0]
+            stored = fn.placement(opts, device, training).forward_stored
             tensors = workspace.tensors(workspace.forward, kid, stored, plan.kinds[kid].n)
             state.active.append(kid)
         state.tensors.append(tensors)
@@ -119,7 +119,7 @@ def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, pa
     for kid in state.active:   # ∂F's static part and the tensors of values that cross its phases
         fn = fns[kid]
         evaluate(fn.static_bwd, state.statics[kid], {}, params, ctx, xp=xp)
-        stored = fn.placement(opts, device)[2]
+        stored = fn.placement(opts, device).backward_stored
         btensors[kid] = workspace.tensors(workspace.backward, kid, stored, plan.kinds[kid].n)
     push_grads = _dense_where_tasks_read(fns, state.active, opts, device, push_grads)
     # Alg. 1, backward: the eager blocks, then the task stack popped: per task V_t run ∂F at the same rows and
@@ -168,7 +168,7 @@ def _dense_where_tasks_read(fns: list, active: list, opts, device, push_grads: d
     out = dict(push_grads)
     for kid in active:
         fn = fns[kid]
-        kp = fn.phases(opts, device)[1]
+        kp = fn.phases(opts, device).backward
         for o, ct in fn.ct.items():
             if o is not fn.scattered and (kp.phase[ct] == TASK or device.xp is not np):
                 out[o.name] = densify(device.xp, out[o.name])

@@ -1,5 +1,6 @@
-"""Static graphs run once: ``Executor`` compiles a graph into a program of steps (program.py) and runs it with
-the one interpreter every program shares; the reference every faster path is checked against."""
+"""Static graphs run once: ``Executor`` compiles a graph into a list of steps (compile.Step) and runs them
+with program.run_steps, the interpreter of static graphs (the loss, the model's graphs around the vertex
+functions); the reference the fused paths are checked against."""
 from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
@@ -11,7 +12,7 @@ from .program import RunContext, Step, check_value, evaluate, is_fed, leaf_value
 
 
 class Executor:
-    """A graph compiled once into a flat instruction list; ``run`` only interprets it."""
+    """A graph compiled once into a list of steps in topological order; ``run`` only interprets them."""
 
     def __init__(self, graph: Graph | Sequence[Node]):
         self.graph = graph if isinstance(graph, Graph) else Graph(graph)

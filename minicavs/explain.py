@@ -23,10 +23,6 @@ class StructureReport:
     lower_bound: int = 0   # ED-Batch's lower bound (A.3) on the tasks of any policy for this batch
     programs: list = field(default_factory=list)   # the BatchPrograms that ran: F, then ∂F
 
-    def program_text(self) -> str:
-        """The batch programs, one bound step a line (BatchProgram.dump)."""
-        return "\n".join(p.dump() for p in self.programs)
-
     @property
     def gather_copied(self) -> float:
         """Fraction of gathered rows that were copied (the rest were read as views: gather elision)."""

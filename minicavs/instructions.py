@@ -459,9 +459,9 @@ def forward_template(fn, opts, device, training: bool, phase: int = TASK) -> Tem
     """F's program of one kind in ``phase``: TASK's runs per task;
     PRE's and POST's (eager and lazy batching) run once over all the kind's rows, as a task of those rows
     (program.block_rows: kind offset 0, scatter offset the kind's first scatter row)."""
-    kp = fn.phases(opts, device)[0]
-    f_stored = fn.placement(opts, device, training)[0]
-    inplace, copied, concats = fn.placement(opts, device, training)[1][phase]
+    kp = fn.phases(opts, device).forward
+    f_stored = fn.placement(opts, device, training).forward_stored
+    inplace, copied, concats = fn.placement(opts, device, training).forward[phase]
     t = Template(fn.F.name, phase)
     statics = set(fn.static_fwd)
     smsg = fn.scatter_message
@@ -520,9 +520,10 @@ def backward_template(fn, opts, device, phase: int = TASK, direct: bool = False)
     """∂F's program of one kind in ``phase`` (PRE and POST: over all
     the kind's rows, as forward_template's). ``direct`` (a block whose parameter gradients no other template
     writes): each is computed straight into its accumulator (which then needs no zeros, no GACC)."""
-    kp = fn.phases(opts, device)[1]
-    f_stored, _, b_stored, b_places = fn.placement(opts, device, True)
-    inplace, copied, concats = b_places[phase]
+    kp = fn.phases(opts, device).backward
+    placed = fn.placement(opts, device, True)
+    f_stored, b_stored = placed.forward_stored, placed.backward_stored
+    inplace, copied, concats = placed.backward[phase]
     b_stored = set(b_stored)
     t = Template(fn.F.name, phase)
     if direct and phase != TASK:
@@ -700,12 +701,12 @@ def link(fns: list, kids: list, opts, device, backward: bool, training: bool = T
     blocks = []
     writers: dict = {}
     for kid in kids:
-        kp = fns[kid].phases(opts, device)[1]
+        kp = fns[kid].phases(opts, device).backward
         for name, g in fns[kid].param_grads.items():
             writers.setdefault(name, []).append(kp.phase[g])
     for phase in (PRE, POST):
         for kid in kids:
-            kp = fns[kid].phases(opts, device)[1]
+            kp = fns[kid].phases(opts, device).backward
             # (streaming splits the blocks before the task loop into chunks of one task: each adds into it)
             direct = backward and not (opts.streaming and phase == PRE) and all(
                 writers[name] == [phase] for name, g in fns[kid].param_grads.items() if kp.phase[g] == phase)
@@ -780,7 +781,7 @@ class BlockInfo:
 
 
 def _block_info(tid: int, kid: int, t: Template, fn, opts, backward: bool) -> BlockInfo:
-    kp = fn.phases(opts)[0]
+    kp = fn.phases(opts).forward
     moves = (0, 0, 0) if backward else (sum(kp.phase[g] == t.phase for g in fn.gathers.values()),
                                         sum(kp.phase[p] == t.phase for p in fn.pulls.values()),
                                         sum(kp.phase[p] == t.phase for p in fn.pushes.values()))

@@ -24,7 +24,7 @@ _allocated = [0]   # buffers DynamicTensors have allocated so far, in any worksp
 
 def allocations() -> int:
     """How many buffers DynamicTensors have allocated so far (in any workspace; it only grows): while it is
-    unchanged, every DynamicTensor still holds the buffer it held (the native executor's buffer table keeps
+    unchanged, every DynamicTensor still holds the buffer it held (the C runner's buffer table keeps
     their addresses without looking them up again)."""
     return _allocated[0]
 
@@ -61,12 +61,9 @@ class DynamicTensor:
 
     def prefix(self, view):
         """(buffer, elements) when ``view`` is what the last resize returned, i.e. the buffer's first rows at
-        the buffer's own address; else ``view``. The native executor keeps a buffer's address from batch to
+        the buffer's own address; else ``view``. The C runner keeps a buffer's address from batch to
         batch while the buffer object is the same, and only updates the elements its rows cover."""
         return (self.buffer, view.size) if view is self.last else view
-
-    def view(self, offset: int, bs: int) -> np.ndarray:
-        return self.buffer[offset:offset + bs]
 
     @property
     def nbytes(self) -> int:
@@ -85,8 +82,8 @@ class Workspace:
         self.backward: dict = {}
         self.scatters: dict = {}        # message shape -> DynamicTensor
         self.scatter_grads: dict = {}   # message shape -> DynamicTensor
-        self.arenas: dict = {}          # name -> DynamicTensor (flat scratch of the native executor)
-        self.programs: dict = {}        # the native executor's linked programs (instructions.link's cache)
+        self.arenas: dict = {}          # name -> DynamicTensor (flat scratch of the C runner)
+        self.programs: dict = {}        # the C runner's linked programs (instructions.link's cache)
 
     def tensors(self, pool: dict, kid: int, nodes, rows: int) -> dict:
         """{node: its dynamic tensor}, sized for ``rows`` rows (created on first use)."""
@@ -281,11 +278,3 @@ def _strided_arrays(rows: np.ndarray, offs: np.ndarray, sizes: np.ndarray, senti
         step[multi] = np.where(ok, d0, -1)
         start[multi] = np.where(ok, start[multi], -1)
     return start, step
-
-
-def _strided(rows: np.ndarray, offs: np.ndarray, sizes: np.ndarray, sentinel: int) -> dict:
-    """{task's kind offset: (start, step)} for the tasks of :func:`_strided_arrays` whose rows are a view."""
-    if not len(rows):
-        return {}
-    start, step = _strided_arrays(rows, np.asarray(offs), np.asarray(sizes), sentinel)
-    return {o: (a, b) for o, a, b in zip(np.asarray(offs).tolist(), start.tolist(), step.tolist()) if b >= 0}

@@ -22,6 +22,12 @@ finiteness to the check pass), and the values are those of the per-parameter pat
 kernels; SGD's kernel is its numpy rule operation for operation); anything unusual (another dtype or layout
 of a parameter, a non-finite result) goes the per-parameter way, which also writes the error messages.
 
+With parameters on a device (CUDA), a step is a few launches whatever the number of parameters: the backend's
+fused step runs each rule's kernel over a table of every parameter, gradient and slot (the same RULES as the
+C library), first checking (the loss, the gradients, the global norm and every result gathered into one small
+report), then, after the report's one device-to-host read found everything finite, applying in place. Its
+errors are the per-parameter step's, word for word; row-sparse gradients stay coalesced rows there too.
+
 Row-sparse gradients (:class:`~minicavs.sparse.RowSparse`, the gradient of an embedding lookup):
 
 - default (``sparse_updates=False``): exactly the dense semantics, identical to passing ``g.to_dense()``:
@@ -256,11 +262,78 @@ class Optimizer:
         return norm
 
     def _device_step(self, grads: Mapping[str, Grad], loss) -> float | None:
-        """The step with parameters on a device: every update computed there into new arrays, the loss's,
-        the global norm's and each update's finiteness gathered into one small array, and that array read
-        back in the step's one device-to-host copy; then the new values written in place on the device, or
-        (something not finite) nothing changed. Gradient indices made on the host are checked there."""
+        """The step with parameters on a device, in a number of launches that does not grow with the number
+        of parameters: the backend's fused step (``fused_step`` of its native kernels, on CUDA
+        cuda/optim_kernels.py) checks every update over a table of all of them and leaves a report
+        ``[loss, squared norm, flags]`` on the device; that report is the step's one device-to-host read,
+        and only when everything in it is finite does one more launch write the updates in place. Gradient
+        indices made on the host are checked there. Where the fused step does not apply (no such kernels,
+        parameters of several dtypes or not contiguous, a rule without a kernel) the per-parameter device
+        step runs: the same reads, one array operation or more per parameter."""
         checked = self._validate(grads, None, device=True)
+        fused = self._fused_segments(checked)
+        if fused is None:
+            return self._device_step_per_parameter(checked, loss)
+        kernels, segments = fused
+        rule, hyper = self.kernel(self.steps + 1)
+        step = kernels.fused_step(rule, hyper, self.weight_decay, self.clip_norm, segments, loss)
+        got = step.report.get()   # the one device-to-host read of a step
+        self.last_loss = None if loss is None else float(got[0])
+        norm = self._check_report(got, [p for p, _ in checked], loss is not None)
+        step.apply()   # every update checked: writing it cannot fail
+        self.steps += 1
+        return norm
+
+    def _fused_segments(self, checked: list[tuple[Parameter, Grad]]):
+        """(the backend's kernels, one segment per parameter: (value, gradient, slots, row indices or None,
+        weight decay?, lazy?)) for the fused device step, or None where it does not apply. A row-sparse
+        gradient stays its coalesced rows (no dense gradient is built), updated lazily or densely."""
+        if self.kernel(self.steps + 1) is None or not self.params:
+            return None
+        first = next(iter(self.params.values())).value
+        xp, dtype = array_module(first), first.dtype
+        kernels = native_kernels(xp, dtype)
+        if not hasattr(kernels, "fused_step"):
+            return None
+        segments = []
+        for p, g in checked:
+            slots = tuple(self.state[p.name][s] for s in self.slots)
+            if p.value.dtype != dtype or not all(_device_contiguous(a) for a in (p.value, *slots)):
+                return None
+            rows = None
+            if isinstance(g, RowSparse):   # coalesced: sorted unique indices
+                rows = xp.asarray(g.indices).astype(np.int64, copy=False)   # host indices: copied over once
+                g = g.rows
+            segments.append((p.value, xp.ascontiguousarray(g), slots, rows, self.weight_decay > 0 and p.weight_decay,
+                             self.sparse_updates))
+        return kernels, segments
+
+    def _check_report(self, got: np.ndarray, params: list[Parameter], has_loss: bool) -> float | None:
+        """The fused step's report read back: raise the per-parameter step's error for its first problem
+        (the loss, a gradient, the global norm, an update: in that order, as :meth:`_step` finds them);
+        return the global norm (None without clipping)."""
+        if has_loss and not math.isfinite(got[0]):
+            raise NonFiniteError(f"loss is {got[0]}; no parameter was updated")
+        flags = got[2:].reshape(-1, 2)
+        for p, (grad_bad, _) in zip(params, flags):
+            if grad_bad:
+                raise NonFiniteError(f"gradient of parameter '{p.name}' is not finite; no parameter was updated")
+        norm = None
+        if self.clip_norm is not None:
+            norm = math.sqrt(got[1]) if got[1] >= 0 else float("nan")
+            if not math.isfinite(norm):
+                raise NonFiniteError("global gradient norm overflows; no parameter was updated")
+        for p, (_, update_bad) in zip(params, flags):
+            if update_bad:
+                raise NonFiniteError(f"update of parameter '{p.name}' is not finite (learning rate or "
+                                     "gradient too large?); no parameter was updated")
+        return norm
+
+    def _device_step_per_parameter(self, checked: list[tuple[Parameter, Grad]], loss) -> float | None:
+        """The device step parameter by parameter (the fused step's reference and fallback): every update
+        computed into new arrays, the loss's, the global norm's and each update's finiteness gathered into
+        one small array, and that array read back in the step's one device-to-host copy; then the new values
+        written in place on the device, or (something not finite) nothing changed."""
         xp = array_module(next(iter(self.params.values())).value)
         f64 = np.float64
         report = [xp.asarray(np.nan if loss is None else loss, dtype=f64) if not on_device(loss)
@@ -401,6 +474,11 @@ def _update_kernels(value):
     return kernels if hasattr(kernels, "update") else None
 
 
+def _device_contiguous(a) -> bool:
+    """Can the fused device step address ``a`` as one flat run of elements (C-contiguous)?"""
+    return bool(a.flags.c_contiguous)
+
+
 def _inplace(*arrays) -> bool:
     """Can a compiled (C) kernel update these arrays in place (numpy, writable, C-contiguous)?"""
     return all(isinstance(a, np.ndarray) and a.flags.c_contiguous and a.flags.writeable for a in arrays)
@@ -455,9 +533,11 @@ def _check_sparse_on_device(p: Parameter, g: RowSparse) -> RowSparse:
 
 
 def _sq_norm(g: Grad) -> float:
+    """The squared L2 norm in float64; inf where it overflows (the caller raises NonFiniteError, no warning)."""
     a = g.rows if isinstance(g, RowSparse) else g
     a = a.astype(np.float64, copy=False).reshape(-1)
-    return float(np.dot(a, a))
+    with np.errstate(over="ignore", invalid="ignore"):
+        return float(np.dot(a, a))
 
 
 def _scaled(g: Grad, scale: float) -> Grad:

@@ -22,7 +22,6 @@ and scatter-adds.
 """
 from __future__ import annotations
 
-import os
 import threading
 
 import numpy as np
@@ -492,13 +491,13 @@ INDEX_KEYS = ("child", "pullrows", "pushrows", "srows", "rowkeys")
 
 
 def run(lowered, table: np.ndarray, buffers, dtype, forest: bool, workspace=None, device=None,
-        check: bool | None = None, operations: list | None = None, machine: type = Machine,
+        check: bool = False, operations: list | None = None, machine: type = Machine,
         eager: np.ndarray | None = None, stream: type | None = None) -> dict:
     """Run a lowered program over ``table`` (one row per task, blocks included) as the C runner does:
     ``buffers[key]`` gives each buffer (instructions.py's buffer keys; index arrays on the host), on
     ``device`` (its array module; None: numpy); returns the parameter-gradient
     accumulators ({name: array}) the program added into. ``check``: also check every gathered row number
-    (None: as the C runner's debug mode, when ``MINICAVS_NATIVE_CHECK`` is set). ``workspace`` is unused (the C
+    (the C runner's debug mode, ``EngineOptions.check``). ``workspace`` is unused (the C
     runner keeps its buffer table per workspace). ``operations``: per opcode id the function that runs it
     (a device's runner replaces some, e.g. FUSED by its generated kernel; default: :data:`BY_ID`);
     ``machine``: the :class:`Machine` (a device's may move rows with its own kernels). ``eager``: the eager
@@ -508,8 +507,6 @@ def run(lowered, table: np.ndarray, buffers, dtype, forest: bool, workspace=None
     operations = BY_ID if operations is None else operations
     xp = np if device is None else device.xp
     hosts = {}
-    if check is None:
-        check = os.environ.get("MINICAVS_NATIVE_CHECK", "0") not in ("", "0")
     flats, lds, transposed, grads = [], [], [], {}
     scratch_buf = len(lowered.keys) - 1
     nk = len(lowered.ranges) // 3

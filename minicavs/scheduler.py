@@ -43,9 +43,6 @@ class Schedule:
     def sizes(self) -> np.ndarray:
         return np.diff(self.task_ptr)
 
-    def backward_tasks(self) -> range:
-        """Task indices in the order backward runs them: the forward stack popped."""
-        return range(self.num_tasks - 1, -1, -1)
 
 
 def _from_keys(batch: Batch, order: np.ndarray, task_key: np.ndarray) -> Schedule:

@@ -22,7 +22,7 @@ from .ops.message import gather_node, pull_node, push_node, scatter_node
 
 
 # The most children a vertex function may gather. Each gather is a value of its own (a register) in the
-# template the native executor runs a kind by, which holds at most MAX_REGISTERS (512); this leaves 32 for
+# template the C runner runs a kind by, which holds at most MAX_REGISTERS (512); this leaves 32 for
 # the function's other values, so a function of the largest arity with a small body (a sum of its gathers,
 # an accum of them, a product and a nonlinearity) still runs natively.
 MAX_ARITY = MAX_REGISTERS - 32
@@ -32,7 +32,7 @@ class VertexFunction:
     """A static dataflow graph evaluated at every vertex of one kind.
 
     ``arity``: the most children a vertex of this kind has (gathers 0 .. arity-1), at most ``MAX_ARITY``
-    (480): every gather takes one of the native executor's 512 registers of a kind's template, and 32 are
+    (480): every gather takes one of the C runner's 512 registers of a kind's template, and 32 are
     left for the function's other values. A function of that arity whose other values need more registers
     (a large body) runs on the reference runner instead (the C runner declines it): the same numbers,
     slower; the batch program's ``dump()`` says why. Declaring a larger arity is an error."""
@@ -43,7 +43,7 @@ class VertexFunction:
             raise ValueError(f"vertex function '{name}': arity must be >= 0, got {arity}")
         if arity > MAX_ARITY:
             raise ShapeError(f"vertex function '{name}': arity {arity} is more than {MAX_ARITY}, the largest "
-                             f"supported (each gather takes one of the native executor's {MAX_REGISTERS} "
+                             f"supported (each gather takes one of the C runner's {MAX_REGISTERS} "
                              "registers of a kind's template); give vertices with more children an intermediate "
                              "level of vertices")
         if arity and message is None:

@@ -1,4 +1,4 @@
-"""The native executor's buffer table kept from run to run (cpu/runner.py's BufferTable): whatever changes
+"""The C runner's buffer table kept from run to run (cpu/runner.py's BufferTable): whatever changes
 between two passes (a parameter array replaced or written in place, a batch that grows the workspace's
 buffers or shrinks, another plan, a table with block rows or without, the statics copied or not, a
 checkpoint loaded, a run that failed), the numbers equal the reference runner's and a fresh model's, and
@@ -20,7 +20,7 @@ from .models.test_models import MODELS, TINY
 from .test_instructions import close
 
 pytestmark = pytest.mark.skipif(c_runner.available(np.float64) is not None,
-                                reason="no C compiler or BLAS: the native executor cannot run here")
+                                reason="no C compiler or BLAS: the C runner cannot run here")
 
 
 def _address(a) -> int:
@@ -81,7 +81,7 @@ def _trainer(tmp_path, name="tree_lstm", dtype="float64") -> Trainer:
 
 
 def _both(t: Trainer, samples):
-    """(reference runner's, native executor's) loss and gradients on ``samples``."""
+    """(reference runner's, C runner's) loss and gradients on ``samples``."""
     out = []
     for executor in ("reference", "native"):
         t.model.options = EngineOptions(executor=executor)
@@ -159,7 +159,7 @@ def test_statics_copied_then_not_and_blocks_then_none(tmp_path, checked_runs, mo
         return pre[:0], post[:0]
     for blocks in (True, False, True):
         monkeypatch.setattr(program, "block_rows", real if blocks else without_blocks)
-        native = t.loss_and_grads(samples)   # (the model's options: the native executor, from _both)
+        native = t.loss_and_grads(samples)   # (the model's options: the C runner, from _both)
         assert all((len(s.program.table) > len(s.program.task_table)) == blocks for s in native.states.values())
         if blocks:
             _same(python, native)

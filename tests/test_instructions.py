@@ -35,7 +35,7 @@ from .models.test_models import MODELS, TINY
 from .test_engine import CASES, dense, equal, random_dag, random_tree
 
 pytestmark = pytest.mark.skipif(c_runner.available(np.float64) is not None,
-                                reason="no C compiler or BLAS: the native executor cannot run here")
+                                reason="no C compiler or BLAS: the C runner cannot run here")
 
 REPO = Path(__file__).resolve().parents[1]
 SWITCHES = [EngineOptions(lazy_batching=lazy, eager_batching=eager, fusion=fusion, gather_elision=elision)
@@ -66,7 +66,7 @@ def assert_native_equals_reference(run, options, dtype, declined: str | None = N
     for state in native.states.values():
         for program in (state.program, state.backward_program):
             if declined is None:
-                assert program.runner == "native executor" and program.declined is None, program.declined
+                assert program.runner == "C runner" and program.declined is None, program.declined
                 assert len(program.table) > len(program.task_table) or not program.lowered.blocks
             else:
                 assert program.runner == "reference runner" and declined in program.declined
@@ -126,7 +126,6 @@ def test_blocks_move_interleaved_rows_by_index_with_the_bounds_checks_on(monkeyp
     h back from its interleaved scatter rows (SROWS); one vertex per task (the serial schedule) interleaves the
     Tree-LSTM's leaves with internal vertices, so the leaves' eager block computes [h; c] into scratch and
     puts it into their rows (SPUT). The same numbers as the Python interpreter."""
-    monkeypatch.setenv("MINICAVS_NATIVE_CHECK", "1")
     rng = np.random.default_rng(7)
     typed = cells.typed_child_sum_tree_lstm(rng)
     typed_graphs = [_typed(rng, random_tree(rng, 9, 3)) for _ in range(3)]
@@ -138,8 +137,8 @@ def test_blocks_move_interleaved_rows_by_index_with_the_bounds_checks_on(monkeyp
         def run(options):
             return case.model.forward_backward(graphs, feeds, case.params, RunContext(), options=options,
                                                policy=policy)
-        assert_native_equals_reference(run, EngineOptions(), "float64")
-        assert moved <= _moved_by_index(run(EngineOptions(executor="native")))
+        assert_native_equals_reference(run, EngineOptions(check=True), "float64")
+        assert moved <= _moved_by_index(run(EngineOptions(executor="native", check=True)))
 
 
 def _interleaved(name: str):
@@ -214,15 +213,16 @@ def test_a_bad_row_index_of_a_block_is_caught_by_the_debug_mode():
             case, graphs, policy = _interleaved(name)
             feeds = cells.batch_feeds(case, graphs, [case.data(np.random.default_rng(1), g) for g in graphs])
             MemoryPlan.scatter_rows = real
-            case.model.forward_backward(graphs, feeds, case.params, RunContext(), policy=policy)
+            case.model.forward_backward(graphs, feeds, case.params, RunContext(), policy=policy,
+                                        options=EngineOptions(check=True))
             MemoryPlan.scatter_rows = lambda plan, kid: np.append(real(plan, kid)[:-1], 10**9)
             try:
                 case.model.forward_backward(graphs, feeds, case.params, RunContext(),
-                                            options=EngineOptions(executor="native"), policy=policy)
+                                            options=EngineOptions(executor="native", check=True), policy=policy)
                 print("not caught", name)
             except c_runner.NativeCheckError as e:
                 print("caught:", e)
-        """, MINICAVS_NATIVE_CHECK="1")
+        """)
     assert result.returncode == 0, result.stderr[-2000:]
     assert re.search(r"caught: native F: task \d+, instruction \d+ \(SROWS dst=r\d+\(.*\) buf=scatter.*\): "
                      r"operand idx is out of bounds", result.stdout), result.stdout
@@ -478,9 +478,8 @@ def cpu_native_executor():
 def test_a_bad_eager_instruction_is_caught_on_the_eager_stream(monkeypatch):
     """With the debug mode on, an eager template's instruction addressing outside its buffer fails the eager
     call; the main call, waiting for that chunk, stops too, and the error names the eager stream."""
-    monkeypatch.setenv("MINICAVS_NATIVE_CHECK", "1")
     run = _pushed_outputs_run(dag=False)
-    lowered = run(EngineOptions(streaming=True)).states["G"].program.lowered
+    lowered = run(EngineOptions(streaming=True, check=True)).states["G"].program.lowered
     block = next(b for b in lowered.blocks if b.phase == PRE)
     begin, end = lowered.ranges[block.tid]
     pc = next(pc for pc in range(begin, end) if instructions.OPCODES_BY_ID[lowered.code[pc][0]] == "GEMM")
@@ -488,10 +487,10 @@ def test_a_bad_eager_instruction_is_caught_on_the_eager_stream(monkeypatch):
     lowered.code[pc][4] = 10**9   # (its rows)
     try:
         with pytest.raises(c_runner.NativeCheckError, match=rf"native F: eager stream task \d+, instruction {pc} "):
-            run(EngineOptions(streaming=True))
+            run(EngineOptions(streaming=True, check=True))
     finally:
         lowered.code[pc][4] = original
-    results_equal(run(EngineOptions()), run(EngineOptions(streaming=True)), "float64")
+    results_equal(run(EngineOptions(check=True)), run(EngineOptions(streaming=True, check=True)), "float64")
 
 
 @pytest.mark.parametrize("eager", [True, False])
@@ -561,7 +560,7 @@ def test_dump_shows_the_instructions():
     case.model.options = EngineOptions(executor="native")
     state = case.model.forward_backward(trees, feeds, case.params, RunContext()).states["G"]
     text = state.program.dump()
-    assert "F: one call of the native executor runs the blocks before the task loop (1 rows), tasks 0:2 and " \
+    assert "F: one call of the C runner runs the blocks before the task loop (1 rows), tasks 0:2 and " \
         "the blocks after it (1 rows)" in text
     lines = text.splitlines()
     # the blocks' templates: the leaves' x·W over all leaf rows (eager batching), the roots' h pushed after
@@ -648,7 +647,7 @@ def test_corrupted_offset_is_caught_by_the_debug_mode_not_a_crash():
         case = cells.binary_tree_lstm(rng)
         trees = [InputGraph([[1, 2], [], []])] * 3
         feeds = cells.batch_feeds(case, trees, [case.data(rng, g) for g in trees])
-        case.model.options = EngineOptions(executor="native")
+        case.model.options = EngineOptions(executor="native", check=True)
         state = case.model.forward_backward(trees, feeds, case.params, RunContext()).states["G"]
         code = state.program.lowered.code
         pc = next(i for i in range(len(code)) if instructions.OPCODES_BY_ID[code[i][0]] == "BIND"
@@ -658,7 +657,7 @@ def test_corrupted_offset_is_caught_by_the_debug_mode_not_a_crash():
             case.model.forward_backward(trees, feeds, case.params, RunContext())
         except c_runner.NativeCheckError as e:
             print("caught:", e)
-        """, MINICAVS_NATIVE_CHECK="1")
+        """)
     assert result.returncode == 0, result.stderr[-2000:]
     assert re.search(r"caught: native F: task \d+, instruction \d+ \(BIND dst=r\d+\(.*\) buf=scatter.* "
                      r"col=1000000000.*\): operand \w+ is out of bounds", result.stdout), result.stdout
@@ -675,7 +674,7 @@ def test_without_a_compiler_the_reference_runner_trains_with_one_warning(tmp_pat
                         "train.epochs=1"], run_dir={str(tmp_path / 'run')!r})
             for step in range(3):
                 loss, _ = t.train_step(list(range(8 * step, 8 * step + 8)))
-        native = [str(w.message) for w in caught if "native executor" in str(w.message)]
+        native = [str(w.message) for w in caught if "C runner" in str(w.message)]
         print(len(native), native[0] if native else "")
         state = t.loss_and_grads(t.task.data["train"][:4]).states
         programs = [p for s in state.values() for p in (s.program, s.backward_program)]
@@ -723,7 +722,7 @@ def test_one_tree_inference_native_equals_reference_and_the_batched_pass(dtype, 
     for tree in trees:
         reference, native = infer([tree], "reference"), infer([tree], "native")
         program = native.states["tree"].program
-        assert program.runner == "native executor" and program.declined is None, program.declined
+        assert program.runner == "C runner" and program.declined is None, program.declined
         close(reference.loss, native.loss, dtype)
         close(reference.outputs["probs"], native.outputs["probs"], dtype)
         close(reference.pushes["tree"]["h"], native.pushes["tree"]["h"], dtype)
@@ -785,7 +784,6 @@ def test_few_row_products_by_a_wide_static_run_transposed_with_the_same_numbers(
     this small model takes it) ∂F's dgates·W_h^T on W_h itself: the same loss and gradients as the plain
     products (the path switched off) and as the Python interpreter, at tasks of 1 to 40 rows (one row takes
     the GEMV; more than SMALL_M_ROWS the plain GEMM), with the debug mode's bounds checks on."""
-    monkeypatch.setenv("MINICAVS_NATIVE_CHECK", "1")
     monkeypatch.setattr(c_runner, "TWIN_ELEMENTS", 1)
     monkeypatch.setattr(c_runner, "CONTIGUOUS_STATICS_ROWS", 1)
     t = Trainer(MODELS / "var_lstm.yaml", TINY["var_lstm"] + [f"train.dtype={dtype}", "data.synthetic.train=120"],
@@ -797,7 +795,7 @@ def test_few_row_products_by_a_wide_static_run_transposed_with_the_same_numbers(
         for rows in (c_runner.SMALL_M_ROWS, 0):
             monkeypatch.setattr(c_runner, "SMALL_M_ROWS", rows)
             twins.clear()
-            t.model.options = EngineOptions(executor="native")
+            t.model.options = EngineOptions(executor="native", check=True)
             runs[rows] = t.loss_and_grads(samples)
             assert (20, 5) in twins                     # F's W_h^T made for the task loop (and ∂F's W_h^T)
         a, b = runs.values()
@@ -807,7 +805,7 @@ def test_few_row_products_by_a_wide_static_run_transposed_with_the_same_numbers(
             close(a.grads[k], b.grads[k], dtype)
         monkeypatch.setattr(c_runner, "SMALL_M_ROWS", 32)
         assert_native_equals_reference(lambda o: (setattr(t.model, "options", o), t.loss_and_grads(samples))[1],
-                                    EngineOptions(), dtype)
+                                    EngineOptions(check=True), dtype)
 
 
 def test_a_wide_static_only_the_blocks_read_gets_no_transposed_copy(tmp_path, monkeypatch):
@@ -884,7 +882,7 @@ def _block_instruction(program, template: str, opcode: str) -> int:
     (True, "kind 'internal' after tasks block", "GEMM", 3, lambda v: v - 1),   # dU one row short
 ])
 def test_a_wrong_block_instruction_makes_native_differ_from_reference(backward, template, opcode, field, change):
-    """The blocks the native executor runs are what computes those values: one perturbed instruction of a
+    """The blocks the C runner runs are what computes those values: one perturbed instruction of a
     block template (the linked program is cached with the model, so the next run uses it) and the numbers
     differ from the reference runner's before the change."""
     rng = np.random.default_rng(4)
@@ -928,7 +926,7 @@ def test_a_bad_offset_in_a_block_instruction_is_caught_by_the_debug_mode():
             case = getattr(cells, name)(rng)
             graphs = make()
             feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
-            case.model.options = EngineOptions(executor="native")
+            case.model.options = EngineOptions(executor="native", check=True)
             state = case.model.forward_backward(graphs, feeds, case.params, RunContext()).states["G"]
             program = state.backward_program if backward else state.program
             pc = _block_instruction(program, template, opcode)
@@ -938,7 +936,7 @@ def test_a_bad_offset_in_a_block_instruction_is_caught_by_the_debug_mode():
                 print("not caught", opcode)
             except c_runner.NativeCheckError as e:
                 print("caught:", e)
-        """, MINICAVS_NATIVE_CHECK="1")
+        """)
     assert result.returncode == 0, result.stderr[-2000:]
     assert re.search(r"caught: native F: task \d+, instruction \d+ \(BIND dst=r\d+\(.*\) buf=tensor.* "
                      r"col=1000000000.*\): operand \w+ is out of bounds", result.stdout), result.stdout

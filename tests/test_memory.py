@@ -13,13 +13,22 @@ from minicavs.engine import EngineOptions
 from minicavs.executor import RunContext
 from minicavs.explain import explain
 from minicavs.inputs import InputGraph
-from minicavs.memory import _strided
+from minicavs.memory import _strided_arrays
 
 from . import cells
 from .test_engine import assert_same, random_tree
 
 ON = EngineOptions()
 OFF = replace(ON, gather_elision=False)
+
+
+
+def _strided(rows: np.ndarray, offs: np.ndarray, sizes: np.ndarray, sentinel: int) -> dict:
+    """{task's kind offset: (start, step)} for the tasks of memory._strided_arrays whose rows are a view."""
+    if not len(rows):
+        return {}
+    start, step = _strided_arrays(rows, np.asarray(offs), np.asarray(sizes), sentinel)
+    return {o: (a, b) for o, a, b in zip(np.asarray(offs).tolist(), start.tolist(), step.tolist()) if b >= 0}
 
 
 def test_strided_blocks_found_per_task():
@@ -139,7 +148,7 @@ def test_lazy_phases_read_scattered_values_and_gathered_children_back_from_the_s
     assert h in internal.lazy_scatter_reads(ON) and leaf.ct[leaf.scattered] in leaf.lazy_scatter_reads(ON)
     f_stored, f_places, b_stored, b_places = internal.placement(ON)
     assert cat not in f_stored and h not in f_stored                 # nothing of F is kept but the tensors ∂F
-    assert leaf.ct[leaf.scattered] not in leaf.placement(ON)[2]     # reads; the leaves' dscatter not either
+    assert leaf.ct[leaf.scattered] not in leaf.placement(ON).backward_stored     # reads; the leaves' dscatter not either
     from minicavs.data.trees import complete_binary_tree
     complete = [complete_binary_tree(8).to_graph()] * 3          # siblings side by side: a reshape
     irregular = [random_tree(np.random.default_rng(1), n, 2, full_binary=True) for n in (5, 7, 4)]
@@ -269,8 +278,8 @@ def test_lazy_phase_temporaries_live_in_the_workspace():
     rng = np.random.default_rng(1)
     trees = [random_tree(rng, 6, 2, full_binary=True) for _ in range(3)]
     feeds = cells.batch_feeds(case, trees, [case.data(rng, g) for g in trees])
-    (fused,) = [s for s in leaf.phases(ON)[1].programs[POST] if s.fused]
-    assert set(fused.outputs) <= set(leaf.placement(ON)[2])   # (its output is a dynamic tensor of ∂F)
+    (fused,) = [s for s in leaf.phases(ON).backward.programs[POST] if s.fused]
+    assert set(fused.outputs) <= set(leaf.placement(ON).backward_stored)   # (its output is a dynamic tensor of ∂F)
     written = []
     for _ in range(2):
         res = case.model.forward_backward(trees, feeds, case.params, RunContext(), options=ON)

@@ -281,6 +281,22 @@ def test_overflowing_update_raises_and_changes_nothing():
     assert_unchanged(ps, opt, snap)
 
 
+@pytest.mark.parametrize("make", [
+    lambda ps: SGD(ps, lr=0.1, clip_norm=1.0), lambda ps: Adam(ps, lr=0.1, clip_norm=1.0, sparse_updates=True)])
+@pytest.mark.parametrize("big", [{"W": np.full((2, 2), 1e200)},
+                                 {"E": RowSparse(np.array([1, 2]), np.full((2, 2), 1e160), (6, 2))}])
+def test_overflowing_norm_raises_and_changes_nothing(make, big):
+    """Finite gradients whose squared norm overflows float64: NonFiniteError (not numpy's overflow warning,
+    an error under ``-W error``), nothing changed."""
+    ps = table_params()
+    opt = make(ps)
+    opt.step(good_grads())
+    snap = snapshot(ps, opt)
+    with pytest.raises(NonFiniteError, match="global gradient norm overflows"):
+        opt.step({**good_grads(), **big})
+    assert_unchanged(ps, opt, snap)
+
+
 def test_missing_gradient_skips_the_parameter():
     ps = two_params()
     opt = Adam(ps, lr=0.1)

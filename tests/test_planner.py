@@ -85,7 +85,7 @@ def test_random_graphs_plan_as_the_reference(name, seed, k, size, policy, ids):
 
 
 def assert_same_task_tables(s, batch, plan, ref_plan):
-    """The native executor's task table and copy counters from the planner's table equal those task_table
+    """The C runner's task table and copy counters from the planner's table equal those task_table
     builds from the reference plan, forward and backward, under the switches that change them."""
     from minicavs import program
     from minicavs.engine import EngineOptions

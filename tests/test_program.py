@@ -93,7 +93,7 @@ LAYOUTS = {
     "broadcast (stride 0)": lambda a: np.broadcast_to(a[:1], a.shape),
     "fortran, strided, big-endian": lambda a: _strided(_big_endian(a), order="F"),
 }
-EXECUTORS = ["native", "native checked", "reference"]   # native checked: MINICAVS_NATIVE_CHECK=1
+EXECUTORS = ["native", "native checked", "reference"]   # native checked: EngineOptions(check=True)
 
 
 def _c_order(a):
@@ -173,7 +173,7 @@ def test_every_feed_and_parameter_layout_gives_the_c_order_numbers(layout_cases,
     from minicavs.nn import Parameter, ParameterSet
     from .test_engine import dense, equal
     if executor != "reference" and CPU.runner_missing(np.float64) is not None:
-        pytest.skip("no C compiler or BLAS: the native executor cannot run here")
+        pytest.skip("no C compiler or BLAS: the C runner cannot run here")
     model, params, graphs, feeds, laid_feeds, laid_params = layout_cases[case]
     make = LAYOUTS[layout]
     given = {k: make(np.asarray(feeds[k])) for k in laid_feeds} | {p: make(params[p].value) for p in laid_params}
@@ -187,12 +187,11 @@ def test_every_feed_and_parameter_layout_gives_the_c_order_numbers(layout_cases,
                                        {p: _c_order(odd_params[p].value) for p in odd_params},
                                        options=EngineOptions(executor="reference"))
     before = {k: np.array(v, copy=True) for k, v in given.items()}
-    if executor == "native checked":
-        monkeypatch.setenv("MINICAVS_NATIVE_CHECK", "1")
-    result = model.forward_backward(graphs, odd_feeds, odd_params, options=EngineOptions(executor=executor.split()[0]))
+    result = model.forward_backward(graphs, odd_feeds, odd_params, options=EngineOptions(
+        executor=executor.split()[0], check=executor == "native checked"))
     for state in result.states.values():   # (the runner asked for ran both passes: no silent fallback)
         for program in (state.program, state.backward_program):
-            assert program.runner == ("reference runner" if executor == "reference" else "native executor")
+            assert program.runner == ("reference runner" if executor == "reference" else "C runner")
             assert program.declined is None, program.declined
     equal(result.loss, reference.loss)
     assert set(result.grads) == set(reference.grads)

@@ -292,14 +292,14 @@ def test_a_per_row_product_reaching_outside_its_buffer_raises(opcode, field):
         case = cells.per_row_matrices(rng, 3)
         graphs = [InputGraph.chain(n) for n in (3, 4)]
         feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
-        case.model.options = EngineOptions(executor="native")
+        case.model.options = EngineOptions(executor="native", check=True)
         code = case.model.forward_backward(graphs, feeds, case.params, RunContext()).states["G"].program.lowered.code
         code[{pc}][{field}] = 10**6
         try:
             case.model.forward_backward(graphs, feeds, case.params, RunContext())
         except c_runner.NativeCheckError as e:
             print("caught:", e)
-        """, MINICAVS_NATIVE_CHECK="1")
+        """)
     assert result.returncode == 0, result.stderr[-2000:]
     assert re.search(rf"caught: native F: task \d+, instruction {pc} \({opcode} .*\): operand \w+ is out of "
                      "bounds", result.stdout), result.stdout
@@ -307,7 +307,6 @@ def test_a_per_row_product_reaching_outside_its_buffer_raises(opcode, field):
 
 def test_a_gathered_row_number_out_of_range_raises_in_check_mode(monkeypatch):
     """With the debug mode on, an index array's values are checked too (a gather past the scatter tensor)."""
-    monkeypatch.setenv("MINICAVS_NATIVE_CHECK", "1")
     rng = np.random.default_rng(4)
     case = cells.child_sum_tree_lstm(rng)
     graphs = [CASES["child_sum"][1](rng, 4) for _ in range(2)]
@@ -320,7 +319,7 @@ def test_a_gathered_row_number_out_of_range_raises_in_check_mode(monkeypatch):
     monkeypatch.setattr(reference.Machine, "index", shifted)
     with pytest.raises(reference.CheckError, match="row index out of range"):
         case.model.forward_backward(graphs, feeds, case.params, RunContext(),
-                                    options=EngineOptions(executor="reference", gather_elision=False))
+                                    options=EngineOptions(executor="reference", gather_elision=False, check=True))
 
 
 def _program(code: list, keys: list, nregs: int) -> instructions.Lowered:
@@ -337,11 +336,9 @@ def _on_every_runner(program, table, buffers: dict, dtype) -> list:
     """The buffers after ``program`` ran over ``table`` on the C runner (with and without its check mode) and
     on the reference runner: one dict of copies per run."""
     out = []
-    for run, check in ((c_runner.run, "0"), (c_runner.run, "1"), (reference.run, "0")):
+    for run, check in ((c_runner.run, False), (c_runner.run, True), (reference.run, False)):
         copies = Arenas({key: a.copy() for key, a in buffers.items()}, dtype)
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setenv("MINICAVS_NATIVE_CHECK", check)
-            run(program, table, copies, dtype, True)
+        run(program, table, copies, dtype, True, check=check)
         out.append(dict(copies))
     return out
 

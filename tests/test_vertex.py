@@ -167,7 +167,7 @@ def test_arity_sweep_up_to_the_largest_supported_on_every_executor(arity, form):
     if CPU.runner_missing(np.float64) is None:
         state = results["native"].states["G"]
         for program in (state.program, state.backward_program):
-            assert program.runner == "native executor" and program.declined is None, program.declined
+            assert program.runner == "C runner" and program.declined is None, program.declined
     equal(results["native"].grads["W"], results["reference"].grads["W"])
 
 

@@ -84,7 +84,7 @@ def main(argv=None):
             blocks = []
             for kid, kname in enumerate(b.kind_names):
                 fn = s.compiled[kname]
-                crossing = [x for r in fn.phases(EngineOptions())[1].reads for x in r]
+                crossing = [x for r in fn.phases(EngineOptions()).backward.reads for x in r]
                 blocks += [np.empty((plan.kinds[kid].n,) + node.vshape, np.float32)
                            for node in fn.fwd_tensors + crossing]
             return sum(x.nbytes for x in blocks)

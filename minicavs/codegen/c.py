@@ -1,7 +1,7 @@
 """C source for fused groups and row movement: strings only (minicavs/cpu compiles, loads and caches them).
 
 Every group becomes ``void k(long rows, long cols, const T *x0, long ld0, ..., T *y, long ldy)`` (and
-``k_u(rows, cols, ptrs, lds)``, the same behind one signature for the native executor): a row loop
+``k_u(rows, cols, ptrs, lds)``, the same behind one signature for the C runner): a row loop
 around a ``#pragma omp simd`` column loop, so a group reads strided views (the ``h`` half of a gathered
 ``[h, c]``) and writes straight into a dynamic tensor's rows without copies. float32 groups use
 :mod:`.vecmath`'s branch-free ``exp``/``tanh`` so the column loop vectorizes; float64 groups call libm.
@@ -52,7 +52,7 @@ def render(group: FusedGroup) -> tuple[str, str, str]:
 
 
 def _uniform(name: str, T: str, nin: int, nout: int) -> str:
-    """``name_u(rows, cols, ptrs, lds)``: the kernel behind one signature, so the native executor
+    """``name_u(rows, cols, ptrs, lds)``: the kernel behind one signature, so the C runner
     (codegen/native.py) can call any group through one function pointer type."""
     args = ", ".join([f"(const {T} *)p[{i}], ld[{i}]" for i in range(nin)]
                      + [f"({T} *)p[{nin + k}], ld[{nin + k}]" for k in range(nout)])

@@ -22,8 +22,7 @@ from __future__ import annotations
 
 import math
 
-from ..limits import MAX_ARGS, MAX_REGISTERS
-from ..ops.registry import holds_tuple  # noqa: F401  (the machine's view: a register of a tuple)  # noqa: F401  (re-exported: the lowering's limits)
+from ..limits import MAX_ARGS, MAX_REGISTERS  # noqa: F401  (re-exported: the lowering's limits)
 
 WIDTH = 10
 

@@ -193,7 +193,7 @@ static i64 prepare(i64 K, const i64 *sizes, const i64 *edges, const i64 *ptr_all
                 if (step < 0) gcopy[k * maxa + j] += bs;
             }
         }
-        /* the native executor's task table rows of this kind (program.task_table): the task, the first row
+        /* the C runner's task table rows of this kind (program.task_table): the task, the first row
            of the sibling-concat view (every slot j a view of step a starting j rows after slot 0's), the views */
         for (i64 q = 0; q < tk; q++) {
             const i64 t = task_of_kind[tstart[k] + q], *vw = views + vbase + q * 2 * a;

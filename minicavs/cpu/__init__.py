@@ -23,7 +23,7 @@ class CpuBackend(Backend):
 
     name = "cpu"
     deterministic = True
-    runner_name = "native executor"
+    runner_name = "C runner"
 
     def __init__(self):
         self.xp = np
@@ -49,10 +49,10 @@ class CpuBackend(Backend):
         return runner.declines(lowered, dtype)
 
     def run_program(self, lowered, table: np.ndarray, buffers, dtype, forest: bool, workspace=None,
-                    eager: np.ndarray | None = None) -> dict:
+                    eager: np.ndarray | None = None, check: bool = False) -> dict:
         """The C runner (:mod:`.runner`): one C call runs the pass (``eager``: a second one, on the eager
         thread, runs the eager stream's table ahead of the tasks)."""
-        return runner.run(lowered, table, buffers, dtype, forest, workspace, eager)
+        return runner.run(lowered, table, buffers, dtype, forest, workspace, eager, check)
 
     def put(self, dst, rows: np.ndarray, src) -> None:
         """``dst[rows] = src`` for distinct ``rows`` (a push, a child's gradient in a forest)."""

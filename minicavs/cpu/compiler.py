@@ -90,7 +90,7 @@ class Kernel:
     def __init__(self, group: FusedGroup, fn, ffi, lib, address: int = 0):
         self.group = group
         self.fn = fn
-        self.address = address   # of the kernel's uniform-signature twin (the native executor calls it)
+        self.address = address   # of the kernel's uniform-signature twin (the C runner calls it)
         self.lib = lib  # keep the library loaded
         self.dtype = group.output.dtype.np
         self.kinds = list(group.broadcast)
@@ -155,12 +155,12 @@ _warned = False
 
 
 def warn_no_compiler() -> None:
-    """The one warning per process that there is no C compiler (fused kernels and the native executor)."""
+    """The one warning per process that there is no C compiler (fused kernels and the C runner)."""
     global _warned
     if not _warned:
         warnings.warn(f"no C compiler ({os.environ.get('CC', 'cc')}) found: fused elementwise groups run "
-                      "unfused with numpy, and the reference runner runs the batch programs (no native "
-                      "executor)", RuntimeWarning, stacklevel=3)
+                      "unfused with numpy, and the reference runner runs the batch programs (no C "
+                      "runner)", RuntimeWarning, stacklevel=3)
         _warned = True
 
 

@@ -1,4 +1,4 @@
-"""The native executor on the CPU: codegen/native.py's interpreter compiled like the fused kernels (cached,
+"""The C runner on the CPU: codegen/native.py's interpreter compiled like the fused kernels (cached,
 atomic), loaded with cffi (which releases the GIL for the call), and the BLAS it calls GEMMs through.
 
 BLAS: the OpenBLAS numpy itself loaded. numpy 2.x wheels ship ``numpy.libs/libscipy_openblas64_-*.so``
@@ -30,7 +30,7 @@ _warned: set = set()
 
 def _warn_once(why: str) -> None:
     if not _warned:
-        warnings.warn(f"native executor unavailable ({why}): the reference runner runs the batch programs (slowly)",
+        warnings.warn(f"C runner unavailable ({why}): the reference runner runs the batch programs (slowly)",
                       RuntimeWarning, stacklevel=3)
     _warned.add(why)
 
@@ -129,7 +129,7 @@ class NativeExecutor:
 
 @functools.lru_cache(maxsize=None)
 def executor(dtype) -> NativeExecutor | None:
-    """The native executor for ``dtype`` (float32 / float64), or None (with one warning) when this process
+    """The C runner for ``dtype`` (float32 / float64), or None (with one warning) when this process
     cannot build it: no C compiler, no BLAS."""
     import cffi
     name = np.dtype(dtype).name

@@ -1,4 +1,4 @@
-"""The C runner of a lowered batch program (instructions.py): the buffer table the native executor reads
+"""The C runner of a lowered batch program (instructions.py): the buffer table the C runner reads
 (codegen/native.py's interpreter, compiled by :mod:`.native`), kept from run to run, and the one C call that
 runs a pass's blocks and tasks. The CPU backend's ``run_program``. Streaming, a second call runs the eager
 stream's table (program.eager_rows) on the CPU's eager thread, and the main call's task t waits for its
@@ -11,7 +11,6 @@ transposed twin for few-row products (the constants below say when and why).
 from __future__ import annotations
 
 import math
-import os
 
 import numpy as np
 
@@ -62,7 +61,7 @@ def _matrix_info(a: np.ndarray, static: bool = True) -> tuple[np.ndarray, int, i
     if static and a.ndim == 2 and not a.flags.c_contiguous and a.T.flags.c_contiguous:
         return a, a.shape[0], 1
     if not a.flags.c_contiguous:   # a copy would take the executor's writes and lose them
-        raise ValueError(f"native executor: a buffer of shape {a.shape} and strides {a.strides} is not "
+        raise ValueError(f"C runner: a buffer of shape {a.shape} and strides {a.strides} is not "
                          "C-contiguous" + (" nor a transposed contiguous matrix" if static else ""))
     return a, (a.shape[-1] if a.ndim >= 1 else 1) if a.ndim <= 2 else int(math.prod(a.shape[1:])), 0
 
@@ -141,7 +140,7 @@ WORKSPACE_TENSORS = ("tensor", "btensor")
 
 
 def run(lowered, table: np.ndarray, buffers, dtype, forest: bool, workspace=None,
-        eager: np.ndarray | None = None) -> dict:
+        eager: np.ndarray | None = None, check: bool = False) -> dict:
     """Run the task loop natively: ``buffers[key]`` gives each buffer's array, or (array, elements) for the
     first ``elements`` of an array kept from batch to batch (a workspace buffer: memory.DynamicTensor.prefix).
     ``workspace``: the one whose dynamic tensors the WORKSPACE_TENSORS keys resolve to (their buffers are
@@ -196,7 +195,7 @@ def run(lowered, table: np.ndarray, buffers, dtype, forest: bool, workspace=None
         if type(a) is tuple:
             a, used = a
             if not 0 <= used <= a.size:
-                raise ValueError(f"native executor: {used} elements of a buffer of {a.size}")
+                raise ValueError(f"C runner: {used} elements of a buffer of {a.size}")
         if a is held[i] and layouts[i] == (a.shape, a.strides):
             if used is not None and sizes[i] != used:
                 sizes[i], changed = used, True
@@ -254,7 +253,7 @@ def run(lowered, table: np.ndarray, buffers, dtype, forest: bool, workspace=None
         bind(scratch_at, buffers[("arena", "scratch", scratch + tmp_rows * twin_cols)])
     if changed:
         info[1], info[2], info[3] = sizes, strides, flags
-    check = int(os.environ.get("MINICAVS_NATIVE_CHECK", "0") not in ("", "0"))
+    check = int(check)   # (the debug mode: every operand bounds-checked, a failure reported, not a crash)
     prof = ffi.NULL if PROFILE is None else ex.ptr(PROFILE)
     p = ex.ptr
     if lowered.pointers is None:   # the program's own arrays: fixed, so their addresses are taken once

@@ -125,18 +125,19 @@ class Cuda(Backend):
     tf32_products = True   # (engine.tf32: the products the C loop issues read TF32 inputs)
 
     def run_program(self, lowered, table: np.ndarray, buffers, dtype, forest: bool, workspace=None,
-                    eager: np.ndarray | None = None, tf32: bool | None = None) -> dict:
+                    eager: np.ndarray | None = None, check: bool = False, tf32: bool | None = None) -> dict:
         """The CUDA runner: the whole pass issued by one C call (:mod:`.issue`: every launch and product from
         C), or, for a program that loop declines (``issue_declined`` says why) or with ``issue_from_c`` off,
         the reference runner's opcodes over CuPy arrays, a fused group by its generated kernel
-        (:mod:`.runner`); ``eager``'s chunks on the device's eager stream. ``tf32`` (None: the device's
-        ``tf32``): float32 products issued from C read TF32 inputs (engine.tf32)."""
+        (:mod:`.runner`); ``eager``'s chunks on the device's eager stream. ``check``: the debug mode (every
+        row number of the index arrays checked too). ``tf32`` (None: the device's ``tf32``): float32 products
+        issued from C read TF32 inputs (engine.tf32)."""
         why = issue.declines(lowered, self, dtype, forest) if self.issue_from_c else "issue_from_c is off"
         lowered.__dict__["issue_declined"] = why
         if why is None:
             return issue.run(lowered, table, buffers, dtype, forest, self, eager,
-                             tf32=self.tf32 if tf32 is None else tf32)
-        return runner.run(lowered, table, buffers, dtype, forest, self, eager)
+                             tf32=self.tf32 if tf32 is None else tf32, check=check)
+        return runner.run(lowered, table, buffers, dtype, forest, self, eager, check)
 
     def eager_stream(self):
         """The second CUDA stream (created once): eager work, ahead of the recurrent path."""

@@ -287,16 +287,14 @@ def _fused_handles(lowered, fns: _Functions) -> np.ndarray:
 
 
 def run(lowered, table: np.ndarray, buffers, dtype, forest: bool, device, eager: np.ndarray | None = None,
-        tf32: bool = False, check: bool | None = None) -> dict:
+        tf32: bool = False, check: bool = False) -> dict:
     """Issue ``lowered`` over ``table`` on ``device`` with one C call (see reference.run for the buffers and
     the eager table); returns the parameter-gradient accumulators it added into. ``check``: also check every
-    row number of the index arrays on their host copies (None: as the C runner, when
-    ``MINICAVS_NATIVE_CHECK`` is set)."""
+    row number of the index arrays on their host copies (the runners' debug mode, ``EngineOptions.check``;
+    every register is checked against its buffer either way)."""
     ffi, lib = library()
     fns = functions(device, dtype, tf32)
     xp = device.xp
-    if check is None:
-        check = os.environ.get("MINICAVS_NATIVE_CHECK", "0") not in ("", "0")
     n = len(lowered.keys)
     nk = len(lowered.ranges) // 3
     table = np.ascontiguousarray(table, np.int64)

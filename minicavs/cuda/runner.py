@@ -89,8 +89,9 @@ class EventStream:
         self.wait(self.chunks - 1)
 
 
-def run(lowered, table: np.ndarray, buffers, dtype, forest: bool, device, eager: np.ndarray | None = None) -> dict:
+def run(lowered, table: np.ndarray, buffers, dtype, forest: bool, device, eager: np.ndarray | None = None,
+        check: bool = False) -> dict:
     """Run ``lowered`` over ``table`` on ``device`` (see reference.run; ``eager``'s chunks on the device's
     second stream: :class:`EventStream`)."""
-    return reference.run(lowered, table, buffers, dtype, forest, device=device, operations=OPERATIONS,
+    return reference.run(lowered, table, buffers, dtype, forest, device=device, check=check, operations=OPERATIONS,
                          machine=DeviceMachine, eager=eager, stream=EventStream)

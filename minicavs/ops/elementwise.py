@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import itertools
 
-import numpy as np
-
 from ..errors import ShapeError
 from ..graph import Node, fmt_shape
 from . import scalar as S
@@ -75,10 +73,6 @@ def _binary(name, impl, vjp, expr, infer=_binary_infer):
         return make_node(name, (a, b))
     build.__name__ = name
     return build
-
-
-def _half(y):
-    return constant(0.5, y.dtype)
 
 
 neg = _unary("neg", lambda xp, x: -x, lambda g, y, x: (neg(g),), lambda x: -x)
@@ -164,7 +158,7 @@ ACCUM_OPERANDS = 32   # operands of one accum node; more are summed by a tree of
 def accum(*xs: Node) -> Node:
     """The sum of ``xs`` (dense or row-sparse). More than ``ACCUM_OPERANDS`` are added in chunks of that
     many and the partial sums added up in turn: an elementwise node becomes one generated kernel, whose
-    operands the native executor passes at most 64 of (codegen/native.py MAX_ARGS)."""
+    operands the C runner passes at most 64 of (codegen/native.py MAX_ARGS)."""
     while len(xs) > ACCUM_OPERANDS:
         xs = tuple(xs[i] if len(xs) - i == 1 else make_node("accum", xs[i:i + ACCUM_OPERANDS])
                    for i in range(0, len(xs), ACCUM_OPERANDS))

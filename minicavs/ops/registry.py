@@ -35,7 +35,7 @@ class OpDef:
     product: (left, right) input indices when the output of 2-D operands is the matrix product left·right
         (plus the bias, if ``bias_input``): products sharing a left operand can be merged into one GEMM
         (passes/gemm.py).
-    native(node) -> how the native executor (instructions.py) runs a non-elementwise node, or None where it
+    native(node) -> how the C runner (instructions.py) runs a non-elementwise node, or None where it
         cannot. A per-row value of any number of axes is a matrix of flat rows (its numbers row-major), so
         axis 1 of it is a run of column blocks: "gemm" (a 2-D product; a linear's bias added after it),
         "bmm" (a product per row of per-row values of three axes, or of one and a 2-D static), "cols" (a

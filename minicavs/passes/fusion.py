@@ -9,7 +9,7 @@ Union-find over producer -> consumer edges between fusible nodes of one shape; a
 path would leave the group and come back (through a matmul, say), since the kernel must run as one step.
 A member read outside (h, both scattered and pushed; a forward value ∂F reads) does not end its group: it
 becomes one more output the kernel writes. A merge is also refused when the group would need more than
-``MAX_ARGS`` kernel arguments (the native executor's limit): a sum of hundreds of gathers becomes a few
+``MAX_ARGS`` kernel arguments (the C runner's limit): a sum of hundreds of gathers becomes a few
 kernels of at most that many operands each.
 """
 from __future__ import annotations
@@ -144,9 +144,3 @@ def fuse(nodes: Sequence[Node], outputs: Sequence[Node] = ()) -> list[FusedGroup
         groups.append(FusedGroup(ordered, inputs, [broadcast_kind(x, ordered[-1]) for x in inputs], outs))
     groups.sort(key=lambda g: g.output.id)
     return groups
-
-
-def count_kernels(nodes: Sequence[Node], outputs: Sequence[Node] = ()) -> int:
-    """Fused elementwise kernels plus every other non-leaf node: what one evaluation launches."""
-    others = sum(1 for n in nodes if not fusible(n) and not OPS[n.op].source)
-    return len(fuse(nodes, outputs)) + others

@@ -1,6 +1,6 @@
 """Every host/device crossing of a training step on the emulated CUDA device, counted by the device stand-in,
 for every bundled model: one device-to-host read a step (the loss, the global norm and the finite flags read
-together by the optimizer), and host-to-device copies that do not grow with the number of tasks (none per
+together by the optimizer's fused step, whose launches are counted too), and host-to-device copies that do not grow with the number of tasks (none per
 task), each from a site that says why it is there."""
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import pytest
 from minicavs import arrays
 from minicavs.config import REPO_ROOT
 from minicavs.cuda import standin
+from minicavs.ops.registry import native_kernels
 from minicavs.training import Trainer
 
 from ..models.test_models import TINY
@@ -25,7 +26,10 @@ WHY_H2D = {
     "minicavs/engine.py:_device_index": "the scatter-gradient rows no task writes, zeroed once per batch and "
                                         "message shape (only in batches that have such rows)",
     "minicavs/sparse.py:to_dense": "a row-sparse gradient's indices, to densify it for a dense update",
-    "minicavs/optim.py:_device_step": "the looked-up rows of a sparse (lazy) update",
+    "minicavs/optim.py:_device_step_per_parameter": "the looked-up rows of a sparse (lazy) update",
+    "minicavs/optim.py:_fused_segments": "the looked-up rows of a sparse (lazy) update",
+    "cuda/optim_kernels.py:_copy_table": "the fused optimizer step's table of this step's gradient addresses: "
+                                         "one a step",
 }
 
 
@@ -35,9 +39,18 @@ def _trainer(name: str, tmp_path) -> Trainer:
     return Trainer(config, overrides + ["data.synthetic.train=24", "train.device=cuda"], run_dir=tmp_path / name)
 
 
+def _optimizer_launches(t: Trainer) -> list:
+    """The launches of the fused optimizer step's kernels so far (they run on the stand-in's native kernels)."""
+    dtype = next(iter(t.params.values())).value.dtype
+    return [name for name, _, _ in native_kernels(standin, dtype).launcher.launches if name.startswith("optim_")]
+
+
 def _step_crossings(t: Trainer, samples: list) -> tuple[dict, dict]:
     standin.reset()
+    before = len(_optimizer_launches(t))
     t.train_step(samples)
+    # the optimizer's update of every parameter: report, check and apply (and the norm's two with clipping)
+    assert len(_optimizer_launches(t)) - before == (5 if t.optimizer.clip_norm else 3)
     return dict(standin.crossings), {site: n for (way, site), n in standin.sites.items() if way == "h2d"}
 
 

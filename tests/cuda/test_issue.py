@@ -114,9 +114,8 @@ def test_a_wrong_instruction_is_refused_before_it_is_issued(cuda_standin, opcode
 
 
 def test_a_row_number_out_of_range_is_caught_in_check_mode(cuda_standin, monkeypatch):
-    """With MINICAVS_NATIVE_CHECK set the loop checks every row number of an index array on its host copy
-    (as the C runner's check mode): a child row past the scatter tensor is refused."""
-    monkeypatch.setenv("MINICAVS_NATIVE_CHECK", "1")
+    """In the runners' check mode (``train.engine.check``) the loop checks every row number of an index array
+    on its host copy (as the C runner's): a child row past the scatter tensor is refused."""
     case = cells.binary_tree_lstm(np.random.default_rng(1))
     trees = [InputGraph([[1, 2], [], []])] * 3
     device = Cuda(cuda_standin)
@@ -129,7 +128,7 @@ def test_a_row_number_out_of_range_is_caught_in_check_mode(cuda_standin, monkeyp
         return rows
     monkeypatch.setattr(program_module.Buffers, "_child", far)
     with pytest.raises(issue.IssueCheckError, match=r"instruction \d+ \((GATHER|TAKETO|ADJ) .*out of bounds"):
-        _run(case, device, trees, EngineOptions(gather_elision=False))
+        _run(case, device, trees, EngineOptions(gather_elision=False, check=True))
 
 
 def test_eager_launches_go_to_the_second_stream_behind_events(cuda_standin):

@@ -125,7 +125,7 @@ def test_where_refuses_a_predicate_of_another_dtype():
 
 
 def test_where_in_a_vertex_function_runs_fused_on_the_native_executor():
-    """F with a per-vertex where (a select in its fused kernel): the native executor lowers it (no fallback)
+    """F with a per-vertex where (a select in its fused kernel): the C runner lowers it (no fallback)
     and equals the Python interpreter, loss and gradients."""
     import numpy as np
     from minicavs.compile import EngineOptions
@@ -134,7 +134,7 @@ def test_where_in_a_vertex_function_runs_fused_on_the_native_executor():
     from minicavs.vertex import VertexFunction
     from minicavs.cpu import CPU
     if CPU.runner_missing(np.float64) is not None:
-        pytest.skip("no C compiler or BLAS: the native executor cannot run here")
+        pytest.skip("no C compiler or BLAS: the C runner cannot run here")
     W = ops.param_node("W", (2, 3), "float64")
     F = VertexFunction("v", arity=1, message=(3,), dtype="float64")
     with F:
@@ -151,7 +151,7 @@ def test_where_in_a_vertex_function_runs_fused_on_the_native_executor():
     native = model.forward_backward(graphs, feeds, vals, options=EngineOptions(executor="native"))
     for state in native.states.values():
         for program in (state.program, state.backward_program):
-            assert program.runner == "native executor" and program.declined is None, program.declined
+            assert program.runner == "C runner" and program.declined is None, program.declined
             assert "APPLY" not in program.dump()
     assert abs(native.loss - reference.loss) <= 1e-10 * max(1.0, abs(reference.loss))
     scale = max(1.0, float(np.max(np.abs(reference.grads["W"]))))

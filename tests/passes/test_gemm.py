@@ -164,7 +164,7 @@ def test_switch_is_visible_in_dump_and_explain(padded):
     where = explain(case.model, graphs, feeds, case.params).structures[0].where
     assert where["internal"]["merged GEMMs"] == 1 and where["leaf"]["merged GEMMs"] == 0
     # One GEMM per task in F where there were three (plus its bias-free twin in ∂F).
-    products = [st for st in internal.variant(ON).phases(ON)[0].programs[1] if st.outputs[0] in
+    products = [st for st in internal.variant(ON).phases(ON).forward.programs[1] if st.outputs[0] in
                 {m.merged for m in internal.variant(ON).merges}]
     assert len(products) == 1
 
