@@ -9,7 +9,7 @@ import shutil
 import numpy as np
 import pytest
 
-from minicavs.codegen.issue import ISSUE_KERNEL_NAMES, MOVES, issue_kernels
+from minicavs.codegen.issue_kernels import ISSUE_KERNEL_NAMES, MOVES, issue_kernels
 from minicavs.cuda.compiler import compile_source, compilers_available
 
 
