@@ -1,9 +1,10 @@
 """The seam between the engine and a backend: what every backend provides, and array helpers.
 
 The engine, the model and the optimizer only touch arrays through ``backend.xp`` (numpy or CuPy: the ops'
-kernels already take the array module as their first argument) and ask the backend for the three things a
-backend must generate: a kernel per fused elementwise group, row-movement kernels, and a way to run the eager
-nodes on a second stream. Two implementations: :data:`minicavs.cpu.CPU` (numpy, generated C kernels, a worker
+kernels already take the array module as their first argument) and ask the backend for what a backend
+must provide: a kernel per fused elementwise group, row-movement kernels, and its runner of a bound batch
+program (``run_program``; streaming, the runner runs the eager chunks on its second stream). Two
+implementations: :data:`minicavs.cpu.CPU` (numpy, generated C kernels, a worker
 thread as the second stream) and :class:`minicavs.cuda.Cuda` (CuPy, generated CUDA kernels, two CUDA streams;
 ``Cuda(launcher=minicavs.cuda.emulation.Launcher())`` runs the same CUDA sources on the CPU over the device
 stand-in's arrays (cuda/standin.py), which refuse every host/device crossing CuPy refuses: how the whole CUDA
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import functools
 import importlib
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -68,12 +69,6 @@ class Backend:
 
     def put(self, dst, rows: np.ndarray, src) -> None:
         """``dst[rows] = src`` for distinct ``rows`` (a push, a child's gradient in a forest)."""
-        raise NotImplementedError
-
-    def eager(self, tasks: list, work: Callable, ctx) -> tuple[list, dict]:
-        """Run ``work(i, *task, ctx, copies)`` for every task, in order, on the eager stream; returns one
-        event per task (``wait()`` before reading task i's results on the recurrent path) and the stream's
-        copy counters (read them after the last event)."""
         raise NotImplementedError
 
     def synchronize(self) -> None:

@@ -2,8 +2,7 @@
 hand-written C library (:mod:`.library`) and a worker thread as the eager stream (:mod:`.streams`)."""
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -15,7 +14,6 @@ from ..planner import provide_library
 from . import compiler, planner, runner
 from .frontier import frontier_kernel
 from .library import library
-from .streams import Event, get_stream
 
 
 class CpuBackend(Backend):
@@ -57,27 +55,6 @@ class CpuBackend(Backend):
     def put(self, dst, rows: np.ndarray, src) -> None:
         """``dst[rows] = src`` for distinct ``rows`` (a push, a child's gradient in a forest)."""
         dst[rows] = src
-
-    def eager(self, tasks: list, work: Callable, ctx) -> tuple[list, dict]:
-        """Run ``work(i, *task, ctx, copies)`` for every task, in order, on the eager stream; returns one
-        event per task (``wait()`` before reading task i's results on the recurrent path) and the worker's
-        copy counters (read them after the last event). The worker has its own run context, since dropout
-        row keys change per call."""
-        events = [Event() for _ in tasks]
-        worker_ctx = replace(ctx)
-        worker_copies = {"gather": 0, "gathered": 0, "pull": 0, "push": 0}
-
-        def produce():
-            i = 0
-            try:
-                for i, task in enumerate(tasks):
-                    work(i, *task, worker_ctx, worker_copies)
-                    events[i].set()
-            except BaseException as e:
-                for ev in events[i:]:
-                    ev.set(e)
-        get_stream("eager").submit(produce)
-        return events, worker_copies
 
     def synchronize(self) -> None:
         """Wait until every kernel issued so far has finished (nothing to wait for on the CPU)."""

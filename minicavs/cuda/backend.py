@@ -1,10 +1,10 @@
 """The CUDA backend: CuPy arrays, fused groups and row movement as generated CUDA kernels (codegen/cuda.py)
-launched by :mod:`.kernels`, eager nodes on a second CUDA stream with one event per task."""
+launched by :mod:`.kernels`, a pass issued by one C call (:mod:`.issue`), the eager chunks on a second CUDA
+stream with one event per chunk."""
 from __future__ import annotations
 
 import os
-from dataclasses import replace
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -16,8 +16,8 @@ from . import issue, kernels as cuda_kernels, runner
 
 
 class Cuda(Backend):
-    """CuPy arrays, fused groups and row movement as generated CUDA kernels (codegen/cuda.py), eager nodes
-    on a second CUDA stream with one event per task.
+    """CuPy arrays, fused groups and row movement as generated CUDA kernels (codegen/cuda.py), the eager
+    chunks of a pass on a second CUDA stream with one event per chunk.
 
     ``deterministic``: a DAG child's gradient rows are summed by the sorted segment-sum kernel (fixed order,
     bit-reproducible) instead of atomicAdd (faster, last bits vary from run to run). In a forest every child
@@ -101,24 +101,6 @@ class Cuda(Backend):
         else:
             dst[self.index(rows)] = src
 
-    def eager(self, tasks: list, work: Callable, ctx) -> tuple[list, dict]:
-        """The host issues every eager task's kernels on the eager stream, recording an event after each;
-        the recurrent path (the caller's stream) waits for that event on the device, not on the host. On
-        the emulated device kernels run as they are issued (its streams order nothing), so the tasks simply run
-        first there."""
-        worker_copies = {"gather": 0, "gathered": 0, "pull": 0, "push": 0}
-        worker_ctx = replace(ctx)
-        cupy = self.xp
-        if self._streams is None:
-            self._streams = cupy.cuda.Stream(non_blocking=True)
-        events = []
-        self._streams.wait_event(cupy.cuda.get_current_stream().record())   # inputs the main stream wrote
-        with self._streams:
-            for i, task in enumerate(tasks):
-                work(i, *task, worker_ctx, worker_copies)
-                events.append(_StreamEvent(cupy, self._streams.record()))
-        return events, worker_copies
-
     def synchronize(self) -> None:
         self.xp.cuda.Device().synchronize()
 
@@ -168,13 +150,3 @@ class _CudaRows:
             self.kernels.segment_sum(dst, idx, src)
         else:
             self.kernels.scatter_add_checked(dst, self.device.index(idx), src)
-
-
-class _StreamEvent:
-    """A CUDA event: ``wait`` makes the current stream wait for it on the device (cudaStreamWaitEvent)."""
-
-    def __init__(self, cupy, event):
-        self.cupy, self.event = cupy, event
-
-    def wait(self) -> None:
-        self.cupy.cuda.get_current_stream().wait_event(self.event)

@@ -148,20 +148,6 @@ def test_streaming_with_dropout_and_errors():
     assert_same(ref, got)
 
 
-def test_an_error_on_the_eager_stream_reaches_the_waiting_thread():
-    from minicavs.cpu import CPU
-
-    def work(i, kid, koff, bs, goff, wctx, wcopies):
-        if koff == 2:
-            raise ValueError("boom in task 2")
-    tasks = [(0, k, 1, k) for k in range(4)]
-    events, _ = CPU.eager(tasks, work, RunContext())
-    events[0].wait()
-    events[1].wait()
-    for ev in events[2:]:
-        with pytest.raises(ValueError, match="boom in task 2"):
-            ev.wait()
-
 
 def test_dot_shows_classes(tree_lstm):
     leaf, internal = tree_lstm
