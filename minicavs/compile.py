@@ -88,6 +88,7 @@ class EngineOptions:
     fusion: bool = True       # fused elementwise groups run as generated C kernels
     gather_elision: bool = True   # a gather whose child rows are an evenly strided block reads a view
     merge_gemms: bool = True      # products of F sharing a left operand run as one GEMM (passes/gemm.py)
+    plan_layout: bool = True      # merged weights as views of planned parameter buffers (passes/layout.py)
     executor: str = "native"  # the pass as one call of the device's runner over its instruction stream;
     # "reference": the same instruction stream run by reference.py (one Python function per opcode)
 
@@ -186,7 +187,8 @@ class CompiledFunction:
         self.F = F
         self.pull_grads = pull_grads
         self.merges = list(merges)
-        self._merged: CompiledFunction | None = self if merges else None   # a merged function is its own variant
+        # plan_layout -> the merged variant; a merged function is its own variant
+        self._merged: dict = {True: self, False: self} if merges else {}
         g = F.graph
         self.gathers = dict(sorted(F.gathers.items()))
         self.gather_slot = {node: k for k, node in self.gathers.items()}
@@ -242,13 +244,16 @@ class CompiledFunction:
     def variant(self, opts: EngineOptions) -> "CompiledFunction":
         """The compiled function that runs under ``opts``: with ``merge_gemms``, the one of F with its
         products merged (passes/gemm.py; F's graph is rewritten before autodiff, so ∂F has its own merged
-        GEMMs), compiled on first use; itself when nothing merges."""
-        if not opts.merge_gemms or self._merged is self:
+        GEMMs), compiled on first use; itself when nothing merges. With ``plan_layout`` too, the merged
+        weights are views of planned parameter buffers (passes/layout.py) where an order serves them."""
+        if not opts.merge_gemms:
             return self
-        if self._merged is None:
-            merged_F, merges = gemm.merge_products(self.F)
-            self._merged = CompiledFunction(merged_F, self.pull_grads, merges) if merges else self
-        return self._merged
+        found = self._merged.get(opts.plan_layout)
+        if found is None:
+            merged_F, merges = gemm.merge_products(self.F, plan_layout=opts.plan_layout)
+            found = self._merged[opts.plan_layout] = CompiledFunction(merged_F, self.pull_grads, merges) \
+                if merges else self
+        return found
 
     def _split(self, opts: EngineOptions) -> tuple[Phases, Phases]:
         """F's and ∂F's phases under ``opts``, before fused groups are lowered to a device's kernels."""

@@ -378,9 +378,37 @@ class Model:
         self._workspaces: dict = {}
         self._plans: OrderedDict = OrderedDict()   # see _plan
         self._plans_lock = threading.Lock()        # prepare may run on the prefetch thread
+        self._layouts: dict = {}                   # options -> the planned parameter buffers (see layout)
         for s in self.structures:   # compile F and ∂F for the model's options and device now, not in a run
             for fn in s.compiled.values():
                 fn.variant(self.options).phases(self.options, self.device)
+
+    def layout(self, options: EngineOptions | None = None) -> list[tuple]:
+        """The planned parameter buffers of the merged products under ``options`` (passes/layout.py): each a
+        tuple of parameter names in column order, one per buffer; a buffer that would share a parameter
+        with one listed before it is left out (its groups' views then fall back to a copy per batch)."""
+        options = (options or self.options).compiled
+        found = self._layouts.get(options)
+        if found is None:
+            found, owner = [], set()
+            for s in self.structures:
+                for fn in s.compiled.values():
+                    for m in fn.variant(options).merges:
+                        if m.buffer is not None and m.buffer not in found and not owner & set(m.buffer):
+                            found.append(m.buffer)
+                            owner.update(m.buffer)
+            self._layouts[options] = found
+        return found
+
+    def plan_buffers(self, params, options: EngineOptions | None = None) -> None:
+        """Lay ``params`` (a ParameterSet of host arrays) out as :meth:`layout` plans: the merged products'
+        weights become views of one buffer each (same values; nothing else changes). Cheap when done."""
+        plan = getattr(params, "plan_buffer", None)
+        if plan is None:
+            return
+        for names in self.layout(options):
+            if all(n in params and isinstance(params[n].value, np.ndarray) for n in names):
+                plan(names)
 
     def workspace(self, structure: str) -> Workspace:
         """The buffers the runs of ``structure`` reuse across batches (on the model's device)."""
@@ -519,6 +547,8 @@ class Model:
         else:
             prepared = self.prepare(graphs, policy, sample_ids, options)
         plans = prepared.plans
+        if options.plan_layout and options.merge_gemms and xp is np:
+            self.plan_buffers(params, options)
         env: dict = {}
         result = Result(None)
         states = {}

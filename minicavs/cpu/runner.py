@@ -67,6 +67,25 @@ def _matrix_info(a: np.ndarray, static: bool = True) -> tuple[np.ndarray, int, i
     return a, (a.shape[-1] if a.ndim >= 1 else 1) if a.ndim <= 2 else int(math.prod(a.shape[1:])), 0
 
 
+def strided_span(a: np.ndarray) -> tuple | None:
+    """(the contiguous run of memory a matrix view spans, row stride, transposed flag) of a 2-D static whose
+    rows (or, transposed, columns) are contiguous at a stride wider than they are: a column block of a
+    planned parameter buffer (passes/layout.py) or its transpose, which BLAS reads in place through the
+    stride; None for anything else."""
+    if not isinstance(a, np.ndarray) or a.ndim != 2 or not a.size:
+        return None
+    rows, cols = a.shape
+    item = a.itemsize
+    if a.strides[1] == item and a.strides[0] % item == 0 and a.strides[0] >= cols * item:
+        ld, lines, width, flag = a.strides[0] // item, rows, cols, 0
+    elif a.strides[0] == item and a.strides[1] % item == 0 and a.strides[1] >= rows * item:
+        ld, lines, width, flag = a.strides[1] // item, cols, rows, 1
+    else:
+        return None
+    span = np.lib.stride_tricks.as_strided(a, ((lines - 1) * ld + width,), (item,), writeable=False)
+    return span, ld, flag
+
+
 # rows of multi-row tasks from which a run copies its transposed statics (see run): Tree-LSTM h128 training
 # (1 BLAS thread, medians of 9 alternating runs) lost ~10% to the copies at batch 1 (~19 such rows per step)
 # and gained ~15% from them at batch 4 (~76)
@@ -209,6 +228,13 @@ def run(lowered, table: np.ndarray, buffers, dtype, forest: bool, workspace=None
         sizes[i], strides[i], flags[i] = a.size if used is None else used, stride, flag
         held[i], layouts[i], changed = a, (a.shape, a.strides), True
 
+    def bind_span(i, span, stride, flag):
+        """Entry i for a matrix read in place through its row stride (:func:`strided_span`)."""
+        nonlocal changed
+        slots[i] = from_buffer(span)
+        sizes[i], strides[i], flags[i] = span.size, stride, flag
+        held[i], layouts[i], changed = span, None, True
+
     # (elements: a task's scratch is its template's columns x its rows; the blocks' rows are all a kind's, so
     # the tasks' arena is sized by the tasks' rows, each block's by its own)
     scratch = lowered.scratch_cols * max(task_rows, default=0)
@@ -235,6 +261,10 @@ def run(lowered, table: np.ndarray, buffers, dtype, forest: bool, workspace=None
         else:
             a = buffers[key]
             if what == "static" and not a.flags.c_contiguous and not (a.ndim == 2 and a.T.flags.c_contiguous):
+                span = strided_span(a) if copier is None or not a.strides[0] == a.itemsize else None
+                if span is not None:   # a column block of a planned buffer (passes/layout.py): read in place
+                    bind_span(i, *span)
+                    continue
                 a = np.ascontiguousarray(a)   # (a strided view, a parameter's slice, say: statics are only read)
             if what == "static" and copier is not None and a.ndim == 2 and a.dtype == copier.dtype:
                 twin = None

@@ -4,6 +4,8 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
+import numpy as np
+
 from ..errors import ShapeError
 from ..graph import Node, fmt_shape, row_lead, user_axis, user_shape
 from .registry import OpDef, make_node, register
@@ -133,8 +135,31 @@ def _concat_column_blocks(n: Node) -> list | None:
     return [(x, a, b) for x, a, b in zip(n.inputs, bounds[:-1], bounds[1:])]
 
 
+def adjacent_columns(xs) -> "np.ndarray | None":
+    """The concatenation of host matrices ``xs`` along axis 1 as a read-only view, when they are adjacent
+    column blocks of one buffer (parameters laid out by ParameterSet.plan_buffer); else None."""
+    first = xs[0]
+    if not isinstance(first, np.ndarray) or first.ndim != 2 or first.base is None:
+        return None
+    at = first.__array_interface__["data"][0]
+    for x in xs:
+        if (not isinstance(x, np.ndarray) or x.base is not first.base or x.strides != first.strides
+                or x.shape[0] != first.shape[0] or x.__array_interface__["data"][0] != at):
+            return None
+        at += x.shape[1] * x.strides[1]
+    cols = sum(x.shape[1] for x in xs)
+    if first.strides[1] != first.itemsize or cols * first.itemsize > first.strides[0]:
+        return None
+    return np.lib.stride_tricks.as_strided(first, (first.shape[0], cols), first.strides, writeable=False)
+
+
+def _concat_impl(xp, *xs, axis):
+    view = adjacent_columns(xs) if axis == 1 and xp is np else None
+    return xp.concatenate(xs, axis=axis) if view is None else view
+
+
 register(OpDef("concat", infer=_concat_infer,
-               impl=lambda xp, *xs, axis: xp.concatenate(xs, axis=axis), vjp=_concat_vjp,
+               impl=_concat_impl, vjp=_concat_vjp,
                column_blocks=_concat_column_blocks,
                native=lambda n: "concat" if _column_blocks_axis(n) else None))
 

@@ -30,6 +30,7 @@ from ..graph import Node, type_str
 from ..ops import add, concat, constant, matmul, slice_
 from ..ops.registry import OPS, make_node
 from ..vertex import VertexFunction
+from . import layout
 from .classify import classify
 
 
@@ -42,12 +43,15 @@ class Merge:
     products: tuple
     merged: Node
     zero_entries: int
+    buffer: tuple | None = None   # the planned buffer's parameters (passes/layout.py) the weight is a view of
 
     def text(self) -> str:
         K, N = self.merged.inputs[1].shape
         pad = f", {self.zero_entries * 100 // max(1, K * N)}% of the weight zero padding" if self.zero_entries else ""
+        how = (f"; weight a view of the planned buffer [{' | '.join(self.buffer)}]" if self.buffer is not None
+               else f"; weight copied per batch ({K * N} entries)")
         return (f"{len(self.products)} products ({', '.join(map(_product_text, self.products))}) -> one GEMM "
-                f"{type_str(self.left)} x ({K},{N}){pad}")
+                f"{type_str(self.left)} x ({K},{N}){pad}{how}")
 
 
 def _product_text(p: Node) -> str:
@@ -120,14 +124,28 @@ def _zero_entries(L: Node, members) -> int:
     return sum((L.shape[1] - (b - a)) * p.shape[1] for p, a, b in members)
 
 
-def plan(F: VertexFunction, pad_limit: int | None = None, weight_limit: int | None = None) -> list[tuple]:
+def layout_names(L: Node, members) -> frozenset | None:
+    """The parameter names of a group's weights when a planned buffer can hold them as adjacent column blocks
+    (each weight a distinct trainable parameter, no padding); else None."""
+    names = []
+    for p, a, b in members:
+        W = operands(p)[1]
+        if W.op != "param" or W.attrs.get("frozen") or (a, b) != (0, L.shape[1]):
+            return None
+        names.append(W.name)
+    return frozenset(names) if len(set(names)) == len(names) else None
+
+
+def plan(F: VertexFunction, pad_limit: int | None = None, weight_limit: int | None = None,
+         views: bool = False) -> list[tuple]:
     """The groups to merge: [(L, [(product, first column of L, end)])], largest first.
 
     Each product joins at most one group; a group needs two products; a group whose merged GEMM would
     need its own output (L depends on one of its products, directly or through another group) is dropped;
     a group whose weight would hold more than ``pad_limit`` (default :data:`PAD_LIMIT`) zero entries keeps
     only the products of all of L; a group whose weight would hold more than ``weight_limit`` (default
-    :data:`WEIGHT_LIMIT`) entries is not merged."""
+    :data:`WEIGHT_LIMIT`) entries is not merged, unless ``views`` and its weights can be a view of a planned
+    parameter buffer (:func:`layout_names`: no copy, so no weight to bound)."""
     pad_limit = PAD_LIMIT if pad_limit is None else pad_limit
     weight_limit = WEIGHT_LIMIT if weight_limit is None else weight_limit
     nodes = F.graph.nodes
@@ -149,7 +167,10 @@ def plan(F: VertexFunction, pad_limit: int | None = None, weight_limit: int | No
         members = [m for m in members if m[0] not in taken]
         if _zero_entries(L, members) > pad_limit:
             members = [m for m in members if m[2] - m[1] == L.shape[1]]
-        if len(members) < 2 or L.shape[1] * sum(p.shape[1] for p, _, _ in members) > weight_limit:
+        if len(members) < 2:
+            continue
+        viewable = views and layout_names(L, members) is not None
+        if not viewable and L.shape[1] * sum(p.shape[1] for p, _, _ in members) > weight_limit:
             continue
         trial = dict(member_of)
         for p, _, _ in members:
@@ -192,13 +213,21 @@ def _block(merged: Node, product: Node, offset: int) -> Node:
     return block if bias is None else add(block, bias)
 
 
-def merge_products(F: VertexFunction, pad_limit: int | None = None, weight_limit: int | None = None
-                   ) -> tuple[VertexFunction, list[Merge]]:
+def merge_products(F: VertexFunction, pad_limit: int | None = None, weight_limit: int | None = None,
+                   plan_layout: bool = False) -> tuple[VertexFunction, list[Merge]]:
     """F with its mergeable products merged (:func:`plan`), and what was merged; F itself if nothing was.
+
+    With ``plan_layout`` the groups' weights are laid out (passes/layout.py): each group a view of a planned
+    parameter buffer where one order of the parameters serves it, its products in that order (a Merge's
+    ``buffer``); the groups no order serves copy their weight per batch, within ``weight_limit``.
 
     The rewrite keeps every node that does not depend on a merged product (gathers, pulls, parameters and
     everything before the products are the same nodes) and rebuilds those downstream."""
-    groups = plan(F, pad_limit, weight_limit)
+    groups = plan(F, pad_limit, weight_limit, views=plan_layout)
+    if plan_layout:
+        groups, buffer_of = _laid_out(groups, pad_limit, weight_limit, F)
+    else:
+        buffer_of = {}
     if not groups:
         return F, []
     group_of = {p: i for i, (_, members) in enumerate(groups) for p, _, _ in members}
@@ -218,7 +247,8 @@ def merge_products(F: VertexFunction, pad_limit: int | None = None, weight_limit
                 L, members = groups[i]
                 merged, offsets = _merged_product(new[L], members)
                 blocks = {p: _block(merged, p, o) for (p, _, _), o in zip(members, offsets)}
-                built[i] = (Merge(L, tuple(p for p, _, _ in members), merged, _zero_entries(L, members)), blocks)
+                built[i] = (Merge(L, tuple(p for p, _, _ in members), merged, _zero_entries(L, members),
+                                  buffer_of.get(i)), blocks)
             return built[i][1][n]
         inputs = tuple(new[x] for x in n.inputs)
         if all(a is b for a, b in zip(inputs, n.inputs)):
@@ -241,3 +271,26 @@ def merge_products(F: VertexFunction, pad_limit: int | None = None, weight_limit
     merged_F = F.rewritten(new[F.scattered] if F.scattered is not None else None,
                            {name: new[node] for name, node in F.pushes.items()})
     return merged_F, [built[i][0] for i in sorted(built)]
+
+
+def _laid_out(groups: list, pad_limit, weight_limit, F: VertexFunction) -> tuple[list, dict]:
+    """The groups with each served one's members in its planned buffer's order, and group index -> the
+    buffer's parameter names; a group no order serves keeps the copy only within ``weight_limit``."""
+    weight_limit = WEIGHT_LIMIT if weight_limit is None else weight_limit
+    named = []
+    for L, members in groups:
+        names = layout_names(L, members)
+        if names is not None:
+            named.append((names, L.shape[1] * sum(p.shape[1] for p, _, _ in members) * L.dtype.np.itemsize))
+    solved = layout.solve(named)
+    position = solved.position()
+    out, buffer_of = [], {}
+    for L, members in groups:
+        names = layout_names(L, members)
+        if names is not None and solved.serves(names):
+            members = sorted(members, key=lambda m: position[operands(m[0])[1].name][1])
+            buffer_of[len(out)] = tuple(solved.buffers[position[operands(members[0][0])[1].name][0]])
+        elif L.shape[1] * sum(p.shape[1] for p, _, _ in members) > weight_limit:
+            continue
+        out.append((L, members))
+    return out, buffer_of
