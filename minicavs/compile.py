@@ -189,6 +189,7 @@ class CompiledFunction:
         self.merges = list(merges)
         # plan_layout -> the merged variant; a merged function is its own variant
         self._merged: dict = {True: self, False: self} if merges else {}
+        self.layout = None   # the planned parameter buffers to follow (a model's: Model sets it), else F's own
         g = F.graph
         self.gathers = dict(sorted(F.gathers.items()))
         self.gather_slot = {node: k for k, node in self.gathers.items()}
@@ -250,7 +251,8 @@ class CompiledFunction:
             return self
         found = self._merged.get(opts.plan_layout)
         if found is None:
-            merged_F, merges = gemm.merge_products(self.F, plan_layout=opts.plan_layout)
+            merged_F, merges = gemm.merge_products(self.F, plan_layout=opts.plan_layout,
+                                                   planned=self.layout)
             found = self._merged[opts.plan_layout] = CompiledFunction(merged_F, self.pull_grads, merges) \
                 if merges else self
         return found

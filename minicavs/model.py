@@ -35,7 +35,7 @@ from .ops import input as input_node
 from .ops import ones_like
 from .ops.registry import OPS
 from .ops.sources import trainable
-from .passes import alias
+from .passes import alias, gemm, layout
 from .scheduler import AgendaPolicy, CavsPolicy, FsmPolicy, GreedyPolicy, depends_on_batch_only, get_policy
 from .sparse import add_all
 from .validate import indices
@@ -379,24 +379,29 @@ class Model:
         self._plans: OrderedDict = OrderedDict()   # see _plan
         self._plans_lock = threading.Lock()        # prepare may run on the prefetch thread
         self._layouts: dict = {}                   # options -> the planned parameter buffers (see layout)
+        self.planned = layout.solve([g for s in self.structures for fn in s.compiled.values()
+                                     for g in gemm.layout_groups(fn.F)])
+        for s in self.structures:   # one parameter layout over every function's merged products
+            for fn in s.compiled.values():
+                if fn.layout is None:
+                    fn.layout = self.planned
         for s in self.structures:   # compile F and ∂F for the model's options and device now, not in a run
             for fn in s.compiled.values():
                 fn.variant(self.options).phases(self.options, self.device)
 
     def layout(self, options: EngineOptions | None = None) -> list[tuple]:
         """The planned parameter buffers of the merged products under ``options`` (passes/layout.py): each a
-        tuple of parameter names in column order, one per buffer; a buffer that would share a parameter
-        with one listed before it is left out (its groups' views then fall back to a copy per batch)."""
+        tuple of parameter names in column order, one per buffer (:attr:`planned`, solved over every
+        function's merged products at construction, so the functions agree on one order)."""
         options = (options or self.options).compiled
         found = self._layouts.get(options)
         if found is None:
-            found, owner = [], set()
+            found = []
             for s in self.structures:
                 for fn in s.compiled.values():
                     for m in fn.variant(options).merges:
-                        if m.buffer is not None and m.buffer not in found and not owner & set(m.buffer):
+                        if m.buffer is not None and m.buffer not in found:
                             found.append(m.buffer)
-                            owner.update(m.buffer)
             self._layouts[options] = found
         return found
 

@@ -214,18 +214,21 @@ def _block(merged: Node, product: Node, offset: int) -> Node:
 
 
 def merge_products(F: VertexFunction, pad_limit: int | None = None, weight_limit: int | None = None,
-                   plan_layout: bool = False) -> tuple[VertexFunction, list[Merge]]:
+                   plan_layout: bool = False, planned: layout.Layout | None = None
+                   ) -> tuple[VertexFunction, list[Merge]]:
     """F with its mergeable products merged (:func:`plan`), and what was merged; F itself if nothing was.
 
     With ``plan_layout`` the groups' weights are laid out (passes/layout.py): each group a view of a planned
     parameter buffer where one order of the parameters serves it, its products in that order (a Merge's
     ``buffer``); the groups no order serves copy their weight per batch, within ``weight_limit``.
+    ``planned``: the layout to follow (a model's, over all its functions: :func:`layout_groups`); default
+    this function's own.
 
     The rewrite keeps every node that does not depend on a merged product (gathers, pulls, parameters and
     everything before the products are the same nodes) and rebuilds those downstream."""
     groups = plan(F, pad_limit, weight_limit, views=plan_layout)
     if plan_layout:
-        groups, buffer_of = _laid_out(groups, pad_limit, weight_limit, F)
+        groups, buffer_of = _laid_out(groups, weight_limit, planned)
     else:
         buffer_of = {}
     if not groups:
@@ -273,16 +276,28 @@ def merge_products(F: VertexFunction, pad_limit: int | None = None, weight_limit
     return merged_F, [built[i][0] for i in sorted(built)]
 
 
-def _laid_out(groups: list, pad_limit, weight_limit, F: VertexFunction) -> tuple[list, dict]:
+def _named(groups: list) -> list[tuple]:
+    """[(parameter names, bytes of the merged weight)] of the groups a planned buffer could serve."""
+    out = []
+    for L, members in groups:
+        names = layout_names(L, members)
+        if names is not None:   # (in declaration order: the buffer's order where the groups leave it free)
+            names = tuple(operands(p)[1].name for p, _, _ in sorted(members, key=lambda m: m[0].id))
+            out.append((names, L.shape[1] * sum(p.shape[1] for p, _, _ in members) * L.dtype.np.itemsize))
+    return out
+
+
+def layout_groups(F: VertexFunction) -> list[tuple]:
+    """The weight groups of F's merges that a planned buffer could serve: [(parameter names, bytes a view
+    saves per batch)], for :func:`minicavs.passes.layout.solve` over all of a model's functions."""
+    return _named(plan(F, views=True))
+
+
+def _laid_out(groups: list, weight_limit, planned) -> tuple[list, dict]:
     """The groups with each served one's members in its planned buffer's order, and group index -> the
     buffer's parameter names; a group no order serves keeps the copy only within ``weight_limit``."""
     weight_limit = WEIGHT_LIMIT if weight_limit is None else weight_limit
-    named = []
-    for L, members in groups:
-        names = layout_names(L, members)
-        if names is not None:
-            named.append((names, L.shape[1] * sum(p.shape[1] for p, _, _ in members) * L.dtype.np.itemsize))
-    solved = layout.solve(named)
+    solved = planned if planned is not None else layout.solve(_named(groups))
     position = solved.position()
     out, buffer_of = [], {}
     for L, members in groups:

@@ -109,16 +109,24 @@ def _components(groups: Sequence[frozenset]) -> list[list[frozenset]]:
     return list(out.values())
 
 
-def solve(groups: Sequence[tuple[frozenset, int]]) -> Layout:
+def solve(groups: Sequence[tuple[Sequence, int]]) -> Layout:
     """The layout serving the most bytes of ``groups`` ([(parameter names, bytes a view saves per batch)]):
-    groups by bytes saved (then by name, deterministic); each joins if an order serves it with those kept."""
-    ranked = sorted(dict(groups).items(), key=lambda kv: (-kv[1], sorted(kv[0])))
+    groups by bytes saved (then by name, deterministic); each joins if an order serves it with those kept.
+    Where the groups leave the order free, the names keep the order they first appear in."""
+    rank: dict = {}
+    for names, _ in groups:
+        for n in names:
+            rank.setdefault(n, len(rank))
+    saved: dict = {}
+    for names, size in groups:
+        saved[frozenset(names)] = max(size, saved.get(frozenset(names), 0))
+    ranked = sorted(saved.items(), key=lambda kv: (-kv[1], sorted(kv[0])))
     kept: list = []
     layout = Layout()
     for g, _ in ranked:
         trial = kept + [g]
         component = next(c for c in _components(trial) if g in c)
-        elements = sorted({e for c in component for e in c})
+        elements = sorted({e for c in component for e in c}, key=rank.__getitem__)
         if len(elements) > MAX_SEARCH and len(component) > 1:
             layout.copied.append(g)
             continue
@@ -127,7 +135,7 @@ def solve(groups: Sequence[tuple[frozenset, int]]) -> Layout:
         else:
             kept.append(g)
     for component in _components(kept):
-        elements = sorted({e for c in component for e in c})
+        elements = sorted({e for c in component for e in c}, key=rank.__getitem__)
         layout.buffers.append(order(elements, component))
     layout.served = kept
     return layout
