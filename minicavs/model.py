@@ -400,8 +400,9 @@ class Model:
             for s in self.structures:
                 for fn in s.compiled.values():
                     for m in fn.variant(options).merges:
-                        if m.buffer is not None and m.buffer not in found:
-                            found.append(m.buffer)
+                        for buffer in (m.buffer, m.bias_buffer):
+                            if buffer is not None and buffer not in found:
+                                found.append(buffer)
             self._layouts[options] = found
         return found
 

@@ -139,28 +139,30 @@ class ParameterSet(Mapping):
         return made
 
     def plan_buffer(self, names: Sequence[str]) -> np.ndarray:
-        """Lay the 2-D parameters ``names`` out as adjacent column blocks of one new row-major buffer, in
-        that order, and return it: each parameter's value becomes a view of the buffer (same numbers), so a
-        product over several of them reads a column block of the buffer with no copy (passes/layout.py).
-        Everything else stays per parameter (names, checkpoints, optimizer slots, gradients); a value
-        written in place (an optimizer step, a checkpoint load) writes the buffer. Already laid out so: the
-        buffer as it is."""
+        """Lay the parameters ``names`` (matrices of one row count, or vectors; one dtype) out as adjacent
+        blocks of the last axis of one new buffer, in that order, and return it: each parameter's value
+        becomes a view of the buffer (same numbers), so a product over several of them reads a column block
+        of the buffer with no copy (passes/layout.py). Everything else stays per parameter (names,
+        checkpoints, optimizer slots, gradients); a value written in place (an optimizer step, a checkpoint
+        load) writes the buffer. Already laid out so: the buffer as it is."""
         ps = [self[n] for n in names]
         first = ps[0].value
-        bad = [p.name for p in ps if p.value.ndim != 2 or p.value.shape[0] != first.shape[0]
-               or p.value.dtype != first.dtype or not isinstance(p.value, np.ndarray)]
-        if first.ndim != 2 or bad:
-            raise ValueError(f"plan_buffer: parameters {', '.join(bad or [ps[0].name])} are not host matrices "
-                             f"of {first.shape[0] if first.ndim == 2 else '?'} rows and dtype {first.dtype}")
+        lead = first.shape[:-1]
+        bad = [p.name for p in ps if not isinstance(p.value, np.ndarray) or p.value.ndim not in (1, 2)
+               or p.value.shape[:-1] != lead or p.value.dtype != first.dtype]
+        if bad:
+            raise ValueError(f"plan_buffer: parameters {', '.join(bad)} are not host arrays of shape "
+                             f"{lead + ('n',)} and dtype {first.dtype} as '{ps[0].name}' is")
+        offsets = _offsets(ps)
+        width = offsets[-1] + ps[-1].value.shape[-1]
         base = first.base
-        if base is not None and base.ndim == 2 and all(p.value.base is base for p in ps) \
-                and sum(p.value.shape[1] for p in ps) == base.shape[1] \
-                and all(_column_offset(p.value, base) == a for p, a in zip(ps, _offsets(ps))):
+        if base is not None and base.shape == lead + (width,) and all(p.value.base is base for p in ps) \
+                and all(_block_offset(p.value, base) == a for p, a in zip(ps, offsets)):
             return base
-        buffer = np.empty((first.shape[0], sum(p.value.shape[1] for p in ps)), first.dtype)
-        for p, a in zip(ps, _offsets(ps)):
-            buffer[:, a:a + p.value.shape[1]] = p.value
-            p.value = buffer[:, a:a + p.value.shape[1]]
+        buffer = np.empty(lead + (width,), first.dtype)
+        for p, a in zip(ps, offsets):
+            buffer[..., a:a + p.value.shape[-1]] = p.value
+            p.value = buffer[..., a:a + p.value.shape[-1]]
         return buffer
 
     def __repr__(self) -> str:
@@ -171,13 +173,13 @@ def _offsets(ps) -> list:
     out, a = [], 0
     for p in ps:
         out.append(a)
-        a += p.value.shape[1]
+        a += p.value.shape[-1]
     return out
 
 
-def _column_offset(view: np.ndarray, base: np.ndarray) -> int:
-    """The first column of ``view`` in ``base`` (-1 if it is not a column block of it)."""
+def _block_offset(view: np.ndarray, base: np.ndarray) -> int:
+    """The first entry of ``view`` along the last axis of ``base`` (-1 if it is not such a block of it)."""
     delta = view.__array_interface__["data"][0] - base.__array_interface__["data"][0]
-    if view.strides != base.strides or delta % base.itemsize or view.shape[0] != base.shape[0]:
+    if view.strides != base.strides or delta % base.itemsize or view.shape[:-1] != base.shape[:-1]:
         return -1
     return delta // base.itemsize

@@ -135,26 +135,28 @@ def _concat_column_blocks(n: Node) -> list | None:
     return [(x, a, b) for x, a, b in zip(n.inputs, bounds[:-1], bounds[1:])]
 
 
-def adjacent_columns(xs) -> "np.ndarray | None":
-    """The concatenation of host matrices ``xs`` along axis 1 as a read-only view, when they are adjacent
-    column blocks of one buffer (parameters laid out by ParameterSet.plan_buffer); else None."""
+def adjacent_blocks(xs, axis: int) -> "np.ndarray | None":
+    """The concatenation of host arrays ``xs`` along their last axis (``axis``: 1 for matrices, 0 for
+    vectors) as a read-only view, when they are adjacent blocks of one buffer (parameters laid out by
+    ParameterSet.plan_buffer); else None."""
     first = xs[0]
-    if not isinstance(first, np.ndarray) or first.ndim != 2 or first.base is None:
+    if not isinstance(first, np.ndarray) or first.ndim not in (1, 2) or axis != first.ndim - 1 \
+            or first.base is None or first.strides[-1] != first.itemsize:
         return None
     at = first.__array_interface__["data"][0]
     for x in xs:
         if (not isinstance(x, np.ndarray) or x.base is not first.base or x.strides != first.strides
-                or x.shape[0] != first.shape[0] or x.__array_interface__["data"][0] != at):
+                or x.shape[:-1] != first.shape[:-1] or x.__array_interface__["data"][0] != at):
             return None
-        at += x.shape[1] * x.strides[1]
-    cols = sum(x.shape[1] for x in xs)
-    if first.strides[1] != first.itemsize or cols * first.itemsize > first.strides[0]:
+        at += x.shape[-1] * first.itemsize
+    width = sum(x.shape[-1] for x in xs)
+    if first.ndim == 2 and width * first.itemsize > first.strides[0]:
         return None
-    return np.lib.stride_tricks.as_strided(first, (first.shape[0], cols), first.strides, writeable=False)
+    return np.lib.stride_tricks.as_strided(first, first.shape[:-1] + (width,), first.strides, writeable=False)
 
 
 def _concat_impl(xp, *xs, axis):
-    view = adjacent_columns(xs) if axis == 1 and xp is np else None
+    view = adjacent_blocks(xs, axis) if xp is np else None
     return xp.concatenate(xs, axis=axis) if view is None else view
 
 
@@ -187,7 +189,13 @@ register(OpDef("slice", infer=_slice_infer,
                impl=lambda xp, x, axis, start, stop: x[_index(axis, start, stop)],
                vjp=lambda g, y, x, axis, start, stop: (
                    make_node("unslice", (g, x), {"axis": axis, "start": start, "stop": stop}),),
-               native=lambda n: "cols" if _column_blocks_axis(n) else None))
+               native=lambda n: "cols" if _column_blocks_axis(n) or _static_vector_block(n) else None))
+
+
+def _static_vector_block(n: Node) -> bool:
+    """Is ``n`` a block of a row-free vector (one flat row: a block of its columns), the gradient of a bias
+    in a planned bias buffer, say?"""
+    return n.ndim == 1 and not n.has_rows and n.attrs["axis"] == 0
 
 
 def _unslice_impl(xp, g, x, axis, start, stop):

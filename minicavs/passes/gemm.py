@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..graph import Node, type_str
-from ..ops import add, concat, constant, matmul, slice_
+from ..ops import add, concat, constant, linear, matmul, slice_
 from ..ops.registry import OPS, make_node
 from ..vertex import VertexFunction
 from . import layout
@@ -44,12 +44,15 @@ class Merge:
     merged: Node
     zero_entries: int
     buffer: tuple | None = None   # the planned buffer's parameters (passes/layout.py) the weight is a view of
+    bias_buffer: tuple | None = None   # the planned buffer the biases are a view of (added by the merged GEMM)
 
     def text(self) -> str:
         K, N = self.merged.inputs[1].shape
         pad = f", {self.zero_entries * 100 // max(1, K * N)}% of the weight zero padding" if self.zero_entries else ""
         how = (f"; weight a view of the planned buffer [{' | '.join(self.buffer)}]" if self.buffer is not None
                else f"; weight copied per batch ({K * N} entries)")
+        if self.bias_buffer is not None:
+            how += f", biases a view of [{' | '.join(self.bias_buffer)}]"
         return (f"{len(self.products)} products ({', '.join(map(_product_text, self.products))}) -> one GEMM "
                 f"{type_str(self.left)} x ({K},{N}){pad}{how}")
 
@@ -136,6 +139,18 @@ def layout_names(L: Node, members) -> frozenset | None:
     return frozenset(names) if len(set(names)) == len(names) else None
 
 
+def bias_names(members) -> tuple | None:
+    """The bias parameters of a group's products, in the members' order, when a planned buffer can hold them
+    as adjacent blocks (each product's bias a distinct trainable parameter); else None."""
+    names = []
+    for p, _, _ in members:
+        bias = operands(p)[2]
+        if bias is None or bias.op != "param" or bias.attrs.get("frozen"):
+            return None
+        names.append(bias.name)
+    return tuple(names) if len(set(names)) == len(names) else None
+
+
 def plan(F: VertexFunction, pad_limit: int | None = None, weight_limit: int | None = None,
          views: bool = False) -> list[tuple]:
     """The groups to merge: [(L, [(product, first column of L, end)])], largest first.
@@ -190,8 +205,9 @@ def _zeros(shape, dtype) -> Node:
     return constant(np.zeros(shape, dtype.np), dtype)
 
 
-def _merged_product(L: Node, members: list) -> tuple[Node, list]:
-    """``L·W'`` for the group and the column offset of each member."""
+def _merged_product(L: Node, members: list, biased: bool = False) -> tuple[Node, list]:
+    """``L·W'`` for the group (``L·W' + b'`` with ``biased``: the members' biases concatenated, a view of a
+    planned bias buffer) and the column offset of each member."""
     K = L.shape[1]
     columns, offsets, start = [], [], 0
     for p, a, b in members:
@@ -201,16 +217,21 @@ def _merged_product(L: Node, members: list) -> tuple[Node, list]:
         columns.append(concat(parts, axis=0))
         offsets.append(start)
         start += N
+    if biased:
+        return linear(L, concat(columns, axis=1), concat([operands(p)[2] for p, _, _ in members], axis=0)), offsets
     return matmul(L, concat(columns, axis=1)), offsets
 
 
-def _block(merged: Node, product: Node, offset: int) -> Node:
-    """The product's value: its column block of the merged GEMM, plus its bias. The bias is added to the
-    block, not to the merged GEMM, so that a fused consumer adds it in its kernel (as it does a linear's),
-    with no pass over the whole output and no concat of the biases; ``(x·W) + b`` is what linear computes."""
+def _block(merged: Node, product: Node, offset: int, biased: bool = False) -> Node:
+    """The product's value: its column block of the merged GEMM, plus its bias unless the merged GEMM adds
+    it (``biased``). Without a planned bias buffer the bias is added to the block, not to the merged GEMM,
+    so that a fused consumer adds it in its kernel (as it does a linear's), with no pass over the whole
+    output and no concat of the biases; ``(x·W) + b`` is what linear computes. With one, the merged GEMM
+    adds the biases as the fused cell's linear does, and ∂F sums the merged output's gradient once instead
+    of once per block."""
     bias = operands(product)[2]
     block = slice_(merged, offset, offset + product.shape[1], axis=1)
-    return block if bias is None else add(block, bias)
+    return block if bias is None or biased else add(block, bias)
 
 
 def merge_products(F: VertexFunction, pad_limit: int | None = None, weight_limit: int | None = None,
@@ -248,10 +269,11 @@ def merge_products(F: VertexFunction, pad_limit: int | None = None, weight_limit
             i = group_of[n]
             if i not in built:
                 L, members = groups[i]
-                merged, offsets = _merged_product(new[L], members)
-                blocks = {p: _block(merged, p, o) for (p, _, _), o in zip(members, offsets)}
+                weights, biases = buffer_of.get(i, (None, None))
+                merged, offsets = _merged_product(new[L], members, biases is not None)
+                blocks = {p: _block(merged, p, o, biases is not None) for (p, _, _), o in zip(members, offsets)}
                 built[i] = (Merge(L, tuple(p for p, _, _ in members), merged, _zero_entries(L, members),
-                                  buffer_of.get(i)), blocks)
+                                  weights, biases), blocks)
             return built[i][1][n]
         inputs = tuple(new[x] for x in n.inputs)
         if all(a is b for a, b in zip(inputs, n.inputs)):
@@ -282,8 +304,12 @@ def _named(groups: list) -> list[tuple]:
     for L, members in groups:
         names = layout_names(L, members)
         if names is not None:   # (in declaration order: the buffer's order where the groups leave it free)
-            names = tuple(operands(p)[1].name for p, _, _ in sorted(members, key=lambda m: m[0].id))
+            ordered = sorted(members, key=lambda m: m[0].id)
+            names = tuple(operands(p)[1].name for p, _, _ in ordered)
             out.append((names, L.shape[1] * sum(p.shape[1] for p, _, _ in members) * L.dtype.np.itemsize))
+            biases = bias_names(ordered)
+            if biases is not None:
+                out.append((biases, sum(p.shape[1] for p, _, _ in members) * L.dtype.np.itemsize))
     return out
 
 
@@ -304,8 +330,17 @@ def _laid_out(groups: list, weight_limit, planned) -> tuple[list, dict]:
         names = layout_names(L, members)
         if names is not None and solved.serves(names):
             members = sorted(members, key=lambda m: position[operands(m[0])[1].name][1])
-            buffer_of[len(out)] = tuple(solved.buffers[position[operands(members[0][0])[1].name][0]])
+            weights = tuple(solved.buffers[position[operands(members[0][0])[1].name][0]])
+            biases = bias_names(members)
+            served = biases is not None and solved.serves(biases) and _in_order(biases, position)
+            buffer_of[len(out)] = (weights, tuple(solved.buffers[position[biases[0]][0]]) if served else None)
         elif L.shape[1] * sum(p.shape[1] for p, _, _ in members) > weight_limit:
             continue
         out.append((L, members))
     return out, buffer_of
+
+
+def _in_order(names: tuple, position: dict) -> bool:
+    """Whether ``names`` lie in their planned buffer in this order (the biases follow the weights' order)."""
+    at = [position[n] for n in names]
+    return all(b == at[0][0] for b, _ in at) and [k for _, k in at] == list(range(at[0][1], at[0][1] + len(at)))
