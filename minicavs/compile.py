@@ -160,6 +160,11 @@ def _phases(nodes, classes, leaves, opts: EngineOptions, eager_leaves=()) -> Pha
             # Cheap elementwise work feeding only elementwise work: computed inside its consumers' kernel
             # (recomputing is free, a stored array read back is not), not in a pass of its own.
             where[n] = {min(min(where[c]) for c in cs)}
+        elif cs and _product_block(n, users) and all(c.has_rows for c in cs):
+            # A column block of a product read only through such blocks (a merged GEMM's, passes/gemm.py):
+            # a view, taken again in each phase that reads it, so that the product is the one value stored
+            # across phases, as a cell's fused product is, not each block copied into a tensor of its own.
+            where[n] = set().union(*(where[c] for c in cs))
         elif n.has_rows or not cs:
             where[n] = {own(n)}
         else:
@@ -175,6 +180,14 @@ def _phases(nodes, classes, leaves, opts: EngineOptions, eager_leaves=()) -> Pha
                         raise AssertionError(f"{x.label()} crosses phases without a vertex axis")
                     reads[p].append(x)
     return Phases(programs, reads, phase)
+
+
+def _product_block(n: Node, users: dict) -> bool:
+    """Is ``n`` a per-row column block (a view) of a product whose every reader takes such a block?"""
+    if n.op != "slice" or not n.has_rows or OPS[n.op].native(n) != "cols":
+        return False
+    source = n.inputs[0]
+    return OPS[source.op].product is not None and source.has_rows and all(u.op == "slice" for u in users[source])
 
 
 class CompiledFunction:
