@@ -305,8 +305,12 @@ class Buffers:
         return self.state.workspace.arena_prefix(which, elements, self.dtype)
 
     def _pgrad(self, name, how="add"):   # (a block computes a "set" one straight into it: no zeros needed)
-        node = next(fn.param_grads[name] for fn in self.fns if fn is not None and name in fn.param_grads)
         xp = self.state.device.xp
+        if how == "block":   # ((parameter, first column, end), ...): one buffer, the gradients its column blocks
+            lead = next(fn.param_grads[name[0][0]] for fn in self.fns
+                        if fn is not None and name[0][0] in fn.param_grads).shape[:-1]
+            return xp.empty(lead + (name[-1][2],), self.dtype)
+        node = next(fn.param_grads[name] for fn in self.fns if fn is not None and name in fn.param_grads)
         return xp.empty(node.shape, self.dtype) if how == "set" else xp.zeros(node.shape, self.dtype)
 
     def _coalesced(self, name):

@@ -86,6 +86,15 @@ def strided_span(a: np.ndarray) -> tuple | None:
     return span, ld, flag
 
 
+def _transposed(copier, span: np.ndarray, rows: int, cols: int, ld: int) -> np.ndarray:
+    """The C-contiguous transpose (cols x rows) of the rows x cols matrix at ``span`` with row stride ``ld``,
+    in the library's cache-sized tiles."""
+    out = np.empty((cols, rows), copier.dtype)
+    if out.size:
+        copier._fn["transpose"](rows, cols, copier._p(span), ld, copier._p(out))
+    return out
+
+
 # rows of multi-row tasks from which a run copies its transposed statics (see run): Tree-LSTM h128 training
 # (1 BLAS thread, medians of 9 alternating runs) lost ~10% to the copies at batch 1 (~19 such rows per step)
 # and gained ~15% from them at batch 4 (~76)
@@ -257,15 +266,32 @@ def run(lowered, table: np.ndarray, buffers, dtype, forest: bool, workspace=None
         if what == "fixed":
             a = buffers[("arena", "fixed", lowered.fixed_size)]
         elif what == "pgrad":
-            a = grads[key[1]] = buffers[key]
+            a = buffers[key]
+            if len(key) == 3 and key[2] == "block":   # several parameters' gradients, side by side (instructions._gradient_blocks)
+                grads.update((name, a[..., lo:hi]) for name, lo, hi in key[1])
+            else:
+                grads[key[1]] = a
         else:
             a = buffers[key]
             if what == "static" and not a.flags.c_contiguous and not (a.ndim == 2 and a.T.flags.c_contiguous):
-                span = strided_span(a) if copier is None or not a.strides[0] == a.itemsize else None
-                if span is not None:   # a column block of a planned buffer (passes/layout.py): read in place
+                span = strided_span(a)
+                if span is None:
+                    a = np.ascontiguousarray(a)   # (a strided view, a parameter's slice, say: statics are only read)
+                elif copier is None or a.dtype != copier.dtype:   # a block of a planned buffer: read in place
                     bind_span(i, *span)
                     continue
-                a = np.ascontiguousarray(a)   # (a strided view, a parameter's slice, say: statics are only read)
+                elif span[2]:   # its transpose: copied as a transposed parameter is (see below)
+                    a = _transposed(copier, span[0], a.shape[1], a.shape[0], span[1])
+                    copied.append(i)
+                else:
+                    bind_span(i, *span)
+                    deep, wide = a.shape
+                    if i < task_keys and (wide >= 2 * deep or (deep >= 2 * wide and a.size >= TWIN_ELEMENTS)):
+                        twin = _transposed(copier, span[0], deep, wide, span[1])
+                        twins.append(twin)
+                        twin_slots[i] = from_buffer(twin)
+                        twin_cols = max(twin_cols, wide)
+                    continue
             if what == "static" and copier is not None and a.ndim == 2 and a.dtype == copier.dtype:
                 twin = None
                 if not a.flags.c_contiguous:
