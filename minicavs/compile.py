@@ -88,7 +88,9 @@ class EngineOptions:
     fusion: bool = True       # fused elementwise groups run as generated C kernels
     gather_elision: bool = True   # a gather whose child rows are an evenly strided block reads a view
     merge_gemms: bool = True      # products of F sharing a left operand run as one GEMM (passes/gemm.py)
-    plan_layout: bool = True      # merged weights as views of planned parameter buffers (passes/layout.py)
+    plan_layout: bool = False     # merged weights and biases as views of planned parameter buffers
+    # (passes/layout.py): no weight copy per batch, but the parameters become strided views, which the
+    # optimizer's C kernels decline (its numpy path then updates every parameter): opt-in until they take them
     executor: str = "native"  # the pass as one call of the device's runner over its instruction stream;
     # "reference": the same instruction stream run by reference.py (one Python function per opcode)
 

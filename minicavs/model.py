@@ -13,6 +13,7 @@ Structures run in the order given; a structure's pulls may depend on feeds and o
 """
 from __future__ import annotations
 
+import operator
 import threading
 import weakref
 from collections import OrderedDict
@@ -379,6 +380,7 @@ class Model:
         self._plans: OrderedDict = OrderedDict()   # see _plan
         self._plans_lock = threading.Lock()        # prepare may run on the prefetch thread
         self._layouts: dict = {}                   # options -> the planned parameter buffers (see layout)
+        self._planned_for = None                   # (params, their values) that plan_buffers last laid out
         self.planned = layout.solve([g for s in self.structures for fn in s.compiled.values()
                                      for g in gemm.layout_groups(fn.F)])
         for s in self.structures:   # one parameter layout over every function's merged products
@@ -412,9 +414,17 @@ class Model:
         plan = getattr(params, "plan_buffer", None)
         if plan is None:
             return
-        for names in self.layout(options):
+        buffers = self.layout(options)
+        values = tuple(params[n].value if n in params else None for names in buffers for n in names)
+        done = self._planned_for
+        if done is not None and done[0] is params and len(done[1]) == len(values) \
+                and all(map(operator.is_, done[1], values)):
+            return   # (the very arrays laid out last time: nothing replaced them since)
+        for names in buffers:
             if all(n in params and isinstance(params[n].value, np.ndarray) for n in names):
                 plan(names)
+        self._planned_for = (params, tuple(params[n].value if n in params else None
+                                           for names in buffers for n in names))
 
     def workspace(self, structure: str) -> Workspace:
         """The buffers the runs of ``structure`` reuse across batches (on the model's device)."""

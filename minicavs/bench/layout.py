@@ -26,8 +26,8 @@ CELLS = {   # cell -> (model config, overrides)
     "Lattice cells (char, char+words, word)": ("lattice_lstm", ["data.synthetic.train=256"]),
 }
 VARIANTS = {"naive, no layout": (["model.cell=naive"], {"plan_layout": False}),
-            "naive + layout": (["model.cell=naive"], {}),
-            "fused": ([], {})}
+            "naive + layout": (["model.cell=naive"], {"plan_layout": True}),
+            "fused": ([], {"plan_layout": False})}
 
 
 def _trainer(config: str, overrides: list, hidden: int, batch: int, run_dir: Path):
@@ -37,7 +37,8 @@ def _trainer(config: str, overrides: list, hidden: int, batch: int, run_dir: Pat
 
 
 def _copies(t, opts: EngineOptions) -> tuple[int, int, int]:
-    """(merges over views, merges copying their weight, bytes those weights and their gradients copy per batch)."""
+    """(merges over views, merges copying their weight, bytes those weights copy per batch: the merged
+    weight's concat; its gradient is computed into the parameters' accumulators either way)."""
     views = copied = nbytes = 0
     for s in t.model.structures:
         for fn in s.compiled.values():
@@ -47,8 +48,22 @@ def _copies(t, opts: EngineOptions) -> tuple[int, int, int]:
                 else:
                     K, N = m.merged.inputs[1].shape
                     copied += 1
-                    nbytes += 2 * K * N * m.merged.dtype.np.itemsize   # the concat, and its gradient's split
+                    nbytes += K * N * m.merged.dtype.np.itemsize
     return views, copied, nbytes
+
+
+def _instructions(result) -> tuple[int, int]:
+    """(row-moving instructions, gradient accumulations) in the F and ∂F programs that ran (their templates:
+    what program.dump() lists)."""
+    moves = accumulations = 0
+    for state in result.states.values():
+        for program in (state.program, state.backward_program):
+            for line in program.lowered.lines():
+                words = line.split()
+                op = words[1] if len(words) > 1 else ""
+                moves += op in ROW_MOVES
+                accumulations += op == "GACC"
+    return moves, accumulations
 
 
 def _planning_ms(t) -> float:
@@ -61,51 +76,68 @@ def _planning_ms(t) -> float:
     return (time.perf_counter() - start) * 1e3
 
 
+def _round(run: dict, batch: int, batches: int) -> tuple[float, float, float]:
+    """One pass over the run's samples: (step seconds, update seconds, row-move ns) per batch."""
+    t = run["t"]
+    c_runner.PROFILE = profile = np.zeros(len(instructions.OPCODES) + 1, np.int64)
+    step = update = 0.0
+    try:
+        for i in range(0, len(run["samples"]), batch):
+            graphs, feeds = t.task.batch(run["samples"][i:i + batch])
+            start = time.process_time()
+            res = t.model.forward_backward(graphs, feeds, t.params, t.context(training=True), options=run["opts"])
+            middle = time.process_time()
+            t.optimizer.step(res.grads, loss=res.loss)
+            step += middle - start
+            update += time.process_time() - middle
+    finally:
+        c_runner.PROFILE = None
+    run["last"] = res
+    ops = list(instructions.OPCODES)
+    return step / batches, update / batches, sum(int(profile[ops.index(op)]) for op in ROW_MOVES) / batches
+
+
 def measure(hidden: int = 128, batch: int = 64, batches: int = 4, repeats: int = 5) -> list[dict]:
-    """The table's rows: per cell and variant, medians over ``repeats`` rounds of ``batches`` batches."""
+    """The table's rows: per cell and variant, medians over ``repeats`` rounds of ``batches`` batches, the
+    variants alternating round by round (process CPU time; OPENBLAS_NUM_THREADS=1 is the caller's)."""
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for cell, (config, overrides) in CELLS.items():
             runs = {}
             for name, (extra, engine) in VARIANTS.items():
                 t = _trainer(config, overrides + extra, hidden, batch, Path(tmp) / f"{config}-{len(runs)}")
-                opts = replace(t.model.options, **engine)
-                samples = t.task.data["train"][:batch * batches]
-                runs[name] = {"t": t, "opts": opts, "samples": samples, "times": [], "moves": []}
-            for r in range(repeats + 1):   # round 0 warms up (compiles, lays out); the variants alternate
-                for name, run in runs.items():
-                    t = run["t"]
-                    c_runner.PROFILE = profile = np.zeros(len(instructions.OPCODES) + 1, np.int64)
-                    start = time.process_time()
-                    for i in range(0, len(run["samples"]), batch):
-                        res = t.model.forward_backward(*t.task.batch(run["samples"][i:i + batch]), t.params,
-                                                       t.context(training=True), options=run["opts"])
-                        t.optimizer.step(res.grads, loss=res.loss)
-                    elapsed = (time.process_time() - start) / batches
-                    c_runner.PROFILE = None
+                runs[name] = {"t": t, "opts": replace(t.model.options, **engine), "times": [],
+                              "samples": t.task.data["train"][:batch * batches]}
+            for r in range(repeats + 1):   # round 0 warms up (compiles, lays out)
+                for run in runs.values():
+                    timed = _round(run, batch, batches)
                     if r:
-                        ops = list(instructions.OPCODES)
-                        run["times"].append(elapsed)
-                        run["moves"].append(sum(int(profile[ops.index(op)]) for op in ROW_MOVES) / batches)
-            fused = statistics.median(runs["fused"]["times"])
+                        run["times"].append(timed)
+            fused = statistics.median(s + u for s, u, _ in runs["fused"]["times"])
             for name, run in runs.items():
                 views, copied, nbytes = _copies(run["t"], run["opts"])
-                ms = statistics.median(run["times"]) * 1e3
+                moves, accumulations = _instructions(run["last"])
+                step, update, ns = (statistics.median(x[k] for x in run["times"]) for k in range(3))
+                total = statistics.median(s + u for s, u, _ in run["times"])
                 rows.append({"cell": cell, "variant": name, "merged_views": views, "merged_copied": copied,
-                             "weight_bytes_copied": nbytes, "row_moves_us": statistics.median(run["moves"]) / 1e3,
-                             "ms_per_batch": ms, "vs_fused": ms / (fused * 1e3),
-                             "planning_ms": _planning_ms(run["t"])})
+                             "row_move_instructions": moves, "gradient_accumulations": accumulations,
+                             "weight_bytes_copied": nbytes, "row_moves_us": ns / 1e3,
+                             "step_ms": step * 1e3, "update_ms": update * 1e3, "ms_per_batch": total * 1e3,
+                             "vs_fused": total / fused, "planning_ms": _planning_ms(run["t"])})
     return rows
 
 
 def table(rows: list[dict]) -> str:
-    head = ("| cell | variant | merged GEMMs (views / weight copied) | weight bytes copied per batch | "
-            "row moves (µs per batch) | ms per batch | vs fused | planning ms |")
-    lines = [head, "|" + "---|" * 8]
+    head = ("| cell | variant | merged GEMMs (views / weight copied) | row-move instructions | GACC | "
+            "weight bytes copied per batch | row moves µs per batch | F+∂F ms | update ms | ms per batch | "
+            "vs fused | planning ms |")
+    lines = [head, "|" + "---|" * 12]
     for r in rows:
         lines.append(f"| {r['cell']} | {r['variant']} | {r['merged_views']} / {r['merged_copied']} | "
-                     f"{r['weight_bytes_copied']:,} | {r['row_moves_us']:.0f} | {r['ms_per_batch']:.2f} | "
-                     f"{r['vs_fused']:.3f} | {r['planning_ms']:.1f} |")
+                     f"{r['row_move_instructions']} | {r['gradient_accumulations']} | "
+                     f"{r['weight_bytes_copied']:,} | {r['row_moves_us']:.0f} | {r['step_ms']:.2f} | "
+                     f"{r['update_ms']:.2f} | {r['ms_per_batch']:.2f} | {r['vs_fused']:.3f} | "
+                     f"{r['planning_ms']:.1f} |")
     return "\n".join(lines)
 
 

@@ -10,8 +10,8 @@ from minicavs.engine import EngineOptions
 from tests.models.test_models import trainer
 
 NAIVE_MODELS = ["tree_lstm", "tree_lstm_child_sum", "var_lstm", "lattice_lstm"]
-OPTIONS = [EngineOptions(merge_gemms=False), EngineOptions(plan_layout=False), EngineOptions(),
-           EngineOptions(executor="reference")]
+OPTIONS = [EngineOptions(merge_gemms=False), EngineOptions(), EngineOptions(plan_layout=True),
+           EngineOptions(plan_layout=True, executor="reference")]
 
 
 def _dense(g):
@@ -33,6 +33,8 @@ def test_naive_cell_equals_the_fused_cell(name, options, tmp_path):
     assert abs(ref.loss - got.loss) <= 1e-10 * scale
     split = {k for k in got.grads if "." in k}
     assert split, "the naive cell has per-gate parameters"
+    views = {k for k in split if naive.params[k].value.base is not None}
+    assert bool(views) == (options.plan_layout and options.merge_gemms)   # laid out in planned buffers or not
     for k, g in ref.grads.items():
         parts = sorted((n for n in got.grads if n.startswith(k + ".")), key=list(naive.params).index)
         have = np.concatenate([_dense(got.grads[n]) for n in parts], axis=-1) if parts else _dense(got.grads[k])

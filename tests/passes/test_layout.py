@@ -21,7 +21,7 @@ from minicavs.vertex import VertexFunction
 from ..test_engine import assert_same
 
 F64 = "float64"
-ON, OFF = EngineOptions(), EngineOptions(merge_gemms=False)
+ON, OFF = EngineOptions(plan_layout=True), EngineOptions(merge_gemms=False)
 
 
 def _consecutive(seq, group) -> bool:
