@@ -15,10 +15,12 @@ of several: ``pad_limit``). The merged weight is a row-free node, concats of the
 declared parameters, built once per batch; autodiff runs on the rewritten F, so ∂F gets the merged GEMMs
 too (``dY·W'ᵀ`` and ``Lᵀ·dY``), and the concat's adjoint splits ``∂W'`` back into the parameters' gradients:
 the parameters a user declared stay the parameters (names, checkpoints, optimizer state). ED-Batch §3.2
-plans the memory of a whole static subgraph; this is its part about a product's weights, with the merged
-weight copied once per batch rather than kept as a view of a planned parameter buffer (the copy is 0.05 ms
-per batch at the Tree-LSTM's hidden 128). Whether a merge pays is measured, not assumed: see PAD_LIMIT and
-WEIGHT_LIMIT. The summation order inside a merged GEMM differs (DESIGN.md's "equal" allows it).
+plans the memory of a whole static subgraph; this is its part about a product's weights: by default the
+merged weight is copied once per batch (0.05 ms at the Tree-LSTM's hidden 128); with ``plan_layout``
+(passes/layout.py) it is a view of a planned parameter buffer, and so are the biases, which the merged GEMM
+then adds (``linear``). Whether a merge pays is measured, not assumed: see PAD_LIMIT and WEIGHT_LIMIT (a
+view copies nothing, so WEIGHT_LIMIT does not bound it). The summation order inside a merged GEMM differs
+(DESIGN.md's "equal" allows it).
 """
 from __future__ import annotations
 
