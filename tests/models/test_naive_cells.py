@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from minicavs.bench.breakdown import ROW_MOVES
 from minicavs.engine import EngineOptions
 from tests.models.test_models import trainer
 
@@ -40,3 +41,30 @@ def test_naive_cell_equals_the_fused_cell(name, options, tmp_path):
         have = np.concatenate([_dense(got.grads[n]) for n in parts], axis=-1) if parts else _dense(got.grads[k])
         want = _dense(g)
         assert np.max(np.abs(want - have)) <= 1e-10 * max(1.0, float(np.max(np.abs(want)))), k
+
+
+def _instructions(result) -> dict:
+    counts: dict = {}
+    for state in result.states.values():
+        for program in (state.program, state.backward_program):
+            assert program.declined is None, program.declined   # the C runner ran the pass
+            for line in program.lowered.lines():
+                words = line.split()
+                if len(words) > 1:
+                    counts[words[1]] = counts.get(words[1], 0) + 1
+    return counts
+
+
+@pytest.mark.parametrize("layout", [False, True])
+@pytest.mark.parametrize("name", ["tree_lstm", "tree_lstm_child_sum", "var_lstm"])
+def test_naive_cell_moves_the_rows_the_fused_cell_moves(name, layout, tmp_path):
+    """The memory kernels of ED-Batch's Table 2: the per-gate products, merged, store and copy what the fused
+    cell does (the merged product stored once, one gradient concat, ∂W' computed into the parameters'
+    gradients: no GACC); with the layout the biases too (one bias buffer added by the merged GEMM), without
+    it each bias is added to its block, so its gradient's rows are moved apart (more COPYs)."""
+    fused = trainer(name, tmp_path / "fused")
+    naive = trainer(name, tmp_path / "naive", "model.cell=naive")
+    want = _instructions(_step(fused, EngineOptions()))
+    got = _instructions(_step(naive, EngineOptions(plan_layout=layout)))
+    for op in ROW_MOVES + ("GACC",) if layout else ("GACC",):
+        assert got.get(op, 0) == want.get(op, 0), op

@@ -115,6 +115,9 @@ def test_random_gate_cells_merged_over_views_equal_the_unmerged_products(H, D, g
     for m in views:                                         # the parameters are column blocks of one buffer
         base = ps[m.buffer[0]].value.base
         assert base is not None and all(ps[n].value.base is base for n in m.buffer)
+    for state in on.states.values():                        # the C runner read them in place
+        assert state.program.declined is None and state.backward_program.declined is None
+    assert "weight a view of the planned buffer" in model.structures[0].compiled["cell"].dump(ON)
     for opts in (replace(ON, executor="reference"), replace(ON, fusion=False)):
         assert_same(off, _run(model, ps, seed, opts))
     if conflict:                                             # one of the three A/B/C groups copies, named so
