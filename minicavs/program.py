@@ -128,7 +128,21 @@ def leaf_value(n: Node, feeds: Mapping, params: Mapping):
         value = params[n.name]
     except KeyError:
         raise FeedError(f"missing value for parameter '{n.name}' {fmt_shape(n.shape)}") from None
-    return host_layout(check_value(n, getattr(value, "value", value), "parameter"))
+    value = check_value(n, getattr(value, "value", value), "parameter")
+    return value if planned_view(value) else host_layout(value)
+
+
+def planned_view(value) -> bool:
+    """Is ``value`` a block of a planned parameter buffer (ParameterSet.plan_buffer, passes/layout.py): a
+    host array in native byte order whose last axis is contiguous, a matrix's rows at a stride at least
+    their width? Read in place, not copied: a product reads it through its row stride, the blocks of one
+    merged product are one view (ops.shape.adjacent_blocks), and the runners copy a static only where they
+    would copy a transposed parameter."""
+    if not isinstance(value, np.ndarray) or value.base is None or not value.dtype.isnative \
+            or value.ndim not in (1, 2) or value.strides[-1] != value.itemsize:
+        return False
+    return value.ndim == 1 or (value.strides[0] % value.itemsize == 0
+                               and value.strides[0] >= value.shape[1] * value.itemsize)
 
 
 def evaluate(nodes: Sequence[Node], env: dict, feeds: Mapping, params: Mapping, ctx: RunContext, xp=np) -> None:

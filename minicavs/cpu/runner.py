@@ -82,7 +82,15 @@ def strided_span(a: np.ndarray) -> tuple | None:
         ld, lines, width, flag = a.strides[1] // item, cols, rows, 1
     else:
         return None
-    span = np.lib.stride_tricks.as_strided(a, ((lines - 1) * ld + width,), (item,), writeable=False)
+    length = (lines - 1) * ld + width
+    base = a.base
+    while isinstance(base, np.ndarray) and base.base is not None:
+        base = base.base
+    if isinstance(base, np.ndarray) and base.flags.c_contiguous:   # whole rows where the buffer has them:
+        start = a.__array_interface__["data"][0] - base.__array_interface__["data"][0]   # size / ld is then
+        if 0 <= start and start + lines * ld * item <= base.nbytes:                    # the rows (a twin's)
+            length = lines * ld
+    span = np.lib.stride_tricks.as_strided(a, (length,), (item,), writeable=False)
     return span, ld, flag
 
 
@@ -286,7 +294,8 @@ def run(lowered, table: np.ndarray, buffers, dtype, forest: bool, workspace=None
                 else:
                     bind_span(i, *span)
                     deep, wide = a.shape
-                    if i < task_keys and (wide >= 2 * deep or (deep >= 2 * wide and a.size >= TWIN_ELEMENTS)):
+                    if i < task_keys and span[0].size == deep * span[1] \
+                            and (wide >= 2 * deep or (deep >= 2 * wide and a.size >= TWIN_ELEMENTS)):
                         twin = _transposed(copier, span[0], deep, wide, span[1])
                         twins.append(twin)
                         twin_slots[i] = from_buffer(twin)

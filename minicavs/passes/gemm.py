@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..graph import Node, type_str
+from ..graph import Node, consumers, type_str
 from ..ops import add, concat, constant, linear, matmul, slice_
 from ..ops.registry import OPS, make_node
 from ..vertex import VertexFunction
@@ -251,7 +251,7 @@ def merge_products(F: VertexFunction, pad_limit: int | None = None, weight_limit
     everything before the products are the same nodes) and rebuilds those downstream."""
     groups = plan(F, pad_limit, weight_limit, views=plan_layout)
     if plan_layout:
-        groups, buffer_of = _laid_out(groups, weight_limit, planned)
+        groups, buffer_of = _laid_out(groups, weight_limit, planned, F)
     else:
         buffer_of = {}
     if not groups:
@@ -300,11 +300,15 @@ def merge_products(F: VertexFunction, pad_limit: int | None = None, weight_limit
     return merged_F, [built[i][0] for i in sorted(built)]
 
 
-def _named(groups: list) -> list[tuple]:
-    """[(parameter names, bytes of the merged weight)] of the groups a planned buffer could serve."""
+def _named(groups: list, users: dict | None = None) -> list[tuple]:
+    """[(parameter names, bytes of the merged weight)] of the groups a planned buffer could serve: with
+    ``users`` (F's consumers), only parameters that F reads as a product's weight or bias and nowhere else
+    (a view is then read by GEMMs alone, through its row stride)."""
     out = []
     for L, members in groups:
         names = layout_names(L, members)
+        if names is not None and users is not None and not _only_products(members, users):
+            continue
         if names is not None:   # (in declaration order: the buffer's order where the groups leave it free)
             ordered = sorted(members, key=lambda m: m[0].id)
             names = tuple(operands(p)[1].name for p, _, _ in ordered)
@@ -315,17 +319,30 @@ def _named(groups: list) -> list[tuple]:
     return out
 
 
+def _only_products(members, users: dict) -> bool:
+    """Whether each member's weight (and bias) is read by products as their weight (bias) only."""
+    for p, _, _ in members:
+        for k, x in enumerate(operands(p)[1:]):
+            if x is None:
+                continue
+            for u in users.get(x, ()):
+                found = operands(u)
+                if found is None or found[1 + k] is not x or found[0] is x or (k == 0 and found[2] is x):
+                    return False
+    return True
+
+
 def layout_groups(F: VertexFunction) -> list[tuple]:
     """The weight groups of F's merges that a planned buffer could serve: [(parameter names, bytes a view
     saves per batch)], for :func:`minicavs.passes.layout.solve` over all of a model's functions."""
-    return _named(plan(F, views=True))
+    return _named(plan(F, views=True), consumers(F.graph.nodes))
 
 
-def _laid_out(groups: list, weight_limit, planned) -> tuple[list, dict]:
+def _laid_out(groups: list, weight_limit, planned, F: VertexFunction) -> tuple[list, dict]:
     """The groups with each served one's members in its planned buffer's order, and group index -> the
     buffer's parameter names; a group no order serves keeps the copy only within ``weight_limit``."""
     weight_limit = WEIGHT_LIMIT if weight_limit is None else weight_limit
-    solved = planned if planned is not None else layout.solve(_named(groups))
+    solved = planned if planned is not None else layout.solve(_named(groups, consumers(F.graph.nodes)))
     position = solved.position()
     out, buffer_of = [], {}
     for L, members in groups:

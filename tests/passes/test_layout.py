@@ -7,9 +7,11 @@ import itertools
 from dataclasses import replace
 
 import numpy as np
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from minicavs import ops
+from minicavs.cpu import runner as c_runner
 from minicavs.engine import EngineOptions
 from minicavs.executor import RunContext
 from minicavs.inputs import InputGraph
@@ -123,3 +125,21 @@ def test_random_gate_cells_merged_over_views_equal_the_unmerged_products(H, D, g
     if conflict:                                             # one of the three A/B/C groups copies, named so
         assert len(model.planned.copied) == 1
         assert "weight copied per batch" in model.structures[0].compiled["cell"].dump(ON)
+
+
+@pytest.mark.parametrize("H, D, gates", [(4, 3, 3), (3, 8, 2), (5, 5, 4)])
+def test_the_c_runner_copies_and_twins_planned_views_as_it_does_parameters(H, D, gates, monkeypatch):
+    """With many task rows the C runner reads a transposed static through a contiguous copy and a wide or
+    deep one also through its transposed twin; a planned view (a strided block of a buffer) gets the same,
+    made by the library's tiled transpose from the buffer's rows."""
+    monkeypatch.setattr(c_runner, "CONTIGUOUS_STATICS_ROWS", 1)
+    monkeypatch.setattr(c_runner, "TWIN_ELEMENTS", 1)
+    made = []
+    transposed = c_runner._transposed
+    monkeypatch.setattr(c_runner, "_transposed", lambda *a: made.append(a[2:]) or transposed(*a))
+    model, ps = _gate_model(np.random.default_rng(H), H, D, gates, False, True)
+    off = _run(model, ParameterSet([Parameter(k, p.shape, init=p.value.copy(), dtype=F64) for k, p in ps.items()]),
+               H, OFF)
+    on = _run(model, ps, H, ON)
+    assert any(ps[n].value.base is not None for n in ps) and made   # (the runner made copies of views)
+    assert_same(off, on)
