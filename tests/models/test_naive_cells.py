@@ -10,7 +10,7 @@ from minicavs.bench.breakdown import ROW_MOVES
 from minicavs.engine import EngineOptions
 from tests.models.test_models import trainer
 
-NAIVE_MODELS = ["tree_lstm", "tree_lstm_child_sum", "var_lstm", "lattice_lstm"]
+NAIVE_MODELS = ["tree_lstm", "tree_lstm_child_sum", "tree_lstm_2type", "var_lstm", "lattice_lstm"]
 OPTIONS = [EngineOptions(merge_gemms=False), EngineOptions(), EngineOptions(plan_layout=True),
            EngineOptions(plan_layout=True, executor="reference")]
 
@@ -56,7 +56,7 @@ def _instructions(result) -> dict:
 
 
 @pytest.mark.parametrize("layout", [False, True])
-@pytest.mark.parametrize("name", ["tree_lstm", "tree_lstm_child_sum", "var_lstm"])
+@pytest.mark.parametrize("name", ["tree_lstm", "tree_lstm_child_sum", "tree_lstm_2type", "var_lstm"])
 def test_naive_cell_moves_the_rows_the_fused_cell_moves(name, layout, tmp_path):
     """The memory kernels of ED-Batch's Table 2: the per-gate products, merged, store and copy what the fused
     cell does (the merged product stored once, one gradient concat, ∂W' computed into the parameters'
