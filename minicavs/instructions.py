@@ -63,6 +63,7 @@ from .compile import POST, PRE, TASK
 from .graph import Node
 from .ops.registry import OPS, holds_tuple
 from .passes.fusion import fuse, fusible
+from .passes.layout import gradient_blocks
 
 
 class Unsupported(Exception):
@@ -531,7 +532,7 @@ def backward_template(fn, opts, device, phase: int = TASK, direct: bool = False)
     t = Template(fn.F.name, phase)
     if direct and phase != TASK:
         t.direct = {g: name for name, g in fn.param_grads.items() if kp.phase[g] == phase and not g.has_rows}
-        t.direct_blocks = _gradient_blocks(t.direct, kp.programs[phase])
+        t.direct_blocks = gradient_blocks(t.direct, kp.programs[phase])
         covered = {name for names in t.direct_blocks.values() for name, _, _ in names}
         t.direct = {g: name for g, name in t.direct.items() if name not in covered}
     statics = set(fn.static_fwd) | set(fn.static_bwd)
@@ -626,32 +627,6 @@ def backward_template(fn, opts, device, phase: int = TASK, direct: bool = False)
                 t.emit("GACC", t.buf(("pgrad", name)), t.regs[g], _rows(g), _cols(g))
             t.param_grads.append(name)
     return t
-
-
-def _gradient_blocks(direct: dict, program: list) -> dict:
-    """{G: ((parameter, first column, end), ...)} for each row-free matrix or vector G whose column blocks
-    (blocks of its last axis), side by side and covering it, are the gradients of several parameters
-    (``direct``: gradient node -> parameter) and which no other step reads: the merged GEMM's ∂W' = Lᵀ·dY
-    and ∂b' = Σ dY, each computed into one buffer whose blocks the parameters' gradients are (no GACC per
-    parameter, no zeros)."""
-    blocks: dict = {}
-    for g, name in direct.items():
-        if g.op == "slice" and g.ndim in (1, 2) and g.attrs["axis"] == g.ndim - 1 and not g.inputs[0].has_rows:
-            blocks.setdefault(g.inputs[0], []).append((g, name))
-    readers: dict = {}
-    for step in program:
-        for x in step.inputs:
-            readers.setdefault(x, set()).update(step.outputs)
-    out = {}
-    for G, parts in blocks.items():
-        parts.sort(key=lambda gn: gn[0].attrs["start"])
-        spans = [(gn[0].attrs["start"], gn[0].attrs["stop"]) for gn in parts]
-        edges = [0] + [b for _, b in spans]
-        if (len(parts) < 2 or G in direct or edges[-1] != G.shape[-1]
-                or any(a != e for (a, _), e in zip(spans, edges)) or readers.get(G, set()) - {g for g, _ in parts}):
-            continue
-        out[G] = tuple((name, a, b) for (_, name), (a, b) in zip(parts, spans))
-    return out
 
 
 def _regather(t: Template, fn, cat: Node) -> None:

@@ -275,7 +275,7 @@ def run(lowered, table: np.ndarray, buffers, dtype, forest: bool, workspace=None
             a = buffers[("arena", "fixed", lowered.fixed_size)]
         elif what == "pgrad":
             a = buffers[key]
-            if len(key) == 3 and key[2] == "block":   # several parameters' gradients, side by side (instructions._gradient_blocks)
+            if len(key) == 3 and key[2] == "block":   # several parameters' gradients, side by side (passes/layout.gradient_blocks)
                 grads.update((name, a[..., lo:hi]) for name, lo, hi in key[1])
             else:
                 grads[key[1]] = a

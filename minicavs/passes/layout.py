@@ -139,3 +139,29 @@ def solve(groups: Sequence[tuple[Sequence, int]]) -> Layout:
         layout.buffers.append(order(elements, component))
     layout.served = kept
     return layout
+
+
+def gradient_blocks(direct: dict, program: list) -> dict:
+    """{G: ((parameter, first column, end), ...)} for each row-free matrix or vector G whose column blocks
+    (blocks of its last axis), side by side and covering it, are the gradients of several parameters
+    (``direct``: gradient node -> parameter) and which no other step reads: the merged GEMM's ∂W' = Lᵀ·dY
+    and ∂b' = Σ dY, each computed into one buffer whose blocks the parameters' gradients are (no GACC per
+    parameter, no zeros)."""
+    blocks: dict = {}
+    for g, name in direct.items():
+        if g.op == "slice" and g.ndim in (1, 2) and g.attrs["axis"] == g.ndim - 1 and not g.inputs[0].has_rows:
+            blocks.setdefault(g.inputs[0], []).append((g, name))
+    readers: dict = {}
+    for step in program:
+        for x in step.inputs:
+            readers.setdefault(x, set()).update(step.outputs)
+    out = {}
+    for G, parts in blocks.items():
+        parts.sort(key=lambda gn: gn[0].attrs["start"])
+        spans = [(gn[0].attrs["start"], gn[0].attrs["stop"]) for gn in parts]
+        edges = [0] + [b for _, b in spans]
+        if (len(parts) < 2 or G in direct or edges[-1] != G.shape[-1]
+                or any(a != e for (a, _), e in zip(spans, edges)) or readers.get(G, set()) - {g for g, _ in parts}):
+            continue
+        out[G] = tuple((name, a, b) for (_, name), (a, b) in zip(parts, spans))
+    return out
