@@ -19,7 +19,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .arrays import on_device
+from .arrays import is_planned, on_device
 from .errors import FeedError
 from .graph import Node, fmt_shape
 from .instructions import TASK_COLUMNS
@@ -133,12 +133,12 @@ def leaf_value(n: Node, feeds: Mapping, params: Mapping):
 
 
 def planned_view(value) -> bool:
-    """Is ``value`` a block of a planned parameter buffer (ParameterSet.plan_buffer, passes/layout.py): a
+    """Is ``value`` a block of a planned parameter buffer (ParameterSet.plan_buffer, arrays.mark_planned): a
     host array in native byte order whose last axis is contiguous, a matrix's rows at a stride at least
     their width? Read in place, not copied: a product reads it through its row stride, the blocks of one
     merged product are one view (ops.shape.adjacent_blocks), and the runners copy a static only where they
     would copy a transposed parameter."""
-    if not isinstance(value, np.ndarray) or value.base is None or not value.dtype.isnative \
+    if not isinstance(value, np.ndarray) or not is_planned(value.base) or not value.dtype.isnative \
             or value.ndim not in (1, 2) or value.strides[-1] != value.itemsize:
         return False
     return value.ndim == 1 or (value.strides[0] % value.itemsize == 0

@@ -11,6 +11,7 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
+from ..arrays import mark_planned
 from ..dtypes import as_dtype
 from ..graph import Node, fmt_shape
 from ..ops import param_node
@@ -160,6 +161,7 @@ class ParameterSet(Mapping):
                 and all(_block_offset(p.value, base) == a for p, a in zip(ps, offsets)):
             return base
         buffer = np.empty(lead + (width,), first.dtype)
+        mark_planned(buffer)
         for p, a in zip(ps, offsets):
             buffer[..., a:a + p.value.shape[-1]] = p.value
             p.value = buffer[..., a:a + p.value.shape[-1]]

@@ -6,6 +6,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ..arrays import is_planned
 from ..errors import ShapeError
 from ..graph import Node, fmt_shape, row_lead, user_axis, user_shape
 from .registry import OpDef, make_node, register
@@ -141,7 +142,7 @@ def adjacent_blocks(xs, axis: int) -> "np.ndarray | None":
     ParameterSet.plan_buffer); else None."""
     first = xs[0]
     if not isinstance(first, np.ndarray) or first.ndim not in (1, 2) or axis != first.ndim - 1 \
-            or first.base is None or first.strides[-1] != first.itemsize:
+            or not is_planned(first.base) or first.strides[-1] != first.itemsize:
         return None
     at = first.__array_interface__["data"][0]
     for x in xs:

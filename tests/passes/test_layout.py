@@ -143,3 +143,16 @@ def test_the_c_runner_copies_and_twins_planned_views_as_it_does_parameters(H, D,
     on = _run(model, ps, H, ON)
     assert any(ps[n].value.base is not None for n in ps) and made   # (the runner made copies of views)
     assert_same(off, on)
+
+
+def test_a_concat_is_a_view_of_planned_parameter_buffers_only():
+    """Adjacent blocks of a planned buffer concatenate to a read-only view of it; adjacent blocks of any other
+    array (a workspace tensor a later run overwrites, say) to a copy of their own."""
+    ps = ParameterSet([Parameter(n, (3, 2), rng=k, dtype=F64) for k, n in enumerate("abc")])
+    buffer = ps.plan_buffer(["a", "b", "c"])
+    viewed = ops.shape.adjacent_blocks([ps["a"].value, ps["b"].value], 1)
+    assert viewed is not None and not viewed.flags.writeable and np.shares_memory(viewed, buffer)
+    np.testing.assert_array_equal(viewed, buffer[:, :4])
+    assert ops.shape.adjacent_blocks([ps["b"].value, ps["a"].value], 1) is None     # not in the buffer's order
+    plain = np.arange(12.0).reshape(3, 4)
+    assert ops.shape.adjacent_blocks([plain[:, :2], plain[:, 2:]], 1) is None
