@@ -9,6 +9,7 @@ checks (validate.py) and everything above can ask it.
 from __future__ import annotations
 
 import sys
+import weakref
 from types import ModuleType
 
 import numpy as np
@@ -45,3 +46,19 @@ def as_module(xp: ModuleType, a):
     """``a`` as an array of ``xp``: unchanged if it already is one; a host array (indices checked on the host)
     copied to ``xp``'s device, a counted host-to-device copy."""
     return a if xp is np or array_module(a) is xp else xp.asarray(a)
+
+
+# Parameter buffers laid out by ParameterSet.plan_buffer (passes/layout.py), by id: a concat of their
+# adjacent blocks is read as a view of them, and only of them (a view of any other array could alias memory
+# a later run overwrites, a workspace tensor's, say, or be written through).
+_PLANNED: "weakref.WeakValueDictionary[int, np.ndarray]" = weakref.WeakValueDictionary()
+
+
+def mark_planned(buffer: np.ndarray) -> None:
+    """Record ``buffer`` as a planned parameter buffer (kept only while something else holds it)."""
+    _PLANNED[id(buffer)] = buffer
+
+
+def is_planned(buffer) -> bool:
+    """Is ``buffer`` a planned parameter buffer (:func:`mark_planned`)?"""
+    return _PLANNED.get(id(buffer)) is buffer

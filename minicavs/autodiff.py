@@ -11,16 +11,22 @@ from .ops import accum, densify, is_row_sparse, ones_like, zeros_like
 from .ops.registry import OPS
 
 
-def _merge_gradients(gs: list[Node]) -> list[Node]:
+def _merge_gradients(gs: list[Node], made: dict | None = None) -> list[Node]:
     """The gradients summed into one value, with those of ops that know how to merge theirs
-    (``OpDef.merge_gradients``: split parts into one concat) merged."""
+    (``OpDef.merge_gradients``: split parts into one concat) merged. ``made``: the merged nodes made so far
+    in this gradient, by (op, inputs, attrs): the same merge of the same parts is the same node, so two
+    values split the same way (the column blocks of two merged GEMMs, gate by gate) share one gradient
+    concat (one stored value, no copy into a second)."""
     kept, mergeable = [], {}
     for g in gs:
         if OPS[g.op].merge_gradients is None:
             kept.append(g)
         else:
             mergeable.setdefault(g.op, []).append(g)
-    return kept + [m for op, group in mergeable.items() for m in OPS[op].merge_gradients(group)]
+    merged = [m for op, group in mergeable.items() for m in OPS[op].merge_gradients(group)]
+    if made is not None:
+        merged = [made.setdefault((m.op, m.inputs, repr(sorted(m.attrs.items()))), m) for m in merged]
+    return kept + merged
 
 
 @contextlib.contextmanager
@@ -68,11 +74,12 @@ def grad(outputs: Node | Sequence[Node], wrt: Sequence[Node],
         for o, c in zip(outputs, cotangents):
             pending.setdefault(o, []).append(c)
         result: dict[Node, Node] = {}
+        made: dict = {}
         for n in reversed(graph.nodes):  # reverse creation order is a reverse topological order
             gs = pending.pop(n, None)
             if not gs or n not in needed:
                 continue
-            g = accum(*_merge_gradients(gs))
+            g = accum(*_merge_gradients(gs, made))
             if n in wanted:
                 result[n] = g
             vjp = OPS[n.op].vjp

@@ -89,6 +89,9 @@ class EngineOptions:
     fusion: bool = True       # fused elementwise groups run as generated C kernels
     gather_elision: bool = True   # a gather whose child rows are an evenly strided block reads a view
     merge_gemms: bool = True      # products of F sharing a left operand run as one GEMM (passes/gemm.py)
+    plan_layout: bool = False     # merged weights and biases as views of planned parameter buffers
+    # (passes/layout.py): no weight copy per batch, but the parameters become strided views, which the
+    # optimizer's C kernels decline (its numpy path then updates every parameter): opt-in until they take them
     executor: str = "native"  # the pass as one call of the device's runner over its instruction stream;
     # "reference": the same instruction stream run by reference.py (one Python function per opcode)
     check: bool = False       # the runners' debug mode: every address and row number bounds-checked (slower)
@@ -187,6 +190,11 @@ def _phases(nodes, classes, leaves, opts: EngineOptions, eager_leaves=()) -> Pha
             # Cheap elementwise work feeding only elementwise work: computed inside its consumers' kernel
             # (recomputing is free, a stored array read back is not), not in a pass of its own.
             where[n] = {min(min(where[c]) for c in cs)}
+        elif cs and _product_block(n, users) and all(c.has_rows for c in cs):
+            # A column block of a product read only through such blocks (a merged GEMM's, passes/gemm.py):
+            # a view, taken again in each phase that reads it, so that the product is the one value stored
+            # across phases, as a cell's fused product is, not each block copied into a tensor of its own.
+            where[n] = set().union(*(where[c] for c in cs))
         elif n.has_rows or not cs:
             where[n] = {own(n)}
         else:
@@ -204,6 +212,14 @@ def _phases(nodes, classes, leaves, opts: EngineOptions, eager_leaves=()) -> Pha
     return Phases(programs, reads, phase)
 
 
+def _product_block(n: Node, users: dict) -> bool:
+    """Is ``n`` a per-row column block (a view) of a product whose every reader takes such a block?"""
+    if n.op != "slice" or not n.has_rows or OPS[n.op].native(n) != "cols":
+        return False
+    source = n.inputs[0]
+    return OPS[source.op].product is not None and source.has_rows and all(u.op == "slice" for u in users[source])
+
+
 class CompiledFunction:
     """F and ∂F of one vertex kind: classified, split into phases, everything static done once."""
 
@@ -214,7 +230,9 @@ class CompiledFunction:
         self.F = F
         self.pull_grads = pull_grads
         self.merges = list(merges)
-        self._merged: CompiledFunction | None = self if merges else None   # a merged function is its own variant
+        # plan_layout -> the merged variant; a merged function is its own variant
+        self._merged: dict = {True: self, False: self} if merges else {}
+        self.layout = None   # the planned parameter buffers to follow (a model's: Model sets it), else F's own
         g = F.graph
         self.gathers = dict(sorted(F.gathers.items()))
         self.gather_slot = {node: k for k, node in self.gathers.items()}
@@ -270,13 +288,17 @@ class CompiledFunction:
     def variant(self, opts: EngineOptions) -> "CompiledFunction":
         """The compiled function that runs under ``opts``: with ``merge_gemms``, the one of F with its
         products merged (passes/gemm.py; F's graph is rewritten before autodiff, so ∂F has its own merged
-        GEMMs), compiled on first use; itself when nothing merges."""
-        if not opts.merge_gemms or self._merged is self:
+        GEMMs), compiled on first use; itself when nothing merges. With ``plan_layout`` too, the merged
+        weights are views of planned parameter buffers (passes/layout.py) where an order serves them."""
+        if not opts.merge_gemms:
             return self
-        if self._merged is None:
-            merged_F, merges = gemm.merge_products(self.F)
-            self._merged = CompiledFunction(merged_F, self.pull_grads, merges) if merges else self
-        return self._merged
+        found = self._merged.get(opts.plan_layout)
+        if found is None:
+            merged_F, merges = gemm.merge_products(self.F, plan_layout=opts.plan_layout,
+                                                   planned=self.layout)
+            found = self._merged[opts.plan_layout] = CompiledFunction(merged_F, self.pull_grads, merges) \
+                if merges else self
+        return found
 
     def _split(self, opts: EngineOptions) -> Passes:
         """F's and ∂F's phases under ``opts``, before fused groups are lowered to a device's kernels."""

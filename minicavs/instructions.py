@@ -63,6 +63,7 @@ from .compile import POST, PRE, TASK
 from .graph import Node
 from .ops.registry import OPS, holds_tuple
 from .passes.fusion import fuse, fusible
+from .passes.layout import gradient_blocks
 
 
 class Unsupported(Exception):
@@ -117,6 +118,8 @@ class Template:
         self.param_grads: list = []     # parameter names accumulated per task
         self.overlays: dict = {}        # node -> an instruction (its register first) re-pointing its scratch
         self.direct: dict = {}          # node -> the parameter whose gradient accumulator it is computed into
+        self.direct_blocks: dict = {}   # node -> ((parameter, first column, end), ...): computed into one
+        # buffer whose column blocks are those parameters' gradients (a merged GEMM's ∂W', passes/gemm.py)
         self.puts_back: list = []       # a block's values computed where SROWS bound the scatter rows (SPUT's)
         self.dropouts: list = []        # per DROPOUT entry: (p, site)
         self.steps: list = []           # per APPLY: the step it runs (compile.Step)
@@ -150,6 +153,8 @@ class Template:
                 self.emit(op, r, *args)
         elif node in self.direct:   # a block's parameter gradient: computed straight into its accumulator
             self.emit("BIND", r, self.buf(("pgrad", self.direct[node], "set")), NONE, 0, cols)
+        elif node in self.direct_blocks:   # several, side by side: their column blocks are the gradients
+            self.emit("BIND", r, self.buf(("pgrad", self.direct_blocks[node], "block")), NONE, 0, cols)
         else:   # a fixed-size value: its own region of the fixed arena
             self.emit("BIND", r, self.buf(("fixed",)), NONE, self.fixed, cols)
             self.fixed += _rows(node) * cols
@@ -528,6 +533,9 @@ def backward_template(fn, opts, device, phase: int = TASK, direct: bool = False)
     t = Template(fn.F.name, phase)
     if direct and phase != TASK:
         t.direct = {g: name for name, g in fn.param_grads.items() if kp.phase[g] == phase and not g.has_rows}
+        t.direct_blocks = gradient_blocks(t.direct, kp.programs[phase])
+        covered = {name for names in t.direct_blocks.values() for name, _, _ in names}
+        t.direct = {g: name for g, name in t.direct.items() if name not in covered}
     statics = set(fn.static_fwd) | set(fn.static_bwd)
     program = kp.programs[phase]
     read = {x for step in program for x in step.inputs}
@@ -611,11 +619,12 @@ def backward_template(fn, opts, device, phase: int = TASK, direct: bool = False)
                    t.regs[g], _cols(g))
     if grad_cat is not None:
         assert [c[0] for c in t.code[skip_at:skip_at + len(fn.gathers)]] == ["ADJ"] * len(fn.gathers)
+    covered_by_block = {name for names in t.direct_blocks.values() for name, _, _ in names}
     for name, g in fn.param_grads.items():
         if kp.phase[g] == phase:
             if g not in t.regs:
                 raise Unsupported(f"gradient of '{name}' is not computed by the task program")
-            if ("pgrad", name, "set") not in t.buffers:   # (else computed into it)
+            if ("pgrad", name, "set") not in t.buffers and name not in covered_by_block:   # (else computed into it)
                 t.emit("GACC", t.buf(("pgrad", name)), t.regs[g], _rows(g), _cols(g))
             t.param_grads.append(name)
     return t

@@ -13,6 +13,7 @@ Structures run in the order given; a structure's pulls may depend on feeds and o
 """
 from __future__ import annotations
 
+import operator
 import threading
 import weakref
 from collections import OrderedDict
@@ -35,7 +36,7 @@ from .ops import input as input_node
 from .ops import ones_like
 from .ops.registry import OPS
 from .ops.sources import trainable
-from .passes import alias
+from .passes import alias, gemm, layout
 from .scheduler import AgendaPolicy, CavsPolicy, FsmPolicy, GreedyPolicy, depends_on_batch_only, get_policy
 from .sparse import add_all
 from .validate import indices
@@ -378,9 +379,52 @@ class Model:
         self._workspaces: dict = {}
         self._plans: OrderedDict = OrderedDict()   # see _plan
         self._plans_lock = threading.Lock()        # prepare may run on the prefetch thread
+        self._layouts: dict = {}                   # options -> the planned parameter buffers (see layout)
+        self._planned_for = None                   # (params, their values) that plan_buffers last laid out
+        self.planned = layout.solve([g for s in self.structures for fn in s.compiled.values()
+                                     for g in gemm.layout_groups(fn.F)])
+        for s in self.structures:   # one parameter layout over every function's merged products
+            for fn in s.compiled.values():
+                if fn.layout is None:
+                    fn.layout = self.planned
         for s in self.structures:   # compile F and ∂F for the model's options and device now, not in a run
             for fn in s.compiled.values():
                 fn.variant(self.options).phases(self.options, self.device)
+
+    def layout(self, options: EngineOptions | None = None) -> list[tuple]:
+        """The planned parameter buffers of the merged products under ``options`` (passes/layout.py): each a
+        tuple of parameter names in column order, one per buffer (:attr:`planned`, solved over every
+        function's merged products at construction, so the functions agree on one order)."""
+        options = (options or self.options).compiled
+        found = self._layouts.get(options)
+        if found is None:
+            found = []
+            for s in self.structures:
+                for fn in s.compiled.values():
+                    for m in fn.variant(options).merges:
+                        for buffer in (m.buffer, m.bias_buffer):
+                            if buffer is not None and buffer not in found:
+                                found.append(buffer)
+            self._layouts[options] = found
+        return found
+
+    def plan_buffers(self, params, options: EngineOptions | None = None) -> None:
+        """Lay ``params`` (a ParameterSet of host arrays) out as :meth:`layout` plans: the merged products'
+        weights become views of one buffer each (same values; nothing else changes). Cheap when done."""
+        plan = getattr(params, "plan_buffer", None)
+        if plan is None:
+            return
+        buffers = self.layout(options)
+        values = tuple(params[n].value if n in params else None for names in buffers for n in names)
+        done = self._planned_for
+        if done is not None and done[0] is params and len(done[1]) == len(values) \
+                and all(map(operator.is_, done[1], values)):
+            return   # (the very arrays laid out last time: nothing replaced them since)
+        for names in buffers:
+            if all(n in params and isinstance(params[n].value, np.ndarray) for n in names):
+                plan(names)
+        self._planned_for = (params, tuple(params[n].value if n in params else None
+                                           for names in buffers for n in names))
 
     def workspace(self, structure: str) -> Workspace:
         """The buffers the runs of ``structure`` reuse across batches (on the model's device)."""
@@ -519,6 +563,8 @@ class Model:
         else:
             prepared = self.prepare(graphs, policy, sample_ids, options)
         plans = prepared.plans
+        if options.plan_layout and options.merge_gemms and xp is np:
+            self.plan_buffers(params, options)
         env: dict = {}
         result = Result(None)
         states = {}

@@ -19,7 +19,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .arrays import on_device
+from .arrays import is_planned, on_device
 from .errors import FeedError
 from .graph import Node, fmt_shape
 from .instructions import TASK_COLUMNS
@@ -128,7 +128,21 @@ def leaf_value(n: Node, feeds: Mapping, params: Mapping):
         value = params[n.name]
     except KeyError:
         raise FeedError(f"missing value for parameter '{n.name}' {fmt_shape(n.shape)}") from None
-    return host_layout(check_value(n, getattr(value, "value", value), "parameter"))
+    value = check_value(n, getattr(value, "value", value), "parameter")
+    return value if planned_view(value) else host_layout(value)
+
+
+def planned_view(value) -> bool:
+    """Is ``value`` a block of a planned parameter buffer (ParameterSet.plan_buffer, arrays.mark_planned): a
+    host array in native byte order whose last axis is contiguous, a matrix's rows at a stride at least
+    their width? Read in place, not copied: a product reads it through its row stride, the blocks of one
+    merged product are one view (ops.shape.adjacent_blocks), and the runners copy a static only where they
+    would copy a transposed parameter."""
+    if not isinstance(value, np.ndarray) or not is_planned(value.base) or not value.dtype.isnative \
+            or value.ndim not in (1, 2) or value.strides[-1] != value.itemsize:
+        return False
+    return value.ndim == 1 or (value.strides[0] % value.itemsize == 0
+                               and value.strides[0] >= value.shape[1] * value.itemsize)
 
 
 def evaluate(nodes: Sequence[Node], env: dict, feeds: Mapping, params: Mapping, ctx: RunContext, xp=np) -> None:
@@ -305,8 +319,12 @@ class Buffers:
         return self.state.workspace.arena_prefix(which, elements, self.dtype)
 
     def _pgrad(self, name, how="add"):   # (a block computes a "set" one straight into it: no zeros needed)
-        node = next(fn.param_grads[name] for fn in self.fns if fn is not None and name in fn.param_grads)
         xp = self.state.device.xp
+        if how == "block":   # ((parameter, first column, end), ...): one buffer, the gradients its column blocks
+            lead = next(fn.param_grads[name[0][0]] for fn in self.fns
+                        if fn is not None and name[0][0] in fn.param_grads).shape[:-1]
+            return xp.empty(lead + (name[-1][2],), self.dtype)
+        node = next(fn.param_grads[name] for fn in self.fns if fn is not None and name in fn.param_grads)
         return xp.empty(node.shape, self.dtype) if how == "set" else xp.zeros(node.shape, self.dtype)
 
     def _coalesced(self, name):

@@ -523,7 +523,9 @@ def run(lowered, table: np.ndarray, buffers, dtype, forest: bool, workspace=None
             a = buffers[("arena", "fixed", lowered.fixed_size)]
         else:
             a = buffers[key]
-            if what == "pgrad":
+            if what == "pgrad" and len(key) == 3 and key[2] == "block":   # several parameters' gradients, side by side
+                grads.update((name, a[..., lo:hi]) for name, lo, hi in key[1])
+            elif what == "pgrad":
                 grads[key[1]] = a
             elif what in INDEX_KEYS:   # (a batch plan's array: the device copies it once, then slices it)
                 hosts[i] = a = np.ascontiguousarray(a, np.uint64 if what == "rowkeys" else np.int64)

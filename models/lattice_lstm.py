@@ -29,27 +29,31 @@ from __future__ import annotations
 import numpy as np
 
 from minicavs import ops
-from minicavs.config import PROBABILITY, at_least
+from minicavs.config import PROBABILITY, Choice, at_least
 from minicavs.data.lattice import synthetic_lattices
 from minicavs.model import Model, Structure
 from minicavs.nn import ParameterSet
+from minicavs.nn.gates import CELLS, gate_values, split_gates
 from minicavs.task import Task
 from minicavs.vertex import VertexFunction
 
 NAME = "lattice_lstm"
-DEFAULTS = {"embed": 64, "hidden": 128, "dropout": 0.0, "embed_init": "uniform(0.1)", "max_word": 4}
+DEFAULTS = {"embed": 64, "hidden": 128, "dropout": 0.0, "embed_init": "uniform(0.1)", "max_word": 4,
+            "cell": "fused"}
 DATA_DEFAULTS = {"train": "synthetic", "dev": "synthetic", "test": "synthetic",
                  "synthetic": {"train": 2000, "dev": 200, "test": 200, "seed": 11, "lexicon": 400,
                                "alphabet": 60, "min_len": 8, "max_len": 48}}
 TRAIN_DEFAULTS = {"optimizer": "adam", "lr": 3e-3, "batch_size": 64}
-RULES = {"embed": at_least(1), "hidden": at_least(1), "dropout": PROBABILITY, "max_word": at_least(2)}
+RULES = {"embed": at_least(1), "hidden": at_least(1), "dropout": PROBABILITY, "max_word": at_least(2),
+         "cell": Choice(CELLS)}
 DATA_RULES = {f"synthetic.{k}": at_least(lo) for k, lo in (("train", 1), ("dev", 1), ("test", 1), ("seed", 0),
                                                             ("lexicon", 1), ("alphabet", 2), ("min_len", 1),
                                                             ("max_len", 1))}
 CLASSES = 2
 
 
-def cells(p, H: int, D: int, words_per_char: int, dropout: float, dtype) -> dict:
+def cells(p, H: int, D: int, words_per_char: int, dropout: float, dtype, naive: bool = False) -> dict:
+    """``naive``: one product per gate and operand, one bias per gate (``W_c.i``, ``U_c.i``, ``b_c.i``, ...)."""
     chars = ("char", "char_words")
     word = VertexFunction("word", arity=1, message=(H,), dtype=dtype)
     with word:
@@ -57,7 +61,7 @@ def cells(p, H: int, D: int, words_per_char: int, dropout: float, dtype) -> dict
         x = word.pull((D,), "xw")
         if dropout:
             x = ops.dropout(x, dropout, site=1)
-        i, f, u = ops.split(ops.linear(x, p["W_w"].node, p["b_w"].node) + h_b @ p["U_w"].node, 3)
+        i, f, u = gate_values(p, "ifu", [(x, "W_w"), (h_b, "U_w")], "b_w", naive)
         word.scatter(ops.sigmoid(f) * c_b + ops.sigmoid(i) * ops.tanh(u))
 
     def gates(fn: VertexFunction, site: int):
@@ -66,7 +70,7 @@ def cells(p, H: int, D: int, words_per_char: int, dropout: float, dtype) -> dict
         x = fn.pull((D,), "x")
         if dropout:
             x = ops.dropout(x, dropout, site=site)
-        return x, c_p, ops.split(ops.linear(x, p["W_c"].node, p["b_c"].node) + h_p @ p["U_c"].node, 4)
+        return x, c_p, gate_values(p, "ifou", [(x, "W_c"), (h_p, "U_c")], "b_c", naive)
 
     def finish(fn: VertexFunction, o, c, site: int) -> None:
         h = ops.sigmoid(o) * ops.tanh(c)
@@ -129,13 +133,17 @@ class LatticeLSTM(Task):
         p.new("b_g", (H,), init="zeros", dtype=dtype, rng=seed)
         p.new("W_o", (H, CLASSES), dtype=dtype, rng=seed)
         p.new("b_o", (CLASSES,), init="zeros", dtype=dtype, rng=seed)
+        naive = m["cell"] == "naive"
+        if naive:   # the fused weights' gate blocks, one parameter each
+            split_gates(p, "ifu", ("W_w", "U_w", "b_w"))
+            split_gates(p, "ifou", ("W_c", "U_c", "b_c"))
         self.chars = ops.input((None,), "int64", name="chars")
         self.words = ops.input((None,), "int64", name="words")
         self.labels = ops.input((None,), "int64", name="labels")
         self.inv_sentences = ops.input((), dtype, name="inv_sentences")
         self.slots = m["max_word"] - 1
         self.word_mask = ops.input((None, self.slots), dtype, name="word_mask")
-        s = Structure(cells(p, H, D, self.slots, m["dropout"], dtype),
+        s = Structure(cells(p, H, D, self.slots, m["dropout"], dtype, naive),
                       pulls={"x": ops.lookup(p["E_c"].node, self.chars),
                              "xw": ops.lookup(p["E_w"].node, self.words), "word_mask": self.word_mask},
                       name="lattice")

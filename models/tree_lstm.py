@@ -29,30 +29,32 @@ from minicavs.errors import DataError
 from minicavs.inputs import InputGraph
 from minicavs.model import Model, Structure, leaf_internal
 from minicavs.nn import ParameterSet
+from minicavs.nn.gates import CELLS, gate_values, split_gates
 from minicavs.task import Task
 from minicavs.vertex import VertexFunction
 
 NAME = "tree_lstm"
 DEFAULTS = {"embed": 300, "hidden": 150, "classes": 5, "variant": "binary", "dropout": 0.5,
-            "embed_init": "uniform(0.1)", **vectors.KEYS}   # pretrained, pretrained_format, freeze_embeddings
+            "embed_init": "uniform(0.1)", "cell": "fused", **vectors.KEYS}   # pretrained, pretrained_format, freeze_embeddings
 DATA_DEFAULTS = {"train": "synthetic", "dev": "synthetic", "test": "synthetic", "limit": 0,
                  "synthetic": {"train": 3000, "dev": 500, "test": 500, "seed": 7, "vocab": 1000}}
 TRAIN_DEFAULTS = {"optimizer": "adagrad", "lr": 0.05, "weight_decay": 1e-4, "batch_size": 25}
 RULES = {"embed": Nullable(at_least(1), "the dimension of model.pretrained's vectors"), "hidden": at_least(1),
-         "classes": at_least(2), "variant": Choice(("binary", "child_sum")), "dropout": PROBABILITY,
+         "classes": at_least(2), "variant": Choice(("binary", "child_sum")), "dropout": PROBABILITY, "cell": Choice(CELLS),
          **PRETRAINED_RULES}
 DATA_RULES = {"limit": at_least(0), "synthetic.train": at_least(1), "synthetic.dev": at_least(1),
               "synthetic.test": at_least(1), "synthetic.seed": at_least(0), "synthetic.vocab": at_least(3)}
 UNK = "<unk>"
 
 
-def leaf_cell(p, H: int, D: int, dropout: float, dtype) -> VertexFunction:
+def leaf_cell(p, H: int, D: int, dropout: float, dtype, naive: bool = False) -> VertexFunction:
+    """``naive``: one product and one bias per gate (``W.i``, ``b_l.i``, ...: :mod:`minicavs.nn.gates`)."""
     leaf = VertexFunction("leaf", arity=0, message=(2 * H,), dtype=dtype)
     with leaf:
         x = leaf.pull((D,), "x")
         if dropout:
             x = ops.dropout(x, dropout, site=1)
-        i, o, u = ops.split(ops.linear(x, p["W"].node, p["b_l"].node), 3)
+        i, o, u = gate_values(p, "iou", [(x, "W")], "b_l", naive)
         c = ops.sigmoid(i) * ops.tanh(u)
         h = ops.sigmoid(o) * ops.tanh(c)
         leaf.scatter(ops.concat([h, c]))
@@ -61,8 +63,9 @@ def leaf_cell(p, H: int, D: int, dropout: float, dtype) -> VertexFunction:
 
 
 def internal_cell(p, H: int, variant: str, dropout: float, dtype, name: str = "internal",
-                  prefix: str = "") -> VertexFunction:
-    """An internal vertex function whose parameters are named ``prefix + U`` etc."""
+                  prefix: str = "", naive: bool = False) -> VertexFunction:
+    """An internal vertex function whose parameters are named ``prefix + U`` etc.; ``naive``: one product
+    and one bias per gate (``U.i``, ``b_i.i``, ...), the forget gates' per child as in the fused cell."""
     def w(key):
         return p[prefix + key].node
     internal = VertexFunction(name, arity=2, message=(2 * H,), dtype=dtype)
@@ -70,14 +73,13 @@ def internal_cell(p, H: int, variant: str, dropout: float, dtype, name: str = "i
         h1, c1 = ops.split(internal.gather(0), 2)
         h2, c2 = ops.split(internal.gather(1), 2)
         if variant == "binary":
-            iou = ops.linear(ops.concat([h1, h2]), w("U"), w("b_i"))
+            i, o, u = gate_values(p, "iou", [(ops.concat([h1, h2]), prefix + "U")], prefix + "b_i", naive)
             f1 = ops.sigmoid(ops.linear(h1, w("U_f1"), w("b_f")))
             f2 = ops.sigmoid(ops.linear(h2, w("U_f2"), w("b_f")))
         else:
-            iou = ops.linear(h1 + h2, w("U"), w("b_i"))
+            i, o, u = gate_values(p, "iou", [(h1 + h2, prefix + "U")], prefix + "b_i", naive)
             f1 = ops.sigmoid(ops.linear(h1, w("U_f"), w("b_f")))
             f2 = ops.sigmoid(ops.linear(h2, w("U_f"), w("b_f")))
-        i, o, u = ops.split(iou, 3)
         c = ops.sigmoid(i) * ops.tanh(u) + f1 * c1 + f2 * c2
         h = ops.sigmoid(o) * ops.tanh(c)
         internal.scatter(ops.concat([h, c]))
@@ -93,9 +95,10 @@ def internal_params(p, H: int, variant: str, dtype, seed, prefix: str = "") -> N
     p.new(prefix + "b_f", (H,), init="constant(1.0)", dtype=dtype, rng=seed)
 
 
-def cells(p, H: int, D: int, variant: str, dropout: float, dtype):
+def cells(p, H: int, D: int, variant: str, dropout: float, dtype, naive: bool = False):
     """The leaf and internal vertex functions (a few lines each)."""
-    return {"leaf": leaf_cell(p, H, D, dropout, dtype), "internal": internal_cell(p, H, variant, dropout, dtype)}
+    return {"leaf": leaf_cell(p, H, D, dropout, dtype, naive),
+            "internal": internal_cell(p, H, variant, dropout, dtype, naive=naive)}
 
 
 class TreeLSTM(Task):
@@ -152,9 +155,11 @@ class TreeLSTM(Task):
         p.new("W", (D, 3 * H), dtype=dtype, rng=seed)
         p.new("b_l", (3 * H,), init="zeros", dtype=dtype, rng=seed)
         internal_params(p, H, m["variant"], dtype, seed)
+        if m.get("cell") == "naive":   # the fused weights' gate blocks, one parameter each
+            split_gates(p, "iou", ("W", "b_l", "U", "b_i"))
 
     def make_cells(self, p: ParameterSet, m: dict, dtype) -> dict:
-        return cells(p, m["hidden"], m["embed"], m["variant"], m["dropout"], dtype)
+        return cells(p, m["hidden"], m["embed"], m["variant"], m["dropout"], dtype, m.get("cell") == "naive")
 
     def graphs_of(self, trees) -> list:
         """The input graphs of trees (a subclass may give their vertices kinds)."""

@@ -18,6 +18,7 @@ from pathlib import Path
 from minicavs.config import Choice, at_least, load_model_module
 from minicavs.data.trees import two_type_kinds
 from minicavs.inputs import InputGraph
+from minicavs.nn.gates import split_gates
 
 tree_lstm = load_model_module("tree_lstm", Path(__file__).resolve().parent)
 
@@ -45,12 +46,15 @@ class TreeLSTM2Type(tree_lstm.TreeLSTM):
         p.new("b_l", (3 * H,), init="zeros", dtype=dtype, rng=seed)
         for t in TYPES:
             tree_lstm.internal_params(p, H, "binary", dtype, seed, prefix=t[-1] + ".")
+        if m.get("cell") == "naive":   # the fused weights' gate blocks, one parameter each (as tree_lstm's)
+            split_gates(p, "iou", ["W", "b_l"] + [t[-1] + "." + k for t in TYPES for k in ("U", "b_i")])
 
     def make_cells(self, p, m, dtype) -> dict:
-        H = m["hidden"]
-        fns = {"leaf": tree_lstm.leaf_cell(p, H, m["embed"], m["dropout"], dtype)}
+        H, naive = m["hidden"], m.get("cell") == "naive"
+        fns = {"leaf": tree_lstm.leaf_cell(p, H, m["embed"], m["dropout"], dtype, naive)}
         for t in TYPES:
-            fns[t] = tree_lstm.internal_cell(p, H, "binary", m["dropout"], dtype, name=t, prefix=t[-1] + ".")
+            fns[t] = tree_lstm.internal_cell(p, H, "binary", m["dropout"], dtype, name=t, prefix=t[-1] + ".",
+                                             naive=naive)
         return fns
 
     def graphs_of(self, trees) -> list:

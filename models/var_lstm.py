@@ -28,31 +28,33 @@ from minicavs.data.text import EOS, Vocab, read_sentences, synthetic_corpus, uni
 from minicavs.inputs import InputGraph
 from minicavs.model import Model, Structure
 from minicavs.nn import ParameterSet
+from minicavs.nn.gates import CELLS, gate_values, split_gates
 from minicavs.task import Task
 from minicavs.vertex import VertexFunction
 
 NAME = "var_lstm"
 DEFAULTS = {"embed": 128, "hidden": 256, "dropout": 0.5, "max_vocab": 0, "embed_init": "uniform(0.1)",
-            "forget_bias": 0.0, "graph": "chain", **vectors.KEYS}   # pretrained, pretrained_format, freeze_embeddings
+            "forget_bias": 0.0, "graph": "chain", "cell": "fused", **vectors.KEYS}   # pretrained, pretrained_format, freeze_embeddings
 DATA_DEFAULTS = {"train": "synthetic", "dev": "synthetic", "test": "synthetic", "dev_fraction": 0.0, "limit": 0,
                  "synthetic": {"train": 2000, "dev": 200, "test": 200, "seed": 5, "vocab": 200}}
 TRAIN_DEFAULTS = {"optimizer": "adam", "lr": 1e-3, "batch_size": 64}
 RULES = {"embed": Nullable(at_least(1), "the dimension of model.pretrained's vectors"), "hidden": at_least(1),
          "dropout": PROBABILITY, "max_vocab": at_least(0), "forget_bias": Range(), "graph": Choice(("chain", "foreach")),
-         **PRETRAINED_RULES}
+         "cell": Choice(CELLS), **PRETRAINED_RULES}
 DATA_RULES = {"dev_fraction": PROBABILITY, "limit": at_least(0), "synthetic.train": at_least(1),
               "synthetic.dev": at_least(1), "synthetic.test": at_least(1), "synthetic.seed": at_least(0),
               "synthetic.vocab": at_least(1)}
 
 
-def lstm_cell(p, H: int, D: int, dropout: float, dtype) -> VertexFunction:
+def lstm_cell(p, H: int, D: int, dropout: float, dtype, naive: bool = False) -> VertexFunction:
+    """``naive``: one product per gate and operand, one bias per gate (``W_x.i``, ``W_h.i``, ``b.i``, ...)."""
     F = VertexFunction("lstm", arity=1, message=(2 * H,), dtype=dtype)
     with F:
         h0, c0 = ops.split(F.gather(0), 2)
         x = F.pull((D,), "x")
         if dropout:
             x = ops.dropout(x, dropout, site=1)
-        i, f, o, u = ops.split(ops.linear(x, p["W_x"].node, p["b"].node) + h0 @ p["W_h"].node, 4)
+        i, f, o, u = gate_values(p, "ifou", [(x, "W_x"), (h0, "W_h")], "b", naive)
         c = ops.sigmoid(f) * c0 + ops.sigmoid(i) * ops.tanh(u)
         h = ops.sigmoid(o) * ops.tanh(c)
         F.scatter(ops.concat([h, c]))
@@ -98,12 +100,17 @@ class LanguageModel(Task):
                 raise ConfigError(f"model.graph=foreach: a loop body takes no dropout; set model.dropout=0 "
                                   f"(it is {m['dropout']})")
             self.length = max(len(x) for split in self.data.values() for x, _ in split)
+            if m["cell"] != "fused":
+                raise ConfigError(f"model.graph=foreach writes the fused cell; model.cell is {m['cell']!r}")
             self._build_foreach(p, H, dtype, tc["policy"])
             return
+        naive = m["cell"] == "naive"
+        if naive:   # the fused weights' gate blocks, one parameter each
+            split_gates(p, "ifou", ("W_x", "W_h", "b"))
         self.inputs = ops.input((None,), "int64", name="inputs")
         self.targets = ops.input((None,), "int64", name="targets")
         self.inv_sentences = ops.input((), dtype, name="inv_sentences")
-        s = Structure(lstm_cell(p, H, D, m["dropout"], dtype), pulls={"x": ops.lookup(p["E"].node, self.inputs)},
+        s = Structure(lstm_cell(p, H, D, m["dropout"], dtype, naive), pulls={"x": ops.lookup(p["E"].node, self.inputs)},
                       name="chain")
         logits = ops.linear(s.pushed("h"), p["W_o"].node, p["b_o"].node)
         nll = ops.sum(ops.softmax_cross_entropy(logits, self.targets))

@@ -540,3 +540,29 @@ def test_every_system_of_a_point_is_timed_on_the_samples_minicavs_was(monkeypatc
         ("pytorch", "recursive", 0), ("pytorch", "recursive", 1)]
     dynet = got["DyNet (autobatching)"]
     assert dynet["per_core"]["samples"] == dynet["samples"] == 12
+
+
+def test_layout_table_rows_per_cell_and_variant(monkeypatch):
+    """``bench --layout`` (bench/layout.py) on tiny cells: one row per cell and variant; the layout's merges
+    are views (no weight bytes copied) where the naive cells without it copy their merged weights."""
+    from minicavs.bench import layout as bench_layout
+    monkeypatch.setitem(bench_layout.CELLS, "LSTM cell (Var-LSTM)",
+                        ("var_lstm", ["model.dropout=0.0", "data.synthetic.train=8", "model.embed=4"]))
+    monkeypatch.setattr(bench_layout, "CELLS", {k: v for k, v in bench_layout.CELLS.items() if "Var-LSTM" in k})
+    rows = bench_layout.measure(hidden=4, batch=4, batches=1, repeats=1)
+    by = {r["variant"]: r for r in rows}
+    assert set(by) == {"naive, no layout", "naive + layout", "fused"}
+    assert by["naive + layout"]["merged_views"] == 2 and by["naive + layout"]["weight_bytes_copied"] == 0
+    assert by["naive, no layout"]["merged_copied"] == 2 and by["naive, no layout"]["weight_bytes_copied"] > 0
+    assert by["fused"]["vs_fused"] == 1.0 and all(r["ms_per_batch"] > 0 and r["planning_ms"] < 30 for r in rows)
+    assert by["naive + layout"]["row_move_instructions"] == by["fused"]["row_move_instructions"]
+    text = bench_layout.table(rows)
+    assert text.count("\n") == 4 and "| LSTM cell (Var-LSTM) | naive + layout | 2 / 0 |" in text
+
+
+def test_layout_hidden_must_be_positive(tmp_path):
+    from minicavs.bench import run
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    with pytest.raises(ValueError, match="--layout-hidden must be positive, got 0"):
+        run(p.parse_args(["--layout", "--layout-hidden", "0", "--out", str(tmp_path)]))

@@ -369,3 +369,30 @@ def test_non_finite_values_are_refused_naming_the_array(saved, bad, where, count
 def test_integer_arrays_need_no_finiteness_check(tmp_path):
     checkpoint.save(tmp_path / "ints.npz", {"ids": np.arange(4)})
     assert checkpoint.read(tmp_path / "ints.npz").params["ids"].tolist() == [0, 1, 2, 3]
+
+
+def _split_model(seed=0, views=False):
+    ps = ParameterSet([Parameter(f"W.{g}", (4, 3), rng=seed, dtype="float64") for g in "ifou"]
+                      + [Parameter("b", (3,), rng=seed, dtype="float64")])
+    if views:
+        ps.plan_buffer([f"W.{g}" for g in "ifou"])
+    return ps
+
+
+@pytest.mark.parametrize("saved_views, loaded_views", [(True, False), (False, True), (True, True)])
+def test_parameters_laid_out_in_one_buffer_round_trip_with_plain_ones(tmp_path, saved_views, loaded_views):
+    ps = _split_model(views=saved_views)
+    opt = Adam(ps, lr=0.01)
+    rng = np.random.default_rng(3)
+    for _ in range(2):
+        opt.step({k: rng.standard_normal(p.shape) for k, p in ps.items()})
+    snap = snapshot(ps, opt)
+    checkpoint.save(tmp_path / "ck", ps, opt)
+    fresh = _split_model(seed=9, views=loaded_views)
+    buffer = fresh["W.i"].value.base
+    fresh_opt = Adam(fresh, lr=0.01)
+    checkpoint.load(tmp_path / "ck", fresh, fresh_opt)
+    assert_same(fresh, fresh_opt, snap)
+    if loaded_views:   # loaded in place: still views of the one buffer, which holds the loaded values
+        assert all(fresh[f"W.{g}"].value.base is buffer for g in "ifou")
+        np.testing.assert_array_equal(buffer, np.concatenate([snap[0][f"W.{g}"] for g in "ifou"], axis=1))

@@ -73,6 +73,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine", nargs="+", default=[], metavar="KEY=VALUE",
                    help="minicavs' engine settings, as train.engine.KEY=VALUE in a config (any EngineOptions "
                         "field, e.g. fusion=false; the ablation keeps varying its own switches)")
+    p.add_argument("--layout", action="store_true",
+                   help="only the layout table (ED-Batch's Table 2): naive cells without and with the layout "
+                        "pass, and fused, per cell: copies, time per batch, planning time (--layout-hidden, "
+                        "--repeats)")
+    p.add_argument("--layout-hidden", type=int, default=128, help="hidden size of the layout table's cells (128)")
     p.add_argument("--policies", action="store_true",
                    help="instead of the sweeps: ED-Batch's batching policies on every bundled model (tasks per "
                         "batch of 64 for cavs/depth, agenda, greedy, fsm S1-S3 and the lower bound, FSM learning "
@@ -149,6 +154,13 @@ def settings(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.layout:
+        from .layout import run_layout
+        if args.layout_hidden <= 0:
+            raise ValueError(f"--layout-hidden must be positive, got {args.layout_hidden}")
+        print(run_layout(Path(args.out), args.layout_hidden, 64, 2 if args.quick else 4,
+                         args.repeats or (3 if args.quick else 7)))
+        return 0
     if args.policies:
         from .policies import OP_GRAPHS, WORKLOADS, run_policies
         if args.policy_batches <= 0:

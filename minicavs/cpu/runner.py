@@ -66,6 +66,42 @@ def _matrix_info(a: np.ndarray, static: bool = True) -> tuple[np.ndarray, int, i
     return a, (a.shape[-1] if a.ndim >= 1 else 1) if a.ndim <= 2 else int(math.prod(a.shape[1:])), 0
 
 
+def strided_span(a: np.ndarray) -> tuple | None:
+    """(the contiguous run of memory a matrix view spans, row stride, transposed flag) of a 2-D static whose
+    rows (or, transposed, columns) are contiguous at a stride wider than they are: a column block of a
+    planned parameter buffer (passes/layout.py) or its transpose, which BLAS reads in place through the
+    stride; None for anything else."""
+    if not isinstance(a, np.ndarray) or a.ndim != 2 or not a.size:
+        return None
+    rows, cols = a.shape
+    item = a.itemsize
+    if a.strides[1] == item and a.strides[0] % item == 0 and a.strides[0] >= cols * item:
+        ld, lines, width, flag = a.strides[0] // item, rows, cols, 0
+    elif a.strides[0] == item and a.strides[1] % item == 0 and a.strides[1] >= rows * item:
+        ld, lines, width, flag = a.strides[1] // item, cols, rows, 1
+    else:
+        return None
+    length = (lines - 1) * ld + width
+    base = a.base
+    while isinstance(base, np.ndarray) and base.base is not None:
+        base = base.base
+    if isinstance(base, np.ndarray) and base.flags.c_contiguous:   # whole rows where the buffer has them:
+        start = a.__array_interface__["data"][0] - base.__array_interface__["data"][0]   # size / ld is then
+        if 0 <= start and start + lines * ld * item <= base.nbytes:                    # the rows (a twin's)
+            length = lines * ld
+    span = np.lib.stride_tricks.as_strided(a, (length,), (item,), writeable=False)
+    return span, ld, flag
+
+
+def _transposed(copier, span: np.ndarray, rows: int, cols: int, ld: int) -> np.ndarray:
+    """The C-contiguous transpose (cols x rows) of the rows x cols matrix at ``span`` with row stride ``ld``,
+    in the library's cache-sized tiles."""
+    out = np.empty((cols, rows), copier.dtype)
+    if out.size:
+        copier._fn["transpose"](rows, cols, copier._p(span), ld, copier._p(out))
+    return out
+
+
 # rows of multi-row tasks from which a run copies its transposed statics (see run): Tree-LSTM h128 training
 # (1 BLAS thread, medians of 9 alternating runs) lost ~10% to the copies at batch 1 (~19 such rows per step)
 # and gained ~15% from them at batch 4 (~76)
@@ -208,6 +244,13 @@ def run(lowered, table: np.ndarray, buffers, dtype, forest: bool, workspace=None
         sizes[i], strides[i], flags[i] = a.size if used is None else used, stride, flag
         held[i], layouts[i], changed = a, (a.shape, a.strides), True
 
+    def bind_span(i, span, stride, flag):
+        """Entry i for a matrix read in place through its row stride (:func:`strided_span`)."""
+        nonlocal changed
+        slots[i] = from_buffer(span)
+        sizes[i], strides[i], flags[i] = span.size, stride, flag
+        held[i], layouts[i], changed = span, None, True
+
     # (elements: a task's scratch is its template's columns x its rows; the blocks' rows are all a kind's, so
     # the tasks' arena is sized by the tasks' rows, each block's by its own)
     scratch = lowered.scratch_cols * max(task_rows, default=0)
@@ -230,11 +273,33 @@ def run(lowered, table: np.ndarray, buffers, dtype, forest: bool, workspace=None
         if what == "fixed":
             a = buffers[("arena", "fixed", lowered.fixed_size)]
         elif what == "pgrad":
-            a = grads[key[1]] = buffers[key]
+            a = buffers[key]
+            if len(key) == 3 and key[2] == "block":   # several parameters' gradients, side by side (passes/layout.gradient_blocks)
+                grads.update((name, a[..., lo:hi]) for name, lo, hi in key[1])
+            else:
+                grads[key[1]] = a
         else:
             a = buffers[key]
             if what == "static" and not a.flags.c_contiguous and not (a.ndim == 2 and a.T.flags.c_contiguous):
-                a = np.ascontiguousarray(a)   # (a strided view, a parameter's slice, say: statics are only read)
+                span = strided_span(a)
+                if span is None:
+                    a = np.ascontiguousarray(a)   # (a strided view, a parameter's slice, say: statics are only read)
+                elif copier is None or a.dtype != copier.dtype:   # a block of a planned buffer: read in place
+                    bind_span(i, *span)
+                    continue
+                elif span[2]:   # its transpose: copied as a transposed parameter is (see below)
+                    a = _transposed(copier, span[0], a.shape[1], a.shape[0], span[1])
+                    copied.append(i)
+                else:
+                    bind_span(i, *span)
+                    deep, wide = a.shape
+                    if i < task_keys and span[0].size == deep * span[1] \
+                            and (wide >= 2 * deep or (deep >= 2 * wide and a.size >= TWIN_ELEMENTS)):
+                        twin = _transposed(copier, span[0], deep, wide, span[1])
+                        twins.append(twin)
+                        twin_slots[i] = from_buffer(twin)
+                        twin_cols = max(twin_cols, wide)
+                    continue
             if what == "static" and copier is not None and a.ndim == 2 and a.dtype == copier.dtype:
                 twin = None
                 if not a.flags.c_contiguous:

@@ -11,6 +11,7 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
+from ..arrays import mark_planned
 from ..dtypes import as_dtype
 from ..graph import Node, fmt_shape
 from ..ops import param_node
@@ -114,5 +115,73 @@ class ParameterSet(Mapping):
         """The param nodes in order: the ``wrt`` list for :func:`minicavs.grad`."""
         return [p.node for p in self._params.values()]
 
+    def split(self, name: str, parts: Sequence[str]) -> list[Parameter]:
+        """Replace parameter ``name`` by ``len(parts)`` parameters ``name.part``, the equal blocks of its last
+        axis in order (their values, trainability, weight decay and source; same place in the order): a
+        cell written one product per gate holds the blocks of the fused cell's weight."""
+        p = self[name]
+        if not parts or p.value.shape[-1] % len(parts):
+            raise ValueError(f"parameter '{name}': its last axis ({p.value.shape[-1]}) does not split into "
+                             f"{len(parts)} equal blocks")
+        width = p.value.shape[-1] // len(parts)
+        made = []
+        for k, part in enumerate(parts):
+            block = Parameter(f"{name}.{part}", p.value.shape[:-1] + (width,),
+                              init=np.ascontiguousarray(p.value[..., k * width:(k + 1) * width]), dtype=p.dtype,
+                              weight_decay=p.weight_decay, trainable=p.trainable)
+            block.source = p.source
+            made.append(block)
+        clash = [b.name for b in made if b.name in self._params]
+        if clash:
+            raise ValueError(f"parameter '{name}': split names {', '.join(clash)} are taken")
+        items = list(self._params.items())
+        at = [n for n, _ in items].index(name)
+        self._params = dict(items[:at] + [(b.name, b) for b in made] + items[at + 1:])
+        return made
+
+    def plan_buffer(self, names: Sequence[str]) -> np.ndarray:
+        """Lay the parameters ``names`` (matrices of one row count, or vectors; one dtype) out as adjacent
+        blocks of the last axis of one new buffer, in that order, and return it: each parameter's value
+        becomes a view of the buffer (same numbers), so a product over several of them reads a column block
+        of the buffer with no copy (passes/layout.py). Everything else stays per parameter (names,
+        checkpoints, optimizer slots, gradients); a value written in place (an optimizer step, a checkpoint
+        load) writes the buffer. Already laid out so: the buffer as it is."""
+        ps = [self[n] for n in names]
+        first = ps[0].value
+        lead = first.shape[:-1]
+        bad = [p.name for p in ps if not isinstance(p.value, np.ndarray) or p.value.ndim not in (1, 2)
+               or p.value.shape[:-1] != lead or p.value.dtype != first.dtype]
+        if bad:
+            raise ValueError(f"plan_buffer: parameters {', '.join(bad)} are not host arrays of shape "
+                             f"{lead + ('n',)} and dtype {first.dtype} as '{ps[0].name}' is")
+        offsets = _offsets(ps)
+        width = offsets[-1] + ps[-1].value.shape[-1]
+        base = first.base
+        if base is not None and base.shape == lead + (width,) and all(p.value.base is base for p in ps) \
+                and all(_block_offset(p.value, base) == a for p, a in zip(ps, offsets)):
+            return base
+        buffer = np.empty(lead + (width,), first.dtype)
+        mark_planned(buffer)
+        for p, a in zip(ps, offsets):
+            buffer[..., a:a + p.value.shape[-1]] = p.value
+            p.value = buffer[..., a:a + p.value.shape[-1]]
+        return buffer
+
     def __repr__(self) -> str:
         return f"ParameterSet({list(self._params.values())!r})"
+
+
+def _offsets(ps) -> list:
+    out, a = [], 0
+    for p in ps:
+        out.append(a)
+        a += p.value.shape[-1]
+    return out
+
+
+def _block_offset(view: np.ndarray, base: np.ndarray) -> int:
+    """The first entry of ``view`` along the last axis of ``base`` (-1 if it is not such a block of it)."""
+    delta = view.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+    if view.strides != base.strides or delta % base.itemsize or view.shape[:-1] != base.shape[:-1]:
+        return -1
+    return delta // base.itemsize

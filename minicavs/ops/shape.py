@@ -4,6 +4,9 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
+import numpy as np
+
+from ..arrays import is_planned
 from ..errors import ShapeError
 from ..graph import Node, fmt_shape, row_lead, user_axis, user_shape
 from .registry import OpDef, make_node, register
@@ -133,8 +136,33 @@ def _concat_column_blocks(n: Node) -> list | None:
     return [(x, a, b) for x, a, b in zip(n.inputs, bounds[:-1], bounds[1:])]
 
 
+def adjacent_blocks(xs, axis: int) -> "np.ndarray | None":
+    """The concatenation of host arrays ``xs`` along their last axis (``axis``: 1 for matrices, 0 for
+    vectors) as a read-only view, when they are adjacent blocks of one buffer (parameters laid out by
+    ParameterSet.plan_buffer); else None."""
+    first = xs[0]
+    if not isinstance(first, np.ndarray) or first.ndim not in (1, 2) or axis != first.ndim - 1 \
+            or not is_planned(first.base) or first.strides[-1] != first.itemsize:
+        return None
+    at = first.__array_interface__["data"][0]
+    for x in xs:
+        if (not isinstance(x, np.ndarray) or x.base is not first.base or x.strides != first.strides
+                or x.shape[:-1] != first.shape[:-1] or x.__array_interface__["data"][0] != at):
+            return None
+        at += x.shape[-1] * first.itemsize
+    width = sum(x.shape[-1] for x in xs)
+    if first.ndim == 2 and width * first.itemsize > first.strides[0]:
+        return None
+    return np.lib.stride_tricks.as_strided(first, first.shape[:-1] + (width,), first.strides, writeable=False)
+
+
+def _concat_impl(xp, *xs, axis):
+    view = adjacent_blocks(xs, axis) if xp is np else None
+    return xp.concatenate(xs, axis=axis) if view is None else view
+
+
 register(OpDef("concat", infer=_concat_infer,
-               impl=lambda xp, *xs, axis: xp.concatenate(xs, axis=axis), vjp=_concat_vjp,
+               impl=_concat_impl, vjp=_concat_vjp,
                column_blocks=_concat_column_blocks,
                native=lambda n: "concat" if _column_blocks_axis(n) else None))
 
@@ -162,7 +190,13 @@ register(OpDef("slice", infer=_slice_infer,
                impl=lambda xp, x, axis, start, stop: x[_index(axis, start, stop)],
                vjp=lambda g, y, x, axis, start, stop: (
                    make_node("unslice", (g, x), {"axis": axis, "start": start, "stop": stop}),),
-               native=lambda n: "cols" if _column_blocks_axis(n) else None))
+               native=lambda n: "cols" if _column_blocks_axis(n) or _static_vector_block(n) else None))
+
+
+def _static_vector_block(n: Node) -> bool:
+    """Is ``n`` a block of a row-free vector (one flat row: a block of its columns), the gradient of a bias
+    in a planned bias buffer, say?"""
+    return n.ndim == 1 and not n.has_rows and n.attrs["axis"] == 0
 
 
 def _unslice_impl(xp, g, x, axis, start, stop):

@@ -132,3 +132,58 @@ def test_a_frozen_parameter_gets_no_gradient_in_f_or_outside_it():
             np.testing.assert_array_equal(densify(np, grads[name]), densify(np, full[name]))
         assert set(check_model_grads(model, graphs, feeds, p)) == {"E", "W", "U"} - frozen
     assert repr(build({"E"})[0]["E"]) == "Parameter('E', (5, 3), float64, frozen)"
+
+
+def _gates(seed=0):
+    ps = ParameterSet()
+    ps.new("W", (3, 8), rng=seed, dtype="float64")
+    ps.new("b", (8,), init="uniform(1)", rng=seed, dtype="float64", weight_decay=False)
+    ps.new("V", (2, 4), rng=seed, dtype="float64")
+    return ps
+
+
+def test_split_gives_the_blocks_of_the_last_axis_in_place():
+    ps = _gates()
+    W, b = ps["W"].value.copy(), ps["b"].value.copy()
+    made = ps.split("W", "ifou")
+    ps.split("b", "ifou")
+    assert list(ps) == ["W.i", "W.f", "W.o", "W.u", "b.i", "b.f", "b.o", "b.u", "V"]
+    assert [p.name for p in made] == ["W.i", "W.f", "W.o", "W.u"]
+    np.testing.assert_array_equal(np.concatenate([ps[f"W.{g}"].value for g in "ifou"], axis=1), W)
+    np.testing.assert_array_equal(np.concatenate([ps[f"b.{g}"].value for g in "ifou"]), b)
+    assert not ps["b.o"].weight_decay and ps["W.o"].weight_decay and ps["W.o"].value.flags.c_contiguous
+
+
+def test_split_refuses_unequal_blocks_and_taken_names_and_changes_nothing():
+    ps = _gates()
+    with pytest.raises(ValueError, match="parameter 'W': its last axis \\(8\\) does not split into 3"):
+        ps.split("W", "abc")
+    ps.new("V.x", (2, 2))
+    with pytest.raises(ValueError, match="split names V.x are taken"):
+        ps.split("V", "xy")
+    assert list(ps) == ["W", "b", "V", "V.x"]
+
+
+@pytest.mark.parametrize("names", [["W.i", "W.f", "W.o", "W.u"], ["W.u", "W.i"], ["b.f", "b.i", "b.u"]])
+def test_plan_buffer_makes_views_of_one_buffer_with_the_same_values(names):
+    ps = _gates()
+    ps.split("W", "ifou")
+    ps.split("b", "ifou")
+    before = {n: ps[n].value.copy() for n in names}
+    buffer = ps.plan_buffer(names)
+    assert buffer.flags.c_contiguous and buffer.shape[-1] == sum(before[n].shape[-1] for n in names)
+    np.testing.assert_array_equal(buffer, np.concatenate([before[n] for n in names], axis=-1))
+    for n in names:
+        assert ps[n].value.base is buffer
+        np.testing.assert_array_equal(ps[n].value, before[n])
+    assert ps.plan_buffer(names) is buffer        # laid out already: the same buffer, no copy
+    ps[names[0]].value[...] = 7.0                  # a write in place (an optimizer step) writes the buffer
+    assert (buffer[..., :before[names[0]].shape[-1]] == 7.0).all()
+
+
+def test_plan_buffer_refuses_parameters_of_other_rows_or_dtypes():
+    ps = _gates()
+    ps.new("U", (3, 2), dtype="float32")
+    with pytest.raises(ValueError, match="plan_buffer: parameters V, U are not host arrays of shape \\(3, 'n'\\)"):
+        ps.plan_buffer(["W", "V", "U"])
+    assert ps["W"].value.base is None             # nothing laid out

@@ -1,0 +1,70 @@
+"""``model.cell: naive`` (one product and one bias per gate, minicavs/nn/gates.py) computes the fused cell's
+numbers: its parameters are the fused weights' gate blocks, so loss and gradients (float64) are equal, with
+the GEMM-merging and layout passes on or off, and the planned buffers leave the parameters per parameter."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from minicavs.bench.breakdown import ROW_MOVES
+from minicavs.engine import EngineOptions
+from tests.models.test_models import trainer
+
+NAIVE_MODELS = ["tree_lstm", "tree_lstm_child_sum", "tree_lstm_2type", "var_lstm", "lattice_lstm"]
+OPTIONS = [EngineOptions(merge_gemms=False), EngineOptions(), EngineOptions(plan_layout=True),
+           EngineOptions(plan_layout=True, executor="reference")]
+
+
+def _dense(g):
+    return np.asarray(getattr(g, "to_dense", lambda: g)())
+
+
+def _step(t, options):
+    graphs, feeds = t.task.batch(t.task.data["train"][:6])
+    return t.model.forward_backward(graphs, feeds, t.params, t.context(training=True), options=options)
+
+
+@pytest.mark.parametrize("options", OPTIONS, ids=["unmerged", "merged-copied", "merged-views", "reference"])
+@pytest.mark.parametrize("name", NAIVE_MODELS)
+def test_naive_cell_equals_the_fused_cell(name, options, tmp_path):
+    fused = trainer(name, tmp_path / "fused", "train.dtype=float64")
+    naive = trainer(name, tmp_path / "naive", "train.dtype=float64", "model.cell=naive")
+    ref, got = _step(fused, EngineOptions()), _step(naive, options)
+    scale = max(1.0, abs(ref.loss))
+    assert abs(ref.loss - got.loss) <= 1e-10 * scale
+    split = {k for k in got.grads if "." in k}
+    assert split, "the naive cell has per-gate parameters"
+    views = {k for k in split if naive.params[k].value.base is not None}
+    assert bool(views) == (options.plan_layout and options.merge_gemms)   # laid out in planned buffers or not
+    for k, g in ref.grads.items():
+        parts = sorted((n for n in got.grads if n.startswith(k + ".")), key=list(naive.params).index)
+        have = np.concatenate([_dense(got.grads[n]) for n in parts], axis=-1) if parts else _dense(got.grads[k])
+        want = _dense(g)
+        assert np.max(np.abs(want - have)) <= 1e-10 * max(1.0, float(np.max(np.abs(want)))), k
+
+
+def _instructions(result) -> dict:
+    counts: dict = {}
+    for state in result.states.values():
+        for program in (state.program, state.backward_program):
+            assert program.declined is None, program.declined   # the C runner ran the pass
+            for line in program.lowered.lines():
+                words = line.split()
+                if len(words) > 1:
+                    counts[words[1]] = counts.get(words[1], 0) + 1
+    return counts
+
+
+@pytest.mark.parametrize("layout", [False, True])
+@pytest.mark.parametrize("name", ["tree_lstm", "tree_lstm_child_sum", "tree_lstm_2type", "var_lstm"])
+def test_naive_cell_moves_the_rows_the_fused_cell_moves(name, layout, tmp_path):
+    """The memory kernels of ED-Batch's Table 2: the per-gate products, merged, store and copy what the fused
+    cell does (the merged product stored once, one gradient concat, ∂W' computed into the parameters'
+    gradients: no GACC); with the layout the biases too (one bias buffer added by the merged GEMM), without
+    it each bias is added to its block, so its gradient's rows are moved apart (more COPYs)."""
+    fused = trainer(name, tmp_path / "fused")
+    naive = trainer(name, tmp_path / "naive", "model.cell=naive")
+    want = _instructions(_step(fused, EngineOptions()))
+    got = _instructions(_step(naive, EngineOptions(plan_layout=layout)))
+    for op in ROW_MOVES + ("GACC",) if layout else ("GACC",):
+        assert got.get(op, 0) == want.get(op, 0), op
