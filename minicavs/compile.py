@@ -18,7 +18,7 @@ from .autodiff import grad
 from .backend import Backend, default_device
 from .graph import Graph, Node, consumers
 from .ops import input as input_node
-from .ops.registry import OPS
+from .ops.registry import OPS, last_axis_block
 from .ops.sources import trainable
 from .passes import alias, gemm
 from .passes.classify import EAGER, LAZY, classify
@@ -214,10 +214,11 @@ def _phases(nodes, classes, leaves, opts: EngineOptions, eager_leaves=()) -> Pha
 
 def _product_block(n: Node, users: dict) -> bool:
     """Is ``n`` a per-row column block (a view) of a product whose every reader takes such a block?"""
-    if n.op != "slice" or not n.has_rows or OPS[n.op].native(n) != "cols":
+    if last_axis_block(n) is None or not n.has_rows or OPS[n.op].native(n) != "cols":
         return False
     source = n.inputs[0]
-    return OPS[source.op].product is not None and source.has_rows and all(u.op == "slice" for u in users[source])
+    return OPS[source.op].product is not None and source.has_rows and all(
+        last_axis_block(u) is not None for u in users[source])
 
 
 class CompiledFunction:

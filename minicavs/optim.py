@@ -194,6 +194,7 @@ class Optimizer:
             else:
                 runs.append(functools.partial(lib.update, rule, value, g, slots, h))
         if dense:
+            staged = self._staged(names)
             table = self._dense_table(lib, rule, names)
             if table is None:
                 return None
@@ -202,16 +203,37 @@ class Optimizer:
             hypers[:, :-1] = hyper
             hypers[:, -1] = decays
             try:
-                runs.insert(0, kernel_table.bind(dense, hypers))
+                run = kernel_table.bind(dense, hypers)
             except FeedError:   # an array made read-only since: the per-parameter path (numpy) updates it
                 return None
+            runs.insert(0, run if not staged else functools.partial(_unstaged, run, staged))
         return norm, runs
+
+    def _staged(self, names: list) -> list:
+        """(value, stage) of the parameters whose values are strided views (the layout pass's planned
+        buffers: a column block of one buffer): the kernels update a contiguous stage, filled from the value
+        now and copied back only when the step applies. A copy of each such weight per step, where the
+        per-parameter numpy step would cost far more."""
+        stages = self.__dict__.setdefault("_stages", {})
+        staged = []
+        for name in names:
+            value = self.params[name].value
+            if value.flags.c_contiguous or not value.flags.writeable:
+                stages.pop(name, None)
+                continue
+            stage = stages.get(name)
+            if stage is None or stage.shape != value.shape or stage.dtype != value.dtype:
+                stage = stages[name] = np.empty(value.shape, value.dtype)
+            np.copyto(stage, value)
+            staged.append((value, stage))
+        return staged
 
     def _dense_table(self, lib, rule: str, names: list):
         """(the library's UpdateTable of these parameters and their slots, their weight decays), kept while
         the same arrays come again step after step (the table holds them: no id is reused meanwhile); None
         if one is not a writable C-contiguous array."""
-        arrays = [a for name in names for a in (self.params[name].value, *self.state[name].values())]
+        stages = self.__dict__.get("_stages", {})
+        arrays = [a for name in names for a in (stages.get(name, self.params[name].value), *self.state[name].values())]
         known = self._table
         if known is not None and known[0] == (lib, rule) and len(known[1].arrays) == len(arrays) \
                 and all(map(operator.is_, arrays, known[1].arrays)):
@@ -477,6 +499,16 @@ def _update_kernels(value):
 def _device_contiguous(a) -> bool:
     """Can the fused device step address ``a`` as one flat run of elements (C-contiguous)?"""
     return bool(a.flags.c_contiguous)
+
+
+def _unstaged(run, staged: list, apply: bool) -> int:
+    """``run(apply)`` over stages (Optimizer._staged), then, when it applied, the stages copied back into the
+    parameters' strided views."""
+    bad = run(apply)
+    if apply:
+        for value, stage in staged:
+            np.copyto(value, stage)
+    return bad
 
 
 def _inplace(*arrays) -> bool:

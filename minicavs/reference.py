@@ -476,6 +476,16 @@ def _flat(a, static: bool, xp) -> tuple:
     return flat, ld, 0
 
 
+def add_accumulators(grads: dict, key: tuple, a) -> None:
+    """Name in ``grads`` the parameter-gradient accumulators that the buffer ``a`` of a ``pgrad`` key holds: one
+    parameter's, or, for a "block" key, several parameters' side by side, each its column block
+    (passes/layout.gradient_blocks). Every runner collects a pass's gradients so."""
+    if len(key) == 3 and key[2] == "block":
+        grads.update((name, a[..., lo:hi]) for name, lo, hi in key[1])
+    else:
+        grads[key[1]] = a
+
+
 def scratch_elements(lowered, table: np.ndarray) -> int:
     """Scratch elements a run needs: the task templates' columns x the largest task, each block's own."""
     nk = len(lowered.ranges) // 3
@@ -523,10 +533,8 @@ def run(lowered, table: np.ndarray, buffers, dtype, forest: bool, workspace=None
             a = buffers[("arena", "fixed", lowered.fixed_size)]
         else:
             a = buffers[key]
-            if what == "pgrad" and len(key) == 3 and key[2] == "block":   # several parameters' gradients, side by side
-                grads.update((name, a[..., lo:hi]) for name, lo, hi in key[1])
-            elif what == "pgrad":
-                grads[key[1]] = a
+            if what == "pgrad":
+                add_accumulators(grads, key, a)
             elif what in INDEX_KEYS:   # (a batch plan's array: the device copies it once, then slices it)
                 hosts[i] = a = np.ascontiguousarray(a, np.uint64 if what == "rowkeys" else np.int64)
                 if xp is not np:

@@ -539,6 +539,37 @@ def test_native_step_equals_the_per_parameter_step(kind, extra, lazy, dtype):
             assert np.array_equal(fast.state[name][s], ref.state[name][s]), (name, s)
 
 
+@pytest.mark.parametrize("kind", sorted(NATIVE))
+def test_native_step_updates_planned_views_in_place(kind):
+    """Parameters laid out as column blocks of one buffer (ParameterSet.plan_buffer: strided views) take the
+    C step too (a contiguous stage, copied back when the step applies), with the per-parameter step's values,
+    and stay views of their buffer; a step that is not finite changes neither."""
+    from minicavs.cpu.compiler import compiler
+    if compiler() is None:
+        pytest.skip("no C compiler on this machine")
+    rng = np.random.default_rng(3)
+    inits = {"Wi": rng.standard_normal((3, 4)), "Wf": rng.standard_normal((3, 2)), "b": rng.standard_normal(4)}
+
+    def params():
+        return ParameterSet([Parameter(n, v.shape, init=v.copy(), dtype="float64") for n, v in inits.items()])
+    fast_ps, ref_ps = params(), params()
+    buffer = fast_ps.plan_buffer(["Wi", "Wf"])
+    assert not fast_ps["Wi"].value.flags.c_contiguous
+    fast, ref = NATIVE[kind](fast_ps, weight_decay=0.01), NATIVE[kind](ref_ps, weight_decay=0.01)
+    for step in range(3):
+        grads = {n: rng.standard_normal(v.shape) for n, v in inits.items()}
+        assert fast._native(grads, 1.0) is not None   # (the C step, not the per-parameter numpy step)
+        fast.step(grads, loss=1.0)
+        ref._step(grads, loss=1.0)
+    for name in inits:
+        assert np.array_equal(fast_ps[name].value, ref_ps[name].value), name
+    assert np.shares_memory(fast_ps["Wi"].value, buffer) and np.array_equal(buffer[:, :4], fast_ps["Wi"].value)
+    before = buffer.copy()
+    with pytest.raises(NonFiniteError):
+        fast.step({"Wi": np.full((3, 4), np.inf), "Wf": np.zeros((3, 2)), "b": np.zeros(4)}, loss=1.0)
+    assert np.array_equal(buffer, before)
+
+
 def test_native_step_converts_unusual_gradients_as_the_per_parameter_step_does():
     """Another dtype, a non-contiguous gradient, int32 indices: both paths check and convert them with the
     same code (_validate), so the C step takes them and gives the per-parameter step's values."""

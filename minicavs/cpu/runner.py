@@ -16,7 +16,7 @@ import numpy as np
 
 from ..codegen.native import MAX_REGISTERS, OPCODES, OPS as OPCODES_IDS
 from ..memory import allocations
-from ..reference import CheckError
+from ..reference import CheckError, add_accumulators
 from . import native as cpu_native
 from .library import library
 
@@ -274,10 +274,7 @@ def run(lowered, table: np.ndarray, buffers, dtype, forest: bool, workspace=None
             a = buffers[("arena", "fixed", lowered.fixed_size)]
         elif what == "pgrad":
             a = buffers[key]
-            if len(key) == 3 and key[2] == "block":   # several parameters' gradients, side by side (passes/layout.gradient_blocks)
-                grads.update((name, a[..., lo:hi]) for name, lo, hi in key[1])
-            else:
-                grads[key[1]] = a
+            add_accumulators(grads, key, a)
         else:
             a = buffers[key]
             if what == "static" and not a.flags.c_contiguous and not (a.ndim == 2 and a.T.flags.c_contiguous):

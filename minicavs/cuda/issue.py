@@ -35,7 +35,7 @@ from ..codegen.issue import issue_decls, issue_source
 from ..codegen.issue_kernels import ISSUE_KERNEL_NAMES, issue_kernels
 from ..codegen.native import OPCODES, OPS as OPCODE_IDS
 from ..limits import MAX_REGISTERS
-from ..reference import INDEX_KEYS, CheckError, scratch_elements
+from ..reference import INDEX_KEYS, CheckError, add_accumulators, scratch_elements
 
 
 class IssueCheckError(CheckError):
@@ -316,7 +316,7 @@ def run(lowered, table: np.ndarray, buffers, dtype, forest: bool, device, eager:
         else:
             a = buffers[key]
             if what == "pgrad":
-                grads[key[1]] = a
+                add_accumulators(grads, key, a)
             elif what in INDEX_KEYS:   # (the host copy checks row numbers; the device's is a plan's, copied once)
                 host = np.ascontiguousarray(a, np.uint64 if what == "rowkeys" else np.int64)
                 alive.append(host)

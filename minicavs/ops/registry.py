@@ -44,6 +44,8 @@ class OpDef:
         a new flat row), "alias" (a reshape keeping the flat rows), "sum_rows" (a sum over the row axis),
         "unslice" (zeros with a column block written), "dropout" (a per-row value times the mask of its
         row keys). Identities alias their input; elementwise ops run as fused kernels.
+    last_axis_block(node) -> (first, end) when the output is a block of its one input's last axis (a slice
+        there: a view at a column offset), else None.
     tuple_valued(node) -> True when the node's value is a tuple (a control-flow op's several results, their
         cotangent): no matrix, so the lowering holds it in a register only its APPLYs read and write.
     """
@@ -65,6 +67,7 @@ class OpDef:
     rows: Optional[object] = None
     product: Optional[tuple] = None
     native: Optional[Callable] = None
+    last_axis_block: Optional[Callable] = None
     tuple_valued: Optional[Callable] = None
 
     @property
@@ -77,6 +80,12 @@ class OpDef:
 
 
 OPS: dict[str, OpDef] = {}
+
+
+def last_axis_block(node) -> tuple | None:
+    """(first, end) of the input's last axis that ``node`` is a block of (OpDef.last_axis_block), else None."""
+    block = OPS[node.op].last_axis_block
+    return None if block is None else block(node)
 
 
 def holds_tuple(node) -> bool:

@@ -190,7 +190,9 @@ register(OpDef("slice", infer=_slice_infer,
                impl=lambda xp, x, axis, start, stop: x[_index(axis, start, stop)],
                vjp=lambda g, y, x, axis, start, stop: (
                    make_node("unslice", (g, x), {"axis": axis, "start": start, "stop": stop}),),
-               native=lambda n: "cols" if _column_blocks_axis(n) or _static_vector_block(n) else None))
+               native=lambda n: "cols" if _column_blocks_axis(n) or _static_vector_block(n) else None,
+               last_axis_block=lambda n: (n.attrs["start"], n.attrs["stop"]) if n.attrs["axis"] == n.ndim - 1
+               else None))
 
 
 def _static_vector_block(n: Node) -> bool:

@@ -23,6 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Hashable, Sequence
 
+from ..ops.registry import last_axis_block
+
 MAX_SEARCH = 20   # parameters in one component above which a group is served only if disjoint from the rest
 
 
@@ -149,7 +151,7 @@ def gradient_blocks(direct: dict, program: list) -> dict:
     parameter, no zeros)."""
     blocks: dict = {}
     for g, name in direct.items():
-        if g.op == "slice" and g.ndim in (1, 2) and g.attrs["axis"] == g.ndim - 1 and not g.inputs[0].has_rows:
+        if last_axis_block(g) is not None and g.ndim in (1, 2) and not g.inputs[0].has_rows:
             blocks.setdefault(g.inputs[0], []).append((g, name))
     readers: dict = {}
     for step in program:
@@ -157,8 +159,8 @@ def gradient_blocks(direct: dict, program: list) -> dict:
             readers.setdefault(x, set()).update(step.outputs)
     out = {}
     for G, parts in blocks.items():
-        parts.sort(key=lambda gn: gn[0].attrs["start"])
-        spans = [(gn[0].attrs["start"], gn[0].attrs["stop"]) for gn in parts]
+        parts.sort(key=lambda gn: last_axis_block(gn[0]))
+        spans = [last_axis_block(g) for g, _ in parts]
         edges = [0] + [b for _, b in spans]
         if (len(parts) < 2 or G in direct or edges[-1] != G.shape[-1]
                 or any(a != e for (a, _), e in zip(spans, edges)) or readers.get(G, set()) - {g for g, _ in parts}):
