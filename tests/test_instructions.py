@@ -602,7 +602,8 @@ def _step_calls(case, graphs, options) -> collections.Counter:
     def profile(frame, event, arg):
         if event in ("call", "c_call"):
             counts[event] += 1
-        if event == "call" and frame.f_code.co_filename.endswith("reference.py"):
+        if event == "call" and frame.f_code.co_filename.endswith("reference.py") \
+                and frame.f_code.co_name.startswith("op_"):   # (an opcode interpreted in Python)
             counts["reference"] += 1
     gc.collect()   # (a collection during the step would add its weakref callbacks to the count)
     gc.disable()
