@@ -125,7 +125,7 @@ def test_blocks_move_interleaved_rows_by_index_with_the_bounds_checks_on(monkeyp
     """Both directions of the row moves by index, checked: the typed child-sum's lazy push reads each kind's
     h back from its interleaved scatter rows (SROWS); one vertex per task (the serial schedule) interleaves the
     Tree-LSTM's leaves with internal vertices, so the leaves' eager block computes [h; c] into scratch and
-    puts it into their rows (SPUT). The same numbers as the Python interpreter."""
+    puts it into their rows (SPUT). The same numbers as the reference runner."""
     rng = np.random.default_rng(7)
     typed = cells.typed_child_sum_tree_lstm(rng)
     typed_graphs = [_typed(rng, random_tree(rng, 9, 3)) for _ in range(3)]
@@ -783,7 +783,7 @@ def test_few_row_products_by_a_wide_static_run_transposed_with_the_same_numbers(
     """A task of at most SMALL_M_ROWS rows multiplies by F's W_h (hidden x 4 hidden) as C^T = W_h^T·A^T on
     the static's transposed copy (cpu/runner.py, codegen/native.py), and (TWIN_ELEMENTS lowered so that
     this small model takes it) ∂F's dgates·W_h^T on W_h itself: the same loss and gradients as the plain
-    products (the path switched off) and as the Python interpreter, at tasks of 1 to 40 rows (one row takes
+    products (the path switched off) and as the reference runner, at tasks of 1 to 40 rows (one row takes
     the GEMV; more than SMALL_M_ROWS the plain GEMM), with the debug mode's bounds checks on."""
     monkeypatch.setattr(c_runner, "TWIN_ELEMENTS", 1)
     monkeypatch.setattr(c_runner, "CONTIGUOUS_STATICS_ROWS", 1)
@@ -812,7 +812,7 @@ def test_few_row_products_by_a_wide_static_run_transposed_with_the_same_numbers(
 def test_a_wide_static_only_the_blocks_read_gets_no_transposed_copy(tmp_path, monkeypatch):
     """The Tree-LSTM's leaf W (embed x 3 hidden: twice as wide as deep) is read only by F's block of all the
     leaves: no transposed copy of it is made per forward pass (it would serve that one product; the task
-    loop's statics keep theirs: the Var-LSTM test above), and training equals the Python interpreter's."""
+    loop's statics keep theirs: the Var-LSTM test above), and training equals the reference runner's."""
     monkeypatch.setattr(c_runner, "CONTIGUOUS_STATICS_ROWS", 1)
     t = Trainer(MODELS / "tree_lstm.yaml", TINY["tree_lstm"] + ["train.dtype=float64"], run_dir=tmp_path)
     samples = t.task.data["train"][:8]
@@ -831,7 +831,7 @@ def test_tree_fc_task_loop_moves_no_rows_when_siblings_are_side_by_side(monkeypa
     """Complete trees (siblings adjacent, a forest): F's loop reads [h_l; h_r] as a view and writes h into
     the scatter tensor in place; ∂F's product dY·Wᵀ is written straight into the children's rows of the
     scatter gradient, so no COPY or ADJ runs (a skipped instruction adds nothing to the per-opcode clock).
-    Irregular trees still take the adjoints; both equal the Python interpreter."""
+    Irregular trees still take the adjoints; both equal the reference runner."""
     from minicavs.data.trees import complete_binary_tree
     rng = np.random.default_rng(5)
     case = cells.tree_fc(rng, H=4)

@@ -1,5 +1,5 @@
 """The CUDA runner (minicavs/cuda/runner.py, and the pass issued by one C call: minicavs/cuda/issue.py) on the
-emulated device: the one lowered program of every bundled model runs there (no pass left to the Python binder, no silent fallback) and equals the C runner on the CPU,
+emulated device: the one lowered program of every bundled model runs there (no silent fallback to another runner) and equals the C runner on the CPU,
 forward values, inference and gradients, float64 and float32, under the engine switches; so does the reference
 runner over the device's arrays; a DAG's gradient rows are added by the device's scatter-add kernels; neither
 runner copies anything between host and device per task."""

@@ -126,7 +126,7 @@ def test_where_refuses_a_predicate_of_another_dtype():
 
 def test_where_in_a_vertex_function_runs_fused_on_the_native_executor():
     """F with a per-vertex where (a select in its fused kernel): the C runner lowers it (no fallback)
-    and equals the Python interpreter, loss and gradients."""
+    and equals the reference runner, loss and gradients."""
     import numpy as np
     from minicavs.compile import EngineOptions
     from minicavs.inputs import InputGraph
