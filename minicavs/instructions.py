@@ -1,7 +1,7 @@
 """The batch program: F and ∂F of every kind lowered to one instruction stream (VPPS's script), run by a runner.
 
 Per vertex kind and direction (F or ∂F) the kind's task program is lowered once to a *template*: fixed-width
-int64 instructions (codegen/native.py's ``OPCODES``) whose addresses are relative to a task's rows (its offset
+int64 instructions (codegen/machine.py's ``OPCODES``) whose addresses are relative to a task's rows (its offset
 in the kind's dynamic tensors, its offset in the scatter tensor, its children's rows through the kind's index
 arrays, the task's gather views). :func:`link` joins the kinds' templates into one program (a ``Lowered``).
 Per batch, program.py binds it: the task table (kind, row offset, rows, scatter offset, the gather views and
@@ -58,7 +58,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .codegen.native import ARG_KINDS, MAX_ARGS, OPCODES, OPS as OPCODE, WIDTH, matrix_shape
+from .codegen.machine import ARG_KINDS, MAX_ARGS, OPCODES, OPS as OPCODE, WIDTH, matrix_shape
 from .compile import POST, PRE, TASK
 from .graph import Node
 from .ops.registry import OPS, holds_tuple

@@ -97,7 +97,7 @@ class Optimizer:
         raise NotImplementedError
 
     def kernel(self, t: int) -> tuple[str, tuple] | None:
-        """The C library's rule (codegen/library.py RULES) computing :meth:`rule` for step ``t``, and its
+        """The C library's rule (codegen/library_source.py RULES) computing :meth:`rule` for step ``t``, and its
         hyperparameters before the weight decay; None: :meth:`rule` runs in numpy."""
         return None
 

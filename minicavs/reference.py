@@ -1,7 +1,7 @@
 """The reference runner of a lowered batch program: one short function per opcode, over the device's arrays.
 
 A lowered program (instructions.py: templates linked into one code array, a task table, buffer keys) is run
-by the C runner (codegen/native.py's switch, over raw pointers) or by this module, which is the readable
+by the C runner (codegen/machine.py's switch, over raw pointers) or by this module, which is the readable
 definition of every opcode. Both keep the same machine: per task (a row of the task table: template id,
 kind offset, rows ``bs``, scatter offset, the sibling-concat view's first row, per gather slot a strided view)
 the template's instructions run in order over registers. A register names a matrix inside one buffer: the
@@ -26,7 +26,7 @@ import threading
 
 import numpy as np
 
-from .codegen.native import ARG_KINDS, OPCODES, matrix_shape
+from .codegen.machine import ARG_KINDS, OPCODES, matrix_shape
 from .ops.registry import holds_tuple
 from .ops import scalar as S
 from .random import GOLDEN, mix

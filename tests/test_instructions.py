@@ -1,4 +1,4 @@
-"""The C runner (instructions.py's lowered program over codegen/native.py's interpreter) against the reference
+"""The C runner (instructions.py's lowered program over codegen/machine.py's interpreter) against the reference
 runner (tests/test_reference.py compares the two on every bundled model, random graphs and every engine
 switch): one-sample batches, blocks moving rows by index, dropout, streaming, inference; a step no opcode
 expresses (APPLY) leaves its pass to the reference runner; the Python work of a native step does not grow
@@ -781,7 +781,7 @@ def test_transposed_statics_copied_for_the_task_loop_give_the_same_numbers(dtype
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_few_row_products_by_a_wide_static_run_transposed_with_the_same_numbers(dtype, tmp_path, monkeypatch):
     """A task of at most SMALL_M_ROWS rows multiplies by F's W_h (hidden x 4 hidden) as C^T = W_h^T·A^T on
-    the static's transposed copy (cpu/runner.py, codegen/native.py), and (TWIN_ELEMENTS lowered so that
+    the static's transposed copy (cpu/runner.py, codegen/machine.py), and (TWIN_ELEMENTS lowered so that
     this small model takes it) ∂F's dgates·W_h^T on W_h itself: the same loss and gradients as the plain
     products (the path switched off) and as the reference runner, at tasks of 1 to 40 rows (one row takes
     the GEMV; more than SMALL_M_ROWS the plain GEMM), with the debug mode's bounds checks on."""

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from minicavs import instructions, reference
-from minicavs.codegen.native import OPCODES
+from minicavs.codegen.machine import OPCODES
 from minicavs.compile import PRE
 from minicavs.cpu import runner as c_runner
 from minicavs.engine import EngineOptions
@@ -47,7 +47,7 @@ def test_every_runner_implements_or_declines_every_opcode():
     reference runner: APPLY, a step only Python runs), and fails any other (its default case); the CUDA
     runner runs each by the reference's function or its own (FUSED: the generated kernel; ADJ: the device's
     scatter-add), with the reference's operands."""
-    from minicavs.codegen.native import executor_source
+    from minicavs.codegen.machine import executor_source
     from minicavs.cuda import runner as cuda_runner
     source = executor_source("double")
     assert set(c_runner.DECLINED) < set(OPCODES)

@@ -53,7 +53,7 @@ def render(group: FusedGroup) -> tuple[str, str, str]:
 
 def _uniform(name: str, T: str, nin: int, nout: int) -> str:
     """``name_u(rows, cols, ptrs, lds)``: the kernel behind one signature, so the C runner
-    (codegen/native.py) can call any group through one function pointer type."""
+    (codegen/machine.py) can call any group through one function pointer type."""
     args = ", ".join([f"(const {T} *)p[{i}], ld[{i}]" for i in range(nin)]
                      + [f"({T} *)p[{nin + k}], ld[{nin + k}]" for k in range(nout)])
     return (f"void {name}_u(long rows, long cols, void *const *p, const long *ld)\n"

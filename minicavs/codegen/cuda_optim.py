@@ -18,7 +18,7 @@ and its mode says how its elements map to the gradient's (:data:`DENSE`, :data:`
   matching element of the coalesced rows, found by bisection in the sorted indices, or 0 on a row not
   looked up (as the C library's ``_rows`` kernels: no dense gradient is built).
 
-The kernels of a step, in launch order (codegen/library.py's RULES give the update arithmetic, so the CPU's C
+The kernels of a step, in launch order (codegen/library_source.py's RULES give the update arithmetic, so the CPU's C
 kernels and these compute the same expressions):
 
 1. ``optim_sumsq_T`` (with clipping): per thread a float64 sum of squares of its gradient elements, one partial
@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from ..dtypes import as_dtype
 from .cuda import LOOP
-from .library import RULES
+from .library_source import RULES
 
 VALUE, GRAD, INDEX, COLUMNS, DECAY, MODE, COUNT, SLOT0 = range(8)   # a segment's entries in the table
 DENSE, LAZY, ROWS = range(3)   # a segment's modes

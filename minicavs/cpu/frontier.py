@@ -1,4 +1,4 @@
-"""The frontier policies' schedule in one C call (codegen/frontier.py's source, compiled and cached like the
+"""The frontier policies' schedule in one C call (codegen/frontier_source.py's source, compiled and cached like the
 other kernels): the inputs checked here, so that nothing out of range reaches C; None without a C
 compiler (then minicavs/frontier.py's numpy run is used, which also stays the reference the tests compare
 with)."""
@@ -9,7 +9,7 @@ import os
 
 import numpy as np
 
-from ..codegen.frontier import DECLS, ERR_CHOICE, ERR_STUCK, HASH_MULTIPLIER, RULES, SOURCE, scratch_size, state_key
+from ..codegen.frontier_source import DECLS, ERR_CHOICE, ERR_STUCK, HASH_MULTIPLIER, RULES, SOURCE, scratch_size, state_key
 from . import compiler as cgen
 
 MAX_FSM_TYPES = 14     # an FSM state's key, sum_i (s_i + 1) (T + 1)^i over up to T + 1 entries, fits 63 bits

@@ -1,4 +1,4 @@
-"""The hand-written C kernels of codegen/library.py (softmax cross-entropy, dropout, optimizer rules),
+"""The hand-written C kernels of codegen/library_source.py (softmax cross-entropy, dropout, optimizer rules),
 compiled once per dtype and wrapped for numpy arrays. Every kernel has a numpy twin that stays the reference
 (ops/nn.py, optim.py) and runs when there is no C compiler; tests compare the two."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..codegen.library import RULES, render, rule_arity
+from ..codegen.library_source import RULES, render, rule_arity
 from ..errors import FeedError
 from ..sparse import RowSparse
 from ..validate import check_dropout, check_labels

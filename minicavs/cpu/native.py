@@ -1,4 +1,4 @@
-"""The C runner on the CPU: codegen/native.py's interpreter compiled like the fused kernels (cached,
+"""The C runner on the CPU: codegen/machine.py's interpreter compiled like the fused kernels (cached,
 atomic), loaded with cffi (which releases the GIL for the call), and the BLAS it calls GEMMs through.
 
 BLAS: the OpenBLAS numpy itself loaded. numpy 2.x wheels ship ``numpy.libs/libscipy_openblas64_-*.so``
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..codegen.native import executor_decls, executor_source
+from ..codegen.machine import executor_decls, executor_source
 from .compiler import compiled, compiler, warn_no_compiler
 
 _warned: set = set()

@@ -1,8 +1,8 @@
 """The C runner of a lowered batch program (instructions.py): the buffer table the C runner reads
-(codegen/native.py's interpreter, compiled by :mod:`.native`), kept from run to run, and the one C call that
+(codegen/machine.py's interpreter, compiled by :mod:`.native`), kept from run to run, and the one C call that
 runs a pass's blocks and tasks. The CPU backend's ``run_program``. Streaming, a second call runs the eager
 stream's table (program.eager_rows) on the CPU's eager thread, and the main call's task t waits for its
-chunk t (codegen/native.py: an atomic counter).
+chunk t (codegen/machine.py: an atomic counter).
 
 Addresses come from cffi's ``from_buffer`` (numpy's ``ctypes.data`` costs microseconds a call); statics read
 as transposed views are copied once per run when multi-row tasks read them enough, and wide statics get a
@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 
-from ..codegen.native import MAX_REGISTERS, OPCODES, OPS as OPCODES_IDS
+from ..codegen.machine import MAX_REGISTERS, OPCODES, OPS as OPCODES_IDS
 from ..memory import allocations
 from ..reference import CheckError, add_accumulators
 from . import native as cpu_native

@@ -33,7 +33,7 @@ import numpy as np
 
 from ..codegen.issue import issue_decls, issue_source
 from ..codegen.issue_kernels import ISSUE_KERNEL_NAMES, issue_kernels
-from ..codegen.native import OPCODES, OPS as OPCODE_IDS
+from ..codegen.machine import OPCODES, OPS as OPCODE_IDS
 from ..limits import MAX_REGISTERS
 from ..reference import INDEX_KEYS, CheckError, add_accumulators, scratch_elements
 

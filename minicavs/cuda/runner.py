@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import reference
-from ..codegen.native import OPCODES
+from ..codegen.machine import OPCODES
 
 
 class DeviceMachine(reference.Machine):

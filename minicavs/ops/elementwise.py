@@ -158,7 +158,7 @@ ACCUM_OPERANDS = 32   # operands of one accum node; more are summed by a tree of
 def accum(*xs: Node) -> Node:
     """The sum of ``xs`` (dense or row-sparse). More than ``ACCUM_OPERANDS`` are added in chunks of that
     many and the partial sums added up in turn: an elementwise node becomes one generated kernel, whose
-    operands the C runner passes at most 64 of (codegen/native.py MAX_ARGS)."""
+    operands the C runner passes at most 64 of (codegen/machine.py MAX_ARGS)."""
     while len(xs) > ACCUM_OPERANDS:
         xs = tuple(xs[i] if len(xs) - i == 1 else make_node("accum", xs[i:i + ACCUM_OPERANDS])
                    for i in range(0, len(xs), ACCUM_OPERANDS))

@@ -166,7 +166,7 @@ def _row_keys(rows: int, site, ctx, xp=np) -> np.ndarray:
 
 def dropout_mask(shape, p, site, ctx, dtype):
     """The keep-mask scaled by 1/(1-p): a pure function of (seed, step, site, row key, column); the numpy
-    reference of the kernels' masks (codegen/library.py, codegen/cuda.py)."""
+    reference of the kernels' masks (codegen/library_source.py, codegen/cuda.py)."""
     keys = _row_keys(shape[0] if shape else 1, site, ctx)
     cols = np.arange(math.prod(shape[1:]), dtype=np.uint64)
     u = uniform(ctx.seed, ctx.step, site, np.asarray(keys)[:, None], cols[None, :])

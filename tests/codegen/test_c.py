@@ -261,7 +261,7 @@ def test_deep_expressions_render_and_evaluate_without_recursion(depth=600):
 def test_a_long_sum_becomes_kernels_of_at_most_the_executors_arguments(terms):
     """Fusion never makes a kernel of more operands than the C runner passes (inputs and outputs), for a
     chain of ``+`` and for one ``accum``, and the kernels chained equal the graph run op by op."""
-    from minicavs.codegen.native import MAX_ARGS
+    from minicavs.codegen.machine import MAX_ARGS
     from minicavs.executor import Executor
     xs = [ops.input((None, 2), "float64", name=f"x{i}") for i in range(terms)]
     chain = xs[0]

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from minicavs.codegen import cuda_optim as opt
-from minicavs.codegen.library import RULES
+from minicavs.codegen.library_source import RULES
 from minicavs.cuda.compiler import compile_source, compilers_available
 from minicavs.cuda.emulation import Emulator, kernels_in
 from minicavs.cuda.optim_kernels import segment_table
