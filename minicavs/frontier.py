@@ -15,7 +15,7 @@ described by its sequence of types.
 
 The policies' runs (:func:`run_agenda`, :func:`run_greedy`, :meth:`minicavs.fsm.Fsm.schedule`) take a
 backend's native schedule when one is provided (:func:`provide_native_schedule`; the CPU backend's is one C
-call, minicavs/cpu/frontier.py): the same schedule, vertex for vertex, at a few us per step instead of the
+call, minicavs/cpu/frontier_kernel.py): the same schedule, vertex for vertex, at a few us per step instead of the
 60-75 us of :class:`Frontier`'s numpy calls. ``native=False`` runs the numpy reference.
 """
 from __future__ import annotations

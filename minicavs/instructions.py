@@ -8,7 +8,7 @@ Per batch, program.py binds it: the task table (kind, row offset, rows, scatter 
 the sibling-concat view per task, built with numpy) and the batch's buffers (program.Buffers: the workspace's
 tensors, the scatter tensors and their gradients, pull and push buffers, the kind's index arrays, parameters,
 parameter-gradient accumulators, one scratch arena). A runner then expands template x task table: the C
-runner in one C call (cpu/runner.py), the CUDA runner with the generated kernels (cuda/runner.py), the
+runner in one C call (cpu/c_runner.py), the CUDA runner with the generated kernels (cuda/python_runner.py), the
 reference runner (reference.py), which defines every opcode, one Python function each.
 
 The blocks before and after the task loop (eager and lazy batching: one block per kind over all its rows) are

@@ -10,7 +10,7 @@ the error (naming the sample and the vertex).
 
 What it makes is host index arrays that a run on any device reads, so it is no backend's code: it stands beside
 the seam, as reference.py does. Its C library is built by the host's C toolchain, which the CPU backend holds:
-minicavs/cpu/planner.py compiles and loads it and provides it here (:func:`provide_library`, when ``minicavs``
+minicavs/cpu/planner_library.py compiles and loads it and provides it here (:func:`provide_library`, when ``minicavs``
 is imported), as the CPU's frontier kernel is provided to :mod:`minicavs.frontier`."""
 from __future__ import annotations
 

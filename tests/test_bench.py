@@ -19,7 +19,7 @@ from minicavs.bench.point import prefix_size
 from minicavs.bench.suite import Settings, run_suite
 from minicavs.bench.sweeps import FULL, MODELS, Point, distinct_points, sweeps
 from minicavs.bench.workloads import Data, lstm_lm_flops, tree_fc, tree_fc_flops, tree_lstm_flops
-from minicavs.cpu import runner as c_runner
+from minicavs.cpu import c_runner
 from minicavs.engine import EngineOptions
 
 

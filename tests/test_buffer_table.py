@@ -1,4 +1,4 @@
-"""The C runner's buffer table kept from run to run (cpu/runner.py's BufferTable): whatever changes
+"""The C runner's buffer table kept from run to run (cpu/c_runner.py's BufferTable): whatever changes
 between two passes (a parameter array replaced or written in place, a batch that grows the workspace's
 buffers or shrinks, another plan, a table with block rows or without, the statics copied or not, a
 checkpoint loaded, a run that failed), the numbers equal the reference runner's and a fresh model's, and
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from minicavs import checkpoint, program
-from minicavs.cpu import runner as c_runner
+from minicavs.cpu import c_runner
 from minicavs.engine import EngineOptions
 from minicavs.memory import DynamicTensor
 from minicavs.training import Trainer

@@ -24,7 +24,7 @@ from hypothesis import given, settings, strategies as st
 
 from minicavs import instructions
 from minicavs.compile import PRE
-from minicavs.cpu import CPU, runner as c_runner
+from minicavs.cpu import CPU, c_runner
 from minicavs.engine import EngineOptions
 from minicavs.executor import RunContext
 from minicavs.inputs import InputGraph
@@ -202,7 +202,7 @@ def test_a_bad_row_index_of_a_block_is_caught_by_the_debug_mode():
     result = _run_script("""
         import numpy as np
         from minicavs import instructions
-        from minicavs.cpu import runner as c_runner
+        from minicavs.cpu import c_runner
         from minicavs.engine import EngineOptions
         from minicavs.executor import RunContext
         from minicavs.memory import MemoryPlan
@@ -411,7 +411,7 @@ def test_eager_rows_are_the_task_rows_with_their_kinds_eager_templates():
 def test_eager_chunks_run_on_the_worker_thread(monkeypatch):
     """The C runner calls the executor twice per streamed pass: the eager call (role 2) over the eager table
     on a thread other than the caller's, the main call (role 1) on the caller's, waiting for as many chunks."""
-    from minicavs.cpu import native as cpu_native
+    from minicavs.cpu import interpreter as cpu_native
     calls = []
     for ex in {cpu_native.executor(np.float64), cpu_native.executor(np.dtype(np.float64))}:   # (cached by key)
         def recorded(*args, _real=ex.run):
@@ -471,7 +471,7 @@ def test_the_eager_call_publishes_each_chunk():
 
 
 def cpu_native_executor():
-    from minicavs.cpu import native as cpu_native
+    from minicavs.cpu import interpreter as cpu_native
     return cpu_native.executor(np.float64)
 
 
@@ -639,7 +639,7 @@ def test_corrupted_offset_is_caught_by_the_debug_mode_not_a_crash():
     result = _run_script("""
         import numpy as np
         from minicavs import instructions
-        from minicavs.cpu import runner as c_runner
+        from minicavs.cpu import c_runner
         from minicavs.engine import EngineOptions
         from minicavs.executor import RunContext
         from minicavs.inputs import InputGraph
@@ -752,7 +752,7 @@ def record_contiguous_copies(monkeypatch) -> list:
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_transposed_statics_copied_for_the_task_loop_give_the_same_numbers(dtype, tmp_path, monkeypatch):
-    """∂F's W_h^T is read as a contiguous copy when multi-row tasks multiply by it enough (cpu/runner.py):
+    """∂F's W_h^T is read as a contiguous copy when multi-row tasks multiply by it enough (cpu/c_runner.py):
     the same loss and gradients as multiplying by the transposed view and as Python's, up to rounding (BLAS
     may sum in another order for another layout)."""
     t = Trainer(MODELS / "var_lstm.yaml", TINY["var_lstm"] + [f"train.dtype={dtype}"], run_dir=tmp_path)
@@ -781,7 +781,7 @@ def test_transposed_statics_copied_for_the_task_loop_give_the_same_numbers(dtype
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_few_row_products_by_a_wide_static_run_transposed_with_the_same_numbers(dtype, tmp_path, monkeypatch):
     """A task of at most SMALL_M_ROWS rows multiplies by F's W_h (hidden x 4 hidden) as C^T = W_h^T·A^T on
-    the static's transposed copy (cpu/runner.py, codegen/machine.py), and (TWIN_ELEMENTS lowered so that
+    the static's transposed copy (cpu/c_runner.py, codegen/machine.py), and (TWIN_ELEMENTS lowered so that
     this small model takes it) ∂F's dgates·W_h^T on W_h itself: the same loss and gradients as the plain
     products (the path switched off) and as the reference runner, at tasks of 1 to 40 rows (one row takes
     the GEMV; more than SMALL_M_ROWS the plain GEMM), with the debug mode's bounds checks on."""
@@ -911,7 +911,7 @@ def test_a_bad_offset_in_a_block_instruction_is_caught_by_the_debug_mode():
     result = _run_script("""
         import numpy as np
         from minicavs import instructions
-        from minicavs.cpu import runner as c_runner
+        from minicavs.cpu import c_runner
         from minicavs.engine import EngineOptions
         from minicavs.executor import RunContext
         from minicavs.inputs import InputGraph

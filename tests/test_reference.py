@@ -17,7 +17,7 @@ from hypothesis import given, settings, strategies as st
 from minicavs import instructions, reference
 from minicavs.codegen.machine import OPCODES
 from minicavs.compile import PRE
-from minicavs.cpu import runner as c_runner
+from minicavs.cpu import c_runner
 from minicavs.engine import EngineOptions
 from minicavs.executor import RunContext
 from minicavs.inputs import InputGraph
@@ -48,7 +48,7 @@ def test_every_runner_implements_or_declines_every_opcode():
     runner runs each by the reference's function or its own (FUSED: the generated kernel; ADJ: the device's
     scatter-add), with the reference's operands."""
     from minicavs.codegen.machine import executor_source
-    from minicavs.cuda import runner as cuda_runner
+    from minicavs.cuda import python_runner as cuda_runner
     source = executor_source("double")
     assert set(c_runner.DECLINED) < set(OPCODES)
     for name in OPCODES:
@@ -283,7 +283,7 @@ def test_a_per_row_product_reaching_outside_its_buffer_raises(opcode, field):
     result = _run_script(f"""
         import numpy as np
         from minicavs import instructions
-        from minicavs.cpu import runner as c_runner
+        from minicavs.cpu import c_runner
         from minicavs.engine import EngineOptions
         from minicavs.executor import RunContext
         from minicavs.inputs import InputGraph

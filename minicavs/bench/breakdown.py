@@ -21,7 +21,7 @@ import time
 import numpy as np
 
 from .. import instructions
-from ..cpu import runner as c_runner
+from ..cpu import c_runner
 
 ROW_MOVES = ("GATHER", "TAKE", "TAKETO", "COPY", "PUT", "ADJ", "SROWS", "SPUT")   # the native opcodes that move rows
 

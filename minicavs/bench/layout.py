@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import instructions
-from ..cpu import runner as c_runner
+from ..cpu import c_runner
 from ..engine import EngineOptions
 from ..passes import gemm, layout
 from .breakdown import ROW_MOVES

@@ -1,4 +1,4 @@
-"""The frontier policies' schedule of a batch as one C function (strings only; minicavs/cpu/frontier.py
+"""The frontier policies' schedule of a batch as one C function (strings only; minicavs/cpu/frontier_kernel.py
 compiles, loads, checks and wraps it): ED-Batch's Alg. 1 with the rule choosing the type at every step.
 
 minicavs/frontier.py's numpy :class:`~minicavs.frontier.Frontier` stays the reference and the fallback: a

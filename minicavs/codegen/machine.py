@@ -1,4 +1,4 @@
-"""C source of the native whole-batch executor: strings only (minicavs/cpu/native.py compiles and loads it).
+"""C source of the native whole-batch executor: strings only (minicavs/cpu/interpreter.py compiles and loads it).
 
 The executor is an interpreter of a compact instruction stream (minicavs/instructions.py builds it): one C call
 runs every task of a batch. Each vertex kind has a *template* (its F or ∂F task program as instructions whose
@@ -13,7 +13,7 @@ With ``prof`` (not NULL) the call adds the nanoseconds spent in each opcode to p
 prof[len(OPCODES)] (two clock reads per instruction: for profiling only).
 With ``check`` set every address an instruction computes is checked against its buffer's size first; a failure
 returns its instruction index and operand instead of touching memory.
-Streaming (two calls on two threads, cpu/runner.py): the eager call (``role`` 2) stores into ``sync[0]`` the
+Streaming (two calls on two threads, cpu/c_runner.py): the eager call (``role`` 2) stores into ``sync[0]`` the
 chunks it has finished after each row of its table; the main call (``role`` 1) runs row t once ``sync[0]``
 reaches t + 1 (rows past the ``nwait`` chunks: all of them), spinning with ``sched_yield`` and failing with
 operand -4 when ``sync[1]`` says the eager call failed. ``role`` 0: no second stream.
@@ -348,7 +348,7 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
                            && Bm->p == (T *)base[Bm->buf]) {{
                     /* few rows times a wide static B: C^T = B^T A^T, B^T from the static's contiguous transposed
                        twin (n x k), into the scratch arena's tail, then transposed into C: OpenBLAS takes 20-45% less
-                       time at 2-32 rows this way (the few rows as its M dimension; cpu/runner.py's SMALL_M_ROWS) */
+                       time at 2-32 rows this way (the few rows as its M dimension; cpu/c_runner.py's SMALL_M_ROWS) */
                     const T *bt = (const T *)twin[Bm->buf];
                     const int64_t ldt = size[Bm->buf] / ld[Bm->buf];   /* the twin's row: all of B's rows */
                     T *tmp = scratch + tmp_off;

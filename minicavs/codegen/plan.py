@@ -1,4 +1,4 @@
-"""The C source of a batch's preparation in one call (cpu/planner.py compiles it, minicavs/planner.py unpacks
+"""The C source of a batch's preparation in one call (cpu/planner_library.py compiles it, minicavs/planner.py unpacks
 what it makes): flatten K input graphs, check them, find every vertex's parents, height and kind, schedule the
 vertices by height and kind (the cavs policy) and lay out the memory plan's index arrays. It does what
 inputs.make_batch, model.Structure.batch, scheduler.CavsPolicy and memory.plan_memory do together, which stay

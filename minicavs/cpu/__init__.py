@@ -11,8 +11,8 @@ from ..frontier import provide_native_schedule
 from ..ops.registry import provide_native_kernels
 from ..passes.fusion import FusedGroup
 from ..planner import provide_library
-from . import compiler, planner, runner
-from .frontier import frontier_kernel
+from . import c_runner as runner, compiler, planner_library as planner
+from .frontier_kernel import frontier_kernel
 from .library import library
 
 
@@ -48,7 +48,7 @@ class CpuBackend(Backend):
 
     def run_program(self, lowered, table: np.ndarray, buffers, dtype, forest: bool, workspace=None,
                     eager: np.ndarray | None = None, check: bool = False) -> dict:
-        """The C runner (:mod:`.runner`): one C call runs the pass (``eager``: a second one, on the eager
+        """The C runner (:mod:`.c_runner`): one C call runs the pass (``eager``: a second one, on the eager
         thread, runs the eager stream's table ahead of the tasks)."""
         return runner.run(lowered, table, buffers, dtype, forest, workspace, eager, check)
 

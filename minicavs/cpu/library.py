@@ -14,7 +14,7 @@ from ..errors import FeedError
 from ..sparse import RowSparse
 from ..validate import check_dropout, check_labels
 from . import compiler as cgen
-from .native import blas, blas_threads
+from .interpreter import blas, blas_threads
 
 
 # Row kernels over at least this many elements split their rows over the BLAS's threads (cffi releases the GIL
@@ -149,7 +149,7 @@ class Library:
         """``a`` (2-D, this dtype) as a C-contiguous array: itself, or for a transposed view of a C-contiguous
         matrix a copy made in cache-sized tiles (numpy's strided copy of a 2048 x 512 float32 transpose took
         3 ms). The C runner multiplies by such a copy rather than by the view: OpenBLAS's sgemm with
-        a transposed B was 25-40% slower per product at 16-64 rows (cpu/runner.py)."""
+        a transposed B was 25-40% slower per product at 16-64 rows (cpu/c_runner.py)."""
         if not (isinstance(a, np.ndarray) and a.ndim == 2 and a.dtype == self.dtype):
             raise FeedError(f"contiguous: need a 2-D {self.dtype} array, got {getattr(a, 'dtype', type(a))}"
                             f"{getattr(a, 'shape', '')}")

@@ -10,7 +10,7 @@ import functools
 import numpy as np
 
 from ..ops.registry import provide_native_kernels
-from .backend import Cuda  # noqa: F401
+from .device import Cuda  # noqa: F401
 from .kernels import CudaUnavailable, CuPyLauncher, FusedKernel, RowKernels, available, require  # noqa: F401
 from .optim_kernels import DeviceKernels
 

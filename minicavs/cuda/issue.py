@@ -18,7 +18,7 @@ The function pointers come from the device's launcher:
 - a launcher with ``no_work`` set (:class:`_NoWork`): launches and products that do nothing, to time what
   issuing costs the host (tools/bench_issue.py).
 
-A program the loop cannot issue goes to the Python CUDA runner (cuda/runner.py): a step only Python runs
+A program the loop cannot issue goes to the Python CUDA runner (cuda/python_runner.py): a step only Python runs
 (APPLY), a DAG's scatter-add on a deterministic device (segment sums need a plan per task), no C compiler.
 """
 from __future__ import annotations
@@ -92,7 +92,7 @@ class _Functions:
 class _Standin(_Functions):
     def __init__(self, device, c_type: str, tf32: bool):
         super().__init__(device, c_type, tf32)
-        from ..cpu import native as cpu_native
+        from ..cpu import interpreter as cpu_native
         blas = cpu_native.blas(c_type)
         if blas is None:
             raise RuntimeError("the device stand-in's products need a CPU BLAS")

@@ -13,7 +13,7 @@ import pytest
 
 from minicavs import ops
 from minicavs.codegen import cuda
-from minicavs.cuda.compiler import compile_source, compilers_available
+from minicavs.cuda.nvrtc import compile_source, compilers_available
 from minicavs.cuda.emulation import Emulator, kernels_in
 from minicavs.config import REPO_ROOT, load_config, load_model_module
 from minicavs.engine import EngineOptions

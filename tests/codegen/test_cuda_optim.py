@@ -12,7 +12,7 @@ import pytest
 
 from minicavs.codegen import cuda_optim as opt
 from minicavs.codegen.library_source import RULES
-from minicavs.cuda.compiler import compile_source, compilers_available
+from minicavs.cuda.nvrtc import compile_source, compilers_available
 from minicavs.cuda.emulation import Emulator, kernels_in
 from minicavs.cuda.optim_kernels import segment_table
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from minicavs.codegen.issue_kernels import ISSUE_KERNEL_NAMES, MOVES, issue_kernels
-from minicavs.cuda.compiler import compile_source, compilers_available
+from minicavs.cuda.nvrtc import compile_source, compilers_available
 
 
 @pytest.mark.parametrize("c_type", ["float", "double"])

@@ -1,4 +1,4 @@
-"""The frontier policies' schedule in one C call (minicavs/cpu/frontier.py) against the numpy Frontier it
+"""The frontier policies' schedule in one C call (minicavs/cpu/frontier_kernel.py) against the numpy Frontier it
 replaces (minicavs/frontier.py, the reference): the same task for every vertex and the same type for every
 task, under every rule (FSM S1/S2/S3 with learned and random tables, agenda, greedy), on random typed DAGs,
 the bundled 2Type and lattice graphs and ED-Batch's Fig. 1; and bad input refused before C sees it."""
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from minicavs.cpu.frontier import MAX_FSM_TYPES, FsmTable, frontier_kernel
+from minicavs.cpu.frontier_kernel import MAX_FSM_TYPES, FsmTable, frontier_kernel
 from minicavs.data.lattice import synthetic_lattices
 from minicavs.frontier import Frontier, TypedGraph, run_agenda, run_greedy, run_policy
 from minicavs.fsm import ENCODINGS, Fsm, Hyper, actions, encode, learn

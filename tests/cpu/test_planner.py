@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from minicavs import planner
-from minicavs.cpu import planner as cpu_planner
+from minicavs.cpu import planner_library as cpu_planner
 from minicavs.inputs import InputGraph
 
 from .. import cells

@@ -19,9 +19,9 @@ WHY_H2D = {
     "minicavs/backend.py:to_device": "a float feed (the seam's copy: one per feed and batch)",
     "minicavs/arrays.py:as_module": "host indices checked on the host, then copied where a kernel reads them: "
                                     "labels (forward and backward), lookup indices, row-sparse positions",
-    "cuda/backend.py:_plan_copy": "a batch plan's index arrays (child rows, row keys): each copied once a "
+    "cuda/device.py:_plan_copy": "a batch plan's index arrays (child rows, row keys): each copied once a "
                                   "batch, sliced per task on the device (as many as the plan has arrays)",
-    "cuda/backend.py:index": "an index array made when a pass is bound, not sliced from a plan array (the "
+    "cuda/device.py:index": "an index array made when a pass is bound, not sliced from a plan array (the "
                              "interleaved child rows of a kind's regathered concat): once per kind and pass",
     "minicavs/engine.py:_device_index": "the scatter-gradient rows no task writes, zeroed once per batch and "
                                         "message shape (only in batches that have such rows)",
@@ -74,7 +74,7 @@ def test_a_training_step_reads_the_device_once_and_copies_nothing_per_task(cuda_
     for site in WHY_H2D:   # the same copies for a few tasks and for many: none per task
         if site == "minicavs/engine.py:_device_index":
             assert large_sites.get(site, 0) <= messages and small_sites.get(site, 0) <= messages
-        elif site == "cuda/backend.py:_plan_copy":   # one copy per plan array (checked below), not per task
+        elif site == "cuda/device.py:_plan_copy":   # one copy per plan array (checked below), not per task
             continue
         else:
             assert large_sites.get(site, 0) == small_sites.get(site, 0), (name, site, small_sites, large_sites)

@@ -46,9 +46,9 @@ def _pass_calls(case, device, graphs) -> collections.Counter:
     inside = [0]
 
     def profile(frame, event, arg):
-        if event == "call" and frame.f_code.co_name == "run_program" and "cuda/backend.py" in frame.f_code.co_filename:
+        if event == "call" and frame.f_code.co_name == "run_program" and "cuda/device.py" in frame.f_code.co_filename:
             inside[0] += 1
-        elif event == "return" and frame.f_code.co_name == "run_program" and "cuda/backend.py" in \
+        elif event == "return" and frame.f_code.co_name == "run_program" and "cuda/device.py" in \
                 frame.f_code.co_filename:
             inside[0] -= 1
         elif inside[0] and event in ("call", "c_call"):

@@ -1,4 +1,4 @@
-"""The CUDA runner (minicavs/cuda/runner.py, and the pass issued by one C call: minicavs/cuda/issue.py) on the
+"""The CUDA runner (minicavs/cuda/python_runner.py, and the pass issued by one C call: minicavs/cuda/issue.py) on the
 emulated device: the one lowered program of every bundled model runs there (no silent fallback to another runner) and equals the C runner on the CPU,
 forward values, inference and gradients, float64 and float32, under the engine switches; so does the reference
 runner over the device's arrays; a DAG's gradient rows are added by the device's scatter-add kernels; neither
@@ -191,7 +191,7 @@ def test_eager_chunks_run_on_the_second_stream(cuda_standin, monkeypatch):
     instruction runs while the device's eager stream is current, every main one on the caller's
     stream; the eager stream first waits for the caller's stream, records an event per chunk, and the caller's
     stream waits for chunk t's event before task t (on the device: no host wait, no crossing)."""
-    from minicavs.cuda import runner as cuda_runner
+    from minicavs.cuda import python_runner as cuda_runner
     log, recorded, waited = [], [], []
     wrapped = []
     for fn in cuda_runner.OPERATIONS:

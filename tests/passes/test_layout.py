@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from minicavs import ops
-from minicavs.cpu import runner as c_runner
+from minicavs.cpu import c_runner
 from minicavs.engine import EngineOptions
 from minicavs.executor import RunContext
 from minicavs.inputs import InputGraph

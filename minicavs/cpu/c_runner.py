@@ -17,7 +17,7 @@ import numpy as np
 from ..codegen.machine import MAX_REGISTERS, OPCODES, OPS as OPCODES_IDS
 from ..memory import allocations
 from ..reference import CheckError, add_accumulators
-from . import native as cpu_native
+from . import interpreter as cpu_native
 from .library import library
 
 

@@ -12,7 +12,7 @@ from .. import arrays
 from ..backend import Backend
 from ..passes.fusion import FusedGroup
 from ..validate import check_rows
-from . import issue, kernels as cuda_kernels, runner
+from . import issue, kernels as cuda_kernels, python_runner as runner
 
 
 class Cuda(Backend):
@@ -111,7 +111,7 @@ class Cuda(Backend):
         """The CUDA runner: the whole pass issued by one C call (:mod:`.issue`: every launch and product from
         C), or, for a program that loop declines (``issue_declined`` says why) or with ``issue_from_c`` off,
         the reference runner's opcodes over CuPy arrays, a fused group by its generated kernel
-        (:mod:`.runner`); ``eager``'s chunks on the device's eager stream. ``check``: the debug mode (every
+        (:mod:`.python_runner`); ``eager``'s chunks on the device's eager stream. ``check``: the debug mode (every
         row number of the index arrays checked too). ``tf32`` (None: the device's ``tf32``): float32 products
         issued from C read TF32 inputs (engine.tf32)."""
         why = issue.declines(lowered, self, dtype, forest) if self.issue_from_c else "issue_from_c is off"
