@@ -543,9 +543,9 @@ def test_every_system_of_a_point_is_timed_on_the_samples_minicavs_was(monkeypatc
 
 
 def test_layout_table_rows_per_cell_and_variant(monkeypatch):
-    """``bench --layout`` (bench/layout.py) on tiny cells: one row per cell and variant; the layout's merges
+    """``bench --layout`` (bench/layout_table.py) on tiny cells: one row per cell and variant; the layout's merges
     are views (no weight bytes copied) where the naive cells without it copy their merged weights."""
-    from minicavs.bench import layout as bench_layout
+    from minicavs.bench import layout_table as bench_layout
     monkeypatch.setitem(bench_layout.CELLS, "LSTM cell (Var-LSTM)",
                         ("var_lstm", ["model.dropout=0.0", "data.synthetic.train=8", "model.embed=4"]))
     monkeypatch.setattr(bench_layout, "CELLS", {k: v for k, v in bench_layout.CELLS.items() if "Var-LSTM" in k})

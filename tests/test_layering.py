@@ -176,6 +176,16 @@ def test_no_module_is_longer_than_the_limit():
     assert not long, f"modules over {MAX_LINES} lines (split each along its jobs):\n" + "\n".join(long)
 
 
+def test_no_two_modules_share_a_file_name():
+    """A module's file name says what it holds, once in the package (a package's ``__init__`` aside)."""
+    names: dict = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.name != "__init__.py":
+            names.setdefault(path.name, []).append(str(path.relative_to(PACKAGE.parent)))
+    shared = {name: paths for name, paths in names.items() if len(paths) > 1}
+    assert not shared, f"modules sharing a file name: {shared}"
+
+
 def test_the_seam_and_length_checks_fail_on_a_backend_import_and_a_long_module(tmp_path):
     """A lazy import of a backend module is found, and a module one line over the limit is named."""
     pkg = tmp_path / "minicavs"

@@ -155,7 +155,7 @@ def settings(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     if args.layout:
-        from .layout import run_layout
+        from .layout_table import run_layout
         if args.layout_hidden <= 0:
             raise ValueError(f"--layout-hidden must be positive, got {args.layout_hidden}")
         print(run_layout(Path(args.out), args.layout_hidden, 64, 2 if args.quick else 4,

@@ -1,4 +1,4 @@
-"""The CUDA kernels the issuing loop (codegen/issue.py) launches besides the fused groups: the row kernels of
+"""The CUDA kernels the issuing loop (codegen/issue_source.py) launches besides the fused groups: the row kernels of
 codegen/cuda.py and the loop's own (zeros, row sums, per-row transposes, batched copies and adds). Strings
 only."""
 from __future__ import annotations
@@ -30,7 +30,7 @@ extern "C" __global__ void sumrows_{T}(long rows, long cols, const {T} *__restri
     }}
 }}
 /* up to MOVES independent copies or adds (``add``) of rows x cols blocks, rows by index or not, one launch:
-   the loop's consecutive row moves of a task (gathers, copies, adds, adjoints, puts: codegen/issue.py) */
+   the loop's consecutive row moves of a task (gathers, copies, adds, adjoints, puts: codegen/issue_source.py) */
 #ifndef MC_MOVES_{T}
 #define MC_MOVES_{T}
 struct mc_moves_{T} {{

@@ -62,7 +62,7 @@ def _launcher(name: str, params: list[str]) -> tuple[str, str]:
 
 def _caller(name: str, params: list[str]) -> str:
     """``call_<kernel>(grid, block, params)``: the kernel's launcher with its arguments read as
-    ``cuLaunchKernel`` passes them (params[i] points to argument i), so C code (the issuing loop, codegen/issue.py)
+    ``cuLaunchKernel`` passes them (params[i] points to argument i), so C code (the issuing loop, codegen/issue_source.py)
     launches an emulated kernel through the same function-pointer interface as a real one."""
     reads = []
     for i, p in enumerate(params):
@@ -111,7 +111,7 @@ class Emulator:
 
     def handle(self, name: str) -> int:
         """The address of kernel ``name``'s ``call_`` wrapper: the function handle the issuing loop launches
-        through the stand-in's ``cuLaunchKernel`` (codegen/issue.py's mc_standin_launch)."""
+        through the stand-in's ``cuLaunchKernel`` (codegen/issue_source.py's mc_standin_launch)."""
         return int(self.ffi.cast("uintptr_t", getattr(self.lib, f"call_{name}")))
 
     def launch(self, name: str, grid: int, block: int, *args) -> None:

@@ -1,4 +1,4 @@
-"""The CUDA runner's C issuing loop, Python side: one C call issues a whole pass (codegen/issue.py's loop).
+"""The CUDA runner's C issuing loop, Python side: one C call issues a whole pass (codegen/issue_source.py's loop).
 
 Per pass the host builds the buffer table once (per buffer: its device address, its host copy where the loop
 reads one, elements, row stride, transposed flag; index arrays are copied to the device once per batch plan by
@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..codegen.issue import issue_decls, issue_source
+from ..codegen.issue_source import issue_decls, issue_source
 from ..codegen.issue_kernels import ISSUE_KERNEL_NAMES, issue_kernels
 from ..codegen.machine import OPCODES, OPS as OPCODE_IDS
 from ..limits import MAX_REGISTERS
@@ -66,7 +66,7 @@ DEV = ("launch", "gemm", "gemm_ctx", "record", "wait", "stream", "eager_stream",
 
 
 class _Functions:
-    """What the loop issues through on one device for one dtype: the ``dev`` array (codegen/issue.py: launch,
+    """What the loop issues through on one device for one dtype: the ``dev`` array (codegen/issue_source.py: launch,
     gemm, its context, record, wait, streams, events), the row kernels' handles, and fused kernels' handles."""
 
     def __init__(self, device, c_type: str, tf32: bool):

@@ -1,4 +1,4 @@
-"""The CUDA issuing loop's sources (minicavs/codegen/issue.py): its kernels compile for the GPUs (NVRTC, as
+"""The CUDA issuing loop's sources (minicavs/codegen/issue_source.py): its kernels compile for the GPUs (NVRTC, as
 CuPy's RawModule gets them; nvcc where there is one) and run on the CPU emulation with cuLaunchKernel's
 argument passing (a struct by value included); the loop itself compiles with the project's C compiler."""
 from __future__ import annotations

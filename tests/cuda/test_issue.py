@@ -1,4 +1,4 @@
-"""The C issuing loop of the CUDA runner (minicavs/cuda/issue.py, codegen/issue.py) on the emulated device:
+"""The C issuing loop of the CUDA runner (minicavs/cuda/issue.py, codegen/issue_source.py) on the emulated device:
 a pass is one C call (its Python calls do not grow with the tasks), a wrong instruction is refused before
 anything is issued, the eager table's launches go to the second stream behind events, the TF32 mode rounds the
 stand-in's product inputs, and a device that does no work sees the same launches and products. (That every
