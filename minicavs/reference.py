@@ -476,6 +476,21 @@ def _flat(a, static: bool, xp) -> tuple:
     return flat, ld, 0
 
 
+def operand_name(lowered, pc: int, operand: int) -> str:
+    """The operand a C runner's failed check reports (its index among the instruction's operands; -2: the task
+    row, -3: the opcode, 10 + i: a fused kernel's argument i), by name, for the error message."""
+    if operand == -2:
+        return "task row (kind or rows)"
+    if operand == -3:
+        return "opcode"
+    if not 0 <= pc < len(lowered.code):
+        return str(operand)
+    names = OPCODES[list(OPCODES)[int(lowered.code[pc][0])]]
+    if 0 <= operand < len(names):
+        return names[operand]
+    return f"argument {operand - 10}" if operand >= 10 else str(operand)
+
+
 def add_accumulators(grads: dict, key: tuple, a) -> None:
     """Name in ``grads`` the parameter-gradient accumulators that the buffer ``a`` of a ``pgrad`` key holds: one
     parameter's, or, for a "block" key, several parameters' side by side, each its column block

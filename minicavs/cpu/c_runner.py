@@ -14,9 +14,9 @@ import math
 
 import numpy as np
 
-from ..codegen.machine import MAX_REGISTERS, OPCODES, OPS as OPCODES_IDS
+from ..codegen.machine import MAX_REGISTERS, OPS as OPCODES_IDS
 from ..memory import allocations
-from ..reference import CheckError, add_accumulators
+from ..reference import CheckError, add_accumulators, operand_name
 from . import interpreter as cpu_native
 from .library import library
 
@@ -418,15 +418,4 @@ def _raise_check(lowered, err: np.ndarray, stream: str = "") -> None:
         raise NativeCheckError(f"native {lowered.title}: task {task}: the eager stream failed")
     where = lowered.text(pc) if 0 <= pc < len(lowered.code) else f"instruction {pc}"
     raise NativeCheckError(f"native {lowered.title}: {stream}task {task}, instruction {pc} ({where}): operand "
-                           f"{_operand_name(lowered, pc, operand)} is out of bounds or invalid")
-
-
-def _operand_name(lowered, pc: int, operand: int) -> str:
-    if operand == -2:
-        return "task row (kind or rows)"
-    if not 0 <= pc < len(lowered.code):
-        return str(operand)
-    names = OPCODES[list(OPCODES)[int(lowered.code[pc][0])]]
-    if 0 <= operand < len(names):
-        return names[operand]
-    return f"argument {operand - 10}" if operand >= 10 else str(operand)
+                           f"{operand_name(lowered, pc, operand)} is out of bounds or invalid")

@@ -33,9 +33,9 @@ import numpy as np
 
 from ..codegen.issue_source import issue_decls, issue_source
 from ..codegen.issue_kernels import ISSUE_KERNEL_NAMES, issue_kernels
-from ..codegen.machine import OPCODES, OPS as OPCODE_IDS
+from ..codegen.machine import OPS as OPCODE_IDS
 from ..limits import MAX_REGISTERS
-from ..reference import INDEX_KEYS, CheckError, add_accumulators, scratch_elements
+from ..reference import INDEX_KEYS, CheckError, add_accumulators, operand_name, scratch_elements
 
 
 class IssueCheckError(CheckError):
@@ -373,18 +373,5 @@ def _raise(lowered, err: np.ndarray) -> None:
         raise IssueCheckError(f"cuda {lowered.title}: {what}: a copy whose source and destination partly overlap")
     if operand == -6:
         raise IssueCheckError(f"cuda {lowered.title}: {what}: the device refused a launch or product (result {result})")
-    raise IssueCheckError(f"cuda {lowered.title}: {what}: operand {_operand_name(lowered, pc, operand)} is out of "
+    raise IssueCheckError(f"cuda {lowered.title}: {what}: operand {operand_name(lowered, pc, operand)} is out of "
                           "bounds or invalid")
-
-
-def _operand_name(lowered, pc: int, operand: int) -> str:
-    if operand == -2:
-        return "task row (kind or rows)"
-    if operand == -3:
-        return "opcode"
-    if not 0 <= pc < len(lowered.code):
-        return str(operand)
-    names = OPCODES[list(OPCODES)[int(lowered.code[pc][0])]]
-    if 0 <= operand < len(names):
-        return names[operand]
-    return f"argument {operand - 10}" if operand >= 10 else str(operand)
