@@ -13,28 +13,29 @@ import importlib
 
 from . import ops  # noqa: F401  (registers every op)
 from . import cpu  # noqa: F401  (the default backend: provides the C kernels the ops and optimizers use)
-from .autodiff import grad  # noqa: F401
-from . import control  # noqa: F401  (cond, foreach, while_loop: registers their ops)
-from .dtypes import float32, float64, int32, int64  # noqa: F401
-from .errors import (CheckpointError, DataError, FeedError, InputGraphError, MinicavsError,  # noqa: F401
-                     NonFiniteError, RunDirError, ShapeError)
-from .executor import Executor, RunContext, run  # noqa: F401
-from .explain import check, explain  # noqa: F401  (eager: the function, not the module, is minicavs.explain)
-from .graph import Graph, Node  # noqa: F401
+from .core.dtypes import float32, float64, int32, int64  # noqa: F401
+from .core.errors import (CheckpointError, DataError, FeedError, InputGraphError, MinicavsError,  # noqa: F401
+                          NonFiniteError, RunDirError, ShapeError)
+from .engine.executor import Executor, RunContext, run  # noqa: F401
+from .engine.explain import check, explain  # noqa: F401  (eager: the function, not the module, is minicavs.explain)
+from .ir import control  # noqa: F401  (cond, foreach, while_loop: registers their ops)
+from .ir.autodiff import grad  # noqa: F401
+from .ir.graph import Graph, Node  # noqa: F401
 
 __version__ = "0.1.0"
 
 # name -> the module that defines it, imported on first access (PEP 562)
 _LAZY = {
-    "VertexFunction": "vertex",
-    "InputGraph": "inputs",
-    "Structure": "model", "Model": "model", "leaf_internal": "model", "by_child_count": "model",
-    "EngineOptions": "compile",
+    "VertexFunction": "runtime.vertex",
+    "InputGraph": "runtime.inputs",
+    "Structure": "engine.model", "Model": "engine.model", "leaf_internal": "engine.model",
+    "by_child_count": "engine.model",
+    "EngineOptions": "engine.compile",
     "Parameter": "nn", "ParameterSet": "nn",
-    "Optimizer": "optim", "SGD": "optim", "Adagrad": "optim", "Adam": "optim",
-    "Task": "task",
-    "Trainer": "training",
-    "ConfigError": "config",
+    "Optimizer": "train.optim", "SGD": "train.optim", "Adagrad": "train.optim", "Adam": "train.optim",
+    "Task": "train.task",
+    "Trainer": "train.trainer",
+    "ConfigError": "train.config",
 }
 
 __all__ = [

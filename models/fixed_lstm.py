@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from minicavs.config import at_least, load_model_module
+from minicavs.train.config import at_least, load_model_module
 from minicavs.data.text import EOS, windows
 
 var_lstm = load_model_module("var_lstm", Path(__file__).resolve().parent)

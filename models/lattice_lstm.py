@@ -29,13 +29,13 @@ from __future__ import annotations
 import numpy as np
 
 from minicavs import ops
-from minicavs.config import PROBABILITY, Choice, at_least
+from minicavs.train.config import PROBABILITY, Choice, at_least
 from minicavs.data.lattice import synthetic_lattices
-from minicavs.model import Model, Structure
+from minicavs.engine.model import Model, Structure
 from minicavs.nn import ParameterSet
 from minicavs.nn.gates import CELLS, gate_values, split_gates
-from minicavs.task import Task
-from minicavs.vertex import VertexFunction
+from minicavs.train.task import Task
+from minicavs.runtime.vertex import VertexFunction
 
 NAME = "lattice_lstm"
 DEFAULTS = {"embed": 64, "hidden": 128, "dropout": 0.0, "embed_init": "uniform(0.1)", "max_word": 4,

@@ -22,9 +22,9 @@ from pathlib import Path
 import numpy as np
 
 from minicavs import ops
-from minicavs.config import load_model_module
+from minicavs.train.config import load_model_module
 from minicavs.data import vectors
-from minicavs.vertex import VertexFunction
+from minicavs.runtime.vertex import VertexFunction
 
 tree_lstm = load_model_module("tree_lstm", Path(__file__).resolve().parent)
 

@@ -23,12 +23,12 @@ from __future__ import annotations
 import numpy as np
 
 from minicavs import control, ops
-from minicavs.backend import to_host
-from minicavs.config import Range, at_least
-from minicavs.errors import DataError
-from minicavs.model import Model
+from minicavs.engine.backend import to_host
+from minicavs.train.config import Range, at_least
+from minicavs.core.errors import DataError
+from minicavs.engine.model import Model
 from minicavs.nn import ParameterSet
-from minicavs.task import Task
+from minicavs.train.task import Task
 
 NAME = "seq2seq"
 DIGITS = 10

@@ -10,12 +10,12 @@ from __future__ import annotations
 import numpy as np
 
 from minicavs import ops
-from minicavs.config import at_least
+from minicavs.train.config import at_least
 from minicavs.data.trees import complete_binary_tree
-from minicavs.model import Model, Structure, leaf_internal
+from minicavs.engine.model import Model, Structure, leaf_internal
 from minicavs.nn import ParameterSet
-from minicavs.task import Task
-from minicavs.vertex import VertexFunction
+from minicavs.train.task import Task
+from minicavs.runtime.vertex import VertexFunction
 
 NAME = "tree_fc"
 DEFAULTS = {"hidden": 256, "leaves": 256}

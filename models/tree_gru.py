@@ -15,8 +15,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from minicavs import ops
-from minicavs.config import load_model_module
-from minicavs.vertex import VertexFunction
+from minicavs.train.config import load_model_module
+from minicavs.runtime.vertex import VertexFunction
 
 tree_lstm = load_model_module("tree_lstm", Path(__file__).resolve().parent)
 

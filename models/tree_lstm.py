@@ -19,19 +19,19 @@ from itertools import chain, repeat
 import numpy as np
 
 from minicavs import ops
-from minicavs.config import PRETRAINED_RULES, Choice, Nullable, PROBABILITY, at_least
+from minicavs.train.config import PRETRAINED_RULES, Choice, Nullable, PROBABILITY, at_least
 from minicavs.data import vectors
 from minicavs.data.datasets import require_file
 from minicavs.data.sst import parse_any_tree, read_sst
 from minicavs.data.synthetic import synthetic_treebank
 from minicavs.data.trees import Tree
-from minicavs.errors import DataError
-from minicavs.inputs import InputGraph
-from minicavs.model import Model, Structure, leaf_internal
+from minicavs.core.errors import DataError
+from minicavs.runtime.inputs import InputGraph
+from minicavs.engine.model import Model, Structure, leaf_internal
 from minicavs.nn import ParameterSet
 from minicavs.nn.gates import CELLS, gate_values, split_gates
-from minicavs.task import Task
-from minicavs.vertex import VertexFunction
+from minicavs.train.task import Task
+from minicavs.runtime.vertex import VertexFunction
 
 NAME = "tree_lstm"
 DEFAULTS = {"embed": 300, "hidden": 150, "classes": 5, "variant": "binary", "dropout": 0.5,

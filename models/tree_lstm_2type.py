@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from minicavs.config import Choice, at_least, load_model_module
+from minicavs.train.config import Choice, at_least, load_model_module
 from minicavs.data.trees import two_type_kinds
-from minicavs.inputs import InputGraph
+from minicavs.runtime.inputs import InputGraph
 from minicavs.nn.gates import split_gates
 
 tree_lstm = load_model_module("tree_lstm", Path(__file__).resolve().parent)

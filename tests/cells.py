@@ -11,12 +11,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from minicavs import ops
-from minicavs.autodiff import grad
-from minicavs.executor import Executor
-from minicavs.graph import Graph
-from minicavs.model import Model, Structure, leaf_internal
+from minicavs.ir.autodiff import grad
+from minicavs.engine.executor import Executor
+from minicavs.ir.graph import Graph
+from minicavs.engine.model import Model, Structure, leaf_internal
 from minicavs.ops import make_node
-from minicavs.vertex import VertexFunction
+from minicavs.runtime.vertex import VertexFunction
 
 F64 = "float64"
 
@@ -313,7 +313,7 @@ def unrolled_reference(case: Case, g, feeds: dict):
     wrt = [pnodes[k] for k in names if k in pnodes]
     grads = grad(loss, wrt)
     values = Executor([loss] + grads).run(feeds, case.params)
-    from minicavs.sparse import densify
+    from minicavs.core.sparse import densify
     return float(values[0]), {p.name: densify(np, v) for p, v in zip(wrt, values[1:])}
 
 

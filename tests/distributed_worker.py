@@ -1,4 +1,4 @@
-"""Run under mpirun by tests/test_distributed.py: ``python -m tests.distributed_worker SPEC.json``.
+"""Run under mpirun by tests/train/test_distributed.py: ``python -m tests.distributed_worker SPEC.json``.
 
 Every rank trains each case of the spec data-parallel (the trainer finds the MPI job itself), rank 0 writes the
 run directory as usual, and every rank writes what the test checks besides: the sparse paths taken, the
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
-from minicavs.config import REPO_ROOT
-from minicavs.distributed import DistributedError, world
-from minicavs.training import Trainer
+from minicavs.train.config import REPO_ROOT
+from minicavs.train.distributed import DistributedError, world
+from minicavs.train.trainer import Trainer
 
 
 def run_case(case: dict, out: Path, rank: int) -> dict:

@@ -283,7 +283,7 @@ def push(x):
     return x
 
 
-# --- dropout: the counter hash of minicavs.random, re-implemented from its docstring -----------------
+# --- dropout: the counter hash of minicavs.core.random, re-implemented from its docstring -----------------
 
 _MASK64 = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15

@@ -380,7 +380,7 @@ def test_junit_reports_are_read_with_their_failures(tmp_path):
 
 @pytest.fixture(autouse=True)
 def _shared_emulation(emulation_dir, monkeypatch):
-    """The session's emulation libraries (tests/test_device.py builds many of the same sources); the stand-in
+    """The session's emulation libraries (tests/engine/test_backend.py builds many of the same sources); the stand-in
     that ``--emulate`` installs in this process is taken out again after each test."""
     from minicavs.cuda import kernels
     monkeypatch.setattr(gpu_stages, "_EMULATION_DIR", str(emulation_dir))

@@ -81,6 +81,7 @@ def test_pip_install_then_train_a_bundled_model_from_anywhere(tmp_path):
     prepared = tmp_path / "xdg" / "minicavs" / "sst"
     assert sorted(p.name for p in prepared.iterdir()) == ["dev.txt", "test.txt", "train.txt"]
     assert not any(venv.rglob("dev.txt"))
-    looks = run([python, "-c", "from minicavs.config import load_config as l; print(l('tree_lstm_sst')['data']['dev'])"],
+    looks = run([python, "-c",
+                 "from minicavs.train.config import load_config as l; print(l('tree_lstm_sst')['data']['dev'])"],
                 cwd=elsewhere, env=env).stdout.strip()
     assert looks == str(prepared / "dev.txt")

@@ -1,6 +1,8 @@
-"""The import graph of the package follows DESIGN.md's layer list: a module imports only modules on its own
-line or on lines above it, and no import cycle exists. Every import is read from the source, those inside
-functions included, so a lazy import cannot hide an upward edge."""
+"""The package's folders are its layers (DESIGN.md's list, bottom to top): the IR, the vertex runtime, the
+engine, the backends, the training product. A module imports only modules of its own layer or of layers below
+it (within a layer, only from its own line of the list or lines below), nothing imports a backend but the seam,
+and no import cycle exists. Every import is read from the source, those inside functions included, so a lazy
+import cannot hide an upward edge."""
 from __future__ import annotations
 
 import ast
@@ -10,51 +12,47 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "minicavs"
 
-# DESIGN.md's layer list, top to bottom, with the modules it does not name placed on the line of the layer
-# they belong to (frontier.py and fsm.py are the batching policies' simulation of Alg. 1 and their learned
-# state machine, beside scheduler.py; executor.py, engine.py and explain.py run and read programs; atomic.py
-# (atomic file writes) is a base utility that fsm.py, checkpoint.py and data/ use, wording.py (advice in
-# Python or CLI words) one beside errors.py, onetime.py (announcing and timing one-time work: compiling kernels,
-# learning an FSM) one that cpu/compiler.py and scheduler.py use, arrays.py (which device an array lives on) and
-# limits.py (the generated code's sizes) too; progress.py, task.py, demo.py, testing.py, bench/, rundir.py (the
-# run-dir commit protocol), runrecord.py (what the trainer's checkpoints record, checked on resume and eval),
-# predict.py, plot.py and show.py are product code around the engine; reference.py (the reference runner of a
-# lowered program, over the device's array module) stands beside the seam, so that every backend's runner can
-# hand it an opcode it does not implement, and planner.py (a batch's schedule and memory plan in one C call, the
-# host index arrays every device's run reads; the CPU backend provides its compiled library) stands there too
-# (data/datasets.py too: PLACED below); ``minicavs`` itself is the package's public face).
+# The layers bottom to top: each names its folders, then its lines bottom to top, each line the modules (a path
+# below minicavs/: a folder stands for all its modules) that may import one another and anything on a line or in
+# a layer below. ``""`` is the package's own __init__ (its public face), on top.
 LAYERS = [
-    ["dtypes", "errors", "random", "sparse", "validate", "atomic", "arrays", "wording", "limits", "onetime"],
-    ["graph"],
-    ["ops"],
-    ["autodiff"],
-    ["control"],
-    ["vertex"],
-    ["inputs"],
-    ["scheduler", "frontier", "fsm"],
-    ["memory"],
-    ["passes"],
-    ["codegen"],
-    ["backend", "reference", "planner"],
-    ["cpu", "cuda"],
-    ["compile"],
-    ["program", "executor", "engine", "explain", "instructions"],
-    ["model"],
-    ["nn", "optim"],
-    ["data"],
-    ["checkpoint", "config", "training", "runrecord", "rundir", "distributed", "cli", "progress", "task",
-     "predict", "plot", "show", "demo", "testing", "bench", "prefetch", "__main__", ""],
+    ("base", ["core"], [
+        ["core/dtypes", "core/errors", "core/random", "core/atomic", "core/arrays", "core/wording", "core/limits",
+         "core/onetime"],
+        ["core/validate"],
+        ["core/sparse"]]),
+    ("IR", ["ir", "ops"], [
+        ["ir/graph"],
+        ["ops"],                         # the op registry: per op its shapes, kernels, gradient, fusion
+        ["ir/autodiff"],
+        ["ir/control"]]),                # cond, foreach, while_loop as operators (they differentiate their bodies)
+    ("vertex runtime", ["runtime"], [
+        ["runtime/vertex", "runtime/inputs"],
+        ["runtime/frontier", "runtime/fsm", "runtime/scheduler"],   # batching policies and their simulation
+        ["runtime/memory"]]),
+    ("engine", ["engine"], [
+        ["engine/passes"],               # classification, fusion grouping, aliasing, GEMM merging, layout
+        ["engine/codegen"],              # strings only: C and CUDA sources
+        ["engine/backend", "engine/reference", "engine/planner"],   # the seam; the reference runner beside it
+        ["engine/compile"],
+        ["engine/instructions", "engine/program", "engine/executor", "engine/alg1", "engine/explain"],
+        ["engine/model"]]),
+    ("backends", ["cpu", "cuda"], [
+        ["cpu"],
+        ["cuda"]]),                      # the CUDA issuing loop is C, compiled by the CPU backend's compiler
+    ("training product", ["nn", "data", "train", "bench"], [
+        ["nn"],
+        ["data"],
+        ["train", "data/datasets", "__main__", ""],   # datasets: `minicavs prepare` (reads configs)
+        ["bench"]]),
 ]
-# Modules placed apart from their package: data/datasets.py is `minicavs prepare` (checksums, atomic copies into
-# data/, reading the configs), product code that lives beside the readers it checks data with.
-PLACED = {"data.datasets": "checkpoint"}
-# Device-specific code stays behind the backend seam: these never import codegen/ or cuda/.
-NO_DEVICE_CODE = ("ops", "optim", "training", "runrecord", "atomic", "rundir", "checkpoint", "distributed",
-                  "validate", "predict", "plot", "show", "data")
-# The concrete backends, and the modules above the seam that reach them only through it
-# (minicavs.backend.get_device / default_device name a device without importing its code).
+# Device-specific code stays behind the seam: these never import generated sources or the CUDA backend.
+NO_DEVICE_CODE = ("ops", "train", "core", "data")
+# The backends, reached from above only through the seam (``minicavs.engine.backend.get_device`` /
+# ``default_device`` import a device's package by name); the package's __init__ imports the CPU backend so that
+# its C kernels are registered with the op registry before anything runs.
 BACKENDS = ("cpu", "cuda")
-THROUGH_THE_SEAM = ("compile", "instructions", "model", "engine")
+MAY_IMPORT_A_BACKEND = ("minicavs",)
 MAX_LINES = 800   # a module longer than this holds more than one job: split it along them
 
 
@@ -104,14 +102,25 @@ def import_graph() -> dict[str, set[str]]:
     return {name: imports_of(name, path, is_package, known) for name, (path, is_package) in known.items()}
 
 
+def position(module: str) -> tuple[int, int]:
+    """(layer, line) of a module: the most specific path of the list that holds it."""
+    path = "/".join(module.split(".")[1:])
+    best = None
+    for layer, (_, folders, lines) in enumerate(LAYERS):
+        if path in folders:
+            best = (0, layer, 0)   # a folder's __init__ not listed itself: the layer's bottom line
+        for line, units in enumerate(lines):
+            for unit in units:
+                if path == unit or path.startswith(unit + "/") or (unit == "" and path == ""):
+                    if best is None or len(unit) > best[0]:
+                        best = (len(unit), layer, line)
+    if best is None:
+        raise AssertionError(f"{module} is in no layer: place it in tests/test_layering.py")
+    return best[1], best[2]
+
+
 def layer_of(module: str) -> int:
-    """The line of the layer list a module stands on (by its top-level name below ``minicavs``)."""
-    top = module.split(".")[1] if "." in module else ""
-    top = PLACED.get(module.split(".", 1)[1] if "." in module else "", top)
-    for i, line in enumerate(LAYERS):
-        if top in line:
-            return i
-    raise AssertionError(f"{module} is on no line of the layer list: place it in tests/test_layering.py")
+    return position(module)[0]
 
 
 def test_every_module_has_a_layer():
@@ -126,10 +135,22 @@ def test_every_import_names_a_module_of_the_package():
     assert not missing, "\n".join(missing)
 
 
+def test_every_layer_is_its_folders():
+    """Each layer's lines name only modules inside its folders, and every folder of the package is a layer's."""
+    for name, folders, lines in LAYERS:
+        for unit in (u for line in lines for u in line if u not in ("", "__main__")):
+            assert unit.split("/")[0] in folders, f"{unit} is listed in the {name} layer but not in its folders"
+    layered = {f for _, folders, _ in LAYERS for f in folders}
+    on_disk = {p.parent.name for p in PACKAGE.glob("*/__init__.py")} - {"models"}
+    assert on_disk <= layered, f"folders in no layer: {sorted(on_disk - layered)}"
+    loose = sorted(p.name for p in PACKAGE.glob("*.py") if p.name not in ("__init__.py", "__main__.py"))
+    assert not loose, f"modules outside the layers' folders: {loose}"
+
+
 def test_imports_only_point_up_the_layer_list():
-    upward = [f"{m} (line {layer_of(m)}) imports {t} (line {layer_of(t)})"
+    upward = [f"{m} {position(m)} imports {t} {position(t)}"
               for m, targets in import_graph().items() for t in sorted(targets)
-              if not t.startswith("missing module") and layer_of(t) > layer_of(m)]
+              if not t.startswith("missing module") and position(t) > position(m)]
     assert not upward, "\n".join(upward)
 
 
@@ -158,16 +179,16 @@ def test_no_import_cycle():
 def test_ops_optimizer_and_trainer_never_import_device_code():
     bad = [f"{m} imports {t}" for m, targets in import_graph().items()
            if m.split(".")[1:2] and m.split(".")[1] in NO_DEVICE_CODE
-           for t in targets if t.split(".")[1:2] and t.split(".")[1] in ("codegen", "cuda")]
+           for t in targets if t.startswith(("minicavs.engine.codegen", "minicavs.cuda"))]
     assert not bad, "\n".join(bad)
 
 
-@pytest.mark.parametrize("module", THROUGH_THE_SEAM)
-def test_compiler_engine_and_model_import_no_concrete_backend(module):
-    bad = sorted(t for t in import_graph()[f"minicavs.{module}"]
-                 if t.split(".")[1:2] and t.split(".")[1] in BACKENDS)
-    assert not bad, (f"minicavs/{module}.py imports {', '.join(bad)}: look the device up through the seam "
-                     "(minicavs.backend.get_device / default_device)")
+def test_nothing_above_the_backends_imports_them():
+    bad = sorted(f"{m} imports {t}" for m, targets in import_graph().items()
+                 if m not in MAY_IMPORT_A_BACKEND and m.split(".")[1:2] and m.split(".")[1] not in BACKENDS
+                 for t in targets if t.split(".")[1:2] and t.split(".")[1] in BACKENDS)
+    assert not bad, ("\n".join(bad) + "\nlook the device up through the seam "
+                     "(minicavs.engine.backend.get_device / default_device)")
 
 
 def test_no_module_is_longer_than_the_limit():
@@ -189,39 +210,48 @@ def test_no_two_modules_share_a_file_name():
 def test_the_seam_and_length_checks_fail_on_a_backend_import_and_a_long_module(tmp_path):
     """A lazy import of a backend module is found, and a module one line over the limit is named."""
     pkg = tmp_path / "minicavs"
-    (pkg / "cpu").mkdir(parents=True)
-    (pkg / "__init__.py").write_text("")
-    (pkg / "cpu" / "__init__.py").write_text("")
+    for folder in ("cpu", "engine"):
+        (pkg / folder).mkdir(parents=True)
+        (pkg / folder / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("from . import cpu\n")
     (pkg / "cpu" / "planner_library.py").write_text("")
-    (pkg / "model.py").write_text("def f():\n    from .cpu import planner_library as planner\n" + "\n" * (MAX_LINES - 1))
+    (pkg / "engine" / "model.py").write_text("def f():\n    from ..cpu import planner_library as planner\n"
+                                             + "\n" * (MAX_LINES - 1))
     real, globals()["PACKAGE"] = PACKAGE, pkg
     try:
-        with pytest.raises(AssertionError, match="minicavs/model.py imports minicavs.cpu.planner_library"):
-            test_compiler_engine_and_model_import_no_concrete_backend("model")
-        with pytest.raises(AssertionError, match=f"minicavs/model.py: {MAX_LINES + 1} lines"):
+        with pytest.raises(AssertionError, match="minicavs.engine.model imports minicavs.cpu.planner_library"):
+            test_nothing_above_the_backends_imports_them()
+        with pytest.raises(AssertionError, match=f"minicavs/engine/model.py: {MAX_LINES + 1} lines"):
             test_no_module_is_longer_than_the_limit()
-        (pkg / "model.py").write_text("from . import backend\n" + "\n" * (MAX_LINES - 1))
-        (pkg / "backend.py").write_text("")
-        test_compiler_engine_and_model_import_no_concrete_backend("model")
+        (pkg / "engine" / "model.py").write_text("from . import backend\n" + "\n" * (MAX_LINES - 1))
+        (pkg / "engine" / "backend.py").write_text("")
+        test_nothing_above_the_backends_imports_them()
         test_no_module_is_longer_than_the_limit()
     finally:
         globals()["PACKAGE"] = real
 
 
-def test_the_checks_see_lazy_imports_and_cycles(tmp_path):
-    """The reader finds an import inside a function, and the cycle check fails on a cycle."""
+def test_the_checks_see_lazy_imports_cycles_and_loose_modules(tmp_path):
+    """The reader finds an import inside a function, the cycle check fails on a cycle, and a module outside
+    the layers' folders is named."""
     pkg = tmp_path / "minicavs"
-    (pkg / "ops").mkdir(parents=True)
+    for folder in ("ops", "ir"):
+        (pkg / folder).mkdir(parents=True)
+        (pkg / folder / "__init__.py").write_text("")
     (pkg / "__init__.py").write_text("")
-    (pkg / "graph.py").write_text("def f():\n    from .ops import thing\n")
-    (pkg / "ops" / "__init__.py").write_text("from ..graph import f\n")
+    (pkg / "ir" / "graph.py").write_text("def f():\n    from ..ops import thing\n")
+    (pkg / "ops" / "__init__.py").write_text("from ..ir.graph import f\n")
     real, globals()["PACKAGE"] = PACKAGE, pkg
     try:
         graph = import_graph()
-        assert graph["minicavs.graph"] == {"minicavs.ops"}
+        assert graph["minicavs.ir.graph"] == {"minicavs.ops"}
         with pytest.raises(AssertionError, match="imports minicavs.ops"):
             test_imports_only_point_up_the_layer_list()
-        with pytest.raises(pytest.fail.Exception, match="import cycle: minicavs.graph -> minicavs.ops"):
+        with pytest.raises(pytest.fail.Exception, match="import cycle: minicavs.ir.graph -> minicavs.ops"):
             test_no_import_cycle()
+        test_every_layer_is_its_folders()
+        (pkg / "graph.py").write_text("")
+        with pytest.raises(AssertionError, match="modules outside the layers' folders: .'graph.py'."):
+            test_every_layer_is_its_folders()
     finally:
         globals()["PACKAGE"] = real

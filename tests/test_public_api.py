@@ -18,25 +18,27 @@ ROOT = Path(__file__).resolve().parents[1]
 
 PUBLIC = {
     # declaring a model
-    "ops": "minicavs.ops", "VertexFunction": "minicavs.vertex", "InputGraph": "minicavs.inputs",
-    "Structure": "minicavs.model", "Model": "minicavs.model", "leaf_internal": "minicavs.model",
-    "by_child_count": "minicavs.model", "Parameter": "minicavs.nn", "ParameterSet": "minicavs.nn",
+    "ops": "minicavs.ops", "VertexFunction": "minicavs.runtime.vertex", "InputGraph": "minicavs.runtime.inputs",
+    "Structure": "minicavs.engine.model", "Model": "minicavs.engine.model",
+    "leaf_internal": "minicavs.engine.model", "by_child_count": "minicavs.engine.model",
+    "Parameter": "minicavs.nn", "ParameterSet": "minicavs.nn",
     # running it
-    "RunContext": "minicavs.executor", "EngineOptions": "minicavs.engine", "explain": "minicavs.explain",
-    "check": "minicavs.explain",
+    "RunContext": "minicavs.engine.executor", "EngineOptions": "minicavs.engine.compile",
+    "explain": "minicavs.engine.explain", "check": "minicavs.engine.explain",
     # training
-    "Optimizer": "minicavs.optim", "SGD": "minicavs.optim", "Adagrad": "minicavs.optim", "Adam": "minicavs.optim",
-    "Task": "minicavs.task", "Trainer": "minicavs.training",
+    "Optimizer": "minicavs.train.optim", "SGD": "minicavs.train.optim", "Adagrad": "minicavs.train.optim",
+    "Adam": "minicavs.train.optim", "Task": "minicavs.train.task", "Trainer": "minicavs.train.trainer",
     # static graphs and autodiff
-    "Graph": "minicavs.graph", "Node": "minicavs.graph", "Executor": "minicavs.executor", "run": "minicavs.executor",
-    "grad": "minicavs.autodiff", "float32": "minicavs.dtypes", "float64": "minicavs.dtypes",
-    "int32": "minicavs.dtypes", "int64": "minicavs.dtypes",
+    "Graph": "minicavs.ir.graph", "Node": "minicavs.ir.graph", "Executor": "minicavs.engine.executor",
+    "run": "minicavs.engine.executor", "grad": "minicavs.ir.autodiff", "float32": "minicavs.core.dtypes",
+    "float64": "minicavs.core.dtypes", "int32": "minicavs.core.dtypes", "int64": "minicavs.core.dtypes",
     # errors
-    "MinicavsError": "minicavs.errors", "ShapeError": "minicavs.errors", "FeedError": "minicavs.errors",
-    "NonFiniteError": "minicavs.errors", "CheckpointError": "minicavs.errors",
-    "InputGraphError": "minicavs.errors", "DataError": "minicavs.errors", "RunDirError": "minicavs.errors",
-    "ConfigError": "minicavs.config",
-    "__version__": None,
+    "MinicavsError": "minicavs.core.errors", "ShapeError": "minicavs.core.errors",
+    "FeedError": "minicavs.core.errors", "NonFiniteError": "minicavs.core.errors",
+    "CheckpointError": "minicavs.core.errors", "InputGraphError": "minicavs.core.errors",
+    "DataError": "minicavs.core.errors", "RunDirError": "minicavs.core.errors",
+    "ConfigError": "minicavs.train.config",
+"__version__": None,
 }
 
 
@@ -73,8 +75,9 @@ def test_an_unknown_name_is_an_attribute_error():
 def test_import_stays_light():
     """The trainer, configs and YAML load on first use of a name that needs them, not with ``import
     minicavs`` (eager, they would add about 100 ms of the 150 ms an import takes)."""
-    code = ("import sys, minicavs; heavy = [m for m in ('minicavs.training', 'minicavs.config', 'minicavs.rundir', "
-            "'yaml') if m in sys.modules]; print(heavy); minicavs.Trainer; print('minicavs.training' in sys.modules)")
+    code = ("import sys, minicavs; heavy = [m for m in ('minicavs.train.trainer', 'minicavs.train.config', "
+            "'minicavs.train.rundir', 'yaml') if m in sys.modules]; print(heavy); minicavs.Trainer; "
+            "print('minicavs.train.trainer' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.stdout.split() == ["[]", "True"]

@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from minicavs.bench import SST, workloads  # noqa: E402
 from minicavs.cuda import issue, kernels, python_runner as runner, standin  # noqa: E402
-from minicavs.engine import EngineOptions  # noqa: E402
+from minicavs.engine.compile import EngineOptions  # noqa: E402
 
 # the Python runner's opcodes that are a CuPy kernel each on a GPU (a product: GEMM, BMM)
 ONE_LAUNCH = ("COPY", "ZERO", "ADD", "SUMROWS", "GACC", "TRANSROWS")

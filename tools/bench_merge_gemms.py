@@ -24,8 +24,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from minicavs.bench.workloads import _trainer  # noqa: E402
-from minicavs.engine import EngineOptions  # noqa: E402
-from minicavs.passes import gemm  # noqa: E402
+from minicavs.engine.compile import EngineOptions  # noqa: E402
+from minicavs.engine.passes import gemm  # noqa: E402
 
 SST = "/work/shared/data/sst/train.txt"
 
@@ -34,7 +34,7 @@ def per_gate_lstm_cell(p, H: int, D: int, dropout: float, dtype):
     """var_lstm's cell written one GEMM per gate and operand (column blocks of the same parameters): eight
     products where the bundled cell has two."""
     from minicavs import ops
-    from minicavs.vertex import VertexFunction
+    from minicavs.runtime.vertex import VertexFunction
     F = VertexFunction("lstm", arity=1, message=(2 * H,), dtype=dtype)
     with F:
         h0, c0 = ops.split(F.gather(0), 2)
@@ -55,7 +55,7 @@ def per_gate_lstm_cell(p, H: int, D: int, dropout: float, dtype):
 
 def trainer(model: str, hidden: int, batch: int, samples: int, sst: str | None):
     if model == "var_lstm_per_gate":
-        from minicavs.config import load_model_module
+        from minicavs.train.config import load_model_module
         module = load_model_module("var_lstm")
         declared, module.lstm_cell = module.lstm_cell, per_gate_lstm_cell
         try:

@@ -24,9 +24,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from minicavs import engine, model, scheduler  # noqa: E402
+from minicavs.engine import alg1 as engine, model
+from minicavs.runtime import scheduler  # noqa: E402
 from minicavs.bench import workloads  # noqa: E402
-from minicavs.engine import EngineOptions  # noqa: E402
+from minicavs.engine.compile import EngineOptions  # noqa: E402
 
 SST = "../shared/data/sst/train.txt"
 PTB = "../shared/data/ptb/ptb.valid.txt"

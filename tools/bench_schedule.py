@@ -19,12 +19,12 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from minicavs.data.synthetic import sentence_lengths  # noqa: E402
-from minicavs.engine import EngineOptions  # noqa: E402
-from minicavs.executor import RunContext  # noqa: E402
-from minicavs.inputs import InputGraph, make_batch  # noqa: E402
-from minicavs.memory import plan_memory  # noqa: E402
-from minicavs.model import leaf_internal  # noqa: E402
-from minicavs.scheduler import CavsPolicy  # noqa: E402
+from minicavs.engine.compile import EngineOptions  # noqa: E402
+from minicavs.engine.executor import RunContext  # noqa: E402
+from minicavs.runtime.inputs import InputGraph, make_batch  # noqa: E402
+from minicavs.runtime.memory import plan_memory  # noqa: E402
+from minicavs.engine.model import leaf_internal  # noqa: E402
+from minicavs.runtime.scheduler import CavsPolicy  # noqa: E402
 
 
 def random_binary(rng, leaves):
@@ -97,7 +97,7 @@ def main(argv=None):
     rng = np.random.default_rng(1)
     feeds = {"words": rng.integers(0, 1000, leaves),
              "labels": rng.integers(0, 5, sum(g.num_vertices for g in graphs))}
-    import minicavs.model as model_module
+    import minicavs.engine.model as model_module
     for opts in (EngineOptions(False, False), EngineOptions(True, True)):
         counts = {}
 

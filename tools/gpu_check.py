@@ -10,8 +10,8 @@ the machine's start apart):
   matmul);
 - ``equality`` (120 s): a few training steps of every bundled model on the device against the CPU, float64 and
   float32 first, then streaming and deterministic on, then a DAG summed by atomics run twice;
-- ``tests`` (120 s): ``pytest -m gpu``, then the CUDA tests (tests/cuda, tests/codegen/test_cuda.py,
-  tests/test_device.py), pytest with plugin autoloading off and the plugins it needs named, so that a plugin
+- ``tests`` (120 s): ``pytest -m gpu``, then the CUDA tests (tests/cuda, tests/engine/codegen/test_cuda.py,
+  tests/engine/test_backend.py), pytest with plugin autoloading off and the plugins it needs named, so that a plugin
   of the machine's (pytest-benchmark warns under xdist) cannot turn ``filterwarnings = error`` against it;
 - ``sanitize`` (45 s): one training step of the bundled tree_lstm under ``compute-sanitizer --tool memcheck``
   ("skipped: no compute-sanitizer" where the machine has none on PATH).

@@ -112,8 +112,8 @@ def device_overrides(kind: str, deterministic: bool = False, streaming: bool = F
 
 
 def make_trainer(config: str, overrides: list, kind: str, deterministic: bool = False, streaming: bool = False):
-    from minicavs.config import REPO_ROOT
-    from minicavs.training import Trainer
+    from minicavs.train.config import REPO_ROOT
+    from minicavs.train.trainer import Trainer
     path = Path(config) if Path(config).is_absolute() else REPO_ROOT / "models" / config
     return Trainer(path, list(overrides) + device_overrides(kind, deterministic, streaming),
                    run_dir=tempfile.mkdtemp(prefix="gpu-check-run-"))
@@ -144,7 +144,7 @@ def host(a):
     """A numpy float64 copy of a parameter value or gradient (dense), wherever it lives (a copy: parameters
     are updated in place)."""
     import numpy as np
-    from minicavs.backend import to_host
+    from minicavs.engine.backend import to_host
     if hasattr(a, "to_dense"):
         a = a.to_dense()
     return np.array(to_host(a), dtype=np.float64, copy=True)
@@ -195,7 +195,7 @@ def dag_case(dtype: str, hidden: int, seed: int = 7):
     import numpy as np
     sys.path.insert(0, str(ROOT))
     from tests import cells
-    from tests.test_engine import random_dag
+    from tests.engine.test_alg1 import random_dag
     rng = np.random.default_rng(seed)
     case = cells.child_sum_tree_lstm(rng, arity=3, H=hidden, D=16, C=5, dtype=dtype)
     graphs = [random_dag(rng, 120, 3) for _ in range(8)]
@@ -204,7 +204,7 @@ def dag_case(dtype: str, hidden: int, seed: int = 7):
 
 
 def dag_run(case, graphs, feeds, kind: str, deterministic: bool):
-    from minicavs.executor import RunContext
+    from minicavs.engine.executor import RunContext
     dev = project_device(kind, deterministic)
     case.model.device = dev
     res = case.model.forward_backward(graphs, feeds, {k: dev.asarray(v) for k, v in case.params.items()},
@@ -435,8 +435,8 @@ def stage_tests(rec: Recorder, args) -> None:
     workers = max(2, min(8, (os.cpu_count() or 2) // 2))
     parallel = ["-n", str(workers)] if has_xdist() else []
     runs = [("pytest -m gpu", ["-m", "gpu"], 0.5),
-            ("CUDA tests", parallel + ["-m", "not gpu", "tests/cuda", "tests/codegen/test_cuda.py",
-                                       "tests/test_device.py"], 1.0)]
+            ("CUDA tests", parallel + ["-m", "not gpu", "tests/cuda", "tests/engine/codegen/test_cuda.py",
+                                       "tests/engine/test_backend.py"], 1.0)]
     if args.pytest_args:        # the runner's own tests: a given selection instead
         runs = [("selected tests", args.pytest_args.split(), 1.0)]
     deadline = time.monotonic() + args.cap - 3
@@ -752,7 +752,7 @@ def profile_steps(t, samples, steps: int = 3) -> dict:
 
 def measure_minicavs(point, data, kind: str, repeats: int, epoch_cap: float) -> tuple[dict, object]:
     from minicavs.bench.workloads import build, flops_per_unit
-    from minicavs.engine import EngineOptions
+    from minicavs.engine.compile import EngineOptions
     t = build(point, data, EngineOptions(), device_overrides(kind))
     counter = count_launches(t)
     B = point.batch

@@ -34,8 +34,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from minicavs.sparse import RowSparse  # noqa: E402
-from minicavs.training import Trainer  # noqa: E402
+from minicavs.core.sparse import RowSparse  # noqa: E402
+from minicavs.train.trainer import Trainer  # noqa: E402
 
 DATA = Path("/work/shared/data")
 CONFIGS = {   # the bundled configs; the real-data ones with absolute data paths

@@ -26,9 +26,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import minicavs.model as model_module  # noqa: E402
+import minicavs.engine.model as model_module  # noqa: E402
 from minicavs.bench.policies import trainer_for  # noqa: E402
-from minicavs.scheduler import Policy, Schedule, get_policy  # noqa: E402
+from minicavs.runtime.scheduler import Policy, Schedule, get_policy  # noqa: E402
 
 PARTS = ("prepare", "forward", "backward", "update", "step")
 

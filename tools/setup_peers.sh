@@ -3,8 +3,8 @@
 #   DyNet 2.2 with autobatching (PyPI dynet38) and PyTorch 2.13.0 for the CPU.
 # Usage: tools/setup_peers.sh [DIR]   (default /tmp/peervenv); then
 #   minicavs bench --dynet-python DIR/bin/python --torch-python DIR/bin/python
-# and, to test the peers (tests/test_peers.py: each computes minicavs' loss for minicavs' weights),
-#   MINICAVS_TORCH_PYTHON=DIR/bin/python MINICAVS_DYNET_PYTHON=DIR/bin/python python -m pytest tests/test_peers.py
+# and, to test the peers (tests/bench/test_peers.py: each computes minicavs' loss for minicavs' weights),
+#   MINICAVS_TORCH_PYTHON=DIR/bin/python MINICAVS_DYNET_PYTHON=DIR/bin/python python -m pytest tests/bench/test_peers.py
 # dynet38 and torch 2.13.0 coexist in one environment (both import and train in one process: checked at the
 # end); set PEERS_TWO_VENVS=1 to get DIR/dynet and DIR/torch instead if a future version clashes.
 # torch is pinned to the CPU build 2.13.0+cpu, what the benchmark was measured with: PyPI's Linux torch wheel

@@ -19,10 +19,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from minicavs.config import bundled_models_dir, load_config  # noqa: E402
+from minicavs.train.config import bundled_models_dir, load_config  # noqa: E402
 from minicavs.cuda import kernels  # noqa: E402
 from minicavs.cuda.emulation import Launcher  # noqa: E402
-from minicavs.training import Trainer  # noqa: E402
+from minicavs.train.trainer import Trainer  # noqa: E402
 
 
 def run(args, tf32: bool) -> dict:

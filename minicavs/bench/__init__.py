@@ -113,8 +113,8 @@ def engine_settings(items) -> dict:
     overrides of a config are, so every field the engine gains is taken with its config's rules."""
     if not items:
         return {}
-    from ..config import ConfigError, bundled_models_dir, load_config
-    from ..training import engine_options
+    from ..train.config import ConfigError, bundled_models_dir, load_config
+    from ..train.trainer import engine_options
     keys = []
     for item in items:
         if "=" not in item:

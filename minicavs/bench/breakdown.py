@@ -3,7 +3,7 @@
 - **scheduling**: ``task.batch`` (input graphs and feeds from samples) and ``Model._plan`` (the batch, the
   Cavs policy's schedule and the memory plan), timed by wrapping both on this trainer's instances;
 - **memory movement**: the row moves the step's programs really do, measured live by the C runner's per-opcode
-  clock (``c_runner.PROFILE``) over its whole pass (the blocks before and after the task loop too): the
+  clock (the device's ``opcode_clock``) over its whole pass (the blocks before and after the task loop too): the
   instructions that copy rows (``GATHER`` where it is not a view, ``TAKE``, ``TAKETO``, ``COPY``, ``PUT``,
   ``ADJ``, and a block's ``SROWS`` and ``SPUT`` where its kind's scatter rows are no one block of rows:
   gathers, pulls, scatters into the scatter tensor, stores into dynamic tensors, pushes and the gathers'
@@ -18,10 +18,7 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
-
-from .. import instructions
-from ..cpu import c_runner
+from ..engine.codegen.machine import OPS
 
 ROW_MOVES = ("GATHER", "TAKE", "TAKETO", "COPY", "PUT", "ADJ", "SROWS", "SPUT")   # the native opcodes that move rows
 
@@ -47,18 +44,16 @@ def instrumented_epoch(t, samples, batch: int) -> dict:
     saved = [(obj, name, obj.__dict__.get(name)) for obj, name in ((task, "batch"), (model, "_plan"))]
     for obj, name, _ in saved:
         setattr(obj, name, sched.wrap(getattr(obj, name)))
-    profile_before = c_runner.PROFILE
-    c_runner.PROFILE = profile = np.zeros(len(instructions.OPCODES) + 1, np.int64)
     update = 0.0
     start = time.perf_counter()
     try:
-        for i in range(0, len(samples), batch):
-            res = t.loss_and_grads(samples[i:i + batch])
-            u = time.perf_counter()
-            t.optimizer.step(res.grads, loss=res.loss)
-            update += time.perf_counter() - u
+        with t.device.opcode_clock() as clock:
+            for i in range(0, len(samples), batch):
+                res = t.loss_and_grads(samples[i:i + batch])
+                u = time.perf_counter()
+                t.optimizer.step(res.grads, loss=res.loss)
+                update += time.perf_counter() - u
     finally:
-        c_runner.PROFILE = profile_before
         for obj, name, before in saved:            # back to what they were (normally the class's method)
             if before is None:
                 delattr(obj, name)
@@ -66,7 +61,6 @@ def instrumented_epoch(t, samples, batch: int) -> dict:
                 setattr(obj, name, before)
     total = time.perf_counter() - start
     step = total - update
-    ops = list(instructions.OPCODES)
-    memory = sum(int(profile[ops.index(op)]) for op in ROW_MOVES) / 1e9
+    memory = sum(int(clock[OPS[op]]) for op in ROW_MOVES) / 1e9
     return {"step_s": total, "scheduling_s": sched.seconds, "memory_s": memory, "update_s": update,
             "compute_s": max(0.0, step - sched.seconds - memory)}

@@ -6,7 +6,7 @@ import time
 
 import numpy as np
 
-from .. import instructions
+from ..engine import instructions
 
 
 def nop_program(count: int) -> instructions.Lowered:

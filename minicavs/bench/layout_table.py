@@ -11,12 +11,10 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 
-from .. import instructions
-from ..cpu import c_runner
-from ..engine import EngineOptions
-from ..passes import gemm, layout
+from ..engine.codegen.machine import OPS
+from ..engine.compile import EngineOptions
+from ..engine.passes import gemm, layout
 from .breakdown import ROW_MOVES
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
@@ -31,7 +29,7 @@ VARIANTS = {"naive, no layout": (["model.cell=naive"], {"plan_layout": False}),
 
 
 def _trainer(config: str, overrides: list, hidden: int, batch: int, run_dir: Path):
-    from ..training import Trainer
+    from ..train.trainer import Trainer
     return Trainer(MODELS / f"{config}.yaml", overrides + [f"model.hidden={hidden}", f"train.batch_size={batch}"],
                    run_dir=run_dir)
 
@@ -79,9 +77,8 @@ def _planning_ms(t) -> float:
 def _round(run: dict, batch: int, batches: int) -> tuple[float, float, float]:
     """One pass over the run's samples: (step seconds, update seconds, row-move ns) per batch."""
     t = run["t"]
-    c_runner.PROFILE = profile = np.zeros(len(instructions.OPCODES) + 1, np.int64)
     step = update = 0.0
-    try:
+    with t.device.opcode_clock() as clock:
         for i in range(0, len(run["samples"]), batch):
             graphs, feeds = t.task.batch(run["samples"][i:i + batch])
             start = time.process_time()
@@ -90,11 +87,8 @@ def _round(run: dict, batch: int, batches: int) -> tuple[float, float, float]:
             t.optimizer.step(res.grads, loss=res.loss)
             step += middle - start
             update += time.process_time() - middle
-    finally:
-        c_runner.PROFILE = None
     run["last"] = res
-    ops = list(instructions.OPCODES)
-    return step / batches, update / batches, sum(int(profile[ops.index(op)]) for op in ROW_MOVES) / batches
+    return step / batches, update / batches, sum(int(clock[OPS[op]]) for op in ROW_MOVES) / batches
 
 
 def measure(hidden: int = 128, batch: int = 64, batches: int = 4, repeats: int = 5) -> list[dict]:
@@ -145,6 +139,6 @@ def run_layout(out: Path, hidden: int, batch: int, batches: int, repeats: int) -
     rows = measure(hidden, batch, batches, repeats)
     text = table(rows)
     out.mkdir(parents=True, exist_ok=True)
-    from ..atomic import write_text
+    from ..core.atomic import write_text
     write_text(out / "layout.md", text + "\n")
     return text

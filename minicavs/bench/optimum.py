@@ -24,8 +24,8 @@ from typing import Sequence
 
 import numpy as np
 
-from ..frontier import TypedGraph, levels
-from ..fsm import Fsm, actions
+from ..runtime.frontier import TypedGraph, levels
+from ..runtime.fsm import Fsm, actions
 
 
 class _Remaining:
@@ -107,7 +107,7 @@ def beam(graph: TypedGraph, width: int = 30) -> int:
 
 
 def encoding_states(num_types: int, encoding: str) -> list[tuple[int, ...]]:
-    """Every state ``encoding`` can give a frontier of ``num_types`` types (:func:`minicavs.fsm.encode`)."""
+    """Every state ``encoding`` can give a frontier of ``num_types`` types (:func:`minicavs.runtime.fsm.encode`)."""
     states = []
     for size in range(1, num_types + 1):
         for present in itertools.combinations(range(num_types), size):

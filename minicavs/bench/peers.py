@@ -1,6 +1,6 @@
 """The peers: the benchmark's models written in DyNet and PyTorch for the comparison only (tools/dynet_*.py,
 tools/torch_*.py), run in their own environment (tools/setup_peers.sh), never imported by minicavs. This
-module hands a minicavs :class:`~minicavs.training.Trainer`'s weights, data and optimizer to a peer script
+module hands a minicavs :class:`~minicavs.train.trainer.Trainer`'s weights, data and optimizer to a peer script
 and parses what it reports.
 
 Which peers each model has (:data:`PEERS`), by framework and mode::
@@ -66,9 +66,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config import REPO_ROOT
-from ..backend import to_host
-from ..training import Trainer
+from ..engine.backend import to_host
+from ..train.config import REPO_ROOT
+from ..train.trainer import Trainer
 
 
 @dataclass(frozen=True)

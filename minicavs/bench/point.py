@@ -21,7 +21,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..engine import EngineOptions
+from ..engine.compile import EngineOptions
 from .breakdown import instrumented_epoch
 from .sweeps import Point
 from .workloads import Data, build, flops_per_unit

@@ -18,17 +18,17 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config import load_config
-from ..frontier import Frontier, TypedGraph, native_schedule
-from ..scheduler import FsmPolicy, get_policy, lower_bound
-from ..training import Trainer
+from ..runtime.frontier import Frontier, TypedGraph, native_schedule
+from ..runtime.scheduler import FsmPolicy, get_policy, lower_bound
+from ..train.config import load_config
+from ..train.trainer import Trainer
 
 POLICIES = ("cavs", "agenda", "greedy", "fsm:S1", "fsm:S2", "fsm:S3")
 
 
 def _shared(rel: str) -> str | None:
     """The shared data file beside the repository (``../shared``) or beside its worktree folder."""
-    from ..config import REPO_ROOT
+    from ..train.config import REPO_ROOT
     for root in (Path.cwd().parent, REPO_ROOT.parent, REPO_ROOT.parent.parent):
         if (root / "shared" / rel).is_file():
             return str(root / "shared" / rel)
@@ -69,7 +69,7 @@ OP_GRAPHS = {"tree_lstm_2type+outputs": "tree_lstm_2type", "lattice_lstm+outputs
 def with_outputs(batch, pushing: set):
     """``batch`` with an "out" vertex on each vertex of a kind in ``pushing`` and a "sum" vertex per sample
     over its outputs (kinds appended after the batch's own)."""
-    from ..inputs import InputGraph, make_batch
+    from ..runtime.inputs import InputGraph, make_batch
     graphs = []
     for g in batch.graphs:
         n = g.num_vertices

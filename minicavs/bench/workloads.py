@@ -10,9 +10,9 @@ from typing import Sequence
 
 import numpy as np
 
-from ..config import bundled_models_dir, load_config
-from ..engine import EngineOptions
-from ..training import Trainer
+from ..engine.compile import EngineOptions
+from ..train.config import bundled_models_dir, load_config
+from ..train.trainer import Trainer
 
 OFF = EngineOptions(lazy_batching=False, eager_batching=False, fusion=False, gather_elision=False)
 SWITCHES = {"all off": OFF, "lazy batching": replace(OFF, lazy_batching=True),

@@ -2,17 +2,20 @@
 hand-written C library (:mod:`.library`) and a worker thread as the eager stream (:mod:`.streams`)."""
 from __future__ import annotations
 
+import contextlib
 from typing import Sequence
 
 import numpy as np
 
-from ..backend import Backend
-from ..frontier import provide_native_schedule
+from ..engine.backend import Backend
+from ..engine.codegen.machine import OPS
+from ..engine.passes.fusion import FusedGroup
+from ..engine.planner import provide_library
 from ..ops.registry import provide_native_kernels
-from ..passes.fusion import FusedGroup
-from ..planner import provide_library
+from ..runtime.frontier import provide_native_schedule
 from . import c_runner as runner, compiler, planner_library as planner
 from .frontier_kernel import frontier_kernel
+from .heap import keep_freed_memory
 from .library import library
 
 
@@ -25,6 +28,7 @@ class CpuBackend(Backend):
 
     def __init__(self):
         self.xp = np
+        self.clock: np.ndarray | None = None   # the C runner adds ns per opcode into it (opcode_clock)
 
     def fused(self, groups: Sequence[FusedGroup]) -> list:
         """One kernel per group (``kernel(arrays, outs)``), None where the group stays unfused."""
@@ -50,7 +54,7 @@ class CpuBackend(Backend):
                     eager: np.ndarray | None = None, check: bool = False) -> dict:
         """The C runner (:mod:`.c_runner`): one C call runs the pass (``eager``: a second one, on the eager
         thread, runs the eager stream's table ahead of the tasks)."""
-        return runner.run(lowered, table, buffers, dtype, forest, workspace, eager, check)
+        return runner.run(lowered, table, buffers, dtype, forest, workspace, eager, check, self.clock)
 
     def put(self, dst, rows: np.ndarray, src) -> None:
         """``dst[rows] = src`` for distinct ``rows`` (a push, a child's gradient in a forest)."""
@@ -58,6 +62,21 @@ class CpuBackend(Backend):
 
     def synchronize(self) -> None:
         """Wait until every kernel issued so far has finished (nothing to wait for on the CPU)."""
+
+    def keep_freed_memory(self) -> bool:
+        """glibc's malloc settings that keep a step's freed pages for the next step (:mod:`.heap`)."""
+        return keep_freed_memory()
+
+    @contextlib.contextmanager
+    def opcode_clock(self):
+        """The C runner's clock: its calls add each opcode's nanoseconds (and in all, last) while the block
+        runs."""
+        clock = np.zeros(len(OPS) + 1, np.int64)
+        before, self.clock = self.clock, clock
+        try:
+            yield clock
+        finally:
+            self.clock = before
 
 
 CPU = CpuBackend()

@@ -14,9 +14,9 @@ import math
 
 import numpy as np
 
-from ..codegen.machine import MAX_REGISTERS, OPS as OPCODES_IDS
-from ..memory import allocations
-from ..reference import CheckError, add_accumulators, operand_name
+from ..engine.codegen.machine import MAX_REGISTERS, OPS as OPCODES_IDS
+from ..engine.reference import CheckError, add_accumulators, operand_name
+from ..runtime.memory import allocations
 from . import interpreter as cpu_native
 from .library import library
 
@@ -116,10 +116,6 @@ SMALL_M_ROWS = 32
 # 2H x 3H) get no twin: with one, Tree-LSTM h512 b64 steps took 2.8% longer.
 TWIN_ELEMENTS = 1 << 20
 
-# profiling: set to np.zeros(len(OPCODES) + 1, np.int64) and native calls add their ns per opcode, and in all last
-PROFILE: np.ndarray | None = None
-
-
 class BufferTable:
     """A program's buffer table (per buffer: base address, elements, row stride, transposed flag, twin's
     address; one int64 array the executor reads) kept from one run to the next, so that a batch re-addresses
@@ -176,7 +172,7 @@ WORKSPACE_TENSORS = ("tensor", "btensor")
 
 
 def run(lowered, table: np.ndarray, buffers, dtype, forest: bool, workspace=None,
-        eager: np.ndarray | None = None, check: bool = False) -> dict:
+        eager: np.ndarray | None = None, check: bool = False, clock: np.ndarray | None = None) -> dict:
     """Run the task loop natively: ``buffers[key]`` gives each buffer's array, or (array, elements) for the
     first ``elements`` of an array kept from batch to batch (a workspace buffer: memory.DynamicTensor.prefix).
     ``workspace``: the one whose dynamic tensors the WORKSPACE_TENSORS keys resolve to (their buffers are
@@ -185,7 +181,9 @@ def run(lowered, table: np.ndarray, buffers, dtype, forest: bool, workspace=None
     cffi's ``from_buffer``: numpy's ``ctypes.data`` costs microseconds a call; the buffer table keeps those
     of arrays seen by the last run: :class:`BufferTable`.) ``eager``: the eager stream's table
     (program.eager_rows), run by a second call of the executor on the CPU's eager thread while this one runs
-    ``table``, row t of which waits until eager chunk t is done (:func:`_eager_call`)."""
+    ``table``, row t of which waits until eager chunk t is done (:func:`_eager_call`). ``clock``: an int64 array
+    (one entry per opcode, and in all, last) the call adds each opcode's nanoseconds into (the device's
+    ``opcode_clock``)."""
     ex = cpu_native.executor(dtype)
     ffi = ex.ffi
     n = len(lowered.keys)
@@ -316,7 +314,7 @@ def run(lowered, table: np.ndarray, buffers, dtype, forest: bool, workspace=None
     if changed:
         info[1], info[2], info[3] = sizes, strides, flags
     check = int(check)   # (the debug mode: every operand bounds-checked, a failure reported, not a crash)
-    prof = ffi.NULL if PROFILE is None else ex.ptr(PROFILE)
+    clock_ptr = ffi.NULL if clock is None else ex.ptr(clock)
     p = ex.ptr
     if lowered.pointers is None:   # the program's own arrays: fixed, so their addresses are taken once
         lowered.pointers = (p(lowered.code), p(lowered.pool), p(lowered.ranges), p(lowered.kernels))
@@ -333,7 +331,7 @@ def run(lowered, table: np.ndarray, buffers, dtype, forest: bool, workspace=None
         rc = ex.run(code, pool, ranges, len(lowered.ranges), p(table), len(table),
                     table.shape[1], row, row + n, row + 2 * n, row + 3 * n, n, n - 1, max_bs, lowered.nregs,
                     kernels, len(lowered.kernels), ex.gemm, ex.gemv, int(ex.ilp64), int(forest), check,
-                    bound.err_ptr, prof, row + 4 * n, scratch, tmp_rows, twin_cols, *stream)
+                    bound.err_ptr, clock_ptr, row + 4 * n, scratch, tmp_rows, twin_cols, *stream)
     finally:
         if streaming:
             done.wait()   # (the eager call's buffers stay alive, and its failure is reported, before we return)

@@ -1,6 +1,6 @@
 """The frontier policies' schedule in one C call (codegen/frontier_source.py's source, compiled and cached like the
 other kernels): the inputs checked here, so that nothing out of range reaches C; None without a C
-compiler (then minicavs/frontier.py's numpy run is used, which also stays the reference the tests compare
+compiler (then minicavs/runtime/frontier.py's numpy run is used, which also stays the reference the tests compare
 with)."""
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import os
 
 import numpy as np
 
-from ..codegen.frontier_source import DECLS, ERR_CHOICE, ERR_STUCK, HASH_MULTIPLIER, RULES, SOURCE, scratch_size, state_key
+from ..engine.codegen.frontier_source import (DECLS, ERR_CHOICE, ERR_STUCK, HASH_MULTIPLIER, RULES, SOURCE,
+                                              scratch_size, state_key)
 from . import compiler as cgen
 
 MAX_FSM_TYPES = 14     # an FSM state's key, sum_i (s_i + 1) (T + 1)^i over up to T + 1 entries, fits 63 bits
@@ -105,7 +106,7 @@ class FrontierKernel:
     def typewise(self, child_ptr: np.ndarray, child_idx: np.ndarray, kind: np.ndarray,
                  num_types: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """ED-Batch's G[t] for every type: (typewise child count, typewise parents ptr, idx) of every vertex,
-        as :meth:`minicavs.frontier.TypedGraph.typewise` (parents in another order)."""
+        as :meth:`minicavs.runtime.frontier.TypedGraph.typewise` (parents in another order)."""
         n = len(kind)
         kind = _index_array(kind, "kind", n, 0, num_types)
         child_ptr, child_idx = _csr(child_ptr, child_idx, n, "children")

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..codegen.machine import executor_decls, executor_source
+from ..engine.codegen.machine import executor_decls, executor_source
 from .compiler import compiled, compiler, warn_no_compiler
 
 _warned: set = set()

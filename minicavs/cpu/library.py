@@ -9,10 +9,10 @@ from typing import Callable
 
 import numpy as np
 
-from ..codegen.library_source import RULES, render, rule_arity
-from ..errors import FeedError
-from ..sparse import RowSparse
-from ..validate import check_dropout, check_labels
+from ..core.errors import FeedError
+from ..core.sparse import RowSparse
+from ..core.validate import check_dropout, check_labels
+from ..engine.codegen.library_source import RULES, render, rule_arity
 from . import compiler as cgen
 from .interpreter import blas, blas_threads
 

@@ -8,10 +8,10 @@ from typing import Sequence
 
 import numpy as np
 
-from .. import arrays
-from ..backend import Backend
-from ..passes.fusion import FusedGroup
-from ..validate import check_rows
+from ..core import arrays
+from ..core.validate import check_rows
+from ..engine.backend import Backend
+from ..engine.passes.fusion import FusedGroup
 from . import issue, kernels as cuda_kernels, python_runner as runner
 
 

@@ -31,11 +31,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..codegen.issue_source import issue_decls, issue_source
-from ..codegen.issue_kernels import ISSUE_KERNEL_NAMES, issue_kernels
-from ..codegen.machine import OPS as OPCODE_IDS
-from ..limits import MAX_REGISTERS
-from ..reference import INDEX_KEYS, CheckError, add_accumulators, operand_name, scratch_elements
+from ..core.limits import MAX_REGISTERS
+from ..engine.codegen.issue_kernels import ISSUE_KERNEL_NAMES, issue_kernels
+from ..engine.codegen.issue_source import issue_decls, issue_source
+from ..engine.codegen.machine import OPS as OPCODE_IDS
+from ..engine.reference import INDEX_KEYS, CheckError, add_accumulators, operand_name, scratch_elements
 
 
 class IssueCheckError(CheckError):

@@ -1,6 +1,6 @@
 """Launchers for the generated CUDA kernels over CuPy (optional extra ``cuda``).
 
-The kernels are the strings of :mod:`minicavs.codegen.cuda`, handed to CuPy unchanged (``cupy.RawModule``,
+The kernels are the strings of :mod:`minicavs.engine.codegen.cuda`, handed to CuPy unchanged (``cupy.RawModule``,
 compiled once per source, with ``codegen.cuda.OPTIONS``), with the C kernels' argument contract, so the engine
 can call either backend the same way. Importing this package never needs CuPy; :func:`require` fails with a
 clear message when CuPy or a GPU is missing.
@@ -14,8 +14,8 @@ arrays where CuPy does.
 The engine reaches them through :class:`minicavs.cuda.Cuda` (``train.device: cuda``).
 
 Status: the generated sources are compiled for sm_80/sm_90 with NVRTC in CI and executed on the CPU through the
-emulation (tests/codegen/test_cuda.py, tests/cuda/, tests/test_device.py). The one real-GPU run so far (an
-H200, CuPy 14.2) failed on host/device crossings that the earlier numpy-array emulation could not see; those are
+emulation (tests/engine/codegen/test_cuda.py, tests/cuda/, tests/engine/test_backend.py). The one real-GPU run
+so far (an H200, CuPy 14.2) failed on host/device crossings that the earlier numpy-array emulation could not see; those are
 fixed against the stand-in and wait for the next GPU run (the tests marked ``gpu``, tools/gpu_check.py).
 """
 from __future__ import annotations
@@ -25,11 +25,11 @@ import math
 
 import numpy as np
 
-from ..arrays import on_device
-from ..codegen import cuda as gen
-from ..errors import FeedError, MinicavsError
-from ..passes.fusion import FusedGroup
-from ..validate import check_dropout, check_rows, indices
+from ..core.arrays import on_device
+from ..core.errors import FeedError, MinicavsError
+from ..core.validate import check_dropout, check_rows, indices
+from ..engine.codegen import cuda as gen
+from ..engine.passes.fusion import FusedGroup
 
 
 class CudaUnavailable(MinicavsError, RuntimeError):

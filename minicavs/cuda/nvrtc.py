@@ -2,7 +2,7 @@
 options CuPy's RawModule gets (codegen/cuda.py's OPTIONS). CI compiles every kernel the backend can generate."""
 from __future__ import annotations
 
-from ..codegen.cuda import OPTIONS
+from ..engine.codegen.cuda import OPTIONS
 
 
 def compilers_available() -> list[str]:

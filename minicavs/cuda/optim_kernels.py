@@ -11,8 +11,8 @@ from typing import Sequence
 
 import numpy as np
 
-from ..codegen import cuda as gen
-from ..codegen import cuda_optim as opt
+from ..engine.codegen import cuda as gen
+from ..engine.codegen import cuda_optim as opt
 from .kernels import RowKernels
 
 

@@ -1,8 +1,9 @@
 """The CUDA runner issued from Python, for the programs the C issuing loop (issue.py) declines (a step only
 Python runs, a deterministic device's DAG adjoint) or with ``Cuda(issue_from_c=False)``: the reference
-runner's opcodes (minicavs/reference.py) over CuPy arrays, so every view, product and row move stays on the device, with a fused group run by its generated
-CUDA kernel (the device's kernel object linked into the program) instead of the expression evaluated op by op,
-and rows moved by index by the device's row kernels (gather_rows, scatter_rows, scatter_add or segment sums).
+runner's opcodes (minicavs/engine/reference.py) over CuPy arrays, so every view, product and row move stays
+on the device, with a fused group run by its generated CUDA kernel (the device's kernel object linked into the
+program) instead of the expression evaluated op by op, and rows moved by index by the device's row kernels
+(gather_rows, scatter_rows, scatter_add or segment sums).
 
 The task table and the instructions stay on the host (they decide which launches are issued); the buffers,
 index arrays included, are the device's: a pass copies nothing between host and device per task."""
@@ -10,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import reference
-from ..codegen.machine import OPCODES
+from ..engine import reference
+from ..engine.codegen.machine import OPCODES
 
 
 class DeviceMachine(reference.Machine):

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import arrays
+from ..core import arrays
 
 IMPLICIT = ("Implicit conversion to a NumPy array is not allowed. "
             "Please use `.get()` to construct a NumPy array explicitly.")

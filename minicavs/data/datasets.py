@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..errors import DataError
-from ..atomic import write_bytes
+from ..core.atomic import write_bytes
+from ..core.errors import DataError
 from .sst import read_sst
 from .text import read_sentences
 
@@ -59,7 +59,7 @@ CONFIGS = {"sst": "tree_lstm_sst", "ptb": "var_lstm_ptb"}   # the bundled config
 def default_dir(name: str) -> Path:
     """Where the bundled config of data set ``name`` looks for its files (its data paths resolved: the
     checkout's ``data/NAME``, or ``NAME`` in the user's data directory for an installed package)."""
-    from ..config import find_config, load_config
+    from ..train.config import find_config, load_config
     cfg = load_config(find_config(CONFIGS[name]))
     folders = {Path(cfg["data"][split]).parent for split in ("train", "dev", "test")
                if cfg["data"].get(split) not in (None, "synthetic")}
@@ -81,7 +81,7 @@ def require_file(path: str | os.PathLike, key: str) -> str:
 
 
 def _how_to_get(path: Path, key: str) -> str:
-    from ..config import data_root
+    from ..train.config import data_root
     for name, dataset in DATASETS.items():
         prepared_here = path.parent.resolve() == (data_root() / name).resolve()
         if prepared_here and path.name in {f.name for f in dataset.files}:

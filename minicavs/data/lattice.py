@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..inputs import InputGraph
+from ..runtime.inputs import InputGraph
 
 
 @dataclass

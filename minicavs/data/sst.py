@@ -10,7 +10,7 @@ import re
 
 import numpy as np
 
-from ..errors import DataError
+from ..core.errors import DataError
 from .text import is_blank, read_lines
 from .trees import Tree
 

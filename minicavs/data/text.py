@@ -8,7 +8,7 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from ..errors import DataError
+from ..core.errors import DataError
 
 UNK, EOS = "<unk>", "<eos>"
 

@@ -35,7 +35,7 @@ class Tree:
         return [self.words[v] for v in self.leaves()]
 
     def to_graph(self):
-        from ..inputs import InputGraph
+        from ..runtime.inputs import InputGraph
         return InputGraph(self.children)
 
     def to_bracket(self) -> str:

@@ -21,7 +21,7 @@ The file is streamed line by line and only the vocabulary's rows are kept, so me
 however large the file (a 5 GB GloVe file for a 20k-word model: 24 MB of float32). Every line is checked:
 its number of values, and that they are written with number characters only (so ``nan``, ``inf`` and
 words are refused wherever they are); the vocabulary's lines are converted and must be finite in the
-table's dtype. A bad line is a :class:`~minicavs.errors.DataError` naming ``FILE:LINE``. A word seen again
+table's dtype. A bad line is a :class:`~minicavs.core.errors.DataError` naming ``FILE:LINE``. A word seen again
 keeps its first line's vector; the later lines are counted (``duplicates``).
 """
 from __future__ import annotations
@@ -36,15 +36,15 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 import numpy as np
 
-from ..errors import DataError
-from ..onetime import one_time
+from ..core.errors import DataError
+from ..core.onetime import one_time
 
-if TYPE_CHECKING:   # (only for the hints: minicavs.config reads FORMATS without importing the engine)
+if TYPE_CHECKING:   # (only for the hints: minicavs.train.config reads FORMATS without importing the engine)
     from ..nn import Parameter, ParameterSet
 
 FORMATS = ("auto", "glove", "word2vec-text", "fasttext-vec")
 HEADER_FORMATS = ("word2vec-text", "fasttext-vec")
-# the model keys of a model with an embedding table (merged into its DEFAULTS; rules in minicavs.config)
+# the model keys of a model with an embedding table (merged into its DEFAULTS; rules in minicavs.train.config)
 KEYS = {"pretrained": None, "pretrained_format": "auto", "freeze_embeddings": False}
 _NUMBER_CHARS = b"0123456789.-+eE "   # what a line's values may be written with (then converted to check)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from .. import ops
-from ..graph import Node
+from ..ir.graph import Node
 
 CELLS = ("fused", "naive")
 

@@ -11,9 +11,9 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from ..arrays import mark_planned
-from ..dtypes import as_dtype
-from ..graph import Node, fmt_shape
+from ..core.arrays import mark_planned
+from ..core.dtypes import as_dtype
+from ..ir.graph import Node, fmt_shape
 from ..ops import param_node
 from .init import InitSpec, get_initializer
 

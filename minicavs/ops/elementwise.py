@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import itertools
 
-from ..errors import ShapeError
-from ..graph import Node, fmt_shape
+from ..core.errors import ShapeError
+from ..ir.graph import Node, fmt_shape
 from . import scalar as S
 from .reduce import sum_to
 from .registry import OpDef, make_node, register
@@ -135,7 +135,7 @@ def _accum_infer(*xs):
 
 
 def _accum_impl(xp, *xs):
-    from ..sparse import add_all
+    from ..core.sparse import add_all
     return add_all(xp, xs)
 
 
@@ -202,7 +202,7 @@ def where(pred, a, b) -> Node:
         safe_x = where(ok, x, 1.0)       # 1 where it is not: sqrt(1) and its slope are finite
         y = where(ok, sqrt(safe_x), 0.0)
 
-    (``cond`` of minicavs.control runs only the taken branch, so it has no such caveat, but it chooses once
+    (``cond`` of minicavs.ir.control runs only the taken branch, so it has no such caveat, but it chooses once
     for the whole value, not per element.)
     """
     nodes = [x for x in (pred, a, b) if isinstance(x, Node)]

@@ -1,8 +1,8 @@
 """Matrix products: matmul (numpy semantics over the last two axes) and linear (rows @ W + b)."""
 from __future__ import annotations
 
-from ..errors import ShapeError
-from ..graph import Node, fmt_shape
+from ..core.errors import ShapeError
+from ..ir.graph import Node, fmt_shape
 from .elementwise import broadcast_shapes, unbroadcast
 from .reduce import sum
 from .registry import OpDef, make_node, native_kernels, register

@@ -20,7 +20,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..graph import Node
+from ..ir.graph import Node
 from .registry import OpDef, make_node, register
 from .sources import _declared, _no_impl
 

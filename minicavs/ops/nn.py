@@ -6,12 +6,12 @@ import math
 
 import numpy as np
 
-from ..errors import FeedError, ShapeError
-from ..graph import Node, fmt_shape, user_axis
-from ..random import hash_words, uniform
-from ..sparse import RowSparse, densify as _densify
-from ..arrays import as_module
-from ..validate import check_labels, indices
+from ..core.arrays import as_module
+from ..core.errors import FeedError, ShapeError
+from ..core.random import hash_words, uniform
+from ..core.sparse import RowSparse, densify as _densify
+from ..core.validate import check_labels, indices
+from ..ir.graph import Node, fmt_shape, user_axis
 from .elementwise import exp, mul, neg, sub, unbroadcast
 from .reduce import mean_grad
 from .registry import OpDef, make_node, native_kernels, register
@@ -203,7 +203,7 @@ register(OpDef("dropout", infer=lambda x, p, site: _same(x), impl=_dropout_impl,
 
 
 def dropout(x: Node, p: float, site: int | None = None) -> Node:
-    """Inverted dropout. The mask hashes (seed, step, site, row key, column): see :mod:`minicavs.random`.
+    """Inverted dropout. The mask hashes (seed, step, site, row key, column): see :mod:`minicavs.core.random`.
 
     ``site`` names this dropout for the hash; pass a fixed number to keep masks stable across programs that
     build their graphs in a different order (default: a process-wide counter)."""

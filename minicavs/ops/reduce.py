@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import ShapeError
-from ..graph import Node, fmt_shape, user_axes
+from ..core.errors import ShapeError
+from ..ir.graph import Node, fmt_shape, user_axes
 from .registry import OpDef, make_node, register
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
-from ..errors import ShapeError
-from ..graph import Node
+from ..core.errors import ShapeError
+from ..ir.graph import Node
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,9 @@ from typing import Sequence
 
 import numpy as np
 
-from ..arrays import is_planned
-from ..errors import ShapeError
-from ..graph import Node, fmt_shape, row_lead, user_axis, user_shape
+from ..core.arrays import is_planned
+from ..core.errors import ShapeError
+from ..ir.graph import Node, fmt_shape, row_lead, user_axis, user_shape
 from .registry import OpDef, make_node, register
 
 

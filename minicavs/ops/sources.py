@@ -5,9 +5,9 @@ from typing import Sequence
 
 import numpy as np
 
-from ..dtypes import as_dtype, float32
-from ..errors import ShapeError
-from ..graph import Node
+from ..core.dtypes import as_dtype, float32
+from ..core.errors import ShapeError
+from ..ir.graph import Node
 from .registry import OpDef, make_node, register
 
 

@@ -1,5 +1,5 @@
 """The frontier policies' schedule in one C call (minicavs/cpu/frontier_kernel.py) against the numpy Frontier it
-replaces (minicavs/frontier.py, the reference): the same task for every vertex and the same type for every
+replaces (minicavs/runtime/frontier.py, the reference): the same task for every vertex and the same type for every
 task, under every rule (FSM S1/S2/S3 with learned and random tables, agenda, greedy), on random typed DAGs,
 the bundled 2Type and lattice graphs and ED-Batch's Fig. 1; and bad input refused before C sees it."""
 from __future__ import annotations
@@ -10,12 +10,12 @@ from hypothesis import given, settings, strategies as st
 
 from minicavs.cpu.frontier_kernel import MAX_FSM_TYPES, FsmTable, frontier_kernel
 from minicavs.data.lattice import synthetic_lattices
-from minicavs.frontier import Frontier, TypedGraph, run_agenda, run_greedy, run_policy
-from minicavs.fsm import ENCODINGS, Fsm, Hyper, actions, encode, learn
-from minicavs.inputs import InputGraph, make_batch
-from minicavs.scheduler import get_policy
+from minicavs.runtime.frontier import Frontier, TypedGraph, run_agenda, run_greedy, run_policy
+from minicavs.runtime.fsm import ENCODINGS, Fsm, Hyper, actions, encode, learn
+from minicavs.runtime.inputs import InputGraph, make_batch
+from minicavs.runtime.scheduler import get_policy
 
-from ..test_policies import fig1_graph, two_type_batch, typed_dags
+from ..runtime.test_policies import fig1_graph, two_type_batch, typed_dags
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +110,7 @@ def test_native_schedule_is_the_numpy_schedule_on_the_bundled_graphs(kernel, mak
 
 
 def test_fig1_hand_derived_task_counts_natively(kernel):
-    """ED-Batch's Fig. 1 (tests/test_policies.py derives the counts by hand): agenda 7, greedy 6."""
+    """ED-Batch's Fig. 1 (tests/runtime/test_policies.py derives the counts by hand): agenda 7, greedy 6."""
     graph = TypedGraph.of(make_batch([InputGraph(*fig1_graph())], kind_names=("I", "O", "R")))
     assert len(run_agenda(graph)[1]) == 7 and len(run_greedy(graph)[1]) == 6
     assert run_greedy(graph)[1].tolist() == [0, 0, 0, 0, 1, 2]

@@ -62,9 +62,9 @@ def test_the_users_malloc_settings_are_kept(env):
 
 
 def test_trainer_on_the_cpu_applies_them(tmp_path, monkeypatch):
-    from minicavs.training import Trainer
+    from minicavs.train.trainer import Trainer
     calls = []
-    monkeypatch.setattr("minicavs.training.keep_freed_memory", lambda: calls.append(1) or True)
+    monkeypatch.setattr("minicavs.cpu.keep_freed_memory", lambda: calls.append(1) or True)
     Trainer(REPO / "models" / "var_lstm.yaml", ["data.synthetic.train=8", "data.synthetic.dev=2",
                                                 "data.synthetic.test=2"], run_dir=tmp_path)
     assert calls == [1]

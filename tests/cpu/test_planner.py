@@ -1,14 +1,14 @@
 """The CPU backend's part of the native planner: codegen/plan.py's C source compiled with the system compiler,
-its entry point's own checks, and the library provided to minicavs.planner (which unpacks what it makes: its
-tests, against the reference path, are tests/test_planner.py)."""
+its entry point's own checks, and the library provided to minicavs.engine.planner (which unpacks what it makes: its
+tests, against the reference path, are tests/engine/test_planner.py)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from minicavs import planner
+from minicavs.engine import planner
 from minicavs.cpu import planner_library as cpu_planner
-from minicavs.inputs import InputGraph
+from minicavs.runtime.inputs import InputGraph
 
 from .. import cells
 
@@ -16,13 +16,13 @@ pytestmark = pytest.mark.skipif(cpu_planner.planner() is None, reason="no C comp
 
 
 def test_importing_minicavs_provides_the_cpu_library_to_the_planner():
-    """minicavs.planner plans with the library this backend compiled (minicavs/cpu/__init__.py provides it)."""
+    """minicavs.engine.planner plans with the library this backend compiled (minicavs/cpu/__init__.py provides it)."""
     assert planner.library() is cpu_planner.planner()
 
 
 def test_the_c_entry_point_refuses_a_buffer_too_small():
     """mc_prepare checks the buffer it is handed against what the batch needs before it writes the outputs."""
-    from minicavs.codegen.plan import capacity
+    from minicavs.engine.codegen.plan import capacity
     rng = np.random.default_rng(4)
     spec = cells.binary_tree_lstm(rng).model.structures[0]._planner_spec()
     ffi, lib, I64, U8, _ = cpu_planner.planner()

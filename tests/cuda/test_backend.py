@@ -6,9 +6,9 @@ import pytest
 
 from minicavs import cuda as mcuda
 from minicavs import ops
-from minicavs.codegen import cuda as gen
-from minicavs.graph import Graph
-from minicavs.passes.fusion import fuse
+from minicavs.engine.codegen import cuda as gen
+from minicavs.ir.graph import Graph
+from minicavs.engine.passes.fusion import fuse
 
 
 def test_require_fails_clearly_without_cupy_or_device():

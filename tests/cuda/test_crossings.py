@@ -6,28 +6,28 @@ from __future__ import annotations
 
 import pytest
 
-from minicavs import arrays
-from minicavs.config import REPO_ROOT
+from minicavs.core import arrays
+from minicavs.train.config import REPO_ROOT
 from minicavs.cuda import standin
 from minicavs.ops.registry import native_kernels
-from minicavs.training import Trainer
+from minicavs.train.trainer import Trainer
 
 from ..models.test_models import TINY
 
 # Where a step may copy host data to the device, and why (file:function of the copying call).
 WHY_H2D = {
-    "minicavs/backend.py:to_device": "a float feed (the seam's copy: one per feed and batch)",
-    "minicavs/arrays.py:as_module": "host indices checked on the host, then copied where a kernel reads them: "
-                                    "labels (forward and backward), lookup indices, row-sparse positions",
+    "engine/backend.py:to_device": "a float feed (the seam's copy: one per feed and batch)",
+    "core/arrays.py:as_module": "host indices checked on the host, then copied where a kernel reads them: "
+                                "labels (forward and backward), lookup indices, row-sparse positions",
     "cuda/device.py:_plan_copy": "a batch plan's index arrays (child rows, row keys): each copied once a "
-                                  "batch, sliced per task on the device (as many as the plan has arrays)",
+                                 "batch, sliced per task on the device (as many as the plan has arrays)",
     "cuda/device.py:index": "an index array made when a pass is bound, not sliced from a plan array (the "
-                             "interleaved child rows of a kind's regathered concat): once per kind and pass",
-    "minicavs/engine.py:_device_index": "the scatter-gradient rows no task writes, zeroed once per batch and "
-                                        "message shape (only in batches that have such rows)",
-    "minicavs/sparse.py:to_dense": "a row-sparse gradient's indices, to densify it for a dense update",
-    "minicavs/optim.py:_device_step_per_parameter": "the looked-up rows of a sparse (lazy) update",
-    "minicavs/optim.py:_fused_segments": "the looked-up rows of a sparse (lazy) update",
+                            "interleaved child rows of a kind's regathered concat): once per kind and pass",
+    "engine/alg1.py:_device_index": "the scatter-gradient rows no task writes, zeroed once per batch and "
+                                    "message shape (only in batches that have such rows)",
+    "core/sparse.py:to_dense": "a row-sparse gradient's indices, to densify it for a dense update",
+    "train/optim.py:_device_step_per_parameter": "the looked-up rows of a sparse (lazy) update",
+    "train/optim.py:_fused_segments": "the looked-up rows of a sparse (lazy) update",
     "cuda/optim_kernels.py:_copy_table": "the fused optimizer step's table of this step's gradient addresses: "
                                          "one a step",
 }
@@ -72,7 +72,7 @@ def test_a_training_step_reads_the_device_once_and_copies_nothing_per_task(cuda_
         f"{name}: copies from {(set(small_sites) | set(large_sites)) - set(WHY_H2D)}"
     messages = sum(len(s.message_shapes) for s in t.model.structures)
     for site in WHY_H2D:   # the same copies for a few tasks and for many: none per task
-        if site == "minicavs/engine.py:_device_index":
+        if site == "engine/alg1.py:_device_index":
             assert large_sites.get(site, 0) <= messages and small_sites.get(site, 0) <= messages
         elif site == "cuda/device.py:_plan_copy":   # one copy per plan array (checked below), not per task
             continue

@@ -12,16 +12,16 @@ import sys
 import numpy as np
 import pytest
 
-from minicavs import instructions
+from minicavs.engine import instructions
 from minicavs.cpu import CPU
 from minicavs.cuda import Cuda, issue
-from minicavs.engine import EngineOptions
-from minicavs.executor import RunContext
-from minicavs.inputs import InputGraph
+from minicavs.engine.compile import EngineOptions
+from minicavs.engine.executor import RunContext
+from minicavs.runtime.inputs import InputGraph
 
 from .. import cells
-from ..test_device import close
-from ..test_engine import CASES
+from ..engine.test_alg1 import CASES
+from ..engine.test_backend import close
 
 
 def _run(case, device, graphs, options=EngineOptions(), params=None):
@@ -119,7 +119,7 @@ def test_a_row_number_out_of_range_is_caught_in_check_mode(cuda_standin, monkeyp
     case = cells.binary_tree_lstm(np.random.default_rng(1))
     trees = [InputGraph([[1, 2], [], []])] * 3
     device = Cuda(cuda_standin)
-    from minicavs import program as program_module
+    from minicavs.engine import program as program_module
     real = program_module.Buffers._child
 
     def far(self, slot, kid):

@@ -12,9 +12,9 @@ import pytest
 
 from minicavs import cuda as mcuda
 from minicavs import ops
-from minicavs.codegen import cuda as gen
-from minicavs.graph import Graph
-from minicavs.passes.fusion import fuse
+from minicavs.engine.codegen import cuda as gen
+from minicavs.ir.graph import Graph
+from minicavs.engine.passes.fusion import fuse
 
 TOL = {"float32": 1e-5, "float64": 1e-12}
 
@@ -138,7 +138,7 @@ def test_row_kernels_refuse_what_they_cannot_index(launcher):
 def test_dropout_kernel_equals_the_host_mask(launcher, dtype, p):
     """x times the mask made on the device equals x times random.py's mask (numpy), bit for bit, also for a
     row-strided view of x."""
-    from minicavs.random import hash_words, row_key, uniform
+    from minicavs.core.random import hash_words, row_key, uniform
     xp = launcher.xp
     rk = mcuda.RowKernels(dtype, launcher)
     rng = np.random.default_rng(5)
@@ -154,9 +154,9 @@ def test_dropout_kernel_equals_the_host_mask(launcher, dtype, p):
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_cuda_dropout_equals_the_cpu_op(launcher, dtype):
     """The dropout op's CUDA path (mask made by the kernel) equals its CPU path, for a 3-D value too."""
-    from minicavs.executor import RunContext
+    from minicavs.engine.executor import RunContext
     from minicavs.ops.nn import _dropout_impl, kernel_dropout
-    from minicavs.random import row_key
+    from minicavs.core.random import row_key
     x = np.random.default_rng(6).standard_normal((6, 5, 4)).astype(dtype)
     ctx = RunContext(seed=4, step=9, row_keys=row_key(np.arange(6), np.arange(6) + 100))
     want = _dropout_impl(np, x, 0.3, 7, ctx)

@@ -13,8 +13,8 @@ from minicavs import NonFiniteError
 from minicavs.cuda import standin
 from minicavs.nn import Parameter, ParameterSet
 from minicavs.ops.registry import native_kernels
-from minicavs.optim import SGD, Adagrad, Adam
-from minicavs.sparse import RowSparse
+from minicavs.train.optim import SGD, Adagrad, Adam
+from minicavs.core.sparse import RowSparse
 
 TOL = {"float32": 1e-5, "float64": 1e-10}
 

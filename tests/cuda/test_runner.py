@@ -12,14 +12,14 @@ import pytest
 
 from minicavs.cpu import CPU
 from minicavs.cuda import Cuda, standin
-from minicavs.engine import EngineOptions
-from minicavs.executor import RunContext
-from minicavs.inputs import InputGraph
+from minicavs.engine.compile import EngineOptions
+from minicavs.engine.executor import RunContext
+from minicavs.runtime.inputs import InputGraph
 
 from .. import cells
-from ..test_device import close, on
-from ..test_engine import CASES
-from ..test_instructions import SWITCHES, assert_streamed
+from ..engine.test_alg1 import CASES
+from ..engine.test_backend import close, on
+from ..engine.test_instructions import SWITCHES, assert_streamed
 from ..models.test_models import TINY, trainer
 
 RUNNERS = {"native": "cuda runner", "reference": "reference runner"}

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from minicavs import arrays
+from minicavs.core import arrays
 from minicavs.cuda import standin as sd
 
 IMPLICIT = "Implicit conversion to a NumPy array is not allowed. Please use `.get()` to construct a NumPy array explicitly."
@@ -68,7 +68,7 @@ def test_ufuncs_with_a_host_operand_raise_unsupported_type(call):
 
 
 def test_a_host_array_as_a_kernel_argument_is_refused(emulation_dir):
-    from minicavs.codegen import cuda as gen
+    from minicavs.engine.codegen import cuda as gen
     from minicavs.cuda.emulation import Launcher
     launcher = Launcher(emulation_dir)
     _, source = gen.row_kernels(np.dtype(np.float64))

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from minicavs.cli import main
+from minicavs.train.cli import main
 from minicavs.data.datasets import DATASETS, check, default_dir, prepare, sha256
-from minicavs.errors import DataError
+from minicavs.core.errors import DataError
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARED = Path(os.environ.get("MINICAVS_SHARED_DATA", ROOT.parent / "shared" / "data"))  # the workspace's copies

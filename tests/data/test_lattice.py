@@ -6,7 +6,7 @@ import numpy as np
 from minicavs.data.lattice import LatticeLexicon, synthetic_lattices
 from minicavs.data.synthetic import synthetic_treebank
 from minicavs.data.trees import two_type_kinds
-from minicavs.inputs import make_batch
+from minicavs.runtime.inputs import make_batch
 
 
 def test_lattice_graph_structure():

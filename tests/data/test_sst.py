@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from minicavs.data.sst import parse_any_tree, parse_tree, read_sst, write_sst
-from minicavs.errors import DataError
+from minicavs.core.errors import DataError
 
 SST = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data", "sst")
 
@@ -73,7 +73,7 @@ def test_real_sst_splits(split, count):
 
 def test_undecodable_bytes_name_the_file_and_line(tmp_path):
     from minicavs.data.sst import read_sst
-    from minicavs.errors import DataError
+    from minicavs.core.errors import DataError
     path = tmp_path / "bad.txt"
     path.write_bytes(b"(3 (2 a) (4 b))\n\n(1 (2 caf\xe9) (4 b))\n")
     with pytest.raises(DataError, match=rf"^{path}:3: not UTF-8 \(invalid continuation byte at byte 10 of the line\)$"):

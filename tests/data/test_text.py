@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from minicavs.data.text import EOS, UNK, Vocab, read_sentences, synthetic_corpus, unigram_perplexity, windows
-from minicavs.errors import DataError
+from minicavs.core.errors import DataError
 
 
 def test_reader_and_vocab(tmp_path):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from minicavs.data.vectors import FORMATS, KEYS, describe, embedding_table, read_vectors
-from minicavs.errors import DataError
+from minicavs.core.errors import DataError
 from minicavs.nn import Parameter, ParameterSet
 
 VOCAB = ["<unk>", "the", "café", "日本", "movie", "good", "a.b"]

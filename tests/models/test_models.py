@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 
 from minicavs.data.text import synthetic_corpus
-from minicavs.engine import EngineOptions
-from minicavs.explain import check
-from minicavs.passes import gemm
-from minicavs.fsm import Hyper
-from minicavs.scheduler import FsmPolicy, get_policy
-from minicavs.testing import check_model_grads
-from minicavs.training import Trainer
+from minicavs.engine.compile import EngineOptions
+from minicavs.engine.explain import check
+from minicavs.engine.passes import gemm
+from minicavs.runtime.fsm import Hyper
+from minicavs.runtime.scheduler import FsmPolicy, get_policy
+from minicavs.train.testing import check_model_grads
+from minicavs.train.trainer import Trainer
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
 

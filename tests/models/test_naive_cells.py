@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from minicavs.bench.breakdown import ROW_MOVES
-from minicavs.engine import EngineOptions
+from minicavs.engine.compile import EngineOptions
 from tests.models.test_models import trainer
 
 NAIVE_MODELS = ["tree_lstm", "tree_lstm_child_sum", "tree_lstm_2type", "var_lstm", "lattice_lstm"]

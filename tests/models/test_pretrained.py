@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from minicavs.backend import to_host
-from minicavs.config import ConfigError
+from minicavs.engine.backend import to_host
+from minicavs.train.config import ConfigError
 from tests.models.test_models import TINY, trainer
 
 WITH_TABLE = ["tree_lstm", "tree_lstm_child_sum", "tree_gru", "tree_lstm_2type", "mv_rnn", "var_lstm",

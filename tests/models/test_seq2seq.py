@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minicavs.cli import main
-from minicavs.testing import check_model_grads
-from minicavs.training import Trainer
+from minicavs.train.cli import main
+from minicavs.train.testing import check_model_grads
+from minicavs.train.trainer import Trainer
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
 SMALL = ["model.hidden=8", "model.embed=4", "model.max_len=4", "data.synthetic.train=300",
@@ -104,8 +104,8 @@ def test_cli_training_beats_the_copy_baseline(tmp_path, capsys):
 
 
 def _close(a, b):
-    from minicavs.backend import to_host
-    from minicavs.sparse import densify
+    from minicavs.engine.backend import to_host
+    from minicavs.core.sparse import densify
     a, b = np.asarray(to_host(densify(np, a)) if not isinstance(a, np.ndarray) else a), np.asarray(b)
     assert a.shape == b.shape
     assert np.max(np.abs(a - b), initial=0.0) <= 1e-10 * max(1.0, float(np.max(np.abs(b), initial=0.0)))
@@ -116,7 +116,7 @@ def test_training_steps_on_the_device_standin_equal_the_cpu(cuda_standin, model,
     """``train.device=cuda`` on the emulated device (arrays that refuse implicit crossings): three Adam steps
     of the models written with foreach equal the CPU's, and evaluation (the seq2seq's while_loop decoding
     included) gives the CPU's metrics."""
-    from minicavs.backend import to_host
+    from minicavs.engine.backend import to_host
     tiny = SMALL if model == "seq2seq" else [
         "model.embed=6", "model.hidden=5", "data.synthetic.train=30", "data.synthetic.dev=10",
         "data.synthetic.test=10", "data.synthetic.vocab=30", "model.dropout=0.0", "train.dtype=float64"]

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from minicavs.data.trees import Tree
-from minicavs.training import Trainer
+from minicavs.train.trainer import Trainer
 
 CONFIG = Path(__file__).resolve().parents[2] / "models" / "tree_lstm.yaml"
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minicavs.config import ConfigError
-from minicavs.sparse import densify
-from minicavs.training import Trainer
+from minicavs.train.config import ConfigError
+from minicavs.core.sparse import densify
+from minicavs.train.trainer import Trainer
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
 TINY = ["model.embed=6", "model.hidden=5", "data.synthetic.train=60", "data.synthetic.dev=20",

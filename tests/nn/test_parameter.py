@@ -115,8 +115,8 @@ def test_a_frozen_parameter_gets_no_gradient_in_f_or_outside_it():
                       kinds=leaf_internal, name="tree")
         return p, Model(s, loss=ops.sum(s.pushed("h")))
 
-    from minicavs.sparse import densify
-    from minicavs.testing import check_model_grads
+    from minicavs.core.sparse import densify
+    from minicavs.train.testing import check_model_grads
 
     graphs = [InputGraph([[], [], [0, 1]])]
     feeds = {"words": np.array([1, 3])}

@@ -3,7 +3,7 @@
 A spec lists cases; a case declares its arguments (shape, with ``None`` for the run-time row axis, and a
 domain-aware generator), how to build the node(s) with minicavs, and which reference to compare with. Every
 case is checked forward against :mod:`tests.reference` in float32 and float64, and (unless the spec or case
-says why not) its gradient against central finite differences with :func:`minicavs.testing.check_grads`.
+says why not) its gradient against central finite differences with :func:`minicavs.train.testing.check_grads`.
 """
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ from typing import Callable, Optional
 import numpy as np
 
 import minicavs.ops as ops
-from minicavs.executor import Executor, RunContext
-from minicavs.graph import rows_implicit
+from minicavs.engine.executor import Executor, RunContext
+from minicavs.ir.graph import rows_implicit
 from minicavs.ops import make_node
-from minicavs.sparse import RowSparse
-from minicavs.testing import check_grads
+from minicavs.core.sparse import RowSparse
+from minicavs.train.testing import check_grads
 
 from .. import reference as R
 
@@ -338,7 +338,7 @@ spec("linear", "linalg",
      Case("size1", (A(None, 1), A(1, 1, param="W"), A(1, param="b")), ops.linear))
 
 
-# --- control flow (minicavs/control.py) --------------------------------------------------------------
+# --- control flow (minicavs/ir/control.py) --------------------------------------------------------------
 
 def _control():
     from minicavs import control
@@ -575,8 +575,8 @@ def check_gradient(spec_: OpSpec, case: Case, rows: int = ROWS):
 def check_backward_types(spec_: OpSpec, case: Case, dtype: str, rows: int):
     """Every node of the backward graph (vjp rules, sum_to, accum, ...) yields at run time exactly the dtype
     and shape it declares: no silent float64 promotion inside a float32 gradient, no stray broadcasting."""
-    from minicavs.autodiff import grad
-    from minicavs.graph import Graph
+    from minicavs.ir.autodiff import grad
+    from minicavs.ir.graph import Graph
     nodes, outs, feeds, params, values = build(case, dtype, rows, case_seed(spec_, case))
     wrt = [n for n, a in zip(nodes, case.args) if a.is_float]
     cots = [ops.input(o.shape, o.dtype, name=f"cot{k}") for k, o in enumerate(outs)]

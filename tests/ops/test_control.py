@@ -1,4 +1,4 @@
-"""Table-driven checks of the control-flow ops (see tests/ops/specs.py; behaviour in tests/test_control.py):
+"""Table-driven checks of the control-flow ops (see tests/ops/specs.py; behaviour in tests/ir/test_control.py):
 forward vs tests/reference.py's Python loops, gradients vs finite differences, backward value types."""
 import pytest
 

@@ -72,8 +72,8 @@ def _where_setup():
 
 def test_where_gives_the_unselected_side_an_exact_zero_even_for_a_nan_cotangent():
     import numpy as np
-    from minicavs.autodiff import grad
-    from minicavs.executor import run
+    from minicavs.ir.autodiff import grad
+    from minicavs.engine.executor import run
     p, a, b, mask = _where_setup()
     g = ops.input((None, 4), "float64", name="g")
     ga, gb = grad(ops.where(p, a, b), [a, b], cotangents=[g])
@@ -88,8 +88,8 @@ def test_where_safe_pattern_keeps_sqrt_at_zero_out_of_the_gradient(fusion):
     """The docstring's pattern (choose the input first) gives finite gradients where x is 0; the naive one
     gives NaN there, the caveat it documents. Both through the unfused ops and a generated kernel."""
     import numpy as np
-    from minicavs.autodiff import grad
-    from minicavs.executor import run
+    from minicavs.ir.autodiff import grad
+    from minicavs.engine.executor import run
     x = ops.input((None, 4), "float64", name="x")
     ok = ops.ge(x, 1e-3)
     safe = ops.where(ok, ops.sqrt(ops.where(ok, x, 1.0)), 0.0)
@@ -98,8 +98,8 @@ def test_where_safe_pattern_keeps_sqrt_at_zero_out_of_the_gradient(fusion):
     (g_safe,) = grad(ops.sum(safe), [x])
     (g_naive,) = grad(ops.sum(naive), [x])
     if fusion:
-        from minicavs.graph import Graph
-        from minicavs.passes.fusion import fuse
+        from minicavs.ir.graph import Graph
+        from minicavs.engine.passes.fusion import fuse
         from minicavs.cpu import compiler as ccomp
         env = {x: xv}
         for grp in fuse(list(Graph([g_safe]).nodes), [g_safe]):
@@ -117,7 +117,7 @@ def test_where_safe_pattern_keeps_sqrt_at_zero_out_of_the_gradient(fusion):
 
 
 def test_where_refuses_a_predicate_of_another_dtype():
-    from minicavs.errors import ShapeError
+    from minicavs.core.errors import ShapeError
     x = ops.input((None, 3), "float32", name="x")
     flag = ops.input((None, 3), "int64", name="flag")
     with pytest.raises(ShapeError, match=r"where: the predicate is int64.*float32.*ge\(x, y\)"):
@@ -128,10 +128,10 @@ def test_where_in_a_vertex_function_runs_fused_on_the_native_executor():
     """F with a per-vertex where (a select in its fused kernel): the C runner lowers it (no fallback)
     and equals the reference runner, loss and gradients."""
     import numpy as np
-    from minicavs.compile import EngineOptions
-    from minicavs.inputs import InputGraph
-    from minicavs.model import Model, Structure
-    from minicavs.vertex import VertexFunction
+    from minicavs.engine.compile import EngineOptions
+    from minicavs.runtime.inputs import InputGraph
+    from minicavs.engine.model import Model, Structure
+    from minicavs.runtime.vertex import VertexFunction
     from minicavs.cpu import CPU
     if CPU.runner_missing(np.float64) is not None:
         pytest.skip("no C compiler or BLAS: the C runner cannot run here")

@@ -4,12 +4,12 @@ import numpy as np
 import pytest
 
 import minicavs.ops as ops
-from minicavs.autodiff import grad
-from minicavs.errors import FeedError, ShapeError
-from minicavs.executor import Executor, RunContext, run
-from minicavs.graph import Graph
-from minicavs.sparse import RowSparse
-from minicavs.testing import check_grads
+from minicavs.ir.autodiff import grad
+from minicavs.core.errors import FeedError, ShapeError
+from minicavs.engine.executor import Executor, RunContext, run
+from minicavs.ir.graph import Graph
+from minicavs.core.sparse import RowSparse
+from minicavs.train.testing import check_grads
 
 from .. import reference as R
 from .specs import check_backward_types, check_forward, check_gradient, dense_of, params_for

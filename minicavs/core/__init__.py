@@ -1,0 +1,2 @@
+"""Base tables and value types every layer uses: dtypes, errors, seeds, row-sparse values, checks, atomic
+files."""

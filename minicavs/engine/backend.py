@@ -1,0 +1,137 @@
+"""The seam between the engine and a backend: what every backend provides, and array helpers.
+
+The engine, the model and the optimizer only touch arrays through ``backend.xp`` (numpy or CuPy: the ops'
+kernels already take the array module as their first argument) and ask the backend for what a backend
+must provide: a kernel per fused elementwise group, row-movement kernels, and its runner of a bound batch
+program (``run_program``; streaming, the runner runs the eager chunks on its second stream). Two
+implementations: :data:`minicavs.cpu.CPU` (numpy, generated C kernels, a worker
+thread as the second stream) and :class:`minicavs.cuda.Cuda` (CuPy, generated CUDA kernels, two CUDA streams;
+``Cuda(launcher=minicavs.cuda.emulation.Launcher())`` runs the same CUDA sources on the CPU over the device
+stand-in's arrays (cuda/standin.py), which refuse every host/device crossing CuPy refuses: how the whole CUDA
+path of a training step is checked on machines without a GPU). This module knows neither.
+
+Data crosses between host and device only here: :meth:`Backend.to_device` and :meth:`Backend.to_host` (and
+the device's own ``asarray``/``get`` where a kernel launcher needs them); the stand-in counts each crossing.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+from typing import Sequence
+
+import numpy as np
+
+from ..core.arrays import array_module, on_device  # noqa: F401  (the seam's view of arrays)
+from . import reference
+from .codegen.machine import OPS
+from .passes.fusion import FusedGroup
+
+
+class Backend:
+    """The protocol, with the parts both backends share. A backend has ``name``, ``xp`` (its array module),
+    ``deterministic`` (same bits on every run) and the methods below."""
+
+    name = "backend"
+    deterministic = True
+    xp = np
+    runner_name = "reference runner"   # who runs a lowered program here (dump() says it)
+
+    def __repr__(self) -> str:
+        return f"<device {self.description}>"
+
+    @property
+    def description(self) -> str:
+        """The device in words, as run logs and results name it."""
+        return self.name
+
+    def asarray(self, a, dtype=None):
+        """``a`` as an array of this backend (no copy if it already is one)."""
+        return self.xp.asarray(a, dtype)
+
+    def to_device(self, a):
+        """A host array's values on this device: a host-to-device copy (none on the CPU)."""
+        return self.xp.asarray(a)
+
+    def to_host(self, a) -> np.ndarray:
+        """A device array's values in host memory: a device-to-host copy (none on the CPU)."""
+        return to_host(a)
+
+    def fused(self, groups: Sequence[FusedGroup]) -> list:
+        """One kernel per group (``kernel(arrays, outs)``), None where the group stays unfused."""
+        raise NotImplementedError
+
+    def rows(self, dtype):
+        """Row kernels for ``dtype``: ``scatter_add(dst, idx, src)`` adds repeated indices in row order."""
+        raise NotImplementedError
+
+    def take(self, buf, rows: np.ndarray):
+        """``buf[rows]`` (a gather or pull: all rows of a task at once); ``rows`` is a host index array."""
+        raise NotImplementedError
+
+    def put(self, dst, rows: np.ndarray, src) -> None:
+        """``dst[rows] = src`` for distinct ``rows`` (a push, a child's gradient in a forest)."""
+        raise NotImplementedError
+
+    def synchronize(self) -> None:
+        """Wait until every kernel issued so far has finished."""
+
+    def keep_freed_memory(self) -> bool:
+        """Tune this process's host allocator for training (the same large arrays freed and allocated at every
+        step); True if settings were applied. By default nothing to tune."""
+        return False
+
+    @contextlib.contextmanager
+    def opcode_clock(self):
+        """Within the block, this device's runner adds the nanoseconds each opcode took (and in all, last)
+        into the yielded int64 array, one entry per opcode of ``codegen.machine.OPS``; a runner without a
+        clock leaves it zero. Profiling (``minicavs bench``'s breakdown), not for training."""
+        yield np.zeros(len(OPS) + 1, np.int64)
+
+    def runner_missing(self, dtype) -> str | None:
+        """Why this device's runner cannot run a program of ``dtype`` here (None: it can)."""
+        return None
+
+    def runner_declines(self, lowered, dtype) -> str | None:
+        """Why this device's runner leaves ``lowered`` to the reference runner on this device (None: it runs
+        it; a runner may decline opcodes it does not implement)."""
+        return self.runner_missing(dtype)
+
+    def run_program(self, lowered, table: np.ndarray, buffers, dtype, forest: bool, workspace=None,
+                    eager: np.ndarray | None = None, check: bool = False) -> dict:
+        """Run a lowered batch program (instructions.py) over ``table``: this device's runner. By default
+        the reference runner over this device's arrays (every opcode one function of :mod:`.reference`).
+        ``eager``: the eager stream's table (program.eager_rows), run on the runner's second stream, row t
+        of ``table`` after its chunk t. Returns the parameter-gradient accumulators the program added into."""
+        return reference.run(lowered, table, buffers, dtype, forest, workspace, device=self, eager=eager,
+                             check=check)
+
+
+def to_host(a) -> np.ndarray:
+    """A numpy array of ``a``'s values, wherever it lives (a device-to-host copy only when it lives on a
+    device: one of the crossings the stand-in counts)."""
+    return a.get() if on_device(a) else np.asarray(a)
+
+
+# The backends by name: the module that makes each, imported when first asked for (so the layers above the seam
+# name a device without importing its code).
+DEVICES = {"cpu": "minicavs.cpu", "cuda": "minicavs.cuda"}
+
+
+def get_device(name: "str | Backend", deterministic: bool = False) -> Backend:
+    """``cpu`` or ``cuda`` (or a backend, returned as is); ``cuda`` needs CuPy and a GPU (CudaUnavailable).
+    ``deterministic``: CUDA sums a DAG child's gradient rows in a fixed order (see ``minicavs.cuda.Cuda``)."""
+    if isinstance(name, Backend):
+        return name
+    if name not in DEVICES:
+        raise ValueError(f"unknown device {name!r}; known: {', '.join(DEVICES)}")
+    module = importlib.import_module(DEVICES[name])
+    if name == "cpu":
+        return module.CPU
+    return module.Cuda(deterministic=deterministic)   # (CudaUnavailable from the launcher without CuPy or a GPU)
+
+
+@functools.cache
+def default_device() -> Backend:
+    """The CPU: where a run goes when no device is named."""
+    return get_device("cpu")

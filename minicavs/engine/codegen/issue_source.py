@@ -1,0 +1,789 @@
+"""C source of the CUDA issuing loop, and the CUDA kernels it launches: strings only (minicavs/cuda/issue.py
+compiles the loop with the project's C compiler, through cffi, and hands it its function pointers).
+
+The loop walks a lowered batch program (instructions.py) over its task table on the host, exactly as the C
+executor of codegen/machine.py does, but where the executor computes, it *issues*: registers hold device
+addresses, views only set registers (host arithmetic), and every instruction that moves or computes numbers
+becomes one kernel launch or one product on the current stream. It never calls Python and never reads device
+memory, so a pass costs one C call whatever its number of tasks.
+
+What it issues through, all function pointers handed in at run time (the ``dev`` array):
+
+- ``launch``: ``cuLaunchKernel``'s signature (a function handle, grid, block, shared memory, stream, a pointer
+  per kernel argument). On a GPU the driver's own, with the function handles of the modules CuPy compiled; on
+  the device stand-in :c:func:`mc_standin_launch`, whose handles are the emulation's ``call_<kernel>``
+  wrappers (minicavs/cuda/emulation.py: the same kernel source run on the CPU); for timing the host alone
+  :c:func:`mc_noop_launch`.
+- ``gemm``: a row-major product ``C = op(A) op(B)``, batched with strides (:c:type:`gemm_fn`): on a GPU
+  :c:func:`mc_cublas_gemm_*` (``cublasGemmEx`` / ``cublasGemmStridedBatchedEx`` by pointer, ``C^T = B^T A^T``
+  in cuBLAS's column-major terms; TF32 when asked); on the stand-in :c:func:`mc_cpu_gemm_*` (the CPU's cblas,
+  the inputs rounded to TF32's 10-bit mantissa when asked, to measure its effect without a GPU).
+- ``record`` / ``wait``: ``cuEventRecord`` / ``cuStreamWaitEvent`` between the two streams (streaming).
+
+Every register an instruction reads or writes is checked against its buffer before anything is issued (host
+arithmetic, always on: a wrong instruction fails with its index and operand instead of writing outside a
+buffer on the device); the row numbers inside index arrays are checked on their host copies with ``check``
+set (as the C runner's check mode and the reference runner's). ``err`` gets (1, task, instruction, operand,
+driver result, stream) of the first failure; operand -5: a copy whose source and destination partly overlap
+(a parallel kernel cannot copy it as memmove does), -6: a launch or product the driver refused.
+
+Streaming: the eager table's chunk t is issued on the second stream, then an event recorded there, which the
+main stream waits for before task t (cuda/python_runner.py's EventStream, interleaved: one event re-recorded, since a
+stream wait takes the event's state when it is issued). The eager stream first waits for the main stream's
+earlier work; the main stream waits for the last chunk at the end.
+"""
+from __future__ import annotations
+
+from ...core.limits import MAX_ARGS, MAX_REGISTERS
+from .cuda import MAX_BLOCKS, BLOCK
+from .machine import OPS, WIDTH
+
+from .issue_kernels import MOVES
+
+
+HELPERS = r"""
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef int (*launch_t)(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                        unsigned shmem, void *stream, void **params, void **extra);
+typedef int (*record_t)(void *event, void *stream);
+typedef int (*wait_t)(void *stream, void *event, unsigned flags);
+typedef union { int64_t i; uint64_t u; double d; float f; const void *p; } arg_t;
+typedef int (*gemm_fn)(void *ctx, void *stream, int ta, int tb, int64_t m, int64_t n, int64_t k, const void *A,
+                       int64_t lda, int64_t sa, const void *B, int64_t ldb, int64_t sb, void *C, int64_t ldc,
+                       int64_t sc, int64_t batch, int beta);
+enum { K_zero2d, K_sumrows, K_transrows, K_dropout_rows, K_moves, NRK };
+
+/* the device stand-in's launch: the handle is an emulation wrapper call_<kernel>(grid, block, params) */
+int mc_standin_launch(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                      unsigned shmem, void *stream, void **params, void **extra) {
+    ((void (*)(unsigned, unsigned, void **))f)(gx, bx, params);
+    return 0;
+}
+/* a device that does no work: what issuing alone costs the host */
+int mc_noop_launch(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                   unsigned shmem, void *stream, void **params, void **extra) { return 0; }
+int mc_noop_record(void *event, void *stream) { return 0; }
+int mc_noop_wait(void *stream, void *event, unsigned flags) { return 0; }
+
+/* a product's context: cblas on the CPU (the stand-in) or cuBLAS by pointer */
+typedef struct {
+    int64_t blas, ilp64, tf32;                  /* the CPU's cblas gemm, whether it takes 64-bit ints, TF32 rounding */
+    void *handle;                               /* cuBLAS */
+    int64_t set_stream, gemm_ex, gemm_batched;  /* cublasSetStream_v2, cublasGemmEx, cublasGemmStridedBatchedEx */
+    int64_t set_pointer_mode;                   /* cublasSetPointerMode_v2 (alpha and beta are host numbers) */
+    void *stream;                               /* the stream cuBLAS was last set to */
+} mc_gemm_ctx;
+
+/* a float rounded to TF32 (10 mantissa bits, to nearest, ties away), as the tensor cores read it */
+static inline float mc_tf32(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7f800000u) != 0x7f800000u) u = (u + 0x1000u) & 0xffffe000u;
+    memcpy(&x, &u, 4);
+    return x;
+}
+int mc_noop_gemm(void *ctx, void *stream, int ta, int tb, int64_t m, int64_t n, int64_t k, const void *A,
+                 int64_t lda, int64_t sa, const void *B, int64_t ldb, int64_t sb, void *C, int64_t ldc, int64_t sc,
+                 int64_t batch, int beta) { return 0; }
+"""
+
+CPU_GEMM = r"""
+typedef void (*cblas64_{T}_t)(int, int, int, int64_t, int64_t, int64_t, {T}, const {T} *, int64_t, const {T} *,
+                              int64_t, {T}, {T} *, int64_t);
+typedef void (*cblas32_{T}_t)(int, int, int, int, int, int, {T}, const {T} *, int, const {T} *, int, {T}, {T} *, int);
+
+/* rows x cols of a (stored row-major with row stride ld) rounded to TF32 into a new contiguous array */
+static {T} *mc_rounded_{T}(const {T} *a, int64_t rows, int64_t cols, int64_t ld) {{
+    {T} *out = ({T} *)malloc((size_t)(rows * cols > 0 ? rows * cols : 1) * sizeof({T}));
+    if (!out) return 0;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++) out[r * cols + c] = ({T})mc_tf32((float)a[r * ld + c]);
+    return out;
+}}
+
+/* the stand-in's product: row-major C = op(A) op(B) (+ C: beta 1), ``batch`` of them ``sa``/``sb``/``sc``
+   elements apart */
+int mc_cpu_gemm_{T}(void *ctx_, void *stream, int ta, int tb, int64_t m, int64_t n, int64_t k, const void *A_,
+                    int64_t lda, int64_t sa, const void *B_, int64_t ldb, int64_t sb, void *C_, int64_t ldc,
+                    int64_t sc, int64_t batch, int beta) {{
+    const mc_gemm_ctx *ctx = (const mc_gemm_ctx *)ctx_;
+    const {T} *A = (const {T} *)A_, *B = (const {T} *)B_;
+    {T} *C = ({T} *)C_;
+    for (int64_t b = 0; b < batch; b++) {{
+        const {T} *a = A + b * sa, *bb = B + b * sb;
+        {T} *ra = 0, *rb = 0;
+        int64_t la = lda, lb = ldb;
+        if (ctx->tf32 && sizeof({T}) == 4) {{   /* TF32's inputs: each operand rounded, the sum in float */
+            const int64_t ar = ta ? k : m, ac = ta ? m : k, br = tb ? n : k, bc = tb ? k : n;
+            ra = mc_rounded_{T}(a, ar, ac, lda); rb = mc_rounded_{T}(bb, br, bc, ldb);
+            if (!ra || !rb) {{ free(ra); free(rb); return 2; }}
+            a = ra; bb = rb; la = ac > 0 ? ac : 1; lb = bc > 0 ? bc : 1;
+        }}
+        if (ctx->ilp64)
+            ((cblas64_{T}_t)ctx->blas)(101, ta ? 112 : 111, tb ? 112 : 111, m, n, k, ({T})1, a, la, bb, lb,
+                                        ({T})beta, C + b * sc, ldc);
+        else
+            ((cblas32_{T}_t)ctx->blas)(101, ta ? 112 : 111, tb ? 112 : 111, (int)m, (int)n, (int)k, ({T})1, a,
+                                        (int)la, bb, (int)lb, ({T})beta, C + b * sc, (int)ldc);
+        free(ra); free(rb);
+    }}
+    return 0;
+}}
+
+typedef int (*cublas_set_stream_t)(void *, void *);
+typedef int (*cublas_set_mode_t)(void *, int);
+typedef int (*cublas_gemm_ex_t)(void *, int, int, int, int, int, const void *, const void *, int, int, const void *,
+                                int, int, const void *, void *, int, int, int, int);
+typedef int (*cublas_gemm_batched_t)(void *, int, int, int, int, int, const void *, const void *, int, int,
+                                     long long, const void *, int, int, long long, const void *, void *, int, int,
+                                     long long, int, int, int);
+
+/* the GPU's product through cuBLAS: row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T */
+int mc_cublas_gemm_{T}(void *ctx_, void *stream, int ta, int tb, int64_t m, int64_t n, int64_t k, const void *A,
+                       int64_t lda, int64_t sa, const void *B, int64_t ldb, int64_t sb, void *C, int64_t ldc,
+                       int64_t sc, int64_t batch, int beta) {{
+    mc_gemm_ctx *ctx = (mc_gemm_ctx *)ctx_;
+    const int dtype = sizeof({T}) == 4 ? 0 : 1;   /* CUDA_R_32F, CUDA_R_64F */
+    const int compute = sizeof({T}) == 4 ? (ctx->tf32 ? 77 : 68) : 70;   /* CUBLAS_COMPUTE_32F(_FAST_TF32), _64F */
+    const {T} one = 1, zero = beta ? 1 : 0;
+    int rc;
+    if (ctx->stream != stream) {{
+        rc = ((cublas_set_stream_t)ctx->set_stream)(ctx->handle, stream);
+        if (rc) return rc;
+        ctx->stream = stream;
+    }}
+    rc = ((cublas_set_mode_t)ctx->set_pointer_mode)(ctx->handle, 0);   /* CUBLAS_POINTER_MODE_HOST */
+    if (rc) return rc;
+    if (batch == 1)
+        return ((cublas_gemm_ex_t)ctx->gemm_ex)(ctx->handle, tb, ta, (int)n, (int)m, (int)k, &one, B, dtype, (int)ldb,
+                                                A, dtype, (int)lda, &zero, C, dtype, (int)ldc, compute, -1);
+    return ((cublas_gemm_batched_t)ctx->gemm_batched)(ctx->handle, tb, ta, (int)n, (int)m, (int)k, &one, B, dtype,
+                                                      (int)ldb, (long long)sb, A, dtype, (int)lda, (long long)sa,
+                                                      &zero, C, dtype, (int)ldc, (long long)sc, (int)batch,
+                                                      compute, -1);
+}}
+"""
+
+LOOP_SOURCE = r"""
+typedef struct {{ {T} *p; int64_t ld, trans, buf; }} reg_{T}_t;
+
+/* one stream's machine: its buffer table (device base, host copy, size, ld, transposed), registers, stream */
+typedef struct {{
+    const int64_t *base, *host, *size, *ld, *trans;
+    int64_t nbufs, scratch_buf, nregs, stream_id;
+    reg_{T}_t *R;
+    void *stream;
+    const int64_t *dev, *rk, *fk;
+    int64_t nkernels, forest, check;
+    int64_t *err, *stats, *counts;
+    /* issued late, to batch them: consecutive moves (one ``moves`` launch), consecutive products of one
+       shape (one strided-batched product); at most one kind pending, flushed before anything else is issued */
+    struct {{
+        int64_t n, start[MOVES + 1], cols[MOVES], add[MOVES];
+        const {T} *src[MOVES];
+        int64_t lsr[MOVES], lsc[MOVES];
+        {T} *dst[MOVES];
+        int64_t ldr[MOVES], ldc[MOVES];
+        const int64_t *sidx[MOVES], *didx[MOVES];
+    }} mv;
+    int64_t mv_srows[MOVES], mv_drows[MOVES], mv_commutes[MOVES];   /* rows each side spans (by index: all) */
+    struct {{
+        int64_t count, ta, tb, m, n, k, lda, ldb, ldc, sa, sb, sc, beta;
+        const {T} *A, *B;
+        {T} *C;
+    }} pr;
+}} mach_{T}_t;
+
+static int out_of_{T}(const mach_{T}_t *M, int64_t buf, const void *p, int64_t rows, int64_t cols, int64_t ld,
+                      int64_t trans, int64_t esz) {{
+    if (buf < 0 || buf >= M->nbufs) return 1;
+    if (rows <= 0 || cols <= 0) return 0;
+    const char *lo = (const char *)M->base[buf], *hi = lo + M->size[buf] * esz, *first = (const char *)p;
+    const int64_t r = trans ? cols : rows, c = trans ? rows : cols;
+    if (ld < 0) return 1;
+    const char *last = first + ((r - 1) * ld + (c - 1)) * esz;
+    return first < lo || last >= hi;
+}}
+
+/* do two rows x cols blocks (element strides sr, sc >= 0) share an element? (exact for column blocks of
+   rows of one stride; otherwise whether their spans meet: never a wrong "no") */
+static inline int overlaps_{T}(const {T} *p, int64_t rows, int64_t cols, int64_t sr, int64_t sc, const {T} *q,
+                               int64_t rows2, int64_t cols2, int64_t sr2, int64_t sc2) {{
+    if (rows <= 0 || cols <= 0 || rows2 <= 0 || cols2 <= 0) return 0;
+    const {T} *p1 = p + (rows - 1) * sr + (cols - 1) * sc, *q1 = q + (rows2 - 1) * sr2 + (cols2 - 1) * sc2;
+    if (p1 < q || q1 < p) return 0;
+    /* column blocks of rows of one stride (a concat's parts, the children's rows side by side): apart when,
+       within a row of ``sr`` elements, one's columns end before the other's begin */
+    if (sc == 1 && sc2 == 1 && sr == sr2 && sr > 0 && cols <= sr && cols2 <= sr) {{
+        const int64_t o = (((q - p) % sr) + sr) % sr, o2 = (((p - q) % sr) + sr) % sr;
+        if ((o >= cols && o + cols2 <= sr) || (o2 >= cols2 && o2 + cols <= sr)) return 0;
+    }}
+    return 1;
+}}
+
+static int flush_{T}(mach_{T}_t *M);
+
+/* one launch of kernel handle ``h`` (``slot``: its entry in the launch counts) over ``n`` elements */
+static int launch_{T}(mach_{T}_t *M, int64_t h, int64_t slot, int64_t n, void **params) {{
+    int64_t blocks = (n + BLOCK - 1) / BLOCK;
+    if (blocks > MAXBLOCKS) blocks = MAXBLOCKS;
+    M->stats[0]++;
+    M->counts[slot]++;
+    return ((launch_t)M->dev[0])((void *)h, (unsigned)blocks, 1, 1, BLOCK, 1, 1, 0, M->stream, params, 0);
+}}
+static int go_{T}(mach_{T}_t *M, int64_t h, int64_t slot, int64_t n, arg_t *args, int nargs) {{
+    void *params[MAXPARAMS];
+    if (n <= 0) return 0;
+    const int rc = flush_{T}(M);
+    if (rc) return rc;
+    for (int i = 0; i < nargs; i++) params[i] = &args[i];
+    return launch_{T}(M, h, slot, n, params);
+}}
+#define RK(name) M->rk[K_##name], K_##name
+
+/* the pending moves, one launch; the pending product, one call */
+static int flush_{T}(mach_{T}_t *M) {{
+    if (M->mv.n) {{
+        void *params[1] = {{ &M->mv }};
+        const int64_t n = M->mv.start[M->mv.n];
+        int rc = 0;
+        if (n > 0) rc = launch_{T}(M, RK(moves), n, params);
+        M->mv.n = 0;
+        return rc;
+    }}
+    if (M->pr.count) {{
+        M->stats[1]++;
+        const int64_t count = M->pr.count;
+        M->pr.count = 0;
+        return ((gemm_fn)M->dev[1])((void *)M->dev[2], M->stream, (int)M->pr.ta, (int)M->pr.tb, M->pr.m, M->pr.n,
+                                    M->pr.k, M->pr.A, M->pr.lda, M->pr.sa, M->pr.B, M->pr.ldb, M->pr.sb, M->pr.C,
+                                    M->pr.ldc, M->pr.sc, count, (int)M->pr.beta);
+    }}
+    return 0;
+}}
+
+/* dst (+)= src, rows x cols with element strides; ``sidx``/``didx`` (not NULL): row r reads source row
+   sidx[r] (-1: zeros) / writes row didx[r] (an add by index: atomic); ``srows``/``drows``: the rows each side
+   may touch (by index: all the buffer's). It joins the pending moves when it touches nothing they write and
+   writes nothing they touch (they run at once, in one launch), else they are issued first. ``commutes``
+   (nonzero): entries of the same value may write the same rows (atomic adds; a forest's adjoints, whose
+   rows are distinct vertices). */
+static int move_{T}(mach_{T}_t *M, int add, const {T} *src, int64_t lsr, int64_t lsc, const void *sidx,
+                    int64_t srows, {T} *dst, int64_t ldr, int64_t ldc, const void *didx, int64_t drows, int64_t rows,
+                    int64_t cols, int64_t commutes) {{
+    if (rows <= 0 || cols <= 0) return 0;
+    int rc = 0;
+    if (M->pr.count) rc = flush_{T}(M);
+    if (rc) return rc;
+    int clash = M->mv.n >= MOVES;
+    for (int64_t e = 0; e < M->mv.n && !clash; e++) {{
+        const int64_t c2 = M->mv.cols[e];
+        clash = (!(commutes && commutes == M->mv_commutes[e])
+                 && overlaps_{T}(dst, drows, cols, ldr, ldc, M->mv.dst[e], M->mv_drows[e], c2, M->mv.ldr[e], M->mv.ldc[e]))
+             || overlaps_{T}(dst, drows, cols, ldr, ldc, M->mv.src[e], M->mv_srows[e], c2, M->mv.lsr[e], M->mv.lsc[e])
+             || overlaps_{T}(src, srows, cols, lsr, lsc, M->mv.dst[e], M->mv_drows[e], c2, M->mv.ldr[e], M->mv.ldc[e]);
+    }}
+    if (clash) {{ rc = flush_{T}(M); if (rc) return rc; }}
+    const int64_t e = M->mv.n;
+    if (e == 0) M->mv.start[0] = 0;
+    M->mv.cols[e] = cols; M->mv.add[e] = add; M->mv.src[e] = src; M->mv.lsr[e] = lsr; M->mv.lsc[e] = lsc;
+    M->mv.dst[e] = dst; M->mv.ldr[e] = ldr; M->mv.ldc[e] = ldc;
+    M->mv.sidx[e] = (const int64_t *)sidx; M->mv.didx[e] = (const int64_t *)didx;
+    M->mv_srows[e] = srows; M->mv_drows[e] = drows; M->mv_commutes[e] = commutes;
+    M->mv.start[e + 1] = M->mv.start[e] + rows * cols;
+    M->mv.n = e + 1;
+    return 0;
+}}
+/* does a rows x cols block touch anything the pending moves touch? (a launch that does not may go first) */
+static int touches_moves_{T}(const mach_{T}_t *M, const {T} *p, int64_t rows, int64_t cols, int64_t sr, int64_t sc) {{
+    for (int64_t e = 0; e < M->mv.n; e++) {{
+        const int64_t c2 = M->mv.cols[e];
+        if (overlaps_{T}(p, rows, cols, sr, sc, M->mv.dst[e], M->mv_drows[e], c2, M->mv.ldr[e], M->mv.ldc[e])
+            || overlaps_{T}(p, rows, cols, sr, sc, M->mv.src[e], M->mv_srows[e], c2, M->mv.lsr[e], M->mv.lsc[e]))
+            return 1;
+    }}
+    return 0;
+}}
+#define COPY_(src, lsr, lsc, dst, ldr, ldc, rows, cols) \
+    move_{T}(M, 0, src, lsr, lsc, 0, rows, dst, ldr, ldc, 0, rows, rows, cols, 0)
+#define ADD_(src, lsr, lsc, dst, ldr, ldc, rows, cols) \
+    move_{T}(M, 1, src, lsr, lsc, 0, rows, dst, ldr, ldc, 0, rows, rows, cols, 0)
+static int zero_{T}(mach_{T}_t *M, {T} *dst, int64_t ldr, int64_t ldc, int64_t rows, int64_t cols) {{
+    arg_t a[5];
+    a[0].i = rows; a[1].i = cols; a[2].p = dst; a[3].i = ldr; a[4].i = ldc;
+    return go_{T}(M, RK(zero2d), rows * cols, a, 5);
+}}
+/* C = op(A) op(B): ``batch`` 1 joins the pending product as one more of a strided batch when it has the same
+   shape, its operands are evenly spaced from the pending ones' and it reads nothing they write (else the
+   pending one is issued first); a batch of its own is issued at once */
+static int product_{T}(mach_{T}_t *M, int ta, int tb, int64_t m, int64_t n, int64_t k, const {T} *A, int64_t lda,
+                       int64_t sa, const {T} *B, int64_t ldb, int64_t sb, {T} *C, int64_t ldc, int64_t sc,
+                       int64_t batch, int64_t beta) {{
+    int rc = 0;
+    if (M->mv.n) rc = flush_{T}(M);
+    if (rc) return rc;
+    if (batch == 1 && M->pr.count && M->pr.ta == ta && M->pr.tb == tb && M->pr.m == m && M->pr.n == n
+        && M->pr.k == k && M->pr.lda == lda && M->pr.ldb == ldb && M->pr.ldc == ldc && M->pr.beta == beta) {{
+        const int64_t c = M->pr.count;
+        const int64_t dA = A - M->pr.A, dB = B - M->pr.B, dC = C - M->pr.C;
+        /* (strides >= 0: two products whose operands all lie the other way round are batched new one first) */
+        const int flip = c == 1 && dA <= 0 && dB <= 0 && dC < 0;
+        const int ok = c == 1 ? (dA >= 0 && dB >= 0 && dC > 0) || flip
+                              : dA == c * M->pr.sa && dB == c * M->pr.sb && dC == c * M->pr.sc;
+        /* what the new one reads or writes must not be what the pending ones write, nor may it write what
+           they read (they all run at once) */
+        const int64_t ar = ta ? k : m, ac = ta ? m : k, br = tb ? n : k, bc = tb ? k : n;
+        int clash = !ok;
+        for (int64_t i = 0; i < c && !clash; i++) {{
+            const int64_t step = c == 1 ? 0 : i;
+            const {T} *Ci = M->pr.C + step * M->pr.sc, *Ai = M->pr.A + step * M->pr.sa, *Bi = M->pr.B + step * M->pr.sb;
+            clash = overlaps_{T}(C, m, n, ldc, 1, Ci, m, n, ldc, 1)
+                 || overlaps_{T}(A, ar, ac, lda, 1, Ci, m, n, ldc, 1)
+                 || overlaps_{T}(B, br, bc, ldb, 1, Ci, m, n, ldc, 1)
+                 || overlaps_{T}(C, m, n, ldc, 1, Ai, ar, ac, lda, 1)
+                 || overlaps_{T}(C, m, n, ldc, 1, Bi, br, bc, ldb, 1);
+        }}
+        if (!clash) {{
+            if (flip) {{ M->pr.A = A; M->pr.B = B; M->pr.C = C; }}
+            if (c == 1) {{ M->pr.sa = flip ? -dA : dA; M->pr.sb = flip ? -dB : dB; M->pr.sc = flip ? -dC : dC; }}
+            M->pr.count = c + 1;
+            return 0;
+        }}
+    }}
+    if (M->pr.count) {{ rc = flush_{T}(M); if (rc) return rc; }}
+    if (batch != 1) {{
+        M->stats[1]++;
+        return ((gemm_fn)M->dev[1])((void *)M->dev[2], M->stream, ta, tb, m, n, k, A, lda, sa, B, ldb, sb, C, ldc,
+                                    sc, batch, (int)beta);
+    }}
+    M->pr.beta = beta;
+    M->pr.count = 1; M->pr.ta = ta; M->pr.tb = tb; M->pr.m = m; M->pr.n = n; M->pr.k = k; M->pr.lda = lda;
+    M->pr.ldb = ldb; M->pr.ldc = ldc; M->pr.sa = M->pr.sb = M->pr.sc = 0; M->pr.A = A; M->pr.B = B; M->pr.C = C;
+    return 0;
+}}
+
+/* a register's element strides as a rows x cols matrix (transposed: the stored matrix read by columns) */
+#define STRIDES(reg, sr, sc) const int64_t sr = R[reg].trans ? 1 : R[reg].ld, sc = R[reg].trans ? R[reg].ld : 1
+#define FAIL(operand) do {{ M->err[0] = 1; M->err[1] = t; M->err[2] = pc; M->err[3] = (operand); \
+    M->err[5] = M->stream_id; return 1; }} while (0)
+#define ISSUED(call) do {{ const int rc_ = (call); if (rc_) {{ M->err[4] = rc_; FAIL(-6); }} }} while (0)
+#define DIM(x) ((x) < 0 ? bs : (x))
+#define REGOK(r, operand) do {{ if ((r) < 0 || (r) >= M->nregs || R[r].buf < 0) FAIL(operand); }} while (0)
+#define DSTOK(r, operand) do {{ if ((r) < 0 || (r) >= M->nregs) FAIL(operand); }} while (0)
+#define BUFOK(b, operand) do {{ if ((b) < 0 || (b) >= M->nbufs) FAIL(operand); }} while (0)
+#define CHECKR(reg, rows, cols, operand) do {{ if (out_of_{T}(M, R[reg].buf, R[reg].p, rows, cols, R[reg].ld, \
+    R[reg].trans, sizeof({T}))) FAIL(operand); }} while (0)
+#define NOTRANS(reg, operand) do {{ if (R[reg].trans) FAIL(operand); }} while (0)
+#define SET(r, ptr, ld_, trans_, buf_) do {{ R[r].p = (ptr); R[r].ld = (ld_); R[r].trans = (trans_); \
+    R[r].buf = (buf_); }} while (0)
+#define FBASE(b) (({T} *)M->base[b])
+#define IDX(b) ((const void *)((const int64_t *)M->base[b] + koff))
+#define NROWS(b, w) ((w) > 0 ? M->size[b] / (w) : 0)
+
+/* the task's rows koff..koff+bs of index buffer ``b`` exist; with check, each row number is in [lo, rows) */
+static int rows_ok_{T}(const mach_{T}_t *M, int64_t b, int64_t koff, int64_t bs, int64_t lo, int64_t rows) {{
+    if (koff < 0 || bs < 0 || koff + bs > M->size[b]) return 0;
+    if (M->check && bs > 0) {{
+        const int64_t *h = (const int64_t *)M->host[b];
+        if (!h) return 0;
+        for (int64_t r = 0; r < bs; r++)
+            if (h[koff + r] < lo || h[koff + r] >= rows) return 0;
+    }}
+    return 1;
+}}
+
+static int row_{T}(mach_{T}_t *M, const int64_t *code, const int64_t *pool, const int64_t *kinds, int64_t nkinds,
+                   const int64_t *task, int64_t t) {{
+    reg_{T}_t *R = M->R;
+    int64_t pc = -1;
+    const int64_t kid = task[0], koff = task[1], bs = task[2], soff = task[3], catfirst = task[4];
+    if (kid < 0 || kid >= nkinds || bs < 0) FAIL(-2);
+    const int64_t begin = kinds[2 * kid], end = kinds[2 * kid + 1];
+    {T} *scratch = FBASE(M->scratch_buf);
+    const int64_t sbuf = M->scratch_buf;
+    for (pc = begin; pc < end; pc++) {{
+        const int64_t *in = code + pc * W;
+        const int64_t *a = in + 1;
+        switch (in[0]) {{
+        case NOP: break;
+        case BIND: {{
+            DSTOK(a[0], 0); BUFOK(a[1], 1);
+            const int64_t row = a[2] == 1 ? koff : a[2] == 2 ? soff : 0, at = row * a[4] + a[3];
+            if (bs > 0 && (at < 0 || at >= M->size[a[1]])) FAIL(3);
+            SET(a[0], FBASE(a[1]) + at, a[4], 0, a[1]);
+            break;
+        }}
+        case STATIC:
+            DSTOK(a[0], 0); BUFOK(a[1], 1);
+            SET(a[0], FBASE(a[1]), M->ld[a[1]], M->trans[a[1]], a[1]);
+            break;
+        case SCRATCH:
+            DSTOK(a[0], 0);
+            SET(a[0], scratch + a[1] * bs, a[2], 0, sbuf);
+            break;
+        case GATHER: {{
+            DSTOK(a[0], 0); BUFOK(a[1], 1); BUFOK(a[3], 3);
+            const int64_t width = a[2], start = task[5 + 2 * a[4]], step = task[6 + 2 * a[4]];
+            if (a[5] && step >= 1) {{ SET(a[0], FBASE(a[1]) + start * width, step * width, 0, a[1]); break; }}
+            if (width <= 0 || !rows_ok_{T}(M, a[3], koff, bs, -1, NROWS(a[1], width))) FAIL(3);
+            SET(a[0], scratch + a[6] * bs, width, 0, sbuf);
+            CHECKR(a[0], bs, width, 0);
+            ISSUED(move_{T}(M, 0, FBASE(a[1]), width, 1, IDX(a[3]), NROWS(a[1], width), R[a[0]].p, width, 1, 0, bs, bs,
+                            width, 0));
+            break;
+        }}
+        case CATVIEW:
+            DSTOK(a[0], 0); BUFOK(a[1], 1);
+            if (catfirst >= 0 && (!a[4] || M->forest)) SET(a[0], FBASE(a[1]) + catfirst * a[2], a[3] * a[2], 0, a[1]);
+            break;
+        case SKIP_IF_CAT:
+            if (catfirst >= 0 && (!a[1] || M->forest)) pc += a[0];
+            break;
+        case TAKE: case TAKETO: {{
+            DSTOK(a[0], 0); BUFOK(a[1], 1); BUFOK(a[3], 3);
+            const int64_t width = a[2], cols = a[4], col = in[0] == TAKE ? 0 : a[5];
+            if (col < 0 || cols < 0 || col + cols > width) FAIL(4);
+            if (!rows_ok_{T}(M, a[3], koff, bs, -1, NROWS(a[1], width))) FAIL(3);
+            if (in[0] == TAKE) SET(a[0], scratch + a[5] * bs, cols, 0, sbuf);
+            REGOK(a[0], 0); NOTRANS(a[0], 0); CHECKR(a[0], bs, cols, 0);
+            ISSUED(move_{T}(M, 0, FBASE(a[1]) + col, width, 1, IDX(a[3]), NROWS(a[1], width), R[a[0]].p, R[a[0]].ld, 1,
+                            0, bs, bs, cols, 0));
+            break;
+        }}
+        case SROWS: {{
+            DSTOK(a[0], 0); BUFOK(a[1], 1);
+            const int64_t col = a[2], ldb = a[3], cols = a[5];
+            if (soff >= 0) {{
+                const int64_t at = soff * ldb + col;
+                if (bs > 0 && (at < 0 || at >= M->size[a[1]])) FAIL(2);
+                SET(a[0], FBASE(a[1]) + at, ldb, 0, a[1]);
+                break;
+            }}
+            SET(a[0], scratch + a[6] * bs, cols, 0, sbuf);
+            CHECKR(a[0], bs, cols, 0);
+            if (a[7]) {{
+                BUFOK(a[4], 4);
+                if (col < 0 || cols < 0 || col + cols > ldb) FAIL(2);
+                if (!rows_ok_{T}(M, a[4], koff, bs, -1, NROWS(a[1], ldb))) FAIL(4);
+                ISSUED(move_{T}(M, 0, FBASE(a[1]) + col, ldb, 1, IDX(a[4]), NROWS(a[1], ldb), R[a[0]].p, cols, 1, 0, bs,
+                                bs, cols, 0));
+            }}
+            break;
+        }}
+        case SPUT: {{
+            BUFOK(a[0], 0);
+            const int64_t col = a[1], ldb = a[2], cols = a[5];
+            if (soff >= 0 && !a[6]) break;
+            REGOK(a[4], 4); CHECKR(a[4], bs, cols, 4);
+            STRIDES(a[4], sr, sc);
+            if (col < 0 || cols < 0 || col + cols > ldb) FAIL(1);
+            if (soff >= 0) {{
+                {T} *d = FBASE(a[0]) + soff * ldb + col;
+                if (out_of_{T}(M, a[0], d, bs, cols, ldb, 0, sizeof({T}))) FAIL(0);
+                ISSUED(COPY_(R[a[4]].p, sr, sc, d, ldb, 1, bs, cols));
+                break;
+            }}
+            BUFOK(a[3], 3); NOTRANS(a[4], 4);
+            if (!rows_ok_{T}(M, a[3], koff, bs, 0, NROWS(a[0], ldb))) FAIL(3);
+            ISSUED(move_{T}(M, 0, R[a[4]].p, R[a[4]].ld, 1, 0, bs, FBASE(a[0]) + col, ldb, 1, IDX(a[3]),
+                            NROWS(a[0], ldb), bs, cols, 0));
+            break;
+        }}
+        case COLS:
+            DSTOK(a[0], 0); REGOK(a[1], 1);
+            R[a[0]] = R[a[1]]; R[a[0]].p += a[2];
+            break;
+        case ALIAS:
+            DSTOK(a[0], 0); REGOK(a[1], 1);
+            R[a[0]] = R[a[1]];
+            break;
+        case TRANSPOSE:
+            DSTOK(a[0], 0); REGOK(a[1], 1);
+            R[a[0]] = R[a[1]]; R[a[0]].trans ^= 1;
+            break;
+        case GEMM: {{
+            REGOK(a[0], 0); REGOK(a[1], 1); REGOK(a[2], 2);
+            const int64_t m = DIM(a[3]), n = DIM(a[4]), k = DIM(a[5]);
+            if (m == 0 || n == 0) break;
+            const reg_{T}_t *A = &R[a[1]], *Bm = &R[a[2]], *C = &R[a[0]];
+            NOTRANS(a[0], 0);
+            CHECKR(a[1], m, k, 1); CHECKR(a[2], k, n, 2); CHECKR(a[0], m, n, 0);
+            if (a[6] >= 0) {{   /* the bias row copied into every row of C first: the product adds onto it */
+                REGOK(a[6], 6); CHECKR(a[6], 1, n, 6);
+                STRIDES(a[6], br, bc);
+                (void)br;
+                ISSUED(COPY_(R[a[6]].p, 0, bc, C->p, C->ld, 1, m, n));
+            }} else if (k == 0) ISSUED(zero_{T}(M, C->p, C->ld, 1, m, n));
+            if (k > 0) {{
+                const int64_t need_a = A->trans ? m : k, need_b = Bm->trans ? k : n;
+                if ((A->ld < need_a && (A->trans ? k : m) > 1) || (Bm->ld < need_b && (Bm->trans ? n : k) > 1)
+                    || (C->ld < n && m > 1)) FAIL(0);
+                const int64_t lda = A->ld < need_a ? need_a : A->ld, ldb = Bm->ld < need_b ? need_b : Bm->ld;
+                const int64_t ldc = C->ld < n ? n : C->ld;
+                ISSUED(product_{T}(M, (int)A->trans, (int)Bm->trans, m, n, k, A->p, lda, 0, Bm->p, ldb, 0, C->p, ldc,
+                                   0, 1, a[6] >= 0));
+            }}
+            break;
+        }}
+        case FUSED: {{
+            const int64_t nargs = a[1], rows = DIM(a[2]), cols = a[3];
+            if (nargs < 0 || nargs > MAXARGS || a[0] < 0 || a[0] >= M->nkernels || !M->fk[a[0]]) FAIL(0);
+            if (rows == 0 || cols == 0) break;
+            const int64_t *args = pool + a[4];
+            arg_t p[2 + 2 * MAXARGS];
+            void *params[2 + 2 * MAXARGS];
+            p[0].i = rows; p[1].i = cols;
+            int apart = M->pr.count == 0;   /* touches nothing the pending moves touch: goes before them */
+            for (int64_t i = 0; i < nargs; i++) {{
+                const int64_t r = args[2 * i], kind = args[2 * i + 1];
+                REGOK(r, 10 + i);
+                if (R[r].trans) FAIL(10 + i);
+                const int64_t ar = kind == 0 || kind == 2 ? rows : 1, ac = kind <= 1 ? cols : 1;
+                CHECKR(r, ar, ac, 10 + i);
+                p[2 + 2 * i].p = R[r].p;
+                p[3 + 2 * i].i = kind == 0 || kind == 2 ? R[r].ld : 0;
+                if (apart && M->mv.n) apart = !touches_moves_{T}(M, R[r].p, ar, ac, R[r].ld, 1);
+            }}
+            if (!apart) ISSUED(flush_{T}(M));
+            for (int64_t i = 0; i < 2 + 2 * nargs; i++) params[i] = &p[i];
+            ISSUED(launch_{T}(M, M->fk[a[0]], NRK + a[0], rows * cols, params));
+            break;
+        }}
+        case COPY: case ADD: {{
+            REGOK(a[0], 0); REGOK(a[1], 1);
+            const int64_t rows = DIM(a[2]), cols = a[3];
+            CHECKR(a[0], rows, cols, 0); CHECKR(a[1], rows, cols, 1);
+            STRIDES(a[0], dr, dc);
+            STRIDES(a[1], sr, sc);
+            if (in[0] == COPY && rows > 0 && cols > 0 && R[a[0]].buf == R[a[1]].buf) {{
+                if (R[a[0]].p == R[a[1]].p && dr == sr && dc == sc) break;   /* onto itself: nothing moves */
+                const {T} *d0 = R[a[0]].p, *d1 = d0 + (rows - 1) * dr + (cols - 1) * dc;
+                const {T} *s0 = R[a[1]].p, *s1 = s0 + (rows - 1) * sr + (cols - 1) * sc;
+                if (!(d1 < s0 || s1 < d0)) FAIL(-5);
+            }}
+            ISSUED(move_{T}(M, in[0] == ADD, R[a[1]].p, sr, sc, 0, rows, R[a[0]].p, dr, dc, 0, rows, rows, cols, 0));
+            break;
+        }}
+        case ZERO: {{
+            REGOK(a[0], 0);
+            const int64_t rows = DIM(a[1]), cols = a[2];
+            CHECKR(a[0], rows, cols, 0);
+            STRIDES(a[0], dr, dc);
+            ISSUED(zero_{T}(M, R[a[0]].p, dr, dc, rows, cols));
+            break;
+        }}
+        case SUMROWS: {{
+            REGOK(a[0], 0); REGOK(a[1], 1);
+            const int64_t rows = DIM(a[2]), cols = a[3];
+            CHECKR(a[0], 1, cols, 0); CHECKR(a[1], rows, cols, 1);
+            STRIDES(a[0], dr, dc);
+            STRIDES(a[1], sr, sc);
+            (void)dr;
+            arg_t p[7];
+            p[0].i = rows; p[1].i = cols; p[2].p = R[a[1]].p; p[3].i = sr; p[4].i = sc; p[5].p = R[a[0]].p; p[6].i = dc;
+            ISSUED(go_{T}(M, RK(sumrows), cols, p, 7));
+            break;
+        }}
+        case PUT: {{
+            BUFOK(a[0], 0); BUFOK(a[2], 2); REGOK(a[3], 3);
+            const int64_t width = a[1], cols = a[4];
+            if (cols < 0 || cols > width) FAIL(4);
+            CHECKR(a[3], bs, cols, 3); NOTRANS(a[3], 3);
+            if (!rows_ok_{T}(M, a[2], koff, bs, 0, NROWS(a[0], width))) FAIL(2);
+            ISSUED(move_{T}(M, 0, R[a[3]].p, R[a[3]].ld, 1, 0, bs, FBASE(a[0]), width, 1, IDX(a[2]), NROWS(a[0], width),
+                            bs, cols, 0));
+            break;
+        }}
+        case ADJ: {{
+            BUFOK(a[0], 0); BUFOK(a[2], 2); REGOK(a[5], 5);
+            const int64_t width = a[1], cols = a[6];
+            const int64_t start = task[5 + 2 * a[3]], step = task[6 + 2 * a[3]];
+            CHECKR(a[5], bs, cols, 5);
+            STRIDES(a[5], sr, sc);
+            if (cols < 0 || cols > width) FAIL(6);
+            if (a[4] && step >= 0) {{
+                if (step == 0) break;   /* only the sentinel row: its gradient is discarded */
+                {T} *d = FBASE(a[0]) + start * width;
+                if (out_of_{T}(M, a[0], d, bs, cols, step * width, 0, sizeof({T}))) FAIL(0);
+                ISSUED(move_{T}(M, !M->forest, R[a[5]].p, sr, sc, 0, bs, d, step * width, 1, 0, bs, bs, cols, 0));
+                break;
+            }}
+            NOTRANS(a[5], 5);
+            if (!rows_ok_{T}(M, a[2], koff, bs, 0, NROWS(a[0], width))) FAIL(2);
+            /* (a forest's children are distinct vertices: the slots' puts never meet; a DAG's adds are atomic) */
+            ISSUED(move_{T}(M, !M->forest, R[a[5]].p, R[a[5]].ld, 1, 0, bs, FBASE(a[0]), width, 1, IDX(a[2]),
+                            NROWS(a[0], width), bs, cols, M->forest ? 2 : 1));
+            break;
+        }}
+        case GACC: {{
+            BUFOK(a[0], 0); REGOK(a[1], 1);
+            const int64_t rows = DIM(a[2]), cols = a[3];
+            if (rows < 0 || cols < 0 || rows * cols > M->size[a[0]]) FAIL(0);
+            CHECKR(a[1], rows, cols, 1);
+            STRIDES(a[1], sr, sc);
+            ISSUED(ADD_(R[a[1]].p, sr, sc, FBASE(a[0]), cols, 1, rows, cols));
+            break;
+        }}
+        case DROPOUT: {{
+            DSTOK(a[0], 0); REGOK(a[0], 0); REGOK(a[1], 1); BUFOK(a[3], 3); BUFOK(a[4], 4);
+            const int64_t cols = a[2];
+            if (koff < 0 || koff + bs > M->size[a[3]]) FAIL(3);
+            const int64_t *e = (const int64_t *)M->host[a[4]];
+            if (!e || a[5] < 0 || 3 * a[5] + 3 > M->size[a[4]]) FAIL(5);
+            NOTRANS(a[0], 0); NOTRANS(a[1], 1);
+            CHECKR(a[0], bs, cols, 0); CHECKR(a[1], bs, cols, 1);
+            e += 3 * a[5];
+            double scale;
+            memcpy(&scale, &e[2], sizeof scale);
+            arg_t p[10];
+            p[0].i = bs; p[1].i = cols; p[2].u = (uint64_t)e[0]; p[3].p = (const uint64_t *)M->base[a[3]] + koff;
+            p[4].u = (uint64_t)e[1];
+            if (sizeof({T}) == 4) p[5].f = (float)scale; else p[5].d = scale;
+            p[6].p = R[a[1]].p; p[7].i = R[a[1]].ld; p[8].p = R[a[0]].p; p[9].i = R[a[0]].ld;
+            ISSUED(go_{T}(M, RK(dropout_rows), bs * cols, p, 10));
+            break;
+        }}
+        case BMM: {{
+            REGOK(a[0], 0); REGOK(a[1], 1); REGOK(a[2], 2);
+            const int64_t m = a[3], n = a[4], k = a[5], arows = a[6], brows = a[7];
+            if (m < 0 || n < 0 || k < 0) FAIL(3);
+            if (bs == 0 || m == 0 || n == 0) break;
+            const reg_{T}_t *A = &R[a[1]], *Bm = &R[a[2]], *C = &R[a[0]];
+            if (C->trans || (arows && A->trans) || (brows && Bm->trans)) FAIL(0);
+            CHECKR(a[0], bs, m * n, 0);
+            if (arows) CHECKR(a[1], bs, m * k, 1); else CHECKR(a[1], m, k, 1);
+            if (brows) CHECKR(a[2], bs, k * n, 2); else CHECKR(a[2], k, n, 2);
+            if (k == 0) {{ ISSUED(zero_{T}(M, C->p, C->ld, 1, bs, m * n)); break; }}
+            const int64_t ta = arows ? 0 : A->trans, tb = brows ? 0 : Bm->trans;
+            const int64_t need_a = ta ? m : k, need_b = tb ? k : n;
+            const int64_t lda0 = arows ? k : A->ld, ldb0 = brows ? n : Bm->ld;
+            const int64_t lda = lda0 < need_a ? need_a : lda0, ldb = ldb0 < need_b ? need_b : ldb0;
+            if (arows && !brows && A->ld == m * k && C->ld == m * n) {{
+                /* every row's a side by side is one (bs m) x k matrix: one product by the shared b */
+                ISSUED(product_{T}(M, 0, (int)tb, bs * m, n, k, A->p, k, 0, Bm->p, ldb, 0, C->p, n, 0, 1, 0));
+                break;
+            }}
+            /* one product per row, issued as one strided batch (a shared operand: stride 0) */
+            ISSUED(product_{T}(M, (int)ta, (int)tb, m, n, k, A->p, lda, arows ? A->ld : 0, Bm->p, ldb,
+                               brows ? Bm->ld : 0, C->p, n, C->ld, bs, 0));
+            break;
+        }}
+        case TRANSROWS: {{
+            REGOK(a[0], 0); REGOK(a[1], 1);
+            const int64_t m = a[2], n = a[3];
+            if (m < 0 || n < 0) FAIL(2);
+            NOTRANS(a[0], 0); NOTRANS(a[1], 1);
+            CHECKR(a[0], bs, m * n, 0); CHECKR(a[1], bs, m * n, 1);
+            arg_t p[7];
+            p[0].i = bs; p[1].i = m; p[2].i = n; p[3].p = R[a[1]].p; p[4].i = R[a[1]].ld; p[5].p = R[a[0]].p;
+            p[6].i = R[a[0]].ld;
+            ISSUED(go_{T}(M, RK(transrows), bs * m * n, p, 7));
+            break;
+        }}
+        default:   /* APPLY (a step only Python runs: the Python side declines such a program), or no opcode */
+            FAIL(-3);
+        }}
+    }}
+    ISSUED(flush_{T}(M));   /* (the task's last moves or product, before its stream's event) */
+    return 0;
+}}
+
+/* Issue a pass: every row of ``tasks`` on the main stream, streaming every row of ``etasks`` on the eager
+   stream (chunk t before task t). ``bufs`` and ``ebufs``: 5 x nbufs (device base, host copy, size, ld,
+   transposed) of the main and the eager machine; ``dev``: launch, gemm, gemm context, record, wait, main
+   stream, eager stream, the start event, the chunk event; ``rk``: the row kernels' handles (ISSUE_KERNEL_NAMES),
+   ``fk``: the fused kernels'. ``stats``: launches, products, events (added to); ``counts``: launches per
+   handle (row kernels, then fused). Returns 0, or 1 with ``err`` filled. */
+int issue_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int64_t nkinds,
+              const int64_t *tasks, int64_t ntasks, const int64_t *etasks, int64_t neager, int64_t tw,
+              const int64_t *bufs, const int64_t *ebufs, int64_t nbufs, int64_t scratch_buf, int64_t nregs,
+              const int64_t *dev, const int64_t *rk, const int64_t *fk, int64_t nkernels, int64_t forest,
+              int64_t check, int64_t *err, int64_t *stats, int64_t *counts) {{
+    static __thread reg_{T}_t regs[2][MAXREGS];
+    mach_{T}_t M[2];
+    int64_t t = -1, pc = -1;
+    err[0] = 0;
+    for (int s = 0; s < 2; s++) {{
+        const int64_t *b = s ? ebufs : bufs;
+        M[s].base = b; M[s].host = b + nbufs; M[s].size = b + 2 * nbufs; M[s].ld = b + 3 * nbufs;
+        M[s].trans = b + 4 * nbufs; M[s].nbufs = nbufs; M[s].scratch_buf = scratch_buf; M[s].nregs = nregs;
+        M[s].stream_id = s; M[s].R = regs[s]; M[s].stream = (void *)dev[5 + s]; M[s].dev = dev; M[s].rk = rk;
+        M[s].fk = fk; M[s].nkernels = nkernels; M[s].forest = forest; M[s].check = check; M[s].err = err;
+        M[s].stats = stats; M[s].counts = counts; M[s].mv.n = 0; M[s].pr.count = 0;
+    }}
+    mach_{T}_t *main_ = &M[0], *eager = &M[1];
+    {{
+        mach_{T}_t *M = main_;
+        if (nregs < 0 || nregs > MAXREGS) FAIL(-1);
+        for (int s = 0; s < 2; s++)
+            for (int64_t i = 0; i < nregs; i++) {{ regs[s][i].p = 0; regs[s][i].ld = 0; regs[s][i].trans = 0;
+                                                 regs[s][i].buf = -1; }}
+        if (neager > 0) {{   /* the eager stream starts after the main stream's earlier work (its inputs) */
+            ISSUED(((record_t)dev[3])((void *)dev[7], main_->stream));
+            ISSUED(((wait_t)dev[4])(eager->stream, (void *)dev[7], 0));
+            stats[2] += 2;
+        }}
+    }}
+    const int64_t rows = ntasks > neager ? ntasks : neager;
+    for (t = 0; t < rows; t++) {{
+        if (t < neager) {{
+            if (row_{T}(eager, code, pool, kinds, nkinds, etasks + t * tw, t)) return 1;
+            mach_{T}_t *M = eager;
+            ISSUED(((record_t)dev[3])((void *)dev[8], eager->stream));
+            stats[2]++;
+        }}
+        if (t < ntasks) {{
+            mach_{T}_t *M = main_;
+            if (t < neager) {{ ISSUED(((wait_t)dev[4])(main_->stream, (void *)dev[8], 0)); stats[2]++; }}
+            if (row_{T}(main_, code, pool, kinds, nkinds, tasks + t * tw, t)) return 1;
+        }}
+    }}
+    if (neager > ntasks) {{   /* chunks past the tasks: the main stream waits for them all */
+        mach_{T}_t *M = main_;
+        ISSUED(((wait_t)dev[4])(main_->stream, (void *)dev[8], 0));
+        stats[2]++;
+    }}
+    return 0;
+}}
+"""
+
+
+def issue_source() -> str:
+    """The issuing loop's C source, float and double, with the stand-in's and cuBLAS's product shims."""
+    enum = ", ".join([f"{name} = {i}" for name, i in OPS.items()] + [f"NOPCODES = {len(OPS)}"])
+    head = (HELPERS + f"enum {{ {enum} }};\n#define W {WIDTH}\n#define MAXARGS {MAX_ARGS}\n"
+            f"#define MAXREGS {MAX_REGISTERS}\n#define MAXPARAMS {2 + 2 * MAX_ARGS}\n#define BLOCK {BLOCK}\n"
+            f"#define MAXBLOCKS {MAX_BLOCKS}\n#define MOVES {MOVES}\n")
+    body = ""
+    for T in ("float", "double"):
+        body += CPU_GEMM.format(T=T) + LOOP_SOURCE.format(T=T)
+        body += "#undef STRIDES\n#undef FAIL\n#undef ISSUED\n#undef DIM\n#undef REGOK\n#undef DSTOK\n#undef BUFOK\n" \
+                "#undef CHECKR\n#undef NOTRANS\n#undef SET\n#undef FBASE\n#undef IDX\n#undef NROWS\n#undef RK\n"
+    return head + body
+
+
+ISSUE_SIGNATURE = ("int issue_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int64_t nkinds,"
+                   " const int64_t *tasks, int64_t ntasks, const int64_t *etasks, int64_t neager, int64_t tw,"
+                   " const int64_t *bufs, const int64_t *ebufs, int64_t nbufs, int64_t scratch_buf, int64_t nregs,"
+                   " const int64_t *dev, const int64_t *rk, const int64_t *fk, int64_t nkernels, int64_t forest,"
+                   " int64_t check, int64_t *err, int64_t *stats, int64_t *counts);")
+GEMM_SIGNATURE = ("int {name}(void *ctx, void *stream, int ta, int tb, int64_t m, int64_t n, int64_t k, const void *A,"
+                  " int64_t lda, int64_t sa, const void *B, int64_t ldb, int64_t sb, void *C, int64_t ldc, int64_t sc,"
+                  " int64_t batch, int beta);")
+LAUNCH_SIGNATURE = ("int {name}(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,"
+                    " unsigned shmem, void *stream, void **params, void **extra);")
+
+
+def issue_decls() -> str:
+    """cffi declarations of the loop, the product shims and the stand-in's function pointers."""
+    return "\n".join(
+        ["typedef struct { int64_t blas, ilp64, tf32; void *handle; int64_t set_stream, gemm_ex, gemm_batched;"
+         " int64_t set_pointer_mode; void *stream; } mc_gemm_ctx;"]
+        + [ISSUE_SIGNATURE.format(T=T) for T in ("float", "double")]
+        + [GEMM_SIGNATURE.format(name=n) for n in ("mc_noop_gemm", "mc_cpu_gemm_float", "mc_cpu_gemm_double",
+                                                   "mc_cublas_gemm_float", "mc_cublas_gemm_double")]
+        + [LAUNCH_SIGNATURE.format(name=n) for n in ("mc_standin_launch", "mc_noop_launch")]
+        + ["int mc_noop_record(void *event, void *stream);", "int mc_noop_wait(void *stream, void *event, unsigned flags);"])

@@ -1,0 +1,645 @@
+"""C source of the native whole-batch executor: strings only (minicavs/cpu/interpreter.py compiles and loads it).
+
+The executor is an interpreter of a compact instruction stream (minicavs/engine/instructions.py builds it): one C call
+runs every task of a batch. Each vertex kind has a *template* (its F or ∂F task program as instructions whose
+addresses are relative to the task's rows); the call expands template x task table, so no Python runs per
+task. Values live in registers (a pointer, a row stride, a transposed flag and the buffer the pointer points
+into); instructions bind registers to rows of buffers, move rows, and run GEMMs (BLAS, by function pointer),
+fused kernels (by function pointer, through a uniform wrapper) and the small loops in between.
+
+Instruction layout (``WIDTH`` int64 each): ``op, a0 .. a{WIDTH-2}``; the meaning of a0.. per opcode is in
+``OPCODES`` (instructions.py renders them by these names). A dimension given as -1 means the task's row count.
+With ``prof`` (not NULL) the call adds the nanoseconds spent in each opcode to prof[opcode] and the whole call's to
+prof[len(OPCODES)] (two clock reads per instruction: for profiling only).
+With ``check`` set every address an instruction computes is checked against its buffer's size first; a failure
+returns its instruction index and operand instead of touching memory.
+Streaming (two calls on two threads, cpu/c_runner.py): the eager call (``role`` 2) stores into ``sync[0]`` the
+chunks it has finished after each row of its table; the main call (``role`` 1) runs row t once ``sync[0]``
+reaches t + 1 (rows past the ``nwait`` chunks: all of them), spinning with ``sched_yield`` and failing with
+operand -4 when ``sync[1]`` says the eager call failed. ``role`` 0: no second stream.
+"""
+from __future__ import annotations
+
+import math
+
+from ...core.limits import MAX_ARGS, MAX_REGISTERS  # noqa: F401  (re-exported: the lowering's limits)
+
+WIDTH = 10
+
+# name -> operand names (a0, a1, ...): shared by the C switch below and by the dump in instructions.py
+OPCODES = {
+    "NOP": (),
+    "BIND": ("dst", "buf", "mode", "col", "ld"),          # dst = buf + (base(mode) * ld + col); mode 0 none, 1 kind rows, 2 scatter rows
+    "STATIC": ("dst", "buf"),                             # dst = the whole buffer (its ld and transposed flag)
+    "SCRATCH": ("dst", "off", "cols"),                    # dst = scratch + off * rows, ld cols (the task's rows)
+    "GATHER": ("dst", "buf", "width", "idx", "slot", "elide", "off"),   # children's rows: a strided view or a copy
+    "CATVIEW": ("dst", "buf", "width", "k", "forest"),    # [gather0; ...] as a view when the task's children are side by side
+    "SKIP_IF_CAT": ("n", "forest"),                       # skip the next n instructions when the task has the concat view
+    # (forest = 1: only in a forest, where each child's gradient row is written once, not added)
+    "TAKE": ("dst", "buf", "width", "idx", "cols", "off"),   # rows buf[idx[koff + r]] copied into scratch (-1: zeros)
+    "TAKETO": ("dst", "buf", "width", "idx", "cols", "col"),   # dst[r] = buf[idx[koff + r]][col:col + cols] (-1: zeros)
+    # a block's rows of a scatter tensor: a view at the scatter offset, or (offset -1: the kind's rows are not one
+    # block) rows buf[idx[koff + r]][col:col + cols] copied into scratch (load 0: scratch only, for SPUT to put)
+    "SROWS": ("dst", "buf", "col", "ld", "idx", "cols", "off", "load"),
+    # after SROWS (offset -1): buf[idx[koff + r]][col:col + cols] = src[r]; at an offset (a view) nothing, or
+    # (always) the rows copied to the offset's
+    "SPUT": ("buf", "col", "ld", "idx", "src", "cols", "always"),
+    "COLS": ("dst", "src", "col"),                        # a column slice: same rows, same ld
+    "ALIAS": ("dst", "src"),
+    "TRANSPOSE": ("dst", "src"),
+    "GEMM": ("c", "a", "b", "m", "n", "k", "bias"),       # c = a . b (+ bias row, reg or -1)
+    "FUSED": ("kernel", "nargs", "rows", "cols", "pool"),   # args: pool[2i] register, pool[2i+1] rows kind
+    "COPY": ("dst", "src", "rows", "cols"),
+    "ZERO": ("dst", "rows", "cols"),
+    "ADD": ("dst", "src", "rows", "cols"),
+    "SUMROWS": ("dst", "src", "rows", "cols"),            # dst[c] = sum over rows of src[r, c]
+    "PUT": ("buf", "width", "idx", "src", "cols"),        # buf[idx[koff + r]] = src[r]
+    "ADJ": ("buf", "width", "idx", "slot", "elide", "src", "cols"),   # gather's adjoint into the scatter gradient
+    "GACC": ("buf", "src", "rows", "cols"),               # parameter gradient accumulator += src
+    # dst = src * the dropout mask of the task's rows: row keys keys[koff + r] (uint64), the hash word, threshold
+    # and scale (a double's bits) in row ``entry`` of the int64 table ``table`` (minicavs/core/random.py's hash)
+    "DROPOUT": ("dst", "src", "cols", "keys", "table", "entry"),
+    # per task row r: c[r] (m x n, its flat row) = a[r] . b[r]; an operand with rows 1 is one matrix per row (its
+    # flat row, m x k or k x n), with rows 0 one matrix for all rows (a static: its register's ld and flag)
+    "BMM": ("c", "a", "b", "m", "n", "k", "a_rows", "b_rows"),
+    "TRANSROWS": ("dst", "src", "m", "n"),                # per task row: dst[r] (n x m) = src[r] (m x n) transposed
+    # the outputs of a step no other opcode expresses = its op's own implementation (the registry's) over its
+    # inputs' values: steps[step]'s input registers, then its output registers, from pool[pool]; keys: the row
+    # keys buffer (-1: none) of an op that reads the run context. Only a runner that can call Python runs it
+    # (the reference runner, the CUDA runner); the C runner declines a program that has one.
+    "APPLY": ("step", "pool", "keys"),
+}
+OPS = {name: i for i, name in enumerate(OPCODES)}
+
+
+def matrix_shape(node) -> tuple[int, int]:
+    """A value as the machine's registers see it, a matrix: rows (-1: the task's rows, for a per-row value)
+    and columns. A per-row value of shape (None, *vshape) is rows of prod(vshape) numbers; a static of shape
+    (r, *rest), r rows of prod(rest); (c,) one row; () one number (row-major, as numpy lays them out)."""
+    if node.has_rows:
+        return -1, math.prod(node.vshape)
+    shape = node.shape
+    if not shape:
+        return 1, 1
+    if len(shape) == 1:
+        return 1, int(shape[0])
+    return int(shape[0]), math.prod(shape[1:])
+
+# Per fused-kernel argument: how many rows it spans (full: the rows, row: 1 with ld 0, col: rows x 1, scalar).
+ARG_KINDS = {"full": 0, "row": 1, "col": 2, "scalar": 3}
+
+EXECUTOR_SOURCE = r"""
+#define _POSIX_C_SOURCE 199309L
+#include <time.h>
+#include <stdint.h>
+#include <string.h>
+#include <sched.h>
+
+typedef {T} T;
+typedef struct {{ T *p; int64_t ld; int64_t trans; int64_t buf; }} reg_t;
+typedef void (*kernel_t)(long rows, long cols, void *const *ptrs, const long *lds);
+typedef void (*gemm64_t)(int, int, int, int64_t, int64_t, int64_t, T, const T *, int64_t, const T *, int64_t,
+                         T, T *, int64_t);
+typedef void (*gemm32_t)(int, int, int, int, int, int, T, const T *, int, const T *, int, T, T *, int);
+typedef void (*gemv64_t)(int, int, int64_t, int64_t, T, const T *, int64_t, const T *, int64_t, T, T *, int64_t);
+typedef void (*gemv32_t)(int, int, int, int, T, const T *, int, const T *, int, T, T *, int);
+
+enum {{ {ENUM} }};
+#define W {WIDTH}
+#define MAXARGS {MAX_ARGS}
+#define MAXREGS {MAX_REGISTERS}
+
+/* buffers: base pointers, sizes in elements, row strides, transposed flags, element size (T or int64) */
+typedef struct {{
+    const int64_t *base, *size, *ld, *trans;
+}} buftab_t;
+
+static int out_of(const buftab_t *b, int64_t buf, const void *p, int64_t rows, int64_t cols, int64_t ld,
+                  int64_t trans, int64_t esz) {{
+    if (buf < 0) return 1;
+    if (rows <= 0 || cols <= 0) return 0;
+    const char *lo = (const char *)b->base[buf];
+    const char *hi = lo + b->size[buf] * esz;
+    const char *first = (const char *)p;
+    int64_t r = trans ? cols : rows, c = trans ? rows : cols;
+    if (ld < 0) return 1;
+    const char *last = first + ((r - 1) * ld + (c - 1)) * esz;
+    return first < lo || last >= hi;
+}}
+
+static inline uint64_t mc_mix(uint64_t z) {{   /* SplitMix64's finaliser (minicavs/core/random.py) */
+    z ^= z >> 30; z *= 0xBF58476D1CE4E5B9ULL; z ^= z >> 27; z *= 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}}
+
+#define FAIL(operand) do {{ err[0] = 1; err[1] = t; err[2] = pc; err[3] = (operand); return 1; }} while (0)
+#define DIM(x) ((x) < 0 ? bs : (x))
+#define CHECKR(reg, rows, cols, operand) do {{ if (check && (\
+    out_of(&B, R[reg].buf, R[reg].p, rows, cols, R[reg].ld, R[reg].trans, sizeof(T)))) FAIL(operand); }} while (0)
+#define REGOK(r, operand) do {{ if (check && ((r) < 0 || (r) >= nregs)) FAIL(operand); }} while (0)
+#define BUFOK(b, operand) do {{ if (check && ((b) < 0 || (b) >= nbufs)) FAIL(operand); }} while (0)
+
+int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int64_t nkinds,
+            const int64_t *tasks, int64_t ntasks, int64_t tw,
+            const int64_t *base, const int64_t *size, const int64_t *ld, const int64_t *trans, int64_t nbufs,
+            int64_t scratch_buf, int64_t max_bs, int64_t nregs, const int64_t *kernels, int64_t nkernels,
+            int64_t gemm, int64_t gemv, int64_t ilp64, int64_t forest, int64_t check, int64_t *err, int64_t *prof,
+            const int64_t *twin, int64_t tmp_off, int64_t tmp_rows, int64_t tmp_cols,
+            int64_t *sync, int64_t role, int64_t nwait) {{
+    buftab_t B = {{base, size, ld, trans}};
+    struct timespec t0, t1;
+    int64_t start_ns = 0;
+    if (prof) {{ clock_gettime(CLOCK_MONOTONIC, &t0); start_ns = t0.tv_sec * 1000000000LL + t0.tv_nsec; }}
+    reg_t R[MAXREGS];
+    void *ptrs[MAXARGS];
+    long lds[MAXARGS];
+    int64_t t = -1, pc = -1;
+    if (nregs > MAXREGS) FAIL(-1);
+    for (int64_t i = 0; i < nregs; i++) {{ R[i].p = 0; R[i].ld = 0; R[i].trans = 0; R[i].buf = -1; }}
+    T *scratch = (T *)base[scratch_buf];
+    for (t = 0; t < ntasks; t++) {{
+        if (role == 1 && nwait > 0) {{   /* the main stream: row t waits for eager chunk t (after them, for all) */
+            const int64_t need = t < nwait ? t + 1 : nwait;
+            while (__atomic_load_n(&sync[0], __ATOMIC_ACQUIRE) < need) {{
+                if (__atomic_load_n(&sync[1], __ATOMIC_ACQUIRE)) FAIL(-4);   /* the eager stream failed */
+                sched_yield();
+            }}
+        }}
+        const int64_t *task = tasks + t * tw;
+        const int64_t kid = task[0], koff = task[1], bs = task[2], soff = task[3], catfirst = task[4];
+        if (check && (kid < 0 || kid >= nkinds || bs < 0 || bs > max_bs)) FAIL(-2);
+        const int64_t begin = kinds[2 * kid], end = kinds[2 * kid + 1];
+        for (pc = begin; pc < end; pc++) {{
+            const int64_t *in = code + pc * W;
+            const int64_t *a = in + 1;
+            if (prof) clock_gettime(CLOCK_MONOTONIC, &t0);
+            switch (in[0]) {{
+            case NOP: break;
+            case BIND: {{
+                REGOK(a[0], 0); BUFOK(a[1], 1);
+                const int64_t row = a[2] == 1 ? koff : a[2] == 2 ? soff : 0, at = row * a[4] + a[3];
+                if (check && bs > 0 && (at < 0 || at >= size[a[1]])) FAIL(3);
+                R[a[0]].p = (T *)base[a[1]] + at;
+                R[a[0]].ld = a[4]; R[a[0]].trans = 0; R[a[0]].buf = a[1];
+                break;
+            }}
+            case STATIC:
+                REGOK(a[0], 0); BUFOK(a[1], 1);
+                R[a[0]].p = (T *)base[a[1]]; R[a[0]].ld = ld[a[1]]; R[a[0]].trans = trans[a[1]];
+                R[a[0]].buf = a[1];
+                break;
+            case SCRATCH:
+                REGOK(a[0], 0);
+                R[a[0]].p = scratch + a[1] * bs; R[a[0]].ld = a[2]; R[a[0]].trans = 0;
+                R[a[0]].buf = scratch_buf;
+                break;
+            case GATHER: {{
+                REGOK(a[0], 0); BUFOK(a[1], 1); BUFOK(a[3], 3);
+                const int64_t width = a[2];
+                const T *src = (const T *)base[a[1]];
+                const int64_t start = task[5 + 2 * a[4]], step = task[6 + 2 * a[4]];
+                if (a[5] && step >= 1) {{
+                    R[a[0]].p = (T *)src + start * width; R[a[0]].ld = step * width;
+                    R[a[0]].trans = 0; R[a[0]].buf = a[1];
+                    break;
+                }}
+                const int64_t *idx = (const int64_t *)base[a[3]] + koff;
+                if (check && (koff < 0 || koff + bs > size[a[3]])) FAIL(3);
+                T *dst = scratch + a[6] * bs;
+                for (int64_t r = 0; r < bs; r++) {{
+                    if (check && (idx[r] < 0 || (idx[r] + 1) * width > size[a[1]])) FAIL(1);
+                    memcpy(dst + r * width, src + idx[r] * width, (size_t)width * sizeof(T));
+                }}
+                R[a[0]].p = dst; R[a[0]].ld = width; R[a[0]].trans = 0; R[a[0]].buf = scratch_buf;
+                break;
+            }}
+            case CATVIEW:
+                REGOK(a[0], 0); BUFOK(a[1], 1);
+                if (catfirst >= 0 && (!a[4] || forest)) {{
+                    R[a[0]].p = (T *)base[a[1]] + catfirst * a[2]; R[a[0]].ld = a[3] * a[2];
+                    R[a[0]].trans = 0; R[a[0]].buf = a[1];
+                }}
+                break;
+            case SKIP_IF_CAT:
+                if (catfirst >= 0 && (!a[1] || forest)) pc += a[0];
+                break;
+            case TAKE: {{
+                REGOK(a[0], 0); BUFOK(a[1], 1); BUFOK(a[3], 3);
+                const int64_t width = a[2], cols = a[4];
+                const T *src = (const T *)base[a[1]];
+                const int64_t *idx = (const int64_t *)base[a[3]] + koff;
+                if (check && (koff < 0 || koff + bs > size[a[3]])) FAIL(3);
+                T *dst = scratch + a[5] * bs;
+                for (int64_t r = 0; r < bs; r++) {{
+                    if (idx[r] == -1) {{ memset(dst + r * cols, 0, (size_t)cols * sizeof(T)); continue; }}
+                    if (check && (idx[r] < 0 || idx[r] * width + cols > size[a[1]])) FAIL(1);
+                    memcpy(dst + r * cols, src + idx[r] * width, (size_t)cols * sizeof(T));
+                }}
+                R[a[0]].p = dst; R[a[0]].ld = cols; R[a[0]].trans = 0; R[a[0]].buf = scratch_buf;
+                break;
+            }}
+            case TAKETO: {{
+                REGOK(a[0], 0); BUFOK(a[1], 1); BUFOK(a[3], 3);
+                const int64_t width = a[2], cols = a[4], col = a[5];
+                const T *src = (const T *)base[a[1]];
+                const int64_t *idx = (const int64_t *)base[a[3]] + koff;
+                if (check && (koff < 0 || koff + bs > size[a[3]])) FAIL(3);
+                if (check && (R[a[0]].trans || col < 0)) FAIL(0);
+                CHECKR(a[0], bs, cols, 0);
+                T *dst = R[a[0]].p;
+                const int64_t ldd = R[a[0]].ld;
+                for (int64_t r = 0; r < bs; r++) {{
+                    if (idx[r] == -1) {{ memset(dst + r * ldd, 0, (size_t)cols * sizeof(T)); continue; }}
+                    if (check && (idx[r] < 0 || idx[r] * width + col + cols > size[a[1]])) FAIL(1);
+                    memcpy(dst + r * ldd, src + idx[r] * width + col, (size_t)cols * sizeof(T));
+                }}
+                break;
+            }}
+            case SROWS: {{
+                REGOK(a[0], 0); BUFOK(a[1], 1);
+                const int64_t col = a[2], ldb = a[3], cols = a[5];
+                if (soff >= 0) {{   /* one block of rows: a view, as BIND's */
+                    const int64_t at = soff * ldb + col;
+                    if (check && bs > 0 && (at < 0 || at >= size[a[1]])) FAIL(2);
+                    R[a[0]].p = (T *)base[a[1]] + at; R[a[0]].ld = ldb; R[a[0]].trans = 0; R[a[0]].buf = a[1];
+                    break;
+                }}
+                T *dst = scratch + a[6] * bs;
+                if (a[7]) {{
+                    BUFOK(a[4], 4);
+                    const T *src = (const T *)base[a[1]];
+                    const int64_t *idx = (const int64_t *)base[a[4]] + koff;
+                    if (check && (koff < 0 || koff + bs > size[a[4]] || col < 0 || cols < 0)) FAIL(4);
+                    for (int64_t r = 0; r < bs; r++) {{
+                        if (check && (idx[r] < 0 || idx[r] * ldb + col + cols > size[a[1]])) FAIL(4);
+                        memcpy(dst + r * cols, src + idx[r] * ldb + col, (size_t)cols * sizeof(T));
+                    }}
+                }}
+                R[a[0]].p = dst; R[a[0]].ld = cols; R[a[0]].trans = 0; R[a[0]].buf = scratch_buf;
+                break;
+            }}
+            case SPUT: {{
+                BUFOK(a[0], 0); REGOK(a[4], 4);
+                const int64_t col = a[1], ldb = a[2], cols = a[5];
+                if (soff >= 0 && !a[6]) break;   /* SROWS bound a view: the steps wrote the rows in place */
+                if (check && (R[a[4]].trans || col < 0 || cols < 0)) FAIL(4);
+                CHECKR(a[4], bs, cols, 4);
+                T *dst = (T *)base[a[0]];
+                const T *s = R[a[4]].p;
+                const int64_t lds_ = R[a[4]].ld;
+                if (soff >= 0) {{   /* a copy into the offset's rows (as BIND and COPY) */
+                    if (check && out_of(&B, a[0], dst + soff * ldb + col, bs, cols, ldb, 0, sizeof(T))) FAIL(0);
+                    if (ldb == cols && lds_ == cols) {{
+                        memmove(dst + soff * ldb + col, s, (size_t)(bs * cols) * sizeof(T));
+                        break;
+                    }}
+                    for (int64_t r = 0; r < bs; r++)
+                        memmove(dst + (soff + r) * ldb + col, s + r * lds_, (size_t)cols * sizeof(T));
+                    break;
+                }}
+                BUFOK(a[3], 3);
+                const int64_t *idx = (const int64_t *)base[a[3]] + koff;
+                if (check && (koff < 0 || koff + bs > size[a[3]])) FAIL(3);
+                for (int64_t r = 0; r < bs; r++) {{
+                    if (check && (idx[r] < 0 || idx[r] * ldb + col + cols > size[a[0]])) FAIL(3);
+                    memcpy(dst + idx[r] * ldb + col, s + r * lds_, (size_t)cols * sizeof(T));
+                }}
+                break;
+            }}
+            case COLS:
+                REGOK(a[0], 0); REGOK(a[1], 1);
+                R[a[0]] = R[a[1]]; R[a[0]].p += a[2];
+                break;
+            case ALIAS:
+                REGOK(a[0], 0); REGOK(a[1], 1);
+                R[a[0]] = R[a[1]];
+                break;
+            case TRANSPOSE:
+                REGOK(a[0], 0); REGOK(a[1], 1);
+                R[a[0]] = R[a[1]]; R[a[0]].trans ^= 1;
+                break;
+            case GEMM: {{
+                REGOK(a[0], 0); REGOK(a[1], 1); REGOK(a[2], 2);
+                const int64_t m = DIM(a[3]), n = DIM(a[4]), k = DIM(a[5]);
+                if (m == 0 || n == 0) break;
+                const reg_t *A = &R[a[1]], *Bm = &R[a[2]];
+                reg_t *C = &R[a[0]];
+                if (check && C->trans) FAIL(0);
+                CHECKR(a[1], m, k, 1); CHECKR(a[2], k, n, 2); CHECKR(a[0], m, n, 0);
+                /* BLAS wants ld >= the row length; a one-row operand's stride is never used */
+                const int64_t need_a = A->trans ? m : k, need_b = Bm->trans ? k : n;
+                const int64_t lda = A->ld < need_a ? need_a : A->ld, ldb = Bm->ld < need_b ? need_b : Bm->ld;
+                const int64_t ldc = C->ld < n ? n : C->ld;
+                if (check && ((A->ld < need_a && (A->trans ? k : m) > 1) || (Bm->ld < need_b && (Bm->trans ? n : k) > 1)
+                              || (C->ld < n && m > 1))) FAIL(0);
+                if (k == 0) {{
+                    for (int64_t r = 0; r < m; r++) memset(C->p + r * C->ld, 0, (size_t)n * sizeof(T));
+                }} else if (m == 1 && gemv) {{
+                    /* one row: c = op(B)^T a, B read as stored (k x n, or n x k when transposed) */
+                    const int64_t inca = A->trans ? (A->ld < 1 ? 1 : A->ld) : 1;
+                    const int64_t rows_b = Bm->trans ? n : k, cols_b = Bm->trans ? k : n;
+                    if (ilp64)
+                        ((gemv64_t)gemv)(101, Bm->trans ? 111 : 112, rows_b, cols_b, (T)1, Bm->p, ldb, A->p, inca,
+                                         (T)0, C->p, 1);
+                    else
+                        ((gemv32_t)gemv)(101, Bm->trans ? 111 : 112, (int)rows_b, (int)cols_b, (T)1, Bm->p, (int)ldb,
+                                         A->p, (int)inca, (T)0, C->p, 1);
+                }} else if (m >= 2 && m <= tmp_rows && n <= tmp_cols && !Bm->trans && Bm->buf >= 0 && twin[Bm->buf]
+                           && Bm->p == (T *)base[Bm->buf]) {{
+                    /* few rows times a wide static B: C^T = B^T A^T, B^T from the static's contiguous transposed
+                       twin (n x k), into the scratch arena's tail, then transposed into C: OpenBLAS takes 20-45% less
+                       time at 2-32 rows this way (the few rows as its M dimension; cpu/c_runner.py's SMALL_M_ROWS) */
+                    const T *bt = (const T *)twin[Bm->buf];
+                    const int64_t ldt = size[Bm->buf] / ld[Bm->buf];   /* the twin's row: all of B's rows */
+                    T *tmp = scratch + tmp_off;
+                    if (ilp64)
+                        ((gemm64_t)gemm)(101, 111, A->trans ? 111 : 112, n, m, k, (T)1, bt, ldt, A->p, lda, (T)0, tmp, m);
+                    else
+                        ((gemm32_t)gemm)(101, 111, A->trans ? 111 : 112, (int)n, (int)m, (int)k, (T)1, bt, (int)ldt,
+                                         A->p, (int)lda, (T)0, tmp, (int)m);
+                    for (int64_t j0 = 0; j0 < n; j0 += 64) {{
+                        const int64_t j1 = j0 + 64 < n ? j0 + 64 : n;
+                        for (int64_t r = 0; r < m; r++) {{
+                            T *c = C->p + r * ldc;
+                            for (int64_t j = j0; j < j1; j++) c[j] = tmp[j * m + r];
+                        }}
+                    }}
+                }} else if (ilp64) {{
+                    ((gemm64_t)gemm)(101, A->trans ? 112 : 111, Bm->trans ? 112 : 111, m, n, k, (T)1, A->p, lda,
+                                     Bm->p, ldb, (T)0, C->p, ldc);
+                }} else {{
+                    ((gemm32_t)gemm)(101, A->trans ? 112 : 111, Bm->trans ? 112 : 111, (int)m, (int)n, (int)k,
+                                     (T)1, A->p, (int)lda, Bm->p, (int)ldb, (T)0, C->p, (int)ldc);
+                }}
+                if (a[6] >= 0) {{
+                    REGOK(a[6], 6); CHECKR(a[6], 1, n, 6);
+                    const T *b = R[a[6]].p;
+                    for (int64_t r = 0; r < m; r++) {{
+                        T *c = C->p + r * C->ld;
+                        #pragma omp simd
+                        for (int64_t j = 0; j < n; j++) c[j] += b[j];
+                    }}
+                }}
+                break;
+            }}
+            case FUSED: {{
+                const int64_t nargs = a[1], rows = DIM(a[2]), cols = a[3];
+                if (nargs > MAXARGS || (check && (a[0] < 0 || a[0] >= nkernels))) FAIL(0);
+                if (rows == 0 || cols == 0) break;
+                const int64_t *args = pool + a[4];
+                for (int64_t i = 0; i < nargs; i++) {{
+                    const int64_t r = args[2 * i], kind = args[2 * i + 1];
+                    REGOK(r, 10 + i);
+                    if (check && R[r].trans) FAIL(10 + i);
+                    CHECKR(r, kind == 0 || kind == 2 ? rows : 1, kind <= 1 ? cols : 1, 10 + i);
+                    ptrs[i] = R[r].p; lds[i] = (long)R[r].ld;
+                }}
+                ((kernel_t)kernels[a[0]])((long)rows, (long)cols, ptrs, lds);
+                break;
+            }}
+            case COPY: case ADD: {{
+                REGOK(a[0], 0); REGOK(a[1], 1);
+                const int64_t rows = DIM(a[2]), cols = a[3];
+                if (check && (R[a[0]].trans || R[a[1]].trans)) FAIL(0);
+                CHECKR(a[0], rows, cols, 0); CHECKR(a[1], rows, cols, 1);
+                if (in[0] == COPY && R[a[0]].ld == cols && R[a[1]].ld == cols) {{   /* both contiguous: one move */
+                    memmove(R[a[0]].p, R[a[1]].p, (size_t)(rows * cols) * sizeof(T));
+                    break;
+                }}
+                for (int64_t r = 0; r < rows; r++) {{
+                    T *d = R[a[0]].p + r * R[a[0]].ld;
+                    const T *s = R[a[1]].p + r * R[a[1]].ld;
+                    if (in[0] == COPY) memmove(d, s, (size_t)cols * sizeof(T));
+                    else {{
+                        #pragma omp simd
+                        for (int64_t j = 0; j < cols; j++) d[j] += s[j];
+                    }}
+                }}
+                break;
+            }}
+            case ZERO: {{
+                REGOK(a[0], 0);
+                const int64_t rows = DIM(a[1]), cols = a[2];
+                if (check && R[a[0]].trans) FAIL(0);
+                CHECKR(a[0], rows, cols, 0);
+                for (int64_t r = 0; r < rows; r++) memset(R[a[0]].p + r * R[a[0]].ld, 0, (size_t)cols * sizeof(T));
+                break;
+            }}
+            case SUMROWS: {{
+                REGOK(a[0], 0); REGOK(a[1], 1);
+                const int64_t rows = DIM(a[2]), cols = a[3];
+                CHECKR(a[0], 1, cols, 0); CHECKR(a[1], rows, cols, 1);
+                T *d = R[a[0]].p;
+                for (int64_t j = 0; j < cols; j++) d[j] = 0;
+                for (int64_t r = 0; r < rows; r++) {{
+                    const T *s = R[a[1]].p + r * R[a[1]].ld;
+                    #pragma omp simd
+                    for (int64_t j = 0; j < cols; j++) d[j] += s[j];
+                }}
+                break;
+            }}
+            case PUT: {{
+                BUFOK(a[0], 0); BUFOK(a[2], 2); REGOK(a[3], 3);
+                const int64_t width = a[1], cols = a[4];
+                T *dst = (T *)base[a[0]];
+                const int64_t *idx = (const int64_t *)base[a[2]] + koff;
+                if (check && (koff < 0 || koff + bs > size[a[2]])) FAIL(2);
+                CHECKR(a[3], bs, cols, 3);
+                for (int64_t r = 0; r < bs; r++) {{
+                    if (check && (idx[r] < 0 || idx[r] * width + cols > size[a[0]])) FAIL(0);
+                    memcpy(dst + idx[r] * width, R[a[3]].p + r * R[a[3]].ld, (size_t)cols * sizeof(T));
+                }}
+                break;
+            }}
+            case ADJ: {{
+                BUFOK(a[0], 0); BUFOK(a[2], 2); REGOK(a[5], 5);
+                const int64_t width = a[1], cols = a[6];
+                T *dst = (T *)base[a[0]];
+                const int64_t start = task[5 + 2 * a[3]], step = task[6 + 2 * a[3]];
+                CHECKR(a[5], bs, cols, 5);
+                const T *src = R[a[5]].p;
+                const int64_t lds_ = R[a[5]].ld;
+                if (a[4] && step >= 0) {{
+                    if (step == 0) break;   /* only the sentinel row: its gradient is discarded */
+                    if (check && (start < 0 || (start + step * (bs - 1)) * width + cols > size[a[0]])) FAIL(0);
+                    for (int64_t r = 0; r < bs; r++) {{
+                        T *d = dst + (start + step * r) * width;
+                        const T *s = src + r * lds_;
+                        if (forest) memcpy(d, s, (size_t)cols * sizeof(T));
+                        else {{
+                            #pragma omp simd
+                            for (int64_t j = 0; j < cols; j++) d[j] += s[j];
+                        }}
+                    }}
+                    break;
+                }}
+                const int64_t *idx = (const int64_t *)base[a[2]] + koff;
+                if (check && (koff < 0 || koff + bs > size[a[2]])) FAIL(2);
+                for (int64_t r = 0; r < bs; r++) {{
+                    if (check && (idx[r] < 0 || idx[r] * width + cols > size[a[0]])) FAIL(0);
+                    T *d = dst + idx[r] * width;
+                    const T *s = src + r * lds_;
+                    if (forest) memcpy(d, s, (size_t)cols * sizeof(T));
+                    else {{
+                        #pragma omp simd
+                        for (int64_t j = 0; j < cols; j++) d[j] += s[j];
+                    }}
+                }}
+                break;
+            }}
+            case GACC: {{
+                BUFOK(a[0], 0); REGOK(a[1], 1);
+                const int64_t rows = DIM(a[2]), cols = a[3];
+                if (check && rows * cols > size[a[0]]) FAIL(0);
+                CHECKR(a[1], rows, cols, 1);
+                T *d = (T *)base[a[0]];
+                for (int64_t r = 0; r < rows; r++) {{
+                    const T *s = R[a[1]].p + r * R[a[1]].ld;
+                    #pragma omp simd
+                    for (int64_t j = 0; j < cols; j++) d[r * cols + j] += s[j];
+                }}
+                break;
+            }}
+            case DROPOUT: {{
+                REGOK(a[0], 0); REGOK(a[1], 1); BUFOK(a[3], 3); BUFOK(a[4], 4);
+                const int64_t cols = a[2];
+                if (check && (koff < 0 || koff + bs > size[a[3]])) FAIL(3);
+                if (check && (a[5] < 0 || 3 * a[5] + 3 > size[a[4]])) FAIL(5);
+                if (check && (R[a[0]].trans || R[a[1]].trans)) FAIL(0);
+                CHECKR(a[0], bs, cols, 0); CHECKR(a[1], bs, cols, 1);
+                const uint64_t *keys = (const uint64_t *)base[a[3]] + koff;
+                const int64_t *e = (const int64_t *)base[a[4]] + 3 * a[5];
+                const uint64_t h = (uint64_t)e[0], th = (uint64_t)e[1], golden = 0x9E3779B97F4A7C15ULL;
+                double scale_d;
+                memcpy(&scale_d, &e[2], sizeof scale_d);
+                const T scale = (T)scale_d;
+                for (int64_t r = 0; r < bs; r++) {{
+                    const uint64_t hr = mc_mix(h ^ keys[r]) + golden;
+                    T *d = R[a[0]].p + r * R[a[0]].ld;
+                    const T *s = R[a[1]].p + r * R[a[1]].ld;
+                    for (int64_t c = 0; c < cols; c++) {{
+                        const uint64_t z = mc_mix(hr ^ (uint64_t)c) + golden;
+                        d[c] = s[c] * ((z >> 40) >= th ? scale : (T)0);
+                    }}
+                }}
+                break;
+            }}
+            case BMM: {{
+                REGOK(a[0], 0); REGOK(a[1], 1); REGOK(a[2], 2);
+                const int64_t m = a[3], n = a[4], k = a[5], arows = a[6], brows = a[7];
+                if (check && (m < 0 || n < 0 || k < 0)) FAIL(3);
+                if (bs == 0 || m == 0 || n == 0) break;
+                const reg_t *A = &R[a[1]], *Bm = &R[a[2]];
+                const reg_t *C = &R[a[0]];
+                if (check && (C->trans || (arows && A->trans) || (brows && Bm->trans))) FAIL(0);
+                CHECKR(a[0], bs, m * n, 0);
+                if (arows) CHECKR(a[1], bs, m * k, 1); else CHECKR(a[1], m, k, 1);
+                if (brows) CHECKR(a[2], bs, k * n, 2); else CHECKR(a[2], k, n, 2);
+                /* one row's operand: stored row-major with row stride ld (transposed: stored k x m / n x k) */
+                const int64_t ta = arows ? 0 : A->trans, tb = brows ? 0 : Bm->trans;
+                const int64_t lda = arows ? k : A->ld, ldb = brows ? n : Bm->ld;
+                const int64_t astep = arows ? A->ld : 0, bstep = brows ? Bm->ld : 0;
+                if (k == 0) {{
+                    for (int64_t r = 0; r < bs; r++) memset(C->p + r * C->ld, 0, (size_t)(m * n) * sizeof(T));
+                    break;
+                }}
+                if (gemm && arows && !brows && A->ld == m * k && C->ld == m * n) {{
+                    /* every row's a side by side is one (bs m) x k matrix: one GEMM by the shared b */
+                    const int64_t need = tb ? k : n, ldb_ = ldb < need ? need : ldb;
+                    if (ilp64)
+                        ((gemm64_t)gemm)(101, 111, tb ? 112 : 111, bs * m, n, k, (T)1, A->p, k, Bm->p, ldb_, (T)0,
+                                         C->p, n);
+                    else
+                        ((gemm32_t)gemm)(101, 111, tb ? 112 : 111, (int)(bs * m), (int)n, (int)k, (T)1, A->p, (int)k,
+                                         Bm->p, (int)ldb_, (T)0, C->p, (int)n);
+                    break;
+                }}
+                if (gemm && m * n * k > 4096) {{   /* larger products: BLAS per row */
+                    const int64_t need_a = ta ? m : k, need_b = tb ? k : n;
+                    const int64_t lda_ = lda < need_a ? need_a : lda, ldb_ = ldb < need_b ? need_b : ldb;
+                    for (int64_t r = 0; r < bs; r++) {{
+                        const T *ap = A->p + r * astep, *bp = Bm->p + r * bstep;
+                        T *cp = C->p + r * C->ld;
+                        if (ilp64)
+                            ((gemm64_t)gemm)(101, ta ? 112 : 111, tb ? 112 : 111, m, n, k, (T)1, ap, lda_, bp, ldb_,
+                                             (T)0, cp, n);
+                        else
+                            ((gemm32_t)gemm)(101, ta ? 112 : 111, tb ? 112 : 111, (int)m, (int)n, (int)k, (T)1, ap,
+                                             (int)lda_, bp, (int)ldb_, (T)0, cp, (int)n);
+                    }}
+                    break;
+                }}
+                /* small products (H of 3 to 16, or a matrix times a vector): a loop per row beats a BLAS call's
+                   overhead; a few columns (B.a, A.b: n = 1) as dot products, more as rows of b scaled and added */
+                const int64_t sai = ta ? 1 : lda, sap = ta ? lda : 1, sbp = tb ? 1 : ldb, sbj = tb ? ldb : 1;
+                for (int64_t r = 0; r < bs; r++) {{
+                    const T *ap = A->p + r * astep, *bp = Bm->p + r * bstep;
+                    T *cp = C->p + r * C->ld;
+                    for (int64_t i = 0; i < m; i++) {{
+                        T *ci = cp + i * n;
+                        const T *ai = ap + i * sai;
+                        if (n < 4) {{
+                            for (int64_t j = 0; j < n; j++) {{
+                                const T *bj = bp + j * sbj;
+                                T sum = 0;
+                                #pragma omp simd reduction(+:sum)
+                                for (int64_t p = 0; p < k; p++) sum += ai[p * sap] * bj[p * sbp];
+                                ci[j] = sum;
+                            }}
+                            continue;
+                        }}
+                        for (int64_t j = 0; j < n; j++) ci[j] = 0;
+                        for (int64_t p = 0; p < k; p++) {{
+                            const T aip = ai[p * sap];
+                            const T *bpp = bp + p * sbp;
+                            #pragma omp simd
+                            for (int64_t j = 0; j < n; j++) ci[j] += aip * bpp[j * sbj];
+                        }}
+                    }}
+                }}
+                break;
+            }}
+            case TRANSROWS: {{
+                REGOK(a[0], 0); REGOK(a[1], 1);
+                const int64_t m = a[2], n = a[3];
+                if (check && (m < 0 || n < 0 || R[a[0]].trans || R[a[1]].trans)) FAIL(0);
+                CHECKR(a[0], bs, m * n, 0); CHECKR(a[1], bs, m * n, 1);
+                for (int64_t r = 0; r < bs; r++) {{
+                    T *d = R[a[0]].p + r * R[a[0]].ld;
+                    const T *s = R[a[1]].p + r * R[a[1]].ld;
+                    for (int64_t i = 0; i < m; i++)
+                        for (int64_t j = 0; j < n; j++) d[j * m + i] = s[i * n + j];
+                }}
+                break;
+            }}
+            default:
+                FAIL(-3);
+            }}
+            if (prof) {{
+                clock_gettime(CLOCK_MONOTONIC, &t1);
+                prof[in[0]] += (t1.tv_sec - t0.tv_sec) * 1000000000LL + (t1.tv_nsec - t0.tv_nsec);
+            }}
+        }}
+        if (role == 2) __atomic_store_n(&sync[0], t + 1, __ATOMIC_RELEASE);   /* the eager stream: chunk t done */
+    }}
+    if (prof) {{ clock_gettime(CLOCK_MONOTONIC, &t1); prof[NOPCODES] += t1.tv_sec * 1000000000LL + t1.tv_nsec - start_ns; }}
+    err[0] = 0;
+    return 0;
+}}
+
+"""
+
+
+def executor_source(c_type: str) -> str:
+    """The executor's C source for one element type (``float`` or ``double``)."""
+    enum = ", ".join([f"{name} = {i}" for name, i in OPS.items()] + [f"NOPCODES = {len(OPS)}"])
+    return EXECUTOR_SOURCE.format(T=c_type, ENUM=enum, WIDTH=WIDTH, MAX_ARGS=MAX_ARGS, MAX_REGISTERS=MAX_REGISTERS)
+
+
+def executor_decls(c_type: str) -> str:
+    return (f"int run_{c_type}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int64_t nkinds,"
+            " const int64_t *tasks, int64_t ntasks, int64_t tw, const int64_t *base, const int64_t *size,"
+            " const int64_t *ld, const int64_t *trans, int64_t nbufs, int64_t scratch_buf, int64_t max_bs,"
+            " int64_t nregs, const int64_t *kernels, int64_t nkernels, int64_t gemm, int64_t gemv, int64_t ilp64,"
+            " int64_t forest, int64_t check, int64_t *err, int64_t *prof, const int64_t *twin, int64_t tmp_off,"
+            " int64_t tmp_rows, int64_t tmp_cols, int64_t *sync, int64_t role, int64_t nwait);")

@@ -1,0 +1,797 @@
+"""The batch program: F and ∂F of every kind lowered to one instruction stream (VPPS's script), run by a runner.
+
+Per vertex kind and direction (F or ∂F) the kind's task program is lowered once to a *template*: fixed-width
+int64 instructions (codegen/machine.py's ``OPCODES``) whose addresses are relative to a task's rows (its offset
+in the kind's dynamic tensors, its offset in the scatter tensor, its children's rows through the kind's index
+arrays, the task's gather views). :func:`link` joins the kinds' templates into one program (a ``Lowered``).
+Per batch, program.py binds it: the task table (kind, row offset, rows, scatter offset, the gather views and
+the sibling-concat view per task, built with numpy) and the batch's buffers (program.Buffers: the workspace's
+tensors, the scatter tensors and their gradients, pull and push buffers, the kind's index arrays, parameters,
+parameter-gradient accumulators, one scratch arena). A runner then expands template x task table: the C
+runner in one C call (cpu/c_runner.py), the CUDA runner with the generated kernels (cuda/python_runner.py), the
+reference runner (reference.py), which defines every opcode, one Python function each.
+
+The blocks before and after the task loop (eager and lazy batching: one block per kind over all its rows) are
+templates too, run as one task each of all the kind's rows (kind offset 0, scatter offset the kind's first
+scatter row; program.block_rows adds their rows before and after the task table), so one call runs a pass's
+blocks, tasks and blocks. A block reads and writes its kind's scatter rows through SROWS and SPUT: a view at
+the scatter offset, as a task's BIND, when the batch lays those rows out as one block (the cavs schedule of
+one kind, or of leaf/internal kinds); else (scatter offset -1: 2Type's and the lattice's kinds interleaved by
+height) rows copied in by the kind's row index (``srows``) and computed rows put back after the steps. So
+the contiguous case copies nothing, and the other needs no second template.
+
+Every step lowers: a step no other opcode expresses (an op with no lowering, a broadcast no kernel computes,
+a fused group with more arguments than a kernel call passes) is an APPLY of its op's own implementation,
+which the reference and CUDA runners run and the C runner declines (that pass then runs on the reference
+runner on the same device, and dump() says why). Values of any shape are matrices of flat rows
+(codegen/native.matrix_shape).
+
+Streaming runs the blocks before the task loop as a second table of the same templates, one chunk per task
+over the task's rows (program.eager_rows), on the runner's second stream; a parameter gradient such a block
+computes is then accumulated (GACC), never computed straight into its accumulator, since each chunk adds its
+rows' part.
+
+A per-row value of any number of axes is a matrix of flat rows of prod(vshape) numbers, row-major (MV-RNN's
+(H, H) matrix per vertex: H² columns): a reshape keeping the row axis aliases the register (per-row
+registers are never transposed and their rows are contiguous), a slice, concat or unslice along axis 1 is a
+block of columns, a sum over the rows is SUMROWS over the flat columns, a fused group runs its kernel over
+the flat rows (when each input broadcasts there as over its shape), a product with a per-row operand of
+three axes is BMM (one product per row, an operand either per-row or a static), and a per-row transpose of
+the last two axes is TRANSROWS, a copy: a flag would have to be honoured by every reader of the value (the
+Python blocks that share the kind's tensors, fused kernels, copies into stored tensors), while the copy keeps
+every per-row value in the one layout they all assume.
+
+Registers: every value of a template is a register (pointer, row stride, transposed flag, buffer) set by the
+instruction that binds or computes it; views (row blocks, column slices, strided gathers, transposes,
+identities) only set registers, computed values get a region of the scratch arena (``off`` x the task's
+rows). Parameter gradients computed per task are added into accumulators zeroed per batch; one that a block
+alone computes is computed straight into its accumulator.
+
+Dropout (DROPOUT) multiplies by the mask of the task's row keys (the kind's ``rowkeys`` buffer) and one entry of
+a per-run table (``dropout``: the hash word of (seed, step, site), threshold and scale; see
+program.dropout_table), so a template serves every step and the masks are those of ops.nn's dropout.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..ir.graph import Node
+from ..ops.registry import OPS, holds_tuple
+from .codegen.machine import ARG_KINDS, MAX_ARGS, OPCODES, OPS as OPCODE, WIDTH, matrix_shape
+from .compile import POST, PRE, TASK
+from .passes.fusion import fuse, fusible
+from .passes.layout import gradient_blocks
+
+
+class Unsupported(Exception):
+    """The lowering met a task program it cannot have made (a value read before anything binds it: a
+    compiler bug, not a user's op; every op lowers, APPLY the last resort)."""
+
+
+OPCODES_BY_ID = list(OPCODES)
+NONE, KIND_ROWS, SCATTER_ROWS = 0, 1, 2
+MODE_NAMES = {NONE: "0", KIND_ROWS: "task rows", SCATTER_ROWS: "scatter rows"}
+PHASE_WORDS = {PRE: "before tasks", TASK: "task", POST: "after tasks"}
+BUFFER_OPERANDS = ("buf", "idx", "keys", "table")   # operands that name a buffer (linked to global ids)
+TASK_COLUMNS = 5   # kind, kind offset, rows, scatter offset, first row of the sibling-concat view (-1: none)
+
+
+def _cols(node: Node) -> int:
+    """Columns of a node as the registers' matrix (codegen/native.matrix_shape: values of any shape are flat
+    rows)."""
+    return matrix_shape(node)[1]
+
+
+def _col_offset(node: Node) -> int:
+    """The first flat column of a block along axis 1 (a slice's, an unslice's): ``start`` entries of axis 1,
+    each prod(shape[2:]) numbers of the flat row (1 for a 2-D value)."""
+    return int(node.attrs["start"]) * _width(node.shape[2:])
+
+
+def _rows(node: Node) -> int:
+    """Rows as an instruction dimension: -1 for the task's rows."""
+    return matrix_shape(node)[0]
+
+
+def _dim(d) -> int:
+    return -1 if d is None else int(d)
+
+
+class Template:
+    """One kind's task program (F or ∂F) as instructions over local registers and buffer keys."""
+
+    def __init__(self, kind: str, phase: int = TASK):
+        self.kind, self.phase = kind, phase
+        self.scatter_rows = False       # binds rows of a scatter tensor (or its gradient) at the scatter offset
+        self.regathers = False          # (POST of ∂F) gathers the children's concat again: a view when side by side
+        self.code: list = []            # (opcode name, operands...)
+        self.pool: list = []            # fused kernels' argument lists
+        self.regs: dict = {}            # node -> register
+        self.reg_names: list = []
+        self.buffers: dict = {}         # buffer key -> local id
+        self.kernels: list = []         # Kernel objects (their uniform addresses)
+        self.scratch = 0                # scratch columns (per row) used
+        self.fixed = 0                  # elements of values without a row axis (a task's partial gradients)
+        self.param_grads: list = []     # parameter names accumulated per task
+        self.overlays: dict = {}        # node -> an instruction (its register first) re-pointing its scratch
+        self.direct: dict = {}          # node -> the parameter whose gradient accumulator it is computed into
+        self.direct_blocks: dict = {}   # node -> ((parameter, first column, end), ...): computed into one
+        # buffer whose column blocks are those parameters' gradients (a merged GEMM's ∂W', passes/gemm.py)
+        self.puts_back: list = []       # a block's values computed where SROWS bound the scatter rows (SPUT's)
+        self.dropouts: list = []        # per DROPOUT entry: (p, site)
+        self.steps: list = []           # per APPLY: the step it runs (compile.Step)
+
+    def reg(self, node: Node | None = None, name: str = "") -> int:
+        if node is not None and node in self.regs:
+            return self.regs[node]
+        r = len(self.reg_names)
+        self.reg_names.append(name or (node.name or f"%{node.id}" if node is not None else f"t{r}"))
+        if node is not None:
+            self.regs[node] = r
+        return r
+
+    def buf(self, key: tuple) -> int:
+        return self.buffers.setdefault(key, len(self.buffers))
+
+    def emit(self, op: str, *args: int) -> None:
+        assert len(args) == len(OPCODES[op]) and len(args) < WIDTH, (op, args)
+        if (op == "BIND" and args[2] == SCATTER_ROWS) or op in ("SROWS", "SPUT"):
+            self.scatter_rows = True
+        self.code.append((op,) + tuple(int(a) for a in args))
+
+    def scratch_reg(self, node: Node) -> int:
+        cols = _cols(node)
+        r = self.reg(node)
+        if node.has_rows:
+            self.emit("SCRATCH", r, self.scratch, cols)
+            self.scratch += cols
+            if node in self.overlays:   # e.g. the scatter gradient's rows, when the task's layout allows
+                op, *args = self.overlays[node]
+                self.emit(op, r, *args)
+        elif node in self.direct:   # a block's parameter gradient: computed straight into its accumulator
+            self.emit("BIND", r, self.buf(("pgrad", self.direct[node], "set")), NONE, 0, cols)
+        elif node in self.direct_blocks:   # several, side by side: their column blocks are the gradients
+            self.emit("BIND", r, self.buf(("pgrad", self.direct_blocks[node], "block")), NONE, 0, cols)
+        else:   # a fixed-size value: its own region of the fixed arena
+            self.emit("BIND", r, self.buf(("fixed",)), NONE, self.fixed, cols)
+            self.fixed += _rows(node) * cols
+        return r
+
+    def take(self, node: Node, key: tuple, width: int, index_key: tuple) -> None:
+        cols = _cols(node)
+        self.emit("TAKE", self.reg(node), self.buf(key), width, self.buf(index_key), cols, self.scratch)
+        self.scratch += cols
+
+    def bind(self, node: Node, key: tuple, mode: int, col: int, ld: int) -> int:
+        r = self.reg(node) if node is not None else self.reg(name=f"{key[0]} {key[-1]}")
+        self.emit("BIND", r, self.buf(key), mode, col, ld)
+        return r
+
+    def scatter_view(self, node: Node, key: tuple, col: int, ld: int, write: bool = False) -> int:
+        """Bind ``node`` to columns ``col``.. of the kind's rows of a scatter tensor (or its gradient) ``key``
+        (``ld`` its row): a task's rows are one block of rows (a view, BIND); a block's (all the kind's rows)
+        are one when the schedule lays them out so (then a view too, no copy), else SROWS copies them in by
+        the kind's row index, or, ``write`` (a value the block computes there), gives it scratch rows that
+        :meth:`put_back` puts after the steps."""
+        if self.phase == TASK:
+            return self.bind(node, key, SCATTER_ROWS, col, ld)
+        cols = _cols(node)
+        r = self.reg(node)
+        self.emit("SROWS", r, self.buf(key), col, ld, self.buf(("srows",)), cols, self.scratch, int(not write))
+        self.scratch += cols
+        if write:
+            self.puts_back.append((key, col, ld, r, cols))
+        return r
+
+    def put_back(self) -> None:
+        """A block's values computed into scratch rows for SROWS's split case: put into the kind's rows."""
+        for key, col, ld, r, cols in self.puts_back:
+            self.emit("SPUT", self.buf(key), col, ld, self.buf(("srows",)), r, cols, 0)
+
+    def copy_to(self, key: tuple, mode: int, ld: int, node: Node) -> None:
+        if mode == SCATTER_ROWS and self.phase != TASK:   # (a block's: one SPUT, a view or the rows by index)
+            self.emit("SPUT", self.buf(key), 0, ld, self.buf(("srows",)), self.regs[node], _cols(node), 1)
+            return
+        dst = self.reg(name=f"dst {_key_text(key)}")
+        self.emit("BIND", dst, self.buf(key), mode, 0, ld)
+        self.emit("COPY", dst, self.regs[node], -1, _cols(node))
+
+
+@dataclass
+class Lowered:
+    """The templates of one pass, linked: one code array for all kinds (instructions per kind range)."""
+
+    title: str
+    kids: list                  # per template: its id (a task's: its kind id; a block's: kinds + kind id before
+                                # the task loop, 2 x kinds + kind id after it)
+    templates: list
+    code: np.ndarray
+    pool: np.ndarray
+    ranges: np.ndarray          # per template id: [begin, end) of its instructions
+    keys: list                  # global buffer keys (index = buffer id); the scratch arena is last
+    kernels: np.ndarray
+    nregs: int
+    scratch_cols: int           # scratch columns per row of the task templates (a block's: its BlockInfo's)
+    fixed_size: int = 0
+    blocks: list = field(default_factory=list)   # the blocks' BlockInfo, in run order
+    task_keys: int | None = None    # the buffers the task templates name are keys[:task_keys] (None: all)
+    table_width: int = TASK_COLUMNS   # columns of a task-table row
+    fused: list = field(default_factory=list)   # per kernel id: the device's kernel of a fused group (its .group)
+    dropouts: list = field(default_factory=list)   # per DROPOUT entry: (p, site) (program.dropout_table makes its row)
+    steps: list = field(default_factory=list)      # per APPLY: the step (compile.Step) it runs
+
+    @property
+    def block_scratch(self) -> dict:
+        """{block template id: its scratch columns per row}."""
+        if "_block_scratch" not in self.__dict__:
+            self.__dict__["_block_scratch"] = {b.tid: b.template.scratch for b in self.blocks}
+        return self.__dict__["_block_scratch"]
+    pointers: tuple | None = field(default=None, repr=False, compare=False)   # code, pool, ranges, kernels
+
+    def writes(self, opcode: str, phase: int, tid: int | None = None) -> set:
+        """The buffer ids (the first operand) of ``opcode``'s instructions in the templates of ``phase`` (or
+        the one template ``tid``)."""
+        nk = len(self.ranges) // 3
+        first = {TASK: 0, PRE: nk, POST: 2 * nk}[phase]
+        found = set()
+        for t in range(first, first + nk) if tid is None else [tid]:
+            code = self.code[slice(*self.ranges[t])]
+            found.update(code[code[:, 0] == OPCODE[opcode], 1].tolist())
+        return found
+
+    @property
+    def eager_accumulators(self) -> list:
+        """Buffer ids of the parameter-gradient accumulators that both the blocks before the task loop and the
+        tasks add into: streaming, a runner gives the eager stream its own (zeros) and adds it after the pass,
+        so the two streams never add into one buffer at once."""
+        if "_eager_accumulators" not in self.__dict__:
+            self.__dict__["_eager_accumulators"] = sorted(self.writes("GACC", PRE) & self.writes("GACC", TASK))
+        return self.__dict__["_eager_accumulators"]
+
+    def lines(self, blocks: bool = True) -> list[str]:
+        """The templates, one instruction a line: opcode and named operands (``blocks``: also those of the
+        blocks before and after the task loop)."""
+        out = []
+        for tid, t in zip(self.kids, self.templates):
+            if t.phase != TASK and not blocks:
+                continue
+            begin, end = self.ranges[tid]
+            what = "task" if t.phase == TASK else PHASE_WORDS[t.phase] + " block"
+            out.append(f"kind '{t.kind}' {what} template (instructions {begin}:{end}):")
+            out += [f"  {pc}: {self.text(pc, t)}" for pc in range(begin, end)]
+        return out
+
+    def text(self, pc: int, template: Template | None = None) -> str:
+        if template is None:
+            template = next(t for tid, t in zip(self.kids, self.templates) if self.ranges[tid][0] <= pc
+                            < self.ranges[tid][1])
+        row = self.code[pc]
+        name = list(OPCODES)[int(row[0])]
+        parts = []
+        for field_name, value in zip(OPCODES[name], row[1:].tolist()):
+            if field_name in ("dst", "src", "a", "b", "c") or (field_name == "bias" and value >= 0):
+                v = f"r{value}({template.reg_names[value]})" if 0 <= value < len(template.reg_names) \
+                    else f"r{value}"
+            elif field_name in BUFFER_OPERANDS:
+                v = _key_text(self.keys[value]) if 0 <= value < len(self.keys) else f"#{value}"
+            elif field_name == "mode":
+                v = MODE_NAMES.get(value, str(value))
+            else:
+                v = str(value)
+            parts.append(f"{field_name}={v}")
+        if name == "FUSED":
+            off, n = int(row[5]), int(row[2])
+            regs = self.pool[off:off + 2 * n:2].tolist()
+            parts.append("args=" + ",".join(f"r{r}({template.reg_names[r]})" for r in regs))
+        if name == "APPLY":
+            step = self.steps[int(row[1])]
+            parts.insert(0, step.text(lambda n: n.name or f"%{n.id}"))
+        return f"{name} " + " ".join(parts)
+
+
+def _key_text(key: tuple) -> str:
+    what, *rest = key
+    names = [x.name or f"%{x.id}" if isinstance(x, Node) else str(x) for x in rest]
+    return f"{what}[{','.join(names)}]" if names else what
+
+
+# --- lowering a kind's task program -----------------------------------------------------------------------
+
+def _single_kernel(node: Node, device, singles: dict):
+    """(group, kernel) of an elementwise node fusion left alone (``singles``: the function's, kept with it), or
+    None when no kernel computes its broadcast."""
+    if node not in singles:
+        groups = fuse([node], [node])
+        singles[node] = None if len(groups) != 1 or "other" in groups[0].broadcast else \
+            (groups[0], device.fused(groups)[0])
+    return singles[node]
+
+
+def _flat_broadcast(x: Node, kind: str, out: Node) -> bool:
+    """Does input ``x`` of a fused group broadcast the same way over ``out``'s flat rows as over its shape?
+    A full operand and a scalar always; a row (read at the column) when it is as wide as a flat row; a
+    column (read once per row) when each of its rows is one number."""
+    if kind in ("full", "scalar"):
+        return True
+    if kind == "row":
+        return _width(x.shape) == _cols(out)
+    return kind == "col" and x.has_rows and _cols(x) == 1
+
+
+def _bound(t: Template, inputs) -> None:
+    for x in inputs:
+        if x not in t.regs:
+            raise Unsupported(f"{x.label()} is read before anything binds it")
+
+
+def _kernel_step(t: Template, group, kernel, inputs, outputs) -> bool:
+    """A fused group as one FUSED instruction; False (nothing emitted) where the runners' kernels cannot run
+    it: no compiled kernel, an output of more axes whose inputs do not broadcast over its flat rows as over its
+    shape (or that has no row axis), more arguments than a kernel call passes."""
+    if kernel is None or getattr(kernel, "address", None) == 0:   # (a C kernel without its uniform twin)
+        return False
+    out = group.output
+    if out.ndim > 2 and (not out.has_rows or not all(   # (per-row values of more axes: over their flat rows)
+            _flat_broadcast(x, kind, out) for x, kind in zip(inputs, group.broadcast))):
+        return False
+    if len(inputs) + len(outputs) > MAX_ARGS:
+        return False
+    _bound(t, inputs)
+    args = []
+    for x, kind in zip(inputs, group.broadcast):
+        args += [t.regs[x], ARG_KINDS[kind]]
+    for y in outputs:
+        r = t.regs[y] if y in t.regs else t.scratch_reg(y)
+        args += [r, ARG_KINDS["full"]]
+    if kernel not in t.kernels:
+        t.kernels.append(kernel)
+    t.emit("FUSED", t.kernels.index(kernel), len(args) // 2, _rows(out), _cols(out), len(t.pool))
+    t.pool += args
+    return True
+
+
+def _apply(t: Template, step) -> None:
+    """APPLY: a step no other opcode expresses (an op with no lowering, such as a reshape that is not a view; a
+    broadcast no kernel computes; a fused group too wide for a kernel call) runs as its op's own
+    implementation over its inputs' values. Its outputs get scratch (or the registers already given them)."""
+    _bound(t, step.inputs)
+    outs = [t.regs[y] if y in t.regs else t.reg(y) if holds_tuple(y) else t.scratch_reg(y) for y in step.outputs]
+    keys = t.buf(("rowkeys",)) if step.needs_ctx and any(x.has_rows for x in step.outputs) else -1
+    t.emit("APPLY", len(t.steps), len(t.pool), keys)
+    t.pool += [t.regs[x] for x in step.inputs] + outs
+    t.steps.append(step)
+
+
+def _step(t: Template, step, statics: set, device, singles: dict) -> None:
+    """One step's instructions (its inputs are registers already)."""
+    for x in step.inputs:
+        if x not in t.regs and x in statics:
+            t.emit("STATIC", t.reg(x), t.buf(("static", x)))
+    _bound(t, step.inputs)
+    if step.fused:
+        if not _kernel_step(t, step.run.group, step.run.kernel, step.inputs, step.outputs):
+            _apply(t, step)
+        return
+    node = step.outputs[0]
+    opdef = OPS[node.op]
+    how = opdef.native(node) if opdef.native is not None else None
+    if how == "dropout":   # the mask of the task's row keys (a per-batch table entry)
+        out = t.scratch_reg(node)
+        t.emit("DROPOUT", out, t.regs[step.inputs[0]], _cols(node), t.buf(("rowkeys",)), t.buf(("dropout",)),
+               len(t.dropouts))
+        t.dropouts.append((float(node.attrs["p"]), int(node.attrs["site"])))
+        return
+    if opdef.identity and not opdef.needs_ctx:
+        t.emit("ALIAS", t.reg(node), t.regs[step.inputs[0]])
+        return
+    if how is None:
+        single = _single_kernel(node, device, singles) if fusible(node) else None
+        if single is None or not _kernel_step(t, *single, single[0].inputs, single[0].outputs):
+            _apply(t, step)
+        return
+    ins = [t.regs[x] for x in step.inputs]
+    if how == "cols":
+        t.emit("COLS", t.reg(node), ins[0], _col_offset(node))
+    elif how == "alias":   # a per-row reshape: the same flat rows (per-row registers are never transposed)
+        t.emit("ALIAS", t.reg(node), ins[0])
+    elif how == "transpose":
+        t.emit("TRANSPOSE", t.reg(node), ins[0])
+    elif how == "transpose_rows":
+        _, rows, cols = step.inputs[0].shape
+        if rows == 1 or cols == 1:   # a row or column vector per row: the same flat numbers
+            t.emit("ALIAS", t.reg(node), ins[0])
+        else:
+            t.emit("TRANSROWS", t.scratch_reg(node), ins[0], rows, cols)
+    elif how == "bmm":
+        a, b = step.inputs[:2]
+        out = t.scratch_reg(node)
+        t.emit("BMM", out, ins[0], ins[1], node.shape[1], node.shape[2], a.shape[-1], int(a.has_rows),
+               int(b.has_rows))
+    elif how == "gemm":
+        a, b = step.inputs[:2]
+        out = t.scratch_reg(node)
+        bias = ins[2] if len(ins) > 2 else -1
+        t.emit("GEMM", out, ins[0], ins[1], _dim(node.shape[0]), _dim(node.shape[1]), _dim(a.shape[1]), bias)
+    elif how == "concat":
+        out = t.scratch_reg(node)
+        col = 0
+        for x, r in zip(step.inputs, ins):
+            part = t.reg(name=f"{t.reg_names[out]}[:, {col}:]")
+            t.emit("COLS", part, out, col)
+            t.emit("COPY", part, r, _rows(node), _cols(x))
+            col += _cols(x)
+    elif how == "unslice":
+        out = t.scratch_reg(node)
+        t.emit("ZERO", out, _rows(node), _cols(node))
+        part = t.reg(name=f"{t.reg_names[out]}[:, {_col_offset(node)}:]")
+        t.emit("COLS", part, out, _col_offset(node))
+        t.emit("COPY", part, ins[0], _rows(node), _cols(step.inputs[0]))
+    elif how == "sum_rows":
+        x = step.inputs[0]
+        if x.has_rows and _width(node.shape) != _cols(x):   # (not a sum over the rows alone)
+            _apply(t, step)
+            return
+        out = t.scratch_reg(node)   # (one flat row: a static result keeps the row-major layout)
+        t.emit("SUMROWS", out, ins[0], _dim(x.shape[0]), _cols(x))
+    else:
+        raise Unsupported(f"{node.label()}: unknown native lowering {how!r}")
+
+
+def _width(shape) -> int:
+    return int(math.prod(shape))
+
+
+def _steps(t: Template, program, statics: set, device, singles: dict, skip_concat: Node | None = None) -> None:
+    for step in program:
+        if skip_concat is not None and step.outputs[0] is skip_concat:
+            # the sibling concat: skipped when the task's children are side by side (CATVIEW bound it)
+            mark = len(t.code)
+            t.emit("SKIP_IF_CAT", 0, 0)
+            _step(t, step, statics, device, singles)
+            t.code[mark] = ("SKIP_IF_CAT", len(t.code) - mark - 1, 0)
+        else:
+            _step(t, step, statics, device, singles)
+
+
+def _singles(fn, device) -> dict:
+    return fn._phases.setdefault(("native single kernels", device), {})
+
+
+def forward_template(fn, opts, device, training: bool, phase: int = TASK) -> Template:
+    """F's program of one kind in ``phase``: TASK's runs per task;
+    PRE's and POST's (eager and lazy batching) run once over all the kind's rows, as a task of those rows
+    (program.block_rows: kind offset 0, scatter offset the kind's first scatter row)."""
+    kp = fn.phases(opts, device).forward
+    f_stored = fn.placement(opts, device, training).forward_stored
+    inplace, copied, concats = fn.placement(opts, device, training).forward[phase]
+    t = Template(fn.F.name, phase)
+    statics = set(fn.static_fwd)
+    smsg = fn.scatter_message
+    lazy = fn.lazy_scatter_reads(opts, device) if phase != TASK else {}
+    for x in kp.reads[phase]:
+        if phase == TASK or x in f_stored:
+            t.bind(x, ("tensor", x), KIND_ROWS, 0, _width(x.vshape))
+        else:   # the lazy phase reads the scattered value back from the scatter tensor (alias.py)
+            t.scatter_view(x, ("scatter", smsg), lazy[x][0], _width(smsg))
+    elide = phase == TASK and opts.gather_elision
+    for j, g in fn.gathers.items():
+        if kp.phase[g] == phase:
+            message = fn.gather_messages[j]
+            width = _width(message)
+            t.emit("GATHER", t.reg(g), t.buf(("scatter", message)), width, t.buf(("child", j)), j,
+                   int(elide), t.scratch)
+            t.scratch += width
+    cat = fn.gather_concat
+    cat_view = cat is not None and elide and kp.phase.get(cat) == TASK
+    if cat_view:
+        message = cat.inputs[0].vshape
+        t.emit("CATVIEW", t.reg(cat), t.buf(("scatter", message)), _width(message), len(fn.gathers), 0)
+    for name, p in fn.pulls.items():
+        if kp.phase[p] == phase:
+            t.take(p, ("pull", name), _width(p.vshape), ("pullrows", name))
+    for node in inplace:
+        t.bind(node, ("tensor", node), KIND_ROWS, 0, _width(node.vshape))
+    written = set(inplace) | {m for _, parts in concats for m, _, _ in parts}
+    src, direct = fn.scatter_source, False
+    for c, parts in concats:
+        if c not in t.regs:
+            if c is src:
+                t.scatter_view(c, ("scatter", smsg), 0, _width(smsg), write=True)
+                direct = True
+            else:
+                t.scratch_reg(c)
+        for m, a, _ in parts:
+            t.emit("COLS", t.reg(m), t.regs[c], a)
+    if (not direct and src in kp.inplace and src not in written and kp.phase.get(src) == phase):
+        t.scatter_view(src, ("scatter", smsg), 0, _width(smsg), write=True)
+        direct = True
+    _steps(t, kp.programs[phase], statics, device, _singles(fn, device), cat if cat_view else None)
+    t.put_back()
+    if fn.scattered is not None and kp.phase[fn.scattered] == phase and not direct:
+        t.copy_to(("scatter", smsg), SCATTER_ROWS, _width(smsg), fn.scattered)
+    for name, p in fn.pushes.items():
+        if kp.phase[p] == phase:
+            t.emit("PUT", t.buf(("push", name)), _width(p.vshape), t.buf(("pushrows", name)), t.regs[p],
+                   _cols(p))
+    for node in copied:
+        t.copy_to(("tensor", node), KIND_ROWS, _width(node.vshape), node)
+    return t
+
+
+def backward_template(fn, opts, device, phase: int = TASK, direct: bool = False) -> Template:
+    """∂F's program of one kind in ``phase`` (PRE and POST: over all
+    the kind's rows, as forward_template's). ``direct`` (a block whose parameter gradients no other template
+    writes): each is computed straight into its accumulator (which then needs no zeros, no GACC)."""
+    kp = fn.phases(opts, device).backward
+    placed = fn.placement(opts, device, True)
+    f_stored, b_stored = placed.forward_stored, placed.backward_stored
+    inplace, copied, concats = placed.backward[phase]
+    b_stored = set(b_stored)
+    t = Template(fn.F.name, phase)
+    if direct and phase != TASK:
+        t.direct = {g: name for name, g in fn.param_grads.items() if kp.phase[g] == phase and not g.has_rows}
+        t.direct_blocks = gradient_blocks(t.direct, kp.programs[phase])
+        covered = {name for names in t.direct_blocks.values() for name, _, _ in names}
+        t.direct = {g: name for g, name in t.direct.items() if name not in covered}
+    statics = set(fn.static_fwd) | set(fn.static_bwd)
+    program = kp.programs[phase]
+    read = {x for step in program for x in step.inputs}
+    read.update(x for x in copied)
+    read.update(g for leaf, g in fn.leaf_grads.items() if kp.phase[g] == phase)
+    read.update(g for g in fn.param_grads.values() if kp.phase[g] == phase)
+    read.update(ct for out, ct in fn.ct.items() if kp.phase[ct] == phase and ct in b_stored)
+    bound = set()
+    for node in f_stored:
+        if node in read:
+            t.bind(node, ("tensor", node), KIND_ROWS, 0, _width(node.vshape))
+        bound.add(node)
+    smsg = fn.scatter_message
+    if phase == POST:
+        for cat in fn.lazy_gather_reads(opts, device):   # gathered again from the scatter tensor
+            if cat in read:
+                _regather(t, fn, cat)
+            bound.add(cat)
+    if fn.scatter_parts:
+        for x, (a, b) in fn.scatter_parts.items():
+            if x not in bound:
+                if x in read:
+                    t.scatter_view(x, ("scatter", smsg), a, _width(smsg))
+                bound.add(x)
+    for name, x in fn.pull_reads.items():
+        if x not in bound:
+            if x in read:
+                t.take(x, ("pull", name), _width(x.vshape), ("pullrows", name))
+            bound.add(x)
+    lazy = fn.lazy_scatter_reads(opts, device) if phase != TASK else {}
+    for x in kp.reads[phase]:
+        if x in b_stored:
+            t.bind(x, ("btensor", x), KIND_ROWS, 0, _width(x.vshape))
+        elif x in lazy and x not in bound and x in read:   # the scattered value's cotangent, from the scatter gradient
+            t.scatter_view(x, ("sgrad", smsg), lazy[x][0], _width(smsg))
+    for out, ct in fn.ct.items():
+        if kp.phase[ct] != phase:
+            continue
+        if out is fn.scattered:
+            t.scatter_view(ct, ("sgrad", smsg), 0, _width(smsg))
+        elif ct in b_stored:   # taken straight into the tensor that keeps it for a later phase
+            width = _width(ct.vshape)
+            t.bind(ct, ("btensor", ct), KIND_ROWS, 0, width)
+            t.emit("TAKETO", t.regs[ct], t.buf(("pushgrad", out.name)), width, t.buf(("pushrows", out.name)),
+                   _cols(ct), 0)
+            continue
+        else:
+            t.take(ct, ("pushgrad", out.name), _width(ct.vshape), ("pushrows", out.name))
+        if ct in b_stored:
+            t.copy_to(("btensor", ct), KIND_ROWS, _width(ct.vshape), ct)
+    for node in inplace:
+        t.bind(node, ("btensor", node), KIND_ROWS, 0, _width(node.vshape))
+    for c, parts in concats:
+        if c not in t.regs:
+            t.scratch_reg(c)
+        for m, a, _ in parts:
+            t.emit("COLS", t.reg(m), t.regs[c], a)
+    grad_cat = _children_gradient(fn, kp, inplace, concats) if opts.gather_elision and phase == TASK else None
+    if grad_cat is not None:
+        message = fn.gather_messages[0]
+        t.overlays[grad_cat] = ("CATVIEW", t.buf(("sgrad", message)), _width(message), len(fn.gathers), 1)
+    _steps(t, program, statics, device, _singles(fn, device))
+    for node in copied:
+        t.copy_to(("btensor", node), KIND_ROWS, _width(node.vshape), node)
+    grads = sorted(fn.leaf_grads.items(), key=lambda lg: fn.gather_slot.get(lg[0], len(fn.gathers)))
+    if grad_cat is not None:   # the gradient was computed straight into the children's rows: no adjoints
+        t.emit("SKIP_IF_CAT", len(fn.gathers), 1)
+        skip_at = len(t.code)
+    for leaf, g in grads:
+        if kp.phase[g] != phase:
+            continue
+        if g not in t.regs:
+            raise Unsupported(f"gradient {g.label()} is not computed by the task program")
+        j = fn.gather_slot.get(leaf)
+        if j is not None:
+            message = fn.gather_messages[j]
+            t.emit("ADJ", t.buf(("sgrad", message)), _width(message), t.buf(("child", j)), j,
+                   int(opts.gather_elision and phase == TASK), t.regs[g], _cols(g))
+        else:
+            t.emit("PUT", t.buf(("pullgrad", leaf.name)), _width(leaf.vshape), t.buf(("pullrows", leaf.name)),
+                   t.regs[g], _cols(g))
+    if grad_cat is not None:
+        assert [c[0] for c in t.code[skip_at:skip_at + len(fn.gathers)]] == ["ADJ"] * len(fn.gathers)
+    covered_by_block = {name for names in t.direct_blocks.values() for name, _, _ in names}
+    for name, g in fn.param_grads.items():
+        if kp.phase[g] == phase:
+            if g not in t.regs:
+                raise Unsupported(f"gradient of '{name}' is not computed by the task program")
+            if ("pgrad", name, "set") not in t.buffers and name not in covered_by_block:   # (else computed into it)
+                t.emit("GACC", t.buf(("pgrad", name)), t.regs[g], _rows(g), _cols(g))
+            t.param_grads.append(name)
+    return t
+
+
+def _regather(t: Template, fn, cat: Node) -> None:
+    """∂F's lazy phase reads the concat of the gathers over all the kind's rows (Tree-FC's [h_l; h_r] for
+    dW): a view of the scatter tensor when child j of row i is row first + k*i + j (the row of the block's
+    task table says first, as a task's concat view), else the children's rows copied side by side."""
+    message = fn.gather_messages[0]
+    width, k = _width(message), len(fn.gathers)
+    r = t.reg(cat)
+    t.regathers = True
+    t.emit("CATVIEW", r, t.buf(("scatter", message)), width, k, 0)
+    mark = len(t.code)
+    t.emit("SKIP_IF_CAT", 0, 0)
+    t.scratch_reg(cat)
+    for j in fn.gathers:
+        part = t.reg(name=f"{t.reg_names[r]}[:, {j * width}:]")
+        t.emit("COLS", part, r, j * width)
+        t.emit("TAKETO", part, t.buf(("scatter", fn.gather_messages[j])), _width(fn.gather_messages[j]),
+               t.buf(("child", j)), width, 0)
+    t.code[mark] = ("SKIP_IF_CAT", len(t.code) - mark - 1, 0)
+
+
+def _children_gradient(fn, kp, inplace, concats) -> Node | None:
+    """The value whose column blocks are the gathers' gradients, slot by slot (∂F of Tree-FC's [h_l; h_r]·W
+    is one product dY·Wᵀ), when the task program computes it into scratch: a task whose children are side by
+    side in a forest can compute it straight into their rows of the scatter gradient (CATVIEW), and the
+    gathers' adjoints, copies of its column blocks there, are skipped."""
+    k = len(fn.gathers)
+    if k < 2 or len(set(fn.gather_messages.values())) > 1:
+        return None
+    width = _width(fn.gather_messages[0])
+    blocks = set()
+    for j, gnode in fn.gathers.items():
+        g = fn.leaf_grads.get(gnode)
+        if g is None or kp.phase.get(g) != TASK or OPS[g.op].native is None or OPS[g.op].native(g) != "cols" \
+                or _col_offset(g) != j * width or _cols(g) != width:
+            return None
+        blocks.add(g.inputs[0])
+    if len(blocks) != 1:
+        return None
+    (whole,) = blocks
+    computed = {o for step in kp.programs[TASK] for o in step.outputs}
+    in_concat = {c for c, _ in concats} | {m for _, parts in concats for m, _, _ in parts}
+    if (whole not in computed or whole in inplace or whole in in_concat or not whole.has_rows
+            or _cols(whole) != k * width):
+        return None
+    return whole
+
+
+def template(fn, opts, device, backward: bool, training: bool = True, phase: int = TASK,
+             direct: bool = False) -> Template:
+    """The kind's template of ``phase`` (kept with the function's compiled phases)."""
+    key = ("native", opts.compiled, device, backward, training, phase, direct)
+    if key not in fn._phases:
+        try:
+            fn._phases[key] = backward_template(fn, opts, device, phase, direct) if backward else \
+                forward_template(fn, opts, device, training, phase)
+        except Unsupported as e:
+            where = "" if phase == TASK else f" ({PHASE_WORDS[phase]})"
+            raise Unsupported(f"kind '{fn.F.name}'{where}: {e}") from None
+    return fn._phases[key]
+
+
+def link(fns: list, kids: list, opts, device, backward: bool, training: bool = True,
+         cache: dict | None = None) -> Lowered:
+    """The templates of the kinds ``kids`` (tasks, then the blocks before and after the task loop) as one
+    program. ``cache``: where linked programs are kept (the workspace's: they live as long as the model)."""
+    cache = {} if cache is None else cache
+    # (the entry keeps its functions alive, so no other object can have their ids while it is there)
+    key = (tuple(map(id, fns)), tuple(kids), opts.compiled, device, backward, training)
+    hit = cache.get(key)
+    if hit is not None:
+        return hit[1]
+    nk = len(fns)
+    templates = [template(fns[kid], opts, device, backward, training) for kid in kids]
+    tids = list(kids)
+    # the blocks before and after the task loop (their order matters: a kind's lazy block reads gradients
+    # another kind's lazy block may add); a parameter gradient that one block alone computes is computed
+    # straight into its accumulator
+    blocks = []
+    writers: dict = {}
+    for kid in kids:
+        kp = fns[kid].phases(opts, device).backward
+        for name, g in fns[kid].param_grads.items():
+            writers.setdefault(name, []).append(kp.phase[g])
+    for phase in (PRE, POST):
+        for kid in kids:
+            kp = fns[kid].phases(opts, device).backward
+            # (streaming splits the blocks before the task loop into chunks of one task: each adds into it)
+            direct = backward and not (opts.streaming and phase == PRE) and all(
+                writers[name] == [phase] for name, g in fns[kid].param_grads.items() if kp.phase[g] == phase)
+            t = template(fns[kid], opts, device, backward, training, phase, direct)
+            if t.code:
+                blocks.append(((1 if phase == PRE else 2) * nk + kid, kid, t))
+    ntask = len(templates)
+    templates += [t for _, _, t in blocks]
+    tids += [tid for tid, _, _ in blocks]
+    keys: dict = {}
+    kernels: list = []
+    code, pool, dropouts, steps = [], [], [], []
+    ranges = np.zeros((3 * nk, 2), np.int64)
+    task_keys = 0
+    for i, (tid, t) in enumerate(zip(tids, templates)):
+        kid = tid % nk
+        if i == ntask:
+            task_keys = len(keys)
+        local_buf = {i: keys.setdefault(_global_key(k, kid), len(keys)) for k, i in t.buffers.items()}
+        local_kernel = {}
+        for i, k in enumerate(t.kernels):
+            if k not in kernels:
+                kernels.append(k)
+            local_kernel[i] = kernels.index(k)
+        begin = len(code)
+        for op, *args in t.code:
+            names = OPCODES[op]
+            args = [(local_buf[v] if v >= 0 else v) if n in BUFFER_OPERANDS else local_kernel[v] if n == "kernel"
+                    else v + len(pool) if n == "pool" else v + len(dropouts) if n == "entry"
+                    else v + len(steps) if n == "step" else v
+                    for n, v in zip(names, args)]
+            code.append([OPCODE[op]] + args + [0] * (WIDTH - 1 - len(args)))
+        pool += t.pool
+        dropouts += t.dropouts
+        steps += t.steps
+        ranges[tid] = (begin, len(code))
+    keys_list = list(keys) + [("scratch",)]
+    if len(templates) == ntask:
+        task_keys = len(keys)
+    lowered = Lowered("∂F" if backward else "F", tids, templates,
+                      np.array(code, np.int64).reshape(-1, WIDTH), np.array(pool or [0], np.int64), ranges,
+                      keys_list, np.array([getattr(k, "address", 0) for k in kernels] or [0], np.int64),
+                      max((len(t.reg_names) for t in templates), default=1),
+                      max((t.scratch for t in templates[:ntask]), default=0),
+                      max((t.fixed for t in templates), default=0),
+                      blocks=[_block_info(tid, kid, t, fns[kid], opts, backward) for tid, kid, t in blocks],
+                      task_keys=task_keys,
+                      table_width=TASK_COLUMNS + 2 * max((len(fn.gathers) for fn in fns if fn is not None), default=0),
+                      fused=list(kernels), dropouts=dropouts, steps=steps)
+    cache[key] = (list(fns), lowered)
+    return lowered
+
+
+def _global_key(key: tuple, kid: int) -> tuple:
+    """Buffer keys of one kind's own arrays (tensors, index arrays, statics) carry its kind id."""
+    return key + (kid,) if key[0] in ("tensor", "btensor", "child", "pullrows", "pushrows", "srows", "static",
+                                      "rowkeys") \
+        else key
+
+
+@dataclass
+class BlockInfo:
+    """What a batch needs to know of one linked block template (found once, when linked)."""
+
+    tid: int                # its template id
+    kid: int
+    phase: int
+    template: Template
+    scatter_rows: bool      # binds the kind's scatter rows: they must be one block of rows
+    regather: int           # the children per row it gathers again (0: none)
+    moves: tuple            # F's rows moved per vertex: (gathers, pulls, pushes)
+
+
+def _block_info(tid: int, kid: int, t: Template, fn, opts, backward: bool) -> BlockInfo:
+    kp = fn.phases(opts).forward
+    moves = (0, 0, 0) if backward else (sum(kp.phase[g] == t.phase for g in fn.gathers.values()),
+                                        sum(kp.phase[p] == t.phase for p in fn.pulls.values()),
+                                        sum(kp.phase[p] == t.phase for p in fn.pushes.values()))
+    return BlockInfo(tid, kid, t.phase, t, t.scatter_rows, len(fn.gathers) if t.regathers else 0, moves)

@@ -1,0 +1,143 @@
+"""A batch's preparation in one C call (codegen/plan.py): the :class:`~minicavs.runtime.inputs.Batch`, the cavs
+:class:`~minicavs.runtime.scheduler.Schedule` and the :class:`~minicavs.runtime.memory.MemoryPlan` that the
+reference path (make_batch, Structure.batch, CavsPolicy.schedule, plan_memory: ~70 numpy calls) builds, equal array
+for array (tests/engine/test_planner.py), as views of one int64 buffer.
+
+It covers the usual case: graphs without per-graph kinds, kinds from the only vertex function or the
+leaf/internal rule (:func:`minicavs.engine.model.by_child_count`), gathers that read every kind. Anything else, no C
+compiler, or an input that some check refuses gives None, and the caller runs the reference, which explains
+the error (naming the sample and the vertex).
+
+What it makes is host index arrays that a run on any device reads, so it is no backend's code: it stands beside
+the seam, as reference.py does. Its C library is built by the host's C toolchain, which the CPU backend holds:
+minicavs/cpu/planner_library.py compiles and loads it and provides it here (:func:`provide_library`, when ``minicavs``
+is imported), as the CPU's frontier kernel is provided to :mod:`minicavs.runtime.frontier`."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..runtime.inputs import Batch, InputGraph
+from ..runtime.memory import KindPlan, MemoryPlan
+from ..runtime.scheduler import Schedule
+from .codegen.plan import OUTPUTS, capacity
+
+
+@dataclass(frozen=True)
+class Spec:
+    """What a structure tells the planner (fixed per structure): kind names, how kinds are assigned (mode 0:
+    the only function; 1: ``leaf`` without children, ``internal`` with), each kind's arity, and the pull and
+    push names with the kinds using each (one row of ``uses`` per name, pulls then pushes, each sorted)."""
+
+    kind_names: tuple
+    mode: int
+    leaf: int
+    internal: int
+    arity: np.ndarray          # (nk,) int64
+    pulls: tuple
+    pushes: tuple
+    uses: np.ndarray           # (len(pulls) + len(pushes), nk) uint8
+
+    def __post_init__(self):
+        nk = len(self.kind_names)
+        ints = np.array([self.mode, self.leaf, self.internal, nk, int(self.arity.max()), len(self.uses),
+                         *self.arity.tolist()], np.int64)
+        object.__setattr__(self, "ints", ints)   # what the C call reads (kept alive with the spec)
+        object.__setattr__(self, "layout", (nk, int(self.arity.max()), len(self.uses), self.arity.tolist(),
+                                            np.ascontiguousarray(self.uses.T).tolist()))
+
+
+_LIBRARY: list = []   # [get() -> (ffi, library, int64_t[], unsigned char[], uint64_t[]) | None], once provided
+
+
+def provide_library(get) -> None:
+    """Register ``get()``, the compiled planner or None without a C compiler (minicavs/cpu/__init__.py does)."""
+    _LIBRARY[:] = [get]
+
+
+def library():
+    """The provided planner library: (ffi, library, int64_t[], unsigned char[], uint64_t[]), or None (no
+    provider, no C compiler: the reference path plans)."""
+    return _LIBRARY[0]() if _LIBRARY else None
+
+
+def _int64(a) -> bool:
+    return type(a) is np.ndarray and a.dtype == np.int64 and a.ndim == 1 and a.flags.c_contiguous
+
+
+def prepare(graphs: list, spec: Spec, sample_ids: np.ndarray | None = None) -> tuple[Batch, MemoryPlan] | None:
+    """The batch and memory plan of ``graphs`` (a cavs schedule), or None where the reference must run."""
+    built = library()
+    if built is None or not graphs:
+        return None
+    ffi, lib, I64, U8, U64 = built
+    K = len(graphs)
+    for g in graphs:
+        if type(g) is not InputGraph or g.kinds is not None:
+            return None
+    if K == 1:
+        ptr_all, idx_all = graphs[0].child_ptr, graphs[0].child_idx
+    else:
+        ptr_all = np.concatenate([g.child_ptr for g in graphs])
+        idx_all = np.concatenate([g.child_idx for g in graphs])
+    if not (_int64(ptr_all) and _int64(idx_all)):
+        return None
+    n, E = len(ptr_all) - K, len(idx_all)
+    if n < 1:
+        return None
+    ids = None
+    if sample_ids is not None:
+        ids = np.ascontiguousarray(sample_ids).astype(np.uint64)
+        if ids.shape != (K,):
+            return None
+    nk, maxa, nnames, arity, uses_by_kind = spec.layout
+    buf = np.empty(capacity(K, n, E, nk, maxa, nnames), np.int64)
+    if K == 1:
+        buf[0], buf[1] = n, E
+    else:   # (sizes from the arrays' own lengths: what C is handed is what it checks)
+        buf[:K] = [len(g.child_ptr) - 1 for g in graphs]
+        buf[K:2 * K] = [len(g.child_idx) for g in graphs]
+    rc = lib.mc_prepare(K, n, E, ffi.from_buffer(I64, ptr_all), ffi.from_buffer(I64, idx_all) if E else ffi.NULL,
+                        ffi.from_buffer(I64, spec.ints), ffi.from_buffer(U8, spec.uses) if nnames else ffi.NULL,
+                        ffi.NULL if ids is None else ffi.from_buffer(U64, ids), ffi.from_buffer(I64, buf), len(buf))
+    if rc:
+        return None
+    bounds = buf[2 * K:2 * K + OUTPUTS + 1].tolist()
+    (offsets, sample, local, child_ptr, child_idx, pptr, pidx, height, kind, order, row, task_ptr, tasks, kind_n,
+     kind_t, verts, task_of_kind, task_off, child_rows, views, keys, name_rows, name_order, name_count,
+     scalars, ttable, gcopy) = [buf[a:b] for a, b in zip(bounds, bounds[1:])]
+    T, forest, _ = scalars.tolist()
+    task_array = tasks[:4 * T].reshape(T, 4)
+    batch = Batch(graphs, n, offsets, sample, local, child_ptr, child_idx, height, kind, spec.kind_names,
+                  (pptr, pidx))
+    schedule = Schedule(order, task_ptr[:T + 1], task_array[:, 0], row)
+    keys = keys.view(np.uint64)
+    name_count = name_count.tolist()
+    npull = len(spec.pulls)
+    kinds: list = [None] * nk
+    v0 = t0 = c0 = w0 = 0
+    for kid, nv, nt in zip(range(nk), kind_n.tolist(), kind_t.tolist()):
+        a = arity[kid]
+        if nv:
+            table = views[w0:w0 + 2 * a * nt].reshape(nt, 2 * a)
+            kp = KindPlan(spec.kind_names[kid], kid, verts[v0:v0 + nv], row_keys=keys[v0:v0 + nv],
+                          task_offsets=task_off[t0:t0 + nt], tasks=task_of_kind[t0:t0 + nt], view_table=table,
+                          child_rows=[child_rows[c0 + j * nv:c0 + (j + 1) * nv] for j in range(a)],
+                          strides=[(table[:, 2 * j], table[:, 2 * j + 1]) for j in range(a)])
+            for m, use in enumerate(uses_by_kind[kid]):
+                if use:
+                    rows = name_rows[m * n + v0:m * n + v0 + nv]
+                    if m < npull:
+                        kp.pull_rows[spec.pulls[m]] = rows
+                    else:
+                        kp.push_rows[spec.pushes[m - npull]] = rows
+            kinds[kid] = kp
+        v0, t0, c0, w0 = v0 + nv, t0 + nt, c0 + a * nv, w0 + 2 * a * nt
+    pull_rows = {name: name_count[m] for m, name in enumerate(spec.pulls)}
+    push_order = {name: name_order[(npull + m) * n:(npull + m) * n + name_count[npull + m]]
+                  for m, name in enumerate(spec.pushes)}
+    plan = MemoryPlan(schedule, n, list(map(tuple, task_array.tolist())), kinds, pull_rows, push_order,
+                      bool(forest), task_array, ttable[:T * (5 + 2 * maxa)].reshape(T, 5 + 2 * maxa),
+                      gcopy.reshape(nk, maxa), tuple(arity))
+    return batch, plan

@@ -1,0 +1,652 @@
+"""The reference runner of a lowered batch program: one short function per opcode, over the device's arrays.
+
+A lowered program (instructions.py: templates linked into one code array, a task table, buffer keys) is run
+by the C runner (codegen/machine.py's switch, over raw pointers) or by this module, which is the readable
+definition of every opcode. Both keep the same machine: per task (a row of the task table: template id,
+kind offset, rows ``bs``, scatter offset, the sibling-concat view's first row, per gather slot a strided view)
+the template's instructions run in order over registers. A register names a matrix inside one buffer: the
+buffer, an element offset, a row stride ``ld`` and a transposed flag, exactly the C executor's (pointer, ld,
+trans, buf). :meth:`Machine.matrix` turns a register into an array view of given rows and columns (a strided
+view, never a copy, so writes land in the buffer); every such view is bounds-checked against its buffer, so a
+wrong instruction raises :class:`CheckError` here instead of writing elsewhere.
+
+The functions are written against ``xp`` (numpy on the CPU; CuPy or the device stand-in on CUDA), so a pass
+run here stays on its device. The task table stays on the host (it decides which instructions run); index
+arrays (children's rows, pull and push rows, dropout's row keys) are resolved on the host and copied to the
+device once per run (the device's copy of a batch plan's array: ``Backend.index``); the host copies serve the
+bounds check of row numbers (only with ``check`` set, as the C runner's check mode) with no device read.
+
+Fused groups run as their scalar expression evaluated with the array module (passes/fusion.py's oracle, the
+numbers every generated kernel must reproduce); products as ``a @ b``; everything else as row copies, adds
+and scatter-adds.
+"""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from ..core.random import GOLDEN, mix
+from ..ops import scalar as S
+from ..ops.registry import holds_tuple
+from .codegen.machine import ARG_KINDS, OPCODES, matrix_shape
+
+
+class CheckError(RuntimeError):
+    """An instruction addressed outside its buffer (or named no register or buffer)."""
+
+
+KIND_OF_ARG = {v: k for k, v in ARG_KINDS.items()}
+
+
+class Machine:
+    """The state one run of a lowered program works on: buffers (flat arrays with a row stride and a
+    transposed flag each), registers, and the task being run."""
+
+    def __init__(self, device, lowered, flats: list, lds: list, transposed: list, hosts: dict, scratch_buf: int,
+                 forest: bool, check: bool):
+        self.device, self.xp = device, np if device is None else device.xp
+        self.lowered, self.forest, self.check = lowered, forest, check
+        self.flats, self.lds, self.transposed = flats, lds, transposed
+        self.hosts = hosts   # index buffer -> its host array (flats holds the device's copy)
+        self.scratch_buf = scratch_buf
+        self.regs: list = [None] * max(1, lowered.nregs)   # (buffer, element offset, ld, transposed)
+        self.task = None
+        self.objects: dict = {}   # register -> the tuple it holds (codegen/native.holds_tuple)
+        self.context = None   # the run context (seed, step, training) an APPLY of an op that reads it gets
+        self.pc = -1
+        self.task_index = -1
+        self.stream = "main"   # or "eager": the machine of the eager stream's table (a test hook reads it)
+
+    # --- the task row's fields ----------------------------------------------------------------------------
+    @property
+    def koff(self) -> int:
+        return int(self.task[1])
+
+    @property
+    def bs(self) -> int:
+        return int(self.task[2])
+
+    @property
+    def soff(self) -> int:
+        return int(self.task[3])
+
+    @property
+    def catfirst(self) -> int:
+        return int(self.task[4])
+
+    def view_of_slot(self, slot: int) -> tuple[int, int]:
+        """(first row, step) of gather slot ``slot``'s strided view of the children (step -1: none)."""
+        return int(self.task[5 + 2 * slot]), int(self.task[6 + 2 * slot])
+
+    def dim(self, d: int) -> int:
+        """An instruction's dimension: -1 means the task's rows."""
+        return self.bs if d < 0 else int(d)
+
+    # --- registers and views ------------------------------------------------------------------------------
+    def fail(self, what: str):
+        stream = "eager stream " if self.stream == "eager" else ""
+        raise CheckError(f"reference {self.lowered.title}: {stream}task {self.task_index}, instruction {self.pc} "
+                         f"({self.lowered.text(self.pc)}): {what}")
+
+    def set(self, r: int, buf: int, offset: int, ld: int, transposed: int = 0) -> None:
+        if not 0 <= r < len(self.regs):
+            self.fail(f"register {r} out of range")
+        if not 0 <= buf < len(self.flats):
+            self.fail(f"buffer {buf} out of range")
+        self.regs[r] = (buf, int(offset), int(ld), int(transposed))
+
+    def at(self, buf: int, offset: int) -> int:
+        """``offset`` after checking that a task with rows starts its view inside buffer ``buf``."""
+        if self.bs > 0 and not 0 <= offset < self.flats[buf].size:
+            self.fail(f"element {offset} of a buffer of {self.flats[buf].size}")
+        return offset
+
+    def reg(self, r: int) -> tuple:
+        if not 0 <= r < len(self.regs) or self.regs[r] is None:
+            self.fail(f"register {r} is not bound")
+        return self.regs[r]
+
+    def strided(self, buf: int, offset: int, rows: int, cols: int, ld: int):
+        """Rows x cols of buffer ``buf`` from element ``offset``, ``ld`` elements apart: a view."""
+        flat = self.flats[buf]
+        if rows <= 0 or cols <= 0:
+            return self.xp.zeros((max(rows, 0), max(cols, 0)), flat.dtype)
+        if offset < 0 or ld < 0 or offset + (rows - 1) * ld + cols > flat.size:
+            self.fail(f"{rows} x {cols} at element {offset} (row stride {ld}) of a buffer of {flat.size}")
+        item = flat.itemsize
+        return self.xp.lib.stride_tricks.as_strided(flat[offset:], (rows, cols), (ld * item, item))
+
+    def matrix(self, r: int, rows: int, cols: int):
+        """Register ``r`` as a rows x cols matrix (a transposed register: the transpose of what it points at)."""
+        buf, offset, ld, transposed = self.reg(r)
+        if transposed:
+            return self.strided(buf, offset, cols, rows, ld).T
+        return self.strided(buf, offset, rows, cols, ld)
+
+    def value(self, r: int, node):
+        """Register ``r`` as ``node``'s value: its matrix (codegen/native.matrix_shape) in the node's shape, the
+        row axis the task's rows (a view where the register's rows are contiguous, as a written output's are)."""
+        rows, cols = matrix_shape(node)
+        rows = self.bs if rows < 0 else rows
+        shape = ((rows,) + tuple(node.vshape)) if node.has_rows else tuple(node.shape)
+        view = self.matrix(r, rows, cols)
+        return view.reshape(shape)
+
+    def per_row(self, r: int, rows: int, cols: int):
+        """Register ``r`` as one rows x cols matrix per task row (each row's flat numbers, row-major): a
+        (bs, rows, cols) view. A per-row value's register is never transposed."""
+        buf, offset, ld, transposed = self.reg(r)
+        if transposed:
+            self.fail(f"register {r} is transposed (a per-row operand)")
+        rows2d = self.strided(buf, offset, self.bs, rows * cols, ld)   # (bounds-checked)
+        if rows2d.size == 0:
+            return self.xp.zeros((self.bs, rows, cols), self.flats[buf].dtype)
+        item = rows2d.itemsize
+        return self.xp.lib.stride_tricks.as_strided(self.flats[buf][offset:], (self.bs, rows, cols),
+                                                    (ld * item, cols * item, item))
+
+    def rows_of(self, buf: int, width: int):
+        """Buffer ``buf`` as its rows of ``width`` elements."""
+        flat = self.flats[buf]
+        return self.strided(buf, 0, flat.size // width, width, width) if width else flat.reshape(0, 0)
+
+    def index(self, buf: int, host: bool = False):
+        """The task's rows of index buffer ``buf`` (row numbers, -1: a zero row): the device's (``host``: the
+        host's copy, to check or to sort by)."""
+        flat = self.hosts[buf] if host else self.flats[buf]
+        if self.koff < 0 or self.koff + self.bs > flat.size:
+            self.fail(f"rows {self.koff}:{self.koff + self.bs} of an index buffer of {flat.size}")
+        return flat[self.koff:self.koff + self.bs]
+
+    def checked(self, buf: int, rows: int, allow_missing: bool = False):
+        """The task's rows of index buffer ``buf`` after (in check mode: on the host's copy) making sure each
+        is a row of a buffer of ``rows`` rows."""
+        idx = self.index(buf)
+        if self.check and idx.size:
+            low, values = -1 if allow_missing else 0, self.index(buf, host=True)
+            if values.min() < low or values.max() >= rows:
+                self.fail(f"row index out of range ({values.min()}..{values.max()} of {rows} rows)")
+        return idx
+
+    def take_rows(self, buf: int, width: int, index_buf: int, col: int, cols: int):
+        """The rows of buffer ``buf`` (rows of ``width``) that the task's rows of ``index_buf`` name, columns
+        col:col + cols; -1: a zero row."""
+        xp = self.xp
+        src = self.rows_of(buf, width)
+        if col < 0 or col + cols > width:
+            self.fail(f"columns {col}:{col + cols} of rows of {width}")
+        idx = self.checked(index_buf, src.shape[0], allow_missing=True)
+        if src.shape[0] == 0:
+            return xp.zeros((idx.size, cols), self.flats[buf].dtype)
+        picked = src[xp.maximum(idx, 0), col:col + cols]
+        picked[idx < 0] = 0
+        return picked
+
+    def put_rows(self, buf: int, width: int, index_buf: int, col: int, cols: int, values) -> None:
+        """Rows of buffer ``buf`` (rows of ``width``) that the task's rows of ``index_buf`` name, columns
+        col:col + cols, = ``values`` (distinct rows)."""
+        rows = self.rows_of(buf, width)
+        rows[self.checked(index_buf, rows.shape[0]), col:col + cols] = values
+
+    def scratch(self, off: int, cols: int) -> tuple:
+        """The scratch region of ``cols`` columns at column ``off`` (x the task's rows)."""
+        return self.scratch_buf, off * self.bs, cols
+
+
+# --- one function per opcode: ``op(m, *operands)`` ----------------------------------------------------------
+
+def op_nop(m: Machine) -> None:
+    """Nothing (the dispatch cost alone)."""
+
+
+def op_bind(m: Machine, dst, buf, mode, col, ld) -> None:
+    """dst = rows of ``buf`` at row (0, the kind offset or the scatter offset) x ld + col."""
+    row = {0: 0, 1: m.koff, 2: m.soff}[mode]
+    m.set(dst, buf, m.at(buf, row * ld + col), ld)
+
+
+def op_static(m: Machine, dst, buf) -> None:
+    """dst = the whole buffer (a parameter, say), with its own row stride and transposed flag."""
+    m.set(dst, buf, 0, m.lds[buf], m.transposed[buf])
+
+
+def op_scratch(m: Machine, dst, off, cols) -> None:
+    """dst = the scratch region at column ``off`` (rows x cols, contiguous)."""
+    m.set(dst, *m.scratch(off, cols))
+
+
+def op_gather(m: Machine, dst, buf, width, idx, slot, elide, off) -> None:
+    """dst = child ``slot`` of each row: a strided view when the task's children are evenly spaced rows
+    (gather elision), else their rows copied into scratch."""
+    start, step = m.view_of_slot(slot)
+    if elide and step >= 1:
+        m.set(dst, buf, start * width, step * width)
+        return
+    rows = m.take_rows(buf, width, idx, 0, width)
+    m.set(dst, *m.scratch(off, width))
+    m.matrix(dst, m.bs, width)[...] = rows
+
+
+def op_catview(m: Machine, dst, buf, width, k, forest) -> None:
+    """dst = [child 0, ..., child k-1] side by side, as one view, when the task's children are adjacent rows
+    (``forest``: only in a forest, where a gradient row is written once, not added)."""
+    if m.catfirst >= 0 and (not forest or m.forest):
+        m.set(dst, buf, m.catfirst * width, k * width)
+
+
+def op_skip_if_cat(m: Machine, n, forest) -> int:
+    """Skip the next ``n`` instructions when CATVIEW bound its view."""
+    return n if m.catfirst >= 0 and (not forest or m.forest) else 0
+
+
+def op_take(m: Machine, dst, buf, width, idx, cols, off) -> None:
+    """dst (scratch) = rows idx of ``buf`` (first ``cols`` columns; -1: zeros): a pull, a push gradient."""
+    rows = m.take_rows(buf, width, idx, 0, cols)
+    m.set(dst, *m.scratch(off, cols))
+    m.matrix(dst, m.bs, cols)[...] = rows
+
+
+def op_taketo(m: Machine, dst, buf, width, idx, cols, col) -> None:
+    """dst[r] = row idx[r] of ``buf``, columns col:col + cols (-1: zeros), into dst's own rows."""
+    m.matrix(dst, m.bs, cols)[...] = m.take_rows(buf, width, idx, col, cols)
+
+
+def op_srows(m: Machine, dst, buf, col, ld, idx, cols, off, load) -> None:
+    """A block's rows of a scatter tensor: a view at the scatter offset, or (offset -1: the kind's rows are
+    not one block) its rows by the kind's row index copied into scratch (``load`` 0: scratch only)."""
+    if m.soff >= 0:
+        m.set(dst, buf, m.at(buf, m.soff * ld + col), ld)
+        return
+    m.set(dst, *m.scratch(off, cols))
+    if load:
+        m.matrix(dst, m.bs, cols)[...] = m.take_rows(buf, ld, idx, col, cols)
+
+
+def op_sput(m: Machine, buf, col, ld, idx, src, cols, always) -> None:
+    """After SROWS: the rows computed in scratch put back by the kind's row index; at an offset, nothing (the
+    view was written in place) unless ``always`` (then a copy to the offset's rows)."""
+    if m.soff >= 0 and not always:
+        return
+    values = m.matrix(src, m.bs, cols)
+    if m.soff >= 0:
+        m.strided(buf, m.soff * ld + col, m.bs, cols, ld)[...] = values.copy()
+        return
+    m.put_rows(buf, ld, idx, col, cols, values)
+
+
+def op_cols(m: Machine, dst, src, col) -> None:
+    """dst = src's columns from ``col``: same rows, same row stride."""
+    buf, offset, ld, transposed = m.reg(src)
+    m.set(dst, buf, offset + col, ld, transposed)
+
+
+def op_alias(m: Machine, dst, src) -> None:
+    """dst = src."""
+    m.set(dst, *m.reg(src))
+
+
+def op_transpose(m: Machine, dst, src) -> None:
+    """dst = src transposed (a flag: no data moves)."""
+    buf, offset, ld, transposed = m.reg(src)
+    m.set(dst, buf, offset, ld, 1 - transposed)
+
+
+def op_gemm(m: Machine, c, a, b, rows, n, k, bias) -> None:
+    """c = a · b (+ the bias row)."""
+    rows, n, k = m.dim(rows), m.dim(n), m.dim(k)
+    if rows == 0 or n == 0:
+        return
+    if m.reg(c)[3]:
+        m.fail("a product's result register is transposed")
+    out = m.matrix(c, rows, n)
+    out[...] = m.matrix(a, rows, k) @ m.matrix(b, k, n) if k else 0
+    if bias >= 0:
+        out += m.matrix(bias, 1, n)
+
+
+def op_fused(m: Machine, kernel, nargs, rows, cols, pool) -> None:
+    """A fused elementwise group over rows x cols: its inputs (each full, one row, one column or a scalar)
+    and outputs are registers listed in the pool."""
+    kernel, ins, outs = fused_operands(m, kernel, nargs, rows, cols, pool)
+    group = kernel.group
+    for out, expr in zip(outs, group.exprs()):
+        out[...] = S.evaluate(expr, ins, dtype=group.output.dtype.np)
+
+
+def fused_operands(m: Machine, kernel, nargs, rows, cols, pool) -> tuple:
+    """(the device's kernel of the group, its input views, its output views) of a FUSED instruction; no
+    inputs and outputs when it has no rows or columns."""
+    rows = m.dim(rows)
+    fused = m.lowered.fused[kernel]
+    if rows == 0 or cols == 0:
+        return fused, [], []
+    args = m.lowered.pool[pool:pool + 2 * nargs].tolist()
+    shapes = {"full": (rows, cols), "row": (1, cols), "col": (rows, 1), "scalar": (1, 1)}
+    views = [m.matrix(r, *shapes[KIND_OF_ARG[kind]]) for r, kind in zip(args[::2], args[1::2])]
+    return fused, views[:len(fused.group.inputs)], views[len(fused.group.inputs):]
+
+
+def op_copy(m: Machine, dst, src, rows, cols) -> None:
+    """dst = src (as memmove: the two may overlap)."""
+    rows = m.dim(rows)
+    m.matrix(dst, rows, cols)[...] = m.matrix(src, rows, cols).copy()
+
+
+def op_zero(m: Machine, dst, rows, cols) -> None:
+    """dst = 0."""
+    m.matrix(dst, m.dim(rows), cols)[...] = 0
+
+
+def op_add(m: Machine, dst, src, rows, cols) -> None:
+    """dst += src."""
+    rows = m.dim(rows)
+    m.matrix(dst, rows, cols)[...] += m.matrix(src, rows, cols)
+
+
+def op_sumrows(m: Machine, dst, src, rows, cols) -> None:
+    """dst (one row) = the sum of src's rows."""
+    m.matrix(dst, 1, cols)[...] = m.matrix(src, m.dim(rows), cols).sum(axis=0, keepdims=True)
+
+
+def op_put(m: Machine, buf, width, idx, src, cols) -> None:
+    """Rows idx of ``buf`` (first ``cols`` columns) = src's rows (a push, a pull's gradient in a forest)."""
+    m.put_rows(buf, width, idx, 0, cols, m.matrix(src, m.bs, cols))
+
+
+def op_adj(m: Machine, buf, width, idx, slot, elide, src, cols) -> None:
+    """Gather's adjoint: src's rows added into the children's rows of the scatter gradient (in a forest each
+    such row is written once: set, not added); by the slot's strided view when it has one."""
+    xp = m.xp
+    values = m.matrix(src, m.bs, cols)
+    start, step = m.view_of_slot(slot)
+    if elide and step >= 0:
+        if step == 0:   # only the sentinel row: its gradient is discarded
+            return
+        dst = m.strided(buf, start * width, m.bs, cols, step * width)
+        if m.forest:
+            dst[...] = values
+        else:
+            dst[...] += values
+        return
+    if m.forest:
+        m.put_rows(buf, width, idx, 0, cols, values)
+        return
+    rows = m.rows_of(buf, width)   # (a DAG vertex may be the child of several rows of one task: every one adds)
+    xp.add.at(rows[:, :cols], m.checked(idx, rows.shape[0]), values)
+
+
+def op_gacc(m: Machine, buf, src, rows, cols) -> None:
+    """A parameter's gradient accumulator (rows x cols, contiguous) += src."""
+    rows = m.dim(rows)
+    m.strided(buf, 0, rows, cols, cols)[...] += m.matrix(src, rows, cols)
+
+
+def op_dropout(m: Machine, dst, src, cols, keys, table, entry) -> None:
+    """dst = src x the dropout mask of the task's rows: per row key and column random.py's hash continued
+    from the entry's hash word, kept (x the scale) where its top 24 bits reach the threshold, else 0."""
+    xp, entries = m.xp, m.hosts[table].reshape(-1, 3)
+    if not 0 <= entry < len(entries):
+        m.fail(f"dropout entry {entry} of {len(entries)}")
+    h, threshold, scale_bits = (np.uint64(v) for v in entries[entry].view(np.uint64))
+    x = m.matrix(src, m.bs, cols)
+    hr = mix(m.index(keys) ^ h) + GOLDEN
+    z = mix(hr[:, None] ^ xp.arange(cols, dtype=np.uint64)[None, :]) + GOLDEN
+    scale = x.dtype.type(scale_bits.view(np.float64))
+    m.matrix(dst, m.bs, cols)[...] = x * ((z >> np.uint64(40)) >= threshold).astype(x.dtype) * scale
+
+
+def op_bmm(m: Machine, c, a, b, rows, n, k, a_rows, b_rows) -> None:
+    """Per task row: c's matrix (rows x n) = a's · b's; an operand with ``*_rows`` 1 has one matrix per row
+    (its flat row), with 0 one for all rows (a static, with its own row stride and transposed flag)."""
+    left = m.per_row(a, rows, k) if a_rows else m.matrix(a, rows, k)
+    right = m.per_row(b, k, n) if b_rows else m.matrix(b, k, n)
+    out = m.per_row(c, rows, n)
+    if out.size:
+        out[...] = m.xp.matmul(left, right) if k else 0
+
+
+def op_transrows(m: Machine, dst, src, rows, cols) -> None:
+    """Per task row: dst's matrix (cols x rows) = src's (rows x cols) transposed, a new flat row."""
+    m.per_row(dst, cols, rows)[...] = m.per_row(src, rows, cols).transpose(0, 2, 1)
+
+
+def op_apply(m: Machine, step, pool, keys) -> None:
+    """The outputs of a step no other opcode expresses = its op's own implementation (the registry's; a fused
+    group's expressions) over its inputs, each register read as its node's shape (the row axis: the task's
+    rows); an op that reads the run context gets the runner's, with the task's row keys."""
+    if not 0 <= step < len(m.lowered.steps):
+        m.fail(f"step {step} of {len(m.lowered.steps)}")
+    step = m.lowered.steps[step]
+    regs = m.lowered.pool[pool:pool + len(step.inputs) + len(step.outputs)].tolist()
+    args = [m.objects[r] if holds_tuple(x) else m.value(r, x) for r, x in zip(regs, step.inputs)]
+    if step.fused:
+        group = step.run.group
+        values = [S.evaluate(expr, args, dtype=group.output.dtype.np) for expr in group.exprs()]
+    elif step.needs_ctx:
+        ctx = m.context
+        ctx.row_keys = m.index(keys) if keys >= 0 else None
+        values = [step.run(m.xp, *args, ctx=ctx, **step.attrs)]
+        ctx.row_keys = None
+    else:
+        values = [step.run(m.xp, *args, **step.attrs)]
+    for r, y, v in zip(regs[len(step.inputs):], step.outputs, values):
+        if holds_tuple(y):   # (a tuple: held as it is, for the APPLYs of its items)
+            m.objects[r] = v
+            continue
+        rows, cols = matrix_shape(y)
+        rows = m.bs if rows < 0 else rows
+        m.matrix(r, rows, cols)[...] = m.xp.broadcast_to(v, m.value(r, y).shape).reshape(rows, cols)
+
+
+OPERATIONS = {
+    "NOP": op_nop, "BIND": op_bind, "STATIC": op_static, "SCRATCH": op_scratch, "GATHER": op_gather,
+    "CATVIEW": op_catview, "SKIP_IF_CAT": op_skip_if_cat, "TAKE": op_take, "TAKETO": op_taketo,
+    "SROWS": op_srows, "SPUT": op_sput, "COLS": op_cols, "ALIAS": op_alias, "TRANSPOSE": op_transpose,
+    "GEMM": op_gemm, "FUSED": op_fused, "COPY": op_copy, "ZERO": op_zero, "ADD": op_add, "SUMROWS": op_sumrows,
+    "PUT": op_put, "ADJ": op_adj, "GACC": op_gacc, "DROPOUT": op_dropout, "BMM": op_bmm,
+    "TRANSROWS": op_transrows, "APPLY": op_apply,
+}
+BY_ID = [OPERATIONS[name] for name in OPCODES]
+ARITY = [len(operands) for operands in OPCODES.values()]
+
+
+# --- a run ---------------------------------------------------------------------------------------------------
+
+def _flat(a, static: bool, xp) -> tuple:
+    """(flat array, row stride, transposed flag) of a buffer: a transposed contiguous matrix (a parameter's
+    ``.T``) is read through the flag, as the C runner reads it; anything else must be C-contiguous (the
+    program writes into it)."""
+    used = None
+    if type(a) is tuple:   # (a workspace buffer, the elements this run may touch)
+        a, used = a
+    if static and a.ndim == 2 and not a.flags.c_contiguous and a.T.flags.c_contiguous:
+        return a.T.reshape(-1), a.shape[0], 1
+    if static and not a.flags.c_contiguous:
+        a = xp.ascontiguousarray(a)
+    if not a.flags.c_contiguous:
+        raise ValueError(f"reference runner: a buffer of shape {a.shape} and strides {a.strides} is not "
+                         "C-contiguous")
+    flat = a.reshape(-1)
+    if used is not None:
+        if not 0 <= used <= flat.size:
+            raise ValueError(f"reference runner: {used} elements of a buffer of {flat.size}")
+        flat = flat[:used]
+    ld = (a.shape[-1] if a.ndim >= 1 else 1) if a.ndim <= 2 else int(np.prod(a.shape[1:]))
+    return flat, ld, 0
+
+
+def operand_name(lowered, pc: int, operand: int) -> str:
+    """The operand a C runner's failed check reports (its index among the instruction's operands; -2: the task
+    row, -3: the opcode, 10 + i: a fused kernel's argument i), by name, for the error message."""
+    if operand == -2:
+        return "task row (kind or rows)"
+    if operand == -3:
+        return "opcode"
+    if not 0 <= pc < len(lowered.code):
+        return str(operand)
+    names = OPCODES[list(OPCODES)[int(lowered.code[pc][0])]]
+    if 0 <= operand < len(names):
+        return names[operand]
+    return f"argument {operand - 10}" if operand >= 10 else str(operand)
+
+
+def add_accumulators(grads: dict, key: tuple, a) -> None:
+    """Name in ``grads`` the parameter-gradient accumulators that the buffer ``a`` of a ``pgrad`` key holds: one
+    parameter's, or, for a "block" key, several parameters' side by side, each its column block
+    (passes/layout.gradient_blocks). Every runner collects a pass's gradients so."""
+    if len(key) == 3 and key[2] == "block":
+        grads.update((name, a[..., lo:hi]) for name, lo, hi in key[1])
+    else:
+        grads[key[1]] = a
+
+
+def scratch_elements(lowered, table: np.ndarray) -> int:
+    """Scratch elements a run needs: the task templates' columns x the largest task, each block's own."""
+    nk = len(lowered.ranges) // 3
+    tids, rows = table[:, 0].tolist(), table[:, 2].tolist()
+    task_rows = [r for tid, r in zip(tids, rows) if tid < nk]
+    cols = lowered.block_scratch
+    return max([lowered.scratch_cols * max(task_rows, default=0)]
+               + [cols.get(tid, 0) * n for tid, n in zip(tids, rows) if tid >= nk], default=0)
+
+
+# buffer keys of index arrays (row numbers): resolved on the host, copied to the device once per run
+INDEX_KEYS = ("child", "pullrows", "pushrows", "srows", "rowkeys")
+
+
+def run(lowered, table: np.ndarray, buffers, dtype, forest: bool, workspace=None, device=None,
+        check: bool = False, operations: list | None = None, machine: type = Machine,
+        eager: np.ndarray | None = None, stream: type | None = None) -> dict:
+    """Run a lowered program over ``table`` (one row per task, blocks included) as the C runner does:
+    ``buffers[key]`` gives each buffer (instructions.py's buffer keys; index arrays on the host), on
+    ``device`` (its array module; None: numpy); returns the parameter-gradient
+    accumulators ({name: array}) the program added into. ``check``: also check every gathered row number
+    (the C runner's debug mode, ``EngineOptions.check``). ``workspace`` is unused (the C
+    runner keeps its buffer table per workspace). ``operations``: per opcode id the function that runs it
+    (a device's runner replaces some, e.g. FUSED by its generated kernel; default: :data:`BY_ID`);
+    ``machine``: the :class:`Machine` (a device's may move rows with its own kernels). ``eager``: the eager
+    stream's table (program.eager_rows), run by a machine of its own (its own scratch and fixed arenas and,
+    where the tasks add into them too, parameter-gradient accumulators) on ``stream`` (default
+    :class:`ThreadStream`); row t of ``table`` runs after eager chunk t."""
+    operations = BY_ID if operations is None else operations
+    xp = np if device is None else device.xp
+    hosts = {}
+    flats, lds, transposed, grads = [], [], [], {}
+    scratch_buf = len(lowered.keys) - 1
+    nk = len(lowered.ranges) // 3
+    streaming = eager is not None and len(eager) > 0
+    blocks = bool(lowered.blocks) and (max(table[:, 0].tolist(), default=-1) >= nk or streaming)
+    task_keys = len(lowered.keys) if lowered.task_keys is None or blocks else lowered.task_keys
+    for i, key in enumerate(lowered.keys):
+        what = key[0]
+        if what == "scratch":
+            a = buffers[("arena", "scratch", scratch_elements(lowered, table))]
+        elif i >= task_keys:   # (a block's own buffer, and no block runs)
+            a = xp.zeros(0, dtype)
+        elif what == "fixed":
+            a = buffers[("arena", "fixed", lowered.fixed_size)]
+        else:
+            a = buffers[key]
+            if what == "pgrad":
+                add_accumulators(grads, key, a)
+            elif what in INDEX_KEYS:   # (a batch plan's array: the device copies it once, then slices it)
+                hosts[i] = a = np.ascontiguousarray(a, np.uint64 if what == "rowkeys" else np.int64)
+                if xp is not np:
+                    a = device.index(a)
+            elif what == "dropout":   # (the entries' table: read on the host)
+                hosts[i] = a
+        flat, ld, flag = _flat(a, what == "static", xp)
+        flats.append(flat)
+        lds.append(ld)
+        transposed.append(flag)
+    m = machine(device, lowered, flats, lds, transposed, hosts, scratch_buf, forest, check)
+    m.context = getattr(buffers, "ctx", None)
+    code = lowered.code.tolist()
+    ranges = lowered.ranges.tolist()
+    if not streaming:
+        _loop(m, table, code, ranges, operations)
+        return grads
+    own = {}
+    flats, lds, transposed = list(flats), list(lds), list(transposed)   # (the eager machine's: some its own)
+
+    def rebind(i, a):
+        flats[i], lds[i], transposed[i] = _flat(a, False, xp)
+    rebind(scratch_buf, buffers[("arena", "eager scratch", scratch_elements(lowered, eager))])
+    if ("fixed",) in lowered.keys:
+        rebind(lowered.keys.index(("fixed",)), buffers[("arena", "eager fixed", lowered.fixed_size)])
+    for i in lowered.eager_accumulators:
+        own[lowered.keys[i][1]] = xp.zeros_like(grads[lowered.keys[i][1]])
+        rebind(i, own[lowered.keys[i][1]])
+    em = machine(device, lowered, flats, lds, transposed, hosts, scratch_buf, forest, check)
+    em.stream = "eager"
+    second = (stream or ThreadStream)(device, len(eager))
+    second.start(lambda done: _loop(em, eager, code, ranges, operations, after=done))
+    try:
+        _loop(m, table, code, ranges, operations, before=second.wait)
+    finally:
+        second.join()
+    for name, acc in own.items():
+        grads[name] += acc
+    return grads
+
+
+def _loop(m: Machine, table: np.ndarray, code: list, ranges: list, operations: list, before=None,
+          after=None) -> None:
+    """Run every row of ``table`` on ``m`` (``before(t)``/``after(t)``: the streams' wait and record)."""
+    for t, task in enumerate(table.tolist()):
+        if before is not None:
+            before(t)
+        m.task, m.task_index = task, t
+        begin, end = ranges[task[0]]
+        pc = begin
+        while pc < end:
+            op, *operands = code[pc]
+            m.pc = pc
+            skip = operations[op](m, *operands[:ARITY[op]])
+            pc += 1 + (skip or 0)
+        if after is not None:
+            after(t)
+
+
+class ThreadStream:
+    """The reference runner's eager stream: a Python thread runs the eager table's chunks in order; row t of
+    the main table waits (a condition) until chunk t is done, rows past the chunks until all are. The eager
+    thread's error is raised by the main one (at its wait, else after the join)."""
+
+    def __init__(self, device, chunks: int):
+        self.chunks, self.done, self.error = chunks, 0, None
+        self.cond = threading.Condition()
+        self.thread = None
+
+    def start(self, work) -> None:
+        """Run ``work(after)`` on the thread; it calls ``after(t)`` when chunk t is done."""
+        def body():
+            try:
+                work(self.finished)
+            except BaseException as e:   # (handed to the main stream)
+                with self.cond:
+                    self.error = e
+                    self.cond.notify_all()
+        self.thread = threading.Thread(target=body, name="minicavs-reference-eager", daemon=True)
+        self.thread.start()
+
+    def finished(self, t: int) -> None:
+        with self.cond:
+            self.done = t + 1
+            self.cond.notify_all()
+
+    def wait(self, t: int) -> None:
+        need = min(t + 1, self.chunks)
+        if self.done >= need:
+            return
+        with self.cond:
+            while self.done < need and self.error is None:
+                self.cond.wait()
+        if self.error is not None:
+            raise self.error
+
+    def join(self) -> None:
+        self.thread.join()
+        if self.error is not None:
+            raise self.error

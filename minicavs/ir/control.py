@@ -1,0 +1,746 @@
+"""Control flow as operators: ``cond``, ``foreach`` and ``while_loop`` hold their bodies as subgraphs, so a
+model with data-dependent control flow is still one graph that can be dumped, differentiated and run.
+
+A body is built by calling a Python function once on fresh symbols (:func:`trace`): the nodes it makes become
+a closed :class:`Subgraph`; every value it reads from outside (a parameter, a node of the enclosing graph, a
+node of an enclosing body) becomes an explicit input of the control-flow node, and inside the body a
+placeholder stands for it. So autodiff sees every dependency on the node's inputs, and gradients reach
+parameters read inside a loop (accumulated over its iterations).
+
+Each op runs its subgraph with the registry's impls (plain Python over ``xp``: numpy, or a device's module),
+so it runs wherever ops run; the native instruction executor has no opcode for it and leaves that pass to the
+Python path. Gradients are themselves control flow: the backward of a ``cond`` is a ``cond`` of the two
+branches' backward graphs (only the taken branch runs, so the untaken one contributes exactly nothing, even
+where it would be NaN or inf); the backward of a loop is a ``foreach`` over the saved per-iteration states,
+in reverse, carrying the state cotangents and the sums of the captured values' gradients.
+
+Iteration axis: a loop never iterates over the run-time row axis (each row of a static graph's batch, each
+vertex in a vertex function, is an independent sequence): it iterates over axis 0 of a value without a row
+axis and over axis 1 (the first axis a vertex function's author sees) of one with it; per-step slices and
+stacked outputs keep the row axis in front.
+
+Values with several outputs: the node of a control-flow op with more than one result holds a tuple, and each
+result is an ``item`` node of it; the gradients of several items reach the tuple node as one ``tuple_ct``
+node (merged by the registry's ``merge_gradients``), which only the op's gradient rule reads. Inside a vertex
+function a value may be stored per vertex between phases and passes, which a tuple cannot be: there each
+result is a node of its own (running the body once per result read), a loop's gradient replays it to get its
+per-step states, and the gradients of per-vertex values and of parameters come from separate nodes.
+
+Run-time shapes: a static graph's shapes are fixed at declaration, so outputs sized by the iterations that
+actually ran (``while_loop``, ``foreach(steps=n)``) keep their declared length and are zero after the last
+step run; the number of steps is an output (``while_loop``) or an input (``foreach``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ..core.arrays import on_device
+from ..core.dtypes import int64
+from ..core.errors import FeedError, ShapeError
+from ..ops import constant, densify, input as placeholder, is_row_sparse, zeros_like
+from ..ops.registry import OPS, OpDef, make_node, register
+from .autodiff import grad
+from .graph import Graph, Node, _rows_implicit, fmt_shape, type_str
+
+
+# --- subgraphs -----------------------------------------------------------------------------------------
+
+class Subgraph(Graph):
+    """A closed graph: ``args`` (placeholders: the explicit operands, then the captured values) ->
+    ``outputs``. ``nodes`` (topological order) holds the args it reads too, as ``input`` nodes."""
+
+    def __init__(self, args: Sequence[Node], outputs: Sequence[Node], name: str):
+        super().__init__(outputs)
+        self.args = tuple(args)
+        self.name = name
+        arg_set = set(self.args)
+        self.computed = tuple(n for n in self.nodes if n not in arg_set)
+        self.nodes = self.args + self.computed   # every arg, read or not, in order (what dump shows)
+
+    def run(self, xp, values: Sequence) -> list:
+        """Evaluate with ``values`` bound to ``args`` (the registry's impls, one node at a time)."""
+        env = dict(zip(self.args, values))
+        for n in self.computed:
+            env[n] = OPS[n.op].impl(xp, *[env[x] for x in n.inputs], **n.attrs)
+        return [env[o] for o in self.outputs]
+
+    def inline(self, values: Sequence[Node]) -> list[Node]:
+        """The outputs as nodes of the graph being built, with ``values`` in place of ``args`` (a copy of
+        the body's nodes: how a gradient rule re-applies a body symbolically)."""
+        mapping = dict(zip(self.args, values))
+        for n in self.computed:
+            mapping[n] = Node(n.op, tuple(mapping[x] for x in n.inputs), n.attrs, n.shape, n.dtype, n.name)
+        return [mapping[o] for o in self.outputs]
+
+    def signature(self) -> str:
+        return f"{self.name}(" + ", ".join(type_str(a) for a in self.args) + ")"
+
+
+@dataclass
+class Traced:
+    """A traced body: the subgraph, the values it captured from outside (in the order of its extra args)."""
+
+    graph: Subgraph
+    captured: list
+
+
+def _as_list(value, what: str) -> tuple[list, bool]:
+    """``value`` (one node, or a list/tuple of nodes) as a list, and whether it was a single node."""
+    if isinstance(value, Node):
+        return [value], True
+    if isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            if not isinstance(v, Node):
+                raise TypeError(f"{what}: entry {i} is {type(v).__name__}, not a Node")
+        return list(value), False
+    raise TypeError(f"{what}: expected a Node or a list of Nodes, got {type(value).__name__}")
+
+
+def trace(fn: Callable, types: Sequence[tuple], name: str, unpack: Callable | None = None):
+    """Call ``fn`` once on fresh symbols of ``types`` ((shape, dtype) each) and close over what it reads.
+
+    ``unpack(result) -> list of nodes`` turns the function's return value into its outputs (default: one node
+    or a list of nodes). Returns (Traced, the raw result as ``unpack`` saw it)."""
+    marker = constant(0.0)   # every node made from here on belongs to the body
+    start = marker.id
+    formals = [placeholder(shape, dtype, name=f"{name}.{i}") for i, (shape, dtype) in enumerate(types)]
+    result = fn(*formals)
+    outputs = unpack(result) if unpack else _as_list(result, f"{name} returned")[0]
+    formal_set = set(formals)
+    captured: list[Node] = []
+    mapping: dict[Node, Node] = {f: f for f in formals}
+    inner: dict[int, Node] = {}
+    stack = list(outputs)
+    seen: set = set()
+    while stack:   # the nodes the outputs read, stopping at formals and at values from outside
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n in formal_set:
+            continue
+        if n.id < start or n.op in ("input", "param"):
+            captured.append(n)
+            continue
+        if OPS[n.op].needs_ctx:
+            raise ShapeError(f"{name}: {n.label()} needs the run context (dropout's random stream), which a "
+                             "control-flow body does not have; apply it outside the body")
+        inner[n.id] = n
+        stack.extend(n.inputs)
+    captured.sort(key=lambda n: n.id)
+    holders = []
+    for c in captured:
+        holder = placeholder(c.shape, c.dtype, name=f"{name}.captured:{c.name or c.label()}")
+        mapping[c] = holder
+        holders.append(holder)
+    for i in sorted(inner):
+        n = inner[i]
+        mapping[n] = Node(n.op, tuple(mapping[x] for x in n.inputs), n.attrs, n.shape, n.dtype, n.name)
+    sub = Subgraph(formals + holders, [mapping[o] for o in outputs], name)
+    return Traced(sub, captured), result
+
+
+def _extend_captures(traced: Traced, captured: list) -> Subgraph:
+    """``traced``'s subgraph taking placeholders for all of ``captured`` (a superset of its own captures,
+    in that order): two branches of a ``cond`` share one list of extra inputs."""
+    own = dict(zip(traced.captured, traced.graph.args[len(traced.graph.args) - len(traced.captured):]))
+    n_formal = len(traced.graph.args) - len(traced.captured)
+    args = list(traced.graph.args[:n_formal])
+    for c in captured:
+        args.append(own[c] if c in own else placeholder(c.shape, c.dtype, name=f"{traced.graph.name}.unused"))
+    sub = Subgraph(args, traced.graph.outputs, traced.graph.name)
+    return sub
+
+
+def _merged_captures(*traced: Traced) -> list:
+    out: list = []
+    for t in traced:
+        out += [c for c in t.captured if c not in out]
+    return out
+
+
+# --- values with several results: tuple nodes, their items and their cotangents ------------------------
+
+def _tuple_node(op: str, inputs: Sequence[Node], attrs: dict, types: Sequence[tuple]) -> Node:
+    """The node of a control-flow op with several results: its value is a tuple; :func:`item` reads one.
+    Its declared shape is ``(None,)`` when a result has the row axis (so a vertex function's compiler sees
+    a per-vertex value), else ``()``."""
+    rows = any(shape and shape[0] is None for shape, _ in types)
+    attrs = dict(attrs, _types=tuple(types), shape=(None,) if rows else ())
+    return make_node(op, inputs, attrs)
+
+
+def _is_tuple_node(node: Node) -> bool:
+    return "_types" in node.attrs
+
+
+def item(t: Node, index: int) -> Node:
+    shape, dtype = t.attrs["_types"][index]
+    return make_node("item", (t,), {"index": index, "shape": shape, "dtype": dtype})
+
+
+def _item_vjp(g, y, t, index, shape, dtype):
+    return (make_node("tuple_ct", (g,), {"index": (index,), "shape": t.shape, "dtype": t.dtype}),)
+
+
+def _merge_tuple_cts(gs: list) -> list:
+    """Cotangents of several items of one tuple node, as one ``tuple_ct`` node (its inputs and indices)."""
+    parts, index = [], []
+    for g in gs:
+        parts += g.inputs
+        index += g.attrs["index"]
+    return [make_node("tuple_ct", parts, {"index": tuple(index), "shape": gs[0].shape, "dtype": gs[0].dtype})]
+
+
+register(OpDef("item", infer=lambda t, index, shape, dtype: (shape, dtype),
+               impl=lambda xp, t, index, shape, dtype: t[index], vjp=_item_vjp, fuse=False))
+# A tuple node's cotangent, read only by the op's gradient rule (which takes its inputs apart, never runs
+# it); as a value it is the tuple of its parts.
+register(OpDef("tuple_ct", infer=lambda *parts, index, shape, dtype: (shape, dtype),
+               impl=lambda xp, *parts, index, shape, dtype: tuple(parts), vjp=None, fuse=False,
+               merge_gradients=_merge_tuple_cts, tuple_valued=lambda node: True))
+
+
+def _cotangents(g: Node, node: Node) -> dict:
+    """Output index -> cotangent node, from what autodiff gave a control-flow node (one node for a
+    single-result node, a ``tuple_ct`` for a tuple node); several for one index are summed."""
+    if "_types" not in node.attrs:
+        return {0: g}
+    out: dict = {}
+    for i, part in zip(g.attrs["index"], g.inputs):
+        out[i] = part if i not in out else out[i] + part
+    return out
+
+
+def _results(node: Node, count: int) -> list:
+    return [item(node, i) for i in range(count)] if "_types" in node.attrs else [node]
+
+
+def _host_true(pred) -> bool:
+    """A predicate's value, read on the host (one device-to-host copy on a device): true when positive."""
+    value = pred.get() if on_device(pred) else np.asarray(pred)
+    return bool(value.reshape(-1)[0] > 0)
+
+
+def _dense(g: Node | None) -> Node | None:
+    return densify(g) if g is not None and is_row_sparse(g) else g
+
+
+def _float_grads(outputs: list, cts: list, wrt: list) -> list:
+    """Gradients (dense) of ``sum <outputs, cts>`` for the float nodes of ``wrt``, None for the others; an
+    output without a cotangent (None) contributes nothing."""
+    pairs = [(o, c) for o, c in zip(outputs, cts) if c is not None and o.dtype.is_float]
+    want = [w for w in wrt if w.dtype.is_float]
+    if not pairs:
+        got = [zeros_like(w) for w in want]
+    else:
+        got = grad([o for o, _ in pairs], want, cotangents=[c for _, c in pairs])
+    found = dict(zip(want, got))
+    return [_dense(found[w]) if w in found else None for w in wrt]
+
+
+# --- cond ------------------------------------------------------------------------------------------------
+
+def cond(pred: Node, then_fn: Callable, else_fn: Callable, inputs: Sequence[Node] | Node = ()):
+    """``then_fn(*inputs)`` if ``pred > 0`` else ``else_fn(*inputs)``: only the taken branch runs.
+
+    ``pred`` is one value (a size-1 shape without the row axis: a per-row choice is an elementwise ``where``).
+    Each function is called once, now, on fresh symbols; values it reads from outside become inputs of the
+    node. Both must return the same number of nodes with equal shapes and dtypes (checked here). Returns one
+    node, or a list when the branches return a list. Gradients: the backward is a ``cond`` on the same
+    predicate of the two branches' backward graphs, so the untaken branch adds exactly zero to every
+    gradient (it never runs), even where it would be NaN or inf; no gradient flows into ``pred``."""
+    if not isinstance(pred, Node):
+        raise TypeError(f"cond: the predicate is {type(pred).__name__}, not a Node")
+    if pred.has_rows or any(d != 1 for d in pred.shape):
+        raise ShapeError(f"cond: the predicate {pred.label()} has shape {fmt_shape(pred.shape)}; it must be "
+                         "one value (a per-row choice is an elementwise where(pred, a, b))")
+    operands, _ = _as_list(inputs, "cond inputs")
+    types = [(x.shape, x.dtype) for x in operands]
+    then_t, then_raw = trace(then_fn, types, _fn_name(then_fn, "then_fn"))
+    else_t, else_raw = trace(else_fn, types, _fn_name(else_fn, "else_fn"))
+    _check_branches(then_t.graph, else_t.graph)
+    captured = _merged_captures(then_t, else_t)
+    then_g, else_g = _extend_captures(then_t, captured), _extend_captures(else_t, captured)
+    outs = then_g.outputs
+    in_vf = bool(_rows_implicit.get())
+    attrs = {"then": then_g, "else_": else_g, "n_operands": len(operands), "_in_vertex_function": in_vf}
+    args = [pred] + operands + captured
+    if in_vf and len(outs) > 1:   # a node per result in a vertex function (a tuple cannot be stored there)
+        results = [make_node("cond", args, dict(attrs, then=_only(then_g, i), else_=_only(else_g, i),
+                                                shape=o.shape, dtype=o.dtype)) for i, o in enumerate(outs)]
+        return results[0] if isinstance(then_raw, Node) else results
+    if len(outs) == 1:
+        node = make_node("cond", args, dict(attrs, shape=outs[0].shape, dtype=outs[0].dtype))
+    else:
+        node = _tuple_node("cond", args, dict(attrs, shape=(), dtype=outs[0].dtype),
+                           [(o.shape, o.dtype) for o in outs])
+    results = _results(node, len(outs))
+    return results[0] if isinstance(then_raw, Node) else results
+
+
+def _only(sub: Subgraph, i: int) -> Subgraph:
+    """``sub`` computing its output ``i`` alone."""
+    return Subgraph(sub.args, [sub.outputs[i]], sub.name)
+
+
+def _fn_name(fn, default: str) -> str:
+    name = getattr(fn, "__name__", default)
+    return default if name == "<lambda>" else name
+
+
+def _check_branches(a: Subgraph, b: Subgraph) -> None:
+    if len(a.outputs) != len(b.outputs):
+        raise ShapeError(f"cond: {a.name} returns {len(a.outputs)} values but {b.name} returns "
+                         f"{len(b.outputs)}")
+    for i, (x, y) in enumerate(zip(a.outputs, b.outputs)):
+        if x.shape != y.shape or x.dtype != y.dtype:
+            raise ShapeError(f"cond: output {i} is {x.dtype.name}{fmt_shape(x.shape)} in {a.name} but "
+                             f"{y.dtype.name}{fmt_shape(y.shape)} in {b.name}; both branches must agree")
+
+
+def _cond_infer(pred, *args, then, else_, n_operands, _in_vertex_function, shape, dtype, _types=None):
+    return shape, dtype
+
+
+def _cond_impl(xp, pred, *values, then, else_, n_operands, _in_vertex_function, shape, dtype, _types=None):
+    outs = (then if _host_true(pred) else else_).run(xp, values)
+    return tuple(outs) if _types is not None else outs[0]
+
+
+def _cond_vjp(g, node, pred, *args, then, else_, n_operands, _in_vertex_function, shape, dtype, _types=None):
+    cts = _cotangents(g, node)
+    n_out = len(then.outputs)
+    given = sorted(cts)
+    wanted = [i for i, x in enumerate(args) if x.dtype.is_float]
+    if not wanted:
+        return (None,) * (1 + len(args))
+
+    def branch(sub: Subgraph, which: list):
+        def backward(*vals):
+            values, ct_vals = list(vals[:len(args)]), vals[len(args):]
+            outs = sub.inline(values)
+            ct = [None] * n_out
+            for i, c in zip(given, ct_vals):
+                ct[i] = c
+            gs = _float_grads(outs, ct, values)
+            return [gs[i] for i in which]
+        backward.__name__ = f"{sub.name}.backward"
+        return backward
+
+    operands = list(args) + [cts[i] for i in given]
+    if _in_vertex_function:   # one node per gradient there: the gradients of per-vertex values and
+        # parameters' (summed over the vertices) must not share a node in ∂F
+        back = [cond(pred, branch(then, [i]), branch(else_, [i]), operands)[0] for i in wanted]
+    else:
+        back = cond(pred, branch(then, wanted), branch(else_, wanted), operands)
+    grads: list = [None] * len(args)
+    for i, gnode in zip(wanted, back):
+        grads[i] = gnode
+    return (None, *grads)
+
+
+register(OpDef("cond", infer=_cond_infer, impl=_cond_impl, vjp=_cond_vjp, fuse=False, tuple_valued=_is_tuple_node))
+
+
+# --- loops -----------------------------------------------------------------------------------------------
+
+def _iter_axis(x: Node) -> int:
+    """The stored axis a loop iterates over (the row axis never: see the module's docstring)."""
+    return 1 if x.has_rows else 0
+
+
+def _step_shape(x: Node, what: str) -> tuple:
+    ax = _iter_axis(x)
+    if x.ndim <= ax:
+        raise ShapeError(f"{what} {x.label()} has shape {fmt_shape(x.shape)}: no axis to iterate over "
+                         "(the row axis is never iterated)")
+    return x.shape[:ax] + x.shape[ax + 1:]
+
+
+def _stacked_shape(shape: tuple, length: int) -> tuple:
+    ax = 1 if shape and shape[0] is None else 0
+    return shape[:ax] + (length,) + shape[ax:]
+
+
+def _take_step(x, t: int, rows: bool):
+    return x[:, t] if rows else x[t]
+
+
+def _stack(xp, parts: list, length: int, shape: tuple, dtype, rows: int | None):
+    """Per-step values stacked on the iteration axis; ``length`` steps, where only the first ``len(parts)``
+    ran (the others zero: a while_loop's padding); ``rows`` is the row count when no step ran."""
+    ax = 1 if shape and shape[0] is None else 0
+    if len(parts) == length and length:
+        return xp.stack(parts, axis=ax)
+    lead = (parts[0].shape[0] if parts else rows or 0,) if ax else ()
+    out = xp.zeros(lead + (length,) + tuple(shape[ax:]), dtype=dtype.np)
+    for t, p in enumerate(parts):
+        if ax:
+            out[:, t] = p
+        else:
+            out[t] = p
+    return out
+
+
+def _check_states(body: Subgraph, n_out: int, states: list, what: str) -> None:
+    new = body.outputs[n_out:]
+    if len(new) != len(states):
+        raise ShapeError(f"{what}: the body returns {len(new)} states for {len(states)} loop states")
+    for j, (s, ns) in enumerate(zip(states, new)):
+        if s.shape != ns.shape or s.dtype != ns.dtype:
+            raise ShapeError(f"{what}: state {j} enters as {s.dtype.name}{fmt_shape(s.shape)} but the body "
+                             f"returns {ns.dtype.name}{fmt_shape(ns.shape)}; a state keeps its shape and dtype")
+
+
+def _unpack_pair(result, what: str) -> list:
+    if not (isinstance(result, (tuple, list)) and len(result) == 2):
+        raise TypeError(f"{what}: the body must return a pair (outputs, new_states)")
+    outs, _ = _as_list(result[0], f"{what} outputs") if result[0] is not None else ([], False)
+    states, _ = _as_list(result[1], f"{what} states") if result[1] is not None else ([], False)
+    return outs + states
+
+
+def foreach(body: Callable, inputs: Sequence[Node] | Node, states: Sequence[Node] | Node,
+            length: int | None = None, reverse: bool = False, steps: Node | None = None,
+            name: str | None = None):
+    """Run ``body`` over the iteration axis of ``inputs`` (axis 0, or axis 1 of a value with the row axis):
+    ``outputs_t, states = body(inputs_t, states)``. Returns ``(outputs, final_states)``: each output stacked
+    over the steps, on the same axis. ``inputs``/``states`` and the body's two results are each one node or
+    a list of nodes (the body gets what was given: a node or a list). ``length`` gives the trip count when
+    there are no inputs; ``reverse`` runs the steps from the last (outputs still stacked at their step).
+    ``steps`` (an int scalar node, read on the host once per run) runs only the first ``steps`` of them (at
+    most the static length; padded batches: the batch's longest sequence): the outputs keep the static
+    length, zero after the last step run, as a while_loop's do.
+
+    Shapes are inferred from one trace of ``body`` (now, on fresh symbols); a state must come back with its
+    shape and dtype. Gradients: the pre-step states are saved in the forward and the backward is a
+    ``foreach`` over them in reverse, carrying the state cotangents and summing the gradients of every value
+    the body reads from outside (parameters, closure values) over the steps."""
+    what = f"foreach '{name}'" if name else "foreach"
+    xs, x_single = _as_list(inputs, f"{what} inputs") if inputs is not None else ([], False)
+    ss, s_single = _as_list(states, f"{what} states") if states is not None else ([], False)
+    lengths = {x.shape[_iter_axis(x)] for x in xs if x.ndim > _iter_axis(x)}
+    slice_types = [(_step_shape(x, f"{what}: input"), x.dtype) for x in xs]
+    if len(lengths) > 1:
+        raise ShapeError(f"{what}: the inputs have different lengths {sorted(lengths)} along their iteration "
+                         "axes (" + ", ".join(f"{x.label()} {fmt_shape(x.shape)}" for x in xs) + ")")
+    if xs:
+        if length is not None and length != next(iter(lengths)):
+            raise ShapeError(f"{what}: length={length} but the inputs have {next(iter(lengths))} steps")
+        length = next(iter(lengths))
+    elif length is None or length < 0:
+        raise ShapeError(f"{what}: without inputs, give the trip count as length=")
+
+    def call(*formals):
+        x_part, s_part = formals[:len(xs)], formals[len(xs):]
+        return body(x_part[0] if x_single else list(x_part), s_part[0] if s_single else list(s_part))
+
+    n_out = []
+
+    def unpack(result):
+        flat = _unpack_pair(result, what)
+        n_out.append(len(flat) - len(ss))
+        return flat
+
+    traced, _ = trace(call, slice_types + [(s.shape, s.dtype) for s in ss], name or "body", unpack)
+    _check_states(traced.graph, n_out[0], ss, what)
+    if steps is not None and (not isinstance(steps, Node) or steps.dtype.is_float or steps.has_rows
+                              or any(d != 1 for d in steps.shape)):
+        raise ShapeError(f"{what}: steps must be one integer value (an int scalar node), got "
+                         f"{steps.label() + ' ' + type_str(steps) if isinstance(steps, Node) else repr(steps)}")
+    if steps is not None and reverse:
+        raise ShapeError(f"{what}: reverse with a run-time number of steps is not supported")
+    outs, finals, _ = _loop_node("foreach", xs, ss, traced, n_out[0], length, {"reverse": bool(reverse)},
+                                 x_single, s_single, count=steps)
+    return outs, finals
+
+
+def _loop_node(op: str, xs: list, ss: list, traced: Traced, n_out: int, length: int, extra: dict,
+               x_single: bool, s_single: bool, count: Node | None = None, backward: bool = False,
+               _pick: Sequence[int] | None = None):
+    """The node(s) of a loop; returns its outputs, its final states as the caller gave them (one node or a
+    list) and a while_loop's count (else None).
+
+    A loop with one result (a foreach with one state and no outputs: a vertex function's encoder) is a
+    node of that value, which saves nothing: its gradient replays it once to get the per-step states. Any
+    other loop is a tuple node whose value holds the per-step states too (``_save``), for its gradient,
+    except in a vertex function (``_in_vertex_function``): a value there may be stored per vertex between
+    phases and passes, which a tuple cannot be, so each result is a node of its own (``_pick``: running the
+    loop once per result read) and the gradient replays the loop."""
+    body = traced.graph
+    in_vf = bool(_rows_implicit.get()) and not backward
+    n_results = n_out + len(ss) + (1 if op == "while_loop" else 0)
+    if in_vf and _pick is None and n_results > 1:
+        results = [_loop_node(op, xs, ss, traced, n_out, length, extra, False, False, count, backward, [i])
+                   for i in range(n_results)]
+        flat = [r[0][i] if i < n_out else r[1][i - n_out] if i < n_out + len(ss) else r[2]
+                for i, r in enumerate(results)]
+        return _split_results(flat, n_out, len(ss), s_single, op)
+    single = (op == "foreach" and not backward and n_results == 1) or (_pick is not None and len(_pick) == 1
+                                                                      and not backward)
+    attrs = dict(extra, body=body, n_in=len(xs), n_state=len(ss), n_out=n_out, length=length,
+                 _has_count=count is not None, _save=not (single or backward or in_vf),
+                 _differentiable=not backward, _in_vertex_function=in_vf,
+                 _pick=None if _pick is None else tuple(_pick))
+    inputs = xs + ss + traced.captured + ([count] if count is not None else [])
+    types = _loop_types(op, body, ss, n_out, length, attrs["_save"])
+    if _pick is not None:
+        types = [types[i] for i in _pick]
+    if single:
+        node = make_node(op, inputs, dict(attrs, shape=types[0][0], dtype=types[0][1]))
+    else:
+        node = _tuple_node(op, inputs, dict(attrs, dtype=(types[0][1] if types else int64)), types)
+    results = _results(node, len(types) if _pick is not None else n_results)
+    if _pick is not None:   # the results not picked are None
+        full = dict(zip(_pick, results))
+        results = [full.get(i) for i in range(n_results)]
+    return _split_results(results, n_out, len(ss), s_single, op)
+
+
+def _split_results(results: list, n_out: int, n_state: int, s_single: bool, op: str):
+    outs, finals = results[:n_out], results[n_out:n_out + n_state]
+    count = results[n_out + n_state] if op == "while_loop" else None
+    return outs, (finals[0] if s_single else finals), count
+
+
+def _loop_types(op: str, body: Subgraph, ss: list, n_out: int, length: int, _save: bool) -> list:
+    """(shape, dtype) of a loop's results: the stacked outputs, the final states (a while_loop's count),
+    and with ``_save`` the stacked pre-step states."""
+    out_types = [(_stacked_shape(o.shape, length), o.dtype) for o in body.outputs[:n_out]]
+    state_types = [(s.shape, s.dtype) for s in ss]
+    saved_types = [(_stacked_shape(s.shape, length), s.dtype) for s in ss] if _save else []
+    return out_types + state_types + ([((), int64)] if op == "while_loop" else []) + saved_types
+
+
+def _loop_infer(*inputs, shape, dtype, **attrs):
+    return shape, dtype
+
+
+def _run_steps(xp, body: Subgraph, xs, states, caps, rows_of, order, n_out, _save: bool):
+    """The loop proper: per step, the input slices and states through the body."""
+    outs = [dict() for _ in range(n_out)]
+    saved = [dict() for _ in states]
+    for t in order:
+        slices = [_take_step(x, t, rows) for x, rows in zip(xs, rows_of)]
+        if _save:
+            for j, s in enumerate(states):
+                saved[j][t] = s
+        res = body.run(xp, slices + states + caps)
+        for k in range(n_out):
+            outs[k][t] = res[k]
+        states = res[n_out:]
+    return outs, states, saved
+
+
+def _foreach_impl(xp, *values, body, n_in, n_state, n_out, length, reverse, _has_count, _save, _differentiable,
+                  _in_vertex_function, _pick, shape, dtype, _types=None):
+    xs, states = list(values[:n_in]), list(values[n_in:n_in + n_state])
+    caps = list(values[n_in + n_state:len(values) - (1 if _has_count else 0)])
+    ran = length
+    if _has_count:   # a run-time trip count (a while_loop's backward: the steps that ran), read on the host
+        count = values[-1]
+        ran = int((count.get() if on_device(count) else np.asarray(count)).reshape(-1)[0])
+        if not 0 <= ran <= length:
+            raise FeedError(f"foreach: {ran} steps asked of a loop over {length}")
+    order = range(ran - 1, -1, -1) if reverse else range(ran)
+    rows_of = [a.has_rows for a in body.args[:n_in]]   # a slice keeps the row axis: so did its input
+    outs, states, saved = _run_steps(xp, body, xs, states, caps, rows_of, order, n_out, _save)
+    rows = _rows_in(values, body, n_in, n_state)
+    result = [_stack(xp, [o[t] for t in range(ran)], length, body.outputs[k].shape, body.outputs[k].dtype, rows)
+              for k, o in enumerate(outs)]
+    result += states
+    if _save:
+        result += [_stack(xp, [s[t] for t in range(ran)], length, body.args[n_in + j].shape,
+                          body.args[n_in + j].dtype, rows) for j, s in enumerate(saved)]
+    if _pick is not None:
+        result = [result[i] for i in _pick]
+    return tuple(result) if _types is not None else result[0]
+
+
+def _rows_in(values, body: Subgraph, n_in: int, n_state: int) -> int | None:
+    """The row count of the loop's values with the row axis (for outputs of a loop that ran no step)."""
+    for k, a in enumerate(body.args[:n_in]):
+        if a.has_rows:
+            return values[k].shape[0]
+    for k, a in enumerate(body.args[n_in:]):
+        if a.has_rows and n_in + k < len(values):
+            return values[n_in + k].shape[0]
+    return None
+
+
+def _loop_vjp(g, node, *inputs, body, n_in, n_state, n_out, length, _has_count, _save, _differentiable,
+              _in_vertex_function, _pick, shape, dtype, _types=None, **attrs):
+    """The backward of foreach and while_loop: a reverse ``foreach`` over the saved pre-step states."""
+    if not _differentiable:
+        raise NotImplementedError(f"{node.label()} is the backward of a loop: its own gradient (second "
+                                  "order) is not defined")
+    cts = _cotangents(g, node)
+    if _pick is not None:   # (a result of its own, in a vertex function)
+        cts = {_pick[i]: c for i, c in cts.items()}
+    is_while = "cond" in node.attrs   # (a while_loop holds its condition)
+    reverse = attrs.get("reverse", False)
+    xs, ss = list(inputs[:n_in]), list(inputs[n_in:n_in + n_state])
+    caps = list(inputs[n_in + n_state:len(inputs) - (1 if _has_count else 0)])
+    first_saved = n_out + n_state + (1 if is_while else 0)
+    keeper = node
+    if not _save:   # a one-result loop: replayed once, saving its states
+        types = _loop_types(node.op, body, ss, n_out, length, True)
+        keeper = _tuple_node(node.op, inputs, dict(node.attrs, _save=True, _pick=None, dtype=types[0][1]), types)
+    saved = [item(keeper, first_saved + j) for j in range(n_state)]
+    out_given = [k for k in range(n_out) if k in cts]
+    cap_float = [c for c in caps if c.dtype.is_float]
+    # carried: the state cotangents (zero where none came back) and the captured values' gradient sums
+    carried = [cts.get(n_out + j) if (n_out + j) in cts else zeros_like(s) for j, s in enumerate(ss)]
+    carried += [zeros_like(c) for c in cap_float]
+    n_x = len(xs)
+
+    def backward(step_in, carry):
+        x_t = step_in[:n_x]
+        s_t = step_in[n_x:n_x + n_state]
+        gy_t = step_in[n_x + n_state:]
+        gs, gcap = carry[:n_state], carry[n_state:]
+        res = body.inline(list(x_t) + list(s_t) + caps)
+        ct = [None] * len(res)
+        for k, c in zip(out_given, gy_t):
+            ct[k] = c
+        for j in range(n_state):
+            ct[n_out + j] = gs[j]
+        grads = _float_grads(res, ct, list(x_t) + list(s_t) + cap_float)
+        gx = [gr if gr is not None else zeros_like(x) for gr, x in zip(grads[:n_x], x_t) if x.dtype.is_float]
+        g_states = [gr if gr is not None else zeros_like(s) for gr, s in zip(grads[n_x:n_x + n_state], s_t)]
+        g_caps = [acc + gr for acc, gr in zip(gcap, grads[n_x + n_state:])]
+        return gx, g_states + g_caps
+
+    # per-step inputs of the backward: the forward's inputs, its saved states, the outputs' cotangents
+    step_inputs = xs + saved + [cts[k] for k in out_given]
+    count = item(keeper, n_out + n_state) if is_while else (inputs[-1] if _has_count else None)
+    back_outs, back_finals = _backward_loop(backward, step_inputs, carried, length, not reverse, count,
+                                            _in_vertex_function)
+    grads: list = [None] * len(inputs)
+    fi = 0
+    for i, x in enumerate(xs):
+        if x.dtype.is_float:
+            grads[i] = back_outs[fi]
+            fi += 1
+    for j in range(n_state):
+        grads[n_x + j] = back_finals[j] if ss[j].dtype.is_float else None
+    for c, gc in zip(cap_float, back_finals[n_state:]):
+        grads[inputs.index(c)] = gc
+    return tuple(grads)
+
+
+def _backward_loop(backward, step_inputs, carried, length, reverse, count, split: bool):
+    """Trace ``backward`` as a foreach body over ``step_inputs`` (with ``count``: only that many steps ran).
+
+    ``split`` (in a vertex function): two nodes running the same loop, one for the per-vertex results (the
+    inputs' and states' gradients) and one for those without the row axis (parameter gradients, summed over
+    the vertices): ∂F computes a value without the row axis in the phase that reads it, and a node there
+    must not mix the two."""
+    def call(*formals):
+        return backward(formals[:len(step_inputs)], formals[len(step_inputs):])
+
+    n_out = []
+
+    def unpack(result):
+        flat = list(result[0]) + list(result[1])
+        n_out.append(len(result[0]))
+        return flat
+
+    types = [(_step_shape(x, "backward input"), x.dtype) for x in step_inputs]
+    traced, _ = trace(call, types + [(c.shape, c.dtype) for c in carried], "backward", unpack)
+    results = list(traced.graph.outputs)
+    groups: list = [None]
+    if split:
+        with_rows = [i for i, r in enumerate(results) if r.has_rows]
+        groups = [grp for grp in (with_rows, [i for i in range(len(results)) if i not in with_rows]) if grp]
+    outs: list = [None] * n_out[0]
+    finals: list = [None] * len(carried)
+    for grp in groups:
+        o, f, _ = _loop_node("foreach", step_inputs, carried, traced, n_out[0], length, {"reverse": reverse},
+                             False, False, count=count, backward=True, _pick=grp)
+        outs = [a if a is not None else b for a, b in zip(outs, o)]
+        finals = [a if a is not None else b for a, b in zip(finals, f)]
+    return outs, finals
+
+
+register(OpDef("foreach", infer=_loop_infer, impl=_foreach_impl, vjp=_loop_vjp, fuse=False,
+               tuple_valued=_is_tuple_node))
+
+
+# --- while_loop ------------------------------------------------------------------------------------------
+
+def while_loop(cond_fn: Callable, body: Callable, loop_vars: Sequence[Node] | Node, max_iterations: int,
+               name: str | None = None):
+    """``while cond_fn(vars) > 0 and steps < max_iterations: outputs_t, vars = body(vars)``.
+
+    ``cond_fn(vars)`` returns one value (a size-1 shape without the row axis); it is read on the host once
+    per iteration (on a device: one device-to-host copy per iteration). ``body(vars)`` returns a pair
+    (outputs, new_vars); ``vars`` is one node or a list, as given. Returns ``(outputs, final_vars, count)``.
+
+    The shape rule for outputs sized by the iterations actually run: a static graph's shapes are known at
+    declaration, so each output is stacked to ``max_iterations`` steps on the iteration axis (axis 0; axis 1
+    for a value with the row axis), and ``count`` (an int64 scalar) says how many ran: steps ``count`` and
+    later are zero. Gradients: the backward is a reverse ``foreach`` over the first ``count`` steps (the
+    cotangents of the padding steps are ignored), with no gradient through the predicate."""
+    what = f"while_loop '{name}'" if name else "while_loop"
+    if not isinstance(max_iterations, (int, np.integer)) or max_iterations < 0:
+        raise ShapeError(f"{what}: max_iterations must be a non-negative int, got {max_iterations!r}")
+    vs, v_single = _as_list(loop_vars, f"{what} loop_vars")
+    types = [(v.shape, v.dtype) for v in vs]
+
+    def _pick(formals):
+        return formals[0] if v_single else list(formals)
+
+    cond_t, _ = trace(lambda *f: cond_fn(_pick(f)), types, f"{name or 'while'}.cond")
+    (p,) = cond_t.graph.outputs if len(cond_t.graph.outputs) == 1 else (None,)
+    if p is None or p.has_rows or any(d != 1 for d in p.shape):
+        shown = "several values" if p is None else f"shape {fmt_shape(p.shape)}"
+        raise ShapeError(f"{what}: the condition returns {shown}; it must be one value (a size-1 shape "
+                         "without the row axis: per-row 'not done' masks can be reduced to any(...) with sum)")
+    n_out = []
+
+    def unpack(result):
+        flat = _unpack_pair(result, what)
+        n_out.append(len(flat) - len(vs))
+        return flat
+
+    body_t, _ = trace(lambda *f: body(_pick(f)), types, name or "body", unpack)
+    _check_states(body_t.graph, n_out[0], vs, what)
+    captured = _merged_captures(body_t, cond_t)
+    body_g, cond_g = _extend_captures(body_t, captured), _extend_captures(cond_t, captured)
+    return _loop_node("while_loop", [], vs, Traced(body_g, captured), n_out[0], int(max_iterations),
+                      {"cond": cond_g}, False, v_single)
+
+
+def _while_impl(xp, *values, body, cond, n_in, n_state, n_out, length, _has_count, _save, _differentiable,
+                _in_vertex_function, _pick, shape, dtype, _types=None):
+    states, caps = list(values[:n_state]), list(values[n_state:])
+    outs: list = [[] for _ in range(n_out)]
+    saved: list = [[] for _ in states]
+    ran = 0
+    while ran < length and _host_true(cond.run(xp, states + caps)[0]):
+        for j, s in enumerate(states):
+            saved[j].append(s)
+        res = body.run(xp, states + caps)
+        for k in range(n_out):
+            outs[k].append(res[k])
+        states = res[n_out:]
+        ran += 1
+    rows = _rows_in(values, body, 0, n_state)
+    result = [_stack(xp, o, length, body.outputs[k].shape, body.outputs[k].dtype, rows) for k, o in enumerate(outs)]
+    result += states
+    result.append(xp.full((), ran, dtype=np.int64))   # made on the device: no host copy
+    if _save:
+        result += [_stack(xp, s, length, body.args[j].shape, body.args[j].dtype, rows)
+                   for j, s in enumerate(saved)]
+    if _pick is not None:
+        result = [result[i] for i in _pick]
+    return tuple(result) if _types is not None else result[0]
+
+
+register(OpDef("while_loop", infer=_loop_infer, impl=_while_impl, vjp=_loop_vjp, fuse=False,
+               tuple_valued=_is_tuple_node))

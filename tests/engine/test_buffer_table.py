@@ -1,0 +1,226 @@
+"""The C runner's buffer table kept from run to run (cpu/c_runner.py's BufferTable): whatever changes
+between two passes (a parameter array replaced or written in place, a batch that grows the workspace's
+buffers or shrinks, another plan, a table with block rows or without, the statics copied or not, a
+checkpoint loaded, a run that failed), the numbers equal the reference runner's and a fresh model's, and
+every address the table hands C is that of an array alive and resolved for this very pass."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from minicavs.train import checkpoint
+from minicavs.engine import program
+from minicavs.cpu import c_runner
+from minicavs.engine.compile import EngineOptions
+from minicavs.runtime.memory import DynamicTensor
+from minicavs.train.trainer import Trainer
+
+from ..models.test_models import MODELS, TINY
+from .test_instructions import close
+
+pytestmark = pytest.mark.skipif(c_runner.available(np.float64) is not None,
+                                reason="no C compiler or BLAS: the C runner cannot run here")
+
+
+def _address(a) -> int:
+    return a.__array_interface__["data"][0]
+
+
+@pytest.fixture
+def checked_runs(monkeypatch) -> list:
+    """Wrap the C runner's run: after each call, every entry of the kept table must address the array this
+    pass resolved for it (a static's copy excepted: made by the run itself), or, for a workspace tensor the
+    run did not look up again (WORKSPACE_TENSORS), the buffer it resolves to now; with its size or the
+    elements the resolver said it uses. Entries the pass left unbound must be zero. Returns the programs
+    run."""
+    real = c_runner.run
+    programs, skipped, resolved = [], [], {}
+
+    class Recording:
+        """The pass's buffers, each one looked up recorded."""
+
+        def __init__(self, buffers):
+            self.buffers, self.ctx = buffers, buffers.ctx
+
+        def __getitem__(self, key):
+            a = self.buffers[key]
+            resolved[("fixed",) if key[:2] == ("arena", "fixed") else ("scratch",) if key[:2] ==
+                     ("arena", "scratch") else key] = a
+            return a
+
+    def run(lowered, table, buffers, dtype, forest, *rest):
+        resolved.clear()
+        grads = real(lowered, table, Recording(buffers), dtype, forest, *rest)
+        bound = lowered.__dict__["_table"]
+        assert not bound.info[4].any()   # (twins: let go after the call)
+        for i, key in enumerate(lowered.keys):
+            if bound.held[i] is None:   # unbound, or a batch's own array let go after the call
+                assert key[0] not in c_runner.PERSISTENT or key not in resolved or key[0] == "static", key
+                assert not bound.info[:4, i].any(), key
+                continue
+            if key in resolved:
+                a = resolved[key]
+            else:
+                assert key[0] in c_runner.WORKSPACE_TENSORS, key
+                a = buffers[key]
+                skipped.append(key)
+            a, used = a if type(a) is tuple else (a, a.size)
+            held = bound.held[i]
+            assert held is a or key[0] == "static", (key, "a stale array")
+            assert bound.info[0, i] == _address(held) and bound.info[1, i] == (used if held is a else held.size)
+        programs.append((lowered, len(skipped)))
+        return grads
+
+    monkeypatch.setattr(c_runner, "run", run)
+    return programs
+
+
+def _trainer(tmp_path, name="tree_lstm", dtype="float64") -> Trainer:
+    return Trainer(MODELS / f"{name}.yaml", TINY[name] + [f"train.dtype={dtype}"], run_dir=tmp_path)
+
+
+def _both(t: Trainer, samples):
+    """(reference runner's, C runner's) loss and gradients on ``samples``."""
+    out = []
+    for executor in ("reference", "native"):
+        t.model.options = EngineOptions(executor=executor)
+        out.append(t.loss_and_grads(samples))
+    return out
+
+
+def _same(a, b, dtype="float64") -> None:
+    close(a.loss, b.loss, dtype)
+    assert set(a.grads) == set(b.grads)
+    for k in a.grads:
+        close(a.grads[k], b.grads[k], dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_every_change_between_passes_gives_the_reference_numbers(dtype, tmp_path, checked_runs):
+    t = _trainer(tmp_path, dtype=dtype)
+    data = t.task.data["train"]
+    rng = np.random.default_rng(0)
+    name = sorted(t.params)[0]
+    steps = [
+        ("first batch", lambda: None, data[:3]),
+        ("same batch again", lambda: None, data[:3]),
+        ("a parameter array replaced", lambda: setattr(t.params[name], "value",
+                                                       rng.normal(size=t.params[name].value.shape).astype(dtype)),
+         data[:3]),
+        ("every parameter written in place", lambda: [p.value.__imul__(0.9) for p in t.params.values()], data[:3]),
+        ("a larger batch (the workspace grows)", lambda: None, data[:20]),
+        ("another plan", lambda: None, data[20:26]),
+        ("one sample", lambda: None, data[30:31]),
+        ("back to the first batch", lambda: None, data[:3]),
+    ]
+    for what, change, samples in steps:
+        change()
+        python, native = _both(t, samples)
+        _same(python, native, dtype)
+    assert len({id(p) for p, _ in checked_runs}) == 2   # (F's and ∂F's programs, each run again and again)
+    assert 0 < checked_runs[-1][1] < sum(len(p.keys) for p, _ in checked_runs)   # (some kept, many looked up)
+
+
+def test_a_checkpoint_loaded_between_passes_gives_a_fresh_models_numbers(tmp_path, checked_runs):
+    t = _trainer(tmp_path / "a")
+    samples = t.task.data["train"][:6]
+    t.model.options = EngineOptions(executor="native")
+    t.loss_and_grads(samples)
+    other = _trainer(tmp_path / "b")
+    for p in other.params.values():
+        p.value[...] = np.random.default_rng(1).normal(size=p.value.shape)
+    checkpoint.save(tmp_path / "ck.npz", other.params)
+    checkpoint.load(tmp_path / "ck.npz", t.params)   # (in place: the same arrays, new values)
+    fresh = _trainer(tmp_path / "c")
+    checkpoint.load(tmp_path / "ck.npz", fresh.params)
+    fresh.model.options = EngineOptions(executor="native")
+    _same(fresh.loss_and_grads(samples), t.loss_and_grads(samples))
+
+
+def test_statics_copied_then_not_and_blocks_then_none(tmp_path, checked_runs, monkeypatch):
+    """A run that copies transposed statics (their twins in the table's last row) followed by one that does
+    not, and a pass with block rows followed by one without (their buffers unbound): no twin or block buffer
+    of the earlier run is left in the table."""
+    t = _trainer(tmp_path, "var_lstm")
+    samples = t.task.data["train"][:10]
+    for threshold in (1, 10 ** 9, 1):
+        monkeypatch.setattr(c_runner, "CONTIGUOUS_STATICS_ROWS", threshold)
+        python, native = _both(t, samples)
+        _same(python, native)
+        bound = [p.__dict__["_table"] for p, _ in checked_runs[-2:]]
+        assert not any(b.info[4].any() for b in bound)
+    # a pass whose table has block rows, then one without (a batch whose blocks the test drops: their
+    # buffers left unbound), then with again
+    real = program.block_rows
+
+    def without_blocks(lowered, *args, **kwargs):
+        pre, post = real(lowered, *args, **kwargs)
+        return pre[:0], post[:0]
+    for blocks in (True, False, True):
+        monkeypatch.setattr(program, "block_rows", real if blocks else without_blocks)
+        native = t.loss_and_grads(samples)   # (the model's options: the C runner, from _both)
+        assert all((len(s.program.table) > len(s.program.task_table)) == blocks for s in native.states.values())
+        if blocks:
+            _same(python, native)
+        for lowered, _ in checked_runs[-2:]:
+            bound = lowered.__dict__["_table"]
+            unbound = [i for i in range(lowered.task_keys or len(lowered.keys), len(lowered.keys) - 1)]
+            assert blocks or not bound.info[:4, unbound].any()
+
+
+def test_a_failed_run_leaves_no_table_behind(tmp_path, monkeypatch):
+    t = _trainer(tmp_path)
+    samples = t.task.data["train"][:4]
+    t.model.options = EngineOptions(executor="native")
+    expected = t.loss_and_grads(samples)
+    real = c_runner.run
+    failing = []
+
+    class Broken:
+        def __init__(self, buffers):
+            self.buffers = buffers
+
+        def __getitem__(self, key):
+            if key[0] == "static":   # (looked up every run, after some entries were bound)
+                raise RuntimeError("resolve failed (test)")
+            return self.buffers[key]
+
+    def run(lowered, table, buffers, dtype, forest, *rest):
+        failing.append(lowered)
+        return real(lowered, table, Broken(buffers), dtype, forest, *rest)
+    monkeypatch.setattr(c_runner, "run", run)
+    with pytest.raises(RuntimeError, match="resolve failed"):
+        t.loss_and_grads(samples)
+    assert "_table" not in failing[0].__dict__
+    monkeypatch.setattr(c_runner, "run", real)
+    _same(expected, t.loss_and_grads(samples))
+    assert "_table" in failing[0].__dict__
+
+
+def test_bad_input_after_a_kept_table_still_gets_its_error(tmp_path):
+    """A label out of range after good passes: the same clear error as on a first pass, and nothing changed."""
+    t = _trainer(tmp_path)
+    t.model.options = EngineOptions(executor="native")
+    samples = t.task.data["train"][:4]
+    before = t.loss_and_grads(samples)
+    graphs, feeds = t.task.batch(samples)
+    bad = dict(feeds)
+    label = next(k for k, v in feeds.items() if "label" in str(k))
+    bad[label] = np.full_like(np.asarray(feeds[label]), 10 ** 6)
+    with pytest.raises(Exception, match="out of range"):
+        t.model.forward_backward(graphs, bad, t.params, t.context(True))
+    _same(before, t.loss_and_grads(samples))
+
+
+def test_prefix_of_a_dynamic_tensor_is_only_its_last_resize():
+    t = DynamicTensor("x", (3,), np.float32)
+    first = t.resize(4)
+    assert t.prefix(first)[0] is t.buffer and t.prefix(first)[1] == 12
+    again = t.resize(2)
+    assert t.prefix(first) is first and t.prefix(again)[1] == 6   # (an older view: not known to be a prefix)
+    grown = t.resize(100)
+    buf, used = t.prefix(grown)
+    assert buf is t.buffer and used == 300 and buf.base is None and _address(buf) == _address(grown)
+    assert t.prefix(t.buffer[1:3]) is not None and type(t.prefix(t.buffer[1:3])) is not tuple
