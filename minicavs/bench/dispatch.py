@@ -10,7 +10,7 @@ from ..engine import instructions
 
 
 def nop_program(count: int) -> instructions.Lowered:
-    """A one-kind program of ``count`` NOPs: what the executor's dispatch alone costs."""
+    """A one-kind program of ``count`` NOPs: what the C interpreter's dispatch alone costs."""
     t = instructions.Template("nop")
     for _ in range(count):
         t.emit("NOP")

@@ -22,12 +22,12 @@ from .library import library
 
 
 class NativeCheckError(CheckError):
-    """The executor's bounds check caught an instruction addressing outside its buffer."""
+    """The interpreter's bounds check caught an instruction addressing outside its buffer."""
 
 
 def available(dtype) -> str | None:
     """Why the C runner cannot run ``dtype`` here (None: it can)."""
-    if cpu_native.executor(dtype) is None:
+    if cpu_native.interpreter(dtype) is None:
         return "no compiler or BLAS"
     return None
 
@@ -55,12 +55,12 @@ def declines(lowered, dtype) -> str | None:
 
 
 def _matrix_info(a: np.ndarray, static: bool = True) -> tuple[np.ndarray, int, int]:
-    """(array kept alive, row stride, transposed flag) of a buffer the executor reads whole. Only a static
+    """(array kept alive, row stride, transposed flag) of a buffer the interpreter reads whole. Only a static
     (``STATIC``: a product's operand) is read through the transposed flag; every other instruction takes a
     buffer as rows of its row stride, so a transposed view of anything else would be misread."""
     if static and a.ndim == 2 and not a.flags.c_contiguous and a.T.flags.c_contiguous:
         return a, a.shape[0], 1
-    if not a.flags.c_contiguous:   # a copy would take the executor's writes and lose them
+    if not a.flags.c_contiguous:   # a copy would take the interpreter's writes and lose them
         raise ValueError(f"C runner: a buffer of shape {a.shape} and strides {a.strides} is not "
                          "C-contiguous" + (" nor a transposed contiguous matrix" if static else ""))
     return a, (a.shape[-1] if a.ndim >= 1 else 1) if a.ndim <= 2 else int(math.prod(a.shape[1:])), 0
@@ -118,7 +118,7 @@ TWIN_ELEMENTS = 1 << 20
 
 class BufferTable:
     """A program's buffer table (per buffer: base address, elements, row stride, transposed flag, twin's
-    address; one int64 array the executor reads) kept from one run to the next, so that a batch re-addresses
+    address; one int64 array the interpreter reads) kept from one run to the next, so that a batch re-addresses
     only the buffers that are new. An entry is reused only for the very same array object (held here, so
     its memory cannot be freed and its address handed to another array) with the same shape and strides;
     anything else (a parameter array replaced, a workspace buffer grown, a new batch's index arrays) is
@@ -180,11 +180,11 @@ def run(lowered, table: np.ndarray, buffers, dtype, forest: bool, workspace=None
     Returns the parameter-gradient accumulators ({name: array}) the program added into. (Addresses come from
     cffi's ``from_buffer``: numpy's ``ctypes.data`` costs microseconds a call; the buffer table keeps those
     of arrays seen by the last run: :class:`BufferTable`.) ``eager``: the eager stream's table
-    (program.eager_rows), run by a second call of the executor on the CPU's eager thread while this one runs
+    (program.eager_rows), run by a second call of the interpreter on the CPU's eager thread while this one runs
     ``table``, row t of which waits until eager chunk t is done (:func:`_eager_call`). ``clock``: an int64 array
     (one entry per opcode, and in all, last) the call adds each opcode's nanoseconds into (the device's
     ``opcode_clock``)."""
-    ex = cpu_native.executor(dtype)
+    ex = cpu_native.interpreter(dtype)
     ffi = ex.ffi
     n = len(lowered.keys)
     bound = lowered.__dict__.pop("_table", None)   # (taken: a run that fails leaves none behind)
@@ -207,7 +207,7 @@ def run(lowered, table: np.ndarray, buffers, dtype, forest: bool, workspace=None
     # OpenBLAS packs a transposed B from strided reads, 25-40% slower per product at 16-64 rows, while the copy
     # costs a few such products (cpu/library.py contiguous). Same values; BLAS may round differently.
     # A static at least twice as wide as deep (an LSTM's W_h, H x 4H) that some task reads also gets its
-    # transpose (the original array, or a copy): the executor multiplies few rows by it as C^T = B^T A^T
+    # transpose (the original array, or a copy): the interpreter multiplies few rows by it as C^T = B^T A^T
     # (SMALL_M_ROWS). One only the blocks read (a Tree-LSTM's leaf W) gets none: the copy, a pass over all of it
     # each run (~15 us at 128 x 384, more from a cold cache), would serve one product.
     copier = library(dtype) if max_bs > 1 and sum([r for r in task_rows if r > 1]) >= CONTIGUOUS_STATICS_ROWS \
@@ -355,7 +355,7 @@ def run(lowered, table: np.ndarray, buffers, dtype, forest: bool, workspace=None
 
 def _eager_call(ex, lowered, eager: np.ndarray, bound: BufferTable, buffers, grads: dict, sync: np.ndarray,
                 twin_cols: int, forest: bool, check: int):
-    """Start the executor over the eager stream's table on the CPU's eager thread (cffi releases the GIL for
+    """Start the interpreter over the eager stream's table on the CPU's eager thread (cffi releases the GIL for
     the call): the main call's buffer table but its own scratch and fixed arenas (registers are each call's
     own) and its own accumulators for the parameter gradients that tasks add into too
     (instructions.Lowered.eager_accumulators). Returns (the thread's event, its error row: nonzero when a check failed,

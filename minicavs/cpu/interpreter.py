@@ -3,11 +3,11 @@ atomic), loaded with cffi (which releases the GIL for the call), and the BLAS it
 
 BLAS: the OpenBLAS numpy itself loaded. numpy 2.x wheels ship ``numpy.libs/libscipy_openblas64_-*.so``
 exporting the ILP64 cblas ``scipy_cblas_{s,d}gemm64_``; we find it in ``/proc/self/maps``, dlopen it with
-``RTLD_NOLOAD`` (the same copy numpy uses, never a second one) and hand the executor the symbols' addresses.
-So there is one BLAS and one BLAS thread pool per process, and no link-time dependency: the executor is
+``RTLD_NOLOAD`` (the same copy numpy uses, never a second one) and hand the interpreter the symbols' addresses.
+So there is one BLAS and one BLAS thread pool per process, and no link-time dependency: the interpreter is
 compiled without ``-l``. If numpy's BLAS is not found (another numpy build), a system ``libopenblas`` /
 ``libcblas`` exporting the LP64 ``cblas_{s,d}gemm`` is used instead (a second library, with its own threads:
-say ``OPENBLAS_NUM_THREADS`` when that matters). With no compiler or no BLAS, :func:`executor` returns None
+say ``OPENBLAS_NUM_THREADS`` when that matters). With no compiler or no BLAS, :func:`interpreter` returns None
 and warns once per process naming why (no compiler: the same one warning as the fused kernels'); the engine
 then runs the batch programs on the reference runner.
 """
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..engine.codegen.machine import executor_decls, executor_source
+from ..engine.codegen.machine import interpreter_decls, interpreter_source
 from .compiler import compiled, compiler, warn_no_compiler
 
 _warned: set = set()
@@ -107,7 +107,7 @@ def blas_threads() -> int:
     return max(1, int(fn())) if fn is not None else 1
 
 
-class NativeExecutor:
+class NativeInterpreter:
     """The compiled interpreter for one element type, with its GEMM."""
 
     def __init__(self, c_type: str, lib, ffi, gemm: tuple):
@@ -128,7 +128,7 @@ class NativeExecutor:
 
 
 @functools.lru_cache(maxsize=None)
-def executor(dtype) -> NativeExecutor | None:
+def interpreter(dtype) -> NativeInterpreter | None:
     """The C runner for ``dtype`` (float32 / float64), or None (with one warning) when this process
     cannot build it: no C compiler, no BLAS."""
     import cffi
@@ -146,6 +146,6 @@ def executor(dtype) -> NativeExecutor | None:
         _warn_once("no BLAS: neither numpy's OpenBLAS nor a system libopenblas/libcblas")
         return None
     ffi = cffi.FFI()
-    ffi.cdef(executor_decls(c_type))
-    lib = ffi.dlopen(str(compiled(executor_source(c_type), cc, "native")))
-    return NativeExecutor(c_type, lib, ffi, gemm)
+    ffi.cdef(interpreter_decls(c_type))
+    lib = ffi.dlopen(str(compiled(interpreter_source(c_type), cc, "native")))
+    return NativeInterpreter(c_type, lib, ffi, gemm)

@@ -3,7 +3,6 @@ launched by :mod:`.kernels`, a pass issued by one C call (:mod:`.issue`), the ea
 stream with one event per chunk."""
 from __future__ import annotations
 
-import os
 from typing import Sequence
 
 import numpy as np
@@ -26,14 +25,12 @@ class Cuda(Backend):
     name = "cuda"
     runner_name = "cuda runner"
 
-    def __init__(self, launcher=None, deterministic: bool = False, issue_from_c: bool | None = None,
+    def __init__(self, launcher=None, deterministic: bool = False, issue_from_c: bool = True,
                  tf32: bool = False):
         self.launcher = launcher if launcher is not None else cuda_kernels.default_launcher()
         self.xp = self.launcher.xp
         arrays.register(self.xp.ndarray, self.xp)
         self.deterministic = bool(deterministic)
-        if issue_from_c is None:   # (MINICAVS_CUDA_ISSUE=0: op by op from Python, to compare the two on a GPU)
-            issue_from_c = os.environ.get("MINICAVS_CUDA_ISSUE", "1") not in ("", "0")
         self.issue_from_c = bool(issue_from_c)   # a pass issued by one C call (issue.py), else op by op from Python
         self.tf32 = bool(tf32)   # float32 products with TF32 inputs (cuBLAS's; the stand-in rounds its inputs)
         self._rows: dict = {}

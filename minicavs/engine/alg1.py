@@ -53,12 +53,12 @@ class RunState:
 
 def _run(program: BatchProgram, state: RunState, dtype) -> dict:
     """Run a bound program on the state's device: its own runner, or the reference runner on the same device
-    when asked for (``executor: reference``) or when the device's runner declines the program (said in
+    when asked for (``runner: reference``) or when the device's runner declines the program (said in
     dump()). Returns the parameter-gradient accumulators it added into."""
     device, lowered = state.device, program.lowered
-    why = None if state.opts.executor == "reference" else device.runner_declines(lowered, dtype)
+    why = None if state.opts.runner == "reference" else device.runner_declines(lowered, dtype)
     args = (lowered, program.table, program.buffers, dtype, state.plan.forest, state.workspace)
-    if state.opts.executor != "reference" and why is None:
+    if state.opts.runner != "reference" and why is None:
         program.runner = device.runner_name
         if state.opts.tf32 and getattr(device, "tf32_products", False):   # (CUDA float32 products only)
             return device.run_program(*args, eager=program.eager, check=state.opts.check, tf32=True)

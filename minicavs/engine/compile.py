@@ -90,25 +90,24 @@ class EngineOptions:
     gather_elision: bool = True   # a gather whose child rows are an evenly strided block reads a view
     merge_gemms: bool = True      # products of F sharing a left operand run as one GEMM (passes/gemm.py)
     plan_layout: bool = False     # merged weights and biases as views of planned parameter buffers
-    # (passes/layout.py): no weight copy per batch, but the parameters become strided views, which the
-    # optimizer's C kernels decline (its numpy path then updates every parameter): opt-in until they take them
-    executor: str = "native"  # the pass as one call of the device's runner over its instruction stream;
-    # "reference": the same instruction stream run by reference.py (one Python function per opcode)
+    # (passes/layout.py): no weight copy per batch; the parameters become strided views of one buffer each
+    runner: str = "device"    # who runs a pass: the device's runner (the C runner on the CPU, the CUDA runner);
+    # "reference": the same program run by reference.py (one Python function per opcode: slow, the definition)
     check: bool = False       # the runners' debug mode: every address and row number bounds-checked (slower)
     tf32: bool = False        # CUDA float32 products with TF32 inputs (10-bit mantissas; not "equal" numbers)
 
     def __post_init__(self):
-        if self.executor not in EXECUTORS:
-            raise ValueError(f"executor {self.executor!r}: expected one of {', '.join(EXECUTORS)}")
+        if self.runner not in RUNNERS:
+            raise ValueError(f"runner {self.runner!r}: expected one of {', '.join(RUNNERS)}")
 
-    @property
-    def compiled(self) -> "EngineOptions":
-        """The options that decide what is compiled (the executor, the check and TF32 only decide how it runs).
-        Kept on the instance: every lookup of compiled phases asks for it, and ``replace`` costs microseconds."""
+    def compile_key(self) -> "EngineOptions":
+        """The options that decide what is compiled (the runner, the check and TF32 only decide how it runs):
+        the key of every cache of compiled passes, templates and task tables. Kept on the instance: every
+        lookup of compiled phases asks for it, and ``replace`` costs microseconds."""
         found = self.__dict__.get("_compiled")
         if found is None:   # one instance per distinct value: the caches keyed by it then hit by identity
-            found = self if self.executor == "native" and not self.check and not self.tf32 else \
-                replace(self, executor="native", check=False, tf32=False)
+            found = self if self.runner == "device" and not self.check and not self.tf32 else \
+                replace(self, runner="device", check=False, tf32=False)
             found = _COMPILED.setdefault(found._fields(), found)
             object.__setattr__(self, "_compiled", found)   # (a cache, not a field: eq and hash ignore it)
         return found
@@ -127,8 +126,8 @@ class EngineOptions:
         return found
 
 
-EXECUTORS = ("native", "reference")
-_COMPILED: dict = {}   # field values -> the one EngineOptions instance ``compiled`` returns for them
+RUNNERS = ("device", "reference")
+_COMPILED: dict = {}   # field values -> the one EngineOptions instance ``compile_key`` returns for them
 
 
 @dataclass
@@ -315,7 +314,7 @@ class CompiledFunction:
         """The phases ``device`` runs (default: the CPU): with fusion, each fused group is one of the
         device's kernels. Compiled once per (options, device)."""
         device = default_device() if device is None else device
-        opts = opts.compiled
+        opts = opts.compile_key()
         key = (opts, device)
         if key not in self._phases:
             fwd, bwd = self._split(opts)
@@ -329,7 +328,7 @@ class CompiledFunction:
         """Where F's and ∂F's values live under ``opts`` (passes/alias.py), decided once. ``training``: F keeps
         what ∂F reads, else only values crossing phases."""
         device = default_device() if device is None else device
-        opts = opts.compiled
+        opts = opts.compile_key()
         key = ("placement", opts, device, training)
         if key not in self._phases:
             fwd, bwd = self.phases(opts, device)

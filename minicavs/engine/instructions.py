@@ -680,7 +680,7 @@ def _children_gradient(fn, kp, inplace, concats) -> Node | None:
 def template(fn, opts, device, backward: bool, training: bool = True, phase: int = TASK,
              direct: bool = False) -> Template:
     """The kind's template of ``phase`` (kept with the function's compiled phases)."""
-    key = ("native", opts.compiled, device, backward, training, phase, direct)
+    key = ("native", opts.compile_key(), device, backward, training, phase, direct)
     if key not in fn._phases:
         try:
             fn._phases[key] = backward_template(fn, opts, device, phase, direct) if backward else \
@@ -697,7 +697,7 @@ def link(fns: list, kids: list, opts, device, backward: bool, training: bool = T
     program. ``cache``: where linked programs are kept (the workspace's: they live as long as the model)."""
     cache = {} if cache is None else cache
     # (the entry keeps its functions alive, so no other object can have their ids while it is there)
-    key = (tuple(map(id, fns)), tuple(kids), opts.compiled, device, backward, training)
+    key = (tuple(map(id, fns)), tuple(kids), opts.compile_key(), device, backward, training)
     hit = cache.get(key)
     if hit is not None:
         return hit[1]

@@ -396,7 +396,7 @@ class Model:
         """The planned parameter buffers of the merged products under ``options`` (passes/layout.py): each a
         tuple of parameter names in column order, one per buffer (:attr:`planned`, solved over every
         function's merged products at construction, so the functions agree on one order)."""
-        options = (options or self.options).compiled
+        options = (options or self.options).compile_key()
         found = self._layouts.get(options)
         if found is None:
             found = []

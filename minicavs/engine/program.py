@@ -101,7 +101,7 @@ def host_layout(value):
     """``value`` as a C-contiguous array in native byte order when it is a numpy array laid out otherwise
     (Fortran order, strided or negative-stride views, broadcast views of stride 0, big-endian), else
     ``value`` itself. Feeds and parameters pass through here once, where they enter a run, so that no
-    kernel or executor ever sees a layout it does not expect (the C runner addresses buffers by
+    kernel or runner ever sees a layout it does not expect (the C runner addresses buffers by
     base pointer and row stride). A copy is made only when needed: an array already so laid out is read in
     place (a run never writes to its feeds or parameters), so a caller's array is never written either way."""
     if isinstance(value, np.ndarray) and not (value.flags.c_contiguous and value.dtype.isnative):
@@ -462,7 +462,7 @@ def block_rows(lowered, fns: list, plan, opts, copies: dict | None = None) -> tu
 def _task_moves(fn, opts) -> tuple:
     """What F's task loop moves per vertex under ``opts``: (the gather slots it takes there, its pulls, its
     pushes), the copy counters' factors; found once per function and options (kept with its phases)."""
-    key = ("task moves", opts.compiled)
+    key = ("task moves", opts.compile_key())
     found = fn._phases.get(key)
     if found is None:
         phase = fn.phases(opts).forward.phase

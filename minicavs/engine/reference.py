@@ -5,7 +5,7 @@ by the C runner (codegen/machine.py's switch, over raw pointers) or by this modu
 definition of every opcode. Both keep the same machine: per task (a row of the task table: template id,
 kind offset, rows ``bs``, scatter offset, the sibling-concat view's first row, per gather slot a strided view)
 the template's instructions run in order over registers. A register names a matrix inside one buffer: the
-buffer, an element offset, a row stride ``ld`` and a transposed flag, exactly the C executor's (pointer, ld,
+buffer, an element offset, a row stride ``ld`` and a transposed flag, exactly the C interpreter's (pointer, ld,
 trans, buf). :meth:`Machine.matrix` turns a register into an array view of given rows and columns (a strided
 view, never a copy, so writes land in the buffer); every such view is bounds-checked against its buffer, so a
 wrong instruction raises :class:`CheckError` here instead of writing elsewhere.

@@ -8,7 +8,7 @@ placeholder stands for it. So autodiff sees every dependency on the node's input
 parameters read inside a loop (accumulated over its iterations).
 
 Each op runs its subgraph with the registry's impls (plain Python over ``xp``: numpy, or a device's module),
-so it runs wherever ops run; the native instruction executor has no opcode for it and leaves that pass to the
+so it runs wherever ops run; the C runner has no opcode for it and leaves that pass to the
 Python path. Gradients are themselves control flow: the backward of a ``cond`` is a ``cond`` of the two
 branches' backward graphs (only the taken branch runs, so the untaken one contributes exactly nothing, even
 where it would be NaN or inf); the backward of a loop is a ``foreach`` over the saved per-iteration states,

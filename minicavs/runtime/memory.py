@@ -109,7 +109,7 @@ class Workspace:
 
     def arena(self, key: str, elements: int, dtype) -> np.ndarray:
         """A flat buffer of at least ``elements`` elements (stale values), kept for the next batch: the native
-        executor's scratch arenas."""
+        C runner's scratch arenas."""
         tensor = self.arenas.get(key)
         if tensor is None or tensor.dtype != np.dtype(dtype):
             tensor = self.arenas[key] = DynamicTensor(key, (), dtype, self.xp)

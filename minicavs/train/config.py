@@ -182,13 +182,16 @@ TRAIN_DEFAULTS: dict[str, Any] = {
     "engine": {"lazy_batching": True, "eager_batching": True, "streaming": False,  # §3.4 (EngineOptions)
                "fusion": True, "gather_elision": True, "merge_gemms": True,
                "plan_layout": False,    # ED-Batch's memory layout: merged products' weights as views (passes/layout.py)
-               "executor": "native",    # the device's runner; or "reference": the same program run by
+               "runner": "device",      # the device's runner; or "reference": the same program run by
                                         # reference.py (slow; the opcodes' definition)
                "check": False,          # the runners' debug mode: every address bounds-checked
                "tf32": False},   # cuda, float32: products issued by the CUDA runner read TF32 inputs (faster
                                  # on tensor cores, 10-bit mantissas: results move by ~1e-3 relative)
 }
 EARLY_STOPPING_KEYS = {"metric": None, "mode": None, "patience": None}
+# Keys given a new name: a config, an override or a run's record (config.yaml, checkpoints) that says the old
+# one means the new one, its value translated. (section path, old key) -> (new key, {old value: new value}).
+RENAMED = {("train", "engine", "executor"): ("runner", {"native": "device", "reference": "reference"})}
 
 
 def _train_rules() -> dict:
@@ -199,7 +202,7 @@ def _train_rules() -> dict:
             "dtype": Choice(("float32", "float64")), "policy": Choice(policy_names()),
             "eval_batch_size": at_least(1), "log_every": NON_NEGATIVE, "device": Choice(("cpu", "cuda")),
             "early_stopping.metric": Choice(()), "early_stopping.mode": Choice(("min", "max")),
-            "early_stopping.patience": at_least(1), "engine.executor": Choice(("native", "reference"))}
+            "early_stopping.patience": at_least(1), "engine.runner": Choice(("device", "reference"))}
 
 
 DATA_DEFAULTS: dict[str, Any] = {"train": None, "dev": None, "test": None}
@@ -432,11 +435,30 @@ def resolve(raw: dict, source: str | os.PathLike, overrides: Sequence[str] = (),
             if keys[0] == "model" and len(keys) == 2:
                 _resolve_paths(raw["model"], Path.cwd(), MODEL_PATH_KEYS)
             overridden.append(".".join(keys))
+        _renamed_keys(raw)
         return _resolved(raw, source, base)
     except ConfigError as e:
         key = e.key or str(e).split(" ", 1)[0].rstrip(":")
         note = " (from --set)" if any(key == o or key.startswith(o + ".") for o in overridden) else ""
         raise ConfigError(f"{source}: {e}{note}") from None
+
+
+def _renamed_keys(raw: dict) -> None:
+    """Move each old key of :data:`RENAMED` in ``raw`` to its new name, translating its value."""
+    for (*path, old), (new, values) in RENAMED.items():
+        section = raw
+        for k in path:
+            section = section.get(k) if isinstance(section, dict) else None
+        if not isinstance(section, dict) or old not in section:
+            continue
+        where, value = ".".join(path), section.pop(old)
+        if value not in values:
+            raise ConfigError(f"{where}.{old} (now {where}.{new}) = {value!r}: expected one of "
+                              f"{', '.join(map(str, values))}")
+        if new in section and section[new] != values[value]:
+            raise ConfigError(f"{where}.{old} = {value!r} (the old name of {where}.{new}) contradicts "
+                              f"{where}.{new} = {section[new]!r}: give one")
+        section[new] = values[value]
 
 
 def _resolved(raw: dict, source: Path, base: Path) -> dict:

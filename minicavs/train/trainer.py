@@ -628,7 +628,7 @@ def engine_options(cfg: dict) -> EngineOptions:
     if unknown:
         raise ConfigError(f"unknown config key(s) train.engine.{', train.engine.'.join(sorted(unknown))}; "
                           f"known: {', '.join(EngineOptions.__dataclass_fields__)}")
-    return EngineOptions(**{k: str(v) if k == "executor" else bool(v) for k, v in cfg.items()})
+    return EngineOptions(**{k: str(v) if k == "runner" else bool(v) for k, v in cfg.items()})
 
 
 def _not_empty(samples, where: str, what: str) -> None:

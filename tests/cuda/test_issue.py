@@ -321,8 +321,5 @@ def test_unreachable_entry_points_fall_back_to_the_python_runner(cuda_standin, m
         close(got.grads[k], want.grads[k], "float64", k)
 
 
-def test_issuing_from_c_can_be_turned_off_by_the_environment(cuda_standin, monkeypatch):
-    monkeypatch.setenv("MINICAVS_CUDA_ISSUE", "0")
-    assert not Cuda(cuda_standin).issue_from_c
-    monkeypatch.delenv("MINICAVS_CUDA_ISSUE")
-    assert Cuda(cuda_standin).issue_from_c
+def test_a_device_issues_from_c_unless_told_not_to(cuda_standin):
+    assert Cuda(cuda_standin).issue_from_c and not Cuda(cuda_standin, issue_from_c=False).issue_from_c

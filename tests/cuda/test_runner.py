@@ -13,7 +13,7 @@ import pytest
 from minicavs.cpu import CPU
 from minicavs.cuda import Cuda, standin
 from minicavs.engine.compile import EngineOptions
-from minicavs.engine.executor import RunContext
+from minicavs.engine.runner import RunContext
 from minicavs.runtime.inputs import InputGraph
 
 from .. import cells
@@ -22,27 +22,27 @@ from ..engine.test_backend import close, on
 from ..engine.test_instructions import SWITCHES, assert_streamed
 from ..models.test_models import TINY, trainer
 
-RUNNERS = {"native": "cuda runner", "reference": "reference runner"}
-# the ways a pass runs on the device: (executor, whether the CUDA runner issues it from C)
-WAYS = {"issued from C": ("native", True), "issued from Python": ("native", False), "reference": ("reference", True)}
+RUNNERS = {"device": "cuda runner", "reference": "reference runner"}
+# the ways a pass runs on the device: (runner, whether the CUDA runner issues it from C)
+WAYS = {"issued from C": ("device", True), "issued from Python": ("device", False), "reference": ("reference", True)}
 
 
-def assert_device_runs_the_program(result, executor: str, from_c: bool | None = None) -> None:
+def assert_device_runs_the_program(result, runner: str, from_c: bool | None = None) -> None:
     """Both passes ran on the runner asked for (the CUDA runner declines no opcode: APPLY too runs on it);
     ``from_c``: the CUDA runner issued them from C (True) or from Python (False)."""
     for state in result.states.values():
         for program in (state.program, state.backward_program):
-            assert program.runner == RUNNERS[executor] and program.declined is None, program.declined
-            assert RUNNERS[executor] in program.dump().splitlines()[0]
-            if executor == "native" and from_c is not None:
+            assert program.runner == RUNNERS[runner] and program.declined is None, program.declined
+            assert RUNNERS[runner] in program.dump().splitlines()[0]
+            if runner == "device" and from_c is not None:
                 why = program.lowered.__dict__.get("issue_declined")
                 assert (why is None) == from_c, why
 
 
 def ways(launcher) -> list:
-    """(name, executor, device, from_c) of every way a pass runs on the emulated device."""
+    """(name, runner, device, from_c) of every way a pass runs on the emulated device."""
     devices = {True: Cuda(launcher), False: Cuda(launcher, issue_from_c=False)}
-    return [(name, executor, devices[from_c], from_c) for name, (executor, from_c) in WAYS.items()]
+    return [(name, runner, devices[from_c], from_c) for name, (runner, from_c) in WAYS.items()]
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
@@ -57,15 +57,15 @@ def test_bundled_models_on_the_device_equal_the_c_runner(cuda_standin, name, dty
     for options in switches:
         want = t.model.forward_backward(graphs, feeds, t.params, RunContext(seed=5, step=2), options=options)
         inferred = t.model.infer(graphs, feeds, t.params, options=options)
-        for way, executor, device, from_c in ways(cuda_standin):
-            opts = replace(options, executor=executor)
+        for way, runner, device, from_c in ways(cuda_standin):
+            opts = replace(options, runner=runner)
             t.model.device = device
             try:
                 got = t.model.forward_backward(graphs, feeds, params, RunContext(seed=5, step=2), options=opts)
                 inference = t.model.infer(graphs, feeds, params, options=opts)
             finally:
                 t.model.device = CPU
-            assert_device_runs_the_program(got, executor, from_c)
+            assert_device_runs_the_program(got, runner, from_c)
             what = f"{way} {options}"
             close(got.loss, want.loss, dtype, f"{what} loss")
             close(inference.loss, inferred.loss, dtype, f"{what} inference loss")
@@ -86,16 +86,16 @@ def test_per_row_matrices_on_the_device_equal_the_c_runner(cuda_standin, H):
     graphs = [InputGraph.chain(n) for n in (2, 5)]
     feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
     want = case.model.forward_backward(graphs, feeds, case.params, RunContext(),
-                                       options=EngineOptions(executor="native"))
+                                       options=EngineOptions(runner="device"))
     params = {k: Cuda(cuda_standin).asarray(v) for k, v in case.params.items()}
-    for way, executor, device, from_c in ways(cuda_standin):
+    for way, runner, device, from_c in ways(cuda_standin):
         case.model.device = device
         try:
             got = case.model.forward_backward(graphs, feeds, params, RunContext(),
-                                              options=EngineOptions(executor=executor))
+                                              options=EngineOptions(runner=runner))
         finally:
             case.model.device = CPU
-        assert_device_runs_the_program(got, executor, from_c)
+        assert_device_runs_the_program(got, runner, from_c)
         close(got.loss, want.loss, "float64", way)
         for k in want.grads:
             close(got.grads[k], want.grads[k], "float64", f"{way} d{k}")
@@ -119,7 +119,7 @@ def test_dag_gradient_rows_are_added_by_the_device_kernels(cuda_standin, determi
                                           RunContext(), options=options)
     finally:
         case.model.device = CPU
-    assert_device_runs_the_program(got, "native")
+    assert_device_runs_the_program(got, "device")
     for state in got.states.values():   # (a fixed order: the segment sums, planned per task from Python)
         why = state.backward_program.lowered.__dict__.get("issue_declined")
         assert (why is not None and "fixed order" in why) if deterministic else why is None, why
@@ -140,10 +140,10 @@ def test_no_crossing_per_task(cuda_standin, way, streaming):
     build, make_graph = CASES["chain_lstm"]
     rng = np.random.default_rng(3)
     case = build(rng)
-    executor, from_c = WAYS[way]
+    runner, from_c = WAYS[way]
     device = Cuda(cuda_standin, issue_from_c=from_c)
     params = {k: device.asarray(v) for k, v in case.params.items()}
-    options = EngineOptions(executor=executor, streaming=streaming)
+    options = EngineOptions(runner=runner, streaming=streaming)
     case.model.device = device
     counts, tasks = [], []
     try:
@@ -154,7 +154,7 @@ def test_no_crossing_per_task(cuda_standin, way, streaming):
             standin.reset()
             result = case.model.forward_backward(graphs, feeds, params, RunContext(), options=options)
             counts.append(dict(standin.crossings))
-            assert_device_runs_the_program(result, executor, from_c)
+            assert_device_runs_the_program(result, runner, from_c)
             tasks.append(len(result.states["G"].program.task_table))
     finally:
         case.model.device = CPU
@@ -170,14 +170,14 @@ def test_bundled_models_streaming_on_the_device_equal_the_c_runner(cuda_standin,
     params = on(Cuda(cuda_standin), t)
     for options in SWITCHES[:1] + SWITCHES[-1:]:
         want = t.model.forward_backward(graphs, feeds, t.params, RunContext(seed=5, step=2), options=options)
-        for way, executor, device, from_c in ways(cuda_standin):
-            opts = replace(options, executor=executor, streaming=True)
+        for way, runner, device, from_c in ways(cuda_standin):
+            opts = replace(options, runner=runner, streaming=True)
             t.model.device = device
             try:
                 got = t.model.forward_backward(graphs, feeds, params, RunContext(seed=5, step=2), options=opts)
             finally:
                 t.model.device = CPU
-            assert_device_runs_the_program(got, executor, from_c)
+            assert_device_runs_the_program(got, runner, from_c)
             assert_streamed(got)
             what = f"{way} streaming {options}"
             close(got.loss, want.loss, "float64", f"{what} loss")

@@ -7,7 +7,7 @@ from hypothesis import given, settings, strategies as st
 
 from minicavs.engine.backend import array_module, to_host
 from minicavs.engine.compile import EngineOptions
-from minicavs.engine.executor import RunContext
+from minicavs.engine.runner import RunContext
 from minicavs.engine.explain import check, explain
 from minicavs.runtime.inputs import InputGraph, make_batch
 from minicavs.train.testing import check_model_grads
@@ -101,20 +101,20 @@ CASES = {
 }
 
 
-RUNNERS = ["native", "reference"]   # the device's runner (the C runner here) and the reference runner
+RUNNERS = ["device", "reference"]   # the device's runner (the C runner here) and the reference runner
 
 
-@pytest.mark.parametrize("executor", RUNNERS)
+@pytest.mark.parametrize("runner", RUNNERS)
 @pytest.mark.parametrize("name", sorted(CASES))
 @settings(max_examples=15, deadline=None)
 @given(seed=st.integers(0, 2**31 - 1), k=st.integers(1, 5), size=st.integers(1, 6))
-def test_batched_equals_serial_and_unrolled_reference(name, executor, seed, k, size):
+def test_batched_equals_serial_and_unrolled_reference(name, runner, seed, k, size):
     """On each runner, through the one binder: the batched pass equals the serial policy's and the
     engine-free unrolled reference."""
     build, make_graph = CASES[name]
     rng = np.random.default_rng(seed)
     case = build(rng)
-    case.model.options = EngineOptions(executor=executor)
+    case.model.options = EngineOptions(runner=runner)
     graphs = [make_graph(rng, int(rng.integers(1, size + 1))) for _ in range(k)]
     state = rng.bit_generator.state
     batched, per = run_case(case, graphs, rng)
@@ -146,13 +146,13 @@ def test_dropout_masks_do_not_depend_on_batching(seed, k):
     assert abs(off.loss - batched.loss) > 1e-9  # dropout really did something
 
 
-@pytest.mark.parametrize("executor", RUNNERS)
+@pytest.mark.parametrize("runner", RUNNERS)
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_finite_differences_through_the_model(name, executor):
+def test_finite_differences_through_the_model(name, runner):
     build, make_graph = CASES[name]
     rng = np.random.default_rng(1)
     case = build(rng)
-    case.model.options = EngineOptions(executor=executor)
+    case.model.options = EngineOptions(runner=runner)
     graphs = [make_graph(rng, n) for n in (3, 1, 5)]
     per = [case.data(rng, g) for g in graphs]
     feeds = cells.batch_feeds(case, graphs, per)

@@ -84,8 +84,8 @@ def _trainer(tmp_path, name="tree_lstm", dtype="float64") -> Trainer:
 def _both(t: Trainer, samples):
     """(reference runner's, C runner's) loss and gradients on ``samples``."""
     out = []
-    for executor in ("reference", "native"):
-        t.model.options = EngineOptions(executor=executor)
+    for runner in ("reference", "device"):
+        t.model.options = EngineOptions(runner=runner)
         out.append(t.loss_and_grads(samples))
     return out
 
@@ -126,7 +126,7 @@ def test_every_change_between_passes_gives_the_reference_numbers(dtype, tmp_path
 def test_a_checkpoint_loaded_between_passes_gives_a_fresh_models_numbers(tmp_path, checked_runs):
     t = _trainer(tmp_path / "a")
     samples = t.task.data["train"][:6]
-    t.model.options = EngineOptions(executor="native")
+    t.model.options = EngineOptions(runner="device")
     t.loss_and_grads(samples)
     other = _trainer(tmp_path / "b")
     for p in other.params.values():
@@ -135,7 +135,7 @@ def test_a_checkpoint_loaded_between_passes_gives_a_fresh_models_numbers(tmp_pat
     checkpoint.load(tmp_path / "ck.npz", t.params)   # (in place: the same arrays, new values)
     fresh = _trainer(tmp_path / "c")
     checkpoint.load(tmp_path / "ck.npz", fresh.params)
-    fresh.model.options = EngineOptions(executor="native")
+    fresh.model.options = EngineOptions(runner="device")
     _same(fresh.loss_and_grads(samples), t.loss_and_grads(samples))
 
 
@@ -173,7 +173,7 @@ def test_statics_copied_then_not_and_blocks_then_none(tmp_path, checked_runs, mo
 def test_a_failed_run_leaves_no_table_behind(tmp_path, monkeypatch):
     t = _trainer(tmp_path)
     samples = t.task.data["train"][:4]
-    t.model.options = EngineOptions(executor="native")
+    t.model.options = EngineOptions(runner="device")
     expected = t.loss_and_grads(samples)
     real = c_runner.run
     failing = []
@@ -202,7 +202,7 @@ def test_a_failed_run_leaves_no_table_behind(tmp_path, monkeypatch):
 def test_bad_input_after_a_kept_table_still_gets_its_error(tmp_path):
     """A label out of range after good passes: the same clear error as on a first pass, and nothing changed."""
     t = _trainer(tmp_path)
-    t.model.options = EngineOptions(executor="native")
+    t.model.options = EngineOptions(runner="device")
     samples = t.task.data["train"][:4]
     before = t.loss_and_grads(samples)
     graphs, feeds = t.task.batch(samples)

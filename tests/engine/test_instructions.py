@@ -61,8 +61,8 @@ def assert_native_equals_reference(run, options, dtype, declined: str | None = N
     task loop in the same call (kinds whose scatter rows are no one block of rows, 2Type's and the lattice's,
     included: SROWS and SPUT move them by index), or, for a model in DECLINED, said why it declined; the
     numbers equal the reference runner's."""
-    reference = run(replace(options, executor="reference"))
-    native = run(replace(options, executor="native"))
+    reference = run(replace(options, runner="reference"))
+    native = run(replace(options, runner="device"))
     for state in native.states.values():
         for program in (state.program, state.backward_program):
             if declined is None:
@@ -86,7 +86,7 @@ def results_equal(want, got, dtype) -> None:
 
 @pytest.mark.parametrize("name", sorted(TINY))
 def test_one_sample_batches_native_equals_reference(name, tmp_path):
-    """A batch of one sample: tasks of one row, whose products the executor runs as gemv (numpy's matmul does
+    """A batch of one sample: tasks of one row, whose products the C runner runs as gemv (numpy's matmul does
     the same; OpenBLAS's gemm at m = 1 is several times slower)."""
     for dtype in ("float64", "float32"):
         extra = ["model.variant=child_sum"] if "child_sum" in name else []
@@ -138,7 +138,7 @@ def test_blocks_move_interleaved_rows_by_index_with_the_bounds_checks_on(monkeyp
             return case.model.forward_backward(graphs, feeds, case.params, RunContext(), options=options,
                                                policy=policy)
         assert_native_equals_reference(run, EngineOptions(check=True), "float64")
-        assert moved <= _moved_by_index(run(EngineOptions(executor="native", check=True)))
+        assert moved <= _moved_by_index(run(EngineOptions(runner="device", check=True)))
 
 
 def _interleaved(name: str):
@@ -178,10 +178,10 @@ def test_a_wrong_row_move_by_index_makes_native_differ_from_reference(name, back
 
     def run(options):
         return case.model.forward_backward(graphs, feeds, case.params, RunContext(), options=options, policy=policy)
-    reference = EngineOptions(executor="reference")
+    reference = EngineOptions(runner="reference")
     assert_native_equals_reference(run, reference, "float64")
     want = run(reference)   # (before the change: both runners run the one program the change is made to)
-    state = next(iter(run(EngineOptions(executor="native")).states.values()))
+    state = next(iter(run(EngineOptions(runner="device")).states.values()))
     program = state.backward_program if backward else state.program
     pc = _split_block_instruction(program, opcode)
     code, lowered = program.lowered.code, program.lowered
@@ -193,7 +193,7 @@ def test_a_wrong_row_move_by_index_makes_native_differ_from_reference(name, back
     else:
         code[pc][field] = change(int(code[pc][field]))
     with pytest.raises(AssertionError):
-        results_equal(want, run(EngineOptions(executor="native")), "float64")
+        results_equal(want, run(EngineOptions(runner="device")), "float64")
 
 
 def test_a_bad_row_index_of_a_block_is_caught_by_the_debug_mode():
@@ -218,7 +218,7 @@ def test_a_bad_row_index_of_a_block_is_caught_by_the_debug_mode():
             MemoryPlan.scatter_rows = lambda plan, kid: np.append(real(plan, kid)[:-1], 10**9)
             try:
                 case.model.forward_backward(graphs, feeds, case.params, RunContext(),
-                                            options=EngineOptions(executor="native", check=True), policy=policy)
+                                            options=EngineOptions(runner="device", check=True), policy=policy)
                 print("not caught", name)
             except c_runner.NativeCheckError as e:
                 print("caught:", e)
@@ -250,7 +250,7 @@ def assert_streamed(result) -> None:
 
 
 def assert_streaming_equals_one_stream(run, options, dtype) -> None:
-    """``run(options)`` -> Result: streaming, the runner of ``options.executor`` ran each pass on two streams
+    """``run(options)`` -> Result: streaming, the runner of ``options.runner`` ran each pass on two streams
     and computed the numbers it computes on one."""
     one = run(replace(options, streaming=False))
     two = run(replace(options, streaming=True))
@@ -326,8 +326,8 @@ def test_interleaved_kinds_streaming_equals_one_stream(seed, k, size, switch, da
     assert_streaming_equals_one_stream(run, SWITCHES[switch], "float64")
 
 
-@pytest.mark.parametrize("executor", ["native", "reference"])
-def test_eager_chunks_move_scatter_rows_by_index_when_given_no_offset(executor, tmp_path, monkeypatch):
+@pytest.mark.parametrize("runner", ["device", "reference"])
+def test_eager_chunks_move_scatter_rows_by_index_when_given_no_offset(runner, tmp_path, monkeypatch):
     """A chunk's scatter rows are its task's, one block (a view at the task's scatter offset); given none
     (offset -1, as a block of a kind whose rows interleave), its SROWS and SPUT move them by the kind's row
     index from the chunk's kind offset: the same numbers (2Type's leaf block reads and writes scatter rows)."""
@@ -344,7 +344,7 @@ def test_eager_chunks_move_scatter_rows_by_index_when_given_no_offset(executor, 
     samples = t.task.data["train"][:6]
 
     def run(options):
-        t.model.options = replace(options, executor=executor)
+        t.model.options = replace(options, runner=runner)
         return t.loss_and_grads(samples)
     one = run(EngineOptions())
     monkeypatch.setattr(binding, "eager_rows", without_offsets)
@@ -409,11 +409,11 @@ def test_eager_rows_are_the_task_rows_with_their_kinds_eager_templates():
 
 
 def test_eager_chunks_run_on_the_worker_thread(monkeypatch):
-    """The C runner calls the executor twice per streamed pass: the eager call (role 2) over the eager table
+    """The C runner calls its interpreter twice per streamed pass: the eager call (role 2) over the eager table
     on a thread other than the caller's, the main call (role 1) on the caller's, waiting for as many chunks."""
     from minicavs.cpu import interpreter as cpu_native
     calls = []
-    for ex in {cpu_native.executor(np.float64), cpu_native.executor(np.dtype(np.float64))}:   # (cached by key)
+    for ex in {cpu_native.interpreter(np.float64), cpu_native.interpreter(np.dtype(np.float64))}:   # (cached by key)
         def recorded(*args, _real=ex.run):
             calls.append((args[-2], args[-1], args[5], threading.get_ident()))   # role, chunks waited for, rows
             return _real(*args)
@@ -431,7 +431,7 @@ def test_eager_chunks_run_on_the_worker_thread(monkeypatch):
 
 
 def _one_kind_program(ex, table: np.ndarray, a: np.ndarray, sync: np.ndarray, role: int, nwait: int):
-    """The executor over a template that zeroes the task's rows of ``a`` (4 columns): returns (rc, err)."""
+    """The C interpreter over a template that zeroes the task's rows of ``a`` (4 columns): returns (rc, err)."""
     code = np.zeros((2, instructions.WIDTH), np.int64)
     code[0, :6] = [instructions.OPCODE["BIND"], 0, 0, instructions.KIND_ROWS, 0, 4]
     code[1, :4] = [instructions.OPCODE["ZERO"], 0, -1, 4]
@@ -447,7 +447,7 @@ def _one_kind_program(ex, table: np.ndarray, a: np.ndarray, sync: np.ndarray, ro
 
 @pytest.mark.parametrize("done, nwait", [(0, 4), (2, 4), (3, 4), (1, 2), (4, 4)])
 def test_the_main_call_runs_row_t_only_after_eager_chunk_t(done, nwait):
-    """The executor's wait, without a second thread: ``done`` chunks finished and the eager call failed; the
+    """The C interpreter's wait, without a second thread: ``done`` chunks finished and the eager call failed; the
     main call runs exactly the rows whose chunks are done (rows past the ``nwait`` chunks wait for all) and
     stops with the eager stream's failure at the first other one (every row after ``nwait`` waits for all)."""
     ex = cpu_native_executor()
@@ -472,7 +472,7 @@ def test_the_eager_call_publishes_each_chunk():
 
 def cpu_native_executor():
     from minicavs.cpu import interpreter as cpu_native
-    return cpu_native.executor(np.float64)
+    return cpu_native.interpreter(np.float64)
 
 
 def test_a_bad_eager_instruction_is_caught_on_the_eager_stream(monkeypatch):
@@ -535,7 +535,7 @@ def test_an_op_without_an_opcode_runs_as_apply_on_the_reference_runner():
     sizes = (3, 2)
     graphs = [InputGraph.chain(n) for n in sizes]
     feeds, vals = {"xs": rng.standard_normal((5, 3))}, {"W": rng.standard_normal((3, 3))}
-    got = model.forward_backward(graphs, feeds, vals, options=EngineOptions(executor="native"))
+    got = model.forward_backward(graphs, feeds, vals, options=EngineOptions(runner="device"))
     for program in (got.states["G"].program, got.states["G"].backward_program):
         assert program.runner == "reference runner" and "APPLY" in program.declined, program.declined
         assert "the device's runner declined this pass" in program.dump()
@@ -548,7 +548,7 @@ def test_an_op_without_an_opcode_runs_as_apply_on_the_reference_runner():
             want += np.sum(h ** 2)
             row += 1
     equal(got.loss, want)
-    model.options = EngineOptions(executor="native")
+    model.options = EngineOptions(runner="device")
     check_model_grads(model, graphs, feeds, vals, directions=3)
 
 
@@ -557,7 +557,7 @@ def test_dump_shows_the_instructions():
     case = cells.binary_tree_lstm(rng, H=2)
     trees = [InputGraph([[1, 2], [], []]), InputGraph([[1, 2], [], []])]
     feeds = cells.batch_feeds(case, trees, [case.data(rng, g) for g in trees])
-    case.model.options = EngineOptions(executor="native")
+    case.model.options = EngineOptions(runner="device")
     state = case.model.forward_backward(trees, feeds, case.params, RunContext()).states["G"]
     text = state.program.dump()
     assert "F: one call of the C runner runs the blocks before the task loop (1 rows), tasks 0:2 and " \
@@ -620,13 +620,13 @@ def test_python_calls_of_a_native_step_do_not_grow_with_the_tasks():
     case = cells.chain_lstm(np.random.default_rng(0))
     short = [InputGraph.chain(4) for _ in range(40)]      # 4 tasks of 40 rows
     long = [InputGraph.chain(16) for _ in range(40)]      # 16 tasks of 40 rows
-    native = EngineOptions(executor="native")
+    native = EngineOptions(runner="device")
     calls = _step_calls(case, short, native)
     assert calls == _step_calls(case, long, native)
     # the blocks before and after the task loop (x·W over all rows; the parameter gradients) run in the same
     # native call: no instruction is interpreted in Python
     assert calls["reference"] == 0, calls
-    reference = EngineOptions(executor="reference")   # (which does run one Python call per instruction)
+    reference = EngineOptions(runner="reference")   # (which does run one Python call per instruction)
     assert _step_calls(case, long, reference)["reference"] > _step_calls(case, short, reference)["reference"] > 0
 
 
@@ -648,7 +648,7 @@ def test_corrupted_offset_is_caught_by_the_debug_mode_not_a_crash():
         case = cells.binary_tree_lstm(rng)
         trees = [InputGraph([[1, 2], [], []])] * 3
         feeds = cells.batch_feeds(case, trees, [case.data(rng, g) for g in trees])
-        case.model.options = EngineOptions(executor="native", check=True)
+        case.model.options = EngineOptions(runner="device", check=True)
         state = case.model.forward_backward(trees, feeds, case.params, RunContext()).states["G"]
         code = state.program.lowered.code
         pc = next(i for i in range(len(code)) if instructions.OPCODES_BY_ID[code[i][0]] == "BIND"
@@ -671,7 +671,7 @@ def test_without_a_compiler_the_reference_runner_trains_with_one_warning(tmp_pat
         from minicavs.train.trainer import Trainer
         from tests.models.test_models import MODELS, TINY
         with warnings.catch_warnings(record=True) as caught:
-            t = Trainer(MODELS / "tree_lstm.yaml", TINY["tree_lstm"] + ["train.engine.executor=native",
+            t = Trainer(MODELS / "tree_lstm.yaml", TINY["tree_lstm"] + ["train.engine.runner=device",
                         "train.epochs=1"], run_dir={str(tmp_path / 'run')!r})
             for step in range(3):
                 loss, _ = t.train_step(list(range(8 * step, 8 * step + 8)))
@@ -699,8 +699,8 @@ def test_inference_native_equals_python():
     case = cells.child_sum_tree_lstm(rng)
     graphs = [CASES["child_sum"][1](rng, 5) for _ in range(4)]
     feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
-    python = case.model.infer(graphs, feeds, case.params, options=EngineOptions(executor="reference"))
-    native = case.model.infer(graphs, feeds, case.params, options=EngineOptions(executor="native"))
+    python = case.model.infer(graphs, feeds, case.params, options=EngineOptions(runner="reference"))
+    native = case.model.infer(graphs, feeds, case.params, options=EngineOptions(runner="device"))
     assert native.states["G"].program.lowered is not None if native.states else True
     for name in python.pushes["G"]:
         equal(python.pushes["G"][name], native.pushes["G"][name])
@@ -714,21 +714,21 @@ def test_one_tree_inference_native_equals_reference_and_the_batched_pass(dtype, 
     t = Trainer(MODELS / "tree_lstm.yaml", TINY["tree_lstm"] + [f"train.dtype={dtype}"], run_dir=tmp_path)
     trees = t.task.data["train"][:6]
 
-    def infer(samples, executor):
-        t.model.options = EngineOptions(executor=executor)
+    def infer(samples, runner):
+        t.model.options = EngineOptions(runner=runner)
         graphs, feeds = t.task.batch(samples)
         return t.model.infer(graphs, feeds, t.params, t.context(training=False))
 
     alone = []
     for tree in trees:
-        reference, native = infer([tree], "reference"), infer([tree], "native")
+        reference, native = infer([tree], "reference"), infer([tree], "device")
         program = native.states["tree"].program
         assert program.runner == "C runner" and program.declined is None, program.declined
         close(reference.loss, native.loss, dtype)
         close(reference.outputs["probs"], native.outputs["probs"], dtype)
         close(reference.pushes["tree"]["h"], native.pushes["tree"]["h"], dtype)
         alone.append(native)
-    batched = infer(trees, "native")
+    batched = infer(trees, "device")
     close(np.concatenate([r.outputs["probs"] for r in alone]), batched.outputs["probs"], dtype)
     for r, rows in zip(alone, batched.per_sample("tree", "h")):
         close(r.per_sample("tree", "h")[0], rows, dtype)
@@ -761,7 +761,7 @@ def test_transposed_statics_copied_for_the_task_loop_give_the_same_numbers(dtype
     runs = {}
     for threshold in (1, 10 ** 9):
         monkeypatch.setattr(c_runner, "CONTIGUOUS_STATICS_ROWS", threshold)
-        t.model.options = EngineOptions(executor="native")
+        t.model.options = EngineOptions(runner="device")
         runs[threshold] = t.loss_and_grads(samples)
         if threshold == 1:
             assert (20, 5) in copied           # W_h^T (4 hidden x hidden)
@@ -796,7 +796,7 @@ def test_few_row_products_by_a_wide_static_run_transposed_with_the_same_numbers(
         for rows in (c_runner.SMALL_M_ROWS, 0):
             monkeypatch.setattr(c_runner, "SMALL_M_ROWS", rows)
             twins.clear()
-            t.model.options = EngineOptions(executor="native", check=True)
+            t.model.options = EngineOptions(runner="device", check=True)
             runs[rows] = t.loss_and_grads(samples)
             assert (20, 5) in twins                     # F's W_h^T made for the task loop (and ∂F's W_h^T)
         a, b = runs.values()
@@ -819,7 +819,7 @@ def test_a_wide_static_only_the_blocks_read_gets_no_transposed_copy(tmp_path, mo
     shape = t.params["W"].value.shape
     assert shape[1] >= 2 * shape[0]
     copies = record_contiguous_copies(monkeypatch)
-    t.model.options = EngineOptions(executor="native")
+    t.model.options = EngineOptions(runner="device")
     graphs, feeds = t.task.batch(samples)
     program = t.model.infer(graphs, feeds, t.params, t.context(training=False)).states["tree"].program
     assert program.table is not None and shape[::-1] not in copies, copies   # (the old rule made it)
@@ -843,7 +843,7 @@ def test_tree_fc_task_loop_moves_no_rows_when_siblings_are_side_by_side(monkeypa
         def run(options):
             return case.model.forward_backward(graphs, feeds, case.params, RunContext(), options=options)
         with CPU.opcode_clock() as clock:
-            assert_native_equals_reference(run, EngineOptions(executor="reference"), "float64")
+            assert_native_equals_reference(run, EngineOptions(runner="reference"), "float64")
         moved[label] = {op: int(clock[i]) for i, op in enumerate(instructions.OPCODES) if op in ("COPY", "ADJ")}
     assert moved["complete"] == {"COPY": 0, "ADJ": 0}
     assert moved["irregular"]["ADJ"] > 0
@@ -891,15 +891,15 @@ def test_a_wrong_block_instruction_makes_native_differ_from_reference(backward, 
 
     def run(options):
         return case.model.forward_backward(graphs, feeds, case.params, RunContext(), options=options)
-    reference = EngineOptions(executor="reference")
+    reference = EngineOptions(runner="reference")
     assert_native_equals_reference(run, reference, "float64")
     want = run(reference)   # (before the change: both runners run the one program the change is made to)
-    state = run(EngineOptions(executor="native")).states["G"]
+    state = run(EngineOptions(runner="device")).states["G"]
     program = state.backward_program if backward else state.program
     pc = _block_instruction(program, template, opcode)
     program.lowered.code[pc][field] = change(int(program.lowered.code[pc][field]))
     with pytest.raises(AssertionError):
-        results_equal(want, run(EngineOptions(executor="native")), "float64")
+        results_equal(want, run(EngineOptions(runner="device")), "float64")
 
 
 def test_a_bad_offset_in_a_block_instruction_is_caught_by_the_debug_mode():
@@ -925,7 +925,7 @@ def test_a_bad_offset_in_a_block_instruction_is_caught_by_the_debug_mode():
             case = getattr(cells, name)(rng)
             graphs = make()
             feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
-            case.model.options = EngineOptions(executor="native", check=True)
+            case.model.options = EngineOptions(runner="device", check=True)
             state = case.model.forward_backward(graphs, feeds, case.params, RunContext()).states["G"]
             program = state.backward_program if backward else state.program
             pc = _block_instruction(program, template, opcode)
@@ -957,7 +957,7 @@ def test_per_row_matrices_native_equals_reference(seed, H, k, size, switch):
     def run(options):
         return case.model.forward_backward(graphs, feeds, case.params, RunContext(), options=options)
     assert_native_equals_reference(run, SWITCHES[switch], "float64")
-    native = run(replace(SWITCHES[switch], executor="native")).states["G"]
+    native = run(replace(SWITCHES[switch], runner="device")).states["G"]
     assert "BMM" in "\n".join(native.program.lowered.lines() + native.backward_program.lowered.lines())
 
 
@@ -973,9 +973,9 @@ def test_a_fused_input_broadcast_along_the_last_axis_of_a_per_row_matrix_is_an_a
 
     def run(options):
         return case.model.forward_backward(graphs, feeds, case.params, RunContext(), options=options)
-    native = run(EngineOptions(executor="native"))
+    native = run(EngineOptions(runner="device"))
     why = native.states["G"].program.declined
     assert native.states["G"].program.runner == "reference runner" and "APPLY" in why, why
-    results_equal(run(EngineOptions(executor="reference")), native, "float64")
-    case.model.options = EngineOptions(executor="native")
+    results_equal(run(EngineOptions(runner="reference")), native, "float64")
+    case.model.options = EngineOptions(runner="device")
     check_model_grads(case.model, graphs, feeds, case.params, directions=3)

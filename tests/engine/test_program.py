@@ -9,7 +9,7 @@ import pytest
 
 from minicavs import ops
 from minicavs.engine.compile import EngineOptions
-from minicavs.engine.executor import Executor
+from minicavs.engine.runner import Executor
 from minicavs.runtime.inputs import InputGraph
 from minicavs.engine.program import RunContext
 
@@ -36,11 +36,11 @@ def test_row_sparse_push_gradient_is_put_into_zeros_not_densified():
     feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
     densified = []
     real = engine.densify
-    for executor in ("native", "reference"):
+    for runner in ("device", "reference"):
         engine.densify = lambda xp, x: densified.append(x) or real(xp, x)
         try:
             res = case.model.forward_backward(graphs, feeds, case.params, RunContext(),
-                                              options=EngineOptions(executor=executor))
+                                              options=EngineOptions(runner=runner))
         finally:
             engine.densify = real
         program = res.states["G"].backward_program
@@ -93,7 +93,7 @@ LAYOUTS = {
     "broadcast (stride 0)": lambda a: np.broadcast_to(a[:1], a.shape),
     "fortran, strided, big-endian": lambda a: _strided(_big_endian(a), order="F"),
 }
-EXECUTORS = ["native", "native checked", "reference"]   # native checked: EngineOptions(check=True)
+RUNNERS = ["device", "device checked", "reference"]   # device checked: EngineOptions(check=True)
 
 
 def _c_order(a):
@@ -160,19 +160,19 @@ def layout_cases(tmp_path_factory):
     return cases
 
 
-@pytest.mark.parametrize("executor", EXECUTORS)
+@pytest.mark.parametrize("runner", RUNNERS)
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 @pytest.mark.parametrize("case", ["tree_lstm", "tree_fc", "custom two trees", "custom 0-size"])
-def test_every_feed_and_parameter_layout_gives_the_c_order_numbers(layout_cases, case, layout, executor,
+def test_every_feed_and_parameter_layout_gives_the_c_order_numbers(layout_cases, case, layout, runner,
                                                                     monkeypatch):
-    """Feeds and parameters enter a run through program.host_layout: whatever their layout, every executor
+    """Feeds and parameters enter a run through program.host_layout: whatever their layout, every runner
     computes the loss and gradients that the reference runner computes from the same values in C order, and
     the caller's arrays are left as they were. A parameter's layout is that of a ``Parameter.value`` set from
     the array."""
     from minicavs.cpu import CPU
     from minicavs.nn import Parameter, ParameterSet
     from .test_alg1 import dense, equal
-    if executor != "reference" and CPU.runner_missing(np.float64) is not None:
+    if runner != "reference" and CPU.runner_missing(np.float64) is not None:
         pytest.skip("no C compiler or BLAS: the C runner cannot run here")
     model, params, graphs, feeds, laid_feeds, laid_params = layout_cases[case]
     make = LAYOUTS[layout]
@@ -185,13 +185,13 @@ def test_every_feed_and_parameter_layout_gives_the_c_order_numbers(layout_cases,
     # (the node a graph holds is its parameter's by name: the new Parameter objects stand for the same nodes)
     reference = model.forward_backward(graphs, {k: _c_order(v) for k, v in odd_feeds.items()},
                                        {p: _c_order(odd_params[p].value) for p in odd_params},
-                                       options=EngineOptions(executor="reference"))
+                                       options=EngineOptions(runner="reference"))
     before = {k: np.array(v, copy=True) for k, v in given.items()}
     result = model.forward_backward(graphs, odd_feeds, odd_params, options=EngineOptions(
-        executor=executor.split()[0], check=executor == "native checked"))
+        runner=runner.split()[0], check=runner == "device checked"))
     for state in result.states.values():   # (the runner asked for ran both passes: no silent fallback)
         for program in (state.program, state.backward_program):
-            assert program.runner == ("reference runner" if executor == "reference" else "C runner")
+            assert program.runner == ("reference runner" if runner == "reference" else "C runner")
             assert program.declined is None, program.declined
     equal(result.loss, reference.loss)
     assert set(result.grads) == set(reference.grads)

@@ -19,7 +19,7 @@ from minicavs.engine.codegen.machine import OPCODES
 from minicavs.engine.compile import PRE
 from minicavs.cpu import c_runner
 from minicavs.engine.compile import EngineOptions
-from minicavs.engine.executor import RunContext
+from minicavs.engine.runner import RunContext
 from minicavs.runtime.inputs import InputGraph
 from minicavs.train.trainer import Trainer
 
@@ -47,9 +47,9 @@ def test_every_runner_implements_or_declines_every_opcode():
     reference runner: APPLY, a step only Python runs), and fails any other (its default case); the CUDA
     runner runs each by the reference's function or its own (FUSED: the generated kernel; ADJ: the device's
     scatter-add), with the reference's operands."""
-    from minicavs.engine.codegen.machine import executor_source
+    from minicavs.engine.codegen.machine import interpreter_source
     from minicavs.cuda import python_runner as cuda_runner
-    source = executor_source("double")
+    source = interpreter_source("double")
     assert set(c_runner.DECLINED) < set(OPCODES)
     for name in OPCODES:
         assert (f"case {name}:" in source) != (name in c_runner.DECLINED), name
@@ -91,13 +91,13 @@ def test_bundled_models_reference_equals_native_under_every_switch(name, tmp_pat
         # inference: forward only, the template of a pass that keeps nothing for backward
         graphs, feeds = t.task.batch(samples)
         passes = {}
-        for executor in ("native", "reference"):
-            t.model.options = EngineOptions(executor=executor)
-            passes[executor] = t.model.infer(graphs, feeds, t.params, t.context(training=False))
-        close(passes["native"].loss, passes["reference"].loss, dtype)
-        for s in passes["native"].pushes:
-            for push in passes["native"].pushes[s]:
-                close(passes["native"].pushes[s][push], passes["reference"].pushes[s][push], dtype)
+        for runner in ("device", "reference"):
+            t.model.options = EngineOptions(runner=runner)
+            passes[runner] = t.model.infer(graphs, feeds, t.params, t.context(training=False))
+        close(passes["device"].loss, passes["reference"].loss, dtype)
+        for s in passes["device"].pushes:
+            for push in passes["device"].pushes[s]:
+                close(passes["device"].pushes[s][push], passes["reference"].pushes[s][push], dtype)
     if name not in DECLINED:
         assert {"BIND", "GEMM", "FUSED", "GACC"} <= seen, seen
 
@@ -112,17 +112,17 @@ def test_the_bundled_models_and_cases_exercise_every_opcode(tmp_path, monkeypatc
             feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
             for options in SWITCHES[:1] + SWITCHES[-1:]:
                 case.model.forward_backward(graphs, feeds, case.params, RunContext(),
-                                            options=replace(options, executor="reference"))
+                                            options=replace(options, runner="reference"))
     typed = cells.typed_child_sum_tree_lstm(rng)
     graphs = [_typed(rng, random_tree(rng, 9, 3)) for _ in range(3)]
     feeds = cells.batch_feeds(typed, graphs, [typed.data(rng, g) for g in graphs])
     typed.model.forward_backward(graphs, feeds, typed.params, RunContext(),
-                                 options=EngineOptions(executor="reference"), policy="serial")
+                                 options=EngineOptions(runner="reference"), policy="serial")
     t = Trainer(MODELS / "tree_lstm.yaml", with_dropout("tree_lstm") + ["train.dtype=float64"], run_dir=tmp_path)
-    t.model.options = EngineOptions(executor="reference")
+    t.model.options = EngineOptions(runner="reference")
     t.loss_and_grads(t.task.data["train"][:6])
     t = Trainer(MODELS / "mv_rnn.yaml", TINY["mv_rnn"] + ["train.dtype=float64"], run_dir=tmp_path / "mv_rnn")
-    t.model.options = EngineOptions(executor="reference")   # (per-row matrices: BMM, TRANSROWS)
+    t.model.options = EngineOptions(runner="reference")   # (per-row matrices: BMM, TRANSROWS)
     t.loss_and_grads(t.task.data["train"][:6])
     # (NOP: the dispatch benchmark's; ADD, which no bundled model's lowering emits today: below; APPLY,
     # which no bundled model needs: test_instructions' softmax in F)
@@ -201,10 +201,10 @@ def test_dropout_reference_equals_native(name, tmp_path):
             return t.loss_and_grads(samples)
         for options in SWITCHES[:1] + SWITCHES[-1:]:
             assert_native_equals_reference(run, options, dtype)
-        t.model.options = EngineOptions(executor="reference")
+        t.model.options = EngineOptions(runner="reference")
         graphs, feeds = t.task.batch(samples)
         inferred = t.model.infer(graphs, feeds, t.params, t.context(training=False))
-        assert abs(float(inferred.loss) - float(run(EngineOptions(executor="reference")).loss)) > 1e-6
+        assert abs(float(inferred.loss) - float(run(EngineOptions(runner="reference")).loss)) > 1e-6
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -247,7 +247,7 @@ def test_an_instruction_reaching_outside_its_buffer_raises(opcode, field):
     case = cells.binary_tree_lstm(rng)
     graphs = [CASES["binary_tree_lstm"][1](rng, n) for n in (3, 4)]
     feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
-    options = EngineOptions(executor="reference")
+    options = EngineOptions(runner="reference")
     state = case.model.forward_backward(graphs, feeds, case.params, RunContext(), options=options).states["G"]
     lowered = state.program.lowered
     pc = next(pc for pc, row in enumerate(lowered.code.tolist()) if instructions.OPCODES_BY_ID[row[0]] == opcode)
@@ -269,7 +269,7 @@ def test_a_per_row_product_reaching_outside_its_buffer_raises(opcode, field):
     case = cells.per_row_matrices(rng, 3)
     graphs = [InputGraph.chain(n) for n in (3, 4)]
     feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
-    options = EngineOptions(executor="reference")
+    options = EngineOptions(runner="reference")
     lowered = case.model.forward_backward(graphs, feeds, case.params, RunContext(),
                                           options=options).states["G"].program.lowered
     pc = next(pc for pc, row in enumerate(lowered.code.tolist()) if instructions.OPCODES_BY_ID[row[0]] == opcode)
@@ -285,14 +285,14 @@ def test_a_per_row_product_reaching_outside_its_buffer_raises(opcode, field):
         from minicavs.engine import instructions
         from minicavs.cpu import c_runner
         from minicavs.engine.compile import EngineOptions
-        from minicavs.engine.executor import RunContext
+        from minicavs.engine.runner import RunContext
         from minicavs.runtime.inputs import InputGraph
         from tests import cells
         rng = np.random.default_rng(4)
         case = cells.per_row_matrices(rng, 3)
         graphs = [InputGraph.chain(n) for n in (3, 4)]
         feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
-        case.model.options = EngineOptions(executor="native", check=True)
+        case.model.options = EngineOptions(runner="device", check=True)
         code = case.model.forward_backward(graphs, feeds, case.params, RunContext()).states["G"].program.lowered.code
         code[{pc}][{field}] = 10**6
         try:
@@ -319,7 +319,7 @@ def test_a_gathered_row_number_out_of_range_raises_in_check_mode(monkeypatch):
     monkeypatch.setattr(reference.Machine, "index", shifted)
     with pytest.raises(reference.CheckError, match="row index out of range"):
         case.model.forward_backward(graphs, feeds, case.params, RunContext(),
-                                    options=EngineOptions(executor="reference", gather_elision=False, check=True))
+                                    options=EngineOptions(runner="reference", gather_elision=False, check=True))
 
 
 def _program(code: list, keys: list, nregs: int) -> instructions.Lowered:
@@ -428,7 +428,7 @@ def test_bundled_models_reference_streaming_equals_one_stream(name, tmp_path):
         t.model.options = options
         return t.loss_and_grads(samples)
     for options in SWITCHES[::5]:
-        assert_streaming_equals_one_stream(run, replace(options, executor="reference"), "float64")
+        assert_streaming_equals_one_stream(run, replace(options, runner="reference"), "float64")
 
 
 @pytest.mark.parametrize("name", sorted(STREAM_CASES))
@@ -443,7 +443,7 @@ def test_random_graphs_reference_streaming_equals_one_stream(name, seed, k, size
 
     def run(options):
         return case.model.forward_backward(graphs, feeds, case.params, RunContext(), options=options)
-    assert_streaming_equals_one_stream(run, replace(SWITCHES[switch], executor="reference"), "float64")
+    assert_streaming_equals_one_stream(run, replace(SWITCHES[switch], runner="reference"), "float64")
 
 
 def test_reference_eager_chunks_run_on_their_thread_before_their_tasks(monkeypatch):
@@ -463,7 +463,7 @@ def test_reference_eager_chunks_run_on_their_thread_before_their_tasks(monkeypat
     graphs = [random_tree(rng, 7, 2, True) for _ in range(3)]
     feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
     result = case.model.forward_backward(graphs, feeds, case.params, RunContext(),
-                                         options=EngineOptions(executor="reference", streaming=True))
+                                         options=EngineOptions(runner="reference", streaming=True))
     assert_streamed(result)
     me = threading.get_ident()
     for program in (result.states["G"].program, result.states["G"].backward_program):
@@ -490,7 +490,7 @@ def test_a_failing_eager_chunk_raises_in_the_caller():
     case = cells.pushed_outputs(rng)
     graphs = [random_tree(rng, 5, 2, True) for _ in range(2)]
     feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
-    options = EngineOptions(executor="reference", streaming=True)
+    options = EngineOptions(runner="reference", streaming=True)
     lowered = case.model.forward_backward(graphs, feeds, case.params, RunContext(),
                                           options=options).states["G"].program.lowered
     block = next(b for b in lowered.blocks if b.phase == PRE)

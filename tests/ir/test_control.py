@@ -11,7 +11,7 @@ import minicavs.ops as ops
 from minicavs import control as C
 from minicavs.ir.autodiff import grad
 from minicavs.core.errors import ShapeError
-from minicavs.engine.executor import Executor, run
+from minicavs.engine.runner import Executor, run
 from minicavs.ir.graph import Graph
 from minicavs.train.testing import check_grads
 
@@ -401,8 +401,8 @@ def test_a_vertex_function_with_a_foreach_trains_on_both_executors(tuple_valued)
     sizes = (3, 1, 2)
     graphs = [InputGraph.chain(n) for n in sizes]
     X = np.random.default_rng(12).standard_normal((sum(sizes), T, 2))
-    reference = model.forward_backward(graphs, {"xs": X}, vals, options=EngineOptions(executor="reference"))
-    native = model.forward_backward(graphs, {"xs": X}, vals, options=EngineOptions(executor="native"))
+    reference = model.forward_backward(graphs, {"xs": X}, vals, options=EngineOptions(runner="reference"))
+    native = model.forward_backward(graphs, {"xs": X}, vals, options=EngineOptions(runner="device"))
     close(reference.loss, _sequence_chain_reference(X, sizes, vals["Wx"], vals["Wh"], T, tuple_valued))
     close(native.loss, reference.loss)
     for k in vals:
@@ -477,8 +477,8 @@ def test_a_cond_in_a_vertex_function_equals_python_control_flow(sign):
     feeds = {"xs": rng.standard_normal((6, 2))}
     want = _cond_chain(sign > 0).forward_backward(graphs, feeds, vals)
     model = _cond_chain(None)
-    for executor in ("reference", "native"):
-        got = model.forward_backward(graphs, feeds, vals, options=EngineOptions(executor=executor))
+    for runner in ("reference", "device"):
+        got = model.forward_backward(graphs, feeds, vals, options=EngineOptions(runner=runner))
         close(got.loss, want.loss)
         close(got.grads["Wx"], want.grads["Wx"])
 

@@ -78,10 +78,10 @@ def test_short_training_lowers_the_loss(name, tmp_path):
     assert before > bound and after < bound, (before, after, [h["train_loss"] for h in history])
 
 
-@pytest.mark.parametrize("executor", ["native", "reference"])   # (the C runner, the reference runner)
+@pytest.mark.parametrize("runner", ["device", "reference"])   # (the C runner, the reference runner)
 @pytest.mark.parametrize("name", sorted(TINY))
-def test_gradients_match_finite_differences(name, executor, tmp_path):
-    t = trainer(name, tmp_path, "train.dtype=float64", f"train.engine.executor={executor}")
+def test_gradients_match_finite_differences(name, runner, tmp_path):
+    t = trainer(name, tmp_path, "train.dtype=float64", f"train.engine.runner={runner}")
     samples = t.task.data["train"][:3]
     graphs, feeds = t.task.batch(samples)
     params = {k: p.value for k, p in t.params.items()}
@@ -121,10 +121,10 @@ def test_merged_gemms_equal_the_declared_products(name, tmp_path, monkeypatch):
         assert np.max(np.abs(a - b)) <= 1e-10 * max(1.0, float(np.max(np.abs(a)))), k
 
 
-@pytest.mark.parametrize("executor", ["native", "reference"])
+@pytest.mark.parametrize("runner", ["device", "reference"])
 @pytest.mark.parametrize("name", ["tree_lstm", "tree_gru", "tree_lstm_2type", "lattice_lstm", "mv_rnn"])
-def test_batched_equals_serial_for_every_policy(name, executor, tmp_path):
-    t = trainer(name, tmp_path, "train.dtype=float64", f"train.engine.executor={executor}")
+def test_batched_equals_serial_for_every_policy(name, runner, tmp_path):
+    t = trainer(name, tmp_path, "train.dtype=float64", f"train.engine.runner={runner}")
     graphs, feeds = t.task.batch(t.task.data["train"][:4])
     params = {k: p.value for k, p in t.params.items()}
     scale = max(1.0, abs(t.model.run(graphs, feeds, params, t.context(False), backward_pass=False).loss))

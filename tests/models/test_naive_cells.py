@@ -12,7 +12,7 @@ from tests.models.test_models import trainer
 
 NAIVE_MODELS = ["tree_lstm", "tree_lstm_child_sum", "tree_lstm_2type", "var_lstm", "lattice_lstm"]
 OPTIONS = [EngineOptions(merge_gemms=False), EngineOptions(), EngineOptions(plan_layout=True),
-           EngineOptions(plan_layout=True, executor="reference")]
+           EngineOptions(plan_layout=True, runner="reference")]
 
 
 def _dense(g):

@@ -147,8 +147,8 @@ def test_where_in_a_vertex_function_runs_fused_on_the_native_executor():
     rng = np.random.default_rng(3)
     graphs = [InputGraph.chain(n) for n in (4, 2)]
     feeds, vals = {"xs": rng.standard_normal((6, 2))}, {"W": rng.standard_normal((2, 3))}
-    reference = model.forward_backward(graphs, feeds, vals, options=EngineOptions(executor="reference"))
-    native = model.forward_backward(graphs, feeds, vals, options=EngineOptions(executor="native"))
+    reference = model.forward_backward(graphs, feeds, vals, options=EngineOptions(runner="reference"))
+    native = model.forward_backward(graphs, feeds, vals, options=EngineOptions(runner="device"))
     for state in native.states.values():
         for program in (state.program, state.backward_program):
             assert program.runner == "C runner" and program.declined is None, program.declined

@@ -32,7 +32,7 @@ def test_backward_values_have_declared_types(spec, case, dtype, rows):
 @given(rows=st.lists(st.integers(0, 12), max_size=8), dtype=st.sampled_from(["int64", "int32", "intp"]),
        step=st.sampled_from([1, 2]))
 def test_rows_are_a_slice_exactly_when_consecutive(rows, dtype, step):
-    """as_slice (which the native blocks' scatter rows and the regathered concat rely on: the executor writes
+    """as_slice (which the native blocks' scatter rows and the regathered concat rely on: the C runner writes
     rows first..first + n - 1) against the plain definition, for any rows, also a strided view's."""
     a = np.repeat(np.array(rows, dtype), step)[::step]
     got = as_slice(a)

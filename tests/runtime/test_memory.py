@@ -10,7 +10,7 @@ import pytest
 
 from minicavs.engine.compile import POST
 from minicavs.engine.compile import EngineOptions
-from minicavs.engine.executor import RunContext
+from minicavs.engine.runner import RunContext
 from minicavs.engine.explain import explain
 from minicavs.runtime.inputs import InputGraph
 from minicavs.runtime.memory import _strided_arrays
@@ -152,8 +152,8 @@ def test_lazy_phases_read_scattered_values_and_gathered_children_back_from_the_s
     from minicavs.data.trees import complete_binary_tree
     complete = [complete_binary_tree(8).to_graph()] * 3          # siblings side by side: a reshape
     irregular = [random_tree(np.random.default_rng(1), n, 2, full_binary=True) for n in (5, 7, 4)]
-    for executor, trees in [(e, t) for e in ("native", "reference") for t in (complete, irregular)]:
-        opts = replace(ON, executor=executor)
+    for runner, trees in [(e, t) for e in ("device", "reference") for t in (complete, irregular)]:
+        opts = replace(ON, runner=runner)
         rng = np.random.default_rng(2)
         feeds = cells.batch_feeds(case, trees, [case.data(rng, g) for g in trees])
         res = case.model.forward_backward(trees, feeds, case.params, RunContext(), options=opts)

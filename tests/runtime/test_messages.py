@@ -147,7 +147,7 @@ def test_each_gather_and_scatter_is_bound_to_the_tensor_of_its_shape():
     graphs = [InputGraph([[], [0], [1], [], [3, 2]], ["a", "b", "a", "a", "b"])] * 2
     feeds = {"x": rng.standard_normal((6, 2))}
     params = {name: q.value for name, q in p.items()}
-    result = model.forward_backward(graphs, feeds, params, options=EngineOptions(executor="reference"))
+    result = model.forward_backward(graphs, feeds, params, options=EngineOptions(runner="reference"))
     state = result.states["g"]
     assert sorted(state.scatters) == [(2,), (3,)] and state.scatter is None
     # every gather reads, and every scatter writes, the scatter tensor of its own shape (the program's keys)
@@ -162,7 +162,7 @@ def test_each_gather_and_scatter_is_bound_to_the_tensor_of_its_shape():
     workspace = model.workspace("g")
     buffers = [t.buffer for t in list(workspace.scatters.values()) + list(workspace.scatter_grads.values())]
     assert len(buffers) == 4
-    again = model.forward_backward(graphs, feeds, params, options=EngineOptions(executor="reference"))
+    again = model.forward_backward(graphs, feeds, params, options=EngineOptions(runner="reference"))
     assert again.loss == result.loss
     assert all(a is b for a, b in zip(
         [t.buffer for t in list(workspace.scatters.values()) + list(workspace.scatter_grads.values())], buffers))

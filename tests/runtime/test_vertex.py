@@ -147,7 +147,7 @@ ARITIES = [2, 65, 256]   # 65: a sum of more gathers than one kernel takes opera
 
 @pytest.mark.parametrize("form", ["sum", "accum"])
 @pytest.mark.parametrize("arity", ARITIES + ["MAX_ARITY"])
-def test_arity_sweep_up_to_the_largest_supported_on_every_executor(arity, form):
+def test_arity_sweep_up_to_the_largest_supported_on_every_runner(arity, form):
     """Up to MAX_ARITY, building the model and running it work on both executors, the native one running the
     whole task loop itself (no fallback), and the loss equals numpy's; the gradients of both executors agree."""
     from minicavs.cpu import CPU
@@ -160,25 +160,25 @@ def test_arity_sweep_up_to_the_largest_supported_on_every_executor(arity, form):
     rng = np.random.default_rng(arity)
     xs, W = rng.standard_normal((graph.num_vertices, 3)) * 0.3, rng.standard_normal((3, 3)) * 0.3
     results = {}
-    for executor in ("reference", "native"):
-        result = model.forward_backward([graph], {"xs": xs}, {"W": W}, options=EngineOptions(executor=executor))
+    for runner in ("reference", "device"):
+        result = model.forward_backward([graph], {"xs": xs}, {"W": W}, options=EngineOptions(runner=runner))
         equal(result.loss, _numpy_loss(graph, xs, W))
-        results[executor] = result
+        results[runner] = result
     if CPU.runner_missing(np.float64) is None:
-        state = results["native"].states["G"]
+        state = results["device"].states["G"]
         for program in (state.program, state.backward_program):
             assert program.runner == "C runner" and program.declined is None, program.declined
-    equal(results["native"].grads["W"], results["reference"].grads["W"])
+    equal(results["device"].grads["W"], results["reference"].grads["W"])
 
 
-@pytest.mark.parametrize("executor", ["reference", "native"])
+@pytest.mark.parametrize("runner", ["reference", "device"])
 @pytest.mark.parametrize("form", ["sum", "accum"])
-def test_wide_gradients_match_finite_differences(form, executor):
+def test_wide_gradients_match_finite_differences(form, runner):
     """At arity 65 (its sum split over two kernels), the gradient agrees with finite differences."""
     from minicavs.engine.compile import EngineOptions
     from minicavs.train.testing import check_model_grads
     model = _wide_model(65, form)
-    model.options = EngineOptions(executor=executor)
+    model.options = EngineOptions(runner=runner)
     graph = _wide_graph(65)
     rng = np.random.default_rng(1)
     check_model_grads(model, [graph], {"xs": rng.standard_normal((graph.num_vertices, 3)) * 0.3},

@@ -79,6 +79,34 @@ def test_every_value_is_checked_at_load(override, message):
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.parametrize("old, new", [("native", "device"), ("reference", "reference")])
+def test_the_runners_old_key_reads_as_the_new_one_in_files_overrides_and_records(tmp_path, old, new):
+    """``train.engine.executor`` (native | reference) was renamed ``runner`` (device | reference): a config
+    file, a --set and a run's record that still say it mean the new key."""
+    cfg = yaml.safe_load(TREE_LSTM.read_text())
+    cfg.setdefault("train", {}).setdefault("engine", {})["executor"] = old
+    path = tmp_path / "old.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    for got in (load_config(path), load_config(TREE_LSTM, [f"train.engine.executor={old}"])):
+        assert got["train"]["engine"]["runner"] == new and "executor" not in got["train"]["engine"]
+    current = load_config(TREE_LSTM, [f"train.engine.runner={new}"])
+    record = config.recorded(current)
+    record["train"]["engine"]["executor"] = old
+    del record["train"]["engine"]["runner"]
+    assert config.differences(config.recorded(config.resolve(record, TREE_LSTM)), config.recorded(current)) == []
+
+
+def test_the_runners_old_key_with_a_bad_or_contradicting_value_is_refused():
+    with pytest.raises(ConfigError, match=r"train.engine.executor \(now train.engine.runner\) = 'python': expected "
+                                          r"one of native, reference \(from --set\)$"):
+        load_config(TREE_LSTM, ["train.engine.executor=python"])
+    with pytest.raises(ConfigError, match=r"train.engine.executor = 'native' \(the old name of "
+                                          r"train.engine.runner\) contradicts train.engine.runner = 'reference'"):
+        load_config(TREE_LSTM, ["train.engine.executor=native", "train.engine.runner=reference"])
+    assert load_config(TREE_LSTM, ["train.engine.executor=reference",
+                                   "train.engine.runner=reference"])["train"]["engine"]["runner"] == "reference"
+
+
 def test_a_bad_value_in_a_file_names_the_file_and_not_set(tmp_path):
     cfg = yaml.safe_load(TREE_LSTM.read_text())
     cfg["train"]["batch_size"] = -5

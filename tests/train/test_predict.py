@@ -195,28 +195,28 @@ def deep_tree_line(depth: int) -> str:
 
 
 @pytest.fixture(scope="module")
-def executor_trainers(tmp_path_factory):
-    """A tiny Tree-LSTM per executor, made when first asked for."""
+def runner_trainers(tmp_path_factory):
+    """A tiny Tree-LSTM per runner, made when first asked for."""
     config = tiny(tmp_path_factory.mktemp("deep"), "tree_lstm", embed=2, hidden=2, dropout=0.0)
     made: dict = {}
 
-    def trainer(executor: str) -> Trainer:
-        if executor not in made:
-            made[executor] = Trainer(config, [f"train.engine.executor={executor}"])
-        return made[executor]
+    def trainer(runner: str) -> Trainer:
+        if runner not in made:
+            made[runner] = Trainer(config, [f"train.engine.runner={runner}"])
+        return made[runner]
     return trainer
 
 
-@pytest.mark.parametrize("executor, depth", [
-    *((executor, depth) for executor in ("native", "reference") for depth in (1, 2, 500, 5_000)),
-    ("native", 100_000),
+@pytest.mark.parametrize("runner, depth", [
+    *((runner, depth) for runner in ("device", "reference") for depth in (1, 2, 500, 5_000)),
+    ("device", 100_000),
     pytest.param("reference", 100_000, marks=pytest.mark.slow),   # ~30 s: a Python loop step per level
 ])
-def test_deep_trees_train_predict_and_render_on_every_executor(executor_trainers, executor, depth):
+def test_deep_trees_train_predict_and_render_on_every_runner(runner_trainers, runner, depth):
     """No walk over a tree recurses: a tree of any depth parses, trains one step, predicts and renders back,
-    with the python and the native instruction executor."""
-    trainer = executor_trainers(executor)
-    assert trainer.model.options.executor == executor
+    with the device's runner (the C runner) and the reference runner."""
+    trainer = runner_trainers(runner)
+    assert trainer.model.options.runner == runner
     line = deep_tree_line(depth)
     tree = trainer.task.parse_input(line, "<stdin>:1")
     assert tree.num_vertices == 2 * depth + 1
@@ -345,15 +345,15 @@ def test_a_directory_as_input_says_so(weights, tmp_path, capsys):
     assert capsys.readouterr().err == f"minicavs predict: error: input {tmp_path} is a directory, not a file\n"
 
 
-@pytest.mark.parametrize("executor, words", [
-    *((executor, words) for executor in ("native", "reference") for words in (1, 2, 500, 5_000)),
-    ("native", 100_000),
+@pytest.mark.parametrize("runner, words", [
+    *((runner, words) for runner in ("device", "reference") for words in (1, 2, 500, 5_000)),
+    ("device", 100_000),
     pytest.param("reference", 100_000, marks=pytest.mark.slow),
 ])
-def test_long_sentences_train_and_predict_on_every_executor(tmp_path_factory, executor, words):
+def test_long_sentences_train_and_predict_on_every_runner(tmp_path_factory, runner, words):
     """A sentence is a chain as deep as it is long: 100,000 words train a step and predict like 5."""
     config = tiny(tmp_path_factory.mktemp("long"), "var_lstm", embed=2, hidden=2, dropout=0.0)
-    trainer = Trainer(config, [f"train.engine.executor={executor}"])
+    trainer = Trainer(config, [f"train.engine.runner={runner}"])
     vocab = trainer.task.vocab.words[2:]
     line = " ".join(vocab[i % len(vocab)] for i in range(words))
     trainer.task.data["train"] = trainer.task.make_samples([line.split()])

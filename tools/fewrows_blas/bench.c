@@ -1,7 +1,7 @@
 // Few-row GEMM microbenchmark (issue 17): numpy's OpenBLAS vs Intel MKL (plain sgemm, packed B) at 1/2 threads.
 // usage: bench OPENBLAS_PATH MKL_RT_PATH THREADS LAYER(seq|gnu) [MASK]
 // Columns (MASK picks them, "1" = run): OpenBLAS C = A.B; OpenBLAS C^T = B^T.A^T on a transposed copy of B, then
-// transposed into C (the native executor's route for 2..32 rows by a wide static); OpenBLAS gemv (1 row); MKL
+// transposed into C (the C runner's route for 2..32 rows by a wide static); OpenBLAS gemv (1 row); MKL
 // sgemm; MKL packed compute (B packed once); MKL packed split over two threads of ours (THREADS=2, seq layer).
 // Env: CPU=1 times process CPU time (1 thread only), MS=4,16,... the row counts, NS=n the first n shapes.
 // With two libraries' threads in one process they fight for 2 cores: measure one library per process.

@@ -1,6 +1,6 @@
 // Replay the recurrent products of Var-LSTM h512 b64 training steps (16 batches, row counts per timestep from
 // varlstm_rows.txt): forward h.W_h (m x 512 . 512 x 2048), backward dg.W_h^T (m x 2048 . 2048 x 512), as the
-// native executor routes them today (OpenBLAS: gemv at 1 row, C^T = B^T A^T on a transposed twin at 2..32 rows,
+// C runner routes them today (OpenBLAS: gemv at 1 row, C^T = B^T A^T on a transposed twin at 2..32 rows,
 // plain sgemm above; one transposed copy of W_h per pass) vs MKL packed (one pack per pass, packed compute at
 // 2+ rows, OpenBLAS gemv at 1 row). CPU time of the whole replay, medians of alternating rounds.
 // The first-step rows skipped: what skipping the product of a known all-zero h0 would save.

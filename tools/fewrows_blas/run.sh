@@ -6,7 +6,7 @@
 # then: MKLLIB=... sh tools/fewrows_blas/run.sh
 #   bench: GFLOP/s per (K, N, M) at 1 thread (CPU time) and 2 threads (wall; 2 threads: run one library per process)
 #   replay: the Var-LSTM h512 b64 recurrent products of 16 batches (varlstm_rows.txt: rows per timestep) as the
-#           native executor routes them vs MKL packed (one pack per pass), ms per training step
+#           C runner routes them vs MKL packed (one pack per pass), ms per training step
 set -e
 here=$(dirname "$0")
 ob=$(python -c "import numpy, glob, os; print(glob.glob(os.path.join(os.path.dirname(numpy.__file__), '..', 'numpy.libs', 'libscipy_openblas*'))[0])")

@@ -2,7 +2,7 @@
 compiles the loop with the project's C compiler, through cffi, and hands it its function pointers).
 
 The loop walks a lowered batch program (instructions.py) over its task table on the host, exactly as the C
-executor of codegen/machine.py does, but where the executor computes, it *issues*: registers hold device
+interpreter of codegen/machine.py does, but where the interpreter computes, it *issues*: registers hold device
 addresses, views only set registers (host arithmetic), and every instruction that moves or computes numbers
 becomes one kernel launch or one product on the current stream. It never calls Python and never reads device
 memory, so a pass costs one C call whatever its number of tasks.

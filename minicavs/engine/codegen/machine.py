@@ -1,6 +1,6 @@
-"""C source of the native whole-batch executor: strings only (minicavs/cpu/interpreter.py compiles and loads it).
+"""C source of the C runner's interpreter: strings only (minicavs/cpu/interpreter.py compiles and loads it).
 
-The executor is an interpreter of a compact instruction stream (minicavs/engine/instructions.py builds it): one C call
+The interpreter runs a compact instruction stream (minicavs/engine/instructions.py builds it): one C call
 runs every task of a batch. Each vertex kind has a *template* (its F or ∂F task program as instructions whose
 addresses are relative to the task's rows); the call expands template x task table, so no Python runs per
 task. Values live in registers (a pointer, a row stride, a transposed flag and the buffer the pointer points
@@ -630,13 +630,13 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
 """
 
 
-def executor_source(c_type: str) -> str:
-    """The executor's C source for one element type (``float`` or ``double``)."""
+def interpreter_source(c_type: str) -> str:
+    """The interpreter's C source for one element type (``float`` or ``double``)."""
     enum = ", ".join([f"{name} = {i}" for name, i in OPS.items()] + [f"NOPCODES = {len(OPS)}"])
     return EXECUTOR_SOURCE.format(T=c_type, ENUM=enum, WIDTH=WIDTH, MAX_ARGS=MAX_ARGS, MAX_REGISTERS=MAX_REGISTERS)
 
 
-def executor_decls(c_type: str) -> str:
+def interpreter_decls(c_type: str) -> str:
     return (f"int run_{c_type}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int64_t nkinds,"
             " const int64_t *tasks, int64_t ntasks, int64_t tw, const int64_t *base, const int64_t *size,"
             " const int64_t *ld, const int64_t *trans, int64_t nbufs, int64_t scratch_buf, int64_t max_bs,"

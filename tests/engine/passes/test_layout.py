@@ -120,7 +120,7 @@ def test_random_gate_cells_merged_over_views_equal_the_unmerged_products(H, D, g
     for state in on.states.values():                        # the C runner read them in place
         assert state.program.declined is None and state.backward_program.declined is None
     assert "weight a view of the planned buffer" in model.structures[0].compiled["cell"].dump(ON)
-    for opts in (replace(ON, executor="reference"), replace(ON, fusion=False)):
+    for opts in (replace(ON, runner="reference"), replace(ON, fusion=False)):
         assert_same(off, _run(model, ps, seed, opts))
     if conflict:                                             # one of the three A/B/C groups copies, named so
         assert len(model.planned.copied) == 1
