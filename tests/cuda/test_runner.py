@@ -13,7 +13,7 @@ import pytest
 from minicavs.cpu import CPU
 from minicavs.cuda import Cuda, standin
 from minicavs.engine.compile import EngineOptions
-from minicavs.engine.runner import RunContext
+from minicavs.engine.executor import RunContext
 from minicavs.runtime.inputs import InputGraph
 
 from .. import cells

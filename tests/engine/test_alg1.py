@@ -7,7 +7,7 @@ from hypothesis import given, settings, strategies as st
 
 from minicavs.engine.backend import array_module, to_host
 from minicavs.engine.compile import EngineOptions
-from minicavs.engine.runner import RunContext
+from minicavs.engine.executor import RunContext
 from minicavs.engine.explain import check, explain
 from minicavs.runtime.inputs import InputGraph, make_batch
 from minicavs.train.testing import check_model_grads

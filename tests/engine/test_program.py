@@ -9,7 +9,7 @@ import pytest
 
 from minicavs import ops
 from minicavs.engine.compile import EngineOptions
-from minicavs.engine.runner import Executor
+from minicavs.engine.executor import Executor
 from minicavs.runtime.inputs import InputGraph
 from minicavs.engine.program import RunContext
 

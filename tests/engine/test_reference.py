@@ -19,7 +19,7 @@ from minicavs.engine.codegen.machine import OPCODES
 from minicavs.engine.compile import PRE
 from minicavs.cpu import c_runner
 from minicavs.engine.compile import EngineOptions
-from minicavs.engine.runner import RunContext
+from minicavs.engine.executor import RunContext
 from minicavs.runtime.inputs import InputGraph
 from minicavs.train.trainer import Trainer
 
@@ -285,7 +285,7 @@ def test_a_per_row_product_reaching_outside_its_buffer_raises(opcode, field):
         from minicavs.engine import instructions
         from minicavs.cpu import c_runner
         from minicavs.engine.compile import EngineOptions
-        from minicavs.engine.runner import RunContext
+        from minicavs.engine.executor import RunContext
         from minicavs.runtime.inputs import InputGraph
         from tests import cells
         rng = np.random.default_rng(4)

@@ -11,7 +11,7 @@ import minicavs.ops as ops
 from minicavs import control as C
 from minicavs.ir.autodiff import grad
 from minicavs.core.errors import ShapeError
-from minicavs.engine.runner import Executor, run
+from minicavs.engine.executor import Executor, run
 from minicavs.ir.graph import Graph
 from minicavs.train.testing import check_grads
 

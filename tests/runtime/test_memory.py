@@ -10,7 +10,7 @@ import pytest
 
 from minicavs.engine.compile import POST
 from minicavs.engine.compile import EngineOptions
-from minicavs.engine.runner import RunContext
+from minicavs.engine.executor import RunContext
 from minicavs.engine.explain import explain
 from minicavs.runtime.inputs import InputGraph
 from minicavs.runtime.memory import _strided_arrays
