@@ -255,31 +255,29 @@ class Optimizer:
 
     def _whole_buffer(self, members: list) -> tuple | None:
         """The unit (:meth:`_dense_units`) of a planned buffer whose parameters ``members`` ((name, gradient))
-        are all of it, with one weight decay, their gradients blocks of one C-contiguous buffer at their
-        values' places; else None. Each slot becomes a view of one buffer laid out as the parameters are
-        (made once, values kept), so the buffer's update is one elementwise kernel run over contiguous
-        memory: the per-parameter updates' values, element for element. (What depends only on the
-        parameters and slots is kept while they are the same arrays: only the gradients are checked a step.)"""
+        are all of it, with one weight decay; else None. Their gradients are read as one buffer laid out as
+        the parameters are: the one they are column blocks of, at their values' places (a merged product's
+        ∂W' as the engine computes it: no copy), else a buffer kept for it into which they are copied (one
+        copy of the gradients, where stages would copy the values and slots in and out). Each slot becomes
+        a view of one buffer laid out alike (made once, values kept), so the buffer's update is one
+        elementwise kernel run over contiguous memory: the per-parameter updates' values, element for
+        element. (What depends only on the parameters and slots is kept while they are the same arrays.)"""
         params = [self.params[name] for name, _ in members]
         buffer = params[0].value.base
-        grad = members[0][1].base
-        if not (type(grad) is np.ndarray and grad.shape == buffer.shape and grad.dtype == buffer.dtype
-                and grad.strides == buffer.strides and grad.flags.c_contiguous):
-            return None
         known = self._buffer_layout(params, buffer)
         if known is None:
             return None
-        origin, item = grad.__array_interface__["data"][0], grad.itemsize
-        for (_, g), p, at in zip(members, params, known[2]):
-            if g.base is not grad or g.shape != p.value.shape or g.strides != grad.strides \
-                    or g.__array_interface__["data"][0] - origin != at * item:
-                return None
+        grad = _joined(members, buffer, known[2])
+        if grad is None:
+            grad = known[5]
+            for (_, g), at in zip(members, known[2]):
+                grad[..., at:at + g.shape[-1]] = g
         return buffer, grad, (known[4], self.weight_decay if params[0].weight_decay else 0.0), []
 
     def _buffer_layout(self, params: list, buffer: np.ndarray) -> tuple | None:
-        """(buffer, the parameters' values, their offsets in it, their slot arrays, the slot buffers) when
-        ``params`` are all of the planned ``buffer``, each a block of it, with one weight decay; else None.
-        Kept while the values and slots are the same arrays."""
+        """(buffer, the parameters' values, their offsets in it, their slot arrays, the slot buffers, a
+        gradient buffer) when ``params`` are all of the planned ``buffer``, each a block of it, with one weight
+        decay; else None. Kept while the values and slots are the same arrays."""
         cache = self.__dict__.setdefault("_buffers", {})
         values = tuple(p.value for p in params)
         slots = tuple(self.state[p.name][s] for s in self.slots for p in params)
@@ -295,7 +293,7 @@ class Optimizer:
             return None
         laid = tuple(self._slot_buffer(params, s, buffer, offsets) for s in self.slots)
         slots = tuple(self.state[p.name][s] for s in self.slots for p in params)
-        known = cache[id(buffer)] = (buffer, values, offsets, slots, laid)
+        known = cache[id(buffer)] = (buffer, values, offsets, slots, laid, np.empty_like(buffer))
         return known
 
     def _slot_buffer(self, params: list, slot: str, buffer: np.ndarray, offsets: list) -> np.ndarray:
@@ -584,6 +582,21 @@ def _update_kernels(value):
 def _device_contiguous(a) -> bool:
     """Can the fused device step address ``a`` as one flat run of elements (C-contiguous)?"""
     return bool(a.flags.c_contiguous)
+
+
+def _joined(members: list, buffer: np.ndarray, offsets: list) -> np.ndarray | None:
+    """The C-contiguous buffer, laid out as the planned ``buffer``, whose blocks at ``offsets`` the gradients
+    of ``members`` ((name, gradient)) are, if they are such blocks of one; else None."""
+    grad = members[0][1].base
+    if not (type(grad) is np.ndarray and grad.shape == buffer.shape and grad.dtype == buffer.dtype
+            and grad.strides == buffer.strides and grad.flags.c_contiguous):
+        return None
+    origin, item = grad.__array_interface__["data"][0], grad.itemsize
+    for (_, g), at in zip(members, offsets):
+        if g.base is not grad or g.strides != grad.strides \
+                or g.__array_interface__["data"][0] - origin != at * item:
+            return None
+    return grad
 
 
 def _unstaged(run, staged: list, apply: bool) -> int:
