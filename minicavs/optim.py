@@ -16,11 +16,13 @@ A parameter missing from ``grads`` (or given ``None``) is skipped: no update, it
 
 On the CPU with the C library (numpy parameters of one float dtype, C-contiguous), a step is a handful of C
 calls: every dense parameter's check pass in one call over a table of addresses (kept by the optimizer while
-its arrays stay the same), one per row-sparse gradient (coalesced in C), then the same calls applying. Both
-paths check and convert the gradients with the same code (:meth:`Optimizer._validate`; the C path leaves
-finiteness to the check pass), and the values are those of the per-parameter path bit for bit (the same
-kernels; SGD's kernel is its numpy rule operation for operation); anything unusual (another dtype or layout
-of a parameter, a non-finite result) goes the per-parameter way, which also writes the error messages.
+its arrays stay the same; the parameters of a planned buffer, the layout pass's, as one entry: the buffer,
+its gradients as one buffer, slots laid out alike), one per row-sparse gradient (coalesced in C), then the
+same calls applying. Both paths check and convert the gradients with the same code
+(:meth:`Optimizer._validate`; the C path leaves finiteness to the check pass), and the values are those of
+the per-parameter path bit for bit (the same kernels; SGD's kernel is its numpy rule operation for
+operation); anything unusual (another dtype or layout of a parameter, a non-finite result) goes the
+per-parameter way, which also writes the error messages.
 
 With parameters on a device (CUDA), a step is a few launches whatever the number of parameters: the backend's
 fused step runs each rule's kernel over a table of every parameter, gradient and slot (the same RULES as the
@@ -214,13 +216,12 @@ class Optimizer:
         return norm, runs
 
     def _dense_units(self, names: list, grads: list) -> list[tuple]:
-        """The dense updates as the C kernels take them: (array updated, its gradient (C-contiguous), its slots,
-        [(strided view, stage)]) per unit. A parameter is a unit; the parameters of a planned buffer (the
-        layout pass's: ParameterSet.plan_buffer) are one unit when the step updates all of them and their
-        gradients are the column blocks of one buffer laid out alike (a merged product's ∂W', as the engine
-        computes it): the buffer, that gradient buffer and slot buffers laid out alike are read and written
-        whole, with no copy (:meth:`_whole_buffer`). Otherwise a parameter or slot that is a strided view is
-        updated through a contiguous stage, filled from it now and copied back only when the step applies."""
+        """The dense updates as the C kernels take them: per unit (the array updated, its gradient (C-contiguous),
+        (its slots, its weight decay), [(strided view, its stage)]). A parameter is a unit; the parameters of
+        a planned buffer (the layout pass's: ParameterSet.plan_buffer) are one when the step updates all of
+        them (:meth:`_whole_buffer`: the buffer, one gradient buffer and slot buffers laid out alike, read and
+        written whole). Otherwise a parameter or slot that is a strided view is updated through a contiguous
+        stage, filled from it now and copied back only when the step applies."""
         units, planned = [], {}
         for name, g in zip(names, grads):
             value = self.params[name].value
