@@ -11,6 +11,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 
 from ..engine.codegen.machine import OPS
 from ..engine.compile import EngineOptions
@@ -74,39 +75,53 @@ def _planning_ms(t) -> float:
     return (time.perf_counter() - start) * 1e3
 
 
-def _round(run: dict, batch: int, batches: int) -> tuple[float, float, float]:
-    """One pass over the run's samples: (step seconds, update seconds, row-move ns) per batch."""
+def _batch(run: dict, samples: list) -> None:
+    """One training step of ``run`` on ``samples``, its times added to the run's round (``run["round"]``:
+    step seconds, update seconds) and its row moves to the run's per-opcode clock."""
     t = run["t"]
-    step = update = 0.0
     with t.device.opcode_clock() as clock:
-        for i in range(0, len(run["samples"]), batch):
-            graphs, feeds = t.task.batch(run["samples"][i:i + batch])
-            start = time.process_time()
-            res = t.model.forward_backward(graphs, feeds, t.params, t.context(training=True), options=run["opts"])
-            middle = time.process_time()
-            t.optimizer.step(res.grads, loss=res.loss)
-            step += middle - start
-            update += time.process_time() - middle
+        graphs, feeds = t.task.batch(samples)
+        start = time.process_time()
+        res = t.model.forward_backward(graphs, feeds, t.params, t.context(training=True), options=run["opts"])
+        middle = time.process_time()
+        t.optimizer.step(res.grads, loss=res.loss)
+        run["round"][0] += middle - start
+        run["round"][1] += time.process_time() - middle
+    run["profile"] += clock
     run["last"] = res
-    return step / batches, update / batches, sum(int(clock[OPS[op]]) for op in ROW_MOVES) / batches
+
+
+def _round(runs: dict, batch: int, batches: int) -> None:
+    """One pass over the samples, the variants taking turns batch by batch (so that each variant's batch i
+    runs under the same load from the rest of the machine); per run, its (step seconds, update seconds,
+    row-move ns) per batch appended to ``run["rounds"]``."""
+    for run in runs.values():
+        run["round"] = [0.0, 0.0]
+        run["profile"] = np.zeros(len(OPS) + 1, np.int64)
+    for i in range(0, batch * batches, batch):
+        for run in runs.values():
+            _batch(run, run["samples"][i:i + batch])
+    for run in runs.values():
+        step, update = run["round"]
+        moves = sum(int(run["profile"][OPS[op]]) for op in ROW_MOVES)
+        run["rounds"].append((step / batches, update / batches, moves / batches))
 
 
 def measure(hidden: int = 128, batch: int = 64, batches: int = 4, repeats: int = 5) -> list[dict]:
     """The table's rows: per cell and variant, medians over ``repeats`` rounds of ``batches`` batches, the
-    variants alternating round by round (process CPU time; OPENBLAS_NUM_THREADS=1 is the caller's)."""
+    variants alternating batch by batch (process CPU time; OPENBLAS_NUM_THREADS=1 is the caller's)."""
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for cell, (config, overrides) in CELLS.items():
             runs = {}
             for name, (extra, engine) in VARIANTS.items():
                 t = _trainer(config, overrides + extra, hidden, batch, Path(tmp) / f"{config}-{len(runs)}")
-                runs[name] = {"t": t, "opts": replace(t.model.options, **engine), "times": [],
+                runs[name] = {"t": t, "opts": replace(t.model.options, **engine), "rounds": [],
                               "samples": t.task.data["train"][:batch * batches]}
             for r in range(repeats + 1):   # round 0 warms up (compiles, lays out)
-                for run in runs.values():
-                    timed = _round(run, batch, batches)
-                    if r:
-                        run["times"].append(timed)
+                _round(runs, batch, batches)
+            for run in runs.values():
+                run["times"] = run["rounds"][1:]
             fused = statistics.median(s + u for s, u, _ in runs["fused"]["times"])
             for name, run in runs.items():
                 views, copied, nbytes = _copies(run["t"], run["opts"])

@@ -61,4 +61,4 @@ def mark_planned(buffer: np.ndarray) -> None:
 
 def is_planned(buffer) -> bool:
     """Is ``buffer`` a planned parameter buffer (:func:`mark_planned`)?"""
-    return _PLANNED.get(id(buffer)) is buffer
+    return buffer is not None and _PLANNED.get(id(buffer)) is buffer

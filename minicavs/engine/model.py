@@ -381,7 +381,7 @@ class Model:
         self._plans: OrderedDict = OrderedDict()   # see _plan
         self._plans_lock = threading.Lock()        # prepare may run on the prefetch thread
         self._layouts: dict = {}                   # options -> the planned parameter buffers (see layout)
-        self._planned_for = None                   # (params, their values) that plan_buffers last laid out
+        self._planned_for = None                   # (params, parameters, values, layout) last laid out
         self.planned = layout.solve([g for s in self.structures for fn in s.compiled.values()
                                      for g in gemm.layout_groups(fn.F)])
         for s in self.structures:   # one parameter layout over every function's merged products
@@ -411,21 +411,23 @@ class Model:
 
     def plan_buffers(self, params, options: EngineOptions | None = None) -> None:
         """Lay ``params`` (a ParameterSet of host arrays) out as :meth:`layout` plans: the merged products'
-        weights become views of one buffer each (same values; nothing else changes). Cheap when done."""
+        weights become views of one buffer each (same values; nothing else changes). Cheap when done: the
+        parameters laid out last time, all still holding the arrays laid out, are not looked up again (a
+        parameter replaced in ``params`` since is not seen, which costs speed only: its product then reads a
+        concat's copy, ops.shape.adjacent_blocks)."""
         plan = getattr(params, "plan_buffer", None)
         if plan is None:
             return
         buffers = self.layout(options)
-        values = tuple(params[n].value if n in params else None for names in buffers for n in names)
         done = self._planned_for
-        if done is not None and done[0] is params and len(done[1]) == len(values) \
-                and all(map(operator.is_, done[1], values)):
+        if done is not None and done[0] is params and done[3] is buffers \
+                and all(map(operator.is_, [p.value for p in done[1]], done[2])):
             return   # (the very arrays laid out last time: nothing replaced them since)
         for names in buffers:
             if all(n in params and isinstance(params[n].value, np.ndarray) for n in names):
                 plan(names)
-        self._planned_for = (params, tuple(params[n].value if n in params else None
-                                           for names in buffers for n in names))
+        laid = tuple(params[n] for names in buffers for n in names if n in params)
+        self._planned_for = (params, laid, tuple(p.value for p in laid), buffers)
 
     def workspace(self, structure: str) -> Workspace:
         """The buffers the runs of ``structure`` reuse across batches (on the model's device)."""

@@ -13,6 +13,7 @@ the device's runner then runs template x task table.
 from __future__ import annotations
 
 import math
+import operator
 import weakref
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
@@ -148,23 +149,35 @@ def planned_view(value) -> bool:
 def evaluate(nodes: Sequence[Node], env: dict, feeds: Mapping, params: Mapping, ctx: RunContext, xp=np) -> None:
     """Evaluate ``nodes`` (in topological order) into ``env``, keeping every value (for a backward pass):
     nodes already in ``env`` are not recomputed. Feeds and parameters must already be arrays of ``xp``'s
-    device."""
+    device. A concat whose value was a view of a planned parameter buffer (a merged product's weight: its
+    parameters' adjacent blocks) is that same view again while its inputs are the same arrays: a view
+    follows their values, and the runners find the array they addressed last batch."""
     steps = []
     for n in nodes:
         if n in env:
             continue
         if n.op in ("input", "param"):   # (is_fed, inlined: it runs for every node of every pass)
             env[n] = leaf_value(n, feeds, params)
-        else:
-            step = _STEPS.get(n)
-            if step is None:
-                step = _STEPS[n] = Step.of(n)
-            steps.append(step)
+            continue
+        if n.op == "concat":
+            known = _VIEWS.get(n)
+            if known is not None and all(map(operator.is_, known[0], [env.get(x) for x in n.inputs])):
+                env[n] = known[1]
+                continue
+        step = _STEPS.get(n)
+        if step is None:
+            step = _STEPS[n] = Step.of(n)
+        steps.append(step)
     if steps:   # (parameters only: F's statics at inference)
         run_steps(steps, env, xp, ctx)
+        for step in steps:
+            n = step.outputs[0]
+            if n.op == "concat" and n in env and is_planned(getattr(env[n], "base", None)):
+                _VIEWS[n] = (tuple(env[x] for x in n.inputs), env[n])
 
 
 _STEPS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # node -> its Step (made once, not per run)
+_VIEWS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # concat -> (its inputs' arrays, their view)
 
 
 # --- batch programs: the lowered program bound to one batch ---------------------------------------------

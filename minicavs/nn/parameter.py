@@ -158,7 +158,7 @@ class ParameterSet(Mapping):
         width = offsets[-1] + ps[-1].value.shape[-1]
         base = first.base
         if base is not None and base.shape == lead + (width,) and all(p.value.base is base for p in ps) \
-                and all(_block_offset(p.value, base) == a for p, a in zip(ps, offsets)):
+                and all(block_offset(p.value, base) == a for p, a in zip(ps, offsets)):
             return base
         buffer = np.empty(lead + (width,), first.dtype)
         mark_planned(buffer)
@@ -179,7 +179,7 @@ def _offsets(ps) -> list:
     return out
 
 
-def _block_offset(view: np.ndarray, base: np.ndarray) -> int:
+def block_offset(view: np.ndarray, base: np.ndarray) -> int:
     """The first entry of ``view`` along the last axis of ``base`` (-1 if it is not such a block of it)."""
     delta = view.__array_interface__["data"][0] - base.__array_interface__["data"][0]
     if view.strides != base.strides or delta % base.itemsize or view.shape[:-1] != base.shape[:-1]:

@@ -139,21 +139,26 @@ def _concat_column_blocks(n: Node) -> list | None:
 def adjacent_blocks(xs, axis: int) -> "np.ndarray | None":
     """The concatenation of host arrays ``xs`` along their last axis (``axis``: 1 for matrices, 0 for
     vectors) as a read-only view, when they are adjacent blocks of one buffer (parameters laid out by
-    ParameterSet.plan_buffer); else None."""
+    ParameterSet.plan_buffer); else None. (A slice of the buffer, not ``as_strided``: this runs for every
+    merged weight of every batch, and a slice costs a tenth as much.)"""
     first = xs[0]
-    if not isinstance(first, np.ndarray) or first.ndim not in (1, 2) or axis != first.ndim - 1 \
-            or not is_planned(first.base) or first.strides[-1] != first.itemsize:
+    if not isinstance(first, np.ndarray) or first.ndim not in (1, 2) or axis != first.ndim - 1:
         return None
-    at = first.__array_interface__["data"][0]
+    base = first.base
+    if not is_planned(base) or first.strides != base.strides or first.shape[:-1] != base.shape[:-1]:
+        return None
+    origin = base.__array_interface__["data"][0]
+    start = at = first.__array_interface__["data"][0] - origin
     for x in xs:
-        if (not isinstance(x, np.ndarray) or x.base is not first.base or x.strides != first.strides
-                or x.shape[:-1] != first.shape[:-1] or x.__array_interface__["data"][0] != at):
+        if (not isinstance(x, np.ndarray) or x.base is not base or x.strides != base.strides
+                or x.shape[:-1] != base.shape[:-1] or x.__array_interface__["data"][0] - origin != at):
             return None
-        at += x.shape[-1] * first.itemsize
-    width = sum(x.shape[-1] for x in xs)
-    if first.ndim == 2 and width * first.itemsize > first.strides[0]:
+        at += x.shape[-1] * base.itemsize
+    if at > base.shape[-1] * base.itemsize:
         return None
-    return np.lib.stride_tricks.as_strided(first, first.shape[:-1] + (width,), first.strides, writeable=False)
+    view = base[..., start // base.itemsize:at // base.itemsize]
+    view.flags.writeable = False
+    return view
 
 
 def _concat_impl(xp, *xs, axis):

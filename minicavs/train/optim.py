@@ -16,11 +16,13 @@ A parameter missing from ``grads`` (or given ``None``) is skipped: no update, it
 
 On the CPU with the C library (numpy parameters of one float dtype, C-contiguous), a step is a handful of C
 calls: every dense parameter's check pass in one call over a table of addresses (kept by the optimizer while
-its arrays stay the same), one per row-sparse gradient (coalesced in C), then the same calls applying. Both
-paths check and convert the gradients with the same code (:meth:`Optimizer._validate`; the C path leaves
-finiteness to the check pass), and the values are those of the per-parameter path bit for bit (the same
-kernels; SGD's kernel is its numpy rule operation for operation); anything unusual (another dtype or layout
-of a parameter, a non-finite result) goes the per-parameter way, which also writes the error messages.
+its arrays stay the same; the parameters of a planned buffer, the layout pass's, as one entry: the buffer,
+its gradients as one buffer, slots laid out alike), one per row-sparse gradient (coalesced in C), then the
+same calls applying. Both paths check and convert the gradients with the same code
+(:meth:`Optimizer._validate`; the C path leaves finiteness to the check pass), and the values are those of
+the per-parameter path bit for bit (the same kernels; SGD's kernel is its numpy rule operation for
+operation); anything unusual (another dtype or layout of a parameter, a non-finite result) goes the
+per-parameter way, which also writes the error messages.
 
 With parameters on a device (CUDA), a step is a few launches whatever the number of parameters: the backend's
 fused step runs each rule's kernel over a table of every parameter, gradient and slot (the same RULES as the
@@ -51,11 +53,12 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
+from ..core.arrays import is_planned
 from ..core.errors import FeedError, NonFiniteError
 from ..core.sparse import RowSparse, densify
 from ..core.validate import indices
 from ..engine.backend import array_module, on_device
-from ..nn.parameter import Parameter
+from ..nn.parameter import Parameter, block_offset
 from ..ops.registry import native_kernels
 
 Grad = Any  # np.ndarray | RowSparse
@@ -168,23 +171,24 @@ class Optimizer:
             return None
         rule, hyper = kernel
         checked = self._validate(grads, loss, lib)
-        norm = None
+        norm = scale = None
         if self.clip_norm is not None:
             norm = math.sqrt(sum(_sq_norm(g) for _, g in checked))
             if not math.isfinite(norm):
                 return None
             if norm > self.clip_norm:
                 scale = self.clip_norm / norm
-                checked = [(p, _scaled(g, scale)) for p, g in checked]
         dense, names, runs = [], [], []
         for p, g in checked:
             value = p.value
             if value.dtype != lib.dtype:
                 return None
-            if not isinstance(g, RowSparse):
-                dense.append(g if g.flags.c_contiguous else np.ascontiguousarray(g))
+            if not isinstance(g, RowSparse):   # (scaled below, after a planned buffer's gradients are joined)
+                dense.append(g)
                 names.append(p.name)
                 continue
+            if scale is not None:
+                g = _scaled(g, scale)
             slots = tuple(self.state[p.name].values())
             h = (*hyper, self.weight_decay if p.weight_decay else 0.0)
             if not _inplace(value, *slots):
@@ -194,55 +198,135 @@ class Optimizer:
             else:
                 runs.append(functools.partial(lib.update, rule, value, g, slots, h))
         if dense:
-            staged = self._staged(names)
-            table = self._dense_table(lib, rule, names)
+            units = self._dense_units(names, dense)
+            table = self._dense_table(lib, rule, units)
             if table is None:
                 return None
             kernel_table, decays = table
-            hypers = np.empty((len(names), len(hyper) + 1), lib.dtype)
+            hypers = np.empty((len(units), len(hyper) + 1), lib.dtype)
             hypers[:, :-1] = hyper
             hypers[:, -1] = decays
+            gradients = [g if scale is None else _scaled(g, scale) for _, g, _, _ in units]
             try:
-                run = kernel_table.bind(dense, hypers)
+                run = kernel_table.bind(gradients, hypers)
             except FeedError:   # an array made read-only since: the per-parameter path (numpy) updates it
                 return None
+            staged = [pair for _, _, _, pairs in units for pair in pairs]
             runs.insert(0, run if not staged else functools.partial(_unstaged, run, staged))
         return norm, runs
 
-    def _staged(self, names: list) -> list:
-        """(value, stage) of the parameters whose values are strided views (the layout pass's planned
-        buffers: a column block of one buffer): the kernels update a contiguous stage, filled from the value
-        now and copied back only when the step applies. A copy of each such weight per step, where the
-        per-parameter numpy step would cost far more."""
-        stages = self.__dict__.setdefault("_stages", {})
-        staged = []
-        for name in names:
+    def _dense_units(self, names: list, grads: list) -> list[tuple]:
+        """The dense updates as the C kernels take them: per unit (the array updated, its gradient (C-contiguous),
+        (its slots, its weight decay), [(strided view, its stage)]). A parameter is a unit; the parameters of
+        a planned buffer (the layout pass's: ParameterSet.plan_buffer) are one when the step updates all of
+        them (:meth:`_whole_buffer`: the buffer, one gradient buffer and slot buffers laid out alike, read and
+        written whole). Otherwise a parameter or slot that is a strided view is updated through a contiguous
+        stage, filled from it now and copied back only when the step applies."""
+        units, planned = [], {}
+        for name, g in zip(names, grads):
             value = self.params[name].value
-            if value.flags.c_contiguous or not value.flags.writeable:
-                stages.pop(name, None)
-                continue
-            stage = stages.get(name)
-            if stage is None or stage.shape != value.shape or stage.dtype != value.dtype:
-                stage = stages[name] = np.empty(value.shape, value.dtype)
-            np.copyto(stage, value)
-            staged.append((value, stage))
-        return staged
+            if is_planned(value.base):
+                planned.setdefault(id(value.base), []).append((name, g))
+            else:
+                units.append(self._unit(name, g))
+        for members in planned.values():
+            whole = self._whole_buffer(members)
+            units += [whole] if whole is not None else [self._unit(name, g) for name, g in members]
+        return units
 
-    def _dense_table(self, lib, rule: str, names: list):
-        """(the library's UpdateTable of these parameters and their slots, their weight decays), kept while
-        the same arrays come again step after step (the table holds them: no id is reused meanwhile); None
-        if one is not a writable C-contiguous array."""
-        stages = self.__dict__.get("_stages", {})
-        arrays = [a for name in names for a in (stages.get(name, self.params[name].value), *self.state[name].values())]
+    def _unit(self, name: str, g) -> tuple:
+        """One parameter's update (:meth:`_dense_units`): its value and slots, or stages of those that are
+        strided views. A copy of each such array per step, where the per-parameter numpy step would cost far
+        more."""
+        stages = self.__dict__.setdefault("_stages", {})
+        arrays, staged = [], []
+        for key, a in [(name, self.params[name].value)] + [((name, s), a) for s, a in self.state[name].items()]:
+            if a.flags.c_contiguous or not a.flags.writeable:
+                stages.pop(key, None)
+                arrays.append(a)
+                continue
+            stage = stages.get(key)
+            if stage is None or stage.shape != a.shape or stage.dtype != a.dtype:
+                stage = stages[key] = np.empty(a.shape, a.dtype)
+            np.copyto(stage, a)
+            staged.append((a, stage))
+            arrays.append(stage)
+        decay = self.weight_decay if self.params[name].weight_decay else 0.0
+        return arrays[0], g if g.flags.c_contiguous else np.ascontiguousarray(g), (tuple(arrays[1:]), decay), staged
+
+    def _whole_buffer(self, members: list) -> tuple | None:
+        """The unit (:meth:`_dense_units`) of a planned buffer whose parameters ``members`` ((name, gradient))
+        are all of it, with one weight decay; else None. Their gradients are read as one buffer laid out as
+        the parameters are: the one they are column blocks of, at their values' places (a merged product's
+        ∂W' as the engine computes it: no copy), else a buffer kept for it into which they are copied (one
+        copy of the gradients, where stages would copy the values and slots in and out). Each slot becomes
+        a view of one buffer laid out alike (made once, values kept), so the buffer's update is one
+        elementwise kernel run over contiguous memory: the per-parameter updates' values, element for
+        element. (What depends only on the parameters and slots is kept while they are the same arrays.)"""
+        params = [self.params[name] for name, _ in members]
+        buffer = params[0].value.base
+        known = self._buffer_layout(params, buffer)
+        if known is None:
+            return None
+        grad = _joined(members, buffer, known[2])
+        if grad is None:
+            grad = known[5]
+            for (_, g), at in zip(members, known[2]):
+                grad[..., at:at + g.shape[-1]] = g
+        return buffer, grad, (known[4], self.weight_decay if params[0].weight_decay else 0.0), []
+
+    def _buffer_layout(self, params: list, buffer: np.ndarray) -> tuple | None:
+        """(buffer, the parameters' values, their offsets in it, their slot arrays, the slot buffers, a
+        gradient buffer) when ``params`` are all of the planned ``buffer``, each a block of it, with one weight
+        decay; else None. Kept while the values and slots are the same arrays."""
+        cache = self.__dict__.setdefault("_buffers", {})
+        values = tuple(p.value for p in params)
+        slots = tuple(self.state[p.name][s] for s in self.slots for p in params)
+        known = cache.get(id(buffer))
+        if known is not None and known[0] is buffer and all(map(operator.is_, values, known[1])) \
+                and all(map(operator.is_, slots, known[3])):
+            return known
+        offsets = [block_offset(v, buffer) for v in values]
+        if not (buffer.flags.c_contiguous and buffer.flags.writeable and -1 not in offsets
+                and len(set(offsets)) == len(offsets) and sum(v.size for v in values) == buffer.size
+                and len({bool(p.weight_decay) for p in params}) == 1):
+            cache.pop(id(buffer), None)
+            return None
+        laid = tuple(self._slot_buffer(params, s, buffer, offsets) for s in self.slots)
+        slots = tuple(self.state[p.name][s] for s in self.slots for p in params)
+        known = cache[id(buffer)] = (buffer, values, offsets, slots, laid, np.empty_like(buffer))
+        return known
+
+    def _slot_buffer(self, params: list, slot: str, buffer: np.ndarray, offsets: list) -> np.ndarray:
+        """One buffer shaped as the planned ``buffer`` whose blocks at ``offsets`` are ``params``' ``slot``
+        arrays: theirs already, or a new one into which they are copied and of which they become views (a
+        checkpoint's load writes them in place, so it writes the buffer)."""
+        arrays = [self.state[p.name][slot] for p in params]
+        found = arrays[0].base
+        if type(found) is np.ndarray and found.shape == buffer.shape and found.strides == buffer.strides \
+                and found.flags.c_contiguous and found.flags.writeable and all(a.base is found for a in arrays) \
+                and [block_offset(a, found) for a in arrays] == offsets:
+            return found
+        laid = np.empty_like(buffer)
+        for p, a, at in zip(params, arrays, offsets):
+            block = laid[..., at:at + a.shape[-1]]
+            block[...] = a
+            self.state[p.name][slot] = block
+        return laid
+
+    def _dense_table(self, lib, rule: str, units: list):
+        """(the library's UpdateTable of these units' arrays and slots, their weight decays), kept while the
+        same arrays come again step after step (the table holds them: no id is reused meanwhile); None if one
+        is not a writable C-contiguous array."""
+        arrays = [a for value, _, (slots, _), _ in units for a in (value, *slots)]
         known = self._table
         if known is not None and known[0] == (lib, rule) and len(known[1].arrays) == len(arrays) \
                 and all(map(operator.is_, arrays, known[1].arrays)):
             return known[1:]
-        width = 1 + len(self.slots)
         if not _inplace(*arrays):
             return None
-        pairs = [(arrays[k], tuple(arrays[k + 1:k + width])) for k in range(0, len(arrays), width)]
-        decays = np.array([self.weight_decay if self.params[name].weight_decay else 0.0 for name in names])
+        pairs = [(value, slots) for value, _, (slots, _), _ in units]
+        decays = np.array([decay for _, _, (_, decay), _ in units])
         self._table = (lib, rule), lib.update_table(rule, pairs), decays
         return self._table[1:]
 
@@ -501,8 +585,23 @@ def _device_contiguous(a) -> bool:
     return bool(a.flags.c_contiguous)
 
 
+def _joined(members: list, buffer: np.ndarray, offsets: list) -> np.ndarray | None:
+    """The C-contiguous buffer, laid out as the planned ``buffer``, whose blocks at ``offsets`` the gradients
+    of ``members`` ((name, gradient)) are, if they are such blocks of one; else None."""
+    grad = members[0][1].base
+    if not (type(grad) is np.ndarray and grad.shape == buffer.shape and grad.dtype == buffer.dtype
+            and grad.strides == buffer.strides and grad.flags.c_contiguous):
+        return None
+    origin, item = grad.__array_interface__["data"][0], grad.itemsize
+    for (_, g), at in zip(members, offsets):
+        if g.base is not grad or g.strides != grad.strides \
+                or g.__array_interface__["data"][0] - origin != at * item:
+            return None
+    return grad
+
+
 def _unstaged(run, staged: list, apply: bool) -> int:
-    """``run(apply)`` over stages (Optimizer._staged), then, when it applied, the stages copied back into the
+    """``run(apply)`` over stages (Optimizer._unit), then, when it applied, the stages copied back into the
     parameters' strided views."""
     bad = run(apply)
     if apply:

@@ -68,3 +68,25 @@ def test_naive_cell_moves_the_rows_the_fused_cell_moves(name, layout, tmp_path):
     got = _instructions(_step(naive, EngineOptions(plan_layout=layout)))
     for op in ROW_MOVES + ("GACC",) if layout else ("GACC",):
         assert got.get(op, 0) == want.get(op, 0), op
+
+
+@pytest.mark.parametrize("name", ["tree_lstm", "var_lstm", "lattice_lstm"])
+def test_naive_cell_with_the_layout_trains_as_the_fused_cell(name, tmp_path):
+    """A few optimizer steps (float64): the naive cell's planned buffers, each updated by the C step as one
+    array (no stage: the gradients read in place or joined, the slots laid out alike), hold the fused
+    weights' values, and the losses are the fused cell's."""
+    fused = trainer(name, tmp_path / "fused", "train.dtype=float64")
+    naive = trainer(name, tmp_path / "naive", "train.dtype=float64", "model.cell=naive",
+                    "train.engine.plan_layout=true")
+    bs = 4
+    for step in range(3):
+        ids = np.arange(step * bs, (step + 1) * bs)
+        want, got = fused.train_step(ids)[0], naive.train_step(ids)[0]
+        assert abs(want - got) <= 1e-10 * max(1.0, abs(want)), step
+    assert not naive.optimizer.__dict__.get("_stages")
+    planned = [b for b in naive.model.layout() if len(b) > 1]
+    assert planned and all(naive.params[n].value.base is naive.params[b[0]].value.base for b in planned for n in b)
+    for k, p in fused.params.items():
+        parts = sorted((n for n in naive.params if n.startswith(k + ".")), key=list(naive.params).index)
+        have = np.concatenate([naive.params[n].value for n in parts], axis=-1) if parts else naive.params[k].value
+        assert np.max(np.abs(p.value - have)) <= 1e-10 * max(1.0, float(np.max(np.abs(p.value)))), k

@@ -570,6 +570,78 @@ def test_native_step_updates_planned_views_in_place(kind):
     assert np.array_equal(buffer, before)
 
 
+def _block_gradients(rng, shapes: dict, order: list) -> dict:
+    """Gradients of the parameters ``order`` (matrices of one row count) as column blocks of one new buffer, in
+    that order: what the engine hands over for a merged product's ∂W' (passes/layout.gradient_blocks)."""
+    whole = rng.standard_normal(shapes[order[0]][:-1] + (sum(shapes[n][-1] for n in order),))
+    out, at = {}, 0
+    for n in order:
+        out[n] = whole[..., at:at + shapes[n][-1]]
+        at += shapes[n][-1]
+    return out
+
+
+@pytest.mark.parametrize("grads_as", ["blocks", "blocks in another order", "separate arrays", "one missing",
+                                      "clipped"])
+@pytest.mark.parametrize("kind", sorted(NATIVE))
+def test_native_step_updates_a_planned_buffer_whole(kind, grads_as):
+    """The parameters of one planned buffer, all with a gradient, are updated as one array: no stage copied
+    in and out, the slots laid out as the parameters (each still its parameter's slot), the per-parameter
+    step's values bit for bit. Their gradients are read in place where they are the column blocks of one
+    buffer laid out alike (the engine's ∂W' of a merged product), else copied into one; clipping scales the
+    joined gradient. A parameter of the buffer without a gradient sends the others through stages, same
+    values."""
+    from minicavs.cpu.compiler import compiler
+    if compiler() is None:
+        pytest.skip("no C compiler on this machine")
+    rng = np.random.default_rng(7)
+    shapes = {"Wi": (3, 4), "Wf": (3, 2), "Wo": (3, 5), "b": (4,), "bi": (4,), "bf": (2,)}
+    inits = {n: rng.standard_normal(shape) for n, shape in shapes.items()}
+
+    def params():
+        return ParameterSet([Parameter(n, v.shape, init=v.copy(), dtype="float64") for n, v in inits.items()])
+    fast_ps, ref_ps = params(), params()
+    buffer = fast_ps.plan_buffer(["Wi", "Wf", "Wo"])
+    biases = fast_ps.plan_buffer(["bi", "bf"])
+    extra = {"clip_norm": 0.5} if grads_as == "clipped" else {}
+    fast = NATIVE[kind](fast_ps, weight_decay=0.01, **extra)
+    ref = NATIVE[kind](ref_ps, weight_decay=0.01, **extra)
+    for step in range(3):
+        order = ["Wo", "Wi", "Wf"] if grads_as == "blocks in another order" else ["Wi", "Wf", "Wo"]
+        grads = _block_gradients(rng, shapes, order)
+        if grads_as == "separate arrays":
+            grads = {n: g.copy() for n, g in grads.items()}
+        if grads_as == "one missing":
+            grads["Wf"] = None
+        grads["b"] = rng.standard_normal(4)
+        grads.update(_block_gradients(rng, shapes, ["bi", "bf"]))
+        assert fast._native(grads, 1.0) is not None   # (the C step, not the per-parameter numpy step)
+        assert fast.step(grads, loss=1.0) == ref._step(grads, loss=1.0)
+    whole = grads_as != "one missing"
+    assert (not fast.__dict__.get("_stages")) == whole                 # no stage where the buffer is one unit
+    assert any(p is buffer for p in fast._table[1].params) == whole    # the buffer itself in the kernels' table
+    if grads_as == "blocks":                                            # read in place: the engine's buffer
+        assert fast._whole_buffer([(n, grads[n]) for n in ("Wi", "Wf", "Wo")])[1] is grads["Wi"].base
+    for name in inits:
+        assert np.array_equal(fast_ps[name].value, ref_ps[name].value), name
+        for s in fast.slots:
+            assert np.array_equal(fast.state[name][s], ref.state[name][s]), (name, s)
+    assert all(fast_ps[n].value.base is buffer for n in ("Wi", "Wf", "Wo"))
+    assert any(p is biases for p in fast._table[1].params)             # (vectors: the biases' buffer likewise)
+    if whole and fast.slots:                                            # each slot: a view of one buffer
+        for s in fast.slots:
+            slot = fast.state["Wi"][s].base
+            assert slot is not None and slot.shape == buffer.shape
+            assert all(fast.state[n][s].base is slot for n in ("Wi", "Wf", "Wo"))
+    state = fast.state_dict()                                           # per parameter, as before
+    assert all(a.flags.c_contiguous for got in state["slots"].values() for a in got.values())
+    again = NATIVE[kind](params(), weight_decay=0.01, **extra)
+    again.load_state_dict(state)
+    for name in inits:
+        for s in fast.slots:
+            assert np.array_equal(again.state[name][s], fast.state[name][s])
+
+
 def test_native_step_converts_unusual_gradients_as_the_per_parameter_step_does():
     """Another dtype, a non-contiguous gradient, int32 indices: both paths check and convert them with the
     same code (_validate), so the C step takes them and gives the per-parameter step's values."""

@@ -12,12 +12,14 @@ from hypothesis import given, settings, strategies as st
 
 from minicavs import ops
 from minicavs.cpu import c_runner
+from minicavs.core.arrays import is_planned
 from minicavs.engine.compile import EngineOptions
 from minicavs.engine.executor import RunContext
-from minicavs.runtime.inputs import InputGraph
 from minicavs.engine.model import Model, Structure
-from minicavs.nn import Parameter, ParameterSet
 from minicavs.engine.passes.layout import order, solve
+from minicavs.engine.program import evaluate
+from minicavs.nn import Parameter, ParameterSet
+from minicavs.runtime.inputs import InputGraph
 from minicavs.runtime.vertex import VertexFunction
 
 from ..test_alg1 import assert_same
@@ -156,3 +158,32 @@ def test_a_concat_is_a_view_of_planned_parameter_buffers_only():
     assert ops.shape.adjacent_blocks([ps["b"].value, ps["a"].value], 1) is None     # not in the buffer's order
     plain = np.arange(12.0).reshape(3, 4)
     assert ops.shape.adjacent_blocks([plain[:, :2], plain[:, 2:]], 1) is None
+    assert not is_planned(None) and not is_planned(plain) and is_planned(buffer)   # (None: no buffer at all)
+    vectors = ParameterSet([Parameter(n, (3,), rng=k, dtype=F64) for k, n in enumerate("uvw")])
+    biases = vectors.plan_buffer(["u", "v", "w"])
+    whole = ops.shape.adjacent_blocks([vectors[n].value for n in "uvw"], 0)
+    assert whole is not None and not whole.flags.writeable and np.shares_memory(whole, biases)
+    np.testing.assert_array_equal(whole, biases)
+    assert ops.shape.adjacent_blocks([vectors["u"].value, vectors["w"].value], 0) is None   # not adjacent
+
+
+def test_a_planned_concat_is_the_same_view_batch_after_batch_while_its_parameters_stay():
+    """Static evaluation keeps a merged weight's view (one object, so a runner finds the array it addressed),
+    which follows its parameters' values written in place; a parameter given a new array is read anew."""
+    ps = ParameterSet([Parameter(n, (3, 2), rng=k, dtype=F64) for k, n in enumerate("ab")])
+    ps.plan_buffer(["a", "b"])
+    merged = ops.concat([ps["a"].node, ps["b"].node], axis=1)
+    nodes = [ps["a"].node, ps["b"].node, merged]
+
+    def value():
+        env: dict = {}
+        evaluate(nodes, env, {}, ps, RunContext())
+        return env[merged]
+    first = value()
+    assert value() is first
+    ps["a"].value[...] = 7.0                                 # (an optimizer step: in place)
+    np.testing.assert_array_equal(value()[:, :2], np.full((3, 2), 7.0))
+    ps["b"].value = np.ones((3, 2))                          # (a new array: the blocks are no longer adjacent)
+    again = value()
+    assert again is not first and not np.shares_memory(again, first)
+    np.testing.assert_array_equal(again, np.concatenate([np.full((3, 2), 7.0), np.ones((3, 2))], axis=1))
