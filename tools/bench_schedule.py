@@ -82,10 +82,10 @@ def main(argv=None):
 
         def alloc():
             blocks = []
-            for kid, kname in enumerate(b.kind_names):
+            for kind_id, kname in enumerate(b.kind_names):
                 fn = s.compiled[kname]
                 crossing = [x for r in fn.phases(EngineOptions()).backward.reads for x in r]
-                blocks += [np.empty((plan.kinds[kid].n,) + node.vshape, np.float32)
+                blocks += [np.empty((plan.kinds[kind_id].n,) + node.vshape, np.float32)
                            for node in fn.fwd_tensors + crossing]
             return sum(x.nbytes for x in blocks)
         ta, nbytes = median_time(alloc, args.repeats)

@@ -68,9 +68,9 @@ def _instructions(result) -> tuple[int, int]:
 def _planning_ms(t) -> float:
     """The passes' time over every function of the model, compiled afresh (merging and layout)."""
     start = time.perf_counter()
-    fns = [fn for s in t.model.structures for fn in s.compiled.values()]
-    planned = layout.solve([g for fn in fns for g in gemm.layout_groups(fn.F)])
-    for fn in fns:
+    functions = [fn for s in t.model.structures for fn in s.compiled.values()]
+    planned = layout.solve([g for fn in functions for g in gemm.layout_groups(fn.F)])
+    for fn in functions:
         gemm.merge_products(fn.F, plan_layout=True, planned=planned)
     return (time.perf_counter() - start) * 1e3
 

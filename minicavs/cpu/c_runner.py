@@ -194,15 +194,15 @@ def run(lowered, table: np.ndarray, buffers, dtype, forest: bool, workspace=None
     kept = workspace is not None and bound.stamp is not None and bound.stamp[0] is workspace \
         and bound.stamp[1] == allocations()
     grads = {}
-    nk = len(lowered.ranges) // 3
+    n_kinds = len(lowered.ranges) // 3
     # the table's template ids and rows as lists: a batch of one has a dozen rows, where a numpy reduction costs
     # more than a pass over the list
-    tids, rows = table[:, 0].tolist(), table[:, 2].tolist()
+    template_ids, rows = table[:, 0].tolist(), table[:, 2].tolist()
     max_bs = max(rows, default=0)
     streaming = eager is not None and len(eager) > 0
-    blocks = bool(lowered.blocks) and (max(tids, default=-1) >= nk or streaming)
+    blocks = bool(lowered.blocks) and (max(template_ids, default=-1) >= n_kinds or streaming)
     # (the copies below pay for the tasks' products, not for the blocks' few large ones)
-    task_rows = [r for tid, r in zip(tids, rows) if tid < nk] if blocks else rows
+    task_rows = [r for tid, r in zip(template_ids, rows) if tid < n_kinds] if blocks else rows
     # A static read as a transposed view (∂F's W^T) is copied once per run when multi-row tasks read it enough:
     # OpenBLAS packs a transposed B from strided reads, 25-40% slower per product at 16-64 rows, while the copy
     # costs a few such products (cpu/library.py contiguous). Same values; BLAS may round differently.
@@ -254,7 +254,8 @@ def run(lowered, table: np.ndarray, buffers, dtype, forest: bool, workspace=None
     scratch = lowered.scratch_cols * max(task_rows, default=0)
     if blocks:
         cols = lowered.block_scratch
-        scratch = max([scratch] + [cols.get(tid, 0) * n_rows for tid, n_rows in zip(tids, rows) if tid >= nk])
+        scratch = max([scratch] + [cols.get(tid, 0) * n_rows for tid, n_rows in zip(template_ids, rows)
+                                   if tid >= n_kinds])
     task_keys = n if lowered.task_keys is None else lowered.task_keys   # (the keys after them: the blocks' own)
     used = n if blocks else task_keys   # (the blocks' own: left unbound)
     for i, key in enumerate(lowered.keys):
@@ -374,10 +375,10 @@ def _eager_call(ex, lowered, eager: np.ndarray, bound: BufferTable, buffers, gra
         held.append(a)
         slots[i] = ffi.from_buffer(a)
         info[1, i], info[2, i], info[3, i] = a.size if elements is None else elements, stride, 0
-    tids, rows = eager[:, 0].tolist(), eager[:, 2].tolist()
+    template_ids, rows = eager[:, 0].tolist(), eager[:, 2].tolist()
     cols = lowered.block_scratch
     max_bs = max(rows, default=0)
-    scratch = max([cols.get(tid, 0) * r for tid, r in zip(tids, rows)], default=0)
+    scratch = max([cols.get(tid, 0) * r for tid, r in zip(template_ids, rows)], default=0)
     tmp_rows = min(max_bs, SMALL_M_ROWS) if twin_cols else 0
     rebind(n - 1, buffers[("arena", "eager scratch", scratch + tmp_rows * twin_cols)])
     if ("fixed",) in lowered.keys:

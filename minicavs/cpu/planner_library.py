@@ -1,10 +1,10 @@
-"""The native planner's C library (codegen/plan.py's source) compiled with the system C compiler and loaded
+"""The native planner's C library (codegen/planner_source.py's source) compiled with the system C compiler and loaded
 with cffi; :mod:`minicavs.engine.planner` unpacks what it makes (this package provides it there on import)."""
 from __future__ import annotations
 
 import functools
 
-from ..engine.codegen.plan import DECLS, SOURCE
+from ..engine.codegen.planner_source import DECLS, SOURCE
 from . import compiler as cgen
 
 

@@ -279,12 +279,12 @@ def _bind(info: np.ndarray, i: int, a, static: bool, xp, alive: list) -> None:
     info[3, i], info[4, i] = ld, flag
 
 
-def _fused_handles(lowered, fns: _Functions) -> np.ndarray:
+def _fused_handles(lowered, handles: _Functions) -> np.ndarray:
     cache = lowered.__dict__.setdefault("_issue_fk", {})
-    if id(fns) not in cache:
-        cache[id(fns)] = (fns, np.array([fns.fused(k) if k is not None else 0 for k in lowered.fused] or [0],
-                                        np.int64))
-    return cache[id(fns)][1]
+    if id(handles) not in cache:
+        cache[id(handles)] = (handles, np.array([handles.fused(k) if k is not None else 0
+                                                 for k in lowered.fused] or [0], np.int64))
+    return cache[id(handles)][1]
 
 
 def run(lowered, table: np.ndarray, buffers, dtype, forest: bool, device, eager: np.ndarray | None = None,
@@ -294,13 +294,13 @@ def run(lowered, table: np.ndarray, buffers, dtype, forest: bool, device, eager:
     row number of the index arrays on their host copies (the runners' debug mode, ``EngineOptions.check``;
     every register is checked against its buffer either way)."""
     ffi, lib = library()
-    fns = functions(device, dtype, tf32)
+    handles = functions(device, dtype, tf32)
     xp = device.xp
     n = len(lowered.keys)
-    nk = len(lowered.ranges) // 3
+    n_kinds = len(lowered.ranges) // 3
     table = np.ascontiguousarray(table, np.int64)
     streaming = eager is not None and len(eager) > 0
-    blocks = bool(lowered.blocks) and (int(table[:, 0].max(initial=-1)) >= nk or streaming)
+    blocks = bool(lowered.blocks) and (int(table[:, 0].max(initial=-1)) >= n_kinds or streaming)
     task_keys = n if lowered.task_keys is None or blocks else lowered.task_keys
     info = np.zeros((5, n), np.int64)
     alive, grads = [], {}
@@ -341,23 +341,24 @@ def run(lowered, table: np.ndarray, buffers, dtype, forest: bool, device, eager:
             name = lowered.keys[i][1]
             own[name] = xp.zeros_like(grads[name])
             _bind(einfo, i, own[name], False, xp, alive)
-    fk = _fused_handles(lowered, fns)
-    fns.streams()
+    fk = _fused_handles(lowered, handles)
+    handles.streams()
     err = np.zeros(6, np.int64)
     counters = np.zeros(3, np.int64)
     counts = np.zeros(len(ISSUE_KERNEL_NAMES) + len(fk), np.int64)
     p = functools.partial(ffi.from_buffer, "int64_t[]")
     none = eager if streaming else table
-    rc = getattr(lib, f"issue_{fns.c_type}")(
+    rc = getattr(lib, f"issue_{handles.c_type}")(
         p(lowered.code), p(lowered.pool), p(lowered.ranges), len(lowered.ranges), p(table), len(table),
         p(none), len(eager) if streaming else 0, table.shape[1], p(info), p(einfo), n, scratch_buf, lowered.nregs,
-        p(fns.dev), p(fns.rk), p(fk), len(lowered.fused), int(forest), int(check), p(err), p(counters), p(counts))
+        p(handles.dev), p(handles.rk), p(fk), len(lowered.fused), int(forest), int(check), p(err), p(counters),
+        p(counts))
     stats(device)[:] += counters
-    names = [f"{k}_{fns.c_type}" for k in ISSUE_KERNEL_NAMES] + [getattr(k, "name", "") for k in lowered.fused]
+    names = [f"{k}_{handles.c_type}" for k in ISSUE_KERNEL_NAMES] + [getattr(k, "name", "") for k in lowered.fused]
     per_kernel = launch_counts(device)
     for i in np.flatnonzero(counts).tolist():
         per_kernel[names[i]] = per_kernel.get(names[i], 0) + int(counts[i])
-    fns.log(names, counts)
+    handles.log(names, counts)
     if rc:
         _raise(lowered, err)
     for name, acc in own.items():

@@ -67,15 +67,15 @@ def _run(program: BatchProgram, state: RunState, dtype) -> dict:
     return reference.run(*args, device=device, eager=program.eager, check=state.opts.check)
 
 
-def _link(fns: list, state: RunState, backward: bool, training: bool = True):
-    return instructions.link(fns, state.active, state.opts, state.device, backward, training,
+def _link(compiled: list, state: RunState, backward: bool, training: bool = True):
+    return instructions.link(compiled, state.active, state.opts, state.device, backward, training,
                              state.workspace.programs)
 
 
-def forward(fns: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContext, messages,
+def forward(compiled: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContext, messages,
             dtype, training: bool = True, workspace: Workspace | None = None,
             opts: EngineOptions = EngineOptions(), device: Device | None = None) -> RunState:
-    """Evaluate F at every vertex: eager phase, task loop, lazy phase. ``fns[kid]`` compiles kind ``kid``.
+    """Evaluate F at every vertex: eager phase, task loop, lazy phase. ``compiled[kind_id]`` compiles kind ``kind_id``.
     Arrays (parameters, pull buffers, the workspace's buffers) are ``device``'s; the workspace (the model's,
     reused across batches; a fresh one by default) is kept in the state for backward. ``messages``: the
     scattered shapes (the structure's :attr:`message_shapes`), one scatter tensor each."""
@@ -87,45 +87,45 @@ def forward(fns: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContex
         state.scatters[shape] = workspace.scatter_rows(n + 1, shape, dtype.np)
         state.scatters[shape][n] = 0
     for name, order in plan.push_order.items():
-        shape = next(f.pushes[name].vshape for f in fns if f is not None and name in f.pushes)
+        shape = next(f.pushes[name].vshape for f in compiled if f is not None and name in f.pushes)
         state.pushes[name] = xp.zeros((len(order),) + shape, dtype.np)
-    for kid, fn in enumerate(fns):   # F's static part (parameters' products, say) and the kind's dynamic tensors
+    for kind_id, fn in enumerate(compiled):   # F's static part (parameters' products, say), the kind's dynamic tensors
         tensors, static = {}, {}
-        if fn is not None and kid < len(plan.kinds) and plan.kinds[kid] is not None:
+        if fn is not None and kind_id < len(plan.kinds) and plan.kinds[kind_id] is not None:
             evaluate(fn.static_fwd, static, {}, params, ctx, xp=xp)
             stored = fn.placement(opts, device, training).forward_stored
-            tensors = workspace.tensors(workspace.forward, kid, stored, plan.kinds[kid].n)
-            state.active.append(kid)
+            tensors = workspace.tensors(workspace.forward, kind_id, stored, plan.kinds[kind_id].n)
+            state.active.append(kind_id)
         state.tensors.append(tensors)
         state.statics.append(static)
     # Alg. 1, forward: the eager blocks, then per task V_t: gather the children's rows, evaluate F, scatter and
     # push the results; then the lazy blocks: one call of the device's runner
-    buffers = Buffers(plan, state, dtype.np, ctx, fns=fns)
-    state.program = binding.bind(_link(fns, state, False, training), fns, plan, opts, buffers, backward=False)
+    buffers = Buffers(plan, state, dtype.np, ctx, compiled=compiled)
+    state.program = binding.bind(_link(compiled, state, False, training), compiled, plan, opts, buffers, backward=False)
     state.copies = state.program.copies
     _run(state.program, state, dtype.np)
     return state
 
 
-def backward(fns: list, state: RunState, push_grads: dict, pull_shapes: dict, params, ctx: RunContext,
+def backward(compiled: list, state: RunState, push_grads: dict, pull_shapes: dict, params, ctx: RunContext,
              dtype) -> tuple[dict, dict]:
     """Replay the task stack in reverse. Returns (gradients of pull buffers, gradients of F's parameters)."""
     plan, opts, device, workspace = state.plan, state.opts, state.device, state.workspace
     xp = device.xp
-    sgrads = {message: _scatter_grad(xp, fns, plan, message, scatter, workspace)
+    sgrads = {message: _scatter_grad(xp, compiled, plan, message, scatter, workspace)
               for message, scatter in state.scatters.items()}
     pull_grads = {name: xp.zeros(shape, dtype.np) for name, shape in pull_shapes.items()}
     btensors = {}
-    for kid in state.active:   # ∂F's static part and the tensors of values that cross its phases
-        fn = fns[kid]
-        evaluate(fn.static_bwd, state.statics[kid], {}, params, ctx, xp=xp)
+    for kind_id in state.active:   # ∂F's static part and the tensors of values that cross its phases
+        fn = compiled[kind_id]
+        evaluate(fn.static_bwd, state.statics[kind_id], {}, params, ctx, xp=xp)
         stored = fn.placement(opts, device).backward_stored
-        btensors[kid] = workspace.tensors(workspace.backward, kid, stored, plan.kinds[kid].n)
-    push_grads = _dense_where_tasks_read(fns, state.active, opts, device, push_grads)
+        btensors[kind_id] = workspace.tensors(workspace.backward, kind_id, stored, plan.kinds[kind_id].n)
+    push_grads = _dense_where_tasks_read(compiled, state.active, opts, device, push_grads)
     # Alg. 1, backward: the eager blocks, then the task stack popped: per task V_t run ∂F at the same rows and
     # add the gradients into the children's rows; then the lazy blocks (parameter and pull gradients)
-    buffers = Buffers(plan, state, dtype.np, ctx, btensors, sgrads, push_grads, pull_grads, fns)
-    program = state.backward_program = binding.bind(_link(fns, state, True), fns, plan, opts, buffers,
+    buffers = Buffers(plan, state, dtype.np, ctx, btensors, sgrads, push_grads, pull_grads, compiled)
+    program = state.backward_program = binding.bind(_link(compiled, state, True), compiled, plan, opts, buffers,
                                                     backward=True, forward_tasks=state.program.task_table)
     param_grads = _run(program, state, dtype.np)
     for sgrad in sgrads.values():
@@ -139,7 +139,7 @@ def _device_index(xp, rows: np.ndarray):
     return ix if isinstance(ix, slice) or xp is np else xp.asarray(ix)
 
 
-def _scatter_grad(xp, fns: list, plan: MemoryPlan, message: tuple, scatter, workspace: Workspace):
+def _scatter_grad(xp, compiled: list, plan: MemoryPlan, message: tuple, scatter, workspace: Workspace):
     """The gradient of the scatter tensor of ``message``, before any parent has sent anything. In a forest
     every vertex that some parent gathers (with a gradient) receives exactly one write, so only the other
     rows (roots, children whose gather of this message has no gradient) need zeros; a DAG's rows
@@ -149,8 +149,8 @@ def _scatter_grad(xp, fns: list, plan: MemoryPlan, message: tuple, scatter, work
         sgrad.fill(0)
         return sgrad
     unwritten = np.ones(len(scatter), bool)
-    for kid, fn in enumerate(fns):
-        kind_plan = plan.kinds[kid] if kid < len(plan.kinds) else None
+    for kind_id, fn in enumerate(compiled):
+        kind_plan = plan.kinds[kind_id] if kind_id < len(plan.kinds) else None
         if fn is None or kind_plan is None:
             continue
         for leaf in fn.leaf_grads:
@@ -161,15 +161,15 @@ def _scatter_grad(xp, fns: list, plan: MemoryPlan, message: tuple, scatter, work
     return sgrad
 
 
-def _dense_where_tasks_read(fns: list, active: list, opts, device, push_grads: dict) -> dict:
+def _dense_where_tasks_read(compiled: list, active: list, opts, device, push_grads: dict) -> dict:
     """Push gradients as the task loop needs them: dense where some kind's task program reads its rows (it
     takes them task by task); elsewhere a row-sparse gradient (Tree-FC's: the roots' rows only) stays
     sparse, and the phase before or after the loop puts its few rows into zeros (program.bind_backward)."""
     out = dict(push_grads)
-    for kid in active:
-        fn = fns[kid]
-        kp = fn.phases(opts, device).backward
+    for kind_id in active:
+        fn = compiled[kind_id]
+        backward_phases = fn.phases(opts, device).backward
         for o, ct in fn.ct.items():
-            if o is not fn.scattered and (kp.phase[ct] == TASK or device.xp is not np):
+            if o is not fn.scattered and (backward_phases.phase[ct] == TASK or device.xp is not np):
                 out[o.name] = densify(device.xp, out[o.name])
     return out

@@ -75,12 +75,12 @@ def explain(model, graphs, feeds=None, params=None, ctx=None, policy=None) -> Ex
         state = result.states[s.name]
         sizes = np.diff(plan.schedule.task_ptr)
         tensors, where = [], {}
-        for kid, kname in enumerate(batch.kind_names):
+        for kind_id, kname in enumerate(batch.kind_names):
             fn = s.compiled.get(kname)
-            if fn is None or plan.kinds[kid] is None:
+            if fn is None or plan.kinds[kind_id] is None:
                 continue
             fn = fn.variant(state.opts)
-            for node, t in state.tensors[kid].items():
+            for node, t in state.tensors[kind_id].items():
                 tensors.append((kname, node.name or f"{node.op}#{node.id}", t.shape, t.dtype.name, t.nbytes))
             forward_phases, backward_phases = fn.phases(state.opts)
             where[kname] = {"F static": len(fn.static_fwd),

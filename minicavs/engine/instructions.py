@@ -205,8 +205,8 @@ class Lowered:
     """The templates of one pass, linked: one code array for all kinds (instructions per kind range)."""
 
     title: str
-    kids: list                  # per template: its id (a task's: its kind id; a block's: kinds + kind id before
-                                # the task loop, 2 x kinds + kind id after it)
+    template_ids: list   # per template: its id (a task's: its kind id; a block's: kinds + kind id before the
+    # task loop, 2 x kinds + kind id after it)
     templates: list
     code: np.ndarray
     pool: np.ndarray
@@ -234,10 +234,10 @@ class Lowered:
     def writes(self, opcode: str, phase: int, tid: int | None = None) -> set:
         """The buffer ids (the first operand) of ``opcode``'s instructions in the templates of ``phase`` (or
         the one template ``tid``)."""
-        nk = len(self.ranges) // 3
-        first = {TASK: 0, PRE: nk, POST: 2 * nk}[phase]
+        n_kinds = len(self.ranges) // 3
+        first = {TASK: 0, PRE: n_kinds, POST: 2 * n_kinds}[phase]
         found = set()
-        for t in range(first, first + nk) if tid is None else [tid]:
+        for t in range(first, first + n_kinds) if tid is None else [tid]:
             code = self.code[slice(*self.ranges[t])]
             found.update(code[code[:, 0] == OPCODE[opcode], 1].tolist())
         return found
@@ -255,7 +255,7 @@ class Lowered:
         """The templates, one instruction a line: opcode and named operands (``blocks``: also those of the
         blocks before and after the task loop)."""
         out = []
-        for tid, t in zip(self.kids, self.templates):
+        for tid, t in zip(self.template_ids, self.templates):
             if t.phase != TASK and not blocks:
                 continue
             begin, end = self.ranges[tid]
@@ -266,7 +266,7 @@ class Lowered:
 
     def text(self, pc: int, template: Template | None = None) -> str:
         if template is None:
-            template = next(t for tid, t in zip(self.kids, self.templates) if self.ranges[tid][0] <= pc
+            template = next(t for tid, t in zip(self.template_ids, self.templates) if self.ranges[tid][0] <= pc
                             < self.ranges[tid][1])
         row = self.code[pc]
         name = list(OPCODES)[int(row[0])]
@@ -464,33 +464,33 @@ def forward_template(fn, opts, device, training: bool, phase: int = TASK) -> Tem
     """F's program of one kind in ``phase``: TASK's runs per task;
     PRE's and POST's (eager and lazy batching) run once over all the kind's rows, as a task of those rows
     (program.block_rows: kind offset 0, scatter offset the kind's first scatter row)."""
-    kp = fn.phases(opts, device).forward
+    forward_phases = fn.phases(opts, device).forward
     f_stored = fn.placement(opts, device, training).forward_stored
     inplace, copied, concats = fn.placement(opts, device, training).forward[phase]
     t = Template(fn.F.name, phase)
     statics = set(fn.static_fwd)
     smsg = fn.scatter_message
     lazy = fn.lazy_scatter_reads(opts, device) if phase != TASK else {}
-    for x in kp.reads[phase]:
+    for x in forward_phases.reads[phase]:
         if phase == TASK or x in f_stored:
             t.bind(x, ("tensor", x), KIND_ROWS, 0, _width(x.vshape))
         else:   # the lazy phase reads the scattered value back from the scatter tensor (alias.py)
             t.scatter_view(x, ("scatter", smsg), lazy[x][0], _width(smsg))
     elide = phase == TASK and opts.gather_elision
     for j, g in fn.gathers.items():
-        if kp.phase[g] == phase:
+        if forward_phases.phase[g] == phase:
             message = fn.gather_messages[j]
             width = _width(message)
             t.emit("GATHER", t.reg(g), t.buf(("scatter", message)), width, t.buf(("child", j)), j,
                    int(elide), t.scratch)
             t.scratch += width
     cat = fn.gather_concat
-    cat_view = cat is not None and elide and kp.phase.get(cat) == TASK
+    cat_view = cat is not None and elide and forward_phases.phase.get(cat) == TASK
     if cat_view:
         message = cat.inputs[0].vshape
         t.emit("CATVIEW", t.reg(cat), t.buf(("scatter", message)), _width(message), len(fn.gathers), 0)
     for name, p in fn.pulls.items():
-        if kp.phase[p] == phase:
+        if forward_phases.phase[p] == phase:
             t.take(p, ("pull", name), _width(p.vshape), ("pullrows", name))
     for node in inplace:
         t.bind(node, ("tensor", node), KIND_ROWS, 0, _width(node.vshape))
@@ -505,15 +505,15 @@ def forward_template(fn, opts, device, training: bool, phase: int = TASK) -> Tem
                 t.scratch_reg(c)
         for m, a, _ in parts:
             t.emit("COLS", t.reg(m), t.regs[c], a)
-    if (not direct and src in kp.inplace and src not in written and kp.phase.get(src) == phase):
+    if (not direct and src in forward_phases.inplace and src not in written and forward_phases.phase.get(src) == phase):
         t.scatter_view(src, ("scatter", smsg), 0, _width(smsg), write=True)
         direct = True
-    _steps(t, kp.programs[phase], statics, device, _singles(fn, device), cat if cat_view else None)
+    _steps(t, forward_phases.programs[phase], statics, device, _singles(fn, device), cat if cat_view else None)
     t.put_back()
-    if fn.scattered is not None and kp.phase[fn.scattered] == phase and not direct:
+    if fn.scattered is not None and forward_phases.phase[fn.scattered] == phase and not direct:
         t.copy_to(("scatter", smsg), SCATTER_ROWS, _width(smsg), fn.scattered)
     for name, p in fn.pushes.items():
-        if kp.phase[p] == phase:
+        if forward_phases.phase[p] == phase:
             t.emit("PUT", t.buf(("push", name)), _width(p.vshape), t.buf(("pushrows", name)), t.regs[p],
                    _cols(p))
     for node in copied:
@@ -525,24 +525,25 @@ def backward_template(fn, opts, device, phase: int = TASK, direct: bool = False)
     """∂F's program of one kind in ``phase`` (PRE and POST: over all
     the kind's rows, as forward_template's). ``direct`` (a block whose parameter gradients no other template
     writes): each is computed straight into its accumulator (which then needs no zeros, no GACC)."""
-    kp = fn.phases(opts, device).backward
+    backward_phases = fn.phases(opts, device).backward
     placed = fn.placement(opts, device, True)
     f_stored, b_stored = placed.forward_stored, placed.backward_stored
     inplace, copied, concats = placed.backward[phase]
     b_stored = set(b_stored)
     t = Template(fn.F.name, phase)
     if direct and phase != TASK:
-        t.direct = {g: name for name, g in fn.param_grads.items() if kp.phase[g] == phase and not g.has_rows}
-        t.direct_blocks = gradient_blocks(t.direct, kp.programs[phase])
+        t.direct = {g: name for name, g in fn.param_grads.items()
+                    if backward_phases.phase[g] == phase and not g.has_rows}
+        t.direct_blocks = gradient_blocks(t.direct, backward_phases.programs[phase])
         covered = {name for names in t.direct_blocks.values() for name, _, _ in names}
         t.direct = {g: name for g, name in t.direct.items() if name not in covered}
     statics = set(fn.static_fwd) | set(fn.static_bwd)
-    program = kp.programs[phase]
+    program = backward_phases.programs[phase]
     read = {x for step in program for x in step.inputs}
     read.update(x for x in copied)
-    read.update(g for leaf, g in fn.leaf_grads.items() if kp.phase[g] == phase)
-    read.update(g for g in fn.param_grads.values() if kp.phase[g] == phase)
-    read.update(ct for out, ct in fn.ct.items() if kp.phase[ct] == phase and ct in b_stored)
+    read.update(g for leaf, g in fn.leaf_grads.items() if backward_phases.phase[g] == phase)
+    read.update(g for g in fn.param_grads.values() if backward_phases.phase[g] == phase)
+    read.update(ct for out, ct in fn.ct.items() if backward_phases.phase[ct] == phase and ct in b_stored)
     bound = set()
     for node in f_stored:
         if node in read:
@@ -566,13 +567,13 @@ def backward_template(fn, opts, device, phase: int = TASK, direct: bool = False)
                 t.take(x, ("pull", name), _width(x.vshape), ("pullrows", name))
             bound.add(x)
     lazy = fn.lazy_scatter_reads(opts, device) if phase != TASK else {}
-    for x in kp.reads[phase]:
+    for x in backward_phases.reads[phase]:
         if x in b_stored:
             t.bind(x, ("btensor", x), KIND_ROWS, 0, _width(x.vshape))
         elif x in lazy and x not in bound and x in read:   # the scattered value's cotangent, from the scatter gradient
             t.scatter_view(x, ("sgrad", smsg), lazy[x][0], _width(smsg))
     for out, ct in fn.ct.items():
-        if kp.phase[ct] != phase:
+        if backward_phases.phase[ct] != phase:
             continue
         if out is fn.scattered:
             t.scatter_view(ct, ("sgrad", smsg), 0, _width(smsg))
@@ -593,7 +594,8 @@ def backward_template(fn, opts, device, phase: int = TASK, direct: bool = False)
             t.scratch_reg(c)
         for m, a, _ in parts:
             t.emit("COLS", t.reg(m), t.regs[c], a)
-    grad_cat = _children_gradient(fn, kp, inplace, concats) if opts.gather_elision and phase == TASK else None
+    grad_cat = (_children_gradient(fn, backward_phases, inplace, concats)
+                if opts.gather_elision and phase == TASK else None)
     if grad_cat is not None:
         message = fn.gather_messages[0]
         t.overlays[grad_cat] = ("CATVIEW", t.buf(("sgrad", message)), _width(message), len(fn.gathers), 1)
@@ -605,7 +607,7 @@ def backward_template(fn, opts, device, phase: int = TASK, direct: bool = False)
         t.emit("SKIP_IF_CAT", len(fn.gathers), 1)
         skip_at = len(t.code)
     for leaf, g in grads:
-        if kp.phase[g] != phase:
+        if backward_phases.phase[g] != phase:
             continue
         if g not in t.regs:
             raise Unsupported(f"gradient {g.label()} is not computed by the task program")
@@ -621,7 +623,7 @@ def backward_template(fn, opts, device, phase: int = TASK, direct: bool = False)
         assert [c[0] for c in t.code[skip_at:skip_at + len(fn.gathers)]] == ["ADJ"] * len(fn.gathers)
     covered_by_block = {name for names in t.direct_blocks.values() for name, _, _ in names}
     for name, g in fn.param_grads.items():
-        if kp.phase[g] == phase:
+        if backward_phases.phase[g] == phase:
             if g not in t.regs:
                 raise Unsupported(f"gradient of '{name}' is not computed by the task program")
             if ("pgrad", name, "set") not in t.buffers and name not in covered_by_block:   # (else computed into it)
@@ -650,7 +652,7 @@ def _regather(t: Template, fn, cat: Node) -> None:
     t.code[mark] = ("SKIP_IF_CAT", len(t.code) - mark - 1, 0)
 
 
-def _children_gradient(fn, kp, inplace, concats) -> Node | None:
+def _children_gradient(fn, backward_phases, inplace, concats) -> Node | None:
     """The value whose column blocks are the gathers' gradients, slot by slot (∂F of Tree-FC's [h_l; h_r]·W
     is one product dY·Wᵀ), when the task program computes it into scratch: a task whose children are side by
     side in a forest can compute it straight into their rows of the scatter gradient (CATVIEW), and the
@@ -662,14 +664,14 @@ def _children_gradient(fn, kp, inplace, concats) -> Node | None:
     blocks = set()
     for j, gnode in fn.gathers.items():
         g = fn.leaf_grads.get(gnode)
-        if g is None or kp.phase.get(g) != TASK or OPS[g.op].native is None or OPS[g.op].native(g) != "cols" \
-                or _col_offset(g) != j * width or _cols(g) != width:
+        if g is None or backward_phases.phase.get(g) != TASK or OPS[g.op].native is None \
+                or OPS[g.op].native(g) != "cols" or _col_offset(g) != j * width or _cols(g) != width:
             return None
         blocks.add(g.inputs[0])
     if len(blocks) != 1:
         return None
     (whole,) = blocks
-    computed = {o for step in kp.programs[TASK] for o in step.outputs}
+    computed = {o for step in backward_phases.programs[TASK] for o in step.outputs}
     in_concat = {c for c, _ in concats} | {m for _, parts in concats for m, _, _ in parts}
     if (whole not in computed or whole in inplace or whole in in_concat or not whole.has_rows
             or _cols(whole) != k * width):
@@ -691,50 +693,51 @@ def template(fn, opts, device, backward: bool, training: bool = True, phase: int
     return fn._phases[key]
 
 
-def link(fns: list, kids: list, opts, device, backward: bool, training: bool = True,
+def link(compiled: list, kind_ids: list, opts, device, backward: bool, training: bool = True,
          cache: dict | None = None) -> Lowered:
-    """The templates of the kinds ``kids`` (tasks, then the blocks before and after the task loop) as one
-    program. ``cache``: where linked programs are kept (the workspace's: they live as long as the model)."""
+    """The templates of the kinds ``kind_ids`` (tasks, then the blocks before and after the task loop) as
+    one program. ``cache``: where linked programs are kept (the workspace's: they live as long as the model)."""
     cache = {} if cache is None else cache
     # (the entry keeps its functions alive, so no other object can have their ids while it is there)
-    key = (tuple(map(id, fns)), tuple(kids), opts.compile_key(), device, backward, training)
+    key = (tuple(map(id, compiled)), tuple(kind_ids), opts.compile_key(), device, backward, training)
     hit = cache.get(key)
     if hit is not None:
         return hit[1]
-    nk = len(fns)
-    templates = [template(fns[kid], opts, device, backward, training) for kid in kids]
-    tids = list(kids)
+    n_kinds = len(compiled)
+    templates = [template(compiled[kind_id], opts, device, backward, training) for kind_id in kind_ids]
+    template_ids = list(kind_ids)
     # the blocks before and after the task loop (their order matters: a kind's lazy block reads gradients
     # another kind's lazy block may add); a parameter gradient that one block alone computes is computed
     # straight into its accumulator
     blocks = []
     writers: dict = {}
-    for kid in kids:
-        kp = fns[kid].phases(opts, device).backward
-        for name, g in fns[kid].param_grads.items():
-            writers.setdefault(name, []).append(kp.phase[g])
+    for kind_id in kind_ids:
+        backward_phases = compiled[kind_id].phases(opts, device).backward
+        for name, g in compiled[kind_id].param_grads.items():
+            writers.setdefault(name, []).append(backward_phases.phase[g])
     for phase in (PRE, POST):
-        for kid in kids:
-            kp = fns[kid].phases(opts, device).backward
+        for kind_id in kind_ids:
+            backward_phases = compiled[kind_id].phases(opts, device).backward
             # (streaming splits the blocks before the task loop into chunks of one task: each adds into it)
             direct = backward and not (opts.streaming and phase == PRE) and all(
-                writers[name] == [phase] for name, g in fns[kid].param_grads.items() if kp.phase[g] == phase)
-            t = template(fns[kid], opts, device, backward, training, phase, direct)
+                writers[name] == [phase] for name, g in compiled[kind_id].param_grads.items()
+                if backward_phases.phase[g] == phase)
+            t = template(compiled[kind_id], opts, device, backward, training, phase, direct)
             if t.code:
-                blocks.append(((1 if phase == PRE else 2) * nk + kid, kid, t))
+                blocks.append(((1 if phase == PRE else 2) * n_kinds + kind_id, kind_id, t))
     ntask = len(templates)
     templates += [t for _, _, t in blocks]
-    tids += [tid for tid, _, _ in blocks]
+    template_ids += [tid for tid, _, _ in blocks]
     keys: dict = {}
     kernels: list = []
     code, pool, dropouts, steps = [], [], [], []
-    ranges = np.zeros((3 * nk, 2), np.int64)
+    ranges = np.zeros((3 * n_kinds, 2), np.int64)
     task_keys = 0
-    for i, (tid, t) in enumerate(zip(tids, templates)):
-        kid = tid % nk
+    for i, (tid, t) in enumerate(zip(template_ids, templates)):
+        kind_id = tid % n_kinds
         if i == ntask:
             task_keys = len(keys)
-        local_buf = {i: keys.setdefault(_global_key(k, kid), len(keys)) for k, i in t.buffers.items()}
+        local_buf = {i: keys.setdefault(_global_key(k, kind_id), len(keys)) for k, i in t.buffers.items()}
         local_kernel = {}
         for i, k in enumerate(t.kernels):
             if k not in kernels:
@@ -755,23 +758,25 @@ def link(fns: list, kids: list, opts, device, backward: bool, training: bool = T
     keys_list = list(keys) + [("scratch",)]
     if len(templates) == ntask:
         task_keys = len(keys)
-    lowered = Lowered("∂F" if backward else "F", tids, templates,
+    lowered = Lowered("∂F" if backward else "F", template_ids, templates,
                       np.array(code, np.int64).reshape(-1, WIDTH), np.array(pool or [0], np.int64), ranges,
                       keys_list, np.array([getattr(k, "address", 0) for k in kernels] or [0], np.int64),
                       max((len(t.reg_names) for t in templates), default=1),
                       max((t.scratch for t in templates[:ntask]), default=0),
                       max((t.fixed for t in templates), default=0),
-                      blocks=[_block_info(tid, kid, t, fns[kid], opts, backward) for tid, kid, t in blocks],
+                      blocks=[_block_info(tid, kind_id, t, compiled[kind_id], opts, backward)
+                              for tid, kind_id, t in blocks],
                       task_keys=task_keys,
-                      table_width=TASK_COLUMNS + 2 * max((len(fn.gathers) for fn in fns if fn is not None), default=0),
+                      table_width=TASK_COLUMNS + 2 * max((len(fn.gathers) for fn in compiled if fn is not None),
+                                                         default=0),
                       fused=list(kernels), dropouts=dropouts, steps=steps)
-    cache[key] = (list(fns), lowered)
+    cache[key] = (list(compiled), lowered)
     return lowered
 
 
-def _global_key(key: tuple, kid: int) -> tuple:
+def _global_key(key: tuple, kind_id: int) -> tuple:
     """Buffer keys of one kind's own arrays (tensors, index arrays, statics) carry its kind id."""
-    return key + (kid,) if key[0] in ("tensor", "btensor", "child", "pullrows", "pushrows", "srows", "static",
+    return key + (kind_id,) if key[0] in ("tensor", "btensor", "child", "pullrows", "pushrows", "srows", "static",
                                       "rowkeys") \
         else key
 
@@ -781,7 +786,7 @@ class BlockInfo:
     """What a batch needs to know of one linked block template (found once, when linked)."""
 
     tid: int                # its template id
-    kid: int
+    kind_id: int
     phase: int
     template: Template
     scatter_rows: bool      # binds the kind's scatter rows: they must be one block of rows
@@ -789,9 +794,9 @@ class BlockInfo:
     moves: tuple            # F's rows moved per vertex: (gathers, pulls, pushes)
 
 
-def _block_info(tid: int, kid: int, t: Template, fn, opts, backward: bool) -> BlockInfo:
-    kp = fn.phases(opts).forward
-    moves = (0, 0, 0) if backward else (sum(kp.phase[g] == t.phase for g in fn.gathers.values()),
-                                        sum(kp.phase[p] == t.phase for p in fn.pulls.values()),
-                                        sum(kp.phase[p] == t.phase for p in fn.pushes.values()))
-    return BlockInfo(tid, kid, t.phase, t, t.scatter_rows, len(fn.gathers) if t.regathers else 0, moves)
+def _block_info(tid: int, kind_id: int, t: Template, fn, opts, backward: bool) -> BlockInfo:
+    forward_phases = fn.phases(opts).forward
+    moves = (0, 0, 0) if backward else (sum(forward_phases.phase[g] == t.phase for g in fn.gathers.values()),
+                                        sum(forward_phases.phase[p] == t.phase for p in fn.pulls.values()),
+                                        sum(forward_phases.phase[p] == t.phase for p in fn.pushes.values()))
+    return BlockInfo(tid, kind_id, t.phase, t, t.scatter_rows, len(fn.gathers) if t.regathers else 0, moves)

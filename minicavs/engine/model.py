@@ -72,7 +72,7 @@ def _at_pull_row(e: FeedError, s: "Structure", batch: Batch) -> FeedError:
     names = [name for name, src in s.pulls.items() if src is getattr(e, "node", None)]
     if row is None or not names:
         return e
-    users = [kid for kid, kind in enumerate(batch.kind_names)
+    users = [kind_id for kind_id, kind in enumerate(batch.kind_names)
              if kind in s.functions and names[0] in s.functions[kind].pulls]
     pullers = np.flatnonzero(np.isin(batch.kind, users))
     if row >= len(pullers):
@@ -239,14 +239,14 @@ class Structure:
                    "the structure's only vertex function")[how if source is None else int(source[v])]
             raise InputGraphError(f"{batch.where(v)}: {int(nch[v])} children, more than the arity "
                                   f"{self.functions[kname].arity} of vertex function '{kname}' (kind '{kname}', {why})")
-        for kid, kname in enumerate(names):
+        for kind_id, kname in enumerate(names):
             f = self.functions[kname]
             for j, named in f.gather_kinds.items():
                 if named is None:
                     continue
                 allowed = np.isin(np.arange(len(batch.kind_names)),
                                   [i for i, kn in enumerate(batch.kind_names) if kn in named])
-                has = np.flatnonzero((batch.kind == kid) & (nch > j))
+                has = np.flatnonzero((batch.kind == kind_id) & (nch > j))
                 child = batch.child_idx[batch.child_ptr[has] + j]
                 bad = np.flatnonzero(~allowed[batch.kind[child]])
                 if len(bad):
@@ -256,7 +256,7 @@ class Structure:
                                           f"'{kname}' reads only {', '.join(repr(x) for x in named)}")
         return batch
 
-    def plan(self, graphs: Sequence[InputGraph], policy, sample_ids=None, native: bool = True):
+    def prepare(self, graphs: Sequence[InputGraph], policy, sample_ids=None, native: bool = True):
         """(batch, memory plan) of ``graphs`` scheduled by ``policy``. ``native``: in one C call
         (planner.py) where it covers the structure, the policy and the graphs; else (and for any input a
         check refuses, so that the error is the reference's) the reference path: :meth:`batch`, the policy's
@@ -301,7 +301,7 @@ class Structure:
             self._spec = spec
         return self._spec
 
-    def fns_for(self, batch: Batch, opts: EngineOptions) -> list:
+    def compiled_for(self, batch: Batch, opts: EngineOptions) -> list:
         """Each kind's compiled function as ``opts`` runs it (GEMMs merged or not)."""
         return [None if self.compiled.get(k) is None else self.compiled[k].variant(opts) for k in batch.kind_names]
 
@@ -526,8 +526,8 @@ class Model:
                 if hit is not None:
                     self._plans.move_to_end(key)
                     return hit
-        batch, plan = s.plan(given, policy, sample_ids)
-        planned = batch, plan, s.fns_for(batch, options)
+        batch, plan = s.prepare(given, policy, sample_ids)
+        planned = batch, plan, s.compiled_for(batch, options)
         if key is not None:
             with self._plans_lock:
                 self._plans[key] = planned
@@ -572,7 +572,7 @@ class Model:
         result = Result(None)
         states = {}
         for s, stage in zip(self.structures, self.stages):
-            batch, plan, fns = plans[s.name]
+            batch, plan, compiled = plans[s.name]
             try:
                 evaluate(stage, env, feeds, params, ctx, xp=xp)
             except FeedError as e:
@@ -587,7 +587,7 @@ class Model:
                                     f"has {want} vertices that pull it (the buffer is {src.label()}"
                                     + (f", computed from {', '.join(fed)})" if fed else ")"))
                 pull_bufs[name] = buf
-            st = forward(fns, plan, pull_bufs, params, ctx, s.message_shapes, s.dtype, training=training,
+            st = forward(compiled, plan, pull_bufs, params, ctx, s.message_shapes, s.dtype, training=training,
                          workspace=self.workspace(s.name), opts=options, device=device)
             states[s.name] = st
             result.pushes[s.name] = st.pushes
@@ -621,7 +621,7 @@ class Model:
                     benv[self.pull_ct[key]] = xp.zeros_like(env[node])
         grads: dict = {}
         for s in reversed(self.structures):
-            batch, plan, fns = plans[s.name]
+            batch, plan, compiled = plans[s.name]
             push_grads = {}
             for name in s._pushed:
                 g = self.push_grad[(s.name, name)]
@@ -633,7 +633,7 @@ class Model:
             for name in {n for f in s.functions.values() for n in f.pushes} - set(push_grads):
                 push_grads[name] = xp.zeros_like(states[s.name].pushes[name])  # consumed by nothing
             pull_shapes = {name: env[src].shape for name, src in s.pulls.items() if name in s.pull_grads}
-            pull_grads, pgrads = backward(fns, states[s.name], push_grads, pull_shapes, params, ctx, s.dtype)
+            pull_grads, pgrads = backward(compiled, states[s.name], push_grads, pull_shapes, params, ctx, s.dtype)
             for name, g in pgrads.items():
                 grads[name] = add_all(xp, [grads[name], g]) if name in grads else g
             for name, g in pull_grads.items():

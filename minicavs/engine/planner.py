@@ -1,5 +1,5 @@
-"""A batch's preparation in one C call (codegen/plan.py): the :class:`~minicavs.runtime.inputs.Batch`, the cavs
-:class:`~minicavs.runtime.scheduler.Schedule` and the :class:`~minicavs.runtime.memory.MemoryPlan` that the
+"""A batch's preparation in one C call (codegen/planner_source.py): the :class:`~minicavs.runtime.inputs.Batch`, the
+cavs :class:`~minicavs.runtime.scheduler.Schedule` and the :class:`~minicavs.runtime.memory.MemoryPlan` that the
 reference path (make_batch, Structure.batch, CavsPolicy.schedule, plan_memory: ~70 numpy calls) builds, equal array
 for array (tests/engine/test_planner.py), as views of one int64 buffer.
 
@@ -21,7 +21,7 @@ import numpy as np
 from ..runtime.inputs import Batch, InputGraph
 from ..runtime.memory import KindPlan, MemoryPlan
 from ..runtime.scheduler import Schedule
-from .codegen.plan import OUTPUTS, capacity
+from .codegen.planner_source import OUTPUTS, capacity
 
 
 @dataclass(frozen=True)
@@ -34,17 +34,17 @@ class Spec:
     mode: int
     leaf: int
     internal: int
-    arity: np.ndarray          # (nk,) int64
+    arity: np.ndarray          # (n_kinds,) int64
     pulls: tuple
     pushes: tuple
-    uses: np.ndarray           # (len(pulls) + len(pushes), nk) uint8
+    uses: np.ndarray           # (len(pulls) + len(pushes), n_kinds) uint8
 
     def __post_init__(self):
-        nk = len(self.kind_names)
-        ints = np.array([self.mode, self.leaf, self.internal, nk, int(self.arity.max()), len(self.uses),
+        n_kinds = len(self.kind_names)
+        ints = np.array([self.mode, self.leaf, self.internal, n_kinds, int(self.arity.max()), len(self.uses),
                          *self.arity.tolist()], np.int64)
         object.__setattr__(self, "ints", ints)   # what the C call reads (kept alive with the spec)
-        object.__setattr__(self, "layout", (nk, int(self.arity.max()), len(self.uses), self.arity.tolist(),
+        object.__setattr__(self, "layout", (n_kinds, int(self.arity.max()), len(self.uses), self.arity.tolist(),
                                             np.ascontiguousarray(self.uses.T).tolist()))
 
 
@@ -91,8 +91,8 @@ def prepare(graphs: list, spec: Spec, sample_ids: np.ndarray | None = None) -> t
         ids = np.ascontiguousarray(sample_ids).astype(np.uint64)
         if ids.shape != (K,):
             return None
-    nk, maxa, nnames, arity, uses_by_kind = spec.layout
-    buf = np.empty(capacity(K, n, E, nk, maxa, nnames), np.int64)
+    n_kinds, maxa, nnames, arity, uses_by_kind = spec.layout
+    buf = np.empty(capacity(K, n, E, n_kinds, maxa, nnames), np.int64)
     if K == 1:
         buf[0], buf[1] = n, E
     else:   # (sizes from the arrays' own lengths: what C is handed is what it checks)
@@ -115,29 +115,29 @@ def prepare(graphs: list, spec: Spec, sample_ids: np.ndarray | None = None) -> t
     keys = keys.view(np.uint64)
     name_count = name_count.tolist()
     npull = len(spec.pulls)
-    kinds: list = [None] * nk
+    kinds: list = [None] * n_kinds
     v0 = t0 = c0 = w0 = 0
-    for kid, nv, nt in zip(range(nk), kind_n.tolist(), kind_t.tolist()):
-        a = arity[kid]
+    for kind_id, nv, nt in zip(range(n_kinds), kind_n.tolist(), kind_t.tolist()):
+        a = arity[kind_id]
         if nv:
             table = views[w0:w0 + 2 * a * nt].reshape(nt, 2 * a)
-            kp = KindPlan(spec.kind_names[kid], kid, verts[v0:v0 + nv], row_keys=keys[v0:v0 + nv],
+            kind_plan = KindPlan(spec.kind_names[kind_id], kind_id, verts[v0:v0 + nv], row_keys=keys[v0:v0 + nv],
                           task_offsets=task_off[t0:t0 + nt], tasks=task_of_kind[t0:t0 + nt], view_table=table,
                           child_rows=[child_rows[c0 + j * nv:c0 + (j + 1) * nv] for j in range(a)],
                           strides=[(table[:, 2 * j], table[:, 2 * j + 1]) for j in range(a)])
-            for m, use in enumerate(uses_by_kind[kid]):
+            for m, use in enumerate(uses_by_kind[kind_id]):
                 if use:
                     rows = name_rows[m * n + v0:m * n + v0 + nv]
                     if m < npull:
-                        kp.pull_rows[spec.pulls[m]] = rows
+                        kind_plan.pull_rows[spec.pulls[m]] = rows
                     else:
-                        kp.push_rows[spec.pushes[m - npull]] = rows
-            kinds[kid] = kp
+                        kind_plan.push_rows[spec.pushes[m - npull]] = rows
+            kinds[kind_id] = kind_plan
         v0, t0, c0, w0 = v0 + nv, t0 + nt, c0 + a * nv, w0 + 2 * a * nt
     pull_rows = {name: name_count[m] for m, name in enumerate(spec.pulls)}
     push_order = {name: name_order[(npull + m) * n:(npull + m) * n + name_count[npull + m]]
                   for m, name in enumerate(spec.pushes)}
     plan = MemoryPlan(schedule, n, list(map(tuple, task_array.tolist())), kinds, pull_rows, push_order,
                       bool(forest), task_array, ttable[:T * (5 + 2 * maxa)].reshape(T, 5 + 2 * maxa),
-                      gcopy.reshape(nk, maxa), tuple(arity))
+                      gcopy.reshape(n_kinds, maxa), tuple(arity))
     return batch, plan

@@ -27,6 +27,7 @@ from ..core.sparse import RowSparse
 from ..core.validate import indices
 from ..ir.graph import Node, fmt_shape
 from ..ops.message import as_slice
+from ..ops.registry import OPS
 from .compile import PRE, TASK, Step
 from .instructions import TASK_COLUMNS
 
@@ -159,7 +160,7 @@ def evaluate(nodes: Sequence[Node], env: dict, feeds: Mapping, params: Mapping, 
         if n.op in ("input", "param"):   # (is_fed, inlined: it runs for every node of every pass)
             env[n] = leaf_value(n, feeds, params)
             continue
-        if n.op == "concat":
+        if OPS[n.op].column_blocks is not None:   # its inputs side by side (a concat)
             known = _VIEWS.get(n)
             if known is not None and all(map(operator.is_, known[0], [env.get(x) for x in n.inputs])):
                 env[n] = known[1]
@@ -172,7 +173,7 @@ def evaluate(nodes: Sequence[Node], env: dict, feeds: Mapping, params: Mapping, 
         run_steps(steps, env, xp, ctx)
         for step in steps:
             n = step.outputs[0]
-            if n.op == "concat" and n in env and is_planned(getattr(env[n], "base", None)):
+            if OPS[n.op].column_blocks is not None and n in env and is_planned(getattr(env[n], "base", None)):
                 _VIEWS[n] = (tuple(env[x] for x in n.inputs), env[n])
 
 
@@ -227,17 +228,17 @@ class BatchProgram:
         return "\n".join(lines)
 
 
-def bind(lowered, fns: list, plan, opts, buffers: "Buffers", backward: bool, forward_tasks=None) -> BatchProgram:
+def bind(lowered, compiled: list, plan, opts, buffers: "Buffers", backward: bool, forward_tasks=None) -> BatchProgram:
     """The lowered program of a pass bound to the batch: its table (program rows of the blocks and the tasks:
     :func:`block_rows`, :func:`task_table`; backward: the forward tasks reversed, when given) and buffers."""
     copies = dict.fromkeys(COPIES, 0)
     if backward and forward_tasks is not None:
         tasks = np.ascontiguousarray(forward_tasks[::-1])
     else:
-        tasks, task_copies = task_table(fns, plan, opts, backward)
+        tasks, task_copies = task_table(compiled, plan, opts, backward)
         for k, v in task_copies.items():
             copies[k] += v
-    pre, post = block_rows(lowered, fns, plan, opts, None if backward else copies)
+    pre, post = block_rows(lowered, compiled, plan, opts, None if backward else copies)
     buffers.dropouts = lowered.dropouts
     eager, eager_why = eager_rows(lowered, tasks, plan.forest) if opts.streaming else (None, None)
     if eager is not None:   # (the blocks before the task loop run as the eager stream's chunks instead)
@@ -261,7 +262,7 @@ class Buffers:
     sgrads: dict | None = None      # backward: per message shape the scatter gradient
     push_grads: dict | None = None  # backward: per push its gradient (dense or row-sparse)
     pull_grads: dict | None = None  # backward: per pull its gradient
-    fns: list | None = None         # each kind's compiled function (the parameter gradients' shapes)
+    compiled: list | None = None         # each kind's compiled function (the parameter gradients' shapes)
     dropouts: list = ()             # the program's DROPOUT entries (p, site), whose table ``ctx`` decides
 
     def __post_init__(self):
@@ -276,17 +277,17 @@ class Buffers:
     def __getitem__(self, key: tuple):
         return self._by_what[key[0]](*key[1:])
 
-    def _static(self, node, kid):
-        return self.state.statics[kid][node]
+    def _static(self, node, kind_id):
+        return self.state.statics[kind_id][node]
 
-    def _child(self, slot, kid):
-        return _index(self.plan.kinds[kid].child_rows[slot])
+    def _child(self, slot, kind_id):
+        return _index(self.plan.kinds[kind_id].child_rows[slot])
 
-    def _tensor(self, node, kid):
-        return self.state.tensors[kid][node].buffer
+    def _tensor(self, node, kind_id):
+        return self.state.tensors[kind_id][node].buffer
 
-    def _btensor(self, node, kid):
-        return self.btensors[kid][node].buffer
+    def _btensor(self, node, kind_id):
+        return self.btensors[kind_id][node].buffer
 
     def _scatter(self, message):
         return _prefix(self.state.workspace.scatters, message, self.state.scatters[message])
@@ -294,14 +295,14 @@ class Buffers:
     def _sgrad(self, message):
         return _prefix(self.state.workspace.scatter_grads, message, self.sgrads[message])
 
-    def _srows(self, kid):
-        return _index(self.plan.scatter_rows(kid))
+    def _srows(self, kind_id):
+        return _index(self.plan.scatter_rows(kind_id))
 
-    def _pullrows(self, name, kid):
-        return _index(self.plan.kinds[kid].pull_rows[name])
+    def _pullrows(self, name, kind_id):
+        return _index(self.plan.kinds[kind_id].pull_rows[name])
 
-    def _pushrows(self, name, kid):
-        rows = self.plan.kinds[kid].push_rows[name]
+    def _pushrows(self, name, kind_id):
+        rows = self.plan.kinds[kind_id].push_rows[name]
         if self.push_grads is not None and isinstance(self.push_grads.get(name), RowSparse):
             return self._coalesced(name)[1][rows]
         return _index(rows)
@@ -322,8 +323,8 @@ class Buffers:
             return self._coalesced(name)[0]
         return grad if grad.flags.c_contiguous else self.state.device.xp.ascontiguousarray(grad)   # (a broadcast)
 
-    def _rowkeys(self, kid):   # (dropout's: uint64, the kind's rows)
-        return np.ascontiguousarray(self.plan.kinds[kid].row_keys, np.uint64)
+    def _rowkeys(self, kind_id):   # (dropout's: uint64, the kind's rows)
+        return np.ascontiguousarray(self.plan.kinds[kind_id].row_keys, np.uint64)
 
     def _dropout(self):
         return dropout_table(self.dropouts, self.ctx)
@@ -334,10 +335,10 @@ class Buffers:
     def _pgrad(self, name, how="add"):   # (a block computes a "set" one straight into it: no zeros needed)
         xp = self.state.device.xp
         if how == "block":   # ((parameter, first column, end), ...): one buffer, the gradients its column blocks
-            lead = next(fn.param_grads[name[0][0]] for fn in self.fns
+            lead = next(fn.param_grads[name[0][0]] for fn in self.compiled
                         if fn is not None and name[0][0] in fn.param_grads).shape[:-1]
             return xp.empty(lead + (name[-1][2],), self.dtype)
-        node = next(fn.param_grads[name] for fn in self.fns if fn is not None and name in fn.param_grads)
+        node = next(fn.param_grads[name] for fn in self.compiled if fn is not None and name in fn.param_grads)
         return xp.empty(node.shape, self.dtype) if how == "set" else xp.zeros(node.shape, self.dtype)
 
     def _coalesced(self, name):
@@ -378,34 +379,34 @@ def dropout_table(dropouts: list, ctx) -> np.ndarray:
     return table
 
 
-def task_table(fns: list, plan, opts, backward: bool) -> tuple[np.ndarray, dict]:
+def task_table(compiled: list, plan, opts, backward: bool) -> tuple[np.ndarray, dict]:
     """One row per task, in the order they run (backward: the stack popped, the same rows reversed), built
     with numpy: kind, kind offset, rows, scatter offset, the sibling-concat view's first row (-1: none), and
     per gather slot the strided view (start, step; step -1: none). Also the rows moved, for the program's
     copy counters."""
-    arity = max((len(fn.gathers) for fn in fns if fn is not None), default=0)
+    arity = max((len(fn.gathers) for fn in compiled if fn is not None), default=0)
     made = plan.task_views   # the native planner's (planner.py), for kinds that gather slots 0..arity - 1
     if made is not None and opts.gather_elision and made.shape[1] == TASK_COLUMNS + 2 * arity \
-            and len(fns) == len(plan.view_arity) and all(
+            and len(compiled) == len(plan.view_arity) and all(
                 fn is not None and len(fn.gathers) == a and list(fn.gathers) == list(range(a))
-                for fn, a in zip(fns, plan.view_arity)):
+                for fn, a in zip(compiled, plan.view_arity)):
         copies = {"gather": 0, "gathered": 0, "pull": 0, "push": 0}
         if not backward:
-            for kid, fn in enumerate(fns):
-                kind_plan = plan.kinds[kid]
+            for kind_id, fn in enumerate(compiled):
+                kind_plan = plan.kinds[kind_id]
                 if kind_plan is not None:   # (its gather slots are 0..arity - 1: a list indexed by slot)
-                    _count_copies(copies, _task_moves(fn, opts), kind_plan.n, plan.gather_copies[kid].tolist())
+                    _count_copies(copies, _task_moves(fn, opts), kind_plan.n, plan.gather_copies[kind_id].tolist())
         return (np.ascontiguousarray(made[::-1]) if backward else made), copies
     tasks = plan.task_array if plan.task_array is not None else np.array(plan.tasks, np.int64).reshape(-1, 4)
     table = np.full((len(tasks), TASK_COLUMNS + 2 * arity), -1, np.int64)
     table[:, :4] = tasks
     kinds, sizes = tasks[:, 0], tasks[:, 2]
     copies = {"gather": 0, "gathered": 0, "pull": 0, "push": 0}
-    for kid, fn in enumerate(fns):
-        kind_plan = plan.kinds[kid] if kid < len(plan.kinds) else None
+    for kind_id, fn in enumerate(compiled):
+        kind_plan = plan.kinds[kind_id] if kind_id < len(plan.kinds) else None
         if fn is None or kind_plan is None:
             continue
-        mine = kind_plan.tasks if kind_plan.tasks is not None else np.flatnonzero(kinds == kid)
+        mine = kind_plan.tasks if kind_plan.tasks is not None else np.flatnonzero(kinds == kind_id)
         if not len(mine):
             continue
         slots = list(fn.gathers)
@@ -440,7 +441,7 @@ def task_table(fns: list, plan, opts, backward: bool) -> tuple[np.ndarray, dict]
     return np.ascontiguousarray(table), copies
 
 
-def block_rows(lowered, fns: list, plan, opts, copies: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
+def block_rows(lowered, compiled: list, plan, opts, copies: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The table rows of the blocks before and after the task loop (each a task of all its kind's rows: kind
     offset 0, scatter offset its first scatter row, the children's concat view's first row). A kind whose
     scatter rows are no one block of rows (2Type, lattice: kinds interleaved by height) gets scatter offset
@@ -449,16 +450,17 @@ def block_rows(lowered, fns: list, plan, opts, copies: dict | None = None) -> tu
     pre, post = [], []
     firsts: dict = {}
     for b in lowered.blocks:
-        kind_plan = plan.kinds[b.kid]
+        kind_plan = plan.kinds[b.kind_id]
         n = kind_plan.n
         row = [b.tid, 0, n, -1, -1] + [-1] * (lowered.table_width - TASK_COLUMNS)
         if b.scatter_rows and n:
-            if b.kid not in firsts:
-                rows = as_slice(plan.scatter_rows(b.kid))
-                firsts[b.kid] = rows.start if isinstance(rows, slice) else -1
-            row[3] = firsts[b.kid]
+            if b.kind_id not in firsts:
+                rows = as_slice(plan.scatter_rows(b.kind_id))
+                firsts[b.kind_id] = rows.start if isinstance(rows, slice) else -1
+            row[3] = firsts[b.kind_id]
         if b.regather and n:
-            rows = as_slice(np.stack([kind_plan.child_rows[j] for j in fns[b.kid].gathers], axis=1).reshape(-1))
+            rows = as_slice(np.stack([kind_plan.child_rows[j] for j in compiled[b.kind_id].gathers],
+                                     axis=1).reshape(-1))
             if isinstance(rows, slice):
                 row[4] = rows.start
         if copies is not None:
@@ -507,7 +509,7 @@ def eager_rows(lowered, table: np.ndarray, forest: bool) -> tuple[np.ndarray | N
     gradients are accumulated chunk by chunk (instructions.link lowers them so under streaming) and its
     scatter rows are the task's, a view at the task's scatter offset. Refused where chunks would race with
     the task loop: a block that adds gather gradients into rows that tasks add into too (a DAG's)."""
-    nk = len(lowered.ranges) // 3
+    n_kinds = len(lowered.ranges) // 3
     if not any(b.phase == PRE for b in lowered.blocks):
         return None, "no block before the task loop"
     if not len(table):
@@ -520,5 +522,5 @@ def eager_rows(lowered, table: np.ndarray, forest: bool) -> tuple[np.ndarray | N
             return None, (f"kind '{kind}' (before tasks) adds gather gradients into rows the task loop adds "
                           "into too (a DAG)")
     rows = np.array(table, np.int64, copy=True)
-    rows[:, 0] += nk
+    rows[:, 0] += n_kinds
     return rows, None

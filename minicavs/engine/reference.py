@@ -60,7 +60,7 @@ class Machine:
 
     # --- the task row's fields ----------------------------------------------------------------------------
     @property
-    def koff(self) -> int:
+    def task_row(self) -> int:
         return int(self.task[1])
 
     @property
@@ -68,7 +68,7 @@ class Machine:
         return int(self.task[2])
 
     @property
-    def soff(self) -> int:
+    def scatter_row(self) -> int:
         return int(self.task[3])
 
     @property
@@ -155,9 +155,9 @@ class Machine:
         """The task's rows of index buffer ``buf`` (row numbers, -1: a zero row): the device's (``host``: the
         host's copy, to check or to sort by)."""
         flat = self.hosts[buf] if host else self.flats[buf]
-        if self.koff < 0 or self.koff + self.bs > flat.size:
-            self.fail(f"rows {self.koff}:{self.koff + self.bs} of an index buffer of {flat.size}")
-        return flat[self.koff:self.koff + self.bs]
+        if self.task_row < 0 or self.task_row + self.bs > flat.size:
+            self.fail(f"rows {self.task_row}:{self.task_row + self.bs} of an index buffer of {flat.size}")
+        return flat[self.task_row:self.task_row + self.bs]
 
     def checked(self, buf: int, rows: int, allow_missing: bool = False):
         """The task's rows of index buffer ``buf`` after (in check mode: on the host's copy) making sure each
@@ -202,7 +202,7 @@ def op_nop(m: Machine) -> None:
 
 def op_bind(m: Machine, dst, buf, mode, col, ld) -> None:
     """dst = rows of ``buf`` at row (0, the kind offset or the scatter offset) x ld + col."""
-    row = {0: 0, 1: m.koff, 2: m.soff}[mode]
+    row = {0: 0, 1: m.task_row, 2: m.scatter_row}[mode]
     m.set(dst, buf, m.at(buf, row * ld + col), ld)
 
 
@@ -255,8 +255,8 @@ def op_taketo(m: Machine, dst, buf, width, idx, cols, col) -> None:
 def op_srows(m: Machine, dst, buf, col, ld, idx, cols, off, load) -> None:
     """A block's rows of a scatter tensor: a view at the scatter offset, or (offset -1: the kind's rows are
     not one block) its rows by the kind's row index copied into scratch (``load`` 0: scratch only)."""
-    if m.soff >= 0:
-        m.set(dst, buf, m.at(buf, m.soff * ld + col), ld)
+    if m.scatter_row >= 0:
+        m.set(dst, buf, m.at(buf, m.scatter_row * ld + col), ld)
         return
     m.set(dst, *m.scratch(off, cols))
     if load:
@@ -266,11 +266,11 @@ def op_srows(m: Machine, dst, buf, col, ld, idx, cols, off, load) -> None:
 def op_sput(m: Machine, buf, col, ld, idx, src, cols, always) -> None:
     """After SROWS: the rows computed in scratch put back by the kind's row index; at an offset, nothing (the
     view was written in place) unless ``always`` (then a copy to the offset's rows)."""
-    if m.soff >= 0 and not always:
+    if m.scatter_row >= 0 and not always:
         return
     values = m.matrix(src, m.bs, cols)
-    if m.soff >= 0:
-        m.strided(buf, m.soff * ld + col, m.bs, cols, ld)[...] = values.copy()
+    if m.scatter_row >= 0:
+        m.strided(buf, m.scatter_row * ld + col, m.bs, cols, ld)[...] = values.copy()
         return
     m.put_rows(buf, ld, idx, col, cols, values)
 
@@ -503,12 +503,12 @@ def add_accumulators(grads: dict, key: tuple, a) -> None:
 
 def scratch_elements(lowered, table: np.ndarray) -> int:
     """Scratch elements a run needs: the task templates' columns x the largest task, each block's own."""
-    nk = len(lowered.ranges) // 3
-    tids, rows = table[:, 0].tolist(), table[:, 2].tolist()
-    task_rows = [r for tid, r in zip(tids, rows) if tid < nk]
+    n_kinds = len(lowered.ranges) // 3
+    template_ids, rows = table[:, 0].tolist(), table[:, 2].tolist()
+    task_rows = [r for tid, r in zip(template_ids, rows) if tid < n_kinds]
     cols = lowered.block_scratch
     return max([lowered.scratch_cols * max(task_rows, default=0)]
-               + [cols.get(tid, 0) * n for tid, n in zip(tids, rows) if tid >= nk], default=0)
+               + [cols.get(tid, 0) * n for tid, n in zip(template_ids, rows) if tid >= n_kinds], default=0)
 
 
 # buffer keys of index arrays (row numbers): resolved on the host, copied to the device once per run
@@ -534,9 +534,9 @@ def run(lowered, table: np.ndarray, buffers, dtype, forest: bool, workspace=None
     hosts = {}
     flats, lds, transposed, grads = [], [], [], {}
     scratch_buf = len(lowered.keys) - 1
-    nk = len(lowered.ranges) // 3
+    n_kinds = len(lowered.ranges) // 3
     streaming = eager is not None and len(eager) > 0
-    blocks = bool(lowered.blocks) and (max(table[:, 0].tolist(), default=-1) >= nk or streaming)
+    blocks = bool(lowered.blocks) and (max(table[:, 0].tolist(), default=-1) >= n_kinds or streaming)
     task_keys = len(lowered.keys) if lowered.task_keys is None or blocks else lowered.task_keys
     for i, key in enumerate(lowered.keys):
         what = key[0]

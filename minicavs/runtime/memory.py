@@ -85,13 +85,13 @@ class Workspace:
         self.arenas: dict = {}          # name -> DynamicTensor (flat scratch of the C runner)
         self.programs: dict = {}        # the C runner's linked programs (instructions.link's cache)
 
-    def tensors(self, pool: dict, kid: int, nodes, rows: int) -> dict:
+    def tensors(self, pool: dict, kind_id: int, nodes, rows: int) -> dict:
         """{node: its dynamic tensor}, sized for ``rows`` rows (created on first use)."""
         out = {}
         for node in nodes:
-            tensor = pool.get((kid, node))
+            tensor = pool.get((kind_id, node))
             if tensor is None:
-                tensor = pool[(kid, node)] = DynamicTensor(node.name or node.op, node.vshape, node.dtype.np,
+                tensor = pool[(kind_id, node)] = DynamicTensor(node.name or node.op, node.vshape, node.dtype.np,
                                                            self.xp)
             tensor.resize(rows)
             out[node] = tensor
@@ -141,7 +141,7 @@ class KindPlan:
     """Index arrays of one vertex kind; row i of every tensor of this kind is vertex ``vertices[i]``."""
 
     name: str
-    kid: int
+    kind_id: int
     vertices: np.ndarray                     # global vertex ids in task order
     child_rows: list = field(default_factory=list)    # per child slot j: scatter-buffer row (sentinel N)
     pull_rows: dict = field(default_factory=dict)     # pull name -> row in that pull buffer
@@ -184,12 +184,12 @@ class MemoryPlan:
     view_arity: tuple | None = None        # the arity each kind's columns of ``task_views`` assume
     _scatter_rows: dict = field(default_factory=dict, repr=False)
 
-    def scatter_rows(self, kid: int) -> np.ndarray:
-        """Kind ``kid``'s rows of the scatter tensor, in kind order (int64; found once per batch, for the
+    def scatter_rows(self, kind_id: int) -> np.ndarray:
+        """Kind ``kind_id``'s rows of the scatter tensor, in kind order (int64; found once per batch, for the
         blocks before and after the task loop, which run over all of them)."""
-        rows = self._scatter_rows.get(kid)
+        rows = self._scatter_rows.get(kind_id)
         if rows is None:
-            rows = self._scatter_rows[kid] = np.ascontiguousarray(self.schedule.row[self.kinds[kid].vertices],
+            rows = self._scatter_rows[kind_id] = np.ascontiguousarray(self.schedule.row[self.kinds[kind_id].vertices],
                                                                   np.int64)
         return rows
 
@@ -212,18 +212,18 @@ def plan_memory(batch: Batch, schedule: Schedule, arity: dict, pulls: dict, push
     order_kind = batch.kind[order]
     ptr, idx = batch.child_ptr, batch.child_idx
     nch = ptr[1:] - ptr[:-1]
-    koff = np.zeros(len(sizes), np.int64)
+    task_row = np.zeros(len(sizes), np.int64)
     keys = row_key(sample_ids[batch.sample], batch.local)   # every vertex's at once, then per kind
     kinds: list = [None] * len(batch.kind_names)
-    for kid, kname in enumerate(batch.kind_names):
-        verts = order[order_kind == kid]
+    for kind_id, kname in enumerate(batch.kind_names):
+        verts = order[order_kind == kind_id]
         if len(verts) == 0:
             continue
-        mine = (kind_of_task == kid).nonzero()[0]   # (methods: np.flatnonzero and np.cumsum cost 1-2 us more)
+        mine = (kind_of_task == kind_id).nonzero()[0]   # (methods: np.flatnonzero and np.cumsum cost 1-2 us more)
         kind_sizes = sizes[mine]
         offs = kind_sizes.cumsum() - kind_sizes
-        koff[mine] = offs
-        kind_plan = KindPlan(kname, kid, verts, task_offsets=offs, tasks=mine)
+        task_row[mine] = offs
+        kind_plan = KindPlan(kname, kind_id, verts, task_offsets=offs, tasks=mine)
         start, count = ptr[verts], nch[verts]
         k = arity.get(kname, 0)
         kind_plan.view_table = np.empty((len(mine), 2 * k), np.int64)
@@ -234,21 +234,22 @@ def plan_memory(batch: Batch, schedule: Schedule, arity: dict, pulls: dict, push
             kind_plan.child_rows.append(rows)
             kind_plan.strides.append(_strided_arrays(rows, offs, kind_sizes, n, kind_plan.view_table[:, 2 * j:]))
         kind_plan.row_keys = keys[verts]
-        kinds[kid] = kind_plan
+        kinds[kind_id] = kind_plan
     pull_rows, push_order = {}, {}
     for names, store, out in ((pulls, "pull_rows", pull_rows), (pushes, "push_rows", push_order)):
         for name in sorted({x for k in names.values() for x in k}):
-            users = [kid for kid, kn in enumerate(batch.kind_names) if name in names.get(kn, ())]
+            users = [kind_id for kind_id, kn in enumerate(batch.kind_names) if name in names.get(kn, ())]
             uses = np.zeros(len(batch.kind_names), bool)
             uses[users] = True
             mask = uses[batch.kind]
             rank = mask.cumsum() - 1
             out[name] = (int(rank[-1]) + 1 if len(rank) else 0) if store == "pull_rows" else mask.nonzero()[0]
-            for kid in users:
-                if kinds[kid] is not None:
-                    getattr(kinds[kid], store)[name] = rank[kinds[kid].vertices]
+            for kind_id in users:
+                if kinds[kind_id] is not None:
+                    getattr(kinds[kind_id], store)[name] = rank[kinds[kind_id].vertices]
     task_array = np.empty((len(sizes), 4), np.int64)
-    task_array[:, 0], task_array[:, 1], task_array[:, 2], task_array[:, 3] = kind_of_task, koff, sizes, scatter_offsets
+    task_array[:, 0], task_array[:, 1] = kind_of_task, task_row
+    task_array[:, 2], task_array[:, 3] = sizes, scatter_offsets
     tasks = list(map(tuple, task_array.tolist()))
     forest = not len(idx) or bool(np.bincount(idx, minlength=n).max() <= 1)
     return MemoryPlan(schedule, n, tasks, kinds, pull_rows, push_order, forest, task_array)

@@ -1,4 +1,4 @@
-"""The CPU backend's part of the native planner: codegen/plan.py's C source compiled with the system compiler,
+"""The CPU backend's part of the native planner: codegen/planner_source.py's C source compiled with the system compiler,
 its entry point's own checks, and the library provided to minicavs.engine.planner (which unpacks what it makes: its
 tests, against the reference path, are tests/engine/test_planner.py)."""
 from __future__ import annotations
@@ -22,7 +22,7 @@ def test_importing_minicavs_provides_the_cpu_library_to_the_planner():
 
 def test_the_c_entry_point_refuses_a_buffer_too_small():
     """mc_prepare checks the buffer it is handed against what the batch needs before it writes the outputs."""
-    from minicavs.engine.codegen.plan import capacity
+    from minicavs.engine.codegen.planner_source import capacity
     rng = np.random.default_rng(4)
     spec = cells.binary_tree_lstm(rng).model.structures[0]._planner_spec()
     ffi, lib, I64, U8, _ = cpu_planner.planner()

@@ -122,8 +122,8 @@ def test_a_row_number_out_of_range_is_caught_in_check_mode(cuda_standin, monkeyp
     from minicavs.engine import program as program_module
     real = program_module.Buffers._child
 
-    def far(self, slot, kid):
-        rows = real(self, slot, kid).copy()
+    def far(self, slot, kind_id):
+        rows = real(self, slot, kind_id).copy()
         rows[:] = 10**6
         return rows
     monkeypatch.setattr(program_module.Buffers, "_child", far)
@@ -140,7 +140,7 @@ def test_eager_launches_go_to_the_second_stream_behind_events(cuda_standin):
     case = cells.binary_tree_lstm(np.random.default_rng(6))
     trees = [InputGraph([[1, 2], [3, 4], [], [], []])] * 3
     device = Cuda(cuda_standin)
-    fns = issue.functions(device, "float64")
+    handles = issue.functions(device, "float64")
     log = []
     launch = ffi.callback("int(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void *,"
                           " void **, void **)",
@@ -152,7 +152,7 @@ def test_eager_launches_go_to_the_second_stream_behind_events(cuda_standin):
     wait = ffi.callback("int(void *, void *, unsigned)", lambda stream, event, flags: log.append(
         ("wait", int(ffi.cast("intptr_t", stream)), int(ffi.cast("intptr_t", event)))) or 0)
     MAIN, EAGER, START, CHUNK = 11, 22, 33, 44
-    fns.dev[[0, 3, 4, 5, 6, 7, 8]] = [int(ffi.cast("intptr_t", launch)), int(ffi.cast("intptr_t", record)),
+    handles.dev[[0, 3, 4, 5, 6, 7, 8]] = [int(ffi.cast("intptr_t", launch)), int(ffi.cast("intptr_t", record)),
                                      int(ffi.cast("intptr_t", wait)), MAIN, EAGER, START, CHUNK]
     want = _run(case, Cuda(cuda_standin), trees)
     got = _run(case, device, trees, EngineOptions(streaming=True))
@@ -271,10 +271,11 @@ def test_the_cublas_shim_maps_row_major_products(cuda_standin, dtype):
     trees = [InputGraph([[1, 2], [3, 4], [], [], []]), InputGraph([[1, 2], [], []])] * 2
     want = _run(case, Cuda(cuda_standin), trees)   # (the stand-in's own products: the CPU's cblas)
     device = Cuda(cuda_standin)
-    fns = issue.functions(device, dtype)
-    fns.ctx.gemm_ex, fns.ctx.gemm_batched = [int(ffi.cast("uintptr_t", f)) for f in (gemm_one, gemm_batched)]
-    fns.ctx.set_stream, fns.ctx.set_pointer_mode = [int(ffi.cast("uintptr_t", f)) for f in (set_stream, set_mode)]
-    fns.dev[1] = int(ffi.cast("uintptr_t", getattr(lib, f"mc_cublas_gemm_{fns.c_type}")))
+    handles = issue.functions(device, dtype)
+    handles.ctx.gemm_ex, handles.ctx.gemm_batched = [int(ffi.cast("uintptr_t", f)) for f in (gemm_one, gemm_batched)]
+    handles.ctx.set_stream, handles.ctx.set_pointer_mode = [int(ffi.cast("uintptr_t", f))
+                                                            for f in (set_stream, set_mode)]
+    handles.dev[1] = int(ffi.cast("uintptr_t", getattr(lib, f"mc_cublas_gemm_{handles.c_type}")))
     got = _run(case, device, trees)
     close(got.loss, want.loss, dtype)
     for k in want.grads:
@@ -293,8 +294,8 @@ def test_the_cublas_shim_maps_row_major_products(cuda_standin, dtype):
 
             def at(x):
                 return ffi.cast("void *", x.ctypes.data)
-            rc = getattr(lib, f"mc_cublas_gemm_{fns.c_type}")(
-                fns.ctx, ffi.NULL, ta, tb, m, n, k, at(stored_a), stored_a.shape[2], m * k, at(stored_b),
+            rc = getattr(lib, f"mc_cublas_gemm_{handles.c_type}")(
+                handles.ctx, ffi.NULL, ta, tb, m, n, k, at(stored_a), stored_a.shape[2], m * k, at(stored_b),
                 stored_b.shape[2], k * n, at(c), n, m * n, count, 1)
             assert rc == 0
             np.testing.assert_allclose(c, want_c, rtol=1e-5, atol=1e-5)

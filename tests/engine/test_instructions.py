@@ -215,7 +215,7 @@ def test_a_bad_row_index_of_a_block_is_caught_by_the_debug_mode():
             MemoryPlan.scatter_rows = real
             case.model.forward_backward(graphs, feeds, case.params, RunContext(), policy=policy,
                                         options=EngineOptions(check=True))
-            MemoryPlan.scatter_rows = lambda plan, kid: np.append(real(plan, kid)[:-1], 10**9)
+            MemoryPlan.scatter_rows = lambda plan, kind_id: np.append(real(plan, kind_id)[:-1], 10**9)
             try:
                 case.model.forward_backward(graphs, feeds, case.params, RunContext(),
                                             options=EngineOptions(runner="device", check=True), policy=policy)
@@ -240,9 +240,9 @@ def assert_streamed(result) -> None:
         for program in (state.program, state.backward_program):
             assert program.eager is not None, program.eager_why
             assert len(program.eager) == len(program.task_table)
-            nk = len(program.lowered.ranges) // 3
+            n_kinds = len(program.lowered.ranges) // 3
             assert program.table[:, 0].min() >= 0 and not (
-                (program.table[:, 0] >= nk) & (program.table[:, 0] < 2 * nk)).any()
+                (program.table[:, 0] >= n_kinds) & (program.table[:, 0] < 2 * n_kinds)).any()
             dump = program.dump()
             assert f"eager stream ({program.runner}): chunks 0:{len(program.task_table)}" in dump
             assert f"main stream ({program.runner}): tasks 0:{len(program.task_table)}, task t after eager " \
@@ -402,9 +402,9 @@ def test_eager_rows_are_the_task_rows_with_their_kinds_eager_templates():
     for program_ in (run(EngineOptions(streaming=True)).states["G"].program,
                      run(EngineOptions(streaming=True)).states["G"].backward_program):
         lowered, tasks, eager = program_.lowered, program_.task_table, program_.eager
-        nk = len(lowered.ranges) // 3
+        n_kinds = len(lowered.ranges) // 3
         np.testing.assert_array_equal(eager[:, 1:], tasks[:, 1:])
-        np.testing.assert_array_equal(eager[:, 0], tasks[:, 0] + nk)
+        np.testing.assert_array_equal(eager[:, 0], tasks[:, 0] + n_kinds)
         assert {b.tid for b in lowered.blocks if b.phase == PRE} <= set(eager[:, 0].tolist())
 
 
@@ -868,7 +868,7 @@ def _block_instruction(program, template: str, opcode: str) -> int:
     """The index of the first ``opcode`` instruction of the block template named ``template`` (dump()'s
     'kind ... template' line) of a native program."""
     lowered = program.lowered
-    tid = next(tid for tid, t in zip(lowered.kids, lowered.templates)
+    tid = next(tid for tid, t in zip(lowered.template_ids, lowered.templates)
                if f"kind '{t.kind}' {instructions.PHASE_WORDS[t.phase]} block" == template)
     begin, end = lowered.ranges[tid]
     return next(pc for pc in range(begin, end) if instructions.OPCODES_BY_ID[lowered.code[pc][0]] == opcode)

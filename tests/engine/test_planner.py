@@ -55,7 +55,7 @@ def native_and_reference(structure, graphs, policy="cavs", sample_ids=None):
     assert spec is not None, "the planner covers this structure"
     made = planner.prepare(list(graphs), spec, sample_ids)
     assert made is not None, "the planner accepted the batch"
-    return made, structure.plan(graphs, policy, sample_ids, native=False)
+    return made, structure.prepare(graphs, policy, sample_ids, native=False)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -77,10 +77,10 @@ def test_random_graphs_plan_as_the_reference(name, seed, k, size, policy, ids):
             assert_same(batch, ref_batch, "batch")
             assert_same(batch.parents_csr(), ref_batch.parents_csr(), "parents")
             assert_same(plan, ref_plan)
-            for kp, ref in zip(plan.kinds, ref_plan.kinds):
-                assert (kp is None) == (ref is None)
-                if kp is not None:
-                    assert_same(kp.views, ref.views, f"kind {kp.name} views")
+            for kind_plan, ref in zip(plan.kinds, ref_plan.kinds):
+                assert (kind_plan is None) == (ref is None)
+                if kind_plan is not None:
+                    assert_same(kind_plan.views, ref.views, f"kind {kind_plan.name} views")
             assert_same_task_tables(s, batch, plan, ref_plan)
 
 
@@ -90,10 +90,10 @@ def assert_same_task_tables(s, batch, plan, ref_plan):
     from minicavs.engine import program
     from minicavs.engine.compile import EngineOptions
     for opts in (EngineOptions(), EngineOptions(gather_elision=False), EngineOptions(merge_gemms=False, lazy_batching=False, eager_batching=False)):
-        fns = s.fns_for(batch, opts)
+        compiled = s.compiled_for(batch, opts)
         for backward in (False, True):
-            assert_same(program.task_table(fns, plan, opts, backward),
-                        program.task_table(fns, ref_plan, opts, backward), f"task table {opts} {backward}")
+            assert_same(program.task_table(compiled, plan, opts, backward),
+                        program.task_table(compiled, ref_plan, opts, backward), f"task table {opts} {backward}")
 
 
 UNCOVERED = ("tree_lstm_2type", "lattice_lstm")   # kinds given with the graphs
@@ -167,7 +167,7 @@ def test_a_kind_without_a_function_gives_the_reference_error():
     graphs = [InputGraph([[], [], [0, 1]])]
     assert planner.prepare(graphs, odd._planner_spec()) is None
     with pytest.raises(InputGraphError, match="kind 'inner'.*has no vertex function"):
-        odd.plan(graphs, get_policy("cavs"))
+        odd.prepare(graphs, get_policy("cavs"))
 
 
 def _forged(ptr, idx) -> InputGraph:
@@ -217,6 +217,6 @@ def test_without_a_library_the_reference_path_plans(monkeypatch):
     monkeypatch.setattr(planner, "_LIBRARY", [])
     assert planner.library() is None
     assert planner.prepare(list(graphs), s._planner_spec()) is None
-    batch, plan = s.plan(graphs, get_policy("cavs"))
+    batch, plan = s.prepare(graphs, get_policy("cavs"))
     assert_same(batch, native_batch, "batch")
     assert_same(plan, native_plan)

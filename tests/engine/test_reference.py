@@ -343,15 +343,15 @@ def _on_every_runner(program, table, buffers: dict, dtype) -> list:
     return out
 
 
-def _operand(rng, per_row: bool, transposed: bool, rows: int, cols: int, koff: int, bs: int, dtype,
+def _operand(rng, per_row: bool, transposed: bool, rows: int, cols: int, task_row: int, bs: int, dtype,
              left: int, right: int) -> tuple:
     """A BMM operand of rows x cols, with padding around it: per row (each task row's matrix its flat row, at a
     column offset of a wider row), or one static matrix (stored transposed: read through the flag). Returns
     (buffer, its row stride, its first column, the task's matrices as (bs, rows, cols))."""
     if per_row:
         ld = max(1, left + rows * cols + right)   # (a column at least: k = 0 has no numbers)
-        buf = rng.standard_normal((koff + bs + 1, ld)).astype(dtype)
-        mats = buf[koff:koff + bs, left:left + rows * cols].reshape(bs, rows, cols)
+        buf = rng.standard_normal((task_row + bs + 1, ld)).astype(dtype)
+        mats = buf[task_row:task_row + bs, left:left + rows * cols].reshape(bs, rows, cols)
         return buf, ld, left, mats
     stored = (cols, rows) if transposed else (rows, cols)
     ld = max(1, left + stored[1] + right)
@@ -362,12 +362,12 @@ def _operand(rng, per_row: bool, transposed: bool, rows: int, cols: int, koff: i
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @settings(max_examples=60, deadline=None)
-@given(seed=st.integers(0, 2**31 - 1), bs=st.integers(0, 5), koff=st.integers(0, 2),
+@given(seed=st.integers(0, 2**31 - 1), bs=st.integers(0, 5), task_row=st.integers(0, 2),
        dims=st.tuples(st.integers(1, 20), st.integers(1, 20), st.integers(0, 20)) | st.tuples(
            st.integers(1, 4), st.integers(1, 4), st.integers(0, 4)),
        a_rows=st.booleans(), b_rows=st.booleans(), a_trans=st.booleans(), b_trans=st.booleans(),
        pads=st.tuples(*[st.integers(0, 2)] * 5))
-def test_bmm_is_a_product_per_row_on_both_runners(dtype, seed, bs, koff, dims, a_rows, b_rows, a_trans, b_trans,
+def test_bmm_is_a_product_per_row_on_both_runners(dtype, seed, bs, task_row, dims, a_rows, b_rows, a_trans, b_trans,
                                                   pads):
     """BMM over random shapes (products small enough for the C runner's loop and large enough for its BLAS
     calls, k = 0 included) and operand kinds (each one matrix per row at a column offset of a wider row, or a
@@ -375,10 +375,10 @@ def test_bmm_is_a_product_per_row_on_both_runners(dtype, seed, bs, koff, dims, a
     the reference runner write what numpy's matmul of the operands says, and nothing else."""
     m, n, k = dims
     rng = np.random.default_rng(seed)
-    a, lda, cola, want_a = _operand(rng, a_rows, a_trans, m, k, koff, bs, dtype, *pads[:2])
-    b, ldb, colb, want_b = _operand(rng, b_rows, b_trans, k, n, koff, bs, dtype, *pads[2:4])
+    a, lda, cola, want_a = _operand(rng, a_rows, a_trans, m, k, task_row, bs, dtype, *pads[:2])
+    b, ldb, colb, want_b = _operand(rng, b_rows, b_trans, k, n, task_row, bs, dtype, *pads[2:4])
     ldc = m * n + pads[4]
-    c0 = rng.standard_normal((koff + bs + 1, ldc)).astype(dtype)
+    c0 = rng.standard_normal((task_row + bs + 1, ldc)).astype(dtype)
     code = []
     for r, (per_row, trans, ld, col) in enumerate(((a_rows, a_trans, lda, cola), (b_rows, b_trans, ldb, colb))):
         code.append(("BIND", r, r, 1 if per_row else 0, col, ld))
@@ -387,9 +387,10 @@ def test_bmm_is_a_product_per_row_on_both_runners(dtype, seed, bs, koff, dims, a
     code += [("BIND", 2, 2, 1, 0, ldc), ("BMM", 2, 0, 1, m, n, k, int(a_rows), int(b_rows))]
     keys = [("tensor", "A", 0), ("tensor", "B", 0), ("tensor", "C", 0)]
     program = _program(code, keys, nregs=3)
-    table = np.array([[0, koff, bs, 0, -1]], np.int64)
+    table = np.array([[0, task_row, bs, 0, -1]], np.int64)
     want = c0.copy()
-    want[koff:koff + bs, :m * n] = np.matmul(want_a.astype(np.float64), want_b.astype(np.float64)).reshape(bs, m * n)
+    product = np.matmul(want_a.astype(np.float64), want_b.astype(np.float64))
+    want[task_row:task_row + bs, :m * n] = product.reshape(bs, m * n)
     tol = (1e-10 if dtype == np.float64 else 1e-5) * max(1.0, np.abs(want).max())
     for got in _on_every_runner(program, table, dict(zip(keys, (a, b, c0))), dtype):
         np.testing.assert_allclose(got[keys[2]], want, rtol=0, atol=tol)
@@ -398,20 +399,21 @@ def test_bmm_is_a_product_per_row_on_both_runners(dtype, seed, bs, koff, dims, a
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @settings(max_examples=30, deadline=None)
-@given(seed=st.integers(0, 2**31 - 1), bs=st.integers(0, 5), koff=st.integers(0, 2), m=st.integers(1, 6),
+@given(seed=st.integers(0, 2**31 - 1), bs=st.integers(0, 5), task_row=st.integers(0, 2), m=st.integers(1, 6),
        n=st.integers(1, 6), pad=st.integers(0, 2))
-def test_transrows_transposes_each_rows_matrix_on_both_runners(dtype, seed, bs, koff, m, n, pad):
+def test_transrows_transposes_each_rows_matrix_on_both_runners(dtype, seed, bs, task_row, m, n, pad):
     """TRANSROWS: each task row's m x n matrix (its flat row, at a column offset) written transposed as the
     destination's flat row; the rows outside the task stay as they were."""
     rng = np.random.default_rng(seed)
-    src = rng.standard_normal((koff + bs + 1, pad + m * n)).astype(dtype)
-    dst0 = rng.standard_normal((koff + bs + 1, m * n + pad)).astype(dtype)
+    src = rng.standard_normal((task_row + bs + 1, pad + m * n)).astype(dtype)
+    dst0 = rng.standard_normal((task_row + bs + 1, m * n + pad)).astype(dtype)
     keys = [("tensor", "A", 0), ("tensor", "B", 0)]
     program = _program([("BIND", 0, 0, 1, pad, pad + m * n), ("BIND", 1, 1, 1, 0, m * n + pad),
                         ("TRANSROWS", 1, 0, m, n)], keys, nregs=2)
     want = dst0.copy()
-    want[koff:koff + bs, :m * n] = src[koff:koff + bs, pad:].reshape(bs, m, n).transpose(0, 2, 1).reshape(bs, m * n)
-    for got in _on_every_runner(program, np.array([[0, koff, bs, 0, -1]], np.int64), dict(zip(keys, (src, dst0))),
+    rows = src[task_row:task_row + bs, pad:].reshape(bs, m, n)
+    want[task_row:task_row + bs, :m * n] = rows.transpose(0, 2, 1).reshape(bs, m * n)
+    for got in _on_every_runner(program, np.array([[0, task_row, bs, 0, -1]], np.int64), dict(zip(keys, (src, dst0))),
                                 dtype):
         assert np.array_equal(got[keys[1]], want) and np.array_equal(got[keys[0]], src)
 

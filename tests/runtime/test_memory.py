@@ -141,8 +141,8 @@ def test_lazy_phases_read_scattered_values_and_gathered_children_back_from_the_s
     and the leaves' dW_l from dscatter. All three read the scatter tensor (or its gradient) at the kind's
     rows, so no task copies h, [h_l; h_r] or dscatter into a dynamic tensor; results stay the same."""
     case = cells.tree_fc(np.random.default_rng(0), H=4)
-    fns = case.model.structures[0].compiled
-    internal, leaf = fns["internal"], fns["leaf"]
+    compiled = case.model.structures[0].compiled
+    internal, leaf = compiled["internal"], compiled["leaf"]
     cat, h = internal.gather_concat, internal.scatter_source
     assert internal.lazy_gather_reads(ON) == {cat}
     assert h in internal.lazy_scatter_reads(ON) and leaf.ct[leaf.scattered] in leaf.lazy_scatter_reads(ON)
@@ -159,20 +159,20 @@ def test_lazy_phases_read_scattered_values_and_gathered_children_back_from_the_s
         res = case.model.forward_backward(trees, feeds, case.params, RunContext(), options=opts)
         state = res.states[case.model.structures[0].name]
         # (both runners run the one lowered program: its blocks are templates of the same call)
-        back, kid = state.backward_program, state.plan.kinds.index(
+        back, kind_id = state.backward_program, state.plan.kinds.index(
             next(k for k in state.plan.kinds if k is not None and k.name == "internal"))
         lazy = back.dump()[back.dump().index("kind 'internal' after tasks block template"):]
         # [h_l; h_r] read as a view of the scatter tensor (its block row names the first child row) where
         # siblings are side by side, else gathered row by row (TAKETO); h pushed from the scatter rows
         assert "CATVIEW dst=r0(%" in lazy and "TAKETO" in lazy
-        (row,) = back.table[back.table[:, 0] == 2 * (len(back.lowered.ranges) // 3) + kid]
+        (row,) = back.table[back.table[:, 0] == 2 * (len(back.lowered.ranges) // 3) + kind_id]
         assert (row[4] >= 0) == (trees is complete)
         push = state.program.dump()[state.program.dump().index("kind 'internal' after tasks block template"):]
         # (SROWS: a view of the kind's scatter rows, which the cavs schedule lays out as one block: the
         # block's row gives their first row, not -1, so nothing is copied)
         assert re.search(r"SROWS dst=r\d+\(%\d+\) buf=scatter\S* .*load=1", push)
         fwd = state.program
-        (row,) = fwd.table[fwd.table[:, 0] == 2 * (len(fwd.lowered.ranges) // 3) + kid]
+        (row,) = fwd.table[fwd.table[:, 0] == 2 * (len(fwd.lowered.ranges) // 3) + kind_id]
         assert row[3] >= 0
         # (the workspace is the model's: the serial run reuses the buffers checked above)
         assert_same(res, case.model.forward_backward(trees, feeds, case.params, RunContext(), policy="serial",
@@ -284,8 +284,8 @@ def test_lazy_phase_temporaries_live_in_the_workspace():
     for _ in range(2):
         res = case.model.forward_backward(trees, feeds, case.params, RunContext(), options=ON)
         program = res.states[case.model.structures[0].name].backward_program
-        kid = next(i for i, k in enumerate(program.buffers.plan.kinds) if k is not None and k.name == "leaf")
+        kind_id = next(i for i, k in enumerate(program.buffers.plan.kinds) if k is not None and k.name == "leaf")
         # the leaves' block template writes the kernel's output into that tensor's rows (BIND, then FUSED)
-        assert ("btensor", fused.outputs[0], kid) in program.lowered.keys
-        written.append(program.buffers.btensors[kid][fused.outputs[0]].buffer)
+        assert ("btensor", fused.outputs[0], kind_id) in program.lowered.keys
+        written.append(program.buffers.btensors[kind_id][fused.outputs[0]].buffer)
     assert np.shares_memory(written[0], written[1])

@@ -153,7 +153,7 @@ def test_each_gather_and_scatter_is_bound_to_the_tensor_of_its_shape():
     # every gather reads, and every scatter writes, the scatter tensor of its own shape (the program's keys)
     reads = {k for k in state.program.lowered.keys if k[0] == "scatter"}
     assert reads == {("scatter", (2,)), ("scatter", (3,))}
-    for kid, kind_plan in enumerate(state.plan.kinds):
+    for kind_id, kind_plan in enumerate(state.plan.kinds):
         fn = s.compiled[kind_plan.name]
         for j, message in fn.gather_messages.items():
             assert np.shares_memory(state.program.buffers[("scatter", message)][0], state.scatters[message])

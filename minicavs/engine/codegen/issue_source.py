@@ -380,17 +380,17 @@ static int product_{T}(mach_{T}_t *M, int ta, int tb, int64_t m, int64_t n, int6
 #define SET(r, ptr, ld_, trans_, buf_) do {{ R[r].p = (ptr); R[r].ld = (ld_); R[r].trans = (trans_); \
     R[r].buf = (buf_); }} while (0)
 #define FBASE(b) (({T} *)M->base[b])
-#define IDX(b) ((const void *)((const int64_t *)M->base[b] + koff))
+#define IDX(b) ((const void *)((const int64_t *)M->base[b] + task_row))
 #define NROWS(b, w) ((w) > 0 ? M->size[b] / (w) : 0)
 
-/* the task's rows koff..koff+bs of index buffer ``b`` exist; with check, each row number is in [lo, rows) */
-static int rows_ok_{T}(const mach_{T}_t *M, int64_t b, int64_t koff, int64_t bs, int64_t lo, int64_t rows) {{
-    if (koff < 0 || bs < 0 || koff + bs > M->size[b]) return 0;
+/* the task's rows task_row..task_row+bs of index buffer ``b`` exist; with check, each row number is in [lo, rows) */
+static int rows_ok_{T}(const mach_{T}_t *M, int64_t b, int64_t task_row, int64_t bs, int64_t lo, int64_t rows) {{
+    if (task_row < 0 || bs < 0 || task_row + bs > M->size[b]) return 0;
     if (M->check && bs > 0) {{
         const int64_t *h = (const int64_t *)M->host[b];
         if (!h) return 0;
         for (int64_t r = 0; r < bs; r++)
-            if (h[koff + r] < lo || h[koff + r] >= rows) return 0;
+            if (h[task_row + r] < lo || h[task_row + r] >= rows) return 0;
     }}
     return 1;
 }}
@@ -399,9 +399,9 @@ static int row_{T}(mach_{T}_t *M, const int64_t *code, const int64_t *pool, cons
                    const int64_t *task, int64_t t) {{
     reg_{T}_t *R = M->R;
     int64_t pc = -1;
-    const int64_t kid = task[0], koff = task[1], bs = task[2], soff = task[3], catfirst = task[4];
-    if (kid < 0 || kid >= nkinds || bs < 0) FAIL(-2);
-    const int64_t begin = kinds[2 * kid], end = kinds[2 * kid + 1];
+    const int64_t kind_id = task[0], task_row = task[1], bs = task[2], scatter_row = task[3], catfirst = task[4];
+    if (kind_id < 0 || kind_id >= nkinds || bs < 0) FAIL(-2);
+    const int64_t begin = kinds[2 * kind_id], end = kinds[2 * kind_id + 1];
     {T} *scratch = FBASE(M->scratch_buf);
     const int64_t sbuf = M->scratch_buf;
     for (pc = begin; pc < end; pc++) {{
@@ -411,7 +411,7 @@ static int row_{T}(mach_{T}_t *M, const int64_t *code, const int64_t *pool, cons
         case NOP: break;
         case BIND: {{
             DSTOK(a[0], 0); BUFOK(a[1], 1);
-            const int64_t row = a[2] == 1 ? koff : a[2] == 2 ? soff : 0, at = row * a[4] + a[3];
+            const int64_t row = a[2] == 1 ? task_row : a[2] == 2 ? scatter_row : 0, at = row * a[4] + a[3];
             if (bs > 0 && (at < 0 || at >= M->size[a[1]])) FAIL(3);
             SET(a[0], FBASE(a[1]) + at, a[4], 0, a[1]);
             break;
@@ -428,7 +428,7 @@ static int row_{T}(mach_{T}_t *M, const int64_t *code, const int64_t *pool, cons
             DSTOK(a[0], 0); BUFOK(a[1], 1); BUFOK(a[3], 3);
             const int64_t width = a[2], start = task[5 + 2 * a[4]], step = task[6 + 2 * a[4]];
             if (a[5] && step >= 1) {{ SET(a[0], FBASE(a[1]) + start * width, step * width, 0, a[1]); break; }}
-            if (width <= 0 || !rows_ok_{T}(M, a[3], koff, bs, -1, NROWS(a[1], width))) FAIL(3);
+            if (width <= 0 || !rows_ok_{T}(M, a[3], task_row, bs, -1, NROWS(a[1], width))) FAIL(3);
             SET(a[0], scratch + a[6] * bs, width, 0, sbuf);
             CHECKR(a[0], bs, width, 0);
             ISSUED(move_{T}(M, 0, FBASE(a[1]), width, 1, IDX(a[3]), NROWS(a[1], width), R[a[0]].p, width, 1, 0, bs, bs,
@@ -446,7 +446,7 @@ static int row_{T}(mach_{T}_t *M, const int64_t *code, const int64_t *pool, cons
             DSTOK(a[0], 0); BUFOK(a[1], 1); BUFOK(a[3], 3);
             const int64_t width = a[2], cols = a[4], col = in[0] == TAKE ? 0 : a[5];
             if (col < 0 || cols < 0 || col + cols > width) FAIL(4);
-            if (!rows_ok_{T}(M, a[3], koff, bs, -1, NROWS(a[1], width))) FAIL(3);
+            if (!rows_ok_{T}(M, a[3], task_row, bs, -1, NROWS(a[1], width))) FAIL(3);
             if (in[0] == TAKE) SET(a[0], scratch + a[5] * bs, cols, 0, sbuf);
             REGOK(a[0], 0); NOTRANS(a[0], 0); CHECKR(a[0], bs, cols, 0);
             ISSUED(move_{T}(M, 0, FBASE(a[1]) + col, width, 1, IDX(a[3]), NROWS(a[1], width), R[a[0]].p, R[a[0]].ld, 1,
@@ -456,8 +456,8 @@ static int row_{T}(mach_{T}_t *M, const int64_t *code, const int64_t *pool, cons
         case SROWS: {{
             DSTOK(a[0], 0); BUFOK(a[1], 1);
             const int64_t col = a[2], ldb = a[3], cols = a[5];
-            if (soff >= 0) {{
-                const int64_t at = soff * ldb + col;
+            if (scatter_row >= 0) {{
+                const int64_t at = scatter_row * ldb + col;
                 if (bs > 0 && (at < 0 || at >= M->size[a[1]])) FAIL(2);
                 SET(a[0], FBASE(a[1]) + at, ldb, 0, a[1]);
                 break;
@@ -467,7 +467,7 @@ static int row_{T}(mach_{T}_t *M, const int64_t *code, const int64_t *pool, cons
             if (a[7]) {{
                 BUFOK(a[4], 4);
                 if (col < 0 || cols < 0 || col + cols > ldb) FAIL(2);
-                if (!rows_ok_{T}(M, a[4], koff, bs, -1, NROWS(a[1], ldb))) FAIL(4);
+                if (!rows_ok_{T}(M, a[4], task_row, bs, -1, NROWS(a[1], ldb))) FAIL(4);
                 ISSUED(move_{T}(M, 0, FBASE(a[1]) + col, ldb, 1, IDX(a[4]), NROWS(a[1], ldb), R[a[0]].p, cols, 1, 0, bs,
                                 bs, cols, 0));
             }}
@@ -476,18 +476,18 @@ static int row_{T}(mach_{T}_t *M, const int64_t *code, const int64_t *pool, cons
         case SPUT: {{
             BUFOK(a[0], 0);
             const int64_t col = a[1], ldb = a[2], cols = a[5];
-            if (soff >= 0 && !a[6]) break;
+            if (scatter_row >= 0 && !a[6]) break;
             REGOK(a[4], 4); CHECKR(a[4], bs, cols, 4);
             STRIDES(a[4], sr, sc);
             if (col < 0 || cols < 0 || col + cols > ldb) FAIL(1);
-            if (soff >= 0) {{
-                {T} *d = FBASE(a[0]) + soff * ldb + col;
+            if (scatter_row >= 0) {{
+                {T} *d = FBASE(a[0]) + scatter_row * ldb + col;
                 if (out_of_{T}(M, a[0], d, bs, cols, ldb, 0, sizeof({T}))) FAIL(0);
                 ISSUED(COPY_(R[a[4]].p, sr, sc, d, ldb, 1, bs, cols));
                 break;
             }}
             BUFOK(a[3], 3); NOTRANS(a[4], 4);
-            if (!rows_ok_{T}(M, a[3], koff, bs, 0, NROWS(a[0], ldb))) FAIL(3);
+            if (!rows_ok_{T}(M, a[3], task_row, bs, 0, NROWS(a[0], ldb))) FAIL(3);
             ISSUED(move_{T}(M, 0, R[a[4]].p, R[a[4]].ld, 1, 0, bs, FBASE(a[0]) + col, ldb, 1, IDX(a[3]),
                             NROWS(a[0], ldb), bs, cols, 0));
             break;
@@ -592,7 +592,7 @@ static int row_{T}(mach_{T}_t *M, const int64_t *code, const int64_t *pool, cons
             const int64_t width = a[1], cols = a[4];
             if (cols < 0 || cols > width) FAIL(4);
             CHECKR(a[3], bs, cols, 3); NOTRANS(a[3], 3);
-            if (!rows_ok_{T}(M, a[2], koff, bs, 0, NROWS(a[0], width))) FAIL(2);
+            if (!rows_ok_{T}(M, a[2], task_row, bs, 0, NROWS(a[0], width))) FAIL(2);
             ISSUED(move_{T}(M, 0, R[a[3]].p, R[a[3]].ld, 1, 0, bs, FBASE(a[0]), width, 1, IDX(a[2]), NROWS(a[0], width),
                             bs, cols, 0));
             break;
@@ -612,7 +612,7 @@ static int row_{T}(mach_{T}_t *M, const int64_t *code, const int64_t *pool, cons
                 break;
             }}
             NOTRANS(a[5], 5);
-            if (!rows_ok_{T}(M, a[2], koff, bs, 0, NROWS(a[0], width))) FAIL(2);
+            if (!rows_ok_{T}(M, a[2], task_row, bs, 0, NROWS(a[0], width))) FAIL(2);
             /* (a forest's children are distinct vertices: the slots' puts never meet; a DAG's adds are atomic) */
             ISSUED(move_{T}(M, !M->forest, R[a[5]].p, R[a[5]].ld, 1, 0, bs, FBASE(a[0]), width, 1, IDX(a[2]),
                             NROWS(a[0], width), bs, cols, M->forest ? 2 : 1));
@@ -630,7 +630,7 @@ static int row_{T}(mach_{T}_t *M, const int64_t *code, const int64_t *pool, cons
         case DROPOUT: {{
             DSTOK(a[0], 0); REGOK(a[0], 0); REGOK(a[1], 1); BUFOK(a[3], 3); BUFOK(a[4], 4);
             const int64_t cols = a[2];
-            if (koff < 0 || koff + bs > M->size[a[3]]) FAIL(3);
+            if (task_row < 0 || task_row + bs > M->size[a[3]]) FAIL(3);
             const int64_t *e = (const int64_t *)M->host[a[4]];
             if (!e || a[5] < 0 || 3 * a[5] + 3 > M->size[a[4]]) FAIL(5);
             NOTRANS(a[0], 0); NOTRANS(a[1], 1);
@@ -639,7 +639,7 @@ static int row_{T}(mach_{T}_t *M, const int64_t *code, const int64_t *pool, cons
             double scale;
             memcpy(&scale, &e[2], sizeof scale);
             arg_t p[10];
-            p[0].i = bs; p[1].i = cols; p[2].u = (uint64_t)e[0]; p[3].p = (const uint64_t *)M->base[a[3]] + koff;
+            p[0].i = bs; p[1].i = cols; p[2].u = (uint64_t)e[0]; p[3].p = (const uint64_t *)M->base[a[3]] + task_row;
             p[4].u = (uint64_t)e[1];
             if (sizeof({T}) == 4) p[5].f = (float)scale; else p[5].d = scale;
             p[6].p = R[a[1]].p; p[7].i = R[a[1]].ld; p[8].p = R[a[0]].p; p[9].i = R[a[0]].ld;

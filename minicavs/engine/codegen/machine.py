@@ -36,12 +36,12 @@ OPCODES = {
     "CATVIEW": ("dst", "buf", "width", "k", "forest"),    # [gather0; ...] as a view when the task's children are side by side
     "SKIP_IF_CAT": ("n", "forest"),                       # skip the next n instructions when the task has the concat view
     # (forest = 1: only in a forest, where each child's gradient row is written once, not added)
-    "TAKE": ("dst", "buf", "width", "idx", "cols", "off"),   # rows buf[idx[koff + r]] copied into scratch (-1: zeros)
-    "TAKETO": ("dst", "buf", "width", "idx", "cols", "col"),   # dst[r] = buf[idx[koff + r]][col:col + cols] (-1: zeros)
+    "TAKE": ("dst", "buf", "width", "idx", "cols", "off"),   # rows buf[idx[task_row + r]] into scratch (-1: zeros)
+    "TAKETO": ("dst", "buf", "width", "idx", "cols", "col"),   # dst[r] = buf[idx[task_row + r]][col:col + cols]; -1: 0
     # a block's rows of a scatter tensor: a view at the scatter offset, or (offset -1: the kind's rows are not one
-    # block) rows buf[idx[koff + r]][col:col + cols] copied into scratch (load 0: scratch only, for SPUT to put)
+    # block) rows buf[idx[task_row + r]][col:col + cols] copied into scratch (load 0: scratch only, for SPUT to put)
     "SROWS": ("dst", "buf", "col", "ld", "idx", "cols", "off", "load"),
-    # after SROWS (offset -1): buf[idx[koff + r]][col:col + cols] = src[r]; at an offset (a view) nothing, or
+    # after SROWS (offset -1): buf[idx[task_row + r]][col:col + cols] = src[r]; at an offset (a view) nothing, or
     # (always) the rows copied to the offset's
     "SPUT": ("buf", "col", "ld", "idx", "src", "cols", "always"),
     "COLS": ("dst", "src", "col"),                        # a column slice: same rows, same ld
@@ -53,10 +53,10 @@ OPCODES = {
     "ZERO": ("dst", "rows", "cols"),
     "ADD": ("dst", "src", "rows", "cols"),
     "SUMROWS": ("dst", "src", "rows", "cols"),            # dst[c] = sum over rows of src[r, c]
-    "PUT": ("buf", "width", "idx", "src", "cols"),        # buf[idx[koff + r]] = src[r]
+    "PUT": ("buf", "width", "idx", "src", "cols"),        # buf[idx[task_row + r]] = src[r]
     "ADJ": ("buf", "width", "idx", "slot", "elide", "src", "cols"),   # gather's adjoint into the scatter gradient
     "GACC": ("buf", "src", "rows", "cols"),               # parameter gradient accumulator += src
-    # dst = src * the dropout mask of the task's rows: row keys keys[koff + r] (uint64), the hash word, threshold
+    # dst = src * the dropout mask of the task's rows: row keys keys[task_row + r] (uint64), the hash word, threshold
     # and scale (a double's bits) in row ``entry`` of the int64 table ``table`` (minicavs/core/random.py's hash)
     "DROPOUT": ("dst", "src", "cols", "keys", "table", "entry"),
     # per task row r: c[r] (m x n, its flat row) = a[r] . b[r]; an operand with rows 1 is one matrix per row (its
@@ -166,9 +166,9 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
             }}
         }}
         const int64_t *task = tasks + t * tw;
-        const int64_t kid = task[0], koff = task[1], bs = task[2], soff = task[3], catfirst = task[4];
-        if (check && (kid < 0 || kid >= nkinds || bs < 0 || bs > max_bs)) FAIL(-2);
-        const int64_t begin = kinds[2 * kid], end = kinds[2 * kid + 1];
+        const int64_t kind_id = task[0], task_row = task[1], bs = task[2], scatter_row = task[3], catfirst = task[4];
+        if (check && (kind_id < 0 || kind_id >= nkinds || bs < 0 || bs > max_bs)) FAIL(-2);
+        const int64_t begin = kinds[2 * kind_id], end = kinds[2 * kind_id + 1];
         for (pc = begin; pc < end; pc++) {{
             const int64_t *in = code + pc * W;
             const int64_t *a = in + 1;
@@ -177,7 +177,7 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
             case NOP: break;
             case BIND: {{
                 REGOK(a[0], 0); BUFOK(a[1], 1);
-                const int64_t row = a[2] == 1 ? koff : a[2] == 2 ? soff : 0, at = row * a[4] + a[3];
+                const int64_t row = a[2] == 1 ? task_row : a[2] == 2 ? scatter_row : 0, at = row * a[4] + a[3];
                 if (check && bs > 0 && (at < 0 || at >= size[a[1]])) FAIL(3);
                 R[a[0]].p = (T *)base[a[1]] + at;
                 R[a[0]].ld = a[4]; R[a[0]].trans = 0; R[a[0]].buf = a[1];
@@ -203,8 +203,8 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
                     R[a[0]].trans = 0; R[a[0]].buf = a[1];
                     break;
                 }}
-                const int64_t *idx = (const int64_t *)base[a[3]] + koff;
-                if (check && (koff < 0 || koff + bs > size[a[3]])) FAIL(3);
+                const int64_t *idx = (const int64_t *)base[a[3]] + task_row;
+                if (check && (task_row < 0 || task_row + bs > size[a[3]])) FAIL(3);
                 T *dst = scratch + a[6] * bs;
                 for (int64_t r = 0; r < bs; r++) {{
                     if (check && (idx[r] < 0 || (idx[r] + 1) * width > size[a[1]])) FAIL(1);
@@ -227,8 +227,8 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
                 REGOK(a[0], 0); BUFOK(a[1], 1); BUFOK(a[3], 3);
                 const int64_t width = a[2], cols = a[4];
                 const T *src = (const T *)base[a[1]];
-                const int64_t *idx = (const int64_t *)base[a[3]] + koff;
-                if (check && (koff < 0 || koff + bs > size[a[3]])) FAIL(3);
+                const int64_t *idx = (const int64_t *)base[a[3]] + task_row;
+                if (check && (task_row < 0 || task_row + bs > size[a[3]])) FAIL(3);
                 T *dst = scratch + a[5] * bs;
                 for (int64_t r = 0; r < bs; r++) {{
                     if (idx[r] == -1) {{ memset(dst + r * cols, 0, (size_t)cols * sizeof(T)); continue; }}
@@ -242,8 +242,8 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
                 REGOK(a[0], 0); BUFOK(a[1], 1); BUFOK(a[3], 3);
                 const int64_t width = a[2], cols = a[4], col = a[5];
                 const T *src = (const T *)base[a[1]];
-                const int64_t *idx = (const int64_t *)base[a[3]] + koff;
-                if (check && (koff < 0 || koff + bs > size[a[3]])) FAIL(3);
+                const int64_t *idx = (const int64_t *)base[a[3]] + task_row;
+                if (check && (task_row < 0 || task_row + bs > size[a[3]])) FAIL(3);
                 if (check && (R[a[0]].trans || col < 0)) FAIL(0);
                 CHECKR(a[0], bs, cols, 0);
                 T *dst = R[a[0]].p;
@@ -258,8 +258,8 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
             case SROWS: {{
                 REGOK(a[0], 0); BUFOK(a[1], 1);
                 const int64_t col = a[2], ldb = a[3], cols = a[5];
-                if (soff >= 0) {{   /* one block of rows: a view, as BIND's */
-                    const int64_t at = soff * ldb + col;
+                if (scatter_row >= 0) {{   /* one block of rows: a view, as BIND's */
+                    const int64_t at = scatter_row * ldb + col;
                     if (check && bs > 0 && (at < 0 || at >= size[a[1]])) FAIL(2);
                     R[a[0]].p = (T *)base[a[1]] + at; R[a[0]].ld = ldb; R[a[0]].trans = 0; R[a[0]].buf = a[1];
                     break;
@@ -268,8 +268,8 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
                 if (a[7]) {{
                     BUFOK(a[4], 4);
                     const T *src = (const T *)base[a[1]];
-                    const int64_t *idx = (const int64_t *)base[a[4]] + koff;
-                    if (check && (koff < 0 || koff + bs > size[a[4]] || col < 0 || cols < 0)) FAIL(4);
+                    const int64_t *idx = (const int64_t *)base[a[4]] + task_row;
+                    if (check && (task_row < 0 || task_row + bs > size[a[4]] || col < 0 || cols < 0)) FAIL(4);
                     for (int64_t r = 0; r < bs; r++) {{
                         if (check && (idx[r] < 0 || idx[r] * ldb + col + cols > size[a[1]])) FAIL(4);
                         memcpy(dst + r * cols, src + idx[r] * ldb + col, (size_t)cols * sizeof(T));
@@ -281,25 +281,25 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
             case SPUT: {{
                 BUFOK(a[0], 0); REGOK(a[4], 4);
                 const int64_t col = a[1], ldb = a[2], cols = a[5];
-                if (soff >= 0 && !a[6]) break;   /* SROWS bound a view: the steps wrote the rows in place */
+                if (scatter_row >= 0 && !a[6]) break;   /* SROWS bound a view: the steps wrote the rows in place */
                 if (check && (R[a[4]].trans || col < 0 || cols < 0)) FAIL(4);
                 CHECKR(a[4], bs, cols, 4);
                 T *dst = (T *)base[a[0]];
                 const T *s = R[a[4]].p;
                 const int64_t lds_ = R[a[4]].ld;
-                if (soff >= 0) {{   /* a copy into the offset's rows (as BIND and COPY) */
-                    if (check && out_of(&B, a[0], dst + soff * ldb + col, bs, cols, ldb, 0, sizeof(T))) FAIL(0);
+                if (scatter_row >= 0) {{   /* a copy into the offset's rows (as BIND and COPY) */
+                    if (check && out_of(&B, a[0], dst + scatter_row * ldb + col, bs, cols, ldb, 0, sizeof(T))) FAIL(0);
                     if (ldb == cols && lds_ == cols) {{
-                        memmove(dst + soff * ldb + col, s, (size_t)(bs * cols) * sizeof(T));
+                        memmove(dst + scatter_row * ldb + col, s, (size_t)(bs * cols) * sizeof(T));
                         break;
                     }}
                     for (int64_t r = 0; r < bs; r++)
-                        memmove(dst + (soff + r) * ldb + col, s + r * lds_, (size_t)cols * sizeof(T));
+                        memmove(dst + (scatter_row + r) * ldb + col, s + r * lds_, (size_t)cols * sizeof(T));
                     break;
                 }}
                 BUFOK(a[3], 3);
-                const int64_t *idx = (const int64_t *)base[a[3]] + koff;
-                if (check && (koff < 0 || koff + bs > size[a[3]])) FAIL(3);
+                const int64_t *idx = (const int64_t *)base[a[3]] + task_row;
+                if (check && (task_row < 0 || task_row + bs > size[a[3]])) FAIL(3);
                 for (int64_t r = 0; r < bs; r++) {{
                     if (check && (idx[r] < 0 || idx[r] * ldb + col + cols > size[a[0]])) FAIL(3);
                     memcpy(dst + idx[r] * ldb + col, s + r * lds_, (size_t)cols * sizeof(T));
@@ -442,8 +442,8 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
                 BUFOK(a[0], 0); BUFOK(a[2], 2); REGOK(a[3], 3);
                 const int64_t width = a[1], cols = a[4];
                 T *dst = (T *)base[a[0]];
-                const int64_t *idx = (const int64_t *)base[a[2]] + koff;
-                if (check && (koff < 0 || koff + bs > size[a[2]])) FAIL(2);
+                const int64_t *idx = (const int64_t *)base[a[2]] + task_row;
+                if (check && (task_row < 0 || task_row + bs > size[a[2]])) FAIL(2);
                 CHECKR(a[3], bs, cols, 3);
                 for (int64_t r = 0; r < bs; r++) {{
                     if (check && (idx[r] < 0 || idx[r] * width + cols > size[a[0]])) FAIL(0);
@@ -473,8 +473,8 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
                     }}
                     break;
                 }}
-                const int64_t *idx = (const int64_t *)base[a[2]] + koff;
-                if (check && (koff < 0 || koff + bs > size[a[2]])) FAIL(2);
+                const int64_t *idx = (const int64_t *)base[a[2]] + task_row;
+                if (check && (task_row < 0 || task_row + bs > size[a[2]])) FAIL(2);
                 for (int64_t r = 0; r < bs; r++) {{
                     if (check && (idx[r] < 0 || idx[r] * width + cols > size[a[0]])) FAIL(0);
                     T *d = dst + idx[r] * width;
@@ -503,11 +503,11 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
             case DROPOUT: {{
                 REGOK(a[0], 0); REGOK(a[1], 1); BUFOK(a[3], 3); BUFOK(a[4], 4);
                 const int64_t cols = a[2];
-                if (check && (koff < 0 || koff + bs > size[a[3]])) FAIL(3);
+                if (check && (task_row < 0 || task_row + bs > size[a[3]])) FAIL(3);
                 if (check && (a[5] < 0 || 3 * a[5] + 3 > size[a[4]])) FAIL(5);
                 if (check && (R[a[0]].trans || R[a[1]].trans)) FAIL(0);
                 CHECKR(a[0], bs, cols, 0); CHECKR(a[1], bs, cols, 1);
-                const uint64_t *keys = (const uint64_t *)base[a[3]] + koff;
+                const uint64_t *keys = (const uint64_t *)base[a[3]] + task_row;
                 const int64_t *e = (const int64_t *)base[a[4]] + 3 * a[5];
                 const uint64_t h = (uint64_t)e[0], th = (uint64_t)e[1], golden = 0x9E3779B97F4A7C15ULL;
                 double scale_d;

@@ -153,7 +153,7 @@ def bias_names(members) -> tuple | None:
     return tuple(names) if len(set(names)) == len(names) else None
 
 
-def plan(F: VertexFunction, pad_limit: int | None = None, weight_limit: int | None = None,
+def merge_groups(F: VertexFunction, pad_limit: int | None = None, weight_limit: int | None = None,
          views: bool = False) -> list[tuple]:
     """The groups to merge: [(L, [(product, first column of L, end)])], largest first.
 
@@ -249,7 +249,7 @@ def merge_products(F: VertexFunction, pad_limit: int | None = None, weight_limit
 
     The rewrite keeps every node that does not depend on a merged product (gathers, pulls, parameters and
     everything before the products are the same nodes) and rebuilds those downstream."""
-    groups = plan(F, pad_limit, weight_limit, views=plan_layout)
+    groups = merge_groups(F, pad_limit, weight_limit, views=plan_layout)
     if plan_layout:
         groups, buffer_of = _laid_out(groups, weight_limit, planned, F)
     else:
@@ -335,7 +335,7 @@ def _only_products(members, users: dict) -> bool:
 def layout_groups(F: VertexFunction) -> list[tuple]:
     """The weight groups of F's merges that a planned buffer could serve: [(parameter names, bytes a view
     saves per batch)], for :func:`minicavs.engine.passes.layout.solve` over all of a model's functions."""
-    return _named(plan(F, views=True), consumers(F.graph.nodes))
+    return _named(merge_groups(F, views=True), consumers(F.graph.nodes))
 
 
 def _laid_out(groups: list, weight_limit, planned, F: VertexFunction) -> tuple[list, dict]:

@@ -14,7 +14,7 @@ from minicavs.engine.executor import RunContext
 from minicavs.engine.explain import explain
 from minicavs.engine.model import Model, Structure
 from minicavs.engine.passes import gemm
-from minicavs.engine.passes.gemm import merge_products, operands, plan
+from minicavs.engine.passes.gemm import merge_groups, merge_products, operands
 from minicavs.train.testing import check_model_grads
 from minicavs.runtime.vertex import VertexFunction
 
@@ -30,7 +30,7 @@ def P(name, shape):
 
 
 def merged_sets(F, pad_limit=None):
-    return [{p.name or p.op for p, _, _ in members} for _, members in plan(F, pad_limit)]
+    return [{p.name or p.op for p, _, _ in members} for _, members in merge_groups(F, pad_limit)]
 
 
 @pytest.fixture
@@ -65,15 +65,15 @@ def test_concat_blocks_merge_with_zero_padding_up_to_a_limit():
     case = cells.binary_tree_lstm(np.random.default_rng(0))
     F = case.model.structures[0].compiled["internal"].F
     assert merged_sets(F, pad_limit=10**6) == [{"linear"}]   # one group
-    (L, members), = plan(F, pad_limit=10**6)
+    (L, members), = merge_groups(F, pad_limit=10**6)
     assert L.op == "concat" and [(a, b) for _, a, b in members] == [(0, 6), (0, 3), (3, 6)]
     _, (m,) = merge_products(F, pad_limit=10**6)
     assert m.merged.inputs[1].shape == (6, 15) and m.zero_entries == 2 * 3 * 3
     assert "one GEMM" in m.text() and "20% of the weight zero padding" in m.text()
-    assert plan(F, pad_limit=0) == []                # no two products read the same value
-    assert plan(F, pad_limit=17) == [] and len(plan(F, pad_limit=18)) == 1   # 18 zero entries
-    assert plan(F, 18, weight_limit=89) == [] and len(plan(F, 18, weight_limit=90)) == 1   # of 6 x 15
-    assert plan(F) == []                             # the default: no padding
+    assert merge_groups(F, pad_limit=0) == []                # no two products read the same value
+    assert merge_groups(F, pad_limit=17) == [] and len(merge_groups(F, pad_limit=18)) == 1   # 18 zero entries
+    assert merge_groups(F, 18, weight_limit=89) == [] and len(merge_groups(F, 18, weight_limit=90)) == 1   # of 6 x 15
+    assert merge_groups(F) == []                             # the default: no padding
 
 
 def test_products_of_different_classes_do_not_merge():
@@ -86,7 +86,7 @@ def test_products_of_different_classes_do_not_merge():
         x = F.pull((3,))
         F.scatter(ops.tanh(h @ W1 + x @ Wx + h @ Wh))
         F.push(h @ W2)
-    groups = plan(F)
+    groups = merge_groups(F)
     assert [{p.inputs[1].name for p, _, _ in members} for _, members in groups] == [{"W1", "Wh"}]
 
 
@@ -105,7 +105,7 @@ def test_products_that_cannot_merge():
         z = L @ W2                                       # x is a block of L, but merging y into L·W' is a cycle
         F.scatter(ops.sum(batched, axis=0) + z)
     assert operands(batched) is None
-    assert plan(F) == []
+    assert merge_groups(F) == []
     g = ops.input((None, 3), F64)
     outer = ops.matmul(ops.transpose(g), g)              # static graph: xᵀ·x sums over rows
     assert operands(outer) is None

@@ -35,9 +35,9 @@ typedef uint64_t u64;
    does not use it), name_order[nnames*n] (the users' global ids, ascending), name_count[nnames], scalars[3]
    (T, forest, max height), ttable[n * (5 + 2 maxa)] (the native task table, first T rows), gcopy[nk * maxa] (per
    kind and slot: rows of the tasks whose child rows are no view). scratch: 4n + 2K + 2 + (n + 3) nk int64.
-   Returns 0, or the code of the first check that failed (codegen/plan.py CODES); then the outputs are junk. */
-static i64 prepare(i64 K, const i64 *sizes, const i64 *edges, const i64 *ptr_all, const i64 *idx_all, i64 n, i64 E,
-               i64 kind_mode, i64 leaf_kind, i64 internal_kind, i64 nk, const i64 *arity, i64 maxa,
+   Returns 0, or the code of the first check that failed (codegen/planner_source.py CODES); then the outputs are
+junk. */ static i64 prepare(i64 K, const i64 *sizes, const i64 *edges, const i64 *ptr_all, const i64 *idx_all, i64
+               n, i64 E, i64 kind_mode, i64 leaf_kind, i64 internal_kind, i64 nk, const i64 *arity, i64 maxa,
                const u64 *sample_ids, i64 nnames, const unsigned char *uses,
                i64 *offsets, i64 *sample, i64 *local, i64 *child_ptr, i64 *child_idx, i64 *pptr, i64 *pidx,
                i64 *height, i64 *kind, i64 *order, i64 *row, i64 *task_ptr, i64 *tasks, i64 *kind_n,
