@@ -40,7 +40,7 @@ def segment_table(segments: Sequence[tuple], slots: int, address_of=address) -> 
     return host
 
 
-class FusedStep:
+class FusedUpdate:
     """One optimizer step over a segment table, checked and not yet applied: :attr:`report` (float64 on the
     device: ``[loss, squared global norm, (gradient not finite, update not finite) per segment]``) is for the
     caller to read in its one device-to-host copy; :meth:`apply` then writes every update in place (one
@@ -100,10 +100,10 @@ class DeviceKernels(RowKernels):
             self.launcher(source, name, gen.grid(total), gen.BLOCK, args)
 
     def fused_step(self, rule: str, hyper: Sequence[float], weight_decay: float, clip_norm: float | None,
-                   segments: Sequence[tuple], loss) -> FusedStep:
+                   segments: Sequence[tuple], loss) -> FusedUpdate:
         """Check one update of every segment on the device (launches: with clipping the norm's two, then the
-        report's one, which finishes the norm, and the check pass's one): returns the :class:`FusedStep` whose report the caller
-        reads. ``loss``: a device array (read into the report), a float or None."""
+        report's one, which finishes the norm, and the check pass's one): returns the :class:`FusedUpdate` whose
+        report the caller reads. ``loss``: a device array (read into the report), a float or None."""
         xp, T = self.launcher.xp, self.dtype.type
         slots = len(opt.rule_slots(rule))
         table, total = self.table(segments, slots)
@@ -124,4 +124,4 @@ class DeviceKernels(RowKernels):
         args = [np.int64(total), K, table, report, float(clip_norm or 0.0), *(T(h) for h in hyper),
                 T(weight_decay), np.int64(0)]
         self.update(rule, args, total)
-        return FusedStep(self, rule, args, total)
+        return FusedUpdate(self, rule, args, total)

@@ -464,33 +464,33 @@ def forward_template(fn, opts, device, training: bool, phase: int = TASK) -> Tem
     """F's program of one kind in ``phase``: TASK's runs per task;
     PRE's and POST's (eager and lazy batching) run once over all the kind's rows, as a task of those rows
     (program.block_rows: kind offset 0, scatter offset the kind's first scatter row)."""
-    forward_phases = fn.phases(opts, device).forward
+    phases = fn.phases(opts, device).forward
     f_stored = fn.placement(opts, device, training).forward_stored
     inplace, copied, concats = fn.placement(opts, device, training).forward[phase]
     t = Template(fn.F.name, phase)
     statics = set(fn.static_fwd)
     smsg = fn.scatter_message
     lazy = fn.lazy_scatter_reads(opts, device) if phase != TASK else {}
-    for x in forward_phases.reads[phase]:
+    for x in phases.reads[phase]:
         if phase == TASK or x in f_stored:
             t.bind(x, ("tensor", x), KIND_ROWS, 0, _width(x.vshape))
         else:   # the lazy phase reads the scattered value back from the scatter tensor (alias.py)
             t.scatter_view(x, ("scatter", smsg), lazy[x][0], _width(smsg))
     elide = phase == TASK and opts.gather_elision
     for j, g in fn.gathers.items():
-        if forward_phases.phase[g] == phase:
+        if phases.phase[g] == phase:
             message = fn.gather_messages[j]
             width = _width(message)
             t.emit("GATHER", t.reg(g), t.buf(("scatter", message)), width, t.buf(("child", j)), j,
                    int(elide), t.scratch)
             t.scratch += width
     cat = fn.gather_concat
-    cat_view = cat is not None and elide and forward_phases.phase.get(cat) == TASK
+    cat_view = cat is not None and elide and phases.phase.get(cat) == TASK
     if cat_view:
         message = cat.inputs[0].vshape
         t.emit("CATVIEW", t.reg(cat), t.buf(("scatter", message)), _width(message), len(fn.gathers), 0)
     for name, p in fn.pulls.items():
-        if forward_phases.phase[p] == phase:
+        if phases.phase[p] == phase:
             t.take(p, ("pull", name), _width(p.vshape), ("pullrows", name))
     for node in inplace:
         t.bind(node, ("tensor", node), KIND_ROWS, 0, _width(node.vshape))
@@ -505,15 +505,15 @@ def forward_template(fn, opts, device, training: bool, phase: int = TASK) -> Tem
                 t.scratch_reg(c)
         for m, a, _ in parts:
             t.emit("COLS", t.reg(m), t.regs[c], a)
-    if (not direct and src in forward_phases.inplace and src not in written and forward_phases.phase.get(src) == phase):
+    if (not direct and src in phases.inplace and src not in written and phases.phase.get(src) == phase):
         t.scatter_view(src, ("scatter", smsg), 0, _width(smsg), write=True)
         direct = True
-    _steps(t, forward_phases.programs[phase], statics, device, _singles(fn, device), cat if cat_view else None)
+    _steps(t, phases.programs[phase], statics, device, _singles(fn, device), cat if cat_view else None)
     t.put_back()
-    if fn.scattered is not None and forward_phases.phase[fn.scattered] == phase and not direct:
+    if fn.scattered is not None and phases.phase[fn.scattered] == phase and not direct:
         t.copy_to(("scatter", smsg), SCATTER_ROWS, _width(smsg), fn.scattered)
     for name, p in fn.pushes.items():
-        if forward_phases.phase[p] == phase:
+        if phases.phase[p] == phase:
             t.emit("PUT", t.buf(("push", name)), _width(p.vshape), t.buf(("pushrows", name)), t.regs[p],
                    _cols(p))
     for node in copied:
@@ -525,25 +525,24 @@ def backward_template(fn, opts, device, phase: int = TASK, direct: bool = False)
     """∂F's program of one kind in ``phase`` (PRE and POST: over all
     the kind's rows, as forward_template's). ``direct`` (a block whose parameter gradients no other template
     writes): each is computed straight into its accumulator (which then needs no zeros, no GACC)."""
-    backward_phases = fn.phases(opts, device).backward
+    phases = fn.phases(opts, device).backward
     placed = fn.placement(opts, device, True)
     f_stored, b_stored = placed.forward_stored, placed.backward_stored
     inplace, copied, concats = placed.backward[phase]
     b_stored = set(b_stored)
     t = Template(fn.F.name, phase)
     if direct and phase != TASK:
-        t.direct = {g: name for name, g in fn.param_grads.items()
-                    if backward_phases.phase[g] == phase and not g.has_rows}
-        t.direct_blocks = gradient_blocks(t.direct, backward_phases.programs[phase])
+        t.direct = {g: name for name, g in fn.param_grads.items() if phases.phase[g] == phase and not g.has_rows}
+        t.direct_blocks = gradient_blocks(t.direct, phases.programs[phase])
         covered = {name for names in t.direct_blocks.values() for name, _, _ in names}
         t.direct = {g: name for g, name in t.direct.items() if name not in covered}
     statics = set(fn.static_fwd) | set(fn.static_bwd)
-    program = backward_phases.programs[phase]
+    program = phases.programs[phase]
     read = {x for step in program for x in step.inputs}
     read.update(x for x in copied)
-    read.update(g for leaf, g in fn.leaf_grads.items() if backward_phases.phase[g] == phase)
-    read.update(g for g in fn.param_grads.values() if backward_phases.phase[g] == phase)
-    read.update(ct for out, ct in fn.ct.items() if backward_phases.phase[ct] == phase and ct in b_stored)
+    read.update(g for leaf, g in fn.leaf_grads.items() if phases.phase[g] == phase)
+    read.update(g for g in fn.param_grads.values() if phases.phase[g] == phase)
+    read.update(ct for out, ct in fn.ct.items() if phases.phase[ct] == phase and ct in b_stored)
     bound = set()
     for node in f_stored:
         if node in read:
@@ -567,13 +566,13 @@ def backward_template(fn, opts, device, phase: int = TASK, direct: bool = False)
                 t.take(x, ("pull", name), _width(x.vshape), ("pullrows", name))
             bound.add(x)
     lazy = fn.lazy_scatter_reads(opts, device) if phase != TASK else {}
-    for x in backward_phases.reads[phase]:
+    for x in phases.reads[phase]:
         if x in b_stored:
             t.bind(x, ("btensor", x), KIND_ROWS, 0, _width(x.vshape))
         elif x in lazy and x not in bound and x in read:   # the scattered value's cotangent, from the scatter gradient
             t.scatter_view(x, ("sgrad", smsg), lazy[x][0], _width(smsg))
     for out, ct in fn.ct.items():
-        if backward_phases.phase[ct] != phase:
+        if phases.phase[ct] != phase:
             continue
         if out is fn.scattered:
             t.scatter_view(ct, ("sgrad", smsg), 0, _width(smsg))
@@ -594,8 +593,7 @@ def backward_template(fn, opts, device, phase: int = TASK, direct: bool = False)
             t.scratch_reg(c)
         for m, a, _ in parts:
             t.emit("COLS", t.reg(m), t.regs[c], a)
-    grad_cat = (_children_gradient(fn, backward_phases, inplace, concats)
-                if opts.gather_elision and phase == TASK else None)
+    grad_cat = _children_gradient(fn, phases, inplace, concats) if opts.gather_elision and phase == TASK else None
     if grad_cat is not None:
         message = fn.gather_messages[0]
         t.overlays[grad_cat] = ("CATVIEW", t.buf(("sgrad", message)), _width(message), len(fn.gathers), 1)
@@ -607,7 +605,7 @@ def backward_template(fn, opts, device, phase: int = TASK, direct: bool = False)
         t.emit("SKIP_IF_CAT", len(fn.gathers), 1)
         skip_at = len(t.code)
     for leaf, g in grads:
-        if backward_phases.phase[g] != phase:
+        if phases.phase[g] != phase:
             continue
         if g not in t.regs:
             raise Unsupported(f"gradient {g.label()} is not computed by the task program")
@@ -623,7 +621,7 @@ def backward_template(fn, opts, device, phase: int = TASK, direct: bool = False)
         assert [c[0] for c in t.code[skip_at:skip_at + len(fn.gathers)]] == ["ADJ"] * len(fn.gathers)
     covered_by_block = {name for names in t.direct_blocks.values() for name, _, _ in names}
     for name, g in fn.param_grads.items():
-        if backward_phases.phase[g] == phase:
+        if phases.phase[g] == phase:
             if g not in t.regs:
                 raise Unsupported(f"gradient of '{name}' is not computed by the task program")
             if ("pgrad", name, "set") not in t.buffers and name not in covered_by_block:   # (else computed into it)
@@ -652,7 +650,7 @@ def _regather(t: Template, fn, cat: Node) -> None:
     t.code[mark] = ("SKIP_IF_CAT", len(t.code) - mark - 1, 0)
 
 
-def _children_gradient(fn, backward_phases, inplace, concats) -> Node | None:
+def _children_gradient(fn, phases, inplace, concats) -> Node | None:
     """The value whose column blocks are the gathers' gradients, slot by slot (∂F of Tree-FC's [h_l; h_r]·W
     is one product dY·Wᵀ), when the task program computes it into scratch: a task whose children are side by
     side in a forest can compute it straight into their rows of the scatter gradient (CATVIEW), and the
@@ -664,14 +662,14 @@ def _children_gradient(fn, backward_phases, inplace, concats) -> Node | None:
     blocks = set()
     for j, gnode in fn.gathers.items():
         g = fn.leaf_grads.get(gnode)
-        if g is None or backward_phases.phase.get(g) != TASK or OPS[g.op].native is None \
+        if g is None or phases.phase.get(g) != TASK or OPS[g.op].native is None \
                 or OPS[g.op].native(g) != "cols" or _col_offset(g) != j * width or _cols(g) != width:
             return None
         blocks.add(g.inputs[0])
     if len(blocks) != 1:
         return None
     (whole,) = blocks
-    computed = {o for step in backward_phases.programs[TASK] for o in step.outputs}
+    computed = {o for step in phases.programs[TASK] for o in step.outputs}
     in_concat = {c for c, _ in concats} | {m for _, parts in concats for m, _, _ in parts}
     if (whole not in computed or whole in inplace or whole in in_concat or not whole.has_rows
             or _cols(whole) != k * width):
@@ -712,17 +710,17 @@ def link(compiled: list, kind_ids: list, opts, device, backward: bool, training:
     blocks = []
     writers: dict = {}
     for kind_id in kind_ids:
-        backward_phases = compiled[kind_id].phases(opts, device).backward
+        phases = compiled[kind_id].phases(opts, device).backward
         for name, g in compiled[kind_id].param_grads.items():
-            writers.setdefault(name, []).append(backward_phases.phase[g])
+            writers.setdefault(name, []).append(phases.phase[g])
     for phase in (PRE, POST):
         for kind_id in kind_ids:
-            backward_phases = compiled[kind_id].phases(opts, device).backward
+            fn = compiled[kind_id]
+            phases = fn.phases(opts, device).backward
             # (streaming splits the blocks before the task loop into chunks of one task: each adds into it)
             direct = backward and not (opts.streaming and phase == PRE) and all(
-                writers[name] == [phase] for name, g in compiled[kind_id].param_grads.items()
-                if backward_phases.phase[g] == phase)
-            t = template(compiled[kind_id], opts, device, backward, training, phase, direct)
+                writers[name] == [phase] for name, g in fn.param_grads.items() if phases.phase[g] == phase)
+            t = template(fn, opts, device, backward, training, phase, direct)
             if t.code:
                 blocks.append(((1 if phase == PRE else 2) * n_kinds + kind_id, kind_id, t))
     ntask = len(templates)
@@ -795,8 +793,8 @@ class BlockInfo:
 
 
 def _block_info(tid: int, kind_id: int, t: Template, fn, opts, backward: bool) -> BlockInfo:
-    forward_phases = fn.phases(opts).forward
-    moves = (0, 0, 0) if backward else (sum(forward_phases.phase[g] == t.phase for g in fn.gathers.values()),
-                                        sum(forward_phases.phase[p] == t.phase for p in fn.pulls.values()),
-                                        sum(forward_phases.phase[p] == t.phase for p in fn.pushes.values()))
+    phases = fn.phases(opts).forward
+    moves = (0, 0, 0) if backward else (sum(phases.phase[g] == t.phase for g in fn.gathers.values()),
+                                        sum(phases.phase[p] == t.phase for p in fn.pulls.values()),
+                                        sum(phases.phase[p] == t.phase for p in fn.pushes.values()))
     return BlockInfo(tid, kind_id, t.phase, t, t.scatter_rows, len(fn.gathers) if t.regathers else 0, moves)
