@@ -181,7 +181,7 @@ TRAIN_DEFAULTS: dict[str, Any] = {
     "prefetch": False,   # prepare the next batch (inputs, schedule, memory plan) while one trains (prefetch.py)
     "engine": {"lazy_batching": True, "eager_batching": True, "streaming": False,  # §3.4 (EngineOptions)
                "fusion": True, "gather_elision": True, "merge_gemms": True,
-               "plan_layout": False,    # ED-Batch's memory layout: merged products' weights as views (passes/layout.py)
+               "plan_layout": True,     # ED-Batch's memory layout: merged products' weights as views (passes/layout.py)
                "runner": "device",      # the device's runner; or "reference": the same program run by
                                         # reference.py (slow; the opcodes' definition)
                "check": False,          # the runners' debug mode: every address bounds-checked

@@ -134,7 +134,8 @@ def test_shards_cover_the_batch_in_order():
 def test_two_ranks_equal_one_process(launcher, tmp_path):
     """2 ranks on every bundled model in float64 and float32 (dropout on), each row-sparse path forced (lazy
     Adam updates, so the rows each path reports as looked up matter), the model on the emulated CUDA device,
-    and the digest probe: the same parameters, slots and metrics as one process on the whole batches."""
+    a naive cell on planned parameter buffers, and the digest probe: the same parameters, slots and metrics as
+    one process on the whole batches."""
     out = tmp_path / "two"
     cases = []
     for model, (module, overrides) in MODELS.items():
@@ -149,6 +150,10 @@ def test_two_ranks_equal_one_process(launcher, tmp_path):
                   + ["train.dtype=float64"], "emulated": True})
     cases.append({"name": "digest", "module": "tree_lstm", "overrides": MODELS["tree_lstm"][1],
                   "digest_probe": "W_o"})
+    # a naive cell's parameters laid out as views of planned buffers: still reduced and updated per parameter
+    cases.append({"name": "planned-buffers", "module": "var_lstm", "overrides": MODELS["var_lstm"][1]
+                  + ["model.cell=naive", "train.engine.plan_layout=true", "train.dtype=float64",
+                     "train.optimizer=adam"]})
     reports = run_worker(launcher, 2, cases, out)
     for case in cases:
         if case.get("digest_probe"):
