@@ -417,8 +417,11 @@ def resolve(raw: dict, source: str | os.PathLike, overrides: Sequence[str] = (),
         _resolve_paths(raw["model"], base, MODEL_PATH_KEYS)
     overridden = []
     try:
+        _renamed_keys(raw)
         for item in overrides:
             keys, value = parse_override(item)
+            overridden.append(".".join(keys))
+            keys, value = _renamed(keys, value)
             if keys[0] not in SECTIONS:
                 raise ConfigError(f"--set {item!r}: unknown config section '{keys[0]}'{_suggest(keys[0], SECTIONS)};"
                                   f" sections: {', '.join(SECTIONS)}")
@@ -435,7 +438,6 @@ def resolve(raw: dict, source: str | os.PathLike, overrides: Sequence[str] = (),
             if keys[0] == "model" and len(keys) == 2:
                 _resolve_paths(raw["model"], Path.cwd(), MODEL_PATH_KEYS)
             overridden.append(".".join(keys))
-        _renamed_keys(raw)
         return _resolved(raw, source, base)
     except ConfigError as e:
         key = e.key or str(e).split(" ", 1)[0].rstrip(":")
@@ -443,22 +445,34 @@ def resolve(raw: dict, source: str | os.PathLike, overrides: Sequence[str] = (),
         raise ConfigError(f"{source}: {e}{note}") from None
 
 
+def _renamed(keys: list, value) -> tuple[list, Any]:
+    """An override's key and value under the key's new name, where :data:`RENAMED` has its old one."""
+    renamed = RENAMED.get(tuple(keys))
+    if renamed is None:
+        return keys, value
+    new, values = renamed
+    if value not in values:
+        where = ".".join(keys[:-1])
+        raise ConfigError(f"{where}.{keys[-1]} (now {where}.{new}) = {value!r}: expected one of "
+                          f"{', '.join(map(str, values))}")
+    return keys[:-1] + [new], values[value]
+
+
 def _renamed_keys(raw: dict) -> None:
-    """Move each old key of :data:`RENAMED` in ``raw`` to its new name, translating its value."""
+    """Move each old key of :data:`RENAMED` in ``raw`` (a file's or a record's config: the overrides are
+    renamed one by one, later) to its new name, translating its value."""
     for (*path, old), (new, values) in RENAMED.items():
         section = raw
         for k in path:
             section = section.get(k) if isinstance(section, dict) else None
         if not isinstance(section, dict) or old not in section:
             continue
-        where, value = ".".join(path), section.pop(old)
-        if value not in values:
-            raise ConfigError(f"{where}.{old} (now {where}.{new}) = {value!r}: expected one of "
-                              f"{', '.join(map(str, values))}")
-        if new in section and section[new] != values[value]:
-            raise ConfigError(f"{where}.{old} = {value!r} (the old name of {where}.{new}) contradicts "
-                              f"{where}.{new} = {section[new]!r}: give one")
-        section[new] = values[value]
+        given = section.pop(old)
+        keys, value = _renamed(path + [old], given)
+        if new in section and section[new] != value:
+            raise ConfigError(f"{'.'.join(path)}.{old} = {given!r} (the old name of {'.'.join(keys)}) "
+                              f"contradicts {'.'.join(keys)} = {section[new]!r}: give one")
+        section[new] = value
 
 
 def _resolved(raw: dict, source: Path, base: Path) -> dict:

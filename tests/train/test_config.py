@@ -96,15 +96,32 @@ def test_the_runners_old_key_reads_as_the_new_one_in_files_overrides_and_records
     assert config.differences(config.recorded(config.resolve(record, TREE_LSTM)), config.recorded(current)) == []
 
 
-def test_the_runners_old_key_with_a_bad_or_contradicting_value_is_refused():
+def test_the_runners_old_key_with_a_bad_or_contradicting_value_is_refused(tmp_path):
     with pytest.raises(ConfigError, match=r"train.engine.executor \(now train.engine.runner\) = 'python': expected "
                                           r"one of native, reference \(from --set\)$"):
         load_config(TREE_LSTM, ["train.engine.executor=python"])
-    with pytest.raises(ConfigError, match=r"train.engine.executor = 'native' \(the old name of "
+    cfg = yaml.safe_load(TREE_LSTM.read_text())
+    cfg.setdefault("train", {})["engine"] = {"executor": "native", "runner": "reference"}
+    path = tmp_path / "both.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    with pytest.raises(ConfigError, match=rf"^{path}: train.engine.executor = 'native' \(the old name of "
                                           r"train.engine.runner\) contradicts train.engine.runner = 'reference'"):
-        load_config(TREE_LSTM, ["train.engine.executor=native", "train.engine.runner=reference"])
-    assert load_config(TREE_LSTM, ["train.engine.executor=reference",
-                                   "train.engine.runner=reference"])["train"]["engine"]["runner"] == "reference"
+        load_config(path)
+    cfg["train"]["engine"] = {"executor": "reference", "runner": "reference"}
+    path.write_text(yaml.safe_dump(cfg))
+    assert load_config(path)["train"]["engine"]["runner"] == "reference"
+
+
+def test_an_old_key_given_by_set_overrides_the_new_key_of_a_file_or_record(tmp_path):
+    """``--set train.engine.executor=reference`` on a config (or a run's record, which names every key) that
+    says ``runner: device``: the later word wins, as with any override."""
+    cfg = yaml.safe_load(TREE_LSTM.read_text())
+    cfg.setdefault("train", {})["engine"] = {"runner": "device"}
+    path = tmp_path / "new.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert load_config(path, ["train.engine.executor=reference"])["train"]["engine"]["runner"] == "reference"
+    assert load_config(path, ["train.engine.executor=reference",
+                              "train.engine.runner=device"])["train"]["engine"]["runner"] == "device"
 
 
 def test_a_bad_value_in_a_file_names_the_file_and_not_set(tmp_path):
