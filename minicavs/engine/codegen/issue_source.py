@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from ...core.limits import MAX_ARGS, MAX_REGISTERS
 from .cuda import MAX_BLOCKS, BLOCK
-from .machine import OPS, WIDTH
+from .machine import OPS, WIDTH, register_views
 
 from .issue_kernels import MOVES
 
@@ -492,18 +492,7 @@ static int row_{T}(mach_{T}_t *M, const int64_t *code, const int64_t *pool, cons
                             NROWS(a[0], ldb), bs, cols, 0));
             break;
         }}
-        case COLS:
-            DSTOK(a[0], 0); REGOK(a[1], 1);
-            R[a[0]] = R[a[1]]; R[a[0]].p += a[2];
-            break;
-        case ALIAS:
-            DSTOK(a[0], 0); REGOK(a[1], 1);
-            R[a[0]] = R[a[1]];
-            break;
-        case TRANSPOSE:
-            DSTOK(a[0], 0); REGOK(a[1], 1);
-            R[a[0]] = R[a[1]]; R[a[0]].trans ^= 1;
-            break;
+{REGISTER_VIEWS}
         case GEMM: {{
             REGOK(a[0], 0); REGOK(a[1], 1); REGOK(a[2], 2);
             const int64_t m = DIM(a[3]), n = DIM(a[4]), k = DIM(a[5]);
@@ -759,7 +748,7 @@ def issue_source() -> str:
             f"#define MAXBLOCKS {MAX_BLOCKS}\n#define MOVES {MOVES}\n")
     body = ""
     for T in ("float", "double"):
-        body += CPU_GEMM.format(T=T) + LOOP_SOURCE.format(T=T)
+        body += CPU_GEMM.format(T=T) + LOOP_SOURCE.format(T=T, REGISTER_VIEWS=register_views("DSTOK", 8))
         body += "#undef STRIDES\n#undef FAIL\n#undef ISSUED\n#undef DIM\n#undef REGOK\n#undef DSTOK\n#undef BUFOK\n" \
                 "#undef CHECKR\n#undef NOTRANS\n#undef SET\n#undef FBASE\n#undef IDX\n#undef NROWS\n#undef RK\n"
     return head + body

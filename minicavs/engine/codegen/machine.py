@@ -21,6 +21,7 @@ operand -4 when ``sync[1]`` says the eager call failed. ``role`` 0: no second st
 from __future__ import annotations
 
 import math
+import textwrap
 
 from ...core.limits import MAX_ARGS, MAX_REGISTERS  # noqa: F401  (re-exported: the lowering's limits)
 
@@ -88,7 +89,7 @@ def matrix_shape(node) -> tuple[int, int]:
 # Per fused-kernel argument: how many rows it spans (full: the rows, row: 1 with ld 0, col: rows x 1, scalar).
 ARG_KINDS = {"full": 0, "row": 1, "col": 2, "scalar": 3}
 
-EXECUTOR_SOURCE = r"""
+INTERPRETER_SOURCE = r"""
 #define _POSIX_C_SOURCE 199309L
 #include <time.h>
 #include <stdint.h>
@@ -306,18 +307,7 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
                 }}
                 break;
             }}
-            case COLS:
-                REGOK(a[0], 0); REGOK(a[1], 1);
-                R[a[0]] = R[a[1]]; R[a[0]].p += a[2];
-                break;
-            case ALIAS:
-                REGOK(a[0], 0); REGOK(a[1], 1);
-                R[a[0]] = R[a[1]];
-                break;
-            case TRANSPOSE:
-                REGOK(a[0], 0); REGOK(a[1], 1);
-                R[a[0]] = R[a[1]]; R[a[0]].trans ^= 1;
-                break;
+{REGISTER_VIEWS}
             case GEMM: {{
                 REGOK(a[0], 0); REGOK(a[1], 1); REGOK(a[2], 2);
                 const int64_t m = DIM(a[3]), n = DIM(a[4]), k = DIM(a[5]);
@@ -630,10 +620,30 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
 """
 
 
+def register_views(dst_ok: str, indent: int) -> str:
+    """The C cases of the instructions that only re-point a register (COLS: a column block, ALIAS, TRANSPOSE):
+    one text for the interpreter and the CUDA issuing loop, each checking the destination register with its
+    own ``dst_ok`` macro; indented by ``indent`` spaces."""
+    cases = f"""case COLS:
+    {dst_ok}(a[0], 0); REGOK(a[1], 1);
+    R[a[0]] = R[a[1]]; R[a[0]].p += a[2];
+    break;
+case ALIAS:
+    {dst_ok}(a[0], 0); REGOK(a[1], 1);
+    R[a[0]] = R[a[1]];
+    break;
+case TRANSPOSE:
+    {dst_ok}(a[0], 0); REGOK(a[1], 1);
+    R[a[0]] = R[a[1]]; R[a[0]].trans ^= 1;
+    break;"""
+    return textwrap.indent(cases, " " * indent)
+
+
 def interpreter_source(c_type: str) -> str:
     """The interpreter's C source for one element type (``float`` or ``double``)."""
     enum = ", ".join([f"{name} = {i}" for name, i in OPS.items()] + [f"NOPCODES = {len(OPS)}"])
-    return EXECUTOR_SOURCE.format(T=c_type, ENUM=enum, WIDTH=WIDTH, MAX_ARGS=MAX_ARGS, MAX_REGISTERS=MAX_REGISTERS)
+    return INTERPRETER_SOURCE.format(T=c_type, ENUM=enum, WIDTH=WIDTH, MAX_ARGS=MAX_ARGS,
+                                     MAX_REGISTERS=MAX_REGISTERS, REGISTER_VIEWS=register_views("REGOK", 12))
 
 
 def interpreter_decls(c_type: str) -> str:
