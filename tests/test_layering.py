@@ -6,6 +6,7 @@ import cannot hide an upward edge."""
 from __future__ import annotations
 
 import ast
+import contextlib
 from pathlib import Path
 
 import pytest
@@ -207,18 +208,28 @@ def test_no_two_modules_share_a_file_name():
     assert not shared, f"modules sharing a file name: {shared}"
 
 
-def test_the_seam_and_length_checks_fail_on_a_backend_import_and_a_long_module(tmp_path):
-    """A lazy import of a backend module is found, and a module one line over the limit is named."""
+@contextlib.contextmanager
+def _checking(tmp_path, *folders: str):
+    """The checks of this file pointed at a throwaway ``minicavs`` package with ``folders`` (empty packages)."""
     pkg = tmp_path / "minicavs"
-    for folder in ("cpu", "engine"):
+    for folder in folders:
         (pkg / folder).mkdir(parents=True)
         (pkg / folder / "__init__.py").write_text("")
-    (pkg / "__init__.py").write_text("from . import cpu\n")
-    (pkg / "cpu" / "planner_library.py").write_text("")
-    (pkg / "engine" / "model.py").write_text("def f():\n    from ..cpu import planner_library as planner\n"
-                                             + "\n" * (MAX_LINES - 1))
+    (pkg / "__init__.py").write_text("")
     real, globals()["PACKAGE"] = PACKAGE, pkg
     try:
+        yield pkg
+    finally:
+        globals()["PACKAGE"] = real
+
+
+def test_the_seam_and_length_checks_fail_on_a_backend_import_and_a_long_module(tmp_path):
+    """A lazy import of a backend module is found, and a module one line over the limit is named."""
+    with _checking(tmp_path, "cpu", "engine") as pkg:
+        (pkg / "__init__.py").write_text("from . import cpu\n")
+        (pkg / "cpu" / "planner_library.py").write_text("")
+        (pkg / "engine" / "model.py").write_text("def f():\n    from ..cpu import planner_library as planner\n"
+                                                 + "\n" * (MAX_LINES - 1))
         with pytest.raises(AssertionError, match="minicavs.engine.model imports minicavs.cpu.planner_library"):
             test_nothing_above_the_backends_imports_them()
         with pytest.raises(AssertionError, match=f"minicavs/engine/model.py: {MAX_LINES + 1} lines"):
@@ -227,22 +238,14 @@ def test_the_seam_and_length_checks_fail_on_a_backend_import_and_a_long_module(t
         (pkg / "engine" / "backend.py").write_text("")
         test_nothing_above_the_backends_imports_them()
         test_no_module_is_longer_than_the_limit()
-    finally:
-        globals()["PACKAGE"] = real
 
 
 def test_the_checks_see_lazy_imports_cycles_and_loose_modules(tmp_path):
     """The reader finds an import inside a function, the cycle check fails on a cycle, and a module outside
     the layers' folders is named."""
-    pkg = tmp_path / "minicavs"
-    for folder in ("ops", "ir"):
-        (pkg / folder).mkdir(parents=True)
-        (pkg / folder / "__init__.py").write_text("")
-    (pkg / "__init__.py").write_text("")
-    (pkg / "ir" / "graph.py").write_text("def f():\n    from ..ops import thing\n")
-    (pkg / "ops" / "__init__.py").write_text("from ..ir.graph import f\n")
-    real, globals()["PACKAGE"] = PACKAGE, pkg
-    try:
+    with _checking(tmp_path, "ops", "ir") as pkg:
+        (pkg / "ir" / "graph.py").write_text("def f():\n    from ..ops import thing\n")
+        (pkg / "ops" / "__init__.py").write_text("from ..ir.graph import f\n")
         graph = import_graph()
         assert graph["minicavs.ir.graph"] == {"minicavs.ops"}
         with pytest.raises(AssertionError, match="imports minicavs.ops"):
@@ -253,5 +256,3 @@ def test_the_checks_see_lazy_imports_cycles_and_loose_modules(tmp_path):
         (pkg / "graph.py").write_text("")
         with pytest.raises(AssertionError, match="modules outside the layers' folders: .'graph.py'."):
             test_every_layer_is_its_folders()
-    finally:
-        globals()["PACKAGE"] = real
