@@ -487,7 +487,7 @@ def _loop_node(op: str, xs: list, ss: list, traced: Traced, n_out: int, length: 
                  _differentiable=not backward, _in_vertex_function=in_vf,
                  _pick=None if _pick is None else tuple(_pick))
     inputs = xs + ss + traced.captured + ([count] if count is not None else [])
-    types = _loop_types(op, body, ss, n_out, length, attrs["_save"])
+    types = _loop_types(op, body, ss, n_out, length, attrs["_save"], _count_rows(in_vf, inputs))
     if _pick is not None:
         types = [types[i] for i in _pick]
     if single:
@@ -507,13 +507,23 @@ def _split_results(results: list, n_out: int, n_state: int, s_single: bool, op: 
     return outs, (finals[0] if s_single else finals), count
 
 
-def _loop_types(op: str, body: Subgraph, ss: list, n_out: int, length: int, _save: bool) -> list:
+def _loop_types(op: str, body: Subgraph, ss: list, n_out: int, length: int, _save: bool,
+                count_rows: bool) -> list:
     """(shape, dtype) of a loop's results: the stacked outputs, the final states (a while_loop's count),
     and with ``_save`` the stacked pre-step states."""
     out_types = [(_stacked_shape(o.shape, length), o.dtype) for o in body.outputs[:n_out]]
     state_types = [(s.shape, s.dtype) for s in ss]
     saved_types = [(_stacked_shape(s.shape, length), s.dtype) for s in ss] if _save else []
-    return out_types + state_types + ([((), int64)] if op == "while_loop" else []) + saved_types
+    count_types = [((None,) if count_rows else (), int64)] if op == "while_loop" else []
+    return out_types + state_types + count_types + saved_types
+
+
+def _count_rows(in_vertex_function: bool, inputs: Sequence[Node]) -> bool:
+    """Whether a while_loop's count is per vertex: in a vertex function, where the loop reads per-vertex
+    values. The count is one number for the task (the predicate is one value), but ∂F may read a value
+    computed from the task's vertices only per vertex (passes and phases store values per vertex), and
+    the loop's gradient reads the count."""
+    return in_vertex_function and any(x.has_rows for x in inputs)
 
 
 def _loop_infer(*inputs, shape, dtype, **attrs):
@@ -543,7 +553,8 @@ def _foreach_impl(xp, *values, body, n_in, n_state, n_out, length, reverse, _has
     ran = length
     if _has_count:   # a run-time trip count (a while_loop's backward: the steps that ran), read on the host
         count = values[-1]
-        ran = int((count.get() if on_device(count) else np.asarray(count)).reshape(-1)[0])
+        counts = (count.get() if on_device(count) else np.asarray(count)).reshape(-1)   # (one per vertex: equal)
+        ran = int(counts[0]) if counts.size else 0
         if not 0 <= ran <= length:
             raise FeedError(f"foreach: {ran} steps asked of a loop over {length}")
     order = range(ran - 1, -1, -1) if reverse else range(ran)
@@ -588,28 +599,29 @@ def _loop_vjp(g, node, *inputs, body, n_in, n_state, n_out, length, _has_count, 
     first_saved = n_out + n_state + (1 if is_while else 0)
     keeper = node
     if not _save:   # a one-result loop: replayed once, saving its states
-        types = _loop_types(node.op, body, ss, n_out, length, True)
+        types = _loop_types(node.op, body, ss, n_out, length, True,
+                            _count_rows(_in_vertex_function, inputs))
         keeper = _tuple_node(node.op, inputs, dict(node.attrs, _save=True, _pick=None, dtype=types[0][1]), types)
     saved = [item(keeper, first_saved + j) for j in range(n_state)]
     out_given = [k for k in range(n_out) if k in cts]
-    cap_float = [c for c in caps if c.dtype.is_float]
+    cap_slots = [k for k, c in enumerate(caps) if c.dtype.is_float]   # by slot: a node may fill several
     # carried: the state cotangents (zero where none came back) and the captured values' gradient sums
     carried = [cts.get(n_out + j) if (n_out + j) in cts else zeros_like(s) for j, s in enumerate(ss)]
-    carried += [zeros_like(c) for c in cap_float]
+    carried += [zeros_like(caps[k]) for k in cap_slots]
     n_x = len(xs)
 
-    def backward(step_in, carry):
+    def backward(step_in, carry, cap_t):
         x_t = step_in[:n_x]
         s_t = step_in[n_x:n_x + n_state]
         gy_t = step_in[n_x + n_state:]
         gs, gcap = carry[:n_state], carry[n_state:]
-        res = body.inline(list(x_t) + list(s_t) + caps)
+        res = body.inline(list(x_t) + list(s_t) + list(cap_t))
         ct = [None] * len(res)
         for k, c in zip(out_given, gy_t):
             ct[k] = c
         for j in range(n_state):
             ct[n_out + j] = gs[j]
-        grads = _float_grads(res, ct, list(x_t) + list(s_t) + cap_float)
+        grads = _float_grads(res, ct, list(x_t) + list(s_t) + [cap_t[k] for k in cap_slots])
         gx = [gr if gr is not None else zeros_like(x) for gr, x in zip(grads[:n_x], x_t) if x.dtype.is_float]
         g_states = [gr if gr is not None else zeros_like(s) for gr, s in zip(grads[n_x:n_x + n_state], s_t)]
         g_caps = [acc + gr for acc, gr in zip(gcap, grads[n_x + n_state:])]
@@ -618,7 +630,7 @@ def _loop_vjp(g, node, *inputs, body, n_in, n_state, n_out, length, _has_count, 
     # per-step inputs of the backward: the forward's inputs, its saved states, the outputs' cotangents
     step_inputs = xs + saved + [cts[k] for k in out_given]
     count = item(keeper, n_out + n_state) if is_while else (inputs[-1] if _has_count else None)
-    back_outs, back_finals = _backward_loop(backward, step_inputs, carried, length, not reverse, count,
+    back_outs, back_finals = _backward_loop(backward, step_inputs, carried, caps, length, not reverse, count,
                                             _in_vertex_function)
     grads: list = [None] * len(inputs)
     fi = 0
@@ -628,20 +640,27 @@ def _loop_vjp(g, node, *inputs, body, n_in, n_state, n_out, length, _has_count, 
             fi += 1
     for j in range(n_state):
         grads[n_x + j] = back_finals[j] if ss[j].dtype.is_float else None
-    for c, gc in zip(cap_float, back_finals[n_state:]):
-        grads[inputs.index(c)] = gc
+    for k, gc in zip(cap_slots, back_finals[n_state:]):
+        grads[n_x + n_state + k] = gc   # autodiff sums the slots of a node that fills several
     return tuple(grads)
 
 
-def _backward_loop(backward, step_inputs, carried, length, reverse, count, split: bool):
+def _backward_loop(backward, step_inputs, carried, caps, length, reverse, count, split: bool):
     """Trace ``backward`` as a foreach body over ``step_inputs`` (with ``count``: only that many steps ran).
+
+    The forward body's captured values ``caps`` enter the traced body as placeholders of their own, made
+    captures of the loop afterwards: the body is differentiated with respect to those placeholders, so a
+    captured value computed from another (``x`` and ``2 * x``) is not differentiated through the enclosing
+    graph inside the body, which would count its gradient twice.
 
     ``split`` (in a vertex function): two nodes running the same loop, one for the per-vertex results (the
     inputs' and states' gradients) and one for those without the row axis (parameter gradients, summed over
     the vertices): ∂F computes a value without the row axis in the phase that reads it, and a node there
     must not mix the two."""
+    n_step, n_carried = len(step_inputs), len(carried)
+
     def call(*formals):
-        return backward(formals[:len(step_inputs)], formals[len(step_inputs):])
+        return backward(formals[:n_step], formals[n_step:n_step + n_carried], formals[n_step + n_carried:])
 
     n_out = []
 
@@ -651,7 +670,10 @@ def _backward_loop(backward, step_inputs, carried, length, reverse, count, split
         return flat
 
     types = [(_step_shape(x, "backward input"), x.dtype) for x in step_inputs]
-    traced, _ = trace(call, types + [(c.shape, c.dtype) for c in carried], "backward", unpack)
+    types += [(v.shape, v.dtype) for v in list(carried) + list(caps)]
+    traced, _ = trace(call, types, "backward", unpack)
+    # the placeholders of ``caps`` are the args right before the trace's own captures: captures too
+    traced = Traced(traced.graph, list(caps) + traced.captured)
     results = list(traced.graph.outputs)
     groups: list = [None]
     if split:
@@ -733,7 +755,8 @@ def _while_impl(xp, *values, body, cond, n_in, n_state, n_out, length, _has_coun
     rows = _rows_in(values, body, 0, n_state)
     result = [_stack(xp, o, length, body.outputs[k].shape, body.outputs[k].dtype, rows) for k, o in enumerate(outs)]
     result += states
-    result.append(xp.full((), ran, dtype=np.int64))   # made on the device: no host copy
+    count_shape = (rows,) if _in_vertex_function and rows is not None else ()   # (see _count_rows)
+    result.append(xp.full(count_shape, ran, dtype=np.int64))   # made on the device: no host copy
     if _save:
         result += [_stack(xp, s, length, body.args[j].shape, body.args[j].dtype, rows)
                    for j, s in enumerate(saved)]
@@ -744,3 +767,4 @@ def _while_impl(xp, *values, body, cond, n_in, n_state, n_out, length, _has_coun
 
 register(OpDef("while_loop", infer=_loop_infer, impl=_while_impl, vjp=_loop_vjp, fuse=False,
                tuple_valued=_is_tuple_node))
+

@@ -533,3 +533,167 @@ def test_foreach_of_any_size_and_direction_equals_a_python_loop(steps, rows, wid
     close(got_y, want)
     close(got_s, s)
     check_grads([ys, sT], [xs, s0, a, b], {xs: X, s0: S}, {"a": A, "b": B})
+
+
+# --- one node in several slots of a control-flow op ----------------------------------------------------
+# A node that fills two or more input slots (iterated input, state, value read from outside, cond operand)
+# must receive the sum of every slot's gradient; a value read from outside that is computed from another
+# one read from outside (x and 2x) must not be differentiated twice. Every pairing of slot roles, nested,
+# in a static graph and inside a vertex function: float64 finite differences over every element.
+
+T_STEPS, WIDTH = 3, 2
+FOREACH_ROLES = ("input", "input2", "state", "state2", "closure", "derived")
+
+
+def _foreach_with_roles(roles: tuple):
+    """A foreach whose slots are filled by ``a`` (a computed node, so its gradient also flows on to its
+    input ``a0``) in ``roles`` and by independent inputs elsewhere. ``derived``: the body also reads
+    ``2 a + b`` from outside, beside whatever else it reads."""
+    a0 = ops.input((T_STEPS, WIDTH), F64, name="a0")
+    a = ops.tanh(a0)
+    others = {r: ops.input((T_STEPS, WIDTH), F64, name=f"b_{r}") for r in FOREACH_ROLES}
+    fill = {r: a if r in roles else others[r] for r in FOREACH_ROLES}
+    closure, derived = fill["closure"], fill["derived"] * 2.0 + others["closure"]
+
+    def body(x, s):
+        mix = x[0] * 0.5 + x[1] * x[1]
+        new = [ops.tanh(s[0] * 0.7 + mix + closure * s[1]), s[1] * 0.9 + ops.sigmoid(s[0]) * derived]
+        return [ops.sum(new[0] * closure, axis=0)], new
+    (ys,), finals = C.foreach(body, [fill["input"], fill["input2"]], [fill["state"], fill["state2"]])
+    wrt = [a0] + list(others.values())
+    return [ys] + finals, wrt
+
+
+@pytest.mark.parametrize("roles", [r for k in (1, 2, 3) for r in __import__("itertools").combinations(
+    FOREACH_ROLES, k)], ids="+".join)
+def test_foreach_gradient_sums_every_slot_a_node_fills(roles):
+    outputs, wrt = _foreach_with_roles(roles)
+    rng = np.random.default_rng(len(roles))
+    feeds = {w: rng.uniform(-1.0, 1.0, (T_STEPS, WIDTH)) for w in wrt}
+    check_grads(outputs, wrt, feeds)
+
+
+WHILE_ROLES = ("state", "state2", "closure", "cond_closure", "derived")
+
+
+@pytest.mark.parametrize("roles", [r for k in (1, 2, 3) for r in __import__("itertools").combinations(
+    WHILE_ROLES, k)], ids="+".join)
+def test_while_loop_gradient_sums_every_slot_a_node_fills(roles):
+    """The issue's reproduction is ``state+closure``: ``v <- v / 2 + x`` from ``v = x``, two steps."""
+    a0 = ops.input((WIDTH,), F64, name="a0")
+    a = ops.tanh(a0)
+    others = {r: ops.input((WIDTH,), F64, name=f"b_{r}") for r in WHILE_ROLES}
+    fill = {r: a if r in roles else others[r] for r in WHILE_ROLES}
+    derived = fill["derived"] * 2.0 + others["closure"]
+    k0 = ops.constant(0.0, F64)
+
+    def keep_going(v):   # three steps; reads a value from outside that the body may read too
+        return 3.0 - v[2] + ops.sum(fill["cond_closure"]) * 0.0
+
+    def body(v):
+        s, s2, k = v
+        new = [s * 0.5 + fill["closure"] * s2, ops.tanh(s2 + ops.sigmoid(s) * derived), k + 1.0]
+        return [s * s2], new
+    (ys,), (sT, s2T, _), count = C.while_loop(keep_going, body, [fill["state"], fill["state2"], k0], 5)
+    wrt = [a0] + list(others.values())
+    rng = np.random.default_rng(len(roles) + 7)
+    feeds = {w: rng.uniform(-1.0, 1.0, (WIDTH,)) for w in wrt}
+    assert int(run(count, feeds)) == 3
+    check_grads([ys, sT, s2T], wrt, feeds)
+
+
+def test_while_loop_state_read_from_outside_the_issues_numbers():
+    """``v <- v / 2 + x`` twice from ``v = x``: v2 = 1.75 x, so the gradient of sum(v2) is 1.75 (was 1.5)."""
+    x = ops.input((3,), F64, name="x")
+    _, vT, _ = C.while_loop(lambda v: ops.sum(ops.ones_like(v)), lambda v: ([], v * 0.5 + x), x, 2)
+    (g,) = grad(ops.sum(vT), [x])
+    close(run(g, {x: np.ones(3)}), np.full(3, 1.75))
+
+
+COND_ROLES = ("operand", "operand2", "then_closure", "else_closure")
+
+
+@pytest.mark.parametrize("taken", [1.0, -1.0])
+@pytest.mark.parametrize("roles", [r for k in (1, 2, 3, 4) for r in __import__("itertools").combinations(
+    COND_ROLES, k)], ids="+".join)
+def test_cond_gradient_sums_every_slot_a_node_fills(roles, taken):
+    a0 = ops.input((WIDTH,), F64, name="a0")
+    a = ops.tanh(a0)
+    others = {r: ops.input((WIDTH,), F64, name=f"b_{r}") for r in COND_ROLES}
+    fill = {r: a if r in roles else others[r] for r in COND_ROLES}
+    p = ops.input((), F64, name="p")
+    y = C.cond(p, lambda u, v: u * v + ops.sigmoid(fill["then_closure"]) * u,
+               lambda u, v: ops.tanh(u - v) * fill["else_closure"] * (fill["else_closure"] * 2.0 + u),
+               [fill["operand"], fill["operand2"]])
+    wrt = [a0] + list(others.values())
+    rng = np.random.default_rng(len(roles))
+    feeds = {w: rng.uniform(-1.0, 1.0, (WIDTH,)) for w in wrt}
+    check_grads(y, wrt, {**feeds, p: taken})
+
+
+def test_nested_loops_with_a_node_in_several_slots_at_each_level():
+    """An outer foreach over the rows of ``a`` that also carries ``a`` as a state and reads it from outside;
+    its body runs a while_loop whose state is the row and which reads the row, the outer state and ``a``
+    itself from outside (captured through two levels), and a cond on the row with the row twice."""
+    a0 = ops.input((T_STEPS, WIDTH), F64, name="a0")
+    a = ops.tanh(a0)
+    p = ops.input((), F64, name="p")
+
+    def outer(x, s):
+        def inner(v):
+            return [], [v[0] * 0.5 + x * ops.sum(s, axis=0) + ops.sum(a, axis=0), v[1] + 1.0]
+        _, (vT, _), _ = C.while_loop(lambda v: 2.0 - v[1], inner, [x, ops.constant(0.0, F64)], 4)
+        z = C.cond(p, lambda u, w: u * w + x, lambda u, w: u - w, [vT, vT])
+        return [z], ops.tanh(s * 0.5 + a * ops.sum(z))
+    (zs,), sT = C.foreach(outer, a, a)
+    rng = np.random.default_rng(5)
+    A0 = rng.uniform(-1.0, 1.0, (T_STEPS, WIDTH))
+    for taken in (1.0, -1.0):
+        check_grads([zs, sT], [a0], {a0: A0, p: taken})
+
+
+def _aliasing_chain(op: str):
+    """A chain whose F runs ``op`` with the gathered message ``h`` (and the pulled sequence ``xs``) in
+    several slots at once: state and value read from outside, iterated input and value read from outside,
+    both cond operands; the parameters reach every slot, so finite differences of the loss in the
+    parameters see any slot's gradient that goes missing."""
+    from minicavs.engine.model import Model, Structure
+    from minicavs.runtime.vertex import VertexFunction
+    D, H = 2, 3
+    Wx, Wh = ops.param_node("Wx", (D, H), F64), ops.param_node("Wh", (H, H), F64)
+    F = VertexFunction("v", arity=1, message=(H,), dtype=F64)
+    with F:
+        h, xs = F.gather(0), F.pull((T_STEPS, D))
+        if op == "foreach":
+            (ys,), hT = C.foreach(lambda x, s: ([x * ops.sum(xs, axis=0)], ops.tanh(x @ Wx + s @ Wh + h * 0.5)),
+                                  xs, h)
+            out = hT + ops.sum(ys @ Wx, axis=0) * 0.1
+        elif op == "while_loop":
+            # (the predicate is one value for the batch: here a parameter's, true, so max_iterations runs)
+            _, out, _ = C.while_loop(lambda v: ops.sum(ops.abs(Wh)), lambda v: (
+                [], ops.tanh(v @ Wh + h + ops.sum(xs, axis=0) @ Wx)), h, 2)
+        else:
+            s = ops.param_node("s", (), F64)
+            out = C.cond(s, lambda u, w: ops.tanh(u @ Wh + w + ops.sum(xs, axis=0) @ Wx), lambda u, w: u * w - h, [h, h])
+        F.scatter(out)
+        F.push(out)
+    st = Structure(F, pulls={"x": ops.input((None, T_STEPS, D), F64, name="xs")})
+    return Model(st, loss=ops.sum(ops.square(st.pushed("h"))))
+
+
+@pytest.mark.parametrize("op", ["foreach", "while_loop", "cond"])
+def test_a_node_in_several_slots_inside_a_vertex_function(op):
+    from minicavs.engine.compile import EngineOptions
+    from minicavs.runtime.inputs import InputGraph
+    from minicavs.train.testing import check_model_grads
+    rng = np.random.default_rng(21)
+    model = _aliasing_chain(op)
+    vals = {"Wx": rng.uniform(-0.5, 0.5, (2, 3)), "Wh": rng.uniform(-0.5, 0.5, (3, 3)), "s": np.float64(-1.0)}
+    graphs = [InputGraph.chain(n) for n in (3, 1, 2)]
+    feeds = {"xs": rng.standard_normal((6, T_STEPS, 2))}
+    for runner in ("reference", "device"):
+        check_model_grads(model, graphs, feeds, vals, directions=3, ctx=None) if runner == "reference" else None
+        got = model.forward_backward(graphs, feeds, vals, options=EngineOptions(runner=runner))
+        want = model.forward_backward(graphs, feeds, vals, options=EngineOptions(runner="reference"))
+        for k in ("Wx", "Wh"):
+            close(got.grads[k], want.grads[k])
