@@ -111,7 +111,7 @@ def ge(a, b):
 
 
 def where(p, a, b):
-    return np.where(np.asarray(p, np.float64) > 0, np.asarray(a, np.float64), np.asarray(b, np.float64))
+    return np.where(np.asarray(p, np.float64) != 0, np.asarray(a, np.float64), np.asarray(b, np.float64))
 
 
 def accum(*xs):
@@ -361,7 +361,7 @@ def foreach(body, xs, states, rows=False, reverse=False):
 def while_loop(cond, body, loop_vars, max_iterations):
     """Outputs stacked to ``max_iterations`` steps (zero after the last step run), final vars, the count."""
     outs = []
-    while len(outs) < max_iterations and cond(loop_vars) > 0:
+    while len(outs) < max_iterations and cond(loop_vars) != 0:
         o, loop_vars = body(loop_vars)
         outs.append(o)
     like = body(loop_vars)[0]
@@ -371,7 +371,7 @@ def while_loop(cond, body, loop_vars, max_iterations):
 
 
 def cond(pred, then, else_, *operands):
-    return (then if np.asarray(pred).reshape(-1)[0] > 0 else else_)(*operands)
+    return (then if np.asarray(pred).reshape(-1)[0] != 0 else else_)(*operands)
 
 
 def item(values, index):

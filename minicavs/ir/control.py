@@ -220,9 +220,10 @@ def _results(node: Node, count: int) -> list:
 
 
 def _host_true(pred) -> bool:
-    """A predicate's value, read on the host (one device-to-host copy on a device): true when positive."""
+    """A predicate's value, read on the host (one device-to-host copy on a device): true when nonzero, NaN
+    included (C's and MXNet's ``static_cast<bool>``, NumPy's ``bool``, JAX's ``cond``)."""
     value = pred.get() if on_device(pred) else np.asarray(pred)
-    return bool(value.reshape(-1)[0] > 0)
+    return bool(value.reshape(-1)[0] != 0)
 
 
 def _dense(g: Node | None) -> Node | None:
@@ -245,9 +246,10 @@ def _float_grads(outputs: list, cts: list, wrt: list) -> list:
 # --- cond ------------------------------------------------------------------------------------------------
 
 def cond(pred: Node, then_fn: Callable, else_fn: Callable, inputs: Sequence[Node] | Node = ()):
-    """``then_fn(*inputs)`` if ``pred > 0`` else ``else_fn(*inputs)``: only the taken branch runs.
+    """``then_fn(*inputs)`` if ``pred`` is nonzero else ``else_fn(*inputs)``: only the taken branch runs.
 
-    ``pred`` is one value (a size-1 shape without the row axis: a per-row choice is an elementwise ``where``).
+    ``pred`` is one value (a size-1 shape without the row axis: a per-row choice is an elementwise ``where``),
+    true when nonzero: -1 and NaN take ``then_fn``, as C, MXNet, NumPy and JAX's ``cond`` read a value.
     Each function is called once, now, on fresh symbols; values it reads from outside become inputs of the
     node. Both must return the same number of nodes with equal shapes and dtypes (checked here). Returns one
     node, or a list when the branches return a list. Gradients: the backward is a ``cond`` on the same
@@ -487,7 +489,7 @@ def _loop_node(op: str, xs: list, ss: list, traced: Traced, n_out: int, length: 
                  _differentiable=not backward, _in_vertex_function=in_vf,
                  _pick=None if _pick is None else tuple(_pick))
     inputs = xs + ss + traced.captured + ([count] if count is not None else [])
-    types = _loop_types(op, body, ss, n_out, length, attrs["_save"], _count_rows(in_vf, inputs))
+    types = _loop_types(op, body, ss, n_out, length, attrs["_save"])
     if _pick is not None:
         types = [types[i] for i in _pick]
     if single:
@@ -507,23 +509,13 @@ def _split_results(results: list, n_out: int, n_state: int, s_single: bool, op: 
     return outs, (finals[0] if s_single else finals), count
 
 
-def _loop_types(op: str, body: Subgraph, ss: list, n_out: int, length: int, _save: bool,
-                count_rows: bool) -> list:
+def _loop_types(op: str, body: Subgraph, ss: list, n_out: int, length: int, _save: bool) -> list:
     """(shape, dtype) of a loop's results: the stacked outputs, the final states (a while_loop's count),
     and with ``_save`` the stacked pre-step states."""
     out_types = [(_stacked_shape(o.shape, length), o.dtype) for o in body.outputs[:n_out]]
     state_types = [(s.shape, s.dtype) for s in ss]
     saved_types = [(_stacked_shape(s.shape, length), s.dtype) for s in ss] if _save else []
-    count_types = [((None,) if count_rows else (), int64)] if op == "while_loop" else []
-    return out_types + state_types + count_types + saved_types
-
-
-def _count_rows(in_vertex_function: bool, inputs: Sequence[Node]) -> bool:
-    """Whether a while_loop's count is per vertex: in a vertex function, where the loop reads per-vertex
-    values. The count is one number for the task (the predicate is one value), but ∂F may read a value
-    computed from the task's vertices only per vertex (passes and phases store values per vertex), and
-    the loop's gradient reads the count."""
-    return in_vertex_function and any(x.has_rows for x in inputs)
+    return out_types + state_types + ([((), int64)] if op == "while_loop" else []) + saved_types
 
 
 def _loop_infer(*inputs, shape, dtype, **attrs):
@@ -553,8 +545,7 @@ def _foreach_impl(xp, *values, body, n_in, n_state, n_out, length, reverse, _has
     ran = length
     if _has_count:   # a run-time trip count (a while_loop's backward: the steps that ran), read on the host
         count = values[-1]
-        counts = (count.get() if on_device(count) else np.asarray(count)).reshape(-1)   # (one per vertex: equal)
-        ran = int(counts[0]) if counts.size else 0
+        ran = int((count.get() if on_device(count) else np.asarray(count)).reshape(-1)[0])
         if not 0 <= ran <= length:
             raise FeedError(f"foreach: {ran} steps asked of a loop over {length}")
     order = range(ran - 1, -1, -1) if reverse else range(ran)
@@ -599,10 +590,12 @@ def _loop_vjp(g, node, *inputs, body, n_in, n_state, n_out, length, _has_count, 
     first_saved = n_out + n_state + (1 if is_while else 0)
     keeper = node
     if not _save:   # a one-result loop: replayed once, saving its states
-        types = _loop_types(node.op, body, ss, n_out, length, True,
-                            _count_rows(_in_vertex_function, inputs))
+        types = _loop_types(node.op, body, ss, n_out, length, True)
         keeper = _tuple_node(node.op, inputs, dict(node.attrs, _save=True, _pick=None, dtype=types[0][1]), types)
     saved = [item(keeper, first_saved + j) for j in range(n_state)]
+    count = item(keeper, n_out + n_state) if is_while else (inputs[-1] if _has_count else None)
+    if _in_vertex_function:
+        saved, count = _rowless_replay(node, inputs, saved, count)
     out_given = [k for k in range(n_out) if k in cts]
     cap_slots = [k for k, c in enumerate(caps) if c.dtype.is_float]   # by slot: a node may fill several
     # carried: the state cotangents (zero where none came back) and the captured values' gradient sums
@@ -629,7 +622,6 @@ def _loop_vjp(g, node, *inputs, body, n_in, n_state, n_out, length, _has_count, 
 
     # per-step inputs of the backward: the forward's inputs, its saved states, the outputs' cotangents
     step_inputs = xs + saved + [cts[k] for k in out_given]
-    count = item(keeper, n_out + n_state) if is_while else (inputs[-1] if _has_count else None)
     back_outs, back_finals = _backward_loop(backward, step_inputs, carried, caps, length, not reverse, count,
                                             _in_vertex_function)
     grads: list = [None] * len(inputs)
@@ -643,6 +635,46 @@ def _loop_vjp(g, node, *inputs, body, n_in, n_state, n_out, length, _has_count, 
     for k, gc in zip(cap_slots, back_finals[n_state:]):
         grads[n_x + n_state + k] = gc   # autodiff sums the slots of a node that fills several
     return tuple(grads)
+
+
+def _rowless_replay(node: Node, inputs: Sequence[Node], saved: list, count: Node | None):
+    """In a vertex function: the saved states without the row axis (a step counter) and a while_loop's
+    count, from a replay of the loop over its values without the row axis alone.
+
+    Such values are one for the whole batch (nothing per vertex reaches them, which is what lets a
+    predicate be one value), but the replay of the whole loop, which saves the per-vertex states, is
+    computed over a task's vertices, and ∂F must not read a value computed over a task's vertices in a
+    per-vertex node (phases store values per vertex). Returns ``saved`` and ``count`` with those
+    replaced; unchanged where the part without the row axis reads a per-vertex value."""
+    a = node.attrs
+    body, n_in, n_state, n_out, has_count = a["body"], a["n_in"], a["n_state"], a["n_out"], a["_has_count"]
+    is_while = "cond" in a
+    slots = [i for i, x in enumerate(inputs[:len(inputs) - (1 if has_count else 0)]) if not x.has_rows]
+    states = [i - n_in for i in slots if n_in <= i < n_in + n_state]
+    if not states and not is_while:
+        return saved, count
+    sub_body = _closed(body, slots, [n_out + j for j in states])
+    sub_cond = _closed(a["cond"], [i - n_in for i in slots], [0]) if is_while else None
+    if sub_body is None or (is_while and sub_cond is None):
+        return saved, count
+    counts = [i for i in slots if i < n_in]
+    attrs = dict(body=sub_body, n_in=len(counts), n_state=len(states), n_out=0, length=a["length"],
+                 _has_count=has_count, _save=True, _differentiable=False, _in_vertex_function=False, _pick=None)
+    attrs.update({"cond": sub_cond} if is_while else {"reverse": a.get("reverse", False)})
+    types = _loop_types(node.op, sub_body, [inputs[n_in + j] for j in states], 0, a["length"], True)
+    sub_inputs = [inputs[i] for i in slots] + ([inputs[-1]] if has_count else [])
+    replay = _tuple_node(node.op, sub_inputs, dict(attrs, dtype=types[0][1]), types)
+    first_saved = len(states) + (1 if is_while else 0)
+    saved = list(saved)
+    for k, j in enumerate(states):
+        saved[j] = item(replay, first_saved + k)
+    return saved, (item(replay, len(states)) if is_while else count)
+
+
+def _closed(sub: Subgraph, arg_slots: list, output_slots: list) -> Subgraph | None:
+    """``sub`` restricted to some of its args and outputs, or None where those outputs read another arg."""
+    part = Subgraph([sub.args[i] for i in arg_slots], [sub.outputs[k] for k in output_slots], sub.name)
+    return None if any(n.op == "input" for n in part.computed) else part
 
 
 def _backward_loop(backward, step_inputs, carried, caps, length, reverse, count, split: bool):
@@ -697,10 +729,13 @@ register(OpDef("foreach", infer=_loop_infer, impl=_foreach_impl, vjp=_loop_vjp, 
 
 def while_loop(cond_fn: Callable, body: Callable, loop_vars: Sequence[Node] | Node, max_iterations: int,
                name: str | None = None):
-    """``while cond_fn(vars) > 0 and steps < max_iterations: outputs_t, vars = body(vars)``.
+    """``while cond_fn(vars) != 0 and steps < max_iterations: outputs_t, vars = body(vars)``.
 
-    ``cond_fn(vars)`` returns one value (a size-1 shape without the row axis); it is read on the host once
-    per iteration (on a device: one device-to-host copy per iteration). ``body(vars)`` returns a pair
+    ``cond_fn(vars)`` returns one value (a size-1 shape without the row axis), true when nonzero (NaN
+    included, as ``cond`` reads its predicate); it is read on the host once per iteration (on a device: one
+    device-to-host copy per iteration). Inside a vertex function everything computed from a vertex's
+    values is per vertex (a sum over its axes too), so the predicate reads values without the row axis: a
+    loop state without it (a step counter), parameters, constants. ``body(vars)`` returns a pair
     (outputs, new_vars); ``vars`` is one node or a list, as given. Returns ``(outputs, final_vars, count)``.
 
     The shape rule for outputs sized by the iterations actually run: a static graph's shapes are known at
@@ -722,7 +757,7 @@ def while_loop(cond_fn: Callable, body: Callable, loop_vars: Sequence[Node] | No
     if p is None or p.has_rows or any(d != 1 for d in p.shape):
         shown = "several values" if p is None else f"shape {fmt_shape(p.shape)}"
         raise ShapeError(f"{what}: the condition returns {shown}; it must be one value (a size-1 shape "
-                         "without the row axis: per-row 'not done' masks can be reduced to any(...) with sum)")
+                         f"without the row axis): {_ONE_PREDICATE[bool(_rows_implicit.get())]}")
     n_out = []
 
     def unpack(result):
@@ -736,6 +771,14 @@ def while_loop(cond_fn: Callable, body: Callable, loop_vars: Sequence[Node] | No
     body_g, cond_g = _extend_captures(body_t, captured), _extend_captures(cond_t, captured)
     return _loop_node("while_loop", [], vs, Traced(body_g, captured), n_out[0], int(max_iterations),
                       {"cond": cond_g}, False, v_single)
+
+
+_ONE_PREDICATE = {
+    False: "per-row 'not done' masks reduce to one value with sum(...) over every axis",
+    True: "inside a vertex function a value computed from the vertex's inputs stays per vertex, a sum too; "
+          "compute it from values without the row axis: a loop state without it (a step counter), "
+          "parameters, constants",
+}
 
 
 def _while_impl(xp, *values, body, cond, n_in, n_state, n_out, length, _has_count, _save, _differentiable,
@@ -755,8 +798,7 @@ def _while_impl(xp, *values, body, cond, n_in, n_state, n_out, length, _has_coun
     rows = _rows_in(values, body, 0, n_state)
     result = [_stack(xp, o, length, body.outputs[k].shape, body.outputs[k].dtype, rows) for k, o in enumerate(outs)]
     result += states
-    count_shape = (rows,) if _in_vertex_function and rows is not None else ()   # (see _count_rows)
-    result.append(xp.full(count_shape, ran, dtype=np.int64))   # made on the device: no host copy
+    result.append(xp.full((), ran, dtype=np.int64))   # made on the device: no host copy
     if _save:
         result += [_stack(xp, s, length, body.args[j].shape, body.args[j].dtype, rows)
                    for j, s in enumerate(saved)]

@@ -169,7 +169,7 @@ def _where_infer(pred, a, b):
     shape, dtype = _binary_infer(a, b)
     if pred.dtype != dtype:
         raise ShapeError(f"the predicate is {pred.dtype.name}{fmt_shape(pred.shape)} but the operands are "
-                         f"{dtype.name}: give a mask of the operands' dtype (positive where a is chosen), "
+                         f"{dtype.name}: give a mask of the operands' dtype (nonzero where a is chosen), "
                          "such as ge(x, y) or step(x)")
     return broadcast_shapes(pred.shape, shape), dtype
 
@@ -179,17 +179,18 @@ def _where_vjp(g, y, pred, a, b):
     return None, unbroadcast(where(pred, g, zero), a), unbroadcast(where(pred, zero, g), b)
 
 
-register(OpDef("where", infer=_where_infer, impl=lambda xp, p, a, b: xp.where(p > 0, a, b),
+register(OpDef("where", infer=_where_infer, impl=lambda xp, p, a, b: xp.where(p != 0, a, b),
                vjp=_where_vjp, expr=S.select))
 
 
 def where(pred, a, b) -> Node:
-    """Elementwise choice: ``a`` where ``pred > 0``, else ``b`` (numpy broadcasting over all three).
+    """Elementwise choice: ``a`` where ``pred`` is nonzero, else ``b`` (numpy broadcasting over all three).
 
-    ``pred`` is a mask of the operands' dtype (positive where ``a`` is chosen: the convention of ``step``),
-    such as ``ge(x, y)``, ``step(x)`` or ``x`` itself; for a per-row choice in
+    ``pred`` is a mask of the operands' dtype, true where nonzero (NaN included: numpy's ``where``, C's
+    ``static_cast<bool>``), such as ``ge(x, y)`` or ``step(x)``; ``x`` itself chooses ``a`` wherever x is
+    nonzero, negative values included (before 2026-12 only positive values did); for a per-row choice in
     a static graph it has the row axis. Both operands are computed everywhere; the choice is made per
-    element. What it guarantees for gradients: the cotangent reaches ``a`` only where ``pred > 0``
+    element. What it guarantees for gradients: the cotangent reaches ``a`` only where ``pred`` is nonzero
     and ``b`` only where not, the other side getting exactly 0 (not ``0 * g``: a NaN or inf
     cotangent on the unselected side stays out). No gradient flows into ``pred``.
 

@@ -56,14 +56,14 @@ def _fn(name: str, n: int):
 exp, log, tanh, sqrt, fabs = (_fn(n, 1) for n in ("exp", "log", "tanh", "sqrt", "fabs"))
 sign, step = _fn("sign", 1), _fn("step", 1)          # step(x) = 1 if x > 0 else 0
 fmax, pow_, ge = _fn("fmax", 2), _fn("pow", 2), _fn("ge", 2)  # ge(a, b) = 1 if a >= b else 0
-select = _fn("select", 3)   # select(p, a, b) = a if p > 0 else b (only the chosen operand is read)
+select = _fn("select", 3)   # select(p, a, b) = a if p != 0 else b (NaN is true; only the chosen one is read)
 
 NUMPY = {
     "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide, "neg": np.negative,
     "exp": np.exp, "log": np.log, "tanh": np.tanh, "sqrt": np.sqrt, "fabs": np.abs, "sign": np.sign,
     "fmax": np.maximum, "pow": np.power,
     "step": lambda x: (x > 0).astype(x.dtype), "ge": lambda a, b: (a >= b).astype(np.result_type(a, b)),
-    "select": lambda p, a, b: np.where(p > 0, a, b),
+    "select": lambda p, a, b: np.where(p != 0, a, b),
 }
 
 

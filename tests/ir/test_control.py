@@ -3,6 +3,8 @@ gradients against central finite differences in float64 (DESIGN.md's rule, via m
 the edge cases (zero and one iteration, max_iterations reached), nesting, and the untaken branch of a cond."""
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -129,7 +131,7 @@ def _while_graph(max_iterations):
     x0 = ops.input((3,), F64, name="x0")
     a = ops.param_node("a", (3,), F64)
     limit = ops.input((), F64, name="limit")
-    outs, xT, count = C.while_loop(lambda x: limit - ops.sum(x),
+    outs, xT, count = C.while_loop(lambda x: ops.step(limit - ops.sum(x)),
                                    lambda x: ([x * a, ops.square(x)], x * a + 0.1), x0, max_iterations)
     return x0, a, limit, outs, xT, count
 
@@ -187,7 +189,7 @@ def test_cond_runs_only_the_taken_branch():
     p, x, w, y = _cond_graph()
     X, Wv = np.abs(np.random.default_rng(3).standard_normal((2, 3))) + 0.1, np.array([0.5, -1.0, 2.0])
     close(run(y, {p: 1.0, x: X}, {"w": Wv}), np.tanh(X * Wv))   # else would warn: it never runs
-    close(run(y, {p: -1.0, x: -X}, {"w": Wv}), np.log(X) * Wv)
+    close(run(y, {p: 0.0, x: -X}, {"w": Wv}), np.log(X) * Wv)
 
 
 def test_cond_untaken_nan_branch_adds_exactly_zero_to_every_gradient():
@@ -200,7 +202,7 @@ def test_cond_untaken_nan_branch_adds_exactly_zero_to_every_gradient():
     close(got_x, d * Wv)
     close(got_w, (d * X).sum(0))
     check_grads(y, [x, w], {p: 1.0, x: X + 0.5}, {"w": Wv})
-    check_grads(y, [x, w], {p: -1.0, x: -X - 0.5}, {"w": Wv})
+    check_grads(y, [x, w], {p: 0.0, x: -X - 0.5}, {"w": Wv})
 
 
 def test_cond_branches_must_agree_and_the_error_names_both():
@@ -241,7 +243,7 @@ def test_nested_foreach_and_a_cond_inside_a_foreach():
     c = ops.param_node("c", (), F64)
 
     def inner(e, s):
-        picked = C.cond(e, lambda: ops.sqrt(e) * c, lambda: ops.square(e) + c)
+        picked = C.cond(ops.step(e), lambda: ops.sqrt(e) * c, lambda: ops.square(e) + c)
         return picked, s * 0.5 + picked
 
     def outer(row, s):
@@ -273,7 +275,7 @@ def test_a_nan_branch_inside_a_loop_trains_like_python_control_flow():
 
     def body(x, h):
         score = ops.sum(x * w)
-        h2 = C.cond(score, lambda: ops.tanh(h + x * w) * ops.sqrt(score),
+        h2 = C.cond(ops.step(score), lambda: ops.tanh(h + x * w) * ops.sqrt(score),
                     lambda: ops.tanh(h - x * w) * ops.sqrt(ops.neg(score)))
         return [], h2
     _, hT = C.foreach(body, xs, ops.constant(np.zeros(3)))
@@ -458,7 +460,7 @@ def _cond_chain(choice):
 
         def other():
             return [ops.sigmoid(x @ Wx) + ops.log(ops.abs(h0) + 1.0), ops.tanh(h0)]
-        h, extra = (C.cond(s, smooth, other) if choice is None else (smooth() if choice else other()))
+        h, extra = (C.cond(ops.step(s), smooth, other) if choice is None else (smooth() if choice else other()))
         F.scatter(h)
         F.push(h + extra)
     st = Structure(F, pulls={"x": ops.input((None, D), F64, name="xs")})
@@ -490,7 +492,7 @@ def test_a_while_loop_inside_a_foreach():
     k = ops.param_node("k", (), F64)
 
     def body(x, s):
-        _, y, count = C.while_loop(lambda v: v - 1.0, lambda v: ([], v * 0.5 + k), x, 6)
+        _, y, count = C.while_loop(lambda v: ops.step(v - 1.0), lambda v: ([], v * 0.5 + k), x, 6)
         return [y], s + y * x
     (ys,), total = C.foreach(body, xs, ops.constant(0.0, F64))
     X = np.array([0.7, 3.3, 9.1, 40.0])
@@ -564,7 +566,7 @@ def _foreach_with_roles(roles: tuple):
     return [ys] + finals, wrt
 
 
-@pytest.mark.parametrize("roles", [r for k in (1, 2, 3) for r in __import__("itertools").combinations(
+@pytest.mark.parametrize("roles", [r for k in (1, 2, 3) for r in itertools.combinations(
     FOREACH_ROLES, k)], ids="+".join)
 def test_foreach_gradient_sums_every_slot_a_node_fills(roles):
     outputs, wrt = _foreach_with_roles(roles)
@@ -576,7 +578,7 @@ def test_foreach_gradient_sums_every_slot_a_node_fills(roles):
 WHILE_ROLES = ("state", "state2", "closure", "cond_closure", "derived")
 
 
-@pytest.mark.parametrize("roles", [r for k in (1, 2, 3) for r in __import__("itertools").combinations(
+@pytest.mark.parametrize("roles", [r for k in (1, 2, 3) for r in itertools.combinations(
     WHILE_ROLES, k)], ids="+".join)
 def test_while_loop_gradient_sums_every_slot_a_node_fills(roles):
     """The issue's reproduction is ``state+closure``: ``v <- v / 2 + x`` from ``v = x``, two steps."""
@@ -588,7 +590,7 @@ def test_while_loop_gradient_sums_every_slot_a_node_fills(roles):
     k0 = ops.constant(0.0, F64)
 
     def keep_going(v):   # three steps; reads a value from outside that the body may read too
-        return 3.0 - v[2] + ops.sum(fill["cond_closure"]) * 0.0
+        return ops.step(3.0 - v[2] + ops.sum(fill["cond_closure"]) * 0.0)
 
     def body(v):
         s, s2, k = v
@@ -614,7 +616,7 @@ COND_ROLES = ("operand", "operand2", "then_closure", "else_closure")
 
 
 @pytest.mark.parametrize("taken", [1.0, -1.0])
-@pytest.mark.parametrize("roles", [r for k in (1, 2, 3, 4) for r in __import__("itertools").combinations(
+@pytest.mark.parametrize("roles", [r for k in (1, 2, 3, 4) for r in itertools.combinations(
     COND_ROLES, k)], ids="+".join)
 def test_cond_gradient_sums_every_slot_a_node_fills(roles, taken):
     a0 = ops.input((WIDTH,), F64, name="a0")
@@ -642,7 +644,7 @@ def test_nested_loops_with_a_node_in_several_slots_at_each_level():
     def outer(x, s):
         def inner(v):
             return [], [v[0] * 0.5 + x * ops.sum(s, axis=0) + ops.sum(a, axis=0), v[1] + 1.0]
-        _, (vT, _), _ = C.while_loop(lambda v: 2.0 - v[1], inner, [x, ops.constant(0.0, F64)], 4)
+        _, (vT, _), _ = C.while_loop(lambda v: ops.step(2.0 - v[1]), inner, [x, ops.constant(0.0, F64)], 4)
         z = C.cond(p, lambda u, w: u * w + x, lambda u, w: u - w, [vT, vT])
         return [z], ops.tanh(s * 0.5 + a * ops.sum(z))
     (zs,), sT = C.foreach(outer, a, a)
@@ -674,7 +676,7 @@ def _aliasing_chain(op: str):
                 [], ops.tanh(v @ Wh + h + ops.sum(xs, axis=0) @ Wx)), h, 2)
         else:
             s = ops.param_node("s", (), F64)
-            out = C.cond(s, lambda u, w: ops.tanh(u @ Wh + w + ops.sum(xs, axis=0) @ Wx), lambda u, w: u * w - h, [h, h])
+            out = C.cond(ops.step(s), lambda u, w: ops.tanh(u @ Wh + w + ops.sum(xs, axis=0) @ Wx), lambda u, w: u * w - h, [h, h])
         F.scatter(out)
         F.push(out)
     st = Structure(F, pulls={"x": ops.input((None, T_STEPS, D), F64, name="xs")})
@@ -697,3 +699,87 @@ def test_a_node_in_several_slots_inside_a_vertex_function(op):
         want = model.forward_backward(graphs, feeds, vals, options=EngineOptions(runner="reference"))
         for k in ("Wx", "Wh"):
             close(got.grads[k], want.grads[k])
+
+
+# --- predicates: any nonzero value is true, NaN included (C, MXNet, NumPy, JAX's cond) ------------------
+
+@pytest.mark.parametrize("value,taken", [(-1.0, True), (np.nan, True), (np.inf, True), (2.0, True),
+                                         (0.0, False), (-0.0, False)])
+def test_cond_takes_any_nonzero_predicate_as_true(value, taken):
+    p = ops.input((), F64, name="p")
+    x = ops.input((2,), F64, name="x")
+    y = C.cond(p, lambda v: v * 2.0, lambda v: v - 1.0, x)
+    (g,) = grad(ops.sum(y), [x])
+    got, got_g = run([y, g], {p: value, x: np.array([1.0, 3.0])})
+    close(got, [2.0, 6.0] if taken else [0.0, 2.0])
+    close(got_g, [2.0, 2.0] if taken else [1.0, 1.0])
+
+
+@pytest.mark.parametrize("value,steps", [(-1.0, 4), (np.nan, 4), (0.0, 0), (-0.0, 0)])
+def test_while_loop_takes_any_nonzero_predicate_as_true(value, steps):
+    """The condition returns ``value`` while the counter is below 4 (then 0): -1 and NaN keep going."""
+    c = ops.input((), F64, name="c")
+    k0 = ops.constant(0.0, F64)
+    _, kT, count = C.while_loop(lambda k: ops.where(ops.step(4.0 - k), c, 0.0), lambda k: ([], k + 1.0), k0, 9)
+    got_k, got_n = run([kT, count], {c: value})
+    assert int(got_n) == steps and float(got_k) == steps
+
+
+def test_a_while_loop_condition_per_vertex_is_refused_with_what_works_there():
+    from minicavs.runtime.vertex import VertexFunction
+    F = VertexFunction("v", arity=1, message=(3,), dtype=F64)
+    with F:
+        h = F.gather(0)
+        with pytest.raises(ShapeError, match=r"inside a vertex function .*\(a step counter\)"):
+            C.while_loop(lambda v: ops.sum(v, axis=0), lambda v: ([], v * 0.5), h, 3)
+        F.scatter(h)
+    x = ops.input((None, 3), F64, name="x")
+    with pytest.raises(ShapeError, match=r"reduce to one value with sum\(\.\.\.\) over every axis"):
+        C.while_loop(lambda v: ops.sum(v, axis=1), lambda v: ([], v * 0.5), x, 3)
+
+
+def _counted_chain(limit: float):
+    """A chain whose F halves-and-mixes its message while a step counter (a loop state without the row
+    axis) is below ``limit`` (a parameter): the trip count is one for the batch, set by a parameter."""
+    from minicavs.engine.model import Model, Structure
+    from minicavs.runtime.vertex import VertexFunction
+    H = 3
+    Wh, lim = ops.param_node("Wh", (H, H), F64), ops.param_node("lim", (), F64)
+    F = VertexFunction("v", arity=1, message=(H,), dtype=F64)
+    with F:
+        h = F.gather(0) + F.pull((H,))
+        _, (out, _), count = C.while_loop(lambda v: ops.step(lim - v[1]), lambda v: (
+            [], [ops.tanh(v[0] @ Wh + h), v[1] + 1.0]), [h, ops.constant(0.0, F64)], 6)
+        F.scatter(out)
+        F.push(out)
+    st = Structure(F, pulls={"x": ops.input((None, H), F64, name="xs")})
+    return Model(st, loss=ops.sum(ops.square(st.pushed("h"))))
+
+
+@pytest.mark.parametrize("limit,steps", [(0.5, 1), (2.5, 3), (9.0, 6)])
+def test_a_while_loop_with_a_step_counter_in_a_vertex_function_trains(limit, steps):
+    """The documented way to a predicate in F: a state without the row axis. Loss against a Python loop
+    over the chains, gradients against finite differences, on both runners."""
+    from minicavs.engine.compile import EngineOptions
+    from minicavs.runtime.inputs import InputGraph
+    from minicavs.train.testing import check_model_grads
+    rng = np.random.default_rng(17)
+    Wh, X = rng.uniform(-0.5, 0.5, (3, 3)), rng.standard_normal((6, 3))
+    vals = {"Wh": Wh, "lim": np.float64(limit)}
+    sizes = (3, 1, 2)
+    want, r = 0.0, 0
+    for n in sizes:
+        msg = np.zeros(3)
+        for _ in range(n):
+            h = msg + X[r]
+            v = h
+            for _ in range(steps):
+                v = np.tanh(v @ Wh + h)
+            msg, r = v, r + 1
+            want += np.sum(v ** 2)
+    model = _counted_chain(limit)
+    graphs = [InputGraph.chain(n) for n in sizes]
+    for runner in ("reference", "device"):
+        got = model.forward_backward(graphs, {"xs": X}, vals, options=EngineOptions(runner=runner))
+        close(got.loss, want)
+    check_model_grads(model, graphs, {"xs": X}, {"Wh": Wh, "lim": np.float64(limit)}, directions=3)

@@ -365,13 +365,13 @@ def _foreach(xs, h, W, reverse=False):
 
 
 def _while(x, a):
-    outs, xT, count = _control().while_loop(lambda v: 3.0 - ops.sum(ops.abs(v)),
+    outs, xT, count = _control().while_loop(lambda v: ops.step(3.0 - ops.sum(ops.abs(v))),
                                             lambda v: ([v * a], v * a + 0.5), x, 4)
     return [outs[0], xT]
 
 
 def _while_ref(x, a):
-    return R.while_loop(lambda vs: 3.0 - np.abs(vs[0]).sum(), lambda vs: ([vs[0] * a], [vs[0] * a + 0.5]),
+    return R.while_loop(lambda vs: R.step(3.0 - np.abs(vs[0]).sum()), lambda vs: ([vs[0] * a], [vs[0] * a + 0.5]),
                         [x], 4)[:2]
 
 
@@ -388,8 +388,8 @@ spec("while_loop", "control",
      Case("vector", (A(3, gen=small(-0.5, 0.5)), A(3, gen=small(0.5, 1.5), param="a")), _while, ref=_while_ref))
 spec("cond", "control",
      *(Case(f"{side}-{_sid(s)}", (A(gen=small(lo, hi)), Arg(s), A(3, param="w")),
-            lambda p, x, w: _control().cond(p, lambda v: ops.tanh(v * w), lambda v: ops.exp(v) - w, x),
-            ref=lambda p, x, w: R.cond(p, lambda v: np.tanh(v * w), lambda v: np.exp(v) - w, x))
+            lambda p, x, w: _control().cond(ops.step(p), lambda v: ops.tanh(v * w), lambda v: ops.exp(v) - w, x),
+            ref=lambda p, x, w: R.cond(R.step(p), lambda v: np.tanh(v * w), lambda v: np.exp(v) - w, x))
        for side, lo, hi in (("then", 0.5, 2.0), ("else", -2.0, -0.5)) for s in ((3,), (None, 3))))
 spec("item", "control",
      Case("final-state", (A(4, 2, 3), A(2, 3), A(3, 3, param="W")), lambda *a: _foreach(*a)[1],

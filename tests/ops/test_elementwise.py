@@ -1,5 +1,6 @@
 """Table-driven checks of the elementwise ops (see tests/ops/specs.py): forward vs tests/reference.py, gradients
 vs finite differences."""
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -66,7 +67,7 @@ def _where_setup():
     p = ops.input((None, 4), "float64", name="p")
     a = ops.input((None, 4), "float64", name="a")
     b = ops.input((None, 4), "float64", name="b")
-    mask = np.array([[1.0, -1.0, 1.0, -1.0], [-1.0, -1.0, 1.0, 1.0]])
+    mask = np.array([[1.0, 0.0, 1.0, 0.0], [0.0, 0.0, 1.0, 1.0]])
     return p, a, b, mask
 
 
@@ -116,6 +117,33 @@ def test_where_safe_pattern_keeps_sqrt_at_zero_out_of_the_gradient(fusion):
         assert np.isnan(run(g_naive, {x: xv})[xv == 0]).all()
 
 
+PREDICATES = np.array([np.nan, 0.0, -0.0, -1.0, 2.0, np.inf, -np.inf, -1e-30])
+CHOSEN_A = np.array([True, False, False, True, True, True, True, True])   # any nonzero value, NaN included
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_where_takes_any_nonzero_predicate_as_true_nan_included(dtype):
+    """As numpy's where and C's ``static_cast<bool>`` read a value: -1, NaN and inf choose ``a``, 0 and -0
+    choose ``b``; on the registry's impl, the fusion expr's numpy oracle and a generated C kernel."""
+    from minicavs.cpu import compiler as ccomp
+    from minicavs.engine.executor import run
+    from minicavs.engine.passes.fusion import fuse
+    from minicavs.ir.graph import Graph
+    p, a, b = (ops.input((None, 8), dtype, name=n) for n in "pab")
+    out = ops.where(p, a, b) * 1.0
+    pv = PREDICATES.astype(dtype).reshape(1, 8)
+    av, bv = np.full((1, 8), 3.0, dtype), np.full((1, 8), -5.0, dtype)
+    want = np.where(CHOSEN_A, 3.0, -5.0).reshape(1, 8)
+    assert np.array_equal(run(out, {p: pv, a: av, b: bv}), want)
+    (group,) = fuse(list(Graph([out]).nodes), [out])
+    values = {p: pv, a: av, b: bv}
+    assert np.array_equal(np.broadcast_to(group.evaluate([values[i] for i in group.inputs]), (1, 8)), want)
+    kernel = ccomp.build(group)
+    if kernel is None:
+        pytest.skip("no C compiler")
+    assert np.array_equal(kernel([values[i] for i in group.inputs]), want)
+
+
 def test_where_refuses_a_predicate_of_another_dtype():
     from minicavs.core.errors import ShapeError
     x = ops.input((None, 3), "float32", name="x")
@@ -139,7 +167,8 @@ def test_where_in_a_vertex_function_runs_fused_on_the_native_executor():
     F = VertexFunction("v", arity=1, message=(3,), dtype="float64")
     with F:
         z = F.pull((2,)) @ W + F.gather(0)
-        h = ops.where(z, ops.tanh(z), ops.sqrt(ops.where(z, 1.0, ops.neg(z))) * 0.5)
+        positive = ops.step(z)
+        h = ops.where(positive, ops.tanh(z), ops.sqrt(ops.where(positive, 1.0, ops.neg(z))) * 0.5)
         F.scatter(h)
         F.push(h)
     s = Structure(F, pulls={"x": ops.input((None, 2), "float64", name="xs")})

@@ -42,7 +42,7 @@ def render_body(expr: Expr | list[Expr], args: list[str], dtype: DType, out: str
         if e.op == "ge":
             return f"({a[0]} >= {a[1]} ? {literal(1, dtype)} : {literal(0, dtype)})"
         if e.op == "select":
-            return f"({a[0]} > 0 ? {a[1]} : {a[2]})"
+            return f"({a[0]} != 0 ? {a[1]} : {a[2]})"
         if e.op == "sign":
             return f"(({a[0]} > 0) - ({a[0]} < 0))"
         return f"{funcs.get(e.op) or FUNCS[e.op] + fsuf}({', '.join(a)})"

@@ -267,3 +267,23 @@ def test_kernel_sources_lists_row_kernels_per_dtype():
     (g,) = fuse(list(Graph([out]).nodes), [out])
     names = [n for n, _ in cuda.kernel_sources([g, g], ["float32", "float64"])]
     assert names == [cuda.render(g)[0], "rows_float", "rows_double"]
+
+
+@needs_cxx
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_where_takes_any_nonzero_predicate_as_true_on_the_cpu_emulation(dtype, emulation_dir):
+    """A fused where's CUDA kernel reads its predicate as numpy's where does: NaN, inf and -1 choose ``a``,
+    0 and -0 choose ``b``."""
+    p, a, b = (ops.input((None, 8), dtype, name=n) for n in "pab")
+    out = ops.where(p, a, b) * 1.0
+    (g,) = fuse(list(Graph([out]).nodes), [out])
+    name, source = cuda.render(g)
+    emu = Emulator([source], emulation_dir)
+    preds = np.array([[np.nan, 0.0, -0.0, -1.0, 2.0, np.inf, -np.inf, -1e-30]], dtype)
+    values = {p: preds, a: np.full((1, 8), 3.0, dtype), b: np.full((1, 8), -5.0, dtype)}
+    args = []
+    for inp, kind in zip(g.inputs, g.broadcast):
+        args += [values[inp], 8 if kind == "full" else 0]
+    y = np.full((1, 8), 7.0, dtype)
+    emu.launch(name, 1, 4, 1, 8, *args, y, 8)
+    assert np.array_equal(y, np.where(preds != 0, 3.0, -5.0).astype(dtype)), y
