@@ -212,8 +212,8 @@ def record(title: str, steps: list, env: dict, xp) -> StaticRun:
             ran = steps_run(node, env)
             if ran is not None:
                 trips[node] = ran
-    return StaticRun(title, steps, f"Python step interpreter (program.run_steps, over {xp.__name__})", nbytes,
-                     tuple(sorted(rows)), trips)
+    runner = f"Python step interpreter (program.run_steps, over {getattr(xp, '__name__', xp)})"
+    return StaticRun(title, steps, runner, nbytes, tuple(sorted(rows)), trips)
 
 
 def value_bytes(value) -> int:

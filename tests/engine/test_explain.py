@@ -17,10 +17,11 @@ from minicavs.ir.graph import Graph
 from minicavs.train.trainer import Trainer
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
+# (the sizes and dtype of tests/models' tiny models: the kernels they compile are the session cache's already)
 SEQ2SEQ = ["model.hidden=8", "model.embed=4", "model.max_len=4", "data.synthetic.train=12",
-           "data.synthetic.dev=2", "data.synthetic.test=2"]
+           "data.synthetic.dev=2", "data.synthetic.test=2", "train.dtype=float64"]
 VAR_LSTM = ["model.embed=6", "model.hidden=5", "data.synthetic.train=12", "data.synthetic.dev=2",
-            "data.synthetic.test=2", "data.synthetic.vocab=30", "model.dropout=0.0"]
+            "data.synthetic.test=2", "data.synthetic.vocab=30", "model.dropout=0.0", "train.dtype=float64"]
 
 
 @pytest.fixture
@@ -144,3 +145,15 @@ def test_a_structure_with_static_graphs_on_top_shows_both(spies, tmp_path):
     assert any(r.rows == (pushes,) for r in report.static)   # the loss's rows: one per pushing vertex
     assert "backward, the gradient of push 'chain.h'" in str(report)
     assert str(report).index("structure 'chain'") < str(report).index("static graphs:")
+
+
+def test_on_a_device_explain_names_its_array_module_and_reads_the_steps_run(cuda_standin, tmp_path):
+    """``train.device=cuda`` on the device stand-in: the static graphs run over the device's module, and the
+    steps a loop ran (a count the run left on the device) are read back for the report: the CPU's."""
+    cpu, graphs, feeds = _trainer("var_lstm.yaml", VAR_LSTM + ["model.graph=foreach"], tmp_path / "cpu")
+    dev, _, _ = _trainer("var_lstm.yaml", VAR_LSTM + ["model.graph=foreach", "train.device=cuda"], tmp_path / "dev")
+    on_cpu, on_dev = explain(cpu.model, graphs, feeds, cpu.params), explain(dev.model, graphs, feeds, dev.params)
+    module = dev.model.device.xp.__name__
+    assert module != "numpy" and all(module in r.runner for r in on_dev.static)
+    assert [loop.ran for loop in _loops(on_dev).values()] == [loop.ran for loop in _loops(on_cpu).values()]
+    assert [r.nbytes for r in on_dev.static] == [r.nbytes for r in on_cpu.static]
