@@ -1,4 +1,6 @@
-"""Seeing and checking the batching: what ran where and how much memory moved, and batched == serial."""
+"""Seeing how a model runs and checking it: per structure the batching (tasks, rows moved, memory, who ran F and
+∂F); the static graphs around them, or making up the whole model (their steps, control flow, fused kernels and
+who ran them); and batched == serial."""
 from __future__ import annotations
 
 from collections import Counter
@@ -11,6 +13,7 @@ from ..ir.control import Flow, flow
 from ..ir.graph import type_str
 from .backend import to_host
 from .executor import RunContext
+from .program import StaticRun
 
 
 @dataclass
@@ -50,6 +53,8 @@ class LoopReport:
 
 @dataclass
 class BodyReport:
+    """A control-flow body: its size, its nodes by op, the control flow inside it."""
+
     name: str
     nodes: int               # the nodes it computes (its arguments aside)
     ops: dict                # op -> nodes
@@ -183,7 +188,7 @@ def _loop_report(node, f: Flow, trips: dict) -> LoopReport:
     return LoopReport(node.label(), f.bodies[0][1].name, f, ran, [(role, _body_report(b)) for role, b in f.bodies])
 
 
-def static_report(run) -> StaticReport:
+def static_report(run: StaticRun) -> StaticReport:
     """A program.StaticRun summarized: its steps by op, the fused ones, its loops, its bytes."""
     ops, loops, sized = Counter(), [], []
     for step, nbytes in zip(run.steps, run.nbytes):
@@ -203,42 +208,49 @@ def explain(model, graphs, feeds=None, params=None, ctx=None, policy=None) -> Ex
     """Run one training step's forward and backward and report how it ran: per structure the batching it
     used and who ran F and ∂F; the static graphs (loss, classifier, a model of static graphs only), their
     control flow, what was fused and who ran them."""
-    from ..runtime.scheduler import get_policy, lower_bound
+    from ..runtime.scheduler import get_policy
     policy = get_policy(policy) if policy is not None else model.policy
     result = model.run(graphs, feeds, params, ctx or RunContext(), policy=policy)
-    out = Explanation(static=[static_report(run) for run in result.static],
-                      device_runner=model.device.runner_name)
-    for s in model.structures:
-        batch, plan = result.batches[s.name]
-        state = result.states[s.name]
-        sizes = np.diff(plan.schedule.task_ptr)
-        tensors, where = [], {}
-        for kind_id, kname in enumerate(batch.kind_names):
-            fn = s.compiled.get(kname)
-            if fn is None or plan.kinds[kind_id] is None:
-                continue
-            fn = fn.variant(state.opts)
-            for node, t in state.tensors[kind_id].items():
-                tensors.append((kname, node.name or f"{node.op}#{node.id}", t.shape, t.dtype.name, t.nbytes))
-            forward_phases, backward_phases = fn.phases(state.opts)
-            where[kname] = {"F static": len(fn.static_fwd),
-                            "F before tasks": len(forward_phases.programs[0]),
-                            "F per task": len(forward_phases.programs[1]),
-                            "F after tasks": len(forward_phases.programs[2]),
-                            "∂F static": len(fn.static_bwd),
-                            "∂F before tasks": len(backward_phases.programs[0]),
-                            "∂F per task": len(backward_phases.programs[1]),
-                            "∂F after tasks": len(backward_phases.programs[2]),
-                            "fused kernels": sum(len(g) for g in forward_phases.groups + backward_phases.groups),
-                            "merged GEMMs": len(fn.merges)}
-        for shape, sc in state.scatters.items():    # one per message shape, shared by the kinds scattering it
-            tensors.append(("(shared)", "scatter", shape, sc.dtype.name, sc.nbytes))
-        peak = model.workspace(s.name).peak_bytes
-        programs = [p for p in (state.program, state.backward_program) if p is not None]
-        out.structures.append(StructureReport(s.name, batch.num_vertices, len(sizes), sizes,
-                                              dict(state.copies), tensors, where, peak, policy.name,
-                                              lower_bound(batch), programs))
-    return out
+    return Explanation([_structure_report(model, s, result, policy) for s in model.structures],
+                       [static_report(run) for run in result.static], model.device.runner_name)
+
+
+def _structure_report(model, s, result, policy) -> StructureReport:
+    """Structure ``s`` in ``result``: its tasks, tensors, phases per kind and the programs that ran."""
+    from ..runtime.scheduler import lower_bound
+    batch, plan = result.batches[s.name]
+    state = result.states[s.name]
+    sizes = np.diff(plan.schedule.task_ptr)
+    tensors, where = [], {}
+    for kind_id, kname in enumerate(batch.kind_names):
+        fn = s.compiled.get(kname)
+        if fn is None or plan.kinds[kind_id] is None:
+            continue
+        fn = fn.variant(state.opts)
+        for node, t in state.tensors[kind_id].items():
+            tensors.append((kname, node.name or f"{node.op}#{node.id}", t.shape, t.dtype.name, t.nbytes))
+        where[kname] = _phase_counts(fn, state.opts)
+    for shape, sc in state.scatters.items():    # one per message shape, shared by the kinds scattering it
+        tensors.append(("(shared)", "scatter", shape, sc.dtype.name, sc.nbytes))
+    peak = model.workspace(s.name).peak_bytes
+    programs = [p for p in (state.program, state.backward_program) if p is not None]
+    return StructureReport(s.name, batch.num_vertices, len(sizes), sizes, dict(state.copies), tensors, where,
+                           peak, policy.name, lower_bound(batch), programs)
+
+
+def _phase_counts(fn, opts) -> dict:
+    """A compiled function's nodes per phase of F and ∂F, its fused kernels and merged GEMMs."""
+    forward_phases, backward_phases = fn.phases(opts)
+    return {"F static": len(fn.static_fwd),
+            "F before tasks": len(forward_phases.programs[0]),
+            "F per task": len(forward_phases.programs[1]),
+            "F after tasks": len(forward_phases.programs[2]),
+            "∂F static": len(fn.static_bwd),
+            "∂F before tasks": len(backward_phases.programs[0]),
+            "∂F per task": len(backward_phases.programs[1]),
+            "∂F after tasks": len(backward_phases.programs[2]),
+            "fused kernels": sum(len(g) for g in forward_phases.groups + backward_phases.groups),
+            "merged GEMMs": len(fn.merges)}
 
 
 def _maxdiff(a, b) -> float:
