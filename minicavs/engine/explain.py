@@ -1,12 +1,19 @@
-"""Seeing and checking the batching: what ran where and how much memory moved, and batched == serial."""
+"""Seeing how a model runs and checking it: per structure the batching (tasks, rows moved, memory, who ran F and
+∂F); the static graphs around them, or making up the whole model (their steps, control flow, fused kernels and
+who ran them); and batched == serial."""
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..core.sparse import densify
+from ..ir.control import Flow, flow
+from ..ir.graph import type_str
+from .backend import to_host
 from .executor import RunContext
+from .program import StaticRun
 
 
 @dataclass
@@ -34,73 +41,216 @@ class StructureReport:
 
 
 @dataclass
+class LoopReport:
+    """A control-flow node of a static graph: what it holds and, for a loop, the steps it ran."""
+
+    label: str               # the node's ("foreach#12")
+    name: str                # its body's
+    flow: Flow
+    ran: int | None          # the steps run (None: a cond)
+    bodies: list             # (role, BodyReport)
+
+
+@dataclass
+class BodyReport:
+    """A control-flow body: its size, its nodes by op, the control flow inside it."""
+
+    name: str
+    nodes: int               # the nodes it computes (its arguments aside)
+    ops: dict                # op -> nodes
+    nested: list             # (op, Flow, [(role, BodyReport)]) of the control flow inside it
+
+
+@dataclass
+class StaticReport:
+    """One static graph as a model run ran it (program.StaticRun, summarized)."""
+
+    title: str
+    runner: str
+    steps: int
+    ops: dict                # op -> steps (a fused step: "fused[...]")
+    fused: int               # steps that ran a generated kernel
+    rows: tuple              # the row counts of its values with the row axis
+    nbytes: int              # what its values hold (kept for the backward pass)
+    loops: list              # LoopReport per control-flow node it ran
+    largest: list            # (node label, type, bytes), largest first
+
+
+@dataclass
 class Explanation:
     structures: list = field(default_factory=list)
+    static: list = field(default_factory=list)   # StaticReport per static graph run, in run order
+    device_runner: str = ""                     # who runs the vertex functions' programs on the model's device
 
     def __str__(self) -> str:
         lines = []
         for r in self.structures:
-            sizes = r.task_sizes
-            hist = np.bincount(np.minimum(np.ceil(np.log2(np.maximum(sizes, 1))).astype(int), 16))
-            bins = ", ".join(f"<={1 << i}: {c}" for i, c in enumerate(hist) if c)
-            lines += [f"structure '{r.name}': {r.vertices} vertices in {r.tasks} tasks by policy '{r.policy}', "
-                      f"lower bound {r.lower_bound} ({r.tasks / max(r.lower_bound, 1):.2f}x) "
-                      f"(vertices per task: min {sizes.min()}, median {int(np.median(sizes))}, max {sizes.max()})",
-                      f"  tasks by size: {bins}",
-                      "  rows copied: " + ", ".join(f"{k} {v}" for k, v in r.copies.items() if k != "gathered")
-                      + f"; gathered rows copied: {100 * r.gather_copied:.1f}% of {r.copies.get('gathered', 0)}"]
-            for kind, counts in r.where.items():
-                lines.append(f"  kind '{kind}': " + ", ".join(f"{k} {v}" for k, v in counts.items()))
-            for program in r.programs:
-                lowered, rows = program.lowered, len(program.table)
-                lines.append(f"  {program.title}: {len(program.task_table)} tasks and {rows - len(program.task_table)} "
-                             f"blocks before and after them, one call of the {program.runner} "
-                             f"({len(lowered.code)} instructions in {len(lowered.templates)} templates"
-                             + (f"; the device's runner declined it: {program.declined})" if program.declined else ")"))
-            lines.append(f"  dynamic tensors: {len(r.tensors)}, {r.tensor_bytes / 1024:.1f} KiB held by this batch, "
-                         f"peak {r.peak_bytes / 1024:.1f} KiB of buffers")
-            for kind, sym, shape, dtype, nbytes in sorted(r.tensors, key=lambda t: -t[4])[:12]:
-                lines.append(f"    {kind:>10} {sym:<24} {str(shape):<12} {dtype:<8} {nbytes / 1024:10.1f} KiB")
+            lines += _structure_lines(r)
+        if self.static:
+            lines += _static_lines(self.static, self.device_runner)
         return "\n".join(lines)
 
 
+def _structure_lines(r: StructureReport) -> list[str]:
+    sizes = r.task_sizes
+    hist = np.bincount(np.minimum(np.ceil(np.log2(np.maximum(sizes, 1))).astype(int), 16))
+    bins = ", ".join(f"<={1 << i}: {c}" for i, c in enumerate(hist) if c)
+    lines = [f"structure '{r.name}': {r.vertices} vertices in {r.tasks} tasks by policy '{r.policy}', "
+             f"lower bound {r.lower_bound} ({r.tasks / max(r.lower_bound, 1):.2f}x) "
+             f"(vertices per task: min {sizes.min()}, median {int(np.median(sizes))}, max {sizes.max()})",
+             f"  tasks by size: {bins}",
+             "  rows copied: " + ", ".join(f"{k} {v}" for k, v in r.copies.items() if k != "gathered")
+             + f"; gathered rows copied: {100 * r.gather_copied:.1f}% of {r.copies.get('gathered', 0)}"]
+    for kind, counts in r.where.items():
+        lines.append(f"  kind '{kind}': " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+    for program in r.programs:
+        lowered, rows = program.lowered, len(program.table)
+        lines.append(f"  {program.title}: {len(program.task_table)} tasks and {rows - len(program.task_table)} "
+                     f"blocks before and after them, one call of the {program.runner} "
+                     f"({len(lowered.code)} instructions in {len(lowered.templates)} templates"
+                     + (f"; the device's runner declined it: {program.declined})" if program.declined else ")"))
+    lines.append(f"  dynamic tensors: {len(r.tensors)}, {r.tensor_bytes / 1024:.1f} KiB held by this batch, "
+                 f"peak {r.peak_bytes / 1024:.1f} KiB of buffers")
+    for kind, sym, shape, dtype, nbytes in sorted(r.tensors, key=lambda t: -t[4])[:12]:
+        lines.append(f"    {kind:>10} {sym:<24} {str(shape):<12} {dtype:<8} {nbytes / 1024:10.1f} KiB")
+    return lines
+
+
+def _counts(ops: dict) -> str:
+    return ", ".join(f"{op} {n}" for op, n in sorted(ops.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def _static_lines(reports: list, device_runner: str) -> list[str]:
+    """The static graphs: who ran them and why not the device's runner, then per graph its steps, loops and
+    bytes, then the largest values."""
+    runners = ", ".join(dict.fromkeys(r.runner for r in reports))
+    fused = sum(r.fused for r in reports)
+    lines = [f"static graphs: run by the {runners}, one step per node"
+             + ("" if fused else ", no fused kernel (the fusion pass groups vertex functions' phases only)")
+             + f"; the {device_runner} runs only vertex functions' programs (a static graph and a control-flow "
+             "body are not lowered to instructions)"]
+    for r in reports:
+        rows = f", rows {', '.join(map(str, r.rows))}" if r.rows else ""
+        lines.append(f"  {r.title}: {r.steps} step{'s' if r.steps != 1 else ''} ({_counts(r.ops)}), fused kernels "
+                     f"{r.fused}{rows}, values {r.nbytes / 1024:.1f} KiB")
+        for loop in r.loops:
+            lines += _loop_lines(loop, "    ")
+    largest = sorted((v for r in reports for v in r.largest), key=lambda v: -v[2])[:8]
+    lines.append("  largest values:")
+    lines += [f"    {label:<28} {kind:<40} {nbytes / 1024:10.1f} KiB" for label, kind, nbytes in largest]
+    return lines
+
+
+def _flow_text(what: str, name: str, f: Flow, ran: int | None) -> str:
+    """One control-flow node: its trip count (and the steps run, where known), its inputs and states."""
+    if f.length is None:
+        head = f"{what} '{name}': {f.iterated} operands, {f.outputs} results"
+    else:
+        steps = f"{ran} of {f.length} steps ran" if ran is not None else \
+            f"at most {f.length} steps" if f.counted else f"{f.length} steps"
+        head = f"{what} '{name}'" + (" (reverse)" if f.reverse else "") + (
+            f": {steps}, {f.iterated} iterated inputs, {f.states} states, {f.outputs} stacked outputs")
+    return head + f", {f.captured} captured" + (", its per-step states saved for the gradient" if f.saves else "")
+
+
+def _loop_lines(loop: LoopReport, indent: str) -> list[str]:
+    lines = [indent + _flow_text(loop.label, loop.name, loop.flow, loop.ran)]
+    for role, body in loop.bodies:
+        lines += _body_lines(role, body, indent + "  ")
+    return lines
+
+
+def _body_lines(role: str, body: BodyReport, indent: str) -> list[str]:
+    lines = [f"{indent}{role} '{body.name}': {body.nodes} nodes ({_counts(body.ops)}), run node by node by "
+             "control.Subgraph.run"]
+    for op, f, bodies in body.nested:
+        lines.append(indent + "  " + _flow_text(op, bodies[0][1].name, f, None))
+        for role2, inner in bodies:
+            lines += _body_lines(role2, inner, indent + "    ")
+    return lines
+
+
+def _body_report(sub) -> BodyReport:
+    nested = []
+    for n in sub.computed:
+        f = flow(n)
+        if f is not None:
+            nested.append((n.op, f, [(role, _body_report(b)) for role, b in f.bodies]))
+    return BodyReport(sub.name, len(sub.computed), dict(Counter(n.op for n in sub.computed)), nested)
+
+
+def _loop_report(node, f: Flow, trips: dict) -> LoopReport:
+    ran = trips.get(node)
+    if ran is not None:
+        ran = int(to_host(ran).reshape(-1)[0])
+    elif f.length is not None and not f.counted:
+        ran = f.length
+    return LoopReport(node.label(), f.bodies[0][1].name, f, ran, [(role, _body_report(b)) for role, b in f.bodies])
+
+
+def static_report(run: StaticRun) -> StaticReport:
+    """A program.StaticRun summarized: its steps by op, the fused ones, its loops, its bytes."""
+    ops, loops, sized = Counter(), [], []
+    for step, nbytes in zip(run.steps, run.nbytes):
+        node = step.outputs[0]
+        ops[f"fused[{' '.join(n.op for n in step.run.group.nodes)}]" if step.fused else node.op] += 1
+        f = None if step.fused else flow(node)
+        if f is not None:
+            loops.append(_loop_report(node, f, run.trips))
+        kind = type_str(node)
+        sized.append((node.label(), kind if len(kind) <= 40 else f"({len(node.attrs['_types'])} values)", nbytes))
+    largest = sorted(sized, key=lambda v: -v[2])[:8]
+    return StaticReport(run.title, run.runner, len(run.steps), dict(ops), sum(s.fused for s in run.steps),
+                        run.rows, sum(run.nbytes), loops, largest)
+
+
 def explain(model, graphs, feeds=None, params=None, ctx=None, policy=None) -> Explanation:
-    """Run one training step's forward and backward and report the batching it used."""
-    from ..runtime.scheduler import get_policy, lower_bound
+    """Run one training step's forward and backward and report how it ran: per structure the batching it
+    used and who ran F and ∂F; the static graphs (loss, classifier, a model of static graphs only), their
+    control flow, what was fused and who ran them."""
+    from ..runtime.scheduler import get_policy
     policy = get_policy(policy) if policy is not None else model.policy
     result = model.run(graphs, feeds, params, ctx or RunContext(), policy=policy)
-    out = Explanation()
-    for s in model.structures:
-        batch, plan = result.batches[s.name]
-        state = result.states[s.name]
-        sizes = np.diff(plan.schedule.task_ptr)
-        tensors, where = [], {}
-        for kind_id, kname in enumerate(batch.kind_names):
-            fn = s.compiled.get(kname)
-            if fn is None or plan.kinds[kind_id] is None:
-                continue
-            fn = fn.variant(state.opts)
-            for node, t in state.tensors[kind_id].items():
-                tensors.append((kname, node.name or f"{node.op}#{node.id}", t.shape, t.dtype.name, t.nbytes))
-            forward_phases, backward_phases = fn.phases(state.opts)
-            where[kname] = {"F static": len(fn.static_fwd),
-                            "F before tasks": len(forward_phases.programs[0]),
-                            "F per task": len(forward_phases.programs[1]),
-                            "F after tasks": len(forward_phases.programs[2]),
-                            "∂F static": len(fn.static_bwd),
-                            "∂F before tasks": len(backward_phases.programs[0]),
-                            "∂F per task": len(backward_phases.programs[1]),
-                            "∂F after tasks": len(backward_phases.programs[2]),
-                            "fused kernels": sum(len(g) for g in forward_phases.groups + backward_phases.groups),
-                            "merged GEMMs": len(fn.merges)}
-        for shape, sc in state.scatters.items():    # one per message shape, shared by the kinds scattering it
-            tensors.append(("(shared)", "scatter", shape, sc.dtype.name, sc.nbytes))
-        peak = model.workspace(s.name).peak_bytes
-        programs = [p for p in (state.program, state.backward_program) if p is not None]
-        out.structures.append(StructureReport(s.name, batch.num_vertices, len(sizes), sizes,
-                                              dict(state.copies), tensors, where, peak, policy.name,
-                                              lower_bound(batch), programs))
-    return out
+    return Explanation([_structure_report(model, s, result, policy) for s in model.structures],
+                       [static_report(run) for run in result.static], model.device.runner_name)
+
+
+def _structure_report(model, s, result, policy) -> StructureReport:
+    """Structure ``s`` in ``result``: its tasks, tensors, phases per kind and the programs that ran."""
+    from ..runtime.scheduler import lower_bound
+    batch, plan = result.batches[s.name]
+    state = result.states[s.name]
+    sizes = np.diff(plan.schedule.task_ptr)
+    tensors, where = [], {}
+    for kind_id, kname in enumerate(batch.kind_names):
+        fn = s.compiled.get(kname)
+        if fn is None or plan.kinds[kind_id] is None:
+            continue
+        fn = fn.variant(state.opts)
+        for node, t in state.tensors[kind_id].items():
+            tensors.append((kname, node.name or f"{node.op}#{node.id}", t.shape, t.dtype.name, t.nbytes))
+        where[kname] = _phase_counts(fn, state.opts)
+    for shape, sc in state.scatters.items():    # one per message shape, shared by the kinds scattering it
+        tensors.append(("(shared)", "scatter", shape, sc.dtype.name, sc.nbytes))
+    peak = model.workspace(s.name).peak_bytes
+    programs = [p for p in (state.program, state.backward_program) if p is not None]
+    return StructureReport(s.name, batch.num_vertices, len(sizes), sizes, dict(state.copies), tensors, where,
+                           peak, policy.name, lower_bound(batch), programs)
+
+
+def _phase_counts(fn, opts) -> dict:
+    """A compiled function's nodes per phase of F and ∂F, its fused kernels and merged GEMMs."""
+    forward_phases, backward_phases = fn.phases(opts)
+    return {"F static": len(fn.static_fwd),
+            "F before tasks": len(forward_phases.programs[0]),
+            "F per task": len(forward_phases.programs[1]),
+            "F after tasks": len(forward_phases.programs[2]),
+            "∂F static": len(fn.static_bwd),
+            "∂F before tasks": len(backward_phases.programs[0]),
+            "∂F per task": len(backward_phases.programs[1]),
+            "∂F after tasks": len(backward_phases.programs[2]),
+            "fused kernels": sum(len(g) for g in forward_phases.groups + backward_phases.groups),
+            "merged GEMMs": len(fn.merges)}
 
 
 def _maxdiff(a, b) -> float:

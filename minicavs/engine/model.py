@@ -41,7 +41,7 @@ from .alg1 import backward, forward
 from .backend import Backend as Device, get_device  # noqa: F401 (model.get_device: the public name)
 from .compile import CompiledFunction, EngineOptions
 from .passes import alias, gemm, layout
-from .program import RunContext, evaluate
+from .program import RunContext, evaluate, record
 
 _PUSHED: weakref.WeakSet = weakref.WeakSet()   # every structure's push-buffer nodes
 PLAN_CACHE_SIZE = 4   # plans a model keeps for batches that come again (see Model._plan) ...
@@ -323,6 +323,7 @@ class Result:
     pushes: dict = field(default_factory=dict)     # structure name -> {push name: buffer}
     batches: dict = field(default_factory=dict)    # structure name -> (Batch, MemoryPlan)
     states: dict = field(default_factory=dict)     # structure name -> engine RunState
+    static: list = field(default_factory=list)     # program.StaticRun per static graph run, in order
 
     def per_sample(self, structure: str, push: str = "h") -> list[np.ndarray]:
         """The push buffer split by sample; rows in local vertex order."""
@@ -574,9 +575,11 @@ class Model:
         for s, stage in zip(self.structures, self.stages):
             batch, plan, compiled = plans[s.name]
             try:
-                evaluate(stage, env, feeds, params, ctx, xp=xp)
+                ran = evaluate(stage, env, feeds, params, ctx, xp=xp)
             except FeedError as e:
                 raise _at_pull_row(e, s, batch) from None
+            if ran:
+                result.static.append(record(f"forward, the pulls of structure '{s.name}'", ran, env, xp))
             pull_bufs = {}
             for name, src in s.pulls.items():
                 buf = env[src]
@@ -597,10 +600,13 @@ class Model:
                     raise FeedError(f"structure '{s.name}': no vertex in the batch pushes '{name}'")
                 env[node] = st.pushes[name]
         if outputs or self.loss is None:
-            evaluate(self.final_stage, env, feeds, params, ctx, xp=xp)
+            ran = evaluate(self.final_stage, env, feeds, params, ctx, xp=xp)
             result.outputs = {k: device.to_host(env[v]) for k, v in self.outputs.items()}   # for metrics: host
         else:
-            evaluate(self.loss_stage, env, feeds, params, ctx, xp=xp)
+            ran = evaluate(self.loss_stage, env, feeds, params, ctx, xp=xp)
+        if ran:
+            result.static.append(record("forward, the loss and outputs" if outputs or self.loss is None
+                                        else "forward, the loss", ran, env, xp))
         result.states = states
         if self.loss is not None:
             loss = env[self.loss]
@@ -608,10 +614,11 @@ class Model:
             # the step's finite flags (one device-to-host read a step); everything else reads it now
             result.loss = loss if training and on_device(loss) else float(loss)
         if training:
-            result.grads = self._backward(plans, states, env, feeds, params, ctx)
+            result.grads = self._backward(plans, states, env, feeds, params, ctx, result.static)
         return result
 
-    def _backward(self, plans, states, env, feeds, params, ctx) -> dict:
+    def _backward(self, plans, states, env, feeds, params, ctx, static: list) -> dict:
+        """Every parameter's gradient; ``static`` gets a program.StaticRun per static graph run."""
         xp = self.device.xp
         benv = dict(env)
         for s in self.structures:  # unknown cotangents are zero until their structure has run backward
@@ -628,7 +635,9 @@ class Model:
                 if g is None:
                     push_grads[name] = xp.zeros_like(env[s._pushed[name]])
                 else:
-                    evaluate(self._push_grad_nodes[(s.name, name)], benv, feeds, params, ctx, xp=xp)
+                    ran = evaluate(self._push_grad_nodes[(s.name, name)], benv, feeds, params, ctx, xp=xp)
+                    if ran:
+                        static.append(record(f"backward, the gradient of push '{s.name}.{name}'", ran, benv, xp))
                     push_grads[name] = benv[g]   # may be row-sparse (a lookup picked root rows): alg1.backward
             for name in {n for f in s.functions.values() for n in f.pushes} - set(push_grads):
                 push_grads[name] = xp.zeros_like(states[s.name].pushes[name])  # consumed by nothing
@@ -642,7 +651,9 @@ class Model:
                 benv.pop(node, None)
         sg = self.static_param_grad
         if sg:
-            evaluate(self._static_grad_nodes, benv, feeds, params, ctx, xp=xp)
+            ran = evaluate(self._static_grad_nodes, benv, feeds, params, ctx, xp=xp)
+            if ran:
+                static.append(record("backward, the parameters' gradients", ran, benv, xp))
             for name, g in sg.items():
                 grads[name] = add_all(xp, [grads[name], benv[g]]) if name in grads else benv[g]
         return grads

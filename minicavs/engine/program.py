@@ -25,6 +25,7 @@ from ..core.errors import FeedError
 from ..core.random import hash_words
 from ..core.sparse import RowSparse
 from ..core.validate import indices
+from ..ir.control import steps_run
 from ..ir.graph import Node, fmt_shape
 from ..ops.message import as_slice
 from ..ops.registry import OPS
@@ -147,9 +148,11 @@ def planned_view(value) -> bool:
                                and value.strides[0] >= value.shape[1] * value.itemsize)
 
 
-def evaluate(nodes: Sequence[Node], env: dict, feeds: Mapping, params: Mapping, ctx: RunContext, xp=np) -> None:
+def evaluate(nodes: Sequence[Node], env: dict, feeds: Mapping, params: Mapping, ctx: RunContext,
+             xp=np) -> list[Step]:
     """Evaluate ``nodes`` (in topological order) into ``env``, keeping every value (for a backward pass):
-    nodes already in ``env`` are not recomputed. Feeds and parameters must already be arrays of ``xp``'s
+    nodes already in ``env`` are not recomputed; returns the steps :func:`run_steps` ran (what
+    :func:`record` reads). Feeds and parameters must already be arrays of ``xp``'s
     device. A concat whose value was a view of a planned parameter buffer (a merged product's weight: its
     parameters' adjacent blocks) is that same view again while its inputs are the same arrays: a view
     follows their values, and the runners find the array they addressed last batch."""
@@ -175,10 +178,51 @@ def evaluate(nodes: Sequence[Node], env: dict, feeds: Mapping, params: Mapping, 
             n = step.outputs[0]
             if OPS[n.op].column_blocks is not None and n in env and is_planned(getattr(env[n], "base", None)):
                 _VIEWS[n] = (tuple(env[x] for x in n.inputs), env[n])
+    return steps
 
 
 _STEPS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # node -> its Step (made once, not per run)
 _VIEWS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # concat -> (its inputs' arrays, their view)
+
+
+@dataclass
+class StaticRun:
+    """What the step interpreter ran of one static graph in a model run, for ``explain``: the steps, who ran
+    them, the bytes each step's value holds, the row counts of the values with the row axis, and per loop
+    the steps it ran (control.steps_run: 0-d arrays, read by the reader; a loop missing ran its length)."""
+
+    title: str
+    steps: list
+    runner: str
+    nbytes: list
+    rows: tuple
+    trips: dict
+
+
+def record(title: str, steps: list, env: dict, xp) -> StaticRun:
+    """The :class:`StaticRun` of ``steps`` that :func:`evaluate` just ran into ``env`` (a few attribute reads
+    a step, no device read)."""
+    rows, trips, nbytes = set(), {}, []
+    for step in steps:
+        values = [env.get(node) for node in step.outputs]
+        nbytes.append(sum(map(value_bytes, values)))
+        for node, value in zip(step.outputs, values):
+            if node.has_rows and getattr(value, "shape", None):
+                rows.add(int(value.shape[0]))
+            ran = steps_run(node, env)
+            if ran is not None:
+                trips[node] = ran
+    runner = f"Python step interpreter (program.run_steps, over {getattr(xp, '__name__', xp)})"
+    return StaticRun(title, steps, runner, nbytes, tuple(sorted(rows)), trips)
+
+
+def value_bytes(value) -> int:
+    """The bytes a value holds: an array's, a row-sparse value's rows and indices, a tuple's parts."""
+    if isinstance(value, tuple):
+        return sum(map(value_bytes, value))
+    if isinstance(value, RowSparse):
+        return value_bytes(value.rows) + value_bytes(value.indices)
+    return int(getattr(value, "nbytes", 0))
 
 
 # --- batch programs: the lowered program bound to one batch ---------------------------------------------

@@ -1,6 +1,7 @@
 """Pictures of F and ∂F: ``minicavs show CONFIG`` writes, per vertex function, Graphviz DOT (and SVG/PNG when
 Graphviz's ``dot`` is installed) with every node colored by its class, fused groups drawn as clusters and
-∂F's outputs named by what they are the gradient of.
+∂F's outputs named by what they are the gradient of; then the model's static graph (pulls, loss, outputs: the
+whole of a model without vertex functions) and each control-flow body in it, one picture each.
 
 :func:`to_dot` renders plain data (nodes, classes, groups, names), so it knows nothing of the engine;
 :func:`views` collects that data from a compiled vertex function.
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from ..core.atomic import write_bytes, write_text
+from ..ir.control import flow
 from ..ir.graph import Graph, Node, type_str
 from ..ops.registry import OPS
 
@@ -24,6 +26,7 @@ CLASSES = {
     "lazy": ("#a9c9f5", "lazy: nothing recurrent reads it, once after the tasks"),
     "static": ("#d9d9d9", "static: no vertex axis (parameters), once per batch"),
     "forward value": ("#ffffff", "forward value: a value of F that ∂F reads"),
+    "static graph": ("#e8e0f5", "static graph: once per batch, node by node (the step interpreter)"),
 }
 
 
@@ -117,6 +120,29 @@ def views(compiled, options) -> tuple[View, View]:
     return fwd, bwd
 
 
+def static_views(model) -> list[tuple[str, View]]:
+    """The model's static graph (the nodes its structures' pulls, its loss and its outputs need) and each
+    control-flow body in it, nested ones too: (file stem, picture) pairs; none for a model without one."""
+    nodes = [n for stage in model.stages for n in stage] + list(model.final_stage)
+    if not nodes:
+        return []
+    outputs = ([model.loss] if model.loss is not None else []) + list(model.outputs.values())
+    found = [("static", _static_view("static graph: pulls, loss and outputs", nodes, outputs))]
+    holders = list(nodes)
+    while holders:
+        node = holders.pop(0)
+        held = flow(node)
+        for role, body in held.bodies if held is not None else ():
+            title = f"{role} '{body.name}' of {node.label()}"
+            found.append((f"static.{node.op}{node.id}.{role}", _static_view(title, body.nodes, body.outputs)))
+            holders += list(body.computed)
+    return found
+
+
+def _static_view(title: str, nodes: Sequence[Node], outputs: Sequence[Node]) -> View:
+    return View(title, nodes, dict.fromkeys(nodes, "static graph"), outputs=outputs)
+
+
 def render(dot_path: Path, formats: Sequence[str]) -> list[Path]:
     """``dot -T<format>`` beside the DOT file, for each format; nothing without Graphviz."""
     exe = shutil.which("dot")
@@ -156,13 +182,14 @@ def run(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     formats = [f for f in args.format.split(",") if f]
     rendered = shutil.which("dot") is not None
-    for s in trainer.model.structures:
-        for kind, compiled in s.compiled.items():
-            for suffix, view in zip(("F", "dF"), views(compiled, trainer.model.options)):
-                path = out / f"{s.name}.{kind}.{suffix}.dot"
-                write_text(path, to_dot(view))
-                files = [path] + render(path, formats)
-                print(f"{view.title}: {summary(view)}: " + ", ".join(str(f) for f in files))
+    pictures = [(f"{s.name}.{kind}.{suffix}", view) for s in trainer.model.structures
+                for kind, compiled in s.compiled.items()
+                for suffix, view in zip(("F", "dF"), views(compiled, trainer.model.options))]
+    for stem, view in pictures + static_views(trainer.model):
+        path = out / f"{stem}.dot"
+        write_text(path, to_dot(view))
+        files = [path] + render(path, formats)
+        print(f"{view.title}: {summary(view)}: " + ", ".join(str(f) for f in files))
     if formats and not rendered:
         print("Graphviz's dot is not installed: DOT files only (apt-get install graphviz, then dot -Tsvg FILE)")
     return 0

@@ -10,6 +10,7 @@ import pytest
 
 from minicavs.train.cli import main
 from minicavs.engine.compile import EngineOptions
+from minicavs.ir.graph import Graph
 from minicavs.train.show import CLASSES, to_dot, views
 from minicavs.train.trainer import Trainer
 
@@ -89,3 +90,28 @@ def test_cli_show_writes_dot_and_pictures(tmp_path, capsys):
     else:
         assert "Graphviz's dot is not installed" in out
     assert not [f for f in files if f.startswith(".")]
+
+
+
+def test_cli_show_draws_a_model_of_static_graphs_and_its_loop_bodies(tmp_path, capsys):
+    """seq2seq has no vertex function: ``show`` draws its static graph (every node of the loss's and the
+    outputs' graph, every edge) and each foreach body (its arguments and the nodes computing its outputs)."""
+    overrides = ["model.hidden=4", "model.embed=4", "model.max_len=3", "data.synthetic.train=10"]
+    assert main(["show", str(MODELS / "seq2seq.yaml"), "--out", str(tmp_path), "--format", ""]
+                + sum((["--set", s] for s in overrides), [])) == 0
+    out = capsys.readouterr().out
+    model = Trainer(MODELS / "seq2seq.yaml", overrides, run_dir=tmp_path / "run").model
+    graph = Graph([model.loss] + list(model.outputs.values())).nodes
+    nodes, edges = parse((tmp_path / "static.dot").read_text())
+    assert len(nodes) == len(graph) and len(edges) == sum(len(n.inputs) for n in graph)
+    bodies = {n.attrs["body"].name: n.attrs["body"] for n in graph if n.op == "foreach"}
+    assert sorted(bodies) == ["decoder", "encoder"]
+    drawn = {}
+    for path in tmp_path.glob("static.*.dot"):
+        text = path.read_text()
+        name = re.search(r"label=\"body '(\w+)' of foreach#\d+\"", text).group(1)
+        drawn[name] = parse(text)[0]
+    assert set(drawn) == set(bodies)
+    for name, body in bodies.items():
+        assert len(drawn[name]) == len(set(body.args) | set(Graph(body.outputs).nodes))
+        assert f"body '{name}' of foreach#" in out
