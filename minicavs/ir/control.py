@@ -624,16 +624,20 @@ def _loop_vjp(g, node, *inputs, body, n_in, n_state, n_out, length, _has_count, 
     step_inputs = xs + saved + [cts[k] for k in out_given]
     back_outs, back_finals = _backward_loop(backward, step_inputs, carried, caps, length, not reverse, count,
                                             _in_vertex_function)
-    grads: list = [None] * len(inputs)
-    fi = 0
-    for i, x in enumerate(xs):
-        if x.dtype.is_float:
-            grads[i] = back_outs[fi]
-            fi += 1
-    for j in range(n_state):
-        grads[n_x + j] = back_finals[j] if ss[j].dtype.is_float else None
-    for k, gc in zip(cap_slots, back_finals[n_state:]):
-        grads[n_x + n_state + k] = gc   # autodiff sums the slots of a node that fills several
+    return _slot_grads(len(inputs), xs, ss, cap_slots, back_outs, back_finals)
+
+
+def _slot_grads(n_inputs: int, xs: list, ss: list, cap_slots: list, back_outs: list, back_finals: list) -> tuple:
+    """A loop's input gradients, one per slot (autodiff sums the slots of a node that fills several): the
+    iterated inputs' from the backward's outputs, the states' and captured values' from its final carries."""
+    grads: list = [None] * n_inputs
+    float_xs = [i for i, x in enumerate(xs) if x.dtype.is_float]
+    for i, gx in zip(float_xs, back_outs):
+        grads[i] = gx
+    for j, s in enumerate(ss):
+        grads[len(xs) + j] = back_finals[j] if s.dtype.is_float else None
+    for k, gc in zip(cap_slots, back_finals[len(ss):]):
+        grads[len(xs) + len(ss) + k] = gc
     return tuple(grads)
 
 
