@@ -94,12 +94,15 @@ def parse_yaml(text: str):
 
 
 def yaml_problem(error: yaml.YAMLError | UnicodeDecodeError) -> str:
-    """A YAML error in one line (PyYAML's own text spans several: the problem, its place, the line, a caret)."""
+    """A YAML error in one line (PyYAML's own text spans several: the problem, its place, the line, a caret),
+    with the line it found it in (of a text of several lines), which names the key where a value is at fault."""
     mark = getattr(error, "problem_mark", None)
     problem = getattr(error, "problem", None) or getattr(error, "context", None)
-    if problem and mark is not None:
-        return f"{problem} (line {mark.line + 1}, column {mark.column + 1})"
-    return " ".join(str(error).split())
+    if not problem or mark is None:
+        return " ".join(str(error).split())
+    lines = (mark.buffer or "").rstrip("\0").splitlines()
+    line = f": {lines[mark.line].strip()!r}" if 1 < len(lines) and mark.line < len(lines) else ""
+    return f"{problem} (line {mark.line + 1}, column {mark.column + 1}{line})"
 
 
 # --- value rules ------------------------------------------------------------------------------------------
@@ -235,7 +238,7 @@ def defaults(module: ModuleType) -> dict:
             "train": {**TRAIN_DEFAULTS, "distributed": dict(SETTINGS), **getattr(module, "TRAIN_DEFAULTS", {})}}
 
 
-def _rules(module: ModuleType) -> dict:
+def rules(module: ModuleType) -> dict:
     """Each section's value rules ('key' or 'key.sub' within the section): the model's and the shared ones."""
     return {"model": getattr(module, "RULES", {}),
             "data": {**{k: DATA_PATH for k in DATA_PATH_KEYS}, **getattr(module, "DATA_RULES", {})},
@@ -535,7 +538,7 @@ def _resolved(raw: dict, source: Path, base: Path) -> dict:
         train["early_stopping"] = _typecheck("train.early_stopping", train["early_stopping"], EARLY_STOPPING_KEYS)
     cfg = {"model": _merge("model", table["model"], model),
            "data": _merge("data", table["data"], raw.get("data") or {}), "train": train}
-    _check_values(cfg, table, _rules(module),
+    _check_values(cfg, table, rules(module),
                   NULLABLE | {("data", k) for k, v in table["data"].items() if v is None})
     if cfg["data"].get("train") is None:
         raise ConfigError("data.train: null is not allowed; the training data (a file path or 'synthetic')")
