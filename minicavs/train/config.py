@@ -19,6 +19,7 @@ command-line path. Both become absolute in the resolved config, which a run reco
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import difflib
 import importlib.util
@@ -65,24 +66,28 @@ Loader.add_implicit_resolver(_FLOAT_TAG, _FLOAT, list("-+.0123456789"))
 
 
 def _construct_int(loader: yaml.SafeLoader, node) -> int:
-    text = _tagged_number(loader, node, _INT, "an integer")
-    if text.startswith("0o"):
-        return int(text[2:], 8)
-    return int(text, 16) if text.startswith("0x") else int(text, 10)
+    text = loader.construct_scalar(node)
+    with _number(node, "an integer"):
+        if text.startswith("0o"):
+            return int(text[2:], 8)
+        return int(text, 16) if text.startswith("0x") else int(text, 10)
 
 
 def _construct_float(loader: yaml.SafeLoader, node) -> float:
-    text = _tagged_number(loader, node, _FLOAT, "a number").lower()
-    return float(text.replace(".inf", "inf").replace(".nan", "nan"))
+    text = loader.construct_scalar(node).lower()
+    with _number(node, "a number"):
+        return float(text.replace(".inf", "inf").replace(".nan", "nan"))
 
 
-def _tagged_number(loader: yaml.SafeLoader, node, pattern: re.Pattern, what: str) -> str:
-    """A scalar's text that ``pattern`` reads: an explicit tag (``!!float abc``, ``!!int [1]``) skips the
-    resolver, so a text it would not resolve is a YAML error here, not a ValueError in int() or float()."""
-    text = loader.construct_scalar(node) if isinstance(node, yaml.ScalarNode) else None
-    if text is None or not pattern.match(text) and not (pattern is _FLOAT and _INT.match(text)):
-        raise yaml.constructor.ConstructorError(None, None, f"!!{node.tag.rsplit(':', 1)[-1]} needs {what}", node.start_mark)
-    return text
+@contextlib.contextmanager
+def _number(node: yaml.Node, what: str):
+    """A text int() or float() refuses as a YAML error: an explicit tag skips the resolver (``!!float abc``),
+    and int() takes at most 4300 digits."""
+    try:
+        yield
+    except ValueError as e:
+        raise yaml.constructor.ConstructorError(None, None, f"!!{node.tag.rsplit(':', 1)[-1]} needs {what}: {e}",
+                                                node.start_mark) from None
 
 
 Loader.add_constructor(_INT_TAG, _construct_int)
@@ -199,6 +204,7 @@ TRAIN_DEFAULTS: dict[str, Any] = {
     "batch_size": 25, "epochs": 10, "seed": 1, "dtype": "float32", "policy": "cavs",
     "early_stopping": None,   # e.g. {metric: dev_root_acc, mode: max, patience: 3}
     "eval_batch_size": 256, "log_every": 1.0, "device": "cpu",
+    # "distributed": mpirun's settings, minicavs.train.distributed.SETTINGS (added by defaults())
     "deterministic": False,   # cuda: sum a DAG child's gradient rows in a fixed order, not by atomicAdd
     "prefetch": False,   # prepare the next batch (inputs, schedule, memory plan) while one trains (prefetch.py)
     "engine": {"lazy_batching": True, "eager_batching": True, "streaming": False,  # §3.4 (EngineOptions)
