@@ -19,6 +19,7 @@ command-line path. Both become absolute in the resolved config, which a run reco
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import difflib
 import importlib.util
@@ -66,14 +67,27 @@ Loader.add_implicit_resolver(_FLOAT_TAG, _FLOAT, list("-+.0123456789"))
 
 def _construct_int(loader: yaml.SafeLoader, node) -> int:
     text = loader.construct_scalar(node)
-    if text.startswith("0o"):
-        return int(text[2:], 8)
-    return int(text, 16) if text.startswith("0x") else int(text, 10)
+    with _number(node, "an integer"):
+        if text.startswith("0o"):
+            return int(text[2:], 8)
+        return int(text, 16) if text.startswith("0x") else int(text, 10)
 
 
 def _construct_float(loader: yaml.SafeLoader, node) -> float:
     text = loader.construct_scalar(node).lower()
-    return float(text.replace(".inf", "inf").replace(".nan", "nan"))
+    with _number(node, "a number"):
+        return float(text.replace(".inf", "inf").replace(".nan", "nan"))
+
+
+@contextlib.contextmanager
+def _number(node: yaml.Node, what: str):
+    """A text int() or float() refuses as a YAML error: an explicit tag skips the resolver (``!!float abc``),
+    and int() takes at most 4300 digits."""
+    try:
+        yield
+    except ValueError as e:
+        raise yaml.constructor.ConstructorError(None, None, f"!!{node.tag.rsplit(':', 1)[-1]} needs {what}: {e}",
+                                                node.start_mark) from None
 
 
 Loader.add_constructor(_INT_TAG, _construct_int)
@@ -82,6 +96,18 @@ Loader.add_constructor(_FLOAT_TAG, _construct_float)
 
 def parse_yaml(text: str):
     return yaml.load(text, Loader=Loader)
+
+
+def yaml_problem(error: yaml.YAMLError | UnicodeDecodeError) -> str:
+    """A YAML error in one line (PyYAML's own text spans several: the problem, its place, the line, a caret),
+    with the line it found it in (of a text of several lines), which names the key where a value is at fault."""
+    mark = getattr(error, "problem_mark", None)
+    problem = getattr(error, "problem", None) or getattr(error, "context", None)
+    if not problem or mark is None:
+        return " ".join(str(error).split())
+    lines = (mark.buffer or "").rstrip("\0").splitlines()
+    line = f": {lines[mark.line].strip()!r}" if 1 < len(lines) and mark.line < len(lines) else ""
+    return f"{problem} (line {mark.line + 1}, column {mark.column + 1}{line})"
 
 
 # --- value rules ------------------------------------------------------------------------------------------
@@ -136,8 +162,10 @@ class Choice:
 class Text:
     """A non-empty string (a file path, a name): for a key whose default is null, which no type check covers."""
 
+    what: str = "a non-empty string"
+
     def describe(self) -> str:
-        return "a non-empty string"
+        return self.what
 
     def ok(self, value) -> bool:
         return isinstance(value, str) and value != ""
@@ -176,7 +204,7 @@ TRAIN_DEFAULTS: dict[str, Any] = {
     "batch_size": 25, "epochs": 10, "seed": 1, "dtype": "float32", "policy": "cavs",
     "early_stopping": None,   # e.g. {metric: dev_root_acc, mode: max, patience: 3}
     "eval_batch_size": 256, "log_every": 1.0, "device": "cpu",
-    "distributed": {},   # mpirun: digest_every, timeout, sparse (minicavs.train.distributed.SETTINGS)
+    # "distributed": mpirun's settings, minicavs.train.distributed.SETTINGS (added by defaults())
     "deterministic": False,   # cuda: sum a DAG child's gradient rows in a fixed order, not by atomicAdd
     "prefetch": False,   # prepare the next batch (inputs, schedule, memory plan) while one trains (prefetch.py)
     "engine": {"lazy_batching": True, "eager_batching": True, "streaming": False,  # §3.4 (EngineOptions)
@@ -195,19 +223,39 @@ RENAMED = {("train", "engine", "executor"): ("runner", {"native": "device", "ref
 
 
 def _train_rules() -> dict:
+    from .distributed import SPARSE_MODES
     from .optim import OPTIMIZERS
     from ..runtime.scheduler import policy_names
     return {"optimizer": Choice(tuple(OPTIMIZERS), fold_case=True), "lr": POSITIVE, "weight_decay": NON_NEGATIVE,
             "clip_norm": POSITIVE, "batch_size": at_least(1), "epochs": at_least(1), "seed": at_least(0),
             "dtype": Choice(("float32", "float64")), "policy": Choice(policy_names()),
             "eval_batch_size": at_least(1), "log_every": NON_NEGATIVE, "device": Choice(("cpu", "cuda")),
-            "early_stopping.metric": Choice(()), "early_stopping.mode": Choice(("min", "max")),
-            "early_stopping.patience": at_least(1), "engine.runner": Choice(("device", "reference"))}
+            "early_stopping.metric": Text(), "early_stopping.mode": Choice(("min", "max")),
+            "early_stopping.patience": at_least(1), "engine.runner": Choice(("device", "reference")),
+            "distributed.digest_every": at_least(0), "distributed.timeout": POSITIVE,
+            "distributed.sparse": Choice(SPARSE_MODES)}
+
+
+def defaults(module: ModuleType) -> dict:
+    """Each section's defaults for a model module: the shared tables under the model's own, and
+    ``train.distributed`` (mpirun's settings: :data:`minicavs.train.distributed.SETTINGS`)."""
+    from .distributed import SETTINGS
+    return {"model": module.DEFAULTS, "data": {**DATA_DEFAULTS, **getattr(module, "DATA_DEFAULTS", {})},
+            "train": {**TRAIN_DEFAULTS, "distributed": dict(SETTINGS), **getattr(module, "TRAIN_DEFAULTS", {})}}
+
+
+def rules(module: ModuleType) -> dict:
+    """Each section's value rules ('key' or 'key.sub' within the section): the model's and the shared ones."""
+    return {"model": getattr(module, "RULES", {}),
+            "data": {**{k: DATA_PATH for k in DATA_PATH_KEYS}, **getattr(module, "DATA_RULES", {})},
+            "train": _train_rules()}
 
 
 DATA_DEFAULTS: dict[str, Any] = {"train": None, "dev": None, "test": None}
 DATA_PATH_KEYS = ("train", "dev", "test")   # a file path, 'synthetic' (generated data) or null
+DATA_PATH = Text("a file path or 'synthetic'")
 MODEL_PATH_KEYS = ("pretrained",)   # model keys that name a file (pretrained vectors): resolved as data paths
+PATH_KEYS = {"data": DATA_PATH_KEYS, "model": MODEL_PATH_KEYS}
 SYNTHETIC = "synthetic"
 SECTIONS = ("model", "data", "train")
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -260,8 +308,8 @@ def find_config(name: str | os.PathLike) -> Path:
     raise FileNotFoundError(f"config file not found: {name} (bundled configs: {', '.join(bundled_configs())})")
 
 
-def _suggest(key: str, known) -> str:
-    close = difflib.get_close_matches(key, list(known), n=1)
+def _suggest(key, known) -> str:
+    close = difflib.get_close_matches(str(key), [str(k) for k in known], n=1)   # a YAML key may be 1 or null
     return f" (did you mean '{close[0]}'?)" if close else ""
 
 
@@ -290,11 +338,10 @@ def _typecheck(where: str, value, default):
 
 
 def _merge(where: str, defaults: dict, given: dict) -> dict:
-    """Defaults overridden by ``given``; an empty default mapping is free-form (its consumer checks it, as
-    distributed.py does train.distributed)."""
+    """Defaults overridden by ``given``."""
     out = copy.deepcopy(defaults)
     for k, v in (given or {}).items():
-        if k not in defaults and defaults:
+        if k not in defaults:
             error = ConfigError(f"unknown config key '{where}.{k}'{_suggest(k, defaults)}; "
                                 f"known keys: {', '.join(sorted(defaults))}")
             error.key = f"{where}.{k}"
@@ -338,22 +385,31 @@ def load_model_module(name: str, base: Path | None = None) -> ModuleType:
     path to a .py file (relative to ``base``)."""
     candidates = []
     if name.endswith(".py") or "/" in name or os.sep in name:
+        if not name.endswith(".py"):   # importlib has no loader for another file
+            raise ConfigError(f"model.name = {name!r}: must be a model name (tree_lstm) or a path to a .py file")
         candidates.append(Path(name) if base is None or Path(name).is_absolute() else base / name)
     else:
         for root in ([base] if base else []) + [bundled_models_dir()]:
             candidates.append(root / f"{name}.py")
     for path in candidates:
         if path.is_file():
-            path = path.resolve()
-            mod_name = f"minicavs_models.{path.stem}"
-            if mod_name in sys.modules and getattr(sys.modules[mod_name], "__file__", None) == str(path):
-                return sys.modules[mod_name]
-            spec = importlib.util.spec_from_file_location(mod_name, path)
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[mod_name] = module
-            spec.loader.exec_module(module)
-            return module
-    raise ConfigError(f"model '{name}' not found (looked for {', '.join(str(c) for c in candidates)})")
+            return _import_model(name, path.resolve())
+    raise ConfigError(f"model.name: model '{name}' not found (looked for {', '.join(str(c) for c in candidates)})")
+
+
+def _import_model(name: str, path: Path) -> ModuleType:
+    """The module of ``path`` (imported once), which must define a model's ``DEFAULTS`` mapping."""
+    mod_name = f"minicavs_models.{path.stem}"
+    if mod_name in sys.modules and getattr(sys.modules[mod_name], "__file__", None) == str(path):
+        return sys.modules[mod_name]
+    spec = importlib.util.spec_from_file_location(mod_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = module
+    spec.loader.exec_module(module)
+    if not isinstance(getattr(module, "DEFAULTS", None), dict):
+        del sys.modules[mod_name]
+        raise ConfigError(f"model.name = {name!r}: {path} is not a model module (it defines no DEFAULTS mapping)")
+    return module
 
 
 def model_reference(module: ModuleType) -> str:
@@ -374,17 +430,21 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     try:
         return path, parse_yaml(value)
     except yaml.YAMLError as e:
-        raise ConfigError(f"--set {item!r}: not a YAML value ({e})") from None
+        raise ConfigError(f"--set {item!r}: not a YAML value ({yaml_problem(e)})") from None
 
 
-def _resolve_paths(section: dict, base: Path, keys: tuple = DATA_PATH_KEYS) -> None:
-    """Make the file paths of ``section``'s ``keys`` absolute ($MINICAVS_DATA and ~ expanded, relative to
-    ``base``); 'synthetic' and null stay as they are."""
-    for k in keys:
-        v = section.get(k)
+def _resolve_paths(raw: dict, section: str, base: Path) -> None:
+    """Make the file paths of ``raw[section]`` (its :data:`PATH_KEYS`) absolute ($MINICAVS_DATA and ~
+    expanded, relative to ``base``); 'synthetic', null and values of other types (refused later, by the
+    section's rules) stay as they are."""
+    node = raw.get(section)
+    for k in PATH_KEYS[section] if isinstance(node, dict) else ():
+        v = node.get(k)
+        if isinstance(v, str) and "\0" in v:   # the OS takes no such path: os.path.realpath raises ValueError
+            raise ConfigError(f"{section}.{k} = {v!r}: a file path cannot hold a NUL character")
         if isinstance(v, str) and v and v != SYNTHETIC:
             v = _DATA_ROOT_PREFIX.sub(lambda _: str(data_root()), v)   # a function: used verbatim
-            section[k] = str((base / os.path.expanduser(v)).resolve())
+            node[k] = str((base / os.path.expanduser(v)).resolve())
 
 
 def load_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> dict:
@@ -393,7 +453,7 @@ def load_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> dict:
     try:
         raw = parse_yaml(path.read_text(encoding="utf-8")) or {}
     except (yaml.YAMLError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+        raise ConfigError(f"{path}: not valid YAML: {yaml_problem(e)}") from None
     return resolve(raw, path, overrides)
 
 
@@ -411,12 +471,10 @@ def resolve(raw: dict, source: str | os.PathLike, overrides: Sequence[str] = (),
             raise ConfigError(f"{source}: unknown config section '{k}'{_suggest(k, SECTIONS)}")
         if raw[k] is not None and not isinstance(raw[k], dict):
             raise ConfigError(f"{source}: section '{k}' must be a mapping, got {raw[k]!r}")
-    if isinstance(raw.get("data"), dict):
-        _resolve_paths(raw["data"], base)
-    if isinstance(raw.get("model"), dict):
-        _resolve_paths(raw["model"], base, MODEL_PATH_KEYS)
     overridden = []
     try:
+        for section in PATH_KEYS:
+            _resolve_paths(raw, section, base)
         _renamed_keys(raw)
         for item in overrides:
             keys, value = parse_override(item)
@@ -433,10 +491,8 @@ def resolve(raw: dict, source: str | os.PathLike, overrides: Sequence[str] = (),
                 if not isinstance(node, dict):
                     raise ConfigError(f"--set {item!r}: '{k}' is not a section")
             node[keys[-1]] = value
-            if keys[0] == "data" and len(keys) == 2:
-                _resolve_paths(raw["data"], Path.cwd())   # command-line paths: relative to where you are
-            if keys[0] == "model" and len(keys) == 2:
-                _resolve_paths(raw["model"], Path.cwd(), MODEL_PATH_KEYS)
+            if keys[0] in PATH_KEYS and len(keys) == 2:
+                _resolve_paths(raw, keys[0], Path.cwd())   # command-line paths: relative to where you are
             overridden.append(".".join(keys))
         return _resolved(raw, source, base)
     except ConfigError as e:
@@ -451,7 +507,7 @@ def _renamed(keys: list, value) -> tuple[list, Any]:
     if renamed is None:
         return keys, value
     new, values = renamed
-    if value not in values:
+    if not any(value == old for old in values):   # not `in`: a list or a mapping is a value too, unhashable
         where = ".".join(keys[:-1])
         raise ConfigError(f"{where}.{keys[-1]} (now {where}.{new}) = {value!r}: expected one of "
                           f"{', '.join(map(str, values))}")
@@ -482,17 +538,14 @@ def _resolved(raw: dict, source: Path, base: Path) -> dict:
     if not isinstance(model["name"], str):
         raise ConfigError(f"model.name = {model['name']!r}: must be a model name or a .py path")
     module = load_model_module(model.pop("name"), base)
-    train_defaults = {**TRAIN_DEFAULTS, **getattr(module, "TRAIN_DEFAULTS", {})}
-    data_defaults = {**DATA_DEFAULTS, **getattr(module, "DATA_DEFAULTS", {})}
-    train = _merge("train", train_defaults, raw.get("train") or {})
+    table = defaults(module)
+    train = _merge("train", table["train"], raw.get("train") or {})
     if train["early_stopping"] is not None:
         train["early_stopping"] = _typecheck("train.early_stopping", train["early_stopping"], EARLY_STOPPING_KEYS)
-    cfg = {"model": _merge("model", module.DEFAULTS, model),
-           "data": _merge("data", data_defaults, raw.get("data") or {}), "train": train}
-    rules = {"model": getattr(module, "RULES", {}), "data": getattr(module, "DATA_RULES", {}),
-             "train": {k: v for k, v in _train_rules().items() if k != "early_stopping.metric"}}
-    _check_values(cfg, {"model": module.DEFAULTS, "data": data_defaults, "train": train_defaults}, rules,
-                  NULLABLE | {("data", k) for k, v in data_defaults.items() if v is None})
+    cfg = {"model": _merge("model", table["model"], model),
+           "data": _merge("data", table["data"], raw.get("data") or {}), "train": train}
+    _check_values(cfg, table, rules(module),
+                  NULLABLE | {("data", k) for k, v in table["data"].items() if v is None})
     if cfg["data"].get("train") is None:
         raise ConfigError("data.train: null is not allowed; the training data (a file path or 'synthetic')")
     cfg["model"] = {"name": model_reference(module), **cfg["model"]}
