@@ -100,6 +100,9 @@ class Trainer:
         self.params = self.task.params
         for p in self.params.values():   # parameters (and so the optimizer's slots) live on the device
             p.value = self.device.asarray(p.value)
+        # the layout moves parameter storage, so it happens here, before any array is handed out: from now
+        # on each parameter's value is its storage for good (trained, loaded and resumed in place)
+        self.model.plan_buffers(self.params)
         tc = self.cfg["train"]
         kw = dict(lr=tc["lr"], weight_decay=tc["weight_decay"], clip_norm=tc["clip_norm"],
                   sparse_updates=tc["sparse_updates"])

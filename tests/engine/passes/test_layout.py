@@ -98,6 +98,7 @@ def _gate_model(rng, H, D, gates, shared_bias, conflict):
 
 
 def _run(model, ps, rng_seed, options):
+    model.plan_buffers(ps, options)   # (laid out up front, as a Trainer does: a run moves no storage)
     rng = np.random.default_rng(rng_seed)
     graphs = [InputGraph.chain(n) for n in (3, 1, 4)]
     D = model.structures[0].pulls["x"].shape[1]
