@@ -64,7 +64,9 @@ class Trainer:
     """A model, its data and optimizer built from a resolved config, and the run directory it trains into.
 
     Construction checks everything that can be checked before training (config values, the device, data
-    that is missing, empty or undecodable, the early-stopping metric) and writes nothing."""
+    that is missing, empty or undecodable, the early-stopping metric) and writes nothing. It also lays the
+    parameters out (Model.plan_buffers), before handing any out: ``params[name].value`` is from then on each
+    parameter's storage, which training, :meth:`load` and a resume write in place."""
 
     def __init__(self, config: dict | str | os.PathLike, overrides: Sequence[str] = (),
                  run_dir: str | os.PathLike | None = None, comm: "distributed.Communicator | None" = None,
