@@ -11,7 +11,7 @@ from minicavs.train.trainer import Trainer
 from tests.models.test_models import MODELS, TINY
 
 SMALL = ["data.synthetic.train=8", "data.dev=null", "data.test=null", "train.batch_size=4", "train.epochs=1"]
-CASES = [(model, cell, layout) for model in ("tree_lstm", "var_lstm", "lattice_lstm")
+CASES = [(model, cell, layout) for model in ("tree_lstm", "tree_lstm_2type", "var_lstm", "lattice_lstm")
          for cell in ("naive", "fused") for layout in (True, False)]
 
 
