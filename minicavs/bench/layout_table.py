@@ -8,7 +8,6 @@ from __future__ import annotations
 import statistics
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -24,9 +23,10 @@ CELLS = {   # cell -> (model config, overrides)
     "LSTM cell (Var-LSTM)": ("var_lstm", ["model.dropout=0.0", "data.synthetic.train=256"]),
     "Lattice cells (char, char+words, word)": ("lattice_lstm", ["data.synthetic.train=256"]),
 }
-VARIANTS = {"naive, no layout": (["model.cell=naive"], {"plan_layout": False}),
-            "naive + layout": (["model.cell=naive"], {"plan_layout": True}),
-            "fused": ([], {"plan_layout": False})}
+VARIANTS = {   # (the trainer lays the parameters out when built: the switch is the config's)
+    "naive, no layout": ["model.cell=naive", "train.engine.plan_layout=false"],
+    "naive + layout": ["model.cell=naive", "train.engine.plan_layout=true"],
+    "fused": ["train.engine.plan_layout=false"]}
 
 
 def _trainer(config: str, overrides: list, hidden: int, batch: int, run_dir: Path):
@@ -114,9 +114,9 @@ def measure(hidden: int = 128, batch: int = 64, batches: int = 4, repeats: int =
     with tempfile.TemporaryDirectory() as tmp:
         for cell, (config, overrides) in CELLS.items():
             runs = {}
-            for name, (extra, engine) in VARIANTS.items():
+            for name, extra in VARIANTS.items():
                 t = _trainer(config, overrides + extra, hidden, batch, Path(tmp) / f"{config}-{len(runs)}")
-                runs[name] = {"t": t, "opts": replace(t.model.options, **engine), "rounds": [],
+                runs[name] = {"t": t, "opts": t.model.options, "rounds": [],
                               "samples": t.task.data["train"][:batch * batches]}
             for r in range(repeats + 1):   # round 0 warms up (compiles, lays out)
                 _round(runs, batch, batches)

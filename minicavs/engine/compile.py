@@ -90,7 +90,8 @@ class EngineOptions:
     gather_elision: bool = True   # a gather whose child rows are an evenly strided block reads a view
     merge_gemms: bool = True      # products of F sharing a left operand run as one GEMM (passes/gemm.py)
     plan_layout: bool = True      # merged weights and biases as views of planned parameter buffers
-    # (passes/layout.py): no weight copy per batch; the parameters become strided views of one buffer each
+    # (passes/layout.py): no weight copy per batch; the parameters become strided views of one buffer each,
+    # laid out by Model.plan_buffers (the Trainer's construction), never by a run
     runner: str = "device"    # who runs a pass: the device's runner (the C runner on the CPU, the CUDA runner);
     # "reference": the same program run by reference.py (one Python function per opcode: slow, the definition)
     check: bool = False       # the runners' debug mode: every address and row number bounds-checked (slower)

@@ -13,7 +13,6 @@ Structures run in the order given; a structure's pulls may depend on feeds and o
 """
 from __future__ import annotations
 
-import operator
 import threading
 import weakref
 from collections import OrderedDict
@@ -22,7 +21,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from ..core.arrays import on_device
+from ..core.arrays import is_planned, on_device
 from ..core.errors import FeedError, InputGraphError, ShapeError
 from ..core.sparse import add_all
 from ..core.validate import indices
@@ -382,7 +381,6 @@ class Model:
         self._plans: OrderedDict = OrderedDict()   # see _plan
         self._plans_lock = threading.Lock()        # prepare may run on the prefetch thread
         self._layouts: dict = {}                   # options -> the planned parameter buffers (see layout)
-        self._planned_for = None                   # (params, parameters, values, layout) last laid out
         self.planned = layout.solve([g for s in self.structures for fn in s.compiled.values()
                                      for g in gemm.layout_groups(fn.F)])
         for s in self.structures:   # one parameter layout over every function's merged products
@@ -411,24 +409,25 @@ class Model:
         return found
 
     def plan_buffers(self, params, options: EngineOptions | None = None) -> None:
-        """Lay ``params`` (a ParameterSet of host arrays) out as :meth:`layout` plans: the merged products'
-        weights become views of one buffer each (same values; nothing else changes). Cheap when done: the
-        parameters laid out last time, all still holding the arrays laid out, are not looked up again (a
-        parameter replaced in ``params`` since is not seen, which costs speed only: its product then reads a
-        concat's copy, ops.shape.adjacent_blocks)."""
+        """Lay ``params`` (a ParameterSet of host arrays) out as :meth:`layout` plans under ``options``
+        (default the model's), once: the merged products' weights become views of one buffer each (same
+        values; nothing else changes), so they are read with no copy per batch.
+
+        This is the one moment a parameter's storage moves (its ``value`` becomes a view of a new buffer),
+        so it belongs before anyone takes an array: the Trainer calls it at construction, before it hands
+        out a parameter; with a model and parameters of your own, call it after building the model and
+        before taking ``params[name].value``. :meth:`run` never calls it (it reads a merged weight of
+        parameters not laid out from a copy: speed only). A buffer any of whose parameters is laid out
+        already is left as it is, so calling it again, or under other options, moves nothing. Does nothing
+        without ``plan_layout`` and ``merge_gemms``, or on a device (CUDA keeps per-parameter arrays)."""
+        options = options or self.options
         plan = getattr(params, "plan_buffer", None)
-        if plan is None:
+        if plan is None or not (options.plan_layout and options.merge_gemms) or self.device.xp is not np:
             return
-        buffers = self.layout(options)
-        done = self._planned_for
-        if done is not None and done[0] is params and done[3] is buffers \
-                and all(map(operator.is_, [p.value for p in done[1]], done[2])):
-            return   # (the very arrays laid out last time: nothing replaced them since)
-        for names in buffers:
-            if all(n in params and isinstance(params[n].value, np.ndarray) for n in names):
+        for names in self.layout(options):
+            values = [params[n].value if n in params else None for n in names]
+            if all(isinstance(v, np.ndarray) and not is_planned(v.base) for v in values):
                 plan(names)
-        laid = tuple(params[n] for names in buffers for n in names if n in params)
-        self._planned_for = (params, laid, tuple(p.value for p in laid), buffers)
 
     def workspace(self, structure: str) -> Workspace:
         """The buffers the runs of ``structure`` reuse across batches (on the model's device)."""
@@ -567,8 +566,6 @@ class Model:
         else:
             prepared = self.prepare(graphs, policy, sample_ids, options)
         plans = prepared.plans
-        if options.plan_layout and options.merge_gemms and xp is np:
-            self.plan_buffers(params, options)
         env: dict = {}
         result = Result(None)
         states = {}

@@ -4,7 +4,9 @@ naive (one product per gate and operand, one bias per gate): ``model.cell: naive
 The naive cell's parameters are the fused cell's weight blocks (:meth:`ParameterSet.split`: ``W.i`` is
 ``W``'s first gate block, same initial value), so both compute the same numbers. The naive cell runs as the
 fused one only through the compiler: the GEMM-merging pass (passes/gemm.py) merges its per-gate products,
-and the layout pass (passes/layout.py) makes their merged weights views of one buffer, the fused weight.
+and the layout pass (passes/layout.py) makes their merged weights views of one buffer, the fused weight,
+once :meth:`Model.plan_buffers <minicavs.engine.model.Model.plan_buffers>` has laid the parameters out (a
+Trainer does when built; with a model of your own, call it before taking arrays from the parameters).
 """
 from __future__ import annotations
 

@@ -32,7 +32,12 @@ class Parameter:
 
     ``trainable=False`` freezes it: the model derives no gradient for it and the trainer gives it no
     optimizer slot, so its value stays as set (pretrained embeddings kept fixed). ``source`` records where a
-    value that is not the initializer's came from (:mod:`minicavs.data.vectors` sets it; checkpoints keep it)."""
+    value that is not the initializer's came from (:mod:`minicavs.data.vectors` sets it; checkpoints keep it).
+
+    ``value`` is the parameter's storage: runs read it, optimizer steps and checkpoint loads write it in
+    place, so an array taken from it stays live. Only laying out (:meth:`ParameterSet.plan_buffer`, through
+    :meth:`minicavs.engine.model.Model.plan_buffers`, which a Trainer calls when built) gives it a new array,
+    once; take arrays after that."""
 
     def __init__(self, name: str, shape: Sequence[int], init: InitSpec | np.ndarray = "glorot_uniform",
                  dtype="float32", weight_decay: bool = True,
@@ -145,7 +150,10 @@ class ParameterSet(Mapping):
         becomes a view of the buffer (same numbers), so a product over several of them reads a column block
         of the buffer with no copy (passes/layout.py). Everything else stays per parameter (names,
         checkpoints, optimizer slots, gradients); a value written in place (an optimizer step, a checkpoint
-        load) writes the buffer. Already laid out so: the buffer as it is."""
+        load) writes the buffer. Already laid out so: the buffer as it is.
+
+        Replacing ``value`` is why an array taken from a parameter before this call is no longer its
+        storage: lay out before handing arrays out (Model.plan_buffers does, once per parameter)."""
         ps = [self[n] for n in names]
         first = ps[0].value
         lead = first.shape[:-1]

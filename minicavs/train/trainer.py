@@ -64,7 +64,9 @@ class Trainer:
     """A model, its data and optimizer built from a resolved config, and the run directory it trains into.
 
     Construction checks everything that can be checked before training (config values, the device, data
-    that is missing, empty or undecodable, the early-stopping metric) and writes nothing."""
+    that is missing, empty or undecodable, the early-stopping metric) and writes nothing. It also lays the
+    parameters out (Model.plan_buffers), before handing any out: ``params[name].value`` is from then on each
+    parameter's storage, which training, :meth:`load` and a resume write in place."""
 
     def __init__(self, config: dict | str | os.PathLike, overrides: Sequence[str] = (),
                  run_dir: str | os.PathLike | None = None, comm: "distributed.Communicator | None" = None,
@@ -100,6 +102,9 @@ class Trainer:
         self.params = self.task.params
         for p in self.params.values():   # parameters (and so the optimizer's slots) live on the device
             p.value = self.device.asarray(p.value)
+        # the layout moves parameter storage, so it happens here, before any array is handed out: from now
+        # on each parameter's value is its storage for good (trained, loaded and resumed in place)
+        self.model.plan_buffers(self.params)
         tc = self.cfg["train"]
         kw = dict(lr=tc["lr"], weight_decay=tc["weight_decay"], clip_norm=tc["clip_norm"],
                   sparse_updates=tc["sparse_updates"])

@@ -19,6 +19,11 @@ def _dense(g):
     return np.asarray(getattr(g, "to_dense", lambda: g)())
 
 
+def _engine(options: EngineOptions) -> list:
+    """The overrides building a trainer for ``options``: the trainer lays its parameters out (or not) then."""
+    return [f"train.engine.{k}={str(getattr(options, k)).lower()}" for k in ("merge_gemms", "plan_layout")]
+
+
 def _step(t, options):
     graphs, feeds = t.task.batch(t.task.data["train"][:6])
     return t.model.forward_backward(graphs, feeds, t.params, t.context(training=True), options=options)
@@ -28,7 +33,7 @@ def _step(t, options):
 @pytest.mark.parametrize("name", NAIVE_MODELS)
 def test_naive_cell_equals_the_fused_cell(name, options, tmp_path):
     fused = trainer(name, tmp_path / "fused", "train.dtype=float64")
-    naive = trainer(name, tmp_path / "naive", "train.dtype=float64", "model.cell=naive")
+    naive = trainer(name, tmp_path / "naive", "train.dtype=float64", "model.cell=naive", *_engine(options))
     ref, got = _step(fused, EngineOptions()), _step(naive, options)
     scale = max(1.0, abs(ref.loss))
     assert abs(ref.loss - got.loss) <= 1e-10 * scale
@@ -63,7 +68,7 @@ def test_naive_cell_moves_the_rows_the_fused_cell_moves(name, layout, tmp_path):
     gradients: no GACC); with the layout the biases too (one bias buffer added by the merged GEMM), without
     it each bias is added to its block, so its gradient's rows are moved apart (more COPYs)."""
     fused = trainer(name, tmp_path / "fused")
-    naive = trainer(name, tmp_path / "naive", "model.cell=naive")
+    naive = trainer(name, tmp_path / "naive", "model.cell=naive", f"train.engine.plan_layout={str(layout).lower()}")
     want = _instructions(_step(fused, EngineOptions()))
     got = _instructions(_step(naive, EngineOptions(plan_layout=layout)))
     for op in ROW_MOVES + ("GACC",) if layout else ("GACC",):

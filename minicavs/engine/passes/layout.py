@@ -16,7 +16,9 @@ groups kept: the dropped groups copy their weight as before (the fewest copies b
 for the cells here; the general minimum is NP-hard).
 
 Parameters stay per parameter: names, checkpoints, optimizer slots and gradients are the parameters', and
-only their values become views of a planned buffer (:meth:`minicavs.nn.ParameterSet.plan_buffer`).
+only their values become views of a planned buffer (:meth:`minicavs.nn.ParameterSet.plan_buffer`). That
+moves their storage, so it is done once, before any array is handed out (Model.plan_buffers, called by the
+Trainer when built), never by a run.
 """
 from __future__ import annotations
 

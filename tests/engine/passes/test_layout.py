@@ -98,6 +98,11 @@ def _gate_model(rng, H, D, gates, shared_bias, conflict):
 
 
 def _run(model, ps, rng_seed, options):
+    model.plan_buffers(ps, options)   # (laid out up front, as a Trainer does: a run moves no storage)
+    return _forward(model, ps, rng_seed, options)
+
+
+def _forward(model, ps, rng_seed, options):
     rng = np.random.default_rng(rng_seed)
     graphs = [InputGraph.chain(n) for n in (3, 1, 4)]
     D = model.structures[0].pulls["x"].shape[1]
@@ -127,6 +132,30 @@ def test_random_gate_cells_merged_over_views_equal_the_unmerged_products(H, D, g
     if conflict:                                             # one of the three A/B/C groups copies, named so
         assert len(model.planned.copied) == 1
         assert "weight copied per batch" in model.structures[0].compiled["cell"].dump(ON)
+
+
+def test_parameter_storage_moves_once_when_laid_out_and_never_in_a_run():
+    """An array taken from a parameter stays its value: a run lays nothing out (its merged weights read a
+    copy until the parameters are), Model.plan_buffers moves each parameter once (called again, or after
+    a parameter was given a new array, it moves none of the others), and writes to the arrays taken after
+    it are what the merged products read."""
+    model, ps = _gate_model(np.random.default_rng(1), 3, 2, 3, False, False)
+    unplanned = ParameterSet([Parameter(k, p.shape, init=p.value.copy(), dtype=F64) for k, p in ps.items()])
+    taken = {n: p.value for n, p in ps.items()}
+    assert_same(_forward(model, unplanned, 1, OFF), _forward(model, ps, 1, ON))
+    assert all(ps[n].value is a for n, a in taken.items())           # the run moved nothing
+    model.plan_buffers(ps, ON)
+    taken = {n: p.value for n, p in ps.items()}
+    assert any(is_planned(a.base) for a in taken.values())
+    ps["Wx0"].value = ps["Wx0"].value.copy()                        # (a new array: its buffer is left as is)
+    taken["Wx0"] = ps["Wx0"].value
+    model.plan_buffers(ps, ON)
+    assert all(ps[n].value is a for n, a in taken.items())
+    for name, a in taken.items():                                   # writes through the arrays are read
+        a += 0.25
+        unplanned[name].value += 0.25
+    assert_same(_forward(model, unplanned, 1, OFF), _forward(model, ps, 1, ON))
+    assert all(ps[n].value is a for n, a in taken.items())
 
 
 @pytest.mark.parametrize("H, D, gates", [(4, 3, 3), (3, 8, 2), (5, 5, 4)])
