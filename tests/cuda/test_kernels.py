@@ -1,4 +1,4 @@
-"""The CUDA launchers (FusedKernel, RowKernels) against numpy, written once and run on two launchers:
+"""The CUDA launchers (minicavs/cuda/kernels.py: FusedKernel, RowKernels) against numpy, written once and run on two launchers:
 ``emulated`` (the generated source compiled as C++ and run on the CPU over the device stand-in's arrays: always,
 with g++) and
 ``cupy`` (a real GPU, marked gpu: skipped without CuPy and a device, never mocked). The emulated run checks
