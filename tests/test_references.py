@@ -41,7 +41,7 @@ WHOLE_PROJECT = {
     "models/test_models.py": "every bundled model trains, matches finite differences and serial runs",
     "models/test_naive_cells.py": "model.cell: naive in every bundled model that has it",
     "models/test_pretrained.py": "pretrained vectors in every bundled model with a word table",
-    "ops/test_control.py": "the op table's control-flow family (tests/ops/specs.py; the ops live in ir/control.py)",
+    "ops/test_control.py": "the op table's control-flow family (tests/ops/specs.py; the ops: ir/control.py)",
     "ops/test_op_names.py": "no code outside ops/ branches on an op's name",
     "runtime/test_messages.py": "kinds with their own message shapes, vertex function to engine",
     "train/test_trainer_vectors.py": "training with pretrained vectors end to end (trainer, checkpoint, CLI)",
@@ -85,7 +85,7 @@ FOLDERS = ("minicavs", "core", "ops", "ir", "runtime", "engine", "passes", "code
            "data", "train", "bench", "models", "tools", "tests", "docs", "examples")
 SUFFIXES = "py|md|yaml|c|h|cu|sh|cfg|toml"
 PATH = re.compile(r"(?<![\w/.$~*-])((?:\.\./)?(?:[\w*][\w.*-]*/)+[\w*][\w.*-]*/?)(?![\w/-])")
-EXTENSIONS = set(SUFFIXES.split("|")) | {"txt", "png", "svg", "pdf", "json", "cc", "so", "log", "csv", "dot", "npz"}
+EXTENSIONS = set(SUFFIXES.split("|")) | {"txt", "png", "svg", "pdf", "json", "cc", "so", "log", "csv", "npz"}
 DOTTED = re.compile(r"(?<![\w.])((?:minicavs|[A-Za-z_]\w*)(?:\.[A-Za-z_]\w*)+)")
 CALL = re.compile(r"(?<![\w.])([A-Za-z_]\w*)\(")
 FILE_NAME = re.compile(r"(?<![\w/.*-])([\w-]+\.(?:%s))\b" % SUFFIXES)   # a file named without its folder
@@ -178,9 +178,11 @@ def classes() -> dict[str, list[type]]:
     """The package's classes by name."""
     out: dict[str, list[type]] = {}
     for module in modules().values():
-        for obj in vars(module).values():
-            if inspect.isclass(obj) and obj.__module__.startswith("minicavs") and obj not in out.get(obj.__name__, []):
-                out.setdefault(obj.__name__, []).append(obj)
+        ours = [obj for obj in vars(module).values()
+                if inspect.isclass(obj) and obj.__module__.startswith("minicavs")]
+        for cls in ours:
+            if cls not in out.setdefault(cls.__name__, []):
+                out[cls.__name__].append(cls)
     return out
 
 
@@ -366,7 +368,8 @@ def resolve_role(kind: str, target: str, text: Text) -> bool:
     of the text's module, of a class of it, or (``Class.meth``) dotted from one of ours."""
     module = text.module
     if target.startswith("."):
-        package = module.__name__ if module.__file__.endswith("__init__.py") else module.__name__.rpartition(".")[0]
+        is_package = module.__file__.endswith("__init__.py")
+        package = module.__name__ if is_package else module.__name__.rpartition(".")[0]
         target = package + target
     first, *rest = target.split(".")
     if first == "minicavs":
@@ -407,11 +410,13 @@ def bad_class_names(text: Text):
     blocks; a plural (``BatchPrograms``) counts as its singular."""
     for m in CLASS_LIKE.finditer(text.body):
         name = m.group(1)
-        if not ({name, name.removesuffix("s")} & (defined_names() | set(NOT_OURS))) and not in_fence(text, m.start()):
+        known = {name, name.removesuffix("s")} & (defined_names() | set(NOT_OURS))
+        if not known and not in_fence(text, m.start()):
             yield text.line_of(m.start()), name, "nothing of that name is defined"
 
 
-CONFIG_SPAN = re.compile(r"(?<!`)`(?:[^`\n]*--set[ =]'?)?((?:%s)\.[\w.]+)(?:: |=)[^`\n]*`" % "|".join(CONFIG_SECTIONS))
+CONFIG_SPAN = re.compile(r"(?<!`)`(?:[^`\n]*--set[ =]'?)?((?:%s)\.[\w.]+)(?:: |=)[^`\n]*`"
+                         % "|".join(CONFIG_SECTIONS))
 
 
 def bad_config_keys(text: Text):

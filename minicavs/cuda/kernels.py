@@ -111,9 +111,9 @@ def _matrix(xp, a, dtype, rows: int, cols: int):
 
 
 class FusedKernel(_Launches):
-    """A fused group on the GPU: ``kernel(arrays, out=None)`` as cpu/compiler.py's Kernel, on CuPy arrays. Inputs and
-    ``out`` may be row-strided views (the ``h`` half of ``[h, c]``); a group with several outputs takes a
-    list for ``out`` (None where to allocate) and returns the list of outputs."""
+    """A fused group on the GPU: ``kernel(arrays, out=None)`` as cpu/compiler.py's Kernel, on CuPy arrays.
+    Inputs and ``out`` may be row-strided views (the ``h`` half of ``[h, c]``); a group with several outputs
+    takes a list for ``out`` (None where to allocate) and returns the list of outputs."""
 
     def __init__(self, group: FusedGroup, launcher=None):
         super().__init__(launcher)

@@ -164,7 +164,8 @@ def _scatter_grad(xp, compiled: list, plan: MemoryPlan, message: tuple, scatter,
 def _dense_where_tasks_read(compiled: list, active: list, opts, device, push_grads: dict) -> dict:
     """Push gradients as the task loop needs them: dense where some kind's task program reads its rows (it
     takes them task by task); elsewhere a row-sparse gradient (Tree-FC's: the roots' rows only) stays
-    sparse, and the phase before or after the loop reads its few rows where they are (program.Buffers: rows it lacks read as zeros)."""
+    sparse, and the phase before or after the loop reads its few rows where they are (program.Buffers: the
+    rows it lacks read as zeros)."""
     out = dict(push_grads)
     for kind_id in active:
         fn = compiled[kind_id]
