@@ -152,6 +152,11 @@ def repo_paths() -> tuple[str, ...]:
 
 
 @functools.cache
+def file_names() -> frozenset[str]:
+    return frozenset(p.rstrip("/").rsplit("/", 1)[-1] for p in repo_paths())
+
+
+@functools.cache
 def modules() -> dict[str, ModuleType]:
     """Every module of the package, imported, by dotted name."""
     found = {}
@@ -399,9 +404,8 @@ def bad_calls(text: Text):
 
 def bad_file_names(text: Text):
     """``planner.py``, ``history.md``: a file of the checkout by that name exists."""
-    names = {p.rstrip("/").rsplit("/", 1)[-1] for p in repo_paths()}
     for m in FILE_NAME.finditer(text.body):
-        if m.group(1) not in names and m.group(1) not in NOT_OURS:
+        if m.group(1) not in file_names() and m.group(1) not in NOT_OURS:
             yield text.line_of(m.start()), m.group(1), "no file of that name"
 
 
