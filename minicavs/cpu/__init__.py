@@ -38,10 +38,6 @@ class CpuBackend(Backend):
         """Row kernels for ``dtype``: ``scatter_add(dst, idx, src)`` adds repeated indices in row order."""
         return compiler.row_kernels(dtype)
 
-    def take(self, buf, rows: np.ndarray):
-        """``buf[rows]`` (a gather or pull: all rows of a task at once); ``rows`` is a host index array."""
-        return np.take(buf, rows, axis=0)
-
     def runner_missing(self, dtype) -> str | None:
         """Why the C runner cannot run here (no compiler or BLAS), None when it can."""
         return runner.available(dtype)
@@ -55,10 +51,6 @@ class CpuBackend(Backend):
         """The C runner (:mod:`.c_runner`): one C call runs the pass (``eager``: a second one, on the eager
         thread, runs the eager stream's table ahead of the tasks)."""
         return runner.run(lowered, table, buffers, dtype, forest, workspace, eager, check, self.clock)
-
-    def put(self, dst, rows: np.ndarray, src) -> None:
-        """``dst[rows] = src`` for distinct ``rows`` (a push, a child's gradient in a forest)."""
-        dst[rows] = src
 
     def synchronize(self) -> None:
         """Wait until every kernel issued so far has finished (nothing to wait for on the CPU)."""

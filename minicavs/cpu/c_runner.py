@@ -1,5 +1,5 @@
 """The C runner of a lowered batch program (instructions.py): the buffer table the C runner reads
-(codegen/machine.py's interpreter, compiled by :mod:`.native`), kept from run to run, and the one C call that
+(codegen/machine.py's interpreter, compiled by :mod:`.interpreter`), kept from run to run, and the one C call that
 runs a pass's blocks and tasks. The CPU backend's ``run_program``. Streaming, a second call runs the eager
 stream's table (program.eager_rows) on the CPU's eager thread, and the main call's task t waits for its
 chunk t (codegen/machine.py: an atomic counter).
@@ -32,8 +32,7 @@ def available(dtype) -> str | None:
     return None
 
 
-# opcodes the C switch has no case for (its default case fails them): the runner declines a program with one
-DECLINED = ("APPLY",)
+# the one opcode the C switch has no case for (its default case fails it): the runner declines a program with it
 APPLY = OPCODES_IDS["APPLY"]
 
 

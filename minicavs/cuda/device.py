@@ -83,21 +83,6 @@ class Cuda(Backend):
         """A batch plan's index array on the device: its one host-to-device copy."""
         return self.xp.asarray(base)
 
-    def take(self, buf, rows: np.ndarray):
-        rows = check_rows("gather", rows, None, buf.shape[0])   # on the host: no wait for the device
-        if _row_matrix(buf):   # the generated gather kernel: one launch for the task
-            return self.rows(buf.dtype).kernels.gather_checked(buf, self.index(rows))
-        return self.xp.take(buf, self.index(rows), axis=0)
-
-    def put(self, dst, rows: np.ndarray, src) -> None:
-        xp = self.xp
-        rows = check_rows("scatter", rows, None, dst.shape[0])
-        if _row_matrix(dst):   # the generated scatter kernel
-            src = xp.ascontiguousarray(xp.broadcast_to(xp.asarray(src, dst.dtype), (len(rows),) + dst.shape[1:]))
-            self.rows(dst.dtype).kernels.scatter_checked(dst, self.index(rows), src)
-        else:
-            dst[self.index(rows)] = src
-
     def synchronize(self) -> None:
         self.xp.cuda.Device().synchronize()
 
@@ -123,12 +108,6 @@ class Cuda(Backend):
         if self._streams is None:
             self._streams = self.xp.cuda.Stream(non_blocking=True)
         return self._streams
-
-
-def _row_matrix(a) -> bool:
-    """Can the generated row kernels move rows of ``a`` (2-D float, unit column stride)?"""
-    return (a.ndim == 2 and a.dtype in (np.float32, np.float64)
-            and (a.shape[1] <= 1 or a.strides[1] == a.itemsize))
 
 
 class _CudaRows:

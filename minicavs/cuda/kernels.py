@@ -111,9 +111,9 @@ def _matrix(xp, a, dtype, rows: int, cols: int):
 
 
 class FusedKernel(_Launches):
-    """A fused group on the GPU: ``kernel(arrays, out=None)`` as codegen.c.Kernel, on CuPy arrays. Inputs and
-    ``out`` may be row-strided views (the ``h`` half of ``[h, c]``); a group with several outputs takes a
-    list for ``out`` (None where to allocate) and returns the list of outputs."""
+    """A fused group on the GPU: ``kernel(arrays, out=None)`` as cpu/compiler.py's Kernel, on CuPy arrays.
+    Inputs and ``out`` may be row-strided views (the ``h`` half of ``[h, c]``); a group with several outputs
+    takes a list for ``out`` (None where to allocate) and returns the list of outputs."""
 
     def __init__(self, group: FusedGroup, launcher=None):
         super().__init__(launcher)
@@ -186,7 +186,8 @@ class RowKernels(_Launches):
 
     # The public methods check their indices (dtype, count, range: a reduction, and on a GPU a wait for
     # it); the ``*_checked`` ones trust them: the device calls those with a batch plan's indices, checked
-    # on the host (Cuda.take/put), so a training step never waits for a check.
+    # on the host (python_runner.DeviceMachine through the reference's ``checked``, the device's scatter_add
+    # by check_rows), so a training step never waits for a check.
 
     def gather(self, src, idx, out=None, stream=None):
         """out[r] = src[idx[r]]; ``out`` (allocated when None) may be a row-strided view."""

@@ -356,7 +356,7 @@ def take(a, indices, axis=None, out=None):
         idx = indices._a
     else:
         if not np.isscalar(indices):
-            _count("h2d")   # CuPy copies array-like indices over (core.array)
+            _count("h2d")   # CuPy copies array-like indices over (cupy._core.core.array)
         idx = np.asarray(indices)
     got = np.take(a._a, idx, axis=axis, mode="wrap")
     if out is not None:

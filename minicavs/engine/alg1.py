@@ -78,7 +78,7 @@ def forward(compiled: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunC
     """Evaluate F at every vertex: eager phase, task loop, lazy phase. ``compiled[kind_id]`` compiles kind ``kind_id``.
     Arrays (parameters, pull buffers, the workspace's buffers) are ``device``'s; the workspace (the model's,
     reused across batches; a fresh one by default) is kept in the state for backward. ``messages``: the
-    scattered shapes (the structure's :attr:`message_shapes`), one scatter tensor each."""
+    scattered shapes (the structure's ``message_shapes``), one scatter tensor each."""
     device = default_device() if device is None else device
     n, xp = plan.num_vertices, device.xp
     workspace = Workspace(xp) if workspace is None else workspace
@@ -164,7 +164,8 @@ def _scatter_grad(xp, compiled: list, plan: MemoryPlan, message: tuple, scatter,
 def _dense_where_tasks_read(compiled: list, active: list, opts, device, push_grads: dict) -> dict:
     """Push gradients as the task loop needs them: dense where some kind's task program reads its rows (it
     takes them task by task); elsewhere a row-sparse gradient (Tree-FC's: the roots' rows only) stays
-    sparse, and the phase before or after the loop puts its few rows into zeros (program.bind_backward)."""
+    sparse, and the phase before or after the loop reads its few rows where they are (program.Buffers: the
+    rows it lacks read as zeros)."""
     out = dict(push_grads)
     for kind_id in active:
         fn = compiled[kind_id]

@@ -65,14 +65,6 @@ class Backend:
         """Row kernels for ``dtype``: ``scatter_add(dst, idx, src)`` adds repeated indices in row order."""
         raise NotImplementedError
 
-    def take(self, buf, rows: np.ndarray):
-        """``buf[rows]`` (a gather or pull: all rows of a task at once); ``rows`` is a host index array."""
-        raise NotImplementedError
-
-    def put(self, dst, rows: np.ndarray, src) -> None:
-        """``dst[rows] = src`` for distinct ``rows`` (a push, a child's gradient in a forest)."""
-        raise NotImplementedError
-
     def synchronize(self) -> None:
         """Wait until every kernel issued so far has finished."""
 

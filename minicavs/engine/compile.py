@@ -139,7 +139,6 @@ class Phases:
     reads: list
     phase: dict
     groups: list = field(default_factory=lambda: [[], [], []])   # per phase: fused groups that became kernels
-    without_concat: list | None = None   # the task program when the gather concat is a view (gather elision)
     inplace: set = field(default_factory=set)   # nodes whose step can write into a given ``out``
     concats: list = field(default_factory=lambda: [[], [], []])   # per phase: (concat, [(member, a, b)])
 
@@ -321,7 +320,6 @@ class CompiledFunction:
             fwd, bwd = self._split(opts)
             if opts.fusion:
                 self._lower(fwd, bwd, device)
-            fwd.without_concat = [st for st in fwd.programs[TASK] if st.outputs[0] is not self.gather_concat]
             self._phases[key] = Passes(fwd, bwd)
         return self._phases[key]
 

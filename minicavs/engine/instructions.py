@@ -24,7 +24,7 @@ Every step lowers: a step no other opcode expresses (an op with no lowering, a b
 a fused group with more arguments than a kernel call passes) is an APPLY of its op's own implementation,
 which the reference and CUDA runners run and the C runner declines (that pass then runs on the reference
 runner on the same device, and dump() says why). Values of any shape are matrices of flat rows
-(codegen/native.matrix_shape).
+(codegen/machine.matrix_shape).
 
 Streaming runs the blocks before the task loop as a second table of the same templates, one chunk per task
 over the task's rows (program.eager_rows), on the runner's second stream; a parameter gradient such a block
@@ -38,7 +38,7 @@ block of columns, a sum over the rows is SUMROWS over the flat columns, a fused 
 the flat rows (when each input broadcasts there as over its shape), a product with a per-row operand of
 three axes is BMM (one product per row, an operand either per-row or a static), and a per-row transpose of
 the last two axes is TRANSROWS, a copy: a flag would have to be honoured by every reader of the value (the
-Python blocks that share the kind's tensors, fused kernels, copies into stored tensors), while the copy keeps
+APPLY steps that share the kind's tensors, fused kernels, copies into stored tensors), while the copy keeps
 every per-row value in the one layout they all assume.
 
 Registers: every value of a template is a register (pointer, row stride, transposed flag, buffer) set by the
@@ -80,7 +80,7 @@ TASK_COLUMNS = 5   # kind, kind offset, rows, scatter offset, first row of the s
 
 
 def _cols(node: Node) -> int:
-    """Columns of a node as the registers' matrix (codegen/native.matrix_shape: values of any shape are flat
+    """Columns of a node as the registers' matrix (codegen/machine.matrix_shape: values of any shape are flat
     rows)."""
     return matrix_shape(node)[1]
 

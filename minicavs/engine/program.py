@@ -299,7 +299,7 @@ class Buffers:
     (children's rows, pull and push rows, row keys) are host arrays: a device's runner copies each over once."""
 
     plan: Any                       # memory.MemoryPlan
-    state: Any                      # the forward pass's engine.RunState
+    state: Any                      # the forward pass's alg1.RunState
     dtype: Any
     ctx: RunContext
     btensors: dict | None = None    # backward: per kind its dynamic tensors of ∂F

@@ -13,7 +13,7 @@ wrong instruction raises :class:`CheckError` here instead of writing elsewhere.
 The functions are written against ``xp`` (numpy on the CPU; CuPy or the device stand-in on CUDA), so a pass
 run here stays on its device. The task table stays on the host (it decides which instructions run); index
 arrays (children's rows, pull and push rows, dropout's row keys) are resolved on the host and copied to the
-device once per run (the device's copy of a batch plan's array: ``Backend.index``); the host copies serve the
+device once per run (the device's copy of a batch plan's array: ``Cuda.index``); the host copies serve the
 bounds check of row numbers (only with ``check`` set, as the C runner's check mode) with no device read.
 
 Fused groups run as their scalar expression evaluated with the array module (passes/fusion.py's oracle, the
@@ -52,7 +52,7 @@ class Machine:
         self.scratch_buf = scratch_buf
         self.regs: list = [None] * max(1, lowered.nregs)   # (buffer, element offset, ld, transposed)
         self.task = None
-        self.objects: dict = {}   # register -> the tuple it holds (codegen/native.holds_tuple)
+        self.objects: dict = {}   # register -> the tuple it holds (ops/registry.holds_tuple)
         self.context = None   # the run context (seed, step, training) an APPLY of an op that reads it gets
         self.pc = -1
         self.task_index = -1
@@ -125,7 +125,7 @@ class Machine:
         return self.strided(buf, offset, rows, cols, ld)
 
     def value(self, r: int, node):
-        """Register ``r`` as ``node``'s value: its matrix (codegen/native.matrix_shape) in the node's shape, the
+        """Register ``r`` as ``node``'s value: its matrix (codegen/machine.matrix_shape) in the node's shape, the
         row axis the task's rows (a view where the register's rows are contiguous, as a written output's are)."""
         rows, cols = matrix_shape(node)
         rows = self.bs if rows < 0 else rows

@@ -179,7 +179,7 @@ class MemoryPlan:
     forest: bool           # no vertex is a child twice: backward gather can use plain fancy-index adds
     task_array: np.ndarray | None = None   # ``tasks`` as a (T, 4) int64 array
     # made by the native planner (planner.py), for gather elision and gather slots 0..arity - 1 of each kind:
-    task_views: np.ndarray | None = None   # the native task table (instructions.task_table) of those kinds
+    task_views: np.ndarray | None = None   # the native task table (program.task_table) of those kinds
     gather_copies: np.ndarray | None = None   # (kinds, max arity): rows of the tasks whose slot is no view
     view_arity: tuple | None = None        # the arity each kind's columns of ``task_views`` assume
     _scatter_rows: dict = field(default_factory=dict, repr=False)

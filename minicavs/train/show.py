@@ -104,7 +104,7 @@ def to_dot(view: View) -> str:
 
 
 def views(compiled, options) -> tuple[View, View]:
-    """F and ∂F of a compiled vertex function (``engine.CompiledFunction``) under engine ``options``."""
+    """F and ∂F of a compiled vertex function (``compile.CompiledFunction``) under engine ``options``."""
     compiled = compiled.variant(options)
     fl, bl, outs = compiled.labels()
     groups = [g.nodes for g in compiled.fusion_groups(options)] if options.fusion else []

@@ -304,7 +304,7 @@ def test_with_outputs_is_ed_batch_fig1():
     from minicavs.runtime.inputs import InputGraph, make_batch
     from minicavs.runtime.scheduler import get_policy, lower_bound
 
-    from ..runtime.test_policies import fig1_graph
+    from ..runtime.test_frontier import fig1_graph
     tree = InputGraph([[], [], [], [], [0, 1], [4, 2], [5, 3]], ["I"] * 7)
     ours = with_outputs(make_batch([tree] * 3, kind_names=("I",)), {"I"})
     children, kinds = fig1_graph()

@@ -10,7 +10,7 @@ from minicavs.runtime.frontier import TypedGraph
 from minicavs.runtime.fsm import ENCODINGS, Fsm, actions, encode
 from minicavs.runtime.inputs import InputGraph, make_batch
 
-from ..runtime.test_policies import HAND, brute_force_optimum, typed_dags
+from ..runtime.test_frontier import HAND, brute_force_optimum, typed_dags
 
 
 @settings(max_examples=60, deadline=None)

@@ -2,7 +2,7 @@
 a pass is one C call (its Python calls do not grow with the tasks), a wrong instruction is refused before
 anything is issued, the eager table's launches go to the second stream behind events, the TF32 mode rounds the
 stand-in's product inputs, and a device that does no work sees the same launches and products. (That every
-bundled model issued from C equals the C runner: tests/cuda/test_runner.py.)"""
+bundled model issued from C equals the C runner: tests/cuda/test_python_runner.py.)"""
 from __future__ import annotations
 
 import collections
@@ -33,6 +33,10 @@ def _run(case, device, graphs, options=EngineOptions(), params=None):
         return case.model.forward_backward(graphs, feeds, params, RunContext(), options=options)
     finally:
         case.model.device = CPU
+
+
+def test_the_loop_compiles():
+    assert issue.library() is not None
 
 
 def _pass_calls(case, device, graphs) -> collections.Counter:

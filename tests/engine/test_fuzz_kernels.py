@@ -212,10 +212,6 @@ def _cuda_rows(rng):
             if not name.startswith("length"):
                 cases.append((f"CUDA gather {np.dtype(dtype)} {name}", lambda b=bad: rk.gather(src, b),
                               must + ["gather"]))
-                cases.append((f"CUDA device take {np.dtype(dtype)} {name}", lambda b=bad: device.take(src, b),
-                               must + ["gather"]))
-                cases.append((f"CUDA device put {np.dtype(dtype)} {name}",
-                               lambda b=bad: device.put(xp.zeros((6, 4), dtype), b, 1.0), must + ["scatter"]))
             for kernel in ("scatter", "scatter_add", "segment_sum"):
                 def launch(b=bad, kernel=kernel):
                     dst = xp.zeros((6, 4), dtype)

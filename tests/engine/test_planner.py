@@ -207,7 +207,7 @@ def test_large_graphs_plan_as_the_reference():
 
 
 def test_without_a_library_the_reference_path_plans(monkeypatch):
-    """No library provided (no C compiler, no backend providing one): prepare declines and Model.plan gives the
+    """No library provided (no C compiler, no backend providing one): prepare declines and Model.prepare gives the
     reference's batch and plan."""
     rng = np.random.default_rng(5)
     case = cells.binary_tree_lstm(rng)

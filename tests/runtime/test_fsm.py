@@ -10,7 +10,7 @@ from minicavs.runtime.fsm import Fsm, Hyper, encode, learn, update
 from minicavs.runtime.frontier import TypedGraph
 from minicavs.runtime.inputs import InputGraph, make_batch
 
-from .test_policies import fig1_graph
+from .test_frontier import fig1_graph
 
 
 def test_encodings():

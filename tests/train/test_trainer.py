@@ -167,7 +167,7 @@ def test_device_is_checked_before_any_work(tmp_path):
     cfg = REPO_ROOT / "models" / "tree_lstm.yaml"
     with pytest.raises(ConfigError, match=r"train.device = 'tpu': must be one of cpu, cuda \(from --set\)"):
         Trainer(cfg, ["train.device=tpu"], run_dir=tmp_path)
-    if not available():   # with a GPU, test_backend.py trains there
+    if not available():   # with a GPU, tests/engine/test_backend.py trains there
         with pytest.raises(CudaUnavailable, match="CuPy|CUDA"):
             Trainer(cfg, ["train.device=cuda"], run_dir=tmp_path)
     assert not any(tmp_path.iterdir())   # nothing written

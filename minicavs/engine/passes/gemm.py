@@ -239,7 +239,7 @@ def _block(merged: Node, product: Node, offset: int, biased: bool = False) -> No
 def merge_products(F: VertexFunction, pad_limit: int | None = None, weight_limit: int | None = None,
                    plan_layout: bool = False, planned: layout.Layout | None = None
                    ) -> tuple[VertexFunction, list[Merge]]:
-    """F with its mergeable products merged (:func:`plan`), and what was merged; F itself if nothing was.
+    """F with its mergeable products merged (:func:`merge_groups`), and what was merged; F itself if nothing was.
 
     With ``plan_layout`` the groups' weights are laid out (passes/layout.py): each group a view of a planned
     parameter buffer where one order of the parameters serves it, its products in that order (a Merge's

@@ -1,4 +1,5 @@
-"""The hand-written C kernels equal their numpy twins: softmax cross-entropy rows and optimizer rules."""
+"""The hand-written C kernels (minicavs/engine/codegen/library_source.py) equal their numpy twins: softmax cross-
+entropy rows and optimizer rules."""
 from __future__ import annotations
 
 import importlib

@@ -1,5 +1,6 @@
-"""The engine with fused kernels: what fuses in the Tree-LSTM's F and ∂F, float32 runs equal the unfused
-ones, and without a C compiler everything still runs (unfused) after one warning."""
+"""The compiler's fused kernels (minicavs/engine/compile.py lowers each fused group to a kernel): what fuses in the
+Tree-LSTM's F and ∂F, float32 runs equal the unfused ones, and without a C compiler everything still runs (unfused)
+after one warning."""
 from __future__ import annotations
 
 from dataclasses import replace

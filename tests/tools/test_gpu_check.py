@@ -18,7 +18,7 @@ import pytest
 
 from minicavs import cuda as mcuda
 
-TOOLS = Path(__file__).resolve().parent.parent / "tools"
+TOOLS = Path(__file__).resolve().parents[2] / "tools"
 sys.path.insert(0, str(TOOLS))
 import gpu_check  # noqa: E402
 import gpu_stages  # noqa: E402

@@ -15,7 +15,7 @@ from minicavs.runtime.fsm import ENCODINGS, Fsm, Hyper, actions, encode, learn
 from minicavs.runtime.inputs import InputGraph, make_batch
 from minicavs.runtime.scheduler import get_policy
 
-from ..runtime.test_policies import fig1_graph, two_type_batch, typed_dags
+from ..runtime.test_frontier import fig1_graph, two_type_batch, typed_dags
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +110,7 @@ def test_native_schedule_is_the_numpy_schedule_on_the_bundled_graphs(kernel, mak
 
 
 def test_fig1_hand_derived_task_counts_natively(kernel):
-    """ED-Batch's Fig. 1 (tests/runtime/test_policies.py derives the counts by hand): agenda 7, greedy 6."""
+    """ED-Batch's Fig. 1 (tests/runtime/test_frontier.py derives the counts by hand): agenda 7, greedy 6."""
     graph = TypedGraph.of(make_batch([InputGraph(*fig1_graph())], kind_names=("I", "O", "R")))
     assert len(run_agenda(graph)[1]) == 7 and len(run_greedy(graph)[1]) == 6
     assert run_greedy(graph)[1].tolist() == [0, 0, 0, 0, 1, 2]

@@ -18,7 +18,7 @@ from minicavs.runtime.memory import DynamicTensor
 from minicavs.train.trainer import Trainer
 
 from ..models.test_models import MODELS, TINY
-from .test_instructions import close
+from ..engine.test_instructions import close
 
 pytestmark = pytest.mark.skipif(c_runner.available(np.float64) is not None,
                                 reason="no C compiler or BLAS: the C runner cannot run here")

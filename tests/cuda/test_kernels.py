@@ -1,9 +1,8 @@
-"""The CUDA launchers (FusedKernel, RowKernels) against numpy, written once and run on two launchers:
-``emulated`` (the generated source compiled as C++ and run on the CPU over the device stand-in's arrays: always,
-with g++) and
-``cupy`` (a real GPU, marked gpu: skipped without CuPy and a device, never mocked). The emulated run checks
-the launchers' argument packing (shapes, row strides, copies, index plans); only the cupy run checks CuPy's
-launch and the GPU itself."""
+"""The CUDA launchers (minicavs/cuda/kernels.py: FusedKernel, RowKernels) against numpy, written once and run on
+two launchers: ``emulated`` (the generated source compiled as C++ and run on the CPU over the device stand-in's
+arrays: always, with g++) and ``cupy`` (a real GPU, marked gpu: skipped without CuPy and a device, never mocked).
+The emulated run checks the launchers' argument packing (shapes, row strides, copies, index plans); only the cupy
+run checks CuPy's launch and the GPU itself."""
 from __future__ import annotations
 
 

@@ -1,5 +1,6 @@
-"""Batching policies (cavs/depth, agenda, greedy, fsm) and ED-Batch's lower bound, against hand-derived
-optima and a brute-force search over all type orders (an independent reference)."""
+"""Batching policies (cavs/depth, agenda, greedy, fsm) run over the typed frontier (minicavs/runtime/frontier.py)
+and ED-Batch's lower bound, against hand-derived optima and a brute-force search over all type orders (an
+independent reference)."""
 from __future__ import annotations
 
 import functools
