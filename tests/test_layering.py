@@ -25,7 +25,7 @@ LAYERS = [
     ("IR", ["ir", "ops"], [
         ["ir/graph"],
         ["ops"],                         # the op registry: per op its shapes, kernels, gradient, fusion
-        ["ir/autodiff"],
+        ["ir/autodiff", "ir/subgraph"],  # gradients; closed bodies and the items of several results
         ["ir/control"]]),                # cond, foreach, while_loop as operators (they differentiate their bodies)
     ("vertex runtime", ["runtime"], [
         ["runtime/vertex", "runtime/inputs"],

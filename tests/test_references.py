@@ -45,7 +45,6 @@ WHOLE_PROJECT = {
     "ops/test_control.py": "the op table's control-flow family (tests/ops/specs.py; the ops: ir/control.py)",
     "ops/test_op_names.py": "no code outside ops/ branches on an op's name",
     "runtime/test_messages.py": "kinds with their own message shapes, vertex function to engine",
-    "train/test_trainer_vectors.py": "training with pretrained vectors end to end (trainer, checkpoint, CLI)",
 }
 
 # Names the text uses that are deliberately not ours, why each. (Everything else must resolve.)
@@ -134,12 +133,15 @@ def test_the_whole_project_list_names_existing_tests():
 def places_of_tested_module(test: Path) -> list[Path]:
     """Where the module ``test`` is named after may live: minicavs/<dir>/<x>.py, <dir>/<x>.py at the root
     (models/, examples/, tools/; a bundled model's config too), or the package <dir> itself for
-    tests/<dir>/test_<dir>.py."""
+    tests/<dir>/test_<dir>.py. ``test_<x>_<aspect>.py`` is named after <x> too (one aspect of a module
+    tested on its own: test_config_values.py, test_trainer_params.py)."""
     folder = test.parent.relative_to(TESTS)
-    name = test.stem.removeprefix("test_")
-    places = [PACKAGE / folder / f"{name}.py", ROOT / folder / f"{name}.py", ROOT / folder / f"{name}.yaml"]
-    if folder.parts and folder.parts[-1] == name:
-        places.append(PACKAGE / folder / "__init__.py")
+    words = test.stem.removeprefix("test_").split("_")
+    places = []
+    for name in ("_".join(words[:k]) for k in range(len(words), 0, -1)):
+        places += [PACKAGE / folder / f"{name}.py", ROOT / folder / f"{name}.py", ROOT / folder / f"{name}.yaml"]
+        if folder.parts and folder.parts[-1] == name:
+            places.append(PACKAGE / folder / "__init__.py")
     return places
 
 

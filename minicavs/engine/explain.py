@@ -162,7 +162,7 @@ def _loop_lines(loop: LoopReport, indent: str) -> list[str]:
 
 def _body_lines(role: str, body: BodyReport, indent: str) -> list[str]:
     lines = [f"{indent}{role} '{body.name}': {body.nodes} nodes ({_counts(body.ops)}), run node by node by "
-             "control.Subgraph.run"]
+             "subgraph.Subgraph.run"]
     for op, f, bodies in body.nested:
         lines.append(indent + "  " + _flow_text(op, bodies[0][1].name, f, None))
         for role2, inner in bodies:
