@@ -189,7 +189,8 @@ class _Gpu(_Functions):
         self.cublas = device.__dict__.setdefault("_issue_cublas", _CublasHandles(blas))
         if self.cublas.blas._name != blas._name:
             raise RuntimeError(f"the CUDA issuing loop: libcublas was {self.cublas.blas._name}, now {path}")
-        self.ctx.gemm_ex, self.ctx.gemm_batched = _entry(blas, "cublasGemmEx"), _entry(blas, "cublasGemmStridedBatchedEx")
+        self.ctx.gemm_ex = _entry(blas, "cublasGemmEx")
+        self.ctx.gemm_batched = _entry(blas, "cublasGemmStridedBatchedEx")
         self.dev[:5] = [_entry(cuda, "cuLaunchKernel"), _address(f"mc_cublas_gemm_{c_type}"), self.dev[2],
                         _entry(cuda, "cuEventRecord"), _entry(cuda, "cuStreamWaitEvent")]
         self.events = [cupy.cuda.Event(disable_timing=True) for _ in range(2)]
