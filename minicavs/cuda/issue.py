@@ -28,6 +28,7 @@ import ctypes
 import functools
 import os
 import warnings
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -156,6 +157,15 @@ class _CublasHandles:
             getattr(blas, name).argtypes, getattr(blas, name).restype = args, ctypes.c_int
         self.by_stream: dict[int, int] = {}
 
+    @classmethod
+    def of_device(cls, device, blas) -> "_CublasHandles":
+        """The device's handles (made once, destroyed with the device, not at exit: the driver may be gone)."""
+        handles = device.__dict__.get("_issue_cublas")
+        if handles is None:
+            handles = device.__dict__["_issue_cublas"] = cls(blas)
+            weakref.finalize(device, _destroy, blas, handles.by_stream).atexit = False
+        return handles
+
     def _call(self, name: str, *args) -> None:
         status = getattr(self.blas, name)(*args)
         if status:
@@ -172,6 +182,12 @@ class _CublasHandles:
         return self.by_stream[stream]
 
 
+def _destroy(blas, by_stream: dict) -> None:
+    for handle in by_stream.values():
+        blas.cublasDestroy_v2(handle)
+    by_stream.clear()
+
+
 class _Gpu(_Functions):
     """The driver's and cuBLAS's entry points, from the libraries CuPy loaded; the kernels' ``CUfunction``
     handles from CuPy's modules (``RawModule.get_function`` is a ``RawKernel``: its ``kernel`` is the
@@ -186,7 +202,7 @@ class _Gpu(_Functions):
         if path is None:
             raise RuntimeError("the CUDA issuing loop: CuPy has not loaded libcublas")
         blas = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
-        self.cublas = device.__dict__.setdefault("_issue_cublas", _CublasHandles(blas))
+        self.cublas = _CublasHandles.of_device(device, blas)
         if self.cublas.blas._name != blas._name:
             raise RuntimeError(f"the CUDA issuing loop: libcublas was {self.cublas.blas._name}, now {path}")
         self.ctx.gemm_ex = _entry(blas, "cublasGemmEx")

@@ -148,6 +148,11 @@ void stub_synchronize(void *stream, int all) {
 int64_t stub_products(void) { return products_; }
 int64_t stub_streams_used(void) { return nstreams_used_; }
 void stub_forget_streams(void) { nstreams_used_ = 0; }
+int64_t stub_live_handles(void) {
+    int64_t n = 0;
+    for (int64_t i = 0; i < nhandles_; i++) n += handles_[i] != 0;
+    return n;
+}
 
 static float tf32(float x) {
     uint32_t u; memcpy(&u, &x, 4);
@@ -231,7 +236,8 @@ def _library(cc: str, source: str, name: str, soname: str, folder: Path):
     if res.returncode:
         raise RuntimeError(f"stub {soname} did not build:\n{res.stderr[-2000:]}")
     lib = ctypes.CDLL(str(so))
-    for fn in ("stub_errors", "stub_launches", "stub_records", "stub_waits", "stub_products", "stub_streams_used"):
+    for fn in ("stub_errors", "stub_launches", "stub_records", "stub_waits", "stub_products", "stub_streams_used",
+               "stub_live_handles"):
         if hasattr(lib, fn):
             getattr(lib, fn).restype = ctypes.c_int64
     lib.stub_last_error.restype = ctypes.c_char_p
