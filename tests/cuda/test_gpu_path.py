@@ -89,25 +89,34 @@ def test_products_use_handles_of_the_library_they_call(gpu, stubs, cuda_standin)
 def test_streaming_products_never_switch_a_handles_stream(gpu, stubs, cuda_standin):
     """Streaming, products go to the main and the eager stream within one pass, nothing synchronized between:
     each stream has its own handle (the stub refuses a handle's stream switch while a product of the other
-    stream is outstanding), and the pass equals the stand-in's; the handles go with the device."""
+    stream is outstanding), and the pass equals the stand-in's."""
     case = cells.binary_tree_lstm(np.random.default_rng(6))
     want = _run(case, Cuda(cuda_standin), TREES)
     for lib in stubs.cublas.values():
         lib.stub_forget_streams()
-    gc.collect()   # (earlier devices' handles destroyed)
-    live = sum(lib.stub_live_handles() for lib in stubs.cublas.values())
-    device = gpu()
-    got = _run(case, device, TREES, EngineOptions(streaming=True))
+    got = _run(case, gpu(), TREES, EngineOptions(streaming=True))
     _issued(got)
     assert len(got.states["G"].program.eager), "the forward pass did not stream"
     close(got.loss, want.loss, "float64")
     for k in want.grads:
         close(got.grads[k], want.grads[k], "float64", k)
     assert sum(lib.stub_streams_used() for lib in stubs.cublas.values()) == 2   # (main and eager)
+
+
+def test_the_loops_handles_are_one_per_stream_and_go_with_the_device(gpu, stubs):
+    """The loop makes one cuBLAS handle per stream it issues on (main and eager), with the library it calls,
+    and destroys them when the device goes (not at exit)."""
+    gc.collect()   # (earlier devices' handles destroyed)
+    live = sum(lib.stub_live_handles() for lib in stubs.cublas.values())
+    device = gpu()
+    handles = issue.functions(device, "float64")
+    handles.streams()
+    handles.streams()
     assert sum(lib.stub_live_handles() for lib in stubs.cublas.values()) == live + 2
-    del device, got
+    assert handles.ctx.handle[0] != handles.ctx.handle[1] and handles.ctx.stream[0] != handles.ctx.stream[1]
+    del device, handles
     gc.collect()
-    assert sum(lib.stub_live_handles() for lib in stubs.cublas.values()) == live   # (destroyed with the device)
+    assert sum(lib.stub_live_handles() for lib in stubs.cublas.values()) == live
 
 
 def test_a_kernel_without_a_handle_is_refused_before_the_driver(gpu, stubs):
