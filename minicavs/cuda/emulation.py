@@ -23,6 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .standin import check_scalar
+
 SHIM = """
 #include <math.h>
 #include <stdint.h>
@@ -173,6 +175,6 @@ class Launcher:
             host.append(a._a if isinstance(a, self.xp.ndarray) else a)
         for param, a in zip(emu.params[name], args):
             if "*" not in param:
-                self.xp.check_scalar(name, param, a)
+                check_scalar(name, param, a)
         self.launches.append((name, grid, block))
         emu.launch(name, grid, block, *host)

@@ -513,7 +513,7 @@ lib = types.SimpleNamespace(stride_tricks=types.SimpleNamespace(as_strided=_as_s
 # the dtypes, as cupy re-exports numpy's
 float16, float32, float64 = np.float16, np.float32, np.float64
 int8, int32, int64, uint8, uint32, uint64, bool_ = np.int8, np.int32, np.int64, np.uint8, np.uint32, np.uint64, np.bool_
-dtype, errstate, newaxis, inf, nan = np.dtype, np.errstate, np.newaxis, np.inf, np.nan
+dtype, newaxis, inf, nan = np.dtype, np.newaxis, np.inf, np.nan   # (CuPy 14 has no errstate)
 
 
 # -- kernel arguments: what CuPy passes for a scalar (cupy/_core/_scalar.pyx numpy_dtype_from_pyscalar) -------
@@ -549,17 +549,25 @@ def check_scalar(kernel: str, param: str, value) -> None:
 
 # -- the runtime: one device, streams and events that order nothing (kernels run as they are issued) ----
 
+_handles = iter(range(0x1000, 1 << 62, 0x10))   # (streams' and events' handle values: distinct, never 0)
+
+
 class _Event:
+    def __init__(self, block: bool = False, disable_timing: bool = False, interprocess: bool = False):
+        self.ptr = next(_handles)
+
+    done = property(lambda self: True)
+
+    def record(self, stream=None) -> None:
+        pass
+
     def synchronize(self) -> None:
         pass
 
-    def query(self) -> bool:
-        return True
-
 
 class _Stream:
-    def __init__(self, null: bool = False, non_blocking: bool = False):
-        self.null = null
+    def __init__(self, null: bool = False, non_blocking: bool = False, ptds: bool = False):
+        self.ptr = 0 if null else next(_handles)
 
     def record(self, event=None):
         return event or _Event()

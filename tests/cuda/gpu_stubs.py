@@ -326,6 +326,8 @@ def fake_cupy(stubs: Stubs, owner: str, emulation_dir) -> dict:
         def __init__(self, block=False, disable_timing=False, interprocess=False):
             self.ptr = new(driver.cuEventCreate)
 
+        done = property(lambda self: True)
+
         def record(self, stream=None) -> None:
             pass
 
