@@ -350,7 +350,12 @@ def run(lowered, table: np.ndarray, buffers, dtype, forest: bool, device, eager:
     """Issue ``lowered`` over ``table`` on ``device`` with one C call (see reference.run for the buffers and
     the eager table); returns the parameter-gradient accumulators it added into. ``check``: also check every
     row number of the index arrays on their host copies (the runners' debug mode, ``EngineOptions.check``;
-    every register is checked against its buffer either way)."""
+    every register is checked against its buffer either way).
+
+    Every device array whose address the loop holds (an index copy ``Cuda.index`` may not cache or may drop,
+    a contiguous copy, the eager accumulators) is kept alive until the C call returns; by then the main stream
+    has joined the eager one (it waits for every chunk), so memory freed afterwards and reused on the main
+    stream (CuPy's pool, or the stream-ordered allocator) is ordered after the pass."""
     ffi, lib = library()
     handles = functions(device, dtype, tf32)
     xp = device.xp
