@@ -6,11 +6,15 @@ that a call cut off early still brings back what matters most.
 The first call (the default stages, ``BUDGET`` = 340 s in all, so a device ``timeout_s`` of 360 covers it,
 the machine's start apart):
 
+- ``loop`` (cap 30 s): a binary Tree-LSTM pass, float32 streaming and float64, issued by the C issuing loop
+  through the driver and cuBLAS, before any stage whose fallback to the Python runner could hide that the loop
+  did not run: it fails if any pass was issued from Python or anything warned (the loop's setup failing is a
+  warning and a fallback), naming the pass and why;
 - ``facts`` (cap 30 s): nvidia-smi, versions, CuPy's device, the two ceilings (a large device copy, a large
   matmul);
-- ``equality`` (120 s): a few training steps of every bundled model on the device against the CPU, float64 and
+- ``equality`` (105 s): a few training steps of every bundled model on the device against the CPU, float64 and
   float32 first, then streaming and deterministic on, then a DAG summed by atomics run twice;
-- ``tests`` (120 s): ``pytest -m gpu``, then the CUDA tests (tests/cuda, tests/engine/codegen/test_cuda.py,
+- ``tests`` (105 s): ``pytest -m gpu``, then the CUDA tests (tests/cuda, tests/engine/codegen/test_cuda.py,
   tests/engine/test_backend.py), pytest with plugin autoloading off and the plugins it needs named, so that a plugin
   of the machine's (pytest-benchmark warns under xdist) cannot turn ``filterwarnings = error`` against it;
 - ``sanitize`` (45 s): one training step of the bundled tree_lstm under ``compute-sanitizer --tool memcheck``
@@ -19,7 +23,7 @@ the machine's start apart):
 It ends by saying whether the second call is warranted (every equality case equal, every model and dtype
 reached): ``bench`` (cap 240 s), the throughput points against PyTorch on the same GPU.
 
-    bash tools/gpu_check.sh OUT                                  # first call: facts, equality, tests, sanitize
+    bash tools/gpu_check.sh OUT                                  # first call: loop, facts, equality, tests, sanitize
     bash tools/gpu_check.sh OUT --stages bench                   # second call, only if the first says so
     python3 tools/gpu_check.py DEST --merge SRC [SRC ...]        # here: merge the calls' results, print the table
 
@@ -45,9 +49,9 @@ import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-STAGES = ("facts", "equality", "tests", "sanitize", "bench")      # the table's order
-DEFAULT_STAGES = ("facts", "equality", "tests", "sanitize")          # the first call, in priority order
-CAPS = {"facts": 30, "equality": 120, "tests": 120, "sanitize": 45, "bench": 240}   # seconds
+STAGES = ("loop", "facts", "equality", "tests", "sanitize", "bench")      # the table's order
+DEFAULT_STAGES = ("loop", "facts", "equality", "tests", "sanitize")          # the first call, in priority order
+CAPS = {"loop": 30, "facts": 30, "equality": 105, "tests": 105, "sanitize": 45, "bench": 240}   # seconds
 BUDGET = 340          # seconds for the whole command by default: the first call's device timeout_s is 360
 DEVICE_TIMEOUT_S = 360   # what the device call of the first call is given (README): BUDGET must end before it
 SETUP_S = 15          # seconds before the first stage: the CuPy probe, the wheels' install, the import check
@@ -210,6 +214,8 @@ def stage_summary(name: str, res: dict) -> str:
         return (f"{f.get('device', '?')}, driver {f.get('driver', '?')}, CUDA runtime {f.get('cuda_runtime', '?')}, "
                 f"CuPy {f.get('cupy', '?')}, copy {fmt(f.get('copy_GBps'))} GB/s, "
                 f"matmul f32 {fmt(f.get('matmul_f32_TFLOPs'))} / f64 {fmt(f.get('matmul_f64_TFLOPs'))} TFLOP/s")
+    if name == "loop":
+        return loop_summary(items)
     if name == "tests":
         return "; ".join(f"{i.get('name', '?')}: {i.get('passed', 0)} passed, {i.get('failed', 0)} failed, "
                          f"{i.get('errors', 0)} errors, {i.get('skipped', 0)} skipped"
@@ -233,6 +239,21 @@ def stage_summary(name: str, res: dict) -> str:
     if name == "bench":
         return f"{len(items)} measurements"
     return f"{len(items)} items"
+
+
+def loop_summary(items: list) -> str:
+    """The loop stage's line: per case its counters, or the passes issued from Python and why."""
+    bad = [i for i in items if not i.get("ok")]
+    parts = [f"{len(items) - len(bad)}/{len(items)} cases issued every pass from C"]
+    for i in items:
+        if i.get("ok"):
+            parts.append(f"{i['case']}: {i.get('launches')} launches, {i.get('products')} products, "
+                         f"{i.get('events')} events")
+        else:
+            why = i.get("error") or "; ".join([f"{k} from Python ({v})" for k, v in i.get("from_python", {}).items()]
+                                              + i.get("warnings", []))
+            parts.append(f"NOT {i['case']}: {why[:300]}")
+    return "; ".join(parts)
 
 
 def bench_verdict(equality: dict | None) -> tuple[bool, str]:

@@ -1,5 +1,5 @@
-"""The stages of tools/gpu_check.py (facts, equality, tests, sanitize, bench), each run by it in a process of
-its own, and the one training step the sanitize stage runs under compute-sanitizer:
+"""The stages of tools/gpu_check.py (loop, facts, equality, tests, sanitize, bench), each run by it in a process
+of its own, and the one training step the sanitize stage runs under compute-sanitizer:
 
     python tools/gpu_stages.py STAGE OUT.json [--data DIR] [--cap SECONDS] [--quick] [--emulate]
     python tools/gpu_stages.py step OUT.json [--emulate]
@@ -331,6 +331,65 @@ def stage_facts(rec: Recorder, args) -> None:
     facts["matmul_f64_TFLOPs"] = matmul_rate(cupy, cupy.float64) / 1e12
     rec.set(facts=facts)
     cupy.get_default_memory_pool().free_all_blocks()
+
+
+# --- the loop stage -----------------------------------------------------------------------------------------
+
+# (dtype, streaming) of a binary Tree-LSTM pass (tests/cells.py): both dtypes' loops, both streams
+LOOP_CASES = (("float32", True), ("float64", False))
+
+
+def loop_case(dtype: str, streaming: bool, kind: str) -> dict:
+    """One forward and backward pass of a binary Tree-LSTM on ``kind``: for each pass whether the C issuing
+    loop issued it (else why the Python runner did), the loop's counters, every warning raised (the loop's
+    setup failing on a GPU is a warning, then a fallback to Python)."""
+    import warnings
+    import numpy as np
+    from minicavs.cuda import issue
+    from minicavs.engine.compile import EngineOptions
+    from minicavs.engine.executor import RunContext
+    from minicavs.runtime.inputs import InputGraph
+    sys.path.insert(0, str(ROOT))
+    from tests import cells
+    rng = np.random.default_rng(0)
+    case = cells.binary_tree_lstm(rng, H=16, D=8, dtype=dtype)
+    graphs = [InputGraph([[1, 2], [3, 4], [], [], []]), InputGraph([[1, 2], [], []])] * 4
+    feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
+    dev = project_device(kind)
+    case.model.device = dev
+    start = time.monotonic()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        res = case.model.forward_backward(graphs, feeds, {k: dev.asarray(v) for k, v in case.params.items()},
+                                          RunContext(), options=EngineOptions(streaming=streaming))
+        loss = float(host(res.loss))
+    declined = {f"{key} {which}": program.lowered.__dict__.get("issue_declined")
+                for key, state in res.states.items()
+                for which, program in (("forward", state.program), ("backward", state.backward_program))
+                if program is not None}
+    counters = dict(zip(issue.STATS, issue.stats(dev).tolist()))
+    return {"case": f"binary_tree_lstm {dtype}" + (" streaming" if streaming else ""), "loss": loss,
+            "passes": len(declined), "issued_from_c": bool(declined) and all(v is None for v in declined.values()),
+            "from_python": {k: v for k, v in declined.items() if v is not None}, **counters,
+            "warnings": [f"{w.category.__name__}: {w.message}"[:400] for w in caught],
+            "seconds": round(time.monotonic() - start, 1)}
+
+
+def stage_loop(rec: Recorder, args) -> int:
+    """The C issuing loop on this device, first, before any stage whose fallback could hide it: fails (exit
+    1) if any pass was issued from Python or anything warned."""
+    kind = "emulated" if args.emulate else "cuda"
+    for dtype, streaming in LOOP_CASES:
+        try:
+            item = loop_case(dtype, streaming, kind)
+        except Exception as e:
+            traceback.print_exc()
+            item = {"case": f"binary_tree_lstm {dtype}" + (" streaming" if streaming else ""), "issued_from_c": False,
+                    "error": f"{type(e).__name__}: {e}"[:600]}
+        item["ok"] = item["issued_from_c"] and not item.get("warnings")
+        say(json.dumps(item, default=str)[:800])
+        rec.add(item, problem=not item["ok"])
+    return 1 if rec.data["problems"] else 0
 
 
 # --- the tests stage ----------------------------------------------------------------------------------------
@@ -866,7 +925,7 @@ def stage_bench(rec: Recorder, args) -> None:
         del t
 
 
-STAGE_FUNCTIONS = {"facts": stage_facts, "equality": stage_equality, "tests": stage_tests,
+STAGE_FUNCTIONS = {"loop": stage_loop, "facts": stage_facts, "equality": stage_equality, "tests": stage_tests,
                    "sanitize": stage_sanitize, "bench": stage_bench}
 
 
@@ -887,13 +946,13 @@ def main(argv=None) -> int:
         return 0
     rec = Recorder(Path(args.out), args.stage, emulated=args.emulate)
     try:
-        STAGE_FUNCTIONS[args.stage](rec, args)
+        rc = STAGE_FUNCTIONS[args.stage](rec, args) or 0   # (a stage may fail on what it measured: loop)
     except Exception as e:
         traceback.print_exc()
         rec.set(error=f"{type(e).__name__}: {e}"[:1000])
         return 1
     rec.set(completed=True)
-    return 0
+    return rc
 
 
 if __name__ == "__main__":

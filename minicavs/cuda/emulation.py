@@ -23,6 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .standin import check_scalar
+
 SHIM = """
 #include <math.h>
 #include <stdint.h>
@@ -171,5 +173,8 @@ class Launcher:
                                 "Only numpy.ndarrays of size one can be passed by value. If you meant to pass a "
                                 "pointer to __global__ memory, you need to pass a cupy.ndarray instead.")
             host.append(a._a if isinstance(a, self.xp.ndarray) else a)
+        for param, a in zip(emu.params[name], args):
+            if "*" not in param:
+                check_scalar(name, param, a)
         self.launches.append((name, grid, block))
         emu.launch(name, grid, block, *host)

@@ -9,10 +9,11 @@ Python work is per buffer and per kernel, never per task or per instruction.
 The function pointers come from the device's launcher:
 
 - CuPy on a GPU (:class:`_Gpu`): ``cuLaunchKernel``, ``cuEventRecord``, ``cuStreamWaitEvent`` from the libcuda
-  CuPy loaded, ``cublasGemmEx`` / ``cublasGemmStridedBatchedEx`` / ``cublasSetStream_v2`` from its libcublas
-  (found in this process's memory map, opened with ``RTLD_NOLOAD``: never a second copy), the kernels' function
-  handles from CuPy's modules. Not yet run on a GPU (none was lent while it was written): the stand-in runs the
-  same loop and product calls, but not these addresses.
+  CuPy loaded, ``cublasGemmEx`` / ``cublasGemmStridedBatchedEx`` from its libcublas (found in this process's
+  memory map, opened with ``RTLD_NOLOAD``: never a second copy) on the loop's own handles, one per stream, made
+  by that library's ``cublasCreate_v2``; the kernels' function handles from CuPy's modules. Not yet run on a
+  GPU: in CI, stub libraries under the real sonames run these lookups and calls on the emulation
+  (tests/cuda/test_gpu_path.py).
 - the device stand-in (:class:`_Standin`): the emulated kernels (cuda/emulation.py's ``call_`` wrappers) and the
   CPU's cblas product (TF32 inputs rounded to 10 mantissa bits when asked), so CI runs the loop;
 - a launcher with ``no_work`` set (:class:`_NoWork`): launches and products that do nothing, to time what
@@ -27,6 +28,7 @@ import ctypes
 import functools
 import os
 import warnings
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -135,44 +137,100 @@ def _loaded(fragment: str) -> str | None:
     return None
 
 
+def _entry(lib, name: str) -> int:
+    """The address of ``name`` in a library opened by ctypes."""
+    return ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
+
+
+class _CublasHandles:
+    """The loop's own cuBLAS handles, one per stream, made by ``cublasCreate_v2`` of the library whose
+    ``cublasGemmEx`` the loop calls (never CuPy's handle: with two libcublas mapped it may be the other's),
+    each bound to its stream and to host pointer mode once: a handle's stream never switches, so no two
+    streams' products share its workspace (``cublasSetStream`` resets it)."""
+
+    def __init__(self, blas):
+        self.blas = blas
+        for name, args in (("cublasCreate_v2", [ctypes.POINTER(ctypes.c_void_p)]),
+                           ("cublasSetStream_v2", [ctypes.c_void_p, ctypes.c_void_p]),
+                           ("cublasSetPointerMode_v2", [ctypes.c_void_p, ctypes.c_int]),
+                           ("cublasDestroy_v2", [ctypes.c_void_p])):
+            getattr(blas, name).argtypes, getattr(blas, name).restype = args, ctypes.c_int
+        self.by_stream: dict[int, int] = {}
+
+    @classmethod
+    def of_device(cls, device, blas) -> "_CublasHandles":
+        """The device's handles (made once, destroyed with the device, not at exit: the driver may be gone)."""
+        handles = device.__dict__.get("_issue_cublas")
+        if handles is None:
+            handles = device.__dict__["_issue_cublas"] = cls(blas)
+            weakref.finalize(device, _destroy, blas, handles.by_stream).atexit = False
+        return handles
+
+    def _call(self, name: str, *args) -> None:
+        status = getattr(self.blas, name)(*args)
+        if status:
+            raise RuntimeError(f"the CUDA issuing loop: {name} returned cuBLAS status {status}")
+
+    def of(self, stream: int) -> int:
+        """The handle of ``stream`` (a stream pointer), made on first use."""
+        if stream not in self.by_stream:
+            handle = ctypes.c_void_p()
+            self._call("cublasCreate_v2", ctypes.byref(handle))
+            self.by_stream[stream] = handle.value
+            self._call("cublasSetStream_v2", handle, ctypes.c_void_p(stream))
+            self._call("cublasSetPointerMode_v2", handle, 0)   # (CUBLAS_POINTER_MODE_HOST: alpha, beta on the host)
+        return self.by_stream[stream]
+
+
+def _destroy(blas, by_stream: dict) -> None:
+    for handle in by_stream.values():
+        blas.cublasDestroy_v2(handle)
+    by_stream.clear()
+
+
 class _Gpu(_Functions):
-    """The driver's and cuBLAS's entry points, from the libraries CuPy loaded."""
+    """The driver's and cuBLAS's entry points, from the libraries CuPy loaded; the kernels' ``CUfunction``
+    handles from CuPy's modules (``RawModule.get_function`` is a ``RawKernel``: its ``kernel`` is the
+    ``cupy.cuda.function.Function`` whose ``ptr`` is the handle)."""
 
     def __init__(self, device, c_type: str, tf32: bool):
         super().__init__(device, c_type, tf32)
         cupy = device.xp
-        from cupy.cuda import cublas, device as cupy_device   # noqa: F401  (loads libcublas)
+        from cupy.cuda import cublas   # noqa: F401  (loads libcublas)
         cuda = ctypes.CDLL(_loaded("libcuda.so") or "libcuda.so.1", mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
         path = _loaded("libcublas.so")
         if path is None:
             raise RuntimeError("the CUDA issuing loop: CuPy has not loaded libcublas")
         blas = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
-
-        def fn(lib, name):
-            return ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
-        self.ctx.handle = _ffi_pointer(cupy_device.get_cublas_handle())
-        self.ctx.set_stream = fn(blas, "cublasSetStream_v2")
-        self.ctx.gemm_ex = fn(blas, "cublasGemmEx")
-        self.ctx.gemm_batched = fn(blas, "cublasGemmStridedBatchedEx")
-        self.ctx.set_pointer_mode = fn(blas, "cublasSetPointerMode_v2")
-        self.ctx.stream = _ffi_pointer(-1)   # (no stream set yet: the first product sets it)
-        self.dev[:5] = [fn(cuda, "cuLaunchKernel"), _address(f"mc_cublas_gemm_{c_type}"), self.dev[2],
-                        fn(cuda, "cuEventRecord"), fn(cuda, "cuStreamWaitEvent")]
+        self.cublas = _CublasHandles.of_device(device, blas)
+        if self.cublas.blas._name != blas._name:
+            raise RuntimeError(f"the CUDA issuing loop: libcublas was {self.cublas.blas._name}, now {path}")
+        self.ctx.gemm_ex = _entry(blas, "cublasGemmEx")
+        self.ctx.gemm_batched = _entry(blas, "cublasGemmStridedBatchedEx")
+        self.dev[:5] = [_entry(cuda, "cuLaunchKernel"), _address(f"mc_cublas_gemm_{c_type}"), self.dev[2],
+                        _entry(cuda, "cuEventRecord"), _entry(cuda, "cuStreamWaitEvent")]
         self.events = [cupy.cuda.Event(disable_timing=True) for _ in range(2)]
         self.dev[7:9] = [e.ptr for e in self.events]
-        from .kernels import _module
         source = issue_kernels(c_type)
-        self.rk[:] = [_module(source).get_function(f"{name}_{c_type}").ptr for name in ISSUE_KERNEL_NAMES]
+        self.rk[:] = [_function(source, f"{name}_{c_type}") for name in ISSUE_KERNEL_NAMES]
 
     def fused(self, kernel) -> int:
-        from .kernels import _module
-        return _module(kernel.source).get_function(kernel.name).ptr
+        return _function(kernel.source, kernel.name)
 
     def streams(self) -> None:
-        cupy = self.device.xp
-        self.ctx.stream = _ffi_pointer(-1)   # (CuPy's own products may have set its handle's stream since)
-        self.dev[5] = cupy.cuda.get_current_stream().ptr
-        self.dev[6] = self.device.eager_stream().ptr
+        main, eager = self.device.xp.cuda.get_current_stream().ptr, self.device.eager_stream().ptr
+        self.dev[5], self.dev[6] = main, eager
+        for i, stream in enumerate((main, eager)):
+            self.ctx.stream[i], self.ctx.handle[i] = _ffi_pointer(stream), _ffi_pointer(self.cublas.of(stream))
+
+
+def _function(source: str, name: str) -> int:
+    """The ``CUfunction`` of kernel ``name`` in CuPy's module of ``source`` (refused when CuPy has none)."""
+    from .kernels import _module
+    ptr = _module(source).get_function(name).kernel.ptr
+    if not ptr:
+        raise RuntimeError(f"the CUDA issuing loop: CuPy has no function handle for kernel {name}")
+    return int(ptr)
 
 
 def _ffi_pointer(value: int):
@@ -292,7 +350,12 @@ def run(lowered, table: np.ndarray, buffers, dtype, forest: bool, device, eager:
     """Issue ``lowered`` over ``table`` on ``device`` with one C call (see reference.run for the buffers and
     the eager table); returns the parameter-gradient accumulators it added into. ``check``: also check every
     row number of the index arrays on their host copies (the runners' debug mode, ``EngineOptions.check``;
-    every register is checked against its buffer either way)."""
+    every register is checked against its buffer either way).
+
+    Every device array whose address the loop holds (an index copy ``Cuda.index`` may not cache or may drop,
+    a contiguous copy, the eager accumulators) is kept alive until the C call returns; by then the main stream
+    has joined the eager one (it waits for every chunk), so memory freed afterwards and reused on the main
+    stream (CuPy's pool, or the stream-ordered allocator) is ordered after the pass."""
     ffi, lib = library()
     handles = functions(device, dtype, tf32)
     xp = device.xp
@@ -322,6 +385,7 @@ def run(lowered, table: np.ndarray, buffers, dtype, forest: bool, device, eager:
                 alive.append(host)
                 info[1, i] = host.ctypes.data if host.size else 0
                 a = device.index(host)
+                alive.append(a)   # (a copy the device's cache may not hold: alive until the pass is issued)
             elif what == "dropout":   # (the entries' table: read on the host)
                 host = np.ascontiguousarray(a, np.int64)
                 alive.append(host)
@@ -366,6 +430,12 @@ def run(lowered, table: np.ndarray, buffers, dtype, forest: bool, device, eager:
     return grads
 
 
+# the loop's own refusals of a launch or product (codegen/issue_source.py's MC_NO_KERNEL, ...)
+REFUSALS = {-7: "a launch of a kernel without a function handle (0)",
+            -8: "a product on a stream without a cuBLAS handle",
+            -9: "a product whose size or leading dimension exceeds 2^31-1 (cuBLAS's int)"}
+
+
 def _raise(lowered, err: np.ndarray) -> None:
     _, task, pc, operand, result, stream = err.tolist()
     where = lowered.text(pc) if 0 <= pc < len(lowered.code) else f"instruction {pc}"
@@ -373,6 +443,7 @@ def _raise(lowered, err: np.ndarray) -> None:
     if operand == -5:
         raise IssueCheckError(f"cuda {lowered.title}: {what}: a copy whose source and destination partly overlap")
     if operand == -6:
-        raise IssueCheckError(f"cuda {lowered.title}: {what}: the device refused a launch or product (result {result})")
+        refused = REFUSALS.get(result, f"the device refused a launch or product (result {result})")
+        raise IssueCheckError(f"cuda {lowered.title}: {what}: {refused}")
     raise IssueCheckError(f"cuda {lowered.title}: {what}: operand {operand_name(lowered, pc, operand)} is out of "
                           "bounds or invalid")

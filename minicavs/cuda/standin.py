@@ -23,11 +23,17 @@ The CuPy behaviours it copies (from CuPy 14's ``_core``), and only those minicav
   ``__array_ufunc__``), as CuPy's do; where this module has no such function numpy raises its TypeError;
 - reductions and indexing return device arrays (reductions 0-d ones); out-of-range integer indices wrap, as
   CuPy's do (no IndexError: the engine must check indices on the host);
+- a host array assigned under basic indexing raises ``ValueError: non-scalar numpy.ndarray cannot be used for
+  fill`` (CuPy's is a fill there; under an advanced index it is copied over, counted); a boolean mask's result
+  and ``repr`` read the device (counted); device arrays have no ``__index__``;
+- a kernel's scalar argument must have its parameter's C type as CuPy passes it (:func:`check_scalar`: a
+  Python int is an int64, a float a float64), else a GPU would read other bytes;
 - arrays have ``__cuda_array_interface__`` and no ``__array_namespace__``; streams and events exist (kernels
   run as they are issued, so they order nothing).
 """
 from __future__ import annotations
 
+import builtins
 import collections
 import sys
 import types
@@ -109,7 +115,8 @@ class ndarray:
             raise TypeError("iteration over a 0-d array")
         return (self[i] for i in range(len(self)))
 
-    def __repr__(self) -> str:
+    def __repr__(self) -> str:   # (CuPy's is repr(self.get()): a device read)
+        _count("d2h")
         return f"standin.{repr(self._a)}"
 
     # -- the ways back (device-to-host, counted) ------------------------------------------------------
@@ -131,11 +138,6 @@ class ndarray:
         return float(self.get())
 
     def __int__(self) -> int:
-        return int(self.get())
-
-    def __index__(self) -> int:
-        if self.ndim or self.dtype.kind not in "iu":
-            raise TypeError("only integer scalar arrays can be converted to a scalar index")
         return int(self.get())
 
     def __bool__(self) -> bool:
@@ -162,11 +164,20 @@ class ndarray:
 
     # -- indexing ---------------------------------------------------------------------------------------
     def __getitem__(self, key):
-        got = self._a[_key(key, self._a.shape)]
+        key = _key(key, self._a.shape)
+        if builtins.any(isinstance(k, np.ndarray) and k.dtype == bool for k in _parts(key)):
+            _count("d2h")   # (a boolean mask's result size is read from the device)
+        got = self._a[key]
         return self._view(got) if isinstance(got, np.ndarray) else _wrap(got)
 
     def __setitem__(self, key, value) -> None:
-        self._a[_key(key, self._a.shape)] = _value(value)
+        """As CuPy's: a host value is copied over under an advanced index, and under basic indexing is a fill
+        (cupy/_core/_routines_indexing.pyx _scatter_op), which refuses anything but a scalar."""
+        key = _key(key, self._a.shape)
+        if (not isinstance(value, ndarray) and np.ndim(value) != 0
+                and not builtins.any(isinstance(k, np.ndarray) for k in _parts(key))):
+            raise ValueError("non-scalar numpy.ndarray cannot be used for fill")
+        self._a[key] = _value(value)
 
     # -- methods ---------------------------------------------------------------------------------------
     def astype(self, dtype, copy=True, order="K"):
@@ -245,6 +256,10 @@ def _key(key, shape):
         out.append(k)
         axis += 1 if k is not None and k is not Ellipsis else 0
     return tuple(out) if isinstance(key, tuple) else out[0]
+
+
+def _parts(key) -> tuple:
+    return key if isinstance(key, tuple) else (key,)
 
 
 def _value(v):
@@ -498,22 +513,61 @@ lib = types.SimpleNamespace(stride_tricks=types.SimpleNamespace(as_strided=_as_s
 # the dtypes, as cupy re-exports numpy's
 float16, float32, float64 = np.float16, np.float32, np.float64
 int8, int32, int64, uint8, uint32, uint64, bool_ = np.int8, np.int32, np.int64, np.uint8, np.uint32, np.uint64, np.bool_
-dtype, errstate, newaxis, inf, nan = np.dtype, np.errstate, np.newaxis, np.inf, np.nan
+dtype, newaxis, inf, nan = np.dtype, np.newaxis, np.inf, np.nan   # (CuPy 14 has no errstate)
+
+
+# -- kernel arguments: what CuPy passes for a scalar (cupy/_core/_scalar.pyx numpy_dtype_from_pyscalar) -------
+
+PARAMETER_DTYPES = {"int": np.int32, "unsigned": np.uint32, "long": np.int64, "unsigned long": np.uint64,
+                    "unsigned long long": np.uint64, "float": np.float32, "double": np.float64}
+
+
+def scalar_dtype(value) -> np.dtype:
+    """The dtype CuPy passes a kernel scalar as: a numpy scalar's own, int64 (uint64 past its range) for a Python
+    int, float64 for a float, bool for a bool."""
+    if isinstance(value, (np.generic, np.ndarray)):
+        return value.dtype
+    if isinstance(value, bool):
+        return np.dtype(bool)
+    if isinstance(value, int):
+        return np.dtype(np.uint64 if value > np.iinfo(np.int64).max else np.int64)
+    if isinstance(value, float):
+        return np.dtype(np.float64)
+    raise TypeError(f"Unsupported type {type(value)}")
+
+
+def check_scalar(kernel: str, param: str, value) -> None:
+    """A kernel's scalar parameter gets a value of its C type's size and kind, or a GPU reads other bytes than
+    were meant (a Python float where the kernel takes a ``float``, say): refused, naming the kernel and parameter."""
+    ctype = param.replace("const", "").rsplit(None, 1)[0].strip()
+    want = np.dtype(PARAMETER_DTYPES[ctype])
+    got = scalar_dtype(value)
+    if got != want:
+        raise TypeError(f"kernel {kernel}: parameter '{param}' takes a {want.name} ({ctype}); CuPy would pass "
+                        f"{value!r} as {got.name}")
 
 
 # -- the runtime: one device, streams and events that order nothing (kernels run as they are issued) ----
 
+_handles = iter(range(0x1000, 1 << 62, 0x10))   # (streams' and events' handle values: distinct, never 0)
+
+
 class _Event:
+    def __init__(self, block: bool = False, disable_timing: bool = False, interprocess: bool = False):
+        self.ptr = next(_handles)
+
+    done = property(lambda self: True)
+
+    def record(self, stream=None) -> None:
+        pass
+
     def synchronize(self) -> None:
         pass
 
-    def query(self) -> bool:
-        return True
-
 
 class _Stream:
-    def __init__(self, null: bool = False, non_blocking: bool = False):
-        self.null = null
+    def __init__(self, null: bool = False, non_blocking: bool = False, ptds: bool = False):
+        self.ptr = 0 if null else next(_handles)
 
     def record(self, event=None):
         return event or _Event()

@@ -176,3 +176,51 @@ def test_fault_c_device_parameters_taken_for_host_arrays_by_duck_typing():
         return np if isinstance(a, np.ndarray) or not hasattr(a, "__array_namespace__") else a.__array_namespace__()
     assert old_array_module(value) is np
     assert arrays.array_module(value) is sd
+
+
+def test_a_host_array_assigned_into_a_device_slice_is_refused_as_a_fill():
+    """CuPy 14's basic-index assignment of a non-device value is a fill (cupy/_core/_routines_indexing.pyx
+    _scatter_op, core.pyx fill): a scalar fills, a host array raises; under an advanced index it is copied."""
+    a = dev(np.zeros((3, 2)))
+    for host in (np.ones((1, 2)), [[1.0, 2.0]], np.ones(2)):
+        with pytest.raises(ValueError, match="non-scalar numpy.ndarray cannot be used for fill"):
+            a[1:2] = host
+    a[0] = 5.0
+    a[1, :] = np.float64(6.0)
+    a[np.array([2])] = np.array([[7.0, 8.0]])                # (advanced: copied over, counted)
+    assert sd.crossings == {"h2d": 2}
+    np.testing.assert_array_equal(a.get(), [[5.0, 5.0], [6.0, 6.0], [7.0, 8.0]])
+
+
+def test_boolean_masks_and_repr_read_the_device():
+    """A boolean mask's result size and CuPy's ``repr`` (``repr(self.get())``) are device reads."""
+    a = dev(np.arange(4.0))
+    picked = a[dev(np.array([True, False, True, False]))]
+    assert sd.crossings == {"d2h": 1} and type(picked) is sd.ndarray
+    repr(a)
+    assert sd.crossings == {"d2h": 2}
+
+
+def test_device_arrays_are_no_python_index():
+    """CuPy's arrays have no ``__index__``: a device integer is not a length, a range bound or a list index."""
+    n = dev(np.int64(2))
+    for use in (lambda: range(n), lambda: [1, 2, 3][n], lambda: "ab" * n):
+        with pytest.raises(TypeError):
+            use()
+    assert not sd.crossings
+
+
+def test_a_kernels_scalar_parameters_get_their_c_types(emulation_dir):
+    """CuPy passes a Python float as a double and a Python int as an int64 (cupy/_core/_scalar.pyx): a kernel
+    parameter of another type would read other bytes on a GPU. The stand-in's launch refuses it, naming both."""
+    from minicavs.cuda.emulation import Launcher
+    launcher = Launcher(emulation_dir)
+    source = ('extern "C" __global__ void scale_ones(long n, float a, float *y) {\n'
+              "    for (long i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) y[i] = a;\n"
+              "}\n")
+    y = sd.zeros(3, np.float32)
+    for n, a in ((3, 2.0), (np.int32(3), np.float32(2.0)), (3, np.float64(2.0))):
+        with pytest.raises(TypeError, match="kernel scale_ones: parameter '(long n|float a)' takes a (int64|float32)"):
+            launcher(source, "scale_ones", 1, 32, [n, a, y])
+    launcher(source, "scale_ones", 1, 32, [3, np.float32(2.0), y])
+    np.testing.assert_array_equal(y.get(), [2.0, 2.0, 2.0])

@@ -1,9 +1,10 @@
 """tools/gpu_check.py without a GPU: it refuses to run (non-zero, naming CuPy or the device, within 60 s); the
 first call's caps fit its budget and its device timeout; past a stand-in cupy that reports a device, the runner
 kills a stage at its cap keeping what it wrote, shrinks the later caps to the budget and says whether the bench
-call is warranted; the tests stage's pytest survives a machine plugin that warns; the sanitize stage runs the
-step under compute-sanitizer's memcheck (a stand-in sanitizer here) or says it has none; runs merge; the table
-shows them; and the equality, bench and sanitize stages themselves run on the emulated CUDA device."""
+call is warranted; the tests stage's pytest survives a machine plugin that warns; the loop stage fails when a
+pass is issued from Python; the sanitize stage runs the step under compute-sanitizer's memcheck (a stand-in
+sanitizer here) or says it has none; runs merge; the table shows them; and the loop, equality, bench and
+sanitize stages themselves run on the emulated CUDA device."""
 from __future__ import annotations
 
 import json
@@ -107,7 +108,7 @@ def test_the_first_call_fits_its_device_timeout_and_the_bench_is_a_second_call()
     """The default stages in priority order; their caps, the setup before them, the last stage's time to die
     and the reserve for the table within the default budget, and that below the first call's timeout_s; the
     bench alone within the same budget."""
-    assert gpu_check.DEFAULT_STAGES == ("facts", "equality", "tests", "sanitize")
+    assert gpu_check.DEFAULT_STAGES == ("loop", "facts", "equality", "tests", "sanitize")
     overhead = gpu_check.SETUP_S + gpu_check.KILL_GRACE + gpu_check.RESERVE
     assert sum(gpu_check.CAPS[s] for s in gpu_check.DEFAULT_STAGES) + overhead <= gpu_check.BUDGET
     assert gpu_check.CAPS["bench"] + overhead <= gpu_check.BUDGET
@@ -142,21 +143,22 @@ def fake_stages(monkeypatch, results: dict, sleep: float = 0.0) -> None:
 
 def test_stages_past_their_caps_are_killed_their_items_kept_and_the_budget_holds(tmp_path, monkeypatch, capsys,
                                                                                standin_cupy):
-    """Every stage sleeps past its cap: facts and equality are killed at theirs (2 s), tests at what the
-    budget leaves it (less than its 30 s), sanitize is not started (less than 5 s left)."""
+    """Every stage sleeps past its cap: loop, facts and equality are killed at theirs (2 s), tests at what
+    the budget leaves it (less than its 30 s), sanitize is not started (less than 5 s left)."""
     results = {s: {"items": [{"case": f"{s} item", "ok": True}]} for s in gpu_check.STAGES}
     results["equality"] = equality_result(PLAN, [PLAN[0] + (True,)])         # cut off after its first case
     fake_stages(monkeypatch, results, 60)
-    caps = ["--cap", "facts=2", "--cap", "equality=2", "--cap", "tests=30", "--cap", "sanitize=30"]
-    budget = 26
+    caps = ["--cap", "loop=2", "--cap", "facts=2", "--cap", "equality=2", "--cap", "tests=30",
+            "--cap", "sanitize=30"]
+    budget = 28
     start = time.monotonic()
     assert gpu_check.main([str(tmp_path / "out"), "--budget", str(budget), *caps, *standin_cupy]) == 1
     assert time.monotonic() - start <= budget
     stages = gpu_check.load_results(tmp_path / "out")["runs"][0]["stages"]
-    assert [stages[s]["status"] for s in gpu_check.DEFAULT_STAGES] == ["timeout", "timeout", "timeout", "not run"]
-    assert stages["facts"]["cap_s"] == stages["equality"]["cap_s"] == 2
-    assert 5 <= stages["tests"]["cap_s"] <= budget - 4 - gpu_check.RESERVE - gpu_check.KILL_GRACE
-    for s in gpu_check.DEFAULT_STAGES[:3]:
+    assert [stages[s]["status"] for s in gpu_check.DEFAULT_STAGES] == ["timeout"] * 4 + ["not run"]
+    assert stages["loop"]["cap_s"] == stages["facts"]["cap_s"] == stages["equality"]["cap_s"] == 2
+    assert 5 <= stages["tests"]["cap_s"] <= budget - 6 - gpu_check.RESERVE - gpu_check.KILL_GRACE
+    for s in gpu_check.DEFAULT_STAGES[:4]:
         assert stages[s]["items"] == results[s]["items"]
         assert stages[s]["seconds"] <= stages[s]["cap_s"] + gpu_check.KILL_GRACE
         assert json.loads((tmp_path / "out" / f"{s}.json").read_text())["items"] == stages[s]["items"]
@@ -398,6 +400,37 @@ def test_the_equality_stage_runs_on_the_emulated_device(tmp_path):
     assert all(i["ok"] for i in res["items"]) and res["problems"] == 0 and res["completed"]
     assert all(i["generated_launches"] > 0 for c, i in cases.items() if not c.startswith("DAG"))
     assert res["missing_data"] == ["tree_lstm_sst", "var_lstm_ptb"]
+
+
+@needs_cxx
+def test_the_loop_stage_issues_every_pass_from_c_on_the_emulated_device(tmp_path):
+    out = tmp_path / "loop.json"
+    assert gpu_stages.main(["loop", str(out), "--emulate"]) == 0
+    res = json.loads(out.read_text())
+    assert [i["case"] for i in res["items"]] == ["binary_tree_lstm float32 streaming", "binary_tree_lstm float64"]
+    assert all(i["ok"] and i["issued_from_c"] and i["passes"] == 2 and i["launches"] > 0 and i["products"] > 0
+               for i in res["items"]) and res["problems"] == 0
+    assert res["items"][0]["events"] > 0   # (streaming: the eager stream's events)
+    assert "2/2 cases issued every pass from C" in gpu_check.stage_summary("loop", res)
+
+
+@needs_cxx
+def test_the_loop_stage_fails_when_a_pass_is_issued_from_python(tmp_path, monkeypatch):
+    """The loop's setup failing (as ``.ptr`` of a RawKernel failed on a GPU: a warning, then the Python
+    runner) fails the stage, naming the passes and the reason."""
+    from minicavs.cuda import issue
+
+    def unreachable(*args):
+        raise AttributeError("'RawKernel' object has no attribute 'ptr'")
+    monkeypatch.setattr(issue, "_Standin", unreachable)
+    out = tmp_path / "loop.json"
+    assert gpu_stages.main(["loop", str(out), "--emulate"]) == 1
+    res = json.loads(out.read_text())
+    assert res["problems"] == 2 and not any(i["ok"] or i["issued_from_c"] for i in res["items"])
+    assert all("cannot reach the device's entry points" in " ".join(i["warnings"]) for i in res["items"])
+    summary = gpu_check.stage_summary("loop", res)
+    assert summary.startswith("0/2 cases issued every pass from C; NOT binary_tree_lstm float32 streaming: G forward "
+                              "from Python (the issuing loop cannot reach"), summary
 
 
 @needs_cxx

@@ -25,7 +25,8 @@ arithmetic, always on: a wrong instruction fails with its index and operand inst
 buffer on the device); the row numbers inside index arrays are checked on their host copies with ``check``
 set (as the C runner's check mode and the reference runner's). ``err`` gets (1, task, instruction, operand,
 driver result, stream) of the first failure; operand -5: a copy whose source and destination partly overlap
-(a parallel kernel cannot copy it as memmove does), -6: a launch or product the driver refused.
+(a parallel kernel cannot copy it as memmove does), -6: a launch or product refused (by the driver or
+cuBLAS, or by the loop itself: result MC_NO_KERNEL, MC_NO_HANDLE or MC_TOO_LARGE).
 
 Streaming: the eager table's chunk t is issued on the second stream, then an event recorded there, which the
 main stream waits for before task t (cuda/python_runner.py's EventStream, interleaved: one event re-recorded, since a
@@ -68,14 +69,24 @@ int mc_noop_launch(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, 
 int mc_noop_record(void *event, void *stream) { return 0; }
 int mc_noop_wait(void *stream, void *event, unsigned flags) { return 0; }
 
-/* a product's context: cblas on the CPU (the stand-in) or cuBLAS by pointer */
+/* a product's context: cblas on the CPU (the stand-in) or cuBLAS by pointer. cuBLAS: one handle per stream,
+   made by the library whose cublasGemmEx is called (its cublasCreate_v2), bound to its stream and to host
+   pointer mode once, so the loop never switches a handle's stream (cublasSetStream resets its workspace: two
+   streams' products in flight would share one) */
 typedef struct {
     int64_t blas, ilp64, tf32;                  /* the CPU's cblas gemm, whether it takes 64-bit ints, TF32 rounding */
-    void *handle;                               /* cuBLAS */
-    int64_t set_stream, gemm_ex, gemm_batched;  /* cublasSetStream_v2, cublasGemmEx, cublasGemmStridedBatchedEx */
-    int64_t set_pointer_mode;                   /* cublasSetPointerMode_v2 (alpha and beta are host numbers) */
-    void *stream;                               /* the stream cuBLAS was last set to */
+    int64_t gemm_ex, gemm_batched;              /* cublasGemmEx, cublasGemmStridedBatchedEx */
+    void *stream[2], *handle[2];                /* the main and the eager stream, and each one's cuBLAS handle */
 } mc_gemm_ctx;
+
+/* the loop's own refusals, as a launch's or product's result (the driver's and cuBLAS's codes are >= 0) */
+enum { MC_NO_KERNEL = -7, MC_NO_HANDLE = -8, MC_TOO_LARGE = -9 };
+
+/* does a product's size or leading dimension exceed the int cuBLAS's (and a 32-bit cblas's) entry points take? */
+static inline int mc_too_large(int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb, int64_t ldc, int64_t batch) {
+    return m > INT32_MAX || n > INT32_MAX || k > INT32_MAX || lda > INT32_MAX || ldb > INT32_MAX || ldc > INT32_MAX
+        || batch > INT32_MAX;
+}
 
 /* a float rounded to TF32 (10 mantissa bits, to nearest, ties away), as the tensor cores read it */
 static inline float mc_tf32(float x) {
@@ -112,6 +123,7 @@ int mc_cpu_gemm_{T}(void *ctx_, void *stream, int ta, int tb, int64_t m, int64_t
     const mc_gemm_ctx *ctx = (const mc_gemm_ctx *)ctx_;
     const {T} *A = (const {T} *)A_, *B = (const {T} *)B_;
     {T} *C = ({T} *)C_;
+    if (!ctx->ilp64 && mc_too_large(m, n, k, lda, ldb, ldc, 1)) return MC_TOO_LARGE;
     for (int64_t b = 0; b < batch; b++) {{
         const {T} *a = A + b * sa, *bb = B + b * sb;
         {T} *ra = 0, *rb = 0;
@@ -133,34 +145,28 @@ int mc_cpu_gemm_{T}(void *ctx_, void *stream, int ta, int tb, int64_t m, int64_t
     return 0;
 }}
 
-typedef int (*cublas_set_stream_t)(void *, void *);
-typedef int (*cublas_set_mode_t)(void *, int);
 typedef int (*cublas_gemm_ex_t)(void *, int, int, int, int, int, const void *, const void *, int, int, const void *,
                                 int, int, const void *, void *, int, int, int, int);
 typedef int (*cublas_gemm_batched_t)(void *, int, int, int, int, int, const void *, const void *, int, int,
                                      long long, const void *, int, int, long long, const void *, void *, int, int,
                                      long long, int, int, int);
 
-/* the GPU's product through cuBLAS: row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T */
+/* the GPU's product through cuBLAS: row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T, on the
+   handle of ``stream`` (refused without one, and above cuBLAS's int sizes: never a silent wrap) */
 int mc_cublas_gemm_{T}(void *ctx_, void *stream, int ta, int tb, int64_t m, int64_t n, int64_t k, const void *A,
                        int64_t lda, int64_t sa, const void *B, int64_t ldb, int64_t sb, void *C, int64_t ldc,
                        int64_t sc, int64_t batch, int beta) {{
-    mc_gemm_ctx *ctx = (mc_gemm_ctx *)ctx_;
+    const mc_gemm_ctx *ctx = (const mc_gemm_ctx *)ctx_;
     const int dtype = sizeof({T}) == 4 ? 0 : 1;   /* CUDA_R_32F, CUDA_R_64F */
     const int compute = sizeof({T}) == 4 ? (ctx->tf32 ? 77 : 68) : 70;   /* CUBLAS_COMPUTE_32F(_FAST_TF32), _64F */
     const {T} one = 1, zero = beta ? 1 : 0;
-    int rc;
-    if (ctx->stream != stream) {{
-        rc = ((cublas_set_stream_t)ctx->set_stream)(ctx->handle, stream);
-        if (rc) return rc;
-        ctx->stream = stream;
-    }}
-    rc = ((cublas_set_mode_t)ctx->set_pointer_mode)(ctx->handle, 0);   /* CUBLAS_POINTER_MODE_HOST */
-    if (rc) return rc;
+    void *handle = ctx->stream[0] == stream ? ctx->handle[0] : ctx->stream[1] == stream ? ctx->handle[1] : 0;
+    if (!handle) return MC_NO_HANDLE;
+    if (mc_too_large(m, n, k, lda, ldb, ldc, batch)) return MC_TOO_LARGE;
     if (batch == 1)
-        return ((cublas_gemm_ex_t)ctx->gemm_ex)(ctx->handle, tb, ta, (int)n, (int)m, (int)k, &one, B, dtype, (int)ldb,
+        return ((cublas_gemm_ex_t)ctx->gemm_ex)(handle, tb, ta, (int)n, (int)m, (int)k, &one, B, dtype, (int)ldb,
                                                 A, dtype, (int)lda, &zero, C, dtype, (int)ldc, compute, -1);
-    return ((cublas_gemm_batched_t)ctx->gemm_batched)(ctx->handle, tb, ta, (int)n, (int)m, (int)k, &one, B, dtype,
+    return ((cublas_gemm_batched_t)ctx->gemm_batched)(handle, tb, ta, (int)n, (int)m, (int)k, &one, B, dtype,
                                                       (int)ldb, (long long)sb, A, dtype, (int)lda, (long long)sa,
                                                       &zero, C, dtype, (int)ldc, (long long)sc, (int)batch,
                                                       compute, -1);
@@ -228,6 +234,7 @@ static int flush_{T}(mach_{T}_t *M);
 
 /* one launch of kernel handle ``h`` (``slot``: its entry in the launch counts) over ``n`` elements */
 static int launch_{T}(mach_{T}_t *M, int64_t h, int64_t slot, int64_t n, void **params) {{
+    if (!h) return MC_NO_KERNEL;   /* (a kernel whose handle was never had: never a launch of function 0) */
     int64_t blocks = (n + BLOCK - 1) / BLOCK;
     if (blocks > MAXBLOCKS) blocks = MAXBLOCKS;
     M->stats[0]++;
@@ -769,8 +776,8 @@ LAUNCH_SIGNATURE = ("int {name}(void *f, unsigned gx, unsigned gy, unsigned gz, 
 def issue_decls() -> str:
     """cffi declarations of the loop, the product shims and the stand-in's function pointers."""
     return "\n".join(
-        ["typedef struct { int64_t blas, ilp64, tf32; void *handle; int64_t set_stream, gemm_ex, gemm_batched;"
-         " int64_t set_pointer_mode; void *stream; } mc_gemm_ctx;"]
+        ["typedef struct { int64_t blas, ilp64, tf32; int64_t gemm_ex, gemm_batched; void *stream[2], *handle[2]; }"
+         " mc_gemm_ctx;"]
         + [ISSUE_SIGNATURE.format(T=T) for T in ("float", "double")]
         + [GEMM_SIGNATURE.format(name=n) for n in ("mc_noop_gemm", "mc_cpu_gemm_float", "mc_cpu_gemm_double",
                                                    "mc_cublas_gemm_float", "mc_cublas_gemm_double")]
