@@ -70,7 +70,8 @@ NOT_OURS = {
     **dict.fromkeys(("config.yaml", "summary.md", "targets.md"), "files a run or a benchmark writes"),
     **dict.fromkeys(("my_tree_rnn.py", "my_tree_rnn.yaml", "my_model.py", "my_model.yaml"),
                     "files docs/writing-a-model.md has the reader write"),
-    **dict.fromkeys(("malloc.h", "math.h"), "the C library's headers"),
+    **dict.fromkeys(("malloc.h", "math.h", "dlopen"), "the C library's headers and functions"),
+    "cupy/": "CuPy's source tree, cited by file and line where the stand-in follows it",
     "DESIGN.md": "the design notes beside the checkout (../shared/DESIGN.md)",
     **dict.fromkeys(("ceil", "prod", "logsumexp", "onehot", "O", "NaN", "NaNs"), "arithmetic notation"),
     **dict.fromkeys(("GbE", "GiB", "KiB", "MiB", "VmHWM"), "units and the kernel's name for peak memory"),
@@ -89,7 +90,7 @@ FOLDERS = ("minicavs", "core", "ops", "ir", "runtime", "engine", "passes", "code
            "data", "train", "bench", "models", "tools", "tests", "docs", "examples")
 SUFFIXES = "py|md|yaml|c|h|cu|sh|cfg|toml"
 PATH = re.compile(r"(?<![\w/.$~*<>-])((?:\.\./)?(?:[\w*<][\w.*<>-]*/)+[\w*<][\w.*<>-]*/?)(?![\w/-])")
-EXTENSIONS = set(SUFFIXES.split("|")) | {"txt", "png", "svg", "pdf", "json", "cc", "so", "log", "csv", "npz"}
+EXTENSIONS = set(SUFFIXES.split("|")) | {"txt", "png", "svg", "pdf", "json", "cc", "so", "log", "csv", "npz", "pyx", "pxd"}
 DOTTED = re.compile(r"(?<![\w.])((?:minicavs|[A-Za-z_]\w*)(?:\.[A-Za-z_]\w*)+)")
 CALL = re.compile(r"(?<![\w.])([A-Za-z_]\w*)\(")
 FILE_NAME = re.compile(r"(?<![\w/.*-])([\w-]+\.(?:%s))\b" % SUFFIXES)   # a file named without its folder

@@ -13,7 +13,7 @@ The function pointers come from the device's launcher:
   memory map, opened with ``RTLD_NOLOAD``: never a second copy) on the loop's own handles, one per stream, made
   by that library's ``cublasCreate_v2``; the kernels' function handles from CuPy's modules. Not yet run on a
   GPU: in CI, stub libraries under the real sonames run these lookups and calls on the emulation
-  (tests/cuda/test_gpu_path.py).
+  (tests/cuda/test_issue_gpu_path.py).
 - the device stand-in (:class:`_Standin`): the emulated kernels (cuda/emulation.py's ``call_`` wrappers) and the
   CPU's cblas product (TF32 inputs rounded to 10 mantissa bits when asked), so CI runs the loop;
 - a launcher with ``no_work`` set (:class:`_NoWork`): launches and products that do nothing, to time what

@@ -6,7 +6,7 @@ Kinds: ``module``, ``class``, ``function`` (anything callable), ``ufunc`` (calla
 ``reduceat``: cupy/_core/_kernel.pyx:1147, :1447, :1459, :1484), ``value`` (a dtype, a constant), ``attribute``
 (an object's member, data or method), ``absent`` (CuPy has none: a stand-in must not have it either).
 
-tests/cuda/test_api_surface.py holds the package and the CPU stand-ins to it: every chain the package uses is
+tests/cuda/test_standin_api_surface.py holds the package and the CPU stand-ins to it: every chain the package uses is
 here; the device stand-in (cuda/standin.py) and the fake runtime objects (tests/cuda/gpu_stubs.py) have every
 entry here that they stand in for, of its kind, and nothing public that is not here.
 """

@@ -15,7 +15,7 @@ from minicavs.cuda import standin
 
 from .cupy_surface import SURFACE
 from .gpu_stubs import fake_cupy
-from .test_gpu_path import stubs  # noqa: F401  (the session's stub libraries)
+from .test_issue_gpu_path import stubs  # noqa: F401  (the session's stub libraries)
 
 PACKAGE = Path(minicavs.__file__).parent
 ROOTS = {"cupy", "xp", "cp"}   # names the package gives the array module
