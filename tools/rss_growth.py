@@ -3,7 +3,7 @@ random batch size up to the config's) and prints the process's RSS and malloc's 
 slope after warm-up (least squares, MB per 1000 steps) and the range (max - min) there.
 
     python tools/rss_growth.py [--models tree_lstm tree_lstm_2type var_lstm seq2seq] [--steps 5500]
-                               [--warmup 500] [--every 250] [--seed 0] [--set KEY=VALUE ...]
+                               [--warmup 500] [--every 250] [--seed 0] [--largest-first] [--set KEY=VALUE ...]
 
 Columns: step, RSS (MB), malloc's heap (glibc's mallinfo2: bytes the heap holds from the system, MB; "-"
 elsewhere), bytes in use in it (MB), the workspaces' buffers (MB; they grow x1.5 when a batch needs more
@@ -12,6 +12,10 @@ allocated so far, objects the cyclic garbage collector has freed so far (a train
 everything by reference counting: a count that grows is a reference cycle per step, whose arrays live
 until a collection and make the heap grow around them: issue 44). The models run one after another in
 this process: give one model per run to see its RSS alone.
+
+The workspaces grow whenever a batch needs more rows than any before, so on random batches RSS steps up at
+each new largest batch, rarer and rarer; ``--largest-first`` trains the first step on the batch size's
+largest samples (by vertices), so that they reach their size during warm-up.
 
 A benchmark, not a test: nothing is asserted (tests/engine/test_program.py checks a step's memory slope).
 """
@@ -74,12 +78,22 @@ def slope(steps: list, values: list) -> float:
         if len(steps) > 1 else float("nan")
 
 
-def measure(model: str, steps: int, warmup: int, every: int, seed: int, overrides: list) -> dict:
+def largest(trainer: Trainer, count: int) -> np.ndarray:
+    """The ids of the ``count`` training samples with the most vertices (all samples' graphs: ties by id)."""
+    data = trainer.task.data["train"]
+    sizes = [sum(g.num_vertices for g in trainer.task.batch([sample])[0]) for sample in data]
+    return np.argsort(-np.asarray(sizes), kind="stable")[:count]
+
+
+def measure(model: str, steps: int, warmup: int, every: int, seed: int, overrides: list,
+            largest_first: bool = False) -> dict:
     """Train ``model`` for ``steps`` steps, printing a row every ``every``; its slope and range after warm-up."""
     trainer = Trainer(ROOT / "models" / f"{model}.yaml",
                       ["data.dev=null", "data.test=null", "train.epochs=1", *overrides], run_dir=None)
     n, batch = len(trainer.task.data["train"]), trainer.cfg["train"]["batch_size"]
     rng, heap = np.random.default_rng(seed), _mallinfo()
+    if largest_first:
+        trainer.train_step(largest(trainer, batch))
     after, start = ([], []), time.perf_counter()
     print(f"{model}: step  RSS MB  heap MB  in use MB  workspace MB  buffers  cyclic garbage freed", flush=True)
     for step in range(1, steps + 1):
@@ -108,9 +122,12 @@ def main(argv: list | None = None) -> None:
     ap.add_argument("--warmup", type=int, default=500)
     ap.add_argument("--every", type=int, default=250)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--largest-first", action="store_true",
+                    help="train the first step on the batch size's largest samples")
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides")
     args = ap.parse_args(argv)
-    rows = [measure(m, args.steps, args.warmup, args.every, args.seed, args.set) for m in args.models]
+    rows = [measure(m, args.steps, args.warmup, args.every, args.seed, args.set, args.largest_first)
+            for m in args.models]
     for row in rows:
         print(f"{row['model']:16s} slope {row['slope']:+6.2f} MB/1000 steps   range {row['range']:5.2f} MB")
 
