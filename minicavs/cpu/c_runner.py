@@ -120,13 +120,14 @@ TWIN_ELEMENTS = 1 << 20
 class BufferTable:
     """A program's buffer table (per buffer: base address, elements, row stride, transposed flag, twin's
     address; one int64 array the interpreter reads) kept from one run to the next, so that a batch re-addresses
-    only the buffers that are new. An entry is reused only for the very same array object, alive, with the same
-    shape and strides; anything else (a parameter array replaced, a workspace buffer grown, a new batch's index
-    arrays) is addressed again. Arrays are held weakly between runs (strongly, by the run, during one): a
-    freed array is never mistaken for another at its address, and a program that has not run since a
+    only the buffers that are new. An entry is reused only for the very same array object, alive, with the
+    same shape and strides; anything else (a parameter array replaced, a workspace buffer grown, a new batch's
+    index arrays) is addressed again. Arrays are held weakly between runs (strongly, by the run, during one):
+    a freed array is never mistaken for another at its address, and a program that has not run since a
     workspace buffer grew does not keep the outgrown buffer alive (with one table per linked program, each
-    held a generation of them: issue 44). A run takes the table off its program and puts it back only when the call returned
-    cleanly, so a failed run, or a second thread running the same program, starts from an empty table."""
+    held a generation of them: issue 44). A run takes the table off its program and puts it back only when
+    the call returned cleanly, so a failed run, or a second thread running the same program, starts from an
+    empty table."""
 
     __slots__ = ("ffi", "info", "slots", "twin_slots", "row", "held", "layouts", "stamp", "columns", "err",
                  "err_ptr", "transient", "transient_at")
