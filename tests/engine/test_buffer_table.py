@@ -73,7 +73,8 @@ def checked_runs(monkeypatch) -> list:
             a, used = a if type(a) is tuple else (a, a.size)
             assert held is a or key[0] == "static", (key, "a stale array")
             if held is not None:
-                assert bound.info[0, i] == _address(held) and bound.info[1, i] == (used if held is a else held.size)
+                assert bound.info[0, i] == _address(held)
+                assert bound.info[1, i] == (used if held is a else held.size)
         programs.append((lowered, len(skipped)))
         return grads
 
