@@ -11,6 +11,7 @@ transposed twin for few-row products (the constants below say when and why).
 from __future__ import annotations
 
 import math
+import weakref
 
 import numpy as np
 
@@ -118,11 +119,14 @@ TWIN_ELEMENTS = 1 << 20
 class BufferTable:
     """A program's buffer table (per buffer: base address, elements, row stride, transposed flag, twin's
     address; one int64 array the interpreter reads) kept from one run to the next, so that a batch re-addresses
-    only the buffers that are new. An entry is reused only for the very same array object (held here, so
-    its memory cannot be freed and its address handed to another array) with the same shape and strides;
-    anything else (a parameter array replaced, a workspace buffer grown, a new batch's index arrays) is
-    addressed again. A run takes the table off its program and puts it back only when the call returned
-    cleanly, so a failed run, or a second thread running the same program, starts from an empty table."""
+    only the buffers that are new. An entry is reused only for the very same array object, alive, with the
+    same shape and strides; anything else (a parameter array replaced, a workspace buffer grown, a new batch's
+    index arrays) is addressed again. Arrays are held weakly between runs (strongly, by the run, during one):
+    a freed array is never mistaken for another at its address, and a program that has not run since a
+    workspace buffer grew does not keep the outgrown buffer alive (with one table per linked program, each
+    held a generation of them: issue 44). A run takes the table off its program and puts it back only when
+    the call returned cleanly, so a failed run, or a second thread running the same program, starts from an
+    empty table."""
 
     __slots__ = ("ffi", "info", "slots", "twin_slots", "row", "held", "layouts", "stamp", "columns", "err",
                  "err_ptr", "transient", "transient_at")
@@ -133,7 +137,7 @@ class BufferTable:
         self.slots = ffi.cast("void **", ffi.from_buffer(self.info))
         self.twin_slots = ffi.cast("void **", ffi.from_buffer(self.info[4]))
         self.row = ffi.cast("const int64_t *", self.slots)
-        self.held: list = [None] * n     # the array each entry addresses
+        self.held: list = [None] * n     # a weak reference to the array each entry addresses
         self.layouts: list = [None] * n  # its (shape, strides) when addressed
         # entries of a batch's own arrays (index arrays, pull and push buffers, gradients): let go after each
         # run, so that the table keeps nothing alive that the run's caller does not
@@ -214,6 +218,7 @@ def run(lowered, table: np.ndarray, buffers, dtype, forest: bool, workspace=None
     twin_cols, scratch_at = 0, None
     twin_slots = bound.twin_slots
     twins, copied = [], []   # (kept alive for the call; their entries are let go after it)
+    alive = []   # the arrays bound by this run (the table holds them weakly)
 
     from_buffer = ffi.from_buffer
     slots = bound.slots
@@ -229,7 +234,8 @@ def run(lowered, table: np.ndarray, buffers, dtype, forest: bool, workspace=None
             a, used = a
             if not 0 <= used <= a.size:
                 raise ValueError(f"C runner: {used} elements of a buffer of {a.size}")
-        if a is held[i] and layouts[i] == (a.shape, a.strides):
+        ref = held[i]
+        if ref is not None and ref() is a and layouts[i] == (a.shape, a.strides):
             if used is not None and sizes[i] != used:
                 sizes[i], changed = used, True
             return
@@ -239,14 +245,16 @@ def run(lowered, table: np.ndarray, buffers, dtype, forest: bool, workspace=None
             a, stride, flag = _matrix_info(a, static)
         slots[i] = from_buffer(a.T if flag else a)   # writes the address into info[0, i]
         sizes[i], strides[i], flags[i] = a.size if used is None else used, stride, flag
-        held[i], layouts[i], changed = a, (a.shape, a.strides), True
+        held[i], layouts[i], changed = weakref.ref(a), (a.shape, a.strides), True
+        alive.append(a)
 
     def bind_span(i, span, stride, flag):
         """Entry i for a matrix read in place through its row stride (:func:`strided_span`)."""
         nonlocal changed
         slots[i] = from_buffer(span)
         sizes[i], strides[i], flags[i] = span.size, stride, flag
-        held[i], layouts[i], changed = span, None, True
+        held[i], layouts[i], changed = weakref.ref(span), None, True
+        alive.append(span)
 
     # (elements: a task's scratch is its template's columns x its rows; the blocks' rows are all a kind's, so
     # the tasks' arena is sized by the tasks' rows, each block's by its own)

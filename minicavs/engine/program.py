@@ -296,10 +296,15 @@ def bind(lowered, compiled: list, plan, opts, buffers: "Buffers", backward: bool
 class Buffers:
     """The batch's buffers a lowered program names, as typed fields; ``buffers[key]`` gives the array of one
     of the program's buffer keys (instructions.py), made or looked up when a runner binds it. Index arrays
-    (children's rows, pull and push rows, row keys) are host arrays: a device's runner copies each over once."""
+    (children's rows, pull and push rows, row keys) are host arrays: a device's runner copies each over once.
+
+    ``state`` is held weakly (a proxy): the state holds its programs and they their buffers, so a strong
+    reference made every batch's state, plan and buffers a reference cycle that only the cyclic garbage
+    collector freed, long after the step, while later steps' arrays were allocated around them (the heap
+    grew without bound)."""
 
     plan: Any                       # memory.MemoryPlan
-    state: Any                      # the forward pass's alg1.RunState
+    state: Any                      # the forward pass's alg1.RunState (a weak proxy to it)
     dtype: Any
     ctx: RunContext
     btensors: dict | None = None    # backward: per kind its dynamic tensors of ∂F
@@ -311,15 +316,11 @@ class Buffers:
 
     def __post_init__(self):
         self._sparse: dict = {}
-        self._by_what = {"static": self._static, "child": self._child, "tensor": self._tensor,
-                         "btensor": self._btensor, "scatter": self._scatter, "sgrad": self._sgrad,
-                         "srows": self._srows, "pullrows": self._pullrows, "pushrows": self._pushrows,
-                         "pull": self._pull, "push": self._push, "pullgrad": self._pullgrad,
-                         "pushgrad": self._pushgrad, "rowkeys": self._rowkeys, "dropout": self._dropout,
-                         "arena": self._arena, "pgrad": self._pgrad}
+        if not isinstance(self.state, weakref.ProxyType):   # (see the class's docstring)
+            self.state = weakref.proxy(self.state)
 
     def __getitem__(self, key: tuple):
-        return self._by_what[key[0]](*key[1:])
+        return _BY_WHAT[key[0]](self, *key[1:])
 
     def _static(self, node, kind_id):
         return self.state.statics[kind_id][node]
@@ -394,6 +395,13 @@ class Buffers:
             where[grad.indices] = np.arange(len(grad.indices))
             self._sparse[name] = (np.ascontiguousarray(grad.rows), where)
         return self._sparse[name]
+
+
+# buffer key's first item -> the Buffers method that resolves it (plain functions: bound methods held by the
+# instance would make each batch's Buffers a reference cycle)
+_BY_WHAT = {what: getattr(Buffers, "_" + what) for what in (
+    "static", "child", "tensor", "btensor", "scatter", "sgrad", "srows", "pullrows", "pushrows", "pull", "push",
+    "pullgrad", "pushgrad", "rowkeys", "dropout", "arena", "pgrad")}
 
 
 def _index(rows) -> np.ndarray:
