@@ -10,7 +10,7 @@ elsewhere), bytes in use in it (MB), the workspaces' buffers (MB; they grow x1.5
 rows than any before and never shrink: bounded by the largest batch) and how many such buffers were
 allocated so far, objects the cyclic garbage collector has freed so far (a training step should free
 everything by reference counting: a count that grows is a reference cycle per step, whose arrays live
-until a collection and make the heap grow around them: issue 44). The models run one after another in
+until a collection and make the heap grow around them). The models run one after another in
 this process: give one model per run to see its RSS alone.
 
 The workspaces grow whenever a batch needs more rows than any before, so on random batches RSS steps up at

@@ -124,7 +124,7 @@ class BufferTable:
     index arrays) is addressed again. Arrays are held weakly between runs (strongly, by the run, during one):
     a freed array is never mistaken for another at its address, and a program that has not run since a
     workspace buffer grew does not keep the outgrown buffer alive (with one table per linked program, each
-    held a generation of them: issue 44). A run takes the table off its program and puts it back only when
+    held a generation of them). A run takes the table off its program and puts it back only when
     the call returned cleanly, so a failed run, or a second thread running the same program, starts from an
     empty table."""
 

@@ -115,7 +115,7 @@ def test_every_cupy_chain_the_package_uses_is_in_cupy_14():
 
 
 def test_the_walk_finds_what_cupy_lacks():
-    """The walk and the table catch a RawKernel's ``ptr`` (issue 45's first fault) and a stand-in-only name."""
+    """The walk and the table catch a RawKernel's ``ptr`` (the issuing loop's first fault on a GPU) and a stand-in-only name."""
     source = ("def f(device, source):\n    xp = device.xp\n    xp.check_scalar('k', 'long n', 1)\n"
               "    return _module(source).get_function('k').ptr\n")
     found = {entry(c) for c in _chains_of(ast.parse(source), "f")}

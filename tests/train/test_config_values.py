@@ -89,7 +89,7 @@ VALUES = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=3) | st.di
 CASES = st.sampled_from(sorted(HOLDERS)).flatmap(lambda key: st.tuples(
     st.sampled_from(HOLDERS[key]), st.just(key), st.one_of(VALUES, st.sampled_from(_near(key)))))
 _BUNDLED = config.bundled_models_dir()
-SEEN = [(_BUNDLED / "tree_lstm.yaml", "train.engine.executor", ["a"]),   # issue 44: TypeError, unhashable
+SEEN = [(_BUNDLED / "tree_lstm.yaml", "train.engine.executor", ["a"]),   # TypeError, unhashable
         (_BUNDLED / "tree_lstm.yaml", "train.engine.executor", {"a": 1}),
         (_BUNDLED / "tree_lstm.yaml", "data.synthetic", {1: 2}),         # TypeError: 1 is no text to suggest
         (_BUNDLED / "tree_fc.yaml", "data.test", ["a"]),                 # accepted: no rule for a null default
