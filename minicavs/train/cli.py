@@ -17,7 +17,7 @@ from .. import __version__
 from ..core.errors import MinicavsError
 from ..core.wording import CLI, cli_text
 from .config import ConfigError
-from .distributed import abort_peers
+from .distributed import abort_peers, alone_on_rank_0, says_error
 
 
 def _demo_args(p: argparse.ArgumentParser) -> None:
@@ -158,6 +158,11 @@ COMMANDS: dict[str, tuple[str, Callable, Callable]] = {
 }
 
 
+# the commands that share their work among the ranks of an MPI job (rank 0 prints and writes); any other
+# runs on rank 0 alone (distributed.alone_on_rank_0)
+DATA_PARALLEL = ("train", "eval", "predict")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="minicavs", description="Cavs: a vertex-centric runtime for "
                                      "dynamic neural networks, from scratch.")
@@ -169,6 +174,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    if args.command not in DATA_PARALLEL and not alone_on_rank_0():
+        return 0   # under mpirun: a rank other than 0, with nothing to do
     try:
         return COMMANDS[args.command][2](args)
     except BrokenPipeError:
@@ -178,13 +185,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"\nminicavs {args.command}: interrupted{hint}", file=sys.stderr)
         return 130
     except (MinicavsError, OSError) as e:  # ConfigError, DataError, CheckpointError, a missing file, a full disk
-        print(f"minicavs {args.command}: error: {_one_line(e)}", file=sys.stderr)
-        abort_peers(2)   # under mpirun: the other ranks may be waiting for this one
-        return 2
+        return _failed(args.command, _one_line(e), e)
     except MemoryError as e:
-        print(f"minicavs {args.command}: error: {_out_of_memory(e, args.command)}", file=sys.stderr)
+        return _failed(args.command, _out_of_memory(e, args.command), e)
+
+
+def _failed(command: str, message: str, error: BaseException) -> int:
+    """The error's one line on stderr, exit status 2. Under mpirun an error every rank raised together is
+    said by rank 0 alone; any other ends the whole job (the other ranks may be waiting for this one)."""
+    if says_error(error):
+        print(f"minicavs {command}: error: {message}", file=sys.stderr)
+    if not getattr(error, "on_every_rank", False):
         abort_peers(2)
-        return 2
+    return 2
 
 
 SIGPIPE_STATUS = 141   # 128 + SIGPIPE: what a shell reports for a tool that a closed pipe ended
