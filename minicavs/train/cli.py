@@ -17,7 +17,7 @@ from .. import __version__
 from ..core.errors import MinicavsError
 from ..core.wording import CLI, cli_text
 from .config import ConfigError
-from .distributed import abort_peers, alone_on_rank_0, says_error
+from .distributed import abort_peers, alone_on_rank_0, launched_rank, says_error
 
 
 def _demo_args(p: argparse.ArgumentParser) -> None:
@@ -163,8 +163,17 @@ COMMANDS: dict[str, tuple[str, Callable, Callable]] = {
 DATA_PARALLEL = ("train", "eval", "predict")
 
 
+class _Parser(argparse.ArgumentParser):
+    """Under mpirun every rank parses the same command line: help, --version and usage errors are printed by
+    rank 0 alone (every rank still exits as argparse does). ``_print_message`` is where argparse prints."""
+
+    def _print_message(self, message: str, file=None) -> None:
+        if launched_rank() == 0:
+            super()._print_message(message, file)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="minicavs", description="Cavs: a vertex-centric runtime for "
+    parser = _Parser(prog="minicavs", description="Cavs: a vertex-centric runtime for "
                                      "dynamic neural networks, from scratch.")
     parser.add_argument("--version", action="version", version=f"minicavs {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -192,12 +201,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _failed(command: str, message: str, error: BaseException) -> int:
     """The error's one line on stderr, exit status 2. Under mpirun an error every rank raised together is
-    said by rank 0 alone; any other ends the whole job (the other ranks may be waiting for this one)."""
+    said by rank 0 alone, which exits 2 (the others 0, so that the launcher does not end rank 0 while it
+    exits); any other error ends the whole job (the other ranks may be waiting for this one)."""
     if says_error(error):
         print(f"minicavs {command}: error: {message}", file=sys.stderr)
     if not getattr(error, "on_every_rank", False):
         abort_peers(2)
-    return 2
+    return 2 if says_error(error) else 0   # the job's status is rank 0's; the others end quietly
 
 
 SIGPIPE_STATUS = 141   # 128 + SIGPIPE: what a shell reports for a tool that a closed pipe ended
