@@ -93,9 +93,11 @@ def test_eval(launcher, trained):
 
 @pytest.mark.parametrize("flags", [[], ["--json"]], ids=["text", "json"])
 def test_predict(launcher, trained, flags):
-    """Five trees, shards of 3 and 2: every row once, in input order."""
+    """Five trees, shards of 3 and 2: every row once, in input order (the input named by its relative path,
+    which rank 0 alone can read, and by its absolute path, which both ranks could read)."""
     home, _, _ = trained
-    args = ["predict", str(home / "rank0" / "run"), input_file(home), *flags]
+    path = input_file(home) if flags else str(home / "rank0" / input_file(home))
+    args = ["predict", str(home / "rank0" / "run"), path, *flags]
     job, alone = run_job(launcher, home, *args), run_alone(home, *args)
     same(job, alone)
     assert len(job.stdout.splitlines()) == 5
