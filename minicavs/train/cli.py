@@ -17,7 +17,7 @@ from .. import __version__
 from ..core.errors import MinicavsError
 from ..core.wording import CLI, cli_text
 from .config import ConfigError
-from .distributed import abort_peers, alone_on_rank_0, launched_rank, says_error
+from .distributed import abort_peers, alone_on_rank_0, launched_rank, raised_on_every_rank, says_error
 
 
 def _demo_args(p: argparse.ArgumentParser) -> None:
@@ -205,7 +205,7 @@ def _failed(command: str, message: str, error: BaseException) -> int:
     exits); any other error ends the whole job (the other ranks may be waiting for this one)."""
     if says_error(error):
         print(f"minicavs {command}: error: {message}", file=sys.stderr)
-    if not getattr(error, "on_every_rank", False):
+    if not raised_on_every_rank(error):
         abort_peers(2)
     return 2 if says_error(error) else 0   # the job's status is rank 0's; the others end quietly
 

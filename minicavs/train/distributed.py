@@ -127,10 +127,14 @@ def on_every_rank(error: BaseException) -> BaseException:
     return error
 
 
+def raised_on_every_rank(error: BaseException) -> bool:
+    return getattr(error, "on_every_rank", False)
+
+
 def says_error(error: BaseException) -> bool:
     """Whether this process should print ``error``: always, unless every rank raised it and this is not
     rank 0."""
-    return not getattr(error, "on_every_rank", False) or _WORLD is None or _WORLD.rank == 0
+    return not raised_on_every_rank(error) or _WORLD is None or _WORLD.rank == 0
 
 
 def scatter_from_root(comm, work: Callable[[], list]) -> list:

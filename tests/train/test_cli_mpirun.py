@@ -4,7 +4,6 @@ path exists for rank 0 alone: a file rank 1 wrote, or needed, would show. One ru
 serves every test (a module fixture)."""
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
