@@ -128,6 +128,7 @@ def on_every_rank(error: BaseException) -> BaseException:
 
 
 def raised_on_every_rank(error: BaseException) -> bool:
+    """Whether :func:`on_every_rank` marked ``error``."""
     return getattr(error, "on_every_rank", False)
 
 
@@ -137,7 +138,7 @@ def says_error(error: BaseException) -> bool:
     return not raised_on_every_rank(error) or _WORLD is None or _WORLD.rank == 0
 
 
-def scatter_from_root(comm, work: Callable[[], list]) -> list:
+def scatter_from_root(comm: "Communicator | None", work: Callable[[], list]) -> list:
     """``work()`` on rank 0 alone (it reads the input: standard input reaches rank 0 only), cut into
     contiguous shards (:func:`shard`); rank r gets shard r. Its error reaches every rank. Without a
     communicator: all of ``work()``."""
@@ -157,7 +158,7 @@ def scatter_from_root(comm, work: Callable[[], list]) -> list:
     return mine
 
 
-def gather_to_root(comm, work: Callable[[], list]) -> list | None:
+def gather_to_root(comm: "Communicator | None", work: Callable[[], list]) -> list | None:
     """``work()`` on every rank (a list: the results of its shard); rank 0 gets them concatenated in rank
     order (after :func:`scatter_from_root`: input order), the others None. An error on any rank is raised
     on every rank, the first one's, naming its rank. Without a communicator: ``work()``."""
