@@ -165,11 +165,20 @@ DATA_PARALLEL = ("train", "eval", "predict")
 
 class _Parser(argparse.ArgumentParser):
     """Under mpirun every rank parses the same command line: help, --version and usage errors are printed by
-    rank 0 alone (every rank still exits as argparse does). ``_print_message`` is where argparse prints."""
+    rank 0 alone, whose exit status is the job's; the others exit 0 at once (a non-zero status would have the
+    launcher end rank 0 before it has printed). ``_print_message`` is where argparse prints."""
 
     def _print_message(self, message: str, file=None) -> None:
         if launched_rank() == 0:
             super()._print_message(message, file)
+
+    def exit(self, status: int = 0, message: str | None = None):
+        super().exit(_status(status), message)
+
+
+def _status(status: int) -> int:
+    """The exit status of an error every rank meets: rank 0's, 0 on the others (see :class:`_Parser`)."""
+    return status if launched_rank() == 0 else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -182,7 +191,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
-        return 2
+        return _status(2)
     if args.command not in DATA_PARALLEL and not alone_on_rank_0():
         return 0   # under mpirun: a rank other than 0, with nothing to do
     try:
