@@ -17,7 +17,7 @@ from .. import __version__
 from ..core.errors import MinicavsError
 from ..core.wording import CLI, cli_text
 from .config import ConfigError
-from .distributed import abort_peers
+from .distributed import abort_peers, alone_on_rank_0, launched_rank, raised_on_every_rank, says_error
 
 
 def _demo_args(p: argparse.ArgumentParser) -> None:
@@ -158,8 +158,31 @@ COMMANDS: dict[str, tuple[str, Callable, Callable]] = {
 }
 
 
+# the commands that share their work among the ranks of an MPI job (rank 0 prints and writes); any other
+# runs on rank 0 alone (distributed.alone_on_rank_0)
+DATA_PARALLEL = ("train", "eval", "predict")
+
+
+class _Parser(argparse.ArgumentParser):
+    """Under mpirun every rank parses the same command line: help, --version and usage errors are printed by
+    rank 0 alone, whose exit status is the job's; the others exit 0 at once (a non-zero status would have the
+    launcher end rank 0 before it has printed). ``_print_message`` is where argparse prints."""
+
+    def _print_message(self, message: str, file=None) -> None:
+        if launched_rank() == 0:
+            super()._print_message(message, file)
+
+    def exit(self, status: int = 0, message: str | None = None):
+        super().exit(_status(status), message)
+
+
+def _status(status: int) -> int:
+    """The exit status of an error every rank meets: rank 0's, 0 on the others (see :class:`_Parser`)."""
+    return status if launched_rank() == 0 else 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="minicavs", description="Cavs: a vertex-centric runtime for "
+    parser = _Parser(prog="minicavs", description="Cavs: a vertex-centric runtime for "
                                      "dynamic neural networks, from scratch.")
     parser.add_argument("--version", action="version", version=f"minicavs {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -168,7 +191,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
-        return 2
+        return _status(2)
+    if args.command not in DATA_PARALLEL and not alone_on_rank_0():
+        return 0   # under mpirun: a rank other than 0, with nothing to do
     try:
         return COMMANDS[args.command][2](args)
     except BrokenPipeError:
@@ -178,13 +203,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"\nminicavs {args.command}: interrupted{hint}", file=sys.stderr)
         return 130
     except (MinicavsError, OSError) as e:  # ConfigError, DataError, CheckpointError, a missing file, a full disk
-        print(f"minicavs {args.command}: error: {_one_line(e)}", file=sys.stderr)
-        abort_peers(2)   # under mpirun: the other ranks may be waiting for this one
-        return 2
+        return _failed(args.command, _one_line(e), e)
     except MemoryError as e:
-        print(f"minicavs {args.command}: error: {_out_of_memory(e, args.command)}", file=sys.stderr)
+        return _failed(args.command, _out_of_memory(e, args.command), e)
+
+
+def _failed(command: str, message: str, error: BaseException) -> int:
+    """The error's one line on stderr, exit status 2. Under mpirun an error every rank raised together is
+    said by rank 0 alone, which exits 2 (the others 0, so that the launcher does not end rank 0 while it
+    exits); any other error ends the whole job (the other ranks may be waiting for this one)."""
+    if says_error(error):
+        print(f"minicavs {command}: error: {message}", file=sys.stderr)
+    if not raised_on_every_rank(error):
         abort_peers(2)
-        return 2
+    return 2 if says_error(error) else 0   # the job's status is rank 0's; the others end quietly
 
 
 SIGPIPE_STATUS = 141   # 128 + SIGPIPE: what a shell reports for a tool that a closed pipe ended

@@ -40,8 +40,9 @@ from ..core.sparse import RowSparse
 from ..engine.backend import array_module, to_host
 from .task import Task
 
-# The world size MPI launchers put in every process they start: Open MPI; MPICH/Hydra and Intel MPI.
+# The world size and rank MPI launchers put in every process they start: Open MPI; MPICH/Hydra and Intel MPI.
 _LAUNCH_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK")
 SPARSE_MODES = ("auto", "allgather", "allreduce")
 # train.distributed in a config: digest check period (steps, 0: only at start), watchdog seconds, sparse path
 SETTINGS = {"digest_every": 100, "timeout": 600.0, "sparse": "auto"}
@@ -60,7 +61,26 @@ def launched_size() -> int:
     return 1
 
 
+def launched_rank() -> int:
+    """This process's rank as the MPI launcher says it (0 when not started by a launcher)."""
+    for var in _RANK_VARS:
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return 0
+
+
 _WORLD: "Communicator | None" = None
+_ALONE = False   # set by alone_on_rank_0(): this process runs as one, even under a launcher
+
+
+def alone_on_rank_0() -> bool:
+    """For a command with nothing to share out (show, plot, prepare...) under an MPI launcher: rank 0 runs
+    it as a single process and the others do nothing, so it prints and writes once. True on rank 0 (from
+    now on :func:`world` is None: MPI is never initialised, so the other ranks may end at once and the
+    job's exit status is rank 0's), False on the others. Outside a launcher: True."""
+    global _ALONE
+    _ALONE = True
+    return launched_rank() == 0
 
 
 def world() -> "Communicator | None":
@@ -71,7 +91,7 @@ def world() -> "Communicator | None":
     if _WORLD is not None:
         return _WORLD
     n = launched_size()
-    if n <= 1:
+    if n <= 1 or _ALONE:
         return None
     try:
         from mpi4py import MPI
@@ -96,8 +116,66 @@ def on_root(comm, work: Callable):
             error = e
     result, error = comm.bcast_obj((result, error), "the run dir's answer")
     if error is not None:
-        raise error
+        raise on_every_rank(error)
     return result
+
+
+def on_every_rank(error: BaseException) -> BaseException:
+    """Mark ``error`` as raised by every rank at the same point (a collective told them all): the CLI has
+    rank 0 alone say it, and every rank ends normally (no rank is left waiting for another)."""
+    error.on_every_rank = True
+    return error
+
+
+def raised_on_every_rank(error: BaseException) -> bool:
+    """Whether :func:`on_every_rank` marked ``error``."""
+    return getattr(error, "on_every_rank", False)
+
+
+def says_error(error: BaseException) -> bool:
+    """Whether this process should print ``error``: always, unless every rank raised it and this is not
+    rank 0."""
+    return not raised_on_every_rank(error) or _WORLD is None or _WORLD.rank == 0
+
+
+def scatter_from_root(comm: "Communicator | None", work: Callable[[], list]) -> list:
+    """``work()`` on rank 0 alone (it reads the input: standard input reaches rank 0 only), cut into
+    contiguous shards (:func:`shard`); rank r gets shard r. Its error reaches every rank. Without a
+    communicator: all of ``work()``."""
+    if comm is None or comm.size == 1:
+        return work()
+    chunks, error = None, None
+    if comm.rank == 0:
+        try:
+            items = work()
+            chunks = [(shard(items, r, comm.size), None) for r in range(comm.size)]
+        except (MinicavsError, OSError) as e:
+            error = e
+        chunks = chunks or [(None, error)] * comm.size
+    mine, error = comm.scatter_obj(chunks, "the input's scatter")
+    if error is not None:
+        raise on_every_rank(error)
+    return mine
+
+
+def gather_to_root(comm: "Communicator | None", work: Callable[[], list]) -> list | None:
+    """``work()`` on every rank (a list: the results of its shard); rank 0 gets them concatenated in rank
+    order (after :func:`scatter_from_root`: input order), the others None. An error on any rank is raised
+    on every rank, the first one's, naming its rank. Without a communicator: ``work()``."""
+    if comm is None or comm.size == 1:
+        return work()
+    mine, error = None, None
+    try:
+        mine = work()
+    except (MinicavsError, OSError) as e:
+        error = e
+    everyone = comm.gather_obj(mine, "the results' gather")
+    errors = comm.allgather_obj(None if error is None else str(error), "the error check")
+    failed = [(r, message) for r, message in enumerate(errors) if message is not None]
+    if failed:
+        rank, message = failed[0]
+        raise on_every_rank(error if rank == comm.rank else DistributedError(f"rank {rank} of {comm.size}: {message}"))
+    return [row for got in everyone for row in got] if comm.rank == 0 else None
 
 
 
@@ -196,6 +274,16 @@ class Communicator:
     def bcast_obj(self, obj: Any, what: str = "broadcast") -> Any:
         with self._guard(what):
             return self.comm.bcast(obj, root=0)
+
+    def scatter_obj(self, objs: Sequence | None, what: str = "scatter") -> Any:
+        """Rank r gets ``objs[r]`` of rank 0 (the others pass None)."""
+        with self._guard(what):
+            return self.comm.scatter(objs, root=0)
+
+    def gather_obj(self, obj: Any, what: str = "gather") -> list | None:
+        """Rank 0 gets every rank's ``obj`` in rank order, the others None."""
+        with self._guard(what):
+            return self.comm.gather(obj, root=0)
 
 
 def shard(indices: Sequence[int], rank: int, size: int):

@@ -91,27 +91,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Under mpirun rank 0 reads the input (standard input reaches rank 0 alone), every rank predicts a
+    contiguous shard of it, and rank 0 writes the rows in input order: one output, one writer."""
+    from .distributed import gather_to_root, scatter_from_root
     from .trainer import Trainer
     trainer, _ = Trainer.for_target(args.target, args.checkpoint, args.overrides)
+    comm = trainer.parallel.comm if trainer.parallel else None
     name = "<stdin>" if args.input == "-" else args.input
     bad: list = []
-
-    def skipped(e: DataError) -> None:
-        bad.append(e)
-        print(f"minicavs predict: skipped {e}", file=sys.stderr)
-    on_bad = skipped if args.skip_bad else None
-    if args.input == "-":   # the bytes, decoded strictly as a file is (not the locale's surrogate escapes)
-        lines = read_lines(getattr(sys.stdin, "buffer", sys.stdin), name, on_bad)
-    else:
-        _check_input_file(args.input)
-        with open(args.input, "rb") as f:
-            lines = read_lines(f, name, on_bad)
-    samples = parse_lines(trainer.task, lines, name, on_bad)
-    if not samples:
-        why = f"{len(bad)} bad line{'s' * (len(bad) != 1)} skipped, the others blank" if bad else \
-            "it is empty or blank"
-        print(f"minicavs predict: warning: {name} holds no line to predict ({why})", file=sys.stderr)
-    rows = predict_samples(trainer.task, samples, trainer.cfg["train"]["eval_batch_size"])
+    samples = scatter_from_root(comm, lambda: _read_input(trainer.task, args.input, name, bad, args.skip_bad))
+    rows = gather_to_root(comm, lambda: predict_samples(trainer.task, samples, trainer.cfg["train"]["eval_batch_size"]))
+    if not trainer.is_root:
+        return 0
     if trainer.device.name != "cpu":   # (on stderr: standard output holds the predictions only)
         print(f"predicted on device {trainer.device.description}", file=sys.stderr)
     text = "".join((json.dumps(r) if args.json else r["text"]) + "\n" for r in rows)
@@ -119,10 +110,31 @@ def run(args: argparse.Namespace) -> int:
         write_text(args.output, text)
     else:
         write_stdout(text)
-    if bad and samples:
+    if bad and rows:
         print(f"minicavs predict: skipped {len(bad)} bad line{'s' * (len(bad) != 1)}, predicted {len(rows)}",
               file=sys.stderr)
     return 0
+
+
+def _read_input(task, source: str, name: str, bad: list, skip_bad: bool) -> list[tuple[int, Any]]:
+    """(line number, sample) of every line to predict in ``source`` (a file, or - for standard input); each
+    bad line skipped is reported and added to ``bad`` (with ``skip_bad``, else it is an error)."""
+    def skipped(e: DataError) -> None:
+        bad.append(e)
+        print(f"minicavs predict: skipped {e}", file=sys.stderr)
+    on_bad = skipped if skip_bad else None
+    if source == "-":   # the bytes, decoded strictly as a file is (not the locale's surrogate escapes)
+        lines = read_lines(getattr(sys.stdin, "buffer", sys.stdin), name, on_bad)
+    else:
+        _check_input_file(source)
+        with open(source, "rb") as f:
+            lines = read_lines(f, name, on_bad)
+    samples = parse_lines(task, lines, name, on_bad)
+    if not samples:
+        why = f"{len(bad)} bad line{'s' * (len(bad) != 1)} skipped, the others blank" if bad else \
+            "it is empty or blank"
+        print(f"minicavs predict: warning: {name} holds no line to predict ({why})", file=sys.stderr)
+    return samples
 
 
 def write_stdout(text: str) -> None:

@@ -153,9 +153,10 @@ class Trainer:
             run = RunDir(target)
             ck = Path(checkpoint) if checkpoint else on_root(comm, run.best_checkpoint)
             return cls.for_checkpoint(ck, None, overrides, run=run), ck
-        if checkpoint is None:
-            raise wording.error(ConfigError, f"{target} is not a run dir: give the checkpoint to use with "
-                                             "{checkpoint} (e.g. RUN_DIR/best.npz), or give the run dir")
+        if checkpoint is None:   # (every rank, on rank 0's answer: said once)
+            raise distributed.on_every_rank(wording.error(
+                ConfigError, f"{target} is not a run dir: give the checkpoint to use with {{checkpoint}} "
+                "(e.g. RUN_DIR/best.npz), or give the run dir"))
         return cls.for_checkpoint(checkpoint, target, overrides), Path(checkpoint)
 
     @classmethod
