@@ -76,7 +76,7 @@ def two_chains(n: int) -> InputGraph:
     return InputGraph(children, ["fwd"] * n + ["bwd"] * n)
 
 
-class BiLSTMTagger(Task):
+class BiLSTM(Task):
     unit = "words"
     key_metric, key_mode = "acc", "max"
     metrics = ("loss", "acc", "baseline_acc")
@@ -197,5 +197,5 @@ def most_frequent_tags(train: list, vocab: int) -> np.ndarray:
     return best
 
 
-def build(cfg: dict) -> BiLSTMTagger:
-    return BiLSTMTagger(cfg)
+def build(cfg: dict) -> BiLSTM:
+    return BiLSTM(cfg)

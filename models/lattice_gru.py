@@ -9,9 +9,9 @@ each other, as the lattice LSTM merges cells. Rows @ W convention, σ = sigmoid.
 One GRU step from state h with input x, weights W (D, 3H), U (H, 2H), U_n (H, H), bias b (3H,):
     [z, r, n_x] = x·W + b;   [z_h, r_h] = h·U;   z = σ(z + z_h);   r = σ(r + r_h)
     n = tanh(n_x + (r ⊙ h)·U_n);   h' = h + z ⊙ (n - h)              (= (1 - z) ⊙ h + z ⊙ n)
-``word`` (word w over chars b..e, gathers char b's state h_b): h_w = GRU_w(x_w, h_b)       (W_w, U_w, U_wn, b_w)
-``char`` (no word ends here, gathers the previous char's h_p; char 0 reads zeros): h = GRU_c(x, h_p)
-``char_words`` (words k = 1..n end here, with states h_k): h_0 = GRU_c(x, h_p), then
+``word`` (word w over chars b..e, gathers char b's state h_b): h_w = gru_step(p, "w", x_w, h_b)
+``char`` (no word ends here, gathers the previous char's h_p; char 0 reads zeros): h = gru_step(p, "c", x, h_p)
+``char_words`` (words k = 1..n end here, with states h_k): h_0 = gru_step(p, "c", x, h_p), then
     g_k = σ(x·W_g + h_k·U_g + b_g) for k = 0..n;   a_0 = exp(g_0),  a_k = m_k · exp(g_k)
     h = Σ_k a_k ⊙ h_k / Σ_k a_k        (m_k: the pulled word mask, 0 for an empty slot, which reads h_k = 0)
 Every char pushes h; softmax(h·W_o + b_o) tags it; loss and metrics (``char_acc`` beside the
