@@ -55,6 +55,8 @@ def encoder_decoder(n: int, m: int) -> InputGraph:
 
 
 class LstmNmt(seq2seq.Reverse):
+    eos, go = EOS, GO     # the token ids (the DyNet peer's spec)
+
     def __init__(self, cfg: dict):
         m, tc, d = cfg["model"], cfg["train"], cfg["data"]
         if m["min_len"] > m["max_len"]:
