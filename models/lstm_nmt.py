@@ -15,6 +15,7 @@ back), for the samples not yet at <eos>, up to max_len + 1 steps.
 """
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -49,8 +50,10 @@ def lstm_cell(p, kind: str, H: int, D: int, dtype) -> VertexFunction:
     return F
 
 
+@functools.lru_cache(maxsize=None)
 def encoder_decoder(n: int, m: int) -> InputGraph:
-    """n encoder vertices, then m decoder vertices hanging off the encoder's last one."""
+    """n encoder vertices, then m decoder vertices hanging off the encoder's last one (made once per shape:
+    a graph is read-only, and its checks cost ~10% of a training step)."""
     return InputGraph([[v - 1] if v else [] for v in range(n + m)], ["enc"] * n + ["dec"] * m)
 
 
