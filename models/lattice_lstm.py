@@ -124,26 +124,16 @@ class LatticeLSTM(Task):
         p = self.params = ParameterSet()
         p.new("E_c", (self.lexicon.alphabet, D), init=m["embed_init"], dtype=dtype, rng=seed)
         p.new("E_w", (len(self.lexicon.words), D), init=m["embed_init"], dtype=dtype, rng=seed)
-        for kind, gates in (("w", 3), ("c", 4)):
-            p.new(f"W_{kind}", (D, gates * H), dtype=dtype, rng=seed)
-            p.new(f"U_{kind}", (H, gates * H), dtype=dtype, rng=seed)
-            p.new(f"b_{kind}", (gates * H,), init="zeros", dtype=dtype, rng=seed)
-        p.new("W_g", (D, H), dtype=dtype, rng=seed)
-        p.new("U_g", (H, H), dtype=dtype, rng=seed)
-        p.new("b_g", (H,), init="zeros", dtype=dtype, rng=seed)
+        self.make_params(p, m, dtype, seed)
         p.new("W_o", (H, CLASSES), dtype=dtype, rng=seed)
         p.new("b_o", (CLASSES,), init="zeros", dtype=dtype, rng=seed)
-        naive = m["cell"] == "naive"
-        if naive:   # the fused weights' gate blocks, one parameter each
-            split_gates(p, "ifu", ("W_w", "U_w", "b_w"))
-            split_gates(p, "ifou", ("W_c", "U_c", "b_c"))
         self.chars = ops.input((None,), "int64", name="chars")
         self.words = ops.input((None,), "int64", name="words")
         self.labels = ops.input((None,), "int64", name="labels")
         self.inv_sentences = ops.input((), dtype, name="inv_sentences")
         self.slots = m["max_word"] - 1
         self.word_mask = ops.input((None, self.slots), dtype, name="word_mask")
-        s = Structure(cells(p, H, D, self.slots, m["dropout"], dtype, naive),
+        s = Structure(self.make_cells(p, m, dtype),
                       pulls={"x": ops.lookup(p["E_c"].node, self.chars),
                              "xw": ops.lookup(p["E_w"].node, self.words), "word_mask": self.word_mask},
                       name="lattice")
@@ -152,6 +142,24 @@ class LatticeLSTM(Task):
         self.model = Model(s, loss=loss, outputs={"probs": ops.softmax(logits)}, policy=tc["policy"])
         self.dtype = np.dtype(dtype)
         self.prepared: dict = {}
+
+    def make_params(self, p, m: dict, dtype, seed) -> None:
+        """The cells' parameters (the embeddings and the classifier are the task's, shared by the lattice GRU)."""
+        H, D = m["hidden"], m["embed"]
+        for kind, gates in (("w", 3), ("c", 4)):
+            p.new(f"W_{kind}", (D, gates * H), dtype=dtype, rng=seed)
+            p.new(f"U_{kind}", (H, gates * H), dtype=dtype, rng=seed)
+            p.new(f"b_{kind}", (gates * H,), init="zeros", dtype=dtype, rng=seed)
+        p.new("W_g", (D, H), dtype=dtype, rng=seed)
+        p.new("U_g", (H, H), dtype=dtype, rng=seed)
+        p.new("b_g", (H,), init="zeros", dtype=dtype, rng=seed)
+        if m["cell"] == "naive":   # the fused weights' gate blocks, one parameter each
+            split_gates(p, "ifu", ("W_w", "U_w", "b_w"))
+            split_gates(p, "ifou", ("W_c", "U_c", "b_c"))
+
+    def make_cells(self, p, m: dict, dtype) -> dict:
+        """The vertex functions by kind: ``char``, ``char_words`` and ``word``, each pushing ``h``."""
+        return cells(p, m["hidden"], m["embed"], self.slots, m["dropout"], dtype, m["cell"] == "naive")
 
     def _prepared(self, lat):
         key = id(lat)

@@ -84,8 +84,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "time, scheduling time); writes policies.md/.json/.png")
     p.add_argument("--policy-models", nargs="+", default=None,
                    help="models for --policies (default: every bundled model with a config, and the rows "
-                        "tree_lstm_2type+outputs, lattice_lstm+outputs: the same batches as ED-Batch's operator "
-                        "graphs have them, with an output vertex per pushing vertex and a sum per sample)")
+                        "tree_lstm_2type+outputs, lattice_lstm+outputs, lattice_gru+outputs: the same batches as "
+                        "ED-Batch's operator graphs have them, with an output vertex per pushing vertex and a sum "
+                        "per sample)")
     p.add_argument("--policy-batches", type=int, default=8, help="held-out batches counted per model (8)")
     p.add_argument("--policy-search", type=int, default=0, metavar="STATES",
                    help="with --policies: bracket each batch's optimum by A* over at most STATES expanded states "

@@ -11,9 +11,12 @@ Which peers each model has (:data:`PEERS`), by framework and mode::
     var_lstm     dynet_lstm_lm.py           torch_lstm_lm.py recursive    torch_lstm_lm.py packed (nn.LSTM)
     fixed_lstm   dynet_lstm_lm.py           torch_lstm_lm.py recursive    torch_lstm_lm.py packed (nn.LSTM)
 
-DyNet also runs ``unbatched`` (autobatch=0). Every peer computes the same function as the minicavs model with
-the same weights (each script's docstring writes its equations and how minicavs' layout maps onto its
-framework's); Fixed-LSTM's peers are the LM scripts fed minicavs' 64-word windows.
+The BiLSTM tagger, the LSTM encoder-decoder and the lattice GRU have DyNet peers only
+(dynet_bilstm_tagger.py, dynet_lstm_nmt.py, dynet_lattice_gru.py), run by :func:`run` but not by the
+sweeps. DyNet also runs ``unbatched`` (autobatch=0).
+Every peer computes the same function as the minicavs model with the same weights (each script's docstring
+writes its equations and how minicavs' layout maps onto its framework's); Fixed-LSTM's peers are the LM
+scripts fed minicavs' 64-word windows.
 
 The protocol, the same for every peer script::
 
@@ -35,7 +38,9 @@ SPEC.json (written by :func:`run`):
 - ``weights``: an .npz of the trainer's parameters under minicavs' names and layout (rows @ W);
 - the data: ``trees`` inline (Tree-LSTM: children lists, leaf word ids, labels); ``children`` inline and
   ``data`` .npz with ``xs`` (trees x leaves x H) and ``ys`` (Tree-FC); ``data`` .npz with ``inputs`` and
-  ``targets`` of all samples concatenated and ``ptr`` (sample offsets) (LMs).
+  ``targets`` of all samples concatenated and ``ptr`` (sample offsets) (LMs; the BiLSTM tagger: words and
+  tags); ``data`` with ``inputs`` and ``ptr`` and inline ``eos``, ``go`` (the LSTM encoder-decoder);
+  ``lattices`` inline (the lattice GRU: chars, words as [start, end, word id], labels).
 
 Output: the LAST line of the peer's stdout is one JSON object with
 
@@ -95,6 +100,9 @@ _DYNET = ("autobatch", "unbatched")
 SCRIPTS = {   # (framework, model) -> (peer script, its modes: the default first)
     ("dynet", "tree_lstm"): ("dynet_tree_lstm.py", _DYNET), ("dynet", "tree_fc"): ("dynet_tree_fc.py", _DYNET),
     ("dynet", "var_lstm"): ("dynet_lstm_lm.py", _DYNET), ("dynet", "fixed_lstm"): ("dynet_lstm_lm.py", _DYNET),
+    ("dynet", "bilstm_tagger"): ("dynet_bilstm_tagger.py", _DYNET),
+    ("dynet", "lstm_nmt"): ("dynet_lstm_nmt.py", _DYNET),
+    ("dynet", "lattice_gru"): ("dynet_lattice_gru.py", _DYNET),
     ("pytorch", "tree_lstm"): ("torch_tree_lstm.py", ("level", "recursive")),
     ("pytorch", "tree_fc"): ("torch_tree_fc.py", ("level", "recursive")),
     ("pytorch", "var_lstm"): ("torch_lstm_lm.py", ("packed", "recursive")),
@@ -160,6 +168,14 @@ def _handover(t: Trainer, model: str, limit: int | None) -> tuple[dict, dict]:
     if model == "tree_fc":
         arrays["data"] = {"xs": np.stack([x for x, _ in data]), "ys": np.array([y for _, y in data])}
         return {"children": t.task.tree.children}, arrays
+    if model == "lattice_gru":
+        return {"lattices": [{"chars": lat.chars.tolist(), "labels": lat.labels.tolist(),
+                              "words": [[int(b), int(e), int(w)] for b, e, w in lat.words]}
+                             for lat in data]}, arrays
+    if model == "lstm_nmt":   # sources only: the peer makes the targets (reversed, then <eos>)
+        arrays["data"] = {"inputs": np.concatenate(data),
+                          "ptr": np.concatenate(([0], np.cumsum([len(x) for x in data])))}
+        return {"eos": t.task.eos, "go": t.task.go}, arrays
     arrays["data"] = {"inputs": np.concatenate([x for x, _ in data]), "targets": np.concatenate([y for _, y in data]),
                       "ptr": np.concatenate(([0], np.cumsum([len(x) for x, _ in data])))}
     return {}, arrays

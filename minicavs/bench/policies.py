@@ -56,6 +56,9 @@ WORKLOADS = {
     "mv_rnn": ("mv_rnn.yaml", lambda: _sst() + NO_DROPOUT),
     "tree_lstm_2type": ("tree_lstm_2type.yaml", lambda: _sst() + NO_DROPOUT),
     "lattice_lstm": ("lattice_lstm.yaml", lambda: NO_DROPOUT),
+    "lattice_gru": ("lattice_gru.yaml", lambda: NO_DROPOUT),
+    "bilstm_tagger": ("bilstm_tagger.yaml", lambda: NO_DROPOUT),
+    "lstm_nmt": ("lstm_nmt.yaml", list),
 }
 
 
@@ -63,7 +66,8 @@ WORKLOADS = {
 # of its own and a reduction sums them (its Fig. 1's O and R). Cavs's push/pull move both into the static
 # part, so the bundled models' vertex graphs lack them. These rows count the same batches as the graphs
 # ED-Batch schedules: an "out" vertex on every vertex that pushes, and one "sum" vertex per sample.
-OP_GRAPHS = {"tree_lstm_2type+outputs": "tree_lstm_2type", "lattice_lstm+outputs": "lattice_lstm"}
+OP_GRAPHS = {"tree_lstm_2type+outputs": "tree_lstm_2type", "lattice_lstm+outputs": "lattice_lstm",
+             "lattice_gru+outputs": "lattice_gru"}
 
 
 def with_outputs(batch, pushing: set):

@@ -267,6 +267,25 @@ def test_peak_rss_is_the_childs_own_not_its_parents():
     assert 5 < float(out.stdout) < 200 and held[-1] == 1.0
 
 
+@pytest.mark.parametrize("model,chains", [("bilstm_tagger", True), ("lstm_nmt", True), ("lattice_gru", False)])
+def test_policies_rows_of_ed_batchs_chain_and_lattice_workloads(model, chains, monkeypatch):
+    """`bench --policies` knows the tagger, the encoder-decoder and the lattice GRU: tasks per batch for every
+    policy at or above the lower bound, and the FSM's learning time; on chains (ED-Batch: every policy but
+    depth-first finds the optimum) agenda reaches the bound."""
+    from minicavs.bench import policies
+    from minicavs.runtime.fsm import Hyper
+    from minicavs.runtime.scheduler import FsmPolicy, get_policy
+    config, extra = policies.WORKLOADS[model]
+    monkeypatch.setitem(policies.WORKLOADS, model, (config, lambda: extra() + ["data.synthetic.train=128"]))
+    monkeypatch.setattr(policies, "POLICIES", ("cavs", "agenda", "fsm:S3"))
+    monkeypatch.setattr(policies, "get_policy", lambda name: FsmPolicy(encoding=name[4:], hyper=Hyper(
+        episodes=50)) if name.startswith("fsm:") else get_policy(name))     # short learning
+    row = policies.count_model(model, batches=1, learn=1, log=lambda s: None)
+    assert set(row["tasks"]) == {"cavs", "agenda", "fsm:S3"} and row["fsm"]["fsm:S3"]["seconds"] > 0
+    assert all(t >= row["lower_bound"] for t in row["tasks"].values()), row
+    assert (row["tasks"]["agenda"] == row["lower_bound"]) == chains, row
+
+
 def test_policies_table_end_to_end(tmp_path, monkeypatch):
     """`bench --policies` on two small workloads: every policy at or above the lower bound, the files."""
     from minicavs.bench import policies

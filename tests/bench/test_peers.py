@@ -116,7 +116,10 @@ def _trainer(model: str, hidden: int, batch: int, samples: int, leaves: int = 8)
                           "train.lr=0.001", "train.weight_decay=0.0", "train.sparse_updates=true"],
             "tree_fc": [f"model.leaves={leaves}"],
             "var_lstm": ["data.synthetic.vocab=30", "model.embed=5", "model.dropout=0.0"],
-            "fixed_lstm": ["data.synthetic.vocab=30", "model.embed=5", "model.dropout=0.0", "model.window=9"]}
+            "fixed_lstm": ["data.synthetic.vocab=30", "model.embed=5", "model.dropout=0.0", "model.window=9"],
+            "bilstm_tagger": ["model.vocab=12", "model.embed=5", "model.dropout=0.0", "data.synthetic.max_len=9"],
+            "lstm_nmt": ["model.embed=5", "model.max_len=5"],
+            "lattice_gru": ["model.embed=5", "data.synthetic.max_len=12", "train.policy=cavs"]}
     over = sets[model] + [f"model.hidden={hidden}", f"train.batch_size={batch}", f"data.synthetic.train={samples}",
                           "data.dev=null"] + (["data.test=null"] if model != "tree_fc" else [])
     t = Trainer(load_config(models_dir() / f"{model}.yaml", over), run_dir=None)
@@ -125,7 +128,9 @@ def _trainer(model: str, hidden: int, batch: int, samples: int, leaves: int = 8)
 
 
 CASES = [(model, p) for model, listed in peers.PEERS.items() for p in listed] + \
-    [("tree_fc", peers.Peer("dynet", "unbatched", "DyNet (no batching)"))]
+    [("tree_fc", peers.Peer("dynet", "unbatched", "DyNet (no batching)"))] + \
+    [(model, peers.Peer("dynet", "autobatch", "DyNet (autobatching)"))
+     for model in ("bilstm_tagger", "lstm_nmt", "lattice_gru")]
 
 
 @pytest.mark.parametrize("model,peer", CASES, ids=[f"{m}-{p.framework}-{p.mode}" for m, p in CASES])

@@ -38,6 +38,12 @@ TINY = {
                "data.synthetic.vocab=40", "model.dropout=0.0"],
     "lattice_lstm": ["model.embed=4", "model.hidden=5", "data.synthetic.train=40", "data.synthetic.dev=10",
                      "data.synthetic.test=10", "data.synthetic.max_len=12"],
+    "lattice_gru": ["model.embed=4", "model.hidden=5", "data.synthetic.train=40", "data.synthetic.dev=10",
+                    "data.synthetic.test=10", "data.synthetic.max_len=12"],
+    "bilstm_tagger": ["model.embed=4", "model.hidden=5", "model.vocab=12", "data.synthetic.train=40",
+                      "data.synthetic.dev=10", "data.synthetic.test=10", "data.synthetic.max_len=8"],
+    "lstm_nmt": ["model.embed=4", "model.hidden=5", "model.max_len=4", "data.synthetic.train=40",
+                 "data.synthetic.dev=10", "data.synthetic.test=10"],
 }
 
 
@@ -64,6 +70,10 @@ SHORT = {
     "mv_rnn": (["model.hidden=8", "train.epochs=5", "train.lr=0.1", "data.synthetic.train=300"], 0.75),
     "lattice_lstm": (["model.embed=16", "model.hidden=16", "train.epochs=6", "train.lr=0.02",
                       "data.synthetic.train=200", "train.batch_size=16", "train.policy=cavs"], 0.75),
+    "lattice_gru": (["model.embed=16", "model.hidden=16", "train.epochs=6", "train.lr=0.02",
+                     "data.synthetic.train=200", "train.batch_size=16", "train.policy=cavs"], 0.75),
+    "bilstm_tagger": (["model.embed=8", "model.hidden=16", "train.epochs=4", "data.synthetic.train=300"], 0.75),
+    "lstm_nmt": (["model.hidden=16", "train.epochs=4", "data.synthetic.train=300", "train.batch_size=16"], 0.75),
 }
 
 
@@ -93,19 +103,21 @@ def test_gradients_match_finite_differences(name, runner, tmp_path):
 
 
 # The products each model's cells merge into one GEMM (passes/gemm.py), counted by hand from the cells: the
-# binary Tree-LSTM's [h1; h2]·U, h1·U_f1, h2·U_f2 (per internal type in 2Type); the lattice's char_words cell
-# x·W_c and x·W_g (its plain char cell has only x·W_c). The child-sum variant's h_k·U_f share the weight, not the
-# left operand; the LSTMs' x·W_x (eager) and h·W_h (recurrent) differ in class; Tree-GRU's second product reads
-# the first's output; MV-RNN's [B·a; A·b]·W and W_M·[A; B] share no operand.
+# binary Tree-LSTM's [h1; h2]·U, h1·U_f1, h2·U_f2 (per internal type in 2Type); the lattices' char_words cells
+# x·W_c and x·W_g (their plain char cells have only x·W_c). The child-sum variant's h_k·U_f share the weight,
+# not the left operand (so do the lattice GRU's h_k·U_g); the LSTMs' x·W_x (eager) and h·W_h (recurrent) differ
+# in class (the tagger's and the encoder-decoder's too); Tree-GRU's second product reads the first's output;
+# MV-RNN's [B·a; A·b]·W and W_M·[A; B] share no operand.
 MERGED = {"tree_lstm": {"internal": 3}, "tree_lstm_2type": {"cell_a": 3, "cell_b": 3},
-          "lattice_lstm": {"char_words": 2}}
+          "lattice_lstm": {"char_words": 2}, "lattice_gru": {"char_words": 2}}
 
 
 @pytest.mark.parametrize("name", sorted(TINY))
 def test_merged_gemms_equal_the_declared_products(name, tmp_path, monkeypatch):
     monkeypatch.setattr(gemm, "PAD_LIMIT", 10**9)   # every merge the pass can make, whatever its size
     monkeypatch.setattr(gemm, "WEIGHT_LIMIT", 10**9)
-    t = trainer(name, tmp_path, "train.dtype=float64", *([] if name == "tree_fc" else ["model.dropout=0.3"]))
+    t = trainer(name, tmp_path, "train.dtype=float64",
+                *([] if name in ("tree_fc", "lstm_nmt") else ["model.dropout=0.3"]))
     merged = {k: sum(len(m.products) for m in fn.variant(EngineOptions()).merges)
               for s in t.model.structures for k, fn in s.compiled.items()}
     assert {k: n for k, n in merged.items() if n} == MERGED.get(name, {})
@@ -122,7 +134,8 @@ def test_merged_gemms_equal_the_declared_products(name, tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("runner", ["device", "reference"])
-@pytest.mark.parametrize("name", ["tree_lstm", "tree_gru", "tree_lstm_2type", "lattice_lstm", "mv_rnn"])
+@pytest.mark.parametrize("name", ["tree_lstm", "tree_gru", "tree_lstm_2type", "lattice_lstm", "mv_rnn",
+                                  "lattice_gru", "bilstm_tagger", "lstm_nmt"])
 def test_batched_equals_serial_for_every_policy(name, runner, tmp_path):
     t = trainer(name, tmp_path, "train.dtype=float64", f"train.engine.runner={runner}")
     graphs, feeds = t.task.batch(t.task.data["train"][:4])
