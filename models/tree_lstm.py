@@ -30,6 +30,7 @@ from minicavs.engine.model import Model, Structure, leaf_internal
 from minicavs.nn import ParameterSet
 from minicavs.nn.gates import CELLS, gate_values, split_gates
 from minicavs.train import behaviour
+from minicavs.train.artifact import ArtifactError
 from minicavs.train.task import Task
 from minicavs.runtime.vertex import VertexFunction
 
@@ -241,7 +242,8 @@ class TreeLSTM(Task):
         """The classifier's probabilities, and predict's reading, feeding and rendering as named behaviours.
         A subclass that gives vertices kinds of its own (graphs_of) does so in Python only: refused."""
         if type(self).graphs_of is not TreeLSTM.graphs_of:
-            return super().export_spec()
+            raise ArtifactError(f"cannot export model {type(self).__name__}: its vertex kinds come from "
+                                f"{type(self).__name__}.graphs_of, which exists only as Python code")
         return {"outputs": {"probs": self.model.outputs["probs"]},
                 "behaviour": {"predicts": self.predicts,
                               "reader": {"name": "tree", "settings": {"num_labels": len(self.classes),

@@ -187,19 +187,25 @@ class LoadedModel:
         reader = self.behaviour["reader"]
         return TABLES["reader"][reader["name"]](line, where, **reader.get("settings", {}))
 
-    def predict(self, samples: Sequence[Any], batch_size: int = 64) -> list[dict]:
+    def outputs(self, samples: Sequence[Any]) -> dict:
+        """The model's outputs (name -> array) for one batch of parsed samples, through one schedule."""
         b = self.behaviour
+        graphs = TABLES["graphs"][b["graphs"]["name"]](samples)
+        feeds = {name: TABLES["feed"][f["name"]](samples, self.index, **f.get("settings", {}))
+                 for name, f in b["feeds"].items()}
+        return self.model.infer(graphs, feeds, self.params).outputs
+
+    def render(self, samples: Sequence[Any], outputs: dict) -> list[dict]:
+        """Per sample its output row (``text`` and the numbers behind it), as the model's predict writes it."""
+        render = self.behaviour["render"]
+        return TABLES["render"][render["name"]](samples, outputs, self.vocabulary, **render.get("settings", {}))
+
+    def predict(self, samples: Sequence[Any], batch_size: int = 64) -> list[dict]:
         rows: list[dict] = []
         for i in range(0, len(samples), batch_size):
             chunk = samples[i:i + batch_size]
-            graphs = TABLES["graphs"][b["graphs"]["name"]](chunk)
-            feeds = {name: TABLES["feed"][f["name"]](chunk, self.index, **f.get("settings", {}))
-                     for name, f in b["feeds"].items()}
-            outputs = self.model.infer(graphs, feeds, self.params).outputs
-            rows += TABLES["render"][b["render"]["name"]](chunk, outputs, self.vocabulary,
-                                                           **b["render"].get("settings", {}))
+            rows += self.render(chunk, self.outputs(chunk))
         return rows
-
 
 def _rebuild_structure(s: dict, dec: Decoder) -> Structure:
     functions = {}

@@ -145,6 +145,8 @@ COMMANDS: dict[str, tuple[str, Callable, Callable]] = {
     "eval": ("evaluate a checkpoint on a data split", _eval_args, _eval),
     "predict": ("apply a trained model to new input: one output line per non-blank input line (FILE or - for stdin)",
                 *_module(".predict")),
+    "export": ("write a trained model as one .mcav file that predicts without its Python module",
+               *_module(".export")),
     "plot": ("training curves of a run dir as a PNG (needs matplotlib: pip install 'minicavs[plot]')",
              *_module(".plot")),
     "show": ("draw F and ∂F of every vertex function: DOT (and SVG/PNG with Graphviz), nodes colored by class "

@@ -75,8 +75,8 @@ def predict_lines(task, lines: Iterable[str], name: str = "<input>", batch_size:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("target", metavar="RUN_DIR|CONFIG",
-                   help="a run dir written by minicavs train (its config.yaml and best.npz), or a YAML config "
-                        "with --checkpoint")
+                   help="a run dir written by minicavs train (its config.yaml and best.npz), a YAML config "
+                        "with --checkpoint, or a model file written by minicavs export (.mcav)")
     p.add_argument("input", metavar="FILE|-", help="input lines, '-' for standard input")
     p.add_argument("--checkpoint", default=None, help="the weights (default: RUN_DIR/best.npz)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -90,9 +90,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                 "words; tree_fc: nothing (random vector inputs).")
 
 
-def run(args: argparse.Namespace) -> int:
+def _predictor(args: argparse.Namespace) -> tuple[Any, int, str]:
+    """(what parses and predicts, the batch size, a note for stderr or ""): a model file (.mcav) loaded
+    without its Python module, or the trainer of a run dir or config."""
+    from .artifact import SUFFIX, load
+    if args.target.endswith(SUFFIX):
+        if args.checkpoint or args.overrides:
+            raise PredictError(f"{args.target} is an exported model: it holds its weights and config "
+                               "(--checkpoint and --set apply to a run dir or config)")
+        loaded = load(args.target)
+        return loaded, loaded.config["train"]["eval_batch_size"], ""
     from .trainer import Trainer
     trainer, _ = Trainer.for_target(args.target, args.checkpoint, args.overrides)
+    note = "" if trainer.device.name == "cpu" else f"predicted on device {trainer.device.description}"
+    return trainer.task, trainer.cfg["train"]["eval_batch_size"], note
+
+
+def run(args: argparse.Namespace) -> int:
+    task, batch_size, note = _predictor(args)
     name = "<stdin>" if args.input == "-" else args.input
     bad: list = []
 
@@ -106,14 +121,14 @@ def run(args: argparse.Namespace) -> int:
         _check_input_file(args.input)
         with open(args.input, "rb") as f:
             lines = read_lines(f, name, on_bad)
-    samples = parse_lines(trainer.task, lines, name, on_bad)
+    samples = parse_lines(task, lines, name, on_bad)
     if not samples:
         why = f"{len(bad)} bad line{'s' * (len(bad) != 1)} skipped, the others blank" if bad else \
             "it is empty or blank"
         print(f"minicavs predict: warning: {name} holds no line to predict ({why})", file=sys.stderr)
-    rows = predict_samples(trainer.task, samples, trainer.cfg["train"]["eval_batch_size"])
-    if trainer.device.name != "cpu":   # (on stderr: standard output holds the predictions only)
-        print(f"predicted on device {trainer.device.description}", file=sys.stderr)
+    rows = predict_samples(task, samples, batch_size)
+    if note:   # (on stderr: standard output holds the predictions only)
+        print(note, file=sys.stderr)
     text = "".join((json.dumps(r) if args.json else r["text"]) + "\n" for r in rows)
     if args.output:
         write_text(args.output, text)
