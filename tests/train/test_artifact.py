@@ -21,10 +21,11 @@ from minicavs.train.predict import predict_lines
 from minicavs.train.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[2]
-LINES = ["((the movie) (was great))", "(3 (2 it) (4 works))", "word", "(zzz-unknown (w1 w2))"]
+LINES = {"tree_lstm": ["((the movie) (was great))", "(3 (2 it) (4 works))", "word", "(zzz-unknown (w1 w2))"],
+         "seq2seq": ["123", "4 5 6 7", "9", "012345"]}
 
 # Run in a fresh interpreter whose only importable minicavs code is a copy of the package: load the artifact,
-# print its rows and raw outputs and the model modules it imported (there must be none).
+# print its rows and the model modules it imported (there must be none), save its raw outputs.
 LOADER = """
 import json, sys
 import numpy as np
@@ -33,8 +34,7 @@ from minicavs.train.predict import predict_lines
 model = minicavs.load(sys.argv[1])
 lines = json.loads(sys.argv[2])
 rows = predict_lines(model, lines)
-probs = model.outputs([model.parse_input(line, "x") for line in lines])["probs"]
-np.save("probs.npy", probs)
+np.savez("outputs.npz", **model.outputs([model.parse_input(line, "x") for line in lines]))
 foreign = [m for m, mod in sys.modules.items() if m.startswith("minicavs_models") or
            "models" in str(getattr(mod, "__file__", "") or "").split("/")[:-1]]
 print(json.dumps({"rows": rows, "foreign": foreign, "package": minicavs.__file__}))
@@ -45,41 +45,58 @@ def tiny_trainer(tmp_path, model: str = "tree_lstm", **model_cfg) -> Trainer:
     cfg = yaml.safe_load((ROOT / "models" / f"{model}.yaml").read_text())
     cfg["model"]["name"] = str(ROOT / "models" / f"{model}.py")
     cfg["model"].update(model_cfg)
-    cfg["data"]["synthetic"] = {"train": 40, "dev": 5, "test": 5, "seed": 7, "vocab": 30}
+    cfg["data"]["synthetic"] = {"train": 40, "dev": 5, "test": 5, "seed": 7}
+    if model != "seq2seq":
+        cfg["data"]["synthetic"]["vocab"] = 30
     path = tmp_path / f"{model}.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    return Trainer(str(path), ["train.dtype=float64"])
+    trainer = Trainer(str(path), ["train.dtype=float64"])
+    rng = np.random.default_rng(5)   # weights further from the initial ones, so that outputs differ per input
+    for p in trainer.task.params.values():
+        p.value[...] = rng.normal(0.0, 0.5, p.value.shape)
+    return trainer
 
 
-@pytest.fixture(scope="module")
-def exported(tmp_path_factory):
+def original_outputs(task, lines: list) -> dict:
+    """The outputs the exported model computes, from the model's own code (no artifact involved)."""
+    samples = [task.parse_input(line, "x") for line in lines]
+    if hasattr(task, "decoder"):   # seq2seq: its greedy decoder (a while_loop)
+        return task.decoder.infer({}, task.batch(samples)[1], task.params).outputs
+    words = behaviour.leaf_word_ids(samples, task.vocab, "<unk>")
+    model = task.inference_model({"probs": task.model.outputs["probs"]})
+    return model.infer(task.graphs_of(samples), {"words": words}, task.params).outputs
+
+
+@pytest.fixture(scope="module", params=["tree_lstm", "seq2seq"])
+def exported(request, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("export")
-    trainer = tiny_trainer(tmp, hidden=8, embed=6)
-    path = tmp / "tree.mcav"
+    trainer = tiny_trainer(tmp, request.param, hidden=8, embed=6)
+    path = tmp / f"{request.param}.mcav"
     artifact.export(path, trainer.task, trainer.cfg)
-    return trainer, path
+    return request.param, trainer, path
 
 
 def test_a_fresh_process_with_only_the_package_predicts_what_the_model_predicts(exported, tmp_path):
-    trainer, path = exported
+    name, trainer, path = exported
     alone = tmp_path / "alone"
     shutil.copytree(ROOT / "minicavs", alone / "site" / "minicavs",
                     ignore=shutil.ignore_patterns("__pycache__"))
     (alone / "cwd").mkdir()
     env = {**os.environ, "PYTHONPATH": str(alone / "site")}
-    done = subprocess.run([sys.executable, "-c", LOADER, str(path), json.dumps(LINES)], cwd=alone / "cwd",
+    done = subprocess.run([sys.executable, "-c", LOADER, str(path), json.dumps(LINES[name])], cwd=alone / "cwd",
                           env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     got = json.loads(done.stdout)
     assert got["package"].startswith(str(alone / "site")) and got["foreign"] == []
-    assert got["rows"] == predict_lines(trainer.task, LINES)
-    trees = [trainer.task.parse_input(line, "x") for line in LINES]
-    want = trainer.task.inference_model({"probs": trainer.task.model.outputs["probs"]}).infer(
-        trainer.task.graphs_of(trees), {"words": behaviour.leaf_word_ids(trees, trainer.task.vocab, "<unk>")},
-        trainer.task.params).outputs["probs"]
-    probs = np.load(alone / "cwd" / "probs.npy")
-    assert probs.dtype == np.float64 and probs.shape == want.shape
-    assert np.max(np.abs(probs - want)) <= 1e-10 * max(1.0, np.max(np.abs(want)))
+    rows = predict_lines(trainer.task, LINES[name])
+    assert got["rows"] == rows and len({r["text"] for r in rows}) > 1
+    want = original_outputs(trainer.task, LINES[name])
+    with np.load(alone / "cwd" / "outputs.npz") as outputs:
+        assert sorted(outputs.files) == sorted(want)
+        for key, value in want.items():
+            value = np.asarray(value)
+            assert outputs[key].dtype == value.dtype and outputs[key].shape == value.shape, key
+            assert np.max(np.abs(outputs[key] - value)) <= 1e-10 * max(1.0, np.max(np.abs(value))), key
 
 
 def _rewrite(src: Path, dst: Path, meta_change) -> None:
@@ -115,7 +132,7 @@ def _flip_byte_in_member(src: Path, dst: Path) -> None:
     (lambda src, dst: _rewrite(src, dst, lambda m: m.update(format="other")), "is not a minicavs model"),
 ])
 def test_damaged_truncated_newer_files_are_one_clear_error(exported, tmp_path, damage, match):
-    _, path = exported
+    _, _, path = exported
     bad = tmp_path / "bad.mcav"
     damage(path, bad)
     with pytest.raises(ArtifactError, match=match) as e:
@@ -130,8 +147,8 @@ def test_a_model_whose_kinds_come_from_python_code_is_refused(tmp_path):
     assert not (tmp_path / "m.mcav").exists()
 
 
-def test_a_custom_kind_rule_is_refused_naming_the_structure(exported, tmp_path):
-    trainer, _ = exported
+def test_a_custom_kind_rule_is_refused_naming_the_structure(tmp_path):
+    trainer = tiny_trainer(tmp_path, hidden=4, embed=4)
     structure = trainer.task.model.structures[0]
     rule = structure.kinds
     structure.kinds = lambda batch: rule(batch)
