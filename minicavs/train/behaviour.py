@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
+import math
+
 import numpy as np
 
 from ..core.errors import DataError
@@ -106,10 +108,61 @@ def tokens_until(samples: Sequence, outputs: dict, vocabulary, output: str, eos:
     return rows
 
 
-READERS: dict[str, Callable[..., Any]] = {"tree": read_tree, "digits": read_digits}
-GRAPHS: dict[str, Callable[[Sequence], Any]] = {"trees": tree_graphs, "none": no_graphs}
+# --- sentences (the bundled language models on chain graphs) -------------------------------------------
+
+def read_tokens(line: str, where: str) -> list[str]:
+    return line.split()
+
+
+def eos_chains(sentences: Sequence[list]) -> list:
+    """One chain per sentence, a vertex per prediction: <eos> w_1..w_n predicts w_1..w_n <eos>."""
+    return [InputGraph.chain(len(s) + 1) for s in sentences]
+
+
+def _ids(tokens: list, index: dict, unknown: str) -> np.ndarray:
+    unk = index[unknown]
+    return np.array([index.get(w, unk) for w in tokens], np.int64)
+
+
+def eos_then_ids(sentences: Sequence[list], index: dict, eos: str, unknown: str) -> np.ndarray:
+    return np.concatenate([np.concatenate(([index[eos]], _ids(s, index, unknown))) for s in sentences])
+
+
+def ids_then_eos(sentences: Sequence[list], index: dict, eos: str, unknown: str) -> np.ndarray:
+    return np.concatenate([np.concatenate((_ids(s, index, unknown), [index[eos]])) for s in sentences])
+
+
+def last_positions(sentences: Sequence[list], index: dict) -> np.ndarray:
+    """Each sentence's last vertex in the batch's vertex order (where its next word is predicted)."""
+    return np.cumsum([len(s) + 1 for s in sentences]) - 1
+
+
+def perplexity(sentences: Sequence[list], outputs: dict, vocabulary: list, token_nll: str, next: str,
+               top: int) -> list[dict]:
+    """Per sentence its perplexity and log-likelihood (each word and the closing <eos>) and the ``top``
+    likeliest next words."""
+    lengths = np.array([len(s) + 1 for s in sentences])
+    nll = np.add.reduceat(np.asarray(outputs[token_nll]).astype(np.float64), np.cumsum(lengths) - lengths)
+    known = set(vocabulary)
+    rows = []
+    for tokens, n, sent_nll, logp in zip(sentences, lengths, nll, outputs[next]):
+        best = np.argsort(-logp, kind="stable")[:top]
+        nxt = [(vocabulary[k], float(np.exp(logp[k]))) for k in best]
+        ppl = math.exp(sent_nll / n)
+        rows.append({"text": f"perplexity {ppl:.2f}  log-likelihood {-sent_nll:.2f} ({n} predictions)  next: "
+                             + ", ".join(f"{w} {p:.3f}" for w, p in nxt),
+                     "perplexity": ppl, "log_likelihood": -float(sent_nll), "predictions": int(n),
+                     "unknown_words": int(sum(w not in known for w in tokens)),
+                     "next": [{"word": w, "prob": round(p, 6)} for w, p in nxt]})
+    return rows
+
+
+READERS: dict[str, Callable[..., Any]] = {"tree": read_tree, "digits": read_digits, "tokens": read_tokens}
+GRAPHS: dict[str, Callable[[Sequence], Any]] = {"trees": tree_graphs, "none": no_graphs, "eos_chains": eos_chains}
 FEEDS: dict[str, Callable[..., np.ndarray]] = {
     "leaf_word_ids": leaf_word_ids, "padded_source": padded_source, "source_mask": source_mask,
-    "reversed_decoder_input": reversed_decoder_input, "zero_state": zero_state}
-RENDERERS: dict[str, Callable[..., list]] = {"tree_labels": tree_labels, "tokens_until": tokens_until}
+    "reversed_decoder_input": reversed_decoder_input, "zero_state": zero_state, "eos_then_ids": eos_then_ids,
+    "ids_then_eos": ids_then_eos, "last_positions": last_positions}
+RENDERERS: dict[str, Callable[..., list]] = {"tree_labels": tree_labels, "tokens_until": tokens_until,
+                                             "perplexity": perplexity}
 TABLES = {"reader": READERS, "graphs": GRAPHS, "feed": FEEDS, "render": RENDERERS}

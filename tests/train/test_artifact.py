@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import yaml
 
+from minicavs.runtime.inputs import InputGraph
 from minicavs.train import artifact, behaviour
 from minicavs.train.artifact import ArtifactError
 from minicavs.train.predict import predict_lines
@@ -22,7 +23,9 @@ from minicavs.train.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[2]
 LINES = {"tree_lstm": ["((the movie) (was great))", "(3 (2 it) (4 works))", "word", "(zzz-unknown (w1 w2))"],
-         "seq2seq": ["123", "4 5 6 7", "9", "012345"]}
+         "seq2seq": ["123", "4 5 6 7", "9", "012345"],
+         "var_lstm": ["the cat sat", "zzz-unknown words here <unk>", "a"]}
+LINES.update(tree_gru=LINES["tree_lstm"], mv_rnn=LINES["tree_lstm"], fixed_lstm=LINES["var_lstm"])
 
 # Run in a fresh interpreter whose only importable minicavs code is a copy of the package: load the artifact,
 # print its rows and the model modules it imported (there must be none), save its raw outputs.
@@ -48,6 +51,8 @@ def tiny_trainer(tmp_path, model: str = "tree_lstm", **model_cfg) -> Trainer:
     cfg["data"]["synthetic"] = {"train": 40, "dev": 5, "test": 5, "seed": 7}
     if model != "seq2seq":
         cfg["data"]["synthetic"]["vocab"] = 30
+    if model == "fixed_lstm":
+        cfg["model"]["window"] = 8
     path = tmp_path / f"{model}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     trainer = Trainer(str(path), ["train.dtype=float64"])
@@ -62,18 +67,36 @@ def original_outputs(task, lines: list) -> dict:
     samples = [task.parse_input(line, "x") for line in lines]
     if hasattr(task, "decoder"):   # seq2seq: its greedy decoder (a while_loop)
         return task.decoder.infer({}, task.batch(samples)[1], task.params).outputs
+    if hasattr(task, "_prediction_outputs"):   # language models: <eos> w_1..w_n predicts w_1..w_n <eos>
+        eos = task.vocab.index["<eos>"]
+        ids = [task.vocab.encode(s) for s in samples]
+        feeds = {"inputs": np.concatenate([np.r_[eos, x] for x in ids]),
+                 "targets": np.concatenate([np.r_[x, eos] for x in ids]),
+                 "last": np.cumsum([len(x) + 1 for x in ids]) - 1}
+        graphs = [InputGraph.chain(len(x) + 1) for x in ids]
+        return task.inference_model(task._prediction_outputs()).infer(graphs, feeds, task.params).outputs
     words = behaviour.leaf_word_ids(samples, task.vocab, "<unk>")
     model = task.inference_model({"probs": task.model.outputs["probs"]})
     return model.infer(task.graphs_of(samples), {"words": words}, task.params).outputs
 
 
-@pytest.fixture(scope="module", params=["tree_lstm", "seq2seq"])
-def exported(request, tmp_path_factory):
+def _export(tmp_path_factory, model: str) -> tuple:
     tmp = tmp_path_factory.mktemp("export")
-    trainer = tiny_trainer(tmp, request.param, hidden=8, embed=6)
-    path = tmp / f"{request.param}.mcav"
+    trainer = tiny_trainer(tmp, model, hidden=8, **({} if model == "mv_rnn" else {"embed": 6}))
+    path = tmp / f"{model}.mcav"
     artifact.export(path, trainer.task, trainer.cfg)
-    return request.param, trainer, path
+    return model, trainer, path
+
+
+@pytest.fixture(scope="module", params=sorted(LINES))
+def exported(request, tmp_path_factory):
+    return _export(tmp_path_factory, request.param)
+
+
+@pytest.fixture(scope="module")
+def seq2seq_file(tmp_path_factory) -> Path:
+    """A model with control-flow bodies, to damage."""
+    return _export(tmp_path_factory, "seq2seq")[2]
 
 
 def test_a_fresh_process_with_only_the_package_predicts_what_the_model_predicts(exported, tmp_path):
@@ -131,8 +154,8 @@ def _flip_byte_in_member(src: Path, dst: Path) -> None:
      "damaged model artifact .*outside the table"),
     (lambda src, dst: _rewrite(src, dst, lambda m: m.update(format="other")), "is not a minicavs model"),
 ])
-def test_damaged_truncated_newer_files_are_one_clear_error(exported, tmp_path, damage, match):
-    _, _, path = exported
+def test_damaged_truncated_newer_files_are_one_clear_error(seq2seq_file, tmp_path, damage, match):
+    path = seq2seq_file
     bad = tmp_path / "bad.mcav"
     damage(path, bad)
     with pytest.raises(ArtifactError, match=match) as e:
