@@ -33,9 +33,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         trainer = Trainer(args.target, args.overrides)
         source = "untrained parameters"
-        print(f"minicavs export: warning: no --checkpoint: exporting the initial (untrained) parameters of "
-              f"{args.target}", file=sys.stderr)
     meta = export(args.output, trainer.task, trainer.cfg)
+    if source == "untrained parameters":   # (said once the export is done: an error stays one line)
+        print(f"minicavs export: warning: no --checkpoint: exported the initial (untrained) parameters of "
+              f"{args.target}", file=sys.stderr)
     size = os.path.getsize(args.output)
     print(f"wrote {args.output} ({size / 1e6:.2f} MB): {len(meta['nodes'])} IR nodes, "
           f"{len(meta['params'])} parameters from {source}, format {meta['format']} version {meta['version']}")
