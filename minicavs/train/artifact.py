@@ -30,6 +30,7 @@ import numpy as np
 from .. import __version__
 from ..core import atomic
 from ..core.errors import MinicavsError
+from ..engine.backend import to_host
 from ..engine.compile import EngineOptions
 from ..engine.model import Model, Structure, by_child_count
 from ..ir.serialize import Decoder, Encoder, SerializeError
@@ -67,7 +68,7 @@ def export(path: str | os.PathLike, task, cfg: dict) -> dict:
     params = []
     for i, (name, p) in enumerate(task.params.items()):
         key = f"param/{i}"
-        arrays[key] = np.ascontiguousarray(p.value)
+        arrays[key] = np.ascontiguousarray(to_host(p.value))   # (a model on a device: its host copy)
         params.append({"name": name, "key": key, "trainable": p.trainable})
     meta = {"format": FORMAT, "version": VERSION, "minicavs": __version__, "nodes": enc.table,
             "structures": [_structure(s, enc) for s in model.structures],
