@@ -12,7 +12,7 @@ refused (413) before it is read. The requests that arrive within ``--max-wait-ms
 response holds only its own request's rows. ``GET /health`` says the model and what is waiting. SIGTERM (or
 Ctrl-C) stops accepting connections, finishes the requests in flight and exits 0.
 
-The server is the standard library's ThreadingHTTPServer: no dependency to install, a thread per connection
+The server is the standard library's threading HTTP server: no dependency to install, a thread per connection
 that only parses and waits, while one batcher thread runs the model (its kernels are C and release nothing
 to gain from more Python threads on 2 cores); HTTP/1.1 keep-alive for clients that send many requests.
 """
