@@ -9,7 +9,7 @@
 parser's message (naming ``request:LINE``) and never joins a batch; a body over ``--max-request-bytes`` is
 refused (413) before it is read. The requests that arrive within ``--max-wait-ms`` of the first one waiting
 (or until ``--max-batch`` samples) run as one batch: Cavs merges their graphs into one schedule, and each
-response holds only its own request's rows. ``GET /health`` says the model and what is waiting. SIGTERM (or
+response holds only its own request's rows. ``GET /health`` says the model and the requests in flight. SIGTERM (or
 Ctrl-C) stops accepting connections, finishes the requests in flight and exits 0.
 
 The server is the standard library's threading HTTP server: no dependency to install, a thread per connection
@@ -19,6 +19,7 @@ to gain from more Python threads on 2 cores); HTTP/1.1 keep-alive for clients th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import queue
 import signal
@@ -134,7 +135,7 @@ class Handler(BaseHTTPRequestHandler):
         if self.path != "/health":
             return self._reply(404, {"error": f"no {self.path}: GET /health or POST /predict"})
         self._reply(200, {"status": "stopping" if self.server.stopping.is_set() else "ok",
-                          "model": self.server.name, "waiting": self.server.batcher.queue.qsize()})
+                          "model": self.server.name, "in_flight": self.server.in_flight})
 
     def do_POST(self) -> None:
         if self.path != "/predict":
@@ -147,8 +148,12 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True   # (the body is not read: the connection cannot be reused)
             return self._reply(413, {"error": f"request of {int(length):,} bytes; this server takes at most "
                                               f"{self.server.max_bytes:,} (--max-request-bytes)"})
+        with self.server.counting():
+            self._predict(int(length))
+
+    def _predict(self, length: int) -> None:
         try:
-            samples = parse_request(self.server.predictor, self.rfile.read(int(length)))
+            samples = parse_request(self.server.predictor, self.rfile.read(length))
         except DataError as e:
             return self._reply(400, {"error": str(e)})
         try:
@@ -169,6 +174,18 @@ class ModelServer(ThreadingHTTPServer):
         self.predictor, self.name, self.max_bytes = predictor, name, max_bytes
         self.batcher = Batcher(predictor, max_batch, max_wait)
         self.stopping = threading.Event()
+        self.in_flight = 0   # predict requests read and not yet answered
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def counting(self):
+        with self._lock:
+            self.in_flight += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.in_flight -= 1
 
     def stop_soon(self, *_) -> None:
         """From a signal handler: stop accepting (serve_forever returns); run() then drains what is in flight."""

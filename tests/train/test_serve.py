@@ -51,6 +51,15 @@ def post(port: int, body: bytes, timeout: float = 30) -> tuple[int, dict]:
         conn.close()
 
 
+def health(port: int) -> dict:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.request("GET", "/health")
+        return json.loads(conn.getresponse().read())
+    finally:
+        conn.close()
+
+
 def concurrently(port: int, bodies: list) -> list:
     answers: list = [None] * len(bodies)
 
@@ -80,10 +89,7 @@ def test_concurrent_clients_get_their_own_rows_batched_and_a_bad_request_fails_a
         status, got = post(port, b'"' + b"a" * 5000 + b'"')
         assert status == 413 and "5,002 bytes" in got["error"] and "at most 4,000" in got["error"]
         assert post(port, b'{"not": "a line"}')[0] == 400 and post(port, b"\xff")[0] == 400
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-        conn.request("GET", "/health")
-        assert json.loads(conn.getresponse().read())["status"] == "ok"
-        conn.close()
+        assert health(port)["status"] == "ok"
         assert post(port, b'"(one more)"')[0] == 200   # still serving after the refusals
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -92,12 +98,15 @@ def test_concurrent_clients_get_their_own_rows_batched_and_a_bad_request_fails_a
 
 def test_sigterm_finishes_the_requests_in_flight(model):
     _, path = model
-    proc, port = start(path, "--max-wait-ms", "800")
+    proc, port = start(path, "--max-wait-ms", "1500")
     answers: list = []
     sender = threading.Thread(target=lambda: answers.extend(
         concurrently(port, [json.dumps(lines).encode() for lines in CLIENT_LINES[:3]])))
     sender.start()
-    time.sleep(0.3)   # the requests wait in the batcher (800 ms)
+    deadline = time.monotonic() + 30
+    while health(port)["in_flight"] < 3 and time.monotonic() < deadline:   # all three wait in the batcher
+        time.sleep(0.02)
+    assert health(port)["in_flight"] == 3
     proc.send_signal(signal.SIGTERM)
     sender.join(60)
     out, err = proc.communicate(timeout=30)
