@@ -36,6 +36,7 @@ _LAZY = {
     "Task": "train.task",
     "Trainer": "train.trainer",
     "ConfigError": "train.config",
+    "load": "train.artifact",
 }
 
 __all__ = [
@@ -51,6 +52,8 @@ __all__ = [
     # errors (every user error is a MinicavsError)
     "MinicavsError", "ShapeError", "FeedError", "NonFiniteError", "CheckpointError", "InputGraphError",
     "DataError", "RunDirError", "ConfigError",
+    # exported models (.mcav): load one and predict, without the model's Python module
+    "load",
     "__version__",
 ]
 

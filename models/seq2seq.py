@@ -28,6 +28,7 @@ from minicavs.train.config import Range, at_least
 from minicavs.core.errors import DataError
 from minicavs.engine.model import Model
 from minicavs.nn import ParameterSet
+from minicavs.train import behaviour
 from minicavs.train.task import Task
 
 NAME = "seq2seq"
@@ -224,18 +225,23 @@ class Reverse(Task):
     # --- minicavs predict ----------------------------------------------------------------------------
 
     def parse_input(self, line: str, where: str):
-        digits = [ch for ch in line if not ch.isspace()]
-        if not digits or not all(ch in "0123456789" for ch in digits):
-            raise DataError(f"{where}: expected digits, got {line.strip()!r}")
-        if len(digits) > self.max_len:
-            raise DataError(f"{where}: {len(digits)} digits; this model reads at most {self.max_len} "
-                            "(model.max_len)")
-        return np.array([int(ch) for ch in digits], np.int64)
+        return behaviour.read_digits(line, where, self.max_len)
 
     def predict(self, samples, batch_size: int) -> list[dict]:
         return [{"text": "".join(map(str, out)), "digits": [int(d) for d in out]}
                 for out in self.decode(list(samples), batch_size)]
 
+    def export_spec(self) -> dict:
+        """The greedy decoder (its while_loop) and predict's reading, feeding and rendering, by name."""
+        L, dtype = self.max_len, self.dtype.name
+        feeds = {"src": ("padded_source", {"max_len": L}), "src_mask": ("source_mask", {"max_len": L, "dtype": dtype}),
+                 "dec_in": ("reversed_decoder_input", {"max_len": L, "go": GO, "eos": EOS}),
+                 "state0": ("zero_state", {"width": self.hidden, "dtype": dtype})}
+        return {"outputs": dict(self._decoding),
+                "behaviour": {"predicts": self.predicts, "reader": {"name": "digits", "settings": {"max_len": L}},
+                              "graphs": {"name": "none"},
+                              "feeds": {k: {"name": n, "settings": st} for k, (n, st) in feeds.items()},
+                              "render": {"name": "tokens_until", "settings": {"output": "tokens", "eos": EOS}}}}
 
 def _scores(samples, guesses) -> tuple[float, float, int]:
     """(sequences exactly right, target positions right (<eos> included), target positions)."""

@@ -22,14 +22,15 @@ from minicavs import ops
 from minicavs.train.config import PRETRAINED_RULES, Choice, Nullable, PROBABILITY, at_least
 from minicavs.data import vectors
 from minicavs.data.datasets import require_file
-from minicavs.data.sst import parse_any_tree, read_sst
+from minicavs.data.sst import read_sst
 from minicavs.data.synthetic import synthetic_treebank
-from minicavs.data.trees import Tree
 from minicavs.core.errors import DataError
 from minicavs.runtime.inputs import InputGraph
 from minicavs.engine.model import Model, Structure, leaf_internal
 from minicavs.nn import ParameterSet
 from minicavs.nn.gates import CELLS, gate_values, split_gates
+from minicavs.train import behaviour
+from minicavs.train.artifact import ArtifactError
 from minicavs.train.task import Task
 from minicavs.runtime.vertex import VertexFunction
 
@@ -225,26 +226,31 @@ class TreeLSTM(Task):
                 "root_majority_acc": float(majority)}
 
     def parse_input(self, line: str, where: str):
-        return parse_any_tree(line, where, num_labels=len(self.classes), max_children=2)
+        return behaviour.read_tree(line, where, num_labels=len(self.classes), max_children=2)
 
     def predict(self, samples, batch_size: int) -> list[dict]:
         predictor = self.inference_model({"probs": self.model.outputs["probs"]})   # no labels needed
-        unk = self.vocab[UNK]
         out = []
         for i in range(0, len(samples), batch_size):
             chunk = samples[i:i + batch_size]
-            words = [self.vocab.get(t.words[v], unk) for t in chunk for v, ch in enumerate(t.children) if not ch]
-            res = predictor.infer(self.graphs_of(chunk), {"words": np.array(words, np.int64)}, self.params)
-            probs = np.split(res.outputs["probs"], np.cumsum([t.num_vertices for t in chunk])[:-1])
-            for tree, p in zip(chunk, probs):
-                labelled = Tree(tree.children, p.argmax(1), tree.words)
-                row = {"text": labelled.to_bracket(), "label": int(p[-1].argmax()),
-                       "probs": [round(float(q), 6) for q in p[-1]]}
-                if tree.labels[tree.root] >= 0:
-                    row["gold"] = int(tree.labels[tree.root])
-                out.append(row)
+            words = behaviour.leaf_word_ids(chunk, self.vocab, UNK)
+            res = predictor.infer(self.graphs_of(chunk), {"words": words}, self.params)
+            out += behaviour.tree_labels(chunk, res.outputs, self.vocabulary, output="probs")
         return out
 
+    def export_spec(self) -> dict:
+        """The classifier's probabilities, and predict's reading, feeding and rendering as named behaviours.
+        A subclass that gives vertices kinds of its own (graphs_of) does so in Python only: refused."""
+        if type(self).graphs_of is not TreeLSTM.graphs_of:
+            raise ArtifactError(f"cannot export model {type(self).__name__}: its vertex kinds come from "
+                                f"{type(self).__name__}.graphs_of, which exists only as Python code")
+        return {"outputs": {"probs": self.model.outputs["probs"]},
+                "behaviour": {"predicts": self.predicts,
+                              "reader": {"name": "tree", "settings": {"num_labels": len(self.classes),
+                                                                       "max_children": 2}},
+                              "graphs": {"name": "trees"},
+                              "feeds": {"words": {"name": "leaf_word_ids", "settings": {"unknown": UNK}}},
+                              "render": {"name": "tree_labels", "settings": {"output": "probs"}}}}
 
 def load_data(d: dict) -> dict:
     """SST bracket files by path, or the synthetic treebank ('synthetic') generated from d['synthetic']."""

@@ -24,11 +24,13 @@ from minicavs.train.config import PRETRAINED_RULES, PROBABILITY, Choice, ConfigE
 from minicavs.data import vectors
 from minicavs.core.errors import DataError
 from minicavs.data.datasets import require_file
-from minicavs.data.text import EOS, Vocab, read_sentences, synthetic_corpus, unigram_perplexity
+from minicavs.data.text import EOS, UNK, Vocab, read_sentences, synthetic_corpus, unigram_perplexity
 from minicavs.runtime.inputs import InputGraph
 from minicavs.engine.model import Model, Structure
 from minicavs.nn import ParameterSet
 from minicavs.nn.gates import CELLS, gate_values, split_gates
+from minicavs.train import behaviour
+from minicavs.train.artifact import ArtifactError
 from minicavs.train.task import Task
 from minicavs.runtime.vertex import VertexFunction
 
@@ -203,37 +205,45 @@ class LanguageModel(Task):
                 "unigram_perplexity": unigram}  # the baseline: add-one unigram counts of the training targets
 
     def parse_input(self, line: str, where: str):
-        return line.split()
+        return behaviour.read_tokens(line, where)
+
+    def _prediction_outputs(self) -> dict:
+        """Per-word losses and the distribution after each sentence's last word (made on first use)."""
+        if self._predict_outputs is None:
+            last = ops.input((None,), "int64", name="last")
+            self._predict_outputs = {"token_nll": ops.softmax_cross_entropy(self.logits, self.targets),
+                                     "next": ops.log_softmax(ops.lookup(self.logits, last))}
+        return self._predict_outputs
 
     def predict(self, samples, batch_size: int, top: int = 3) -> list[dict]:
         if self.graph == "foreach":
             raise NotImplementedError("predict runs the chain graph: train with model.graph=chain")
-        if self._predict_outputs is None:   # per-word losses and the distribution after each sentence's last word
-            last = ops.input((None,), "int64", name="last")
-            self._predict_outputs = {"token_nll": ops.softmax_cross_entropy(self.logits, self.targets),
-                                     "next": ops.log_softmax(ops.lookup(self.logits, last))}
-        predictor = self.inference_model(self._predict_outputs)
-        eos = self.vocab.index[EOS]
+        predictor = self.inference_model(self._prediction_outputs())
+        index = self.vocab.index
         out = []
         for i in range(0, len(samples), batch_size):
-            chunk = [(np.concatenate(([eos], ids)), np.concatenate((ids, [eos])))
-                     for ids in map(self.vocab.encode, samples[i:i + batch_size])]
-            graphs, feeds = self.batch(chunk)
-            lengths = np.array([len(x) for x, _ in chunk])
-            feeds["last"] = np.cumsum(lengths) - 1
-            res = predictor.infer(graphs, feeds, self.params)
-            nll = np.add.reduceat(res.outputs["token_nll"].astype(np.float64), np.cumsum(lengths) - lengths)
-            for tokens, n, sent_nll, logp in zip(samples[i:i + batch_size], lengths, nll, res.outputs["next"]):
-                best = np.argsort(-logp, kind="stable")[:top]
-                nxt = [(self.vocab.words[k], float(np.exp(logp[k]))) for k in best]
-                ppl = math.exp(sent_nll / n)
-                out.append({"text": f"perplexity {ppl:.2f}  log-likelihood {-sent_nll:.2f} ({n} predictions)  next: "
-                                    + ", ".join(f"{w} {p:.3f}" for w, p in nxt),
-                            "perplexity": ppl, "log_likelihood": -float(sent_nll), "predictions": int(n),
-                            "unknown_words": int(sum(w not in self.vocab.index for w in tokens)),
-                            "next": [{"word": w, "prob": round(p, 6)} for w, p in nxt]})
+            chunk = samples[i:i + batch_size]
+            feeds = {"inputs": behaviour.eos_then_ids(chunk, index, EOS, UNK),
+                     "targets": behaviour.ids_then_eos(chunk, index, EOS, UNK),
+                     "last": behaviour.last_positions(chunk, index)}
+            res = predictor.infer([self._chain(len(s) + 1) for s in chunk], feeds, self.params)
+            out += behaviour.perplexity(chunk, res.outputs, self.vocab.words, "token_nll", "next", top)
         return out
 
+    def export_spec(self) -> dict:
+        """The per-word losses and next-word distribution, and predict's reading, feeding and rendering."""
+        if self.graph == "foreach":
+            raise ArtifactError("cannot export model.graph=foreach: it does not predict (train with "
+                                "model.graph=chain)")
+        words = {"eos": EOS, "unknown": UNK}
+        return {"outputs": dict(self._prediction_outputs()),
+                "behaviour": {"predicts": self.predicts, "reader": {"name": "tokens"},
+                              "graphs": {"name": "eos_chains"},
+                              "feeds": {"inputs": {"name": "eos_then_ids", "settings": words},
+                                        "targets": {"name": "ids_then_eos", "settings": words},
+                                        "last": {"name": "last_positions"}},
+                              "render": {"name": "perplexity", "settings": {"token_nll": "token_nll",
+                                                                            "next": "next", "top": 3}}}}
 
 def load_sentences(d: dict) -> dict:
     """Token lists per split: files by path, or the synthetic corpus ('synthetic')."""

@@ -26,7 +26,8 @@ LAYERS = [
         ["ir/graph"],
         ["ops"],                         # the op registry: per op its shapes, kernels, gradient, fusion
         ["ir/autodiff", "ir/subgraph"],  # gradients; closed bodies and the items of several results
-        ["ir/control"]]),                # cond, foreach, while_loop as operators (they differentiate their bodies)
+        ["ir/control"],                  # cond, foreach, while_loop as operators (they differentiate their bodies)
+        ["ir/serialize"]]),              # nodes, graphs and bodies as data (model artifacts)
     ("vertex runtime", ["runtime"], [
         ["runtime/vertex", "runtime/inputs"],
         ["runtime/frontier", "runtime/fsm", "runtime/scheduler"],   # batching policies and their simulation

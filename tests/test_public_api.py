@@ -38,6 +38,8 @@ PUBLIC = {
     "CheckpointError": "minicavs.core.errors", "InputGraphError": "minicavs.core.errors",
     "DataError": "minicavs.core.errors", "RunDirError": "minicavs.core.errors",
     "ConfigError": "minicavs.train.config",
+    # exported models (issue 49): the public way to run a .mcav file
+    "load": "minicavs.train.artifact",
 "__version__": None,
 }
 

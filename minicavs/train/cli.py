@@ -145,6 +145,10 @@ COMMANDS: dict[str, tuple[str, Callable, Callable]] = {
     "eval": ("evaluate a checkpoint on a data split", _eval_args, _eval),
     "predict": ("apply a trained model to new input: one output line per non-blank input line (FILE or - for stdin)",
                 *_module(".predict")),
+    "export": ("write a trained model as one .mcav file that predicts without its Python module",
+               *_module(".export")),
+    "serve": ("serve a model over HTTP on 127.0.0.1, batching requests that arrive within a few ms through one "
+              "schedule", *_module(".serve")),
     "plot": ("training curves of a run dir as a PNG (needs matplotlib: pip install 'minicavs[plot]')",
              *_module(".plot")),
     "show": ("draw F and ∂F of every vertex function: DOT (and SVG/PNG with Graphviz), nodes colored by class "

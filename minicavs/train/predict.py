@@ -75,8 +75,8 @@ def predict_lines(task, lines: Iterable[str], name: str = "<input>", batch_size:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("target", metavar="RUN_DIR|CONFIG",
-                   help="a run dir written by minicavs train (its config.yaml and best.npz), or a YAML config "
-                        "with --checkpoint")
+                   help="a run dir written by minicavs train (its config.yaml and best.npz), a YAML config "
+                        "with --checkpoint, or a model file written by minicavs export (.mcav)")
     p.add_argument("input", metavar="FILE|-", help="input lines, '-' for standard input")
     p.add_argument("--checkpoint", default=None, help="the weights (default: RUN_DIR/best.npz)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -90,21 +90,42 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                 "words; tree_fc: nothing (random vector inputs).")
 
 
+def _predictor(args: argparse.Namespace) -> tuple[Any, int, str, Any, bool]:
+    """(what parses and predicts, the batch size, a note for stderr or "", the MPI communicator or None, whether
+    this rank writes the output): a model file (.mcav) loaded without its Python module, on rank 0 alone under
+    mpirun (None on the others), or the trainer of a run dir or config, whose ranks predict a shard each."""
+    from .artifact import SUFFIX, load
+    from .distributed import alone_on_rank_0
+    if args.target.endswith(SUFFIX):
+        if args.checkpoint or args.overrides:
+            raise PredictError(f"{args.target} is an exported model: it holds its weights and config "
+                               "(--checkpoint and --set apply to a run dir or config)")
+        if not alone_on_rank_0():
+            return None, 0, "", None, False
+        loaded = load(args.target)
+        return loaded, loaded.config["train"]["eval_batch_size"], "", None, True
+    from .trainer import Trainer
+    trainer, _ = Trainer.for_target(args.target, args.checkpoint, args.overrides)
+    note = "" if trainer.device.name == "cpu" else f"predicted on device {trainer.device.description}"
+    comm = trainer.parallel.comm if trainer.parallel else None
+    return trainer.task, trainer.cfg["train"]["eval_batch_size"], note, comm, trainer.is_root
+
+
 def run(args: argparse.Namespace) -> int:
     """Under mpirun rank 0 reads the input (standard input reaches rank 0 alone), every rank predicts a
     contiguous shard of it, and rank 0 writes the rows in input order: one output, one writer."""
     from .distributed import gather_to_root, scatter_from_root
-    from .trainer import Trainer
-    trainer, _ = Trainer.for_target(args.target, args.checkpoint, args.overrides)
-    comm = trainer.parallel.comm if trainer.parallel else None
+    task, batch_size, note, comm, writes = _predictor(args)
+    if task is None:
+        return 0
     name = "<stdin>" if args.input == "-" else args.input
     bad: list = []
-    samples = scatter_from_root(comm, lambda: _read_input(trainer.task, args.input, name, bad, args.skip_bad))
-    rows = gather_to_root(comm, lambda: predict_samples(trainer.task, samples, trainer.cfg["train"]["eval_batch_size"]))
-    if not trainer.is_root:
+    samples = scatter_from_root(comm, lambda: _read_input(task, args.input, name, bad, args.skip_bad))
+    rows = gather_to_root(comm, lambda: predict_samples(task, samples, batch_size))
+    if not writes:
         return 0
-    if trainer.device.name != "cpu":   # (on stderr: standard output holds the predictions only)
-        print(f"predicted on device {trainer.device.description}", file=sys.stderr)
+    if note:   # (on stderr: standard output holds the predictions only)
+        print(note, file=sys.stderr)
     text = "".join((json.dumps(r) if args.json else r["text"]) + "\n" for r in rows)
     if args.output:
         write_text(args.output, text)

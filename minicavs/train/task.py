@@ -79,3 +79,12 @@ class Task:
     def predict(self, samples: Sequence[Any], batch_size: int) -> list[dict]:
         """Per sample a dict with ``text`` (its output line) and the numbers behind it (JSON output)."""
         raise NotImplementedError(f"model {type(self).__name__} does not predict from text input")
+
+    def export_spec(self) -> dict:
+        """What ``minicavs export`` writes beside the graphs, as data: ``{"outputs": {name: node}, "behaviour":
+        {...}}`` naming entries of :mod:`minicavs.train.behaviour` (see :mod:`minicavs.train.artifact`). The
+        default refuses: this model's reading, feeding and rendering exist only as its Python code."""
+        from .artifact import ArtifactError
+        raise ArtifactError(f"cannot export model {type(self).__name__}: its input parsing and output rendering "
+                            "exist only as Python code (Task.parse_input, Task.predict); it declares no "
+                            "Task.export_spec")

@@ -1,0 +1,236 @@
+"""``minicavs serve``: a model over HTTP, batching the requests that arrive close together through one schedule.
+
+    minicavs serve tree_lstm.mcav --port 8000 --max-batch 64 --max-wait-ms 5
+    curl -d '["((the movie) (was great))", "(a b)"]' http://127.0.0.1:8000/predict
+
+``POST /predict`` takes JSON: one input line (a string) or a list of them; it answers
+``{"results": [row per line], "batch": {"requests": r, "samples": k}}``, each row what ``minicavs predict
+--json`` writes for the line. The lines are parsed in the request's own thread, so a bad one is a 400 with the
+parser's message (naming ``request:LINE``) and never joins a batch; a body over ``--max-request-bytes`` is
+refused (413) before it is read. The requests that arrive within ``--max-wait-ms`` of the first one waiting
+(or until ``--max-batch`` samples) run as one batch: Cavs merges their graphs into one schedule, and each
+response holds only its own request's rows. ``GET /health`` says the model and the requests in flight. SIGTERM (or
+Ctrl-C) stops accepting connections, finishes the requests in flight and exits 0.
+
+The server is the standard library's threading HTTP server: no dependency to install, a thread per connection
+that only parses and waits, while one batcher thread runs the model (its kernels are C and release nothing
+to gain from more Python threads on 2 cores); HTTP/1.1 keep-alive for clients that send many requests.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import queue
+import signal
+import sys
+import threading
+import time
+from concurrent.futures import Future
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Sequence
+
+from ..core.errors import DataError, MinicavsError
+from ..data.text import is_blank
+
+IDLE_SECONDS = 5.0   # a keep-alive connection idle this long is closed (so shutdown never waits longer)
+
+
+class Batcher:
+    """One thread that runs queued requests together: the first one waiting, and every one arriving within
+    ``max_wait`` seconds of it, up to ``max_batch`` samples."""
+
+    def __init__(self, predictor, max_batch: int, max_wait: float):
+        self.predictor, self.max_batch, self.max_wait = predictor, max_batch, max_wait
+        self.queue: queue.Queue = queue.Queue()
+        self.thread = threading.Thread(target=self._loop, name="batcher", daemon=True)
+        self.thread.start()
+
+    def submit(self, samples: Sequence[Any]) -> Future:
+        done: Future = Future()
+        self.queue.put((list(samples), done))
+        return done
+
+    def stop(self) -> None:
+        self.queue.put(None)
+        self.thread.join()
+
+    def _loop(self) -> None:
+        while True:
+            first = self.queue.get()
+            if first is None:
+                return
+            batch = [first]
+            deadline = time.monotonic() + self.max_wait
+            count = len(first[0])
+            while count < self.max_batch:
+                try:
+                    more = self.queue.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
+                    break
+                if more is None:
+                    self.queue.put(None)   # (stop after this batch)
+                    break
+                batch.append(more)
+                count += len(more[0])
+            self._run(batch)
+
+    def _run(self, batch: list) -> None:
+        """All requests of ``batch`` as one prediction; if that fails, each alone, so that one request's
+        failure reaches only that request."""
+        samples = [s for request, _ in batch for s in request]
+        try:
+            rows = self.predictor.predict(samples, max(1, len(samples)))
+        except Exception:   # (each alone below gets its own error)
+            if len(batch) > 1:
+                for one in batch:
+                    self._run([one])
+                return
+            batch[0][1].set_exception(sys.exc_info()[1])
+            return
+        info = {"requests": len(batch), "samples": len(samples)}
+        start = 0
+        for request, done in batch:
+            done.set_result((rows[start:start + len(request)], info))
+            start += len(request)
+
+
+def parse_request(predictor, body: bytes) -> list:
+    """The samples of a request body (a JSON string or list of strings); DataError naming the line if bad."""
+    try:
+        payload = json.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise DataError(f"request: not JSON ({e})") from None
+    lines = [payload] if isinstance(payload, str) else payload
+    if not isinstance(lines, list) or not lines or not all(isinstance(x, str) for x in lines):
+        raise DataError("request: expected an input line (a JSON string) or a non-empty list of them")
+    samples = []
+    for i, line in enumerate(lines, 1):
+        if is_blank(line):
+            raise DataError(f"request:{i}: a blank line")
+        samples.append(predictor.parse_input(line, f"request:{i}"))
+    return samples
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    timeout = IDLE_SECONDS
+    server: "ModelServer"
+
+    def log_message(self, format: str, *args) -> None:   # (quiet: one line per request is noise at load)
+        pass
+
+    def _reply(self, status: int, payload: dict) -> None:
+        data = json.dumps(payload).encode("utf-8")
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        if self.server.stopping.is_set():
+            self.send_header("Connection", "close")
+            self.close_connection = True
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        if self.path != "/health":
+            return self._reply(404, {"error": f"no {self.path}: GET /health or POST /predict"})
+        self._reply(200, {"status": "stopping" if self.server.stopping.is_set() else "ok",
+                          "model": self.server.name, "in_flight": self.server.in_flight})
+
+    def do_POST(self) -> None:
+        if self.path != "/predict":
+            return self._reply(404, {"error": f"no {self.path}: POST /predict"})
+        length = self.headers.get("Content-Length")
+        if length is None or not length.isdigit():
+            self.close_connection = True
+            return self._reply(411, {"error": "a request needs a Content-Length"})
+        if int(length) > self.server.max_bytes:
+            self.close_connection = True   # (the body is not read: the connection cannot be reused)
+            return self._reply(413, {"error": f"request of {int(length):,} bytes; this server takes at most "
+                                              f"{self.server.max_bytes:,} (--max-request-bytes)"})
+        with self.server.counting():
+            self._predict(int(length))
+
+    def _predict(self, length: int) -> None:
+        try:
+            samples = parse_request(self.server.predictor, self.rfile.read(length))
+        except DataError as e:
+            return self._reply(400, {"error": str(e)})
+        try:
+            rows, info = self.server.batcher.submit(samples).result()
+        except MinicavsError as e:
+            return self._reply(400, {"error": str(e)})
+        except Exception as e:   # a bug: the server keeps serving the others
+            return self._reply(500, {"error": f"{type(e).__name__}: {e}"})
+        self._reply(200, {"results": rows, "batch": info})
+
+
+class ModelServer(ThreadingHTTPServer):
+    daemon_threads = False   # server_close joins the handler threads: requests in flight finish
+    block_on_close = True
+
+    def __init__(self, address, predictor, name: str, max_batch: int, max_wait: float, max_bytes: int):
+        super().__init__(address, Handler)
+        self.predictor, self.name, self.max_bytes = predictor, name, max_bytes
+        self.batcher = Batcher(predictor, max_batch, max_wait)
+        self.stopping = threading.Event()
+        self.in_flight = 0   # predict requests read and not yet answered
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def counting(self):
+        with self._lock:
+            self.in_flight += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.in_flight -= 1
+
+    def stop_soon(self, *_) -> None:
+        """From a signal handler: stop accepting (serve_forever returns); run() then drains what is in flight."""
+        if not self.stopping.is_set():
+            self.stopping.set()
+            threading.Thread(target=self.shutdown, daemon=True).start()
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("target", metavar="MODEL.mcav|RUN_DIR", help="a model file written by minicavs export, or a "
+                   "run dir (its config and best checkpoint)")
+    p.add_argument("--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1: this "
+                   "machine only)")
+    p.add_argument("--port", type=int, default=8000, help="default 8000; 0 picks a free port (printed)")
+    p.add_argument("--max-batch", type=int, default=64, help="samples per batch at most (default 64)")
+    p.add_argument("--max-wait-ms", type=float, default=5.0, help="how long the first request waiting waits "
+                   "for others to join its batch (default 5 ms)")
+    p.add_argument("--max-request-bytes", type=int, default=1 << 20, help="larger request bodies are refused "
+                   "(413) unread (default 1 MiB)")
+
+
+def _predictor(target: str):
+    from .artifact import SUFFIX, load
+    if target.endswith(SUFFIX):
+        return load(target)
+    from .trainer import Trainer
+    return Trainer.for_target(target)[0].task
+
+
+def run(args: argparse.Namespace) -> int:
+    from .predict import PredictError
+    if args.max_batch < 1 or args.max_wait_ms < 0 or args.max_request_bytes < 1:
+        raise PredictError("--max-batch and --max-request-bytes must be >= 1, --max-wait-ms >= 0")
+    predictor = _predictor(args.target)
+    if not predictor.predicts:
+        raise PredictError(f"{args.target}: this model does not predict from text input")
+    server = ModelServer((args.host, args.port), predictor, args.target, args.max_batch,
+                         args.max_wait_ms / 1000, args.max_request_bytes)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, server.stop_soon)
+    host, port = server.server_address[:2]
+    print(f"serving {args.target} on http://{host}:{port} (POST /predict, GET /health; max batch "
+          f"{args.max_batch}, max wait {args.max_wait_ms:g} ms)", flush=True)
+    server.serve_forever()
+    server.server_close()   # joins the handler threads: the requests in flight get their answers
+    server.batcher.stop()
+    print("minicavs serve: stopped", file=sys.stderr, flush=True)
+    return 0

@@ -1,0 +1,53 @@
+"""tools/serve_load.py's client against an in-process server on 127.0.0.1: open and closed loop, every request
+answered, latencies and CPU seconds reported; its table has a row per measurement."""
+from __future__ import annotations
+
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from minicavs.train import artifact
+from minicavs.train.serve import ModelServer
+from tests.train.test_artifact import tiny_trainer
+
+TOOLS = Path(__file__).resolve().parents[2] / "tools"
+sys.path.insert(0, str(TOOLS))
+import serve_load  # noqa: E402
+
+LINES = ["((the movie) (was great))", "(3 (2 it) (4 works))", "word"]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("load")
+    trainer = tiny_trainer(tmp, hidden=4, embed=4)
+    artifact.export(tmp / "m.mcav", trainer.task, trainer.cfg)
+    srv = ModelServer(("127.0.0.1", 0), artifact.load(tmp / "m.mcav"), "m", 8, 0.002, 1 << 16)
+    thread = threading.Thread(target=srv.serve_forever)
+    thread.start()
+    yield srv.server_address[1]
+    srv.shutdown()
+    srv.server_close()
+    srv.batcher.stop()
+    thread.join()
+
+
+@pytest.mark.parametrize("rate", [0.0, 40.0])
+def test_the_client_sends_for_the_time_given_and_counts_every_answer(server, rate):
+    row = serve_load.client(server, LINES, rate, 0.5, 3)
+    assert row["errors"] == 0 and row["done"] == row["sent"] > 0
+    assert 0 < row["p50_ms"] <= row["p99_ms"] and row["client_cpu_s"] > 0
+    if rate:
+        assert row["sent"] == 20   # due every 25 ms for 0.5 s
+
+
+def test_the_table_has_a_row_per_measurement():
+    rows = [{"server": "max-batch 1", "offered": 0, "throughput": 10.0, "p50_ms": 1.0, "p99_ms": 2.0, "errors": 0,
+             "client_cpu_s": 0.1, "server_cpu_s": 0.9}, {"server": "batching", "offered": 20.0, "throughput": 19.5,
+                                                         "p50_ms": 3.0, "p99_ms": 9.0, "errors": 1,
+                                                         "client_cpu_s": 0.2, "server_cpu_s": 0.8}]
+    lines = serve_load.table(rows).splitlines()
+    assert len(lines) == 4 and "| max-batch 1 | closed loop | 10.0 |" in lines[2]
+    assert lines[3] == "| batching | 20.0 | 19.5 | 3.0 | 9.0 | 1 | 0.2 / 0.8 |"

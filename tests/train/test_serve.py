@@ -1,0 +1,114 @@
+"""minicavs serve: concurrent clients get what predict gives for their lines, batched together; a bad request
+fails alone; an oversized one is refused unread; SIGTERM finishes the requests in flight. 127.0.0.1 only."""
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from minicavs.train import artifact
+from minicavs.train.predict import predict_lines
+from tests.train.test_artifact import tiny_trainer
+
+ROOT = Path(__file__).resolve().parents[2]
+CLIENT_LINES = [["((the movie) (was great))"], ["(3 (2 it) (4 works))", "word"], ["(w1 (w2 w3))"],
+                ["((a b) (c d))", "zz"], ["(a b c)"], ["(b a)"]]   # the fifth is bad: three children
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("serve")
+    trainer = tiny_trainer(tmp, hidden=8, embed=6)
+    path = tmp / "tree.mcav"
+    artifact.export(path, trainer.task, trainer.cfg)
+    return trainer, path
+
+
+def start(path: Path, *flags: str) -> tuple[subprocess.Popen, int]:
+    proc = subprocess.Popen([sys.executable, "-m", "minicavs", "serve", str(path), "--port", "0", *flags],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    line = proc.stdout.readline()   # "serving ... on http://127.0.0.1:PORT ..."
+    assert "127.0.0.1:" in line, proc.stderr.read()
+    return proc, int(line.split("127.0.0.1:")[1].split(" ")[0])
+
+
+def post(port: int, body: bytes, timeout: float = 30) -> tuple[int, dict]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request("POST", "/predict", body, {"Content-Type": "application/json"})
+        response = conn.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        conn.close()
+
+
+def health(port: int) -> dict:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.request("GET", "/health")
+        return json.loads(conn.getresponse().read())
+    finally:
+        conn.close()
+
+
+def concurrently(port: int, bodies: list) -> list:
+    answers: list = [None] * len(bodies)
+
+    def send(i):
+        answers[i] = post(port, bodies[i])
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(len(bodies))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return answers
+
+
+def test_concurrent_clients_get_their_own_rows_batched_and_a_bad_request_fails_alone(model):
+    trainer, path = model
+    proc, port = start(path, "--max-wait-ms", "300", "--max-request-bytes", "4000")
+    try:
+        answers = concurrently(port, [json.dumps(lines).encode() for lines in CLIENT_LINES])
+        for lines, (status, got) in zip(CLIENT_LINES, answers):
+            if lines == ["(a b c)"]:
+                assert status == 400 and got["error"].startswith("request:1: a node with 3 children")
+                continue
+            assert status == 200, got
+            assert got["results"] == [{k: v for k, v in row.items() if k != "line"}
+                                      for row in predict_lines(trainer.task, lines)]
+        assert max(got["batch"]["requests"] for status, got in answers if status == 200) > 1
+        status, got = post(port, b'"' + b"a" * 5000 + b'"')
+        assert status == 413 and "5,002 bytes" in got["error"] and "at most 4,000" in got["error"]
+        assert post(port, b'{"not": "a line"}')[0] == 400 and post(port, b"\xff")[0] == 400
+        assert health(port)["status"] == "ok"
+        assert post(port, b'"(one more)"')[0] == 200   # still serving after the refusals
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+
+
+def test_sigterm_finishes_the_requests_in_flight(model):
+    _, path = model
+    proc, port = start(path, "--max-wait-ms", "1500")
+    answers: list = []
+    sender = threading.Thread(target=lambda: answers.extend(
+        concurrently(port, [json.dumps(lines).encode() for lines in CLIENT_LINES[:3]])))
+    sender.start()
+    deadline = time.monotonic() + 30
+    while health(port)["in_flight"] < 3 and time.monotonic() < deadline:   # all three wait in the batcher
+        time.sleep(0.02)
+    assert health(port)["in_flight"] == 3
+    proc.send_signal(signal.SIGTERM)
+    sender.join(60)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and "stopped" in err
+    assert [status for status, _ in answers] == [200, 200, 200]

@@ -1,0 +1,169 @@
+"""Load test of ``minicavs serve`` (issue 49): per-request saturated throughput R, then R, 2R, 3R offered.
+
+    minicavs export models/tree_lstm_sst.yaml --set model.hidden=512 -o sst512.mcav
+    python tools/serve_load.py sst512.mcav ../shared/data/sst/test.txt --seconds 10
+
+1. A server with ``--max-batch 1`` (every request alone) and a closed-loop client (``--connections``
+   keep-alive connections, each sending its next request when the last is answered): its throughput is R.
+2. The same server, then a batching one (``--max-batch``, ``--max-wait-ms``), each offered R, 2R and 3R
+   requests per second by an open-loop client (requests due at fixed intervals whatever the answers; latency
+   counted from when a request was due, so a server that falls behind shows it).
+
+The client runs in its own process (this file with ``--client``) on the same machine; each row says how the
+CPU seconds of the run split between client and server (from /proc). One line of the input per request,
+cycling. Results: a table on stdout, and JSON with ``--out``.
+"""
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+
+
+def _cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")   # utime + stime
+
+
+# --- the client (its own process) ---------------------------------------------------------------------
+
+def client(port: int, lines: list, rate: float, seconds: float, connections: int) -> dict:
+    """Send for ``seconds``: closed loop if ``rate`` is 0, else open loop at ``rate`` requests/s."""
+    due: queue.Queue = queue.Queue()
+    latencies, errors = [], [0]
+    lock = threading.Lock()
+    start = time.monotonic()
+    end = start + seconds
+
+    def worker(k: int) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        i = k
+        while True:
+            when = time.monotonic() if rate == 0 else due.get()
+            if when is None or when >= end:
+                break
+            body = json.dumps(lines[i % len(lines)]).encode()
+            i += connections
+            try:
+                conn.request("POST", "/predict", body, {"Content-Type": "application/json"})
+                response = conn.getresponse()
+                response.read()
+                ok = response.status == 200
+            except (OSError, http.client.HTTPException):
+                conn.close()
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+                ok = False
+            with lock:
+                if ok:
+                    latencies.append(time.monotonic() - when)
+                else:
+                    errors[0] += 1
+        conn.close()
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(connections)]
+    for t in threads:
+        t.start()
+    sent = 0
+    if rate > 0:
+        while True:
+            when = start + sent / rate
+            if when >= end:
+                break
+            time.sleep(max(0.0, when - time.monotonic()))
+            due.put(when)
+            sent += 1
+        for _ in threads:
+            due.put(None)
+    for t in threads:
+        t.join()
+    elapsed = time.monotonic() - start
+    lat = np.array(latencies) * 1000
+    return {"offered": rate, "sent": sent or len(latencies) + errors[0], "done": len(latencies),
+            "errors": errors[0], "throughput": len(latencies) / elapsed,
+            "p50_ms": float(np.percentile(lat, 50)) if lat.size else None,
+            "p99_ms": float(np.percentile(lat, 99)) if lat.size else None,
+            "client_cpu_s": _cpu_seconds(os.getpid())}
+
+
+# --- the driver -----------------------------------------------------------------------------------------
+
+def start_server(model: str, flags: list) -> tuple[subprocess.Popen, int]:
+    proc = subprocess.Popen([sys.executable, "-m", "minicavs", "serve", model, "--port", "0", *flags],
+                            stdout=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    if "127.0.0.1:" not in line:
+        proc.kill()
+        raise SystemExit(f"serve_load: the server did not start: {line!r}")
+    return proc, int(line.split("127.0.0.1:")[1].split(" ")[0])
+
+
+def measure(port: int, server: subprocess.Popen, args, rate: float) -> dict:
+    before = _cpu_seconds(server.pid)
+    done = subprocess.run([sys.executable, __file__, "--client", str(port), args.lines, str(rate),
+                           str(args.seconds), str(args.connections)], capture_output=True, text=True, check=True)
+    row = json.loads(done.stdout)
+    row["server_cpu_s"] = _cpu_seconds(server.pid) - before
+    return row
+
+
+def run_server(args, flags: list, rates: list, label: str) -> list:
+    proc, port = start_server(args.model, flags)
+    try:
+        measure(port, proc, argparse.Namespace(**{**vars(args), "seconds": 1.0}), rates[0] or 0)   # warm-up
+        return [{"server": label, **measure(port, proc, args, rate)} for rate in rates]
+    finally:
+        proc.terminate()
+        proc.wait(60)
+
+
+def table(rows: list) -> str:
+    head = "| server | offered req/s | throughput req/s | p50 ms | p99 ms | errors | CPU s client / server |"
+    out = [head, "|" + "---|" * 7]
+    for r in rows:
+        offered = "closed loop" if r["offered"] == 0 else f"{r['offered']:.1f}"
+        out.append(f"| {r['server']} | {offered} | {r['throughput']:.1f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | "
+                   f"{r['errors']} | {r['client_cpu_s']:.1f} / {r['server_cpu_s']:.1f} |")
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    if argv is None and len(sys.argv) > 1 and sys.argv[1] == "--client":
+        port, path, rate, seconds, connections = sys.argv[2:7]
+        with open(path, encoding="utf-8") as f:
+            lines = [line.strip() for line in f if line.strip()]
+        print(json.dumps(client(int(port), lines, float(rate), float(seconds), int(connections))))
+        return 0
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("model", help="a model file (minicavs export)")
+    p.add_argument("lines", help="input lines, one request each (cycled)")
+    p.add_argument("--seconds", type=float, default=10.0, help="per measurement (default 10)")
+    p.add_argument("--connections", type=int, default=16, help="client keep-alive connections (default 16)")
+    p.add_argument("--max-batch", type=int, default=64)
+    p.add_argument("--max-wait-ms", type=float, default=5.0)
+    p.add_argument("--out", default=None, help="write the rows as JSON here")
+    args = p.parse_args(argv)
+    one = ["--max-batch", "1", "--max-wait-ms", "0"]
+    saturated = run_server(args, one, [0], "max-batch 1")
+    R = saturated[0]["throughput"]
+    rates = [R, 2 * R, 3 * R]
+    rows = saturated + run_server(args, one, rates, "max-batch 1")
+    rows += run_server(args, ["--max-batch", str(args.max_batch), "--max-wait-ms", str(args.max_wait_ms)], rates,
+                       f"batching ({args.max_batch}, {args.max_wait_ms:g} ms)")
+    print(f"R (per-request saturated throughput, max-batch 1): {R:.1f} requests/s")
+    print(table(rows))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
