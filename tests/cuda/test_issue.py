@@ -124,13 +124,13 @@ def test_a_row_number_out_of_range_is_caught_in_check_mode(cuda_standin, monkeyp
     trees = [InputGraph([[1, 2], [], []])] * 3
     device = Cuda(cuda_standin)
     from minicavs.engine import program as program_module
-    real = program_module.Buffers._child
+    real = program_module._BY_WHAT["child"]
 
     def far(self, slot, kind_id):
         rows = real(self, slot, kind_id).copy()
         rows[:] = 10**6
         return rows
-    monkeypatch.setattr(program_module.Buffers, "_child", far)
+    monkeypatch.setitem(program_module._BY_WHAT, "child", far)
     with pytest.raises(issue.IssueCheckError, match=r"instruction \d+ \((GATHER|TAKETO|ADJ) .*out of bounds"):
         _run(case, device, trees, EngineOptions(gather_elision=False, check=True))
 

@@ -182,7 +182,8 @@ def test_an_installed_package_keeps_data_in_the_users_data_directory(tmp_path, m
 
 def test_bundled_configs_by_name_and_the_resolved_config_reads_back(tmp_path):
     assert find_config("tree_lstm") == bundled_models_dir() / "tree_lstm.yaml"
-    with pytest.raises(FileNotFoundError, match="bundled configs: fixed_lstm, lattice_lstm, mv_rnn, seq2seq, tree_fc, tree_gru, tree_lstm, tree_lstm_2type"):
+    with pytest.raises(FileNotFoundError, match="bundled configs: bilstm_tagger, fixed_lstm, lattice_gru, lattice_lstm, lstm_nmt, mv_rnn, "
+                       "seq2seq, tree_fc, tree_gru, tree_lstm, tree_lstm_2type, tree_lstm_sst, var_lstm, var_lstm_ptb"):
         find_config("tree_lsmt")
     cfg = load_config("tree_lstm", ["model.hidden=7", "train.lr=1e-4"])
     assert cfg["model"]["name"] == "tree_lstm"
