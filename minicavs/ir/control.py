@@ -489,8 +489,8 @@ def _rowless_replay(node: Node, inputs: Sequence[Node], saved: list, count: Node
     sub_cond = _closed(a["cond"], [i - n_in for i in slots], [0]) if is_while else None
     if sub_body is None or (is_while and sub_cond is None):
         return saved, count
-    counts = [i for i in slots if i < n_in]
-    attrs = dict(body=sub_body, n_in=len(counts), n_state=len(states), n_out=0, length=a["length"],
+    iterated = [i for i in slots if i < n_in]
+    attrs = dict(body=sub_body, n_in=len(iterated), n_state=len(states), n_out=0, length=a["length"],
                  _has_count=has_count, _save=True, _differentiable=False, _in_vertex_function=False, _pick=None)
     attrs.update({"cond": sub_cond} if is_while else {"reverse": a.get("reverse", False)})
     types = _loop_types(node.op, sub_body, [inputs[n_in + j] for j in states], 0, a["length"], True)
