@@ -572,11 +572,10 @@ class Model:
         for s, stage in zip(self.structures, self.stages):
             batch, plan, compiled = plans[s.name]
             try:
-                ran = evaluate(stage, env, feeds, params, ctx, xp=xp)
+                self._evaluate(stage, env, feeds, params, ctx, result.static,
+                               f"forward, the pulls of structure '{s.name}'")
             except FeedError as e:
                 raise _at_pull_row(e, s, batch) from None
-            if ran:
-                result.static.append(record(f"forward, the pulls of structure '{s.name}'", ran, env, xp))
             pull_bufs = {}
             for name, src in s.pulls.items():
                 buf = env[src]
@@ -597,13 +596,10 @@ class Model:
                     raise FeedError(f"structure '{s.name}': no vertex in the batch pushes '{name}'")
                 env[node] = st.pushes[name]
         if outputs or self.loss is None:
-            ran = evaluate(self.final_stage, env, feeds, params, ctx, xp=xp)
+            self._evaluate(self.final_stage, env, feeds, params, ctx, result.static, "forward, the loss and outputs")
             result.outputs = {k: device.to_host(env[v]) for k, v in self.outputs.items()}   # for metrics: host
         else:
-            ran = evaluate(self.loss_stage, env, feeds, params, ctx, xp=xp)
-        if ran:
-            result.static.append(record("forward, the loss and outputs" if outputs or self.loss is None
-                                        else "forward, the loss", ran, env, xp))
+            self._evaluate(self.loss_stage, env, feeds, params, ctx, result.static, "forward, the loss")
         result.states = states
         if self.loss is not None:
             loss = env[self.loss]
@@ -613,6 +609,13 @@ class Model:
         if training:
             result.grads = self._backward(plans, states, env, feeds, params, ctx, result.static)
         return result
+
+    def _evaluate(self, nodes, env: dict, feeds, params, ctx, static: list, what: str) -> None:
+        """Evaluate a static graph's ``nodes`` into ``env``; what ran goes to ``static`` as a
+        program.StaticRun named ``what`` (explain shows it)."""
+        ran = evaluate(nodes, env, feeds, params, ctx, xp=self.device.xp)
+        if ran:
+            static.append(record(what, ran, env, self.device.xp))
 
     def _backward(self, plans, states, env, feeds, params, ctx, static: list) -> dict:
         """Every parameter's gradient; ``static`` gets a program.StaticRun per static graph run."""
@@ -632,9 +635,8 @@ class Model:
                 if g is None:
                     push_grads[name] = xp.zeros_like(env[s._pushed[name]])
                 else:
-                    ran = evaluate(self._push_grad_nodes[(s.name, name)], benv, feeds, params, ctx, xp=xp)
-                    if ran:
-                        static.append(record(f"backward, the gradient of push '{s.name}.{name}'", ran, benv, xp))
+                    self._evaluate(self._push_grad_nodes[(s.name, name)], benv, feeds, params, ctx, static,
+                                   f"backward, the gradient of push '{s.name}.{name}'")
                     push_grads[name] = benv[g]   # may be row-sparse (a lookup picked root rows): alg1.backward
             for name in {n for f in s.functions.values() for n in f.pushes} - set(push_grads):
                 push_grads[name] = xp.zeros_like(states[s.name].pushes[name])  # consumed by nothing
@@ -648,9 +650,8 @@ class Model:
                 benv.pop(node, None)
         sg = self.static_param_grad
         if sg:
-            ran = evaluate(self._static_grad_nodes, benv, feeds, params, ctx, xp=xp)
-            if ran:
-                static.append(record("backward, the parameters' gradients", ran, benv, xp))
+            self._evaluate(self._static_grad_nodes, benv, feeds, params, ctx, static,
+                           "backward, the parameters' gradients")
             for name, g in sg.items():
                 grads[name] = add_all(xp, [grads[name], benv[g]]) if name in grads else benv[g]
         return grads
