@@ -15,18 +15,8 @@ tools/dynet_peer.py).
     python tools/dynet_bilstm_tagger.py SPEC.json
 """
 import numpy as np
-from dynet_peer import check_loss, start, train_and_report
+from dynet_peer import check_loss, lstm_builder, start, train_and_report
 from peer_common import read_spec
-
-
-def builder(dy, pc, w, d: str, D: int, H: int):
-    """Direction ``d``'s LSTM with minicavs' weights W_d, U_d, b_d."""
-    lstm = dy.VanillaLSTMBuilder(1, D, H, pc, forget_bias=0.0)
-    (W_x, W_h, b), = lstm.get_parameters()
-    W_x.set_value(np.ascontiguousarray(w[f"W_{d}"].T))
-    W_h.set_value(np.ascontiguousarray(w[f"U_{d}"].T))
-    b.set_value(w[f"b_{d}"])
-    return lstm
 
 
 def main():
@@ -36,10 +26,9 @@ def main():
     data = np.load(spec["data"])
     ptr = data["ptr"]
     samples = [(data["inputs"][a:b].tolist(), data["targets"][a:b].tolist()) for a, b in zip(ptr[:-1], ptr[1:])]
-    D, H = w["W_f"].shape[0], w["U_f"].shape[0]
     pc = dy.ParameterCollection()
     E = pc.lookup_parameters_from_numpy(w["E"])
-    fwd, bwd = builder(dy, pc, w, "f", D, H), builder(dy, pc, w, "b", D, H)
+    fwd, bwd = (lstm_builder(dy, pc, w[f"W_{d}"], w[f"U_{d}"], w[f"b_{d}"]) for d in "fb")
     W_of, W_ob = (pc.parameters_from_numpy(np.ascontiguousarray(w[k].T)) for k in ("W_of", "W_ob"))
     b_o = pc.parameters_from_numpy(w["b_o"])
 

@@ -18,7 +18,7 @@ tools/dynet_peer.py).
     python tools/dynet_lstm_lm.py SPEC.json
 """
 import numpy as np
-from dynet_peer import check_loss, start, train_and_report
+from dynet_peer import check_loss, lstm_builder, start, train_and_report
 from peer_common import read_spec
 
 
@@ -29,14 +29,9 @@ def main():
     data = np.load(spec["data"])
     ptr = data["ptr"]
     samples = [(data["inputs"][a:b].tolist(), data["targets"][a:b].tolist()) for a, b in zip(ptr[:-1], ptr[1:])]
-    D, H = w["W_x"].shape[0], w["W_h"].shape[0]
     pc = dy.ParameterCollection()
     E = pc.lookup_parameters_from_numpy(w["E"])
-    lstm = dy.VanillaLSTMBuilder(1, D, H, pc, forget_bias=0.0)
-    (W_x, W_h, b), = lstm.get_parameters()
-    W_x.set_value(np.ascontiguousarray(w["W_x"].T))
-    W_h.set_value(np.ascontiguousarray(w["W_h"].T))
-    b.set_value(w["b"])
+    lstm = lstm_builder(dy, pc, w["W_x"], w["W_h"], w["b"])
     W_o = pc.parameters_from_numpy(np.ascontiguousarray(w["W_o"].T))
     b_o = pc.parameters_from_numpy(w["b_o"])
 

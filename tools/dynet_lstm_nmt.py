@@ -15,17 +15,8 @@ of minicavs/bench/peers.py; units are sequences; DyNet settings and optimizer: t
     python tools/dynet_lstm_nmt.py SPEC.json
 """
 import numpy as np
-from dynet_peer import check_loss, start, train_and_report
+from dynet_peer import check_loss, lstm_builder, start, train_and_report
 from peer_common import read_spec
-
-
-def builder(dy, pc, w, pre: str, D: int, H: int):
-    lstm = dy.VanillaLSTMBuilder(1, D, H, pc, forget_bias=0.0)
-    (W_x, W_h, b), = lstm.get_parameters()
-    W_x.set_value(np.ascontiguousarray(w[f"{pre}_Wx"].T))
-    W_h.set_value(np.ascontiguousarray(w[f"{pre}_Wh"].T))
-    b.set_value(w[f"{pre}_b"])
-    return lstm
 
 
 def main():
@@ -35,10 +26,9 @@ def main():
     data = np.load(spec["data"])
     ptr, eos, go = data["ptr"], spec["eos"], spec["go"]
     samples = [data["inputs"][a:b].tolist() for a, b in zip(ptr[:-1], ptr[1:])]
-    D, H = w["enc_Wx"].shape[0], w["enc_Wh"].shape[0]
     pc = dy.ParameterCollection()
     E = pc.lookup_parameters_from_numpy(w["E"])
-    enc, dec = builder(dy, pc, w, "enc", D, H), builder(dy, pc, w, "dec", D, H)
+    enc, dec = (lstm_builder(dy, pc, w[f"{p}_Wx"], w[f"{p}_Wh"], w[f"{p}_b"]) for p in ("enc", "dec"))
     W_o = pc.parameters_from_numpy(np.ascontiguousarray(w["W_o"].T))
     b_o = pc.parameters_from_numpy(w["b_o"])
 

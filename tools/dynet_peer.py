@@ -31,6 +31,8 @@ update), so a nonzero ``weight_decay`` is refused.
 import importlib.metadata
 import time
 
+import numpy as np
+
 from peer_common import measure, report
 
 MODES = {"autobatch": 1, "unbatched": 0}
@@ -105,3 +107,14 @@ def train_and_report(dy, pc, batch_loss, samples: list, units: list, spec: dict,
     n, why = threads()
     report(spec, check, timing, framework="dynet", threads=n, threads_note=why, optimizer=type(trainer).__name__,
            mem_mb=spec["mem"], versions={"dynet38": importlib.metadata.version("dynet38")})
+
+
+def lstm_builder(dy, pc, W_x, W_h, b):
+    """A one-layer ``VanillaLSTMBuilder`` holding minicavs' LSTM weights (rows @ W: DyNet's are transposed);
+    forget_bias=0 and DyNet's gate order i, f, o, g are minicavs' own, so the weights go in unchanged."""
+    lstm = dy.VanillaLSTMBuilder(1, W_x.shape[0], W_h.shape[0], pc, forget_bias=0.0)
+    (x_weights, h_weights, bias), = lstm.get_parameters()
+    x_weights.set_value(np.ascontiguousarray(W_x.T))
+    h_weights.set_value(np.ascontiguousarray(W_h.T))
+    bias.set_value(b)
+    return lstm
