@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from minicavs import InputGraph, Model, ParameterSet, Structure, VertexFunction, ops
+from minicavs import InputGraph, Model, Structure, VertexFunction, ops
 from minicavs.core.errors import DataError
 from minicavs.train.config import load_model_module
 
@@ -70,16 +70,7 @@ class LstmNmt(seq2seq.Reverse):
                      for k, split in enumerate(("train", "dev", "test")) if d[split] is not None}
         H, D, dtype, seed = m["hidden"], m["embed"], tc["dtype"], tc["seed"]
         self.dtype, self.hidden = np.dtype(dtype), H
-        p = self.params = ParameterSet()
-        p.new("E", (seq2seq.VOCAB, D), init="uniform(0.1)", dtype=dtype, rng=seed)
-        gates = np.zeros(4 * H)
-        gates[H:2 * H] = m["forget_bias"]          # gate order i, f, o, u
-        for pre in ("enc", "dec"):
-            p.new(f"{pre}_Wx", (D, 4 * H), dtype=dtype, rng=seed)
-            p.new(f"{pre}_Wh", (H, 4 * H), init="orthogonal", dtype=dtype, rng=seed)
-            p.new(f"{pre}_b", (4 * H,), init=gates, dtype=dtype, rng=seed)
-        p.new("W_o", (H, seq2seq.VOCAB), dtype=dtype, rng=seed)
-        p.new("b_o", (seq2seq.VOCAB,), init="zeros", dtype=dtype, rng=seed)
+        p = self.params = seq2seq.encoder_decoder_params(H, D, m["forget_bias"], dtype, seed)
         tokens = ops.input((None,), "int64", name="tokens")      # per sample: its digits, then decoder inputs
         self.targets = ops.input((None,), "int64", name="targets")
         self.last = ops.input((None,), "int64", name="last")        # per sample: its last decoder row

@@ -71,6 +71,23 @@ def generate(count: int, seed: int, split_id: int, lo: int, hi: int) -> list:
     return [rng.integers(0, DIGITS, n) for n in lengths]
 
 
+
+def encoder_decoder_params(H: int, D: int, forget_bias: float, dtype, seed: int) -> ParameterSet:
+    """The embeddings, the encoder's and the decoder's LSTM weights and the output layer (shared with
+    models/lstm_nmt.py, which writes the same network as vertex functions over chains)."""
+    p = ParameterSet()
+    p.new("E", (VOCAB, D), init="uniform(0.1)", dtype=dtype, rng=seed)
+    gates = np.zeros(4 * H)
+    gates[H:2 * H] = forget_bias          # gate order i, f, o, u
+    for pre in ("enc", "dec"):
+        p.new(f"{pre}_Wx", (D, 4 * H), dtype=dtype, rng=seed)
+        p.new(f"{pre}_Wh", (H, 4 * H), init="orthogonal", dtype=dtype, rng=seed)
+        p.new(f"{pre}_b", (4 * H,), init=gates, dtype=dtype, rng=seed)
+    p.new("W_o", (H, VOCAB), dtype=dtype, rng=seed)
+    p.new("b_o", (VOCAB,), init="zeros", dtype=dtype, rng=seed)
+    return p
+
+
 class Reverse(Task):
     unit = "sequences"
     key_metric = "seq_acc"
@@ -90,16 +107,7 @@ class Reverse(Task):
         H, D, dtype, seed = m["hidden"], m["embed"], tc["dtype"], tc["seed"]
         self.dtype = np.dtype(dtype)
         self.hidden = H
-        p = self.params = ParameterSet()
-        p.new("E", (VOCAB, D), init="uniform(0.1)", dtype=dtype, rng=seed)
-        gates = np.zeros(4 * H)
-        gates[H:2 * H] = m["forget_bias"]          # gate order i, f, o, u
-        for pre in ("enc", "dec"):
-            p.new(f"{pre}_Wx", (D, 4 * H), dtype=dtype, rng=seed)
-            p.new(f"{pre}_Wh", (H, 4 * H), init="orthogonal", dtype=dtype, rng=seed)
-            p.new(f"{pre}_b", (4 * H,), init=gates, dtype=dtype, rng=seed)
-        p.new("W_o", (H, VOCAB), dtype=dtype, rng=seed)
-        p.new("b_o", (VOCAB,), init="zeros", dtype=dtype, rng=seed)
+        self.params = encoder_decoder_params(H, D, m["forget_bias"], dtype, seed)
         self._build(dtype)
 
     def _param(self, name: str):
