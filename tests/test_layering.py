@@ -35,8 +35,10 @@ LAYERS = [
     ("engine", ["engine"], [
         ["engine/passes"],               # classification, fusion grouping, aliasing, GEMM merging, layout
         ["engine/codegen"],              # strings only: C and CUDA sources
-        ["engine/backend", "engine/reference", "engine/planner"],   # the seam; the reference runner beside it
+        ["engine/backend", "engine/reference", "engine/planner", "engine/operands"],   # the seam; the reference
+        # runner beside it; the binder of a pass's buffers into the seam's Operands
         ["engine/compile"],
+        ["engine/lowered"],              # templates and the linked program: the data the runners read
         ["engine/instructions", "engine/program", "engine/executor", "engine/alg1", "engine/explain"],
         ["engine/model"]]),
     ("backends", ["cpu", "cuda"], [
@@ -257,3 +259,27 @@ def test_the_checks_see_lazy_imports_cycles_and_loose_modules(tmp_path):
         (pkg / "graph.py").write_text("")
         with pytest.raises(AssertionError, match="modules outside the layers' folders: .'graph.py'."):
             test_every_layer_is_its_folders()
+
+
+# What the backends may import of the engine (DESIGN.md: "the backends know the seam's protocol and the plain data
+# types it hands them, never the engine's modules"): the seam (its protocol, Operand, FusedGroup, the opcode
+# numbering, the planner's hook), and the generated sources they compile (codegen: strings only, the rendering of
+# the opcode table).
+BACKEND_MAY_IMPORT_OF_THE_ENGINE = ("minicavs.engine.backend", "minicavs.engine.codegen")
+
+
+def test_backends_import_of_the_engine_only_the_seam_and_the_sources():
+    bad = sorted(f"{m} imports {t}" for m, targets in import_graph().items()
+                 if m.split(".")[1:2] and m.split(".")[1] in BACKENDS
+                 for t in targets if t.startswith("minicavs.engine")
+                 and not any(t == a or t.startswith(a + ".") for a in BACKEND_MAY_IMPORT_OF_THE_ENGINE))
+    assert not bad, "\n".join(bad) + "\na backend receives the bound program through Backend.run"
+
+
+def test_the_seam_names_no_runner():
+    """engine/backend.py imports no runner (the reference runner is the engine's to call where a device's
+    runner declines) and nothing of the engine but the passes' plain data and the sources' opcode table."""
+    seam = import_graph()["minicavs.engine.backend"]
+    assert "minicavs.engine.reference" not in seam
+    assert {t for t in seam if t.startswith("minicavs.engine")} <= {
+        "minicavs.engine.codegen.machine", "minicavs.engine.passes.fusion"}, seam

@@ -9,7 +9,7 @@ products are counted, not run, so the times are the host's alone (the Python pat
 with numpy on the stand-in's arrays, and its products are stubbed to return unset arrays). Printed per
 training batch (the forward and backward passes of Tree-LSTM on SST, the engine's binding included; the
 optimizer not, which is another part of the step): the passes' kernel launches, products and events, the
-host time inside the passes (run_program) and in the whole forward and backward, medians over the batches
+host time inside the passes (alg1._run: the runner's one call) and in the whole forward and backward, medians over the batches
 and repeats, and the issue's target: passes' host time + (launches + products) x 3 us <= 1.5 ms.
 
 A benchmark, not a test: nothing is asserted. The numbers are not GPU numbers.
@@ -30,7 +30,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from minicavs.bench import SST, workloads  # noqa: E402
-from minicavs.cuda import issue, kernels, python_runner as runner, standin  # noqa: E402
+from minicavs.cuda import issue, kernels, standin  # noqa: E402
+from minicavs.engine import alg1, reference  # noqa: E402
+from minicavs.engine.codegen.machine import OPCODES  # noqa: E402
 from minicavs.engine.compile import EngineOptions  # noqa: E402
 
 # the Python runner's opcodes that are a CuPy kernel each on a GPU (a product: GEMM, BMM)
@@ -61,18 +63,18 @@ def _stub_products() -> None:
 
 
 def _counted_operations() -> collections.Counter:
-    """Count the Python runner's opcode calls (products, one-launch ops, dropouts, biases)."""
+    """Count the reference runner's opcode calls on the device (products, one-launch ops, dropouts, biases)."""
     counts = collections.Counter()
-    names = list(runner.OPCODES)
+    names = list(OPCODES)
     wrapped = []
-    for name, fn in zip(names, runner.OPERATIONS):
+    for name, fn in zip(names, reference.BY_ID):
         def counted(m, *operands, _fn=fn, _name=name):
             counts[_name] += 1
             if _name == "GEMM" and operands[6] >= 0:
                 counts["bias"] += 1
             return _fn(m, *operands)
         wrapped.append(counted)
-    runner.OPERATIONS[:] = wrapped
+    reference.BY_ID[:] = wrapped
     return counts
 
 
@@ -85,15 +87,15 @@ def measure(args, from_c: bool) -> dict:
     device = t.model.device
     device.issue_from_c = from_c
     inside = [0.0]
-    run_program = device.run_program
+    run_pass = alg1._run
 
     def timed(*a, **kw):
         start = time.perf_counter()
         try:
-            return run_program(*a, **kw)
+            return run_pass(*a, **kw)
         finally:
             inside[0] += time.perf_counter() - start
-    device.run_program = timed
+    alg1._run = timed
     batches = t.epoch_batches(1)[:args.batches]
     prepared = [t.prepare_step(b) for b in batches]
     t.prepare_policy()
@@ -113,12 +115,12 @@ def measure(args, from_c: bool) -> dict:
     # counts (a separate run: counting costs time)
     before_stats = issue.stats(device).copy()
     calls_before = launcher.calls
-    saved = list(runner.OPERATIONS)
+    saved = list(reference.BY_ID)
     ops = _counted_operations() if not from_c else collections.Counter()
     try:
         results = [step(p) for p in prepared]
     finally:
-        runner.OPERATIONS[:] = saved
+        reference.BY_ID[:] = saved
     n = len(prepared)
     c_stats = (issue.stats(device) - before_stats) / n
     python_launches = (launcher.calls - calls_before) / n

@@ -363,7 +363,7 @@ def loop_case(dtype: str, streaming: bool, kind: str) -> dict:
         res = case.model.forward_backward(graphs, feeds, {k: dev.asarray(v) for k, v in case.params.items()},
                                           RunContext(), options=EngineOptions(streaming=streaming))
         loss = float(host(res.loss))
-    declined = {f"{key} {which}": program.lowered.__dict__.get("issue_declined")
+    declined = {f"{key} {which}": program.declined
                 for key, state in res.states.items()
                 for which, program in (("forward", state.program), ("backward", state.backward_program))
                 if program is not None}

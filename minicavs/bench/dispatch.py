@@ -7,6 +7,7 @@ import time
 import numpy as np
 
 from ..engine import instructions
+from ..engine.program import BatchProgram
 
 
 def nop_program(count: int) -> instructions.Lowered:
@@ -35,9 +36,10 @@ def dispatch_ns(device, count: int = 100_000, tasks: int = 10, repeats: int = 5,
     program = nop_program(count)
     table = np.full((tasks, instructions.TASK_COLUMNS), -1, np.int64)
     table[:, 0], table[:, 1], table[:, 2], table[:, 3] = 0, 0, 1, 0
+    bound = BatchProgram.of(program, table, _Arenas(dtype), dtype, device)
     best = float("inf")
     for _ in range(repeats):
         t0 = time.perf_counter()
-        device.run_program(program, table, _Arenas(dtype), dtype, True)
+        device.run(bound)
         best = min(best, time.perf_counter() - t0)
     return best / (count * tasks) * 1e9

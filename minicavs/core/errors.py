@@ -32,3 +32,8 @@ class DataError(MinicavsError, ValueError):
 class RunDirError(MinicavsError):
     """A run directory that cannot be used as asked: it holds another run, has nothing to resume, or is
     not writable."""
+
+
+class CheckError(RuntimeError):
+    """A runner's check caught an instruction of a batch program addressing outside its buffer (or naming no
+    register or buffer): raised instead of reading or writing elsewhere."""

@@ -7,10 +7,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..engine.backend import Backend
-from ..engine.codegen.machine import OPS
-from ..engine.passes.fusion import FusedGroup
-from ..engine.planner import provide_library
+from ..engine.backend import OPS, Backend, FusedGroup, provide_planner
 from ..ops.registry import provide_native_kernels
 from ..runtime.frontier import provide_native_schedule
 from . import c_runner as runner, compiler, planner_library as planner
@@ -25,6 +22,7 @@ class CpuBackend(Backend):
     name = "cpu"
     deterministic = True
     runner_name = "C runner"
+    spare_product_rows = runner.SMALL_M_ROWS   # (the C runner's transposed products by a static's twin)
 
     def __init__(self):
         self.xp = np
@@ -42,15 +40,14 @@ class CpuBackend(Backend):
         """Why the C runner cannot run here (no compiler or BLAS), None when it can."""
         return runner.available(dtype)
 
-    def runner_declines(self, lowered, dtype) -> str | None:
-        """Why the C runner leaves ``lowered`` to the reference runner (None: it runs it)."""
-        return runner.declines(lowered, dtype)
+    def runner_declines(self, program) -> str | None:
+        """Why the C runner leaves ``program`` to the reference runner (None: it runs it)."""
+        return runner.declines(program)
 
-    def run_program(self, lowered, table: np.ndarray, buffers, dtype, forest: bool, workspace=None,
-                    eager: np.ndarray | None = None, check: bool = False) -> dict:
-        """The C runner (:mod:`.c_runner`): one C call runs the pass (``eager``: a second one, on the eager
+    def run(self, program) -> None:
+        """The C runner (:mod:`.c_runner`): one C call runs the pass (streaming: a second one, on the eager
         thread, runs the eager stream's table ahead of the tasks)."""
-        return runner.run(lowered, table, buffers, dtype, forest, workspace, eager, check, self.clock)
+        runner.run(program, self.clock)
 
     def synchronize(self) -> None:
         """Wait until every kernel issued so far has finished (nothing to wait for on the CPU)."""
@@ -75,4 +72,4 @@ CPU = CpuBackend()
 
 provide_native_kernels("numpy", library)
 provide_native_schedule(frontier_kernel)
-provide_library(planner.planner)
+provide_planner(planner.planner)

@@ -1,6 +1,6 @@
 """The C runner of a lowered batch program (instructions.py): the buffer table the C runner reads
 (codegen/machine.py's interpreter, compiled by :mod:`.interpreter`), kept from run to run, and the one C call that
-runs a pass's blocks and tasks. The CPU backend's ``run_program``. Streaming, a second call runs the eager
+runs a pass's blocks and tasks. The CPU backend's ``run``. Streaming, a second call runs the eager
 stream's table (program.eager_rows) on the CPU's eager thread, and the main call's task t waits for its
 chunk t (codegen/machine.py: an atomic counter).
 
@@ -10,14 +10,13 @@ transposed twin for few-row products (the constants below say when and why).
 """
 from __future__ import annotations
 
-import math
 import weakref
 
 import numpy as np
 
-from ..engine.codegen.machine import MAX_REGISTERS, OPS as OPCODES_IDS
-from ..engine.reference import CheckError, add_accumulators, operand_name
-from ..runtime.memory import allocations
+from ..core.errors import CheckError
+from ..core.limits import MAX_REGISTERS
+from ..engine.codegen.machine import OPS as OPCODES_IDS
 from . import interpreter as cpu_native
 from .library import library
 
@@ -37,60 +36,28 @@ def available(dtype) -> str | None:
 APPLY = OPCODES_IDS["APPLY"]
 
 
-def declines(lowered, dtype) -> str | None:
-    """Why the C runner leaves ``lowered`` to the reference runner (None: it runs it): no compiler or BLAS
+# the C runner's per-program state, kept here (not on the program), each keyed weakly by the lowered program:
+_DECLINED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # why it declines it (None: it runs it)
+_POINTERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # its code, pool, ranges, kernels' addresses
+_TABLES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()     # its BufferTable (taken during a run)
+
+
+def declines(program) -> str | None:
+    """Why the C runner leaves ``program`` to the reference runner (None: it runs it): no compiler or BLAS
     here, an opcode it declines (a step only Python runs), more registers than its register file."""
-    why = available(dtype)
+    why = available(program.dtype)
     if why is not None:
         return why
-    if "_declined" not in lowered.__dict__:
+    lowered = program.lowered
+    if lowered not in _DECLINED:
         ops = lowered.code[:, 0] if len(lowered.code) else lowered.code
         if (ops == APPLY).any():
             pc = int(np.flatnonzero(ops == APPLY)[0])
             why = f"instruction {pc} ({lowered.text(pc)}) runs an op only Python runs"
         elif lowered.nregs > MAX_REGISTERS:
             why = f"{lowered.nregs} registers in a template (the C runner has {MAX_REGISTERS})"
-        lowered.__dict__["_declined"] = why
-    return lowered.__dict__["_declined"]
-
-
-def _matrix_info(a: np.ndarray, static: bool = True) -> tuple[np.ndarray, int, int]:
-    """(array kept alive, row stride, transposed flag) of a buffer the interpreter reads whole. Only a static
-    (``STATIC``: a product's operand) is read through the transposed flag; every other instruction takes a
-    buffer as rows of its row stride, so a transposed view of anything else would be misread."""
-    if static and a.ndim == 2 and not a.flags.c_contiguous and a.T.flags.c_contiguous:
-        return a, a.shape[0], 1
-    if not a.flags.c_contiguous:   # a copy would take the interpreter's writes and lose them
-        raise ValueError(f"C runner: a buffer of shape {a.shape} and strides {a.strides} is not "
-                         "C-contiguous" + (" nor a transposed contiguous matrix" if static else ""))
-    return a, (a.shape[-1] if a.ndim >= 1 else 1) if a.ndim <= 2 else int(math.prod(a.shape[1:])), 0
-
-
-def strided_span(a: np.ndarray) -> tuple | None:
-    """(the contiguous run of memory a matrix view spans, row stride, transposed flag) of a 2-D static whose
-    rows (or, transposed, columns) are contiguous at a stride wider than they are: a column block of a
-    planned parameter buffer (passes/layout.py) or its transpose, which BLAS reads in place through the
-    stride; None for anything else."""
-    if not isinstance(a, np.ndarray) or a.ndim != 2 or not a.size:
-        return None
-    rows, cols = a.shape
-    item = a.itemsize
-    if a.strides[1] == item and a.strides[0] % item == 0 and a.strides[0] >= cols * item:
-        ld, lines, width, flag = a.strides[0] // item, rows, cols, 0
-    elif a.strides[0] == item and a.strides[1] % item == 0 and a.strides[1] >= rows * item:
-        ld, lines, width, flag = a.strides[1] // item, cols, rows, 1
-    else:
-        return None
-    length = (lines - 1) * ld + width
-    base = a.base
-    while isinstance(base, np.ndarray) and base.base is not None:
-        base = base.base
-    if isinstance(base, np.ndarray) and base.flags.c_contiguous:   # whole rows where the buffer has them:
-        start = a.__array_interface__["data"][0] - base.__array_interface__["data"][0]   # size / ld is then
-        if 0 <= start and start + lines * ld * item <= base.nbytes:                    # the rows (a twin's)
-            length = lines * ld
-    span = np.lib.stride_tricks.as_strided(a, (length,), (item,), writeable=False)
-    return span, ld, flag
+        _DECLINED[lowered] = why
+    return _DECLINED[lowered]
 
 
 def _transposed(copier, span: np.ndarray, rows: int, cols: int, ld: int) -> np.ndarray:
@@ -128,7 +95,7 @@ class BufferTable:
     the call returned cleanly, so a failed run, or a second thread running the same program, starts from an
     empty table."""
 
-    __slots__ = ("ffi", "info", "slots", "twin_slots", "row", "held", "layouts", "stamp", "columns", "err",
+    __slots__ = ("ffi", "info", "slots", "twin_slots", "row", "held", "layouts", "columns", "err",
                  "err_ptr", "transient", "transient_at")
 
     def __init__(self, ffi, n: int, keys: list):
@@ -143,7 +110,6 @@ class BufferTable:
         # run, so that the table keeps nothing alive that the run's caller does not
         self.transient = [i for i, key in enumerate(keys) if key[0] not in PERSISTENT]
         self.transient_at = np.array(self.transient, np.intp)
-        self.stamp = None                # (workspace, memory.allocations()) when the last run ended
         self.columns = [[0] * n for _ in range(3)]   # info's rows 1-3 as lists (written to info when changed)
         self.err = np.zeros(4, np.int64)   # where C reports a failed check (the table is dropped after one)
         self.err_ptr = ffi.from_buffer("int64_t[]", self.err)
@@ -169,176 +135,57 @@ class BufferTable:
 PERSISTENT = ("tensor", "btensor", "scatter", "sgrad", "fixed", "scratch", "static")
 
 
-# buffer keys that name a workspace's dynamic tensor whole (its ``buffer``): while no DynamicTensor has
-# allocated a buffer since the last run in the same workspace, their entries are kept without resolving them
-WORKSPACE_TENSORS = ("tensor", "btensor")
-
-
-def run(lowered, table: np.ndarray, buffers, dtype, forest: bool, workspace=None,
-        eager: np.ndarray | None = None, check: bool = False, clock: np.ndarray | None = None) -> dict:
-    """Run the task loop natively: ``buffers[key]`` gives each buffer's array, or (array, elements) for the
-    first ``elements`` of an array kept from batch to batch (a workspace buffer: memory.DynamicTensor.prefix).
-    ``workspace``: the one whose dynamic tensors the WORKSPACE_TENSORS keys resolve to (their buffers are
-    looked up again only when some buffer was allocated since this program's last run there).
-    Returns the parameter-gradient accumulators ({name: array}) the program added into. (Addresses come from
-    cffi's ``from_buffer``: numpy's ``ctypes.data`` costs microseconds a call; the buffer table keeps those
-    of arrays seen by the last run: :class:`BufferTable`.) ``eager``: the eager stream's table
-    (program.eager_rows), run by a second call of the interpreter on the CPU's eager thread while this one runs
-    ``table``, row t of which waits until eager chunk t is done (:func:`_eager_call`). ``clock``: an int64 array
-    (one entry per opcode, and in all, last) the call adds each opcode's nanoseconds into (the device's
+def run(program, clock: np.ndarray | None = None) -> None:
+    """Run the bound ``program``'s blocks and tasks in one C call, over its operands, adding into its
+    accumulators. The buffer table keeps the addresses of arrays the last run saw (:class:`BufferTable`).
+    Streaming, a second call runs the eager stream's table on the CPU's eager thread while this one runs the
+    table, row t of which waits until eager chunk t is done (:func:`_eager_call`). ``clock``: an int64 array (one
+    entry per opcode, and in all, last) the call adds each opcode's nanoseconds into (the device's
     ``opcode_clock``)."""
-    ex = cpu_native.interpreter(dtype)
+    lowered, table, eager = program.lowered, program.table, program.eager
+    ex = cpu_native.interpreter(program.dtype)
     ffi = ex.ffi
     n = len(lowered.keys)
-    bound = lowered.__dict__.pop("_table", None)   # (taken: a run that fails leaves none behind)
+    bound = _TABLES.pop(lowered, None)   # (taken: a run that fails leaves none behind)
     if bound is None or bound.ffi is not ffi:
         bound = BufferTable(ffi, n, lowered.keys)
-    info, held, layouts = bound.info, bound.held, bound.layouts
-    kept = workspace is not None and bound.stamp is not None and bound.stamp[0] is workspace \
-        and bound.stamp[1] == allocations()
-    grads = {}
-    n_kinds = len(lowered.ranges) // 3
-    # the table's template ids and rows as lists: a batch of one has a dozen rows, where a numpy reduction costs
-    # more than a pass over the list
-    template_ids, rows = table[:, 0].tolist(), table[:, 2].tolist()
+    rows = table[:, 2].tolist()
     max_bs = max(rows, default=0)
     streaming = eager is not None and len(eager) > 0
-    blocks = bool(lowered.blocks) and (max(template_ids, default=-1) >= n_kinds or streaming)
-    # (the copies below pay for the tasks' products, not for the blocks' few large ones)
-    task_rows = [r for tid, r in zip(template_ids, rows) if tid < n_kinds] if blocks else rows
-    # A static read as a transposed view (∂F's W^T) is copied once per run when multi-row tasks read it enough:
-    # OpenBLAS packs a transposed B from strided reads, 25-40% slower per product at 16-64 rows, while the copy
-    # costs a few such products (cpu/library.py contiguous). Same values; BLAS may round differently.
-    # A static at least twice as wide as deep (an LSTM's W_h, H x 4H) that some task reads also gets its
-    # transpose (the original array, or a copy): the interpreter multiplies few rows by it as C^T = B^T A^T
-    # (SMALL_M_ROWS). One only the blocks read (a Tree-LSTM's leaf W) gets none: the copy, a pass over all of it
-    # each run (~15 us at 128 x 384, more from a cold cache), would serve one product.
-    copier = library(dtype) if max_bs > 1 and sum([r for r in task_rows if r > 1]) >= CONTIGUOUS_STATICS_ROWS \
-        else None
-    twin_cols, scratch_at = 0, None
-    twin_slots = bound.twin_slots
-    twins, copied = [], []   # (kept alive for the call; their entries are let go after it)
-    alive = []   # the arrays bound by this run (the table holds them weakly)
-
-    from_buffer = ffi.from_buffer
-    slots = bound.slots
-    sizes, strides, flags = bound.columns
-    changed = False
-
-    def bind(i, a, static=False):
-        """Entry i for ``a`` (an array, or (array, elements the program may touch)): kept when it is the array
-        it addresses already, laid out the same (then only its elements may change); else addressed anew."""
-        nonlocal changed
-        used = None
-        if type(a) is tuple:
-            a, used = a
-            if not 0 <= used <= a.size:
-                raise ValueError(f"C runner: {used} elements of a buffer of {a.size}")
-        ref = held[i]
-        if ref is not None and ref() is a and layouts[i] == (a.shape, a.strides):
-            if used is not None and sizes[i] != used:
-                sizes[i], changed = used, True
-            return
-        if a.flags.c_contiguous and a.ndim <= 2:   # (the common case, without _matrix_info's call)
-            stride, flag = (a.shape[-1] if a.ndim else 1), 0
-        else:
-            a, stride, flag = _matrix_info(a, static)
-        slots[i] = from_buffer(a.T if flag else a)   # writes the address into info[0, i]
-        sizes[i], strides[i], flags[i] = a.size if used is None else used, stride, flag
-        held[i], layouts[i], changed = weakref.ref(a), (a.shape, a.strides), True
-        alive.append(a)
-
-    def bind_span(i, span, stride, flag):
-        """Entry i for a matrix read in place through its row stride (:func:`strided_span`)."""
-        nonlocal changed
-        slots[i] = from_buffer(span)
-        sizes[i], strides[i], flags[i] = span.size, stride, flag
-        held[i], layouts[i], changed = weakref.ref(span), None, True
-        alive.append(span)
-
-    # (elements: a task's scratch is its template's columns x its rows; the blocks' rows are all a kind's, so
-    # the tasks' arena is sized by the tasks' rows, each block's by its own)
-    scratch = lowered.scratch_cols * max(task_rows, default=0)
-    if blocks:
-        cols = lowered.block_scratch
-        scratch = max([scratch] + [cols.get(tid, 0) * n_rows for tid, n_rows in zip(template_ids, rows)
-                                   if tid >= n_kinds])
-    task_keys = n if lowered.task_keys is None else lowered.task_keys   # (the keys after them: the blocks' own)
-    used = n if blocks else task_keys   # (the blocks' own: left unbound)
-    for i, key in enumerate(lowered.keys):
-        what = key[0]
-        if what == "scratch":
-            scratch_at = i
-            continue
-        if i >= used:
-            if held[i] is not None:   # (bound by a run whose blocks were native: no address may stay)
+    entries = _Entries(bound, ex, _copier(program, rows, max_bs))
+    for i, operand in enumerate(program.operands):
+        if operand is None:   # (a block's own buffer, and no block runs: no address may stay)
+            if bound.held[i] is not None:
                 bound.clear(i)
-            continue
-        if kept and what in WORKSPACE_TENSORS and held[i] is not None:
-            continue
-        if what == "fixed":
-            a = buffers[("arena", "fixed", lowered.fixed_size)]
-        elif what == "pgrad":
-            a = buffers[key]
-            add_accumulators(grads, key, a)
+        elif operand.kind == "static":
+            entries.static(i, operand, lowered.task_keys is None or i < lowered.task_keys)
         else:
-            a = buffers[key]
-            if what == "static" and not a.flags.c_contiguous and not (a.ndim == 2 and a.T.flags.c_contiguous):
-                span = strided_span(a)
-                if span is None:
-                    a = np.ascontiguousarray(a)   # (a strided view, a parameter's slice, say: statics are only read)
-                elif copier is None or a.dtype != copier.dtype:   # a block of a planned buffer: read in place
-                    bind_span(i, *span)
-                    continue
-                elif span[2]:   # its transpose: copied as a transposed parameter is (see below)
-                    a = _transposed(copier, span[0], a.shape[1], a.shape[0], span[1])
-                    copied.append(i)
-                else:
-                    bind_span(i, *span)
-                    deep, wide = a.shape
-                    if i < task_keys and span[0].size == deep * span[1] \
-                            and (wide >= 2 * deep or (deep >= 2 * wide and a.size >= TWIN_ELEMENTS)):
-                        twin = _transposed(copier, span[0], deep, wide, span[1])
-                        twins.append(twin)
-                        twin_slots[i] = from_buffer(twin)
-                        twin_cols = max(twin_cols, wide)
-                    continue
-            if what == "static" and copier is not None and a.ndim == 2 and a.dtype == copier.dtype:
-                twin = None
-                if not a.flags.c_contiguous:
-                    twin = a.T if a.T.flags.c_contiguous else None
-                    a = copier.contiguous(a)
-                    copied.append(i)
-                deep, wide = a.shape
-                if a.size and i < task_keys and (wide >= 2 * deep or (deep >= 2 * wide and a.size >= TWIN_ELEMENTS)):
-                    twin = copier.contiguous(a.T) if twin is None else twin
-                    twins.append(twin)
-                    twin_slots[i] = from_buffer(twin)
-                    twin_cols = max(twin_cols, a.shape[1])
-        bind(i, a, what == "static")
-    tmp_rows = min(max_bs, SMALL_M_ROWS) if twin_cols and scratch_at is not None else 0
-    if scratch_at is not None:
-        bind(scratch_at, buffers[("arena", "scratch", scratch + tmp_rows * twin_cols)])
-    if changed:
-        info[1], info[2], info[3] = sizes, strides, flags
-    check = int(check)   # (the debug mode: every operand bounds-checked, a failure reported, not a crash)
+            entries.bind(i, operand.array, operand.elements, operand.ld, operand.transposed)
+    twin_cols = entries.twin_cols
+    tmp_rows = min(max_bs, SMALL_M_ROWS) if twin_cols else 0
+    scratch = program.bound.scratch
+    if tmp_rows * twin_cols and scratch + tmp_rows * twin_cols > program.operands[n - 1].elements:
+        raise ValueError(f"C runner: {tmp_rows} x {twin_cols} transposed-product elements past a scratch of "
+                         f"{scratch} in an arena of {program.operands[n - 1].elements}")
+    if entries.changed:
+        bound.info[1], bound.info[2], bound.info[3] = bound.columns
     clock_ptr = ffi.NULL if clock is None else ex.ptr(clock)
     p = ex.ptr
-    if lowered.pointers is None:   # the program's own arrays: fixed, so their addresses are taken once
-        lowered.pointers = (p(lowered.code), p(lowered.pool), p(lowered.ranges), p(lowered.kernels))
-    code, pool, ranges, kernels = lowered.pointers
+    if lowered not in _POINTERS:   # the program's own arrays: fixed, so their addresses are taken once
+        _POINTERS[lowered] = (p(lowered.code), p(lowered.pool), p(lowered.ranges), p(lowered.kernels))
+    code, pool, ranges, kernels = _POINTERS[lowered]
     row = bound.row
+    check = int(program.check)   # (the debug mode: every operand bounds-checked, a failure reported, not a crash)
     if streaming:
         sync = np.zeros(2, np.int64)   # chunks the eager call has finished; whether it failed
-        done, eager_err, eager_grads = _eager_call(ex, lowered, eager, bound, buffers, grads, sync, twin_cols,
-                                                   forest, check)
+        done, eager_err = _eager_call(ex, program, bound, sync, twin_cols, check)
         stream = (p(sync), 1, len(eager))
     else:
         stream = (ffi.NULL, 0, 0)
     try:
         rc = ex.run(code, pool, ranges, len(lowered.ranges), p(table), len(table),
                     table.shape[1], row, row + n, row + 2 * n, row + 3 * n, n, n - 1, max_bs, lowered.nregs,
-                    kernels, len(lowered.kernels), ex.gemm, ex.gemv, int(ex.ilp64), int(forest), check,
+                    kernels, len(lowered.kernels), ex.gemm, ex.gemv, int(ex.ilp64), int(program.forest), check,
                     bound.err_ptr, clock_ptr, row + 4 * n, scratch, tmp_rows, twin_cols, *stream)
     finally:
         if streaming:
@@ -347,73 +194,129 @@ def run(lowered, table: np.ndarray, buffers, dtype, forest: bool, workspace=None
         _raise_check(lowered, eager_err, "eager stream ")
     if rc:
         _raise_check(lowered, bound.err)
-    if streaming:
-        for name, acc in eager_grads.items():
-            grads[name] += acc
-    if copied:
-        bound.release(bound.transient + copied, np.array(bound.transient + copied, np.intp))
+    if entries.copied:
+        bound.release(bound.transient + entries.copied, np.array(bound.transient + entries.copied, np.intp))
     else:
         bound.release(bound.transient, bound.transient_at)
-    if twins:
-        info[4] = 0
-    bound.stamp = None if workspace is None else (workspace, allocations())   # (after the arenas' growth)
-    lowered.__dict__["_table"] = bound
-    return grads
+    if entries.twins:
+        bound.info[4] = 0
+    _TABLES[lowered] = bound
 
 
-def _eager_call(ex, lowered, eager: np.ndarray, bound: BufferTable, buffers, grads: dict, sync: np.ndarray,
-                twin_cols: int, forest: bool, check: int):
+def _copier(program, rows: list, max_bs: int):
+    """The C library that copies statics (transposes, twins) for this run, or None: when multi-row tasks read
+    them enough (CONTIGUOUS_STATICS_ROWS)."""
+    lowered = program.lowered
+    n_kinds = len(lowered.ranges) // 3
+    template_ids = program.table[:, 0].tolist()
+    streaming = program.eager is not None and len(program.eager) > 0
+    blocks = bool(lowered.blocks) and (max(template_ids, default=-1) >= n_kinds or streaming)
+    # (the copies pay for the tasks' products, not for the blocks' few large ones)
+    task_rows = [r for tid, r in zip(template_ids, rows) if tid < n_kinds] if blocks else rows
+    if max_bs > 1 and sum([r for r in task_rows if r > 1]) >= CONTIGUOUS_STATICS_ROWS:
+        return library(program.dtype)
+    return None
+
+
+class _Entries:
+    """One run's binding of the buffer table's entries: an entry is kept when it addresses the very array it
+    addressed last run, laid out the same (then only its elements may change), else addressed anew. Statics may
+    be copied (a transposed one read by multi-row tasks) or get a transposed twin (see the constants above)."""
+
+    def __init__(self, bound: BufferTable, ex, copier):
+        self.bound, self.copier, self.from_buffer = bound, copier, ex.ffi.from_buffer
+        self.changed, self.twin_cols = False, 0
+        self.twins, self.copied, self.alive = [], [], []   # (kept alive for the call; let go after it)
+
+    def bind(self, i: int, a, elements: int, ld: int, flag: int) -> None:
+        bound = self.bound
+        sizes, strides, flags = bound.columns
+        ref = bound.held[i]
+        if ref is not None and ref() is a and bound.layouts[i] == (a.shape, a.strides):
+            if sizes[i] != elements:
+                sizes[i], self.changed = elements, True
+            return
+        bound.slots[i] = self.from_buffer(a)   # writes the address into info[0, i]
+        sizes[i], strides[i], flags[i] = elements, ld, flag
+        bound.held[i], bound.layouts[i], self.changed = weakref.ref(a), (a.shape, a.strides), True
+        self.alive.append(a)
+
+    def twin(self, i: int, twin: np.ndarray, wide: int) -> None:
+        self.twins.append(twin)
+        self.bound.twin_slots[i] = self.from_buffer(twin)
+        self.twin_cols = max(self.twin_cols, wide)
+
+    def static(self, i: int, operand, in_tasks: bool) -> None:
+        """A static's entry: as bound, or (multi-row tasks) a transposed one copied, wide ones twinned."""
+        a, copier = operand.source, self.copier
+        if copier is None or a.ndim != 2 or a.dtype != copier.dtype:
+            self.bind(i, operand.array, operand.elements, operand.ld, operand.transposed)
+            return
+        if operand.array.ndim == 1:   # a block of a planned parameter buffer (operands.strided_span)
+            if operand.transposed:   # its transpose: copied as a transposed parameter is (below)
+                a = _transposed(copier, operand.array, a.shape[1], a.shape[0], operand.ld)
+                self.copied.append(i)
+            else:
+                self.bind(i, operand.array, operand.elements, operand.ld, 0)
+                deep, wide = a.shape
+                if in_tasks and operand.array.size == deep * operand.ld and _twinned(deep, wide, a.size):
+                    self.twin(i, _transposed(copier, operand.array, deep, wide, operand.ld), wide)
+                return
+        twin = None
+        if operand.transposed and a.ndim == 2 and not a.flags.c_contiguous:   # (a parameter's .T, say)
+            twin = operand.array
+            a = copier.contiguous(a)
+            self.copied.append(i)
+        elif not a.flags.c_contiguous:
+            a = operand.array   # (made contiguous by the binder)
+        deep, wide = a.shape
+        if a.size and in_tasks and _twinned(deep, wide, a.size):
+            self.twin(i, copier.contiguous(a.T) if twin is None else twin, wide)
+        self.bind(i, a, a.size, wide, 0)
+
+
+def _twinned(deep: int, wide: int, size: int) -> bool:
+    """Does a static of deep x wide get a transposed twin (SMALL_M_ROWS, TWIN_ELEMENTS)?"""
+    return wide >= 2 * deep or (deep >= 2 * wide and size >= TWIN_ELEMENTS)
+
+
+def _eager_call(ex, program, bound: BufferTable, sync: np.ndarray, twin_cols: int, check: int):
     """Start the interpreter over the eager stream's table on the CPU's eager thread (cffi releases the GIL for
-    the call): the main call's buffer table but its own scratch and fixed arenas (registers are each call's
-    own) and its own accumulators for the parameter gradients that tasks add into too
-    (instructions.Lowered.eager_accumulators). Returns (the thread's event, its error row: nonzero when a check failed,
-    {name: its accumulator}). After each chunk the call stores the count done into ``sync[0]``; a failure
-    sets ``sync[1]``, which stops the main call's wait."""
+    the call): the main call's buffer table but the eager stream's own operands (its scratch and fixed arenas,
+    its accumulators for the parameter gradients that tasks add into too; registers are each call's own).
+    Returns (the thread's event, its error row: nonzero when a check failed). After each chunk the call stores
+    the count done into ``sync[0]``; a failure sets ``sync[1]``, which stops the main call's wait."""
     from .streams import get_stream
+    lowered, eager = program.lowered, program.eager
     ffi, n = ex.ffi, len(lowered.keys)
     info = bound.info.copy()   # (addresses and sizes of the main call's entries, its twins)
     slots = ffi.cast("void **", ffi.from_buffer(info))
     held = []
-
-    def rebind(i, a, elements=None):
-        if type(a) is tuple:
-            a, elements = a
-        a, stride, _ = _matrix_info(a, static=False)
-        held.append(a)
-        slots[i] = ffi.from_buffer(a)
-        info[1, i], info[2, i], info[3, i] = a.size if elements is None else elements, stride, 0
-    template_ids, rows = eager[:, 0].tolist(), eager[:, 2].tolist()
-    cols = lowered.block_scratch
-    max_bs = max(rows, default=0)
-    scratch = max([cols.get(tid, 0) * r for tid, r in zip(template_ids, rows)], default=0)
+    for i, operand in program.bound.eager_operands.items():
+        held.append(operand.array)
+        slots[i] = ffi.from_buffer(operand.array)
+        info[1, i], info[2, i], info[3, i] = operand.elements, operand.ld, 0
+    max_bs = max(eager[:, 2].tolist(), default=0)
     tmp_rows = min(max_bs, SMALL_M_ROWS) if twin_cols else 0
-    rebind(n - 1, buffers[("arena", "eager scratch", scratch + tmp_rows * twin_cols)])
-    if ("fixed",) in lowered.keys:
-        rebind(lowered.keys.index(("fixed",)), buffers[("arena", "eager fixed", lowered.fixed_size)])
-    own = {}
-    for i in lowered.eager_accumulators:
-        name = lowered.keys[i][1]
-        own[name] = np.zeros_like(grads[name])
-        rebind(i, own[name])
     err = np.zeros(4, np.int64)
     p = ex.ptr
-    code, pool, ranges, kernels = lowered.pointers
+    code, pool, ranges, kernels = _POINTERS[lowered]
     row = ffi.cast("const int64_t *", slots)
 
     def call():
         try:
             rc = ex.run(code, pool, ranges, len(lowered.ranges), p(eager), len(eager), eager.shape[1],
                         row, row + n, row + 2 * n, row + 3 * n, n, n - 1, max_bs, lowered.nregs, kernels,
-                        len(lowered.kernels), ex.gemm, ex.gemv, int(ex.ilp64), int(forest), check, p(err),
-                        ffi.NULL, row + 4 * n, scratch, tmp_rows, twin_cols, p(sync), 2, 0)
+                        len(lowered.kernels), ex.gemm, ex.gemv, int(ex.ilp64), int(program.forest), check, p(err),
+                        ffi.NULL, row + 4 * n, program.bound.eager_scratch, tmp_rows, twin_cols, p(sync), 2, 0)
         except BaseException:
             sync[1] = 1
             raise
         if rc:
             sync[1] = 1
         del alive[:]   # (the copied table and the arrays it addresses, alive until the call returned)
-    alive = [info, held, own, eager]
-    return get_stream("eager").submit(call), err, own
+    alive = [info, held, eager]
+    return get_stream("eager").submit(call), err
 
 
 def _raise_check(lowered, err: np.ndarray, stream: str = "") -> None:
@@ -424,4 +327,4 @@ def _raise_check(lowered, err: np.ndarray, stream: str = "") -> None:
         raise NativeCheckError(f"native {lowered.title}: task {task}: the eager stream failed")
     where = lowered.text(pc) if 0 <= pc < len(lowered.code) else f"instruction {pc}"
     raise NativeCheckError(f"native {lowered.title}: {stream}task {task}, instruction {pc} ({where}): operand "
-                           f"{operand_name(lowered, pc, operand)} is out of bounds or invalid")
+                           f"{lowered.operand_name(pc, operand)} is out of bounds or invalid")

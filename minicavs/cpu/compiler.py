@@ -28,7 +28,7 @@ import numpy as np
 from ..core.onetime import one_time
 from ..core.validate import check_rows
 from ..engine.codegen.c import CODEGEN_VERSION, ROWS_SOURCE, row_decls, translation_unit
-from ..engine.passes.fusion import FusedGroup
+from ..engine.backend import FusedGroup
 # -mprefer-vector-width=512: gcc otherwise keeps AVX-512 machines at 256-bit vectors (x86 only).
 FLAGS = (("-O3", "-march=native")
          + (("-mprefer-vector-width=512",) if platform.machine() in ("x86_64", "AMD64") else ())

@@ -9,9 +9,8 @@ import numpy as np
 
 from ..core import arrays
 from ..core.validate import check_rows
-from ..engine.backend import Backend
-from ..engine.passes.fusion import FusedGroup
-from . import issue, kernels as cuda_kernels, python_runner as runner
+from ..engine.backend import Backend, FusedGroup
+from . import issue, kernels as cuda_kernels
 
 
 class Cuda(Backend):
@@ -88,20 +87,23 @@ class Cuda(Backend):
 
     tf32_products = True   # (engine.tf32: the products the C loop issues read TF32 inputs)
 
-    def run_program(self, lowered, table: np.ndarray, buffers, dtype, forest: bool, workspace=None,
-                    eager: np.ndarray | None = None, check: bool = False, tf32: bool | None = None) -> dict:
-        """The CUDA runner: the whole pass issued by one C call (:mod:`.issue`: every launch and product from
-        C), or, for a program that loop declines (``issue_declined`` says why) or with ``issue_from_c`` off,
-        the reference runner's opcodes over CuPy arrays, a fused group by its generated kernel
-        (:mod:`.python_runner`); ``eager``'s chunks on the device's eager stream. ``check``: the debug mode (every
-        row number of the index arrays checked too). ``tf32`` (None: the device's ``tf32``): float32 products
-        issued from C read TF32 inputs (engine.tf32)."""
-        why = issue.declines(lowered, self, dtype, forest) if self.issue_from_c else "issue_from_c is off"
-        lowered.__dict__["issue_declined"] = why
-        if why is None:
-            return issue.run(lowered, table, buffers, dtype, forest, self, eager,
-                             tf32=self.tf32 if tf32 is None else tf32, check=check)
-        return runner.run(lowered, table, buffers, dtype, forest, self, eager, check)
+    def runner_declines(self, program) -> str | None:
+        """Why the CUDA runner (the whole pass issued by one C call: :mod:`.issue`) leaves ``program`` to the
+        reference runner on this device (its rows and fused groups by this device's kernels): an opcode the loop
+        does not issue, a deterministic device's DAG adjoint, or ``issue_from_c`` off."""
+        if not self.issue_from_c:
+            return "issue_from_c is off"
+        return issue.declines(program, self)
+
+    def run(self, program) -> None:
+        """The CUDA runner: the whole pass issued by one C call (every launch and product from C); ``eager``'s
+        chunks on the device's eager stream. Float32 products read TF32 inputs when the program or the device
+        asks (engine.tf32)."""
+        issue.run(program, self, tf32=program.tf32 or self.tf32)
+
+    def second_stream(self, chunks: int):
+        """The reference runner's eager stream here: this device's second stream, one event per chunk."""
+        return EventStream(self, chunks)
 
     def eager_stream(self):
         """The second CUDA stream (created once): eager work, ahead of the recurrent path."""
@@ -118,6 +120,14 @@ class _CudaRows:
         self.deterministic = deterministic
         self.device = device
 
+    def take(self, src, idx):
+        """src's rows ``idx`` (a device index array, checked on the host), one launch."""
+        return self.kernels.gather_checked(src, idx)
+
+    def put(self, dst, idx, values) -> None:
+        """dst's rows ``idx`` (distinct; a device index array, checked on the host) = values, one launch."""
+        self.kernels.scatter_checked(dst, idx, self.kernels.launcher.xp.ascontiguousarray(values))
+
     def scatter_add(self, dst, idx, src) -> None:
         xp = self.kernels.launcher.xp
         src = xp.ascontiguousarray(src)
@@ -126,3 +136,29 @@ class _CudaRows:
             self.kernels.segment_sum(dst, idx, src)
         else:
             self.kernels.scatter_add_checked(dst, self.device.index(idx), src)
+
+
+class EventStream:
+    """The reference runner's eager stream on CUDA: the device's second stream. The host issues every eager chunk's
+    launches there first (after an event of the current stream: the inputs it wrote), recording an event
+    after each; row t of the main table makes the current stream wait for chunk t's event on the device
+    (cudaStreamWaitEvent), not on the host. Nothing crosses between host and device."""
+
+    def __init__(self, device, chunks: int):
+        self.device, self.chunks, self.events, self.waited = device, chunks, [], 0
+
+    def start(self, work) -> None:
+        cuda = self.device.xp.cuda
+        eager = self.device.eager_stream()
+        eager.wait_event(cuda.get_current_stream().record())
+        with eager:
+            work(lambda t: self.events.append(eager.record()))
+
+    def wait(self, t: int) -> None:
+        need = min(t + 1, self.chunks)
+        if need > self.waited:
+            self.device.xp.cuda.get_current_stream().wait_event(self.events[need - 1])
+            self.waited = need
+
+    def join(self) -> None:
+        self.wait(self.chunks - 1)

@@ -19,8 +19,9 @@ The function pointers come from the device's launcher:
 - a launcher with ``no_work`` set (:class:`_NoWork`): launches and products that do nothing, to time what
   issuing costs the host (tools/bench_issue.py).
 
-A program the loop cannot issue goes to the Python CUDA runner (cuda/python_runner.py): a step only Python runs
-(APPLY), a DAG's scatter-add on a deterministic device (segment sums need a plan per task), no C compiler.
+A program the loop cannot issue goes to the reference runner on the device (engine/reference.py, its rows and fused
+groups by the device's kernels): a step only Python runs (APPLY), a DAG's scatter-add on a deterministic device
+(segment sums need a plan per task), no C compiler.
 """
 from __future__ import annotations
 
@@ -33,11 +34,11 @@ from pathlib import Path
 
 import numpy as np
 
+from ..core.errors import CheckError
 from ..core.limits import MAX_REGISTERS
 from ..engine.codegen.issue_kernels import ISSUE_KERNEL_NAMES, issue_kernels
 from ..engine.codegen.issue_source import issue_decls, issue_source
 from ..engine.codegen.machine import OPS as OPCODE_IDS
-from ..engine.reference import INDEX_KEYS, CheckError, add_accumulators, operand_name, scratch_elements
 
 
 class IssueCheckError(CheckError):
@@ -250,8 +251,15 @@ def functions(device, dtype, tf32: bool = False) -> _Functions:
     return cache[key]
 
 
-def declines(lowered, device, dtype, forest: bool) -> str | None:
-    """Why the loop leaves ``lowered`` to the Python CUDA runner (None: it issues it)."""
+# the issuing loop's per-program state, kept here (not on the program): lowered program -> why it declines it;
+# lowered program -> {id(handles): (handles, the fused kernels' CUfunction handles)}
+_DECLINED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_FUSED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def declines(program, device) -> str | None:
+    """Why the loop leaves ``program`` to the reference runner on the device (None: it issues it)."""
+    lowered, dtype = program.lowered, program.dtype
     if np.dtype(dtype) not in C_TYPES:
         return f"dtype {np.dtype(dtype).name}"
     if library() is None:
@@ -259,8 +267,7 @@ def declines(lowered, device, dtype, forest: bool) -> str | None:
     unreachable = _unreachable(device, dtype)
     if unreachable is not None:
         return unreachable
-    key = "_issue_declined"
-    if key not in lowered.__dict__:
+    if lowered not in _DECLINED:
         ops = lowered.code[:, 0] if len(lowered.code) else lowered.code
         why = None
         if (ops == OPCODE_IDS["APPLY"]).any():
@@ -270,16 +277,17 @@ def declines(lowered, device, dtype, forest: bool) -> str | None:
             why = f"{lowered.nregs} registers in a template (the loop has {MAX_REGISTERS})"
         elif (ops == OPCODE_IDS["FUSED"]).any() and any(not hasattr(k, "source") for k in lowered.fused):
             why = "a fused group without a generated kernel"
-        lowered.__dict__[key] = why
-    why = lowered.__dict__[key]
-    if why is None and device.deterministic and not forest and (lowered.code[:, 0] == OPCODE_IDS["ADJ"]).any():
+        _DECLINED[lowered] = why
+    why = _DECLINED[lowered]
+    if why is None and device.deterministic and not program.forest \
+            and (lowered.code[:, 0] == OPCODE_IDS["ADJ"]).any():
         return "a DAG's gradient rows summed in a fixed order (segment sums, planned per task)"
     return why
 
 
 def _unreachable(device, dtype) -> str | None:
     """Why the device's function pointers cannot be had (None: they are), warned once per device: a GPU
-    whose driver or cuBLAS the loop cannot reach runs the Python CUDA runner instead of failing."""
+    whose driver or cuBLAS the loop cannot reach runs the reference runner on the device instead of failing."""
     cache = device.__dict__.setdefault("_issue_unreachable", {})
     key = np.dtype(dtype)
     if key not in cache:
@@ -313,98 +321,56 @@ def _pointer(a) -> int:
     return int(ptr) if ptr is not None else a.__cuda_array_interface__["data"][0]
 
 
-def _bind(info: np.ndarray, i: int, a, static: bool, xp, alive: list) -> None:
-    """Entry ``i`` of the buffer table for ``a`` (an array, or (array, the elements the run may touch)): a
-    transposed contiguous static is read through the flag, any other static made contiguous, anything else
-    must be contiguous (the program writes into it)."""
-    used = None
-    if type(a) is tuple:
-        a, used = a
-    flag = 0
-    if static and a.ndim == 2 and not a.flags.c_contiguous and a.T.flags.c_contiguous:
-        a, ld, flag = a.T, a.shape[0], 1
-    else:
-        if static and not a.flags.c_contiguous:
-            a = xp.ascontiguousarray(a)
-            alive.append(a)
-        if not a.flags.c_contiguous:
-            raise ValueError(f"cuda runner: a buffer of shape {a.shape} and strides {a.strides} is not C-contiguous")
-        ld = (a.shape[-1] if a.ndim >= 1 else 1) if a.ndim <= 2 else int(np.prod(a.shape[1:]))
-    if used is not None and not 0 <= used <= a.size:
-        raise ValueError(f"cuda runner: {used} elements of a buffer of {a.size}")
+def _bind(info: np.ndarray, i: int, operand) -> None:
+    """Entry ``i`` of the buffer table for a bound operand: the device address, elements, row stride and
+    transposed flag the binder resolved; an index array's or the dropout table's host copy beside it (row 1)."""
+    a = operand.array
+    if operand.kind == "dropout":   # (the entries' table: read on the host)
+        info[1, i], info[2, i] = (a.ctypes.data if a.size else 0), a.size
+        return
+    if operand.host is not None:   # (the host copy checks row numbers; the device's is a plan's, copied once)
+        info[1, i] = operand.host.ctypes.data if operand.host.size else 0
     info[0, i] = _pointer(a) if a.size else 0
-    info[2, i] = a.size if used is None else used
-    info[3, i], info[4, i] = ld, flag
+    info[2, i] = operand.elements
+    info[3, i], info[4, i] = operand.ld, operand.transposed
+
+
+def _table(operands: list) -> np.ndarray:
+    info = np.zeros((5, len(operands)), np.int64)
+    for i, operand in enumerate(operands):
+        if operand is not None:   # (a block's own buffer, and no block runs: nothing to address)
+            _bind(info, i, operand)
+    return info
 
 
 def _fused_handles(lowered, handles: _Functions) -> np.ndarray:
-    cache = lowered.__dict__.setdefault("_issue_fk", {})
+    cache = _FUSED.setdefault(lowered, {})
     if id(handles) not in cache:
         cache[id(handles)] = (handles, np.array([handles.fused(k) if k is not None else 0
                                                  for k in lowered.fused] or [0], np.int64))
     return cache[id(handles)][1]
 
 
-def run(lowered, table: np.ndarray, buffers, dtype, forest: bool, device, eager: np.ndarray | None = None,
-        tf32: bool = False, check: bool = False) -> dict:
-    """Issue ``lowered`` over ``table`` on ``device`` with one C call (see reference.run for the buffers and
-    the eager table); returns the parameter-gradient accumulators it added into. ``check``: also check every
-    row number of the index arrays on their host copies (the runners' debug mode, ``EngineOptions.check``;
-    every register is checked against its buffer either way).
+def run(program, device, tf32: bool = False) -> None:
+    """Issue the bound ``program`` on ``device`` with one C call, over its operands (the eager stream's own
+    beside them), adding into its accumulators. ``program.check``: also check every row number of the index
+    arrays on their host copies (the runners' debug mode, ``EngineOptions.check``; every register is checked
+    against its buffer either way).
 
-    Every device array whose address the loop holds (an index copy ``Cuda.index`` may not cache or may drop,
-    a contiguous copy, the eager accumulators) is kept alive until the C call returns; by then the main stream
-    has joined the eager one (it waits for every chunk), so memory freed afterwards and reused on the main
-    stream (CuPy's pool, or the stream-ordered allocator) is ordered after the pass."""
+    Every device array whose address the loop holds is kept alive by the program until the C call returns; by
+    then the main stream has joined the eager one (it waits for every chunk), so memory freed afterwards and
+    reused on the main stream (CuPy's pool, or the stream-ordered allocator) is ordered after the pass."""
     ffi, lib = library()
-    handles = functions(device, dtype, tf32)
-    xp = device.xp
+    lowered, table, eager = program.lowered, program.table, program.eager
+    handles = functions(device, program.dtype, tf32)
     n = len(lowered.keys)
-    n_kinds = len(lowered.ranges) // 3
-    table = np.ascontiguousarray(table, np.int64)
     streaming = eager is not None and len(eager) > 0
-    blocks = bool(lowered.blocks) and (int(table[:, 0].max(initial=-1)) >= n_kinds or streaming)
-    task_keys = n if lowered.task_keys is None or blocks else lowered.task_keys
-    info = np.zeros((5, n), np.int64)
-    alive, grads = [], {}
-    scratch_buf = n - 1
-    for i, key in enumerate(lowered.keys):
-        what = key[0]
-        if what == "scratch":
-            a = buffers[("arena", "scratch", scratch_elements(lowered, table))]
-        elif i >= task_keys:   # (a block's own buffer, and no block runs: nothing to address)
-            continue
-        elif what == "fixed":
-            a = buffers[("arena", "fixed", lowered.fixed_size)]
-        else:
-            a = buffers[key]
-            if what == "pgrad":
-                add_accumulators(grads, key, a)
-            elif what in INDEX_KEYS:   # (the host copy checks row numbers; the device's is a plan's, copied once)
-                host = np.ascontiguousarray(a, np.uint64 if what == "rowkeys" else np.int64)
-                alive.append(host)
-                info[1, i] = host.ctypes.data if host.size else 0
-                a = device.index(host)
-                alive.append(a)   # (a copy the device's cache may not hold: alive until the pass is issued)
-            elif what == "dropout":   # (the entries' table: read on the host)
-                host = np.ascontiguousarray(a, np.int64)
-                alive.append(host)
-                info[1, i], info[2, i] = (host.ctypes.data if host.size else 0), host.size
-                continue
-        _bind(info, i, a, what == "static", xp, alive)
-    einfo, own = info, {}
+    info = _table(program.operands)
+    einfo = info
     if streaming:
-        eager = np.ascontiguousarray(eager, np.int64)
         einfo = info.copy()
-        _bind(einfo, scratch_buf, buffers[("arena", "eager scratch", scratch_elements(lowered, eager))], False, xp,
-              alive)
-        if ("fixed",) in lowered.keys:
-            _bind(einfo, lowered.keys.index(("fixed",)), buffers[("arena", "eager fixed", lowered.fixed_size)],
-                  False, xp, alive)
-        for i in lowered.eager_accumulators:
-            name = lowered.keys[i][1]
-            own[name] = xp.zeros_like(grads[name])
-            _bind(einfo, i, own[name], False, xp, alive)
+        for i, operand in program.bound.eager_operands.items():
+            _bind(einfo, i, operand)
     fk = _fused_handles(lowered, handles)
     handles.streams()
     err = np.zeros(6, np.int64)
@@ -414,9 +380,9 @@ def run(lowered, table: np.ndarray, buffers, dtype, forest: bool, device, eager:
     none = eager if streaming else table
     rc = getattr(lib, f"issue_{handles.c_type}")(
         p(lowered.code), p(lowered.pool), p(lowered.ranges), len(lowered.ranges), p(table), len(table),
-        p(none), len(eager) if streaming else 0, table.shape[1], p(info), p(einfo), n, scratch_buf, lowered.nregs,
-        p(handles.dev), p(handles.rk), p(fk), len(lowered.fused), int(forest), int(check), p(err), p(counters),
-        p(counts))
+        p(none), len(eager) if streaming else 0, table.shape[1], p(info), p(einfo), n, n - 1, lowered.nregs,
+        p(handles.dev), p(handles.rk), p(fk), len(lowered.fused), int(program.forest), int(program.check), p(err),
+        p(counters), p(counts))
     stats(device)[:] += counters
     names = [f"{k}_{handles.c_type}" for k in ISSUE_KERNEL_NAMES] + [getattr(k, "name", "") for k in lowered.fused]
     per_kernel = launch_counts(device)
@@ -425,9 +391,6 @@ def run(lowered, table: np.ndarray, buffers, dtype, forest: bool, device, eager:
     handles.log(names, counts)
     if rc:
         _raise(lowered, err)
-    for name, acc in own.items():
-        grads[name] += acc
-    return grads
 
 
 # the loop's own refusals of a launch or product (codegen/issue_source.py's MC_NO_KERNEL, ...)
@@ -445,5 +408,5 @@ def _raise(lowered, err: np.ndarray) -> None:
     if operand == -6:
         refused = REFUSALS.get(result, f"the device refused a launch or product (result {result})")
         raise IssueCheckError(f"cuda {lowered.title}: {what}: {refused}")
-    raise IssueCheckError(f"cuda {lowered.title}: {what}: operand {operand_name(lowered, pc, operand)} is out of "
+    raise IssueCheckError(f"cuda {lowered.title}: {what}: operand {lowered.operand_name(pc, operand)} is out of "
                           "bounds or invalid")

@@ -29,7 +29,7 @@ from ..core.arrays import on_device
 from ..core.errors import FeedError, MinicavsError
 from ..core.validate import check_dropout, check_rows, indices
 from ..engine.codegen import cuda as gen
-from ..engine.passes.fusion import FusedGroup
+from ..engine.backend import FusedGroup
 
 
 class CudaUnavailable(MinicavsError, RuntimeError):

@@ -51,20 +51,23 @@ class RunState:
         return next(iter(self.scatters.values())) if len(self.scatters) == 1 else None
 
 
-def _run(program: BatchProgram, state: RunState, dtype) -> dict:
-    """Run a bound program on the state's device: its own runner, or the reference runner on the same device
-    when asked for (``runner: reference``) or when the device's runner declines the program (said in
-    dump()). Returns the parameter-gradient accumulators it added into."""
-    device, lowered = state.device, program.lowered
-    why = None if state.opts.runner == "reference" else device.runner_declines(lowered, dtype)
-    args = (lowered, program.table, program.buffers, dtype, state.plan.forest, state.workspace)
+def _run(program: BatchProgram, state: RunState) -> dict:
+    """Run a bound program on the state's device: its own runner (Backend.run, the one call the seam has), or the
+    reference runner on the same device when asked for (``runner: reference``) or when the device's runner
+    declines the program (said in dump()). Returns the parameter-gradient accumulators it added into (the eager
+    stream's added in)."""
+    device = state.device
+    why = None if state.opts.runner == "reference" else device.runner_declines(program)
     if state.opts.runner != "reference" and why is None:
         program.runner = device.runner_name
-        if state.opts.tf32 and getattr(device, "tf32_products", False):   # (CUDA float32 products only)
-            return device.run_program(*args, eager=program.eager, check=state.opts.check, tf32=True)
-        return device.run_program(*args, eager=program.eager, check=state.opts.check)
-    program.runner, program.declined = "reference runner", why
-    return reference.run(*args, device=device, eager=program.eager, check=state.opts.check)
+        device.run(program)
+    else:
+        program.runner, program.declined = "reference runner", why
+        reference.run(program, device)
+    gradients = program.gradients
+    for name, accumulator in program.bound.eager_gradients.items():
+        gradients[name] += accumulator
+    return gradients
 
 
 def _link(compiled: list, state: RunState, backward: bool, training: bool = True):
@@ -101,9 +104,10 @@ def forward(compiled: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunC
     # Alg. 1, forward: the eager blocks, then per task V_t: gather the children's rows, evaluate F, scatter and
     # push the results; then the lazy blocks: one call of the device's runner
     buffers = Buffers(plan, state, dtype.np, ctx, compiled=compiled)
-    state.program = binding.bind(_link(compiled, state, False, training), compiled, plan, opts, buffers, backward=False)
+    state.program = binding.bind(_link(compiled, state, False, training), compiled, plan, opts, buffers,
+                                 backward=False, device=device, workspace=workspace)
     state.copies = state.program.copies
-    _run(state.program, state, dtype.np)
+    _run(state.program, state)
     return state
 
 
@@ -126,8 +130,9 @@ def backward(compiled: list, state: RunState, push_grads: dict, pull_shapes: dic
     # add the gradients into the children's rows; then the lazy blocks (parameter and pull gradients)
     buffers = Buffers(plan, state, dtype.np, ctx, btensors, sgrads, push_grads, pull_grads, compiled)
     program = state.backward_program = binding.bind(_link(compiled, state, True), compiled, plan, opts, buffers,
-                                                    backward=True, forward_tasks=state.program.task_table)
-    param_grads = _run(program, state, dtype.np)
+                                                    backward=True, device=device,
+                                                    forward_tasks=state.program.task_table, workspace=workspace)
+    param_grads = _run(program, state)
     for sgrad in sgrads.values():
         sgrad[plan.num_vertices] = 0
     return pull_grads, param_grads

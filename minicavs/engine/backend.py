@@ -3,7 +3,9 @@
 The engine, the model and the optimizer only touch arrays through ``backend.xp`` (numpy or CuPy: the ops'
 kernels already take the array module as their first argument) and ask the backend for what a backend
 must provide: a kernel per fused elementwise group, row-movement kernels, and its runner of a bound batch
-program (``run_program``; streaming, the runner runs the eager chunks on its second stream). Two
+program (``run``: it receives the :class:`BatchProgram <minicavs.engine.program.BatchProgram>`, every buffer
+already resolved into :class:`Operand` entries; streaming, the runner runs the eager chunks on its second stream).
+The seam names no runner: the engine runs the reference runner itself where a device's runner declines. Two
 implementations: :data:`minicavs.cpu.CPU` (numpy, generated C kernels, a worker
 thread as the second stream) and :class:`minicavs.cuda.Cuda` (CuPy, generated CUDA kernels, two CUDA streams;
 ``Cuda(launcher=minicavs.cuda.emulation.Launcher())`` runs the same CUDA sources on the CPU over the device
@@ -23,9 +25,28 @@ from typing import Sequence
 import numpy as np
 
 from ..core.arrays import array_module, on_device  # noqa: F401  (the seam's view of arrays)
-from . import reference
 from .codegen.machine import OPS
-from .passes.fusion import FusedGroup
+from .passes.fusion import FusedGroup  # noqa: F401  (a plain data type the seam hands the backends)
+
+
+class Operand:
+    """One buffer of a bound pass, resolved once by the binder (program.bind) for every runner: its array as the
+    runners address it (C-contiguous; a static read transposed is its contiguous transpose with ``transposed``
+    set; a block of a planned parameter buffer is the span of memory it covers, read at ``ld``), the elements the
+    pass may touch, the row stride, and for index arrays and the dropout table their host copy (``array`` is
+    then the device's). ``kind`` is the buffer key's first item (``static``, ``tensor``, ``child``, ...)."""
+
+    __slots__ = ("kind", "array", "elements", "ld", "transposed", "host", "source")
+
+    def __init__(self, kind: str, array, elements: int, ld: int, transposed: int = 0, host=None, source=None):
+        self.kind, self.array, self.elements, self.ld, self.transposed = kind, array, elements, ld, transposed
+        self.host = host
+        self.source = source   # the array the binder was given (a runner's policy may lay it out otherwise)
+
+    def __repr__(self) -> str:
+        shape = getattr(self.array, "shape", None)
+        return (f"Operand({self.kind}, shape {shape}, {self.elements} elements, ld {self.ld}"
+                + (", transposed" if self.transposed else "") + ")")
 
 
 class Backend:
@@ -36,6 +57,10 @@ class Backend:
     deterministic = True
     xp = np
     runner_name = "reference runner"   # who runs a lowered program here (dump() says it)
+    tf32_products = False   # whether float32 products may read TF32 inputs here (engine.tf32; CUDA's)
+    # Rows of a product by a wide static that the runner may compute as a transposed product in scratch past the
+    # pass's own (the C runner's twins): the binder reserves min(rows, this) x the widest static's columns
+    spare_product_rows = 0
 
     def __repr__(self) -> str:
         return f"<device {self.description}>"
@@ -80,23 +105,42 @@ class Backend:
         clock leaves it zero. Profiling (``minicavs bench``'s breakdown), not for training."""
         yield np.zeros(len(OPS) + 1, np.int64)
 
+    def index(self, rows: np.ndarray):
+        """A host index array (row numbers of a batch plan) as this device's array: the binder hands runners
+        both. None is copied on the CPU."""
+        return rows
+
+    def second_stream(self, chunks: int):
+        """The reference runner's eager stream on this device (``start(work)``, ``wait(t)``, ``join()``), or None:
+        a host thread (reference.ThreadStream)."""
+        return None
+
     def runner_missing(self, dtype) -> str | None:
         """Why this device's runner cannot run a program of ``dtype`` here (None: it can)."""
         return None
 
-    def runner_declines(self, lowered, dtype) -> str | None:
-        """Why this device's runner leaves ``lowered`` to the reference runner on this device (None: it runs
-        it; a runner may decline opcodes it does not implement)."""
-        return self.runner_missing(dtype)
+    def runner_declines(self, program) -> str | None:
+        """Why this device's runner leaves the bound ``program`` to the reference runner on this device (None:
+        it runs it; a runner may decline opcodes it does not implement)."""
+        return self.runner_missing(program.dtype) or "no runner of its own"
 
-    def run_program(self, lowered, table: np.ndarray, buffers, dtype, forest: bool, workspace=None,
-                    eager: np.ndarray | None = None, check: bool = False) -> dict:
-        """Run a lowered batch program (instructions.py) over ``table``: this device's runner. By default
-        the reference runner over this device's arrays (every opcode one function of :mod:`.reference`).
-        ``eager``: the eager stream's table (program.eager_rows), run on the runner's second stream, row t
-        of ``table`` after its chunk t. Returns the parameter-gradient accumulators the program added into."""
-        return reference.run(lowered, table, buffers, dtype, forest, workspace, device=self, eager=eager,
-                             check=check)
+    def run(self, program) -> None:
+        """Run the bound ``program`` (a pass: its blocks and tasks, over its resolved operands) with this
+        device's runner, adding into ``program.gradients`` (and, streaming, ``program.eager_gradients``)."""
+        raise NotImplementedError
+
+
+_PLANNER: list = []   # [get() -> the compiled batch planner (engine/planner.py) | None], once a backend provided it
+
+
+def provide_planner(get) -> None:
+    """Register ``get()``, the compiled batch planner or None without a C compiler (the CPU backend does)."""
+    _PLANNER[:] = [get]
+
+
+def planner_library():
+    """The provided planner library (see engine/planner.py), or None (no provider, or no C compiler)."""
+    return _PLANNER[0]() if _PLANNER else None
 
 
 def to_host(a) -> np.ndarray:

@@ -54,15 +54,16 @@ program.dropout_table), so a template serves every step and the masks are those 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..ir.graph import Node
 from ..ops.registry import OPS, holds_tuple
-from .codegen.machine import ARG_KINDS, MAX_ARGS, OPCODES, OPS as OPCODE, WIDTH, matrix_shape
+from .codegen.machine import ARG_KINDS, MAX_ARGS, OPCODES, OPS as OPCODE, WIDTH
 from .compile import POST, PRE, TASK
 from .passes.fusion import fuse, fusible
+from .lowered import (BUFFER_OPERANDS, KIND_ROWS, PHASE_WORDS, SCATTER_ROWS, TASK_COLUMNS, BlockInfo,  # noqa: F401
+                      Lowered, Template, _cols, _rows)
 from .passes.layout import gradient_blocks
 
 
@@ -71,18 +72,6 @@ class Unsupported(Exception):
     compiler bug, not a user's op; every op lowers, APPLY the last resort)."""
 
 
-OPCODES_BY_ID = list(OPCODES)
-NONE, KIND_ROWS, SCATTER_ROWS = 0, 1, 2
-MODE_NAMES = {NONE: "0", KIND_ROWS: "task rows", SCATTER_ROWS: "scatter rows"}
-PHASE_WORDS = {PRE: "before tasks", TASK: "task", POST: "after tasks"}
-BUFFER_OPERANDS = ("buf", "idx", "keys", "table")   # operands that name a buffer (linked to global ids)
-TASK_COLUMNS = 5   # kind, kind offset, rows, scatter offset, first row of the sibling-concat view (-1: none)
-
-
-def _cols(node: Node) -> int:
-    """Columns of a node as the registers' matrix (codegen/machine.matrix_shape: values of any shape are flat
-    rows)."""
-    return matrix_shape(node)[1]
 
 
 def _col_offset(node: Node) -> int:
@@ -91,211 +80,8 @@ def _col_offset(node: Node) -> int:
     return int(node.attrs["start"]) * _width(node.shape[2:])
 
 
-def _rows(node: Node) -> int:
-    """Rows as an instruction dimension: -1 for the task's rows."""
-    return matrix_shape(node)[0]
-
-
 def _dim(d) -> int:
     return -1 if d is None else int(d)
-
-
-class Template:
-    """One kind's task program (F or ∂F) as instructions over local registers and buffer keys."""
-
-    def __init__(self, kind: str, phase: int = TASK):
-        self.kind, self.phase = kind, phase
-        self.scatter_rows = False       # binds rows of a scatter tensor (or its gradient) at the scatter offset
-        self.regathers = False          # (POST of ∂F) gathers the children's concat again: a view when side by side
-        self.code: list = []            # (opcode name, operands...)
-        self.pool: list = []            # fused kernels' argument lists
-        self.regs: dict = {}            # node -> register
-        self.reg_names: list = []
-        self.buffers: dict = {}         # buffer key -> local id
-        self.kernels: list = []         # Kernel objects (their uniform addresses)
-        self.scratch = 0                # scratch columns (per row) used
-        self.fixed = 0                  # elements of values without a row axis (a task's partial gradients)
-        self.param_grads: list = []     # parameter names accumulated per task
-        self.overlays: dict = {}        # node -> an instruction (its register first) re-pointing its scratch
-        self.direct: dict = {}          # node -> the parameter whose gradient accumulator it is computed into
-        self.direct_blocks: dict = {}   # node -> ((parameter, first column, end), ...): computed into one
-        # buffer whose column blocks are those parameters' gradients (a merged GEMM's ∂W', passes/gemm.py)
-        self.puts_back: list = []       # a block's values computed where SROWS bound the scatter rows (SPUT's)
-        self.dropouts: list = []        # per DROPOUT entry: (p, site)
-        self.steps: list = []           # per APPLY: the step it runs (compile.Step)
-
-    def reg(self, node: Node | None = None, name: str = "") -> int:
-        if node is not None and node in self.regs:
-            return self.regs[node]
-        r = len(self.reg_names)
-        self.reg_names.append(name or (node.name or f"%{node.id}" if node is not None else f"t{r}"))
-        if node is not None:
-            self.regs[node] = r
-        return r
-
-    def buf(self, key: tuple) -> int:
-        return self.buffers.setdefault(key, len(self.buffers))
-
-    def emit(self, op: str, *args: int) -> None:
-        assert len(args) == len(OPCODES[op]) and len(args) < WIDTH, (op, args)
-        if (op == "BIND" and args[2] == SCATTER_ROWS) or op in ("SROWS", "SPUT"):
-            self.scatter_rows = True
-        self.code.append((op,) + tuple(int(a) for a in args))
-
-    def scratch_reg(self, node: Node) -> int:
-        cols = _cols(node)
-        r = self.reg(node)
-        if node.has_rows:
-            self.emit("SCRATCH", r, self.scratch, cols)
-            self.scratch += cols
-            if node in self.overlays:   # e.g. the scatter gradient's rows, when the task's layout allows
-                op, *args = self.overlays[node]
-                self.emit(op, r, *args)
-        elif node in self.direct:   # a block's parameter gradient: computed straight into its accumulator
-            self.emit("BIND", r, self.buf(("pgrad", self.direct[node], "set")), NONE, 0, cols)
-        elif node in self.direct_blocks:   # several, side by side: their column blocks are the gradients
-            self.emit("BIND", r, self.buf(("pgrad", self.direct_blocks[node], "block")), NONE, 0, cols)
-        else:   # a fixed-size value: its own region of the fixed arena
-            self.emit("BIND", r, self.buf(("fixed",)), NONE, self.fixed, cols)
-            self.fixed += _rows(node) * cols
-        return r
-
-    def take(self, node: Node, key: tuple, width: int, index_key: tuple) -> None:
-        cols = _cols(node)
-        self.emit("TAKE", self.reg(node), self.buf(key), width, self.buf(index_key), cols, self.scratch)
-        self.scratch += cols
-
-    def bind(self, node: Node, key: tuple, mode: int, col: int, ld: int) -> int:
-        r = self.reg(node) if node is not None else self.reg(name=f"{key[0]} {key[-1]}")
-        self.emit("BIND", r, self.buf(key), mode, col, ld)
-        return r
-
-    def scatter_view(self, node: Node, key: tuple, col: int, ld: int, write: bool = False) -> int:
-        """Bind ``node`` to columns ``col``.. of the kind's rows of a scatter tensor (or its gradient) ``key``
-        (``ld`` its row): a task's rows are one block of rows (a view, BIND); a block's (all the kind's rows)
-        are one when the schedule lays them out so (then a view too, no copy), else SROWS copies them in by
-        the kind's row index, or, ``write`` (a value the block computes there), gives it scratch rows that
-        :meth:`put_back` puts after the steps."""
-        if self.phase == TASK:
-            return self.bind(node, key, SCATTER_ROWS, col, ld)
-        cols = _cols(node)
-        r = self.reg(node)
-        self.emit("SROWS", r, self.buf(key), col, ld, self.buf(("srows",)), cols, self.scratch, int(not write))
-        self.scratch += cols
-        if write:
-            self.puts_back.append((key, col, ld, r, cols))
-        return r
-
-    def put_back(self) -> None:
-        """A block's values computed into scratch rows for SROWS's split case: put into the kind's rows."""
-        for key, col, ld, r, cols in self.puts_back:
-            self.emit("SPUT", self.buf(key), col, ld, self.buf(("srows",)), r, cols, 0)
-
-    def copy_to(self, key: tuple, mode: int, ld: int, node: Node) -> None:
-        if mode == SCATTER_ROWS and self.phase != TASK:   # (a block's: one SPUT, a view or the rows by index)
-            self.emit("SPUT", self.buf(key), 0, ld, self.buf(("srows",)), self.regs[node], _cols(node), 1)
-            return
-        dst = self.reg(name=f"dst {_key_text(key)}")
-        self.emit("BIND", dst, self.buf(key), mode, 0, ld)
-        self.emit("COPY", dst, self.regs[node], -1, _cols(node))
-
-
-@dataclass
-class Lowered:
-    """The templates of one pass, linked: one code array for all kinds (instructions per kind range)."""
-
-    title: str
-    template_ids: list   # per template: its id (a task's: its kind id; a block's: kinds + kind id before the
-    # task loop, 2 x kinds + kind id after it)
-    templates: list
-    code: np.ndarray
-    pool: np.ndarray
-    ranges: np.ndarray          # per template id: [begin, end) of its instructions
-    keys: list                  # global buffer keys (index = buffer id); the scratch arena is last
-    kernels: np.ndarray
-    nregs: int
-    scratch_cols: int           # scratch columns per row of the task templates (a block's: its BlockInfo's)
-    fixed_size: int = 0
-    blocks: list = field(default_factory=list)   # the blocks' BlockInfo, in run order
-    task_keys: int | None = None    # the buffers the task templates name are keys[:task_keys] (None: all)
-    table_width: int = TASK_COLUMNS   # columns of a task-table row
-    fused: list = field(default_factory=list)   # per kernel id: the device's kernel of a fused group (its .group)
-    dropouts: list = field(default_factory=list)   # per DROPOUT entry: (p, site) (program.dropout_table makes its row)
-    steps: list = field(default_factory=list)      # per APPLY: the step (compile.Step) it runs
-
-    @property
-    def block_scratch(self) -> dict:
-        """{block template id: its scratch columns per row}."""
-        if "_block_scratch" not in self.__dict__:
-            self.__dict__["_block_scratch"] = {b.tid: b.template.scratch for b in self.blocks}
-        return self.__dict__["_block_scratch"]
-    pointers: tuple | None = field(default=None, repr=False, compare=False)   # code, pool, ranges, kernels
-
-    def writes(self, opcode: str, phase: int, tid: int | None = None) -> set:
-        """The buffer ids (the first operand) of ``opcode``'s instructions in the templates of ``phase`` (or
-        the one template ``tid``)."""
-        n_kinds = len(self.ranges) // 3
-        first = {TASK: 0, PRE: n_kinds, POST: 2 * n_kinds}[phase]
-        found = set()
-        for t in range(first, first + n_kinds) if tid is None else [tid]:
-            code = self.code[slice(*self.ranges[t])]
-            found.update(code[code[:, 0] == OPCODE[opcode], 1].tolist())
-        return found
-
-    @property
-    def eager_accumulators(self) -> list:
-        """Buffer ids of the parameter-gradient accumulators that both the blocks before the task loop and the
-        tasks add into: streaming, a runner gives the eager stream its own (zeros) and adds it after the pass,
-        so the two streams never add into one buffer at once."""
-        if "_eager_accumulators" not in self.__dict__:
-            self.__dict__["_eager_accumulators"] = sorted(self.writes("GACC", PRE) & self.writes("GACC", TASK))
-        return self.__dict__["_eager_accumulators"]
-
-    def lines(self, blocks: bool = True) -> list[str]:
-        """The templates, one instruction a line: opcode and named operands (``blocks``: also those of the
-        blocks before and after the task loop)."""
-        out = []
-        for tid, t in zip(self.template_ids, self.templates):
-            if t.phase != TASK and not blocks:
-                continue
-            begin, end = self.ranges[tid]
-            what = "task" if t.phase == TASK else PHASE_WORDS[t.phase] + " block"
-            out.append(f"kind '{t.kind}' {what} template (instructions {begin}:{end}):")
-            out += [f"  {pc}: {self.text(pc, t)}" for pc in range(begin, end)]
-        return out
-
-    def text(self, pc: int, template: Template | None = None) -> str:
-        if template is None:
-            template = next(t for tid, t in zip(self.template_ids, self.templates) if self.ranges[tid][0] <= pc
-                            < self.ranges[tid][1])
-        row = self.code[pc]
-        name = list(OPCODES)[int(row[0])]
-        parts = []
-        for field_name, value in zip(OPCODES[name], row[1:].tolist()):
-            if field_name in ("dst", "src", "a", "b", "c") or (field_name == "bias" and value >= 0):
-                v = f"r{value}({template.reg_names[value]})" if 0 <= value < len(template.reg_names) \
-                    else f"r{value}"
-            elif field_name in BUFFER_OPERANDS:
-                v = _key_text(self.keys[value]) if 0 <= value < len(self.keys) else f"#{value}"
-            elif field_name == "mode":
-                v = MODE_NAMES.get(value, str(value))
-            else:
-                v = str(value)
-            parts.append(f"{field_name}={v}")
-        if name == "FUSED":
-            off, n = int(row[5]), int(row[2])
-            regs = self.pool[off:off + 2 * n:2].tolist()
-            parts.append("args=" + ",".join(f"r{r}({template.reg_names[r]})" for r in regs))
-        if name == "APPLY":
-            step = self.steps[int(row[1])]
-            parts.insert(0, step.text(lambda n: n.name or f"%{n.id}"))
-        return f"{name} " + " ".join(parts)
-
-
-def _key_text(key: tuple) -> str:
-    what, *rest = key
-    names = [x.name or f"%{x.id}" if isinstance(x, Node) else str(x) for x in rest]
-    return f"{what}[{','.join(names)}]" if names else what
 
 
 # --- lowering a kind's task program -----------------------------------------------------------------------
@@ -777,19 +563,6 @@ def _global_key(key: tuple, kind_id: int) -> tuple:
     return key + (kind_id,) if key[0] in ("tensor", "btensor", "child", "pullrows", "pushrows", "srows", "static",
                                       "rowkeys") \
         else key
-
-
-@dataclass
-class BlockInfo:
-    """What a batch needs to know of one linked block template (found once, when linked)."""
-
-    tid: int                # its template id
-    kind_id: int
-    phase: int
-    template: Template
-    scatter_rows: bool      # binds the kind's scatter rows: they must be one block of rows
-    regather: int           # the children per row it gathers again (0: none)
-    moves: tuple            # F's rows moved per vertex: (gathers, pulls, pushes)
 
 
 def _block_info(tid: int, kind_id: int, t: Template, fn, opts, backward: bool) -> BlockInfo:

@@ -10,8 +10,9 @@ the error (naming the sample and the vertex).
 
 What it makes is host index arrays that a run on any device reads, so it is no backend's code: it stands beside
 the seam, as reference.py does. Its C library is built by the host's C toolchain, which the CPU backend holds:
-minicavs/cpu/planner_library.py compiles and loads it and provides it here (:func:`provide_library`, when ``minicavs``
-is imported), as the CPU's frontier kernel is provided to :mod:`minicavs.runtime.frontier`."""
+minicavs/cpu/planner_library.py compiles and loads it and provides it through the seam
+(``backend.provide_planner``, when ``minicavs`` is imported), as the CPU's frontier kernel is provided to
+:mod:`minicavs.runtime.frontier`."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ import numpy as np
 from ..runtime.inputs import Batch, InputGraph
 from ..runtime.memory import KindPlan, MemoryPlan
 from ..runtime.scheduler import Schedule
+from .backend import planner_library
 from .codegen.planner_source import OUTPUTS, capacity
 
 
@@ -48,18 +50,10 @@ class Spec:
                                             np.ascontiguousarray(self.uses.T).tolist()))
 
 
-_LIBRARY: list = []   # [get() -> (ffi, library, int64_t[], unsigned char[], uint64_t[]) | None], once provided
-
-
-def provide_library(get) -> None:
-    """Register ``get()``, the compiled planner or None without a C compiler (minicavs/cpu/__init__.py does)."""
-    _LIBRARY[:] = [get]
-
-
 def library():
-    """The provided planner library: (ffi, library, int64_t[], unsigned char[], uint64_t[]), or None (no
-    provider, no C compiler: the reference path plans)."""
-    return _LIBRARY[0]() if _LIBRARY else None
+    """The planner library a backend provided (backend.provide_planner): (ffi, library, int64_t[], unsigned char[],
+    uint64_t[]), or None (no provider, no C compiler: the reference path plans)."""
+    return planner_library()
 
 
 def _int64(a) -> bool:

@@ -31,6 +31,7 @@ from ..ops.message import as_slice
 from ..ops.registry import OPS
 from .compile import PRE, TASK, Step
 from .instructions import TASK_COLUMNS
+from .operands import bind_operands
 
 
 @dataclass
@@ -230,11 +231,12 @@ def value_bytes(value) -> int:
 COPIES = ("gather", "gathered", "pull", "push")   # the rows a pass moves, by what moved them
 
 
-@dataclass
+@dataclass(eq=False)
 class BatchProgram:
     """F's (or ∂F's) lowered program (instructions.py: the kinds' templates, linked) bound to one batch: the
     task table (the blocks before the task loop, one row per task in the order they run, the blocks after it),
-    the batch's buffers, and who ran it."""
+    every buffer resolved once (operands.bind_operands: the operands, the gradient accumulators, the eager
+    stream's own), and who ran it. What a runner receives (Backend.run): it reads nothing else of the batch."""
 
     title: str
     lowered: Any                 # instructions.Lowered
@@ -246,6 +248,31 @@ class BatchProgram:
     declined: str | None = None  # why the device's runner left it to the reference runner (None: it did not)
     eager: np.ndarray | None = None   # streaming: the eager stream's table (eager_rows), chunk t before task t
     eager_why: str | None = None      # streaming, and no eager stream: why
+    dtype: Any = np.float64      # the numbers' dtype (numpy's)
+    forest: bool = True          # every vertex has one parent (gather gradients written, not added)
+    check: bool = False          # the runners' debug mode: every row number checked too
+    tf32: bool = False           # float32 products may read TF32 inputs (engine.tf32; where the device has them)
+    bound: Any = None            # operands.Bound: the operands, accumulators and the eager stream's own
+
+    @classmethod
+    def of(cls, lowered, table: np.ndarray, buffers, dtype, device, forest: bool = True, check: bool = False,
+           eager: np.ndarray | None = None, workspace=None, title: str | None = None) -> "BatchProgram":
+        """``lowered`` over ``table`` bound on ``device`` (a hand-written program's, or the engine's)."""
+        table = np.ascontiguousarray(table, np.int64)
+        eager = None if eager is None else np.ascontiguousarray(eager, np.int64)
+        program = cls(title or lowered.title, lowered, table, slice(0, len(table)), buffers, {}, eager=eager,
+                      dtype=np.dtype(dtype), forest=forest, check=check)
+        program.bound = bind_operands(lowered, table, buffers, program.dtype, device, eager, workspace)
+        return program
+
+    @property
+    def operands(self) -> list:
+        return self.bound.operands
+
+    @property
+    def gradients(self) -> dict:
+        """{parameter name: the accumulator this pass adds its gradient into}."""
+        return self.bound.gradients
 
     @property
     def task_table(self) -> np.ndarray:
@@ -272,9 +299,11 @@ class BatchProgram:
         return "\n".join(lines)
 
 
-def bind(lowered, compiled: list, plan, opts, buffers: "Buffers", backward: bool, forward_tasks=None) -> BatchProgram:
-    """The lowered program of a pass bound to the batch: its table (program rows of the blocks and the tasks:
-    :func:`block_rows`, :func:`task_table`; backward: the forward tasks reversed, when given) and buffers."""
+def bind(lowered, compiled: list, plan, opts, buffers: "Buffers", backward: bool, device, forward_tasks=None,
+         workspace=None) -> BatchProgram:
+    """The lowered program of a pass bound to the batch on ``device``: its table (program rows of the blocks and
+    the tasks: :func:`block_rows`, :func:`task_table`; backward: the forward tasks reversed, when given) and every
+    buffer resolved (operands.bind_operands)."""
     copies = dict.fromkeys(COPIES, 0)
     if backward and forward_tasks is not None:
         tasks = np.ascontiguousarray(forward_tasks[::-1])
@@ -288,8 +317,11 @@ def bind(lowered, compiled: list, plan, opts, buffers: "Buffers", backward: bool
     if eager is not None:   # (the blocks before the task loop run as the eager stream's chunks instead)
         pre = pre[:0]
     table = np.concatenate([pre, tasks, post]) if len(pre) or len(post) else tasks
-    return BatchProgram("∂F" if backward else "F", lowered, table, slice(len(pre), len(pre) + len(tasks)), buffers,
-                        copies, eager=eager, eager_why=eager_why)
+    program = BatchProgram("∂F" if backward else "F", lowered, table, slice(len(pre), len(pre) + len(tasks)),
+                           buffers, copies, eager=eager, eager_why=eager_why, dtype=np.dtype(buffers.dtype),
+                           forest=plan.forest, check=opts.check, tf32=opts.tf32 and device.tf32_products)
+    program.bound = bind_operands(lowered, table, buffers, program.dtype, device, eager, workspace)
+    return program
 
 
 @dataclass

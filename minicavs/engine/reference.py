@@ -26,14 +26,11 @@ import threading
 
 import numpy as np
 
+from ..core.errors import CheckError
 from ..core.random import GOLDEN, mix
 from ..ops import scalar as S
 from ..ops.registry import holds_tuple
 from .codegen.machine import ARG_KINDS, OPCODES, matrix_shape
-
-
-class CheckError(RuntimeError):
-    """An instruction addressed outside its buffer (or named no register or buffer)."""
 
 
 KIND_OF_ARG = {v: k for k, v in ARG_KINDS.items()}
@@ -177,6 +174,8 @@ class Machine:
         if col < 0 or col + cols > width:
             self.fail(f"columns {col}:{col + cols} of rows of {width}")
         idx = self.checked(index_buf, src.shape[0], allow_missing=True)
+        if xp is not np and src.shape[0] and idx.size and self.index(index_buf, host=True).min() >= 0:
+            return self.device.rows(src.dtype).take(src[:, col:col + cols], idx)   # (one launch on a device)
         if src.shape[0] == 0:
             return xp.zeros((idx.size, cols), self.flats[buf].dtype)
         picked = src[xp.maximum(idx, 0), col:col + cols]
@@ -187,7 +186,14 @@ class Machine:
         """Rows of buffer ``buf`` (rows of ``width``) that the task's rows of ``index_buf`` name, columns
         col:col + cols, = ``values`` (distinct rows)."""
         rows = self.rows_of(buf, width)
-        rows[self.checked(index_buf, rows.shape[0]), col:col + cols] = values
+        idx = self.checked(index_buf, rows.shape[0])
+        if self.xp is not np:   # (one launch on a device)
+            if col < 0 or col + cols > width:
+                self.fail(f"columns {col}:{col + cols} of rows of {width}")
+            if idx.size and cols:
+                self.device.rows(rows.dtype).put(rows[:, col:col + cols], idx, values)
+            return
+        rows[idx, col:col + cols] = values
 
     def scratch(self, off: int, cols: int) -> tuple:
         """The scratch region of ``cols`` columns at column ``off`` (x the task's rows)."""
@@ -309,6 +315,10 @@ def op_fused(m: Machine, kernel, nargs, rows, cols, pool) -> None:
     """A fused elementwise group over rows x cols: its inputs (each full, one row, one column or a scalar)
     and outputs are registers listed in the pool."""
     kernel, ins, outs = fused_operands(m, kernel, nargs, rows, cols, pool)
+    if m.xp is not np:   # on a device: the group's generated kernel (the expression op by op: a launch an op)
+        if outs:
+            kernel(ins, list(outs))
+        return
     group = kernel.group
     for out, expr in zip(outs, group.exprs()):
         out[...] = S.evaluate(expr, ins, dtype=group.output.dtype.np)
@@ -373,6 +383,10 @@ def op_adj(m: Machine, buf, width, idx, slot, elide, src, cols) -> None:
         m.put_rows(buf, width, idx, 0, cols, values)
         return
     rows = m.rows_of(buf, width)   # (a DAG vertex may be the child of several rows of one task: every one adds)
+    if xp is not np:   # the device's scatter-add (atomics, or a deterministic device's segment sums)
+        m.checked(idx, rows.shape[0])
+        m.device.rows(rows.dtype).scatter_add(rows[:, :cols], m.index(idx, host=True), values)
+        return
     xp.add.at(rows[:, :cols], m.checked(idx, rows.shape[0]), values)
 
 
@@ -453,146 +467,54 @@ ARITY = [len(operands) for operands in OPCODES.values()]
 
 # --- a run ---------------------------------------------------------------------------------------------------
 
-def _flat(a, static: bool, xp) -> tuple:
-    """(flat array, row stride, transposed flag) of a buffer: a transposed contiguous matrix (a parameter's
-    ``.T``) is read through the flag, as the C runner reads it; anything else must be C-contiguous (the
-    program writes into it)."""
-    used = None
-    if type(a) is tuple:   # (a workspace buffer, the elements this run may touch)
-        a, used = a
-    if static and a.ndim == 2 and not a.flags.c_contiguous and a.T.flags.c_contiguous:
-        return a.T.reshape(-1), a.shape[0], 1
-    if static and not a.flags.c_contiguous:
-        a = xp.ascontiguousarray(a)
-    if not a.flags.c_contiguous:
-        raise ValueError(f"reference runner: a buffer of shape {a.shape} and strides {a.strides} is not "
-                         "C-contiguous")
-    flat = a.reshape(-1)
-    if used is not None:
-        if not 0 <= used <= flat.size:
-            raise ValueError(f"reference runner: {used} elements of a buffer of {flat.size}")
-        flat = flat[:used]
-    ld = (a.shape[-1] if a.ndim >= 1 else 1) if a.ndim <= 2 else int(np.prod(a.shape[1:]))
-    return flat, ld, 0
-
-
-def operand_name(lowered, pc: int, operand: int) -> str:
-    """The operand a C runner's failed check reports (its index among the instruction's operands; -2: the task
-    row, -3: the opcode, 10 + i: a fused kernel's argument i), by name, for the error message."""
-    if operand == -2:
-        return "task row (kind or rows)"
-    if operand == -3:
-        return "opcode"
-    if not 0 <= pc < len(lowered.code):
-        return str(operand)
-    names = OPCODES[list(OPCODES)[int(lowered.code[pc][0])]]
-    if 0 <= operand < len(names):
-        return names[operand]
-    return f"argument {operand - 10}" if operand >= 10 else str(operand)
-
-
-def add_accumulators(grads: dict, key: tuple, a) -> None:
-    """Name in ``grads`` the parameter-gradient accumulators that the buffer ``a`` of a ``pgrad`` key holds: one
-    parameter's, or, for a "block" key, several parameters' side by side, each its column block
-    (passes/layout.gradient_blocks). Every runner collects a pass's gradients so."""
-    if len(key) == 3 and key[2] == "block":
-        grads.update((name, a[..., lo:hi]) for name, lo, hi in key[1])
-    else:
-        grads[key[1]] = a
-
-
-def scratch_elements(lowered, table: np.ndarray) -> int:
-    """Scratch elements a run needs: the task templates' columns x the largest task, each block's own."""
-    n_kinds = len(lowered.ranges) // 3
-    template_ids, rows = table[:, 0].tolist(), table[:, 2].tolist()
-    task_rows = [r for tid, r in zip(template_ids, rows) if tid < n_kinds]
-    cols = lowered.block_scratch
-    return max([lowered.scratch_cols * max(task_rows, default=0)]
-               + [cols.get(tid, 0) * n for tid, n in zip(template_ids, rows) if tid >= n_kinds], default=0)
-
-
-# buffer keys of index arrays (row numbers): resolved on the host, copied to the device once per run
-INDEX_KEYS = ("child", "pullrows", "pushrows", "srows", "rowkeys")
-
-
-def run(lowered, table: np.ndarray, buffers, dtype, forest: bool, workspace=None, device=None,
-        check: bool = False, operations: list | None = None, machine: type = Machine,
-        eager: np.ndarray | None = None, stream: type | None = None) -> dict:
-    """Run a lowered program over ``table`` (one row per task, blocks included) as the C runner does:
-    ``buffers[key]`` gives each buffer (instructions.py's buffer keys; index arrays on the host), on
-    ``device`` (its array module; None: numpy); returns the parameter-gradient
-    accumulators ({name: array}) the program added into. ``check``: also check every gathered row number
-    (the C runner's debug mode, ``EngineOptions.check``). ``workspace`` is unused (the C
-    runner keeps its buffer table per workspace). ``operations``: per opcode id the function that runs it
-    (a device's runner replaces some, e.g. FUSED by its generated kernel; default: :data:`BY_ID`);
-    ``machine``: the :class:`Machine` (a device's may move rows with its own kernels). ``eager``: the eager
-    stream's table (program.eager_rows), run by a machine of its own (its own scratch and fixed arenas and,
-    where the tasks add into them too, parameter-gradient accumulators) on ``stream`` (default
-    :class:`ThreadStream`); row t of ``table`` runs after eager chunk t."""
-    operations = BY_ID if operations is None else operations
-    xp = np if device is None else device.xp
-    hosts = {}
-    flats, lds, transposed, grads = [], [], [], {}
-    scratch_buf = len(lowered.keys) - 1
-    n_kinds = len(lowered.ranges) // 3
-    streaming = eager is not None and len(eager) > 0
-    blocks = bool(lowered.blocks) and (max(table[:, 0].tolist(), default=-1) >= n_kinds or streaming)
-    task_keys = len(lowered.keys) if lowered.task_keys is None or blocks else lowered.task_keys
-    for i, key in enumerate(lowered.keys):
-        what = key[0]
-        if what == "scratch":
-            a = buffers[("arena", "scratch", scratch_elements(lowered, table))]
-        elif i >= task_keys:   # (a block's own buffer, and no block runs)
-            a = xp.zeros(0, dtype)
-        elif what == "fixed":
-            a = buffers[("arena", "fixed", lowered.fixed_size)]
-        else:
-            a = buffers[key]
-            if what == "pgrad":
-                add_accumulators(grads, key, a)
-            elif what in INDEX_KEYS:   # (a batch plan's array: the device copies it once, then slices it)
-                hosts[i] = a = np.ascontiguousarray(a, np.uint64 if what == "rowkeys" else np.int64)
-                if xp is not np:
-                    a = device.index(a)
-            elif what == "dropout":   # (the entries' table: read on the host)
-                hosts[i] = a
-        flat, ld, flag = _flat(a, what == "static", xp)
-        flats.append(flat)
-        lds.append(ld)
-        transposed.append(flag)
-    m = machine(device, lowered, flats, lds, transposed, hosts, scratch_buf, forest, check)
-    m.context = getattr(buffers, "ctx", None)
-    code = lowered.code.tolist()
-    ranges = lowered.ranges.tolist()
-    if not streaming:
-        _loop(m, table, code, ranges, operations)
-        return grads
-    own = {}
-    flats, lds, transposed = list(flats), list(lds), list(transposed)   # (the eager machine's: some its own)
-
-    def rebind(i, a):
-        flats[i], lds[i], transposed[i] = _flat(a, False, xp)
-    rebind(scratch_buf, buffers[("arena", "eager scratch", scratch_elements(lowered, eager))])
-    if ("fixed",) in lowered.keys:
-        rebind(lowered.keys.index(("fixed",)), buffers[("arena", "eager fixed", lowered.fixed_size)])
-    for i in lowered.eager_accumulators:
-        own[lowered.keys[i][1]] = xp.zeros_like(grads[lowered.keys[i][1]])
-        rebind(i, own[lowered.keys[i][1]])
-    em = machine(device, lowered, flats, lds, transposed, hosts, scratch_buf, forest, check)
+def run(program, device=None) -> None:
+    """Run a bound program (program.BatchProgram) as the C runner does, over its operands on ``device`` (its array
+    module, its row and fused kernels where its arrays are not numpy's; None: numpy), adding into the program's
+    accumulators. Streaming, the eager stream's table runs on a machine of its own (the eager operands: its
+    scratch and fixed arenas and accumulators) on the device's second stream (Backend.second_stream) or a host
+    thread (:class:`ThreadStream`); row t of the table runs after eager chunk t."""
+    lowered, table, eager = program.lowered, program.table, program.eager
+    code, ranges = lowered.code.tolist(), lowered.ranges.tolist()
+    operands = program.operands
+    m = _machine(program, device, operands)
+    if eager is None or not len(eager):
+        _loop(m, table, code, ranges)
+        return
+    mine = list(operands)
+    for i, operand in program.bound.eager_operands.items():
+        mine[i] = operand
+    em = _machine(program, device, mine)
     em.stream = "eager"
-    second = (stream or ThreadStream)(device, len(eager))
-    second.start(lambda done: _loop(em, eager, code, ranges, operations, after=done))
+    second = (device.second_stream(len(eager)) if device is not None else None) or ThreadStream(len(eager))
+    second.start(lambda done: _loop(em, eager, code, ranges, after=done))
     try:
-        _loop(m, table, code, ranges, operations, before=second.wait)
+        _loop(m, table, code, ranges, before=second.wait)
     finally:
         second.join()
-    for name, acc in own.items():
-        grads[name] += acc
-    return grads
 
 
-def _loop(m: Machine, table: np.ndarray, code: list, ranges: list, operations: list, before=None,
-          after=None) -> None:
+def _machine(program, device, operands: list) -> Machine:
+    """A machine over ``operands`` (an unbound one: an empty buffer)."""
+    xp = np if device is None else device.xp
+    flats, lds, transposed, hosts = [], [], [], {}
+    for i, operand in enumerate(operands):
+        if operand is None:
+            flats.append(xp.zeros(0, program.dtype))
+            lds.append(1)
+            transposed.append(0)
+            continue
+        flats.append(operand.array.reshape(-1)[:operand.elements])
+        lds.append(operand.ld)
+        transposed.append(operand.transposed)
+        if operand.host is not None:
+            hosts[i] = operand.host
+    m = Machine(device, program.lowered, flats, lds, transposed, hosts, len(operands) - 1, program.forest,
+                program.check)
+    m.context = getattr(program.buffers, "ctx", None)
+    return m
+
+
+def _loop(m: Machine, table: np.ndarray, code: list, ranges: list, before=None, after=None) -> None:
     """Run every row of ``table`` on ``m`` (``before(t)``/``after(t)``: the streams' wait and record)."""
     for t, task in enumerate(table.tolist()):
         if before is not None:
@@ -603,7 +525,7 @@ def _loop(m: Machine, table: np.ndarray, code: list, ranges: list, operations: l
         while pc < end:
             op, *operands = code[pc]
             m.pc = pc
-            skip = operations[op](m, *operands[:ARITY[op]])
+            skip = BY_ID[op](m, *operands[:ARITY[op]])
             pc += 1 + (skip or 0)
         if after is not None:
             after(t)
@@ -614,7 +536,7 @@ class ThreadStream:
     the main table waits (a condition) until chunk t is done, rows past the chunks until all are. The eager
     thread's error is raised by the main one (at its wait, else after the join)."""
 
-    def __init__(self, device, chunks: int):
+    def __init__(self, chunks: int):
         self.chunks, self.done, self.error = chunks, 0, None
         self.cond = threading.Condition()
         self.thread = None

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from minicavs.train import checkpoint
-from minicavs.engine import program
+from minicavs.engine import operands, program
 from minicavs.cpu import c_runner
 from minicavs.engine.compile import EngineOptions
 from minicavs.runtime.memory import DynamicTensor
@@ -32,52 +32,48 @@ def _address(a) -> int:
 
 @pytest.fixture
 def checked_runs(monkeypatch) -> list:
-    """Wrap the C runner's run: after each call, every entry of the kept table must address the array this
-    pass resolved for it (a static's copy excepted: made by the run itself), or, for a workspace tensor the
-    run did not look up again (WORKSPACE_TENSORS), the buffer it resolves to now; with its size or the
-    elements the resolver said it uses. Entries the pass left unbound must be zero. Returns the programs
-    run."""
-    real = c_runner.run
-    programs, skipped, resolved = [], [], {}
+    """Wrap the binder and the C runner's run: after each call, every entry of the kept table must address the
+    array of the operand the binder resolved for it in this pass (a static's copy excepted: made by the run
+    itself), with the elements the binder said it uses; entries the pass left unbound must be zero. Also
+    records which workspace tensors the binder did not look up again (operands.WORKSPACE_TENSORS: kept from
+    the program's last binding). Returns (program, kept tensors so far) per run."""
+    real_bind, real_run = program.bind_operands, c_runner.run
+    programs, skipped, resolved = [], [], set()
 
     class Recording:
         """The pass's buffers, each one looked up recorded."""
 
         def __init__(self, buffers):
-            self.buffers, self.ctx = buffers, buffers.ctx
+            self.buffers, self.ctx, self.dtype = buffers, buffers.ctx, buffers.dtype
 
         def __getitem__(self, key):
-            a = self.buffers[key]
-            resolved[("fixed",) if key[:2] == ("arena", "fixed") else ("scratch",) if key[:2] ==
-                     ("arena", "scratch") else key] = a
-            return a
+            resolved.add(key)
+            return self.buffers[key]
 
-    def run(lowered, table, buffers, dtype, forest, *rest):
+    def bind(lowered, table, buffers, *rest):
         resolved.clear()
-        grads = real(lowered, table, Recording(buffers), dtype, forest, *rest)
-        bound = lowered.__dict__["_table"]
+        return real_bind(lowered, table, Recording(buffers), *rest)
+
+    def run(bound_program, *rest):
+        lowered = bound_program.lowered
+        real_run(bound_program, *rest)
+        bound = c_runner._TABLES[lowered]
         assert not bound.info[4].any()   # (twins: let go after the call)
-        for i, key in enumerate(lowered.keys):
+        for i, (key, operand) in enumerate(zip(lowered.keys, bound_program.operands)):
+            if key[0] in operands.WORKSPACE_TENSORS and operand is not None and key not in resolved:
+                skipped.append(key)
             ref = bound.held[i]
             held = None if ref is None else ref()   # (held weakly: a static's copy is gone after the call)
             if ref is None:   # unbound, or a batch's own array let go after the call
-                assert key[0] not in c_runner.PERSISTENT or key not in resolved or key[0] == "static", key
+                assert operand is None or key[0] not in c_runner.PERSISTENT or key[0] == "static", key
                 assert not bound.info[:4, i].any(), key
                 continue
-            if key in resolved:
-                a = resolved[key]
-            else:
-                assert key[0] in c_runner.WORKSPACE_TENSORS, key
-                a = buffers[key]
-                skipped.append(key)
-            a, used = a if type(a) is tuple else (a, a.size)
-            assert held is a or key[0] == "static", (key, "a stale array")
+            assert held is operand.array or key[0] == "static", (key, "a stale array")
             if held is not None:
                 assert bound.info[0, i] == _address(held)
-                assert bound.info[1, i] == (used if held is a else held.size)
+                assert bound.info[1, i] == (operand.elements if held is operand.array else held.size)
         programs.append((lowered, len(skipped)))
-        return grads
-
+    monkeypatch.setattr(program, "bind_operands", bind)
     monkeypatch.setattr(c_runner, "run", run)
     return programs
 
@@ -154,7 +150,7 @@ def test_statics_copied_then_not_and_blocks_then_none(tmp_path, checked_runs, mo
         monkeypatch.setattr(c_runner, "CONTIGUOUS_STATICS_ROWS", threshold)
         python, native = _both(t, samples)
         _same(python, native)
-        bound = [p.__dict__["_table"] for p, _ in checked_runs[-2:]]
+        bound = [c_runner._TABLES[p] for p, _ in checked_runs[-2:]]
         assert not any(b.info[4].any() for b in bound)
     # a pass whose table has block rows, then one without (a batch whose blocks the test drops: their
     # buffers left unbound), then with again
@@ -170,7 +166,7 @@ def test_statics_copied_then_not_and_blocks_then_none(tmp_path, checked_runs, mo
         if blocks:
             _same(python, native)
         for lowered, _ in checked_runs[-2:]:
-            bound = lowered.__dict__["_table"]
+            bound = c_runner._TABLES[lowered]
             unbound = [i for i in range(lowered.task_keys or len(lowered.keys), len(lowered.keys) - 1)]
             assert blocks or not bound.info[:4, unbound].any()
 
@@ -180,28 +176,19 @@ def test_a_failed_run_leaves_no_table_behind(tmp_path, monkeypatch):
     samples = t.task.data["train"][:4]
     t.model.options = EngineOptions(runner="device")
     expected = t.loss_and_grads(samples)
-    real = c_runner.run
+    real = c_runner._Entries.static
     failing = []
 
-    class Broken:
-        def __init__(self, buffers):
-            self.buffers = buffers
-
-        def __getitem__(self, key):
-            if key[0] == "static":   # (looked up every run, after some entries were bound)
-                raise RuntimeError("resolve failed (test)")
-            return self.buffers[key]
-
-    def run(lowered, table, buffers, dtype, forest, *rest):
-        failing.append(lowered)
-        return real(lowered, table, Broken(buffers), dtype, forest, *rest)
-    monkeypatch.setattr(c_runner, "run", run)
-    with pytest.raises(RuntimeError, match="resolve failed"):
+    def broken(self, i, operand, in_tasks):   # (a static's entry, after some entries were bound)
+        failing.append(self.bound)
+        raise RuntimeError("binding an entry failed (test)")
+    monkeypatch.setattr(c_runner._Entries, "static", broken)
+    with pytest.raises(RuntimeError, match="binding an entry failed"):
         t.loss_and_grads(samples)
-    assert "_table" not in failing[0].__dict__
-    monkeypatch.setattr(c_runner, "run", real)
+    assert failing and all(table not in c_runner._TABLES.values() for table in failing)
+    monkeypatch.setattr(c_runner._Entries, "static", real)
     _same(expected, t.loss_and_grads(samples))
-    assert "_table" in failing[0].__dict__
+    assert len(c_runner._TABLES) and all(table not in c_runner._TABLES.values() for table in failing)
 
 
 def test_bad_input_after_a_kept_table_still_gets_its_error(tmp_path):

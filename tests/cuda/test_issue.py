@@ -2,7 +2,7 @@
 a pass is one C call (its Python calls do not grow with the tasks), a wrong instruction is refused before
 anything is issued, the eager table's launches go to the second stream behind events, the TF32 mode rounds the
 stand-in's product inputs, and a device that does no work sees the same launches and products. (That every
-bundled model issued from C equals the C runner: tests/cuda/test_python_runner.py.)"""
+bundled model issued from C equals the C runner: tests/cuda/test_device_runners.py.)"""
 from __future__ import annotations
 
 import collections
@@ -40,8 +40,9 @@ def test_the_loop_compiles():
 
 
 def _pass_calls(case, device, graphs) -> collections.Counter:
-    """Python calls (sys.setprofile 'call' and 'c_call' events) made inside the device's run_program during one
-    forward and backward pass, and how many of those ran an instruction or the task loop in Python."""
+    """Python calls (sys.setprofile 'call' and 'c_call' events) made inside the engine's run of a bound pass
+    (alg1._run: the device's runner, or the reference runner) during one forward and backward pass, and how many
+    of those ran an instruction or the task loop in Python."""
     rng = np.random.default_rng(0)
     feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
     params = {k: device.asarray(v) for k, v in case.params.items()}
@@ -50,10 +51,9 @@ def _pass_calls(case, device, graphs) -> collections.Counter:
     inside = [0]
 
     def profile(frame, event, arg):
-        if event == "call" and frame.f_code.co_name == "run_program" and "cuda/device.py" in frame.f_code.co_filename:
+        if event == "call" and frame.f_code.co_name == "_run" and "engine/alg1.py" in frame.f_code.co_filename:
             inside[0] += 1
-        elif event == "return" and frame.f_code.co_name == "run_program" and "cuda/device.py" in \
-                frame.f_code.co_filename:
+        elif event == "return" and frame.f_code.co_name == "_run" and "engine/alg1.py" in frame.f_code.co_filename:
             inside[0] -= 1
         elif inside[0] and event in ("call", "c_call"):
             counts[event] += 1
@@ -303,9 +303,9 @@ def test_the_cublas_shim_maps_row_major_products(cuda_standin, dtype):
     assert calls["batched"] >= 4
 
 
-def test_unreachable_entry_points_fall_back_to_the_python_runner(cuda_standin, monkeypatch):
+def test_unreachable_entry_points_fall_back_to_the_reference_runner(cuda_standin, monkeypatch):
     """A device whose function pointers cannot be had (a driver or cuBLAS the loop has not met): one warning,
-    and its passes are issued from Python with the same numbers, not an error."""
+    and the reference runner runs its passes on the device with the same numbers, not an error."""
     case = cells.chain_lstm(np.random.default_rng(2))
     graphs = [InputGraph.chain(3)] * 2
     want = _run(case, Cuda(cuda_standin), graphs)
@@ -316,7 +316,7 @@ def test_unreachable_entry_points_fall_back_to_the_python_runner(cuda_standin, m
     device = Cuda(cuda_standin)
     with pytest.warns(RuntimeWarning, match="cannot reach the device's entry points .*libcublas"):
         got = _run(case, device, graphs)
-    why = got.states["G"].program.lowered.__dict__["issue_declined"]
+    why = got.states["G"].program.declined
     assert why is not None and "libcublas" in why
     close(got.loss, want.loss, "float64")
     for k in want.grads:

@@ -57,7 +57,7 @@ def gpu(stubs, cuda_standin, emulation_dir, monkeypatch):
 
 def _issued(result) -> None:
     for program in (result.states["G"].program, result.states["G"].backward_program):
-        assert program.lowered.__dict__["issue_declined"] is None
+        assert program.declined is None
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])

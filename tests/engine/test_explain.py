@@ -35,9 +35,9 @@ def spies(monkeypatch) -> dict:
         seen["steps"] += list(steps)
         return run_steps(steps, env, xp, ctx, outs)
 
-    def program_spy(prog, state, dtype):
+    def program_spy(prog, state):
         seen["programs"].append(prog)
-        return run_program(prog, state, dtype)
+        return run_program(prog, state)
 
     def body_spy(self, xp, values):
         seen["bodies"][self.name] += 1

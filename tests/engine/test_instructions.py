@@ -23,6 +23,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from minicavs.engine import instructions
+from minicavs.engine.lowered import OPCODES_BY_ID, PHASE_WORDS
 from minicavs.engine.compile import PRE
 from minicavs.cpu import CPU, c_runner
 from minicavs.engine.compile import EngineOptions
@@ -116,7 +117,7 @@ def _moved_by_index(result) -> set:
             split = {row[0] for row in program.table.tolist() if row[3] == -1}
             for b in lowered.blocks:
                 if b.tid in split and b.scatter_rows:
-                    ops = [(instructions.OPCODES_BY_ID[row[0]], row[8]) for row in lowered.code[slice(*lowered.ranges[b.tid])]]
+                    ops = [(OPCODES_BY_ID[row[0]], row[8]) for row in lowered.code[slice(*lowered.ranges[b.tid])]]
                     moved |= {"in" for op, load in ops if op == "SROWS" and load} | {"out" for op, _ in ops if op == "SPUT"}
     return moved
 
@@ -155,7 +156,7 @@ def _split_block_instruction(program, opcode: str) -> int:
     lowered = program.lowered
     split = {row[0] for row in program.table.tolist() if row[3] == -1}
     return next(pc for b in lowered.blocks if b.tid in split for pc in range(*lowered.ranges[b.tid])
-                if instructions.OPCODES_BY_ID[lowered.code[pc][0]] == opcode)
+                if OPCODES_BY_ID[lowered.code[pc][0]] == opcode)
 
 
 def _shifted(row) -> None:
@@ -352,7 +353,7 @@ def test_eager_chunks_move_scatter_rows_by_index_when_given_no_offset(runner, tm
     assert_streamed(two)
     lowered = two.states["tree"].program.lowered
     pre = [b for b in lowered.blocks if b.phase == PRE]
-    assert any(instructions.OPCODES_BY_ID[op] == "SROWS" for b in pre
+    assert any(OPCODES_BY_ID[op] == "SROWS" for b in pre
                for op in lowered.code[lowered.ranges[b.tid][0]:lowered.ranges[b.tid][1], 0])
     assert (two.states["tree"].program.eager[:, 3] == -1).all()
     results_equal(one, two, "float64")
@@ -482,7 +483,7 @@ def test_a_bad_eager_instruction_is_caught_on_the_eager_stream(monkeypatch):
     lowered = run(EngineOptions(streaming=True, check=True)).states["G"].program.lowered
     block = next(b for b in lowered.blocks if b.phase == PRE)
     begin, end = lowered.ranges[block.tid]
-    pc = next(pc for pc in range(begin, end) if instructions.OPCODES_BY_ID[lowered.code[pc][0]] == "GEMM")
+    pc = next(pc for pc in range(begin, end) if OPCODES_BY_ID[lowered.code[pc][0]] == "GEMM")
     original = int(lowered.code[pc][4])
     lowered.code[pc][4] = 10**9   # (its rows)
     try:
@@ -651,7 +652,7 @@ def test_corrupted_offset_is_caught_by_the_debug_mode_not_a_crash():
         case.model.options = EngineOptions(runner="device", check=True)
         state = case.model.forward_backward(trees, feeds, case.params, RunContext()).states["G"]
         code = state.program.lowered.code
-        pc = next(i for i in range(len(code)) if instructions.OPCODES_BY_ID[code[i][0]] == "BIND"
+        pc = next(i for i in range(len(code)) if OPCODES_BY_ID[code[i][0]] == "BIND"
                   and code[i][3] == instructions.SCATTER_ROWS)
         code[pc][4] += 10**9   # the column offset: far outside the scatter tensor
         try:
@@ -869,9 +870,9 @@ def _block_instruction(program, template: str, opcode: str) -> int:
     'kind ... template' line) of a native program."""
     lowered = program.lowered
     tid = next(tid for tid, t in zip(lowered.template_ids, lowered.templates)
-               if f"kind '{t.kind}' {instructions.PHASE_WORDS[t.phase]} block" == template)
+               if f"kind '{t.kind}' {PHASE_WORDS[t.phase]} block" == template)
     begin, end = lowered.ranges[tid]
-    return next(pc for pc in range(begin, end) if instructions.OPCODES_BY_ID[lowered.code[pc][0]] == opcode)
+    return next(pc for pc in range(begin, end) if OPCODES_BY_ID[lowered.code[pc][0]] == opcode)
 
 
 @pytest.mark.parametrize("backward, template, opcode, field, change", [

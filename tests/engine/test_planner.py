@@ -215,7 +215,8 @@ def test_without_a_library_the_reference_path_plans(monkeypatch):
     graphs = [CASES["binary_tree_lstm"][1](rng, n) for n in (3, 5)]
     s = case.model.structures[0]
     (native_batch, native_plan), _ = native_and_reference(s, graphs)
-    monkeypatch.setattr(planner, "_LIBRARY", [])
+    from minicavs.engine import backend
+    monkeypatch.setattr(backend, "_PLANNER", [])
     assert planner.library() is None
     assert planner.prepare(list(graphs), s._planner_spec()) is None
     batch, plan = s.prepare(graphs, get_policy("cavs"))

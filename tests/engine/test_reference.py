@@ -15,9 +15,11 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from minicavs.engine import instructions, reference
+from minicavs.engine.lowered import OPCODES_BY_ID
 from minicavs.engine.codegen.machine import OPCODES
 from minicavs.engine.compile import PRE
-from minicavs.cpu import c_runner
+from minicavs.cpu import CPU, c_runner
+from minicavs.engine.program import BatchProgram
 from minicavs.engine.compile import EngineOptions
 from minicavs.engine.executor import RunContext
 from minicavs.runtime.inputs import InputGraph
@@ -43,21 +45,18 @@ def test_every_opcode_has_a_reference_implementation_of_its_operands():
 
 
 def test_every_runner_implements_or_declines_every_opcode():
-    """The C runner's switch has a case per opcode but those it declines (a program with one runs on the
-    reference runner: APPLY, a step only Python runs), and fails any other (its default case); the CUDA
-    runner runs each by the reference's function or its own (FUSED: the generated kernel; ADJ: the device's
-    scatter-add), with the reference's operands."""
+    """The C runner's switch and the CUDA issuing loop's have a case per opcode but those they decline (a program
+    with one runs on the reference runner: APPLY, a step only Python runs), and fail any other (their default
+    case); the reference runner, which runs on every device, has a function for each."""
+    from minicavs.engine.codegen.issue_source import issue_source
     from minicavs.engine.codegen.machine import interpreter_source
-    from minicavs.cuda import python_runner as cuda_runner
-    source = interpreter_source("double")
-    for name in OPCODES:
-        assert (f"case {name}:" in source) != (list(OPCODES).index(name) == c_runner.APPLY), name
-    assert "default:\n                FAIL(-3);" in source
-    assert len(cuda_runner.OPERATIONS) == len(OPCODES)
-    for name, fn in zip(OPCODES, cuda_runner.OPERATIONS):
-        assert fn is reference.OPERATIONS[name] or name in cuda_runner.OWN, name
-        operands = list(inspect.signature(fn).parameters)[1:]
-        assert operands == list(inspect.signature(reference.OPERATIONS[name]).parameters)[1:], name
+    for source in (interpreter_source("double"), issue_source()):
+        for name in OPCODES:
+            assert (f"case {name}:" in source) != (list(OPCODES).index(name) == c_runner.APPLY), name
+        assert "FAIL(-3);" in source[source.index("default:"):]
+    assert len(reference.BY_ID) == len(OPCODES)
+    for name, fn in zip(OPCODES, reference.BY_ID):
+        assert fn is reference.OPERATIONS[name], name
 
 
 class Opcodes:
@@ -163,7 +162,7 @@ def test_hand_written_programs_give_the_same_buffers_on_both_runners(dtype):
     table = np.array([[0, 1, 3, 0, -1]], np.int64)
     for run in (c_runner.run, reference.run):
         buffers = Arenas({("tensor", "A", 0): a0.copy(), ("tensor", "B", 0): b0.copy()}, dtype)
-        run(program, table, buffers, dtype, True)
+        run(BatchProgram.of(program, table, buffers, dtype, CPU))
         tol = (1e-12 if dtype == np.float64 else 1e-5) * max(1.0, np.abs(b).max())
         np.testing.assert_allclose(buffers[("tensor", "A", 0)], a, rtol=0, atol=tol, err_msg=run.__module__)
         np.testing.assert_allclose(buffers[("tensor", "B", 0)], b, rtol=0, atol=tol, err_msg=run.__module__)
@@ -249,7 +248,7 @@ def test_an_instruction_reaching_outside_its_buffer_raises(opcode, field):
     options = EngineOptions(runner="reference")
     state = case.model.forward_backward(graphs, feeds, case.params, RunContext(), options=options).states["G"]
     lowered = state.program.lowered
-    pc = next(pc for pc, row in enumerate(lowered.code.tolist()) if instructions.OPCODES_BY_ID[row[0]] == opcode)
+    pc = next(pc for pc, row in enumerate(lowered.code.tolist()) if OPCODES_BY_ID[row[0]] == opcode)
     original = int(lowered.code[pc][field])
     lowered.code[pc][field] = 10**9
     try:
@@ -271,7 +270,7 @@ def test_a_per_row_product_reaching_outside_its_buffer_raises(opcode, field):
     options = EngineOptions(runner="reference")
     lowered = case.model.forward_backward(graphs, feeds, case.params, RunContext(),
                                           options=options).states["G"].program.lowered
-    pc = next(pc for pc, row in enumerate(lowered.code.tolist()) if instructions.OPCODES_BY_ID[row[0]] == opcode)
+    pc = next(pc for pc, row in enumerate(lowered.code.tolist()) if OPCODES_BY_ID[row[0]] == opcode)
     original = int(lowered.code[pc][field])
     lowered.code[pc][field] = 10**6
     try:
@@ -337,7 +336,7 @@ def _on_every_runner(program, table, buffers: dict, dtype) -> list:
     out = []
     for run, check in ((c_runner.run, False), (c_runner.run, True), (reference.run, False)):
         copies = Arenas({key: a.copy() for key, a in buffers.items()}, dtype)
-        run(program, table, copies, dtype, True, check=check)
+        run(BatchProgram.of(program, table, copies, dtype, CPU, check=check))
         out.append(dict(copies))
     return out
 
@@ -496,7 +495,7 @@ def test_a_failing_eager_chunk_raises_in_the_caller():
                                           options=options).states["G"].program.lowered
     block = next(b for b in lowered.blocks if b.phase == PRE)
     begin, end = lowered.ranges[block.tid]
-    pc = next(pc for pc in range(begin, end) if instructions.OPCODES_BY_ID[lowered.code[pc][0]] == "GEMM")
+    pc = next(pc for pc in range(begin, end) if OPCODES_BY_ID[lowered.code[pc][0]] == "GEMM")
     original = int(lowered.code[pc][4])
     lowered.code[pc][4] = 10**9
     try:

@@ -1,8 +1,10 @@
-"""The CUDA runner (minicavs/cuda/python_runner.py, and the pass issued by one C call: minicavs/cuda/issue.py) on the
-emulated device: the one lowered program of every bundled model runs there (no silent fallback to another runner) and equals the C runner on the CPU,
-forward values, inference and gradients, float64 and float32, under the engine switches; so does the reference
-runner over the device's arrays; a DAG's gradient rows are added by the device's scatter-add kernels; neither
-runner copies anything between host and device per task."""
+"""The device's runners on the emulated device: the CUDA runner (the pass issued by one C call:
+minicavs/cuda/issue.py) and the reference runner over the device's arrays (minicavs/engine/reference.py, its rows
+and fused groups by the device's kernels: what runs a pass the loop declines, or with ``issue_from_c`` off). The one
+lowered program of every bundled model runs there (no silent fallback to another runner) and equals the C runner
+on the CPU, forward values, inference and gradients, float64 and float32, under the engine switches; a DAG's
+gradient rows are added by the device's scatter-add kernels; neither runner copies anything between host and
+device per task."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -23,20 +25,21 @@ from ..engine.test_instructions import SWITCHES, assert_streamed
 from ..models.test_models import TINY, trainer
 
 RUNNERS = {"device": "cuda runner", "reference": "reference runner"}
-# the ways a pass runs on the device: (runner, whether the CUDA runner issues it from C)
+# the ways a pass runs on the device: (runner, whether the CUDA runner issues it from C: off, the device's runner
+# declines every pass and the reference runner runs it over the device's arrays)
 WAYS = {"issued from C": ("device", True), "issued from Python": ("device", False), "reference": ("reference", True)}
 
 
-def assert_device_runs_the_program(result, runner: str, from_c: bool | None = None) -> None:
-    """Both passes ran on the runner asked for (the CUDA runner declines no opcode: APPLY too runs on it);
-    ``from_c``: the CUDA runner issued them from C (True) or from Python (False)."""
+def assert_device_runs_the_program(result, runner: str, from_c: bool = True) -> None:
+    """Both passes ran on the runner asked for (the CUDA runner declines no opcode of these programs);
+    ``from_c`` off: the device's runner declined them for that reason alone, and the reference runner ran them."""
     for state in result.states.values():
         for program in (state.program, state.backward_program):
+            if runner == "device" and not from_c:
+                assert program.runner == RUNNERS["reference"] and program.declined == "issue_from_c is off"
+                continue
             assert program.runner == RUNNERS[runner] and program.declined is None, program.declined
             assert RUNNERS[runner] in program.dump().splitlines()[0]
-            if runner == "device" and from_c is not None:
-                why = program.lowered.__dict__.get("issue_declined")
-                assert (why is None) == from_c, why
 
 
 def ways(launcher) -> list:
@@ -119,10 +122,11 @@ def test_dag_gradient_rows_are_added_by_the_device_kernels(cuda_standin, determi
                                           RunContext(), options=options)
     finally:
         case.model.device = CPU
-    assert_device_runs_the_program(got, "device")
     for state in got.states.values():   # (a fixed order: the segment sums, planned per task from Python)
-        why = state.backward_program.lowered.__dict__.get("issue_declined")
+        assert state.program.runner == "cuda runner" and state.program.declined is None
+        why = state.backward_program.declined
         assert (why is not None and "fixed order" in why) if deterministic else why is None, why
+        assert state.backward_program.runner == ("reference runner" if deterministic else "cuda runner")
     close(got.loss, want.loss, "float64")
     for k in want.grads:
         close(got.grads[k], want.grads[k], "float64", k)
@@ -187,19 +191,19 @@ def test_bundled_models_streaming_on_the_device_equal_the_c_runner(cuda_standin,
 
 
 def test_eager_chunks_run_on_the_second_stream(cuda_standin, monkeypatch):
-    """(The CUDA runner issuing from Python; tests/cuda/test_issue.py checks the C loop's streams.) Every eager
+    """(The reference runner on the device; tests/cuda/test_issue.py checks the C loop's streams.) Every eager
     instruction runs while the device's eager stream is current, every main one on the caller's
     stream; the eager stream first waits for the caller's stream, records an event per chunk, and the caller's
     stream waits for chunk t's event before task t (on the device: no host wait, no crossing)."""
-    from minicavs.cuda import python_runner as cuda_runner
+    from minicavs.engine import reference
     log, recorded, waited = [], [], []
     wrapped = []
-    for fn in cuda_runner.OPERATIONS:
+    for fn in reference.BY_ID:
         def logged(m, *operands, _fn=fn):
             log.append((m.stream, m.task_index, standin.cuda.get_current_stream(), id(m.lowered)))
             return _fn(m, *operands)
         wrapped.append(logged)
-    monkeypatch.setattr(cuda_runner, "OPERATIONS", wrapped)
+    monkeypatch.setattr(reference, "BY_ID", wrapped)
     real_record, real_wait = standin._Stream.record, standin._Stream.wait_event
 
     def record(stream, event=None):

@@ -1,0 +1,202 @@
+"""The one binder of a pass's buffers: every buffer key of a lowered program (instructions.py) resolved once into an
+:class:`~minicavs.engine.backend.Operand` (its array as runners address it, elements, row stride, transposed flag,
+host copy of an index array), with the gradient accumulators the pass adds into and the eager stream's own
+arenas and accumulators. Every runner (the reference runner, the C runner, the CUDA issuing loop) reads this
+table and nothing else of the batch: none resolves a key, lays out a static or makes an arena of its own.
+
+Between passes of the same program in the same workspace, the dynamic tensors' operands are reused while no
+dynamic tensor has allocated a buffer since (memory.allocations): a batch's re-binding then looks up only the
+buffers that are the batch's own (index arrays, pull and push buffers, gradients, arenas).
+"""
+from __future__ import annotations
+
+import math
+import weakref
+
+import numpy as np
+
+from ..runtime.memory import allocations
+from .backend import Operand
+
+# buffer keys of index arrays (row numbers): resolved on the host, the device's copy beside it
+INDEX_KEYS = ("child", "pullrows", "pushrows", "srows", "rowkeys")
+# buffer keys that name a workspace's dynamic tensor whole: kept from the program's last binding in the same
+# workspace while no dynamic tensor has allocated a buffer since
+WORKSPACE_TENSORS = ("tensor", "btensor")
+
+
+class Bound:
+    """A pass's operands (one per buffer key; None: a block's own buffer, and no block runs), the parameter-gradient
+    accumulators it adds into, the eager stream's operands that differ from the main stream's (its scratch and
+    fixed arenas, its own accumulators) and those accumulators by parameter name."""
+
+    __slots__ = ("operands", "gradients", "eager_operands", "eager_gradients", "scratch", "eager_scratch", "blocks")
+
+    def __init__(self, operands, gradients, eager_operands, eager_gradients, scratch, eager_scratch, blocks):
+        self.operands, self.gradients, self.blocks = operands, gradients, blocks
+        self.eager_operands, self.eager_gradients = eager_operands, eager_gradients
+        self.scratch, self.eager_scratch = scratch, eager_scratch   # the elements each stream's tasks use
+
+
+# lowered program -> ((workspace, allocations() when bound), {buffer id: (weak array, elements, ld)}): the
+# dynamic tensors' entries of its last binding
+_LAST: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def bind_operands(lowered, table: np.ndarray, buffers, dtype, device, eager: np.ndarray | None = None,
+                  workspace=None) -> Bound:
+    """Every buffer of ``lowered`` for a run over ``table`` (and ``eager``, the eager stream's table), from
+    ``buffers[key]`` (program.Buffers, or any mapping of the keys), on ``device``."""
+    n_kinds = len(lowered.ranges) // 3
+    template_ids = table[:, 0].tolist()
+    streaming = eager is not None and len(eager) > 0
+    blocks = bool(lowered.blocks) and (max(template_ids, default=-1) >= n_kinds or streaming)
+    task_keys = len(lowered.keys) if lowered.task_keys is None or blocks else lowered.task_keys
+    last = _LAST.get(lowered)
+    kept = last[1] if last is not None and workspace is not None and last[0][0] is workspace \
+        and last[0][1] == allocations() else None
+    xp = device.xp
+    operands, gradients = [], {}
+    scratch, spare = scratch_elements(lowered, table), 0
+    for i, key in enumerate(lowered.keys):
+        what = key[0]
+        if what == "scratch":   # (the last key: the statics are resolved)
+            spare = _spare(table, operands, device)
+            operands.append(_operand(what, buffers[("arena", "scratch", scratch + spare)], xp))
+        elif i >= task_keys:
+            operands.append(None)
+        elif kept is not None and what in WORKSPACE_TENSORS and (again := _alive(what, kept.get(i))) is not None:
+            operands.append(again)
+        elif what == "fixed":
+            operands.append(_operand(what, buffers[("arena", "fixed", lowered.fixed_size)], xp))
+        else:
+            a = buffers[key]
+            if what == "pgrad":
+                add_accumulators(gradients, key, a)
+            operands.append(_resolved(what, a, device))
+    eager_operands, eager_gradients, eager_scratch = {}, {}, 0
+    if streaming:
+        eager_scratch = scratch_elements(lowered, eager)
+        eager_operands[len(lowered.keys) - 1] = _operand(
+            "scratch", buffers[("arena", "eager scratch", eager_scratch + spare)], xp)
+        if ("fixed",) in lowered.keys:
+            eager_operands[lowered.keys.index(("fixed",))] = _operand(
+                "fixed", buffers[("arena", "eager fixed", lowered.fixed_size)], xp)
+        for i in lowered.eager_accumulators:
+            name = lowered.keys[i][1]
+            eager_gradients[name] = xp.zeros_like(gradients[name])
+            eager_operands[i] = _operand("pgrad", eager_gradients[name], xp)
+    if workspace is not None:   # (held weakly: a program that does not run again keeps no outgrown buffer alive)
+        _LAST[lowered] = ((workspace, allocations()), {
+            i: (weakref.ref(o.array), o.elements, o.ld) for i, o in enumerate(operands)
+            if o is not None and o.kind in WORKSPACE_TENSORS})
+    return Bound(operands, gradients, eager_operands, eager_gradients, scratch, eager_scratch, blocks)
+
+
+def _alive(what: str, entry) -> Operand | None:
+    """A kept dynamic tensor's operand again, if its buffer is still alive."""
+    if entry is None:
+        return None
+    a = entry[0]()
+    return None if a is None else Operand(what, a, entry[1], entry[2], 0, source=a)
+
+
+def _resolved(what: str, a, device) -> Operand:
+    """The operand of one looked-up buffer: index arrays on the host and the device, statics laid out."""
+    if what in INDEX_KEYS:   # (a batch plan's array: the device copies it once, then slices it)
+        host = np.ascontiguousarray(a, np.uint64 if what == "rowkeys" else np.int64)
+        return Operand(what, device.index(host), host.size, _row_stride(host), 0, host)
+    if what == "dropout":   # (the entries' table: read on the host)
+        host = np.ascontiguousarray(a, np.int64)
+        return Operand(what, host, host.size, host.shape[-1], 0, host)
+    if what == "static":
+        return _static(a, device.xp)
+    return _operand(what, a, device.xp)
+
+
+def _operand(what: str, a, xp) -> Operand:
+    """A buffer the program reads and writes as rows of its row stride: it must be C-contiguous (a copy would
+    take the program's writes and lose them). ``a``: an array, or (array, the elements the run may touch)."""
+    used = None
+    if type(a) is tuple:   # (a workspace buffer kept from batch to batch, the elements this run may touch)
+        a, used = a
+    if not a.flags.c_contiguous:
+        raise ValueError(f"bind: a {what} buffer of shape {a.shape} and strides {a.strides} is not C-contiguous")
+    if used is not None and not 0 <= used <= a.size:
+        raise ValueError(f"bind: {used} elements of a {what} buffer of {a.size}")
+    return Operand(what, a, a.size if used is None else used, _row_stride(a), 0, source=a)
+
+
+def _row_stride(a) -> int:
+    return (a.shape[-1] if a.ndim >= 1 else 1) if a.ndim <= 2 else int(math.prod(a.shape[1:]))
+
+
+def _static(a, xp) -> Operand:
+    """A static (a parameter, a product's operand: only read): a transposed contiguous matrix read through the
+    flag, a block of a planned parameter buffer read in place through its row stride (:func:`strided_span`),
+    anything else made contiguous."""
+    if a.ndim == 2 and not a.flags.c_contiguous and a.T.flags.c_contiguous:
+        return Operand("static", a.T, a.size, a.shape[0], 1, source=a)
+    if not a.flags.c_contiguous:
+        span = strided_span(a)
+        if span is not None:
+            return Operand("static", span[0], span[0].size, span[1], span[2], source=a)
+        a = xp.ascontiguousarray(a)
+    return Operand("static", a, a.size, _row_stride(a), 0, source=a)
+
+
+def strided_span(a) -> tuple | None:
+    """(the contiguous run of memory a matrix view spans, row stride, transposed flag) of a 2-D host static whose
+    rows (or, transposed, columns) are contiguous at a stride wider than they are: a column block of a
+    planned parameter buffer (passes/layout.py) or its transpose, which BLAS reads in place through the
+    stride; None for anything else."""
+    if not isinstance(a, np.ndarray) or a.ndim != 2 or not a.size:
+        return None
+    rows, cols = a.shape
+    item = a.itemsize
+    if a.strides[1] == item and a.strides[0] % item == 0 and a.strides[0] >= cols * item:
+        ld, lines, width, flag = a.strides[0] // item, rows, cols, 0
+    elif a.strides[0] == item and a.strides[1] % item == 0 and a.strides[1] >= rows * item:
+        ld, lines, width, flag = a.strides[1] // item, cols, rows, 1
+    else:
+        return None
+    length = (lines - 1) * ld + width
+    base = a.base
+    while isinstance(base, np.ndarray) and base.base is not None:
+        base = base.base
+    if isinstance(base, np.ndarray) and base.flags.c_contiguous:   # whole rows where the buffer has them:
+        start = a.__array_interface__["data"][0] - base.__array_interface__["data"][0]   # size / ld is then
+        if 0 <= start and start + lines * ld * item <= base.nbytes:                    # the rows (a twin's)
+            length = lines * ld
+    span = np.lib.stride_tricks.as_strided(a, (length,), (item,), writeable=False)
+    return span, ld, flag
+
+
+def _spare(table: np.ndarray, operands: list, device) -> int:
+    """Scratch elements past the pass's own for the device runner's transposed products: Backend.spare_product_rows
+    rows (at most the table's largest) x the widest static the tasks read."""
+    if not device.spare_product_rows:
+        return 0
+    widest = max((o.source.shape[1] for o in operands if o is not None and o.kind == "static"
+                  and o.source is not None and o.source.ndim == 2), default=0)
+    return min(int(table[:, 2].max(initial=0)), device.spare_product_rows) * widest
+
+
+def add_accumulators(grads: dict, key: tuple, a) -> None:
+    """Name in ``grads`` the parameter-gradient accumulators that the buffer ``a`` of a ``pgrad`` key holds: one
+    parameter's, or, for a "block" key, several parameters' side by side, each its column block
+    (passes/layout.gradient_blocks)."""
+    if len(key) == 3 and key[2] == "block":
+        grads.update((name, a[..., lo:hi]) for name, lo, hi in key[1])
+    else:
+        grads[key[1]] = a
+
+
+def scratch_elements(lowered, table: np.ndarray) -> int:
+    """Scratch elements a run needs: the task templates' columns x the largest task, each block's own."""
+    n_kinds = len(lowered.ranges) // 3
+    template_ids, rows = table[:, 0].tolist(), table[:, 2].tolist()
+    task_rows = [r for tid, r in zip(template_ids, rows) if tid < n_kinds]
+    cols = lowered.block_scratch
+    return max([lowered.scratch_cols * max(task_rows, default=0)]
+               + [cols.get(tid, 0) * n for tid, n in zip(template_ids, rows) if tid >= n_kinds], default=0)
