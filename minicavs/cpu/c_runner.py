@@ -15,7 +15,6 @@ import weakref
 import numpy as np
 
 from ..core.errors import CheckError
-from ..core.limits import MAX_REGISTERS
 from ..engine.codegen.machine import OPS as OPCODES_IDS
 from . import interpreter as cpu_native
 from .library import library
@@ -34,30 +33,15 @@ def available(dtype) -> str | None:
 
 # the one opcode the C switch has no case for (its default case fails it): the runner declines a program with it
 APPLY = OPCODES_IDS["APPLY"]
-
-
 # the C runner's per-program state, kept here (not on the program), each keyed weakly by the lowered program:
-_DECLINED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # why it declines it (None: it runs it)
 _POINTERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # its code, pool, ranges, kernels' addresses
 _TABLES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()     # its BufferTable (taken during a run)
 
 
 def declines(program) -> str | None:
     """Why the C runner leaves ``program`` to the reference runner (None: it runs it): no compiler or BLAS
-    here, an opcode it declines (a step only Python runs), more registers than its register file."""
-    why = available(program.dtype)
-    if why is not None:
-        return why
-    lowered = program.lowered
-    if lowered not in _DECLINED:
-        ops = lowered.code[:, 0] if len(lowered.code) else lowered.code
-        if (ops == APPLY).any():
-            pc = int(np.flatnonzero(ops == APPLY)[0])
-            why = f"instruction {pc} ({lowered.text(pc)}) runs an op only Python runs"
-        elif lowered.nregs > MAX_REGISTERS:
-            why = f"{lowered.nregs} registers in a template (the C runner has {MAX_REGISTERS})"
-        _DECLINED[lowered] = why
-    return _DECLINED[lowered]
+    here, or an opcode or register count no C loop runs (Lowered.c_refusal)."""
+    return available(program.dtype) or program.lowered.c_refusal
 
 
 def _transposed(copier, span: np.ndarray, rows: int, cols: int, ld: int) -> np.ndarray:
@@ -206,13 +190,10 @@ def run(program, clock: np.ndarray | None = None) -> None:
 def _copier(program, rows: list, max_bs: int):
     """The C library that copies statics (transposes, twins) for this run, or None: when multi-row tasks read
     them enough (CONTIGUOUS_STATICS_ROWS)."""
-    lowered = program.lowered
-    n_kinds = len(lowered.ranges) // 3
-    template_ids = program.table[:, 0].tolist()
-    streaming = program.eager is not None and len(program.eager) > 0
-    blocks = bool(lowered.blocks) and (max(template_ids, default=-1) >= n_kinds or streaming)
+    n_kinds = program.lowered.n_kinds
     # (the copies pay for the tasks' products, not for the blocks' few large ones)
-    task_rows = [r for tid, r in zip(template_ids, rows) if tid < n_kinds] if blocks else rows
+    task_rows = [r for tid, r in zip(program.table[:, 0].tolist(), rows) if tid < n_kinds] if program.bound.blocks \
+        else rows
     if max_bs > 1 and sum([r for r in task_rows if r > 1]) >= CONTIGUOUS_STATICS_ROWS:
         return library(program.dtype)
     return None

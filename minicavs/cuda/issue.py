@@ -35,7 +35,6 @@ from pathlib import Path
 import numpy as np
 
 from ..core.errors import CheckError
-from ..core.limits import MAX_REGISTERS
 from ..engine.codegen.issue_kernels import ISSUE_KERNEL_NAMES, issue_kernels
 from ..engine.codegen.issue_source import issue_decls, issue_source
 from ..engine.codegen.machine import OPS as OPCODE_IDS
@@ -268,14 +267,9 @@ def declines(program, device) -> str | None:
     if unreachable is not None:
         return unreachable
     if lowered not in _DECLINED:
-        ops = lowered.code[:, 0] if len(lowered.code) else lowered.code
-        why = None
-        if (ops == OPCODE_IDS["APPLY"]).any():
-            pc = int(np.flatnonzero(ops == OPCODE_IDS["APPLY"])[0])
-            why = f"instruction {pc} ({lowered.text(pc)}) runs an op only Python runs"
-        elif lowered.nregs > MAX_REGISTERS:
-            why = f"{lowered.nregs} registers in a template (the loop has {MAX_REGISTERS})"
-        elif (ops == OPCODE_IDS["FUSED"]).any() and any(not hasattr(k, "source") for k in lowered.fused):
+        why = lowered.c_refusal
+        if why is None and (lowered.code[:, 0] == OPCODE_IDS["FUSED"]).any() \
+                and any(not hasattr(k, "source") for k in lowered.fused):
             why = "a fused group without a generated kernel"
         _DECLINED[lowered] = why
     why = _DECLINED[lowered]
@@ -296,7 +290,7 @@ def _unreachable(device, dtype) -> str | None:
             cache[key] = None
         except Exception as e:   # (a driver, a cuBLAS or a CuPy this code has not met)
             cache[key] = f"the issuing loop cannot reach the device's entry points ({type(e).__name__}: {e})"
-            warnings.warn(f"cuda: {cache[key]}; passes are issued from Python", RuntimeWarning, stacklevel=4)
+            warnings.warn(f"cuda: {cache[key]}; passes run on the reference runner (issued from Python)", RuntimeWarning, stacklevel=4)
     return cache[key]
 
 

@@ -186,8 +186,8 @@ class RowKernels(_Launches):
 
     # The public methods check their indices (dtype, count, range: a reduction, and on a GPU a wait for
     # it); the ``*_checked`` ones trust them: the device calls those with a batch plan's indices, checked
-    # on the host (python_runner.DeviceMachine through the reference's ``checked``, the device's scatter_add
-    # by check_rows), so a training step never waits for a check.
+    # on the host (the reference runner's ``checked`` on the host copy the binder made, the device's
+    # scatter_add by check_rows), so a training step never waits for a check.
 
     def gather(self, src, idx, out=None, stream=None):
         """out[r] = src[idx[r]]; ``out`` (allocated when None) may be a row-strided view."""

@@ -284,6 +284,15 @@ class CompiledFunction:
         self.pull_reads = alias.pull_reads(self.pulls, bwd_inputs)
         self.fwd_tensors = alias.forward_tensors(g.nodes, bwd_inputs, self.scatter_parts, self.pull_reads)
         self._phases: dict = {}
+        self._derived: dict = {}
+
+    def derived(self, key: tuple, make):
+        """What a later stage derives from this function once (a template, its single kernels, the copy
+        counters' factors), made by ``make()`` the first time ``key`` is asked for and kept with the function."""
+        found = self._derived.get(key)
+        if found is None:
+            found = self._derived[key] = make()
+        return found
 
     def variant(self, opts: EngineOptions) -> "CompiledFunction":
         """The compiled function that runs under ``opts``: with ``merge_gemms``, the one of F with its

@@ -7,9 +7,10 @@ arrays, the task's gather views). :func:`link` joins the kinds' templates into o
 Per batch, program.py binds it: the task table (kind, row offset, rows, scatter offset, the gather views and
 the sibling-concat view per task, built with numpy) and the batch's buffers (program.Buffers: the workspace's
 tensors, the scatter tensors and their gradients, pull and push buffers, the kind's index arrays, parameters,
-parameter-gradient accumulators, one scratch arena). A runner then expands template x task table: the C
-runner in one C call (cpu/c_runner.py), the CUDA runner with the generated kernels (cuda/python_runner.py), the
-reference runner (reference.py), which defines every opcode, one Python function each.
+parameter-gradient accumulators, one scratch arena), each resolved once by the binder (operands.py). A runner
+then expands template x task table: the C runner in one C call (cpu/c_runner.py), the CUDA runner in one C call
+that issues every launch (cuda/issue.py), the reference runner (reference.py), which defines every opcode, one
+Python function each, on any device.
 
 The blocks before and after the task loop (eager and lazy batching: one block per kind over all its rows) are
 templates too, run as one task each of all the kind's rows (kind offset 0, scatter offset the kind's first
@@ -243,7 +244,7 @@ def _steps(t: Template, program, statics: set, device, singles: dict, skip_conca
 
 
 def _singles(fn, device) -> dict:
-    return fn._phases.setdefault(("native single kernels", device), {})
+    return fn.derived(("single kernels", device), dict)
 
 
 def forward_template(fn, opts, device, training: bool, phase: int = TASK) -> Template:
@@ -466,15 +467,14 @@ def _children_gradient(fn, phases, inplace, concats) -> Node | None:
 def template(fn, opts, device, backward: bool, training: bool = True, phase: int = TASK,
              direct: bool = False) -> Template:
     """The kind's template of ``phase`` (kept with the function's compiled phases)."""
-    key = ("native", opts.compile_key(), device, backward, training, phase, direct)
-    if key not in fn._phases:
+    def make() -> Template:
         try:
-            fn._phases[key] = backward_template(fn, opts, device, phase, direct) if backward else \
+            return backward_template(fn, opts, device, phase, direct) if backward else \
                 forward_template(fn, opts, device, training, phase)
         except Unsupported as e:
             where = "" if phase == TASK else f" ({PHASE_WORDS[phase]})"
             raise Unsupported(f"kind '{fn.F.name}'{where}: {e}") from None
-    return fn._phases[key]
+    return fn.derived(("template", opts.compile_key(), device, backward, training, phase, direct), make)
 
 
 def link(compiled: list, kind_ids: list, opts, device, backward: bool, training: bool = True,

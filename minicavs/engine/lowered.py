@@ -4,10 +4,12 @@ local registers and buffer keys), and :class:`Lowered`, the templates of one pas
 table's width, the blocks before and after the task loop)."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..core.limits import MAX_REGISTERS
 from ..ir.graph import Node
 from .codegen.machine import OPCODES, OPS as OPCODE, WIDTH, matrix_shape
 from .compile import POST, PRE, TASK
@@ -154,12 +156,27 @@ class Lowered:
     dropouts: list = field(default_factory=list)   # per DROPOUT entry: (p, site) (program.dropout_table makes its row)
     steps: list = field(default_factory=list)      # per APPLY: the step (compile.Step) it runs
 
-    @property
+    @functools.cached_property
     def block_scratch(self) -> dict:
         """{block template id: its scratch columns per row}."""
-        if "_block_scratch" not in self.__dict__:
-            self.__dict__["_block_scratch"] = {b.tid: b.template.scratch for b in self.blocks}
-        return self.__dict__["_block_scratch"]
+        return {b.tid: b.template.scratch for b in self.blocks}
+
+    @functools.cached_property
+    def c_refusal(self) -> str | None:
+        """Why no C loop (the C runner's interpreter, the CUDA issuing loop) can run this program: an APPLY (a step
+        only Python runs), or more registers in a template than their register file; None: they can."""
+        ops = self.code[:, 0] if len(self.code) else self.code
+        if (ops == OPCODE["APPLY"]).any():
+            pc = int(np.flatnonzero(ops == OPCODE["APPLY"])[0])
+            return f"instruction {pc} ({self.text(pc)}) runs an op only Python runs"
+        if self.nregs > MAX_REGISTERS:
+            return f"{self.nregs} registers in a template (a C loop has {MAX_REGISTERS})"
+        return None
+
+    @property
+    def n_kinds(self) -> int:
+        """Kinds linked: the template ids are the kinds' task templates, then their blocks before and after."""
+        return len(self.ranges) // 3
 
     def operand_name(self, pc: int, operand: int) -> str:
         """The operand a runner's failed check reports (its index among instruction ``pc``'s operands; -2: the
@@ -178,7 +195,7 @@ class Lowered:
     def writes(self, opcode: str, phase: int, tid: int | None = None) -> set:
         """The buffer ids (the first operand) of ``opcode``'s instructions in the templates of ``phase`` (or
         the one template ``tid``)."""
-        n_kinds = len(self.ranges) // 3
+        n_kinds = self.n_kinds
         first = {TASK: 0, PRE: n_kinds, POST: 2 * n_kinds}[phase]
         found = set()
         for t in range(first, first + n_kinds) if tid is None else [tid]:
@@ -186,14 +203,12 @@ class Lowered:
             found.update(code[code[:, 0] == OPCODE[opcode], 1].tolist())
         return found
 
-    @property
+    @functools.cached_property
     def eager_accumulators(self) -> list:
         """Buffer ids of the parameter-gradient accumulators that both the blocks before the task loop and the
         tasks add into: streaming, a runner gives the eager stream its own (zeros) and adds it after the pass,
-        so the two streams never add into one buffer at once."""
-        if "_eager_accumulators" not in self.__dict__:
-            self.__dict__["_eager_accumulators"] = sorted(self.writes("GACC", PRE) & self.writes("GACC", TASK))
-        return self.__dict__["_eager_accumulators"]
+        so the two streams never add into one buffer at once (the binder makes them)."""
+        return sorted(self.writes("GACC", PRE) & self.writes("GACC", TASK))
 
     def lines(self, blocks: bool = True) -> list[str]:
         """The templates, one instruction a line: opcode and named operands (``blocks``: also those of the

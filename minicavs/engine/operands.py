@@ -47,7 +47,7 @@ def bind_operands(lowered, table: np.ndarray, buffers, dtype, device, eager: np.
                   workspace=None) -> Bound:
     """Every buffer of ``lowered`` for a run over ``table`` (and ``eager``, the eager stream's table), from
     ``buffers[key]`` (program.Buffers, or any mapping of the keys), on ``device``."""
-    n_kinds = len(lowered.ranges) // 3
+    n_kinds = lowered.n_kinds
     template_ids = table[:, 0].tolist()
     streaming = eager is not None and len(eager) > 0
     blocks = bool(lowered.blocks) and (max(template_ids, default=-1) >= n_kinds or streaming)
@@ -194,7 +194,7 @@ def add_accumulators(grads: dict, key: tuple, a) -> None:
 
 def scratch_elements(lowered, table: np.ndarray) -> int:
     """Scratch elements a run needs: the task templates' columns x the largest task, each block's own."""
-    n_kinds = len(lowered.ranges) // 3
+    n_kinds = lowered.n_kinds
     template_ids, rows = table[:, 0].tolist(), table[:, 2].tolist()
     task_rows = [r for tid, r in zip(template_ids, rows) if tid < n_kinds]
     cols = lowered.block_scratch

@@ -6,9 +6,10 @@ engine's phases) all run through :func:`run_steps`; a step can be written straig
 (``outs``: a dynamic tensor's rows, the scatter tensor's rows, a concat's column block), which is how values land where
 the compiler placed them without copies.
 
-A batch's binding of a lowered program (instructions.py) lives here too: its task table (one row per task, in
-the order they run), the rows of the blocks before and after the task loop, and the per-run dropout table;
-the device's runner then runs template x task table.
+A batch's binding of a lowered program (lowered.py) lives here too: its task table (one row per task, in the
+order they run), the rows of the blocks before and after the task loop, the per-run dropout table, and every
+buffer resolved once (operands.py); the device's runner then receives the :class:`BatchProgram` and runs
+template x task table.
 """
 from __future__ import annotations
 
@@ -327,8 +328,9 @@ def bind(lowered, compiled: list, plan, opts, buffers: "Buffers", backward: bool
 @dataclass
 class Buffers:
     """The batch's buffers a lowered program names, as typed fields; ``buffers[key]`` gives the array of one
-    of the program's buffer keys (instructions.py), made or looked up when a runner binds it. Index arrays
-    (children's rows, pull and push rows, row keys) are host arrays: a device's runner copies each over once.
+    of the program's buffer keys (lowered.py), made or looked up when the binder resolves it (operands.py), once a
+    pass. Index arrays (children's rows, pull and push rows, row keys) are host arrays: the binder has the device
+    copy each over (Backend.index).
 
     ``state`` is held weakly (a proxy): the state holds its programs and they their buffers, so a strong
     reference made every batch's state, plan and buffers a reference cycle that only the cyclic garbage
@@ -561,14 +563,11 @@ def block_rows(lowered, compiled: list, plan, opts, copies: dict | None = None) 
 def _task_moves(fn, opts) -> tuple:
     """What F's task loop moves per vertex under ``opts``: (the gather slots it takes there, its pulls, its
     pushes), the copy counters' factors; found once per function and options (kept with its phases)."""
-    key = ("task moves", opts.compile_key())
-    found = fn._phases.get(key)
-    if found is None:
+    def make() -> tuple:
         phase = fn.phases(opts).forward.phase
-        found = fn._phases[key] = (tuple(j for j, g in fn.gathers.items() if phase[g] == TASK),
-                                   sum(phase[p] == TASK for p in fn.pulls.values()),
-                                   sum(phase[p] == TASK for p in fn.pushes.values()))
-    return found
+        return (tuple(j for j, g in fn.gathers.items() if phase[g] == TASK),
+                sum(phase[p] == TASK for p in fn.pulls.values()), sum(phase[p] == TASK for p in fn.pushes.values()))
+    return fn.derived(("task moves", opts.compile_key()), make)
 
 
 def _count_copies(copies: dict, moves: tuple, rows: int, gather_rows) -> None:
@@ -593,7 +592,7 @@ def eager_rows(lowered, table: np.ndarray, forest: bool) -> tuple[np.ndarray | N
     gradients are accumulated chunk by chunk (instructions.link lowers them so under streaming) and its
     scatter rows are the task's, a view at the task's scatter offset. Refused where chunks would race with
     the task loop: a block that adds gather gradients into rows that tasks add into too (a DAG's)."""
-    n_kinds = len(lowered.ranges) // 3
+    n_kinds = lowered.n_kinds
     if not any(b.phase == PRE for b in lowered.blocks):
         return None, "no block before the task loop"
     if not len(table):

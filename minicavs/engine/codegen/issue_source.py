@@ -29,7 +29,7 @@ driver result, stream) of the first failure; operand -5: a copy whose source and
 cuBLAS, or by the loop itself: result MC_NO_KERNEL, MC_NO_HANDLE or MC_TOO_LARGE).
 
 Streaming: the eager table's chunk t is issued on the second stream, then an event recorded there, which the
-main stream waits for before task t (cuda/python_runner.py's EventStream, interleaved: one event re-recorded, since a
+main stream waits for before task t (cuda/device.py's EventStream, interleaved: one event re-recorded, since a
 stream wait takes the event's state when it is issued). The eager stream first waits for the main stream's
 earlier work; the main stream waits for the last chunk at the end.
 """

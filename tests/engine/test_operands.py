@@ -1,0 +1,112 @@
+"""The one binder (minicavs/engine/operands.py): every buffer of a pass resolved once into the seam's Operands, which
+is all a runner receives. Runners look up no buffer, keep nothing on the program objects, and take the bound
+program alone; each operand is the buffer the key names, laid out as the runners address it."""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+
+import numpy as np
+import pytest
+
+from minicavs.cpu import CPU, c_runner
+from minicavs.cuda import issue
+from minicavs.engine import program as binding, reference
+from minicavs.engine.backend import Backend, Operand
+from minicavs.engine.compile import EngineOptions
+from minicavs.engine.lowered import Lowered
+
+from ..models.test_models import trainer
+
+CACHED = {"block_scratch", "c_refusal", "eager_accumulators"}   # the program's own derived facts (functools.cached_property)
+
+
+def test_every_runner_takes_the_bound_program_alone():
+    assert list(inspect.signature(Backend.run).parameters) == ["self", "program"]
+    assert list(inspect.signature(Backend.runner_declines).parameters) == ["self", "program"]
+    assert list(inspect.signature(c_runner.run).parameters) == ["program", "clock"]
+    assert list(inspect.signature(reference.run).parameters) == ["program", "device"]
+    assert list(inspect.signature(issue.run).parameters) == ["program", "device", "tf32"]
+
+
+@pytest.mark.parametrize("runner", ["device", "reference"])
+@pytest.mark.parametrize("name, streaming", [("tree_lstm", False), ("var_lstm", True), ("tree_fc", False)])
+def test_runners_look_up_no_buffer_and_leave_nothing_on_the_program(name, streaming, runner, tmp_path,
+                                                                    monkeypatch):
+    """While a runner runs (the C runner through the CPU's Backend.run, or the reference runner), no buffer key is
+    resolved: the binder did it before. Afterwards the linked programs hold only their own fields."""
+    t = trainer(name, tmp_path)
+    t.model.options = EngineOptions(runner=runner, streaming=streaming)
+    inside, looked_up = [0], []
+    lookup = binding.Buffers.__getitem__
+
+    def recording(self, key):
+        if inside[0]:
+            looked_up.append(key)
+        return lookup(self, key)
+
+    def entered(run):
+        def wrapped(*args, **kwargs):
+            inside[0] += 1
+            try:
+                return run(*args, **kwargs)
+            finally:
+                inside[0] -= 1
+        return wrapped
+    monkeypatch.setattr(binding.Buffers, "__getitem__", recording)
+    monkeypatch.setattr(type(CPU), "run", entered(type(CPU).run))
+    monkeypatch.setattr(reference, "run", entered(reference.run))
+    result = t.loss_and_grads(t.task.data["train"][:6])
+    assert not looked_up, looked_up
+    fields = {f.name for f in dataclasses.fields(Lowered)}
+    for state in result.states.values():
+        for program in (state.program, state.backward_program):
+            assert program.runner == ("C runner" if runner == "device" else "reference runner")
+            assert set(vars(program.lowered)) <= fields | CACHED, set(vars(program.lowered)) - fields
+            assert program.bound is not None and len(program.operands) == len(program.lowered.keys)
+
+
+def test_each_operand_is_its_buffer_as_the_runners_address_it(tmp_path):
+    """Per operand: the array its key resolves to (a transposed static: its contiguous transpose, read through the
+    flag; a block of a planned parameter buffer: the memory it spans, at its row stride), contiguous, with the
+    elements the pass may touch; index arrays as int64 (row keys uint64) with their host copy; the gradient
+    accumulators named by parameter."""
+    t = trainer("tree_lstm", tmp_path)
+    result = t.loss_and_grads(t.task.data["train"][:6])
+    state = result.states[next(iter(result.states))]
+    seen = set()
+    for program in (state.program, state.backward_program):
+        for key, operand in zip(program.lowered.keys, program.operands):
+            if operand is None:
+                continue
+            assert isinstance(operand, Operand) and operand.kind == key[0]
+            assert operand.array.flags.c_contiguous and 0 <= operand.elements <= operand.array.size, (key, operand)
+            seen.add(key[0])
+            if key[0] in ("scratch", "fixed"):
+                continue
+            if key[0] == "pgrad":   # (made by the lookup: the accumulator the program's gradients name)
+                named = program.gradients[key[1][0][0] if len(key) == 3 and key[2] == "block" else key[1]]
+                assert np.shares_memory(named, operand.array), key
+                continue
+            a = program.buffers[key]
+            a = a[0] if type(a) is tuple else a
+            if key[0] == "static":
+                if operand.transposed and operand.array.ndim == 2:
+                    assert operand.array.base is a or operand.array is a.T or np.shares_memory(operand.array, a)
+                    np.testing.assert_array_equal(operand.array.T, a)
+                elif operand.array.ndim == 1 and a.ndim == 2:   # a planned block, read in place
+                    assert np.shares_memory(operand.array, a)
+                    got = np.lib.stride_tricks.as_strided(operand.array, a.T.shape if operand.transposed else a.shape,
+                                                          (operand.ld * a.itemsize, a.itemsize))
+                    np.testing.assert_array_equal(got.T if operand.transposed else got, a)
+                else:
+                    np.testing.assert_array_equal(operand.array.reshape(a.shape), a)
+            elif operand.host is not None:
+                assert operand.host.dtype == (np.uint64 if key[0] == "rowkeys" else np.int64)
+                np.testing.assert_array_equal(operand.host, np.asarray(a).reshape(-1).astype(operand.host.dtype))
+                assert operand.array is operand.host   # (the CPU: one array serves both)
+            else:
+                assert operand.array is a, key
+        for name, accumulator in program.gradients.items():
+            assert name in t.params and accumulator.shape == t.params[name].value.shape
+    assert {"static", "tensor", "child", "scratch", "pgrad"} <= seen, seen
