@@ -82,7 +82,7 @@ class BufferTable:
     __slots__ = ("ffi", "info", "slots", "twin_slots", "row", "held", "layouts", "columns", "err",
                  "err_ptr", "transient", "transient_at")
 
-    def __init__(self, ffi, n: int, keys: list):
+    def __init__(self, ffi, n: int, kinds: list):
         self.ffi = ffi
         self.info = np.zeros((5, n), np.int64)
         self.slots = ffi.cast("void **", ffi.from_buffer(self.info))
@@ -92,7 +92,7 @@ class BufferTable:
         self.layouts: list = [None] * n  # its (shape, strides) when addressed
         # entries of a batch's own arrays (index arrays, pull and push buffers, gradients): let go after each
         # run, so that the table keeps nothing alive that the run's caller does not
-        self.transient = [i for i, key in enumerate(keys) if key[0] not in PERSISTENT]
+        self.transient = [i for i, kind in enumerate(kinds) if kind not in PERSISTENT]
         self.transient_at = np.array(self.transient, np.intp)
         self.columns = [[0] * n for _ in range(3)]   # info's rows 1-3 as lists (written to info when changed)
         self.err = np.zeros(4, np.int64)   # where C reports a failed check (the table is dropped after one)
@@ -129,10 +129,10 @@ def run(program, clock: np.ndarray | None = None) -> None:
     lowered, table, eager = program.lowered, program.table, program.eager
     ex = cpu_native.interpreter(program.dtype)
     ffi = ex.ffi
-    n = len(lowered.keys)
+    n = len(program.operands)
     bound = _TABLES.pop(lowered, None)   # (taken: a run that fails leaves none behind)
     if bound is None or bound.ffi is not ffi:
-        bound = BufferTable(ffi, n, lowered.keys)
+        bound = BufferTable(ffi, n, program.bound.kinds)
     rows = table[:, 2].tolist()
     max_bs = max(rows, default=0)
     streaming = eager is not None and len(eager) > 0
@@ -269,7 +269,7 @@ def _eager_call(ex, program, bound: BufferTable, sync: np.ndarray, twin_cols: in
     the count done into ``sync[0]``; a failure sets ``sync[1]``, which stops the main call's wait."""
     from .streams import get_stream
     lowered, eager = program.lowered, program.eager
-    ffi, n = ex.ffi, len(lowered.keys)
+    ffi, n = ex.ffi, len(program.operands)
     info = bound.info.copy()   # (addresses and sizes of the main call's entries, its twins)
     slots = ffi.cast("void **", ffi.from_buffer(info))
     held = []

@@ -30,10 +30,12 @@ class Bound:
     accumulators it adds into, the eager stream's operands that differ from the main stream's (its scratch and
     fixed arenas, its own accumulators) and those accumulators by parameter name."""
 
-    __slots__ = ("operands", "gradients", "eager_operands", "eager_gradients", "scratch", "eager_scratch", "blocks")
+    __slots__ = ("operands", "kinds", "gradients", "eager_operands", "eager_gradients", "scratch", "eager_scratch",
+                 "blocks")
 
-    def __init__(self, operands, gradients, eager_operands, eager_gradients, scratch, eager_scratch, blocks):
-        self.operands, self.gradients, self.blocks = operands, gradients, blocks
+    def __init__(self, operands, kinds, gradients, eager_operands, eager_gradients, scratch, eager_scratch, blocks):
+        self.operands, self.kinds, self.gradients, self.blocks = operands, kinds, gradients, blocks   # (kinds: every
+        # entry's, bound or not)
         self.eager_operands, self.eager_gradients = eager_operands, eager_gradients
         self.scratch, self.eager_scratch = scratch, eager_scratch   # the elements each stream's tasks use
 
@@ -90,7 +92,8 @@ def bind_operands(lowered, table: np.ndarray, buffers, dtype, device, eager: np.
         _LAST[lowered] = ((workspace, allocations()), {
             i: (weakref.ref(o.array), o.elements, o.ld) for i, o in enumerate(operands)
             if o is not None and o.kind in WORKSPACE_TENSORS})
-    return Bound(operands, gradients, eager_operands, eager_gradients, scratch, eager_scratch, blocks)
+    kinds = [key[0] for key in lowered.keys]
+    return Bound(operands, kinds, gradients, eager_operands, eager_gradients, scratch, eager_scratch, blocks)
 
 
 def _alive(what: str, entry) -> Operand | None:
