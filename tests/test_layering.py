@@ -22,12 +22,12 @@ LAYERS = [
          "core/onetime"],
         ["core/validate"],
         ["core/sparse"]]),
-    ("IR", ["ir", "ops"], [
-        ["ir/graph"],
+    ("IR", ["ir", "ops"], [             # one layer, one direction: ops build nodes, ir never imports ops
+        ["ir"],                          # Node and Graph as plain data
         ["ops"],                         # the op registry: per op its shapes, kernels, gradient, fusion
-        ["ir/autodiff", "ir/subgraph"],  # gradients; closed bodies and the items of several results
-        ["ir/control"],                  # cond, foreach, while_loop as operators (they differentiate their bodies)
-        ["ir/serialize"]]),              # nodes, graphs and bodies as data (model artifacts)
+        ["ops/autodiff", "ops/subgraph"],   # gradients; closed bodies and the items of several results
+        ["ops/control"],                 # cond, foreach, while_loop as operators (they differentiate their bodies)
+        ["ops/serialize"]]),             # nodes, graphs and bodies as data (model artifacts)
     ("vertex runtime", ["runtime"], [
         ["runtime/vertex", "runtime/inputs"],
         ["runtime/frontier", "runtime/fsm", "runtime/scheduler"],   # batching policies and their simulation
