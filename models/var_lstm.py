@@ -23,7 +23,7 @@ from minicavs import control, ops
 from minicavs.train.config import PRETRAINED_RULES, PROBABILITY, Choice, ConfigError, Nullable, Range, at_least
 from minicavs.data import vectors
 from minicavs.core.errors import DataError
-from minicavs.data.datasets import require_file
+from minicavs.train.datasets import require_file
 from minicavs.data.text import EOS, UNK, Vocab, read_sentences, synthetic_corpus, unigram_perplexity
 from minicavs.runtime.inputs import InputGraph
 from minicavs.engine.model import Model, Structure

@@ -45,7 +45,7 @@ LAYERS = [
     ("training product", ["nn", "data", "train", "bench"], [
         ["nn"],
         ["data"],
-        ["train", "data/datasets", "__main__", ""],   # datasets: `minicavs prepare` (reads configs)
+        ["train", "__main__", ""],
         ["bench"]]),
 ]
 # Device-specific code stays behind the seam: these never import generated sources or the CUDA backend.
