@@ -1,8 +1,9 @@
-"""The package's folders are its layers (DESIGN.md's list, bottom to top): the IR, the vertex runtime, the
-engine, the backends, the training product. A module imports only modules of its own layer or of layers below
-it (within a layer, only from its own line of the list or lines below), nothing imports a backend but the seam,
-and no import cycle exists. Every import is read from the source, those inside functions included, so a lazy
-import cannot hide an upward edge."""
+"""The package's folders are its layers (DESIGN.md's list, bottom to top): the base types, the IR, the vertex
+runtime, the engine, the backends, the training product. A module imports only modules of its own layer or of
+layers below it (within a layer, only from its own line of the list or lines below: ``ir`` below ``ops``, so the
+IR never reaches up into the ops that build its nodes; ``data`` below ``train``), nothing imports a backend but
+the seam, and no import cycle exists. Every import is read from the source, those inside functions included,
+so a lazy import cannot hide an upward edge."""
 from __future__ import annotations
 
 import ast
@@ -257,3 +258,22 @@ def test_the_checks_see_lazy_imports_cycles_and_loose_modules(tmp_path):
         (pkg / "graph.py").write_text("")
         with pytest.raises(AssertionError, match="modules outside the layers' folders: .'graph.py'."):
             test_every_layer_is_its_folders()
+
+
+def test_the_order_fails_on_the_ir_importing_ops_and_data_importing_train(tmp_path):
+    """The two one-way rules within a layer: any ir module importing ops (even lazily) and any data module
+    importing train are upward imports; the reverse directions are not."""
+    with _checking(tmp_path, "ir", "ops", "data", "train") as pkg:
+        (pkg / "ops" / "control.py").write_text("from ..ir.graph import Node\n")
+        (pkg / "ir" / "graph.py").write_text("")
+        (pkg / "train" / "config.py").write_text("from ..data import text\n")
+        (pkg / "data" / "text.py").write_text("")
+        test_imports_only_point_up_the_layer_list()
+        (pkg / "ir" / "autodiff.py").write_text("def grad():\n    from ..ops.registry import OPS\n")
+        (pkg / "ops" / "registry.py").write_text("")
+        with pytest.raises(AssertionError, match="minicavs.ir.autodiff .* imports minicavs.ops.registry"):
+            test_imports_only_point_up_the_layer_list()
+        (pkg / "ir" / "autodiff.py").unlink()
+        (pkg / "data" / "datasets.py").write_text("from ..train.config import data_root\n")
+        with pytest.raises(AssertionError, match="minicavs.data.datasets .* imports minicavs.train.config"):
+            test_imports_only_point_up_the_layer_list()
