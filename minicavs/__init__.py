@@ -18,9 +18,9 @@ from .core.errors import (CheckpointError, DataError, FeedError, InputGraphError
                           NonFiniteError, RunDirError, ShapeError)
 from .engine.executor import Executor, RunContext, run  # noqa: F401
 from .engine.explain import check, explain  # noqa: F401  (eager: the function, not the module, is minicavs.explain)
-from .ir import control  # noqa: F401  (cond, foreach, while_loop: registers their ops)
-from .ir.autodiff import grad  # noqa: F401
 from .ir.graph import Graph, Node  # noqa: F401
+from .ops import control  # noqa: F401  (cond, foreach, while_loop: registers their ops)
+from .ops.autodiff import grad  # noqa: F401
 
 __version__ = "0.1.0"
 

@@ -21,7 +21,7 @@ import numpy as np
 from minicavs import ops
 from minicavs.train.config import PRETRAINED_RULES, Choice, Nullable, PROBABILITY, at_least
 from minicavs.data import vectors
-from minicavs.data.datasets import require_file
+from minicavs.train.datasets import require_file
 from minicavs.data.sst import read_sst
 from minicavs.data.synthetic import synthetic_treebank
 from minicavs.core.errors import DataError

@@ -9,7 +9,7 @@ divided by the number of sentences. Dropout on the embedding and on h before the
 
 ``model.graph: foreach`` writes the same model as one static graph instead, the baseline a static-graph
 framework would run: sentences padded to the longest of the data (a mask per word), a ``foreach``
-(minicavs/ir/control.py) over the positions that runs as many steps as the batch's longest sentence, the LSTM
+(minicavs/ops/control.py) over the positions that runs as many steps as the batch's longest sentence, the LSTM
 cell and the per-word cross-entropy in its body, the state kept as it was past a sentence's end (``where``).
 Same parameters, same loss and gradients (without dropout, which a loop body does not take: dropout must be 0).
 """
@@ -23,7 +23,7 @@ from minicavs import control, ops
 from minicavs.train.config import PRETRAINED_RULES, PROBABILITY, Choice, ConfigError, Nullable, Range, at_least
 from minicavs.data import vectors
 from minicavs.core.errors import DataError
-from minicavs.data.datasets import require_file
+from minicavs.train.datasets import require_file
 from minicavs.data.text import EOS, UNK, Vocab, read_sentences, synthetic_corpus, unigram_perplexity
 from minicavs.runtime.inputs import InputGraph
 from minicavs.engine.model import Model, Structure

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from minicavs import ops
-from minicavs.ir.autodiff import grad
+from minicavs.ops.autodiff import grad
 from minicavs.engine.executor import Executor
 from minicavs.ir.graph import Graph
 from minicavs.engine.model import Model, Structure, leaf_internal

@@ -1,8 +1,9 @@
-"""The package's folders are its layers (DESIGN.md's list, bottom to top): the IR, the vertex runtime, the
-engine, the backends, the training product. A module imports only modules of its own layer or of layers below
-it (within a layer, only from its own line of the list or lines below), nothing imports a backend but the seam,
-and no import cycle exists. Every import is read from the source, those inside functions included, so a lazy
-import cannot hide an upward edge."""
+"""The package's folders are its layers (DESIGN.md's list, bottom to top): the base types, the IR, the vertex
+runtime, the engine, the backends, the training product. A module imports only modules of its own layer or of
+layers below it (within a layer, only from its own line of the list or lines below: ``ir`` below ``ops``, so the
+IR never reaches up into the ops that build its nodes; ``data`` below ``train``), nothing imports a backend but
+the seam, and no import cycle exists. Every import is read from the source, those inside functions included,
+so a lazy import cannot hide an upward edge."""
 from __future__ import annotations
 
 import ast
@@ -22,12 +23,12 @@ LAYERS = [
          "core/onetime"],
         ["core/validate"],
         ["core/sparse"]]),
-    ("IR", ["ir", "ops"], [
-        ["ir/graph"],
+    ("IR", ["ir", "ops"], [             # one layer, one direction: ops build nodes, ir never imports ops
+        ["ir"],                          # Node and Graph as plain data
         ["ops"],                         # the op registry: per op its shapes, kernels, gradient, fusion
-        ["ir/autodiff", "ir/subgraph"],  # gradients; closed bodies and the items of several results
-        ["ir/control"],                  # cond, foreach, while_loop as operators (they differentiate their bodies)
-        ["ir/serialize"]]),              # nodes, graphs and bodies as data (model artifacts)
+        ["ops/autodiff", "ops/subgraph"],   # gradients; closed bodies and the items of several results
+        ["ops/control"],                 # cond, foreach, while_loop as operators (they differentiate their bodies)
+        ["ops/serialize"]]),             # nodes, graphs and bodies as data (model artifacts)
     ("vertex runtime", ["runtime"], [
         ["runtime/vertex", "runtime/inputs"],
         ["runtime/frontier", "runtime/fsm", "runtime/scheduler"],   # batching policies and their simulation
@@ -47,7 +48,7 @@ LAYERS = [
     ("training product", ["nn", "data", "train", "bench"], [
         ["nn"],
         ["data"],
-        ["train", "data/datasets", "__main__", ""],   # datasets: `minicavs prepare` (reads configs)
+        ["train", "__main__", ""],
         ["bench"]]),
 ]
 # Device-specific code stays behind the seam: these never import generated sources or the CUDA backend.
@@ -283,3 +284,22 @@ def test_the_seam_names_no_runner():
     assert "minicavs.engine.reference" not in seam
     assert {t for t in seam if t.startswith("minicavs.engine")} <= {
         "minicavs.engine.codegen.machine", "minicavs.engine.passes.fusion"}, seam
+
+
+def test_the_order_fails_on_the_ir_importing_ops_and_data_importing_train(tmp_path):
+    """The two one-way rules within a layer: any ir module importing ops (even lazily) and any data module
+    importing train are upward imports; the reverse directions are not."""
+    with _checking(tmp_path, "ir", "ops", "data", "train") as pkg:
+        (pkg / "ops" / "control.py").write_text("from ..ir.graph import Node\n")
+        (pkg / "ir" / "graph.py").write_text("")
+        (pkg / "train" / "config.py").write_text("from ..data import text\n")
+        (pkg / "data" / "text.py").write_text("")
+        test_imports_only_point_up_the_layer_list()
+        (pkg / "ir" / "autodiff.py").write_text("def grad():\n    from ..ops.registry import OPS\n")
+        (pkg / "ops" / "registry.py").write_text("")
+        with pytest.raises(AssertionError, match="minicavs.ir.autodiff .* imports minicavs.ops.registry"):
+            test_imports_only_point_up_the_layer_list()
+        (pkg / "ir" / "autodiff.py").unlink()
+        (pkg / "data" / "datasets.py").write_text("from ..train.config import data_root\n")
+        with pytest.raises(AssertionError, match="minicavs.data.datasets .* imports minicavs.train.config"):
+            test_imports_only_point_up_the_layer_list()

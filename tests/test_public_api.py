@@ -30,7 +30,7 @@ PUBLIC = {
     "Adam": "minicavs.train.optim", "Task": "minicavs.train.task", "Trainer": "minicavs.train.trainer",
     # static graphs and autodiff
     "Graph": "minicavs.ir.graph", "Node": "minicavs.ir.graph", "Executor": "minicavs.engine.executor",
-    "run": "minicavs.engine.executor", "grad": "minicavs.ir.autodiff", "float32": "minicavs.core.dtypes",
+    "run": "minicavs.engine.executor", "grad": "minicavs.ops.autodiff", "float32": "minicavs.core.dtypes",
     "float64": "minicavs.core.dtypes", "int32": "minicavs.core.dtypes", "int64": "minicavs.core.dtypes",
     # errors
     "MinicavsError": "minicavs.core.errors", "ShapeError": "minicavs.core.errors",

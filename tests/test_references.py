@@ -42,7 +42,6 @@ WHOLE_PROJECT = {
     "models/test_models.py": "every bundled model trains, matches finite differences and serial runs",
     "models/test_naive_cells.py": "model.cell: naive in every bundled model that has it",
     "models/test_pretrained.py": "pretrained vectors in every bundled model with a word table",
-    "ops/test_control.py": "the op table's control-flow family (tests/ops/specs.py; the ops: ir/control.py)",
     "ops/test_op_names.py": "no code outside ops/ branches on an op's name",
     "runtime/test_messages.py": "kinds with their own message shapes, vertex function to engine",
 }

@@ -14,8 +14,8 @@ import heapq
 from dataclasses import dataclass, field, replace
 from typing import Callable, NamedTuple, Sequence
 
-from ..ir.autodiff import grad
 from ..ir.graph import Graph, Node, consumers
+from ..ops.autodiff import grad
 from ..ops import input as input_node
 from ..ops.registry import OPS, last_axis_block
 from ..ops.sources import trainable

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..core.sparse import densify
-from ..ir.control import Flow, flow
 from ..ir.graph import type_str
+from ..ops.control import Flow, flow
 from .backend import to_host
 from .executor import RunContext
 from .program import StaticRun

@@ -25,8 +25,8 @@ from ..core.arrays import is_planned, on_device
 from ..core.errors import FeedError, InputGraphError, ShapeError
 from ..core.sparse import add_all
 from ..core.validate import indices
-from ..ir.autodiff import grad
 from ..ir.graph import Graph, Node, fmt_shape
+from ..ops.autodiff import grad
 from ..ops import input as input_node
 from ..ops import ones_like
 from ..ops.registry import OPS

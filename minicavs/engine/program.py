@@ -26,8 +26,8 @@ from ..core.errors import FeedError
 from ..core.random import hash_words
 from ..core.sparse import RowSparse
 from ..core.validate import indices
-from ..ir.control import steps_run
 from ..ir.graph import Node, fmt_shape
+from ..ops.control import steps_run
 from ..ops.message import as_slice
 from ..ops.registry import OPS
 from .compile import PRE, TASK, Step

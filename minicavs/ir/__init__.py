@@ -1,2 +1,2 @@
-"""The IR: nodes and graphs as plain data, reverse-mode autodiff over them, control flow as operators (the op
-registry beside it, in ``minicavs.ops``)."""
+"""The IR as plain data: nodes and graphs (``graph.py``). It imports nothing of ``minicavs.ops``: the ops build
+nodes, and everything that needs the op registry (autodiff, control flow, bodies, serialization) lives there."""

@@ -1,4 +1,8 @@
-"""Every op minicavs knows, as functions that build IR nodes. ``OPS`` is the registry behind them."""
+"""Every op minicavs knows, as functions that build IR nodes. ``OPS`` is the registry behind them; what reads
+it sits above the op modules here: autodiff (gradient rules), subgraph (bodies), control (cond, foreach,
+while_loop as ops), serialize (op names checked against the registry). The IR below (``minicavs.ir``)
+never imports ops: Python operators on a Node reach the op functions through ``ir.graph.OPERATORS``,
+which this package fills in."""
 from ..ir import graph as _graph
 from .elementwise import (neg, exp, log, tanh, sigmoid, relu, square, sqrt, abs, step, sign, pow,  # noqa: F401
                           add, sub, mul, div, maximum, ge, accum, where)

@@ -203,7 +203,7 @@ def where(pred, a, b) -> Node:
         safe_x = where(ok, x, 1.0)       # 1 where it is not: sqrt(1) and its slope are finite
         y = where(ok, sqrt(safe_x), 0.0)
 
-    (``cond`` of minicavs.ir.control runs only the taken branch, so it has no such caveat, but it chooses once
+    (``cond`` of minicavs.ops.control runs only the taken branch, so it has no such caveat, but it chooses once
     for the whole value, not per element.)
     """
     nodes = [x for x in (pred, a, b) if isinstance(x, Node)]

@@ -5,7 +5,7 @@ zip's CRCs catch a damaged member, numpy reads it with no code of ours, and para
 (``np.load(f)["param/W"]``). The entry ``__meta__`` is UTF-8 JSON::
 
     {"format": "minicavs-model", "version": 1, "minicavs": "0.1.0",
-     "nodes": [...],                       # minicavs.ir.serialize's node table (constants under attr/<i>)
+     "nodes": [...],                       # minicavs.ops.serialize's node table (constants under attr/<i>)
      "structures": [{"name", "kinds", "pulls": {name: node}, "pushed": {name: node},
                      "functions": [{"name", "arity", "message", "dtype", "gathers", "gather_kinds",
                                     "pulls", "pushes", "scattered"}]}],
@@ -33,7 +33,7 @@ from ..core.errors import MinicavsError
 from ..engine.backend import to_host
 from ..engine.compile import EngineOptions
 from ..engine.model import Model, Structure, by_child_count
-from ..ir.serialize import Decoder, Encoder, SerializeError
+from ..ops.serialize import Decoder, Encoder, SerializeError
 from ..nn import Parameter, ParameterSet
 from ..runtime.vertex import VertexFunction
 from .behaviour import TABLES

@@ -154,7 +154,7 @@ COMMANDS: dict[str, tuple[str, Callable, Callable]] = {
     "show": ("draw F and ∂F of every vertex function: DOT (and SVG/PNG with Graphviz), nodes colored by class "
              "(eager / lazy / recurrent / static), fused kernels as boxes, gradients named", *_module(".show")),
     "prepare": ("check a downloaded data set (sha256, format) and put it where the configs look: "
-                "minicavs prepare sst ../shared/data/sst", *_module("..data.datasets")),
+                "minicavs prepare sst ../shared/data/sst", *_module(".datasets")),
     "bench": ("the paper's sweeps (Fig. 8, 9a) for Tree-LSTM, Tree-FC, Var-LSTM and Fixed-LSTM against DyNet and "
               "PyTorch if given: training and inference rates, time split, peak memory, tables, plots, ablation",
               *_module("..bench")),

@@ -13,7 +13,7 @@ import numpy as np
 
 from .. import ops
 from ..engine.executor import Executor
-from ..ir.autodiff import grad
+from ..ops.autodiff import grad
 from ..nn import ParameterSet
 from .optim import make_optimizer
 

@@ -11,8 +11,8 @@ import numpy as np
 
 from ..core.sparse import densify
 from ..engine.executor import Executor, RunContext
-from ..ir.autodiff import grad
 from ..ir.graph import Graph, Node
+from ..ops.autodiff import grad
 from ..ops import input as input_node
 from ..ops.sources import trainable
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import minicavs.ops as ops
-from minicavs.ir.autodiff import grad
+from minicavs.ops.autodiff import grad
 from minicavs.core.errors import ShapeError
 from minicavs.engine.executor import Executor, RunContext, run
 from minicavs.ir.graph import Graph

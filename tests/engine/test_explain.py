@@ -12,7 +12,7 @@ import pytest
 
 from minicavs.engine import alg1, program
 from minicavs.engine.explain import explain
-from minicavs.ir import control
+from minicavs.ops import control
 from minicavs.ir.graph import Graph
 from minicavs.train.trainer import Trainer
 

@@ -338,7 +338,7 @@ spec("linear", "linalg",
      Case("size1", (A(None, 1), A(1, 1, param="W"), A(1, param="b")), ops.linear))
 
 
-# --- control flow (minicavs/ir/control.py) --------------------------------------------------------------
+# --- control flow (minicavs/ops/control.py) --------------------------------------------------------------
 
 def _control():
     from minicavs import control
@@ -575,7 +575,7 @@ def check_gradient(spec_: OpSpec, case: Case, rows: int = ROWS):
 def check_backward_types(spec_: OpSpec, case: Case, dtype: str, rows: int):
     """Every node of the backward graph (vjp rules, sum_to, accum, ...) yields at run time exactly the dtype
     and shape it declares: no silent float64 promotion inside a float32 gradient, no stray broadcasting."""
-    from minicavs.ir.autodiff import grad
+    from minicavs.ops.autodiff import grad
     from minicavs.ir.graph import Graph
     nodes, outs, feeds, params, values = build(case, dtype, rows, case_seed(spec_, case))
     wrt = [n for n, a in zip(nodes, case.args) if a.is_float]

@@ -73,7 +73,7 @@ def _where_setup():
 
 def test_where_gives_the_unselected_side_an_exact_zero_even_for_a_nan_cotangent():
     import numpy as np
-    from minicavs.ir.autodiff import grad
+    from minicavs.ops.autodiff import grad
     from minicavs.engine.executor import run
     p, a, b, mask = _where_setup()
     g = ops.input((None, 4), "float64", name="g")
@@ -89,7 +89,7 @@ def test_where_safe_pattern_keeps_sqrt_at_zero_out_of_the_gradient(fusion):
     """The docstring's pattern (choose the input first) gives finite gradients where x is 0; the naive one
     gives NaN there, the caveat it documents. Both through the unfused ops and a generated kernel."""
     import numpy as np
-    from minicavs.ir.autodiff import grad
+    from minicavs.ops.autodiff import grad
     from minicavs.engine.executor import run
     x = ops.input((None, 4), "float64", name="x")
     ok = ops.ge(x, 1e-3)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import minicavs.ops as ops
-from minicavs.ir.autodiff import grad
+from minicavs.ops.autodiff import grad
 from minicavs.ops.registry import OPS, OpDef, register
 
 from ..reference import LEAVES, REFERENCE, STRUCTURAL

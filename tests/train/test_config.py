@@ -10,7 +10,7 @@ import yaml
 from minicavs.train import config
 from minicavs.train.config import (ConfigError, Loader, bundled_models_dir, data_root, dump, find_config, load_config,
                              parse_yaml)
-from minicavs.data.datasets import default_dir
+from minicavs.train.datasets import default_dir
 
 REPO = Path(__file__).resolve().parents[2]
 MODELS = REPO / "models"

@@ -18,8 +18,9 @@ from typing import Callable
 
 from ..core.atomic import write_bytes
 from ..core.errors import DataError
-from .sst import read_sst
-from .text import read_sentences
+from ..data.sst import read_sst
+from ..data.text import read_sentences
+from .config import data_root, find_config, load_config
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,6 @@ CONFIGS = {"sst": "tree_lstm_sst", "ptb": "var_lstm_ptb"}   # the bundled config
 def default_dir(name: str) -> Path:
     """Where the bundled config of data set ``name`` looks for its files (its data paths resolved: the
     checkout's ``data/NAME``, or ``NAME`` in the user's data directory for an installed package)."""
-    from ..train.config import find_config, load_config
     cfg = load_config(find_config(CONFIGS[name]))
     folders = {Path(cfg["data"][split]).parent for split in ("train", "dev", "test")
                if cfg["data"].get(split) not in (None, "synthetic")}
@@ -81,7 +81,6 @@ def require_file(path: str | os.PathLike, key: str) -> str:
 
 
 def _how_to_get(path: Path, key: str) -> str:
-    from ..train.config import data_root
     for name, dataset in DATASETS.items():
         prepared_here = path.parent.resolve() == (data_root() / name).resolve()
         if prepared_here and path.name in {f.name for f in dataset.files}:

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from ..core.errors import ShapeError
-from ..ops import constant, input as placeholder
-from ..ops.registry import OPS, OpDef, make_node, register
-from .graph import Graph, Node, type_str
+from ..ir.graph import Graph, Node, type_str
+from .registry import OPS, OpDef, make_node, register
+from .sources import constant, input as placeholder
 
 
 # --- subgraphs -----------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from minicavs.train.cli import main
-from minicavs.data.datasets import DATASETS, check, default_dir, prepare, sha256
+from minicavs.train.datasets import DATASETS, check, default_dir, prepare, sha256
 from minicavs.core.errors import DataError
 
 ROOT = Path(__file__).resolve().parents[2]

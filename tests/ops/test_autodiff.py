@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import minicavs.ops as ops
-from minicavs.ir.autodiff import grad
+from minicavs.ops.autodiff import grad
 from minicavs.core.errors import ShapeError
 from minicavs.engine.executor import Executor, run
 from minicavs.ir.graph import Graph
@@ -187,7 +187,7 @@ def test_second_order_through_shape_and_reduction_adjoints():
 
 def test_split_gradient_is_one_concat_not_zero_filled_parts():
     import minicavs.ops as O
-    from minicavs.ir.autodiff import grad
+    from minicavs.ops.autodiff import grad
     from minicavs.ir.graph import Graph
     x = O.input((None, 6), "float64", name="x")
     a, b, c = O.split(x, 3)

@@ -11,7 +11,7 @@ import minicavs.ops as ops
 from minicavs import control as C
 from minicavs.engine.executor import run
 from minicavs.ir.graph import Graph, Node
-from minicavs.ir.serialize import Decoder, Encoder, SerializeError
+from minicavs.ops.serialize import Decoder, Encoder, SerializeError
 
 
 def _round_trip(outputs: list) -> list:

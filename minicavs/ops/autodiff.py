@@ -6,9 +6,11 @@ import contextlib
 from typing import Sequence
 
 from ..core.errors import ShapeError
-from ..ops import accum, densify, is_row_sparse, ones_like, zeros_like
-from ..ops.registry import OPS
-from .graph import Graph, Node, _rows_implicit, fmt_shape
+from ..ir.graph import Graph, Node, _rows_implicit, fmt_shape
+from .elementwise import accum
+from .nn import densify, is_row_sparse
+from .registry import OPS
+from .sources import ones_like, zeros_like
 
 
 def _merge_gradients(gs: list[Node], made: dict | None = None) -> list[Node]:

@@ -16,8 +16,8 @@ import numpy as np
 
 from ..core.dtypes import DTYPES, DType
 from ..core.errors import MinicavsError
-from ..ops.registry import OPS
-from .graph import Graph, Node
+from ..ir.graph import Graph, Node
+from .registry import OPS
 from .subgraph import Subgraph
 
 

@@ -39,10 +39,11 @@ import numpy as np
 from ..core.arrays import on_device
 from ..core.dtypes import int64
 from ..core.errors import FeedError, ShapeError
-from ..ops import densify, is_row_sparse, zeros_like
-from ..ops.registry import OpDef, make_node, register
+from ..ir.graph import Node, _rows_implicit, fmt_shape, type_str
 from .autodiff import grad
-from .graph import Node, _rows_implicit, fmt_shape, type_str
+from .nn import densify, is_row_sparse
+from .registry import OpDef, make_node, register
+from .sources import zeros_like
 from .subgraph import (Subgraph, Traced, _as_list, _cotangents, _extend_captures, _is_tuple_node,
                        _merged_captures, _results, _tuple_node, item, trace)
 
