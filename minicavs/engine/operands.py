@@ -21,7 +21,7 @@ from .backend import Operand
 # buffer keys of index arrays (row numbers): resolved on the host, the device's copy beside it
 INDEX_KEYS = ("child", "pullrows", "pushrows", "srows", "rowkeys")
 # buffer keys that name a workspace's dynamic tensor whole: kept from the program's last binding in the same
-# workspace while no dynamic tensor has allocated a buffer since
+# workspace while no dynamic tensor has allocated a buffer since (a plain lookup otherwise)
 WORKSPACE_TENSORS = ("tensor", "btensor")
 
 
@@ -40,35 +40,55 @@ class Bound:
         self.scratch, self.eager_scratch = scratch, eager_scratch   # the elements each stream's tasks use
 
 
-# lowered program -> ((workspace, allocations() when bound), {buffer id: (weak array, elements, ld)}): the
-# dynamic tensors' entries of its last binding
-_LAST: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+class _Memo:
+    """What the binder keeps of a lowered program between its bindings: every entry's kind, the widest static a
+    task reads (from the nodes' shapes), its last binding's dynamic tensors (held weakly, with the workspace and
+    memory.allocations() then: a program that does not run again keeps no outgrown buffer alive) and its statics'
+    operands (parameters and their views: reused while the binder is given the very same array)."""
+
+    __slots__ = ("kinds", "widest", "stamp", "tensors", "statics")
+
+    def __init__(self, lowered):
+        self.kinds = [key[0] for key in lowered.keys]
+        task_keys = lowered.keys if lowered.task_keys is None else lowered.keys[:lowered.task_keys]
+        self.widest = max((key[1].shape[1] for key in task_keys if key[0] == "static"
+                           and len(getattr(key[1], "shape", ())) == 2 and key[1].shape[1] is not None), default=0)
+        self.stamp, self.tensors, self.statics = None, {}, {}
+
+
+_MEMOS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # lowered program -> its _Memo
 
 
 def bind_operands(lowered, table: np.ndarray, buffers, dtype, device, eager: np.ndarray | None = None,
                   workspace=None) -> Bound:
     """Every buffer of ``lowered`` for a run over ``table`` (and ``eager``, the eager stream's table), from
     ``buffers[key]`` (program.Buffers, or any mapping of the keys), on ``device``."""
-    n_kinds = lowered.n_kinds
-    template_ids = table[:, 0].tolist()
+    memo = _MEMOS.get(lowered)
+    if memo is None:
+        memo = _MEMOS[lowered] = _Memo(lowered)
+    template_ids, rows = table[:, 0].tolist(), table[:, 2].tolist()
     streaming = eager is not None and len(eager) > 0
-    blocks = bool(lowered.blocks) and (max(template_ids, default=-1) >= n_kinds or streaming)
+    blocks = bool(lowered.blocks) and (max(template_ids, default=-1) >= lowered.n_kinds or streaming)
     task_keys = len(lowered.keys) if lowered.task_keys is None or blocks else lowered.task_keys
-    last = _LAST.get(lowered)
-    kept = last[1] if last is not None and workspace is not None and last[0][0] is workspace \
-        and last[0][1] == allocations() else None
+    kept = memo.tensors if workspace is not None and memo.stamp == (workspace, allocations()) else {}
     xp = device.xp
     operands, gradients = [], {}
-    scratch, spare = scratch_elements(lowered, table), 0
+    scratch = scratch_elements(lowered, template_ids, rows)
+    spare = min(max(rows, default=0), device.spare_product_rows) * memo.widest
     for i, key in enumerate(lowered.keys):
         what = key[0]
-        if what == "scratch":   # (the last key: the statics are resolved)
-            spare = _spare(table, operands, device)
-            operands.append(_operand(what, buffers[("arena", "scratch", scratch + spare)], xp))
-        elif i >= task_keys:
+        if i >= task_keys and what != "scratch":
             operands.append(None)
-        elif kept is not None and what in WORKSPACE_TENSORS and (again := _alive(what, kept.get(i))) is not None:
+        elif what in WORKSPACE_TENSORS and (again := _alive(what, kept.get(i))) is not None:
             operands.append(again)
+        elif what == "static":
+            a = buffers[key]
+            known = memo.statics.get(i)
+            if known is None or known.source is not a:
+                known = memo.statics[i] = _static(a, xp)
+            operands.append(known)
+        elif what == "scratch":
+            operands.append(_operand(what, buffers[("arena", "scratch", scratch + spare)], xp))
         elif what == "fixed":
             operands.append(_operand(what, buffers[("arena", "fixed", lowered.fixed_size)], xp))
         else:
@@ -78,22 +98,28 @@ def bind_operands(lowered, table: np.ndarray, buffers, dtype, device, eager: np.
             operands.append(_resolved(what, a, device))
     eager_operands, eager_gradients, eager_scratch = {}, {}, 0
     if streaming:
-        eager_scratch = scratch_elements(lowered, eager)
-        eager_operands[len(lowered.keys) - 1] = _operand(
-            "scratch", buffers[("arena", "eager scratch", eager_scratch + spare)], xp)
-        if ("fixed",) in lowered.keys:
-            eager_operands[lowered.keys.index(("fixed",))] = _operand(
-                "fixed", buffers[("arena", "eager fixed", lowered.fixed_size)], xp)
-        for i in lowered.eager_accumulators:
-            name = lowered.keys[i][1]
-            eager_gradients[name] = xp.zeros_like(gradients[name])
-            eager_operands[i] = _operand("pgrad", eager_gradients[name], xp)
-    if workspace is not None:   # (held weakly: a program that does not run again keeps no outgrown buffer alive)
-        _LAST[lowered] = ((workspace, allocations()), {
-            i: (weakref.ref(o.array), o.elements, o.ld) for i, o in enumerate(operands)
-            if o is not None and o.kind in WORKSPACE_TENSORS})
-    kinds = [key[0] for key in lowered.keys]
-    return Bound(operands, kinds, gradients, eager_operands, eager_gradients, scratch, eager_scratch, blocks)
+        eager_scratch = scratch_elements(lowered, eager[:, 0].tolist(), eager[:, 2].tolist())
+        eager_operands, eager_gradients = _eager_operands(lowered, buffers, gradients, eager_scratch + spare, xp)
+    if workspace is not None:
+        memo.stamp = (workspace, allocations())
+        memo.tensors = {i: (weakref.ref(o.array), o.elements, o.ld) for i, o in enumerate(operands)
+                        if o is not None and o.kind in WORKSPACE_TENSORS}
+    return Bound(operands, memo.kinds, gradients, eager_operands, eager_gradients, scratch, eager_scratch, blocks)
+
+
+def _eager_operands(lowered, buffers, gradients: dict, scratch: int, xp) -> tuple[dict, dict]:
+    """The eager stream's own operands (its scratch and fixed arenas, its accumulators of the parameter gradients
+    that tasks add into too) and those accumulators by name."""
+    eager_operands, eager_gradients = {}, {}
+    eager_operands[len(lowered.keys) - 1] = _operand("scratch", buffers[("arena", "eager scratch", scratch)], xp)
+    if ("fixed",) in lowered.keys:
+        eager_operands[lowered.keys.index(("fixed",))] = _operand(
+            "fixed", buffers[("arena", "eager fixed", lowered.fixed_size)], xp)
+    for i in lowered.eager_accumulators:
+        name = lowered.keys[i][1]
+        eager_gradients[name] = xp.zeros_like(gradients[name])
+        eager_operands[i] = _operand("pgrad", eager_gradients[name], xp)
+    return eager_operands, eager_gradients
 
 
 def _alive(what: str, entry) -> Operand | None:
@@ -175,16 +201,6 @@ def strided_span(a) -> tuple | None:
     return span, ld, flag
 
 
-def _spare(table: np.ndarray, operands: list, device) -> int:
-    """Scratch elements past the pass's own for the device runner's transposed products: Backend.spare_product_rows
-    rows (at most the table's largest) x the widest static the tasks read."""
-    if not device.spare_product_rows:
-        return 0
-    widest = max((o.source.shape[1] for o in operands if o is not None and o.kind == "static"
-                  and o.source is not None and o.source.ndim == 2), default=0)
-    return min(int(table[:, 2].max(initial=0)), device.spare_product_rows) * widest
-
-
 def add_accumulators(grads: dict, key: tuple, a) -> None:
     """Name in ``grads`` the parameter-gradient accumulators that the buffer ``a`` of a ``pgrad`` key holds: one
     parameter's, or, for a "block" key, several parameters' side by side, each its column block
@@ -195,10 +211,10 @@ def add_accumulators(grads: dict, key: tuple, a) -> None:
         grads[key[1]] = a
 
 
-def scratch_elements(lowered, table: np.ndarray) -> int:
-    """Scratch elements a run needs: the task templates' columns x the largest task, each block's own."""
+def scratch_elements(lowered, template_ids: list, rows: list) -> int:
+    """Scratch elements a run over a table (its template ids, its rows) needs: the task templates' columns x the
+    largest task, each block's own."""
     n_kinds = lowered.n_kinds
-    template_ids, rows = table[:, 0].tolist(), table[:, 2].tolist()
     task_rows = [r for tid, r in zip(template_ids, rows) if tid < n_kinds]
     cols = lowered.block_scratch
     return max([lowered.scratch_cols * max(task_rows, default=0)]
