@@ -13,7 +13,9 @@ Then the ablation (Fig. 10): each engine switch's speedup over all switches off,
 speed targets over the points measured (not with ``--quick``, whose few short points judge none;
 ``--targets``: only the points the targets need, minicavs and the batched peers alternating round by round;
 :mod:`minicavs.bench.targets`). ``--engine KEY=VALUE`` sets minicavs' engine (any ``train.engine`` key) for
-every point.
+every point. ``--as-user`` runs the command with every ``OPENBLAS_*``, ``OMP_*`` and ``MKL_*`` variable
+unset (as a user's machine runs it; a development machine may force an older BLAS kernel); every record names
+the BLAS (library, version, kernel, threads), the CPU and the variables set (:mod:`minicavs.bench.machine`).
 
 Output (``--out``): per sweep a CSV and a markdown table, ``all.csv``, ``summary.md``, ``results.json`` and,
 with matplotlib (``pip install "minicavs[plot]"``), a PNG per sweep of two or more points and ``ablation.png``;
@@ -70,6 +72,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="only the points the CPU speed targets need (minicavs and the batched peers), in "
                         "--repeats rounds of one timed epoch per system, systems alternating; prints and writes "
                         "targets.md: each target, the measured ratio, met or missed")
+    p.add_argument("--as-user", action="store_true",
+                   help="run the benchmark as a user's machine does: with every OPENBLAS_*, OMP_* and MKL_* "
+                        "variable unset for this command alone (e.g. a forced OPENBLAS_CORETYPE; the per-core "
+                        "runs still set one thread)")
     p.add_argument("--engine", nargs="+", default=[], metavar="KEY=VALUE",
                    help="minicavs' engine settings, as train.engine.KEY=VALUE in a config (any EngineOptions "
                         "field, e.g. fusion=false; the ablation keeps varying its own switches)")
@@ -154,7 +160,24 @@ def settings(args: argparse.Namespace):
                     command=shlex.join(["minicavs", "bench"] + sys.argv[2:]) if sys.argv[1:2] == ["bench"] else "")
 
 
+def as_user(argv: list[str]) -> None:
+    """Run ``minicavs bench`` again in this process with the BLAS variables unset (:func:`machine.user_env`),
+    since numpy reads them once, when it loads; returns only when none is set (nothing to unset)."""
+    import sys
+    from . import machine
+    if not machine.blas_env():
+        return
+    print("--as-user: unset " + " ".join(machine.blas_env()), file=sys.stderr, flush=True)
+    os.execve(sys.executable, [sys.executable, "-m", "minicavs", "bench", *argv], machine.user_env())
+
+
 def run(args: argparse.Namespace) -> int:
+    import sys
+    if args.as_user:
+        if sys.argv[1:2] != ["bench"]:
+            raise ValueError("--as-user reruns the command line: use it from `minicavs bench`, or unset the "
+                             "OPENBLAS_*, OMP_* and MKL_* variables before calling Python")
+        as_user(sys.argv[2:])
     if args.layout:
         from .layout_table import run_layout
         if args.layout_hidden <= 0:
