@@ -48,9 +48,9 @@ def _epochs(step, batches: list, units: int, epochs: int, prefix: str = "", sync
 
 
 def _warmup(step, batches: list, cap, sync=_nothing) -> tuple[float, int]:
-    """(seconds, batches run): the seconds one whole untimed epoch of ``step`` over ``batches`` takes. With ``cap`` seconds, it stops
-    after the first batch that reaches the cap, like the timed epochs are capped, and the whole epoch's
-    seconds are extrapolated from the batches run (a per-sample peer's warm-up took 65 s at hidden 512)."""
+    """(seconds, batches run) of one untimed epoch of ``step`` over ``batches``. With ``cap`` seconds it stops
+    after the first batch that reaches the cap, as the timed epochs are capped, and the whole epoch's seconds
+    are extrapolated from the batches run (a per-sample peer's warm-up took 65 s at hidden 512)."""
     sync()
     start = time.perf_counter()
     for done, batch in enumerate(batches, 1):

@@ -6,8 +6,9 @@ windows of it); Tree-FC at batch 64, hidden 512 with 32, 256 and 1024 leaves (Fi
 fixed number of samples, cut to the prefix of whole batches that fits the time cap, on minicavs (in a process
 of its own: its peak RSS is the point's) and on every installed peer (tools/setup_peers.sh; the peer first
 computes the loss of a few samples with minicavs' weights, which must equal minicavs'). Reported per point:
-training and forward-only rates (medians of the repeats, min-max), minicavs/peer ratios, the useful matmul
-FLOP rate as a share of the machine's numpy GEMM rate (measured in the same run), peak RSS, minicavs' time
+training and forward-only rates (medians of ``--repeats`` rounds, every system timed once per round, the
+systems alternating), minicavs/peer ratios per core (the targets' measure) and free to use the machine, the
+useful matmul FLOP rate as a share of the machine's numpy GEMM rate (measured in the same run), peak RSS, minicavs' time
 split (scheduling, memory movement, update, computation) and DyNet's (graph construction vs computation).
 Then the ablation (Fig. 10): each engine switch's speedup over all switches off, and the table of the CPU
 speed targets over the points measured (not with ``--quick``, whose few short points judge none;
@@ -44,7 +45,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cap", type=float, default=None,
                    help=f"seconds of timed training per system and point (default {FULL_CAP:g}, "
                         f"quick {QUICK_CAP:g}); each timed epoch gets cap/repeats")
-    p.add_argument("--repeats", type=int, default=None, help="timed epochs per point (default 3, quick 2)")
+    p.add_argument("--repeats", type=int, default=None,
+                   help="rounds, each timing every system once per point, alternating (default 3, quick 2)")
     p.add_argument("--out", default="bench-results", help="output directory")
     p.add_argument("--sst", default=None,
                    help=f"SST train file (default {SST} if it exists, else 'synthetic': minicavs' own treebank)")

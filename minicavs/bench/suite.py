@@ -23,7 +23,7 @@ class Settings:
     models: tuple
     quick: bool
     cap: float                 # seconds of timed training per system and point: repeats x epoch cap
-    repeats: int
+    repeats: int               # rounds: each times every system once per point, the systems alternating
     data: Data
     out: Path
     dynet_python: str | None = None
