@@ -47,6 +47,22 @@ def _epochs(step, batches: list, units: int, epochs: int, prefix: str = "", sync
     return out
 
 
+def _warmup(step, batches: list, cap, sync=_nothing) -> tuple[float, int]:
+    """(seconds, batches run) of one untimed epoch of ``step`` over ``batches``. With ``cap`` seconds it stops
+    after the first batch that reaches the cap, as the timed epochs are capped, and the whole epoch's seconds
+    are extrapolated from the batches run (a per-sample peer's warm-up took 65 s at hidden 512)."""
+    sync()
+    start = time.perf_counter()
+    for done, batch in enumerate(batches, 1):
+        step(batch)
+        if cap:
+            sync()
+            if time.perf_counter() - start >= cap:
+                break
+    sync()
+    return (time.perf_counter() - start) * len(batches) / done, done
+
+
 def measure(spec: dict, units: list, make, train, infer=None, sync=_nothing) -> dict:
     """The timed protocol, in steady state over the same samples as every other system of the point.
 
@@ -58,26 +74,27 @@ def measure(spec: dict, units: list, make, train, infer=None, sync=_nothing) -> 
 
     The epoch is the first ``spec["samples"]`` samples (default: all) in whole batches of ``spec["batch"]``
     (the last one may be smaller), the very samples the host timed minicavs on. First one whole untimed epoch
-    (the warm-up: one-time costs such as memory pools, caches and kernels fall there, in this process), then
-    ``spec["epochs"]`` timed epochs; with ``max_seconds``, a system whose warm-up epoch took longer than that
-    is timed for as many epochs as fit ``epochs x max_seconds``, at least one (a per-sample peer far slower than
-    the others: the same samples, fewer epochs). With ``inference``, a warm-up forward-only epoch and as many
-    timed ones over the same batches."""
+    (the warm-up: one-time costs such as memory pools, caches and kernels fall there, in this process; with
+    ``max_seconds`` it stops after that many seconds, :func:`_warmup`), then ``spec["epochs"]`` timed epochs;
+    with ``max_seconds``, a system whose warm-up epoch took (or would take) longer than that is timed for as
+    many epochs as fit ``epochs x max_seconds``, at least one (a per-sample peer far slower than the others:
+    the same samples, fewer epochs). With ``inference``, a warm-up forward-only epoch (capped alike) and as
+    many timed ones over the same batches."""
     n = min(int(spec.get("samples") or len(units)), len(units))
     bs = spec["batch"]
     batches = [make(i, min(i + bs, n)) for i in range(0, n, bs)]
     used = sum(units[:n])
-    warmup_s = used / _epochs(train, batches, used, 1, sync=sync)["rates"][0]
     epochs, cap = spec["epochs"], spec.get("max_seconds")
+    warmup_s, warmed = _warmup(train, batches, cap, sync)
     if cap and warmup_s > cap:
         epochs = max(1, min(epochs, int(epochs * cap / warmup_s)))
     out = {"units": used, "samples": n, "batches": len(batches), "capped": n < len(units),
-           "warmup_s": warmup_s, "epochs_timed": epochs}
+           "warmup_s": warmup_s, "warmup_batches": warmed, "epochs_timed": epochs}
     out.update(_epochs(train, batches, used, epochs, sync=sync))
     if spec.get("inference"):
         if infer is None:
             raise ValueError("this peer has no inference mode")
-        _epochs(infer, batches, used, 1, sync=sync)
+        _warmup(infer, batches, cap, sync)
         out.update(_epochs(infer, batches, used, epochs, "infer_", sync))
     return out
 

@@ -25,7 +25,7 @@ tools/torch_peer.py).
 """
 import numpy as np
 from peer_common import read_spec
-from torch_peer import check_loss, device, set_threads, train_and_report
+from torch_peer import check_loss, device, lazy_rows, set_threads, train_and_report
 
 
 def main():
@@ -47,7 +47,8 @@ def main():
     H = w["W_h"].shape[0]
     blocks = [slice(0, H), slice(H, 2 * H), slice(3 * H, 4 * H), slice(2 * H, 3 * H)]   # i, f, u(g), o
     perm = np.concatenate([np.arange(4 * H)[s] for s in blocks])
-    emb = torch.nn.Embedding(V, D)
+    lazy = lazy_rows(spec)   # lookups with sparse gradients: only the rows looked up are updated
+    emb = torch.nn.Embedding(V, D, sparse=lazy)
     lstm = torch.nn.LSTM(D, H) if spec["mode"] == "packed" else torch.nn.LSTMCell(D, H)
     suffix = "_l0" if spec["mode"] == "packed" else ""
     out = torch.nn.Linear(H, V)
@@ -61,6 +62,7 @@ def main():
         out.bias.copy_(torch.from_numpy(w["b_o"]))
     for module in (emb, lstm, out):
         module.to(dev)
+    getattr(lstm, "bias_hh" + suffix).requires_grad_(False)   # minicavs has one bias: b_ih alone trains
     params = list(emb.parameters()) + list(lstm.parameters()) + list(out.parameters())
 
     def packed_loss(xs, ys):
@@ -83,8 +85,12 @@ def main():
     loss_fn = packed_loss if spec["mode"] == "packed" else recursive_loss
     k = spec["check"]
     check = check_loss(torch, loss_fn, inputs[:k], targets[:k])
+    back = np.argsort(perm)   # torch's gate order back to minicavs'
+    ih, hh, bias = (getattr(lstm, name + suffix) for name in ("weight_ih", "weight_hh", "bias_ih"))
+    named = {"E": lambda: emb.weight, "W_x": lambda: ih.T[:, back], "W_h": lambda: hh.T[:, back],
+             "b": lambda: bias[back], "W_o": lambda: out.weight.T, "b_o": lambda: out.bias}
     train_and_report(torch, params, loss_fn, lambda i, j: (inputs[i:j], targets[i:j]), [len(y) for y in targets],
-                     spec, check)
+                     spec, check, sparse=[emb.weight] if lazy else (), named=named)
 
 
 if __name__ == "__main__":

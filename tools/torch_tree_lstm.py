@@ -9,13 +9,14 @@ c = σ(i)⊙tanh(u); internal [i, o, u] = [h1; h2]·U + b_i, f_k = σ(h_k·U_fk 
 c = σ(i)⊙tanh(u) + f1⊙c1 + f2⊙c2; h = σ(o)⊙tanh(c); softmax(h·W_o + b_o) at every vertex; loss = summed
 cross-entropy / trees. Runs in its own environment (tools/setup_peers.sh), imports nothing from minicavs.
 Input: one JSON spec (trees as children lists, leaf word ids and labels; weights as .npz); output: one JSON
-line (the protocol of minicavs/bench/peers.py; units are trees; optimizer: tools/torch_peer.py).
+line (the protocol of minicavs/bench/peers.py; units are trees; optimizer: tools/torch_peer.py, the embedding
+rows a batch looks up updated lazily when minicavs does).
 
     python tools/torch_tree_lstm.py SPEC.json
 """
 import numpy as np
 from peer_common import read_spec
-from torch_peer import check_loss, device, set_threads, train_and_report
+from torch_peer import check_loss, device, lazy_rows, set_threads, train_and_report
 
 
 def main():
@@ -30,6 +31,10 @@ def main():
     names = ("E", "W", "b_l", "U", "b_i", "U_f1", "U_f2", "b_f", "W_o", "b_o")
     P = {k: torch.nn.Parameter(torch.from_numpy(np.array(w[k])).to(dev)) for k in names}
     H = P["U_f1"].shape[0]
+    lazy = lazy_rows(spec)   # lookups with sparse gradients: only the rows looked up are updated
+
+    def embed(ids):
+        return F.embedding(torch.as_tensor(ids, device=dev), P["E"], sparse=lazy)
     trees = spec["trees"]
     for t in trees:   # children before parents (as minicavs and the DyNet peer number them)
         t["height"] = height = [0] * len(t["children"])
@@ -47,7 +52,7 @@ def main():
             h, c, losses = {}, {}, []
             for v, ch in enumerate(t["children"]):
                 if not ch:
-                    x = P["E"][t["words"][str(v)]]
+                    x = embed([t["words"][str(v)]])[0]
                     h[v], c[v] = cell(x @ P["W"] + P["b_l"], 0.0)
                 else:
                     a, b = ch
@@ -74,8 +79,7 @@ def main():
         for lvl in sorted(by_level):
             group = by_level[lvl]
             if lvl == 0:
-                ids = torch.tensor([batch[k]["words"][str(v)] for k, v in group], device=dev)
-                h, c = cell(P["E"][ids] @ P["W"] + P["b_l"], 0.0)
+                h, c = cell(embed([batch[k]["words"][str(v)] for k, v in group]) @ P["W"] + P["b_l"], 0.0)
             else:
                 h_all, c_all = torch.cat(hs), torch.cat(cs)
                 left = torch.tensor([row[(k, batch[k]["children"][v][0])] for k, v in group], device=dev)
@@ -92,7 +96,8 @@ def main():
 
     loss_fn = recursive_loss if spec["mode"] == "recursive" else level_loss
     check = check_loss(torch, loss_fn, trees[:spec["check"]])
-    train_and_report(torch, P.values(), loss_fn, lambda i, j: (trees[i:j],), [1] * len(trees), spec, check)
+    train_and_report(torch, P.values(), loss_fn, lambda i, j: (trees[i:j],), [1] * len(trees), spec, check,
+                     sparse=[P["E"]] if lazy else (), named={k: (lambda k=k: P[k]) for k in names})
 
 
 if __name__ == "__main__":

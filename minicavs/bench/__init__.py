@@ -6,14 +6,17 @@ windows of it); Tree-FC at batch 64, hidden 512 with 32, 256 and 1024 leaves (Fi
 fixed number of samples, cut to the prefix of whole batches that fits the time cap, on minicavs (in a process
 of its own: its peak RSS is the point's) and on every installed peer (tools/setup_peers.sh; the peer first
 computes the loss of a few samples with minicavs' weights, which must equal minicavs'). Reported per point:
-training and forward-only rates (medians of the repeats, min-max), minicavs/peer ratios, the useful matmul
-FLOP rate as a share of the machine's numpy GEMM rate (measured in the same run), peak RSS, minicavs' time
+training and forward-only rates (medians of ``--repeats`` rounds, every system timed once per round, the
+systems alternating), minicavs/peer ratios per core (the targets' measure) and free to use the machine, the
+useful matmul FLOP rate as a share of the machine's numpy GEMM rate (measured in the same run), peak RSS, minicavs' time
 split (scheduling, memory movement, update, computation) and DyNet's (graph construction vs computation).
 Then the ablation (Fig. 10): each engine switch's speedup over all switches off, and the table of the CPU
 speed targets over the points measured (not with ``--quick``, whose few short points judge none;
 ``--targets``: only the points the targets need, minicavs and the batched peers alternating round by round;
 :mod:`minicavs.bench.targets`). ``--engine KEY=VALUE`` sets minicavs' engine (any ``train.engine`` key) for
-every point.
+every point. ``--as-user`` runs the command with every ``OPENBLAS_*``, ``OMP_*`` and ``MKL_*`` variable
+unset (as a user's machine runs it; a development machine may force an older BLAS kernel); every record names
+the BLAS (library, version, kernel, threads), the CPU and the variables set (:mod:`minicavs.bench.machine`).
 
 Output (``--out``): per sweep a CSV and a markdown table, ``all.csv``, ``summary.md``, ``results.json`` and,
 with matplotlib (``pip install "minicavs[plot]"``), a PNG per sweep of two or more points and ``ablation.png``;
@@ -42,7 +45,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cap", type=float, default=None,
                    help=f"seconds of timed training per system and point (default {FULL_CAP:g}, "
                         f"quick {QUICK_CAP:g}); each timed epoch gets cap/repeats")
-    p.add_argument("--repeats", type=int, default=None, help="timed epochs per point (default 3, quick 2)")
+    p.add_argument("--repeats", type=int, default=None,
+                   help="rounds, each timing every system once per point, alternating (default 3, quick 2)")
     p.add_argument("--out", default="bench-results", help="output directory")
     p.add_argument("--sst", default=None,
                    help=f"SST train file (default {SST} if it exists, else 'synthetic': minicavs' own treebank)")
@@ -70,6 +74,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="only the points the CPU speed targets need (minicavs and the batched peers), in "
                         "--repeats rounds of one timed epoch per system, systems alternating; prints and writes "
                         "targets.md: each target, the measured ratio, met or missed")
+    p.add_argument("--as-user", action="store_true",
+                   help="run the benchmark as a user's machine does: with every OPENBLAS_*, OMP_* and MKL_* "
+                        "variable unset for this command alone (e.g. a forced OPENBLAS_CORETYPE; the per-core "
+                        "runs still set one thread)")
     p.add_argument("--engine", nargs="+", default=[], metavar="KEY=VALUE",
                    help="minicavs' engine settings, as train.engine.KEY=VALUE in a config (any EngineOptions "
                         "field, e.g. fusion=false; the ablation keeps varying its own switches)")
@@ -154,7 +162,24 @@ def settings(args: argparse.Namespace):
                     command=shlex.join(["minicavs", "bench"] + sys.argv[2:]) if sys.argv[1:2] == ["bench"] else "")
 
 
+def as_user(argv: list[str]) -> None:
+    """Run ``minicavs bench`` again in this process with the BLAS variables unset (:func:`machine.user_env`),
+    since numpy reads them once, when it loads; returns only when none is set (nothing to unset)."""
+    import sys
+    from . import machine
+    if not machine.blas_env():
+        return
+    print("--as-user: unset " + " ".join(machine.blas_env()), file=sys.stderr, flush=True)
+    os.execve(sys.executable, [sys.executable, "-m", "minicavs", "bench", *argv], machine.user_env())
+
+
 def run(args: argparse.Namespace) -> int:
+    import sys
+    if args.as_user:
+        if sys.argv[1:2] != ["bench"]:
+            raise ValueError("--as-user reruns the command line: use it from `minicavs bench`, or unset the "
+                             "OPENBLAS_*, OMP_* and MKL_* variables before calling Python")
+        as_user(sys.argv[2:])
     if args.layout:
         from .layout_table import run_layout
         if args.layout_hidden <= 0:

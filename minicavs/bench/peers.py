@@ -29,8 +29,9 @@ SPEC.json (written by :func:`run`):
   ``epochs``: timed epochs over them, after one whole untimed warm-up epoch in the same process (tools/
   peer_common.py: one-time costs such as DyNet's memory pools land there); ``check``: the number of samples
   (the first ones) whose loss the peer computes with the weights as handed over, before any update;
-- ``max_seconds``: a system whose warm-up epoch took longer is timed for fewer epochs (at least one), never
-  on other samples;
+- ``max_seconds``: the warm-up epoch stops after the first batch that reaches it (its whole epoch's seconds
+  extrapolated from the batches run); a system whose warm-up epoch took (or would take) longer is timed for
+  fewer epochs (at least one), never on other samples;
 - ``inference``: also time forward-only passes (no gradient) over the same prefix;
 - ``device`` (PyTorch only; default ``cpu``): where the peer computes, e.g. ``cuda`` (tools/gpu_check.py);
 - ``batch``, ``threads`` (PyTorch's intra-op threads; DyNet computes on one), ``optimizer``: minicavs'
@@ -48,7 +49,8 @@ Output: the LAST line of the peer's stdout is one JSON object with
 - ``rates``: units per second (trees, or words = predictions) of each timed training epoch (forward,
   backward, update); ``infer_rates`` likewise for forward-only passes, when asked;
 - ``units``, ``samples``, ``batches``: what one timed epoch covered; ``capped``: whether it is less than the
-  data handed over; ``warmup_s``: the warm-up epoch's seconds; ``epochs_timed``;
+  data handed over; ``warmup_s``: the warm-up epoch's seconds (extrapolated when capped), ``warmup_batches``:
+  the batches it ran; ``epochs_timed``;
 - DyNet: ``construction_s`` and ``compute_s``, seconds per timed epoch spent building the graph in Python
   (renew_cg and the expressions) vs in forward (with autobatching), backward and update (the paper's
   Fig. 9 / Table 1 split); ``infer_construction_s``/``infer_compute_s`` for inference;

@@ -6,8 +6,9 @@ The spec holds the point (``sweeps.Point`` fields), the data settings (``workloa
 switches, ``repeats``, ``epoch_cap`` (seconds an epoch may take: the epoch is the longest prefix of whole
 batches that the warm-up's rate says fits; or ``samples``, a given number), ``inference``, ``breakdown``.
 Reported: the prefix's size, the seconds of one whole untimed warm-up epoch over it (the peers run the same),
-units per second of each timed training (and forward-only) epoch, FLOPs per unit, the BLAS threads, the
-breakdown of one more instrumented epoch, and the process's peak RSS.
+units per second of each timed training (and forward-only) epoch, FLOPs per unit, the BLAS threads, what the
+process ran on (``machine``: :func:`minicavs.bench.machine.facts`), the breakdown of one more instrumented
+epoch, and the process's peak RSS.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from dataclasses import replace
 import numpy as np
 
 from ..engine.compile import EngineOptions
+from . import machine
 from .breakdown import instrumented_epoch
 from .sweeps import Point
 from .workloads import Data, build, flops_per_unit
@@ -70,7 +72,7 @@ def measure(spec: dict, t=None) -> dict:
     samples = data[:n]
     units = t.task.units(samples)
     out = {"samples": len(samples), "units": units, "flops_per_unit": flops_per_unit(t, samples, point),
-           "threads": blas_threads()}
+           "threads": blas_threads(), "machine": machine.facts()}
     out["warmup_s"] = _epoch(t, samples, B, True)   # a whole untimed epoch over the timed samples, as the peers
     out["rates"] = [units / _epoch(t, samples, B, True) for _ in range(R)]
     if spec.get("inference", True):
@@ -121,6 +123,16 @@ def run_in_child(spec: dict, python: str = sys.executable, timeout: float | None
     if out.returncode:
         raise RuntimeError(f"minicavs point {spec['point']} failed:\n{out.stderr[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def core_rate(n: int, python: str = sys.executable) -> float:
+    """FLOP/s of numpy's float32 n^3 GEMM on one BLAS thread, in a child set up as the per-core points are
+    (the variables set before numpy loads): what the per-core rates are judged against."""
+    code = f"from minicavs.bench.workloads import machine_rate; print(machine_rate(n={int(n)}))"
+    out = subprocess.run([python, "-c", code], capture_output=True, text=True, env={**os.environ, **ONE_THREAD})
+    if out.returncode:
+        raise RuntimeError(f"the one-thread GEMM measurement failed:\n{out.stderr[-2000:]}")
+    return float(out.stdout.split()[-1])
 
 
 def main(argv=None) -> int:

@@ -19,7 +19,8 @@ from .sweeps import LABELS, UNITS, Point, axis
 COLUMNS = ["sweep", "model", "hidden", "batch", "leaves", "system", "unit", "samples", "units",
            "train_median", "train_min", "train_max", "infer_median", "infer_min", "infer_max",
            "ratio_train", "ratio_infer", "threads", "core_train_median", "core_train_min", "core_train_max",
-           "core_ratio_train", "core_threads", "gflops_train", "gemm_fraction", "peak_rss_mb", "same_loss",
+           "core_ratio_train", "core_infer_median", "core_ratio_infer", "core_threads", "gflops_train",
+           "gemm_fraction", "core_gemm_fraction", "blas", "peak_rss_mb", "same_loss",
            "scheduling_frac", "memory_frac", "update_frac", "compute_frac", "construction_frac", "note"]
 MINICAVS = "minicavs"
 
@@ -36,13 +37,22 @@ def _ratio(a: float, b: float) -> float:
     return a / b if b and not math.isnan(a) and not math.isnan(b) else math.nan
 
 
-def rows_for(sweep: str, point: Point, systems: dict, machine: float) -> list[dict]:
+def blas_cell(r: dict) -> str:
+    """The BLAS a system's record names (``machine``, :mod:`minicavs.bench.machine`): library, version,
+    kernel, threads; "" when the record has none."""
+    libs = (r.get("machine") or {}).get("blas") or []
+    return "; ".join(f"{b['library']} {b['version']} {b['kernel']} x{b['threads']}" for b in libs)
+
+
+def rows_for(sweep: str, point: Point, systems: dict, machine: float, *, core_gemm: float = math.nan) -> list[dict]:
     """One row per measured system at ``point``. ``systems``: name -> result dict (``rates``, optional
     ``infer_rates``, ``flops_per_unit`` for minicavs, ``peak_rss_mb``, ``same_loss``, ``breakdown`` for
-    minicavs, ``construction_s``/``compute_s`` for DyNet, ``error`` when the system failed)."""
+    minicavs, ``construction_s``/``compute_s`` for DyNet, ``per_core``: the same on one thread, ``error``
+    when the system failed). ``machine`` and ``core_gemm``: numpy's GEMM FLOP/s on every core and on one."""
     ours = systems.get(MINICAVS, {})
     ot, oi = spread(ours.get("rates")), spread(ours.get("infer_rates"))
     oc = spread(ours.get("per_core", {}).get("rates"))
+    oci = spread(ours.get("per_core", {}).get("infer_rates"))
     fpu = ours.get("flops_per_unit", math.nan)
     rows = []
     for name, r in systems.items():
@@ -59,9 +69,11 @@ def rows_for(sweep: str, point: Point, systems: dict, machine: float) -> list[di
                "peak_rss_mb": r.get("peak_rss_mb", math.nan), "same_loss": r.get("same_loss", ""),
                "note": r.get("error", "")}
         core = r.get("per_core") or {}   # the same system on one thread (per core)
-        ct = spread(core.get("rates"))
+        ct, ci = spread(core.get("rates")), spread(core.get("infer_rates"))
         row.update(core_train_median=ct[0], core_train_min=ct[1], core_train_max=ct[2],
-                   core_ratio_train=_ratio(oc[0], ct[0]), core_threads=core.get("threads", ""))
+                   core_ratio_train=_ratio(oc[0], ct[0]), core_infer_median=ci[0],
+                   core_ratio_infer=_ratio(oci[0], ci[0]), core_threads=core.get("threads", ""),
+                   core_gemm_fraction=_ratio(ct[0] * 3 * fpu, core_gemm), blas=blas_cell(r))
         if core.get("error") and not row["note"]:
             row["note"] = f"per core: {core['error']}"
         b = r.get("breakdown")

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from . import peers, report, targets
-from .point import measure, run_in_child
+from . import machine, peers, report, targets
+from .point import core_rate, measure, run_in_child
 from .sweeps import LABELS, UNITS, Point, distinct_points, sweeps
 from .workloads import ABLATED, SWITCHES, Data, build, machine_rate
 
@@ -23,7 +23,7 @@ class Settings:
     models: tuple
     quick: bool
     cap: float                 # seconds of timed training per system and point: repeats x epoch cap
-    repeats: int
+    repeats: int               # rounds: each times every system once per point, the systems alternating
     data: Data
     out: Path
     dynet_python: str | None = None
@@ -43,6 +43,8 @@ class Settings:
     engine: dict = field(default_factory=dict)      # EngineOptions fields set for minicavs (--engine KEY=VALUE)
     targets: bool = False      # only the points the speed targets need, systems alternating (--targets)
     command: str = ""          # the command line, quoted in the reports
+    machine: dict = field(default_factory=dict)     # what the run ran on (machine.facts): BLAS, CPU, variables
+    gemm: dict = field(default_factory=dict)        # numpy GEMM FLOP/s, start and end: "machine" and "core"
 
     def note(self, text: str) -> None:
         self.notes.append(text)
@@ -162,25 +164,6 @@ def _line(point: Point, name: str, r: dict, ours: dict) -> str:
     return text
 
 
-def run_sweeps(s: Settings) -> dict:
-    """Measure every point; returns {point key: {system: result}} (also written to results.json)."""
-    sw = sweeps(s.models, s.quick, s.grid)
-    results = {}
-    main = list(main_point(sw).values())   # the summary's points first: a cut-short run still has them
-    for point in main + [p for p in distinct_points(sw) if p not in main]:
-        start = time.perf_counter()
-        ours = _ours(s, point)
-        systems = {report.MINICAVS: ours}
-        s.log(_line(point, report.MINICAVS, ours, ours))
-        for name, r in _peers_at(s, point, ours).items():
-            systems[name] = r
-            s.log(_line(point, name, r, ours))
-        s.log(f"  ({time.perf_counter() - start:.0f} s)")
-        results[point.key()] = systems
-        (s.out / "results.json").write_text(json.dumps(results, indent=1, default=str))
-    return results
-
-
 def _merge(into: dict, new: dict) -> None:
     """Add one round's result of a system to the rounds before: rates extended, the rest from the first
     round that worked; an error stays only while no round has worked."""
@@ -203,32 +186,44 @@ def _merge(into: dict, new: dict) -> None:
         _merge(into.setdefault("per_core", {}), new["per_core"])
 
 
-def run_targets(s: Settings) -> dict:
-    """Only the points the speed targets need (:mod:`targets`), minicavs and the batched peers at each, in
-    ``repeats`` rounds of one timed epoch per system: the points in reverse order every other round, the
-    peers before minicavs at a point every other round, so that a change of the machine's load falls on
-    every system alike. Rates are the medians over the rounds; every round times the samples minicavs'
-    first round chose. Returns {point key: {system: result}}."""
-    pts = targets.points(s.models, s.quick, s.grid)
+def sweep_points(s: Settings) -> list[Point]:
+    """Every point of the sweeps, the summary's first (a cut-short run still has them)."""
+    sw = sweeps(s.models, s.quick, s.grid)
+    main = list(main_point(sw).values())
+    return main + [p for p in distinct_points(sw) if p not in main]
+
+
+def run_rounds(s: Settings, pts: list[Point], labels=None) -> dict:
+    """minicavs and the peers (those of ``labels``, default all) at every point of ``pts``, in ``repeats``
+    rounds of one timed epoch per system: the points in reverse order every other round, the peers before
+    minicavs at a point every other round, so that a change of the machine's load falls on every system
+    alike. Rates are the medians over the rounds; every round times the samples minicavs' first round
+    chose. Returns {point key: {system: result}} (also written to results.json after every round)."""
     results: dict = {p.key(): {} for p in pts}
     samples: dict = {}
     for r in range(s.repeats):
         s.log(f"round {r + 1}/{s.repeats} ({len(pts)} points; load average {_load()})")
         for point in (pts if r % 2 == 0 else pts[::-1]):
-            key = point.key()
-            systems = {}
-            if r % 2 and samples.get(key):   # odd rounds: the peers first
-                systems.update(_peers_at(s, point, {"samples": samples[key]}, targets.BATCHED, epochs=1))
+            key, start = point.key(), time.perf_counter()
+            peers_first = bool(r % 2 and samples.get(key))
+            systems = _peers_at(s, point, {"samples": samples[key]}, labels, epochs=1) if peers_first else {}
             ours = _ours(s, point, repeats=1, samples=samples.get(key))
             samples.setdefault(key, ours.get("samples"))
             systems = {report.MINICAVS: ours, **systems}
-            if not (r % 2 and samples.get(key)):
-                systems.update(_peers_at(s, point, ours, targets.BATCHED, epochs=1))
+            if not peers_first:
+                systems.update(_peers_at(s, point, ours, labels, epochs=1))
             for name, res in systems.items():
                 _merge(results[key].setdefault(name, {}), res)
                 s.log(_line(point, name, res, ours))
-        (s.out / "results.json").write_text(json.dumps(results, indent=1, default=str))
+            s.log(f"  ({time.perf_counter() - start:.0f} s)")
+            _write_results(s, results)
     return results
+
+
+def _write_results(s: Settings, results: dict) -> None:
+    """results.json: what the run ran on (:mod:`machine`: BLAS, CPU, variables) and every point's systems."""
+    (s.out / "results.json").write_text(json.dumps({"machine": s.machine, "gemm": s.gemm, "points": results},
+                                                   indent=1, default=str))
 
 
 def ablation(s: Settings) -> dict:
@@ -267,18 +262,19 @@ def ablation_markdown(ab: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_reports(s: Settings, results: dict, machine: tuple, ab: dict, seconds: float) -> Path:
+def write_reports(s: Settings, results: dict, gemm: tuple, ab: dict, seconds: float) -> Path:
     """Per sweep a CSV and a markdown table, the plots and summary.md; returns the summary's path."""
     sw = sweeps(s.models, s.quick, s.grid) if results else {}
-    rate = float(np.median(machine))
+    rate = float(np.median(gemm))
+    core = float(np.median(s.gemm["core"])) if s.gemm.get("core") else math.nan
     rows_by_sweep = {}
     all_rows = []
     for name, points in sw.items():
-        rows = [row for p in points if p.key() in results for row in report.rows_for(name, p, results[p.key()],
-                                                                                      rate)]
+        rows = [row for p in points if p.key() in results
+                for row in report.rows_for(name, p, results[p.key()], rate, core_gemm=core)]
         rows_by_sweep[name] = rows
         all_rows += rows
-        report.write_sweep(s.out, name, rows, _conditions(s, machine))
+        report.write_sweep(s.out, name, rows, _conditions(s, gemm))
     report.write_csv(s.out / "all.csv", all_rows)
     plots = report.plot_sweeps(s.out, sw, rows_by_sweep) if s.plots else []
     flat = [name for name, rows in rows_by_sweep.items() if not report.plottable(name, rows)]
@@ -294,36 +290,40 @@ def write_reports(s: Settings, results: dict, machine: tuple, ab: dict, seconds:
         s.note(plots)
     table = targets_markdown(s, results, rate)
     if table:
-        (s.out / "targets.md").write_text(f"## {TARGETS_TITLE}\n\n" + _conditions(s, machine) + table)
+        (s.out / "targets.md").write_text(f"## {TARGETS_TITLE}\n\n" + _conditions(s, gemm) + table)
     summary = s.out / "summary.md"
-    summary.write_text(summary_markdown(s, sw, results, rate, machine, ab, seconds))
+    summary.write_text(summary_markdown(s, sw, results, rate, gemm, ab, seconds))
     return summary
 
 
 TARGETS_TITLE = "Speed targets"
 
 
-def targets_markdown(s: Settings, results: dict, machine: float) -> str:
+def targets_markdown(s: Settings, results: dict, rate: float) -> str:
     """The targets table over the measured points: "" when nothing was measured, and for ``--quick``
     (without ``--targets``), whose few short points judge no target: its rows would all be noise or
-    "not measured"."""
+    "not measured". Judged per core (the one-thread GEMM rate for the GEMM shares), machine ratios beside."""
     if not results or (s.quick and not s.targets):
         return ""
-    return targets.markdown(targets.evaluate(results, machine, s.models, s.quick, s.grid), s.command)
+    core = float(np.median(s.gemm["core"])) if s.gemm.get("core") else math.nan
+    return targets.markdown(targets.evaluate(results, rate, s.models, s.quick, s.grid, core=core), s.command)
 
 
-def _conditions(s: Settings, machine: tuple) -> str:
-    timed = (f"medians of {s.repeats} rounds (min-max in brackets), each running every system once for one "
-             f"timed epoch, systems alternating" if s.targets else
-             f"medians of {s.repeats} timed epochs (min-max in brackets)")
-    return (f"numpy float32 {s.gemm_n}^3 GEMM {machine[0] / 1e9:.0f} GFLOP/s at the start, "
-            f"{machine[1] / 1e9:.0f} at the end; {timed}, each process after one whole untimed warm-up epoch "
-            f"over the timed samples; every system of a point is timed on the same samples: the longest prefix "
-            f"of whole batches that minicavs' warm-up says fits {s.epoch_cap:.3g} s (cap: {s.cap:g} s of timed "
-            f"training per system and point, at least one batch); DyNet with 2048 MB of memory pools from the "
-            f"start; float32, Adam. Machine: every system free to use the machine (minicavs' BLAS and PyTorch "
-            f"on every core, DyNet on one thread, as it is built); per core: minicavs on one BLAS thread, PyTorch "
-            f"on one intra-op thread, DyNet as before.\n\n")
+def _conditions(s: Settings, gemm: tuple) -> str:
+    """The paragraph above every table: how it was measured and what on (BLAS, CPU, variables)."""
+    core = s.gemm.get("core") or []
+    core_text = f" ({', '.join(f'{c / 1e9:.0f}' for c in core)} on one thread)" if core else ""
+    return (f"numpy float32 {s.gemm_n}^3 GEMM {gemm[0] / 1e9:.0f} GFLOP/s at the start, {gemm[1] / 1e9:.0f} at "
+            f"the end{core_text}; medians of {s.repeats} rounds (min-max in brackets), each running every system "
+            f"once for one timed epoch, systems alternating (the points in reverse order and the peers first "
+            f"every other round), each process after one whole untimed warm-up epoch over the timed samples (a "
+            f"peer's warm-up stops after the epoch cap); every system of a point is timed on the same samples: "
+            f"the longest prefix of whole batches that minicavs' warm-up says fits {s.epoch_cap:.3g} s (cap: "
+            f"{s.cap:g} s of timed training per system and point, at least one batch); DyNet with 2048 MB of "
+            f"memory pools from the start; float32, Adam, embedding rows updated lazily (only those a batch "
+            f"looks up) by every system. Per core (the ratios that count): minicavs on one BLAS thread, "
+            f"PyTorch on one intra-op thread, DyNet on its one; machine: minicavs' BLAS and PyTorch on every "
+            f"core.\n\n" + (machine.describe(s.machine) + "\n\n" if s.machine else ""))
 
 
 def main_point(sw: dict) -> dict:
@@ -335,11 +335,11 @@ def main_point(sw: dict) -> dict:
     return both
 
 
-def summary_markdown(s: Settings, sw: dict, results: dict, rate: float, machine: tuple, ab: dict,
+def summary_markdown(s: Settings, sw: dict, results: dict, rate: float, gemm: tuple, ab: dict,
                      seconds: float) -> str:
     title = "minicavs bench" + (" --quick" if s.quick else "") + (" --targets" if s.targets else "")
     lines = [f"# {title}", "", f"{len(results) if s.targets else len(distinct_points(sw))} points, "
-             f"{seconds / 60:.1f} min wall time. " + _conditions(s, machine)]
+             f"{seconds / 60:.1f} min wall time. " + _conditions(s, gemm)]
     if s.command:
         lines += [f"Command: `{s.command}`\n"]
     lines += [f"- {n}" for n in s.notes] + ([""] if s.notes else [])
@@ -392,24 +392,46 @@ def main_table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _gemm_rates(s: Settings) -> tuple[float, float]:
+    """numpy's float32 GEMM FLOP/s free to use the machine (this process) and on one thread (a child)."""
+    return machine_rate(n=s.gemm_n), core_rate(s.gemm_n)
+
+
+def _ran_on(s: Settings) -> None:
+    """Record and log what the run runs on; the forced-kernel warning on stderr (one line)."""
+    s.machine = machine.facts()
+    s.log(machine.describe(s.machine))
+    warning = machine.forced_kernel_warning(s.machine)
+    if warning:
+        print(warning, file=sys.stderr)
+        s.notes.append(warning)
+
+
 def run_suite(s: Settings) -> Path:
     start = time.perf_counter()
     s.out.mkdir(parents=True, exist_ok=True)
-    m0 = machine_rate(n=s.gemm_n)
-    s.log(f"machine: numpy float32 {s.gemm_n}^3 GEMM {m0 / 1e9:.1f} GFLOP/s; cap {s.cap:g} s of timed "
-          f"training per system and point ({s.repeats} epochs of at most {s.epoch_cap:.3g} s), "
-          f"python {sys.version.split()[0]}")
+    _ran_on(s)
+    m0, c0 = _gemm_rates(s)
+    s.log(f"machine: numpy float32 {s.gemm_n}^3 GEMM {m0 / 1e9:.1f} GFLOP/s ({c0 / 1e9:.1f} on one thread); "
+          f"cap {s.cap:g} s of timed training per system and point ({s.repeats} rounds of one epoch of at most "
+          f"{s.epoch_cap:.3g} s), python {sys.version.split()[0]}")
     s.note(f"load average {_load()} at the start, on {os.cpu_count()} cores (above 0.1: other work shared "
            f"the machine and the numbers are noisy)")
     if s.engine:
         s.note("minicavs' engine: " + ", ".join(f"{k}={v}" for k, v in s.engine.items()))
     s.available = find_peers(s)
-    results = (run_targets(s) if s.targets else run_sweeps(s)) if s.sweeps else {}
+    s.gemm = {"machine": [m0], "core": [c0]}
+    results = {}
+    if s.sweeps:
+        results = (run_rounds(s, targets.points(s.models, s.quick, s.grid), targets.BATCHED) if s.targets
+                   else run_rounds(s, sweep_points(s)))
     ab = {}
     if s.ablation and not s.targets:
         s.log("speedup over all switches off (Fig. 10), training, batch 64")
         ab = ablation(s)
-    m1 = machine_rate(n=s.gemm_n)
+    m1, c1 = _gemm_rates(s)
+    s.gemm = {"machine": [m0, m1], "core": [c0, c1]}
+    _write_results(s, results)
     s.note(f"load average {_load()} at the end (before this run's own last GEMM measurement)")
     summary = write_reports(s, results, (m0, m1), ab, time.perf_counter() - start)
     table = targets_markdown(s, results, float(np.median((m0, m1))))

@@ -1,7 +1,10 @@
 """The CPU speed targets: which points each needs, and met or missed from measured results.
 
 A target is a bound on one measure over one or more sweep points; over several points the worst point
-decides (and is named). Measures, from :func:`report.rows_for`'s rows:
+decides (and is named). Every target is judged per core (every system on one thread: minicavs' BLAS,
+PyTorch's intra-op threads and DyNet each on one; GEMM shares of numpy's one-thread GEMM rate), so that a
+machine's cores and load do not move the ratio; the same point's ratio with every system free to use the
+machine is printed beside. Measures, from :func:`report.rows_for`'s rows:
 
 - ``train``: minicavs' training throughput / the named peer's (medians of the repeats);
 - ``infer``: the same for forward-only passes (a latency target: at most half the peer's latency is at
@@ -80,27 +83,37 @@ def points(models, quick: bool = False, grid: dict | None = None, targets=TARGET
     return list(out)
 
 
-def _value(row_ours: dict, rows: list[dict], target: Target) -> tuple[float, str]:
-    """(measured value, what it was measured against) at one point; (NaN, why) when it was not measured:
-    the peer did not run, failed, or ran less than a batch (its note)."""
+# the per-core column of each measure (the targets are judged on it) and the machine column printed beside
+COLUMNS = {"train": ("core_ratio_train", "ratio_train"), "infer": ("core_ratio_infer", "ratio_infer"),
+           "gemm": ("core_gemm_fraction", "gemm_fraction")}
+
+
+def _value(row_ours: dict, rows: list[dict], target: Target) -> tuple[float, float, str]:
+    """(value per core, value free to use the machine, what it was measured against) at one point; (NaN,
+    NaN, why) when it was not measured: the peer did not run, failed, or ran less than a batch (its note)."""
     if target.measure == "gemm":
-        return row_ours.get("gemm_fraction", math.nan), ""
+        core, whole = COLUMNS["gemm"]
+        return row_ours.get(core, math.nan), row_ours.get(whole, math.nan), ""
     if target.measure == "fastest":
-        peers = [r for r in rows if r["system"] in BATCHED and not math.isnan(r["train_median"]) and not r["note"]]
+        peers = [r for r in rows if r["system"] in BATCHED and not math.isnan(r["core_train_median"])
+                 and not r["note"]]
         if not peers:
-            return math.nan, "no batched peer measured a whole batch"
-        best = max(peers, key=lambda r: r["train_median"])
-        return best["ratio_train"], best["system"]
+            return math.nan, math.nan, "no batched peer measured a whole batch on one thread"
+        best = max(peers, key=lambda r: r["core_train_median"])
+        return best["core_ratio_train"], best["ratio_train"], best["system"]
     peer = next((r for r in rows if r["system"] == target.peer), None)
     if peer is None or peer["note"]:
-        return math.nan, f"{target.peer}: {peer['note'] if peer else 'not run'}"
-    return peer["ratio_train" if target.measure == "train" else "ratio_infer"], target.peer
+        return math.nan, math.nan, f"{target.peer}: {peer['note'] if peer else 'not run'}"
+    core, whole = COLUMNS[target.measure]
+    return peer[core], peer[whole], target.peer
 
 
 def evaluate(results: dict, machine: float, models, quick: bool = False, grid: dict | None = None,
-             targets=TARGETS) -> list[dict]:
-    """One row per target: the worst point's value among the measured ones, met or missed (or not
-    measured). ``results``: {point key: {system: result}} (the suite's), ``machine``: FLOP/s."""
+             targets=TARGETS, *, core: float = math.nan) -> list[dict]:
+    """One row per target: the worst point's value per core (every system on one thread; GEMM shares of the
+    one-thread GEMM rate ``core``) among the measured ones, met or missed (or not measured), and the same
+    point's value free to use the machine (``machine``: the GEMM FLOP/s on every core) beside it.
+    ``results``: {point key: {system: result}} (the suite's)."""
     rows = []
     for target in targets:
         if target.model != "*" and target.model not in models:
@@ -112,25 +125,30 @@ def evaluate(results: dict, machine: float, models, quick: bool = False, grid: d
         for p in pts:
             if p.key() not in results:
                 continue
-            point_rows = rows_for("", p, results[p.key()], machine)
+            point_rows = rows_for("", p, results[p.key()], machine, core_gemm=core)
             ours = next((r for r in point_rows if r["system"] == MINICAVS), None)
-            if ours is None or math.isnan(ours["train_median"]):
-                why = why or f"minicavs: {ours['note'] if ours and ours['note'] else 'not run'}"
+            if ours is None or math.isnan(ours["core_train_median"]):
+                why = why or f"minicavs: {ours['note'] if ours and ours['note'] else 'not run on one thread'}"
                 continue
-            value, against = _value(ours, point_rows, target)
+            value, whole, against = _value(ours, point_rows, target)
             if math.isnan(value):
                 why = why or against
             else:
-                measured.append((value, p, against))
-        row = {"target": target.text, "measure": target.measure, "at_least": target.at_least,
-               "points": len(pts), "measured": len(measured), "value": math.nan, "worst": "", "against": "",
-               "status": "not measured" + (f" ({why})" if why else "")}
-        if measured:
-            value, p, against = min(measured, key=lambda m: m[0])
-            row.update(value=value, worst=_label(p), against=against,
-                       status="met" if value >= target.at_least else "missed")
-        rows.append(row)
+                measured.append((value, whole, p, against))
+        rows.append(_judged(target, len(pts), measured, why))
     return rows
+
+
+def _judged(target: Target, points_wanted: int, measured: list, why: str) -> dict:
+    """A target's row from its measured points (value per core, machine value, point, against)."""
+    row = {"target": target.text, "measure": target.measure, "at_least": target.at_least,
+           "points": points_wanted, "measured": len(measured), "value": math.nan, "machine": math.nan,
+           "worst": "", "against": "", "status": "not measured" + (f" ({why})" if why else "")}
+    if measured:
+        value, whole, p, against = min(measured, key=lambda m: m[0])
+        row.update(value=value, machine=whole, worst=_label(p), against=against,
+                   status="met" if value >= target.at_least else "missed")
+    return row
 
 
 def _label(p: Point) -> str:
@@ -138,20 +156,22 @@ def _label(p: Point) -> str:
     return f"{LABELS[p.model]} h{p.hidden} b{p.batch}{leaves}"
 
 
-def _fmt(row: dict) -> str:
-    if math.isnan(row["value"]):
+def _fmt(row: dict, key: str = "value") -> str:
+    if math.isnan(row[key]):
         return "-"
-    return f"{100 * row['value']:.0f}%" if row["measure"] == "gemm" else f"{row['value']:.2f}x"
+    return f"{100 * row[key]:.0f}%" if row["measure"] == "gemm" else f"{row[key]:.2f}x"
 
 
 def markdown(rows: list[dict], command: str = "") -> str:
-    """The targets table: target, bound, measured (the worst point, and against which peer), status."""
-    lines = ["| target | bound | measured | at (worst point) | points measured | status |",
-             "| --- | --- | --- | --- | --- | --- |"]
+    """The targets table: target, bound, measured per core (the worst point, and against which peer), the
+    same point free to use the machine, status."""
+    lines = ["| target | bound | measured per core | machine | at (worst point) | points measured | status |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         bound = f">= {100 * r['at_least']:.0f}%" if r["measure"] == "gemm" else f">= {r['at_least']:.2f}x"
         at = r["worst"] + (f" vs {r['against']}" if r["against"] and r["measure"] == "fastest" else "")
         status = {"met": "met", "missed": "**missed**"}.get(r["status"], r["status"])
-        lines.append(f"| {r['target']} | {bound} | {_fmt(r)} | {at} | {r['measured']}/{r['points']} | {status} |")
+        lines.append(f"| {r['target']} | {bound} | {_fmt(r)} | {_fmt(r, 'machine')} | {at} | "
+                     f"{r['measured']}/{r['points']} | {status} |")
     text = "\n".join(lines) + "\n"
     return text + (f"\nMeasured by `{command}`.\n" if command else "")

@@ -95,7 +95,7 @@ def test_protocol_waits_for_the_device_before_every_clock_read():
     assert log == [x.format("train") for x in 3 * epoch] + [x.format("infer") for x in 3 * epoch]
 
 
-def test_a_peer_far_slower_than_the_cap_is_timed_on_the_same_samples_for_fewer_epochs():
+def test_a_peer_far_slower_than_the_cap_warms_up_within_it_and_is_timed_on_the_same_samples():
     pc = _peer_common()
     sizes = []
 
@@ -106,12 +106,14 @@ def test_a_peer_far_slower_than_the_cap_is_timed_on_the_same_samples_for_fewer_e
     out = pc.measure({"batch": 10, "epochs": 3, "samples": 30, "max_seconds": 0.01}, [1] * 200,
                      lambda i, j: list(range(i, j)), train)
     assert out["samples"] == 30 and out["batches"] == 3 and out["warmup_s"] > 0.01
-    assert out["epochs_timed"] == len(out["rates"]) == 1 and sizes == [10, 10, 10] * 2
+    # the warm-up stops at the cap (its first batch), like a timed epoch; one whole timed epoch
+    assert out["warmup_batches"] == 1 and out["epochs_timed"] == len(out["rates"]) == 1
+    assert sizes == [10] + [10, 10, 10]
 
 
 # --- the peers themselves (need tools/setup_peers.sh's environment) ------------------------------------------
 
-def _trainer(model: str, hidden: int, batch: int, samples: int, leaves: int = 8) -> Trainer:
+def _trainer(model: str, hidden: int, batch: int, samples: int, leaves: int = 8, extra=()) -> Trainer:
     sets = {"tree_lstm": ["data.synthetic.vocab=50", "model.embed=6", "model.dropout=0.0", "train.optimizer=adam",
                           "train.lr=0.001", "train.weight_decay=0.0", "train.sparse_updates=true"],
             "tree_fc": [f"model.leaves={leaves}"],
@@ -121,7 +123,7 @@ def _trainer(model: str, hidden: int, batch: int, samples: int, leaves: int = 8)
             "lstm_nmt": ["model.embed=5", "model.max_len=5"],
             "lattice_gru": ["model.embed=5", "data.synthetic.max_len=12", "train.policy=cavs"]}
     over = sets[model] + [f"model.hidden={hidden}", f"train.batch_size={batch}", f"data.synthetic.train={samples}",
-                          "data.dev=null"] + (["data.test=null"] if model != "tree_fc" else [])
+                          "data.dev=null"] + (["data.test=null"] if model != "tree_fc" else []) + list(extra)
     t = Trainer(load_config(models_dir() / f"{model}.yaml", over), run_dir=None)
     t.task.data["train"] = t.task.data["train"][:samples]
     return t
@@ -165,3 +167,34 @@ def test_samples_and_limit_set_what_a_peer_times():
     assert out["capped"] and out["samples"] == 6 and out["batches"] == 2 and out["epochs_timed"] == 1
     out = peers.run(TORCH_PYTHON, "pytorch", t, mode="level", epochs=1, check=2, limit=6)
     assert not out["capped"] and out["samples"] == 6 and out["batches"] == 2
+
+
+LAZY_ADAM = ["train.optimizer=adam", "train.lr=0.01", "train.weight_decay=0.0", "train.sparse_updates=true"]
+
+
+@pytest.mark.skipif(not TORCH_PYTHON, reason="set MINICAVS_TORCH_PYTHON to a python with torch (setup_peers.sh)")
+@pytest.mark.parametrize("model,mode", [("tree_lstm", "level"), ("tree_lstm", "recursive"), ("var_lstm", "packed"),
+                                        ("var_lstm", "recursive")])
+def test_pytorch_peers_update_every_parameter_as_minicavs_does(model, mode, tmp_path):
+    """After two updates (the bench's Adam with lazy embedding rows) every parameter of the PyTorch peer equals
+    minicavs': the rows the first batch looked up and the second did not stay where the first step put them
+    (a dense Adam moves them again, by their first moment)."""
+    import subprocess
+    import numpy as np
+    t = _trainer(model, hidden=6, batch=3, samples=6, extra=LAZY_ADAM)
+    spec, arrays = peers._handover(t, model, 6)
+    spec.update(peers.peer_settings(t), mode=mode, epochs=1, check=1, steps=2, steps_to=str(tmp_path / "after.npz"))
+    for name, content in arrays.items():
+        spec[name] = str(tmp_path / f"{name}.npz")
+        np.savez(spec[name], **content)
+    (tmp_path / "spec.json").write_text(__import__("json").dumps(spec))
+    script = peers.tool(peers.SCRIPTS["pytorch", model][0])
+    subprocess.run([TORCH_PYTHON, str(script), str(tmp_path / "spec.json")], check=True, capture_output=True)
+    before = {k: np.array(p.value) for k, p in t.params.items()}
+    t.train_batches([np.arange(0, 3), np.arange(3, 6)])
+    theirs = np.load(tmp_path / "after.npz")
+    assert set(theirs.files) == set(t.params)
+    for name, p in t.params.items():
+        moved = np.abs(p.value - before[name]).max()
+        assert moved > 0, name
+        np.testing.assert_allclose(theirs[name], p.value, rtol=0, atol=1e-3 * moved, err_msg=name)
