@@ -42,9 +42,10 @@ class Bound:
 
 class _Memo:
     """What the binder keeps of a lowered program between its bindings: every entry's kind, the widest static a
-    task reads (from the nodes' shapes), its last binding's dynamic tensors (held weakly, with the workspace and
-    memory.allocations() then: a program that does not run again keeps no outgrown buffer alive) and its statics'
-    operands (parameters and their views: reused while the binder is given the very same array)."""
+    task reads (from the nodes' shapes), its statics' operands (parameters and their views: reused while the binder
+    is given the very same array) and its dynamic tensors' and arenas' operands (reused while the workspace is the
+    same and no dynamic tensor has allocated a buffer since: then every memo lets go of them, so a program that does
+    not run again keeps no outgrown buffer alive)."""
 
     __slots__ = ("kinds", "widest", "stamp", "tensors", "statics")
 
@@ -57,20 +58,35 @@ class _Memo:
 
 
 _MEMOS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # lowered program -> its _Memo
+_SEEN = [-1]   # memory.allocations() when the memos' workspace operands were last checked
+
+
+def _memo(lowered, workspace) -> _Memo:
+    """The program's memo, every memo's workspace operands dropped when a dynamic tensor has allocated since."""
+    now = allocations()
+    if now != _SEEN[0]:
+        for memo in _MEMOS.values():
+            memo.tensors, memo.stamp = {}, None
+        _SEEN[0] = now
+    memo = _MEMOS.get(lowered)
+    if memo is None:
+        memo = _MEMOS[lowered] = _Memo(lowered)
+    if memo.stamp is not None and memo.stamp is not workspace:
+        memo.tensors = {}
+    memo.stamp = workspace
+    return memo
 
 
 def bind_operands(lowered, table: np.ndarray, buffers, dtype, device, eager: np.ndarray | None = None,
                   workspace=None) -> Bound:
     """Every buffer of ``lowered`` for a run over ``table`` (and ``eager``, the eager stream's table), from
     ``buffers[key]`` (program.Buffers, or any mapping of the keys), on ``device``."""
-    memo = _MEMOS.get(lowered)
-    if memo is None:
-        memo = _MEMOS[lowered] = _Memo(lowered)
+    memo = _memo(lowered, workspace)
+    kept = memo.tensors if workspace is not None else {}
     template_ids, rows = table[:, 0].tolist(), table[:, 2].tolist()
     streaming = eager is not None and len(eager) > 0
     blocks = bool(lowered.blocks) and (max(template_ids, default=-1) >= lowered.n_kinds or streaming)
     task_keys = len(lowered.keys) if lowered.task_keys is None or blocks else lowered.task_keys
-    kept = memo.tensors if workspace is not None and memo.stamp == (workspace, allocations()) else {}
     xp = device.xp
     operands, gradients = [], {}
     scratch = scratch_elements(lowered, template_ids, rows)
@@ -79,32 +95,42 @@ def bind_operands(lowered, table: np.ndarray, buffers, dtype, device, eager: np.
         what = key[0]
         if i >= task_keys and what != "scratch":
             operands.append(None)
-        elif what in WORKSPACE_TENSORS and (again := _alive(what, kept.get(i))) is not None:
-            operands.append(again)
+        elif what in WORKSPACE_TENSORS and i in kept:
+            operands.append(kept[i])
         elif what == "static":
             a = buffers[key]
             known = memo.statics.get(i)
             if known is None or known.source is not a:
                 known = memo.statics[i] = _static(a, xp)
             operands.append(known)
-        elif what == "scratch":
-            operands.append(_operand(what, buffers[("arena", "scratch", scratch + spare)], xp))
-        elif what == "fixed":
-            operands.append(_operand(what, buffers[("arena", "fixed", lowered.fixed_size)], xp))
+        elif what in ARENAS:
+            operands.append(_arena(kept, i, what, buffers[("arena", what, scratch + spare if what == "scratch"
+                                                            else lowered.fixed_size)], xp))
         else:
             a = buffers[key]
             if what == "pgrad":
                 add_accumulators(gradients, key, a)
             operands.append(_resolved(what, a, device))
+            if what in WORKSPACE_TENSORS and workspace is not None:
+                kept[i] = operands[-1]
     eager_operands, eager_gradients, eager_scratch = {}, {}, 0
     if streaming:
         eager_scratch = scratch_elements(lowered, eager[:, 0].tolist(), eager[:, 2].tolist())
         eager_operands, eager_gradients = _eager_operands(lowered, buffers, gradients, eager_scratch + spare, xp)
-    if workspace is not None:
-        memo.stamp = (workspace, allocations())
-        memo.tensors = {i: (weakref.ref(o.array), o.elements, o.ld) for i, o in enumerate(operands)
-                        if o is not None and o.kind in WORKSPACE_TENSORS}
     return Bound(operands, memo.kinds, gradients, eager_operands, eager_gradients, scratch, eager_scratch, blocks)
+
+
+ARENAS = ("scratch", "fixed")
+
+
+def _arena(kept: dict, i: int, what: str, found, xp) -> Operand:
+    """An arena's operand: the one kept when it is the same buffer and elements (a workspace's: see _Memo)."""
+    known = kept.get(i)
+    array, elements = found if type(found) is tuple else (found, found.size)
+    if known is not None and known.source is array and known.elements == elements:
+        return known
+    kept[i] = operand = _operand(what, found, xp)
+    return operand
 
 
 def _eager_operands(lowered, buffers, gradients: dict, scratch: int, xp) -> tuple[dict, dict]:
@@ -120,14 +146,6 @@ def _eager_operands(lowered, buffers, gradients: dict, scratch: int, xp) -> tupl
         eager_gradients[name] = xp.zeros_like(gradients[name])
         eager_operands[i] = _operand("pgrad", eager_gradients[name], xp)
     return eager_operands, eager_gradients
-
-
-def _alive(what: str, entry) -> Operand | None:
-    """A kept dynamic tensor's operand again, if its buffer is still alive."""
-    if entry is None:
-        return None
-    a = entry[0]()
-    return None if a is None else Operand(what, a, entry[1], entry[2], 0, source=a)
 
 
 def _resolved(what: str, a, device) -> Operand:
