@@ -119,7 +119,12 @@ def _trainer(model: str, hidden: int, batch: int, samples: int, leaves: int = 8)
             "fixed_lstm": ["data.synthetic.vocab=30", "model.embed=5", "model.dropout=0.0", "model.window=9"],
             "bilstm_tagger": ["model.vocab=12", "model.embed=5", "model.dropout=0.0", "data.synthetic.max_len=9"],
             "lstm_nmt": ["model.embed=5", "model.max_len=5"],
-            "lattice_gru": ["model.embed=5", "data.synthetic.max_len=12", "train.policy=cavs"]}
+            "lattice_gru": ["model.embed=5", "data.synthetic.max_len=12", "train.policy=cavs"],
+            "lattice_lstm": ["model.embed=5", "data.synthetic.max_len=12", "train.policy=cavs"],
+            "tree_gru": ["data.synthetic.vocab=50", "model.embed=6", "model.dropout=0.0", "train.weight_decay=0.0"],
+            "mv_rnn": ["data.synthetic.vocab=50", "model.dropout=0.0", "train.weight_decay=0.0"],
+            "tree_lstm_2type": ["data.synthetic.vocab=50", "model.embed=6", "model.dropout=0.0",
+                                "train.optimizer=adam", "train.lr=0.001", "train.weight_decay=0.0"]}
     over = sets[model] + [f"model.hidden={hidden}", f"train.batch_size={batch}", f"data.synthetic.train={samples}",
                           "data.dev=null"] + (["data.test=null"] if model != "tree_fc" else [])
     t = Trainer(load_config(models_dir() / f"{model}.yaml", over), run_dir=None)
@@ -130,7 +135,8 @@ def _trainer(model: str, hidden: int, batch: int, samples: int, leaves: int = 8)
 CASES = [(model, p) for model, listed in peers.PEERS.items() for p in listed] + \
     [("tree_fc", peers.Peer("dynet", "unbatched", "DyNet (no batching)"))] + \
     [(model, peers.Peer("dynet", "autobatch", "DyNet (autobatching)"))
-     for model in ("bilstm_tagger", "lstm_nmt", "lattice_gru")]
+     for model in ("bilstm_tagger", "lstm_nmt", "lattice_gru", "lattice_lstm", "tree_gru", "mv_rnn",
+                   "tree_lstm_2type")]
 
 
 @pytest.mark.parametrize("model,peer", CASES, ids=[f"{m}-{p.framework}-{p.mode}" for m, p in CASES])
