@@ -12,6 +12,7 @@ import os
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from minicavs.bench import peers
@@ -139,6 +140,15 @@ CASES = [(model, p) for model, listed in peers.PEERS.items() for p in listed] + 
                    "tree_lstm_2type")]
 
 
+def _scramble(t: Trainer, scale: float = 0.3) -> None:
+    """Every weight drawn anew, each of its own (at initialization some share their values, e.g. the two cell
+    types of TreeLSTM-2Type, and small weights leave a loss near log(classes) whatever a cell computes), so
+    that the loss check tells a peer's cells apart. Written into the arrays the model computes with."""
+    rng = np.random.default_rng(5)
+    for p in t.params.values():
+        p.value[...] = rng.normal(0.0, scale, p.value.shape)
+
+
 @pytest.mark.parametrize("model,peer", CASES, ids=[f"{m}-{p.framework}-{p.mode}" for m, p in CASES])
 def test_peer_computes_minicavs_loss_and_reports_the_protocol(model, peer):
     python = PYTHONS[peer.framework]
@@ -146,6 +156,7 @@ def test_peer_computes_minicavs_loss_and_reports_the_protocol(model, peer):
         pytest.skip(f"set {VARIABLE[peer.framework]} to a python with the {peer.framework} peers "
                     "(tools/setup_peers.sh)")
     t = _trainer(model, hidden=6, batch=3, samples=7)
+    _scramble(t)
     check = 4
     ours = peers.check_loss(t, check)
     out = peers.run(python, peer.framework, t, mode=peer.mode, epochs=2, check=check, inference=True, samples=7)
