@@ -14,7 +14,8 @@ Which peers each model has (:data:`PEERS`), by framework and mode::
 ED-Batch's other workloads have DyNet peers only, run by :func:`run` (and minicavs/bench/ed_batch.py) but
 not by the sweeps: the BiLSTM tagger, the LSTM encoder-decoder, the lattice GRU and LSTM
 (dynet_bilstm_tagger.py, dynet_lstm_nmt.py, dynet_lattice_gru.py, dynet_lattice_lstm.py), the Tree-GRU,
-the MV-RNN (dynet_tree_gru.py, dynet_mv_rnn.py) and TreeLSTM-2Type (dynet_tree_lstm.py, with kinds). DyNet also runs ``unbatched`` (autobatch=0).
+the MV-RNN (dynet_tree_gru.py, dynet_mv_rnn.py) and TreeLSTM-2Type (dynet_tree_lstm.py, with kinds).
+DyNet also runs ``unbatched`` (autobatch=0).
 Every peer computes the same function as the minicavs model with the same weights (each script's docstring
 writes its equations and how minicavs' layout maps onto its framework's); Fixed-LSTM's peers are the LM
 scripts fed minicavs' 64-word windows.

@@ -36,7 +36,8 @@ def test_table_gives_medians_the_best_policy_over_dynet_and_the_paper_beside_inf
     text = ed_batch.table({"tree_gru": _result(per_core, machine, dynet)}, policies, 3, (3.5, 4.25))
     rows = {tuple(c.strip() for c in line.split("|")[1:5]): [c.strip() for c in line.split("|")[5:-1]]
             for line in text.splitlines() if line.startswith("| tree_gru")}
-    assert rows[("tree_gru", "trees", "inference", "per core")] == ["100", "50", "25", "2.00-4.00x (best cavs)", "1.46x"]
+    per_core_infer = ["100", "50", "25", "2.00-4.00x (best cavs)", "1.46x"]
+    assert rows[("tree_gru", "trees", "inference", "per core")] == per_core_infer
     assert rows[("tree_gru", "trees", "training", "per core")] == ["20", "40", "10", "2.00-4.00x (best fsm:S3)", ""]
     assert rows[("tree_gru", "trees", "inference", "machine")] == ["7", "8", "25", "0.28-0.32x (best fsm:S3)", "1.46x"]
     assert rows[("tree_gru", "trees", "training", "machine")][-2] == "0.50-0.90x (best fsm:S3)"
