@@ -90,6 +90,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="instead of the sweeps: ED-Batch's batching policies on every bundled model (tasks per "
                         "batch of 64 for cavs/depth, agenda, greedy, fsm S1-S3 and the lower bound, FSM learning "
                         "time, scheduling time); writes policies.md/.json/.png")
+    p.add_argument("--ed-batch", action="store_true",
+                   help="instead of the sweeps: ED-Batch's headline comparison, every ED-Batch workload under each "
+                        "policy against DyNet's autobatching (needs --dynet-python), training and inference, per "
+                        "core and machine; prints the table beside the paper's ratios, writes ed_batch.md/.json "
+                        "(--quick: three policies, one batch; --repeats: rounds, default 3, quick 2)")
+    p.add_argument("--ed-batch-models", nargs="+", default=None, metavar="MODEL",
+                   help="models for --ed-batch (default all eight)")
     p.add_argument("--policy-models", nargs="+", default=None,
                    help="models for --policies (default: every bundled model with a config, and the rows "
                         "tree_lstm_2type+outputs, lattice_lstm+outputs, lattice_gru+outputs: the same batches as "
@@ -173,6 +180,23 @@ def as_user(argv: list[str]) -> None:
     os.execve(sys.executable, [sys.executable, "-m", "minicavs", "bench", *argv], machine.user_env())
 
 
+def _ed_batch(args: argparse.Namespace) -> int:
+    from .ed_batch import MODELS as ED_MODELS, run_ed_batch
+    from .peers import missing
+    from ..train.config import ConfigError   # a bad flag: one line, exit 2
+    unknown = set(args.ed_batch_models or ()) - set(ED_MODELS)
+    if unknown:
+        raise ConfigError(f"--ed-batch-models: unknown {sorted(unknown)}; known: {', '.join(ED_MODELS)}")
+    if args.repeats is not None and args.repeats <= 0:
+        raise ConfigError(f"--repeats must be positive, got {args.repeats}")
+    why = missing(args.dynet_python, "dynet")
+    if why:
+        raise ConfigError(f"--ed-batch compares with DyNet: {why}")
+    print(run_ed_batch(args.ed_batch_models or ED_MODELS, args.dynet_python, Path(args.out), args.quick,
+                       args.repeats or (2 if args.quick else 3)))
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     import sys
     if args.as_user:
@@ -187,6 +211,8 @@ def run(args: argparse.Namespace) -> int:
         print(run_layout(Path(args.out), args.layout_hidden, 64, 2 if args.quick else 4,
                          args.repeats or (3 if args.quick else 7)))
         return 0
+    if args.ed_batch:
+        return _ed_batch(args)
     if args.policies:
         from .policies import OP_GRAPHS, WORKLOADS, run_policies
         if args.policy_batches <= 0:

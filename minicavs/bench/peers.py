@@ -11,9 +11,11 @@ Which peers each model has (:data:`PEERS`), by framework and mode::
     var_lstm     dynet_lstm_lm.py           torch_lstm_lm.py recursive    torch_lstm_lm.py packed (nn.LSTM)
     fixed_lstm   dynet_lstm_lm.py           torch_lstm_lm.py recursive    torch_lstm_lm.py packed (nn.LSTM)
 
-The BiLSTM tagger, the LSTM encoder-decoder and the lattice GRU have DyNet peers only
-(dynet_bilstm_tagger.py, dynet_lstm_nmt.py, dynet_lattice_gru.py), run by :func:`run` but not by the
-sweeps. DyNet also runs ``unbatched`` (autobatch=0).
+ED-Batch's other workloads have DyNet peers only, run by :func:`run` (and minicavs/bench/ed_batch.py) but
+not by the sweeps: the BiLSTM tagger, the LSTM encoder-decoder, the lattice GRU and LSTM
+(dynet_bilstm_tagger.py, dynet_lstm_nmt.py, dynet_lattice_gru.py, dynet_lattice_lstm.py), the Tree-GRU,
+the MV-RNN (dynet_tree_gru.py, dynet_mv_rnn.py) and TreeLSTM-2Type (dynet_tree_lstm.py, with kinds).
+DyNet also runs ``unbatched`` (autobatch=0).
 Every peer computes the same function as the minicavs model with the same weights (each script's docstring
 writes its equations and how minicavs' layout maps onto its framework's); Fixed-LSTM's peers are the LM
 scripts fed minicavs' 64-word windows.
@@ -37,11 +39,12 @@ SPEC.json (written by :func:`run`):
 - ``batch``, ``threads`` (PyTorch's intra-op threads; DyNet computes on one), ``optimizer``: minicavs'
   optimizer as ``{"name", **hyper()}`` (tools/torch_peer.py and tools/dynet_peer.py build the same rule);
 - ``weights``: an .npz of the trainer's parameters under minicavs' names and layout (rows @ W);
-- the data: ``trees`` inline (Tree-LSTM: children lists, leaf word ids, labels); ``children`` inline and
+- the data: ``trees`` inline (Tree-LSTM, Tree-GRU, MV-RNN, TreeLSTM-2Type: children lists, leaf word ids,
+  labels; ``kinds`` for TreeLSTM-2Type); ``children`` inline and
   ``data`` .npz with ``xs`` (trees x leaves x H) and ``ys`` (Tree-FC); ``data`` .npz with ``inputs`` and
   ``targets`` of all samples concatenated and ``ptr`` (sample offsets) (LMs; the BiLSTM tagger: words and
   tags); ``data`` with ``inputs`` and ``ptr`` and inline ``eos``, ``go`` (the LSTM encoder-decoder);
-  ``lattices`` inline (the lattice GRU: chars, words as [start, end, word id], labels).
+  ``lattices`` inline (the lattice GRU and LSTM: chars, words as [start, end, word id], labels).
 
 Output: the LAST line of the peer's stdout is one JSON object with
 
@@ -105,6 +108,9 @@ SCRIPTS = {   # (framework, model) -> (peer script, its modes: the default first
     ("dynet", "bilstm_tagger"): ("dynet_bilstm_tagger.py", _DYNET),
     ("dynet", "lstm_nmt"): ("dynet_lstm_nmt.py", _DYNET),
     ("dynet", "lattice_gru"): ("dynet_lattice_gru.py", _DYNET),
+    ("dynet", "lattice_lstm"): ("dynet_lattice_lstm.py", _DYNET),
+    ("dynet", "tree_gru"): ("dynet_tree_gru.py", _DYNET), ("dynet", "mv_rnn"): ("dynet_mv_rnn.py", _DYNET),
+    ("dynet", "tree_lstm_2type"): ("dynet_tree_lstm.py", _DYNET),
     ("pytorch", "tree_lstm"): ("torch_tree_lstm.py", ("level", "recursive")),
     ("pytorch", "tree_fc"): ("torch_tree_fc.py", ("level", "recursive")),
     ("pytorch", "var_lstm"): ("torch_lstm_lm.py", ("packed", "recursive")),
@@ -151,13 +157,16 @@ def same_loss(ours: float, theirs: float, rel: float = 1e-4) -> bool:
 
 
 def _trees(t: Trainer, limit: int | None = None) -> list:
-    """The trainer's SST trees as plain JSON for the peers: children, labels, leaf word ids."""
+    """The trainer's SST trees as plain JSON for the peers: children, labels, leaf word ids and, where the
+    model gives its vertices kinds (TreeLSTM-2Type), the kinds."""
     trees = []
     for tree in t.task.data["train"][:limit]:
-        _, ids, labels = t.task._prepared(tree)
+        graph, ids, labels = t.task._prepared(tree)
         leaves = [v for v, ch in enumerate(tree.children) if not ch]
         trees.append({"children": tree.children, "labels": labels.tolist(),
                       "words": {str(v): int(i) for v, i in zip(leaves, ids)}})
+        if graph.kinds is not None:
+            trees[-1]["kinds"] = list(graph.kinds)
     return trees
 
 
@@ -165,12 +174,12 @@ def _handover(t: Trainer, model: str, limit: int | None) -> tuple[dict, dict]:
     """(spec entries, .npz arrays by spec key) with the trainer's weights and its first ``limit`` samples."""
     arrays = {"weights": {k: to_host(p.value) for k, p in t.params.items()}}
     data = t.task.data["train"][:limit]
-    if model == "tree_lstm":
+    if model in ("tree_lstm", "tree_gru", "mv_rnn", "tree_lstm_2type"):
         return {"trees": _trees(t, limit)}, arrays
     if model == "tree_fc":
         arrays["data"] = {"xs": np.stack([x for x, _ in data]), "ys": np.array([y for _, y in data])}
         return {"children": t.task.tree.children}, arrays
-    if model == "lattice_gru":
+    if model in ("lattice_gru", "lattice_lstm"):
         return {"lattices": [{"chars": lat.chars.tolist(), "labels": lat.labels.tolist(),
                               "words": [[int(b), int(e), int(w)] for b, e, w in lat.words]}
                              for lat in data]}, arrays

@@ -12,6 +12,7 @@ import os
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from minicavs.bench import peers
@@ -121,7 +122,12 @@ def _trainer(model: str, hidden: int, batch: int, samples: int, leaves: int = 8,
             "fixed_lstm": ["data.synthetic.vocab=30", "model.embed=5", "model.dropout=0.0", "model.window=9"],
             "bilstm_tagger": ["model.vocab=12", "model.embed=5", "model.dropout=0.0", "data.synthetic.max_len=9"],
             "lstm_nmt": ["model.embed=5", "model.max_len=5"],
-            "lattice_gru": ["model.embed=5", "data.synthetic.max_len=12", "train.policy=cavs"]}
+            "lattice_gru": ["model.embed=5", "data.synthetic.max_len=12", "train.policy=cavs"],
+            "lattice_lstm": ["model.embed=5", "data.synthetic.max_len=12", "train.policy=cavs"],
+            "tree_gru": ["data.synthetic.vocab=50", "model.embed=6", "model.dropout=0.0", "train.weight_decay=0.0"],
+            "mv_rnn": ["data.synthetic.vocab=50", "model.dropout=0.0", "train.weight_decay=0.0"],
+            "tree_lstm_2type": ["data.synthetic.vocab=50", "model.embed=6", "model.dropout=0.0",
+                                "train.optimizer=adam", "train.lr=0.001", "train.weight_decay=0.0"]}
     over = sets[model] + [f"model.hidden={hidden}", f"train.batch_size={batch}", f"data.synthetic.train={samples}",
                           "data.dev=null"] + (["data.test=null"] if model != "tree_fc" else []) + list(extra)
     t = Trainer(load_config(models_dir() / f"{model}.yaml", over), run_dir=None)
@@ -132,7 +138,17 @@ def _trainer(model: str, hidden: int, batch: int, samples: int, leaves: int = 8,
 CASES = [(model, p) for model, listed in peers.PEERS.items() for p in listed] + \
     [("tree_fc", peers.Peer("dynet", "unbatched", "DyNet (no batching)"))] + \
     [(model, peers.Peer("dynet", "autobatch", "DyNet (autobatching)"))
-     for model in ("bilstm_tagger", "lstm_nmt", "lattice_gru")]
+     for model in ("bilstm_tagger", "lstm_nmt", "lattice_gru", "lattice_lstm", "tree_gru", "mv_rnn",
+                   "tree_lstm_2type")]
+
+
+def _scramble(t: Trainer, scale: float = 0.3) -> None:
+    """Every weight drawn anew, each of its own (at initialization some share their values, e.g. the two cell
+    types of TreeLSTM-2Type, and small weights leave a loss near log(classes) whatever a cell computes), so
+    that the loss check tells a peer's cells apart. Written into the arrays the model computes with."""
+    rng = np.random.default_rng(5)
+    for p in t.params.values():
+        p.value[...] = rng.normal(0.0, scale, p.value.shape)
 
 
 @pytest.mark.parametrize("model,peer", CASES, ids=[f"{m}-{p.framework}-{p.mode}" for m, p in CASES])
@@ -142,6 +158,7 @@ def test_peer_computes_minicavs_loss_and_reports_the_protocol(model, peer):
         pytest.skip(f"set {VARIABLE[peer.framework]} to a python with the {peer.framework} peers "
                     "(tools/setup_peers.sh)")
     t = _trainer(model, hidden=6, batch=3, samples=7)
+    _scramble(t)
     check = 4
     ours = peers.check_loss(t, check)
     out = peers.run(python, peer.framework, t, mode=peer.mode, epochs=2, check=check, inference=True, samples=7)
