@@ -110,3 +110,62 @@ def test_each_operand_is_its_buffer_as_the_runners_address_it(tmp_path):
         for name, accumulator in program.gradients.items():
             assert name in t.params and accumulator.shape == t.params[name].value.shape
     assert {"static", "tensor", "child", "scratch", "pgrad"} <= seen, seen
+
+
+PROTOCOL = {name for name in dir(Backend) if not name.startswith("_")}
+
+
+class OnlyTheProtocol(Backend):
+    """A device that answers only what the Backend protocol lists (forwarding to the device it wraps): anything
+    else the engine asks for is an AttributeError naming it, and is recorded in ``outside`` (a ``getattr`` with a
+    default would swallow the error: a probe)."""
+
+    def __init__(self, inner):
+        object.__setattr__(self, "_inner", inner)
+        object.__setattr__(self, "outside", [])
+
+    def __getattribute__(self, name):
+        if name.startswith("__") or name in ("_inner", "outside"):
+            return object.__getattribute__(self, name)
+        if name not in PROTOCOL:
+            object.__getattribute__(self, "outside").append(name)
+            raise AttributeError(f"the engine asked a device for {name!r}, which the Backend protocol does not list")
+        return getattr(object.__getattribute__(self, "_inner"), name)
+
+
+@pytest.mark.parametrize("runner, streaming", [("device", False), ("device", True), ("reference", False)])
+def test_the_engine_asks_a_device_only_what_the_protocol_lists(runner, streaming, tmp_path):
+    """A training step (forward, backward, the optimizer's update) and inference on a device that refuses every
+    attribute outside the Backend protocol: the same numbers as on the CPU itself."""
+    want = trainer("tree_lstm", tmp_path / "cpu")
+    got = trainer("tree_lstm", tmp_path / "strict")
+    got.model.device = OnlyTheProtocol(CPU)
+    samples = want.task.data["train"][:5]
+    for t in (want, got):
+        t.model.options = EngineOptions(runner=runner, streaming=streaming)
+        result = t.loss_and_grads(samples)
+        t.optimizer.step(result.grads, loss=result.loss)
+        t.result = result
+    assert got.result.loss == want.result.loss
+    for name in want.params:
+        np.testing.assert_array_equal(got.params[name].value, want.params[name].value, err_msg=name)
+    graphs, feeds = got.task.batch(samples)
+    got.model.infer(graphs, feeds, got.params, got.context(training=False))
+    assert not got.model.device.outside, got.model.device.outside
+
+
+@pytest.mark.parametrize("from_c", [True, False])
+def test_on_the_emulated_device_the_engine_asks_only_what_the_protocol_lists(cuda_standin, from_c, tmp_path):
+    """The same on the CUDA backend (the stand-in's arrays): the CUDA runner, or with ``issue_from_c`` off the
+    reference runner over the device's arrays (its index copies, row and fused kernels through the protocol)."""
+    from minicavs.cuda import Cuda
+    want = trainer("tree_lstm", tmp_path / "cpu")
+    got = trainer("tree_lstm", tmp_path / "strict", "train.device=cuda")
+    inner = Cuda(cuda_standin, issue_from_c=from_c)
+    got.model.device = OnlyTheProtocol(inner)
+    samples = want.task.data["train"][:4]
+    a, b = want.loss_and_grads(samples), got.loss_and_grads(samples)
+    assert abs(float(inner.to_host(b.loss)) - float(a.loss)) <= 1e-4 * max(1.0, abs(float(a.loss)))
+    for state in b.states.values():
+        assert state.program.runner == ("cuda runner" if from_c else "reference runner")
+    assert not got.model.device.outside, got.model.device.outside
