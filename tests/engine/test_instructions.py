@@ -643,6 +643,7 @@ def test_corrupted_offset_is_caught_by_the_debug_mode_not_a_crash():
         from minicavs.cpu import c_runner
         from minicavs.engine.compile import EngineOptions
         from minicavs.engine.executor import RunContext
+        from minicavs.engine.lowered import OPCODES_BY_ID
         from minicavs.runtime.inputs import InputGraph
         from tests import cells
         rng = np.random.default_rng(0)
