@@ -282,7 +282,17 @@ def merge_products(F: VertexFunction, pad_limit: int | None = None, weight_limit
             return n
         return make_node(n.op, inputs, n.attrs, n.name)
 
-    for out in F.outputs:   # depth first, without recursion: F can be deep
+    _rewrite(F.outputs, needs, build, new)
+    merged_F = F.rewritten(new[F.scattered] if F.scattered is not None else None,
+                           {name: new[node] for name, node in F.pushes.items()})
+    return merged_F, [built[i][0] for i in sorted(built)]
+
+
+
+def _rewrite(outputs, needs, build, new: dict) -> None:
+    """``new[n] = build(n)`` for every node the ``outputs`` need, after the nodes ``needs(n)`` names: depth
+    first, without recursion (F can be deep)."""
+    for out in outputs:
         stack = [out]
         while stack:
             n = stack[-1]
@@ -295,10 +305,6 @@ def merge_products(F: VertexFunction, pad_limit: int | None = None, weight_limit
                 continue
             stack.pop()
             new[n] = build(n)
-    merged_F = F.rewritten(new[F.scattered] if F.scattered is not None else None,
-                           {name: new[node] for name, node in F.pushes.items()})
-    return merged_F, [built[i][0] for i in sorted(built)]
-
 
 def _named(groups: list, users: dict | None = None) -> list[tuple]:
     """[(parameter names, bytes of the merged weight)] of the groups a planned buffer could serve: with
