@@ -136,21 +136,10 @@ def run(program, clock: np.ndarray | None = None) -> None:
     rows = table[:, 2].tolist()
     max_bs = max(rows, default=0)
     streaming = eager is not None and len(eager) > 0
-    entries = _Entries(bound, ex, _copier(program, rows, max_bs))
-    for i, operand in enumerate(program.operands):
-        if operand is None:   # (a block's own buffer, and no block runs: no address may stay)
-            if bound.held[i] is not None:
-                bound.clear(i)
-        elif operand.kind == "static":
-            entries.static(i, operand, lowered.task_keys is None or i < lowered.task_keys)
-        else:
-            entries.bind(i, operand.array, operand.elements, operand.ld, operand.transposed)
+    entries = _bind_entries(program, bound, ex, _copier(program, rows, max_bs))
     twin_cols = entries.twin_cols
-    tmp_rows = min(max_bs, SMALL_M_ROWS) if twin_cols else 0
+    tmp_rows = _twin_rows(program, max_bs, twin_cols)
     scratch = program.bound.scratch
-    if tmp_rows * twin_cols and scratch + tmp_rows * twin_cols > program.operands[n - 1].elements:
-        raise ValueError(f"C runner: {tmp_rows} x {twin_cols} transposed-product elements past a scratch of "
-                         f"{scratch} in an arena of {program.operands[n - 1].elements}")
     if entries.changed:
         bound.info[1], bound.info[2], bound.info[3] = bound.columns
     clock_ptr = ffi.NULL if clock is None else ex.ptr(clock)
@@ -178,13 +167,44 @@ def run(program, clock: np.ndarray | None = None) -> None:
         _raise_check(lowered, eager_err, "eager stream ")
     if rc:
         _raise_check(lowered, bound.err)
+    _release(bound, entries)
+    _TABLES[lowered] = bound
+
+
+def _bind_entries(program, bound: BufferTable, ex, copier) -> _Entries:
+    """Every operand of the bound program into the buffer table (a static through its copies, when
+    ``copier`` makes them); an entry no run of this program uses now holds no address."""
+    entries = _Entries(bound, ex, copier)
+    task_keys = program.lowered.task_keys
+    for i, operand in enumerate(program.operands):
+        if operand is None:   # (a block's own buffer, and no block runs: no address may stay)
+            if bound.held[i] is not None:
+                bound.clear(i)
+        elif operand.kind == "static":
+            entries.static(i, operand, task_keys is None or i < task_keys)
+        else:
+            entries.bind(i, operand.array, operand.elements, operand.ld, operand.transposed)
+    return entries
+
+
+def _twin_rows(program, max_bs: int, twin_cols: int) -> int:
+    """Rows of the transposed-product buffer past the scratch (0: no twin read), checked to fit the arena."""
+    tmp_rows = min(max_bs, SMALL_M_ROWS) if twin_cols else 0
+    scratch, arena = program.bound.scratch, program.operands[-1].elements
+    if tmp_rows * twin_cols and scratch + tmp_rows * twin_cols > arena:
+        raise ValueError(f"C runner: {tmp_rows} x {twin_cols} transposed-product elements past a scratch of "
+                         f"{scratch} in an arena of {arena}")
+    return tmp_rows
+
+
+def _release(bound: BufferTable, entries: _Entries) -> None:
+    """Forget the addresses of this run's transient arrays and copies (they die with the batch)."""
     if entries.copied:
         bound.release(bound.transient + entries.copied, np.array(bound.transient + entries.copied, np.intp))
     else:
         bound.release(bound.transient, bound.transient_at)
     if entries.twins:
         bound.info[4] = 0
-    _TABLES[lowered] = bound
 
 
 def _copier(program, rows: list, max_bs: int):
