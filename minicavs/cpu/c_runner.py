@@ -16,17 +16,18 @@ import numpy as np
 
 from ..core.errors import CheckError
 from ..engine.codegen.machine import OPS as OPCODES_IDS
-from . import interpreter as cpu_native
+from . import interpreter as c_interpreter
 from .library import library
 
 
-class NativeCheckError(CheckError):
-    """The interpreter's bounds check caught an instruction addressing outside its buffer."""
+class CRunnerCheckError(CheckError):
+    """The C runner's bounds check (debug mode, in its interpreter) caught an instruction addressing outside its
+    buffer."""
 
 
 def available(dtype) -> str | None:
     """Why the C runner cannot run ``dtype`` here (None: it can)."""
-    if cpu_native.interpreter(dtype) is None:
+    if c_interpreter.interpreter(dtype) is None:
         return "no compiler or BLAS"
     return None
 
@@ -127,7 +128,7 @@ def run(program, clock: np.ndarray | None = None) -> None:
     entry per opcode, and in all, last) the call adds each opcode's nanoseconds into (the device's
     ``opcode_clock``)."""
     lowered, table, eager = program.lowered, program.table, program.eager
-    ex = cpu_native.interpreter(program.dtype)
+    ex = c_interpreter.interpreter(program.dtype)
     ffi = ex.ffi
     n = len(program.operands)
     bound = _TABLES.pop(lowered, None)   # (taken: a run that fails leaves none behind)
@@ -325,7 +326,7 @@ def _raise_check(lowered, err: np.ndarray, stream: str = "") -> None:
     eager stream that failed)."""
     _, task, pc, operand = err.tolist()
     if operand == -4:
-        raise NativeCheckError(f"native {lowered.title}: task {task}: the eager stream failed")
+        raise CRunnerCheckError(f"C runner {lowered.title}: task {task}: the eager stream failed")
     where = lowered.text(pc) if 0 <= pc < len(lowered.code) else f"instruction {pc}"
-    raise NativeCheckError(f"native {lowered.title}: {stream}task {task}, instruction {pc} ({where}): operand "
-                           f"{lowered.operand_name(pc, operand)} is out of bounds or invalid")
+    raise CRunnerCheckError(f"C runner {lowered.title}: {stream}task {task}, instruction {pc} ({where}): operand "
+                            f"{lowered.operand_name(pc, operand)} is out of bounds or invalid")
