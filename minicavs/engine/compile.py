@@ -87,7 +87,7 @@ class EngineOptions:
     eager_batching: bool = True
     streaming: bool = False   # eager work on a second stream, task by task ahead of the recurrent path
     fusion: bool = True       # fused elementwise groups run as generated C kernels
-    gather_elision: bool = True   # a gather whose child rows are an evenly strided block reads a view
+    gather_elision: bool = True   # a gather whose child rows are evenly strided reads a view
     merge_gemms: bool = True      # products of F sharing a left operand run as one GEMM (passes/gemm.py)
     plan_layout: bool = True      # merged weights and biases as views of planned parameter buffers
     # (passes/layout.py): no weight copy per batch; the parameters become strided views of one buffer each,
@@ -133,7 +133,7 @@ _COMPILED: dict = {}   # field values -> the one EngineOptions instance ``compil
 
 @dataclass
 class Phases:
-    """Per phase (PRE, TASK, POST): the program and the values it reads that another phase computed."""
+    """Per phase (PRE, TASK, POST): the kind's steps and the values they read that another phase computed."""
 
     programs: list
     reads: list
@@ -172,7 +172,7 @@ def _phases(nodes, classes, leaves, opts: EngineOptions, eager_leaves=()) -> Pha
 
     A value with the vertex axis leading is stored in a dynamic tensor and can be read by any later phase;
     with fusion, an eager elementwise node that only feeds elementwise nodes joins its consumers' phase.
-    A row-dependent value without it (a transposed block, a partial parameter gradient) is only meaningful
+    A row-dependent value without it (a transposed column block, a partial parameter gradient) is only meaningful
     inside the phase that computed it, so it is computed in every phase that consumes it."""
     def own(n):
         c = classes[n]
@@ -192,7 +192,7 @@ def _phases(nodes, classes, leaves, opts: EngineOptions, eager_leaves=()) -> Pha
         elif cs and _product_block(n, users) and all(c.has_rows for c in cs):
             # A column block of a product read only through such blocks (a merged GEMM's, passes/gemm.py):
             # a view, taken again in each phase that reads it, so that the product is the one value stored
-            # across phases, as a cell's fused product is, not each block copied into a tensor of its own.
+            # across phases, as a cell's fused product is, not each column block copied into a tensor of its own.
             where[n] = set().union(*(where[c] for c in cs))
         elif n.has_rows or not cs:
             where[n] = {own(n)}

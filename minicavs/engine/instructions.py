@@ -1,6 +1,6 @@
 """The batch program: F and ∂F of every kind lowered to one instruction stream (VPPS's script), run by a runner.
 
-Per vertex kind and direction (F or ∂F) the kind's task program is lowered once to a *template*: fixed-width
+Per vertex kind and direction (F or ∂F) the kind's steps are lowered once to a *template*: fixed-width
 int64 instructions (codegen/machine.py's ``OPCODES``) whose addresses are relative to a task's rows (its offset
 in the kind's dynamic tensors, its offset in the scatter tensor, its children's rows through the kind's index
 arrays, the task's gather views). :func:`link` joins the kinds' templates into one program (a ``Lowered``).
@@ -16,7 +16,7 @@ The blocks before and after the task loop (eager and lazy batching: one block pe
 templates too, run as one task each of all the kind's rows (kind offset 0, scatter offset the kind's first
 scatter row; program.block_rows adds their rows before and after the task table), so one call runs a pass's
 blocks, tasks and blocks. A block reads and writes its kind's scatter rows through SROWS and SPUT: a view at
-the scatter offset, as a task's BIND, when the batch lays those rows out as one block (the cavs schedule of
+the scatter offset, as a task's BIND, when the batch lays those rows out contiguously (the cavs schedule of
 one kind, or of leaf/internal kinds); else (scatter offset -1: 2Type's and the lattice's kinds interleaved by
 height) rows copied in by the kind's row index (``srows``) and computed rows put back after the steps. So
 the contiguous case copies nothing, and the other needs no second template.
@@ -35,7 +35,7 @@ rows' part.
 A per-row value of any number of axes is a matrix of flat rows of prod(vshape) numbers, row-major (MV-RNN's
 (H, H) matrix per vertex: H² columns): a reshape keeping the row axis aliases the register (per-row
 registers are never transposed and their rows are contiguous), a slice, concat or unslice along axis 1 is a
-block of columns, a sum over the rows is SUMROWS over the flat columns, a fused group runs its kernel over
+column block, a sum over the rows is SUMROWS over the flat columns, a fused group runs its kernel over
 the flat rows (when each input broadcasts there as over its shape), a product with a per-row operand of
 three axes is BMM (one product per row, an operand either per-row or a static), and a per-row transpose of
 the last two axes is TRANSROWS, a copy: a flag would have to be honoured by every reader of the value (the
@@ -43,7 +43,7 @@ APPLY steps that share the kind's tensors, fused kernels, copies into stored ten
 every per-row value in the one layout they all assume.
 
 Registers: every value of a template is a register (pointer, row stride, transposed flag, buffer) set by the
-instruction that binds or computes it; views (row blocks, column slices, strided gathers, transposes,
+instruction that binds or computes it; views (contiguous rows, column slices, strided gathers, transposes,
 identities) only set registers, computed values get a region of the scratch arena (``off`` x the task's
 rows). Parameter gradients computed per task are added into accumulators zeroed per batch; one that a block
 alone computes is computed straight into its accumulator.
@@ -69,14 +69,14 @@ from .passes.layout import gradient_blocks
 
 
 class Unsupported(Exception):
-    """The lowering met a task program it cannot have made (a value read before anything binds it: a
+    """The lowering met steps it cannot have made (a value read before anything binds it: a
     compiler bug, not a user's op; every op lowers, APPLY the last resort)."""
 
 
 
 
 def _col_offset(node: Node) -> int:
-    """The first flat column of a block along axis 1 (a slice's, an unslice's): ``start`` entries of axis 1,
+    """The first flat column of a column block along axis 1 (a slice's, an unslice's): ``start`` entries of axis 1,
     each prod(shape[2:]) numbers of the flat row (1 for a 2-D value)."""
     return int(node.attrs["start"]) * _width(node.shape[2:])
 
@@ -85,7 +85,7 @@ def _dim(d) -> int:
     return -1 if d is None else int(d)
 
 
-# --- lowering a kind's task program -----------------------------------------------------------------------
+# --- lowering a kind's steps -------------------------------------------------------------------------------
 
 def _single_kernel(node: Node, device, singles: dict):
     """(group, kernel) of an elementwise node fusion left alone (``singles``: the function's, kept with it), or
@@ -218,7 +218,7 @@ def _lowering(t: Template, step, how: str) -> None:
 
 
 def _concat(t: Template, step, ins: list) -> None:
-    """A concat along axis 1: each input copied into its block of columns of a scratch value."""
+    """A concat along axis 1: each input copied into its column block of a scratch value."""
     node = step.outputs[0]
     out = t.scratch_reg(node)
     col = 0
@@ -230,7 +230,7 @@ def _concat(t: Template, step, ins: list) -> None:
 
 
 def _unslice(t: Template, step, source: int) -> None:
-    """A slice's gradient: zeros with the input copied into the slice's block of columns."""
+    """A slice's gradient: zeros with the input copied into the slice's column block."""
     node = step.outputs[0]
     out = t.scratch_reg(node)
     t.emit("ZERO", out, _rows(node), _cols(node))
@@ -366,8 +366,8 @@ def backward_template(fn, opts, device, phase: int = TASK, direct: bool = False)
 
 
 def _direct_gradients(t: Template, fn, phases, phase: int) -> None:
-    """The parameter gradients a block computes straight into their accumulators: each whole, or as blocks of
-    a merged product (passes/layout.gradient_blocks)."""
+    """The parameter gradients a block computes straight into their accumulators: each whole, or as column
+    blocks of a merged product (passes/layout.gradient_blocks)."""
     t.direct = {g: name for name, g in fn.param_grads.items() if phases.phase[g] == phase and not g.has_rows}
     t.direct_blocks = gradient_blocks(t.direct, phases.programs[phase])
     covered = {name for names in t.direct_blocks.values() for name, _, _ in names}
@@ -441,7 +441,7 @@ def _cotangents(t: Template, fn, phases, phase: int, b_stored: set) -> None:
 
 def _adjoints(t: Template, fn, phases, phase: int, elide: bool, into_children: bool) -> None:
     """The gathers' and pulls' gradients added into the children's scatter-gradient rows (ADJ) and the pull
-    gradients (PUT); ``into_children``: the task program computed them there already, so the ADJs are
+    gradients (PUT); ``into_children``: the kind's steps computed them there already, so the ADJs are
     skipped when the children are side by side."""
     grads = sorted(fn.leaf_grads.items(), key=lambda lg: fn.gather_slot.get(lg[0], len(fn.gathers)))
     if into_children:
@@ -451,7 +451,7 @@ def _adjoints(t: Template, fn, phases, phase: int, elide: bool, into_children: b
         if phases.phase[g] != phase:
             continue
         if g not in t.regs:
-            raise Unsupported(f"gradient {g.label()} is not computed by the task program")
+            raise Unsupported(f"gradient {g.label()} is not computed by the kind's steps")
         j = fn.gather_slot.get(leaf)
         if j is not None:
             message = fn.gather_messages[j]
@@ -470,7 +470,7 @@ def _parameter_gradients(t: Template, fn, phases, phase: int) -> None:
     for name, g in fn.param_grads.items():
         if phases.phase[g] == phase:
             if g not in t.regs:
-                raise Unsupported(f"gradient of '{name}' is not computed by the task program")
+                raise Unsupported(f"gradient of '{name}' is not computed by the kind's steps")
             if ("pgrad", name, "set") not in t.buffers and name not in covered_by_block:   # (else computed into it)
                 t.emit("GACC", t.buf(("pgrad", name)), t.regs[g], _rows(g), _cols(g))
             t.param_grads.append(name)
@@ -498,7 +498,7 @@ def _regather(t: Template, fn, cat: Node) -> None:
 
 def _children_gradient(fn, phases, inplace, concats) -> Node | None:
     """The value whose column blocks are the gathers' gradients, slot by slot (∂F of Tree-FC's [h_l; h_r]·W
-    is one product dY·Wᵀ), when the task program computes it into scratch: a task whose children are side by
+    is one product dY·Wᵀ), when the kind's steps compute it into scratch: a task whose children are side by
     side in a forest can compute it straight into their rows of the scatter gradient (CATVIEW), and the
     gathers' adjoints, copies of its column blocks there, are skipped."""
     k = len(fn.gathers)

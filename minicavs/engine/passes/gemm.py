@@ -113,8 +113,8 @@ def _acyclic(nodes, deps) -> bool:
 
 # What a merge costs and saves, measured per training step (batch 64, one BLAS thread, median process CPU
 # time of steps alternating off/on: OPENBLAS_NUM_THREADS=1 python tools/bench_merge_gemms.py --models ...
-# --pad-limit / --weight-limit): it saves GEMM calls, and costs a slice step per product (in the Python
-# interpreter a step costs about what a small GEMM call does), copies of the merged weight and its gradient
+# --pad-limit / --weight-limit): it saves GEMM calls, and costs a slice step per product (run in
+# Python, a step costs about what a small GEMM call does), copies of the merged weight and its gradient
 # every batch (0.05 ms for 256 x 1024), and, with padding, the flops on the zero blocks. The binary
 # Tree-LSTM's padded merge (20% zeros) lost 4-7% at hidden 64 and 128, 16% at 192, 13% at 512, and 10% of
 # the batch-1 forward latency at 128: no padding by default. An LSTM written one GEMM per gate (four
