@@ -253,8 +253,10 @@ def _width(shape) -> int:
     return int(math.prod(shape))
 
 
-def _steps(t: Template, program, statics: set, device, singles: dict, skip_concat: Node | None = None) -> None:
-    for step in program:
+def _steps(t: Template, steps: list, statics: set, device, singles: dict, skip_concat: Node | None = None) -> None:
+    """Each step's instructions in order; ``skip_concat``'s are skipped where the task's children are side by
+    side."""
+    for step in steps:
         if skip_concat is not None and step.outputs[0] is skip_concat:
             # the sibling concat: skipped when the task's children are side by side (CATVIEW bound it)
             mark = len(t.code)
@@ -342,7 +344,6 @@ def backward_template(fn, opts, device, phase: int = TASK, direct: bool = False)
     if direct and phase != TASK:
         _direct_gradients(t, fn, phases, phase)
     statics = set(fn.static_fwd) | set(fn.static_bwd)
-    program = phases.programs[phase]
     read = _backward_reads(fn, phases, phase, copied, b_stored)
     _bind_backward_inputs(t, fn, opts, device, phases, phase, read, placed.forward_stored, b_stored)
     _cotangents(t, fn, phases, phase, b_stored)
@@ -357,7 +358,7 @@ def backward_template(fn, opts, device, phase: int = TASK, direct: bool = False)
     if grad_cat is not None:
         message = fn.gather_messages[0]
         t.overlays[grad_cat] = ("CATVIEW", t.buf(("sgrad", message)), _width(message), len(fn.gathers), 1)
-    _steps(t, program, statics, device, _singles(fn, device))
+    _steps(t, phases.programs[phase], statics, device, _singles(fn, device))
     for node in copied:
         t.copy_to(("btensor", node), KIND_ROWS, _width(node.vshape), node)
     _adjoints(t, fn, phases, phase, opts.gather_elision and phase == TASK, grad_cat is not None)
