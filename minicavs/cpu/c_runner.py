@@ -16,17 +16,18 @@ import numpy as np
 
 from ..core.errors import CheckError
 from ..engine.codegen.machine import OPS as OPCODES_IDS
-from . import interpreter as cpu_native
+from . import interpreter as c_interpreter
 from .library import library
 
 
-class NativeCheckError(CheckError):
-    """The interpreter's bounds check caught an instruction addressing outside its buffer."""
+class CRunnerCheckError(CheckError):
+    """The C runner's bounds check (debug mode, in its interpreter) caught an instruction addressing outside its
+    buffer."""
 
 
 def available(dtype) -> str | None:
     """Why the C runner cannot run ``dtype`` here (None: it can)."""
-    if cpu_native.interpreter(dtype) is None:
+    if c_interpreter.interpreter(dtype) is None:
         return "no compiler or BLAS"
     return None
 
@@ -127,7 +128,7 @@ def run(program, clock: np.ndarray | None = None) -> None:
     entry per opcode, and in all, last) the call adds each opcode's nanoseconds into (the device's
     ``opcode_clock``)."""
     lowered, table, eager = program.lowered, program.table, program.eager
-    ex = cpu_native.interpreter(program.dtype)
+    ex = c_interpreter.interpreter(program.dtype)
     ffi = ex.ffi
     n = len(program.operands)
     bound = _TABLES.pop(lowered, None)   # (taken: a run that fails leaves none behind)
@@ -136,21 +137,10 @@ def run(program, clock: np.ndarray | None = None) -> None:
     rows = table[:, 2].tolist()
     max_bs = max(rows, default=0)
     streaming = eager is not None and len(eager) > 0
-    entries = _Entries(bound, ex, _copier(program, rows, max_bs))
-    for i, operand in enumerate(program.operands):
-        if operand is None:   # (a block's own buffer, and no block runs: no address may stay)
-            if bound.held[i] is not None:
-                bound.clear(i)
-        elif operand.kind == "static":
-            entries.static(i, operand, lowered.task_keys is None or i < lowered.task_keys)
-        else:
-            entries.bind(i, operand.array, operand.elements, operand.ld, operand.transposed)
+    entries = _bind_entries(program, bound, ex, _copier(program, rows, max_bs))
     twin_cols = entries.twin_cols
-    tmp_rows = min(max_bs, SMALL_M_ROWS) if twin_cols else 0
+    tmp_rows = _twin_rows(program, max_bs, twin_cols)
     scratch = program.bound.scratch
-    if tmp_rows * twin_cols and scratch + tmp_rows * twin_cols > program.operands[n - 1].elements:
-        raise ValueError(f"C runner: {tmp_rows} x {twin_cols} transposed-product elements past a scratch of "
-                         f"{scratch} in an arena of {program.operands[n - 1].elements}")
     if entries.changed:
         bound.info[1], bound.info[2], bound.info[3] = bound.columns
     clock_ptr = ffi.NULL if clock is None else ex.ptr(clock)
@@ -178,13 +168,44 @@ def run(program, clock: np.ndarray | None = None) -> None:
         _raise_check(lowered, eager_err, "eager stream ")
     if rc:
         _raise_check(lowered, bound.err)
+    _release(bound, entries)
+    _TABLES[lowered] = bound
+
+
+def _bind_entries(program, bound: BufferTable, ex, copier) -> _Entries:
+    """Every operand of the bound program into the buffer table (a static through its copies, when
+    ``copier`` makes them); an entry no run of this program uses now holds no address."""
+    entries = _Entries(bound, ex, copier)
+    task_keys = program.lowered.task_keys
+    for i, operand in enumerate(program.operands):
+        if operand is None:   # (a block's own buffer, and no block runs: no address may stay)
+            if bound.held[i] is not None:
+                bound.clear(i)
+        elif operand.kind == "static":
+            entries.static(i, operand, task_keys is None or i < task_keys)
+        else:
+            entries.bind(i, operand.array, operand.elements, operand.ld, operand.transposed)
+    return entries
+
+
+def _twin_rows(program, max_bs: int, twin_cols: int) -> int:
+    """Rows of the transposed-product buffer past the scratch (0: no twin read), checked to fit the arena."""
+    tmp_rows = min(max_bs, SMALL_M_ROWS) if twin_cols else 0
+    scratch, arena = program.bound.scratch, program.operands[-1].elements
+    if tmp_rows * twin_cols and scratch + tmp_rows * twin_cols > arena:
+        raise ValueError(f"C runner: {tmp_rows} x {twin_cols} transposed-product elements past a scratch of "
+                         f"{scratch} in an arena of {arena}")
+    return tmp_rows
+
+
+def _release(bound: BufferTable, entries: _Entries) -> None:
+    """Forget the addresses of this run's transient arrays and copies (they die with the batch)."""
     if entries.copied:
         bound.release(bound.transient + entries.copied, np.array(bound.transient + entries.copied, np.intp))
     else:
         bound.release(bound.transient, bound.transient_at)
     if entries.twins:
         bound.info[4] = 0
-    _TABLES[lowered] = bound
 
 
 def _copier(program, rows: list, max_bs: int):
@@ -305,7 +326,7 @@ def _raise_check(lowered, err: np.ndarray, stream: str = "") -> None:
     eager stream that failed)."""
     _, task, pc, operand = err.tolist()
     if operand == -4:
-        raise NativeCheckError(f"native {lowered.title}: task {task}: the eager stream failed")
+        raise CRunnerCheckError(f"C runner {lowered.title}: task {task}: the eager stream failed")
     where = lowered.text(pc) if 0 <= pc < len(lowered.code) else f"instruction {pc}"
-    raise NativeCheckError(f"native {lowered.title}: {stream}task {task}, instruction {pc} ({where}): operand "
-                           f"{lowered.operand_name(pc, operand)} is out of bounds or invalid")
+    raise CRunnerCheckError(f"C runner {lowered.title}: {stream}task {task}, instruction {pc} ({where}): operand "
+                            f"{lowered.operand_name(pc, operand)} is out of bounds or invalid")

@@ -107,7 +107,7 @@ def blas_threads() -> int:
     return max(1, int(fn())) if fn is not None else 1
 
 
-class NativeInterpreter:
+class CInterpreter:
     """The compiled interpreter for one element type, with its GEMM."""
 
     def __init__(self, c_type: str, lib, ffi, gemm: tuple):
@@ -128,7 +128,7 @@ class NativeInterpreter:
 
 
 @functools.lru_cache(maxsize=None)
-def interpreter(dtype) -> NativeInterpreter | None:
+def interpreter(dtype) -> CInterpreter | None:
     """The C runner for ``dtype`` (float32 / float64), or None (with one warning) when this process
     cannot build it: no C compiler, no BLAS."""
     import cffi
@@ -147,5 +147,5 @@ def interpreter(dtype) -> NativeInterpreter | None:
         return None
     ffi = cffi.FFI()
     ffi.cdef(interpreter_decls(c_type))
-    lib = ffi.dlopen(str(compiled(interpreter_source(c_type), cc, "native")))
-    return NativeInterpreter(c_type, lib, ffi, gemm)
+    lib = ffi.dlopen(str(compiled(interpreter_source(c_type), cc, "interpreter")))
+    return CInterpreter(c_type, lib, ffi, gemm)

@@ -94,8 +94,8 @@ class _Functions:
 class _Standin(_Functions):
     def __init__(self, device, c_type: str, tf32: bool):
         super().__init__(device, c_type, tf32)
-        from ..cpu import interpreter as cpu_native
-        blas = cpu_native.blas(c_type)
+        from ..cpu import interpreter as c_interpreter
+        blas = c_interpreter.blas(c_type)
         if blas is None:
             raise RuntimeError("the device stand-in's products need a CPU BLAS")
         self.ctx.blas, self.ctx.ilp64 = blas[0], int(blas[1])

@@ -167,7 +167,7 @@ def _scatter_grad(xp, compiled: list, plan: MemoryPlan, message: tuple, scatter,
 
 
 def _dense_where_tasks_read(compiled: list, active: list, opts, device, push_grads: dict) -> dict:
-    """Push gradients as the task loop needs them: dense where some kind's task program reads its rows (it
+    """Push gradients as the task loop needs them: dense where some kind's steps read its rows (it
     takes them task by task); elsewhere a row-sparse gradient (Tree-FC's: the roots' rows only) stays
     sparse, and the phase before or after the loop reads its few rows where they are (program.Buffers: the
     rows it lacks read as zeros)."""

@@ -32,7 +32,7 @@ from .passes.fusion import FusedGroup  # noqa: F401  (a plain data type the seam
 class Operand:
     """One buffer of a bound pass, resolved once by the binder (program.bind) for every runner: its array as the
     runners address it (C-contiguous; a static read transposed is its contiguous transpose with ``transposed``
-    set; a block of a planned parameter buffer is the span of memory it covers, read at ``ld``), the elements the
+    set; a column block of a planned parameter buffer is the span of memory it covers, read at ``ld``), the elements the
     pass may touch, the row stride, and for index arrays and the dropout table their host copy (``array`` is
     then the device's). ``kind`` is the buffer key's first item (``static``, ``tensor``, ``child``, ...)."""
 
@@ -100,7 +100,7 @@ class Backend:
 
     @contextlib.contextmanager
     def opcode_clock(self):
-        """Within the block, this device's runner adds the nanoseconds each opcode took (and in all, last)
+        """Within the ``with``, this device's runner adds the nanoseconds each opcode took (and in all, last)
         into the yielded int64 array, one entry per opcode of ``codegen.machine.OPS``; a runner without a
         clock leaves it zero. Profiling (``minicavs bench``'s breakdown), not for training."""
         yield np.zeros(len(OPS) + 1, np.int64)

@@ -87,7 +87,7 @@ class EngineOptions:
     eager_batching: bool = True
     streaming: bool = False   # eager work on a second stream, task by task ahead of the recurrent path
     fusion: bool = True       # fused elementwise groups run as generated C kernels
-    gather_elision: bool = True   # a gather whose child rows are an evenly strided block reads a view
+    gather_elision: bool = True   # a gather whose child rows are evenly strided reads a view
     merge_gemms: bool = True      # products of F sharing a left operand run as one GEMM (passes/gemm.py)
     plan_layout: bool = True      # merged weights and biases as views of planned parameter buffers
     # (passes/layout.py): no weight copy per batch; the parameters become strided views of one buffer each,
@@ -133,7 +133,7 @@ _COMPILED: dict = {}   # field values -> the one EngineOptions instance ``compil
 
 @dataclass
 class Phases:
-    """Per phase (PRE, TASK, POST): the program and the values it reads that another phase computed."""
+    """Per phase (PRE, TASK, POST): the kind's steps and the values they read that another phase computed."""
 
     programs: list
     reads: list
@@ -172,7 +172,7 @@ def _phases(nodes, classes, leaves, opts: EngineOptions, eager_leaves=()) -> Pha
 
     A value with the vertex axis leading is stored in a dynamic tensor and can be read by any later phase;
     with fusion, an eager elementwise node that only feeds elementwise nodes joins its consumers' phase.
-    A row-dependent value without it (a transposed block, a partial parameter gradient) is only meaningful
+    A row-dependent value without it (a transposed column block, a partial parameter gradient) is only meaningful
     inside the phase that computed it, so it is computed in every phase that consumes it."""
     def own(n):
         c = classes[n]
@@ -192,7 +192,7 @@ def _phases(nodes, classes, leaves, opts: EngineOptions, eager_leaves=()) -> Pha
         elif cs and _product_block(n, users) and all(c.has_rows for c in cs):
             # A column block of a product read only through such blocks (a merged GEMM's, passes/gemm.py):
             # a view, taken again in each phase that reads it, so that the product is the one value stored
-            # across phases, as a cell's fused product is, not each block copied into a tensor of its own.
+            # across phases, as a cell's fused product is, not each column block copied into a tensor of its own.
             where[n] = set().union(*(where[c] for c in cs))
         elif n.has_rows or not cs:
             where[n] = {own(n)}
@@ -248,12 +248,28 @@ class CompiledFunction:
         self.fwd_class = classify(g.nodes, self.gathers.values(),
                                   [] if self.scattered is None else [self.scattered])
 
-        # ∂F: cotangents of scatter and pushes in; gradients of gathers, pulls and parameters out.
+        self._differentiate(F, pull_grads)
+        # Where each value lives (passes/alias.py): the scatter tensor, the pull buffers, or a dynamic tensor.
+        bwd_inputs = {x for n in self.row_bwd for x in n.inputs}
+        self.scatter_message = alias.scatter_message(self.scattered)   # the scatter tensor it writes
+        self.gather_messages = alias.gather_messages(self.gathers)       # the scatter tensor each gather reads
+        self.gather_concat = alias.gather_concat(self.row_fwd, list(self.gathers.values()))
+        self.scatter_source = alias.scatter_source(self.scattered)
+        self.scatter_parts = alias.scatter_parts(self.scattered, bwd_inputs)
+        self.scatter_columns = alias.scatter_parts(self.scattered, set(g.nodes))   # every part, whoever reads it
+        self.pull_reads = alias.pull_reads(self.pulls, bwd_inputs)
+        self.fwd_tensors = alias.forward_tensors(g.nodes, bwd_inputs, self.scatter_parts, self.pull_reads)
+        self._phases: dict = {}
+        self._derived: dict = {}
+
+    def _differentiate(self, F: VertexFunction, pull_grads) -> None:
+        """∂F: cotangents of scatter and pushes in; gradients of gathers, pulls and parameters out; its nodes
+        split into the static ones (once per batch) and those that run over vertices, each classified."""
         outs = list(F.outputs)
         self.ct = {o: input_node(o.shape, o.dtype, name=f"d{o.name}") for o in outs}
         wrt_leaves = list(self.gathers.values()) + [p for name, p in self.pulls.items() if p.dtype.is_float
                                                     and (pull_grads is None or name in pull_grads)]
-        params = [p for p in g.params if trainable(p)]   # a frozen parameter gets no gradient
+        params = [p for p in F.graph.params if trainable(p)]   # a frozen parameter gets no gradient
         grads = grad(outs, wrt_leaves + params, [self.ct[o] for o in outs], zeros=False)
         self.leaf_grads = {leaf: gn for leaf, gn in zip(wrt_leaves, grads) if gn is not None}
         self.param_grads = {p.name: gn for p, gn in zip(params, grads[len(wrt_leaves):]) if gn is not None}
@@ -273,18 +289,6 @@ class CompiledFunction:
         ct_scatter = [self.ct[self.scattered]] if self.scattered is not None else []
         gather_grads = [self.leaf_grads[gn] for gn in self.gathers.values() if gn in self.leaf_grads]
         self.bwd_class = classify([c for c in self.ct.values()] + self.row_bwd, ct_scatter, gather_grads)
-        # Where each value lives (passes/alias.py): the scatter tensor, the pull buffers, or a dynamic tensor.
-        bwd_inputs = {x for n in self.row_bwd for x in n.inputs}
-        self.scatter_message = alias.scatter_message(self.scattered)   # the scatter tensor it writes
-        self.gather_messages = alias.gather_messages(self.gathers)       # the scatter tensor each gather reads
-        self.gather_concat = alias.gather_concat(self.row_fwd, list(self.gathers.values()))
-        self.scatter_source = alias.scatter_source(self.scattered)
-        self.scatter_parts = alias.scatter_parts(self.scattered, bwd_inputs)
-        self.scatter_columns = alias.scatter_parts(self.scattered, set(g.nodes))   # every part, whoever reads it
-        self.pull_reads = alias.pull_reads(self.pulls, bwd_inputs)
-        self.fwd_tensors = alias.forward_tensors(g.nodes, bwd_inputs, self.scatter_parts, self.pull_reads)
-        self._phases: dict = {}
-        self._derived: dict = {}
 
     def derived(self, key: tuple, make):
         """What a later stage derives from this function once (a template, its single kernels, the copy

@@ -1,5 +1,5 @@
 """Static graphs run once: ``Executor`` compiles a graph into a list of steps (compile.Step) and runs them
-with program.run_steps, the interpreter of static graphs (the loss, the model's graphs around the vertex
+with program.run_steps, the step runner of static graphs (the loss, the model's graphs around the vertex
 functions); the reference the fused paths are checked against."""
 from __future__ import annotations
 

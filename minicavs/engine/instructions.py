@@ -1,6 +1,6 @@
 """The batch program: F and ∂F of every kind lowered to one instruction stream (VPPS's script), run by a runner.
 
-Per vertex kind and direction (F or ∂F) the kind's task program is lowered once to a *template*: fixed-width
+Per vertex kind and direction (F or ∂F) the kind's steps are lowered once to a *template*: fixed-width
 int64 instructions (codegen/machine.py's ``OPCODES``) whose addresses are relative to a task's rows (its offset
 in the kind's dynamic tensors, its offset in the scatter tensor, its children's rows through the kind's index
 arrays, the task's gather views). :func:`link` joins the kinds' templates into one program (a ``Lowered``).
@@ -16,7 +16,7 @@ The blocks before and after the task loop (eager and lazy batching: one block pe
 templates too, run as one task each of all the kind's rows (kind offset 0, scatter offset the kind's first
 scatter row; program.block_rows adds their rows before and after the task table), so one call runs a pass's
 blocks, tasks and blocks. A block reads and writes its kind's scatter rows through SROWS and SPUT: a view at
-the scatter offset, as a task's BIND, when the batch lays those rows out as one block (the cavs schedule of
+the scatter offset, as a task's BIND, when the batch lays those rows out contiguously (the cavs schedule of
 one kind, or of leaf/internal kinds); else (scatter offset -1: 2Type's and the lattice's kinds interleaved by
 height) rows copied in by the kind's row index (``srows``) and computed rows put back after the steps. So
 the contiguous case copies nothing, and the other needs no second template.
@@ -35,7 +35,7 @@ rows' part.
 A per-row value of any number of axes is a matrix of flat rows of prod(vshape) numbers, row-major (MV-RNN's
 (H, H) matrix per vertex: H² columns): a reshape keeping the row axis aliases the register (per-row
 registers are never transposed and their rows are contiguous), a slice, concat or unslice along axis 1 is a
-block of columns, a sum over the rows is SUMROWS over the flat columns, a fused group runs its kernel over
+column block, a sum over the rows is SUMROWS over the flat columns, a fused group runs its kernel over
 the flat rows (when each input broadcasts there as over its shape), a product with a per-row operand of
 three axes is BMM (one product per row, an operand either per-row or a static), and a per-row transpose of
 the last two axes is TRANSROWS, a copy: a flag would have to be honoured by every reader of the value (the
@@ -43,7 +43,7 @@ APPLY steps that share the kind's tensors, fused kernels, copies into stored ten
 every per-row value in the one layout they all assume.
 
 Registers: every value of a template is a register (pointer, row stride, transposed flag, buffer) set by the
-instruction that binds or computes it; views (row blocks, column slices, strided gathers, transposes,
+instruction that binds or computes it; views (contiguous rows, column slices, strided gathers, transposes,
 identities) only set registers, computed values get a region of the scratch arena (``off`` x the task's
 rows). Parameter gradients computed per task are added into accumulators zeroed per batch; one that a block
 alone computes is computed straight into its accumulator.
@@ -69,14 +69,14 @@ from .passes.layout import gradient_blocks
 
 
 class Unsupported(Exception):
-    """The lowering met a task program it cannot have made (a value read before anything binds it: a
+    """The lowering met steps it cannot have made (a value read before anything binds it: a
     compiler bug, not a user's op; every op lowers, APPLY the last resort)."""
 
 
 
 
 def _col_offset(node: Node) -> int:
-    """The first flat column of a block along axis 1 (a slice's, an unslice's): ``start`` entries of axis 1,
+    """The first flat column of a column block along axis 1 (a slice's, an unslice's): ``start`` entries of axis 1,
     each prod(shape[2:]) numbers of the flat row (1 for a 2-D value)."""
     return int(node.attrs["start"]) * _width(node.shape[2:])
 
@@ -85,7 +85,7 @@ def _dim(d) -> int:
     return -1 if d is None else int(d)
 
 
-# --- lowering a kind's task program -----------------------------------------------------------------------
+# --- lowering a kind's steps -------------------------------------------------------------------------------
 
 def _single_kernel(node: Node, device, singles: dict):
     """(group, kernel) of an elementwise node fusion left alone (``singles``: the function's, kept with it), or
@@ -179,6 +179,12 @@ def _step(t: Template, step, statics: set, device, singles: dict) -> None:
         if single is None or not _kernel_step(t, *single, single[0].inputs, single[0].outputs):
             _apply(t, step)
         return
+    _lowering(t, step, how)
+
+
+def _lowering(t: Template, step, how: str) -> None:
+    """The instructions of the op's own lowering ``how`` (OpDef.native: the opcode that computes it)."""
+    node = step.outputs[0]
     ins = [t.regs[x] for x in step.inputs]
     if how == "cols":
         t.emit("COLS", t.reg(node), ins[0], _col_offset(node))
@@ -194,45 +200,63 @@ def _step(t: Template, step, statics: set, device, singles: dict) -> None:
             t.emit("TRANSROWS", t.scratch_reg(node), ins[0], rows, cols)
     elif how == "bmm":
         a, b = step.inputs[:2]
-        out = t.scratch_reg(node)
-        t.emit("BMM", out, ins[0], ins[1], node.shape[1], node.shape[2], a.shape[-1], int(a.has_rows),
-               int(b.has_rows))
+        t.emit("BMM", t.scratch_reg(node), ins[0], ins[1], node.shape[1], node.shape[2], a.shape[-1],
+               int(a.has_rows), int(b.has_rows))
     elif how == "gemm":
-        a, b = step.inputs[:2]
-        out = t.scratch_reg(node)
+        a = step.inputs[0]
         bias = ins[2] if len(ins) > 2 else -1
-        t.emit("GEMM", out, ins[0], ins[1], _dim(node.shape[0]), _dim(node.shape[1]), _dim(a.shape[1]), bias)
+        t.emit("GEMM", t.scratch_reg(node), ins[0], ins[1], _dim(node.shape[0]), _dim(node.shape[1]),
+               _dim(a.shape[1]), bias)
     elif how == "concat":
-        out = t.scratch_reg(node)
-        col = 0
-        for x, r in zip(step.inputs, ins):
-            part = t.reg(name=f"{t.reg_names[out]}[:, {col}:]")
-            t.emit("COLS", part, out, col)
-            t.emit("COPY", part, r, _rows(node), _cols(x))
-            col += _cols(x)
+        _concat(t, step, ins)
     elif how == "unslice":
-        out = t.scratch_reg(node)
-        t.emit("ZERO", out, _rows(node), _cols(node))
-        part = t.reg(name=f"{t.reg_names[out]}[:, {_col_offset(node)}:]")
-        t.emit("COLS", part, out, _col_offset(node))
-        t.emit("COPY", part, ins[0], _rows(node), _cols(step.inputs[0]))
+        _unslice(t, step, ins[0])
     elif how == "sum_rows":
-        x = step.inputs[0]
-        if x.has_rows and _width(node.shape) != _cols(x):   # (not a sum over the rows alone)
-            _apply(t, step)
-            return
-        out = t.scratch_reg(node)   # (one flat row: a static result keeps the row-major layout)
-        t.emit("SUMROWS", out, ins[0], _dim(x.shape[0]), _cols(x))
+        _sum_rows(t, step, ins[0])
     else:
         raise Unsupported(f"{node.label()}: unknown native lowering {how!r}")
+
+
+def _concat(t: Template, step, ins: list) -> None:
+    """A concat along axis 1: each input copied into its column block of a scratch value."""
+    node = step.outputs[0]
+    out = t.scratch_reg(node)
+    col = 0
+    for x, r in zip(step.inputs, ins):
+        part = t.reg(name=f"{t.reg_names[out]}[:, {col}:]")
+        t.emit("COLS", part, out, col)
+        t.emit("COPY", part, r, _rows(node), _cols(x))
+        col += _cols(x)
+
+
+def _unslice(t: Template, step, source: int) -> None:
+    """A slice's gradient: zeros with the input copied into the slice's column block."""
+    node = step.outputs[0]
+    out = t.scratch_reg(node)
+    t.emit("ZERO", out, _rows(node), _cols(node))
+    part = t.reg(name=f"{t.reg_names[out]}[:, {_col_offset(node)}:]")
+    t.emit("COLS", part, out, _col_offset(node))
+    t.emit("COPY", part, source, _rows(node), _cols(step.inputs[0]))
+
+
+def _sum_rows(t: Template, step, source: int) -> None:
+    """A sum over the rows alone is SUMROWS over the flat columns; any other sum is an APPLY."""
+    node, x = step.outputs[0], step.inputs[0]
+    if x.has_rows and _width(node.shape) != _cols(x):
+        _apply(t, step)
+        return
+    out = t.scratch_reg(node)   # (one flat row: a static result keeps the row-major layout)
+    t.emit("SUMROWS", out, source, _dim(x.shape[0]), _cols(x))
 
 
 def _width(shape) -> int:
     return int(math.prod(shape))
 
 
-def _steps(t: Template, program, statics: set, device, singles: dict, skip_concat: Node | None = None) -> None:
-    for step in program:
+def _steps(t: Template, steps: list, statics: set, device, singles: dict, skip_concat: Node | None = None) -> None:
+    """Each step's instructions in order; ``skip_concat``'s are skipped where the task's children are side by
+    side."""
+    for step in steps:
         if skip_concat is not None and step.outputs[0] is skip_concat:
             # the sibling concat: skipped when the task's children are side by side (CATVIEW bound it)
             mark = len(t.code)
@@ -314,22 +338,58 @@ def backward_template(fn, opts, device, phase: int = TASK, direct: bool = False)
     writes): each is computed straight into its accumulator (which then needs no zeros, no GACC)."""
     phases = fn.phases(opts, device).backward
     placed = fn.placement(opts, device, True)
-    f_stored, b_stored = placed.forward_stored, placed.backward_stored
     inplace, copied, concats = placed.backward[phase]
-    b_stored = set(b_stored)
+    b_stored = set(placed.backward_stored)
     t = Template(fn.F.name, phase)
     if direct and phase != TASK:
-        t.direct = {g: name for name, g in fn.param_grads.items() if phases.phase[g] == phase and not g.has_rows}
-        t.direct_blocks = gradient_blocks(t.direct, phases.programs[phase])
-        covered = {name for names in t.direct_blocks.values() for name, _, _ in names}
-        t.direct = {g: name for g, name in t.direct.items() if name not in covered}
+        _direct_gradients(t, fn, phases, phase)
     statics = set(fn.static_fwd) | set(fn.static_bwd)
-    program = phases.programs[phase]
-    read = {x for step in program for x in step.inputs}
+    read = _backward_reads(fn, phases, phase, copied, b_stored)
+    _bind_backward_inputs(t, fn, opts, device, phases, phase, read, placed.forward_stored, b_stored)
+    _cotangents(t, fn, phases, phase, b_stored)
+    for node in inplace:
+        t.bind(node, ("btensor", node), KIND_ROWS, 0, _width(node.vshape))
+    for c, parts in concats:
+        if c not in t.regs:
+            t.scratch_reg(c)
+        for m, a, _ in parts:
+            t.emit("COLS", t.reg(m), t.regs[c], a)
+    grad_cat = _children_gradient(fn, phases, inplace, concats) if opts.gather_elision and phase == TASK else None
+    if grad_cat is not None:
+        message = fn.gather_messages[0]
+        t.overlays[grad_cat] = ("CATVIEW", t.buf(("sgrad", message)), _width(message), len(fn.gathers), 1)
+    _steps(t, phases.programs[phase], statics, device, _singles(fn, device))
+    for node in copied:
+        t.copy_to(("btensor", node), KIND_ROWS, _width(node.vshape), node)
+    _adjoints(t, fn, phases, phase, opts.gather_elision and phase == TASK, grad_cat is not None)
+    _parameter_gradients(t, fn, phases, phase)
+    return t
+
+
+def _direct_gradients(t: Template, fn, phases, phase: int) -> None:
+    """The parameter gradients a block computes straight into their accumulators: each whole, or as column
+    blocks of a merged product (passes/layout.gradient_blocks)."""
+    t.direct = {g: name for name, g in fn.param_grads.items() if phases.phase[g] == phase and not g.has_rows}
+    t.direct_blocks = gradient_blocks(t.direct, phases.programs[phase])
+    covered = {name for names in t.direct_blocks.values() for name, _, _ in names}
+    t.direct = {g: name for g, name in t.direct.items() if name not in covered}
+
+
+def _backward_reads(fn, phases, phase: int, copied, b_stored: set) -> set:
+    """What ∂F's program of ``phase`` reads: its steps' inputs, the values it copies out, its gradients and the
+    cotangents kept for a later phase."""
+    read = {x for step in phases.programs[phase] for x in step.inputs}
     read.update(x for x in copied)
     read.update(g for leaf, g in fn.leaf_grads.items() if phases.phase[g] == phase)
     read.update(g for g in fn.param_grads.values() if phases.phase[g] == phase)
     read.update(ct for out, ct in fn.ct.items() if phases.phase[ct] == phase and ct in b_stored)
+    return read
+
+
+def _bind_backward_inputs(t: Template, fn, opts, device, phases, phase: int, read: set, f_stored,
+                          b_stored: set) -> None:
+    """Registers for the forward values ∂F reads: F's stored tensors, the gathers again (the lazy phase), the
+    scattered value's parts, the pulls, ∂F's own stored tensors and the scattered value's cotangent."""
     bound = set()
     for node in f_stored:
         if node in read:
@@ -341,12 +401,11 @@ def backward_template(fn, opts, device, phase: int = TASK, direct: bool = False)
             if cat in read:
                 _regather(t, fn, cat)
             bound.add(cat)
-    if fn.scatter_parts:
-        for x, (a, b) in fn.scatter_parts.items():
-            if x not in bound:
-                if x in read:
-                    t.scatter_view(x, ("scatter", smsg), a, _width(smsg))
-                bound.add(x)
+    for x, (a, b) in (fn.scatter_parts or {}).items():
+        if x not in bound:
+            if x in read:
+                t.scatter_view(x, ("scatter", smsg), a, _width(smsg))
+            bound.add(x)
     for name, x in fn.pull_reads.items():
         if x not in bound:
             if x in read:
@@ -358,6 +417,12 @@ def backward_template(fn, opts, device, phase: int = TASK, direct: bool = False)
             t.bind(x, ("btensor", x), KIND_ROWS, 0, _width(x.vshape))
         elif x in lazy and x not in bound and x in read:   # the scattered value's cotangent, from the scatter gradient
             t.scatter_view(x, ("sgrad", smsg), lazy[x][0], _width(smsg))
+
+
+def _cotangents(t: Template, fn, phases, phase: int, b_stored: set) -> None:
+    """Registers for the cotangents of F's outputs: the scatter gradient's rows, or the push gradients taken
+    (straight into ∂F's stored tensor where a later phase reads them)."""
+    smsg = fn.scatter_message
     for out, ct in fn.ct.items():
         if phases.phase[ct] != phase:
             continue
@@ -373,48 +438,43 @@ def backward_template(fn, opts, device, phase: int = TASK, direct: bool = False)
             t.take(ct, ("pushgrad", out.name), _width(ct.vshape), ("pushrows", out.name))
         if ct in b_stored:
             t.copy_to(("btensor", ct), KIND_ROWS, _width(ct.vshape), ct)
-    for node in inplace:
-        t.bind(node, ("btensor", node), KIND_ROWS, 0, _width(node.vshape))
-    for c, parts in concats:
-        if c not in t.regs:
-            t.scratch_reg(c)
-        for m, a, _ in parts:
-            t.emit("COLS", t.reg(m), t.regs[c], a)
-    grad_cat = _children_gradient(fn, phases, inplace, concats) if opts.gather_elision and phase == TASK else None
-    if grad_cat is not None:
-        message = fn.gather_messages[0]
-        t.overlays[grad_cat] = ("CATVIEW", t.buf(("sgrad", message)), _width(message), len(fn.gathers), 1)
-    _steps(t, program, statics, device, _singles(fn, device))
-    for node in copied:
-        t.copy_to(("btensor", node), KIND_ROWS, _width(node.vshape), node)
+
+
+def _adjoints(t: Template, fn, phases, phase: int, elide: bool, into_children: bool) -> None:
+    """The gathers' and pulls' gradients added into the children's scatter-gradient rows (ADJ) and the pull
+    gradients (PUT); ``into_children``: the kind's steps computed them there already, so the ADJs are
+    skipped when the children are side by side."""
     grads = sorted(fn.leaf_grads.items(), key=lambda lg: fn.gather_slot.get(lg[0], len(fn.gathers)))
-    if grad_cat is not None:   # the gradient was computed straight into the children's rows: no adjoints
+    if into_children:
         t.emit("SKIP_IF_CAT", len(fn.gathers), 1)
         skip_at = len(t.code)
     for leaf, g in grads:
         if phases.phase[g] != phase:
             continue
         if g not in t.regs:
-            raise Unsupported(f"gradient {g.label()} is not computed by the task program")
+            raise Unsupported(f"gradient {g.label()} is not computed by the kind's steps")
         j = fn.gather_slot.get(leaf)
         if j is not None:
             message = fn.gather_messages[j]
-            t.emit("ADJ", t.buf(("sgrad", message)), _width(message), t.buf(("child", j)), j,
-                   int(opts.gather_elision and phase == TASK), t.regs[g], _cols(g))
+            t.emit("ADJ", t.buf(("sgrad", message)), _width(message), t.buf(("child", j)), j, int(elide),
+                   t.regs[g], _cols(g))
         else:
             t.emit("PUT", t.buf(("pullgrad", leaf.name)), _width(leaf.vshape), t.buf(("pullrows", leaf.name)),
                    t.regs[g], _cols(g))
-    if grad_cat is not None:
+    if into_children:
         assert [c[0] for c in t.code[skip_at:skip_at + len(fn.gathers)]] == ["ADJ"] * len(fn.gathers)
+
+
+def _parameter_gradients(t: Template, fn, phases, phase: int) -> None:
+    """Each parameter gradient of ``phase`` added into its accumulator (GACC), unless computed into it."""
     covered_by_block = {name for names in t.direct_blocks.values() for name, _, _ in names}
     for name, g in fn.param_grads.items():
         if phases.phase[g] == phase:
             if g not in t.regs:
-                raise Unsupported(f"gradient of '{name}' is not computed by the task program")
+                raise Unsupported(f"gradient of '{name}' is not computed by the kind's steps")
             if ("pgrad", name, "set") not in t.buffers and name not in covered_by_block:   # (else computed into it)
                 t.emit("GACC", t.buf(("pgrad", name)), t.regs[g], _rows(g), _cols(g))
             t.param_grads.append(name)
-    return t
 
 
 def _regather(t: Template, fn, cat: Node) -> None:
@@ -439,7 +499,7 @@ def _regather(t: Template, fn, cat: Node) -> None:
 
 def _children_gradient(fn, phases, inplace, concats) -> Node | None:
     """The value whose column blocks are the gathers' gradients, slot by slot (∂F of Tree-FC's [h_l; h_r]·W
-    is one product dY·Wᵀ), when the task program computes it into scratch: a task whose children are side by
+    is one product dY·Wᵀ), when the kind's steps compute it into scratch: a task whose children are side by
     side in a forest can compute it straight into their rows of the scatter gradient (CATVIEW), and the
     gathers' adjoints, copies of its column blocks there, are skipped."""
     k = len(fn.gathers)
@@ -489,16 +549,46 @@ def link(compiled: list, kind_ids: list, opts, device, backward: bool, training:
         return hit[1]
     n_kinds = len(compiled)
     templates = [template(compiled[kind_id], opts, device, backward, training) for kind_id in kind_ids]
-    template_ids = list(kind_ids)
-    # the blocks before and after the task loop (their order matters: a kind's lazy block reads gradients
-    # another kind's lazy block may add); a parameter gradient that one block alone computes is computed
-    # straight into its accumulator
-    blocks = []
+    blocks = _block_templates(compiled, kind_ids, opts, device, backward, training)
+    ntask = len(templates)
+    templates += [t for _, _, t in blocks]
+    template_ids = list(kind_ids) + [tid for tid, _, _ in blocks]
+    joined = _Joined(n_kinds)
+    for i, (tid, t) in enumerate(zip(template_ids, templates)):
+        if i == ntask:
+            joined.task_keys = len(joined.keys)
+        joined.append(tid, t)
+    if len(templates) == ntask:
+        joined.task_keys = len(joined.keys)
+    kernels = joined.kernels
+    lowered = Lowered("∂F" if backward else "F", template_ids, templates,
+                      np.array(joined.code, np.int64).reshape(-1, WIDTH), np.array(joined.pool or [0], np.int64),
+                      joined.ranges, list(joined.keys) + [("scratch",)],
+                      np.array([getattr(k, "address", 0) for k in kernels] or [0], np.int64),
+                      max((len(t.reg_names) for t in templates), default=1),
+                      max((t.scratch for t in templates[:ntask]), default=0),
+                      max((t.fixed for t in templates), default=0),
+                      blocks=[_block_info(tid, kind_id, t, compiled[kind_id], opts, backward)
+                              for tid, kind_id, t in blocks],
+                      task_keys=joined.task_keys,
+                      table_width=TASK_COLUMNS + 2 * max((len(fn.gathers) for fn in compiled if fn is not None),
+                                                         default=0),
+                      fused=list(kernels), dropouts=joined.dropouts, steps=joined.steps)
+    cache[key] = (list(compiled), lowered)
+    return lowered
+
+
+def _block_templates(compiled: list, kind_ids: list, opts, device, backward: bool, training: bool) -> list:
+    """(template id, kind id, template) of the blocks before and after the task loop, in the order they run
+    (it matters: a kind's lazy block reads gradients another kind's lazy block may add); a parameter gradient
+    that one block alone computes is computed straight into its accumulator."""
+    n_kinds = len(compiled)
     writers: dict = {}
     for kind_id in kind_ids:
         phases = compiled[kind_id].phases(opts, device).backward
         for name, g in compiled[kind_id].param_grads.items():
             writers.setdefault(name, []).append(phases.phase[g])
+    blocks = []
     for phase in (PRE, POST):
         for kind_id in kind_ids:
             fn = compiled[kind_id]
@@ -509,53 +599,43 @@ def link(compiled: list, kind_ids: list, opts, device, backward: bool, training:
             t = template(fn, opts, device, backward, training, phase, direct)
             if t.code:
                 blocks.append(((1 if phase == PRE else 2) * n_kinds + kind_id, kind_id, t))
-    ntask = len(templates)
-    templates += [t for _, _, t in blocks]
-    template_ids += [tid for tid, _, _ in blocks]
-    keys: dict = {}
-    kernels: list = []
-    code, pool, dropouts, steps = [], [], [], []
-    ranges = np.zeros((3 * n_kinds, 2), np.int64)
-    task_keys = 0
-    for i, (tid, t) in enumerate(zip(template_ids, templates)):
-        kind_id = tid % n_kinds
-        if i == ntask:
-            task_keys = len(keys)
-        local_buf = {i: keys.setdefault(_global_key(k, kind_id), len(keys)) for k, i in t.buffers.items()}
+    return blocks
+
+
+class _Joined:
+    """The program being linked: the templates' instructions one after another, each template's buffer keys,
+    kernels, pool, dropout entries and steps renumbered into the program's."""
+
+    def __init__(self, n_kinds: int):
+        self.n_kinds = n_kinds
+        self.keys: dict = {}
+        self.kernels: list = []
+        self.code: list = []
+        self.pool: list = []
+        self.dropouts: list = []
+        self.steps: list = []
+        self.ranges = np.zeros((3 * n_kinds, 2), np.int64)
+        self.task_keys = 0
+
+    def append(self, tid: int, t: Template) -> None:
+        kind_id = tid % self.n_kinds
+        local_buf = {i: self.keys.setdefault(_global_key(k, kind_id), len(self.keys)) for k, i in t.buffers.items()}
         local_kernel = {}
         for i, k in enumerate(t.kernels):
-            if k not in kernels:
-                kernels.append(k)
-            local_kernel[i] = kernels.index(k)
-        begin = len(code)
+            if k not in self.kernels:
+                self.kernels.append(k)
+            local_kernel[i] = self.kernels.index(k)
+        begin = len(self.code)
         for op, *args in t.code:
-            names = OPCODES[op]
             args = [(local_buf[v] if v >= 0 else v) if n in BUFFER_OPERANDS else local_kernel[v] if n == "kernel"
-                    else v + len(pool) if n == "pool" else v + len(dropouts) if n == "entry"
-                    else v + len(steps) if n == "step" else v
-                    for n, v in zip(names, args)]
-            code.append([OPCODE[op]] + args + [0] * (WIDTH - 1 - len(args)))
-        pool += t.pool
-        dropouts += t.dropouts
-        steps += t.steps
-        ranges[tid] = (begin, len(code))
-    keys_list = list(keys) + [("scratch",)]
-    if len(templates) == ntask:
-        task_keys = len(keys)
-    lowered = Lowered("∂F" if backward else "F", template_ids, templates,
-                      np.array(code, np.int64).reshape(-1, WIDTH), np.array(pool or [0], np.int64), ranges,
-                      keys_list, np.array([getattr(k, "address", 0) for k in kernels] or [0], np.int64),
-                      max((len(t.reg_names) for t in templates), default=1),
-                      max((t.scratch for t in templates[:ntask]), default=0),
-                      max((t.fixed for t in templates), default=0),
-                      blocks=[_block_info(tid, kind_id, t, compiled[kind_id], opts, backward)
-                              for tid, kind_id, t in blocks],
-                      task_keys=task_keys,
-                      table_width=TASK_COLUMNS + 2 * max((len(fn.gathers) for fn in compiled if fn is not None),
-                                                         default=0),
-                      fused=list(kernels), dropouts=dropouts, steps=steps)
-    cache[key] = (list(compiled), lowered)
-    return lowered
+                    else v + len(self.pool) if n == "pool" else v + len(self.dropouts) if n == "entry"
+                    else v + len(self.steps) if n == "step" else v
+                    for n, v in zip(OPCODES[op], args)]
+            self.code.append([OPCODE[op]] + args + [0] * (WIDTH - 1 - len(args)))
+        self.pool += t.pool
+        self.dropouts += t.dropouts
+        self.steps += t.steps
+        self.ranges[tid] = (begin, len(self.code))
 
 
 def _global_key(key: tuple, kind_id: int) -> tuple:

@@ -34,7 +34,7 @@ def _rows(node: Node) -> int:
 
 
 class Template:
-    """One kind's task program (F or ∂F) as instructions over local registers and buffer keys."""
+    """One kind's steps of one phase of F or ∂F as instructions over local registers and buffer keys."""
 
     def __init__(self, kind: str, phase: int = TASK):
         self.kind, self.phase = kind, phase
@@ -105,7 +105,7 @@ class Template:
 
     def scatter_view(self, node: Node, key: tuple, col: int, ld: int, write: bool = False) -> int:
         """Bind ``node`` to columns ``col``.. of the kind's rows of a scatter tensor (or its gradient) ``key``
-        (``ld`` its row): a task's rows are one block of rows (a view, BIND); a block's (all the kind's rows)
+        (``ld`` its row): a task's rows are contiguous (a view, BIND); a block's (all the kind's rows)
         are one when the schedule lays them out so (then a view too, no copy), else SROWS copies them in by
         the kind's row index, or, ``write`` (a value the block computes there), gives it scratch rows that
         :meth:`put_back` puts after the steps."""
@@ -265,6 +265,6 @@ class BlockInfo:
     kind_id: int
     phase: int
     template: Template
-    scatter_rows: bool      # binds the kind's scatter rows: they must be one block of rows
+    scatter_rows: bool      # binds the kind's scatter rows: they must be contiguous
     regather: int           # the children per row it gathers again (0: none)
     moves: tuple            # F's rows moved per vertex: (gathers, pulls, pushes)

@@ -104,26 +104,9 @@ class Structure:
         self.kinds = kinds
         fs = list(self.functions.values())
         self.dtype = fs[0].dtype
-        # Each kind scatters its own message; each gather reads the kinds it names (default: all that
-        # scatter), which must all scatter the gather's shape. One scatter tensor per distinct shape.
+        # the message each kind scatters (one scatter tensor per distinct shape)
         self.messages = {k: f.scattered.vshape for k, f in self.functions.items() if f.scattered is not None}
-        for k, f in self.functions.items():
-            for j, g in sorted(f.gathers.items()):
-                named = f.gather_kinds.get(j)
-                for kind in named or ():
-                    if kind not in self.functions:
-                        raise ShapeError(f"structure '{name}': gather({j}) of '{k}' names kind '{kind}', "
-                                         f"which has no vertex function (kinds: {', '.join(self.functions)})")
-                    if kind not in self.messages:
-                        raise ShapeError(f"structure '{name}': gather({j}) of '{k}' reads kind '{kind}', "
-                                         "which scatters nothing")
-                readers = {kind: self.messages[kind] for kind in (named or self.messages)}
-                wrong = {kind: shape for kind, shape in readers.items() if shape != g.vshape}
-                if wrong:
-                    hint = "" if named else f"; name the kinds it reads: gather({j}, kinds=...)"
-                    raise ShapeError(f"structure '{name}': gather({j}) of '{k}' reads {fmt_shape(g.vshape)} but "
-                                     + ", ".join(f"'{kind}' scatters {fmt_shape(shape)}"
-                                                 for kind, shape in wrong.items()) + hint)
+        self._check_gathers()
         self.message_shapes = alias.message_tensors(f.scattered for f in fs)   # one scatter tensor each
         for f in fs:
             if f.dtype != self.dtype:
@@ -131,18 +114,7 @@ class Structure:
             if f.gathers and not any(g.scattered is not None for g in fs):
                 raise ShapeError(f"structure '{name}': '{f.name}' gathers but no vertex function scatters")
         self.pulls = dict(pulls or {})
-        self.pull_shapes: dict[str, tuple] = {}
-        for f in fs:
-            for pname, pnode in f.pulls.items():
-                src = self.pulls.get(pname)
-                if src is None:
-                    raise ShapeError(f"structure '{name}': '{f.name}' pulls '{pname}' but no static node "
-                                     f"produces it (pass pulls={{'{pname}': node}})")
-                if not src.has_rows or src.vshape != pnode.vshape or src.dtype != pnode.dtype:
-                    raise ShapeError(f"structure '{name}': pull '{pname}' of '{f.name}' is "
-                                     f"{pnode.dtype.name}{fmt_shape(pnode.vshape)} per vertex but its source "
-                                     f"{src.label()} is {src.dtype.name}{fmt_shape(src.shape)}")
-                self.pull_shapes[pname] = pnode.vshape
+        self.pull_shapes = self._pull_shapes(fs)
         self._pushed: dict[str, Node] = {}
         # A pull needs a gradient only if its source depends on a parameter or on another structure's
         # pushes; a pull of plain data does not.
@@ -153,6 +125,43 @@ class Structure:
         # Whether a run reads the plan's row keys (dropout's: sample id << 32 | vertex id): only an op that
         # takes the run context does; without one, a batch's plan does not depend on its sample ids.
         self.reads_row_keys = any(OPS[n.op].needs_ctx for f in fs for n in f.graph.nodes)
+
+    def _check_gathers(self) -> None:
+        """Each kind scatters its own message; each gather reads the kinds it names (default: all that
+        scatter), which must all scatter the gather's shape."""
+        for k, f in self.functions.items():
+            for j, g in sorted(f.gathers.items()):
+                named = f.gather_kinds.get(j)
+                for kind in named or ():
+                    if kind not in self.functions:
+                        raise ShapeError(f"structure '{self.name}': gather({j}) of '{k}' names kind '{kind}', "
+                                         f"which has no vertex function (kinds: {', '.join(self.functions)})")
+                    if kind not in self.messages:
+                        raise ShapeError(f"structure '{self.name}': gather({j}) of '{k}' reads kind '{kind}', "
+                                         "which scatters nothing")
+                readers = {kind: self.messages[kind] for kind in (named or self.messages)}
+                wrong = {kind: shape for kind, shape in readers.items() if shape != g.vshape}
+                if wrong:
+                    hint = "" if named else f"; name the kinds it reads: gather({j}, kinds=...)"
+                    raise ShapeError(f"structure '{self.name}': gather({j}) of '{k}' reads {fmt_shape(g.vshape)} "
+                                     "but " + ", ".join(f"'{kind}' scatters {fmt_shape(shape)}"
+                                                 for kind, shape in wrong.items()) + hint)
+
+    def _pull_shapes(self, fs: list) -> dict[str, tuple]:
+        """Each pull's shape per vertex, checked against the static node that produces it."""
+        shapes: dict[str, tuple] = {}
+        for f in fs:
+            for pname, pnode in f.pulls.items():
+                src = self.pulls.get(pname)
+                if src is None:
+                    raise ShapeError(f"structure '{self.name}': '{f.name}' pulls '{pname}' but no static node "
+                                     f"produces it (pass pulls={{'{pname}': node}})")
+                if not src.has_rows or src.vshape != pnode.vshape or src.dtype != pnode.dtype:
+                    raise ShapeError(f"structure '{self.name}': pull '{pname}' of '{f.name}' is "
+                                     f"{pnode.dtype.name}{fmt_shape(pnode.vshape)} per vertex but its source "
+                                     f"{src.label()} is {src.dtype.name}{fmt_shape(src.shape)}")
+                shapes[pname] = pnode.vshape
+        return shapes
 
     def pushed(self, name: str = "h") -> Node:
         """The static-graph node standing for push buffer ``name``: one row per pushing vertex."""
@@ -176,69 +185,93 @@ class Structure:
         names = tuple(self.functions)
         batch = make_batch(graphs)
         n = batch.num_vertices
-        lookup = {k: i for i, k in enumerate(names)}
-        functions = f"vertex functions {list(names)}"
-        nch = batch.child_ptr[1:] - batch.child_ptr[:-1]
-        if all(g.kinds is None for g in batch.graphs):   # the usual case: no per-graph kinds to merge
-            kind, source, given = None, None, None
-        else:
-            kind = np.full(n, -1, np.int64)
-            source = np.zeros(n, np.int8)   # how each vertex got its kind: 0 graph, 1 rule, 2 only function
-            given = np.zeros(n, bool)
-            for sid, g in enumerate(batch.graphs):
-                if g.kinds is None:
-                    continue
-                ids = [lookup.get(k, -1) for k in g.kinds]
-                if -1 in ids:
-                    v = ids.index(-1)
-                    raise InputGraphError(f"sample {sid}, vertex {v}: kind {g.kinds[v]!r} (given with the graph) "
-                                          f"has no vertex function in structure '{self.name}' ({functions})")
-                lo = int(batch.offsets[sid])
-                kind[lo:lo + g.num_vertices] = ids
-                given[lo:lo + g.num_vertices] = True
+        kind, source, given = self._graph_kinds(batch)
         rest = None if given is None else ~given
         how = None   # how the vertices without graph kinds got theirs: 1 rule, 2 only function
         if rest is None or rest.any():
-            if self.kinds is not None:
-                rule = getattr(self.kinds, "__name__", repr(self.kinds))
-                rule_kind, rule_names = self.kinds(batch)
-                rule_kind = indices(rule_kind, f"structure '{self.name}': kind rule {rule}: kind id",
-                                    size=len(rule_names), shape=(n,), at="vertex", error=InputGraphError)
-                to_fn = np.array([lookup.get(k, -1) for k in rule_names], np.int64)
-                mapped = to_fn[rule_kind] if len(to_fn) else rule_kind
-                unknown = (mapped < 0) if rest is None else (rest & (mapped < 0))
-                if unknown.any():
-                    v = int(np.flatnonzero(unknown)[0])
-                    raise InputGraphError(f"{batch.where(v)}: kind {rule_names[rule_kind[v]]!r} (by the structure's "
-                                          f"rule {rule}) has no vertex function in structure '{self.name}' "
-                                          f"({functions})")
-                how = 1
-            elif len(names) == 1:
-                mapped = np.zeros(n, np.int64)
-                how = 2
-            else:
-                v = 0 if rest is None else int(np.flatnonzero(rest)[0])
-                raise InputGraphError(f"structure '{self.name}' has {functions}, but sample {int(batch.sample[v])} "
-                                      f"gives no kinds: give each graph its kinds (InputGraph(..., kinds=[...])) or "
-                                      f"the structure a kind rule (Structure(..., kinds=minicavs.leaf_internal))")
+            mapped, how = self._rule_kinds(batch, rest)
             if rest is None:
                 kind = mapped
             else:
                 kind[rest] = mapped[rest]
                 source[rest] = how
-        # (kind ids are in [0, len(names)): from ``lookup``, or checked by ``indices`` and mapped)
+        # (kind ids are in [0, len(names)): from the names' lookup, or checked by ``indices`` and mapped)
         batch = Batch(batch.graphs, n, batch.offsets, batch.sample, batch.local, batch.child_ptr, batch.child_idx,
                       batch.height, kind, names, batch._parents)
+        nch = batch.child_ptr[1:] - batch.child_ptr[:-1]
+        self._check_arity(batch, nch, how, source)
+        self._check_gathered_kinds(batch, nch)
+        return batch
+
+    def _functions_named(self) -> str:
+        return f"vertex functions {list(self.functions)}"
+
+    def _graph_kinds(self, batch: Batch) -> tuple:
+        """(kind id per vertex, how each got it, whether its graph gave it): the kinds given with the graphs
+        (-1 elsewhere); three Nones in the usual case, no graph giving kinds."""
+        if all(g.kinds is None for g in batch.graphs):
+            return None, None, None
+        n = batch.num_vertices
+        lookup = {k: i for i, k in enumerate(self.functions)}
+        kind = np.full(n, -1, np.int64)
+        source = np.zeros(n, np.int8)   # how each vertex got its kind: 0 graph, 1 rule, 2 only function
+        given = np.zeros(n, bool)
+        for sid, g in enumerate(batch.graphs):
+            if g.kinds is None:
+                continue
+            ids = [lookup.get(k, -1) for k in g.kinds]
+            if -1 in ids:
+                v = ids.index(-1)
+                raise InputGraphError(f"sample {sid}, vertex {v}: kind {g.kinds[v]!r} (given with the graph) "
+                                      f"has no vertex function in structure '{self.name}' ({self._functions_named()})")
+            lo = int(batch.offsets[sid])
+            kind[lo:lo + g.num_vertices] = ids
+            given[lo:lo + g.num_vertices] = True
+        return kind, source, given
+
+    def _rule_kinds(self, batch: Batch, rest) -> tuple:
+        """(kind id per vertex, 1) by the structure's kind rule, or (zeros, 2) for its only function, for the
+        vertices ``rest`` (None: all) whose graphs gave no kinds."""
+        n = batch.num_vertices
+        functions = self._functions_named()
+        if self.kinds is not None:
+            rule = getattr(self.kinds, "__name__", repr(self.kinds))
+            rule_kind, rule_names = self.kinds(batch)
+            rule_kind = indices(rule_kind, f"structure '{self.name}': kind rule {rule}: kind id",
+                                size=len(rule_names), shape=(n,), at="vertex", error=InputGraphError)
+            lookup = {k: i for i, k in enumerate(self.functions)}
+            to_fn = np.array([lookup.get(k, -1) for k in rule_names], np.int64)
+            mapped = to_fn[rule_kind] if len(to_fn) else rule_kind
+            unknown = (mapped < 0) if rest is None else (rest & (mapped < 0))
+            if unknown.any():
+                v = int(np.flatnonzero(unknown)[0])
+                raise InputGraphError(f"{batch.where(v)}: kind {rule_names[rule_kind[v]]!r} (by the structure's "
+                                      f"rule {rule}) has no vertex function in structure '{self.name}' "
+                                      f"({functions})")
+            return mapped, 1
+        if len(self.functions) == 1:
+            return np.zeros(n, np.int64), 2
+        v = 0 if rest is None else int(np.flatnonzero(rest)[0])
+        raise InputGraphError(f"structure '{self.name}' has {functions}, but sample {int(batch.sample[v])} "
+                              f"gives no kinds: give each graph its kinds (InputGraph(..., kinds=[...])) or "
+                              f"the structure a kind rule (Structure(..., kinds=minicavs.leaf_internal))")
+
+    def _check_arity(self, batch: Batch, nch: np.ndarray, how: int | None, source) -> None:
+        """No vertex has more children than its kind's arity; the error says how the vertex got its kind."""
+        names = batch.kind_names
         arity = np.array([self.functions[k].arity for k in names], np.int64)
-        over = nch > arity[kind]
+        over = nch > arity[batch.kind]
         if over.any():
             v = int(np.flatnonzero(over)[0])
-            kname = names[kind[v]]
+            kname = names[batch.kind[v]]
             why = ("given with the graph", f"by the structure's rule {getattr(self.kinds, '__name__', '')}",
                    "the structure's only vertex function")[how if source is None else int(source[v])]
             raise InputGraphError(f"{batch.where(v)}: {int(nch[v])} children, more than the arity "
                                   f"{self.functions[kname].arity} of vertex function '{kname}' (kind '{kname}', {why})")
-        for kind_id, kname in enumerate(names):
+
+    def _check_gathered_kinds(self, batch: Batch, nch: np.ndarray) -> None:
+        """A gather that names the kinds it reads finds only those kinds in its child slot."""
+        for kind_id, kname in enumerate(batch.kind_names):
             f = self.functions[kname]
             for j, named in f.gather_kinds.items():
                 if named is None:
@@ -253,7 +286,6 @@ class Structure:
                     raise InputGraphError(f"{batch.where(v)}: child {j} (vertex {int(batch.local[c])}) is a "
                                           f"'{batch.kind_names[batch.kind[c]]}' vertex, but gather({j}) of "
                                           f"'{kname}' reads only {', '.join(repr(x) for x in named)}")
-        return batch
 
     def prepare(self, graphs: Sequence[InputGraph], policy, sample_ids=None, native: bool = True):
         """(batch, memory plan) of ``graphs`` scheduled by ``policy``. ``native``: in one C call
@@ -331,6 +363,22 @@ class Result:
         counts = np.bincount(batch.sample[order], minlength=len(batch.graphs))
         return np.split(self.pushes[structure][push], np.cumsum(counts)[:-1])
 
+
+
+def _pull_buffers(s: Structure, plan, env: dict) -> dict:
+    """Structure ``s``'s pull buffers, as the static graph computed them, each with one row per vertex of the
+    batch that pulls it."""
+    pull_bufs = {}
+    for name, src in s.pulls.items():
+        buf = env[src]
+        want = plan.pull_rows.get(name, 0)
+        if len(buf) != want:
+            fed = [n.label() for n in Graph([src]).nodes if n.op == "input"]
+            raise FeedError(f"structure '{s.name}': pull buffer '{name}' has {len(buf)} rows, the batch "
+                            f"has {want} vertices that pull it (the buffer is {src.label()}"
+                            + (f", computed from {', '.join(fed)})" if fed else ")"))
+        pull_bufs[name] = buf
+    return pull_bufs
 
 class Model:
     """Structures + static graphs; one call runs forward and backward for a batch of samples."""
@@ -553,19 +601,7 @@ class Model:
         ctx = ctx or RunContext()
         options = options or self.options
         training = backward_pass and self.bwd is not None
-        if isinstance(graphs, Prepared):
-            if policy is not None or sample_ids is not None:
-                raise TypeError("a prepared batch was scheduled with its policy and sample ids already: "
-                                "pass them to Model.prepare, not to run")
-            if graphs.model is not self:
-                raise ValueError("this batch was prepared by another model")
-            if graphs.options != options:
-                raise ValueError(f"this batch was prepared for other engine options ({graphs.options}); "
-                                 f"it runs with {options}")
-            prepared = graphs
-        else:
-            prepared = self.prepare(graphs, policy, sample_ids, options)
-        plans = prepared.plans
+        plans = self._prepared(graphs, policy, sample_ids, options).plans
         env: dict = {}
         result = Result(None)
         states = {}
@@ -576,16 +612,7 @@ class Model:
                                f"forward, the pulls of structure '{s.name}'")
             except FeedError as e:
                 raise _at_pull_row(e, s, batch) from None
-            pull_bufs = {}
-            for name, src in s.pulls.items():
-                buf = env[src]
-                want = plan.pull_rows.get(name, 0)
-                if len(buf) != want:
-                    fed = [n.label() for n in Graph([src]).nodes if n.op == "input"]
-                    raise FeedError(f"structure '{s.name}': pull buffer '{name}' has {len(buf)} rows, the batch "
-                                    f"has {want} vertices that pull it (the buffer is {src.label()}"
-                                    + (f", computed from {', '.join(fed)})" if fed else ")"))
-                pull_bufs[name] = buf
+            pull_bufs = _pull_buffers(s, plan, env)
             st = forward(compiled, plan, pull_bufs, params, ctx, s.message_shapes, s.dtype, training=training,
                          workspace=self.workspace(s.name), opts=options, device=device)
             states[s.name] = st
@@ -609,6 +636,21 @@ class Model:
         if training:
             result.grads = self._backward(plans, states, env, feeds, params, ctx, result.static)
         return result
+
+    def _prepared(self, graphs, policy, sample_ids, options: EngineOptions) -> Prepared:
+        """``graphs`` prepared (scheduled and planned), or the batch :meth:`prepare` made already, checked to
+        be this model's for ``options``."""
+        if not isinstance(graphs, Prepared):
+            return self.prepare(graphs, policy, sample_ids, options)
+        if policy is not None or sample_ids is not None:
+            raise TypeError("a prepared batch was scheduled with its policy and sample ids already: "
+                            "pass them to Model.prepare, not to run")
+        if graphs.model is not self:
+            raise ValueError("this batch was prepared by another model")
+        if graphs.options != options:
+            raise ValueError(f"this batch was prepared for other engine options ({graphs.options}); "
+                             f"it runs with {options}")
+        return graphs
 
     def _evaluate(self, nodes, env: dict, feeds, params, ctx, static: list, what: str) -> None:
         """Evaluate a static graph's ``nodes`` into ``env``; what ran goes to ``static`` as a

@@ -1,6 +1,6 @@
-"""Programs as data and the one interpreter that runs them.
+"""Programs as data and the step runner that runs them.
 
-A program is a list of :class:`~minicavs.engine.compile.Step` records: what runs (a registry op's impl, or a
+A list of steps (:class:`~minicavs.engine.compile.Step` records) says what runs (a registry op's impl, or a
 generated kernel computing a fused group), on which values, into which. Static graphs (``Executor``), F and ∂F (the
 engine's phases) all run through :func:`run_steps`; a step can be written straight into a buffer it is given
 (``outs``: a dynamic tensor's rows, the scatter tensor's rows, a concat's column block), which is how values land where
@@ -46,7 +46,7 @@ class RunContext:
 
 
 def run_steps(steps: Sequence[Step], env: dict, xp, ctx: RunContext, outs: Mapping | None = None) -> None:
-    """The interpreter: run ``steps`` in order, reading and writing values in ``env``. A fused step whose
+    """The step runner: run ``steps`` in order, reading and writing values in ``env``. A fused step whose
     output is in ``outs`` writes its result there (no copy)."""
     outs = outs or {}
     for step in steps:
@@ -138,9 +138,9 @@ def leaf_value(n: Node, feeds: Mapping, params: Mapping):
 
 
 def planned_view(value) -> bool:
-    """Is ``value`` a block of a planned parameter buffer (ParameterSet.plan_buffer, arrays.mark_planned): a
+    """Is ``value`` a column block of a planned parameter buffer (ParameterSet.plan_buffer, arrays.mark_planned): a
     host array in native byte order whose last axis is contiguous, a matrix's rows at a stride at least
-    their width? Read in place, not copied: a product reads it through its row stride, the blocks of one
+    their width? Read in place, not copied: a product reads it through its row stride, the column blocks of one
     merged product are one view (ops.shape.adjacent_blocks), and the runners copy a static only where they
     would copy a transposed parameter."""
     if not isinstance(value, np.ndarray) or not is_planned(value.base) or not value.dtype.isnative \
@@ -156,7 +156,7 @@ def evaluate(nodes: Sequence[Node], env: dict, feeds: Mapping, params: Mapping, 
     nodes already in ``env`` are not recomputed; returns the steps :func:`run_steps` ran (what
     :func:`record` reads). Feeds and parameters must already be arrays of ``xp``'s
     device. A concat whose value was a view of a planned parameter buffer (a merged product's weight: its
-    parameters' adjacent blocks) is that same view again while its inputs are the same arrays: a view
+    parameters' adjacent column blocks) is that same view again while its inputs are the same arrays: a view
     follows their values, and the runners find the array they addressed last batch."""
     steps = []
     for n in nodes:
@@ -189,7 +189,7 @@ _VIEWS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # concat -> 
 
 @dataclass
 class StaticRun:
-    """What the step interpreter ran of one static graph in a model run, for ``explain``: the steps, who ran
+    """What the step runner ran of one static graph in a model run, for ``explain``: the steps, who ran
     them, the bytes each step's value holds, the row counts of the values with the row axis, and per loop
     the steps it ran (control.steps_run: 0-d arrays, read by the reader; a loop missing ran its length)."""
 
@@ -214,7 +214,7 @@ def record(title: str, steps: list, env: dict, xp) -> StaticRun:
             ran = steps_run(node, env)
             if ran is not None:
                 trips[node] = ran
-    runner = f"Python step interpreter (program.run_steps, over {getattr(xp, '__name__', xp)})"
+    runner = f"Python step runner (program.run_steps, over {getattr(xp, '__name__', xp)})"
     return StaticRun(title, steps, runner, nbytes, tuple(sorted(rows)), trips)
 
 

@@ -26,7 +26,7 @@ VAR_LSTM = ["model.embed=6", "model.hidden=5", "data.synthetic.train=12", "data.
 
 @pytest.fixture
 def spies(monkeypatch) -> dict:
-    """What ran, seen from outside explain: every step the step interpreter ran, every program the device's
+    """What ran, seen from outside explain: every step the step runner ran, every program the device's
     runner (or the reference runner standing in) ran, and how often each control-flow body ran."""
     seen = {"steps": [], "programs": [], "bodies": Counter()}
     run_steps, run_program, run_body = program.run_steps, alg1._run, control.Subgraph.run

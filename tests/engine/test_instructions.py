@@ -221,13 +221,13 @@ def test_a_bad_row_index_of_a_block_is_caught_by_the_debug_mode():
                 case.model.forward_backward(graphs, feeds, case.params, RunContext(),
                                             options=EngineOptions(runner="device", check=True), policy=policy)
                 print("not caught", name)
-            except c_runner.NativeCheckError as e:
+            except c_runner.CRunnerCheckError as e:
                 print("caught:", e)
         """)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert re.search(r"caught: native F: task \d+, instruction \d+ \(SROWS dst=r\d+\(.*\) buf=scatter.*\): "
+    assert re.search(r"caught: C runner F: task \d+, instruction \d+ \(SROWS dst=r\d+\(.*\) buf=scatter.*\): "
                      r"operand idx is out of bounds", result.stdout), result.stdout
-    assert re.search(r"caught: native F: task \d+, instruction \d+ \(SPUT buf=scatter.*\): "
+    assert re.search(r"caught: C runner F: task \d+, instruction \d+ \(SPUT buf=scatter.*\): "
                      r"operand idx is out of bounds", result.stdout), result.stdout
 
 
@@ -412,9 +412,10 @@ def test_eager_rows_are_the_task_rows_with_their_kinds_eager_templates():
 def test_eager_chunks_run_on_the_worker_thread(monkeypatch):
     """The C runner calls its interpreter twice per streamed pass: the eager call (role 2) over the eager table
     on a thread other than the caller's, the main call (role 1) on the caller's, waiting for as many chunks."""
-    from minicavs.cpu import interpreter as cpu_native
+    from minicavs.cpu import interpreter as c_interpreter
     calls = []
-    for ex in {cpu_native.interpreter(np.float64), cpu_native.interpreter(np.dtype(np.float64))}:   # (cached by key)
+    load = c_interpreter.interpreter
+    for ex in {load(np.float64), load(np.dtype(np.float64))}:   # (cached by key)
         def recorded(*args, _real=ex.run):
             calls.append((args[-2], args[-1], args[5], threading.get_ident()))   # role, chunks waited for, rows
             return _real(*args)
@@ -451,7 +452,7 @@ def test_the_main_call_runs_row_t_only_after_eager_chunk_t(done, nwait):
     """The C interpreter's wait, without a second thread: ``done`` chunks finished and the eager call failed; the
     main call runs exactly the rows whose chunks are done (rows past the ``nwait`` chunks wait for all) and
     stops with the eager stream's failure at the first other one (every row after ``nwait`` waits for all)."""
-    ex = cpu_native_executor()
+    ex = c_interpreter_library()
     a = np.ones((4, 4))
     table = np.array([[0, t, 1, 0, -1] for t in range(4)], np.int64)
     rc, err = _one_kind_program(ex, table, a, np.array([done, 1], np.int64), 1, nwait)
@@ -464,16 +465,16 @@ def test_the_main_call_runs_row_t_only_after_eager_chunk_t(done, nwait):
 
 
 def test_the_eager_call_publishes_each_chunk():
-    ex = cpu_native_executor()
+    ex = c_interpreter_library()
     a = np.ones((4, 4))
     sync = np.zeros(2, np.int64)
     rc, _ = _one_kind_program(ex, np.array([[0, t, 1, 0, -1] for t in range(3)], np.int64), a, sync, 2, 0)
     assert rc == 0 and sync.tolist() == [3, 0] and (a[:3] == 0).all() and (a[3] == 1).all()
 
 
-def cpu_native_executor():
-    from minicavs.cpu import interpreter as cpu_native
-    return cpu_native.interpreter(np.float64)
+def c_interpreter_library():
+    from minicavs.cpu import interpreter as c_interpreter
+    return c_interpreter.interpreter(np.float64)
 
 
 def test_a_bad_eager_instruction_is_caught_on_the_eager_stream(monkeypatch):
@@ -487,7 +488,7 @@ def test_a_bad_eager_instruction_is_caught_on_the_eager_stream(monkeypatch):
     original = int(lowered.code[pc][4])
     lowered.code[pc][4] = 10**9   # (its rows)
     try:
-        with pytest.raises(c_runner.NativeCheckError, match=rf"native F: eager stream task \d+, instruction {pc} "):
+        with pytest.raises(c_runner.CRunnerCheckError, match=rf"C runner F: eager stream task \d+, instruction {pc} "):
             run(EngineOptions(streaming=True, check=True))
     finally:
         lowered.code[pc][4] = original
@@ -643,6 +644,7 @@ def test_corrupted_offset_is_caught_by_the_debug_mode_not_a_crash():
         from minicavs.cpu import c_runner
         from minicavs.engine.compile import EngineOptions
         from minicavs.engine.executor import RunContext
+        from minicavs.engine.lowered import OPCODES_BY_ID
         from minicavs.runtime.inputs import InputGraph
         from tests import cells
         rng = np.random.default_rng(0)
@@ -657,11 +659,11 @@ def test_corrupted_offset_is_caught_by_the_debug_mode_not_a_crash():
         code[pc][4] += 10**9   # the column offset: far outside the scatter tensor
         try:
             case.model.forward_backward(trees, feeds, case.params, RunContext())
-        except c_runner.NativeCheckError as e:
+        except c_runner.CRunnerCheckError as e:
             print("caught:", e)
         """)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert re.search(r"caught: native F: task \d+, instruction \d+ \(BIND dst=r\d+\(.*\) buf=scatter.* "
+    assert re.search(r"caught: C runner F: task \d+, instruction \d+ \(BIND dst=r\d+\(.*\) buf=scatter.* "
                      r"col=1000000000.*\): operand \w+ is out of bounds", result.stdout), result.stdout
 
 
@@ -934,13 +936,13 @@ def test_a_bad_offset_in_a_block_instruction_is_caught_by_the_debug_mode():
             try:
                 case.model.forward_backward(graphs, feeds, case.params, RunContext())
                 print("not caught", opcode)
-            except c_runner.NativeCheckError as e:
+            except c_runner.CRunnerCheckError as e:
                 print("caught:", e)
         """)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert re.search(r"caught: native F: task \d+, instruction \d+ \(BIND dst=r\d+\(.*\) buf=tensor.* "
+    assert re.search(r"caught: C runner F: task \d+, instruction \d+ \(BIND dst=r\d+\(.*\) buf=tensor.* "
                      r"col=1000000000.*\): operand \w+ is out of bounds", result.stdout), result.stdout
-    assert re.search(r"caught: native ∂F: task \d+, instruction \d+ \(TAKETO dst=r\d+\(.*\) buf=scatter.* "
+    assert re.search(r"caught: C runner ∂F: task \d+, instruction \d+ \(TAKETO dst=r\d+\(.*\) buf=scatter.* "
                      r"col=1000000000\): operand \w+ is out of bounds", result.stdout), result.stdout
 
 

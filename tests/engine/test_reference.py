@@ -295,11 +295,11 @@ def test_a_per_row_product_reaching_outside_its_buffer_raises(opcode, field):
         code[{pc}][{field}] = 10**6
         try:
             case.model.forward_backward(graphs, feeds, case.params, RunContext())
-        except c_runner.NativeCheckError as e:
+        except c_runner.CRunnerCheckError as e:
             print("caught:", e)
         """)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert re.search(rf"caught: native F: task \d+, instruction {pc} \({opcode} .*\): operand \w+ is out of "
+    assert re.search(rf"caught: C runner F: task \d+, instruction {pc} \({opcode} .*\): operand \w+ is out of "
                      "bounds", result.stdout), result.stdout
 
 

@@ -1,7 +1,7 @@
 """C source of the C runner's interpreter: strings only (minicavs/cpu/interpreter.py compiles and loads it).
 
 The interpreter runs a compact instruction stream (minicavs/engine/instructions.py builds it): one C call
-runs every task of a batch. Each vertex kind has a *template* (its F or ∂F task program as instructions whose
+runs every task of a batch. Each vertex kind has a *template* (its F or ∂F steps as instructions whose
 addresses are relative to the task's rows); the call expands template x task table, so no Python runs per
 task. Values live in registers (a pointer, a row stride, a transposed flag and the buffer the pointer points
 into); instructions bind registers to rows of buffers, move rows, and run GEMMs (BLAS, by function pointer),

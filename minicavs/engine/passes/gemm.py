@@ -113,8 +113,8 @@ def _acyclic(nodes, deps) -> bool:
 
 # What a merge costs and saves, measured per training step (batch 64, one BLAS thread, median process CPU
 # time of steps alternating off/on: OPENBLAS_NUM_THREADS=1 python tools/bench_merge_gemms.py --models ...
-# --pad-limit / --weight-limit): it saves GEMM calls, and costs a slice step per product (in the Python
-# interpreter a step costs about what a small GEMM call does), copies of the merged weight and its gradient
+# --pad-limit / --weight-limit): it saves GEMM calls, and costs a slice step per product (run in
+# Python, a step costs about what a small GEMM call does), copies of the merged weight and its gradient
 # every batch (0.05 ms for 256 x 1024), and, with padding, the flops on the zero blocks. The binary
 # Tree-LSTM's padded merge (20% zeros) lost 4-7% at hidden 64 and 128, 16% at 192, 13% at 512, and 10% of
 # the batch-1 forward latency at 128: no padding by default. An LSTM written one GEMM per gate (four
@@ -282,7 +282,17 @@ def merge_products(F: VertexFunction, pad_limit: int | None = None, weight_limit
             return n
         return make_node(n.op, inputs, n.attrs, n.name)
 
-    for out in F.outputs:   # depth first, without recursion: F can be deep
+    _rewrite(F.outputs, needs, build, new)
+    merged_F = F.rewritten(new[F.scattered] if F.scattered is not None else None,
+                           {name: new[node] for name, node in F.pushes.items()})
+    return merged_F, [built[i][0] for i in sorted(built)]
+
+
+
+def _rewrite(outputs, needs, build, new: dict) -> None:
+    """``new[n] = build(n)`` for every node the ``outputs`` need, after the nodes ``needs(n)`` names: depth
+    first, without recursion (F can be deep)."""
+    for out in outputs:
         stack = [out]
         while stack:
             n = stack[-1]
@@ -295,10 +305,6 @@ def merge_products(F: VertexFunction, pad_limit: int | None = None, weight_limit
                 continue
             stack.pop()
             new[n] = build(n)
-    merged_F = F.rewritten(new[F.scattered] if F.scattered is not None else None,
-                           {name: new[node] for name, node in F.pushes.items()})
-    return merged_F, [built[i][0] for i in sorted(built)]
-
 
 def _named(groups: list, users: dict | None = None) -> list[tuple]:
     """[(parameter names, bytes of the merged weight)] of the groups a planned buffer could serve: with
