@@ -16,7 +16,7 @@ speed targets over the points measured (not with ``--quick``, whose few short po
 :mod:`minicavs.bench.targets`). ``--engine KEY=VALUE`` sets minicavs' engine (any ``train.engine`` key) for
 every point. ``--as-user`` runs the command with every ``OPENBLAS_*``, ``OMP_*`` and ``MKL_*`` variable
 unset (as a user's machine runs it; a development machine may force an older BLAS kernel); every record names
-the BLAS (library, version, kernel, threads), the CPU and the variables set (:mod:`minicavs.bench.machine`).
+the BLAS (library, version, kernel, threads), the CPU and the variables set (:mod:`minicavs.bench.machine_facts`).
 
 Output (``--out``): per sweep a CSV and a markdown table, ``all.csv``, ``summary.md``, ``results.json`` and,
 with matplotlib (``pip install "minicavs[plot]"``), a PNG per sweep of two or more points and ``ablation.png``;
@@ -170,10 +170,10 @@ def settings(args: argparse.Namespace):
 
 
 def as_user(argv: list[str]) -> None:
-    """Run ``minicavs bench`` again in this process with the BLAS variables unset (:func:`machine.user_env`),
+    """Run ``minicavs bench`` again in this process with the BLAS variables unset (:func:`machine_facts.user_env`),
     since numpy reads them once, when it loads; returns only when none is set (nothing to unset)."""
     import sys
-    from . import machine
+    from . import machine_facts as machine
     if not machine.blas_env():
         return
     print("--as-user: unset " + " ".join(machine.blas_env()), file=sys.stderr, flush=True)

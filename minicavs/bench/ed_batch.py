@@ -206,7 +206,8 @@ def table(results: dict, policies, rounds: int, load: tuple) -> str:
 
 
 def run_ed_batch(models, python: str, out: Path, quick: bool, rounds: int, log=print) -> str:
-    """The whole comparison; writes ``ed_batch.md`` and ``ed_batch.json`` into ``out``; returns the table."""
+    """The whole comparison, its table (markdown) and its record (JSON) written into ``out``; returns the
+    table."""
     policies = QUICK_POLICIES if quick else POLICIES
     samples = BATCH if quick else 4 * BATCH
     load = [os.getloadavg()[0]]

@@ -7,7 +7,7 @@ switches, ``repeats``, ``epoch_cap`` (seconds an epoch may take: the epoch is th
 batches that the warm-up's rate says fits; or ``samples``, a given number), ``inference``, ``breakdown``.
 Reported: the prefix's size, the seconds of one whole untimed warm-up epoch over it (the peers run the same),
 units per second of each timed training (and forward-only) epoch, FLOPs per unit, the BLAS threads, what the
-process ran on (``machine``: :func:`minicavs.bench.machine.facts`), the breakdown of one more instrumented
+process ran on (``machine``: :func:`minicavs.bench.machine_facts.facts`), the breakdown of one more instrumented
 epoch, and the process's peak RSS.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ from dataclasses import replace
 import numpy as np
 
 from ..engine.compile import EngineOptions
-from . import machine
+from . import machine_facts as machine
 from .breakdown import instrumented_epoch
 from .sweeps import Point
 from .workloads import Data, build, flops_per_unit

@@ -38,7 +38,7 @@ def _ratio(a: float, b: float) -> float:
 
 
 def blas_cell(r: dict) -> str:
-    """The BLAS a system's record names (``machine``, :mod:`minicavs.bench.machine`): library, version,
+    """The BLAS a system's record names (``machine``, :mod:`minicavs.bench.machine_facts`): library, version,
     kernel, threads; "" when the record has none."""
     libs = (r.get("machine") or {}).get("blas") or []
     return "; ".join(f"{b['library']} {b['version']} {b['kernel']} x{b['threads']}" for b in libs)

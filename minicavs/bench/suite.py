@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import machine, peers, report, targets
+from . import machine_facts as machine, peers, report, targets
 from .point import core_rate, measure, run_in_child
 from .sweeps import LABELS, UNITS, Point, distinct_points, sweeps
 from .workloads import ABLATED, SWITCHES, Data, build, machine_rate
@@ -43,7 +43,7 @@ class Settings:
     engine: dict = field(default_factory=dict)      # EngineOptions fields set for minicavs (--engine KEY=VALUE)
     targets: bool = False      # only the points the speed targets need, systems alternating (--targets)
     command: str = ""          # the command line, quoted in the reports
-    machine: dict = field(default_factory=dict)     # what the run ran on (machine.facts): BLAS, CPU, variables
+    machine: dict = field(default_factory=dict)     # what the run ran on (machine_facts.facts): BLAS, CPU, variables
     gemm: dict = field(default_factory=dict)        # numpy GEMM FLOP/s, start and end: "machine" and "core"
 
     def note(self, text: str) -> None:
@@ -221,7 +221,7 @@ def run_rounds(s: Settings, pts: list[Point], labels=None) -> dict:
 
 
 def _write_results(s: Settings, results: dict) -> None:
-    """results.json: what the run ran on (:mod:`machine`: BLAS, CPU, variables) and every point's systems."""
+    """results.json: what the run ran on (:mod:`.machine_facts`: BLAS, CPU, variables) and every point's systems."""
     (s.out / "results.json").write_text(json.dumps({"machine": s.machine, "gemm": s.gemm, "points": results},
                                                    indent=1, default=str))
 

@@ -126,7 +126,7 @@ class Backend:
 
     def run(self, program) -> None:
         """Run the bound ``program`` (a pass: its blocks and tasks, over its resolved operands) with this
-        device's runner, adding into ``program.gradients`` (and, streaming, ``program.eager_gradients``)."""
+        device's runner, adding into ``program.gradients`` (and, streaming, ``program.bound.eager_gradients``)."""
         raise NotImplementedError
 
 

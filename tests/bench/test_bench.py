@@ -528,7 +528,7 @@ def test_tiny_targets_run_end_to_end(tmp_path, monkeypatch):
     assert specs[4]["samples"] == specs[5]["samples"] == outs[2]["samples"]          # round 1's prefix
     results = __import__("json").loads((tmp_path / "results.json").read_text())["points"]
     assert len(results["tree_fc-h8-b4-l4"]["minicavs"]["rates"]) == 2           # one per round
-    from minicavs.bench import machine
+    from minicavs.bench import machine_facts as machine
     ours = results["tree_fc-h8-b4-l4"]["minicavs"]
     assert ours["machine"]["blas"] == machine.blas() and ours["machine"]["cpu"] == machine.cpu()
     kernel = machine.blas()[0]["kernel"]

@@ -2,7 +2,7 @@
 extensions) and every ``OPENBLAS_*`` / ``OMP_*`` / ``MKL_*`` variable set.
 
 Why: the same code runs 19-30% slower when ``OPENBLAS_CORETYPE=Haswell`` forces AVX2 kernels on an AVX-512
-CPU (issue 51), and a record that does not say which kernel ran cannot be compared with a user's machine.
+CPU, and a record that does not say which kernel ran cannot be compared with a user's machine.
 The kernel is threadpoolctl's ``architecture`` (``pip install "minicavs[bench]"``); without threadpoolctl the
 record says so instead of guessing.
 """

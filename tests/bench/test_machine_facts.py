@@ -1,4 +1,4 @@
-"""What a benchmark record says it ran on (minicavs/bench/machine.py): BLAS, CPU, variables, a forced kernel,
+"""What a benchmark record says it ran on (minicavs/bench/machine_facts.py): BLAS, CPU, variables, a forced kernel,
 and ``minicavs bench --as-user``."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from minicavs.bench import machine
+from minicavs.bench import machine_facts as machine
 
 CPUINFO = """processor\t: 0
 model name\t: AMD EPYC 9R14 96-Core Processor
