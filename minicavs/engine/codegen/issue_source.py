@@ -28,7 +28,7 @@ from ...core.limits import MAX_ARGS, MAX_REGISTERS
 from .cuda import MAX_BLOCKS, BLOCK
 from .issue_kernels import MOVES
 from .issue_shims import CPU_GEMM, HELPERS, shim_decls
-from .machine import OPS, WIDTH, register_views
+from .machine import OPS, WIDTH, decoded, register_views
 
 
 LOOP_SOURCE = r"""
@@ -275,22 +275,22 @@ static int row_{T}(mach_{T}_t *M, const int64_t *code, const int64_t *pool, cons
         switch (in[0]) {{
         case NOP: break;
         case BIND: {{
-            DSTOK(a[0], 0); BUFOK(a[1], 1);
+            @DECODE BIND@
             const int64_t row = a[2] == 1 ? task_row : a[2] == 2 ? scatter_row : 0, at = row * a[4] + a[3];
             if (bs > 0 && (at < 0 || at >= M->size[a[1]])) FAIL(3);
             SET(a[0], FBASE(a[1]) + at, a[4], 0, a[1]);
             break;
         }}
         case STATIC:
-            DSTOK(a[0], 0); BUFOK(a[1], 1);
+            @DECODE STATIC@
             SET(a[0], FBASE(a[1]), M->ld[a[1]], M->trans[a[1]], a[1]);
             break;
         case SCRATCH:
-            DSTOK(a[0], 0);
+            @DECODE SCRATCH@
             SET(a[0], scratch + a[1] * bs, a[2], 0, sbuf);
             break;
         case GATHER: {{
-            DSTOK(a[0], 0); BUFOK(a[1], 1); BUFOK(a[3], 3);
+            @DECODE GATHER@
             const int64_t width = a[2], start = task[5 + 2 * a[4]], step = task[6 + 2 * a[4]];
             if (a[5] && step >= 1) {{ SET(a[0], FBASE(a[1]) + start * width, step * width, 0, a[1]); break; }}
             if (width <= 0 || !rows_ok_{T}(M, a[3], task_row, bs, -1, NROWS(a[1], width))) FAIL(3);
@@ -301,14 +301,14 @@ static int row_{T}(mach_{T}_t *M, const int64_t *code, const int64_t *pool, cons
             break;
         }}
         case CATVIEW:
-            DSTOK(a[0], 0); BUFOK(a[1], 1);
+            @DECODE CATVIEW@
             if (catfirst >= 0 && (!a[4] || M->forest)) SET(a[0], FBASE(a[1]) + catfirst * a[2], a[3] * a[2], 0, a[1]);
             break;
         case SKIP_IF_CAT:
             if (catfirst >= 0 && (!a[1] || M->forest)) pc += a[0];
             break;
         case TAKE: case TAKETO: {{
-            DSTOK(a[0], 0); BUFOK(a[1], 1); BUFOK(a[3], 3);
+            @DECODE TAKE@
             const int64_t width = a[2], cols = a[4], col = in[0] == TAKE ? 0 : a[5];
             if (col < 0 || cols < 0 || col + cols > width) FAIL(4);
             if (!rows_ok_{T}(M, a[3], task_row, bs, -1, NROWS(a[1], width))) FAIL(3);
@@ -319,7 +319,7 @@ static int row_{T}(mach_{T}_t *M, const int64_t *code, const int64_t *pool, cons
             break;
         }}
         case SROWS: {{
-            DSTOK(a[0], 0); BUFOK(a[1], 1);
+            @DECODE SROWS@
             const int64_t col = a[2], ldb = a[3], cols = a[5];
             if (scatter_row >= 0) {{
                 const int64_t at = scatter_row * ldb + col;
@@ -339,7 +339,7 @@ static int row_{T}(mach_{T}_t *M, const int64_t *code, const int64_t *pool, cons
             break;
         }}
         case SPUT: {{
-            BUFOK(a[0], 0);
+            @DECODE SPUT@
             const int64_t col = a[1], ldb = a[2], cols = a[5];
             if (scatter_row >= 0 && !a[6]) break;
             REGOK(a[4], 4); CHECKR(a[4], bs, cols, 4);
@@ -359,7 +359,7 @@ static int row_{T}(mach_{T}_t *M, const int64_t *code, const int64_t *pool, cons
         }}
 {REGISTER_VIEWS}
         case GEMM: {{
-            REGOK(a[0], 0); REGOK(a[1], 1); REGOK(a[2], 2);
+            @DECODE GEMM@
             const int64_t m = DIM(a[3]), n = DIM(a[4]), k = DIM(a[5]);
             if (m == 0 || n == 0) break;
             const reg_{T}_t *A = &R[a[1]], *Bm = &R[a[2]], *C = &R[a[0]];
@@ -407,7 +407,7 @@ static int row_{T}(mach_{T}_t *M, const int64_t *code, const int64_t *pool, cons
             break;
         }}
         case COPY: case ADD: {{
-            REGOK(a[0], 0); REGOK(a[1], 1);
+            @DECODE COPY@
             const int64_t rows = DIM(a[2]), cols = a[3];
             CHECKR(a[0], rows, cols, 0); CHECKR(a[1], rows, cols, 1);
             STRIDES(a[0], dr, dc);
@@ -422,7 +422,7 @@ static int row_{T}(mach_{T}_t *M, const int64_t *code, const int64_t *pool, cons
             break;
         }}
         case ZERO: {{
-            REGOK(a[0], 0);
+            @DECODE ZERO@
             const int64_t rows = DIM(a[1]), cols = a[2];
             CHECKR(a[0], rows, cols, 0);
             STRIDES(a[0], dr, dc);
@@ -430,7 +430,7 @@ static int row_{T}(mach_{T}_t *M, const int64_t *code, const int64_t *pool, cons
             break;
         }}
         case SUMROWS: {{
-            REGOK(a[0], 0); REGOK(a[1], 1);
+            @DECODE SUMROWS@
             const int64_t rows = DIM(a[2]), cols = a[3];
             CHECKR(a[0], 1, cols, 0); CHECKR(a[1], rows, cols, 1);
             STRIDES(a[0], dr, dc);
@@ -442,7 +442,7 @@ static int row_{T}(mach_{T}_t *M, const int64_t *code, const int64_t *pool, cons
             break;
         }}
         case PUT: {{
-            BUFOK(a[0], 0); BUFOK(a[2], 2); REGOK(a[3], 3);
+            @DECODE PUT@
             const int64_t width = a[1], cols = a[4];
             if (cols < 0 || cols > width) FAIL(4);
             CHECKR(a[3], bs, cols, 3); NOTRANS(a[3], 3);
@@ -452,7 +452,7 @@ static int row_{T}(mach_{T}_t *M, const int64_t *code, const int64_t *pool, cons
             break;
         }}
         case ADJ: {{
-            BUFOK(a[0], 0); BUFOK(a[2], 2); REGOK(a[5], 5);
+            @DECODE ADJ@
             const int64_t width = a[1], cols = a[6];
             const int64_t start = task[5 + 2 * a[3]], step = task[6 + 2 * a[3]];
             CHECKR(a[5], bs, cols, 5);
@@ -473,7 +473,7 @@ static int row_{T}(mach_{T}_t *M, const int64_t *code, const int64_t *pool, cons
             break;
         }}
         case GACC: {{
-            BUFOK(a[0], 0); REGOK(a[1], 1);
+            @DECODE GACC@
             const int64_t rows = DIM(a[2]), cols = a[3];
             if (rows < 0 || cols < 0 || rows * cols > M->size[a[0]]) FAIL(0);
             CHECKR(a[1], rows, cols, 1);
@@ -482,7 +482,7 @@ static int row_{T}(mach_{T}_t *M, const int64_t *code, const int64_t *pool, cons
             break;
         }}
         case DROPOUT: {{
-            DSTOK(a[0], 0); REGOK(a[0], 0); REGOK(a[1], 1); BUFOK(a[3], 3); BUFOK(a[4], 4);
+            @DECODE DROPOUT@
             const int64_t cols = a[2];
             if (task_row < 0 || task_row + bs > M->size[a[3]]) FAIL(3);
             const int64_t *e = (const int64_t *)M->host[a[4]];
@@ -501,7 +501,7 @@ static int row_{T}(mach_{T}_t *M, const int64_t *code, const int64_t *pool, cons
             break;
         }}
         case BMM: {{
-            REGOK(a[0], 0); REGOK(a[1], 1); REGOK(a[2], 2);
+            @DECODE BMM@
             const int64_t m = a[3], n = a[4], k = a[5], arows = a[6], brows = a[7];
             if (m < 0 || n < 0 || k < 0) FAIL(3);
             if (bs == 0 || m == 0 || n == 0) break;
@@ -526,7 +526,7 @@ static int row_{T}(mach_{T}_t *M, const int64_t *code, const int64_t *pool, cons
             break;
         }}
         case TRANSROWS: {{
-            REGOK(a[0], 0); REGOK(a[1], 1);
+            @DECODE TRANSROWS@
             const int64_t m = a[2], n = a[3];
             if (m < 0 || n < 0) FAIL(2);
             NOTRANS(a[0], 0); NOTRANS(a[1], 1);
@@ -613,7 +613,7 @@ def issue_source() -> str:
             f"#define MAXBLOCKS {MAX_BLOCKS}\n#define MOVES {MOVES}\n")
     body = ""
     for T in ("float", "double"):
-        body += CPU_GEMM.format(T=T) + LOOP_SOURCE.format(T=T, REGISTER_VIEWS=register_views("DSTOK", 8))
+        body += CPU_GEMM.format(T=T) + decoded(LOOP_SOURCE, "DSTOK").format(T=T, REGISTER_VIEWS=register_views("DSTOK", 8))
         body += "#undef STRIDES\n#undef FAIL\n#undef ISSUED\n#undef DIM\n#undef REGOK\n#undef DSTOK\n#undef BUFOK\n" \
                 "#undef CHECKR\n#undef NOTRANS\n#undef SET\n#undef FBASE\n#undef IDX\n#undef NROWS\n#undef RK\n"
     return head + body

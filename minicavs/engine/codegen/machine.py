@@ -27,49 +27,77 @@ from ...core.limits import MAX_ARGS, MAX_REGISTERS  # noqa: F401  (re-exported: 
 
 WIDTH = 10
 
-# name -> operand names (a0, a1, ...): shared by the C switch below and by the dump in instructions.py
-OPCODES = {
+# The opcode table: per opcode its operands (a0, a1, ...) as (name, kind). A kind says how every C loop decodes
+# the operand before the instruction runs (``decode``: the checks are rendered from here into the C runner's
+# interpreter and the CUDA issuing loop alike) and what the reference runner's function takes:
+#   "reg"   a register the instruction points (its index checked; what it points at is checked where used)
+#   "in"    a register it reads or writes through (its index checked; the CUDA loop also checks that it points
+#           into a buffer; the memory it spans is checked where the rows and columns are known)
+#   "buf"   a buffer id (checked against the buffer table)
+#   "later" a register, buffer or kernel id that may be -1 or is used on one path only: checked where used
+#   "dim"   rows or columns (-1: the task's rows); "int" any other number (offset, width, mode, flag, pool)
+OPCODE_TABLE = {
     "NOP": (),
-    "BIND": ("dst", "buf", "mode", "col", "ld"),          # dst = buf + (base(mode) * ld + col); mode 0 none, 1 kind rows, 2 scatter rows
-    "STATIC": ("dst", "buf"),                             # dst = the whole buffer (its ld and transposed flag)
-    "SCRATCH": ("dst", "off", "cols"),                    # dst = scratch + off * rows, ld cols (the task's rows)
-    "GATHER": ("dst", "buf", "width", "idx", "slot", "elide", "off"),   # children's rows: a strided view or a copy
-    "CATVIEW": ("dst", "buf", "width", "k", "forest"),    # [gather0; ...] as a view when the task's children are side by side
-    "SKIP_IF_CAT": ("n", "forest"),                       # skip the next n instructions when the task has the concat view
-    # (forest = 1: only in a forest, where each child's gradient row is written once, not added)
-    "TAKE": ("dst", "buf", "width", "idx", "cols", "off"),   # rows buf[idx[task_row + r]] into scratch (-1: zeros)
-    "TAKETO": ("dst", "buf", "width", "idx", "cols", "col"),   # dst[r] = buf[idx[task_row + r]][col:col + cols]; -1: 0
+    # dst = buf + (base(mode) * ld + col); mode 0 none, 1 kind rows, 2 scatter rows
+    "BIND": (("dst", "reg"), ("buf", "buf"), ("mode", "int"), ("col", "int"), ("ld", "int")),
+    "STATIC": (("dst", "reg"), ("buf", "buf")),        # dst = the whole buffer (its ld and transposed flag)
+    "SCRATCH": (("dst", "reg"), ("off", "int"), ("cols", "int")),   # dst = scratch + off * rows, ld cols
+    # children's rows: a strided view or a copy
+    "GATHER": (("dst", "reg"), ("buf", "buf"), ("width", "int"), ("idx", "buf"), ("slot", "int"), ("elide", "int"),
+               ("off", "int")),
+    # [gather0; ...] as a view when the task's children are side by side
+    "CATVIEW": (("dst", "reg"), ("buf", "buf"), ("width", "int"), ("k", "int"), ("forest", "int")),
+    # skip the next n instructions when the task has the concat view (forest = 1: only in a forest, where each
+    # child's gradient row is written once, not added)
+    "SKIP_IF_CAT": (("n", "int"), ("forest", "int")),
+    # rows buf[idx[task_row + r]] into scratch (-1: zeros)
+    "TAKE": (("dst", "reg"), ("buf", "buf"), ("width", "int"), ("idx", "buf"), ("cols", "int"), ("off", "int")),
+    # dst[r] = buf[idx[task_row + r]][col:col + cols]; -1: 0
+    "TAKETO": (("dst", "reg"), ("buf", "buf"), ("width", "int"), ("idx", "buf"), ("cols", "int"), ("col", "int")),
     # a block's rows of a scatter tensor: a view at the scatter offset, or (offset -1: the kind's rows are not one
     # block) rows buf[idx[task_row + r]][col:col + cols] copied into scratch (load 0: scratch only, for SPUT to put)
-    "SROWS": ("dst", "buf", "col", "ld", "idx", "cols", "off", "load"),
+    "SROWS": (("dst", "reg"), ("buf", "buf"), ("col", "int"), ("ld", "int"), ("idx", "later"), ("cols", "int"),
+              ("off", "int"), ("load", "int")),
     # after SROWS (offset -1): buf[idx[task_row + r]][col:col + cols] = src[r]; at an offset (a view) nothing, or
     # (always) the rows copied to the offset's
-    "SPUT": ("buf", "col", "ld", "idx", "src", "cols", "always"),
-    "COLS": ("dst", "src", "col"),                        # a column slice: same rows, same ld
-    "ALIAS": ("dst", "src"),
-    "TRANSPOSE": ("dst", "src"),
-    "GEMM": ("c", "a", "b", "m", "n", "k", "bias"),       # c = a . b (+ bias row, reg or -1)
-    "FUSED": ("kernel", "nargs", "rows", "cols", "pool"),   # args: pool[2i] register, pool[2i+1] rows kind
-    "COPY": ("dst", "src", "rows", "cols"),
-    "ZERO": ("dst", "rows", "cols"),
-    "ADD": ("dst", "src", "rows", "cols"),
-    "SUMROWS": ("dst", "src", "rows", "cols"),            # dst[c] = sum over rows of src[r, c]
-    "PUT": ("buf", "width", "idx", "src", "cols"),        # buf[idx[task_row + r]] = src[r]
-    "ADJ": ("buf", "width", "idx", "slot", "elide", "src", "cols"),   # gather's adjoint into the scatter gradient
-    "GACC": ("buf", "src", "rows", "cols"),               # parameter gradient accumulator += src
+    "SPUT": (("buf", "buf"), ("col", "int"), ("ld", "int"), ("idx", "later"), ("src", "later"), ("cols", "int"),
+             ("always", "int")),
+    "COLS": (("dst", "reg"), ("src", "in"), ("col", "int")),   # a column slice: same rows, same ld
+    "ALIAS": (("dst", "reg"), ("src", "in")),
+    "TRANSPOSE": (("dst", "reg"), ("src", "in")),
+    # c = a . b (+ bias row, reg or -1)
+    "GEMM": (("c", "in"), ("a", "in"), ("b", "in"), ("rows", "dim"), ("n", "dim"), ("k", "dim"), ("bias", "later")),
+    # args: pool[2i] register, pool[2i+1] rows kind
+    "FUSED": (("kernel", "later"), ("nargs", "int"), ("rows", "dim"), ("cols", "int"), ("pool", "int")),
+    "COPY": (("dst", "in"), ("src", "in"), ("rows", "dim"), ("cols", "int")),
+    "ZERO": (("dst", "in"), ("rows", "dim"), ("cols", "int")),
+    "ADD": (("dst", "in"), ("src", "in"), ("rows", "dim"), ("cols", "int")),
+    # dst[c] = sum over rows of src[r, c]
+    "SUMROWS": (("dst", "in"), ("src", "in"), ("rows", "dim"), ("cols", "int")),
+    # buf[idx[task_row + r]] = src[r]
+    "PUT": (("buf", "buf"), ("width", "int"), ("idx", "buf"), ("src", "in"), ("cols", "int")),
+    # gather's adjoint into the scatter gradient
+    "ADJ": (("buf", "buf"), ("width", "int"), ("idx", "buf"), ("slot", "int"), ("elide", "int"), ("src", "in"),
+            ("cols", "int")),
+    "GACC": (("buf", "buf"), ("src", "in"), ("rows", "dim"), ("cols", "int")),   # a parameter gradient += src
     # dst = src * the dropout mask of the task's rows: row keys keys[task_row + r] (uint64), the hash word, threshold
     # and scale (a double's bits) in row ``entry`` of the int64 table ``table`` (minicavs/core/random.py's hash)
-    "DROPOUT": ("dst", "src", "cols", "keys", "table", "entry"),
-    # per task row r: c[r] (m x n, its flat row) = a[r] . b[r]; an operand with rows 1 is one matrix per row (its
-    # flat row, m x k or k x n), with rows 0 one matrix for all rows (a static: its register's ld and flag)
-    "BMM": ("c", "a", "b", "m", "n", "k", "a_rows", "b_rows"),
-    "TRANSROWS": ("dst", "src", "m", "n"),                # per task row: dst[r] (n x m) = src[r] (m x n) transposed
+    "DROPOUT": (("dst", "in"), ("src", "in"), ("cols", "int"), ("keys", "buf"), ("table", "buf"), ("entry", "int")),
+    # per task row r: c[r] (rows x n, its flat row) = a[r] . b[r]; an operand with *_rows 1 is one matrix per row
+    # (its flat row, rows x k or k x n), with 0 one matrix for all rows (a static: its register's ld and flag)
+    "BMM": (("c", "in"), ("a", "in"), ("b", "in"), ("rows", "int"), ("n", "int"), ("k", "int"), ("a_rows", "int"),
+            ("b_rows", "int")),
+    # per task row: dst[r] (cols x rows) = src[r] (rows x cols) transposed
+    "TRANSROWS": (("dst", "in"), ("src", "in"), ("rows", "int"), ("cols", "int")),
     # the outputs of a step no other opcode expresses = its op's own implementation (the registry's) over its
     # inputs' values: steps[step]'s input registers, then its output registers, from pool[pool]; keys: the row
     # keys buffer (-1: none) of an op that reads the run context. Only a runner that can call Python runs it
-    # (the reference runner, the CUDA runner); the C runner declines a program that has one.
-    "APPLY": ("step", "pool", "keys"),
+    # (the reference runner); the C loops decline a program that has one.
+    "APPLY": (("step", "int"), ("pool", "int"), ("keys", "later")),
 }
+OPERAND_KINDS = ("reg", "in", "buf", "later", "dim", "int")
+# name -> operand names (a0, a1, ...): the dump in lowered.py and the reference runner's functions' parameters
+OPCODES = {name: tuple(operand for operand, _ in operands) for name, operands in OPCODE_TABLE.items()}
 OPS = {name: i for i, name in enumerate(OPCODES)}
 
 
@@ -177,7 +205,7 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
             switch (in[0]) {{
             case NOP: break;
             case BIND: {{
-                REGOK(a[0], 0); BUFOK(a[1], 1);
+                @DECODE BIND@
                 const int64_t row = a[2] == 1 ? task_row : a[2] == 2 ? scatter_row : 0, at = row * a[4] + a[3];
                 if (check && bs > 0 && (at < 0 || at >= size[a[1]])) FAIL(3);
                 R[a[0]].p = (T *)base[a[1]] + at;
@@ -185,17 +213,17 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
                 break;
             }}
             case STATIC:
-                REGOK(a[0], 0); BUFOK(a[1], 1);
+                @DECODE STATIC@
                 R[a[0]].p = (T *)base[a[1]]; R[a[0]].ld = ld[a[1]]; R[a[0]].trans = trans[a[1]];
                 R[a[0]].buf = a[1];
                 break;
             case SCRATCH:
-                REGOK(a[0], 0);
+                @DECODE SCRATCH@
                 R[a[0]].p = scratch + a[1] * bs; R[a[0]].ld = a[2]; R[a[0]].trans = 0;
                 R[a[0]].buf = scratch_buf;
                 break;
             case GATHER: {{
-                REGOK(a[0], 0); BUFOK(a[1], 1); BUFOK(a[3], 3);
+                @DECODE GATHER@
                 const int64_t width = a[2];
                 const T *src = (const T *)base[a[1]];
                 const int64_t start = task[5 + 2 * a[4]], step = task[6 + 2 * a[4]];
@@ -215,7 +243,7 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
                 break;
             }}
             case CATVIEW:
-                REGOK(a[0], 0); BUFOK(a[1], 1);
+                @DECODE CATVIEW@
                 if (catfirst >= 0 && (!a[4] || forest)) {{
                     R[a[0]].p = (T *)base[a[1]] + catfirst * a[2]; R[a[0]].ld = a[3] * a[2];
                     R[a[0]].trans = 0; R[a[0]].buf = a[1];
@@ -225,7 +253,7 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
                 if (catfirst >= 0 && (!a[1] || forest)) pc += a[0];
                 break;
             case TAKE: {{
-                REGOK(a[0], 0); BUFOK(a[1], 1); BUFOK(a[3], 3);
+                @DECODE TAKE@
                 const int64_t width = a[2], cols = a[4];
                 const T *src = (const T *)base[a[1]];
                 const int64_t *idx = (const int64_t *)base[a[3]] + task_row;
@@ -240,7 +268,7 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
                 break;
             }}
             case TAKETO: {{
-                REGOK(a[0], 0); BUFOK(a[1], 1); BUFOK(a[3], 3);
+                @DECODE TAKETO@
                 const int64_t width = a[2], cols = a[4], col = a[5];
                 const T *src = (const T *)base[a[1]];
                 const int64_t *idx = (const int64_t *)base[a[3]] + task_row;
@@ -257,7 +285,7 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
                 break;
             }}
             case SROWS: {{
-                REGOK(a[0], 0); BUFOK(a[1], 1);
+                @DECODE SROWS@
                 const int64_t col = a[2], ldb = a[3], cols = a[5];
                 if (scatter_row >= 0) {{   /* one block of rows: a view, as BIND's */
                     const int64_t at = scatter_row * ldb + col;
@@ -280,9 +308,10 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
                 break;
             }}
             case SPUT: {{
-                BUFOK(a[0], 0); REGOK(a[4], 4);
+                @DECODE SPUT@
                 const int64_t col = a[1], ldb = a[2], cols = a[5];
                 if (scatter_row >= 0 && !a[6]) break;   /* SROWS bound a view: the steps wrote the rows in place */
+                REGOK(a[4], 4);
                 if (check && (R[a[4]].trans || col < 0 || cols < 0)) FAIL(4);
                 CHECKR(a[4], bs, cols, 4);
                 T *dst = (T *)base[a[0]];
@@ -309,7 +338,7 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
             }}
 {REGISTER_VIEWS}
             case GEMM: {{
-                REGOK(a[0], 0); REGOK(a[1], 1); REGOK(a[2], 2);
+                @DECODE GEMM@
                 const int64_t m = DIM(a[3]), n = DIM(a[4]), k = DIM(a[5]);
                 if (m == 0 || n == 0) break;
                 const reg_t *A = &R[a[1]], *Bm = &R[a[2]];
@@ -388,7 +417,7 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
                 break;
             }}
             case COPY: case ADD: {{
-                REGOK(a[0], 0); REGOK(a[1], 1);
+                @DECODE COPY@
                 const int64_t rows = DIM(a[2]), cols = a[3];
                 if (check && (R[a[0]].trans || R[a[1]].trans)) FAIL(0);
                 CHECKR(a[0], rows, cols, 0); CHECKR(a[1], rows, cols, 1);
@@ -408,7 +437,7 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
                 break;
             }}
             case ZERO: {{
-                REGOK(a[0], 0);
+                @DECODE ZERO@
                 const int64_t rows = DIM(a[1]), cols = a[2];
                 if (check && R[a[0]].trans) FAIL(0);
                 CHECKR(a[0], rows, cols, 0);
@@ -416,7 +445,7 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
                 break;
             }}
             case SUMROWS: {{
-                REGOK(a[0], 0); REGOK(a[1], 1);
+                @DECODE SUMROWS@
                 const int64_t rows = DIM(a[2]), cols = a[3];
                 CHECKR(a[0], 1, cols, 0); CHECKR(a[1], rows, cols, 1);
                 T *d = R[a[0]].p;
@@ -429,7 +458,7 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
                 break;
             }}
             case PUT: {{
-                BUFOK(a[0], 0); BUFOK(a[2], 2); REGOK(a[3], 3);
+                @DECODE PUT@
                 const int64_t width = a[1], cols = a[4];
                 T *dst = (T *)base[a[0]];
                 const int64_t *idx = (const int64_t *)base[a[2]] + task_row;
@@ -442,7 +471,7 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
                 break;
             }}
             case ADJ: {{
-                BUFOK(a[0], 0); BUFOK(a[2], 2); REGOK(a[5], 5);
+                @DECODE ADJ@
                 const int64_t width = a[1], cols = a[6];
                 T *dst = (T *)base[a[0]];
                 const int64_t start = task[5 + 2 * a[3]], step = task[6 + 2 * a[3]];
@@ -478,7 +507,7 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
                 break;
             }}
             case GACC: {{
-                BUFOK(a[0], 0); REGOK(a[1], 1);
+                @DECODE GACC@
                 const int64_t rows = DIM(a[2]), cols = a[3];
                 if (check && rows * cols > size[a[0]]) FAIL(0);
                 CHECKR(a[1], rows, cols, 1);
@@ -491,7 +520,7 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
                 break;
             }}
             case DROPOUT: {{
-                REGOK(a[0], 0); REGOK(a[1], 1); BUFOK(a[3], 3); BUFOK(a[4], 4);
+                @DECODE DROPOUT@
                 const int64_t cols = a[2];
                 if (check && (task_row < 0 || task_row + bs > size[a[3]])) FAIL(3);
                 if (check && (a[5] < 0 || 3 * a[5] + 3 > size[a[4]])) FAIL(5);
@@ -515,7 +544,7 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
                 break;
             }}
             case BMM: {{
-                REGOK(a[0], 0); REGOK(a[1], 1); REGOK(a[2], 2);
+                @DECODE BMM@
                 const int64_t m = a[3], n = a[4], k = a[5], arows = a[6], brows = a[7];
                 if (check && (m < 0 || n < 0 || k < 0)) FAIL(3);
                 if (bs == 0 || m == 0 || n == 0) break;
@@ -590,7 +619,7 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
                 break;
             }}
             case TRANSROWS: {{
-                REGOK(a[0], 0); REGOK(a[1], 1);
+                @DECODE TRANSROWS@
                 const int64_t m = a[2], n = a[3];
                 if (check && (m < 0 || n < 0 || R[a[0]].trans || R[a[1]].trans)) FAIL(0);
                 CHECKR(a[0], bs, m * n, 0); CHECKR(a[1], bs, m * n, 1);
@@ -620,20 +649,40 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
 """
 
 
+def decode(name: str, point_ok: str, through_ok: str = "REGOK", buffer_ok: str = "BUFOK") -> str:
+    """The C checks every loop runs before opcode ``name`` (from OPCODE_TABLE): each "reg" operand through the
+    loop's ``point_ok`` macro, each "in" through ``through_ok``, each "buf" through ``buffer_ok`` (macro(value,
+    operand index), failing the instruction with that operand's index)."""
+    macros = {"reg": point_ok, "in": through_ok, "buf": buffer_ok}
+    return " ".join(f"{macros[kind]}(a[{i}], {i});" for i, (_, kind) in enumerate(OPCODE_TABLE[name])
+                    if kind in macros)
+
+
+def decoded(source: str, point_ok: str) -> str:
+    """``source`` with each ``@DECODE name@`` marker replaced by the opcode's checks (:func:`decode`)."""
+    out = []
+    for piece in source.split("@DECODE "):
+        if out:
+            name, rest = piece.split("@", 1)
+            piece = decode(name, point_ok) + rest
+        out.append(piece)
+    return "".join(out)
+
+
 def register_views(dst_ok: str, indent: int) -> str:
     """The C cases of the instructions that only re-point a register (COLS: a column block, ALIAS, TRANSPOSE):
     one text for the interpreter and the CUDA issuing loop, each checking the destination register with its
     own ``dst_ok`` macro; indented by ``indent`` spaces."""
     cases = f"""case COLS:
-    {dst_ok}(a[0], 0); REGOK(a[1], 1);
+    {decode("COLS", dst_ok)}
     R[a[0]] = R[a[1]]; R[a[0]].p += a[2];
     break;
 case ALIAS:
-    {dst_ok}(a[0], 0); REGOK(a[1], 1);
+    {decode("ALIAS", dst_ok)}
     R[a[0]] = R[a[1]];
     break;
 case TRANSPOSE:
-    {dst_ok}(a[0], 0); REGOK(a[1], 1);
+    {decode("TRANSPOSE", dst_ok)}
     R[a[0]] = R[a[1]]; R[a[0]].trans ^= 1;
     break;"""
     return textwrap.indent(cases, " " * indent)
@@ -642,7 +691,7 @@ case TRANSPOSE:
 def interpreter_source(c_type: str) -> str:
     """The interpreter's C source for one element type (``float`` or ``double``)."""
     enum = ", ".join([f"{name} = {i}" for name, i in OPS.items()] + [f"NOPCODES = {len(OPS)}"])
-    return INTERPRETER_SOURCE.format(T=c_type, ENUM=enum, WIDTH=WIDTH, MAX_ARGS=MAX_ARGS,
+    return decoded(INTERPRETER_SOURCE, "REGOK").format(T=c_type, ENUM=enum, WIDTH=WIDTH, MAX_ARGS=MAX_ARGS,
                                      MAX_REGISTERS=MAX_REGISTERS, REGISTER_VIEWS=register_views("REGOK", 12))
 
 
