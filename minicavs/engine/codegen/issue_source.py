@@ -28,7 +28,7 @@ from ...core.limits import MAX_ARGS, MAX_REGISTERS
 from .cuda import MAX_BLOCKS, BLOCK
 from .issue_kernels import MOVES
 from .issue_shims import CPU_GEMM, HELPERS, shim_decls
-from .machine import OPS, WIDTH, decoded, register_views
+from .machine import OPS, WIDTH, decoded, register_cases
 
 
 LOOP_SOURCE = r"""
@@ -245,6 +245,12 @@ static int product_{T}(mach_{T}_t *M, int ta, int tb, int64_t m, int64_t n, int6
 #define SET(r, ptr, ld_, trans_, buf_) do {{ R[r].p = (ptr); R[r].ld = (ld_); R[r].trans = (trans_); \
     R[r].buf = (buf_); }} while (0)
 #define FBASE(b) (({T} *)M->base[b])
+#define BSIZE(b) (M->size[b])
+#define BLD(b) (M->ld[b])
+#define BTRANS(b) (M->trans[b])
+#define CHECKING 1
+#define FOREST (M->forest)
+#define SCRATCH_BUF sbuf
 #define IDX(b) ((const void *)((const int64_t *)M->base[b] + task_row))
 #define NROWS(b, w) ((w) > 0 ? M->size[b] / (w) : 0)
 
@@ -273,22 +279,6 @@ static int row_{T}(mach_{T}_t *M, const int64_t *code, const int64_t *pool, cons
         const int64_t *in = code + pc * W;
         const int64_t *a = in + 1;
         switch (in[0]) {{
-        case NOP: break;
-        case BIND: {{
-            @DECODE BIND@
-            const int64_t row = a[2] == 1 ? task_row : a[2] == 2 ? scatter_row : 0, at = row * a[4] + a[3];
-            if (bs > 0 && (at < 0 || at >= M->size[a[1]])) FAIL(3);
-            SET(a[0], FBASE(a[1]) + at, a[4], 0, a[1]);
-            break;
-        }}
-        case STATIC:
-            @DECODE STATIC@
-            SET(a[0], FBASE(a[1]), M->ld[a[1]], M->trans[a[1]], a[1]);
-            break;
-        case SCRATCH:
-            @DECODE SCRATCH@
-            SET(a[0], scratch + a[1] * bs, a[2], 0, sbuf);
-            break;
         case GATHER: {{
             @DECODE GATHER@
             const int64_t width = a[2], start = task[5 + 2 * a[4]], step = task[6 + 2 * a[4]];
@@ -300,13 +290,6 @@ static int row_{T}(mach_{T}_t *M, const int64_t *code, const int64_t *pool, cons
                             width, 0));
             break;
         }}
-        case CATVIEW:
-            @DECODE CATVIEW@
-            if (catfirst >= 0 && (!a[4] || M->forest)) SET(a[0], FBASE(a[1]) + catfirst * a[2], a[3] * a[2], 0, a[1]);
-            break;
-        case SKIP_IF_CAT:
-            if (catfirst >= 0 && (!a[1] || M->forest)) pc += a[0];
-            break;
         case TAKE: case TAKETO: {{
             @DECODE TAKE@
             const int64_t width = a[2], cols = a[4], col = in[0] == TAKE ? 0 : a[5];
@@ -357,7 +340,7 @@ static int row_{T}(mach_{T}_t *M, const int64_t *code, const int64_t *pool, cons
                             NROWS(a[0], ldb), bs, cols, 0));
             break;
         }}
-{REGISTER_VIEWS}
+{REGISTER_CASES}
         case GEMM: {{
             @DECODE GEMM@
             const int64_t m = DIM(a[3]), n = DIM(a[4]), k = DIM(a[5]);
@@ -613,9 +596,10 @@ def issue_source() -> str:
             f"#define MAXBLOCKS {MAX_BLOCKS}\n#define MOVES {MOVES}\n")
     body = ""
     for T in ("float", "double"):
-        body += CPU_GEMM.format(T=T) + decoded(LOOP_SOURCE, "DSTOK").format(T=T, REGISTER_VIEWS=register_views("DSTOK", 8))
+        body += CPU_GEMM.format(T=T) + decoded(LOOP_SOURCE, "DSTOK").format(T=T, REGISTER_CASES=register_cases("DSTOK", 8))
         body += "#undef STRIDES\n#undef FAIL\n#undef ISSUED\n#undef DIM\n#undef REGOK\n#undef DSTOK\n#undef BUFOK\n" \
-                "#undef CHECKR\n#undef NOTRANS\n#undef SET\n#undef FBASE\n#undef IDX\n#undef NROWS\n#undef RK\n"
+                "#undef CHECKR\n#undef NOTRANS\n#undef SET\n#undef FBASE\n#undef IDX\n#undef NROWS\n#undef RK\n" \
+                "#undef BSIZE\n#undef BLD\n#undef BTRANS\n#undef CHECKING\n#undef FOREST\n#undef SCRATCH_BUF\n"
     return head + body
 
 

@@ -167,6 +167,16 @@ static inline uint64_t mc_mix(uint64_t z) {{   /* SplitMix64's finaliser (minica
     out_of(&B, R[reg].buf, R[reg].p, rows, cols, R[reg].ld, R[reg].trans, sizeof(T)))) FAIL(operand); }} while (0)
 #define REGOK(r, operand) do {{ if (check && ((r) < 0 || (r) >= nregs)) FAIL(operand); }} while (0)
 #define BUFOK(b, operand) do {{ if (check && ((b) < 0 || (b) >= nbufs)) FAIL(operand); }} while (0)
+/* what the cases both C loops share (register_cases) read and write through */
+#define SET(r, ptr, ld_, trans_, buf_) do {{ R[r].p = (ptr); R[r].ld = (ld_); R[r].trans = (trans_); \
+    R[r].buf = (buf_); }} while (0)
+#define FBASE(b) ((T *)base[b])
+#define BSIZE(b) (size[b])
+#define BLD(b) (ld[b])
+#define BTRANS(b) (trans[b])
+#define CHECKING check
+#define FOREST forest
+#define SCRATCH_BUF scratch_buf
 
 int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int64_t nkinds,
             const int64_t *tasks, int64_t ntasks, int64_t tw,
@@ -203,25 +213,6 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
             const int64_t *a = in + 1;
             if (prof) clock_gettime(CLOCK_MONOTONIC, &t0);
             switch (in[0]) {{
-            case NOP: break;
-            case BIND: {{
-                @DECODE BIND@
-                const int64_t row = a[2] == 1 ? task_row : a[2] == 2 ? scatter_row : 0, at = row * a[4] + a[3];
-                if (check && bs > 0 && (at < 0 || at >= size[a[1]])) FAIL(3);
-                R[a[0]].p = (T *)base[a[1]] + at;
-                R[a[0]].ld = a[4]; R[a[0]].trans = 0; R[a[0]].buf = a[1];
-                break;
-            }}
-            case STATIC:
-                @DECODE STATIC@
-                R[a[0]].p = (T *)base[a[1]]; R[a[0]].ld = ld[a[1]]; R[a[0]].trans = trans[a[1]];
-                R[a[0]].buf = a[1];
-                break;
-            case SCRATCH:
-                @DECODE SCRATCH@
-                R[a[0]].p = scratch + a[1] * bs; R[a[0]].ld = a[2]; R[a[0]].trans = 0;
-                R[a[0]].buf = scratch_buf;
-                break;
             case GATHER: {{
                 @DECODE GATHER@
                 const int64_t width = a[2];
@@ -242,16 +233,6 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
                 R[a[0]].p = dst; R[a[0]].ld = width; R[a[0]].trans = 0; R[a[0]].buf = scratch_buf;
                 break;
             }}
-            case CATVIEW:
-                @DECODE CATVIEW@
-                if (catfirst >= 0 && (!a[4] || forest)) {{
-                    R[a[0]].p = (T *)base[a[1]] + catfirst * a[2]; R[a[0]].ld = a[3] * a[2];
-                    R[a[0]].trans = 0; R[a[0]].buf = a[1];
-                }}
-                break;
-            case SKIP_IF_CAT:
-                if (catfirst >= 0 && (!a[1] || forest)) pc += a[0];
-                break;
             case TAKE: {{
                 @DECODE TAKE@
                 const int64_t width = a[2], cols = a[4];
@@ -336,7 +317,7 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
                 }}
                 break;
             }}
-{REGISTER_VIEWS}
+{REGISTER_CASES}
             case GEMM: {{
                 @DECODE GEMM@
                 const int64_t m = DIM(a[3]), n = DIM(a[4]), k = DIM(a[5]);
@@ -669,11 +650,35 @@ def decoded(source: str, point_ok: str) -> str:
     return "".join(out)
 
 
-def register_views(dst_ok: str, indent: int) -> str:
-    """The C cases of the instructions that only re-point a register (COLS: a column block, ALIAS, TRANSPOSE):
-    one text for the interpreter and the CUDA issuing loop, each checking the destination register with its
-    own ``dst_ok`` macro; indented by ``indent`` spaces."""
-    cases = f"""case COLS:
+def register_cases(dst_ok: str, indent: int) -> str:
+    """The C cases of the instructions that only point a register (BIND, STATIC, SCRATCH, CATVIEW, SKIP_IF_CAT;
+    COLS: a column block, ALIAS, TRANSPOSE): one text for the interpreter and the CUDA issuing loop, over the
+    macros each defines (SET, FBASE, BSIZE, BLD, BTRANS, CHECKING: whether bounds are checked, FOREST,
+    SCRATCH_BUF), each checking a pointed register with its own ``dst_ok``; indented by ``indent`` spaces."""
+    cases = f"""case NOP: break;
+case BIND: {{
+    {decode("BIND", dst_ok)}
+    const int64_t row = a[2] == 1 ? task_row : a[2] == 2 ? scatter_row : 0, at = row * a[4] + a[3];
+    if (CHECKING && bs > 0 && (at < 0 || at >= BSIZE(a[1]))) FAIL(3);
+    SET(a[0], FBASE(a[1]) + at, a[4], 0, a[1]);
+    break;
+}}
+case STATIC:
+    {decode("STATIC", dst_ok)}
+    SET(a[0], FBASE(a[1]), BLD(a[1]), BTRANS(a[1]), a[1]);
+    break;
+case SCRATCH:
+    {decode("SCRATCH", dst_ok)}
+    SET(a[0], scratch + a[1] * bs, a[2], 0, SCRATCH_BUF);
+    break;
+case CATVIEW:
+    {decode("CATVIEW", dst_ok)}
+    if (catfirst >= 0 && (!a[4] || FOREST)) SET(a[0], FBASE(a[1]) + catfirst * a[2], a[3] * a[2], 0, a[1]);
+    break;
+case SKIP_IF_CAT:
+    if (catfirst >= 0 && (!a[1] || FOREST)) pc += a[0];
+    break;
+case COLS:
     {decode("COLS", dst_ok)}
     R[a[0]] = R[a[1]]; R[a[0]].p += a[2];
     break;
@@ -692,7 +697,7 @@ def interpreter_source(c_type: str) -> str:
     """The interpreter's C source for one element type (``float`` or ``double``)."""
     enum = ", ".join([f"{name} = {i}" for name, i in OPS.items()] + [f"NOPCODES = {len(OPS)}"])
     return decoded(INTERPRETER_SOURCE, "REGOK").format(T=c_type, ENUM=enum, WIDTH=WIDTH, MAX_ARGS=MAX_ARGS,
-                                     MAX_REGISTERS=MAX_REGISTERS, REGISTER_VIEWS=register_views("REGOK", 12))
+                                     MAX_REGISTERS=MAX_REGISTERS, REGISTER_CASES=register_cases("REGOK", 12))
 
 
 def interpreter_decls(c_type: str) -> str:

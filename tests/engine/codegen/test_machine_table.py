@@ -65,3 +65,13 @@ def test_the_reference_runner_has_a_function_per_opcode_taking_its_operands():
     for name, operands in OPCODES.items():
         fn = reference.OPERATIONS[name]
         assert list(inspect.signature(fn).parameters)[1:] == list(operands), name
+
+
+def test_the_register_cases_are_one_text_in_both_loops():
+    """The instructions that only point a register are rendered once (register_cases) into both loops: each loop
+    holds that text, differing only in the macro that checks a pointed register."""
+    from minicavs.engine.codegen.machine import register_cases
+    interpreter, loop = interpreter_source("double"), issue_source()
+    assert register_cases("REGOK", 12) in interpreter
+    assert register_cases("DSTOK", 8) in loop
+    assert register_cases("REGOK", 0).replace("REGOK(a[0]", "DSTOK(a[0]") == register_cases("DSTOK", 0)
