@@ -22,21 +22,24 @@ import dataclasses
 import io
 import json
 import os
+import sys
+import time
 import zipfile
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from .. import __version__
 from ..core import atomic
 from ..core.errors import MinicavsError
+from ..cpu.compiler import cache_dir, compiler
 from ..engine.backend import to_host
 from ..engine.compile import EngineOptions
 from ..engine.model import Model, Structure, by_child_count
 from ..ir.serialize import Decoder, Encoder, SerializeError
 from ..nn import Parameter, ParameterSet
 from ..runtime.vertex import VertexFunction
-from .behaviour import TABLES
+from .behaviour import PROBES, TABLES
 
 FORMAT = "minicavs-model"
 VERSION = 1
@@ -156,13 +159,48 @@ def read(path: str | os.PathLike) -> tuple[dict, dict]:
     return meta, arrays
 
 
-def load(path: str | os.PathLike) -> "LoadedModel":
-    """The model an artifact holds, ready to predict (``minicavs.load``); raises ArtifactError."""
+def _on_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def load(path: str | os.PathLike, say: Callable[[str], None] | None = _on_stderr) -> "LoadedModel":
+    """The model an artifact holds, ready to predict (``minicavs.load``); raises ArtifactError.
+
+    Loading builds the model's kernels now, not in its first request: it compiles them (or finds them in the
+    kernel cache) and runs one probe input of the model's reader through them (the C runner's libraries are
+    built on a first run). ``say`` hears one line saying how many kernels and whether the cache had them
+    (default: stderr; None: quiet)."""
     meta, arrays = read(path)
+    cached = _libraries()
+    start = time.perf_counter()
     try:
-        return LoadedModel(meta, arrays)
+        model = LoadedModel(meta, arrays)
+        model.outputs([model.parse_input(PROBES[model.behaviour["reader"]["name"]], "probe")])
     except (SerializeError, KeyError, TypeError, ValueError, IndexError) as e:
         raise ArtifactError(f"{os.fspath(path)}: damaged model artifact ({type(e).__name__}: {e})") from None
+    if say is not None:
+        say(f"minicavs: loaded {os.fspath(path)}: {kernel_note(model, len(_libraries() - cached))}, "
+            f"{time.perf_counter() - start:.1f} s")
+    return model
+
+
+def _libraries() -> set:
+    """The compiled kernel libraries in the kernel cache (a build adds one: cpu/compiler.py)."""
+    return set(cache_dir().glob("*.so"))
+
+
+def kernel_note(model: "LoadedModel", compiled: int) -> str:
+    """How many fused kernels ``model``'s forward pass runs and whether they came from the kernel cache
+    (``compiled``: how many libraries were compiled, on a cache miss, while loading)."""
+    if compiler() is None:
+        return "no C compiler: its fused groups run unfused with numpy (slow; install a C compiler)"
+    opts, device = model.model.options, model.model.device
+    kernels = sum(len(groups) for s in model.model.structures for fn in s.compiled.values()
+                  for groups in fn.variant(opts).phases(opts, device).forward.groups)
+    what = f"{kernels} fused kernels and the C runner"
+    if compiled:
+        return f"compiled its kernels ({what}: {compiled} libraries; cache miss, now cached in {cache_dir()})"
+    return f"its kernels ({what}) from the kernel cache in {cache_dir()} (hit)"
 
 
 class LoadedModel:

@@ -158,6 +158,9 @@ def perplexity(sentences: Sequence[list], outputs: dict, vocabulary: list, token
 
 
 READERS: dict[str, Callable[..., Any]] = {"tree": read_tree, "digits": read_digits, "tokens": read_tokens}
+# per reader, an input line every model reading it accepts: loading runs it once, so that the kernels and the C
+# runner's libraries are built at load time, not in the first request
+PROBES = {"tree": "((a b) c)", "digits": "12", "tokens": "a b"}
 GRAPHS: dict[str, Callable[[Sequence], Any]] = {"trees": tree_graphs, "none": no_graphs, "eos_chains": eos_chains}
 FEEDS: dict[str, Callable[..., np.ndarray]] = {
     "leaf_word_ids": leaf_word_ids, "padded_source": padded_source, "source_mask": source_mask,

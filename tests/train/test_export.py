@@ -2,6 +2,10 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+import sys
 
 import pytest
 import yaml
@@ -53,3 +57,24 @@ def test_bad_targets_are_one_line_errors_with_exit_status_2(tmp_path, capsys, ar
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and __import__("re").match(match, err), err
     assert not (tmp_path / "m.mcav").exists()
+
+
+def test_loading_says_it_compiles_its_kernels_then_that_the_cache_has_them(tmp_path):
+    """On an empty kernel cache the load compiles (cache miss), the next load finds them (hit): one line on
+    stderr each, before the first input is read."""
+    model = tmp_path / "m.mcav"
+    assert main(["export", config(tmp_path), "-o", str(model)]) == 0
+    env = {**os.environ, "MINICAVS_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT)}
+    said = []
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "-m", "minicavs", "predict", str(model), "-"], input="(a b)\n",
+                              env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0 and done.stdout.count("\n") == 1, done.stderr
+        said.append(done.stderr.strip())
+    built = len(list((tmp_path / "cache").glob("*.so")))
+    assert built > 0 and "\n" not in said[0] and "\n" not in said[1]
+    assert re.fullmatch(rf"minicavs: loaded {re.escape(str(model))}: compiled its kernels \(\d+ fused kernels "
+                        rf"and the C runner: {built} libraries; cache miss, now cached in .*cache\), [\d.]+ s",
+                        said[0]), said[0]
+    assert re.fullmatch(rf"minicavs: loaded .*: its kernels \(\d+ fused kernels and the C runner\) from the "
+                        rf"kernel cache in .*cache \(hit\), [\d.]+ s", said[1]), said[1]
