@@ -123,8 +123,8 @@ def _plain(cfg: dict) -> Any:
 def _check_behaviour(behaviour: Any, where: str) -> None:
     if not isinstance(behaviour, dict):
         raise ArtifactError(f"{where}: behaviour is not a table")
-    parts = [("reader", behaviour.get("reader")), ("graphs", behaviour.get("graphs")),
-             ("render", behaviour.get("render"))]
+    parts = [("reader", behaviour.get("reader")), ("render", behaviour.get("render"))]
+    parts += [("decoder", behaviour["decoder"])] if "decoder" in behaviour else [("graphs", behaviour.get("graphs"))]
     parts += [("feed", f) for f in (behaviour.get("feeds") or {}).values()]
     for table, entry in parts:
         name = entry.get("name") if isinstance(entry, dict) else None
@@ -227,11 +227,17 @@ class LoadedModel:
         return TABLES["reader"][reader["name"]](line, where, **reader.get("settings", {}))
 
     def outputs(self, samples: Sequence[Any]) -> dict:
-        """The model's outputs (name -> array) for one batch of parsed samples, through one schedule."""
+        """The model's outputs (name -> array) for one batch of parsed samples, through one schedule (or, for a
+        model with a decoder, through the decoder's loop of them)."""
         b = self.behaviour
-        graphs = TABLES["graphs"][b["graphs"]["name"]](samples)
+        if "decoder" in b:
+            return TABLES["decoder"][b["decoder"]["name"]](self._infer, samples, **b["decoder"].get("settings", {}))
+        graphs = TABLES["graphs"][b["graphs"]["name"]](samples, **b["graphs"].get("settings", {}))
         feeds = {name: TABLES["feed"][f["name"]](samples, self.index, **f.get("settings", {}))
                  for name, f in b["feeds"].items()}
+        return self._infer(graphs, feeds)
+
+    def _infer(self, graphs: Any, feeds: dict) -> dict:
         return self.model.infer(graphs, feeds, self.params).outputs
 
     def render(self, samples: Sequence[Any], outputs: dict) -> list[dict]:

@@ -43,8 +43,7 @@ def test_export_then_predict_the_file_as_predict_does_the_model(tmp_path, capsys
 
 @pytest.mark.parametrize("argv, match", [
     (lambda t: ["export", config(t, "tree_fc"), "-o", str(t / "m.mcav")],
-     r"minicavs export: error: cannot export model TreeFC: its input parsing and output rendering exist only as "
-     r"Python code"),
+     r"minicavs export: error: cannot export model TreeFC: it does not predict from text input \(no Task.predicts\)"),
     (lambda t: ["export", config(t), "-o", str(t / "no" / "such" / "m.mcav")], r"minicavs export: error: .*no/such"),
     (lambda t: ["predict", str(t / "absent.mcav"), "-"], r"minicavs predict: error: model file not found"),
     (lambda t: (t / "bad.mcav").write_bytes(b"PK\x03\x04junk") and ["predict", str(t / "bad.mcav"), "-"],
