@@ -60,13 +60,14 @@ def export(path: str | os.PathLike, task, cfg: dict) -> dict:
     model = task.model
     roots = list(spec["outputs"].values())
     for s in model.structures:
-        roots += list(s.pulls.values()) + list(s._pushed.values())
+        roots += list(s.pulls.values())
         for f in s.functions.values():
             roots += list(f.graph.nodes) + list(f.gathers.values()) + list(f.pulls.values())
     try:
         enc = Encoder(roots)
     except SerializeError as e:
         raise ArtifactError(f"cannot export model {type(task).__name__}: {e}") from None
+    pushes = _push_buffers(model.structures, enc)
     arrays = dict(enc.arrays)
     params = []
     for i, (name, p) in enumerate(task.params.items()):
@@ -74,7 +75,7 @@ def export(path: str | os.PathLike, task, cfg: dict) -> dict:
         arrays[key] = np.ascontiguousarray(to_host(p.value))   # (a model on a device: its host copy)
         params.append({"name": name, "key": key, "trainable": p.trainable})
     meta = {"format": FORMAT, "version": VERSION, "minicavs": __version__, "nodes": enc.table,
-            "structures": [_structure(s, enc) for s in model.structures],
+            "structures": [_structure(s, enc, pushed) for s, pushed in zip(model.structures, pushes)],
             "outputs": {k: enc.ref(v) for k, v in spec["outputs"].items()},
             "policy": cfg["train"]["policy"], "options": dataclasses.asdict(model.options),
             "params": params, "vocabulary": task.vocabulary, "config": _plain(cfg),
@@ -87,9 +88,21 @@ def export(path: str | os.PathLike, task, cfg: dict) -> dict:
     return meta
 
 
-def _structure(s: Structure, enc: Encoder) -> dict:
+def _push_buffers(structures: Sequence[Structure], enc: Encoder) -> list[dict]:
+    """Per structure, {push name: node} of the push buffers the exported graphs read. A push buffer is the
+    input node ``Structure.pushed(name)`` makes, named ``<structure>.<name>``: asked for only where the graphs
+    hold a node of that name, so that an export makes no buffer the model did not have."""
+    named = {n.name for n in enc.nodes if n.op == "input"}
+    found = []
+    for s in structures:
+        names = {k for f in s.functions.values() for k in f.pushes if f"{s.name}.{k}" in named}
+        found.append({k: s.pushed(k) for k in sorted(names) if s.pushed(k) in enc.index})
+    return found
+
+
+def _structure(s: Structure, enc: Encoder, pushed: dict) -> dict:
     return {"name": s.name, "kinds": _kind_rule(s), "pulls": {k: enc.ref(v) for k, v in s.pulls.items()},
-            "pushed": {k: enc.ref(v) for k, v in s._pushed.items()},
+            "pushed": {k: enc.ref(v) for k, v in pushed.items()},
             "functions": [_function(f, enc) for f in s.functions.values()]}
 
 
@@ -218,8 +231,10 @@ class LoadedModel:
         self.params = ParameterSet(Parameter(p["name"], arrays[p["key"]].shape, init=arrays[p["key"]],
                                              dtype=arrays[p["key"]].dtype, trainable=p["trainable"])
                                    for p in meta["params"])
-        self.model = Model(structures, outputs={k: dec.node(v) for k, v in meta["outputs"].items()},
-                           policy=meta["policy"], options=EngineOptions(**meta["options"]))
+        outputs = {k: dec.node(v) for k, v in meta["outputs"].items()}
+        dec.check_all()
+        self.model = Model(structures, outputs=outputs, policy=meta["policy"],
+                           options=EngineOptions(**meta["options"]))
         self.model.plan_buffers(self.params)
 
     def parse_input(self, line: str, where: str) -> Any:
@@ -269,13 +284,6 @@ def _rebuild_structure(s: dict, dec: Decoder) -> Structure:
     kinds = None if rule is None else by_child_count(rule["leaf"], rule["internal"])
     out = Structure(functions, pulls={k: dec.node(v) for k, v in s["pulls"].items()}, kinds=kinds,
                     name=s["name"])
-    _adopt_pushes(out, {k: dec.node(v) for k, v in s["pushed"].items()})
+    for name, ref in sorted(s["pushed"].items(), key=lambda item: item[1]):   # (in table order)
+        dec.give(ref, out.pushed(name))   # the engine's own push-buffer node, where the static graphs read it
     return out
-
-
-def _adopt_pushes(s: Structure, pushed: dict) -> None:
-    """Give ``s`` the decoded nodes standing for its push buffers (the static graphs read these nodes)."""
-    from ..engine import model as model_module
-    for name, node in pushed.items():
-        s._pushed[name] = node
-        model_module._PUSHED.add(node)
