@@ -181,6 +181,7 @@ class Handler(BaseHTTPRequestHandler):
 class ModelServer(ThreadingHTTPServer):
     daemon_threads = False   # server_close joins the handler threads: requests in flight finish
     block_on_close = True
+    request_queue_size = 128   # the listen backlog (the standard library's 5 resets a burst of new connections)
 
     def __init__(self, address, predictor, name: str, max_batch: int, max_wait: float, max_bytes: int):
         super().__init__(address, Handler)

@@ -142,3 +142,17 @@ def test_a_busy_batcher_runs_what_queued_during_its_last_batch_without_waiting()
         assert time.monotonic() - done < 2.0 and echo.batches == [["a1", "a2", "a3"], ["b", "c"]]
     finally:
         batcher.stop()
+
+
+def test_a_burst_of_new_connections_is_served(model):
+    """64 clients connecting at once (a load test's keep-alive pool) are all accepted and answered."""
+    _, path = model
+    proc, port = start(path)
+    try:
+        start_at = time.monotonic()
+        answers = concurrently(port, [json.dumps("(a b)").encode()] * 64)
+        assert [a[0] if a else None for a in answers] == [200] * 64
+        assert time.monotonic() - start_at < 5.0
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
