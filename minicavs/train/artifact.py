@@ -22,6 +22,7 @@ import dataclasses
 import io
 import json
 import os
+import re
 import sys
 import time
 import zipfile
@@ -30,9 +31,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from .. import __version__
-from ..core import atomic
+from ..core import atomic, onetime
 from ..core.errors import MinicavsError
-from ..cpu.compiler import cache_dir, compiler
 from ..engine.backend import to_host
 from ..engine.compile import EngineOptions
 from ..engine.model import Model, Structure, by_child_count
@@ -184,36 +184,34 @@ def load(path: str | os.PathLike, say: Callable[[str], None] | None = _on_stderr
     built on a first run). ``say`` hears one line saying how many kernels and whether the cache had them
     (default: stderr; None: quiet)."""
     meta, arrays = read(path)
-    cached = _libraries()
+    compiling: list = []   # what the compiler said it compiled (once per kind of work: on a cache miss)
     start = time.perf_counter()
     try:
-        model = LoadedModel(meta, arrays)
-        model.outputs([model.parse_input(PROBES[model.behaviour["reader"]["name"]], "probe")])
+        with onetime.announcing(compiling.append):
+            model = LoadedModel(meta, arrays)
+            model.outputs([model.parse_input(PROBES[model.behaviour["reader"]["name"]], "probe")])
     except (SerializeError, KeyError, TypeError, ValueError, IndexError) as e:
         raise ArtifactError(f"{os.fspath(path)}: damaged model artifact ({type(e).__name__}: {e})") from None
     if say is not None:
-        say(f"minicavs: loaded {os.fspath(path)}: {kernel_note(model, len(_libraries() - cached))}, "
+        say(f"minicavs: loaded {os.fspath(path)}: {kernel_note(model, compiling)}, "
             f"{time.perf_counter() - start:.1f} s")
     return model
 
 
-def _libraries() -> set:
-    """The compiled kernel libraries in the kernel cache (a build adds one: cpu/compiler.py)."""
-    return set(cache_dir().glob("*.so"))
-
-
-def kernel_note(model: "LoadedModel", compiled: int) -> str:
+def kernel_note(model: "LoadedModel", compiling: list) -> str:
     """How many fused kernels ``model``'s forward pass runs and whether they came from the kernel cache
-    (``compiled``: how many libraries were compiled, on a cache miss, while loading)."""
-    if compiler() is None:
-        return "no C compiler: its fused groups run unfused with numpy (slow; install a C compiler)"
+    (``compiling``: what the compiler announced while loading; nothing on a cache hit)."""
     opts, device = model.model.options, model.model.device
+    missing = device.runner_missing(model.model.structures[0].dtype.np) if model.model.structures else None
+    if missing:
+        return f"no C runner ({missing}): it runs unfused with numpy, slowly"
     kernels = sum(len(groups) for s in model.model.structures for fn in s.compiled.values()
                   for groups in fn.variant(opts).phases(opts, device).forward.groups)
     what = f"{kernels} fused kernels and the C runner"
-    if compiled:
-        return f"compiled its kernels ({what}: {compiled} libraries; cache miss, now cached in {cache_dir()})"
-    return f"its kernels ({what}) from the kernel cache in {cache_dir()} (hit)"
+    if compiling:
+        where = re.search(r"cached in (.*)\)", compiling[0])
+        return f"compiled its kernels ({what}; cache miss, now cached in {where[1] if where else '?'})"
+    return f"its kernels ({what}) from the kernel cache (hit)"
 
 
 class LoadedModel:

@@ -70,10 +70,9 @@ def test_loading_says_it_compiles_its_kernels_then_that_the_cache_has_them(tmp_p
                               env=env, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0 and done.stdout.count("\n") == 1, done.stderr
         said.append(done.stderr.strip())
-    built = len(list((tmp_path / "cache").glob("*.so")))
-    assert built > 0 and "\n" not in said[0] and "\n" not in said[1]
+    assert list((tmp_path / "cache").glob("*.so")) and "\n" not in said[0] and "\n" not in said[1]
     assert re.fullmatch(rf"minicavs: loaded {re.escape(str(model))}: compiled its kernels \(\d+ fused kernels "
-                        rf"and the C runner: {built} libraries; cache miss, now cached in .*cache\), [\d.]+ s",
-                        said[0]), said[0]
+                        rf"and the C runner; cache miss, now cached in {re.escape(str(tmp_path / 'cache'))}\), "
+                        rf"[\d.]+ s", said[0]), said[0]
     assert re.fullmatch(rf"minicavs: loaded .*: its kernels \(\d+ fused kernels and the C runner\) from the "
-                        rf"kernel cache in .*cache \(hit\), [\d.]+ s", said[1]), said[1]
+                        rf"kernel cache \(hit\), [\d.]+ s", said[1]), said[1]
