@@ -1,7 +1,7 @@
 """Load test of ``minicavs serve`` (issue 49): per-request saturated throughput R, then R, 2R, 3R offered.
 
     minicavs export models/tree_lstm_sst.yaml --set model.hidden=512 -o sst512.mcav
-    python tools/serve_load.py sst512.mcav ../shared/data/sst/test.txt --seconds 10
+    python tools/serve_load.py sst512.mcav ../shared/data/sst/test.txt --seconds 10 --server-blas-threads 1
 
 1. A server with ``--max-batch 1`` (every request alone) and a closed-loop client (``--connections``
    keep-alive connections, each sending its next request when the last is answered): its throughput is R.
