@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from minicavs import DataError, InputGraph, Model, ParameterSet, Structure, Task, VertexFunction, ops
+from minicavs import InputGraph, Model, ParameterSet, Structure, Task, VertexFunction, ops
+from minicavs.train import behaviour
+from minicavs.train.behaviour import two_chains
 from minicavs.train.config import PROBABILITY, at_least
 
 NAME = "bilstm_tagger"
@@ -68,12 +70,6 @@ def lstm_cell(p, kind: str, d: str, H: int, D: int, dropout: float, dtype) -> Ve
         F.scatter(ops.concat([h, c]))
         F.push(ops.dropout(h, dropout, site=2) if dropout else h, name=f"h{d}")
     return F
-
-
-def two_chains(n: int) -> InputGraph:
-    """The forward chain over n words, then the backward chain (module docstring)."""
-    children = [[t - 1] if t else [] for t in range(n)] + [[n + j - 1] if j else [] for j in range(n)]
-    return InputGraph(children, ["fwd"] * n + ["bwd"] * n)
 
 
 class BiLSTM(Task):
@@ -133,14 +129,10 @@ class BiLSTM(Task):
         return self._graphs[n]
 
     def batch(self, samples):
-        lengths = np.array([len(w) for w, _ in samples], np.int64)
-        starts = np.cumsum(lengths) - lengths
-        # word t of sentence k: its bwd vertex is the (n-1-t)-th bwd vertex of the sentence
-        back = np.concatenate([s + n - 1 - np.arange(n) for s, n in zip(starts, lengths)])
-        feeds = {"words": np.concatenate([np.concatenate((w, w[::-1])) for w, _ in samples]),
-                 "back": back, "tags": np.concatenate([t for _, t in samples]),
+        feeds = {"words": behaviour.words_then_reversed(samples, {}), "back": behaviour.backward_rows(samples, {}),
+                 "tags": np.concatenate([t for _, t in samples]),
                  "inv_sentences": np.asarray(1.0 / len(samples), self.dtype)}
-        return [self._graph(int(n)) for n in lengths], feeds
+        return [self._graph(len(w)) for w, _ in samples], feeds
 
     def units(self, samples) -> int:
         return sum(len(w) for w, _ in samples)
@@ -163,27 +155,25 @@ class BiLSTM(Task):
                 "baseline_acc": sums["baseline_right"] / sums["words"]}
 
     def parse_input(self, line: str, where: str):
-        tokens = line.split()
-        known = set(self.vocabulary)
-        bad = [w for w in tokens if w not in known]
-        if bad or not tokens:
-            raise DataError(f"{where}: " + (f"unknown words {bad}" if bad else "no words")
-                            + f" (known: w0 .. w{self.vocab - 1})")
-        words = np.array([int(w[1:]) for w in tokens], np.int64)
-        return words, np.zeros(len(words), np.int64)     # (tags unknown: predict does not read them)
+        return behaviour.read_numbered_words(line, where, "w", self.vocab)   # (tags zero: predict ignores them)
 
     def predict(self, samples, batch_size: int) -> list[dict]:
         model = self.inference_model({"probs": self.probs})
         rows = []
         for i in range(0, len(samples), batch_size):
-            chunk = samples[i:i + batch_size]
-            graphs, feeds = self.batch(chunk)
-            tags = model.infer(graphs, feeds, self.params).outputs["probs"].argmax(1)
-            for words, _ in chunk:
-                mine, tags = tags[:len(words)], tags[len(words):]
-                rows.append({"text": " ".join(f"w{w}/{t}" for w, t in zip(words, mine)),
-                             "tags": [int(t) for t in mine]})
+            graphs, feeds = self.batch(samples[i:i + batch_size])
+            res = model.infer(graphs, feeds, self.params)
+            rows += behaviour.word_tags(samples[i:i + batch_size], res.outputs, self.vocabulary, output="probs")
         return rows
+
+    def export_spec(self) -> dict:
+        """The tag probabilities, and predict's reading, feeding and rendering as named behaviours."""
+        return {"outputs": {"probs": self.probs},
+                "behaviour": {"predicts": self.predicts,
+                              "reader": {"name": "numbered_words", "settings": {"prefix": "w", "size": self.vocab}},
+                              "graphs": {"name": "chain_pairs"},
+                              "feeds": {"words": {"name": "words_then_reversed"}, "back": {"name": "backward_rows"}},
+                              "render": {"name": "word_tags", "settings": {"output": "probs"}}}}
 
 
 def most_frequent_tags(train: list, vocab: int) -> np.ndarray:

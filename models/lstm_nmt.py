@@ -15,13 +15,14 @@ back), for the samples not yet at <eos>, up to max_len + 1 steps.
 """
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 
 import numpy as np
 
-from minicavs import InputGraph, Model, Structure, VertexFunction, ops
+from minicavs import Model, Structure, VertexFunction, ops
 from minicavs.core.errors import DataError
+from minicavs.train import behaviour
+from minicavs.train.behaviour import encoder_decoder
 from minicavs.train.config import load_model_module
 
 seq2seq = load_model_module("seq2seq", Path(__file__).resolve().parent)
@@ -48,13 +49,6 @@ def lstm_cell(p, kind: str, H: int, D: int, dtype) -> VertexFunction:
         if kind == "dec":
             F.push(h)
     return F
-
-
-@functools.lru_cache(maxsize=None)
-def encoder_decoder(n: int, m: int) -> InputGraph:
-    """n encoder vertices, then m decoder vertices hanging off the encoder's last one (made once per shape:
-    a graph is read-only, and its checks cost ~10% of a training step)."""
-    return InputGraph([[v - 1] if v else [] for v in range(n + m)], ["enc"] * n + ["dec"] * m)
 
 
 class LstmNmt(seq2seq.Reverse):
@@ -109,20 +103,30 @@ class LstmNmt(seq2seq.Reverse):
 
     def decode(self, samples, batch_size: int) -> list:
         """The greedy decoding of each sample: its digits up to the first <eos> (at most max_len + 1 steps)."""
+        for s in samples:
+            if not 1 <= len(s) <= self.max_len:
+                raise DataError(f"a source of {len(s)} digits: this model reads 1 to {self.max_len} "
+                                "(model.max_len)")
         out = []
         for i in range(0, len(samples), batch_size):
-            chunk = samples[i:i + batch_size]
-            prefixes, active = [[GO] for _ in chunk], list(range(len(chunk)))
-            for _ in range(self.max_len + 1):
-                graphs, feeds = self._graphs([chunk[k] for k in active], [prefixes[k] for k in active])
-                choice = np.argmax(self.decoder.infer(graphs, feeds, self.params).outputs["next"], axis=1)
-                for k, token in zip(active, choice.tolist()):
-                    prefixes[k].append(token)
-                active = [k for k in active if prefixes[k][-1] != EOS]
-                if not active:
-                    break
-            out += [np.array(q[1:q.index(EOS)] if EOS in q else q[1:], np.int64) for q in prefixes]
+            decoded = behaviour.greedy_chains(self._infer, samples[i:i + batch_size], **self._greedy())["decoded"]
+            out += [np.array(row["digits"], np.int64) for row in
+                    behaviour.ids_until(decoded, {"decoded": decoded}, None, "decoded", EOS)]
         return out
+
+    def _infer(self, graphs: list, feeds: dict) -> dict:
+        return self.decoder.infer(graphs, feeds, self.params).outputs
+
+    def _greedy(self) -> dict:
+        return {"max_len": self.max_len, "go": GO, "eos": EOS, "output": "next"}
+
+    def export_spec(self) -> dict:
+        """The decoder's next-token logits, with greedy decoding's loop, reading and rendering by name."""
+        return {"outputs": {"next": self.decoder.outputs["next"]},
+                "behaviour": {"predicts": self.predicts,
+                              "reader": {"name": "digits", "settings": {"max_len": self.max_len}},
+                              "decoder": {"name": "greedy_chains", "settings": self._greedy()},
+                              "render": {"name": "ids_until", "settings": {"output": "decoded", "eos": EOS}}}}
 
     def eval_sums(self, samples, batch_size: int) -> dict:
         nll = 0.0

@@ -177,27 +177,28 @@ class Reverse(Task):
     # --- batches -------------------------------------------------------------------------------------
 
     def batch(self, samples):
+        """The training feeds: predict's (the named behaviours :meth:`_feeds` lists, which export writes) and
+        the targets."""
         L = self.max_len
         n = len(samples)
         for s in samples:
             if not 1 <= len(s) <= L:
                 raise DataError(f"a source of {len(s)} digits: this model reads 1 to {L} (model.max_len)")
-        src = np.zeros((n, L), np.int64)
-        src_mask = np.zeros((n, L), self.dtype)
-        dec_in = np.full((n, L + 1), EOS, np.int64)
+        feeds = {k: behaviour.FEEDS[name](samples, {}, **settings) for k, (name, settings) in self._feeds().items()}
         tgt = np.full((n, L + 1), EOS, np.int64)
         tgt_mask = np.zeros((n, L + 1), self.dtype)
         for r, s in enumerate(samples):
-            k = len(s)
-            src[r, :k] = s
-            src_mask[r, :k] = 1
-            dec_in[r, 0] = GO
-            dec_in[r, 1:k + 1] = s[::-1]
-            tgt[r, :k] = s[::-1]
-            tgt_mask[r, :k + 1] = 1
-        feeds = {"src": src, "src_mask": src_mask, "dec_in": dec_in, "tgt": tgt, "tgt_mask": tgt_mask,
-                 "state0": np.zeros((n, self.hidden), self.dtype), "inv_count": np.asarray(1.0 / n, self.dtype)}
+            tgt[r, :len(s)] = s[::-1]
+            tgt_mask[r, :len(s) + 1] = 1
+        feeds.update(tgt=tgt, tgt_mask=tgt_mask, inv_count=np.asarray(1.0 / n, self.dtype))
         return {}, feeds
+
+    def _feeds(self) -> dict:
+        """The decoder's feeds as named behaviours (minicavs.train.behaviour.FEEDS) with their settings."""
+        L, dtype = self.max_len, self.dtype.name
+        return {"src": ("padded_source", {"max_len": L}), "src_mask": ("source_mask", {"max_len": L, "dtype": dtype}),
+                "dec_in": ("reversed_decoder_input", {"max_len": L, "go": GO, "eos": EOS}),
+                "state0": ("zero_state", {"width": self.hidden, "dtype": dtype})}
 
     def decode(self, samples, batch_size: int) -> list:
         """The greedy decoding of each sample: its digits up to the first <eos>."""
@@ -241,14 +242,11 @@ class Reverse(Task):
 
     def export_spec(self) -> dict:
         """The greedy decoder (its while_loop) and predict's reading, feeding and rendering, by name."""
-        L, dtype = self.max_len, self.dtype.name
-        feeds = {"src": ("padded_source", {"max_len": L}), "src_mask": ("source_mask", {"max_len": L, "dtype": dtype}),
-                 "dec_in": ("reversed_decoder_input", {"max_len": L, "go": GO, "eos": EOS}),
-                 "state0": ("zero_state", {"width": self.hidden, "dtype": dtype})}
         return {"outputs": dict(self._decoding),
-                "behaviour": {"predicts": self.predicts, "reader": {"name": "digits", "settings": {"max_len": L}},
+                "behaviour": {"predicts": self.predicts,
+                              "reader": {"name": "digits", "settings": {"max_len": self.max_len}},
                               "graphs": {"name": "none"},
-                              "feeds": {k: {"name": n, "settings": st} for k, (n, st) in feeds.items()},
+                              "feeds": {k: {"name": n, "settings": st} for k, (n, st) in self._feeds().items()},
                               "render": {"name": "tokens_until", "settings": {"output": "tokens", "eos": EOS}}}}
 
 def _scores(samples, guesses) -> tuple[float, float, int]:

@@ -238,17 +238,22 @@ class TreeLSTM(Task):
             out += behaviour.tree_labels(chunk, res.outputs, self.vocabulary, output="probs")
         return out
 
-    def export_spec(self) -> dict:
-        """The classifier's probabilities, and predict's reading, feeding and rendering as named behaviours.
-        A subclass that gives vertices kinds of its own (graphs_of) does so in Python only: refused."""
-        if type(self).graphs_of is not TreeLSTM.graphs_of:
+    def graphs_spec(self, owner: type | None = None) -> dict:
+        """How :meth:`graphs_of` makes input graphs, as a named behaviour. ``owner``: the class whose
+        graphs_of this describes; a subclass that gives vertices kinds of its own in graphs_of and does not
+        describe them here has them in Python only: refused."""
+        if type(self).graphs_of is not (owner or TreeLSTM).graphs_of:
             raise ArtifactError(f"cannot export model {type(self).__name__}: its vertex kinds come from "
                                 f"{type(self).__name__}.graphs_of, which exists only as Python code")
+        return {"name": "trees"}
+
+    def export_spec(self) -> dict:
+        """The classifier's probabilities, and predict's reading, feeding and rendering as named behaviours."""
         return {"outputs": {"probs": self.model.outputs["probs"]},
                 "behaviour": {"predicts": self.predicts,
                               "reader": {"name": "tree", "settings": {"num_labels": len(self.classes),
                                                                        "max_children": 2}},
-                              "graphs": {"name": "trees"},
+                              "graphs": self.graphs_spec(),
                               "feeds": {"words": {"name": "leaf_word_ids", "settings": {"unknown": UNK}}},
                               "render": {"name": "tree_labels", "settings": {"output": "probs"}}}}
 

@@ -29,6 +29,7 @@ TRAIN_DEFAULTS = tree_lstm.TRAIN_DEFAULTS
 RULES = {**tree_lstm.RULES, "variant": Choice(("binary",)), "type_seed": at_least(0)}
 DATA_RULES = tree_lstm.DATA_RULES
 TYPES = ("cell_a", "cell_b")
+UNSEEN = (3, 0)   # (split, index) of a tree in no data split: its kinds' draw
 
 
 class TreeLSTM2Type(tree_lstm.TreeLSTM):
@@ -58,11 +59,20 @@ class TreeLSTM2Type(tree_lstm.TreeLSTM):
         return fns
 
     def graphs_of(self, trees) -> list:
+        """A tree of the data keeps its kinds across epochs (its split and index pick the draw); any other
+        tree (predict's input) draws from one stream, UNSEEN."""
         kinds = []
         for tree in trees:
-            split, i = self.index.get(id(tree), (3, 0))
+            split, i = self.index.get(id(tree), UNSEEN)
             kinds.append(two_type_kinds(tree, self.type_seed, split * 10 ** 7 + i, TYPES))
         return InputGraph.many([t.children for t in trees], kinds)
+
+    def graphs_spec(self, owner: type | None = None) -> dict:
+        """The kinds of predict's trees as data (behaviour.two_type_trees: graphs_of's draw for a tree outside
+        the data)."""
+        super().graphs_spec(owner or TreeLSTM2Type)
+        stream = UNSEEN[0] * 10 ** 7 + UNSEEN[1]
+        return {"name": "two_type_trees", "settings": {"seed": self.type_seed, "stream": stream, "types": list(TYPES)}}
 
 
 def build(cfg: dict) -> TreeLSTM2Type:

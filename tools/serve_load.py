@@ -1,7 +1,7 @@
 """Load test of ``minicavs serve`` (issue 49): per-request saturated throughput R, then R, 2R, 3R offered.
 
     minicavs export models/tree_lstm_sst.yaml --set model.hidden=512 -o sst512.mcav
-    python tools/serve_load.py sst512.mcav ../shared/data/sst/test.txt --seconds 10
+    python tools/serve_load.py sst512.mcav ../shared/data/sst/test.txt --seconds 10 --server-blas-threads 1
 
 1. A server with ``--max-batch 1`` (every request alone) and a closed-loop client (``--connections``
    keep-alive connections, each sending its next request when the last is answered): its throughput is R.
@@ -95,9 +95,12 @@ def client(port: int, lines: list, rate: float, seconds: float, connections: int
 
 # --- the driver -----------------------------------------------------------------------------------------
 
-def start_server(model: str, flags: list) -> tuple[subprocess.Popen, int]:
+def start_server(model: str, flags: list, blas_threads: int | None = None) -> tuple[subprocess.Popen, int]:
+    env = dict(os.environ)
+    if blas_threads:
+        env.update(OPENBLAS_NUM_THREADS=str(blas_threads), OMP_NUM_THREADS=str(blas_threads))
     proc = subprocess.Popen([sys.executable, "-m", "minicavs", "serve", model, "--port", "0", *flags],
-                            stdout=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, text=True, env=env)
     line = proc.stdout.readline()
     if "127.0.0.1:" not in line:
         proc.kill()
@@ -105,17 +108,32 @@ def start_server(model: str, flags: list) -> tuple[subprocess.Popen, int]:
     return proc, int(line.split("127.0.0.1:")[1].split(" ")[0])
 
 
+def _health(port: int) -> dict:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:
+        conn.request("GET", "/health")
+        return json.loads(conn.getresponse().read())
+    finally:
+        conn.close()
+
+
 def measure(port: int, server: subprocess.Popen, args, rate: float) -> dict:
-    before = _cpu_seconds(server.pid)
+    """One run of the client against the server; with the server's CPU seconds, its mean batch (samples) and
+    the machine's load average before the run (other processes share the cores)."""
+    load = os.getloadavg()[0]
+    before, ran = _cpu_seconds(server.pid), _health(port)
     done = subprocess.run([sys.executable, __file__, "--client", str(port), args.lines, str(rate),
                            str(args.seconds), str(args.connections)], capture_output=True, text=True, check=True)
     row = json.loads(done.stdout)
     row["server_cpu_s"] = _cpu_seconds(server.pid) - before
+    after = _health(port)
+    row["mean_batch"] = (after["samples"] - ran["samples"]) / max(1, after["batches"] - ran["batches"])
+    row["load_before"] = load
     return row
 
 
 def run_server(args, flags: list, rates: list, label: str) -> list:
-    proc, port = start_server(args.model, flags)
+    proc, port = start_server(args.model, flags, args.server_blas_threads)
     try:
         measure(port, proc, argparse.Namespace(**{**vars(args), "seconds": 1.0}), rates[0] or 0)   # warm-up
         return [{"server": label, **measure(port, proc, args, rate)} for rate in rates]
@@ -125,12 +143,14 @@ def run_server(args, flags: list, rates: list, label: str) -> list:
 
 
 def table(rows: list) -> str:
-    head = "| server | offered req/s | throughput req/s | p50 ms | p99 ms | errors | CPU s client / server |"
-    out = [head, "|" + "---|" * 7]
+    head = ("| server | offered req/s | throughput req/s | p50 ms | p99 ms | errors | mean batch | "
+            "CPU s client / server | load avg before |")
+    out = [head, "|" + "---|" * 9]
     for r in rows:
         offered = "closed loop" if r["offered"] == 0 else f"{r['offered']:.1f}"
         out.append(f"| {r['server']} | {offered} | {r['throughput']:.1f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | "
-                   f"{r['errors']} | {r['client_cpu_s']:.1f} / {r['server_cpu_s']:.1f} |")
+                   f"{r['errors']} | {r['mean_batch']:.1f} | {r['client_cpu_s']:.1f} / {r['server_cpu_s']:.1f} | "
+                   f"{r['load_before']:.1f} |")
     return "\n".join(out)
 
 
@@ -145,7 +165,10 @@ def main(argv=None) -> int:
     p.add_argument("model", help="a model file (minicavs export)")
     p.add_argument("lines", help="input lines, one request each (cycled)")
     p.add_argument("--seconds", type=float, default=10.0, help="per measurement (default 10)")
-    p.add_argument("--connections", type=int, default=16, help="client keep-alive connections (default 16)")
+    p.add_argument("--connections", type=int, default=64, help="client keep-alive connections (default 64: an "
+                   "open-loop client needs offered rate x latency of them, or it caps the throughput itself)")
+    p.add_argument("--server-blas-threads", type=int, default=None, help="OPENBLAS_NUM_THREADS for the server "
+                   "(default: not set, OpenBLAS uses every core)")
     p.add_argument("--max-batch", type=int, default=64)
     p.add_argument("--max-wait-ms", type=float, default=5.0)
     p.add_argument("--out", default=None, help="write the rows as JSON here")

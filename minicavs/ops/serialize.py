@@ -106,22 +106,47 @@ class Encoder:
 
 
 class Decoder:
-    """Rebuilds the nodes of a table (new Node objects, same ops, attributes, shapes, dtypes and names)."""
+    """Rebuilds the nodes of a table (new Node objects, same ops, attributes, shapes, dtypes and names), in table
+    order and as far as asked: a node that its owner must make (a structure's push buffer, which the engine
+    registers) is :meth:`give`-n in its place before any entry that reads it is decoded. :meth:`check_all`
+    decodes the rest, so that a damaged entry anywhere is an error."""
 
     def __init__(self, table: list, arrays: Mapping[str, np.ndarray]):
         self.arrays = arrays
         self.nodes: list[Node] = []
         if not isinstance(table, list):
             raise SerializeError("the node table is not a list")
-        for i, entry in enumerate(table):
-            self.nodes.append(self._node(i, entry))
+        self.table = [self._entry(i, entry) for i, entry in enumerate(table)]   # (checked before any is made)
 
     def node(self, index: Any) -> Node:
-        if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(self.nodes):
-            raise SerializeError(f"node reference {index!r} is outside the table of {len(self.nodes)} nodes")
+        if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(self.table):
+            raise SerializeError(f"node reference {index!r} is outside the table of {len(self.table)} nodes")
+        while len(self.nodes) <= index:
+            self.nodes.append(self._node(len(self.nodes), self.table[len(self.nodes)]))
         return self.nodes[index]
 
-    def _node(self, i: int, entry: Any) -> Node:
+    def give(self, index: Any, node: Node) -> None:
+        """Use ``node`` for entry ``index`` (the entries after it that read it get it); the entry must describe
+        it (op, shape, dtype) and not be decoded yet."""
+        if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(self.table):
+            raise SerializeError(f"node reference {index!r} is outside the table of {len(self.table)} nodes")
+        if index:
+            self.node(index - 1)
+        if len(self.nodes) != index:
+            raise SerializeError(f"node {index!r}: given after an entry reading it was decoded")
+        made = self._node(index, self.table[index])
+        if (made.op, made.shape, made.dtype) != (node.op, node.shape, node.dtype):
+            raise SerializeError(f"node {index}: the table has {made.op} {made.shape} {made.dtype.name} where "
+                                 f"{node.label()} goes")
+        self.nodes.append(node)
+
+    def check_all(self) -> None:
+        if self.table:
+            self.node(len(self.table) - 1)
+
+    @staticmethod
+    def _entry(i: int, entry: Any) -> tuple:
+        """Entry ``i`` unpacked, its op and dtype known, its inputs earlier entries; else a SerializeError."""
         try:
             op, inputs, attrs, shape, dtype, name = entry
         except (TypeError, ValueError):
@@ -133,6 +158,13 @@ class Decoder:
             raise SerializeError(f"node {i} ({op}): unknown dtype {dtype!r}")
         if not isinstance(attrs, dict) or not isinstance(shape, list) or not isinstance(inputs, list):
             raise SerializeError(f"node {i} ({op}): malformed entry")
+        for x in inputs:
+            if not isinstance(x, int) or isinstance(x, bool) or not 0 <= x < i:
+                raise SerializeError(f"node {i} ({op}): input reference {x!r} is outside the table before it")
+        return op, inputs, attrs, shape, dtype, name
+
+    def _node(self, i: int, entry: tuple) -> Node:
+        op, inputs, attrs, shape, dtype, name = entry
         where = f"node {i} ({op})"
         decoded = {k: self._value(v, where) for k, v in attrs.items()}
         return Node(op, tuple(self.node(x) for x in inputs), decoded,

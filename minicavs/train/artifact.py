@@ -22,13 +22,16 @@ import dataclasses
 import io
 import json
 import os
+import re
+import sys
+import time
 import zipfile
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from .. import __version__
-from ..core import atomic
+from ..core import atomic, onetime
 from ..core.errors import MinicavsError
 from ..engine.backend import to_host
 from ..engine.compile import EngineOptions
@@ -36,7 +39,7 @@ from ..engine.model import Model, Structure, by_child_count
 from ..ops.serialize import Decoder, Encoder, SerializeError
 from ..nn import Parameter, ParameterSet
 from ..runtime.vertex import VertexFunction
-from .behaviour import TABLES
+from .behaviour import PROBES, TABLES
 
 FORMAT = "minicavs-model"
 VERSION = 1
@@ -57,13 +60,14 @@ def export(path: str | os.PathLike, task, cfg: dict) -> dict:
     model = task.model
     roots = list(spec["outputs"].values())
     for s in model.structures:
-        roots += list(s.pulls.values()) + list(s._pushed.values())
+        roots += list(s.pulls.values())
         for f in s.functions.values():
             roots += list(f.graph.nodes) + list(f.gathers.values()) + list(f.pulls.values())
     try:
         enc = Encoder(roots)
     except SerializeError as e:
         raise ArtifactError(f"cannot export model {type(task).__name__}: {e}") from None
+    pushes = _push_buffers(model.structures, enc)
     arrays = dict(enc.arrays)
     params = []
     for i, (name, p) in enumerate(task.params.items()):
@@ -71,7 +75,7 @@ def export(path: str | os.PathLike, task, cfg: dict) -> dict:
         arrays[key] = np.ascontiguousarray(to_host(p.value))   # (a model on a device: its host copy)
         params.append({"name": name, "key": key, "trainable": p.trainable})
     meta = {"format": FORMAT, "version": VERSION, "minicavs": __version__, "nodes": enc.table,
-            "structures": [_structure(s, enc) for s in model.structures],
+            "structures": [_structure(s, enc, pushed) for s, pushed in zip(model.structures, pushes)],
             "outputs": {k: enc.ref(v) for k, v in spec["outputs"].items()},
             "policy": cfg["train"]["policy"], "options": dataclasses.asdict(model.options),
             "params": params, "vocabulary": task.vocabulary, "config": _plain(cfg),
@@ -84,9 +88,21 @@ def export(path: str | os.PathLike, task, cfg: dict) -> dict:
     return meta
 
 
-def _structure(s: Structure, enc: Encoder) -> dict:
+def _push_buffers(structures: Sequence[Structure], enc: Encoder) -> list[dict]:
+    """Per structure, {push name: node} of the push buffers the exported graphs read. A push buffer is the
+    input node ``Structure.pushed(name)`` makes, named ``<structure>.<name>``: asked for only where the graphs
+    hold a node of that name, so that an export makes no buffer the model did not have."""
+    named = {n.name for n in enc.nodes if n.op == "input"}
+    found = []
+    for s in structures:
+        names = {k for f in s.functions.values() for k in f.pushes if f"{s.name}.{k}" in named}
+        found.append({k: s.pushed(k) for k in sorted(names) if s.pushed(k) in enc.index})
+    return found
+
+
+def _structure(s: Structure, enc: Encoder, pushed: dict) -> dict:
     return {"name": s.name, "kinds": _kind_rule(s), "pulls": {k: enc.ref(v) for k, v in s.pulls.items()},
-            "pushed": {k: enc.ref(v) for k, v in s._pushed.items()},
+            "pushed": {k: enc.ref(v) for k, v in pushed.items()},
             "functions": [_function(f, enc) for f in s.functions.values()]}
 
 
@@ -120,8 +136,8 @@ def _plain(cfg: dict) -> Any:
 def _check_behaviour(behaviour: Any, where: str) -> None:
     if not isinstance(behaviour, dict):
         raise ArtifactError(f"{where}: behaviour is not a table")
-    parts = [("reader", behaviour.get("reader")), ("graphs", behaviour.get("graphs")),
-             ("render", behaviour.get("render"))]
+    parts = [("reader", behaviour.get("reader")), ("render", behaviour.get("render"))]
+    parts += [("decoder", behaviour["decoder"])] if "decoder" in behaviour else [("graphs", behaviour.get("graphs"))]
     parts += [("feed", f) for f in (behaviour.get("feeds") or {}).values()]
     for table, entry in parts:
         name = entry.get("name") if isinstance(entry, dict) else None
@@ -156,13 +172,46 @@ def read(path: str | os.PathLike) -> tuple[dict, dict]:
     return meta, arrays
 
 
-def load(path: str | os.PathLike) -> "LoadedModel":
-    """The model an artifact holds, ready to predict (``minicavs.load``); raises ArtifactError."""
+def _on_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def load(path: str | os.PathLike, say: Callable[[str], None] | None = _on_stderr) -> "LoadedModel":
+    """The model an artifact holds, ready to predict (``minicavs.load``); raises ArtifactError.
+
+    Loading builds the model's kernels now, not in its first request: it compiles them (or finds them in the
+    kernel cache) and runs one probe input of the model's reader through them (the C runner's libraries are
+    built on a first run). ``say`` hears one line saying how many kernels and whether the cache had them
+    (default: stderr; None: quiet)."""
     meta, arrays = read(path)
+    compiling: list = []   # what the compiler said it compiled (once per kind of work: on a cache miss)
+    start = time.perf_counter()
     try:
-        return LoadedModel(meta, arrays)
+        with onetime.announcing(compiling.append):
+            model = LoadedModel(meta, arrays)
+            model.outputs([model.parse_input(PROBES[model.behaviour["reader"]["name"]], "probe")])
     except (SerializeError, KeyError, TypeError, ValueError, IndexError) as e:
         raise ArtifactError(f"{os.fspath(path)}: damaged model artifact ({type(e).__name__}: {e})") from None
+    if say is not None:
+        say(f"minicavs: loaded {os.fspath(path)}: {kernel_note(model, compiling)}, "
+            f"{time.perf_counter() - start:.1f} s")
+    return model
+
+
+def kernel_note(model: "LoadedModel", compiling: list) -> str:
+    """How many fused kernels ``model``'s forward pass runs and whether they came from the kernel cache
+    (``compiling``: what the compiler announced while loading; nothing on a cache hit)."""
+    opts, device = model.model.options, model.model.device
+    missing = device.runner_missing(model.model.structures[0].dtype.np) if model.model.structures else None
+    if missing:
+        return f"no C runner ({missing}): it runs unfused with numpy, slowly"
+    kernels = sum(len(groups) for s in model.model.structures for fn in s.compiled.values()
+                  for groups in fn.variant(opts).phases(opts, device).forward.groups)
+    what = f"{kernels} fused kernels and the C runner"
+    if compiling:
+        where = re.search(r"cached in (.*)\)", compiling[0])
+        return f"compiled its kernels ({what}; cache miss, now cached in {where[1] if where else '?'})"
+    return f"its kernels ({what}) from the kernel cache (hit)"
 
 
 class LoadedModel:
@@ -180,8 +229,10 @@ class LoadedModel:
         self.params = ParameterSet(Parameter(p["name"], arrays[p["key"]].shape, init=arrays[p["key"]],
                                              dtype=arrays[p["key"]].dtype, trainable=p["trainable"])
                                    for p in meta["params"])
-        self.model = Model(structures, outputs={k: dec.node(v) for k, v in meta["outputs"].items()},
-                           policy=meta["policy"], options=EngineOptions(**meta["options"]))
+        outputs = {k: dec.node(v) for k, v in meta["outputs"].items()}
+        dec.check_all()
+        self.model = Model(structures, outputs=outputs, policy=meta["policy"],
+                           options=EngineOptions(**meta["options"]))
         self.model.plan_buffers(self.params)
 
     def parse_input(self, line: str, where: str) -> Any:
@@ -189,11 +240,17 @@ class LoadedModel:
         return TABLES["reader"][reader["name"]](line, where, **reader.get("settings", {}))
 
     def outputs(self, samples: Sequence[Any]) -> dict:
-        """The model's outputs (name -> array) for one batch of parsed samples, through one schedule."""
+        """The model's outputs (name -> array) for one batch of parsed samples, through one schedule (or, for a
+        model with a decoder, through the decoder's loop of them)."""
         b = self.behaviour
-        graphs = TABLES["graphs"][b["graphs"]["name"]](samples)
+        if "decoder" in b:
+            return TABLES["decoder"][b["decoder"]["name"]](self._infer, samples, **b["decoder"].get("settings", {}))
+        graphs = TABLES["graphs"][b["graphs"]["name"]](samples, **b["graphs"].get("settings", {}))
         feeds = {name: TABLES["feed"][f["name"]](samples, self.index, **f.get("settings", {}))
                  for name, f in b["feeds"].items()}
+        return self._infer(graphs, feeds)
+
+    def _infer(self, graphs: Any, feeds: dict) -> dict:
         return self.model.infer(graphs, feeds, self.params).outputs
 
     def render(self, samples: Sequence[Any], outputs: dict) -> list[dict]:
@@ -225,13 +282,6 @@ def _rebuild_structure(s: dict, dec: Decoder) -> Structure:
     kinds = None if rule is None else by_child_count(rule["leaf"], rule["internal"])
     out = Structure(functions, pulls={k: dec.node(v) for k, v in s["pulls"].items()}, kinds=kinds,
                     name=s["name"])
-    _adopt_pushes(out, {k: dec.node(v) for k, v in s["pushed"].items()})
+    for name, ref in sorted(s["pushed"].items(), key=lambda item: item[1]):   # (in table order)
+        dec.give(ref, out.pushed(name))   # the engine's own push-buffer node, where the static graphs read it
     return out
-
-
-def _adopt_pushes(s: Structure, pushed: dict) -> None:
-    """Give ``s`` the decoded nodes standing for its push buffers (the static graphs read these nodes)."""
-    from ..engine import model as model_module
-    for name, node in pushed.items():
-        s._pushed[name] = node
-        model_module._PUSHED.add(node)

@@ -7,14 +7,20 @@
 ``{"results": [row per line], "batch": {"requests": r, "samples": k}}``, each row what ``minicavs predict
 --json`` writes for the line. The lines are parsed in the request's own thread, so a bad one is a 400 with the
 parser's message (naming ``request:LINE``) and never joins a batch; a body over ``--max-request-bytes`` is
-refused (413) before it is read. The requests that arrive within ``--max-wait-ms`` of the first one waiting
-(or until ``--max-batch`` samples) run as one batch: Cavs merges their graphs into one schedule, and each
-response holds only its own request's rows. ``GET /health`` says the model and the requests in flight. SIGTERM (or
-Ctrl-C) stops accepting connections, finishes the requests in flight and exits 0.
+refused (413) before it is read. Requests run in batches of at most ``--max-batch`` samples: when a batch ends,
+every request queued meanwhile forms the next one at once; a request that finds the server idle waits
+``--max-wait-ms`` for others to join it. Cavs merges a batch's graphs into one schedule, and each response
+holds only its own request's rows. ``GET /health`` says the model, the requests in flight and the batches run so
+far. SIGTERM (or Ctrl-C) stops accepting connections, finishes the requests in flight and exits 0.
 
 The server is the standard library's threading HTTP server: no dependency to install, a thread per connection
 that only parses and waits, while one batcher thread runs the model (its kernels are C and release nothing
 to gain from more Python threads on 2 cores); HTTP/1.1 keep-alive for clients that send many requests.
+
+On a machine whose cores the server shares (with its clients, with other work), start it with
+``OPENBLAS_NUM_THREADS=1``: OpenBLAS's threads spin while they wait for each other, and once another thread holds
+a core each product stalls. On 2 busy cores (load average 5-7) the Tree-LSTM at hidden 512 served 15.6 requests/s
+one at a time with OpenBLAS's default threads, 54.8 with one (``tools/serve_load.py``).
 """
 from __future__ import annotations
 
@@ -37,12 +43,15 @@ IDLE_SECONDS = 5.0   # a keep-alive connection idle this long is closed (so shut
 
 
 class Batcher:
-    """One thread that runs queued requests together: the first one waiting, and every one arriving within
-    ``max_wait`` seconds of it, up to ``max_batch`` samples."""
+    """One thread that runs queued requests together. A busy batcher takes every request queued when its
+    previous batch ends and runs them at once (up to ``max_batch`` samples): under load a batch is what arrived
+    during the last one, and the model never idles while requests wait. An idle one, woken by a request,
+    waits ``max_wait`` seconds for others to join it (at no cost to throughput: it had nothing to do)."""
 
     def __init__(self, predictor, max_batch: int, max_wait: float):
         self.predictor, self.max_batch, self.max_wait = predictor, max_batch, max_wait
         self.queue: queue.Queue = queue.Queue()
+        self.batches = self.samples = 0   # run so far (GET /health: the mean batch a load gets)
         self.thread = threading.Thread(target=self._loop, name="batcher", daemon=True)
         self.thread.start()
 
@@ -57,23 +66,29 @@ class Batcher:
 
     def _loop(self) -> None:
         while True:
-            first = self.queue.get()
-            if first is None:
+            try:
+                batch, wait = [self.queue.get_nowait()], 0.0   # busy: what queued during the last batch
+            except queue.Empty:
+                batch, wait = [self.queue.get()], self.max_wait   # idle: woken by a request
+            if batch[0] is None:
                 return
-            batch = [first]
-            deadline = time.monotonic() + self.max_wait
-            count = len(first[0])
-            while count < self.max_batch:
-                try:
-                    more = self.queue.get(timeout=max(0.0, deadline - time.monotonic()))
-                except queue.Empty:
-                    break
-                if more is None:
-                    self.queue.put(None)   # (stop after this batch)
-                    break
-                batch.append(more)
-                count += len(more[0])
+            self._gather(batch, time.monotonic() + wait)
             self._run(batch)
+
+    def _gather(self, batch: list, deadline: float) -> None:
+        """Add requests to ``batch`` until ``max_batch`` samples, the queue is empty at ``deadline``, or the stop
+        mark (put back: it stops the loop after this batch)."""
+        count = len(batch[0][0])
+        while count < self.max_batch:
+            try:
+                more = self.queue.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            if more is None:
+                self.queue.put(None)
+                break
+            batch.append(more)
+            count += len(more[0])
 
     def _run(self, batch: list) -> None:
         """All requests of ``batch`` as one prediction; if that fails, each alone, so that one request's
@@ -89,6 +104,8 @@ class Batcher:
             batch[0][1].set_exception(sys.exc_info()[1])
             return
         info = {"requests": len(batch), "samples": len(samples)}
+        self.batches += 1
+        self.samples += len(samples)
         start = 0
         for request, done in batch:
             done.set_result((rows[start:start + len(request)], info))
@@ -135,7 +152,8 @@ class Handler(BaseHTTPRequestHandler):
         if self.path != "/health":
             return self._reply(404, {"error": f"no {self.path}: GET /health or POST /predict"})
         self._reply(200, {"status": "stopping" if self.server.stopping.is_set() else "ok",
-                          "model": self.server.name, "in_flight": self.server.in_flight})
+                          "model": self.server.name, "in_flight": self.server.in_flight,
+                          "batches": self.server.batcher.batches, "samples": self.server.batcher.samples})
 
     def do_POST(self) -> None:
         if self.path != "/predict":
@@ -168,6 +186,7 @@ class Handler(BaseHTTPRequestHandler):
 class ModelServer(ThreadingHTTPServer):
     daemon_threads = False   # server_close joins the handler threads: requests in flight finish
     block_on_close = True
+    request_queue_size = 128   # the listen backlog (the standard library's 5 resets a burst of new connections)
 
     def __init__(self, address, predictor, name: str, max_batch: int, max_wait: float, max_bytes: int):
         super().__init__(address, Handler)
@@ -201,8 +220,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "machine only)")
     p.add_argument("--port", type=int, default=8000, help="default 8000; 0 picks a free port (printed)")
     p.add_argument("--max-batch", type=int, default=64, help="samples per batch at most (default 64)")
-    p.add_argument("--max-wait-ms", type=float, default=5.0, help="how long the first request waiting waits "
-                   "for others to join its batch (default 5 ms)")
+    p.add_argument("--max-wait-ms", type=float, default=5.0, help="how long a request that finds the server "
+                   "idle waits for others to join its batch (default 5 ms; a busy server runs what queued at once)")
     p.add_argument("--max-request-bytes", type=int, default=1 << 20, help="larger request bodies are refused "
                    "(413) unread (default 1 MiB)")
 

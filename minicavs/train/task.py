@@ -85,6 +85,9 @@ class Task:
         {...}}`` naming entries of :mod:`minicavs.train.behaviour` (see :mod:`minicavs.train.artifact`). The
         default refuses: this model's reading, feeding and rendering exist only as its Python code."""
         from .artifact import ArtifactError
+        if not self.predicts:
+            raise ArtifactError(f"cannot export model {type(self).__name__}: it does not predict from text input "
+                                "(no Task.predicts): an exported model is one that minicavs predict and serve run")
         raise ArtifactError(f"cannot export model {type(self).__name__}: its input parsing and output rendering "
                             "exist only as Python code (Task.parse_input, Task.predict); it declares no "
                             "Task.export_spec")

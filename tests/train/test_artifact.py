@@ -25,7 +25,9 @@ ROOT = Path(__file__).resolve().parents[2]
 LINES = {"tree_lstm": ["((the movie) (was great))", "(3 (2 it) (4 works))", "word", "(zzz-unknown (w1 w2))"],
          "seq2seq": ["123", "4 5 6 7", "9", "012345"],
          "var_lstm": ["the cat sat", "zzz-unknown words here <unk>", "a"]}
-LINES.update(tree_gru=LINES["tree_lstm"], mv_rnn=LINES["tree_lstm"], fixed_lstm=LINES["var_lstm"])
+LINES.update(tree_gru=LINES["tree_lstm"], mv_rnn=LINES["tree_lstm"], tree_lstm_2type=LINES["tree_lstm"] + [
+    "((a (b c)) ((d e) (f (g h))))"], fixed_lstm=LINES["var_lstm"], lstm_nmt=LINES["seq2seq"],
+    bilstm_tagger=["w0 w1 w2", "w5", "w3 w3 w9 w1 w20 w39"])
 
 # Run in a fresh interpreter whose only importable minicavs code is a copy of the package: load the artifact,
 # print its rows and the model modules it imported (there must be none), save its raw outputs.
@@ -49,7 +51,7 @@ def tiny_trainer(tmp_path, model: str = "tree_lstm", **model_cfg) -> Trainer:
     cfg["model"]["name"] = str(ROOT / "models" / f"{model}.py")
     cfg["model"].update(model_cfg)
     cfg["data"]["synthetic"] = {"train": 40, "dev": 5, "test": 5, "seed": 7}
-    if model != "seq2seq":
+    if model not in ("seq2seq", "lstm_nmt", "bilstm_tagger"):
         cfg["data"]["synthetic"]["vocab"] = 30
     if model == "fixed_lstm":
         cfg["model"]["window"] = 8
@@ -65,8 +67,18 @@ def tiny_trainer(tmp_path, model: str = "tree_lstm", **model_cfg) -> Trainer:
 def original_outputs(task, lines: list) -> dict:
     """The outputs the exported model computes, from the model's own code (no artifact involved)."""
     samples = [task.parse_input(line, "x") for line in lines]
+    if type(task).__name__ == "LstmNmt":   # greedy decoding: its Python loop of runs over growing graphs
+        decoded = np.full((len(samples), task.max_len + 1), task.eos, np.int64)
+        for row, digits in zip(decoded, task.decode(samples, len(samples))):
+            row[:len(digits)] = digits
+        return {"decoded": decoded}
     if hasattr(task, "decoder"):   # seq2seq: its greedy decoder (a while_loop)
         return task.decoder.infer({}, task.batch(samples)[1], task.params).outputs
+    if hasattr(task, "tags"):   # the tagger: words, then reversed; per word the backward row that read it
+        back = [np.arange(n - 1, -1, -1) + start for n, start in
+                zip(*(lambda n: (n, np.cumsum(n) - n))(np.array([len(w) for w, _ in samples])))]
+        feeds = {"words": np.concatenate([np.r_[w, w[::-1]] for w, _ in samples]), "back": np.concatenate(back)}
+        return task.inference_model({"probs": task.probs}).infer(task.batch(samples)[0], feeds, task.params).outputs
     if hasattr(task, "_prediction_outputs"):   # language models: <eos> w_1..w_n predicts w_1..w_n <eos>
         eos = task.vocab.index["<eos>"]
         ids = [task.vocab.encode(s) for s in samples]
@@ -164,8 +176,10 @@ def test_damaged_truncated_newer_files_are_one_clear_error(seq2seq_file, tmp_pat
 
 
 def test_a_model_whose_kinds_come_from_python_code_is_refused(tmp_path):
-    trainer = tiny_trainer(tmp_path, "tree_lstm_2type", hidden=4, embed=4)
-    with pytest.raises(ArtifactError, match=r"TreeLSTM2Type\.graphs_of, which exists only as Python code"):
+    """A Tree-LSTM whose graphs_of gives kinds its export does not describe."""
+    trainer = tiny_trainer(tmp_path, hidden=4, embed=4)
+    trainer.task.__class__ = type("OwnKinds", (type(trainer.task),), {"graphs_of": lambda self, trees: []})
+    with pytest.raises(ArtifactError, match=r"OwnKinds\.graphs_of, which exists only as Python code"):
         artifact.export(tmp_path / "m.mcav", trainer.task, trainer.cfg)
     assert not (tmp_path / "m.mcav").exists()
 

@@ -2,6 +2,10 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+import sys
 
 import pytest
 import yaml
@@ -39,8 +43,7 @@ def test_export_then_predict_the_file_as_predict_does_the_model(tmp_path, capsys
 
 @pytest.mark.parametrize("argv, match", [
     (lambda t: ["export", config(t, "tree_fc"), "-o", str(t / "m.mcav")],
-     r"minicavs export: error: cannot export model TreeFC: its input parsing and output rendering exist only as "
-     r"Python code"),
+     r"minicavs export: error: cannot export model TreeFC: it does not predict from text input \(no Task.predicts\)"),
     (lambda t: ["export", config(t), "-o", str(t / "no" / "such" / "m.mcav")], r"minicavs export: error: .*no/such"),
     (lambda t: ["predict", str(t / "absent.mcav"), "-"], r"minicavs predict: error: model file not found"),
     (lambda t: (t / "bad.mcav").write_bytes(b"PK\x03\x04junk") and ["predict", str(t / "bad.mcav"), "-"],
@@ -53,3 +56,23 @@ def test_bad_targets_are_one_line_errors_with_exit_status_2(tmp_path, capsys, ar
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and __import__("re").match(match, err), err
     assert not (tmp_path / "m.mcav").exists()
+
+
+def test_loading_says_it_compiles_its_kernels_then_that_the_cache_has_them(tmp_path):
+    """On an empty kernel cache the load compiles (cache miss), the next load finds them (hit): one line on
+    stderr each, before the first input is read."""
+    model = tmp_path / "m.mcav"
+    assert main(["export", config(tmp_path), "-o", str(model)]) == 0
+    env = {**os.environ, "MINICAVS_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT)}
+    said = []
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "-m", "minicavs", "predict", str(model), "-"], input="(a b)\n",
+                              env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0 and done.stdout.count("\n") == 1, done.stderr
+        said.append(done.stderr.strip())
+    assert list((tmp_path / "cache").glob("*.so")) and "\n" not in said[0] and "\n" not in said[1]
+    assert re.fullmatch(rf"minicavs: loaded {re.escape(str(model))}: compiled its kernels \(\d+ fused kernels "
+                        rf"and the C runner; cache miss, now cached in {re.escape(str(tmp_path / 'cache'))}\), "
+                        rf"[\d.]+ s", said[0]), said[0]
+    assert re.fullmatch(rf"minicavs: loaded .*: its kernels \(\d+ fused kernels and the C runner\) from the "
+                        rf"kernel cache \(hit\), [\d.]+ s", said[1]), said[1]

@@ -112,3 +112,47 @@ def test_sigterm_finishes_the_requests_in_flight(model):
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 0 and "stopped" in err
     assert [status for status, _ in answers] == [200, 200, 200]
+
+
+class SlowEcho:
+    """A predictor that takes ``seconds`` per batch and records each batch's samples."""
+
+    def __init__(self, seconds: float):
+        self.seconds, self.batches = seconds, []
+
+    def predict(self, samples, batch_size):
+        self.batches.append(list(samples))
+        time.sleep(self.seconds)
+        return [{"text": s} for s in samples]
+
+
+def test_a_busy_batcher_runs_what_queued_during_its_last_batch_without_waiting():
+    """Under load the model must not idle for --max-wait-ms: the requests that queued while a batch ran form
+    the next batch at once (an idle batcher's wait is for requests not yet sent)."""
+    from minicavs.train.serve import Batcher
+    echo = SlowEcho(0.3)
+    batcher = Batcher(echo, max_batch=3, max_wait=5.0)
+    try:
+        first = batcher.submit(["a1", "a2", "a3"])   # a full batch: runs at once
+        time.sleep(0.1)
+        queued = [batcher.submit(["b"]), batcher.submit(["c"])]   # arrive while it runs
+        first.result(10)
+        done = time.monotonic()
+        assert [rows for rows, _ in (f.result(10) for f in queued)] == [[{"text": "b"}], [{"text": "c"}]]
+        assert time.monotonic() - done < 2.0 and echo.batches == [["a1", "a2", "a3"], ["b", "c"]]
+    finally:
+        batcher.stop()
+
+
+def test_a_burst_of_new_connections_is_served(model):
+    """64 clients connecting at once (a load test's keep-alive pool) are all accepted and answered."""
+    _, path = model
+    proc, port = start(path)
+    try:
+        start_at = time.monotonic()
+        answers = concurrently(port, [json.dumps("(a b)").encode()] * 64)
+        assert [a[0] if a else None for a in answers] == [200] * 64
+        assert time.monotonic() - start_at < 20.0   # (no connection waits out a SYN retry storm)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
