@@ -47,10 +47,11 @@ class _Memo:
     same and no dynamic tensor has allocated a buffer since: then every memo lets go of them, so a program that does
     not run again keeps no outgrown buffer alive)."""
 
-    __slots__ = ("kinds", "widest", "stamp", "tensors", "statics")
+    __slots__ = ("kinds", "entries", "widest", "stamp", "tensors", "statics")
 
     def __init__(self, lowered):
         self.kinds = [key[0] for key in lowered.keys]
+        self.entries = [(i, key, key[0]) for i, key in enumerate(lowered.keys)]   # (buffer id, key, its kind)
         task_keys = lowered.keys if lowered.task_keys is None else lowered.keys[:lowered.task_keys]
         self.widest = max((key[1].shape[1] for key in task_keys if key[0] == "static"
                            and len(getattr(key[1], "shape", ())) == 2 and key[1].shape[1] is not None), default=0)
@@ -91,28 +92,34 @@ def bind_operands(lowered, table: np.ndarray, buffers, dtype, device, eager: np.
     operands, gradients = [], {}
     scratch = scratch_elements(lowered, template_ids, rows)
     spare = min(max(rows, default=0), device.spare_product_rows) * memo.widest
-    for i, key in enumerate(lowered.keys):
-        what = key[0]
-        if i >= task_keys and what != "scratch":
-            operands.append(None)
-        elif what in WORKSPACE_TENSORS and i in kept:
-            operands.append(kept[i])
-        elif what == "static":
+    statics, append = memo.statics, operands.append
+    for i, key, what in memo.entries[:task_keys]:
+        if what == "static":
             a = buffers[key]
-            known = memo.statics.get(i)
+            known = statics.get(i)
             if known is None or known.source is not a:
-                known = memo.statics[i] = _static(a, xp)
-            operands.append(known)
+                known = statics[i] = _static(a, xp)
+            append(known)
+        elif i in kept:   # (a dynamic tensor or an arena kept from the last binding)
+            if what in WORKSPACE_TENSORS:
+                append(kept[i])
+            else:
+                append(_arena(kept, i, what, buffers[("arena", what, scratch + spare if what == "scratch"
+                                                      else lowered.fixed_size)], xp))
         elif what in ARENAS:
-            operands.append(_arena(kept, i, what, buffers[("arena", what, scratch + spare if what == "scratch"
-                                                            else lowered.fixed_size)], xp))
+            append(_arena(kept, i, what, buffers[("arena", what, scratch + spare if what == "scratch"
+                                                  else lowered.fixed_size)], xp))
         else:
             a = buffers[key]
             if what == "pgrad":
                 add_accumulators(gradients, key, a)
-            operands.append(_resolved(what, a, device))
+            append(_resolved(what, a, device))
             if what in WORKSPACE_TENSORS and workspace is not None:
                 kept[i] = operands[-1]
+    if task_keys < len(lowered.keys):   # (a block's own buffers, and no block runs: unbound; the scratch last)
+        operands += [None] * (len(lowered.keys) - task_keys - 1)
+        append(_arena(kept, len(lowered.keys) - 1, "scratch",
+                      buffers[("arena", "scratch", scratch + spare)], xp))
     eager_operands, eager_gradients, eager_scratch = {}, {}, 0
     if streaming:
         eager_scratch = scratch_elements(lowered, eager[:, 0].tolist(), eager[:, 2].tolist())
@@ -150,9 +157,10 @@ def _eager_operands(lowered, buffers, gradients: dict, scratch: int, xp) -> tupl
 
 def _resolved(what: str, a, device) -> Operand:
     """The operand of one looked-up buffer: index arrays on the host and the device, statics laid out."""
-    if what in INDEX_KEYS:   # (a batch plan's array: the device copies it once, then slices it)
+    if what in INDEX_KEYS:   # (a batch plan's array: the device copies it once, then slices it; the CPU reads it)
         host = np.ascontiguousarray(a, np.uint64 if what == "rowkeys" else np.int64)
-        return Operand(what, device.index(host), host.size, _row_stride(host), 0, host)
+        return Operand(what, host if device.xp is np else device.index(host), host.size, _row_stride(host), 0,
+                       host)
     if what == "dropout":   # (the entries' table: read on the host)
         host = np.ascontiguousarray(a, np.int64)
         return Operand(what, host, host.size, host.shape[-1], 0, host)

@@ -632,8 +632,8 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
 
 def decode(name: str, point_ok: str, through_ok: str = "REGOK", buffer_ok: str = "BUFOK") -> str:
     """The C checks every loop runs before opcode ``name`` (from OPCODE_TABLE): each "reg" operand through the
-    loop's ``point_ok`` macro, each "in" through ``through_ok``, each "buf" through ``buffer_ok`` (macro(value,
-    operand index), failing the instruction with that operand's index)."""
+    loop's ``point_ok`` macro, each "in" through ``through_ok``, each "buf" through ``buffer_ok``: each macro
+    takes the operand's value and index, and fails the instruction naming that index."""
     macros = {"reg": point_ok, "in": through_ok, "buf": buffer_ok}
     return " ".join(f"{macros[kind]}(a[{i}], {i});" for i, (_, kind) in enumerate(OPCODE_TABLE[name])
                     if kind in macros)
