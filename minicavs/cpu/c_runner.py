@@ -80,7 +80,7 @@ class BufferTable:
     the call returned cleanly, so a failed run, or a second thread running the same program, starts from an
     empty table."""
 
-    __slots__ = ("ffi", "info", "slots", "twin_slots", "row", "held", "layouts", "columns", "err",
+    __slots__ = ("ffi", "info", "slots", "twin_slots", "row", "held", "layouts", "last", "columns", "err",
                  "err_ptr", "transient", "transient_at")
 
     def __init__(self, ffi, n: int, kinds: list):
@@ -91,6 +91,9 @@ class BufferTable:
         self.row = ffi.cast("const int64_t *", self.slots)
         self.held: list = [None] * n     # a weak reference to the array each entry addresses
         self.layouts: list = [None] * n  # its (shape, strides) when addressed
+        # a weak reference to the operand each entry was bound from, while nothing about the entry can have
+        # changed since (the binder hands the very same operand again: a kept tensor, arena or static)
+        self.last: list = [None] * n
         # entries of a batch's own arrays (index arrays, pull and push buffers, gradients): let go after each
         # run, so that the table keeps nothing alive that the run's caller does not
         self.transient = [i for i, kind in enumerate(kinds) if kind not in PERSISTENT]
@@ -103,16 +106,16 @@ class BufferTable:
         self.info[:, i] = 0
         for column in self.columns:
             column[i] = 0
-        self.held[i] = self.layouts[i] = None
+        self.held[i] = self.layouts[i] = self.last[i] = None
 
     def release(self, entries: list, at: np.ndarray) -> None:
         """Forget ``entries`` (``at``: the same as an array; zero addresses: an entry is only ever read by C
         after a run bound it again)."""
         if entries:
             self.info[:, at] = 0
-            held, layouts, (sizes, strides, flags) = self.held, self.layouts, self.columns
+            held, layouts, last, (sizes, strides, flags) = self.held, self.layouts, self.last, self.columns
             for i in entries:
-                held[i] = layouts[i] = None
+                held[i] = layouts[i] = last[i] = None
                 sizes[i] = strides[i] = flags[i] = 0
 
 
@@ -177,14 +180,19 @@ def _bind_entries(program, bound: BufferTable, ex, copier) -> _Entries:
     ``copier`` makes them); an entry no run of this program uses now holds no address."""
     entries = _Entries(bound, ex, copier)
     task_keys = program.lowered.task_keys
+    last = bound.last
     for i, operand in enumerate(program.operands):
         if operand is None:   # (a block's own buffer, and no block runs: no address may stay)
             if bound.held[i] is not None:
                 bound.clear(i)
-        elif operand.kind == "static":
+            continue
+        if last[i] is not None and last[i]() is operand and (copier is None or operand.kind != "static"):
+            continue   # (the entry as the last run left it: a static's copies and twins are made per run)
+        if operand.kind == "static":
             entries.static(i, operand, task_keys is None or i < task_keys)
         else:
             entries.bind(i, operand.array, operand.elements, operand.ld, operand.transposed)
+        last[i] = weakref.ref(operand)
     return entries
 
 

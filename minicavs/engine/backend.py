@@ -36,7 +36,7 @@ class Operand:
     pass may touch, the row stride, and for index arrays and the dropout table their host copy (``array`` is
     then the device's). ``kind`` is the buffer key's first item (``static``, ``tensor``, ``child``, ...)."""
 
-    __slots__ = ("kind", "array", "elements", "ld", "transposed", "host", "source")
+    __slots__ = ("kind", "array", "elements", "ld", "transposed", "host", "source", "__weakref__")
 
     def __init__(self, kind: str, array, elements: int, ld: int, transposed: int = 0, host=None, source=None):
         self.kind, self.array, self.elements, self.ld, self.transposed = kind, array, elements, ld, transposed
