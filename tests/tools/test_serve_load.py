@@ -45,9 +45,9 @@ def test_the_client_sends_for_the_time_given_and_counts_every_answer(server, rat
 
 def test_the_table_has_a_row_per_measurement():
     rows = [{"server": "max-batch 1", "offered": 0, "throughput": 10.0, "p50_ms": 1.0, "p99_ms": 2.0, "errors": 0,
-             "client_cpu_s": 0.1, "server_cpu_s": 0.9}, {"server": "batching", "offered": 20.0, "throughput": 19.5,
-                                                         "p50_ms": 3.0, "p99_ms": 9.0, "errors": 1,
-                                                         "client_cpu_s": 0.2, "server_cpu_s": 0.8}]
+             "mean_batch": 1.0, "client_cpu_s": 0.1, "server_cpu_s": 0.9, "load_before": 2.5},
+            {"server": "batching", "offered": 20.0, "throughput": 19.5, "p50_ms": 3.0, "p99_ms": 9.0, "errors": 1,
+             "mean_batch": 6.25, "client_cpu_s": 0.2, "server_cpu_s": 0.8, "load_before": 3.0}]
     lines = serve_load.table(rows).splitlines()
     assert len(lines) == 4 and "| max-batch 1 | closed loop | 10.0 |" in lines[2]
-    assert lines[3] == "| batching | 20.0 | 19.5 | 3.0 | 9.0 | 1 | 0.2 / 0.8 |"
+    assert lines[3] == "| batching | 20.0 | 19.5 | 3.0 | 9.0 | 1 | 6.2 | 0.2 / 0.8 | 3.0 |"
