@@ -20,6 +20,7 @@ from .backend import Operand
 
 # buffer keys of index arrays (row numbers): resolved on the host, the device's copy beside it
 INDEX_KEYS = ("child", "pullrows", "pushrows", "srows", "rowkeys")
+INDEX_DTYPES = {what: np.dtype(np.uint64 if what == "rowkeys" else np.int64) for what in INDEX_KEYS}
 # buffer keys that name a workspace's dynamic tensor whole: kept from the program's last binding in the same
 # workspace while no dynamic tensor has allocated a buffer since (a plain lookup otherwise)
 WORKSPACE_TENSORS = ("tensor", "btensor")
@@ -93,6 +94,7 @@ def bind_operands(lowered, table: np.ndarray, buffers, dtype, device, eager: np.
     scratch = scratch_elements(lowered, template_ids, rows)
     spare = min(max(rows, default=0), device.spare_product_rows) * memo.widest
     statics, append = memo.statics, operands.append
+    host_index = xp is np
     for i, key, what in memo.entries[:task_keys]:
         if what == "static":
             a = buffers[key]
@@ -109,6 +111,12 @@ def bind_operands(lowered, table: np.ndarray, buffers, dtype, device, eager: np.
         elif what in ARENAS:
             append(_arena(kept, i, what, buffers[("arena", what, scratch + spare if what == "scratch"
                                                   else lowered.fixed_size)], xp))
+        elif what in INDEX_KEYS and host_index:   # (the CPU reads a plan's int64 rows as they are)
+            a = buffers[key]
+            if type(a) is np.ndarray and a.dtype == INDEX_DTYPES[what] and a.flags.c_contiguous and a.ndim == 1:
+                append(Operand(what, a, a.size, a.size, 0, a))
+            else:
+                append(_resolved(what, a, device))
         else:
             a = buffers[key]
             if what == "pgrad":
@@ -240,8 +248,12 @@ def add_accumulators(grads: dict, key: tuple, a) -> None:
 def scratch_elements(lowered, template_ids: list, rows: list) -> int:
     """Scratch elements a run over a table (its template ids, its rows) needs: the task templates' columns x the
     largest task, each block's own."""
-    n_kinds = lowered.n_kinds
-    task_rows = [r for tid, r in zip(template_ids, rows) if tid < n_kinds]
-    cols = lowered.block_scratch
-    return max([lowered.scratch_cols * max(task_rows, default=0)]
-               + [cols.get(tid, 0) * n for tid, n in zip(template_ids, rows) if tid >= n_kinds], default=0)
+    n_kinds, block_cols = lowered.n_kinds, lowered.block_scratch
+    largest_task = blocks = 0
+    for tid, n in zip(template_ids, rows):   # (a batch of one has a dozen rows: a plain loop beats numpy)
+        if tid < n_kinds:
+            largest_task = n if n > largest_task else largest_task
+        else:
+            need = block_cols.get(tid, 0) * n
+            blocks = need if need > blocks else blocks
+    return max(lowered.scratch_cols * largest_task, blocks)
