@@ -33,7 +33,7 @@ class Step:
     op's impl as ``run(xp, *arrays, **attrs)`` (plus ``ctx=`` when ``needs_ctx``). ``frees``: values no later
     step reads (a static graph drops them to save memory)."""
 
-    __slots__ = ("run", "inputs", "outputs", "attrs", "needs_ctx", "fused", "frees")
+    __slots__ = ("run", "inputs", "outputs", "attrs", "needs_ctx", "fused", "frees", "outline")
 
     def __init__(self, run: Callable, inputs: Sequence[Node], outputs: Sequence[Node], attrs: dict | None = None,
                  needs_ctx: bool = False, fused: bool = False, frees: tuple = ()):
@@ -44,6 +44,7 @@ class Step:
         self.needs_ctx = needs_ctx
         self.fused = fused
         self.frees = frees
+        self.outline = None   # what a record of a run reads of its outputs (program.record), found once
 
     @classmethod
     def of(cls, node: Node, frees: tuple = ()) -> "Step":

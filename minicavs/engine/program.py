@@ -27,7 +27,7 @@ from ..core.random import hash_words
 from ..core.sparse import RowSparse
 from ..core.validate import indices
 from ..ir.graph import Node, fmt_shape
-from ..ops.control import steps_run
+from ..ops.control import is_loop, steps_run
 from ..ops.message import as_slice
 from ..ops.registry import OPS
 from .compile import PRE, TASK, Step
@@ -203,14 +203,26 @@ class StaticRun:
 
 def record(title: str, steps: list, env: dict, xp) -> StaticRun:
     """The :class:`StaticRun` of ``steps`` that :func:`evaluate` just ran into ``env`` (a few attribute reads
-    a step, no device read)."""
+    a step, no device read: it runs at every model run, so what it reads of a step's outputs is found once)."""
     rows, trips, nbytes = set(), {}, []
     for step in steps:
-        values = [env.get(node) for node in step.outputs]
-        nbytes.append(sum(map(value_bytes, values)))
-        for node, value in zip(step.outputs, values):
-            if node.has_rows and getattr(value, "shape", None):
-                rows.add(int(value.shape[0]))
+        outline = step.outline
+        if outline is None:   # (per output: has it the row axis; the outputs that are loops)
+            outline = step.outline = (tuple(node.has_rows for node in step.outputs),
+                                      tuple(node for node in step.outputs if is_loop(node)))
+        total = 0
+        for node, with_rows in zip(step.outputs, outline[0]):
+            value = env.get(node)
+            if type(value) is np.ndarray:
+                total += value.nbytes
+                if with_rows and value.ndim:
+                    rows.add(value.shape[0])
+            else:
+                total += value_bytes(value)
+                if with_rows and getattr(value, "shape", None):
+                    rows.add(int(value.shape[0]))
+        nbytes.append(total)
+        for node in outline[1]:
             ran = steps_run(node, env)
             if ran is not None:
                 trips[node] = ran

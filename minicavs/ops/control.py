@@ -675,6 +675,11 @@ def flow(node: Node) -> Flow | None:
                 a["n_state"], a["n_out"], len(node.inputs) - fixed, a["_save"])
 
 
+def is_loop(node: Node) -> bool:
+    """Is ``node`` a control-flow operator with a body (whose steps a run may report: :func:`steps_run`)?"""
+    return isinstance(node.attrs.get("body"), Subgraph)
+
+
 def steps_run(node: Node, env: dict):
     """The steps loop ``node`` ran, as the run left them in ``env`` (its count input, or a while_loop's count
     result: a 0-d array, not read here, since on a device a read is a crossing); None where they are its
