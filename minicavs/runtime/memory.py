@@ -24,8 +24,8 @@ _allocated = [0]   # buffers DynamicTensors have allocated so far, in any worksp
 
 def allocations() -> int:
     """How many buffers DynamicTensors have allocated so far (in any workspace; it only grows): while it is
-    unchanged, every DynamicTensor still holds the buffer it held (the C runner's buffer table keeps
-    their addresses without looking them up again)."""
+    unchanged, every DynamicTensor still holds the buffer it held (the engine's binder keeps their operands
+    without looking them up again)."""
     return _allocated[0]
 
 
@@ -61,8 +61,8 @@ class DynamicTensor:
 
     def prefix(self, view):
         """(buffer, elements) when ``view`` is what the last resize returned, i.e. the buffer's first rows at
-        the buffer's own address; else ``view``. The C runner keeps a buffer's address from batch to
-        batch while the buffer object is the same, and only updates the elements its rows cover."""
+        the buffer's own address; else ``view``. A runner then keeps the buffer's address from batch to batch
+        while the buffer object is the same, and only updates the elements its rows cover."""
         return (self.buffer, view.size) if view is self.last else view
 
     @property
