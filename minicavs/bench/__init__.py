@@ -28,6 +28,7 @@ import argparse
 import os
 from pathlib import Path
 
+from ..train.config import ConfigError   # a bad flag: one line, exit 2 (train/cli.py)
 from .sweeps import MODELS
 from .workloads import Data
 
@@ -129,18 +130,18 @@ def engine_settings(items) -> dict:
     overrides of a config are, so every field the engine gains is taken with its config's rules."""
     if not items:
         return {}
-    from ..train.config import ConfigError, bundled_models_dir, load_config
+    from ..train.config import bundled_models_dir, load_config
     from ..train.trainer import engine_options
     keys = []
     for item in items:
         if "=" not in item:
-            raise ValueError(f"--engine {item!r}: expected KEY=VALUE, e.g. fusion=false")
+            raise ConfigError(f"--engine {item!r}: expected KEY=VALUE, e.g. fusion=false")
         keys.append(item.split("=", 1)[0].strip())
     try:
         cfg = load_config(bundled_models_dir() / "tree_lstm.yaml", [f"train.engine.{item}" for item in items])
         opts = engine_options(cfg["train"]["engine"])
     except ConfigError as e:
-        raise ValueError(f"--engine: {str(e).split(': ', 1)[-1]}") from None
+        raise ConfigError(f"--engine: {str(e).split(': ', 1)[-1]}") from None
     return {k: getattr(opts, k) for k in keys}
 
 
@@ -152,7 +153,7 @@ def settings(args: argparse.Namespace):
     for name in ("cap", "repeats", "trees", "fc_trees", "sentences", "windows"):
         v = getattr(args, name)
         if v is not None and v <= 0:
-            raise ValueError(f"--{name.replace('_', '-')} must be positive, got {v}")
+            raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {v}")
     sizes = {k: getattr(args, k) for k in ("trees", "fc_trees", "sentences", "windows")}
     base = QUICK_DATA if args.quick else {}
     sizes = {k: v if v is not None else base.get(k, getattr(Data, k)) for k, v in sizes.items()}
@@ -183,7 +184,6 @@ def as_user(argv: list[str]) -> None:
 def _ed_batch(args: argparse.Namespace) -> int:
     from .ed_batch import MODELS as ED_MODELS, run_ed_batch
     from .peers import missing
-    from ..train.config import ConfigError   # a bad flag: one line, exit 2
     unknown = set(args.ed_batch_models or ()) - set(ED_MODELS)
     if unknown:
         raise ConfigError(f"--ed-batch-models: unknown {sorted(unknown)}; known: {', '.join(ED_MODELS)}")
@@ -201,13 +201,13 @@ def run(args: argparse.Namespace) -> int:
     import sys
     if args.as_user:
         if sys.argv[1:2] != ["bench"]:
-            raise ValueError("--as-user reruns the command line: use it from `minicavs bench`, or unset the "
+            raise ConfigError("--as-user reruns the command line: use it from `minicavs bench`, or unset the "
                              "OPENBLAS_*, OMP_* and MKL_* variables before calling Python")
         as_user(sys.argv[2:])
     if args.layout:
         from .layout_table import run_layout
         if args.layout_hidden <= 0:
-            raise ValueError(f"--layout-hidden must be positive, got {args.layout_hidden}")
+            raise ConfigError(f"--layout-hidden must be positive, got {args.layout_hidden}")
         print(run_layout(Path(args.out), args.layout_hidden, 64, 2 if args.quick else 4,
                          args.repeats or (3 if args.quick else 7)))
         return 0
@@ -216,15 +216,15 @@ def run(args: argparse.Namespace) -> int:
     if args.policies:
         from .policies import OP_GRAPHS, WORKLOADS, run_policies
         if args.policy_batches <= 0:
-            raise ValueError(f"--policy-batches must be positive, got {args.policy_batches}")
+            raise ConfigError(f"--policy-batches must be positive, got {args.policy_batches}")
         known = list(WORKLOADS) + list(OP_GRAPHS)
         unknown = set(args.policy_models or ()) - set(known)
         if unknown:
-            raise ValueError(f"--policy-models: unknown {sorted(unknown)}; known: {', '.join(known)}")
+            raise ConfigError(f"--policy-models: unknown {sorted(unknown)}; known: {', '.join(known)}")
         if args.policy_repeats is not None and args.policy_repeats <= 0:
-            raise ValueError(f"--policy-repeats must be positive, got {args.policy_repeats}")
+            raise ConfigError(f"--policy-repeats must be positive, got {args.policy_repeats}")
         if args.policy_search < 0:
-            raise ValueError(f"--policy-search must be >= 0, got {args.policy_search}")
+            raise ConfigError(f"--policy-search must be >= 0, got {args.policy_search}")
         run_policies(args.policy_models or known, Path(args.out), batches=args.policy_batches,
                      search=args.policy_search, speed=args.policy_throughput, steps=2 if args.quick else 4,
                      repeats=args.policy_repeats or (2 if args.quick else 3))

@@ -645,3 +645,14 @@ def test_every_sweep_alternates_the_systems_round_by_round(monkeypatch, tmp_path
         assert [c[1] for c in got[::2]] == order and [(a[0], b[0]) for a, b in zip(got[::2], got[1::2])] == want
         assert all(c[3] == 1 for c in got)                          # one timed epoch per system and round
         assert all(c[2] == 12 for c in got if r or c[0] == "peers")  # minicavs' first round's samples
+
+
+@pytest.mark.parametrize("argv", [["--cap", "-1"], ["--engine", "nokv"], ["--policies", "--policy-models", "nope"],
+                                  ["--policies", "--policy-batches", "0"], ["--layout", "--layout-hidden", "0"],
+                                  ["--policies", "--policy-search", "-1"]])
+def test_a_bad_flag_is_one_line_and_exit_2(argv, capsys):
+    """Bad command-line input to ``minicavs bench``: one line naming the flag, exit status 2, no traceback."""
+    from minicavs.train.cli import main
+    assert main(["bench", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("minicavs bench: error: --"), err
