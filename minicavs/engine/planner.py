@@ -74,7 +74,7 @@ def prepare(graphs: list, spec: Spec, sample_ids: np.ndarray | None = None) -> t
         return None
     n, K = len(inputs[0]) - len(graphs), len(graphs)
     bounds = buf[2 * K:2 * K + OUTPUTS + 1].tolist()
-    return _unpack(graphs, spec, n, _Parts._make(buf[a:b] for a, b in zip(bounds, bounds[1:])))
+    return _unpack(graphs, spec, n, _Parts._make([buf[a:b] for a, b in zip(bounds, bounds[1:])]))
 
 
 def _inputs(graphs: list, sample_ids) -> tuple | None:
