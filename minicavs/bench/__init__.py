@@ -39,6 +39,12 @@ QUICK_DATA = {"trees": 256, "fc_trees": 64, "sentences": 500, "windows": 128}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    _sweep_arguments(p)
+    _mode_arguments(p)
+
+
+def _sweep_arguments(p: argparse.ArgumentParser) -> None:
+    """The sweeps': which models, how long, which data, which peers, what else to measure."""
     p.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
     p.add_argument("--quick", action="store_true",
                    help=f"one point per model (batch 64, hidden 512), a {QUICK_CAP:g} s cap, a small ablation "
@@ -79,6 +85,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="run the benchmark as a user's machine does: with every OPENBLAS_*, OMP_* and MKL_* "
                         "variable unset for this command alone (e.g. a forced OPENBLAS_CORETYPE; the per-core "
                         "runs still set one thread)")
+
+
+def _mode_arguments(p: argparse.ArgumentParser) -> None:
+    """The engine settings, and the modes that replace the sweeps (layout table, policies, ED-Batch)."""
     p.add_argument("--engine", nargs="+", default=[], metavar="KEY=VALUE",
                    help="minicavs' engine settings, as train.engine.KEY=VALUE in a config (any EngineOptions "
                         "field, e.g. fusion=false; the ablation keeps varying its own switches)")

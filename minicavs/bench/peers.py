@@ -230,6 +230,12 @@ def run(python: str, framework: str, t: Trainer, *, mode: str | None = None, epo
         spec["device"] = device
     if framework == "dynet":
         spec["mem"] = dynet_mem
+    return _launch(python, script, mode, spec, arrays, timeout)
+
+
+def _launch(python: str, script: str, mode: str, spec: dict, arrays: dict, timeout: float | None) -> dict:
+    """Run the peer ``script`` on ``spec`` (its arrays saved beside it), DyNet again with twice its memory pools
+    while its graphs do not fit; the peer's JSON line, or RuntimeError naming what failed."""
     with tempfile.TemporaryDirectory(prefix="minicavs-peer-") as d:
         for name, content in arrays.items():
             spec[name] = os.path.join(d, f"{name}.npz")

@@ -107,6 +107,24 @@ def _atomic_savez(path: str, arrays: dict[str, np.ndarray]) -> None:
     atomic.write_bytes(path, buffer.getbuffer())
 
 
+def _arrays(path: str) -> dict:
+    """Every array of the .npz file at ``path``, or CheckpointError saying why it is no checkpoint file."""
+    try:
+        with open(path, "rb") as f:  # our own handle: np.load leaks its own on some corrupt files
+            if f.read(4) != b"PK\x03\x04":
+                raise CheckpointError(f"checkpoint file {path} is corrupt or not a checkpoint: "
+                                      "not an .npz (zip) file")
+            f.seek(0)
+            with np.load(f, allow_pickle=False) as z:
+                return {k: z[k] for k in z.files}
+    except FileNotFoundError:
+        raise CheckpointError(f"no checkpoint file {path}") from None
+    except CheckpointError:
+        raise
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error) as e:
+        raise CheckpointError(f"checkpoint file {path} is corrupt or not a checkpoint: {e}") from None
+
+
 def read(path: str | os.PathLike, finite: bool = True) -> Checkpoint:
     """Decode and check a checkpoint file on its own (no model needed); raises CheckpointError.
 
@@ -115,20 +133,7 @@ def read(path: str | os.PathLike, finite: bool = True) -> Checkpoint:
     parameter, so it never writes one), and a model loaded from it would compute nothing but NaN. Readers of
     the metadata alone (a run dir's epoch and best epoch) pass ``finite=False``."""
     path = os.fspath(path)
-    try:
-        with open(path, "rb") as f:  # our own handle: np.load leaks its own on some corrupt files
-            if f.read(4) != b"PK\x03\x04":
-                raise CheckpointError(f"checkpoint file {path} is corrupt or not a checkpoint: "
-                                      "not an .npz (zip) file")
-            f.seek(0)
-            with np.load(f, allow_pickle=False) as z:
-                arrays = {k: z[k] for k in z.files}
-    except FileNotFoundError:
-        raise CheckpointError(f"no checkpoint file {path}") from None
-    except CheckpointError:
-        raise
-    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error) as e:
-        raise CheckpointError(f"checkpoint file {path} is corrupt or not a checkpoint: {e}") from None
+    arrays = _arrays(path)
 
     def bad(msg: str) -> CheckpointError:
         return CheckpointError(f"checkpoint file {path}: {msg}")
