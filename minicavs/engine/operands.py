@@ -102,13 +102,9 @@ def bind_operands(lowered, table: np.ndarray, buffers, dtype, device, eager: np.
             if known is None or known.source is not a:
                 known = statics[i] = _static(a, xp)
             append(known)
-        elif i in kept:   # (a dynamic tensor or an arena kept from the last binding)
-            if what in WORKSPACE_TENSORS:
-                append(kept[i])
-            else:
-                append(_arena(kept, i, what, buffers[("arena", what, scratch + spare if what == "scratch"
-                                                      else lowered.fixed_size)], xp))
-        elif what in ARENAS:
+        elif what in WORKSPACE_TENSORS and i in kept:   # (a dynamic tensor kept from the last binding)
+            append(kept[i])
+        elif what in ARENAS:   # (its operand kept while the same buffer and elements: _arena)
             append(_arena(kept, i, what, buffers[("arena", what, scratch + spare if what == "scratch"
                                                   else lowered.fixed_size)], xp))
         elif what in INDEX_KEYS and host_index:   # (the CPU reads a plan's int64 rows as they are)
