@@ -71,52 +71,56 @@ TWIN_ELEMENTS = 1 << 20
 class BufferTable:
     """A program's buffer table (per buffer: base address, elements, row stride, transposed flag, twin's
     address; one int64 array the interpreter reads) kept from one run to the next, so that a batch re-addresses
-    only the buffers that are new. An entry is reused only for the very same array object, alive, with the
-    same shape and strides; anything else (a parameter array replaced, a workspace buffer grown, a new batch's
-    index arrays) is addressed again. Arrays are held weakly between runs (strongly, by the run, during one):
-    a freed array is never mistaken for another at its address, and a program that has not run since a
+    only the buffers that are new. An entry of a persistent buffer (PERSISTENT) is reused only for the very same
+    array object, alive, with the same shape and strides; anything else (a parameter array replaced, a workspace
+    buffer grown) is addressed again. A batch's own arrays (index arrays, pull and push buffers, gradients) are
+    addressed every run and zeroed after it. Arrays are held weakly between runs (strongly, by the run, during
+    one): a freed array is never mistaken for another at its address, and a program that has not run since a
     workspace buffer grew does not keep the outgrown buffer alive (with one table per linked program, each
     held a generation of them). A run takes the table off its program and puts it back only when
     the call returned cleanly, so a failed run, or a second thread running the same program, starts from an
     empty table."""
 
-    __slots__ = ("ffi", "info", "slots", "twin_slots", "row", "held", "layouts", "last", "columns", "err",
-                 "err_ptr", "transient", "transient_at")
+    __slots__ = ("ffi", "n", "info", "slots", "twin_slots", "row", "values", "held", "layouts", "last", "err",
+                 "err_ptr", "persistent", "transient")
 
     def __init__(self, ffi, n: int, kinds: list):
-        self.ffi = ffi
+        self.ffi, self.n = ffi, n
         self.info = np.zeros((5, n), np.int64)
         self.slots = ffi.cast("void **", ffi.from_buffer(self.info))
         self.twin_slots = ffi.cast("void **", ffi.from_buffer(self.info[4]))
         self.row = ffi.cast("const int64_t *", self.slots)
-        self.held: list = [None] * n     # a weak reference to the array each entry addresses
+        # info through a pointer: an entry's row r at values[r * n + i] (a numpy item or fancy assignment costs
+        # microseconds from a cache the C call has just filled with its own data)
+        self.values = ffi.cast("int64_t *", self.slots)
+        self.held: list = [None] * n     # a weak reference to the array each persistent entry addresses
         self.layouts: list = [None] * n  # its (shape, strides) when addressed
         # a weak reference to the operand each entry was bound from, while nothing about the entry can have
         # changed since (the binder hands the very same operand again: a kept tensor, arena or static)
         self.last: list = [None] * n
-        # entries of a batch's own arrays (index arrays, pull and push buffers, gradients): let go after each
-        # run, so that the table keeps nothing alive that the run's caller does not
+        self.persistent = [kind in PERSISTENT for kind in kinds]
         self.transient = [i for i, kind in enumerate(kinds) if kind not in PERSISTENT]
-        self.transient_at = np.array(self.transient, np.intp)
-        self.columns = [[0] * n for _ in range(3)]   # info's rows 1-3 as lists (written to info when changed)
         self.err = np.zeros(4, np.int64)   # where C reports a failed check (the table is dropped after one)
         self.err_ptr = ffi.from_buffer("int64_t[]", self.err)
 
+    def write(self, i: int, elements: int, ld: int, flag: int) -> None:
+        """Entry ``i``'s elements, row stride and transposed flag (its address: through ``slots``)."""
+        values, n = self.values, self.n
+        values[n + i], values[2 * n + i], values[3 * n + i] = elements, ld, flag
+
     def clear(self, i: int) -> None:
-        self.info[:, i] = 0
-        for column in self.columns:
-            column[i] = 0
+        values, n = self.values, self.n
+        values[i] = values[n + i] = values[2 * n + i] = values[3 * n + i] = values[4 * n + i] = 0
         self.held[i] = self.layouts[i] = self.last[i] = None
 
-    def release(self, entries: list, at: np.ndarray) -> None:
-        """Forget ``entries`` (``at``: the same as an array; zero addresses: an entry is only ever read by C
-        after a run bound it again)."""
-        if entries:
-            self.info[:, at] = 0
-            held, layouts, last, (sizes, strides, flags) = self.held, self.layouts, self.last, self.columns
-            for i in entries:
-                held[i] = layouts[i] = last[i] = None
-                sizes[i] = strides[i] = flags[i] = 0
+    def release(self, copied: list) -> None:
+        """Forget the batch's own entries and the statics copied for one run (zero addresses: an entry is only
+        ever read by C after a run bound it again)."""
+        values, n = self.values, self.n
+        for i in self.transient:
+            values[i] = values[n + i] = values[2 * n + i] = values[3 * n + i] = 0
+        for i in copied:
+            self.clear(i)
 
 
 # buffer keys whose arrays outlive a batch: the workspace's buffers, the statics (parameters, mostly)
@@ -144,8 +148,6 @@ def run(program, clock: np.ndarray | None = None) -> None:
     twin_cols = entries.twin_cols
     tmp_rows = _twin_rows(program, max_bs, twin_cols)
     scratch = program.bound.scratch
-    if entries.changed:
-        bound.info[1], bound.info[2], bound.info[3] = bound.columns
     clock_ptr = ffi.NULL if clock is None else ex.ptr(clock)
     p = ex.ptr
     if lowered not in _POINTERS:   # the program's own arrays: fixed, so their addresses are taken once
@@ -180,19 +182,21 @@ def _bind_entries(program, bound: BufferTable, ex, copier) -> _Entries:
     ``copier`` makes them); an entry no run of this program uses now holds no address."""
     entries = _Entries(bound, ex, copier)
     task_keys = program.lowered.task_keys
-    last = bound.last
+    last, persistent, slots, from_buffer = bound.last, bound.persistent, bound.slots, ex.ffi.from_buffer
     for i, operand in enumerate(program.operands):
         if operand is None:   # (a block's own buffer, and no block runs: no address may stay)
             if bound.held[i] is not None:
                 bound.clear(i)
-            continue
-        if last[i] is not None and last[i]() is operand and (copier is None or operand.kind != "static"):
-            continue   # (the entry as the last run left it: a static's copies and twins are made per run)
-        if operand.kind == "static":
-            entries.static(i, operand, task_keys is None or i < task_keys)
-        else:
-            entries.bind(i, operand.array, operand.elements, operand.ld, operand.transposed)
-        last[i] = weakref.ref(operand)
+        elif not persistent[i]:   # (a batch's own array: addressed every run, zeroed after it)
+            slots[i] = from_buffer(operand.array)
+            bound.write(i, operand.elements, operand.ld, operand.transposed)
+        elif last[i] is None or last[i]() is not operand or (copier is not None and operand.kind == "static"):
+            # (else the entry as the last run left it: a static's copies and twins are made per run)
+            if operand.kind == "static":
+                entries.static(i, operand, task_keys is None or i < task_keys)
+            else:
+                entries.bind(i, operand.array, operand.elements, operand.ld, operand.transposed)
+            last[i] = weakref.ref(operand)
     return entries
 
 
@@ -208,10 +212,7 @@ def _twin_rows(program, max_bs: int, twin_cols: int) -> int:
 
 def _release(bound: BufferTable, entries: _Entries) -> None:
     """Forget the addresses of this run's transient arrays and copies (they die with the batch)."""
-    if entries.copied:
-        bound.release(bound.transient + entries.copied, np.array(bound.transient + entries.copied, np.intp))
-    else:
-        bound.release(bound.transient, bound.transient_at)
+    bound.release(entries.copied)
     if entries.twins:
         bound.info[4] = 0
 
@@ -235,20 +236,18 @@ class _Entries:
 
     def __init__(self, bound: BufferTable, ex, copier):
         self.bound, self.copier, self.from_buffer = bound, copier, ex.ffi.from_buffer
-        self.changed, self.twin_cols = False, 0
+        self.twin_cols = 0
         self.twins, self.copied, self.alive = [], [], []   # (kept alive for the call; let go after it)
 
     def bind(self, i: int, a, elements: int, ld: int, flag: int) -> None:
         bound = self.bound
-        sizes, strides, flags = bound.columns
         ref = bound.held[i]
         if ref is not None and ref() is a and bound.layouts[i] == (a.shape, a.strides):
-            if sizes[i] != elements:
-                sizes[i], self.changed = elements, True
+            bound.values[bound.n + i] = elements   # (only the elements the run may touch can change)
             return
         bound.slots[i] = self.from_buffer(a)   # writes the address into info[0, i]
-        sizes[i], strides[i], flags[i] = elements, ld, flag
-        bound.held[i], bound.layouts[i], self.changed = weakref.ref(a), (a.shape, a.strides), True
+        bound.write(i, elements, ld, flag)
+        bound.held[i], bound.layouts[i] = weakref.ref(a), (a.shape, a.strides)
         self.alive.append(a)
 
     def twin(self, i: int, twin: np.ndarray, wide: int) -> None:
