@@ -52,7 +52,8 @@ class _Memo:
 
     def __init__(self, lowered):
         self.kinds = [key[0] for key in lowered.keys]
-        self.entries = [(i, key, key[0]) for i, key in enumerate(lowered.keys)]   # (buffer id, key, its kind)
+        # (buffer id, key, its kind, how the binder resolves it: one of the codes below)
+        self.entries = [(i, key, key[0], _code(key[0])) for i, key in enumerate(lowered.keys)]
         task_keys = lowered.keys if lowered.task_keys is None else lowered.keys[:lowered.task_keys]
         self.widest = max((key[1].shape[1] for key in task_keys if key[0] == "static"
                            and len(getattr(key[1], "shape", ())) == 2 and key[1].shape[1] is not None), default=0)
@@ -95,30 +96,30 @@ def bind_operands(lowered, table: np.ndarray, buffers, dtype, device, eager: np.
     spare = min(max(rows, default=0), device.spare_product_rows) * memo.widest
     statics, append = memo.statics, operands.append
     host_index = xp is np
-    for i, key, what in memo.entries[:task_keys]:
-        if what == "static":
+    for i, key, what, code in memo.entries[:task_keys]:
+        if code == STATIC:
             a = buffers[key]
             known = statics.get(i)
             if known is None or known.source is not a:
                 known = statics[i] = _static(a, xp)
             append(known)
-        elif what in WORKSPACE_TENSORS and i in kept:   # (a dynamic tensor kept from the last binding)
-            append(kept[i])
-        elif what in ARENAS:   # (its operand kept while the same buffer and elements: _arena)
-            append(_arena(kept, i, what, buffers[("arena", what, scratch + spare if what == "scratch"
-                                                  else lowered.fixed_size)], xp))
-        elif what in INDEX_KEYS and host_index:   # (the CPU reads a plan's int64 rows as they are)
+        elif code == INDEX and host_index:   # (the CPU reads a plan's int64 rows as they are)
             a = buffers[key]
-            if type(a) is np.ndarray and a.dtype == INDEX_DTYPES[what] and a.flags.c_contiguous and a.ndim == 1:
+            if type(a) is np.ndarray and a.dtype is INDEX_DTYPES[what] and a.ndim == 1 and a.flags.c_contiguous:
                 append(Operand(what, a, a.size, a.size, 0, a))
             else:
                 append(_resolved(what, a, device))
+        elif code == TENSOR and i in kept:   # (a dynamic tensor kept from the last binding)
+            append(kept[i])
+        elif code == ARENA:   # (its operand kept while the same buffer and elements: _arena)
+            append(_arena(kept, i, what, buffers[("arena", what, scratch + spare if what == "scratch"
+                                                  else lowered.fixed_size)], xp))
         else:
             a = buffers[key]
             if what == "pgrad":
                 add_accumulators(gradients, key, a)
             append(_resolved(what, a, device))
-            if what in WORKSPACE_TENSORS and workspace is not None:
+            if code == TENSOR and workspace is not None:
                 kept[i] = operands[-1]
     if task_keys < len(lowered.keys):   # (a block's own buffers, and no block runs: unbound; the scratch last)
         operands += [None] * (len(lowered.keys) - task_keys - 1)
@@ -132,6 +133,13 @@ def bind_operands(lowered, table: np.ndarray, buffers, dtype, device, eager: np.
 
 
 ARENAS = ("scratch", "fixed")
+# how the binder resolves an entry, by its kind (_Memo.entries)
+STATIC, INDEX, TENSOR, ARENA, OTHER = range(5)
+
+
+def _code(what: str) -> int:
+    return (STATIC if what == "static" else INDEX if what in INDEX_KEYS else TENSOR if what in WORKSPACE_TENSORS
+            else ARENA if what in ARENAS else OTHER)
 
 
 def _arena(kept: dict, i: int, what: str, found, xp) -> Operand:

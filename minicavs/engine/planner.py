@@ -15,7 +15,6 @@ minicavs/cpu/planner_library.py compiles and loads it and provides it through th
 :mod:`minicavs.runtime.frontier`."""
 from __future__ import annotations
 
-from collections import namedtuple
 from dataclasses import dataclass
 
 import numpy as np
@@ -74,7 +73,7 @@ def prepare(graphs: list, spec: Spec, sample_ids: np.ndarray | None = None) -> t
         return None
     n, K = len(inputs[0]) - len(graphs), len(graphs)
     bounds = buf[2 * K:2 * K + OUTPUTS + 1].tolist()
-    return _unpack(graphs, spec, n, _Parts._make([buf[a:b] for a, b in zip(bounds, bounds[1:])]))
+    return _unpack(graphs, spec, n, [buf[a:b] for a, b in zip(bounds, bounds[1:])])
 
 
 def _inputs(graphs: list, sample_ids) -> tuple | None:
@@ -115,50 +114,51 @@ def _plan_in_c(built: tuple, graphs: list, spec: Spec, ptr_all, idx_all, ids) ->
     return None if rc else buf
 
 
-# the parts of the C call's buffer, in its order (codegen/planner_source.py)
-_Parts = namedtuple("_Parts", "offsets sample local child_ptr child_idx pptr pidx height kind order row task_ptr "
-                              "tasks kind_n kind_t verts task_of_kind task_off child_rows views keys name_rows "
-                              "name_order name_count scalars ttable gcopy")
-
-
-def _unpack(graphs: list, spec: Spec, n: int, p: _Parts) -> tuple[Batch, MemoryPlan]:
-    """The batch and memory plan as views of the C call's parts."""
+def _unpack(graphs: list, spec: Spec, n: int, parts: list) -> tuple[Batch, MemoryPlan]:
+    """The batch and memory plan as views of the C call's parts (in its order: codegen/planner_source.py; unpacked
+    into names, not read as a named tuple's fields: a batch of one is planned in microseconds)."""
+    (offsets, sample, local, child_ptr, child_idx, pptr, pidx, height, kind, order, row, task_ptr, tasks, kind_n,
+     kind_t, verts, task_of_kind, task_off, child_rows, views, keys, name_rows, name_order, name_count,
+     scalars, ttable, gcopy) = parts
     n_kinds, maxa, _, arity, _ = spec.layout
-    T, forest, _ = p.scalars.tolist()
-    task_array = p.tasks[:4 * T].reshape(T, 4)
-    batch = Batch(graphs, n, p.offsets, p.sample, p.local, p.child_ptr, p.child_idx, p.height, p.kind,
-                  spec.kind_names, (p.pptr, p.pidx))
-    schedule = Schedule(p.order, p.task_ptr[:T + 1], task_array[:, 0], p.row)
-    name_count = p.name_count.tolist()
+    T, forest, _ = scalars.tolist()
+    task_array = tasks[:4 * T].reshape(T, 4)
+    batch = Batch(graphs, n, offsets, sample, local, child_ptr, child_idx, height, kind, spec.kind_names,
+                  (pptr, pidx))
+    schedule = Schedule(order, task_ptr[:T + 1], task_array[:, 0], row)
+    name_count = name_count.tolist()
     npull = len(spec.pulls)
     pull_rows = {name: name_count[m] for m, name in enumerate(spec.pulls)}
-    push_order = {name: p.name_order[(npull + m) * n:(npull + m) * n + name_count[npull + m]]
+    push_order = {name: name_order[(npull + m) * n:(npull + m) * n + name_count[npull + m]]
                   for m, name in enumerate(spec.pushes)}
-    plan = MemoryPlan(schedule, n, list(map(tuple, task_array.tolist())), _kind_plans(spec, n, p), pull_rows,
-                      push_order, bool(forest), task_array, p.ttable[:T * (5 + 2 * maxa)].reshape(T, 5 + 2 * maxa),
-                      p.gcopy.reshape(n_kinds, maxa), tuple(arity))
+    kinds = _kind_plans(spec, n, kind_n.tolist(), kind_t.tolist(),
+                        (verts, task_of_kind, task_off, child_rows, views, keys, name_rows))
+    plan = MemoryPlan(schedule, n, list(map(tuple, task_array.tolist())), kinds, pull_rows, push_order, bool(forest),
+                      task_array, ttable[:T * (5 + 2 * maxa)].reshape(T, 5 + 2 * maxa), gcopy.reshape(n_kinds, maxa),
+                      tuple(arity))
     return batch, plan
 
 
-def _kind_plans(spec: Spec, n: int, p: _Parts) -> list:
+def _kind_plans(spec: Spec, n: int, kind_n: list, kind_t: list, parts: tuple) -> list:
     """Each kind's plan (None for a kind without vertices): its vertices, tasks, views and rows."""
+    verts, task_of_kind, task_off, child_rows, views, keys, name_rows = parts
     n_kinds, _, _, arity, uses_by_kind = spec.layout
-    keys = p.keys.view(np.uint64)
+    keys = keys.view(np.uint64)
     npull = len(spec.pulls)
     kinds: list = [None] * n_kinds
     v0 = t0 = c0 = w0 = 0
-    for kind_id, nv, nt in zip(range(n_kinds), p.kind_n.tolist(), p.kind_t.tolist()):
+    for kind_id, nv, nt in zip(range(n_kinds), kind_n, kind_t):
         a = arity[kind_id]
         if nv:
-            table = p.views[w0:w0 + 2 * a * nt].reshape(nt, 2 * a)
-            kind_plan = KindPlan(spec.kind_names[kind_id], kind_id, p.verts[v0:v0 + nv], row_keys=keys[v0:v0 + nv],
-                                 task_offsets=p.task_off[t0:t0 + nt], tasks=p.task_of_kind[t0:t0 + nt],
+            table = views[w0:w0 + 2 * a * nt].reshape(nt, 2 * a)
+            kind_plan = KindPlan(spec.kind_names[kind_id], kind_id, verts[v0:v0 + nv], row_keys=keys[v0:v0 + nv],
+                                 task_offsets=task_off[t0:t0 + nt], tasks=task_of_kind[t0:t0 + nt],
                                  view_table=table,
-                                 child_rows=[p.child_rows[c0 + j * nv:c0 + (j + 1) * nv] for j in range(a)],
+                                 child_rows=[child_rows[c0 + j * nv:c0 + (j + 1) * nv] for j in range(a)],
                                  strides=[(table[:, 2 * j], table[:, 2 * j + 1]) for j in range(a)])
             for m, use in enumerate(uses_by_kind[kind_id]):
                 if use:
-                    rows = p.name_rows[m * n + v0:m * n + v0 + nv]
+                    rows = name_rows[m * n + v0:m * n + v0 + nv]
                     if m < npull:
                         kind_plan.pull_rows[spec.pulls[m]] = rows
                     else:
