@@ -181,7 +181,8 @@ def instrumented_steps(t, samples, batch: int) -> dict:
     finally:
         timers.restore()
     return {"cpu_s": cpu, "wall_s": wall, "steps": steps, "parts": _parts(timers.seconds, runner, cpu),
-            "gemm_s": runner.clock[OPS["GEMM"]] / 1e9, "gemms": runner.gemms}
+            "gemm_s": runner.clock[OPS["GEMM"]] / 1e9, "gemms": runner.gemms,
+            "opcodes": {name: runner.clock[i] / 1e9 for name, i in OPS.items() if runner.clock[i]}}
 
 
 def _parts(seconds: Counter, runner: _RunnerClock, cpu: float) -> dict:
@@ -197,18 +198,22 @@ def _parts(seconds: Counter, runner: _RunnerClock, cpu: float) -> dict:
     return {part: parts[part] for part in PARTS}
 
 
+LARGE = 2048   # the large GEMM, n x n x n, that the products are also compared with
 ROW_CLASSES = ((1, 1), (2, 8), (9, 32), (33, 128), (129, 1 << 62))   # a product's rows (m), for the table
 
 
 def product_rates(gemms: Counter, gemm_s: float, dtype=np.float32) -> dict:
     """The products' FLOPs, the C runner's GFLOP/s over its GEMM seconds ``gemm_s``, numpy's seconds and
     GFLOP/s at the very same shapes (:func:`numpy_seconds` per distinct shape, times its count), and numpy's
-    seconds and FLOPs per class of rows (ROW_CLASSES): where the machine's own time at these shapes goes."""
+    seconds and FLOPs per class of rows (ROW_CLASSES): where the machine's own time at these shapes goes;
+    ``each``: per shape [m, n, k, a transposed, b transposed, count, numpy's seconds for all of them]."""
     flops = sum(2 * m * n * k * count for (m, n, k, _, _), count in gemms.items())
     classes = {f"{lo}-{hi}" if hi < 1 << 62 else f">{lo - 1}": [0.0, 0.0] for lo, hi in ROW_CLASSES}
     numpy_s = 0.0
+    each = []
     for shape, count in sorted(gemms.items()):
         seconds = numpy_seconds(shape, dtype) * count
+        each.append([*shape, count, seconds])
         numpy_s += seconds
         m = shape[0]
         name = next(c for c, (lo, hi) in zip(classes, ROW_CLASSES) if lo <= m <= hi)
@@ -217,7 +222,8 @@ def product_rates(gemms: Counter, gemm_s: float, dtype=np.float32) -> dict:
     return {"flops": flops, "gemm_s": gemm_s, "numpy_s": numpy_s, "shapes": len(gemms),
             "gflops": flops / gemm_s / 1e9 if gemm_s else 0.0,
             "numpy_gflops": flops / numpy_s / 1e9 if numpy_s else 0.0,
-            "classes": {c: {"numpy_s": s, "flops": f} for c, (s, f) in classes.items() if f}}
+            "classes": {c: {"numpy_s": s, "flops": f} for c, (s, f) in classes.items() if f},
+            "each": each}
 
 
 # --- the mode: one measurement in a child process, the table -----------------------------------------------
@@ -229,7 +235,7 @@ def measure(spec: dict) -> dict:
     from ..engine.compile import EngineOptions
     from . import machine_facts as machine
     from .sweeps import Point
-    from .workloads import Data, build, machine_rate
+    from .workloads import Data, build
     point = Point("tree_lstm", spec["hidden"], spec["batch"])
     t = build(point, Data(**spec["data"]), EngineOptions(**spec.get("engine", {})))
     samples, B = t.task.data["train"], point.batch
@@ -238,6 +244,8 @@ def measure(spec: dict) -> dict:
     steps = rounds[0]["steps"]
     parts = {p: float(np.median([r["parts"][p] for r in rounds])) / steps for p in PARTS}
     out = {"point": point.as_dict(), "trees": len(samples), "steps": steps, "repeats": len(rounds),
+           "opcodes_ms": {op: float(np.median([r["opcodes"].get(op, 0.0) for r in rounds])) / steps * 1e3
+                          for op in rounds[0]["opcodes"]},
            "step_cpu_s": float(np.median([r["cpu_s"] for r in rounds])) / steps,
            "step_wall_s": float(np.median([r["wall_s"] for r in rounds])) / steps, "parts": parts,
            "machine": machine.facts()}
@@ -245,7 +253,7 @@ def measure(spec: dict) -> dict:
     rates = product_rates(best["gemms"], best["gemm_s"])
     rates["flops"] /= steps
     out["products"] = rates
-    out["large_gemm_gflops"] = machine_rate(n=2048) / 1e9
+    out["large_gemm_gflops"] = 2 * LARGE ** 3 / min(numpy_seconds((LARGE,) * 3 + (0, 0)) for _ in range(3)) / 1e9
     return out
 
 
@@ -265,7 +273,7 @@ def table(res: dict) -> str:
               f"| C runner (its GEMM instructions) | {r['flops'] / 1e9:.2f} | {r['gflops']:.1f} | "
               f"{100 * r['gflops'] / r['numpy_gflops']:.1f} |",
               f"| numpy at the same {r['shapes']} shapes | | {r['numpy_gflops']:.1f} | 100 |",
-              f"| numpy, 2048^3 (large GEMM) | | {res['large_gemm_gflops']:.1f} | |", "",
+              f"| numpy, {LARGE}^3 (a large GEMM) | | {res['large_gemm_gflops']:.1f} | |", "",
               "| product rows | share of numpy's time at these shapes | its GFLOP/s there |", "|---|---:|---:|"]
     for name, c in r["classes"].items():
         lines.append(f"| {name} | {100 * c['numpy_s'] / r['numpy_s']:.1f}% | {c['flops'] / c['numpy_s'] / 1e9:.1f} |")
