@@ -155,11 +155,12 @@ def numpy_seconds(shape: tuple, dtype=np.float32, repeats: int = 3) -> float:
     return float(np.median(times))
 
 
-def instrumented_steps(t, samples, batch: int) -> dict:
-    """Train on ``samples`` batch by batch with every part timed (see the module doc): {"cpu_s" (CPU seconds of
-    all steps), "wall_s", "steps", "parts": {part: CPU seconds}, "gemm_s" (the GEMM instructions'), "gemms":
-    Counter of GEMM shapes}. Plans are forgotten before each step, so scheduling is paid as in training,
-    which reshuffles."""
+def instrumented_steps(t, n: int, batch: int) -> dict:
+    """Train on the first ``n`` training samples batch by batch, as the trainer's steps do (``train_step``:
+    outputs the loss does not need skipped; serially, no prefetch), with every part timed (see the module
+    doc): {"cpu_s" (CPU seconds of all steps), "wall_s", "steps", "parts": {part: CPU seconds}, "gemm_s" (the
+    GEMM instructions'), "gemms": Counter of GEMM shapes, "opcodes": {opcode: CPU seconds}}. Plans are
+    forgotten before each step, so scheduling is paid as in training, which reshuffles."""
     model, task, device = t.model, t.task, t.device
     timers = _Timers()
     for obj, name, part in ((task, "batch", "schedule"), (model, "_plan", "schedule"),
@@ -170,11 +171,10 @@ def instrumented_steps(t, samples, batch: int) -> dict:
     steps, wall, cpu = 0, 0.0, 0.0
     try:
         with device.opcode_clock():
-            for i in range(0, len(samples), batch):
+            for i in range(0, n, batch):
                 model.forget_plans()
                 start, start_cpu = time.perf_counter(), time.process_time()
-                res = t.loss_and_grads(samples[i:i + batch])
-                t.optimizer.step(res.grads, loss=res.loss)
+                t.train_step(np.arange(i, min(i + batch, n)))
                 wall += time.perf_counter() - start
                 cpu += time.process_time() - start_cpu
                 steps += 1
@@ -238,12 +238,12 @@ def measure(spec: dict) -> dict:
     from .workloads import Data, build
     point = Point("tree_lstm", spec["hidden"], spec["batch"])
     t = build(point, Data(**spec["data"]), EngineOptions(**spec.get("engine", {})))
-    samples, B = t.task.data["train"], point.batch
-    instrumented_steps(t, samples, B)   # (compiles kernels, sizes the workspace)
-    rounds = [instrumented_steps(t, samples, B) for _ in range(spec["repeats"])]
+    n, B = len(t.task.data["train"]), point.batch
+    instrumented_steps(t, n, B)   # (compiles kernels, sizes the workspace)
+    rounds = [instrumented_steps(t, n, B) for _ in range(spec["repeats"])]
     steps = rounds[0]["steps"]
     parts = {p: float(np.median([r["parts"][p] for r in rounds])) / steps for p in PARTS}
-    out = {"point": point.as_dict(), "trees": len(samples), "steps": steps, "repeats": len(rounds),
+    out = {"point": point.as_dict(), "trees": n, "steps": steps, "repeats": len(rounds),
            "opcodes_ms": {op: float(np.median([r["opcodes"].get(op, 0.0) for r in rounds])) / steps * 1e3
                           for op in rounds[0]["opcodes"]},
            "step_cpu_s": float(np.median([r["cpu_s"] for r in rounds])) / steps,
