@@ -1,7 +1,7 @@
 """Where a training step's time goes, part by part, and how fast its products run against numpy at the very
 same shapes (``minicavs bench --step-breakdown``; issue 51 item 3).
 
-Parts (wall clock, per step; they add up to the step, ``glue`` being the rest):
+Parts (CPU time, per step; they add up to the step, ``glue`` being the rest):
 
 - **products**: the C runner's GEMM (and BMM) instructions, clocked by the device's ``opcode_clock``;
 - **fused kernels**: its FUSED instructions (the generated elementwise kernels);
@@ -10,15 +10,17 @@ Parts (wall clock, per step; they add up to the step, ``glue`` being the rest):
 - **small loops**: its other loops (bias-gradient row sums, gradient adds, zeroing, dropout, row transposes);
 - **dispatch**: the rest of the C call (register-only instructions and the interpreter's own loop);
 - **runner (Python)**: the runner call less its C call (the buffer table, the transposed statics' copies);
-- **bind** (linking and binding the batch's programs), **schedule** (the batch's graphs and feeds, planning: ``task.batch``, ``Model._plan``), **static
-  graphs** (the model's static part: pulls, loss, F's and ∂F's parameter-only nodes), **optimizer**;
+- **bind** (linking and binding the batch's programs), **schedule** (the batch's graphs and feeds, planning:
+  ``task.batch``, ``Model._plan``), **static graphs** (the model's static part: pulls, loss, F's and ∂F's
+  parameter-only nodes), **optimizer**;
 - **glue**: the step less all of the above (the engine's Python between them).
 
 The products' rate: every GEMM of the step's programs is read off the program (per task row its template's
 GEMMs, -1 dimensions as the task's rows, each operand's transposed flag as its register has it), and numpy
 times each distinct shape (``a @ b`` into a preallocated output, operands laid out the same) in this process:
 the products' FLOPs over that time is the machine's rate at the same shapes.
-Wall clock, since the C runner's clock is; run on a quiet machine (the result gives the step's CPU time too).
+CPU time throughout (``process_time``; the C runner's clock, a wall clock, scaled per call), so that a loaded
+machine slows the parts without charging them its other work; the result gives the wall time per step too.
 """
 from __future__ import annotations
 
@@ -80,21 +82,24 @@ class _RunnerClock:
     def __init__(self, device, timers: _Timers):
         self.clock = np.zeros(len(OPS) + 1)   # CPU-scaled ns per opcode, and the C calls' in all (last)
         self.cpu = 0.0
+        self.probe = (0.0, 0.0)   # (CPU, wall) seconds spent reading the programs' shapes: not the step's
         self.gemms: Counter = Counter()
-        run, wall_clock = device.run, None
+        run = device.run
 
         def timed(program):
-            nonlocal wall_clock
-            wall_clock = device.clock
-            before = wall_clock.copy()
+            clock = device.clock
+            before = clock.copy()
             start, start_cpu = time.perf_counter(), time.process_time()
             try:
                 return run(program)
             finally:
                 cpu, wall = time.process_time() - start_cpu, time.perf_counter() - start
                 self.cpu += cpu
-                self.clock += (wall_clock - before) * (cpu / wall if wall > 0 else 1.0)
+                self.clock += (clock - before) * (cpu / wall if wall > 0 else 1.0)
+                start, start_cpu = time.perf_counter(), time.process_time()
                 self.gemms.update(gemm_shapes(program))
+                self.probe = (self.probe[0] + time.process_time() - start_cpu,
+                              self.probe[1] + time.perf_counter() - start)
         timers.replace(device, "run", timed)
 
 
@@ -180,6 +185,7 @@ def instrumented_steps(t, n: int, batch: int) -> dict:
                 steps += 1
     finally:
         timers.restore()
+    cpu, wall = cpu - runner.probe[0], wall - runner.probe[1]
     return {"cpu_s": cpu, "wall_s": wall, "steps": steps, "parts": _parts(timers.seconds, runner, cpu),
             "gemm_s": runner.clock[OPS["GEMM"]] / 1e9, "gemms": runner.gemms,
             "opcodes": {name: runner.clock[i] / 1e9 for name, i in OPS.items() if runner.clock[i]}}
