@@ -97,6 +97,12 @@ def _mode_arguments(p: argparse.ArgumentParser) -> None:
                         "pass, and fused, per cell: copies, time per batch, planning time (--layout-hidden, "
                         "--repeats)")
     p.add_argument("--layout-hidden", type=int, default=128, help="hidden size of the layout table's cells (128)")
+    p.add_argument("--step-breakdown", type=int, nargs="?", const=512, default=None, metavar="HIDDEN",
+                   help="instead of the sweeps: where a Tree-LSTM training step's time goes (hidden HIDDEN, default "
+                        "512; batch 64, embed 128, Adam; SST or --sst; --trees, --repeats), per core with the "
+                        "CPU's own BLAS kernels: products, fused kernels, row moves, optimizer and host work per "
+                        "batch, and the products' GFLOP/s against numpy's at the same shapes; writes "
+                        "step_breakdown.md/.json (minicavs.bench.step_breakdown)")
     p.add_argument("--policies", action="store_true",
                    help="instead of the sweeps: ED-Batch's batching policies on every bundled model (tasks per "
                         "batch of 64 for cavs/depth, agenda, greedy, fsm S1-S3 and the lower bound, FSM learning "
@@ -207,6 +213,19 @@ def _ed_batch(args: argparse.Namespace) -> int:
     return 0
 
 
+def _step_breakdown(args: argparse.Namespace) -> int:
+    from .step_breakdown import run_step_breakdown
+    for name in ("step_breakdown", "trees", "repeats"):
+        v = getattr(args, name)
+        if v is not None and v <= 0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {v}")
+    trees = args.trees or (QUICK_DATA["trees"] if args.quick else Data.trees)
+    data = Data(sst=_data_file(args.sst, SST, "SST", "--sst"), trees=trees)
+    print(run_step_breakdown(args.step_breakdown, 64, data, args.repeats or 3, engine_settings(args.engine),
+                             args.out))
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     import sys
     if args.as_user:
@@ -223,6 +242,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.ed_batch:
         return _ed_batch(args)
+    if args.step_breakdown is not None:
+        return _step_breakdown(args)
     if args.policies:
         from .policies import OP_GRAPHS, WORKLOADS, run_policies
         if args.policy_batches <= 0:
