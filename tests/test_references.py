@@ -80,6 +80,7 @@ NOT_OURS = {
                     "other projects, products and algorithms"),
     **dict.fromkeys(("CblasNoTrans", "CblasRowMajor", "CblasTrans", "RawModule", "default_rng"),
                     "CBLAS's, CuPy's and numpy's names"),
+    "SkylakeX": "an OpenBLAS kernel's name (threadpoolctl's architecture)",
     **dict.fromkeys(("VanillaLSTMBuilder", "AdamTrainer", "AdagradTrainer", "SimpleSGDTrainer",
                      "MomentumSGDTrainer"), "DyNet's classes (a peer, tools/dynet_*.py)"),
     **dict.fromkeys(("Q", "m_a", "m_b"), "the equations' notation (Q-learning's Q, a kind's message)"),
