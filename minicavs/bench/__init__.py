@@ -106,6 +106,11 @@ def _mode_arguments(p: argparse.ArgumentParser) -> None:
                         "policy against DyNet's autobatching (needs --dynet-python), training and inference, per "
                         "core and machine; prints the table beside the paper's ratios, writes ed_batch.md/.json "
                         "(--quick: three policies, one batch; --repeats: rounds, default 3, quick 2)")
+    p.add_argument("--padding", action="store_true",
+                   help="instead of the sweeps: the Var-LSTM as one static graph (foreach, each sentence run for "
+                        "its own length) against the chain graph, each with shuffled and length-bucketed batches "
+                        "(train.order), training time per real word on --ptb (--sentences, --repeats: alternating "
+                        "epochs, medians); writes padding.md/.json")
     p.add_argument("--ed-batch-models", nargs="+", default=None, metavar="MODEL",
                    help="models for --ed-batch (default all eight)")
     p.add_argument("--policy-models", nargs="+", default=None,
@@ -207,6 +212,18 @@ def _ed_batch(args: argparse.Namespace) -> int:
     return 0
 
 
+def _padding(args: argparse.Namespace) -> int:
+    from .padding import run_padding
+    for name in ("repeats", "sentences"):
+        v = getattr(args, name)
+        if v is not None and v <= 0:
+            raise ConfigError(f"--{name} must be positive, got {v}")
+    sentences = args.sentences or (QUICK_DATA["sentences"] if args.quick else Data.sentences)
+    text = _data_file(args.ptb, PTB, "PTB text", "--ptb")
+    print(run_padding(Path(args.out), text, sentences, args.repeats or (2 if args.quick else 5)))
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     import sys
     if args.as_user:
@@ -223,6 +240,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.ed_batch:
         return _ed_batch(args)
+    if args.padding:
+        return _padding(args)
     if args.policies:
         from .policies import OP_GRAPHS, WORKLOADS, run_policies
         if args.policy_batches <= 0:
