@@ -27,7 +27,8 @@ per-step states, and the gradients of per-vertex values and of parameters come f
 
 Run-time shapes: a static graph's shapes are fixed at declaration, so outputs sized by the iterations that
 actually ran (``while_loop``, ``foreach(steps=n)``) keep their declared length and are zero after the last
-step run; the number of steps is an output (``while_loop``) or an input (``foreach``).
+step run; the number of steps is an output (``while_loop``) or an input (``foreach``): one for the loop, or
+in a static graph one per row (padded sequences: each row runs its own length, the body on the active rows).
 """
 from __future__ import annotations
 

@@ -127,3 +127,14 @@ def test_steps_of_another_shape_or_dtype_is_refused_when_declared(steps):
     xs, s0 = ops.input((None, T, E), F64, name="xs"), ops.input((None, E), F64, name="s0")
     with pytest.raises(ShapeError, match=r"steps must be one integer value .* or, in a static graph, one per row"):
         C.foreach(lambda x, s: ([], s + x), xs, s0, steps=steps)
+
+
+def test_a_trip_count_per_vertex_is_refused_inside_a_vertex_function():
+    from minicavs.runtime.vertex import VertexFunction
+    F = VertexFunction("v", arity=1, message=(2,), dtype=F64)
+    with F:
+        h, x, per_vertex = F.gather(0), F.pull((T, 2)), F.pull((), "n", dtype="int64")
+        assert per_vertex.shape == (None,)
+        with pytest.raises(ShapeError, match="in a static graph, one per row"):
+            C.foreach(lambda xt, s: ([], s + xt), x, h, steps=per_vertex)
+        F.scatter(h)
