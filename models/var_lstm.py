@@ -8,10 +8,13 @@ scatter [h, c]; push h; softmax(h·W_o + b_o) over the vocabulary at every verte
 divided by the number of sentences. Dropout on the embedding and on h before the softmax, inside F.
 
 ``model.graph: foreach`` writes the same model as one static graph instead, the baseline a static-graph
-framework would run: sentences padded to the longest of the data (a mask per word), a ``foreach``
-(minicavs/ops/control.py) over the positions that runs as many steps as the batch's longest sentence, the LSTM
-cell and the per-word cross-entropy in its body, the state kept as it was past a sentence's end (``where``).
-Same parameters, same loss and gradients (without dropout, which a loop body does not take: dropout must be 0).
+framework would run: sentences padded to the longest of the data, a ``foreach`` (minicavs/ops/control.py) over
+the positions with each sentence's length as its row's trip count (``steps=lengths``: step t runs on the
+sentences longer than t alone, so padding costs no cell or softmax; a finished sentence's state stays as it
+was), the LSTM cell and the per-word cross-entropy in its body. A batch's rows are its sentences longest first
+(the active rows are then a leading slice). With ``train.order: bucket`` the batches hold sentences of similar
+length, so few steps run on few rows. Same parameters, same loss and gradients (without dropout, which a loop
+body does not take: dropout must be 0).
 """
 from __future__ import annotations
 
@@ -124,35 +127,34 @@ class LanguageModel(Task):
         T = self.length
         self.inputs = ops.input((None, T), "int64", name="inputs")
         self.targets = ops.input((None, T), "int64", name="targets")
-        self.mask = ops.input((None, T), dtype, name="mask")
-        self.steps = ops.input((), "int64", name="steps")
+        self.lengths = ops.input((None,), "int64", name="lengths")
         self.state0 = ops.input((None, H), dtype, name="state0")
         self.inv_sentences = ops.input((), dtype, name="inv_sentences")
         W_x, W_h, b, W_o, b_o = (p[k].node for k in ("W_x", "W_h", "b", "W_o", "b_o"))
 
         def body(inputs, states):
-            x, y, m = inputs
+            x, y = inputs
             h0, c0 = states
             i, f, o, u = ops.split(ops.linear(x, W_x, b) + h0 @ W_h, 4)
             c = ops.sigmoid(f) * c0 + ops.sigmoid(i) * ops.tanh(u)
             h = ops.sigmoid(o) * ops.tanh(c)
-            nll = ops.softmax_cross_entropy(ops.linear(h, W_o, b_o), y) * m
-            keep = ops.reshape(m, (None, 1))
-            return [nll], [ops.where(keep, h, h0), ops.where(keep, c, c0)]
-        (nll,), _ = control.foreach(body, [ops.lookup(p["E"].node, self.inputs), self.targets, self.mask],
-                                    [self.state0, self.state0], steps=self.steps, name="lstm")
+            return [ops.softmax_cross_entropy(ops.linear(h, W_o, b_o), y)], [h, c]
+        (nll,), _ = control.foreach(body, [ops.lookup(p["E"].node, self.inputs), self.targets],
+                                    [self.state0, self.state0], steps=self.lengths, name="lstm")
         nll = ops.sum(nll)
         self.model = Model([], loss=nll * self.inv_sentences, outputs={"nll": nll}, policy=policy)
 
     def _padded(self, samples) -> tuple[dict, dict]:
-        """The foreach graph's feeds: ids, targets and a mask padded to the longest sentence of the data."""
+        """The foreach graph's feeds: ids and targets padded to the longest sentence of the data, each row's
+        length, the rows longest first (the loss is a sum over them: their order changes nothing)."""
         n, T = len(samples), self.length
+        lengths = self.sample_lengths(samples)
+        rows = np.argsort(-lengths, kind="stable")
         inputs, targets = np.zeros((n, T), np.int64), np.zeros((n, T), np.int64)
-        mask = np.zeros((n, T), self.dtype)
-        for r, (x, y) in enumerate(samples):
-            inputs[r, :len(x)], targets[r, :len(y)], mask[r, :len(x)] = x, y, 1
-        feeds = {"inputs": inputs, "targets": targets, "mask": mask,
-                 "steps": np.int64(max(len(x) for x, _ in samples)),
+        for r, i in enumerate(rows):
+            x, y = samples[i]
+            inputs[r, :len(x)], targets[r, :len(y)] = x, y
+        feeds = {"inputs": inputs, "targets": targets, "lengths": lengths[rows],
                  "state0": np.zeros((n, self.params["W_h"].value.shape[0]), self.dtype),
                  "inv_sentences": np.asarray(1.0 / n, self.dtype)}
         return {}, feeds
@@ -188,6 +190,10 @@ class LanguageModel(Task):
 
     def units(self, samples) -> int:
         return sum(len(y) for _, y in samples)
+
+    def sample_lengths(self, samples) -> np.ndarray:
+        """Each sentence's steps (its words and <eos>): what ``train.order: bucket`` groups batches by."""
+        return np.array([len(x) for x, _ in samples], np.int64)
 
     def eval_sums(self, samples, batch_size: int) -> dict:
         nll, n = 0.0, 0

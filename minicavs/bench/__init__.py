@@ -112,6 +112,11 @@ def _mode_arguments(p: argparse.ArgumentParser) -> None:
                         "policy against DyNet's autobatching (needs --dynet-python), training and inference, per "
                         "core and machine; prints the table beside the paper's ratios, writes ed_batch.md/.json "
                         "(--quick: three policies, one batch; --repeats: rounds, default 3, quick 2)")
+    p.add_argument("--padding", action="store_true",
+                   help="instead of the sweeps: the Var-LSTM as one static graph (foreach, each sentence run for "
+                        "its own length) against the chain graph, each with shuffled and length-bucketed batches "
+                        "(train.order), training time per real word on --ptb (--sentences, --repeats: alternating "
+                        "epochs, medians); writes padding.md/.json")
     p.add_argument("--ed-batch-models", nargs="+", default=None, metavar="MODEL",
                    help="models for --ed-batch (default all eight)")
     p.add_argument("--policy-models", nargs="+", default=None,
@@ -161,15 +166,20 @@ def engine_settings(items) -> dict:
     return {k: getattr(opts, k) for k in keys}
 
 
+def _positive(args: argparse.Namespace, *names: str) -> None:
+    """Refuse a size flag of ``names`` (argparse's dests) set to zero or less, naming the flag."""
+    for name in names:
+        v = getattr(args, name)
+        if v is not None and v <= 0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {v}")
+
+
 def settings(args: argparse.Namespace):
     """The suite's settings from the command line (defaults depend on ``--quick``)."""
     import shlex
     import sys
     from .suite import Settings
-    for name in ("cap", "repeats", "trees", "fc_trees", "sentences", "windows"):
-        v = getattr(args, name)
-        if v is not None and v <= 0:
-            raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {v}")
+    _positive(args, "cap", "repeats", "trees", "fc_trees", "sentences", "windows")
     sizes = {k: getattr(args, k) for k in ("trees", "fc_trees", "sentences", "windows")}
     base = QUICK_DATA if args.quick else {}
     sizes = {k: v if v is not None else base.get(k, getattr(Data, k)) for k, v in sizes.items()}
@@ -203,8 +213,7 @@ def _ed_batch(args: argparse.Namespace) -> int:
     unknown = set(args.ed_batch_models or ()) - set(ED_MODELS)
     if unknown:
         raise ConfigError(f"--ed-batch-models: unknown {sorted(unknown)}; known: {', '.join(ED_MODELS)}")
-    if args.repeats is not None and args.repeats <= 0:
-        raise ConfigError(f"--repeats must be positive, got {args.repeats}")
+    _positive(args, "repeats")
     why = missing(args.dynet_python, "dynet")
     if why:
         raise ConfigError(f"--ed-batch compares with DyNet: {why}")
@@ -215,14 +224,20 @@ def _ed_batch(args: argparse.Namespace) -> int:
 
 def _step_breakdown(args: argparse.Namespace) -> int:
     from .step_breakdown import run_step_breakdown
-    for name in ("step_breakdown", "trees", "repeats"):
-        v = getattr(args, name)
-        if v is not None and v <= 0:
-            raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {v}")
+    _positive(args, "step_breakdown", "trees", "repeats")
     trees = args.trees or (QUICK_DATA["trees"] if args.quick else Data.trees)
     data = Data(sst=_data_file(args.sst, SST, "SST", "--sst"), trees=trees)
     print(run_step_breakdown(args.step_breakdown, 64, data, args.repeats or 3, engine_settings(args.engine),
                              args.out))
+    return 0
+
+
+def _padding(args: argparse.Namespace) -> int:
+    from .padding import run_padding
+    _positive(args, "repeats", "sentences")
+    sentences = args.sentences or (QUICK_DATA["sentences"] if args.quick else Data.sentences)
+    text = _data_file(args.ptb, PTB, "PTB text", "--ptb")
+    print(run_padding(Path(args.out), text, sentences, args.repeats or (2 if args.quick else 5)))
     return 0
 
 
@@ -235,8 +250,7 @@ def run(args: argparse.Namespace) -> int:
         as_user(sys.argv[2:])
     if args.layout:
         from .layout_table import run_layout
-        if args.layout_hidden <= 0:
-            raise ConfigError(f"--layout-hidden must be positive, got {args.layout_hidden}")
+        _positive(args, "layout_hidden")
         print(run_layout(Path(args.out), args.layout_hidden, 64, 2 if args.quick else 4,
                          args.repeats or (3 if args.quick else 7)))
         return 0
@@ -244,16 +258,15 @@ def run(args: argparse.Namespace) -> int:
         return _ed_batch(args)
     if args.step_breakdown is not None:
         return _step_breakdown(args)
+    if args.padding:
+        return _padding(args)
     if args.policies:
         from .policies import OP_GRAPHS, WORKLOADS, run_policies
-        if args.policy_batches <= 0:
-            raise ConfigError(f"--policy-batches must be positive, got {args.policy_batches}")
+        _positive(args, "policy_batches", "policy_repeats")
         known = list(WORKLOADS) + list(OP_GRAPHS)
         unknown = set(args.policy_models or ()) - set(known)
         if unknown:
             raise ConfigError(f"--policy-models: unknown {sorted(unknown)}; known: {', '.join(known)}")
-        if args.policy_repeats is not None and args.policy_repeats <= 0:
-            raise ConfigError(f"--policy-repeats must be positive, got {args.policy_repeats}")
         if args.policy_search < 0:
             raise ConfigError(f"--policy-search must be >= 0, got {args.policy_search}")
         run_policies(args.policy_models or known, Path(args.out), batches=args.policy_batches,

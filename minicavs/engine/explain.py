@@ -182,7 +182,7 @@ def _body_report(sub) -> BodyReport:
 def _loop_report(node, f: Flow, trips: dict) -> LoopReport:
     ran = trips.get(node)
     if ran is not None:
-        ran = int(to_host(ran).reshape(-1)[0])
+        ran = int(to_host(ran).reshape(-1).max(initial=0))   # (a trip count per row: its longest row's)
     elif f.length is not None and not f.counted:
         ran = f.length
     return LoopReport(node.label(), f.bodies[0][1].name, f, ran, [(role, _body_report(b)) for role, b in f.bodies])

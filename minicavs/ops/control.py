@@ -27,7 +27,8 @@ per-step states, and the gradients of per-vertex values and of parameters come f
 
 Run-time shapes: a static graph's shapes are fixed at declaration, so outputs sized by the iterations that
 actually ran (``while_loop``, ``foreach(steps=n)``) keep their declared length and are zero after the last
-step run; the number of steps is an output (``while_loop``) or an input (``foreach``).
+step run; the number of steps is an output (``while_loop``) or an input (``foreach``): one for the loop, or
+in a static graph one per row (padded sequences: each row runs its own length, the body on the active rows).
 """
 from __future__ import annotations
 
@@ -245,7 +246,11 @@ def foreach(body: Callable, inputs: Sequence[Node] | Node, states: Sequence[Node
     there are no inputs; ``reverse`` runs the steps from the last (outputs still stacked at their step).
     ``steps`` (an int scalar node, read on the host once per run) runs only the first ``steps`` of them (at
     most the static length; padded batches: the batch's longest sequence): the outputs keep the static
-    length, zero after the last step run, as a while_loop's do.
+    length, zero after the last step run, as a while_loop's do. In a static graph ``steps`` may instead give
+    one trip count per row (an int node of shape ``(None,)``: each sequence's length): step t runs the body
+    on the rows with ``steps > t`` alone, so padding does no work and reaches no value or gradient; a
+    finished row keeps its states and its outputs are zero past its length (rows sorted longest first run
+    on views of the arrays, other orders on gathered rows).
 
     Shapes are inferred from one trace of ``body`` (now, on fresh symbols); a state must come back with its
     shape and dtype. Gradients: the pre-step states are saved in the forward and the backward is a
@@ -279,15 +284,26 @@ def foreach(body: Callable, inputs: Sequence[Node] | Node, states: Sequence[Node
 
     traced, _ = trace(call, slice_types + [(s.shape, s.dtype) for s in ss], name or "body", unpack)
     _check_states(traced.graph, n_out[0], ss, what)
-    if steps is not None and (not isinstance(steps, Node) or steps.dtype.is_float or steps.has_rows
-                              or any(d != 1 for d in steps.shape)):
-        raise ShapeError(f"{what}: steps must be one integer value (an int scalar node), got "
-                         f"{steps.label() + ' ' + type_str(steps) if isinstance(steps, Node) else repr(steps)}")
-    if steps is not None and reverse:
-        raise ShapeError(f"{what}: reverse with a run-time number of steps is not supported")
+    _check_steps(steps, reverse, what)
     outs, finals, _ = _loop_node("foreach", xs, ss, traced, n_out[0], length, {"reverse": bool(reverse)},
                                  x_single, s_single, count=steps)
     return outs, finals
+
+
+def _check_steps(steps: Node | None, reverse: bool, what: str) -> None:
+    """Refuse a ``steps`` that is neither one int value nor one int per row of a static graph (shape
+    ``(None,)``: inside a vertex function that shape is per vertex, which a loop there does not take)."""
+    if steps is None:
+        return
+    is_int = isinstance(steps, Node) and not steps.dtype.is_float
+    one = is_int and not steps.has_rows and all(d == 1 for d in steps.shape)
+    per_row = is_int and steps.shape == (None,) and not _rows_implicit.get()
+    if not (one or per_row):
+        shown = steps.label() + " " + type_str(steps) if isinstance(steps, Node) else repr(steps)
+        raise ShapeError(f"{what}: steps must be one integer value (an int scalar node) or, in a static graph, "
+                         f"one per row (an int node of shape (None,)), got {shown}")
+    if reverse:
+        raise ShapeError(f"{what}: reverse with a run-time number of steps is not supported")
 
 
 def _loop_node(op: str, xs: list, ss: list, traced: Traced, n_out: int, length: int, extra: dict,
@@ -317,6 +333,8 @@ def _loop_node(op: str, xs: list, ss: list, traced: Traced, n_out: int, length: 
                  _has_count=count is not None, _save=not (single or backward or in_vf),
                  _differentiable=not backward, _in_vertex_function=in_vf,
                  _pick=None if _pick is None else tuple(_pick))
+    if count is not None and count.has_rows:   # a trip count per row (its backward: the same, in reverse)
+        attrs["_per_row"] = True
     inputs = xs + ss + traced.captured + ([count] if count is not None else [])
     types = _loop_types(op, body, ss, n_out, length, attrs["_save"])
     if _pick is not None:
@@ -368,7 +386,18 @@ def _run_steps(xp, body: Subgraph, xs, states, caps, rows_of, order, n_out, _sav
 
 
 def _foreach_impl(xp, *values, body, n_in, n_state, n_out, length, reverse, _has_count, _save, _differentiable,
-                  _in_vertex_function, _pick, shape, dtype, _types=None):
+                  _in_vertex_function, _pick, shape, dtype, _types=None, _per_row=False):
+    if _per_row:
+        result = _foreach_rows(xp, body, values, n_in, n_state, n_out, length, reverse, _save)
+    else:
+        result = _foreach_all(xp, body, values, n_in, n_state, n_out, length, reverse, _has_count, _save)
+    if _pick is not None:
+        result = [result[i] for i in _pick]
+    return tuple(result) if _types is not None else result[0]
+
+
+def _foreach_all(xp, body: Subgraph, values, n_in, n_state, n_out, length, reverse, _has_count, _save) -> list:
+    """A foreach whose steps run on every row: its outputs, final states and (``_save``) saved states."""
     xs, states = list(values[:n_in]), list(values[n_in:n_in + n_state])
     caps = list(values[n_in + n_state:len(values) - (1 if _has_count else 0)])
     ran = length
@@ -387,9 +416,81 @@ def _foreach_impl(xp, *values, body, n_in, n_state, n_out, length, reverse, _has
     if _save:
         result += [_stack(xp, [s[t] for t in range(ran)], length, body.args[n_in + j].shape,
                           body.args[n_in + j].dtype, rows) for j, s in enumerate(saved)]
-    if _pick is not None:
-        result = [result[i] for i in _pick]
-    return tuple(result) if _types is not None else result[0]
+    return result
+
+
+# --- a trip count per row (foreach(steps=lengths), lengths of shape (None,)) ------------------------------
+
+def _foreach_rows(xp, body: Subgraph, values, n_in, n_state, n_out, length, reverse, _save) -> list:
+    """A foreach where row r runs its own ``steps[r]`` steps: at step t the body runs on the rows still
+    active alone (a row never read past its length: padding does no work and, NaN or not, reaches no value
+    and no gradient). A finished row's states stay as they were and its outputs are zero from then on;
+    values without the row axis are the loop's own (iterated, carried, stacked over every step that ran),
+    computed over the active rows. Rows sorted longest first are active as a prefix: views, not copies.
+    Returns the outputs, final states and (``_save``) the states before each step, as :func:`_foreach_all`."""
+    args = body.args
+    rows_of = [a.has_rows for a in args]
+    lengths = _row_trips(values[-1], _rows_in(values[:-1], body, n_in, n_state), length, body.name)
+    n = len(lengths)
+    xs, caps = values[:n_in], values[n_in + n_state:-1]
+    states = [xp.array(s, copy=True) if r else s            # written row by row below: our own copy
+              for s, r in zip(values[n_in:n_in + n_state], rows_of[n_in:n_in + n_state])]
+    outs = [_zeros_stacked(xp, o, n, length) for o in body.outputs[:n_out]]
+    saved = [_zeros_stacked(xp, a, n, length) for a in args[n_in:n_in + n_state]] if _save else []
+    ran = int(lengths.max(initial=0))
+    for t in (range(ran - 1, -1, -1) if reverse else range(ran)):
+        act = _active_rows(xp, lengths, t)
+        for j, s in enumerate(states):
+            if _save:
+                _put_step(saved[j], slice(None), t, s, rows_of[n_in + j])
+        step_in = [x[act, t] if r else x[t] for x, r in zip(xs, rows_of)]
+        step_in += [v[act] if r else v for v, r in zip(states + list(caps), rows_of[n_in:])]
+        res = body.run(xp, step_in)
+        for k in range(n_out):
+            _put_step(outs[k], act, t, res[k], body.outputs[k].has_rows)
+        for j in range(n_state):
+            if rows_of[n_in + j]:
+                states[j][act] = res[n_out + j]
+            else:
+                states[j] = res[n_out + j]
+    return outs + states + saved
+
+
+def _row_trips(count, n_rows: int | None, length: int, loop: str) -> np.ndarray:
+    """The per-row trip counts, read on the host (one copy on a device), checked: one per row, each in
+    [0, length]."""
+    trips = count.get() if on_device(count) else np.asarray(count)
+    if trips.ndim != 1 or (n_rows is not None and trips.shape[0] != n_rows):
+        raise FeedError(f"foreach '{loop}': steps has shape {fmt_shape(trips.shape)}; it must hold one trip "
+                        f"count per row ({n_rows if n_rows is not None else 'any number of'} rows)")
+    bad = np.flatnonzero((trips < 0) | (trips > length))
+    if bad.size:
+        r = int(bad[0])
+        raise FeedError(f"foreach '{loop}': steps[{r}] = {trips[r]}: a row's trip count must be in [0, {length}] "
+                        f"(the loop's length)")
+    return trips.astype(np.int64, copy=False)
+
+
+def _active_rows(xp, trips: np.ndarray, t: int):
+    """The rows still running at step ``t``: a slice where they are the leading ones, else their indices."""
+    running = trips > t
+    m = int(np.count_nonzero(running))
+    if running[:m].all():
+        return slice(0, m)
+    return xp.asarray(np.flatnonzero(running))
+
+
+def _zeros_stacked(xp, node: Node, n: int, length: int):
+    """Zeros for ``node``'s per-step values stacked over ``length`` steps (``n`` rows if it has the axis)."""
+    shape = (n, length) + node.shape[1:] if node.has_rows else (length,) + node.shape
+    return xp.zeros(shape, dtype=node.dtype.np)
+
+
+def _put_step(stacked, rows, t: int, value, with_rows: bool) -> None:
+    if with_rows:
+        stacked[rows, t] = value
+    else:
+        stacked[t] = value
 
 
 def _rows_in(values, body: Subgraph, n_in: int, n_state: int) -> int | None:

@@ -206,6 +206,7 @@ TRAIN_DEFAULTS: dict[str, Any] = {
     "eval_batch_size": 256, "log_every": 1.0, "device": "cpu",
     # "distributed": mpirun's settings, minicavs.train.distributed.SETTINGS (added by defaults())
     "deterministic": False,   # cuda: sum a DAG child's gradient rows in a fixed order, not by atomicAdd
+    "order": "shuffle",  # or "bucket": batches of samples of similar length (padded loops; train/order.py)
     "prefetch": False,   # prepare the next batch (inputs, schedule, memory plan) while one trains (prefetch.py)
     "engine": {"lazy_batching": True, "eager_batching": True, "streaming": False,  # §3.4 (EngineOptions)
                "fusion": True, "gather_elision": True, "merge_gemms": True,
@@ -225,11 +226,13 @@ RENAMED = {("train", "engine", "executor"): ("runner", {"native": "device", "ref
 def _train_rules() -> dict:
     from .distributed import SPARSE_MODES
     from .optim import OPTIMIZERS
+    from .order import ORDERS
     from ..runtime.scheduler import policy_names
     return {"optimizer": Choice(tuple(OPTIMIZERS), fold_case=True), "lr": POSITIVE, "weight_decay": NON_NEGATIVE,
             "clip_norm": POSITIVE, "batch_size": at_least(1), "epochs": at_least(1), "seed": at_least(0),
             "dtype": Choice(("float32", "float64")), "policy": Choice(policy_names()),
             "eval_batch_size": at_least(1), "log_every": NON_NEGATIVE, "device": Choice(("cpu", "cuda")),
+            "order": Choice(ORDERS),
             "early_stopping.metric": Text(), "early_stopping.mode": Choice(("min", "max")),
             "early_stopping.patience": at_least(1), "engine.runner": Choice(("device", "reference")),
             "distributed.digest_every": at_least(0), "distributed.timeout": POSITIVE,

@@ -1,11 +1,14 @@
 """What a bundled model module provides to the trainer: parameters, the model, batches and metrics."""
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from ..core.errors import FeedError
 from ..engine.model import Model
 from ..nn import ParameterSet
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 class Task:
@@ -43,6 +46,11 @@ class Task:
 
     def units(self, samples: Sequence[Any]) -> int:
         return len(samples)
+
+    def sample_lengths(self, samples: Sequence[Any]) -> "np.ndarray | None":
+        """Each sample's length (the steps its sequence takes), which ``train.order: bucket`` groups batches
+        by; None: the model's samples have no length to group by (bucketing is refused)."""
+        return None
 
     def evaluate(self, samples: Sequence[Any], batch_size: int) -> dict:
         """Metrics over ``samples`` in inference mode (no dropout). No samples is an error (FeedError): a

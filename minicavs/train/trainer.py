@@ -48,7 +48,7 @@ from ..engine.compile import EngineOptions
 from ..engine.executor import RunContext
 from ..engine.model import Prepared, get_device
 from ..runtime.scheduler import FsmPolicy, get_policy
-from . import checkpoint, distributed, runrecord
+from . import checkpoint, distributed, order, runrecord
 from .config import ConfigError, dump, load_config, load_model_module, recorded
 from .distributed import on_root
 from .optim import make_optimizer
@@ -92,6 +92,7 @@ class Trainer:
         except ValueError as e:  # a model's check of its config values (model.variant, an initializer, ...)
             raise ConfigError(f"{self.cfg['config_path']}: {e}") from e
         self._check_data()
+        self._check_order()
         for samples in self.task.data.values():
             self.task.prepare(samples)
         self.model = self.task.model
@@ -188,6 +189,12 @@ class Trainer:
                 src = self.cfg["data"].get(split, split)
                 raise DataError(f"data.{split} ({src}) holds no samples"
                                 + ("; training needs at least one" if split == "train" else ""))
+
+    def _check_order(self) -> None:
+        if self.cfg["train"]["order"] == "bucket" and self.task.sample_lengths(self.task.data["train"][:1]) is None:
+            raise ConfigError(f"{self.cfg['config_path']}: train.order = 'bucket': model "
+                              f"{self.cfg['model']['name']} gives no sample lengths to bucket by "
+                              "(Task.sample_lengths); use train.order=shuffle")
 
     def _check_early_stopping(self) -> None:
         e, metrics = self.early, ["train_loss"] + [f"dev_{m}" for m in self.task.metrics]
@@ -286,12 +293,16 @@ class Trainer:
     # --- epochs -----------------------------------------------------------------------------------------
 
     def epoch_order(self, epoch: int) -> np.ndarray:
-        return np.random.default_rng([self.seed, epoch]).permutation(len(self.task.data["train"]))
+        """Every training sample id in ``epoch``'s order (``train.order``), batch after batch."""
+        return np.concatenate(self.epoch_batches(epoch))
 
     def epoch_batches(self, epoch: int) -> list[np.ndarray]:
-        """The sample ids of each batch of ``epoch`` (1-based), in order."""
-        order, bs = self.epoch_order(epoch), self.cfg["train"]["batch_size"]
-        return [order[i:i + bs] for i in range(0, len(order), bs)]
+        """The sample ids of each batch of ``epoch`` (1-based), in order (``train.order``: order.py)."""
+        data, bs = self.task.data["train"], self.cfg["train"]["batch_size"]
+        rng = np.random.default_rng([self.seed, epoch])
+        if self.cfg["train"]["order"] == "bucket":
+            return order.bucketed(self.task.sample_lengths(data), bs, rng)
+        return order.shuffled(len(data), bs, rng)
 
     def train_epoch(self, progress: bool = True, epochs: int | None = None) -> dict:
         batches = self.epoch_batches(self.epoch + 1)

@@ -1,6 +1,6 @@
-"""models/var_lstm.py with ``model.graph=foreach``: the Var-LSTM as one static graph (a foreach over padded,
-masked positions) equals the chain-graph model on the same sentences, loss and every gradient (float64), and
-trains through the CLI."""
+"""models/var_lstm.py with ``model.graph=foreach``: the Var-LSTM as one static graph (a foreach over padded
+positions, each sentence run for its own length) equals the chain-graph model on the same sentences, loss and
+every gradient (float64), runs no step on a finished sentence, and trains through the CLI."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -39,6 +39,26 @@ def test_foreach_graph_equals_the_chain_graph(batch, tmp_path):
     assert set(a.grads) == set(b.grads) == set(chain.params)
     for k in a.grads:
         equal(b.grads[k], a.grads[k])
+
+
+def test_foreach_graph_runs_each_sentence_for_its_own_length(tmp_path, monkeypatch):
+    """Over a batch the loop's body sees each sentence once per word of it (its length in rows), in the
+    forward and in the backward: no padded position is computed."""
+    from minicavs.ops.subgraph import Subgraph
+    loop = Trainer(MODELS / "var_lstm.yaml", TINY + ["model.graph=foreach"], run_dir=tmp_path / "loop")
+    samples = loop.task.data["train"][10:40]
+    rows = {"lstm": 0, "backward": 0}
+    real_run = Subgraph.run
+
+    def counting(self, xp, values):
+        if self.name in rows:
+            rows[self.name] += len(values[0])
+        return real_run(self, xp, values)
+    monkeypatch.setattr(Subgraph, "run", counting)
+    loop.loss_and_grads(samples)
+    words = sum(len(x) for x, _ in samples)
+    assert rows == {"lstm": words, "backward": words}
+    assert loop.task.length * len(samples) > 2 * words   # (the padded positions, which would be far more)
 
 
 def test_foreach_graph_trains_and_refuses_dropout(tmp_path):
