@@ -91,7 +91,8 @@ OPS = {name: i for i, name in enumerate(OPCODES)}
 class Span(NamedTuple):
     """What one instruction touches, checked before it runs (every loop: before its body; the reference runner:
     in check mode). ``kind`` and its ``args`` (expressions over the opcode's operand names, ``bs``, ``task_row``,
-    ``scatter_row``, ``step(slot)``, ``start(slot)``, ``base_row(mode)``; a "dim" operand reads as its rows):
+    ``scatter_row`` and three functions: step and start of a gather slot's view, base_row of a BIND mode; a
+    "dim" operand reads as its rows):
       "matrix"   register ``operand`` spans (rows, cols) inside its buffer, either orientation
       "rows"     the same, and the register is not transposed (its rows are read ld apart)
       "elements" buffer ``operand`` holds (at, rows, cols, ld): rows x cols from element at, ld apart
