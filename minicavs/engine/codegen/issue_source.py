@@ -28,7 +28,7 @@ from ...core.limits import MAX_ARGS, MAX_REGISTERS
 from .cuda import MAX_BLOCKS, BLOCK
 from .issue_kernels import MOVES
 from .issue_shims import CPU_GEMM, HELPERS, shim_decls
-from .machine import OPS, WIDTH, register_cases
+from .machine import OPS, WIDTH, register_cases, viewed
 from .opcodes import SPAN_HELPERS, checked
 
 
@@ -272,8 +272,8 @@ static int row_{T}(mach_{T}_t *M, const int64_t *code, const int64_t *pool, cons
         switch (in[0]) {{
         case GATHER: {{
             @CHECKS GATHER@
-            const int64_t width = a[2], start = task[5 + 2 * a[4]], step = task[6 + 2 * a[4]];
-            if (a[5] && step >= 1) {{ SET(a[0], FBASE(a[1]) + start * width, step * width, 0, a[1]); break; }}
+            @VIEW GATHER@
+            const int64_t width = a[2];
             SET(a[0], scratch + a[6] * bs, width, 0, sbuf);
             ISSUED(move_{T}(M, 0, FBASE(a[1]), width, 1, IDX(a[3]), NROWS(a[1], width), R[a[0]].p, width, 1, 0, bs, bs,
                             width, 0));
@@ -296,8 +296,8 @@ static int row_{T}(mach_{T}_t *M, const int64_t *code, const int64_t *pool, cons
         }}
         case SROWS: {{
             @CHECKS SROWS@
+            @VIEW SROWS@
             const int64_t col = a[2], ldb = a[3], cols = a[5];
-            if (scatter_row >= 0) {{ SET(a[0], FBASE(a[1]) + scatter_row * ldb + col, ldb, 0, a[1]); break; }}
             SET(a[0], scratch + a[6] * bs, cols, 0, sbuf);
             if (a[7])
                 ISSUED(move_{T}(M, 0, FBASE(a[1]) + col, ldb, 1, IDX(a[4]), NROWS(a[1], ldb), R[a[0]].p, cols, 1, 0, bs,
@@ -543,7 +543,7 @@ def issue_source() -> str:
     body = ""
     for T in ("float", "double"):
         loop = LOOP_SOURCE.format(T=T, REGISTER_CASES=register_cases("DSTOK", 8))
-        body += CPU_GEMM.format(T=T) + checked(loop, "DSTOK")
+        body += CPU_GEMM.format(T=T) + viewed(checked(loop, "DSTOK"))
         body += "#undef STRIDES\n#undef FAIL\n#undef ISSUED\n#undef DIM\n#undef REGOK\n#undef DSTOK\n#undef BUFOK\n" \
                 "#undef CHECKR\n#undef NOTRANS\n#undef SET\n#undef FBASE\n#undef IDX\n#undef NROWS\n#undef RK\n" \
                 "#undef BSIZE\n#undef BLD\n#undef BTRANS\n#undef CHECKING\n#undef FOREST\n#undef SCRATCH_BUF\n" \

@@ -21,6 +21,7 @@ operand -4 when ``sync[1]`` says the eager call failed. ``role`` 0: no second st
 from __future__ import annotations
 
 import math
+import re
 import textwrap
 
 from ...core.limits import MAX_ARGS, MAX_REGISTERS  # noqa: F401  (re-exported: the lowering's limits)
@@ -145,14 +146,9 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
             switch (in[0]) {{
             case GATHER: {{
                 @CHECKS GATHER@
+                @VIEW GATHER@
                 const int64_t width = a[2];
                 const T *src = (const T *)base[a[1]];
-                const int64_t start = task[5 + 2 * a[4]], step = task[6 + 2 * a[4]];
-                if (a[5] && step >= 1) {{
-                    R[a[0]].p = (T *)src + start * width; R[a[0]].ld = step * width;
-                    R[a[0]].trans = 0; R[a[0]].buf = a[1];
-                    break;
-                }}
                 const int64_t *idx = (const int64_t *)base[a[3]] + task_row;
                 T *dst = scratch + a[6] * bs;
                 for (int64_t r = 0; r < bs; r++) memcpy(dst + r * width, src + idx[r] * width, (size_t)width * sizeof(T));
@@ -187,12 +183,8 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
             }}
             case SROWS: {{
                 @CHECKS SROWS@
+                @VIEW SROWS@
                 const int64_t col = a[2], ldb = a[3], cols = a[5];
-                if (scatter_row >= 0) {{   /* one block of rows: a view, as BIND's */
-                    R[a[0]].p = (T *)base[a[1]] + scatter_row * ldb + col; R[a[0]].ld = ldb; R[a[0]].trans = 0;
-                    R[a[0]].buf = a[1];
-                    break;
-                }}
                 T *dst = scratch + a[6] * bs;
                 if (a[7]) {{
                     const T *src = (const T *)base[a[1]];
@@ -553,7 +545,23 @@ def interpreter_source(c_type: str) -> str:
     enum = ", ".join([f"{name} = {i}" for name, i in OPS.items()] + [f"NOPCODES = {len(OPS)}"])
     source = INTERPRETER_SOURCE.format(T=c_type, ENUM=enum, WIDTH=WIDTH, MAX_ARGS=MAX_ARGS, MAX_REGISTERS=MAX_REGISTERS,
                                        REGISTER_CASES=register_cases("REGOK", 12), SPAN_HELPERS=SPAN_HELPERS)
-    return checked(source, "REGOK")
+    return viewed(checked(source, "REGOK"))
+
+
+# The paths of an instruction that only point a register (a view where the rows lie evenly spaced): one text in
+# both loops, over their SET, FBASE, START and STEP, rendered at each ``@VIEW NAME@`` marker.
+VIEWS = {
+    "GATHER": "if (a[5] && STEP(a[4]) >= 1) {   /* the children's rows evenly spaced: a strided view */\n"
+              "    SET(a[0], FBASE(a[1]) + START(a[4]) * a[2], STEP(a[4]) * a[2], 0, a[1]);\n    break;\n}",
+    "SROWS": "if (scatter_row >= 0) {   /* the kind's rows one block: a view, as BIND's */\n"
+             "    SET(a[0], FBASE(a[1]) + scatter_row * a[3] + a[2], a[3], 0, a[1]);\n    break;\n}",
+}
+
+
+def viewed(source: str) -> str:
+    """``source`` with each ``@VIEW NAME@`` marker replaced by VIEWS[NAME], indented as the marker is."""
+    return re.sub(r"^( *)@VIEW (\w+)@", lambda m: textwrap.indent(VIEWS[m.group(2)], m.group(1)), source,
+                  flags=re.M)
 
 
 def interpreter_decls(c_type: str) -> str:

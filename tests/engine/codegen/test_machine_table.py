@@ -14,7 +14,7 @@ import pytest
 
 from minicavs.engine import reference
 from minicavs.engine.codegen.issue_source import issue_source
-from minicavs.engine.codegen.machine import interpreter_source, register_cases
+from minicavs.engine.codegen.machine import VIEWS, interpreter_source, register_cases
 from minicavs.engine.codegen.opcodes import (OPCODE_TABLE, OPCODES, OPERAND_KINDS, SPAN_KINDS, SPANS, Span, checks,
                                              decode)
 
@@ -109,10 +109,15 @@ def test_the_reference_runner_checks_the_tables_spans_in_check_mode(monkeypatch)
         run(True)
 
 
-def test_the_register_cases_are_one_text_in_both_loops():
+def test_what_only_points_a_register_is_one_text_in_both_loops():
     """The instructions that only point a register are rendered once (register_cases) into both loops: each loop
-    holds that text, differing only in the macro that checks a pointed register."""
+    holds that text, differing only in the macro that checks a pointed register; so are the view paths of
+    GATHER and SROWS (VIEWS), inside their cases."""
     interpreter, loop = interpreter_source("double"), issue_source()
     assert register_cases("REGOK", 12) in interpreter
     assert register_cases("DSTOK", 8) in loop
     assert register_cases("REGOK", 0).replace("REGOK(a[0]", "DSTOK(a[0]") == register_cases("DSTOK", 0)
+    for source in (interpreter, loop):
+        found = cases(source)
+        for name, text in VIEWS.items():
+            assert squeeze(text) in squeeze(found[name]), name
