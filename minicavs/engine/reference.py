@@ -229,6 +229,12 @@ class Machine:
             rows, cols = cols, rows
         return _elements_problem(self.flats[buf].size, offset, rows, cols, ld)
 
+    def dense_problem(self, r: int, rows: int, cols: int) -> str:
+        """Why register ``r`` read as rows x cols has overlapping rows (a product's operand; '' when not)."""
+        _, _, ld, transposed = self.reg(r)
+        length, count = (rows, cols) if transposed else (cols, rows)
+        return f"register {r}'s rows are {ld} apart, under a row of {length}" if ld < length and count > 1 else ""
+
     def index_problem(self, i: int, of: int, width: int, col: int, cols: int, missing: int) -> str:
         """Why the task's rows of index buffer ``i`` do not name rows of buffer ``of`` ('' when they do)."""
         if col < 0 or cols < 0 or col + cols > width:
@@ -278,6 +284,8 @@ SPAN_CHECKS = {
     "columns": lambda m, _, col, cols, width: (f"columns {col}:{col + cols} of rows of {width}"
                                                if col < 0 or cols < 0 or col + cols > width else ""),
     "nonneg": lambda m, v: f"{v} < 0" if v < 0 else "",
+    "dense": lambda m, r, rows, cols: m.dense_problem(r, rows, cols),
+    "kernel": lambda m, k: "" if 0 <= k < len(m.lowered.fused) else f"kernel {k} of {len(m.lowered.fused)}",
     "args": lambda m, pool, nargs, rows, cols: m.args_problem(pool, nargs, rows, cols),
 }
 

@@ -252,6 +252,7 @@ static int product_{T}(mach_{T}_t *M, int ta, int tb, int64_t m, int64_t n, int6
 #define CHECKING 1
 #define IVALUES(b) ((const int64_t *)M->host[b])
 #define IWANT (M->check)
+#define KERNELOK(k, operand) do {{ if ((k) < 0 || (k) >= M->nkernels || !M->fk[k]) FAIL(operand); }} while (0)
 #define FOREST (M->forest)
 #define SCRATCH_BUF sbuf
 #define IDX(b) ((const void *)((const int64_t *)M->base[b] + task_row))
@@ -330,8 +331,6 @@ static int row_{T}(mach_{T}_t *M, const int64_t *code, const int64_t *pool, cons
             }} else if (k == 0) ISSUED(zero_{T}(M, C->p, C->ld, 1, m, n));
             if (k > 0) {{
                 const int64_t need_a = A->trans ? m : k, need_b = Bm->trans ? k : n;
-                if ((A->ld < need_a && (A->trans ? k : m) > 1) || (Bm->ld < need_b && (Bm->trans ? n : k) > 1)
-                    || (C->ld < n && m > 1)) FAIL(0);
                 const int64_t lda = A->ld < need_a ? need_a : A->ld, ldb = Bm->ld < need_b ? need_b : Bm->ld;
                 const int64_t ldc = C->ld < n ? n : C->ld;
                 ISSUED(product_{T}(M, (int)A->trans, (int)Bm->trans, m, n, k, A->p, lda, 0, Bm->p, ldb, 0, C->p, ldc,
@@ -342,7 +341,7 @@ static int row_{T}(mach_{T}_t *M, const int64_t *code, const int64_t *pool, cons
         case FUSED: {{
             @CHECKS FUSED@
             const int64_t nargs = a[1], rows = DIM(a[2]), cols = a[3];
-            if (nargs < 0 || nargs > MAXARGS || a[0] < 0 || a[0] >= M->nkernels || !M->fk[a[0]]) FAIL(0);
+            if (nargs < 0 || nargs > MAXARGS) FAIL(1);   /* (the launch's parameters hold MAXARGS) */
             if (rows == 0 || cols == 0) break;
             const int64_t *args = pool + a[4];
             arg_t p[2 + 2 * MAXARGS];
@@ -547,7 +546,7 @@ def issue_source() -> str:
         body += "#undef STRIDES\n#undef FAIL\n#undef ISSUED\n#undef DIM\n#undef REGOK\n#undef DSTOK\n#undef BUFOK\n" \
                 "#undef CHECKR\n#undef NOTRANS\n#undef SET\n#undef FBASE\n#undef IDX\n#undef NROWS\n#undef RK\n" \
                 "#undef BSIZE\n#undef BLD\n#undef BTRANS\n#undef CHECKING\n#undef FOREST\n#undef SCRATCH_BUF\n" \
-                "#undef IVALUES\n#undef IWANT\n"
+                "#undef IVALUES\n#undef IWANT\n#undef KERNELOK\n"
     return head + body
 
 

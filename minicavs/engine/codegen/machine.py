@@ -106,6 +106,7 @@ static inline uint64_t mc_mix(uint64_t z) {{   /* SplitMix64's finaliser (minica
 #define CHECKING check
 #define IVALUES(b) ((const int64_t *)base[b])
 #define IWANT 1
+#define KERNELOK(k, operand) do {{ if ((k) < 0 || (k) >= nkernels) FAIL(operand); }} while (0)
 #define FOREST forest
 #define SCRATCH_BUF scratch_buf
 
@@ -225,8 +226,6 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
                 const int64_t need_a = A->trans ? m : k, need_b = Bm->trans ? k : n;
                 const int64_t lda = A->ld < need_a ? need_a : A->ld, ldb = Bm->ld < need_b ? need_b : Bm->ld;
                 const int64_t ldc = C->ld < n ? n : C->ld;
-                if (check && ((A->ld < need_a && (A->trans ? k : m) > 1) || (Bm->ld < need_b && (Bm->trans ? n : k) > 1)
-                              || (C->ld < n && m > 1))) FAIL(0);
                 if (k == 0) {{
                     for (int64_t r = 0; r < m; r++) memset(C->p + r * C->ld, 0, (size_t)n * sizeof(T));
                 }} else if (m == 1 && gemv) {{
@@ -279,7 +278,7 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
             case FUSED: {{
                 @CHECKS FUSED@
                 const int64_t nargs = a[1], rows = DIM(a[2]), cols = a[3];
-                if (nargs > MAXARGS || (check && (a[0] < 0 || a[0] >= nkernels))) FAIL(0);
+                if (nargs > MAXARGS) FAIL(1);   /* (ptrs and lds hold MAXARGS) */
                 if (rows == 0 || cols == 0) break;
                 const int64_t *args = pool + a[4];
                 for (int64_t i = 0; i < nargs; i++) {{

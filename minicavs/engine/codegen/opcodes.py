@@ -105,6 +105,10 @@ class Span(NamedTuple):
       "columns"  columns (col, cols, width): col:col + cols lie in rows of width elements (a failure names
                  ``operand``)
       "nonneg"   operand ``operand`` is not negative
+      "kernel"   operand ``operand`` is one of the program's fused kernels (each loop's KERNELOK: the CUDA loop also
+                 wants its handle)
+      "dense"    register ``operand`` read as (rows, cols) has rows at least a row apart (a product's operand: BLAS
+                 and cuBLAS take no overlapping rows; one row may have any stride)
       "args"     the fused kernel's (nargs, rows, cols) arguments listed from pool ``operand``: each a bound
                  register spanning its argument kind's rows and columns, not transposed
     ``when``: only when this holds (a path of the instruction); ``report``: the operand a failure names (default
@@ -117,8 +121,9 @@ class Span(NamedTuple):
 
 
 SPAN_KINDS = {"matrix": 2, "rows": 2, "elements": 4, "first": 1, "index": 5, "keys": 0, "scratch": 1,
-              "columns": 3, "nonneg": 0, "args": 3}
+              "columns": 3, "nonneg": 0, "dense": 2, "kernel": 0, "args": 3}
 BUFFER_SPANS = ("elements", "first", "index", "keys")   # their operand is a buffer (a "later" one: BUFOK first)
+REGISTER_SPANS = ("matrix", "rows", "dense")             # a register (a "later" one: REGOK first)
 
 _NOT_ELIDED = "not (elide and step(slot) >= 1)"
 SPANS = {
@@ -143,8 +148,9 @@ SPANS = {
     "ALIAS": (),
     "TRANSPOSE": (),
     "GEMM": (Span("rows", "c", ("rows", "n")), Span("matrix", "a", ("rows", "k")), Span("matrix", "b", ("k", "n")),
-             Span("matrix", "bias", ("1", "n"), "bias >= 0")),
-    "FUSED": (Span("args", "pool", ("nargs", "rows", "cols")),),
+             Span("matrix", "bias", ("1", "n"), "bias >= 0"), Span("dense", "c", ("rows", "n")),
+             Span("dense", "a", ("rows", "k")), Span("dense", "b", ("k", "n"))),
+    "FUSED": (Span("kernel", "kernel"), Span("args", "pool", ("nargs", "rows", "cols"))),
     "COPY": (Span("rows", "dst", ("rows", "cols")), Span("rows", "src", ("rows", "cols"))),
     "ZERO": (Span("rows", "dst", ("rows", "cols")),),
     "ADD": (Span("rows", "dst", ("rows", "cols")), Span("rows", "src", ("rows", "cols"))),
@@ -208,6 +214,8 @@ static inline int index_out(int64_t isize, const int64_t *values, int64_t want, 
 #define COLUMNS(col, cols, width, operand) do { \
     if ((col) < 0 || (cols) < 0 || (col) + (cols) > (width)) FAIL(operand); } while (0)
 #define NONNEG(x, operand) do { if ((x) < 0) FAIL(operand); } while (0)
+#define DENSE(r, rows, cols, operand) do { if (R[r].ld < (R[r].trans ? (rows) : (cols)) \
+    && (R[r].trans ? (cols) : (rows)) > 1) FAIL(operand); } while (0)
 """
 
 _C_FUNCTIONS = {"base_row": "BASEROW", "step": "STEP", "start": "START"}
@@ -236,7 +244,7 @@ def span_c(name: str, span: Span) -> str:
     at, report = index[span.operand], index[span.report or span.operand]
     args = [c_expr(name, a) for a in span.args]
     first = ""
-    if kinds[span.operand] == "later":
+    if kinds[span.operand] == "later" and span.kind in BUFFER_SPANS + REGISTER_SPANS:
         first = f"{'BUFOK' if span.kind in BUFFER_SPANS else 'REGOK'}(a[{at}], {at}); "
     if span.kind == "index":
         of, width, col, cols, missing = args
@@ -251,7 +259,8 @@ def span_c(name: str, span: Span) -> str:
     elif span.kind in ("scratch", "nonneg"):
         check = f"{'SCRATCHSPAN' if span.kind == 'scratch' else 'NONNEG'}({', '.join([f'a[{at}]'] + args)}, {report});"
     else:
-        macro = {"matrix": "SPAN", "rows": "ROWSPAN", "elements": "ELEMENTS", "first": "FIRST", "keys": "KEYS"}
+        macro = {"matrix": "SPAN", "rows": "ROWSPAN", "elements": "ELEMENTS", "first": "FIRST", "keys": "KEYS",
+                 "dense": "DENSE", "kernel": "KERNELOK"}
         check = f"{macro[span.kind]}({', '.join([f'a[{at}]'] + args)}, {report});"
     check = first + check
     return f"if ({c_expr(name, span.when)}) {{ {check} }}" if span.when else check
