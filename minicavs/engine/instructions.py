@@ -63,7 +63,7 @@ from ..ops.registry import OPS, holds_tuple
 from .codegen.machine import ARG_KINDS, MAX_ARGS, OPCODES, OPS as OPCODE, WIDTH
 from .compile import POST, PRE, TASK
 from .passes.fusion import fuse, fusible
-from .lowered import (BUFFER_OPERANDS, KIND_ROWS, PHASE_WORDS, SCATTER_ROWS, TASK_COLUMNS, BlockInfo,  # noqa: F401
+from .lowered import (BUFFER_OPERANDS, KIND_ROWS, PHASE_WORDS, SCATTER_ROWS, TASK_COLUMNS,  # noqa: F401
                       Lowered, Template, _cols, _rows)
 from .passes.layout import gradient_blocks
 
@@ -526,22 +526,22 @@ def _children_gradient(fn, phases, inplace, concats) -> Node | None:
 
 def template(fn, opts, device, backward: bool, training: bool = True, phase: int = TASK,
              direct: bool = False) -> Template:
-    """The kind's template of ``phase`` (kept with the function's compiled phases)."""
-    def make() -> Template:
-        try:
-            return backward_template(fn, opts, device, phase, direct) if backward else \
-                forward_template(fn, opts, device, training, phase)
-        except Unsupported as e:
-            where = "" if phase == TASK else f" ({PHASE_WORDS[phase]})"
-            raise Unsupported(f"kind '{fn.F.name}'{where}: {e}") from None
-    return fn.derived(("template", opts.compile_key(), device, backward, training, phase, direct), make)
+    """The kind's template of ``phase``, made for the program being linked (its part: no cache of its own)."""
+    try:
+        return backward_template(fn, opts, device, phase, direct) if backward else \
+            forward_template(fn, opts, device, training, phase)
+    except Unsupported as e:
+        where = "" if phase == TASK else f" ({PHASE_WORDS[phase]})"
+        raise Unsupported(f"kind '{fn.F.name}'{where}: {e}") from None
 
 
 def link(compiled: list, kind_ids: list, opts, device, backward: bool, training: bool = True,
          cache: dict | None = None) -> Lowered:
     """The templates of the kinds ``kind_ids`` (tasks, then the blocks before and after the task loop) as
-    one program. ``cache``: where linked programs are kept (the workspace's: they live as long as the model)."""
-    cache = {} if cache is None else cache
+    one program. ``cache``: where linked programs are kept (the workspace's: they live as long as the model;
+    None: with the first function)."""
+    if cache is None:
+        cache = next(fn for fn in compiled if fn is not None).derived(("linked programs",), dict)
     # (the entry keeps its functions alive, so no other object can have their ids while it is there)
     key = (tuple(map(id, compiled)), tuple(kind_ids), opts.compile_key(), device, backward, training)
     hit = cache.get(key)
@@ -549,6 +549,8 @@ def link(compiled: list, kind_ids: list, opts, device, backward: bool, training:
         return hit[1]
     n_kinds = len(compiled)
     templates = [template(compiled[kind_id], opts, device, backward, training) for kind_id in kind_ids]
+    for kind_id, t in zip(kind_ids, templates):
+        t.tid = t.kind_id = kind_id
     blocks = _block_templates(compiled, kind_ids, opts, device, backward, training)
     ntask = len(templates)
     templates += [t for _, _, t in blocks]
@@ -568,7 +570,7 @@ def link(compiled: list, kind_ids: list, opts, device, backward: bool, training:
                       max((len(t.reg_names) for t in templates), default=1),
                       max((t.scratch for t in templates[:ntask]), default=0),
                       max((t.fixed for t in templates), default=0),
-                      blocks=[_block_info(tid, kind_id, t, compiled[kind_id], opts, backward)
+                      blocks=[_placed(tid, kind_id, t, compiled[kind_id], opts, backward)
                               for tid, kind_id, t in blocks],
                       task_keys=joined.task_keys,
                       table_width=TASK_COLUMNS + 2 * max((len(fn.gathers) for fn in compiled if fn is not None),
@@ -645,9 +647,12 @@ def _global_key(key: tuple, kind_id: int) -> tuple:
         else key
 
 
-def _block_info(tid: int, kind_id: int, t: Template, fn, opts, backward: bool) -> BlockInfo:
+def _placed(tid: int, kind_id: int, t: Template, fn, opts, backward: bool) -> Template:
+    """Block template ``t`` given its place in the program: its ids, the children it gathers again and F's
+    rows it moves per vertex (what a batch's table needs of it)."""
     phases = fn.phases(opts).forward
-    moves = (0, 0, 0) if backward else (sum(phases.phase[g] == t.phase for g in fn.gathers.values()),
-                                        sum(phases.phase[p] == t.phase for p in fn.pulls.values()),
-                                        sum(phases.phase[p] == t.phase for p in fn.pushes.values()))
-    return BlockInfo(tid, kind_id, t.phase, t, t.scatter_rows, len(fn.gathers) if t.regathers else 0, moves)
+    t.tid, t.kind_id, t.regather = tid, kind_id, len(fn.gathers) if t.regathers else 0
+    t.moves = (0, 0, 0) if backward else (sum(phases.phase[g] == t.phase for g in fn.gathers.values()),
+                                          sum(phases.phase[p] == t.phase for p in fn.pulls.values()),
+                                          sum(phases.phase[p] == t.phase for p in fn.pushes.values()))
+    return t

@@ -1,7 +1,7 @@
-"""Programs as data between the lowering and the runners: a kind's :class:`Template` (F or ∂F as instructions over
-local registers and buffer keys), and :class:`Lowered`, the templates of one pass linked into one code array
-(instructions.link makes it; the binder and every runner read it: the opcode rows, the buffer keys, the task
-table's width, the blocks before and after the task loop)."""
+"""The program: :class:`Lowered`, one pass's templates linked into one code array (instructions.link makes it; the
+binder and every runner read it: the opcode rows, the buffer keys, the task table's width, the blocks before and
+after the task loop), and its parts, the :class:`Template` of each kind and phase (F or ∂F as instructions over
+local registers and buffer keys), made only while linking and kept only in their program."""
 from __future__ import annotations
 
 import functools
@@ -34,10 +34,15 @@ def _rows(node: Node) -> int:
 
 
 class Template:
-    """One kind's steps of one phase of F or ∂F as instructions over local registers and buffer keys."""
+    """One kind's steps of one phase of F or ∂F as instructions over local registers and buffer keys: a part of
+    one program (Lowered.templates), which the linking made it for and which gives it its place (template id,
+    kind id; a block's regather and row moves, which a batch's table needs)."""
 
     def __init__(self, kind: str, phase: int = TASK):
         self.kind, self.phase = kind, phase
+        self.tid = self.kind_id = -1      # its template id and kind id in its program (set when linked)
+        self.regather = 0               # a block: the children per row it gathers again (0: none)
+        self.moves = (0, 0, 0)          # a block of F: F's rows it moves per vertex (gathers, pulls, pushes)
         self.scatter_rows = False       # binds rows of a scatter tensor (or its gradient) at the scatter offset
         self.regathers = False          # (POST of ∂F) gathers the children's concat again: a view when side by side
         self.code: list = []            # (opcode name, operands...)
@@ -147,9 +152,9 @@ class Lowered:
     keys: list                  # global buffer keys (index = buffer id); the scratch arena is last
     kernels: np.ndarray
     nregs: int
-    scratch_cols: int           # scratch columns per row of the task templates (a block's: its BlockInfo's)
+    scratch_cols: int           # scratch columns per row of the task templates (a block's: its own)
     fixed_size: int = 0
-    blocks: list = field(default_factory=list)   # the blocks' BlockInfo, in run order
+    blocks: list = field(default_factory=list)   # the blocks' templates (of ``templates``), in run order
     task_keys: int | None = None    # the buffers the task templates name are keys[:task_keys] (None: all)
     table_width: int = TASK_COLUMNS   # columns of a task-table row
     fused: list = field(default_factory=list)   # per kernel id: the device's kernel of a fused group (its .group)
@@ -159,7 +164,7 @@ class Lowered:
     @functools.cached_property
     def block_scratch(self) -> dict:
         """{block template id: its scratch columns per row}."""
-        return {b.tid: b.template.scratch for b in self.blocks}
+        return {b.tid: b.scratch for b in self.blocks}
 
     @functools.cached_property
     def c_refusal(self) -> str | None:
@@ -255,16 +260,3 @@ def _key_text(key: tuple) -> str:
     what, *rest = key
     names = [x.name or f"%{x.id}" if isinstance(x, Node) else str(x) for x in rest]
     return f"{what}[{','.join(names)}]" if names else what
-
-
-@dataclass
-class BlockInfo:
-    """What a batch needs to know of one linked block template (found once, when linked)."""
-
-    tid: int                # its template id
-    kind_id: int
-    phase: int
-    template: Template
-    scatter_rows: bool      # binds the kind's scatter rows: they must be contiguous
-    regather: int           # the children per row it gathers again (0: none)
-    moves: tuple            # F's rows moved per vertex: (gathers, pulls, pushes)

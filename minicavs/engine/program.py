@@ -612,7 +612,7 @@ def eager_rows(lowered, table: np.ndarray, forest: bool) -> tuple[np.ndarray | N
     if not forest:
         pre_adds, task_adds = lowered.writes("ADJ", PRE), lowered.writes("ADJ", TASK)
         if pre_adds & task_adds:
-            kind = next(b.template.kind for b in lowered.blocks if b.phase == PRE
+            kind = next(b.kind for b in lowered.blocks if b.phase == PRE
                         and lowered.writes("ADJ", PRE, b.tid) & task_adds)
             return None, (f"kind '{kind}' (before tasks) adds gather gradients into rows the task loop adds "
                           "into too (a DAG)")

@@ -31,6 +31,7 @@ from ..core.random import GOLDEN, mix
 from ..ops import scalar as S
 from ..ops.registry import holds_tuple
 from .codegen.machine import ARG_KINDS, OPCODES, matrix_shape
+from .codegen.opcodes import BUFFER_SPANS, OPCODE_TABLE, SPANS, span_values
 
 
 KIND_OF_ARG = {v: k for k, v in ARG_KINDS.items()}
@@ -198,6 +199,95 @@ class Machine:
     def scratch(self, off: int, cols: int) -> tuple:
         """The scratch region of ``cols`` columns at column ``off`` (x the task's rows)."""
         return self.scratch_buf, off * self.bs, cols
+
+    # --- what an instruction touches: the opcode table's spans, checked as every C loop checks them ----------
+    def check_spans(self, name: str, operands: list) -> None:
+        """Check mode: every span opcode ``name`` touches (codegen/opcodes.SPANS) before it runs, so a wrong
+        instruction fails here on the same condition as in the C loops, naming the operand they name."""
+        table = OPCODE_TABLE[name]
+        scope = {operand: self.dim(v) if kind == "dim" else v for (operand, kind), v in zip(table, operands)}
+        scope.update(bs=self.bs, task_row=self.task_row, scatter_row=self.scatter_row,
+                     step=lambda slot: self.view_of_slot(slot)[1], start=lambda slot: self.view_of_slot(slot)[0],
+                     base_row=lambda mode: {1: self.task_row, 2: self.scatter_row}.get(mode, 0))
+        for span in SPANS[name]:
+            applies, args = span_values(name, span, scope)
+            if not applies:
+                continue
+            value, kind = scope[span.operand], dict(table)[span.operand]
+            if kind == "later" and span.kind in BUFFER_SPANS and not 0 <= value < len(self.flats):
+                self.fail(f"operand {span.operand}: buffer {value} out of range")
+            problem = SPAN_CHECKS[span.kind](self, value, *args)
+            if problem:
+                self.fail(f"operand {span.report or span.operand} ({span.kind}): {problem}")
+
+    def span_problem(self, r: int, rows: int, cols: int, untransposed: bool = False) -> str:
+        """Why register ``r`` does not span rows x cols inside its buffer ('' when it does)."""
+        buf, offset, ld, transposed = self.reg(r)
+        if untransposed and transposed:
+            return f"register {r} is transposed"
+        if transposed:
+            rows, cols = cols, rows
+        return _elements_problem(self.flats[buf].size, offset, rows, cols, ld)
+
+    def dense_problem(self, r: int, rows: int, cols: int) -> str:
+        """Why register ``r`` read as rows x cols has overlapping rows (a product's operand; '' when not)."""
+        _, _, ld, transposed = self.reg(r)
+        length, count = (rows, cols) if transposed else (cols, rows)
+        return f"register {r}'s rows are {ld} apart, under a row of {length}" if ld < length and count > 1 else ""
+
+    def index_problem(self, i: int, of: int, width: int, col: int, cols: int, missing: int) -> str:
+        """Why the task's rows of index buffer ``i`` do not name rows of buffer ``of`` ('' when they do)."""
+        if col < 0 or cols < 0 or col + cols > width:
+            return f"columns {col}:{col + cols} of rows of {width}"
+        if self.task_row < 0 or self.task_row + self.bs > self.flats[i].size:
+            return f"rows {self.task_row}:{self.task_row + self.bs} of an index buffer of {self.flats[i].size}"
+        if not self.bs:
+            return ""
+        if i not in self.hosts:
+            return f"index buffer {i} has no host copy"
+        values = self.hosts[i][self.task_row:self.task_row + self.bs]
+        allowed = (values == -1) & bool(missing)   # (a zero row)
+        if (~allowed & ((values < 0) | (values * width + col + cols > self.flats[of].size))).any():
+            return f"row index out of range ({values.min()}..{values.max()} of {self.flats[of].size // max(width, 1)} rows)"
+        return ""
+
+    def args_problem(self, pool: int, nargs: int, rows: int, cols: int) -> str:
+        """Why a fused kernel's arguments (pool[pool:], nargs of them) do not span their kinds' rows x cols."""
+        args = self.lowered.pool[pool:pool + 2 * nargs].tolist()
+        for i, (r, kind) in enumerate(zip(args[::2], args[1::2])):
+            name = KIND_OF_ARG[kind]
+            problem = self.span_problem(r, rows if name in ("full", "col") else 1, cols if name in ("full", "row") else 1,
+                                        untransposed=True)
+            if problem:
+                return f"argument {i}: {problem}"
+        return ""
+
+
+def _elements_problem(size: int, at: int, rows: int, cols: int, ld: int) -> str:
+    """Why rows x cols from element ``at``, ``ld`` apart, is not inside ``size`` elements ('' when it is)."""
+    if rows <= 0 or cols <= 0 or (at >= 0 and ld >= 0 and at + (rows - 1) * ld + cols <= size):
+        return ""
+    return f"{rows} x {cols} at element {at} (row stride {ld}) of a buffer of {size}"
+
+
+# kind -> (machine, the span's operand value, its argument values) -> what is wrong ('' when nothing)
+SPAN_CHECKS = {
+    "matrix": lambda m, r, rows, cols: m.span_problem(r, rows, cols),
+    "rows": lambda m, r, rows, cols: m.span_problem(r, rows, cols, untransposed=True),
+    "elements": lambda m, b, at, rows, cols, ld: _elements_problem(m.flats[b].size, at, rows, cols, ld),
+    "first": lambda m, b, at: (f"element {at} of a buffer of {m.flats[b].size}"
+                               if m.bs > 0 and not 0 <= at < m.flats[b].size else ""),
+    "index": lambda m, i, of, width, col, cols, missing: m.index_problem(i, of, width, col, cols, missing),
+    "keys": lambda m, b: (f"rows {m.task_row}:{m.task_row + m.bs} of a buffer of {m.flats[b].size}"
+                          if m.task_row < 0 or m.task_row + m.bs > m.flats[b].size else ""),
+    "scratch": lambda m, off, cols: _elements_problem(m.flats[m.scratch_buf].size, off * m.bs, m.bs, cols, cols),
+    "columns": lambda m, _, col, cols, width: (f"columns {col}:{col + cols} of rows of {width}"
+                                               if col < 0 or cols < 0 or col + cols > width else ""),
+    "nonneg": lambda m, v: f"{v} < 0" if v < 0 else "",
+    "dense": lambda m, r, rows, cols: m.dense_problem(r, rows, cols),
+    "kernel": lambda m, k: "" if 0 <= k < len(m.lowered.fused) else f"kernel {k} of {len(m.lowered.fused)}",
+    "args": lambda m, pool, nargs, rows, cols: m.args_problem(pool, nargs, rows, cols),
+}
 
 
 # --- one function per opcode: ``op(m, *operands)`` ----------------------------------------------------------
@@ -463,6 +553,7 @@ OPERATIONS = {
 }
 BY_ID = [OPERATIONS[name] for name in OPCODES]
 ARITY = [len(operands) for operands in OPCODES.values()]
+NAMES = list(OPCODES)
 
 
 # --- a run ---------------------------------------------------------------------------------------------------
@@ -525,6 +616,8 @@ def _loop(m: Machine, table: np.ndarray, code: list, ranges: list, before=None, 
         while pc < end:
             op, *operands = code[pc]
             m.pc = pc
+            if m.check:
+                m.check_spans(NAMES[op], operands[:ARITY[op]])
             skip = BY_ID[op](m, *operands[:ARITY[op]])
             pc += 1 + (skip or 0)
         if after is not None:

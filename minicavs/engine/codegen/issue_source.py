@@ -28,7 +28,8 @@ from ...core.limits import MAX_ARGS, MAX_REGISTERS
 from .cuda import MAX_BLOCKS, BLOCK
 from .issue_kernels import MOVES
 from .issue_shims import CPU_GEMM, HELPERS, shim_decls
-from .machine import OPS, WIDTH, decoded, register_cases
+from .machine import OPS, WIDTH, register_cases, viewed
+from .opcodes import SPAN_HELPERS, checked
 
 
 LOOP_SOURCE = r"""
@@ -249,22 +250,13 @@ static int product_{T}(mach_{T}_t *M, int ta, int tb, int64_t m, int64_t n, int6
 #define BLD(b) (M->ld[b])
 #define BTRANS(b) (M->trans[b])
 #define CHECKING 1
+#define IVALUES(b) ((const int64_t *)M->host[b])
+#define IWANT (M->check)
+#define KERNELOK(k, operand) do {{ if ((k) < 0 || (k) >= M->nkernels || !M->fk[k]) FAIL(operand); }} while (0)
 #define FOREST (M->forest)
 #define SCRATCH_BUF sbuf
 #define IDX(b) ((const void *)((const int64_t *)M->base[b] + task_row))
 #define NROWS(b, w) ((w) > 0 ? M->size[b] / (w) : 0)
-
-/* the task's rows task_row..task_row+bs of index buffer ``b`` exist; with check, each row number is in [lo, rows) */
-static int rows_ok_{T}(const mach_{T}_t *M, int64_t b, int64_t task_row, int64_t bs, int64_t lo, int64_t rows) {{
-    if (task_row < 0 || bs < 0 || task_row + bs > M->size[b]) return 0;
-    if (M->check && bs > 0) {{
-        const int64_t *h = (const int64_t *)M->host[b];
-        if (!h) return 0;
-        for (int64_t r = 0; r < bs; r++)
-            if (h[task_row + r] < lo || h[task_row + r] >= rows) return 0;
-    }}
-    return 1;
-}}
 
 static int row_{T}(mach_{T}_t *M, const int64_t *code, const int64_t *pool, const int64_t *kinds, int64_t nkinds,
                    const int64_t *task, int64_t t) {{
@@ -280,84 +272,65 @@ static int row_{T}(mach_{T}_t *M, const int64_t *code, const int64_t *pool, cons
         const int64_t *a = in + 1;
         switch (in[0]) {{
         case GATHER: {{
-            @DECODE GATHER@
-            const int64_t width = a[2], start = task[5 + 2 * a[4]], step = task[6 + 2 * a[4]];
-            if (a[5] && step >= 1) {{ SET(a[0], FBASE(a[1]) + start * width, step * width, 0, a[1]); break; }}
-            if (width <= 0 || !rows_ok_{T}(M, a[3], task_row, bs, -1, NROWS(a[1], width))) FAIL(3);
+            @CHECKS GATHER@
+            @VIEW GATHER@
+            const int64_t width = a[2];
             SET(a[0], scratch + a[6] * bs, width, 0, sbuf);
-            CHECKR(a[0], bs, width, 0);
             ISSUED(move_{T}(M, 0, FBASE(a[1]), width, 1, IDX(a[3]), NROWS(a[1], width), R[a[0]].p, width, 1, 0, bs, bs,
                             width, 0));
             break;
         }}
-        case TAKE: case TAKETO: {{
-            @DECODE TAKE@
-            const int64_t width = a[2], cols = a[4], col = in[0] == TAKE ? 0 : a[5];
-            if (col < 0 || cols < 0 || col + cols > width) FAIL(4);
-            if (!rows_ok_{T}(M, a[3], task_row, bs, -1, NROWS(a[1], width))) FAIL(3);
-            if (in[0] == TAKE) SET(a[0], scratch + a[5] * bs, cols, 0, sbuf);
-            REGOK(a[0], 0); NOTRANS(a[0], 0); CHECKR(a[0], bs, cols, 0);
+        case TAKE: {{
+            @CHECKS TAKE@
+            const int64_t width = a[2], cols = a[4];
+            SET(a[0], scratch + a[5] * bs, cols, 0, sbuf);
+            ISSUED(move_{T}(M, 0, FBASE(a[1]), width, 1, IDX(a[3]), NROWS(a[1], width), R[a[0]].p, cols, 1, 0, bs, bs,
+                            cols, 0));
+            break;
+        }}
+        case TAKETO: {{
+            @CHECKS TAKETO@
+            const int64_t width = a[2], cols = a[4], col = a[5];
             ISSUED(move_{T}(M, 0, FBASE(a[1]) + col, width, 1, IDX(a[3]), NROWS(a[1], width), R[a[0]].p, R[a[0]].ld, 1,
                             0, bs, bs, cols, 0));
             break;
         }}
         case SROWS: {{
-            @DECODE SROWS@
+            @CHECKS SROWS@
+            @VIEW SROWS@
             const int64_t col = a[2], ldb = a[3], cols = a[5];
-            if (scatter_row >= 0) {{
-                const int64_t at = scatter_row * ldb + col;
-                if (bs > 0 && (at < 0 || at >= M->size[a[1]])) FAIL(2);
-                SET(a[0], FBASE(a[1]) + at, ldb, 0, a[1]);
-                break;
-            }}
             SET(a[0], scratch + a[6] * bs, cols, 0, sbuf);
-            CHECKR(a[0], bs, cols, 0);
-            if (a[7]) {{
-                BUFOK(a[4], 4);
-                if (col < 0 || cols < 0 || col + cols > ldb) FAIL(2);
-                if (!rows_ok_{T}(M, a[4], task_row, bs, -1, NROWS(a[1], ldb))) FAIL(4);
+            if (a[7])
                 ISSUED(move_{T}(M, 0, FBASE(a[1]) + col, ldb, 1, IDX(a[4]), NROWS(a[1], ldb), R[a[0]].p, cols, 1, 0, bs,
                                 bs, cols, 0));
-            }}
             break;
         }}
         case SPUT: {{
-            @DECODE SPUT@
+            @CHECKS SPUT@
             const int64_t col = a[1], ldb = a[2], cols = a[5];
             if (scatter_row >= 0 && !a[6]) break;
-            REGOK(a[4], 4); CHECKR(a[4], bs, cols, 4);
-            STRIDES(a[4], sr, sc);
-            if (col < 0 || cols < 0 || col + cols > ldb) FAIL(1);
             if (scatter_row >= 0) {{
-                {T} *d = FBASE(a[0]) + scatter_row * ldb + col;
-                if (out_of_{T}(M, a[0], d, bs, cols, ldb, 0, sizeof({T}))) FAIL(0);
-                ISSUED(COPY_(R[a[4]].p, sr, sc, d, ldb, 1, bs, cols));
+                STRIDES(a[4], sr, sc);
+                ISSUED(COPY_(R[a[4]].p, sr, sc, FBASE(a[0]) + scatter_row * ldb + col, ldb, 1, bs, cols));
                 break;
             }}
-            BUFOK(a[3], 3); NOTRANS(a[4], 4);
-            if (!rows_ok_{T}(M, a[3], task_row, bs, 0, NROWS(a[0], ldb))) FAIL(3);
             ISSUED(move_{T}(M, 0, R[a[4]].p, R[a[4]].ld, 1, 0, bs, FBASE(a[0]) + col, ldb, 1, IDX(a[3]),
                             NROWS(a[0], ldb), bs, cols, 0));
             break;
         }}
 {REGISTER_CASES}
         case GEMM: {{
-            @DECODE GEMM@
+            @CHECKS GEMM@
             const int64_t m = DIM(a[3]), n = DIM(a[4]), k = DIM(a[5]);
             if (m == 0 || n == 0) break;
             const reg_{T}_t *A = &R[a[1]], *Bm = &R[a[2]], *C = &R[a[0]];
-            NOTRANS(a[0], 0);
-            CHECKR(a[1], m, k, 1); CHECKR(a[2], k, n, 2); CHECKR(a[0], m, n, 0);
             if (a[6] >= 0) {{   /* the bias row copied into every row of C first: the product adds onto it */
-                REGOK(a[6], 6); CHECKR(a[6], 1, n, 6);
                 STRIDES(a[6], br, bc);
                 (void)br;
                 ISSUED(COPY_(R[a[6]].p, 0, bc, C->p, C->ld, 1, m, n));
             }} else if (k == 0) ISSUED(zero_{T}(M, C->p, C->ld, 1, m, n));
             if (k > 0) {{
                 const int64_t need_a = A->trans ? m : k, need_b = Bm->trans ? k : n;
-                if ((A->ld < need_a && (A->trans ? k : m) > 1) || (Bm->ld < need_b && (Bm->trans ? n : k) > 1)
-                    || (C->ld < n && m > 1)) FAIL(0);
                 const int64_t lda = A->ld < need_a ? need_a : A->ld, ldb = Bm->ld < need_b ? need_b : Bm->ld;
                 const int64_t ldc = C->ld < n ? n : C->ld;
                 ISSUED(product_{T}(M, (int)A->trans, (int)Bm->trans, m, n, k, A->p, lda, 0, Bm->p, ldb, 0, C->p, ldc,
@@ -366,8 +339,9 @@ static int row_{T}(mach_{T}_t *M, const int64_t *code, const int64_t *pool, cons
             break;
         }}
         case FUSED: {{
+            @CHECKS FUSED@
             const int64_t nargs = a[1], rows = DIM(a[2]), cols = a[3];
-            if (nargs < 0 || nargs > MAXARGS || a[0] < 0 || a[0] >= M->nkernels || !M->fk[a[0]]) FAIL(0);
+            if (nargs < 0 || nargs > MAXARGS) FAIL(1);   /* (the launch's parameters hold MAXARGS) */
             if (rows == 0 || cols == 0) break;
             const int64_t *args = pool + a[4];
             arg_t p[2 + 2 * MAXARGS];
@@ -376,10 +350,7 @@ static int row_{T}(mach_{T}_t *M, const int64_t *code, const int64_t *pool, cons
             int apart = M->pr.count == 0;   /* touches nothing the pending moves touch: goes before them */
             for (int64_t i = 0; i < nargs; i++) {{
                 const int64_t r = args[2 * i], kind = args[2 * i + 1];
-                REGOK(r, 10 + i);
-                if (R[r].trans) FAIL(10 + i);
                 const int64_t ar = kind == 0 || kind == 2 ? rows : 1, ac = kind <= 1 ? cols : 1;
-                CHECKR(r, ar, ac, 10 + i);
                 p[2 + 2 * i].p = R[r].p;
                 p[3 + 2 * i].i = kind == 0 || kind == 2 ? R[r].ld : 0;
                 if (apart && M->mv.n) apart = !touches_moves_{T}(M, R[r].p, ar, ac, R[r].ld, 1);
@@ -390,9 +361,8 @@ static int row_{T}(mach_{T}_t *M, const int64_t *code, const int64_t *pool, cons
             break;
         }}
         case COPY: case ADD: {{
-            @DECODE COPY@
+            @CHECKS COPY@
             const int64_t rows = DIM(a[2]), cols = a[3];
-            CHECKR(a[0], rows, cols, 0); CHECKR(a[1], rows, cols, 1);
             STRIDES(a[0], dr, dc);
             STRIDES(a[1], sr, sc);
             if (in[0] == COPY && rows > 0 && cols > 0 && R[a[0]].buf == R[a[1]].buf) {{
@@ -405,17 +375,15 @@ static int row_{T}(mach_{T}_t *M, const int64_t *code, const int64_t *pool, cons
             break;
         }}
         case ZERO: {{
-            @DECODE ZERO@
+            @CHECKS ZERO@
             const int64_t rows = DIM(a[1]), cols = a[2];
-            CHECKR(a[0], rows, cols, 0);
             STRIDES(a[0], dr, dc);
             ISSUED(zero_{T}(M, R[a[0]].p, dr, dc, rows, cols));
             break;
         }}
         case SUMROWS: {{
-            @DECODE SUMROWS@
+            @CHECKS SUMROWS@
             const int64_t rows = DIM(a[2]), cols = a[3];
-            CHECKR(a[0], 1, cols, 0); CHECKR(a[1], rows, cols, 1);
             STRIDES(a[0], dr, dc);
             STRIDES(a[1], sr, sc);
             (void)dr;
@@ -425,53 +393,38 @@ static int row_{T}(mach_{T}_t *M, const int64_t *code, const int64_t *pool, cons
             break;
         }}
         case PUT: {{
-            @DECODE PUT@
+            @CHECKS PUT@
             const int64_t width = a[1], cols = a[4];
-            if (cols < 0 || cols > width) FAIL(4);
-            CHECKR(a[3], bs, cols, 3); NOTRANS(a[3], 3);
-            if (!rows_ok_{T}(M, a[2], task_row, bs, 0, NROWS(a[0], width))) FAIL(2);
             ISSUED(move_{T}(M, 0, R[a[3]].p, R[a[3]].ld, 1, 0, bs, FBASE(a[0]), width, 1, IDX(a[2]), NROWS(a[0], width),
                             bs, cols, 0));
             break;
         }}
         case ADJ: {{
-            @DECODE ADJ@
+            @CHECKS ADJ@
             const int64_t width = a[1], cols = a[6];
             const int64_t start = task[5 + 2 * a[3]], step = task[6 + 2 * a[3]];
-            CHECKR(a[5], bs, cols, 5);
-            STRIDES(a[5], sr, sc);
-            if (cols < 0 || cols > width) FAIL(6);
             if (a[4] && step >= 0) {{
                 if (step == 0) break;   /* only the sentinel row: its gradient is discarded */
-                {T} *d = FBASE(a[0]) + start * width;
-                if (out_of_{T}(M, a[0], d, bs, cols, step * width, 0, sizeof({T}))) FAIL(0);
-                ISSUED(move_{T}(M, !M->forest, R[a[5]].p, sr, sc, 0, bs, d, step * width, 1, 0, bs, bs, cols, 0));
+                ISSUED(move_{T}(M, !M->forest, R[a[5]].p, R[a[5]].ld, 1, 0, bs, FBASE(a[0]) + start * width, step * width,
+                                1, 0, bs, bs, cols, 0));
                 break;
             }}
-            NOTRANS(a[5], 5);
-            if (!rows_ok_{T}(M, a[2], task_row, bs, 0, NROWS(a[0], width))) FAIL(2);
             /* (a forest's children are distinct vertices: the slots' puts never meet; a DAG's adds are atomic) */
             ISSUED(move_{T}(M, !M->forest, R[a[5]].p, R[a[5]].ld, 1, 0, bs, FBASE(a[0]), width, 1, IDX(a[2]),
                             NROWS(a[0], width), bs, cols, M->forest ? 2 : 1));
             break;
         }}
         case GACC: {{
-            @DECODE GACC@
+            @CHECKS GACC@
             const int64_t rows = DIM(a[2]), cols = a[3];
-            if (rows < 0 || cols < 0 || rows * cols > M->size[a[0]]) FAIL(0);
-            CHECKR(a[1], rows, cols, 1);
-            STRIDES(a[1], sr, sc);
-            ISSUED(ADD_(R[a[1]].p, sr, sc, FBASE(a[0]), cols, 1, rows, cols));
+            ISSUED(ADD_(R[a[1]].p, R[a[1]].ld, 1, FBASE(a[0]), cols, 1, rows, cols));
             break;
         }}
         case DROPOUT: {{
-            @DECODE DROPOUT@
+            @CHECKS DROPOUT@
             const int64_t cols = a[2];
-            if (task_row < 0 || task_row + bs > M->size[a[3]]) FAIL(3);
             const int64_t *e = (const int64_t *)M->host[a[4]];
-            if (!e || a[5] < 0 || 3 * a[5] + 3 > M->size[a[4]]) FAIL(5);
-            NOTRANS(a[0], 0); NOTRANS(a[1], 1);
-            CHECKR(a[0], bs, cols, 0); CHECKR(a[1], bs, cols, 1);
+            if (!e) FAIL(4);   /* (the table is read on the host) */
             e += 3 * a[5];
             double scale;
             memcpy(&scale, &e[2], sizeof scale);
@@ -484,15 +437,10 @@ static int row_{T}(mach_{T}_t *M, const int64_t *code, const int64_t *pool, cons
             break;
         }}
         case BMM: {{
-            @DECODE BMM@
+            @CHECKS BMM@
             const int64_t m = a[3], n = a[4], k = a[5], arows = a[6], brows = a[7];
-            if (m < 0 || n < 0 || k < 0) FAIL(3);
             if (bs == 0 || m == 0 || n == 0) break;
             const reg_{T}_t *A = &R[a[1]], *Bm = &R[a[2]], *C = &R[a[0]];
-            if (C->trans || (arows && A->trans) || (brows && Bm->trans)) FAIL(0);
-            CHECKR(a[0], bs, m * n, 0);
-            if (arows) CHECKR(a[1], bs, m * k, 1); else CHECKR(a[1], m, k, 1);
-            if (brows) CHECKR(a[2], bs, k * n, 2); else CHECKR(a[2], k, n, 2);
             if (k == 0) {{ ISSUED(zero_{T}(M, C->p, C->ld, 1, bs, m * n)); break; }}
             const int64_t ta = arows ? 0 : A->trans, tb = brows ? 0 : Bm->trans;
             const int64_t need_a = ta ? m : k, need_b = tb ? k : n;
@@ -509,11 +457,8 @@ static int row_{T}(mach_{T}_t *M, const int64_t *code, const int64_t *pool, cons
             break;
         }}
         case TRANSROWS: {{
-            @DECODE TRANSROWS@
+            @CHECKS TRANSROWS@
             const int64_t m = a[2], n = a[3];
-            if (m < 0 || n < 0) FAIL(2);
-            NOTRANS(a[0], 0); NOTRANS(a[1], 1);
-            CHECKR(a[0], bs, m * n, 0); CHECKR(a[1], bs, m * n, 1);
             arg_t p[7];
             p[0].i = bs; p[1].i = m; p[2].i = n; p[3].p = R[a[1]].p; p[4].i = R[a[1]].ld; p[5].p = R[a[0]].p;
             p[6].i = R[a[0]].ld;
@@ -593,13 +538,15 @@ def issue_source() -> str:
     enum = ", ".join([f"{name} = {i}" for name, i in OPS.items()] + [f"NOPCODES = {len(OPS)}"])
     head = (HELPERS + f"enum {{ {enum} }};\n#define W {WIDTH}\n#define MAXARGS {MAX_ARGS}\n"
             f"#define MAXREGS {MAX_REGISTERS}\n#define MAXPARAMS {2 + 2 * MAX_ARGS}\n#define BLOCK {BLOCK}\n"
-            f"#define MAXBLOCKS {MAX_BLOCKS}\n#define MOVES {MOVES}\n")
+            f"#define MAXBLOCKS {MAX_BLOCKS}\n#define MOVES {MOVES}\n" + SPAN_HELPERS)
     body = ""
     for T in ("float", "double"):
-        body += CPU_GEMM.format(T=T) + decoded(LOOP_SOURCE, "DSTOK").format(T=T, REGISTER_CASES=register_cases("DSTOK", 8))
+        loop = LOOP_SOURCE.format(T=T, REGISTER_CASES=register_cases("DSTOK", 8))
+        body += CPU_GEMM.format(T=T) + viewed(checked(loop, "DSTOK"))
         body += "#undef STRIDES\n#undef FAIL\n#undef ISSUED\n#undef DIM\n#undef REGOK\n#undef DSTOK\n#undef BUFOK\n" \
                 "#undef CHECKR\n#undef NOTRANS\n#undef SET\n#undef FBASE\n#undef IDX\n#undef NROWS\n#undef RK\n" \
-                "#undef BSIZE\n#undef BLD\n#undef BTRANS\n#undef CHECKING\n#undef FOREST\n#undef SCRATCH_BUF\n"
+                "#undef BSIZE\n#undef BLD\n#undef BTRANS\n#undef CHECKING\n#undef FOREST\n#undef SCRATCH_BUF\n" \
+                "#undef IVALUES\n#undef IWANT\n#undef KERNELOK\n"
     return head + body
 
 

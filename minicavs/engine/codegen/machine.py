@@ -21,85 +21,13 @@ operand -4 when ``sync[1]`` says the eager call failed. ``role`` 0: no second st
 from __future__ import annotations
 
 import math
+import re
 import textwrap
 
 from ...core.limits import MAX_ARGS, MAX_REGISTERS  # noqa: F401  (re-exported: the lowering's limits)
+from .opcodes import OPCODE_TABLE, OPCODES, OPERAND_KINDS, OPS, SPAN_HELPERS, checked, checks  # noqa: F401
 
 WIDTH = 10
-
-# The opcode table: per opcode its operands (a0, a1, ...) as (name, kind). A kind says how every C loop decodes
-# the operand before the instruction runs (``decode``: the checks are rendered from here into the C runner's
-# interpreter and the CUDA issuing loop alike) and what the reference runner's function takes:
-#   "reg"   a register the instruction points (its index checked; what it points at is checked where used)
-#   "in"    a register it reads or writes through (its index checked; the CUDA loop also checks that it points
-#           into a buffer; the memory it spans is checked where the rows and columns are known)
-#   "buf"   a buffer id (checked against the buffer table)
-#   "later" a register, buffer or kernel id that may be -1 or is used on one path only: checked where used
-#   "dim"   rows or columns (-1: the task's rows); "int" any other number (offset, width, mode, flag, pool)
-OPCODE_TABLE = {
-    "NOP": (),
-    # dst = buf + (base(mode) * ld + col); mode 0 none, 1 kind rows, 2 scatter rows
-    "BIND": (("dst", "reg"), ("buf", "buf"), ("mode", "int"), ("col", "int"), ("ld", "int")),
-    "STATIC": (("dst", "reg"), ("buf", "buf")),        # dst = the whole buffer (its ld and transposed flag)
-    "SCRATCH": (("dst", "reg"), ("off", "int"), ("cols", "int")),   # dst = scratch + off * rows, ld cols
-    # children's rows: a strided view or a copy
-    "GATHER": (("dst", "reg"), ("buf", "buf"), ("width", "int"), ("idx", "buf"), ("slot", "int"), ("elide", "int"),
-               ("off", "int")),
-    # [gather0; ...] as a view when the task's children are side by side
-    "CATVIEW": (("dst", "reg"), ("buf", "buf"), ("width", "int"), ("k", "int"), ("forest", "int")),
-    # skip the next n instructions when the task has the concat view (forest = 1: only in a forest, where each
-    # child's gradient row is written once, not added)
-    "SKIP_IF_CAT": (("n", "int"), ("forest", "int")),
-    # rows buf[idx[task_row + r]] into scratch (-1: zeros)
-    "TAKE": (("dst", "reg"), ("buf", "buf"), ("width", "int"), ("idx", "buf"), ("cols", "int"), ("off", "int")),
-    # dst[r] = buf[idx[task_row + r]][col:col + cols]; -1: 0
-    "TAKETO": (("dst", "reg"), ("buf", "buf"), ("width", "int"), ("idx", "buf"), ("cols", "int"), ("col", "int")),
-    # a block's rows of a scatter tensor: a view at the scatter offset, or (offset -1: the kind's rows are not one
-    # block) rows buf[idx[task_row + r]][col:col + cols] copied into scratch (load 0: scratch only, for SPUT to put)
-    "SROWS": (("dst", "reg"), ("buf", "buf"), ("col", "int"), ("ld", "int"), ("idx", "later"), ("cols", "int"),
-              ("off", "int"), ("load", "int")),
-    # after SROWS (offset -1): buf[idx[task_row + r]][col:col + cols] = src[r]; at an offset (a view) nothing, or
-    # (always) the rows copied to the offset's
-    "SPUT": (("buf", "buf"), ("col", "int"), ("ld", "int"), ("idx", "later"), ("src", "later"), ("cols", "int"),
-             ("always", "int")),
-    "COLS": (("dst", "reg"), ("src", "in"), ("col", "int")),   # a column slice: same rows, same ld
-    "ALIAS": (("dst", "reg"), ("src", "in")),
-    "TRANSPOSE": (("dst", "reg"), ("src", "in")),
-    # c = a . b (+ bias row, reg or -1)
-    "GEMM": (("c", "in"), ("a", "in"), ("b", "in"), ("rows", "dim"), ("n", "dim"), ("k", "dim"), ("bias", "later")),
-    # args: pool[2i] register, pool[2i+1] rows kind
-    "FUSED": (("kernel", "later"), ("nargs", "int"), ("rows", "dim"), ("cols", "int"), ("pool", "int")),
-    "COPY": (("dst", "in"), ("src", "in"), ("rows", "dim"), ("cols", "int")),
-    "ZERO": (("dst", "in"), ("rows", "dim"), ("cols", "int")),
-    "ADD": (("dst", "in"), ("src", "in"), ("rows", "dim"), ("cols", "int")),
-    # dst[c] = sum over rows of src[r, c]
-    "SUMROWS": (("dst", "in"), ("src", "in"), ("rows", "dim"), ("cols", "int")),
-    # buf[idx[task_row + r]] = src[r]
-    "PUT": (("buf", "buf"), ("width", "int"), ("idx", "buf"), ("src", "in"), ("cols", "int")),
-    # gather's adjoint into the scatter gradient
-    "ADJ": (("buf", "buf"), ("width", "int"), ("idx", "buf"), ("slot", "int"), ("elide", "int"), ("src", "in"),
-            ("cols", "int")),
-    "GACC": (("buf", "buf"), ("src", "in"), ("rows", "dim"), ("cols", "int")),   # a parameter gradient += src
-    # dst = src * the dropout mask of the task's rows: row keys keys[task_row + r] (uint64), the hash word, threshold
-    # and scale (a double's bits) in row ``entry`` of the int64 table ``table`` (minicavs/core/random.py's hash)
-    "DROPOUT": (("dst", "in"), ("src", "in"), ("cols", "int"), ("keys", "buf"), ("table", "buf"), ("entry", "int")),
-    # per task row r: c[r] (rows x n, its flat row) = a[r] . b[r]; an operand with *_rows 1 is one matrix per row
-    # (its flat row, rows x k or k x n), with 0 one matrix for all rows (a static: its register's ld and flag)
-    "BMM": (("c", "in"), ("a", "in"), ("b", "in"), ("rows", "int"), ("n", "int"), ("k", "int"), ("a_rows", "int"),
-            ("b_rows", "int")),
-    # per task row: dst[r] (cols x rows) = src[r] (rows x cols) transposed
-    "TRANSROWS": (("dst", "in"), ("src", "in"), ("rows", "int"), ("cols", "int")),
-    # the outputs of a step no other opcode expresses = its op's own implementation (the registry's) over its
-    # inputs' values: steps[step]'s input registers, then its output registers, from pool[pool]; keys: the row
-    # keys buffer (-1: none) of an op that reads the run context. Only a runner that can call Python runs it
-    # (the reference runner); the C loops decline a program that has one.
-    "APPLY": (("step", "int"), ("pool", "int"), ("keys", "later")),
-}
-OPERAND_KINDS = ("reg", "in", "buf", "later", "dim", "int")
-# name -> operand names (a0, a1, ...): the dump in lowered.py and the reference runner's functions' parameters
-OPCODES = {name: tuple(operand for operand, _ in operands) for name, operands in OPCODE_TABLE.items()}
-OPS = {name: i for i, name in enumerate(OPCODES)}
-
 
 def matrix_shape(node) -> tuple[int, int]:
     """A value as the machine's registers see it, a matrix: rows (-1: the task's rows, for a per-row value)
@@ -156,6 +84,7 @@ static int out_of(const buftab_t *b, int64_t buf, const void *p, int64_t rows, i
     return first < lo || last >= hi;
 }}
 
+{SPAN_HELPERS}
 static inline uint64_t mc_mix(uint64_t z) {{   /* SplitMix64's finaliser (minicavs/core/random.py) */
     z ^= z >> 30; z *= 0xBF58476D1CE4E5B9ULL; z ^= z >> 27; z *= 0x94D049BB133111EBULL;
     return z ^ (z >> 31);
@@ -175,6 +104,9 @@ static inline uint64_t mc_mix(uint64_t z) {{   /* SplitMix64's finaliser (minica
 #define BLD(b) (ld[b])
 #define BTRANS(b) (trans[b])
 #define CHECKING check
+#define IVALUES(b) ((const int64_t *)base[b])
+#define IWANT 1
+#define KERNELOK(k, operand) do {{ if ((k) < 0 || (k) >= nkernels) FAIL(operand); }} while (0)
 #define FOREST forest
 #define SCRATCH_BUF scratch_buf
 
@@ -214,92 +146,63 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
             if (prof) clock_gettime(CLOCK_MONOTONIC, &t0);
             switch (in[0]) {{
             case GATHER: {{
-                @DECODE GATHER@
+                @CHECKS GATHER@
+                @VIEW GATHER@
                 const int64_t width = a[2];
                 const T *src = (const T *)base[a[1]];
-                const int64_t start = task[5 + 2 * a[4]], step = task[6 + 2 * a[4]];
-                if (a[5] && step >= 1) {{
-                    R[a[0]].p = (T *)src + start * width; R[a[0]].ld = step * width;
-                    R[a[0]].trans = 0; R[a[0]].buf = a[1];
-                    break;
-                }}
                 const int64_t *idx = (const int64_t *)base[a[3]] + task_row;
-                if (check && (task_row < 0 || task_row + bs > size[a[3]])) FAIL(3);
                 T *dst = scratch + a[6] * bs;
-                for (int64_t r = 0; r < bs; r++) {{
-                    if (check && (idx[r] < 0 || (idx[r] + 1) * width > size[a[1]])) FAIL(1);
-                    memcpy(dst + r * width, src + idx[r] * width, (size_t)width * sizeof(T));
-                }}
+                for (int64_t r = 0; r < bs; r++) memcpy(dst + r * width, src + idx[r] * width, (size_t)width * sizeof(T));
                 R[a[0]].p = dst; R[a[0]].ld = width; R[a[0]].trans = 0; R[a[0]].buf = scratch_buf;
                 break;
             }}
             case TAKE: {{
-                @DECODE TAKE@
+                @CHECKS TAKE@
                 const int64_t width = a[2], cols = a[4];
                 const T *src = (const T *)base[a[1]];
                 const int64_t *idx = (const int64_t *)base[a[3]] + task_row;
-                if (check && (task_row < 0 || task_row + bs > size[a[3]])) FAIL(3);
                 T *dst = scratch + a[5] * bs;
                 for (int64_t r = 0; r < bs; r++) {{
                     if (idx[r] == -1) {{ memset(dst + r * cols, 0, (size_t)cols * sizeof(T)); continue; }}
-                    if (check && (idx[r] < 0 || idx[r] * width + cols > size[a[1]])) FAIL(1);
                     memcpy(dst + r * cols, src + idx[r] * width, (size_t)cols * sizeof(T));
                 }}
                 R[a[0]].p = dst; R[a[0]].ld = cols; R[a[0]].trans = 0; R[a[0]].buf = scratch_buf;
                 break;
             }}
             case TAKETO: {{
-                @DECODE TAKETO@
+                @CHECKS TAKETO@
                 const int64_t width = a[2], cols = a[4], col = a[5];
                 const T *src = (const T *)base[a[1]];
                 const int64_t *idx = (const int64_t *)base[a[3]] + task_row;
-                if (check && (task_row < 0 || task_row + bs > size[a[3]])) FAIL(3);
-                if (check && (R[a[0]].trans || col < 0)) FAIL(0);
-                CHECKR(a[0], bs, cols, 0);
                 T *dst = R[a[0]].p;
                 const int64_t ldd = R[a[0]].ld;
                 for (int64_t r = 0; r < bs; r++) {{
                     if (idx[r] == -1) {{ memset(dst + r * ldd, 0, (size_t)cols * sizeof(T)); continue; }}
-                    if (check && (idx[r] < 0 || idx[r] * width + col + cols > size[a[1]])) FAIL(1);
                     memcpy(dst + r * ldd, src + idx[r] * width + col, (size_t)cols * sizeof(T));
                 }}
                 break;
             }}
             case SROWS: {{
-                @DECODE SROWS@
+                @CHECKS SROWS@
+                @VIEW SROWS@
                 const int64_t col = a[2], ldb = a[3], cols = a[5];
-                if (scatter_row >= 0) {{   /* one block of rows: a view, as BIND's */
-                    const int64_t at = scatter_row * ldb + col;
-                    if (check && bs > 0 && (at < 0 || at >= size[a[1]])) FAIL(2);
-                    R[a[0]].p = (T *)base[a[1]] + at; R[a[0]].ld = ldb; R[a[0]].trans = 0; R[a[0]].buf = a[1];
-                    break;
-                }}
                 T *dst = scratch + a[6] * bs;
                 if (a[7]) {{
-                    BUFOK(a[4], 4);
                     const T *src = (const T *)base[a[1]];
                     const int64_t *idx = (const int64_t *)base[a[4]] + task_row;
-                    if (check && (task_row < 0 || task_row + bs > size[a[4]] || col < 0 || cols < 0)) FAIL(4);
-                    for (int64_t r = 0; r < bs; r++) {{
-                        if (check && (idx[r] < 0 || idx[r] * ldb + col + cols > size[a[1]])) FAIL(4);
-                        memcpy(dst + r * cols, src + idx[r] * ldb + col, (size_t)cols * sizeof(T));
-                    }}
+                    for (int64_t r = 0; r < bs; r++) memcpy(dst + r * cols, src + idx[r] * ldb + col, (size_t)cols * sizeof(T));
                 }}
                 R[a[0]].p = dst; R[a[0]].ld = cols; R[a[0]].trans = 0; R[a[0]].buf = scratch_buf;
                 break;
             }}
             case SPUT: {{
-                @DECODE SPUT@
+                @CHECKS SPUT@
                 const int64_t col = a[1], ldb = a[2], cols = a[5];
                 if (scatter_row >= 0 && !a[6]) break;   /* SROWS bound a view: the steps wrote the rows in place */
-                REGOK(a[4], 4);
-                if (check && (R[a[4]].trans || col < 0 || cols < 0)) FAIL(4);
-                CHECKR(a[4], bs, cols, 4);
                 T *dst = (T *)base[a[0]];
                 const T *s = R[a[4]].p;
                 const int64_t lds_ = R[a[4]].ld;
                 if (scatter_row >= 0) {{   /* a copy into the offset's rows (as BIND and COPY) */
-                    if (check && out_of(&B, a[0], dst + scatter_row * ldb + col, bs, cols, ldb, 0, sizeof(T))) FAIL(0);
                     if (ldb == cols && lds_ == cols) {{
                         memmove(dst + scatter_row * ldb + col, s, (size_t)(bs * cols) * sizeof(T));
                         break;
@@ -308,30 +211,21 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
                         memmove(dst + (scatter_row + r) * ldb + col, s + r * lds_, (size_t)cols * sizeof(T));
                     break;
                 }}
-                BUFOK(a[3], 3);
                 const int64_t *idx = (const int64_t *)base[a[3]] + task_row;
-                if (check && (task_row < 0 || task_row + bs > size[a[3]])) FAIL(3);
-                for (int64_t r = 0; r < bs; r++) {{
-                    if (check && (idx[r] < 0 || idx[r] * ldb + col + cols > size[a[0]])) FAIL(3);
-                    memcpy(dst + idx[r] * ldb + col, s + r * lds_, (size_t)cols * sizeof(T));
-                }}
+                for (int64_t r = 0; r < bs; r++) memcpy(dst + idx[r] * ldb + col, s + r * lds_, (size_t)cols * sizeof(T));
                 break;
             }}
 {REGISTER_CASES}
             case GEMM: {{
-                @DECODE GEMM@
+                @CHECKS GEMM@
                 const int64_t m = DIM(a[3]), n = DIM(a[4]), k = DIM(a[5]);
                 if (m == 0 || n == 0) break;
                 const reg_t *A = &R[a[1]], *Bm = &R[a[2]];
                 reg_t *C = &R[a[0]];
-                if (check && C->trans) FAIL(0);
-                CHECKR(a[1], m, k, 1); CHECKR(a[2], k, n, 2); CHECKR(a[0], m, n, 0);
                 /* BLAS wants ld >= the row length; a one-row operand's stride is never used */
                 const int64_t need_a = A->trans ? m : k, need_b = Bm->trans ? k : n;
                 const int64_t lda = A->ld < need_a ? need_a : A->ld, ldb = Bm->ld < need_b ? need_b : Bm->ld;
                 const int64_t ldc = C->ld < n ? n : C->ld;
-                if (check && ((A->ld < need_a && (A->trans ? k : m) > 1) || (Bm->ld < need_b && (Bm->trans ? n : k) > 1)
-                              || (C->ld < n && m > 1))) FAIL(0);
                 if (k == 0) {{
                     for (int64_t r = 0; r < m; r++) memset(C->p + r * C->ld, 0, (size_t)n * sizeof(T));
                 }} else if (m == 1 && gemv) {{
@@ -372,7 +266,6 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
                                      (T)1, A->p, (int)lda, Bm->p, (int)ldb, (T)0, C->p, (int)ldc);
                 }}
                 if (a[6] >= 0) {{
-                    REGOK(a[6], 6); CHECKR(a[6], 1, n, 6);
                     const T *b = R[a[6]].p;
                     for (int64_t r = 0; r < m; r++) {{
                         T *c = C->p + r * C->ld;
@@ -383,25 +276,21 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
                 break;
             }}
             case FUSED: {{
+                @CHECKS FUSED@
                 const int64_t nargs = a[1], rows = DIM(a[2]), cols = a[3];
-                if (nargs > MAXARGS || (check && (a[0] < 0 || a[0] >= nkernels))) FAIL(0);
+                if (nargs > MAXARGS) FAIL(1);   /* (ptrs and lds hold MAXARGS) */
                 if (rows == 0 || cols == 0) break;
                 const int64_t *args = pool + a[4];
                 for (int64_t i = 0; i < nargs; i++) {{
-                    const int64_t r = args[2 * i], kind = args[2 * i + 1];
-                    REGOK(r, 10 + i);
-                    if (check && R[r].trans) FAIL(10 + i);
-                    CHECKR(r, kind == 0 || kind == 2 ? rows : 1, kind <= 1 ? cols : 1, 10 + i);
+                    const int64_t r = args[2 * i];
                     ptrs[i] = R[r].p; lds[i] = (long)R[r].ld;
                 }}
                 ((kernel_t)kernels[a[0]])((long)rows, (long)cols, ptrs, lds);
                 break;
             }}
             case COPY: case ADD: {{
-                @DECODE COPY@
+                @CHECKS COPY@
                 const int64_t rows = DIM(a[2]), cols = a[3];
-                if (check && (R[a[0]].trans || R[a[1]].trans)) FAIL(0);
-                CHECKR(a[0], rows, cols, 0); CHECKR(a[1], rows, cols, 1);
                 if (in[0] == COPY && R[a[0]].ld == cols && R[a[1]].ld == cols) {{   /* both contiguous: one move */
                     memmove(R[a[0]].p, R[a[1]].p, (size_t)(rows * cols) * sizeof(T));
                     break;
@@ -418,17 +307,14 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
                 break;
             }}
             case ZERO: {{
-                @DECODE ZERO@
+                @CHECKS ZERO@
                 const int64_t rows = DIM(a[1]), cols = a[2];
-                if (check && R[a[0]].trans) FAIL(0);
-                CHECKR(a[0], rows, cols, 0);
                 for (int64_t r = 0; r < rows; r++) memset(R[a[0]].p + r * R[a[0]].ld, 0, (size_t)cols * sizeof(T));
                 break;
             }}
             case SUMROWS: {{
-                @DECODE SUMROWS@
+                @CHECKS SUMROWS@
                 const int64_t rows = DIM(a[2]), cols = a[3];
-                CHECKR(a[0], 1, cols, 0); CHECKR(a[1], rows, cols, 1);
                 T *d = R[a[0]].p;
                 for (int64_t j = 0; j < cols; j++) d[j] = 0;
                 for (int64_t r = 0; r < rows; r++) {{
@@ -439,29 +325,23 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
                 break;
             }}
             case PUT: {{
-                @DECODE PUT@
+                @CHECKS PUT@
                 const int64_t width = a[1], cols = a[4];
                 T *dst = (T *)base[a[0]];
                 const int64_t *idx = (const int64_t *)base[a[2]] + task_row;
-                if (check && (task_row < 0 || task_row + bs > size[a[2]])) FAIL(2);
-                CHECKR(a[3], bs, cols, 3);
-                for (int64_t r = 0; r < bs; r++) {{
-                    if (check && (idx[r] < 0 || idx[r] * width + cols > size[a[0]])) FAIL(0);
+                for (int64_t r = 0; r < bs; r++)
                     memcpy(dst + idx[r] * width, R[a[3]].p + r * R[a[3]].ld, (size_t)cols * sizeof(T));
-                }}
                 break;
             }}
             case ADJ: {{
-                @DECODE ADJ@
+                @CHECKS ADJ@
                 const int64_t width = a[1], cols = a[6];
                 T *dst = (T *)base[a[0]];
                 const int64_t start = task[5 + 2 * a[3]], step = task[6 + 2 * a[3]];
-                CHECKR(a[5], bs, cols, 5);
                 const T *src = R[a[5]].p;
                 const int64_t lds_ = R[a[5]].ld;
                 if (a[4] && step >= 0) {{
                     if (step == 0) break;   /* only the sentinel row: its gradient is discarded */
-                    if (check && (start < 0 || (start + step * (bs - 1)) * width + cols > size[a[0]])) FAIL(0);
                     for (int64_t r = 0; r < bs; r++) {{
                         T *d = dst + (start + step * r) * width;
                         const T *s = src + r * lds_;
@@ -474,9 +354,7 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
                     break;
                 }}
                 const int64_t *idx = (const int64_t *)base[a[2]] + task_row;
-                if (check && (task_row < 0 || task_row + bs > size[a[2]])) FAIL(2);
                 for (int64_t r = 0; r < bs; r++) {{
-                    if (check && (idx[r] < 0 || idx[r] * width + cols > size[a[0]])) FAIL(0);
                     T *d = dst + idx[r] * width;
                     const T *s = src + r * lds_;
                     if (forest) memcpy(d, s, (size_t)cols * sizeof(T));
@@ -488,10 +366,8 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
                 break;
             }}
             case GACC: {{
-                @DECODE GACC@
+                @CHECKS GACC@
                 const int64_t rows = DIM(a[2]), cols = a[3];
-                if (check && rows * cols > size[a[0]]) FAIL(0);
-                CHECKR(a[1], rows, cols, 1);
                 T *d = (T *)base[a[0]];
                 for (int64_t r = 0; r < rows; r++) {{
                     const T *s = R[a[1]].p + r * R[a[1]].ld;
@@ -501,12 +377,8 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
                 break;
             }}
             case DROPOUT: {{
-                @DECODE DROPOUT@
+                @CHECKS DROPOUT@
                 const int64_t cols = a[2];
-                if (check && (task_row < 0 || task_row + bs > size[a[3]])) FAIL(3);
-                if (check && (a[5] < 0 || 3 * a[5] + 3 > size[a[4]])) FAIL(5);
-                if (check && (R[a[0]].trans || R[a[1]].trans)) FAIL(0);
-                CHECKR(a[0], bs, cols, 0); CHECKR(a[1], bs, cols, 1);
                 const uint64_t *keys = (const uint64_t *)base[a[3]] + task_row;
                 const int64_t *e = (const int64_t *)base[a[4]] + 3 * a[5];
                 const uint64_t h = (uint64_t)e[0], th = (uint64_t)e[1], golden = 0x9E3779B97F4A7C15ULL;
@@ -525,16 +397,11 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
                 break;
             }}
             case BMM: {{
-                @DECODE BMM@
+                @CHECKS BMM@
                 const int64_t m = a[3], n = a[4], k = a[5], arows = a[6], brows = a[7];
-                if (check && (m < 0 || n < 0 || k < 0)) FAIL(3);
                 if (bs == 0 || m == 0 || n == 0) break;
                 const reg_t *A = &R[a[1]], *Bm = &R[a[2]];
                 const reg_t *C = &R[a[0]];
-                if (check && (C->trans || (arows && A->trans) || (brows && Bm->trans))) FAIL(0);
-                CHECKR(a[0], bs, m * n, 0);
-                if (arows) CHECKR(a[1], bs, m * k, 1); else CHECKR(a[1], m, k, 1);
-                if (brows) CHECKR(a[2], bs, k * n, 2); else CHECKR(a[2], k, n, 2);
                 /* one row's operand: stored row-major with row stride ld (transposed: stored k x m / n x k) */
                 const int64_t ta = arows ? 0 : A->trans, tb = brows ? 0 : Bm->trans;
                 const int64_t lda = arows ? k : A->ld, ldb = brows ? n : Bm->ld;
@@ -600,10 +467,8 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
                 break;
             }}
             case TRANSROWS: {{
-                @DECODE TRANSROWS@
+                @CHECKS TRANSROWS@
                 const int64_t m = a[2], n = a[3];
-                if (check && (m < 0 || n < 0 || R[a[0]].trans || R[a[1]].trans)) FAIL(0);
-                CHECKR(a[0], bs, m * n, 0); CHECKR(a[1], bs, m * n, 1);
                 for (int64_t r = 0; r < bs; r++) {{
                     T *d = R[a[0]].p + r * R[a[0]].ld;
                     const T *s = R[a[1]].p + r * R[a[1]].ld;
@@ -630,74 +495,72 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
 """
 
 
-def decode(name: str, point_ok: str, through_ok: str = "REGOK", buffer_ok: str = "BUFOK") -> str:
-    """The C checks every loop runs before opcode ``name`` (from OPCODE_TABLE): each "reg" operand through the
-    loop's ``point_ok`` macro, each "in" through ``through_ok``, each "buf" through ``buffer_ok``: each macro
-    takes the operand's value and index, and fails the instruction naming that index."""
-    macros = {"reg": point_ok, "in": through_ok, "buf": buffer_ok}
-    return " ".join(f"{macros[kind]}(a[{i}], {i});" for i, (_, kind) in enumerate(OPCODE_TABLE[name])
-                    if kind in macros)
-
-
-def decoded(source: str, point_ok: str) -> str:
-    """``source`` with each ``@DECODE name@`` marker replaced by the opcode's checks (:func:`decode`)."""
-    out = []
-    for piece in source.split("@DECODE "):
-        if out:
-            name, rest = piece.split("@", 1)
-            piece = decode(name, point_ok) + rest
-        out.append(piece)
-    return "".join(out)
-
-
 def register_cases(dst_ok: str, indent: int) -> str:
     """The C cases of the instructions that only point a register (BIND, STATIC, SCRATCH, CATVIEW, SKIP_IF_CAT;
     COLS: a column block, ALIAS, TRANSPOSE): one text for the interpreter and the CUDA issuing loop, over the
-    macros each defines (SET, FBASE, BSIZE, BLD, BTRANS, CHECKING: whether bounds are checked, FOREST,
-    SCRATCH_BUF), each checking a pointed register with its own ``dst_ok``; indented by ``indent`` spaces."""
-    cases = f"""case NOP: break;
-case BIND: {{
-    {decode("BIND", dst_ok)}
-    const int64_t row = a[2] == 1 ? task_row : a[2] == 2 ? scatter_row : 0, at = row * a[4] + a[3];
-    if (CHECKING && bs > 0 && (at < 0 || at >= BSIZE(a[1]))) FAIL(3);
-    SET(a[0], FBASE(a[1]) + at, a[4], 0, a[1]);
+    macros each defines (SET, FBASE, BLD, BTRANS, FOREST, SCRATCH_BUF, and the checks' macros), each checking a
+    pointed register with its own ``dst_ok``; indented by ``indent`` spaces."""
+    return textwrap.indent(checked(REGISTER_CASES, dst_ok), " " * indent)
+
+
+REGISTER_CASES = """case NOP: break;
+case BIND: {
+    @CHECKS BIND@
+    SET(a[0], FBASE(a[1]) + BASEROW(a[2]) * a[4] + a[3], a[4], 0, a[1]);
     break;
-}}
+}
 case STATIC:
-    {decode("STATIC", dst_ok)}
+    @CHECKS STATIC@
     SET(a[0], FBASE(a[1]), BLD(a[1]), BTRANS(a[1]), a[1]);
     break;
 case SCRATCH:
-    {decode("SCRATCH", dst_ok)}
+    @CHECKS SCRATCH@
     SET(a[0], scratch + a[1] * bs, a[2], 0, SCRATCH_BUF);
     break;
 case CATVIEW:
-    {decode("CATVIEW", dst_ok)}
+    @CHECKS CATVIEW@
     if (catfirst >= 0 && (!a[4] || FOREST)) SET(a[0], FBASE(a[1]) + catfirst * a[2], a[3] * a[2], 0, a[1]);
     break;
 case SKIP_IF_CAT:
+    @CHECKS SKIP_IF_CAT@
     if (catfirst >= 0 && (!a[1] || FOREST)) pc += a[0];
     break;
 case COLS:
-    {decode("COLS", dst_ok)}
+    @CHECKS COLS@
     R[a[0]] = R[a[1]]; R[a[0]].p += a[2];
     break;
 case ALIAS:
-    {decode("ALIAS", dst_ok)}
+    @CHECKS ALIAS@
     R[a[0]] = R[a[1]];
     break;
 case TRANSPOSE:
-    {decode("TRANSPOSE", dst_ok)}
+    @CHECKS TRANSPOSE@
     R[a[0]] = R[a[1]]; R[a[0]].trans ^= 1;
     break;"""
-    return textwrap.indent(cases, " " * indent)
 
 
 def interpreter_source(c_type: str) -> str:
     """The interpreter's C source for one element type (``float`` or ``double``)."""
     enum = ", ".join([f"{name} = {i}" for name, i in OPS.items()] + [f"NOPCODES = {len(OPS)}"])
-    return decoded(INTERPRETER_SOURCE, "REGOK").format(T=c_type, ENUM=enum, WIDTH=WIDTH, MAX_ARGS=MAX_ARGS,
-                                     MAX_REGISTERS=MAX_REGISTERS, REGISTER_CASES=register_cases("REGOK", 12))
+    source = INTERPRETER_SOURCE.format(T=c_type, ENUM=enum, WIDTH=WIDTH, MAX_ARGS=MAX_ARGS, MAX_REGISTERS=MAX_REGISTERS,
+                                       REGISTER_CASES=register_cases("REGOK", 12), SPAN_HELPERS=SPAN_HELPERS)
+    return viewed(checked(source, "REGOK"))
+
+
+# The paths of an instruction that only point a register (a view where the rows lie evenly spaced): one text in
+# both loops, over their SET, FBASE, START and STEP, rendered at each ``@VIEW NAME@`` marker.
+VIEWS = {
+    "GATHER": "if (a[5] && STEP(a[4]) >= 1) {   /* the children's rows evenly spaced: a strided view */\n"
+              "    SET(a[0], FBASE(a[1]) + START(a[4]) * a[2], STEP(a[4]) * a[2], 0, a[1]);\n    break;\n}",
+    "SROWS": "if (scatter_row >= 0) {   /* the kind's rows one block: a view, as BIND's */\n"
+             "    SET(a[0], FBASE(a[1]) + scatter_row * a[3] + a[2], a[3], 0, a[1]);\n    break;\n}",
+}
+
+
+def viewed(source: str) -> str:
+    """``source`` with each ``@VIEW NAME@`` marker replaced by VIEWS[NAME], indented as the marker is."""
+    return re.sub(r"^( *)@VIEW (\w+)@", lambda m: textwrap.indent(VIEWS[m.group(2)], m.group(1)), source,
+                  flags=re.M)
 
 
 def interpreter_decls(c_type: str) -> str:
