@@ -1,7 +1,7 @@
 """Load test of ``minicavs serve`` (issue 49): per-request saturated throughput R, then R, 2R, 3R offered.
 
     minicavs export models/tree_lstm_sst.yaml --set model.hidden=512 -o sst512.mcav
-    python tools/serve_load.py sst512.mcav ../shared/data/sst/test.txt --seconds 10 --server-blas-threads 1
+    python tools/serve_load.py sst512.mcav ../shared/data/sst/test.txt --seconds 10
 
 1. A server with ``--max-batch 1`` (every request alone) and a closed-loop client (``--connections``
    keep-alive connections, each sending its next request when the last is answered): its throughput is R.
@@ -96,11 +96,9 @@ def client(port: int, lines: list, rate: float, seconds: float, connections: int
 # --- the driver -----------------------------------------------------------------------------------------
 
 def start_server(model: str, flags: list, blas_threads: int | None = None) -> tuple[subprocess.Popen, int]:
-    env = dict(os.environ)
-    if blas_threads:
-        env.update(OPENBLAS_NUM_THREADS=str(blas_threads), OMP_NUM_THREADS=str(blas_threads))
-    proc = subprocess.Popen([sys.executable, "-m", "minicavs", "serve", model, "--port", "0", *flags],
-                            stdout=subprocess.PIPE, text=True, env=env)
+    threads = [] if blas_threads is None else ["--blas-threads", str(blas_threads)]
+    proc = subprocess.Popen([sys.executable, "-m", "minicavs", "serve", model, "--port", "0", *flags, *threads],
+                            stdout=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
     if "127.0.0.1:" not in line:
         proc.kill()
@@ -167,8 +165,8 @@ def main(argv=None) -> int:
     p.add_argument("--seconds", type=float, default=10.0, help="per measurement (default 10)")
     p.add_argument("--connections", type=int, default=64, help="client keep-alive connections (default 64: an "
                    "open-loop client needs offered rate x latency of them, or it caps the throughput itself)")
-    p.add_argument("--server-blas-threads", type=int, default=None, help="OPENBLAS_NUM_THREADS for the server "
-                   "(default: not set, OpenBLAS uses every core)")
+    p.add_argument("--server-blas-threads", type=int, default=None, help="the server's --blas-threads "
+                   "(default: the server's default, 1)")
     p.add_argument("--max-batch", type=int, default=64)
     p.add_argument("--max-wait-ms", type=float, default=5.0)
     p.add_argument("--out", default=None, help="write the rows as JSON here")

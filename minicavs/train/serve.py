@@ -17,10 +17,11 @@ The server is the standard library's threading HTTP server: no dependency to ins
 that only parses and waits, while one batcher thread runs the model (its kernels are C and release nothing
 to gain from more Python threads on 2 cores); HTTP/1.1 keep-alive for clients that send many requests.
 
-On a machine whose cores the server shares (with its clients, with other work), start it with
-``OPENBLAS_NUM_THREADS=1``: OpenBLAS's threads spin while they wait for each other, and once another thread holds
-a core each product stalls. On 2 busy cores (load average 5-7) the Tree-LSTM at hidden 512 served 15.6 requests/s
-one at a time with OpenBLAS's default threads, 54.8 with one (``tools/serve_load.py``).
+The model computes with one BLAS thread unless ``--blas-threads`` says more (cpu/blas_threads.py sets it in the
+running process; ``OPENBLAS_NUM_THREADS`` is read only when numpy loads OpenBLAS): the request threads and any
+client on the machine need the other cores, and OpenBLAS's threads spin while they wait for each other, so once
+another process holds a core each product stalls. On 2 busy cores (load average 5-7) the Tree-LSTM at hidden 512
+served 15.6 requests/s one at a time with OpenBLAS's default threads, 54.8 with one (``tools/serve_load.py``).
 """
 from __future__ import annotations
 
@@ -38,6 +39,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Sequence
 
 from ..core.errors import DataError, MinicavsError
+from ..cpu.blas_threads import set_blas_threads
+from ..cpu.interpreter import blas_threads
 from ..data.text import is_blank
 
 IDLE_SECONDS = 5.0   # a keep-alive connection idle this long is closed (so shutdown never waits longer)
@@ -156,7 +159,8 @@ class Handler(BaseHTTPRequestHandler):
             return self._reply(404, {"error": f"no {self.path}: GET /health or POST /predict"})
         self._reply(200, {"status": "stopping" if self.server.stopping.is_set() else "ok",
                           "model": self.server.name, "in_flight": self.server.in_flight,
-                          "batches": self.server.batcher.batches, "samples": self.server.batcher.samples})
+                          "batches": self.server.batcher.batches, "samples": self.server.batcher.samples,
+                          "blas_threads": blas_threads()})
 
     def do_POST(self) -> None:
         if self.path != "/predict":
@@ -228,6 +232,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "idle waits for others to join its batch (default 5 ms; a busy server runs what queued at once)")
     p.add_argument("--max-request-bytes", type=int, default=1 << 20, help="larger request bodies are refused "
                    "(413) unread (default 1 MiB)")
+    p.add_argument("--blas-threads", type=int, default=1, help="threads numpy's BLAS (the model's products) "
+                   "computes with (default 1: the request threads and clients need the other cores, and "
+                   "OpenBLAS's threads spin while they wait, stalling once another process holds a core)")
 
 
 def _predictor(target: str):
@@ -242,6 +249,7 @@ def run(args: argparse.Namespace) -> int:
     from .predict import PredictError
     if args.max_batch < 1 or args.max_wait_ms < 0 or args.max_request_bytes < 1:
         raise PredictError("--max-batch and --max-request-bytes must be >= 1, --max-wait-ms >= 0")
+    blas = set_blas_threads(args.blas_threads)
     predictor = _predictor(args.target)
     if not predictor.predicts:
         raise PredictError(f"{args.target}: this model does not predict from text input")
@@ -251,7 +259,8 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(sig, server.stop_soon)
     host, port = server.server_address[:2]
     print(f"serving {args.target} on http://{host}:{port} (POST /predict, GET /health; max batch "
-          f"{args.max_batch}, max wait {args.max_wait_ms:g} ms)", flush=True)
+          f"{args.max_batch}, max wait {args.max_wait_ms:g} ms, {args.blas_threads} BLAS thread(s) via {blas})",
+          flush=True)
     server.serve_forever()
     server.server_close()   # joins the handler threads: the requests in flight get their answers
     server.batcher.stop()

@@ -191,3 +191,25 @@ def test_each_response_is_one_write_on_a_no_delay_socket(model, monkeypatch):
         thread.join()
     assert len(nodelay) == 2 and all(nodelay)   # (the 404 closes its connection: its body was not read)
     assert len(writes) == 4 and all(w.startswith(b"HTTP/1.1 ") and w.endswith(b"}") for w in writes)
+
+
+@pytest.mark.parametrize("flags, threads", [((), 1), (("--blas-threads", "2"), 2)])
+def test_the_server_sets_its_own_blas_threads(model, flags, threads, monkeypatch):
+    """Default one thread (the request threads and clients need the other cores), whatever OpenBLAS would
+    pick from the environment; /health reads the count back from the library."""
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "3")
+    proc, port = start(model[1], *flags)
+    try:
+        assert health(port)["blas_threads"] == threads
+        assert post(port, b'"(a b)"')[0] == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+
+
+def test_a_bad_blas_thread_count_is_one_line_and_exit_2(model):
+    done = subprocess.run([sys.executable, "-m", "minicavs", "serve", str(model[1]), "--blas-threads", "0"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.strip().splitlines() == ["minicavs serve: error: BLAS threads: 0 is not an integer >= 1"]
