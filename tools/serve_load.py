@@ -27,6 +27,8 @@ import time
 
 import numpy as np
 
+SIZES = [1, 2, 4, 8, 16, 24, 32, 48, 64]   # batch sizes of the service curve
+
 
 def _cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
@@ -140,6 +142,48 @@ def run_server(args, flags: list, rates: list, label: str) -> list:
         proc.wait(60)
 
 
+def service_curve(model: str, lines: list, sizes: list, samples: int = 192) -> list:
+    """Per batch size B, the model's own serial work in the server (``predict``: schedule, bind, the C run,
+    rendering) for the same ``samples`` lines in batches of B, in CPU seconds with one BLAS thread (what the
+    server runs with; CPU time, so the other sessions' load does not count): S(B) per batch, per sample, and
+    the rate B / S(B) one model thread can sustain. Parsing is left out: it runs in the request threads."""
+    from minicavs import load
+    from minicavs.cpu.blas_threads import set_blas_threads
+    set_blas_threads(1)
+    predictor = load(model, say=None)
+    parsed = [predictor.parse_input(lines[i % len(lines)], f"line {i % len(lines) + 1}") for i in range(samples)]
+    rows = []
+    for size in sizes:
+        predictor.predict(parsed[:size], size)   # (warm: a first batch of a size plans its buffers)
+        start = time.process_time()
+        for i in range(0, samples, size):
+            predictor.predict(parsed[i:i + size], size)
+        seconds = time.process_time() - start
+        batches = -(-samples // size)
+        rows.append({"batch": size, "service_ms": 1e3 * seconds / batches, "per_sample_ms": 1e3 * seconds / samples,
+                     "max_rate": samples / seconds})
+    return rows
+
+
+def latency_floor(curve: list, rate: float) -> str:
+    """What ``curve`` says of serving ``rate`` with one model thread: the smallest batch that keeps up, whose
+    service time every request in it waits (and a request arriving during the batch before waits for that
+    too: up to twice as long)."""
+    enough = [r for r in curve if r["max_rate"] >= rate]
+    if not enough:
+        return f"{rate:.1f} requests/s: no batch size measured keeps up (at most {curve[-1]['max_rate']:.1f}/s)"
+    r = enough[0]
+    return (f"{rate:.1f} requests/s: one model thread keeps up only with batches of >= {r['batch']} "
+            f"({r['service_ms']:.1f} ms CPU each), so a request waits >= {r['service_ms']:.1f} ms for its own batch "
+            f"and up to {2 * r['service_ms']:.1f} ms with the one in progress")
+
+
+def curve_table(curve: list) -> str:
+    out = ["| batch | service ms CPU | ms CPU per sample | max requests/s |", "|---|---|---|---|"]
+    out += [f"| {r['batch']} | {r['service_ms']:.1f} | {r['per_sample_ms']:.2f} | {r['max_rate']:.1f} |" for r in curve]
+    return "\n".join(out)
+
+
 def table(rows: list) -> str:
     head = ("| server | offered req/s | throughput req/s | p50 ms | p99 ms | errors | mean batch | "
             "CPU s client / server | load avg before |")
@@ -152,12 +196,15 @@ def table(rows: list) -> str:
     return "\n".join(out)
 
 
+def _lines(path: str) -> list:
+    with open(path, encoding="utf-8") as f:
+        return [line.strip() for line in f if line.strip()]
+
+
 def main(argv=None) -> int:
     if argv is None and len(sys.argv) > 1 and sys.argv[1] == "--client":
         port, path, rate, seconds, connections = sys.argv[2:7]
-        with open(path, encoding="utf-8") as f:
-            lines = [line.strip() for line in f if line.strip()]
-        print(json.dumps(client(int(port), lines, float(rate), float(seconds), int(connections))))
+        print(json.dumps(client(int(port), _lines(path), float(rate), float(seconds), int(connections))))
         return 0
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("model", help="a model file (minicavs export)")
@@ -178,11 +225,16 @@ def main(argv=None) -> int:
     rows = saturated + run_server(args, one, rates, "max-batch 1")
     rows += run_server(args, ["--max-batch", str(args.max_batch), "--max-wait-ms", str(args.max_wait_ms)], rates,
                        f"batching ({args.max_batch}, {args.max_wait_ms:g} ms)")
+    curve = service_curve(args.model, _lines(args.lines), SIZES)
     print(f"R (per-request saturated throughput, max-batch 1): {R:.1f} requests/s")
     print(table(rows))
+    print("\nThe model's service time by batch size (tools/serve_load.py service_curve):")
+    print(curve_table(curve))
+    for k in (1, 2, 3):
+        print(f"- {k}R = {latency_floor(curve, k * R)}")
     if args.out:
         with open(args.out, "w") as f:
-            json.dump(rows, f, indent=1)
+            json.dump({"rows": rows, "service_curve": curve}, f, indent=1)
     return 0
 
 
