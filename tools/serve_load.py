@@ -165,6 +165,16 @@ def service_curve(model: str, lines: list, sizes: list, samples: int = 192) -> l
     return rows
 
 
+def curve_in_child(model: str, lines: str) -> list:
+    """:func:`service_curve` in a process of its own that imports minicavs as the servers do (``-c``, like
+    ``-m``, looks in the current directory first) and whose BLAS setting stays its own."""
+    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import serve_load as s; "
+            "print(json.dumps(s.service_curve(sys.argv[2], s._lines(sys.argv[3]), s.SIZES)))")
+    done = subprocess.run([sys.executable, "-c", code, os.path.dirname(os.path.abspath(__file__)), model, lines],
+                          capture_output=True, text=True, check=True)
+    return json.loads(done.stdout)
+
+
 def latency_floor(curve: list, rate: float) -> str:
     """What ``curve`` says of serving ``rate`` with one model thread: the smallest batch that keeps up, whose
     service time every request in it waits (and a request arriving during the batch before waits for that
@@ -225,9 +235,9 @@ def main(argv=None) -> int:
     rows = saturated + run_server(args, one, rates, "max-batch 1")
     rows += run_server(args, ["--max-batch", str(args.max_batch), "--max-wait-ms", str(args.max_wait_ms)], rates,
                        f"batching ({args.max_batch}, {args.max_wait_ms:g} ms)")
-    curve = service_curve(args.model, _lines(args.lines), SIZES)
     print(f"R (per-request saturated throughput, max-batch 1): {R:.1f} requests/s")
-    print(table(rows))
+    print(table(rows), flush=True)
+    curve = curve_in_child(args.model, args.lines)
     print("\nThe model's service time by batch size (tools/serve_load.py service_curve):")
     print(curve_table(curve))
     for k in (1, 2, 3):

@@ -78,3 +78,10 @@ def test_the_latency_floor_is_the_smallest_batch_that_keeps_up():
                                                              "with batches of >= 1 (5.0 ms")
     assert serve_load.latency_floor(curve, 600.0) == ("600.0 requests/s: no batch size measured keeps up (at most "
                                                       "500.0/s)")
+
+
+def test_the_tool_measures_the_curve_in_a_process_of_its_own(model_file, tmp_path):
+    lines = tmp_path / "lines.txt"
+    lines.write_text("\n".join(LINES) + "\n")
+    curve = serve_load.curve_in_child(str(model_file), str(lines))
+    assert [r["batch"] for r in curve] == serve_load.SIZES and all(r["max_rate"] > 0 for r in curve)
