@@ -27,7 +27,7 @@ import time
 
 import numpy as np
 
-SIZES = [1, 2, 4, 8, 16, 24, 32, 48, 64]   # batch sizes of the service curve
+SIZES = [1, 2, 4, 8, 12, 16, 24, 32, 48, 64]   # batch sizes of the service curve
 
 
 def _cpu_seconds(pid: int) -> float:
