@@ -15,7 +15,7 @@ import functools
 import os
 
 from ..core.errors import MinicavsError
-from .interpreter import _numpy_blas
+from .interpreter import _numpy_blas, blas_threads
 
 # OpenBLAS's setter as numpy's wheels export it: ILP64 scipy-openblas (numpy 2.x), openblas64_ (older), LP64
 SETTERS = ("scipy_openblas_set_num_threads64_", "openblas_set_num_threads64_",
@@ -60,16 +60,27 @@ def _threadpoolctl_setter(threads: int) -> str | None:
 
 
 def set_blas_threads(threads: int) -> str:
-    """Make numpy's BLAS (and so the C runner's products) compute with ``threads`` threads from now on;
-    returns how it was set, for the caller's log line. BlasThreadsError if ``threads`` < 1 or no way to set
-    it is found."""
+    """Make numpy's BLAS (and so the C runner's products) compute with ``threads`` threads from now on
+    (``minicavs.set_blas_threads``, as ``torch.set_num_threads``); returns how it was set, for the caller's log
+    line. BlasThreadsError if ``threads`` < 1, if the library will not run that many (the count is read back;
+    the old one is kept), or if no way to set it is found."""
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise BlasThreadsError(f"BLAS threads: {threads!r} is not an integer >= 1")
     found = _openblas_setter()
-    if found is not None:
-        fn, name = found
-        fn(threads)
-        return f"OpenBLAS {name}"
+    if found is None:
+        return _by_threadpoolctl(threads)
+    fn, name = found
+    before = blas_threads()
+    fn(threads)
+    if blas_threads() != threads:
+        now = blas_threads()
+        fn(before)
+        raise BlasThreadsError(f"BLAS threads: OpenBLAS runs {now} when asked for {threads} (its build's limit); "
+                               f"left at {before}")
+    return f"OpenBLAS {name}"
+
+
+def _by_threadpoolctl(threads: int) -> str:
     how = _threadpoolctl_setter(threads)
     if how is None:
         raise BlasThreadsError(f"cannot set {threads} BLAS thread(s): numpy's BLAS is not OpenBLAS and "

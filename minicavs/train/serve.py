@@ -42,9 +42,8 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Sequence
 
+from .. import set_blas_threads
 from ..core.errors import DataError, MinicavsError
-from ..cpu.blas_threads import set_blas_threads
-from ..cpu.interpreter import blas_threads
 from ..data.text import is_blank
 
 IDLE_SECONDS = 5.0   # a keep-alive connection idle this long is closed (so shutdown never waits longer)
@@ -164,7 +163,7 @@ class Handler(BaseHTTPRequestHandler):
         self._reply(200, {"status": "stopping" if self.server.stopping.is_set() else "ok",
                           "model": self.server.name, "in_flight": self.server.in_flight,
                           "batches": self.server.batcher.batches, "samples": self.server.batcher.samples,
-                          "blas_threads": blas_threads()})
+                          "blas_threads": self.server.blas_threads})
 
     def do_POST(self) -> None:
         if self.path != "/predict":
@@ -206,6 +205,7 @@ class ModelServer(ThreadingHTTPServer):
         self.batcher = Batcher(predictor, max_batch, max_wait)
         self.stopping = threading.Event()
         self.in_flight = 0   # predict requests read and not yet answered
+        self.blas_threads: int | None = None   # what run() set (GET /health); None: left as the library had it
         self._lock = threading.Lock()
 
     @contextlib.contextmanager
@@ -259,6 +259,7 @@ def run(args: argparse.Namespace) -> int:
         raise PredictError(f"{args.target}: this model does not predict from text input")
     server = ModelServer((args.host, args.port), predictor, args.target, args.max_batch,
                          args.max_wait_ms / 1000, args.max_request_bytes)
+    server.blas_threads = args.blas_threads   # (set and read back from the library above)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, server.stop_soon)
     host, port = server.server_address[:2]

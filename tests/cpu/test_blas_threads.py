@@ -49,3 +49,12 @@ def test_a_bad_count_is_refused_and_changes_nothing(bad):
     with pytest.raises(BlasThreadsError, match=r"BLAS threads: .* is not an integer >= 1"):
         set_blas_threads(bad)
     assert _reported() == before
+
+
+def test_more_threads_than_the_library_runs_is_refused_and_the_count_kept(restored):
+    if blas_threads._openblas_setter() is None:
+        pytest.skip("numpy's BLAS is not OpenBLAS: its limit is threadpoolctl's business")
+    set_blas_threads(1)
+    with pytest.raises(BlasThreadsError, match=r"OpenBLAS runs \d+ when asked for 100000 .*; left at 1"):
+        set_blas_threads(100_000)
+    assert _reported() == {1}
