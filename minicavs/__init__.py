@@ -37,6 +37,7 @@ _LAZY = {
     "Trainer": "train.trainer",
     "ConfigError": "train.config",
     "load": "train.artifact",
+    "set_blas_threads": "cpu.blas_threads",
 }
 
 __all__ = [
@@ -54,6 +55,8 @@ __all__ = [
     "DataError", "RunDirError", "ConfigError",
     # exported models (.mcav): load one and predict, without the model's Python module
     "load",
+    # how many threads numpy's BLAS (the CPU's products) computes with, set in a running process
+    "set_blas_threads",
     "__version__",
 ]
 

@@ -40,6 +40,7 @@ PUBLIC = {
     "ConfigError": "minicavs.train.config",
     # exported models (issue 49): the public way to run a .mcav file
     "load": "minicavs.train.artifact",
+    "set_blas_threads": "minicavs.cpu.blas_threads",
 "__version__": None,
 }
 

@@ -1,7 +1,7 @@
 """Load test of ``minicavs serve`` (issue 49): per-request saturated throughput R, then R, 2R, 3R offered.
 
     minicavs export models/tree_lstm_sst.yaml --set model.hidden=512 -o sst512.mcav
-    python tools/serve_load.py sst512.mcav ../shared/data/sst/test.txt --seconds 10 --server-blas-threads 1
+    python tools/serve_load.py sst512.mcav ../shared/data/sst/test.txt --seconds 10
 
 1. A server with ``--max-batch 1`` (every request alone) and a closed-loop client (``--connections``
    keep-alive connections, each sending its next request when the last is answered): its throughput is R.
@@ -26,6 +26,8 @@ import threading
 import time
 
 import numpy as np
+
+SIZES = [1, 2, 4, 8, 12, 16, 24, 32, 48, 64]   # batch sizes of the service curve
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -96,11 +98,9 @@ def client(port: int, lines: list, rate: float, seconds: float, connections: int
 # --- the driver -----------------------------------------------------------------------------------------
 
 def start_server(model: str, flags: list, blas_threads: int | None = None) -> tuple[subprocess.Popen, int]:
-    env = dict(os.environ)
-    if blas_threads:
-        env.update(OPENBLAS_NUM_THREADS=str(blas_threads), OMP_NUM_THREADS=str(blas_threads))
-    proc = subprocess.Popen([sys.executable, "-m", "minicavs", "serve", model, "--port", "0", *flags],
-                            stdout=subprocess.PIPE, text=True, env=env)
+    threads = [] if blas_threads is None else ["--blas-threads", str(blas_threads)]
+    proc = subprocess.Popen([sys.executable, "-m", "minicavs", "serve", model, "--port", "0", *flags, *threads],
+                            stdout=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
     if "127.0.0.1:" not in line:
         proc.kill()
@@ -142,6 +142,58 @@ def run_server(args, flags: list, rates: list, label: str) -> list:
         proc.wait(60)
 
 
+def service_curve(model: str, lines: list, sizes: list, samples: int = 192) -> list:
+    """Per batch size B, the model's own serial work in the server (``predict``: schedule, bind, the C run,
+    rendering) for the same ``samples`` lines in batches of B, in CPU seconds with one BLAS thread (what the
+    server runs with; CPU time, so the other sessions' load does not count): S(B) per batch, per sample, and
+    the rate B / S(B) one model thread can sustain. Parsing is left out: it runs in the request threads."""
+    from minicavs import load
+    from minicavs.cpu.blas_threads import set_blas_threads
+    set_blas_threads(1)
+    predictor = load(model, say=None)
+    parsed = [predictor.parse_input(lines[i % len(lines)], f"line {i % len(lines) + 1}") for i in range(samples)]
+    rows = []
+    for size in sizes:
+        predictor.predict(parsed[:size], size)   # (warm: a first batch of a size plans its buffers)
+        start = time.process_time()
+        for i in range(0, samples, size):
+            predictor.predict(parsed[i:i + size], size)
+        seconds = time.process_time() - start
+        batches = -(-samples // size)
+        rows.append({"batch": size, "service_ms": 1e3 * seconds / batches, "per_sample_ms": 1e3 * seconds / samples,
+                     "max_rate": samples / seconds})
+    return rows
+
+
+def curve_in_child(model: str, lines: str) -> list:
+    """:func:`service_curve` in a process of its own that imports minicavs as the servers do (``-c``, like
+    ``-m``, looks in the current directory first) and whose BLAS setting stays its own."""
+    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import serve_load as s; "
+            "print(json.dumps(s.service_curve(sys.argv[2], s._lines(sys.argv[3]), s.SIZES)))")
+    done = subprocess.run([sys.executable, "-c", code, os.path.dirname(os.path.abspath(__file__)), model, lines],
+                          capture_output=True, text=True, check=True)
+    return json.loads(done.stdout)
+
+
+def latency_floor(curve: list, rate: float) -> str:
+    """What ``curve`` says of serving ``rate`` with one model thread: the smallest batch that keeps up, whose
+    service time every request in it waits (and a request arriving during the batch before waits for that
+    too: up to twice as long)."""
+    enough = [r for r in curve if r["max_rate"] >= rate]
+    if not enough:
+        return f"{rate:.1f} requests/s: no batch size measured keeps up (at most {curve[-1]['max_rate']:.1f}/s)"
+    r = enough[0]
+    return (f"{rate:.1f} requests/s: one model thread keeps up only with batches of >= {r['batch']} "
+            f"({r['service_ms']:.1f} ms CPU each), so a request waits >= {r['service_ms']:.1f} ms for its own batch "
+            f"and up to {2 * r['service_ms']:.1f} ms with the one in progress")
+
+
+def curve_table(curve: list) -> str:
+    out = ["| batch | service ms CPU | ms CPU per sample | max requests/s |", "|---|---|---|---|"]
+    out += [f"| {r['batch']} | {r['service_ms']:.1f} | {r['per_sample_ms']:.2f} | {r['max_rate']:.1f} |" for r in curve]
+    return "\n".join(out)
+
+
 def table(rows: list) -> str:
     head = ("| server | offered req/s | throughput req/s | p50 ms | p99 ms | errors | mean batch | "
             "CPU s client / server | load avg before |")
@@ -154,12 +206,15 @@ def table(rows: list) -> str:
     return "\n".join(out)
 
 
+def _lines(path: str) -> list:
+    with open(path, encoding="utf-8") as f:
+        return [line.strip() for line in f if line.strip()]
+
+
 def main(argv=None) -> int:
     if argv is None and len(sys.argv) > 1 and sys.argv[1] == "--client":
         port, path, rate, seconds, connections = sys.argv[2:7]
-        with open(path, encoding="utf-8") as f:
-            lines = [line.strip() for line in f if line.strip()]
-        print(json.dumps(client(int(port), lines, float(rate), float(seconds), int(connections))))
+        print(json.dumps(client(int(port), _lines(path), float(rate), float(seconds), int(connections))))
         return 0
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("model", help="a model file (minicavs export)")
@@ -167,8 +222,8 @@ def main(argv=None) -> int:
     p.add_argument("--seconds", type=float, default=10.0, help="per measurement (default 10)")
     p.add_argument("--connections", type=int, default=64, help="client keep-alive connections (default 64: an "
                    "open-loop client needs offered rate x latency of them, or it caps the throughput itself)")
-    p.add_argument("--server-blas-threads", type=int, default=None, help="OPENBLAS_NUM_THREADS for the server "
-                   "(default: not set, OpenBLAS uses every core)")
+    p.add_argument("--server-blas-threads", type=int, default=None, help="the server's --blas-threads "
+                   "(default: the server's default, 1)")
     p.add_argument("--max-batch", type=int, default=64)
     p.add_argument("--max-wait-ms", type=float, default=5.0)
     p.add_argument("--out", default=None, help="write the rows as JSON here")
@@ -181,10 +236,15 @@ def main(argv=None) -> int:
     rows += run_server(args, ["--max-batch", str(args.max_batch), "--max-wait-ms", str(args.max_wait_ms)], rates,
                        f"batching ({args.max_batch}, {args.max_wait_ms:g} ms)")
     print(f"R (per-request saturated throughput, max-batch 1): {R:.1f} requests/s")
-    print(table(rows))
+    print(table(rows), flush=True)
+    curve = curve_in_child(args.model, args.lines)
+    print("\nThe model's service time by batch size (tools/serve_load.py service_curve):")
+    print(curve_table(curve))
+    for k in (1, 2, 3):
+        print(f"- {k}R = {latency_floor(curve, k * R)}")
     if args.out:
         with open(args.out, "w") as f:
-            json.dump(rows, f, indent=1)
+            json.dump({"rows": rows, "service_curve": curve}, f, indent=1)
     return 0
 
 

@@ -17,6 +17,7 @@ import threading
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
@@ -174,6 +175,12 @@ class Structure:
             self._pushed[name] = input_node((None,) + shapes.pop(), self.dtype, name=f"{self.name}.{name}")
             _PUSHED.add(self._pushed[name])
         return self._pushed[name]
+
+    @property
+    def pushes(self) -> Mapping[str, Node]:
+        """The push buffers :meth:`pushed` has made so far, {name: node}: a read-only view that, unlike
+        ``pushed``, never makes one (an exporter asks what the model's graphs read, and changes nothing)."""
+        return MappingProxyType(self._pushed)
 
     def batch(self, graphs: Sequence[InputGraph]) -> Batch:
         """Flatten, assign kinds, validate (arity per kind) in one step; raises before anything runs.

@@ -89,15 +89,9 @@ def export(path: str | os.PathLike, task, cfg: dict) -> dict:
 
 
 def _push_buffers(structures: Sequence[Structure], enc: Encoder) -> list[dict]:
-    """Per structure, {push name: node} of the push buffers the exported graphs read. A push buffer is the
-    input node ``Structure.pushed(name)`` makes, named ``<structure>.<name>``: asked for only where the graphs
-    hold a node of that name, so that an export makes no buffer the model did not have."""
-    named = {n.name for n in enc.nodes if n.op == "input"}
-    found = []
-    for s in structures:
-        names = {k for f in s.functions.values() for k in f.pushes if f"{s.name}.{k}" in named}
-        found.append({k: s.pushed(k) for k in sorted(names) if s.pushed(k) in enc.index})
-    return found
+    """Per structure, {push name: node} of the push buffers the exported graphs read: those the structure
+    has made (``Structure.pushes``, read-only: an export makes no buffer the model did not have)."""
+    return [{k: node for k, node in sorted(s.pushes.items()) if node in enc.index} for s in structures]
 
 
 def _structure(s: Structure, enc: Encoder, pushed: dict) -> dict:

@@ -17,10 +17,15 @@ The server is the standard library's threading HTTP server: no dependency to ins
 that only parses and waits, while one batcher thread runs the model (its kernels are C and release nothing
 to gain from more Python threads on 2 cores); HTTP/1.1 keep-alive for clients that send many requests.
 
-On a machine whose cores the server shares (with its clients, with other work), start it with
-``OPENBLAS_NUM_THREADS=1``: OpenBLAS's threads spin while they wait for each other, and once another thread holds
-a core each product stalls. On 2 busy cores (load average 5-7) the Tree-LSTM at hidden 512 served 15.6 requests/s
-one at a time with OpenBLAS's default threads, 54.8 with one (``tools/serve_load.py``).
+The model computes with one BLAS thread unless ``--blas-threads`` says more (cpu/blas_threads.py sets it in the
+running process; ``OPENBLAS_NUM_THREADS`` is read only when numpy loads OpenBLAS): the request threads and any
+client on the machine need the other cores, and OpenBLAS's threads spin while they wait for each other, so once
+another process holds a core each product stalls. On 2 busy cores (load average 3) one Tree-LSTM sentence at
+hidden 512 took 132 ms with OpenBLAS's default 2 threads, 7.3 ms with one.
+
+Each response is one write on a TCP_NODELAY socket: the standard library's handler writes the headers, then
+the body, and the body then waited for the client's delayed ACK of the headers (Nagle's algorithm): 48 ms a
+request on a model that answers in 1 ms.
 """
 from __future__ import annotations
 
@@ -33,9 +38,11 @@ import sys
 import threading
 import time
 from concurrent.futures import Future
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Sequence
 
+from .. import set_blas_threads
 from ..core.errors import DataError, MinicavsError
 from ..data.text import is_blank
 
@@ -132,31 +139,35 @@ def parse_request(predictor, body: bytes) -> list:
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     timeout = IDLE_SECONDS
+    disable_nagle_algorithm = True   # (TCP_NODELAY: a response never waits for the ACK of the one before)
     server: "ModelServer"
 
     def log_message(self, format: str, *args) -> None:   # (quiet: one line per request is noise at load)
         pass
 
     def _reply(self, status: int, payload: dict) -> None:
+        """The whole response (status line, headers, JSON body) in one write: written as headers then body, the
+        body waited for the client's delayed ACK of the headers (Nagle's algorithm), 40 ms a request."""
         data = json.dumps(payload).encode("utf-8")
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
         if self.server.stopping.is_set():
-            self.send_header("Connection", "close")
             self.close_connection = True
-        self.end_headers()
-        self.wfile.write(data)
+        closing = self.close_connection
+        head = (f"{self.protocol_version} {status} {HTTPStatus(status).phrase}\r\n"
+                f"Date: {self.date_time_string()}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(data)}\r\n" + ("Connection: close\r\n" if closing else "") + "\r\n")
+        self.wfile.write(head.encode("latin-1") + data)
 
     def do_GET(self) -> None:
         if self.path != "/health":
             return self._reply(404, {"error": f"no {self.path}: GET /health or POST /predict"})
         self._reply(200, {"status": "stopping" if self.server.stopping.is_set() else "ok",
                           "model": self.server.name, "in_flight": self.server.in_flight,
-                          "batches": self.server.batcher.batches, "samples": self.server.batcher.samples})
+                          "batches": self.server.batcher.batches, "samples": self.server.batcher.samples,
+                          "blas_threads": self.server.blas_threads})
 
     def do_POST(self) -> None:
         if self.path != "/predict":
+            self.close_connection = True   # (its body is not read: the connection cannot be reused)
             return self._reply(404, {"error": f"no {self.path}: POST /predict"})
         length = self.headers.get("Content-Length")
         if length is None or not length.isdigit():
@@ -194,6 +205,7 @@ class ModelServer(ThreadingHTTPServer):
         self.batcher = Batcher(predictor, max_batch, max_wait)
         self.stopping = threading.Event()
         self.in_flight = 0   # predict requests read and not yet answered
+        self.blas_threads: int | None = None   # what run() set (GET /health); None: left as the library had it
         self._lock = threading.Lock()
 
     @contextlib.contextmanager
@@ -224,6 +236,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "idle waits for others to join its batch (default 5 ms; a busy server runs what queued at once)")
     p.add_argument("--max-request-bytes", type=int, default=1 << 20, help="larger request bodies are refused "
                    "(413) unread (default 1 MiB)")
+    p.add_argument("--blas-threads", type=int, default=1, help="threads numpy's BLAS (the model's products) "
+                   "computes with (default 1: the request threads and clients need the other cores, and "
+                   "OpenBLAS's threads spin while they wait, stalling once another process holds a core)")
 
 
 def _predictor(target: str):
@@ -238,16 +253,19 @@ def run(args: argparse.Namespace) -> int:
     from .predict import PredictError
     if args.max_batch < 1 or args.max_wait_ms < 0 or args.max_request_bytes < 1:
         raise PredictError("--max-batch and --max-request-bytes must be >= 1, --max-wait-ms >= 0")
+    blas = set_blas_threads(args.blas_threads)
     predictor = _predictor(args.target)
     if not predictor.predicts:
         raise PredictError(f"{args.target}: this model does not predict from text input")
     server = ModelServer((args.host, args.port), predictor, args.target, args.max_batch,
                          args.max_wait_ms / 1000, args.max_request_bytes)
+    server.blas_threads = args.blas_threads   # (set and read back from the library above)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, server.stop_soon)
     host, port = server.server_address[:2]
     print(f"serving {args.target} on http://{host}:{port} (POST /predict, GET /health; max batch "
-          f"{args.max_batch}, max wait {args.max_wait_ms:g} ms)", flush=True)
+          f"{args.max_batch}, max wait {args.max_wait_ms:g} ms, {args.blas_threads} BLAS thread(s) via {blas})",
+          flush=True)
     server.serve_forever()
     server.server_close()   # joins the handler threads: the requests in flight get their answers
     server.batcher.stop()

@@ -20,11 +20,16 @@ LINES = ["((the movie) (was great))", "(3 (2 it) (4 works))", "word"]
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def model_file(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("load")
     trainer = tiny_trainer(tmp, hidden=4, embed=4)
     artifact.export(tmp / "m.mcav", trainer.task, trainer.cfg)
-    srv = ModelServer(("127.0.0.1", 0), artifact.load(tmp / "m.mcav"), "m", 8, 0.002, 1 << 16)
+    return tmp / "m.mcav"
+
+
+@pytest.fixture(scope="module")
+def server(model_file):
+    srv = ModelServer(("127.0.0.1", 0), artifact.load(model_file), "m", 8, 0.002, 1 << 16)
     thread = threading.Thread(target=srv.serve_forever)
     thread.start()
     yield srv.server_address[1]
@@ -51,3 +56,32 @@ def test_the_table_has_a_row_per_measurement():
     lines = serve_load.table(rows).splitlines()
     assert len(lines) == 4 and "| max-batch 1 | closed loop | 10.0 |" in lines[2]
     assert lines[3] == "| batching | 20.0 | 19.5 | 3.0 | 9.0 | 1 | 6.2 | 0.2 / 0.8 | 3.0 |"
+
+
+def test_the_service_curve_times_the_same_samples_at_each_batch_size(model_file):
+    curve = serve_load.service_curve(str(model_file), LINES, [1, 2, 4], samples=8)
+    assert [r["batch"] for r in curve] == [1, 2, 4]
+    for r in curve:
+        assert r["service_ms"] > 0
+        assert r["per_sample_ms"] * 8 == pytest.approx(r["service_ms"] * (8 // r["batch"]))
+        assert r["max_rate"] == pytest.approx(1e3 / r["per_sample_ms"])
+    assert len(serve_load.curve_table(curve).splitlines()) == 2 + 3
+
+
+def test_the_latency_floor_is_the_smallest_batch_that_keeps_up():
+    curve = [{"batch": 1, "service_ms": 5.0, "max_rate": 200.0}, {"batch": 8, "service_ms": 20.0, "max_rate": 400.0},
+             {"batch": 16, "service_ms": 32.0, "max_rate": 500.0}]
+    assert serve_load.latency_floor(curve, 450.0) == (
+        "450.0 requests/s: one model thread keeps up only with batches of >= 16 (32.0 ms CPU each), so a request "
+        "waits >= 32.0 ms for its own batch and up to 64.0 ms with the one in progress")
+    assert serve_load.latency_floor(curve, 150.0).startswith("150.0 requests/s: one model thread keeps up only "
+                                                             "with batches of >= 1 (5.0 ms")
+    assert serve_load.latency_floor(curve, 600.0) == ("600.0 requests/s: no batch size measured keeps up (at most "
+                                                      "500.0/s)")
+
+
+def test_the_tool_measures_the_curve_in_a_process_of_its_own(model_file, tmp_path):
+    lines = tmp_path / "lines.txt"
+    lines.write_text("\n".join(LINES) + "\n")
+    curve = serve_load.curve_in_child(str(model_file), str(lines))
+    assert [r["batch"] for r in curve] == serve_load.SIZES and all(r["max_rate"] > 0 for r in curve)

@@ -195,3 +195,17 @@ def test_a_custom_kind_rule_is_refused_naming_the_structure(tmp_path):
     finally:
         structure.kinds = rule
     assert not (tmp_path / "m.mcav").exists()
+
+
+def test_export_reads_the_push_buffers_without_making_any(tmp_path):
+    """Export asks ``Structure.pushes`` (read-only), never ``pushed`` (which makes a buffer for a name it is
+    asked): the model keeps exactly the buffers it had, and the file names those its graphs read."""
+    trainer = tiny_trainer(tmp_path, hidden=4, embed=4)
+    structure = trainer.task.model.structures[0]
+    before = dict(structure.pushes)
+    assert before and all(structure.pushed(name) is node for name, node in before.items())
+    meta = artifact.export(tmp_path / "m.mcav", trainer.task, trainer.cfg)
+    assert dict(structure.pushes) == before
+    assert sorted(meta["structures"][0]["pushed"]) == sorted(before)
+    with pytest.raises(TypeError):
+        structure.pushes["extra"] = next(iter(before.values()))

@@ -6,6 +6,7 @@ import http.client
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -156,3 +157,59 @@ def test_a_burst_of_new_connections_is_served(model):
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=30)
+
+
+def test_each_response_is_one_write_on_a_no_delay_socket(model, monkeypatch):
+    """Headers and body written apart, the body waited for the client's delayed ACK of the headers (Nagle's
+    algorithm): 40-50 ms a request, on a model that answers in 1 ms. Each response is one write, on sockets
+    with TCP_NODELAY."""
+    from minicavs.train import serve
+    writes, nodelay = [], []
+    setup = serve.Handler.setup
+
+    def counted(self):
+        setup(self)
+        nodelay.append(self.connection.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+        write = self.wfile.write
+        self.wfile.write = lambda data: writes.append(bytes(data)) or write(data)
+    monkeypatch.setattr(serve.Handler, "setup", counted)
+    server = serve.ModelServer(("127.0.0.1", 0), artifact.load(model[1], say=None), "m", 8, 0.0, 1 << 16)
+    thread = threading.Thread(target=server.serve_forever)
+    thread.start()
+    conn = http.client.HTTPConnection("127.0.0.1", server.server_address[1], timeout=30)
+    try:
+        for path, body, status in [("/predict", b'"(a b)"', 200), ("/predict", b'"(a b c)"', 400),
+                                   ("/nowhere", b'"x"', 404), ("/predict", b'["w", "(x y)"]', 200)]:
+            conn.request("POST", path, body, {"Content-Type": "application/json"})
+            response = conn.getresponse()
+            assert response.status == status and json.loads(response.read())
+    finally:
+        conn.close()
+        server.shutdown()
+        server.server_close()
+        server.batcher.stop()
+        thread.join()
+    assert len(nodelay) == 2 and all(nodelay)   # (the 404 closes its connection: its body was not read)
+    assert len(writes) == 4 and all(w.startswith(b"HTTP/1.1 ") and w.endswith(b"}") for w in writes)
+
+
+@pytest.mark.parametrize("flags, threads", [((), 1), (("--blas-threads", "2"), 2)])
+def test_the_server_sets_its_own_blas_threads(model, flags, threads, monkeypatch):
+    """Default one thread (the request threads and clients need the other cores), whatever OpenBLAS would
+    pick from the environment; /health reads the count back from the library."""
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "3")
+    proc, port = start(model[1], *flags)
+    try:
+        assert health(port)["blas_threads"] == threads
+        assert post(port, b'"(a b)"')[0] == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+
+
+def test_a_bad_blas_thread_count_is_one_line_and_exit_2(model):
+    done = subprocess.run([sys.executable, "-m", "minicavs", "serve", str(model[1]), "--blas-threads", "0"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.strip().splitlines() == ["minicavs serve: error: BLAS threads: 0 is not an integer >= 1"]
