@@ -1,5 +1,5 @@
 """Where a training step's time goes, part by part, and how fast its products run against numpy at the very
-same shapes (``minicavs bench --step-breakdown``; issue 51 item 3).
+same shapes (``minicavs bench --step-breakdown``).
 
 Parts (CPU time, per step; they add up to the step, ``glue`` being the rest):
 
