@@ -516,7 +516,7 @@ class Model:
     # --- running ----------------------------------------------------------------------------------------
 
     def _graphs_by_structure(self, graphs) -> dict:
-        if isinstance(graphs, Mapping):
+        if type(graphs) is not list and isinstance(graphs, Mapping):   # (typing's isinstance: a Python call)
             unknown = set(graphs) - {s.name for s in self.structures}
             if unknown:
                 raise KeyError(f"graphs given for unknown structure(s) {sorted(unknown)}")

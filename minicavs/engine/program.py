@@ -509,7 +509,8 @@ def task_table(compiled: list, plan, opts, backward: bool) -> tuple[np.ndarray, 
             continue
         slots = list(fn.gathers)
         if opts.gather_elision and slots:   # (the kind's tasks in task order, as ``mine``)
-            views = [kind_plan.strides[j] for j in slots]
+            strides = kind_plan.strides
+            views = [strides[j] for j in slots]
             if slots == list(range(len(slots))) and kind_plan.view_table is not None \
                     and kind_plan.view_table.shape[1] == 2 * len(slots):
                 table[mine, TASK_COLUMNS:TASK_COLUMNS + 2 * len(slots)] = kind_plan.view_table
@@ -553,8 +554,7 @@ def block_rows(lowered, compiled: list, plan, opts, copies: dict | None = None) 
         row = [b.tid, 0, n, -1, -1] + [-1] * (lowered.table_width - TASK_COLUMNS)
         if b.scatter_rows and n:
             if b.kind_id not in firsts:
-                rows = as_slice(plan.scatter_rows(b.kind_id))
-                firsts[b.kind_id] = rows.start if isinstance(rows, slice) else -1
+                firsts[b.kind_id] = _first_scatter_row(plan, kind_plan)
             row[3] = firsts[b.kind_id]
         if b.regather and n:
             rows = as_slice(np.stack([kind_plan.child_rows[j] for j in compiled[b.kind_id].gathers],
@@ -570,6 +570,18 @@ def block_rows(lowered, compiled: list, plan, opts, copies: dict | None = None) 
         (pre if b.phase == PRE else post).append(row)
     return (np.array(pre, np.int64).reshape(-1, lowered.table_width),
             np.array(post, np.int64).reshape(-1, lowered.table_width))
+
+
+def _first_scatter_row(plan, kind_plan) -> int:
+    """The first of a kind's scatter rows when they are one block of rows, else -1. Its rows are its tasks'
+    rows in task order, each task's a block at the task's scatter offset: one block exactly when its tasks
+    are adjacent in the schedule (read off two task numbers, no index array built or compared)."""
+    tasks = kind_plan.tasks
+    if tasks is None or plan.task_array is None:
+        rows = as_slice(plan.scatter_rows(kind_plan.kind_id))
+        return rows.start if isinstance(rows, slice) else -1
+    first, last = int(tasks[0]), int(tasks[-1])
+    return int(plan.task_array[first, 3]) if last - first == len(tasks) - 1 else -1
 
 
 def _task_moves(fn, opts) -> tuple:

@@ -149,13 +149,19 @@ class KindPlan:
     row_keys: np.ndarray | None = None       # dropout row keys (sample << 32 | local vertex id)
     task_offsets: np.ndarray | None = None   # the kind offset of each of its tasks, in task order
     tasks: np.ndarray | None = None          # the indices of its tasks in the schedule
-    strides: list = field(default_factory=list)   # per child slot j: (start, step) arrays per task (step -1: none)
-    view_table: np.ndarray | None = None     # the strides side by side: per task, start and step of each slot
+    view_table: np.ndarray | None = None     # per task, start and step of each child slot's view (step -1: none)
     _views: list | None = field(default=None, repr=False)
 
     @property
     def n(self) -> int:
         return len(self.vertices)
+
+    @property
+    def strides(self) -> list:
+        """Per child slot j: the (start, step) arrays of its tasks' views, columns 2j and 2j + 1 of
+        :attr:`view_table` (read off it when asked: a batch of one plans in microseconds)."""
+        table = self.view_table
+        return [] if table is None else [(table[:, 2 * j], table[:, 2 * j + 1]) for j in range(table.shape[1] // 2)]
 
     @property
     def views(self) -> list:
@@ -232,7 +238,7 @@ def plan_memory(batch: Batch, schedule: Schedule, arity: dict, pulls: dict, push
             rows = np.full(len(verts), n, np.int64)
             rows[has] = row[idx[start[has] + j]]
             kind_plan.child_rows.append(rows)
-            kind_plan.strides.append(_strided_arrays(rows, offs, kind_sizes, n, kind_plan.view_table[:, 2 * j:]))
+            _strided_arrays(rows, offs, kind_sizes, n, kind_plan.view_table[:, 2 * j:])
         kind_plan.row_keys = keys[verts]
         kinds[kind_id] = kind_plan
     pull_rows, push_order = {}, {}

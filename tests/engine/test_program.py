@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from minicavs import ops
-from minicavs.engine.compile import EngineOptions
+from minicavs.engine.compile import PRE, EngineOptions
 from minicavs.engine.executor import Executor
 from minicavs.runtime.inputs import InputGraph
 from minicavs.engine.program import RunContext
@@ -235,3 +235,45 @@ def test_a_training_step_frees_its_memory_without_the_cycle_collector(name):
         gc.enable()
     per_step = np.polyfit(np.arange(len(used)), used, 1)[0]
     assert per_step < STEP_BYTES, f"{name}: {per_step:.0f} bytes a step stay allocated ({used[0]} -> {used[-1]})"
+
+
+# --- a batch's table: the blocks' rows ------------------------------------------------------------------
+
+@pytest.mark.parametrize("policy", ["cavs", "serial"])
+def test_a_blocks_scatter_offset_is_read_off_its_kinds_tasks(policy, monkeypatch):
+    """A block's scatter offset (table column 3) is its kind's first scatter row when those rows are one block
+    of rows, else -1 (its SROWS and SPUT then move them by the kind's row index): read off the kind's first and
+    last task number, never by building and comparing that row index (microseconds at a batch of one). Equal
+    to that definition on random trees, planned natively and by the reference, by cavs (each kind's tasks
+    adjacent) and serial (kinds interleaved)."""
+    from minicavs.engine import program as binding
+    from minicavs.ops.message import as_slice
+    from minicavs.runtime.memory import MemoryPlan
+    from minicavs.runtime.scheduler import get_policy
+    from .test_alg1 import random_tree
+    rng = np.random.default_rng(5)
+    case = cells.binary_tree_lstm(rng)
+    structure, opts = case.model.structures[0], EngineOptions()
+    seen = set()
+    for k in (1, 2, 4):
+        graphs = [random_tree(rng, int(rng.integers(1, 8)), 2, full_binary=True) for _ in range(k)]
+        feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
+        lowered = case.model.forward_backward(graphs, feeds, case.params, RunContext(),
+                                              policy=policy).states["G"].program.lowered
+        for native in (True, False):
+            batch, plan = structure.prepare(graphs, get_policy(policy), native=native)
+            compiled = structure.compiled_for(batch, opts)
+            want = {}
+            for kind_plan in plan.kinds:
+                if kind_plan is not None:
+                    rows = as_slice(plan.scatter_rows(kind_plan.kind_id))
+                    want[kind_plan.kind_id] = rows.start if isinstance(rows, slice) else -1
+            seen.update(v >= 0 for v in want.values())
+            monkeypatch.setattr(MemoryPlan, "scatter_rows", lambda *a: pytest.fail("built a row index"))
+            pre, post = binding.block_rows(lowered, compiled, plan, opts)
+            monkeypatch.undo()
+            in_order = [b for b in lowered.blocks if b.phase == PRE] + [b for b in lowered.blocks if b.phase != PRE]
+            for b, row in zip(in_order, [*pre, *post]):
+                if b.scatter_rows and plan.kinds[b.kind_id] is not None and plan.kinds[b.kind_id].n:
+                    assert row[3] == want[b.kind_id], (policy, native, b.kind_id)
+    assert seen == ({True} if policy == "cavs" else {True, False})
