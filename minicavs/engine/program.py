@@ -30,7 +30,7 @@ from ..ir.graph import Node, fmt_shape
 from ..ops.control import is_loop, steps_run
 from ..ops.message import as_slice
 from ..ops.registry import OPS
-from .compile import PRE, TASK, Step
+from .compile import PRE, TASK, StaticNodes, Step
 from .instructions import TASK_COLUMNS
 from .operands import bind_operands
 
@@ -150,33 +150,50 @@ def planned_view(value) -> bool:
                                and value.strides[0] >= value.shape[1] * value.itemsize)
 
 
+def _entries(nodes: StaticNodes) -> tuple:
+    """What :func:`evaluate` reads of each of ``nodes`` (:func:`_entry`), found on first use and kept with them."""
+    found = nodes.__dict__.get("entries")
+    if found is None:
+        found = nodes.__dict__["entries"] = tuple(map(_entry, nodes))
+    return found
+
+
+def _entry(n: Node) -> tuple:
+    """(node, fed, its step, is it a concat: its inputs side by side), what evaluate reads of a node."""
+    if n.op in ("input", "param"):
+        return n, True, None, False
+    step = _STEPS.get(n)
+    if step is None:
+        step = _STEPS[n] = Step.of(n)
+    return n, False, step, OPS[n.op].column_blocks is not None
+
+
 def evaluate(nodes: Sequence[Node], env: dict, feeds: Mapping, params: Mapping, ctx: RunContext,
              xp=np) -> list[Step]:
-    """Evaluate ``nodes`` (in topological order) into ``env``, keeping every value (for a backward pass):
-    nodes already in ``env`` are not recomputed; returns the steps :func:`run_steps` ran (what
-    :func:`record` reads). Feeds and parameters must already be arrays of ``xp``'s
-    device. A concat whose value was a view of a planned parameter buffer (a merged product's weight: its
-    parameters' adjacent column blocks) is that same view again while its inputs are the same arrays: a view
-    follows their values, and the runners find the array they addressed last batch."""
-    steps = []
-    for n in nodes:
+    """Evaluate ``nodes`` (in topological order; a :class:`StaticNodes` reads what it knows of them) into
+    ``env``, keeping every value (for a backward pass): nodes already in ``env`` are not recomputed; returns
+    the steps :func:`run_steps` ran (what :func:`record` reads). Feeds and parameters must already be arrays of
+    ``xp``'s device. A concat whose value was a view of a planned parameter buffer (a merged product's weight:
+    its parameters' adjacent column blocks) is that same view again while its inputs are the same arrays: a
+    view follows their values, and the runners find the array they addressed last batch."""
+    steps, concats = [], False
+    for n, fed, step, concat in (_entries(nodes) if type(nodes) is StaticNodes else
+                                 (_entry(n) for n in nodes if n not in env)):
         if n in env:
             continue
-        if n.op in ("input", "param"):   # (is_fed, inlined: it runs for every node of every pass)
+        if fed:
             env[n] = leaf_value(n, feeds, params)
             continue
-        if OPS[n.op].column_blocks is not None:   # its inputs side by side (a concat)
+        if concat:
             known = _VIEWS.get(n)
             if known is not None and all(map(operator.is_, known[0], [env.get(x) for x in n.inputs])):
                 env[n] = known[1]
                 continue
-        step = _STEPS.get(n)
-        if step is None:
-            step = _STEPS[n] = Step.of(n)
+            concats = True
         steps.append(step)
     if steps:   # (parameters only: F's statics at inference)
         run_steps(steps, env, xp, ctx)
-        for step in steps:
+        for step in steps if concats else ():
             n = step.outputs[0]
             if OPS[n.op].column_blocks is not None and n in env and is_planned(getattr(env[n], "base", None)):
                 _VIEWS[n] = (tuple(env[x] for x in n.inputs), env[n])
