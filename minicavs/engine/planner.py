@@ -133,8 +133,8 @@ def _unpack(graphs: list, spec: Spec, n: int, parts: list) -> tuple[Batch, Memor
                   for m, name in enumerate(spec.pushes)}
     kinds = _kind_plans(spec, n, kind_n.tolist(), kind_t.tolist(),
                         (verts, task_of_kind, task_off, child_rows, views, keys, name_rows))
-    plan = MemoryPlan(schedule, n, list(map(tuple, task_array.tolist())), kinds, pull_rows, push_order, bool(forest),
-                      task_array, ttable[:T * (5 + 2 * maxa)].reshape(T, 5 + 2 * maxa), gcopy.reshape(n_kinds, maxa),
+    plan = MemoryPlan(schedule, n, task_array, kinds, pull_rows, push_order, bool(forest),
+                      ttable[:T * (5 + 2 * maxa)].reshape(T, 5 + 2 * maxa), gcopy.reshape(n_kinds, maxa),
                       tuple(arity))
     return batch, plan
 

@@ -512,7 +512,7 @@ def task_table(compiled: list, plan, opts, backward: bool) -> tuple[np.ndarray, 
                 if kind_plan is not None:   # (its gather slots are 0..arity - 1: a list indexed by slot)
                     _count_copies(copies, _task_moves(fn, opts), kind_plan.n, plan.gather_copies[kind_id].tolist())
         return (np.ascontiguousarray(made[::-1]) if backward else made), copies
-    tasks = plan.task_array if plan.task_array is not None else np.array(plan.tasks, np.int64).reshape(-1, 4)
+    tasks = plan.task_array
     table = np.full((len(tasks), TASK_COLUMNS + 2 * arity), -1, np.int64)
     table[:, :4] = tasks
     kinds, sizes = tasks[:, 0], tasks[:, 2]
@@ -594,7 +594,7 @@ def _first_scatter_row(plan, kind_plan) -> int:
     rows in task order, each task's a block at the task's scatter offset: one block exactly when its tasks
     are adjacent in the schedule (read off two task numbers, no index array built or compared)."""
     tasks = kind_plan.tasks
-    if tasks is None or plan.task_array is None:
+    if tasks is None:
         rows = as_slice(plan.scatter_rows(kind_plan.kind_id))
         return rows.start if isinstance(rows, slice) else -1
     first, last = int(tasks[0]), int(tasks[-1])

@@ -178,17 +178,21 @@ class KindPlan:
 class MemoryPlan:
     schedule: Schedule
     num_vertices: int
-    tasks: list            # (kind id, kind offset, bs, global offset) per task, in forward order
+    task_array: np.ndarray  # (T, 4) int64: (kind id, kind offset, bs, global offset) per task, in forward order
     kinds: list            # KindPlan per kind id (None for kinds absent from the batch)
     pull_rows: dict        # pull name -> number of rows of its buffer
     push_order: dict       # push name -> global vertex ids, buffer row order (global id order)
     forest: bool           # no vertex is a child twice: backward gather can use plain fancy-index adds
-    task_array: np.ndarray | None = None   # ``tasks`` as a (T, 4) int64 array
     # made by the native planner (planner.py), for gather elision and gather slots 0..arity - 1 of each kind:
     task_views: np.ndarray | None = None   # the native task table (program.task_table) of those kinds
     gather_copies: np.ndarray | None = None   # (kinds, max arity): rows of the tasks whose slot is no view
     view_arity: tuple | None = None        # the arity each kind's columns of ``task_views`` assume
     _scatter_rows: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def tasks(self) -> list:
+        """:attr:`task_array` as a list of tuples (made when asked: the runs read the array)."""
+        return list(map(tuple, self.task_array.tolist()))
 
     def scatter_rows(self, kind_id: int) -> np.ndarray:
         """Kind ``kind_id``'s rows of the scatter tensor, in kind order (int64; found once per batch, for the
@@ -256,9 +260,8 @@ def plan_memory(batch: Batch, schedule: Schedule, arity: dict, pulls: dict, push
     task_array = np.empty((len(sizes), 4), np.int64)
     task_array[:, 0], task_array[:, 1] = kind_of_task, task_row
     task_array[:, 2], task_array[:, 3] = sizes, scatter_offsets
-    tasks = list(map(tuple, task_array.tolist()))
     forest = not len(idx) or bool(np.bincount(idx, minlength=n).max() <= 1)
-    return MemoryPlan(schedule, n, tasks, kinds, pull_rows, push_order, forest, task_array)
+    return MemoryPlan(schedule, n, task_array, kinds, pull_rows, push_order, forest)
 
 
 def _strided_arrays(rows: np.ndarray, offs: np.ndarray, sizes: np.ndarray, sentinel: int, out=None) -> tuple:
