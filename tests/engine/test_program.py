@@ -307,3 +307,26 @@ def test_a_static_graph_finds_its_steps_once_not_at_every_run(monkeypatch):
         binding.evaluate(list(stage), plain, feeds, case.params, RunContext(training=False))
         assert env.keys() == plain.keys() and all(np.array_equal(env[n], plain[n]) for n in env)
     assert looked_up
+
+
+def test_a_c_ordered_parameter_is_read_in_one_test(monkeypatch):
+    """A parameter stored as most are (C order, native bytes, its declared dtype and shape) is read as it is in
+    one test, at every run of every static graph and F's statics; any other layout or a wrong dtype or shape
+    still goes through check_value (test_every_feed_and_parameter_layout_gives_the_c_order_numbers; here:
+    the error)."""
+    from minicavs.core.errors import FeedError
+    from minicavs.engine import program as binding
+    rng = np.random.default_rng(4)
+    case = cells.binary_tree_lstm(rng)
+    graphs = [InputGraph([[1, 2], [], []])]
+    feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
+    checked = []
+    real = binding.check_value
+    monkeypatch.setattr(binding, "check_value", lambda n, v, what: checked.append(n.op) or real(n, v, what))
+    case.model.infer(graphs, feeds, case.params)
+    assert checked and "param" not in checked   # (the feeds are still checked)
+    name = next(iter(case.params))
+    bad = dict(case.params)
+    bad[name] = np.zeros(bad[name].shape[:-1] + (bad[name].shape[-1] + 1,))
+    with pytest.raises(FeedError, match=rf"^parameter param#\d+ '{name}': got shape"):
+        case.model.infer(graphs, feeds, bad)
