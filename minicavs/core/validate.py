@@ -16,6 +16,8 @@ from .arrays import array_module as _module
 from .errors import FeedError
 
 _INT64_MAX = np.iinfo(np.int64).max
+_INT64, _UINT64 = np.dtype(np.int64), np.dtype(np.uint64)
+_MAX = np.maximum.reduce   # (the ufunc's own method: ndarray.max adds a Python frame)
 
 
 def _where(pos: int, shape: tuple, at: str) -> str:
@@ -55,6 +57,8 @@ def indices(values, what: str, *, size: int | None = None, shape: tuple | None =
     ``size``, lies in ``[0, size)`` (uint64 keys: in ``[0, 2**64)``, so only negative values fail).
     Raises ``error`` (a FeedError by default) naming ``what`` (singular: 'lookup: index'), the sizes and
     the first bad position (``at``: 'position', 'row', 'vertex'); ``of`` ends the message (' for ...')."""
+    if dtype is np.int64 and shape is None and _int64_below(values, size):
+        return values   # (the usual case, a plan's or a feed's int64 rows: one reduction and no lookups)
     xp = _module(values)
     # Not an array (a list): look at each object, since numpy would make [1, True] ints and [2**63, 1] floats.
     a = values if hasattr(values, "dtype") and hasattr(values, "shape") else np.asarray(values, dtype=object)
@@ -97,6 +101,13 @@ def indices(values, what: str, *, size: int | None = None, shape: tuple | None =
     return xp.ascontiguousarray(a, dtype=dtype).reshape(a.shape)   # (ascontiguousarray makes 0-d 1-d)
 
 
+def _int64_below(values, size: int | None) -> bool:
+    """Is ``values`` a non-empty C-contiguous int64 numpy array with every value in [0, ``size``)? One
+    reduction: read as uint64, a negative value is 2**63 or more. False means "look closer", not "bad"."""
+    return (type(values) is np.ndarray and values.dtype is _INT64 and size is not None and 0 < size <= _INT64_MAX
+            and values.size > 0 and values.flags.c_contiguous and int(_MAX(values.view(_UINT64), axis=None)) < size)
+
+
 def _out_of_range(a, signed: bool, limit: int | None) -> bool:
     """Whether some value of the integer array ``a`` is negative or at least ``limit``: one reduction where a
     signed array's values read as unsigned put every negative one at or above 2**(bits - 1), so above any
@@ -116,6 +127,9 @@ def rows(n: int, want: int, what: str, of: str, error: type = FeedError) -> None
 def check_labels(logits, labels, op: str = "softmax_cross_entropy"):
     """One integer label in [0, classes) per row of ``logits``: the labels as int64, or a FeedError naming
     the sizes and the first bad row (the cross-entropy kernels index each row with its label)."""
+    if logits.ndim >= 1 and getattr(labels, "shape", None) == logits.shape[:-1] and _int64_below(labels,
+                                                                                                  logits.shape[-1]):
+        return labels   # (the usual case, checked in one reduction)
     if not hasattr(labels, "shape"):
         labels = indices(labels, f"{op}: label", dtype=None, at="row")
     if logits.ndim < 1 or tuple(labels.shape) != tuple(logits.shape[:-1]):

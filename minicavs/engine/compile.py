@@ -80,6 +80,12 @@ def _default_name(n: Node) -> str:
 PRE, TASK, POST = 0, 1, 2
 
 
+class StaticNodes(tuple):
+    """A static graph's nodes in topological order, as program.evaluate takes them: it finds what it reads of
+    each node (fed or not, its step, a concat or not) once and keeps it here, instead of at every run. A tuple:
+    what was found from its nodes cannot go stale."""
+
+
 @dataclass(frozen=True)
 class EngineOptions:
     """The optimisation switches; every combination computes the same numbers (DESIGN.md's "equal")."""
@@ -243,7 +249,7 @@ class CompiledFunction:
         leaves = list(self.gathers.values()) + list(self.pulls.values())
         fwd = [n for n in g.nodes if n not in leaves]
         # Row-free nodes depend only on parameters and constants: evaluated once per batch.
-        self.static_fwd = [n for n in fwd if not n.has_rows]
+        self.static_fwd = StaticNodes(n for n in fwd if not n.has_rows)
         self.row_fwd = [n for n in fwd if n.has_rows]
         self.fwd_nodes = set(g.nodes)
         self.fwd_class = classify(g.nodes, self.gathers.values(),
@@ -285,7 +291,7 @@ class CompiledFunction:
         for n in bwd:
             if n.has_rows and any(x in per_task and not x.has_rows for x in n.inputs):
                 raise ValueError(f"vertex function '{F.name}': {n.label()} mixes vertices in ∂F")
-        self.static_bwd = [n for n in bwd if n not in per_task]
+        self.static_bwd = StaticNodes(n for n in bwd if n not in per_task)
         self.row_bwd = [n for n in bwd if n in per_task]
         ct_scatter = [self.ct[self.scattered]] if self.scattered is not None else []
         gather_grads = [self.leaf_grads[gn] for gn in self.gathers.values() if gn in self.leaf_grads]

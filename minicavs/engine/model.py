@@ -39,7 +39,7 @@ from ..runtime.vertex import VertexFunction
 from . import planner
 from .alg1 import backward, forward
 from .backend import Backend as Device, get_device  # noqa: F401 (model.get_device: the public name)
-from .compile import CompiledFunction, EngineOptions
+from .compile import CompiledFunction, EngineOptions, StaticNodes
 from .passes import alias, gemm, layout
 from .program import RunContext, evaluate, record
 
@@ -417,11 +417,12 @@ class Model:
                         n in t._pushed.values() for t in self.structures):
                     raise ShapeError(f"structure '{s.name}' pulls from {n.label()}, pushed by a later structure")
             done.update(nodes)
-            self.stages.append(nodes)
+            self.stages.append(StaticNodes(nodes))
             available.update(s._pushed.values())
         final = [x for x in ([loss] if loss is not None else []) + list(self.outputs.values())]
-        self.final_stage = [n for n in Graph(final).nodes if n not in done] if final else []
-        self.loss_stage = [n for n in Graph([loss]).nodes if n not in done] if loss is not None else []
+        self.final_stage = StaticNodes(n for n in Graph(final).nodes if n not in done) if final else StaticNodes()
+        self.loss_stage = StaticNodes(n for n in Graph([loss]).nodes if n not in done) if loss is not None \
+            else StaticNodes()
         self.static_nodes = done | set(self.final_stage)
         self.param_nodes = {}
         for n in self.static_nodes:
@@ -508,8 +509,10 @@ class Model:
         self.push_grad = {(s.name, name): g for (s, name, _), g in zip(pushed, grads)}
         self.static_param_grad = {p.name: g for p, g in zip(params, grads[len(pushed):]) if g is not None}
         # the nodes each backward evaluates, in order (sorted once here, not per step)
-        self._push_grad_nodes = {key: Graph([g]).nodes for key, g in self.push_grad.items() if g is not None}
-        self._static_grad_nodes = Graph(list(self.static_param_grad.values())).nodes if self.static_param_grad else []
+        self._push_grad_nodes = {key: StaticNodes(Graph([g]).nodes) for key, g in self.push_grad.items()
+                                 if g is not None}
+        sg = list(self.static_param_grad.values())
+        self._static_grad_nodes = StaticNodes(Graph(sg).nodes if sg else ())
         self.bwd = True
         everything = Graph([g for g in grads if g is not None]).nodes
         self._ct_dependents = {}
@@ -523,7 +526,7 @@ class Model:
     # --- running ----------------------------------------------------------------------------------------
 
     def _graphs_by_structure(self, graphs) -> dict:
-        if isinstance(graphs, Mapping):
+        if type(graphs) is not list and isinstance(graphs, Mapping):   # (typing's isinstance: a Python call)
             unknown = set(graphs) - {s.name for s in self.structures}
             if unknown:
                 raise KeyError(f"graphs given for unknown structure(s) {sorted(unknown)}")

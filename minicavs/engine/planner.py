@@ -133,8 +133,8 @@ def _unpack(graphs: list, spec: Spec, n: int, parts: list) -> tuple[Batch, Memor
                   for m, name in enumerate(spec.pushes)}
     kinds = _kind_plans(spec, n, kind_n.tolist(), kind_t.tolist(),
                         (verts, task_of_kind, task_off, child_rows, views, keys, name_rows))
-    plan = MemoryPlan(schedule, n, list(map(tuple, task_array.tolist())), kinds, pull_rows, push_order, bool(forest),
-                      task_array, ttable[:T * (5 + 2 * maxa)].reshape(T, 5 + 2 * maxa), gcopy.reshape(n_kinds, maxa),
+    plan = MemoryPlan(schedule, n, task_array, kinds, pull_rows, push_order, bool(forest),
+                      ttable[:T * (5 + 2 * maxa)].reshape(T, 5 + 2 * maxa), gcopy.reshape(n_kinds, maxa),
                       tuple(arity))
     return batch, plan
 
@@ -154,8 +154,7 @@ def _kind_plans(spec: Spec, n: int, kind_n: list, kind_t: list, parts: tuple) ->
             kind_plan = KindPlan(spec.kind_names[kind_id], kind_id, verts[v0:v0 + nv], row_keys=keys[v0:v0 + nv],
                                  task_offsets=task_off[t0:t0 + nt], tasks=task_of_kind[t0:t0 + nt],
                                  view_table=table,
-                                 child_rows=[child_rows[c0 + j * nv:c0 + (j + 1) * nv] for j in range(a)],
-                                 strides=[(table[:, 2 * j], table[:, 2 * j + 1]) for j in range(a)])
+                                 child_rows=[child_rows[c0 + j * nv:c0 + (j + 1) * nv] for j in range(a)])
             for m, use in enumerate(uses_by_kind[kind_id]):
                 if use:
                     rows = name_rows[m * n + v0:m * n + v0 + nv]

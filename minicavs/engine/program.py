@@ -30,7 +30,7 @@ from ..ir.graph import Node, fmt_shape
 from ..ops.control import is_loop, steps_run
 from ..ops.message import as_slice
 from ..ops.registry import OPS
-from .compile import PRE, TASK, Step
+from .compile import PRE, TASK, StaticNodes, Step
 from .instructions import TASK_COLUMNS
 from .operands import bind_operands
 
@@ -133,7 +133,11 @@ def leaf_value(n: Node, feeds: Mapping, params: Mapping):
         value = params[n.name]
     except KeyError:
         raise FeedError(f"missing value for parameter '{n.name}' {fmt_shape(n.shape)}") from None
-    value = check_value(n, getattr(value, "value", value), "parameter")
+    value = getattr(value, "value", value)
+    if type(value) is np.ndarray and value.shape == n.shape and value.dtype == n.dtype.np \
+            and value.flags.c_contiguous and value.dtype.isnative:
+        return value   # (the usual parameter: what check_value and host_layout would return, in one test)
+    value = check_value(n, value, "parameter")
     return value if planned_view(value) else host_layout(value)
 
 
@@ -150,33 +154,50 @@ def planned_view(value) -> bool:
                                and value.strides[0] >= value.shape[1] * value.itemsize)
 
 
+def _entries(nodes: StaticNodes) -> tuple:
+    """What :func:`evaluate` reads of each of ``nodes`` (:func:`_entry`), found on first use and kept with them."""
+    found = nodes.__dict__.get("entries")
+    if found is None:
+        found = nodes.__dict__["entries"] = tuple(map(_entry, nodes))
+    return found
+
+
+def _entry(n: Node) -> tuple:
+    """(node, fed, its step, is it a concat: its inputs side by side), what evaluate reads of a node."""
+    if n.op in ("input", "param"):
+        return n, True, None, False
+    step = _STEPS.get(n)
+    if step is None:
+        step = _STEPS[n] = Step.of(n)
+    return n, False, step, OPS[n.op].column_blocks is not None
+
+
 def evaluate(nodes: Sequence[Node], env: dict, feeds: Mapping, params: Mapping, ctx: RunContext,
              xp=np) -> list[Step]:
-    """Evaluate ``nodes`` (in topological order) into ``env``, keeping every value (for a backward pass):
-    nodes already in ``env`` are not recomputed; returns the steps :func:`run_steps` ran (what
-    :func:`record` reads). Feeds and parameters must already be arrays of ``xp``'s
-    device. A concat whose value was a view of a planned parameter buffer (a merged product's weight: its
-    parameters' adjacent column blocks) is that same view again while its inputs are the same arrays: a view
-    follows their values, and the runners find the array they addressed last batch."""
-    steps = []
-    for n in nodes:
+    """Evaluate ``nodes`` (in topological order; a :class:`StaticNodes` reads what it knows of them) into
+    ``env``, keeping every value (for a backward pass): nodes already in ``env`` are not recomputed; returns
+    the steps :func:`run_steps` ran (what :func:`record` reads). Feeds and parameters must already be arrays of
+    ``xp``'s device. A concat whose value was a view of a planned parameter buffer (a merged product's weight:
+    its parameters' adjacent column blocks) is that same view again while its inputs are the same arrays: a
+    view follows their values, and the runners find the array they addressed last batch."""
+    steps, concats = [], False
+    for n, fed, step, concat in (_entries(nodes) if type(nodes) is StaticNodes else
+                                 (_entry(n) for n in nodes if n not in env)):
         if n in env:
             continue
-        if n.op in ("input", "param"):   # (is_fed, inlined: it runs for every node of every pass)
+        if fed:
             env[n] = leaf_value(n, feeds, params)
             continue
-        if OPS[n.op].column_blocks is not None:   # its inputs side by side (a concat)
+        if concat:
             known = _VIEWS.get(n)
             if known is not None and all(map(operator.is_, known[0], [env.get(x) for x in n.inputs])):
                 env[n] = known[1]
                 continue
-        step = _STEPS.get(n)
-        if step is None:
-            step = _STEPS[n] = Step.of(n)
+            concats = True
         steps.append(step)
     if steps:   # (parameters only: F's statics at inference)
         run_steps(steps, env, xp, ctx)
-        for step in steps:
+        for step in steps if concats else ():
             n = step.outputs[0]
             if OPS[n.op].column_blocks is not None and n in env and is_planned(getattr(env[n], "base", None)):
                 _VIEWS[n] = (tuple(env[x] for x in n.inputs), env[n])
@@ -495,7 +516,7 @@ def task_table(compiled: list, plan, opts, backward: bool) -> tuple[np.ndarray, 
                 if kind_plan is not None:   # (its gather slots are 0..arity - 1: a list indexed by slot)
                     _count_copies(copies, _task_moves(fn, opts), kind_plan.n, plan.gather_copies[kind_id].tolist())
         return (np.ascontiguousarray(made[::-1]) if backward else made), copies
-    tasks = plan.task_array if plan.task_array is not None else np.array(plan.tasks, np.int64).reshape(-1, 4)
+    tasks = plan.task_array
     table = np.full((len(tasks), TASK_COLUMNS + 2 * arity), -1, np.int64)
     table[:, :4] = tasks
     kinds, sizes = tasks[:, 0], tasks[:, 2]
@@ -509,7 +530,8 @@ def task_table(compiled: list, plan, opts, backward: bool) -> tuple[np.ndarray, 
             continue
         slots = list(fn.gathers)
         if opts.gather_elision and slots:   # (the kind's tasks in task order, as ``mine``)
-            views = [kind_plan.strides[j] for j in slots]
+            strides = kind_plan.strides
+            views = [strides[j] for j in slots]
             if slots == list(range(len(slots))) and kind_plan.view_table is not None \
                     and kind_plan.view_table.shape[1] == 2 * len(slots):
                 table[mine, TASK_COLUMNS:TASK_COLUMNS + 2 * len(slots)] = kind_plan.view_table
@@ -553,8 +575,7 @@ def block_rows(lowered, compiled: list, plan, opts, copies: dict | None = None) 
         row = [b.tid, 0, n, -1, -1] + [-1] * (lowered.table_width - TASK_COLUMNS)
         if b.scatter_rows and n:
             if b.kind_id not in firsts:
-                rows = as_slice(plan.scatter_rows(b.kind_id))
-                firsts[b.kind_id] = rows.start if isinstance(rows, slice) else -1
+                firsts[b.kind_id] = _first_scatter_row(plan, kind_plan)
             row[3] = firsts[b.kind_id]
         if b.regather and n:
             rows = as_slice(np.stack([kind_plan.child_rows[j] for j in compiled[b.kind_id].gathers],
@@ -570,6 +591,18 @@ def block_rows(lowered, compiled: list, plan, opts, copies: dict | None = None) 
         (pre if b.phase == PRE else post).append(row)
     return (np.array(pre, np.int64).reshape(-1, lowered.table_width),
             np.array(post, np.int64).reshape(-1, lowered.table_width))
+
+
+def _first_scatter_row(plan, kind_plan) -> int:
+    """The first of a kind's scatter rows when they are one block of rows, else -1. Its rows are its tasks'
+    rows in task order, each task's a block at the task's scatter offset: one block exactly when its tasks
+    are adjacent in the schedule (read off two task numbers, no index array built or compared)."""
+    tasks = kind_plan.tasks
+    if tasks is None:
+        rows = as_slice(plan.scatter_rows(kind_plan.kind_id))
+        return rows.start if isinstance(rows, slice) else -1
+    first, last = int(tasks[0]), int(tasks[-1])
+    return int(plan.task_array[first, 3]) if last - first == len(tasks) - 1 else -1
 
 
 def _task_moves(fn, opts) -> tuple:

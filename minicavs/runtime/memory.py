@@ -149,13 +149,19 @@ class KindPlan:
     row_keys: np.ndarray | None = None       # dropout row keys (sample << 32 | local vertex id)
     task_offsets: np.ndarray | None = None   # the kind offset of each of its tasks, in task order
     tasks: np.ndarray | None = None          # the indices of its tasks in the schedule
-    strides: list = field(default_factory=list)   # per child slot j: (start, step) arrays per task (step -1: none)
-    view_table: np.ndarray | None = None     # the strides side by side: per task, start and step of each slot
+    view_table: np.ndarray | None = None     # per task, start and step of each child slot's view (step -1: none)
     _views: list | None = field(default=None, repr=False)
 
     @property
     def n(self) -> int:
         return len(self.vertices)
+
+    @property
+    def strides(self) -> list:
+        """Per child slot j: the (start, step) arrays of its tasks' views, columns 2j and 2j + 1 of
+        :attr:`view_table` (read off it when asked: a batch of one plans in microseconds)."""
+        table = self.view_table
+        return [] if table is None else [(table[:, 2 * j], table[:, 2 * j + 1]) for j in range(table.shape[1] // 2)]
 
     @property
     def views(self) -> list:
@@ -172,17 +178,21 @@ class KindPlan:
 class MemoryPlan:
     schedule: Schedule
     num_vertices: int
-    tasks: list            # (kind id, kind offset, bs, global offset) per task, in forward order
+    task_array: np.ndarray  # (T, 4) int64: (kind id, kind offset, bs, global offset) per task, in forward order
     kinds: list            # KindPlan per kind id (None for kinds absent from the batch)
     pull_rows: dict        # pull name -> number of rows of its buffer
     push_order: dict       # push name -> global vertex ids, buffer row order (global id order)
     forest: bool           # no vertex is a child twice: backward gather can use plain fancy-index adds
-    task_array: np.ndarray | None = None   # ``tasks`` as a (T, 4) int64 array
     # made by the native planner (planner.py), for gather elision and gather slots 0..arity - 1 of each kind:
     task_views: np.ndarray | None = None   # the native task table (program.task_table) of those kinds
     gather_copies: np.ndarray | None = None   # (kinds, max arity): rows of the tasks whose slot is no view
     view_arity: tuple | None = None        # the arity each kind's columns of ``task_views`` assume
     _scatter_rows: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def tasks(self) -> list:
+        """:attr:`task_array` as a list of tuples (made when asked: the runs read the array)."""
+        return list(map(tuple, self.task_array.tolist()))
 
     def scatter_rows(self, kind_id: int) -> np.ndarray:
         """Kind ``kind_id``'s rows of the scatter tensor, in kind order (int64; found once per batch, for the
@@ -232,7 +242,7 @@ def plan_memory(batch: Batch, schedule: Schedule, arity: dict, pulls: dict, push
             rows = np.full(len(verts), n, np.int64)
             rows[has] = row[idx[start[has] + j]]
             kind_plan.child_rows.append(rows)
-            kind_plan.strides.append(_strided_arrays(rows, offs, kind_sizes, n, kind_plan.view_table[:, 2 * j:]))
+            _strided_arrays(rows, offs, kind_sizes, n, kind_plan.view_table[:, 2 * j:])
         kind_plan.row_keys = keys[verts]
         kinds[kind_id] = kind_plan
     pull_rows, push_order = {}, {}
@@ -250,9 +260,8 @@ def plan_memory(batch: Batch, schedule: Schedule, arity: dict, pulls: dict, push
     task_array = np.empty((len(sizes), 4), np.int64)
     task_array[:, 0], task_array[:, 1] = kind_of_task, task_row
     task_array[:, 2], task_array[:, 3] = sizes, scatter_offsets
-    tasks = list(map(tuple, task_array.tolist()))
     forest = not len(idx) or bool(np.bincount(idx, minlength=n).max() <= 1)
-    return MemoryPlan(schedule, n, tasks, kinds, pull_rows, push_order, forest, task_array)
+    return MemoryPlan(schedule, n, task_array, kinds, pull_rows, push_order, forest)
 
 
 def _strided_arrays(rows: np.ndarray, offs: np.ndarray, sizes: np.ndarray, sentinel: int, out=None) -> tuple:

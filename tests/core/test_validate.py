@@ -50,3 +50,30 @@ def test_labels_must_match_the_rows_of_the_logits():
         run(loss, {logits: x, labels: np.ones(3, bool)})
     with pytest.raises(FeedError, match=r"'labels': value 9223372036854775808 does not fit its declared dtype int64"):
         run(loss, {logits: x, labels: np.array([0, 2 ** 63, 1], np.uint64)})
+
+
+def _python_calls(fn) -> list:
+    """The Python functions ``fn()`` enters (C functions not counted)."""
+    import sys
+    entered = []
+    sys.setprofile(lambda frame, event, arg: entered.append(frame.f_code.co_name) if event == "call" else None)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return entered
+
+
+def test_a_batch_of_ones_index_and_label_checks_cost_one_reduction_and_no_helpers():
+    """A plan's or a feed's int64 rows (a lookup's ids, a cross-entropy's labels) are checked at every run, at
+    a batch of one too: one reduction over them, no array-module lookup and no numpy wrapper frames (each is
+    microseconds there); any other input still takes the full check (test_messages)."""
+    ids, labels, logits = np.array([4, 0, 2]), np.array([1, 0, 2]), np.zeros((3, 3), np.float32)
+    assert indices(ids, "x", size=5) is ids and check_labels(logits, labels) is labels
+    assert _python_calls(lambda: indices(ids, "x", size=5)) == ["<lambda>", "indices", "_int64_below"]
+    assert _python_calls(lambda: check_labels(logits, labels)) == ["<lambda>", "check_labels", "_int64_below"]
+    for bad in (-1, 5):   # (the one-reduction check's "no" sends the input to the full check, which names it)
+        with pytest.raises(FeedError, match=rf"^x {bad} out of range \[0, 5\) at position 1$"):
+            indices(np.array([4, bad, 2]), "x", size=5)
+        with pytest.raises(FeedError, match=rf"label {bad} out of range \[0, 3\) at row 1 \(3 classes\)$"):
+            check_labels(logits, np.array([0, bad, 2]))

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from minicavs import ops
-from minicavs.engine.compile import EngineOptions
+from minicavs.engine.compile import PRE, EngineOptions
 from minicavs.engine.executor import Executor
 from minicavs.runtime.inputs import InputGraph
 from minicavs.engine.program import RunContext
@@ -235,3 +235,98 @@ def test_a_training_step_frees_its_memory_without_the_cycle_collector(name):
         gc.enable()
     per_step = np.polyfit(np.arange(len(used)), used, 1)[0]
     assert per_step < STEP_BYTES, f"{name}: {per_step:.0f} bytes a step stay allocated ({used[0]} -> {used[-1]})"
+
+
+# --- a batch's table: the blocks' rows ------------------------------------------------------------------
+
+@pytest.mark.parametrize("policy", ["cavs", "serial"])
+def test_a_blocks_scatter_offset_is_read_off_its_kinds_tasks(policy, monkeypatch):
+    """A block's scatter offset (table column 3) is its kind's first scatter row when those rows are one block
+    of rows, else -1 (its SROWS and SPUT then move them by the kind's row index): read off the kind's first and
+    last task number, never by building and comparing that row index (microseconds at a batch of one). Equal
+    to that definition on random trees, planned natively and by the reference, by cavs (each kind's tasks
+    adjacent) and serial (kinds interleaved)."""
+    from minicavs.engine import program as binding
+    from minicavs.ops.message import as_slice
+    from minicavs.runtime.memory import MemoryPlan
+    from minicavs.runtime.scheduler import get_policy
+    from .test_alg1 import random_tree
+    rng = np.random.default_rng(5)
+    case = cells.binary_tree_lstm(rng)
+    structure, opts = case.model.structures[0], EngineOptions()
+    seen = set()
+    for k in (1, 2, 4):
+        graphs = [random_tree(rng, int(rng.integers(1, 8)), 2, full_binary=True) for _ in range(k)]
+        feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
+        lowered = case.model.forward_backward(graphs, feeds, case.params, RunContext(),
+                                              policy=policy).states["G"].program.lowered
+        for native in (True, False):
+            batch, plan = structure.prepare(graphs, get_policy(policy), native=native)
+            compiled = structure.compiled_for(batch, opts)
+            want = {}
+            for kind_plan in plan.kinds:
+                if kind_plan is not None:
+                    rows = as_slice(plan.scatter_rows(kind_plan.kind_id))
+                    want[kind_plan.kind_id] = rows.start if isinstance(rows, slice) else -1
+            seen.update(v >= 0 for v in want.values())
+            monkeypatch.setattr(MemoryPlan, "scatter_rows", lambda *a: pytest.fail("built a row index"))
+            pre, post = binding.block_rows(lowered, compiled, plan, opts)
+            monkeypatch.undo()
+            in_order = [b for b in lowered.blocks if b.phase == PRE] + [b for b in lowered.blocks if b.phase != PRE]
+            for b, row in zip(in_order, [*pre, *post]):
+                if b.scatter_rows and plan.kinds[b.kind_id] is not None and plan.kinds[b.kind_id].n:
+                    assert row[3] == want[b.kind_id], (policy, native, b.kind_id)
+    assert seen == ({True} if policy == "cavs" else {True, False})
+
+
+def test_a_static_graph_finds_its_steps_once_not_at_every_run(monkeypatch):
+    """A model's static graphs (the pulls' stage, the loss and outputs) and F's statics are StaticNodes: what
+    evaluate reads of each node (fed, its step, a concat) is found on the first run and kept with them, so a
+    later run makes no step lookups (a weak dictionary's, microseconds a node at a batch of one). The numbers
+    are the same as a plain node list's, evaluated the old way."""
+    from minicavs.engine import program as binding
+    rng = np.random.default_rng(2)
+    case = cells.binary_tree_lstm(rng)
+    graphs = [InputGraph([[1, 2], [], []])]
+    feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
+    first = case.model.infer(graphs, feeds, case.params)
+    looked_up = []
+
+    class Counting(dict):
+        def get(self, key, default=None):
+            looked_up.append(key)
+            return super().get(key, default)
+    monkeypatch.setattr(binding, "_STEPS", Counting(binding._STEPS))
+    again = case.model.infer(graphs, feeds, case.params)
+    assert not looked_up and again.loss == first.loss
+    for stage in case.model.stages + [case.model.final_stage]:   # the old way: a plain list, every lookup made
+        env, plain = {}, {}
+        for name, node in case.model.structures[0]._pushed.items():
+            env[node] = plain[node] = first.pushes["G"][name]
+        binding.evaluate(stage, env, feeds, case.params, RunContext(training=False))
+        binding.evaluate(list(stage), plain, feeds, case.params, RunContext(training=False))
+        assert env.keys() == plain.keys() and all(np.array_equal(env[n], plain[n]) for n in env)
+    assert looked_up
+
+
+def test_a_c_ordered_parameter_is_read_in_one_test(monkeypatch):
+    """A parameter stored as most are (C order, native bytes, its declared dtype and shape) is read as it is in
+    one test, at every run of every static graph and F's statics; any other layout or a wrong dtype or shape
+    still goes through check_value (test_every_feed_and_parameter_layout_gives_the_c_order_numbers; here:
+    the error)."""
+    from minicavs.core.errors import FeedError
+    from minicavs.engine import program as binding
+    rng = np.random.default_rng(4)
+    case = cells.binary_tree_lstm(rng)
+    graphs = [InputGraph([[1, 2], [], []])]
+    feeds = cells.batch_feeds(case, graphs, [case.data(rng, g) for g in graphs])
+    checked = []
+    real = binding.check_value
+    monkeypatch.setattr(binding, "check_value", lambda n, v, what: checked.append(n.op) or real(n, v, what))
+    case.model.infer(graphs, feeds, case.params)
+    assert checked and "param" not in checked   # (the feeds are still checked)
+    name = next(iter(case.params))
+    bad = dict(case.params)
+    bad[name] = np.zeros(bad[name].shape[:-1] + (bad[name].shape[-1] + 1,))
+    with pytest.raises(FeedError, match=rf"^parameter param#\d+ '{name}': got shape"):
+        case.model.infer(graphs, feeds, bad)
