@@ -504,18 +504,9 @@ def task_table(compiled: list, plan, opts, backward: bool) -> tuple[np.ndarray, 
     per gather slot the strided view (start, step; step -1: none). Also the rows moved, for the program's
     copy counters."""
     arity = max((len(fn.gathers) for fn in compiled if fn is not None), default=0)
-    made = plan.task_views   # the native planner's (planner.py), for kinds that gather slots 0..arity - 1
-    if made is not None and opts.gather_elision and made.shape[1] == TASK_COLUMNS + 2 * arity \
-            and len(compiled) == len(plan.view_arity) and all(
-                fn is not None and len(fn.gathers) == a and list(fn.gathers) == list(range(a))
-                for fn, a in zip(compiled, plan.view_arity)):
-        copies = {"gather": 0, "gathered": 0, "pull": 0, "push": 0}
-        if not backward:
-            for kind_id, fn in enumerate(compiled):
-                kind_plan = plan.kinds[kind_id]
-                if kind_plan is not None:   # (its gather slots are 0..arity - 1: a list indexed by slot)
-                    _count_copies(copies, _task_moves(fn, opts), kind_plan.n, plan.gather_copies[kind_id].tolist())
-        return (np.ascontiguousarray(made[::-1]) if backward else made), copies
+    planned = _planned_task_table(compiled, plan, opts, backward, arity)
+    if planned is not None:
+        return planned
     tasks = plan.task_array
     table = np.full((len(tasks), TASK_COLUMNS + 2 * arity), -1, np.int64)
     table[:, :4] = tasks
@@ -559,6 +550,24 @@ def task_table(compiled: list, plan, opts, backward: bool) -> tuple[np.ndarray, 
     if backward:
         table = table[::-1]
     return np.ascontiguousarray(table), copies
+
+
+def _planned_task_table(compiled: list, plan, opts, backward: bool, arity: int) -> tuple | None:
+    """The task table the C planner made (planner.py) with the rows moved, where every kind gathers slots
+    0..arity - 1 as it assumed; None otherwise."""
+    made = plan.task_views
+    if made is None or not opts.gather_elision or made.shape[1] != TASK_COLUMNS + 2 * arity \
+            or len(compiled) != len(plan.view_arity) or not all(
+                fn is not None and len(fn.gathers) == a and list(fn.gathers) == list(range(a))
+                for fn, a in zip(compiled, plan.view_arity)):
+        return None
+    copies = {"gather": 0, "gathered": 0, "pull": 0, "push": 0}
+    if not backward:
+        for kind_id, fn in enumerate(compiled):
+            kind_plan = plan.kinds[kind_id]
+            if kind_plan is not None:   # (its gather slots are 0..arity - 1: a list indexed by slot)
+                _count_copies(copies, _task_moves(fn, opts), kind_plan.n, plan.gather_copies[kind_id].tolist())
+    return (np.ascontiguousarray(made[::-1]) if backward else made), copies
 
 
 def block_rows(lowered, compiled: list, plan, opts, copies: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
