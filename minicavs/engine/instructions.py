@@ -61,7 +61,8 @@ import numpy as np
 from ..ir.graph import Node
 from ..ops.registry import OPS, holds_tuple
 from .codegen.machine import ARG_KINDS, MAX_ARGS, OPCODES, OPS as OPCODE, WIDTH
-from .compile import POST, PRE, TASK
+from ..ops.control import flow
+from .compile import POST, PRE, TASK, Step, lower
 from .passes.fusion import fuse, fusible
 from .lowered import (BUFFER_OPERANDS, KIND_ROWS, PHASE_WORDS, SCATTER_ROWS, TASK_COLUMNS,  # noqa: F401
                       Lowered, Template, _cols, _rows)
@@ -109,7 +110,11 @@ def _flat_broadcast(x: Node, kind: str, out: Node) -> bool:
 
 
 def _bound(t: Template, inputs) -> None:
+    """Every input has a register; a body's literal (a kernel folds it where it can) gets one here, when a
+    step reads it as a value."""
     for x in inputs:
+        if x not in t.regs and x in t.literals:
+            _apply(t, t.literals.pop(x))
         if x not in t.regs:
             raise Unsupported(f"{x.label()} is read before anything binds it")
 
@@ -157,7 +162,7 @@ def _step(t: Template, step, statics: set, device, singles: dict) -> None:
     for x in step.inputs:
         if x not in t.regs and x in statics:
             t.emit("STATIC", t.reg(x), t.buf(("static", x)))
-    _bound(t, step.inputs)
+    _bound(t, [x for x in step.inputs if x not in t.literals])
     if step.fused:
         if not _kernel_step(t, step.run.group, step.run.kernel, step.inputs, step.outputs):
             _apply(t, step)
@@ -174,6 +179,13 @@ def _step(t: Template, step, statics: set, device, singles: dict) -> None:
     if opdef.identity and not opdef.needs_ctx:
         t.emit("ALIAS", t.reg(node), t.regs[step.inputs[0]])
         return
+    if node.op == "zeros_like":
+        out = t.scratch_reg(node)
+        t.emit("ZERO", out, _rows(node), _cols(node))
+        return
+    if _branches(step, statics):
+        _cond(t, step, statics, device, singles)
+        return
     if how is None:
         single = _single_kernel(node, device, singles) if fusible(node) else None
         if single is None or not _kernel_step(t, *single, single[0].inputs, single[0].outputs):
@@ -182,9 +194,83 @@ def _step(t: Template, step, statics: set, device, singles: dict) -> None:
     _lowering(t, step, how)
 
 
+def _branches(step, statics: set) -> bool:
+    """Does ``step`` lower to a branch: a cond of one result whose pred is a one-value static of the result's
+    (the program's) float type, which every loop reads where it runs (else: an APPLY)."""
+    node = step.outputs[0]
+    if step.fused or node.op != "cond" or len(step.outputs) != 1 or holds_tuple(node):
+        return False
+    pred = step.inputs[0]
+    return pred in statics and pred.dtype == node.dtype and node.dtype.is_float and _width(pred.shape) == 1
+
+
+def _cond(t: Template, step, statics: set, device, singles: dict) -> None:
+    """A cond as a branch: BRANCH skips the then-branch (and the JUMP ending it) when the pred is 0, JUMP skips
+    the else-branch; each branch is its body's steps lowered inline, its result given to the cond's register,
+    so only the taken branch runs (NaN in the other is never computed, nor read)."""
+    node, (pred, *args) = step.outputs[0], step.inputs
+    (_, then), (_, else_) = flow(node).bodies
+    # memory the result must land in (a stored tensor, a column block, an accumulator): a copy; else a view
+    kept = node in t.regs or node in t.direct or node in t.direct_blocks or node in t.overlays
+    out = t.regs[node] if node in t.regs else t.scratch_reg(node) if kept else t.reg(node)
+    branch = len(t.code)
+    t.emit("BRANCH", t.buf(("static", pred)), 0)
+    _result(t, node, out, kept, _inline(t, then, args, statics, device, singles))
+    jump = len(t.code)
+    t.emit("JUMP", 0)
+    _result(t, node, out, kept, _inline(t, else_, args, statics, device, singles))
+    t.code[branch] = ("BRANCH", t.code[branch][1], jump - branch)
+    t.code[jump] = ("JUMP", len(t.code) - jump - 1)
+
+
+def _inline(t: Template, body, args: list, statics: set, device, singles: dict) -> int:
+    """The register of ``body``'s result after its steps, lowered as F's own (unfused) with its placeholders
+    given ``args``' registers; the body's nodes get registers of this inlining alone (one body may be inlined
+    by two conds: a node per result of one cond)."""
+    outer, outer_literals = t.regs, t.literals
+    t.regs, t.literals = dict(outer), {}
+    try:
+        t.regs.update((placeholder, outer[x]) for placeholder, x in zip(body.args, args))
+        for step in _body_steps(body, device, singles):
+            literal = OPS[step.outputs[0].op].literal
+            if not step.fused and not step.inputs and literal is not None and literal(step.outputs[0]) is not None:
+                t.literals[step.outputs[0]] = step   # (lowered where read as a value: a kernel folds it)
+            else:
+                _step(t, step, statics, device, singles)
+        _bound(t, body.outputs)
+        return t.regs[body.outputs[0]]
+    finally:
+        t.regs, t.literals = outer, outer_literals
+
+
+def _body_steps(body, device, singles: dict) -> list:
+    """A body's steps, fused as F's are (compile.lower), once per body and device (kept with the function's
+    single kernels)."""
+    key = ("body", body)
+    if key not in singles:
+        steps = lower([[Step.of(n) for n in body.computed]], set(body.outputs), device.fused)[0][0]
+        read = set(body.outputs)
+        live = []
+        for step in reversed(steps):   # (a literal folded into its kernels is read by no step: dropped)
+            if read.intersection(step.outputs):
+                live.append(step)
+                read.update(step.inputs)
+        singles[key] = live[::-1]
+    return singles[key]
+
+
+def _result(t: Template, node: Node, out: int, kept: bool, value: int) -> None:
+    """A branch's result into the cond's register: copied into its memory, or (``kept`` False) aliased."""
+    if kept:
+        t.emit("COPY", out, value, _rows(node), _cols(node))
+    else:
+        t.emit("ALIAS", out, value)
+
+
 def _lowering(t: Template, step, how: str) -> None:
     """The instructions of the op's own lowering ``how`` (OpDef.native: the opcode that computes it)."""
     node = step.outputs[0]
+    _bound(t, step.inputs)
     ins = [t.regs[x] for x in step.inputs]
     if how == "cols":
         t.emit("COLS", t.reg(node), ins[0], _col_offset(node))
