@@ -526,9 +526,9 @@ case SKIP_IF_CAT:
     @CHECKS SKIP_IF_CAT@
     if (catfirst >= 0 && (!a[1] || FOREST)) pc += a[0];
     break;
-case BRANCH:   /* a cond's pred: 0 skips the then-branch and its JUMP (NaN is true) */
+case BRANCH:
     @CHECKS BRANCH@
-    if (PRED(a[0])[0] == 0) pc += a[1];
+    if (PRED(a[0])[0] == 0) pc += a[1];   /* a cond's pred 0: skip the then-branch and its JUMP (NaN is true) */
     break;
 case JUMP:
     @CHECKS JUMP@
