@@ -55,6 +55,7 @@ class Machine:
         self.context = None   # the run context (seed, step, training) an APPLY of an op that reads it gets
         self.pc = -1
         self.end = -1   # the end of the running template's instructions (a branch's target lands before it)
+        self.preds: dict = {}   # buffer -> a cond's pred, read once (BRANCH)
         self.task_index = -1
         self.stream = "main"   # or "eager": the machine of the eager stream's table (a test hook reads it)
 
@@ -346,8 +347,10 @@ def op_skip_if_cat(m: Machine, n, forest) -> int:
 
 def op_branch(m: Machine, pred, n) -> int:
     """A cond's branch: skip the then-branch (its ``n`` instructions, the JUMP over the else-branch included) when
-    the pred, one value, is 0; NaN is true, as C reads it (on a device: one read, a crossing)."""
-    return n if float(to_host(m.flats[pred][:1])[0]) == 0 else 0
+    the pred, one value, is 0; NaN is true, as C reads it (on a device: one read a pass, a crossing)."""
+    if pred not in m.preds:   # (a static: the same for every task of the pass, read once)
+        m.preds[pred] = float(to_host(m.flats[pred][:1])[0])
+    return n if m.preds[pred] == 0 else 0
 
 
 def op_jump(m: Machine, n) -> int:

@@ -186,17 +186,19 @@ def test_a_pred_that_is_not_one_value_is_refused(cuda_standin):
             _corrupted(model, vals, feeds, runner, device, "BRANCH", 0, wx)
 
 
-def test_the_cuda_loop_reads_each_pred_once_a_pass(cuda_standin):
+def test_each_pred_is_read_once_a_pass_on_the_device(cuda_standin):
     """On the device a pred is a device value: the issuing loop reads its host copy, made by one counted
-    device-to-host read per pred and pass (forward and backward: 2), never per task (3 tasks or 9: the same);
-    F with the branch chosen in Python reads nothing."""
+    device-to-host read per pred and pass (forward and backward: 2 more than F with the branch chosen in
+    Python), never per task (3 tasks or 9: the same); so does the reference runner over the device's arrays."""
     vals, feeds = _values(1.0)
     long = [InputGraph.chain(9), InputGraph.chain(3)]
     long_feeds = {"xs": np.random.default_rng(2).standard_normal((12, 2))}
-    device = Cuda(cuda_standin)
-    for model, graphs, feed, reads in [(_cond_chain(True), GRAPHS, feeds, 0), (_cond_chain(None), GRAPHS, feeds, 2),
-                                       (_cond_chain(None), long, long_feeds, 2)]:
-        _run(model, vals, feed, "device", device, graphs)   # (compiled and warm: only the runs are counted)
-        standin.reset()
-        _run(model, vals, feed, "device", device, graphs)
-        assert standin.crossings["d2h"] == reads, dict(standin.crossings)
+    for device in (Cuda(cuda_standin), Cuda(cuda_standin, issue_from_c=False)):
+        reads = []
+        for model, graphs, feed in [(_cond_chain(True), GRAPHS, feeds), (_cond_chain(None), GRAPHS, feeds),
+                                    (_cond_chain(None), long, long_feeds)]:
+            _run(model, vals, feed, "device", device, graphs)   # (compiled and warm: only the runs are counted)
+            standin.reset()
+            _run(model, vals, feed, "device", device, graphs)
+            reads.append(standin.crossings["d2h"])
+        assert reads[1] == reads[0] + 2 and reads[2] == reads[1], (device.issue_from_c, reads)
