@@ -213,34 +213,57 @@ def _cond(t: Template, step, statics: set, device, singles: dict) -> None:
     # memory the result must land in (a stored tensor, a column block, an accumulator): a copy; else a view
     kept = node in t.regs or node in t.direct or node in t.direct_blocks or node in t.overlays
     out = t.regs[node] if node in t.regs else t.scratch_reg(node) if kept else t.reg(node)
-    branch = len(t.code)
-    t.emit("BRANCH", t.buf(("static", pred)), 0)
-    _result(t, node, out, kept, _inline(t, then, args, statics, device, singles))
+    branch, pred_buf = len(t.code), t.buf(("static", pred))
+    t.emit("BRANCH", pred_buf, 0)
+    _result(t, node, out, kept, _inline(t, then, args, statics, device, singles, (pred_buf, 1)))
     jump = len(t.code)
     t.emit("JUMP", 0)
-    _result(t, node, out, kept, _inline(t, else_, args, statics, device, singles))
-    t.code[branch] = ("BRANCH", t.code[branch][1], jump - branch)
+    _result(t, node, out, kept, _inline(t, else_, args, statics, device, singles, (pred_buf, 0)))
+    t.code[branch] = ("BRANCH", pred_buf, jump - branch)
     t.code[jump] = ("JUMP", len(t.code) - jump - 1)
 
 
-def _inline(t: Template, body, args: list, statics: set, device, singles: dict) -> int:
-    """The register of ``body``'s result after its steps, lowered as F's own (unfused) with its placeholders
-    given ``args``' registers; the body's nodes get registers of this inlining alone (one body may be inlined
-    by two conds: a node per result of one cond)."""
-    outer, outer_literals = t.regs, t.literals
-    t.regs, t.literals = dict(outer), {}
+def _inline(t: Template, body, args: list, statics: set, device, singles: dict, side: tuple) -> int:
+    """The register of ``body``'s result after its steps, lowered as F's own with its placeholders given
+    ``args``' registers; the body's nodes get registers of this inlining alone. A step whose values an earlier
+    branch on the same side of the same pred computed (a node per result of one cond; ∂F's conds, one per
+    gradient, each recomputing the forward body) reuses them: that branch ran if this one runs."""
+    outer, outer_literals, outer_guard = t.regs, t.literals, t.guard
+    t.regs, t.literals, t.guard = dict(outer), {}, outer_guard + (side,)
+    seen = t.computed.setdefault(t.guard, {})
     try:
         t.regs.update((placeholder, outer[x]) for placeholder, x in zip(body.args, args))
+        keys = _value_keys(body, [outer[x] for x in args])
         for step in _body_steps(body, device, singles):
-            literal = OPS[step.outputs[0].op].literal
-            if not step.fused and not step.inputs and literal is not None and literal(step.outputs[0]) is not None:
-                t.literals[step.outputs[0]] = step   # (lowered where read as a value: a kernel folds it)
+            outs = step.outputs
+            literal = OPS[outs[0].op].literal
+            if not step.fused and not step.inputs and literal is not None and literal(outs[0]) is not None:
+                t.literals[outs[0]] = step   # (lowered where read as a value: a kernel folds it)
+            elif all(keys[o] in seen for o in outs):
+                t.regs.update((o, seen[keys[o]]) for o in outs)
             else:
                 _step(t, step, statics, device, singles)
+                for o in outs:
+                    seen.setdefault(keys[o], t.regs[o])
         _bound(t, body.outputs)
         return t.regs[body.outputs[0]]
     finally:
-        t.regs, t.literals = outer, outer_literals
+        t.regs, t.literals, t.guard = outer, outer_literals, outer_guard
+
+
+def _value_keys(body, arg_regs: list) -> dict:
+    """Per node of ``body``, what identifies its value: its op, attributes, type and its inputs' keys (a
+    placeholder: the register it reads); a node with attributes that do not hash is only itself."""
+    keys: dict = {p: ("register", r) for p, r in zip(body.args, arg_regs)}
+    for n in body.computed:
+        try:
+            attrs = tuple(sorted(n.attrs.items()))
+            hash(attrs)
+        except TypeError:
+            keys[n] = ("node", id(n))
+            continue
+        keys[n] = (n.op, attrs, n.shape, n.dtype, tuple(keys[x] for x in n.inputs))
+    return keys
 
 
 def _body_steps(body, device, singles: dict) -> list:

@@ -202,3 +202,41 @@ def test_each_pred_is_read_once_a_pass_on_the_device(cuda_standin):
             _run(model, vals, feed, "device", device, graphs)
             reads.append(standin.crossings["d2h"])
         assert reads[1] == reads[0] + 2 and reads[2] == reads[1], (device.issue_from_c, reads)
+
+
+def test_a_value_both_results_of_a_cond_read_is_computed_once_a_branch():
+    """A cond of two results is a node per result in F, each a branch over its own body; x·W, which both read,
+    is computed once on each side (the second branch on that side reuses it): two products in the task
+    template, not four; the values equal F written with Python control flow."""
+    from minicavs import ops
+    from minicavs.core.dtypes import float64 as F64
+    from minicavs.engine.model import Model, Structure
+    from minicavs.ops import control as C
+    from minicavs.runtime.vertex import VertexFunction
+
+    def build(choice):
+        Wx, s = ops.param_node("Wx", (2, 4), F64), ops.param_node("s", (), F64)
+        F = VertexFunction("v", arity=1, message=(4,), dtype=F64)
+        with F:
+            h0, x = F.gather(0), F.pull((2,))
+
+            def then():
+                return [ops.tanh(x @ Wx + h0), ops.sigmoid(x @ Wx)]
+
+            def other():
+                return [ops.tanh(x @ Wx - h0), ops.exp(x @ Wx)]
+            h, extra = C.cond(ops.step(s), then, other) if choice is None else (then() if choice else other())
+            F.scatter(h * extra)   # (both on the gather-scatter path: both conds in the task template)
+            F.push(h)
+        st = Structure(F, pulls={"x": ops.input((None, 2), F64, name="xs")})
+        return Model(st, loss=ops.sum(ops.square(st.pushed("h"))))
+    for sign in (1.0, -1.0):
+        vals, feeds = _values(sign)
+        want = build(sign > 0).forward_backward(GRAPHS, feeds, vals)
+        got = _run(build(None), vals, feeds, "device", eager_batching=False)
+        _branches_on(got, "C runner")
+        close(got.loss, want.loss, "float64")
+        close(got.grads["Wx"], want.grads["Wx"], "float64")
+        lowered = next(iter(got.states.values())).program.lowered
+        begin, end = lowered.ranges[lowered.template_ids[0]]
+        assert [OPCODES_BY_ID[op] for op in lowered.code[begin:end, 0]].count("GEMM") == 2, "\n".join(lowered.lines())
