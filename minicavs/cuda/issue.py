@@ -35,9 +35,9 @@ from pathlib import Path
 import numpy as np
 
 from ..core.errors import CheckError
+from ..engine.backend import to_host
 from ..engine.codegen.issue_kernels import ISSUE_KERNEL_NAMES, issue_kernels
 from ..engine.codegen.issue_source import issue_decls, issue_source
-from ..engine.backend import to_host
 from ..engine.codegen.machine import OPS as OPCODE_IDS
 
 

@@ -59,9 +59,9 @@ import math
 import numpy as np
 
 from ..ir.graph import Node
+from ..ops.control import flow
 from ..ops.registry import OPS, holds_tuple
 from .codegen.machine import ARG_KINDS, MAX_ARGS, OPCODES, OPS as OPCODE, WIDTH
-from ..ops.control import flow
 from .compile import POST, PRE, TASK, Step, lower
 from .passes.fusion import fuse, fusible
 from .lowered import (BUFFER_OPERANDS, KIND_ROWS, PHASE_WORDS, SCATTER_ROWS, TASK_COLUMNS,  # noqa: F401

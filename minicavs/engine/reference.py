@@ -567,10 +567,10 @@ def op_apply(m: Machine, step, pool, keys) -> None:
 
 OPERATIONS = {
     "NOP": op_nop, "BIND": op_bind, "STATIC": op_static, "SCRATCH": op_scratch, "GATHER": op_gather,
-    "CATVIEW": op_catview, "SKIP_IF_CAT": op_skip_if_cat, "BRANCH": op_branch, "JUMP": op_jump, "TAKE": op_take, "TAKETO": op_taketo,
-    "SROWS": op_srows, "SPUT": op_sput, "COLS": op_cols, "ALIAS": op_alias, "TRANSPOSE": op_transpose,
-    "GEMM": op_gemm, "FUSED": op_fused, "COPY": op_copy, "ZERO": op_zero, "ADD": op_add, "SUMROWS": op_sumrows,
-    "PUT": op_put, "ADJ": op_adj, "GACC": op_gacc, "DROPOUT": op_dropout, "BMM": op_bmm,
+    "CATVIEW": op_catview, "SKIP_IF_CAT": op_skip_if_cat, "BRANCH": op_branch, "JUMP": op_jump, "TAKE": op_take,
+    "TAKETO": op_taketo, "SROWS": op_srows, "SPUT": op_sput, "COLS": op_cols, "ALIAS": op_alias,
+    "TRANSPOSE": op_transpose, "GEMM": op_gemm, "FUSED": op_fused, "COPY": op_copy, "ZERO": op_zero, "ADD": op_add,
+    "SUMROWS": op_sumrows, "PUT": op_put, "ADJ": op_adj, "GACC": op_gacc, "DROPOUT": op_dropout, "BMM": op_bmm,
     "TRANSROWS": op_transrows, "APPLY": op_apply,
 }
 BY_ID = [OPERATIONS[name] for name in OPCODES]

@@ -498,9 +498,9 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
 
 def register_cases(dst_ok: str, indent: int) -> str:
     """The C cases of the instructions that only point a register or move pc (BIND, STATIC, SCRATCH, CATVIEW,
-    SKIP_IF_CAT, BRANCH, JUMP; COLS: a column block, ALIAS, TRANSPOSE): one text for the interpreter and the CUDA issuing loop, over the
-    macros each defines (SET, FBASE, BLD, BTRANS, FOREST, SCRATCH_BUF, PRED, and the checks' macros), each checking a
-    pointed register with its own ``dst_ok``; indented by ``indent`` spaces."""
+    SKIP_IF_CAT, BRANCH, JUMP; COLS: a column block, ALIAS, TRANSPOSE): one text for the interpreter and the CUDA
+    issuing loop, over the macros each defines (SET, FBASE, BLD, BTRANS, FOREST, SCRATCH_BUF, PRED, and the
+    checks' macros), each checking a pointed register with its own ``dst_ok``; indented by ``indent`` spaces."""
     return textwrap.indent(checked(REGISTER_CASES, dst_ok), " " * indent)
 
 

@@ -129,7 +129,8 @@ class Span(NamedTuple):
 
 SPAN_KINDS = {"matrix": 2, "rows": 2, "elements": 4, "first": 1, "index": 5, "keys": 0, "scratch": 1,
               "columns": 3, "nonneg": 0, "dense": 2, "kernel": 0, "args": 3, "scalar": 0, "target": 0}
-BUFFER_SPANS = ("elements", "first", "index", "keys", "scalar")   # their operand is a buffer (a "later" one: BUFOK first)
+# their operand is a buffer (a "later" one: BUFOK first)
+BUFFER_SPANS = ("elements", "first", "index", "keys", "scalar")
 REGISTER_SPANS = ("matrix", "rows", "dense")             # a register (a "later" one: REGOK first)
 
 _NOT_ELIDED = "not (elide and step(slot) >= 1)"
