@@ -183,7 +183,7 @@ def _step(t: Template, step, statics: set, device, singles: dict) -> None:
         out = t.scratch_reg(node)
         t.emit("ZERO", out, _rows(node), _cols(node))
         return
-    if _branches(step, statics):
+    if _branches(t, step, statics):
         _cond(t, step, statics, device, singles)
         return
     if how is None:
@@ -194,13 +194,14 @@ def _step(t: Template, step, statics: set, device, singles: dict) -> None:
     _lowering(t, step, how)
 
 
-def _branches(step, statics: set) -> bool:
+def _branches(t: Template, step, statics: set) -> bool:
     """Does ``step`` lower to a branch: a cond of one result whose pred is a one-value static of the result's
-    (the program's) float type, which every loop reads where it runs (else: an APPLY)."""
+    (the program's) float type (in a body: the placeholder of one), which every loop reads where it runs (else:
+    an APPLY)."""
     node = step.outputs[0]
     if step.fused or node.op != "cond" or len(step.outputs) != 1 or holds_tuple(node):
         return False
-    pred = step.inputs[0]
+    pred = t.origins.get(step.inputs[0], step.inputs[0])
     return pred in statics and pred.dtype == node.dtype and node.dtype.is_float and _width(pred.shape) == 1
 
 
@@ -213,7 +214,7 @@ def _cond(t: Template, step, statics: set, device, singles: dict) -> None:
     # memory the result must land in (a stored tensor, a column block, an accumulator): a copy; else a view
     kept = node in t.regs or node in t.direct or node in t.direct_blocks or node in t.overlays
     out = t.regs[node] if node in t.regs else t.scratch_reg(node) if kept else t.reg(node)
-    branch, pred_buf = len(t.code), t.buf(("static", pred))
+    branch, pred_buf = len(t.code), t.buf(("static", t.origins.get(pred, pred)))
     t.emit("BRANCH", pred_buf, 0)
     _result(t, node, out, kept, _inline(t, then, args, statics, device, singles, (pred_buf, 1)))
     jump = len(t.code)
@@ -233,6 +234,7 @@ def _inline(t: Template, body, args: list, statics: set, device, singles: dict, 
     seen = t.computed.setdefault(t.guard, {})
     try:
         t.regs.update((placeholder, outer[x]) for placeholder, x in zip(body.args, args))
+        t.origins.update((placeholder, t.origins.get(x, x)) for placeholder, x in zip(body.args, args))
         keys = _value_keys(body, [outer[x] for x in args])
         for step in _body_steps(body, device, singles):
             outs = step.outputs

@@ -62,6 +62,7 @@ class Template:
         self.dropouts: list = []        # per DROPOUT entry: (p, site)
         self.steps: list = []           # per APPLY: the step it runs (compile.Step)
         self.literals: dict = {}        # node -> its step: a body's literal, lowered only where read as a value
+        self.origins: dict = {}         # a body's placeholder -> the value outside every body it stands for
         self.guard: tuple = ()          # the branches being lowered: ((pred buffer, side), ...) (a cond's body)
         self.computed: dict = {}        # guard -> {a body value's key: its register}: computed under that guard
 

@@ -240,3 +240,40 @@ def test_a_value_both_results_of_a_cond_read_is_computed_once_a_branch():
         lowered = next(iter(got.states.values())).program.lowered
         begin, end = lowered.ranges[lowered.template_ids[0]]
         assert [OPCODES_BY_ID[op] for op in lowered.code[begin:end, 0]].count("GEMM") == 2, "\n".join(lowered.lines())
+
+
+def _nested_chain(choice):
+    """F with a cond inside a cond's then-branch, on two parameters' signs (``choice``: the pair of branches
+    taken, written in Python instead)."""
+    from minicavs import ops
+    from minicavs.core.dtypes import float64 as F64
+    from minicavs.engine.model import Model, Structure
+    from minicavs.ops import control as C
+    from minicavs.runtime.vertex import VertexFunction
+    Wx, s, r = (ops.param_node("Wx", (2, 4), F64), ops.param_node("s", (), F64), ops.param_node("r", (), F64))
+    F = VertexFunction("v", arity=1, message=(4,), dtype=F64)
+    with F:
+        h0, x, inner = F.gather(0), F.pull((2,)), ops.step(r)
+        a, b = (lambda: ops.tanh(x @ Wx + h0)), (lambda: ops.sigmoid(x @ Wx) * h0)
+        c = lambda: ops.tanh(h0) - x @ Wx   # noqa: E731
+        if choice is None:   # (the inner pred a static read inside the outer branch: a placeholder there)
+            h = C.cond(ops.step(s), lambda: C.cond(inner, a, b), c)
+        else:
+            h = (a() if choice[1] else b()) if choice[0] else c()
+        F.scatter(h)
+        F.push(h)
+    st = Structure(F, pulls={"x": ops.input((None, 2), F64, name="xs")})
+    return Model(st, loss=ops.sum(ops.square(st.pushed("h"))))
+
+
+@pytest.mark.parametrize("signs", [(1.0, 1.0), (1.0, -1.0), (-1.0, 1.0)])
+def test_a_cond_inside_a_branch_is_a_branch_inside_a_branch(signs):
+    vals, feeds = _values(signs[0])
+    vals["r"] = np.float64(signs[1])
+    want = _nested_chain((signs[0] > 0, signs[1] > 0)).forward_backward(GRAPHS, feeds, vals)
+    model = _nested_chain(None)
+    for runner in ("reference", "device"):
+        got = _run(model, vals, feeds, runner)
+        _branches_on(got, {"reference": "reference runner", "device": "C runner"}[runner])
+        close(got.loss, want.loss, "float64", runner)
+        close(got.grads["Wx"], want.grads["Wx"], "float64", runner)
