@@ -63,6 +63,7 @@ from ..ops.control import flow
 from ..ops.registry import OPS, holds_tuple
 from .codegen.machine import ARG_KINDS, MAX_ARGS, OPCODES, OPS as OPCODE, WIDTH
 from .compile import POST, PRE, TASK, Step, lower
+from .passes.alias import elide_concats
 from .passes.fusion import fuse, fusible
 from .lowered import (BUFFER_OPERANDS, KIND_ROWS, PHASE_WORDS, SCATTER_ROWS, TASK_COLUMNS,  # noqa: F401
                       Lowered, Template, _cols, _rows)
@@ -236,17 +237,21 @@ def _inline(t: Template, body, args: list, statics: set, device, singles: dict, 
         t.regs.update((placeholder, outer[x]) for placeholder, x in zip(body.args, args))
         t.origins.update((placeholder, t.origins.get(x, x)) for placeholder, x in zip(body.args, args))
         keys = _value_keys(body, [outer[x] for x in args])
-        for step in _body_steps(body, device, singles):
+        steps, concats = _body_steps(body, device, singles)
+        parts = _concat_views(t, concats)
+        for step in steps:
             outs = step.outputs
             literal = OPS[outs[0].op].literal
             if not step.fused and not step.inputs and literal is not None and literal(outs[0]) is not None:
                 t.literals[outs[0]] = step   # (lowered where read as a value: a kernel folds it)
-            elif all(keys[o] in seen for o in outs):
+            elif all(keys[o] in seen for o in outs) and not parts.intersection(outs):
                 t.regs.update((o, seen[keys[o]]) for o in outs)
             else:
                 _step(t, step, statics, device, singles)
                 for o in outs:
                     seen.setdefault(keys[o], t.regs[o])
+        for c, _ in concats:
+            seen.setdefault(keys[c], t.regs[c])
         _bound(t, body.outputs)
         return t.regs[body.outputs[0]]
     finally:
@@ -268,20 +273,33 @@ def _value_keys(body, arg_regs: list) -> dict:
     return keys
 
 
-def _body_steps(body, device, singles: dict) -> list:
-    """A body's steps, fused as F's are (compile.lower), once per body and device (kept with the function's
-    single kernels)."""
+def _body_steps(body, device, singles: dict) -> tuple[list, list]:
+    """A body's steps, fused as F's are (compile.lower), and the concats its kernels write in place
+    (alias.elide_concats, as F's), once per body and device (kept with the function's single kernels)."""
     key = ("body", body)
     if key not in singles:
         steps = lower([[Step.of(n) for n in body.computed]], set(body.outputs), device.fused)[0][0]
-        read = set(body.outputs)
+        steps, concats = elide_concats(steps)
+        read = set(body.outputs) | {m for _, blocks in concats for m, _, _ in blocks}
         live = []
         for step in reversed(steps):   # (a literal folded into its kernels is read by no step: dropped)
             if read.intersection(step.outputs):
                 live.append(step)
                 read.update(step.inputs)
-        singles[key] = live[::-1]
+        singles[key] = live[::-1], concats
     return singles[key]
+
+
+def _concat_views(t: Template, concats: list) -> set:
+    """Each elided concat's value and its parts as column blocks of it (the parts' kernels write there);
+    returns the parts."""
+    parts = set()
+    for c, blocks in concats:
+        t.scratch_reg(c)
+        for m, a, _ in blocks:
+            t.emit("COLS", t.reg(m), t.regs[c], a)
+            parts.add(m)
+    return parts
 
 
 def _result(t: Template, node: Node, out: int, kept: bool, value: int) -> None:
