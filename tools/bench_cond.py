@@ -1,4 +1,4 @@
-"""An LSTM chain whose F holds one ``cond`` against the same F without it (issue 48's row: <= 1.1x): CPU time per
+"""An LSTM chain whose F holds one ``cond`` against the same F without it (the target: <= 1.1x): CPU time per
 training step (forward_backward) on the C runner, one BLAS thread, the two models alternating, medians.
 
     python tools/bench_cond.py [--hidden 128] [--batch 32] [--rounds 7] [--steps 5]   (from a repository's root:

@@ -24,7 +24,8 @@ the contiguous case copies nothing, and the other needs no second template.
 Every step lowers: a step no other opcode expresses (an op with no lowering, a broadcast no kernel computes,
 a fused group with more arguments than a kernel call passes) is an APPLY of its op's own implementation,
 which the reference and CUDA runners run and the C runner declines (that pass then runs on the reference
-runner on the same device, and dump() says why). Values of any shape are matrices of flat rows
+runner on the same device, and dump() says why); a cond whose pred is a one-value static is a branch
+(branches.py). Values of any shape are matrices of flat rows
 (codegen/machine.matrix_shape).
 
 Streaming runs the blocks before the task loop as a second table of the same templates, one chunk per task
@@ -59,11 +60,10 @@ import math
 import numpy as np
 
 from ..ir.graph import Node
-from ..ops.control import flow
 from ..ops.registry import OPS, holds_tuple
+from .branches import branches, lower_cond
 from .codegen.machine import ARG_KINDS, MAX_ARGS, OPCODES, OPS as OPCODE, WIDTH
-from .compile import POST, PRE, TASK, Step, lower
-from .passes.alias import elide_concats
+from .compile import POST, PRE, TASK
 from .passes.fusion import fuse, fusible
 from .lowered import (BUFFER_OPERANDS, KIND_ROWS, PHASE_WORDS, SCATTER_ROWS, TASK_COLUMNS,  # noqa: F401
                       Lowered, Template, _cols, _rows)
@@ -184,8 +184,8 @@ def _step(t: Template, step, statics: set, device, singles: dict) -> None:
         out = t.scratch_reg(node)
         t.emit("ZERO", out, _rows(node), _cols(node))
         return
-    if _branches(t, step, statics):
-        _cond(t, step, statics, device, singles)
+    if branches(t, step, statics):
+        lower_cond(t, step, statics, device, singles, _step)
         return
     if how is None:
         single = _single_kernel(node, device, singles) if fusible(node) else None
@@ -193,121 +193,6 @@ def _step(t: Template, step, statics: set, device, singles: dict) -> None:
             _apply(t, step)
         return
     _lowering(t, step, how)
-
-
-def _branches(t: Template, step, statics: set) -> bool:
-    """Does ``step`` lower to a branch: a cond of one result whose pred is a one-value static of the result's
-    (the program's) float type (in a body: the placeholder of one), which every loop reads where it runs (else:
-    an APPLY)."""
-    node = step.outputs[0]
-    if step.fused or node.op != "cond" or len(step.outputs) != 1 or holds_tuple(node):
-        return False
-    pred = t.origins.get(step.inputs[0], step.inputs[0])
-    return pred in statics and pred.dtype == node.dtype and node.dtype.is_float and _width(pred.shape) == 1
-
-
-def _cond(t: Template, step, statics: set, device, singles: dict) -> None:
-    """A cond as a branch: BRANCH skips the then-branch (and the JUMP ending it) when the pred is 0, JUMP skips
-    the else-branch; each branch is its body's steps lowered inline, its result given to the cond's register,
-    so only the taken branch runs (NaN in the other is never computed, nor read)."""
-    node, (pred, *args) = step.outputs[0], step.inputs
-    (_, then), (_, else_) = flow(node).bodies
-    # memory the result must land in (a stored tensor, a column block, an accumulator): a copy; else a view
-    kept = node in t.regs or node in t.direct or node in t.direct_blocks or node in t.overlays
-    out = t.regs[node] if node in t.regs else t.scratch_reg(node) if kept else t.reg(node)
-    branch, pred_buf = len(t.code), t.buf(("static", t.origins.get(pred, pred)))
-    t.emit("BRANCH", pred_buf, 0)
-    _result(t, node, out, kept, _inline(t, then, args, statics, device, singles, (pred_buf, 1)))
-    jump = len(t.code)
-    t.emit("JUMP", 0)
-    _result(t, node, out, kept, _inline(t, else_, args, statics, device, singles, (pred_buf, 0)))
-    t.code[branch] = ("BRANCH", pred_buf, jump - branch)
-    t.code[jump] = ("JUMP", len(t.code) - jump - 1)
-
-
-def _inline(t: Template, body, args: list, statics: set, device, singles: dict, side: tuple) -> int:
-    """The register of ``body``'s result after its steps, lowered as F's own with its placeholders given
-    ``args``' registers; the body's nodes get registers of this inlining alone. A step whose values an earlier
-    branch on the same side of the same pred computed (a node per result of one cond; ∂F's conds, one per
-    gradient, each recomputing the forward body) reuses them: that branch ran if this one runs."""
-    outer, outer_literals, outer_guard = t.regs, t.literals, t.guard
-    t.regs, t.literals, t.guard = dict(outer), {}, outer_guard + (side,)
-    seen = t.computed.setdefault(t.guard, {})
-    try:
-        t.regs.update((placeholder, outer[x]) for placeholder, x in zip(body.args, args))
-        t.origins.update((placeholder, t.origins.get(x, x)) for placeholder, x in zip(body.args, args))
-        keys = _value_keys(body, [outer[x] for x in args])
-        steps, concats = _body_steps(body, device, singles)
-        parts = _concat_views(t, concats)
-        for step in steps:
-            outs = step.outputs
-            literal = OPS[outs[0].op].literal
-            if not step.fused and not step.inputs and literal is not None and literal(outs[0]) is not None:
-                t.literals[outs[0]] = step   # (lowered where read as a value: a kernel folds it)
-            elif all(keys[o] in seen for o in outs) and not parts.intersection(outs):
-                t.regs.update((o, seen[keys[o]]) for o in outs)
-            else:
-                _step(t, step, statics, device, singles)
-                for o in outs:
-                    seen.setdefault(keys[o], t.regs[o])
-        for c, _ in concats:
-            seen.setdefault(keys[c], t.regs[c])
-        _bound(t, body.outputs)
-        return t.regs[body.outputs[0]]
-    finally:
-        t.regs, t.literals, t.guard = outer, outer_literals, outer_guard
-
-
-def _value_keys(body, arg_regs: list) -> dict:
-    """Per node of ``body``, what identifies its value: its op, attributes, type and its inputs' keys (a
-    placeholder: the register it reads); a node with attributes that do not hash is only itself."""
-    keys: dict = {p: ("register", r) for p, r in zip(body.args, arg_regs)}
-    for n in body.computed:
-        try:
-            attrs = tuple(sorted(n.attrs.items()))
-            hash(attrs)
-        except TypeError:
-            keys[n] = ("node", id(n))
-            continue
-        keys[n] = (n.op, attrs, n.shape, n.dtype, tuple(keys[x] for x in n.inputs))
-    return keys
-
-
-def _body_steps(body, device, singles: dict) -> tuple[list, list]:
-    """A body's steps, fused as F's are (compile.lower), and the concats its kernels write in place
-    (alias.elide_concats, as F's), once per body and device (kept with the function's single kernels)."""
-    key = ("body", body)
-    if key not in singles:
-        steps = lower([[Step.of(n) for n in body.computed]], set(body.outputs), device.fused)[0][0]
-        steps, concats = elide_concats(steps)
-        read = set(body.outputs) | {m for _, blocks in concats for m, _, _ in blocks}
-        live = []
-        for step in reversed(steps):   # (a literal folded into its kernels is read by no step: dropped)
-            if read.intersection(step.outputs):
-                live.append(step)
-                read.update(step.inputs)
-        singles[key] = live[::-1], concats
-    return singles[key]
-
-
-def _concat_views(t: Template, concats: list) -> set:
-    """Each elided concat's value and its parts as column blocks of it (the parts' kernels write there);
-    returns the parts."""
-    parts = set()
-    for c, blocks in concats:
-        t.scratch_reg(c)
-        for m, a, _ in blocks:
-            t.emit("COLS", t.reg(m), t.regs[c], a)
-            parts.add(m)
-    return parts
-
-
-def _result(t: Template, node: Node, out: int, kept: bool, value: int) -> None:
-    """A branch's result into the cond's register: copied into its memory, or (``kept`` False) aliased."""
-    if kept:
-        t.emit("COPY", out, value, _rows(node), _cols(node))
-    else:
-        t.emit("ALIAS", out, value)
 
 
 def _lowering(t: Template, step, how: str) -> None:

@@ -37,7 +37,7 @@ OPCODE_TABLE = {
     # skip the next n instructions when the task has the concat view (forest = 1: only in a forest, where each
     # child's gradient row is written once, not added)
     "SKIP_IF_CAT": (("n", "int"), ("forest", "int")),
-    # a cond in F (instructions._cond): skip the next n instructions (its then-branch and the JUMP that ends it)
+    # a cond in F (engine/branches.py): skip the next n instructions (its then-branch and the JUMP that ends it)
     # when the one value of the static buffer ``pred`` is 0 (NaN is true, as C reads it); JUMP: skip n always
     "BRANCH": (("pred", "buf"), ("n", "int")),
     "JUMP": (("n", "int"),),

@@ -1,4 +1,4 @@
-"""A cond inside a vertex function as a branch of the instruction program (instructions._cond: BRANCH skips the
+"""A cond inside a vertex function as a branch of the instruction program (engine/branches.py: BRANCH skips the
 then-branch when the pred is 0, JUMP skips the else-branch): no runner declines it, every runner (reference, C
 runner, the emulated CUDA issuing loop) equals F written with Python control flow, forward and backward, only the
 taken branch runs (NaN in the other is never computed), gradients match finite differences, and a branch whose
