@@ -40,6 +40,7 @@ LAYERS = [
         # runner beside it; the binder of a pass's buffers into the seam's Operands
         ["engine/compile"],
         ["engine/lowered"],              # templates and the linked program: the data the runners read
+        ["engine/branches"],             # a cond in F lowered as a branch (by instructions' step lowering)
         ["engine/instructions", "engine/program", "engine/executor", "engine/alg1", "engine/explain"],
         ["engine/model"]]),
     ("backends", ["cpu", "cuda"], [

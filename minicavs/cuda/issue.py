@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from ..core.errors import CheckError
+from ..engine.backend import to_host
 from ..engine.codegen.issue_kernels import ISSUE_KERNEL_NAMES, issue_kernels
 from ..engine.codegen.issue_source import issue_decls, issue_source
 from ..engine.codegen.machine import OPS as OPCODE_IDS
@@ -337,6 +338,24 @@ def _table(operands: list) -> np.ndarray:
     return info
 
 
+def _read_preds(lowered, operands: list, tables: list) -> list:
+    """The host copies of the conds' preds (BRANCH's one-value statics), beside their device addresses in each
+    buffer table: one counted device-to-host read per pred and pass (the loop reads a pred where it issues, on
+    the host; a static is the same for every task). Returns the copies, to keep them alive through the call."""
+    code = lowered.code
+    preds = np.unique(code[code[:, 0] == OPCODE_IDS["BRANCH"], 1]) if len(code) else ()
+    copies = []
+    for b in preds.tolist():
+        operand = operands[b] if 0 <= b < len(operands) else None
+        if operand is None:   # (the loop's check refuses the BRANCH: no host copy)
+            continue
+        host = np.ascontiguousarray(to_host(operand.array.reshape(-1)[:1]))
+        copies.append(host)
+        for info in tables:
+            info[1, b] = host.ctypes.data
+    return copies
+
+
 def _fused_handles(lowered, handles: _Functions) -> np.ndarray:
     cache = _FUSED.setdefault(lowered, {})
     if id(handles) not in cache:
@@ -365,6 +384,7 @@ def run(program, device, tf32: bool = False) -> None:
         einfo = info.copy()
         for i, operand in program.bound.eager_operands.items():
             _bind(einfo, i, operand)
+    preds = _read_preds(lowered, program.operands, [info] if einfo is info else [info, einfo])
     fk = _fused_handles(lowered, handles)
     handles.streams()
     err = np.zeros(6, np.int64)
@@ -377,6 +397,7 @@ def run(program, device, tf32: bool = False) -> None:
         p(none), len(eager) if streaming else 0, table.shape[1], p(info), p(einfo), n, n - 1, lowered.nregs,
         p(handles.dev), p(handles.rk), p(fk), len(lowered.fused), int(program.forest), int(program.check), p(err),
         p(counters), p(counts))
+    del preds   # (the preds' host copies, read by the call)
     stats(device)[:] += counters
     names = [f"{k}_{handles.c_type}" for k in ISSUE_KERNEL_NAMES] + [getattr(k, "name", "") for k in lowered.fused]
     per_kernel = launch_counts(device)

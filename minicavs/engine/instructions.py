@@ -24,7 +24,8 @@ the contiguous case copies nothing, and the other needs no second template.
 Every step lowers: a step no other opcode expresses (an op with no lowering, a broadcast no kernel computes,
 a fused group with more arguments than a kernel call passes) is an APPLY of its op's own implementation,
 which the reference and CUDA runners run and the C runner declines (that pass then runs on the reference
-runner on the same device, and dump() says why). Values of any shape are matrices of flat rows
+runner on the same device, and dump() says why); a cond whose pred is a one-value static is a branch
+(branches.py). Values of any shape are matrices of flat rows
 (codegen/machine.matrix_shape).
 
 Streaming runs the blocks before the task loop as a second table of the same templates, one chunk per task
@@ -60,6 +61,7 @@ import numpy as np
 
 from ..ir.graph import Node
 from ..ops.registry import OPS, holds_tuple
+from .branches import branches, lower_cond
 from .codegen.machine import ARG_KINDS, MAX_ARGS, OPCODES, OPS as OPCODE, WIDTH
 from .compile import POST, PRE, TASK
 from .passes.fusion import fuse, fusible
@@ -109,7 +111,11 @@ def _flat_broadcast(x: Node, kind: str, out: Node) -> bool:
 
 
 def _bound(t: Template, inputs) -> None:
+    """Every input has a register; a body's literal (a kernel folds it where it can) gets one here, when a
+    step reads it as a value."""
     for x in inputs:
+        if x not in t.regs and x in t.literals:
+            _apply(t, t.literals.pop(x))
         if x not in t.regs:
             raise Unsupported(f"{x.label()} is read before anything binds it")
 
@@ -157,7 +163,7 @@ def _step(t: Template, step, statics: set, device, singles: dict) -> None:
     for x in step.inputs:
         if x not in t.regs and x in statics:
             t.emit("STATIC", t.reg(x), t.buf(("static", x)))
-    _bound(t, step.inputs)
+    _bound(t, [x for x in step.inputs if x not in t.literals])
     if step.fused:
         if not _kernel_step(t, step.run.group, step.run.kernel, step.inputs, step.outputs):
             _apply(t, step)
@@ -174,6 +180,13 @@ def _step(t: Template, step, statics: set, device, singles: dict) -> None:
     if opdef.identity and not opdef.needs_ctx:
         t.emit("ALIAS", t.reg(node), t.regs[step.inputs[0]])
         return
+    if node.op == "zeros_like":
+        out = t.scratch_reg(node)
+        t.emit("ZERO", out, _rows(node), _cols(node))
+        return
+    if branches(t, step, statics):
+        lower_cond(t, step, statics, device, singles, _step)
+        return
     if how is None:
         single = _single_kernel(node, device, singles) if fusible(node) else None
         if single is None or not _kernel_step(t, *single, single[0].inputs, single[0].outputs):
@@ -185,6 +198,7 @@ def _step(t: Template, step, statics: set, device, singles: dict) -> None:
 def _lowering(t: Template, step, how: str) -> None:
     """The instructions of the op's own lowering ``how`` (OpDef.native: the opcode that computes it)."""
     node = step.outputs[0]
+    _bound(t, step.inputs)
     ins = [t.regs[x] for x in step.inputs]
     if how == "cols":
         t.emit("COLS", t.reg(node), ins[0], _col_offset(node))

@@ -18,7 +18,7 @@ OPCODES_BY_ID = list(OPCODES)
 NONE, KIND_ROWS, SCATTER_ROWS = 0, 1, 2
 MODE_NAMES = {NONE: "0", KIND_ROWS: "task rows", SCATTER_ROWS: "scatter rows"}
 PHASE_WORDS = {PRE: "before tasks", TASK: "task", POST: "after tasks"}
-BUFFER_OPERANDS = ("buf", "idx", "keys", "table")   # operands that name a buffer (linked to global ids)
+BUFFER_OPERANDS = ("buf", "idx", "keys", "table", "pred")   # operands that name a buffer (linked to global ids)
 TASK_COLUMNS = 5   # kind, kind offset, rows, scatter offset, first row of the sibling-concat view (-1: none)
 
 
@@ -61,6 +61,10 @@ class Template:
         self.puts_back: list = []       # a block's values computed where SROWS bound the scatter rows (SPUT's)
         self.dropouts: list = []        # per DROPOUT entry: (p, site)
         self.steps: list = []           # per APPLY: the step it runs (compile.Step)
+        self.literals: dict = {}        # node -> its step: a body's literal, lowered only where read as a value
+        self.origins: dict = {}         # a body's placeholder -> the value outside every body it stands for
+        self.guard: tuple = ()          # the branches being lowered: ((pred buffer, side), ...) (a cond's body)
+        self.computed: dict = {}        # guard -> {a body value's key: its register}: computed under that guard
 
     def reg(self, node: Node | None = None, name: str = "") -> int:
         if node is not None and node in self.regs:

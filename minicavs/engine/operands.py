@@ -201,7 +201,9 @@ def _row_stride(a) -> int:
 def _static(a, xp) -> Operand:
     """A static (a parameter, a product's operand: only read): a transposed contiguous matrix read through the
     flag, a column block of a planned parameter buffer read in place through its row stride (:func:`strided_span`),
-    anything else made contiguous."""
+    anything else made contiguous; a numpy scalar (a 0-d result: a cond's pred) as an array."""
+    if isinstance(a, np.generic):
+        a = np.asarray(a)
     if a.ndim == 2 and not a.flags.c_contiguous and a.T.flags.c_contiguous:
         return Operand("static", a.T, a.size, a.shape[0], 1, source=a)
     if not a.flags.c_contiguous:

@@ -30,6 +30,7 @@ from ..core.errors import CheckError
 from ..core.random import GOLDEN, mix
 from ..ops import scalar as S
 from ..ops.registry import holds_tuple
+from .backend import to_host
 from .codegen.machine import ARG_KINDS, OPCODES, matrix_shape
 from .codegen.opcodes import BUFFER_SPANS, OPCODE_TABLE, SPANS, span_values
 
@@ -53,6 +54,8 @@ class Machine:
         self.objects: dict = {}   # register -> the tuple it holds (ops/registry.holds_tuple)
         self.context = None   # the run context (seed, step, training) an APPLY of an op that reads it gets
         self.pc = -1
+        self.end = -1   # the end of the running template's instructions (a branch's target lands before it)
+        self.preds: dict = {}   # buffer -> a cond's pred, read once (BRANCH)
         self.task_index = -1
         self.stream = "main"   # or "eager": the machine of the eager stream's table (a test hook reads it)
 
@@ -209,6 +212,9 @@ class Machine:
         scope.update(bs=self.bs, task_row=self.task_row, scatter_row=self.scatter_row,
                      step=lambda slot: self.view_of_slot(slot)[1], start=lambda slot: self.view_of_slot(slot)[0],
                      base_row=lambda mode: {1: self.task_row, 2: self.scatter_row}.get(mode, 0))
+        for operand, kind in table:   # (BUFOK's check of a "buf" operand, as the C loops decode it)
+            if kind == "buf" and not 0 <= scope[operand] < len(self.flats):
+                self.fail(f"operand {operand}: buffer {scope[operand]} out of range")
         for span in SPANS[name]:
             applies, args = span_values(name, span, scope)
             if not applies:
@@ -287,6 +293,9 @@ SPAN_CHECKS = {
     "dense": lambda m, r, rows, cols: m.dense_problem(r, rows, cols),
     "kernel": lambda m, k: "" if 0 <= k < len(m.lowered.fused) else f"kernel {k} of {len(m.lowered.fused)}",
     "args": lambda m, pool, nargs, rows, cols: m.args_problem(pool, nargs, rows, cols),
+    "scalar": lambda m, b: "" if m.flats[b].size == 1 else f"a buffer of {m.flats[b].size} elements, not one value",
+    "target": lambda m, n: (f"skipping {n} lands outside the template (instruction {m.pc + 1 + n} of end {m.end})"
+                            if n < 0 or m.pc + 1 + n > m.end else ""),
 }
 
 
@@ -334,6 +343,19 @@ def op_catview(m: Machine, dst, buf, width, k, forest) -> None:
 def op_skip_if_cat(m: Machine, n, forest) -> int:
     """Skip the next ``n`` instructions when CATVIEW bound its view."""
     return n if m.catfirst >= 0 and (not forest or m.forest) else 0
+
+
+def op_branch(m: Machine, pred, n) -> int:
+    """A cond's branch: skip the then-branch (its ``n`` instructions, the JUMP over the else-branch included) when
+    the pred, one value, is 0; NaN is true, as C reads it (on a device: one read a pass, a crossing)."""
+    if pred not in m.preds:   # (a static: the same for every task of the pass, read once)
+        m.preds[pred] = float(to_host(m.flats[pred][:1])[0])
+    return n if m.preds[pred] == 0 else 0
+
+
+def op_jump(m: Machine, n) -> int:
+    """Skip the next ``n`` instructions (the end of a cond's then-branch: over the else-branch)."""
+    return n
 
 
 def op_take(m: Machine, dst, buf, width, idx, cols, off) -> None:
@@ -545,10 +567,10 @@ def op_apply(m: Machine, step, pool, keys) -> None:
 
 OPERATIONS = {
     "NOP": op_nop, "BIND": op_bind, "STATIC": op_static, "SCRATCH": op_scratch, "GATHER": op_gather,
-    "CATVIEW": op_catview, "SKIP_IF_CAT": op_skip_if_cat, "TAKE": op_take, "TAKETO": op_taketo,
-    "SROWS": op_srows, "SPUT": op_sput, "COLS": op_cols, "ALIAS": op_alias, "TRANSPOSE": op_transpose,
-    "GEMM": op_gemm, "FUSED": op_fused, "COPY": op_copy, "ZERO": op_zero, "ADD": op_add, "SUMROWS": op_sumrows,
-    "PUT": op_put, "ADJ": op_adj, "GACC": op_gacc, "DROPOUT": op_dropout, "BMM": op_bmm,
+    "CATVIEW": op_catview, "SKIP_IF_CAT": op_skip_if_cat, "BRANCH": op_branch, "JUMP": op_jump, "TAKE": op_take,
+    "TAKETO": op_taketo, "SROWS": op_srows, "SPUT": op_sput, "COLS": op_cols, "ALIAS": op_alias,
+    "TRANSPOSE": op_transpose, "GEMM": op_gemm, "FUSED": op_fused, "COPY": op_copy, "ZERO": op_zero, "ADD": op_add,
+    "SUMROWS": op_sumrows, "PUT": op_put, "ADJ": op_adj, "GACC": op_gacc, "DROPOUT": op_dropout, "BMM": op_bmm,
     "TRANSROWS": op_transrows, "APPLY": op_apply,
 }
 BY_ID = [OPERATIONS[name] for name in OPCODES]
@@ -612,6 +634,7 @@ def _loop(m: Machine, table: np.ndarray, code: list, ranges: list, before=None, 
             before(t)
         m.task, m.task_index = task, t
         begin, end = ranges[task[0]]
+        m.end = end
         pc = begin
         while pc < end:
             op, *operands = code[pc]

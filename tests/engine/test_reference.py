@@ -27,6 +27,7 @@ from minicavs.train.trainer import Trainer
 
 from .. import cells
 from ..models.test_models import MODELS, TINY
+from ..ops.test_control import _cond_chain
 from .test_alg1 import CASES, random_dag, random_tree
 from .test_instructions import (DECLINED, STREAM_CASES, SWITCHES, _run_script, _typed,
                                 assert_native_equals_reference, assert_streamed,
@@ -122,6 +123,10 @@ def test_the_bundled_models_and_cases_exercise_every_opcode(tmp_path, monkeypatc
     t = Trainer(MODELS / "mv_rnn.yaml", TINY["mv_rnn"] + ["train.dtype=float64"], run_dir=tmp_path / "mv_rnn")
     t.model.options = EngineOptions(runner="reference")   # (per-row matrices: BMM, TRANSROWS)
     t.loss_and_grads(t.task.data["train"][:6])
+    # (a cond in F: BRANCH, and the JUMP ending the then-branch it takes)
+    _cond_chain(None).forward_backward([InputGraph.chain(3)], {"xs": rng.standard_normal((3, 2))},
+                                       {"Wx": rng.standard_normal((2, 4)), "s": np.float64(1.0)}, RunContext(),
+                                       options=EngineOptions(runner="reference"))
     # (NOP: the dispatch benchmark's; ADD, which no bundled model's lowering emits today: below; APPLY,
     # which no bundled model needs: test_instructions' softmax in F)
     assert set(OPCODES) - seen == {"NOP", "ADD", "APPLY"}, sorted(set(OPCODES) - seen)

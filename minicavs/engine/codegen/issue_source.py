@@ -255,6 +255,7 @@ static int product_{T}(mach_{T}_t *M, int ta, int tb, int64_t m, int64_t n, int6
 #define KERNELOK(k, operand) do {{ if ((k) < 0 || (k) >= M->nkernels || !M->fk[k]) FAIL(operand); }} while (0)
 #define FOREST (M->forest)
 #define SCRATCH_BUF sbuf
+#define PRED(b) ((const {T} *)M->host[b])   /* a cond's pred: its host copy (issue.py reads it once a pass) */
 #define IDX(b) ((const void *)((const int64_t *)M->base[b] + task_row))
 #define NROWS(b, w) ((w) > 0 ? M->size[b] / (w) : 0)
 
@@ -546,7 +547,7 @@ def issue_source() -> str:
         body += "#undef STRIDES\n#undef FAIL\n#undef ISSUED\n#undef DIM\n#undef REGOK\n#undef DSTOK\n#undef BUFOK\n" \
                 "#undef CHECKR\n#undef NOTRANS\n#undef SET\n#undef FBASE\n#undef IDX\n#undef NROWS\n#undef RK\n" \
                 "#undef BSIZE\n#undef BLD\n#undef BTRANS\n#undef CHECKING\n#undef FOREST\n#undef SCRATCH_BUF\n" \
-                "#undef IVALUES\n#undef IWANT\n#undef KERNELOK\n"
+                "#undef IVALUES\n#undef IWANT\n#undef KERNELOK\n#undef PRED\n"
     return head + body
 
 

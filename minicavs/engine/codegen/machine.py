@@ -109,6 +109,7 @@ static inline uint64_t mc_mix(uint64_t z) {{   /* SplitMix64's finaliser (minica
 #define KERNELOK(k, operand) do {{ if ((k) < 0 || (k) >= nkernels) FAIL(operand); }} while (0)
 #define FOREST forest
 #define SCRATCH_BUF scratch_buf
+#define PRED(b) ((const T *)base[b])
 
 int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int64_t nkinds,
             const int64_t *tasks, int64_t ntasks, int64_t tw,
@@ -496,10 +497,10 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
 
 
 def register_cases(dst_ok: str, indent: int) -> str:
-    """The C cases of the instructions that only point a register (BIND, STATIC, SCRATCH, CATVIEW, SKIP_IF_CAT;
-    COLS: a column block, ALIAS, TRANSPOSE): one text for the interpreter and the CUDA issuing loop, over the
-    macros each defines (SET, FBASE, BLD, BTRANS, FOREST, SCRATCH_BUF, and the checks' macros), each checking a
-    pointed register with its own ``dst_ok``; indented by ``indent`` spaces."""
+    """The C cases of the instructions that only point a register or move pc (BIND, STATIC, SCRATCH, CATVIEW,
+    SKIP_IF_CAT, BRANCH, JUMP; COLS: a column block, ALIAS, TRANSPOSE): one text for the interpreter and the CUDA
+    issuing loop, over the macros each defines (SET, FBASE, BLD, BTRANS, FOREST, SCRATCH_BUF, PRED, and the
+    checks' macros), each checking a pointed register with its own ``dst_ok``; indented by ``indent`` spaces."""
     return textwrap.indent(checked(REGISTER_CASES, dst_ok), " " * indent)
 
 
@@ -524,6 +525,14 @@ case CATVIEW:
 case SKIP_IF_CAT:
     @CHECKS SKIP_IF_CAT@
     if (catfirst >= 0 && (!a[1] || FOREST)) pc += a[0];
+    break;
+case BRANCH:
+    @CHECKS BRANCH@
+    if (PRED(a[0])[0] == 0) pc += a[1];   /* a cond's pred 0: skip the then-branch and its JUMP (NaN is true) */
+    break;
+case JUMP:
+    @CHECKS JUMP@
+    pc += a[0];
     break;
 case COLS:
     @CHECKS COLS@

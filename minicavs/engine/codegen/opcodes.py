@@ -37,6 +37,10 @@ OPCODE_TABLE = {
     # skip the next n instructions when the task has the concat view (forest = 1: only in a forest, where each
     # child's gradient row is written once, not added)
     "SKIP_IF_CAT": (("n", "int"), ("forest", "int")),
+    # a cond in F (engine/branches.py): skip the next n instructions (its then-branch and the JUMP that ends it)
+    # when the one value of the static buffer ``pred`` is 0 (NaN is true, as C reads it); JUMP: skip n always
+    "BRANCH": (("pred", "buf"), ("n", "int")),
+    "JUMP": (("n", "int"),),
     # rows buf[idx[task_row + r]] into scratch (-1: zeros)
     "TAKE": (("dst", "reg"), ("buf", "buf"), ("width", "int"), ("idx", "buf"), ("cols", "int"), ("off", "int")),
     # dst[r] = buf[idx[task_row + r]][col:col + cols]; -1: 0
@@ -109,6 +113,9 @@ class Span(NamedTuple):
                  wants its handle)
       "dense"    register ``operand`` read as (rows, cols) has rows at least a row apart (a product's operand: BLAS
                  and cuBLAS take no overlapping rows; one row may have any stride)
+      "scalar"   buffer ``operand`` is one value the loop reads where it runs (a one-element static; the CUDA loop:
+                 with its host copy)
+      "target"   skipping ``operand`` instructions lands inside the template (0 <= n, pc + 1 + n <= end)
       "args"     the fused kernel's (nargs, rows, cols) arguments listed from pool ``operand``: each a bound
                  register spanning its argument kind's rows and columns, not transposed
     ``when``: only when this holds (a path of the instruction); ``report``: the operand a failure names (default
@@ -121,8 +128,9 @@ class Span(NamedTuple):
 
 
 SPAN_KINDS = {"matrix": 2, "rows": 2, "elements": 4, "first": 1, "index": 5, "keys": 0, "scratch": 1,
-              "columns": 3, "nonneg": 0, "dense": 2, "kernel": 0, "args": 3}
-BUFFER_SPANS = ("elements", "first", "index", "keys")   # their operand is a buffer (a "later" one: BUFOK first)
+              "columns": 3, "nonneg": 0, "dense": 2, "kernel": 0, "args": 3, "scalar": 0, "target": 0}
+# their operand is a buffer (a "later" one: BUFOK first)
+BUFFER_SPANS = ("elements", "first", "index", "keys", "scalar")
 REGISTER_SPANS = ("matrix", "rows", "dense")             # a register (a "later" one: REGOK first)
 
 _NOT_ELIDED = "not (elide and step(slot) >= 1)"
@@ -135,6 +143,8 @@ SPANS = {
                Span("scratch", "off", ("width",), _NOT_ELIDED)),
     "CATVIEW": (),
     "SKIP_IF_CAT": (),
+    "BRANCH": (Span("scalar", "pred"), Span("target", "n")),
+    "JUMP": (Span("target", "n"),),
     "TAKE": (Span("index", "idx", ("buf", "width", "0", "cols", "1")), Span("scratch", "off", ("cols",))),
     "TAKETO": (Span("rows", "dst", ("bs", "cols")), Span("index", "idx", ("buf", "width", "col", "cols", "1"))),
     "SROWS": (Span("first", "buf", ("scatter_row * ld + col",), "scatter_row >= 0", report="col"),
@@ -201,7 +211,8 @@ static inline int index_out(int64_t isize, const int64_t *values, int64_t want, 
     return 0;
 }
 /* the checks SPANS renders, over each loop's FAIL, CHECKR (a register inside its buffer), BSIZE (a buffer's
-   elements), IVALUES / IWANT (an index buffer's host copy, whether to read it), SCRATCH_BUF */
+   elements), IVALUES / IWANT (an index buffer's host copy, whether to read it), SCRATCH_BUF, PRED (where the loop
+   reads a one-value static: its memory, or the CUDA loop's host copy), pc and end (the template's) */
 #define SPAN(r, rows, cols, operand) CHECKR(r, rows, cols, operand)
 #define ROWSPAN(r, rows, cols, operand) do { if (R[r].trans) FAIL(operand); CHECKR(r, rows, cols, operand); } while (0)
 #define ELEMENTS(b, at, rows, cols, ld_, operand) do { \
@@ -213,6 +224,8 @@ static inline int index_out(int64_t isize, const int64_t *values, int64_t want, 
 #define SCRATCHSPAN(off, cols, operand) ELEMENTS(SCRATCH_BUF, (off) * bs, bs, cols, cols, operand)
 #define COLUMNS(col, cols, width, operand) do { \
     if ((col) < 0 || (cols) < 0 || (col) + (cols) > (width)) FAIL(operand); } while (0)
+#define SCALAR(b, operand) do { if (BSIZE(b) != 1 || !PRED(b)) FAIL(operand); } while (0)
+#define TARGET(n, operand) do { if ((n) < 0 || pc + 1 + (n) > end) FAIL(operand); } while (0)
 #define NONNEG(x, operand) do { if ((x) < 0) FAIL(operand); } while (0)
 #define DENSE(r, rows, cols, operand) do { if (R[r].ld < (R[r].trans ? (rows) : (cols)) \
     && (R[r].trans ? (cols) : (rows)) > 1) FAIL(operand); } while (0)
@@ -238,7 +251,7 @@ def c_expr(name: str, expr: str) -> str:
 
 def span_c(name: str, span: Span) -> str:
     """One span's check in C, over the loop's macros (SPAN, ROWSPAN, ELEMENTS, FIRST, INDEX, KEYS, SCRATCHSPAN,
-    COLUMNS, NONNEG; REGOK and BUFOK first for a "later" operand)."""
+    COLUMNS, NONNEG, SCALAR, TARGET; REGOK and BUFOK first for a "later" operand)."""
     index = {operand: i for i, (operand, _) in enumerate(OPCODE_TABLE[name])}
     kinds = dict(OPCODE_TABLE[name])
     at, report = index[span.operand], index[span.report or span.operand]
@@ -260,7 +273,7 @@ def span_c(name: str, span: Span) -> str:
         check = f"{'SCRATCHSPAN' if span.kind == 'scratch' else 'NONNEG'}({', '.join([f'a[{at}]'] + args)}, {report});"
     else:
         macro = {"matrix": "SPAN", "rows": "ROWSPAN", "elements": "ELEMENTS", "first": "FIRST", "keys": "KEYS",
-                 "dense": "DENSE", "kernel": "KERNELOK"}
+                 "dense": "DENSE", "kernel": "KERNELOK", "scalar": "SCALAR", "target": "TARGET"}
         check = f"{macro[span.kind]}({', '.join([f'a[{at}]'] + args)}, {report});"
     check = first + check
     return f"if ({c_expr(name, span.when)}) {{ {check} }}" if span.when else check

@@ -1,0 +1,136 @@
+"""A ``cond`` inside a vertex function as a branch of the instruction program (instructions.py lowers F's steps;
+a cond whose pred is a one-value static comes here). ``BRANCH pred n`` skips the then-branch and the ``JUMP``
+ending it when the pred is 0 (NaN is true, as C reads it); ``JUMP n`` skips the else-branch. Each branch is its
+body's steps, fused as F's, lowered inline by F's own step lowering (passed in: ``lower_step``) with the body's
+placeholders given the cond's input registers; its result is aliased to the cond's register, or copied where that
+value has memory of its own. So only the taken branch runs, forward and backward (∂F's conds are the backward
+bodies' conds). A body value that an earlier branch on the same side of the same pred computed is reused (a cond
+of several results is a node per result in F; ∂F has a cond per gradient, each recomputing the forward body)."""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+from ..ir.graph import Node
+from ..ops.control import flow
+from ..ops.registry import OPS, holds_tuple
+from .compile import Step, lower
+from .lowered import Template, _cols, _rows
+from .passes.alias import elide_concats
+
+
+def branches(t: Template, step, statics: set) -> bool:
+    """Does ``step`` lower to a branch: a cond of one result whose pred is a one-value static of the result's
+    (the program's) float type (in a body: the placeholder of one), which every loop reads where it runs (else:
+    an APPLY)."""
+    node = step.outputs[0]
+    if step.fused or node.op != "cond" or len(step.outputs) != 1 or holds_tuple(node):
+        return False
+    pred = t.origins.get(step.inputs[0], step.inputs[0])
+    return pred in statics and pred.dtype == node.dtype and node.dtype.is_float and math.prod(pred.shape) == 1
+
+
+def lower_cond(t: Template, step, statics: set, device, singles: dict, lower_step: Callable) -> None:
+    """A cond as a branch: BRANCH skips the then-branch (and the JUMP ending it) when the pred is 0, JUMP skips
+    the else-branch; each branch is its body's steps lowered inline, its result given to the cond's register,
+    so only the taken branch runs (NaN in the other is never computed, nor read)."""
+    node, (pred, *args) = step.outputs[0], step.inputs
+    (_, then), (_, else_) = flow(node).bodies
+    # memory the result must land in (a stored tensor, a column block, an accumulator): a copy; else a view
+    kept = node in t.regs or node in t.direct or node in t.direct_blocks or node in t.overlays
+    out = t.regs[node] if node in t.regs else t.scratch_reg(node) if kept else t.reg(node)
+    branch, pred_buf = len(t.code), t.buf(("static", t.origins.get(pred, pred)))
+    t.emit("BRANCH", pred_buf, 0)
+    _result(t, node, out, kept, _inline(t, then, args, (statics, device, singles), lower_step, (pred_buf, 1)))
+    jump = len(t.code)
+    t.emit("JUMP", 0)
+    _result(t, node, out, kept, _inline(t, else_, args, (statics, device, singles), lower_step, (pred_buf, 0)))
+    t.code[branch] = ("BRANCH", pred_buf, jump - branch)
+    t.code[jump] = ("JUMP", len(t.code) - jump - 1)
+
+
+def _inline(t: Template, body, args: list, where: tuple, lower_step: Callable, side: tuple) -> int:
+    """The register of ``body``'s result after its steps, lowered as F's own with its placeholders given
+    ``args``' registers (``where``: lower_step's statics, device and single kernels); the body's nodes get
+    registers of this inlining alone. A step whose values an earlier
+    branch on the same side of the same pred computed (a node per result of one cond; ∂F's conds, one per
+    gradient, each recomputing the forward body) reuses them: that branch ran if this one runs."""
+    outer, outer_literals, outer_guard = t.regs, t.literals, t.guard
+    t.regs, t.literals, t.guard = dict(outer), {}, outer_guard + (side,)
+    seen = t.computed.setdefault(t.guard, {})
+    try:
+        t.regs.update((placeholder, outer[x]) for placeholder, x in zip(body.args, args))
+        t.origins.update((placeholder, t.origins.get(x, x)) for placeholder, x in zip(body.args, args))
+        keys = _value_keys(body, [outer[x] for x in args])
+        steps, concats = _body_steps(body, where[1], where[2])
+        parts = _concat_views(t, concats)
+        for step in steps:
+            outs = step.outputs
+            literal = OPS[outs[0].op].literal
+            if not step.fused and not step.inputs and literal is not None and literal(outs[0]) is not None:
+                t.literals[outs[0]] = step   # (lowered where read as a value: a kernel folds it)
+            elif all(keys[o] in seen for o in outs) and not parts.intersection(outs):
+                t.regs.update((o, seen[keys[o]]) for o in outs)
+            else:
+                lower_step(t, step, *where)
+                for o in outs:
+                    seen.setdefault(keys[o], t.regs[o])
+        for c, _ in concats:
+            seen.setdefault(keys[c], t.regs[c])
+        if body.outputs[0] in t.literals:   # (a literal result: given a value)
+            lower_step(t, t.literals.pop(body.outputs[0]), *where)
+        return t.regs[body.outputs[0]]
+    finally:
+        t.regs, t.literals, t.guard = outer, outer_literals, outer_guard
+
+
+def _value_keys(body, arg_regs: list) -> dict:
+    """Per node of ``body``, what identifies its value: its op, attributes, type and its inputs' keys (a
+    placeholder: the register it reads); a node with attributes that do not hash is only itself."""
+    keys: dict = {p: ("register", r) for p, r in zip(body.args, arg_regs)}
+    for n in body.computed:
+        try:
+            attrs = tuple(sorted(n.attrs.items()))
+            hash(attrs)
+        except TypeError:
+            keys[n] = ("node", id(n))
+            continue
+        keys[n] = (n.op, attrs, n.shape, n.dtype, tuple(keys[x] for x in n.inputs))
+    return keys
+
+
+def _body_steps(body, device, singles: dict) -> tuple[list, list]:
+    """A body's steps, fused as F's are (compile.lower), and the concats its kernels write in place
+    (alias.elide_concats, as F's), once per body and device (kept with the function's single kernels)."""
+    key = ("body", body)
+    if key not in singles:
+        steps = lower([[Step.of(n) for n in body.computed]], set(body.outputs), device.fused)[0][0]
+        steps, concats = elide_concats(steps)
+        read = set(body.outputs) | {m for _, blocks in concats for m, _, _ in blocks}
+        live = []
+        for step in reversed(steps):   # (a literal folded into its kernels is read by no step: dropped)
+            if read.intersection(step.outputs):
+                live.append(step)
+                read.update(step.inputs)
+        singles[key] = live[::-1], concats
+    return singles[key]
+
+
+def _concat_views(t: Template, concats: list) -> set:
+    """Each elided concat's value and its parts as column blocks of it (the parts' kernels write there);
+    returns the parts."""
+    parts = set()
+    for c, blocks in concats:
+        t.scratch_reg(c)
+        for m, a, _ in blocks:
+            t.emit("COLS", t.reg(m), t.regs[c], a)
+            parts.add(m)
+    return parts
+
+
+def _result(t: Template, node: Node, out: int, kept: bool, value: int) -> None:
+    """A branch's result into the cond's register: copied into its memory, or (``kept`` False) aliased."""
+    if kept:
+        t.emit("COPY", out, value, _rows(node), _cols(node))
+    else:
+        t.emit("ALIAS", out, value)
