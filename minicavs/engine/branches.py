@@ -12,7 +12,7 @@ import math
 from typing import Callable
 
 from ..ir.graph import Node
-from ..ops.control import flow
+from ..ops.control import flow, is_cond
 from ..ops.registry import OPS, holds_tuple
 from .compile import Step, lower
 from .lowered import Template, _cols, _rows
@@ -24,7 +24,7 @@ def branches(t: Template, step, statics: set) -> bool:
     (the program's) float type (in a body: the placeholder of one), which every loop reads where it runs (else:
     an APPLY)."""
     node = step.outputs[0]
-    if step.fused or node.op != "cond" or len(step.outputs) != 1 or holds_tuple(node):
+    if step.fused or not is_cond(node) or len(step.outputs) != 1 or holds_tuple(node):
         return False
     pred = t.origins.get(step.inputs[0], step.inputs[0])
     return pred in statics and pred.dtype == node.dtype and node.dtype.is_float and math.prod(pred.shape) == 1

@@ -180,7 +180,7 @@ def _step(t: Template, step, statics: set, device, singles: dict) -> None:
     if opdef.identity and not opdef.needs_ctx:
         t.emit("ALIAS", t.reg(node), t.regs[step.inputs[0]])
         return
-    if node.op == "zeros_like":
+    if how == "zero":
         out = t.scratch_reg(node)
         t.emit("ZERO", out, _rows(node), _cols(node))
         return

@@ -776,6 +776,11 @@ def flow(node: Node) -> Flow | None:
                 a["n_state"], a["n_out"], len(node.inputs) - fixed, a["_save"])
 
 
+def is_cond(node: Node) -> bool:
+    """Is ``node`` a ``cond`` (a then and an else body)?"""
+    return isinstance(node.attrs.get("then"), Subgraph)
+
+
 def is_loop(node: Node) -> bool:
     """Is ``node`` a control-flow operator with a body (whose steps a run may report: :func:`steps_run`)?"""
     return isinstance(node.attrs.get("body"), Subgraph)

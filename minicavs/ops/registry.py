@@ -42,8 +42,8 @@ class OpDef:
         column block: a view at a column offset), "concat" (parts copied into column blocks), "transpose"
         (a 2-D value: a view with the transposed flag), "transpose_rows" (each row's matrix transposed into
         a new flat row), "alias" (a reshape keeping the flat rows), "sum_rows" (a sum over the row axis),
-        "unslice" (zeros with a column block written), "dropout" (a per-row value times the mask of its
-        row keys). Identities alias their input; elementwise ops run as fused kernels.
+        "unslice" (zeros with a column block written), "zero" (zeros of its input's shape), "dropout" (a
+        per-row value times the mask of its row keys). Identities alias their input; elementwise ops run as fused kernels.
     last_axis_block(node) -> (first, end) when the output is a block of its one input's last axis (a slice
         there: a view at a column offset), else None.
     tuple_valued(node) -> True when the node's value is a tuple (a control-flow op's several results, their

@@ -48,7 +48,8 @@ register(OpDef("constant", infer=lambda value, dtype: (value.shape, as_dtype(dty
                expr=lambda value, dtype: value.item() if value.size == 1 else None, fuse=False, source=True,
                literal=lambda n: n.attrs["value"] if n.attrs["value"].size == 1 else None))
 register(OpDef("zeros_like", infer=lambda x: (x.shape, x.dtype),
-               impl=lambda xp, x: xp.zeros_like(x), vjp=None, expr=lambda x: 0.0, fuse=False))
+               impl=lambda xp, x: xp.zeros_like(x), vjp=None, expr=lambda x: 0.0, fuse=False,
+               native=lambda node: "zero"))
 register(OpDef("ones_like", infer=lambda x: (x.shape, x.dtype),
                impl=lambda xp, x: xp.ones_like(x), vjp=None, expr=lambda x: 1.0, fuse=False))
 
