@@ -41,16 +41,16 @@ def lower_cond(t: Template, step, statics: set, device, singles: dict, lower_ste
     out = t.regs[node] if node in t.regs else t.scratch_reg(node) if kept else t.reg(node)
     branch, pred_buf = len(t.code), t.buf(("static", t.origins.get(pred, pred)))
     t.emit("BRANCH", pred_buf, 0)
-    _result(t, node, out, kept, _inline(t, then, args, (statics, device, singles), lower_step, (pred_buf, 1)))
+    _result(t, node, out, kept, inline(t, then, args, (statics, device, singles), lower_step, (pred_buf, 1))[0])
     jump = len(t.code)
     t.emit("JUMP", 0)
-    _result(t, node, out, kept, _inline(t, else_, args, (statics, device, singles), lower_step, (pred_buf, 0)))
+    _result(t, node, out, kept, inline(t, else_, args, (statics, device, singles), lower_step, (pred_buf, 0))[0])
     t.code[branch] = ("BRANCH", pred_buf, jump - branch)
     t.code[jump] = ("JUMP", len(t.code) - jump - 1)
 
 
-def _inline(t: Template, body, args: list, where: tuple, lower_step: Callable, side: tuple) -> int:
-    """The register of ``body``'s result after its steps, lowered as F's own with its placeholders given
+def inline(t: Template, body, args: list, where: tuple, lower_step: Callable, side: tuple) -> list:
+    """The registers of ``body``'s results after its steps, lowered as F's own with its placeholders given
     ``args``' registers (``where``: lower_step's statics, device and single kernels); the body's nodes get
     registers of this inlining alone. A step whose values an earlier
     branch on the same side of the same pred computed (a node per result of one cond; ∂F's conds, one per
@@ -77,9 +77,10 @@ def _inline(t: Template, body, args: list, where: tuple, lower_step: Callable, s
                     seen.setdefault(keys[o], t.regs[o])
         for c, _ in concats:
             seen.setdefault(keys[c], t.regs[c])
-        if body.outputs[0] in t.literals:   # (a literal result: given a value)
-            lower_step(t, t.literals.pop(body.outputs[0]), *where)
-        return t.regs[body.outputs[0]]
+        for out in body.outputs:
+            if out in t.literals:   # (a literal result: given a value)
+                lower_step(t, t.literals.pop(out), *where)
+        return [t.regs[out] for out in body.outputs]
     finally:
         t.regs, t.literals, t.guard = outer, outer_literals, outer_guard
 

@@ -62,6 +62,7 @@ import numpy as np
 from ..ir.graph import Node
 from ..ops.registry import OPS, holds_tuple
 from .branches import branches, lower_cond
+from .loops import loops, lower_loop
 from .codegen.machine import ARG_KINDS, MAX_ARGS, OPCODES, OPS as OPCODE, WIDTH
 from .compile import POST, PRE, TASK
 from .passes.fusion import fuse, fusible
@@ -186,6 +187,9 @@ def _step(t: Template, step, statics: set, device, singles: dict) -> None:
         return
     if branches(t, step, statics):
         lower_cond(t, step, statics, device, singles, _step)
+        return
+    if loops(t, step):
+        lower_loop(t, step, statics, device, singles, _step)
         return
     if how is None:
         single = _single_kernel(node, device, singles) if fusible(node) else None
