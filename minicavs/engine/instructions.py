@@ -62,7 +62,7 @@ import numpy as np
 from ..ir.graph import Node
 from ..ops.registry import OPS, holds_tuple
 from .branches import branches, lower_cond
-from .loops import loops, lower_loop
+from .loops import loops, lower_item, lower_loop
 from .codegen.machine import ARG_KINDS, MAX_ARGS, OPCODES, OPS as OPCODE, WIDTH
 from .compile import POST, PRE, TASK
 from .passes.fusion import fuse, fusible
@@ -161,6 +161,8 @@ def _apply(t: Template, step) -> None:
 
 def _step(t: Template, step, statics: set, device, singles: dict) -> None:
     """One step's instructions (its inputs are registers already)."""
+    if lower_item(t, step):   # (an item of a loop lowered here: its tuple has no register)
+        return
     for x in step.inputs:
         if x not in t.regs and x in statics:
             t.emit("STATIC", t.reg(x), t.buf(("static", x)))

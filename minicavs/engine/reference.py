@@ -374,10 +374,10 @@ def op_endloop(m: Machine, trips, n) -> int:
     return -n if m.lt < trips else 0
 
 
-def op_stepcols(m: Machine, dst, src, width) -> None:
-    """dst = src's columns from counter x ``width`` (the step's block of a per-step value)."""
+def op_stepcols(m: Machine, dst, src, width, first, stride) -> None:
+    """dst = src's columns from (first + stride x counter) x ``width``: the step's block of a per-step value."""
     buf, offset, ld, transposed = m.reg(src)
-    m.set(dst, buf, offset + m.lt * width, ld, transposed)
+    m.set(dst, buf, offset + (first + stride * m.lt) * width, ld, transposed)
 
 
 def op_take(m: Machine, dst, buf, width, idx, cols, off) -> None:

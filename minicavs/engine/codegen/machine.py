@@ -545,7 +545,7 @@ case ENDLOOP:
     break;
 case STEPCOLS:
     @CHECKS STEPCOLS@
-    R[a[0]] = R[a[1]]; R[a[0]].p += lt * a[2];
+    R[a[0]] = R[a[1]]; R[a[0]].p += (a[3] + a[4] * lt) * a[2];
     break;
 case COLS:
     @CHECKS COLS@

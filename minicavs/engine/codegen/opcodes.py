@@ -43,10 +43,11 @@ OPCODE_TABLE = {
     "JUMP": (("n", "int"),),
     # a foreach in F (engine/loops.py): LOOP sets the loop counter to 0 and skips the next n instructions (the
     # body and its ENDLOOP) when trips is 0; ENDLOOP adds 1 to the counter and, while it is below trips, goes back
-    # n instructions (to the instruction after the LOOP); STEPCOLS: dst = src's columns from counter x width
+    # n instructions (to the instruction after the LOOP); STEPCOLS: dst = src's columns from (first + stride x
+    # counter) x width (a per-step block; a reverse loop counts from its last step: stride -1)
     "LOOP": (("trips", "int"), ("n", "int")),
     "ENDLOOP": (("trips", "int"), ("n", "int")),
-    "STEPCOLS": (("dst", "reg"), ("src", "in"), ("width", "int")),
+    "STEPCOLS": (("dst", "reg"), ("src", "in"), ("width", "int"), ("first", "int"), ("stride", "int")),
     # rows buf[idx[task_row + r]] into scratch (-1: zeros)
     "TAKE": (("dst", "reg"), ("buf", "buf"), ("width", "int"), ("idx", "buf"), ("cols", "int"), ("off", "int")),
     # dst[r] = buf[idx[task_row + r]][col:col + cols]; -1: 0
