@@ -18,7 +18,7 @@ from typing import Callable
 
 from ..ir.graph import Node
 from ..ops.control import flow, is_loop
-from ..ops.registry import holds_tuple
+from ..ops.registry import OPS, holds_tuple
 from .branches import inline
 from .lowered import NONE, Template, _cols, _rows
 
@@ -26,7 +26,7 @@ from .lowered import NONE, Template, _cols, _rows
 def loops(t: Template, step) -> bool:
     """Does ``step`` lower to a loop: a foreach (or one result of one) of fixed length, of one float type,
     whose sliced inputs, stacked outputs and saved states are per-row, whose body holds no loop (one counter)
-    and returns no placeholder (each new state is computed, not handed on)."""
+    and returns no placeholder nor a view of one (each result is computed, not handed on)."""
     node = step.outputs[0]
     if step.fused or node.op != "foreach" or len(step.outputs) != 1:
         return False
@@ -40,7 +40,20 @@ def loops(t: Template, step) -> bool:
         return False
     if any(v.dtype != node.dtype for v in list(step.inputs[:f.iterated + f.states]) + list(body.outputs)):
         return False
-    return not any(is_loop(n) for n in body.computed) and not set(body.outputs).intersection(body.args)
+    return not any(is_loop(n) for n in body.computed) and not _views_of_args(body).intersection(body.outputs)
+
+
+_VIEWS = {"slice", "reshape", "transpose", "expand_dims", "squeeze"}
+
+
+def _views_of_args(body) -> set:
+    """The body's placeholders and the values that may be views of one (a new state that is one may be
+    overwritten by another state's copy before its own: a swap of two states)."""
+    views = set(body.args)
+    for n in body.computed:
+        if (OPS[n.op].identity or n.op in _VIEWS) and n.inputs and n.inputs[0] in views:
+            views.add(n)
+    return views
 
 
 def lower_loop(t: Template, step, statics: set, device, singles: dict, lower_step: Callable) -> None:
