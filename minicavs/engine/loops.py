@@ -19,7 +19,7 @@ from typing import Callable
 from ..ir.graph import Node
 from ..ops.control import flow, is_loop
 from ..ops.registry import OPS, holds_tuple
-from .branches import inline
+from .branches import body_steps, inline
 from .lowered import NONE, Template, _cols, _rows
 
 
@@ -58,35 +58,53 @@ def _views_of_args(body) -> set:
 
 def lower_loop(t: Template, step, statics: set, device, singles: dict, lower_step: Callable) -> None:
     """A foreach as LOOP ... ENDLOOP around its body lowered inline: the saved states' and input blocks
-    (STEPCOLS), the body's steps, the wanted outputs' blocks copied, the new states copied into their memory."""
+    (STEPCOLS), the body's steps, the wanted outputs' blocks copied, the new states copied into their memory.
+    Only what the node's results read is computed (∂F's per-vertex node carries no parameter gradients)."""
     node = step.outputs[0]
     f = flow(node)
     body = f.bodies[0][1]
     results = _results(t, node, f, body)
+    outs, carried = _needed(f, body, results, device, singles)
     slots, states = body.args[:f.iterated], body.args[f.iterated:f.iterated + f.states]
-    placed = _carried(t, step, f, body, results)
+    placed = _carried(t, step, f, body, results, carried)
     placed.update((p, t.reg(name=f"{p.name or 'x'}[t]")) for p in slots)
     begin = len(t.code)
     t.emit("LOOP", f.length, 0)
     order = (f.length - 1, -1) if f.reverse else (0, 1)
-    for j, p in enumerate(states):
+    for j in carried:
         if f.outputs + f.states + j in results:   # (the gradient's saved pre-step state)
-            _into_block(t, results[f.outputs + f.states + j], placed[p], p, order)
+            _into_block(t, results[f.outputs + f.states + j], placed[states[j]], states[j], order)
     for p, x in zip(slots, step.inputs[:f.iterated]):
         t.emit("STEPCOLS", placed[p], t.regs[x], _cols(p), *order)
+    wanted = tuple(body.outputs[k] for k in outs) + tuple(body.outputs[f.outputs + j] for j in carried)
     outer = dict(t.regs)
     t.regs.update(placed)
     try:
-        regs = inline(t, body, list(body.args), (statics, device, singles), lower_step, ("loop", begin))
+        regs = inline(t, body, list(body.args), (statics, device, singles), lower_step, ("loop", begin), wanted)
     finally:
         t.regs = outer
-    for k in range(f.outputs):
-        if k in results:
-            _into_block(t, results[k], regs[k], body.outputs[k], order)
-    for j, p in enumerate(states):
-        t.emit("COPY", placed[p], regs[f.outputs + j], _rows(p), _cols(p))
+    for k, reg in zip(outs, regs):
+        _into_block(t, results[k], reg, body.outputs[k], order)
+    for j, reg in zip(carried, regs[len(outs):]):
+        t.emit("COPY", placed[states[j]], reg, _rows(states[j]), _cols(states[j]))
     t.emit("ENDLOOP", f.length, len(t.code) - begin)
     t.code[begin] = ("LOOP", f.length, len(t.code) - 1 - begin)
+
+
+def _needed(f, body, results: dict, device, singles: dict) -> tuple[list, list]:
+    """The outputs wanted and the states carried: those wanted, and those the steps computing a carried or
+    wanted value read (a fused step reads what any of its outputs does)."""
+    outs = [k for k in range(f.outputs) if k in results]
+    carried = {j for j in range(f.states) if f.outputs + j in results or f.outputs + f.states + j in results}
+    states = body.args[f.iterated:f.iterated + f.states]
+    while True:
+        wanted = tuple(body.outputs[k] for k in outs) + tuple(body.outputs[f.outputs + j] for j in sorted(carried))
+        steps, concats = body_steps(body, wanted, device, singles)
+        read = set(wanted).union(*(step.inputs for step in steps), *(c.inputs for c, _ in concats))
+        more = carried | {j for j, p in enumerate(states) if p in read}
+        if more == carried:
+            return outs, sorted(carried)
+        carried = more
 
 
 def _results(t: Template, node: Node, f, body) -> dict:
@@ -106,14 +124,14 @@ def _results(t: Template, node: Node, f, body) -> dict:
     return results
 
 
-def _carried(t: Template, step, f, body, results: dict) -> dict:
-    """Placeholder -> register before the loop: the captured values' own, each state's memory (its final
-    result's, else its own) with the initial state copied in."""
+def _carried(t: Template, step, f, body, results: dict, carried: list) -> dict:
+    """Placeholder -> register before the loop: the captured values' own, each carried state's memory (its
+    final result's, else its own) with the initial state copied in."""
     captured = f.iterated + f.states
     placed = {p: t.regs[c] for p, c in zip(body.args[captured:], step.inputs[captured:])}
     t.origins.update((p, t.origins.get(c, c)) for p, c in zip(body.args[captured:], step.inputs[captured:]))
-    for j, p in enumerate(body.args[f.iterated:captured]):
-        mine = results.get(f.outputs + j)
+    for j in carried:
+        p, mine = body.args[f.iterated + j], results.get(f.outputs + j)
         placed[p] = mine if mine is not None else _memory(t, p.has_rows, _rows(p), _cols(p), f"{p.name or 's'}")
         t.emit("COPY", placed[p], t.regs[step.inputs[f.iterated + j]], _rows(p), _cols(p))
     return placed
