@@ -276,6 +276,7 @@ def _width(shape) -> int:
 def _steps(t: Template, steps: list, statics: set, device, singles: dict, skip_concat: Node | None = None) -> None:
     """Each step's instructions in order; ``skip_concat``'s are skipped where the task's children are side by
     side."""
+    t.items.update((o.inputs[0], o.attrs["index"]) for step in steps for o in step.outputs if o.op == "item")
     for step in steps:
         if skip_concat is not None and step.outputs[0] is skip_concat:
             # the sibling concat: skipped when the task's children are side by side (CATVIEW bound it)

@@ -109,8 +109,8 @@ def _needed(f, body, results: dict, device, singles: dict) -> tuple[list, list]:
 
 def _results(t: Template, node: Node, f, body) -> dict:
     """Result index (among the loop's outputs, final states and saved states) -> the register of its memory:
-    the results a tuple node holds (all, or those it picks: their registers kept in ``t.tuples`` for its
-    items, in its order), else the one the node is (a picked result, or the loop's only one)."""
+    the results a tuple node holds (all, or those it picks) that an item of it reads (their registers kept in
+    ``t.tuples`` for its items, in its order), else the one the node is (a picked result, or the only one)."""
     pick = node.attrs.get("_pick")
     if not holds_tuple(node):
         return {pick[0] if pick else 0: t.regs[node] if node in t.regs else t.scratch_reg(node)}
@@ -119,8 +119,9 @@ def _results(t: Template, node: Node, f, body) -> dict:
     shapes += [(p.has_rows, _rows(p), _cols(p)) for p in states]
     shapes += [(True, -1, f.length * _cols(p)) for p in states] if f.saves else []
     held = pick if pick is not None else range(len(shapes))
-    results = {i: _memory(t, *shapes[i], f"{node.name or 'loop'}.{i}") for i in held}
-    t.tuples[node] = [results[i] for i in held]
+    results = {i: _memory(t, *shapes[i], f"{node.name or 'loop'}.{i}") for at, i in enumerate(held)
+               if (node, at) in t.items}   # (a result no item reads here is not computed)
+    t.tuples[node] = [results.get(i) for i in held]
     return results
 
 
