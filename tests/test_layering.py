@@ -41,6 +41,7 @@ LAYERS = [
         ["engine/compile"],
         ["engine/lowered"],              # templates and the linked program: the data the runners read
         ["engine/branches"],             # a cond in F lowered as a branch (by instructions' step lowering)
+        ["engine/loops"],                # a foreach in F lowered as a loop (its body inlined as a branch's)
         ["engine/instructions", "engine/program", "engine/executor", "engine/alg1", "engine/explain"],
         ["engine/model"]]),
     ("backends", ["cpu", "cuda"], [

@@ -41,16 +41,17 @@ def lower_cond(t: Template, step, statics: set, device, singles: dict, lower_ste
     out = t.regs[node] if node in t.regs else t.scratch_reg(node) if kept else t.reg(node)
     branch, pred_buf = len(t.code), t.buf(("static", t.origins.get(pred, pred)))
     t.emit("BRANCH", pred_buf, 0)
-    _result(t, node, out, kept, _inline(t, then, args, (statics, device, singles), lower_step, (pred_buf, 1)))
+    _result(t, node, out, kept, inline(t, then, args, (statics, device, singles), lower_step, (pred_buf, 1))[0])
     jump = len(t.code)
     t.emit("JUMP", 0)
-    _result(t, node, out, kept, _inline(t, else_, args, (statics, device, singles), lower_step, (pred_buf, 0)))
+    _result(t, node, out, kept, inline(t, else_, args, (statics, device, singles), lower_step, (pred_buf, 0))[0])
     t.code[branch] = ("BRANCH", pred_buf, jump - branch)
     t.code[jump] = ("JUMP", len(t.code) - jump - 1)
 
 
-def _inline(t: Template, body, args: list, where: tuple, lower_step: Callable, side: tuple) -> int:
-    """The register of ``body``'s result after its steps, lowered as F's own with its placeholders given
+def inline(t: Template, body, args: list, where: tuple, lower_step: Callable, side: tuple,
+           wanted: tuple | None = None) -> list:
+    """The registers of ``body``'s results (``wanted``: those of them only, the steps they read) after its steps, lowered as F's own with its placeholders given
     ``args``' registers (``where``: lower_step's statics, device and single kernels); the body's nodes get
     registers of this inlining alone. A step whose values an earlier
     branch on the same side of the same pred computed (a node per result of one cond; ∂F's conds, one per
@@ -59,10 +60,11 @@ def _inline(t: Template, body, args: list, where: tuple, lower_step: Callable, s
     t.regs, t.literals, t.guard = dict(outer), {}, outer_guard + (side,)
     seen = t.computed.setdefault(t.guard, {})
     try:
-        t.regs.update((placeholder, outer[x]) for placeholder, x in zip(body.args, args))
+        t.regs.update((placeholder, outer[x]) for placeholder, x in zip(body.args, args) if x in outer)
         t.origins.update((placeholder, t.origins.get(x, x)) for placeholder, x in zip(body.args, args))
-        keys = _value_keys(body, [outer[x] for x in args])
-        steps, concats = _body_steps(body, where[1], where[2])
+        keys = _value_keys(body, [outer.get(x, -1) for x in args])   # (-1: a placeholder no wanted value reads)
+        wanted = tuple(body.outputs) if wanted is None else wanted
+        steps, concats = body_steps(body, wanted, where[1], where[2])
         parts = _concat_views(t, concats)
         for step in steps:
             outs = step.outputs
@@ -77,9 +79,10 @@ def _inline(t: Template, body, args: list, where: tuple, lower_step: Callable, s
                     seen.setdefault(keys[o], t.regs[o])
         for c, _ in concats:
             seen.setdefault(keys[c], t.regs[c])
-        if body.outputs[0] in t.literals:   # (a literal result: given a value)
-            lower_step(t, t.literals.pop(body.outputs[0]), *where)
-        return t.regs[body.outputs[0]]
+        for out in wanted:
+            if out in t.literals:   # (a literal result: given a value)
+                lower_step(t, t.literals.pop(out), *where)
+        return [t.regs[out] for out in wanted]
     finally:
         t.regs, t.literals, t.guard = outer, outer_literals, outer_guard
 
@@ -99,14 +102,14 @@ def _value_keys(body, arg_regs: list) -> dict:
     return keys
 
 
-def _body_steps(body, device, singles: dict) -> tuple[list, list]:
+def body_steps(body, wanted: tuple, device, singles: dict) -> tuple[list, list]:
     """A body's steps, fused as F's are (compile.lower), and the concats its kernels write in place
     (alias.elide_concats, as F's), once per body and device (kept with the function's single kernels)."""
-    key = ("body", body)
+    key = ("body", body, wanted)
     if key not in singles:
         steps = lower([[Step.of(n) for n in body.computed]], set(body.outputs), device.fused)[0][0]
         steps, concats = elide_concats(steps)
-        read = set(body.outputs) | {m for _, blocks in concats for m, _, _ in blocks}
+        read = set(wanted) | {m for _, blocks in concats for m, _, _ in blocks}
         live = []
         for step in reversed(steps):   # (a literal folded into its kernels is read by no step: dropped)
             if read.intersection(step.outputs):

@@ -62,6 +62,7 @@ import numpy as np
 from ..ir.graph import Node
 from ..ops.registry import OPS, holds_tuple
 from .branches import branches, lower_cond
+from .loops import loops, lower_item, lower_loop
 from .codegen.machine import ARG_KINDS, MAX_ARGS, OPCODES, OPS as OPCODE, WIDTH
 from .compile import POST, PRE, TASK
 from .passes.fusion import fuse, fusible
@@ -160,6 +161,8 @@ def _apply(t: Template, step) -> None:
 
 def _step(t: Template, step, statics: set, device, singles: dict) -> None:
     """One step's instructions (its inputs are registers already)."""
+    if lower_item(t, step):   # (an item of a loop lowered here: its tuple has no register)
+        return
     for x in step.inputs:
         if x not in t.regs and x in statics:
             t.emit("STATIC", t.reg(x), t.buf(("static", x)))
@@ -186,6 +189,9 @@ def _step(t: Template, step, statics: set, device, singles: dict) -> None:
         return
     if branches(t, step, statics):
         lower_cond(t, step, statics, device, singles, _step)
+        return
+    if loops(t, step):
+        lower_loop(t, step, statics, device, singles, _step)
         return
     if how is None:
         single = _single_kernel(node, device, singles) if fusible(node) else None
@@ -270,6 +276,7 @@ def _width(shape) -> int:
 def _steps(t: Template, steps: list, statics: set, device, singles: dict, skip_concat: Node | None = None) -> None:
     """Each step's instructions in order; ``skip_concat``'s are skipped where the task's children are side by
     side."""
+    t.items.update((o.inputs[0], o.attrs["index"]) for step in steps for o in step.outputs if o.op == "item")
     for step in steps:
         if skip_concat is not None and step.outputs[0] is skip_concat:
             # the sibling concat: skipped when the task's children are side by side (CATVIEW bound it)

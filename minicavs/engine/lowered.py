@@ -65,6 +65,8 @@ class Template:
         self.origins: dict = {}         # a body's placeholder -> the value outside every body it stands for
         self.guard: tuple = ()          # the branches being lowered: ((pred buffer, side), ...) (a cond's body)
         self.computed: dict = {}        # guard -> {a body value's key: its register}: computed under that guard
+        self.tuples: dict = {}          # a loop's tuple node -> its results' registers (engine/loops.py)
+        self.items: set = set()         # (tuple node, index) of each item the steps lowered here read
 
     def reg(self, node: Node | None = None, name: str = "") -> int:
         if node is not None and node in self.regs:

@@ -54,6 +54,8 @@ class Machine:
         self.objects: dict = {}   # register -> the tuple it holds (ops/registry.holds_tuple)
         self.context = None   # the run context (seed, step, training) an APPLY of an op that reads it gets
         self.pc = -1
+        self.begin = -1   # the first of the running template's instructions (a loop's end goes back no further)
+        self.lt = 0       # the loop counter (LOOP, ENDLOOP, STEPCOLS)
         self.end = -1   # the end of the running template's instructions (a branch's target lands before it)
         self.preds: dict = {}   # buffer -> a cond's pred, read once (BRANCH)
         self.task_index = -1
@@ -296,6 +298,8 @@ SPAN_CHECKS = {
     "scalar": lambda m, b: "" if m.flats[b].size == 1 else f"a buffer of {m.flats[b].size} elements, not one value",
     "target": lambda m, n: (f"skipping {n} lands outside the template (instruction {m.pc + 1 + n} of end {m.end})"
                             if n < 0 or m.pc + 1 + n > m.end else ""),
+    "back": lambda m, n: (f"going back {n} lands outside the template (instruction {m.pc - n} of begin {m.begin})"
+                          if n < 1 or m.pc - n < m.begin else ""),
 }
 
 
@@ -356,6 +360,24 @@ def op_branch(m: Machine, pred, n) -> int:
 def op_jump(m: Machine, n) -> int:
     """Skip the next ``n`` instructions (the end of a cond's then-branch: over the else-branch)."""
     return n
+
+
+def op_loop(m: Machine, trips, n) -> int:
+    """A foreach's loop: the counter to 0; no trips: skip its body and ENDLOOP (``n`` instructions)."""
+    m.lt = 0
+    return n if trips == 0 else 0
+
+
+def op_endloop(m: Machine, trips, n) -> int:
+    """The end of a loop's body: the counter + 1; while below ``trips``, back ``n`` (to the body's first)."""
+    m.lt += 1
+    return -n if m.lt < trips else 0
+
+
+def op_stepcols(m: Machine, dst, src, width, first, stride) -> None:
+    """dst = src's columns from (first + stride x counter) x ``width``: the step's block of a per-step value."""
+    buf, offset, ld, transposed = m.reg(src)
+    m.set(dst, buf, offset + (first + stride * m.lt) * width, ld, transposed)
 
 
 def op_take(m: Machine, dst, buf, width, idx, cols, off) -> None:
@@ -567,7 +589,8 @@ def op_apply(m: Machine, step, pool, keys) -> None:
 
 OPERATIONS = {
     "NOP": op_nop, "BIND": op_bind, "STATIC": op_static, "SCRATCH": op_scratch, "GATHER": op_gather,
-    "CATVIEW": op_catview, "SKIP_IF_CAT": op_skip_if_cat, "BRANCH": op_branch, "JUMP": op_jump, "TAKE": op_take,
+    "CATVIEW": op_catview, "SKIP_IF_CAT": op_skip_if_cat, "BRANCH": op_branch, "JUMP": op_jump,
+    "LOOP": op_loop, "ENDLOOP": op_endloop, "STEPCOLS": op_stepcols, "TAKE": op_take,
     "TAKETO": op_taketo, "SROWS": op_srows, "SPUT": op_sput, "COLS": op_cols, "ALIAS": op_alias,
     "TRANSPOSE": op_transpose, "GEMM": op_gemm, "FUSED": op_fused, "COPY": op_copy, "ZERO": op_zero, "ADD": op_add,
     "SUMROWS": op_sumrows, "PUT": op_put, "ADJ": op_adj, "GACC": op_gacc, "DROPOUT": op_dropout, "BMM": op_bmm,
@@ -634,7 +657,7 @@ def _loop(m: Machine, table: np.ndarray, code: list, ranges: list, before=None, 
             before(t)
         m.task, m.task_index = task, t
         begin, end = ranges[task[0]]
-        m.end = end
+        m.begin, m.end = begin, end
         pc = begin
         while pc < end:
             op, *operands = code[pc]

@@ -262,7 +262,7 @@ static int product_{T}(mach_{T}_t *M, int ta, int tb, int64_t m, int64_t n, int6
 static int row_{T}(mach_{T}_t *M, const int64_t *code, const int64_t *pool, const int64_t *kinds, int64_t nkinds,
                    const int64_t *task, int64_t t) {{
     reg_{T}_t *R = M->R;
-    int64_t pc = -1;
+    int64_t pc = -1, lt = 0;   /* lt: the loop counter (LOOP, ENDLOOP, STEPCOLS) */
     const int64_t kind_id = task[0], task_row = task[1], bs = task[2], scatter_row = task[3], catfirst = task[4];
     if (kind_id < 0 || kind_id >= nkinds || bs < 0) FAIL(-2);
     const int64_t begin = kinds[2 * kind_id], end = kinds[2 * kind_id + 1];

@@ -125,7 +125,7 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
     reg_t R[MAXREGS];
     void *ptrs[MAXARGS];
     long lds[MAXARGS];
-    int64_t t = -1, pc = -1;
+    int64_t t = -1, pc = -1, lt = 0;   /* lt: the loop counter (LOOP, ENDLOOP, STEPCOLS) */
     if (nregs > MAXREGS) FAIL(-1);
     for (int64_t i = 0; i < nregs; i++) {{ R[i].p = 0; R[i].ld = 0; R[i].trans = 0; R[i].buf = -1; }}
     T *scratch = (T *)base[scratch_buf];
@@ -498,7 +498,7 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
 
 def register_cases(dst_ok: str, indent: int) -> str:
     """The C cases of the instructions that only point a register or move pc (BIND, STATIC, SCRATCH, CATVIEW,
-    SKIP_IF_CAT, BRANCH, JUMP; COLS: a column block, ALIAS, TRANSPOSE): one text for the interpreter and the CUDA
+    SKIP_IF_CAT, BRANCH, JUMP, LOOP, ENDLOOP; COLS, STEPCOLS: a column block, ALIAS, TRANSPOSE): one text for the interpreter and the CUDA
     issuing loop, over the macros each defines (SET, FBASE, BLD, BTRANS, FOREST, SCRATCH_BUF, PRED, and the
     checks' macros), each checking a pointed register with its own ``dst_ok``; indented by ``indent`` spaces."""
     return textwrap.indent(checked(REGISTER_CASES, dst_ok), " " * indent)
@@ -533,6 +533,19 @@ case BRANCH:
 case JUMP:
     @CHECKS JUMP@
     pc += a[0];
+    break;
+case LOOP:
+    @CHECKS LOOP@
+    lt = 0;
+    if (a[0] == 0) pc += a[1];   /* no trips: skip the body and its ENDLOOP */
+    break;
+case ENDLOOP:
+    @CHECKS ENDLOOP@
+    if (++lt < a[0]) pc -= a[1];   /* back to the instruction after the LOOP */
+    break;
+case STEPCOLS:
+    @CHECKS STEPCOLS@
+    R[a[0]] = R[a[1]]; R[a[0]].p += (a[3] + a[4] * lt) * a[2];
     break;
 case COLS:
     @CHECKS COLS@

@@ -41,6 +41,13 @@ OPCODE_TABLE = {
     # when the one value of the static buffer ``pred`` is 0 (NaN is true, as C reads it); JUMP: skip n always
     "BRANCH": (("pred", "buf"), ("n", "int")),
     "JUMP": (("n", "int"),),
+    # a foreach in F (engine/loops.py): LOOP sets the loop counter to 0 and skips the next n instructions (the
+    # body and its ENDLOOP) when trips is 0; ENDLOOP adds 1 to the counter and, while it is below trips, goes back
+    # n instructions (to the instruction after the LOOP); STEPCOLS: dst = src's columns from (first + stride x
+    # counter) x width (a per-step block; a reverse loop counts from its last step: stride -1)
+    "LOOP": (("trips", "int"), ("n", "int")),
+    "ENDLOOP": (("trips", "int"), ("n", "int")),
+    "STEPCOLS": (("dst", "reg"), ("src", "in"), ("width", "int"), ("first", "int"), ("stride", "int")),
     # rows buf[idx[task_row + r]] into scratch (-1: zeros)
     "TAKE": (("dst", "reg"), ("buf", "buf"), ("width", "int"), ("idx", "buf"), ("cols", "int"), ("off", "int")),
     # dst[r] = buf[idx[task_row + r]][col:col + cols]; -1: 0
@@ -116,6 +123,7 @@ class Span(NamedTuple):
       "scalar"   buffer ``operand`` is one value the loop reads where it runs (a one-element static; the CUDA loop:
                  with its host copy)
       "target"   skipping ``operand`` instructions lands inside the template (0 <= n, pc + 1 + n <= end)
+      "back"     going back ``operand`` instructions lands inside the template, behind pc (1 <= n, begin <= pc - n)
       "args"     the fused kernel's (nargs, rows, cols) arguments listed from pool ``operand``: each a bound
                  register spanning its argument kind's rows and columns, not transposed
     ``when``: only when this holds (a path of the instruction); ``report``: the operand a failure names (default
@@ -128,7 +136,8 @@ class Span(NamedTuple):
 
 
 SPAN_KINDS = {"matrix": 2, "rows": 2, "elements": 4, "first": 1, "index": 5, "keys": 0, "scratch": 1,
-              "columns": 3, "nonneg": 0, "dense": 2, "kernel": 0, "args": 3, "scalar": 0, "target": 0}
+              "columns": 3, "nonneg": 0, "dense": 2, "kernel": 0, "args": 3, "scalar": 0, "target": 0,
+              "back": 0}
 # their operand is a buffer (a "later" one: BUFOK first)
 BUFFER_SPANS = ("elements", "first", "index", "keys", "scalar")
 REGISTER_SPANS = ("matrix", "rows", "dense")             # a register (a "later" one: REGOK first)
@@ -145,6 +154,9 @@ SPANS = {
     "SKIP_IF_CAT": (),
     "BRANCH": (Span("scalar", "pred"), Span("target", "n")),
     "JUMP": (Span("target", "n"),),
+    "LOOP": (Span("nonneg", "trips"), Span("target", "n")),
+    "ENDLOOP": (Span("nonneg", "trips"), Span("back", "n")),
+    "STEPCOLS": (Span("nonneg", "width"),),
     "TAKE": (Span("index", "idx", ("buf", "width", "0", "cols", "1")), Span("scratch", "off", ("cols",))),
     "TAKETO": (Span("rows", "dst", ("bs", "cols")), Span("index", "idx", ("buf", "width", "col", "cols", "1"))),
     "SROWS": (Span("first", "buf", ("scatter_row * ld + col",), "scatter_row >= 0", report="col"),
@@ -226,6 +238,7 @@ static inline int index_out(int64_t isize, const int64_t *values, int64_t want, 
     if ((col) < 0 || (cols) < 0 || (col) + (cols) > (width)) FAIL(operand); } while (0)
 #define SCALAR(b, operand) do { if (BSIZE(b) != 1 || !PRED(b)) FAIL(operand); } while (0)
 #define TARGET(n, operand) do { if ((n) < 0 || pc + 1 + (n) > end) FAIL(operand); } while (0)
+#define BACK(n, operand) do { if ((n) < 1 || pc - (n) < begin) FAIL(operand); } while (0)
 #define NONNEG(x, operand) do { if ((x) < 0) FAIL(operand); } while (0)
 #define DENSE(r, rows, cols, operand) do { if (R[r].ld < (R[r].trans ? (rows) : (cols)) \
     && (R[r].trans ? (cols) : (rows)) > 1) FAIL(operand); } while (0)
@@ -251,7 +264,7 @@ def c_expr(name: str, expr: str) -> str:
 
 def span_c(name: str, span: Span) -> str:
     """One span's check in C, over the loop's macros (SPAN, ROWSPAN, ELEMENTS, FIRST, INDEX, KEYS, SCRATCHSPAN,
-    COLUMNS, NONNEG, SCALAR, TARGET; REGOK and BUFOK first for a "later" operand)."""
+    COLUMNS, NONNEG, SCALAR, TARGET, BACK; REGOK and BUFOK first for a "later" operand)."""
     index = {operand: i for i, (operand, _) in enumerate(OPCODE_TABLE[name])}
     kinds = dict(OPCODE_TABLE[name])
     at, report = index[span.operand], index[span.report or span.operand]
@@ -273,7 +286,8 @@ def span_c(name: str, span: Span) -> str:
         check = f"{'SCRATCHSPAN' if span.kind == 'scratch' else 'NONNEG'}({', '.join([f'a[{at}]'] + args)}, {report});"
     else:
         macro = {"matrix": "SPAN", "rows": "ROWSPAN", "elements": "ELEMENTS", "first": "FIRST", "keys": "KEYS",
-                 "dense": "DENSE", "kernel": "KERNELOK", "scalar": "SCALAR", "target": "TARGET"}
+                 "dense": "DENSE", "kernel": "KERNELOK", "scalar": "SCALAR", "target": "TARGET",
+                 "back": "BACK"}
         check = f"{macro[span.kind]}({', '.join([f'a[{at}]'] + args)}, {report});"
     check = first + check
     return f"if ({c_expr(name, span.when)}) {{ {check} }}" if span.when else check

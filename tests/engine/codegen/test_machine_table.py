@@ -24,7 +24,7 @@ LOOPS = {"C runner's interpreter": (lambda: interpreter_source("double"), "REGOK
 DECLINED = {"APPLY"}   # a step only Python runs: both C loops decline a program that has one
 # what only the rendered checks may do in a case: test a register's or buffer's span, an index buffer's rows
 SPAN_TESTS = re.compile(r"\b(CHECKR|out_of\w*|span_out|index_out|rows_ok\w*|SPAN|ROWSPAN|ELEMENTS|FIRST|INDEX|KEYS|"
-                        r"SCRATCHSPAN|COLUMNS|NONNEG|NOTRANS|DENSE|KERNELOK|SCALAR|TARGET)\("
+                        r"SCRATCHSPAN|COLUMNS|NONNEG|NOTRANS|DENSE|KERNELOK|SCALAR|TARGET|BACK)\("
                         r"|nkernels|[<>]=? *(M->)?size\[|\bsize\[[^]]*\] *[<>]|"
                         r"ld < need_\w+ &&")
 

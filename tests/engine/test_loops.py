@@ -1,0 +1,155 @@
+"""A foreach inside a vertex function as a loop of the instruction program (engine/loops.py: LOOP ... ENDLOOP
+around the body lowered inline, STEPCOLS pointing at the counter's step block): no runner declines F or ∂F,
+every runner (reference, C runner, the emulated CUDA issuing loop) equals F unrolled in Python and the APPLY
+path (the loop run by its op's implementation), loss and gradients; gradients match float64 central finite
+differences for 0, 1, several and the most steps; a loop whose trip count, target or step width is wrong is
+refused by every loop's checks, naming the operand."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from minicavs import ops
+from minicavs.core.dtypes import float64 as F64
+from minicavs.core.errors import CheckError
+from minicavs.cpu import CPU
+from minicavs.cuda import Cuda, issue
+from minicavs.engine import instructions
+from minicavs.engine.compile import EngineOptions
+from minicavs.engine.executor import RunContext
+from minicavs.engine.lowered import OPCODES_BY_ID
+from minicavs.engine.model import Model, Structure
+from minicavs.ops import control as C
+from minicavs.runtime.inputs import InputGraph
+from minicavs.runtime.vertex import VertexFunction
+
+from .test_backend import close
+
+GRAPHS = [InputGraph.chain(n) for n in (3, 1, 2)]
+D, H, MOST = 2, 3, 6
+
+
+def _rnn(steps: int, how: str) -> Model:
+    """F runs an RNN over each vertex's pulled (steps, D) sequence from its child's message, its per-step
+    states stacked too (pushed, summed through Wo): as a foreach (``how`` "foreach") or unrolled in Python."""
+    Wx, Wh, Wo = (ops.param_node("Wx", (D, H), F64), ops.param_node("Wh", (H, H), F64),
+                  ops.param_node("Wo", (steps * H, H), F64))
+    F = VertexFunction("seq", arity=1, message=(H,), dtype=F64)
+    with F:
+        xs, h = F.pull((steps, D)), F.gather(0)
+
+        def body(x, s):
+            s2 = ops.tanh(x @ Wx + s @ Wh)
+            return [s2 * 0.5], s2
+        if how == "foreach":
+            (ys,), h = C.foreach(body, xs, h)
+            ys = ops.reshape(ys, (steps * H,))
+        else:
+            parts = []
+            for t in range(steps):
+                (y,), h = body(ops.reshape(ops.slice_(xs, t, t + 1, axis=0), (D,)), h)
+                parts.append(y)
+            ys = ops.concat(parts, axis=0) if parts else ops.reshape(xs, (0,)) * 0.0
+        F.scatter(h)
+        F.push(h + ys @ Wo)
+    st = Structure(F, pulls={"x": ops.input((None, steps, D), F64, name="xs")})
+    return Model(st, loss=ops.sum(ops.square(st.pushed("h"))))
+
+
+def _values(steps: int) -> tuple[dict, dict]:
+    rng = np.random.default_rng(7)
+    vals = {"Wx": rng.uniform(-0.5, 0.5, (D, H)), "Wh": rng.uniform(-0.5, 0.5, (H, H)),
+            "Wo": rng.uniform(-0.5, 0.5, (steps * H, H))}
+    return vals, {"xs": rng.standard_normal((6, steps, D))}
+
+
+def _run(model, vals, feeds, runner: str, device=None, **switches):
+    """forward_backward on ``runner`` (``device``: the emulated CUDA device, its parameters copied there)."""
+    options = EngineOptions(runner=runner, **switches)
+    if device is None:
+        return model.forward_backward(GRAPHS, feeds, vals, RunContext(), options=options)
+    model.device = device
+    try:
+        return model.forward_backward(GRAPHS, feeds, {k: device.asarray(v) for k, v in vals.items()}, RunContext(),
+                                      options=options)
+    finally:
+        model.device = CPU
+
+
+def _loops_on(result, runner: str) -> None:
+    """Both passes ran on ``runner`` with a loop in their program and no instruction it declines."""
+    for state in result.states.values():
+        for program in (state.program, state.backward_program):
+            assert program.lowered.c_refusal is None, program.lowered.c_refusal
+            assert program.declined is None and program.runner == runner, (program.runner, program.declined)
+            assert "LOOP" in [OPCODES_BY_ID[op] for op in program.lowered.code[:, 0]]
+
+
+def _same(got, want, what: str) -> None:
+    close(got.loss, want.loss, "float64", what)
+    for k in want.grads:
+        close(got.grads[k], want.grads[k], "float64", f"{what} d{k}")
+
+
+@pytest.mark.parametrize("steps", [1, 4])
+def test_a_foreach_in_f_is_a_loop_every_runner_runs_equal_to_python_and_the_apply_path(cuda_standin, monkeypatch,
+                                                                                     steps):
+    vals, feeds = _values(steps)
+    python = _run(_rnn(steps, "python"), vals, feeds, "reference")
+    model = _rnn(steps, "foreach")
+    for runner, device, name in [("reference", None, "reference runner"), ("device", None, "C runner"),
+                                 ("device", Cuda(cuda_standin), "cuda runner")]:
+        got = _run(model, vals, feeds, runner, device, check=True)
+        _loops_on(got, name)
+        _same(got, python, name)
+    monkeypatch.setattr(instructions, "loops", lambda t, step: False)   # (the loop an APPLY of its op)
+    applied = _run(_rnn(steps, "foreach"), vals, feeds, "reference")
+    assert "APPLY" in [OPCODES_BY_ID[op] for op in next(iter(applied.states.values())).program.lowered.code[:, 0]]
+    _same(applied, python, "APPLY path")
+
+
+@pytest.mark.parametrize("steps", [0, 1, 3, MOST])
+def test_the_loops_gradients_match_central_finite_differences(steps):
+    """float64 on the C runner (the default), each parameter along random directions (train.testing)."""
+    from minicavs.train.testing import check_model_grads
+    vals, feeds = _values(steps)
+    model = _rnn(steps, "foreach")
+    _loops_on(_run(model, vals, feeds, "device"), "C runner")
+    check_model_grads(model, GRAPHS, feeds, vals, directions=2)
+
+
+def _corrupted(model, vals, feeds, runner: str, device, opcode: str, operand: int, value: int, backward: bool):
+    """Run, set ``operand`` of the first ``opcode`` of the forward (or backward) program to ``value``, run again
+    (check mode)."""
+    got = _run(model, vals, feeds, runner, device, check=True)
+    state = got.states[next(iter(got.states))]
+    code = (state.backward_program if backward else state.program).lowered.code
+    pc = int(np.flatnonzero([OPCODES_BY_ID[op] == opcode for op in code[:, 0]])[0])
+    old = int(code[pc][1 + operand])
+    code[pc][1 + operand] = value
+    try:
+        _run(model, vals, feeds, runner, device, check=True)
+    finally:
+        code[pc][1 + operand] = old
+
+
+@pytest.mark.parametrize("opcode, operand, value, name, backward", [
+    ("LOOP", 0, -1, "trips", False), ("LOOP", 1, 10**6, "n", False), ("LOOP", 1, -2, "n", False),
+    ("ENDLOOP", 0, -3, "trips", True), ("ENDLOOP", 1, 10**6, "n", False), ("ENDLOOP", 1, 0, "n", True),
+    ("STEPCOLS", 2, -1, "width", False), ("STEPCOLS", 2, 10**4, "a", False)])
+def test_a_wrong_loop_is_refused_by_every_runners_checks(cuda_standin, opcode, operand, value, name, backward):
+    """A negative trip count, a target outside the template (forward past its end, back before its start or
+    not back at all), a step block outside its value (a width: named where the block is read: the
+    product reading it): each loop refuses the instruction, naming the operand, before moving pc or reading."""
+    vals, feeds = _values(3)
+    model = _rnn(3, "foreach")
+    title = "∂F" if backward else "F"
+    expected = [("reference", None, CheckError, rf"reference {title}: task \d+, instruction \d+ \(\w+ .*\): "
+                                                rf"operand {name}"),
+                ("device", None, CheckError, rf"C runner {title}: task \d+, instruction \d+ \(\w+ .*\): operand "
+                                             rf"{name}"),
+                ("device", Cuda(cuda_standin), issue.IssueCheckError,
+                 rf"cuda {title}: task \d+, instruction \d+ \(\w+ .*\): operand {name}")]
+    for runner, device, error, message in expected:
+        with pytest.raises(error, match=message):
+            _corrupted(model, vals, feeds, runner, device, opcode, operand, value, backward)
