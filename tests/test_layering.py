@@ -27,7 +27,8 @@ LAYERS = [
         ["ir"],                          # Node and Graph as plain data
         ["ops"],                         # the op registry: per op its shapes, kernels, gradient, fusion
         ["ops/autodiff", "ops/subgraph"],   # gradients; closed bodies and the items of several results
-        ["ops/control"],                 # cond, foreach, while_loop as operators (they differentiate their bodies)
+        ["ops/control", "ops/flow"],     # cond, foreach, while_loop as operators (they differentiate their
+        # bodies); what such a node holds, for its readers
         ["ops/serialize"]]),             # nodes, graphs and bodies as data (model artifacts)
     ("vertex runtime", ["runtime"], [
         ["runtime/vertex", "runtime/inputs"],

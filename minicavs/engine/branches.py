@@ -12,7 +12,7 @@ import math
 from typing import Callable
 
 from ..ir.graph import Node
-from ..ops.control import flow, is_cond
+from ..ops.flow import flow, is_cond
 from ..ops.registry import OPS, holds_tuple
 from .compile import Step, lower
 from .lowered import Template, _cols, _rows

@@ -10,7 +10,7 @@ import numpy as np
 
 from ..core.sparse import densify
 from ..ir.graph import type_str
-from ..ops.control import Flow, flow
+from ..ops.flow import Flow, flow
 from .backend import to_host
 from .executor import RunContext
 from .program import StaticRun

@@ -61,6 +61,7 @@ import numpy as np
 
 from ..ir.graph import Node
 from ..ops.registry import OPS, holds_tuple
+from ..ops.subgraph import item_index
 from .branches import branches, lower_cond
 from .loops import loops, lower_item, lower_loop
 from .codegen.machine import ARG_KINDS, MAX_ARGS, OPCODES, OPS as OPCODE, WIDTH
@@ -276,7 +277,8 @@ def _width(shape) -> int:
 def _steps(t: Template, steps: list, statics: set, device, singles: dict, skip_concat: Node | None = None) -> None:
     """Each step's instructions in order; ``skip_concat``'s are skipped where the task's children are side by
     side."""
-    t.items.update((o.inputs[0], o.attrs["index"]) for step in steps for o in step.outputs if o.op == "item")
+    t.items.update((o.inputs[0], item_index(o)) for step in steps for o in step.outputs
+                   if item_index(o) is not None)
     for step in steps:
         if skip_concat is not None and step.outputs[0] is skip_concat:
             # the sibling concat: skipped when the task's children are side by side (CATVIEW bound it)

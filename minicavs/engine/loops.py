@@ -17,8 +17,9 @@ from __future__ import annotations
 from typing import Callable
 
 from ..ir.graph import Node
-from ..ops.control import flow, is_loop
+from ..ops.flow import flow, is_foreach, is_loop
 from ..ops.registry import OPS, holds_tuple
+from ..ops.subgraph import item_index
 from .branches import body_steps, inline
 from .lowered import NONE, Template, _cols, _rows
 
@@ -28,7 +29,7 @@ def loops(t: Template, step) -> bool:
     whose sliced inputs, stacked outputs and saved states are per-row, whose body holds no loop (one counter)
     and returns no placeholder nor a view of one (each result is computed, not handed on)."""
     node = step.outputs[0]
-    if step.fused or node.op != "foreach" or len(step.outputs) != 1:
+    if step.fused or not is_foreach(node) or len(step.outputs) != 1:
         return False
     f = flow(node)
     if f is None or f.counted or not node.dtype.is_float:
@@ -43,7 +44,14 @@ def loops(t: Template, step) -> bool:
     return not any(is_loop(n) for n in body.computed) and not _views_of_args(body).intersection(body.outputs)
 
 
-_VIEWS = {"slice", "reshape", "transpose", "expand_dims", "squeeze"}
+# how the lowering runs a node as a view of its input (a column block, a reshape keeping the flat rows, a 2-D
+# transpose: the registry's ``native`` kinds)
+_VIEWS = ("cols", "alias", "transpose")
+
+
+def _may_view(n: Node) -> bool:
+    opdef = OPS[n.op]
+    return opdef.identity or (opdef.native is not None and opdef.native(n) in _VIEWS)
 
 
 def _views_of_args(body) -> set:
@@ -51,7 +59,7 @@ def _views_of_args(body) -> set:
     overwritten by another state's copy before its own: a swap of two states)."""
     views = set(body.args)
     for n in body.computed:
-        if (OPS[n.op].identity or n.op in _VIEWS) and n.inputs and n.inputs[0] in views:
+        if _may_view(n) and n.inputs and n.inputs[0] in views:
             views.add(n)
     return views
 
@@ -161,9 +169,10 @@ def lower_item(t: Template, step) -> bool:
     """An item of a loop lowered here: a view of its result, or (the item has memory of its own: a stored
     tensor, a gradient accumulator) a copy into it. False: not one."""
     node = step.outputs[0]
-    if node.op != "item" or step.inputs[0] not in t.tuples:
+    index = item_index(node)
+    if index is None or step.inputs[0] not in t.tuples:
         return False
-    value = t.tuples[step.inputs[0]][node.attrs["index"]]
+    value = t.tuples[step.inputs[0]][index]
     kept = node in t.regs or node in t.direct or node in t.direct_blocks or node in t.overlays
     if kept:
         out = t.regs[node] if node in t.regs else t.scratch_reg(node)

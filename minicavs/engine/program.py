@@ -27,7 +27,7 @@ from ..core.random import hash_words
 from ..core.sparse import RowSparse
 from ..core.validate import indices
 from ..ir.graph import Node, fmt_shape
-from ..ops.control import is_loop, steps_run
+from ..ops.flow import is_loop, steps_run
 from ..ops.message import as_slice
 from ..ops.registry import OPS
 from .compile import PRE, TASK, StaticNodes, Step
@@ -212,7 +212,7 @@ _VIEWS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # concat -> 
 class StaticRun:
     """What the step runner ran of one static graph in a model run, for ``explain``: the steps, who ran
     them, the bytes each step's value holds, the row counts of the values with the row axis, and per loop
-    the steps it ran (control.steps_run: 0-d arrays, read by the reader; a loop missing ran its length)."""
+    the steps it ran (flow.steps_run: 0-d arrays, read by the reader; a loop missing ran its length)."""
 
     title: str
     steps: list

@@ -32,7 +32,6 @@ in a static graph one per row (padded sequences: each row runs its own length, t
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
@@ -743,58 +742,3 @@ def _while_impl(xp, *values, body, cond, n_in, n_state, n_out, length, _has_coun
 
 register(OpDef("while_loop", infer=_loop_infer, impl=_while_impl, vjp=_loop_vjp, fuse=False,
                tuple_valued=_is_tuple_node))
-
-
-# --- what a control-flow node holds, for a reader (explain): the attrs above are this module's layout ---------
-
-@dataclass(frozen=True)
-class Flow:
-    """A control-flow node as a reader summarizes it."""
-
-    bodies: tuple        # (role, Subgraph): ("body",) and a while_loop's ("cond",); a cond's ("then",), ("else",)
-    length: int | None   # a foreach's trip count, a while_loop's max_iterations; None for a cond
-    counted: bool        # whether fewer steps may run than ``length`` (a while_loop; foreach(steps=n))
-    reverse: bool
-    iterated: int        # inputs sliced per step (a cond: its operands)
-    states: int          # loop states
-    outputs: int         # a loop's per-step outputs, stacked; a cond's results
-    captured: int        # values the bodies read from outside
-    saves: bool          # whether the value holds the per-step states for the gradient
-
-
-def flow(node: Node) -> Flow | None:
-    """The control-flow facts of ``node`` (None: it holds no subgraph)."""
-    a = node.attrs
-    if "then" in a:
-        return Flow((("then", a["then"]), ("else", a["else_"])), None, False, False, a["n_operands"], 0,
-                    len(a["then"].outputs), len(node.inputs) - 1 - a["n_operands"], False)
-    if not isinstance(a.get("body"), Subgraph):
-        return None
-    bodies = (("body", a["body"]),) + ((("cond", a["cond"]),) if "cond" in a else ())
-    fixed = a["n_in"] + a["n_state"] + (1 if a["_has_count"] else 0)
-    return Flow(bodies, a["length"], a["_has_count"] or "cond" in a, bool(a.get("reverse", False)), a["n_in"],
-                a["n_state"], a["n_out"], len(node.inputs) - fixed, a["_save"])
-
-
-def is_cond(node: Node) -> bool:
-    """Is ``node`` a ``cond`` (a then and an else body)?"""
-    return isinstance(node.attrs.get("then"), Subgraph)
-
-
-def is_loop(node: Node) -> bool:
-    """Is ``node`` a control-flow operator with a body (whose steps a run may report: :func:`steps_run`)?"""
-    return isinstance(node.attrs.get("body"), Subgraph)
-
-
-def steps_run(node: Node, env: dict):
-    """The steps loop ``node`` ran, as the run left them in ``env`` (its count input, or a while_loop's count
-    result: a 0-d array, not read here, since on a device a read is a crossing); None where they are its
-    ``length`` or ``node`` is no loop."""
-    a = node.attrs
-    if not isinstance(a.get("body"), Subgraph):
-        return None
-    if a["_has_count"]:
-        return env.get(node.inputs[-1])
-    if "cond" in a and a.get("_pick") is None and node in env:
-        return env[node][a["n_out"] + a["n_state"]]
-    return None

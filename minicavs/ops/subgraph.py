@@ -156,6 +156,11 @@ def item(t: Node, index: int) -> Node:
     return make_node("item", (t,), {"index": index, "shape": shape, "dtype": dtype})
 
 
+def item_index(node: Node) -> int | None:
+    """Which result of its tuple node ``node`` is, when it is an ``item`` (None: any other node)."""
+    return node.attrs["index"] if node.op == "item" else None
+
+
 def _item_vjp(g, y, t, index, shape, dtype):
     return (make_node("tuple_ct", (g,), {"index": (index,), "shape": t.shape, "dtype": t.dtype}),)
 

@@ -16,7 +16,7 @@ from typing import Mapping, Sequence
 
 from ..core.atomic import write_bytes, write_text
 from ..ir.graph import Graph, Node, type_str
-from ..ops.control import flow
+from ..ops.flow import flow
 from ..ops.registry import OPS
 
 # class -> (fill color, what it means); the legend lists the classes a picture uses, in this order
