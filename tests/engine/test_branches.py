@@ -42,13 +42,17 @@ def _run(model, vals: dict, feeds: dict, runner: str, device=None, graphs=GRAPHS
         model.device = CPU
 
 
-def _branches_on(result, runner: str) -> None:
-    """Both passes ran on ``runner`` with a branch in their program and no instruction it declines."""
+def _ran_with(result, runner: str, opcode: str) -> None:
+    """Both passes ran on ``runner`` with ``opcode`` in their program and no instruction it declines."""
     for state in result.states.values():
         for program in (state.program, state.backward_program):
             assert program.lowered.c_refusal is None, program.lowered.c_refusal
             assert program.declined is None and program.runner == runner, (program.runner, program.declined)
-            assert "BRANCH" in [OPCODES_BY_ID[op] for op in program.lowered.code[:, 0]]
+            assert opcode in [OPCODES_BY_ID[op] for op in program.lowered.code[:, 0]]
+
+
+def _branches_on(result, runner: str) -> None:
+    _ran_with(result, runner, "BRANCH")
 
 
 @pytest.mark.parametrize("sign", [1.0, -1.0])

@@ -12,11 +12,8 @@ import pytest
 from minicavs import ops
 from minicavs.core.dtypes import float64 as F64
 from minicavs.core.errors import CheckError
-from minicavs.cpu import CPU
 from minicavs.cuda import Cuda, issue
 from minicavs.engine import instructions
-from minicavs.engine.compile import EngineOptions
-from minicavs.engine.executor import RunContext
 from minicavs.engine.lowered import OPCODES_BY_ID
 from minicavs.engine.model import Model, Structure
 from minicavs.ops import control as C
@@ -24,6 +21,7 @@ from minicavs.runtime.inputs import InputGraph
 from minicavs.runtime.vertex import VertexFunction
 
 from .test_backend import close
+from .test_branches import _ran_with, _run
 
 GRAPHS = [InputGraph.chain(n) for n in (3, 1, 2)]
 D, H, MOST = 2, 3, 6
@@ -63,26 +61,8 @@ def _values(steps: int) -> tuple[dict, dict]:
     return vals, {"xs": rng.standard_normal((6, steps, D))}
 
 
-def _run(model, vals, feeds, runner: str, device=None, **switches):
-    """forward_backward on ``runner`` (``device``: the emulated CUDA device, its parameters copied there)."""
-    options = EngineOptions(runner=runner, **switches)
-    if device is None:
-        return model.forward_backward(GRAPHS, feeds, vals, RunContext(), options=options)
-    model.device = device
-    try:
-        return model.forward_backward(GRAPHS, feeds, {k: device.asarray(v) for k, v in vals.items()}, RunContext(),
-                                      options=options)
-    finally:
-        model.device = CPU
-
-
 def _loops_on(result, runner: str) -> None:
-    """Both passes ran on ``runner`` with a loop in their program and no instruction it declines."""
-    for state in result.states.values():
-        for program in (state.program, state.backward_program):
-            assert program.lowered.c_refusal is None, program.lowered.c_refusal
-            assert program.declined is None and program.runner == runner, (program.runner, program.declined)
-            assert "LOOP" in [OPCODES_BY_ID[op] for op in program.lowered.code[:, 0]]
+    _ran_with(result, runner, "LOOP")
 
 
 def _same(got, want, what: str) -> None:
