@@ -36,8 +36,7 @@ def lower_cond(t: Template, step, statics: set, device, singles: dict, lower_ste
     so only the taken branch runs (NaN in the other is never computed, nor read)."""
     node, (pred, *args) = step.outputs[0], step.inputs
     (_, then), (_, else_) = flow(node).bodies
-    # memory the result must land in (a stored tensor, a column block, an accumulator): a copy; else a view
-    kept = node in t.regs or node in t.direct or node in t.direct_blocks or node in t.overlays
+    kept = t.has_memory(node)
     out = t.regs[node] if node in t.regs else t.scratch_reg(node) if kept else t.reg(node)
     branch, pred_buf = len(t.code), t.buf(("static", t.origins.get(pred, pred)))
     t.emit("BRANCH", pred_buf, 0)

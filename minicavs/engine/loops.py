@@ -173,7 +173,7 @@ def lower_item(t: Template, step) -> bool:
     if index is None or step.inputs[0] not in t.tuples:
         return False
     value = t.tuples[step.inputs[0]][index]
-    kept = node in t.regs or node in t.direct or node in t.direct_blocks or node in t.overlays
+    kept = t.has_memory(node)
     if kept:
         out = t.regs[node] if node in t.regs else t.scratch_reg(node)
         t.emit("COPY", out, value, _rows(node), _cols(node))

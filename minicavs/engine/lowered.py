@@ -86,6 +86,11 @@ class Template:
             self.scatter_rows = True
         self.code.append((op,) + tuple(int(a) for a in args))
 
+    def has_memory(self, node: Node) -> bool:
+        """Must ``node``'s value land in memory of its own (a stored tensor, a column block, an accumulator), so
+        that a value computed elsewhere is copied there, not aliased (the results of a cond's branch, a loop's)?"""
+        return node in self.regs or node in self.direct or node in self.direct_blocks or node in self.overlays
+
     def scratch_reg(self, node: Node) -> int:
         cols = _cols(node)
         r = self.reg(node)

@@ -471,6 +471,19 @@ class Optimizer:
                                                xp.all(xp.isfinite(new))))
                 updates.append((p, idx, new, new_slots))
         got = xp.stack([r.astype(f64) for r in report]).get()   # the one device-to-host read of a step
+        norm = self._checked_report(got, loss, [p for p, *_ in updates])
+        for p, idx, new, new_slots in updates:   # commit on the device: nothing can fail now
+            slots = self.state[p.name]
+            at = ... if idx is None else idx
+            p.value[at] = new
+            for s, a in new_slots.items():
+                slots[s][at] = a
+        self.steps = t
+        return norm
+
+    def _checked_report(self, got: np.ndarray, loss, params: list) -> float | None:
+        """The global norm from the step's one read-back (loss, norm when clipping, each update's finiteness),
+        raising NonFiniteError for the first thing not finite, before any parameter changes."""
         self.last_loss = None if loss is None else float(got[0])
         norm = None
         if self.clip_norm is not None:
@@ -479,22 +492,10 @@ class Optimizer:
                 raise NonFiniteError("global gradient norm overflows; no parameter was updated")
         if loss is not None and not math.isfinite(got[0]):
             raise NonFiniteError(f"loss is {got[0]}; no parameter was updated")
-        flags = got[2 if self.clip_norm is not None else 1:]
-        for (p, *_), ok in zip(updates, flags):
+        for p, ok in zip(params, got[2 if self.clip_norm is not None else 1:]):
             if not ok:
                 raise NonFiniteError(f"update of parameter '{p.name}' is not finite (learning rate or "
                                      "gradient too large?); no parameter was updated")
-        for p, idx, new, new_slots in updates:   # commit on the device: nothing can fail now
-            slots = self.state[p.name]
-            if idx is None:
-                p.value[...] = new
-                for s, a in new_slots.items():
-                    slots[s][...] = a
-            else:
-                p.value[idx] = new
-                for s, a in new_slots.items():
-                    slots[s][idx] = a
-        self.steps = t
         return norm
 
     def _validate(self, grads: Mapping[str, Grad], loss, lib=None, device: bool = False

@@ -146,10 +146,13 @@ def test_the_branchs_gradients_match_central_finite_differences(sign):
             assert abs(fd - g) <= 1e-6 * max(abs(fd), abs(g)) + 1e-8, (name, i, fd, g)
 
 
-def _corrupted(model, vals, feeds, runner: str, device, opcode: str, operand: int, value: int):
-    """Run, set ``operand`` of the first ``opcode`` of the forward program to ``value``, run again (check mode)."""
+def _corrupted(model, vals, feeds, runner: str, device, opcode: str, operand: int, value: int,
+               backward: bool = False):
+    """Run, set ``operand`` of the first ``opcode`` of the forward (or backward) program to ``value``, run again
+    (check mode)."""
     got = _run(model, vals, feeds, runner, device, check=True)
-    code = got.states[next(iter(got.states))].program.lowered.code
+    state = got.states[next(iter(got.states))]
+    code = (state.backward_program if backward else state.program).lowered.code
     pc = int(np.flatnonzero([OPCODES_BY_ID[op] == opcode for op in code[:, 0]])[0])
     old = int(code[pc][1 + operand])
     code[pc][1 + operand] = value

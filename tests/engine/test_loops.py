@@ -21,7 +21,7 @@ from minicavs.runtime.inputs import InputGraph
 from minicavs.runtime.vertex import VertexFunction
 
 from .test_backend import close
-from .test_branches import _ran_with, _run
+from .test_branches import _corrupted, _ran_with, _run
 
 GRAPHS = [InputGraph.chain(n) for n in (3, 1, 2)]
 D, H, MOST = 2, 3, 6
@@ -96,21 +96,6 @@ def test_the_loops_gradients_match_central_finite_differences(steps):
     model = _rnn(steps, "foreach")
     _loops_on(_run(model, vals, feeds, "device"), "C runner")
     check_model_grads(model, GRAPHS, feeds, vals, directions=2)
-
-
-def _corrupted(model, vals, feeds, runner: str, device, opcode: str, operand: int, value: int, backward: bool):
-    """Run, set ``operand`` of the first ``opcode`` of the forward (or backward) program to ``value``, run again
-    (check mode)."""
-    got = _run(model, vals, feeds, runner, device, check=True)
-    state = got.states[next(iter(got.states))]
-    code = (state.backward_program if backward else state.program).lowered.code
-    pc = int(np.flatnonzero([OPCODES_BY_ID[op] == opcode for op in code[:, 0]])[0])
-    old = int(code[pc][1 + operand])
-    code[pc][1 + operand] = value
-    try:
-        _run(model, vals, feeds, runner, device, check=True)
-    finally:
-        code[pc][1 + operand] = old
 
 
 @pytest.mark.parametrize("opcode, operand, value, name, backward", [
