@@ -27,6 +27,8 @@ import time
 
 import numpy as np
 
+from minicavs.bench import machine_facts as machine
+
 SIZES = [1, 2, 4, 8, 12, 16, 24, 32, 48, 64]   # batch sizes of the service curve
 
 
@@ -206,6 +208,14 @@ def table(rows: list) -> str:
     return "\n".join(out)
 
 
+def as_user() -> None:
+    """This script again with the BLAS variables unset (numpy reads them once, when it loads; the servers, the
+    client and the service curve's child inherit the environment); returns when none is set."""
+    if machine.blas_env():
+        print("--as-user: unset " + " ".join(machine.blas_env()), file=sys.stderr, flush=True)
+        os.execve(sys.executable, [sys.executable, os.path.abspath(__file__), *sys.argv[1:]], machine.user_env())
+
+
 def _lines(path: str) -> list:
     with open(path, encoding="utf-8") as f:
         return [line.strip() for line in f if line.strip()]
@@ -227,7 +237,12 @@ def main(argv=None) -> int:
     p.add_argument("--max-batch", type=int, default=64)
     p.add_argument("--max-wait-ms", type=float, default=5.0)
     p.add_argument("--out", default=None, help="write the rows as JSON here")
+    p.add_argument("--as-user", action="store_true", help="run the driver, the servers and the client as a user's "
+                   "machine does: every OPENBLAS_*, OMP_* and MKL_* variable unset (as minicavs bench --as-user)")
     args = p.parse_args(argv)
+    if args.as_user:
+        as_user()
+    print(machine.describe(machine.facts()), flush=True)
     one = ["--max-batch", "1", "--max-wait-ms", "0"]
     saturated = run_server(args, one, [0], "max-batch 1")
     R = saturated[0]["throughput"]

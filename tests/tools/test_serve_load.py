@@ -85,3 +85,22 @@ def test_the_tool_measures_the_curve_in_a_process_of_its_own(model_file, tmp_pat
     lines.write_text("\n".join(LINES) + "\n")
     curve = serve_load.curve_in_child(str(model_file), str(lines))
     assert [r["batch"] for r in curve] == serve_load.SIZES and all(r["max_rate"] > 0 for r in curve)
+
+
+@pytest.mark.parametrize("as_user", [False, True])
+def test_the_tool_names_the_blas_it_ran_with_and_unsets_the_forced_kernel_as_a_user(tmp_path, as_user):
+    """The header names the BLAS and the variables set; --as-user re-runs the tool with them unset (the servers
+    and the client inherit that environment). A missing model stops it right after the header."""
+    import os
+    import subprocess
+    env = {**os.environ, "OPENBLAS_CORETYPE": "Haswell"}
+    done = subprocess.run([sys.executable, str(TOOLS / "serve_load.py"), str(tmp_path / "missing.mcav"),
+                           str(tmp_path / "lines.txt"), *(["--as-user"] if as_user else [])],
+                          capture_output=True, text=True, env=env, cwd=Path(__file__).resolve().parents[2])
+    header = done.stdout.splitlines()[0]
+    assert done.returncode != 0 and header.startswith("BLAS: ")
+    if as_user:
+        assert header.endswith("OPENBLAS_*/OMP_*/MKL_* set: none.")
+        assert "--as-user: unset OPENBLAS_CORETYPE" in done.stderr
+    else:
+        assert "OPENBLAS_CORETYPE=Haswell" in header
