@@ -67,6 +67,46 @@ SMALL_M_ROWS = 32
 # rows; Fixed-LSTM h512 b16 step -1.8%); smaller ones (256 x 1024) lost. Near-square statics (a Tree-LSTM's U,
 # 2H x 3H) get no twin: with one, Tree-LSTM h512 b64 steps took 2.8% longer.
 TWIN_ELEMENTS = 1 << 20
+# A read-only static (ParameterSet.read_only: a loaded model's parameters) keeps its transposed copies from run
+# to run, so they cost nothing per batch: then a near-square one this large gets a twin too (a Tree-LSTM h512's
+# U, 1024 x 1536: 0.45-0.6x the time at 2-32 rows, 1 BLAS thread, SkylakeX kernel), and few-row runs use them.
+_KEPT: dict = {}   # id of a root array -> (a weak reference to it, {(what, where): its copy}); gone with the array
+
+
+def _read_only_root(a: np.ndarray) -> np.ndarray | None:
+    """The array owning ``a``'s memory when ``a`` and every array it views are read-only (nothing writes them
+    without first making them writeable again: what ParameterSet.read_only promises), else None."""
+    while a.flags.writeable is False:
+        base = a.base
+        if base is None:
+            return a
+        if not isinstance(base, np.ndarray):
+            return None
+        a = base
+    return None
+
+
+def _forget(ident: int, dead: weakref.ref) -> None:
+    if _KEPT.get(ident, (None,))[0] is dead:
+        del _KEPT[ident]
+
+
+def _kept(a: np.ndarray, what: tuple, make) -> np.ndarray:
+    """``make()``, a copy of ``a`` (``what`` says which), kept while ``a``'s memory lives when ``a`` is read-only."""
+    root = _read_only_root(a)
+    if root is None:
+        return make()
+    ref, copies = _KEPT.get(id(root), (None, None))
+    if ref is None or ref() is not root:   # (ndarrays are not hashable: kept by id, checked by a weak reference)
+        ident = id(root)
+        ref, copies = weakref.ref(root, lambda dead: _forget(ident, dead)), {}
+        _KEPT[ident] = (ref, copies)
+    key = (*what, a.__array_interface__["data"][0], a.shape, a.strides)
+    copy = copies.get(key)
+    if copy is None:
+        copy = copies[key] = make()
+        copy.flags.writeable = False
+    return copy
 
 class BufferTable:
     """A program's buffer table (per buffer: base address, elements, row stride, transposed flag, twin's
@@ -144,7 +184,8 @@ def run(program, clock: np.ndarray | None = None) -> None:
     rows = table[:, 2].tolist()
     max_bs = max(rows, default=0)
     streaming = eager is not None and len(eager) > 0
-    entries = _bind_entries(program, bound, ex, _copier(program, rows, max_bs))
+    entries = _bind_entries(program, bound, ex, _copier(program, rows, max_bs),
+                            library(program.dtype) if max_bs > 1 else None)
     twin_cols = entries.twin_cols
     tmp_rows = _twin_rows(program, max_bs, twin_cols)
     scratch = program.bound.scratch
@@ -177,10 +218,11 @@ def run(program, clock: np.ndarray | None = None) -> None:
     _TABLES[lowered] = bound
 
 
-def _bind_entries(program, bound: BufferTable, ex, copier) -> _Entries:
+def _bind_entries(program, bound: BufferTable, ex, copier, spare=None) -> _Entries:
     """Every operand of the bound program into the buffer table (a static through its copies, when
-    ``copier`` makes them); an entry no run of this program uses now holds no address."""
-    entries = _Entries(bound, ex, copier)
+    ``copier`` makes them, or ``spare`` for a read-only one's kept copies); an entry no run of this program uses
+    now holds no address."""
+    entries = _Entries(bound, ex, copier, spare)
     task_keys = program.lowered.task_keys
     last, persistent, slots, from_buffer = bound.last, bound.persistent, bound.slots, ex.ffi.from_buffer
     for i, operand in enumerate(program.operands):
@@ -190,7 +232,8 @@ def _bind_entries(program, bound: BufferTable, ex, copier) -> _Entries:
         elif not persistent[i]:   # (a batch's own array: addressed every run, zeroed after it)
             slots[i] = from_buffer(operand.array)
             bound.write(i, operand.elements, operand.ld, operand.transposed)
-        elif last[i] is None or last[i]() is not operand or (copier is not None and operand.kind == "static"):
+        elif last[i] is None or last[i]() is not operand or ((copier or spare) is not None
+                                                              and operand.kind == "static"):
             # (else the entry as the last run left it: a static's copies and twins are made per run)
             if operand.kind == "static":
                 entries.static(i, operand, task_keys is None or i < task_keys)
@@ -234,8 +277,9 @@ class _Entries:
     addressed last run, laid out the same (then only its elements may change), else addressed anew. Statics may
     be copied (a transposed one read by multi-row tasks) or get a transposed twin (see the constants above)."""
 
-    def __init__(self, bound: BufferTable, ex, copier):
+    def __init__(self, bound: BufferTable, ex, copier, spare=None):
         self.bound, self.copier, self.from_buffer = bound, copier, ex.ffi.from_buffer
+        self.spare = spare   # (the copier for read-only statics when a run has too few rows for copies per run)
         self.twin_cols = 0
         self.twins, self.copied, self.alive = [], [], []   # (kept alive for the call; let go after it)
 
@@ -258,35 +302,43 @@ class _Entries:
     def static(self, i: int, operand, in_tasks: bool) -> None:
         """A static's entry: as bound, or (multi-row tasks) a transposed one copied, wide ones twinned."""
         a, copier = operand.source, self.copier
+        constant = isinstance(a, np.ndarray) and _read_only_root(a) is not None
+        if copier is None and constant:
+            copier = self.spare
         if copier is None or a.ndim != 2 or a.dtype != copier.dtype:
             self.bind(i, operand.array, operand.elements, operand.ld, operand.transposed)
             return
-        if operand.array.ndim == 1:   # a block of a planned parameter buffer (operands.strided_span)
+        span = operand.array
+        if span.ndim == 1:   # a block of a planned parameter buffer (operands.strided_span)
             if operand.transposed:   # its transpose: copied as a transposed parameter is (below)
-                a = _transposed(copier, operand.array, a.shape[1], a.shape[0], operand.ld)
+                rows, cols = a.shape[1], a.shape[0]
+                a = _kept(span, ("T", rows, cols, operand.ld),
+                          lambda: _transposed(copier, span, rows, cols, operand.ld))
                 self.copied.append(i)
             else:
-                self.bind(i, operand.array, operand.elements, operand.ld, 0)
+                self.bind(i, span, operand.elements, operand.ld, 0)
                 deep, wide = a.shape
-                if in_tasks and operand.array.size == deep * operand.ld and _twinned(deep, wide, a.size):
-                    self.twin(i, _transposed(copier, operand.array, deep, wide, operand.ld), wide)
+                if in_tasks and span.size == deep * operand.ld and _twinned(deep, wide, a.size, constant):
+                    self.twin(i, _kept(span, ("T", deep, wide, operand.ld),
+                                       lambda: _transposed(copier, span, deep, wide, operand.ld)), wide)
                 return
         twin = None
         if operand.transposed and a.ndim == 2 and not a.flags.c_contiguous:   # (a parameter's .T, say)
-            twin = operand.array
-            a = copier.contiguous(a)
+            twin, view = span, a
+            a = _kept(view, ("C",), lambda: copier.contiguous(view))
             self.copied.append(i)
         elif not a.flags.c_contiguous:
-            a = operand.array   # (made contiguous by the binder)
+            a = span   # (made contiguous by the binder)
         deep, wide = a.shape
-        if a.size and in_tasks and _twinned(deep, wide, a.size):
-            self.twin(i, copier.contiguous(a.T) if twin is None else twin, wide)
+        if a.size and in_tasks and _twinned(deep, wide, a.size, constant):
+            whole = a
+            self.twin(i, _kept(whole, ("C.T",), lambda: copier.contiguous(whole.T)) if twin is None else twin, wide)
         self.bind(i, a, a.size, wide, 0)
 
 
-def _twinned(deep: int, wide: int, size: int) -> bool:
-    """Does a static of deep x wide get a transposed twin (SMALL_M_ROWS, TWIN_ELEMENTS)?"""
-    return wide >= 2 * deep or (deep >= 2 * wide and size >= TWIN_ELEMENTS)
+def _twinned(deep: int, wide: int, size: int, constant: bool = False) -> bool:
+    """Does a static of deep x wide get a transposed twin (SMALL_M_ROWS, TWIN_ELEMENTS; ``constant``: a read-only one, _KEPT)?"""
+    return wide >= 2 * deep or (size >= TWIN_ELEMENTS and (deep >= 2 * wide or constant))
 
 
 def _eager_call(ex, program, bound: BufferTable, sync: np.ndarray, twin_cols: int, check: int):

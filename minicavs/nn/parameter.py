@@ -115,6 +115,17 @@ class ParameterSet(Mapping):
         """The parameters an optimizer updates (frozen ones left out), in order."""
         return [p for p in self._params.values() if p.trainable]
 
+    def read_only(self) -> None:
+        """Make every value read-only, and the buffers they view: a model that only predicts (a loaded
+        artifact, a server) promises this way that nothing changes them, so the C runner keeps the transposed
+        copies it multiplies by from batch to batch instead of making them per batch. Writing a value then
+        fails (numpy: 'assignment destination is read-only'); setting it writeable again breaks the promise."""
+        for p in self._params.values():
+            a = p.value
+            while isinstance(a, np.ndarray):
+                a.flags.writeable = False
+                a = a.base
+
     @property
     def nodes(self) -> list[Node]:
         """The param nodes in order: the ``wrt`` list for :func:`minicavs.grad`."""

@@ -228,6 +228,7 @@ class LoadedModel:
         self.model = Model(structures, outputs=outputs, policy=meta["policy"],
                            options=EngineOptions(**meta["options"]))
         self.model.plan_buffers(self.params)
+        self.params.read_only()   # (it only predicts: the C runner keeps its transposed copies across batches)
 
     def parse_input(self, line: str, where: str) -> Any:
         reader = self.behaviour["reader"]

@@ -242,3 +242,46 @@ def test_prefix_of_a_dynamic_tensor_is_only_its_last_resize():
     buf, used = t.prefix(grown)
     assert buf is t.buffer and used == 300 and buf.base is None and _address(buf) == _address(grown)
     assert t.prefix(t.buffer[1:3]) is not None and type(t.prefix(t.buffer[1:3])) is not tuple
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_read_only_parameters_keep_their_transposed_copies_across_batches(dtype, tmp_path, monkeypatch):
+    """ParameterSet.read_only (a loaded model's parameters): the C runner makes a static's transposed copies
+    once and keeps them from batch to batch (here a twin of the Tree-LSTM's near-square U, TWIN_ELEMENTS lowered
+    so the tiny model has one), even in a batch with too few rows for copies per batch; the outputs equal those
+    of the writable parameters (copies per batch, or none) and the reference runner's."""
+    monkeypatch.setattr(c_runner, "TWIN_ELEMENTS", 1)
+    t = Trainer(MODELS / "tree_lstm.yaml", TINY["tree_lstm"] + [f"train.dtype={dtype}"], run_dir=tmp_path)
+    made = []   # (the shape transposed, of each transposed copy the C runner makes)
+    real = c_runner._transposed
+    monkeypatch.setattr(c_runner, "_transposed", lambda *a: made.append(a[2:4]) or real(*a))
+    real_library = c_runner.library
+
+    def recording(d):
+        lib = real_library(d)
+        monkeypatch.setattr(lib, "contiguous", lambda a, f=type(lib).contiguous: made.append(a.shape[::-1])
+                            or f(lib, a), raising=False)
+        return lib
+
+    monkeypatch.setattr(c_runner, "library", recording)
+    samples = t.task.data["train"][:6]
+
+    def infer(options):
+        graphs, feeds = t.task.batch(samples)
+        return t.model.infer(graphs, feeds, t.params, t.context(training=False), options=options).outputs
+
+    writable = infer(EngineOptions(runner="device", check=True))
+    assert not made   # (six trees: too few rows for copies per batch)
+    U = t.params["U"].value
+    t.params.read_only()
+    assert not U.flags.writeable and (U.base is None or not U.base.flags.writeable)   # (a planned buffer too)
+    with pytest.raises(ValueError, match="read-only"):
+        U[0, 0] = 1.0
+    kept = [infer(EngineOptions(runner="device", check=True)) for _ in range(3)]
+    assert made.count(U.shape) == 1, made   # U's twin: made in the first batch, kept for the next two
+    reference = infer(EngineOptions(runner="reference"))
+    for out in kept:
+        assert out.keys() == writable.keys()
+        for k in out:
+            close(out[k], writable[k], dtype)
+            close(out[k], reference[k], dtype)

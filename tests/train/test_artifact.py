@@ -209,3 +209,16 @@ def test_export_reads_the_push_buffers_without_making_any(tmp_path):
     assert sorted(meta["structures"][0]["pushed"]) == sorted(before)
     with pytest.raises(TypeError):
         structure.pushes["extra"] = next(iter(before.values()))
+
+
+def test_a_loaded_model_holds_its_parameters_read_only(seq2seq_file):
+    """A loaded model only predicts: its parameters (and the buffers they view) are read-only, which lets the C
+    runner keep what it derives from them across batches (cpu/c_runner.py _KEPT); writing one is an error."""
+    loaded = artifact.load(seq2seq_file, say=None)
+    for p in loaded.params.values():
+        a = p.value
+        while isinstance(a, np.ndarray):
+            assert not a.flags.writeable, p.name
+            a = a.base
+    with pytest.raises(ValueError, match="read-only"):
+        next(iter(loaded.params.values())).value[...] = 0.0
