@@ -386,6 +386,14 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
                 double scale_d;
                 memcpy(&scale_d, &e[2], sizeof scale_d);
                 const T scale = (T)scale_d;
+                if (th == 0 && scale == (T)1) {{   /* keeps every value as it is (inference, p = 0): no hashing */
+                    for (int64_t r = 0; r < bs; r++) {{
+                        T *d = R[a[0]].p + r * R[a[0]].ld;
+                        const T *s = R[a[1]].p + r * R[a[1]].ld;
+                        if (d != s) memmove(d, s, (size_t)cols * sizeof(T));
+                    }}
+                    break;
+                }}
                 for (int64_t r = 0; r < bs; r++) {{
                     const uint64_t hr = mc_mix(h ^ keys[r]) + golden;
                     T *d = R[a[0]].p + r * R[a[0]].ld;
