@@ -202,6 +202,10 @@ def _phases(nodes, classes, leaves, opts: EngineOptions, eager_leaves=()) -> Pha
             # a view, taken again in each phase that reads it, so that the product is the one value stored
             # across phases, as a cell's fused product is, not each column block copied into a tensor of its own.
             where[n] = set().union(*(where[c] for c in cs))
+        elif cs and _step_block(n):
+            # One step's block of a per-row value stacked over steps (a loop's, ops/loop_grad.py): a view,
+            # taken again in each phase that reads it, so that the stacked value is what crosses phases.
+            where[n] = set().union(*(where[c] for c in cs))
         elif n.has_rows or not cs:
             where[n] = {own(n)}
         else:
@@ -220,6 +224,16 @@ def _phases(nodes, classes, leaves, opts: EngineOptions, eager_leaves=()) -> Pha
                         raise AssertionError(f"{x.label()} crosses phases without a vertex axis")
                     reads[p].append(x)
     return Phases(programs, reads, phase)
+
+
+def _step_block(n: Node) -> bool:
+    """Is ``n`` a per-row view of one step of a stacked per-row value: a slice along its axis 1 (of three
+    axes or more), or a per-row reshape of one?"""
+    if not n.has_rows or not n.inputs or not n.inputs[0].has_rows:
+        return False
+    if n.op == "reshape":
+        return _step_block(n.inputs[0])
+    return n.op == "slice" and n.attrs["axis"] == 1 and n.inputs[0].ndim >= 3 and OPS[n.op].native(n) == "cols"
 
 
 def _product_block(n: Node, users: dict) -> bool:

@@ -151,7 +151,10 @@ def saved_vjp(g: Node, node: Node, inputs: Sequence[Node]) -> tuple:
                                  for v in (A, B) if v is not None and v not in source))
     gx = [_or_zeros(found.grads.get(x), x) for x in body.args[:n_in]]
     gs = [_or_zeros(found.grads.get(s), s) for s in body.args[n_in:n_in + n_state]]
-    sub = _closed(step_args + found.cts[len(given):] + found.caps, gx + vectors + gs, f"{body.name}.backward")
+    invariant = _invariants(gx + vectors + gs, set(found.caps))
+    sub = _closed(step_args + found.cts[len(given):] + found.caps + invariant, gx + vectors + gs,
+                  f"{body.name}.backward")
+    caps = caps + _outside(invariant, dict(zip(found.caps, caps)))
     carried = [cts[n_out + j] if n_out + j in cts else zeros_like(s) for j, s in enumerate(ss)]
     n_back = len(gx) + len(vectors)
     attrs = dict(body=sub, n_in=len(step_args), n_state=n_state, n_out=n_back, length=length,
@@ -164,6 +167,52 @@ def saved_vjp(g: Node, node: Node, inputs: Sequence[Node]) -> tuple:
     grads += [_summed(found.terms[c], source, length) if c in found.terms and length else None
               for c in body.args[n_in + n_state:]]   # (a loop of no step adds nothing)
     return tuple(grads)
+
+
+def _invariants(outputs: list, caps: set) -> list:
+    """The values of the gradient's body that read captured values alone (a weight's transpose), where a
+    value of a step reads them: computed once, before the loop (a static of ∂F), not at every step."""
+    fixed: dict = {}
+
+    def invariant(n: Node) -> bool:
+        if n not in fixed:
+            fixed[n] = n in caps or (bool(n.inputs) and not n.has_rows and n.op not in ("input", "param")
+                                     and all(invariant(x) for x in n.inputs))
+        return fixed[n]
+    found, stack, seen = [], list(outputs), set()
+    while stack:
+        n = stack.pop()
+        if n in seen or n in caps:
+            continue
+        seen.add(n)
+        if invariant(n):
+            found.append(n)
+        else:
+            stack.extend(n.inputs)
+    return sorted(found, key=lambda n: n.id)
+
+
+def _outside(values: list, caps: dict) -> list:
+    """``values`` (nodes of a body over its captured placeholders) re-made over the loop's captured values."""
+    mapping = dict(caps)
+    made = []
+    for v in values:
+        inner = sorted(_between(v, mapping), key=lambda n: n.id)
+        for n in inner:
+            mapping[n] = make_node(n.op, tuple(mapping[x] for x in n.inputs), n.attrs)
+        made.append(mapping[v])
+    return made
+
+
+def _between(v: Node, known: dict) -> set:
+    out, stack = set(), [v]
+    while stack:
+        n = stack.pop()
+        if n in known or n in out:
+            continue
+        out.add(n)
+        stack.extend(n.inputs)
+    return out
 
 
 def _or_zeros(g: Node | None, x: Node) -> Node:
@@ -208,3 +257,4 @@ def _closed(args: list, outputs: list, name: str) -> Subgraph:
         n = inner[i]
         mapping[n] = Node(n.op, tuple(mapping[x] for x in n.inputs), n.attrs, n.shape, n.dtype, n.name)
     return Subgraph(fresh, [mapping[o] for o in outputs], name)
+
