@@ -229,11 +229,13 @@ def _phases(nodes, classes, leaves, opts: EngineOptions, eager_leaves=()) -> Pha
 def _step_block(n: Node) -> bool:
     """Is ``n`` a per-row view of one step of a stacked per-row value: a slice along its axis 1 (of three
     axes or more), or a per-row reshape of one?"""
-    if not n.has_rows or not n.inputs or not n.inputs[0].has_rows:
+    opdef = OPS[n.op]
+    if not n.has_rows or not n.inputs or not n.inputs[0].has_rows or opdef.native is None:
         return False
-    if n.op == "reshape":
+    how = opdef.native(n)
+    if how == "alias":
         return _step_block(n.inputs[0])
-    return n.op == "slice" and n.attrs["axis"] == 1 and n.inputs[0].ndim >= 3 and OPS[n.op].native(n) == "cols"
+    return how == "cols" and n.attrs.get("axis") == 1 and n.ndim == n.inputs[0].ndim >= 3
 
 
 def _product_block(n: Node, users: dict) -> bool:

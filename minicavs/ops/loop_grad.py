@@ -118,6 +118,7 @@ def saving_loop(xs: list, ss: list, traced, n_out: int, length: int, extra: dict
     body = traced.graph
     if count is not None:
         return None
+    xs, body = hoisted(xs, len(ss), body, traced.captured)
     found = plan(xs, ss, body, n_out)
     if found is None:
         return None
@@ -147,9 +148,9 @@ def saved_vjp(g: Node, node: Node, inputs: Sequence[Node]) -> tuple:
     step_values = xs + [item(node, n_out + n_state + j) for j in range(n_state)] + \
         [item(node, n_user + r) for r in range(n_res)] + [cts[k] for k in given]
     source = dict(zip(step_args, step_values))
-    vectors = list(dict.fromkeys(v for terms in found.terms.values() for _, A, B, _ in terms
-                                 for v in (A, B) if v is not None and v not in source))
     gx = [_or_zeros(found.grads.get(x), x) for x in body.args[:n_in]]
+    vectors = list(dict.fromkeys(v for terms in found.terms.values() for _, A, B, _ in terms
+                                 for v in (A, B) if v is not None and v not in source and v not in gx))
     gs = [_or_zeros(found.grads.get(s), s) for s in body.args[n_in:n_in + n_state]]
     invariant = _invariants(gx + vectors + gs, set(found.caps))
     sub = _closed(step_args + found.cts[len(given):] + found.caps + invariant, gx + vectors + gs,
@@ -162,8 +163,9 @@ def saved_vjp(g: Node, node: Node, inputs: Sequence[Node]) -> tuple:
                  _in_vertex_function=False, _pick=None)
     types = loop_types("foreach", sub, carried, n_back, length, False)
     back = _tuple_node("foreach", step_values + carried + caps, dict(attrs, dtype=types[0][1]), types)
-    source.update((v, item(back, len(gx) + i)) for i, v in enumerate(vectors))
     grads = [item(back, i) for i in range(n_in)] + [item(back, n_back + j) for j in range(n_state)]
+    source.update((v, item(back, len(gx) + i)) for i, v in enumerate(vectors))
+    source.update((v, grads[i]) for i, v in enumerate(gx) if v not in source)   # (a term's B: an input's gradient)
     grads += [_summed(found.terms[c], source, length) if c in found.terms and length else None
               for c in body.args[n_in + n_state:]]   # (a loop of no step adds nothing)
     return tuple(grads)
@@ -258,3 +260,25 @@ def _closed(args: list, outputs: list, name: str) -> Subgraph:
         mapping[n] = Node(n.op, tuple(mapping[x] for x in n.inputs), n.attrs, n.shape, n.dtype, n.name)
     return Subgraph(fresh, [mapping[o] for o in outputs], name)
 
+
+
+def hoisted(xs: list, n_state: int, body: Subgraph, captured: list) -> tuple[list, Subgraph]:
+    """The loop with the body's products of a per-step input by a captured matrix (``x_t · W``: nothing of the
+    loop's state) made one product before it, of every step at once ((rows, T, D) · (D, H): F's eager phase
+    runs it over all rows, as the unrolled F's products), the body reading its step's block as an input; inputs
+    the body then no longer reads are dropped. Returns the loop's iterated inputs and body."""
+    n_in = len(xs)
+    x_args, caps = body.args[:n_in], body.args[n_in + n_state:]
+    outer = dict(zip(x_args, xs)) | dict(zip(caps, captured))
+    products = [n for n in body.computed if n.op == "matmul" and n.inputs[0] in x_args and n.inputs[1] in caps
+                and n.inputs[0].ndim == 2 and n.inputs[1].ndim == 2 and n.dtype.is_float]
+    if not products:
+        return xs, body
+    stacked = [make_node("matmul", (outer[p.inputs[0]], outer[p.inputs[1]])) for p in products]
+    sub = _closed(list(x_args) + products + list(body.args[n_in:]), list(body.outputs), body.name)
+    read = {x for n in sub.computed for x in n.inputs} | set(sub.outputs)
+    n_iter = n_in + len(products)
+    keep = [i for i in range(n_iter) if sub.args[i] in read]
+    values = list(xs) + stacked
+    kept = Subgraph([sub.args[i] for i in keep] + list(sub.args[n_iter:]), sub.outputs, body.name)
+    return [values[i] for i in keep], kept
