@@ -118,7 +118,8 @@ def saving_loop(xs: list, ss: list, traced, n_out: int, length: int, extra: dict
     body = traced.graph
     if count is not None:
         return None
-    xs, body = hoisted(xs, len(ss), body, traced.captured)
+    if length:   # (a loop of no step computes no product)
+        xs, body = hoisted(xs, len(ss), body, traced.captured)
     found = plan(xs, ss, body, n_out)
     if found is None:
         return None
