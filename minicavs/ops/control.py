@@ -41,6 +41,7 @@ from ..core.dtypes import int64
 from ..core.errors import FeedError, ShapeError
 from ..ir.graph import Node, _rows_implicit, fmt_shape, type_str
 from .autodiff import grad
+from .hoist import hoisted_cond
 from .loop_grad import loop_types, saved_vjp, saving_loop
 from .nn import densify, is_row_sparse
 from .registry import OpDef, make_node, register
@@ -99,8 +100,11 @@ def cond(pred: Node, then_fn: Callable, else_fn: Callable, inputs: Sequence[Node
     then_g, else_g = _extend_captures(then_t, captured), _extend_captures(else_t, captured)
     outs = then_g.outputs
     in_vf = bool(_rows_implicit.get())
+    values = operands + captured
+    if in_vf:   # its products of values from outside made before it (ops/hoist.py)
+        then_g, else_g, values = hoisted_cond(then_g, else_g, values, len(operands))
     attrs = {"then": then_g, "else_": else_g, "n_operands": len(operands), "_in_vertex_function": in_vf}
-    args = [pred] + operands + captured
+    args = [pred] + values
     if in_vf and len(outs) > 1:   # a node per result in a vertex function (a tuple cannot be stored there)
         results = [make_node("cond", args, dict(attrs, then=_only(then_g, i), else_=_only(else_g, i),
                                                 shape=o.shape, dtype=o.dtype)) for i, o in enumerate(outs)]

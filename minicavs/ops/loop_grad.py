@@ -27,6 +27,7 @@ from .flow import is_cond, is_loop
 from .nn import is_row_sparse
 from .registry import make_node
 from .sources import input as placeholder, zeros_like
+from .hoist import closed, hoisted
 from .subgraph import Subgraph, _cotangents, _tuple_node, item
 
 
@@ -154,7 +155,7 @@ def saved_vjp(g: Node, node: Node, inputs: Sequence[Node]) -> tuple:
                                  for v in (A, B) if v is not None and v not in source and v not in gx))
     gs = [_or_zeros(found.grads.get(s), s) for s in body.args[n_in:n_in + n_state]]
     invariant = _invariants(gx + vectors + gs, set(found.caps))
-    sub = _closed(step_args + found.cts[len(given):] + found.caps + invariant, gx + vectors + gs,
+    sub = closed(step_args + found.cts[len(given):] + found.caps + invariant, gx + vectors + gs,
                   f"{body.name}.backward")
     caps = caps + _outside(invariant, dict(zip(found.caps, caps)))
     carried = [cts[n_out + j] if n_out + j in cts else zeros_like(s) for j, s in enumerate(ss)]
@@ -241,45 +242,3 @@ def _step(stacked: Node, t: int, like: Node) -> Node:
     part = make_node("slice", (stacked,), {"axis": 1, "start": t, "stop": t + 1})
     return make_node("reshape", (part,), {"shape": like.shape})
 
-
-def _closed(args: list, outputs: list, name: str) -> Subgraph:
-    """A subgraph of ``outputs`` over fresh placeholders standing for ``args`` (any nodes: a body's values
-    cut there), every node between copied."""
-    fresh = [placeholder(x.shape, x.dtype, name=f"{name}.{i}") for i, x in enumerate(args)]
-    mapping = dict(zip(args, fresh))
-    inner, stack = {}, list(outputs)
-    while stack:
-        n = stack.pop()
-        if n in mapping or n.id in inner:
-            continue
-        if n.op in ("input", "param"):
-            raise AssertionError(f"{name}: {n.label()} is read but is none of the loop's values")
-        inner[n.id] = n
-        stack.extend(n.inputs)
-    for i in sorted(inner):
-        n = inner[i]
-        mapping[n] = Node(n.op, tuple(mapping[x] for x in n.inputs), n.attrs, n.shape, n.dtype, n.name)
-    return Subgraph(fresh, [mapping[o] for o in outputs], name)
-
-
-
-def hoisted(xs: list, n_state: int, body: Subgraph, captured: list) -> tuple[list, Subgraph]:
-    """The loop with the body's products of a per-step input by a captured matrix (``x_t · W``: nothing of the
-    loop's state) made one product before it, of every step at once ((rows, T, D) · (D, H): F's eager phase
-    runs it over all rows, as the unrolled F's products), the body reading its step's block as an input; inputs
-    the body then no longer reads are dropped. Returns the loop's iterated inputs and body."""
-    n_in = len(xs)
-    x_args, caps = body.args[:n_in], body.args[n_in + n_state:]
-    outer = dict(zip(x_args, xs)) | dict(zip(caps, captured))
-    products = [n for n in body.computed if n.op == "matmul" and n.inputs[0] in x_args and n.inputs[1] in caps
-                and n.inputs[0].ndim == 2 and n.inputs[1].ndim == 2 and n.dtype.is_float]
-    if not products:
-        return xs, body
-    stacked = [make_node("matmul", (outer[p.inputs[0]], outer[p.inputs[1]])) for p in products]
-    sub = _closed(list(x_args) + products + list(body.args[n_in:]), list(body.outputs), body.name)
-    read = {x for n in sub.computed for x in n.inputs} | set(sub.outputs)
-    n_iter = n_in + len(products)
-    keep = [i for i in range(n_iter) if sub.args[i] in read]
-    values = list(xs) + stacked
-    kept = Subgraph([sub.args[i] for i in keep] + list(sub.args[n_iter:]), sub.outputs, body.name)
-    return [values[i] for i in keep], kept
