@@ -21,7 +21,7 @@ from minicavs.runtime.inputs import InputGraph
 from minicavs.runtime.vertex import VertexFunction
 
 from .test_backend import close
-from .test_branches import _corrupted, _ran_with, _run
+from .test_branches import _corrupted, _instructions, _ran_with, _run
 
 GRAPHS = [InputGraph.chain(n) for n in (3, 1, 2)]
 D, H, MOST = 2, 3, 6
@@ -152,19 +152,6 @@ def _lstm_values(steps: int) -> tuple[dict, dict]:
     vals = {"Wx": rng.uniform(-0.5, 0.5, (D, 4 * H)), "Wh": rng.uniform(-0.5, 0.5, (H, 4 * H)),
             "b": rng.uniform(-0.5, 0.5, 4 * H)}
     return vals, {"xs": rng.standard_normal((6, steps, D))}
-
-
-def _instructions(lowered, title: str) -> list:
-    """Per template of ``lowered`` whose dump title holds ``title``: its opcodes, in order."""
-    out, current = [], None
-    for line in lowered.lines():
-        if not line.startswith("  "):
-            current = [] if title in line else None
-            if current is not None:
-                out.append(current)
-        elif current is not None:
-            current.append(line.split(":", 1)[1].split()[0])
-    return out
 
 
 @pytest.mark.parametrize("steps", [1, 4])
