@@ -23,7 +23,9 @@ Values with several outputs: the node of a control-flow op with more than one re
 result is an ``item`` node of it (``subgraph.item``). Inside a vertex
 function a value may be stored per vertex between phases and passes, which a tuple cannot be: there each
 result is a node of its own (running the body once per result read), a loop's gradient replays it to get its
-per-step states, and the gradients of per-vertex values and of parameters come from separate nodes.
+per-step states, and the gradients of per-vertex values and of parameters come from separate nodes; except a
+foreach whose gradient can run from saved values (loop_grad.py: one node keeping what its gradient reads, its
+items stored per vertex) and a cond's products of values from outside, made before it (hoist.py).
 
 Run-time shapes: a static graph's shapes are fixed at declaration, so outputs sized by the iterations that
 actually ran (``while_loop``, ``foreach(steps=n)``) keep their declared length and are zero after the last
