@@ -19,6 +19,7 @@ from ..ops.autodiff import grad
 from ..ops import input as input_node
 from ..ops.registry import OPS, last_axis_block
 from ..ops.sources import trainable
+from ..ops.subgraph import item_index
 from ..runtime.vertex import VertexFunction
 from .backend import Backend, default_device
 from .passes import alias, gemm
@@ -201,10 +202,17 @@ def _phases(nodes, classes, leaves, opts: EngineOptions, eager_leaves=()) -> Pha
             # a view, taken again in each phase that reads it, so that the product is the one value stored
             # across phases, as a cell's fused product is, not each column block copied into a tensor of its own.
             where[n] = set().union(*(where[c] for c in cs))
+        elif cs and _step_block(n):
+            # One step's block of a per-row value stacked over steps (a loop's, ops/loop_grad.py): a view,
+            # taken again in each phase that reads it, so that the stacked value is what crosses phases.
+            where[n] = set().union(*(where[c] for c in cs))
         elif n.has_rows or not cs:
             where[n] = {own(n)}
         else:
             where[n] = set().union(*(where[c] for c in users[n]))
+    for n in nodes:   # an item of a per-row tuple (a loop's result) is computed with it; what crosses is the item
+        if item_index(n) is not None and n.inputs[0].has_rows and n.inputs[0] in where:
+            where[n] = where[n.inputs[0]]
     programs, reads = [[], [], []], [[], [], []]
     for n in nodes:
         phase[n] = min(where[n])
@@ -216,6 +224,18 @@ def _phases(nodes, classes, leaves, opts: EngineOptions, eager_leaves=()) -> Pha
                         raise AssertionError(f"{x.label()} crosses phases without a vertex axis")
                     reads[p].append(x)
     return Phases(programs, reads, phase)
+
+
+def _step_block(n: Node) -> bool:
+    """Is ``n`` a per-row view of one step of a stacked per-row value: a slice along its axis 1 (of three
+    axes or more), or a per-row reshape of one?"""
+    opdef = OPS[n.op]
+    if not n.has_rows or not n.inputs or not n.inputs[0].has_rows or opdef.native is None:
+        return False
+    how = opdef.native(n)
+    if how == "alias":
+        return _step_block(n.inputs[0])
+    return how == "cols" and n.attrs.get("axis") == 1 and n.ndim == n.inputs[0].ndim >= 3
 
 
 def _product_block(n: Node, users: dict) -> bool:
@@ -246,16 +266,9 @@ class CompiledFunction:
         self.pulls = dict(F.pulls)
         self.pushes = dict(F.pushes)
         self.scattered = F.scattered
-        leaves = list(self.gathers.values()) + list(self.pulls.values())
-        fwd = [n for n in g.nodes if n not in leaves]
-        # Row-free nodes depend only on parameters and constants: evaluated once per batch.
-        self.static_fwd = StaticNodes(n for n in fwd if not n.has_rows)
-        self.row_fwd = [n for n in fwd if n.has_rows]
-        self.fwd_nodes = set(g.nodes)
-        self.fwd_class = classify(g.nodes, self.gathers.values(),
-                                  [] if self.scattered is None else [self.scattered])
-
+        self._forward(g)
         self._differentiate(F, pull_grads)
+        g = self.graph
         # Where each value lives (passes/alias.py): the scatter tensor, the pull buffers, or a dynamic tensor.
         bwd_inputs = {x for n in self.row_bwd for x in n.inputs}
         self.scatter_message = alias.scatter_message(self.scattered)   # the scatter tensor it writes
@@ -269,6 +282,18 @@ class CompiledFunction:
         self._phases: dict = {}
         self._derived: dict = {}
 
+    def _forward(self, g: Graph) -> None:
+        """F's nodes (``g``'s), classified: the static ones (once per batch) and those over vertices."""
+        self.graph = g
+        leaves = list(self.gathers.values()) + list(self.pulls.values())
+        fwd = [n for n in g.nodes if n not in leaves]
+        # Row-free nodes depend only on parameters and constants: evaluated once per batch.
+        self.static_fwd = StaticNodes(n for n in fwd if not n.has_rows)
+        self.row_fwd = [n for n in fwd if n.has_rows]
+        self.fwd_nodes = set(g.nodes)
+        self.fwd_class = classify(g.nodes, self.gathers.values(),
+                                  [] if self.scattered is None else [self.scattered])
+
     def _differentiate(self, F: VertexFunction, pull_grads) -> None:
         """∂F: cotangents of scatter and pushes in; gradients of gathers, pulls and parameters out; its nodes
         split into the static ones (once per batch) and those that run over vertices, each classified."""
@@ -281,6 +306,9 @@ class CompiledFunction:
         self.leaf_grads = {leaf: gn for leaf, gn in zip(wrt_leaves, grads) if gn is not None}
         self.param_grads = {p.name: gn for p, gn in zip(params, grads[len(wrt_leaves):]) if gn is not None}
         bgraph = Graph(list(self.leaf_grads.values()) + list(self.param_grads.values()))
+        saved = [n for n in bgraph.nodes if item_index(n) is not None and n.inputs[0] in self.fwd_nodes]
+        if saved:   # what a loop of F saved for ∂F (ops/loop_grad.py): F's values, stored per vertex
+            self._forward(Graph(list(F.graph.outputs) + saved))
         cts = set(self.ct.values())
         bwd = [n for n in bgraph.nodes if n not in self.fwd_nodes and n not in cts]
         per_task = set()

@@ -79,11 +79,11 @@ def lower_loop(t: Template, step, statics: set, device, singles: dict, lower_ste
     begin = len(t.code)
     t.emit("LOOP", f.length, 0)
     order = (f.length - 1, -1) if f.reverse else (0, 1)
+    for p, x in zip(slots, step.inputs[:f.iterated]):
+        t.emit("STEPCOLS", placed[p], t.regs[x], _cols(p), *order)
     for j in carried:
         if f.outputs + f.states + j in results:   # (the gradient's saved pre-step state)
             _into_block(t, results[f.outputs + f.states + j], placed[states[j]], states[j], order)
-    for p, x in zip(slots, step.inputs[:f.iterated]):
-        t.emit("STEPCOLS", placed[p], t.regs[x], _cols(p), *order)
     wanted = tuple(body.outputs[k] for k in outs) + tuple(body.outputs[f.outputs + j] for j in carried)
     outer = dict(t.regs)
     t.regs.update(placed)

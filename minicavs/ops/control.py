@@ -23,7 +23,9 @@ Values with several outputs: the node of a control-flow op with more than one re
 result is an ``item`` node of it (``subgraph.item``). Inside a vertex
 function a value may be stored per vertex between phases and passes, which a tuple cannot be: there each
 result is a node of its own (running the body once per result read), a loop's gradient replays it to get its
-per-step states, and the gradients of per-vertex values and of parameters come from separate nodes.
+per-step states, and the gradients of per-vertex values and of parameters come from separate nodes; except a
+foreach whose gradient can run from saved values (loop_grad.py: one node keeping what its gradient reads, its
+items stored per vertex) and a cond's products of values from outside, made before it (hoist.py).
 
 Run-time shapes: a static graph's shapes are fixed at declaration, so outputs sized by the iterations that
 actually ran (``while_loop``, ``foreach(steps=n)``) keep their declared length and are zero after the last
@@ -41,6 +43,8 @@ from ..core.dtypes import int64
 from ..core.errors import FeedError, ShapeError
 from ..ir.graph import Node, _rows_implicit, fmt_shape, type_str
 from .autodiff import grad
+from .hoist import hoisted_cond
+from .loop_grad import loop_types, saved_vjp, saving_loop
 from .nn import densify, is_row_sparse
 from .registry import OpDef, make_node, register
 from .sources import zeros_like
@@ -98,8 +102,11 @@ def cond(pred: Node, then_fn: Callable, else_fn: Callable, inputs: Sequence[Node
     then_g, else_g = _extend_captures(then_t, captured), _extend_captures(else_t, captured)
     outs = then_g.outputs
     in_vf = bool(_rows_implicit.get())
+    values = operands + captured
+    if in_vf:   # its products of values from outside made before it (ops/hoist.py)
+        then_g, else_g, values = hoisted_cond(then_g, else_g, values, len(operands))
     attrs = {"then": then_g, "else_": else_g, "n_operands": len(operands), "_in_vertex_function": in_vf}
-    args = [pred] + operands + captured
+    args = [pred] + values
     if in_vf and len(outs) > 1:   # a node per result in a vertex function (a tuple cannot be stored there)
         results = [make_node("cond", args, dict(attrs, then=_only(then_g, i), else_=_only(else_g, i),
                                                 shape=o.shape, dtype=o.dtype)) for i, o in enumerate(outs)]
@@ -190,11 +197,6 @@ def _step_shape(x: Node, what: str) -> tuple:
         raise ShapeError(f"{what} {x.label()} has shape {fmt_shape(x.shape)}: no axis to iterate over "
                          "(the row axis is never iterated)")
     return x.shape[:ax] + x.shape[ax + 1:]
-
-
-def _stacked_shape(shape: tuple, length: int) -> tuple:
-    ax = 1 if shape and shape[0] is None else 0
-    return shape[:ax] + (length,) + shape[ax:]
 
 
 def _take_step(x, t: int, rows: bool):
@@ -320,6 +322,11 @@ def _loop_node(op: str, xs: list, ss: list, traced: Traced, n_out: int, length: 
     body = traced.graph
     in_vf = bool(_rows_implicit.get()) and not backward
     n_results = n_out + len(ss) + (1 if op == "while_loop" else 0)
+    saving = saving_loop(xs, ss, traced, n_out, length, extra, count) if in_vf and op == "foreach" else None
+    if saving is not None:   # one node keeping what its gradient reads (ops/loop_grad.py)
+        n_kept = saving.attrs["n_out"]   # (its residuals are outputs after the loop's own)
+        results = [item(saving, k) for k in range(n_out)] + [item(saving, n_kept + j) for j in range(len(ss))]
+        return _split_results(results, n_out, len(ss), s_single, op)
     if in_vf and _pick is None and n_results > 1:
         results = [_loop_node(op, xs, ss, traced, n_out, length, extra, False, False, count, backward, [i])
                    for i in range(n_results)]
@@ -335,7 +342,7 @@ def _loop_node(op: str, xs: list, ss: list, traced: Traced, n_out: int, length: 
     if count is not None and count.has_rows:   # a trip count per row (its backward: the same, in reverse)
         attrs["_per_row"] = True
     inputs = xs + ss + traced.captured + ([count] if count is not None else [])
-    types = _loop_types(op, body, ss, n_out, length, attrs["_save"])
+    types = loop_types(op, body, ss, n_out, length, attrs["_save"])
     if _pick is not None:
         types = [types[i] for i in _pick]
     if single:
@@ -353,15 +360,6 @@ def _split_results(results: list, n_out: int, n_state: int, s_single: bool, op: 
     outs, finals = results[:n_out], results[n_out:n_out + n_state]
     count = results[n_out + n_state] if op == "while_loop" else None
     return outs, (finals[0] if s_single else finals), count
-
-
-def _loop_types(op: str, body: Subgraph, ss: list, n_out: int, length: int, _save: bool) -> list:
-    """(shape, dtype) of a loop's results: the stacked outputs, the final states (a while_loop's count),
-    and with ``_save`` the stacked pre-step states."""
-    out_types = [(_stacked_shape(o.shape, length), o.dtype) for o in body.outputs[:n_out]]
-    state_types = [(s.shape, s.dtype) for s in ss]
-    saved_types = [(_stacked_shape(s.shape, length), s.dtype) for s in ss] if _save else []
-    return out_types + state_types + ([((), int64)] if op == "while_loop" else []) + saved_types
 
 
 def _loop_infer(*inputs, shape, dtype, **attrs):
@@ -385,7 +383,7 @@ def _run_steps(xp, body: Subgraph, xs, states, caps, rows_of, order, n_out, _sav
 
 
 def _foreach_impl(xp, *values, body, n_in, n_state, n_out, length, reverse, _has_count, _save, _differentiable,
-                  _in_vertex_function, _pick, shape, dtype, _types=None, _per_row=False):
+                  _in_vertex_function, _pick, shape, dtype, _types=None, _per_row=False, _residuals=None):
     if _per_row:
         result = _foreach_rows(xp, body, values, n_in, n_state, n_out, length, reverse, _save)
     else:
@@ -509,6 +507,8 @@ def _loop_vjp(g, node, *inputs, body, n_in, n_state, n_out, length, _has_count, 
     if not _differentiable:
         raise NotImplementedError(f"{node.label()} is the backward of a loop: its own gradient (second "
                                   "order) is not defined")
+    if attrs.get("_residuals") is not None:   # its forward saved what the gradient reads
+        return saved_vjp(g, node, inputs)
     cts = _cotangents(g, node)
     if _pick is not None:   # (a result of its own, in a vertex function)
         cts = {_pick[i]: c for i, c in cts.items()}
@@ -519,7 +519,7 @@ def _loop_vjp(g, node, *inputs, body, n_in, n_state, n_out, length, _has_count, 
     first_saved = n_out + n_state + (1 if is_while else 0)
     keeper = node
     if not _save:   # a one-result loop: replayed once, saving its states
-        types = _loop_types(node.op, body, ss, n_out, length, True)
+        types = loop_types(node.op, body, ss, n_out, length, True)
         keeper = _tuple_node(node.op, inputs, dict(node.attrs, _save=True, _pick=None, dtype=types[0][1]), types)
     saved = [item(keeper, first_saved + j) for j in range(n_state)]
     count = item(keeper, n_out + n_state) if is_while else (inputs[-1] if _has_count else None)
@@ -594,7 +594,7 @@ def _rowless_replay(node: Node, inputs: Sequence[Node], saved: list, count: Node
     attrs = dict(body=sub_body, n_in=len(iterated), n_state=len(states), n_out=0, length=a["length"],
                  _has_count=has_count, _save=True, _differentiable=False, _in_vertex_function=False, _pick=None)
     attrs.update({"cond": sub_cond} if is_while else {"reverse": a.get("reverse", False)})
-    types = _loop_types(node.op, sub_body, [inputs[n_in + j] for j in states], 0, a["length"], True)
+    types = loop_types(node.op, sub_body, [inputs[n_in + j] for j in states], 0, a["length"], True)
     sub_inputs = [inputs[i] for i in slots] + ([inputs[-1]] if has_count else [])
     replay = _tuple_node(node.op, sub_inputs, dict(attrs, dtype=types[0][1]), types)
     first_saved = len(states) + (1 if is_while else 0)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from ..core.errors import ShapeError
 from ..ir.graph import Node, fmt_shape
-from .elementwise import broadcast_shapes, unbroadcast
+from .elementwise import accum, broadcast_shapes, unbroadcast
 from .reduce import sum
 from .registry import OpDef, make_node, native_kernels, register
 from .shape import swap_last
@@ -30,7 +30,27 @@ def _matmul_infer(a, b):
 
 
 def _matmul_vjp(g, y, a, b):
+    if _stacked_by_static(a, b):
+        return matmul(g, swap_last(b)), _summed_over_steps(a, g)
     return (unbroadcast(matmul(g, swap_last(b)), a), unbroadcast(matmul(swap_last(a), g), b))
+
+
+STEPS_SUMMED = 64   # the most steps whose weight gradient is a sum of one product per step
+
+
+def _stacked_by_static(a: Node, b: Node) -> bool:
+    """Is ``a · b`` per-row stacked steps (rows, T, D) by one matrix (D, H) (a loop's inputs by a weight)?"""
+    return a.has_rows and a.ndim == 3 and not b.has_rows and b.ndim == 2 and 0 < a.shape[1] <= STEPS_SUMMED
+
+
+def _summed_over_steps(a: Node, g: Node) -> Node:
+    """The weight's gradient Σ_rows Σ_t a[:, t]ᵀ · g[:, t]: one product per step over every row, of the steps'
+    blocks (views), rather than a product per row and a sum over the rows of (D, H) matrices."""
+    def step(x: Node, t: int) -> Node:
+        block = make_node("slice", (x,), {"axis": 1, "start": t, "stop": t + 1})
+        return make_node("reshape", (block,), {"shape": (None, x.shape[2])})
+    parts = [matmul(make_node("transpose", (step(a, t),), {"perm": (1, 0)}), step(g, t)) for t in range(a.shape[1])]
+    return accum(*parts)
 
 
 def _native_gemm(n: Node):

@@ -212,9 +212,10 @@ def test_each_pred_is_read_once_a_pass_on_the_device(cuda_standin):
 
 
 def test_a_value_both_results_of_a_cond_read_is_computed_once_a_branch():
-    """A cond of two results is a node per result in F, each a branch over its own body; x·W, which both read,
-    is computed once on each side (the second branch on that side reuses it): two products in the task
-    template, not four; the values equal F written with Python control flow."""
+    """A cond of two results is a node per result in F, each a branch over its own body; x·W, which both read
+    on both sides, is computed once, before the branches (ops/hoist.py: one product of the cond's values, made
+    once for every body reading it): one product in the task template, not four (two before the products
+    were made before the branch: once on each side); the values equal F written with Python control flow."""
     from minicavs import ops
     from minicavs.core.dtypes import float64 as F64
     from minicavs.engine.model import Model, Structure
@@ -246,7 +247,7 @@ def test_a_value_both_results_of_a_cond_read_is_computed_once_a_branch():
         close(got.grads["Wx"], want.grads["Wx"], "float64")
         lowered = next(iter(got.states.values())).program.lowered
         begin, end = lowered.ranges[lowered.template_ids[0]]
-        assert [OPCODES_BY_ID[op] for op in lowered.code[begin:end, 0]].count("GEMM") == 2, "\n".join(lowered.lines())
+        assert [OPCODES_BY_ID[op] for op in lowered.code[begin:end, 0]].count("GEMM") == 1, "\n".join(lowered.lines())
 
 
 def _nested_chain(choice):
@@ -284,3 +285,92 @@ def test_a_cond_inside_a_branch_is_a_branch_inside_a_branch(signs):
         _branches_on(got, {"reference": "reference runner", "device": "C runner"}[runner])
         close(got.loss, want.loss, "float64", runner)
         close(got.grads["Wx"], want.grads["Wx"], "float64", runner)
+
+
+def _instructions(lowered, title: str) -> list:
+    """Per template of ``lowered`` whose dump title holds ``title``: its opcodes, in order."""
+    out, current = [], None
+    for line in lowered.lines():
+        if not line.startswith("  "):
+            current = [] if title in line else None
+            if current is not None:
+                out.append(current)
+        elif current is not None:
+            current.append(line.split(":", 1)[1].split()[0])
+    return out
+
+
+def _lstm_cond(choice):
+    """An LSTM cell on the gathered [h; c] and the pulled x, or (else) a cell on h alone, by the sign of ``s``
+    (``choice`` None: a cond; True or False: that branch in Python)."""
+    from minicavs import ops
+    from minicavs.core.dtypes import float64 as F64
+    from minicavs.engine.model import Model, Structure
+    from minicavs.ops import control as C
+    from minicavs.runtime.vertex import VertexFunction
+    H = 3
+    Wx, Wh, b = ops.param_node("Wx", (2, 4 * H), F64), ops.param_node("Wh", (H, 4 * H), F64), \
+        ops.param_node("b", (4 * H,), F64)
+    Wr, s = ops.param_node("Wr", (H, H), F64), ops.param_node("s", (), F64)
+    F = VertexFunction("lstm", arity=1, message=(2 * H,), dtype=F64)
+    with F:
+        state, x = F.gather(0), F.pull((2,))
+
+        def cell():
+            h0, c0 = ops.split(state, 2)
+            i, f, o, u = ops.split(x @ Wx + h0 @ Wh + b, 4)
+            c = ops.sigmoid(f) * c0 + ops.sigmoid(i) * ops.tanh(u)
+            return ops.concat([ops.sigmoid(o) * ops.tanh(c), c])
+
+        def other():
+            h0, c0 = ops.split(state, 2)
+            return ops.concat([ops.tanh(h0 @ Wr), c0 * 0.5])
+        m = C.cond(ops.step(s), cell, other) if choice is None else (cell() if choice else other())
+        F.scatter(m)
+        F.push(ops.split(m, 2)[0], name="h")
+    st = Structure(F, pulls={"x": ops.input((None, 2), F64, name="xs")})
+    return Model(st, loss=ops.sum(ops.square(st.pushed("h"))))
+
+
+def _lstm_values(sign: float) -> dict:
+    rng = np.random.default_rng(5)
+    return {"Wx": rng.uniform(-0.5, 0.5, (2, 12)), "Wh": rng.uniform(-0.5, 0.5, (3, 12)),
+            "b": rng.uniform(-0.5, 0.5, 12), "Wr": rng.uniform(-0.5, 0.5, (3, 3)), "s": np.float64(sign)}
+
+
+def _branch_products(lowered) -> int:
+    """The products inside the branches of ``lowered`` (each BRANCH's then-branch and its JUMP's else-branch)."""
+    ops = [OPCODES_BY_ID[op] for op in lowered.code[:, 0]]
+    inside = set()
+    for pc, op in enumerate(ops):
+        if op == "BRANCH":
+            jump = pc + int(lowered.code[pc][2])
+            inside.update(range(pc + 1, jump + int(lowered.code[jump][1]) + 1))
+    return sum(ops[pc] in ("GEMM", "BMM") for pc in inside)
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_a_conds_products_run_outside_its_branches_in_both_passes(cuda_standin, sign):
+    """F: the cond's x·Wx is a product of the block before the task loop, and no product is left in F's or
+    ∂F's branches (h·Wh is made before the branch, read by ∂F as a stored value, not recomputed); every
+    runner equals the branch chosen in Python, and the gradients match float64 central finite differences."""
+    from minicavs.train.testing import check_model_grads
+    vals = _lstm_values(sign)
+    feeds = {"xs": np.random.default_rng(6).standard_normal((6, 2))}
+    want = _run(_lstm_cond(sign > 0), vals, feeds, "device")
+    model = _lstm_cond(None)
+    got = _run(model, vals, feeds, "device")
+    state = next(iter(got.states.values()))
+    (before,) = _instructions(state.program.lowered, "before tasks")
+    assert before.count("GEMM") + before.count("BMM") >= 1
+    for lowered in (state.program.lowered, state.backward_program.lowered):
+        assert "BRANCH" in [OPCODES_BY_ID[op] for op in lowered.code[:, 0]]
+        assert _branch_products(lowered) == 0, "\n".join(lowered.lines())
+    for runner, device, name in [("reference", None, "reference runner"), ("device", None, "C runner"),
+                                 ("device", Cuda(cuda_standin), "cuda runner")]:
+        got = _run(model, vals, feeds, runner, device, check=True)
+        _branches_on(got, name)
+        close(got.loss, want.loss, "float64", name)
+        for k in want.grads:
+            close(got.grads[k], want.grads[k], "float64", f"{name} d{k}")
+    check_model_grads(model, GRAPHS, feeds, {k: v for k, v in vals.items()}, directions=2)

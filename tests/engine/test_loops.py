@@ -21,7 +21,7 @@ from minicavs.runtime.inputs import InputGraph
 from minicavs.runtime.vertex import VertexFunction
 
 from .test_backend import close
-from .test_branches import _corrupted, _ran_with, _run
+from .test_branches import _corrupted, _instructions, _ran_with, _run
 
 GRAPHS = [InputGraph.chain(n) for n in (3, 1, 2)]
 D, H, MOST = 2, 3, 6
@@ -101,11 +101,12 @@ def test_the_loops_gradients_match_central_finite_differences(steps):
 @pytest.mark.parametrize("opcode, operand, value, name, backward", [
     ("LOOP", 0, -1, "trips", False), ("LOOP", 1, 10**6, "n", False), ("LOOP", 1, -2, "n", False),
     ("ENDLOOP", 0, -3, "trips", True), ("ENDLOOP", 1, 10**6, "n", False), ("ENDLOOP", 1, 0, "n", True),
-    ("STEPCOLS", 2, -1, "width", False), ("STEPCOLS", 2, 10**4, "a", False)])
+    ("STEPCOLS", 2, -1, "width", False), ("STEPCOLS", 2, 10**4, r"(pool \(args\): )?argument 0", False)])
 def test_a_wrong_loop_is_refused_by_every_runners_checks(cuda_standin, opcode, operand, value, name, backward):
     """A negative trip count, a target outside the template (forward past its end, back before its start or
-    not back at all), a step block outside its value (a width: named where the block is read: the
-    product reading it): each loop refuses the instruction, naming the operand, before moving pc or reading."""
+    not back at all), a step block outside its value (a width: named where the block is read: the fused
+    kernel reading the step's x·Wx, made before the loop): each loop refuses the instruction, naming the operand,
+    before moving pc or reading."""
     vals, feeds = _values(3)
     model = _rnn(3, "foreach")
     title = "∂F" if backward else "F"
@@ -118,3 +119,79 @@ def test_a_wrong_loop_is_refused_by_every_runners_checks(cuda_standin, opcode, o
     for runner, device, error, message in expected:
         with pytest.raises(error, match=message):
             _corrupted(model, vals, feeds, runner, device, opcode, operand, value, backward)
+
+
+def _lstm(steps: int, how: str) -> Model:
+    """F runs an LSTM (two states, a bias, gates split from one product) backwards over each vertex's pulled
+    (steps, D) sequence, as a foreach (``how`` "foreach") or unrolled in Python."""
+    Wx, Wh, b = (ops.param_node("Wx", (D, 4 * H), F64), ops.param_node("Wh", (H, 4 * H), F64),
+                 ops.param_node("b", (4 * H,), F64))
+    F = VertexFunction("lstm", arity=1, message=(H,), dtype=F64)
+    with F:
+        xs, h0 = F.pull((steps, D)), F.gather(0)
+
+        def body(x, hc):
+            h, c = hc
+            i, f, o, u = ops.split(x @ Wx + h @ Wh + b, 4)
+            c2 = ops.sigmoid(f) * c + ops.sigmoid(i) * ops.tanh(u)
+            return [], [ops.sigmoid(o) * ops.tanh(c2), c2]
+        state = [h0, h0 * 0.5]
+        if how == "foreach":
+            state = C.foreach(body, xs, state, reverse=True)[1]
+        else:
+            for t in reversed(range(steps)):
+                state = body(ops.reshape(ops.slice_(xs, t, t + 1, axis=0), (D,)), state)[1]
+        F.scatter(state[0])
+        F.push(state[0] + state[1])
+    st = Structure(F, pulls={"x": ops.input((None, steps, D), F64, name="xs")})
+    return Model(st, loss=ops.sum(ops.square(st.pushed("h"))))
+
+
+def _lstm_values(steps: int) -> tuple[dict, dict]:
+    rng = np.random.default_rng(11)
+    vals = {"Wx": rng.uniform(-0.5, 0.5, (D, 4 * H)), "Wh": rng.uniform(-0.5, 0.5, (H, 4 * H)),
+            "b": rng.uniform(-0.5, 0.5, 4 * H)}
+    return vals, {"xs": rng.standard_normal((6, steps, D))}
+
+
+@pytest.mark.parametrize("steps", [1, 4])
+def test_a_loops_input_product_runs_before_the_task_loop_and_its_gradient_loop_runs_the_body_once(steps):
+    """F: the body's x_t·Wx is one product of every step in the block before the task loop (none inside
+    the loop); ∂F: one LOOP in all its templates (no replay of F, no second loop over all rows for the
+    parameters), whose body holds one product (the state's gradient, dgates·Whᵀ: no forward product
+    recomputed), and the parameters' gradients are products after the task loop."""
+    vals, feeds = _lstm_values(steps)
+    got = _run(_lstm(steps, "foreach"), vals, feeds, "device")
+    state = next(iter(got.states.values()))
+    forward, backward = state.program.lowered, state.backward_program.lowered
+    (before,), (task,) = _instructions(forward, "before tasks"), _instructions(forward, "task template")
+    assert "BMM" in before or "GEMM" in before
+    loop = task[task.index("LOOP"):task.index("ENDLOOP")]
+    assert loop.count("GEMM") + loop.count("BMM") == 1   # h·Wh alone
+    every = [op for template in _instructions(backward, "") for op in template]
+    assert every.count("LOOP") == 1
+    (back_task,) = _instructions(backward, "task template")
+    back_loop = back_task[back_task.index("LOOP"):back_task.index("ENDLOOP")]
+    assert back_loop.count("GEMM") + back_loop.count("BMM") == 1
+    (after,) = _instructions(backward, "after tasks")
+    assert after.count("GEMM") >= 2 * steps   # dWx and dWh, one product per step over all rows
+
+
+@pytest.mark.parametrize("steps", [0, 1, 3])
+def test_an_lstm_foreach_in_f_equals_python_and_finite_differences_on_every_runner(cuda_standin, steps):
+    """Two states, a bias and gates split from one product, in reverse: every runner equals F unrolled in
+    Python (loss and gradients, check mode), and the C runner's gradients match float64 central finite
+    differences."""
+    from minicavs.train.testing import check_model_grads
+    vals, feeds = _lstm_values(steps)
+    python = _run(_lstm(steps, "python"), vals, feeds, "device")
+    model = _lstm(steps, "foreach")
+    runners = [("reference", None, "reference runner"), ("device", None, "C runner"),
+               ("device", Cuda(cuda_standin), "cuda runner")]
+    # (0 steps: the reference runner refuses a stored value of no columns, a pull of (0, D), before this change too)
+    for runner, device, name in runners if steps else runners[1:2]:
+        got = _run(model, vals, feeds, runner, device, check=bool(steps))
+        if steps:
+            _loops_on(got, name)
+        _same(got, python, name)
+    check_model_grads(model, GRAPHS, feeds, vals, directions=2)

@@ -1,0 +1,244 @@
+"""The gradient of a ``foreach`` inside a vertex function from what its forward saved per step.
+
+The generic loop gradient (control.py) replays the loop to get its per-step states, then runs a reverse loop
+whose body re-applies the forward body to differentiate it, once for the per-vertex gradients and once more
+over all rows for the parameters' (summed over the steps as a carried state). Here, instead, the forward loop
+is one node that keeps, stacked per step (as ``(rows, T, ...)`` results of its own), its pre-step states and
+the body's per-row values that the body's gradient reads (its *residuals*: a tanh's output, a sigmoid's), so:
+
+- the backward is one reverse loop, once per task, whose body is the body's gradient alone: it reads the saved
+  values as per-step inputs and recomputes no forward product;
+- each parameter gradient, a sum over the steps of terms ``Aᵀ·B`` (a product's weight) or ``Σ_rows B`` (a
+  bias), is computed after the loop from the stacked A and B: per step, one product over all the kind's rows
+  (the lazy phase batches it as it does F's own parameter gradients), not one per task and step.
+
+It applies where the body's parameter gradients are such sums and every per-step value has the row axis
+(:func:`plan`); elsewhere control.py's generic gradient runs.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from ..core.dtypes import int64
+from ..ir.graph import Graph, Node
+from .autodiff import grad
+from .elementwise import accum
+from .flow import is_cond, is_loop
+from .nn import is_row_sparse
+from .registry import make_node
+from .sources import input as placeholder, zeros_like
+from .hoist import closed, hoisted
+from .subgraph import Subgraph, _cotangents, _tuple_node, item
+
+
+def stacked_shape(shape: tuple, length: int) -> tuple:
+    """A per-step value's shape stacked over ``length`` steps (axis 1 when it has the row axis, else 0)."""
+    ax = 1 if shape and shape[0] is None else 0
+    return shape[:ax] + (length,) + shape[ax:]
+
+
+def loop_types(op: str, body: Subgraph, ss: list, n_out: int, length: int, save: bool) -> list:
+    """(shape, dtype) of a loop's results: the stacked outputs, the final states (a while_loop's count),
+    and with ``save`` the stacked pre-step states."""
+    out_types = [(stacked_shape(o.shape, length), o.dtype) for o in body.outputs[:n_out]]
+    state_types = [(s.shape, s.dtype) for s in ss]
+    saved_types = [(stacked_shape(s.shape, length), s.dtype) for s in ss] if save else []
+    return out_types + state_types + ([((), int64)] if op == "while_loop" else []) + saved_types
+
+
+class Plan:
+    """The body's gradient as a loop of its own: the per-step values it reads (the body's per-step args, the
+    residuals, the given outputs' cotangents), the state cotangents it carries, and per captured value the
+    terms of its gradient, ("mm", A, B, product node) or ("sum", None, B, sum node), over per-row values."""
+
+    def __init__(self, body: Subgraph, n_in: int, n_state: int, n_user: int, given: Sequence[int]):
+        self.body, self.n_in, self.n_state = body, n_in, n_state
+        args = body.args
+        self.caps = list(args[n_in + n_state:])
+        outs = [body.outputs[k] for k in given] + list(body.outputs[len(body.outputs) - n_state:])
+        self.cts = [placeholder(o.shape, o.dtype, name=f"d{o.name or 'y'}") for o in outs]
+        wrt = list(args[:n_in + n_state]) + [c for c in self.caps if c.dtype.is_float]
+        grads = grad(outs, wrt, self.cts, zeros=False)
+        self.grads = dict(zip(wrt, grads))
+        forward = set(body.nodes)
+        back = [n for n in Graph([g for g in grads if g is not None]).nodes if n not in forward]
+        read = {x for n in back for x in n.inputs} | {g for g in grads if g in forward}
+        self.residuals = [n for n in body.computed if n in read and n.has_rows]
+        self.terms = {c: _terms(self.grads[c]) for c in self.caps if self.grads.get(c) is not None}
+
+    def applies(self) -> bool:
+        """Can the gradient run from saved values: every captured value's gradient a sum of terms, no
+        gradient row-sparse."""
+        return all(t is not None for t in self.terms.values()) and not any(
+            g is not None and is_row_sparse(g) for g in self.grads.values())
+
+
+def _terms(g: Node) -> list | None:
+    """``g`` (a captured value's gradient in the body) as a sum of ("mm", A, B, node): node = Aᵀ·B, and
+    ("sum", None, B, node): node sums B over the rows, with A and B per-row matrices; None: not such a sum."""
+    if g.has_rows:
+        return None
+    if g.op == "accum" or (g.op == "add" and all(x.shape == g.shape for x in g.inputs)):
+        parts = [_terms(x) for x in g.inputs]
+        return None if any(p is None for p in parts) else [t for p in parts for t in p]
+    if g.op == "matmul":
+        a, b = g.inputs
+        if (a.op == "transpose" and a.attrs["perm"] == (1, 0) and a.inputs[0].has_rows and a.inputs[0].ndim == 2
+                and b.has_rows and b.ndim == 2):
+            return [("mm", a.inputs[0], b, g)]
+    if g.op in ("sum_to", "sum") and g.attrs.get("axes") == (0,) and g.ndim == 1 and g.inputs[0].has_rows \
+            and g.inputs[0].ndim == 2:
+        return [("sum", None, g.inputs[0], g)]
+    return None
+
+
+def plan(xs: list, ss: list, body: Subgraph, n_out: int) -> Plan | None:
+    """The saved-values gradient of a foreach in a vertex function, when it applies: float per-row inputs,
+    states and outputs of one dtype, per-row values only (a captured per-vertex value keeps the generic
+    gradient), no control flow in the body."""
+    values = list(xs) + list(ss)
+    if not values:
+        return None
+    dtype = values[0].dtype
+    if not all(v.has_rows and v.dtype == dtype and v.dtype.is_float for v in values):
+        return None
+    if not all(o.has_rows and o.dtype == dtype for o in body.outputs):
+        return None
+    if any(is_cond(n) or is_loop(n) for n in body.computed):
+        return None
+    if any(c.has_rows and c.dtype.is_float for c in body.args[len(xs) + len(ss):]):
+        return None
+    found = Plan(body, len(xs), len(ss), n_out, range(n_out))
+    return found if found.applies() else None
+
+
+def saving_loop(xs: list, ss: list, traced, n_out: int, length: int, extra: dict, count) -> Node | None:
+    """The forward node of a foreach in a vertex function that keeps what its gradient reads (one tuple
+    node: its outputs, its residuals stacked as further outputs, its final states, its saved pre-step
+    states), or None where the saved-values gradient does not apply."""
+    body = traced.graph
+    if count is not None:
+        return None
+    if length:   # (a loop of no step computes no product)
+        xs, body = hoisted(xs, len(ss), body, traced.captured)
+    found = plan(xs, ss, body, n_out)
+    if found is None:
+        return None
+    n_res = len(found.residuals)
+    kept = Subgraph(body.args, list(body.outputs[:n_out]) + found.residuals + list(body.outputs[n_out:]),
+                    body.name)
+    attrs = dict(extra, body=kept, n_in=len(xs), n_state=len(ss), n_out=n_out + n_res, length=length,
+                 _has_count=False, _save=True, _differentiable=True, _in_vertex_function=True, _pick=None,
+                 _residuals=n_res)
+    types = loop_types("foreach", kept, ss, n_out + n_res, length, True)
+    return _tuple_node("foreach", xs + ss + traced.captured, dict(attrs, dtype=types[0][1]), types)
+
+
+def saved_vjp(g: Node, node: Node, inputs: Sequence[Node]) -> tuple:
+    """The gradients of a saving foreach's inputs: one reverse loop over the saved values (the iterated
+    inputs' and the states' gradients, and the per-step values the captured values' terms read), then each
+    captured value's gradient summed over the steps from the stacked terms."""
+    a = node.attrs
+    body, n_in, n_state, n_out, n_res, length = (a["body"], a["n_in"], a["n_state"], a["n_out"], a["_residuals"],
+                                                 a["length"])
+    n_user = n_out - n_res
+    cts = _cotangents(g, node)
+    given = [k for k in range(n_user) if k in cts]
+    found = Plan(body, n_in, n_state, n_user, given)
+    xs, ss, caps = list(inputs[:n_in]), list(inputs[n_in:n_in + n_state]), list(inputs[n_in + n_state:])
+    step_args = list(body.args[:n_in + n_state]) + list(body.outputs[n_user:n_user + n_res]) + found.cts[:len(given)]
+    step_values = xs + [item(node, n_out + n_state + j) for j in range(n_state)] + \
+        [item(node, n_user + r) for r in range(n_res)] + [cts[k] for k in given]
+    source = dict(zip(step_args, step_values))
+    gx = [_or_zeros(found.grads.get(x), x) for x in body.args[:n_in]]
+    vectors = list(dict.fromkeys(v for terms in found.terms.values() for _, A, B, _ in terms
+                                 for v in (A, B) if v is not None and v not in source and v not in gx))
+    gs = [_or_zeros(found.grads.get(s), s) for s in body.args[n_in:n_in + n_state]]
+    invariant = _invariants(gx + vectors + gs, set(found.caps))
+    sub = closed(step_args + found.cts[len(given):] + found.caps + invariant, gx + vectors + gs,
+                  f"{body.name}.backward")
+    caps = caps + _outside(invariant, dict(zip(found.caps, caps)))
+    carried = [cts[n_out + j] if n_out + j in cts else zeros_like(s) for j, s in enumerate(ss)]
+    n_back = len(gx) + len(vectors)
+    attrs = dict(body=sub, n_in=len(step_args), n_state=n_state, n_out=n_back, length=length,
+                 reverse=not a.get("reverse", False), _has_count=False, _save=False, _differentiable=False,
+                 _in_vertex_function=False, _pick=None)
+    types = loop_types("foreach", sub, carried, n_back, length, False)
+    back = _tuple_node("foreach", step_values + carried + caps, dict(attrs, dtype=types[0][1]), types)
+    grads = [item(back, i) for i in range(n_in)] + [item(back, n_back + j) for j in range(n_state)]
+    source.update((v, item(back, len(gx) + i)) for i, v in enumerate(vectors))
+    source.update((v, grads[i]) for i, v in enumerate(gx) if v not in source)   # (a term's B: an input's gradient)
+    grads += [_summed(found.terms[c], source, length) if c in found.terms and length else None
+              for c in body.args[n_in + n_state:]]   # (a loop of no step adds nothing)
+    return tuple(grads)
+
+
+def _invariants(outputs: list, caps: set) -> list:
+    """The values of the gradient's body that read captured values alone (a weight's transpose), where a
+    value of a step reads them: computed once, before the loop (a static of ∂F), not at every step."""
+    fixed: dict = {}
+
+    def invariant(n: Node) -> bool:
+        if n not in fixed:
+            fixed[n] = n in caps or (bool(n.inputs) and not n.has_rows and n.op not in ("input", "param")
+                                     and all(invariant(x) for x in n.inputs))
+        return fixed[n]
+    found, stack, seen = [], list(outputs), set()
+    while stack:
+        n = stack.pop()
+        if n in seen or n in caps:
+            continue
+        seen.add(n)
+        if invariant(n):
+            found.append(n)
+        else:
+            stack.extend(n.inputs)
+    return sorted(found, key=lambda n: n.id)
+
+
+def _outside(values: list, caps: dict) -> list:
+    """``values`` (nodes of a body over its captured placeholders) re-made over the loop's captured values."""
+    mapping = dict(caps)
+    made = []
+    for v in values:
+        inner = sorted(_between(v, mapping), key=lambda n: n.id)
+        for n in inner:
+            mapping[n] = make_node(n.op, tuple(mapping[x] for x in n.inputs), n.attrs)
+        made.append(mapping[v])
+    return made
+
+
+def _between(v: Node, known: dict) -> set:
+    out, stack = set(), [v]
+    while stack:
+        n = stack.pop()
+        if n in known or n in out:
+            continue
+        out.add(n)
+        stack.extend(n.inputs)
+    return out
+
+
+def _or_zeros(g: Node | None, x: Node) -> Node:
+    return zeros_like(x) if g is None else g
+
+
+def _summed(terms: list, source: dict, length: int) -> Node:
+    """A captured value's gradient: its terms, re-made over each step's block of their stacked values (a
+    column block, a view), summed over every step."""
+    parts = []
+    for t in range(length):
+        for kind, A, B, made in terms:
+            b = _step(source[B], t, B)
+            if kind == "mm":
+                parts.append(make_node("matmul", (make_node("transpose", (_step(source[A], t, A),), {"perm": (1, 0)}), b)))
+            else:
+                parts.append(make_node(made.op, (b,), made.attrs))
+    return accum(*parts)
+
+
+def _step(stacked: Node, t: int, like: Node) -> Node:
+    """Step ``t``'s block of a per-row value stacked over the steps, shaped as ``like``."""
+    part = make_node("slice", (stacked,), {"axis": 1, "start": t, "stop": t + 1})
+    return make_node("reshape", (part,), {"shape": like.shape})
+
