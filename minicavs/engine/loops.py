@@ -77,13 +77,13 @@ def lower_loop(t: Template, step, statics: set, device, singles: dict, lower_ste
     placed = _carried(t, step, f, body, results, carried)
     placed.update((p, t.reg(name=f"{p.name or 'x'}[t]")) for p in slots)
     begin = len(t.code)
-    t.emit("LOOP", f.length, 0)
+    t.emit("LOOP", f.length, 0, 0)
     order = (f.length - 1, -1) if f.reverse else (0, 1)
     for j in carried:
         if f.outputs + f.states + j in results:   # (the gradient's saved pre-step state)
             _into_block(t, results[f.outputs + f.states + j], placed[states[j]], states[j], order)
     for p, x in zip(slots, step.inputs[:f.iterated]):
-        t.emit("STEPCOLS", placed[p], t.regs[x], _cols(p), *order)
+        t.emit("STEPCOLS", placed[p], t.regs[x], _cols(p), *order, 0)
     wanted = tuple(body.outputs[k] for k in outs) + tuple(body.outputs[f.outputs + j] for j in carried)
     outer = dict(t.regs)
     t.regs.update(placed)
@@ -95,8 +95,8 @@ def lower_loop(t: Template, step, statics: set, device, singles: dict, lower_ste
         _into_block(t, results[k], reg, body.outputs[k], order)
     for j, reg in zip(carried, regs[len(outs):]):
         t.emit("COPY", placed[states[j]], reg, _rows(states[j]), _cols(states[j]))
-    t.emit("ENDLOOP", f.length, len(t.code) - begin)
-    t.code[begin] = ("LOOP", f.length, len(t.code) - 1 - begin)
+    t.emit("ENDLOOP", f.length, len(t.code) - begin, 0)
+    t.code[begin] = ("LOOP", f.length, len(t.code) - 1 - begin, 0)
 
 
 def _needed(f, body, results: dict, device, singles: dict) -> tuple[list, list]:
@@ -149,7 +149,7 @@ def _carried(t: Template, step, f, body, results: dict, carried: list) -> dict:
 def _into_block(t: Template, stacked: int, value: int, node: Node, order: tuple) -> None:
     """The step's value (``node``'s shape) copied into its block of the stacked register."""
     block = t.reg(name="block[t]")
-    t.emit("STEPCOLS", block, stacked, _cols(node), *order)
+    t.emit("STEPCOLS", block, stacked, _cols(node), *order, 0)
     t.emit("COPY", block, value, -1, _cols(node))
 
 
