@@ -17,6 +17,8 @@ from __future__ import annotations
 import math
 from typing import Callable
 
+import numpy as np
+
 from ..core.dtypes import int64
 from ..ir.graph import Node
 from ..ops.flow import flow, is_loop
@@ -44,12 +46,21 @@ def loops(t: Template, step) -> bool:
         return False
     if test is not None and (test.outputs[0].dtype != node.dtype or test.outputs[0].has_rows):
         return False
+    if any(x in t.literals and not (f.iterated <= i < f.iterated + f.states and _zero(x))
+           for i, x in enumerate(step.inputs)):   # (a body's literal input: only a zero initial state, ZERO)
+        return False
     body = f.bodies[0][1]
     states = body.args[f.iterated:f.iterated + f.states]
     per_step = list(body.args[:f.iterated]) + list(body.outputs[:f.outputs]) + (list(states) if f.saves else [])
     if not all(v.has_rows or _rows(v) == 1 for v in per_step):
         return False
     return all(v.dtype == node.dtype for v in list(step.inputs[:f.iterated + f.states]) + list(body.outputs))
+
+
+def _zero(x: Node) -> bool:
+    """Is literal ``x`` (a constant the lowering folds into kernels) all zeros?"""
+    value = OPS[x.op].literal(x)
+    return value is not None and not np.any(value)
 
 
 def _depth(t: Template) -> int:
@@ -125,6 +136,8 @@ def lower_loop(t: Template, step, statics: set, device, singles: dict, lower_ste
     order = (-1, -1, depth) if f.reverse else (0, 1, depth)
     outer = dict(t.regs)
     t.regs.update(placed)
+    t.items.update((n.inputs[0], item_index(n)) for sub in (body, test) if sub is not None for n in sub.computed
+                   if item_index(n) is not None)   # (a loop inside: the results its items read)
     try:
         exit_at = _test(t, test, body, (statics, device, singles), lower_step, begin) if test else None
         for j in carried:
@@ -231,19 +244,23 @@ def _results(t: Template, node: Node, f, body) -> dict:
     results = {i: _memory(t, *shapes[i], f"{node.name or 'loop'}.{i}") for at, i in enumerate(held)
                if (node, at) in t.items}   # (a result no item reads here is not computed)
     t.tuples[node] = [results.get(i) for i in held]
+    t.reg(node)   # (the tuple's own register, unused: its items read ``t.tuples``)
     return results
 
 
 def _carried(t: Template, step, f, body, results: dict, carried: list) -> dict:
     """Placeholder -> register before the loop: the captured values' own, each carried state's memory (its
-    final result's, else its own) with the initial state copied in."""
+    final result's, else its own) with the initial state copied in (a literal zero: zeroed)."""
     captured = f.iterated + f.states
     placed = {p: t.regs[c] for p, c in zip(body.args[captured:], step.inputs[captured:])}
     t.origins.update((p, t.origins.get(c, c)) for p, c in zip(body.args[captured:], step.inputs[captured:]))
     for j in carried:
-        p, mine = body.args[f.iterated + j], results.get(f.outputs + j)
+        p, mine, first = body.args[f.iterated + j], results.get(f.outputs + j), step.inputs[f.iterated + j]
         placed[p] = mine if mine is not None else _memory(t, p.has_rows, _rows(p), _cols(p), f"{p.name or 's'}")
-        t.emit("COPY", placed[p], t.regs[step.inputs[f.iterated + j]], _rows(p), _cols(p))
+        if first in t.literals:   # (a zero: loops() takes no other literal)
+            t.emit("ZERO", placed[p], _rows(p), _cols(p))
+        else:
+            t.emit("COPY", placed[p], t.regs[first], _rows(p), _cols(p))
     return placed
 
 

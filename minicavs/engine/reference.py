@@ -215,9 +215,12 @@ class Machine:
         scope.update(bs=self.bs, task_row=self.task_row, scatter_row=self.scatter_row,
                      step=lambda slot: self.view_of_slot(slot)[1], start=lambda slot: self.view_of_slot(slot)[0],
                      base_row=lambda mode: {1: self.task_row, 2: self.scatter_row}.get(mode, 0))
-        for operand, kind in table:   # (BUFOK's check of a "buf" operand, as the C loops decode it)
-            if kind == "buf" and not 0 <= scope[operand] < len(self.flats):
-                self.fail(f"operand {operand}: buffer {scope[operand]} out of range")
+        for operand, kind in table:   # (BUFOK's check of a "buf" operand, REGOK's of an "in", as the C loops
+            value = scope[operand]    # decode them)
+            if kind == "buf" and not 0 <= value < len(self.flats):
+                self.fail(f"operand {operand}: buffer {value} out of range")
+            if kind == "in" and not (0 <= value < len(self.regs) and self.regs[value] is not None):
+                self.fail(f"operand {operand}: register {value} is not bound")
         for span in SPANS[name]:
             applies, args = span_values(name, span, scope)
             if not applies:

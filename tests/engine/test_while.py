@@ -1,0 +1,213 @@
+"""A while_loop inside a vertex function as a loop of the instruction program (engine/loops.py: the condition's
+instructions and WHILE at the top of LOOP ... ENDLOOP), and ∂F's reverse foreach over the steps it ran as a loop
+whose trip count is read where it runs (LOOPN over the one-value static the gradient computes): no runner
+declines F or ∂F, every runner (reference, C runner, the emulated CUDA issuing loop) equals F written with
+Python loops and the APPLY path, loss and gradients, for 0, 1, several and the most iterations; gradients
+match float64 central finite differences; a cond inside the while is a branch inside the loop (NaN in its
+untaken branch reaches nothing), a while inside a foreach a loop inside a loop; a wrong trip count, condition or
+depth is refused by every loop's checks naming the operand; on the device each condition is one counted read
+per test, each run-time trip count one per pass."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from minicavs import ops
+from minicavs.core.dtypes import float64 as F64
+from minicavs.core.errors import CheckError
+from minicavs.cuda import Cuda, issue, standin
+from minicavs.engine import instructions
+from minicavs.engine.codegen.opcodes import MAX_DEPTH
+from minicavs.engine.lowered import OPCODES_BY_ID
+from minicavs.engine.model import Model, Structure
+from minicavs.ops import control as C
+from minicavs.runtime.inputs import InputGraph
+from minicavs.runtime.vertex import VertexFunction
+
+from .test_backend import close
+from .test_branches import _corrupted, _run
+
+GRAPHS = [InputGraph.chain(n) for n in (3, 1, 2)]
+H, MOST = 3, 6
+# the limit and the iterations it runs: 0, 1, several, the most (the condition still true)
+LIMITS = {0: -0.5, 1: 0.5, 3: 2.5, MOST: 9.0}
+
+
+def _cell(v, h, Wh, pred=None, sign: float = 1.0):
+    """One step: the state mixed with the vertex's input, the counter + 1; ``pred`` given (a static computed
+    outside the loop): a cond on it picks the step's state, the branch ``sign`` does not take NaN for every
+    row (the log of a negative number)."""
+    new = ops.tanh(v[0] @ Wh + h)
+    if pred is not None:
+        def fine():
+            return new * 0.5
+
+        def nan():
+            return ops.log(-1.0 - ops.square(new))
+        new = C.cond(pred, fine, nan) if sign > 0 else C.cond(pred, nan, fine)
+    return [new, v[1] + 1.0]
+
+
+def _chain(steps: int | None, with_cond: bool = False, sign: float = 1.0) -> Model:
+    """F runs ``_cell`` while a step counter (a state without the row axis) is below the parameter ``lim``, at
+    most MOST times (``steps`` None), or ``steps`` times in Python; with a cond in the step (the finite branch,
+    on the sign of ``s``, taken in Python when unrolled)."""
+    Wh, lim, s = ops.param_node("Wh", (H, H), F64), ops.param_node("lim", (), F64), ops.param_node("s", (), F64)
+    F = VertexFunction("v", arity=1, message=(H,), dtype=F64)
+    with F:
+        h, pred = F.gather(0) + F.pull((H,)), ops.step(s) if with_cond else None
+        v = [h, ops.constant(0.0, F64)]
+        if steps is None:
+            _, v, _ = C.while_loop(lambda v: ops.step(lim - v[1]), lambda v: ([], _cell(v, h, Wh, pred, sign)),
+                                   v, MOST)
+        else:
+            for _ in range(steps):
+                v = _cell(v, h, Wh)
+                v[0] = v[0] * 0.5 if with_cond else v[0]
+        F.scatter(v[0])
+        F.push(v[0])
+    st = Structure(F, pulls={"x": ops.input((None, H), F64, name="xs")})
+    return Model(st, loss=ops.sum(ops.square(st.pushed("h"))))
+
+
+def _values(steps: int, sign: float = 1.0) -> tuple[dict, dict]:
+    rng = np.random.default_rng(5)
+    vals = {"Wh": rng.uniform(-0.5, 0.5, (H, H)), "lim": np.float64(LIMITS[steps]), "s": np.float64(sign)}
+    return vals, {"xs": rng.standard_normal((6, H))}
+
+
+def _loops_on(result, runner: str, *opcodes: str) -> None:
+    """Both passes ran on ``runner``, declined by no C loop, with ``opcodes`` in their programs (F's first)."""
+    for state in result.states.values():
+        for program, opcode in zip((state.program, state.backward_program), opcodes):
+            assert program.lowered.c_refusal is None, program.lowered.c_refusal
+            assert program.declined is None and program.runner == runner, (program.runner, program.declined)
+            assert opcode in [OPCODES_BY_ID[op] for op in program.lowered.code[:, 0]], opcode
+
+
+def _same(got, want, what: str) -> None:
+    close(got.loss, want.loss, "float64", what)
+    for k in want.grads:
+        close(got.grads[k], want.grads[k], "float64", f"{what} d{k}")
+
+
+RUNNERS = [("reference", False, "reference runner"), ("device", False, "C runner"), ("device", True, "cuda runner")]
+
+
+@pytest.mark.parametrize("steps", sorted(LIMITS))
+def test_a_while_in_f_is_a_loop_every_runner_runs_equal_to_python_and_the_apply_path(cuda_standin, monkeypatch,
+                                                                                   steps):
+    """F: WHILE at the top of a LOOP; ∂F: the replay saving states a WHILE loop too, the reverse foreach over
+    the steps run a LOOPN."""
+    vals, feeds = _values(steps)
+    python = _run(_chain(steps), vals, feeds, "reference")
+    model = _chain(None)
+    for runner, on_cuda, name in RUNNERS:
+        got = _run(model, vals, feeds, runner, Cuda(cuda_standin) if on_cuda else None, check=True)
+        _loops_on(got, name, "WHILE", "LOOPN")
+        _same(got, python, name)
+    monkeypatch.setattr(instructions, "loops", lambda t, step: False)   # (the loops APPLYs of their ops)
+    applied = _run(_chain(None), vals, feeds, "reference")
+    assert next(iter(applied.states.values())).program.lowered.c_refusal is not None
+    _same(applied, python, "APPLY path")
+
+
+@pytest.mark.parametrize("steps", sorted(LIMITS))
+def test_the_while_loops_gradients_match_central_finite_differences(steps):
+    """float64 on the C runner (the default), each parameter along random directions (train.testing)."""
+    from minicavs.train.testing import check_model_grads
+    vals, feeds = _values(steps)
+    model = _chain(None)
+    _loops_on(_run(model, vals, feeds, "device"), "C runner", "WHILE", "LOOPN")
+    check_model_grads(model, GRAPHS, feeds, vals, directions=2)
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_a_cond_inside_a_while_is_a_branch_inside_the_loop(cuda_standin, sign):
+    """The untaken branch is NaN (log of a negative number) for every row: never computed, nor its gradient."""
+    vals, feeds = _values(3, sign)
+    want = _run(_chain(3, True, sign), vals, feeds, "reference")
+    model = _chain(None, True, sign)
+    for runner, on_cuda, name in RUNNERS:
+        got = _run(model, vals, feeds, runner, Cuda(cuda_standin) if on_cuda else None)
+        _loops_on(got, name, "BRANCH", "BRANCH")
+        _loops_on(got, name, "WHILE", "LOOPN")
+        _same(got, want, name)
+
+
+def _nested(steps: int | None) -> Model:
+    """F runs a foreach over the vertex's (4, H) sequence whose body runs a while_loop (a step counter below
+    ``lim``, at most 3 times; ``steps`` of them written in Python)."""
+    Wh, Wx, lim = ops.param_node("Wh", (H, H), F64), ops.param_node("Wx", (H, H), F64), ops.param_node("lim", (), F64)
+    F = VertexFunction("seq", arity=1, message=(H,), dtype=F64)
+    with F:
+        xs, h = F.pull((4, H)), F.gather(0)
+
+        def body(x, s):
+            u = x @ Wx
+            v = [s, ops.constant(0.0, F64)]
+            if steps is None:
+                _, (s2, _), _ = C.while_loop(lambda v: ops.step(lim - v[1]),
+                                             lambda v: ([], [ops.tanh(v[0] @ Wh + u), v[1] + 1.0]), v, 3)
+            else:
+                for _ in range(steps):
+                    v = [ops.tanh(v[0] @ Wh + u), v[1] + 1.0]
+                s2 = v[0]
+            return [], s2
+        _, h = C.foreach(body, xs, h)
+        F.scatter(h)
+        F.push(h)
+    st = Structure(F, pulls={"x": ops.input((None, 4, H), F64, name="xs")})
+    return Model(st, loss=ops.sum(ops.square(st.pushed("h"))))
+
+
+@pytest.mark.parametrize("steps", [0, 2, 3])
+def test_a_while_inside_a_foreach_is_a_loop_inside_a_loop(cuda_standin, steps):
+    rng = np.random.default_rng(9)
+    vals = {"Wh": rng.uniform(-0.5, 0.5, (H, H)), "Wx": rng.uniform(-0.5, 0.5, (H, H)),
+            "lim": np.float64({0: -1.0, 2: 1.5, 3: 7.0}[steps])}
+    feeds = {"xs": rng.standard_normal((6, 4, H))}
+    want = _run(_nested(steps), vals, feeds, "reference")
+    model = _nested(None)
+    for runner, on_cuda, name in RUNNERS:
+        got = _run(model, vals, feeds, runner, Cuda(cuda_standin) if on_cuda else None, check=True)
+        state = next(iter(got.states.values()))
+        code = [OPCODES_BY_ID[op] for op in state.program.lowered.code[:, 0]]
+        assert state.program.lowered.c_refusal is None and state.program.runner == name
+        assert code.count("LOOP") == 2 and "WHILE" in code   # (the while at depth 1)
+        _same(got, want, name)
+
+
+@pytest.mark.parametrize("opcode, operand, value, name, backward", [
+    ("LOOPN", 1, 0, "count", True), ("LOOPN", 1, -1, "most", True), ("LOOPN", 3, MAX_DEPTH, "depth", True),
+    ("WHILE", 1, 10**4, "cond", False), ("WHILE", 0, 10**6, "n", False), ("WHILE", 0, -1, "n", False),
+    ("LOOP", 2, -1, "depth", False), ("ENDLOOP", 2, MAX_DEPTH, "depth", False)])
+def test_a_wrong_trip_count_condition_or_depth_is_refused_by_every_runners_checks(cuda_standin, opcode, operand,
+                                                                                  value, name, backward):
+    """A loop over fewer steps than its run-time count (``most`` 0: the count, 3, is refused, naming it), a
+    negative most, a depth outside the counters, a condition register outside the file, a WHILE target outside
+    the template: each loop refuses the instruction, naming the operand, before moving pc or reading."""
+    vals, feeds = _values(3)
+    model = _chain(None)
+    title = "∂F" if backward else "F"
+    expected = [("reference", None, CheckError, rf"reference {title}: task \d+, instruction \d+ \(\w+ .*\): "
+                                                rf"operand {name}"),
+                ("device", None, CheckError, rf"C runner {title}: task \d+, instruction \d+ \(\w+ .*\): operand "
+                                             rf"{name}"),
+                ("device", Cuda(cuda_standin), issue.IssueCheckError,
+                 rf"cuda {title}: task \d+, instruction \d+ \(\w+ .*\): operand {name}")]
+    for runner, device, error, message in expected:
+        with pytest.raises(error, match=message):
+            _corrupted(model, vals, feeds, runner, device, opcode, operand, value, backward)
+
+
+def test_a_trip_count_that_is_not_one_int64_value_is_refused(cuda_standin):
+    """LOOPN's count pointed at the static Wh (9 float values): refused by every loop, naming ``count``."""
+    vals, feeds = _values(3)
+    model = _chain(None)
+    got = _run(model, vals, feeds, "device")
+    lowered = got.states[next(iter(got.states))].backward_program.lowered
+    wh = next(i for i, key in enumerate(lowered.keys) if key[0] == "static" and getattr(key[1], "name", "") == "Wh")
+    for runner, device in [("reference", None), ("device", None), ("device", Cuda(cuda_standin))]:
+        with pytest.raises(CheckError, match=r"\(LOOPN .*\): operand count"):
+            _corrupted(model, vals, feeds, runner, device, "LOOPN", 0, wh, backward=True)
