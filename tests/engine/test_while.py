@@ -211,3 +211,40 @@ def test_a_trip_count_that_is_not_one_int64_value_is_refused(cuda_standin):
     for runner, device in [("reference", None), ("device", None), ("device", Cuda(cuda_standin))]:
         with pytest.raises(CheckError, match=r"\(LOOPN .*\): operand count"):
             _corrupted(model, vals, feeds, runner, device, "LOOPN", 0, wh, backward=True)
+
+
+@pytest.mark.parametrize("steps", [0, 3, MOST])
+def test_each_condition_is_one_read_per_test_and_each_trip_count_one_per_pass_on_the_device(cuda_standin, steps):
+    """On the device the condition is a device value: the issuing loop reads it (one counted device-to-host
+    read) each time WHILE tests it, in every task that runs the loop (F: the task template; ∂F: the replay
+    saving states, in the block before the tasks), and a run-time trip count once a pass (LOOPN's static, as a
+    cond's pred); the reference runner over the device's arrays reads the same. Against F unrolled in Python:
+    tests x (F's tasks + ∂F's one block) more, + 1 trip count, + the tests of the static replay giving ∂F its
+    count (run in Python, outside the program: one read per test)."""
+    vals, feeds = _values(steps)
+    tests = min(steps + 1, MOST)   # (the last test reads 0, unless the loop ran its most)
+    for device in (Cuda(cuda_standin), Cuda(cuda_standin, issue_from_c=False)):
+        reads = []
+        for model in (_chain(steps), _chain(None)):
+            _run(model, vals, feeds, "device", device)   # (compiled and warm: only the runs are counted)
+            standin.reset()
+            got = _run(model, vals, feeds, "device", device)
+            reads.append(standin.crossings["d2h"])
+        program = next(iter(got.states.values())).program
+        tasks = int((program.table[:, 0] < program.lowered.n_kinds).sum())   # (rows of the task template)
+        assert reads[1] - reads[0] == tests * (tasks + 1) + 1 + tests, (device.issue_from_c, reads, tasks)
+
+
+def test_explain_shows_the_loops_and_branches_of_each_pass():
+    """Per loop its pass, depth, trip count (a while_loop's most and the register WHILE tests; a run-time
+    count with this batch's value) and body; per branch its pred and value."""
+    from minicavs.engine.explain import explain
+    vals, feeds = _values(3)
+    text = str(explain(_chain(None, True), GRAPHS, feeds, vals))
+    lines = [line.strip() for line in text.splitlines()]
+    assert any(line.startswith("F kind 'v' task, instruction") and f"loop at depth 0: at most {MOST} steps, while r"
+               in line and "is not 0 (WHILE at" in line for line in lines), text
+    assert any(line.startswith("∂F kind 'v'") and f"loop at depth 0: 3 steps of at most {MOST}, the trip count read "
+               "where it runs from static[" in line for line in lines), text
+    assert any(line.startswith("F kind 'v' task") and "branch on static[" in line and "= 1.0: then" in line
+               for line in lines), text
