@@ -248,3 +248,51 @@ def test_explain_shows_the_loops_and_branches_of_each_pass():
                "where it runs from static[" in line for line in lines), text
     assert any(line.startswith("F kind 'v' task") and "branch on static[" in line and "= 1.0: then" in line
                for line in lines), text
+
+
+def _counted_foreach(ran: int | None) -> Model:
+    """F runs an RNN over the vertex's pulled (5, H) sequence for ``n`` steps, ``n`` the count of a while_loop
+    over values without the row axis (a computed one-value int64 static: the steps while a counter is below
+    ``lim``), its per-step outputs stacked (zero past ``n``) and read; or ``ran`` steps unrolled in Python."""
+    L = 5
+    Wx, Wh, lim = ops.param_node("Wx", (H, H), F64), ops.param_node("Wh", (H, H), F64), ops.param_node("lim", (), F64)
+    F = VertexFunction("seq", arity=1, message=(H,), dtype=F64)
+    with F:
+        xs, h = F.pull((L, H)), F.gather(0)
+
+        def body(x, s):
+            s2 = ops.tanh(x @ Wx + s @ Wh)
+            return [s2 * 0.5], s2
+        if ran is None:
+            _, _, n = C.while_loop(lambda k: ops.step(lim - k), lambda k: ([], k + 1.0), ops.constant(0.0, F64), L)
+            (ys,), h = C.foreach(body, xs, h, steps=n)
+            ys = ops.reshape(ys, (L * H,))
+        else:
+            parts = []
+            for t in range(ran):
+                (y,), h = body(ops.reshape(ops.slice_(xs, t, t + 1, axis=0), (H,)), h)
+                parts.append(y)
+            ys = ops.concat(parts + [ops.reshape(ops.slice_(xs, 0, L - ran, axis=0), ((L - ran) * H,)) * 0.0],
+                            axis=0) if ran < L else ops.concat(parts, axis=0)
+        F.scatter(h)
+        F.push(h + ys @ ops.constant(np.linspace(-1.0, 1.0, L * H * H).reshape(L * H, H)))
+    st = Structure(F, pulls={"x": ops.input((None, L, H), F64, name="xs")})
+    return Model(st, loss=ops.sum(ops.square(st.pushed("h"))))
+
+
+@pytest.mark.parametrize("ran", [0, 1, 3, 5])
+def test_a_foreach_over_a_computed_trip_count_is_a_loop_reading_it_where_it_runs(cuda_standin, ran):
+    """steps= a one-value int64 static computed in F (a while_loop's count over values without the row axis):
+    LOOPN in F and ∂F, every runner equal to the steps unrolled in Python (the outputs past them zero), and
+    float64 finite differences."""
+    from minicavs.train.testing import check_model_grads
+    rng = np.random.default_rng(4)
+    vals = {"Wx": rng.uniform(-0.5, 0.5, (H, H)), "Wh": rng.uniform(-0.5, 0.5, (H, H)), "lim": np.float64(ran - 0.5)}
+    feeds = {"xs": rng.standard_normal((6, 5, H))}
+    want = _run(_counted_foreach(ran), vals, feeds, "reference")
+    model = _counted_foreach(None)
+    for runner, on_cuda, name in RUNNERS:
+        got = _run(model, vals, feeds, runner, Cuda(cuda_standin) if on_cuda else None, check=True)
+        _loops_on(got, name, "LOOPN", "LOOPN")
+        _same(got, want, name)
+    check_model_grads(model, GRAPHS, feeds, vals, directions=1)
