@@ -1,17 +1,23 @@
-"""A ``foreach`` inside a vertex function as a loop of the instruction program (instructions.py lowers F's and
-∂F's steps; a foreach of a fixed trip count whose per-step values are per-row comes here). ``LOOP trips n`` sets
-the loop counter to 0 (no trips: skips the body and its ``ENDLOOP``); ``ENDLOOP trips n`` adds 1 to it and goes
-back to the body's first instruction while it is below ``trips``. The body is lowered inline once by F's own
-step lowering (branches.inline, as a cond's bodies are). A per-row value (rows, T, D) is a matrix of flat rows
-of T x D: ``STEPCOLS`` points a register at the counter's step block (step t: columns t x D, counted from the
-end for a reverse loop), so an input's slice is a view, and a stacked output's step (a saved pre-step state's,
-for the gradient) is copied into its block. Each carried state lives in memory of its own (the result's, for a
-final state), the body's new state copied there at the end of the body.
+"""A ``foreach`` or ``while_loop`` inside a vertex function as a loop of the instruction program (instructions.py
+lowers F's and ∂F's steps; a loop whose per-step values are per-row or one row comes here). Each loop has a
+depth (the loops around it), and each depth a counter and a trip count: ``LOOP trips n depth`` sets them (0 and
+``trips``; no trips: skips the body and its ``ENDLOOP``), ``LOOPN count most n depth`` sets the trip count from
+a one-value int64 static read where the loop runs (``foreach(steps=n)`` with ``n`` computed without the row
+axis; ∂F's reverse loop over the steps a while_loop ran), refused outside [0, most]; ``ENDLOOP trips n depth``
+adds 1 to the counter and goes back to the body's first instruction while it is below the trip count. A
+while_loop's condition is lowered at the top of the body, then ``WHILE n cond`` leaves the loop when its one
+value is 0 (``trips`` is its max_iterations). The body is lowered inline once by F's own step lowering
+(branches.inline, as a cond's bodies are). A per-row value (rows, T, D) is a matrix of flat rows of T x D:
+``STEPCOLS`` points a register at the counter's step block (step t: columns t x D, counted from the last step
+run for a reverse loop), so an input's slice is a view, and a stacked output's step (a saved pre-step state's,
+for the gradient) is copied into its block; a loop that may stop early zeroes those first. Each carried state
+lives in memory of its own (the result's, for a final state), the body's new state copied there at the end of
+the body (one handed on from a state copied aside first).
 
-∂F's loops (the gradient of a foreach is a reverse foreach over the saved pre-step states, carrying the state
-cotangents and the sums of the captured values' gradients: states without a row axis) are tuple nodes: every
-result gets memory, and each ``item`` of it (:func:`lower_item`) is a view of its result or a copy into the
-item's own memory."""
+∂F's loops (the gradient of a loop is a reverse foreach over the saved pre-step states, carrying the state
+cotangents and the sums of the captured values' gradients: states without a row axis; a while_loop's over the
+steps it ran, a count the gradient computes as a static) are tuple nodes: every result gets memory, and each
+``item`` of it (:func:`lower_item`) is a view of its result or a copy into the item's own memory."""
 from __future__ import annotations
 
 import math
