@@ -224,15 +224,19 @@ def test_each_condition_is_one_read_per_test_and_each_trip_count_one_per_pass_on
     vals, feeds = _values(steps)
     tests = min(steps + 1, MOST)   # (the last test reads 0, unless the loop ran its most)
     for device in (Cuda(cuda_standin), Cuda(cuda_standin, issue_from_c=False)):
-        reads = []
+        reads, issued = [], []
         for model in (_chain(steps), _chain(None)):
             _run(model, vals, feeds, "device", device)   # (compiled and warm: only the runs are counted)
             standin.reset()
+            before = int(issue.stats(device)[issue.STATS.index("reads")])
             got = _run(model, vals, feeds, "device", device)
             reads.append(standin.crossings["d2h"])
+            issued.append(int(issue.stats(device)[issue.STATS.index("reads")]) - before)
         program = next(iter(got.states.values())).program
         tasks = int((program.table[:, 0] < program.lowered.n_kinds).sum())   # (rows of the task template)
         assert reads[1] - reads[0] == tests * (tasks + 1) + 1 + tests, (device.issue_from_c, reads, tasks)
+        # (the issuing loop's own reads, counted apart: the conditions' alone)
+        assert issued == [0, tests * (tasks + 1) if device.issue_from_c else 0], (device.issue_from_c, issued)
 
 
 def test_explain_shows_the_loops_and_branches_of_each_pass():
