@@ -18,7 +18,8 @@ OPCODES_BY_ID = list(OPCODES)
 NONE, KIND_ROWS, SCATTER_ROWS = 0, 1, 2
 MODE_NAMES = {NONE: "0", KIND_ROWS: "task rows", SCATTER_ROWS: "scatter rows"}
 PHASE_WORDS = {PRE: "before tasks", TASK: "task", POST: "after tasks"}
-BUFFER_OPERANDS = ("buf", "idx", "keys", "table", "pred", "count")   # operands that name a buffer (linked to global ids)
+# operands that name a buffer (linked to global ids)
+BUFFER_OPERANDS = ("buf", "idx", "keys", "table", "pred", "count")
 TASK_COLUMNS = 5   # kind, kind offset, rows, scatter offset, first row of the sibling-concat view (-1: none)
 
 

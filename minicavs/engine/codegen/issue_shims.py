@@ -171,6 +171,8 @@ def shim_decls() -> str:
         + [GEMM_SIGNATURE.format(name=n) for n in ("mc_noop_gemm", "mc_cpu_gemm_float", "mc_cpu_gemm_double",
                                                    "mc_cublas_gemm_float", "mc_cublas_gemm_double")]
         + [LAUNCH_SIGNATURE.format(name=n) for n in ("mc_standin_launch", "mc_noop_launch")]
-        + ["int mc_noop_record(void *event, void *stream);", "int mc_noop_wait(void *stream, void *event, unsigned flags);",
+        + ["int mc_noop_record(void *event, void *stream);",
+           "int mc_noop_wait(void *stream, void *event, unsigned flags);",
            "int mc_standin_read(void *dst, const void *src, size_t bytes, void *stream);",
-           "int mc_noop_read(void *dst, const void *src, size_t bytes, void *stream);", "int mc_noop_sync(void *stream);"])
+           "int mc_noop_read(void *dst, const void *src, size_t bytes, void *stream);",
+           "int mc_noop_sync(void *stream);"])

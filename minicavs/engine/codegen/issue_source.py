@@ -491,7 +491,8 @@ static int row_{T}(mach_{T}_t *M, const int64_t *code, const int64_t *pool, cons
 /* Issue a pass: every row of ``tasks`` on the main stream, streaming every row of ``etasks`` on the eager
    stream (chunk t before task t). ``bufs`` and ``ebufs``: 5 x nbufs (device base, host copy, size, ld,
    transposed) of the main and the eager machine; ``dev``: launch, gemm, gemm context, record, wait, main
-   stream, eager stream, the start event, the chunk event, a device-to-host copy, a stream's synchronize; ``rk``: the row kernels' handles (ISSUE_KERNEL_NAMES),
+   stream, eager stream, the start event, the chunk event, a device-to-host copy, a stream's synchronize;
+   ``rk``: the row kernels' handles (ISSUE_KERNEL_NAMES),
    ``fk``: the fused kernels'. ``stats``: launches, products, events, reads (added to); ``counts``: launches per
    handle (row kernels, then fused). Returns 0, or 1 with ``err`` filled. */
 int issue_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int64_t nkinds,
