@@ -44,8 +44,8 @@ OPCODE_TABLE = {
     # a loop in F (engine/loops.py), at nesting ``depth`` (a counter and a trip count per depth, MAX_DEPTH of
     # them): LOOP sets the depth's counter to 0 and its trip count to ``trips``, and skips the next n
     # instructions (the body and its ENDLOOP) when that is 0; LOOPN does the same with the trip count read
-    # where it runs from ``count``, a one-value int64 static (refused, naming it, when outside [0, max]: the
-    # loop's memory holds max steps); ENDLOOP adds 1 to the counter and, while it is below the trip count (and
+    # where it runs from ``count``, a one-value int64 static (refused, naming it, when outside [0, most]: the
+    # loop's memory holds most steps); ENDLOOP adds 1 to the counter and, while it is below the trip count (and
     # ``trips``, the most the loop runs), goes back n instructions (to the instruction after the LOOP);
     # STEPCOLS: dst = src's columns from (first + stride x counter) x width (a per-step block; a negative
     # first counts from the trip count: -1, a reverse loop's last step run); WHILE: a while_loop's test, after
@@ -134,7 +134,7 @@ class Span(NamedTuple):
       "target"   skipping ``operand`` instructions lands inside the template (0 <= n, pc + 1 + n <= end)
       "back"     going back ``operand`` instructions lands inside the template, behind pc (1 <= n, begin <= pc - n)
       "trips"    buffer ``operand`` is one int64 value the loop reads where it runs (a run-time trip count; the
-                 CUDA loop: with its host copy); its value in [0, max] is checked always, where it is read
+                 CUDA loop: with its host copy); its value in [0, most] is checked always, where it is read
       "args"     the fused kernel's (nargs, rows, cols) arguments listed from pool ``operand``: each a bound
                  register spanning its argument kind's rows and columns, not transposed
     ``when``: only when this holds (a path of the instruction); ``report``: the operand a failure names (default
