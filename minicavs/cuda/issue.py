@@ -66,7 +66,7 @@ def _address(name: str) -> int:
 
 C_TYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 DEV = ("launch", "gemm", "gemm_ctx", "record", "wait", "stream", "eager_stream", "start_event", "chunk_event", "read",
-       "sync")
+       "sync", "write")
 
 
 class _Functions:
@@ -92,8 +92,9 @@ class _Functions:
     def log(self, names: list, counts: np.ndarray) -> None:
         """After a call: what a launcher that records its launches should know (counts per kernel)."""
 
-    def read(self, count: int) -> None:
-        """After a call: the ``count`` values the loop read from the device (a while_loop's conditions)."""
+    def read(self, reads: int, writes: int) -> None:
+        """After a call: the values the loop read from the device (a while_loop's conditions, a count in a
+        loop's body) and wrote to it (such a count)."""
 
 
 class _Standin(_Functions):
@@ -108,15 +109,16 @@ class _Standin(_Functions):
                         _address("mc_noop_record"), _address("mc_noop_wait")]
         emu = device.launcher.emulator(issue_kernels(c_type))
         self.rk[:] = [emu.handle(f"{name}_{c_type}") for name in ISSUE_KERNEL_NAMES]
-        self.dev[9:11] = [_address("mc_standin_read"), _address("mc_noop_sync")]
+        self.dev[9:12] = [_address("mc_standin_read"), _address("mc_noop_sync"), _address("mc_standin_read")]
 
     def fused(self, kernel) -> int:
         return self.device.launcher.emulator(kernel.source).handle(kernel.name)
 
-    def read(self, count: int) -> None:
+    def read(self, reads: int, writes: int) -> None:
         from . import standin
-        for _ in range(count):   # (the stand-in counts its crossings: one per value the loop read)
-            standin._count("d2h")
+        for direction, count in (("d2h", reads), ("h2d", writes)):   # (the stand-in counts its crossings: one
+            for _ in range(count):                                    # per value the loop read or wrote)
+                standin._count(direction)
 
     def log(self, names: list, counts: np.ndarray) -> None:
         launches = getattr(self.device.launcher, "launches", None)
@@ -130,7 +132,7 @@ class _NoWork(_Functions):
         super().__init__(device, c_type, tf32)
         self.dev[:5] = [_address("mc_noop_launch"), _address("mc_noop_gemm"), self.dev[2], _address("mc_noop_record"),
                         _address("mc_noop_wait")]
-        self.dev[9:11] = [_address("mc_noop_read"), _address("mc_noop_sync")]
+        self.dev[9:12] = [_address("mc_noop_read"), _address("mc_noop_sync"), _address("mc_noop_write")]
         self.rk[:] = 1
 
     def fused(self, kernel) -> int:
@@ -223,7 +225,8 @@ class _Gpu(_Functions):
                         _entry(cuda, "cuEventRecord"), _entry(cuda, "cuStreamWaitEvent")]
         self.events = [cupy.cuda.Event(disable_timing=True) for _ in range(2)]
         self.dev[7:9] = [e.ptr for e in self.events]
-        self.dev[9:11] = [_optional(cuda, "cuMemcpyDtoHAsync_v2"), _optional(cuda, "cuStreamSynchronize")]
+        self.dev[9:12] = [_optional(cuda, "cuMemcpyDtoHAsync_v2"), _optional(cuda, "cuStreamSynchronize"),
+                          _optional(cuda, "cuMemcpyHtoDAsync_v2")]
         source = issue_kernels(c_type)
         self.rk[:] = [_function(source, f"{name}_{c_type}") for name in ISSUE_KERNEL_NAMES]
 
@@ -316,11 +319,11 @@ def _unreachable(device, dtype) -> str | None:
 
 
 # the device's counters (launches, products, events) since it was made, added to by every call
-STATS = ("launches", "products", "events", "reads")
+STATS = ("launches", "products", "events", "reads", "writes")
 
 
 def stats(device) -> np.ndarray:
-    """The device's issue counters: launches, products, events, reads (:data:`STATS`)."""
+    """The device's issue counters: launches, products, events, reads, writes (:data:`STATS`)."""
     return device.__dict__.setdefault("_issue_stats", np.zeros(len(STATS), np.int64))
 
 
@@ -421,7 +424,7 @@ def run(program, device, tf32: bool = False) -> None:
         p(counters), p(counts))
     del preds   # (the preds' host copies, read by the call)
     stats(device)[:] += counters
-    handles.read(int(counters[STATS.index("reads")]))
+    handles.read(int(counters[STATS.index("reads")]), int(counters[STATS.index("writes")]))
     names = [f"{k}_{handles.c_type}" for k in ISSUE_KERNEL_NAMES] + [getattr(k, "name", "") for k in lowered.fused]
     per_kernel = launch_counts(device)
     for i in np.flatnonzero(counts).tolist():
@@ -435,7 +438,8 @@ def run(program, device, tf32: bool = False) -> None:
 REFUSALS = {-7: "a launch of a kernel without a function handle (0)",
             -8: "a product on a stream without a cuBLAS handle",
             -9: "a product whose size or leading dimension exceeds 2^31-1 (cuBLAS's int)",
-            -10: "a read of a device value (a while_loop's condition) on a device without cuMemcpyDtoHAsync"}
+            -10: "a read or write of a device value (a while_loop's condition or count) on a device without "
+                 "cuMemcpyDtoHAsync or cuMemcpyHtoDAsync"}
 
 
 def _raise(lowered, err: np.ndarray) -> None:

@@ -81,25 +81,30 @@ def _first_saved(f) -> int:
 
 
 def _reads_count(t: Template, node: Node, f) -> bool:
-    """Is a while_loop's count of steps run (an int64 result) what ``node`` is, or one of its items read?"""
+    """Is a while_loop's count of steps run (an int64 result) what ``node`` is, or one of its items read outside
+    a loop's body? (Inside one, a nested while's gradient, STEPS writes it in the program's float type into
+    memory of its own, which only that body's loops read: LOOPR.)"""
     if "cond" not in dict(f.bodies):
         return False
     count, pick = f.outputs + f.states, node.attrs.get("_pick")
     held = pick if pick is not None else range(_first_saved(f) + (f.states if f.saves else 0))
     if not holds_tuple(node):
         return count in held
-    return any(i == count and (node, at) in t.items for at, i in enumerate(held))
+    return _depth(t) == 0 and any(i == count and (node, at) in t.items for at, i in enumerate(held))
 
 
-def _trip_count(t: Template, step) -> int | None:
-    """The buffer of a foreach's run-time trip count (its last input): a one-value int64 static the template
-    binds (one count for every row; None: not one)."""
+def _trip_count(t: Template, step) -> tuple | None:
+    """Where a foreach's run-time trip count (its last input, one int64 value for every row) is: ("static",
+    its buffer), a one-value static the template binds; ("register", its register), a while_loop's count that
+    STEPS wrote inside a loop's body; None: neither."""
     count = step.inputs[-1]
     origin = t.origins.get(count, count)
     if step.outputs[0].attrs.get("_per_row") or origin.dtype != int64 or math.prod(origin.shape) != 1 \
-            or origin.has_rows or ("static", origin) not in t.buffers:
+            or origin.has_rows:
         return None
-    return t.buffers[("static", origin)]
+    if ("static", origin) in t.buffers:
+        return "static", t.buffers[("static", origin)]
+    return ("register", t.regs[count]) if _depth(t) > 0 and count in t.regs else None
 
 
 # how the lowering runs a node as a view of its input (a column block, a reshape keeping the flat rows, a 2-D
@@ -160,6 +165,8 @@ def lower_loop(t: Template, step, statics: set, device, singles: dict, lower_ste
     _new_states(t, body, states, f.outputs, carried, regs[len(outs):], placed)
     t.emit("ENDLOOP", f.length, len(t.code) - begin, depth)
     _close(t, step, f, begin, exit_at)
+    if f.outputs + f.states in results and test is not None:   # (its count of steps run, read in this body)
+        t.emit("STEPS", results[f.outputs + f.states], depth)
 
 
 def _new_states(t: Template, body, states, first: int, carried: list, regs: list, placed: dict) -> None:
@@ -182,11 +189,14 @@ def _new_states(t: Template, body, states, first: int, carried: list, regs: list
 
 
 def _close(t: Template, step, f, begin: int, exit_at: int | None) -> None:
-    """The loop's opening (LOOP, or LOOPN over a run-time trip count) and its WHILE given their targets: past
-    the ENDLOOP just emitted."""
+    """The loop's opening (LOOP; LOOPN or LOOPR over a run-time trip count, in a static or a register) and its
+    WHILE given their targets: past the ENDLOOP just emitted."""
     end = len(t.code) - 1
-    if f.counted and exit_at is None:
-        t.code[begin] = ("LOOPN", _trip_count(t, step), f.length, end - begin, t.code[begin][3])
+    where = _trip_count(t, step) if f.counted and exit_at is None else None
+    if where is not None and where[0] == "static":
+        t.code[begin] = ("LOOPN", where[1], f.length, end - begin, t.code[begin][3])
+    elif where is not None:
+        t.code[begin] = ("LOOPR", f.length, end - begin, t.code[begin][3], where[1])
     else:
         t.code[begin] = ("LOOP", f.length, end - begin, t.code[begin][3])
     if exit_at is not None:
@@ -244,7 +254,7 @@ def _results(t: Template, node: Node, f, body) -> dict:
     states = body.args[f.iterated:f.iterated + f.states]
     shapes = [(o.has_rows, _rows(o), f.length * _cols(o)) for o in body.outputs[:f.outputs]]
     shapes += [(p.has_rows, _rows(p), _cols(p)) for p in states]
-    shapes += [(False, 1, 1)] * (_first_saved(f) - f.outputs - f.states)   # (the count: never computed here)
+    shapes += [(False, 1, 1)] * (_first_saved(f) - f.outputs - f.states)   # (a while_loop's count: STEPS's)
     shapes += [(p.has_rows, _rows(p), f.length * _cols(p)) for p in states] if f.saves else []
     held = pick if pick is not None else range(len(shapes))
     results = {i: _memory(t, *shapes[i], f"{node.name or 'loop'}.{i}") for at, i in enumerate(held)
@@ -271,10 +281,10 @@ def _carried(t: Template, step, f, body, results: dict, carried: list) -> dict:
 
 
 def _into_block(t: Template, stacked: int, value: int, node: Node, order: tuple) -> None:
-    """The step's value (``node``'s shape) copied into its block of the stacked register."""
+    """The step's value (``node``'s shape: per-row or one row) copied into its block of the stacked register."""
     block = t.reg(name="block[t]")
     t.emit("STEPCOLS", block, stacked, _cols(node), *order)
-    t.emit("COPY", block, value, -1, _cols(node))
+    t.emit("COPY", block, value, _rows(node), _cols(node))
 
 
 def _memory(t: Template, has_rows: bool, rows: int, cols: int, name: str) -> int:

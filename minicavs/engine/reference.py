@@ -401,6 +401,21 @@ def op_stepcols(m: Machine, dst, src, width, first, stride, depth) -> None:
     m.set(dst, buf, offset + (base + stride * m.lt[depth]) * width, ld, transposed)
 
 
+def op_steps(m: Machine, dst, depth) -> None:
+    """dst's one value = the depth's counter: a while_loop's count of steps run, after its ENDLOOP (where a
+    loop's body reads it; on a device one write, a crossing)."""
+    m.matrix(dst, 1, 1)[...] = m.lt[depth]
+
+
+def op_loopr(m: Machine, most, n, depth, cond) -> int:
+    """LOOPN with the trip count read from register ``cond`` (a count STEPS wrote; on a device one read),
+    refused unless a whole number in [0, most]."""
+    value = float(to_host(m.matrix(cond, 1, 1).reshape(-1))[0])
+    if not (0 <= value <= most and value == int(value)):
+        m.fail(f"operand cond: a trip count of {value}, not a whole number in [0, {most}]")
+    return op_loop(m, int(value), n, depth)
+
+
 def op_while(m: Machine, n, cond) -> int:
     """A while_loop's test: skip ``n`` (the rest of the body and its ENDLOOP: the loop ends) when the one value
     of register ``cond``, computed by the instructions before it, is 0; NaN is true (on a device: one read, a
@@ -620,7 +635,7 @@ OPERATIONS = {
     "NOP": op_nop, "BIND": op_bind, "STATIC": op_static, "SCRATCH": op_scratch, "GATHER": op_gather,
     "CATVIEW": op_catview, "SKIP_IF_CAT": op_skip_if_cat, "BRANCH": op_branch, "JUMP": op_jump,
     "LOOP": op_loop, "LOOPN": op_loopn, "ENDLOOP": op_endloop, "STEPCOLS": op_stepcols, "WHILE": op_while,
-    "TAKE": op_take, "TAKETO": op_taketo, "SROWS": op_srows, "SPUT": op_sput, "COLS": op_cols, "ALIAS": op_alias,
+    "STEPS": op_steps, "LOOPR": op_loopr, "TAKE": op_take, "TAKETO": op_taketo, "SROWS": op_srows, "SPUT": op_sput, "COLS": op_cols, "ALIAS": op_alias,
     "TRANSPOSE": op_transpose, "GEMM": op_gemm, "FUSED": op_fused, "COPY": op_copy, "ZERO": op_zero, "ADD": op_add,
     "SUMROWS": op_sumrows, "PUT": op_put, "ADJ": op_adj, "GACC": op_gacc, "DROPOUT": op_dropout, "BMM": op_bmm,
     "TRANSROWS": op_transrows, "APPLY": op_apply,

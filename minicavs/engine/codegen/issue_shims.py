@@ -16,6 +16,8 @@ The function pointers, one per entry of ``dev``:
 - ``record`` / ``wait``: ``cuEventRecord`` / ``cuStreamWaitEvent`` between the two streams (streaming).
 - ``read`` / ``sync``: ``cuMemcpyDtoHAsync_v2`` / ``cuStreamSynchronize`` (a while_loop's condition, one value per
   iteration); on the stand-in :c:func:`mc_standin_read` (a memcpy) and :c:func:`mc_noop_sync`.
+- ``write``: ``cuMemcpyHtoDAsync_v2`` (a while_loop's count of steps run, where a loop's body reads it); on the
+  stand-in :c:func:`mc_standin_read` too (a memcpy).
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ typedef int (*record_t)(void *event, void *stream);
 typedef int (*wait_t)(void *stream, void *event, unsigned flags);
 typedef int (*read_t)(void *dst, const void *src, size_t bytes, void *stream);
 typedef int (*sync_t)(void *stream);
+typedef int (*write_t)(void *dst, const void *src, size_t bytes, void *stream);
 typedef union { int64_t i; uint64_t u; double d; float f; const void *p; } arg_t;
 typedef int (*gemm_fn)(void *ctx, void *stream, int ta, int tb, int64_t m, int64_t n, int64_t k, const void *A,
                        int64_t lda, int64_t sa, const void *B, int64_t ldb, int64_t sb, void *C, int64_t ldc,
@@ -50,6 +53,7 @@ int mc_noop_wait(void *stream, void *event, unsigned flags) { return 0; }
 /* a device-to-host copy: the stand-in's memory is the host's; a device that does no work reads zeros */
 int mc_standin_read(void *dst, const void *src, size_t bytes, void *stream) { memcpy(dst, src, bytes); return 0; }
 int mc_noop_read(void *dst, const void *src, size_t bytes, void *stream) { memset(dst, 0, bytes); return 0; }
+int mc_noop_write(void *dst, const void *src, size_t bytes, void *stream) { return 0; }
 int mc_noop_sync(void *stream) { return 0; }
 
 /* a product's context: cblas on the CPU (the stand-in) or cuBLAS by pointer. cuBLAS: one handle per stream,
@@ -175,4 +179,5 @@ def shim_decls() -> str:
            "int mc_noop_wait(void *stream, void *event, unsigned flags);",
            "int mc_standin_read(void *dst, const void *src, size_t bytes, void *stream);",
            "int mc_noop_read(void *dst, const void *src, size_t bytes, void *stream);",
+           "int mc_noop_write(void *dst, const void *src, size_t bytes, void *stream);",
            "int mc_noop_sync(void *stream);"])

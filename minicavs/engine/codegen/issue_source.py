@@ -193,6 +193,16 @@ static int read_{T}(mach_{T}_t *M, const {T} *src, {T} *dst) {{
     rc = ((read_t)M->dev[9])(dst, src, sizeof({T}), M->stream);
     return rc ? rc : ((sync_t)M->dev[10])(M->stream);
 }}
+/* one value written to device memory from the host (a while_loop's count of steps run, where a loop's body
+   reads it): the pending work issued first, the copy made on the stream and waited for; counted (stats[4]) */
+static int write_{T}(mach_{T}_t *M, {T} *dst, {T} value) {{
+    int rc = flush_{T}(M);
+    if (rc) return rc;
+    if (!M->dev[11] || !M->dev[10]) return MC_NO_READ;
+    M->stats[4]++;
+    rc = ((write_t)M->dev[11])(dst, &value, sizeof({T}), M->stream);
+    return rc ? rc : ((sync_t)M->dev[10])(M->stream);
+}}
 /* C = op(A) op(B): ``batch`` 1 joins the pending product as one more of a strided batch when it has the same
    shape, its operands are evenly spaced from the pending ones' and it reads nothing they write (else the
    pending one is issued first); a batch of its own is issued at once */
@@ -334,6 +344,12 @@ static int row_{T}(mach_{T}_t *M, const int64_t *code, const int64_t *pool, cons
             break;
         }}
 {REGISTER_CASES}
+        case STEPS: {{
+            @CHECKS STEPS@
+            const {T} value = ({T})lt[a[1]];   /* a while_loop's steps run: one counted write to the device */
+            ISSUED(write_{T}(M, R[a[0]].p, value));
+            break;
+        }}
         case GEMM: {{
             @CHECKS GEMM@
             const int64_t m = DIM(a[3]), n = DIM(a[4]), k = DIM(a[5]);
@@ -491,9 +507,10 @@ static int row_{T}(mach_{T}_t *M, const int64_t *code, const int64_t *pool, cons
 /* Issue a pass: every row of ``tasks`` on the main stream, streaming every row of ``etasks`` on the eager
    stream (chunk t before task t). ``bufs`` and ``ebufs``: 5 x nbufs (device base, host copy, size, ld,
    transposed) of the main and the eager machine; ``dev``: launch, gemm, gemm context, record, wait, main
-   stream, eager stream, the start event, the chunk event, a device-to-host copy, a stream's synchronize;
+   stream, eager stream, the start event, the chunk event, a device-to-host copy, a stream's synchronize, a
+   host-to-device copy;
    ``rk``: the row kernels' handles (ISSUE_KERNEL_NAMES),
-   ``fk``: the fused kernels'. ``stats``: launches, products, events, reads (added to); ``counts``: launches per
+   ``fk``: the fused kernels'. ``stats``: launches, products, events, reads, writes (added to); ``counts``: launches per
    handle (row kernels, then fused). Returns 0, or 1 with ``err`` filled. */
 int issue_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int64_t nkinds,
               const int64_t *tasks, int64_t ntasks, const int64_t *etasks, int64_t neager, int64_t tw,

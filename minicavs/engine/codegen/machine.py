@@ -220,6 +220,10 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
                 break;
             }}
 {REGISTER_CASES}
+            case STEPS:
+                @CHECKS STEPS@
+                R[a[0]].p[0] = (T)lt[a[1]];   /* a while_loop's steps run (its counter after its ENDLOOP) */
+                break;
             case GEMM: {{
                 @CHECKS GEMM@
                 const int64_t m = DIM(a[3]), n = DIM(a[4]), k = DIM(a[5]);
@@ -501,7 +505,7 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
 
 def register_cases(dst_ok: str, indent: int) -> str:
     """The C cases of the instructions that only point a register or move pc (BIND, STATIC, SCRATCH, CATVIEW,
-    SKIP_IF_CAT, BRANCH, JUMP, LOOP, LOOPN, ENDLOOP, WHILE; COLS, STEPCOLS: a column block, ALIAS, TRANSPOSE): one
+    SKIP_IF_CAT, BRANCH, JUMP, LOOP, LOOPN, LOOPR, ENDLOOP, WHILE; COLS, STEPCOLS: a column block, ALIAS, TRANSPOSE): one
     text for the interpreter and the CUDA issuing loop, over the macros each defines (SET, FBASE, BLD, BTRANS,
     FOREST, SCRATCH_BUF, PRED, COUNTS, READ1, and the
     checks' macros), each checking a pointed register with its own ``dst_ok``; indented by ``indent`` spaces."""
@@ -559,6 +563,14 @@ case STEPCOLS:
     @CHECKS STEPCOLS@
     R[a[0]] = R[a[1]]; R[a[0]].p += ((a[3] < 0 ? lim[a[5]] + a[3] : a[3]) + a[4] * lt[a[5]]) * a[2];
     break;
+case LOOPR: {
+    @CHECKS LOOPR@
+    READ1(a[3], value);   /* the count a STEPS wrote (the CUDA loop: one counted read of the device's) */
+    if (!(value >= 0 && value <= a[0] && value == (double)(int64_t)value)) FAIL(3);   /* not a whole count */
+    lt[a[2]] = 0; lim[a[2]] = (int64_t)value;
+    if (lim[a[2]] == 0) pc += a[1];
+    break;
+}
 case WHILE: {
     @CHECKS WHILE@
     READ1(a[1], value);   /* the condition's one value (the CUDA loop: one counted read of the device's) */

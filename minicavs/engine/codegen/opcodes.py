@@ -57,6 +57,12 @@ OPCODE_TABLE = {
     "STEPCOLS": (("dst", "reg"), ("src", "in"), ("width", "int"), ("first", "int"), ("stride", "int"),
                  ("depth", "int")),
     "WHILE": (("n", "int"), ("cond", "in")),   # (a register read, not pointed: not the first operand)
+    # a while_loop's count of steps run, where F reads it inside a loop's body (a nested while's gradient):
+    # STEPS writes the depth's counter, after its ENDLOOP, into the one value of register ``dst`` (the program's
+    # float type; on a device one host-to-device write); LOOPR is LOOPN with the trip count read from register
+    # ``cond`` (on a device one read), refused, naming it, when not a whole number in [0, most]
+    "STEPS": (("dst", "in"), ("depth", "int")),
+    "LOOPR": (("most", "int"), ("n", "int"), ("depth", "int"), ("cond", "in")),
     # rows buf[idx[task_row + r]] into scratch (-1: zeros)
     "TAKE": (("dst", "reg"), ("buf", "buf"), ("width", "int"), ("idx", "buf"), ("cols", "int"), ("off", "int")),
     # dst[r] = buf[idx[task_row + r]][col:col + cols]; -1: 0
@@ -172,6 +178,8 @@ SPANS = {
     "ENDLOOP": (Span("nonneg", "trips"), Span("back", "n"), _DEPTH),
     "STEPCOLS": (Span("nonneg", "width"), _DEPTH),
     "WHILE": (Span("matrix", "cond", ("1", "1")), Span("target", "n")),
+    "STEPS": (Span("rows", "dst", ("1", "1")), _DEPTH),
+    "LOOPR": (Span("matrix", "cond", ("1", "1")), Span("nonneg", "most"), Span("target", "n"), _DEPTH),
     "TAKE": (Span("index", "idx", ("buf", "width", "0", "cols", "1")), Span("scratch", "off", ("cols",))),
     "TAKETO": (Span("rows", "dst", ("bs", "cols")), Span("index", "idx", ("buf", "width", "col", "cols", "1"))),
     "SROWS": (Span("first", "buf", ("scatter_row * ld + col",), "scatter_row >= 0", report="col"),
