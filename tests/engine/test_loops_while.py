@@ -354,3 +354,24 @@ def test_a_foreach_over_a_computed_trip_count_is_a_loop_reading_it_where_it_runs
         _loops_on(got, name, "LOOPN", "LOOPN")
         _same(got, want, name)
     check_model_grads(model, GRAPHS, feeds, vals, directions=1)
+
+
+@pytest.mark.parametrize("opcode, operand, value, name", [
+    ("LOOPR", 0, 1, "cond"), ("LOOPR", 3, 10**4, "cond"), ("LOOPR", 2, MAX_DEPTH, "depth"),
+    ("STEPS", 0, 10**4, "dst"), ("STEPS", 1, -1, "depth")])
+def test_a_wrong_count_in_a_loops_body_is_refused_by_every_runners_checks(cuda_standin, opcode, operand, value,
+                                                                           name):
+    """The nested while's ∂F: a loop over fewer steps than the count STEPS wrote (``most`` 1, the count 2:
+    refused naming the register holding it), a count register or STEPS's destination that is not bound, a depth
+    outside the counters: each loop refuses the instruction, naming the operand."""
+    rng = np.random.default_rng(9)
+    vals = {"Wh": rng.uniform(-0.5, 0.5, (H, H)), "Wx": rng.uniform(-0.5, 0.5, (H, H)), "lim": np.float64(1.5)}
+    feeds = {"xs": rng.standard_normal((6, 4, H))}
+    model = _nested(None)
+    expected = [("reference", None, CheckError, rf"reference ∂F: task \d+, instruction \d+ \(\w+ .*\): operand {name}"),
+                ("device", None, CheckError, rf"C runner ∂F: task \d+, instruction \d+ \(\w+ .*\): operand {name}"),
+                ("device", Cuda(cuda_standin), issue.IssueCheckError,
+                 rf"cuda ∂F: task \d+, instruction \d+ \(\w+ .*\): operand {name}")]
+    for runner, device, error, message in expected:
+        with pytest.raises(error, match=message):
+            _corrupted(model, vals, feeds, runner, device, opcode, operand, value, backward=True)
