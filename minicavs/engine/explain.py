@@ -136,7 +136,7 @@ def flow_lines(program, indent: str = "") -> list[str]:
 
 
 def _flow_instruction(program, template, pc: int) -> str:
-    """One LOOP, LOOPN or BRANCH of ``program`` described ('' for any other instruction)."""
+    """One LOOP, LOOPN, LOOPR or BRANCH of ``program`` described ('' for any other instruction)."""
     lowered = program.lowered
     op, *a = lowered.code[pc].tolist()
     name = OPCODES_BY_ID[op]
@@ -146,19 +146,24 @@ def _flow_instruction(program, template, pc: int) -> str:
         pred = _key_text(lowered.keys[a[0]])
         return (f"branch on {pred} = {_value(program, a[0])}: then {a[1] - 1} instructions, else "
                 f"{int(lowered.code[jump][1])}")
-    if name not in ("LOOP", "LOOPN"):
+    if name not in ("LOOP", "LOOPN", "LOOPR"):
         return ""
-    depth, n = a[-1], a[-2]
+    at = dict(zip(OPCODES[name], a))
+    depth, n = at["depth"], at["n"]
     if name == "LOOPN":
-        trips = (f"{_value(program, a[0])} steps of at most {a[1]}, the trip count read where it runs from "
-                 f"{_key_text(lowered.keys[a[0]])}")
+        trips = (f"{_value(program, at['count'])} steps of at most {at['most']}, the trip count read where it runs "
+                 f"from {_key_text(lowered.keys[at['count']])}")
+    elif name == "LOOPR":
+        trips = (f"at most {at['most']} steps, the trip count read where it runs from r{at['cond']}"
+                 f"({template.reg_names[at['cond']]}), a while_loop's count (STEPS)")
     else:
-        trips = f"{a[0]} steps"
+        trips = f"{at['trips']} steps"
     tests = [w for w in range(pc + 1, pc + n) if OPCODES_BY_ID[int(lowered.code[w][0])] == "WHILE"
              and w + 1 + int(lowered.code[w][1]) == pc + n + 1]
     if tests:
         cond = int(lowered.code[tests[0]][2])
-        trips = f"at most {a[0]} steps, while r{cond}({template.reg_names[cond]}) is not 0 (WHILE at {tests[0]})"
+        trips = (f"at most {at['trips']} steps, while r{cond}({template.reg_names[cond]}) is not 0 "
+                 f"(WHILE at {tests[0]})")
     return f"loop at depth {depth}: {trips}, body {n - 1} instructions (to ENDLOOP at {pc + n})"
 
 
