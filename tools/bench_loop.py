@@ -1,9 +1,12 @@
 """A chain whose F runs a ``foreach`` over each vertex's pulled sequence (an RNN over T steps from the child's
 message) against the same F unrolled in Python, and against the foreach run as an APPLY of its op (how every
 foreach in F ran before the loop opcodes): CPU time per training step (forward_backward), one BLAS thread, the
-models alternating, medians.
+models alternating, medians. ``--loop while``: a ``while_loop`` instead (T steps of the RNN over the vertex's
+pulled (H,) input, while a step counter is below a parameter ``lim`` = T - 0.5; ∂F's loop over the steps run
+reads its trip count where it runs).
 
-    python tools/bench_loop.py [--hidden 128] [--steps-per-vertex 8] [--batch 16] [--rounds 5] [--calls 3]
+    python tools/bench_loop.py [--loop foreach|while] [--hidden 128] [--steps-per-vertex 8] [--batch 16]
+                               [--rounds 5] [--calls 3]
     (from a repository's root: its minicavs is timed)
 
 The three compute the same numbers (checked before timing)."""
@@ -34,23 +37,32 @@ from minicavs.runtime.vertex import VertexFunction  # noqa: E402
 LOOPS = instructions.loops
 
 
-def rnn_chain(H: int, T: int, unrolled: bool) -> Model:
-    """F: a tanh RNN over the vertex's (T, H) sequence from its child's message, as a foreach or unrolled."""
+def rnn_chain(H: int, T: int, unrolled: bool, loop: str = "foreach") -> Model:
+    """F: a tanh RNN over the vertex's (T, H) sequence from its child's message, as a foreach or unrolled; or
+    (``loop`` "while") T steps over its (H,) input, as a while_loop or unrolled."""
     Wx, Wh, b = ops.param_node("Wx", (H, H)), ops.param_node("Wh", (H, H)), ops.param_node("b", (H,))
+    lim = ops.param_node("lim", ())
     F = VertexFunction("seq", arity=1, message=(H,))
     with F:
-        xs, h = F.pull((T, H)), F.gather(0)
+        xs, h = F.pull((T, H) if loop == "foreach" else (H,)), F.gather(0)
 
         def body(x, s):
             return [], ops.tanh(x @ Wx + s @ Wh + b)
-        if unrolled:
+        if loop == "while" and unrolled:
+            for _ in range(T):
+                h = body(xs, h)[1]
+        elif loop == "while":
+            _, (h, _), _ = control.while_loop(lambda v: ops.step(lim - v[1]),
+                                              lambda v: ([], [body(xs, v[0])[1], v[1] + 1.0]),
+                                              [h, ops.constant(0.0, lim.dtype)], T)
+        elif unrolled:
             for t in range(T):
                 h = body(ops.reshape(ops.slice_(xs, t, t + 1, axis=0), (H,)), h)[1]
         else:
             h = control.foreach(body, xs, h)[1]
         F.scatter(h)
         F.push(h)
-    st = Structure(F, pulls={"x": ops.input((None, T, H), name="xs")})
+    st = Structure(F, pulls={"x": ops.input((None,) + ((T, H) if loop == "foreach" else (H,)), name="xs")})
     return Model(st, loss=ops.sum(ops.square(st.pushed("h"))))
 
 
@@ -69,6 +81,7 @@ def seconds(model: Model, graphs, feeds, params, calls: int, loops: bool) -> tup
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--loop", choices=("foreach", "while"), default="foreach")
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--steps-per-vertex", type=int, default=8)
     ap.add_argument("--batch", type=int, default=16)
@@ -76,13 +89,16 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=3)
     args = ap.parse_args()
     H, T, rng = args.hidden, args.steps_per_vertex, np.random.default_rng(0)
-    params = {"Wx": rng.uniform(-0.1, 0.1, (H, H)), "Wh": rng.uniform(-0.1, 0.1, (H, H)), "b": np.zeros(H)}
-    params = {k: v.astype(np.float32) for k, v in params.items()}
+    params = {"Wx": rng.uniform(-0.1, 0.1, (H, H)), "Wh": rng.uniform(-0.1, 0.1, (H, H)), "b": np.zeros(H),
+              "lim": np.float64(T - 0.5)}
+    params = {k: np.asarray(v).astype(np.float32) for k, v in params.items()}
     lengths = rng.integers(10, 31, args.batch)
     graphs = [InputGraph.chain(int(k)) for k in lengths]
-    feeds = {"xs": rng.standard_normal((int(lengths.sum()), T, H)).astype(np.float32)}
-    models = {"foreach": (rnn_chain(H, T, False), True), "unrolled": (rnn_chain(H, T, True), True),
-              "apply": (rnn_chain(H, T, False), False)}
+    per_vertex = (T, H) if args.loop == "foreach" else (H,)
+    feeds = {"xs": rng.standard_normal((int(lengths.sum()),) + per_vertex).astype(np.float32)}
+    models = {"loop": (rnn_chain(H, T, False, args.loop), True),
+              "unrolled": (rnn_chain(H, T, True, args.loop), True),
+              "apply": (rnn_chain(H, T, False, args.loop), False)}
     losses, runners = {}, {}
     for name, (model, loops) in models.items():   # (warm: compiled, and the same numbers)
         _, got = seconds(model, graphs, feeds, params, 1, loops)
@@ -95,9 +111,9 @@ def main() -> None:
         for name, (model, loops) in models.items():
             times[name].append(seconds(model, graphs, feeds, params, args.calls, loops)[0])
     ms = {name: float(np.median(t)) * 1e3 for name, t in times.items()}
-    print(json.dumps({"hidden": H, "steps": T, "batch": args.batch, "vertices": int(lengths.sum()),
-                      "runners": runners, "ms_per_step": ms, "foreach/unrolled": ms["foreach"] / ms["unrolled"],
-                      "apply/foreach": ms["apply"] / ms["foreach"]}))
+    print(json.dumps({"loop": args.loop, "hidden": H, "steps": T, "batch": args.batch, "vertices": int(lengths.sum()),
+                      "runners": runners, "ms_per_step": ms, "loop/unrolled": ms["loop"] / ms["unrolled"],
+                      "apply/loop": ms["apply"] / ms["loop"]}))
 
 
 if __name__ == "__main__":

@@ -65,7 +65,8 @@ def _address(name: str) -> int:
 
 
 C_TYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
-DEV = ("launch", "gemm", "gemm_ctx", "record", "wait", "stream", "eager_stream", "start_event", "chunk_event")
+DEV = ("launch", "gemm", "gemm_ctx", "record", "wait", "stream", "eager_stream", "start_event", "chunk_event", "read",
+       "sync", "write")
 
 
 class _Functions:
@@ -91,6 +92,10 @@ class _Functions:
     def log(self, names: list, counts: np.ndarray) -> None:
         """After a call: what a launcher that records its launches should know (counts per kernel)."""
 
+    def read(self, reads: int, writes: int) -> None:
+        """After a call: the values the loop read from the device (a while_loop's conditions, a count in a
+        loop's body) and wrote to it (such a count)."""
+
 
 class _Standin(_Functions):
     def __init__(self, device, c_type: str, tf32: bool):
@@ -104,9 +109,16 @@ class _Standin(_Functions):
                         _address("mc_noop_record"), _address("mc_noop_wait")]
         emu = device.launcher.emulator(issue_kernels(c_type))
         self.rk[:] = [emu.handle(f"{name}_{c_type}") for name in ISSUE_KERNEL_NAMES]
+        self.dev[9:12] = [_address("mc_standin_read"), _address("mc_noop_sync"), _address("mc_standin_read")]
 
     def fused(self, kernel) -> int:
         return self.device.launcher.emulator(kernel.source).handle(kernel.name)
+
+    def read(self, reads: int, writes: int) -> None:
+        from . import standin
+        for direction, count in (("d2h", reads), ("h2d", writes)):   # (the stand-in counts its crossings: one
+            for _ in range(count):                                    # per value the loop read or wrote)
+                standin._count(direction)
 
     def log(self, names: list, counts: np.ndarray) -> None:
         launches = getattr(self.device.launcher, "launches", None)
@@ -120,6 +132,7 @@ class _NoWork(_Functions):
         super().__init__(device, c_type, tf32)
         self.dev[:5] = [_address("mc_noop_launch"), _address("mc_noop_gemm"), self.dev[2], _address("mc_noop_record"),
                         _address("mc_noop_wait")]
+        self.dev[9:12] = [_address("mc_noop_read"), _address("mc_noop_sync"), _address("mc_noop_write")]
         self.rk[:] = 1
 
     def fused(self, kernel) -> int:
@@ -212,6 +225,8 @@ class _Gpu(_Functions):
                         _entry(cuda, "cuEventRecord"), _entry(cuda, "cuStreamWaitEvent")]
         self.events = [cupy.cuda.Event(disable_timing=True) for _ in range(2)]
         self.dev[7:9] = [e.ptr for e in self.events]
+        self.dev[9:12] = [_optional(cuda, "cuMemcpyDtoHAsync_v2"), _optional(cuda, "cuStreamSynchronize"),
+                          _optional(cuda, "cuMemcpyHtoDAsync_v2")]
         source = issue_kernels(c_type)
         self.rk[:] = [_function(source, f"{name}_{c_type}") for name in ISSUE_KERNEL_NAMES]
 
@@ -223,6 +238,14 @@ class _Gpu(_Functions):
         self.dev[5], self.dev[6] = main, eager
         for i, stream in enumerate((main, eager)):
             self.ctx.stream[i], self.ctx.handle[i] = _ffi_pointer(stream), _ffi_pointer(self.cublas.of(stream))
+
+
+def _optional(lib, name: str) -> int:
+    """The address of ``name`` in ``lib``, 0 where it has none (the loop then refuses what needs it)."""
+    try:
+        return _entry(lib, name) or 0
+    except AttributeError:
+        return 0
 
 
 def _function(source: str, name: str) -> int:
@@ -296,11 +319,11 @@ def _unreachable(device, dtype) -> str | None:
 
 
 # the device's counters (launches, products, events) since it was made, added to by every call
-STATS = ("launches", "products", "events")
+STATS = ("launches", "products", "events", "reads", "writes")
 
 
 def stats(device) -> np.ndarray:
-    """The device's issue counters: launches, products, events (:data:`STATS`)."""
+    """The device's issue counters: launches, products, events, reads, writes (:data:`STATS`)."""
     return device.__dict__.setdefault("_issue_stats", np.zeros(len(STATS), np.int64))
 
 
@@ -339,15 +362,17 @@ def _table(operands: list) -> np.ndarray:
 
 
 def _read_preds(lowered, operands: list, tables: list) -> list:
-    """The host copies of the conds' preds (BRANCH's one-value statics), beside their device addresses in each
-    buffer table: one counted device-to-host read per pred and pass (the loop reads a pred where it issues, on
-    the host; a static is the same for every task). Returns the copies, to keep them alive through the call."""
+    """The host copies of the conds' preds (BRANCH's one-value statics) and the loops' run-time trip counts
+    (LOOPN's), beside their device addresses in each buffer table: one counted device-to-host read per such
+    static and pass (the loop reads it where it issues, on the host; a static is the same for every task).
+    Returns the copies, to keep them alive through the call."""
     code = lowered.code
-    preds = np.unique(code[code[:, 0] == OPCODE_IDS["BRANCH"], 1]) if len(code) else ()
+    preds = np.unique(np.concatenate([code[code[:, 0] == OPCODE_IDS[op], 1] for op in ("BRANCH", "LOOPN")])) \
+        if len(code) else ()
     copies = []
     for b in preds.tolist():
         operand = operands[b] if 0 <= b < len(operands) else None
-        if operand is None:   # (the loop's check refuses the BRANCH: no host copy)
+        if operand is None:   # (the loop's check refuses the instruction: no host copy)
             continue
         host = np.ascontiguousarray(to_host(operand.array.reshape(-1)[:1]))
         copies.append(host)
@@ -388,7 +413,7 @@ def run(program, device, tf32: bool = False) -> None:
     fk = _fused_handles(lowered, handles)
     handles.streams()
     err = np.zeros(6, np.int64)
-    counters = np.zeros(3, np.int64)
+    counters = np.zeros(len(STATS), np.int64)
     counts = np.zeros(len(ISSUE_KERNEL_NAMES) + len(fk), np.int64)
     p = functools.partial(ffi.from_buffer, "int64_t[]")
     none = eager if streaming else table
@@ -399,6 +424,7 @@ def run(program, device, tf32: bool = False) -> None:
         p(counters), p(counts))
     del preds   # (the preds' host copies, read by the call)
     stats(device)[:] += counters
+    handles.read(int(counters[STATS.index("reads")]), int(counters[STATS.index("writes")]))
     names = [f"{k}_{handles.c_type}" for k in ISSUE_KERNEL_NAMES] + [getattr(k, "name", "") for k in lowered.fused]
     per_kernel = launch_counts(device)
     for i in np.flatnonzero(counts).tolist():
@@ -411,7 +437,9 @@ def run(program, device, tf32: bool = False) -> None:
 # the loop's own refusals of a launch or product (codegen/issue_source.py's MC_NO_KERNEL, ...)
 REFUSALS = {-7: "a launch of a kernel without a function handle (0)",
             -8: "a product on a stream without a cuBLAS handle",
-            -9: "a product whose size or leading dimension exceeds 2^31-1 (cuBLAS's int)"}
+            -9: "a product whose size or leading dimension exceeds 2^31-1 (cuBLAS's int)",
+            -10: "a read or write of a device value (a while_loop's condition or count) on a device without "
+                 "cuMemcpyDtoHAsync or cuMemcpyHtoDAsync"}
 
 
 def _raise(lowered, err: np.ndarray) -> None:

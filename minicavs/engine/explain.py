@@ -12,7 +12,9 @@ from ..core.sparse import densify
 from ..ir.graph import type_str
 from ..ops.flow import Flow, flow
 from .backend import to_host
+from .compile import TASK
 from .executor import RunContext
+from .lowered import OPCODES, OPCODES_BY_ID, PHASE_WORDS, _key_text
 from .program import StaticRun
 
 
@@ -109,11 +111,69 @@ def _structure_lines(r: StructureReport) -> list[str]:
                      f"blocks before and after them, one call of the {program.runner} "
                      f"({len(lowered.code)} instructions in {len(lowered.templates)} templates"
                      + (f"; the device's runner declined it: {program.declined})" if program.declined else ")"))
+        lines += flow_lines(program, "    ")
     lines.append(f"  dynamic tensors: {len(r.tensors)}, {r.tensor_bytes / 1024:.1f} KiB held by this batch, "
                  f"peak {r.peak_bytes / 1024:.1f} KiB of buffers")
     for kind, sym, shape, dtype, nbytes in sorted(r.tensors, key=lambda t: -t[4])[:12]:
         lines.append(f"    {kind:>10} {sym:<24} {str(shape):<12} {dtype:<8} {nbytes / 1024:10.1f} KiB")
     return lines
+
+
+def flow_lines(program, indent: str = "") -> list[str]:
+    """The loops and branches of a pass's program (a bound BatchProgram), one line each, where they lie (its
+    kind and template, the instruction): per loop its depth, trip count (fixed; read where it runs, with the
+    value this batch had; a while_loop's most and the register its condition tests) and body length; per
+    branch its pred (with its value) and the instructions of each side."""
+    lowered, lines = program.lowered, []
+    for tid, t in zip(lowered.template_ids, lowered.templates):
+        begin, end = lowered.ranges[tid]
+        where = f"kind '{t.kind}' " + ("task" if t.phase == TASK else PHASE_WORDS[t.phase] + " block")
+        for pc in range(begin, end):
+            text = _flow_instruction(program, t, pc)
+            if text:
+                lines.append(f"{indent}{program.title} {where}, instruction {pc}: {text}")
+    return lines
+
+
+def _flow_instruction(program, template, pc: int) -> str:
+    """One LOOP, LOOPN, LOOPR or BRANCH of ``program`` described ('' for any other instruction)."""
+    lowered = program.lowered
+    op, *a = lowered.code[pc].tolist()
+    name = OPCODES_BY_ID[op]
+    a = a[:len(OPCODES[name])]
+    if name == "BRANCH":
+        jump = pc + a[1]   # (the JUMP ending the then-branch)
+        pred = _key_text(lowered.keys[a[0]])
+        return (f"branch on {pred} = {_value(program, a[0])}: then {a[1] - 1} instructions, else "
+                f"{int(lowered.code[jump][1])}")
+    if name not in ("LOOP", "LOOPN", "LOOPR"):
+        return ""
+    at = dict(zip(OPCODES[name], a))
+    depth, n = at["depth"], at["n"]
+    if name == "LOOPN":
+        trips = (f"{_value(program, at['count'])} steps of at most {at['most']}, the trip count read where it runs "
+                 f"from {_key_text(lowered.keys[at['count']])}")
+    elif name == "LOOPR":
+        trips = (f"at most {at['most']} steps, the trip count read where it runs from r{at['cond']}"
+                 f"({template.reg_names[at['cond']]}), a while_loop's count (STEPS)")
+    else:
+        trips = f"{at['trips']} steps"
+    tests = [w for w in range(pc + 1, pc + n) if OPCODES_BY_ID[int(lowered.code[w][0])] == "WHILE"
+             and w + 1 + int(lowered.code[w][1]) == pc + n + 1]
+    if tests:
+        cond = int(lowered.code[tests[0]][2])
+        trips = (f"at most {at['trips']} steps, while r{cond}({template.reg_names[cond]}) is not 0 "
+                 f"(WHILE at {tests[0]})")
+    return f"loop at depth {depth}: {trips}, body {n - 1} instructions (to ENDLOOP at {pc + n})"
+
+
+def _value(program, buf: int):
+    """The one value of a static buffer of ``program`` (on a device: one read)."""
+    operand = program.operands[buf] if 0 <= buf < len(program.operands) else None
+    if operand is None:
+        return "?"
+    value = to_host(operand.array.reshape(-1)[:1])[0]
+    return int(value) if np.issubdtype(value.dtype, np.integer) else float(value)
 
 
 def _counts(ops: dict) -> str:
@@ -127,8 +187,9 @@ def _static_lines(reports: list, device_runner: str) -> list[str]:
     fused = sum(r.fused for r in reports)
     lines = [f"static graphs: run by the {runners}, one step per node"
              + ("" if fused else ", no fused kernel (the fusion pass groups vertex functions' phases only)")
-             + f"; the {device_runner} runs only vertex functions' programs (a static graph and a control-flow "
-             "body are not lowered to instructions)"]
+             + f"; the {device_runner} runs only vertex functions' programs (a static graph is not lowered to "
+             "instructions; control flow inside a vertex function is: its loops and branches are listed with "
+             "its programs)"]
     for r in reports:
         rows = f", rows {', '.join(map(str, r.rows))}" if r.rows else ""
         lines.append(f"  {r.title}: {r.steps} step{'s' if r.steps != 1 else ''} ({_counts(r.ops)}), fused kernels "

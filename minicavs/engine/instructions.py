@@ -25,7 +25,7 @@ Every step lowers: a step no other opcode expresses (an op with no lowering, a b
 a fused group with more arguments than a kernel call passes) is an APPLY of its op's own implementation,
 which the reference and CUDA runners run and the C runner declines (that pass then runs on the reference
 runner on the same device, and dump() says why); a cond whose pred is a one-value static is a branch
-(branches.py). Values of any shape are matrices of flat rows
+(branches.py), a foreach or while_loop a loop (loops.py). Values of any shape are matrices of flat rows
 (codegen/machine.matrix_shape).
 
 Streaming runs the blocks before the task loop as a second table of the same templates, one chunk per task

@@ -1,47 +1,110 @@
-"""A ``foreach`` inside a vertex function as a loop of the instruction program (instructions.py lowers F's and
-∂F's steps; a foreach of a fixed trip count whose per-step values are per-row comes here). ``LOOP trips n`` sets
-the loop counter to 0 (no trips: skips the body and its ``ENDLOOP``); ``ENDLOOP trips n`` adds 1 to it and goes
-back to the body's first instruction while it is below ``trips``. The body is lowered inline once by F's own
-step lowering (branches.inline, as a cond's bodies are). A per-row value (rows, T, D) is a matrix of flat rows
-of T x D: ``STEPCOLS`` points a register at the counter's step block (step t: columns t x D, counted from the
-end for a reverse loop), so an input's slice is a view, and a stacked output's step (a saved pre-step state's,
-for the gradient) is copied into its block. Each carried state lives in memory of its own (the result's, for a
-final state), the body's new state copied there at the end of the body.
+"""A ``foreach`` or ``while_loop`` inside a vertex function as a loop of the instruction program (instructions.py
+lowers F's and ∂F's steps; a loop whose per-step values are per-row or one row comes here). Each loop has a
+depth (the loops around it), and each depth a counter and a trip count: ``LOOP trips n depth`` sets them (0 and
+``trips``; no trips: skips the body and its ``ENDLOOP``), ``LOOPN count most n depth`` sets the trip count from
+a one-value int64 static read where the loop runs (``foreach(steps=n)`` with ``n`` computed without the row
+axis; ∂F's reverse loop over the steps a while_loop ran), refused outside [0, most]; ``ENDLOOP trips n depth``
+adds 1 to the counter and goes back to the body's first instruction while it is below the trip count. A
+while_loop's condition is lowered at the top of the body, then ``WHILE n cond`` leaves the loop when its one
+value is 0 (``trips`` is its max_iterations). The body is lowered inline once by F's own step lowering
+(branches.inline, as a cond's bodies are). A per-row value (rows, T, D) is a matrix of flat rows of T x D:
+``STEPCOLS`` points a register at the counter's step block (step t: columns t x D, counted from the last step
+run for a reverse loop), so an input's slice is a view, and a stacked output's step (a saved pre-step state's,
+for the gradient) is copied into its block; a loop that may stop early zeroes those first. Each carried state
+lives in memory of its own (the result's, for a final state), the body's new state copied there at the end of
+the body (one handed on from a state copied aside first).
 
-∂F's loops (the gradient of a foreach is a reverse foreach over the saved pre-step states, carrying the state
-cotangents and the sums of the captured values' gradients: states without a row axis) are tuple nodes: every
-result gets memory, and each ``item`` of it (:func:`lower_item`) is a view of its result or a copy into the
-item's own memory."""
+∂F's loops (the gradient of a loop is a reverse foreach over the saved pre-step states, carrying the state
+cotangents and the sums of the captured values' gradients: states without a row axis; a while_loop's over the
+steps it ran, a count the gradient computes as a static) are tuple nodes: every result gets memory, and each
+``item`` of it (:func:`lower_item`) is a view of its result or a copy into the item's own memory."""
 from __future__ import annotations
 
+import math
 from typing import Callable
 
+import numpy as np
+
+from ..core.dtypes import int64
 from ..ir.graph import Node
-from ..ops.flow import flow, is_foreach, is_loop
+from ..ops.flow import flow, is_loop
 from ..ops.registry import OPS, holds_tuple
 from ..ops.subgraph import item_index
 from .branches import body_steps, inline
+from .codegen.opcodes import MAX_DEPTH
 from .lowered import NONE, Template, _cols, _rows
 
 
 def loops(t: Template, step) -> bool:
-    """Does ``step`` lower to a loop: a foreach (or one result of one) of fixed length, of one float type,
-    whose sliced inputs, stacked outputs and saved states are per-row, whose body holds no loop (one counter)
-    and returns no placeholder nor a view of one (each result is computed, not handed on)."""
+    """Does ``step`` lower to a loop: a foreach or while_loop (or one result of one) of one float type, whose
+    trip count is fixed, a one-value int64 static (``steps=``, read where the loop runs) or a while_loop's
+    condition (one value of that type, computed in the loop), whose per-step values (sliced inputs, stacked
+    outputs, saved states) are per-row or one row, which nests at most MAX_DEPTH deep and whose steps-run
+    count no one reads here (an int)."""
     node = step.outputs[0]
-    if step.fused or not is_foreach(node) or len(step.outputs) != 1:
+    if step.fused or not is_loop(node) or len(step.outputs) != 1:
         return False
     f = flow(node)
-    if f is None or f.counted or not node.dtype.is_float:
+    if f is None or not node.dtype.is_float or _depth(t) >= MAX_DEPTH or _reads_count(t, node, f):
+        return False
+    test = dict(f.bodies).get("cond")
+    if f.counted and test is None and _trip_count(t, step) is None:
+        return False
+    if test is not None and (test.outputs[0].dtype != node.dtype or test.outputs[0].has_rows):
+        return False
+    if any(x in t.literals and not (f.iterated <= i < f.iterated + f.states and _zero(x))
+           for i, x in enumerate(step.inputs)):   # (a body's literal input: only a zero initial state, ZERO)
         return False
     body = f.bodies[0][1]
     states = body.args[f.iterated:f.iterated + f.states]
-    per_step = list(step.inputs[:f.iterated]) + list(body.outputs[:f.outputs]) + (list(states) if f.saves else [])
-    if not all(v.has_rows for v in per_step):
+    per_step = list(body.args[:f.iterated]) + list(body.outputs[:f.outputs]) + (list(states) if f.saves else [])
+    if not all(v.has_rows or _rows(v) == 1 for v in per_step):
         return False
-    if any(v.dtype != node.dtype for v in list(step.inputs[:f.iterated + f.states]) + list(body.outputs)):
+    return all(v.dtype == node.dtype for v in list(step.inputs[:f.iterated + f.states]) + list(body.outputs))
+
+
+def _zero(x: Node) -> bool:
+    """Is literal ``x`` (a constant the lowering folds into kernels) all zeros?"""
+    value = OPS[x.op].literal(x)
+    return value is not None and not np.any(value)
+
+
+def _depth(t: Template) -> int:
+    """How many loops the instructions being lowered are inside (the depth of a loop lowered now)."""
+    return sum(1 for guard in t.guard if guard[0] == "loop")
+
+
+def _first_saved(f) -> int:
+    """The result index of a loop's first saved state (after its outputs, final states and a while_loop's
+    count)."""
+    return f.outputs + f.states + (1 if "cond" in dict(f.bodies) else 0)
+
+
+def _reads_count(t: Template, node: Node, f) -> bool:
+    """Is a while_loop's count of steps run (an int64 result) what ``node`` is, or one of its items read outside
+    a loop's body? (Inside one, a nested while's gradient, STEPS writes it in the program's float type into
+    memory of its own, which only that body's loops read: LOOPR.)"""
+    if "cond" not in dict(f.bodies):
         return False
-    return not any(is_loop(n) for n in body.computed) and not _views_of_args(body).intersection(body.outputs)
+    count, pick = f.outputs + f.states, node.attrs.get("_pick")
+    held = pick if pick is not None else range(_first_saved(f) + (f.states if f.saves else 0))
+    if not holds_tuple(node):
+        return count in held
+    return _depth(t) == 0 and any(i == count and (node, at) in t.items for at, i in enumerate(held))
+
+
+def _trip_count(t: Template, step) -> tuple | None:
+    """Where a foreach's run-time trip count (its last input, one int64 value for every row) is: ("static",
+    its buffer), a one-value static the template binds; ("register", its register), a while_loop's count that
+    STEPS wrote inside a loop's body; None: neither."""
+    count = step.inputs[-1]
+    origin = t.origins.get(count, count)
+    if step.outputs[0].attrs.get("_per_row") or origin.dtype != int64 or math.prod(origin.shape) != 1 \
+            or origin.has_rows:
+        return None
+    if ("static", origin) in t.buffers:
+        return "static", t.buffers[("static", origin)]
+    return ("register", t.regs[count]) if _depth(t) > 0 and count in t.regs else None
 
 
 # how the lowering runs a node as a view of its input (a column block, a reshape keeping the flat rows, a 2-D
@@ -54,10 +117,10 @@ def _may_view(n: Node) -> bool:
     return opdef.identity or (opdef.native is not None and opdef.native(n) in _VIEWS)
 
 
-def _views_of_args(body) -> set:
-    """The body's placeholders and the values that may be views of one (a new state that is one may be
-    overwritten by another state's copy before its own: a swap of two states)."""
-    views = set(body.args)
+def _views_of_states(body, states) -> set:
+    """The values of ``body`` that may be views of one of its ``states``' placeholders (a new state that is
+    one may be overwritten by another state's copy before its own: a swap of two states)."""
+    views = set(states)
     for n in body.computed:
         if _may_view(n) and n.inputs and n.inputs[0] in views:
             views.add(n)
@@ -65,46 +128,111 @@ def _views_of_args(body) -> set:
 
 
 def lower_loop(t: Template, step, statics: set, device, singles: dict, lower_step: Callable) -> None:
-    """A foreach as LOOP ... ENDLOOP around its body lowered inline: the saved states' and input blocks
-    (STEPCOLS), the body's steps, the wanted outputs' blocks copied, the new states copied into their memory.
-    Only what the node's results read is computed (∂F's per-vertex node carries no parameter gradients)."""
+    """A loop as LOOP (LOOPN: its trip count read where it runs) ... ENDLOOP around its body lowered inline: a
+    while_loop's condition and WHILE first, the saved states' and input blocks (STEPCOLS), the body's steps,
+    the wanted outputs' blocks copied, the new states copied into their memory. Only what the node's results
+    read is computed (∂F's per-vertex node carries no parameter gradients)."""
     node = step.outputs[0]
     f = flow(node)
-    body = f.bodies[0][1]
+    body, test = f.bodies[0][1], dict(f.bodies).get("cond")
     results = _results(t, node, f, body)
-    outs, carried = _needed(f, body, results, device, singles)
+    outs, carried = _needed(f, body, results, device, singles, test)
     slots, states = body.args[:f.iterated], body.args[f.iterated:f.iterated + f.states]
     placed = _carried(t, step, f, body, results, carried)
     placed.update((p, t.reg(name=f"{p.name or 'x'}[t]")) for p in slots)
-    begin = len(t.code)
-    t.emit("LOOP", f.length, 0)
-    order = (f.length - 1, -1) if f.reverse else (0, 1)
-    for p, x in zip(slots, step.inputs[:f.iterated]):
-        t.emit("STEPCOLS", placed[p], t.regs[x], _cols(p), *order)
-    for j in carried:
-        if f.outputs + f.states + j in results:   # (the gradient's saved pre-step state)
-            _into_block(t, results[f.outputs + f.states + j], placed[states[j]], states[j], order)
-    wanted = tuple(body.outputs[k] for k in outs) + tuple(body.outputs[f.outputs + j] for j in carried)
+    if f.counted:   # (steps not run stay zero)
+        _zero_stacked(t, f, body, results)
+    depth, begin = _depth(t), len(t.code)
+    t.emit("LOOP", f.length, 0, depth)
+    order = (-1, -1, depth) if f.reverse else (0, 1, depth)
     outer = dict(t.regs)
     t.regs.update(placed)
+    t.items.update((n.inputs[0], item_index(n)) for sub in (body, test) if sub is not None for n in sub.computed
+                   if item_index(n) is not None)   # (a loop inside: the results its items read)
     try:
+        exit_at = _test(t, test, body, (statics, device, singles), lower_step, begin) if test else None
+        for p, x in zip(slots, step.inputs[:f.iterated]):
+            t.emit("STEPCOLS", placed[p], outer[x], _cols(p), *order)
+        for j in carried:
+            if _first_saved(f) + j in results:   # (the gradient's saved pre-step state)
+                _into_block(t, results[_first_saved(f) + j], placed[states[j]], states[j], order)
+        wanted = tuple(body.outputs[k] for k in outs) + tuple(body.outputs[f.outputs + j] for j in carried)
         regs = inline(t, body, list(body.args), (statics, device, singles), lower_step, ("loop", begin), wanted)
     finally:
         t.regs = outer
     for k, reg in zip(outs, regs):
         _into_block(t, results[k], reg, body.outputs[k], order)
-    for j, reg in zip(carried, regs[len(outs):]):
-        t.emit("COPY", placed[states[j]], reg, _rows(states[j]), _cols(states[j]))
-    t.emit("ENDLOOP", f.length, len(t.code) - begin)
-    t.code[begin] = ("LOOP", f.length, len(t.code) - 1 - begin)
+    _new_states(t, body, states, f.outputs, carried, regs[len(outs):], placed)
+    t.emit("ENDLOOP", f.length, len(t.code) - begin, depth)
+    _close(t, step, f, begin, exit_at)
+    if f.outputs + f.states in results and test is not None:   # (its count of steps run, read in this body)
+        t.emit("STEPS", results[f.outputs + f.states], depth)
 
 
-def _needed(f, body, results: dict, device, singles: dict) -> tuple[list, list]:
-    """The outputs wanted and the states carried: those wanted, and those the steps computing a carried or
-    wanted value read (a fused step reads what any of its outputs does)."""
-    outs = [k for k in range(f.outputs) if k in results]
-    carried = {j for j in range(f.states) if f.outputs + j in results or f.outputs + f.states + j in results}
+def _new_states(t: Template, body, states, first: int, carried: list, regs: list, placed: dict) -> None:
+    """Each carried state's new value copied into its memory; a new value that may be a view of a state (a
+    state handed on: its own unchanged, or another's) is first copied aside, so no state's copy overwrites
+    what another's still reads."""
+    views = _views_of_states(body, states)
+    sources = []
+    for j, reg in zip(carried, regs):
+        new, p = body.outputs[first + j], states[j]
+        if new is p:   # (unchanged: nothing to copy)
+            continue
+        if new in views:
+            aside = _memory(t, p.has_rows, _rows(p), _cols(p), f"{p.name or 's'}'")
+            t.emit("COPY", aside, reg, _rows(p), _cols(p))
+            reg = aside
+        sources.append((placed[p], reg, p))
+    for dst, reg, p in sources:
+        t.emit("COPY", dst, reg, _rows(p), _cols(p))
+
+
+def _close(t: Template, step, f, begin: int, exit_at: int | None) -> None:
+    """The loop's opening (LOOP; LOOPN or LOOPR over a run-time trip count, in a static or a register) and its
+    WHILE given their targets: past the ENDLOOP just emitted."""
+    end = len(t.code) - 1
+    where = _trip_count(t, step) if f.counted and exit_at is None else None
+    if where is not None and where[0] == "static":
+        t.code[begin] = ("LOOPN", where[1], f.length, end - begin, t.code[begin][3])
+    elif where is not None:
+        t.code[begin] = ("LOOPR", f.length, end - begin, t.code[begin][3], where[1])
+    else:
+        t.code[begin] = ("LOOP", f.length, end - begin, t.code[begin][3])
+    if exit_at is not None:
+        t.code[exit_at] = ("WHILE", end - exit_at, t.code[exit_at][2])
+
+
+def _test(t: Template, test, body, where: tuple, lower_step: Callable, begin: int) -> int:
+    """A while_loop's condition lowered inline over the loop's registers (its placeholders are the body's:
+    the states and captured values) and WHILE on its one value; returns WHILE's index (its target is set
+    when the loop closes)."""
+    (pred,) = inline(t, test, list(body.args), where, lower_step, ("loop", begin), (test.outputs[0],))
+    t.emit("WHILE", 0, pred)
+    return len(t.code) - 1
+
+
+def _zero_stacked(t: Template, f, body, results: dict) -> None:
+    """A loop that may stop early: its stacked outputs and saved states zeroed first (their steps not run)."""
     states = body.args[f.iterated:f.iterated + f.states]
+    stacked = [(k, body.outputs[k]) for k in range(f.outputs)] + [(_first_saved(f) + j, p)
+                                                                 for j, p in enumerate(states)]
+    for i, v in stacked:
+        if i in results:
+            t.emit("ZERO", results[i], _rows(v), f.length * _cols(v))
+
+
+def _needed(f, body, results: dict, device, singles: dict, test=None) -> tuple[list, list]:
+    """The outputs wanted and the states carried: those wanted, those a while_loop's condition reads, and
+    those the steps computing a carried or wanted value read (a fused step reads what any of its outputs
+    does)."""
+    outs = [k for k in range(f.outputs) if k in results]
+    carried = {j for j in range(f.states) if f.outputs + j in results or _first_saved(f) + j in results}
+    states = body.args[f.iterated:f.iterated + f.states]
+    if test is not None:
+        steps, _ = body_steps(test, (test.outputs[0],), device, singles)
+        read = {test.outputs[0]}.union(*(step.inputs for step in steps))
+        carried |= {j for j, p in enumerate(test.args[f.iterated:f.iterated + f.states]) if p in read}
     while True:
         wanted = tuple(body.outputs[k] for k in outs) + tuple(body.outputs[f.outputs + j] for j in sorted(carried))
         steps, concats = body_steps(body, wanted, device, singles)
@@ -116,41 +244,47 @@ def _needed(f, body, results: dict, device, singles: dict) -> tuple[list, list]:
 
 
 def _results(t: Template, node: Node, f, body) -> dict:
-    """Result index (among the loop's outputs, final states and saved states) -> the register of its memory:
+    """Result index (among the loop's outputs, final states, a while_loop's count and saved states) -> the
+    register of its memory:
     the results a tuple node holds (all, or those it picks) that an item of it reads (their registers kept in
     ``t.tuples`` for its items, in its order), else the one the node is (a picked result, or the only one)."""
     pick = node.attrs.get("_pick")
     if not holds_tuple(node):
         return {pick[0] if pick else 0: t.regs[node] if node in t.regs else t.scratch_reg(node)}
     states = body.args[f.iterated:f.iterated + f.states]
-    shapes = [(True, -1, f.length * _cols(o)) for o in body.outputs[:f.outputs]]
+    shapes = [(o.has_rows, _rows(o), f.length * _cols(o)) for o in body.outputs[:f.outputs]]
     shapes += [(p.has_rows, _rows(p), _cols(p)) for p in states]
-    shapes += [(True, -1, f.length * _cols(p)) for p in states] if f.saves else []
+    shapes += [(False, 1, 1)] * (_first_saved(f) - f.outputs - f.states)   # (a while_loop's count: STEPS's)
+    shapes += [(p.has_rows, _rows(p), f.length * _cols(p)) for p in states] if f.saves else []
     held = pick if pick is not None else range(len(shapes))
     results = {i: _memory(t, *shapes[i], f"{node.name or 'loop'}.{i}") for at, i in enumerate(held)
                if (node, at) in t.items}   # (a result no item reads here is not computed)
     t.tuples[node] = [results.get(i) for i in held]
+    t.reg(node)   # (the tuple's own register, unused: its items read ``t.tuples``)
     return results
 
 
 def _carried(t: Template, step, f, body, results: dict, carried: list) -> dict:
     """Placeholder -> register before the loop: the captured values' own, each carried state's memory (its
-    final result's, else its own) with the initial state copied in."""
+    final result's, else its own) with the initial state copied in (a literal zero: zeroed)."""
     captured = f.iterated + f.states
     placed = {p: t.regs[c] for p, c in zip(body.args[captured:], step.inputs[captured:])}
     t.origins.update((p, t.origins.get(c, c)) for p, c in zip(body.args[captured:], step.inputs[captured:]))
     for j in carried:
-        p, mine = body.args[f.iterated + j], results.get(f.outputs + j)
+        p, mine, first = body.args[f.iterated + j], results.get(f.outputs + j), step.inputs[f.iterated + j]
         placed[p] = mine if mine is not None else _memory(t, p.has_rows, _rows(p), _cols(p), f"{p.name or 's'}")
-        t.emit("COPY", placed[p], t.regs[step.inputs[f.iterated + j]], _rows(p), _cols(p))
+        if first in t.literals:   # (a zero: loops() takes no other literal)
+            t.emit("ZERO", placed[p], _rows(p), _cols(p))
+        else:
+            t.emit("COPY", placed[p], t.regs[first], _rows(p), _cols(p))
     return placed
 
 
 def _into_block(t: Template, stacked: int, value: int, node: Node, order: tuple) -> None:
-    """The step's value (``node``'s shape) copied into its block of the stacked register."""
+    """The step's value (``node``'s shape: per-row or one row) copied into its block of the stacked register."""
     block = t.reg(name="block[t]")
     t.emit("STEPCOLS", block, stacked, _cols(node), *order)
-    t.emit("COPY", block, value, -1, _cols(node))
+    t.emit("COPY", block, value, _rows(node), _cols(node))
 
 
 def _memory(t: Template, has_rows: bool, rows: int, cols: int, name: str) -> int:

@@ -18,7 +18,8 @@ OPCODES_BY_ID = list(OPCODES)
 NONE, KIND_ROWS, SCATTER_ROWS = 0, 1, 2
 MODE_NAMES = {NONE: "0", KIND_ROWS: "task rows", SCATTER_ROWS: "scatter rows"}
 PHASE_WORDS = {PRE: "before tasks", TASK: "task", POST: "after tasks"}
-BUFFER_OPERANDS = ("buf", "idx", "keys", "table", "pred")   # operands that name a buffer (linked to global ids)
+# operands that name a buffer (linked to global ids)
+BUFFER_OPERANDS = ("buf", "idx", "keys", "table", "pred", "count")
 TASK_COLUMNS = 5   # kind, kind offset, rows, scatter offset, first row of the sibling-concat view (-1: none)
 
 
@@ -247,7 +248,7 @@ class Lowered:
         name = list(OPCODES)[int(row[0])]
         parts = []
         for field_name, value in zip(OPCODES[name], row[1:].tolist()):
-            if field_name in ("dst", "src", "a", "b", "c") or (field_name == "bias" and value >= 0):
+            if field_name in ("dst", "src", "a", "b", "c", "cond") or (field_name == "bias" and value >= 0):
                 v = f"r{value}({template.reg_names[value]})" if 0 <= value < len(template.reg_names) \
                     else f"r{value}"
             elif field_name in BUFFER_OPERANDS:

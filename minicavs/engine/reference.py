@@ -32,7 +32,7 @@ from ..ops import scalar as S
 from ..ops.registry import holds_tuple
 from .backend import to_host
 from .codegen.machine import ARG_KINDS, OPCODES, matrix_shape
-from .codegen.opcodes import BUFFER_SPANS, OPCODE_TABLE, SPANS, span_values
+from .codegen.opcodes import BUFFER_SPANS, MAX_DEPTH, OPCODE_TABLE, SPANS, span_values
 
 
 KIND_OF_ARG = {v: k for k, v in ARG_KINDS.items()}
@@ -55,7 +55,8 @@ class Machine:
         self.context = None   # the run context (seed, step, training) an APPLY of an op that reads it gets
         self.pc = -1
         self.begin = -1   # the first of the running template's instructions (a loop's end goes back no further)
-        self.lt = 0       # the loop counter (LOOP, ENDLOOP, STEPCOLS)
+        self.lt = [0] * MAX_DEPTH    # per loop depth: its counter (LOOP, LOOPN, ENDLOOP, STEPCOLS)
+        self.lim = [0] * MAX_DEPTH   # and its trip count (a LOOPN's: read where the loop runs)
         self.end = -1   # the end of the running template's instructions (a branch's target lands before it)
         self.preds: dict = {}   # buffer -> a cond's pred, read once (BRANCH)
         self.task_index = -1
@@ -214,9 +215,12 @@ class Machine:
         scope.update(bs=self.bs, task_row=self.task_row, scatter_row=self.scatter_row,
                      step=lambda slot: self.view_of_slot(slot)[1], start=lambda slot: self.view_of_slot(slot)[0],
                      base_row=lambda mode: {1: self.task_row, 2: self.scatter_row}.get(mode, 0))
-        for operand, kind in table:   # (BUFOK's check of a "buf" operand, as the C loops decode it)
-            if kind == "buf" and not 0 <= scope[operand] < len(self.flats):
-                self.fail(f"operand {operand}: buffer {scope[operand]} out of range")
+        for operand, kind in table:   # (BUFOK's check of a "buf" operand, REGOK's of an "in", as the C loops
+            value = scope[operand]    # decode them)
+            if kind == "buf" and not 0 <= value < len(self.flats):
+                self.fail(f"operand {operand}: buffer {value} out of range")
+            if kind == "in" and not (0 <= value < len(self.regs) and self.regs[value] is not None):
+                self.fail(f"operand {operand}: register {value} is not bound")
         for span in SPANS[name]:
             applies, args = span_values(name, span, scope)
             if not applies:
@@ -296,6 +300,8 @@ SPAN_CHECKS = {
     "kernel": lambda m, k: "" if 0 <= k < len(m.lowered.fused) else f"kernel {k} of {len(m.lowered.fused)}",
     "args": lambda m, pool, nargs, rows, cols: m.args_problem(pool, nargs, rows, cols),
     "scalar": lambda m, b: "" if m.flats[b].size == 1 else f"a buffer of {m.flats[b].size} elements, not one value",
+    "trips": lambda m, b: ("" if m.flats[b].size == 1 and m.flats[b].dtype == np.int64
+                           else f"a buffer of {m.flats[b].size} {m.flats[b].dtype} elements, not one int64"),
     "target": lambda m, n: (f"skipping {n} lands outside the template (instruction {m.pc + 1 + n} of end {m.end})"
                             if n < 0 or m.pc + 1 + n > m.end else ""),
     "back": lambda m, n: (f"going back {n} lands outside the template (instruction {m.pc - n} of begin {m.begin})"
@@ -362,22 +368,60 @@ def op_jump(m: Machine, n) -> int:
     return n
 
 
-def op_loop(m: Machine, trips, n) -> int:
-    """A foreach's loop: the counter to 0; no trips: skip its body and ENDLOOP (``n`` instructions)."""
-    m.lt = 0
+def op_loop(m: Machine, trips, n, depth) -> int:
+    """A foreach's loop: the depth's counter to 0, its trip count ``trips``; none: skip its body and ENDLOOP
+    (``n`` instructions)."""
+    m.lt[depth], m.lim[depth] = 0, trips
     return n if trips == 0 else 0
 
 
-def op_endloop(m: Machine, trips, n) -> int:
-    """The end of a loop's body: the counter + 1; while below ``trips``, back ``n`` (to the body's first)."""
-    m.lt += 1
-    return -n if m.lt < trips else 0
+def op_loopn(m: Machine, count, most, n, depth) -> int:
+    """A loop whose trip count is read where it runs from ``count`` (one int64 value; on a device one read a
+    pass, a crossing), refused outside [0, most] (the loop's memory holds ``most`` steps); else as LOOP."""
+    if count not in m.preds:   # (a static: the same for every task of the pass, read once)
+        m.preds[count] = int(to_host(m.flats[count][:1])[0])
+    trips = m.preds[count]
+    if not 0 <= trips <= most:
+        m.fail(f"operand count: a trip count of {trips}, outside [0, {most}]")
+    return op_loop(m, trips, n, depth)
 
 
-def op_stepcols(m: Machine, dst, src, width, first, stride) -> None:
-    """dst = src's columns from (first + stride x counter) x ``width``: the step's block of a per-step value."""
+def op_endloop(m: Machine, trips, n, depth) -> int:
+    """The end of a loop's body: the counter + 1; while below the trip count (and ``trips``, the most the loop
+    runs), back ``n`` (to the body's first)."""
+    m.lt[depth] += 1
+    return -n if m.lt[depth] < min(m.lim[depth], trips) else 0
+
+
+def op_stepcols(m: Machine, dst, src, width, first, stride, depth) -> None:
+    """dst = src's columns from (first + stride x counter) x ``width``: the step's block of a per-step value
+    (a negative ``first`` counts from the trip count: a reverse loop's last step run is -1)."""
     buf, offset, ld, transposed = m.reg(src)
-    m.set(dst, buf, offset + (first + stride * m.lt) * width, ld, transposed)
+    base = m.lim[depth] + first if first < 0 else first
+    m.set(dst, buf, offset + (base + stride * m.lt[depth]) * width, ld, transposed)
+
+
+def op_steps(m: Machine, dst, depth) -> None:
+    """dst's one value = the depth's counter: a while_loop's count of steps run, after its ENDLOOP (where a
+    loop's body reads it; on a device one write, a crossing)."""
+    m.matrix(dst, 1, 1)[...] = m.lt[depth]
+
+
+def op_loopr(m: Machine, most, n, depth, cond) -> int:
+    """LOOPN with the trip count read from register ``cond`` (a count STEPS wrote; on a device one read),
+    refused unless a whole number in [0, most]."""
+    value = float(to_host(m.matrix(cond, 1, 1).reshape(-1))[0])
+    if not (0 <= value <= most and value == int(value)):
+        m.fail(f"operand cond: a trip count of {value}, not a whole number in [0, {most}]")
+    return op_loop(m, int(value), n, depth)
+
+
+def op_while(m: Machine, n, cond) -> int:
+    """A while_loop's test: skip ``n`` (the rest of the body and its ENDLOOP: the loop ends) when the one value
+    of register ``cond``, computed by the instructions before it, is 0; NaN is true (on a device: one read, a
+    crossing, per iteration)."""
+    value = float(to_host(m.matrix(cond, 1, 1).reshape(-1))[0])
+    return n if value == 0 else 0
 
 
 def op_take(m: Machine, dst, buf, width, idx, cols, off) -> None:
@@ -590,8 +634,8 @@ def op_apply(m: Machine, step, pool, keys) -> None:
 OPERATIONS = {
     "NOP": op_nop, "BIND": op_bind, "STATIC": op_static, "SCRATCH": op_scratch, "GATHER": op_gather,
     "CATVIEW": op_catview, "SKIP_IF_CAT": op_skip_if_cat, "BRANCH": op_branch, "JUMP": op_jump,
-    "LOOP": op_loop, "ENDLOOP": op_endloop, "STEPCOLS": op_stepcols, "TAKE": op_take,
-    "TAKETO": op_taketo, "SROWS": op_srows, "SPUT": op_sput, "COLS": op_cols, "ALIAS": op_alias,
+    "LOOP": op_loop, "LOOPN": op_loopn, "ENDLOOP": op_endloop, "STEPCOLS": op_stepcols, "WHILE": op_while,
+    "STEPS": op_steps, "LOOPR": op_loopr, "TAKE": op_take, "TAKETO": op_taketo, "SROWS": op_srows, "SPUT": op_sput, "COLS": op_cols, "ALIAS": op_alias,
     "TRANSPOSE": op_transpose, "GEMM": op_gemm, "FUSED": op_fused, "COPY": op_copy, "ZERO": op_zero, "ADD": op_add,
     "SUMROWS": op_sumrows, "PUT": op_put, "ADJ": op_adj, "GACC": op_gacc, "DROPOUT": op_dropout, "BMM": op_bmm,
     "TRANSROWS": op_transrows, "APPLY": op_apply,

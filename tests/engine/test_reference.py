@@ -27,7 +27,8 @@ from minicavs.train.trainer import Trainer
 
 from .. import cells
 from ..models.test_models import MODELS, TINY
-from ..ops.test_control import _cond_chain, _sequence_chain
+from ..ops.test_control import _cond_chain, _counted_chain, _sequence_chain
+from .test_loops_while import _nested
 from .test_alg1 import CASES, random_dag, random_tree
 from .test_instructions import (DECLINED, STREAM_CASES, SWITCHES, _run_script, _typed,
                                 assert_native_equals_reference, assert_streamed,
@@ -131,6 +132,14 @@ def test_the_bundled_models_and_cases_exercise_every_opcode(tmp_path, monkeypatc
     loop, vals, steps = _sequence_chain(False)
     loop.forward_backward([InputGraph.chain(2)], {"xs": rng.standard_normal((2, steps, 2))}, vals, RunContext(),
                           options=EngineOptions(runner="reference"))
+    # (a while_loop in F: WHILE; ∂F's loop over the steps it ran: LOOPN)
+    _counted_chain(2.5).forward_backward([InputGraph.chain(2)], {"xs": rng.standard_normal((2, 3))},
+                                         {"Wh": rng.uniform(-0.5, 0.5, (3, 3)), "lim": np.float64(2.5)},
+                                         RunContext(), options=EngineOptions(runner="reference"))
+    # (a while_loop inside a foreach: in ∂F its count of steps run written (STEPS) and read by a loop (LOOPR))
+    _nested(None).forward_backward([InputGraph.chain(2)], {"xs": rng.standard_normal((2, 4, 3))},
+                                   {"Wh": rng.uniform(-0.5, 0.5, (3, 3)), "Wx": rng.uniform(-0.5, 0.5, (3, 3)),
+                                    "lim": np.float64(1.5)}, RunContext(), options=EngineOptions(runner="reference"))
     # (NOP: the dispatch benchmark's; ADD, which no bundled model's lowering emits today: below; APPLY,
     # which no bundled model needs: test_instructions' softmax in F)
     assert set(OPCODES) - seen == {"NOP", "ADD", "APPLY"}, sorted(set(OPCODES) - seen)

@@ -14,6 +14,10 @@ The function pointers, one per entry of ``dev``:
   in cuBLAS's column-major terms; TF32 when asked); on the stand-in :c:func:`mc_cpu_gemm_*` (the CPU's cblas,
   the inputs rounded to TF32's 10-bit mantissa when asked, to measure its effect without a GPU).
 - ``record`` / ``wait``: ``cuEventRecord`` / ``cuStreamWaitEvent`` between the two streams (streaming).
+- ``read`` / ``sync``: ``cuMemcpyDtoHAsync_v2`` / ``cuStreamSynchronize`` (a while_loop's condition, one value per
+  iteration); on the stand-in :c:func:`mc_standin_read` (a memcpy) and :c:func:`mc_noop_sync`.
+- ``write``: ``cuMemcpyHtoDAsync_v2`` (a while_loop's count of steps run, where a loop's body reads it); on the
+  stand-in :c:func:`mc_standin_read` too (a memcpy).
 """
 from __future__ import annotations
 
@@ -26,6 +30,9 @@ typedef int (*launch_t)(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned
                         unsigned shmem, void *stream, void **params, void **extra);
 typedef int (*record_t)(void *event, void *stream);
 typedef int (*wait_t)(void *stream, void *event, unsigned flags);
+typedef int (*read_t)(void *dst, const void *src, size_t bytes, void *stream);
+typedef int (*sync_t)(void *stream);
+typedef int (*write_t)(void *dst, const void *src, size_t bytes, void *stream);
 typedef union { int64_t i; uint64_t u; double d; float f; const void *p; } arg_t;
 typedef int (*gemm_fn)(void *ctx, void *stream, int ta, int tb, int64_t m, int64_t n, int64_t k, const void *A,
                        int64_t lda, int64_t sa, const void *B, int64_t ldb, int64_t sb, void *C, int64_t ldc,
@@ -43,6 +50,11 @@ int mc_noop_launch(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, 
                    unsigned shmem, void *stream, void **params, void **extra) { return 0; }
 int mc_noop_record(void *event, void *stream) { return 0; }
 int mc_noop_wait(void *stream, void *event, unsigned flags) { return 0; }
+/* a device-to-host copy: the stand-in's memory is the host's; a device that does no work reads zeros */
+int mc_standin_read(void *dst, const void *src, size_t bytes, void *stream) { memcpy(dst, src, bytes); return 0; }
+int mc_noop_read(void *dst, const void *src, size_t bytes, void *stream) { memset(dst, 0, bytes); return 0; }
+int mc_noop_write(void *dst, const void *src, size_t bytes, void *stream) { return 0; }
+int mc_noop_sync(void *stream) { return 0; }
 
 /* a product's context: cblas on the CPU (the stand-in) or cuBLAS by pointer. cuBLAS: one handle per stream,
    made by the library whose cublasGemmEx is called (its cublasCreate_v2), bound to its stream and to host
@@ -55,7 +67,7 @@ typedef struct {
 } mc_gemm_ctx;
 
 /* the loop's own refusals, as a launch's or product's result (the driver's and cuBLAS's codes are >= 0) */
-enum { MC_NO_KERNEL = -7, MC_NO_HANDLE = -8, MC_TOO_LARGE = -9 };
+enum { MC_NO_KERNEL = -7, MC_NO_HANDLE = -8, MC_TOO_LARGE = -9, MC_NO_READ = -10 };
 
 /* does a product's size or leading dimension exceed the int cuBLAS's (and a 32-bit cblas's) entry points take? */
 static inline int mc_too_large(int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb, int64_t ldc, int64_t batch) {
@@ -163,4 +175,9 @@ def shim_decls() -> str:
         + [GEMM_SIGNATURE.format(name=n) for n in ("mc_noop_gemm", "mc_cpu_gemm_float", "mc_cpu_gemm_double",
                                                    "mc_cublas_gemm_float", "mc_cublas_gemm_double")]
         + [LAUNCH_SIGNATURE.format(name=n) for n in ("mc_standin_launch", "mc_noop_launch")]
-        + ["int mc_noop_record(void *event, void *stream);", "int mc_noop_wait(void *stream, void *event, unsigned flags);"])
+        + ["int mc_noop_record(void *event, void *stream);",
+           "int mc_noop_wait(void *stream, void *event, unsigned flags);",
+           "int mc_standin_read(void *dst, const void *src, size_t bytes, void *stream);",
+           "int mc_noop_read(void *dst, const void *src, size_t bytes, void *stream);",
+           "int mc_noop_write(void *dst, const void *src, size_t bytes, void *stream);",
+           "int mc_noop_sync(void *stream);"])

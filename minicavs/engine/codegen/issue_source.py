@@ -182,6 +182,27 @@ static int zero_{T}(mach_{T}_t *M, {T} *dst, int64_t ldr, int64_t ldc, int64_t r
     a[0].i = rows; a[1].i = cols; a[2].p = dst; a[3].i = ldr; a[4].i = ldc;
     return go_{T}(M, RK(zero2d), rows * cols, a, 5);
 }}
+/* one value of device memory read on the host (a while_loop's condition, once per iteration): the pending
+   work issued first, the copy made on the stream and waited for; counted (stats[3]). A device without the
+   entry points (dev[9], dev[10] 0) refuses it. */
+static int read_{T}(mach_{T}_t *M, const {T} *src, {T} *dst) {{
+    int rc = flush_{T}(M);
+    if (rc) return rc;
+    if (!M->dev[9] || !M->dev[10]) return MC_NO_READ;
+    M->stats[3]++;
+    rc = ((read_t)M->dev[9])(dst, src, sizeof({T}), M->stream);
+    return rc ? rc : ((sync_t)M->dev[10])(M->stream);
+}}
+/* one value written to device memory from the host (a while_loop's count of steps run, where a loop's body
+   reads it): the pending work issued first, the copy made on the stream and waited for; counted (stats[4]) */
+static int write_{T}(mach_{T}_t *M, {T} *dst, {T} value) {{
+    int rc = flush_{T}(M);
+    if (rc) return rc;
+    if (!M->dev[11] || !M->dev[10]) return MC_NO_READ;
+    M->stats[4]++;
+    rc = ((write_t)M->dev[11])(dst, &value, sizeof({T}), M->stream);
+    return rc ? rc : ((sync_t)M->dev[10])(M->stream);
+}}
 /* C = op(A) op(B): ``batch`` 1 joins the pending product as one more of a strided batch when it has the same
    shape, its operands are evenly spaced from the pending ones' and it reads nothing they write (else the
    pending one is issued first); a batch of its own is issued at once */
@@ -256,13 +277,16 @@ static int product_{T}(mach_{T}_t *M, int ta, int tb, int64_t m, int64_t n, int6
 #define FOREST (M->forest)
 #define SCRATCH_BUF sbuf
 #define PRED(b) ((const {T} *)M->host[b])   /* a cond's pred: its host copy (issue.py reads it once a pass) */
+#define COUNTS(b) ((const int64_t *)M->host[b])   /* a loop's run-time trip count: the same */
+#define READ1(r, name) {T} name##_; ISSUED(read_{T}(M, R[r].p, &name##_)); const double name = name##_
 #define IDX(b) ((const void *)((const int64_t *)M->base[b] + task_row))
 #define NROWS(b, w) ((w) > 0 ? M->size[b] / (w) : 0)
 
 static int row_{T}(mach_{T}_t *M, const int64_t *code, const int64_t *pool, const int64_t *kinds, int64_t nkinds,
                    const int64_t *task, int64_t t) {{
     reg_{T}_t *R = M->R;
-    int64_t pc = -1, lt = 0;   /* lt: the loop counter (LOOP, ENDLOOP, STEPCOLS) */
+    int64_t pc = -1;
+    int64_t lt[MAXDEPTH] = {{0}}, lim[MAXDEPTH] = {{0}};   /* per loop depth: its counter and trip count */
     const int64_t kind_id = task[0], task_row = task[1], bs = task[2], scatter_row = task[3], catfirst = task[4];
     if (kind_id < 0 || kind_id >= nkinds || bs < 0) FAIL(-2);
     const int64_t begin = kinds[2 * kind_id], end = kinds[2 * kind_id + 1];
@@ -320,6 +344,12 @@ static int row_{T}(mach_{T}_t *M, const int64_t *code, const int64_t *pool, cons
             break;
         }}
 {REGISTER_CASES}
+        case STEPS: {{
+            @CHECKS STEPS@
+            const {T} value = ({T})lt[a[1]];   /* a while_loop's steps run: one counted write to the device */
+            ISSUED(write_{T}(M, R[a[0]].p, value));
+            break;
+        }}
         case GEMM: {{
             @CHECKS GEMM@
             const int64_t m = DIM(a[3]), n = DIM(a[4]), k = DIM(a[5]);
@@ -477,8 +507,10 @@ static int row_{T}(mach_{T}_t *M, const int64_t *code, const int64_t *pool, cons
 /* Issue a pass: every row of ``tasks`` on the main stream, streaming every row of ``etasks`` on the eager
    stream (chunk t before task t). ``bufs`` and ``ebufs``: 5 x nbufs (device base, host copy, size, ld,
    transposed) of the main and the eager machine; ``dev``: launch, gemm, gemm context, record, wait, main
-   stream, eager stream, the start event, the chunk event; ``rk``: the row kernels' handles (ISSUE_KERNEL_NAMES),
-   ``fk``: the fused kernels'. ``stats``: launches, products, events (added to); ``counts``: launches per
+   stream, eager stream, the start event, the chunk event, a device-to-host copy, a stream's synchronize, a
+   host-to-device copy;
+   ``rk``: the row kernels' handles (ISSUE_KERNEL_NAMES),
+   ``fk``: the fused kernels'. ``stats``: launches, products, events, reads, writes (added to); ``counts``: launches per
    handle (row kernels, then fused). Returns 0, or 1 with ``err`` filled. */
 int issue_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int64_t nkinds,
               const int64_t *tasks, int64_t ntasks, const int64_t *etasks, int64_t neager, int64_t tw,
@@ -547,7 +579,7 @@ def issue_source() -> str:
         body += "#undef STRIDES\n#undef FAIL\n#undef ISSUED\n#undef DIM\n#undef REGOK\n#undef DSTOK\n#undef BUFOK\n" \
                 "#undef CHECKR\n#undef NOTRANS\n#undef SET\n#undef FBASE\n#undef IDX\n#undef NROWS\n#undef RK\n" \
                 "#undef BSIZE\n#undef BLD\n#undef BTRANS\n#undef CHECKING\n#undef FOREST\n#undef SCRATCH_BUF\n" \
-                "#undef IVALUES\n#undef IWANT\n#undef KERNELOK\n#undef PRED\n"
+                "#undef IVALUES\n#undef IWANT\n#undef KERNELOK\n#undef PRED\n#undef COUNTS\n#undef READ1\n"
     return head + body
 
 

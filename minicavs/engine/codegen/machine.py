@@ -110,6 +110,8 @@ static inline uint64_t mc_mix(uint64_t z) {{   /* SplitMix64's finaliser (minica
 #define FOREST forest
 #define SCRATCH_BUF scratch_buf
 #define PRED(b) ((const T *)base[b])
+#define COUNTS(b) ((const int64_t *)base[b])
+#define READ1(r, name) const double name = (double)R[r].p[0]
 
 int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int64_t nkinds,
             const int64_t *tasks, int64_t ntasks, int64_t tw,
@@ -125,7 +127,8 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
     reg_t R[MAXREGS];
     void *ptrs[MAXARGS];
     long lds[MAXARGS];
-    int64_t t = -1, pc = -1, lt = 0;   /* lt: the loop counter (LOOP, ENDLOOP, STEPCOLS) */
+    int64_t t = -1, pc = -1;
+    int64_t lt[MAXDEPTH] = {{0}}, lim[MAXDEPTH] = {{0}};   /* per loop depth: its counter and trip count */
     if (nregs > MAXREGS) FAIL(-1);
     for (int64_t i = 0; i < nregs; i++) {{ R[i].p = 0; R[i].ld = 0; R[i].trans = 0; R[i].buf = -1; }}
     T *scratch = (T *)base[scratch_buf];
@@ -217,6 +220,10 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
                 break;
             }}
 {REGISTER_CASES}
+            case STEPS:
+                @CHECKS STEPS@
+                R[a[0]].p[0] = (T)lt[a[1]];   /* a while_loop's steps run (its counter after its ENDLOOP) */
+                break;
             case GEMM: {{
                 @CHECKS GEMM@
                 const int64_t m = DIM(a[3]), n = DIM(a[4]), k = DIM(a[5]);
@@ -506,8 +513,9 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
 
 def register_cases(dst_ok: str, indent: int) -> str:
     """The C cases of the instructions that only point a register or move pc (BIND, STATIC, SCRATCH, CATVIEW,
-    SKIP_IF_CAT, BRANCH, JUMP, LOOP, ENDLOOP; COLS, STEPCOLS: a column block, ALIAS, TRANSPOSE): one text for the interpreter and the CUDA
-    issuing loop, over the macros each defines (SET, FBASE, BLD, BTRANS, FOREST, SCRATCH_BUF, PRED, and the
+    SKIP_IF_CAT, BRANCH, JUMP, LOOP, LOOPN, LOOPR, ENDLOOP, WHILE; COLS, STEPCOLS: a column block, ALIAS, TRANSPOSE): one
+    text for the interpreter and the CUDA issuing loop, over the macros each defines (SET, FBASE, BLD, BTRANS,
+    FOREST, SCRATCH_BUF, PRED, COUNTS, READ1, and the
     checks' macros), each checking a pointed register with its own ``dst_ok``; indented by ``indent`` spaces."""
     return textwrap.indent(checked(REGISTER_CASES, dst_ok), " " * indent)
 
@@ -544,17 +552,39 @@ case JUMP:
     break;
 case LOOP:
     @CHECKS LOOP@
-    lt = 0;
+    lt[a[2]] = 0; lim[a[2]] = a[0];
     if (a[0] == 0) pc += a[1];   /* no trips: skip the body and its ENDLOOP */
     break;
+case LOOPN: {
+    @CHECKS LOOPN@
+    const int64_t trips = COUNTS(a[0])[0];   /* read where the loop runs (the CUDA loop: its host copy) */
+    if (trips < 0 || trips > a[1]) FAIL(0);   /* more than the loop's memory holds, or negative: refused */
+    lt[a[3]] = 0; lim[a[3]] = trips;
+    if (trips == 0) pc += a[2];
+    break;
+}
 case ENDLOOP:
     @CHECKS ENDLOOP@
-    if (++lt < a[0]) pc -= a[1];   /* back to the instruction after the LOOP */
+    if (++lt[a[2]] < lim[a[2]] && lt[a[2]] < a[0]) pc -= a[1];   /* back to the instruction after the LOOP */
     break;
 case STEPCOLS:
     @CHECKS STEPCOLS@
-    R[a[0]] = R[a[1]]; R[a[0]].p += (a[3] + a[4] * lt) * a[2];
+    R[a[0]] = R[a[1]]; R[a[0]].p += ((a[3] < 0 ? lim[a[5]] + a[3] : a[3]) + a[4] * lt[a[5]]) * a[2];
     break;
+case LOOPR: {
+    @CHECKS LOOPR@
+    READ1(a[3], value);   /* the count a STEPS wrote (the CUDA loop: one counted read of the device's) */
+    if (!(value >= 0 && value <= a[0] && value == (double)(int64_t)value)) FAIL(3);   /* not a whole count */
+    lt[a[2]] = 0; lim[a[2]] = (int64_t)value;
+    if (lim[a[2]] == 0) pc += a[1];
+    break;
+}
+case WHILE: {
+    @CHECKS WHILE@
+    READ1(a[1], value);   /* the condition's one value (the CUDA loop: one counted read of the device's) */
+    if (value == 0) pc += a[0];   /* 0: the loop ends (NaN is true) */
+    break;
+}
 case COLS:
     @CHECKS COLS@
     R[a[0]] = R[a[1]]; R[a[0]].p += a[2];

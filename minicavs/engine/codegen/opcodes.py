@@ -41,13 +41,28 @@ OPCODE_TABLE = {
     # when the one value of the static buffer ``pred`` is 0 (NaN is true, as C reads it); JUMP: skip n always
     "BRANCH": (("pred", "buf"), ("n", "int")),
     "JUMP": (("n", "int"),),
-    # a foreach in F (engine/loops.py): LOOP sets the loop counter to 0 and skips the next n instructions (the
-    # body and its ENDLOOP) when trips is 0; ENDLOOP adds 1 to the counter and, while it is below trips, goes back
-    # n instructions (to the instruction after the LOOP); STEPCOLS: dst = src's columns from (first + stride x
-    # counter) x width (a per-step block; a reverse loop counts from its last step: stride -1)
-    "LOOP": (("trips", "int"), ("n", "int")),
-    "ENDLOOP": (("trips", "int"), ("n", "int")),
-    "STEPCOLS": (("dst", "reg"), ("src", "in"), ("width", "int"), ("first", "int"), ("stride", "int")),
+    # a loop in F (engine/loops.py), at nesting ``depth`` (a counter and a trip count per depth, MAX_DEPTH of
+    # them): LOOP sets the depth's counter to 0 and its trip count to ``trips``, and skips the next n
+    # instructions (the body and its ENDLOOP) when that is 0; LOOPN does the same with the trip count read
+    # where it runs from ``count``, a one-value int64 static (refused, naming it, when outside [0, most]: the
+    # loop's memory holds most steps); ENDLOOP adds 1 to the counter and, while it is below the trip count (and
+    # ``trips``, the most the loop runs), goes back n instructions (to the instruction after the LOOP);
+    # STEPCOLS: dst = src's columns from (first + stride x counter) x width (a per-step block; a negative
+    # first counts from the trip count: -1, a reverse loop's last step run); WHILE: a while_loop's test, after
+    # its condition's instructions: when the one value of register ``cond`` is 0 (NaN is true), skip n (the
+    # rest of the body and its ENDLOOP); on a device one read of that value per iteration
+    "LOOP": (("trips", "int"), ("n", "int"), ("depth", "int")),
+    "LOOPN": (("count", "buf"), ("most", "int"), ("n", "int"), ("depth", "int")),
+    "ENDLOOP": (("trips", "int"), ("n", "int"), ("depth", "int")),
+    "STEPCOLS": (("dst", "reg"), ("src", "in"), ("width", "int"), ("first", "int"), ("stride", "int"),
+                 ("depth", "int")),
+    "WHILE": (("n", "int"), ("cond", "in")),   # (a register read, not pointed: not the first operand)
+    # a while_loop's count of steps run, where F reads it inside a loop's body (a nested while's gradient):
+    # STEPS writes the depth's counter, after its ENDLOOP, into the one value of register ``dst`` (the program's
+    # float type; on a device one host-to-device write); LOOPR is LOOPN with the trip count read from register
+    # ``cond`` (on a device one read), refused, naming it, when not a whole number in [0, most]
+    "STEPS": (("dst", "in"), ("depth", "int")),
+    "LOOPR": (("most", "int"), ("n", "int"), ("depth", "int"), ("cond", "in")),
     # rows buf[idx[task_row + r]] into scratch (-1: zeros)
     "TAKE": (("dst", "reg"), ("buf", "buf"), ("width", "int"), ("idx", "buf"), ("cols", "int"), ("off", "int")),
     # dst[r] = buf[idx[task_row + r]][col:col + cols]; -1: 0
@@ -124,6 +139,8 @@ class Span(NamedTuple):
                  with its host copy)
       "target"   skipping ``operand`` instructions lands inside the template (0 <= n, pc + 1 + n <= end)
       "back"     going back ``operand`` instructions lands inside the template, behind pc (1 <= n, begin <= pc - n)
+      "trips"    buffer ``operand`` is one int64 value the loop reads where it runs (a run-time trip count; the
+                 CUDA loop: with its host copy); its value in [0, most] is checked always, where it is read
       "args"     the fused kernel's (nargs, rows, cols) arguments listed from pool ``operand``: each a bound
                  register spanning its argument kind's rows and columns, not transposed
     ``when``: only when this holds (a path of the instruction); ``report``: the operand a failure names (default
@@ -137,12 +154,14 @@ class Span(NamedTuple):
 
 SPAN_KINDS = {"matrix": 2, "rows": 2, "elements": 4, "first": 1, "index": 5, "keys": 0, "scratch": 1,
               "columns": 3, "nonneg": 0, "dense": 2, "kernel": 0, "args": 3, "scalar": 0, "target": 0,
-              "back": 0}
+              "back": 0, "trips": 0}
 # their operand is a buffer (a "later" one: BUFOK first)
-BUFFER_SPANS = ("elements", "first", "index", "keys", "scalar")
+BUFFER_SPANS = ("elements", "first", "index", "keys", "scalar", "trips")
 REGISTER_SPANS = ("matrix", "rows", "dense")             # a register (a "later" one: REGOK first)
 
 _NOT_ELIDED = "not (elide and step(slot) >= 1)"
+MAX_DEPTH = 4   # loops nested in a template (each depth's counter and trip count: the C loops' lt[] and lim[])
+_DEPTH = Span("columns", "depth", ("depth", "1", str(MAX_DEPTH)))
 SPANS = {
     "NOP": (),
     "BIND": (Span("first", "buf", ("base_row(mode) * ld + col",), report="col"),),
@@ -154,9 +173,13 @@ SPANS = {
     "SKIP_IF_CAT": (),
     "BRANCH": (Span("scalar", "pred"), Span("target", "n")),
     "JUMP": (Span("target", "n"),),
-    "LOOP": (Span("nonneg", "trips"), Span("target", "n")),
-    "ENDLOOP": (Span("nonneg", "trips"), Span("back", "n")),
-    "STEPCOLS": (Span("nonneg", "width"),),
+    "LOOP": (Span("nonneg", "trips"), Span("target", "n"), _DEPTH),
+    "LOOPN": (Span("trips", "count"), Span("nonneg", "most"), Span("target", "n"), _DEPTH),
+    "ENDLOOP": (Span("nonneg", "trips"), Span("back", "n"), _DEPTH),
+    "STEPCOLS": (Span("nonneg", "width"), _DEPTH),
+    "WHILE": (Span("matrix", "cond", ("1", "1")), Span("target", "n")),
+    "STEPS": (Span("rows", "dst", ("1", "1")), _DEPTH),
+    "LOOPR": (Span("matrix", "cond", ("1", "1")), Span("nonneg", "most"), Span("target", "n"), _DEPTH),
     "TAKE": (Span("index", "idx", ("buf", "width", "0", "cols", "1")), Span("scratch", "off", ("cols",))),
     "TAKETO": (Span("rows", "dst", ("bs", "cols")), Span("index", "idx", ("buf", "width", "col", "cols", "1"))),
     "SROWS": (Span("first", "buf", ("scatter_row * ld + col",), "scatter_row >= 0", report="col"),
@@ -223,8 +246,9 @@ static inline int index_out(int64_t isize, const int64_t *values, int64_t want, 
     return 0;
 }
 /* the checks SPANS renders, over each loop's FAIL, CHECKR (a register inside its buffer), BSIZE (a buffer's
-   elements), IVALUES / IWANT (an index buffer's host copy, whether to read it), SCRATCH_BUF, PRED (where the loop
-   reads a one-value static: its memory, or the CUDA loop's host copy), pc and end (the template's) */
+   elements), IVALUES / IWANT (an index buffer's host copy, whether to read it), SCRATCH_BUF, PRED and COUNTS
+   (where the loop reads a one-value static, T or int64: its memory, or the CUDA loop's host copy), pc and end
+   (the template's) */
 #define SPAN(r, rows, cols, operand) CHECKR(r, rows, cols, operand)
 #define ROWSPAN(r, rows, cols, operand) do { if (R[r].trans) FAIL(operand); CHECKR(r, rows, cols, operand); } while (0)
 #define ELEMENTS(b, at, rows, cols, ld_, operand) do { \
@@ -237,12 +261,15 @@ static inline int index_out(int64_t isize, const int64_t *values, int64_t want, 
 #define COLUMNS(col, cols, width, operand) do { \
     if ((col) < 0 || (cols) < 0 || (col) + (cols) > (width)) FAIL(operand); } while (0)
 #define SCALAR(b, operand) do { if (BSIZE(b) != 1 || !PRED(b)) FAIL(operand); } while (0)
+#define TRIPS(b, operand) do { if (BSIZE(b) != 1 || !COUNTS(b)) FAIL(operand); } while (0)
 #define TARGET(n, operand) do { if ((n) < 0 || pc + 1 + (n) > end) FAIL(operand); } while (0)
 #define BACK(n, operand) do { if ((n) < 1 || pc - (n) < begin) FAIL(operand); } while (0)
 #define NONNEG(x, operand) do { if ((x) < 0) FAIL(operand); } while (0)
 #define DENSE(r, rows, cols, operand) do { if (R[r].ld < (R[r].trans ? (rows) : (cols)) \
     && (R[r].trans ? (cols) : (rows)) > 1) FAIL(operand); } while (0)
 """
+
+SPAN_HELPERS += f"#define MAXDEPTH {MAX_DEPTH}\n"
 
 _C_FUNCTIONS = {"base_row": "BASEROW", "step": "STEP", "start": "START"}
 _C_WORDS = {"and": "&&", "or": "||", "not": "!"}
@@ -264,7 +291,7 @@ def c_expr(name: str, expr: str) -> str:
 
 def span_c(name: str, span: Span) -> str:
     """One span's check in C, over the loop's macros (SPAN, ROWSPAN, ELEMENTS, FIRST, INDEX, KEYS, SCRATCHSPAN,
-    COLUMNS, NONNEG, SCALAR, TARGET, BACK; REGOK and BUFOK first for a "later" operand)."""
+    COLUMNS, NONNEG, SCALAR, TRIPS, TARGET, BACK; REGOK and BUFOK first for a "later" operand)."""
     index = {operand: i for i, (operand, _) in enumerate(OPCODE_TABLE[name])}
     kinds = dict(OPCODE_TABLE[name])
     at, report = index[span.operand], index[span.report or span.operand]
@@ -287,7 +314,7 @@ def span_c(name: str, span: Span) -> str:
     else:
         macro = {"matrix": "SPAN", "rows": "ROWSPAN", "elements": "ELEMENTS", "first": "FIRST", "keys": "KEYS",
                  "dense": "DENSE", "kernel": "KERNELOK", "scalar": "SCALAR", "target": "TARGET",
-                 "back": "BACK"}
+                 "back": "BACK", "trips": "TRIPS"}
         check = f"{macro[span.kind]}({', '.join([f'a[{at}]'] + args)}, {report});"
     check = first + check
     return f"if ({c_expr(name, span.when)}) {{ {check} }}" if span.when else check
