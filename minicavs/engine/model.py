@@ -41,7 +41,8 @@ from .alg1 import backward, forward
 from .backend import Backend as Device, get_device  # noqa: F401 (model.get_device: the public name)
 from .compile import CompiledFunction, EngineOptions, StaticNodes
 from .passes import alias, gemm, layout
-from .program import RunContext, evaluate, record
+from .program import RunContext
+from .static_program import StaticGraphs
 
 _PUSHED: weakref.WeakSet = weakref.WeakSet()   # every structure's push-buffer nodes
 PLAN_CACHE_SIZE = 4   # plans a model keeps for batches that come again (see Model._plan) ...
@@ -433,6 +434,9 @@ class Model:
                 for p in f.params:
                     self.param_nodes.setdefault(p.name, p)
         self._build_backward()
+        graphs = self.stages + [self.final_stage, self.loss_stage] + (
+            list(self._push_grad_nodes.values()) + [self._static_grad_nodes] if self.bwd else [])
+        self._static = StaticGraphs(graphs, {n for s in self.structures for n in s._pushed.values()}, self.device)
         self._workspaces: dict = {}
         self._plans: OrderedDict = OrderedDict()   # see _plan
         self._plans_lock = threading.Lock()        # prepare may run on the prefetch thread
@@ -618,8 +622,8 @@ class Model:
         for s, stage in zip(self.structures, self.stages):
             batch, plan, compiled = plans[s.name]
             try:
-                self._evaluate(stage, env, feeds, params, ctx, result.static,
-                               f"forward, the pulls of structure '{s.name}'")
+                self._evaluate(stage, s.pulls.values(), env, feeds, params, ctx, result.static,
+                               f"forward, the pulls of structure '{s.name}'", options, training)
             except FeedError as e:
                 raise _at_pull_row(e, s, batch) from None
             pull_bufs = _pull_buffers(s, plan, env)
@@ -633,10 +637,12 @@ class Model:
                     raise FeedError(f"structure '{s.name}': no vertex in the batch pushes '{name}'")
                 env[node] = st.pushes[name]
         if outputs or self.loss is None:
-            self._evaluate(self.final_stage, env, feeds, params, ctx, result.static, "forward, the loss and outputs")
+            self._evaluate(self.final_stage, ([self.loss] if self.loss is not None else []) + list(self.outputs.values()),
+                           env, feeds, params, ctx, result.static, "forward, the loss and outputs", options, training)
             result.outputs = {k: device.to_host(env[v]) for k, v in self.outputs.items()}   # for metrics: host
         else:
-            self._evaluate(self.loss_stage, env, feeds, params, ctx, result.static, "forward, the loss")
+            self._evaluate(self.loss_stage, [self.loss], env, feeds, params, ctx, result.static, "forward, the loss",
+                           options, training)
         result.states = states
         if self.loss is not None:
             loss = env[self.loss]
@@ -644,7 +650,7 @@ class Model:
             # the step's finite flags (one device-to-host read a step); everything else reads it now
             result.loss = loss if training and on_device(loss) else float(loss)
         if training:
-            result.grads = self._backward(plans, states, env, feeds, params, ctx, result.static)
+            result.grads = self._backward(plans, states, env, feeds, params, ctx, result.static, options)
         return result
 
     def _prepared(self, graphs, policy, sample_ids, options: EngineOptions) -> Prepared:
@@ -662,14 +668,14 @@ class Model:
                              f"it runs with {options}")
         return graphs
 
-    def _evaluate(self, nodes, env: dict, feeds, params, ctx, static: list, what: str) -> None:
-        """Evaluate a static graph's ``nodes`` into ``env``; what ran goes to ``static`` as a
-        program.StaticRun named ``what`` (explain shows it)."""
-        ran = evaluate(nodes, env, feeds, params, ctx, xp=self.device.xp)
-        if ran:
-            static.append(record(what, ran, env, self.device.xp))
+    def _evaluate(self, nodes, explicit, env: dict, feeds, params, ctx, static: list, what: str, options,
+                  training: bool = True) -> None:
+        """Evaluate a static graph's ``nodes`` into ``env`` (static_program.py: its program on the device's
+        runner, the rest on the step runner), ``explicit`` the values the model reads; what ran goes to
+        ``static`` as a program.StaticRun named ``what`` (explain shows it)."""
+        self._static.run(nodes, explicit, env, feeds, params, ctx, options, static, what, training)
 
-    def _backward(self, plans, states, env, feeds, params, ctx, static: list) -> dict:
+    def _backward(self, plans, states, env, feeds, params, ctx, static: list, options) -> dict:
         """Every parameter's gradient; ``static`` gets a program.StaticRun per static graph run."""
         xp = self.device.xp
         benv = dict(env)
@@ -687,8 +693,8 @@ class Model:
                 if g is None:
                     push_grads[name] = xp.zeros_like(env[s._pushed[name]])
                 else:
-                    self._evaluate(self._push_grad_nodes[(s.name, name)], benv, feeds, params, ctx, static,
-                                   f"backward, the gradient of push '{s.name}.{name}'")
+                    self._evaluate(self._push_grad_nodes[(s.name, name)], [g], benv, feeds, params, ctx, static,
+                                   f"backward, the gradient of push '{s.name}.{name}'", options)
                     push_grads[name] = benv[g]   # may be row-sparse (a lookup picked root rows): alg1.backward
             for name in {n for f in s.functions.values() for n in f.pushes} - set(push_grads):
                 push_grads[name] = xp.zeros_like(states[s.name].pushes[name])  # consumed by nothing
@@ -702,8 +708,8 @@ class Model:
                 benv.pop(node, None)
         sg = self.static_param_grad
         if sg:
-            self._evaluate(self._static_grad_nodes, benv, feeds, params, ctx, static,
-                           "backward, the parameters' gradients")
+            self._evaluate(self._static_grad_nodes, sg.values(), benv, feeds, params, ctx, static,
+                           "backward, the parameters' gradients", options)
             for name, g in sg.items():
                 grads[name] = add_all(xp, [grads[name], benv[g]]) if name in grads else benv[g]
         return grads

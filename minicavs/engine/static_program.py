@@ -1,0 +1,374 @@
+"""Static graphs (the pulls' stages, the classifier head and loss on top of a structure, the backward's push and
+parameter gradients) as instruction programs, run by the device's runner as F is.
+
+A static graph is a vertex function with one task and no messages: its rows are the batch's rows (samples, or a
+structure's pushed rows), its operands feeds, parameters and the structures' values. So its steps, fused as F's
+(compile.lower), are lowered by F's own step lowering (instructions.py) into one template, run once per pass as
+one task of all the rows (kind 0, offset 0, rows the run's row count): a :class:`~.lowered.Lowered` bound per
+run (program.BatchProgram.of, the one binder) and run by the C runner, the CUDA issuing loop or the reference
+runner. The row functions no other opcode computes (softmax, the cross-entropy and its gradient, a row
+broadcast) are ROWOP; a lookup of rows is TAKE, its gradient into a structure's push an ADJ (added: the program
+is no forest) into a zeroed buffer.
+
+What no runner takes stays on the step runner (program.run_steps), before the program (what the program reads)
+or after it (what reads the program's values), each node with why (:attr:`StaticProgram.left`): an integer
+value, control flow, a row-sparse gradient (the optimizer updates a table's looked-up rows), an op with no
+instruction, rows of another count than the program's.
+
+Memory: the program's values live in the run's scratch and fixed arenas, sized per run by the binder from the
+row count (operands.scratch_elements: the template's scratch columns x the rows), kept by the program from run
+to run and grown when a larger batch comes; what leaves the program (the values later graphs and the model
+read) is copied into arrays made per run.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..core.errors import FeedError
+from ..core.validate import check_labels, indices
+from ..ir.graph import Node
+from ..ops.flow import is_cond, is_loop
+from ..ops.nn import is_row_sparse
+from ..ops.registry import OPS, holds_tuple
+from . import instructions, reference
+from .compile import TASK, Step, lower
+from .lowered import NONE, TASK_COLUMNS, Lowered, Template, _cols, _rows
+from .passes.fusion import fusible
+from . import program as steps_runner
+from .program import BatchProgram, RunContext, _located, is_fed, leaf_value, record
+
+ROW_OPS = {"softmax": 0, "softmax_cross_entropy": 1, "xent_grad": 2, "broadcast_like": 3}
+
+
+def _rowy(n: Node) -> bool:
+    """Has ``n`` the run's row axis somewhere (a per-row value, or its transpose)?"""
+    return None in n.shape
+
+
+class _Classes:
+    """Which values have the same row count: union-find over the graph's nodes with a row axis (a lookup's
+    rows are its indices', not its table's; a lookup gradient's its table's)."""
+
+    def __init__(self, nodes):
+        self.parent: dict = {}
+        for n in nodes:
+            for group in _same_rows(n):
+                rowy = [x for x in group if _rowy(x)]
+                for x in rowy[1:]:
+                    self.union(rowy[0], x)
+
+    def find(self, n: Node) -> Node:
+        root = n
+        while self.parent.get(root, root) is not root:
+            root = self.parent[root]
+        return root
+
+    def union(self, a: Node, b: Node) -> None:
+        ra, rb = self.find(a), self.find(b)
+        if ra is not rb:
+            self.parent[ra] = rb
+
+
+def _same_rows(n: Node) -> list:
+    """Groups of ``n`` and its inputs whose row counts are one."""
+    if n.op == "lookup":
+        return [(n, n.inputs[1])]
+    if n.op == "lookup_grad":
+        return [(n, n.inputs[2]), (n.inputs[0], n.inputs[1])]
+    return [(n,) + tuple(n.inputs)]
+
+
+def _register_inputs(n: Node) -> tuple:
+    """The inputs of ``n`` that the program reads as registers (a lookup's table and indices, the labels:
+    buffers)."""
+    if n.op == "lookup":
+        return ()
+    if n.op == "lookup_grad":
+        return (n.inputs[0],)
+    if n.op in ("softmax_cross_entropy", "xent_grad"):
+        return tuple(n.inputs[:-1])
+    return tuple(n.inputs)
+
+
+def refusal(n: Node, pushed) -> str | None:
+    """Why no instruction computes ``n`` in a static program (None: one does)."""
+    if not n.dtype.is_float:
+        return f"an {n.dtype.name} value"
+    if holds_tuple(n) or is_loop(n) or is_cond(n):
+        return "control flow of a static graph (the step runner runs its bodies)"
+    if OPS[n.op].needs_ctx:
+        return "reads the run context (row keys)"
+    if n.op == "lookup_grad":
+        return None if n.inputs[2] in pushed and n.inputs[0].ndim == 2 else \
+            "a row-sparse gradient (the optimizer updates the looked-up rows)"
+    if is_row_sparse(n):
+        return "a row-sparse gradient (the optimizer updates the looked-up rows)"
+    special = _row_function(n)
+    if special is not None:
+        return None if special else f"{n.op} of this shape (ROWOP takes rows of one axis)"
+    if fusible(n) or OPS[n.op].identity or (OPS[n.op].native is not None and OPS[n.op].native(n) is not None):
+        return None
+    return f"op '{n.op}' has no instruction"
+
+
+def _row_function(n: Node) -> bool | None:
+    """For the ops this module lowers itself: can it (None: not one of them)?"""
+    x = n.inputs[0] if n.inputs else None
+    if n.op == "softmax":
+        return x.ndim == 2 and x.has_rows and n.attrs.get("axis") in (-1, 1)
+    if n.op == "softmax_cross_entropy":
+        return len(n.inputs) == 2 and x.ndim == 2 and x.has_rows
+    if n.op == "xent_grad":
+        return n.inputs[1].ndim == 2 and n.inputs[1].has_rows and x.ndim == 1
+    if n.op == "broadcast_like":
+        target = n.inputs[1]
+        return tuple(n.attrs["axes"]) == (0,) and not n.attrs["keepdims"] and target.has_rows and target.ndim <= 2
+    if n.op == "sum":
+        return tuple(n.attrs["axes"]) == (0,) and not n.attrs["keepdims"] and x.has_rows and x.ndim == 1 or None
+    if n.op == "lookup":
+        return x.ndim == 2 and n.inputs[1].ndim == 1 and n.inputs[1].has_rows
+    return None
+
+
+class Split:
+    """A static graph's nodes (those not given: not in ``present``) split into the program's and the step
+    runner's before and after it, with why each of the latter is not the program's."""
+
+    def __init__(self, nodes, present: set, pushed):
+        classes = _Classes(nodes)
+        self.program, self.before, self.after, self.left = [], [], [], {}
+        where, rows = {}, None
+        self.leaves = [n for n in nodes if is_fed(n) and n not in present]
+        for n in nodes:
+            if n in present or is_fed(n):
+                continue
+            why = refusal(n, pushed)
+            if why is None:
+                rowy = [classes.find(x) for x in _register_inputs(n) + (() if n.op == "lookup_grad" else (n,))
+                        if _rowy(x)]
+                if rowy and rows is None:
+                    rows = rowy[0]
+                if any(r is not rows for r in rowy):
+                    why = "rows of another count than the program's"
+            deps = {where.get(x) for x in n.inputs}
+            if any(where.get(x) == "program" and x.op == "lookup_grad" for x in n.inputs):
+                deps.add("after")   # (a lookup gradient is a zeroed buffer added into, no register)
+            if why is None and "after" not in deps:
+                where[n] = "program"
+                self.program.append(n)
+            else:
+                where[n] = "before" if not deps & {"program", "after"} else "after"
+                (self.before if where[n] == "before" else self.after).append(n)
+                self.left[n] = why or "reads a value the step runner computes after the program"
+        self.row_class, self.classes = rows, classes
+
+
+class StaticProgram:
+    """One static graph as a program: its split, its lowered template, the inputs it binds and the values it
+    hands out; :meth:`run` binds it to a run's values and runs it."""
+
+    def __init__(self, nodes, present: set, wanted: set, pushed, device, title: str):
+        self.title, self.device = title, device
+        self.split = split = Split(nodes, present, pushed)
+        mine = set(split.program)
+        read_after = {x for n in split.after for x in n.inputs}
+        self.outputs = [n for n in split.program if n in wanted or n in read_after]
+        self.before = [Step.of(n) for n in split.before]
+        self.after = [Step.of(n) for n in split.after]
+        self.row_source = next((x for n in split.program for x in n.inputs if x not in mine and _rowy(x)
+                                and split.classes.find(x) is split.row_class and x.op != "lookup_grad"), None)
+        self.lowered = _lower(split.program, self.outputs, mine, device) if split.program else None
+        self.arenas: dict = {}
+
+    def run(self, env: dict, feeds, params, ctx: RunContext, options, static: list) -> None:
+        """Compute the graph into ``env``: its leaves, the step runner's part before, the program, the part after;
+        ``static`` gets what ran (a program.StaticRun)."""
+        xp = self.device.xp
+        for x in self.split.leaves:
+            if x not in env:
+                env[x] = leaf_value(x, feeds, params)
+        if self.before:
+            steps_runner.run_steps(self.before, env, xp, ctx)
+        program = self._run_program(env, ctx, options) if self.lowered is not None else None
+        if self.after:
+            steps_runner.run_steps(self.after, env, xp, ctx)
+        if program is not None or self.before or self.after:
+            ran = record(self.title, self.before + self.after, env, xp)
+            ran.program, ran.left = program, self.split.left
+            static.append(ran)
+
+    def _run_program(self, env: dict, ctx, options) -> BatchProgram:
+        """Bind the program to this run's values and run it on the device's runner (the reference runner when
+        asked for or where the device's runner declines it); its outputs go to ``env``."""
+        rows = 1 if self.row_source is None else int(env[self.row_source].shape[0])
+        table = np.full((1, self.lowered.table_width), -1, np.int64)
+        table[0, :4] = (0, 0, rows, -1)
+        values = _Values(self, env, rows, ctx)
+        dtype = self.split.program[0].dtype.np
+        program = BatchProgram.of(self.lowered, table, values, dtype, self.device, forest=False,
+                                  check=options.check, title=self.title)
+        device = self.device
+        why = None if options.runner == "reference" else device.runner_declines(program)
+        if options.runner != "reference" and why is None:
+            program.runner = device.runner_name
+            device.run(program)
+        else:
+            program.runner, program.declined = "reference runner", why
+            reference.run(program, device)
+        for node, value in values.made.items():
+            env[node] = value
+        return program
+
+
+class _Values:
+    """The buffers a static program names, by key, for one run (what the binder asks, operands.bind_operands):
+    its inputs' values, index and label arrays checked on the host, the arrays it hands out, its arenas."""
+
+    def __init__(self, owner: StaticProgram, env: dict, rows: int, ctx):
+        self.owner, self.env, self.rows, self.ctx = owner, env, rows, ctx
+        self.xp = owner.device.xp
+        self.made: dict = {}
+
+    def __getitem__(self, key: tuple):
+        what, *rest = key
+        if what == "static":   # (a value of one axis with rows: a column, one number a row)
+            value = self.env[rest[0]]
+            return value.reshape(-1, 1) if rest[0].has_rows and rest[0].ndim == 1 else value
+        if what == "value":
+            return self.xp.ascontiguousarray(self.env[rest[0]])
+        if what == "feedrows":
+            return self._checked(*rest)
+        if what in ("out", "zeroed"):
+            return self._made(what, rest[0])
+        if what == "arena":
+            return self._arena(*rest)
+        raise KeyError(key)
+
+    def _checked(self, node: Node, reader: Node) -> np.ndarray:
+        """An index or label array (read on the host), its values checked against what ``reader`` reads."""
+        values = self.env[node]
+        host = values if isinstance(values, np.ndarray) else np.asarray(self.owner.device.to_host(values))
+        try:
+            if reader.op == "lookup" or reader.op == "lookup_grad":
+                table = self.env[reader.inputs[0] if reader.op == "lookup" else reader.inputs[2]]
+                return indices(host, f"{reader.op}: row", size=int(table.shape[0]), at="row",
+                               of=f" ({int(table.shape[0])} rows)")
+            logits = np.broadcast_to(np.empty((), np.float64), (len(host), _cols(reader.inputs[-2])))
+            return np.ascontiguousarray(check_labels(logits, host, reader.op), np.int64)
+        except FeedError as e:
+            raise _located(e, reader) from None
+
+    def _made(self, what: str, node: Node):
+        """An array the program hands out: ``node``'s value (the row axis: this run's rows), zeroed for a lookup
+        gradient (added into)."""
+        if node.op == "lookup_grad":
+            shape = (int(self.env[node.inputs[2]].shape[0]),) + tuple(node.shape[1:])
+        else:
+            shape = tuple(self.rows if d is None else d for d in node.shape)
+        dtype = node.dtype.np
+        value = self.xp.zeros(shape, dtype) if what == "zeroed" else self.xp.empty(shape, dtype)
+        self.made[node] = value
+        return value
+
+    def _arena(self, which: str, elements: int):
+        """The program's scratch or fixed arena (kept from run to run, grown to this run's size)."""
+        arenas = self.owner.arenas
+        found = arenas.get(which)
+        if found is None or found.size < max(elements, 1):
+            found = arenas[which] = self.xp.empty(max(elements, 1, 2 * (0 if found is None else found.size)),
+                                                  self.owner.split.program[0].dtype.np)
+        return found, elements
+
+
+def _lower(nodes: list, outputs: list, mine: set, device) -> Lowered:
+    """The program's one template: its steps fused as F's, lowered by F's step lowering and ROWOP, TAKE and ADJ,
+    its outputs copied out; linked as a program of one kind."""
+    steps = lower([[Step.of(n) for n in nodes]], set(outputs), device.fused)[0][0]
+    t = Template("static graph", TASK)
+    statics = {x for n in nodes for x in _register_inputs(n) if x not in mine}
+    singles: dict = {}
+    for step in steps:
+        node = None if step.fused else step.outputs[0]
+        if node is not None and (node.op in ROW_OPS or node.op in ("lookup", "lookup_grad")
+                                 or (node.op == "sum" and _row_function(node))):
+            _own_step(t, step, statics)
+        else:
+            instructions._step(t, step, statics, device, singles)
+    for node in outputs:
+        if node.op != "lookup_grad":
+            out = t.reg(name=f"out {node.name or node.id}")
+            t.emit("BIND", out, t.buf(("out", node)), NONE, 0, _cols(node))
+            t.emit("COPY", out, t.regs[node], _rows(node), _cols(node))
+    return _link(t)
+
+
+def _static(t: Template, x: Node, statics: set) -> int:
+    """The register of input ``x`` (a value the program is given: STATIC binds it the first time)."""
+    if x not in t.regs:
+        if x not in statics:
+            raise instructions.Unsupported(f"{x.label()} is read before anything binds it")
+        t.emit("STATIC", t.reg(x), t.buf(("static", x)))
+    return t.regs[x]
+
+
+def _own_step(t: Template, step, statics: set) -> None:
+    """The instructions of a row function (ROWOP), a sum of a column (SUMROWS), a lookup (TAKE) or its
+    gradient into a push (ADJ into the zeroed buffer that the program hands out)."""
+    node = step.outputs[0]
+    ins = node.inputs
+    if node.op == "sum":
+        instructions._lowering(t, Step(step.run, step.inputs, step.outputs), "sum_rows") \
+            if _static(t, ins[0], statics) is not None else None
+    elif node.op == "lookup":
+        t.take(node, ("value", ins[0]), _cols(ins[0]), ("feedrows", ins[1], node))
+    elif node.op == "lookup_grad":
+        table = ins[2]
+        t.emit("ADJ", t.buf(("zeroed", node)), _cols(table), t.buf(("feedrows", ins[1], node)), 0, 0,
+               _static(t, ins[0], statics), _cols(table))
+    else:
+        fn = ROW_OPS[node.op]
+        src = _static(t, ins[1] if fn == 2 else ins[0], statics)
+        g = _static(t, ins[0], statics) if fn == 2 else -1
+        labels = t.buf(("feedrows", ins[-1], node)) if fn in (1, 2) else -1
+        out = t.scratch_reg(node)
+        t.emit("ROWOP", fn, out, src, g, labels, _cols(ins[1] if fn == 2 else node if fn == 3 else ins[0]))
+
+
+def _link(t: Template) -> Lowered:
+    """Template ``t`` as a program of one kind (its task template; no blocks)."""
+    joined = instructions._Joined(1)
+    t.tid = t.kind_id = 0
+    joined.append(0, t)
+    return Lowered("static graph", [0], [t], np.array(joined.code, np.int64).reshape(-1, instructions.WIDTH),
+                   np.array(joined.pool or [0], np.int64), joined.ranges, list(joined.keys) + [("scratch",)],
+                   np.array([getattr(k, "address", 0) for k in joined.kernels] or [0], np.int64),
+                   max(len(t.reg_names), 1), t.scratch, t.fixed, task_keys=len(joined.keys),
+                   table_width=TASK_COLUMNS + 2, fused=list(joined.kernels), steps=joined.steps)
+
+
+class StaticGraphs:
+    """A model's static graphs as programs: one :class:`StaticProgram` per graph, values given (those already
+    computed when it runs) and training or not, made on first use."""
+
+    def __init__(self, graphs: list, pushed, device):
+        self.graphs, self.pushed, self.device = graphs, pushed, device   # every static graph's nodes, in order
+        self.programs: dict = {}
+
+    def run(self, nodes, explicit, env: dict, feeds, params, ctx, options, static: list, title: str,
+            training: bool) -> None:
+        """Compute ``nodes`` into ``env`` (``explicit``: what the model reads of them; training, also what the
+        other graphs read), as :meth:`StaticProgram.run`."""
+        present = tuple([n in env for n in nodes])
+        key = (id(nodes), present, training, title)
+        found = self.programs.get(key)
+        if found is None:
+            wanted = set(explicit) | (self._read_elsewhere(nodes) if training else set())
+            given = {n for n, there in zip(nodes, present) if there}
+            found = self.programs[key] = (nodes, StaticProgram(nodes, given, wanted, self.pushed, self.device, title))
+        found[1].run(env, feeds, params, ctx, options, static)
+
+    def _read_elsewhere(self, nodes) -> set:
+        """The nodes of ``nodes`` that the model's other static graphs read."""
+        mine = set(nodes)
+        return {x for other in self.graphs if other is not nodes for n in other if n not in mine
+                for x in n.inputs if x in mine}
