@@ -436,7 +436,7 @@ class Model:
         self._build_backward()
         graphs = self.stages + [self.final_stage, self.loss_stage] + (
             list(self._push_grad_nodes.values()) + [self._static_grad_nodes] if self.bwd else [])
-        self._static = StaticGraphs(graphs, {n for s in self.structures for n in s._pushed.values()}, self.device)
+        self._static = StaticGraphs(graphs, {n for s in self.structures for n in s._pushed.values()})
         self._workspaces: dict = {}
         self._plans: OrderedDict = OrderedDict()   # see _plan
         self._plans_lock = threading.Lock()        # prepare may run on the prefetch thread
@@ -673,7 +673,7 @@ class Model:
         """Evaluate a static graph's ``nodes`` into ``env`` (static_program.py: its program on the device's
         runner, the rest on the step runner), ``explicit`` the values the model reads; what ran goes to
         ``static`` as a program.StaticRun named ``what`` (explain shows it)."""
-        self._static.run(nodes, explicit, env, feeds, params, ctx, options, static, what, training)
+        self._static.run(nodes, explicit, env, feeds, params, ctx, options, static, what, training, self.device)
 
     def _backward(self, plans, states, env, feeds, params, ctx, static: list, options) -> dict:
         """Every parameter's gradient; ``static`` gets a program.StaticRun per static graph run."""

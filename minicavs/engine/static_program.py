@@ -105,7 +105,7 @@ def refusal(n: Node, pushed) -> str | None:
         return "a row-sparse gradient (the optimizer updates the looked-up rows)"
     special = _row_function(n)
     if special is not None:
-        return None if special else f"{n.op} of this shape (ROWOP takes rows of one axis)"
+        return None if special else f"{n.op} of this shape (the static program takes one row axis)"
     if fusible(n) or OPS[n.op].identity or (OPS[n.op].native is not None and OPS[n.op].native(n) is not None):
         return None
     return f"op '{n.op}' has no instruction"
@@ -134,15 +134,17 @@ class Split:
     """A static graph's nodes (those not given: not in ``present``) split into the program's and the step
     runner's before and after it, with why each of the latter is not the program's."""
 
-    def __init__(self, nodes, present: set, pushed):
+    def __init__(self, nodes, present: set, wanted: set, pushed):
         classes = _Classes(nodes)
         self.program, self.before, self.after, self.left = [], [], [], {}
         where, rows = {}, None
-        self.leaves = [n for n in nodes if is_fed(n) and n not in present]
-        for n in nodes:
-            if n in present or is_fed(n):
-                continue
-            why = refusal(n, pushed)
+        needed = _needed(wanted, present)
+        self.leaves = [n for n in nodes if n in needed and is_fed(n)]
+        computed = [n for n in nodes if n in needed and not is_fed(n)]
+        flow = next((n for n in computed if holds_tuple(n) or is_loop(n) or is_cond(n)), None)
+        for n in computed:
+            why = refusal(n, pushed) if flow is None else f"the graph holds control flow ({flow.label()}), which " \
+                "the step runner runs: the graph stays there whole"
             if why is None:
                 rowy = [classes.find(x) for x in _register_inputs(n) + (() if n.op == "lookup_grad" else (n,))
                         if _rowy(x)]
@@ -163,13 +165,24 @@ class Split:
         self.row_class, self.classes = rows, classes
 
 
+def _needed(wanted: set, present: set) -> set:
+    """The nodes that computing ``wanted`` reads, those in ``present`` (and what only they read) aside."""
+    needed, stack = set(), [n for n in wanted if n not in present]
+    while stack:
+        n = stack.pop()
+        if n not in needed and n not in present:
+            needed.add(n)
+            stack.extend(n.inputs)
+    return needed
+
+
 class StaticProgram:
     """One static graph as a program: its split, its lowered template, the inputs it binds and the values it
     hands out; :meth:`run` binds it to a run's values and runs it."""
 
     def __init__(self, nodes, present: set, wanted: set, pushed, device, title: str):
         self.title, self.device = title, device
-        self.split = split = Split(nodes, present, pushed)
+        self.split = split = Split(nodes, present, wanted, pushed)
         mine = set(split.program)
         read_after = {x for n in split.after for x in n.inputs}
         self.outputs = [n for n in split.program if n in wanted or n in read_after]
@@ -350,21 +363,21 @@ class StaticGraphs:
     """A model's static graphs as programs: one :class:`StaticProgram` per graph, values given (those already
     computed when it runs) and training or not, made on first use."""
 
-    def __init__(self, graphs: list, pushed, device):
-        self.graphs, self.pushed, self.device = graphs, pushed, device   # every static graph's nodes, in order
+    def __init__(self, graphs: list, pushed):
+        self.graphs, self.pushed = graphs, pushed   # every static graph's nodes, in order; the push buffers
         self.programs: dict = {}
 
     def run(self, nodes, explicit, env: dict, feeds, params, ctx, options, static: list, title: str,
-            training: bool) -> None:
-        """Compute ``nodes`` into ``env`` (``explicit``: what the model reads of them; training, also what the
-        other graphs read), as :meth:`StaticProgram.run`."""
+            training: bool, device) -> None:
+        """Compute ``nodes`` into ``env`` on ``device`` (``explicit``: what the model reads of them; training,
+        also what the other graphs read), as :meth:`StaticProgram.run`."""
         present = tuple([n in env for n in nodes])
-        key = (id(nodes), present, training, title)
+        key = (id(nodes), present, training, title, device)
         found = self.programs.get(key)
         if found is None:
             wanted = set(explicit) | (self._read_elsewhere(nodes) if training else set())
             given = {n for n, there in zip(nodes, present) if there}
-            found = self.programs[key] = (nodes, StaticProgram(nodes, given, wanted, self.pushed, self.device, title))
+            found = self.programs[key] = (nodes, StaticProgram(nodes, given, wanted, self.pushed, device, title))
         found[1].run(env, feeds, params, ctx, options, static)
 
     def _read_elsewhere(self, nodes) -> set:
