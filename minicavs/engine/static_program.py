@@ -11,7 +11,7 @@ broadcast) are ROWOP; a lookup of rows is TAKE, its gradient into a structure's 
 is no forest) into a zeroed buffer.
 
 What no runner takes stays on the step runner (program.run_steps), before the program (what the program reads)
-or after it (what reads the program's values), each node with why (:attr:`StaticProgram.left`): an integer
+or after it (what reads the program's values), each node with why (:attr:`Split.left`): an integer
 value, control flow, a row-sparse gradient (the optimizer updates a table's looked-up rows), an op with no
 instruction, rows of another count than the program's.
 
