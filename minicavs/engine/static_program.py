@@ -245,8 +245,11 @@ class _Values:
     def __getitem__(self, key: tuple):
         what, *rest = key
         if what == "static":   # (a value of one axis with rows: a column, one number a row)
-            value = self.env[rest[0]]
-            return value.reshape(-1, 1) if rest[0].has_rows and rest[0].ndim == 1 else value
+            node, value = rest[0], self.env[rest[0]]
+            if _rowy(node) and value.shape[node.shape.index(None)] != self.rows:
+                raise FeedError(f"{node.label()} has {value.shape[node.shape.index(None)]} rows where the static "
+                                f"graph's other values have {self.rows} ({self.owner.row_source.label()})")
+            return value.reshape(-1, 1) if node.has_rows and node.ndim == 1 else value
         if what == "value":
             return self.xp.ascontiguousarray(self.env[rest[0]])
         if what == "feedrows":
@@ -264,9 +267,12 @@ class _Values:
         try:
             if reader.op == "lookup" or reader.op == "lookup_grad":
                 table = self.env[reader.inputs[0] if reader.op == "lookup" else reader.inputs[2]]
+                if host.shape != (self.rows,):
+                    raise FeedError(f"{reader.op}: indices of shape {host.shape} where the static graph's rows are "
+                                    f"{self.rows} ({self.owner.row_source.label()})")
                 return indices(host, f"{reader.op}: row", size=int(table.shape[0]), at="row",
                                of=f" ({int(table.shape[0])} rows)")
-            logits = np.broadcast_to(np.empty((), np.float64), (len(host), _cols(reader.inputs[-2])))
+            logits = np.broadcast_to(np.empty((), np.float64), (self.rows, _cols(reader.inputs[-2])))
             return np.ascontiguousarray(check_labels(logits, host, reader.op), np.int64)
         except FeedError as e:
             raise _located(e, reader) from None

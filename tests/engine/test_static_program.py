@@ -164,3 +164,13 @@ def test_a_bad_label_or_root_row_is_a_feed_error_naming_the_op_and_changes_nothi
             with pytest.raises(FeedError, match=rf"{op}.*out of range|{op}.*10+"):
                 _run(t, graphs, bad, runner)
         assert all(np.array_equal(p.value, before[k]) for k, p in t.params.items())
+
+
+def test_a_row_value_of_another_length_is_a_feed_error_not_a_read_past_its_end(tmp_path):
+    """Tree-FC's targets (one per root) one longer than its roots: the program reads its rows by the roots' count,
+    so the binder refuses the feed, naming it, on every runner."""
+    t, graphs, feeds = _model("tree_fc", tmp_path)
+    bad = dict(feeds, target=np.append(feeds["target"], 0.5))
+    for runner in ("device", "reference"):
+        with pytest.raises(FeedError, match=r"'target' .*has \d+ rows where the static graph's other values have"):
+            _run(t, graphs, bad, runner)
