@@ -436,7 +436,7 @@ class Model:
         self._build_backward()
         graphs = self.stages + [self.final_stage, self.loss_stage] + (
             list(self._push_grad_nodes.values()) + [self._static_grad_nodes] if self.bwd else [])
-        self._static = StaticGraphs(graphs, {n for s in self.structures for n in s._pushed.values()})
+        self._static = StaticGraphs(graphs)
         self._workspaces: dict = {}
         self._plans: OrderedDict = OrderedDict()   # see _plan
         self._plans_lock = threading.Lock()        # prepare may run on the prefetch thread
@@ -637,7 +637,7 @@ class Model:
                     raise FeedError(f"structure '{s.name}': no vertex in the batch pushes '{name}'")
                 env[node] = st.pushes[name]
         if outputs or self.loss is None:
-            self._evaluate(self.final_stage, ([self.loss] if self.loss is not None else []) + list(self.outputs.values()),
+            self._evaluate(self.final_stage, [self.loss] * (self.loss is not None) + list(self.outputs.values()),
                            env, feeds, params, ctx, result.static, "forward, the loss and outputs", options, training)
             result.outputs = {k: device.to_host(env[v]) for k, v in self.outputs.items()}   # for metrics: host
         else:

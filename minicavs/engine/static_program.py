@@ -7,8 +7,8 @@ structure's pushed rows), its operands feeds, parameters and the structures' val
 one task of all the rows (kind 0, offset 0, rows the run's row count): a :class:`~.lowered.Lowered` bound per
 run (program.BatchProgram.of, the one binder) and run by the C runner, the CUDA issuing loop or the reference
 runner. The row functions no other opcode computes (softmax, the cross-entropy and its gradient, a row
-broadcast) are ROWOP; a lookup of rows is TAKE, its gradient into a structure's push an ADJ (added: the program
-is no forest) into a zeroed buffer.
+broadcast) are ROWOP; a lookup of rows is TAKE (its gradient stays row-sparse: the step runner's, its few rows
+read where they are).
 
 What no runner takes stays on the step runner (program.run_steps), before the program (what the program reads)
 or after it (what reads the program's values), each node with why (:attr:`Split.left`): an integer
@@ -83,14 +83,12 @@ def _register_inputs(n: Node) -> tuple:
     buffers)."""
     if n.op == "lookup":
         return ()
-    if n.op == "lookup_grad":
-        return (n.inputs[0],)
     if n.op in ("softmax_cross_entropy", "xent_grad"):
         return tuple(n.inputs[:-1])
     return tuple(n.inputs)
 
 
-def refusal(n: Node, pushed) -> str | None:
+def refusal(n: Node) -> str | None:
     """Why no instruction computes ``n`` in a static program (None: one does)."""
     if not n.dtype.is_float:
         return f"an {n.dtype.name} value"
@@ -98,11 +96,8 @@ def refusal(n: Node, pushed) -> str | None:
         return "control flow of a static graph (the step runner runs its bodies)"
     if OPS[n.op].needs_ctx:
         return "reads the run context (row keys)"
-    if n.op == "lookup_grad":
-        return None if n.inputs[2] in pushed and n.inputs[0].ndim == 2 else \
-            "a row-sparse gradient (the optimizer updates the looked-up rows)"
-    if is_row_sparse(n):
-        return "a row-sparse gradient (the optimizer updates the looked-up rows)"
+    if is_row_sparse(n):   # (a table's: the optimizer updates its rows; a push's: its rows read where they are)
+        return "a row-sparse gradient (its looked-up rows alone, read where they are)"
     special = _row_function(n)
     if special is not None:
         return None if special else f"{n.op} of this shape (the static program takes one row axis)"
@@ -134,7 +129,7 @@ class Split:
     """A static graph's nodes (those not given: not in ``present``) split into the program's and the step
     runner's before and after it, with why each of the latter is not the program's."""
 
-    def __init__(self, nodes, present: set, wanted: set, pushed):
+    def __init__(self, nodes, present: set, wanted: set):
         classes = _Classes(nodes)
         self.program, self.before, self.after, self.left = [], [], [], {}
         where, rows = {}, None
@@ -143,18 +138,15 @@ class Split:
         computed = [n for n in nodes if n in needed and not is_fed(n)]
         flow = next((n for n in computed if holds_tuple(n) or is_loop(n) or is_cond(n)), None)
         for n in computed:
-            why = refusal(n, pushed) if flow is None else f"the graph holds control flow ({flow.label()}), which " \
+            why = refusal(n) if flow is None else f"the graph holds control flow ({flow.label()}), which " \
                 "the step runner runs: the graph stays there whole"
             if why is None:
-                rowy = [classes.find(x) for x in _register_inputs(n) + (() if n.op == "lookup_grad" else (n,))
-                        if _rowy(x)]
+                rowy = [classes.find(x) for x in _register_inputs(n) + (n,) if _rowy(x)]
                 if rowy and rows is None:
                     rows = rowy[0]
                 if any(r is not rows for r in rowy):
                     why = "rows of another count than the program's"
             deps = {where.get(x) for x in n.inputs}
-            if any(where.get(x) == "program" and x.op == "lookup_grad" for x in n.inputs):
-                deps.add("after")   # (a lookup gradient is a zeroed buffer added into, no register)
             if why is None and "after" not in deps:
                 where[n] = "program"
                 self.program.append(n)
@@ -180,16 +172,16 @@ class StaticProgram:
     """One static graph as a program: its split, its lowered template, the inputs it binds and the values it
     hands out; :meth:`run` binds it to a run's values and runs it."""
 
-    def __init__(self, nodes, present: set, wanted: set, pushed, device, title: str):
+    def __init__(self, nodes, present: set, wanted: set, device, title: str):
         self.title, self.device = title, device
-        self.split = split = Split(nodes, present, wanted, pushed)
+        self.split = split = Split(nodes, present, wanted)
         mine = set(split.program)
         read_after = {x for n in split.after for x in n.inputs}
         self.outputs = [n for n in split.program if n in wanted or n in read_after]
         self.before = [Step.of(n) for n in split.before]
         self.after = [Step.of(n) for n in split.after]
         self.row_source = next((x for n in split.program for x in n.inputs if x not in mine and _rowy(x)
-                                and split.classes.find(x) is split.row_class and x.op != "lookup_grad"), None)
+                                and split.classes.find(x) is split.row_class), None)
         self.lowered = _lower(split.program, self.outputs, mine, device) if split.program else None
         self.arenas: dict = {}
 
@@ -218,9 +210,9 @@ class StaticProgram:
         table[0, :4] = (0, 0, rows, -1)
         values = _Values(self, env, rows, ctx)
         dtype = self.split.program[0].dtype.np
-        program = BatchProgram.of(self.lowered, table, values, dtype, self.device, forest=False,
-                                  check=options.check, title=self.title)
         device = self.device
+        program = BatchProgram.of(self.lowered, table, values, dtype, device, check=options.check, title=self.title)
+        program.tf32 = options.tf32 and device.tf32_products
         why = None if options.runner == "reference" else device.runner_declines(program)
         if options.runner != "reference" and why is None:
             program.runner = device.runner_name
@@ -239,7 +231,7 @@ class _Values:
 
     def __init__(self, owner: StaticProgram, env: dict, rows: int, ctx):
         self.owner, self.env, self.rows, self.ctx = owner, env, rows, ctx
-        self.xp = owner.device.xp
+        self.xp, self.dtype = owner.device.xp, owner.split.program[0].dtype.np
         self.made: dict = {}
 
     def __getitem__(self, key: tuple):
@@ -254,8 +246,8 @@ class _Values:
             return self.xp.ascontiguousarray(self.env[rest[0]])
         if what == "feedrows":
             return self._checked(*rest)
-        if what in ("out", "zeroed"):
-            return self._made(what, rest[0])
+        if what == "out":
+            return self._made(rest[0])
         if what == "arena":
             return self._arena(*rest)
         raise KeyError(key)
@@ -265,28 +257,22 @@ class _Values:
         values = self.env[node]
         host = values if isinstance(values, np.ndarray) else np.asarray(self.owner.device.to_host(values))
         try:
-            if reader.op == "lookup" or reader.op == "lookup_grad":
-                table = self.env[reader.inputs[0] if reader.op == "lookup" else reader.inputs[2]]
+            if reader.op == "lookup":
+                table = self.env[reader.inputs[0]]
                 if host.shape != (self.rows,):
                     raise FeedError(f"{reader.op}: indices of shape {host.shape} where the static graph's rows are "
                                     f"{self.rows} ({self.owner.row_source.label()})")
                 return indices(host, f"{reader.op}: row", size=int(table.shape[0]), at="row",
                                of=f" ({int(table.shape[0])} rows)")
-            logits = np.broadcast_to(np.empty((), np.float64), (self.rows, _cols(reader.inputs[-2])))
+            logits = _Shaped((self.rows, _cols(reader.inputs[-2])))   # (what check_labels reads of the logits)
             return np.ascontiguousarray(check_labels(logits, host, reader.op), np.int64)
         except FeedError as e:
             raise _located(e, reader) from None
 
-    def _made(self, what: str, node: Node):
-        """An array the program hands out: ``node``'s value (the row axis: this run's rows), zeroed for a lookup
-        gradient (added into)."""
-        if node.op == "lookup_grad":
-            shape = (int(self.env[node.inputs[2]].shape[0]),) + tuple(node.shape[1:])
-        else:
-            shape = tuple(self.rows if d is None else d for d in node.shape)
-        dtype = node.dtype.np
-        value = self.xp.zeros(shape, dtype) if what == "zeroed" else self.xp.empty(shape, dtype)
-        self.made[node] = value
+    def _made(self, node: Node):
+        """An array the program hands out: ``node``'s value (the row axis: this run's rows)."""
+        value = self.made[node] = self.xp.empty(tuple(self.rows if d is None else d for d in node.shape),
+                                                node.dtype.np)
         return value
 
     def _arena(self, which: str, elements: int):
@@ -299,6 +285,13 @@ class _Values:
         return found, elements
 
 
+class _Shaped:
+    """A value's shape alone (what a check reads of it)."""
+
+    def __init__(self, shape: tuple):
+        self.shape, self.ndim = shape, len(shape)
+
+
 def _lower(nodes: list, outputs: list, mine: set, device) -> Lowered:
     """The program's one template: its steps fused as F's, lowered by F's step lowering and ROWOP, TAKE and ADJ,
     its outputs copied out; linked as a program of one kind."""
@@ -308,16 +301,15 @@ def _lower(nodes: list, outputs: list, mine: set, device) -> Lowered:
     singles: dict = {}
     for step in steps:
         node = None if step.fused else step.outputs[0]
-        if node is not None and (node.op in ROW_OPS or node.op in ("lookup", "lookup_grad")
+        if node is not None and (node.op in ROW_OPS or node.op == "lookup"
                                  or (node.op == "sum" and _row_function(node))):
             _own_step(t, step, statics)
         else:
             instructions._step(t, step, statics, device, singles)
     for node in outputs:
-        if node.op != "lookup_grad":
-            out = t.reg(name=f"out {node.name or node.id}")
-            t.emit("BIND", out, t.buf(("out", node)), NONE, 0, _cols(node))
-            t.emit("COPY", out, t.regs[node], _rows(node), _cols(node))
+        out = t.reg(name=f"out {node.name or node.id}")
+        t.emit("BIND", out, t.buf(("out", node)), NONE, 0, _cols(node))
+        t.emit("COPY", out, t.regs[node], _rows(node), _cols(node))
     return _link(t)
 
 
@@ -331,8 +323,7 @@ def _static(t: Template, x: Node, statics: set) -> int:
 
 
 def _own_step(t: Template, step, statics: set) -> None:
-    """The instructions of a row function (ROWOP), a sum of a column (SUMROWS), a lookup (TAKE) or its
-    gradient into a push (ADJ into the zeroed buffer that the program hands out)."""
+    """The instructions of a row function (ROWOP), a sum of a column (SUMROWS) or a lookup (TAKE)."""
     node = step.outputs[0]
     ins = node.inputs
     if node.op == "sum":
@@ -340,10 +331,6 @@ def _own_step(t: Template, step, statics: set) -> None:
             if _static(t, ins[0], statics) is not None else None
     elif node.op == "lookup":
         t.take(node, ("value", ins[0]), _cols(ins[0]), ("feedrows", ins[1], node))
-    elif node.op == "lookup_grad":
-        table = ins[2]
-        t.emit("ADJ", t.buf(("zeroed", node)), _cols(table), t.buf(("feedrows", ins[1], node)), 0, 0,
-               _static(t, ins[0], statics), _cols(table))
     else:
         fn = ROW_OPS[node.op]
         src = _static(t, ins[1] if fn == 2 else ins[0], statics)
@@ -369,8 +356,8 @@ class StaticGraphs:
     """A model's static graphs as programs: one :class:`StaticProgram` per graph, values given (those already
     computed when it runs) and training or not, made on first use."""
 
-    def __init__(self, graphs: list, pushed):
-        self.graphs, self.pushed = graphs, pushed   # every static graph's nodes, in order; the push buffers
+    def __init__(self, graphs: list):
+        self.graphs = graphs   # every static graph's nodes, in order
         self.programs: dict = {}
 
     def run(self, nodes, explicit, env: dict, feeds, params, ctx, options, static: list, title: str,
@@ -383,7 +370,7 @@ class StaticGraphs:
         if found is None:
             wanted = set(explicit) | (self._read_elsewhere(nodes) if training else set())
             given = {n for n, there in zip(nodes, present) if there}
-            found = self.programs[key] = (nodes, StaticProgram(nodes, given, wanted, self.pushed, device, title))
+            found = self.programs[key] = (nodes, StaticProgram(nodes, given, wanted, device, title))
         found[1].run(env, feeds, params, ctx, options, static)
 
     def _read_elsewhere(self, nodes) -> set:
