@@ -32,6 +32,7 @@ from ..ops.nn import is_row_sparse
 from ..ops.registry import OPS, holds_tuple
 from . import instructions, reference
 from .compile import TASK, Step, lower
+from .codegen.machine import OPS as OPCODE
 from .lowered import NONE, TASK_COLUMNS, Lowered, Template, _cols, _rows
 from .passes.fusion import fusible
 from . import program as steps_runner
@@ -135,7 +136,7 @@ class Split:
         where, rows = {}, None
         needed = _needed(wanted, present)
         self.leaves = [n for n in nodes if n in needed and is_fed(n)]
-        computed = [n for n in nodes if n in needed and not is_fed(n)]
+        computed = self.order = [n for n in nodes if n in needed and not is_fed(n)]
         flow = next((n for n in computed if holds_tuple(n) or is_loop(n) or is_cond(n)), None)
         for n in computed:
             why = refusal(n) if flow is None else f"the graph holds control flow ({flow.label()}), which " \
@@ -156,6 +157,14 @@ class Split:
                 self.left[n] = why or "reads a value the step runner computes after the program"
         self.row_class, self.classes = rows, classes
 
+    def give_back(self, why: str) -> None:
+        """Every node of the program to the step runner (before: the program read only what was given), with
+        ``why``."""
+        self.left.update(dict.fromkeys(self.program, why))
+        self.before = [n for n in self.program + self.before + self.after]
+        self.before.sort(key=self.order.index)
+        self.program, self.after = [], []
+
 
 def _needed(wanted: set, present: set) -> set:
     """The nodes that computing ``wanted`` reads, those in ``present`` (and what only they read) aside."""
@@ -166,6 +175,14 @@ def _needed(wanted: set, present: set) -> set:
             needed.add(n)
             stack.extend(n.inputs)
     return needed
+
+
+# the opcodes that compute (a program of none only moves rows)
+COMPUTING = ("GEMM", "FUSED", "ROWOP", "SUMROWS", "BMM", "DROPOUT", "TRANSROWS", "APPLY", "ADD")
+
+
+def _computes(lowered: Lowered) -> bool:
+    return bool(np.isin(lowered.code[:, 0], [OPCODE[op] for op in COMPUTING]).any())
 
 
 class StaticProgram:
@@ -183,6 +200,11 @@ class StaticProgram:
         self.row_source = next((x for n in split.program for x in n.inputs if x not in mine and _rowy(x)
                                 and split.classes.find(x) is split.row_class), None)
         self.lowered = _lower(split.program, self.outputs, mine, device) if split.program else None
+        if self.lowered is not None and not _computes(self.lowered):   # (e.g. a pull's lookup of embeddings)
+            split.give_back("only moves rows: a gather the step runner makes in one call, for less than binding "
+                            "a program costs")
+            self.before, self.after, self.outputs, self.lowered = [Step.of(n) for n in split.before], [], [], None
+        self.tables: dict = {}   # rows -> the one-row task table
         self.arenas: dict = {}
 
     def run(self, env: dict, feeds, params, ctx: RunContext, options, static: list) -> None:
@@ -206,8 +228,12 @@ class StaticProgram:
         """Bind the program to this run's values and run it on the device's runner (the reference runner when
         asked for or where the device's runner declines it); its outputs go to ``env``."""
         rows = 1 if self.row_source is None else int(env[self.row_source].shape[0])
-        table = np.full((1, self.lowered.table_width), -1, np.int64)
-        table[0, :4] = (0, 0, rows, -1)
+        table = self.tables.get(rows)
+        if table is None:
+            if len(self.tables) > 64:
+                self.tables.clear()
+            table = self.tables[rows] = np.full((1, self.lowered.table_width), -1, np.int64)
+            table[0, :4] = (0, 0, rows, -1)
         values = _Values(self, env, rows, ctx)
         dtype = self.split.program[0].dtype.np
         device = self.device
