@@ -205,6 +205,7 @@ class StaticProgram:
                             "a program costs")
             self.before, self.after, self.outputs, self.lowered = [Step.of(n) for n in split.before], [], [], None
         self.tables: dict = {}   # rows -> the one-row task table
+        self.row_axis = {x: x.shape.index(None) for n in split.program for x in n.inputs if _rowy(x)}
         self.arenas: dict = {}
 
     def run(self, env: dict, feeds, params, ctx: RunContext, options, static: list) -> None:
@@ -261,13 +262,16 @@ class _Values:
         self.made: dict = {}
 
     def __getitem__(self, key: tuple):
-        what, *rest = key
-        if what == "static":   # (a value of one axis with rows: a column, one number a row)
-            node, value = rest[0], self.env[rest[0]]
-            if _rowy(node) and value.shape[node.shape.index(None)] != self.rows:
-                raise FeedError(f"{node.label()} has {value.shape[node.shape.index(None)]} rows where the static "
-                                f"graph's other values have {self.rows} ({self.owner.row_source.label()})")
-            return value.reshape(-1, 1) if node.has_rows and node.ndim == 1 else value
+        what = key[0]
+        if what == "static":
+            node = key[1]
+            value = self.env[node]
+            axis = self.owner.row_axis.get(node)
+            if axis is not None and value.shape[axis] != self.rows:
+                raise FeedError(f"{node.label()} has {value.shape[axis]} rows where the static graph's other "
+                                f"values have {self.rows} ({self.owner.row_source.label()})")
+            return value.reshape(-1, 1) if axis == 0 and node.ndim == 1 else value   # (one number a row)
+        rest = key[1:]
         if what == "value":
             return self.xp.ascontiguousarray(self.env[rest[0]])
         if what == "feedrows":
