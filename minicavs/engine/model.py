@@ -434,9 +434,7 @@ class Model:
                 for p in f.params:
                     self.param_nodes.setdefault(p.name, p)
         self._build_backward()
-        graphs = self.stages + [self.final_stage, self.loss_stage] + (
-            list(self._push_grad_nodes.values()) + [self._static_grad_nodes] if self.bwd else [])
-        self._static = StaticGraphs(graphs)
+        self._static = self._static_graphs(done, final)
         self._workspaces: dict = {}
         self._plans: OrderedDict = OrderedDict()   # see _plan
         self._plans_lock = threading.Lock()        # prepare may run on the prefetch thread
@@ -450,6 +448,15 @@ class Model:
         for s in self.structures:   # compile F and ∂F for the model's options and device now, not in a run
             for fn in s.compiled.values():
                 fn.variant(self.options).phases(self.options, self.device)
+
+    def _static_graphs(self, done: set, final: list) -> StaticGraphs:
+        """The static graphs' programs (static_program.py), over every graph a run evaluates: the pulls' stages,
+        the loss and outputs, training the loss with the gradients on top (one graph), the gradients."""
+        self._training_stages = {with_outputs: StaticNodes(n for n in Graph(ends + self._early).nodes if n not in done)
+                                 for with_outputs, ends in ((True, final), (False, [self.loss]))} if self.bwd else {}
+        return StaticGraphs(self.stages + [self.final_stage, self.loss_stage] + (
+            list(self._training_stages.values()) + list(self._push_grad_nodes.values()) + [self._static_grad_nodes]
+            if self.bwd else []))
 
     def layout(self, options: EngineOptions | None = None) -> list[tuple]:
         """The planned parameter buffers of the merged products under ``options`` (passes/layout.py): each a
@@ -526,6 +533,10 @@ class Model:
                 if n not in dep and any(x in dep for x in n.inputs):
                     dep.add(n)
             self._ct_dependents[s.name] = [n for n in dep if n.op != "input"]
+        # the gradients that read no pull's cotangent (the head's: its pushes' and parameters'), computed with the
+        # loss in one static graph (one program: static_program.py) when training
+        late = set(self.pull_ct.values()).union(*map(set, self._ct_dependents.values()))
+        self._early = [g for g in list(self.push_grad.values()) + sg if g is not None and g not in late]
 
     # --- running ----------------------------------------------------------------------------------------
 
@@ -636,13 +647,18 @@ class Model:
                 if name not in st.pushes:
                     raise FeedError(f"structure '{s.name}': no vertex in the batch pushes '{name}'")
                 env[node] = st.pushes[name]
-        if outputs or self.loss is None:
+        if training and self._early:   # (the loss and the gradients on top of the structures, one graph)
+            self._evaluate(self._training_stages[outputs], [self.loss] + list(self.outputs.values()) * outputs
+                           + self._early, env, feeds, params, ctx, result.static, self._training_title(outputs),
+                           options, training)
+        elif outputs or self.loss is None:
             self._evaluate(self.final_stage, [self.loss] * (self.loss is not None) + list(self.outputs.values()),
                            env, feeds, params, ctx, result.static, "forward, the loss and outputs", options, training)
-            result.outputs = {k: device.to_host(env[v]) for k, v in self.outputs.items()}   # for metrics: host
         else:
             self._evaluate(self.loss_stage, [self.loss], env, feeds, params, ctx, result.static, "forward, the loss",
                            options, training)
+        if outputs or self.loss is None:
+            result.outputs = {k: device.to_host(env[v]) for k, v in self.outputs.items()}   # for metrics: host
         result.states = states
         if self.loss is not None:
             loss = env[self.loss]
@@ -667,6 +683,11 @@ class Model:
             raise ValueError(f"this batch was prepared for other engine options ({graphs.options}); "
                              f"it runs with {options}")
         return graphs
+
+    def _training_title(self, outputs: bool) -> str:
+        pushes = [f"the gradient of push '{s}.{name}'" for (s, name), g in self.push_grad.items() if g in self._early]
+        return (f"forward, the loss{' and outputs' * outputs}; backward, " + ", ".join(pushes)
+                + (" and " if pushes else "") + "the gradients of the parameters on top")
 
     def _evaluate(self, nodes, explicit, env: dict, feeds, params, ctx, static: list, what: str, options,
                   training: bool = True) -> None:

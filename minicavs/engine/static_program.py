@@ -38,6 +38,10 @@ from .passes.fusion import fusible
 from . import program as steps_runner
 from .program import BatchProgram, RunContext, _located, is_fed, leaf_value, record
 
+# ops whose value is their shape's alone (the program is given them, made before it without reading their input)
+LITERALS = {"ones_like": lambda xp, n: xp.ones(n.shape, n.dtype.np),
+            "zeros_like": lambda xp, n: xp.zeros(n.shape, n.dtype.np),
+            "constant": lambda xp, n: OPS["constant"].impl(xp, **n.attrs)}
 ROW_OPS = {"softmax": 0, "softmax_cross_entropy": 1, "xent_grad": 2, "broadcast_like": 3}
 
 
@@ -130,15 +134,18 @@ class Split:
     """A static graph's nodes (those not given: not in ``present``) split into the program's and the step
     runner's before and after it, with why each of the latter is not the program's."""
 
-    def __init__(self, nodes, present: set, wanted: set):
+    def __init__(self, nodes, present: set, explicit: set):
         classes = _Classes(nodes)
         self.program, self.before, self.after, self.left = [], [], [], {}
         where, rows = {}, None
-        needed = _needed(wanted, present)
+        needed = _needed(explicit, present)
         self.leaves = [n for n in nodes if n in needed and is_fed(n)]
         computed = self.order = [n for n in nodes if n in needed and not is_fed(n)]
         flow = next((n for n in computed if holds_tuple(n) or is_loop(n) or is_cond(n)), None)
+        self.literals = [n for n in computed if n.op in LITERALS and None not in n.shape and flow is None]
         for n in computed:
+            if n in self.literals:   # (made before the program from their shape alone: given to it)
+                continue
             why = refusal(n) if flow is None else f"the graph holds control flow ({flow.label()}), which " \
                 "the step runner runs: the graph stays there whole"
             if why is None:
@@ -166,6 +173,23 @@ class Split:
         self.program, self.after = [], []
 
 
+def _handed_out(program: list, wanted: set) -> tuple[list, list]:
+    """(The program's values it hands out, those of ``wanted`` the step runner computes again after it): a
+    transpose (a register's flag, a view) or a value whose row axis is not its first is no matrix of rows to
+    copy out, so it is recomputed from its inputs (a view again), which the program hands out instead."""
+    mine = set(program)
+    outputs, again = [], []
+    for n in program:
+        native = OPS[n.op].native(n) if OPS[n.op].native is not None else None
+        if n in wanted and (native == "transpose" or _rowy(n) and n.shape[0] is not None):
+            again.append(n)
+            wanted = wanted | {x for x in n.inputs if x in mine}
+    for n in program:
+        if n in wanted and n not in again:
+            outputs.append(n)
+    return outputs, again
+
+
 def _needed(wanted: set, present: set) -> set:
     """The nodes that computing ``wanted`` reads, those in ``present`` (and what only they read) aside."""
     needed, stack = set(), [n for n in wanted if n not in present]
@@ -189,12 +213,13 @@ class StaticProgram:
     """One static graph as a program: its split, its lowered template, the inputs it binds and the values it
     hands out; :meth:`run` binds it to a run's values and runs it."""
 
-    def __init__(self, nodes, present: set, wanted: set, device, title: str):
+    def __init__(self, nodes, present: set, explicit: set, wanted: set, device, title: str):
         self.title, self.device = title, device
-        self.split = split = Split(nodes, present, wanted)
+        self.split = split = Split(nodes, present, explicit)
         mine = set(split.program)
         read_after = {x for n in split.after for x in n.inputs}
-        self.outputs = [n for n in split.program if n in wanted or n in read_after]
+        self.outputs, again = _handed_out(split.program, wanted | read_after)
+        split.after[:0] = again
         self.before = [Step.of(n) for n in split.before]
         self.after = [Step.of(n) for n in split.after]
         self.row_source = next((x for n in split.program for x in n.inputs if x not in mine and _rowy(x)
@@ -215,6 +240,8 @@ class StaticProgram:
         for x in self.split.leaves:
             if x not in env:
                 env[x] = leaf_value(x, feeds, params)
+        for n in self.split.literals:
+            env[n] = LITERALS[n.op](xp, n)
         if self.before:
             steps_runner.run_steps(self.before, env, xp, ctx)
         program = self._run_program(env, ctx, options) if self.lowered is not None else None
@@ -398,9 +425,9 @@ class StaticGraphs:
         key = (id(nodes), present, training, title, device)
         found = self.programs.get(key)
         if found is None:
-            wanted = set(explicit) | (self._read_elsewhere(nodes) if training else set())
+            wanted = set(explicit) | (self._read_elsewhere(nodes) if training else set())   # (kept, if computed)
             given = {n for n, there in zip(nodes, present) if there}
-            found = self.programs[key] = (nodes, StaticProgram(nodes, given, wanted, device, title))
+            found = self.programs[key] = (nodes, StaticProgram(nodes, given, set(explicit), wanted, device, title))
         found[1].run(env, feeds, params, ctx, options, static)
 
     def _read_elsewhere(self, nodes) -> set:

@@ -92,7 +92,7 @@ def test_every_runner_gives_the_step_runners_loss_outputs_and_gradients(cuda_sta
     assert not _programs(want)
     for runner, device, who in [("reference", None, "reference runner"), ("device", None, "C runner"),
                                 ("device", Cuda(cuda_standin), "cuda runner")]:
-        got = _run(t, graphs, feeds, runner, device)
+        got = _run(t, graphs, feeds, runner, device, check=True)   # (every instruction's spans checked)
         _equal(got, want, who)
         assert _programs(got) or name in FOREACH, name
         for program in _programs(got):
