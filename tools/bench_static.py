@@ -4,8 +4,9 @@ alternating itself for two trees given as ``--repo A --repo B``).
 
 Points:
   infer   batch-1 inference of the SST Tree-LSTM (hidden 128, ``Model.infer`` one tree at a time): µs per tree
-  train   Tree-LSTM training on SST, batch 64, hidden 128: trees per second
-  seq2seq seq2seq training (synthetic, the bundled config's sizes): sequences per second
+  train   Tree-LSTM forward and backward on SST, batch 64, hidden 128: trees per second
+  train1  the same at batch 1
+  seq2seq seq2seq forward and backward (synthetic, the bundled config's sizes, batch 32): sequences per second
 
     python tools/bench_static.py --repo /path/before --repo /path/after --rounds 5 --point infer
 """
@@ -38,12 +39,12 @@ def _infer(trees: int) -> float:
     return sorted(times[1:])[1]   # (the first pass warms up; the second best of the rest)
 
 
-def _train(trees: int) -> float:
+def _train(trees: int, batch: int = 64) -> float:
     from minicavs.bench import workloads
     from minicavs.engine.compile import EngineOptions
-    t = workloads.tree_lstm(SST, 128, 128, 64, trees, EngineOptions())
+    t = workloads.tree_lstm(SST, 128, 128, batch, trees, EngineOptions())
     data = t.task.data["train"]
-    batches = [t.task.batch(data[i:i + 64]) for i in range(0, len(data), 64)]
+    batches = [t.task.batch(data[i:i + batch]) for i in range(0, len(data), batch)]
     rates = []
     for _ in range(3):
         start = time.process_time_ns()
@@ -69,7 +70,8 @@ def _seq2seq(sequences: int) -> float:
     return statistics.median(rates[1:])
 
 
-POINTS = {"infer": (_infer, 512), "train": (_train, 1024), "seq2seq": (_seq2seq, 512)}
+POINTS = {"infer": (_infer, 512), "train": (_train, 1024), "train1": (lambda n: _train(n, 1), 256),
+          "seq2seq": (_seq2seq, 512)}
 
 
 def _one(point: str) -> None:
