@@ -139,7 +139,8 @@ def _static_lines(reports: list, device_runner: str) -> list[str]:
                  "body are not lowered to instructions)"]
     for r in reports:
         rows = f", rows {', '.join(map(str, r.rows))}" if r.rows else ""
-        lines.append(f"  {r.title}: {r.steps} step{'s' if r.steps != 1 else ''} ({_counts(r.ops)}), fused kernels "
+        lines.append(f"  {r.title}:" if r.program is not None and not r.steps else
+                     f"  {r.title}: {r.steps} step{'s' if r.steps != 1 else ''} ({_counts(r.ops)}), fused kernels "
                      f"{r.fused}{rows}, values {r.nbytes / 1024:.1f} KiB")
         lines += _program_lines(r)
         for loop in r.loops:
