@@ -44,6 +44,7 @@ LAYERS = [
         ["engine/branches"],             # a cond in F lowered as a branch (by instructions' step lowering)
         ["engine/loops"],                # a foreach in F lowered as a loop (its body inlined as a branch's)
         ["engine/instructions", "engine/program", "engine/executor", "engine/alg1", "engine/explain"],
+        ["engine/static_program"],       # a static graph lowered as a program (by instructions' step lowering)
         ["engine/model"]]),
     ("backends", ["cpu", "cuda"], [
         ["cpu"],

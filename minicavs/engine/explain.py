@@ -76,6 +76,8 @@ class StaticReport:
     nbytes: int              # what its values hold (kept for the backward pass)
     loops: list              # LoopReport per control-flow node it ran
     largest: list            # (node label, type, bytes), largest first
+    program: object = None   # its program as the device's runner ran it (static_program.py), or None
+    left: dict = field(default_factory=dict)   # why the step runner ran the rest: reason -> ops
 
 
 @dataclass
@@ -181,24 +183,46 @@ def _counts(ops: dict) -> str:
 
 
 def _static_lines(reports: list, device_runner: str) -> list[str]:
-    """The static graphs: who ran them and why not the device's runner, then per graph its steps, loops and
-    bytes, then the largest values."""
-    runners = ", ".join(dict.fromkeys(r.runner for r in reports))
+    """The static graphs: who ran them and why not the device's runner, then per graph its program, its steps,
+    loops and bytes, then the largest values."""
+    runners = ", ".join(dict.fromkeys(r.runner for r in reports if r.steps))
     fused = sum(r.fused for r in reports)
-    lines = [f"static graphs: run by the {runners}, one step per node"
-             + ("" if fused else ", no fused kernel (the fusion pass groups vertex functions' phases only)")
-             + f"; the {device_runner} runs only vertex functions' programs (a static graph is not lowered to "
-             "instructions; control flow inside a vertex function is: its loops and branches are listed with "
-             "its programs)"]
+    if any(r.program is not None for r in reports):
+        programs = ", ".join(dict.fromkeys(r.program.runner for r in reports if r.program is not None))
+        lines = [f"static graphs: each one program of instructions run by the {programs} (one call, a task of "
+                 f"all its rows), what no runner takes node by node by the {runners or 'step runner'}"]
+    else:
+        lines = [f"static graphs: run by the {runners}, one step per node"
+                 + ("" if fused else ", no fused kernel (the fusion pass groups vertex functions' phases only)")
+                 + f"; the {device_runner} runs only vertex functions' programs (these static graphs were not lowered to "
+                 "instructions; control flow inside a vertex function is: its loops and branches are listed "
+                 "with its programs)"]
     for r in reports:
         rows = f", rows {', '.join(map(str, r.rows))}" if r.rows else ""
-        lines.append(f"  {r.title}: {r.steps} step{'s' if r.steps != 1 else ''} ({_counts(r.ops)}), fused kernels "
+        lines.append(f"  {r.title}:" if r.program is not None and not r.steps else
+                     f"  {r.title}: {r.steps} step{'s' if r.steps != 1 else ''} ({_counts(r.ops)}), fused kernels "
                      f"{r.fused}{rows}, values {r.nbytes / 1024:.1f} KiB")
+        lines += _program_lines(r)
         for loop in r.loops:
             lines += _loop_lines(loop, "    ")
     largest = sorted((v for r in reports for v in r.largest), key=lambda v: -v[2])[:8]
     lines.append("  largest values:")
     lines += [f"    {label:<28} {kind:<40} {nbytes / 1024:10.1f} KiB" for label, kind, nbytes in largest]
+    return lines
+
+
+def _program_lines(r: StaticReport) -> list[str]:
+    """A static graph's program (who ran it, what it holds, whether the device's runner declined it) and why the
+    step runner ran the rest."""
+    lines = []
+    if r.program is not None:
+        p = r.program
+        opcodes = Counter(OPCODES_BY_ID[op] for op in p.lowered.code[:, 0].tolist())
+        lines.append(f"    program: {len(p.lowered.code)} instructions ({_counts(opcodes)}) over {int(p.table[0, 2])} "
+                     f"rows, one call of the {p.runner}"
+                     + (f"; the device's runner declined it: {p.declined}" if p.declined else ""))
+    for why, ops in r.left.items():
+        lines.append(f"    step runner: {', '.join(sorted(ops))}: {why}")
     return lines
 
 
@@ -261,8 +285,11 @@ def static_report(run: StaticRun) -> StaticReport:
         kind = type_str(node)
         sized.append((node.label(), kind if len(kind) <= 40 else f"({len(node.attrs['_types'])} values)", nbytes))
     largest = sorted(sized, key=lambda v: -v[2])[:8]
+    left: dict = {}
+    for node, why in (run.left or {}).items():
+        left.setdefault(why, set()).add(node.op)
     return StaticReport(run.title, run.runner, len(run.steps), dict(ops), sum(s.fused for s in run.steps),
-                        run.rows, sum(run.nbytes), loops, largest)
+                        run.rows, sum(run.nbytes), loops, largest, run.program, left)
 
 
 def explain(model, graphs, feeds=None, params=None, ctx=None, policy=None) -> Explanation:

@@ -41,7 +41,8 @@ from .alg1 import backward, forward
 from .backend import Backend as Device, get_device  # noqa: F401 (model.get_device: the public name)
 from .compile import CompiledFunction, EngineOptions, StaticNodes
 from .passes import alias, gemm, layout
-from .program import RunContext, evaluate, record
+from .program import RunContext
+from .static_program import StaticGraphs
 
 _PUSHED: weakref.WeakSet = weakref.WeakSet()   # every structure's push-buffer nodes
 PLAN_CACHE_SIZE = 4   # plans a model keeps for batches that come again (see Model._plan) ...
@@ -433,6 +434,7 @@ class Model:
                 for p in f.params:
                     self.param_nodes.setdefault(p.name, p)
         self._build_backward()
+        self._static = self._static_graphs(done, final)
         self._workspaces: dict = {}
         self._plans: OrderedDict = OrderedDict()   # see _plan
         self._plans_lock = threading.Lock()        # prepare may run on the prefetch thread
@@ -446,6 +448,15 @@ class Model:
         for s in self.structures:   # compile F and ∂F for the model's options and device now, not in a run
             for fn in s.compiled.values():
                 fn.variant(self.options).phases(self.options, self.device)
+
+    def _static_graphs(self, done: set, final: list) -> StaticGraphs:
+        """The static graphs' programs (static_program.py), over every graph a run evaluates: the pulls' stages,
+        the loss and outputs, training the loss with the gradients on top (one graph), the gradients."""
+        self._training_stages = {with_outputs: StaticNodes(n for n in Graph(ends + self._early).nodes if n not in done)
+                                 for with_outputs, ends in ((True, final), (False, [self.loss]))} if self.bwd else {}
+        return StaticGraphs(self.stages + [self.final_stage, self.loss_stage] + (
+            list(self._training_stages.values()) + list(self._push_grad_nodes.values()) + [self._static_grad_nodes]
+            if self.bwd else []))
 
     def layout(self, options: EngineOptions | None = None) -> list[tuple]:
         """The planned parameter buffers of the merged products under ``options`` (passes/layout.py): each a
@@ -522,6 +533,10 @@ class Model:
                 if n not in dep and any(x in dep for x in n.inputs):
                     dep.add(n)
             self._ct_dependents[s.name] = [n for n in dep if n.op != "input"]
+        # the gradients that read no pull's cotangent (the head's: its pushes' and parameters'), computed with the
+        # loss in one static graph (one program: static_program.py) when training
+        late = set(self.pull_ct.values()).union(*map(set, self._ct_dependents.values()))
+        self._early = [g for g in list(self.push_grad.values()) + sg if g is not None and g not in late]
 
     # --- running ----------------------------------------------------------------------------------------
 
@@ -618,8 +633,8 @@ class Model:
         for s, stage in zip(self.structures, self.stages):
             batch, plan, compiled = plans[s.name]
             try:
-                self._evaluate(stage, env, feeds, params, ctx, result.static,
-                               f"forward, the pulls of structure '{s.name}'")
+                self._evaluate(stage, s.pulls.values(), env, feeds, params, ctx, result.static,
+                               f"forward, the pulls of structure '{s.name}'", options, training)
             except FeedError as e:
                 raise _at_pull_row(e, s, batch) from None
             pull_bufs = _pull_buffers(s, plan, env)
@@ -632,11 +647,18 @@ class Model:
                 if name not in st.pushes:
                     raise FeedError(f"structure '{s.name}': no vertex in the batch pushes '{name}'")
                 env[node] = st.pushes[name]
-        if outputs or self.loss is None:
-            self._evaluate(self.final_stage, env, feeds, params, ctx, result.static, "forward, the loss and outputs")
-            result.outputs = {k: device.to_host(env[v]) for k, v in self.outputs.items()}   # for metrics: host
+        if training and self._early:   # (the loss and the gradients on top of the structures, one graph)
+            self._evaluate(self._training_stages[outputs], [self.loss] + list(self.outputs.values()) * outputs
+                           + self._early, env, feeds, params, ctx, result.static, self._training_title(outputs),
+                           options, training)
+        elif outputs or self.loss is None:
+            self._evaluate(self.final_stage, [self.loss] * (self.loss is not None) + list(self.outputs.values()),
+                           env, feeds, params, ctx, result.static, "forward, the loss and outputs", options, training)
         else:
-            self._evaluate(self.loss_stage, env, feeds, params, ctx, result.static, "forward, the loss")
+            self._evaluate(self.loss_stage, [self.loss], env, feeds, params, ctx, result.static, "forward, the loss",
+                           options, training)
+        if outputs or self.loss is None:
+            result.outputs = {k: device.to_host(env[v]) for k, v in self.outputs.items()}   # for metrics: host
         result.states = states
         if self.loss is not None:
             loss = env[self.loss]
@@ -644,7 +666,7 @@ class Model:
             # the step's finite flags (one device-to-host read a step); everything else reads it now
             result.loss = loss if training and on_device(loss) else float(loss)
         if training:
-            result.grads = self._backward(plans, states, env, feeds, params, ctx, result.static)
+            result.grads = self._backward(plans, states, env, feeds, params, ctx, result.static, options)
         return result
 
     def _prepared(self, graphs, policy, sample_ids, options: EngineOptions) -> Prepared:
@@ -662,14 +684,19 @@ class Model:
                              f"it runs with {options}")
         return graphs
 
-    def _evaluate(self, nodes, env: dict, feeds, params, ctx, static: list, what: str) -> None:
-        """Evaluate a static graph's ``nodes`` into ``env``; what ran goes to ``static`` as a
-        program.StaticRun named ``what`` (explain shows it)."""
-        ran = evaluate(nodes, env, feeds, params, ctx, xp=self.device.xp)
-        if ran:
-            static.append(record(what, ran, env, self.device.xp))
+    def _training_title(self, outputs: bool) -> str:
+        pushes = [f"the gradient of push '{s}.{name}'" for (s, name), g in self.push_grad.items() if g in self._early]
+        return (f"forward, the loss{' and outputs' * outputs}; backward, " + ", ".join(pushes)
+                + (" and " if pushes else "") + "the gradients of the parameters on top")
 
-    def _backward(self, plans, states, env, feeds, params, ctx, static: list) -> dict:
+    def _evaluate(self, nodes, explicit, env: dict, feeds, params, ctx, static: list, what: str, options,
+                  training: bool = True) -> None:
+        """Evaluate a static graph's ``nodes`` into ``env`` (static_program.py: its program on the device's
+        runner, the rest on the step runner), ``explicit`` the values the model reads; what ran goes to
+        ``static`` as a program.StaticRun named ``what`` (explain shows it)."""
+        self._static.run(nodes, explicit, env, feeds, params, ctx, options, static, what, training, self.device)
+
+    def _backward(self, plans, states, env, feeds, params, ctx, static: list, options) -> dict:
         """Every parameter's gradient; ``static`` gets a program.StaticRun per static graph run."""
         xp = self.device.xp
         benv = dict(env)
@@ -687,8 +714,8 @@ class Model:
                 if g is None:
                     push_grads[name] = xp.zeros_like(env[s._pushed[name]])
                 else:
-                    self._evaluate(self._push_grad_nodes[(s.name, name)], benv, feeds, params, ctx, static,
-                                   f"backward, the gradient of push '{s.name}.{name}'")
+                    self._evaluate(self._push_grad_nodes[(s.name, name)], [g], benv, feeds, params, ctx, static,
+                                   f"backward, the gradient of push '{s.name}.{name}'", options)
                     push_grads[name] = benv[g]   # may be row-sparse (a lookup picked root rows): alg1.backward
             for name in {n for f in s.functions.values() for n in f.pushes} - set(push_grads):
                 push_grads[name] = xp.zeros_like(states[s.name].pushes[name])  # consumed by nothing
@@ -702,8 +729,8 @@ class Model:
                 benv.pop(node, None)
         sg = self.static_param_grad
         if sg:
-            self._evaluate(self._static_grad_nodes, benv, feeds, params, ctx, static,
-                           "backward, the parameters' gradients")
+            self._evaluate(self._static_grad_nodes, sg.values(), benv, feeds, params, ctx, static,
+                           "backward, the parameters' gradients", options)
             for name, g in sg.items():
                 grads[name] = add_all(xp, [grads[name], benv[g]]) if name in grads else benv[g]
         return grads

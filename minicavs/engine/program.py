@@ -220,6 +220,8 @@ class StaticRun:
     nbytes: list
     rows: tuple
     trips: dict
+    program: Any = None   # the static graph's program (static_program.py) as the device's runner ran it
+    left: dict = None     # node -> why the step runner ran it, not the program
 
 
 def record(title: str, steps: list, env: dict, xp) -> StaticRun:

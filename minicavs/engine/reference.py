@@ -631,6 +631,36 @@ def op_apply(m: Machine, step, pool, keys) -> None:
         m.matrix(r, rows, cols)[...] = m.xp.broadcast_to(v, m.value(r, y).shape).reshape(rows, cols)
 
 
+def op_rowop(m: Machine, fn, dst, src, g, labels, cols) -> None:
+    """Per task row over its ``cols`` numbers: fn 0 softmax, 1 the cross-entropy of the row's label (one number),
+    2 its gradient x g's row, 3 src's one row (a broadcast); a label outside 0..cols - 1 fails (as in C)."""
+    if fn == 3:
+        m.matrix(dst, m.bs, cols)[...] = m.matrix(src, 1, cols)
+        return
+    if fn not in (0, 1, 2):
+        m.fail(f"operand fn: {fn} is no row function")
+    xp, x = m.xp, m.matrix(src, m.bs, cols)
+    lse = None
+    if x.size:
+        top = x.max(axis=1, keepdims=True)
+        lse = top + xp.log(xp.exp(x - top).sum(axis=1, keepdims=True))
+    if fn == 0:
+        m.matrix(dst, m.bs, cols)[...] = xp.exp(x - lse) if x.size else x
+        return
+    picked = m.index(labels, host=True)
+    if picked.size and (picked.min() < 0 or picked.max() >= cols):
+        m.fail(f"operand labels: a label out of range ({picked.min()}..{picked.max()} of {cols} classes)")
+    rows = xp.arange(m.bs)
+    idx = m.index(labels)
+    if fn == 1:
+        m.matrix(dst, m.bs, 1)[...] = (lse[:, 0] - x[rows, idx])[:, None] if x.size else 0
+        return
+    scale = m.matrix(g, m.bs, 1)
+    out = xp.exp(x - lse) * scale if x.size else x.copy()
+    out[rows, idx] -= scale[:, 0]
+    m.matrix(dst, m.bs, cols)[...] = out
+
+
 OPERATIONS = {
     "NOP": op_nop, "BIND": op_bind, "STATIC": op_static, "SCRATCH": op_scratch, "GATHER": op_gather,
     "CATVIEW": op_catview, "SKIP_IF_CAT": op_skip_if_cat, "BRANCH": op_branch, "JUMP": op_jump,
@@ -638,7 +668,7 @@ OPERATIONS = {
     "STEPS": op_steps, "LOOPR": op_loopr, "TAKE": op_take, "TAKETO": op_taketo, "SROWS": op_srows, "SPUT": op_sput, "COLS": op_cols, "ALIAS": op_alias,
     "TRANSPOSE": op_transpose, "GEMM": op_gemm, "FUSED": op_fused, "COPY": op_copy, "ZERO": op_zero, "ADD": op_add,
     "SUMROWS": op_sumrows, "PUT": op_put, "ADJ": op_adj, "GACC": op_gacc, "DROPOUT": op_dropout, "BMM": op_bmm,
-    "TRANSROWS": op_transrows, "APPLY": op_apply,
+    "TRANSROWS": op_transrows, "APPLY": op_apply, "ROWOP": op_rowop,
 }
 BY_ID = [OPERATIONS[name] for name in OPCODES]
 ARITY = [len(operands) for operands in OPCODES.values()]

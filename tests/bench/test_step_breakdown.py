@@ -46,12 +46,15 @@ def test_the_wrappers_are_gone_afterwards(measured):
 
 def test_products_counted_off_the_programs_are_the_equations(measured):
     """Forward per leaf x·W (E x 3H), per internal vertex [h1; h2]·U (2H x 3H) and h_k·U_fk (H x H, twice);
-    backward twice that (the inputs' and the weights' gradients); the classifier runs outside the C runner."""
+    backward twice that (the inputs' and the weights' gradients); the classifier at every vertex (H x 5 classes)
+    runs in the C runner too (the static graph on top, a program), forward and its two gradients."""
     _, samples, r = measured
+    vertices = sum(len(s.children) for s in samples)
     leaves = sum(sum(1 for ch in s.children if not ch) for s in samples)
-    internal = sum(len(s.children) for s in samples) - leaves
+    internal = vertices - leaves
     forward = 2 * (leaves * E * 3 * H + internal * (2 * H * 3 * H + 2 * H * H))
-    assert sum(2 * m * n * k * c for (m, n, k, _, _), c in r["gemms"].items()) == 3 * forward
+    classifier = 2 * vertices * H * 5
+    assert sum(2 * m * n * k * c for (m, n, k, _, _), c in r["gemms"].items()) == 3 * forward + 3 * classifier
 
 
 def test_product_rates_time_each_shape_with_numpy():

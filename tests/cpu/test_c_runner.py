@@ -120,7 +120,8 @@ def test_every_change_between_passes_gives_the_reference_numbers(dtype, tmp_path
         change()
         python, native = _both(t, samples)
         _same(python, native, dtype)
-    assert len({id(p) for p, _ in checked_runs}) == 2   # (F's and ∂F's programs, each run again and again)
+    # (F's and ∂F's programs, each run again and again; the static graphs' programs are checked alike)
+    assert len({id(p) for p, _ in checked_runs if p.title in ("F", "∂F")}) == 2
     assert 0 < checked_runs[-1][1] < sum(len(p.keys) for p, _ in checked_runs)   # (some kept, many looked up)
 
 

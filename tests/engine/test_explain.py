@@ -136,14 +136,19 @@ def test_a_structure_with_static_graphs_on_top_shows_both(spies, tmp_path):
     assert [p.runner for p in structure.programs] == [p.runner for p in spies["programs"]] == ["C runner"] * 2
     f_statics = {n for s in t.model.structures for fn in s.compiled.values() for n in fn.static_fwd + fn.static_bwd}
     static_steps = [s for s in spies["steps"] if s.outputs[0] not in f_statics]
-    assert sum(r.steps for r in report.static) == len(static_steps) > 0
+    assert sum(r.steps for r in report.static) == len(static_steps)
     ops = sum((Counter(r.ops) for r in report.static), Counter())
     assert ops == Counter(s.outputs[0].op for s in static_steps)
     on_top = {n.op for n in Graph([t.model.loss]).nodes} - {"input", "param"}
-    assert on_top <= set(ops) and "softmax_cross_entropy" in on_top
+    # the graph on top of the structure runs as programs of the C runner (static_program.py), not step by step
+    programs = [r.program for r in report.static if r.program is not None]
+    assert programs and all(p.runner == "C runner" and p.declined is None for p in programs)
+    lowered = {n.op for p in programs for n in p.lowered.templates[0].regs}
+    assert on_top <= lowered and not on_top & set(ops) and "softmax_cross_entropy" in on_top
     pushes = sum(g.num_vertices for g in graphs)   # every vertex of a chain pushes its h
-    assert any(r.rows == (pushes,) for r in report.static)   # the loss's rows: one per pushing vertex
+    assert any(int(p.table[0, 2]) == pushes for p in programs)   # the loss's rows: one per pushing vertex
     assert "backward, the gradient of push 'chain.h'" in str(report)
+    assert str(report).count("one call of the C runner") >= len(programs)
     assert str(report).index("structure 'chain'") < str(report).index("static graphs:")
 
 

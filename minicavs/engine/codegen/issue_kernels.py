@@ -6,7 +6,7 @@ from __future__ import annotations
 from .cuda import LOOP, ROW_KERNELS
 
 # the kernels the loop launches, in the order of its ``rk`` handle array (names end in _float / _double)
-ISSUE_KERNEL_NAMES = ("zero2d", "sumrows", "transrows", "dropout_rows", "moves")
+ISSUE_KERNEL_NAMES = ("zero2d", "sumrows", "transrows", "dropout_rows", "moves", "rowop")
 MOVES = 8   # copies and adds one ``moves`` launch makes at most
 
 ISSUE_KERNELS = """
@@ -65,6 +65,27 @@ extern "C" __global__ void transrows_{T}(long rows, long m, long n_, const {T} *
     {LOOP} {{
         const long r = i / (m * n_), e = i - r * (m * n_), a = e / n_, b = e - a * n_;
         dst[r * ldd + b * m + a] = src[r * lds + a * n_ + b];
+    }}
+}}
+/* per row i over its cols numbers (the ROWOP opcode): fn 0 softmax, 1 the cross-entropy of label lab[i] (one
+   number), 2 its gradient x g[i], 3 src's one row copied */
+extern "C" __global__ void rowop_{T}(long fn, long rows, long cols, const {T} *__restrict__ src, long lds,
+                                     const {T} *__restrict__ g, long ldg, const long *__restrict__ lab,
+                                     {T} *__restrict__ dst, long ldd)
+{{
+    const long n = rows;
+    {LOOP} {{
+        const {T} *s = src + i * lds;
+        {T} *d = dst + i * ldd;
+        if (fn == 3) {{ for (long j = 0; j < cols; j++) d[j] = s[j]; continue; }}
+        {T} mx = cols ? s[0] : ({T})0, sum = 0;
+        for (long j = 1; j < cols; j++) mx = s[j] > mx ? s[j] : mx;
+        for (long j = 0; j < cols; j++) sum += exp(s[j] - mx);
+        const {T} lse = mx + log(sum);
+        if (fn == 1) {{ d[0] = lse - s[lab[i]]; continue; }}
+        const {T} scale = fn == 2 ? g[i * ldg] : ({T})1;
+        for (long j = 0; j < cols; j++) d[j] = exp(s[j] - lse) * scale;
+        if (fn == 2) d[lab[i]] -= scale;
     }}
 }}
 """

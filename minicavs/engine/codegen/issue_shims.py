@@ -37,7 +37,7 @@ typedef union { int64_t i; uint64_t u; double d; float f; const void *p; } arg_t
 typedef int (*gemm_fn)(void *ctx, void *stream, int ta, int tb, int64_t m, int64_t n, int64_t k, const void *A,
                        int64_t lda, int64_t sa, const void *B, int64_t ldb, int64_t sb, void *C, int64_t ldc,
                        int64_t sc, int64_t batch, int beta);
-enum { K_zero2d, K_sumrows, K_transrows, K_dropout_rows, K_moves, NRK };
+enum { K_zero2d, K_sumrows, K_transrows, K_dropout_rows, K_moves, K_rowop, NRK };
 
 /* the device stand-in's launch: the handle is an emulation wrapper call_<kernel>(grid, block, params) */
 int mc_standin_launch(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,

@@ -107,6 +107,11 @@ OPCODE_TABLE = {
     # keys buffer (-1: none) of an op that reads the run context. Only a runner that can call Python runs it
     # (the reference runner); the C loops decline a program that has one.
     "APPLY": (("step", "int"), ("pool", "int"), ("keys", "later")),
+    # per task row r, over its cols numbers (a static graph's row functions, engine/static_program.py): fn 0
+    # dst[r] = softmax(src[r]); 1 dst[r] (one number) = logsumexp(src[r]) - src[r][labels[task_row + r]]; 2
+    # dst[r] = (softmax(src[r]) - onehot(labels[task_row + r])) * g[r] (g: one number a row); 3 dst[r] = src's
+    # one row (a broadcast). A label outside 0..cols - 1 fails the instruction (operand labels)
+    "ROWOP": (("fn", "int"), ("dst", "in"), ("src", "in"), ("g", "later"), ("labels", "later"), ("cols", "int")),
 }
 OPERAND_KINDS = ("reg", "in", "buf", "later", "dim", "int")
 # name -> operand names (a0, a1, ...): the dump in lowered.py and the reference runner's functions' parameters
@@ -215,6 +220,10 @@ SPANS = {
     "TRANSROWS": (Span("nonneg", "rows"), Span("nonneg", "cols", report="rows"),
                   Span("rows", "dst", ("bs", "rows * cols")), Span("rows", "src", ("bs", "rows * cols"))),
     "APPLY": (),
+    "ROWOP": (Span("nonneg", "cols"), Span("rows", "dst", ("bs", "1"), "fn == 1"),
+              Span("rows", "dst", ("bs", "cols"), "fn != 1"), Span("rows", "src", ("1", "cols"), "fn == 3"),
+              Span("rows", "src", ("bs", "cols"), "fn != 3"), Span("rows", "g", ("bs", "1"), "fn == 2"),
+              Span("keys", "labels", (), "fn == 1 or fn == 2")),
 }
 
 

@@ -1,0 +1,437 @@
+"""Static graphs (the pulls' stages, the classifier head and loss on top of a structure, the backward's push and
+parameter gradients) as instruction programs, run by the device's runner as F is.
+
+A static graph is a vertex function with one task and no messages: its rows are the batch's rows (samples, or a
+structure's pushed rows), its operands feeds, parameters and the structures' values. So its steps, fused as F's
+(compile.lower), are lowered by F's own step lowering (instructions.py) into one template, run once per pass as
+one task of all the rows (kind 0, offset 0, rows the run's row count): a :class:`~.lowered.Lowered` bound per
+run (program.BatchProgram.of, the one binder) and run by the C runner, the CUDA issuing loop or the reference
+runner. The row functions no other opcode computes (softmax, the cross-entropy and its gradient, a row
+broadcast) are ROWOP; a lookup of rows is TAKE (its gradient stays row-sparse: the step runner's, its few rows
+read where they are).
+
+What no runner takes stays on the step runner (program.run_steps), before the program (what the program reads)
+or after it (what reads the program's values), each node with why (:attr:`Split.left`): an integer
+value, control flow, a row-sparse gradient (the optimizer updates a table's looked-up rows), an op with no
+instruction, rows of another count than the program's.
+
+Memory: the program's values live in the run's scratch and fixed arenas, sized per run by the binder from the
+row count (operands.scratch_elements: the template's scratch columns x the rows), kept by the program from run
+to run and grown when a larger batch comes; what leaves the program (the values later graphs and the model
+read) is copied into arrays made per run.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..core.errors import FeedError
+from ..core.validate import check_labels, indices
+from ..ir.graph import Node
+from ..ops.flow import is_cond, is_loop
+from ..ops.nn import is_row_sparse
+from ..ops.registry import OPS, holds_tuple
+from . import instructions, reference
+from .compile import TASK, Step, lower
+from .codegen.machine import OPS as OPCODE
+from .lowered import NONE, TASK_COLUMNS, Lowered, Template, _cols, _rows
+from .passes.fusion import fusible
+from . import program as steps_runner
+from .program import BatchProgram, RunContext, _located, is_fed, leaf_value, record
+
+# ops whose value is their shape's alone (the program is given them, made before it without reading their input)
+LITERALS = {"ones_like": lambda xp, n: xp.ones(n.shape, n.dtype.np),
+            "zeros_like": lambda xp, n: xp.zeros(n.shape, n.dtype.np),
+            "constant": lambda xp, n: OPS["constant"].impl(xp, **n.attrs)}
+ROW_OPS = {"softmax": 0, "softmax_cross_entropy": 1, "xent_grad": 2, "broadcast_like": 3}
+
+
+def _rowy(n: Node) -> bool:
+    """Has ``n`` the run's row axis somewhere (a per-row value, or its transpose)?"""
+    return None in n.shape
+
+
+class _Classes:
+    """Which values have the same row count: union-find over the graph's nodes with a row axis (a lookup's
+    rows are its indices', not its table's; a lookup gradient's its table's)."""
+
+    def __init__(self, nodes):
+        self.parent: dict = {}
+        for n in nodes:
+            for group in _same_rows(n):
+                rowy = [x for x in group if _rowy(x)]
+                for x in rowy[1:]:
+                    self.union(rowy[0], x)
+
+    def find(self, n: Node) -> Node:
+        root = n
+        while self.parent.get(root, root) is not root:
+            root = self.parent[root]
+        return root
+
+    def union(self, a: Node, b: Node) -> None:
+        ra, rb = self.find(a), self.find(b)
+        if ra is not rb:
+            self.parent[ra] = rb
+
+
+def _same_rows(n: Node) -> list:
+    """Groups of ``n`` and its inputs whose row counts are one."""
+    if n.op == "lookup":
+        return [(n, n.inputs[1])]
+    if n.op == "lookup_grad":
+        return [(n, n.inputs[2]), (n.inputs[0], n.inputs[1])]
+    return [(n,) + tuple(n.inputs)]
+
+
+def _register_inputs(n: Node) -> tuple:
+    """The inputs of ``n`` that the program reads as registers (a lookup's table and indices, the labels:
+    buffers)."""
+    if n.op == "lookup":
+        return ()
+    if n.op in ("softmax_cross_entropy", "xent_grad"):
+        return tuple(n.inputs[:-1])
+    return tuple(n.inputs)
+
+
+def refusal(n: Node) -> str | None:
+    """Why no instruction computes ``n`` in a static program (None: one does)."""
+    if not n.dtype.is_float:
+        return f"an {n.dtype.name} value"
+    if holds_tuple(n) or is_loop(n) or is_cond(n):
+        return "control flow of a static graph (the step runner runs its bodies)"
+    if OPS[n.op].needs_ctx:
+        return "reads the run context (row keys)"
+    if is_row_sparse(n):   # (a table's: the optimizer updates its rows; a push's: its rows read where they are)
+        return "a row-sparse gradient (its looked-up rows alone, read where they are)"
+    special = _row_function(n)
+    if special is not None:
+        return None if special else f"{n.op} of this shape (the static program takes one row axis)"
+    if fusible(n) or OPS[n.op].identity or (OPS[n.op].native is not None and OPS[n.op].native(n) is not None):
+        return None
+    return f"op '{n.op}' has no instruction"
+
+
+def _row_function(n: Node) -> bool | None:
+    """For the ops this module lowers itself: can it (None: not one of them)?"""
+    x = n.inputs[0] if n.inputs else None
+    if n.op == "softmax":
+        return x.ndim == 2 and x.has_rows and n.attrs.get("axis") in (-1, 1)
+    if n.op == "softmax_cross_entropy":
+        return len(n.inputs) == 2 and x.ndim == 2 and x.has_rows
+    if n.op == "xent_grad":
+        return n.inputs[1].ndim == 2 and n.inputs[1].has_rows and x.ndim == 1
+    if n.op == "broadcast_like":
+        target = n.inputs[1]
+        return tuple(n.attrs["axes"]) == (0,) and not n.attrs["keepdims"] and target.has_rows and target.ndim <= 2
+    if n.op == "sum":
+        return tuple(n.attrs["axes"]) == (0,) and not n.attrs["keepdims"] and x.has_rows and x.ndim == 1 or None
+    if n.op == "lookup":
+        return x.ndim == 2 and n.inputs[1].ndim == 1 and n.inputs[1].has_rows
+    return None
+
+
+class Split:
+    """A static graph's nodes (those not given: not in ``present``) split into the program's and the step
+    runner's before and after it, with why each of the latter is not the program's."""
+
+    def __init__(self, nodes, present: set, explicit: set):
+        classes = _Classes(nodes)
+        self.program, self.before, self.after, self.left = [], [], [], {}
+        where, rows = {}, None
+        needed = _needed(explicit, present)
+        self.leaves = [n for n in nodes if n in needed and is_fed(n)]
+        computed = self.order = [n for n in nodes if n in needed and not is_fed(n)]
+        flow = next((n for n in computed if holds_tuple(n) or is_loop(n) or is_cond(n)), None)
+        self.literals = [n for n in computed if n.op in LITERALS and None not in n.shape and flow is None]
+        for n in computed:
+            if n in self.literals:   # (made before the program from their shape alone: given to it)
+                continue
+            why = refusal(n) if flow is None else f"the graph holds control flow ({flow.label()}), which " \
+                "the step runner runs: the graph stays there whole"
+            if why is None:
+                rowy = [classes.find(x) for x in _register_inputs(n) + (n,) if _rowy(x)]
+                if rowy and rows is None:
+                    rows = rowy[0]
+                if any(r is not rows for r in rowy):
+                    why = "rows of another count than the program's"
+            deps = {where.get(x) for x in n.inputs}
+            if why is None and "after" not in deps:
+                where[n] = "program"
+                self.program.append(n)
+            else:
+                where[n] = "before" if not deps & {"program", "after"} else "after"
+                (self.before if where[n] == "before" else self.after).append(n)
+                self.left[n] = why or "reads a value the step runner computes after the program"
+        self.row_class, self.classes = rows, classes
+
+    def give_back(self, why: str) -> None:
+        """Every node of the program to the step runner (before: the program read only what was given), with
+        ``why``."""
+        self.left.update(dict.fromkeys(self.program, why))
+        self.before = [n for n in self.program + self.before + self.after]
+        self.before.sort(key=self.order.index)
+        self.program, self.after = [], []
+
+
+def _handed_out(program: list, wanted: set) -> tuple[list, list]:
+    """(The program's values it hands out, those of ``wanted`` the step runner computes again after it): a
+    transpose (a register's flag, a view) or a value whose row axis is not its first is no matrix of rows to
+    copy out, so it is recomputed from its inputs (a view again), which the program hands out instead."""
+    mine = set(program)
+    outputs, again = [], []
+    for n in program:
+        native = OPS[n.op].native(n) if OPS[n.op].native is not None else None
+        if n in wanted and (native == "transpose" or _rowy(n) and n.shape[0] is not None):
+            again.append(n)
+            wanted = wanted | {x for x in n.inputs if x in mine}
+    for n in program:
+        if n in wanted and n not in again:
+            outputs.append(n)
+    return outputs, again
+
+
+def _needed(wanted: set, present: set) -> set:
+    """The nodes that computing ``wanted`` reads, those in ``present`` (and what only they read) aside."""
+    needed, stack = set(), [n for n in wanted if n not in present]
+    while stack:
+        n = stack.pop()
+        if n not in needed and n not in present:
+            needed.add(n)
+            stack.extend(n.inputs)
+    return needed
+
+
+# the opcodes that compute (a program of none only moves rows)
+COMPUTING = ("GEMM", "FUSED", "ROWOP", "SUMROWS", "BMM", "DROPOUT", "TRANSROWS", "APPLY", "ADD")
+
+
+def _computes(lowered: Lowered) -> bool:
+    return bool(np.isin(lowered.code[:, 0], [OPCODE[op] for op in COMPUTING]).any())
+
+
+class StaticProgram:
+    """One static graph as a program: its split, its lowered template, the inputs it binds and the values it
+    hands out; :meth:`run` binds it to a run's values and runs it."""
+
+    def __init__(self, nodes, present: set, explicit: set, wanted: set, device, title: str):
+        self.title, self.device = title, device
+        self.split = split = Split(nodes, present, explicit)
+        mine = set(split.program)
+        read_after = {x for n in split.after for x in n.inputs}
+        self.outputs, again = _handed_out(split.program, wanted | read_after)
+        split.after[:0] = again
+        self.before = [Step.of(n) for n in split.before]
+        self.after = [Step.of(n) for n in split.after]
+        self.row_source = next((x for n in split.program for x in n.inputs if x not in mine and _rowy(x)
+                                and split.classes.find(x) is split.row_class), None)
+        self.lowered = _lower(split.program, self.outputs, mine, device) if split.program else None
+        if self.lowered is not None and not _computes(self.lowered):   # (e.g. a pull's lookup of embeddings)
+            split.give_back("only moves rows: a gather the step runner makes in one call, for less than binding "
+                            "a program costs")
+            self.before, self.after, self.outputs, self.lowered = [Step.of(n) for n in split.before], [], [], None
+        self.tables: dict = {}   # rows -> the one-row task table
+        self.row_axis = {x: x.shape.index(None) for n in split.program for x in n.inputs if _rowy(x)}
+        self.arenas: dict = {}
+
+    def run(self, env: dict, feeds, params, ctx: RunContext, options, static: list) -> None:
+        """Compute the graph into ``env``: its leaves, the step runner's part before, the program, the part after;
+        ``static`` gets what ran (a program.StaticRun)."""
+        xp = self.device.xp
+        for x in self.split.leaves:
+            if x not in env:
+                env[x] = leaf_value(x, feeds, params)
+        for n in self.split.literals:
+            env[n] = LITERALS[n.op](xp, n)
+        if self.before:
+            steps_runner.run_steps(self.before, env, xp, ctx)
+        program = self._run_program(env, ctx, options) if self.lowered is not None else None
+        if self.after:
+            steps_runner.run_steps(self.after, env, xp, ctx)
+        if program is not None or self.before or self.after:
+            ran = record(self.title, self.before + self.after, env, xp)
+            ran.program, ran.left = program, self.split.left
+            static.append(ran)
+
+    def _run_program(self, env: dict, ctx, options) -> BatchProgram:
+        """Bind the program to this run's values and run it on the device's runner (the reference runner when
+        asked for or where the device's runner declines it); its outputs go to ``env``."""
+        rows = 1 if self.row_source is None else int(env[self.row_source].shape[0])
+        table = self.tables.get(rows)
+        if table is None:
+            if len(self.tables) > 64:
+                self.tables.clear()
+            table = self.tables[rows] = np.full((1, self.lowered.table_width), -1, np.int64)
+            table[0, :4] = (0, 0, rows, -1)
+        values = _Values(self, env, rows, ctx)
+        dtype = self.split.program[0].dtype.np
+        device = self.device
+        program = BatchProgram.of(self.lowered, table, values, dtype, device, check=options.check, title=self.title)
+        program.tf32 = options.tf32 and device.tf32_products
+        why = None if options.runner == "reference" else device.runner_declines(program)
+        if options.runner != "reference" and why is None:
+            program.runner = device.runner_name
+            device.run(program)
+        else:
+            program.runner, program.declined = "reference runner", why
+            reference.run(program, device)
+        for node, value in values.made.items():
+            env[node] = value
+        return program
+
+
+class _Values:
+    """The buffers a static program names, by key, for one run (what the binder asks, operands.bind_operands):
+    its inputs' values, index and label arrays checked on the host, the arrays it hands out, its arenas."""
+
+    def __init__(self, owner: StaticProgram, env: dict, rows: int, ctx):
+        self.owner, self.env, self.rows, self.ctx = owner, env, rows, ctx
+        self.xp, self.dtype = owner.device.xp, owner.split.program[0].dtype.np
+        self.made: dict = {}
+
+    def __getitem__(self, key: tuple):
+        what = key[0]
+        if what == "static":
+            node = key[1]
+            value = self.env[node]
+            axis = self.owner.row_axis.get(node)
+            if axis is not None and value.shape[axis] != self.rows:
+                raise FeedError(f"{node.label()} has {value.shape[axis]} rows where the static graph's other "
+                                f"values have {self.rows} ({self.owner.row_source.label()})")
+            return value.reshape(-1, 1) if axis == 0 and node.ndim == 1 else value   # (one number a row)
+        rest = key[1:]
+        if what == "value":
+            return self.xp.ascontiguousarray(self.env[rest[0]])
+        if what == "feedrows":
+            return self._checked(*rest)
+        if what == "out":
+            return self._made(rest[0])
+        if what == "arena":
+            return self._arena(*rest)
+        raise KeyError(key)
+
+    def _checked(self, node: Node, reader: Node) -> np.ndarray:
+        """An index or label array (read on the host), its values checked against what ``reader`` reads."""
+        values = self.env[node]
+        host = values if isinstance(values, np.ndarray) else np.asarray(self.owner.device.to_host(values))
+        try:
+            if reader.op == "lookup":
+                table = self.env[reader.inputs[0]]
+                if host.shape != (self.rows,):
+                    raise FeedError(f"{reader.op}: indices of shape {host.shape} where the static graph's rows are "
+                                    f"{self.rows} ({self.owner.row_source.label()})")
+                return indices(host, f"{reader.op}: row", size=int(table.shape[0]), at="row",
+                               of=f" ({int(table.shape[0])} rows)")
+            logits = _Shaped((self.rows, _cols(reader.inputs[-2])))   # (what check_labels reads of the logits)
+            return np.ascontiguousarray(check_labels(logits, host, reader.op), np.int64)
+        except FeedError as e:
+            raise _located(e, reader) from None
+
+    def _made(self, node: Node):
+        """An array the program hands out: ``node``'s value (the row axis: this run's rows)."""
+        value = self.made[node] = self.xp.empty(tuple(self.rows if d is None else d for d in node.shape),
+                                                node.dtype.np)
+        return value
+
+    def _arena(self, which: str, elements: int):
+        """The program's scratch or fixed arena (kept from run to run, grown to this run's size)."""
+        arenas = self.owner.arenas
+        found = arenas.get(which)
+        if found is None or found.size < max(elements, 1):
+            found = arenas[which] = self.xp.empty(max(elements, 1, 2 * (0 if found is None else found.size)),
+                                                  self.owner.split.program[0].dtype.np)
+        return found, elements
+
+
+class _Shaped:
+    """A value's shape alone (what a check reads of it)."""
+
+    def __init__(self, shape: tuple):
+        self.shape, self.ndim = shape, len(shape)
+
+
+def _lower(nodes: list, outputs: list, mine: set, device) -> Lowered:
+    """The program's one template: its steps fused as F's, lowered by F's step lowering and ROWOP, TAKE and ADJ,
+    its outputs copied out; linked as a program of one kind."""
+    steps = lower([[Step.of(n) for n in nodes]], set(outputs), device.fused)[0][0]
+    t = Template("static graph", TASK)
+    statics = {x for n in nodes for x in _register_inputs(n) if x not in mine}
+    singles: dict = {}
+    for step in steps:
+        node = None if step.fused else step.outputs[0]
+        if node is not None and (node.op in ROW_OPS or node.op == "lookup"
+                                 or (node.op == "sum" and _row_function(node))):
+            _own_step(t, step, statics)
+        else:
+            instructions._step(t, step, statics, device, singles)
+    for node in outputs:
+        out = t.reg(name=f"out {node.name or node.id}")
+        t.emit("BIND", out, t.buf(("out", node)), NONE, 0, _cols(node))
+        t.emit("COPY", out, t.regs[node], _rows(node), _cols(node))
+    return _link(t)
+
+
+def _static(t: Template, x: Node, statics: set) -> int:
+    """The register of input ``x`` (a value the program is given: STATIC binds it the first time)."""
+    if x not in t.regs:
+        if x not in statics:
+            raise instructions.Unsupported(f"{x.label()} is read before anything binds it")
+        t.emit("STATIC", t.reg(x), t.buf(("static", x)))
+    return t.regs[x]
+
+
+def _own_step(t: Template, step, statics: set) -> None:
+    """The instructions of a row function (ROWOP), a sum of a column (SUMROWS) or a lookup (TAKE)."""
+    node = step.outputs[0]
+    ins = node.inputs
+    if node.op == "sum":
+        instructions._lowering(t, Step(step.run, step.inputs, step.outputs), "sum_rows") \
+            if _static(t, ins[0], statics) is not None else None
+    elif node.op == "lookup":
+        t.take(node, ("value", ins[0]), _cols(ins[0]), ("feedrows", ins[1], node))
+    else:
+        fn = ROW_OPS[node.op]
+        src = _static(t, ins[1] if fn == 2 else ins[0], statics)
+        g = _static(t, ins[0], statics) if fn == 2 else -1
+        labels = t.buf(("feedrows", ins[-1], node)) if fn in (1, 2) else -1
+        out = t.scratch_reg(node)
+        t.emit("ROWOP", fn, out, src, g, labels, _cols(ins[1] if fn == 2 else node if fn == 3 else ins[0]))
+
+
+def _link(t: Template) -> Lowered:
+    """Template ``t`` as a program of one kind (its task template; no blocks)."""
+    joined = instructions._Joined(1)
+    t.tid = t.kind_id = 0
+    joined.append(0, t)
+    return Lowered("static graph", [0], [t], np.array(joined.code, np.int64).reshape(-1, instructions.WIDTH),
+                   np.array(joined.pool or [0], np.int64), joined.ranges, list(joined.keys) + [("scratch",)],
+                   np.array([getattr(k, "address", 0) for k in joined.kernels] or [0], np.int64),
+                   max(len(t.reg_names), 1), t.scratch, t.fixed, task_keys=len(joined.keys),
+                   table_width=TASK_COLUMNS + 2, fused=list(joined.kernels), steps=joined.steps)
+
+
+class StaticGraphs:
+    """A model's static graphs as programs: one :class:`StaticProgram` per graph, values given (those already
+    computed when it runs) and training or not, made on first use."""
+
+    def __init__(self, graphs: list):
+        self.graphs = graphs   # every static graph's nodes, in order
+        self.programs: dict = {}
+
+    def run(self, nodes, explicit, env: dict, feeds, params, ctx, options, static: list, title: str,
+            training: bool, device) -> None:
+        """Compute ``nodes`` into ``env`` on ``device`` (``explicit``: what the model reads of them; training,
+        also what the other graphs read), as :meth:`StaticProgram.run`."""
+        present = tuple([n in env for n in nodes])
+        key = (id(nodes), present, training, title, device)
+        found = self.programs.get(key)
+        if found is None:
+            wanted = set(explicit) | (self._read_elsewhere(nodes) if training else set())   # (kept, if computed)
+            given = {n for n, there in zip(nodes, present) if there}
+            found = self.programs[key] = (nodes, StaticProgram(nodes, given, set(explicit), wanted, device, title))
+        found[1].run(env, feeds, params, ctx, options, static)
+
+    def _read_elsewhere(self, nodes) -> set:
+        """The nodes of ``nodes`` that the model's other static graphs read."""
+        mine = set(nodes)
+        return {x for other in self.graphs if other is not nodes for n in other if n not in mine
+                for x in n.inputs if x in mine}
