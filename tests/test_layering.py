@@ -37,8 +37,9 @@ LAYERS = [
     ("engine", ["engine"], [
         ["engine/passes"],               # classification, fusion grouping, aliasing, GEMM merging, layout
         ["engine/codegen"],              # strings only: C and CUDA sources
-        ["engine/backend", "engine/reference", "engine/planner", "engine/operands"],   # the seam; the reference
-        # runner beside it; the binder of a pass's buffers into the seam's Operands
+        ["engine/backend", "engine/reference", "engine/reference_flow", "engine/planner", "engine/operands"],
+        # the seam; the reference runner beside it (its control-flow opcodes apart); the binder of a pass's
+        # buffers into the seam's Operands
         ["engine/compile"],
         ["engine/lowered"],              # templates and the linked program: the data the runners read
         ["engine/branches"],             # a cond in F lowered as a branch (by instructions' step lowering)

@@ -272,8 +272,8 @@ def test_read_only_parameters_keep_their_transposed_copies_across_batches(dtype,
         return t.model.infer(graphs, feeds, t.params, t.context(training=False), options=options).outputs
 
     writable = infer(EngineOptions(runner="device", check=True))
-    assert not made   # (six trees: too few rows for copies per batch)
     U = t.params["U"].value
+    assert U.shape not in made   # (six trees: too few rows in F's tasks for copies per batch)
     t.params.read_only()
     assert not U.flags.writeable and (U.base is None or not U.base.flags.writeable)   # (a planned buffer too)
     with pytest.raises(ValueError, match="read-only"):
