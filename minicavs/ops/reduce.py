@@ -51,23 +51,18 @@ def _over_rows(n) -> bool:
     return tuple(n.attrs["axes"]) == (0,) and (x.ndim == 2 or (x.has_rows and x.ndim > 2))
 
 
-register(OpDef(
-    "sum", infer=_reduce_infer, impl=_sum_impl,
-    vjp=lambda g, out, x, axes, keepdims: (broadcast_like(g, x, axes, keepdims),),
-    native=lambda n: "sum_rows" if _over_rows(n) and not n.attrs["keepdims"] else None,
-    row_lowering=RowLowering("sum_rows", lambda n: _column_sum(n) or None)))
-
-
 def _column_sum(n) -> bool:
     """A sum of a per-row value of one axis over its rows (one number a row, a static program's column)."""
     x = n.inputs[0]
     return tuple(n.attrs["axes"]) == (0,) and not n.attrs["keepdims"] and x.has_rows and x.ndim == 1
 
 
-def _row_broadcast(n) -> bool:
-    """A row broadcast over the run's rows of a value of at most two axes (ROWOP's row function 3)."""
-    target = n.inputs[1]
-    return tuple(n.attrs["axes"]) == (0,) and not n.attrs["keepdims"] and target.has_rows and target.ndim <= 2
+register(OpDef(
+    "sum", infer=_reduce_infer, impl=_sum_impl,
+    vjp=lambda g, out, x, axes, keepdims: (broadcast_like(g, x, axes, keepdims),),
+    native=lambda n: "sum_rows" if _over_rows(n) and not n.attrs["keepdims"] else None,
+    row_lowering=RowLowering("sum_rows", lambda n: _column_sum(n) or None)))
+
 
 register(OpDef(
     "mean", infer=_mean_infer,
@@ -92,6 +87,12 @@ def _broadcast_like(xp, g, shape, axes, keepdims):
         out.flags.writeable = False
         return out
     return xp.broadcast_to(_expand(xp, g, axes, keepdims), shape)
+
+
+def _row_broadcast(n) -> bool:
+    """A row broadcast over the run's rows of a value of at most two axes (ROWOP's row function 3)."""
+    target = n.inputs[1]
+    return tuple(n.attrs["axes"]) == (0,) and not n.attrs["keepdims"] and target.has_rows and target.ndim <= 2
 
 
 # broadcast_like(g, x): g (reduced over `axes` of x) broadcast back to x's shape; adjoint of sum.
