@@ -38,13 +38,6 @@ from .passes.fusion import fusible
 from . import program as steps_runner
 from .program import BatchProgram, RunContext, _located, is_fed, leaf_value, record
 
-# ops whose value is their shape's alone (the program is given them, made before it without reading their input)
-LITERALS = {"ones_like": lambda xp, n: xp.ones(n.shape, n.dtype.np),
-            "zeros_like": lambda xp, n: xp.zeros(n.shape, n.dtype.np),
-            "constant": lambda xp, n: OPS["constant"].impl(xp, **n.attrs)}
-ROW_OPS = {"softmax": 0, "softmax_cross_entropy": 1, "xent_grad": 2, "broadcast_like": 3}
-
-
 def _rowy(n: Node) -> bool:
     """Has ``n`` the run's row axis somewhere (a per-row value, or its transpose)?"""
     return None in n.shape
@@ -75,20 +68,18 @@ class _Classes:
 
 
 def _same_rows(n: Node) -> list:
-    """Groups of ``n`` and its inputs whose row counts are one."""
-    if n.op == "lookup":
-        return [(n, n.inputs[1])]
-    if n.op == "lookup_grad":
-        return [(n, n.inputs[2]), (n.inputs[0], n.inputs[1])]
-    return [(n,) + tuple(n.inputs)]
+    """Groups of ``n`` and its inputs whose row counts are one (OpDef.row_groups)."""
+    groups = OPS[n.op].row_groups
+    return [(n,) + tuple(n.inputs)] if groups is None else groups(n)
 
 
 def _register_inputs(n: Node) -> tuple:
     """The inputs of ``n`` that the program reads as registers (a lookup's table and indices, the labels:
     buffers)."""
-    if n.op == "lookup":
+    lowering = OPS[n.op].row_lowering
+    if lowering is not None and lowering.how == "take":
         return ()
-    if n.op in ("softmax_cross_entropy", "xent_grad"):
+    if lowering is not None and lowering.labels:
         return tuple(n.inputs[:-1])
     return tuple(n.inputs)
 
@@ -112,22 +103,9 @@ def refusal(n: Node) -> str | None:
 
 
 def _row_function(n: Node) -> bool | None:
-    """For the ops this module lowers itself: can it (None: not one of them)?"""
-    x = n.inputs[0] if n.inputs else None
-    if n.op == "softmax":
-        return x.ndim == 2 and x.has_rows and n.attrs.get("axis") in (-1, 1)
-    if n.op == "softmax_cross_entropy":
-        return len(n.inputs) == 2 and x.ndim == 2 and x.has_rows
-    if n.op == "xent_grad":
-        return n.inputs[1].ndim == 2 and n.inputs[1].has_rows and x.ndim == 1
-    if n.op == "broadcast_like":
-        target = n.inputs[1]
-        return tuple(n.attrs["axes"]) == (0,) and not n.attrs["keepdims"] and target.has_rows and target.ndim <= 2
-    if n.op == "sum":
-        return tuple(n.attrs["axes"]) == (0,) and not n.attrs["keepdims"] and x.has_rows and x.ndim == 1 or None
-    if n.op == "lookup":
-        return x.ndim == 2 and n.inputs[1].ndim == 1 and n.inputs[1].has_rows
-    return None
+    """For the ops this module lowers itself (OpDef.row_lowering): can it (None: not one of them)?"""
+    lowering = OPS[n.op].row_lowering
+    return None if lowering is None else lowering.takes(n)
 
 
 class Split:
@@ -142,7 +120,8 @@ class Split:
         self.leaves = [n for n in nodes if n in needed and is_fed(n)]
         computed = self.order = [n for n in nodes if n in needed and not is_fed(n)]
         flow = next((n for n in computed if holds_tuple(n) or is_loop(n) or is_cond(n)), None)
-        self.literals = [n for n in computed if n.op in LITERALS and None not in n.shape and flow is None]
+        self.literals = [n for n in computed
+                         if OPS[n.op].from_shape is not None and None not in n.shape and flow is None]
         for n in computed:
             if n in self.literals:   # (made before the program from their shape alone: given to it)
                 continue
@@ -241,7 +220,7 @@ class StaticProgram:
             if x not in env:
                 env[x] = leaf_value(x, feeds, params)
         for n in self.split.literals:
-            env[n] = LITERALS[n.op](xp, n)
+            env[n] = OPS[n.op].from_shape(xp, n)
         if self.before:
             steps_runner.run_steps(self.before, env, xp, ctx)
         program = self._run_program(env, ctx, options) if self.lowered is not None else None
@@ -314,7 +293,7 @@ class _Values:
         values = self.env[node]
         host = values if isinstance(values, np.ndarray) else np.asarray(self.owner.device.to_host(values))
         try:
-            if reader.op == "lookup":
+            if OPS[reader.op].row_lowering.how == "take":
                 table = self.env[reader.inputs[0]]
                 if host.shape != (self.rows,):
                     raise FeedError(f"{reader.op}: indices of shape {host.shape} where the static graph's rows are "
@@ -358,8 +337,7 @@ def _lower(nodes: list, outputs: list, mine: set, device) -> Lowered:
     singles: dict = {}
     for step in steps:
         node = None if step.fused else step.outputs[0]
-        if node is not None and (node.op in ROW_OPS or node.op == "lookup"
-                                 or (node.op == "sum" and _row_function(node))):
+        if node is not None and _row_function(node):
             _own_step(t, step, statics)
         else:
             instructions._step(t, step, statics, device, singles)
@@ -382,19 +360,19 @@ def _static(t: Template, x: Node, statics: set) -> int:
 def _own_step(t: Template, step, statics: set) -> None:
     """The instructions of a row function (ROWOP), a sum of a column (SUMROWS) or a lookup (TAKE)."""
     node = step.outputs[0]
-    ins = node.inputs
-    if node.op == "sum":
-        instructions._lowering(t, Step(step.run, step.inputs, step.outputs), "sum_rows") \
-            if _static(t, ins[0], statics) is not None else None
-    elif node.op == "lookup":
+    ins, lowering = node.inputs, OPS[node.op].row_lowering
+    if lowering.how == "sum_rows":
+        _static(t, ins[0], statics)
+        instructions._lowering(t, Step(step.run, step.inputs, step.outputs), "sum_rows")
+    elif lowering.how == "take":
         t.take(node, ("value", ins[0]), _cols(ins[0]), ("feedrows", ins[1], node))
     else:
-        fn = ROW_OPS[node.op]
-        src = _static(t, ins[1] if fn == 2 else ins[0], statics)
-        g = _static(t, ins[0], statics) if fn == 2 else -1
-        labels = t.buf(("feedrows", ins[-1], node)) if fn in (1, 2) else -1
+        src = _static(t, ins[lowering.source], statics)
+        g = -1 if lowering.gradient is None else _static(t, ins[lowering.gradient], statics)
+        labels = t.buf(("feedrows", ins[-1], node)) if lowering.labels else -1
         out = t.scratch_reg(node)
-        t.emit("ROWOP", fn, out, src, g, labels, _cols(ins[1] if fn == 2 else node if fn == 3 else ins[0]))
+        cols = _cols(node if lowering.output_cols else ins[lowering.source])
+        t.emit("ROWOP", lowering.fn, out, src, g, labels, cols)
 
 
 def _link(t: Template) -> Lowered:

@@ -14,7 +14,7 @@ from ..core.validate import check_labels, indices
 from ..ir.graph import Node, fmt_shape, user_axis
 from .elementwise import exp, mul, neg, sub, unbroadcast
 from .reduce import mean_grad
-from .registry import OpDef, make_node, native_kernels, register
+from .registry import OpDef, RowLowering, make_node, native_kernels, register
 from .sources import as_node
 
 
@@ -46,8 +46,15 @@ def _log_softmax_impl(xp, x, axis):
     return z - xp.log(xp.sum(xp.exp(z), axis=axis, keepdims=True))
 
 
+def _rows_2d(x: Node) -> bool:
+    """A matrix of the run's rows (what a static program's row functions take)."""
+    return x.ndim == 2 and x.has_rows
+
+
 register(OpDef("softmax", infer=_same, impl=_softmax_impl,
-               vjp=lambda g, y, x, axis: (mul(y, sub(g, _keepsum(mul(g, y), axis))),)))
+               vjp=lambda g, y, x, axis: (mul(y, sub(g, _keepsum(mul(g, y), axis))),),
+               row_lowering=RowLowering("rowop", lambda n: _rows_2d(n.inputs[0]) and n.attrs.get("axis") in (-1, 1),
+                                        fn=0)))
 register(OpDef("log_softmax", infer=_same, impl=_log_softmax_impl,
                vjp=lambda g, y, x, axis: (sub(g, mul(exp(y), _keepsum(g, axis))),)))
 
@@ -115,10 +122,14 @@ def _xent_grad_impl(xp, g, logits, labels):
     return p
 
 
-register(OpDef("softmax_cross_entropy", infer=_xent_infer, impl=_xent_impl, vjp=_xent_vjp))
+register(OpDef("softmax_cross_entropy", infer=_xent_infer, impl=_xent_impl, vjp=_xent_vjp,
+               row_lowering=RowLowering("rowop", lambda n: len(n.inputs) == 2 and _rows_2d(n.inputs[0]), fn=1,
+                                        labels=True)))
 # xent_grad(g, logits, labels) = (softmax(logits) - onehot(labels)) * g[..., None]
 register(OpDef("xent_grad", infer=lambda g, logits, labels: (logits.shape, logits.dtype),
-               impl=_xent_grad_impl, vjp=no_second_order("xent_grad")))
+               impl=_xent_grad_impl, vjp=no_second_order("xent_grad"),
+               row_lowering=RowLowering("rowop", lambda n: _rows_2d(n.inputs[1]) and n.inputs[0].ndim == 1, fn=2,
+                                        source=1, gradient=0, labels=True)))
 
 
 def softmax_cross_entropy(logits: Node, labels: Node, weight: Node | None = None) -> Node:
@@ -231,11 +242,14 @@ def _lookup_grad_impl(xp, g, idx, table):
 
 
 register(OpDef("lookup", infer=_lookup_infer, impl=_lookup_impl,
-               vjp=lambda g, y, table, idx: (make_node("lookup_grad", (g, idx, table)), None)))
+               vjp=lambda g, y, table, idx: (make_node("lookup_grad", (g, idx, table)), None),
+               row_lowering=RowLowering("take", lambda n: n.inputs[0].ndim == 2 and n.inputs[1].ndim == 1
+                                        and n.inputs[1].has_rows),
+               row_groups=lambda n: [(n, n.inputs[1])]))
 # lookup_grad(g, idx, table): the row-sparse gradient of the table (indices + rows, never a dense table);
 # the table input only gives the dense shape (its row count may be known only at run time).
 register(OpDef("lookup_grad", infer=lambda g, idx, table: (table.shape, g.dtype), impl=_lookup_grad_impl,
-               vjp=no_second_order("lookup_grad")))
+               vjp=no_second_order("lookup_grad"), row_groups=lambda n: [(n, n.inputs[2]), (n.inputs[0], n.inputs[1])]))
 register(OpDef("densify", infer=lambda x: (x.shape, x.dtype), impl=lambda xp, x: _densify(xp, x),
                vjp=lambda g, y, x: (g,)))
 

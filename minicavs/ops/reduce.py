@@ -5,7 +5,7 @@ import numpy as np
 
 from ..core.errors import ShapeError
 from ..ir.graph import Node, fmt_shape, user_axes
-from .registry import OpDef, make_node, register
+from .registry import OpDef, RowLowering, make_node, register
 
 
 def _reduced(shape, axes, keepdims):
@@ -51,10 +51,18 @@ def _over_rows(n) -> bool:
     return tuple(n.attrs["axes"]) == (0,) and (x.ndim == 2 or (x.has_rows and x.ndim > 2))
 
 
+def _column_sum(n) -> bool:
+    """A sum of a per-row value of one axis over its rows (one number a row, a static program's column)."""
+    x = n.inputs[0]
+    return tuple(n.attrs["axes"]) == (0,) and not n.attrs["keepdims"] and x.has_rows and x.ndim == 1
+
+
 register(OpDef(
     "sum", infer=_reduce_infer, impl=_sum_impl,
     vjp=lambda g, out, x, axes, keepdims: (broadcast_like(g, x, axes, keepdims),),
-    native=lambda n: "sum_rows" if _over_rows(n) and not n.attrs["keepdims"] else None))
+    native=lambda n: "sum_rows" if _over_rows(n) and not n.attrs["keepdims"] else None,
+    row_lowering=RowLowering("sum_rows", lambda n: _column_sum(n) or None)))
+
 
 register(OpDef(
     "mean", infer=_mean_infer,
@@ -81,12 +89,19 @@ def _broadcast_like(xp, g, shape, axes, keepdims):
     return xp.broadcast_to(_expand(xp, g, axes, keepdims), shape)
 
 
+def _row_broadcast(n) -> bool:
+    """A row broadcast over the run's rows of a value of at most two axes (ROWOP's row function 3)."""
+    target = n.inputs[1]
+    return tuple(n.attrs["axes"]) == (0,) and not n.attrs["keepdims"] and target.has_rows and target.ndim <= 2
+
+
 # broadcast_like(g, x): g (reduced over `axes` of x) broadcast back to x's shape; adjoint of sum.
 register(OpDef(
     "broadcast_like", infer=lambda g, x, axes, keepdims: (x.shape, g.dtype),
     impl=lambda xp, g, x, axes, keepdims: _broadcast_like(xp, g, x.shape, axes, keepdims),
     vjp=lambda gg, out, g, x, axes, keepdims: (make_node("sum", (gg,), {"axes": axes, "keepdims": keepdims}),
-                                               None)))
+                                               None),
+    row_lowering=RowLowering("rowop", _row_broadcast, fn=3, output_cols=True)))
 
 # mean_grad(g, x): the adjoint of mean, i.e. broadcast_like divided by the (run-time) element count.
 register(OpDef(

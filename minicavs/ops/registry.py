@@ -48,6 +48,12 @@ class OpDef:
         there: a view at a column offset), else None.
     tuple_valued(node) -> True when the node's value is a tuple (a control-flow op's several results, their
         cotangent): no matrix, so the lowering holds it in a register only its APPLYs read and write.
+    row_lowering: how a static program (engine/static_program.py) computes the op with an instruction of its
+        own (:class:`RowLowering`), where F's step lowering has none.
+    row_groups(node) -> the groups of the node and its inputs whose row counts are one, where that is not all
+        of them (a lookup's rows are its indices', not its table's); None: all of them.
+    from_shape(xp, node) -> the node's value made from its shape and attributes alone (ones_like, constant):
+        a static program is given it, made before it without reading the node's input.
     """
 
     name: str
@@ -69,6 +75,9 @@ class OpDef:
     native: Optional[Callable] = None
     last_axis_block: Optional[Callable] = None
     tuple_valued: Optional[Callable] = None
+    row_lowering: Optional["RowLowering"] = None
+    row_groups: Optional[Callable] = None
+    from_shape: Optional[Callable] = None
 
     @property
     def elementwise(self) -> bool:
@@ -77,6 +86,29 @@ class OpDef:
     @property
     def fusible(self) -> bool:
         return self.expr is not None and self.fuse
+
+
+@dataclass(frozen=True)
+class RowLowering:
+    """How a static program lowers an op over the run's rows itself (engine/static_program.py).
+
+    how: "rowop" (a row function: ROWOP's ``fn``, engine/codegen/opcodes.py), "take" (rows of a table at
+        indices: TAKE; the table and indices are buffers), "sum_rows" (a column sum: SUMROWS of its input).
+    takes(node) -> True where the program lowers the node so, False where the op is of a shape it does not
+        take (one row axis), None where the op's other lowering (native, fused) decides.
+    fn: ROWOP's row function (0 softmax, 1 the cross-entropy, 2 its gradient, 3 a row broadcast).
+    source, gradient: the inputs ROWOP reads as its rows and as their gradient (None: none).
+    labels: the last input is the rows' labels (a buffer checked on the host, not a register).
+    output_cols: ROWOP's columns are the output's (a broadcast of one row), not its source's.
+    """
+
+    how: str
+    takes: Callable
+    fn: int = -1
+    source: int = 0
+    gradient: Optional[int] = None
+    labels: bool = False
+    output_cols: bool = False
 
 
 OPS: dict[str, OpDef] = {}

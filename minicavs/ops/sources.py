@@ -46,12 +46,14 @@ def _constant(xp, value, dtype):
 register(OpDef("constant", infer=lambda value, dtype: (value.shape, as_dtype(dtype)),
                impl=_constant, vjp=None,
                expr=lambda value, dtype: value.item() if value.size == 1 else None, fuse=False, source=True,
-               literal=lambda n: n.attrs["value"] if n.attrs["value"].size == 1 else None))
+               literal=lambda n: n.attrs["value"] if n.attrs["value"].size == 1 else None,
+               from_shape=lambda xp, n: _constant(xp, **n.attrs)))
 register(OpDef("zeros_like", infer=lambda x: (x.shape, x.dtype),
                impl=lambda xp, x: xp.zeros_like(x), vjp=None, expr=lambda x: 0.0, fuse=False,
-               native=lambda node: "zero"))
+               native=lambda node: "zero", from_shape=lambda xp, n: xp.zeros(n.shape, n.dtype.np)))
 register(OpDef("ones_like", infer=lambda x: (x.shape, x.dtype),
-               impl=lambda xp, x: xp.ones_like(x), vjp=None, expr=lambda x: 1.0, fuse=False))
+               impl=lambda xp, x: xp.ones_like(x), vjp=None, expr=lambda x: 1.0, fuse=False,
+               from_shape=lambda xp, n: xp.ones(n.shape, n.dtype.np)))
 
 
 def input(shape: Sequence, dtype=float32, name: str | None = None) -> Node:
