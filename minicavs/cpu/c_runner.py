@@ -86,6 +86,10 @@ def _read_only_root(a: np.ndarray) -> np.ndarray | None:
     return None
 
 
+def _read_only(a) -> bool:
+    return isinstance(a, np.ndarray) and _read_only_root(a) is not None
+
+
 def _forget(ident: int, dead: weakref.ref) -> None:
     if _KEPT.get(ident, (None,))[0] is dead:
         del _KEPT[ident]
@@ -232,9 +236,9 @@ def _bind_entries(program, bound: BufferTable, ex, copier, spare=None) -> _Entri
         elif not persistent[i]:   # (a batch's own array: addressed every run, zeroed after it)
             slots[i] = from_buffer(operand.array)
             bound.write(i, operand.elements, operand.ld, operand.transposed)
-        elif last[i] is None or last[i]() is not operand or ((copier or spare) is not None
-                                                              and operand.kind == "static"):
-            # (else the entry as the last run left it: a static's copies and twins are made per run)
+        elif last[i] is None or last[i]() is not operand or (operand.kind == "static" and (
+                copier is not None or spare is not None and _read_only(operand.source))):
+            # (else the entry as the last run left it: a static's copies and twins are addressed per run)
             if operand.kind == "static":
                 entries.static(i, operand, task_keys is None or i < task_keys)
             else:
@@ -302,7 +306,7 @@ class _Entries:
     def static(self, i: int, operand, in_tasks: bool) -> None:
         """A static's entry: as bound, or (multi-row tasks) a transposed one copied, wide ones twinned."""
         a, copier = operand.source, self.copier
-        constant = isinstance(a, np.ndarray) and _read_only_root(a) is not None
+        constant = _read_only(a)
         if copier is None and constant:
             copier = self.spare
         if copier is None or a.ndim != 2 or a.dtype != copier.dtype:
