@@ -82,11 +82,12 @@ class BufferTable:
     empty table."""
 
     __slots__ = ("ffi", "n", "info", "slots", "twin_slots", "row", "values", "held", "layouts", "last", "err",
-                 "err_ptr", "persistent", "transient")
+                 "err_ptr", "persistent", "transient", "packs")
 
     def __init__(self, ffi, n: int, kinds: list):
         self.ffi, self.n = ffi, n
-        self.info = np.zeros((5, n), np.int64)
+        # rows: address, elements, row stride, transposed flag, twin's address, packed copy's address, its k, n
+        self.info = np.zeros((8, n), np.int64)
         self.slots = ffi.cast("void **", ffi.from_buffer(self.info))
         self.twin_slots = ffi.cast("void **", ffi.from_buffer(self.info[4]))
         self.row = ffi.cast("const int64_t *", self.slots)
@@ -102,6 +103,7 @@ class BufferTable:
         self.transient = [i for i, kind in enumerate(kinds) if kind not in PERSISTENT]
         self.err = np.zeros(4, np.int64)   # where C reports a failed check (the table is dropped after one)
         self.err_ptr = ffi.from_buffer("int64_t[]", self.err)
+        self.packs: dict = {}   # entry -> the array its static is packed into (kept: refilled every run)
 
     def write(self, i: int, elements: int, ld: int, flag: int) -> None:
         """Entry ``i``'s elements, row stride and transposed flag (its address: through ``slots``)."""
@@ -111,6 +113,7 @@ class BufferTable:
     def clear(self, i: int) -> None:
         values, n = self.values, self.n
         values[i] = values[n + i] = values[2 * n + i] = values[3 * n + i] = values[4 * n + i] = 0
+        values[5 * n + i] = values[6 * n + i] = values[7 * n + i] = 0
         self.held[i] = self.layouts[i] = self.last[i] = None
 
     def release(self, copied: list) -> None:
@@ -165,7 +168,7 @@ def run(program, clock: np.ndarray | None = None) -> None:
         rc = ex.run(code, pool, ranges, len(lowered.ranges), p(table), len(table),
                     table.shape[1], row, row + n, row + 2 * n, row + 3 * n, n, n - 1, max_bs, lowered.nregs,
                     kernels, len(lowered.kernels), ex.gemm, ex.gemv, int(ex.ilp64), int(program.forest), check,
-                    bound.err_ptr, clock_ptr, row + 4 * n, scratch, tmp_rows, twin_cols, *stream)
+                    bound.err_ptr, clock_ptr, row + 4 * n, scratch, tmp_rows, twin_cols, *stream, row + 5 * n)
     finally:
         if streaming:
             done.wait()   # (the eager call's buffers stay alive, and its failure is reported, before we return)
@@ -180,7 +183,7 @@ def run(program, clock: np.ndarray | None = None) -> None:
 def _bind_entries(program, bound: BufferTable, ex, copier) -> _Entries:
     """Every operand of the bound program into the buffer table (a static through its copies, when
     ``copier`` makes them); an entry no run of this program uses now holds no address."""
-    entries = _Entries(bound, ex, copier)
+    entries = _Entries(bound, ex, copier, _product_statics(program.lowered) if copier and ex.packed_nr else ())
     task_keys = program.lowered.task_keys
     last, persistent, slots, from_buffer = bound.last, bound.persistent, bound.slots, ex.ffi.from_buffer
     for i, operand in enumerate(program.operands):
@@ -215,6 +218,8 @@ def _release(bound: BufferTable, entries: _Entries) -> None:
     bound.release(entries.copied)
     if entries.twins:
         bound.info[4] = 0
+    if entries.packed:
+        bound.info[5:] = 0
 
 
 def _copier(program, rows: list, max_bs: int):
@@ -234,10 +239,11 @@ class _Entries:
     addressed last run, laid out the same (then only its elements may change), else addressed anew. Statics may
     be copied (a transposed one read by multi-row tasks) or get a transposed twin (see the constants above)."""
 
-    def __init__(self, bound: BufferTable, ex, copier):
+    def __init__(self, bound: BufferTable, ex, copier, products=()):
         self.bound, self.copier, self.from_buffer = bound, copier, ex.ffi.from_buffer
+        self.ex, self.products = ex, products   # (the statics that products read as B: packed)
         self.twin_cols = 0
-        self.twins, self.copied, self.alive = [], [], []   # (kept alive for the call; let go after it)
+        self.twins, self.copied, self.alive, self.packed = [], [], [], []   # (kept alive for the call)
 
     def bind(self, i: int, a, elements: int, ld: int, flag: int) -> None:
         bound = self.bound
@@ -255,11 +261,33 @@ class _Entries:
         self.bound.twin_slots[i] = self.from_buffer(twin)
         self.twin_cols = max(self.twin_cols, wide)
 
+    def pack(self, i: int, operand) -> None:
+        """A static that multi-row products read as B: bound as the binder laid it out (a transposed one read
+        through its flag: no copy), and packed for the interpreter's packed product (codegen/packed_gemm.py)."""
+        bound, ex = self.bound, self.ex
+        self.bind(i, operand.array, operand.elements, operand.ld, operand.transposed)
+        deep, wide = operand.source.shape
+        nr = ex.packed_nr
+        size = -(-wide // nr) * nr * deep
+        packed = bound.packs.get(i)
+        if packed is None or packed.size != size:
+            packed = bound.packs[i] = np.empty(size, operand.array.dtype)
+        to = self.from_buffer(packed)
+        ex.lib.mc_pack(deep, wide, ex.ffi.cast(ex.t_ptr, self.from_buffer(operand.array)), operand.ld,
+                       operand.transposed, ex.ffi.cast(ex.t_ptr, to))
+        values, n = bound.values, bound.n
+        bound.slots[5 * n + i] = to
+        values[6 * n + i], values[7 * n + i] = deep, wide
+        self.packed.append(i)
+
     def static(self, i: int, operand, in_tasks: bool) -> None:
         """A static's entry: as bound, or (multi-row tasks) a transposed one copied, wide ones twinned."""
         a, copier = operand.source, self.copier
         if copier is None or a.ndim != 2 or a.dtype != copier.dtype:
             self.bind(i, operand.array, operand.elements, operand.ld, operand.transposed)
+            return
+        if i in self.products and in_tasks and a.size:
+            self.pack(i, operand)
             return
         if operand.array.ndim == 1:   # a block of a planned parameter buffer (operands.strided_span)
             if operand.transposed:   # its transpose: copied as a transposed parameter is (below)
@@ -282,6 +310,27 @@ class _Entries:
         if a.size and in_tasks and _twinned(deep, wide, a.size):
             self.twin(i, copier.contiguous(a.T) if twin is None else twin, wide)
         self.bind(i, a, a.size, wide, 0)
+
+
+_PRODUCT_STATICS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _product_statics(lowered) -> frozenset:
+    """The buffers (operand indices) that a GEMM of ``lowered`` reads as its B through a STATIC register: the
+    statics worth packing (the interpreter checks again that B is all of the static, as packed)."""
+    found = _PRODUCT_STATICS.get(lowered)
+    if found is None:
+        static, gemm = OPCODES_IDS["STATIC"], OPCODES_IDS["GEMM"]
+        found, held = set(), {}
+        for begin, end in lowered.ranges.tolist():
+            held.clear()
+            for op, *a in lowered.code[begin:end, :4].tolist():
+                if op == static:
+                    held[a[0]] = a[1]
+                elif op == gemm and a[2] in held:
+                    found.add(held[a[2]])
+        found = _PRODUCT_STATICS[lowered] = frozenset(found)
+    return found
 
 
 def _twinned(deep: int, wide: int, size: int) -> bool:
@@ -317,7 +366,8 @@ def _eager_call(ex, program, bound: BufferTable, sync: np.ndarray, twin_cols: in
             rc = ex.run(code, pool, ranges, len(lowered.ranges), p(eager), len(eager), eager.shape[1],
                         row, row + n, row + 2 * n, row + 3 * n, n, n - 1, max_bs, lowered.nregs, kernels,
                         len(lowered.kernels), ex.gemm, ex.gemv, int(ex.ilp64), int(program.forest), check, p(err),
-                        ffi.NULL, row + 4 * n, program.bound.eager_scratch, tmp_rows, twin_cols, p(sync), 2, 0)
+                        ffi.NULL, row + 4 * n, program.bound.eager_scratch, tmp_rows, twin_cols, p(sync), 2, 0,
+                        row + 5 * n)
         except BaseException:
             sync[1] = 1
             raise

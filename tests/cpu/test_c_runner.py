@@ -242,3 +242,30 @@ def test_prefix_of_a_dynamic_tensor_is_only_its_last_resize():
     buf, used = t.prefix(grown)
     assert buf is t.buffer and used == 300 and buf.base is None and _address(buf) == _address(grown)
     assert t.prefix(t.buffer[1:3]) is not None and type(t.prefix(t.buffer[1:3])) is not tuple
+
+
+@pytest.mark.parametrize("name", ["tree_lstm", "var_lstm"])
+def test_products_by_a_packed_static_give_the_reference_numbers(name, tmp_path, monkeypatch):
+    """Multi-row products by a static read its copy packed for the run (codegen/packed_gemm.py), transposed
+    statics (∂F's Uᵀ) included, bias added by the kernel: the reference runner's numbers at widths that are not
+    a multiple of a panel's. That the packed copies are what the products read: zeroed, the numbers change."""
+    interp = c_runner.c_interpreter.interpreter(np.float32)
+    if interp is None or not interp.packed_nr:
+        pytest.skip("no packed product here (float32 with AVX-512 only)")
+    t = Trainer(MODELS / f"{name}.yaml", TINY[name] + ["train.dtype=float32", "model.hidden=45"], run_dir=tmp_path)
+    samples = t.task.data["train"][:20]
+    monkeypatch.setattr(c_runner, "CONTIGUOUS_STATICS_ROWS", 1)
+    packed, real = [], c_runner._Entries.pack
+    monkeypatch.setattr(c_runner._Entries, "pack",
+                        lambda self, i, op: packed.append(op.source.shape) or real(self, i, op))
+    python, native = _both(t, samples)
+    _same(python, native, "float32")
+    assert any(shape[0] > shape[1] for shape in packed) and any(shape[0] < shape[1] for shape in packed), packed
+    assert not any(b.info[5:].any() for b in c_runner._TABLES.values())   # (let go after the call)
+
+    def zeroed(self, i, op):
+        real(self, i, op)
+        self.bound.packs[i][...] = 0
+    monkeypatch.setattr(c_runner._Entries, "pack", zeroed)
+    with pytest.raises(AssertionError):
+        _same(t.loss_and_grads(samples), native, "float32")
