@@ -168,7 +168,7 @@ def run(program, clock: np.ndarray | None = None) -> None:
         rc = ex.run(code, pool, ranges, len(lowered.ranges), p(table), len(table),
                     table.shape[1], row, row + n, row + 2 * n, row + 3 * n, n, n - 1, max_bs, lowered.nregs,
                     kernels, len(lowered.kernels), ex.gemm, ex.gemv, int(ex.ilp64), int(program.forest), check,
-                    bound.err_ptr, clock_ptr, row + 4 * n, scratch, tmp_rows, twin_cols, *stream, row + 5 * n)
+                    bound.err_ptr, clock_ptr, row + 4 * n, row + 5 * n, scratch, tmp_rows, twin_cols, *stream)
     finally:
         if streaming:
             done.wait()   # (the eager call's buffers stay alive, and its failure is reported, before we return)
@@ -366,8 +366,8 @@ def _eager_call(ex, program, bound: BufferTable, sync: np.ndarray, twin_cols: in
             rc = ex.run(code, pool, ranges, len(lowered.ranges), p(eager), len(eager), eager.shape[1],
                         row, row + n, row + 2 * n, row + 3 * n, n, n - 1, max_bs, lowered.nregs, kernels,
                         len(lowered.kernels), ex.gemm, ex.gemv, int(ex.ilp64), int(program.forest), check, p(err),
-                        ffi.NULL, row + 4 * n, program.bound.eager_scratch, tmp_rows, twin_cols, p(sync), 2, 0,
-                        row + 5 * n)
+                        ffi.NULL, row + 4 * n, row + 5 * n, program.bound.eager_scratch, tmp_rows, twin_cols,
+                        p(sync), 2, 0)
         except BaseException:
             sync[1] = 1
             raise

@@ -118,8 +118,8 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
             const int64_t *base, const int64_t *size, const int64_t *ld, const int64_t *trans, int64_t nbufs,
             int64_t scratch_buf, int64_t max_bs, int64_t nregs, const int64_t *kernels, int64_t nkernels,
             int64_t gemm, int64_t gemv, int64_t ilp64, int64_t forest, int64_t check, int64_t *err, int64_t *prof,
-            const int64_t *twin, int64_t tmp_off, int64_t tmp_rows, int64_t tmp_cols,
-            int64_t *sync, int64_t role, int64_t nwait, const int64_t *packed) {{
+            const int64_t *twin, const int64_t *packed, int64_t tmp_off, int64_t tmp_rows, int64_t tmp_cols,
+            int64_t *sync, int64_t role, int64_t nwait) {{
     buftab_t B = {{base, size, ld, trans}};
     struct timespec t0, t1;
     int64_t start_ns = 0;
@@ -599,6 +599,6 @@ def interpreter_decls(c_type: str) -> str:
             " const int64_t *tasks, int64_t ntasks, int64_t tw, const int64_t *base, const int64_t *size,"
             " const int64_t *ld, const int64_t *trans, int64_t nbufs, int64_t scratch_buf, int64_t max_bs,"
             " int64_t nregs, const int64_t *kernels, int64_t nkernels, int64_t gemm, int64_t gemv, int64_t ilp64,"
-            " int64_t forest, int64_t check, int64_t *err, int64_t *prof, const int64_t *twin, int64_t tmp_off,"
-            " int64_t tmp_rows, int64_t tmp_cols, int64_t *sync, int64_t role, int64_t nwait,"
-            " const int64_t *packed);" + PACKED_DECLS[c_type])
+            " int64_t forest, int64_t check, int64_t *err, int64_t *prof, const int64_t *twin,"
+            " const int64_t *packed, int64_t tmp_off, int64_t tmp_rows, int64_t tmp_cols, int64_t *sync,"
+            " int64_t role, int64_t nwait);" + PACKED_DECLS[c_type])
