@@ -16,6 +16,7 @@ import numpy as np
 
 from ..core.errors import CheckError
 from ..engine.codegen.machine import OPS as OPCODES_IDS
+from ..engine.codegen.packed_gemm import PACKED_SMALL
 from . import interpreter as c_interpreter
 from .library import library
 
@@ -286,7 +287,7 @@ class _Entries:
         if copier is None or a.ndim != 2 or a.dtype != copier.dtype:
             self.bind(i, operand.array, operand.elements, operand.ld, operand.transposed)
             return
-        if i in self.products and in_tasks and a.size:
+        if i in self.products and (in_tasks or a.size <= PACKED_SMALL) and a.size:   # (packed_gemm.py's rule)
             self.pack(i, operand)
             return
         if operand.array.ndim == 1:   # a block of a planned parameter buffer (operands.strided_span)

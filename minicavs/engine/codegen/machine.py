@@ -231,7 +231,7 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
                 const int64_t ldc = C->ld < n ? n : C->ld;
                 if (k == 0) {{
                     for (int64_t r = 0; r < m; r++) memset(C->p + r * C->ld, 0, (size_t)n * sizeof(T));
-                }} else if (MC_PACKED && m >= 2 && !A->trans && Bm->buf >= 0 && packed[Bm->buf]
+                }} else if (MC_PACKED && m >= 2 && MC_PACKS(m, n, k) && !A->trans && Bm->buf >= 0 && packed[Bm->buf]
                            && Bm->p == (T *)base[Bm->buf] && Bm->trans == trans[Bm->buf] && Bm->ld == ld[Bm->buf]
                            && k == packed[nbufs + Bm->buf] && n == packed[2 * nbufs + Bm->buf]) {{
                     /* the static as packed for this run (packed_gemm.py), the bias added on the way out */
