@@ -68,6 +68,11 @@ SMALL_M_ROWS = 32
 # rows; Fixed-LSTM h512 b16 step -1.8%); smaller ones (256 x 1024) lost. Near-square statics (a Tree-LSTM's U,
 # 2H x 3H) get no twin: with one, Tree-LSTM h512 b64 steps took 2.8% longer.
 TWIN_ELEMENTS = 1 << 20
+# rows of multi-row tasks from which a run packs the statics its products read (codegen/packed_gemm.py): Tree-LSTM
+# h128 inference one tree at a time took 5% longer packing from 48 or 128 rows on, the same from 256 (4 processes
+# each, CPU time a tree); batches of 16 trees took 13% less than without packing, of 4 and 8 trees 2-5% more than
+# from 128 rows (within the noise); a batch of 64 SST trees has ~1,350 such rows
+PACKED_STATICS_ROWS = 256
 
 class BufferTable:
     """A program's buffer table (per buffer: base address, elements, row stride, transposed flag, twin's
@@ -148,7 +153,9 @@ def run(program, clock: np.ndarray | None = None) -> None:
     rows = table[:, 2].tolist()
     max_bs = max(rows, default=0)
     streaming = eager is not None and len(eager) > 0
-    entries = _bind_entries(program, bound, ex, _copier(program, rows, max_bs))
+    multi = _multi_rows(program, rows) if max_bs > 1 else 0
+    entries = _bind_entries(program, bound, ex, library(program.dtype) if multi >= CONTIGUOUS_STATICS_ROWS else None,
+                            multi >= PACKED_STATICS_ROWS)
     twin_cols = entries.twin_cols
     tmp_rows = _twin_rows(program, max_bs, twin_cols)
     scratch = program.bound.scratch
@@ -181,10 +188,10 @@ def run(program, clock: np.ndarray | None = None) -> None:
     _TABLES[lowered] = bound
 
 
-def _bind_entries(program, bound: BufferTable, ex, copier) -> _Entries:
+def _bind_entries(program, bound: BufferTable, ex, copier, pack: bool = False) -> _Entries:
     """Every operand of the bound program into the buffer table (a static through its copies, when
     ``copier`` makes them); an entry no run of this program uses now holds no address."""
-    entries = _Entries(bound, ex, copier, _product_statics(program.lowered) if copier and ex.packed_nr else ())
+    entries = _Entries(bound, ex, copier, _product_statics(program.lowered) if pack and copier and ex.packed_nr else ())
     task_keys = program.lowered.task_keys
     last, persistent, slots, from_buffer = bound.last, bound.persistent, bound.slots, ex.ffi.from_buffer
     for i, operand in enumerate(program.operands):
@@ -223,16 +230,13 @@ def _release(bound: BufferTable, entries: _Entries) -> None:
         bound.info[5:] = 0
 
 
-def _copier(program, rows: list, max_bs: int):
-    """The C library that copies statics (transposes, twins) for this run, or None: when multi-row tasks read
-    them enough (CONTIGUOUS_STATICS_ROWS)."""
+def _multi_rows(program, rows: list) -> int:
+    """The rows of the table's multi-row tasks (CONTIGUOUS_STATICS_ROWS, PACKED_STATICS_ROWS: what the copies and
+    packs of the statics pay for; the blocks' few large products do not count)."""
     n_kinds = program.lowered.n_kinds
-    # (the copies pay for the tasks' products, not for the blocks' few large ones)
     task_rows = [r for tid, r in zip(program.table[:, 0].tolist(), rows) if tid < n_kinds] if program.bound.blocks \
         else rows
-    if max_bs > 1 and sum([r for r in task_rows if r > 1]) >= CONTIGUOUS_STATICS_ROWS:
-        return library(program.dtype)
-    return None
+    return sum([r for r in task_rows if r > 1])
 
 
 class _Entries:

@@ -255,6 +255,7 @@ def test_products_by_a_packed_static_give_the_reference_numbers(name, tmp_path, 
     t = Trainer(MODELS / f"{name}.yaml", TINY[name] + ["train.dtype=float32", "model.hidden=45"], run_dir=tmp_path)
     samples = t.task.data["train"][:20]
     monkeypatch.setattr(c_runner, "CONTIGUOUS_STATICS_ROWS", 1)
+    monkeypatch.setattr(c_runner, "PACKED_STATICS_ROWS", 1)
     packed, real = [], c_runner._Entries.pack
     monkeypatch.setattr(c_runner._Entries, "pack",
                         lambda self, i, op: packed.append(op.source.shape) or real(self, i, op))
