@@ -53,16 +53,27 @@ int64_t mc_packed_nr(void) { return MC_NR; }
 /* the k x n matrix b (row stride ldb; trans: b is stored n x k, row stride ldb) as panels of MC_NR columns into bp
    (ceil(n / MC_NR) * MC_NR * k floats): panel j holds rows 0..k of columns j*MC_NR.., zero past n */
 void mc_pack(int64_t k, int64_t n, const float *b, int64_t ldb, int64_t trans, float *bp) {
+    if (!trans) {   /* 16 rows at a time, panel by panel, two masked vector moves a row (1.4-2.6x faster than a
+                       panel at a time by memcpy: b's rows are read while in cache) */
+        for (int64_t k0 = 0; k0 < k; k0 += 16) {
+            const int64_t k1 = k0 + 16 < k ? k0 + 16 : k;
+            for (int64_t j0 = 0; j0 < n; j0 += MC_NR) {
+                const int64_t nr = n - j0 < MC_NR ? n - j0 : MC_NR;
+                const __mmask16 m0 = nr >= 16 ? 0xffff : (__mmask16)((1u << nr) - 1);
+                const __mmask16 m1 = nr >= 32 ? 0xffff : nr <= 16 ? 0 : (__mmask16)((1u << (nr - 16)) - 1);
+                float *dst = bp + j0 * k;
+                for (int64_t kk = k0; kk < k1; kk++) {
+                    const float *src = b + kk * ldb + j0;
+                    _mm512_storeu_ps(dst + kk * MC_NR, _mm512_maskz_loadu_ps(m0, src));
+                    _mm512_storeu_ps(dst + kk * MC_NR + 16, _mm512_maskz_loadu_ps(m1, src + 16));
+                }
+            }
+        }
+        return;
+    }
     for (int64_t j0 = 0; j0 < n; j0 += MC_NR) {
         const int64_t nr = n - j0 < MC_NR ? n - j0 : MC_NR;
         float *dst = bp + j0 * k;
-        if (!trans) {
-            for (int64_t kk = 0; kk < k; kk++) {
-                memcpy(dst + kk * MC_NR, b + kk * ldb + j0, (size_t)nr * sizeof(float));
-                memset(dst + kk * MC_NR + nr, 0, (size_t)(MC_NR - nr) * sizeof(float));
-            }
-            continue;
-        }
         for (int64_t k0 = 0; k0 < k; k0 += 64) {   /* (tiles: a column of the panel reads a row of b) */
             const int64_t k1 = k0 + 64 < k ? k0 + 64 : k;
             for (int64_t j = 0; j < MC_NR; j++) {
