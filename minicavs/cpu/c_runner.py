@@ -16,6 +16,7 @@ import numpy as np
 
 from ..core.errors import CheckError
 from ..engine.codegen.machine import OPS as OPCODES_IDS
+from ..engine.codegen.packed_gemm import PACKED_SMALL
 from . import interpreter as c_interpreter
 from .library import library
 
@@ -111,6 +112,11 @@ def _kept(a: np.ndarray, what: tuple, make) -> np.ndarray:
         copy = copies[key] = make()
         copy.flags.writeable = False
     return copy
+# rows of multi-row tasks from which a run packs the statics its products read (codegen/packed_gemm.py): Tree-LSTM
+# h128 inference one tree at a time took 5% longer packing from 48 or 128 rows on, the same from 256 (4 processes
+# each, CPU time a tree); batches of 16 trees took 13% less than without packing, of 4 and 8 trees 2-5% more than
+# from 128 rows (within the noise); a batch of 64 SST trees has ~1,350 such rows
+PACKED_STATICS_ROWS = 256
 
 class BufferTable:
     """A program's buffer table (per buffer: base address, elements, row stride, transposed flag, twin's
@@ -126,11 +132,12 @@ class BufferTable:
     empty table."""
 
     __slots__ = ("ffi", "n", "info", "slots", "twin_slots", "row", "values", "held", "layouts", "last", "err",
-                 "err_ptr", "persistent", "transient")
+                 "err_ptr", "persistent", "transient", "packs")
 
     def __init__(self, ffi, n: int, kinds: list):
         self.ffi, self.n = ffi, n
-        self.info = np.zeros((5, n), np.int64)
+        # rows: address, elements, row stride, transposed flag, twin's address, packed copy's address, its k, n
+        self.info = np.zeros((8, n), np.int64)
         self.slots = ffi.cast("void **", ffi.from_buffer(self.info))
         self.twin_slots = ffi.cast("void **", ffi.from_buffer(self.info[4]))
         self.row = ffi.cast("const int64_t *", self.slots)
@@ -146,6 +153,7 @@ class BufferTable:
         self.transient = [i for i, kind in enumerate(kinds) if kind not in PERSISTENT]
         self.err = np.zeros(4, np.int64)   # where C reports a failed check (the table is dropped after one)
         self.err_ptr = ffi.from_buffer("int64_t[]", self.err)
+        self.packs: dict = {}   # entry -> the array its static is packed into (kept: refilled every run)
 
     def write(self, i: int, elements: int, ld: int, flag: int) -> None:
         """Entry ``i``'s elements, row stride and transposed flag (its address: through ``slots``)."""
@@ -155,6 +163,7 @@ class BufferTable:
     def clear(self, i: int) -> None:
         values, n = self.values, self.n
         values[i] = values[n + i] = values[2 * n + i] = values[3 * n + i] = values[4 * n + i] = 0
+        values[5 * n + i] = values[6 * n + i] = values[7 * n + i] = 0
         self.held[i] = self.layouts[i] = self.last[i] = None
 
     def release(self, copied: list) -> None:
@@ -188,8 +197,9 @@ def run(program, clock: np.ndarray | None = None) -> None:
     rows = table[:, 2].tolist()
     max_bs = max(rows, default=0)
     streaming = eager is not None and len(eager) > 0
-    entries = _bind_entries(program, bound, ex, _copier(program, rows, max_bs),
-                            library(program.dtype) if max_bs > 1 else None)
+    multi = _multi_rows(program, rows) if max_bs > 1 else 0
+    entries = _bind_entries(program, bound, ex, library(program.dtype) if multi >= CONTIGUOUS_STATICS_ROWS else None,
+                            multi >= PACKED_STATICS_ROWS, library(program.dtype) if max_bs > 1 else None)
     twin_cols = entries.twin_cols
     tmp_rows = _twin_rows(program, max_bs, twin_cols)
     scratch = program.bound.scratch
@@ -210,7 +220,7 @@ def run(program, clock: np.ndarray | None = None) -> None:
         rc = ex.run(code, pool, ranges, len(lowered.ranges), p(table), len(table),
                     table.shape[1], row, row + n, row + 2 * n, row + 3 * n, n, n - 1, max_bs, lowered.nregs,
                     kernels, len(lowered.kernels), ex.gemm, ex.gemv, int(ex.ilp64), int(program.forest), check,
-                    bound.err_ptr, clock_ptr, row + 4 * n, scratch, tmp_rows, twin_cols, *stream)
+                    bound.err_ptr, clock_ptr, row + 4 * n, row + 5 * n, scratch, tmp_rows, twin_cols, *stream)
     finally:
         if streaming:
             done.wait()   # (the eager call's buffers stay alive, and its failure is reported, before we return)
@@ -222,11 +232,12 @@ def run(program, clock: np.ndarray | None = None) -> None:
     _TABLES[lowered] = bound
 
 
-def _bind_entries(program, bound: BufferTable, ex, copier, spare=None) -> _Entries:
+def _bind_entries(program, bound: BufferTable, ex, copier, pack: bool = False, spare=None) -> _Entries:
     """Every operand of the bound program into the buffer table (a static through its copies, when
-    ``copier`` makes them, or ``spare`` for a read-only one's kept copies); an entry no run of this program uses
-    now holds no address."""
-    entries = _Entries(bound, ex, copier, spare)
+    ``copier`` makes them, or ``spare`` for a read-only one's kept copies; packed when ``pack``); an entry no run
+    of this program uses now holds no address."""
+    products = _product_statics(program.lowered) if pack and copier and ex.packed_nr else ()
+    entries = _Entries(bound, ex, copier, products, spare)
     task_keys = program.lowered.task_keys
     last, persistent, slots, from_buffer = bound.last, bound.persistent, bound.slots, ex.ffi.from_buffer
     for i, operand in enumerate(program.operands):
@@ -262,18 +273,17 @@ def _release(bound: BufferTable, entries: _Entries) -> None:
     bound.release(entries.copied)
     if entries.twins:
         bound.info[4] = 0
+    if entries.packed:
+        bound.info[5:] = 0
 
 
-def _copier(program, rows: list, max_bs: int):
-    """The C library that copies statics (transposes, twins) for this run, or None: when multi-row tasks read
-    them enough (CONTIGUOUS_STATICS_ROWS)."""
+def _multi_rows(program, rows: list) -> int:
+    """The rows of the table's multi-row tasks (CONTIGUOUS_STATICS_ROWS, PACKED_STATICS_ROWS: what the copies and
+    packs of the statics pay for; the blocks' few large products do not count)."""
     n_kinds = program.lowered.n_kinds
-    # (the copies pay for the tasks' products, not for the blocks' few large ones)
     task_rows = [r for tid, r in zip(program.table[:, 0].tolist(), rows) if tid < n_kinds] if program.bound.blocks \
         else rows
-    if max_bs > 1 and sum([r for r in task_rows if r > 1]) >= CONTIGUOUS_STATICS_ROWS:
-        return library(program.dtype)
-    return None
+    return sum([r for r in task_rows if r > 1])
 
 
 class _Entries:
@@ -281,11 +291,12 @@ class _Entries:
     addressed last run, laid out the same (then only its elements may change), else addressed anew. Statics may
     be copied (a transposed one read by multi-row tasks) or get a transposed twin (see the constants above)."""
 
-    def __init__(self, bound: BufferTable, ex, copier, spare=None):
+    def __init__(self, bound: BufferTable, ex, copier, products=(), spare=None):
         self.bound, self.copier, self.from_buffer = bound, copier, ex.ffi.from_buffer
+        self.ex, self.products = ex, products   # (the statics that products read as B: packed)
         self.spare = spare   # (the copier for read-only statics when a run has too few rows for copies per run)
         self.twin_cols = 0
-        self.twins, self.copied, self.alive = [], [], []   # (kept alive for the call; let go after it)
+        self.twins, self.copied, self.alive, self.packed = [], [], [], []   # (kept alive for the call)
 
     def bind(self, i: int, a, elements: int, ld: int, flag: int) -> None:
         bound = self.bound
@@ -303,6 +314,32 @@ class _Entries:
         self.bound.twin_slots[i] = self.from_buffer(twin)
         self.twin_cols = max(self.twin_cols, wide)
 
+    def pack(self, i: int, operand, constant: bool = False) -> None:
+        """A static that multi-row products read as B: bound as the binder laid it out (a transposed one read
+        through its flag: no copy), and packed for the interpreter's packed product (codegen/packed_gemm.py):
+        into a buffer refilled every run, or once for a read-only static (_KEPT)."""
+        bound, ex = self.bound, self.ex
+        span = operand.array
+        self.bind(i, span, operand.elements, operand.ld, operand.transposed)
+        deep, wide = operand.source.shape
+        size = -(-wide // ex.packed_nr) * ex.packed_nr * deep
+
+        def packed_into(packed=None) -> np.ndarray:
+            if packed is None or packed.size != size:
+                packed = np.empty(size, span.dtype)
+            ex.lib.mc_pack(deep, wide, ex.ffi.cast(ex.t_ptr, self.from_buffer(span)), operand.ld,
+                           operand.transposed, ex.ffi.cast(ex.t_ptr, self.from_buffer(packed)))
+            return packed
+
+        if constant:
+            packed = _kept(span, ("packed", deep, wide, operand.ld, operand.transposed), packed_into)
+        else:
+            packed = bound.packs[i] = packed_into(bound.packs.get(i))
+        values, n = bound.values, bound.n
+        bound.slots[5 * n + i] = self.from_buffer(packed)
+        values[6 * n + i], values[7 * n + i] = deep, wide
+        self.packed.append(i)
+
     def static(self, i: int, operand, in_tasks: bool) -> None:
         """A static's entry: as bound, or (multi-row tasks) a transposed one copied, wide ones twinned."""
         a, copier = operand.source, self.copier
@@ -311,6 +348,9 @@ class _Entries:
             copier = self.spare
         if copier is None or a.ndim != 2 or a.dtype != copier.dtype:
             self.bind(i, operand.array, operand.elements, operand.ld, operand.transposed)
+            return
+        if i in self.products and (in_tasks or a.size <= PACKED_SMALL) and a.size:   # (packed_gemm.py's rule)
+            self.pack(i, operand, constant)
             return
         span = operand.array
         if span.ndim == 1:   # a block of a planned parameter buffer (operands.strided_span)
@@ -338,6 +378,27 @@ class _Entries:
             whole = a
             self.twin(i, _kept(whole, ("C.T",), lambda: copier.contiguous(whole.T)) if twin is None else twin, wide)
         self.bind(i, a, a.size, wide, 0)
+
+
+_PRODUCT_STATICS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _product_statics(lowered) -> frozenset:
+    """The buffers (operand indices) that a GEMM of ``lowered`` reads as its B through a STATIC register: the
+    statics worth packing (the interpreter checks again that B is all of the static, as packed)."""
+    found = _PRODUCT_STATICS.get(lowered)
+    if found is None:
+        static, gemm = OPCODES_IDS["STATIC"], OPCODES_IDS["GEMM"]
+        found, held = set(), {}
+        for begin, end in lowered.ranges.tolist():
+            held.clear()
+            for op, *a in lowered.code[begin:end, :4].tolist():
+                if op == static:
+                    held[a[0]] = a[1]
+                elif op == gemm and a[2] in held:
+                    found.add(held[a[2]])
+        found = _PRODUCT_STATICS[lowered] = frozenset(found)
+    return found
 
 
 def _twinned(deep: int, wide: int, size: int, constant: bool = False) -> bool:
@@ -373,7 +434,8 @@ def _eager_call(ex, program, bound: BufferTable, sync: np.ndarray, twin_cols: in
             rc = ex.run(code, pool, ranges, len(lowered.ranges), p(eager), len(eager), eager.shape[1],
                         row, row + n, row + 2 * n, row + 3 * n, n, n - 1, max_bs, lowered.nregs, kernels,
                         len(lowered.kernels), ex.gemm, ex.gemv, int(ex.ilp64), int(program.forest), check, p(err),
-                        ffi.NULL, row + 4 * n, program.bound.eager_scratch, tmp_rows, twin_cols, p(sync), 2, 0)
+                        ffi.NULL, row + 4 * n, row + 5 * n, program.bound.eager_scratch, tmp_rows, twin_cols,
+                        p(sync), 2, 0)
         except BaseException:
             sync[1] = 1
             raise

@@ -121,6 +121,9 @@ class CInterpreter:
         self.gemv = gemv[0] if gemv is not None and gemv[1] == self.ilp64 and gemv[2].split(":")[0] == \
             self.blas.split(":")[0] else 0
         self._i64 = functools.partial(ffi.from_buffer, ffi.typeof("int64_t[]"))
+        # columns of a panel of the packed product by a static (codegen/packed_gemm.py); 0: none here
+        self.packed_nr = int(lib.mc_packed_nr())
+        self.t_ptr = ffi.typeof(f"{c_type} *")
 
     def ptr(self, a: np.ndarray):
         """A C pointer to a contiguous int64 array (cffi's ``from_buffer``: numpy's ``ctypes.data`` is slower)."""

@@ -286,3 +286,60 @@ def test_read_only_parameters_keep_their_transposed_copies_across_batches(dtype,
         for k in out:
             close(out[k], writable[k], dtype)
             close(out[k], reference[k], dtype)
+
+
+@pytest.mark.parametrize("name", ["tree_lstm", "var_lstm"])
+def test_products_by_a_packed_static_give_the_reference_numbers(name, tmp_path, monkeypatch):
+    """Multi-row products by a static read its copy packed for the run (codegen/packed_gemm.py), transposed
+    statics (∂F's Uᵀ) included, bias added by the kernel: the reference runner's numbers at widths that are not
+    a multiple of a panel's. That the packed copies are what the products read: zeroed, the numbers change."""
+    interp = c_runner.c_interpreter.interpreter(np.float32)
+    if interp is None or not interp.packed_nr:
+        pytest.skip("no packed product here (float32 with AVX-512 only)")
+    t = Trainer(MODELS / f"{name}.yaml", TINY[name] + ["train.dtype=float32", "model.hidden=45"], run_dir=tmp_path)
+    samples = t.task.data["train"][:20]
+    monkeypatch.setattr(c_runner, "CONTIGUOUS_STATICS_ROWS", 1)
+    monkeypatch.setattr(c_runner, "PACKED_STATICS_ROWS", 1)
+    packed, real = [], c_runner._Entries.pack
+    monkeypatch.setattr(c_runner._Entries, "pack",
+                        lambda self, i, op, *rest: packed.append(op.source.shape) or real(self, i, op, *rest))
+    python, native = _both(t, samples)
+    _same(python, native, "float32")
+    assert any(shape[0] > shape[1] for shape in packed) and any(shape[0] < shape[1] for shape in packed), packed
+    assert not any(b.info[5:].any() for b in c_runner._TABLES.values())   # (let go after the call)
+
+    def zeroed(self, i, op, *rest):
+        real(self, i, op, *rest)
+        self.bound.packs[i][...] = 0
+    monkeypatch.setattr(c_runner._Entries, "pack", zeroed)
+    with pytest.raises(AssertionError):
+        _same(t.loss_and_grads(samples), native, "float32")
+
+
+def test_read_only_statics_are_packed_once_for_every_batch(tmp_path, monkeypatch):
+    """A read-only static's packed copy (codegen/packed_gemm.py) is made in the first batch and read by the next
+    ones (not packed again), with the reference runner's numbers."""
+    interp = c_runner.c_interpreter.interpreter(np.float32)
+    if interp is None or not interp.packed_nr:
+        pytest.skip("no packed product here (float32 with AVX-512 only)")
+    monkeypatch.setattr(c_runner, "CONTIGUOUS_STATICS_ROWS", 1)
+    monkeypatch.setattr(c_runner, "PACKED_STATICS_ROWS", 1)
+    t = Trainer(MODELS / "tree_lstm.yaml", TINY["tree_lstm"] + ["train.dtype=float32", "model.hidden=45"],
+                run_dir=tmp_path)
+    t.params.read_only()
+    graphs, feeds = t.task.batch(t.task.data["train"][:20])
+
+    def kept_packs() -> set:
+        return {id(copy) for _, copies in c_runner._KEPT.values() for key, copy in copies.items() if key[0] == "packed"}
+
+    runs, packs = [], []
+    for _ in range(3):
+        runs.append(t.model.infer(graphs, feeds, t.params, t.context(training=False),
+                                  options=EngineOptions(runner="device", check=True)).outputs)
+        packs.append(kept_packs())
+    assert packs[0] and packs[0] == packs[1] == packs[2]
+    reference = t.model.infer(graphs, feeds, t.params, t.context(training=False),
+                              options=EngineOptions(runner="reference")).outputs
+    for out in runs:
+        for k in out:
+            close(out[k], reference[k], "float32")

@@ -445,7 +445,8 @@ def _one_kind_program(ex, table: np.ndarray, a: np.ndarray, sync: np.ndarray, ro
     err, p = np.zeros(4, np.int64), ex.ptr
     rc = ex.run(p(code), p(np.zeros(1, np.int64)), p(ranges), 3, p(table), len(table), table.shape[1],
                 p(info[0]), p(info[1]), p(info[2]), p(info[3]), 2, 1, 1, 1, p(np.zeros(1, np.int64)), 0, ex.gemm,
-                ex.gemv, int(ex.ilp64), 1, 1, p(err), ex.ffi.NULL, p(info[4]), 0, 0, 0, p(sync), role, nwait)
+                ex.gemv, int(ex.ilp64), 1, 1, p(err), ex.ffi.NULL, p(info[4]),
+                p(np.zeros(6, np.int64)), 0, 0, 0, p(sync), role, nwait)
     return rc, err
 
 
@@ -760,6 +761,7 @@ def test_transposed_statics_copied_for_the_task_loop_give_the_same_numbers(dtype
     """∂F's W_h^T is read as a contiguous copy when multi-row tasks multiply by it enough (cpu/c_runner.py):
     the same loss and gradients as multiplying by the transposed view and as Python's, up to rounding (BLAS
     may sum in another order for another layout)."""
+    monkeypatch.setattr(c_runner, "_product_statics", lambda lowered: frozenset())   # (float32 packs instead)
     t = Trainer(MODELS / "var_lstm.yaml", TINY["var_lstm"] + [f"train.dtype={dtype}"], run_dir=tmp_path)
     samples = t.task.data["train"][:10]
     copied = record_contiguous_copies(monkeypatch)
@@ -790,6 +792,7 @@ def test_few_row_products_by_a_wide_static_run_transposed_with_the_same_numbers(
     this small model takes it) ∂F's dgates·W_h^T on W_h itself: the same loss and gradients as the plain
     products (the path switched off) and as the reference runner, at tasks of 1 to 40 rows (one row takes
     the GEMV; more than SMALL_M_ROWS the plain GEMM), with the debug mode's bounds checks on."""
+    monkeypatch.setattr(c_runner, "_product_statics", lambda lowered: frozenset())   # (float32 packs instead)
     monkeypatch.setattr(c_runner, "TWIN_ELEMENTS", 1)
     monkeypatch.setattr(c_runner, "CONTIGUOUS_STATICS_ROWS", 1)
     t = Trainer(MODELS / "var_lstm.yaml", TINY["var_lstm"] + [f"train.dtype={dtype}", "data.synthetic.train=120"],

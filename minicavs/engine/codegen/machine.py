@@ -25,6 +25,7 @@ import re
 import textwrap
 
 from ...core.limits import MAX_ARGS, MAX_REGISTERS  # noqa: F401  (re-exported: the lowering's limits)
+from .packed_gemm import PACKED_DECLS, packed_source
 from .opcodes import OPCODE_TABLE, OPCODES, OPERAND_KINDS, OPS, SPAN_HELPERS, checked, checks  # noqa: F401
 
 WIDTH = 10
@@ -52,6 +53,7 @@ INTERPRETER_SOURCE = r"""
 #include <string.h>
 #include <math.h>
 #include <sched.h>
+{PACKED}
 
 typedef {T} T;
 typedef struct {{ T *p; int64_t ld; int64_t trans; int64_t buf; }} reg_t;
@@ -119,7 +121,7 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
             const int64_t *base, const int64_t *size, const int64_t *ld, const int64_t *trans, int64_t nbufs,
             int64_t scratch_buf, int64_t max_bs, int64_t nregs, const int64_t *kernels, int64_t nkernels,
             int64_t gemm, int64_t gemv, int64_t ilp64, int64_t forest, int64_t check, int64_t *err, int64_t *prof,
-            const int64_t *twin, int64_t tmp_off, int64_t tmp_rows, int64_t tmp_cols,
+            const int64_t *twin, const int64_t *packed, int64_t tmp_off, int64_t tmp_rows, int64_t tmp_cols,
             int64_t *sync, int64_t role, int64_t nwait) {{
     buftab_t B = {{base, size, ld, trans}};
     struct timespec t0, t1;
@@ -237,6 +239,12 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
                 const int64_t ldc = C->ld < n ? n : C->ld;
                 if (k == 0) {{
                     for (int64_t r = 0; r < m; r++) memset(C->p + r * C->ld, 0, (size_t)n * sizeof(T));
+                }} else if (MC_PACKED && m >= 2 && MC_PACKS(m, n, k) && !A->trans && Bm->buf >= 0 && packed[Bm->buf]
+                           && Bm->p == (T *)base[Bm->buf] && Bm->trans == trans[Bm->buf] && Bm->ld == ld[Bm->buf]
+                           && k == packed[nbufs + Bm->buf] && n == packed[2 * nbufs + Bm->buf]) {{
+                    /* the static as packed for this run (packed_gemm.py), the bias added on the way out */
+                    mc_gemm_packed(m, n, k, A->p, lda, (const T *)packed[Bm->buf], C->p, ldc, a[6] >= 0 ? R[a[6]].p : 0);
+                    break;
                 }} else if (m == 1 && gemv) {{
                     /* one row: c = op(B)^T a, B read as stored (k x n, or n x k when transposed) */
                     const int64_t inca = A->trans ? (A->ld < 1 ? 1 : A->ld) : 1;
@@ -625,7 +633,8 @@ def interpreter_source(c_type: str) -> str:
     """The interpreter's C source for one element type (``float`` or ``double``)."""
     enum = ", ".join([f"{name} = {i}" for name, i in OPS.items()] + [f"NOPCODES = {len(OPS)}"])
     source = INTERPRETER_SOURCE.format(T=c_type, ENUM=enum, WIDTH=WIDTH, MAX_ARGS=MAX_ARGS, MAX_REGISTERS=MAX_REGISTERS,
-                                       REGISTER_CASES=register_cases("REGOK", 12), SPAN_HELPERS=SPAN_HELPERS)
+                                       REGISTER_CASES=register_cases("REGOK", 12), SPAN_HELPERS=SPAN_HELPERS,
+                                       PACKED=packed_source(c_type))
     return viewed(checked(source, "REGOK"))
 
 
@@ -650,5 +659,6 @@ def interpreter_decls(c_type: str) -> str:
             " const int64_t *tasks, int64_t ntasks, int64_t tw, const int64_t *base, const int64_t *size,"
             " const int64_t *ld, const int64_t *trans, int64_t nbufs, int64_t scratch_buf, int64_t max_bs,"
             " int64_t nregs, const int64_t *kernels, int64_t nkernels, int64_t gemm, int64_t gemv, int64_t ilp64,"
-            " int64_t forest, int64_t check, int64_t *err, int64_t *prof, const int64_t *twin, int64_t tmp_off,"
-            " int64_t tmp_rows, int64_t tmp_cols, int64_t *sync, int64_t role, int64_t nwait);")
+            " int64_t forest, int64_t check, int64_t *err, int64_t *prof, const int64_t *twin,"
+            " const int64_t *packed, int64_t tmp_off, int64_t tmp_rows, int64_t tmp_cols, int64_t *sync,"
+            " int64_t role, int64_t nwait);" + PACKED_DECLS[c_type])

@@ -1,0 +1,157 @@
+"""C source of the C runner's product by a packed static (strings only; machine.py puts it into the interpreter).
+
+Why: a per-level product of a tree model multiplies few rows by a large static (a Tree-LSTM's U, 2H x 3H: 6.3 MB
+at H 512), and OpenBLAS packs that whole static into its panel layout on every call. At 2-64 rows the packing
+costs more than the arithmetic (OpenBLAS, one thread, 1024 x 1536: ~0.9 ms a call at 2-16 rows, where reading
+the static once takes ~0.25 ms). The C runner therefore packs each such static once per run (``mc_pack``: panels
+of ``MC_NR`` columns, k rows each, zero-padded; a transposed static is packed from its transpose, so ∂F needs no
+transposed copy) and multiplies by the packed panels (``mc_gemm_packed``: an 8 x 32 register block, one row of
+A broadcast against two vectors of a panel row, the bias added on the way out), one pass over the static per
+call. Float32 with AVX-512 only: elsewhere ``mc_packed_nr`` is 0 and the runner packs nothing.
+"""
+from __future__ import annotations
+
+# MC_NR: a panel's columns (two 16-float vectors); MC_MR: the rows of a register block (8 x 2 accumulators);
+# MC_MBLK: rows per pass over the panels (their A rows stay in L2 while every panel streams by); MC_KC: k per pass
+PACKED_SOURCE_F32 = r"""
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#define MC_NR 32
+#define MC_MR 8
+#define MC_MBLK 96
+#define MC_KC 384
+/* rows x cols (<= MC_NR) of C at c (row stride ldc) = mr rows of A (row stride lda) times one packed panel (k rows
+   of MC_NR), plus bias (cols of it) when given */
+#define MC_BLOCK(MR) \
+static inline void mc_block##MR(int64_t k, const float *a, int64_t lda, const float *bp, float *c, int64_t ldc, \
+                                int64_t cols, const float *bias, int add) { \
+    __m512 acc0[MR], acc1[MR]; \
+    _Pragma("GCC unroll 8") for (int i = 0; i < MR; i++) { acc0[i] = _mm512_setzero_ps(); acc1[i] = _mm512_setzero_ps(); } \
+    for (int64_t kk = 0; kk < k; kk++) { \
+        const __m512 b0 = _mm512_loadu_ps(bp + kk * MC_NR), b1 = _mm512_loadu_ps(bp + kk * MC_NR + 16); \
+        _Pragma("GCC unroll 8") for (int i = 0; i < MR; i++) { \
+            const __m512 s = _mm512_set1_ps(a[i * lda + kk]); \
+            acc0[i] = _mm512_fmadd_ps(s, b0, acc0[i]); acc1[i] = _mm512_fmadd_ps(s, b1, acc1[i]); \
+        } \
+    } \
+    const __mmask16 m0 = cols >= 16 ? 0xffff : (__mmask16)((1u << cols) - 1); \
+    const __mmask16 m1 = cols >= 32 ? 0xffff : cols <= 16 ? 0 : (__mmask16)((1u << (cols - 16)) - 1); \
+    __m512 bias0 = _mm512_setzero_ps(), bias1 = _mm512_setzero_ps(); \
+    if (bias) { bias0 = _mm512_maskz_loadu_ps(m0, bias); bias1 = _mm512_maskz_loadu_ps(m1, bias + 16); } \
+    _Pragma("GCC unroll 8") for (int i = 0; i < MR; i++) { \
+        if (add) { \
+            bias0 = _mm512_maskz_loadu_ps(m0, c + i * ldc); bias1 = _mm512_maskz_loadu_ps(m1, c + i * ldc + 16); \
+        } \
+        _mm512_mask_storeu_ps(c + i * ldc, m0, _mm512_add_ps(acc0[i], bias0)); \
+        _mm512_mask_storeu_ps(c + i * ldc + 16, m1, _mm512_add_ps(acc1[i], bias1)); \
+    } \
+}
+MC_BLOCK(1) MC_BLOCK(2) MC_BLOCK(3) MC_BLOCK(4) MC_BLOCK(5) MC_BLOCK(6) MC_BLOCK(7) MC_BLOCK(8)
+
+int64_t mc_packed_nr(void) { return MC_NR; }
+
+/* the k x n matrix b (row stride ldb; trans: b is stored n x k, row stride ldb) as panels of MC_NR columns into bp
+   (ceil(n / MC_NR) * MC_NR * k floats): panel j holds rows 0..k of columns j*MC_NR.., zero past n */
+void mc_pack(int64_t k, int64_t n, const float *b, int64_t ldb, int64_t trans, float *bp) {
+    if (!trans) {   /* 16 rows at a time, panel by panel, two masked vector moves a row (1.4-2.6x faster than a
+                       panel at a time by memcpy: b's rows are read while in cache) */
+        for (int64_t k0 = 0; k0 < k; k0 += 16) {
+            const int64_t k1 = k0 + 16 < k ? k0 + 16 : k;
+            for (int64_t j0 = 0; j0 < n; j0 += MC_NR) {
+                const int64_t nr = n - j0 < MC_NR ? n - j0 : MC_NR;
+                const __mmask16 m0 = nr >= 16 ? 0xffff : (__mmask16)((1u << nr) - 1);
+                const __mmask16 m1 = nr >= 32 ? 0xffff : nr <= 16 ? 0 : (__mmask16)((1u << (nr - 16)) - 1);
+                float *dst = bp + j0 * k;
+                for (int64_t kk = k0; kk < k1; kk++) {
+                    const float *src = b + kk * ldb + j0;
+                    _mm512_storeu_ps(dst + kk * MC_NR, _mm512_maskz_loadu_ps(m0, src));
+                    _mm512_storeu_ps(dst + kk * MC_NR + 16, _mm512_maskz_loadu_ps(m1, src + 16));
+                }
+            }
+        }
+        return;
+    }
+    for (int64_t j0 = 0; j0 < n; j0 += MC_NR) {
+        const int64_t nr = n - j0 < MC_NR ? n - j0 : MC_NR;
+        float *dst = bp + j0 * k;
+        for (int64_t k0 = 0; k0 < k; k0 += 64) {   /* (tiles: a column of the panel reads a row of b) */
+            const int64_t k1 = k0 + 64 < k ? k0 + 64 : k;
+            for (int64_t j = 0; j < MC_NR; j++) {
+                if (j >= nr) {
+                    for (int64_t kk = k0; kk < k1; kk++) dst[kk * MC_NR + j] = 0.0f;
+                    continue;
+                }
+                const float *src = b + (j0 + j) * ldb;
+                for (int64_t kk = k0; kk < k1; kk++) dst[kk * MC_NR + j] = src[kk];
+            }
+        }
+    }
+}
+
+/* C (m x n, row stride ldc) = A (m x k, row stride lda) times the packed k x n matrix bp, plus bias (n) if given;
+   k in chunks of MC_KC (a register block's A rows stay in L1), the chunks after the first added into C */
+static void mc_gemm_packed(int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *bp, float *c,
+                           int64_t ldc, const float *bias) {
+    for (int64_t i0 = 0; i0 < m; i0 += MC_MBLK) {
+        const int64_t i1 = i0 + MC_MBLK < m ? i0 + MC_MBLK : m;
+        for (int64_t k0 = 0; k0 < k; k0 += MC_KC) {
+            const int64_t kc = k - k0 < MC_KC ? k - k0 : MC_KC;
+            const int add = k0 > 0;
+            for (int64_t j0 = 0; j0 < n; j0 += MC_NR) {
+                const int64_t cols = n - j0 < MC_NR ? n - j0 : MC_NR;
+                const float *panel = bp + j0 * k + k0 * MC_NR, *bj = bias && !add ? bias + j0 : 0;
+                int64_t i = i0;
+                for (; i + MC_MR <= i1; i += MC_MR)
+                    mc_block8(kc, a + i * lda + k0, lda, panel, c + i * ldc + j0, ldc, cols, bj, add);
+                const float *ai = a + i * lda + k0;
+                float *ci = c + i * ldc + j0;
+                switch (i1 - i) {
+                case 1: mc_block1(kc, ai, lda, panel, ci, ldc, cols, bj, add); break;
+                case 2: mc_block2(kc, ai, lda, panel, ci, ldc, cols, bj, add); break;
+                case 3: mc_block3(kc, ai, lda, panel, ci, ldc, cols, bj, add); break;
+                case 4: mc_block4(kc, ai, lda, panel, ci, ldc, cols, bj, add); break;
+                case 5: mc_block5(kc, ai, lda, panel, ci, ldc, cols, bj, add); break;
+                case 6: mc_block6(kc, ai, lda, panel, ci, ldc, cols, bj, add); break;
+                case 7: mc_block7(kc, ai, lda, panel, ci, ldc, cols, bj, add); break;
+                }
+            }
+        }
+    }
+}
+#define MC_PACKED 1
+#define MC_PACKS(m, n, k) ((m) <= @ROWS@ || (n) * (k) <= @SMALL@)
+#else
+int64_t mc_packed_nr(void) { return 0; }
+void mc_pack(int64_t k, int64_t n, const float *b, int64_t ldb, int64_t trans, float *bp) { }
+#define MC_PACKED 0
+#define MC_PACKS(m, n, k) 0
+#define mc_gemm_packed(...) ((void)0)
+#endif
+"""
+
+# The packed product serves a GEMM of at most PACKED_ROWS rows, or by a static of at most PACKED_SMALL elements (a
+# Tree-LSTM's leaf block at H 128, 1417 x 128 x 384: 193 against OpenBLAS's 180 GFLOP/s); OpenBLAS's own blocking
+# wins on many rows by a large static (1417 x 512 x 1536: 156 against 195).
+PACKED_ROWS = 512
+PACKED_SMALL = 1 << 18
+
+# float64 (the reference path for gradient checks): no packed kernel
+PACKED_SOURCE_F64 = r"""
+int64_t mc_packed_nr(void) { return 0; }
+void mc_pack(int64_t k, int64_t n, const double *b, int64_t ldb, int64_t trans, double *bp) { }
+#define MC_PACKED 0
+#define MC_PACKS(m, n, k) 0
+#define mc_gemm_packed(...) ((void)0)
+"""
+
+PACKED_DECLS = {"float": "int64_t mc_packed_nr(void); void mc_pack(int64_t k, int64_t n, const float *b, int64_t ldb,"
+                         " int64_t trans, float *bp);",
+                "double": "int64_t mc_packed_nr(void); void mc_pack(int64_t k, int64_t n, const double *b, "
+                          "int64_t ldb, int64_t trans, double *bp);"}
+
+
+def packed_source(c_type: str) -> str:
+    """The packed product's C source for ``float`` or ``double`` (a stub: no packed kernel)."""
+    if c_type != "float":
+        return PACKED_SOURCE_F64
+    return PACKED_SOURCE_F32.replace("@ROWS@", str(PACKED_ROWS)).replace("@SMALL@", str(PACKED_SMALL))
