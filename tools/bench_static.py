@@ -39,19 +39,24 @@ def _infer(trees: int) -> float:
     return sorted(times[1:])[1]   # (the first pass warms up; the second best of the rest)
 
 
+def _training_rate(t, batches: list, samples: int) -> float:
+    """Samples per CPU second of a training pass over ``batches``: the median of the 2nd and 3rd passes."""
+    rates = []
+    for _ in range(3):
+        start = time.process_time_ns()
+        for graphs, feeds in batches:
+            t.model.forward_backward(graphs, feeds, t.params)
+        rates.append(samples / ((time.process_time_ns() - start) / 1e9))
+    return statistics.median(rates[1:])
+
+
 def _train(trees: int, batch: int = 64) -> float:
     from minicavs.bench import workloads
     from minicavs.engine.compile import EngineOptions
     t = workloads.tree_lstm(SST, 128, 128, batch, trees, EngineOptions())
     data = t.task.data["train"]
     batches = [t.task.batch(data[i:i + batch]) for i in range(0, len(data), batch)]
-    rates = []
-    for _ in range(3):
-        start = time.process_time_ns()
-        for graphs, feeds in batches:
-            t.model.forward_backward(graphs, feeds, t.params)
-        rates.append(len(data) / ((time.process_time_ns() - start) / 1e9))
-    return statistics.median(rates[1:])
+    return _training_rate(t, batches, len(data))
 
 
 def _seq2seq(sequences: int) -> float:
@@ -61,13 +66,7 @@ def _seq2seq(sequences: int) -> float:
     t = Trainer(models / "seq2seq.yaml", [f"data.synthetic.train={sequences}"], run_dir=Path("/tmp/bench_static_s2s"))
     data = t.task.data["train"]
     batches = [t.task.batch(data[i:i + 32]) for i in range(0, len(data), 32)]
-    rates = []
-    for _ in range(3):
-        start = time.process_time_ns()
-        for graphs, feeds in batches:
-            t.model.forward_backward(graphs, feeds, t.params)
-        rates.append(len(data) / ((time.process_time_ns() - start) / 1e9))
-    return statistics.median(rates[1:])
+    return _training_rate(t, batches, len(data))
 
 
 POINTS = {"infer": (_infer, 512), "train": (_train, 1024), "train1": (lambda n: _train(n, 1), 256),

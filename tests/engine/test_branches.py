@@ -181,6 +181,22 @@ def test_a_wrong_branch_is_refused_by_every_runners_checks(cuda_standin, opcode,
             _corrupted(model, vals, feeds, runner, device, opcode, operand, value)
 
 
+def _refused_by_every_runner(model, vals, feeds, cuda_standin, opcode: str, operand: int, value: int, name: str,
+                             backward: bool) -> None:
+    """The reference runner, the C runner and the emulated CUDA loop each refuse the corrupted instruction,
+    naming operand ``name`` (the loop tests' shared check)."""
+    title = "∂F" if backward else "F"
+    expected = [("reference", None, CheckError, rf"reference {title}: task \d+, instruction \d+ \(\w+ .*\): "
+                                                rf"operand {name}"),
+                ("device", None, CheckError, rf"C runner {title}: task \d+, instruction \d+ \(\w+ .*\): operand "
+                                             rf"{name}"),
+                ("device", Cuda(cuda_standin), issue.IssueCheckError,
+                 rf"cuda {title}: task \d+, instruction \d+ \(\w+ .*\): operand {name}")]
+    for runner, device, error, message in expected:
+        with pytest.raises(error, match=message):
+            _corrupted(model, vals, feeds, runner, device, opcode, operand, value, backward)
+
+
 def test_a_pred_that_is_not_one_value_is_refused(cuda_standin):
     """BRANCH's pred pointed at the static Wx (8 values): refused by every loop, naming ``pred``."""
     vals, feeds = _values(1.0)

@@ -11,8 +11,7 @@ import pytest
 
 from minicavs import ops
 from minicavs.core.dtypes import float64 as F64
-from minicavs.core.errors import CheckError
-from minicavs.cuda import Cuda, issue
+from minicavs.cuda import Cuda
 from minicavs.engine import instructions
 from minicavs.engine.lowered import OPCODES_BY_ID
 from minicavs.engine.model import Model, Structure
@@ -21,7 +20,7 @@ from minicavs.runtime.inputs import InputGraph
 from minicavs.runtime.vertex import VertexFunction
 
 from .test_backend import close
-from .test_branches import _corrupted, _instructions, _ran_with, _run
+from .test_branches import _instructions, _ran_with, _refused_by_every_runner, _run
 
 GRAPHS = [InputGraph.chain(n) for n in (3, 1, 2)]
 D, H, MOST = 2, 3, 6
@@ -109,16 +108,7 @@ def test_a_wrong_loop_is_refused_by_every_runners_checks(cuda_standin, opcode, o
     before moving pc or reading."""
     vals, feeds = _values(3)
     model = _rnn(3, "foreach")
-    title = "∂F" if backward else "F"
-    expected = [("reference", None, CheckError, rf"reference {title}: task \d+, instruction \d+ \(\w+ .*\): "
-                                                rf"operand {name}"),
-                ("device", None, CheckError, rf"C runner {title}: task \d+, instruction \d+ \(\w+ .*\): operand "
-                                             rf"{name}"),
-                ("device", Cuda(cuda_standin), issue.IssueCheckError,
-                 rf"cuda {title}: task \d+, instruction \d+ \(\w+ .*\): operand {name}")]
-    for runner, device, error, message in expected:
-        with pytest.raises(error, match=message):
-            _corrupted(model, vals, feeds, runner, device, opcode, operand, value, backward)
+    _refused_by_every_runner(model, vals, feeds, cuda_standin, opcode, operand, value, name, backward)
 
 
 def _lstm(steps: int, how: str) -> Model:

@@ -25,7 +25,7 @@ from minicavs.runtime.inputs import InputGraph
 from minicavs.runtime.vertex import VertexFunction
 
 from .test_backend import close
-from .test_branches import _corrupted, _run
+from .test_branches import _corrupted, _refused_by_every_runner, _run
 
 GRAPHS = [InputGraph.chain(n) for n in (3, 1, 2)]
 H, MOST = 3, 6
@@ -246,16 +246,7 @@ def test_a_wrong_trip_count_condition_or_depth_is_refused_by_every_runners_check
     the template: each loop refuses the instruction, naming the operand, before moving pc or reading."""
     vals, feeds = _values(3)
     model = _chain(None)
-    title = "∂F" if backward else "F"
-    expected = [("reference", None, CheckError, rf"reference {title}: task \d+, instruction \d+ \(\w+ .*\): "
-                                                rf"operand {name}"),
-                ("device", None, CheckError, rf"C runner {title}: task \d+, instruction \d+ \(\w+ .*\): operand "
-                                             rf"{name}"),
-                ("device", Cuda(cuda_standin), issue.IssueCheckError,
-                 rf"cuda {title}: task \d+, instruction \d+ \(\w+ .*\): operand {name}")]
-    for runner, device, error, message in expected:
-        with pytest.raises(error, match=message):
-            _corrupted(model, vals, feeds, runner, device, opcode, operand, value, backward)
+    _refused_by_every_runner(model, vals, feeds, cuda_standin, opcode, operand, value, name, backward)
 
 
 def test_a_trip_count_that_is_not_one_int64_value_is_refused(cuda_standin):
@@ -370,11 +361,4 @@ def test_a_wrong_count_in_a_loops_body_is_refused_by_every_runners_checks(cuda_s
     rng = np.random.default_rng(9)
     vals = {"Wh": rng.uniform(-0.5, 0.5, (H, H)), "Wx": rng.uniform(-0.5, 0.5, (H, H)), "lim": np.float64(1.5)}
     feeds = {"xs": rng.standard_normal((6, 4, H))}
-    model = _nested(None)
-    expected = [("reference", None, CheckError, rf"reference ∂F: task \d+, instruction \d+ \(\w+ .*\): operand {name}"),
-                ("device", None, CheckError, rf"C runner ∂F: task \d+, instruction \d+ \(\w+ .*\): operand {name}"),
-                ("device", Cuda(cuda_standin), issue.IssueCheckError,
-                 rf"cuda ∂F: task \d+, instruction \d+ \(\w+ .*\): operand {name}")]
-    for runner, device, error, message in expected:
-        with pytest.raises(error, match=message):
-            _corrupted(model, vals, feeds, runner, device, opcode, operand, value, backward=True)
+    _refused_by_every_runner(_nested(None), vals, feeds, cuda_standin, opcode, operand, value, name, True)
