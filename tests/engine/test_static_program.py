@@ -174,3 +174,28 @@ def test_a_row_value_of_another_length_is_a_feed_error_not_a_read_past_its_end(t
     for runner in ("device", "reference"):
         with pytest.raises(FeedError, match=r"'target' .*has \d+ rows where the static graph's other values have"):
             _run(t, graphs, bad, runner)
+
+
+def test_the_c_runners_softmax_over_a_wide_vocabulary_equals_the_step_runners_in_float32(tmp_path):
+    """ROWOP's row functions over 300+ columns (vector blocks of 256 and a tail, rows at the program's stride)
+    against the step runner's library kernels and numpy's cross-entropy, float32."""
+    from minicavs.train.trainer import Trainer
+    from ..models.test_models import MODELS
+    rng = np.random.default_rng(3)
+    words = [f"w{i}" for i in range(330)]
+    text = tmp_path / "wide.txt"
+    order = rng.permutation(words * 2)   # every word twice, sentences of 6
+    text.write_text("\n".join(" ".join(order[i:i + 6]) for i in range(0, len(order), 6)) + "\n")
+    t = Trainer(MODELS / "var_lstm.yaml", TINY["var_lstm"] + [f"data.train={text}", f"data.dev={text}",
+                                                             f"data.test={text}", "train.dtype=float32"],
+                run_dir=tmp_path / "run")
+    assert t.params["W_o"].value.shape[1] > 300
+    graphs, feeds = t.task.batch(t.task.data["train"][:8])
+    want = _steps_only(t, graphs, feeds)
+    got = _run(t, graphs, feeds, "device", check=True)
+    assert [p.runner for p in _programs(got)] and all(p.runner == "C runner" for p in _programs(got))
+    assert abs(float(to_host(got.loss)) - want.loss) <= 1e-5 * abs(want.loss)
+    assert set(got.grads) == set(want.grads) and set(got.outputs) == set(want.outputs)
+    for k, b in [*want.grads.items(), *want.outputs.items()]:
+        a, b = _dense({**got.grads, **got.outputs}[k]), _dense(b)
+        assert np.abs(a - b).max(initial=0) <= 1e-5 * max(1.0, np.abs(b).max(initial=0)), k

@@ -21,80 +21,23 @@ from __future__ import annotations
 
 import functools
 
-from .vecmath import PRELUDE_F32
+from .row_source import row_functions
 
 SOURCE = """
 #include <math.h>
-{prelude}
-/* Rows shorter than a vector (SST's 5 classes over every tree vertex) take plain loops: the simd versions'
-   set-up and remainder cost ~3x more per row there. */
-static inline {T} row_max(const {T} *x, long n) {{
-    {T} m = x[0];
-    if (n < 16) {{
-        for (long c = 1; c < n; c++) m = x[c] > m ? x[c] : m;
-        return m;
-    }}
-    #pragma omp simd reduction(max:m)
-    for (long c = 0; c < n; c++) m = x[c] > m ? x[c] : m;
-    return m;
-}}
-/* The exp passes are compute-bound (about 5 of xent's 6 ms over 1.5k x 6k float32 here) while the next row's
-   max pass waits on memory: each block of 256 columns first prefetches the same block of the next row
-   (``next``; the row itself on the last row), so that the max pass finds it in cache: 10% off both kernels. */
-#define ROW_BLOCK 256
-#define PREFETCH_BLOCK(next, c0, c1) for (long c = c0; c < c1; c += 64 / (long)sizeof({T})) \
-    __builtin_prefetch(next + c, 0, 3)
-static inline {T} row_sumexp(const {T} *x, long n, {T} m, const {T} *next) {{
-    {T} s = 0;
-    if (n < 16) {{
-        for (long c = 0; c < n; c++) s += {EXP_NONPOS}(x[c] - m);
-        return s;
-    }}
-    for (long c0 = 0; c0 < n; c0 += ROW_BLOCK) {{
-        long c1 = c0 + ROW_BLOCK < n ? c0 + ROW_BLOCK : n;
-        {T} block = 0;
-        PREFETCH_BLOCK(next, c0, c1);
-        #pragma omp simd reduction(+:block)
-        for (long c = c0; c < c1; c++) block += {EXP_NONPOS}(x[c] - m);
-        s += block;
-    }}
-    return s;
-}}
+{rows}
 /* loss[r] = logsumexp(x[r]) - x[r, label[r]] */
 void xent_{T}(long rows, long n, const {T} *x, const long *label, {T} *loss) {{
     for (long r = 0; r < rows; r++) {{
         const {T} *xr = x + r * n;
-        {T} m = row_max(xr, n);
-        loss[r] = m + {LOG}(row_sumexp(xr, n, m, r + 1 < rows ? xr + n : xr)) - xr[label[r]];
+        row_softmax_fn(1, n, xr, r + 1 < rows ? xr + n : xr, label[r], 0, loss + r);
     }}
 }}
-/* out[r] = (softmax(x[r]) - onehot(label[r])) * g[r]. One exp per element: the row's exps go into out[r] with
-   their sum, then one scaling pass over out[r] (a row of a 10k-word vocabulary stays in L1/L2); the exp was
-   two thirds of the kernel's time when it ran twice. */
+/* out[r] = (softmax(x[r]) - onehot(label[r])) * g[r] */
 void xent_grad_{T}(long rows, long n, const {T} *g, const {T} *x, const long *label, {T} *out) {{
     for (long r = 0; r < rows; r++) {{
         const {T} *xr = x + r * n;
-        {T} *o = out + r * n;
-        {T} m = row_max(xr, n), s = 0;
-        if (n < 16) {{
-            for (long c = 0; c < n; c++) {{ {T} e = {EXP_NONPOS}(xr[c] - m); o[c] = e; s += e; }}
-            {T} scale = g[r] / s;
-            for (long c = 0; c < n; c++) o[c] *= scale;
-        }} else {{
-            const {T} *next = r + 1 < rows ? xr + n : xr;
-            for (long c0 = 0; c0 < n; c0 += ROW_BLOCK) {{
-                long c1 = c0 + ROW_BLOCK < n ? c0 + ROW_BLOCK : n;
-                {T} block = 0;
-                PREFETCH_BLOCK(next, c0, c1);
-                #pragma omp simd reduction(+:block)
-                for (long c = c0; c < c1; c++) {{ {T} e = {EXP_NONPOS}(xr[c] - m); o[c] = e; block += e; }}
-                s += block;
-            }}
-            {T} scale = g[r] / s;
-            #pragma omp simd
-            for (long c = 0; c < n; c++) o[c] *= scale;
-        }}
-        o[label[r]] -= g[r];
+        row_softmax_fn(2, n, xr, r + 1 < rows ? xr + n : xr, label[r], g[r], out + r * n);
     }}
 }}
 /* dst (cols x rows, C-contiguous) = the transpose of src (rows x cols, row stride ld), in panels of 16 source
@@ -339,7 +282,6 @@ def render(T: str) -> tuple[str, str]:
     """(C source, cffi declarations) of the library for the C type ``T`` ("float" or "double")."""
     f32 = T == "float"
     rules = [_rule_source(name) for name in RULES]
-    fmt = dict(T=T, SQRT="sqrtf" if f32 else "sqrt", prelude=PRELUDE_F32 if f32 else "",
-               EXP_NONPOS="mc_expf_nonpos" if f32 else "exp", LOG="logf" if f32 else "log")
+    fmt = dict(T=T, SQRT="sqrtf" if f32 else "sqrt", rows=row_functions(T))
     source = (SOURCE + "".join(src for src, _ in rules)).format(**fmt)
     return source, (DECLS + "".join(decls for _, decls in rules)).format(T=T)

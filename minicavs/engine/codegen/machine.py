@@ -26,6 +26,7 @@ import textwrap
 
 from ...core.limits import MAX_ARGS, MAX_REGISTERS  # noqa: F401  (re-exported: the lowering's limits)
 from .packed_gemm import PACKED_DECLS, packed_source
+from .row_source import row_functions
 from .opcodes import OPCODE_TABLE, OPCODES, OPERAND_KINDS, OPS, SPAN_HELPERS, checked, checks  # noqa: F401
 
 WIDTH = 10
@@ -54,6 +55,7 @@ INTERPRETER_SOURCE = r"""
 #include <math.h>
 #include <sched.h>
 {PACKED}
+{ROWS}
 
 typedef {T} T;
 typedef struct {{ T *p; int64_t ld; int64_t trans; int64_t buf; }} reg_t;
@@ -431,14 +433,8 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
                     const T *s = R[a[2]].p + (fn == 3 ? 0 : r * R[a[2]].ld);
                     if (fn == 3) {{ memmove(d, s, (size_t)cols * sizeof(T)); continue; }}
                     if (lab && (lab[r] < 0 || lab[r] >= cols)) FAIL(4);
-                    T mx = cols ? s[0] : (T)0, sum = 0;
-                    for (int64_t j = 1; j < cols; j++) mx = s[j] > mx ? s[j] : mx;
-                    for (int64_t j = 0; j < cols; j++) sum += (T)exp(s[j] - mx);
-                    const T lse = mx + (T)log(sum);
-                    if (fn == 1) {{ d[0] = lse - s[lab[r]]; continue; }}
-                    const T scale = fn == 2 ? R[a[3]].p[r * R[a[3]].ld] : (T)1;
-                    for (int64_t j = 0; j < cols; j++) d[j] = (T)exp(s[j] - lse) * scale;
-                    if (fn == 2) d[lab[r]] -= scale;
+                    row_softmax_fn(fn, cols, s, r + 1 < bs ? s + R[a[2]].ld : s, lab ? lab[r] : 0,
+                                   fn == 2 ? R[a[3]].p[r * R[a[3]].ld] : (T)0, d);
                 }}
                 break;
             }}
@@ -634,7 +630,7 @@ def interpreter_source(c_type: str) -> str:
     enum = ", ".join([f"{name} = {i}" for name, i in OPS.items()] + [f"NOPCODES = {len(OPS)}"])
     source = INTERPRETER_SOURCE.format(T=c_type, ENUM=enum, WIDTH=WIDTH, MAX_ARGS=MAX_ARGS, MAX_REGISTERS=MAX_REGISTERS,
                                        REGISTER_CASES=register_cases("REGOK", 12), SPAN_HELPERS=SPAN_HELPERS,
-                                       PACKED=packed_source(c_type))
+                                       PACKED=packed_source(c_type), ROWS=row_functions(c_type))
     return viewed(checked(source, "REGOK"))
 
 
