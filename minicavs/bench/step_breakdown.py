@@ -12,7 +12,8 @@ Parts (CPU time, per step; they add up to the step, ``glue`` being the rest):
 - **runner (Python)**: the runner call less its C call (the buffer table, the transposed statics' copies);
 - **bind** (linking and binding the batch's programs), **schedule** (the batch's graphs and feeds, planning:
   ``task.batch``, ``Model._plan``), **static graphs** (the model's static part: pulls, loss, F's and ∂F's
-  parameter-only nodes), **optimizer**;
+  parameter-only nodes: their Python, the runner's and binding's time for their programs counted as those
+  parts), **optimizer**; each part exclusive of the other parts' calls inside it, so the parts do not overlap;
 - **glue**: the step less all of the above (the engine's Python between them).
 
 The products' rate: every GEMM of the step's programs is read off the program (per task row its template's
@@ -43,22 +44,33 @@ _SAME = {OPS["COLS"], OPS["ALIAS"]}
 
 
 class _Timers:
-    """CPU seconds spent in wrapped callables, by part; wrappers set on objects and taken off again."""
+    """CPU seconds spent in wrapped callables, by part, each exclusive of the timed calls inside it (a static
+    graph's program bound and run by the runner is bind and runner time, not the static graph's); wrappers
+    set on objects and taken off again."""
 
     def __init__(self):
         self.seconds: Counter = Counter()
         self._saved: list = []
+        self._inner: list = []   # per active wrapped call, the seconds of the timed calls inside it
 
     def wrap(self, obj, name: str, part: str) -> None:
         fn, seconds = getattr(obj, name), self.seconds
 
         def timed(*args, **kwargs):
+            self._inner.append(0.0)
             start = time.process_time()
             try:
                 return fn(*args, **kwargs)
             finally:
-                seconds[part] += time.process_time() - start
+                elapsed = time.process_time() - start
+                seconds[part] += elapsed - self._inner.pop()
+                self.charge(elapsed)
         self.replace(obj, name, timed)
+
+    def charge(self, elapsed: float) -> None:
+        """Counts ``elapsed`` seconds, timed apart, as inside the active wrapped call (if any)."""
+        if self._inner:
+            self._inner[-1] += elapsed
 
     def replace(self, obj, name: str, fn) -> None:
         self._saved.append((obj, name, vars(obj).get(name)))
@@ -98,8 +110,9 @@ class _RunnerClock:
                 self.clock += (clock - before) * (cpu / wall if wall > 0 else 1.0)
                 start, start_cpu = time.perf_counter(), time.process_time()
                 self.gemms.update(gemm_shapes(program))
-                self.probe = (self.probe[0] + time.process_time() - start_cpu,
-                              self.probe[1] + time.perf_counter() - start)
+                probe = time.process_time() - start_cpu
+                self.probe = (self.probe[0] + probe, self.probe[1] + time.perf_counter() - start)
+                timers.charge(cpu + probe)
         timers.replace(device, "run", timed)
 
 
