@@ -310,7 +310,8 @@ def lower_item(t: Template, step) -> bool:
     kept = t.has_memory(node)
     if kept:
         out = t.regs[node] if node in t.regs else t.scratch_reg(node)
-        t.emit("COPY", out, value, _rows(node), _cols(node))
+        if out != value:   # (a cond's result written in place: ops/cond_grad.py)
+            t.emit("COPY", out, value, _rows(node), _cols(node))
     else:
         t.emit("ALIAS", t.reg(node), value)
     return True

@@ -43,13 +43,14 @@ from ..core.dtypes import int64
 from ..core.errors import FeedError, ShapeError
 from ..ir.graph import Node, _rows_implicit, fmt_shape, type_str
 from .autodiff import grad
+from .cond_grad import saved_cond_vjp, saving_cond, side_results
 from .hoist import hoisted_cond
 from .loop_grad import loop_types, saved_vjp, saving_loop
 from .nn import densify, is_row_sparse
 from .registry import OpDef, make_node, register
 from .sources import zeros_like
 from .subgraph import (Subgraph, Traced, _as_list, _cotangents, _extend_captures, _is_tuple_node,
-                       _merged_captures, _results, _tuple_node, item, trace)
+                       _merged_captures, _results, _tuple_node, in_body, item, trace)
 
 
 def _host_true(pred) -> bool:
@@ -103,6 +104,11 @@ def cond(pred: Node, then_fn: Callable, else_fn: Callable, inputs: Sequence[Node
     outs = then_g.outputs
     in_vf = bool(_rows_implicit.get())
     values = operands + captured
+    if in_vf and not in_body():   # one node keeping what its gradient reads (ops/cond_grad.py)
+        saved = saving_cond(pred, *hoisted_cond(then_g, else_g, values, len(operands), eager_only=True),
+                            len(operands))
+        if saved is not None:
+            return saved[0] if isinstance(then_raw, Node) else saved
     if in_vf:   # its products of values from outside made before it (ops/hoist.py)
         then_g, else_g, values = hoisted_cond(then_g, else_g, values, len(operands))
     attrs = {"then": then_g, "else_": else_g, "n_operands": len(operands), "_in_vertex_function": in_vf}
@@ -140,16 +146,27 @@ def _check_branches(a: Subgraph, b: Subgraph) -> None:
                              f"{y.dtype.name}{fmt_shape(y.shape)} in {b.name}; both branches must agree")
 
 
-def _cond_infer(pred, *args, then, else_, n_operands, _in_vertex_function, shape, dtype, _types=None):
+def _cond_infer(pred, *args, then, else_, n_operands, _in_vertex_function, shape, dtype, _types=None, _sides=None):
     return shape, dtype
 
 
-def _cond_impl(xp, pred, *values, then, else_, n_operands, _in_vertex_function, shape, dtype, _types=None):
-    outs = (then if _host_true(pred) else else_).run(xp, values)
+def _cond_impl(xp, pred, *values, then, else_, n_operands, _in_vertex_function, shape, dtype, _types=None,
+               _sides=None):
+    taken = _host_true(pred)
+    outs = (then if taken else else_).run(xp, values)
+    if _sides is not None:   # (each side's own results: ops/cond_grad.py)
+        rows = next(v.shape[0] for v, a in zip(values, then.args) if a.has_rows)
+        outs = side_results(xp, outs, _sides, taken, _types, rows)
     return tuple(outs) if _types is not None else outs[0]
 
 
-def _cond_vjp(g, node, pred, *args, then, else_, n_operands, _in_vertex_function, shape, dtype, _types=None):
+def _cond_vjp(g, node, pred, *args, then, else_, n_operands, _in_vertex_function, shape, dtype, _types=None,
+              _sides=None):
+    if _sides is not None:   # its forward saved what the gradient reads
+        if not _in_vertex_function:
+            raise NotImplementedError(f"{node.label()} is the backward of a cond: its own gradient (second "
+                                      "order) is not defined")
+        return saved_cond_vjp(g, node, pred, args, cond)
     cts = _cotangents(g, node)
     n_out = len(then.outputs)
     given = sorted(cts)

@@ -28,8 +28,9 @@ def flow(node: Node) -> Flow | None:
     """The control-flow facts of ``node`` (None: it holds no subgraph)."""
     a = node.attrs
     if "then" in a:
+        results = len(a["_types"]) if "_sides" in a else len(a["then"].outputs)
         return Flow((("then", a["then"]), ("else", a["else_"])), None, False, False, a["n_operands"], 0,
-                    len(a["then"].outputs), len(node.inputs) - 1 - a["n_operands"], False)
+                    results, len(node.inputs) - 1 - a["n_operands"], "_sides" in a)
     if not isinstance(a.get("body"), Subgraph):
         return None
     bodies = (("body", a["body"]),) + ((("cond", a["cond"]),) if "cond" in a else ())

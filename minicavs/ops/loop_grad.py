@@ -64,7 +64,7 @@ class Plan:
         back = [n for n in Graph([g for g in grads if g is not None]).nodes if n not in forward]
         read = {x for n in back for x in n.inputs} | {g for g in grads if g in forward}
         self.residuals = [n for n in body.computed if n in read and n.has_rows]
-        self.terms = {c: _terms(self.grads[c]) for c in self.caps if self.grads.get(c) is not None}
+        self.terms = {c: grad_terms(self.grads[c]) for c in self.caps if self.grads.get(c) is not None}
 
     def applies(self) -> bool:
         """Can the gradient run from saved values: every captured value's gradient a sum of terms, no
@@ -73,13 +73,13 @@ class Plan:
             g is not None and is_row_sparse(g) for g in self.grads.values())
 
 
-def _terms(g: Node) -> list | None:
+def grad_terms(g: Node) -> list | None:
     """``g`` (a captured value's gradient in the body) as a sum of ("mm", A, B, node): node = Aᵀ·B, and
     ("sum", None, B, node): node sums B over the rows, with A and B per-row matrices; None: not such a sum."""
     if g.has_rows:
         return None
     if g.op == "accum" or (g.op == "add" and all(x.shape == g.shape for x in g.inputs)):
-        parts = [_terms(x) for x in g.inputs]
+        parts = [grad_terms(x) for x in g.inputs]
         return None if any(p is None for p in parts) else [t for p in parts for t in p]
     if g.op == "matmul":
         a, b = g.inputs
