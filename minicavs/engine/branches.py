@@ -8,6 +8,7 @@ bodies' conds). A body value that an earlier branch on the same side of the same
 of several results is a node per result in F; ∂F has a cond per gradient, each recomputing the forward body)."""
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Callable
 
@@ -46,12 +47,43 @@ def lower_cond(t: Template, step, statics: set, device, singles: dict, lower_ste
     out = t.regs[node] if node in t.regs else t.scratch_reg(node) if kept else t.reg(node)
     branch, pred_buf = len(t.code), t.buf(("static", t.origins.get(pred, pred)))
     t.emit("BRANCH", pred_buf, 0)
-    _result(t, node, out, kept, inline(t, then, args, (statics, device, singles), lower_step, (pred_buf, 1))[0])
-    jump = len(t.code)
-    t.emit("JUMP", 0)
-    _result(t, node, out, kept, inline(t, else_, args, (statics, device, singles), lower_step, (pred_buf, 0))[0])
+    for body, side in ((then, 1), (else_, 0)):
+        if side == 0:
+            jump = len(t.code)
+            t.emit("JUMP", 0)
+        with _direct(t, node, body.outputs[0]):   # (a parameter's gradient: into its accumulator)
+            value = inline(t, body, args, (statics, device, singles), lower_step, (pred_buf, side))[0]
+        if not _writes_direct(t, node, value):
+            _result(t, node, out, kept, value)
     t.code[branch] = ("BRANCH", pred_buf, jump - branch)
     t.code[jump] = ("JUMP", len(t.code) - jump - 1)
+
+
+@contextlib.contextmanager
+def _direct(t: Template, node: Node, result: Node):
+    """While a body is lowered: its result computed straight into the accumulator ``node`` is computed into
+    (a block's parameter gradient), as ``node`` would be."""
+    if node not in t.direct and node not in t.direct_blocks:
+        yield
+        return
+    table = t.direct if node in t.direct else t.direct_blocks
+    table[result] = table[node]
+    try:
+        yield
+    finally:
+        del table[result]
+
+
+def _writes_direct(t: Template, node: Node, value: int) -> bool:
+    """Was a branch's result register ``value`` bound to the accumulator of ``node`` (nothing to copy)?"""
+    key = ("pgrad", t.direct[node], "set") if node in t.direct else ("pgrad", t.direct_blocks[node], "block") \
+        if node in t.direct_blocks else None
+    if key is None or key not in t.buffers:
+        return False
+    for code in reversed(t.code):
+        if code[0] in ("BIND", "SCRATCH", "ALIAS", "COLS") and code[1] == value:
+            return code[0] == "BIND" and code[2] == t.buffers[key]
+    return False
 
 
 def inline(t: Template, body, args: list, where: tuple, lower_step: Callable, side: tuple,
@@ -73,7 +105,8 @@ def inline(t: Template, body, args: list, where: tuple, lower_step: Callable, si
         into = into or {}
         parts = _concat_views(t, concats, into)
         # (results a kernel writes straight into the memory given them)
-        t.regs.update((o, into[o]) for step in steps if step.fused for o in step.outputs if o in into and o not in parts)
+        t.regs.update((o, into[o]) for step in steps if step.fused or _zero(step) for o in step.outputs
+                      if o in into and o not in parts)
         for step in steps:
             outs = step.outputs
             literal = OPS[outs[0].op].literal
@@ -93,6 +126,12 @@ def inline(t: Template, body, args: list, where: tuple, lower_step: Callable, si
         return [t.regs[out] for out in wanted]
     finally:
         t.regs, t.literals, t.guard = outer, outer_literals, outer_guard
+
+
+def _zero(step) -> bool:
+    """Is ``step`` zeros (ZERO writes them into a register's memory)?"""
+    native = OPS[step.outputs[0].op].native
+    return native is not None and native(step.outputs[0]) == "zero"
 
 
 def _value_keys(body, arg_regs: list) -> dict:

@@ -24,11 +24,11 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from ..ir.graph import Graph, Node
-from .autodiff import grad
+from .autodiff import grad, needs_gradient
 from .elementwise import accum
 from .flow import is_cond, is_loop
 from .hoist import closed
-from .loop_grad import grad_terms
+from .loop_grad import grad_terms, invariants
 from .registry import OPS, make_node
 from .sources import input as placeholder, zeros_like
 from .subgraph import Subgraph, _cotangents, _tuple_node, item
@@ -121,7 +121,7 @@ def saved_cond_vjp(g: Node, node: Node, pred: Node, args: Sequence[Node], cond: 
     bodies = (a["then"], a["else_"])
     sides = [Side(Subgraph(b.args, b.outputs[:n_out], b.name), n_out, given) for b in bodies]
     saved = [[item(node, i) for i in slots] for slots in side_slots(a["_sides"])]
-    per_row = [i for i, x in enumerate(args) if x.dtype.is_float and x.has_rows]
+    per_row = [i for i, x in enumerate(args) if x.dtype.is_float and x.has_rows and needs_gradient(x)]
     rowless = [i for i, x in enumerate(args) if x.dtype.is_float and not x.has_rows]
     operands = list(args) + saved[0] + saved[1] + [cts[k] for k in given]
     slots = _Slots(operands, len(args), [len(s) for s in saved])
@@ -142,12 +142,18 @@ class _Slots:
         self.n_values, self.n_saved = n_values, n_saved
         self.fresh = [placeholder(x.shape, x.dtype, name=f"back.{i}") for i, x in enumerate(operands)]
 
+    def extend(self, values: list) -> None:
+        """More operands (values made outside the cond), each with a placeholder."""
+        self.fresh += [placeholder(x.shape, x.dtype, name=f"back.{len(self.operands) + i}")
+                       for i, x in enumerate(values)]
+        self.operands += values
+
     def cut(self, side: int, s: Side, residuals: list) -> dict:
         """Side ``side``'s nodes (its args, its residuals, its cotangents) -> their placeholders."""
         first = self.n_values + (0 if side == 0 else self.n_saved[0])
         cut = dict(zip(s.body.args, self.fresh[:self.n_values]))
         cut.update(zip(residuals, self.fresh[first:first + len(residuals)]))
-        cut.update(zip(s.cts, self.fresh[self.n_values + sum(self.n_saved):]))
+        cut.update(zip(s.cts, self.fresh[self.n_values + sum(self.n_saved):len(self.fresh)]))
         return cut
 
     def outer(self, side: int, s: Side, residuals: list) -> dict:
@@ -161,8 +167,9 @@ class _Slots:
 def _per_row_cond(pred, bodies, sides, slots: _Slots, per_row: list, grads: list, n_out: int):
     """The backward tuple cond: the per-row values' gradients (zeros on a side that does not read one), then
     each side's per-row term values; sets ``grads`` and returns, per side, {term value: its value outside} and
-    the map of every side's cut nodes to their outside values."""
-    subs, vectors, outer, common = [], [], {}, []
+    the map of every side's cut nodes to their outside values. A body's values that read values without the
+    row axis alone (a weight's transpose) are made outside it, once per batch (statics of ∂F)."""
+    parts, vectors, outer, common = [], [], {}, []
     for k, (body, s) in enumerate(zip(bodies, sides)):
         residuals = list(body.outputs[n_out:])
         cut = slots.cut(k, s, residuals)
@@ -174,9 +181,17 @@ def _per_row_cond(pred, bodies, sides, slots: _Slots, per_row: list, grads: list
         wanted = list(dict.fromkeys(v for v in terms if v not in cut and v not in shared
                                     and _view_base(v, set(cut)) is not None))
         common.append(shared)
-        sub = closed(list(cut), mine + wanted, f"{body.name}.backward", list(cut.values()))
-        subs.append(Subgraph(slots.fresh, sub.outputs, sub.name))
+        fixed = invariants(mine + wanted, {a for a in body.args if not a.has_rows})
+        parts.append((body, cut, mine + wanted, fixed))
         vectors.append(wanted)
+    fixed = [f for _, _, _, fs in parts for f in fs]
+    slots.extend([_remade(f, outer) for f in fixed])
+    at = dict(zip(fixed, slots.fresh[len(slots.fresh) - len(fixed):]))
+    subs = []
+    for body, cut, outs, fs in parts:
+        cut = dict(cut) | {f: at[f] for f in fs}
+        sub = closed(list(cut), outs, f"{body.name}.backward", list(cut.values()))
+        subs.append(Subgraph(slots.fresh, sub.outputs, sub.name))
     n_common = len(per_row)
     if n_common + len(vectors[0]) + len(vectors[1]) == 0:
         return [{}, {}], outer
@@ -228,6 +243,8 @@ def _rowless_cond(cond: Callable, pred, value: Node, terms: list, vectors: list,
 
 def _remade(v: Node, outer: dict) -> Node:
     """``v`` (a body's node over its cut nodes: a view of an arg, a residual) made over the values outside."""
-    if v not in outer:   # (kept: a view both sides' terms read is made once)
-        outer[v] = make_node(v.op, tuple(_remade(x, outer) for x in v.inputs), v.attrs)
+    if v not in outer:   # (kept, and one node for the same op of the same values: a view both sides read)
+        inputs = tuple(_remade(x, outer) for x in v.inputs)
+        key = (v.op, inputs, repr(sorted(v.attrs.items())))
+        outer[v] = outer.setdefault(key, make_node(v.op, inputs, v.attrs))
     return outer[v]

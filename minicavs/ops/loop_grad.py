@@ -154,7 +154,7 @@ def saved_vjp(g: Node, node: Node, inputs: Sequence[Node]) -> tuple:
     vectors = list(dict.fromkeys(v for terms in found.terms.values() for _, A, B, _ in terms
                                  for v in (A, B) if v is not None and v not in source and v not in gx))
     gs = [_or_zeros(found.grads.get(s), s) for s in body.args[n_in:n_in + n_state]]
-    invariant = _invariants(gx + vectors + gs, set(found.caps))
+    invariant = invariants(gx + vectors + gs, set(found.caps))
     sub = closed(step_args + found.cts[len(given):] + found.caps + invariant, gx + vectors + gs,
                   f"{body.name}.backward")
     caps = caps + _outside(invariant, dict(zip(found.caps, caps)))
@@ -173,7 +173,7 @@ def saved_vjp(g: Node, node: Node, inputs: Sequence[Node]) -> tuple:
     return tuple(grads)
 
 
-def _invariants(outputs: list, caps: set) -> list:
+def invariants(outputs: list, caps: set) -> list:
     """The values of the gradient's body that read captured values alone (a weight's transpose), where a
     value of a step reads them: computed once, before the loop (a static of ∂F), not at every step."""
     fixed: dict = {}
