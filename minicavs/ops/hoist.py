@@ -63,6 +63,23 @@ def hoisted(xs: list, n_state: int, body: Subgraph, captured: list) -> tuple[lis
 
 
 
+def hoisted_captures(body: Subgraph, n_fixed: int, captured: list) -> tuple[Subgraph, list]:
+    """The body with its products of captured values alone (args from ``n_fixed`` on, or views of them) made
+    before it, over the values ``captured`` gives those args: returns the body reading each as a captured value
+    of its own (its last args) and the products made (one node for the same product)."""
+    caps = set(body.args[n_fixed:])
+    products = [n for n in body.computed if OPS[n.op].product is not None and n.dtype.is_float
+                and all(_outer(x, caps) for x in n.inputs)]
+    if not products:
+        return body, []
+    made = _remade(products, dict(zip(body.args[n_fixed:], captured)))
+    unique = list(dict.fromkeys(made))
+    extra = [placeholder(m.shape, m.dtype, name=f"hoisted:{m.name or m.op}") for m in unique]
+    fresh = [extra[unique.index(m)] for m in made]
+    sub = closed(list(body.args) + products, list(body.outputs), body.name, list(body.args) + fresh)
+    return Subgraph(list(body.args) + extra, sub.outputs, body.name), unique
+
+
 def hoisted_cond(then: Subgraph, else_: Subgraph, values: list, n_operands: int, eager_only: bool = False) -> tuple:
     """The two bodies of a cond over ``values`` (its operands, then the values it captured), with their
     products of those values (or of views of them) made before it: returns the bodies, reading each such
