@@ -91,7 +91,8 @@ def grad(outputs: Node | Sequence[Node], wrt: Sequence[Node],
             _needed.reset(token)
 
 
-def _reverse(graph: Graph, outputs: list, cotangents: list, wanted: set, needed: set, wrt: list, zeros: bool) -> list:
+def _reverse(graph: Graph, outputs: list, cotangents: list, wanted: set, needed: set, wrt: list,
+             zeros: bool) -> list:
     """The reverse pass of :func:`grad` over ``graph``: each needed node's vjp, in reverse creation order."""
     pending: dict[Node, list[Node]] = {}
     for o, c in zip(outputs, cotangents):

@@ -8,8 +8,8 @@ gradient reads (its *residuals*: a sigmoid's output, a tanh's), so:
 - ∂F's cond is one tuple node whose bodies are the two bodies' gradients alone: they read the saved values and
   recompute no forward op; it yields the per-row values' gradients and, per side, the per-row values its
   parameters' gradients read;
-- each parameter gradient, a sum of terms ``Aᵀ·B`` (a product's weight) or ``Σ_rows B`` (a bias), is a cond of its
-  own after the task loop over those values (the lazy phase batches it over all the kind's rows, as F's own
+- each parameter gradient, a sum of terms ``Aᵀ·B`` (a product's weight) or ``Σ_rows B`` (a bias), is a cond of
+  its own after the task loop over those values (the lazy phase batches it over all the kind's rows, as F's own
   parameter gradients); the side that does not read the parameter gives zeros of its shape (once, not per row).
 
 Results one side computes (its residuals, its gradient's per-row values) are *side results*: the other side never
@@ -122,14 +122,14 @@ def saved_cond_vjp(g: Node, node: Node, pred: Node, args: Sequence[Node], cond: 
     sides = [Side(Subgraph(b.args, b.outputs[:n_out], b.name), n_out, given) for b in bodies]
     saved = [[item(node, i) for i in slots] for slots in side_slots(a["_sides"])]
     per_row = [i for i, x in enumerate(args) if x.dtype.is_float and x.has_rows and needs_gradient(x)]
-    rowless = [i for i, x in enumerate(args) if x.dtype.is_float and not x.has_rows]
+    rowless = [i for i, x in enumerate(args) if x.dtype.is_float and not x.has_rows and needs_gradient(x)]
     operands = list(args) + saved[0] + saved[1] + [cts[k] for k in given]
     slots = _Slots(operands, len(args), [len(s) for s in saved])
     grads: list = [None] * len(args)
     vectors, outer_terms = _per_row_cond(pred, bodies, sides, slots, per_row, grads, n_out)
     for i in rowless:
         grads[i] = _rowless_cond(cond, pred, args[i], [sides[k].terms.get(bodies[k].args[i]) for k in (0, 1)],
-                                 [vectors[k] for k in (0, 1)], outer_terms, slots)
+                                 vectors, outer_terms)
     return (None, *grads)
 
 
@@ -210,7 +210,7 @@ def _per_row_cond(pred, bodies, sides, slots: _Slots, per_row: list, grads: list
     return found, outer
 
 
-def _rowless_cond(cond: Callable, pred, value: Node, terms: list, vectors: list, outer: dict, slots: _Slots) -> Node | None:
+def _rowless_cond(cond: Callable, pred, value: Node, terms: list, vectors: list, outer: dict) -> Node | None:
     """A value without the row axis's gradient: a cond of each side's sum of its terms over the values outside
     (zeros on a side without terms); None where no side has any."""
     if all(t is None for t in terms):
@@ -233,7 +233,8 @@ def _rowless_cond(cond: Callable, pred, value: Node, terms: list, vectors: list,
             if picked[k] is None:
                 return zeros_like(value)
             parts = [make_node("matmul", (make_node("transpose", (at[A],), {"perm": (1, 0)}), at[B]))
-                     if kind == "mm" else make_node(made.op, (at[B],), made.attrs) for kind, A, B, made in picked[k]]
+                     if kind == "mm" else make_node(made.op, (at[B],), made.attrs)
+                     for kind, A, B, made in picked[k]]
             return accum(*parts) if len(parts) > 1 else parts[0]
         body.__name__ = f"{'then' if k == 0 else 'else'}.grad"
         return body

@@ -343,7 +343,8 @@ def _loop_node(op: str, xs: list, ss: list, traced: Traced, n_out: int, length: 
     if saving is not None:   # one node keeping what its gradient reads (ops/loop_grad.py)
         n_kept = saving.attrs["n_out"]   # (its residuals are outputs after the loop's own)
         ran = 1 if op == "while_loop" else 0   # (and a while_loop's count)
-        results = [item(saving, k) for k in range(n_out)] + [item(saving, n_kept + j) for j in range(len(ss) + ran)]
+        results = [item(saving, k) for k in range(n_out)]
+        results += [item(saving, n_kept + j) for j in range(len(ss) + ran)]
         return _split_results(results, n_out, len(ss), s_single, op)
     if in_vf and _pick is None and n_results > 1:
         results = [_loop_node(op, xs, ss, traced, n_out, length, extra, False, False, count, backward, [i])

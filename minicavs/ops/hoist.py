@@ -80,7 +80,8 @@ def hoisted_captures(body: Subgraph, n_fixed: int, captured: list) -> tuple[Subg
     return Subgraph(list(body.args) + extra, sub.outputs, body.name), unique
 
 
-def hoisted_cond(then: Subgraph, else_: Subgraph, values: list, n_operands: int, eager_only: bool = False) -> tuple:
+def hoisted_cond(then: Subgraph, else_: Subgraph, values: list, n_operands: int,
+                 eager_only: bool = False) -> tuple:
     """The two bodies of a cond over ``values`` (its operands, then the values it captured), with their
     products of those values (or of views of them) made before it: returns the bodies, reading each such
     product as a captured value of its own, and the cond's values (a captured value no body reads any more
@@ -91,7 +92,9 @@ def hoisted_cond(then: Subgraph, else_: Subgraph, values: list, n_operands: int,
                 and all(_outer(x, set(body.args)) for x in n.inputs)]
     made = _remade(products, dict(zip(then.args, values)) | dict(zip(else_.args, values)))
     if eager_only:
-        products, made = [p for p, m in zip(products, made) if not _gathered(m)], [m for m in made if not _gathered(m)]
+        eager = [not _gathered(m) for m in made]
+        products = [p for p, e in zip(products, eager) if e]
+        made = [m for m, e in zip(made, eager) if e]
     if not products:
         return then, else_, values
     extra = [placeholder(p.shape, p.dtype, name=f"hoisted:{p.name or p.op}") for p in products]

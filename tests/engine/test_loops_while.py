@@ -142,7 +142,8 @@ def test_a_while_in_f_saves_what_its_gradient_reads_so_its_body_runs_once_per_st
     bodies = {id(flow(n).bodies[0][1]) for n in model.structures[0].compiled["v"].row_fwd if is_loop(n)}
     runs = []
     real = Subgraph.run
-    monkeypatch.setattr(Subgraph, "run", lambda self, xp, values: (runs.append(id(self)), real(self, xp, values))[1])
+    monkeypatch.setattr(Subgraph, "run",
+                        lambda self, xp, values: (runs.append(id(self)), real(self, xp, values))[1])
     monkeypatch.setattr(instructions, "loops", lambda t, step: False)
     applied = _run(model, vals, feeds, "reference")
     program = next(iter(applied.states.values())).program
