@@ -228,9 +228,10 @@ def _phases(nodes, classes, leaves, opts: EngineOptions, eager_leaves=()) -> Pha
 
 
 def _keeps_sides(n: Node) -> bool:
-    """Is ``n`` a cond keeping each side's results (ops/cond_grad.py), whose branches write its items in place?"""
+    """Does ``n`` keep what its gradient reads (a cond's side results, a loop's saved values: ops/cond_grad.py,
+    loop_grad.py), its branches or loop writing its items in place?"""
     f = flow(n)
-    return f is not None and f.length is None and f.saves
+    return f is not None and f.kept
 
 
 def _step_block(n: Node) -> bool:
