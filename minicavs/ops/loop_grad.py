@@ -1,4 +1,4 @@
-"""The gradient of a ``foreach`` inside a vertex function from what its forward saved per step.
+"""The gradient of a ``foreach`` or ``while_loop`` inside a vertex function from what its forward saved per step.
 
 The generic loop gradient (control.py) replays the loop to get its per-step states, then runs a reverse loop
 whose body re-applies the forward body to differentiate it, once for the per-vertex gradients and once more
@@ -12,8 +12,10 @@ the body's per-row values that the body's gradient reads (its *residuals*: a tan
   bias), is computed after the loop from the stacked A and B: per step, one product over all the kind's rows
   (the lazy phase batches it as it does F's own parameter gradients), not one per task and step.
 
-It applies where the body's parameter gradients are such sums and every per-step value has the row axis
-(:func:`plan`); elsewhere control.py's generic gradient runs.
+It applies where the body's parameter gradients are such sums and every per-step value has the row axis, bar
+states without it that no per-row value reads (a while_loop's step counter: outside the gradient) (:func:`plan`);
+captured per-row values' gradients are summed over the steps as carried values; a while_loop's reverse loop runs
+over the steps it ran. Elsewhere control.py's generic gradient runs.
 """
 from __future__ import annotations
 
