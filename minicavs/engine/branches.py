@@ -8,14 +8,16 @@ bodies' conds). A body value that an earlier branch on the same side of the same
 of several results is a node per result in F; ∂F has a cond per gradient, each recomputing the forward body)."""
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Callable
 
 from ..ir.graph import Node
 from ..ops.flow import flow, is_cond
 from ..ops.registry import OPS, holds_tuple
+from ..ops.subgraph import item_index
 from .compile import Step, lower
-from .lowered import Template, _cols, _rows
+from .lowered import NONE, Template, _cols, _rows
 from .passes.alias import elide_concats
 
 
@@ -24,7 +26,9 @@ def branches(t: Template, step, statics: set) -> bool:
     (the program's) float type (in a body: the placeholder of one), which every loop reads where it runs (else:
     an APPLY)."""
     node = step.outputs[0]
-    if step.fused or not is_cond(node) or len(step.outputs) != 1 or holds_tuple(node):
+    if step.fused or not is_cond(node) or len(step.outputs) != 1:
+        return False
+    if holds_tuple(node) and not (flow(node).saves and all(d == node.dtype for _, d in node.attrs["_types"])):
         return False
     pred = t.origins.get(step.inputs[0], step.inputs[0])
     return pred in statics and pred.dtype == node.dtype and node.dtype.is_float and math.prod(pred.shape) == 1
@@ -36,20 +40,54 @@ def lower_cond(t: Template, step, statics: set, device, singles: dict, lower_ste
     so only the taken branch runs (NaN in the other is never computed, nor read)."""
     node, (pred, *args) = step.outputs[0], step.inputs
     (_, then), (_, else_) = flow(node).bodies
+    if holds_tuple(node):
+        lower_sides(t, step, (statics, device, singles), lower_step)
+        return
     kept = t.has_memory(node)
     out = t.regs[node] if node in t.regs else t.scratch_reg(node) if kept else t.reg(node)
     branch, pred_buf = len(t.code), t.buf(("static", t.origins.get(pred, pred)))
     t.emit("BRANCH", pred_buf, 0)
-    _result(t, node, out, kept, inline(t, then, args, (statics, device, singles), lower_step, (pred_buf, 1))[0])
-    jump = len(t.code)
-    t.emit("JUMP", 0)
-    _result(t, node, out, kept, inline(t, else_, args, (statics, device, singles), lower_step, (pred_buf, 0))[0])
+    for body, side in ((then, 1), (else_, 0)):
+        if side == 0:
+            jump = len(t.code)
+            t.emit("JUMP", 0)
+        with _direct(t, node, body.outputs[0]):   # (a parameter's gradient: into its accumulator)
+            value = inline(t, body, args, (statics, device, singles), lower_step, (pred_buf, side))[0]
+        if not _writes_direct(t, node, value):
+            _result(t, node, out, kept, value)
     t.code[branch] = ("BRANCH", pred_buf, jump - branch)
     t.code[jump] = ("JUMP", len(t.code) - jump - 1)
 
 
+@contextlib.contextmanager
+def _direct(t: Template, node: Node, result: Node):
+    """While a body is lowered: its result computed straight into the accumulator ``node`` is computed into
+    (a block's parameter gradient), as ``node`` would be."""
+    if node not in t.direct and node not in t.direct_blocks:
+        yield
+        return
+    table = t.direct if node in t.direct else t.direct_blocks
+    table[result] = table[node]
+    try:
+        yield
+    finally:
+        del table[result]
+
+
+def _writes_direct(t: Template, node: Node, value: int) -> bool:
+    """Was a branch's result register ``value`` bound to the accumulator of ``node`` (nothing to copy)?"""
+    key = ("pgrad", t.direct[node], "set") if node in t.direct else ("pgrad", t.direct_blocks[node], "block") \
+        if node in t.direct_blocks else None
+    if key is None or key not in t.buffers:
+        return False
+    for code in reversed(t.code):
+        if code[0] in ("BIND", "SCRATCH", "ALIAS", "COLS") and code[1] == value:
+            return code[0] == "BIND" and code[2] == t.buffers[key]
+    return False
+
+
 def inline(t: Template, body, args: list, where: tuple, lower_step: Callable, side: tuple,
-           wanted: tuple | None = None) -> list:
+           wanted: tuple | None = None, into: dict | None = None) -> list:
     """The registers of ``body``'s results (``wanted``: those of them only, the steps they read) after its steps, lowered as F's own with its placeholders given
     ``args``' registers (``where``: lower_step's statics, device and single kernels); the body's nodes get
     registers of this inlining alone. A step whose values an earlier
@@ -64,7 +102,11 @@ def inline(t: Template, body, args: list, where: tuple, lower_step: Callable, si
         keys = _value_keys(body, [outer.get(x, -1) for x in args])   # (-1: a placeholder no wanted value reads)
         wanted = tuple(body.outputs) if wanted is None else wanted
         steps, concats = body_steps(body, wanted, where[1], where[2])
-        parts = _concat_views(t, concats)
+        into = into or {}
+        parts = _concat_views(t, concats, into)
+        # (results a kernel writes straight into the memory given them)
+        t.regs.update((o, into[o]) for step in steps if step.fused or _zero(step) for o in step.outputs
+                      if o in into and o not in parts)
         for step in steps:
             outs = step.outputs
             literal = OPS[outs[0].op].literal
@@ -84,6 +126,12 @@ def inline(t: Template, body, args: list, where: tuple, lower_step: Callable, si
         return [t.regs[out] for out in wanted]
     finally:
         t.regs, t.literals, t.guard = outer, outer_literals, outer_guard
+
+
+def _zero(step) -> bool:
+    """Is ``step`` zeros (ZERO writes them into a register's memory)?"""
+    native = OPS[step.outputs[0].op].native
+    return native is not None and native(step.outputs[0]) == "zero"
 
 
 def _value_keys(body, arg_regs: list) -> dict:
@@ -118,12 +166,15 @@ def body_steps(body, wanted: tuple, device, singles: dict) -> tuple[list, list]:
     return singles[key]
 
 
-def _concat_views(t: Template, concats: list) -> set:
-    """Each elided concat's value and its parts as column blocks of it (the parts' kernels write there);
-    returns the parts."""
+def _concat_views(t: Template, concats: list, into: dict) -> set:
+    """Each elided concat's value (in the memory ``into`` gives it, else scratch) and its parts as column blocks
+    of it (the parts' kernels write there); returns the parts."""
     parts = set()
     for c, blocks in concats:
-        t.scratch_reg(c)
+        if c in into:
+            t.regs[c] = into[c]
+        else:
+            t.scratch_reg(c)
         for m, a, _ in blocks:
             t.emit("COLS", t.reg(m), t.regs[c], a)
             parts.add(m)
@@ -136,3 +187,69 @@ def _result(t: Template, node: Node, out: int, kept: bool, value: int) -> None:
         t.emit("COPY", out, value, _rows(node), _cols(node))
     else:
         t.emit("ALIAS", out, value)
+
+
+def lower_sides(t: Template, step, where: tuple, lower_step: Callable) -> None:
+    """A cond that keeps each side's own results (ops/cond_grad.py: its results, then the then-side's, then the
+    else-side's) as a branch: each result an item reads gets a register (the item's own memory where it has
+    some, memory of its own for a side result, else one each side aliases), each side writes its results and its
+    own side results alone (the other side's are read only by branches on that side); items read those
+    registers (t.tuples, as a loop's)."""
+    node, (pred, *args) = step.outputs[0], step.inputs
+    (_, then), (_, else_) = flow(node).bodies
+    n_out, n_then, _ = node.attrs["_sides"]
+    types = node.attrs["_types"]
+    bound = {item_index(n): r for n, r in t.regs.items() if item_index(n) is not None and n.inputs[0] is node}
+    memory, results = set(bound.values()), {}
+    for i in sorted(i for tn, i in t.items if tn is node):
+        if i in bound:
+            results[i] = bound[i]
+        elif i >= n_out:   # (a side result: a register valid whichever side runs)
+            results[i] = _own_memory(t, types[i], f"{node.name or 'cond'}.{i}")
+            memory.add(results[i])
+        else:
+            results[i] = t.reg(name=f"{node.name or 'cond'}.{i}")
+    t.tuples[node] = [results.get(i) for i in range(len(types))]
+    t.reg(node)   # (the tuple's own register, unused: its items read ``t.tuples``)
+    pred_buf = t.buf(("static", t.origins.get(pred, pred)))
+    branch = len(t.code)
+    t.emit("BRANCH", pred_buf, 0)
+    _side(t, then, args, list(range(n_out + n_then)), results, memory, where, lower_step, (pred_buf, 1))
+    jump = len(t.code)
+    t.emit("JUMP", 0)
+    slots = list(range(n_out)) + list(range(n_out + n_then, len(types)))
+    _side(t, else_, args, slots, results, memory, where, lower_step, (pred_buf, 0))
+    t.code[branch] = ("BRANCH", pred_buf, jump - branch)
+    t.code[jump] = ("JUMP", len(t.code) - jump - 1)
+
+
+def _side(t: Template, body, args: list, slots: list, results: dict, memory: set, where: tuple,
+          lower_step: Callable, side: tuple) -> None:
+    """One side's body lowered inline for the results read (``slots``: the tuple's index of each body output),
+    each given to its register: written there by its kernel, else copied into memory or aliased."""
+    pairs = [(body.outputs[k], results[i]) for k, i in enumerate(slots) if i in results]
+    if not pairs:
+        return
+    into = {o: r for o, r in pairs if r in memory}
+    regs = inline(t, body, args, where, lower_step, side, tuple(o for o, _ in pairs), into)
+    for (o, r), value in zip(pairs, regs):
+        if value == r:
+            continue
+        if r in memory:
+            t.emit("COPY", r, value, _rows(o), _cols(o))
+        else:
+            t.emit("ALIAS", r, value)
+
+
+def _own_memory(t: Template, typ: tuple, name: str) -> int:
+    """A register over memory of its own for a value of type ``typ``: scratch rows, else the fixed arena."""
+    shape, _ = typ
+    r = t.reg(name=name)
+    cols = math.prod(shape[1:]) if shape and shape[0] is None else math.prod(shape)
+    if shape and shape[0] is None:
+        t.emit("SCRATCH", r, t.scratch, cols)
+        t.scratch += cols
+    else:
+        t.emit("BIND", r, t.buf(("fixed",)), NONE, t.fixed, cols)
+        t.fixed += cols
+    return r

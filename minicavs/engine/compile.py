@@ -16,6 +16,7 @@ from typing import Callable, NamedTuple, Sequence
 
 from ..ir.graph import Graph, Node, consumers
 from ..ops.autodiff import grad
+from ..ops.flow import flow
 from ..ops import input as input_node
 from ..ops.registry import OPS, last_axis_block
 from ..ops.sources import trainable
@@ -224,6 +225,13 @@ def _phases(nodes, classes, leaves, opts: EngineOptions, eager_leaves=()) -> Pha
                         raise AssertionError(f"{x.label()} crosses phases without a vertex axis")
                     reads[p].append(x)
     return Phases(programs, reads, phase)
+
+
+def _keeps_sides(n: Node) -> bool:
+    """Does ``n`` keep what its gradient reads (a cond's side results, a loop's saved values: ops/cond_grad.py,
+    loop_grad.py), its branches or loop writing its items in place?"""
+    f = flow(n)
+    return f is not None and f.kept
 
 
 def _step_block(n: Node) -> bool:
@@ -443,6 +451,8 @@ class CompiledFunction:
         for i, phases in enumerate((fwd, bwd)):
             phases.programs, phases.groups = programs[3 * i:3 * i + 3], groups[3 * i:3 * i + 3]
             phases.inplace = {o for gs in phases.groups for g in gs for o in g.outputs}
+            phases.inplace |= {o for prog in phases.programs for st in prog for o in st.outputs
+                               if item_index(o) is not None and _keeps_sides(o.inputs[0])}
             for phase in (PRE, TASK, POST):
                 phases.programs[phase], phases.concats[phase] = alias.elide_concats(phases.programs[phase])
 

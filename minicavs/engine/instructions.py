@@ -184,8 +184,8 @@ def _step(t: Template, step, statics: set, device, singles: dict) -> None:
     if opdef.identity and not opdef.needs_ctx:
         t.emit("ALIAS", t.reg(node), t.regs[step.inputs[0]])
         return
-    if how == "zero":
-        out = t.scratch_reg(node)
+    if how == "zero":   # (into memory given it: a cond's result, engine/branches.py)
+        out = t.regs[node] if node in t.regs else t.scratch_reg(node)
         t.emit("ZERO", out, _rows(node), _cols(node))
         return
     if branches(t, step, statics):

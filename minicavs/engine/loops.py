@@ -156,12 +156,15 @@ def lower_loop(t: Template, step, statics: set, device, singles: dict, lower_ste
         for j in carried:
             if _first_saved(f) + j in results:   # (the gradient's saved pre-step state)
                 _into_block(t, results[_first_saved(f) + j], placed[states[j]], states[j], order)
+        blocks = [_block(t, results[k], body.outputs[k], order) for k in outs]   # (a kernel writes its step there)
         wanted = tuple(body.outputs[k] for k in outs) + tuple(body.outputs[f.outputs + j] for j in carried)
-        regs = inline(t, body, list(body.args), (statics, device, singles), lower_step, ("loop", begin), wanted)
+        regs = inline(t, body, list(body.args), (statics, device, singles), lower_step, ("loop", begin), wanted,
+                      {body.outputs[k]: b for k, b in zip(outs, blocks)})
     finally:
         t.regs = outer
-    for k, reg in zip(outs, regs):
-        _into_block(t, results[k], reg, body.outputs[k], order)
+    for k, reg, block in zip(outs, regs, blocks):
+        if reg != block:
+            t.emit("COPY", block, reg, _rows(body.outputs[k]), _cols(body.outputs[k]))
     _new_states(t, body, states, f.outputs, carried, regs[len(outs):], placed)
     t.emit("ENDLOOP", f.length, len(t.code) - begin, depth)
     _close(t, step, f, begin, exit_at)
@@ -257,8 +260,10 @@ def _results(t: Template, node: Node, f, body) -> dict:
     shapes += [(False, 1, 1)] * (_first_saved(f) - f.outputs - f.states)   # (a while_loop's count: STEPS's)
     shapes += [(p.has_rows, _rows(p), f.length * _cols(p)) for p in states] if f.saves else []
     held = pick if pick is not None else range(len(shapes))
-    results = {i: _memory(t, *shapes[i], f"{node.name or 'loop'}.{i}") for at, i in enumerate(held)
-               if (node, at) in t.items}   # (a result no item reads here is not computed)
+    # (an item with memory of its own, a stored tensor, is the result's memory: loop_grad.py's saved values)
+    bound = {item_index(n): r for n, r in t.regs.items() if item_index(n) is not None and n.inputs[0] is node}
+    results = {i: bound[at] if at in bound else _memory(t, *shapes[i], f"{node.name or 'loop'}.{i}")
+               for at, i in enumerate(held) if (node, at) in t.items}   # (a result no item reads: not computed)
     t.tuples[node] = [results.get(i) for i in held]
     t.reg(node)   # (the tuple's own register, unused: its items read ``t.tuples``)
     return results
@@ -278,6 +283,13 @@ def _carried(t: Template, step, f, body, results: dict, carried: list) -> dict:
         else:
             t.emit("COPY", placed[p], t.regs[first], _rows(p), _cols(p))
     return placed
+
+
+def _block(t: Template, stacked: int, node: Node, order: tuple) -> int:
+    """A register at the step's block of the stacked register (``node``'s shape: per-row or one row)."""
+    block = t.reg(name="block[t]")
+    t.emit("STEPCOLS", block, stacked, _cols(node), *order)
+    return block
 
 
 def _into_block(t: Template, stacked: int, value: int, node: Node, order: tuple) -> None:
@@ -310,7 +322,8 @@ def lower_item(t: Template, step) -> bool:
     kept = t.has_memory(node)
     if kept:
         out = t.regs[node] if node in t.regs else t.scratch_reg(node)
-        t.emit("COPY", out, value, _rows(node), _cols(node))
+        if out != value:   # (a cond's result written in place: ops/cond_grad.py)
+            t.emit("COPY", out, value, _rows(node), _cols(node))
     else:
         t.emit("ALIAS", t.reg(node), value)
     return True

@@ -3,6 +3,7 @@ analysed, fused and executed like any other graph."""
 from __future__ import annotations
 
 import contextlib
+import contextvars
 from typing import Sequence
 
 from ..core.errors import ShapeError
@@ -40,6 +41,17 @@ def _explicit_rows():
         _rows_implicit.reset(token)
 
 
+# the nodes the gradient being taken now flows through (a vjp rule asks: needs_gradient)
+_needed: contextvars.ContextVar[set | None] = contextvars.ContextVar("needed", default=None)
+
+
+def needs_gradient(x: Node) -> bool:
+    """Does the gradient being taken now need ``x``'s (a vjp rule may skip the work of one it does not)? True
+    outside a gradient."""
+    needed = _needed.get()
+    return needed is None or x in needed
+
+
 def grad(outputs: Node | Sequence[Node], wrt: Sequence[Node],
          cotangents: Sequence[Node] | None = None, zeros: bool = True) -> list[Node | None]:
     """Gradient nodes of ``sum_i <outputs[i], cotangents[i]>`` with respect to each node of ``wrt``.
@@ -72,27 +84,37 @@ def grad(outputs: Node | Sequence[Node], wrt: Sequence[Node],
         for n in graph.nodes:
             if n in wanted or any(x in needed for x in n.inputs):
                 needed.add(n)
-        pending: dict[Node, list[Node]] = {}
-        for o, c in zip(outputs, cotangents):
-            pending.setdefault(o, []).append(c)
-        result: dict[Node, Node] = {}
-        made: dict = {}
-        for n in reversed(graph.nodes):  # reverse creation order is a reverse topological order
-            gs = pending.pop(n, None)
-            if not gs or n not in needed:
+        token = _needed.set(needed)
+        try:
+            return _reverse(graph, outputs, cotangents, wanted, needed, wrt, zeros)
+        finally:
+            _needed.reset(token)
+
+
+def _reverse(graph: Graph, outputs: list, cotangents: list, wanted: set, needed: set, wrt: list,
+             zeros: bool) -> list:
+    """The reverse pass of :func:`grad` over ``graph``: each needed node's vjp, in reverse creation order."""
+    pending: dict[Node, list[Node]] = {}
+    for o, c in zip(outputs, cotangents):
+        pending.setdefault(o, []).append(c)
+    result: dict[Node, Node] = {}
+    made: dict = {}
+    for n in reversed(graph.nodes):  # reverse creation order is a reverse topological order
+        gs = pending.pop(n, None)
+        if not gs or n not in needed:
+            continue
+        g = accum(*_merge_gradients(gs, made))
+        if n in wanted:
+            result[n] = g
+        vjp = OPS[n.op].vjp
+        if vjp is None or not n.inputs:
+            continue
+        in_grads = vjp(densify(g) if is_row_sparse(g) else g, n, *n.inputs, **n.attrs)
+        for x, gx in zip(n.inputs, in_grads):
+            if gx is None or x not in needed:
                 continue
-            g = accum(*_merge_gradients(gs, made))
-            if n in wanted:
-                result[n] = g
-            vjp = OPS[n.op].vjp
-            if vjp is None or not n.inputs:
-                continue
-            in_grads = vjp(densify(g) if is_row_sparse(g) else g, n, *n.inputs, **n.attrs)
-            for x, gx in zip(n.inputs, in_grads):
-                if gx is None or x not in needed:
-                    continue
-                if gx.shape != x.shape or gx.dtype != x.dtype:  # a wrong rule must fail loudly, here
-                    raise AssertionError(f"vjp of {n.label()} gave {gx.dtype.name}{fmt_shape(gx.shape)} "
-                                         f"for input {x.label()} {x.dtype.name}{fmt_shape(x.shape)}")
-                pending.setdefault(x, []).append(gx)
-        return [result.get(w, zeros_like(w) if zeros else None) for w in wrt]
+            if gx.shape != x.shape or gx.dtype != x.dtype:  # a wrong rule must fail loudly, here
+                raise AssertionError(f"vjp of {n.label()} gave {gx.dtype.name}{fmt_shape(gx.shape)} "
+                                     f"for input {x.label()} {x.dtype.name}{fmt_shape(x.shape)}")
+            pending.setdefault(x, []).append(gx)
+    return [result.get(w, zeros_like(w) if zeros else None) for w in wrt]

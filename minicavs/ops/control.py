@@ -43,13 +43,14 @@ from ..core.dtypes import int64
 from ..core.errors import FeedError, ShapeError
 from ..ir.graph import Node, _rows_implicit, fmt_shape, type_str
 from .autodiff import grad
+from .cond_grad import saved_cond_vjp, saving_cond, side_results
 from .hoist import hoisted_cond
 from .loop_grad import loop_types, saved_vjp, saving_loop
 from .nn import densify, is_row_sparse
 from .registry import OpDef, make_node, register
 from .sources import zeros_like
 from .subgraph import (Subgraph, Traced, _as_list, _cotangents, _extend_captures, _is_tuple_node,
-                       _merged_captures, _results, _tuple_node, item, trace)
+                       _merged_captures, _results, _tuple_node, in_body, item, trace)
 
 
 def _host_true(pred) -> bool:
@@ -103,6 +104,11 @@ def cond(pred: Node, then_fn: Callable, else_fn: Callable, inputs: Sequence[Node
     outs = then_g.outputs
     in_vf = bool(_rows_implicit.get())
     values = operands + captured
+    if in_vf and not in_body():   # one node keeping what its gradient reads (ops/cond_grad.py)
+        saved = saving_cond(pred, *hoisted_cond(then_g, else_g, values, len(operands), eager_only=True),
+                            len(operands))
+        if saved is not None:
+            return saved[0] if isinstance(then_raw, Node) else saved
     if in_vf:   # its products of values from outside made before it (ops/hoist.py)
         then_g, else_g, values = hoisted_cond(then_g, else_g, values, len(operands))
     attrs = {"then": then_g, "else_": else_g, "n_operands": len(operands), "_in_vertex_function": in_vf}
@@ -140,16 +146,27 @@ def _check_branches(a: Subgraph, b: Subgraph) -> None:
                              f"{y.dtype.name}{fmt_shape(y.shape)} in {b.name}; both branches must agree")
 
 
-def _cond_infer(pred, *args, then, else_, n_operands, _in_vertex_function, shape, dtype, _types=None):
+def _cond_infer(pred, *args, then, else_, n_operands, _in_vertex_function, shape, dtype, _types=None, _sides=None):
     return shape, dtype
 
 
-def _cond_impl(xp, pred, *values, then, else_, n_operands, _in_vertex_function, shape, dtype, _types=None):
-    outs = (then if _host_true(pred) else else_).run(xp, values)
+def _cond_impl(xp, pred, *values, then, else_, n_operands, _in_vertex_function, shape, dtype, _types=None,
+               _sides=None):
+    taken = _host_true(pred)
+    outs = (then if taken else else_).run(xp, values)
+    if _sides is not None:   # (each side's own results: ops/cond_grad.py)
+        rows = next(v.shape[0] for v, a in zip(values, then.args) if a.has_rows)
+        outs = side_results(xp, outs, _sides, taken, _types, rows)
     return tuple(outs) if _types is not None else outs[0]
 
 
-def _cond_vjp(g, node, pred, *args, then, else_, n_operands, _in_vertex_function, shape, dtype, _types=None):
+def _cond_vjp(g, node, pred, *args, then, else_, n_operands, _in_vertex_function, shape, dtype, _types=None,
+              _sides=None):
+    if _sides is not None:   # its forward saved what the gradient reads
+        if not _in_vertex_function:
+            raise NotImplementedError(f"{node.label()} is the backward of a cond: its own gradient (second "
+                                      "order) is not defined")
+        return saved_cond_vjp(g, node, pred, args, cond)
     cts = _cotangents(g, node)
     n_out = len(then.outputs)
     given = sorted(cts)
@@ -322,10 +339,12 @@ def _loop_node(op: str, xs: list, ss: list, traced: Traced, n_out: int, length: 
     body = traced.graph
     in_vf = bool(_rows_implicit.get()) and not backward
     n_results = n_out + len(ss) + (1 if op == "while_loop" else 0)
-    saving = saving_loop(xs, ss, traced, n_out, length, extra, count) if in_vf and op == "foreach" else None
+    saving = saving_loop(op, xs, ss, traced, n_out, length, extra, count) if in_vf else None
     if saving is not None:   # one node keeping what its gradient reads (ops/loop_grad.py)
         n_kept = saving.attrs["n_out"]   # (its residuals are outputs after the loop's own)
-        results = [item(saving, k) for k in range(n_out)] + [item(saving, n_kept + j) for j in range(len(ss))]
+        ran = 1 if op == "while_loop" else 0   # (and a while_loop's count)
+        results = [item(saving, k) for k in range(n_out)]
+        results += [item(saving, n_kept + j) for j in range(len(ss) + ran)]
         return _split_results(results, n_out, len(ss), s_single, op)
     if in_vf and _pick is None and n_results > 1:
         results = [_loop_node(op, xs, ss, traced, n_out, length, extra, False, False, count, backward, [i])
@@ -508,7 +527,9 @@ def _loop_vjp(g, node, *inputs, body, n_in, n_state, n_out, length, _has_count, 
         raise NotImplementedError(f"{node.label()} is the backward of a loop: its own gradient (second "
                                   "order) is not defined")
     if attrs.get("_residuals") is not None:   # its forward saved what the gradient reads
-        return saved_vjp(g, node, inputs)
+        count = _rowless_replay(node, inputs, [None] * n_state, None)[1] if "cond" in node.attrs else None
+        found = saved_vjp(g, node, inputs, count)
+        return found if found is not None else _replayed_vjp(g, node, inputs)
     cts = _cotangents(g, node)
     if _pick is not None:   # (a result of its own, in a vertex function)
         cts = {_pick[i]: c for i, c in cts.items()}
@@ -554,6 +575,23 @@ def _loop_vjp(g, node, *inputs, body, n_in, n_state, n_out, length, _has_count, 
     back_outs, back_finals = _backward_loop(backward, step_inputs, carried, caps, length, not reverse, count,
                                             _in_vertex_function)
     return _slot_grads(len(inputs), xs, ss, cap_slots, back_outs, back_finals)
+
+
+def _replayed_vjp(g, node: Node, inputs) -> tuple:
+    """A saving loop's gradient the generic way (a state its saved-values gradient leaves out, a step counter,
+    has a cotangent): the gradient of a twin without the residuals, whose replay saves its states."""
+    a = node.attrs
+    n_user, n_res, n_state = a["n_out"] - a["_residuals"], a["_residuals"], a["n_state"]
+    body = a["body"]
+    plain = Subgraph(body.args, list(body.outputs[:n_user]) + list(body.outputs[a["n_out"]:]), body.name)
+    attrs = {k: v for k, v in a.items() if k not in ("_residuals", "_types", "shape", "dtype")}
+    types = loop_types(node.op, plain, list(inputs[a["n_in"]:a["n_in"] + n_state]), n_user, a["length"], True)
+    twin = _tuple_node(node.op, inputs, dict(attrs, body=plain, n_out=n_user, dtype=types[0][1]), types)
+    moved = [(i if i < n_user else i - n_res, part) for i, part in _cotangents(g, node).items() if not
+             n_user <= i < a["n_out"]]
+    ct = make_node("tuple_ct", [p for _, p in moved], {"index": tuple(i for i, _ in moved), "shape": twin.shape,
+                                                       "dtype": twin.dtype})
+    return _loop_vjp(ct, twin, *inputs, **twin.attrs)
 
 
 def _slot_grads(n_inputs: int, xs: list, ss: list, cap_slots: list, back_outs: list, back_finals: list) -> tuple:
@@ -715,7 +753,7 @@ _ONE_PREDICATE = {
 
 
 def _while_impl(xp, *values, body, cond, n_in, n_state, n_out, length, _has_count, _save, _differentiable,
-                _in_vertex_function, _pick, shape, dtype, _types=None):
+                _in_vertex_function, _pick, shape, dtype, _types=None, _residuals=None):
     states, caps = list(values[:n_state]), list(values[n_state:])
     outs: list = [[] for _ in range(n_out)]
     saved: list = [[] for _ in states]

@@ -22,20 +22,23 @@ class Flow:
     outputs: int         # a loop's per-step outputs, stacked; a cond's results
     captured: int        # values the bodies read from outside
     saves: bool          # whether the value holds the per-step states for the gradient
+    kept: bool = False   # whether it keeps what its gradient reads (loop_grad.py, cond_grad.py): its items are
+    # results written in place
 
 
 def flow(node: Node) -> Flow | None:
     """The control-flow facts of ``node`` (None: it holds no subgraph)."""
     a = node.attrs
     if "then" in a:
+        results = len(a["_types"]) if "_sides" in a else len(a["then"].outputs)
         return Flow((("then", a["then"]), ("else", a["else_"])), None, False, False, a["n_operands"], 0,
-                    len(a["then"].outputs), len(node.inputs) - 1 - a["n_operands"], False)
+                    results, len(node.inputs) - 1 - a["n_operands"], "_sides" in a, "_sides" in a)
     if not isinstance(a.get("body"), Subgraph):
         return None
     bodies = (("body", a["body"]),) + ((("cond", a["cond"]),) if "cond" in a else ())
     fixed = a["n_in"] + a["n_state"] + (1 if a["_has_count"] else 0)
     return Flow(bodies, a["length"], a["_has_count"] or "cond" in a, bool(a.get("reverse", False)), a["n_in"],
-                a["n_state"], a["n_out"], len(node.inputs) - fixed, a["_save"])
+                a["n_state"], a["n_out"], len(node.inputs) - fixed, a["_save"], a.get("_residuals") is not None)
 
 
 def is_cond(node: Node) -> bool:

@@ -63,17 +63,40 @@ def hoisted(xs: list, n_state: int, body: Subgraph, captured: list) -> tuple[lis
 
 
 
-def hoisted_cond(then: Subgraph, else_: Subgraph, values: list, n_operands: int) -> tuple:
+def hoisted_captures(body: Subgraph, n_fixed: int, captured: list) -> tuple[Subgraph, list]:
+    """The body with its products of captured values alone (args from ``n_fixed`` on, or views of them) made
+    before it, over the values ``captured`` gives those args: returns the body reading each as a captured value
+    of its own (its last args) and the products made (one node for the same product)."""
+    caps = set(body.args[n_fixed:])
+    products = [n for n in body.computed if OPS[n.op].product is not None and n.dtype.is_float
+                and all(_outer(x, caps) for x in n.inputs)]
+    if not products:
+        return body, []
+    made = _remade(products, dict(zip(body.args[n_fixed:], captured)))
+    unique = list(dict.fromkeys(made))
+    extra = [placeholder(m.shape, m.dtype, name=f"hoisted:{m.name or m.op}") for m in unique]
+    fresh = [extra[unique.index(m)] for m in made]
+    sub = closed(list(body.args) + products, list(body.outputs), body.name, list(body.args) + fresh)
+    return Subgraph(list(body.args) + extra, sub.outputs, body.name), unique
+
+
+def hoisted_cond(then: Subgraph, else_: Subgraph, values: list, n_operands: int,
+                 eager_only: bool = False) -> tuple:
     """The two bodies of a cond over ``values`` (its operands, then the values it captured), with their
     products of those values (or of views of them) made before it: returns the bodies, reading each such
     product as a captured value of its own, and the cond's values (a captured value no body reads any more
-    dropped)."""
+    dropped). ``eager_only``: only the products that read no gathered value (F's eager phase makes them over
+    all rows before the task loop); the others stay in their body, made only where it runs."""
     products = [n for body in (then, else_) for n in body.computed
                 if OPS[n.op].product is not None and n.dtype.is_float
                 and all(_outer(x, set(body.args)) for x in n.inputs)]
+    made = _remade(products, dict(zip(then.args, values)) | dict(zip(else_.args, values)))
+    if eager_only:
+        eager = [not _gathered(m) for m in made]
+        products = [p for p, e in zip(products, eager) if e]
+        made = [m for m, e in zip(made, eager) if e]
     if not products:
         return then, else_, values
-    made = _remade(products, dict(zip(then.args, values)) | dict(zip(else_.args, values)))
     extra = [placeholder(p.shape, p.dtype, name=f"hoisted:{p.name or p.op}") for p in products]
     bodies = [closed(list(b.args) + products, list(b.outputs), b.name, list(b.args) + extra) for b in (then, else_)]
     read = {x for b in bodies for n in b.computed for x in n.inputs} | {o for b in bodies for o in b.outputs}
@@ -104,3 +127,16 @@ def _remade(nodes: list, outer: dict) -> list:
             mapping[n] = same[key]
         return mapping[n]
     return [make(n) for n in nodes]
+
+
+def _gathered(x: Node) -> bool:
+    """Does ``x`` read a gathered value (a child's message: F's recurrent part)?"""
+    seen, stack = set(), [x]
+    while stack:
+        n = stack.pop()
+        if n.op == "gather":
+            return True
+        if n not in seen:
+            seen.add(n)
+            stack.extend(n.inputs)
+    return False

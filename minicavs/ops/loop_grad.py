@@ -1,4 +1,4 @@
-"""The gradient of a ``foreach`` inside a vertex function from what its forward saved per step.
+"""The gradient of a ``foreach`` or ``while_loop`` inside a vertex function from what its forward saved per step.
 
 The generic loop gradient (control.py) replays the loop to get its per-step states, then runs a reverse loop
 whose body re-applies the forward body to differentiate it, once for the per-vertex gradients and once more
@@ -12,8 +12,10 @@ the body's per-row values that the body's gradient reads (its *residuals*: a tan
   bias), is computed after the loop from the stacked A and B: per step, one product over all the kind's rows
   (the lazy phase batches it as it does F's own parameter gradients), not one per task and step.
 
-It applies where the body's parameter gradients are such sums and every per-step value has the row axis
-(:func:`plan`); elsewhere control.py's generic gradient runs.
+It applies where the body's parameter gradients are such sums and every per-step value has the row axis, bar
+states without it that no per-row value reads (a while_loop's step counter: outside the gradient) (:func:`plan`);
+captured per-row values' gradients are summed over the steps as carried values; a while_loop's reverse loop runs
+over the steps it ran. Elsewhere control.py's generic gradient runs.
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ from .flow import is_cond, is_loop
 from .nn import is_row_sparse
 from .registry import make_node
 from .sources import input as placeholder, zeros_like
-from .hoist import closed, hoisted
+from .hoist import closed, hoisted, hoisted_captures
 from .subgraph import Subgraph, _cotangents, _tuple_node, item
 
 
@@ -48,23 +50,32 @@ def loop_types(op: str, body: Subgraph, ss: list, n_out: int, length: int, save:
 
 class Plan:
     """The body's gradient as a loop of its own: the per-step values it reads (the body's per-step args, the
-    residuals, the given outputs' cotangents), the state cotangents it carries, and per captured value the
-    terms of its gradient, ("mm", A, B, product node) or ("sum", None, B, sum node), over per-row values."""
+    residuals, the given outputs' cotangents), the state cotangents it carries, per captured value without the
+    row axis the terms of its gradient, ("mm", A, B, product node) or ("sum", None, B, sum node), over per-row
+    values, and the captured per-row values with a gradient (summed over the steps as carried values).
+    ``control``: the states without the row axis (a while_loop's step counter), which no per-row value reads:
+    outside the gradient."""
 
-    def __init__(self, body: Subgraph, n_in: int, n_state: int, n_user: int, given: Sequence[int]):
+    def __init__(self, body: Subgraph, n_in: int, n_state: int, n_user: int, given: Sequence[int],
+                 control: frozenset = frozenset()):
         self.body, self.n_in, self.n_state = body, n_in, n_state
         args = body.args
         self.caps = list(args[n_in + n_state:])
-        outs = [body.outputs[k] for k in given] + list(body.outputs[len(body.outputs) - n_state:])
+        self.rows_states = [j for j in range(n_state) if j not in control]
+        first_state = len(body.outputs) - n_state
+        outs = [body.outputs[k] for k in given] + [body.outputs[first_state + j] for j in self.rows_states]
         self.cts = [placeholder(o.shape, o.dtype, name=f"d{o.name or 'y'}") for o in outs]
-        wrt = list(args[:n_in + n_state]) + [c for c in self.caps if c.dtype.is_float]
+        wrt = list(args[:n_in]) + [args[n_in + j] for j in self.rows_states] + [c for c in self.caps
+                                                                                 if c.dtype.is_float]
         grads = grad(outs, wrt, self.cts, zeros=False)
         self.grads = dict(zip(wrt, grads))
         forward = set(body.nodes)
         back = [n for n in Graph([g for g in grads if g is not None]).nodes if n not in forward]
         read = {x for n in back for x in n.inputs} | {g for g in grads if g in forward}
         self.residuals = [n for n in body.computed if n in read and n.has_rows]
-        self.terms = {c: _terms(self.grads[c]) for c in self.caps if self.grads.get(c) is not None}
+        self.terms = {c: grad_terms(self.grads[c]) for c in self.caps
+                      if self.grads.get(c) is not None and not c.has_rows}
+        self.row_caps = [c for c in self.caps if c.has_rows and self.grads.get(c) is not None]
 
     def applies(self) -> bool:
         """Can the gradient run from saved values: every captured value's gradient a sum of terms, no
@@ -73,13 +84,13 @@ class Plan:
             g is not None and is_row_sparse(g) for g in self.grads.values())
 
 
-def _terms(g: Node) -> list | None:
+def grad_terms(g: Node) -> list | None:
     """``g`` (a captured value's gradient in the body) as a sum of ("mm", A, B, node): node = Aᵀ·B, and
     ("sum", None, B, node): node sums B over the rows, with A and B per-row matrices; None: not such a sum."""
     if g.has_rows:
         return None
     if g.op == "accum" or (g.op == "add" and all(x.shape == g.shape for x in g.inputs)):
-        parts = [_terms(x) for x in g.inputs]
+        parts = [grad_terms(x) for x in g.inputs]
         return None if any(p is None for p in parts) else [t for p in parts for t in p]
     if g.op == "matmul":
         a, b = g.inputs
@@ -93,34 +104,52 @@ def _terms(g: Node) -> list | None:
 
 
 def plan(xs: list, ss: list, body: Subgraph, n_out: int) -> Plan | None:
-    """The saved-values gradient of a foreach in a vertex function, when it applies: float per-row inputs,
-    states and outputs of one dtype, per-row values only (a captured per-vertex value keeps the generic
-    gradient), no control flow in the body."""
-    values = list(xs) + list(ss)
+    """The saved-values gradient of a loop in a vertex function, when it applies: float per-row inputs,
+    states and outputs of one dtype, bar states without the row axis that no per-row value reads (a step
+    counter: outside the gradient), no control flow in the body."""
+    control = frozenset(j for j, s in enumerate(ss) if not s.has_rows)
+    values = list(xs) + [s for j, s in enumerate(ss) if j not in control]
     if not values:
         return None
     dtype = values[0].dtype
     if not all(v.has_rows and v.dtype == dtype and v.dtype.is_float for v in values):
         return None
-    if not all(o.has_rows and o.dtype == dtype for o in body.outputs):
+    first_state = len(body.outputs) - len(ss)
+    per_row = [o for k, o in enumerate(body.outputs) if k < first_state or k - first_state not in control]
+    if not all(o.has_rows and o.dtype == dtype for o in per_row):
         return None
     if any(is_cond(n) or is_loop(n) for n in body.computed):
         return None
-    if any(c.has_rows and c.dtype.is_float for c in body.args[len(xs) + len(ss):]):
+    if _reads(per_row, {body.args[len(xs) + j] for j in control}):
         return None
-    found = Plan(body, len(xs), len(ss), n_out, range(n_out))
+    found = Plan(body, len(xs), len(ss), n_out, range(n_out), control)
     return found if found.applies() else None
 
 
-def saving_loop(xs: list, ss: list, traced, n_out: int, length: int, extra: dict, count) -> Node | None:
-    """The forward node of a foreach in a vertex function that keeps what its gradient reads (one tuple
-    node: its outputs, its residuals stacked as further outputs, its final states, its saved pre-step
-    states), or None where the saved-values gradient does not apply."""
-    body = traced.graph
+def _reads(outputs: list, values: set) -> bool:
+    """Does any of ``outputs`` read one of ``values``?"""
+    stack, seen = list(outputs), set()
+    while stack:
+        n = stack.pop()
+        if n in values:
+            return True
+        if n not in seen:
+            seen.add(n)
+            stack.extend(n.inputs)
+    return False
+
+
+def saving_loop(op: str, xs: list, ss: list, traced, n_out: int, length: int, extra: dict, count) -> Node | None:
+    """The forward node of a foreach or while_loop in a vertex function that keeps what its gradient reads
+    (one tuple node: its outputs, its residuals stacked as further outputs, its final states, a while_loop's
+    count, its saved pre-step states), or None where the saved-values gradient does not apply."""
+    body, captured = traced.graph, list(traced.captured)
     if count is not None:
         return None
     if length:   # (a loop of no step computes no product)
-        xs, body = hoisted(xs, len(ss), body, traced.captured)
+        if op == "foreach":
+            xs, body = hoisted(xs, len(ss), body, captured)
+        body, captured, extra = _invariant_products(body, len(xs) + len(ss), captured, extra)
     found = plan(xs, ss, body, n_out)
     if found is None:
         return None
@@ -130,50 +159,86 @@ def saving_loop(xs: list, ss: list, traced, n_out: int, length: int, extra: dict
     attrs = dict(extra, body=kept, n_in=len(xs), n_state=len(ss), n_out=n_out + n_res, length=length,
                  _has_count=False, _save=True, _differentiable=True, _in_vertex_function=True, _pick=None,
                  _residuals=n_res)
-    types = loop_types("foreach", kept, ss, n_out + n_res, length, True)
-    return _tuple_node("foreach", xs + ss + traced.captured, dict(attrs, dtype=types[0][1]), types)
+    types = loop_types(op, kept, ss, n_out + n_res, length, True)
+    return _tuple_node(op, xs + ss + captured, dict(attrs, dtype=types[0][1]), types)
 
 
-def saved_vjp(g: Node, node: Node, inputs: Sequence[Node]) -> tuple:
-    """The gradients of a saving foreach's inputs: one reverse loop over the saved values (the iterated
-    inputs' and the states' gradients, and the per-step values the captured values' terms read), then each
-    captured value's gradient summed over the steps from the stacked terms."""
+def _invariant_products(body: Subgraph, n_fixed: int, captured: list, extra: dict) -> tuple:
+    """The body's products of captured values alone (``x · W`` of a vertex's captured input: the same at every
+    step) made once before the loop (F's eager phase batches them over all rows), read as captured values of
+    their own; a while_loop's condition takes the new captured values too (unread)."""
+    body, made = hoisted_captures(body, n_fixed, captured)
+    if not made:
+        return body, captured, extra
+    if "cond" in extra:
+        test = extra["cond"]
+        fresh = [placeholder(m.shape, m.dtype, name=f"{test.name}.unused") for m in made]
+        extra = dict(extra, cond=Subgraph(list(test.args) + fresh, test.outputs, test.name))
+    return body, captured + made, extra
+
+
+def saved_vjp(g: Node, node: Node, inputs: Sequence[Node], count: Node | None = None) -> tuple | None:
+    """The gradients of a saving loop's inputs: one reverse loop over the saved values (over the ``count``
+    steps a while_loop ran: the iterated inputs' and the per-row states' gradients, the captured per-row
+    values' summed as carried values, and the per-step values the other captured values' terms read), then
+    each of those captured values' gradient summed over the steps from the stacked terms. None where a state
+    outside the gradient (a step counter) has a cotangent: the caller's generic gradient then runs."""
     a = node.attrs
     body, n_in, n_state, n_out, n_res, length = (a["body"], a["n_in"], a["n_state"], a["n_out"], a["_residuals"],
                                                  a["length"])
     n_user = n_out - n_res
     cts = _cotangents(g, node)
+    control = frozenset(j for j in range(n_state) if not body.args[n_in + j].has_rows)
+    if any(n_out + j in cts for j in control):
+        return None
     given = [k for k in range(n_user) if k in cts]
-    found = Plan(body, n_in, n_state, n_user, given)
+    found = Plan(body, n_in, n_state, n_user, given, control)
+    rows = found.rows_states
+    first_saved = n_out + n_state + (1 if "cond" in a else 0)
     xs, ss, caps = list(inputs[:n_in]), list(inputs[n_in:n_in + n_state]), list(inputs[n_in + n_state:])
-    step_args = list(body.args[:n_in + n_state]) + list(body.outputs[n_user:n_user + n_res]) + found.cts[:len(given)]
-    step_values = xs + [item(node, n_out + n_state + j) for j in range(n_state)] + \
+    step_args = list(body.args[:n_in]) + [body.args[n_in + j] for j in rows] + \
+        list(body.outputs[n_user:n_user + n_res]) + found.cts[:len(given)]
+    step_values = xs + [item(node, first_saved + j) for j in rows] + \
         [item(node, n_user + r) for r in range(n_res)] + [cts[k] for k in given]
     source = dict(zip(step_args, step_values))
     gx = [_or_zeros(found.grads.get(x), x) for x in body.args[:n_in]]
     vectors = list(dict.fromkeys(v for terms in found.terms.values() for _, A, B, _ in terms
                                  for v in (A, B) if v is not None and v not in source and v not in gx))
-    gs = [_or_zeros(found.grads.get(s), s) for s in body.args[n_in:n_in + n_state]]
-    invariant = _invariants(gx + vectors + gs, set(found.caps))
-    sub = closed(step_args + found.cts[len(given):] + found.caps + invariant, gx + vectors + gs,
-                  f"{body.name}.backward")
+    gs = [_or_zeros(found.grads.get(body.args[n_in + j]), body.args[n_in + j]) for j in rows]
+    sums = [placeholder(c.shape, c.dtype, name=f"sum:{c.name}") for c in found.row_caps]
+    summed = [accum(acc, found.grads[c]) for acc, c in zip(sums, found.row_caps)]
+    invariant = invariants(gx + vectors + gs + summed, set(found.caps))
+    sub = closed(step_args + found.cts[len(given):] + sums + found.caps + invariant, gx + vectors + gs + summed,
+                 f"{body.name}.backward")
     caps = caps + _outside(invariant, dict(zip(found.caps, caps)))
-    carried = [cts[n_out + j] if n_out + j in cts else zeros_like(s) for j, s in enumerate(ss)]
+    cap_of = dict(zip(found.caps, inputs[n_in + n_state:]))
+    carried = [cts[n_out + j] if n_out + j in cts else zeros_like(ss[j]) for j in rows]
+    carried += [zeros_like(cap_of[c]) for c in found.row_caps]
+    back = _backward_node(sub, step_values, carried, caps, len(gx) + len(vectors), length, a, count)
     n_back = len(gx) + len(vectors)
-    attrs = dict(body=sub, n_in=len(step_args), n_state=n_state, n_out=n_back, length=length,
-                 reverse=not a.get("reverse", False), _has_count=False, _save=False, _differentiable=False,
-                 _in_vertex_function=False, _pick=None)
-    types = loop_types("foreach", sub, carried, n_back, length, False)
-    back = _tuple_node("foreach", step_values + carried + caps, dict(attrs, dtype=types[0][1]), types)
-    grads = [item(back, i) for i in range(n_in)] + [item(back, n_back + j) for j in range(n_state)]
+    grads = [item(back, i) for i in range(n_in)]
+    grads += [item(back, n_back + rows.index(j)) if j in rows else None for j in range(n_state)]
     source.update((v, item(back, len(gx) + i)) for i, v in enumerate(vectors))
     source.update((v, grads[i]) for i, v in enumerate(gx) if v not in source)   # (a term's B: an input's gradient)
-    grads += [_summed(found.terms[c], source, length) if c in found.terms and length else None
+    sums_at = {c: item(back, n_back + len(rows) + i) for i, c in enumerate(found.row_caps)}
+    grads += [sums_at[c] if c in sums_at else _summed(found.terms[c], source, length)
+              if c in found.terms and length else None
               for c in body.args[n_in + n_state:]]   # (a loop of no step adds nothing)
     return tuple(grads)
 
 
-def _invariants(outputs: list, caps: set) -> list:
+def _backward_node(sub: Subgraph, step_values: list, carried: list, caps: list, n_back: int, length: int,
+                   forward: dict, count: Node | None) -> Node:
+    """The reverse foreach of a saving loop's gradient (over ``count`` steps: those a while_loop ran)."""
+    attrs = dict(body=sub, n_in=len(step_values), n_state=len(carried), n_out=n_back, length=length,
+                 reverse=not forward.get("reverse", False), _has_count=count is not None, _save=False,
+                 _differentiable=False, _in_vertex_function=False, _pick=None)
+    types = loop_types("foreach", sub, carried, n_back, length, False)
+    inputs = step_values + carried + caps + ([count] if count is not None else [])
+    return _tuple_node("foreach", inputs, dict(attrs, dtype=types[0][1]), types)
+
+
+def invariants(outputs: list, caps: set) -> list:
     """The values of the gradient's body that read captured values alone (a weight's transpose), where a
     value of a step reads them: computed once, before the loop (a static of ∂F), not at every step."""
     fixed: dict = {}

@@ -11,6 +11,7 @@ gradients of several items reach the tuple node as one ``tuple_ct`` node (merged
 """
 from __future__ import annotations
 
+import contextvars
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -18,6 +19,15 @@ from ..core.errors import ShapeError
 from ..ir.graph import Graph, Node, type_str
 from .registry import OPS, OpDef, make_node, register
 from .sources import constant, input as placeholder
+
+
+# how many bodies are being traced around the code running now (0: the enclosing graph's own level)
+_body_depth: contextvars.ContextVar[int] = contextvars.ContextVar("body_depth", default=0)
+
+
+def in_body() -> bool:
+    """Is a control-flow body being traced (the nodes made now belong to a body, not to the graph)?"""
+    return _body_depth.get() > 0
 
 
 # --- subgraphs -----------------------------------------------------------------------------------------
@@ -81,7 +91,11 @@ def trace(fn: Callable, types: Sequence[tuple], name: str, unpack: Callable | No
     marker = constant(0.0)   # every node made from here on belongs to the body
     start = marker.id
     formals = [placeholder(shape, dtype, name=f"{name}.{i}") for i, (shape, dtype) in enumerate(types)]
-    result = fn(*formals)
+    token = _body_depth.set(_body_depth.get() + 1)
+    try:
+        result = fn(*formals)
+    finally:
+        _body_depth.reset(token)
     outputs = unpack(result) if unpack else _as_list(result, f"{name} returned")[0]
     formal_set = set(formals)
     captured: list[Node] = []

@@ -354,22 +354,28 @@ def _lstm_values(sign: float) -> dict:
             "b": rng.uniform(-0.5, 0.5, 12), "Wr": rng.uniform(-0.5, 0.5, (3, 3)), "s": np.float64(sign)}
 
 
-def _branch_products(lowered) -> int:
-    """The products inside the branches of ``lowered`` (each BRANCH's then-branch and its JUMP's else-branch)."""
+def _side_products(lowered) -> list:
+    """Per BRANCH of ``lowered``'s task template: the products (GEMM, BMM) in its then-branch and in its
+    else-branch."""
     ops = [OPCODES_BY_ID[op] for op in lowered.code[:, 0]]
-    inside = set()
-    for pc, op in enumerate(ops):
-        if op == "BRANCH":
+    begin, end = lowered.ranges[lowered.template_ids[0]]
+    found = []
+    for pc in range(begin, end):
+        if ops[pc] == "BRANCH":
             jump = pc + int(lowered.code[pc][2])
-            inside.update(range(pc + 1, jump + int(lowered.code[jump][1]) + 1))
-    return sum(ops[pc] in ("GEMM", "BMM") for pc in inside)
+            stop = jump + int(lowered.code[jump][1]) + 1
+            found.append(tuple(sum(op in ("GEMM", "BMM") for op in ops[a:b]) for a, b in ((pc + 1, jump),
+                                                                                          (jump + 1, stop))))
+    return found
 
 
 @pytest.mark.parametrize("sign", [1.0, -1.0])
-def test_a_conds_products_run_outside_its_branches_in_both_passes(cuda_standin, sign):
-    """F: the cond's x·Wx is a product of the block before the task loop, and no product is left in F's or
-    ∂F's branches (h·Wh is made before the branch, read by ∂F as a stored value, not recomputed); every
-    runner equals the branch chosen in Python, and the gradients match float64 central finite differences."""
+def test_a_conds_eager_product_runs_before_the_task_loop_and_each_branch_its_own_products(cuda_standin, sign):
+    """F: the cond's x·Wx (it reads no gathered value) is a product of the block before the task loop; h·Wh and
+    h·Wr stay in their branches, so only the taken side's runs (one product each side, forward, and one each
+    in ∂F's task branch: its gradient through the product, nothing of the forward recomputed: ops/cond_grad.py);
+    every runner equals the branch chosen in Python, and the gradients match float64 central finite
+    differences."""
     from minicavs.train.testing import check_model_grads
     vals = _lstm_values(sign)
     feeds = {"xs": np.random.default_rng(6).standard_normal((6, 2))}
@@ -380,8 +386,7 @@ def test_a_conds_products_run_outside_its_branches_in_both_passes(cuda_standin, 
     (before,) = _instructions(state.program.lowered, "before tasks")
     assert before.count("GEMM") + before.count("BMM") >= 1
     for lowered in (state.program.lowered, state.backward_program.lowered):
-        assert "BRANCH" in [OPCODES_BY_ID[op] for op in lowered.code[:, 0]]
-        assert _branch_products(lowered) == 0, "\n".join(lowered.lines())
+        assert _side_products(lowered) == [(1, 1)], "\n".join(lowered.lines())
     for runner, device, name in [("reference", None, "reference runner"), ("device", None, "C runner"),
                                  ("device", Cuda(cuda_standin), "cuda runner")]:
         got = _run(model, vals, feeds, runner, device, check=True)

@@ -122,6 +122,36 @@ def test_the_while_loops_gradients_match_central_finite_differences(steps):
     check_model_grads(model, GRAPHS, feeds, vals, directions=2)
 
 
+@pytest.mark.parametrize("steps", [1, 3, MOST])
+def test_a_while_in_f_saves_what_its_gradient_reads_so_its_body_runs_once_per_step(monkeypatch, steps):
+    """The forward while keeps its per-step states and the values its gradient reads (ops/loop_grad.py), so
+    the whole pass (the loops APPLYs of their ops on the reference runner: each run of a body is a call) runs F's
+    body once per step and task and never again in ∂F (no replay of the loop: ∂F's program tests no condition);
+    ∂F's loop body re-applies no forward op (no tanh); the values equal F in Python."""
+    from minicavs.ops.flow import flow, is_loop
+    from minicavs.ops.subgraph import Subgraph
+    vals, feeds = _values(steps)
+    model = _chain(None)
+    got = _run(model, vals, feeds, "device")
+    backward = next(iter(got.states.values())).backward_program.lowered
+    assert "WHILE" not in [OPCODES_BY_ID[op] for op in backward.code[:, 0]], "\n".join(backward.lines())
+    fn = model.structures[0].compiled["v"]
+    for node in [n for n in list(fn.row_bwd) + list(fn.static_bwd) if is_loop(n)]:
+        assert "tanh" not in {n.op for _, body in flow(node).bodies for n in body.computed}, node.label()
+    model = _chain(None)   # (a fresh one: lowered with the loops as APPLYs)
+    bodies = {id(flow(n).bodies[0][1]) for n in model.structures[0].compiled["v"].row_fwd if is_loop(n)}
+    runs = []
+    real = Subgraph.run
+    monkeypatch.setattr(Subgraph, "run",
+                        lambda self, xp, values: (runs.append(id(self)), real(self, xp, values))[1])
+    monkeypatch.setattr(instructions, "loops", lambda t, step: False)
+    applied = _run(model, vals, feeds, "reference")
+    program = next(iter(applied.states.values())).program
+    tasks = int((program.table[:, 0] < program.lowered.n_kinds).sum())
+    assert sum(r in bodies for r in runs) == tasks * steps, (tasks, steps)
+    _same(applied, _run(_chain(steps), vals, feeds, "reference"), "APPLY path")
+
+
 @pytest.mark.parametrize("sign", [1.0, -1.0])
 def test_a_cond_inside_a_while_is_a_branch_inside_the_loop(cuda_standin, sign):
     """The untaken branch is NaN (log of a negative number) for every row: never computed, nor its gradient."""
@@ -264,10 +294,10 @@ def test_a_trip_count_that_is_not_one_int64_value_is_refused(cuda_standin):
 @pytest.mark.parametrize("steps", [0, 3, MOST])
 def test_each_condition_is_one_read_per_test_and_each_trip_count_one_per_pass_on_the_device(cuda_standin, steps):
     """On the device the condition is a device value: the issuing loop reads it (one counted device-to-host
-    read) each time WHILE tests it, in every task that runs the loop (F: the task template; ∂F: the replay
-    saving states, in the block before the tasks), and a run-time trip count once a pass (LOOPN's static, as a
-    cond's pred); the reference runner over the device's arrays reads the same. Against F unrolled in Python:
-    tests x (F's tasks + ∂F's one block) more, + 1 trip count, + the tests of the static replay giving ∂F its
+    read) each time WHILE tests it, in every task that runs the loop (F's task template: the loop saves what
+    its gradient reads, so ∂F runs no replay of it, ops/loop_grad.py), and a run-time trip count once a pass
+    (LOOPN's static, as a cond's pred); the reference runner over the device's arrays reads the same. Against F
+    unrolled in Python: tests x F's tasks more, + 1 trip count, + the tests of the static replay giving ∂F its
     count (run in Python, outside the program: one read per test)."""
     vals, feeds = _values(steps)
     tests = min(steps + 1, MOST)   # (the last test reads 0, unless the loop ran its most)
@@ -282,9 +312,9 @@ def test_each_condition_is_one_read_per_test_and_each_trip_count_one_per_pass_on
             issued.append(int(issue.stats(device)[issue.STATS.index("reads")]) - before)
         program = next(iter(got.states.values())).program
         tasks = int((program.table[:, 0] < program.lowered.n_kinds).sum())   # (rows of the task template)
-        assert reads[1] - reads[0] == tests * (tasks + 1) + 1 + tests, (device.issue_from_c, reads, tasks)
+        assert reads[1] - reads[0] == tests * tasks + 1 + tests, (device.issue_from_c, reads, tasks)
         # (the issuing loop's own reads, counted apart: the conditions' alone)
-        assert issued == [0, tests * (tasks + 1) if device.issue_from_c else 0], (device.issue_from_c, issued)
+        assert issued == [0, tests * tasks if device.issue_from_c else 0], (device.issue_from_c, issued)
 
 
 def test_explain_shows_the_loops_and_branches_of_each_pass():
