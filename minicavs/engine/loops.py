@@ -35,8 +35,9 @@ from .codegen.opcodes import MAX_DEPTH
 from .lowered import NONE, Template, _cols, _rows
 
 
-def loops(t: Template, step) -> bool:
-    """Does ``step`` lower to a loop: a foreach or while_loop (or one result of one) of one float type, whose
+def loops(t: Template, step, ints: bool = False) -> bool:
+    """Does ``step`` lower to a loop: a foreach or while_loop (or one result of one) of one float type (``ints``:
+    its iterated inputs may be int values, which a static program binds in that float type), whose
     trip count is fixed, a one-value int64 static (``steps=``, read where the loop runs) or a while_loop's
     condition (one value of that type, computed in the loop), whose per-step values (sliced inputs, stacked
     outputs, saved states) are per-row or one row, which nests at most MAX_DEPTH deep and whose steps-run
@@ -60,7 +61,10 @@ def loops(t: Template, step) -> bool:
     per_step = list(body.args[:f.iterated]) + list(body.outputs[:f.outputs]) + (list(states) if f.saves else [])
     if not all(v.has_rows or _rows(v) == 1 for v in per_step):
         return False
-    return all(v.dtype == node.dtype for v in list(step.inputs[:f.iterated + f.states]) + list(body.outputs))
+    iterated = [] if ints else list(step.inputs[:f.iterated])
+    iterated += [v for v in step.inputs[:f.iterated] if ints and v.dtype.is_float]
+    return all(v.dtype == node.dtype for v in iterated + list(step.inputs[f.iterated:f.iterated + f.states])
+               + list(body.outputs))
 
 
 def _zero(x: Node) -> bool:
