@@ -15,7 +15,7 @@ from ..ir.graph import Node
 from ..ops.flow import flow, is_cond, is_loop
 from ..ops.registry import OPS, holds_tuple
 from ..ops.subgraph import item_index
-from . import instructions
+from . import instructions, row_trips
 from .loops import loops, lower_loop
 
 
@@ -28,9 +28,11 @@ def flow_refusal(n: Node) -> str | None:
         return None if n.dtype.is_float else f"an {n.dtype.name} result of a loop (its steps run)"
     if not is_loop(n):
         return "a tuple value no instruction holds" if holds_tuple(n) else None
-    if n.attrs.get("_per_row"):
-        return "a loop with a trip count per row (the step runner runs each row's own steps)"
     f = flow(n)
+    if row_trips.per_row(n):
+        why = row_trips.refusal(n, n.inputs)
+        if why is not None:
+            return why
     if not n.dtype.is_float:
         return f"a loop of {n.dtype.name} values"
     for _, body in f.bodies:

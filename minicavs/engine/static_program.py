@@ -39,7 +39,7 @@ from .lowered import NONE, TASK_COLUMNS, Lowered, Template, _cols, _rows
 from .passes.fusion import fusible
 from . import program as steps_runner
 from .program import BatchProgram, RunContext, _located, is_fed, leaf_value, record
-from . import static_loops
+from . import row_trips, static_loops
 
 
 def _rowy(n: Node) -> bool:
@@ -287,6 +287,9 @@ class _Values:
                 value = _as_float(value, self.dtype, node, self.xp)
             return value.reshape(-1, 1) if axis == 0 and node.ndim == 1 else value   # (one number a row)
         rest = key[1:]
+        if what in (row_trips.RUNNING, row_trips.LONGEST):   # (a loop's trip counts per row: checked here)
+            made = row_trips.bound(to_host(self.env[rest[0]]), key, self.rows)
+            return self.xp.asarray(made.astype(self.dtype) if what == row_trips.RUNNING else made)
         if what == "value":
             return self.xp.ascontiguousarray(self.env[rest[0]])
         if what == "feedrows":

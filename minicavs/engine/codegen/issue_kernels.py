@@ -83,7 +83,7 @@ extern "C" __global__ void rowop_{T}(long fn, long rows, long cols, const {T} *_
         if (fn == 1 || fn == 2) {{
             const {T} v = lab ? ({T})0 : labf[i * ldl];
             y = lab ? lab[i] : (v >= 0 && v < ({T})cols && ({T})(long)v == v) ? (long)v : -1;
-            if (y < 0) {{ for (long j = 0; j < (fn == 1 ? 1 : cols); j++) d[j] = ({T})NAN; continue; }}
+            if (y < 0) {{ for (long j = 0; j < (fn == 1 ? 1 : cols); j++) d[j] = sqrt(({T})-1); continue; }}   /* (NaN) */
         }}
         {T} mx = cols ? s[0] : ({T})0, sum = 0;
         for (long j = 1; j < cols; j++) mx = s[j] > mx ? s[j] : mx;
