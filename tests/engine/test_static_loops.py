@@ -1,0 +1,169 @@
+"""Static graphs holding loops as instruction programs (engine/static_loops.py, engine/row_trips.py): seq2seq's
+training pass (a foreach encoder and decoder over int target ids, their reverse gradient loops) and the foreach
+Var-LSTM's (a loop with a trip count per row) run on every runner (reference, C runner, the emulated CUDA issuing
+loop) without declining, equal to the step runner (program.run_steps) to 1e-12 in float64; a small language model
+loop lowered as a program matches float64 central finite differences for 0, 1, several and the most steps, and
+for trip counts per row including 0; a corrupted loop operand is refused by every runner naming it; a bad trip
+count or label is a FeedError naming it."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from minicavs import ops
+from minicavs.core.dtypes import float64 as F64
+from minicavs.core.errors import CheckError, FeedError
+from minicavs.cuda import Cuda, issue
+from minicavs.engine import static_program
+from minicavs.engine.compile import EngineOptions
+from minicavs.engine.executor import RunContext
+from minicavs.engine.lowered import OPCODES_BY_ID
+from minicavs.engine.model import Model
+from minicavs.ops import control as C
+from minicavs.train.testing import check_model_grads
+
+from .test_static_program import FOREACH, _equal, _model, _programs, _run, _steps_only
+
+T, D, H, V, ROWS = 5, 3, 4, 6, 4
+# what stays on the step runner: the lookups of (rows, steps) ids before the program, the table's row-sparse
+# gradients after it
+LEFT = {"lookup", "lookup_grad", "accum"}
+
+
+def _opcodes(program) -> set:
+    return {OPCODES_BY_ID[op] for op in program.lowered.code[:, 0]}
+
+
+@pytest.mark.parametrize("name", sorted(FOREACH))
+def test_the_loops_run_in_the_program_on_every_runner_equal_to_the_step_runner(cuda_standin, name, tmp_path):
+    t, graphs, feeds = _model(name, tmp_path)
+    want = _steps_only(t, graphs, feeds)
+    for runner, device, who in [("reference", None, "reference runner"), ("device", None, "C runner"),
+                                ("device", Cuda(cuda_standin), "cuda runner")]:
+        got = _run(t, graphs, feeds, runner, device, check=True)
+        _equal(got, want, who)
+        (program,) = _programs(got)
+        assert program.runner == who and program.declined is None and program.lowered.c_refusal is None
+        assert {"ENDLOOP", "STEPCOLS", "ROWOP"} <= _opcodes(program) and "APPLY" not in _opcodes(program)
+        left = {n.op for run in got.static for n in (run.left or {})}
+        assert left <= LEFT, left
+
+
+def _lm(per_row: bool) -> Model:
+    """A static graph of one loop: per step tanh(x_t·W + h·U + b), its cross-entropy against the step's int
+    label y_t; steps= one count (LOOPN) or one per row (masks); loss = the summed cross-entropies."""
+    W, U, b = ops.param_node("W", (D, H), F64), ops.param_node("U", (H, H), F64), ops.param_node("b", (H,), F64)
+    Wo = ops.param_node("Wo", (H, V), F64)
+    x, y = ops.input((None, T, D), "float64", name="x"), ops.input((None, T), "int64", name="y")
+    h0 = ops.input((None, H), "float64", name="h0")
+    steps = ops.input((None,) if per_row else (), "int64", name="steps")
+
+    def body(inputs, states):
+        h = ops.tanh(ops.linear(inputs[0], W, b) + states[0] @ U)
+        return [ops.softmax_cross_entropy(h @ Wo, inputs[1])], [h]
+    (nll,), _ = C.foreach(body, [x, y], [h0], steps=steps, name="lm")
+    return Model([], loss=ops.sum(nll), outputs={"nll": ops.sum(nll)})
+
+
+def _values(steps) -> tuple[dict, dict]:
+    rng = np.random.default_rng(4)
+    params = {"W": rng.normal(size=(D, H)), "U": rng.normal(size=(H, H)) * 0.5, "b": rng.normal(size=H),
+              "Wo": rng.normal(size=(H, V))}
+    feeds = {"x": rng.normal(size=(ROWS, T, D)), "y": rng.integers(0, V, (ROWS, T)),
+             "h0": rng.normal(size=(ROWS, H)), "steps": np.asarray(steps, np.int64)}
+    return params, feeds
+
+
+def _ran_in_a_program(model, params, feeds, opcode: str):
+    got = model.forward_backward({}, feeds, params, RunContext())
+    (program,) = _programs(got)
+    assert program.runner == "C runner" and program.declined is None and opcode in _opcodes(program)
+    return got
+
+
+@pytest.mark.parametrize("steps", [0, 1, 3, T])
+def test_a_loop_with_a_run_time_trip_count_matches_finite_differences(steps):
+    model = _lm(per_row=False)
+    params, feeds = _values(steps)
+    got = _ran_in_a_program(model, params, feeds, "LOOPN")
+    assert (float(got.loss) == 0.0) == (steps == 0)
+    check_model_grads(model, {}, feeds, params, directions=2)
+
+
+@pytest.mark.parametrize("lengths", [[T, 3, 0, 1], [0, 0, 0, 0], [2, 2, 2, 2], [T, T, T, T]])
+def test_a_loop_with_a_trip_count_per_row_matches_finite_differences_and_the_step_runner(cuda_standin, lengths):
+    model = _lm(per_row=True)
+    params, feeds = _values(lengths)
+    _ran_in_a_program(model, params, feeds, "LOOPN")
+    check_model_grads(model, {}, feeds, params, directions=2)
+    want = _on_the_step_runner(_lm(per_row=True), params, feeds)
+    for device in (None, Cuda(cuda_standin)):
+        got = _on(model, params, feeds, device)
+        assert abs(float(got.loss) - float(want.loss)) <= 1e-12 * max(1.0, abs(float(want.loss)))
+        for k in params:
+            assert np.abs(np.asarray(got.grads[k]) - want.grads[k]).max() <= 1e-12 * max(1.0, np.abs(want.grads[k]).max())
+
+
+def _on_the_step_runner(model, params, feeds):
+    """The training pass with the static graph on the step runner (nothing lowered: what ran before)."""
+    keep = static_program.refusal
+    static_program.refusal = lambda node: "the step runner's run, for comparison"
+    try:
+        got = model.forward_backward({}, feeds, params, RunContext())
+    finally:
+        static_program.refusal = keep
+    assert not _programs(got)
+    return got
+
+
+def _on(model, params, feeds, device, **switches):
+    """A training pass on the C runner, or on ``device`` (the emulated CUDA device), its values there."""
+    if device is None:
+        return model.forward_backward({}, feeds, params, RunContext(), options=EngineOptions(**switches))
+    cpu, model.device = model.device, device
+    try:
+        got = model.forward_backward({}, feeds, {k: device.asarray(v) for k, v in params.items()}, RunContext(),
+                                     options=EngineOptions(**switches))
+    finally:
+        model.device = cpu
+    got.grads = {k: np.asarray(device.to_host(v)) for k, v in got.grads.items()}
+    got.loss = np.asarray(device.to_host(got.loss))
+    return got
+
+
+def test_a_bad_trip_count_or_label_is_a_feed_error_naming_it():
+    for per_row, key, bad, match in [(True, "steps", [T + 1, 0, 0, 0], r"steps.*\[0\] = 6"),
+                                     (True, "steps", [1, 2], r"'steps' has 2 rows"),
+                                     (False, "steps", T + 1, r"count|steps"),
+                                     (True, "y", None, r"label|class")]:
+        model = _lm(per_row)
+        params, feeds = _values([T, T, T, T] if per_row else T)
+        feeds[key] = np.asarray(bad, np.int64) if bad is not None else np.full((ROWS, T), V, np.int64)
+        with pytest.raises((FeedError, CheckError), match=match):
+            model.forward_backward({}, feeds, params, RunContext())
+
+
+@pytest.mark.parametrize("opcode, operand, value, name", [
+    ("ROWOP", 4, 10**6, "labels"), ("ROWOP", 4, -1, "labels"), ("STEPCOLS", 1, 10**6, "src"),
+    ("LOOPN", 0, -1, "count"), ("ENDLOOP", 2, 9, "depth")])
+def test_a_corrupted_loop_operand_is_refused_by_every_runner_naming_it(cuda_standin, opcode, operand, value,
+                                                                        name):
+    model = _lm(per_row=True)
+    params, feeds = _values([T, 3, 0, 1])
+    expected = [("reference", None, CheckError, rf"reference static graph: task 0, instruction \d+ \({opcode} "
+                                                rf".*\): (operand {name}|register|buffer)"),
+                ("device", None, CheckError, rf"C runner static graph: task 0, instruction \d+ \({opcode} .*\): "
+                                             rf"operand {name}"),
+                ("device", Cuda(cuda_standin), issue.IssueCheckError,
+                 rf"cuda static graph: task 0, instruction \d+ \({opcode} .*\): operand {name}")]
+    for runner, device, error, message in expected:
+        got = _on(model, params, feeds, device, runner=runner, check=True)
+        code = next(p for p in _programs(got) if opcode in _opcodes(p)).lowered.code
+        pc = int(np.flatnonzero([OPCODES_BY_ID[op] == opcode for op in code[:, 0]])[0])
+        old = int(code[pc][1 + operand])
+        code[pc][1 + operand] = value
+        try:
+            with pytest.raises(error, match=message):
+                _on(model, params, feeds, device, runner=runner, check=True)
+        finally:
+            code[pc][1 + operand] = old
