@@ -167,3 +167,34 @@ def test_a_corrupted_loop_operand_is_refused_by_every_runner_naming_it(cuda_stan
                 _on(model, params, feeds, device, runner=runner, check=True)
         finally:
             code[pc][1 + operand] = old
+
+
+@pytest.mark.parametrize("name", sorted(FOREACH))
+def test_a_training_step_of_a_loop_program_reads_the_device_once(cuda_standin, monkeypatch, name, tmp_path):
+    """On the emulated device a static graph's loops add no crossing per step or row: one device-to-host read a
+    training step (the optimizer's), and a loop with a trip count per row one more (its LOOPN's count, the
+    longest row's, read where the issuing loop runs: once a pass, for the forward and the gradient loop); copies
+    to the device from the known sites, as many for 2 rows as for 16."""
+    from minicavs.cuda import standin
+    from minicavs.train.trainer import Trainer
+    from ..cuda.test_crossings import WHY_H2D
+    from ..models.test_models import MODELS
+    monkeypatch.setattr(standin, "TRACE", True)
+    config, overrides = FOREACH[name]
+    overrides = [o for o in overrides if not o.startswith("data.synthetic.train")]
+    t = Trainer(MODELS / f"{config}.yaml", overrides + ["data.synthetic.train=24", "train.device=cuda"],
+                run_dir=tmp_path / name)
+    t.train_step([0, 1])
+    sites = []
+    for samples in ([2, 3], list(range(4, 20))):
+        standin.reset()
+        t.train_step(samples)
+        reads = 1 + (name == "var_lstm_foreach")
+        assert standin.crossings.get("d2h", 0) == reads, (name, dict(standin.crossings), dict(standin.sites))
+        sites.append({site: n for (way, site), n in standin.sites.items() if way == "h2d"})
+    assert set(sites[0]) | set(sites[1]) <= set(WHY_H2D) | set(LOOP_H2D) and sites[0] == sites[1], sites
+
+
+# the copies a loop program adds, once per batch each
+LOOP_H2D = {"engine/static_program.py:_as_float": "an int value a loop iterates over, in the program's float type",
+            "engine/static_program.py:__getitem__": "a per-row loop's running mask and longest trip count"}
