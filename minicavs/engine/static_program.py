@@ -124,10 +124,12 @@ class Split:
         self.leaves = [n for n in nodes if n in needed and is_fed(n)]
         computed = self.order = [n for n in nodes if n in needed and not is_fed(n)]
         self.literals = [n for n in computed if OPS[n.op].from_shape is not None and None not in n.shape]
+        held = {n.inputs[0]: f"its result {n.label()} is {refusal(n)}" for n in computed   # (a tuple is no
+                if item_index(n) is not None and refusal(n) is not None}                  # value to hand out)
         for n in computed:
             if n in self.literals:   # (made before the program from their shape alone: given to it)
                 continue
-            why = refusal(n)
+            why = held.get(n) or refusal(n)
             if why is None:
                 rowy = [classes.find(x) for x in _register_inputs(n) + (n,) if _rowy(x)]
                 if rowy and rows is None:
