@@ -7,6 +7,8 @@ for trip counts per row including 0; a corrupted loop operand is refused by ever
 count or label is a FeedError naming it."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -219,3 +221,14 @@ def test_greedy_decoding_runs_its_encoder_in_a_program_and_says_why_its_while_lo
         static_program.refusal = keep
         decoder._static.programs.clear()
     assert np.abs(got.outputs["tokens"] - want.outputs["tokens"]).max() <= 1e-12
+
+
+def test_explain_lists_a_static_programs_loops_and_what_stays_on_the_step_runner(tmp_path):
+    from minicavs.engine.explain import explain
+    for name, loop in [("seq2seq", r"loop at depth 0: 4 steps"),
+                       ("var_lstm_foreach", r"loop at depth 0: \d+ steps of at most \d+, the trip count read where it "
+                                            r"runs from longest")]:
+        t, graphs, feeds = _model(name, tmp_path)
+        text = str(explain(t.model, graphs, feeds, t.params))
+        assert len(re.findall(r"      instruction \d+: " + loop, text)) == 2, text   # (forward, gradient)
+        assert "step runner: lookup: lookup of this shape" in text and "foreach" not in text.split("largest")[0], text
