@@ -151,7 +151,8 @@ def lower_loop(t: Template, step, statics: set, device, singles: dict, lower_ste
     placed.update((p, t.reg(name=f"{p.name or 'x'}[t]")) for p in slots)
     if f.counted:   # (steps not run stay zero)
         _zero_stacked(t, f, body, results)
-    masks = row_trips.Masks(t, node, step.inputs, device, singles) if row_trips.per_row(node) else None
+    masks = row_trips.Masks(t, node, step.inputs, (statics, device, singles), lower_step) \
+        if row_trips.per_row(node) else None
     depth, begin = _depth(t), len(t.code)
     t.emit("LOOP", f.length, 0, depth)
     order = (-1, -1, depth) if f.reverse else (0, 1, depth)

@@ -14,6 +14,8 @@ row's own, finite where the forward's were). Any other loop of that kind is decl
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 from ..core.errors import FeedError
@@ -21,6 +23,7 @@ from ..ir.graph import Node
 from ..ops import elementwise as E
 from ..ops.flow import flow, is_loop
 from ..ops.sources import input as placeholder
+from .compile import Step
 from .lowered import Template, _cols
 
 RUNNING, LONGEST = "running", "longest"
@@ -55,8 +58,8 @@ def _forward_values(inputs, f) -> set:
 class Masks:
     """The masks of one per-row loop being lowered into template ``t``."""
 
-    def __init__(self, t: Template, node: Node, inputs, device, singles: dict):
-        self.t, self.device, self.singles = t, device, singles
+    def __init__(self, t: Template, node: Node, inputs, where: tuple, lower_step: Callable):
+        self.t, self.where, self.lower_step = t, where, lower_step   # (where: lower_step's statics, device, singles)
         self.f = f = flow(node)
         lengths = inputs[-1]
         self.matrix = t.reg(name=f"running {lengths.name or lengths.id}")
@@ -90,29 +93,22 @@ class Masks:
         self._where(node, new, dst, dst)
 
     def _where(self, like: Node, new: int, old: int | None, out: int) -> None:
-        """One FUSED kernel over ``like``'s rows into ``out``: where(running, new, old), or new x running."""
-        from .instructions import _kernel_step   # (instructions imports loops, which imports this module)
+        """One elementwise step over ``like``'s rows into ``out`` (a fused kernel, as F's single nodes):
+        where(running, new, old), or new x running."""
+        singles = self.where[2]
         key = ("row mask", _cols(like), like.dtype.name, old is None)
-        if key not in self.singles:
+        if key not in singles:
             m = placeholder((None, 1), like.dtype.name, name="running")
             a = placeholder((None, _cols(like)), like.dtype.name, name="new")
             b = placeholder((None, _cols(like)), like.dtype.name, name="old")
-            y = a * m if old is None else E.where(m, a, b)   # (a cotangent: finite, so times 0 is 0)
-            from .instructions import _single_kernel
-            self.singles[key] = (m, a, b, y, _single_kernel(y, self.device, self.singles))
-        m, a, b, y, single = self.singles[key]
+            singles[key] = (m, a, b, a * m if old is None else E.where(m, a, b))   # (a cotangent: finite, so
+            # times 0 is 0)
+        m, a, b, y = singles[key]
         t = self.t
         t.regs.update({m: self.column, a: new, y: out} | ({} if old is None else {b: old}))
-        group, kernel = single
-        if not _kernel_step(t, group, kernel, group.inputs, group.outputs):
-            raise _unsupported("a row mask no kernel computes")
+        self.lower_step(t, Step.of(y), *self.where)
         for x in (m, a, b, y):
             t.regs.pop(x, None)
-
-
-def _unsupported(why: str):
-    from .instructions import Unsupported
-    return Unsupported(why)
 
 
 def bound(value, key: tuple, rows: int) -> np.ndarray:
