@@ -99,3 +99,23 @@ def _again(own_step, is_own):
     def step_lowering(t, step, statics, device, singles) -> None:
         lower_step(t, step, statics, device, singles, own_step, is_own)
     return step_lowering
+
+
+def label_classes(nodes) -> dict:
+    """Int value -> the classes of the labels a loop of ``nodes`` reads it as (the fewest of its readers': its
+    entries are checked against them when bound, on the host, so that no runner meets a label out of range)."""
+    classes: dict = {}
+    for n in nodes:
+        f = flow(n) if is_loop(n) else None
+        if f is None:
+            continue
+        for _, body in f.bodies:
+            for x, p in zip(n.inputs[:f.iterated], body.args[:f.iterated]):
+                if x.dtype.is_float:
+                    continue
+                for reader in body.computed:
+                    lowering = OPS[reader.op].row_lowering
+                    if lowering is not None and lowering.labels and reader.inputs[-1] is p:
+                        cols = reader.inputs[lowering.source].shape[-1]
+                        classes[x] = min(classes.get(x, cols), cols)
+    return classes

@@ -217,6 +217,7 @@ class StaticProgram:
             split.give_back("only moves rows: a gather the step runner makes in one call, for less than binding "
                             "a program costs")
             self.before, self.after, self.outputs, self.lowered = [Step.of(n) for n in split.before], [], [], None
+        self.classes = static_loops.label_classes(split.program)   # (an int value a loop reads as labels)
         self.tables: dict = {}   # rows -> the one-row task table
         self.row_axis = {x: x.shape.index(None) for n in split.program for x in n.inputs if None in x.shape}
         self.arenas: dict = {}
@@ -286,7 +287,9 @@ class _Values:
                 raise FeedError(f"{node.label()} has {value.shape[axis]} rows where the static graph's other "
                                 f"values have {self.rows} ({self.owner.row_source.label()})")
             if static_loops.read_as_float(node):
-                value = _as_float(value, self.dtype, node, self.xp)
+                value = _as_float(value, self.dtype, node, self.xp, self.owner.classes.get(node))
+            elif not node.dtype.is_float:   # (a loop's one-value trip count fed from the host: to the device)
+                value = self.xp.asarray(value)
             return value.reshape(-1, 1) if axis == 0 and node.ndim == 1 else value   # (one number a row)
         rest = key[1:]
         if what in (row_trips.RUNNING, row_trips.LONGEST):   # (a loop's trip counts per row: checked here)
@@ -335,12 +338,18 @@ class _Values:
         return found, elements
 
 
-def _as_float(value, dtype, node: Node, xp):
-    """Int value ``node`` in the program's float type (whole numbers, exact: else a FeedError naming it)."""
+def _as_float(value, dtype, node: Node, xp, classes: int | None):
+    """Int value ``node`` in the program's float type (whole numbers, exact: else a FeedError naming it), each a
+    class of ``classes`` where a loop reads it as labels (else a FeedError naming the first that is not)."""
     host = np.asarray(to_host(value))
     as_float = host.astype(dtype)
     if not np.array_equal(as_float.astype(host.dtype), host):
         raise FeedError(f"{node.label()}: int values past what the program's {np.dtype(dtype).name} holds exactly")
+    bad = np.argwhere((host < 0) | (host >= classes)) if classes is not None else ()
+    if len(bad):
+        at = tuple(int(i) for i in bad[0])
+        raise FeedError(f"{node.label()}{list(at)} = {host[at]}: a label of a loop's step must be a class in "
+                        f"[0, {classes})")
     return xp.asarray(as_float)
 
 

@@ -133,16 +133,20 @@ def _on(model, params, feeds, device, **switches):
     return got
 
 
-def test_a_bad_trip_count_or_label_is_a_feed_error_naming_it():
+def test_a_bad_trip_count_or_label_is_a_feed_error_naming_it_on_every_device(cuda_standin):
     for per_row, key, bad, match in [(True, "steps", [T + 1, 0, 0, 0], r"steps.*\[0\] = 6"),
                                      (True, "steps", [1, 2], r"'steps' has 2 rows"),
-                                     (False, "steps", T + 1, r"count|steps"),
-                                     (True, "y", None, r"label|class")]:
+                                     (False, "steps", T + 1, r"LOOPN .*operand count"),   # (read where it runs)
+                                     (True, "y", (1, 2), r"'y'\[1, 2\] = 6: a label of a loop's step must be a "
+                                                         r"class in \[0, 6\)")]:
         model = _lm(per_row)
         params, feeds = _values([T, T, T, T] if per_row else T)
-        feeds[key] = np.asarray(bad, np.int64) if bad is not None else np.full((ROWS, T), V, np.int64)
-        with pytest.raises((FeedError, CheckError), match=match):
-            model.forward_backward({}, feeds, params, RunContext())
+        feeds[key] = np.asarray(bad, np.int64) if key == "steps" else feeds[key].copy()
+        if key == "y":
+            feeds[key][bad] = V
+        for device in (None, Cuda(cuda_standin)):
+            with pytest.raises(FeedError if per_row else (CheckError, issue.IssueCheckError), match=match):
+                _on(model, params, feeds, device)
 
 
 @pytest.mark.parametrize("opcode, operand, value, name", [
