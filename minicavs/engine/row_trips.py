@@ -89,8 +89,13 @@ class Masks:
         return out
 
     def select(self, node: Node, dst: int, new: int) -> None:
-        """dst = where(running, new, dst): a finished row keeps what ``dst`` holds (its state, its zero)."""
-        self._where(node, new, dst, dst)
+        """dst = where(running, new, dst): a finished row keeps what ``dst`` holds (its state, its zero); the
+        select goes to scratch first (a kernel's output never aliases its input: its pointers are restrict)."""
+        chosen = self.t.reg(name=f"{node.name or 'x'} chosen")
+        self.t.emit("SCRATCH", chosen, self.t.scratch, _cols(node))
+        self.t.scratch += _cols(node)
+        self._where(node, new, dst, chosen)
+        self.t.emit("COPY", dst, chosen, -1, _cols(node))
 
     def _where(self, like: Node, new: int, old: int | None, out: int) -> None:
         """One elementwise step over ``like``'s rows into ``out`` (a fused kernel, as F's single nodes):
