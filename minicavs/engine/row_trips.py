@@ -7,10 +7,11 @@ lengths): 1 where t < lengths[r], made on the host from the lengths when bound, 
 in [0, length]). After the body a row that has finished keeps its states and writes zeros as its outputs: each
 new state and output is ``where(running, new, old)``, a select, so what a finished row computes (NaN or not)
 reaches no value. A loop that also sums over its rows (a carried value without the row axis: the parameter
-gradients of a loop's gradient) must see nothing of a finished row: its cotangents (the carried states with the
-row axis, and the iterated inputs that are neither the forward loop's inputs nor its saved states) are masked to
-zero where the body reads them, so that row adds exact zeros (its recomputed forward values are the finished
-row's own, finite where the forward's were). Any other loop of that kind is declined (the step runner runs it).
+gradients of a loop's gradient) must see nothing of a finished row: what the body reads of its per-row values
+(the carried state cotangents, the iterated inputs and cotangents; not the forward's saved states, the finished
+row's own, finite where its forward was) is selected to zero for a finished row, so that row adds exact zeros
+and a NaN in its padding reaches no gradient. A loop of that kind that is no loop's gradient is declined (the
+step runner runs it).
 """
 from __future__ import annotations
 
@@ -42,17 +43,15 @@ def refusal(node: Node, inputs) -> str | None:
     body = f.bodies[0][1]
     sums = [p for p in body.args[f.iterated:f.iterated + f.states] if not p.has_rows]
     sums += [o for o in body.outputs[:f.outputs] if not o.has_rows]
-    if sums and not _forward_values(inputs, f):
+    if sums and not _saved(inputs, f):
         return "a loop with a trip count per row that sums over its rows (not a loop's gradient)"
     return None
 
 
-def _forward_values(inputs, f) -> set:
-    """The iterated inputs of a loop's gradient that are forward values: the forward loop's saved states (items
-    of a loop) and that loop's own inputs (empty: ``inputs`` are no loop's gradient's)."""
-    saved = [x for x in inputs[:f.iterated] if x.inputs and is_loop(x.inputs[0])]
-    forwards = {x.inputs[0] for x in saved}
-    return set(saved) | {x for loop in forwards for x in loop.inputs}
+def _saved(inputs, f) -> set:
+    """The iterated inputs of a loop's gradient that are its forward loop's saved states (items of a loop;
+    empty: ``inputs`` are no loop's gradient's)."""
+    return {x for x in inputs[:f.iterated] if x.inputs and is_loop(x.inputs[0])}
 
 
 class Masks:
@@ -64,14 +63,20 @@ class Masks:
         lengths = inputs[-1]
         self.matrix = t.reg(name=f"running {lengths.name or lengths.id}")
         t.emit("STATIC", self.matrix, t.buf((RUNNING, lengths, f.length)))
-        self.longest = t.buf((LONGEST, lengths, f.length))
         body = f.bodies[0][1]
-        self.summing = any(not p.has_rows for p in body.args[f.iterated:f.iterated + f.states]) or \
+        summing = any(not p.has_rows for p in body.args[f.iterated:f.iterated + f.states]) or \
             any(not o.has_rows for o in body.outputs[:f.outputs])
-        forward = _forward_values(inputs, f)
-        self.cotangents = {p for p, x in zip(body.args[:f.iterated], inputs) if x not in forward}
-        self.cotangents |= set(body.args[f.iterated:f.iterated + f.states])
-        self.column = None
+        saved = _saved(inputs, f)
+        masked = [p for p, x in zip(body.args[:f.iterated], inputs) if x not in saved]
+        masked += list(body.args[f.iterated:f.iterated + f.states])
+        self.masked = {p for p in masked if summing and p.has_rows and p.dtype.is_float}
+        self.zero, self.column = None, None
+        if self.masked:   # (what a finished row's masked values read: zeros, selected, so NaN reaches nothing)
+            width = max(_cols(p) for p in self.masked)
+            self.zero = t.reg(name="zeros")
+            t.emit("SCRATCH", self.zero, t.scratch, width)
+            t.emit("ZERO", self.zero, -1, width)
+            t.scratch += width
 
     def step(self, order: tuple) -> None:
         """The running mask's column of this step (STEPCOLS, the loop's order)."""
@@ -79,13 +84,14 @@ class Masks:
         self.t.emit("STEPCOLS", self.column, self.matrix, 1, *order)
 
     def entry(self, p: Node, reg: int) -> int:
-        """The register the body reads for placeholder ``p``: a cotangent of a summing loop masked to zero."""
-        if not (self.summing and p in self.cotangents and p.has_rows and p.dtype.is_float):
+        """The register the body reads for placeholder ``p``: in a summing loop, a value other than a saved
+        state selected to zero on a finished row."""
+        if p not in self.masked:
             return reg
         out = self.t.reg(name=f"{p.name or 'x'} running")
         self.t.emit("SCRATCH", out, self.t.scratch, _cols(p))
         self.t.scratch += _cols(p)
-        self._where(p, reg, None, out)
+        self._where(p, reg, self.zero, out)
         return out
 
     def select(self, node: Node, dst: int, new: int) -> None:
@@ -97,20 +103,19 @@ class Masks:
         self._where(node, new, dst, chosen)
         self.t.emit("COPY", dst, chosen, -1, _cols(node))
 
-    def _where(self, like: Node, new: int, old: int | None, out: int) -> None:
-        """One elementwise step over ``like``'s rows into ``out`` (a fused kernel, as F's single nodes):
-        where(running, new, old), or new x running."""
+    def _where(self, like: Node, new: int, old: int, out: int) -> None:
+        """where(running, new, old) over ``like``'s rows into ``out``: one elementwise step (a fused kernel, as
+        F's single nodes)."""
         singles = self.where[2]
-        key = ("row mask", _cols(like), like.dtype.name, old is None)
+        key = ("row mask", _cols(like), like.dtype.name)
         if key not in singles:
             m = placeholder((None, 1), like.dtype.name, name="running")
             a = placeholder((None, _cols(like)), like.dtype.name, name="new")
             b = placeholder((None, _cols(like)), like.dtype.name, name="old")
-            singles[key] = (m, a, b, a * m if old is None else E.where(m, a, b))   # (a cotangent: finite, so
-            # times 0 is 0)
+            singles[key] = (m, a, b, E.where(m, a, b))
         m, a, b, y = singles[key]
         t = self.t
-        t.regs.update({m: self.column, a: new, y: out} | ({} if old is None else {b: old}))
+        t.regs.update({m: self.column, a: new, b: old, y: out})
         self.lower_step(t, Step.of(y), *self.where)
         for x in (m, a, b, y):
             t.regs.pop(x, None)

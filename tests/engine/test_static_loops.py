@@ -236,3 +236,22 @@ def test_explain_lists_a_static_programs_loops_and_what_stays_on_the_step_runner
         text = str(explain(t.model, graphs, feeds, t.params))
         assert len(re.findall(r"      instruction \d+: " + loop, text)) == 2, text   # (forward, gradient)
         assert "step runner: lookup: lookup of this shape" in text and "foreach" not in text.split("largest")[0], text
+
+
+def test_nan_in_a_finished_rows_padding_reaches_no_value_and_no_gradient(cuda_standin):
+    """Each row's inputs past its length NaN: the program's loss and gradients (the forward's selects, the
+    gradient loop reading zeros for a finished row) are finite and the step runner's, which never reads them."""
+    lengths = [T, 3, 0, 1]
+    params, feeds = _values(lengths)
+    feeds["x"] = feeds["x"].copy()
+    for r, n in enumerate(lengths):
+        feeds["x"][r, n:] = np.nan
+    want = _on_the_step_runner(_lm(per_row=True), params, feeds)
+    model = _lm(per_row=True)
+    for device in (None, Cuda(cuda_standin)):
+        got = _on(model, params, feeds, device)
+        assert [p.declined for p in _programs(got)] == [None]   # (the loop ran in the program)
+        assert np.isfinite(float(got.loss)) and abs(float(got.loss) - float(want.loss)) <= 1e-12 * abs(float(want.loss))
+        for k in params:
+            assert np.isfinite(got.grads[k]).all(), k
+            assert np.abs(np.asarray(got.grads[k]) - want.grads[k]).max() <= 1e-12 * max(1.0, np.abs(want.grads[k]).max())
