@@ -43,9 +43,11 @@ LAYERS = [
         # buffers into the seam's Operands
         ["engine/compile"],
         ["engine/lowered"],              # templates and the linked program: the data the runners read
-        ["engine/branches"],             # a cond in F lowered as a branch (by instructions' step lowering)
+        ["engine/branches", "engine/row_trips"],   # a cond in F lowered as a branch (by instructions' step
+        # lowering); a static graph's loop with a trip count per row lowered as masks
         ["engine/loops"],                # a foreach in F lowered as a loop (its body inlined as a branch's)
         ["engine/instructions", "engine/program", "engine/executor", "engine/alg1", "engine/explain"],
+        ["engine/static_loops"],         # a static graph's loops and their int inputs in its program
         ["engine/static_program"],       # a static graph lowered as a program (by instructions' step lowering)
         ["engine/model"]]),
     ("backends", ["cpu", "cuda"], [

@@ -121,19 +121,21 @@ def _structure_lines(r: StructureReport) -> list[str]:
     return lines
 
 
-def flow_lines(program, indent: str = "") -> list[str]:
+def flow_lines(program, indent: str = "", where: bool = True) -> list[str]:
     """The loops and branches of a pass's program (a bound BatchProgram), one line each, where they lie (its
     kind and template, the instruction): per loop its depth, trip count (fixed; read where it runs, with the
     value this batch had; a while_loop's most and the register its condition tests) and body length; per
-    branch its pred (with its value) and the instructions of each side."""
+    branch its pred (with its value) and the instructions of each side (``where`` False: the instruction alone,
+    for a program of one template)."""
     lowered, lines = program.lowered, []
     for tid, t in zip(lowered.template_ids, lowered.templates):
         begin, end = lowered.ranges[tid]
-        where = f"kind '{t.kind}' " + ("task" if t.phase == TASK else PHASE_WORDS[t.phase] + " block")
+        place = f"kind '{t.kind}' " + ("task" if t.phase == TASK else PHASE_WORDS[t.phase] + " block")
         for pc in range(begin, end):
             text = _flow_instruction(program, t, pc)
             if text:
-                lines.append(f"{indent}{program.title} {where}, instruction {pc}: {text}")
+                lines.append(f"{indent}{program.title} {place}, instruction {pc}: {text}" if where else
+                             f"{indent}instruction {pc}: {text}")
     return lines
 
 
@@ -221,6 +223,7 @@ def _program_lines(r: StaticReport) -> list[str]:
         lines.append(f"    program: {len(p.lowered.code)} instructions ({_counts(opcodes)}) over {int(p.table[0, 2])} "
                      f"rows, one call of the {p.runner}"
                      + (f"; the device's runner declined it: {p.declined}" if p.declined else ""))
+        lines += flow_lines(p, "      ", where=False)   # (its loops: LOOP/LOOPN ... ENDLOOP)
     for why, ops in r.left.items():
         lines.append(f"    step runner: {', '.join(sorted(ops))}: {why}")
     return lines

@@ -33,10 +33,12 @@ from ..ops.subgraph import item_index
 from .branches import body_steps, inline
 from .codegen.opcodes import MAX_DEPTH
 from .lowered import NONE, Template, _cols, _rows
+from . import row_trips
 
 
-def loops(t: Template, step) -> bool:
-    """Does ``step`` lower to a loop: a foreach or while_loop (or one result of one) of one float type, whose
+def loops(t: Template, step, ints: bool = False) -> bool:
+    """Does ``step`` lower to a loop: a foreach or while_loop (or one result of one) of one float type (``ints``:
+    its iterated inputs may be int values, which a static program binds in that float type), whose
     trip count is fixed, a one-value int64 static (``steps=``, read where the loop runs) or a while_loop's
     condition (one value of that type, computed in the loop), whose per-step values (sliced inputs, stacked
     outputs, saved states) are per-row or one row, which nests at most MAX_DEPTH deep and whose steps-run
@@ -50,6 +52,8 @@ def loops(t: Template, step) -> bool:
     test = dict(f.bodies).get("cond")
     if f.counted and test is None and _trip_count(t, step) is None:
         return False
+    if row_trips.per_row(node) and row_trips.refusal(node, step.inputs) is not None:
+        return False
     if test is not None and (test.outputs[0].dtype != node.dtype or test.outputs[0].has_rows):
         return False
     if any(x in t.literals and not (f.iterated <= i < f.iterated + f.states and _zero(x))
@@ -60,7 +64,10 @@ def loops(t: Template, step) -> bool:
     per_step = list(body.args[:f.iterated]) + list(body.outputs[:f.outputs]) + (list(states) if f.saves else [])
     if not all(v.has_rows or _rows(v) == 1 for v in per_step):
         return False
-    return all(v.dtype == node.dtype for v in list(step.inputs[:f.iterated + f.states]) + list(body.outputs))
+    iterated = [] if ints else list(step.inputs[:f.iterated])
+    iterated += [v for v in step.inputs[:f.iterated] if ints and v.dtype.is_float]
+    return all(v.dtype == node.dtype for v in iterated + list(step.inputs[f.iterated:f.iterated + f.states])
+               + list(body.outputs))
 
 
 def _zero(x: Node) -> bool:
@@ -99,8 +106,10 @@ def _trip_count(t: Template, step) -> tuple | None:
     STEPS wrote inside a loop's body; None: neither."""
     count = step.inputs[-1]
     origin = t.origins.get(count, count)
-    if step.outputs[0].attrs.get("_per_row") or origin.dtype != int64 or math.prod(origin.shape) != 1 \
-            or origin.has_rows:
+    if row_trips.per_row(step.outputs[0]):   # (a static graph's: the longest row's, bound from the lengths)
+        return ("static", t.buf((row_trips.LONGEST, origin, step.outputs[0].attrs["length"]))) if _depth(t) == 0 \
+            else None
+    if origin.dtype != int64 or math.prod(origin.shape) != 1 or origin.has_rows:
         return None
     if ("static", origin) in t.buffers:
         return "static", t.buffers[("static", origin)]
@@ -142,6 +151,8 @@ def lower_loop(t: Template, step, statics: set, device, singles: dict, lower_ste
     placed.update((p, t.reg(name=f"{p.name or 'x'}[t]")) for p in slots)
     if f.counted:   # (steps not run stay zero)
         _zero_stacked(t, f, body, results)
+    masks = row_trips.Masks(t, node, step.inputs, (statics, device, singles), lower_step) \
+        if row_trips.per_row(node) else None
     depth, begin = _depth(t), len(t.code)
     t.emit("LOOP", f.length, 0, depth)
     order = (-1, -1, depth) if f.reverse else (0, 1, depth)
@@ -156,26 +167,35 @@ def lower_loop(t: Template, step, statics: set, device, singles: dict, lower_ste
         for j in carried:
             if _first_saved(f) + j in results:   # (the gradient's saved pre-step state)
                 _into_block(t, results[_first_saved(f) + j], placed[states[j]], states[j], order)
-        blocks = [_block(t, results[k], body.outputs[k], order) for k in outs]   # (a kernel writes its step there)
+        if masks is not None:   # (the rows still running; what the body reads of a summing loop's cotangents)
+            masks.step(order)
+            t.regs.update((p, masks.entry(p, placed[p])) for p in list(slots) + [states[j] for j in carried])
+        # (a kernel writes its step into its block, unless masked: a finished row's block stays zero)
+        blocks = [_block(t, results[k], body.outputs[k], order) for k in outs] if masks is None else []
         wanted = tuple(body.outputs[k] for k in outs) + tuple(body.outputs[f.outputs + j] for j in carried)
         regs = inline(t, body, list(body.args), (statics, device, singles), lower_step, ("loop", begin), wanted,
                       {body.outputs[k]: b for k, b in zip(outs, blocks)})
     finally:
         t.regs = outer
-    for k, reg, block in zip(outs, regs, blocks):
-        if reg != block:
-            t.emit("COPY", block, reg, _rows(body.outputs[k]), _cols(body.outputs[k]))
-    _new_states(t, body, states, f.outputs, carried, regs[len(outs):], placed)
+    if masks is None:
+        for k, reg, block in zip(outs, regs, blocks):
+            if reg != block:
+                t.emit("COPY", block, reg, _rows(body.outputs[k]), _cols(body.outputs[k]))
+    else:
+        for k, reg in zip(outs, regs):
+            _into_block(t, results[k], reg, body.outputs[k], order, masks)
+    _new_states(t, body, states, f.outputs, carried, regs[len(outs):], placed, masks)
     t.emit("ENDLOOP", f.length, len(t.code) - begin, depth)
     _close(t, step, f, begin, exit_at)
     if f.outputs + f.states in results and test is not None:   # (its count of steps run, read in this body)
         t.emit("STEPS", results[f.outputs + f.states], depth)
 
 
-def _new_states(t: Template, body, states, first: int, carried: list, regs: list, placed: dict) -> None:
-    """Each carried state's new value copied into its memory; a new value that may be a view of a state (a
-    state handed on: its own unchanged, or another's) is first copied aside, so no state's copy overwrites
-    what another's still reads."""
+def _new_states(t: Template, body, states, first: int, carried: list, regs: list, placed: dict,
+                masks=None) -> None:
+    """Each carried state's new value copied into its memory (``masks``: for the rows still running); a new
+    value that may be a view of a state (a state handed on: its own unchanged, or another's) is first copied
+    aside, so no state's copy overwrites what another's still reads."""
     views = _views_of_states(body, states)
     sources = []
     for j, reg in zip(carried, regs):
@@ -188,7 +208,10 @@ def _new_states(t: Template, body, states, first: int, carried: list, regs: list
             reg = aside
         sources.append((placed[p], reg, p))
     for dst, reg, p in sources:
-        t.emit("COPY", dst, reg, _rows(p), _cols(p))
+        if masks is not None and p.has_rows:
+            masks.select(p, dst, reg)
+        else:
+            t.emit("COPY", dst, reg, _rows(p), _cols(p))
 
 
 def _close(t: Template, step, f, begin: int, exit_at: int | None) -> None:
@@ -292,11 +315,15 @@ def _block(t: Template, stacked: int, node: Node, order: tuple) -> int:
     return block
 
 
-def _into_block(t: Template, stacked: int, value: int, node: Node, order: tuple) -> None:
-    """The step's value (``node``'s shape: per-row or one row) copied into its block of the stacked register."""
+def _into_block(t: Template, stacked: int, value: int, node: Node, order: tuple, masks=None) -> None:
+    """The step's value (``node``'s shape: per-row or one row) copied into its block of the stacked register
+    (``masks``: for the rows still running; the block of a finished row stays zero)."""
     block = t.reg(name="block[t]")
     t.emit("STEPCOLS", block, stacked, _cols(node), *order)
-    t.emit("COPY", block, value, _rows(node), _cols(node))
+    if masks is not None and node.has_rows:
+        masks.select(node, block, value)
+    else:
+        t.emit("COPY", block, value, _rows(node), _cols(node))
 
 
 def _memory(t: Template, has_rows: bool, rows: int, cols: int, name: str) -> int:

@@ -563,9 +563,10 @@ def op_apply(m: Machine, step, pool, keys) -> None:
         m.matrix(r, rows, cols)[...] = m.xp.broadcast_to(v, m.value(r, y).shape).reshape(rows, cols)
 
 
-def op_rowop(m: Machine, fn, dst, src, g, labels, cols) -> None:
+def op_rowop(m: Machine, fn, dst, src, g, labels, cols, lreg) -> None:
     """Per task row over its ``cols`` numbers: fn 0 softmax, 1 the cross-entropy of the row's label (one number),
-    2 its gradient x g's row, 3 src's one row (a broadcast); a label outside 0..cols - 1 fails (as in C)."""
+    2 its gradient x g's row, 3 src's one row (a broadcast); a label outside 0..cols - 1 fails (as in C).
+    ``lreg``: the labels are register ``labels``, one whole number a row in the float type."""
     if fn == 3:
         m.matrix(dst, m.bs, cols)[...] = m.matrix(src, 1, cols)
         return
@@ -579,11 +580,8 @@ def op_rowop(m: Machine, fn, dst, src, g, labels, cols) -> None:
     if fn == 0:
         m.matrix(dst, m.bs, cols)[...] = xp.exp(x - lse) if x.size else x
         return
-    picked = m.index(labels, host=True)
-    if picked.size and (picked.min() < 0 or picked.max() >= cols):
-        m.fail(f"operand labels: a label out of range ({picked.min()}..{picked.max()} of {cols} classes)")
+    picked, idx = _labels(m, labels, lreg, cols)
     rows = xp.arange(m.bs)
-    idx = m.index(labels)
     if fn == 1:
         m.matrix(dst, m.bs, 1)[...] = (lse[:, 0] - x[rows, idx])[:, None] if x.size else 0
         return
@@ -591,6 +589,21 @@ def op_rowop(m: Machine, fn, dst, src, g, labels, cols) -> None:
     out = xp.exp(x - lse) * scale if x.size else x.copy()
     out[rows, idx] -= scale[:, 0]
     m.matrix(dst, m.bs, cols)[...] = out
+
+
+def _labels(m: Machine, labels, lreg, cols) -> tuple:
+    """ROWOP's labels (on the host, checked; on the device) from an int64 buffer or a float register."""
+    if lreg:
+        value = m.matrix(labels, m.bs, 1)[:, 0]
+        picked = np.asarray(to_host(value))
+        whole = picked.size == 0 or bool(np.all(picked == np.floor(picked)))
+        if not whole or (picked.size and (picked.min() < 0 or picked.max() >= cols)):
+            m.fail(f"operand labels: a label that is no class of {cols}")
+        return picked.astype(np.int64), m.xp.asarray(picked.astype(np.int64))
+    picked = m.index(labels, host=True)
+    if picked.size and (picked.min() < 0 or picked.max() >= cols):
+        m.fail(f"operand labels: a label out of range ({picked.min()}..{picked.max()} of {cols} classes)")
+    return picked, m.index(labels)
 
 
 OPERATIONS = {

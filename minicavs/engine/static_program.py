@@ -30,17 +30,21 @@ from ..ir.graph import Node
 from ..ops.flow import is_cond, is_loop
 from ..ops.nn import is_row_sparse
 from ..ops.registry import OPS, holds_tuple
+from ..ops.subgraph import item_index
 from . import instructions, reference
+from .backend import to_host
 from .compile import TASK, Step, lower
 from .codegen.machine import OPS as OPCODE
 from .lowered import NONE, TASK_COLUMNS, Lowered, Template, _cols, _rows
 from .passes.fusion import fusible
 from . import program as steps_runner
 from .program import BatchProgram, RunContext, _located, is_fed, leaf_value, record
+from . import row_trips, static_loops
+
 
 def _rowy(n: Node) -> bool:
-    """Has ``n`` the run's row axis somewhere (a per-row value, or its transpose)?"""
-    return None in n.shape
+    """Has ``n`` the run's row axis somewhere (a per-row value, or its transpose; a loop's tuple over rows)?"""
+    return None in n.shape or (holds_tuple(n) and any(None in x.shape for x in n.inputs))
 
 
 class _Classes:
@@ -86,10 +90,10 @@ def _register_inputs(n: Node) -> tuple:
 
 def refusal(n: Node) -> str | None:
     """Why no instruction computes ``n`` in a static program (None: one does)."""
+    if holds_tuple(n) or is_loop(n) or is_cond(n) or item_index(n) is not None:
+        return static_loops.flow_refusal(n)
     if not n.dtype.is_float:
         return f"an {n.dtype.name} value"
-    if holds_tuple(n) or is_loop(n) or is_cond(n):
-        return "control flow of a static graph (the step runner runs its bodies)"
     if OPS[n.op].needs_ctx:
         return "reads the run context (row keys)"
     if is_row_sparse(n):   # (a table's: the optimizer updates its rows; a push's: its rows read where they are)
@@ -119,20 +123,21 @@ class Split:
         needed = _needed(explicit, present)
         self.leaves = [n for n in nodes if n in needed and is_fed(n)]
         computed = self.order = [n for n in nodes if n in needed and not is_fed(n)]
-        flow = next((n for n in computed if holds_tuple(n) or is_loop(n) or is_cond(n)), None)
-        self.literals = [n for n in computed
-                         if OPS[n.op].from_shape is not None and None not in n.shape and flow is None]
+        self.literals = [n for n in computed if OPS[n.op].from_shape is not None and None not in n.shape]
+        held = {n.inputs[0]: f"its result {n.label()} is {refusal(n)}" for n in computed   # (a tuple is no
+                if item_index(n) is not None and refusal(n) is not None}                  # value to hand out)
         for n in computed:
             if n in self.literals:   # (made before the program from their shape alone: given to it)
                 continue
-            why = refusal(n) if flow is None else f"the graph holds control flow ({flow.label()}), which " \
-                "the step runner runs: the graph stays there whole"
+            why = held.get(n) or refusal(n)
             if why is None:
                 rowy = [classes.find(x) for x in _register_inputs(n) + (n,) if _rowy(x)]
                 if rowy and rows is None:
                     rows = rowy[0]
                 if any(r is not rows for r in rowy):
                     why = "rows of another count than the program's"
+            if why is None and item_index(n) is not None and where.get(n.inputs[0]) != "program":
+                why = "a result of a loop the step runner runs"
             deps = {where.get(x) for x in n.inputs}
             if why is None and "after" not in deps:
                 where[n] = "program"
@@ -201,15 +206,20 @@ class StaticProgram:
         split.after[:0] = again
         self.before = [Step.of(n) for n in split.before]
         self.after = [Step.of(n) for n in split.after]
-        self.row_source = next((x for n in split.program for x in n.inputs if x not in mine and _rowy(x)
+        self.row_source = next((x for n in split.program for x in n.inputs if x not in mine and None in x.shape
                                 and split.classes.find(x) is split.row_class), None)
-        self.lowered = _lower(split.program, self.outputs, mine, device) if split.program else None
+        try:
+            self.lowered = _lower(split.program, self.outputs, mine, device) if split.program else None
+        except instructions.Unsupported as e:   # (a loop the lowering declines: the whole graph stays)
+            split.give_back(str(e))
+            self.before, self.after, self.outputs, self.lowered = [Step.of(n) for n in split.before], [], [], None
         if self.lowered is not None and not _computes(self.lowered):   # (e.g. a pull's lookup of embeddings)
             split.give_back("only moves rows: a gather the step runner makes in one call, for less than binding "
                             "a program costs")
             self.before, self.after, self.outputs, self.lowered = [Step.of(n) for n in split.before], [], [], None
+        self.classes = static_loops.label_classes(split.program)   # (an int value a loop reads as labels)
         self.tables: dict = {}   # rows -> the one-row task table
-        self.row_axis = {x: x.shape.index(None) for n in split.program for x in n.inputs if _rowy(x)}
+        self.row_axis = {x: x.shape.index(None) for n in split.program for x in n.inputs if None in x.shape}
         self.arenas: dict = {}
 
     def run(self, env: dict, feeds, params, ctx: RunContext, options, static: list) -> None:
@@ -276,8 +286,15 @@ class _Values:
             if axis is not None and value.shape[axis] != self.rows:
                 raise FeedError(f"{node.label()} has {value.shape[axis]} rows where the static graph's other "
                                 f"values have {self.rows} ({self.owner.row_source.label()})")
+            if static_loops.read_as_float(node):
+                value = _as_float(value, self.dtype, node, self.xp, self.owner.classes.get(node))
+            elif not node.dtype.is_float:   # (a loop's one-value trip count fed from the host: to the device)
+                value = self.xp.asarray(value)
             return value.reshape(-1, 1) if axis == 0 and node.ndim == 1 else value   # (one number a row)
         rest = key[1:]
+        if what in (row_trips.RUNNING, row_trips.LONGEST):   # (a loop's trip counts per row: checked here)
+            made = row_trips.bound(to_host(self.env[rest[0]]), key, self.rows)
+            return self.xp.asarray(made.astype(self.dtype) if what == row_trips.RUNNING else made)
         if what == "value":
             return self.xp.ascontiguousarray(self.env[rest[0]])
         if what == "feedrows":
@@ -321,6 +338,21 @@ class _Values:
         return found, elements
 
 
+def _as_float(value, dtype, node: Node, xp, classes: int | None):
+    """Int value ``node`` in the program's float type (whole numbers, exact: else a FeedError naming it), each a
+    class of ``classes`` where a loop reads it as labels (else a FeedError naming the first that is not)."""
+    host = np.asarray(to_host(value))
+    as_float = host.astype(dtype)
+    if not np.array_equal(as_float.astype(host.dtype), host):
+        raise FeedError(f"{node.label()}: int values past what the program's {np.dtype(dtype).name} holds exactly")
+    bad = np.argwhere((host < 0) | (host >= classes)) if classes is not None else ()
+    if len(bad):
+        at = tuple(int(i) for i in bad[0])
+        raise FeedError(f"{node.label()}{list(at)} = {host[at]}: a label of a loop's step must be a class in "
+                        f"[0, {classes})")
+    return xp.asarray(as_float)
+
+
 class _Shaped:
     """A value's shape alone (what a check reads of it)."""
 
@@ -335,12 +367,10 @@ def _lower(nodes: list, outputs: list, mine: set, device) -> Lowered:
     t = Template("static graph", TASK)
     statics = {x for n in nodes for x in _register_inputs(n) if x not in mine}
     singles: dict = {}
+    t.items.update((o.inputs[0], item_index(o)) for step in steps for o in step.outputs
+                   if item_index(o) is not None)
     for step in steps:
-        node = None if step.fused else step.outputs[0]
-        if node is not None and _row_function(node):
-            _own_step(t, step, statics)
-        else:
-            instructions._step(t, step, statics, device, singles)
+        static_loops.lower_step(t, step, statics, device, singles, _own_step, _row_function)
     for node in outputs:
         out = t.reg(name=f"out {node.name or node.id}")
         t.emit("BIND", out, t.buf(("out", node)), NONE, 0, _cols(node))
@@ -361,18 +391,48 @@ def _own_step(t: Template, step, statics: set) -> None:
     """The instructions of a row function (ROWOP), a sum of a column (SUMROWS) or a lookup (TAKE)."""
     node = step.outputs[0]
     ins, lowering = node.inputs, OPS[node.op].row_lowering
-    if lowering.how == "sum_rows":
+    if lowering.how == "sum_rows" and _cols(ins[0]) > 1:
+        _sum_of_columns(t, node, _static(t, ins[0], statics), _cols(ins[0]))
+    elif lowering.how == "sum_rows":
         _static(t, ins[0], statics)
         instructions._lowering(t, Step(step.run, step.inputs, step.outputs), "sum_rows")
     elif lowering.how == "take":
         t.take(node, ("value", ins[0]), _cols(ins[0]), ("feedrows", ins[1], node))
     else:
         src = _static(t, ins[lowering.source], statics)
+        if lowering.output_cols and _cols(ins[lowering.source]) < _cols(node):   # (one number: its row first)
+            src = _filled_row(t, src, _cols(node))
         g = -1 if lowering.gradient is None else _static(t, ins[lowering.gradient], statics)
-        labels = t.buf(("feedrows", ins[-1], node)) if lowering.labels else -1
+        in_register = lowering.labels and ins[-1] in t.regs   # (a loop's step of an int value, as floats)
+        labels = t.regs[ins[-1]] if in_register else t.buf(("feedrows", ins[-1], node)) if lowering.labels else -1
         out = t.scratch_reg(node)
         cols = _cols(node if lowering.output_cols else ins[lowering.source])
-        t.emit("ROWOP", lowering.fn, out, src, g, labels, cols)
+        t.emit("ROWOP", lowering.fn, out, src, g, labels, cols, int(in_register))
+
+
+def _sum_of_columns(t: Template, node: Node, src: int, cols: int) -> None:
+    """A per-row value of ``cols`` columns summed over rows and columns: SUMROWS into a row of the fixed arena,
+    that row read as a column (a view, one number a row) and SUMROWS again."""
+    row, column = t.reg(name=f"{node.name or node.id} columns"), t.reg(name=f"{node.name or node.id} column")
+    t.emit("BIND", row, t.buf(("fixed",)), NONE, t.fixed, cols)
+    t.emit("SUMROWS", row, src, -1, cols)
+    t.emit("BIND", column, t.buf(("fixed",)), NONE, t.fixed, 1)
+    t.fixed += cols
+    t.emit("SUMROWS", t.scratch_reg(node), column, cols, 1)
+
+
+def _filled_row(t: Template, src: int, cols: int) -> int:
+    """A row of ``cols`` numbers each the one number of register ``src`` (a broadcast's row, in the fixed arena):
+    that number copied into a slot, read ``cols`` times (a view of row stride 0) into the row read as a column."""
+    slot, repeated, row, column = (t.reg(name=n) for n in ("one", "one repeated", "filled row", "filled column"))
+    t.emit("BIND", slot, t.buf(("fixed",)), NONE, t.fixed, 1)
+    t.emit("COPY", slot, src, 1, 1)
+    t.emit("BIND", repeated, t.buf(("fixed",)), NONE, t.fixed, 0)
+    t.emit("BIND", row, t.buf(("fixed",)), NONE, t.fixed + 1, cols)
+    t.emit("BIND", column, t.buf(("fixed",)), NONE, t.fixed + 1, 1)
+    t.emit("COPY", column, repeated, cols, 1)
+    t.fixed += 1 + cols
+    return row
 
 
 def _link(t: Template) -> Lowered:

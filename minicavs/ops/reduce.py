@@ -52,9 +52,11 @@ def _over_rows(n) -> bool:
 
 
 def _column_sum(n) -> bool:
-    """A sum of a per-row value of one axis over its rows (one number a row, a static program's column)."""
+    """A sum of a per-row value of one axis over its rows (one number a row, a static program's column), or of
+    a per-row value of two axes over both (a loop's stacked per-step losses: its columns' sums summed)."""
     x = n.inputs[0]
-    return tuple(n.attrs["axes"]) == (0,) and not n.attrs["keepdims"] and x.has_rows and x.ndim == 1
+    every = tuple(range(x.ndim)) if x.ndim == 2 else (0,)
+    return tuple(sorted(n.attrs["axes"])) == every and not n.attrs["keepdims"] and x.has_rows and x.ndim <= 2
 
 
 register(OpDef(
@@ -90,9 +92,12 @@ def _broadcast_like(xp, g, shape, axes, keepdims):
 
 
 def _row_broadcast(n) -> bool:
-    """A row broadcast over the run's rows of a value of at most two axes (ROWOP's row function 3)."""
+    """A row broadcast over the run's rows of a value of at most two axes (ROWOP's row function 3); or one
+    number over both axes of a per-row value of two (the gradient of a full sum: that number's row first)."""
     target = n.inputs[1]
-    return tuple(n.attrs["axes"]) == (0,) and not n.attrs["keepdims"] and target.has_rows and target.ndim <= 2
+    every = tuple(sorted(n.attrs["axes"])) == (0, 1) and n.inputs[0].ndim == 0
+    return (tuple(n.attrs["axes"]) == (0,) or every) and not n.attrs["keepdims"] and target.has_rows \
+        and target.ndim <= 2
 
 
 # broadcast_like(g, x): g (reduced over `axes` of x) broadcast back to x's shape; adjoint of sum.

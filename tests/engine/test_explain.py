@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from minicavs.engine import alg1, program
+from minicavs.engine import alg1, program, static_program
 from minicavs.engine.explain import explain
 from minicavs.ops import control
 from minicavs.ir.graph import Graph
@@ -47,6 +47,13 @@ def spies(monkeypatch) -> dict:
     monkeypatch.setattr(alg1, "_run", program_spy)
     monkeypatch.setattr(control.Subgraph, "run", body_spy)
     return seen
+
+
+@pytest.fixture
+def step_runner(monkeypatch) -> None:
+    """Static graphs on the step runner alone (no node lowered): the path these tests describe, which a graph
+    the static programs decline still takes (a static program's loops: tests/engine/test_static_loops.py)."""
+    monkeypatch.setattr(static_program, "refusal", lambda node: "the step runner's path, for this test")
 
 
 def _trainer(config: str, overrides: list, tmp_path) -> tuple:
@@ -88,7 +95,7 @@ def _check_loops_ran(report, seen: dict) -> None:
         assert f"{label} '{loop.name}'" in text and f"{loop.ran} of {loop.flow.length} steps ran" in text
 
 
-def test_seq2seq_shows_its_loops_their_bodies_and_the_interpreter_that_ran_them(spies, tmp_path):
+def test_seq2seq_shows_its_loops_their_bodies_and_the_interpreter_that_ran_them(spies, step_runner, tmp_path):
     t, graphs, feeds = _trainer("seq2seq.yaml", SEQ2SEQ, tmp_path)
     report = explain(t.model, graphs, feeds, t.params)
     assert report.structures == [] and str(report)
@@ -104,7 +111,7 @@ def test_seq2seq_shows_its_loops_their_bodies_and_the_interpreter_that_ran_them(
     _check_loops_ran(report, spies)
 
 
-def test_seq2seq_decoder_shows_its_while_loop_and_the_steps_it_ran(spies, tmp_path):
+def test_seq2seq_decoder_shows_its_while_loop_and_the_steps_it_ran(spies, step_runner, tmp_path):
     t, graphs, feeds = _trainer("seq2seq.yaml", SEQ2SEQ, tmp_path)
     decoder = t.task.decoder
     report = explain(decoder, graphs, feeds, t.params)
@@ -116,7 +123,7 @@ def test_seq2seq_decoder_shows_its_while_loop_and_the_steps_it_ran(spies, tmp_pa
     _check_loops_ran(report, {"bodies": Counter({k: v // 2 for k, v in spies["bodies"].items()})})
 
 
-def test_foreach_var_lstm_shows_the_steps_its_batch_ran(spies, tmp_path):
+def test_foreach_var_lstm_shows_the_steps_its_batch_ran(spies, step_runner, tmp_path):
     t, graphs, feeds = _trainer("var_lstm.yaml", VAR_LSTM + ["model.graph=foreach"], tmp_path)
     report = explain(t.model, graphs, feeds, t.params)
     _check_static_facts(report, spies)

@@ -3,8 +3,9 @@ and data made small; everything else, dropout included, as shipped), F and ∂F 
 runner and on the emulated CUDA issuing loop, neither declining them (``c_refusal`` None, no APPLY). A model
 whose pass is declined is listed in KNOWN with the reason, a strict expected failure (never a skip).
 
-Static graphs (a loss, a classifier, seq2seq, which is made of static graphs only) still run outside the
-instruction program (program.run_steps): this covers F and ∂F, the vertex functions' passes."""
+Static graphs (a loss, a classifier, seq2seq, which is made of static graphs only) run as static programs
+(engine/static_program.py): each is run by the same runner, never declined, and no loop of one is left to the
+step runner (program.run_steps)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 from minicavs.cpu import CPU
 from minicavs.cuda import Cuda
 from minicavs.engine.executor import RunContext
+from minicavs.ops.flow import is_loop
 from minicavs.train.config import REPO_ROOT
 from minicavs.train.trainer import Trainer
 
@@ -36,8 +38,14 @@ def _passes(t: Trainer, device) -> dict:
         result = t.model.forward_backward(graphs, feeds, params, RunContext(seed=3, step=1))
     finally:
         t.model.device = CPU
-    return {f"{s} {p.title}": (p.runner, p.lowered.c_refusal, p.declined) for s, state in result.states.items()
-            for p in (state.program, state.backward_program) if p is not None}
+    passes = {f"{s} {p.title}": (p.runner, p.lowered.c_refusal, p.declined) for s, state in result.states.items()
+              for p in (state.program, state.backward_program) if p is not None}
+    for run in result.static:
+        if run.program is not None:
+            passes[f"static {run.title}"] = (run.program.runner, run.program.lowered.c_refusal, run.program.declined)
+        loops = [n for n in (run.left or {}) if is_loop(n)]
+        passes.update({f"static {run.title}: {n.label()} left": ("step runner", run.left[n], None) for n in loops})
+    return passes
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=KNOWN[n]))

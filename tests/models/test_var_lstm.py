@@ -43,8 +43,12 @@ def test_foreach_graph_equals_the_chain_graph(batch, tmp_path):
 
 def test_foreach_graph_runs_each_sentence_for_its_own_length(tmp_path, monkeypatch):
     """Over a batch the loop's body sees each sentence once per word of it (its length in rows), in the
-    forward and in the backward: no padded position is computed."""
+    forward and in the backward: no padded position is computed. (On the step runner, the path of a graph no
+    program takes: a static program's loop runs the longest row's steps on every row, masked;
+    tests/engine/test_static_loops.py.)"""
+    from minicavs.engine import static_program
     from minicavs.ops.subgraph import Subgraph
+    monkeypatch.setattr(static_program, "refusal", lambda node: "the step runner's path, for this test")
     loop = Trainer(MODELS / "var_lstm.yaml", TINY + ["model.graph=foreach"], run_dir=tmp_path / "loop")
     samples = loop.task.data["train"][10:40]
     rows = {"lstm": 0, "backward": 0}

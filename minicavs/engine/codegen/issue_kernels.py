@@ -68,24 +68,31 @@ extern "C" __global__ void transrows_{T}(long rows, long m, long n_, const {T} *
     }}
 }}
 /* per row i over its cols numbers (the ROWOP opcode): fn 0 softmax, 1 the cross-entropy of label lab[i] (one
-   number), 2 its gradient x g[i], 3 src's one row copied */
+   number), 2 its gradient x g[i], 3 src's one row copied; no lab: the labels are whole numbers labf[i * ldl] of
+   the float type (NaN written for a row whose label is no class) */
 extern "C" __global__ void rowop_{T}(long fn, long rows, long cols, const {T} *__restrict__ src, long lds,
                                      const {T} *__restrict__ g, long ldg, const long *__restrict__ lab,
-                                     {T} *__restrict__ dst, long ldd)
+                                     const {T} *__restrict__ labf, long ldl, {T} *__restrict__ dst, long ldd)
 {{
     const long n = rows;
     {LOOP} {{
         const {T} *s = src + i * lds;
         {T} *d = dst + i * ldd;
         if (fn == 3) {{ for (long j = 0; j < cols; j++) d[j] = s[j]; continue; }}
+        long y = 0;
+        if (fn == 1 || fn == 2) {{
+            const {T} v = lab ? ({T})0 : labf[i * ldl];
+            y = lab ? lab[i] : (v >= 0 && v < ({T})cols && ({T})(long)v == v) ? (long)v : -1;
+            if (y < 0) {{ for (long j = 0; j < (fn == 1 ? 1 : cols); j++) d[j] = sqrt(({T})-1); continue; }}   /* (NaN) */
+        }}
         {T} mx = cols ? s[0] : ({T})0, sum = 0;
         for (long j = 1; j < cols; j++) mx = s[j] > mx ? s[j] : mx;
         for (long j = 0; j < cols; j++) sum += exp(s[j] - mx);
         const {T} lse = mx + log(sum);
-        if (fn == 1) {{ d[0] = lse - s[lab[i]]; continue; }}
+        if (fn == 1) {{ d[0] = lse - s[y]; continue; }}
         const {T} scale = fn == 2 ? g[i * ldg] : ({T})1;
         for (long j = 0; j < cols; j++) d[j] = exp(s[j] - lse) * scale;
-        if (fn == 2) d[lab[i]] -= scale;
+        if (fn == 2) d[y] -= scale;
     }}
 }}
 """

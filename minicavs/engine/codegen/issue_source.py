@@ -492,17 +492,21 @@ static int row_{T}(mach_{T}_t *M, const int64_t *code, const int64_t *pool, cons
             const int64_t fn = a[0], cols = a[5];
             if (fn < 0 || fn > 3) FAIL(0);
             const int64_t *lab = 0;
-            if (fn == 1 || fn == 2) {{   /* (the labels are checked on the host copy, as the other loops check them) */
+            if ((fn == 1 || fn == 2) && !a[6]) {{   /* (checked on the host copy, as the other loops check them) */
                 const int64_t *hl = (const int64_t *)M->host[a[4]];
                 if (!hl) FAIL(4);
                 for (int64_t r = 0; r < bs; r++) if (hl[task_row + r] < 0 || hl[task_row + r] >= cols) FAIL(4);
                 lab = (const int64_t *)M->base[a[4]] + task_row;
             }}
-            arg_t p[10];
+            /* labels in a register (a[6]): whole numbers on the device, not read here (a read would be a crossing);
+               the kernel writes NaN for a row whose label is no class */
+            const int labreg = (fn == 1 || fn == 2) && a[6];
+            arg_t p[12];
             p[0].i = fn; p[1].i = bs; p[2].i = cols; p[3].p = R[a[2]].p; p[4].i = fn == 3 ? 0 : R[a[2]].ld;
             p[5].p = fn == 2 ? R[a[3]].p : R[a[2]].p; p[6].i = fn == 2 ? R[a[3]].ld : 0; p[7].p = lab;
-            p[8].p = R[a[1]].p; p[9].i = R[a[1]].ld;
-            ISSUED(go_{T}(M, RK(rowop), bs, p, 10));
+            p[8].p = labreg ? R[a[4]].p : R[a[2]].p; p[9].i = labreg ? R[a[4]].ld : 0;
+            p[10].p = R[a[1]].p; p[11].i = R[a[1]].ld;
+            ISSUED(go_{T}(M, RK(rowop), bs, p, 12));
             break;
         }}
         case TRANSROWS: {{

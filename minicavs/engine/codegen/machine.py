@@ -425,15 +425,24 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
             }}
             case ROWOP: {{
                 @CHECKS ROWOP@
-                const int64_t fn = a[0], cols = a[5];
+                const int64_t fn = a[0], cols = a[5], labelled = fn == 1 || fn == 2;
                 if (fn < 0 || fn > 3) FAIL(0);
-                const int64_t *lab = (fn == 1 || fn == 2) ? (const int64_t *)base[a[4]] + task_row : 0;
+                const int64_t *lab = labelled && !a[6] ? (const int64_t *)base[a[4]] + task_row : 0;
+                const reg_t *lr = labelled && a[6] ? &R[a[4]] : 0;   /* (labels in a register: whole numbers) */
                 for (int64_t r = 0; r < bs; r++) {{
                     T *d = R[a[1]].p + r * R[a[1]].ld;
                     const T *s = R[a[2]].p + (fn == 3 ? 0 : r * R[a[2]].ld);
                     if (fn == 3) {{ memmove(d, s, (size_t)cols * sizeof(T)); continue; }}
-                    if (lab && (lab[r] < 0 || lab[r] >= cols)) FAIL(4);
-                    row_softmax_fn(fn, cols, s, r + 1 < bs ? s + R[a[2]].ld : s, lab ? lab[r] : 0,
+                    int64_t y = 0;
+                    if (lab) y = lab[r];
+                    if (lr) {{
+                        const T v = lr->p[r * lr->ld];
+                        if (!(v >= 0 && v < (T)cols)) FAIL(4);
+                        y = (int64_t)v;
+                        if ((T)y != v) FAIL(4);
+                    }}
+                    if (labelled && (y < 0 || y >= cols)) FAIL(4);
+                    row_softmax_fn(fn, cols, s, r + 1 < bs ? s + R[a[2]].ld : s, y,
                                    fn == 2 ? R[a[3]].p[r * R[a[3]].ld] : (T)0, d);
                 }}
                 break;

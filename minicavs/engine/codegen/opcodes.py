@@ -110,8 +110,11 @@ OPCODE_TABLE = {
     # per task row r, over its cols numbers (a static graph's row functions, engine/static_program.py): fn 0
     # dst[r] = softmax(src[r]); 1 dst[r] (one number) = logsumexp(src[r]) - src[r][labels[task_row + r]]; 2
     # dst[r] = (softmax(src[r]) - onehot(labels[task_row + r])) * g[r] (g: one number a row); 3 dst[r] = src's
-    # one row (a broadcast). A label outside 0..cols - 1 fails the instruction (operand labels)
-    "ROWOP": (("fn", "int"), ("dst", "in"), ("src", "in"), ("g", "later"), ("labels", "later"), ("cols", "int")),
+    # one row (a broadcast). A label outside 0..cols - 1 fails the instruction (operand labels). ``lreg`` 0: labels
+    # is an int64 buffer (labels[task_row + r]); 1: a register of one whole number per row in the program's float
+    # type (a loop's step of an int value a static program iterates over: engine/static_loops.py)
+    "ROWOP": (("fn", "int"), ("dst", "in"), ("src", "in"), ("g", "later"), ("labels", "later"), ("cols", "int"),
+              ("lreg", "int")),
 }
 OPERAND_KINDS = ("reg", "in", "buf", "later", "dim", "int")
 # name -> operand names (a0, a1, ...): the dump in lowered.py and the reference runner's functions' parameters
@@ -223,7 +226,8 @@ SPANS = {
     "ROWOP": (Span("nonneg", "cols"), Span("rows", "dst", ("bs", "1"), "fn == 1"),
               Span("rows", "dst", ("bs", "cols"), "fn != 1"), Span("rows", "src", ("1", "cols"), "fn == 3"),
               Span("rows", "src", ("bs", "cols"), "fn != 3"), Span("rows", "g", ("bs", "1"), "fn == 2"),
-              Span("keys", "labels", (), "fn == 1 or fn == 2")),
+              Span("keys", "labels", (), "(fn == 1 or fn == 2) and not lreg"),
+              Span("rows", "labels", ("bs", "1"), "(fn == 1 or fn == 2) and lreg")),
 }
 
 
