@@ -19,7 +19,7 @@ NONE, KIND_ROWS, SCATTER_ROWS = 0, 1, 2
 MODE_NAMES = {NONE: "0", KIND_ROWS: "task rows", SCATTER_ROWS: "scatter rows"}
 PHASE_WORDS = {PRE: "before tasks", TASK: "task", POST: "after tasks"}
 # operands that name a buffer (linked to global ids)
-BUFFER_OPERANDS = ("buf", "idx", "keys", "table", "pred", "count")
+BUFFER_OPERANDS = ("buf", "idx", "keys", "table", "pred", "count", "labels")
 TASK_COLUMNS = 5   # kind, kind offset, rows, scatter offset, first row of the sibling-concat view (-1: none)
 
 
@@ -172,11 +172,13 @@ class Lowered:
     fused: list = field(default_factory=list)   # per kernel id: the device's kernel of a fused group (its .group)
     dropouts: list = field(default_factory=list)   # per DROPOUT entry: (p, site) (program.dropout_table makes its row)
     steps: list = field(default_factory=list)      # per APPLY: the step (compile.Step) it runs
+    tail: dict = field(default_factory=dict)       # template id -> scratch columns of a template run after the
+    # blocks (a static graph linked into the pass: linked_head.py), past the kinds' template ids
 
     @functools.cached_property
     def block_scratch(self) -> dict:
         """{block template id: its scratch columns per row}."""
-        return {b.tid: b.scratch for b in self.blocks}
+        return {**{b.tid: b.scratch for b in self.blocks}, **self.tail}
 
     @functools.cached_property
     def c_refusal(self) -> str | None:

@@ -222,6 +222,7 @@ class StaticRun:
     trips: dict
     program: Any = None   # the static graph's program (static_program.py) as the device's runner ran it
     left: dict = None     # node -> why the step runner ran it, not the program
+    linked: str = ""      # linked into a structure's pass (linked_head.py), or why its program ran apart ("")
 
 
 def record(title: str, steps: list, env: dict, xp) -> StaticRun:
@@ -336,10 +337,10 @@ class BatchProgram:
 
 
 def bind(lowered, compiled: list, plan, opts, buffers: "Buffers", backward: bool, device, forward_tasks=None,
-         workspace=None) -> BatchProgram:
+         workspace=None, tail: np.ndarray | None = None) -> BatchProgram:
     """The lowered program of a pass bound to the batch on ``device``: its table (program rows of the blocks and
-    the tasks: :func:`block_rows`, :func:`task_table`; backward: the forward tasks reversed, when given) and every
-    buffer resolved (operands.bind_operands)."""
+    the tasks: :func:`block_rows`, :func:`task_table`; backward: the forward tasks reversed, when given; ``tail``:
+    rows after the blocks, a linked static graph's) and every buffer resolved (operands.bind_operands)."""
     copies = dict.fromkeys(COPIES, 0)
     if backward and forward_tasks is not None:
         tasks = np.ascontiguousarray(forward_tasks[::-1])
@@ -352,6 +353,8 @@ def bind(lowered, compiled: list, plan, opts, buffers: "Buffers", backward: bool
     eager, eager_why = eager_rows(lowered, tasks, plan.forest) if opts.streaming else (None, None)
     if eager is not None:   # (the blocks before the task loop run as the eager stream's chunks instead)
         pre = pre[:0]
+    if tail is not None:
+        post = np.concatenate([post, tail])
     table = np.concatenate([pre, tasks, post]) if len(pre) or len(post) else tasks
     program = BatchProgram("∂F" if backward else "F", lowered, table, slice(len(pre), len(pre) + len(tasks)),
                            buffers, copies, eager=eager, eager_why=eager_why, dtype=np.dtype(buffers.dtype),
