@@ -73,35 +73,6 @@ def linked(f: Lowered, head: Lowered) -> Lowered:
     return made
 
 
-class _Both:
-    """The buffers of a linked pass: the head's keys from its values (static_program._Values), every other
-    key (F's, the arenas) from F's Buffers."""
-
-    __slots__ = ("inner", "head", "mine")
-
-    def __init__(self, inner, head, mine: frozenset):
-        self.inner, self.head, self.mine = inner, head, mine
-
-    def __getitem__(self, key: tuple):
-        return self.head[key] if key in self.mine else self.inner[key]
-
-    def __getattr__(self, name: str):   # (F's: its dtype, run context, plan)
-        return getattr(self.inner, name)
-
-    @property
-    def dropouts(self):
-        return self.inner.dropouts
-
-    @dropouts.setter
-    def dropouts(self, entries) -> None:
-        self.inner.dropouts = entries
-
-
-def _own_keys(head: Lowered) -> frozenset:
-    """The buffer keys only the head names (its statics, values, index arrays, outputs; not the arenas)."""
-    return frozenset(k for k in head.keys if k[0] not in ("fixed", "scratch"))
-
-
 class LinkedHead:
     """One run's static graph on top of a structure, linked into the structure's forward pass: :meth:`link` (at
     F's binding, once the push buffers exist) and :meth:`finish` (after the call)."""
@@ -123,7 +94,8 @@ class LinkedHead:
         both = linked(lowered, head.lowered)
         row = np.full((1, both.table_width), -1, np.int64)
         row[0, :4] = (len(lowered.ranges), 0, values.rows, -1)
-        return both, _Both(buffers, values, _own_keys(head.lowered)), row
+        buffers.head = values   # (the keys F's buffers do not name: the head's)
+        return both, buffers, row
 
     def finish(self, program: BatchProgram) -> None:
         """The head's outputs into ``env``, the step runner's part after it, what ran recorded (``program``: F's;
@@ -145,7 +117,9 @@ def head_for(model, s, final: tuple, env: dict, feeds, params, ctx, training: bo
     pushed = {node: name for name, node in s._pushed.items()}
     present = tuple([n in env or n in pushed for n in nodes])
     head = model._static.program(nodes, explicit, present, training, title, model.device)
-    why = head.link_refusal = refusal(head, pushed, s.dtype.np)
+    why = head.__dict__.get("link_refusal", False)
+    if why is False:   # (found once per program: it depends on the program and the structure's dtype alone)
+        why = head.link_refusal = refusal(head, pushed, s.dtype.np)
     if why is not None:
         return None
     head.prepare(env, feeds, params, ctx)

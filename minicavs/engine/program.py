@@ -385,6 +385,7 @@ class Buffers:
     pull_grads: dict | None = None  # backward: per pull its gradient
     compiled: list | None = None         # each kind's compiled function (the parameter gradients' shapes)
     dropouts: list = ()             # the program's DROPOUT entries (p, site), whose table ``ctx`` decides
+    head: Any = None                # a linked static graph's buffers (linked_head.py): the keys F does not name
 
     def __post_init__(self):
         self._sparse: dict = {}
@@ -395,7 +396,9 @@ class Buffers:
         return _BY_WHAT[key[0]](self, *key[1:])
 
     def _static(self, node, kind_id):
-        return self.state.statics[kind_id][node]
+        value = self.state.statics[kind_id].get(node)
+        return self.head[("static", node, kind_id)] if value is None else value
+
 
     def _child(self, slot, kind_id):
         return _index(self.plan.kinds[kind_id].child_rows[slot])
@@ -474,6 +477,7 @@ class Buffers:
 _BY_WHAT = {what: getattr(Buffers, "_" + what) for what in (
     "static", "child", "tensor", "btensor", "scatter", "sgrad", "srows", "pullrows", "pushrows", "pull", "push",
     "pullgrad", "pushgrad", "rowkeys", "dropout", "arena", "pgrad")}
+_BY_WHAT.update({what: lambda self, *rest, what=what: self.head[(what,) + rest] for what in ("value", "feedrows", "out")})
 
 
 def _index(rows) -> np.ndarray:

@@ -21,10 +21,12 @@ def _apart(t, graphs, feeds, runner: str, device=None):
     """The same step with the head as a program of its own (linking refused: what ran before)."""
     keep = linked_head.refusal
     linked_head.refusal = lambda *args: "a program of its own, for comparison"
+    t.model._static.programs.clear()   # (each program keeps why it is not linked)
     try:
         return _run(t, graphs, feeds, runner, device, check=True)
     finally:
         linked_head.refusal = keep
+        t.model._static.programs.clear()
 
 
 def _linked(result) -> list:
@@ -93,5 +95,6 @@ def test_explain_says_where_the_head_ran_and_why_not_linked(tmp_path, monkeypatc
     text = str(explain(t.model, graphs, feeds, params))
     assert "linked into the forward program of structure" in text
     monkeypatch.setattr(linked_head, "refusal", lambda *args: "refused for this test")
+    t.model._static.programs.clear()
     text = str(explain(t.model, graphs, feeds, params))
     assert "apart from the structure's program: refused for this test" in text
