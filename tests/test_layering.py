@@ -46,6 +46,7 @@ LAYERS = [
         ["engine/loops"],                # a foreach in F lowered as a loop (its body inlined as a branch's)
         ["engine/instructions", "engine/program", "engine/executor", "engine/alg1", "engine/explain"],
         ["engine/static_program"],       # a static graph lowered as a program (by instructions' step lowering)
+        ["engine/linked_head"],          # the static graph on top of a structure linked into F's program
         ["engine/model"]]),
     ("backends", ["cpu", "cuda"], [
         ["cpu"],

@@ -124,3 +124,19 @@ def head_for(model, s, final: tuple, env: dict, feeds, params, ctx, training: bo
         return None
     head.prepare(env, feeds, params, ctx)
     return LinkedHead(head, pushed, env, ctx, static, s.name)
+
+
+def final_graph(model, training: bool, outputs: bool) -> tuple:
+    """(nodes, what the model reads of them, title) of ``model``'s static graph on top of the structures: training,
+    the loss with the gradients that read no pull's cotangent (one graph); else the loss and outputs."""
+    loss = model.loss
+    if training and model._early:
+        pushes = [f"the gradient of push '{s}.{name}'" for (s, name), g in model.push_grad.items()
+                  if g in model._early]
+        title = (f"forward, the loss{' and outputs' * outputs}; backward, " + ", ".join(pushes)
+                 + (" and " if pushes else "") + "the gradients of the parameters on top")
+        return model._training_stages[outputs], [loss] + list(model.outputs.values()) * outputs + model._early, title
+    if outputs or loss is None:
+        return (model.final_stage, [loss] * (loss is not None) + list(model.outputs.values()),
+                "forward, the loss and outputs")
+    return model.loss_stage, [loss], "forward, the loss"

@@ -629,7 +629,7 @@ class Model:
         plans = self._prepared(graphs, policy, sample_ids, options).plans
         env: dict = {}
         result = Result(None)
-        states, final, head = {}, self._final(training, outputs), None
+        states, final, head = {}, linked_head.final_graph(self, training, outputs), None
         for s, stage in zip(self.structures, self.stages):
             batch, plan, compiled = plans[s.name]
             try:
@@ -677,22 +677,6 @@ class Model:
             raise ValueError(f"this batch was prepared for other engine options ({graphs.options}); "
                              f"it runs with {options}")
         return graphs
-
-    def _final(self, training: bool, outputs: bool) -> tuple:
-        """(nodes, what the model reads of them, title) of the static graph on top of the structures: training,
-        the loss with the gradients that read no pull's cotangent (one graph); else the loss and outputs."""
-        if training and self._early:
-            return (self._training_stages[outputs], [self.loss] + list(self.outputs.values()) * outputs
-                    + self._early, self._training_title(outputs))
-        if outputs or self.loss is None:
-            return (self.final_stage, [self.loss] * (self.loss is not None) + list(self.outputs.values()),
-                    "forward, the loss and outputs")
-        return self.loss_stage, [self.loss], "forward, the loss"
-
-    def _training_title(self, outputs: bool) -> str:
-        pushes = [f"the gradient of push '{s}.{name}'" for (s, name), g in self.push_grad.items() if g in self._early]
-        return (f"forward, the loss{' and outputs' * outputs}; backward, " + ", ".join(pushes)
-                + (" and " if pushes else "") + "the gradients of the parameters on top")
 
     def _evaluate(self, nodes, explicit, env: dict, feeds, params, ctx, static: list, what: str, options,
                   training: bool = True) -> None:
