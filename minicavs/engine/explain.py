@@ -216,9 +216,7 @@ def _program_lines(r: StaticReport) -> list[str]:
     """A static graph's program (who ran it, what it holds, whether the device's runner declined it) and why the
     step runner ran the rest."""
     lines = []
-    if r.program is not None and r.linked.startswith("linked"):
-        lines.append(f"    program: {r.linked}")
-    elif r.program is not None:
+    if r.program is not None:
         p = r.program
         opcodes = Counter(OPCODES_BY_ID[op] for op in p.lowered.code[:, 0].tolist())
         lines.append(f"    program: {len(p.lowered.code)} instructions ({_counts(opcodes)}) over {int(p.table[0, 2])} "

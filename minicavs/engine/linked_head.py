@@ -105,8 +105,8 @@ class LinkedHead:
                             program.runner, program.declined, dtype=program.dtype, check=program.check)
         ran = head.finish(self.env, values, mine, self.ctx, self.static)
         if ran is not None:
-            ran.linked = f"linked into the forward program of structure '{self.structure}' (its last template: " \
-                         "one bind and one runner call for both)"
+            ran.linked = f"linked into the forward program of structure '{self.structure}' as its last template " \
+                         "(one bind and one runner call for both)"
 
 
 def head_for(model, s, final: tuple, env: dict, feeds, params, ctx, training: bool, static: list):
