@@ -17,13 +17,13 @@ TREES = ["tree_fc", "tree_gru", "tree_lstm", "tree_lstm_2type", "tree_lstm_child
 RUNNERS = [("reference", False, "reference runner"), ("device", False, "C runner"), ("device", True, "cuda runner")]
 
 
-def _apart(t, graphs, feeds, runner: str, device=None):
+def _apart(t, graphs, feeds, runner: str, device=None, **switches):
     """The same step with the head as a program of its own (linking refused: what ran before)."""
     keep = linked_head.refusal
     linked_head.refusal = lambda *args: "a program of its own, for comparison"
     t.model._static.programs.clear()   # (each program keeps why it is not linked)
     try:
-        return _run(t, graphs, feeds, runner, device, check=True)
+        return _run(t, graphs, feeds, runner, device, check=True, **switches)
     finally:
         linked_head.refusal = keep
         t.model._static.programs.clear()
@@ -98,3 +98,13 @@ def test_explain_says_where_the_head_ran_and_why_not_linked(tmp_path, monkeypatc
     t.model._static.programs.clear()
     text = str(explain(t.model, graphs, feeds, params))
     assert "apart from the structure's program: refused for this test" in text
+
+
+@pytest.mark.parametrize("name", ["tree_lstm", "lstm_nmt"])   # (lstm_nmt: two structures, linked into the last)
+def test_the_linked_head_equals_its_own_program_under_streaming_and_every_switch_off(name, tmp_path):
+    t, graphs, feeds = _model(name, tmp_path)
+    for switches in ({"streaming": True}, {"lazy_batching": False, "eager_batching": False, "fusion": False,
+                                           "gather_elision": False, "merge_gemms": False}):
+        got = _run(t, graphs, feeds, "device", **switches)
+        assert len(_linked(got)) == 1, switches
+        _equal(got, _apart(t, graphs, feeds, "device", **switches), f"{name} {switches}")
