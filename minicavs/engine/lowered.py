@@ -237,7 +237,8 @@ class Lowered:
             if t.phase != TASK and not blocks:
                 continue
             begin, end = self.ranges[tid]
-            what = "task" if t.phase == TASK else PHASE_WORDS[t.phase] + " block"
+            what = "linked static graph" if tid in self.tail else "task" if t.phase == TASK else \
+                PHASE_WORDS[t.phase] + " block"
             out.append(f"kind '{t.kind}' {what} template (instructions {begin}:{end}):")
             out += [f"  {pc}: {self.text(pc, t)}" for pc in range(begin, end)]
         return out

@@ -317,17 +317,19 @@ class BatchProgram:
 
     def dump(self) -> str:
         """The templates, one instruction a line, under a line that says what ran them."""
-        tasks = self.task_table
+        tasks, after = self.task_table, self.table[self.tasks.stop:, 0]
+        linked = int(np.isin(after, list(self.lowered.tail)).sum()) if self.lowered.tail else 0
+        post = f"({len(after) - linked} rows)" + (f", then the static graph linked after them ({linked} rows)"
+                                                 if linked else "")
         if self.eager is not None:
             lines = [f"{self.title}: main stream ({self.runner}): tasks 0:{len(tasks)}, task t after eager chunk "
-                     f"t, then the blocks after the task loop ({len(self.table) - self.tasks.stop} rows): per "
-                     "block or task, its template",
+                     f"t, then the blocks after the task loop {post}: per block or task, its template",
                      f"  eager stream ({self.runner}): chunks 0:{len(self.eager)}, chunk t the block before the "
                      "task loop of task t's kind over task t's rows"]
         else:
             lines = [f"{self.title}: one call of the {self.runner} runs the blocks before the task loop "
-                     f"({self.tasks.start} rows), tasks 0:{len(tasks)} and the blocks after it "
-                     f"({len(self.table) - self.tasks.stop} rows): per block or task, its template"]
+                     f"({self.tasks.start} rows), tasks 0:{len(tasks)} and the blocks after it {post}: per block "
+                     "or task, its template"]
             if self.eager_why is not None:
                 lines.append(f"  (no eager stream: {self.eager_why})")
         if self.declined is not None:

@@ -327,9 +327,11 @@ class _Values:
             raise _located(e, reader) from None
 
     def _made(self, node: Node):
-        """An array the program hands out: ``node``'s value (the row axis: this run's rows)."""
-        value = self.made[node] = self.xp.empty(tuple(self.rows if d is None else d for d in node.shape),
-                                                node.dtype.np)
+        """An array the program hands out: ``node``'s value (the row axis: this run's rows), one per run."""
+        value = self.made.get(node)
+        if value is None:
+            value = self.made[node] = self.xp.empty(tuple(self.rows if d is None else d for d in node.shape),
+                                                    node.dtype.np)
         return value
 
     def _arena(self, which: str, elements: int):
