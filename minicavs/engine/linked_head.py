@@ -53,14 +53,15 @@ def linked(f: Lowered, head: Lowered) -> Lowered:
     n_kinds, tid = f.n_kinds, len(f.ranges)
     joined = instructions._Joined(n_kinds)
     joined.ranges = np.zeros((tid + 1, 2), np.int64)
-    order = sorted(range(len(f.templates)), key=lambda i: f.template_ids[i] >= n_kinds)   # (tasks, then blocks)
-    for i in order:
-        if f.template_ids[i] >= n_kinds and not joined.task_keys:
-            joined.task_keys = len(joined.keys)
-        joined.append(f.template_ids[i], f.templates[i])
-    task_keys = joined.task_keys or len(joined.keys)
     template = head.templates[0]
-    joined.append(tid, template)
+    tasks = [i for i in range(len(f.templates)) if f.template_ids[i] < n_kinds]
+    for i in tasks:
+        joined.append(f.template_ids[i], f.templates[i])
+    joined.append(tid, template)   # (its keys bound with the tasks': it runs in every pass, blocks or not)
+    task_keys = len(joined.keys)
+    for i in range(len(f.templates)):
+        if i not in tasks:
+            joined.append(f.template_ids[i], f.templates[i])
     kernels = joined.kernels
     made = Lowered(f.title, f.template_ids + [tid], f.templates + [template],
                    np.array(joined.code, np.int64).reshape(-1, instructions.WIDTH),
