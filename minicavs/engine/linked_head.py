@@ -129,7 +129,16 @@ def head_for(model, s, final: tuple, env: dict, feeds, params, ctx, training: bo
 
 def final_graph(model, training: bool, outputs: bool) -> tuple:
     """(nodes, what the model reads of them, title) of ``model``'s static graph on top of the structures: training,
-    the loss with the gradients that read no pull's cotangent (one graph); else the loss and outputs."""
+    the loss with the gradients that read no pull's cotangent (one graph); else the loss and outputs. Found once
+    per model and case (what it reads is fixed when the model is made)."""
+    found = model.__dict__.setdefault("_final_graphs", {})
+    key = (training, outputs)
+    if key not in found:
+        found[key] = _final_graph(model, training, outputs)
+    return found[key]
+
+
+def _final_graph(model, training: bool, outputs: bool) -> tuple:
     loss = model.loss
     if training and model._early:
         pushes = [f"the gradient of push '{s}.{name}'" for (s, name), g in model.push_grad.items()
