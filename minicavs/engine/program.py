@@ -355,9 +355,10 @@ def bind(lowered, compiled: list, plan, opts, buffers: "Buffers", backward: bool
     eager, eager_why = eager_rows(lowered, tasks, plan.forest) if opts.streaming else (None, None)
     if eager is not None:   # (the blocks before the task loop run as the eager stream's chunks instead)
         pre = pre[:0]
-    if tail is not None:
-        post = np.concatenate([post, tail])
-    table = np.concatenate([pre, tasks, post]) if len(pre) or len(post) else tasks
+    if tail is not None:   # (one concatenation with the blocks')
+        table = np.concatenate([pre, tasks, post, tail])
+    else:
+        table = np.concatenate([pre, tasks, post]) if len(pre) or len(post) else tasks
     program = BatchProgram("∂F" if backward else "F", lowered, table, slice(len(pre), len(pre) + len(tasks)),
                            buffers, copies, eager=eager, eager_why=eager_why, dtype=np.dtype(buffers.dtype),
                            forest=plan.forest, check=opts.check, tf32=opts.tf32 and device.tf32_products)
