@@ -49,6 +49,7 @@ LAYERS = [
         ["engine/instructions", "engine/program", "engine/executor", "engine/alg1", "engine/explain"],
         ["engine/static_loops"],         # a static graph's loops and their int inputs in its program
         ["engine/static_program"],       # a static graph lowered as a program (by instructions' step lowering)
+        ["engine/linked_head"],          # the static graph on top of a structure linked into F's program
         ["engine/model"]]),
     ("backends", ["cpu", "cuda"], [
         ["cpu"],

@@ -77,11 +77,12 @@ def _link(compiled: list, state: RunState, backward: bool, training: bool = True
 
 def forward(compiled: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunContext, messages,
             dtype, training: bool = True, workspace: Workspace | None = None,
-            opts: EngineOptions = EngineOptions(), device: Device | None = None) -> RunState:
+            opts: EngineOptions = EngineOptions(), device: Device | None = None, head=None) -> RunState:
     """Evaluate F at every vertex: eager phase, task loop, lazy phase. ``compiled[kind_id]`` compiles kind ``kind_id``.
     Arrays (parameters, pull buffers, the workspace's buffers) are ``device``'s; the workspace (the model's,
     reused across batches; a fresh one by default) is kept in the state for backward. ``messages``: the
-    scattered shapes (the structure's ``message_shapes``), one scatter tensor each."""
+    scattered shapes (the structure's ``message_shapes``), one scatter tensor each. ``head``: a static graph on
+    top of the pushes (linked_head.LinkedHead), linked into the program after its blocks: the same call runs it."""
     device = default_device() if device is None else device
     n, xp = plan.num_vertices, device.xp
     workspace = Workspace(xp) if workspace is None else workspace
@@ -104,10 +105,15 @@ def forward(compiled: list, plan: MemoryPlan, pull_bufs: dict, params, ctx: RunC
     # Alg. 1, forward: the eager blocks, then per task V_t: gather the children's rows, evaluate F, scatter and
     # push the results; then the lazy blocks: one call of the device's runner
     buffers = Buffers(plan, state, dtype.np, ctx, compiled=compiled)
-    state.program = binding.bind(_link(compiled, state, False, training), compiled, plan, opts, buffers,
-                                 backward=False, device=device, workspace=workspace)
+    lowered, tail = _link(compiled, state, False, training), None
+    if head is not None:
+        lowered, buffers, tail = head.link(lowered, buffers, state)
+    state.program = binding.bind(lowered, compiled, plan, opts, buffers, backward=False, device=device,
+                                 workspace=workspace, tail=tail)
     state.copies = state.program.copies
     _run(state.program, state)
+    if head is not None:
+        head.finish(state.program)
     return state
 
 

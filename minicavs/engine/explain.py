@@ -78,6 +78,7 @@ class StaticReport:
     largest: list            # (node label, type, bytes), largest first
     program: object = None   # its program as the device's runner ran it (static_program.py), or None
     left: dict = field(default_factory=dict)   # why the step runner ran the rest: reason -> ops
+    linked: str = ""         # linked into a structure's pass (engine/linked_head.py), or why it ran apart
 
 
 @dataclass
@@ -222,7 +223,8 @@ def _program_lines(r: StaticReport) -> list[str]:
         opcodes = Counter(OPCODES_BY_ID[op] for op in p.lowered.code[:, 0].tolist())
         lines.append(f"    program: {len(p.lowered.code)} instructions ({_counts(opcodes)}) over {int(p.table[0, 2])} "
                      f"rows, one call of the {p.runner}"
-                     + (f"; the device's runner declined it: {p.declined}" if p.declined else ""))
+                     + (f"; the device's runner declined it: {p.declined}" if p.declined else "")
+                     + (f"; {r.linked}" if r.linked else ""))
         lines += flow_lines(p, "      ", where=False)   # (its loops: LOOP/LOOPN ... ENDLOOP)
     for why, ops in r.left.items():
         lines.append(f"    step runner: {', '.join(sorted(ops))}: {why}")
@@ -292,7 +294,7 @@ def static_report(run: StaticRun) -> StaticReport:
     for node, why in (run.left or {}).items():
         left.setdefault(why, set()).add(node.op)
     return StaticReport(run.title, run.runner, len(run.steps), dict(ops), sum(s.fused for s in run.steps),
-                        run.rows, sum(run.nbytes), loops, largest, run.program, left)
+                        run.rows, sum(run.nbytes), loops, largest, run.program, left, run.linked)
 
 
 def explain(model, graphs, feeds=None, params=None, ctx=None, policy=None) -> Explanation:

@@ -67,7 +67,7 @@ from .loops import loops, lower_item, lower_loop
 from .codegen.machine import ARG_KINDS, MAX_ARGS, OPCODES, OPS as OPCODE, WIDTH
 from .compile import POST, PRE, TASK
 from .passes.fusion import fuse, fusible
-from .lowered import (BUFFER_OPERANDS, KIND_ROWS, PHASE_WORDS, SCATTER_ROWS, TASK_COLUMNS,  # noqa: F401
+from .lowered import (BUFFER_OPERANDS, buffer_operands, KIND_ROWS, PHASE_WORDS, SCATTER_ROWS, TASK_COLUMNS,  # noqa: F401
                       Lowered, Template, _cols, _rows)
 from .passes.layout import gradient_blocks
 
@@ -652,10 +652,10 @@ class _Joined:
             local_kernel[i] = self.kernels.index(k)
         begin = len(self.code)
         for op, *args in t.code:
-            args = [(local_buf[v] if v >= 0 else v) if n in BUFFER_OPERANDS else local_kernel[v] if n == "kernel"
+            args = [(local_buf[v] if v >= 0 else v) if is_buffer else local_kernel[v] if n == "kernel"
                     else v + len(self.pool) if n == "pool" else v + len(self.dropouts) if n == "entry"
                     else v + len(self.steps) if n == "step" else v
-                    for n, v in zip(OPCODES[op], args)]
+                    for n, v, is_buffer in zip(OPCODES[op], args, buffer_operands(op, args))]
             self.code.append([OPCODE[op]] + args + [0] * (WIDTH - 1 - len(args)))
         self.pool += t.pool
         self.dropouts += t.dropouts

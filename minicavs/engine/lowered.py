@@ -19,7 +19,16 @@ NONE, KIND_ROWS, SCATTER_ROWS = 0, 1, 2
 MODE_NAMES = {NONE: "0", KIND_ROWS: "task rows", SCATTER_ROWS: "scatter rows"}
 PHASE_WORDS = {PRE: "before tasks", TASK: "task", POST: "after tasks"}
 # operands that name a buffer (linked to global ids)
-BUFFER_OPERANDS = ("buf", "idx", "keys", "table", "pred", "count")
+BUFFER_OPERANDS = ("buf", "idx", "keys", "table", "pred", "count", "labels")
+
+
+def buffer_operands(op: str, args) -> list[bool]:
+    """Per operand of one ``op`` instruction (its ``args``), whether it names a buffer: ROWOP's labels are a
+    register instead when its ``lreg`` is set (a loop's step of an int value: engine/static_loops.py)."""
+    names = OPCODES[op]
+    at = names.index("lreg") if "lreg" in names else len(args)
+    register_labels = at < len(args) and args[at]
+    return [n in BUFFER_OPERANDS and not (n == "labels" and register_labels) for n in names]
 TASK_COLUMNS = 5   # kind, kind offset, rows, scatter offset, first row of the sibling-concat view (-1: none)
 
 
@@ -172,11 +181,13 @@ class Lowered:
     fused: list = field(default_factory=list)   # per kernel id: the device's kernel of a fused group (its .group)
     dropouts: list = field(default_factory=list)   # per DROPOUT entry: (p, site) (program.dropout_table makes its row)
     steps: list = field(default_factory=list)      # per APPLY: the step (compile.Step) it runs
+    tail: dict = field(default_factory=dict)       # template id -> scratch columns of a template run after the
+    # blocks (a static graph linked into the pass: linked_head.py), past the kinds' template ids
 
     @functools.cached_property
     def block_scratch(self) -> dict:
         """{block template id: its scratch columns per row}."""
-        return {b.tid: b.scratch for b in self.blocks}
+        return {**{b.tid: b.scratch for b in self.blocks}, **self.tail}
 
     @functools.cached_property
     def c_refusal(self) -> str | None:
@@ -235,7 +246,8 @@ class Lowered:
             if t.phase != TASK and not blocks:
                 continue
             begin, end = self.ranges[tid]
-            what = "task" if t.phase == TASK else PHASE_WORDS[t.phase] + " block"
+            what = "linked static graph" if tid in self.tail else "task" if t.phase == TASK else \
+                PHASE_WORDS[t.phase] + " block"
             out.append(f"kind '{t.kind}' {what} template (instructions {begin}:{end}):")
             out += [f"  {pc}: {self.text(pc, t)}" for pc in range(begin, end)]
         return out
@@ -247,11 +259,13 @@ class Lowered:
         row = self.code[pc]
         name = list(OPCODES)[int(row[0])]
         parts = []
-        for field_name, value in zip(OPCODES[name], row[1:].tolist()):
-            if field_name in ("dst", "src", "a", "b", "c", "cond") or (field_name == "bias" and value >= 0):
+        values = row[1:].tolist()
+        for field_name, value, is_buffer in zip(OPCODES[name], values, buffer_operands(name, values)):
+            if field_name in ("dst", "src", "a", "b", "c", "cond") or (field_name == "bias" and value >= 0) \
+                    or (field_name == "labels" and not is_buffer):
                 v = f"r{value}({template.reg_names[value]})" if 0 <= value < len(template.reg_names) \
                     else f"r{value}"
-            elif field_name in BUFFER_OPERANDS:
+            elif is_buffer:
                 v = _key_text(self.keys[value]) if 0 <= value < len(self.keys) else f"#{value}"
             elif field_name == "mode":
                 v = MODE_NAMES.get(value, str(value))

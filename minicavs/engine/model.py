@@ -36,7 +36,7 @@ from ..runtime.inputs import Batch, InputGraph, make_batch
 from ..runtime.memory import Workspace, plan_memory
 from ..runtime.scheduler import AgendaPolicy, CavsPolicy, FsmPolicy, GreedyPolicy, depends_on_batch_only, get_policy
 from ..runtime.vertex import VertexFunction
-from . import planner
+from . import linked_head, planner
 from .alg1 import backward, forward
 from .backend import Backend as Device, get_device  # noqa: F401 (model.get_device: the public name)
 from .compile import CompiledFunction, EngineOptions, StaticNodes
@@ -629,7 +629,7 @@ class Model:
         plans = self._prepared(graphs, policy, sample_ids, options).plans
         env: dict = {}
         result = Result(None)
-        states = {}
+        states, final, head = {}, linked_head.final_graph(self, training, outputs), None
         for s, stage in zip(self.structures, self.stages):
             batch, plan, compiled = plans[s.name]
             try:
@@ -638,8 +638,10 @@ class Model:
             except FeedError as e:
                 raise _at_pull_row(e, s, batch) from None
             pull_bufs = _pull_buffers(s, plan, env)
+            if s is self.structures[-1] and final[0]:   # (the graph on top, linked into F's program)
+                head = linked_head.head_for(self, s, final, env, feeds, params, ctx, training, result.static)
             st = forward(compiled, plan, pull_bufs, params, ctx, s.message_shapes, s.dtype, training=training,
-                         workspace=self.workspace(s.name), opts=options, device=device)
+                         workspace=self.workspace(s.name), opts=options, device=device, head=head)
             states[s.name] = st
             result.pushes[s.name] = st.pushes
             result.batches[s.name] = (batch, plan)
@@ -647,16 +649,8 @@ class Model:
                 if name not in st.pushes:
                     raise FeedError(f"structure '{s.name}': no vertex in the batch pushes '{name}'")
                 env[node] = st.pushes[name]
-        if training and self._early:   # (the loss and the gradients on top of the structures, one graph)
-            self._evaluate(self._training_stages[outputs], [self.loss] + list(self.outputs.values()) * outputs
-                           + self._early, env, feeds, params, ctx, result.static, self._training_title(outputs),
-                           options, training)
-        elif outputs or self.loss is None:
-            self._evaluate(self.final_stage, [self.loss] * (self.loss is not None) + list(self.outputs.values()),
-                           env, feeds, params, ctx, result.static, "forward, the loss and outputs", options, training)
-        else:
-            self._evaluate(self.loss_stage, [self.loss], env, feeds, params, ctx, result.static, "forward, the loss",
-                           options, training)
+        if head is None:
+            self._evaluate(final[0], final[1], env, feeds, params, ctx, result.static, final[2], options, training)
         if outputs or self.loss is None:
             result.outputs = {k: device.to_host(env[v]) for k, v in self.outputs.items()}   # for metrics: host
         result.states = states
@@ -683,11 +677,6 @@ class Model:
             raise ValueError(f"this batch was prepared for other engine options ({graphs.options}); "
                              f"it runs with {options}")
         return graphs
-
-    def _training_title(self, outputs: bool) -> str:
-        pushes = [f"the gradient of push '{s}.{name}'" for (s, name), g in self.push_grad.items() if g in self._early]
-        return (f"forward, the loss{' and outputs' * outputs}; backward, " + ", ".join(pushes)
-                + (" and " if pushes else "") + "the gradients of the parameters on top")
 
     def _evaluate(self, nodes, explicit, env: dict, feeds, params, ctx, static: list, what: str, options,
                   training: bool = True) -> None:

@@ -88,7 +88,8 @@ def bind_operands(lowered, table: np.ndarray, buffers, dtype, device, eager: np.
     kept = memo.tensors if workspace is not None else {}
     template_ids, rows = table[:, 0].tolist(), table[:, 2].tolist()
     streaming = eager is not None and len(eager) > 0
-    blocks = bool(lowered.blocks) and (max(template_ids, default=-1) >= lowered.n_kinds or streaming)
+    n_kinds = lowered.n_kinds   # (a linked static graph's row, past the blocks' ids, names task keys: not a block)
+    blocks = bool(lowered.blocks) and (streaming or any(n_kinds <= t < 3 * n_kinds for t in template_ids))
     task_keys = len(lowered.keys) if lowered.task_keys is None or blocks else lowered.task_keys
     xp = device.xp
     operands, gradients = [], {}

@@ -222,6 +222,7 @@ class StaticRun:
     trips: dict
     program: Any = None   # the static graph's program (static_program.py) as the device's runner ran it
     left: dict = None     # node -> why the step runner ran it, not the program
+    linked: str = ""      # linked into a structure's pass (linked_head.py), or why its program ran apart ("")
 
 
 def record(title: str, steps: list, env: dict, xp) -> StaticRun:
@@ -316,17 +317,19 @@ class BatchProgram:
 
     def dump(self) -> str:
         """The templates, one instruction a line, under a line that says what ran them."""
-        tasks = self.task_table
+        tasks, after = self.task_table, self.table[self.tasks.stop:, 0]
+        linked = int(np.isin(after, list(self.lowered.tail)).sum()) if self.lowered.tail else 0
+        post = f"({len(after) - linked} rows)" + (f", then the static graph linked after them ({linked} rows)"
+                                                 if linked else "")
         if self.eager is not None:
             lines = [f"{self.title}: main stream ({self.runner}): tasks 0:{len(tasks)}, task t after eager chunk "
-                     f"t, then the blocks after the task loop ({len(self.table) - self.tasks.stop} rows): per "
-                     "block or task, its template",
+                     f"t, then the blocks after the task loop {post}: per block or task, its template",
                      f"  eager stream ({self.runner}): chunks 0:{len(self.eager)}, chunk t the block before the "
                      "task loop of task t's kind over task t's rows"]
         else:
             lines = [f"{self.title}: one call of the {self.runner} runs the blocks before the task loop "
-                     f"({self.tasks.start} rows), tasks 0:{len(tasks)} and the blocks after it "
-                     f"({len(self.table) - self.tasks.stop} rows): per block or task, its template"]
+                     f"({self.tasks.start} rows), tasks 0:{len(tasks)} and the blocks after it {post}: per block "
+                     "or task, its template"]
             if self.eager_why is not None:
                 lines.append(f"  (no eager stream: {self.eager_why})")
         if self.declined is not None:
@@ -336,10 +339,10 @@ class BatchProgram:
 
 
 def bind(lowered, compiled: list, plan, opts, buffers: "Buffers", backward: bool, device, forward_tasks=None,
-         workspace=None) -> BatchProgram:
+         workspace=None, tail: np.ndarray | None = None) -> BatchProgram:
     """The lowered program of a pass bound to the batch on ``device``: its table (program rows of the blocks and
-    the tasks: :func:`block_rows`, :func:`task_table`; backward: the forward tasks reversed, when given) and every
-    buffer resolved (operands.bind_operands)."""
+    the tasks: :func:`block_rows`, :func:`task_table`; backward: the forward tasks reversed, when given; ``tail``:
+    rows after the blocks, a linked static graph's) and every buffer resolved (operands.bind_operands)."""
     copies = dict.fromkeys(COPIES, 0)
     if backward and forward_tasks is not None:
         tasks = np.ascontiguousarray(forward_tasks[::-1])
@@ -352,7 +355,10 @@ def bind(lowered, compiled: list, plan, opts, buffers: "Buffers", backward: bool
     eager, eager_why = eager_rows(lowered, tasks, plan.forest) if opts.streaming else (None, None)
     if eager is not None:   # (the blocks before the task loop run as the eager stream's chunks instead)
         pre = pre[:0]
-    table = np.concatenate([pre, tasks, post]) if len(pre) or len(post) else tasks
+    if tail is not None:   # (one concatenation with the blocks')
+        table = np.concatenate([pre, tasks, post, tail])
+    else:
+        table = np.concatenate([pre, tasks, post]) if len(pre) or len(post) else tasks
     program = BatchProgram("∂F" if backward else "F", lowered, table, slice(len(pre), len(pre) + len(tasks)),
                            buffers, copies, eager=eager, eager_why=eager_why, dtype=np.dtype(buffers.dtype),
                            forest=plan.forest, check=opts.check, tf32=opts.tf32 and device.tf32_products)
@@ -382,6 +388,7 @@ class Buffers:
     pull_grads: dict | None = None  # backward: per pull its gradient
     compiled: list | None = None         # each kind's compiled function (the parameter gradients' shapes)
     dropouts: list = ()             # the program's DROPOUT entries (p, site), whose table ``ctx`` decides
+    head: Any = None                # a linked static graph's buffers (linked_head.py): the keys F does not name
 
     def __post_init__(self):
         self._sparse: dict = {}
@@ -392,7 +399,9 @@ class Buffers:
         return _BY_WHAT[key[0]](self, *key[1:])
 
     def _static(self, node, kind_id):
-        return self.state.statics[kind_id][node]
+        value = self.state.statics[kind_id].get(node)
+        return self.head[("static", node, kind_id)] if value is None else value
+
 
     def _child(self, slot, kind_id):
         return _index(self.plan.kinds[kind_id].child_rows[slot])
@@ -471,6 +480,7 @@ class Buffers:
 _BY_WHAT = {what: getattr(Buffers, "_" + what) for what in (
     "static", "child", "tensor", "btensor", "scatter", "sgrad", "srows", "pullrows", "pushrows", "pull", "push",
     "pullgrad", "pushgrad", "rowkeys", "dropout", "arena", "pgrad")}
+_BY_WHAT.update({what: lambda self, *rest, what=what: self.head[(what,) + rest] for what in ("value", "feedrows", "out")})
 
 
 def _index(rows) -> np.ndarray:

@@ -225,6 +225,13 @@ class StaticProgram:
     def run(self, env: dict, feeds, params, ctx: RunContext, options, static: list) -> None:
         """Compute the graph into ``env``: its leaves, the step runner's part before, the program, the part after;
         ``static`` gets what ran (a program.StaticRun)."""
+        self.prepare(env, feeds, params, ctx)
+        values = self.values(env, ctx) if self.lowered is not None else None
+        program = self._run_program(values, options) if values is not None else None
+        self.finish(env, values, program, ctx, static)
+
+    def prepare(self, env: dict, feeds, params, ctx: RunContext) -> None:
+        """What the program reads into ``env``: its leaves, its literals, the step runner's part before it."""
         xp = self.device.xp
         for x in self.split.leaves:
             if x not in env:
@@ -233,28 +240,44 @@ class StaticProgram:
             env[n] = OPS[n.op].from_shape(xp, n)
         if self.before:
             steps_runner.run_steps(self.before, env, xp, ctx)
-        program = self._run_program(env, ctx, options) if self.lowered is not None else None
-        if self.after:
-            steps_runner.run_steps(self.after, env, xp, ctx)
-        if program is not None or self.before or self.after:
-            ran = record(self.title, self.before + self.after, env, xp)
-            ran.program, ran.left = program, self.split.left
-            static.append(ran)
 
-    def _run_program(self, env: dict, ctx, options) -> BatchProgram:
-        """Bind the program to this run's values and run it on the device's runner (the reference runner when
-        asked for or where the device's runner declines it); its outputs go to ``env``."""
-        rows = 1 if self.row_source is None else int(env[self.row_source].shape[0])
+    def values(self, env: dict, ctx: RunContext) -> "_Values":
+        """The buffers the program names for a run over ``env`` (its rows: the row source's)."""
+        return _Values(self, env, 1 if self.row_source is None else int(env[self.row_source].shape[0]), ctx)
+
+    def table_row(self, rows: int) -> np.ndarray:
+        """The program's one-row task table over ``rows`` rows (kept per row count)."""
         table = self.tables.get(rows)
         if table is None:
             if len(self.tables) > 64:
                 self.tables.clear()
             table = self.tables[rows] = np.full((1, self.lowered.table_width), -1, np.int64)
             table[0, :4] = (0, 0, rows, -1)
-        values = _Values(self, env, rows, ctx)
+        return table
+
+    def finish(self, env: dict, values, program, ctx: RunContext, static: list):
+        """After the program ran (``program``: who ran it, None where none did): its outputs into ``env``, the step
+        runner's part after it; ``static`` gets what ran (returned; None when nothing did)."""
+        if values is not None:
+            env.update(values.made)
+        if self.after:
+            steps_runner.run_steps(self.after, env, self.device.xp, ctx)
+        if program is None and not self.before and not self.after:
+            return None
+        ran = record(self.title, self.before + self.after, env, self.device.xp)
+        ran.program, ran.left = program, self.split.left
+        why = self.__dict__.get("link_refusal")   # (linked_head.head_for's: why not in F's program)
+        ran.linked = "" if why is None or program is None else f"apart from the structure's program: {why}"
+        static.append(ran)
+        return ran
+
+    def _run_program(self, values: "_Values", options) -> BatchProgram:
+        """Bind the program to this run's values and run it on the device's runner (the reference runner when
+        asked for or where the device's runner declines it)."""
         dtype = self.split.program[0].dtype.np
         device = self.device
-        program = BatchProgram.of(self.lowered, table, values, dtype, device, check=options.check, title=self.title)
+        program = BatchProgram.of(self.lowered, self.table_row(values.rows), values, dtype, device,
+                                  check=options.check, title=self.title)
         program.tf32 = options.tf32 and device.tf32_products
         why = None if options.runner == "reference" else device.runner_declines(program)
         if options.runner != "reference" and why is None:
@@ -263,8 +286,6 @@ class StaticProgram:
         else:
             program.runner, program.declined = "reference runner", why
             reference.run(program, device)
-        for node, value in values.made.items():
-            env[node] = value
         return program
 
 
@@ -323,9 +344,11 @@ class _Values:
             raise _located(e, reader) from None
 
     def _made(self, node: Node):
-        """An array the program hands out: ``node``'s value (the row axis: this run's rows)."""
-        value = self.made[node] = self.xp.empty(tuple(self.rows if d is None else d for d in node.shape),
-                                                node.dtype.np)
+        """An array the program hands out: ``node``'s value (the row axis: this run's rows), one per run."""
+        value = self.made.get(node)
+        if value is None:
+            value = self.made[node] = self.xp.empty(tuple(self.rows if d is None else d for d in node.shape),
+                                                    node.dtype.np)
         return value
 
     def _arena(self, which: str, elements: int):
@@ -459,14 +482,18 @@ class StaticGraphs:
             training: bool, device) -> None:
         """Compute ``nodes`` into ``env`` on ``device`` (``explicit``: what the model reads of them; training,
         also what the other graphs read), as :meth:`StaticProgram.run`."""
-        present = tuple([n in env for n in nodes])
+        self.program(nodes, explicit, tuple([n in env for n in nodes]), training, title, device).run(
+            env, feeds, params, ctx, options, static)
+
+    def program(self, nodes, explicit, present: tuple, training: bool, title: str, device) -> StaticProgram:
+        """The program of ``nodes`` given the values ``present`` says (per node: given or not), made once."""
         key = (id(nodes), present, training, title, device)
         found = self.programs.get(key)
         if found is None:
             wanted = set(explicit) | (self._read_elsewhere(nodes) if training else set())   # (kept, if computed)
             given = {n for n, there in zip(nodes, present) if there}
             found = self.programs[key] = (nodes, StaticProgram(nodes, given, set(explicit), wanted, device, title))
-        found[1].run(env, feeds, params, ctx, options, static)
+        return found[1]
 
     def _read_elsewhere(self, nodes) -> set:
         """The nodes of ``nodes`` that the model's other static graphs read."""

@@ -10,7 +10,7 @@ import pytest
 
 from minicavs.core.errors import CheckError, FeedError
 from minicavs.cuda import Cuda, issue
-from minicavs.engine import static_program
+from minicavs.engine import linked_head, static_program
 from minicavs.engine.backend import to_host
 from minicavs.engine.compile import EngineOptions
 from minicavs.engine.lowered import OPCODES_BY_ID
@@ -140,7 +140,8 @@ def _corrupted(t, graphs, feeds, runner: str, device, operand: int, value: int):
     (1, 10**6, "dst"), (2, -1, "src"), (5, 10**6, "src"), (5, -2, "cols"), (4, 10**6, "labels"), (4, -1, "labels"),
     (0, 9, "fn")])
 def test_a_wrong_rowop_is_refused_by_all_three_naming_the_operand(cuda_standin, operand, value, name,
-                                                                     tmp_path):
+                                                                     tmp_path, monkeypatch):
+    monkeypatch.setattr(linked_head, "refusal", lambda *args: "a program of its own, for this test")
     t, graphs, feeds = _model("tree_lstm", tmp_path)
     expected = [("reference", None, CheckError, r"reference static graph: task 0, instruction \d+ \(ROWOP .*\): "
                                                 rf"(operand {name}|register|buffer)"),
