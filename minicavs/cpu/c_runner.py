@@ -236,8 +236,8 @@ def _bind_entries(program, bound: BufferTable, ex, copier, pack: bool = False, s
     """Every operand of the bound program into the buffer table (a static through its copies, when
     ``copier`` makes them, or ``spare`` for a read-only one's kept copies; packed when ``pack``); an entry no run
     of this program uses now holds no address."""
-    products = _product_statics(program.lowered) if pack and copier and ex.packed_nr else ()
-    entries = _Entries(bound, ex, copier, products, spare)
+    read_as_b = _product_statics(program.lowered)
+    entries = _Entries(bound, ex, copier, read_as_b if pack and copier and ex.packed_nr else (), spare, read_as_b)
     task_keys = program.lowered.task_keys
     last, persistent, slots, from_buffer = bound.last, bound.persistent, bound.slots, ex.ffi.from_buffer
     for i, operand in enumerate(program.operands):
@@ -291,9 +291,10 @@ class _Entries:
     addressed last run, laid out the same (then only its elements may change), else addressed anew. Statics may
     be copied (a transposed one read by multi-row tasks) or get a transposed twin (see the constants above)."""
 
-    def __init__(self, bound: BufferTable, ex, copier, products=(), spare=None):
+    def __init__(self, bound: BufferTable, ex, copier, products=(), spare=None, read_as_b=frozenset()):
         self.bound, self.copier, self.from_buffer = bound, copier, ex.ffi.from_buffer
         self.ex, self.products = ex, products   # (the statics that products read as B: packed)
+        self.read_as_b = read_as_b   # (only these may get a twin: a product's B is the one read through it)
         self.spare = spare   # (the copier for read-only statics when a run has too few rows for copies per run)
         self.twin_cols = 0
         self.twins, self.copied, self.alive, self.packed = [], [], [], []   # (kept alive for the call)
@@ -341,7 +342,9 @@ class _Entries:
         self.packed.append(i)
 
     def static(self, i: int, operand, in_tasks: bool) -> None:
-        """A static's entry: as bound, or (multi-row tasks) a transposed one copied, wide ones twinned."""
+        """A static's entry: as bound, or (multi-row tasks) a transposed one copied, wide ones that a product
+        reads as B twinned (a static read only as A, the static graph's per-vertex h, got a twin no product read:
+        a 2,770 x 512 copy every Tree-LSTM h512 step)."""
         a, copier = operand.source, self.copier
         constant = _read_only(a)
         if copier is None and constant:
@@ -362,7 +365,8 @@ class _Entries:
             else:
                 self.bind(i, span, operand.elements, operand.ld, 0)
                 deep, wide = a.shape
-                if in_tasks and span.size == deep * operand.ld and _twinned(deep, wide, a.size, constant):
+                if in_tasks and i in self.read_as_b and span.size == deep * operand.ld and \
+                        _twinned(deep, wide, a.size, constant):
                     self.twin(i, _kept(span, ("T", deep, wide, operand.ld),
                                        lambda: _transposed(copier, span, deep, wide, operand.ld)), wide)
                 return
@@ -374,7 +378,7 @@ class _Entries:
         elif not a.flags.c_contiguous:
             a = span   # (made contiguous by the binder)
         deep, wide = a.shape
-        if a.size and in_tasks and _twinned(deep, wide, a.size, constant):
+        if a.size and in_tasks and i in self.read_as_b and _twinned(deep, wide, a.size, constant):
             whole = a
             self.twin(i, _kept(whole, ("C.T",), lambda: copier.contiguous(whole.T)) if twin is None else twin, wide)
         self.bind(i, a, a.size, wide, 0)
@@ -385,7 +389,8 @@ _PRODUCT_STATICS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 def _product_statics(lowered) -> frozenset:
     """The buffers (operand indices) that a GEMM of ``lowered`` reads as its B through a STATIC register: the
-    statics worth packing (the interpreter checks again that B is all of the static, as packed)."""
+    statics worth packing or twinning (the interpreter checks again that B is all of the static, as packed or
+    twinned)."""
     found = _PRODUCT_STATICS.get(lowered)
     if found is None:
         static, gemm = OPCODES_IDS["STATIC"], OPCODES_IDS["GEMM"]

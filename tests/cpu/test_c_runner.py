@@ -344,3 +344,29 @@ def test_read_only_statics_are_packed_once_for_every_batch(tmp_path, monkeypatch
     for out in runs:
         for k in out:
             close(out[k], reference[k], "float32")
+
+
+def test_only_statics_that_products_read_as_b_get_a_transposed_twin(tmp_path, monkeypatch):
+    """A twin (a static's transposed copy, made per run) serves a product's B, multiplied as C^T = B^T·A^T; a
+    static that no product reads as B (the static graph's per-vertex h, read as A by the loss's products and
+    their gradients) gets none (TWIN_ELEMENTS lowered so the tiny model's statics qualify by shape), with the
+    reference runner's numbers."""
+    monkeypatch.setattr(c_runner, "TWIN_ELEMENTS", 1)
+    monkeypatch.setattr(c_runner, "CONTIGUOUS_STATICS_ROWS", 1)
+    t = Trainer(MODELS / "tree_lstm.yaml", TINY["tree_lstm"] + ["train.dtype=float64", "model.hidden=45"],
+                run_dir=tmp_path)
+    twins = []   # (pass, static's buffer, whether a GEMM reads it as B) of each twin a run bound
+    real = c_runner._bind_entries
+
+    def bind(program, *args, **kwargs):
+        entries = real(program, *args, **kwargs)
+        read_as_b = c_runner._product_statics(program.lowered)
+        twins.extend((program.lowered.title, int(i), int(i) in read_as_b)
+                     for i in np.flatnonzero(entries.bound.info[4]))
+        return entries
+
+    monkeypatch.setattr(c_runner, "_bind_entries", bind)
+    python, native = _both(t, t.task.data["train"][:20])
+    _same(python, native)
+    assert any(is_b for _, _, is_b in twins), twins   # (some static is twinned: the check is not vacuous)
+    assert all(is_b for _, _, is_b in twins), twins

@@ -219,8 +219,12 @@ LOOP = """
         }}"""
 
 # g of the _rows kernel holds the rows of the sorted unique indices idx[0..nidx); other rows' gradient is 0.
-# The _lazy kernel updates only those rows (idx in range, unique). The _many kernel runs NAME over ``count``
+# The _lazy kernel updates only those rows (idx in range, unique), fetching the parameter's and slots' row
+# LAZY_AHEAD rows on into cache while it updates this one: the rows a batch looked up are scattered over the
+# table, and without it each row's first lines waited on memory (Adam, 800 of 21,701 rows of 128 floats, caches
+# cold: 370 -> 270 us for the check and the apply pass). The _many kernel runs NAME over ``count``
 # parameters: ptrs holds each one's addresses (parameter, gradient, slots), hyper its hyperparameters.
+LAZY_AHEAD = 2
 RULE = """
 long NAME_{T}(long n, {T} *p, const {T} *g, ARGS, int apply) {{
     long bad = 0;
@@ -241,6 +245,10 @@ long NAME_lazy_{T}(long width, {T} *p, const long *idx, long nidx, const {T} *g,
     long bad = 0;
     for (long k = 0; k < nidx; k++) {{
         long lo = idx[k] * width, hi = lo + width;
+        if (k + LAZY_AHEAD < nidx) {{
+            const long ahead = idx[k + LAZY_AHEAD] * width;
+            for (long o = 0; o < width; o += 64 / (long)sizeof({T})) {{ PREFETCH }}
+        }}
         const {T} *gr = g + k * width; ROWS
     }}
     return bad;
@@ -271,7 +279,9 @@ def _rule_source(name: str) -> tuple[str, str]:
 
     def loop(grad):
         return LOOP.replace("STEP", step.replace("GRAD", grad)).replace("WRITE", write).replace("FINITE", finite)
+    prefetch = " ".join(f"__builtin_prefetch({a} + ahead + o, 1);" for a in ["p"] + slot_names)
     src = (RULE.replace("DENSE", loop("g[i]")).replace("ROWS", loop("gr[i - lo]")).replace("ZERO", loop("0"))
+           .replace("PREFETCH", prefetch).replace("LAZY_AHEAD", str(LAZY_AHEAD))
            .replace("NAME", name).replace("ARGS", args).replace("CALL", call)
            .replace("NPTR", str(2 + len(slot_names))).replace("NHYPER", str(len(hyper_names))))
     decls = "".join(line[:-len(" {{")] + ";\n" for line in src.splitlines() if line.startswith("long "))

@@ -82,10 +82,11 @@ def gather_concat(row_nodes, gathers: list) -> Node | None:
 
 
 def elide_concats(program: list) -> tuple[list, list]:
-    """Concats along the last axis whose parts are all outputs of fused steps of this program: the kernels
-    write the parts straight into column blocks of the concat's buffer and the concat step disappears.
-    Returns the program without them and [(concat, [(part, first column, end)])]."""
-    made = {o for st in program if st.fused for o in st.outputs}
+    """Concats along the last axis whose parts are all outputs of fused steps of this program, or of its lone
+    elementwise steps (one kernel each: a Tree-LSTM ∂F's ``[dc_child; dh_child]`` concats had one such part and
+    copied both): the kernels write the parts straight into column blocks of the concat's buffer and the
+    concat step disappears. Returns the program without them and [(concat, [(part, first column, end)])]."""
+    made = {o for st in program if st.fused or _lone_elementwise(st) for o in st.outputs}
     out, concats, taken = [], [], set()
     for st in program:
         n = st.outputs[0]
@@ -96,6 +97,17 @@ def elide_concats(program: list) -> tuple[list, list]:
             continue
         out.append(st)
     return out, concats
+
+
+def _lone_elementwise(step) -> bool:
+    """A step of one elementwise node that fusion left alone and that has no lowering of its own: the runners
+    compute it with a one-node kernel (or its op's implementation) into the register its output already has."""
+    if step.fused or len(step.outputs) != 1:
+        return False
+    node = step.outputs[0]
+    opdef = OPS[node.op]
+    return (opdef.fusible and node.dtype.is_float and not opdef.identity and not opdef.needs_ctx
+            and (opdef.native is None or opdef.native(node) is None))
 
 
 def stores(stored: set, inplace: set, concats: list, computed: list) -> tuple[list, list]:
