@@ -118,7 +118,7 @@ def _mode_arguments(p: argparse.ArgumentParser) -> None:
                         "(train.order), training time per real word on --ptb (--sentences, --repeats: alternating "
                         "epochs, medians); writes padding.md/.json")
     p.add_argument("--control", action="store_true",
-                   help="instead of the sweeps: control flow's speed rows (minicavs.bench.control: the foreach "
+                   help="instead of the sweeps: control flow's speed rows (minicavs.bench.control_flow: the foreach "
                         "Var-LSTM vs the chain graph on equal-length and on bucketed PTB sentences, a cond, a "
                         "foreach and a while_loop in F vs F without them, seq2seq training vs --base), each "
                         "system in a fresh process per round, alternating, per core and on the machine "
@@ -257,7 +257,7 @@ def _padding(args: argparse.Namespace) -> int:
 def _control(args: argparse.Namespace) -> int:
     import shlex
     import sys
-    from .control import QUICK, ROWS, ControlRun, run_control
+    from .control_flow import QUICK, ROWS, ControlRun, run_control
     _positive(args, "repeats")
     unknown = set(args.control_rows or ()) - set(ROWS)
     if unknown:

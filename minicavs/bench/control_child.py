@@ -1,4 +1,4 @@
-"""One system of one ``minicavs bench --control`` row, timed in a process of its own (:mod:`.control`).
+"""One system of one ``minicavs bench --control`` row, timed in a process of its own (:mod:`.control_flow`).
 
     python minicavs/bench/control_child.py < SPEC.json    # prints one JSON line (the last line of stdout)
 

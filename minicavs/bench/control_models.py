@@ -1,4 +1,4 @@
-"""The workloads of ``minicavs bench --control`` (:mod:`.control`): control flow inside a vertex function (a
+"""The workloads of ``minicavs bench --control`` (:mod:`.control_flow`): control flow inside a vertex function (a
 ``cond``, a ``foreach``, a ``while_loop``) against the same F without it, and the Var-LSTM written as a
 ``foreach`` static graph against the chain graph. Each workload is a :class:`Step`: one timed unit of work (a
 training step or a pass over the data), the units it counts (steps, real words, sequences) and the arrays one
@@ -170,19 +170,11 @@ def var_lstm(spec: dict, system: str) -> Step:
     extra += [] if text else ["data.train=synthetic", f"data.synthetic.train={spec['sentences']}"]
     t = build(text or "synthetic", spec["sentences"], spec["hidden"], spec["embed"], spec["batch"],
               EngineOptions(), extra)
-    return _trainer_step(t, float(len(t.epoch_batches(1)) if spec["per"] == "step"
+    return trainer_step(t, float(len(t.epoch_batches(1)) if spec["per"] == "step"
                                   else t.task.units(t.task.data["train"])))
 
 
-def seq2seq(spec: dict, system: str) -> Step:
-    """The bundled seq2seq model (the timed process's: :func:`.control_child.seq2seq_trainer`), counting
-    sequences."""
-    from .control_child import seq2seq_trainer
-    t = seq2seq_trainer(spec)
-    return _trainer_step(t, float(len(t.task.data["train"])))
-
-
-def _trainer_step(t, units: float) -> Step:
+def trainer_step(t, units: float) -> Step:
     """One training pass over the trainer's first epoch's batches, counting ``units``; its values: the first
     batch's forward and backward."""
     batches, data = t.epoch_batches(1), t.task.data["train"]
@@ -197,4 +189,4 @@ def _trainer_step(t, units: float) -> Step:
     return Step(run, values)
 
 
-WORKLOADS = {"loop": loop_in_f, "cond": cond_in_f, "var_lstm": var_lstm, "seq2seq": seq2seq}
+WORKLOADS = {"loop": loop_in_f, "cond": cond_in_f, "var_lstm": var_lstm}

@@ -177,7 +177,7 @@ def markdown(rows: list[dict], command: str = "") -> str:
     return text + (f"\nMeasured by `{command}`.\n" if command else "")
 
 
-# --- the control-flow rows of ``minicavs bench --control`` (minicavs/bench/control.py) ---------------------
+# --- the control-flow rows of ``minicavs bench --control`` (minicavs/bench/control_flow.py) ----------------
 
 @dataclass(frozen=True)
 class RowTarget:

@@ -219,19 +219,28 @@ def emulated_rows(c: ControlRun) -> dict:
     if shutil.which("g++") is None:
         c.notes.append("emulated device rows not run: the CUDA emulation needs g++")
         return {}
-    from ..cuda import Cuda
-    from ..cuda.emulation import Launcher
-    from .control_models import WORKLOADS
-    device = Cuda(Launcher(tempfile.mkdtemp(prefix="minicavs-emulation-")))
+    from ..engine.backend import emulated_cuda
+    device = emulated_cuda()
     out: dict = {}
     for name in c.rows:
         for system in ROWS[name].systems:
             if ROWS[name].rate and system == "base":
                 continue   # (the base commit's numbers are its own)
-            step = WORKLOADS[ROWS[name].workload](c.spec(name, system), system)
+            step = workload(c.spec(name, system), system)
             out.setdefault(name, {})[system] = same_values(step.values(None), step.values(device))
             c.log(f"  emulated {name:<17} {system:<18} {out[name][system]}")
     return out
+
+
+def workload(spec: dict, system: str):
+    """The :class:`.control_models.Step` of one system of a row, in this process (seq2seq's trainer: the timed
+    child's own, :func:`.control_child.seq2seq_trainer`)."""
+    from .control_models import WORKLOADS, trainer_step
+    if spec["workload"] == "seq2seq":
+        from .control_child import seq2seq_trainer
+        t = seq2seq_trainer(spec)
+        return trainer_step(t, float(len(t.task.data["train"])))
+    return WORKLOADS[spec["workload"]](spec, system)
 
 
 def same_values(want: dict, got: dict, tolerance: float = 1e-5) -> dict:
