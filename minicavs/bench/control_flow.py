@@ -39,13 +39,13 @@ from typing import Callable
 
 import numpy as np
 
-from . import machine_facts as machine, targets
+from . import machine_facts as machine, padding, targets
 from .point import ONE_THREAD
 
 BASE = "a065f3c"   # the seq2seq row's base: the commit before control flow ran in the instruction program
 MODES = ("per core", "machine")
 CHILD = Path(__file__).with_name("control_child.py")
-LSTM = {"hidden": 256, "embed": 128, "batch": 64}   # the PTB recipe's sizes (bench --padding's)
+LSTM = {"hidden": padding.HIDDEN, "embed": padding.EMBED, "batch": padding.BATCH}   # bench --padding's sizes
 
 
 @dataclass(frozen=True)
@@ -214,7 +214,8 @@ def _load() -> str:
 
 def emulated_rows(c: ControlRun) -> dict:
     """Each row's systems of this tree once on the C runner and once on the emulated CUDA device:
-    {row: {system: {"arrays", "worst", "equal"}}} (worst: max |a - b| / max(1, max|ref|) over the arrays);
+    {row: {system: {"arrays", "worst", "equal", "runners"}}} (worst: max |a - b| / max(1, max|ref|) over the
+    arrays; runners: the vertex functions' passes' on the CPU and on the device);
     {} with a note where the emulation cannot run (no g++)."""
     if shutil.which("g++") is None:
         c.notes.append("emulated device rows not run: the CUDA emulation needs g++")
@@ -227,7 +228,8 @@ def emulated_rows(c: ControlRun) -> dict:
             if ROWS[name].rate and system == "base":
                 continue   # (the base commit's numbers are its own)
             step = workload(c.spec(name, system), system)
-            out.setdefault(name, {})[system] = same_values(step.values(None), step.values(device))
+            (want, c_runners), (got, runners) = step.values(None), step.values(device)
+            out.setdefault(name, {})[system] = {**same_values(want, got), "runners": [c_runners, runners]}
             c.log(f"  emulated {name:<17} {system:<18} {out[name][system]}")
     return out
 
@@ -278,11 +280,13 @@ def table(stats: dict) -> str:
 
 
 def emulated_table(emulated: dict) -> str:
-    lines = ["| row | system | arrays (loss, gradients) | worst max abs(a - b) / max(1, max abs(ref)) | equal to "
-             "the C runner |", "| --- | --- | --- | --- | --- |"]
+    lines = ["| row | system | runners (CPU; device) | arrays (loss, gradients) | worst max abs(a - b) / max(1, "
+             "max abs(ref)) | equal to the CPU's |", "| --- | --- | --- | --- | --- | --- |"]
     for name, systems in emulated.items():
         for system, e in systems.items():
-            lines.append(f"| {name} | {system} | {e['arrays']} | {e['worst']:.2e} | {'yes' if e['equal'] else 'NO'} |")
+            runners = "; ".join(", ".join(r) or "static graphs: step runner" for r in e["runners"])
+            lines.append(f"| {name} | {system} | {runners} | {e['arrays']} | {e['worst']:.2e} | "
+                         f"{'yes' if e['equal'] else 'NO'} |")
     return "\n".join(lines) + "\n"
 
 
@@ -292,7 +296,9 @@ def conditions(c: ControlRun, facts: dict, load: list) -> str:
             f"untimed pass, then timed passes: the process's value is their median), per core (one BLAS thread) "
             f"and free to use the machine, every other round the rows reversed and each row's systems swapped. "
             f"Load average (1/5/15 min) {load[0]} at the start, {load[-1]} at the end, on {os.cpu_count()} "
-            f"cores. Text: {c.ptb or 'synthetic'}. " + machine.describe(facts) + "\n")
+            f"cores. " + (f"Var-LSTM text: {c.ptb or 'synthetic'}. " if any(ROWS[n].workload == "var_lstm" for n in
+                                                                        c.rows) else "")
+            + machine.describe(facts) + "\n")
 
 
 def write_reports(c: ControlRun, result: dict) -> str:

@@ -28,11 +28,11 @@ from ..runtime.vertex import VertexFunction
 @dataclass
 class Step:
     """``run()`` does one timed unit of work and returns the units it covered; ``values(device)`` is one
-    forward and backward on ``device`` (None: the CPU's C runner): {"loss": ..., "d<param>": ...} as host
-    arrays."""
+    forward and backward on ``device`` (None: the CPU's C runner): ({"loss": ..., "d<param>": ...} as host
+    arrays, the runners its vertex functions' passes ran on)."""
 
     run: Callable[[], float]
-    values: Callable[[object], dict]
+    values: Callable[[object], tuple[dict, list]]
 
 
 def rnn_chain(H: int, T: int, unrolled: bool, loop: str = "foreach") -> Model:
@@ -99,8 +99,9 @@ def _model_step(model: Model, params: dict, graphs: list, feeds: dict) -> Step:
     return Step(run, lambda device: _values(model, params, graphs, feeds, device))
 
 
-def _values(model: Model, params: dict, graphs, feeds: dict, device) -> dict:
-    """Loss and gradients of one forward and backward on ``device`` (None: the CPU), as host arrays."""
+def _values(model: Model, params: dict, graphs, feeds: dict, device) -> tuple[dict, list]:
+    """Loss and gradients of one forward and backward on ``device`` (None: the CPU), as host arrays, and the
+    runners of the vertex functions' passes (none for a model of static graphs alone)."""
     if device is None:
         got = model.forward_backward(graphs, feeds, params, RunContext(), options=EngineOptions(runner="device"))
     else:
@@ -114,7 +115,8 @@ def _values(model: Model, params: dict, graphs, feeds: dict, device) -> dict:
 
     def dense(g) -> np.ndarray:
         return np.asarray(host(g.to_dense() if isinstance(g, RowSparse) else g), np.float64)
-    return {"loss": dense(got.loss), **{f"d{k}": dense(g) for k, g in got.grads.items()}}
+    runners = sorted({p.runner for st in got.states.values() for p in (st.program, st.backward_program)})
+    return {"loss": dense(got.loss), **{f"d{k}": dense(g) for k, g in got.grads.items()}}, runners
 
 
 def chain_batch(rng, n: int, per_vertex: tuple) -> tuple[list, dict]:
@@ -183,7 +185,7 @@ def trainer_step(t, units: float) -> Step:
         t.train_batches(batches)
         return units
 
-    def values(device) -> dict:
+    def values(device) -> tuple[dict, list]:
         graphs, feeds = t.task.batch([data[i] for i in batches[0]])
         return _values(t.model, {k: t.params[k].value for k in t.params}, graphs, feeds, device)
     return Step(run, values)
