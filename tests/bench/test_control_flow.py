@@ -107,3 +107,10 @@ def test_a_bad_control_flag_is_one_line_and_exit_2(tmp_path):
                           "--out", str(tmp_path)], capture_output=True, text=True)
     assert res.returncode == 2 and res.stderr.strip().startswith("minicavs bench: error: --control-rows: unknown")
     assert len(res.stderr.strip().splitlines()) == 1 and not list(tmp_path.iterdir())
+
+
+def test_a_base_commit_that_does_not_exist_is_a_note_and_no_checkout():
+    notes: list = []
+    with control.base_tree("no-such-commit-0123", notes) as tree:
+        assert tree is None
+    assert len(notes) == 1 and notes[0].startswith("base commit no-such-commit-0123 not measured: ")
