@@ -16,8 +16,9 @@ pass, then timed passes, wall and CPU time per unit, the median of the passes), 
 every row's systems per core (one BLAS thread) and free to use the machine; every other round the rows in reverse
 order and each row's systems swapped, so that a change of load falls on both alike; medians over the rounds.
 Targets (:data:`.targets.ROW_TARGETS`) are judged on the per-core CPU-time ratio. Then each row's workloads
-once on the emulated CUDA device (the generated kernels run on the CPU): loss and gradients equal to the C
-runner's (float32: ``max|a - b| <= 1e-5 * max(1, max|ref|)`` per array); not a speed.
+once on the emulated CUDA device (the generated kernels run on the CPU) and, where one is lent, on a GPU: loss
+and gradients equal to the C runner's (float32: ``max|a - b| <= 1e-5 * max(1, max|ref|)`` per array); not a
+speed.
 
 Writes ``results.json`` (every run, the order, what it ran on), ``control.md`` and ``summary.md``.
 """
@@ -210,27 +211,39 @@ def _load() -> str:
         return "unknown"
 
 
-# --- the emulated device: the same workloads, values equal to the C runner's -------------------------------
+# --- the devices: the same workloads, values equal to the C runner's --------------------------------------
 
-def emulated_rows(c: ControlRun) -> dict:
-    """Each row's systems of this tree once on the C runner and once on the emulated CUDA device:
-    {row: {system: {"arrays", "worst", "equal", "runners"}}} (worst: max |a - b| / max(1, max|ref|) over the
-    arrays; runners: the vertex functions' passes' on the CPU and on the device);
-    {} with a note where the emulation cannot run (no g++)."""
-    if shutil.which("g++") is None:
+def devices(c: ControlRun) -> dict:
+    """The devices the rows' values are checked on: the emulated CUDA device (with g++) and a GPU where one is
+    lent (CuPy and a device); a note for each that is not."""
+    from ..engine.backend import emulated_cuda, get_device
+    out = {}
+    if shutil.which("g++"):
+        out["emulated CUDA"] = emulated_cuda()
+    else:
         c.notes.append("emulated device rows not run: the CUDA emulation needs g++")
-        return {}
-    from ..engine.backend import emulated_cuda
-    device = emulated_cuda()
+    try:
+        out["GPU"] = get_device("cuda")
+    except Exception as e:   # (CudaUnavailable: no CuPy or no device)
+        c.notes.append(f"no GPU rows: {str(e).splitlines()[0]}")
+    return out
+
+
+def device_rows(c: ControlRun) -> dict:
+    """Each row's systems of this tree once on the CPU (C runner) and once on each of :func:`devices`:
+    {device: {row: {system: {"arrays", "worst", "equal", "runners"}}}} (worst: max |a - b| / max(1, max|ref|)
+    over the arrays; runners: the vertex functions' passes' on the CPU and on the device). Not a speed."""
     out: dict = {}
-    for name in c.rows:
-        for system in ROWS[name].systems:
-            if ROWS[name].rate and system == "base":
-                continue   # (the base commit's numbers are its own)
-            step = workload(c.spec(name, system), system)
-            (want, c_runners), (got, runners) = step.values(None), step.values(device)
-            out.setdefault(name, {})[system] = {**same_values(want, got), "runners": [c_runners, runners]}
-            c.log(f"  emulated {name:<17} {system:<18} {out[name][system]}")
+    for label, device in devices(c).items():
+        for name in c.rows:
+            for system in ROWS[name].systems:
+                if ROWS[name].rate and system == "base":
+                    continue   # (the base commit's numbers are its own)
+                step = workload(c.spec(name, system), system)
+                (want, c_runners), (got, runners) = step.values(None), step.values(device)
+                checked = {**same_values(want, got), "runners": [c_runners, runners]}
+                out.setdefault(label, {}).setdefault(name, {})[system] = checked
+                c.log(f"  {label} {name:<17} {system:<18} {checked}")
     return out
 
 
@@ -279,14 +292,16 @@ def table(stats: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def emulated_table(emulated: dict) -> str:
-    lines = ["| row | system | runners (CPU; device) | arrays (loss, gradients) | worst max abs(a - b) / max(1, "
-             "max abs(ref)) | equal to the CPU's |", "| --- | --- | --- | --- | --- | --- |"]
-    for name, systems in emulated.items():
-        for system, e in systems.items():
-            runners = "; ".join(", ".join(r) or "static graphs: step runner" for r in e["runners"])
-            lines.append(f"| {name} | {system} | {runners} | {e['arrays']} | {e['worst']:.2e} | "
-                         f"{'yes' if e['equal'] else 'NO'} |")
+def device_table(checked: dict) -> str:
+    """One line per device, row and system: the runners, the arrays compared, the worst, equal or not."""
+    lines = ["| device | row | system | runners (CPU; device) | arrays (loss, gradients) | worst max abs(a - b) / "
+             "max(1, max abs(ref)) | equal to the CPU's |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for label, rows in checked.items():
+        for name, systems in rows.items():
+            for system, e in systems.items():
+                runners = "; ".join(", ".join(r) or "static graphs: step runner" for r in e["runners"])
+                lines.append(f"| {label} | {name} | {system} | {runners} | {e['arrays']} | {e['worst']:.2e} | "
+                             f"{'yes' if e['equal'] else 'NO'} |")
     return "\n".join(lines) + "\n"
 
 
@@ -302,12 +317,12 @@ def conditions(c: ControlRun, facts: dict, load: list) -> str:
 
 
 def write_reports(c: ControlRun, result: dict) -> str:
-    """control.md (the rows, the targets, the emulated rows) and summary.md; returns control.md's text."""
+    """control.md (the rows, the targets, the device rows) and summary.md; returns control.md's text."""
     judged = targets.judge_rows(ratios_per_core(result["stats"]))
     text = ("## Control flow (`minicavs bench --control`)\n\n" + conditions(c, result["machine"], result["load"])
             + "\n" + table(result["stats"]) + "\n### Targets (per core, CPU time)\n\n" + targets.rows_markdown(judged))
-    if result["emulated"]:
-        text += "\n### The emulated CUDA device (correctness, not speed)\n\n" + emulated_table(result["emulated"])
+    if result["devices"]:
+        text += "\n### On the devices (correctness, not speed)\n\n" + device_table(result["devices"])
     text += "".join(f"\n- {n}" for n in c.notes) + ("\n" if c.notes else "")
     text += f"\nMeasured by `{c.command}`.\n" if c.command else ""
     (c.out / "control.md").write_text(text)
@@ -317,7 +332,7 @@ def write_reports(c: ControlRun, result: dict) -> str:
 
 
 def run_control(c: ControlRun) -> str:
-    """Time the rows, run them on the emulated device, write results.json and the reports; the table."""
+    """Time the rows, check their values on the devices, write results.json and the reports; the text."""
     start = time.perf_counter()
     c.out.mkdir(parents=True, exist_ok=True)
     facts, load = machine.facts(), [_load()]
@@ -326,7 +341,7 @@ def run_control(c: ControlRun) -> str:
         runs, order = time_rows(c, base)
     load.append(_load())
     result = {"machine": facts, "load": load, "command": c.command, "repeats": c.repeats, "base": c.base,
-              "order": order, "runs": runs, "stats": summarize(runs), "emulated": emulated_rows(c)}
+              "order": order, "runs": runs, "stats": summarize(runs), "devices": device_rows(c)}
     result["targets"] = targets.judge_rows(ratios_per_core(result["stats"]))
     result["seconds"] = time.perf_counter() - start
     (c.out / "results.json").write_text(json.dumps({**result, "notes": c.notes}, indent=1, default=float) + "\n")

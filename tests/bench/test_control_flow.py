@@ -55,16 +55,17 @@ def test_a_tiny_control_run_writes_the_rows_with_the_protocols_fields(tmp_path):
     trees = {s: result["runs"]["seq2seq"][s]["per core"][0]["minicavs"] for s in ("now", "base")}
     assert trees["now"] == str(control.package_root() / "minicavs") and trees["base"] != trees["now"]
     assert [r["row"] for r in result["targets"]] == ["seq2seq"] and result["targets"][0]["status"] in ("met", "missed")
-    emulated = result["emulated"]
+    emulated = result["devices"]["emulated CUDA"]
     assert list(emulated) == ["seq2seq"] and list(emulated["seq2seq"]) == ["now"]
     assert emulated["seq2seq"]["now"]["equal"] and emulated["seq2seq"]["now"]["arrays"] > 1
+    assert "GPU" in result["devices"] or any(n.startswith("no GPU rows: ") for n in result["notes"])
     assert (tmp_path / "control.md").read_text() == text and "| seq2seq: " in text and "`minicavs bench" in text
 
 
 def test_the_emulated_rows_equal_the_c_runners_values(tmp_path):
     """The cond row's two systems run by the C runner and by the emulated CUDA issuing loop."""
     run = control.ControlRun(tmp_path, ("cond_in_f",), sizes=TINY, log=lambda *_: None)
-    emulated = control.emulated_rows(run)
+    emulated = control.device_rows(run)["emulated CUDA"]
     assert set(emulated["cond_in_f"]) == {"cond", "plain"}
     assert all(e["equal"] and e["arrays"] >= 4 for e in emulated["cond_in_f"].values()), emulated
     assert all(e["runners"] == [["C runner"], ["cuda runner"]] for e in emulated["cond_in_f"].values()), emulated
