@@ -152,7 +152,8 @@ def _order(rows: tuple, r: int) -> list[tuple[str, str]]:
 
 def time_rows(c: ControlRun, base: Path | None) -> tuple[dict, list]:
     """Every row's systems in ``repeats`` rounds, each per core then on the machine (fresh processes):
-    {row: {system: {mode: [child record per round]}}} and the order the runs ran in."""
+    {row: {system: {mode: [child record per round]}}} and the order the runs ran in (both also in
+    results.json after every run, marked partial, so that a run cut short keeps what it measured)."""
     runs: dict = {n: {s: {m: [] for m in MODES} for s in ROWS[n].systems} for n in c.rows}
     order = []
     for r in range(c.repeats):
@@ -164,6 +165,7 @@ def time_rows(c: ControlRun, base: Path | None) -> tuple[dict, list]:
                     run_child(c.spec(name, system), tree, mode == "per core")
                 runs[name][system][mode].append(got)
                 order.append([r, mode, name, system])
+                (c.out / "results.json").write_text(json.dumps({"partial": True, "order": order, "runs": runs}))
                 c.log(f"  {mode:<8} {name:<17} {system:<18} " + _brief(ROWS[name], got))
     return runs, order
 
