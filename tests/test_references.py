@@ -67,7 +67,7 @@ NOT_OURS = {
     "closing": "contextlib's",
     "d_t": "ED-Batch's notation (its paper)",
     "near": "ED-Batch's notation (its paper)",
-    **dict.fromkeys(("config.yaml", "summary.md", "targets.md", "padding.md"), "files a run or a benchmark writes"),
+    **dict.fromkeys(("config.yaml", "summary.md", "targets.md", "padding.md", "control.md"), "files a run or a benchmark writes"),
     **dict.fromkeys(("my_tree_rnn.py", "my_tree_rnn.yaml", "my_model.py", "my_model.yaml"),
                     "files docs/writing-a-model.md has the reader write"),
     **dict.fromkeys(("malloc.h", "math.h", "dlopen"), "the C library's headers and functions"),

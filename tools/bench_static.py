@@ -6,7 +6,7 @@ Points:
   infer   batch-1 inference of the SST Tree-LSTM (hidden 128, ``Model.infer`` one tree at a time): µs per tree
   train   Tree-LSTM forward and backward on SST, batch 64, hidden 128: trees per second
   train1  the same at batch 1
-  seq2seq seq2seq forward and backward (synthetic, the bundled config's sizes, batch 32): sequences per second
+(seq2seq's training throughput against a base commit: ``minicavs bench --control``'s row ``seq2seq``.)
 
     python tools/bench_static.py --repo /path/before --repo /path/after --rounds 5 --point infer
 """
@@ -59,18 +59,7 @@ def _train(trees: int, batch: int = 64) -> float:
     return _training_rate(t, batches, len(data))
 
 
-def _seq2seq(sequences: int) -> float:
-    from pathlib import Path
-    from minicavs.train.trainer import Trainer
-    models = Path(os.environ["MC_REPO"]) / "models"
-    t = Trainer(models / "seq2seq.yaml", [f"data.synthetic.train={sequences}"], run_dir=Path("/tmp/bench_static_s2s"))
-    data = t.task.data["train"]
-    batches = [t.task.batch(data[i:i + 32]) for i in range(0, len(data), 32)]
-    return _training_rate(t, batches, len(data))
-
-
-POINTS = {"infer": (_infer, 512), "train": (_train, 1024), "train1": (lambda n: _train(n, 1), 256),
-          "seq2seq": (_seq2seq, 512)}
+POINTS = {"infer": (_infer, 512), "train": (_train, 1024), "train1": (lambda n: _train(n, 1), 256)}
 
 
 def _one(point: str) -> None:

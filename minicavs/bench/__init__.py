@@ -117,6 +117,19 @@ def _mode_arguments(p: argparse.ArgumentParser) -> None:
                         "its own length) against the chain graph, each with shuffled and length-bucketed batches "
                         "(train.order), training time per real word on --ptb (--sentences, --repeats: alternating "
                         "epochs, medians); writes padding.md/.json")
+    p.add_argument("--control", action="store_true",
+                   help="instead of the sweeps: control flow's speed rows (minicavs.bench.control_flow: the foreach "
+                        "Var-LSTM vs the chain graph on equal-length and on bucketed PTB sentences, a cond, a "
+                        "foreach and a while_loop in F vs F without them, seq2seq training vs --base), each "
+                        "system in a fresh process per round, alternating, per core and on the machine "
+                        "(--repeats, default 3, quick 2), then the same rows' values on the emulated CUDA "
+                        "device against the C runner's; writes control.md, summary.md, results.json")
+    p.add_argument("--control-rows", nargs="+", default=None, metavar="ROW",
+                   help="rows for --control (default all: foreach_equal foreach_bucketed cond_in_f foreach_in_f "
+                        "while_in_f seq2seq)")
+    p.add_argument("--base", default="a065f3c", metavar="COMMIT",
+                   help="--control's seq2seq row: the commit its throughput is compared with, checked out into "
+                        "a temporary git worktree and timed alternating with this tree ('none': this tree alone)")
     p.add_argument("--ed-batch-models", nargs="+", default=None, metavar="MODEL",
                    help="models for --ed-batch (default all eight)")
     p.add_argument("--policy-models", nargs="+", default=None,
@@ -241,6 +254,23 @@ def _padding(args: argparse.Namespace) -> int:
     return 0
 
 
+def _control(args: argparse.Namespace) -> int:
+    import shlex
+    import sys
+    from .control_flow import QUICK, ROWS, ControlRun, run_control
+    _positive(args, "repeats")
+    unknown = set(args.control_rows or ()) - set(ROWS)
+    if unknown:
+        raise ConfigError(f"--control-rows: unknown {sorted(unknown)}; known: {', '.join(ROWS)}")
+    rows = tuple(args.control_rows or ROWS)
+    text = _data_file(args.ptb, PTB, "PTB text", "--ptb") if {"foreach_equal", "foreach_bucketed"} & set(rows) else None
+    print(run_control(ControlRun(
+        Path(args.out), rows, args.repeats or (2 if args.quick else 3), os.path.abspath(text) if text else None,
+        None if args.base == "none" else args.base, QUICK if args.quick else {},
+        shlex.join(["minicavs", "bench"] + sys.argv[2:]) if sys.argv[1:2] == ["bench"] else "")))
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     import sys
     if args.as_user:
@@ -260,6 +290,8 @@ def run(args: argparse.Namespace) -> int:
         return _step_breakdown(args)
     if args.padding:
         return _padding(args)
+    if args.control:
+        return _control(args)
     if args.policies:
         from .policies import OP_GRAPHS, WORKLOADS, run_policies
         _positive(args, "policy_batches", "policy_repeats")

@@ -175,3 +175,52 @@ def markdown(rows: list[dict], command: str = "") -> str:
                      f"{r['measured']}/{r['points']} | {status} |")
     text = "\n".join(lines) + "\n"
     return text + (f"\nMeasured by `{command}`.\n" if command else "")
+
+
+# --- the control-flow rows of ``minicavs bench --control`` (minicavs/bench/control_flow.py) ----------------
+
+@dataclass(frozen=True)
+class RowTarget:
+    """A bound on one named control-flow row's ratio per core (CPU time, one BLAS thread): a time row's
+    ratio is the system's time per unit over its baseline's (``at_most``), a rate row's the system's rate
+    over the base commit's (at least)."""
+
+    text: str
+    row: str
+    bound: float
+    at_most: bool = True
+
+
+ROW_TARGETS = (
+    RowTarget("foreach Var-LSTM, equal-length sentences: time per step <= 1.1x the chain graph's", "foreach_equal",
+              1.1),
+    RowTarget("foreach Var-LSTM, PTB, bucketed: time per real word <= 1.3x the chain graph's", "foreach_bucketed",
+              1.3),
+    RowTarget("LSTM chain with a cond in F: time per step <= 1.1x the same F without it", "cond_in_f", 1.1),
+    RowTarget("foreach in F: time per step <= 1.1x the same F unrolled", "foreach_in_f", 1.1),
+    RowTarget("seq2seq training: sequences/s >= 3x the base commit's (--base: a065f3c)", "seq2seq", 3.0, at_most=False),
+)
+
+
+def judge_rows(ratios: dict, targets=ROW_TARGETS) -> list[dict]:
+    """One row per target whose row was asked for (a key of ``ratios``: row name -> the ratio per core, NaN
+    when not measured): the ratio, met, missed or not measured."""
+    out = []
+    for t in targets:
+        if t.row not in ratios:
+            continue
+        value = ratios[t.row]
+        met = value <= t.bound if t.at_most else value >= t.bound
+        out.append({"target": t.text, "row": t.row, "bound": t.bound, "at_most": t.at_most, "value": value,
+                    "status": "not measured" if math.isnan(value) else "met" if met else "missed"})
+    return out
+
+
+def rows_markdown(judged: list[dict]) -> str:
+    """The control-flow targets table: target, bound, measured per core, status."""
+    lines = ["| target | bound | measured per core (CPU time) | status |", "| --- | --- | --- | --- |"]
+    for r in judged:
+        value = "-" if math.isnan(r["value"]) else f"{r['value']:.2f}x"
+        status = {"met": "met", "missed": "**missed**"}.get(r["status"], r["status"])
+        lines.append(f"| {r['target']} | {'<=' if r['at_most'] else '>='} {r['bound']:.2f}x | {value} | {status} |")
+    return "\n".join(lines) + "\n"

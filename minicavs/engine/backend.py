@@ -167,6 +167,14 @@ def get_device(name: "str | Backend", deterministic: bool = False) -> Backend:
     return module.Cuda(deterministic=deterministic)   # (CudaUnavailable from the launcher without CuPy or a GPU)
 
 
+def emulated_cuda() -> Backend:
+    """The CUDA backend without a GPU: its generated CUDA sources run on the CPU through the emulation, over the
+    device stand-in's arrays (``Cuda(launcher=emulation.Launcher())``): what a benchmark checks the device's
+    values with where no GPU is lent (a correctness check: it says nothing of a GPU's speed); needs g++."""
+    module = importlib.import_module(DEVICES["cuda"])
+    return module.Cuda(importlib.import_module(DEVICES["cuda"] + ".emulation").Launcher())
+
+
 @functools.cache
 def default_device() -> Backend:
     """The CPU: where a run goes when no device is named."""

@@ -1,0 +1,117 @@
+"""``minicavs bench --control`` (minicavs/bench/control_flow.py): control flow's rows, every system in a fresh process
+per round, alternating, per core and on the machine; the emulated device's values against the C runner's; the
+targets judged; a bad flag is one line."""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+
+from minicavs.bench import control_flow as control, targets
+
+TINY = {"cond_in_f": {"hidden": 8, "batch": 3, "passes": 2}, "seq2seq": {"sequences": 64, "passes": 1}}
+
+
+def test_the_systems_alternate_round_by_round_per_core_and_on_the_machine(monkeypatch, tmp_path):
+    calls = []
+
+    def child(spec, tree, one_thread, timeout=0):
+        calls.append((spec["workload"], spec["system"], tree, one_thread))
+        seconds = {"cond": 3.0, "plain": 2.0, "now": 1.0, "base": 4.0}[spec["system"]]
+        return {"wall": [seconds], "cpu": [seconds / 2], "units": 1.0}
+    monkeypatch.setattr(control, "run_child", child)
+    run = control.ControlRun(tmp_path, ("cond_in_f", "seq2seq"), repeats=2, log=lambda *_: None)
+    base = tmp_path / "base"
+    runs, order = control.time_rows(run, base)
+    first = [("cond_in_f", "cond"), ("cond_in_f", "plain"), ("seq2seq", "now"), ("seq2seq", "base")]
+    second = [("seq2seq", "base"), ("seq2seq", "now"), ("cond_in_f", "plain"), ("cond_in_f", "cond")]
+    want = [[r, m, *run_] for r, runs_ in ((0, first), (1, second)) for m in control.MODES for run_ in runs_]
+    assert order == want
+    assert [c[3] for c in calls] == [m == "per core" for _, m, *_ in want]
+    assert {c[2] for c in calls if c[1] == "base"} == {base} and base not in {c[2] for c in calls if c[1] != "base"}
+    stats = control.summarize(runs)
+    assert stats["cond_in_f"]["per core"]["ratio"] == {"wall": 3.0 / 2.0, "cpu": 1.5 / 1.0}
+    assert stats["seq2seq"]["machine"]["ratio"]["wall"] == 4.0   # a rate row: the speedup over the base
+    assert all(len(runs[n][s][m]) == 2 for n in runs for s in runs[n] for m in control.MODES)
+
+
+def test_a_tiny_control_run_writes_the_rows_with_the_protocols_fields(tmp_path):
+    """(seq2seq alone: its children compile almost nothing; the cond's emulated values: the test below.)"""
+    run = control.ControlRun(tmp_path, ("seq2seq",), repeats=1, base="HEAD", sizes=TINY,
+                             log=lambda *_: None, command="minicavs bench --control")
+    text = run_control_checked(run)
+    result = json.loads((tmp_path / "results.json").read_text())
+    assert result["machine"]["blas"] and len(result["load"]) == 2 and result["base"] == "HEAD"
+    for name, systems in result["runs"].items():
+        for system, modes in systems.items():
+            per_core, whole = modes["per core"][0], modes["machine"][0]
+            assert "error" not in per_core and "error" not in whole, (name, system, per_core, whole)
+            assert len(per_core["wall"]) == len(per_core["cpu"]) == TINY[name]["passes"]
+            assert all(b["threads"] == 1 for b in per_core["machine"]["blas"] if b["threads"] is not None)
+            assert per_core["machine"]["env"]["OPENBLAS_NUM_THREADS"] == "1"
+    trees = {s: result["runs"]["seq2seq"][s]["per core"][0]["minicavs"] for s in ("now", "base")}
+    assert trees["now"] == str(control.package_root() / "minicavs") and trees["base"] != trees["now"]
+    assert [r["row"] for r in result["targets"]] == ["seq2seq"] and result["targets"][0]["status"] in ("met", "missed")
+    emulated = result["devices"]["emulated CUDA"]
+    assert list(emulated) == ["seq2seq"] and list(emulated["seq2seq"]) == ["now"]
+    assert emulated["seq2seq"]["now"]["equal"] and emulated["seq2seq"]["now"]["arrays"] > 1
+    assert "GPU" in result["devices"] or any(n.startswith("no GPU rows: ") for n in result["notes"])
+    assert (tmp_path / "control.md").read_text() == text and "| seq2seq: " in text and "`minicavs bench" in text
+
+
+def test_the_emulated_rows_equal_the_c_runners_values(tmp_path):
+    """The cond row's two systems run by the C runner and by the emulated CUDA issuing loop."""
+    run = control.ControlRun(tmp_path, ("cond_in_f",), sizes=TINY, log=lambda *_: None)
+    emulated = control.device_rows(run)["emulated CUDA"]
+    assert set(emulated["cond_in_f"]) == {"cond", "plain"}
+    assert all(e["equal"] and e["arrays"] >= 4 for e in emulated["cond_in_f"].values()), emulated
+    assert all(e["runners"] == [["C runner"], ["cuda runner"]] for e in emulated["cond_in_f"].values()), emulated
+
+
+def run_control_checked(run) -> str:
+    """run_control, leaving no worktree of the base behind."""
+    before = _worktrees()
+    text = control.run_control(run)
+    assert _worktrees() == before
+    return text
+
+
+def _worktrees() -> str:
+    return subprocess.run(["git", "-C", str(control.package_root()), "worktree", "list"], capture_output=True,
+                          text=True).stdout
+
+
+def test_values_that_differ_past_float32s_tolerance_are_not_equal():
+    want = {"loss": np.array(2.0), "dW": np.array([[100.0, -3.0]])}
+    assert control.same_values(want, {k: v.copy() for k, v in want.items()})["equal"]
+    off = {"loss": want["loss"], "dW": want["dW"] + np.array([[0.0, 2e-3]])}   # 2e-5 of max|dW| = 100
+    assert not control.same_values(want, off)["equal"]
+    assert not control.same_values(want, {"loss": want["loss"]})["equal"]
+
+
+def test_the_targets_table_judges_the_control_rows():
+    judged = targets.judge_rows({"foreach_equal": 1.05, "cond_in_f": 1.2, "seq2seq": 3.5,
+                                 "foreach_bucketed": math.nan, "while_in_f": 2.0})
+    status = {r["row"]: r["status"] for r in judged}
+    assert status == {"foreach_equal": "met", "cond_in_f": "missed", "seq2seq": "met",
+                      "foreach_bucketed": "not measured"}
+    assert targets.judge_rows({"seq2seq": 2.9})[0]["status"] == "missed"
+    table = targets.rows_markdown(judged)
+    assert "| 1.20x | **missed** |" in table and "| >= 3.00x | 3.50x | met |" in table
+
+
+def test_a_bad_control_flag_is_one_line_and_exit_2(tmp_path):
+    res = subprocess.run([sys.executable, "-m", "minicavs", "bench", "--control", "--control-rows", "nope",
+                          "--out", str(tmp_path)], capture_output=True, text=True)
+    assert res.returncode == 2 and res.stderr.strip().startswith("minicavs bench: error: --control-rows: unknown")
+    assert len(res.stderr.strip().splitlines()) == 1 and not list(tmp_path.iterdir())
+
+
+def test_a_base_commit_that_does_not_exist_is_a_note_and_no_checkout():
+    notes: list = []
+    with control.base_tree("no-such-commit-0123", notes) as tree:
+        assert tree is None
+    assert len(notes) == 1 and notes[0].startswith("base commit no-such-commit-0123 not measured: ")
