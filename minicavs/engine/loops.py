@@ -345,11 +345,11 @@ def _block(t: Template, stacked: int, node: Node, order: tuple) -> int:
 
 def _into_block(t: Template, stacked: int, value: int, node: Node, order: tuple, masks=None) -> None:
     """The step's value (``node``'s shape: per-row or one row) copied into its block of the stacked register
-    (``masks``: for the rows still running; the block of a finished row stays zero)."""
+    (``masks``: for the rows still running; a finished row's block written zero)."""
     block = t.reg(name="block[t]")
     t.emit("STEPCOLS", block, stacked, _cols(node), *order)
     if masks is not None and node.has_rows:
-        masks.select(node, block, value)
+        masks.put(node, block, value)
     else:
         t.emit("COPY", block, value, _rows(node), _cols(node))
 
