@@ -172,7 +172,9 @@ def lower_loop(t: Template, step, statics: set, device, singles: dict, lower_ste
             t.regs.update((p, masks.entry(p, placed[p])) for p in list(slots) + [states[j] for j in carried])
         # (a kernel writes its step into its block, unless masked: a finished row's block stays zero)
         blocks = [_block(t, results[k], body.outputs[k], order) for k in outs] if masks is None else []
-        wanted = tuple(body.outputs[k] for k in outs) + tuple(body.outputs[f.outputs + j] for j in carried)
+        added = _added(f, body, carried)
+        wanted = tuple(body.outputs[k] for k in outs) + tuple(added.get(j, body.outputs[f.outputs + j])
+                                                              for j in carried)
         regs = inline(t, body, list(body.args), (statics, device, singles), lower_step, ("loop", begin), wanted,
                       {body.outputs[k]: b for k, b in zip(outs, blocks)})
     finally:
@@ -184,11 +186,37 @@ def lower_loop(t: Template, step, statics: set, device, singles: dict, lower_ste
     else:
         for k, reg in zip(outs, regs):
             _into_block(t, results[k], reg, body.outputs[k], order, masks)
-    _new_states(t, body, states, f.outputs, carried, regs[len(outs):], placed, masks)
+    new = dict(zip(carried, regs[len(outs):]))
+    for j in added:   # (a sum over the steps: its term added in place)
+        t.emit("ADD", placed[states[j]], new.pop(j), _rows(states[j]), _cols(states[j]))
+    _new_states(t, body, states, f.outputs, list(new), list(new.values()), placed, masks)
     t.emit("ENDLOOP", f.length, len(t.code) - begin, depth)
     _close(t, step, f, begin, exit_at)
     if f.outputs + f.states in results and test is not None:   # (its count of steps run, read in this body)
         t.emit("STEPS", results[f.outputs + f.states], depth)
+
+
+def _added(f, body, carried: list) -> dict:
+    """Carried state j -> the term v where its new value is ``state + v`` (v a product, a column sum: computed
+    by an instruction of its own) and nothing else reads the state or the sum (a loop's gradient summing a
+    parameter's over the steps): ADD v into the state's memory, rather than the sum computed aside and
+    copied."""
+    states = body.args[f.iterated:f.iterated + f.states]
+    readers: dict = {}
+    for n in body.computed:
+        for x in n.inputs:
+            readers.setdefault(x, []).append(n)
+    found = {}
+    for j in carried:
+        p, new = states[j], body.outputs[f.outputs + j]
+        if p.has_rows or not OPS[new.op].sums or len(new.inputs) != 2 or readers.get(new):
+            continue
+        others = [x for x in new.inputs if x is not p]
+        term = OPS[others[0].op] if len(others) == 1 else None   # (one an instruction of its own computes)
+        if term is not None and not (term.fusible or term.source) and others[0] not in states and \
+                readers.get(p) == [new] and list(body.outputs).count(new) == 1:
+            found[j] = others[0]
+    return found
 
 
 def _new_states(t: Template, body, states, first: int, carried: list, regs: list, placed: dict,
@@ -317,11 +345,11 @@ def _block(t: Template, stacked: int, node: Node, order: tuple) -> int:
 
 def _into_block(t: Template, stacked: int, value: int, node: Node, order: tuple, masks=None) -> None:
     """The step's value (``node``'s shape: per-row or one row) copied into its block of the stacked register
-    (``masks``: for the rows still running; the block of a finished row stays zero)."""
+    (``masks``: for the rows still running; a finished row's block written zero)."""
     block = t.reg(name="block[t]")
     t.emit("STEPCOLS", block, stacked, _cols(node), *order)
     if masks is not None and node.has_rows:
-        masks.select(node, block, value)
+        masks.put(node, block, value)
     else:
         t.emit("COPY", block, value, _rows(node), _cols(node))
 

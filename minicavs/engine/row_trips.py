@@ -71,6 +71,10 @@ class Masks:
         masked += list(body.args[f.iterated:f.iterated + f.states])
         self.masked = {p for p in masked if summing and p.has_rows and p.dtype.is_float}
         self.zero, self.column = None, None
+        self.zero_column = t.reg(name="zero")   # (what a finished row's output is: selected, not multiplied)
+        t.emit("SCRATCH", self.zero_column, t.scratch, 1)
+        t.emit("ZERO", self.zero_column, -1, 1)
+        t.scratch += 1
         if self.masked:   # (what a finished row's masked values read: zeros, selected, so NaN reaches nothing)
             width = max(_cols(p) for p in self.masked)
             self.zero = t.reg(name="zeros")
@@ -103,15 +107,21 @@ class Masks:
         self._where(node, new, dst, chosen)
         self.t.emit("COPY", dst, chosen, -1, _cols(node))
 
-    def _where(self, like: Node, new: int, old: int, out: int) -> None:
+    def put(self, node: Node, block: int, new: int) -> None:
+        """block = where(running, new, 0): a step's output block, written by the select itself (the block
+        holds nothing it reads: zeroed with its stacked value)."""
+        self._where(node, new, self.zero_column, block, old_cols=1)
+
+    def _where(self, like: Node, new: int, old: int, out: int, old_cols: int | None = None) -> None:
         """where(running, new, old) over ``like``'s rows into ``out``: one elementwise step (a fused kernel, as
-        F's single nodes)."""
+        F's single nodes); ``old_cols`` 1: one column, the same for every column."""
         singles = self.where[2]
-        key = ("row mask", _cols(like), like.dtype.name)
+        old_cols = _cols(like) if old_cols is None else old_cols
+        key = ("row mask", _cols(like), like.dtype.name, old_cols)
         if key not in singles:
             m = placeholder((None, 1), like.dtype.name, name="running")
             a = placeholder((None, _cols(like)), like.dtype.name, name="new")
-            b = placeholder((None, _cols(like)), like.dtype.name, name="old")
+            b = placeholder((None, old_cols), like.dtype.name, name="old")
             singles[key] = (m, a, b, E.where(m, a, b))
         m, a, b, y = singles[key]
         t = self.t

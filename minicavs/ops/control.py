@@ -339,7 +339,8 @@ def _loop_node(op: str, xs: list, ss: list, traced: Traced, n_out: int, length: 
     body = traced.graph
     in_vf = bool(_rows_implicit.get()) and not backward
     n_results = n_out + len(ss) + (1 if op == "while_loop" else 0)
-    saving = saving_loop(op, xs, ss, traced, n_out, length, extra, count) if in_vf else None
+    keeps = in_vf or not (backward or _pick is not None)   # (a static graph's loop too: one node of its own)
+    saving = saving_loop(op, xs, ss, traced, n_out, length, extra, count, in_vf) if keeps else None
     if saving is not None:   # one node keeping what its gradient reads (ops/loop_grad.py)
         n_kept = saving.attrs["n_out"]   # (its residuals are outputs after the loop's own)
         ran = 1 if op == "while_loop" else 0   # (and a while_loop's count)

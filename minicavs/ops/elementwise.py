@@ -142,7 +142,7 @@ def _accum_impl(xp, *xs):
 # accum: the n-ary sum autodiff uses for fan-out; the only op that accepts row-sparse operands.
 register(OpDef("accum", infer=_accum_infer, impl=_accum_impl,
                vjp=lambda g, y, *xs: (g,) * len(xs),
-               expr=lambda *xs: _sum_exprs(xs)))
+               expr=lambda *xs: _sum_exprs(xs), sums=True))
 
 
 def _sum_exprs(xs):

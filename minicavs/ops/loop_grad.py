@@ -65,7 +65,7 @@ class Plan:
         first_state = len(body.outputs) - n_state
         outs = [body.outputs[k] for k in given] + [body.outputs[first_state + j] for j in self.rows_states]
         self.cts = [placeholder(o.shape, o.dtype, name=f"d{o.name or 'y'}") for o in outs]
-        wrt = list(args[:n_in]) + [args[n_in + j] for j in self.rows_states] + [c for c in self.caps
+        wrt = [x for x in args[:n_in] if x.dtype.is_float] + [args[n_in + j] for j in self.rows_states] + [c for c in self.caps
                                                                                  if c.dtype.is_float]
         grads = grad(outs, wrt, self.cts, zeros=False)
         self.grads = dict(zip(wrt, grads))
@@ -104,12 +104,12 @@ def grad_terms(g: Node) -> list | None:
 
 
 def plan(xs: list, ss: list, body: Subgraph, n_out: int) -> Plan | None:
-    """The saved-values gradient of a loop in a vertex function, when it applies: float per-row inputs,
-    states and outputs of one dtype, bar states without the row axis that no per-row value reads (a step
+    """The saved-values gradient of a loop, when it applies: per-row inputs (int ones: labels, no gradient),
+    float states and outputs of one dtype, bar states without the row axis that no per-row value reads (a step
     counter: outside the gradient), no control flow in the body."""
     control = frozenset(j for j, s in enumerate(ss) if not s.has_rows)
-    values = list(xs) + [s for j, s in enumerate(ss) if j not in control]
-    if not values:
+    values = [x for x in xs if x.dtype.is_float] + [s for j, s in enumerate(ss) if j not in control]
+    if not values or not all(x.has_rows for x in xs):
         return None
     dtype = values[0].dtype
     if not all(v.has_rows and v.dtype == dtype and v.dtype.is_float for v in values):
@@ -139,15 +139,19 @@ def _reads(outputs: list, values: set) -> bool:
     return False
 
 
-def saving_loop(op: str, xs: list, ss: list, traced, n_out: int, length: int, extra: dict, count) -> Node | None:
-    """The forward node of a foreach or while_loop in a vertex function that keeps what its gradient reads
-    (one tuple node: its outputs, its residuals stacked as further outputs, its final states, a while_loop's
-    count, its saved pre-step states), or None where the saved-values gradient does not apply."""
+def saving_loop(op: str, xs: list, ss: list, traced, n_out: int, length: int, extra: dict, count,
+                in_vf: bool = True) -> Node | None:
+    """The forward node of a foreach or while_loop in a vertex function (or of a static graph's foreach,
+    ``in_vf`` false) that keeps what its gradient reads (one tuple node: its outputs, its residuals stacked as
+    further outputs, its final states, a while_loop's count, its saved pre-step states), or None where the
+    saved-values gradient does not apply. A static graph's foreach may have a trip count per row (its last
+    input): a finished row's residuals are zeros, its saved states those it kept."""
     body, captured = traced.graph, list(traced.captured)
-    if count is not None:
+    per_row = count is not None and count.has_rows and not in_vf and op == "foreach"
+    if (count is not None and not per_row) or (not in_vf and op != "foreach"):
         return None
     if length:   # (a loop of no step computes no product)
-        if op == "foreach":
+        if op == "foreach" and not per_row:   # (per row: a padding's input reaches no weight's gradient)
             xs, body = hoisted(xs, len(ss), body, captured)
         body, captured, extra = _invariant_products(body, len(xs) + len(ss), captured, extra)
     found = plan(xs, ss, body, n_out)
@@ -157,10 +161,11 @@ def saving_loop(op: str, xs: list, ss: list, traced, n_out: int, length: int, ex
     kept = Subgraph(body.args, list(body.outputs[:n_out]) + found.residuals + list(body.outputs[n_out:]),
                     body.name)
     attrs = dict(extra, body=kept, n_in=len(xs), n_state=len(ss), n_out=n_out + n_res, length=length,
-                 _has_count=False, _save=True, _differentiable=True, _in_vertex_function=True, _pick=None,
-                 _residuals=n_res)
+                 _has_count=per_row, _save=True, _differentiable=True, _in_vertex_function=in_vf, _pick=None,
+                 _residuals=n_res, **({"_per_row": True} if per_row else {}))
     types = loop_types(op, kept, ss, n_out + n_res, length, True)
-    return _tuple_node(op, xs + ss + captured, dict(attrs, dtype=types[0][1]), types)
+    inputs = xs + ss + captured + ([count] if per_row else [])
+    return _tuple_node(op, inputs, dict(attrs, dtype=types[0][1]), types)
 
 
 def _invariant_products(body: Subgraph, n_fixed: int, captured: list, extra: dict) -> tuple:
@@ -186,6 +191,9 @@ def saved_vjp(g: Node, node: Node, inputs: Sequence[Node], count: Node | None = 
     a = node.attrs
     body, n_in, n_state, n_out, n_res, length = (a["body"], a["n_in"], a["n_state"], a["n_out"], a["_residuals"],
                                                  a["length"])
+    per_row = a.get("_per_row", False)
+    if per_row:   # (its last input: the trip count per row, which the reverse loop runs by too)
+        count, inputs = inputs[-1], inputs[:-1]
     n_user = n_out - n_res
     cts = _cotangents(g, node)
     control = frozenset(j for j in range(n_state) if not body.args[n_in + j].has_rows)
@@ -201,30 +209,33 @@ def saved_vjp(g: Node, node: Node, inputs: Sequence[Node], count: Node | None = 
     step_values = xs + [item(node, first_saved + j) for j in rows] + \
         [item(node, n_user + r) for r in range(n_res)] + [cts[k] for k in given]
     source = dict(zip(step_args, step_values))
-    gx = [_or_zeros(found.grads.get(x), x) for x in body.args[:n_in]]
-    vectors = list(dict.fromkeys(v for terms in found.terms.values() for _, A, B, _ in terms
+    floats = [i for i, x in enumerate(body.args[:n_in]) if x.dtype.is_float]   # (int inputs: labels)
+    gx = [_or_zeros(found.grads.get(body.args[i]), body.args[i]) for i in floats]
+    inside = found.row_caps + ([] if a["_in_vertex_function"] else list(found.terms))
+    terms = {c: t for c, t in found.terms.items() if c not in inside}
+    vectors = list(dict.fromkeys(v for ts in terms.values() for _, A, B, _ in ts
                                  for v in (A, B) if v is not None and v not in source and v not in gx))
     gs = [_or_zeros(found.grads.get(body.args[n_in + j]), body.args[n_in + j]) for j in rows]
-    sums = [placeholder(c.shape, c.dtype, name=f"sum:{c.name}") for c in found.row_caps]
-    summed = [accum(acc, found.grads[c]) for acc, c in zip(sums, found.row_caps)]
+    sums = [placeholder(c.shape, c.dtype, name=f"sum:{c.name}") for c in inside]
+    summed = [accum(acc, found.grads[c]) for acc, c in zip(sums, inside)]
     invariant = invariants(gx + vectors + gs + summed, set(found.caps))
     sub = closed(step_args + found.cts[len(given):] + sums + found.caps + invariant, gx + vectors + gs + summed,
                  f"{body.name}.backward")
     caps = caps + _outside(invariant, dict(zip(found.caps, caps)))
     cap_of = dict(zip(found.caps, inputs[n_in + n_state:]))
     carried = [cts[n_out + j] if n_out + j in cts else zeros_like(ss[j]) for j in rows]
-    carried += [zeros_like(cap_of[c]) for c in found.row_caps]
+    carried += [zeros_like(cap_of[c]) for c in inside]
     back = _backward_node(sub, step_values, carried, caps, len(gx) + len(vectors), length, a, count)
     n_back = len(gx) + len(vectors)
-    grads = [item(back, i) for i in range(n_in)]
+    grads = [item(back, floats.index(i)) if i in floats else None for i in range(n_in)]
     grads += [item(back, n_back + rows.index(j)) if j in rows else None for j in range(n_state)]
     source.update((v, item(back, len(gx) + i)) for i, v in enumerate(vectors))
-    source.update((v, grads[i]) for i, v in enumerate(gx) if v not in source)   # (a term's B: an input's gradient)
-    sums_at = {c: item(back, n_back + len(rows) + i) for i, c in enumerate(found.row_caps)}
-    grads += [sums_at[c] if c in sums_at else _summed(found.terms[c], source, length)
-              if c in found.terms and length else None
+    source.update((v, item(back, i)) for i, v in enumerate(gx) if v not in source)   # (a term's B: an input's gradient)
+    sums_at = {c: item(back, n_back + len(rows) + i) for i, c in enumerate(inside)}
+    grads += [sums_at[c] if c in sums_at else _summed(terms[c], source, length)
+              if c in terms and length else None
               for c in body.args[n_in + n_state:]]   # (a loop of no step adds nothing)
-    return tuple(grads)
+    return tuple(grads) + ((None,) if per_row else ())
 
 
 def _backward_node(sub: Subgraph, step_values: list, carried: list, caps: list, n_back: int, length: int,
@@ -232,7 +243,8 @@ def _backward_node(sub: Subgraph, step_values: list, carried: list, caps: list, 
     """The reverse foreach of a saving loop's gradient (over ``count`` steps: those a while_loop ran)."""
     attrs = dict(body=sub, n_in=len(step_values), n_state=len(carried), n_out=n_back, length=length,
                  reverse=not forward.get("reverse", False), _has_count=count is not None, _save=False,
-                 _differentiable=False, _in_vertex_function=False, _pick=None)
+                 _differentiable=False, _in_vertex_function=False, _pick=None,
+                 **({"_per_row": True} if forward.get("_per_row") else {}))
     types = loop_types("foreach", sub, carried, n_back, length, False)
     inputs = step_values + carried + caps + ([count] if count is not None else [])
     return _tuple_node("foreach", inputs, dict(attrs, dtype=types[0][1]), types)

@@ -29,6 +29,8 @@ class OpDef:
     column_blocks(node) -> [(input, first column, end)] when the output is its inputs side by side along the
         last axis (concat), so the producers can write their column blocks in place; else None.
     identity: the output is its one input (scatter and push only mark F's outputs).
+    sums: the output is the elementwise sum of its inputs, each of its shape (accum): a loop's carried sum
+        over the steps may add its term in place.
     merge_gradients(grads) -> grads: several gradients made by this op and summed into one value, merged
         into fewer nodes (unslice: the parts of a split become one concat).
     rows: a message op's row movement and its adjoint (ops/message.py).
@@ -69,6 +71,7 @@ class OpDef:
     without_bias: Optional[Callable] = None
     column_blocks: Optional[Callable] = None
     identity: bool = False
+    sums: bool = False
     merge_gradients: Optional[Callable] = None
     rows: Optional[object] = None
     product: Optional[tuple] = None

@@ -51,7 +51,7 @@ def test_foreach_graph_runs_each_sentence_for_its_own_length(tmp_path, monkeypat
     monkeypatch.setattr(static_program, "refusal", lambda node: "the step runner's path, for this test")
     loop = Trainer(MODELS / "var_lstm.yaml", TINY + ["model.graph=foreach"], run_dir=tmp_path / "loop")
     samples = loop.task.data["train"][10:40]
-    rows = {"lstm": 0, "backward": 0}
+    rows = {"lstm": 0, "lstm.backward": 0}   # (the gradient loop's body: ops/loop_grad.py)
     real_run = Subgraph.run
 
     def counting(self, xp, values):
@@ -61,7 +61,7 @@ def test_foreach_graph_runs_each_sentence_for_its_own_length(tmp_path, monkeypat
     monkeypatch.setattr(Subgraph, "run", counting)
     loop.loss_and_grads(samples)
     words = sum(len(x) for x, _ in samples)
-    assert rows == {"lstm": words, "backward": words}
+    assert rows == {"lstm": words, "lstm.backward": words}
     assert loop.task.length * len(samples) > 2 * words   # (the padded positions, which would be far more)
 
 
