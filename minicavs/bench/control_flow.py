@@ -301,7 +301,7 @@ def device_table(checked: dict) -> str:
     for label, rows in checked.items():
         for name, systems in rows.items():
             for system, e in systems.items():
-                runners = "; ".join(", ".join(r) or "static graphs: step runner" for r in e["runners"])
+                runners = "; ".join(", ".join(r) for r in e["runners"])
                 lines.append(f"| {label} | {name} | {system} | {runners} | {e['arrays']} | {e['worst']:.2e} | "
                              f"{'yes' if e['equal'] else 'NO'} |")
     return "\n".join(lines) + "\n"

@@ -101,7 +101,7 @@ def _model_step(model: Model, params: dict, graphs: list, feeds: dict) -> Step:
 
 def _values(model: Model, params: dict, graphs, feeds: dict, device) -> tuple[dict, list]:
     """Loss and gradients of one forward and backward on ``device`` (None: the CPU), as host arrays, and the
-    runners of the vertex functions' passes (none for a model of static graphs alone)."""
+    runners of the vertex functions' passes and of the static graphs' programs (or the step runner's)."""
     if device is None:
         got = model.forward_backward(graphs, feeds, params, RunContext(), options=EngineOptions(runner="device"))
     else:
@@ -115,7 +115,10 @@ def _values(model: Model, params: dict, graphs, feeds: dict, device) -> tuple[di
 
     def dense(g) -> np.ndarray:
         return np.asarray(host(g.to_dense() if isinstance(g, RowSparse) else g), np.float64)
-    runners = sorted({p.runner for st in got.states.values() for p in (st.program, st.backward_program)})
+    runners = {p.runner for st in got.states.values() for p in (st.program, st.backward_program)}
+    runners |= {f"static program: {run.program.runner}" if run.program is not None else "static graph: step runner"
+                for run in got.static}
+    runners = sorted(runners)
     return {"loss": dense(got.loss), **{f"d{k}": dense(g) for k, g in got.grads.items()}}, runners
 
 

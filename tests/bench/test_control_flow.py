@@ -63,12 +63,14 @@ def test_a_tiny_control_run_writes_the_rows_with_the_protocols_fields(tmp_path):
 
 
 def test_the_emulated_rows_equal_the_c_runners_values(tmp_path):
-    """The cond row's two systems run by the C runner and by the emulated CUDA issuing loop."""
+    """The cond row's two systems run by the C runner and by the emulated CUDA issuing loop, F's passes and the
+    static graph's program (the head and loss) alike."""
     run = control.ControlRun(tmp_path, ("cond_in_f",), sizes=TINY, log=lambda *_: None)
     emulated = control.device_rows(run)["emulated CUDA"]
     assert set(emulated["cond_in_f"]) == {"cond", "plain"}
     assert all(e["equal"] and e["arrays"] >= 4 for e in emulated["cond_in_f"].values()), emulated
-    assert all(e["runners"] == [["C runner"], ["cuda runner"]] for e in emulated["cond_in_f"].values()), emulated
+    assert all(e["runners"] == [["C runner", "static program: C runner"], ["cuda runner", "static program: cuda runner"]]
+               for e in emulated["cond_in_f"].values()), emulated
 
 
 def run_control_checked(run) -> str:
