@@ -19,9 +19,9 @@ from typing import Callable
 
 import numpy as np
 
-from ..core.errors import FeedError
 from ..ir.graph import Node
 from ..ops import elementwise as E
+from ..ops.control import checked_row_trips
 from ..ops.flow import flow, is_loop
 from ..ops.sources import input as placeholder
 from .compile import Step
@@ -134,15 +134,7 @@ class Masks:
 def bound(value, key: tuple, rows: int) -> np.ndarray:
     """What the binder gets for a RUNNING or LONGEST key: from the lengths' ``value`` (checked on the host)."""
     what, lengths, length = key
-    trips = np.asarray(value)
-    if trips.shape != (rows,):
-        raise FeedError(f"{lengths.label()}: trip counts of shape {trips.shape} where the static graph's rows "
-                        f"are {rows}")
-    bad = np.flatnonzero((trips < 0) | (trips > length))
-    if bad.size:
-        r = int(bad[0])
-        raise FeedError(f"{lengths.label()}[{r}] = {trips[r]}: a row's trip count must be in [0, {length}] (the "
-                        "loop's length)")
+    trips = checked_row_trips(value, rows, length, lengths.label())   # (one per row, each in [0, length])
     if what == LONGEST:
         return np.array([int(trips.max(initial=0))], np.int64)
     return (np.arange(length)[None, :] < trips[:, None])

@@ -447,7 +447,7 @@ def _foreach_rows(xp, body: Subgraph, values, n_in, n_state, n_out, length, reve
     Returns the outputs, final states and (``_save``) the states before each step, as :func:`_foreach_all`."""
     args = body.args
     rows_of = [a.has_rows for a in args]
-    lengths = _row_trips(values[-1], _rows_in(values[:-1], body, n_in, n_state), length, body.name)
+    lengths = checked_row_trips(values[-1], _rows_in(values[:-1], body, n_in, n_state), length, body.name)
     n = len(lengths)
     xs, caps = values[:n_in], values[n_in + n_state:-1]
     states = [xp.array(s, copy=True) if r else s            # written row by row below: our own copy
@@ -473,7 +473,7 @@ def _foreach_rows(xp, body: Subgraph, values, n_in, n_state, n_out, length, reve
     return outs + states + saved
 
 
-def _row_trips(count, n_rows: int | None, length: int, loop: str) -> np.ndarray:
+def checked_row_trips(count, n_rows: int | None, length: int, loop: str) -> np.ndarray:
     """The per-row trip counts, read on the host (one copy on a device), checked: one per row, each in
     [0, length]."""
     trips = count.get() if on_device(count) else np.asarray(count)
