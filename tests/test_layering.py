@@ -27,9 +27,9 @@ LAYERS = [
         ["ir"],                          # Node and Graph as plain data
         ["ops"],                         # the op registry: per op its shapes, kernels, gradient, fusion
         ["ops/autodiff", "ops/subgraph"],   # gradients; closed bodies and the items of several results
-        ["ops/control", "ops/flow", "ops/loop_grad", "ops/hoist", "ops/cond_grad"],   # cond, foreach, while_loop
-        # as operators (they differentiate their bodies); what such a node holds, for its readers; a loop's and a
-        # cond's gradient from saved values
+        ["ops/control", "ops/cond", "ops/row_steps", "ops/flow", "ops/loop_grad", "ops/hoist", "ops/cond_grad"],
+        # cond, foreach, while_loop as operators (they differentiate their bodies); a per-row trip count's steps;
+        # what such a node holds, for its readers; a loop's and a cond's gradient from saved values
         ["ops/serialize"]]),             # nodes, graphs and bodies as data (model artifacts)
     ("vertex runtime", ["runtime"], [
         ["runtime/vertex", "runtime/inputs"],

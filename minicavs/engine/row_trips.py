@@ -21,7 +21,7 @@ import numpy as np
 
 from ..ir.graph import Node
 from ..ops import elementwise as E
-from ..ops.control import checked_row_trips
+from ..ops.row_steps import checked_row_trips
 from ..ops.flow import flow, is_loop
 from ..ops.sources import input as placeholder
 from .compile import Step

@@ -1,6 +1,6 @@
 """The gradient of a ``cond`` inside a vertex function from what its taken branch saved.
 
-The generic cond gradient (control.py) is a cond of the two bodies' backward graphs, each re-applying its forward
+The generic cond gradient (cond.py) is a cond of the two bodies' backward graphs, each re-applying its forward
 body to differentiate it, once per gradient, and once more over all rows for each parameter's. Here, instead, the
 forward cond is one tuple node that also keeps, as per-row results of its own, the values its taken body's
 gradient reads (its *residuals*: a sigmoid's output, a tanh's), so:
@@ -17,7 +17,7 @@ writes them (the tuple's ``_sides``: results, then-side's, else-side's), and onl
 same pred reads them. The untaken body, NaN or not, is never run, forward or backward.
 
 It applies (:func:`saving_cond`) where both bodies' results and residuals are per-row values, no body holds
-control flow and each parameter's gradient is such a sum; elsewhere control.py's generic gradient runs.
+control flow and each parameter's gradient is such a sum; elsewhere cond.py's generic gradient runs.
 """
 from __future__ import annotations
 
@@ -113,7 +113,7 @@ def side_results(xp, outs: list, sides: tuple, taken: bool, types: tuple, rows: 
 def saved_cond_vjp(g: Node, node: Node, pred: Node, args: Sequence[Node], cond: Callable) -> tuple:
     """The gradients of a saving cond's values: one tuple cond over the saved values (the per-row values'
     gradients; per side, the per-row values its terms read), then each value without the row axis's gradient
-    as a cond (``cond``: control.cond) of its terms' sums over those."""
+    as a cond (``cond``: cond.cond) of its terms' sums over those."""
     a = node.attrs
     n_out = a["_sides"][0]
     cts = _cotangents(g, node)

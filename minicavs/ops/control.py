@@ -1,5 +1,7 @@
 """Control flow as operators: ``cond``, ``foreach`` and ``while_loop`` hold their bodies as subgraphs, so a
-model with data-dependent control flow is still one graph that can be dumped, differentiated and run.
+model with data-dependent control flow is still one graph that can be dumped, differentiated and run. The
+loops live here, ``cond`` in cond.py (imported here: the three are used as ``control.*``), a per-row trip
+count's steps in row_steps.py.
 
 A body is built by calling a Python function once on fresh symbols (``subgraph.trace``): the nodes it makes
 become a closed ``Subgraph``; every value it reads from outside (a parameter, a node of the enclosing graph, a
@@ -42,163 +44,13 @@ from ..core.arrays import on_device
 from ..core.dtypes import int64
 from ..core.errors import FeedError, ShapeError
 from ..ir.graph import Node, _rows_implicit, fmt_shape, type_str
-from .autodiff import grad
-from .cond_grad import saved_cond_vjp, saving_cond, side_results
-from .hoist import hoisted_cond
+from .cond import _float_grads, _host_true, cond  # noqa: F401  (cond: the three operators in one place)
 from .loop_grad import loop_types, saved_vjp, saving_loop
-from .nn import densify, is_row_sparse
 from .registry import OpDef, make_node, register
+from .row_steps import foreach_rows, rows_in
 from .sources import zeros_like
 from .subgraph import (Subgraph, Traced, _as_list, _cotangents, _extend_captures, _is_tuple_node,
-                       _merged_captures, _results, _tuple_node, in_body, item, trace)
-
-
-def _host_true(pred) -> bool:
-    """A predicate's value, read on the host (one device-to-host copy on a device): true when nonzero, NaN
-    included (C's and MXNet's ``static_cast<bool>``, NumPy's ``bool``, JAX's ``cond``)."""
-    value = pred.get() if on_device(pred) else np.asarray(pred)
-    return bool(value.reshape(-1)[0] != 0)
-
-
-def _dense(g: Node | None) -> Node | None:
-    return densify(g) if g is not None and is_row_sparse(g) else g
-
-
-def _float_grads(outputs: list, cts: list, wrt: list) -> list:
-    """Gradients (dense) of ``sum <outputs, cts>`` for the float nodes of ``wrt``, None for the others; an
-    output without a cotangent (None) contributes nothing."""
-    pairs = [(o, c) for o, c in zip(outputs, cts) if c is not None and o.dtype.is_float]
-    want = [w for w in wrt if w.dtype.is_float]
-    if not pairs:
-        got = [zeros_like(w) for w in want]
-    else:
-        got = grad([o for o, _ in pairs], want, cotangents=[c for _, c in pairs])
-    found = dict(zip(want, got))
-    return [_dense(found[w]) if w in found else None for w in wrt]
-
-
-# --- cond ------------------------------------------------------------------------------------------------
-
-def cond(pred: Node, then_fn: Callable, else_fn: Callable, inputs: Sequence[Node] | Node = ()):
-    """``then_fn(*inputs)`` if ``pred`` is nonzero else ``else_fn(*inputs)``: only the taken branch runs.
-
-    ``pred`` is one value (a size-1 shape without the row axis: a per-row choice is an elementwise ``where``),
-    true when nonzero: -1 and NaN take ``then_fn``, as C, MXNet, NumPy and JAX's ``cond`` read a value.
-    Each function is called once, now, on fresh symbols; values it reads from outside become inputs of the
-    node. Both must return the same number of nodes with equal shapes and dtypes (checked here). Returns one
-    node, or a list when the branches return a list. Gradients: the backward is a ``cond`` on the same
-    predicate of the two branches' backward graphs, so the untaken branch adds exactly zero to every
-    gradient (it never runs), even where it would be NaN or inf; no gradient flows into ``pred``."""
-    if not isinstance(pred, Node):
-        raise TypeError(f"cond: the predicate is {type(pred).__name__}, not a Node")
-    if pred.has_rows or any(d != 1 for d in pred.shape):
-        raise ShapeError(f"cond: the predicate {pred.label()} has shape {fmt_shape(pred.shape)}; it must be "
-                         "one value (a per-row choice is an elementwise where(pred, a, b))")
-    operands, _ = _as_list(inputs, "cond inputs")
-    types = [(x.shape, x.dtype) for x in operands]
-    then_t, then_raw = trace(then_fn, types, _fn_name(then_fn, "then_fn"))
-    else_t, else_raw = trace(else_fn, types, _fn_name(else_fn, "else_fn"))
-    _check_branches(then_t.graph, else_t.graph)
-    captured = _merged_captures(then_t, else_t)
-    then_g, else_g = _extend_captures(then_t, captured), _extend_captures(else_t, captured)
-    outs = then_g.outputs
-    in_vf = bool(_rows_implicit.get())
-    values = operands + captured
-    if in_vf and not in_body():   # one node keeping what its gradient reads (ops/cond_grad.py)
-        saved = saving_cond(pred, *hoisted_cond(then_g, else_g, values, len(operands), eager_only=True),
-                            len(operands))
-        if saved is not None:
-            return saved[0] if isinstance(then_raw, Node) else saved
-    if in_vf:   # its products of values from outside made before it (ops/hoist.py)
-        then_g, else_g, values = hoisted_cond(then_g, else_g, values, len(operands))
-    attrs = {"then": then_g, "else_": else_g, "n_operands": len(operands), "_in_vertex_function": in_vf}
-    args = [pred] + values
-    if in_vf and len(outs) > 1:   # a node per result in a vertex function (a tuple cannot be stored there)
-        results = [make_node("cond", args, dict(attrs, then=_only(then_g, i), else_=_only(else_g, i),
-                                                shape=o.shape, dtype=o.dtype)) for i, o in enumerate(outs)]
-        return results[0] if isinstance(then_raw, Node) else results
-    if len(outs) == 1:
-        node = make_node("cond", args, dict(attrs, shape=outs[0].shape, dtype=outs[0].dtype))
-    else:
-        node = _tuple_node("cond", args, dict(attrs, shape=(), dtype=outs[0].dtype),
-                           [(o.shape, o.dtype) for o in outs])
-    results = _results(node, len(outs))
-    return results[0] if isinstance(then_raw, Node) else results
-
-
-def _only(sub: Subgraph, i: int) -> Subgraph:
-    """``sub`` computing its output ``i`` alone."""
-    return Subgraph(sub.args, [sub.outputs[i]], sub.name)
-
-
-def _fn_name(fn, default: str) -> str:
-    name = getattr(fn, "__name__", default)
-    return default if name == "<lambda>" else name
-
-
-def _check_branches(a: Subgraph, b: Subgraph) -> None:
-    if len(a.outputs) != len(b.outputs):
-        raise ShapeError(f"cond: {a.name} returns {len(a.outputs)} values but {b.name} returns "
-                         f"{len(b.outputs)}")
-    for i, (x, y) in enumerate(zip(a.outputs, b.outputs)):
-        if x.shape != y.shape or x.dtype != y.dtype:
-            raise ShapeError(f"cond: output {i} is {x.dtype.name}{fmt_shape(x.shape)} in {a.name} but "
-                             f"{y.dtype.name}{fmt_shape(y.shape)} in {b.name}; both branches must agree")
-
-
-def _cond_infer(pred, *args, then, else_, n_operands, _in_vertex_function, shape, dtype, _types=None, _sides=None):
-    return shape, dtype
-
-
-def _cond_impl(xp, pred, *values, then, else_, n_operands, _in_vertex_function, shape, dtype, _types=None,
-               _sides=None):
-    taken = _host_true(pred)
-    outs = (then if taken else else_).run(xp, values)
-    if _sides is not None:   # (each side's own results: ops/cond_grad.py)
-        rows = next(v.shape[0] for v, a in zip(values, then.args) if a.has_rows)
-        outs = side_results(xp, outs, _sides, taken, _types, rows)
-    return tuple(outs) if _types is not None else outs[0]
-
-
-def _cond_vjp(g, node, pred, *args, then, else_, n_operands, _in_vertex_function, shape, dtype, _types=None,
-              _sides=None):
-    if _sides is not None:   # its forward saved what the gradient reads
-        if not _in_vertex_function:
-            raise NotImplementedError(f"{node.label()} is the backward of a cond: its own gradient (second "
-                                      "order) is not defined")
-        return saved_cond_vjp(g, node, pred, args, cond)
-    cts = _cotangents(g, node)
-    n_out = len(then.outputs)
-    given = sorted(cts)
-    wanted = [i for i, x in enumerate(args) if x.dtype.is_float]
-    if not wanted:
-        return (None,) * (1 + len(args))
-
-    def branch(sub: Subgraph, which: list):
-        def backward(*vals):
-            values, ct_vals = list(vals[:len(args)]), vals[len(args):]
-            outs = sub.inline(values)
-            ct = [None] * n_out
-            for i, c in zip(given, ct_vals):
-                ct[i] = c
-            gs = _float_grads(outs, ct, values)
-            return [gs[i] for i in which]
-        backward.__name__ = f"{sub.name}.backward"
-        return backward
-
-    operands = list(args) + [cts[i] for i in given]
-    if _in_vertex_function:   # one node per gradient there: the gradients of per-vertex values and
-        # parameters' (summed over the vertices) must not share a node in ∂F
-        back = [cond(pred, branch(then, [i]), branch(else_, [i]), operands)[0] for i in wanted]
-    else:
-        back = cond(pred, branch(then, wanted), branch(else_, wanted), operands)
-    grads: list = [None] * len(args)
-    for i, gnode in zip(wanted, back):
-        grads[i] = gnode
-    return (None, *grads)
-
-
-register(OpDef("cond", infer=_cond_infer, impl=_cond_impl, vjp=_cond_vjp, fuse=False, tuple_valued=_is_tuple_node))
+                       _merged_captures, _results, _tuple_node, item, trace)
 
 
 # --- loops -----------------------------------------------------------------------------------------------
@@ -405,7 +257,7 @@ def _run_steps(xp, body: Subgraph, xs, states, caps, rows_of, order, n_out, _sav
 def _foreach_impl(xp, *values, body, n_in, n_state, n_out, length, reverse, _has_count, _save, _differentiable,
                   _in_vertex_function, _pick, shape, dtype, _types=None, _per_row=False, _residuals=None):
     if _per_row:
-        result = _foreach_rows(xp, body, values, n_in, n_state, n_out, length, reverse, _save)
+        result = foreach_rows(xp, body, values, n_in, n_state, n_out, length, reverse, _save)
     else:
         result = _foreach_all(xp, body, values, n_in, n_state, n_out, length, reverse, _has_count, _save)
     if _pick is not None:
@@ -426,7 +278,7 @@ def _foreach_all(xp, body: Subgraph, values, n_in, n_state, n_out, length, rever
     order = range(ran - 1, -1, -1) if reverse else range(ran)
     rows_of = [a.has_rows for a in body.args[:n_in]]   # a slice keeps the row axis: so did its input
     outs, states, saved = _run_steps(xp, body, xs, states, caps, rows_of, order, n_out, _save)
-    rows = _rows_in(values, body, n_in, n_state)
+    rows = rows_in(values, body, n_in, n_state)
     result = [_stack(xp, [o[t] for t in range(ran)], length, body.outputs[k].shape, body.outputs[k].dtype, rows)
               for k, o in enumerate(outs)]
     result += states
@@ -434,91 +286,6 @@ def _foreach_all(xp, body: Subgraph, values, n_in, n_state, n_out, length, rever
         result += [_stack(xp, [s[t] for t in range(ran)], length, body.args[n_in + j].shape,
                           body.args[n_in + j].dtype, rows) for j, s in enumerate(saved)]
     return result
-
-
-# --- a trip count per row (foreach(steps=lengths), lengths of shape (None,)) ------------------------------
-
-def _foreach_rows(xp, body: Subgraph, values, n_in, n_state, n_out, length, reverse, _save) -> list:
-    """A foreach where row r runs its own ``steps[r]`` steps: at step t the body runs on the rows still
-    active alone (a row never read past its length: padding does no work and, NaN or not, reaches no value
-    and no gradient). A finished row's states stay as they were and its outputs are zero from then on;
-    values without the row axis are the loop's own (iterated, carried, stacked over every step that ran),
-    computed over the active rows. Rows sorted longest first are active as a prefix: views, not copies.
-    Returns the outputs, final states and (``_save``) the states before each step, as :func:`_foreach_all`."""
-    args = body.args
-    rows_of = [a.has_rows for a in args]
-    lengths = checked_row_trips(values[-1], _rows_in(values[:-1], body, n_in, n_state), length, body.name)
-    n = len(lengths)
-    xs, caps = values[:n_in], values[n_in + n_state:-1]
-    states = [xp.array(s, copy=True) if r else s            # written row by row below: our own copy
-              for s, r in zip(values[n_in:n_in + n_state], rows_of[n_in:n_in + n_state])]
-    outs = [_zeros_stacked(xp, o, n, length) for o in body.outputs[:n_out]]
-    saved = [_zeros_stacked(xp, a, n, length) for a in args[n_in:n_in + n_state]] if _save else []
-    ran = int(lengths.max(initial=0))
-    for t in (range(ran - 1, -1, -1) if reverse else range(ran)):
-        act = _active_rows(xp, lengths, t)
-        for j, s in enumerate(states):
-            if _save:
-                _put_step(saved[j], slice(None), t, s, rows_of[n_in + j])
-        step_in = [x[act, t] if r else x[t] for x, r in zip(xs, rows_of)]
-        step_in += [v[act] if r else v for v, r in zip(states + list(caps), rows_of[n_in:])]
-        res = body.run(xp, step_in)
-        for k in range(n_out):
-            _put_step(outs[k], act, t, res[k], body.outputs[k].has_rows)
-        for j in range(n_state):
-            if rows_of[n_in + j]:
-                states[j][act] = res[n_out + j]
-            else:
-                states[j] = res[n_out + j]
-    return outs + states + saved
-
-
-def checked_row_trips(count, n_rows: int | None, length: int, loop: str) -> np.ndarray:
-    """The per-row trip counts, read on the host (one copy on a device), checked: one per row, each in
-    [0, length]."""
-    trips = count.get() if on_device(count) else np.asarray(count)
-    if trips.ndim != 1 or (n_rows is not None and trips.shape[0] != n_rows):
-        raise FeedError(f"foreach '{loop}': steps has shape {fmt_shape(trips.shape)}; it must hold one trip "
-                        f"count per row ({n_rows if n_rows is not None else 'any number of'} rows)")
-    bad = np.flatnonzero((trips < 0) | (trips > length))
-    if bad.size:
-        r = int(bad[0])
-        raise FeedError(f"foreach '{loop}': steps[{r}] = {trips[r]}: a row's trip count must be in [0, {length}] "
-                        f"(the loop's length)")
-    return trips.astype(np.int64, copy=False)
-
-
-def _active_rows(xp, trips: np.ndarray, t: int):
-    """The rows still running at step ``t``: a slice where they are the leading ones, else their indices."""
-    running = trips > t
-    m = int(np.count_nonzero(running))
-    if running[:m].all():
-        return slice(0, m)
-    return xp.asarray(np.flatnonzero(running))
-
-
-def _zeros_stacked(xp, node: Node, n: int, length: int):
-    """Zeros for ``node``'s per-step values stacked over ``length`` steps (``n`` rows if it has the axis)."""
-    shape = (n, length) + node.shape[1:] if node.has_rows else (length,) + node.shape
-    return xp.zeros(shape, dtype=node.dtype.np)
-
-
-def _put_step(stacked, rows, t: int, value, with_rows: bool) -> None:
-    if with_rows:
-        stacked[rows, t] = value
-    else:
-        stacked[t] = value
-
-
-def _rows_in(values, body: Subgraph, n_in: int, n_state: int) -> int | None:
-    """The row count of the loop's values with the row axis (for outputs of a loop that ran no step)."""
-    for k, a in enumerate(body.args[:n_in]):
-        if a.has_rows:
-            return values[k].shape[0]
-    for k, a in enumerate(body.args[n_in:]):
-        if a.has_rows and n_in + k < len(values):
-            return values[n_in + k].shape[0]
-    return None
 
 
 def _loop_vjp(g, node, *inputs, body, n_in, n_state, n_out, length, _has_count, _save, _differentiable,
@@ -767,7 +534,7 @@ def _while_impl(xp, *values, body, cond, n_in, n_state, n_out, length, _has_coun
             outs[k].append(res[k])
         states = res[n_out:]
         ran += 1
-    rows = _rows_in(values, body, 0, n_state)
+    rows = rows_in(values, body, 0, n_state)
     result = [_stack(xp, o, length, body.outputs[k].shape, body.outputs[k].dtype, rows) for k, o in enumerate(outs)]
     result += states
     result.append(xp.full((), ran, dtype=np.int64))   # made on the device: no host copy
