@@ -225,7 +225,8 @@ def _caller(name: str, params: list[str], index: int) -> str:
 
 class Emulator:
     """Kernels of one or more CUDA sources, callable on numpy arrays: ``emu.launch(name, grid, block,
-    *args)`` with arrays for pointer parameters and ints for the rest, in the kernel's parameter order."""
+    *args)`` with arrays (or None: a null pointer) for pointer parameters and ints for the rest, in the
+    kernel's parameter order."""
 
     def __init__(self, sources: list[str], workdir: str | Path | None = None):
         import cffi
@@ -271,7 +272,9 @@ class Emulator:
             raise TypeError(f"{name} takes {len(params)} arguments, got {len(args)}")
         conv = []
         for p, a in zip(params, args):
-            if "*" in p:
+            if "*" in p and a is None:   # (a null pointer: an operand the kernel does not read)
+                conv.append(self.ffi.NULL)
+            elif "*" in p:
                 ctype = p.replace("__restrict__", "").replace("const", "").split("*")[0].strip()
                 if not isinstance(a, np.ndarray) or a.dtype != POINTEE[ctype]:
                     raise TypeError(f"{name}: {p} needs a {POINTEE[ctype]} array, got {type(a).__name__} "
