@@ -209,13 +209,25 @@ def fmt(x, digits: int = 3) -> str:
     return str(x)
 
 
+def rowop_summary(rowop: dict | None) -> str:
+    """The facts' ROWOP timing in a few words: µs a launch, block per row / one thread per row (before)."""
+    if not rowop:
+        return ""
+    us = {(c["kernel"], c["fn"]): c["us"] for c in rowop.get("cases", [])}
+    shape = "x".join(str(n) for n in rowop.get("shape", []))
+    return (f", rowop {shape} f32 µs: cross-entropy {fmt(us.get(('new', 1)), 4)} (before {fmt(us.get(('before', 1)), 4)}),"
+            f" gradient {fmt(us.get(('new', 2)), 4)} (before {fmt(us.get(('before', 2)), 4)})"
+            + ("" if rowop.get("ok") else " NOT equal to numpy"))
+
+
 def stage_summary(name: str, res: dict) -> str:
     items = res.get("items", [])
     if name == "facts":
         f = res.get("facts", {})
         return (f"{f.get('device', '?')}, driver {f.get('driver', '?')}, CUDA runtime {f.get('cuda_runtime', '?')}, "
                 f"CuPy {f.get('cupy', '?')}, copy {fmt(f.get('copy_GBps'))} GB/s, "
-                f"matmul f32 {fmt(f.get('matmul_f32_TFLOPs'))} / f64 {fmt(f.get('matmul_f64_TFLOPs'))} TFLOP/s")
+                f"matmul f32 {fmt(f.get('matmul_f32_TFLOPs'))} / f64 {fmt(f.get('matmul_f64_TFLOPs'))} TFLOP/s"
+                + rowop_summary(f.get("rowop")))
     if name == "loop":
         return loop_summary(items)
     if name == "tests":

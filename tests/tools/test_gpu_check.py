@@ -481,3 +481,4 @@ def test_the_facts_stage_times_rowop_block_per_row_against_one_thread_per_row(tm
     new = [c for c in rowop["cases"] if c["kernel"] == "new"]
     assert all((c["grid"], c["block"]) == (4, issue.library()[1].mc_rowop_threads(1000)) for c in new)
     assert all(c["rel_err"] <= 1e-5 and c["us"] > 0 for c in rowop["cases"])
+    assert ", rowop 4x1000 f32 µs: cross-entropy " in gpu_check.stage_summary("facts", json.loads(out.read_text()))
