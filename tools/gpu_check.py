@@ -215,8 +215,8 @@ def rowop_summary(rowop: dict | None) -> str:
         return ""
     us = {(c["kernel"], c["fn"]): c["us"] for c in rowop.get("cases", [])}
     shape = "x".join(str(n) for n in rowop.get("shape", []))
-    return (f", rowop {shape} f32 µs: cross-entropy {fmt(us.get(('new', 1)), 4)} (before {fmt(us.get(('before', 1)), 4)}),"
-            f" gradient {fmt(us.get(('new', 2)), 4)} (before {fmt(us.get(('before', 2)), 4)})"
+    new_before = [f"{fmt(us.get(('new', fn)), 4)} (before {fmt(us.get(('before', fn)), 4)})" for fn in (1, 2)]
+    return (f", rowop {shape} f32 µs: cross-entropy {new_before[0]}, gradient {new_before[1]}"
             + ("" if rowop.get("ok") else " NOT equal to numpy"))
 
 

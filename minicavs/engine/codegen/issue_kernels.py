@@ -109,7 +109,10 @@ extern "C" __global__ void rowop_{T}(long fn, long rows, long cols, const {T} *_
         if (fn == 1 || fn == 2) {{   /* (the same for every thread of the row: the branches below are uniform) */
             const {T} v = lab ? ({T})0 : labf[i * ldl];
             y = lab ? lab[i] : (v >= 0 && v < ({T})cols && ({T})(long)v == v) ? (long)v : -1;
-            if (y < 0) {{ for (long j = t; j < (fn == 1 ? 1 : cols); j += nt) d[j] = sqrt(({T})-1); continue; }}   /* (NaN) */
+            if (y < 0) {{   /* (NaN) */
+                for (long j = t; j < (fn == 1 ? 1 : cols); j += nt) d[j] = sqrt(({T})-1);
+                continue;
+            }}
         }}
         {T} mx = cols ? s[0] : ({T})0, sum = 0;
         for (long j = t; j < cols; j += nt) mx = s[j] > mx ? s[j] : mx;
