@@ -11,7 +11,9 @@ the machine's start apart):
   did not run: it fails if any pass was issued from Python or anything warned (the loop's setup failing is a
   warning and a fallback), naming the pass and why;
 - ``facts`` (cap 30 s): nvidia-smi, versions, CuPy's device, the two ceilings (a large device copy, a large
-  matmul);
+  matmul), and ROWOP's kernel at 64 x 10,000 float32 (the PTB softmax loss of a 64-row batch: µs a launch
+  of the cross-entropy and of its gradient, the block-per-row kernel the loop launches against the one
+  thread per row it replaced, each checked against numpy);
 - ``equality`` (105 s): a few training steps of every bundled model on the device against the CPU, float64 and
   float32 first, then streaming and deterministic on, then a DAG summed by atomics run twice;
 - ``tests`` (105 s): ``pytest -m gpu``, then the CUDA tests (tests/cuda, tests/engine/codegen/test_cuda.py,
@@ -207,13 +209,25 @@ def fmt(x, digits: int = 3) -> str:
     return str(x)
 
 
+def rowop_summary(rowop: dict | None) -> str:
+    """The facts' ROWOP timing in a few words: µs a launch, block per row / one thread per row (before)."""
+    if not rowop:
+        return ""
+    us = {(c["kernel"], c["fn"]): c["us"] for c in rowop.get("cases", [])}
+    shape = "x".join(str(n) for n in rowop.get("shape", []))
+    new_before = [f"{fmt(us.get(('new', fn)), 4)} (before {fmt(us.get(('before', fn)), 4)})" for fn in (1, 2)]
+    return (f", rowop {shape} f32 µs: cross-entropy {new_before[0]}, gradient {new_before[1]}"
+            + ("" if rowop.get("ok") else " NOT equal to numpy"))
+
+
 def stage_summary(name: str, res: dict) -> str:
     items = res.get("items", [])
     if name == "facts":
         f = res.get("facts", {})
         return (f"{f.get('device', '?')}, driver {f.get('driver', '?')}, CUDA runtime {f.get('cuda_runtime', '?')}, "
                 f"CuPy {f.get('cupy', '?')}, copy {fmt(f.get('copy_GBps'))} GB/s, "
-                f"matmul f32 {fmt(f.get('matmul_f32_TFLOPs'))} / f64 {fmt(f.get('matmul_f64_TFLOPs'))} TFLOP/s")
+                f"matmul f32 {fmt(f.get('matmul_f32_TFLOPs'))} / f64 {fmt(f.get('matmul_f64_TFLOPs'))} TFLOP/s"
+                + rowop_summary(f.get("rowop")))
     if name == "loop":
         return loop_summary(items)
     if name == "tests":

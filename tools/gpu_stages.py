@@ -311,6 +311,8 @@ def stage_facts(rec: Recorder, args) -> None:
         a @ a
         facts["matmul_f32_TFLOPs"] = 2 * 512 ** 3 / (time.perf_counter() - start) / 1e12
         rec.set(facts=facts)
+        facts["rowop"] = rowop_facts(emulate=True)
+        rec.set(facts=facts)
         return
     import cupy
     rt = cupy.cuda.runtime
@@ -331,6 +333,97 @@ def stage_facts(rec: Recorder, args) -> None:
     facts["matmul_f64_TFLOPs"] = matmul_rate(cupy, cupy.float64) / 1e12
     rec.set(facts=facts)
     cupy.get_default_memory_pool().free_all_blocks()
+    facts["rowop"] = rowop_facts(emulate=False)
+    say(json.dumps(facts["rowop"], default=str)[:1500])
+    rec.set(facts=facts)
+
+
+# --- the rowop kernel (in the facts stage) ------------------------------------------------------------------
+
+# ROWOP's kernel as d53128a had it (one thread per row over all its columns, 256-thread blocks over the rows),
+# kept only as the "before" of the timing below; the loop launches codegen/issue_kernels.py's rowop
+BASELINE_ROWOP = r"""
+extern "C" __global__ void rowop_thread_per_row(long fn, long rows, long cols, const float *__restrict__ src,
+                                                long lds, const float *__restrict__ g, long ldg,
+                                                const long *__restrict__ lab, float *__restrict__ dst, long ldd)
+{
+    for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < rows; i += (long)blockDim.x * gridDim.x) {
+        const float *s = src + i * lds;
+        float *d = dst + i * ldd;
+        const long y = lab[i];
+        float mx = s[0], sum = 0;
+        for (long j = 1; j < cols; j++) mx = s[j] > mx ? s[j] : mx;
+        for (long j = 0; j < cols; j++) sum += exp(s[j] - mx);
+        const float lse = mx + log(sum);
+        if (fn == 1) { d[0] = lse - s[y]; continue; }
+        const float scale = g[i * ldg];
+        for (long j = 0; j < cols; j++) d[j] = exp(s[j] - lse) * scale;
+        d[y] -= scale;
+    }
+}
+"""
+
+
+def rowop_want(fn: int, x, labels, g):
+    """numpy's cross-entropy (fn 1) or its gradient x g (fn 2) of each row, float64."""
+    import numpy as np
+    x = x.astype(np.float64)
+    lse = np.log(np.exp(x - x.max(1, keepdims=True)).sum(1)) + x.max(1)
+    rows = np.arange(len(x))
+    if fn == 1:
+        return (lse - x[rows, labels])[:, None]
+    grad = np.exp(x - lse[:, None])
+    grad[rows, labels] -= 1
+    return grad * g[:, None].astype(np.float64)
+
+
+def rowop_case(dev, kernel: str, fn: int, x, labels, g, emulate: bool) -> dict:
+    """One kernel's µs a launch (CUDA events after a warm-up; the wall clock on the emulation) and its
+    largest relative error against numpy: ``new`` (the loop's kernel and geometry) or ``before``."""
+    import numpy as np
+    from minicavs.cuda import issue
+    from minicavs.engine.codegen.cuda import MAX_BLOCKS
+    from minicavs.engine.codegen.issue_kernels import issue_kernels
+    rows, cols = x.shape
+    dx, dl, dg = dev.asarray(x), dev.asarray(labels), dev.asarray(g)
+    out = dev.xp.zeros((rows, cols if fn == 2 else 1), np.float32)
+    if kernel == "new":
+        geometry = (min(rows, MAX_BLOCKS), int(issue.library()[1].mc_rowop_threads(cols)))
+        source, name, args = issue_kernels("float"), "rowop_float", \
+            (fn, rows, cols, dx, cols, dg, 1, dl, dx, 0, out, out.shape[1])
+    else:
+        geometry = (-(-rows // 256), 256)
+        source, name, args = BASELINE_ROWOP, "rowop_thread_per_row", (fn, rows, cols, dx, cols, dg, 1, dl, out,
+                                                                      out.shape[1])
+    launch = lambda: dev.launcher(source, name, geometry[0], geometry[1], args)
+    if emulate:
+        launch()
+        start = time.perf_counter()
+        launch()
+        us = [(time.perf_counter() - start) * 1e6]
+    else:
+        import cupy
+        us = [s * 1e6 for s in event_times(cupy, launch, 20, warmup=3)]
+    want = rowop_want(fn, x, labels, g)
+    err = float(np.abs(host(out) - want).max() / max(1.0, np.abs(want).max()))
+    return {"kernel": kernel, "fn": fn, "grid": geometry[0], "block": geometry[1], "us": median(us),
+            "rel_err": err, "ok": err <= TOL["float32"]}
+
+
+def rowop_facts(emulate: bool) -> dict:
+    """ROWOP at 64 x 10,000 float32 (a 64-row batch of the PTB vocabulary's softmax loss; 4 x 1,000 on the
+    emulation): the cross-entropy and its gradient, the block-per-row kernel against the one thread per row of
+    before."""
+    import numpy as np
+    rows, cols = (4, 1000) if emulate else (64, 10_000)
+    rng = np.random.default_rng(0)
+    x = (3 * rng.standard_normal((rows, cols))).astype(np.float32)
+    labels, g = rng.integers(0, cols, rows), rng.standard_normal(rows).astype(np.float32)
+    dev = project_device("emulated" if emulate else "cuda")
+    cases = [rowop_case(dev, kernel, fn, x, labels, g, emulate) for fn in (1, 2) for kernel in ("new", "before")]
+    return {"shape": [rows, cols], "dtype": "float32", "emulated": emulate, "cases": cases,
+            "ok": all(c["ok"] for c in cases),
+            "speedup_grad": cases[3]["us"] / cases[2]["us"] if cases[2]["us"] else None}
 
 
 # --- the loop stage -----------------------------------------------------------------------------------------

@@ -39,6 +39,7 @@ from ..engine.backend import to_host
 from ..engine.codegen.issue_kernels import ISSUE_KERNEL_NAMES, issue_kernels
 from ..engine.codegen.issue_source import issue_decls, issue_source
 from ..engine.codegen.machine import OPS as OPCODE_IDS
+from .emulation import FAULTS
 
 
 class IssueCheckError(CheckError):
@@ -122,9 +123,10 @@ class _Standin(_Functions):
 
     def log(self, names: list, counts: np.ndarray) -> None:
         launches = getattr(self.device.launcher, "launches", None)
-        if launches is not None:   # (grid and block are not kept: 0, 0)
-            for i in np.flatnonzero(counts).tolist():
-                launches.extend([(names[i], 0, 0)] * int(counts[i]))
+        for emu in self.device.launcher.emulators.values():   # (in order per emulated library)
+            logged = emu.take_log()
+            if launches is not None:
+                launches.extend(logged)
 
 
 class _NoWork(_Functions):
@@ -439,7 +441,8 @@ REFUSALS = {-7: "a launch of a kernel without a function handle (0)",
             -8: "a product on a stream without a cuBLAS handle",
             -9: "a product whose size or leading dimension exceeds 2^31-1 (cuBLAS's int)",
             -10: "a read or write of a device value (a while_loop's condition or count) on a device without "
-                 "cuMemcpyDtoHAsync or cuMemcpyHtoDAsync"}
+                 "cuMemcpyDtoHAsync or cuMemcpyHtoDAsync",
+            **{code: f"the emulated device's fault: {why}" for code, why in FAULTS.items()}}
 
 
 def _raise(lowered, err: np.ndarray) -> None:

@@ -60,7 +60,7 @@ static int known(void *const *table, int64_t n, const void *p) {
 """
 
 DRIVER = COMMON + r"""
-typedef void (*call_t)(unsigned, unsigned, void **);
+typedef int (*call_t)(unsigned, unsigned, void **);   /* 0, or the emulation's fault */
 static void *functions_[MAXK], *streams_[MAXK], *events_[MAXK];
 static int64_t nfunctions_, nstreams_, nevents_, launches_, records_, waits_;
 /* cuModuleGetFunction's part: an emulated kernel's call_ wrapper becomes a function of a loaded module */
@@ -82,8 +82,9 @@ int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, 
         return fail(1, "cuLaunchKernel: an invalid grid or block (CUDA_ERROR_INVALID_VALUE)");
     if (gy != 1 || gz != 1 || by != 1 || bz != 1) return fail(1, "cuLaunchKernel: the emulation runs 1-D grids");
     if (!params || extra) return fail(1, "cuLaunchKernel: arguments must come as kernelParams");
-    ((call_t)f)(gx, bx, params);
     launches_++;
+    if (((call_t)f)(gx, bx, params))
+        return fail(719, "cuLaunchKernel: the kernel faulted (CUDA_ERROR_LAUNCH_FAILED)");
     return 0;
 }
 int cuEventRecord(void *event, void *stream) {

@@ -325,3 +325,38 @@ def test_unreachable_entry_points_fall_back_to_the_reference_runner(cuda_standin
 
 def test_a_device_issues_from_c_unless_told_not_to(cuda_standin):
     assert Cuda(cuda_standin).issue_from_c and not Cuda(cuda_standin, issue_from_c=False).issue_from_c
+
+
+def test_rowop_is_issued_one_block_per_row_its_threads_from_the_row_length(cuda_standin, tmp_path):
+    """A 330-word softmax loss (ROWOP's cross-entropy and its gradient over 330+ columns) issued from C on the
+    emulated device: every rowop launch is one block per row (grid: the loss's rows) with the loop's threads for
+    its row length, more than a warp for the vocabulary; the loss and gradients equal the C runner's in
+    float32."""
+    from minicavs.engine.backend import to_host
+    from minicavs.engine.lowered import OPCODES_BY_ID
+    from minicavs.train.trainer import Trainer
+    from ..engine.test_static_program import _dense, _programs, _run
+    from ..models.test_models import MODELS, TINY
+    words = [f"w{i}" for i in range(330)]
+    order = np.random.default_rng(3).permutation(words * 2)
+    text = tmp_path / "wide.txt"
+    text.write_text("\n".join(" ".join(order[i:i + 6]) for i in range(0, len(order), 6)) + "\n")
+    t = Trainer(MODELS / "var_lstm.yaml", TINY["var_lstm"] + [f"data.train={text}", f"data.dev={text}",
+                                                             f"data.test={text}", "train.dtype=float32"],
+                run_dir=tmp_path / "run")
+    graphs, feeds = t.task.batch(t.task.data["train"][:8])
+    want = _run(t, graphs, feeds, "device")
+    cuda_standin.launches.clear()
+    got = _run(t, graphs, feeds, "device", Cuda(cuda_standin))
+    programs = _programs(got)
+    assert programs and all(p.runner == "cuda runner" and p.declined is None for p in programs)
+    cols = [int(row[1 + 5]) for p in programs for row in p.lowered.code if OPCODES_BY_ID[int(row[0])] == "ROWOP"]
+    threads = {issue.library()[1].mc_rowop_threads(c) for c in cols}
+    launched = [(grid, block) for name, grid, block in cuda_standin.launches if name == "rowop_float"]
+    assert cols and len(launched) >= len(cols) and max(threads) > 32
+    rows = len(feeds["targets"])   # (the loss's rows: one per target word)
+    assert {block for _, block in launched} == threads and {grid for grid, _ in launched} == {rows}, launched
+    assert abs(float(to_host(got.loss)) - float(to_host(want.loss))) <= 1e-5 * abs(float(to_host(want.loss)))
+    for k, b in want.grads.items():
+        a, b = _dense(got.grads[k]), _dense(b)
+        assert np.abs(a - b).max(initial=0) <= 1e-5 * max(1.0, np.abs(b).max(initial=0)), k

@@ -464,3 +464,21 @@ def test_the_bench_stage_starts_no_point_that_its_cap_leaves_no_time_for(tmp_pat
     res = json.loads(out.read_text())
     assert [i["point"] for i in res["items"]] == ["tree_lstm-h8-b4", "tree_fc-h8-b2-l8", "var_lstm-h8-b4"]
     assert all(i["error"].startswith("not run: the last point took 0 s, more than the 0 s left") for i in res["items"])
+
+
+@needs_cxx
+def test_the_facts_stage_times_rowop_block_per_row_against_one_thread_per_row(tmp_path):
+    """The facts stage's rowop item (on a GPU: 64 x 10,000 float32 by CUDA events; here on the emulation,
+    4 x 1,000, its times meaning nothing): the cross-entropy and its gradient by the kernel the loop launches,
+    with the loop's geometry (one block per row, threads from the row length), and by the one thread per row
+    of before, each equal to numpy."""
+    from minicavs.cuda import issue
+    out = tmp_path / "facts.json"
+    assert gpu_stages.main(["facts", str(out), "--emulate"]) == 0
+    rowop = json.loads(out.read_text())["facts"]["rowop"]
+    assert rowop["emulated"] and rowop["ok"] and rowop["shape"] == [4, 1000]
+    assert [(c["kernel"], c["fn"]) for c in rowop["cases"]] == [("new", 1), ("before", 1), ("new", 2), ("before", 2)]
+    new = [c for c in rowop["cases"] if c["kernel"] == "new"]
+    assert all((c["grid"], c["block"]) == (4, issue.library()[1].mc_rowop_threads(1000)) for c in new)
+    assert all(c["rel_err"] <= 1e-5 and c["us"] > 0 for c in rowop["cases"])
+    assert ", rowop 4x1000 f32 µs: cross-entropy " in gpu_check.stage_summary("facts", json.loads(out.read_text()))

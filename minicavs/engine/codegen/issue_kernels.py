@@ -8,6 +8,8 @@ from .cuda import LOOP, ROW_KERNELS
 # the kernels the loop launches, in the order of its ``rk`` handle array (names end in _float / _double)
 ISSUE_KERNEL_NAMES = ("zero2d", "sumrows", "transrows", "dropout_rows", "moves", "rowop")
 MOVES = 8   # copies and adds one ``moves`` launch makes at most
+ROWOP_THREADS = 512   # threads of a ROWOP block at most (one block per row); a power of two
+ROWOP_PER_THREAD = 8   # columns per thread before a ROWOP block doubles its threads
 
 ISSUE_KERNELS = """
 extern "C" __global__ void zero2d_{T}(long rows, long cols, {T} *__restrict__ dst, long ldr, long ldc)
@@ -67,32 +69,63 @@ extern "C" __global__ void transrows_{T}(long rows, long m, long n_, const {T} *
         dst[r * ldd + b * m + a] = src[r * lds + a * n_ + b];
     }}
 }}
+/* a tree over the block's threads of each one's v (max or sum, through shared memory ``red``), the same for
+   every thread: pairs (t, t + half) in a fixed order, so a row's result is the same bits on every run; any
+   block size */
+__device__ static inline {T} rowop_tree_{T}({T} *red, {T} v, int is_max)
+{{
+    const unsigned t = threadIdx.x;
+    red[t] = v;
+    __syncthreads();
+    for (unsigned width = blockDim.x; width > 1; ) {{
+        const unsigned half = (width + 1) / 2;
+        if (t < width - half) {{
+            const {T} a = red[t], b = red[t + half];
+            red[t] = is_max ? (b > a ? b : a) : a + b;
+        }}
+        __syncthreads();
+        width = half;
+    }}
+    return red[0];
+}}
 /* per row i over its cols numbers (the ROWOP opcode): fn 0 softmax, 1 the cross-entropy of label lab[i] (one
    number), 2 its gradient x g[i], 3 src's one row copied; no lab: the labels are whole numbers labf[i * ldl] of
-   the float type (NaN written for a row whose label is no class) */
+   the float type (NaN written for a row whose label is no class). One block per row (rows past the grid: the
+   block's next, gridDim.x on), its threads over the row's columns (thread t: t, t + blockDim.x, ...), the max
+   and the sum of exponentials trees over the block (the loop's rowop_threads: a warp for a short row, at most
+   ROWOP_THREADS). The max ignores NaN as the scalar loop did; the sum carries it to the row. Two reduction
+   arrays: the max's is rewritten only after every thread has passed the sum's barriers, which follow its read */
 extern "C" __global__ void rowop_{T}(long fn, long rows, long cols, const {T} *__restrict__ src, long lds,
                                      const {T} *__restrict__ g, long ldg, const long *__restrict__ lab,
                                      const {T} *__restrict__ labf, long ldl, {T} *__restrict__ dst, long ldd)
 {{
-    const long n = rows;
-    {LOOP} {{
+    __shared__ {T} red_max[{ROWOP_THREADS}], red_sum[{ROWOP_THREADS}];
+    const long t = threadIdx.x, nt = blockDim.x;
+    for (long i = blockIdx.x; i < rows; i += gridDim.x) {{
         const {T} *s = src + i * lds;
         {T} *d = dst + i * ldd;
-        if (fn == 3) {{ for (long j = 0; j < cols; j++) d[j] = s[j]; continue; }}
+        if (fn == 3) {{ for (long j = t; j < cols; j += nt) d[j] = s[j]; continue; }}
         long y = 0;
-        if (fn == 1 || fn == 2) {{
+        if (fn == 1 || fn == 2) {{   /* (the same for every thread of the row: the branches below are uniform) */
             const {T} v = lab ? ({T})0 : labf[i * ldl];
             y = lab ? lab[i] : (v >= 0 && v < ({T})cols && ({T})(long)v == v) ? (long)v : -1;
-            if (y < 0) {{ for (long j = 0; j < (fn == 1 ? 1 : cols); j++) d[j] = sqrt(({T})-1); continue; }}   /* (NaN) */
+            if (y < 0) {{   /* (NaN) */
+                for (long j = t; j < (fn == 1 ? 1 : cols); j += nt) d[j] = sqrt(({T})-1);
+                continue;
+            }}
         }}
         {T} mx = cols ? s[0] : ({T})0, sum = 0;
-        for (long j = 1; j < cols; j++) mx = s[j] > mx ? s[j] : mx;
-        for (long j = 0; j < cols; j++) sum += exp(s[j] - mx);
-        const {T} lse = mx + log(sum);
-        if (fn == 1) {{ d[0] = lse - s[y]; continue; }}
+        for (long j = t; j < cols; j += nt) mx = s[j] > mx ? s[j] : mx;
+        mx = rowop_tree_{T}(red_max, mx, 1);
+        for (long j = t; j < cols; j += nt) sum += exp(s[j] - mx);
+        const {T} lse = mx + log(rowop_tree_{T}(red_sum, sum, 0));
+        if (fn == 1) {{ if (t == 0) d[0] = lse - s[y]; continue; }}
         const {T} scale = fn == 2 ? g[i * ldg] : ({T})1;
-        for (long j = 0; j < cols; j++) d[j] = exp(s[j] - lse) * scale;
-        if (fn == 2) d[y] -= scale;
+        for (long j = t; j < cols; j += nt) {{
+            {T} e = exp(s[j] - lse) * scale;
+            if (fn == 2 && j == y) e -= scale;
+            d[j] = e;
+        }}
     }}
 }}
 """
@@ -101,4 +134,5 @@ extern "C" __global__ void rowop_{T}(long fn, long rows, long cols, const {T} *_
 def issue_kernels(c_type: str) -> str:
     """The CUDA source of every kernel the loop launches for ``c_type`` (the row kernels of codegen/cuda.py and
     the loop's own), one module."""
-    return ROW_KERNELS.format(T=c_type, LOOP=LOOP) + ISSUE_KERNELS.format(T=c_type, LOOP=LOOP, MOVES=MOVES)
+    return ROW_KERNELS.format(T=c_type, LOOP=LOOP) + ISSUE_KERNELS.format(T=c_type, LOOP=LOOP, MOVES=MOVES,
+                                                                    ROWOP_THREADS=ROWOP_THREADS)

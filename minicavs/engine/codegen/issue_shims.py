@@ -39,11 +39,11 @@ typedef int (*gemm_fn)(void *ctx, void *stream, int ta, int tb, int64_t m, int64
                        int64_t sc, int64_t batch, int beta);
 enum { K_zero2d, K_sumrows, K_transrows, K_dropout_rows, K_moves, K_rowop, NRK };
 
-/* the device stand-in's launch: the handle is an emulation wrapper call_<kernel>(grid, block, params) */
+/* the device stand-in's launch: the handle is an emulation wrapper call_<kernel>(grid, block, params), whose
+   result is 0 or the emulation's fault (a barrier not reached by every thread of a block: cuda/emulation.py) */
 int mc_standin_launch(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                       unsigned shmem, void *stream, void **params, void **extra) {
-    ((void (*)(unsigned, unsigned, void **))f)(gx, bx, params);
-    return 0;
+    return ((int (*)(unsigned, unsigned, void **))f)(gx, bx, params);
 }
 /* a device that does no work: what issuing alone costs the host */
 int mc_noop_launch(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,

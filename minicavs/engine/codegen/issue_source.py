@@ -26,11 +26,21 @@ from __future__ import annotations
 
 from ...core.limits import MAX_ARGS, MAX_REGISTERS
 from .cuda import MAX_BLOCKS, BLOCK
-from .issue_kernels import MOVES
+from .issue_kernels import MOVES, ROWOP_PER_THREAD, ROWOP_THREADS
 from .issue_shims import CPU_GEMM, HELPERS, shim_decls
 from .machine import OPS, WIDTH, register_cases, viewed
 from .opcodes import SPAN_HELPERS, checked
 
+
+ROWOP_GEOMETRY = """
+/* threads of a ROWOP block for rows of ``cols`` numbers (one block per row): a warp for a short row, doubled
+   while a thread would have more than ROWOP_PER_THREAD columns, at most ROWOP_THREADS */
+int64_t mc_rowop_threads(int64_t cols) {{
+    int64_t threads = 32;
+    while (threads < {ROWOP_THREADS} && threads * {ROWOP_PER_THREAD} < cols) threads *= 2;
+    return threads;
+}}
+"""
 
 LOOP_SOURCE = r"""
 typedef struct {{ {T} *p; int64_t ld, trans, buf; }} reg_{T}_t;
@@ -91,22 +101,31 @@ static inline int overlaps_{T}(const {T} *p, int64_t rows, int64_t cols, int64_t
 
 static int flush_{T}(mach_{T}_t *M);
 
-/* one launch of kernel handle ``h`` (``slot``: its entry in the launch counts) over ``n`` elements */
-static int launch_{T}(mach_{T}_t *M, int64_t h, int64_t slot, int64_t n, void **params) {{
+/* one launch of kernel handle ``h`` (``slot``: its entry in the launch counts): ``blocks`` of ``threads`` */
+static int launch_{T}(mach_{T}_t *M, int64_t h, int64_t slot, int64_t blocks, int64_t threads, void **params) {{
     if (!h) return MC_NO_KERNEL;   /* (a kernel whose handle was never had: never a launch of function 0) */
-    int64_t blocks = (n + BLOCK - 1) / BLOCK;
-    if (blocks > MAXBLOCKS) blocks = MAXBLOCKS;
     M->stats[0]++;
     M->counts[slot]++;
-    return ((launch_t)M->dev[0])((void *)h, (unsigned)blocks, 1, 1, BLOCK, 1, 1, 0, M->stream, params, 0);
+    return ((launch_t)M->dev[0])((void *)h, (unsigned)blocks, 1, 1, (unsigned)threads, 1, 1, 0, M->stream, params, 0);
 }}
-static int go_{T}(mach_{T}_t *M, int64_t h, int64_t slot, int64_t n, arg_t *args, int nargs) {{
+/* blocks of BLOCK threads for ``n`` elements (a grid-stride kernel covers the rest) */
+static inline int64_t blocks_for_{T}(int64_t n) {{
+    const int64_t blocks = (n + BLOCK - 1) / BLOCK;
+    return blocks > MAXBLOCKS ? MAXBLOCKS : blocks;
+}}
+/* a launch of ``blocks`` x ``threads`` (nothing for no blocks), after the pending moves or product */
+static int go_grid_{T}(mach_{T}_t *M, int64_t h, int64_t slot, int64_t blocks, int64_t threads, arg_t *args,
+                       int nargs) {{
     void *params[MAXPARAMS];
-    if (n <= 0) return 0;
+    if (blocks <= 0) return 0;
     const int rc = flush_{T}(M);
     if (rc) return rc;
     for (int i = 0; i < nargs; i++) params[i] = &args[i];
-    return launch_{T}(M, h, slot, n, params);
+    return launch_{T}(M, h, slot, blocks, threads, params);
+}}
+/* a launch over ``n`` elements, one thread each */
+static int go_{T}(mach_{T}_t *M, int64_t h, int64_t slot, int64_t n, arg_t *args, int nargs) {{
+    return go_grid_{T}(M, h, slot, n > 0 ? blocks_for_{T}(n) : 0, BLOCK, args, nargs);
 }}
 #define RK(name) M->rk[K_##name], K_##name
 
@@ -116,7 +135,7 @@ static int flush_{T}(mach_{T}_t *M) {{
         void *params[1] = {{ &M->mv }};
         const int64_t n = M->mv.start[M->mv.n];
         int rc = 0;
-        if (n > 0) rc = launch_{T}(M, RK(moves), n, params);
+        if (n > 0) rc = launch_{T}(M, RK(moves), blocks_for_{T}(n), BLOCK, params);
         M->mv.n = 0;
         return rc;
     }}
@@ -388,7 +407,7 @@ static int row_{T}(mach_{T}_t *M, const int64_t *code, const int64_t *pool, cons
             }}
             if (!apart) ISSUED(flush_{T}(M));
             for (int64_t i = 0; i < 2 + 2 * nargs; i++) params[i] = &p[i];
-            ISSUED(launch_{T}(M, M->fk[a[0]], NRK + a[0], rows * cols, params));
+            ISSUED(launch_{T}(M, M->fk[a[0]], NRK + a[0], blocks_for_{T}(rows * cols), BLOCK, params));
             break;
         }}
         case COPY: case ADD: {{
@@ -506,7 +525,8 @@ static int row_{T}(mach_{T}_t *M, const int64_t *code, const int64_t *pool, cons
             p[5].p = fn == 2 ? R[a[3]].p : R[a[2]].p; p[6].i = fn == 2 ? R[a[3]].ld : 0; p[7].p = lab;
             p[8].p = labreg ? R[a[4]].p : R[a[2]].p; p[9].i = labreg ? R[a[4]].ld : 0;
             p[10].p = R[a[1]].p; p[11].i = R[a[1]].ld;
-            ISSUED(go_{T}(M, RK(rowop), bs, p, 12));
+            /* one block per row (a grid-stride loop past MAXBLOCKS), its threads over the row's columns */
+            ISSUED(go_grid_{T}(M, RK(rowop), bs < MAXBLOCKS ? bs : MAXBLOCKS, mc_rowop_threads(cols), p, 12));
             break;
         }}
         case TRANSROWS: {{
@@ -593,7 +613,8 @@ def issue_source() -> str:
     enum = ", ".join([f"{name} = {i}" for name, i in OPS.items()] + [f"NOPCODES = {len(OPS)}"])
     head = (HELPERS + f"enum {{ {enum} }};\n#define W {WIDTH}\n#define MAXARGS {MAX_ARGS}\n"
             f"#define MAXREGS {MAX_REGISTERS}\n#define MAXPARAMS {2 + 2 * MAX_ARGS}\n#define BLOCK {BLOCK}\n"
-            f"#define MAXBLOCKS {MAX_BLOCKS}\n#define MOVES {MOVES}\n" + SPAN_HELPERS)
+            f"#define MAXBLOCKS {MAX_BLOCKS}\n#define MOVES {MOVES}\n" + SPAN_HELPERS
+            + ROWOP_GEOMETRY.format(ROWOP_THREADS=ROWOP_THREADS, ROWOP_PER_THREAD=ROWOP_PER_THREAD))
     body = ""
     for T in ("float", "double"):
         loop = LOOP_SOURCE.format(T=T, REGISTER_CASES=register_cases("DSTOK", 8))
@@ -612,4 +633,5 @@ ISSUE_SIGNATURE = ("int issue_{T}(const int64_t *code, const int64_t *pool, cons
                    " int64_t check, int64_t *err, int64_t *stats, int64_t *counts);")
 def issue_decls() -> str:
     """cffi declarations of the loop, the product shims and the stand-in's function pointers."""
-    return "\n".join([shim_decls()] + [ISSUE_SIGNATURE.format(T=T) for T in ("float", "double")])
+    return "\n".join([shim_decls(), "int64_t mc_rowop_threads(int64_t cols);"]
+                     + [ISSUE_SIGNATURE.format(T=T) for T in ("float", "double")])

@@ -81,3 +81,81 @@ def test_the_loop_launches_every_kernel_it_names():
         source = issue_kernels(c_type)
         for name in ISSUE_KERNEL_NAMES:
             assert f"void {name}_{c_type}(" in source, name
+
+
+# --- ROWOP's kernel: one block per row ------------------------------------------------------------------------
+
+def _rowop_threads(cols: int) -> int:
+    """The issuing loop's threads per block of a ROWOP launch (codegen/issue_source.py's mc_rowop_threads)."""
+    from minicavs.cuda import issue
+    return int(issue.library()[1].mc_rowop_threads(cols))
+
+
+def test_rowop_blocks_grow_with_the_row_from_a_warp():
+    """A warp for a short row; doubling while a thread would hold more than ROWOP_PER_THREAD columns; never
+    above ROWOP_THREADS (a power of two, within CUDA's 1024)."""
+    from minicavs.engine.codegen.issue_kernels import ROWOP_PER_THREAD, ROWOP_THREADS
+    assert ROWOP_THREADS <= 1024 and ROWOP_THREADS & (ROWOP_THREADS - 1) == 0
+    for cols in (0, 1, 31, 32, 33, 255, 256, 257, 1000, 4097, 10000, 10 ** 6):
+        threads = _rowop_threads(cols)
+        assert 32 <= threads <= ROWOP_THREADS and threads & (threads - 1) == 0, (cols, threads)
+        assert threads * ROWOP_PER_THREAD >= cols or threads == ROWOP_THREADS, (cols, threads)
+        assert (threads // 2) * ROWOP_PER_THREAD < cols or threads == 32, (cols, threads)
+
+
+def _rowop_want(fn: int, x: np.ndarray, g: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """numpy's row functions in float64: softmax, the cross-entropy of each row's label, its gradient x g
+    (NaN for a label that is no class)."""
+    lse = np.log(np.exp(x - x.max(1, keepdims=True)).sum(1, keepdims=True)) + x.max(1, keepdims=True)
+    valid = (labels >= 0) & (labels < x.shape[1]) & (labels == np.floor(labels))
+    y = np.where(valid, labels, 0).astype(np.int64)
+    rows = np.arange(len(x))
+    if fn == 0:
+        return np.exp(x - lse)
+    if fn == 1:
+        return np.where(valid, lse[:, 0] - x[rows, y], np.nan)[:, None]
+    grad = np.exp(x - lse)
+    grad[rows, y] -= 1
+    return np.where(valid[:, None], grad * g[:, None], np.nan)
+
+
+def _rowop(emu, c_type: str, fn: int, grid: int, x, g, lab, labf, cols: int, out_cols: int) -> np.ndarray:
+    """One emulated ROWOP launch over x's rows, each at its stride (x, g, labf and the output wider than read)."""
+    rows = len(x)
+    dst = np.full((rows, out_cols + 3), 7.0, x.dtype)   # (columns past the row's: never written)
+    ld = lambda a: a.strides[0] // a.itemsize
+    emu.launch(f"rowop_{c_type}", grid, _rowop_threads(cols), fn, rows, cols, x, ld(x), g, ld(g), lab,
+               labf if labf is not None else x, 0 if labf is None else ld(labf), dst, ld(dst))
+    assert (dst[:, out_cols:] == 7.0).all()
+    return dst[:, :out_cols]
+
+
+@pytest.mark.parametrize("c_type", ["float", "double"])
+@pytest.mark.parametrize("cols", [1, 31, 32, 33, 1000, 9973])
+def test_rowop_on_the_emulation_equals_numpy(c_type, cols, emulation_dir):
+    """Softmax, the cross-entropy (labels as int64 rows and as whole numbers of the float type, NaN for one
+    that is no class) and its gradient x g, and the row copy, at strided rows, one block per row and fewer
+    blocks than rows (the same bits: the trees' order does not depend on the grid), each equal to numpy."""
+    from minicavs.cuda.emulation import Emulator
+    dtype = np.float32 if c_type == "float" else np.float64
+    tol = 1e-5 if c_type == "float" else 1e-10
+    emu = Emulator([issue_kernels(c_type)], emulation_dir)
+    rng = np.random.default_rng(cols)
+    rows = 5
+    x = (3 * rng.standard_normal((rows, cols + 4))).astype(dtype)
+    g = rng.standard_normal((rows, 3)).astype(dtype)
+    labels = rng.integers(0, cols, rows)
+    labf = np.zeros((rows, 2), dtype)
+    labf[:, 1] = labels
+    labf[1, 1], labf[3, 1] = cols, 0.5 if cols > 1 else -1   # (no class: out of range, not whole)
+    x64, g64 = x[:, :cols].astype(np.float64), g[:, 0].astype(np.float64)
+    for fn, out_cols in ((0, cols), (1, 1), (2, cols)):
+        for lab, labf_view, wanted in ((labels, None, labels), (None, labf[:, 1:], labf[:, 1])):
+            got = _rowop(emu, c_type, fn, rows, x, g, lab, labf_view, cols, out_cols)
+            want = _rowop_want(fn, x64, g64, wanted.astype(np.float64))
+            assert np.array_equal(np.isnan(got), np.isnan(want)), (fn, lab is None)
+            err = np.abs(np.nan_to_num(got - want)).max()
+            assert err <= tol * max(1.0, np.abs(np.nan_to_num(want)).max()), (fn, lab is None, err)
+            again = _rowop(emu, c_type, fn, 2, x, g, lab, labf_view, cols, out_cols)
+            assert np.array_equal(got, again, equal_nan=True), fn
+    np.testing.assert_array_equal(_rowop(emu, c_type, 3, 2, x, g, None, None, cols, cols), x[:, :cols])
