@@ -90,8 +90,8 @@ class _Functions:
     def streams(self) -> None:
         """Point ``dev`` at the current and the eager stream (before each call)."""
 
-    def log(self, names: list, counts: np.ndarray) -> None:
-        """After a call: what a launcher that records its launches should know (counts per kernel)."""
+    def log(self) -> None:
+        """After a call: hand a launcher that records its launches what the call launched."""
 
     def read(self, reads: int, writes: int) -> None:
         """After a call: the values the loop read from the device (a while_loop's conditions, a count in a
@@ -121,7 +121,7 @@ class _Standin(_Functions):
             for _ in range(count):                                    # per value the loop read or wrote)
                 standin._count(direction)
 
-    def log(self, names: list, counts: np.ndarray) -> None:
+    def log(self) -> None:
         launches = getattr(self.device.launcher, "launches", None)
         for emu in self.device.launcher.emulators.values():   # (in order per emulated library)
             logged = emu.take_log()
@@ -431,7 +431,7 @@ def run(program, device, tf32: bool = False) -> None:
     per_kernel = launch_counts(device)
     for i in np.flatnonzero(counts).tolist():
         per_kernel[names[i]] = per_kernel.get(names[i], 0) + int(counts[i])
-    handles.log(names, counts)
+    handles.log()
     if rc:
         _raise(lowered, err)
 
