@@ -36,7 +36,7 @@ from ..runtime.inputs import Batch, InputGraph, make_batch
 from ..runtime.memory import Workspace, plan_memory
 from ..runtime.scheduler import AgendaPolicy, CavsPolicy, FsmPolicy, GreedyPolicy, depends_on_batch_only, get_policy
 from ..runtime.vertex import VertexFunction
-from . import linked_head, planner, pull_lookup
+from . import linked_head, planner
 from .alg1 import backward, forward
 from .backend import Backend as Device, get_device  # noqa: F401 (model.get_device: the public name)
 from .compile import CompiledFunction, EngineOptions, StaticNodes
@@ -632,11 +632,9 @@ class Model:
         states, final, head = {}, linked_head.final_graph(self, training, outputs), None
         for s, stage in zip(self.structures, self.stages):
             batch, plan, compiled = plans[s.name]
-            title = f"forward, the pulls of structure '{s.name}'"
             try:
-                if not pull_lookup.pulled(self, s, stage, env, feeds, params, ctx, result.static, title, training):
-                    self._evaluate(stage, s.pulls.values(), env, feeds, params, ctx, result.static, title, options,
-                                   training)
+                self._evaluate(stage, s.pulls.values(), env, feeds, params, ctx, result.static,
+                               f"forward, the pulls of structure '{s.name}'", options, training)
             except FeedError as e:
                 raise _at_pull_row(e, s, batch) from None
             pull_bufs = _pull_buffers(s, plan, env)
