@@ -100,6 +100,41 @@ def _blas_threads_fn():
     return None
 
 
+# OpenBLAS cores whose sgemm runs products of m n k <= 1e6 in small-matrix kernels (no packing of B): on them
+# the interpreter splits a product a few rows past that bound into row blocks under it (codegen/machine.py).
+# Measured on SkylakeX (1 thread, CPU time): 11-20 rows x 256 x 384 took 0.65-0.88x the time in two blocks,
+# 21-40 x 128 x 384 0.67-0.78x, 62-122 x 128 x 128 0.84-0.88x, 4-6 x 512 x 512 0.39-0.51x; at three times the
+# bound's rows one call won again (1.08x). Float only: dgemm was not measured.
+SMALL_KERNEL_CORES = ("skylakex", "cooperlake", "sapphirerapids")
+SMALL_MNK = 1_000_000
+
+
+def corename() -> str | None:
+    """The core numpy's OpenBLAS runs its kernels for (``openblas_get_corename``), None where it cannot be asked."""
+    path = _numpy_blas()
+    if path is None:
+        return None
+    try:
+        lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+    except OSError:
+        return None
+    for name in ("scipy_openblas_get_corename64_", "openblas_get_corename64_", "scipy_openblas_get_corename",
+                 "openblas_get_corename"):
+        fn = getattr(lib, name, None)
+        if fn is not None:
+            fn.restype, fn.argtypes = ctypes.c_char_p, []
+            found = fn()
+            return found.decode() if found else None
+    return None
+
+
+def small_matrix_bound(c_type: str, core: str | None = None) -> int:
+    """The m n k up to which the BLAS's products skip packing where the interpreter splits products past it into
+    row blocks (SMALL_KERNEL_CORES), else 0: no blocks. ``core``: the OpenBLAS core (default: numpy's)."""
+    core = corename() if core is None else core
+    return SMALL_MNK if c_type == "float" and (core or "").lower() in SMALL_KERNEL_CORES else 0
+
+
 def blas_threads() -> int:
     """How many threads numpy's OpenBLAS computes with now (``OPENBLAS_NUM_THREADS``, threadpoolctl), 1 when
     that cannot be asked: the row kernels (cpu/library.py) split large arrays over as many."""
@@ -123,6 +158,8 @@ class CInterpreter:
         self._i64 = functools.partial(ffi.from_buffer, ffi.typeof("int64_t[]"))
         # columns of a panel of the packed product by a static (codegen/packed_gemm.py); 0: none here
         self.packed_nr = int(lib.mc_packed_nr())
+        self.small_mnk = small_matrix_bound(c_type)   # (the GEMM case's row blocks: codegen/machine.py)
+        lib.mc_set_small_mnk(self.small_mnk)
         self.t_ptr = ffi.typeof(f"{c_type} *")
 
     def ptr(self, a: np.ndarray):

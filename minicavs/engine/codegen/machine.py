@@ -56,6 +56,12 @@ INTERPRETER_SOURCE = r"""
 #include <sched.h>
 {PACKED}
 {ROWS}
+/* Products of at most this many multiply-adds (m n k) run in OpenBLAS's small-matrix kernels (its SkylakeX
+   cores), larger ones through its packing path, which took 1.2-2.6x the time of two halves at a few rows past the
+   bound; such a product, up to twice the rows the bound holds, runs in even row blocks under it. Set once a
+   process by cpu/interpreter.py (0: never). */
+static int64_t small_mnk = 0;
+void mc_set_small_mnk(int64_t bound) {{ small_mnk = bound; }}
 
 typedef {T} T;
 typedef struct {{ T *p; int64_t ld; int64_t trans; int64_t buf; }} reg_t;
@@ -276,6 +282,19 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
                             T *c = C->p + r * ldc;
                             for (int64_t j = j0; j < j1; j++) c[j] = tmp[j * m + r];
                         }}
+                    }}
+                }} else if (small_mnk && !A->trans && m * n * k > small_mnk && small_mnk / (n * k) >= 2
+                           && m <= 2 * (small_mnk / (n * k))) {{
+                    /* a few rows past the small-matrix bound: even row blocks under it (small_mnk above) */
+                    const int64_t per = small_mnk / (n * k), parts = (m + per - 1) / per, step = (m + parts - 1) / parts;
+                    for (int64_t r0 = 0; r0 < m; r0 += step) {{
+                        const int64_t rows = m - r0 < step ? m - r0 : step;
+                        if (ilp64)
+                            ((gemm64_t)gemm)(101, 111, Bm->trans ? 112 : 111, rows, n, k, (T)1, A->p + r0 * lda, lda,
+                                             Bm->p, ldb, (T)0, C->p + r0 * ldc, ldc);
+                        else
+                            ((gemm32_t)gemm)(101, 111, Bm->trans ? 112 : 111, (int)rows, (int)n, (int)k, (T)1,
+                                             A->p + r0 * lda, (int)lda, Bm->p, (int)ldb, (T)0, C->p + r0 * ldc, (int)ldc);
                     }}
                 }} else if (ilp64) {{
                     ((gemm64_t)gemm)(101, A->trans ? 112 : 111, Bm->trans ? 112 : 111, m, n, k, (T)1, A->p, lda,
@@ -666,4 +685,4 @@ def interpreter_decls(c_type: str) -> str:
             " int64_t nregs, const int64_t *kernels, int64_t nkernels, int64_t gemm, int64_t gemv, int64_t ilp64,"
             " int64_t forest, int64_t check, int64_t *err, int64_t *prof, const int64_t *twin,"
             " const int64_t *packed, int64_t tmp_off, int64_t tmp_rows, int64_t tmp_cols, int64_t *sync,"
-            " int64_t role, int64_t nwait);" + PACKED_DECLS[c_type])
+            " int64_t role, int64_t nwait); void mc_set_small_mnk(int64_t bound);" + PACKED_DECLS[c_type])
