@@ -25,7 +25,7 @@ def flow_refusal(n: Node) -> str | None:
     if is_cond(n):
         return "a cond of a static graph (its branches run on the step runner)"
     if item_index(n) is not None:
-        return None if n.dtype.is_float else f"an {n.dtype.name} result of a loop (its steps run)"
+        return None if n.dtype.is_float or is_count(n) else f"an {n.dtype.name} result of a loop (its steps run)"
     if not is_loop(n):
         return "a tuple value no instruction holds" if holds_tuple(n) else None
     f = flow(n)
@@ -40,6 +40,22 @@ def flow_refusal(n: Node) -> str | None:
         if why is not None:
             return why
     return None
+
+
+def is_count(n: Node) -> bool:
+    """Is ``n`` a while_loop's count of steps run (an int64 item, outside any body): the program writes it in its
+    float type (STEPS) and hands it out converted (:func:`as_int`)."""
+    f = flow(n.inputs[0]) if item_index(n) is not None and is_loop(n.inputs[0]) else None
+    if f is None or "cond" not in dict(f.bodies):
+        return False
+    pick = n.inputs[0].attrs.get("_pick")
+    held = pick if pick is not None else range(f.outputs + f.states + 1)
+    return item_index(n) < len(held) and held[item_index(n)] == f.outputs + f.states
+
+
+def as_int(value, n: Node):
+    """A count the program wrote in its float type (a whole number) as ``n``'s int value, on the same device."""
+    return value.astype(n.dtype.np)
 
 
 def _int_reads(body) -> str | None:
