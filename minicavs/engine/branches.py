@@ -22,13 +22,13 @@ from .passes.alias import elide_concats
 
 
 def branches(t: Template, step, statics: set) -> bool:
-    """Does ``step`` lower to a branch: a cond of one result whose pred is a one-value static of the result's
-    (the program's) float type (in a body: the placeholder of one), which every loop reads where it runs (else:
-    an APPLY)."""
+    """Does ``step`` lower to a branch: a cond (of one result, or a tuple of results of one float type) whose
+    pred is a one-value static of the result's (the program's) float type (in a body: the placeholder of one),
+    which every loop reads where it runs (else: an APPLY)."""
     node = step.outputs[0]
     if step.fused or not is_cond(node) or len(step.outputs) != 1:
         return False
-    if holds_tuple(node) and not (flow(node).saves and all(d == node.dtype for _, d in node.attrs["_types"])):
+    if holds_tuple(node) and not all(d == node.dtype for _, d in node.attrs["_types"]):
         return False
     pred = t.origins.get(step.inputs[0], step.inputs[0])
     return pred in statics and pred.dtype == node.dtype and node.dtype.is_float and math.prod(pred.shape) == 1
@@ -190,15 +190,16 @@ def _result(t: Template, node: Node, out: int, kept: bool, value: int) -> None:
 
 
 def lower_sides(t: Template, step, where: tuple, lower_step: Callable) -> None:
-    """A cond that keeps each side's own results (ops/cond_grad.py: its results, then the then-side's, then the
-    else-side's) as a branch: each result an item reads gets a register (the item's own memory where it has
+    """A cond of several results (a static graph's), or one that keeps each side's own results too
+    (ops/cond_grad.py: its results, then the then-side's, then the else-side's), as a branch: each result an item
+    reads gets a register (the item's own memory where it has
     some, memory of its own for a side result, else one each side aliases), each side writes its results and its
     own side results alone (the other side's are read only by branches on that side); items read those
     registers (t.tuples, as a loop's)."""
     node, (pred, *args) = step.outputs[0], step.inputs
     (_, then), (_, else_) = flow(node).bodies
-    n_out, n_then, _ = node.attrs["_sides"]
     types = node.attrs["_types"]
+    n_out, n_then, _ = node.attrs.get("_sides") or (len(types), 0, 0)   # (a static graph's cond: its results only)
     bound = {item_index(n): r for n, r in t.regs.items() if item_index(n) is not None and n.inputs[0] is node}
     memory, results = set(bound.values()), {}
     for i in sorted(i for tn, i in t.items if tn is node):

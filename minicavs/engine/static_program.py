@@ -137,7 +137,7 @@ class Split:
                 if any(r is not rows for r in rowy):
                     why = "rows of another count than the program's"
             if why is None and item_index(n) is not None and where.get(n.inputs[0]) != "program":
-                why = "a result of a loop the step runner runs"
+                why = "a result of a loop or cond the step runner runs"
             deps = {where.get(x) for x in n.inputs}
             if why is None and "after" not in deps:
                 where[n] = "program"
