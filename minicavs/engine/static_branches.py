@@ -4,9 +4,9 @@ else-side), so only the taken side runs, forward and backward (a static graph's 
 the same pred of the sides' gradients). Inside the sides the static program's own step lowering runs (row
 functions, lookups, loops: ``lower_step``, passed in).
 
-BRANCH reads its pred from a buffer the program is given (on a device its host copy, read once a pass), so the
-pred must be a value the graph is given, a feed or a parameter, of the cond's float type: a pred the graph
-computes keeps the cond on the step runner, and says so.
+The pred is one value of the cond's float type: BRANCH reads it from its buffer where the graph is given it (a
+feed, a parameter; on a device its host copy, read once a pass), IF from its register where the program computes
+it (on a device one counted read per IF run).
 """
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ from ..ops.flow import flow
 from ..ops.registry import holds_tuple
 from . import instructions
 from .branches import branches, lower_cond
-from .program import is_fed
 
 
 def refusal(n: Node) -> str | None:
@@ -27,9 +26,8 @@ def refusal(n: Node) -> str | None:
     types = n.attrs["_types"] if holds_tuple(n) else [(n.shape, n.dtype)]
     if any(d != n.dtype or not d.is_float for _, d in types):
         return "a cond whose results are not all of one float type"
-    if not is_fed(pred) or pred.dtype != n.dtype or math.prod(pred.shape) != 1:
-        return (f"a cond whose pred {pred.label()} is not a {n.dtype.name} value the graph is given (a branch "
-                "reads its pred from a buffer given to the program)")
+    if pred.dtype != n.dtype or math.prod(pred.shape) != 1:
+        return f"a cond whose pred {pred.label()} is not one {n.dtype.name} value"
     for _, body in flow(n).bodies:
         for x in body.computed:
             if not x.dtype.is_float or any(not i.dtype.is_float for i in x.inputs):
@@ -43,7 +41,7 @@ def lower(t, step, statics: set, device, singles: dict, lower_step: Callable) ->
     for x in step.inputs:
         if x not in t.regs and x in statics:
             t.emit("STATIC", t.reg(x), t.buf(("static", x)))
-    if branches(t, step, statics):
+    if branches(t, step, statics, computed=True):
         lower_cond(t, step, statics, device, singles, lower_step)
     else:
         instructions._step(t, step, statics, device, singles)
