@@ -206,9 +206,10 @@ class Reverse(Task):
         for i in range(0, len(samples), batch_size):
             _, feeds = self.batch(samples[i:i + batch_size])
             tokens = to_host(self.decoder.infer({}, feeds, self.params).outputs["tokens"])
-            for row in np.argmax(tokens, axis=-1):   # (steps that never ran are zeros: argmax 0, after <eos>)
-                stop = np.flatnonzero(row == EOS)
-                out.append(row[:stop[0]] if stop.size else row)
+            ids = np.argmax(tokens, axis=-1)   # (steps that never ran are zeros: argmax 0, after <eos>)
+            eos = ids == EOS
+            stops = np.where(eos.any(axis=1), eos.argmax(axis=1), ids.shape[1])   # (each row's first <eos>)
+            out += [row[:stop] for row, stop in zip(ids, stops.tolist())]
         return out
 
     # --- evaluation ----------------------------------------------------------------------------------
@@ -237,8 +238,8 @@ class Reverse(Task):
         return behaviour.read_digits(line, where, self.max_len)
 
     def predict(self, samples, batch_size: int) -> list[dict]:
-        return [{"text": "".join(map(str, out)), "digits": [int(d) for d in out]}
-                for out in self.decode(list(samples), batch_size)]
+        digits = [out.tolist() for out in self.decode(list(samples), batch_size)]
+        return [{"text": "".join(map(str, d)), "digits": d} for d in digits]
 
     def export_spec(self) -> dict:
         """The greedy decoder (its while_loop) and predict's reading, feeding and rendering, by name."""

@@ -47,6 +47,7 @@ LAYERS = [
         # lowering); a static graph's loop with a trip count per row lowered as masks
         ["engine/loops"],                # a foreach in F lowered as a loop (its body inlined as a branch's)
         ["engine/instructions", "engine/program", "engine/executor", "engine/alg1", "engine/explain"],
+        ["engine/static_branches"],      # a static graph's cond as a branch of its program
         ["engine/static_loops"],         # a static graph's loops and their int inputs in its program
         ["engine/static_program"],       # a static graph lowered as a program (by instructions' step lowering)
         ["engine/linked_head"],          # the static graph on top of a structure linked into F's program

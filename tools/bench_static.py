@@ -6,6 +6,8 @@ Points:
   infer   batch-1 inference of the SST Tree-LSTM (hidden 128, ``Model.infer`` one tree at a time): µs per tree
   train   Tree-LSTM forward and backward on SST, batch 64, hidden 128: trees per second
   train1  the same at batch 1
+  predict seq2seq's greedy decoding (``minicavs predict``'s pass, the bundled config, batch 64): sequences per
+          second
 (seq2seq's training throughput against a base commit: ``minicavs bench --control``'s row ``seq2seq``.)
 
     python tools/bench_static.py --repo /path/before --repo /path/after --rounds 5 --point infer
@@ -59,7 +61,25 @@ def _train(trees: int, batch: int = 64) -> float:
     return _training_rate(t, batches, len(data))
 
 
-POINTS = {"infer": (_infer, 512), "train": (_train, 1024), "train1": (lambda n: _train(n, 1), 256)}
+def _predict(sequences: int) -> float:
+    """seq2seq's greedy decoding of ``sequences`` generated sequences (the bundled config, untrained: every
+    batch decodes its most steps), sequences per CPU second: the median of passes 2 to 4."""
+    import tempfile
+    from minicavs.train.config import bundled_models_dir, load_config
+    from minicavs.train.trainer import Trainer
+    cfg = load_config(bundled_models_dir() / "seq2seq.yaml", [f"data.synthetic.dev={sequences}"])
+    t = Trainer(cfg, run_dir=tempfile.mkdtemp(prefix="minicavs-bench-static-"))
+    samples = t.task.data["dev"]
+    rates = []
+    for _ in range(4):
+        start = time.process_time_ns()
+        t.task.predict(samples, 64)
+        rates.append(len(samples) / ((time.process_time_ns() - start) / 1e9))
+    return statistics.median(rates[1:])
+
+
+POINTS = {"infer": (_infer, 512), "train": (_train, 1024), "train1": (lambda n: _train(n, 1), 256),
+          "predict": (_predict, 2048)}
 
 
 def _one(point: str) -> None:

@@ -21,17 +21,32 @@ from .lowered import NONE, Template, _cols, _rows
 from .passes.alias import elide_concats
 
 
-def branches(t: Template, step, statics: set) -> bool:
-    """Does ``step`` lower to a branch: a cond of one result whose pred is a one-value static of the result's
-    (the program's) float type (in a body: the placeholder of one), which every loop reads where it runs (else:
-    an APPLY)."""
+def branches(t: Template, step, statics: set, computed: bool = False) -> bool:
+    """Does ``step`` lower to a branch: a cond (of one result, or a tuple of results of one float type) whose
+    pred is a one-value static of the result's (the program's) float type (in a body: the placeholder of one),
+    which every loop reads where it runs (``computed``: or such a value in a register, a static program's,
+    read by IF); else an APPLY."""
     node = step.outputs[0]
     if step.fused or not is_cond(node) or len(step.outputs) != 1:
         return False
-    if holds_tuple(node) and not (flow(node).saves and all(d == node.dtype for _, d in node.attrs["_types"])):
+    if holds_tuple(node) and not all(d == node.dtype for _, d in node.attrs["_types"]):
         return False
     pred = t.origins.get(step.inputs[0], step.inputs[0])
-    return pred in statics and pred.dtype == node.dtype and node.dtype.is_float and math.prod(pred.shape) == 1
+    given = pred in statics or computed and step.inputs[0] in t.regs
+    return given and pred.dtype == node.dtype and node.dtype.is_float and math.prod(pred.shape) == 1
+
+
+def _test(t: Template, pred: Node) -> tuple:
+    """(the instruction of a branch on ``pred`` skipping n, as a function of n; its guard): BRANCH on its static
+    buffer, else (a value the program computed) IF on its register. The guard names the branch's sides (values
+    an earlier branch computed under the same guard are reused: a static's sides only, since a register's value
+    may change between two conds)."""
+    origin = t.origins.get(pred, pred)
+    if ("static", origin) in t.buffers or pred not in t.regs:
+        buf = t.buf(("static", origin))
+        return (lambda n: ("BRANCH", buf, n)), buf
+    reg = t.regs[pred]
+    return (lambda n: ("IF", n, reg)), ("IF", len(t.code))
 
 
 def lower_cond(t: Template, step, statics: set, device, singles: dict, lower_step: Callable) -> None:
@@ -45,17 +60,17 @@ def lower_cond(t: Template, step, statics: set, device, singles: dict, lower_ste
         return
     kept = t.has_memory(node)
     out = t.regs[node] if node in t.regs else t.scratch_reg(node) if kept else t.reg(node)
-    branch, pred_buf = len(t.code), t.buf(("static", t.origins.get(pred, pred)))
-    t.emit("BRANCH", pred_buf, 0)
+    branch, (test, guard) = len(t.code), _test(t, pred)
+    t.emit(*test(0))
     for body, side in ((then, 1), (else_, 0)):
         if side == 0:
             jump = len(t.code)
             t.emit("JUMP", 0)
         with _direct(t, node, body.outputs[0]):   # (a parameter's gradient: into its accumulator)
-            value = inline(t, body, args, (statics, device, singles), lower_step, (pred_buf, side))[0]
+            value = inline(t, body, args, (statics, device, singles), lower_step, (guard, side))[0]
         if not _writes_direct(t, node, value):
             _result(t, node, out, kept, value)
-    t.code[branch] = ("BRANCH", pred_buf, jump - branch)
+    t.code[branch] = test(jump - branch)
     t.code[jump] = ("JUMP", len(t.code) - jump - 1)
 
 
@@ -190,15 +205,16 @@ def _result(t: Template, node: Node, out: int, kept: bool, value: int) -> None:
 
 
 def lower_sides(t: Template, step, where: tuple, lower_step: Callable) -> None:
-    """A cond that keeps each side's own results (ops/cond_grad.py: its results, then the then-side's, then the
-    else-side's) as a branch: each result an item reads gets a register (the item's own memory where it has
+    """A cond of several results (a static graph's), or one that keeps each side's own results too
+    (ops/cond_grad.py: its results, then the then-side's, then the else-side's), as a branch: each result an item
+    reads gets a register (the item's own memory where it has
     some, memory of its own for a side result, else one each side aliases), each side writes its results and its
     own side results alone (the other side's are read only by branches on that side); items read those
     registers (t.tuples, as a loop's)."""
     node, (pred, *args) = step.outputs[0], step.inputs
     (_, then), (_, else_) = flow(node).bodies
-    n_out, n_then, _ = node.attrs["_sides"]
     types = node.attrs["_types"]
+    n_out, n_then, _ = node.attrs.get("_sides") or (len(types), 0, 0)   # (a static graph's cond: its results only)
     bound = {item_index(n): r for n, r in t.regs.items() if item_index(n) is not None and n.inputs[0] is node}
     memory, results = set(bound.values()), {}
     for i in sorted(i for tn, i in t.items if tn is node):
@@ -211,15 +227,14 @@ def lower_sides(t: Template, step, where: tuple, lower_step: Callable) -> None:
             results[i] = t.reg(name=f"{node.name or 'cond'}.{i}")
     t.tuples[node] = [results.get(i) for i in range(len(types))]
     t.reg(node)   # (the tuple's own register, unused: its items read ``t.tuples``)
-    pred_buf = t.buf(("static", t.origins.get(pred, pred)))
-    branch = len(t.code)
-    t.emit("BRANCH", pred_buf, 0)
-    _side(t, then, args, list(range(n_out + n_then)), results, memory, where, lower_step, (pred_buf, 1))
+    branch, (test, guard) = len(t.code), _test(t, pred)
+    t.emit(*test(0))
+    _side(t, then, args, list(range(n_out + n_then)), results, memory, where, lower_step, (guard, 1))
     jump = len(t.code)
     t.emit("JUMP", 0)
     slots = list(range(n_out)) + list(range(n_out + n_then, len(types)))
-    _side(t, else_, args, slots, results, memory, where, lower_step, (pred_buf, 0))
-    t.code[branch] = ("BRANCH", pred_buf, jump - branch)
+    _side(t, else_, args, slots, results, memory, where, lower_step, (guard, 0))
+    t.code[branch] = test(jump - branch)
     t.code[jump] = ("JUMP", len(t.code) - jump - 1)
 
 

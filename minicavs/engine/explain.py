@@ -141,7 +141,7 @@ def flow_lines(program, indent: str = "", where: bool = True) -> list[str]:
 
 
 def _flow_instruction(program, template, pc: int) -> str:
-    """One LOOP, LOOPN, LOOPR or BRANCH of ``program`` described ('' for any other instruction)."""
+    """One LOOP, LOOPN, LOOPR, BRANCH or IF of ``program`` described ('' for any other instruction)."""
     lowered = program.lowered
     op, *a = lowered.code[pc].tolist()
     name = OPCODES_BY_ID[op]
@@ -151,6 +151,9 @@ def _flow_instruction(program, template, pc: int) -> str:
         pred = _key_text(lowered.keys[a[0]])
         return (f"branch on {pred} = {_value(program, a[0])}: then {a[1] - 1} instructions, else "
                 f"{int(lowered.code[jump][1])}")
+    if name == "IF":   # (a static graph's cond on a pred its program computes)
+        return (f"branch on r{a[1]}({template.reg_names[a[1]]}), computed in the program: then {a[0] - 1} "
+                f"instructions, else {int(lowered.code[pc + a[0]][1])}")
     if name not in ("LOOP", "LOOPN", "LOOPR"):
         return ""
     at = dict(zip(OPCODES[name], a))

@@ -47,7 +47,8 @@ def loops(t: Template, step, ints: bool = False) -> bool:
     if step.fused or not is_loop(node) or len(step.outputs) != 1:
         return False
     f = flow(node)
-    if f is None or not node.dtype.is_float or _depth(t) >= MAX_DEPTH or _reads_count(t, node, f):
+    if f is None or not node.dtype.is_float or _depth(t) >= MAX_DEPTH or \
+            (_reads_count(t, node, f) and not ints):   # (a static program hands its count out: STEPS)
         return False
     test = dict(f.bodies).get("cond")
     if f.counted and test is None and _trip_count(t, step) is None:
@@ -103,7 +104,7 @@ def _reads_count(t: Template, node: Node, f) -> bool:
 def _trip_count(t: Template, step) -> tuple | None:
     """Where a foreach's run-time trip count (its last input, one int64 value for every row) is: ("static",
     its buffer), a one-value static the template binds; ("register", its register), a while_loop's count that
-    STEPS wrote inside a loop's body; None: neither."""
+    STEPS wrote (inside a loop's body, or in a static program); None: neither."""
     count = step.inputs[-1]
     origin = t.origins.get(count, count)
     if row_trips.per_row(step.outputs[0]):   # (a static graph's: the longest row's, bound from the lengths)
@@ -113,7 +114,7 @@ def _trip_count(t: Template, step) -> tuple | None:
         return None
     if ("static", origin) in t.buffers:
         return "static", t.buffers[("static", origin)]
-    return ("register", t.regs[count]) if _depth(t) > 0 and count in t.regs else None
+    return ("register", t.regs[count]) if count in t.regs else None   # (at depth 0: a static program's while)
 
 
 # how the lowering runs a node as a view of its input (a column block, a reshape keeping the flat rows, a 2-D

@@ -33,7 +33,8 @@ from ..ops.registry import holds_tuple
 from .backend import to_host
 from .codegen.machine import ARG_KINDS, OPCODES, matrix_shape
 from .codegen.opcodes import BUFFER_SPANS, MAX_DEPTH, OPCODE_TABLE, SPANS, span_values
-from .reference_flow import op_branch, op_endloop, op_jump, op_loop, op_loopn, op_loopr, op_stepcols, op_steps, op_while
+from .reference_flow import (op_branch, op_endloop, op_if, op_jump, op_loop, op_loopn, op_loopr, op_stepcols,
+                             op_steps, op_while)
 
 
 KIND_OF_ARG = {v: k for k, v in ARG_KINDS.items()}
@@ -610,7 +611,7 @@ OPERATIONS = {
     "NOP": op_nop, "BIND": op_bind, "STATIC": op_static, "SCRATCH": op_scratch, "GATHER": op_gather,
     "CATVIEW": op_catview, "SKIP_IF_CAT": op_skip_if_cat, "BRANCH": op_branch, "JUMP": op_jump,
     "LOOP": op_loop, "LOOPN": op_loopn, "ENDLOOP": op_endloop, "STEPCOLS": op_stepcols, "WHILE": op_while,
-    "STEPS": op_steps, "LOOPR": op_loopr, "TAKE": op_take, "TAKETO": op_taketo, "SROWS": op_srows, "SPUT": op_sput, "COLS": op_cols, "ALIAS": op_alias,
+    "STEPS": op_steps, "LOOPR": op_loopr, "IF": op_if, "TAKE": op_take, "TAKETO": op_taketo, "SROWS": op_srows, "SPUT": op_sput, "COLS": op_cols, "ALIAS": op_alias,
     "TRANSPOSE": op_transpose, "GEMM": op_gemm, "FUSED": op_fused, "COPY": op_copy, "ZERO": op_zero, "ADD": op_add,
     "SUMROWS": op_sumrows, "PUT": op_put, "ADJ": op_adj, "GACC": op_gacc, "DROPOUT": op_dropout, "BMM": op_bmm,
     "TRANSROWS": op_transrows, "APPLY": op_apply, "ROWOP": op_rowop,

@@ -75,3 +75,10 @@ def op_while(m: Machine, n, cond) -> int:
     crossing, per iteration)."""
     value = float(to_host(m.matrix(cond, 1, 1).reshape(-1))[0])
     return n if value == 0 else 0
+
+
+def op_if(m: Machine, n, pred) -> int:
+    """BRANCH on a pred the program computed: skip ``n`` (the then-branch and its JUMP) when the one value of
+    register ``pred`` is 0; NaN is true (on a device: one read, a crossing)."""
+    value = float(to_host(m.matrix(pred, 1, 1).reshape(-1))[0])
+    return n if value == 0 else 0

@@ -15,7 +15,7 @@ from ..ir.graph import Node
 from ..ops.flow import flow, is_cond, is_loop
 from ..ops.registry import OPS, holds_tuple
 from ..ops.subgraph import item_index
-from . import instructions, row_trips
+from . import instructions, row_trips, static_branches
 from .loops import loops, lower_loop
 
 
@@ -23,9 +23,9 @@ def flow_refusal(n: Node) -> str | None:
     """Why no instruction computes control-flow node ``n`` (a loop, a result of one, a cond) in a static
     program; None: the program lowers it (a loop the lowering then declines is given back, with its reason)."""
     if is_cond(n):
-        return "a cond of a static graph (its branches run on the step runner)"
+        return static_branches.refusal(n)
     if item_index(n) is not None:
-        return None if n.dtype.is_float else f"an {n.dtype.name} result of a loop (its steps run)"
+        return None if n.dtype.is_float or is_count(n) else f"an {n.dtype.name} result of a loop (its steps run)"
     if not is_loop(n):
         return "a tuple value no instruction holds" if holds_tuple(n) else None
     f = flow(n)
@@ -40,6 +40,22 @@ def flow_refusal(n: Node) -> str | None:
         if why is not None:
             return why
     return None
+
+
+def is_count(n: Node) -> bool:
+    """Is ``n`` a while_loop's count of steps run (an int64 item, outside any body): the program writes it in its
+    float type (STEPS) and hands it out converted (:func:`as_int`)."""
+    f = flow(n.inputs[0]) if item_index(n) is not None and is_loop(n.inputs[0]) else None
+    if f is None or "cond" not in dict(f.bodies):
+        return False
+    pick = n.inputs[0].attrs.get("_pick")
+    held = pick if pick is not None else range(f.outputs + f.states + 1)
+    return item_index(n) < len(held) and held[item_index(n)] == f.outputs + f.states
+
+
+def as_int(value, n: Node):
+    """A count the program wrote in its float type (a whole number) as ``n``'s int value, on the same device."""
+    return value.astype(n.dtype.np)
 
 
 def _int_reads(body) -> str | None:
@@ -76,8 +92,8 @@ def read_as_float(n: Node) -> bool:
 
 
 def lower_step(t, step, statics: set, device, singles: dict, own_step, is_own) -> None:
-    """One step of a static program: a loop (its body's steps lowered by this function again), a row function
-    (``own_step``, where ``is_own`` says so), or F's step lowering."""
+    """One step of a static program: a loop or a cond (their bodies' steps lowered by this function again), a row
+    function (``own_step``, where ``is_own`` says so), or F's step lowering."""
     node = None if step.fused else step.outputs[0]
     if node is not None and is_loop(node):
         for x in step.inputs:
@@ -88,7 +104,9 @@ def lower_step(t, step, statics: set, device, singles: dict, own_step, is_own) -
             return
         raise instructions.Unsupported(f"{node.label()}: a loop F's lowering does not take (a trip count it "
                                        "cannot read where the loop runs, per-step values of another shape)")
-    if node is not None and is_own(node):
+    if node is not None and is_cond(node):
+        static_branches.lower(t, step, statics, device, singles, _again(own_step, is_own))
+    elif node is not None and is_own(node):
         own_step(t, step, statics)
     else:
         instructions._step(t, step, statics, device, singles)

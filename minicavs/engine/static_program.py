@@ -137,7 +137,7 @@ class Split:
                 if any(r is not rows for r in rowy):
                     why = "rows of another count than the program's"
             if why is None and item_index(n) is not None and where.get(n.inputs[0]) != "program":
-                why = "a result of a loop the step runner runs"
+                why = "a result of a loop or cond the step runner runs"
             deps = {where.get(x) for x in n.inputs}
             if why is None and "after" not in deps:
                 where[n] = "program"
@@ -259,7 +259,7 @@ class StaticProgram:
         """After the program ran (``program``: who ran it, None where none did): its outputs into ``env``, the step
         runner's part after it; ``static`` gets what ran (returned; None when nothing did)."""
         if values is not None:
-            env.update(values.made)
+            env.update((n, v if n.dtype.is_float else static_loops.as_int(v, n)) for n, v in values.made.items())
         if self.after:
             steps_runner.run_steps(self.after, env, self.device.xp, ctx)
         if program is None and not self.before and not self.after:
@@ -348,7 +348,7 @@ class _Values:
         value = self.made.get(node)
         if value is None:
             value = self.made[node] = self.xp.empty(tuple(self.rows if d is None else d for d in node.shape),
-                                                    node.dtype.np)
+                                                    node.dtype.np if node.dtype.is_float else self.dtype)
         return value
 
     def _arena(self, which: str, elements: int):

@@ -5,7 +5,8 @@ whose pass is declined is listed in KNOWN with the reason, a strict expected fai
 
 Static graphs (a loss, a classifier, seq2seq, which is made of static graphs only) run as static programs
 (engine/static_program.py): each is run by the same runner, never declined, and no loop of one is left to the
-step runner (program.run_steps)."""
+step runner (program.run_steps). The same holds for predict's pass (the outputs a model exports, no loss:
+seq2seq's greedy decoding, a while_loop)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -15,8 +16,10 @@ import pytest
 from minicavs.cpu import CPU
 from minicavs.cuda import Cuda
 from minicavs.engine.executor import RunContext
+from minicavs.engine.model import Model
 from minicavs.ops.flow import is_loop
 from minicavs.train.config import REPO_ROOT
+from minicavs.train.predict import predict_lines
 from minicavs.train.trainer import Trainer
 
 from ..models.test_models import TINY
@@ -26,25 +29,61 @@ SIZES = {name: [o for o in TINY[name] if not o.startswith("model.dropout")] for 
 SIZES["seq2seq"] = ["model.embed=4", "model.hidden=5", "data.synthetic.train=8", "data.synthetic.dev=4",
                     "data.synthetic.test=4"]
 KNOWN: dict = {}   # model -> why a pass of it is declined (none today)
+# input lines of ``minicavs predict`` per reader (Task.parse_input's class): trees, sentences, digit strings
+LINES = {"TreeLSTM": ["((a b) c)", "(d (e f))", "g"], "LanguageModel": ["w0 w1 w2", "w3"], "BiLSTM": ["w0 w1 w2", "w3"],
+         "Reverse": ["1 2 3", "4", "5 6 7 8"]}
 
 
 def _passes(t: Trainer, device) -> dict:
     """{structure and pass: (runner, why a C loop declines it, why the runner declined it)} of one step of four
-    samples on ``device`` (the trainer's parameters copied there)."""
+    samples on ``device`` (the trainer's parameters copied there), and of predict's pass over them (the outputs
+    the model exports: seq2seq's greedy decoding) where the model predicts."""
     graphs, feeds = t.task.batch(t.task.data["train"][:4])
     params = t.params if device is CPU else {k: device.asarray(p.value) for k, p in t.params.items()}
     t.model.device = device
     try:
         result = t.model.forward_backward(graphs, feeds, params, RunContext(seed=3, step=1))
+        predicted = _predicted(t, device) if t.task.predicts else []
     finally:
         t.model.device = CPU
-    passes = {f"{s} {p.title}": (p.runner, p.lowered.c_refusal, p.declined) for s, state in result.states.items()
-              for p in (state.program, state.backward_program) if p is not None}
+    passes = _ran(result, "")
+    for got in predicted:
+        passes.update(_ran(got, "predict "))
+    return passes
+
+
+def _predicted(t: Trainer, device) -> list:
+    """The results of the inference passes ``minicavs predict`` runs (Task.predict, its own outputs and feeds)
+    over a few input lines, the parameters on ``device``."""
+    results, infer, kept = [], Model.infer, {k: p.value for k, p in t.params.items()}
+
+    def recorded(model, *args, **kwargs):
+        results.append(infer(model, *args, **kwargs))
+        return results[-1]
+    Model.infer = recorded
+    try:
+        for p in t.params.values():
+            p.value = device.asarray(p.value)
+        predict_lines(t.task, LINES[t.task.parse_input.__func__.__qualname__.split(".")[0]], 4)
+    finally:
+        Model.infer = infer
+        for k, p in t.params.items():
+            p.value = kept[k]
+    assert results, "predict ran no pass"
+    return results
+
+
+def _ran(result, what: str) -> dict:
+    """The passes of ``result`` as :func:`_passes` lists them, each named after ``what``."""
+    passes = {f"{what}{s} {p.title}": (p.runner, p.lowered.c_refusal, p.declined)
+              for s, state in result.states.items() for p in (state.program, state.backward_program) if p is not None}
     for run in result.static:
         if run.program is not None:
-            passes[f"static {run.title}"] = (run.program.runner, run.program.lowered.c_refusal, run.program.declined)
+            passes[f"{what}static {run.title}"] = (run.program.runner, run.program.lowered.c_refusal,
+                                                   run.program.declined)
         loops = [n for n in (run.left or {}) if is_loop(n)]
-        passes.update({f"static {run.title}: {n.label()} left": ("step runner", run.left[n], None) for n in loops})
+        passes.update({f"{what}static {run.title}: {n.label()} left": ("step runner", run.left[n], None)
+                       for n in loops})
     return passes
 
 

@@ -206,27 +206,6 @@ LOOP_H2D = {"engine/static_program.py:_as_float": "an int value a loop iterates 
             "engine/static_program.py:__getitem__": "a per-row loop's running mask and longest trip count"}
 
 
-def test_greedy_decoding_runs_its_encoder_in_a_program_and_says_why_its_while_loop_stays(tmp_path):
-    """seq2seq's predict graph: the encoder's foreach in the program, the while_loop (whose int64 count of steps
-    run the model hands out) on the step runner with that reason; the tokens equal the step runner's."""
-    t, _, feeds = _model("seq2seq", tmp_path)
-    decoder = t.task.decoder
-    got = decoder.infer({}, feeds, t.params, options=EngineOptions(check=True))
-    (run,) = got.static
-    assert run.program is not None and run.program.runner == "C runner" and "ENDLOOP" in _opcodes(run.program)
-    (loop,) = [n for n in run.left if n.op == "while_loop"]
-    assert "int64" in run.left[loop]
-    keep = static_program.refusal
-    static_program.refusal = lambda node: "the step runner's run, for comparison"
-    try:
-        decoder._static.programs.clear()
-        want = decoder.infer({}, feeds, t.params)
-    finally:
-        static_program.refusal = keep
-        decoder._static.programs.clear()
-    assert np.abs(got.outputs["tokens"] - want.outputs["tokens"]).max() <= 1e-12
-
-
 def test_explain_lists_a_static_programs_loops_and_what_stays_on_the_step_runner(tmp_path):
     from minicavs.engine.explain import explain
     for name, loop in [("seq2seq", r"loop at depth 0: 4 steps"),

@@ -567,7 +567,7 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
 
 def register_cases(dst_ok: str, indent: int) -> str:
     """The C cases of the instructions that only point a register or move pc (BIND, STATIC, SCRATCH, CATVIEW,
-    SKIP_IF_CAT, BRANCH, JUMP, LOOP, LOOPN, LOOPR, ENDLOOP, WHILE; COLS, STEPCOLS: a column block, ALIAS, TRANSPOSE): one
+    SKIP_IF_CAT, BRANCH, IF, JUMP, LOOP, LOOPN, LOOPR, ENDLOOP, WHILE; COLS, STEPCOLS: a column block, ALIAS, TRANSPOSE): one
     text for the interpreter and the CUDA issuing loop, over the macros each defines (SET, FBASE, BLD, BTRANS,
     FOREST, SCRATCH_BUF, PRED, COUNTS, READ1, and the
     checks' macros), each checking a pointed register with its own ``dst_ok``; indented by ``indent`` spaces."""
@@ -631,6 +631,12 @@ case LOOPR: {
     if (!(value >= 0 && value <= a[0] && value == (double)(int64_t)value)) FAIL(3);   /* not a whole count */
     lt[a[2]] = 0; lim[a[2]] = (int64_t)value;
     if (lim[a[2]] == 0) pc += a[1];
+    break;
+}
+case IF: {
+    @CHECKS IF@
+    READ1(a[1], value);   /* a cond's pred the program computed (the CUDA loop: one counted read of the device's) */
+    if (value == 0) pc += a[0];   /* 0: skip the then-branch and its JUMP (NaN is true) */
     break;
 }
 case WHILE: {

@@ -63,6 +63,9 @@ OPCODE_TABLE = {
     # ``cond`` (on a device one read), refused, naming it, when not a whole number in [0, most]
     "STEPS": (("dst", "in"), ("depth", "int")),
     "LOOPR": (("most", "int"), ("n", "int"), ("depth", "int"), ("cond", "in")),
+    # a cond of a static graph on a pred the program computes (engine/static_branches.py): BRANCH with the pred
+    # in register ``pred`` (its one value; on a device one read per IF run)
+    "IF": (("n", "int"), ("pred", "in")),   # (a register read, not pointed: not the first operand)
     # rows buf[idx[task_row + r]] into scratch (-1: zeros)
     "TAKE": (("dst", "reg"), ("buf", "buf"), ("width", "int"), ("idx", "buf"), ("cols", "int"), ("off", "int")),
     # dst[r] = buf[idx[task_row + r]][col:col + cols]; -1: 0
@@ -188,6 +191,7 @@ SPANS = {
     "WHILE": (Span("matrix", "cond", ("1", "1")), Span("target", "n")),
     "STEPS": (Span("rows", "dst", ("1", "1")), _DEPTH),
     "LOOPR": (Span("matrix", "cond", ("1", "1")), Span("nonneg", "most"), Span("target", "n"), _DEPTH),
+    "IF": (Span("matrix", "pred", ("1", "1")), Span("target", "n")),
     "TAKE": (Span("index", "idx", ("buf", "width", "0", "cols", "1")), Span("scratch", "off", ("cols",))),
     "TAKETO": (Span("rows", "dst", ("bs", "cols")), Span("index", "idx", ("buf", "width", "col", "cols", "1"))),
     "SROWS": (Span("first", "buf", ("scatter_row * ld + col",), "scatter_row >= 0", report="col"),
