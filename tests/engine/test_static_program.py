@@ -200,3 +200,34 @@ def test_the_c_runners_softmax_over_a_wide_vocabulary_equals_the_step_runners_in
     for k, b in [*want.grads.items(), *want.outputs.items()]:
         a, b = _dense({**got.grads, **got.outputs}[k]), _dense(b)
         assert np.abs(a - b).max(initial=0) <= 1e-5 * max(1.0, np.abs(b).max(initial=0)), k
+
+
+def test_literals_and_parameter_transposes_are_kept_from_run_to_run(tmp_path):
+    """A static program's literals (the zeros its loops' gradient sums start from) are made once, read-only,
+    and a parameter's transpose (∂'s Wᵀ) is the same view while the parameter is the same array (updated in
+    place), a new one when the array is replaced: the same operands run after run, which the binder and the
+    C runner's table keep. Each run gives the step runner's numbers."""
+    t, graphs, feeds = _model("seq2seq", tmp_path)
+    seen = []
+    real = static_program.StaticProgram.prepare
+
+    def prepare(self, env, *args):
+        real(self, env, *args)
+        if self.lowered is not None:
+            seen.append({n: v for n, v in env.items() if not n.has_rows and n.op not in ("input", "param")})
+    static_program.StaticProgram.prepare = prepare
+    try:
+        runs = [_run(t, graphs, feeds, "device") for _ in range(2)]
+        t.params["dec_Wh"].value = t.params["dec_Wh"].value * 0.5
+        runs.append(_run(t, graphs, feeds, "device"))
+    finally:
+        static_program.StaticProgram.prepare = real
+    first, second, third = seen
+    views = {n for n in first if n.op == "transpose"}
+    assert views and len(first) > len(views), first   # (both kinds there: the check is not vacuous)
+    assert all(second[n] is first[n] for n in first)
+    assert all(not first[n].flags.writeable for n in first if n not in views)
+    replaced = {n for n in views if n.inputs[0].name == "dec_Wh"}
+    assert replaced and all((third[n] is first[n]) == (n not in replaced) for n in first)
+    for got in runs[1:]:
+        _equal(got, _steps_only(t, graphs, feeds) if got is runs[-1] else runs[0], "a later run")
