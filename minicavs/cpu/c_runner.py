@@ -10,6 +10,7 @@ transposed twin for few-row products (the constants below say when and why).
 """
 from __future__ import annotations
 
+import math
 import weakref
 
 import numpy as np
@@ -197,9 +198,10 @@ def run(program, clock: np.ndarray | None = None) -> None:
     rows = table[:, 2].tolist()
     max_bs = max(rows, default=0)
     streaming = eager is not None and len(eager) > 0
-    multi = _multi_rows(program, rows) if max_bs > 1 else 0
+    multi = _multi_rows(program, rows) * _product_repeats(lowered) if max_bs > 1 else 0
     entries = _bind_entries(program, bound, ex, library(program.dtype) if multi >= CONTIGUOUS_STATICS_ROWS else None,
-                            multi >= PACKED_STATICS_ROWS, library(program.dtype) if max_bs > 1 else None)
+                            multi >= PACKED_STATICS_ROWS, library(program.dtype) if max_bs > 1 else None,
+                            not set(range(2, SMALL_M_ROWS + 1)).isdisjoint(rows))
     twin_cols = entries.twin_cols
     tmp_rows = _twin_rows(program, max_bs, twin_cols)
     scratch = program.bound.scratch
@@ -232,12 +234,16 @@ def run(program, clock: np.ndarray | None = None) -> None:
     _TABLES[lowered] = bound
 
 
-def _bind_entries(program, bound: BufferTable, ex, copier, pack: bool = False, spare=None) -> _Entries:
+def _bind_entries(program, bound: BufferTable, ex, copier, pack: bool = False, spare=None,
+                  few_rows: bool = True) -> _Entries:
     """Every operand of the bound program into the buffer table (a static through its copies, when
     ``copier`` makes them, or ``spare`` for a read-only one's kept copies; packed when ``pack``); an entry no run
-    of this program uses now holds no address."""
+    of this program uses now holds no address. ``few_rows``: the run has tasks of 2 to SMALL_M_ROWS rows, the
+    only products a transposed twin serves (without them none is made: a static program's 64 rows, 7 loop
+    steps, made four twins a step that no product read)."""
     read_as_b = _product_statics(program.lowered)
-    entries = _Entries(bound, ex, copier, read_as_b if pack and copier and ex.packed_nr else (), spare, read_as_b)
+    entries = _Entries(bound, ex, copier, read_as_b if pack and copier and ex.packed_nr else (), spare,
+                       read_as_b if few_rows else frozenset())
     task_keys = program.lowered.task_keys
     last, persistent, slots, from_buffer = bound.last, bound.persistent, bound.slots, ex.ffi.from_buffer
     for i, operand in enumerate(program.operands):
@@ -247,9 +253,10 @@ def _bind_entries(program, bound: BufferTable, ex, copier, pack: bool = False, s
         elif not persistent[i]:   # (a batch's own array: addressed every run, zeroed after it)
             slots[i] = from_buffer(operand.array)
             bound.write(i, operand.elements, operand.ld, operand.transposed)
-        elif last[i] is None or last[i]() is not operand or (operand.kind == "static" and (
-                copier is not None or spare is not None and _read_only(operand.source))):
-            # (else the entry as the last run left it: a static's copies and twins are addressed per run)
+        elif last[i] is None or last[i]() is not operand or (operand.kind == "static" and entries.per_run(i, operand)
+                                                             and (copier is not None or spare is not None
+                                                                  and _read_only(operand.source))):
+            # (else the entry as the last run left it: a static's copies, twins and packs are addressed per run)
             if operand.kind == "static":
                 entries.static(i, operand, task_keys is None or i < task_keys)
             else:
@@ -298,6 +305,11 @@ class _Entries:
         self.spare = spare   # (the copier for read-only statics when a run has too few rows for copies per run)
         self.twin_cols = 0
         self.twins, self.copied, self.alive, self.packed = [], [], [], []   # (kept alive for the call)
+
+    def per_run(self, i: int, operand) -> bool:
+        """May static ``i`` get a copy, a twin or a pack this run (else :meth:`static` only binds it: an entry the
+        last run bound to the same operand stays as it is)?"""
+        return bool(operand.transposed) or i in self.products or i in self.read_as_b
 
     def bind(self, i: int, a, elements: int, ld: int, flag: int) -> None:
         bound = self.bound
@@ -391,18 +403,37 @@ def _product_statics(lowered) -> frozenset:
     """The buffers (operand indices) that a GEMM of ``lowered`` reads as its B through a STATIC register: the
     statics worth packing or twinning (the interpreter checks again that B is all of the static, as packed or
     twinned)."""
+    return _products(lowered)[0]
+
+
+def _product_repeats(lowered) -> int:
+    """The most times a task row is multiplied by a static B: the trip counts of the loops around such a GEMM,
+    multiplied (1 without loops; a per-row count, LOOPN, at its most). A static program's task of 64 rows
+    multiplies by W_h at each of 7 steps: 448 rows read the static, which PACKED_STATICS_ROWS counts."""
+    return _products(lowered)[1]
+
+
+def _products(lowered) -> tuple:
     found = _PRODUCT_STATICS.get(lowered)
     if found is None:
         static, gemm = OPCODES_IDS["STATIC"], OPCODES_IDS["GEMM"]
-        found, held = set(), {}
+        loop, loopn = OPCODES_IDS["LOOP"], OPCODES_IDS["LOOPN"]
+        statics, held, repeats = set(), {}, 1
         for begin, end in lowered.ranges.tolist():
             held.clear()
-            for op, *a in lowered.code[begin:end, :4].tolist():
+            open_loops = []   # (the pc past the loop's body, its trips)
+            for pc, (op, *a) in enumerate(lowered.code[begin:end, :4].tolist()):
+                while open_loops and pc >= open_loops[-1][0]:
+                    open_loops.pop()
                 if op == static:
                     held[a[0]] = a[1]
                 elif op == gemm and a[2] in held:
-                    found.add(held[a[2]])
-        found = _PRODUCT_STATICS[lowered] = frozenset(found)
+                    statics.add(held[a[2]])
+                    repeats = max(repeats, math.prod(trips for _, trips in open_loops))
+                elif op in (loop, loopn):
+                    trips, body = (a[0], a[1]) if op == loop else (a[1], a[2])
+                    open_loops.append((pc + 1 + body, max(trips, 1)))
+        found = _PRODUCT_STATICS[lowered] = (frozenset(statics), repeats)
     return found
 
 
