@@ -133,7 +133,7 @@ class BufferTable:
     empty table."""
 
     __slots__ = ("ffi", "n", "info", "slots", "twin_slots", "row", "values", "held", "layouts", "last", "err",
-                 "err_ptr", "persistent", "transient", "packs")
+                 "err_ptr", "persistent", "transient", "packs", "calls")
 
     def __init__(self, ffi, n: int, kinds: list):
         self.ffi, self.n = ffi, n
@@ -155,6 +155,7 @@ class BufferTable:
         self.err = np.zeros(4, np.int64)   # where C reports a failed check (the table is dropped after one)
         self.err_ptr = ffi.from_buffer("int64_t[]", self.err)
         self.packs: dict = {}   # entry -> the array its static is packed into (kept: refilled every run)
+        self.calls: dict = {}   # entry -> its packing call's arguments, kept with the array they read (_Entries.pack)
 
     def write(self, i: int, elements: int, ld: int, flag: int) -> None:
         """Entry ``i``'s elements, row stride and transposed flag (its address: through ``slots``)."""
@@ -330,28 +331,39 @@ class _Entries:
     def pack(self, i: int, operand, constant: bool = False) -> None:
         """A static that multi-row products read as B: bound as the binder laid it out (a transposed one read
         through its flag: no copy), and packed for the interpreter's packed product (codegen/packed_gemm.py):
-        into a buffer refilled every run, or once for a read-only static (_KEPT)."""
+        into a buffer refilled every run (its call's arguments kept while the static is the same array laid
+        out the same: a run then only calls it), or once for a read-only static (_KEPT)."""
         bound, ex = self.bound, self.ex
         span = operand.array
         self.bind(i, span, operand.elements, operand.ld, operand.transposed)
         deep, wide = operand.source.shape
-        size = -(-wide // ex.packed_nr) * ex.packed_nr * deep
-
-        def packed_into(packed=None) -> np.ndarray:
-            if packed is None or packed.size != size:
-                packed = np.empty(size, span.dtype)
-            ex.lib.mc_pack(deep, wide, ex.ffi.cast(ex.t_ptr, self.from_buffer(span)), operand.ld,
-                           operand.transposed, ex.ffi.cast(ex.t_ptr, self.from_buffer(packed)))
-            return packed
-
         if constant:
-            packed = _kept(span, ("packed", deep, wide, operand.ld, operand.transposed), packed_into)
+            address = self.from_buffer(_kept(span, ("packed", deep, wide, operand.ld, operand.transposed),
+                                             lambda: self._refill(self._pack_call(span, operand))[4]))
         else:
-            packed = bound.packs[i] = packed_into(bound.packs.get(i))
+            call = bound.calls.get(i)
+            if call is None or call[0] is not span or call[1] != (operand.ld, operand.transposed, deep, wide):
+                call = bound.calls[i] = self._pack_call(span, operand)
+                bound.packs[i] = call[4]
+            address = self._refill(call)[3]
         values, n = bound.values, bound.n
-        bound.slots[5 * n + i] = self.from_buffer(packed)
+        bound.slots[5 * n + i] = address
         values[6 * n + i], values[7 * n + i] = deep, wide
         self.packed.append(i)
+
+    def _pack_call(self, span: np.ndarray, operand) -> tuple:
+        """(the static's array, its layout, mc_pack's arguments, the packed copy's address, the copy)."""
+        ex = self.ex
+        deep, wide = operand.source.shape
+        packed = np.empty(-(-wide // ex.packed_nr) * ex.packed_nr * deep, span.dtype)
+        to = self.from_buffer(packed)
+        args = (deep, wide, ex.ffi.cast(ex.t_ptr, self.from_buffer(span)), operand.ld, operand.transposed,
+                ex.ffi.cast(ex.t_ptr, to))
+        return span, (operand.ld, operand.transposed, deep, wide), args, to, packed
+
+    def _refill(self, call: tuple) -> tuple:
+        self.ex.lib.mc_pack(*call[2])
+        return call
 
     def static(self, i: int, operand, in_tasks: bool) -> None:
         """A static's entry: as bound, or (multi-row tasks) a transposed one copied, wide ones that a product

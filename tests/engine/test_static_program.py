@@ -5,6 +5,8 @@ head-and-loss programs; the lowered graph's gradients match finite differences; 
 every runner naming the operand; a bad label or row index is a FeedError naming the op."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -231,3 +233,21 @@ def test_literals_and_parameter_transposes_are_kept_from_run_to_run(tmp_path):
     assert replaced and all((third[n] is first[n]) == (n not in replaced) for n in first)
     for got in runs[1:]:
         _equal(got, _steps_only(t, graphs, feeds) if got is runs[-1] else runs[0], "a later run")
+
+
+def test_int_values_given_as_floats_are_checked_exact_and_in_range():
+    """A loop's int input given to the program in its float type (static_program._as_float, checked by its
+    extremes): whole numbers past what the float holds exactly are refused naming the input, a label outside
+    the classes naming the entry; the rest is given exactly."""
+    from minicavs import ops
+    node = ops.input((None, 3), "int64", name="tgt")
+    ok = np.array([[0, 11, 5], [2 ** 24, 3, 1]])
+    np.testing.assert_array_equal(static_program._as_float(ok, np.float32, node, np, None), ok)
+    with pytest.raises(FeedError, match=r"'tgt': int values past what the program's float32 holds exactly"):
+        static_program._as_float(ok + 1, np.float32, node, np, None)
+    assert static_program._as_float(ok + 1, np.float64, node, np, None)[1, 0] == 2 ** 24 + 1
+    for bad, at in ((-1, "[1, 2] = -1"), (12, "[1, 2] = 12")):
+        labels = np.array([[0, 11, 5], [3, 3, bad]])
+        with pytest.raises(FeedError, match=re.escape(f"'tgt'{at}: a label of a loop's step must be a class")):
+            static_program._as_float(labels, np.float32, node, np, 12)
+    assert static_program._as_float(np.zeros((0, 3), np.int64), np.float32, node, np, 12).shape == (0, 3)
