@@ -384,7 +384,8 @@ def test_a_loop_program_packs_the_statics_its_steps_multiply_by(tmp_path, monkey
     """A static program's loops multiply the task's rows by a static at every step, so the rows a run's
     products read are the rows times the steps (c_runner._product_repeats): seq2seq's 32 rows by its decoder's
     W_h at 5 steps reach a threshold that 32 rows alone do not, and the statics the steps multiply by are packed,
-    the parameters' transposes that the gradient loops read included; the reference runner's numbers."""
+    the parameters' transposes that the gradient loops read included; the reference runner's numbers, also
+    after a parameter's array is replaced (a packing call kept for the old array is not reused)."""
     interp = c_runner.c_interpreter.interpreter(np.float32)
     if interp is None or not interp.packed_nr:
         pytest.skip("no packed product here (float32 with AVX-512 only)")
@@ -397,6 +398,9 @@ def test_a_loop_program_packs_the_statics_its_steps_multiply_by(tmp_path, monkey
     python, native = _both(t, t.task.data["train"][:32])
     _same(python, native, "float32")
     assert ((8, 32), 0) in packed and ((32, 8), 1) in packed, packed   # W_h (hidden x 4 hidden) and W_hᵀ
+    t.params["dec_Wh"].value = t.params["dec_Wh"].value * 0.5   # (a new array: its kept packing call is not reused)
+    python, native = _both(t, t.task.data["train"][:32])
+    _same(python, native, "float32")
 
 
 def test_a_static_program_of_many_rows_keeps_its_statics_and_makes_no_twin(tmp_path, monkeypatch):
