@@ -178,19 +178,17 @@ class Reverse(Task):
 
     def batch(self, samples):
         """The training feeds: predict's (the named behaviours :meth:`_feeds` lists, which export writes) and
-        the targets."""
+        the targets (the decoder's input shifted left, <eos> last), all numpy passes over the batch."""
         L = self.max_len
-        n = len(samples)
-        for s in samples:
-            if not 1 <= len(s) <= L:
-                raise DataError(f"a source of {len(s)} digits: this model reads 1 to {L} (model.max_len)")
+        lengths = np.fromiter(map(len, samples), np.int64, len(samples))
+        bad = np.flatnonzero((lengths < 1) | (lengths > L))
+        if bad.size:
+            raise DataError(f"a source of {lengths[bad[0]]} digits: this model reads 1 to {L} (model.max_len)")
         feeds = {k: behaviour.FEEDS[name](samples, {}, **settings) for k, (name, settings) in self._feeds().items()}
-        tgt = np.full((n, L + 1), EOS, np.int64)
-        tgt_mask = np.zeros((n, L + 1), self.dtype)
-        for r, s in enumerate(samples):
-            tgt[r, :len(s)] = s[::-1]
-            tgt_mask[r, :len(s) + 1] = 1
-        feeds.update(tgt=tgt, tgt_mask=tgt_mask, inv_count=np.asarray(1.0 / n, self.dtype))
+        tgt = np.full((len(samples), L + 1), EOS, np.int64)
+        tgt[:, :L] = feeds["dec_in"][:, 1:]
+        tgt_mask = (np.arange(L + 1) <= lengths[:, None]).astype(self.dtype)
+        feeds.update(tgt=tgt, tgt_mask=tgt_mask, inv_count=np.asarray(1.0 / len(samples), self.dtype))
         return {}, feeds
 
     def _feeds(self) -> dict:

@@ -10,6 +10,7 @@ transposed twin for few-row products (the constants below say when and why).
 """
 from __future__ import annotations
 
+import math
 import weakref
 
 import numpy as np
@@ -132,7 +133,7 @@ class BufferTable:
     empty table."""
 
     __slots__ = ("ffi", "n", "info", "slots", "twin_slots", "row", "values", "held", "layouts", "last", "err",
-                 "err_ptr", "persistent", "transient", "packs")
+                 "err_ptr", "persistent", "transient", "packs", "calls")
 
     def __init__(self, ffi, n: int, kinds: list):
         self.ffi, self.n = ffi, n
@@ -154,6 +155,7 @@ class BufferTable:
         self.err = np.zeros(4, np.int64)   # where C reports a failed check (the table is dropped after one)
         self.err_ptr = ffi.from_buffer("int64_t[]", self.err)
         self.packs: dict = {}   # entry -> the array its static is packed into (kept: refilled every run)
+        self.calls: dict = {}   # entry -> its packing call's arguments, kept with the array they read (_Entries.pack)
 
     def write(self, i: int, elements: int, ld: int, flag: int) -> None:
         """Entry ``i``'s elements, row stride and transposed flag (its address: through ``slots``)."""
@@ -197,9 +199,10 @@ def run(program, clock: np.ndarray | None = None) -> None:
     rows = table[:, 2].tolist()
     max_bs = max(rows, default=0)
     streaming = eager is not None and len(eager) > 0
-    multi = _multi_rows(program, rows) if max_bs > 1 else 0
+    multi = _multi_rows(program, rows) * _product_repeats(lowered) if max_bs > 1 else 0
     entries = _bind_entries(program, bound, ex, library(program.dtype) if multi >= CONTIGUOUS_STATICS_ROWS else None,
-                            multi >= PACKED_STATICS_ROWS, library(program.dtype) if max_bs > 1 else None)
+                            multi >= PACKED_STATICS_ROWS, library(program.dtype) if max_bs > 1 else None,
+                            not set(range(2, SMALL_M_ROWS + 1)).isdisjoint(rows))
     twin_cols = entries.twin_cols
     tmp_rows = _twin_rows(program, max_bs, twin_cols)
     scratch = program.bound.scratch
@@ -232,12 +235,16 @@ def run(program, clock: np.ndarray | None = None) -> None:
     _TABLES[lowered] = bound
 
 
-def _bind_entries(program, bound: BufferTable, ex, copier, pack: bool = False, spare=None) -> _Entries:
+def _bind_entries(program, bound: BufferTable, ex, copier, pack: bool = False, spare=None,
+                  few_rows: bool = True) -> _Entries:
     """Every operand of the bound program into the buffer table (a static through its copies, when
     ``copier`` makes them, or ``spare`` for a read-only one's kept copies; packed when ``pack``); an entry no run
-    of this program uses now holds no address."""
+    of this program uses now holds no address. ``few_rows``: the run has tasks of 2 to SMALL_M_ROWS rows, the
+    only products a transposed twin serves (without them none is made: a static program's 64 rows, 7 loop
+    steps, made four twins a step that no product read)."""
     read_as_b = _product_statics(program.lowered)
-    entries = _Entries(bound, ex, copier, read_as_b if pack and copier and ex.packed_nr else (), spare, read_as_b)
+    entries = _Entries(bound, ex, copier, read_as_b if pack and copier and ex.packed_nr else (), spare,
+                       read_as_b if few_rows else frozenset())
     task_keys = program.lowered.task_keys
     last, persistent, slots, from_buffer = bound.last, bound.persistent, bound.slots, ex.ffi.from_buffer
     for i, operand in enumerate(program.operands):
@@ -247,9 +254,10 @@ def _bind_entries(program, bound: BufferTable, ex, copier, pack: bool = False, s
         elif not persistent[i]:   # (a batch's own array: addressed every run, zeroed after it)
             slots[i] = from_buffer(operand.array)
             bound.write(i, operand.elements, operand.ld, operand.transposed)
-        elif last[i] is None or last[i]() is not operand or (operand.kind == "static" and (
-                copier is not None or spare is not None and _read_only(operand.source))):
-            # (else the entry as the last run left it: a static's copies and twins are addressed per run)
+        elif last[i] is None or last[i]() is not operand or (operand.kind == "static" and entries.per_run(i, operand)
+                                                             and (copier is not None or spare is not None
+                                                                  and _read_only(operand.source))):
+            # (else the entry as the last run left it: a static's copies, twins and packs are addressed per run)
             if operand.kind == "static":
                 entries.static(i, operand, task_keys is None or i < task_keys)
             else:
@@ -299,6 +307,11 @@ class _Entries:
         self.twin_cols = 0
         self.twins, self.copied, self.alive, self.packed = [], [], [], []   # (kept alive for the call)
 
+    def per_run(self, i: int, operand) -> bool:
+        """May static ``i`` get a copy, a twin or a pack this run (else :meth:`static` only binds it: an entry the
+        last run bound to the same operand stays as it is)?"""
+        return bool(operand.transposed) or i in self.products or i in self.read_as_b
+
     def bind(self, i: int, a, elements: int, ld: int, flag: int) -> None:
         bound = self.bound
         ref = bound.held[i]
@@ -318,28 +331,39 @@ class _Entries:
     def pack(self, i: int, operand, constant: bool = False) -> None:
         """A static that multi-row products read as B: bound as the binder laid it out (a transposed one read
         through its flag: no copy), and packed for the interpreter's packed product (codegen/packed_gemm.py):
-        into a buffer refilled every run, or once for a read-only static (_KEPT)."""
+        into a buffer refilled every run (its call's arguments kept while the static is the same array laid
+        out the same: a run then only calls it), or once for a read-only static (_KEPT)."""
         bound, ex = self.bound, self.ex
         span = operand.array
         self.bind(i, span, operand.elements, operand.ld, operand.transposed)
         deep, wide = operand.source.shape
-        size = -(-wide // ex.packed_nr) * ex.packed_nr * deep
-
-        def packed_into(packed=None) -> np.ndarray:
-            if packed is None or packed.size != size:
-                packed = np.empty(size, span.dtype)
-            ex.lib.mc_pack(deep, wide, ex.ffi.cast(ex.t_ptr, self.from_buffer(span)), operand.ld,
-                           operand.transposed, ex.ffi.cast(ex.t_ptr, self.from_buffer(packed)))
-            return packed
-
         if constant:
-            packed = _kept(span, ("packed", deep, wide, operand.ld, operand.transposed), packed_into)
+            address = self.from_buffer(_kept(span, ("packed", deep, wide, operand.ld, operand.transposed),
+                                             lambda: self._refill(self._pack_call(span, operand))[4]))
         else:
-            packed = bound.packs[i] = packed_into(bound.packs.get(i))
+            call = bound.calls.get(i)
+            if call is None or call[0] is not span or call[1] != (operand.ld, operand.transposed, deep, wide):
+                call = bound.calls[i] = self._pack_call(span, operand)
+                bound.packs[i] = call[4]
+            address = self._refill(call)[3]
         values, n = bound.values, bound.n
-        bound.slots[5 * n + i] = self.from_buffer(packed)
+        bound.slots[5 * n + i] = address
         values[6 * n + i], values[7 * n + i] = deep, wide
         self.packed.append(i)
+
+    def _pack_call(self, span: np.ndarray, operand) -> tuple:
+        """(the static's array, its layout, mc_pack's arguments, the packed copy's address, the copy)."""
+        ex = self.ex
+        deep, wide = operand.source.shape
+        packed = np.empty(-(-wide // ex.packed_nr) * ex.packed_nr * deep, span.dtype)
+        to = self.from_buffer(packed)
+        args = (deep, wide, ex.ffi.cast(ex.t_ptr, self.from_buffer(span)), operand.ld, operand.transposed,
+                ex.ffi.cast(ex.t_ptr, to))
+        return span, (operand.ld, operand.transposed, deep, wide), args, to, packed
+
+    def _refill(self, call: tuple) -> tuple:
+        self.ex.lib.mc_pack(*call[2])
+        return call
 
     def static(self, i: int, operand, in_tasks: bool) -> None:
         """A static's entry: as bound, or (multi-row tasks) a transposed one copied, wide ones that a product
@@ -391,18 +415,37 @@ def _product_statics(lowered) -> frozenset:
     """The buffers (operand indices) that a GEMM of ``lowered`` reads as its B through a STATIC register: the
     statics worth packing or twinning (the interpreter checks again that B is all of the static, as packed or
     twinned)."""
+    return _products(lowered)[0]
+
+
+def _product_repeats(lowered) -> int:
+    """The most times a task row is multiplied by a static B: the trip counts of the loops around such a GEMM,
+    multiplied (1 without loops; a per-row count, LOOPN, at its most). A static program's task of 64 rows
+    multiplies by W_h at each of 7 steps: 448 rows read the static, which PACKED_STATICS_ROWS counts."""
+    return _products(lowered)[1]
+
+
+def _products(lowered) -> tuple:
     found = _PRODUCT_STATICS.get(lowered)
     if found is None:
         static, gemm = OPCODES_IDS["STATIC"], OPCODES_IDS["GEMM"]
-        found, held = set(), {}
+        loop, loopn = OPCODES_IDS["LOOP"], OPCODES_IDS["LOOPN"]
+        statics, held, repeats = set(), {}, 1
         for begin, end in lowered.ranges.tolist():
             held.clear()
-            for op, *a in lowered.code[begin:end, :4].tolist():
+            open_loops = []   # (the pc past the loop's body, its trips)
+            for pc, (op, *a) in enumerate(lowered.code[begin:end, :4].tolist()):
+                while open_loops and pc >= open_loops[-1][0]:
+                    open_loops.pop()
                 if op == static:
                     held[a[0]] = a[1]
                 elif op == gemm and a[2] in held:
-                    found.add(held[a[2]])
-        found = _PRODUCT_STATICS[lowered] = frozenset(found)
+                    statics.add(held[a[2]])
+                    repeats = max(repeats, math.prod(trips for _, trips in open_loops))
+                elif op in (loop, loopn):
+                    trips, body = (a[0], a[1]) if op == loop else (a[1], a[2])
+                    open_loops.append((pc + 1 + body, max(trips, 1)))
+        found = _PRODUCT_STATICS[lowered] = (frozenset(statics), repeats)
     return found
 
 

@@ -112,6 +112,15 @@ def _row_function(n: Node) -> bool | None:
     return None if lowering is None else lowering.takes(n)
 
 
+def _transposed_param(n: Node) -> bool:
+    """Is ``n`` a parameter's transpose (∂'s Wᵀ)? The program is given it as a view (prepare), read as F's
+    transposed statics are: the C runner packs it or copies it contiguous once per run where many rows
+    multiply by it, instead of reading it transposed at every step of a loop (OpenBLAS took ~25% longer so
+    at seq2seq's (64 x 256)·W_hᵀ)."""
+    native = OPS[n.op].native(n) if OPS[n.op].native is not None else None
+    return native == "transpose" and all(x.op == "param" for x in n.inputs)
+
+
 class Split:
     """A static graph's nodes (those not given: not in ``present``) split into the program's and the step
     runner's before and after it, with why each of the latter is not the program's."""
@@ -124,10 +133,11 @@ class Split:
         self.leaves = [n for n in nodes if n in needed and is_fed(n)]
         computed = self.order = [n for n in nodes if n in needed and not is_fed(n)]
         self.literals = [n for n in computed if OPS[n.op].from_shape is not None and None not in n.shape]
+        self.views = [n for n in computed if _transposed_param(n)]
         held = {n.inputs[0]: f"its result {n.label()} is {refusal(n)}" for n in computed   # (a tuple is no
                 if item_index(n) is not None and refusal(n) is not None}                  # value to hand out)
         for n in computed:
-            if n in self.literals:   # (made before the program from their shape alone: given to it)
+            if n in self.literals or n in self.views:   # (made before the program, given to it: prepare)
                 continue
             why = held.get(n) or refusal(n)
             if why is None:
@@ -152,9 +162,9 @@ class Split:
         """Every node of the program to the step runner (before: the program read only what was given), with
         ``why``."""
         self.left.update(dict.fromkeys(self.program, why))
-        self.before = [n for n in self.program + self.before + self.after]
+        self.before = [n for n in self.program + self.views + self.before + self.after]
         self.before.sort(key=self.order.index)
-        self.program, self.after = [], []
+        self.program, self.after, self.views = [], [], []
 
 
 def _handed_out(program: list, wanted: set) -> tuple[list, list]:
@@ -221,6 +231,7 @@ class StaticProgram:
         self.tables: dict = {}   # rows -> the one-row task table
         self.row_axis = {x: x.shape.index(None) for n in split.program for x in n.inputs if None in x.shape}
         self.arenas: dict = {}
+        self.views: dict = {}   # parameter transpose -> (the parameter's array, its view)
 
     def run(self, env: dict, feeds, params, ctx: RunContext, options, static: list) -> None:
         """Compute the graph into ``env``: its leaves, the step runner's part before, the program, the part after;
@@ -236,10 +247,30 @@ class StaticProgram:
         for x in self.split.leaves:
             if x not in env:
                 env[x] = leaf_value(x, feeds, params)
-        for n in self.split.literals:
-            env[n] = OPS[n.op].from_shape(xp, n)
+        env.update(self._literals(xp))
+        for n in self.split.views:
+            env[n] = self._view(n, env[n.inputs[0]], xp)
         if self.before:
             steps_runner.run_steps(self.before, env, xp, ctx)
+
+    def _literals(self, xp) -> dict:
+        """The literals' values, made once (read-only on the host: every run reads the same arrays, which the
+        binder and the C runner's buffer table then keep)."""
+        made = self.__dict__.get("literal_values")
+        if made is None:
+            made = self.literal_values = {n: OPS[n.op].from_shape(xp, n) for n in self.split.literals}
+            for value in made.values():
+                if isinstance(value, np.ndarray):
+                    value.flags.writeable = False
+        return made
+
+    def _view(self, n: Node, source, xp):
+        """Parameter transpose ``n`` of ``source``: the view made last run while the parameter is the same array
+        (updated in place), so that its operand is kept too."""
+        kept = self.views.get(n)
+        if kept is None or kept[0] is not source:
+            kept = self.views[n] = (source, OPS[n.op].impl(xp, source, **n.attrs))
+        return kept[1]
 
     def values(self, env: dict, ctx: RunContext) -> "_Values":
         """The buffers the program names for a run over ``env`` (its rows: the row source's)."""
@@ -363,14 +394,17 @@ class _Values:
 
 def _as_float(value, dtype, node: Node, xp, classes: int | None):
     """Int value ``node`` in the program's float type (whole numbers, exact: else a FeedError naming it), each a
-    class of ``classes`` where a loop reads it as labels (else a FeedError naming the first that is not)."""
+    class of ``classes`` where a loop reads it as labels (else a FeedError naming the first that is not).
+    Checked by its extremes (two reductions, ~2 us a decoder's targets); the entries are searched only when
+    one is out of range."""
     host = np.asarray(to_host(value))
     as_float = host.astype(dtype)
-    if not np.array_equal(as_float.astype(host.dtype), host):
+    lo, hi = (int(host.min()), int(host.max())) if host.size else (0, 0)
+    if max(-lo, hi) >= 2 ** (np.finfo(dtype).nmant + 1) and \
+            not np.array_equal(as_float.astype(host.dtype), host):
         raise FeedError(f"{node.label()}: int values past what the program's {np.dtype(dtype).name} holds exactly")
-    bad = np.argwhere((host < 0) | (host >= classes)) if classes is not None else ()
-    if len(bad):
-        at = tuple(int(i) for i in bad[0])
+    if classes is not None and (lo < 0 or hi >= classes):
+        at = tuple(int(i) for i in np.argwhere((host < 0) | (host >= classes))[0])
         raise FeedError(f"{node.label()}{list(at)} = {host[at]}: a label of a loop's step must be a class in "
                         f"[0, {classes})")
     return xp.asarray(as_float)

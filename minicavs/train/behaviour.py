@@ -81,24 +81,43 @@ def no_graphs(samples: Sequence) -> dict:
     return {}
 
 
+def _lengths(samples: Sequence[np.ndarray]) -> np.ndarray:
+    return np.fromiter(map(len, samples), np.int64, len(samples))
+
+
+def _within(lengths: np.ndarray, width: int) -> np.ndarray:
+    """(samples, width) bools: position j of sample r is one of its ``lengths[r]`` items."""
+    return np.arange(width) < lengths[:, None]
+
+
 def padded_source(samples: Sequence[np.ndarray], index: dict, max_len: int) -> np.ndarray:
+    """The digits of each sample from the left, zeros after them (one numpy pass, no loop over samples:
+    a training step builds it for every batch)."""
     src = np.zeros((len(samples), max_len), np.int64)
-    for r, s in enumerate(samples):
-        src[r, :len(s)] = s
+    if len(samples):
+        src[_within(_lengths(samples), max_len)] = np.concatenate(samples)
     return src
 
 
 def source_mask(samples: Sequence[np.ndarray], index: dict, max_len: int, dtype: str) -> np.ndarray:
-    return (np.arange(max_len) < np.array([len(s) for s in samples])[:, None]).astype(dtype)
+    return _within(_lengths(samples), max_len).astype(dtype)
+
+
+def reversed_source(src: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Each row of the padded ``src`` with its first ``lengths[r]`` items reversed, zeros after them."""
+    width = src.shape[1]
+    back = np.clip(lengths[:, None] - 1 - np.arange(width), 0, max(width - 1, 0))
+    return np.where(_within(lengths, width), np.take_along_axis(src, back, axis=1), 0)
 
 
 def reversed_decoder_input(samples: Sequence[np.ndarray], index: dict, max_len: int, go: int,
                            eos: int) -> np.ndarray:
     """<go>, then the source reversed, then <eos> (teacher forcing's input; greedy decoding reads <go>)."""
+    lengths = _lengths(samples)
     out = np.full((len(samples), max_len + 1), eos, np.int64)
-    for r, s in enumerate(samples):
-        out[r, 0] = go
-        out[r, 1:len(s) + 1] = s[::-1]
+    out[:, 0] = go
+    within = _within(lengths, max_len)
+    out[:, 1:][within] = reversed_source(padded_source(samples, index, max_len), lengths)[within]
     return out
 
 

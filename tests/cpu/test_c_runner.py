@@ -370,3 +370,57 @@ def test_only_statics_that_products_read_as_b_get_a_transposed_twin(tmp_path, mo
     _same(python, native)
     assert any(is_b for _, _, is_b in twins), twins   # (some static is twinned: the check is not vacuous)
     assert all(is_b for _, _, is_b in twins), twins
+
+
+SEQ2SEQ = ["model.hidden=8", "model.embed=4", "model.max_len=4", "data.synthetic.train=64", "data.synthetic.dev=2",
+           "data.synthetic.test=2"]
+
+
+def _seq2seq(tmp_path, dtype: str) -> Trainer:
+    return Trainer(MODELS / "seq2seq.yaml", SEQ2SEQ + [f"train.dtype={dtype}"], run_dir=tmp_path)
+
+
+def test_a_loop_program_packs_the_statics_its_steps_multiply_by(tmp_path, monkeypatch):
+    """A static program's loops multiply the task's rows by a static at every step, so the rows a run's
+    products read are the rows times the steps (c_runner._product_repeats): seq2seq's 32 rows by its decoder's
+    W_h at 5 steps reach a threshold that 32 rows alone do not, and the statics the steps multiply by are packed,
+    the parameters' transposes that the gradient loops read included; the reference runner's numbers, also
+    after a parameter's array is replaced (a packing call kept for the old array is not reused)."""
+    interp = c_runner.c_interpreter.interpreter(np.float32)
+    if interp is None or not interp.packed_nr:
+        pytest.skip("no packed product here (float32 with AVX-512 only)")
+    monkeypatch.setattr(c_runner, "PACKED_STATICS_ROWS", 100)
+    t = _seq2seq(tmp_path, "float32")
+    packed, real = [], c_runner._Entries.pack
+    monkeypatch.setattr(c_runner._Entries, "pack",
+                        lambda self, i, op, *rest: packed.append((op.source.shape, op.transposed))
+                        or real(self, i, op, *rest))
+    python, native = _both(t, t.task.data["train"][:32])
+    _same(python, native, "float32")
+    assert ((8, 32), 0) in packed and ((32, 8), 1) in packed, packed   # W_h (hidden x 4 hidden) and W_hᵀ
+    t.params["dec_Wh"].value = t.params["dec_Wh"].value * 0.5   # (a new array: its kept packing call is not reused)
+    python, native = _both(t, t.task.data["train"][:32])
+    _same(python, native, "float32")
+
+
+def test_a_static_program_of_many_rows_keeps_its_statics_and_makes_no_twin(tmp_path, monkeypatch):
+    """A static program whose task has more rows than SMALL_M_ROWS gets no transposed twin (only products of 2
+    to SMALL_M_ROWS rows read one: seq2seq's 64 rows made four a step that no product read), and a second run
+    binds again only the statics that are new operands (the batch's feeds), not the parameters or literals
+    whose entries the first run left; the reference runner's numbers."""
+    t = _seq2seq(tmp_path, "float64")
+    bound, twins = [], []
+    real_static, real_twin = c_runner._Entries.static, c_runner._Entries.twin
+    monkeypatch.setattr(c_runner._Entries, "static",
+                        lambda self, i, op, *rest: bound.append(op.source) or real_static(self, i, op, *rest))
+    monkeypatch.setattr(c_runner._Entries, "twin",
+                        lambda self, i, *rest: twins.append(i) or real_twin(self, i, *rest))
+    samples = t.task.data["train"][:64]
+    _same(*_both(t, samples))
+    bound.clear()
+    t.model.options = EngineOptions(runner="device")
+    _same(t.loss_and_grads(samples), _both(t, samples)[0])
+    assert not twins
+    params = [p.value for p in t.params.values()]
+    assert bound and not any(a is p for a in bound for p in params), [a.shape for a in bound]
+    assert all(a.flags.writeable for a in bound)   # (no literal: those are read-only)

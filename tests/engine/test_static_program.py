@@ -5,6 +5,8 @@ head-and-loss programs; the lowered graph's gradients match finite differences; 
 every runner naming the operand; a bad label or row index is a FeedError naming the op."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -200,3 +202,52 @@ def test_the_c_runners_softmax_over_a_wide_vocabulary_equals_the_step_runners_in
     for k, b in [*want.grads.items(), *want.outputs.items()]:
         a, b = _dense({**got.grads, **got.outputs}[k]), _dense(b)
         assert np.abs(a - b).max(initial=0) <= 1e-5 * max(1.0, np.abs(b).max(initial=0)), k
+
+
+def test_literals_and_parameter_transposes_are_kept_from_run_to_run(tmp_path):
+    """A static program's literals (the zeros its loops' gradient sums start from) are made once, read-only,
+    and a parameter's transpose (∂'s Wᵀ) is the same view while the parameter is the same array (updated in
+    place), a new one when the array is replaced: the same operands run after run, which the binder and the
+    C runner's table keep. Each run gives the step runner's numbers."""
+    t, graphs, feeds = _model("seq2seq", tmp_path)
+    seen = []
+    real = static_program.StaticProgram.prepare
+
+    def prepare(self, env, *args):
+        real(self, env, *args)
+        if self.lowered is not None:
+            seen.append({n: v for n, v in env.items() if not n.has_rows and n.op not in ("input", "param")})
+    static_program.StaticProgram.prepare = prepare
+    try:
+        runs = [_run(t, graphs, feeds, "device") for _ in range(2)]
+        t.params["dec_Wh"].value = t.params["dec_Wh"].value * 0.5
+        runs.append(_run(t, graphs, feeds, "device"))
+    finally:
+        static_program.StaticProgram.prepare = real
+    first, second, third = seen
+    views = {n for n in first if n.op == "transpose"}
+    assert views and len(first) > len(views), first   # (both kinds there: the check is not vacuous)
+    assert all(second[n] is first[n] for n in first)
+    assert all(not first[n].flags.writeable for n in first if n not in views)
+    replaced = {n for n in views if n.inputs[0].name == "dec_Wh"}
+    assert replaced and all((third[n] is first[n]) == (n not in replaced) for n in first)
+    for got in runs[1:]:
+        _equal(got, _steps_only(t, graphs, feeds) if got is runs[-1] else runs[0], "a later run")
+
+
+def test_int_values_given_as_floats_are_checked_exact_and_in_range():
+    """A loop's int input given to the program in its float type (static_program._as_float, checked by its
+    extremes): whole numbers past what the float holds exactly are refused naming the input, a label outside
+    the classes naming the entry; the rest is given exactly."""
+    from minicavs import ops
+    node = ops.input((None, 3), "int64", name="tgt")
+    ok = np.array([[0, 11, 5], [2 ** 24, 3, 1]])
+    np.testing.assert_array_equal(static_program._as_float(ok, np.float32, node, np, None), ok)
+    with pytest.raises(FeedError, match=r"'tgt': int values past what the program's float32 holds exactly"):
+        static_program._as_float(ok + 1, np.float32, node, np, None)
+    assert static_program._as_float(ok + 1, np.float64, node, np, None)[1, 0] == 2 ** 24 + 1
+    for bad, at in ((-1, "[1, 2] = -1"), (12, "[1, 2] = 12")):
+        labels = np.array([[0, 11, 5], [3, 3, bad]])
+        with pytest.raises(FeedError, match=re.escape(f"'tgt'{at}: a label of a loop's step must be a class")):
+            static_program._as_float(labels, np.float32, node, np, 12)
+    assert static_program._as_float(np.zeros((0, 3), np.int64), np.float32, node, np, 12).shape == (0, 3)

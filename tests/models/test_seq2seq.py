@@ -1,9 +1,11 @@
 """models/seq2seq.py: the while_loop's greedy decoding equals a Python loop over numpy with the same
 parameters, the loss its numpy twin and its gradients finite differences (float64); trained through the CLI
-it beats its stated baseline (copying the source)."""
+it beats its stated baseline (copying the source); a batch's feeds are numpy passes over the batch."""
 from __future__ import annotations
 
 import json
+import sys
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -51,6 +53,48 @@ def numpy_twin(P, src, L):
             break
         out.append(prev)
     return nll, out
+
+
+def per_sample_feeds(samples, L: int) -> dict:
+    """The training feeds built sample by sample (what the vectorized Reverse.batch must equal)."""
+    from models.seq2seq import EOS, GO
+    n = len(samples)
+    src, mask = np.zeros((n, L), np.int64), np.zeros((n, L))
+    dec_in, tgt, tgt_mask = np.full((n, L + 1), EOS), np.full((n, L + 1), EOS), np.zeros((n, L + 1))
+    for r, s in enumerate(samples):
+        src[r, :len(s)], mask[r, :len(s)] = s, 1
+        dec_in[r, 0], dec_in[r, 1:len(s) + 1] = GO, s[::-1]
+        tgt[r, :len(s)], tgt_mask[r, :len(s) + 1] = s[::-1], 1
+    return {"src": src, "src_mask": mask, "dec_in": dec_in, "tgt": tgt, "tgt_mask": tgt_mask}
+
+
+def _python_calls(fn) -> Counter:
+    counts: Counter = Counter()
+
+    def profile(frame, event, arg):
+        if event in ("call", "c_call"):
+            counts[event] += 1
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return counts
+
+
+def test_batch_feeds_equal_a_per_sample_loop_in_calls_that_do_not_grow_with_the_batch(tmp_path, monkeypatch):
+    """Reverse.batch (a training step's feeds) equals the feeds built sample by sample, for batches of one
+    length and of mixed lengths, in a number of Python calls that does not grow with the batch (the per-sample
+    loops cost ~1 us a sample in each of five feeds: ~7% of a 64-sequence training step)."""
+    monkeypatch.syspath_prepend(str(MODELS.parent))
+    t = Trainer(MODELS / "seq2seq.yaml", SMALL, run_dir=tmp_path)
+    task, data = t.task, t.task.data["train"]
+    for samples in (data[:1], data[:50], [s for s in data if len(s) == 2][:9]):
+        _, feeds = task.batch(samples)
+        for name, want in per_sample_feeds(samples, task.max_len).items():
+            assert feeds[name].dtype == (np.int64 if want.dtype.kind == "i" else task.dtype), name
+            np.testing.assert_array_equal(feeds[name], want, err_msg=name)
+    assert _python_calls(lambda: task.batch(data[:10])) == _python_calls(lambda: task.batch(data[:200]))
 
 
 @pytest.fixture

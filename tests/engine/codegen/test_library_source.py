@@ -152,10 +152,12 @@ def test_dropout_kernel_equals_x_times_the_numpy_mask(dtype, p, cols):
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_coalesce_equals_row_sparse_coalesce_bit_for_bit(dtype):
     """add.reduceat's order (first row, then numpy's pairwise sum of the rest) in C: runs of 1 to 700 equal
-    indices (the 8-accumulator and the recursive halves), widths across the 64-column blocks, -0 rows."""
+    indices (the 8-accumulator and the recursive halves), widths across the 64-column blocks, -0 rows; indices
+    sorted as 8-bit, 16-bit (to 65535) and 64-bit keys."""
     lib = library(dtype)
     rng = np.random.default_rng(7)
-    for n, vocab, width in [(1, 3, 1), (9, 1, 3), (130, 1, 65), (700, 2, 5), (1500, 40, 128), (400, 900, 7)]:
+    for n, vocab, width in [(1, 3, 1), (9, 1, 3), (130, 1, 65), (700, 2, 5), (1500, 40, 128), (400, 900, 7),
+                            (500, 1 << 16, 2), (300, 70000, 3)]:
         idx = rng.integers(0, vocab, n).astype(np.int64)
         rows = (rng.standard_normal((n, width)) * 10.0 ** rng.integers(-4, 5, (n, 1))).astype(dtype)
         want = RowSparse(idx, rows, (vocab, width)).coalesce()
