@@ -72,6 +72,28 @@ def matmul(a: Node, b: Node) -> Node:
     return make_node("matmul", (a, b))
 
 
+def _steps_matmul_infer(a, b):
+    if a.dtype != b.dtype:
+        raise ShapeError(f"dtypes {a.dtype.name} and {b.dtype.name} differ")
+    if not (a.has_rows and b.has_rows and a.ndim == 3 and b.ndim == 3 and a.shape[1] == b.shape[1]):
+        raise ShapeError(f"needs two per-row values stacked over the same steps, (rows, T, m) and (rows, T, n), "
+                         f"got {fmt_shape(a.shape)} and {fmt_shape(b.shape)}")
+    return (a.shape[2], b.shape[2]), a.dtype
+
+
+def steps_matmul(a: Node, b: Node) -> Node:
+    """y = Σ_rows Σ_t a[:, t]ᵀ · b[:, t] of two per-row values stacked over T steps ((rows, T, m), (rows, T, n)):
+    the weight gradient of a loop's per-step product as ONE product over rows x T (FLAT views of both), not a
+    product per step and a sum."""
+    return make_node("steps_matmul", (a, b))
+
+
+register(OpDef("steps_matmul", infer=_steps_matmul_infer,
+               impl=lambda xp, a, b: xp.tensordot(a, b, axes=([0, 1], [0, 1])),
+               vjp=lambda g, y, a, b: (matmul(b, swap_last(g)), matmul(a, g)),
+               native=lambda n: "steps_gemm"))
+
+
 def _linear_infer(x, w, b):
     if not (x.dtype == w.dtype == b.dtype):
         raise ShapeError(f"dtypes {x.dtype.name}, {w.dtype.name} and {b.dtype.name} differ")
@@ -110,4 +132,4 @@ def linear(x: Node, w: Node, b: Node) -> Node:
     return make_node("linear", (x, w, as_node(b, x)))
 
 
-__all__ = ["matmul", "linear", "sum"]
+__all__ = ["matmul", "steps_matmul", "linear", "sum"]

@@ -29,6 +29,7 @@ from .. import cells
 from ..models.test_models import MODELS, TINY
 from ..ops.test_control import _cond_chain, _counted_chain, _sequence_chain
 from .test_loops_while import _nested
+from .test_static_loops import _lm, _values as _lm_values
 from .test_alg1 import CASES, random_dag, random_tree
 from .test_instructions import (DECLINED, STREAM_CASES, SWITCHES, _run_script, _typed,
                                 assert_native_equals_reference, assert_streamed,
@@ -140,6 +141,9 @@ def test_the_bundled_models_and_cases_exercise_every_opcode(tmp_path, monkeypatc
     _nested(None).forward_backward([InputGraph.chain(2)], {"xs": rng.standard_normal((2, 4, 3))},
                                    {"Wh": rng.uniform(-0.5, 0.5, (3, 3)), "Wx": rng.uniform(-0.5, 0.5, (3, 3)),
                                     "lim": np.float64(1.5)}, RunContext(), options=EngineOptions(runner="reference"))
+    # (a static graph's foreach: its parameters' gradients one product each over FLAT views of the steps)
+    params, feeds = _lm_values([2, 0, 1, 1])
+    _lm(per_row=True).forward_backward({}, feeds, params, RunContext(), options=EngineOptions(runner="reference"))
     # (NOP: the dispatch benchmark's; ADD, which no bundled model's lowering emits today: below; APPLY,
     # which no bundled model needs: test_instructions' softmax in F)
     assert set(OPCODES) - seen == {"NOP", "ADD", "APPLY"}, sorted(set(OPCODES) - seen)

@@ -8,7 +8,7 @@ from minicavs.engine.codegen.machine import OPCODES
 from minicavs.engine.executor import RunContext
 from minicavs.engine.lowered import OPCODES_BY_ID
 
-from ..engine.test_static_loops import T, _lm, _programs, _values
+from ..engine.test_static_loops import D, H, T, V, _lm, _programs, _values
 
 
 def _loops(code) -> list:
@@ -27,14 +27,30 @@ def _loops(code) -> list:
     return loops
 
 
+def _rows(code) -> list:
+    """Each instruction as (opcode, {field: value})."""
+    return [(OPCODES_BY_ID[int(row[0])], dict(zip(OPCODES[OPCODES_BY_ID[int(row[0])]], row[1:].tolist())))
+            for row in code]
+
+
+def _last_endloop(code) -> int:
+    return max(i for i, (op, _) in enumerate(_rows(code)) if op == "ENDLOOP")
+
+
 @pytest.fixture(scope="module")
-def lm_loops() -> list:
+def lm_program():
     """The language-model loop's program (x_t·W + h·U + b, tanh, h·Wo, its cross-entropy; a trip count per
-    row): its forward loop's and its gradient loop's instructions."""
+    row): its instructions."""
     params, feeds = _values([T, 3, 0, 1])
     got = _lm(per_row=True).forward_backward({}, feeds, params, RunContext())
     (program,) = _programs(got)
-    return _loops(program.lowered.code)
+    return program.lowered.code
+
+
+@pytest.fixture(scope="module")
+def lm_loops(lm_program) -> list:
+    """Its forward loop's and its gradient loop's instructions."""
+    return _loops(lm_program)
 
 
 def test_a_static_graphs_foreach_gradient_runs_none_of_its_bodys_forward_ops(lm_loops):
@@ -50,10 +66,18 @@ def test_a_static_graphs_foreach_gradient_runs_none_of_its_bodys_forward_ops(lm_
     assert any(op == "ROWOP" for op, _ in backward)   # (the cross-entropy's gradient, from the saved logits)
 
 
-def test_the_gradient_loop_adds_each_parameters_term_into_its_sum(lm_loops):
-    """W, U, b and Wo: each step's term (a product, a column sum) added in place (ADD) into its sum's memory,
-    and no sum over the steps copied (COPY) there."""
-    _, backward = lm_loops
-    sums = [f["dst"] for op, f in backward if op == "ADD"]
-    assert len(set(sums)) == 4, backward
-    assert [f for op, f in backward if op == "COPY" and f["dst"] in sums] == []
+def test_each_parameters_gradient_is_one_product_over_every_row_and_step(lm_program):
+    """W, U and Wo: each gradient is ONE GEMM after the gradient loop, over FLAT views of the stacked terms (its
+    inner dimension -T: T times the task's rows), b one SUMROWS over T times the rows; the gradient loop makes
+    no parameter-shaped product (rows not the task's) and adds no term into a sum (ADD)."""
+    _, backward = _loops(lm_program)
+    assert [f for op, f in backward if op == "ADD" or (op == "GEMM" and f["rows"] != -1)] == [], backward
+    after = _rows(lm_program)[_last_endloop(lm_program) + 1:]
+    flat = {f["dst"]: f for op, f in after if op == "FLAT"}
+    flat.update((f["dst"], flat[f["src"]]) for op, f in after if op == "TRANSPOSE" and f["src"] in flat)
+    products = [f for op, f in after if op == "GEMM"]
+    assert len(products) == 3 and all(f["k"] == -T and f["a"] in flat and f["b"] in flat for f in products)
+    assert sorted((f["rows"], f["n"]) for f in products) == sorted([(D, H), (H, H), (H, V)])
+    assert all(flat[f[x]]["k"] == T for f in products for x in "ab")
+    sums = [f for op, f in after if op == "SUMROWS" and f["rows"] == -T]
+    assert len(sums) == 1 and sums[0]["cols"] == H and sums[0]["src"] in flat

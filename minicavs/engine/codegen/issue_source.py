@@ -257,7 +257,7 @@ static int product_{T}(mach_{T}_t *M, int ta, int tb, int64_t m, int64_t n, int6
 #define FAIL(operand) do {{ M->err[0] = 1; M->err[1] = t; M->err[2] = pc; M->err[3] = (operand); \
     M->err[5] = M->stream_id; return 1; }} while (0)
 #define ISSUED(call) do {{ const int rc_ = (call); if (rc_) {{ M->err[4] = rc_; FAIL(-6); }} }} while (0)
-#define DIM(x) ((x) < 0 ? bs : (x))
+#define DIM(x) ((x) < 0 ? -(x) * bs : (x))
 #define REGOK(r, operand) do {{ if ((r) < 0 || (r) >= M->nregs || R[r].buf < 0) FAIL(operand); }} while (0)
 #define DSTOK(r, operand) do {{ if ((r) < 0 || (r) >= M->nregs) FAIL(operand); }} while (0)
 #define BUFOK(b, operand) do {{ if ((b) < 0 || (b) >= M->nbufs) FAIL(operand); }} while (0)

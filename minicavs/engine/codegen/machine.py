@@ -8,7 +8,7 @@ into); instructions bind registers to rows of buffers, move rows, and run GEMMs 
 fused kernels (by function pointer, through a uniform wrapper) and the small loops in between.
 
 Instruction layout (``WIDTH`` int64 each): ``op, a0 .. a{WIDTH-2}``; the meaning of a0.. per opcode is in
-``OPCODES`` (instructions.py renders them by these names). A dimension given as -1 means the task's row count.
+``OPCODES`` (instructions.py renders them by these names). A dimension given as -k means k times the task's row count.
 With ``prof`` (not NULL) the call adds the nanoseconds spent in each opcode to prof[opcode] and the whole call's to
 prof[len(OPCODES)] (two clock reads per instruction: for profiling only).
 With ``check`` set every address an instruction computes is checked against its buffer's size first; a failure
@@ -96,7 +96,7 @@ static inline uint64_t mc_mix(uint64_t z) {{   /* SplitMix64's finaliser (minica
 }}
 
 #define FAIL(operand) do {{ err[0] = 1; err[1] = t; err[2] = pc; err[3] = (operand); return 1; }} while (0)
-#define DIM(x) ((x) < 0 ? bs : (x))
+#define DIM(x) ((x) < 0 ? -(x) * bs : (x))
 #define CHECKR(reg, rows, cols, operand) do {{ if (check && (\
     out_of(&B, R[reg].buf, R[reg].p, rows, cols, R[reg].ld, R[reg].trans, sizeof(T)))) FAIL(operand); }} while (0)
 #define REGOK(r, operand) do {{ if (check && ((r) < 0 || (r) >= nregs)) FAIL(operand); }} while (0)
@@ -548,9 +548,9 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
 
 def register_cases(dst_ok: str, indent: int) -> str:
     """The C cases of the instructions that only point a register or move pc (BIND, STATIC, SCRATCH, CATVIEW,
-    SKIP_IF_CAT, BRANCH, JUMP, LOOP, LOOPN, LOOPR, ENDLOOP, WHILE; COLS, STEPCOLS: a column block, ALIAS, TRANSPOSE): one
-    text for the interpreter and the CUDA issuing loop, over the macros each defines (SET, FBASE, BLD, BTRANS,
-    FOREST, SCRATCH_BUF, PRED, COUNTS, READ1, and the
+    SKIP_IF_CAT, BRANCH, JUMP, LOOP, LOOPN, LOOPR, ENDLOOP, WHILE; COLS, STEPCOLS: a column block, ALIAS,
+    TRANSPOSE, FLAT: a stacked value's steps as rows): one text for the interpreter and the CUDA issuing loop,
+    over the macros each defines (SET, FBASE, BLD, BTRANS, FOREST, SCRATCH_BUF, PRED, COUNTS, READ1, and the
     checks' macros), each checking a pointed register with its own ``dst_ok``; indented by ``indent`` spaces."""
     return textwrap.indent(checked(REGISTER_CASES, dst_ok), " " * indent)
 
@@ -631,6 +631,11 @@ case ALIAS:
 case TRANSPOSE:
     @CHECKS TRANSPOSE@
     R[a[0]] = R[a[1]]; R[a[0]].trans ^= 1;
+    break;
+case FLAT:
+    @CHECKS FLAT@
+    if (R[a[1]].trans || R[a[1]].ld != a[2] * a[3]) FAIL(3);   /* its rows not k blocks of cols: no such view */
+    R[a[0]] = R[a[1]]; R[a[0]].ld = a[2];
     break;"""
 
 
