@@ -279,11 +279,26 @@ def _release(bound: BufferTable, entries: _Entries) -> None:
 
 def _multi_rows(program, rows: list) -> int:
     """The rows of the table's multi-row tasks (CONTIGUOUS_STATICS_ROWS, PACKED_STATICS_ROWS: what the copies and
-    packs of the statics pay for; the blocks' few large products do not count)."""
+    packs of the statics pay for; the blocks' few large products do not count), a program with loops' times the
+    most steps they run (a loop body's product by a static runs once a step: a static program's one task of 64
+    rows through 20 steps reads each weight 20 times)."""
     n_kinds = program.lowered.n_kinds
     task_rows = [r for tid, r in zip(program.table[:, 0].tolist(), rows) if tid < n_kinds] if program.bound.blocks \
         else rows
-    return sum([r for r in task_rows if r > 1])
+    return sum([r for r in task_rows if r > 1]) * _loop_steps(program.lowered)
+
+
+_LOOP_STEPS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _loop_steps(lowered) -> int:
+    """The most steps of any loop of ``lowered`` (LOOP's trips, LOOPN's and LOOPR's most), 1 without loops."""
+    found = _LOOP_STEPS.get(lowered)
+    if found is None:
+        code = lowered.code
+        most = [code[code[:, 0] == OPCODES_IDS[op], 1 + at] for op, at in (("LOOP", 0), ("LOOPN", 1), ("LOOPR", 0))]
+        found = _LOOP_STEPS[lowered] = max([1] + [int(m.max()) for m in most if len(m)])
+    return found
 
 
 class _Entries:

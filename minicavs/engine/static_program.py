@@ -106,6 +106,17 @@ def refusal(n: Node) -> str | None:
     return f"op '{n.op}' has no instruction"
 
 
+_LOOPED = "a parameter's transpose a loop reads: a view made before the program, read as a static (packed)"
+
+
+def _transposed_parameter(n: Node) -> bool:
+    """Is ``n`` a 2-D parameter's transpose (a loop gradient's Wᵀ, read by a product every step)? Given to a
+    loop's program as a static, the CPU runner copies it contiguous and packs it for its products, as ∂F's."""
+    opdef = OPS[n.op]
+    return opdef.native is not None and opdef.native(n) == "transpose" and n.ndim == 2 and \
+        len(n.inputs) == 1 and n.inputs[0].op == "param"
+
+
 def _row_function(n: Node) -> bool | None:
     """For the ops this module lowers itself (OpDef.row_lowering): can it (None: not one of them)?"""
     lowering = OPS[n.op].row_lowering
@@ -126,10 +137,11 @@ class Split:
         self.literals = [n for n in computed if OPS[n.op].from_shape is not None and None not in n.shape]
         held = {n.inputs[0]: f"its result {n.label()} is {refusal(n)}" for n in computed   # (a tuple is no
                 if item_index(n) is not None and refusal(n) is not None}                  # value to hand out)
+        looped = {x for n in computed if is_loop(n) for x in n.inputs if _transposed_parameter(x)}
         for n in computed:
             if n in self.literals:   # (made before the program from their shape alone: given to it)
                 continue
-            why = held.get(n) or refusal(n)
+            why = held.get(n) or (_LOOPED if n in looped else refusal(n))
             if why is None:
                 rowy = [classes.find(x) for x in _register_inputs(n) + (n,) if _rowy(x)]
                 if rowy and rows is None:
