@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from ..core.errors import ShapeError
 from ..ir.graph import Node, fmt_shape
-from .elementwise import accum, broadcast_shapes, unbroadcast
+from .elementwise import broadcast_shapes, unbroadcast
 from .reduce import sum
 from .registry import OpDef, make_node, native_kernels, register
 from .shape import swap_last
@@ -44,13 +44,9 @@ def _stacked_by_static(a: Node, b: Node) -> bool:
 
 
 def _summed_over_steps(a: Node, g: Node) -> Node:
-    """The weight's gradient Σ_rows Σ_t a[:, t]ᵀ · g[:, t]: one product per step over every row, of the steps'
-    blocks (views), rather than a product per row and a sum over the rows of (D, H) matrices."""
-    def step(x: Node, t: int) -> Node:
-        block = make_node("slice", (x,), {"axis": 1, "start": t, "stop": t + 1})
-        return make_node("reshape", (block,), {"shape": (None, x.shape[2])})
-    parts = [matmul(make_node("transpose", (step(a, t),), {"perm": (1, 0)}), step(g, t)) for t in range(a.shape[1])]
-    return accum(*parts)
+    """The weight's gradient Σ_rows Σ_t a[:, t]ᵀ · g[:, t]: one product over every row and step
+    (:func:`steps_matmul`), rather than a product per row and a sum over the rows of (D, H) matrices."""
+    return steps_matmul(a, g)
 
 
 def _native_gemm(n: Node):

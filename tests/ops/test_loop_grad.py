@@ -8,6 +8,12 @@ from minicavs.engine.codegen.machine import OPCODES
 from minicavs.engine.executor import RunContext
 from minicavs.engine.lowered import OPCODES_BY_ID
 
+from minicavs import ops
+from minicavs.core.dtypes import float64 as F64
+from minicavs.engine.model import Model
+from minicavs.ops import control as C
+from minicavs.train.testing import check_model_grads
+
 from ..engine.test_static_loops import D, H, T, V, _lm, _programs, _values
 
 
@@ -66,13 +72,42 @@ def test_a_static_graphs_foreach_gradient_runs_none_of_its_bodys_forward_ops(lm_
     assert any(op == "ROWOP" for op, _ in backward)   # (the cross-entropy's gradient, from the saved logits)
 
 
-def test_each_parameters_gradient_is_one_product_over_every_row_and_step(lm_program):
-    """W, U and Wo: each gradient is ONE GEMM after the gradient loop, over FLAT views of the stacked terms (its
-    inner dimension -T: T times the task's rows), b one SUMROWS over T times the rows; the gradient loop makes
-    no parameter-shaped product (rows not the task's) and adds no term into a sum (ADD)."""
-    _, backward = _loops(lm_program)
+def test_the_gradient_loop_adds_each_parameters_term_into_its_sum(lm_loops):
+    """A trip count per row: W, U, b and Wo: each step's term (a product, a column sum) added in place (ADD)
+    into its sum's memory, and no sum over the steps copied (COPY) there."""
+    _, backward = lm_loops
+    sums = [f["dst"] for op, f in backward if op == "ADD"]
+    assert len(set(sums)) == 4, backward
+    assert [f for op, f in backward if op == "COPY" and f["dst"] in sums] == []
+
+
+def _fixed_lm():
+    """The language model's loop over all T steps (no trip count): x_t·W hoisted before it."""
+    W, U, b = ops.param_node("W", (D, H), F64), ops.param_node("U", (H, H), F64), ops.param_node("b", (H,), F64)
+    Wo = ops.param_node("Wo", (H, V), F64)
+    x, y = ops.input((None, T, D), "float64", name="x"), ops.input((None, T), "int64", name="y")
+    h0 = ops.input((None, H), "float64", name="h0")
+
+    def body(inputs, states):
+        h = ops.tanh(ops.linear(inputs[0], W, b) + states[0] @ U)
+        return [ops.softmax_cross_entropy(h @ Wo, inputs[1])], [h]
+    (nll,), _ = C.foreach(body, [x, y], [h0], name="lm")
+    return Model([], loss=ops.sum(nll), outputs={"nll": ops.sum(nll)})
+
+
+def test_each_parameters_gradient_is_one_product_over_every_row_and_step():
+    """A foreach over all its steps: W, U and Wo's gradients each ONE GEMM after the gradient loop, over FLAT
+    views of the stacked terms (its inner dimension -T: T times the task's rows), b's one SUMROWS over T times
+    the rows; the gradient loop makes no parameter-shaped product (rows not the task's) and adds no term into a
+    sum (ADD); the gradients equal float64 finite differences."""
+    params, feeds = _values([T] * 4)
+    feeds.pop("steps")
+    model = _fixed_lm()
+    (program,) = _programs(model.forward_backward({}, feeds, params, RunContext()))
+    code = program.lowered.code
+    _, backward = _loops(code)
     assert [f for op, f in backward if op == "ADD" or (op == "GEMM" and f["rows"] != -1)] == [], backward
-    after = _rows(lm_program)[_last_endloop(lm_program) + 1:]
+    after = _rows(code)[_last_endloop(code) + 1:]
     flat = {f["dst"]: f for op, f in after if op == "FLAT"}
     flat.update((f["dst"], flat[f["src"]]) for op, f in after if op == "TRANSPOSE" and f["src"] in flat)
     products = [f for op, f in after if op == "GEMM"]
@@ -81,3 +116,4 @@ def test_each_parameters_gradient_is_one_product_over_every_row_and_step(lm_prog
     assert all(flat[f[x]]["k"] == T for f in products for x in "ab")
     sums = [f for op, f in after if op == "SUMROWS" and f["rows"] == -T]
     assert len(sums) == 1 and sums[0]["cols"] == H and sums[0]["src"] in flat
+    check_model_grads(model, {}, feeds, params, directions=2)
