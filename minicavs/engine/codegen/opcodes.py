@@ -205,7 +205,7 @@ SPANS = {
     "COLS": (),
     "ALIAS": (),
     "TRANSPOSE": (),
-    "FLAT": (Span("nonneg", "cols"), Span("nonneg", "k", report="cols"), Span("rows", "src", ("bs", "k * cols"))),
+    "FLAT": (Span("nonneg", "cols"), Span("nonneg", "k"), Span("rows", "src", ("bs", "k * cols"))),
     "GEMM": (Span("rows", "c", ("rows", "n")), Span("matrix", "a", ("rows", "k")), Span("matrix", "b", ("k", "n")),
              Span("matrix", "bias", ("1", "n"), "bias >= 0"), Span("dense", "c", ("rows", "n")),
              Span("dense", "a", ("rows", "k")), Span("dense", "b", ("k", "n"))),
