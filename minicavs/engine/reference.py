@@ -418,13 +418,16 @@ def op_flat(m: Machine, dst, src, cols, k) -> None:
 
 
 def op_gemm(m: Machine, c, a, b, rows, n, k, bias) -> None:
-    """c = a · b (+ the bias row)."""
+    """c = a · b (+ the bias row); bias -2: c += a · b."""
     rows, n, k = m.dim(rows), m.dim(n), m.dim(k)
     if rows == 0 or n == 0:
         return
     if m.reg(c)[3]:
         m.fail("a product's result register is transposed")
     out = m.matrix(c, rows, n)
+    if bias == -2:   # (c += a · b)
+        out[...] += m.matrix(a, rows, k) @ m.matrix(b, k, n) if k else 0
+        return
     out[...] = m.matrix(a, rows, k) @ m.matrix(b, k, n) if k else 0
     if bias >= 0:
         out += m.matrix(bias, 1, n)

@@ -239,9 +239,10 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
                 const int64_t need_a = A->trans ? m : k, need_b = Bm->trans ? k : n;
                 const int64_t lda = A->ld < need_a ? need_a : A->ld, ldb = Bm->ld < need_b ? need_b : Bm->ld;
                 const int64_t ldc = C->ld < n ? n : C->ld;
+                const int64_t acc = a[6] == -2;   /* c += a . b: BLAS's beta 1 */
                 if (k == 0) {{
-                    for (int64_t r = 0; r < m; r++) memset(C->p + r * C->ld, 0, (size_t)n * sizeof(T));
-                }} else if (MC_PACKED && m >= 2 && MC_PACKS(m, n, k) && !A->trans && Bm->buf >= 0 && packed[Bm->buf]
+                    for (int64_t r = 0; r < m && !acc; r++) memset(C->p + r * C->ld, 0, (size_t)n * sizeof(T));
+                }} else if (MC_PACKED && !acc && m >= 2 && MC_PACKS(m, n, k) && !A->trans && Bm->buf >= 0 && packed[Bm->buf]
                            && Bm->p == (T *)base[Bm->buf] && Bm->trans == trans[Bm->buf] && Bm->ld == ld[Bm->buf]
                            && k == packed[nbufs + Bm->buf] && n == packed[2 * nbufs + Bm->buf]) {{
                     /* the static as packed for this run (packed_gemm.py), the bias added on the way out */
@@ -253,11 +254,11 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
                     const int64_t rows_b = Bm->trans ? n : k, cols_b = Bm->trans ? k : n;
                     if (ilp64)
                         ((gemv64_t)gemv)(101, Bm->trans ? 111 : 112, rows_b, cols_b, (T)1, Bm->p, ldb, A->p, inca,
-                                         (T)0, C->p, 1);
+                                         (T)acc, C->p, 1);
                     else
                         ((gemv32_t)gemv)(101, Bm->trans ? 111 : 112, (int)rows_b, (int)cols_b, (T)1, Bm->p, (int)ldb,
-                                         A->p, (int)inca, (T)0, C->p, 1);
-                }} else if (m >= 2 && m <= tmp_rows && n <= tmp_cols && !Bm->trans && Bm->buf >= 0 && twin[Bm->buf]
+                                         A->p, (int)inca, (T)acc, C->p, 1);
+                }} else if (!acc && m >= 2 && m <= tmp_rows && n <= tmp_cols && !Bm->trans && Bm->buf >= 0 && twin[Bm->buf]
                            && Bm->p == (T *)base[Bm->buf]) {{
                     /* few rows times a wide static B: C^T = B^T A^T, B^T from the static's contiguous transposed
                        twin (n x k), into the scratch arena's tail, then transposed into C: OpenBLAS takes 20-45% less
@@ -279,10 +280,10 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
                     }}
                 }} else if (ilp64) {{
                     ((gemm64_t)gemm)(101, A->trans ? 112 : 111, Bm->trans ? 112 : 111, m, n, k, (T)1, A->p, lda,
-                                     Bm->p, ldb, (T)0, C->p, ldc);
+                                     Bm->p, ldb, (T)acc, C->p, ldc);
                 }} else {{
                     ((gemm32_t)gemm)(101, A->trans ? 112 : 111, Bm->trans ? 112 : 111, (int)m, (int)n, (int)k,
-                                     (T)1, A->p, (int)lda, Bm->p, (int)ldb, (T)0, C->p, (int)ldc);
+                                     (T)1, A->p, (int)lda, Bm->p, (int)ldb, (T)acc, C->p, (int)ldc);
                 }}
                 if (a[6] >= 0) {{
                     const T *b = R[a[6]].p;

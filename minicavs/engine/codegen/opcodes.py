@@ -83,7 +83,7 @@ OPCODE_TABLE = {
     # stacked over k steps), read as k x rows rows of cols (row r's block t is row r x k + t): a view, so that
     # one product over every row and step (its "dim" -k) sums a loop's per-step terms; src's rows must span k x cols
     "FLAT": (("dst", "reg"), ("src", "in"), ("cols", "int"), ("k", "int")),
-    # c = a . b (+ bias row, reg or -1)
+    # c = a . b (+ bias row, reg or -1); bias -2: c += a . b (a loop's sum of a product per step, in place)
     "GEMM": (("c", "in"), ("a", "in"), ("b", "in"), ("rows", "dim"), ("n", "dim"), ("k", "dim"), ("bias", "later")),
     # args: pool[2i] register, pool[2i+1] rows kind
     "FUSED": (("kernel", "later"), ("nargs", "int"), ("rows", "dim"), ("cols", "int"), ("pool", "int")),
