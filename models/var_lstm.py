@@ -11,10 +11,8 @@ divided by the number of sentences. Dropout on the embedding and on h before the
 framework would run: sentences padded to the longest of the data, a ``foreach`` (minicavs/ops/control.py) over
 the positions with each sentence's length as its row's trip count (``steps=lengths``: step t runs on the
 sentences longer than t alone, so padding costs no cell or softmax; a finished sentence's state stays as it
-was), the LSTM cell and the per-word cross-entropy in its body. Data whose sentences all have one length need
-no trip count per row: the foreach then runs every step on every row (nothing masked; its weight gradients one
-product over every row and step), and a batch of another length is refused. A batch's rows are its sentences
-longest first (the active rows are then a leading slice). With ``train.order: bucket`` the batches hold sentences of similar
+was), the LSTM cell and the per-word cross-entropy in its body. A batch's rows are its sentences longest first
+(the active rows are then a leading slice). With ``train.order: bucket`` the batches hold sentences of similar
 length, so few steps run on few rows. Same parameters, same loss and gradients (without dropout, which a loop
 body does not take: dropout must be 0).
 """
@@ -107,8 +105,6 @@ class LanguageModel(Task):
                 raise ConfigError(f"model.graph=foreach: a loop body takes no dropout; set model.dropout=0 "
                                   f"(it is {m['dropout']})")
             self.length = max(len(x) for split in self.data.values() for x, _ in split)
-            # (data of one length: every row runs every step, a loop with no trip count per row, nothing masked)
-            self.varied = any(len(x) != self.length for split in self.data.values() for x, _ in split)
             if m["cell"] != "fused":
                 raise ConfigError(f"model.graph=foreach writes the fused cell; model.cell is {m['cell']!r}")
             self._build_foreach(p, H, dtype, tc["policy"])
@@ -144,8 +140,7 @@ class LanguageModel(Task):
             h = ops.sigmoid(o) * ops.tanh(c)
             return [ops.softmax_cross_entropy(ops.linear(h, W_o, b_o), y)], [h, c]
         (nll,), _ = control.foreach(body, [ops.lookup(p["E"].node, self.inputs), self.targets],
-                                    [self.state0, self.state0], steps=self.lengths if self.varied else None,
-                                    name="lstm")
+                                    [self.state0, self.state0], steps=self.lengths, name="lstm")
         nll = ops.sum(nll)
         self.model = Model([], loss=nll * self.inv_sentences, outputs={"nll": nll}, policy=policy)
 
@@ -154,16 +149,12 @@ class LanguageModel(Task):
         length, the rows longest first (the loss is a sum over them: their order changes nothing)."""
         n, T = len(samples), self.length
         lengths = self.sample_lengths(samples)
-        wrong = np.flatnonzero((lengths > T) | ((lengths != T) if not self.varied else False))
-        if len(wrong):
-            raise DataError(f"sentence {int(wrong[0])} of the batch has {int(lengths[wrong[0]])} steps; the foreach "
-                            f"graph was built for {'at most ' if self.varied else ''}{T} (the data's sentences)")
         rows = np.argsort(-lengths, kind="stable")
         inputs, targets = np.zeros((n, T), np.int64), np.zeros((n, T), np.int64)
         for r, i in enumerate(rows):
             x, y = samples[i]
             inputs[r, :len(x)], targets[r, :len(y)] = x, y
-        feeds = {"inputs": inputs, "targets": targets, **({"lengths": lengths[rows]} if self.varied else {}),
+        feeds = {"inputs": inputs, "targets": targets, "lengths": lengths[rows],
                  "state0": np.zeros((n, self.params["W_h"].value.shape[0]), self.dtype),
                  "inv_sentences": np.asarray(1.0 / n, self.dtype)}
         return {}, feeds

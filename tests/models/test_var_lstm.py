@@ -8,9 +8,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minicavs.core.errors import DataError
-from minicavs.engine.executor import RunContext
-from minicavs.engine.lowered import OPCODES_BY_ID
 from minicavs.train.config import ConfigError
 from minicavs.core.sparse import densify
 from minicavs.train.trainer import Trainer
@@ -77,27 +74,3 @@ def test_foreach_graph_trains_and_refuses_dropout(tmp_path):
     with pytest.raises(ConfigError, match="model.graph=foreach: a loop body takes no dropout"):
         Trainer(MODELS / "var_lstm.yaml", TINY[:-2] + ["model.graph=foreach", "model.dropout=0.2"],
                 run_dir=tmp_path / "bad")
-
-
-def test_data_of_one_length_runs_a_loop_without_trip_counts_equal_to_the_chain_graph(tmp_path):
-    """Sentences all of one length: the foreach runs every step on every row (no trip count per row: no LOOPN,
-    nothing masked), loss and every gradient equal to the chain graph's; a batch of another length is refused."""
-    rng = np.random.default_rng(3)
-    text = tmp_path / "equal.txt"
-    text.write_text("".join(" ".join(f"w{i}" for i in rng.integers(0, 12, 6)) + "\n" for _ in range(20)))
-    data = [f"data.train={text}", "data.dev=null", "data.test=null"]
-    chain = Trainer(MODELS / "var_lstm.yaml", TINY + data, run_dir=tmp_path / "chain")
-    loop = Trainer(MODELS / "var_lstm.yaml", TINY + data + ["model.graph=foreach"], run_dir=tmp_path / "loop")
-    samples = chain.task.data["train"][:9]
-    a, b = chain.loss_and_grads(samples), loop.loss_and_grads(samples)
-    equal(np.float64(b.loss), np.float64(a.loss))
-    for k in a.grads:
-        equal(b.grads[k], a.grads[k])
-    graphs, feeds = loop.task.batch(samples)
-    got = loop.model.forward_backward(graphs, feeds, {k: p.value for k, p in loop.params.items()}, RunContext())
-    (program,) = [run.program for run in got.static if run.program is not None]
-    ops = {OPCODES_BY_ID[op] for op in program.lowered.code[:, 0]}
-    assert {"LOOP", "FLAT"} <= ops and "LOOPN" not in ops, ops
-    x, y = samples[0]
-    with pytest.raises(DataError, match="sentence 1 of the batch has 4 steps; the foreach graph was built for 7"):
-        loop.task.batch([samples[1], (x[:4], y[:4])])
