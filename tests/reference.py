@@ -221,6 +221,10 @@ def matmul(a, b):
     return np.einsum("...ij,...jk->...ik", np.asarray(a, np.float64), np.asarray(b, np.float64))
 
 
+def steps_matmul(a, b):
+    return np.einsum("rtm,rtn->mn", np.asarray(a, np.float64), np.asarray(b, np.float64))
+
+
 def linear(x, w, b):
     return np.einsum("rk,kn->rn", np.asarray(x, np.float64), np.asarray(w, np.float64)) + b
 
@@ -386,7 +390,7 @@ REFERENCE = {
     "add": add, "sub": sub, "mul": mul, "div": div, "maximum": maximum, "ge": ge, "where": where, "accum": accum,
     "sum": sum, "mean": mean, "sum_to": sum_to, "broadcast_like": broadcast_like, "mean_grad": mean_grad,
     "reshape": reshape, "transpose": transpose, "concat": concat, "slice": slice, "unslice": unslice,
-    "matmul": matmul, "linear": linear,
+    "matmul": matmul, "steps_matmul": steps_matmul, "linear": linear,
     "softmax": softmax, "log_softmax": log_softmax, "softmax_cross_entropy": softmax_cross_entropy,
     "xent_grad": xent_grad, "mse": mse, "dropout": dropout, "lookup": lookup, "lookup_grad": lookup_grad,
     "densify": densify, "scatter": scatter, "push": push,

@@ -287,7 +287,7 @@ def _release(bound: BufferTable, entries: _Entries) -> None:
 
 def _multi_rows(program, rows: list) -> int:
     """The rows of the table's multi-row tasks (CONTIGUOUS_STATICS_ROWS, PACKED_STATICS_ROWS: what the copies and
-    packs of the statics pay for; the blocks' few large products do not count)."""
+    packs of the statics pay for; the blocks' few large products do not count; a loop's steps: _product_repeats)."""
     n_kinds = program.lowered.n_kinds
     task_rows = [r for tid, r in zip(program.table[:, 0].tolist(), rows) if tid < n_kinds] if program.bound.blocks \
         else rows
@@ -420,8 +420,9 @@ def _product_statics(lowered) -> frozenset:
 
 def _product_repeats(lowered) -> int:
     """The most times a task row is multiplied by a static B: the trip counts of the loops around such a GEMM,
-    multiplied (1 without loops; a per-row count, LOOPN, at its most). A static program's task of 64 rows
-    multiplies by W_h at each of 7 steps: 448 rows read the static, which PACKED_STATICS_ROWS counts."""
+    multiplied (1 without loops; a count read where it runs, LOOPN or LOOPR, at its most). A static program's
+    task of 64 rows multiplies by W_h at each of 7 steps: 448 rows read the static, which PACKED_STATICS_ROWS
+    counts."""
     return _products(lowered)[1]
 
 
@@ -429,7 +430,7 @@ def _products(lowered) -> tuple:
     found = _PRODUCT_STATICS.get(lowered)
     if found is None:
         static, gemm = OPCODES_IDS["STATIC"], OPCODES_IDS["GEMM"]
-        loop, loopn = OPCODES_IDS["LOOP"], OPCODES_IDS["LOOPN"]
+        loop, loopn, loopr = OPCODES_IDS["LOOP"], OPCODES_IDS["LOOPN"], OPCODES_IDS["LOOPR"]
         statics, held, repeats = set(), {}, 1
         for begin, end in lowered.ranges.tolist():
             held.clear()
@@ -442,8 +443,8 @@ def _products(lowered) -> tuple:
                 elif op == gemm and a[2] in held:
                     statics.add(held[a[2]])
                     repeats = max(repeats, math.prod(trips for _, trips in open_loops))
-                elif op in (loop, loopn):
-                    trips, body = (a[0], a[1]) if op == loop else (a[1], a[2])
+                elif op in (loop, loopn, loopr):   # (trips or the most, the body's length)
+                    trips, body = (a[1], a[2]) if op == loopn else (a[0], a[1])
                     open_loops.append((pc + 1 + body, max(trips, 1)))
         found = _PRODUCT_STATICS[lowered] = (frozenset(statics), repeats)
     return found

@@ -228,6 +228,8 @@ def _lowering(t: Template, step, how: str) -> None:
         bias = ins[2] if len(ins) > 2 else -1
         t.emit("GEMM", t.scratch_reg(node), ins[0], ins[1], _dim(node.shape[0]), _dim(node.shape[1]),
                _dim(a.shape[1]), bias)
+    elif how == "steps_gemm":
+        _steps_gemm(t, step, ins)
     elif how == "concat":
         _concat(t, step, ins)
     elif how == "unslice":
@@ -236,6 +238,19 @@ def _lowering(t: Template, step, how: str) -> None:
         _sum_rows(t, step, ins[0])
     else:
         raise Unsupported(f"{node.label()}: unknown native lowering {how!r}")
+
+
+def _steps_gemm(t: Template, step, ins: list) -> None:
+    """Σ_t a[:, t]ᵀ · b[:, t] of two stacked per-row values: each read as rows x T rows (FLAT, a view), one GEMM
+    over them all (its inner dimension -T: T times the task's rows)."""
+    node = step.outputs[0]
+    a, b = step.inputs
+    steps = a.shape[1]
+    flat_a, flat_b, flat_at = (t.reg(name=f"{t.reg_names[r]} flat") for r in (ins[0], ins[1], ins[0]))
+    t.emit("FLAT", flat_a, ins[0], a.shape[2], steps)
+    t.emit("FLAT", flat_b, ins[1], b.shape[2], steps)
+    t.emit("TRANSPOSE", flat_at, flat_a)
+    t.emit("GEMM", t.scratch_reg(node), flat_at, flat_b, node.shape[0], node.shape[1], -steps, -1)
 
 
 def _concat(t: Template, step, ins: list) -> None:
@@ -263,6 +278,11 @@ def _unslice(t: Template, step, source: int) -> None:
 def _sum_rows(t: Template, step, source: int) -> None:
     """A sum over the rows alone is SUMROWS over the flat columns; any other sum is an APPLY."""
     node, x = step.outputs[0], step.inputs[0]
+    if x.has_rows and x.ndim == 3 and tuple(node.attrs.get("axes", ())) == (0, 1):
+        flat = t.reg(name=f"{t.reg_names[source]} flat")   # (over the rows and the steps: rows x T rows)
+        t.emit("FLAT", flat, source, x.shape[2], x.shape[1])
+        t.emit("SUMROWS", t.scratch_reg(node), flat, -x.shape[1], x.shape[2])
+        return
     if x.has_rows and _width(node.shape) != _cols(x):
         _apply(t, step)
         return

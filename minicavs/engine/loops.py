@@ -151,7 +151,7 @@ def lower_loop(t: Template, step, statics: set, device, singles: dict, lower_ste
     placed = _carried(t, step, f, body, results, carried)
     placed.update((p, t.reg(name=f"{p.name or 'x'}[t]")) for p in slots)
     if f.counted:   # (steps not run stay zero)
-        _zero_stacked(t, f, body, results)
+        _zero_stacked(t, f, body, results, row_trips.unread_past_run(node))
     masks = row_trips.Masks(t, node, step.inputs, (statics, device, singles), lower_step) \
         if row_trips.per_row(node) else None
     depth, begin = _depth(t), len(t.code)
@@ -189,7 +189,7 @@ def lower_loop(t: Template, step, statics: set, device, singles: dict, lower_ste
             _into_block(t, results[k], reg, body.outputs[k], order, masks)
     new = dict(zip(carried, regs[len(outs):]))
     for j in added:   # (a sum over the steps: its term added in place)
-        t.emit("ADD", placed[states[j]], new.pop(j), _rows(states[j]), _cols(states[j]))
+        _add_in_place(t, begin, placed[states[j]], new.pop(j), states[j])
     _new_states(t, body, states, f.outputs, list(new), list(new.values()), placed, masks)
     t.emit("ENDLOOP", f.length, len(t.code) - begin, depth)
     _close(t, step, f, begin, exit_at)
@@ -215,9 +215,21 @@ def _added(f, body, carried: list) -> dict:
         others = [x for x in new.inputs if x is not p]
         term = OPS[others[0].op] if len(others) == 1 else None   # (one an instruction of its own computes)
         if term is not None and not (term.fusible or term.source) and others[0] not in states and \
-                readers.get(p) == [new] and list(body.outputs).count(new) == 1:
+                readers.get(p) == [new] and readers.get(others[0]) == [new] and \
+                list(body.outputs).count(new) == 1 and others[0] not in body.outputs:
             found[j] = others[0]
     return found
+
+
+def _add_in_place(t: Template, begin: int, total: int, term: int, state: Node) -> None:
+    """total += term: the body's product that computed ``term`` made to add into ``total`` itself (GEMM's bias
+    -2: BLAS's beta 1, no product written aside and read again), else an ADD."""
+    for i in range(len(t.code) - 1, begin, -1):
+        code = t.code[i]
+        if code[0] == "GEMM" and code[1] == term and code[7] == -1:
+            t.code[i] = ("GEMM", total) + tuple(code[2:7]) + (-2,)
+            return
+    t.emit("ADD", total, term, _rows(state), _cols(state))
 
 
 def _new_states(t: Template, body, states, first: int, carried: list, regs: list, placed: dict,
@@ -267,13 +279,14 @@ def _test(t: Template, test, body, where: tuple, lower_step: Callable, begin: in
     return len(t.code) - 1
 
 
-def _zero_stacked(t: Template, f, body, results: dict) -> None:
-    """A loop that may stop early: its stacked outputs and saved states zeroed first (their steps not run)."""
+def _zero_stacked(t: Template, f, body, results: dict, unread: frozenset = frozenset()) -> None:
+    """A loop that may stop early: its stacked outputs and saved states zeroed first (their steps not run),
+    but for the ``unread`` results, which nothing reads past the steps run."""
     states = body.args[f.iterated:f.iterated + f.states]
     stacked = [(k, body.outputs[k]) for k in range(f.outputs)] + [(_first_saved(f) + j, p)
                                                                  for j, p in enumerate(states)]
     for i, v in stacked:
-        if i in results:
+        if i in results and i not in unread:
             t.emit("ZERO", results[i], _rows(v), f.length * _cols(v))
 
 

@@ -86,8 +86,8 @@ class Machine:
         return int(self.task[5 + 2 * slot]), int(self.task[6 + 2 * slot])
 
     def dim(self, d: int) -> int:
-        """An instruction's dimension: -1 means the task's rows."""
-        return self.bs if d < 0 else int(d)
+        """An instruction's dimension: -k means k times the task's rows (-1: the task's rows)."""
+        return -int(d) * self.bs if d < 0 else int(d)
 
     # --- registers and views ------------------------------------------------------------------------------
     def fail(self, what: str):
@@ -409,14 +409,26 @@ def op_transpose(m: Machine, dst, src) -> None:
     m.set(dst, buf, offset, ld, 1 - transposed)
 
 
+def op_flat(m: Machine, dst, src, cols, k) -> None:
+    """dst = src's rows of k blocks of ``cols`` read as k x rows rows of ``cols`` (a stacked value's steps as rows:
+    a view; refused unless src's row stride is k x cols)."""
+    buf, offset, ld, transposed = m.reg(src)
+    if transposed or ld != cols * k:
+        m.fail(f"operand k: rows {ld} apart{' transposed' if transposed else ''} are not {k} blocks of {cols}")
+    m.set(dst, buf, offset, cols, 0)
+
+
 def op_gemm(m: Machine, c, a, b, rows, n, k, bias) -> None:
-    """c = a · b (+ the bias row)."""
+    """c = a · b (+ the bias row); bias -2: c += a · b."""
     rows, n, k = m.dim(rows), m.dim(n), m.dim(k)
     if rows == 0 or n == 0:
         return
     if m.reg(c)[3]:
         m.fail("a product's result register is transposed")
     out = m.matrix(c, rows, n)
+    if bias == -2:   # (c += a · b)
+        out[...] += m.matrix(a, rows, k) @ m.matrix(b, k, n) if k else 0
+        return
     out[...] = m.matrix(a, rows, k) @ m.matrix(b, k, n) if k else 0
     if bias >= 0:
         out += m.matrix(bias, 1, n)
@@ -611,8 +623,9 @@ OPERATIONS = {
     "NOP": op_nop, "BIND": op_bind, "STATIC": op_static, "SCRATCH": op_scratch, "GATHER": op_gather,
     "CATVIEW": op_catview, "SKIP_IF_CAT": op_skip_if_cat, "BRANCH": op_branch, "JUMP": op_jump,
     "LOOP": op_loop, "LOOPN": op_loopn, "ENDLOOP": op_endloop, "STEPCOLS": op_stepcols, "WHILE": op_while,
-    "STEPS": op_steps, "LOOPR": op_loopr, "IF": op_if, "TAKE": op_take, "TAKETO": op_taketo, "SROWS": op_srows, "SPUT": op_sput, "COLS": op_cols, "ALIAS": op_alias,
-    "TRANSPOSE": op_transpose, "GEMM": op_gemm, "FUSED": op_fused, "COPY": op_copy, "ZERO": op_zero, "ADD": op_add,
+    "STEPS": op_steps, "LOOPR": op_loopr, "IF": op_if, "TAKE": op_take, "TAKETO": op_taketo, "SROWS": op_srows,
+    "SPUT": op_sput, "COLS": op_cols, "ALIAS": op_alias, "TRANSPOSE": op_transpose, "FLAT": op_flat,
+    "GEMM": op_gemm, "FUSED": op_fused, "COPY": op_copy, "ZERO": op_zero, "ADD": op_add,
     "SUMROWS": op_sumrows, "PUT": op_put, "ADJ": op_adj, "GACC": op_gacc, "DROPOUT": op_dropout, "BMM": op_bmm,
     "TRANSROWS": op_transrows, "APPLY": op_apply, "ROWOP": op_rowop,
 }

@@ -36,6 +36,20 @@ def per_row(node: Node) -> bool:
     return f is not None and f.counted and "cond" not in dict(f.bodies) and node.inputs[-1].has_rows
 
 
+def unread_past_run(node: Node) -> frozenset:
+    """The stacked results of per-row loop ``node`` that nothing reads past the steps it runs: a saving loop's
+    residuals and saved pre-step states (ops/loop_grad.py), which only its gradient's reverse loop reads, over
+    the same steps (its parameters' terms summed in that loop): not zeroed first (in a bucketed batch most of a
+    stacked value's T steps are past its longest row: the logits' 75 x 10k columns a row)."""
+    f = flow(node)
+    residuals = node.attrs.get("_residuals")
+    if not per_row(node) or residuals is None or not node.attrs.get("_save"):
+        return frozenset()
+    first_saved = f.outputs + f.states
+    return frozenset(range(f.outputs - residuals, f.outputs)) | frozenset(range(first_saved,
+                                                                               first_saved + f.states))
+
+
 def refusal(node: Node, inputs) -> str | None:
     """Why a per-row loop is not lowered as masks (None: it is): one that sums over its rows and is no other
     loop's gradient (its cotangents unknown)."""

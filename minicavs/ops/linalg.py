@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from ..core.errors import ShapeError
 from ..ir.graph import Node, fmt_shape
-from .elementwise import accum, broadcast_shapes, unbroadcast
+from .elementwise import broadcast_shapes, unbroadcast
 from .reduce import sum
 from .registry import OpDef, make_node, native_kernels, register
 from .shape import swap_last
@@ -44,13 +44,9 @@ def _stacked_by_static(a: Node, b: Node) -> bool:
 
 
 def _summed_over_steps(a: Node, g: Node) -> Node:
-    """The weight's gradient Σ_rows Σ_t a[:, t]ᵀ · g[:, t]: one product per step over every row, of the steps'
-    blocks (views), rather than a product per row and a sum over the rows of (D, H) matrices."""
-    def step(x: Node, t: int) -> Node:
-        block = make_node("slice", (x,), {"axis": 1, "start": t, "stop": t + 1})
-        return make_node("reshape", (block,), {"shape": (None, x.shape[2])})
-    parts = [matmul(make_node("transpose", (step(a, t),), {"perm": (1, 0)}), step(g, t)) for t in range(a.shape[1])]
-    return accum(*parts)
+    """The weight's gradient Σ_rows Σ_t a[:, t]ᵀ · g[:, t]: one product over every row and step
+    (:func:`steps_matmul`), rather than a product per row and a sum over the rows of (D, H) matrices."""
+    return steps_matmul(a, g)
 
 
 def _native_gemm(n: Node):
@@ -70,6 +66,28 @@ register(OpDef("matmul", infer=_matmul_infer, impl=lambda xp, a, b: xp.matmul(a,
 
 def matmul(a: Node, b: Node) -> Node:
     return make_node("matmul", (a, b))
+
+
+def _steps_matmul_infer(a, b):
+    if a.dtype != b.dtype:
+        raise ShapeError(f"dtypes {a.dtype.name} and {b.dtype.name} differ")
+    if not (a.has_rows and b.has_rows and a.ndim == 3 and b.ndim == 3 and a.shape[1] == b.shape[1]):
+        raise ShapeError(f"needs two per-row values stacked over the same steps, (rows, T, m) and (rows, T, n), "
+                         f"got {fmt_shape(a.shape)} and {fmt_shape(b.shape)}")
+    return (a.shape[2], b.shape[2]), a.dtype
+
+
+def steps_matmul(a: Node, b: Node) -> Node:
+    """y = Σ_rows Σ_t a[:, t]ᵀ · b[:, t] of two per-row values stacked over T steps ((rows, T, m), (rows, T, n)):
+    the weight gradient of a loop's per-step product as ONE product over rows x T (FLAT views of both), not a
+    product per step and a sum."""
+    return make_node("steps_matmul", (a, b))
+
+
+register(OpDef("steps_matmul", infer=_steps_matmul_infer,
+               impl=lambda xp, a, b: xp.tensordot(a, b, axes=([0, 1], [0, 1])),
+               vjp=lambda g, y, a, b: (matmul(b, swap_last(g)), matmul(a, g)),
+               native=lambda n: "steps_gemm"))
 
 
 def _linear_infer(x, w, b):
@@ -110,4 +128,4 @@ def linear(x: Node, w: Node, b: Node) -> Node:
     return make_node("linear", (x, w, as_node(b, x)))
 
 
-__all__ = ["matmul", "linear", "sum"]
+__all__ = ["matmul", "steps_matmul", "linear", "sum"]

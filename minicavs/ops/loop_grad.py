@@ -10,7 +10,8 @@ the body's per-row values that the body's gradient reads (its *residuals*: a tan
   values as per-step inputs and recomputes no forward product;
 - each parameter gradient, a sum over the steps of terms ``Aᵀ·B`` (a product's weight) or ``Σ_rows B`` (a
   bias), is computed after the loop from the stacked A and B: per step, one product over all the kind's rows
-  (the lazy phase batches it as it does F's own parameter gradients), not one per task and step.
+  (the lazy phase batches it as it does F's own parameter gradients), not one per task and step; in a static
+  graph (one task) ONE product over every row and step (:func:`.linalg.steps_matmul`).
 
 It applies where the body's parameter gradients are such sums and every per-step value has the row axis, bar
 states without it that no per-row value reads (a while_loop's step counter: outside the gradient) (:func:`plan`);
@@ -26,6 +27,7 @@ from ..ir.graph import Graph, Node
 from .autodiff import grad
 from .elementwise import accum
 from .flow import is_cond, is_loop
+from .linalg import steps_matmul
 from .nn import is_row_sparse
 from .registry import make_node
 from .sources import input as placeholder, zeros_like
@@ -211,7 +213,9 @@ def saved_vjp(g: Node, node: Node, inputs: Sequence[Node], count: Node | None = 
     source = dict(zip(step_args, step_values))
     floats = [i for i, x in enumerate(body.args[:n_in]) if x.dtype.is_float]   # (int inputs: labels)
     gx = [_or_zeros(found.grads.get(body.args[i]), body.args[i]) for i in floats]
-    inside = found.row_caps + ([] if a["_in_vertex_function"] else list(found.terms))
+    # (a trip count per row: its terms summed in the loop, over the steps run; a product over every row and
+    # step of its stacked values would also run over the steps past the batch's longest row)
+    inside = found.row_caps + (list(found.terms) if per_row else [])
     terms = {c: t for c, t in found.terms.items() if c not in inside}
     vectors = list(dict.fromkeys(v for ts in terms.values() for _, A, B, _ in ts
                                  for v in (A, B) if v is not None and v not in source and v not in gx))
@@ -232,7 +236,7 @@ def saved_vjp(g: Node, node: Node, inputs: Sequence[Node], count: Node | None = 
     source.update((v, item(back, len(gx) + i)) for i, v in enumerate(vectors))
     source.update((v, item(back, i)) for i, v in enumerate(gx) if v not in source)   # (a term's B: an input's gradient)
     sums_at = {c: item(back, n_back + len(rows) + i) for i, c in enumerate(inside)}
-    grads += [sums_at[c] if c in sums_at else _summed(terms[c], source, length)
+    grads += [sums_at[c] if c in sums_at else _summed(terms[c], source)
               if c in terms and length else None
               for c in body.args[n_in + n_state:]]   # (a loop of no step adds nothing)
     return tuple(grads) + ((None,) if per_row else ())
@@ -300,22 +304,9 @@ def _or_zeros(g: Node | None, x: Node) -> Node:
     return zeros_like(x) if g is None else g
 
 
-def _summed(terms: list, source: dict, length: int) -> Node:
-    """A captured value's gradient: its terms, re-made over each step's block of their stacked values (a
-    column block, a view), summed over every step."""
-    parts = []
-    for t in range(length):
-        for kind, A, B, made in terms:
-            b = _step(source[B], t, B)
-            if kind == "mm":
-                parts.append(make_node("matmul", (make_node("transpose", (_step(source[A], t, A),), {"perm": (1, 0)}), b)))
-            else:
-                parts.append(make_node(made.op, (b,), made.attrs))
-    return accum(*parts)
-
-
-def _step(stacked: Node, t: int, like: Node) -> Node:
-    """Step ``t``'s block of a per-row value stacked over the steps, shaped as ``like``."""
-    part = make_node("slice", (stacked,), {"axis": 1, "start": t, "stop": t + 1})
-    return make_node("reshape", (part,), {"shape": like.shape})
-
+def _summed(terms: list, source: dict) -> Node:
+    """A captured value's gradient: each of its terms one product (one sum) over every row and step of its
+    stacked values (:func:`.linalg.steps_matmul`: FLAT views, the steps' blocks read as rows)."""
+    return accum(*(steps_matmul(source[A], source[B]) if kind == "mm" else
+                   make_node("sum", (source[B],), {"axes": (0, 1), "keepdims": False})
+                   for kind, A, B, _ in terms))

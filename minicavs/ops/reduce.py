@@ -46,9 +46,11 @@ def _sum_impl(xp, x, axes, keepdims):
 
 def _over_rows(n) -> bool:
     """A sum over axis 0 alone of a 2-D value, or of a per-row value of any number of axes (its flat rows
-    summed: the result keeps their row-major layout)."""
-    x = n.inputs[0]
-    return tuple(n.attrs["axes"]) == (0,) and (x.ndim == 2 or (x.has_rows and x.ndim > 2))
+    summed: the result keeps their row-major layout), or over the rows and the steps of a per-row value stacked
+    over steps (rows, T, n) (a loop's bias gradient: its rows x T rows of n summed)."""
+    x, axes = n.inputs[0], tuple(n.attrs["axes"])
+    steps = axes == (0, 1) and x.has_rows and x.ndim == 3
+    return steps or (axes == (0,) and (x.ndim == 2 or (x.has_rows and x.ndim > 2)))
 
 
 def _column_sum(n) -> bool:

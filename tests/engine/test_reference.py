@@ -30,6 +30,7 @@ from ..models.test_models import MODELS, TINY
 from ..ops.test_control import _cond_chain, _counted_chain, _sequence_chain
 from .test_loops_while import _nested
 from .test_static_branches import _cond_model, _values
+from .test_static_loops import _lm, _values as _lm_values
 from .test_alg1 import CASES, random_dag, random_tree
 from .test_instructions import (DECLINED, STREAM_CASES, SWITCHES, _run_script, _typed,
                                 assert_native_equals_reference, assert_streamed,
@@ -144,9 +145,12 @@ def test_the_bundled_models_and_cases_exercise_every_opcode(tmp_path, monkeypatc
     # (a static graph's cond on a pred its program computes: IF)
     cond, (params, feeds) = _cond_model("computed"), _values(1.0)
     cond.forward_backward({}, feeds, params, RunContext(), options=EngineOptions(runner="reference"))
-    # (NOP: the dispatch benchmark's; ADD, which no bundled model's lowering emits today: below; APPLY,
-    # which no bundled model needs: test_instructions' softmax in F)
-    assert set(OPCODES) - seen == {"NOP", "ADD", "APPLY"}, sorted(set(OPCODES) - seen)
+    # (a static graph's foreach with a trip count per row: its parameters' gradients summed in its reverse loop,
+    # a product adding into its sum (GEMM's bias -2), a column sum by ADD; FLAT: the foreach in F's above)
+    params, feeds = _lm_values([2, 0, 1, 1])
+    _lm(per_row=True).forward_backward({}, feeds, params, RunContext(), options=EngineOptions(runner="reference"))
+    # (NOP: the dispatch benchmark's; APPLY, which no bundled model needs: test_instructions' softmax in F)
+    assert set(OPCODES) - seen == {"NOP", "APPLY"}, sorted(set(OPCODES) - seen)
 
 
 def _hand_written(code: list, nregs: int) -> instructions.Lowered:

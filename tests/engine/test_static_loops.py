@@ -28,7 +28,7 @@ from .test_static_program import FOREACH, _equal, _model, _programs, _run, _step
 
 T, D, H, V, ROWS = 5, 3, 4, 6, 4
 # what stays on the step runner: the lookups of (rows, steps) ids before the program, the table's row-sparse
-# gradients after it
+# gradients after it, a parameter's transpose (a view made before it, read as a static: packed for its products)
 LEFT = {"lookup", "lookup_grad", "accum"}
 
 
@@ -51,9 +51,10 @@ def test_the_loops_run_in_the_program_on_every_runner_equal_to_the_step_runner(c
         assert left <= LEFT, left
 
 
-def _lm(per_row: bool) -> Model:
+def _lm(per_row: bool, fixed: bool = False) -> Model:
     """A static graph of one loop: per step tanh(x_t·W + h·U + b), its cross-entropy against the step's int
-    label y_t; steps= one count (LOOPN) or one per row (masks); loss = the summed cross-entropies."""
+    label y_t; steps= one count (LOOPN) or one per row (masks), or (``fixed``) all T steps; loss = the summed
+    cross-entropies."""
     W, U, b = ops.param_node("W", (D, H), F64), ops.param_node("U", (H, H), F64), ops.param_node("b", (H,), F64)
     Wo = ops.param_node("Wo", (H, V), F64)
     x, y = ops.input((None, T, D), "float64", name="x"), ops.input((None, T), "int64", name="y")
@@ -63,7 +64,7 @@ def _lm(per_row: bool) -> Model:
     def body(inputs, states):
         h = ops.tanh(ops.linear(inputs[0], W, b) + states[0] @ U)
         return [ops.softmax_cross_entropy(h @ Wo, inputs[1])], [h]
-    (nll,), _ = C.foreach(body, [x, y], [h0], steps=steps, name="lm")
+    (nll,), _ = C.foreach(body, [x, y], [h0], steps=None if fixed else steps, name="lm")
     return Model([], loss=ops.sum(nll), outputs={"nll": ops.sum(nll)})
 
 
@@ -173,6 +174,48 @@ def test_a_corrupted_loop_operand_is_refused_by_every_runner_naming_it(cuda_stan
                 _on(model, params, feeds, device, runner=runner, check=True)
         finally:
             code[pc][1 + operand] = old
+
+
+def test_a_loop_over_all_its_steps_equals_the_step_runner_on_every_runner(cuda_standin):
+    """All T steps (no trip count): its parameters' gradients one product over FLAT views; every runner equals
+    the step runner to 1e-12 (float64)."""
+    params, feeds = _values([T] * ROWS)
+    feeds.pop("steps")
+    want = _on_the_step_runner(_lm(per_row=False, fixed=True), params, feeds)
+    model = _lm(per_row=False, fixed=True)
+    for runner, device in [("reference", None), ("device", None), ("device", Cuda(cuda_standin))]:
+        got = _on(model, params, feeds, device, runner=runner)
+        assert "FLAT" in _opcodes(_programs(got)[0])
+        assert abs(float(got.loss) - float(want.loss)) <= 1e-12 * max(1.0, abs(float(want.loss)))
+        for k in params:
+            got_k = np.asarray(got.grads[k])
+            assert np.abs(got_k - want.grads[k]).max() <= 1e-12 * max(1.0, np.abs(want.grads[k]).max()), k
+
+
+@pytest.mark.parametrize("operand, value, name", [
+    ("k", 10**6, "src"), ("k", -1, "k"), ("cols", 10**6, "src"), ("k", T - 1, "k"), ("gemm k", -10**6, "a")])
+def test_a_corrupted_flat_view_is_refused_by_every_runner_naming_it(cuda_standin, operand, value, name):
+    """FLAT (a stacked value's steps read as rows) and the product over it: a view past its memory (the rows
+    x k x cols it spans, the GEMM's -k x rows), a negative k, or rows not k blocks of cols apart, refused."""
+    model = _lm(per_row=False, fixed=True)
+    params, feeds = _values([T] * ROWS)
+    feeds.pop("steps")
+    opcode, at = ("GEMM", 5) if operand == "gemm k" else ("FLAT", {"cols": 2, "k": 3}[operand])
+    for runner, device, error, who in [("reference", None, CheckError, "reference"),
+                                       ("device", None, CheckError, "C runner"),
+                                       ("device", Cuda(cuda_standin), issue.IssueCheckError, "cuda")]:
+        got = _on(model, params, feeds, device, runner=runner, check=True)
+        code = _programs(got)[0].lowered.code
+        pc = next(i for i, row in enumerate(code) if OPCODES_BY_ID[row[0]] == opcode and (
+            opcode == "FLAT" or row[1 + at] < -1))   # (the product over a FLAT view: its k -T)
+        old = int(code[pc][1 + at])
+        code[pc][1 + at] = value
+        try:
+            with pytest.raises(error, match=rf"{who} static graph: task 0, instruction {pc} \({opcode} .*\): "
+                                            rf"operand {name}"):
+                _on(model, params, feeds, device, runner=runner, check=True)
+        finally:
+            code[pc][1 + at] = old
 
 
 @pytest.mark.parametrize("name", sorted(FOREACH))

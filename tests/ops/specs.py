@@ -332,6 +332,9 @@ spec("matmul", "linalg", *(
     for a, b in [((2, 3), (3, 4)), ((None, 3), (3, 4)), ((2, 1, 3, 4), (5, 4, 2)), ((1, 3), (3, 1)),
                  ((None, 2, 3), (3, 4)), ((3, 4), (None, 4, 2))]),
      Case("operator", (A(None, 3), A(3, 2)), lambda a, b: a @ b))
+spec("steps_matmul", "linalg",
+     Case("steps", (A(None, 4, 3), A(None, 4, 2)), ops.linalg.steps_matmul),
+     Case("one_step", (A(None, 1, 1), A(None, 1, 5)), ops.linalg.steps_matmul))
 spec("linear", "linalg",
      Case("params", (A(None, 3), A(3, 4, param="W"), A(4, param="b")), ops.linear),
      Case("inputs", (A(2, 3), A(3, 4), A(4)), ops.linear),

@@ -276,7 +276,7 @@ static int product_{T}(mach_{T}_t *M, int ta, int tb, int64_t m, int64_t n, int6
 #define FAIL(operand) do {{ M->err[0] = 1; M->err[1] = t; M->err[2] = pc; M->err[3] = (operand); \
     M->err[5] = M->stream_id; return 1; }} while (0)
 #define ISSUED(call) do {{ const int rc_ = (call); if (rc_) {{ M->err[4] = rc_; FAIL(-6); }} }} while (0)
-#define DIM(x) ((x) < 0 ? bs : (x))
+#define DIM(x) ((x) < 0 ? -(x) * bs : (x))
 #define REGOK(r, operand) do {{ if ((r) < 0 || (r) >= M->nregs || R[r].buf < 0) FAIL(operand); }} while (0)
 #define DSTOK(r, operand) do {{ if ((r) < 0 || (r) >= M->nregs) FAIL(operand); }} while (0)
 #define BUFOK(b, operand) do {{ if ((b) < 0 || (b) >= M->nbufs) FAIL(operand); }} while (0)
@@ -378,13 +378,13 @@ static int row_{T}(mach_{T}_t *M, const int64_t *code, const int64_t *pool, cons
                 STRIDES(a[6], br, bc);
                 (void)br;
                 ISSUED(COPY_(R[a[6]].p, 0, bc, C->p, C->ld, 1, m, n));
-            }} else if (k == 0) ISSUED(zero_{T}(M, C->p, C->ld, 1, m, n));
+            }} else if (k == 0 && a[6] != -2) ISSUED(zero_{T}(M, C->p, C->ld, 1, m, n));   /* (-2: c += a . b) */
             if (k > 0) {{
                 const int64_t need_a = A->trans ? m : k, need_b = Bm->trans ? k : n;
                 const int64_t lda = A->ld < need_a ? need_a : A->ld, ldb = Bm->ld < need_b ? need_b : Bm->ld;
                 const int64_t ldc = C->ld < n ? n : C->ld;
                 ISSUED(product_{T}(M, (int)A->trans, (int)Bm->trans, m, n, k, A->p, lda, 0, Bm->p, ldb, 0, C->p, ldc,
-                                   0, 1, a[6] >= 0));
+                                   0, 1, a[6] >= 0 || a[6] == -2));
             }}
             break;
         }}

@@ -8,7 +8,7 @@ into); instructions bind registers to rows of buffers, move rows, and run GEMMs 
 fused kernels (by function pointer, through a uniform wrapper) and the small loops in between.
 
 Instruction layout (``WIDTH`` int64 each): ``op, a0 .. a{WIDTH-2}``; the meaning of a0.. per opcode is in
-``OPCODES`` (instructions.py renders them by these names). A dimension given as -1 means the task's row count.
+``OPCODES`` (instructions.py renders them by these names). A dimension given as -k means k times the task's row count.
 With ``prof`` (not NULL) the call adds the nanoseconds spent in each opcode to prof[opcode] and the whole call's to
 prof[len(OPCODES)] (two clock reads per instruction: for profiling only).
 With ``check`` set every address an instruction computes is checked against its buffer's size first; a failure
@@ -102,7 +102,7 @@ static inline uint64_t mc_mix(uint64_t z) {{   /* SplitMix64's finaliser (minica
 }}
 
 #define FAIL(operand) do {{ err[0] = 1; err[1] = t; err[2] = pc; err[3] = (operand); return 1; }} while (0)
-#define DIM(x) ((x) < 0 ? bs : (x))
+#define DIM(x) ((x) < 0 ? -(x) * bs : (x))
 #define CHECKR(reg, rows, cols, operand) do {{ if (check && (\
     out_of(&B, R[reg].buf, R[reg].p, rows, cols, R[reg].ld, R[reg].trans, sizeof(T)))) FAIL(operand); }} while (0)
 #define REGOK(r, operand) do {{ if (check && ((r) < 0 || (r) >= nregs)) FAIL(operand); }} while (0)
@@ -245,9 +245,10 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
                 const int64_t need_a = A->trans ? m : k, need_b = Bm->trans ? k : n;
                 const int64_t lda = A->ld < need_a ? need_a : A->ld, ldb = Bm->ld < need_b ? need_b : Bm->ld;
                 const int64_t ldc = C->ld < n ? n : C->ld;
+                const int64_t acc = a[6] == -2;   /* c += a . b: BLAS's beta 1 */
                 if (k == 0) {{
-                    for (int64_t r = 0; r < m; r++) memset(C->p + r * C->ld, 0, (size_t)n * sizeof(T));
-                }} else if (MC_PACKED && m >= 2 && MC_PACKS(m, n, k) && !A->trans && Bm->buf >= 0 && packed[Bm->buf]
+                    for (int64_t r = 0; r < m && !acc; r++) memset(C->p + r * C->ld, 0, (size_t)n * sizeof(T));
+                }} else if (MC_PACKED && !acc && m >= 2 && MC_PACKS(m, n, k) && !A->trans && Bm->buf >= 0 && packed[Bm->buf]
                            && Bm->p == (T *)base[Bm->buf] && Bm->trans == trans[Bm->buf] && Bm->ld == ld[Bm->buf]
                            && k == packed[nbufs + Bm->buf] && n == packed[2 * nbufs + Bm->buf]) {{
                     /* the static as packed for this run (packed_gemm.py), the bias added on the way out */
@@ -259,11 +260,11 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
                     const int64_t rows_b = Bm->trans ? n : k, cols_b = Bm->trans ? k : n;
                     if (ilp64)
                         ((gemv64_t)gemv)(101, Bm->trans ? 111 : 112, rows_b, cols_b, (T)1, Bm->p, ldb, A->p, inca,
-                                         (T)0, C->p, 1);
+                                         (T)acc, C->p, 1);
                     else
                         ((gemv32_t)gemv)(101, Bm->trans ? 111 : 112, (int)rows_b, (int)cols_b, (T)1, Bm->p, (int)ldb,
-                                         A->p, (int)inca, (T)0, C->p, 1);
-                }} else if (m >= 2 && m <= tmp_rows && n <= tmp_cols && !Bm->trans && Bm->buf >= 0 && twin[Bm->buf]
+                                         A->p, (int)inca, (T)acc, C->p, 1);
+                }} else if (!acc && m >= 2 && m <= tmp_rows && n <= tmp_cols && !Bm->trans && Bm->buf >= 0 && twin[Bm->buf]
                            && Bm->p == (T *)base[Bm->buf]) {{
                     /* few rows times a wide static B: C^T = B^T A^T, B^T from the static's contiguous transposed
                        twin (n x k), into the scratch arena's tail, then transposed into C: OpenBLAS takes 20-45% less
@@ -298,10 +299,10 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
                     }}
                 }} else if (ilp64) {{
                     ((gemm64_t)gemm)(101, A->trans ? 112 : 111, Bm->trans ? 112 : 111, m, n, k, (T)1, A->p, lda,
-                                     Bm->p, ldb, (T)0, C->p, ldc);
+                                     Bm->p, ldb, (T)acc, C->p, ldc);
                 }} else {{
                     ((gemm32_t)gemm)(101, A->trans ? 112 : 111, Bm->trans ? 112 : 111, (int)m, (int)n, (int)k,
-                                     (T)1, A->p, (int)lda, Bm->p, (int)ldb, (T)0, C->p, (int)ldc);
+                                     (T)1, A->p, (int)lda, Bm->p, (int)ldb, (T)acc, C->p, (int)ldc);
                 }}
                 if (a[6] >= 0) {{
                     const T *b = R[a[6]].p;
@@ -567,9 +568,9 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
 
 def register_cases(dst_ok: str, indent: int) -> str:
     """The C cases of the instructions that only point a register or move pc (BIND, STATIC, SCRATCH, CATVIEW,
-    SKIP_IF_CAT, BRANCH, IF, JUMP, LOOP, LOOPN, LOOPR, ENDLOOP, WHILE; COLS, STEPCOLS: a column block, ALIAS, TRANSPOSE): one
-    text for the interpreter and the CUDA issuing loop, over the macros each defines (SET, FBASE, BLD, BTRANS,
-    FOREST, SCRATCH_BUF, PRED, COUNTS, READ1, and the
+    SKIP_IF_CAT, BRANCH, IF, JUMP, LOOP, LOOPN, LOOPR, ENDLOOP, WHILE; COLS, STEPCOLS: a column block, ALIAS,
+    TRANSPOSE, FLAT: a stacked value's steps as rows): one text for the interpreter and the CUDA issuing loop,
+    over the macros each defines (SET, FBASE, BLD, BTRANS, FOREST, SCRATCH_BUF, PRED, COUNTS, READ1, and the
     checks' macros), each checking a pointed register with its own ``dst_ok``; indented by ``indent`` spaces."""
     return textwrap.indent(checked(REGISTER_CASES, dst_ok), " " * indent)
 
@@ -656,6 +657,11 @@ case ALIAS:
 case TRANSPOSE:
     @CHECKS TRANSPOSE@
     R[a[0]] = R[a[1]]; R[a[0]].trans ^= 1;
+    break;
+case FLAT:
+    @CHECKS FLAT@
+    if (R[a[1]].trans || R[a[1]].ld != a[2] * a[3]) FAIL(3);   /* its rows not k blocks of cols: no such view */
+    R[a[0]] = R[a[1]]; R[a[0]].ld = a[2];
     break;"""
 
 

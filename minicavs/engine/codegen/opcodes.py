@@ -22,7 +22,8 @@ from typing import NamedTuple
 #           into a buffer; the memory it spans is checked where the rows and columns are known)
 #   "buf"   a buffer id (checked against the buffer table)
 #   "later" a register, buffer or kernel id that may be -1 or is used on one path only: checked where used
-#   "dim"   rows or columns (-1: the task's rows); "int" any other number (offset, width, mode, flag, pool)
+#   "dim"   rows or columns (-k: k times the task's rows, -1 the task's rows); "int" any other number (offset,
+#           width, mode, flag, pool)
 OPCODE_TABLE = {
     "NOP": (),
     # dst = buf + (base(mode) * ld + col); mode 0 none, 1 kind rows, 2 scatter rows
@@ -81,7 +82,11 @@ OPCODE_TABLE = {
     "COLS": (("dst", "reg"), ("src", "in"), ("col", "int")),   # a column slice: same rows, same ld
     "ALIAS": (("dst", "reg"), ("src", "in")),
     "TRANSPOSE": (("dst", "reg"), ("src", "in")),
-    # c = a . b (+ bias row, reg or -1)
+    # dst = src's rows, each k blocks of cols numbers side by side (src's row stride k x cols: a per-row value
+    # stacked over k steps), read as k x rows rows of cols (row r's block t is row r x k + t): a view, so that
+    # one product over every row and step (its "dim" -k) sums a loop's per-step terms; src's rows must span k x cols
+    "FLAT": (("dst", "reg"), ("src", "in"), ("cols", "int"), ("k", "int")),
+    # c = a . b (+ bias row, reg or -1); bias -2: c += a . b (a loop's sum of a product per step, in place)
     "GEMM": (("c", "in"), ("a", "in"), ("b", "in"), ("rows", "dim"), ("n", "dim"), ("k", "dim"), ("bias", "later")),
     # args: pool[2i] register, pool[2i+1] rows kind
     "FUSED": (("kernel", "later"), ("nargs", "int"), ("rows", "dim"), ("cols", "int"), ("pool", "int")),
@@ -204,6 +209,7 @@ SPANS = {
     "COLS": (),
     "ALIAS": (),
     "TRANSPOSE": (),
+    "FLAT": (Span("nonneg", "cols"), Span("nonneg", "k"), Span("rows", "src", ("bs", "k * cols"))),
     "GEMM": (Span("rows", "c", ("rows", "n")), Span("matrix", "a", ("rows", "k")), Span("matrix", "b", ("k", "n")),
              Span("matrix", "bias", ("1", "n"), "bias >= 0"), Span("dense", "c", ("rows", "n")),
              Span("dense", "a", ("rows", "k")), Span("dense", "b", ("k", "n"))),
