@@ -9,8 +9,8 @@ kernels compiled: :data:`STARTUP`, measured on this machine kind) plus its timed
 caps: minicavs' epoch is sized to ``epoch_cap`` and it runs a warm-up epoch, a timed one, a forward-only
 warm-up and timed pass (:data:`INFER`: their share of a training epoch) and, in the first round's machine run
 only, the breakdown epoch; a peer's warm-up stops at ``epoch_cap`` and its timed epochs at ``timed_cap``, so
-its phases take ``min(slowdown x epoch_cap, cap)`` with :data:`SLOWDOWN` its usual time over minicavs' for the
-same samples. The parent adds, once per point, the peers' handover (the point's trainer built and checked,
+its phases take ``min(slowdown x epoch_cap, cap)``, :data:`SLOWDOWN` its usual time over minicavs' for the same
+samples, but at least one of its batches (a cap stops a phase at the end of a batch). The parent adds, once per point, the peers' handover (the point's trainer built and checked,
 :data:`HANDOVER`), and, once per run, the GEMM measurements and the ablation.
 """
 from __future__ import annotations
@@ -20,14 +20,24 @@ from dataclasses import dataclass
 from . import peers
 from .sweeps import LABELS, Point
 
-# seconds of a process before its first timed batch (loaded 2-core machine, 2026-12-02: wall_s - phases)
-STARTUP = {"minicavs": 4.0, "dynet": 2.5, "pytorch": 4.0}
+# Seconds on a quiet 2-core machine (the old protocol's quiet sweep of 2026-12-02: each point's wall time less
+# its phases, 1.2-3.6 s a process), stretched by the load (:func:`stretch`)
+STARTUP = {"minicavs": 2.5, "dynet": 1.5, "pytorch": 3.0}   # imports, the trainer or the peer's model, kernels
 HANDOVER = 3.0            # the parent's build + check + .npz of a point, once per point
 GEMM = 8.0                # the machine's GEMM rates (both thread settings), at the start and at the end
 INFER = 0.35              # a forward-only pass's time over a training epoch's
 BREAKDOWN = 1.5           # the instrumented epoch over a plain one (its timers)
-SLOWDOWN = {"autobatch": 2.5, "level": 2.0, "packed": 1.0, "recursive": 20.0}   # peer time / minicavs' time
+SIZING = 0.5              # minicavs' two batches that size the prefix (first round), in epoch caps
+SLOWDOWN = {"autobatch": 2.0, "level": 1.5, "packed": 1.0, "recursive": 15.0}   # peer time / minicavs' time,
+                          # per core (the same quiet sweep)
 ABLATION = 22.0           # seconds per model and hidden size (eight switch settings in one process)
+
+
+def stretch(load: float, cores: int) -> float:
+    """How much longer the work a cap does not bound (start-ups, handovers) takes when ``load`` runnable
+    processes share ``cores``: the run gets about cores / load of the CPU. The capped phases are bounded in
+    wall-clock seconds, so they do not stretch."""
+    return max(1.0, load / max(1, cores))
 
 
 @dataclass(frozen=True)
@@ -61,39 +71,52 @@ def runs(points: list[Point], available, per_sample_at, labels=None) -> list[Run
 
 
 def run_seconds(run: Run, epoch_cap: float, timed_cap: float, inference: bool = True,
-                breakdown: bool = False) -> float:
-    """The model's seconds for one process (module doc)."""
+                first: bool = False, load: float = 1.0) -> float:
+    """The model's seconds for one process (module doc); ``first``: the first round's (minicavs sizes its
+    prefix and runs the breakdown epoch); ``load``: :func:`stretch`'s factor."""
     if run.framework == "minicavs":
-        phases = run.settings * (2 + (2 * INFER if inference else 0)) + (BREAKDOWN if breakdown else 0)
-        return STARTUP["minicavs"] + phases * epoch_cap
-    slow = SLOWDOWN.get(run.mode, 2.0) * epoch_cap
-    train = min(slow, epoch_cap) + min(slow, timed_cap)
-    infer = min(INFER * slow, epoch_cap) + min(INFER * slow, timed_cap) if inference else 0.0
-    return STARTUP[run.framework] + run.settings * (train + infer)
+        phases = run.settings * (2 + (2 * INFER if inference else 0)) + ((BREAKDOWN + SIZING) if first else 0)
+        return load * STARTUP["minicavs"] + phases * epoch_cap
+    slow = SLOWDOWN.get(run.mode, 2.0) * epoch_cap     # the peer's epoch over minicavs' samples
+    batch = slow / batches(run.point.batch)            # a cap stops a phase at the end of a batch
+    train = _phase(slow, epoch_cap, batch) + _phase(slow, timed_cap, batch)
+    infer = _phase(INFER * slow, epoch_cap, INFER * batch) + _phase(INFER * slow, timed_cap, INFER * batch)
+    return load * STARTUP[run.framework] + run.settings * (train + (infer if inference else 0.0))
+
+
+def _phase(epoch_s: float, cap: float, batch_s: float) -> float:
+    """A capped phase: the whole epoch, or the cap rounded up to the end of a batch."""
+    return min(epoch_s, max(cap, batch_s))
+
+
+def batches(batch: int) -> int:
+    """About how many batches minicavs' samples at ``batch`` make (its epoch cap's prefix: 6 at batch 64 on
+    SST at hidden 512, 2-3 for Tree-FC and the LMs, one at 256)."""
+    return max(1, min(40, 256 // batch))
 
 
 def estimate(points: list[Point], available, per_sample_at, *, repeats: int, epoch_cap: float,
-             timed_cap: float, inference: bool = True, breakdown: bool = True, ablation_cells: int = 0,
-             labels=None) -> dict:
+             timed_cap: float, inference: bool = True, ablation_cells: int = 0, labels=None,
+             load: float = 1.0) -> dict:
     """Seconds of the whole run by part: ``rounds`` (every process of every round), ``handover``, ``gemm``,
-    ``ablation``, ``total``; and ``processes``, ``points``."""
+    ``ablation``, ``total``; and ``processes``, ``points``, ``load`` (:func:`stretch`'s factor used)."""
     one = runs(points, available, per_sample_at, labels)
-    first = sum(run_seconds(r, epoch_cap, timed_cap, inference, breakdown and r.framework == "minicavs")
-                for r in one)
-    later = sum(run_seconds(r, epoch_cap, timed_cap, inference) for r in one)
+    first = sum(run_seconds(r, epoch_cap, timed_cap, inference, True, load) for r in one)
+    later = sum(run_seconds(r, epoch_cap, timed_cap, inference, False, load) for r in one)
     parts = {"rounds": first + (repeats - 1) * later,
-             "handover": HANDOVER * len(points) if set(available) else 0.0,
-             "gemm": GEMM, "ablation": ABLATION * ablation_cells}
-    return {**parts, "total": sum(parts.values()), "processes": len(one) * repeats, "points": len(points)}
+             "handover": load * HANDOVER * len(points) if set(available) else 0.0,
+             "gemm": GEMM, "ablation": load * ABLATION * ablation_cells}
+    return {**parts, "total": sum(parts.values()), "processes": len(one) * repeats, "points": len(points),
+            "load": load}
 
 
 def listing(points: list[Point], available, per_sample_at, epoch_cap: float, timed_cap: float,
-            inference: bool = True, labels=None) -> str:
-    """One line per point: its processes of a round and their modelled seconds."""
+            inference: bool = True, labels=None, load: float = 1.0) -> str:
+    """One line per point: its processes of a round and their modelled seconds (a later round's)."""
     lines = []
     for p in points:
         mine = runs([p], available, per_sample_at, labels)
-        secs = sum(run_seconds(r, epoch_cap, timed_cap, inference) for r in mine)
+        secs = sum(run_seconds(r, epoch_cap, timed_cap, inference, load=load) for r in mine)
         names = ", ".join(r.system for r in mine)
         lines.append(f"  {p.key():<26} {LABELS[p.model]:<10} {len(mine)} processes, ~{secs:4.0f} s a round: {names}")
     return "\n".join(lines)
@@ -101,6 +124,8 @@ def listing(points: list[Point], available, per_sample_at, epoch_cap: float, tim
 
 def headline(est: dict, repeats: int) -> str:
     """The line printed before a run starts."""
+    loaded = f"; start-ups x{est['load']:.1f} for the machine's load" if est["load"] > 1 else ""
     return (f"this sweep: {est['points']} points, {est['processes']} processes in {repeats} rounds, about "
             f"{est['total'] / 60:.0f} min (rounds {est['rounds'] / 60:.1f}, peers' handovers "
-            f"{est['handover'] / 60:.1f}, ablation {est['ablation'] / 60:.1f}, GEMM rates {est['gemm'] / 60:.1f})")
+            f"{est['handover'] / 60:.1f}, ablation {est['ablation'] / 60:.1f}, GEMM rates {est['gemm'] / 60:.1f}"
+            f"{loaded})")

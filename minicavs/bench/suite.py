@@ -120,8 +120,7 @@ def _ours(s: Settings, point: Point, repeats: int | None = None, samples: int | 
 
 def _handover(s: Settings, point: Point, samples: int | None) -> tuple[dict, float, int]:
     """(what every peer of ``point`` is handed, minicavs' loss of the check samples, the samples to time):
-    the point's trainer
-    built, checked and written out once for every peer and round (:func:`peers.prepare`)."""
+    the point's trainer built, checked and written out once for every peer and round (:func:`peers.prepare`)."""
     key = point.key()
     if key not in s.handovers:
         t = build(point, s.data)
@@ -230,6 +229,7 @@ def run_rounds(s: Settings, pts: list[Point], labels=None) -> dict:
     samples: dict = {}
     for r in range(s.repeats):
         s.log(f"round {r + 1}/{s.repeats} ({len(pts)} points; load average {_load()})")
+        round_start = time.perf_counter()
         for point in (pts if r % 2 == 0 else pts[::-1]):
             key, start = point.key(), time.perf_counter()
             peers_first = bool(r % 2 and samples.get(key))
@@ -244,6 +244,9 @@ def run_rounds(s: Settings, pts: list[Point], labels=None) -> dict:
                 s.log(_line(point, name, res, ours))
             s.log(f"  ({time.perf_counter() - start:.0f} s)")
             _write_results(s, results)
+        took = time.perf_counter() - round_start
+        s.log(f"round {r + 1} took {took / 60:.1f} min; the rounds left about {(s.repeats - r - 1) * took / 60:.1f} "
+              f"min (as long as this one)")
     return results
 
 
@@ -449,7 +452,14 @@ def _estimate(s: Settings, pts: list[Point]) -> dict:
         {"tree_lstm", "fixed_lstm"} & set(s.models))
     return plan.estimate(pts if s.sweeps else [], s.available, per_sample_points(sweeps(s.models, s.quick, s.grid)),
                          repeats=s.repeats, epoch_cap=s.epoch_cap, timed_cap=s.timed_cap, inference=s.inference,
-                         breakdown=s.breakdown, ablation_cells=cells, labels=targets.BATCHED if s.targets else None)
+                         ablation_cells=cells, labels=targets.BATCHED if s.targets else None, load=_stretch())
+
+
+def _stretch() -> float:
+    try:
+        return plan.stretch(os.getloadavg()[0], os.cpu_count() or 1)
+    except OSError:
+        return 1.0
 
 
 def plan_text(s: Settings) -> str:
@@ -458,7 +468,7 @@ def plan_text(s: Settings) -> str:
     pts = run_points(s)
     at = per_sample_points(sweeps(s.models, s.quick, s.grid))
     body = plan.listing(pts, s.available, at, s.epoch_cap, s.timed_cap, s.inference,
-                        targets.BATCHED if s.targets else None) if s.sweeps else "  (no sweeps)"
+                        targets.BATCHED if s.targets else None, _stretch()) if s.sweeps else "  (no sweeps)"
     return f"{body}\n{plan.headline(_estimate(s, pts), s.repeats)}"
 
 

@@ -576,7 +576,7 @@ def test_every_system_of_a_point_is_timed_on_the_samples_minicavs_was(monkeypatc
     grid = {**FULL, "batch": [2, 4, 8], "hidden": [8], "hidden_at": 8, "batch_at": 4, "latency": []}
     s = Settings(models=("tree_lstm",), quick=False, cap=0.05, repeats=1, out=tmp_path, grid=grid,
                  data=Data(trees=20), available={"dynet": "py", "pytorch": "py"}, log=lambda *a: None, work=tmp_path)
-    point = Point("tree_lstm", 8, 4)   # the summary's point: the per-sample peer runs here
+    point = Point("tree_lstm", 8, 8)   # the largest batch (the paper's PyTorch point): the per-sample peer runs
     ours = suite._ours(s, point)
     assert children == [None] and ours["per_core"]["threads"] == 1
     got = suite._peers_at(s, point, ours)
@@ -586,8 +586,36 @@ def test_every_system_of_a_point_is_timed_on_the_samples_minicavs_was(monkeypatc
     dynet = got["DyNet (autobatching)"]
     assert dynet["per_core"]["samples"] == dynet["samples"] == 12
     runs.clear()
-    assert "PyTorch (per-sample recursion)" not in suite._peers_at(s, Point("tree_lstm", 8, 2), ours)
+    assert "PyTorch (per-sample recursion)" not in suite._peers_at(s, Point("tree_lstm", 8, 4), ours)
     assert sorted(r[:2] for r in runs) == [("dynet", "autobatch"), ("pytorch", "level")]   # not a paper point
+
+
+def test_rounds_hand_each_point_over_once_cap_every_peer_and_break_down_in_round_one(monkeypatch, tmp_path):
+    """Three rounds: the peers' handover (the point's trainer built, checked, written) once per point; every
+    peer's warm-up capped at the epoch cap and its timed epochs at the timed cap; minicavs' breakdown epoch
+    only in the first round; each process's seconds recorded per round."""
+    from minicavs.bench import peers as peer_module
+    from minicavs.bench import suite
+    specs, kws, built = [], [], []
+    monkeypatch.setattr(suite, "run_in_child", lambda spec, timeout=None: specs.append(dict(spec)) or {
+        "samples": 12, "rates": [1.0], "per_core": {"samples": 12, "rates": [1.0]}})
+    monkeypatch.setattr(suite, "build", lambda point, data: built.append(point.key()) or SimpleNamespace(
+        task=SimpleNamespace(data={"train": [0] * 20})))
+    monkeypatch.setattr(peer_module, "prepare", lambda t, limit, d: {"model": "tree_fc", "limit": limit})
+    monkeypatch.setattr(peer_module, "check_loss", lambda t, k: 1.0)
+    monkeypatch.setattr(peer_module, "run", lambda python, fw, t, **kw: kws.append(kw) or {
+        "rates": [1.0], "check_loss": 1.0, "samples": kw["samples"]})
+    grid = {**FULL, "batch": [4], "hidden": [8, 16], "hidden_at": 8, "batch_at": 4, "leaves": [4], "fc_leaves": 4}
+    s = Settings(models=("tree_fc",), quick=False, cap=0.3, repeats=3, data=Data(), out=tmp_path, grid=grid,
+                 available={"dynet": "py", "pytorch": "py"}, log=lambda *a: None, work=tmp_path)
+    pts = suite.sweep_points(s)
+    results = suite.run_rounds(s, pts)
+    assert sorted(built) == sorted(p.key() for p in pts)                  # once per point, not per round
+    assert [sp["breakdown"] for sp in specs] == [True] * len(pts) + [False] * 2 * len(pts)
+    assert kws and all(kw["max_seconds"] == s.epoch_cap == pytest.approx(0.1) and kw["timed_seconds"] == s.timed_cap
+                       and kw["prepared"]["limit"] == kw["samples"] == 12 for kw in kws)
+    ours = results[pts[0].key()]["minicavs"]
+    assert len(ours["wall_s"]) == len(ours["rates"]) == 3
 
 
 def test_layout_table_rows_per_cell_and_variant(monkeypatch):

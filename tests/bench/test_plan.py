@@ -1,0 +1,82 @@
+"""The sweep's time model (minicavs/bench/plan.py): which processes a round runs, bounds from the caps, the
+estimate's parts, and ``bench --plan`` / ``--points`` on the command line. Timings are a fake system's
+numbers; nothing here is timed."""
+from __future__ import annotations
+
+import pytest
+
+from minicavs.bench import plan
+from minicavs.bench.sweeps import FULL, Point, distinct_points, per_sample_points, sweeps
+
+BOTH = {"dynet": "py", "pytorch": "py"}
+
+
+def test_a_round_runs_one_process_per_system_and_per_sample_peers_only_at_the_papers_point():
+    sw = sweeps()
+    at = per_sample_points(sw)
+    assert at == [Point("tree_lstm", 512, 256)]   # the paper's one PyTorch figure (Tree-LSTM, batch 256)
+    pts = distinct_points(sw)
+    runs = plan.runs(pts, BOTH, at)
+    for p in pts:
+        mine = [r for r in runs if r.point == p]
+        assert [r.framework for r in mine][:2] == ["minicavs", "dynet"] and len(mine) == 3 + (p in at)
+        assert sum(r.mode == "recursive" for r in mine) == (p in at)
+    assert len(runs) == 3 * 35 + 1 and {r.settings for r in runs if r.framework == "dynet"} == {1}
+    assert [r.framework for r in plan.runs(pts[:1], {}, at)] == ["minicavs"]    # no peers installed
+
+
+def test_the_caps_bound_every_process_whatever_a_peer_costs(monkeypatch):
+    """A peer 20x slower than minicavs costs its start-up plus, per thread setting, a capped warm-up and a
+    capped timed epoch for training and inference; where one of its batches outlasts a cap, one batch."""
+    epoch, timed = 1.0, 3.0
+    monkeypatch.setitem(plan.SLOWDOWN, "recursive", 20.0)
+    run = plan.Run(Point("tree_lstm", 512, 1), "PyTorch (per-sample recursion)", "pytorch", "recursive")
+    bound = plan.STARTUP["pytorch"] + 2 * (epoch + timed + epoch + timed)
+    assert plan.run_seconds(run, epoch, timed) == pytest.approx(bound)
+    big = plan.Run(Point("tree_lstm", 512, 256), run.system, "pytorch", "recursive")   # one batch of 20 s
+    assert plan.run_seconds(big, epoch, timed) == pytest.approx(plan.STARTUP["pytorch"] + 2 * (
+        20 + 20 + 2 * plan.INFER * 20))
+    fast = plan.Run(run.point, "PyTorch (nn.LSTM, packed)", "pytorch", "packed")
+    assert plan.run_seconds(fast, epoch, timed) < bound
+    ours = plan.Run(run.point, "minicavs", "minicavs")
+    later, first = plan.run_seconds(ours, epoch, timed), plan.run_seconds(ours, epoch, timed, first=True)
+    assert first == pytest.approx(later + (plan.BREAKDOWN + plan.SIZING) * epoch)   # round 1 sizes, breaks down
+    # the load stretches what no cap bounds (the start-up), not the capped phases
+    assert plan.run_seconds(run, epoch, timed, load=3.0) - bound == pytest.approx(2 * plan.STARTUP["pytorch"])
+
+
+def test_the_estimate_adds_its_parts_and_says_so():
+    grid = {**FULL, "batch": [4], "hidden": [8, 16], "hidden_at": 8, "batch_at": 4, "leaves": [4], "fc_leaves": 4}
+    sw = sweeps(["tree_fc"], grid=grid)
+    pts = distinct_points(sw)
+    est = plan.estimate(pts, BOTH, per_sample_points(sw), repeats=3, epoch_cap=1.0, timed_cap=3.0,
+                        ablation_cells=2)
+    one = plan.runs(pts, BOTH, per_sample_points(sw))
+    rounds = sum(plan.run_seconds(r, 1.0, 3.0, first=True) + 2 * plan.run_seconds(r, 1.0, 3.0) for r in one)
+    assert est["rounds"] == pytest.approx(rounds) and est["processes"] == 3 * len(one) and est["points"] == 2
+    assert est["total"] == pytest.approx(rounds + 2 * plan.HANDOVER + plan.GEMM + 2 * plan.ABLATION)
+    text = plan.headline(est, 3)
+    assert text.startswith(f"this sweep: 2 points, {3 * len(one)} processes in 3 rounds, about ")
+    assert f"about {est['total'] / 60:.0f} min" in text
+    assert plan.stretch(7.0, 2) == 3.5 and plan.stretch(0.3, 2) == 1.0
+
+
+def test_plan_flag_lists_points_and_estimate_without_running(capsys, monkeypatch):
+    from minicavs.bench import suite
+    from minicavs.train.cli import main
+    monkeypatch.setattr(suite, "run_suite", lambda s: pytest.fail("--plan ran the sweep"))
+    monkeypatch.delenv("MINICAVS_DYNET_PYTHON", raising=False)
+    monkeypatch.delenv("MINICAVS_TORCH_PYTHON", raising=False)
+    assert main(["bench", "--plan", "--models", "tree_fc", "--sst", "synthetic"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len([line for line in out if "processes, ~" in line]) == 10        # Tree-FC's 10 points
+    assert out[-1].startswith("this sweep: 10 points, 30 processes in 3 rounds, about ")   # no peers given
+    assert main(["bench", "--plan", "--models", "tree_fc", "--points", "tree_fc-h64-b64-l256"]) == 0
+    assert "this sweep: 1 points" in capsys.readouterr().out
+
+
+def test_an_unknown_point_is_one_line_and_exit_2(capsys):
+    from minicavs.train.cli import main
+    assert main(["bench", "--plan", "--models", "tree_fc", "--points", "tree_fc-h7-b1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--points: unknown ['tree_fc-h7-b1']" in err[0] and "tree_fc-h512-b64-l256" in err[0]
