@@ -209,8 +209,9 @@ def run(python: str, framework: str, t: Trainer | None, *, mode: str | None = No
     above, and handed its first ``limit`` (default: ``samples``); returns the peer's JSON. PyTorch
     computes with ``threads`` intra-op threads (default: one per core; DyNet always uses one), on ``device``
     (PyTorch's name for it, e.g. ``cuda``; default the CPU; DyNet runs on the CPU only). ``timed_seconds``
-    caps each timed epoch, ``per_core`` adds the one-thread run (the protocol's keys). ``prepared``: :func:`prepare`'s handover of ``t``, written
-    once and run by several peers and rounds (``t`` may then be None).
+    caps each timed epoch, ``per_core`` adds the one-thread run (the protocol's keys). ``prepared``:
+    :func:`prepare`'s handover of ``t``, written once and run by several peers and rounds (``t`` may then be
+    None).
 
     DyNet starts with ``dynet_mem`` MB of memory pools (2048: as much as its graphs at hidden 512 and batch
     64 need, so the pools are never what a timed epoch waits for) and is run again with twice as much while

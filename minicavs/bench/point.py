@@ -23,8 +23,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..cpu.blas_threads import set_blas_threads
-from ..cpu.interpreter import blas_threads   # the count the library computes with now (also ed_batch's)
+from .. import set_blas_threads   # the public setter (cpu/blas_threads.py), as `minicavs serve` uses it
 from ..engine.compile import EngineOptions
 from . import machine_facts as machine
 from .breakdown import instrumented_epoch
@@ -113,6 +112,19 @@ def measure_both(spec: dict) -> dict:
     finally:
         set_blas_threads(before)
     return out
+
+
+def blas_threads() -> int:
+    """The threads numpy's BLAS computes with now: threadpoolctl's count (the per-core measurement sets it at
+    run time), else ``OPENBLAS_NUM_THREADS`` (``OMP_NUM_THREADS``) when set, else OpenBLAS's default, one per
+    core."""
+    counts = [b["threads"] for b in machine.blas() if b.get("threads")]
+    if counts:
+        return int(counts[0])
+    for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
+        if os.environ.get(name, "").strip().isdigit():
+            return int(os.environ[name])
+    return os.cpu_count() or 1
 
 
 def peak_rss_mb() -> float:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import machine_facts as machine, peers, plan, report, targets
+from . import machine_facts as machine, peers, report, sweep_time, targets
 from .peers import PER_SAMPLE
 from .point import core_rate, measure, run_in_child
 from .sweeps import LABELS, UNITS, Point, both_sweeps, distinct_points, per_sample_points, sweeps
@@ -447,17 +447,18 @@ def run_points(s: Settings) -> list[Point]:
 
 
 def _estimate(s: Settings, pts: list[Point]) -> dict:
-    """:func:`plan.estimate` of this run (its points, the peers found, its caps and parts)."""
+    """:func:`sweep_time.estimate` of this run (its points, the peers found, its caps and parts)."""
     cells = 0 if (s.targets or not s.ablation) else len(s.ablation_hidden) * len(
         {"tree_lstm", "fixed_lstm"} & set(s.models))
-    return plan.estimate(pts if s.sweeps else [], s.available, per_sample_points(sweeps(s.models, s.quick, s.grid)),
-                         repeats=s.repeats, epoch_cap=s.epoch_cap, timed_cap=s.timed_cap, inference=s.inference,
-                         ablation_cells=cells, labels=targets.BATCHED if s.targets else None, load=_stretch())
+    at = per_sample_points(sweeps(s.models, s.quick, s.grid))
+    return sweep_time.estimate(pts if s.sweeps else [], s.available, at, repeats=s.repeats, epoch_cap=s.epoch_cap,
+                               timed_cap=s.timed_cap, inference=s.inference, ablation_cells=cells,
+                               labels=targets.BATCHED if s.targets else None, load=_stretch())
 
 
 def _stretch() -> float:
     try:
-        return plan.stretch(os.getloadavg()[0], os.cpu_count() or 1)
+        return sweep_time.stretch(os.getloadavg()[0], os.cpu_count() or 1)
     except OSError:
         return 1.0
 
@@ -467,9 +468,9 @@ def plan_text(s: Settings) -> str:
     s.available = find_peers(s)
     pts = run_points(s)
     at = per_sample_points(sweeps(s.models, s.quick, s.grid))
-    body = plan.listing(pts, s.available, at, s.epoch_cap, s.timed_cap, s.inference,
+    body = sweep_time.listing(pts, s.available, at, s.epoch_cap, s.timed_cap, s.inference,
                         targets.BATCHED if s.targets else None, _stretch()) if s.sweeps else "  (no sweeps)"
-    return f"{body}\n{plan.headline(_estimate(s, pts), s.repeats)}"
+    return f"{body}\n{sweep_time.headline(_estimate(s, pts), s.repeats)}"
 
 
 def run_suite(s: Settings) -> Path:
@@ -478,7 +479,7 @@ def run_suite(s: Settings) -> Path:
     _ran_on(s)
     s.available = find_peers(s)
     pts = run_points(s)
-    s.note(plan.headline(_estimate(s, pts), s.repeats))
+    s.note(sweep_time.headline(_estimate(s, pts), s.repeats))
     m0, c0 = _gemm_rates(s)
     s.log(f"machine: numpy float32 {s.gemm_n}^3 GEMM {m0 / 1e9:.1f} GFLOP/s ({c0 / 1e9:.1f} on one thread); "
           f"cap {s.cap:g} s of timed training per system and point ({s.repeats} rounds of one epoch of at most "

@@ -141,6 +141,21 @@ def test_csv_and_markdown_from_given_numbers(tmp_path):
     assert "construction 25%" in lines[1] and "failed: boom" in lines[2]
 
 
+def test_a_peer_stopped_by_the_timed_cap_says_so_and_still_counts(tmp_path):
+    """A capped timed epoch: the row names the fewest batches a round ran, in the CSV and the table, without a
+    note (a note would mark the row "not measured" for the targets)."""
+    systems = _systems()
+    systems["PyTorch (batched by level)"].update(batches=3, timed_batches=[2, 3, 2])
+    rows = report.rows_for("tree_lstm/hidden", Point("tree_lstm", 512, 64), systems, machine=1e12)
+    level = rows[3]
+    assert (level["batches"], level["timed_batches"], level["note"]) == (3, 2, "per core: failed: slow")
+    assert rows[1]["timed_batches"] == "" and "timed on" not in report.markdown(rows[:3])
+    csv_path, md_path = report.write_sweep(tmp_path, "tree_lstm/hidden", rows)
+    with open(csv_path) as f:
+        assert list(csv.DictReader(f))[3]["timed_batches"] == "2"
+    assert "timed on 2 of 3 batches (timed cap)" in md_path.read_text().splitlines()[-1]
+
+
 def _sweep_rows(sweep: str, values) -> list[dict]:
     """Rows of one sweep measured at the given values of its axis (the other fields at the quick point)."""
     model, kind = sweep.split("/")
@@ -203,7 +218,8 @@ def _parser():
 def test_command_line_defaults_quick_and_env(monkeypatch, tmp_path):
     args = _parser().parse_args(["--out", str(tmp_path), "--sst", "synthetic", "--ptb", "synthetic"])
     s = settings(args)
-    assert s.models == MODELS and s.cap == 3.0 and s.repeats == 3 and s.epoch_cap == pytest.approx(3 / 3)
+    assert s.models == MODELS and s.cap == 2.5 and s.repeats == 3 and s.epoch_cap == pytest.approx(2.5 / 3)
+    assert s.timed_cap == pytest.approx(2.5) and s.ablation_hidden == (64, 512) and not s.points
     assert s.data.sst is None and s.data.trees == 1024 and s.ablation and s.inference
     s = settings(_parser().parse_args(["--quick", "--sst", "synthetic", "--ptb", "synthetic", "--cap", "3"]))
     assert s.quick and s.cap == 3.0 and s.repeats == 2 and s.data.trees == 256

@@ -1,16 +1,17 @@
 """What a sweep will run and about how long it takes, before it runs: ``minicavs bench --plan`` lists every
-point and process, and every sweep prints its estimate before it starts ("this sweep: 35 points, about 41
+point and process, and every sweep prints its estimate before it starts ("this sweep: 35 points, about 44
 min").
 
 The model follows the protocol (:mod:`minicavs.bench.suite`): per round and point, each system runs in a fresh
 process, minicavs and PyTorch measuring twice in it (free to use the machine, then on one thread), DyNet once
-(it computes on one thread either way). A process costs its start-up (imports, the point's trainer or the peer's model built,
-kernels compiled: :data:`STARTUP`, measured on this machine kind) plus its timed phases, each bounded by the
-caps: minicavs' epoch is sized to ``epoch_cap`` and it runs a warm-up epoch, a timed one, a forward-only
-warm-up and timed pass (:data:`INFER`: their share of a training epoch) and, in the first round's machine run
-only, the breakdown epoch; a peer's warm-up stops at ``epoch_cap`` and its timed epochs at ``timed_cap``, so
-its phases take ``min(slowdown x epoch_cap, cap)``, :data:`SLOWDOWN` its usual time over minicavs' for the same
-samples, but at least one of its batches (a cap stops a phase at the end of a batch). The parent adds, once per point, the peers' handover (the point's trainer built and checked,
+(it computes on one thread either way). A process costs its start-up (imports, the point's trainer or the
+peer's model built, kernels compiled: :data:`STARTUP`, measured on this machine kind) plus its timed phases,
+each bounded by the caps: minicavs' epoch is sized to ``epoch_cap`` and it runs a warm-up epoch, a timed one,
+a forward-only warm-up and timed pass (:data:`INFER`: their share of a training epoch) and, in the first
+round's machine run only, the breakdown epoch; a peer's warm-up stops at ``epoch_cap`` and its timed epochs at
+``timed_cap``, so its phases take ``min(slowdown x epoch_cap, cap)``, :data:`SLOWDOWN` its usual time over
+minicavs' for the same samples, but at least one of its batches (a cap stops a phase at the end of a batch).
+The parent adds, once per point, the peers' handover (the point's trainer built and checked,
 :data:`HANDOVER`), and, once per run, the GEMM measurements and the ablation.
 """
 from __future__ import annotations

@@ -1,11 +1,11 @@
-"""The sweep's time model (minicavs/bench/plan.py): which processes a round runs, bounds from the caps, the
-estimate's parts, and ``bench --plan`` / ``--points`` on the command line. Timings are a fake system's
+"""The sweep's time model (minicavs/bench/sweep_time.py): which processes a round runs, bounds from the caps,
+the estimate's parts, and ``bench --plan`` / ``--points`` on the command line. Timings are a fake system's
 numbers; nothing here is timed."""
 from __future__ import annotations
 
 import pytest
 
-from minicavs.bench import plan
+from minicavs.bench import sweep_time
 from minicavs.bench.sweeps import FULL, Point, distinct_points, per_sample_points, sweeps
 
 BOTH = {"dynet": "py", "pytorch": "py"}
@@ -16,49 +16,50 @@ def test_a_round_runs_one_process_per_system_and_per_sample_peers_only_at_the_pa
     at = per_sample_points(sw)
     assert at == [Point("tree_lstm", 512, 256)]   # the paper's one PyTorch figure (Tree-LSTM, batch 256)
     pts = distinct_points(sw)
-    runs = plan.runs(pts, BOTH, at)
+    runs = sweep_time.runs(pts, BOTH, at)
     for p in pts:
         mine = [r for r in runs if r.point == p]
         assert [r.framework for r in mine][:2] == ["minicavs", "dynet"] and len(mine) == 3 + (p in at)
         assert sum(r.mode == "recursive" for r in mine) == (p in at)
     assert len(runs) == 3 * 35 + 1 and {r.settings for r in runs if r.framework == "dynet"} == {1}
-    assert [r.framework for r in plan.runs(pts[:1], {}, at)] == ["minicavs"]    # no peers installed
+    assert [r.framework for r in sweep_time.runs(pts[:1], {}, at)] == ["minicavs"]    # no peers installed
 
 
 def test_the_caps_bound_every_process_whatever_a_peer_costs(monkeypatch):
     """A peer 20x slower than minicavs costs its start-up plus, per thread setting, a capped warm-up and a
     capped timed epoch for training and inference; where one of its batches outlasts a cap, one batch."""
     epoch, timed = 1.0, 3.0
-    monkeypatch.setitem(plan.SLOWDOWN, "recursive", 20.0)
-    run = plan.Run(Point("tree_lstm", 512, 1), "PyTorch (per-sample recursion)", "pytorch", "recursive")
-    bound = plan.STARTUP["pytorch"] + 2 * (epoch + timed + epoch + timed)
-    assert plan.run_seconds(run, epoch, timed) == pytest.approx(bound)
-    big = plan.Run(Point("tree_lstm", 512, 256), run.system, "pytorch", "recursive")   # one batch of 20 s
-    assert plan.run_seconds(big, epoch, timed) == pytest.approx(plan.STARTUP["pytorch"] + 2 * (
-        20 + 20 + 2 * plan.INFER * 20))
-    fast = plan.Run(run.point, "PyTorch (nn.LSTM, packed)", "pytorch", "packed")
-    assert plan.run_seconds(fast, epoch, timed) < bound
-    ours = plan.Run(run.point, "minicavs", "minicavs")
-    later, first = plan.run_seconds(ours, epoch, timed), plan.run_seconds(ours, epoch, timed, first=True)
-    assert first == pytest.approx(later + (plan.BREAKDOWN + plan.SIZING) * epoch)   # round 1 sizes, breaks down
+    monkeypatch.setitem(sweep_time.SLOWDOWN, "recursive", 20.0)
+    run = sweep_time.Run(Point("tree_lstm", 512, 1), "PyTorch (per-sample recursion)", "pytorch", "recursive")
+    bound = sweep_time.STARTUP["pytorch"] + 2 * (epoch + timed + epoch + timed)
+    assert sweep_time.run_seconds(run, epoch, timed) == pytest.approx(bound)
+    big = sweep_time.Run(Point("tree_lstm", 512, 256), run.system, "pytorch", "recursive")   # one batch of 20 s
+    one_batch = sweep_time.STARTUP["pytorch"] + 2 * (20 + 20 + 2 * sweep_time.INFER * 20)
+    assert sweep_time.run_seconds(big, epoch, timed) == pytest.approx(one_batch)
+    fast = sweep_time.Run(run.point, "PyTorch (nn.LSTM, packed)", "pytorch", "packed")
+    assert sweep_time.run_seconds(fast, epoch, timed) < bound
+    ours = sweep_time.Run(run.point, "minicavs", "minicavs")
+    later, first = (sweep_time.run_seconds(ours, epoch, timed, first=f) for f in (False, True))
+    # round 1 sizes the prefix and runs the breakdown epoch
+    assert first == pytest.approx(later + (sweep_time.BREAKDOWN + sweep_time.SIZING) * epoch)
     # the load stretches what no cap bounds (the start-up), not the capped phases
-    assert plan.run_seconds(run, epoch, timed, load=3.0) - bound == pytest.approx(2 * plan.STARTUP["pytorch"])
+    assert sweep_time.run_seconds(run, epoch, timed, load=3.0) - bound == pytest.approx(2 * sweep_time.STARTUP["pytorch"])
 
 
 def test_the_estimate_adds_its_parts_and_says_so():
     grid = {**FULL, "batch": [4], "hidden": [8, 16], "hidden_at": 8, "batch_at": 4, "leaves": [4], "fc_leaves": 4}
     sw = sweeps(["tree_fc"], grid=grid)
     pts = distinct_points(sw)
-    est = plan.estimate(pts, BOTH, per_sample_points(sw), repeats=3, epoch_cap=1.0, timed_cap=3.0,
+    est = sweep_time.estimate(pts, BOTH, per_sample_points(sw), repeats=3, epoch_cap=1.0, timed_cap=3.0,
                         ablation_cells=2)
-    one = plan.runs(pts, BOTH, per_sample_points(sw))
-    rounds = sum(plan.run_seconds(r, 1.0, 3.0, first=True) + 2 * plan.run_seconds(r, 1.0, 3.0) for r in one)
+    one = sweep_time.runs(pts, BOTH, per_sample_points(sw))
+    rounds = sum(sweep_time.run_seconds(r, 1.0, 3.0, first=True) + 2 * sweep_time.run_seconds(r, 1.0, 3.0) for r in one)
     assert est["rounds"] == pytest.approx(rounds) and est["processes"] == 3 * len(one) and est["points"] == 2
-    assert est["total"] == pytest.approx(rounds + 2 * plan.HANDOVER + plan.GEMM + 2 * plan.ABLATION)
-    text = plan.headline(est, 3)
+    assert est["total"] == pytest.approx(rounds + 2 * sweep_time.HANDOVER + sweep_time.GEMM + 2 * sweep_time.ABLATION)
+    text = sweep_time.headline(est, 3)
     assert text.startswith(f"this sweep: 2 points, {3 * len(one)} processes in 3 rounds, about ")
     assert f"about {est['total'] / 60:.0f} min" in text
-    assert plan.stretch(7.0, 2) == 3.5 and plan.stretch(0.3, 2) == 1.0
+    assert sweep_time.stretch(7.0, 2) == 3.5 and sweep_time.stretch(0.3, 2) == 1.0
 
 
 def test_plan_flag_lists_points_and_estimate_without_running(capsys, monkeypatch):
