@@ -34,7 +34,7 @@ from .workloads import Data
 
 SST = "../shared/data/sst/train.txt"
 PTB = "../shared/data/ptb/ptb.valid.txt"
-FULL_CAP, QUICK_CAP = 2.5, 1.5   # the full sweep within 45 min on a quiet 2-core machine (3 s: ~50 min; --plan)
+FULL_CAP, QUICK_CAP = 2.5, 1.5   # the full sweep in ~54 min on a quiet 2-core machine (3 s: ~58 min; --plan)
 ABLATION_HIDDEN = (64, 512)      # the ablation's hidden sizes: the range's ends (all four: +1.5 min)
 QUICK_DATA = {"trees": 256, "fc_trees": 64, "sentences": 500, "windows": 128}
 

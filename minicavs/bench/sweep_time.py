@@ -1,5 +1,5 @@
 """What a sweep will run and about how long it takes, before it runs: ``minicavs bench --plan`` lists every
-point and process, and every sweep prints its estimate before it starts ("this sweep: 35 points, about 44
+point and process, and every sweep prints its estimate before it starts ("this sweep: 35 points, about 54
 min").
 
 The model follows the protocol (:mod:`minicavs.bench.suite`): per round and point, each system runs in a fresh
@@ -9,8 +9,9 @@ peer's model built, kernels compiled: :data:`STARTUP`, measured on this machine 
 each bounded by the caps: minicavs' epoch is sized to ``epoch_cap`` and it runs a warm-up epoch, a timed one,
 a forward-only warm-up and timed pass (:data:`INFER`: their share of a training epoch) and, in the first
 round's machine run only, the breakdown epoch; a peer's warm-up stops at ``epoch_cap`` and its timed epochs at
-``timed_cap``, so its phases take ``min(slowdown x epoch_cap, cap)``, :data:`SLOWDOWN` its usual time over
-minicavs' for the same samples, but at least one of its batches (a cap stops a phase at the end of a batch).
+``timed_cap``, so its phases take ``min(slowdown x epoch, cap)``, :data:`SLOWDOWN` its usual time over
+minicavs' for the same samples, but at least one of its batches (a cap stops a phase at the end of a batch);
+minicavs' epoch is at least one batch, :func:`batch_seconds` from the batch's matmul FLOPs.
 The parent adds, once per point, the peers' handover (the point's trainer built and checked,
 :data:`HANDOVER`), and, once per run, the GEMM measurements and the ablation.
 """
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 
 from . import peers
 from .sweeps import LABELS, Point
+from .workloads import lstm_lm_flops, tree_fc_flops
 
 # Seconds on a quiet 2-core machine (the old protocol's quiet sweep of 2026-12-02: each point's wall time less
 # its phases, 1.2-3.6 s a process), stretched by the load (:func:`stretch`)
@@ -28,9 +30,13 @@ HANDOVER = 3.0            # the parent's build + check + .npz of a point, once p
 GEMM = 8.0                # the machine's GEMM rates (both thread settings), at the start and at the end
 INFER = 0.35              # a forward-only pass's time over a training epoch's
 BREAKDOWN = 1.5           # the instrumented epoch over a plain one (its timers)
-SIZING = 0.5              # minicavs' two batches that size the prefix (first round), in epoch caps
-SLOWDOWN = {"autobatch": 2.0, "level": 1.5, "packed": 1.0, "recursive": 15.0}   # peer time / minicavs' time,
-                          # per core (the same quiet sweep)
+RATE = 150e9              # useful FLOP/s of a minicavs training step (Tree-FC h512 272 machine / 176 per core,
+                          # Tree-LSTM h512 133, Var-LSTM 122: the quiet sweep)
+# a peer's time over minicavs' for the same samples, the mean of its machine and per-core figures in the
+# quiet sweep (PyTorch's two threads were often slower than its one: packed Var-LSTM 9x vs 1.3x)
+SLOWDOWN = {("autobatch", "tree_lstm"): 2.1, ("autobatch", "tree_fc"): 3.5, ("autobatch", "var_lstm"): 1.9,
+            ("autobatch", "fixed_lstm"): 1.3, ("level", "tree_lstm"): 1.6, ("level", "tree_fc"): 2.3,
+            ("packed", "var_lstm"): 5.0, ("packed", "fixed_lstm"): 0.6, ("recursive", "tree_lstm"): 15.0}
 ABLATION = 22.0           # seconds per model and hidden size (eight switch settings in one process)
 
 
@@ -75,13 +81,16 @@ def run_seconds(run: Run, epoch_cap: float, timed_cap: float, inference: bool = 
                 first: bool = False, load: float = 1.0) -> float:
     """The model's seconds for one process (module doc); ``first``: the first round's (minicavs sizes its
     prefix and runs the breakdown epoch); ``load``: :func:`stretch`'s factor."""
+    batch = load * batch_seconds(run.point)       # minicavs' training batch: its epoch is at least one
+    n = max(1, int(epoch_cap / batch))            # the batches of the prefix that fits the epoch cap
+    epoch = n * batch
     if run.framework == "minicavs":
-        phases = run.settings * (2 + (2 * INFER if inference else 0)) + ((BREAKDOWN + SIZING) if first else 0)
-        return load * STARTUP["minicavs"] + phases * epoch_cap
-    slow = SLOWDOWN.get(run.mode, 2.0) * epoch_cap     # the peer's epoch over minicavs' samples
-    batch = slow / batches(run.point.batch)            # a cap stops a phase at the end of a batch
-    train = _phase(slow, epoch_cap, batch) + _phase(slow, timed_cap, batch)
-    infer = _phase(INFER * slow, epoch_cap, INFER * batch) + _phase(INFER * slow, timed_cap, INFER * batch)
+        phases = run.settings * epoch * (2 + (2 * INFER if inference else 0))
+        return load * STARTUP["minicavs"] + phases + ((BREAKDOWN * epoch + 2 * batch) if first else 0.0)
+    slow = SLOWDOWN.get((run.mode, run.point.model), 2.0)   # its time over minicavs' on the same samples
+    train = _phase(slow * epoch, epoch_cap, slow * batch) + _phase(slow * epoch, timed_cap, slow * batch)
+    infer = (_phase(INFER * slow * epoch, epoch_cap, INFER * slow * batch)
+             + _phase(INFER * slow * epoch, timed_cap, INFER * slow * batch))
     return load * STARTUP[run.framework] + run.settings * (train + (infer if inference else 0.0))
 
 
@@ -90,10 +99,20 @@ def _phase(epoch_s: float, cap: float, batch_s: float) -> float:
     return min(epoch_s, max(cap, batch_s))
 
 
-def batches(batch: int) -> int:
-    """About how many batches minicavs' samples at ``batch`` make (its epoch cap's prefix: 6 at batch 64 on
-    SST at hidden 512, 2-3 for Tree-FC and the LMs, one at 256)."""
-    return max(1, min(40, 256 // batch))
+def batch_seconds(point: Point) -> float:
+    """minicavs' seconds for one training batch at ``point`` on a quiet machine: the equations' products of a
+    batch (forward, and backward at twice that) at :data:`RATE` (SST's average tree: 19 leaves; PTB valid's
+    sentences: 22 words; its vocabulary: 6022 words)."""
+    H = point.hidden
+    if point.model == "tree_lstm":
+        leaves, embed = 19, 128
+        forward = 2.0 * (leaves * embed * 3 * H + (leaves - 1) * 8 * H * H + (2 * leaves - 1) * H * 5)
+    elif point.model == "tree_fc":
+        forward = tree_fc_flops(1, point.leaves, H)
+    else:
+        words = 64 if point.model == "fixed_lstm" else 22
+        forward = lstm_lm_flops([words], 256, H, 6022)
+    return 3 * forward * point.batch / RATE
 
 
 def estimate(points: list[Point], available, per_sample_at, *, repeats: int, epoch_cap: float,

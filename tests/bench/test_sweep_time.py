@@ -29,21 +29,34 @@ def test_the_caps_bound_every_process_whatever_a_peer_costs(monkeypatch):
     """A peer 20x slower than minicavs costs its start-up plus, per thread setting, a capped warm-up and a
     capped timed epoch for training and inference; where one of its batches outlasts a cap, one batch."""
     epoch, timed = 1.0, 3.0
-    monkeypatch.setitem(sweep_time.SLOWDOWN, "recursive", 20.0)
+    monkeypatch.setitem(sweep_time.SLOWDOWN, ("recursive", "tree_lstm"), 20.0)
+    monkeypatch.setitem(sweep_time.SLOWDOWN, ("packed", "tree_lstm"), 1.0)
+    monkeypatch.setattr(sweep_time, "batch_seconds", lambda p: 1.0 if p.batch == 256 else 0.05)
     run = sweep_time.Run(Point("tree_lstm", 512, 1), "PyTorch (per-sample recursion)", "pytorch", "recursive")
     bound = sweep_time.STARTUP["pytorch"] + 2 * (epoch + timed + epoch + timed)
     assert sweep_time.run_seconds(run, epoch, timed) == pytest.approx(bound)
-    big = sweep_time.Run(Point("tree_lstm", 512, 256), run.system, "pytorch", "recursive")   # one batch of 20 s
+    big = sweep_time.Run(Point("tree_lstm", 512, 256), run.system, "pytorch", "recursive")   # a batch of 20 s
     one_batch = sweep_time.STARTUP["pytorch"] + 2 * (20 + 20 + 2 * sweep_time.INFER * 20)
     assert sweep_time.run_seconds(big, epoch, timed) == pytest.approx(one_batch)
     fast = sweep_time.Run(run.point, "PyTorch (nn.LSTM, packed)", "pytorch", "packed")
     assert sweep_time.run_seconds(fast, epoch, timed) < bound
     ours = sweep_time.Run(run.point, "minicavs", "minicavs")
     later, first = (sweep_time.run_seconds(ours, epoch, timed, first=f) for f in (False, True))
-    # round 1 sizes the prefix and runs the breakdown epoch
-    assert first == pytest.approx(later + (sweep_time.BREAKDOWN + sweep_time.SIZING) * epoch)
-    # the load stretches what no cap bounds (the start-up), not the capped phases
-    assert sweep_time.run_seconds(run, epoch, timed, load=3.0) - bound == pytest.approx(2 * sweep_time.STARTUP["pytorch"])
+    # round 1 sizes the prefix (two batches) and runs the breakdown epoch
+    assert first == pytest.approx(later + sweep_time.BREAKDOWN * epoch + 2 * 0.05)
+    # the load stretches what no cap bounds (start-ups, a batch past a cap), never more than the load
+    loaded = sweep_time.run_seconds(run, epoch, timed, load=3.0)
+    assert bound + 2 * sweep_time.STARTUP["pytorch"] <= loaded <= 3 * bound
+
+
+def test_a_batch_costs_its_products():
+    """minicavs' batch time grows with the batch and the hidden size; one Tree-FC batch of 256 trees at hidden
+    512 outlasts a whole epoch cap (the points whose phases are one batch each)."""
+    seconds = sweep_time.batch_seconds
+    assert seconds(Point("tree_fc", 512, 256, 256)) == pytest.approx(4 * seconds(Point("tree_fc", 512, 64, 256)))
+    assert seconds(Point("tree_fc", 512, 256, 256)) > 1.0 > seconds(Point("tree_lstm", 512, 64))
+    for model in ("tree_lstm", "var_lstm", "fixed_lstm"):
+        assert seconds(Point(model, 1024, 64)) > 2 * seconds(Point(model, 512, 64)) > 0
 
 
 def test_the_estimate_adds_its_parts_and_says_so():
