@@ -634,6 +634,20 @@ def test_rounds_hand_each_point_over_once_cap_every_peer_and_break_down_in_round
     assert len(ours["wall_s"]) == len(ours["rates"]) == 3
 
 
+def test_the_runs_sst_file_holds_the_first_trees_a_point_reads(tmp_path):
+    """Every process of a run reads the SST trees a point times from a copy cut to them: the same trees, in
+    the same order, as the whole file's first ones."""
+    from minicavs.bench.suite import first_trees
+    from minicavs.data.sst import read_sst
+    full = tmp_path / "train.txt"
+    lines = ["(3 (2 a) (4 b))", "", "(1 (2 c) (0 d))", "(2 e)", "(4 (3 f) (2 g))"]
+    full.write_text("\n".join(lines))
+    data = first_trees(Data(sst=str(full), trees=3), tmp_path)
+    assert data.sst != str(full) and data.trees == 3
+    assert [t.to_bracket() for t in read_sst(data.sst)] == [t.to_bracket() for t in read_sst(full)[:3]]
+    assert first_trees(Data(sst=None), tmp_path) == Data(sst=None)
+
+
 def test_layout_table_rows_per_cell_and_variant(monkeypatch):
     """``bench --layout`` (bench/layout_table.py) on tiny cells: one row per cell and variant; the layout's merges
     are views (no weight bytes copied) where the naive cells without it copy their merged weights."""
