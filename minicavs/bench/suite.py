@@ -347,13 +347,15 @@ def _conditions(s: Settings, gemm: tuple) -> str:
             f"the end{core_text}; medians of {s.repeats} rounds (min-max in brackets), each running every system "
             f"once for one timed epoch, systems alternating (the points in reverse order and the peers first "
             f"every other round), each process after one whole untimed warm-up epoch over the timed samples (a "
-            f"peer's warm-up stops after the epoch cap); every system of a point is timed on the same samples: "
+            f"peer's warm-up stops after the epoch cap, a timed epoch after {TIMED_CAP:g}x it: 'timed on k of n "
+            f"batches'); every system of a point is timed on the same samples: "
             f"the longest prefix of whole batches that minicavs' warm-up says fits {s.epoch_cap:.3g} s (cap: "
             f"{s.cap:g} s of timed training per system and point, at least one batch); DyNet with 2048 MB of "
             f"memory pools from the start; float32, Adam, embedding rows updated lazily (only those a batch "
             f"looks up) by every system. Per core (the ratios that count): minicavs on one BLAS thread, "
             f"PyTorch on one intra-op thread, DyNet on its one; machine: minicavs' BLAS and PyTorch on every "
-            f"core.\n\n" + (machine.describe(s.machine) + "\n\n" if s.machine else ""))
+            f"core; both in one process per system, point and round, machine first.\n\n"
+            + (machine.describe(s.machine) + "\n\n" if s.machine else ""))
 
 
 def main_point(sw: dict) -> dict:
