@@ -24,24 +24,30 @@ def _nothing() -> None:
     pass
 
 
-def _epochs(step, batches: list, units: int, epochs: int, prefix: str = "", sync=_nothing) -> dict:
-    """``epochs`` runs of ``step`` over ``batches``: units per second of each, and the summed breakdown when
-    ``step`` returns one (keys ``rates``, ``construction_s``, ``compute_s``, each after ``prefix``).
-    ``sync()`` waits for the device before each clock read (work queued on a GPU is not done when the
-    step returns)."""
-    rates, split = [], []
+def _epochs(step, batches: list, units: list, epochs: int, prefix: str = "", sync=_nothing, cap=None) -> dict:
+    """``epochs`` runs of ``step`` over ``batches`` (``units[k]``: trees or words in batch k): units per second
+    of each, and the summed breakdown when ``step`` returns one (keys ``rates``, ``construction_s``,
+    ``compute_s``, each after ``prefix``). With ``cap`` seconds an epoch stops after the first batch that
+    reaches it (a per-sample peer far slower than the others), its rate taken over the batches it ran
+    (``timed_batches``: the fewest of any epoch). ``sync()`` waits for the device before each clock read
+    (work queued on a GPU is not done when the step returns); the cap's check reads the clock without it."""
+    rates, split, ran = [], [], []
     for _ in range(epochs):
-        total = None
+        total, done_units = None, 0
         sync()
         start = time.perf_counter()
-        for batch in batches:
+        for done, (batch, n) in enumerate(zip(batches, units), 1):
             got = step(batch)
+            done_units += n
             if got is not None:
                 total = [a + b for a, b in zip(total, got)] if total else list(got)
+            if cap and time.perf_counter() - start >= cap:
+                break
         sync()
-        rates.append(units / (time.perf_counter() - start))
+        rates.append(done_units / (time.perf_counter() - start))
         split.append(total)
-    out = {prefix + "rates": rates}
+        ran.append(done)
+    out = {prefix + "rates": rates, prefix + "timed_batches": min(ran)}
     if split and split[0] is not None:
         out[prefix + "construction_s"], out[prefix + "compute_s"] = [s[0] for s in split], [s[1] for s in split]
     return out
@@ -78,24 +84,26 @@ def measure(spec: dict, units: list, make, train, infer=None, sync=_nothing) -> 
     ``max_seconds`` it stops after that many seconds, :func:`_warmup`), then ``spec["epochs"]`` timed epochs;
     with ``max_seconds``, a system whose warm-up epoch took (or would take) longer than that is timed for as
     many epochs as fit ``epochs x max_seconds``, at least one (a per-sample peer far slower than the others:
-    the same samples, fewer epochs). With ``inference``, a warm-up forward-only epoch (capped alike) and as
-    many timed ones over the same batches."""
+    the same samples, fewer epochs); with ``timed_seconds``, each timed epoch stops after the first batch
+    that reaches it (:func:`_epochs`: the rate over the first ``timed_batches`` batches). With ``inference``,
+    a warm-up forward-only epoch (capped alike) and as many timed ones over the same batches."""
     n = min(int(spec.get("samples") or len(units)), len(units))
     bs = spec["batch"]
-    batches = [make(i, min(i + bs, n)) for i in range(0, n, bs)]
-    used = sum(units[:n])
-    epochs, cap = spec["epochs"], spec.get("max_seconds")
+    starts = range(0, n, bs)
+    batches = [make(i, min(i + bs, n)) for i in starts]
+    batch_units = [sum(units[i:min(i + bs, n)]) for i in starts]
+    epochs, cap, timed_cap = spec["epochs"], spec.get("max_seconds"), spec.get("timed_seconds")
     warmup_s, warmed = _warmup(train, batches, cap, sync)
     if cap and warmup_s > cap:
         epochs = max(1, min(epochs, int(epochs * cap / warmup_s)))
-    out = {"units": used, "samples": n, "batches": len(batches), "capped": n < len(units),
+    out = {"units": sum(batch_units), "samples": n, "batches": len(batches), "capped": n < len(units),
            "warmup_s": warmup_s, "warmup_batches": warmed, "epochs_timed": epochs}
-    out.update(_epochs(train, batches, used, epochs, sync=sync))
+    out.update(_epochs(train, batches, batch_units, epochs, sync=sync, cap=timed_cap))
     if spec.get("inference"):
         if infer is None:
             raise ValueError("this peer has no inference mode")
         _warmup(infer, batches, cap, sync)
-        out.update(_epochs(infer, batches, used, epochs, "infer_", sync))
+        out.update(_epochs(infer, batches, batch_units, epochs, "infer_", sync, timed_cap))
     return out
 
 

@@ -13,6 +13,9 @@ SGD's momentum is v = m v + g); ``clip_norm`` clips the global gradient norm fir
 bias correction from the global step, the other rows' moments untouched): the same work and the same result,
 where a dense torch.optim.Adam would update the whole table every step.
 
+With the spec's ``per_core``, the protocol runs twice in the process: with the spec's threads, then on one
+intra-op thread (``torch.set_num_threads(1)``) over the same samples, reported under ``per_core``.
+
 The spec's ``device`` (default ``cpu``; ``cuda``, ``cuda:1``) is where the peer's parameters and data live
 and its work runs; on a GPU every clock read of the protocol comes after ``torch.cuda.synchronize()``.
 """
@@ -149,8 +152,12 @@ def train_and_report(torch, params, loss_fn, make, units, spec: dict, check: flo
     dev = device(torch, spec)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     timing = measure(spec, units, make, train, infer, sync)
+    timing["threads"] = torch.get_num_threads()
+    if spec.get("per_core"):   # then on one intra-op thread, same samples, this process (one start-up)
+        torch.set_num_threads(1)
+        timing["per_core"] = {**measure(spec, units, make, train, infer, sync), "threads": torch.get_num_threads()}
     extra = {"gpu": torch.cuda.get_device_name(dev)} if dev.type == "cuda" else {}
-    report(spec, check, timing, framework="pytorch", threads=torch.get_num_threads(),
+    report(spec, check, timing, framework="pytorch",
            optimizer=type(opt).__name__ + (" + LazyRows" if rows.params else ""),
            versions={"torch": torch.__version__}, device=str(dev), **extra)
 

@@ -34,7 +34,8 @@ from .workloads import Data
 
 SST = "../shared/data/sst/train.txt"
 PTB = "../shared/data/ptb/ptb.valid.txt"
-FULL_CAP, QUICK_CAP = 3.0, 1.5   # 34 points x 4 systems within 30 min on 2 cores (8 s: ~50 min)
+FULL_CAP, QUICK_CAP = 2.5, 1.5   # the full sweep in ~54 min on a quiet 2-core machine (3 s: ~58 min; --plan)
+ABLATION_HIDDEN = (64, 512)      # the ablation's hidden sizes: the range's ends (all four: +1.5 min)
 QUICK_DATA = {"trees": 256, "fc_trees": 64, "sentences": 500, "windows": 128}
 
 
@@ -55,6 +56,10 @@ def _sweep_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=None,
                    help="rounds, each timing every system once per point, alternating (default 3, quick 2)")
     p.add_argument("--out", default="bench-results", help="output directory")
+    p.add_argument("--points", nargs="+", default=None, metavar="KEY",
+                   help="only these points of the sweeps (keys as --plan lists them, e.g. tree_fc-h512-b64-l256)")
+    p.add_argument("--plan", action="store_true",
+                   help="print every point's processes and the run's time estimate, then stop (runs nothing)")
     p.add_argument("--sst", default=None,
                    help=f"SST train file (default {SST} if it exists, else 'synthetic': minicavs' own treebank)")
     p.add_argument("--ptb", default=None,
@@ -204,8 +209,9 @@ def settings(args: argparse.Namespace):
                     repeats=args.repeats or (2 if args.quick else 3), data=data, out=Path(args.out),
                     dynet_python=args.dynet_python, torch_python=args.torch_python, inference=args.inference,
                     breakdown=args.breakdown, ablation=args.ablation,
-                    ablation_hidden=(128,) if args.quick else (64, 128, 256, 512), sweeps=args.sweeps,
+                    ablation_hidden=(128,) if args.quick else ABLATION_HIDDEN, sweeps=args.sweeps,
                     plots=args.plots, engine=engine_settings(args.engine), targets=args.targets,
+                    points=tuple(args.points or ()),
                     command=shlex.join(["minicavs", "bench"] + sys.argv[2:]) if sys.argv[1:2] == ["bench"] else "")
 
 
@@ -305,6 +311,14 @@ def run(args: argparse.Namespace) -> int:
                      search=args.policy_search, speed=args.policy_throughput, steps=2 if args.quick else 4,
                      repeats=args.policy_repeats or (2 if args.quick else 3))
         return 0
-    from .suite import run_suite
-    run_suite(settings(args))
+    from .suite import plan_text, run_points, run_suite
+    s = settings(args)
+    try:
+        run_points(s)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if args.plan:
+        print(plan_text(s))
+        return 0
+    run_suite(s)
     return 0

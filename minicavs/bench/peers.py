@@ -34,8 +34,12 @@ SPEC.json (written by :func:`run`):
 - ``max_seconds``: the warm-up epoch stops after the first batch that reaches it (its whole epoch's seconds
   extrapolated from the batches run); a system whose warm-up epoch took (or would take) longer is timed for
   fewer epochs (at least one), never on other samples;
+- ``timed_seconds`` (optional): a timed epoch stops after the first batch that reaches it, its rate taken over
+  the batches it ran (the sweep's hard cap: only a peer several times slower than minicavs reaches it);
 - ``inference``: also time forward-only passes (no gradient) over the same prefix;
 - ``device`` (PyTorch only; default ``cpu``): where the peer computes, e.g. ``cuda`` (tools/gpu_check.py);
+- ``per_core`` (PyTorch only): after the timed protocol, the same again on one intra-op thread in the same
+  process, reported under ``per_core`` (the per-core measurement without a second start-up);
 - ``batch``, ``threads`` (PyTorch's intra-op threads; DyNet computes on one), ``optimizer``: minicavs'
   optimizer as ``{"name", **hyper()}`` (tools/torch_peer.py and tools/dynet_peer.py build the same rule);
 - ``weights``: an .npz of the trainer's parameters under minicavs' names and layout (rows @ W);
@@ -51,7 +55,8 @@ Output: the LAST line of the peer's stdout is one JSON object with
 - ``check_loss`` (and ``check``, ``mode``, ``epochs``, ``max_seconds`` echoed);
 - ``rates``: units per second (trees, or words = predictions) of each timed training epoch (forward,
   backward, update); ``infer_rates`` likewise for forward-only passes, when asked;
-- ``units``, ``samples``, ``batches``: what one timed epoch covered; ``capped``: whether it is less than the
+- ``units``, ``samples``, ``batches``: what one timed epoch covered (``timed_batches``, ``infer_timed_batches``:
+  the batches a capped epoch ran, at most ``batches``); ``capped``: whether it is less than the
   data handed over; ``warmup_s``: the warm-up epoch's seconds (extrapolated when capped), ``warmup_batches``:
   the batches it ran; ``epochs_timed``;
 - DyNet: ``construction_s`` and ``compute_s``, seconds per timed epoch spent building the graph in Python
@@ -88,6 +93,7 @@ class Peer:
     label: str
 
 
+PER_SAMPLE = ("recursive",)   # the modes that run one sample at a time (no batching)
 _LM = (Peer("dynet", "autobatch", "DyNet (autobatching)"),
        Peer("pytorch", "recursive", "PyTorch (per-sample LSTMCell loop)"),
        Peer("pytorch", "packed", "PyTorch (nn.LSTM, packed)"))
@@ -192,16 +198,20 @@ def _handover(t: Trainer, model: str, limit: int | None) -> tuple[dict, dict]:
     return {}, arrays
 
 
-def run(python: str, framework: str, t: Trainer, *, mode: str | None = None, epochs: int = 3, check: int = 8,
-        max_seconds: float | None = None, inference: bool = False, limit: int | None = None,
+def run(python: str, framework: str, t: Trainer | None, *, mode: str | None = None, epochs: int = 3,
+        check: int = 8, max_seconds: float | None = None, inference: bool = False, limit: int | None = None,
         samples: int | None = None, threads: int | None = None, timeout: float | None = None,
-        dynet_mem: int = 2048, device: str | None = None) -> dict:
+        dynet_mem: int = 2048, device: str | None = None, timed_seconds: float | None = None,
+        prepared: dict | None = None, per_core: bool = False) -> dict:
     """Run ``framework``'s peer of ``t``'s model ("dynet" or "pytorch"; ``mode`` defaults to the first of
     :data:`SCRIPTS`: DyNet's autobatching, PyTorch's batched peer) on ``t``'s current weights, timed on its
     first ``samples`` training samples (all by default; the samples minicavs was timed on) with the protocol
     above, and handed its first ``limit`` (default: ``samples``); returns the peer's JSON. PyTorch
     computes with ``threads`` intra-op threads (default: one per core; DyNet always uses one), on ``device``
-    (PyTorch's name for it, e.g. ``cuda``; default the CPU; DyNet runs on the CPU only).
+    (PyTorch's name for it, e.g. ``cuda``; default the CPU; DyNet runs on the CPU only). ``timed_seconds``
+    caps each timed epoch, ``per_core`` adds the one-thread run (the protocol's keys). ``prepared``:
+    :func:`prepare`'s handover of ``t``, written once and run by several peers and rounds (``t`` may then be
+    None).
 
     DyNet starts with ``dynet_mem`` MB of memory pools (2048: as much as its graphs at hidden 512 and batch
     64 need, so the pools are never what a timed epoch waits for) and is run again with twice as much while
@@ -210,7 +220,7 @@ def run(python: str, framework: str, t: Trainer, *, mode: str | None = None, epo
     Raises FileNotFoundError when ``python`` does not exist, RuntimeError naming the module when it cannot
     import the framework, when the peer fails (its stderr) or one run of it takes longer than ``timeout``
     seconds."""
-    model = t.cfg["model"]["name"]
+    model = prepared["model"] if prepared else t.cfg["model"]["name"]
     if (framework, model) not in SCRIPTS:
         raise ValueError(f"no {framework} peer for model {model!r}; peers: {sorted(SCRIPTS)}")
     script, modes = SCRIPTS[framework, model]
@@ -221,36 +231,47 @@ def run(python: str, framework: str, t: Trainer, *, mode: str | None = None, epo
         raise ValueError(f"device {device!r}: only the PyTorch peers take a device")
     if not python or shutil.which(python) is None:
         raise FileNotFoundError(f"python for the {framework} peers not found: {python!r} ({SETUP})")
-    spec, arrays = _handover(t, model, limit if limit is not None else samples)
-    spec.update(peer_settings(t), mode=mode, epochs=epochs, check=check, max_seconds=max_seconds,
-                inference=inference, samples=samples)
-    if threads:
-        spec["threads"] = threads
-    if device:
-        spec["device"] = device
-    if framework == "dynet":
-        spec["mem"] = dynet_mem
-    return _launch(python, script, mode, spec, arrays, timeout)
-
-
-def _launch(python: str, script: str, mode: str, spec: dict, arrays: dict, timeout: float | None) -> dict:
-    """Run the peer ``script`` on ``spec`` (its arrays saved beside it), DyNet again with twice its memory pools
-    while its graphs do not fit; the peer's JSON line, or RuntimeError naming what failed."""
     with tempfile.TemporaryDirectory(prefix="minicavs-peer-") as d:
-        for name, content in arrays.items():
-            spec[name] = os.path.join(d, f"{name}.npz")
-            np.savez(spec[name], **content)
-        while True:
-            with open(os.path.join(d, "spec.json"), "w") as f:
-                json.dump(spec, f)
-            try:
-                out = subprocess.run([python, str(tool(script)), os.path.join(d, "spec.json")],
-                                     capture_output=True, text=True, timeout=timeout)
-            except subprocess.TimeoutExpired:
-                raise RuntimeError(f"{script} ({mode}) ran longer than {timeout} s") from None
-            if not (out.returncode and "pre-allocate enough memory" in out.stderr and spec["mem"] < 2 ** 16):
-                break
-            spec["mem"] *= 2
+        spec = dict(prepared or prepare(t, limit if limit is not None else samples, d))
+        spec.update(mode=mode, epochs=epochs, check=check, max_seconds=max_seconds, inference=inference,
+                    samples=samples, timed_seconds=timed_seconds)
+        if threads:
+            spec["threads"] = threads
+        if per_core and framework == "pytorch":
+            spec["per_core"] = True
+        if device:
+            spec["device"] = device
+        if framework == "dynet":
+            spec["mem"] = dynet_mem
+        return _launch(python, script, mode, spec, d, timeout)
+
+
+def prepare(t: Trainer, limit: int | None, directory: str) -> dict:
+    """The spec's trainer part (``model``, weights, data, batch, optimizer) with ``t``'s weights and its first
+    ``limit`` samples, the arrays saved as .npz files in ``directory``: what every peer of a point is
+    handed, in every round."""
+    model = t.cfg["model"]["name"]
+    spec, arrays = _handover(t, model, limit)
+    for name, content in arrays.items():
+        spec[name] = os.path.join(directory, f"{name}.npz")
+        np.savez(spec[name], **content)
+    return {**spec, **peer_settings(t), "model": model}
+
+
+def _launch(python: str, script: str, mode: str, spec: dict, d: str, timeout: float | None) -> dict:
+    """Run the peer ``script`` on ``spec`` (written into ``d``), DyNet again with twice its memory pools while
+    its graphs do not fit; the peer's JSON line, or RuntimeError naming what failed."""
+    while True:
+        with open(os.path.join(d, "spec.json"), "w") as f:
+            json.dump(spec, f)
+        try:
+            out = subprocess.run([python, str(tool(script)), os.path.join(d, "spec.json")],
+                                 capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"{script} ({mode}) ran longer than {timeout} s") from None
+        if not (out.returncode and "pre-allocate enough memory" in out.stderr and spec["mem"] < 2 ** 16):
+            break
+        spec["mem"] *= 2
     if out.returncode:
         gone = re.search(r"No module named '([\w.]+)'", out.stderr)
         if gone:
@@ -260,4 +281,3 @@ def _launch(python: str, script: str, mode: str, spec: dict, arrays: dict, timeo
         return json.loads(out.stdout.strip().splitlines()[-1])
     except (IndexError, json.JSONDecodeError):
         raise RuntimeError(f"{script} ({mode}) printed no JSON line:\n{out.stdout[-1000:]}") from None
-

@@ -8,7 +8,8 @@ batches that the warm-up's rate says fits; or ``samples``, a given number), ``in
 Reported: the prefix's size, the seconds of one whole untimed warm-up epoch over it (the peers run the same),
 units per second of each timed training (and forward-only) epoch, FLOPs per unit, the BLAS threads, what the
 process ran on (``machine``: :func:`minicavs.bench.machine_facts.facts`), the breakdown of one more instrumented
-epoch, and the process's peak RSS.
+epoch, and the process's peak RSS; then the same on one BLAS thread (``per_core``, the thread count set at run
+time) over the same samples, in the same process: one start-up and one trainer for both.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from .. import set_blas_threads   # the public setter (cpu/blas_threads.py), as `minicavs serve` uses it
 from ..engine.compile import EngineOptions
 from . import machine_facts as machine
 from .breakdown import instrumented_epoch
@@ -48,28 +50,37 @@ def prefix_size(n: int, batch: int, seconds_per_batch: float, epoch_cap: float) 
     return min(n, max(1, fit) * batch)
 
 
-def measure(spec: dict, t=None) -> dict:
-    """Run the spec's point (on trainer ``t`` if given: its engine switches are set to the spec's)."""
+def _prepared(spec: dict, t=None):
+    """(trainer, samples to time) of the spec's point: ``spec["samples"]``, or the longest prefix of whole
+    batches that two warm-up batches' rate says fits ``epoch_cap``. Tree-FC's inputs are large: its trees are
+    generated as many as are timed."""
     point = Point(**spec["point"])
     opts = EngineOptions(**spec.get("options", {}))
     data_spec = Data(**spec["data"])
-    B, R = point.batch, spec["repeats"]
+    B, n = point.batch, spec.get("samples")
     tree_fc = t is None and point.model == "tree_fc"
-    if t is None:   # Tree-FC's inputs are large: generate one batch's first, the prefix's once it is known
-        t = build(point, replace(data_spec, fc_trees=min(B, data_spec.fc_trees)) if tree_fc else data_spec, opts)
+    if t is None:
+        t = build(point, replace(data_spec, fc_trees=min(n or B, data_spec.fc_trees)) if tree_fc else data_spec,
+                  opts)
     t.model.options = opts
-    warm = t.task.data["train"][:B]
-    _epoch(t, warm, B, True)                       # compiles kernels, sizes the dynamic tensors
-    per_batch = _epoch(t, warm, B, True)
-    n = spec.get("samples") or prefix_size(data_spec.fc_trees if tree_fc else len(t.task.data["train"]), B,
-                                            per_batch, spec["epoch_cap"])
-    if tree_fc and n > len(t.task.data["train"]):
-        del t, warm
-        t = build(point, replace(data_spec, fc_trees=n), opts)   # n random trees, as many as fit
+    if not n:
         warm = t.task.data["train"][:B]
-        _epoch(t, warm, B, True)
-    data = t.task.data["train"]
-    samples = data[:n]
+        _epoch(t, warm, B, True)                       # compiles kernels, sizes the dynamic tensors
+        per_batch = _epoch(t, warm, B, True)
+        n = prefix_size(data_spec.fc_trees if tree_fc else len(t.task.data["train"]), B, per_batch,
+                        spec["epoch_cap"])
+    if tree_fc and n > len(t.task.data["train"]):
+        del t
+        t = build(point, replace(data_spec, fc_trees=n), opts)   # n random trees, as many as fit
+    return t, n
+
+
+def _timed(t, spec: dict, n: int) -> dict:
+    """The protocol on the first ``n`` samples: one whole untimed warm-up epoch (compiling what is not yet),
+    ``repeats`` timed epochs, then forward-only alike and the breakdown epoch, as the spec asks."""
+    point = Point(**spec["point"])
+    B, R = point.batch, spec["repeats"]
+    samples = t.task.data["train"][:n]
     units = t.task.units(samples)
     out = {"samples": len(samples), "units": units, "flops_per_unit": flops_per_unit(t, samples, point),
            "threads": blas_threads(), "machine": machine.facts()}
@@ -83,9 +94,33 @@ def measure(spec: dict, t=None) -> dict:
     return out
 
 
+def measure(spec: dict, t=None) -> dict:
+    """Run the spec's point (on trainer ``t`` if given: its engine switches are set to the spec's)."""
+    t, n = _prepared(spec, t)
+    return _timed(t, spec, n)
+
+
+def measure_both(spec: dict) -> dict:
+    """The spec's point free to use the machine, then (``per_core``) on one BLAS thread over the same samples,
+    in this one process (the BLAS's thread count set at run time: one start-up and one trainer for both)."""
+    t, n = _prepared(spec)
+    out = _timed(t, spec, n)
+    before = blas_threads()
+    set_blas_threads(1)
+    try:
+        out["per_core"] = _timed(t, {**spec, "breakdown": False}, n)
+    finally:
+        set_blas_threads(before)
+    return out
+
+
 def blas_threads() -> int:
-    """The threads numpy's BLAS computes with: ``OPENBLAS_NUM_THREADS`` (``OMP_NUM_THREADS``) when set (the
-    bench's per-core runs set it to 1), else OpenBLAS's default, one per core."""
+    """The threads numpy's BLAS computes with now: threadpoolctl's count (the per-core measurement sets it at
+    run time), else ``OPENBLAS_NUM_THREADS`` (``OMP_NUM_THREADS``) when set, else OpenBLAS's default, one per
+    core."""
+    counts = [b["threads"] for b in machine.blas() if b.get("threads")]
+    if counts:
+        return int(counts[0])
     for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
         if os.environ.get(name, "").strip().isdigit():
             return int(os.environ[name])
@@ -110,14 +145,12 @@ def peak_rss_mb() -> float:
 ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
-def run_in_child(spec: dict, python: str = sys.executable, timeout: float | None = None,
-                 one_thread: bool = False) -> dict:
-    """``measure(spec)`` in a fresh process; its JSON result plus ``peak_rss_mb`` of that process. With
-    ``one_thread``, numpy's BLAS computes on one thread (the per-core measurement)."""
-    env = {**os.environ, **ONE_THREAD} if one_thread else None
+def run_in_child(spec: dict, python: str = sys.executable, timeout: float | None = None) -> dict:
+    """:func:`measure_both` in a fresh process; its JSON result plus ``peak_rss_mb`` of that process (over
+    both thread settings, the same samples)."""
     try:
         out = subprocess.run([python, "-m", "minicavs.bench.point", "-"], input=json.dumps(spec), text=True,
-                             capture_output=True, timeout=timeout, env=env)
+                             capture_output=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         raise RuntimeError(f"minicavs point {spec['point']} ran longer than {timeout:.0f} s") from None
     if out.returncode:
@@ -141,8 +174,8 @@ def main(argv=None) -> int:
         print("usage: python -m minicavs.bench.point SPEC.json|-", file=sys.stderr)
         return 2
     spec = json.load(sys.stdin if argv[0] == "-" else open(argv[0]))
-    res = measure(spec)
-    res["peak_rss_mb"] = peak_rss_mb()
+    res = measure_both(spec)
+    res["peak_rss_mb"] = res["per_core"]["peak_rss_mb"] = peak_rss_mb()
     print(json.dumps(res))
     return 0
 

@@ -21,7 +21,8 @@ COLUMNS = ["sweep", "model", "hidden", "batch", "leaves", "system", "unit", "sam
            "ratio_train", "ratio_infer", "threads", "core_train_median", "core_train_min", "core_train_max",
            "core_ratio_train", "core_infer_median", "core_ratio_infer", "core_threads", "gflops_train",
            "gemm_fraction", "core_gemm_fraction", "blas", "peak_rss_mb", "same_loss",
-           "scheduling_frac", "memory_frac", "update_frac", "compute_frac", "construction_frac", "note"]
+           "scheduling_frac", "memory_frac", "update_frac", "compute_frac", "construction_frac", "batches",
+           "timed_batches", "note"]
 MINICAVS = "minicavs"
 
 
@@ -67,6 +68,7 @@ def rows_for(sweep: str, point: Point, systems: dict, machine: float, *, core_ge
                "threads": r.get("threads", ""),
                "gflops_train": gflops, "gemm_fraction": gflops * 1e9 / machine if machine else math.nan,
                "peak_rss_mb": r.get("peak_rss_mb", math.nan), "same_loss": r.get("same_loss", ""),
+               "batches": r.get("batches", ""), "timed_batches": _fewest(r.get("timed_batches")),
                "note": r.get("error", "")}
         core = r.get("per_core") or {}   # the same system on one thread (per core)
         ct, ci = spread(core.get("rates")), spread(core.get("infer_rates"))
@@ -85,6 +87,13 @@ def rows_for(sweep: str, point: Point, systems: dict, machine: float, *, core_ge
             row["construction_frac"] = float(c / (c + k)) if c + k else math.nan
         rows.append(row)
     return rows
+
+
+def _fewest(counts) -> int | str:
+    """The fewest batches a capped timed epoch ran over the rounds ("" when the peer does not say)."""
+    if counts in (None, "", []):
+        return ""
+    return min(counts) if isinstance(counts, list) else counts
 
 
 def _cell(v) -> str:
@@ -140,6 +149,8 @@ def markdown(rows: list[dict]) -> str:
                          f"update {_pct(r['update_frac'])}, compute {_pct(r['compute_frac'])}")
         if r.get("construction_frac") not in (None, ""):
             parts.append(f"construction {_pct(r['construction_frac'])}")
+        if r.get("timed_batches") != "" and r.get("batches") and r["timed_batches"] < r["batches"]:
+            parts.append(f"timed on {r['timed_batches']} of {r['batches']} batches (timed cap)")
         if r.get("note"):
             parts.append(str(r["note"]))
         same = {True: "yes", False: "NO"}.get(r.get("same_loss"), "")

@@ -6,16 +6,21 @@ import json
 import math
 import os
 import sys
+import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
-from . import machine_facts as machine, peers, report, targets
+from . import machine_facts as machine, peers, report, sweep_time, targets
+from .peers import PER_SAMPLE
 from .point import core_rate, measure, run_in_child
-from .sweeps import LABELS, UNITS, Point, distinct_points, sweeps
+from .sweeps import LABELS, UNITS, Point, both_sweeps, distinct_points, per_sample_points, sweeps
 from .workloads import ABLATED, SWITCHES, Data, build, machine_rate
+
+
+TIMED_CAP = 3.0   # a timed epoch stops after this many epoch caps (Settings.timed_cap)
 
 
 @dataclass
@@ -45,6 +50,9 @@ class Settings:
     command: str = ""          # the command line, quoted in the reports
     machine: dict = field(default_factory=dict)     # what the run ran on (machine_facts.facts): BLAS, CPU, variables
     gemm: dict = field(default_factory=dict)        # numpy GEMM FLOP/s, start and end: "machine" and "core"
+    points: tuple = ()         # point keys to run (``--points``; default every point of the sweeps)
+    work: Path | None = None   # where the peers' handovers are written (a temporary directory of the run)
+    handovers: dict = field(default_factory=dict)   # point key -> (peers.prepare's spec, check loss, samples)
 
     def note(self, text: str) -> None:
         self.notes.append(text)
@@ -55,10 +63,17 @@ class Settings:
         return self.cap / self.repeats
 
     @property
+    def timed_cap(self) -> float:
+        """Seconds after which any system's timed epoch stops (at the end of a batch): minicavs' epoch is
+        sized to ``epoch_cap``, so only a system several times slower than minicavs (a per-sample peer)
+        reaches it and is timed on the first batches of the same samples."""
+        return TIMED_CAP * self.epoch_cap
+
+    @property
     def timeout(self) -> float:
         """Seconds after which one system's run at one point is stopped and reported as failed (a batch
         can take longer than the cap, and a loaded machine can be very slow)."""
-        return 60 + 10 * self.cap
+        return 120 + 20 * self.cap   # both thread settings
 
 
 def _load() -> str:
@@ -83,60 +98,66 @@ def find_peers(s: Settings) -> dict:
     return ok
 
 
-def _ours(s: Settings, point: Point, repeats: int | None = None, samples: int | None = None) -> dict:
+def _ours(s: Settings, point: Point, repeats: int | None = None, samples: int | None = None,
+          breakdown: bool | None = None) -> dict:
     """minicavs at ``point`` free to use the machine, then (``per_core``) on one BLAS thread over the same
-    samples; the first run chooses the samples when ``samples`` is not given (its epoch cap)."""
+    samples, in one child process (:func:`point.measure_both`); it chooses the samples (its epoch cap) when
+    ``samples`` is not given. The breakdown epoch (``breakdown``, default the settings') runs free to use the
+    machine only: the reports show that one. ``wall_s``: the seconds the child took."""
     spec = {"point": point.as_dict(), "data": asdict(s.data), "repeats": repeats or s.repeats,
-            "epoch_cap": s.epoch_cap, "inference": s.inference, "breakdown": s.breakdown, "options": dict(s.engine)}
-    out = {}
-    for one_thread in (False, True):
-        if samples:
-            spec["samples"] = samples
-        try:
-            got = run_in_child(spec, timeout=s.timeout, one_thread=one_thread)
-        except Exception as e:   # a failed point is reported in its row, the suite goes on
-            got = {"error": f"failed: {str(e).strip().splitlines()[-1][:200]}"}
-        if one_thread:
-            out["per_core"] = got
-        else:
-            out.update(got)
-            samples = samples or got.get("samples")
-            if not samples:
-                break
-    return out
+            "epoch_cap": s.epoch_cap, "inference": s.inference, "options": dict(s.engine),
+            "breakdown": bool(s.breakdown if breakdown is None else breakdown)}
+    if samples:
+        spec["samples"] = samples
+    start = time.perf_counter()
+    try:
+        got = run_in_child(spec, timeout=s.timeout)
+    except Exception as e:   # a failed point is reported in its row, the suite goes on
+        got = {"error": f"failed: {str(e).strip().splitlines()[-1][:200]}"}
+    got["wall_s"] = time.perf_counter() - start
+    return got
+
+
+def _handover(s: Settings, point: Point, samples: int | None) -> tuple[dict, float, int]:
+    """(what every peer of ``point`` is handed, minicavs' loss of the check samples, the samples to time):
+    the point's trainer built, checked and written out once for every peer and round (:func:`peers.prepare`)."""
+    key = point.key()
+    if key not in s.handovers:
+        t = build(point, s.data)
+        n = len(t.task.data["train"])
+        limit = min(n, samples or n)   # every system times the samples minicavs was timed on
+        directory = s.work / key
+        directory.mkdir(parents=True, exist_ok=True)
+        s.handovers[key] = (peers.prepare(t, limit, str(directory)), peers.check_loss(t, s.check), limit)
+    return s.handovers[key]
 
 
 def _peers_at(s: Settings, point: Point, ours: dict, labels=None, epochs: int | None = None) -> dict:
-    """Every available peer at ``point`` (those of ``labels`` if given): its JSON plus ``same_loss`` against
-    minicavs' loss of the same samples with the same weights."""
+    """Every available peer at ``point`` (those of ``labels`` if given; the per-sample ones only at
+    :func:`sweeps.per_sample_points`): its JSON plus ``same_loss`` against minicavs' loss of the same
+    samples with the same weights, and ``wall_s``, the seconds its process took."""
     out = {}
+    per_sample_here = point in per_sample_points(sweeps(s.models, s.quick, s.grid))
     todo = [p for p in peers.PEERS.get(point.model, ()) if p.framework in s.available
-            and (labels is None or p.label in labels)]
+            and (labels is None or p.label in labels) and (per_sample_here or p.mode not in PER_SAMPLE)]
     if not todo:
         return out
-    t = build(point, s.data)
-    ours_check = peers.check_loss(t, s.check)
-    n = len(t.task.data["train"])
-    samples = min(n, ours.get("samples") or n)   # every system times the samples minicavs was timed on
+    prepared, ours_check, samples = _handover(s, point, ours.get("samples"))
     for p in todo:
-        r = {}
-        for threads in (None, 1):   # free to use the machine, then on one thread (per core)
-            if threads and p.framework == "dynet":   # DyNet computes on one thread either way: the same run
-                r["per_core"] = {k: v for k, v in r.items() if k != "per_core"}
-                continue
-            try:
-                got = peers.run(s.available[p.framework], p.framework, t, mode=p.mode,
-                                epochs=epochs or s.repeats, check=s.check, max_seconds=s.epoch_cap,
-                                inference=s.inference, samples=samples, threads=threads, timeout=s.timeout)
-                got["same_loss"] = bool(peers.same_loss(ours_check, got["check_loss"]))
-                got["ours_check_loss"] = ours_check
-            except Exception as e:
-                got = {"error": f"failed: {str(e).strip().splitlines()[-1][:200]}"}
-            if threads:
-                r["per_core"] = got
-            else:
-                r.update(got)
-        out[p.label] = r
+        start = time.perf_counter()
+        try:   # free to use the machine, then on one thread (per core), in one process
+            got = peers.run(s.available[p.framework], p.framework, None, mode=p.mode,
+                            epochs=epochs or s.repeats, check=s.check, max_seconds=s.epoch_cap,
+                            inference=s.inference, samples=samples, timeout=s.timeout,
+                            timed_seconds=s.timed_cap, prepared=prepared, per_core=True)
+            got["same_loss"] = bool(peers.same_loss(ours_check, got["check_loss"]))
+            got["ours_check_loss"] = ours_check
+        except Exception as e:
+            got = {"error": f"failed: {str(e).strip().splitlines()[-1][:200]}"}
+        got["wall_s"] = time.perf_counter() - start
+        if p.framework == "dynet":   # DyNet computes on one thread either way: the same run
+            got["per_core"] = dict(got)
+        out[p.label] = got
     return out
 
 
@@ -164,6 +185,10 @@ def _line(point: Point, name: str, r: dict, ours: dict) -> str:
     return text
 
 
+def _as_list(v) -> list:
+    return list(v) if isinstance(v, list) else [v]
+
+
 def _merge(into: dict, new: dict) -> None:
     """Add one round's result of a system to the rounds before: rates extended, the rest from the first
     round that worked; an error stays only while no round has worked."""
@@ -175,9 +200,10 @@ def _merge(into: dict, new: dict) -> None:
         into.clear()
         into.update(new)
         return
-    for key in ("rates", "infer_rates", "construction_s", "compute_s", "infer_construction_s", "infer_compute_s"):
+    for key in ("rates", "infer_rates", "construction_s", "compute_s", "infer_construction_s", "infer_compute_s",
+                "wall_s", "timed_batches", "infer_timed_batches"):   # one entry (or list) per round
         if key in new:
-            into[key] = list(into.get(key, [])) + list(new[key] if isinstance(new[key], list) else [new[key]])
+            into[key] = _as_list(into.get(key, [])) + _as_list(new[key])
     if "same_loss" in new:
         into["same_loss"] = bool(into.get("same_loss", True)) and bool(new["same_loss"])
     if "peak_rss_mb" in new:
@@ -203,11 +229,12 @@ def run_rounds(s: Settings, pts: list[Point], labels=None) -> dict:
     samples: dict = {}
     for r in range(s.repeats):
         s.log(f"round {r + 1}/{s.repeats} ({len(pts)} points; load average {_load()})")
+        round_start = time.perf_counter()
         for point in (pts if r % 2 == 0 else pts[::-1]):
             key, start = point.key(), time.perf_counter()
             peers_first = bool(r % 2 and samples.get(key))
             systems = _peers_at(s, point, {"samples": samples[key]}, labels, epochs=1) if peers_first else {}
-            ours = _ours(s, point, repeats=1, samples=samples.get(key))
+            ours = _ours(s, point, repeats=1, samples=samples.get(key), breakdown=s.breakdown and r == 0)
             samples.setdefault(key, ours.get("samples"))
             systems = {report.MINICAVS: ours, **systems}
             if not peers_first:
@@ -217,6 +244,9 @@ def run_rounds(s: Settings, pts: list[Point], labels=None) -> dict:
                 s.log(_line(point, name, res, ours))
             s.log(f"  ({time.perf_counter() - start:.0f} s)")
             _write_results(s, results)
+        took = time.perf_counter() - round_start
+        s.log(f"round {r + 1} took {took / 60:.1f} min; the rounds left about {(s.repeats - r - 1) * took / 60:.1f} "
+              f"min (as long as this one)")
     return results
 
 
@@ -317,22 +347,20 @@ def _conditions(s: Settings, gemm: tuple) -> str:
             f"the end{core_text}; medians of {s.repeats} rounds (min-max in brackets), each running every system "
             f"once for one timed epoch, systems alternating (the points in reverse order and the peers first "
             f"every other round), each process after one whole untimed warm-up epoch over the timed samples (a "
-            f"peer's warm-up stops after the epoch cap); every system of a point is timed on the same samples: "
+            f"peer's warm-up stops after the epoch cap, a timed epoch after {TIMED_CAP:g}x it: 'timed on k of n "
+            f"batches'); every system of a point is timed on the same samples: "
             f"the longest prefix of whole batches that minicavs' warm-up says fits {s.epoch_cap:.3g} s (cap: "
             f"{s.cap:g} s of timed training per system and point, at least one batch); DyNet with 2048 MB of "
             f"memory pools from the start; float32, Adam, embedding rows updated lazily (only those a batch "
             f"looks up) by every system. Per core (the ratios that count): minicavs on one BLAS thread, "
             f"PyTorch on one intra-op thread, DyNet on its one; machine: minicavs' BLAS and PyTorch on every "
-            f"core.\n\n" + (machine.describe(s.machine) + "\n\n" if s.machine else ""))
+            f"core; both in one process per system, point and round, machine first.\n\n"
+            + (machine.describe(s.machine) + "\n\n" if s.machine else ""))
 
 
 def main_point(sw: dict) -> dict:
     """Per model the point shown in the summary: the one in both Fig. 8 sweeps (hidden 512, batch 64)."""
-    both = {}
-    for name, pts in sw.items():
-        if name.endswith("/batch"):
-            both.update((p.model, p) for p in pts if p in sw[name.replace("/batch", "/hidden")])
-    return both
+    return both_sweeps(sw)
 
 
 def summary_markdown(s: Settings, sw: dict, results: dict, rate: float, gemm: tuple, ab: dict,
@@ -407,24 +435,91 @@ def _ran_on(s: Settings) -> None:
         s.notes.append(warning)
 
 
+def run_points(s: Settings) -> list[Point]:
+    """The points this run measures: the targets' (``--targets``) or every sweep point, those of ``--points``
+    only when given (unknown keys are refused, naming the known ones)."""
+    pts = targets.points(s.models, s.quick, s.grid) if s.targets else sweep_points(s)
+    if not s.points:
+        return pts
+    known = {p.key(): p for p in pts}
+    unknown = [k for k in s.points if k not in known]
+    if unknown:
+        raise ValueError(f"--points: unknown {unknown}; this run's points: {', '.join(known)}")
+    return [known[k] for k in s.points]
+
+
+def first_trees(data: Data, work: Path) -> Data:
+    """``data`` with its SST file cut to the trees the points read (the first ``data.trees`` non-blank lines,
+    the same trees and so the same vocabulary), written once into the run's directory ``work``: each process
+    then parses 1,024 trees instead of the file's 8,544 (a second or more of every Tree-LSTM start-up)."""
+    if not data.sst:
+        return data
+    path = work / "sst-first-trees.txt"
+    kept = 0
+    with open(data.sst, "rb") as src, open(path, "wb") as dst:
+        for line in src:
+            if kept == data.trees:
+                break
+            if line.strip():
+                dst.write(line if line.endswith(b"\n") else line + b"\n")
+                kept += 1
+    return replace(data, sst=str(path))
+
+
+def _estimate(s: Settings, pts: list[Point]) -> dict:
+    """:func:`sweep_time.estimate` of this run (its points, the peers found, its caps and parts)."""
+    cells = 0 if (s.targets or not s.ablation) else len(s.ablation_hidden) * len(
+        {"tree_lstm", "fixed_lstm"} & set(s.models))
+    at = per_sample_points(sweeps(s.models, s.quick, s.grid))
+    return sweep_time.estimate(pts if s.sweeps else [], s.available, at, repeats=s.repeats, epoch_cap=s.epoch_cap,
+                               timed_cap=s.timed_cap, inference=s.inference, ablation_cells=cells,
+                               labels=targets.BATCHED if s.targets else None, load=_stretch())
+
+
+def _stretch() -> float:
+    try:
+        return sweep_time.stretch(os.getloadavg()[0], os.cpu_count() or 1)
+    except OSError:
+        return 1.0
+
+
+def plan_text(s: Settings) -> str:
+    """``--plan``: every point's processes and modelled seconds, and the run's estimate; runs nothing."""
+    s.available = find_peers(s)
+    pts = run_points(s)
+    at = per_sample_points(sweeps(s.models, s.quick, s.grid))
+    body = sweep_time.listing(pts, s.available, at, s.epoch_cap, s.timed_cap, s.inference,
+                        targets.BATCHED if s.targets else None, _stretch()) if s.sweeps else "  (no sweeps)"
+    return f"{body}\n{sweep_time.headline(_estimate(s, pts), s.repeats)}"
+
+
 def run_suite(s: Settings) -> Path:
     start = time.perf_counter()
     s.out.mkdir(parents=True, exist_ok=True)
     _ran_on(s)
+    s.available = find_peers(s)
+    pts = run_points(s)
+    s.note(sweep_time.headline(_estimate(s, pts), s.repeats))
     m0, c0 = _gemm_rates(s)
     s.log(f"machine: numpy float32 {s.gemm_n}^3 GEMM {m0 / 1e9:.1f} GFLOP/s ({c0 / 1e9:.1f} on one thread); "
           f"cap {s.cap:g} s of timed training per system and point ({s.repeats} rounds of one epoch of at most "
-          f"{s.epoch_cap:.3g} s), python {sys.version.split()[0]}")
+          f"{s.epoch_cap:.3g} s; a slower system's timed epoch stops after {s.timed_cap:.3g} s), "
+          f"python {sys.version.split()[0]}")
     s.note(f"load average {_load()} at the start, on {os.cpu_count()} cores (above 0.1: other work shared "
            f"the machine and the numbers are noisy)")
     if s.engine:
         s.note("minicavs' engine: " + ", ".join(f"{k}={v}" for k, v in s.engine.items()))
-    s.available = find_peers(s)
     s.gemm = {"machine": [m0], "core": [c0]}
     results = {}
     if s.sweeps:
-        results = (run_rounds(s, targets.points(s.models, s.quick, s.grid), targets.BATCHED) if s.targets
-                   else run_rounds(s, sweep_points(s)))
+        data = s.data
+        with tempfile.TemporaryDirectory(prefix="minicavs-bench-") as work:
+            s.work, s.handovers = Path(work), {}
+            s.data = first_trees(data, s.work)
+            try:
+                results = run_rounds(s, pts, targets.BATCHED if s.targets else None)
+            finally:
+                s.data = data
     ab = {}
     if s.ablation and not s.targets:
         s.log("speedup over all switches off (Fig. 10), training, batch 64")

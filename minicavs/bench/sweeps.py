@@ -65,6 +65,23 @@ def axis(sweep: str) -> str:
     return "hidden" if kind == "latency" else kind
 
 
+def both_sweeps(sw: dict[str, list[Point]]) -> dict[str, Point]:
+    """Per model the point in both of its Fig. 8 sweeps (hidden 512, batch 64): the summary's."""
+    both = {}
+    for name, pts in sw.items():
+        if name.endswith("/batch"):
+            both.update((p.model, p) for p in pts if p in sw.get(name.replace("/batch", "/hidden"), ()))
+    return both
+
+
+def per_sample_points(sw: dict[str, list[Point]]) -> list[Point]:
+    """The points where the per-sample peers run: Tree-LSTM's largest batch, the one point where the paper
+    gives PyTorch's time (542 s an epoch at batch 256, §5.1; Fig. 8 shows no per-sample system). Elsewhere a
+    per-sample peer would cost a point more than every other system together: one of its batches outlasts
+    the caps (Tree-FC, 64 trees of 256 leaves: 16 s a batch)."""
+    return [max(sw["tree_lstm/batch"], key=lambda p: p.batch)] if sw.get("tree_lstm/batch") else []
+
+
 def distinct_points(sw: dict[str, list[Point]]) -> list[Point]:
     """Every point once, in first-appearance order."""
     return list(dict.fromkeys(p for pts in sw.values() for p in pts))

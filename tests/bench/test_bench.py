@@ -141,6 +141,21 @@ def test_csv_and_markdown_from_given_numbers(tmp_path):
     assert "construction 25%" in lines[1] and "failed: boom" in lines[2]
 
 
+def test_a_peer_stopped_by_the_timed_cap_says_so_and_still_counts(tmp_path):
+    """A capped timed epoch: the row names the fewest batches a round ran, in the CSV and the table, without a
+    note (a note would mark the row "not measured" for the targets)."""
+    systems = _systems()
+    systems["PyTorch (batched by level)"].update(batches=3, timed_batches=[2, 3, 2])
+    rows = report.rows_for("tree_lstm/hidden", Point("tree_lstm", 512, 64), systems, machine=1e12)
+    level = rows[3]
+    assert (level["batches"], level["timed_batches"], level["note"]) == (3, 2, "per core: failed: slow")
+    assert rows[1]["timed_batches"] == "" and "timed on" not in report.markdown(rows[:3])
+    csv_path, md_path = report.write_sweep(tmp_path, "tree_lstm/hidden", rows)
+    with open(csv_path) as f:
+        assert list(csv.DictReader(f))[3]["timed_batches"] == "2"
+    assert "timed on 2 of 3 batches (timed cap)" in md_path.read_text().splitlines()[-1]
+
+
 def _sweep_rows(sweep: str, values) -> list[dict]:
     """Rows of one sweep measured at the given values of its axis (the other fields at the quick point)."""
     model, kind = sweep.split("/")
@@ -203,7 +218,8 @@ def _parser():
 def test_command_line_defaults_quick_and_env(monkeypatch, tmp_path):
     args = _parser().parse_args(["--out", str(tmp_path), "--sst", "synthetic", "--ptb", "synthetic"])
     s = settings(args)
-    assert s.models == MODELS and s.cap == 3.0 and s.repeats == 3 and s.epoch_cap == pytest.approx(3 / 3)
+    assert s.models == MODELS and s.cap == 2.5 and s.repeats == 3 and s.epoch_cap == pytest.approx(2.5 / 3)
+    assert s.timed_cap == pytest.approx(2.5) and s.ablation_hidden == (64, 512) and not s.points
     assert s.data.sst is None and s.data.trees == 1024 and s.ablation and s.inference
     s = settings(_parser().parse_args(["--quick", "--sst", "synthetic", "--ptb", "synthetic", "--cap", "3"]))
     assert s.quick and s.cap == 3.0 and s.repeats == 2 and s.data.trees == 256
@@ -268,16 +284,19 @@ def test_peak_rss_is_the_childs_own_not_its_parents():
 
 
 def test_each_point_record_names_the_blas_it_ran_on_one_thread_per_core():
-    """The per-core child of a point really computes on one BLAS thread, and its record says so (threadpoolctl),
-    with the CPU and the variables set."""
+    """A point's child measures free to use the machine, then really computes on one BLAS thread (set at run
+    time), and each record says so (threadpoolctl), with the CPU and the variables set."""
     from dataclasses import asdict
     from minicavs.bench.point import run_in_child
     pytest.importorskip("threadpoolctl")
     spec = {"point": Point("tree_fc", 8, 4, 4).as_dict(), "data": asdict(Data(fc_trees=8)), "repeats": 1,
             "epoch_cap": 0.05, "inference": False, "breakdown": False}
-    got = run_in_child(spec, one_thread=True)["machine"]
-    assert got["blas"] and all(b["threads"] == 1 and b["kernel"] and b["version"] for b in got["blas"])
-    assert got["env"]["OPENBLAS_NUM_THREADS"] == "1" and got["cpu"]["model"]
+    got = run_in_child(spec)
+    core = got["per_core"]
+    assert core["samples"] == got["samples"] and core["threads"] == 1 and len(core["rates"]) == 1
+    assert core["machine"]["blas"] and all(b["threads"] == 1 and b["kernel"] and b["version"]
+                                           for b in core["machine"]["blas"])
+    assert all(b["threads"] == got["threads"] for b in got["machine"]["blas"]) and got["machine"]["cpu"]["model"]
 
 
 @pytest.mark.parametrize("model,chains", [("bilstm_tagger", True), ("lstm_nmt", True), ("lattice_gru", False)])
@@ -510,22 +529,20 @@ def test_tiny_targets_run_end_to_end(tmp_path, monkeypatch):
     monkeypatch.setattr(targets, "TARGETS", tiny)
     monkeypatch.setattr(targets.evaluate, "__defaults__", (False, None, tiny))
     monkeypatch.setattr(targets.points, "__defaults__", (False, None, tiny))
-    specs, outs, threads = [], [], []
-    monkeypatch.setattr(suite, "run_in_child", lambda spec, timeout=None, one_thread=False: threads.append(
-        one_thread) or specs.append(dict(spec)) or outs.append({**point_module.measure(spec), "peak_rss_mb": 1.0})
-        or outs[-1])
+    specs, outs = [], []
+    monkeypatch.setattr(suite, "run_in_child", lambda spec, timeout=None: specs.append(dict(spec)) or outs.append(
+        {**point_module.measure_both(spec), "peak_rss_mb": 1.0}) or outs[-1])
     grid = {**FULL, "batch": [4], "hidden": [8, 16], "hidden_at": 8, "batch_at": 4, "leaves": [4], "fc_leaves": 4}
     logged = []
     s = Settings(models=("tree_fc",), quick=False, cap=0.05, repeats=2, data=Data(fc_trees=8), out=tmp_path,
                  grid=grid, gemm_n=128, plots=False, breakdown=False, inference=False, log=logged.append,
                  targets=True, engine={"fusion": False}, command="minicavs bench --targets")
     summary = run_suite(s)
-    # per point minicavs free to use the machine, then on one thread; the second round reversed
-    assert [sp["point"]["hidden"] for sp in specs] == [8, 8, 16, 16, 16, 16, 8, 8]
-    assert threads == [False, True] * 4
+    # per point one child: free to use the machine, then on one thread over the same samples; round 2 reversed
+    assert [sp["point"]["hidden"] for sp in specs] == [8, 16, 16, 8]
+    assert all(o["per_core"]["threads"] == 1 and o["per_core"]["samples"] == o["samples"] for o in outs)
     assert all(sp["options"] == {"fusion": False} and sp["repeats"] == 1 for sp in specs)
-    assert "samples" not in specs[0] and specs[1]["samples"] == outs[0]["samples"]   # the same samples
-    assert specs[4]["samples"] == specs[5]["samples"] == outs[2]["samples"]          # round 1's prefix
+    assert "samples" not in specs[0] and specs[3]["samples"] == outs[0]["samples"]   # round 1's prefix
     results = __import__("json").loads((tmp_path / "results.json").read_text())["points"]
     assert len(results["tree_fc-h8-b4-l4"]["minicavs"]["rates"]) == 2           # one per round
     from minicavs.bench import machine_facts as machine
@@ -560,29 +577,75 @@ def test_every_system_of_a_point_is_timed_on_the_samples_minicavs_was(monkeypatc
     from minicavs.bench import suite
     children, runs = [], []
 
-    def child(spec, timeout=None, one_thread=False):
-        children.append((spec.get("samples"), one_thread))
-        return {"samples": spec.get("samples") or 12, "rates": [1.0], "threads": 1 if one_thread else 2}
+    def child(spec, timeout=None):
+        children.append(spec.get("samples"))
+        n = spec.get("samples") or 12
+        return {"samples": n, "rates": [1.0], "threads": 2, "per_core": {"samples": n, "threads": 1}}
 
-    def peer(python, framework, t, *, mode, samples, threads=None, **kw):
-        runs.append((framework, mode, samples, threads))
-        return {"rates": [1.0], "check_loss": 1.0, "samples": samples, "threads": threads or 2}
+    def peer(python, framework, t, *, mode, samples, per_core=False, **kw):
+        runs.append((framework, mode, samples, per_core))
+        return {"rates": [1.0], "check_loss": 1.0, "samples": samples, "threads": 2}
 
     monkeypatch.setattr(suite, "run_in_child", child)
     monkeypatch.setattr(peer_module, "run", peer)
     monkeypatch.setattr(peer_module, "check_loss", lambda t, k: 1.0)
-    s = Settings(models=("tree_lstm",), quick=True, cap=0.05, repeats=1, out=tmp_path,
-                 data=Data(trees=20), available={"dynet": "py", "pytorch": "py"}, log=lambda *a: None)
-    point = Point("tree_lstm", 8, 4)
+    grid = {**FULL, "batch": [2, 4, 8], "hidden": [8], "hidden_at": 8, "batch_at": 4, "latency": []}
+    s = Settings(models=("tree_lstm",), quick=False, cap=0.05, repeats=1, out=tmp_path, grid=grid,
+                 data=Data(trees=20), available={"dynet": "py", "pytorch": "py"}, log=lambda *a: None, work=tmp_path)
+    point = Point("tree_lstm", 8, 8)   # the largest batch (the paper's PyTorch point): the per-sample peer runs
     ours = suite._ours(s, point)
-    assert children == [(None, False), (12, True)] and ours["per_core"]["threads"] == 1
+    assert children == [None] and ours["per_core"]["threads"] == 1
     got = suite._peers_at(s, point, ours)
     assert {r[2] for r in runs} == {12}                         # every run on minicavs' 12 samples
-    assert sorted((r[0], r[1], r[3] or 0) for r in runs) == [   # DyNet once, each PyTorch peer twice
-        ("dynet", "autobatch", 0), ("pytorch", "level", 0), ("pytorch", "level", 1),
-        ("pytorch", "recursive", 0), ("pytorch", "recursive", 1)]
+    assert sorted(r[:2] for r in runs) == [                      # one process each, both thread settings
+        ("dynet", "autobatch"), ("pytorch", "level"), ("pytorch", "recursive")] and all(r[3] for r in runs)
     dynet = got["DyNet (autobatching)"]
     assert dynet["per_core"]["samples"] == dynet["samples"] == 12
+    runs.clear()
+    assert "PyTorch (per-sample recursion)" not in suite._peers_at(s, Point("tree_lstm", 8, 4), ours)
+    assert sorted(r[:2] for r in runs) == [("dynet", "autobatch"), ("pytorch", "level")]   # not a paper point
+
+
+def test_rounds_hand_each_point_over_once_cap_every_peer_and_break_down_in_round_one(monkeypatch, tmp_path):
+    """Three rounds: the peers' handover (the point's trainer built, checked, written) once per point; every
+    peer's warm-up capped at the epoch cap and its timed epochs at the timed cap; minicavs' breakdown epoch
+    only in the first round; each process's seconds recorded per round."""
+    from minicavs.bench import peers as peer_module
+    from minicavs.bench import suite
+    specs, kws, built = [], [], []
+    monkeypatch.setattr(suite, "run_in_child", lambda spec, timeout=None: specs.append(dict(spec)) or {
+        "samples": 12, "rates": [1.0], "per_core": {"samples": 12, "rates": [1.0]}})
+    monkeypatch.setattr(suite, "build", lambda point, data: built.append(point.key()) or SimpleNamespace(
+        task=SimpleNamespace(data={"train": [0] * 20})))
+    monkeypatch.setattr(peer_module, "prepare", lambda t, limit, d: {"model": "tree_fc", "limit": limit})
+    monkeypatch.setattr(peer_module, "check_loss", lambda t, k: 1.0)
+    monkeypatch.setattr(peer_module, "run", lambda python, fw, t, **kw: kws.append(kw) or {
+        "rates": [1.0], "check_loss": 1.0, "samples": kw["samples"]})
+    grid = {**FULL, "batch": [4], "hidden": [8, 16], "hidden_at": 8, "batch_at": 4, "leaves": [4], "fc_leaves": 4}
+    s = Settings(models=("tree_fc",), quick=False, cap=0.3, repeats=3, data=Data(), out=tmp_path, grid=grid,
+                 available={"dynet": "py", "pytorch": "py"}, log=lambda *a: None, work=tmp_path)
+    pts = suite.sweep_points(s)
+    results = suite.run_rounds(s, pts)
+    assert sorted(built) == sorted(p.key() for p in pts)                  # once per point, not per round
+    assert [sp["breakdown"] for sp in specs] == [True] * len(pts) + [False] * 2 * len(pts)
+    assert kws and all(kw["max_seconds"] == s.epoch_cap == pytest.approx(0.1) and kw["timed_seconds"] == s.timed_cap
+                       and kw["prepared"]["limit"] == kw["samples"] == 12 for kw in kws)
+    ours = results[pts[0].key()]["minicavs"]
+    assert len(ours["wall_s"]) == len(ours["rates"]) == 3
+
+
+def test_the_runs_sst_file_holds_the_first_trees_a_point_reads(tmp_path):
+    """Every process of a run reads the SST trees a point times from a copy cut to them: the same trees, in
+    the same order, as the whole file's first ones."""
+    from minicavs.bench.suite import first_trees
+    from minicavs.data.sst import read_sst
+    full = tmp_path / "train.txt"
+    lines = ["(3 (2 a) (4 b))", "", "(1 (2 c) (0 d))", "(2 e)", "(4 (3 f) (2 g))"]
+    full.write_text("\n".join(lines))
+    data = first_trees(Data(sst=str(full), trees=3), tmp_path)
+    assert data.sst != str(full) and data.trees == 3
+    assert [t.to_bracket() for t in read_sst(data.sst)] == [t.to_bracket() for t in read_sst(full)[:3]]
+    assert first_trees(Data(sst=None), tmp_path) == Data(sst=None)
 
 
 def test_layout_table_rows_per_cell_and_variant(monkeypatch):
@@ -618,7 +681,7 @@ def test_every_sweep_alternates_the_systems_round_by_round(monkeypatch, tmp_path
     from minicavs.bench import suite
     calls = []
 
-    def ours(s, point, repeats=None, samples=None):
+    def ours(s, point, repeats=None, samples=None, breakdown=None):
         calls.append(("minicavs", point.key(), samples, repeats))
         return {"samples": 12, "rates": [1.0]}
 

@@ -112,6 +112,29 @@ def test_a_peer_far_slower_than_the_cap_warms_up_within_it_and_is_timed_on_the_s
     assert sizes == [10] + [10, 10, 10]
 
 
+def test_a_timed_epoch_stops_at_the_timed_cap_and_is_rated_over_the_batches_it_ran(monkeypatch):
+    """``timed_seconds``: a peer far slower than the others (a fake clock: 2 s a sample) warms up within the
+    epoch cap and times only its first batches, each epoch's rate over the units those batches hold."""
+    pc = _peer_common()
+    clock = [0.0]
+    monkeypatch.setattr(pc.time, "perf_counter", lambda: clock[0])
+    batches = []
+
+    def train(batch):
+        batches.append(batch)
+        clock[0] += 2.0 * len(batch)
+
+    spec = {"batch": 2, "epochs": 2, "samples": 8, "max_seconds": 3.0, "timed_seconds": 7.0, "inference": True}
+    out = pc.measure(spec, [5, 1, 1, 1, 1, 1, 1, 1], lambda i, j: list(range(i, j)), train, train)
+    assert out["warmup_batches"] == 1 and out["batches"] == 4            # warm-up: the batch reaching 3 s
+    assert out["timed_batches"] == out["infer_timed_batches"] == 2       # 4 s, then 8 s >= 7 s: stop
+    assert out["epochs_timed"] == 1 and out["rates"] == [(5 + 1 + 1 + 1) / 8.0] == out["infer_rates"]
+    assert batches == [[0, 1]] + [[0, 1], [2, 3]] + [[0, 1]] + [[0, 1], [2, 3]]
+    batches.clear()
+    out = pc.measure({**spec, "timed_seconds": None, "inference": False}, [1] * 8, lambda i, j: list(range(i, j)), train)
+    assert out["timed_batches"] == 4 and len(batches) == 1 + 4      # no timed cap: the whole epoch
+
+
 # --- the peers themselves (need tools/setup_peers.sh's environment) ------------------------------------------
 
 def _trainer(model: str, hidden: int, batch: int, samples: int, leaves: int = 8, extra=()) -> Trainer:
