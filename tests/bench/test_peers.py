@@ -203,7 +203,7 @@ def test_peer_computes_minicavs_loss_and_reports_the_protocol(model, peer):
 @pytest.mark.skipif(not TORCH_PYTHON, reason="set MINICAVS_TORCH_PYTHON to a python with torch (setup_peers.sh)")
 def test_samples_and_limit_set_what_a_peer_times():
     t = _trainer("tree_fc", hidden=16, batch=4, samples=40, leaves=16)
-    out = peers.run(TORCH_PYTHON, "pytorch", t, mode="level", epochs=1, check=2, samples=6)
+    out = peers.run(TORCH_PYTHON, "pytorch", t, mode="level", epochs=1, check=2, samples=6, limit=40)
     assert out["capped"] and out["samples"] == 6 and out["batches"] == 2 and out["epochs_timed"] == 1
     out = peers.run(TORCH_PYTHON, "pytorch", t, mode="level", epochs=1, check=2, limit=6)
     assert not out["capped"] and out["samples"] == 6 and out["batches"] == 2
