@@ -82,8 +82,8 @@ def blas(c_type: str, routine: str = "gemm") -> tuple[int, bool, str] | None:
     return None
 
 
-@functools.lru_cache(maxsize=None)
-def _blas_threads_fn():
+def _openblas_fn(stem: str, restype):
+    """numpy's OpenBLAS function ``openblas_<stem>`` under any of its builds' names, or None."""
     path = _numpy_blas()
     if path is None:
         return None
@@ -91,13 +91,17 @@ def _blas_threads_fn():
         lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
     except OSError:
         return None
-    for name in ("scipy_openblas_get_num_threads64_", "openblas_get_num_threads64_", "scipy_openblas_get_num_threads",
-                 "openblas_get_num_threads"):
+    for name in (f"scipy_openblas_{stem}64_", f"openblas_{stem}64_", f"scipy_openblas_{stem}", f"openblas_{stem}"):
         fn = getattr(lib, name, None)
         if fn is not None:
-            fn.restype, fn.argtypes = ctypes.c_int, []
+            fn.restype, fn.argtypes = restype, []
             return fn
     return None
+
+
+@functools.lru_cache(maxsize=None)
+def _blas_threads_fn():
+    return _openblas_fn("get_num_threads", ctypes.c_int)
 
 
 # OpenBLAS cores whose sgemm runs products of m n k <= 1e6 in small-matrix kernels (no packing of B): on them
@@ -111,21 +115,9 @@ SMALL_MNK = 1_000_000
 
 def corename() -> str | None:
     """The core numpy's OpenBLAS runs its kernels for (``openblas_get_corename``), None where it cannot be asked."""
-    path = _numpy_blas()
-    if path is None:
-        return None
-    try:
-        lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
-    except OSError:
-        return None
-    for name in ("scipy_openblas_get_corename64_", "openblas_get_corename64_", "scipy_openblas_get_corename",
-                 "openblas_get_corename"):
-        fn = getattr(lib, name, None)
-        if fn is not None:
-            fn.restype, fn.argtypes = ctypes.c_char_p, []
-            found = fn()
-            return found.decode() if found else None
-    return None
+    fn = _openblas_fn("get_corename", ctypes.c_char_p)
+    found = fn() if fn is not None else None
+    return found.decode() if found else None
 
 
 def small_matrix_bound(c_type: str, core: str | None = None) -> int:
