@@ -333,7 +333,7 @@ class _Entries:
         through its flag: no copy), and packed for the interpreter's packed product (codegen/packed_gemm.py):
         into a buffer refilled every run (its call's arguments kept while the static is the same array laid
         out the same: a run then only calls it), or once for a read-only static (_KEPT)."""
-        bound, ex = self.bound, self.ex
+        bound = self.bound
         span = operand.array
         self.bind(i, span, operand.elements, operand.ld, operand.transposed)
         deep, wide = operand.source.shape

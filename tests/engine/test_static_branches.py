@@ -15,14 +15,14 @@ import pytest
 
 from minicavs import ops
 from minicavs.core.dtypes import float64 as F64
-from minicavs.core.errors import CheckError
-from minicavs.cuda import Cuda, issue, standin
+from minicavs.cuda import Cuda, standin
 from minicavs.engine.explain import explain
 from minicavs.engine.model import Model
 from minicavs.ops import control as C
 from minicavs.train.testing import check_model_grads
 
-from .test_static_loops_while import RUNNERS, _on_the_step_runner, _opcodes, _train
+from .static_runners import (RUNNERS, _on_the_step_runner, _opcodes, _operand_set, _refused_when_corrupted,
+                             _train)
 
 H, V, ROWS = 3, 4, 5
 
@@ -82,20 +82,8 @@ def test_a_cond_on_an_int_pred_stays_on_the_step_runner_saying_why():
     ("computed", "IF", 1, 10**6, "pred"), ("computed", "IF", 0, 10**6, "n")])
 def test_a_corrupted_branch_is_refused_by_every_runner_naming_it(cuda_standin, pred, opcode, operand, value, name):
     params, feeds = _values(1.0)
-    model = _cond_model(pred)
-    for runner, device, who in RUNNERS:
-        error = issue.IssueCheckError if device else CheckError
-        cuda = Cuda(cuda_standin) if device else None
-        _, (program,), _ = _train(model, params, feeds, runner, cuda, check=True)
-        code = program.lowered.code
-        pc = _opcodes(program).index(opcode)
-        old, code[pc][1 + operand] = int(code[pc][1 + operand]), value
-        try:
-            with pytest.raises(error, match=rf"static graph: task 0, instruction {pc} \({opcode} .*\): "
-                                            rf"(operand {name}|buffer|register)"):
-                _train(model, params, feeds, runner, cuda, check=True)
-        finally:
-            code[pc][1 + operand] = old
+    _refused_when_corrupted(cuda_standin, _cond_model(pred), params, feeds, opcode, _operand_set(operand, value),
+                            rf"(operand {name}|buffer|register)")
 
 
 @pytest.mark.parametrize("pred", ["given", "computed"])

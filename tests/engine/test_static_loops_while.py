@@ -15,18 +15,16 @@ import pytest
 
 from minicavs import ops
 from minicavs.core.dtypes import float64 as F64
-from minicavs.core.errors import CheckError
-from minicavs.cuda import Cuda, issue, standin
-from minicavs.engine import static_program
+from minicavs.cuda import Cuda, standin
 from minicavs.engine.backend import to_host
 from minicavs.engine.compile import EngineOptions
-from minicavs.engine.executor import RunContext
-from minicavs.engine.lowered import OPCODES_BY_ID
 from minicavs.engine.model import Model
 from minicavs.ops import control as C
 from minicavs.train.testing import check_model_grads
 
-from .test_static_program import _model, _programs
+from .static_runners import (RUNNERS, _on_the_step_runner, _opcodes, _operand_set, _refused_when_corrupted,
+                             _train)
+from .test_static_program import _model
 
 H, ROWS, MOST = 3, 4, 5
 # the limit on the step counter and the steps it runs: 0, 1, several, the most (the condition still true)
@@ -35,21 +33,6 @@ LIMITS = {0: -0.5, 1: 0.5, 3: 2.5, MOST: 9.0}
 # the steps the step runner's decoding runs: every row stops at once, rows stop at different steps, none stops
 GREEDY = {"at once": ((0, 1.0, 50.0), lambda n: n == 1), "rows apart": ((3, 3.0, 0.0), lambda n: 1 < n < MOST),
           "never": ((0, 1.0, -50.0), lambda n: n == MOST)}
-RUNNERS = [("reference", None, "reference runner"), ("device", None, "C runner"), ("device", "cuda", "cuda runner")]
-
-
-def _opcodes(program) -> list:
-    return [OPCODES_BY_ID[op] for op in program.lowered.code[:, 0]]
-
-
-def _on_the_step_runner(run):
-    """``run()`` with every static graph on the step runner (nothing lowered: what ran before)."""
-    keep = static_program.refusal
-    static_program.refusal = lambda node: "the step runner's run, for comparison"
-    try:
-        return run()
-    finally:
-        static_program.refusal = keep
 
 
 def _decoder(tmp_path, case: str):
@@ -115,18 +98,6 @@ def _while_values() -> tuple[dict, dict]:
             {"h0": rng.normal(size=(ROWS, H))})
 
 
-def _train(model, params, feeds, runner: str = "device", device=None, **switches):
-    """A training pass (``device``: the emulated CUDA device), its loss, gradients and outputs on the host."""
-    cpu, model.device = model.device, device or model.device
-    try:
-        got = model.forward_backward({}, feeds, {k: model.device.asarray(v) for k, v in params.items()},
-                                     RunContext(), options=EngineOptions(runner=runner, **switches))
-    finally:
-        model.device = cpu
-    host = {k: np.asarray(to_host(v)) for k, v in [("loss", got.loss), *got.grads.items(), *got.outputs.items()]}
-    return host, _programs(got), got.static
-
-
 @pytest.mark.parametrize("steps", sorted(LIMITS))
 def test_a_static_while_and_its_gradient_loop_run_in_the_program_equal_to_the_step_runner(cuda_standin, steps):
     params, feeds = _while_values()
@@ -150,38 +121,19 @@ def test_a_static_while_and_its_gradient_loop_run_in_the_program_equal_to_the_st
 def test_a_corrupted_while_count_or_trip_count_is_refused_by_every_runner_naming_it(cuda_standin, opcode, operand,
                                                                                     value, name):
     params, feeds = _while_values()
-    model = _while_model(LIMITS[3])
-    for runner, device, who in RUNNERS:
-        error = issue.IssueCheckError if device else CheckError
-        cuda = Cuda(cuda_standin) if device else None
-        _, (program,), _ = _train(model, params, feeds, runner, cuda, check=True)
-        code = program.lowered.code
-        pc = _opcodes(program).index(opcode)
-        old, code[pc][1 + operand] = int(code[pc][1 + operand]), value
-        try:
-            with pytest.raises(error, match=rf"static graph: task 0, instruction {pc} \({opcode} .*\): "
-                                            rf"(operand {name}|register|buffer)"):
-                _train(model, params, feeds, runner, cuda, check=True)
-        finally:
-            code[pc][1 + operand] = old
+    _refused_when_corrupted(cuda_standin, _while_model(LIMITS[3]), params, feeds, opcode, _operand_set(operand, value),
+                            rf"(operand {name}|register|buffer)")
 
 
 def test_a_trip_count_that_is_not_a_whole_count_is_refused_by_every_runner_naming_it(cuda_standin):
     """The gradient loop's LOOPR pointed at the register of the while's final state (tanh values, not the count
     STEPS wrote): refused before its body runs."""
     params, feeds = _while_values()
-    model = _while_model(LIMITS[3])
-    for runner, device, who in RUNNERS:
-        error = issue.IssueCheckError if device else CheckError
-        cuda = Cuda(cuda_standin) if device else None
-        _, (program,), _ = _train(model, params, feeds, runner, cuda, check=True)
-        code, pc = program.lowered.code, _opcodes(program).index("LOOPR")
-        old, code[pc][4] = int(code[pc][4]), program.lowered.templates[0].reg_names.index("loop.1")
-        try:
-            with pytest.raises(error, match=rf"instruction {pc} \(LOOPR .*\): operand cond"):
-                _train(model, params, feeds, runner, cuda, check=True)
-        finally:
-            code[pc][4] = old
+
+    def loop_state(program, row) -> tuple[int, int]:
+        old, row[4] = int(row[4]), program.lowered.templates[0].reg_names.index("loop.1")
+        return 4, old
+    _refused_when_corrupted(cuda_standin, _while_model(LIMITS[3]), params, feeds, "LOOPR", loop_state, "operand cond")
 
 
 @pytest.mark.parametrize("case", ["at once", "rows apart", "never"])
