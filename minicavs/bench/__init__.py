@@ -130,11 +130,14 @@ def _mode_arguments(p: argparse.ArgumentParser) -> None:
                         "(--repeats, default 3, quick 2), then the same rows' values on the emulated CUDA "
                         "device against the C runner's; writes control.md, summary.md, results.json")
     p.add_argument("--control-rows", nargs="+", default=None, metavar="ROW",
-                   help="rows for --control (default all: foreach_equal foreach_bucketed cond_in_f foreach_in_f "
-                        "while_in_f seq2seq)")
+                   help="rows for --control (default: foreach_equal foreach_bucketed cond_in_f foreach_in_f "
+                        "while_in_f seq2seq); also, this tree against --base alone: batch1_infer (the SST "
+                        "Tree-LSTM, hidden 128, one tree at a time, --sst), batch1_train, batch64_train, "
+                        "seq2seq_predict (greedy decoding)")
     p.add_argument("--base", default="a065f3c", metavar="COMMIT",
-                   help="--control's seq2seq row: the commit its throughput is compared with, checked out into "
-                        "a temporary git worktree and timed alternating with this tree ('none': this tree alone)")
+                   help="--control's rows against a base commit (seq2seq and the rows above): the commit, checked "
+                        "out into a temporary git worktree and timed alternating with this tree, each in fresh "
+                        "processes ('none': this tree alone)")
     p.add_argument("--ed-batch-models", nargs="+", default=None, metavar="MODEL",
                    help="models for --ed-batch (default all eight)")
     p.add_argument("--policy-models", nargs="+", default=None,
@@ -263,17 +266,20 @@ def _padding(args: argparse.Namespace) -> int:
 def _control(args: argparse.Namespace) -> int:
     import shlex
     import sys
-    from .control_flow import QUICK, ROWS, ControlRun, run_control
+    from .control_flow import DEFAULT_ROWS, QUICK, ROWS, TREE_WORKLOADS, ControlRun, run_control
     _positive(args, "repeats")
     unknown = set(args.control_rows or ()) - set(ROWS)
     if unknown:
         raise ConfigError(f"--control-rows: unknown {sorted(unknown)}; known: {', '.join(ROWS)}")
-    rows = tuple(args.control_rows or ROWS)
-    text = _data_file(args.ptb, PTB, "PTB text", "--ptb") if {"foreach_equal", "foreach_bucketed"} & set(rows) else None
+    rows = tuple(args.control_rows or DEFAULT_ROWS)
+    reads = {ROWS[n].workload for n in rows}
+    text = _data_file(args.ptb, PTB, "PTB text", "--ptb") if "var_lstm" in reads else None
+    sst = _data_file(args.sst, SST, "SST", "--sst") if reads & set(TREE_WORKLOADS) else None
     print(run_control(ControlRun(
         Path(args.out), rows, args.repeats or (2 if args.quick else 3), os.path.abspath(text) if text else None,
         None if args.base == "none" else args.base, QUICK if args.quick else {},
-        shlex.join(["minicavs", "bench"] + sys.argv[2:]) if sys.argv[1:2] == ["bench"] else "")))
+        shlex.join(["minicavs", "bench"] + sys.argv[2:]) if sys.argv[1:2] == ["bench"] else "",
+        sst=os.path.abspath(sst) if sst else None)))
     return 0
 
 

@@ -11,6 +11,13 @@ Rows (:data:`ROWS`; workloads in :mod:`.control_models`):
 - ``seq2seq``: seq2seq training, sequences per second, this tree against a base commit (``--base``, default
   a065f3c) checked out into a temporary ``git worktree`` (without a git checkout the row has this tree alone).
 
+Rows run only when named (``--control-rows``), each this tree against the base commit (a change's regression
+check; the default set is :data:`DEFAULT_ROWS`):
+
+- ``batch1_infer``: the SST Tree-LSTM (hidden 128) inferring one tree at a time, time per tree;
+- ``batch1_train`` / ``batch64_train``: its training at batch 1 / 64, trees per second;
+- ``seq2seq_predict``: seq2seq's greedy decoding (``minicavs predict``'s pass), sequences per second.
+
 Protocol: every system of every row timed in a fresh process per round (:mod:`.control_child`: one untimed
 pass, then timed passes, wall and CPU time per unit, the median of the passes), ``repeats`` rounds, each timing
 every row's systems per core (one BLAS thread) and free to use the machine; every other round the rows in reverse
@@ -19,6 +26,9 @@ Targets (:data:`.targets.ROW_TARGETS`) are judged on the per-core CPU-time ratio
 once on the emulated CUDA device (the generated kernels run on the CPU) and, where one is lent, on a GPU: loss
 and gradients equal to the C runner's (float32: ``max|a - b| <= 1e-5 * max(1, max|ref|)`` per array); not a
 speed.
+
+A system named ``base`` runs from the base commit's checkout (its records name the commit, and each run's the
+minicavs it imported); a base commit's numbers are its own, so its values are not checked on the devices.
 
 Writes ``results.json`` (every run, the order, what it ran on), ``control.md`` and ``summary.md``.
 """
@@ -44,6 +54,7 @@ from . import machine_facts as machine, padding, targets
 from .point import ONE_THREAD
 
 BASE = "a065f3c"   # the seq2seq row's base: the commit before control flow ran in the instruction program
+BASE_SYSTEM = "base"   # the system that runs from the base commit's checkout
 MODES = ("per core", "machine")
 CHILD = Path(__file__).with_name("control_child.py")
 LSTM = {"hidden": padding.HIDDEN, "embed": padding.EMBED, "batch": padding.BATCH}   # bench --padding's sizes
@@ -57,6 +68,7 @@ class Row:
     spec: dict             # the workload's sizes and ``passes``
     unit: str              # what one unit's time (or the rate) is reported in
     rate: bool = False     # True: units per second, the ratio system / baseline of rates
+    devices: bool = True   # its values checked on the emulated CUDA device (and a GPU) against the C runner's
 
 
 ROWS = {
@@ -72,31 +84,54 @@ ROWS = {
                         {"loop": "foreach", "hidden": 128, "steps": 8, "batch": 16, "passes": 15}, "ms per step"),
     "while_in_f": Row("while_loop in F vs the same F unrolled (RNN, 8 steps a vertex)", "loop", ("loop", "unrolled"),
                       {"loop": "while", "hidden": 128, "steps": 8, "batch": 16, "passes": 15}, "ms per step"),
-    "seq2seq": Row("seq2seq training, this tree vs the base commit", "seq2seq", ("now", "base"),
+    "seq2seq": Row("seq2seq training, this tree vs the base commit", "seq2seq", ("now", BASE_SYSTEM),
                    {"sequences": 2048, "passes": 3}, "sequences/s", rate=True),
 }
+DEFAULT_ROWS = tuple(ROWS)
+TREE = {"hidden": 128, "data_trees": 1024}   # the sweep's Tree-LSTM (tree_lstm-h128-b1) on SST
+ROWS.update({
+    "batch1_infer": Row("Tree-LSTM batch-1 inference, this tree vs the base commit", "batch1_infer",
+                        ("now", BASE_SYSTEM), {**TREE, "trees": 256, "passes": 3}, "us per tree", devices=False),
+    "batch1_train": Row("Tree-LSTM training at batch 1, this tree vs the base commit", "tree_train",
+                        ("now", BASE_SYSTEM), {**TREE, "trees": 256, "batch": 1, "passes": 2}, "trees/s",
+                        rate=True, devices=False),
+    "batch64_train": Row("Tree-LSTM training at batch 64, this tree vs the base commit", "tree_train",
+                         ("now", BASE_SYSTEM), {**TREE, "trees": 1024, "batch": 64, "passes": 3}, "trees/s",
+                         rate=True, devices=False),
+    "seq2seq_predict": Row("seq2seq greedy decoding (predict, batch 64), this tree vs the base commit",
+                           "seq2seq_predict", ("now", BASE_SYSTEM), {"sequences": 2048, "passes": 3},
+                           "sequences/s", rate=True, devices=False),
+})
+TREE_WORKLOADS = ("batch1_infer", "tree_train")   # the rows' workloads that read SST (``sst``)
 # --quick: smaller workloads, a couple of minutes in all
 QUICK = {"foreach_equal": {"passes": 2}, "foreach_bucketed": {"sentences": 256}, "cond_in_f": {"passes": 5},
-         "foreach_in_f": {"passes": 5}, "while_in_f": {"passes": 5}, "seq2seq": {"sequences": 512, "passes": 2}}
-SCALE = {"ms per step": 1e3, "us per real word": 1e6}
+         "foreach_in_f": {"passes": 5}, "while_in_f": {"passes": 5}, "seq2seq": {"sequences": 512, "passes": 2},
+         "batch1_infer": {"trees": 64, "passes": 2}, "batch1_train": {"trees": 64},
+         "batch64_train": {"trees": 256, "passes": 2}, "seq2seq_predict": {"sequences": 512, "passes": 2}}
+SCALE = {"ms per step": 1e3, "us per real word": 1e6, "us per tree": 1e6}
 
 
 @dataclass
 class ControlRun:
     out: Path
-    rows: tuple = tuple(ROWS)
+    rows: tuple = DEFAULT_ROWS
     repeats: int = 3
     ptb: str | None = None        # the Var-LSTM rows' text (None: minicavs' synthetic corpus)
-    base: str | None = BASE       # the seq2seq row's base commit (None: this tree alone)
+    base: str | None = BASE       # the base commit of the rows with a "base" system (None: this tree alone)
     sizes: dict = field(default_factory=dict)   # row -> spec entries replacing ROWS' (tests, --quick)
     command: str = ""
     log: Callable = print
     notes: list = field(default_factory=list)
+    sst: str | None = None        # the Tree-LSTM rows' SST file (None: minicavs' synthetic treebank)
 
     def spec(self, name: str, system: str) -> dict:
         row = ROWS[name]
         return {**row.spec, **self.sizes.get(name, {}), "workload": row.workload, "system": system,
-                "ptb": self.ptb}
+                "ptb": self.ptb, "sst": self.sst}
+
+    def with_base(self) -> bool:
+        """Whether a row of this run times the base commit."""
+        return any(BASE_SYSTEM in ROWS[n].systems for n in self.rows)
 
 
 def package_root() -> Path:
@@ -139,9 +174,17 @@ def base_tree(commit: str | None, notes: list):
         subprocess.run(["git", "-C", str(repo), "worktree", "remove", "--force", str(where)], capture_output=True)
 
 
-def _tree(name: str, system: str, base: Path | None) -> Path | None:
-    """The tree a system runs from: the base checkout for the seq2seq row's "base", else this package's."""
-    return base if ROWS[name].rate and system == "base" else package_root()
+def _tree(system: str, base: Path | None) -> Path | None:
+    """The tree a system runs from: the base checkout for :data:`BASE_SYSTEM`, else this package's."""
+    return base if system == BASE_SYSTEM else package_root()
+
+
+def commit_of(tree: Path | None) -> str | None:
+    """The commit checked out at ``tree`` (its full hash; None without a tree)."""
+    if tree is None:
+        return None
+    out = subprocess.run(["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True, text=True)
+    return out.stdout.strip() or None
 
 
 def _order(rows: tuple, r: int) -> list[tuple[str, str]]:
@@ -160,7 +203,7 @@ def time_rows(c: ControlRun, base: Path | None) -> tuple[dict, list]:
         c.log(f"round {r + 1}/{c.repeats} (load average {_load()})")
         for mode in MODES:
             for name, system in _order(c.rows, r):
-                tree = _tree(name, system, base)
+                tree = _tree(system, base)
                 got = {"error": "no base checkout"} if tree is None else \
                     run_child(c.spec(name, system), tree, mode == "per core")
                 runs[name][system][mode].append(got)
@@ -239,7 +282,7 @@ def device_rows(c: ControlRun) -> dict:
     for label, device in devices(c).items():
         for name in c.rows:
             for system in ROWS[name].systems:
-                if ROWS[name].rate and system == "base":
+                if system == BASE_SYSTEM or not ROWS[name].devices:
                     continue   # (the base commit's numbers are its own)
                 step = workload(c.spec(name, system), system)
                 (want, c_runners), (got, runners) = step.values(None), step.values(device)
@@ -307,21 +350,27 @@ def device_table(checked: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def conditions(c: ControlRun, facts: dict, load: list) -> str:
+def conditions(c: ControlRun, facts: dict, load: list, base: str | None = None) -> str:
     """How the rows were measured and on what (the paragraph above the tables)."""
     return (f"Medians of {c.repeats} rounds; each round runs every row's systems, each in a fresh process (one "
             f"untimed pass, then timed passes: the process's value is their median), per core (one BLAS thread) "
             f"and free to use the machine, every other round the rows reversed and each row's systems swapped. "
             f"Load average (1/5/15 min) {load[0]} at the start, {load[-1]} at the end, on {os.cpu_count()} "
-            f"cores. " + (f"Var-LSTM text: {c.ptb or 'synthetic'}. " if any(ROWS[n].workload == "var_lstm" for n in
-                                                                        c.rows) else "")
-            + machine.describe(facts) + "\n")
+            f"cores. " + (f"Var-LSTM text: {c.ptb or 'synthetic'}. " if _reads(c, ("var_lstm",)) else "")
+            + (f"Tree-LSTM trees: {c.sst or 'synthetic'}. " if _reads(c, TREE_WORKLOADS) else "")
+            + (f"Base commit: {c.base} ({base}). " if base else "") + machine.describe(facts) + "\n")
+
+
+def _reads(c: ControlRun, workloads: tuple) -> bool:
+    """Whether a row of the run has one of ``workloads``."""
+    return any(ROWS[n].workload in workloads for n in c.rows)
 
 
 def write_reports(c: ControlRun, result: dict) -> str:
     """control.md (the rows, the targets, the device rows) and summary.md; returns control.md's text."""
     judged = targets.judge_rows(ratios_per_core(result["stats"]))
-    text = ("## Control flow (`minicavs bench --control`)\n\n" + conditions(c, result["machine"], result["load"])
+    text = ("## Control flow (`minicavs bench --control`)\n\n"
+            + conditions(c, result["machine"], result["load"], result["base_commit"])
             + "\n" + table(result["stats"]) + "\n### Targets (per core, CPU time)\n\n" + targets.rows_markdown(judged))
     if result["devices"]:
         text += "\n### On the devices (correctness, not speed)\n\n" + device_table(result["devices"])
@@ -339,11 +388,13 @@ def run_control(c: ControlRun) -> str:
     c.out.mkdir(parents=True, exist_ok=True)
     facts, load = machine.facts(), [_load()]
     c.log(machine.describe(facts))
-    with base_tree(c.base if "seq2seq" in c.rows else None, c.notes) as base:
+    with base_tree(c.base if c.with_base() else None, c.notes) as base:
+        commit = commit_of(base)
         runs, order = time_rows(c, base)
     load.append(_load())
     result = {"machine": facts, "load": load, "command": c.command, "repeats": c.repeats, "base": c.base,
-              "order": order, "runs": runs, "stats": summarize(runs), "devices": device_rows(c)}
+              "base_commit": commit, "order": order, "runs": runs, "stats": summarize(runs),
+              "devices": device_rows(c)}
     result["targets"] = targets.judge_rows(ratios_per_core(result["stats"]))
     result["seconds"] = time.perf_counter() - start
     (c.out / "results.json").write_text(json.dumps({**result, "notes": c.notes}, indent=1, default=float) + "\n")

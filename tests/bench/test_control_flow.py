@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 
@@ -36,6 +37,58 @@ def test_the_systems_alternate_round_by_round_per_core_and_on_the_machine(monkey
     assert stats["cond_in_f"]["per core"]["ratio"] == {"wall": 3.0 / 2.0, "cpu": 1.5 / 1.0}
     assert stats["seq2seq"]["machine"]["ratio"]["wall"] == 4.0   # a rate row: the speedup over the base
     assert all(len(runs[n][s][m]) == 2 for n in runs for s in runs[n] for m in control.MODES)
+
+
+def test_the_base_commit_rows_alternate_this_tree_with_the_base_checkout(monkeypatch, tmp_path):
+    """batch1_infer, batch64_train and seq2seq_predict (what two stand-alone alternation scripts measured before):
+    "base" from the base checkout, "now" from this package, swapped and the rows reversed every other
+    round; a time row's ratio is now / base, a rate row's the speedup."""
+    calls = []
+
+    def child(spec, tree, one_thread, timeout=0):
+        calls.append((spec["workload"], spec["system"], tree, one_thread, spec.get("batch")))
+        seconds = {"now": 1.0, "base": 2.0}[spec["system"]]
+        return {"wall": [seconds], "cpu": [seconds], "units": 1.0}
+    monkeypatch.setattr(control, "run_child", child)
+    rows = ("batch1_infer", "batch64_train", "seq2seq_predict")
+    run = control.ControlRun(tmp_path, rows, repeats=2, log=lambda *_: None)
+    assert run.with_base() and not set(rows) & set(control.DEFAULT_ROWS)
+    base = tmp_path / "base"
+    runs, order = control.time_rows(run, base)
+    first = [(n, s) for n in rows for s in ("now", "base")]
+    second = [(n, s) for n in rows[::-1] for s in ("base", "now")]
+    assert order == [[r, m, *run_] for r, runs_ in ((0, first), (1, second)) for m in control.MODES for run_ in runs_]
+    assert {c[2] for c in calls if c[1] == "base"} == {base}
+    assert {c[2] for c in calls if c[1] == "now"} == {control.package_root()}
+    assert {(c[0], c[4]) for c in calls} == {("batch1_infer", None), ("tree_train", 64), ("seq2seq_predict", None)}
+    stats = control.summarize(runs)
+    assert stats["batch1_infer"]["per core"]["ratio"]["cpu"] == 0.5        # time per tree: now / base
+    assert stats["seq2seq_predict"]["per core"]["ratio"]["cpu"] == 2.0     # sequences/s: the speedup
+
+
+def test_a_base_commit_row_names_the_commit_and_times_each_system_in_a_fresh_process(tmp_path):
+    """A tiny batch1_infer (hidden 8, 3 of 16 synthetic trees) against HEAD checked out: the full hash in the
+    results and the table, every run a process of its own importing its tree's minicavs, the BLAS facts in every
+    record, one BLAS thread per core; no device rows for it."""
+    sizes = {"batch1_infer": {"hidden": 8, "data_trees": 16, "trees": 3, "passes": 1}}
+    run = control.ControlRun(tmp_path, ("batch1_infer",), repeats=1, base="HEAD", sizes=sizes, log=lambda *_: None)
+    text = run_control_checked(run)
+    result = json.loads((tmp_path / "results.json").read_text())
+    head = subprocess.run(["git", "-C", str(control.package_root()), "rev-parse", "HEAD"], capture_output=True,
+                          text=True).stdout.strip()
+    assert result["base_commit"] == head and f"Base commit: HEAD ({head})." in text
+    records = {(s, m): result["runs"]["batch1_infer"][s][m][0] for s in ("now", "base") for m in control.MODES}
+    assert all("error" not in r for r in records.values()), records
+    assert len({r["pid"] for r in records.values()} | {os.getpid()}) == 5
+    trees = {s: {r["minicavs"] for (s_, _), r in records.items() if s_ == s} for s in ("now", "base")}
+    assert trees["now"] == {str(control.package_root() / "minicavs")} and len(trees["base"]) == 1
+    assert trees["base"] != trees["now"]
+    for (system, mode), r in records.items():
+        assert r["machine"]["blas"] and r["machine"]["cpu"]["model"] and r["units"] == 3.0
+        if mode == "per core":
+            assert all(b["threads"] == 1 for b in r["machine"]["blas"] if b["threads"] is not None)
+    assert "batch1_infer" not in result["devices"].get("emulated CUDA", {})
+    assert "| batch1_infer: " in text and "us per tree" in text
 
 
 def test_a_tiny_control_run_writes_the_rows_with_the_protocols_fields(tmp_path):
