@@ -90,6 +90,12 @@ def _sweep_arguments(p: argparse.ArgumentParser) -> None:
                    help="run the benchmark as a user's machine does: with every OPENBLAS_*, OMP_* and MKL_* "
                         "variable unset for this command alone (e.g. a forced OPENBLAS_CORETYPE; the per-core "
                         "runs still set one thread)")
+    p.add_argument("--forced-kernel", action="store_true",
+                   help="with --as-user: also time minicavs at the Tree-LSTM headline points (batch 64 at hidden "
+                        "64, 128, 512; batch 1 at hidden 128) with the machine's OPENBLAS_*, OMP_* and MKL_* "
+                        "variables as set (e.g. a forced older kernel), in the same rounds, alternating with the "
+                        "user's runs, as the system \"minicavs (machine's BLAS variables)\"; each record names "
+                        "its kernel, and headline.md has both columns")
 
 
 def _mode_arguments(p: argparse.ArgumentParser) -> None:
@@ -207,7 +213,7 @@ def settings(args: argparse.Namespace):
     data = Data(sst=_data_file(args.sst, SST, "SST", "--sst") if "tree_lstm" in args.models else None,
                 ptb=_data_file(args.ptb, PTB, "PTB text", "--ptb")
                 if {"var_lstm", "fixed_lstm"} & set(args.models) else None, **sizes)
-    return Settings(models=tuple(args.models), quick=args.quick,
+    return Settings(models=tuple(args.models), quick=args.quick, forced=_forced(args),
                     cap=args.cap or (QUICK_CAP if args.quick else FULL_CAP),
                     repeats=args.repeats or (2 if args.quick else 3), data=data, out=Path(args.out),
                     dynet_python=args.dynet_python, torch_python=args.torch_python, inference=args.inference,
@@ -216,6 +222,22 @@ def settings(args: argparse.Namespace):
                     plots=args.plots, engine=engine_settings(args.engine), targets=args.targets,
                     points=tuple(args.points or ()),
                     command=shlex.join(["minicavs", "bench"] + sys.argv[2:]) if sys.argv[1:2] == ["bench"] else "")
+
+
+def _forced(args: argparse.Namespace) -> dict:
+    """``--forced-kernel``'s variables: the machine's (:func:`machine_facts.machine_env`); {} without the flag,
+    or, with a note, on a machine that sets none (its user's runs are the machine's)."""
+    from . import machine_facts as machine
+    if not args.forced_kernel:
+        return {}
+    try:
+        forced = machine.machine_env()
+    except ValueError as e:
+        raise ConfigError(f"--forced-kernel: {e}") from None
+    if not forced:
+        print("--forced-kernel: this machine sets no OPENBLAS_*, OMP_* or MKL_* variable: a user's runs are its "
+              "own, nothing more to time")
+    return forced
 
 
 def as_user(argv: list[str]) -> None:
@@ -285,11 +307,17 @@ def _control(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     import sys
+    modes = [f"--{m.replace('_', '-')}" for m in ("layout", "ed_batch", "padding", "control", "policies")
+             if getattr(args, m)] + (["--step-breakdown"] if args.step_breakdown is not None else [])
+    if args.forced_kernel and modes:
+        raise ConfigError(f"--forced-kernel times the sweeps' Tree-LSTM points, not {modes[0]}")
     if args.as_user:
         if sys.argv[1:2] != ["bench"]:
             raise ConfigError("--as-user reruns the command line: use it from `minicavs bench`, or unset the "
                              "OPENBLAS_*, OMP_* and MKL_* variables before calling Python")
         as_user(sys.argv[2:])
+    elif args.forced_kernel:
+        raise ConfigError("--forced-kernel times the machine's BLAS variables beside a user's runs: add --as-user")
     if args.layout:
         from .layout_table import run_layout
         _positive(args, "layout_hidden")

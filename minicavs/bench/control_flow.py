@@ -200,7 +200,7 @@ def time_rows(c: ControlRun, base: Path | None) -> tuple[dict, list]:
     runs: dict = {n: {s: {m: [] for m in MODES} for s in ROWS[n].systems} for n in c.rows}
     order = []
     for r in range(c.repeats):
-        c.log(f"round {r + 1}/{c.repeats} (load average {_load()})")
+        c.log(f"round {r + 1}/{c.repeats} (load average {machine.load_average()})")
         for mode in MODES:
             for name, system in _order(c.rows, r):
                 tree = _tree(system, base)
@@ -247,13 +247,6 @@ def summarize(runs: dict) -> dict:
             stats[mode] = {"systems": per, "ratio": ratio}
         out[name] = stats
     return out
-
-
-def _load() -> str:
-    try:
-        return "%.1f/%.1f/%.1f" % os.getloadavg()
-    except OSError:
-        return "unknown"
 
 
 # --- the devices: the same workloads, values equal to the C runner's --------------------------------------
@@ -386,12 +379,12 @@ def run_control(c: ControlRun) -> str:
     """Time the rows, check their values on the devices, write results.json and the reports; the text."""
     start = time.perf_counter()
     c.out.mkdir(parents=True, exist_ok=True)
-    facts, load = machine.facts(), [_load()]
+    facts, load = machine.facts(), [machine.load_average()]
     c.log(machine.describe(facts))
     with base_tree(c.base if c.with_base() else None, c.notes) as base:
         commit = commit_of(base)
         runs, order = time_rows(c, base)
-    load.append(_load())
+    load.append(machine.load_average())
     result = {"machine": facts, "load": load, "command": c.command, "repeats": c.repeats, "base": c.base,
               "base_commit": commit, "order": order, "runs": runs, "stats": summarize(runs),
               "devices": device_rows(c)}

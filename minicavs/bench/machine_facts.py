@@ -8,6 +8,7 @@ record says so instead of guessing.
 """
 from __future__ import annotations
 
+import json
 import os
 from typing import Mapping
 
@@ -30,9 +31,32 @@ def blas_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
 
 
 def user_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """``environ`` without those variables: the environment a user's machine runs the benchmark in."""
+    """``environ`` without those variables: the environment a user's machine runs the benchmark in, and
+    (:data:`MACHINE_ENV`) the variables it left out, for :func:`machine_env`."""
     env = os.environ if environ is None else environ
-    return {k: v for k, v in env.items() if not k.startswith(PREFIXES)}
+    kept = {k: v for k, v in env.items() if not k.startswith(PREFIXES)}
+    return {**kept, MACHINE_ENV: json.dumps(machine_env(env))}
+
+
+# where ``minicavs bench --as-user`` keeps the variables it unset (JSON), so that ``--forced-kernel`` can time
+# the machine's own settings beside a user's
+MACHINE_ENV = "MINICAVS_BENCH_MACHINE_ENV"
+
+
+def machine_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The machine's ``OPENBLAS_*`` / ``OMP_*`` / ``MKL_*`` variables: those :func:`user_env` left out when this
+    process was started without them, else those set now. A :data:`MACHINE_ENV` that is not a JSON object of
+    strings is refused, naming it."""
+    env = os.environ if environ is None else environ
+    if MACHINE_ENV not in env:
+        return blas_env(env)
+    try:
+        kept = json.loads(env[MACHINE_ENV])
+    except ValueError:
+        kept = None
+    if not isinstance(kept, dict) or not all(isinstance(v, str) for v in kept.values()):
+        raise ValueError(f"{MACHINE_ENV}: expected a JSON object of strings, got {env[MACHINE_ENV][:80]!r}")
+    return blas_env(kept)
 
 
 def cpu(path: str = "/proc/cpuinfo") -> dict:
@@ -77,6 +101,15 @@ def describe(f: dict) -> str:
     env = ", ".join(f"{k}={v}" for k, v in f["env"].items()) or "none"
     return (f"BLAS: {libs}. CPU: {f['cpu']['model']} ({', '.join(f['cpu']['vector']) or 'no vector flags read'})."
             f" OPENBLAS_*/OMP_*/MKL_* set: {env}.")
+
+
+def load_average() -> str:
+    """The machine's load averages over 1, 5 and 15 minutes ("0.6/0.9/1.1"; "unknown" where the platform
+    keeps none): every record says how busy the machine was while it measured."""
+    try:
+        return "%.1f/%.1f/%.1f" % os.getloadavg()
+    except OSError:
+        return "unknown"
 
 
 def _cpu_level(vector: list) -> int:

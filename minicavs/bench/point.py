@@ -145,12 +145,13 @@ def peak_rss_mb() -> float:
 ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
-def run_in_child(spec: dict, python: str = sys.executable, timeout: float | None = None) -> dict:
-    """:func:`measure_both` in a fresh process; its JSON result plus ``peak_rss_mb`` of that process (over
-    both thread settings, the same samples)."""
+def run_in_child(spec: dict, python: str = sys.executable, timeout: float | None = None,
+                 env: dict | None = None) -> dict:
+    """:func:`measure_both` in a fresh process (``env``: its environment, default this one's); its JSON result
+    plus ``peak_rss_mb`` of that process (over both thread settings, the same samples)."""
     try:
         out = subprocess.run([python, "-m", "minicavs.bench.point", "-"], input=json.dumps(spec), text=True,
-                             capture_output=True, timeout=timeout)
+                             capture_output=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         raise RuntimeError(f"minicavs point {spec['point']} ran longer than {timeout:.0f} s") from None
     if out.returncode:

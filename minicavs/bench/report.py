@@ -24,6 +24,7 @@ COLUMNS = ["sweep", "model", "hidden", "batch", "leaves", "system", "unit", "sam
            "scheduling_frac", "memory_frac", "update_frac", "compute_frac", "construction_frac", "batches",
            "timed_batches", "note"]
 MINICAVS = "minicavs"
+FORCED = "minicavs (machine's BLAS variables)"   # bench --forced-kernel: the machine's OPENBLAS_* etc. as set
 
 
 def spread(values) -> tuple[float, float, float]:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import machine_facts as machine, peers, report, sweep_time, targets
+from . import headline, machine_facts as machine, peers, report, sweep_time, targets
 from .peers import PER_SAMPLE
 from .point import core_rate, measure, run_in_child
 from .sweeps import LABELS, UNITS, Point, both_sweeps, distinct_points, per_sample_points, sweeps
@@ -53,6 +53,7 @@ class Settings:
     points: tuple = ()         # point keys to run (``--points``; default every point of the sweeps)
     work: Path | None = None   # where the peers' handovers are written (a temporary directory of the run)
     handovers: dict = field(default_factory=dict)   # point key -> (peers.prepare's spec, check loss, samples)
+    forced: dict = field(default_factory=dict)      # --forced-kernel: the machine's BLAS variables ({}: off)
 
     def note(self, text: str) -> None:
         self.notes.append(text)
@@ -77,10 +78,7 @@ class Settings:
 
 
 def _load() -> str:
-    try:
-        return "%.1f/%.1f/%.1f (1/5/15 min)" % os.getloadavg()
-    except OSError:
-        return "unknown"
+    return f"{machine.load_average()} (1/5/15 min)"
 
 
 def find_peers(s: Settings) -> dict:
@@ -99,11 +97,12 @@ def find_peers(s: Settings) -> dict:
 
 
 def _ours(s: Settings, point: Point, repeats: int | None = None, samples: int | None = None,
-          breakdown: bool | None = None) -> dict:
+          breakdown: bool | None = None, env: dict | None = None) -> dict:
     """minicavs at ``point`` free to use the machine, then (``per_core``) on one BLAS thread over the same
-    samples, in one child process (:func:`point.measure_both`); it chooses the samples (its epoch cap) when
-    ``samples`` is not given. The breakdown epoch (``breakdown``, default the settings') runs free to use the
-    machine only: the reports show that one. ``wall_s``: the seconds the child took."""
+    samples, in one child process (:func:`point.measure_both`; ``env``: its environment, default this one's);
+    it chooses the samples (its epoch cap) when ``samples`` is not given. The breakdown epoch (``breakdown``,
+    default the settings') runs free to use the machine only: the reports show that one. ``wall_s``: the
+    seconds the child took."""
     spec = {"point": point.as_dict(), "data": asdict(s.data), "repeats": repeats or s.repeats,
             "epoch_cap": s.epoch_cap, "inference": s.inference, "options": dict(s.engine),
             "breakdown": bool(s.breakdown if breakdown is None else breakdown)}
@@ -111,7 +110,7 @@ def _ours(s: Settings, point: Point, repeats: int | None = None, samples: int | 
         spec["samples"] = samples
     start = time.perf_counter()
     try:
-        got = run_in_child(spec, timeout=s.timeout)
+        got = run_in_child(spec, timeout=s.timeout, env=env)
     except Exception as e:   # a failed point is reported in its row, the suite goes on
         got = {"error": f"failed: {str(e).strip().splitlines()[-1][:200]}"}
     got["wall_s"] = time.perf_counter() - start
@@ -130,6 +129,32 @@ def _handover(s: Settings, point: Point, samples: int | None) -> tuple[dict, flo
         directory.mkdir(parents=True, exist_ok=True)
         s.handovers[key] = (peers.prepare(t, limit, str(directory)), peers.check_loss(t, s.check), limit)
     return s.handovers[key]
+
+
+def forced_points(pts: list[Point]) -> list[Point]:
+    """The points of ``pts`` that ``--forced-kernel`` also times with the machine's BLAS variables: the
+    Tree-LSTM targets' (batch 64 at hidden 64, 128, 512; batch 1 at hidden 128), the README's headline."""
+    headline = {t.point for t in targets.TARGETS if t.model == "tree_lstm" and t.point is not None}
+    return [p for p in pts if p in headline]
+
+
+def _minicavs_runs(s: Settings, point: Point, r: int, samples: dict) -> dict:
+    """minicavs at ``point`` in round ``r`` as a user's machine runs it and, at :func:`forced_points` with
+    ``--forced-kernel``, in another fresh process with the machine's BLAS variables (:data:`report.FORCED`):
+    the two in turn, the second first every other round once the samples are known (the first run of a
+    point chooses them). {system: result}, minicavs first."""
+    key = point.key()
+    names = [report.MINICAVS] + ([report.FORCED] if s.forced and forced_points([point]) else [])
+    if r % 2 and samples.get(key):
+        names.reverse()
+    out = {}
+    for name in names:
+        forced = name == report.FORCED
+        out[name] = _ours(s, point, repeats=1, samples=samples.get(key),
+                          breakdown=s.breakdown and r == 0 and not forced,
+                          env={**os.environ, **s.forced} if forced else None)
+        samples.setdefault(key, out[name].get("samples"))
+    return {n: out[n] for n in sorted(out, key=lambda n: n != report.MINICAVS)}
 
 
 def _peers_at(s: Settings, point: Point, ours: dict, labels=None, epochs: int | None = None) -> dict:
@@ -222,8 +247,8 @@ def sweep_points(s: Settings) -> list[Point]:
 def run_rounds(s: Settings, pts: list[Point], labels=None) -> dict:
     """minicavs and the peers (those of ``labels``, default all) at every point of ``pts``, in ``repeats``
     rounds of one timed epoch per system: the points in reverse order every other round, the peers before
-    minicavs at a point every other round, so that a change of the machine's load falls on every system
-    alike. Rates are the medians over the rounds; every round times the samples minicavs' first round
+    minicavs at a point every other round (and minicavs' two runs of ``--forced-kernel`` swapped), so that a
+    change of the machine's load falls on every system alike. Rates are the medians over the rounds; every round times the samples minicavs' first round
     chose. Returns {point key: {system: result}} (also written to results.json after every round)."""
     results: dict = {p.key(): {} for p in pts}
     samples: dict = {}
@@ -234,9 +259,9 @@ def run_rounds(s: Settings, pts: list[Point], labels=None) -> dict:
             key, start = point.key(), time.perf_counter()
             peers_first = bool(r % 2 and samples.get(key))
             systems = _peers_at(s, point, {"samples": samples[key]}, labels, epochs=1) if peers_first else {}
-            ours = _ours(s, point, repeats=1, samples=samples.get(key), breakdown=s.breakdown and r == 0)
-            samples.setdefault(key, ours.get("samples"))
-            systems = {report.MINICAVS: ours, **systems}
+            mine = _minicavs_runs(s, point, r, samples)
+            ours = mine[report.MINICAVS]
+            systems = {**mine, **systems}
             if not peers_first:
                 systems.update(_peers_at(s, point, ours, labels, epochs=1))
             for name, res in systems.items():
@@ -252,8 +277,8 @@ def run_rounds(s: Settings, pts: list[Point], labels=None) -> dict:
 
 def _write_results(s: Settings, results: dict) -> None:
     """results.json: what the run ran on (:mod:`.machine_facts`: BLAS, CPU, variables) and every point's systems."""
-    (s.out / "results.json").write_text(json.dumps({"machine": s.machine, "gemm": s.gemm, "points": results},
-                                                   indent=1, default=str))
+    (s.out / "results.json").write_text(json.dumps({"machine": s.machine, "gemm": s.gemm, "forced": s.forced,
+                                                    "points": results}, indent=1, default=str))
 
 
 def ablation(s: Settings) -> dict:
@@ -321,12 +346,16 @@ def write_reports(s: Settings, results: dict, gemm: tuple, ab: dict, seconds: fl
     table = targets_markdown(s, results, rate)
     if table:
         (s.out / "targets.md").write_text(f"## {TARGETS_TITLE}\n\n" + _conditions(s, gemm) + table)
+    head = headline.markdown({"points": results, "forced": s.forced})
+    if head:
+        (s.out / "headline.md").write_text(f"## {HEADLINE_TITLE}\n\n" + _conditions(s, gemm) + head)
     summary = s.out / "summary.md"
     summary.write_text(summary_markdown(s, sw, results, rate, gemm, ab, seconds))
     return summary
 
 
 TARGETS_TITLE = "Speed targets"
+HEADLINE_TITLE = "The README's Tree-LSTM figures"
 
 
 def targets_markdown(s: Settings, results: dict, rate: float) -> str:
@@ -384,6 +413,9 @@ def summary_markdown(s: Settings, sw: dict, results: dict, rate: float, gemm: tu
     table = targets_markdown(s, results, rate)
     if table:
         lines += [f"## {TARGETS_TITLE}" + (" (over the points measured)" if not s.targets else ""), "", table]
+    head = headline.markdown({"points": results, "forced": s.forced})
+    if head:
+        lines += [f"## {HEADLINE_TITLE}", "", head]
     if ab:
         lines += ["## Speedup of each engine switch over all off (Fig. 10)", "", ablation_markdown(ab)]
     return "\n".join(lines) + "\n"
@@ -473,7 +505,8 @@ def _estimate(s: Settings, pts: list[Point]) -> dict:
     at = per_sample_points(sweeps(s.models, s.quick, s.grid))
     return sweep_time.estimate(pts if s.sweeps else [], s.available, at, repeats=s.repeats, epoch_cap=s.epoch_cap,
                                timed_cap=s.timed_cap, inference=s.inference, ablation_cells=cells,
-                               labels=targets.BATCHED if s.targets else None, load=_stretch())
+                               labels=targets.BATCHED if s.targets else None, load=_stretch(),
+                               forced_at=forced_points(pts) if s.forced else ())
 
 
 def _stretch() -> float:
@@ -489,7 +522,8 @@ def plan_text(s: Settings) -> str:
     pts = run_points(s)
     at = per_sample_points(sweeps(s.models, s.quick, s.grid))
     body = sweep_time.listing(pts, s.available, at, s.epoch_cap, s.timed_cap, s.inference,
-                        targets.BATCHED if s.targets else None, _stretch()) if s.sweeps else "  (no sweeps)"
+                              targets.BATCHED if s.targets else None, _stretch(),
+                              forced_points(pts) if s.forced else ()) if s.sweeps else "  (no sweeps)"
     return f"{body}\n{sweep_time.headline(_estimate(s, pts), s.repeats)}"
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import peers
+from .report import FORCED
 from .sweeps import LABELS, Point
 from .workloads import lstm_lm_flops, tree_fc_flops
 
@@ -62,12 +63,15 @@ class Run:
         return 1 if self.framework == "dynet" else 2
 
 
-def runs(points: list[Point], available, per_sample_at, labels=None) -> list[Run]:
-    """The processes of one round, in order: minicavs then every available peer (``available``: frameworks)
-    at each point, the per-sample peers only at ``per_sample_at``."""
+def runs(points: list[Point], available, per_sample_at, labels=None, forced_at=()) -> list[Run]:
+    """The processes of one round, in order: minicavs (and at ``forced_at`` minicavs with the machine's BLAS
+    variables: ``--forced-kernel``) then every available peer (``available``: frameworks) at each point, the
+    per-sample peers only at ``per_sample_at``."""
     out = []
     for p in points:
         out.append(Run(p, "minicavs", "minicavs"))
+        if p in forced_at:
+            out.append(Run(p, FORCED, "minicavs"))
         for peer in peers.PEERS.get(p.model, ()):
             if peer.framework not in available or (labels is not None and peer.label not in labels):
                 continue
@@ -117,11 +121,11 @@ def batch_seconds(point: Point) -> float:
 
 def estimate(points: list[Point], available, per_sample_at, *, repeats: int, epoch_cap: float,
              timed_cap: float, inference: bool = True, ablation_cells: int = 0, labels=None,
-             load: float = 1.0) -> dict:
+             load: float = 1.0, forced_at=()) -> dict:
     """Seconds of the whole run by part: ``rounds`` (every process of every round), ``handover``, ``gemm``,
     ``ablation``, ``total``; and ``processes``, ``points``, ``load`` (:func:`stretch`'s factor used)."""
-    one = runs(points, available, per_sample_at, labels)
-    first = sum(run_seconds(r, epoch_cap, timed_cap, inference, True, load) for r in one)
+    one = runs(points, available, per_sample_at, labels, forced_at)
+    first = sum(run_seconds(r, epoch_cap, timed_cap, inference, r.system != FORCED, load) for r in one)
     later = sum(run_seconds(r, epoch_cap, timed_cap, inference, False, load) for r in one)
     parts = {"rounds": first + (repeats - 1) * later,
              "handover": load * HANDOVER * len(points) if set(available) else 0.0,
@@ -131,11 +135,11 @@ def estimate(points: list[Point], available, per_sample_at, *, repeats: int, epo
 
 
 def listing(points: list[Point], available, per_sample_at, epoch_cap: float, timed_cap: float,
-            inference: bool = True, labels=None, load: float = 1.0) -> str:
+            inference: bool = True, labels=None, load: float = 1.0, forced_at=()) -> str:
     """One line per point: its processes of a round and their modelled seconds (a later round's)."""
     lines = []
     for p in points:
-        mine = runs([p], available, per_sample_at, labels)
+        mine = runs([p], available, per_sample_at, labels, forced_at)
         secs = sum(run_seconds(r, epoch_cap, timed_cap, inference, load=load) for r in mine)
         names = ", ".join(r.system for r in mine)
         lines.append(f"  {p.key():<26} {LABELS[p.model]:<10} {len(mine)} processes, ~{secs:4.0f} s a round: {names}")

@@ -530,7 +530,7 @@ def test_tiny_targets_run_end_to_end(tmp_path, monkeypatch):
     monkeypatch.setattr(targets.evaluate, "__defaults__", (False, None, tiny))
     monkeypatch.setattr(targets.points, "__defaults__", (False, None, tiny))
     specs, outs = [], []
-    monkeypatch.setattr(suite, "run_in_child", lambda spec, timeout=None: specs.append(dict(spec)) or outs.append(
+    monkeypatch.setattr(suite, "run_in_child", lambda spec, timeout=None, env=None: specs.append(dict(spec)) or outs.append(
         {**point_module.measure_both(spec), "peak_rss_mb": 1.0}) or outs[-1])
     grid = {**FULL, "batch": [4], "hidden": [8, 16], "hidden_at": 8, "batch_at": 4, "leaves": [4], "fc_leaves": 4}
     logged = []
@@ -577,7 +577,7 @@ def test_every_system_of_a_point_is_timed_on_the_samples_minicavs_was(monkeypatc
     from minicavs.bench import suite
     children, runs = [], []
 
-    def child(spec, timeout=None):
+    def child(spec, timeout=None, env=None):
         children.append(spec.get("samples"))
         n = spec.get("samples") or 12
         return {"samples": n, "rates": [1.0], "threads": 2, "per_core": {"samples": n, "threads": 1}}
@@ -613,7 +613,7 @@ def test_rounds_hand_each_point_over_once_cap_every_peer_and_break_down_in_round
     from minicavs.bench import peers as peer_module
     from minicavs.bench import suite
     specs, kws, built = [], [], []
-    monkeypatch.setattr(suite, "run_in_child", lambda spec, timeout=None: specs.append(dict(spec)) or {
+    monkeypatch.setattr(suite, "run_in_child", lambda spec, timeout=None, env=None: specs.append(dict(spec)) or {
         "samples": 12, "rates": [1.0], "per_core": {"samples": 12, "rates": [1.0]}})
     monkeypatch.setattr(suite, "build", lambda point, data: built.append(point.key()) or SimpleNamespace(
         task=SimpleNamespace(data={"train": [0] * 20})))
@@ -681,7 +681,7 @@ def test_every_sweep_alternates_the_systems_round_by_round(monkeypatch, tmp_path
     from minicavs.bench import suite
     calls = []
 
-    def ours(s, point, repeats=None, samples=None, breakdown=None):
+    def ours(s, point, repeats=None, samples=None, breakdown=None, env=None):
         calls.append(("minicavs", point.key(), samples, repeats))
         return {"samples": 12, "rates": [1.0]}
 
@@ -710,9 +710,52 @@ def test_every_sweep_alternates_the_systems_round_by_round(monkeypatch, tmp_path
         assert all(c[2] == 12 for c in got if r or c[0] == "peers")  # minicavs' first round's samples
 
 
+def test_forced_kernel_runs_alternate_with_the_users_at_the_headline_points(monkeypatch, tmp_path):
+    """--forced-kernel: at the Tree-LSTM headline points a second fresh minicavs process with the machine's BLAS
+    variables, after the user's run in round 1 (on its samples, no breakdown) and before it in round 2; the
+    other points once; each record names the kernel its process ran; headline.md has both columns."""
+    from minicavs.bench import suite
+    calls = []
+
+    def child(spec, timeout=None, env=None):
+        kernel = "Haswell" if env and env.get("OPENBLAS_CORETYPE") == "Haswell" else "SkylakeX"
+        calls.append((spec["point"]["hidden"], spec["point"]["batch"], kernel, spec.get("samples"), spec["breakdown"]))
+        assert env is None or env["MINICAVS_TEST_KEPT"] == "yes"   # the rest of the environment as it is
+        rate = {"Haswell": 80.0, "SkylakeX": 100.0}[kernel]
+        machine = {"blas": [{"library": "openblas", "version": "0.3.31", "kernel": kernel, "threads": 2}]}
+        return {"samples": 12, "rates": [rate], "infer_rates": [rate], "machine": machine,
+                "per_core": {"samples": 12, "rates": [rate / 2], "infer_rates": [rate / 2]}}
+
+    def peers_at(s, point, ours, labels=None, epochs=None):
+        return {"DyNet (autobatching)": {"rates": [20.0], "infer_rates": [40.0],
+                                         "per_core": {"rates": [20.0], "infer_rates": [40.0]}}}
+    monkeypatch.setenv("MINICAVS_TEST_KEPT", "yes")
+    monkeypatch.setattr(suite, "run_in_child", child)
+    monkeypatch.setattr(suite, "_peers_at", peers_at)
+    s = Settings(models=("tree_lstm",), quick=False, cap=0.05, repeats=2, data=Data(), out=tmp_path,
+                 forced={"OPENBLAS_CORETYPE": "Haswell"}, plots=False, log=lambda *a: None)
+    pts = [Point("tree_lstm", 128, 64), Point("tree_lstm", 256, 64)]   # a headline point, then one that is not
+    assert set(suite.forced_points(suite.sweep_points(s))) == {Point("tree_lstm", h, 64) for h in (64, 128, 512)} | {
+        Point("tree_lstm", 128, 1)}
+    results = suite.run_rounds(s, pts)
+    assert calls == [(128, 64, "SkylakeX", None, True), (128, 64, "Haswell", 12, False),
+                     (256, 64, "SkylakeX", None, True),
+                     (256, 64, "SkylakeX", 12, False),                                  # round 2: reversed
+                     (128, 64, "Haswell", 12, False), (128, 64, "SkylakeX", 12, False)]
+    forced = results["tree_lstm-h128-b64"][report.FORCED]
+    assert forced["machine"]["blas"][0]["kernel"] == "Haswell" and forced["rates"] == [80.0, 80.0]
+    assert report.FORCED not in results["tree_lstm-h256-b64"]
+    s.gemm = {"machine": [1e11], "core": [5e10]}
+    suite.write_reports(s, results, (1e11, 1e11), {}, 1.0)
+    head = (tmp_path / "headline.md").read_text()
+    assert "per core, machine's BLAS variables (Haswell: OPENBLAS_CORETYPE=Haswell)" in head
+    assert "| training, batch 64, hidden 128 | 2.50x | 5.00x | 2.00x | 4.00x |" in head
+
+
 @pytest.mark.parametrize("argv", [["--cap", "-1"], ["--engine", "nokv"], ["--policies", "--policy-models", "nope"],
                                   ["--policies", "--policy-batches", "0"], ["--layout", "--layout-hidden", "0"],
-                                  ["--policies", "--policy-search", "-1"]])
+                                  ["--policies", "--policy-search", "-1"], ["--forced-kernel"],
+                                  ["--forced-kernel", "--as-user", "--layout"]])
 def test_a_bad_flag_is_one_line_and_exit_2(argv, capsys):
     """Bad command-line input to ``minicavs bench``: one line naming the flag, exit status 2, no traceback."""
     from minicavs.train.cli import main

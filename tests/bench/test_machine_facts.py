@@ -109,3 +109,22 @@ def test_as_user_reruns_the_command_without_the_blas_variables(monkeypatch):
         monkeypatch.delenv(name)
     as_user(["--quick"])   # nothing to unset: runs on, no second process
     assert calls == []
+
+
+def test_as_user_keeps_the_machines_variables_for_the_forced_kernel_runs(monkeypatch):
+    """The rerun's environment lacks the variables but names them in MACHINE_ENV, which machine_env reads back
+    (and keeps across a further user_env); without it machine_env is the variables set now; a MACHINE_ENV that
+    is not a JSON object of strings is refused, naming it."""
+    from minicavs.bench import as_user
+    monkeypatch.setenv("OPENBLAS_CORETYPE", "Haswell")
+    monkeypatch.setenv("OPENBLAS_L2_SIZE", "1048576")
+    calls = []
+    monkeypatch.setattr(os, "execve", lambda path, argv, env: calls.append(env))
+    as_user(["--as-user", "--forced-kernel"])
+    (env,) = calls
+    machine_set = {"OPENBLAS_CORETYPE": "Haswell", "OPENBLAS_L2_SIZE": "1048576"}
+    assert machine.machine_env() == machine_set and not machine.blas_env(env)
+    assert machine.machine_env(env) == machine_set == machine.machine_env(machine.user_env(env))
+    for bad in ("not json", '["OPENBLAS_CORETYPE"]', '{"OPENBLAS_CORETYPE": 5}'):
+        with pytest.raises(ValueError, match=f"^{machine.MACHINE_ENV}: expected a JSON object of strings"):
+            machine.machine_env({machine.MACHINE_ENV: bad})

@@ -94,3 +94,15 @@ def test_an_unknown_point_is_one_line_and_exit_2(capsys):
     assert main(["bench", "--plan", "--models", "tree_fc", "--points", "tree_fc-h7-b1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--points: unknown ['tree_fc-h7-b1']" in err[0] and "tree_fc-h512-b64-l256" in err[0]
+
+
+def test_forced_kernel_runs_are_one_more_minicavs_process_at_their_points_without_the_first_rounds_extras():
+    """--forced-kernel: a second minicavs process at each of ``forced_at`` (no prefix sizing, no breakdown)."""
+    from minicavs.bench.report import FORCED
+    pts = [Point("tree_lstm", 128, 64), Point("tree_lstm", 256, 64)]
+    runs = sweep_time.runs(pts, {}, [], forced_at=pts[:1])
+    assert [(r.point, r.system) for r in runs] == [(pts[0], "minicavs"), (pts[0], FORCED), (pts[1], "minicavs")]
+    plain, forced = (sweep_time.estimate(pts, {}, [], repeats=3, epoch_cap=1.0, timed_cap=3.0, forced_at=at)
+                     for at in ((), pts[:1]))
+    once = sweep_time.run_seconds(runs[1], 1.0, 3.0)
+    assert forced["processes"] == plain["processes"] + 3 and forced["total"] == pytest.approx(plain["total"] + 3 * once)
