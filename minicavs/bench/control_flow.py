@@ -364,7 +364,9 @@ def write_reports(c: ControlRun, result: dict) -> str:
     judged = targets.judge_rows(ratios_per_core(result["stats"]))
     text = ("## Control flow (`minicavs bench --control`)\n\n"
             + conditions(c, result["machine"], result["load"], result["base_commit"])
-            + "\n" + table(result["stats"]) + "\n### Targets (per core, CPU time)\n\n" + targets.rows_markdown(judged))
+            + "\n" + table(result["stats"]))
+    if judged:   # (the rows against a base commit but seq2seq have no target)
+        text += "\n### Targets (per core, CPU time)\n\n" + targets.rows_markdown(judged)
     if result["devices"]:
         text += "\n### On the devices (correctness, not speed)\n\n" + device_table(result["devices"])
     text += "".join(f"\n- {n}" for n in c.notes) + ("\n" if c.notes else "")

@@ -566,6 +566,7 @@ def run_suite(s: Settings) -> Path:
     table = targets_markdown(s, results, float(np.median((m0, m1))))
     if s.targets:
         s.log("\n" + table)
-    s.log(f"\nwrote {s.out}/ (summary.md{', targets.md' if table else ''}, a CSV and a markdown table per "
-          f"sweep) in {(time.perf_counter() - start) / 60:.1f} min")
+    wrote = "".join(f", {f}" for f in ("targets.md", "headline.md") if (s.out / f).is_file())
+    s.log(f"\nwrote {s.out}/ (summary.md{wrote}, a CSV and a markdown table per sweep) in "
+          f"{(time.perf_counter() - start) / 60:.1f} min")
     return summary

@@ -88,7 +88,7 @@ def test_a_base_commit_row_names_the_commit_and_times_each_system_in_a_fresh_pro
         if mode == "per core":
             assert all(b["threads"] == 1 for b in r["machine"]["blas"] if b["threads"] is not None)
     assert "batch1_infer" not in result["devices"].get("emulated CUDA", {})
-    assert "| batch1_infer: " in text and "us per tree" in text
+    assert "| batch1_infer: " in text and "us per tree" in text and "### Targets" not in text   # (none for it)
 
 
 def test_a_tiny_control_run_writes_the_rows_with_the_protocols_fields(tmp_path):
