@@ -42,6 +42,7 @@ QUICK_DATA = {"trees": 256, "fc_trees": 64, "sentences": 500, "windows": 128}
 def add_arguments(p: argparse.ArgumentParser) -> None:
     _sweep_arguments(p)
     _mode_arguments(p)
+    _control_arguments(p)
 
 
 def _sweep_arguments(p: argparse.ArgumentParser) -> None:
@@ -128,22 +129,6 @@ def _mode_arguments(p: argparse.ArgumentParser) -> None:
                         "its own length) against the chain graph, each with shuffled and length-bucketed batches "
                         "(train.order), training time per real word on --ptb (--sentences, --repeats: alternating "
                         "epochs, medians); writes padding.md/.json")
-    p.add_argument("--control", action="store_true",
-                   help="instead of the sweeps: control flow's speed rows (minicavs.bench.control_flow: the foreach "
-                        "Var-LSTM vs the chain graph on equal-length and on bucketed PTB sentences, a cond, a "
-                        "foreach and a while_loop in F vs F without them, seq2seq training vs --base), each "
-                        "system in a fresh process per round, alternating, per core and on the machine "
-                        "(--repeats, default 3, quick 2), then the same rows' values on the emulated CUDA "
-                        "device against the C runner's; writes control.md, summary.md, results.json")
-    p.add_argument("--control-rows", nargs="+", default=None, metavar="ROW",
-                   help="rows for --control (default: foreach_equal foreach_bucketed cond_in_f foreach_in_f "
-                        "while_in_f seq2seq); also, this tree against --base alone: batch1_infer (the SST "
-                        "Tree-LSTM, hidden 128, one tree at a time, --sst), batch1_train, batch64_train, "
-                        "seq2seq_predict (greedy decoding)")
-    p.add_argument("--base", default="a065f3c", metavar="COMMIT",
-                   help="--control's rows against a base commit (seq2seq and the rows above): the commit, checked "
-                        "out into a temporary git worktree and timed alternating with this tree, each in fresh "
-                        "processes ('none': this tree alone)")
     p.add_argument("--ed-batch-models", nargs="+", default=None, metavar="MODEL",
                    help="models for --ed-batch (default all eight)")
     p.add_argument("--policy-models", nargs="+", default=None,
@@ -160,6 +145,26 @@ def _mode_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy-repeats", type=int, default=None, metavar="N",
                    help="with --policies: timed passes per policy for the throughput (alternating; the median "
                         "is reported; default 3, 2 with --quick)")
+
+
+def _control_arguments(p: argparse.ArgumentParser) -> None:
+    """``--control``'s: its rows and the base commit some of them compare with."""
+    p.add_argument("--control", action="store_true",
+                   help="instead of the sweeps: control flow's speed rows (minicavs.bench.control_flow: the foreach "
+                        "Var-LSTM vs the chain graph on equal-length and on bucketed PTB sentences, a cond, a "
+                        "foreach and a while_loop in F vs F without them, seq2seq training vs --base), each "
+                        "system in a fresh process per round, alternating, per core and on the machine "
+                        "(--repeats, default 3, quick 2), then the same rows' values on the emulated CUDA "
+                        "device against the C runner's; writes control.md, summary.md, results.json")
+    p.add_argument("--control-rows", nargs="+", default=None, metavar="ROW",
+                   help="rows for --control (default: foreach_equal foreach_bucketed cond_in_f foreach_in_f "
+                        "while_in_f seq2seq); also, this tree against --base alone: batch1_infer (the SST "
+                        "Tree-LSTM, hidden 128, one tree at a time, --sst), batch1_train, batch64_train, "
+                        "seq2seq_predict (greedy decoding)")
+    p.add_argument("--base", default="a065f3c", metavar="COMMIT",
+                   help="--control's rows against a base commit (seq2seq and the rows above): the commit, checked "
+                        "out into a temporary git worktree and timed alternating with this tree, each in fresh "
+                        "processes ('none': this tree alone)")
 
 
 def _data_file(given: str | None, default: str, what: str, flag: str) -> str | None:
