@@ -178,6 +178,8 @@ class BufferTable:
             self.clear(i)
 
 
+# the task rows for which a static may get a transposed twin (SMALL_M_ROWS)
+_FEW_ROWS = frozenset(range(2, SMALL_M_ROWS + 1))
 # buffer keys whose arrays outlive a batch: the workspace's buffers, the statics (parameters, mostly)
 PERSISTENT = ("tensor", "btensor", "scatter", "sgrad", "fixed", "scratch", "static")
 
@@ -200,17 +202,18 @@ def run(program, clock: np.ndarray | None = None) -> None:
     max_bs = max(rows, default=0)
     streaming = eager is not None and len(eager) > 0
     multi = _multi_rows(program, rows) * _product_repeats(lowered) if max_bs > 1 else 0
-    entries = _bind_entries(program, bound, ex, library(program.dtype) if multi >= CONTIGUOUS_STATICS_ROWS else None,
-                            multi >= PACKED_STATICS_ROWS, library(program.dtype) if max_bs > 1 else None,
-                            not set(range(2, SMALL_M_ROWS + 1)).isdisjoint(rows))
+    lib = library(program.dtype) if max_bs > 1 else None
+    entries = _bind_entries(program, bound, ex, lib if multi >= CONTIGUOUS_STATICS_ROWS else None,
+                            multi >= PACKED_STATICS_ROWS, lib, not _FEW_ROWS.isdisjoint(rows))
     twin_cols = entries.twin_cols
     tmp_rows = _twin_rows(program, max_bs, twin_cols)
     scratch = program.bound.scratch
     clock_ptr = ffi.NULL if clock is None else ex.ptr(clock)
     p = ex.ptr
-    if lowered not in _POINTERS:   # the program's own arrays: fixed, so their addresses are taken once
-        _POINTERS[lowered] = (p(lowered.code), p(lowered.pool), p(lowered.ranges), p(lowered.kernels))
-    code, pool, ranges, kernels = _POINTERS[lowered]
+    pointers = _POINTERS.get(lowered)
+    if pointers is None:   # the program's own arrays: fixed, so their addresses are taken once
+        pointers = _POINTERS[lowered] = (p(lowered.code), p(lowered.pool), p(lowered.ranges), p(lowered.kernels))
+    code, pool, ranges, kernels = pointers
     row = bound.row
     check = int(program.check)   # (the debug mode: every operand bounds-checked, a failure reported, not a crash)
     if streaming:
@@ -247,13 +250,15 @@ def _bind_entries(program, bound: BufferTable, ex, copier, pack: bool = False, s
                        read_as_b if few_rows else frozenset())
     task_keys = program.lowered.task_keys
     last, persistent, slots, from_buffer = bound.last, bound.persistent, bound.slots, ex.ffi.from_buffer
+    values, n = bound.values, bound.n
+    n2, n3 = 2 * n, 3 * n
     for i, operand in enumerate(program.operands):
         if operand is None:   # (a block's own buffer, and no block runs: no address may stay)
             if bound.held[i] is not None:
                 bound.clear(i)
         elif not persistent[i]:   # (a batch's own array: addressed every run, zeroed after it)
             slots[i] = from_buffer(operand.array)
-            bound.write(i, operand.elements, operand.ld, operand.transposed)
+            values[n + i], values[n2 + i], values[n3 + i] = operand.elements, operand.ld, operand.transposed
         elif last[i] is None or last[i]() is not operand or (operand.kind == "static" and entries.per_run(i, operand)
                                                              and (copier is not None or spare is not None
                                                                   and _read_only(operand.source))):

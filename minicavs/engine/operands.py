@@ -48,7 +48,7 @@ class _Memo:
     same and no dynamic tensor has allocated a buffer since: then every memo lets go of them, so a program that does
     not run again keeps no outgrown buffer alive)."""
 
-    __slots__ = ("kinds", "entries", "widest", "stamp", "tensors", "statics")
+    __slots__ = ("kinds", "entries", "widest", "stamp", "tensors", "statics", "getters")
 
     def __init__(self, lowered):
         self.kinds = [key[0] for key in lowered.keys]
@@ -58,6 +58,18 @@ class _Memo:
         self.widest = max((key[1].shape[1] for key in task_keys if key[0] == "static"
                            and len(getattr(key[1], "shape", ())) == 2 and key[1].shape[1] is not None), default=0)
         self.stamp, self.tensors, self.statics = None, {}, {}
+        self.getters: dict = {}   # type of the buffers mapping -> per entry (function, its arguments)
+
+    def getters_for(self, buffers) -> list:
+        """Per entry, how ``buffers`` looks its key up: ``type(buffers).getter(key)`` (the resolving method and its
+        arguments, skipping ``buffers[key]``'s dispatch on the key's first item) where the mapping offers it."""
+        kind = type(buffers)
+        found = self.getters.get(kind)
+        if found is None:
+            getter = getattr(kind, "getter", None)
+            found = self.getters[kind] = [getter(key) if getter is not None else (kind.__getitem__, (key,))
+                                          for _, key, _, _ in self.entries]
+        return found
 
 
 _MEMOS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # lowered program -> its _Memo
@@ -97,15 +109,15 @@ def bind_operands(lowered, table: np.ndarray, buffers, dtype, device, eager: np.
     spare = min(max(rows, default=0), device.spare_product_rows) * memo.widest
     statics, append = memo.statics, operands.append
     host_index = xp is np
-    for i, key, what, code in memo.entries[:task_keys]:
+    for (i, key, what, code), (get, args) in zip(memo.entries[:task_keys], memo.getters_for(buffers)):
         if code == STATIC:
-            a = buffers[key]
+            a = get(buffers, *args)
             known = statics.get(i)
             if known is None or known.source is not a:
                 known = statics[i] = _static(a, xp)
             append(known)
         elif code == INDEX and host_index:   # (the CPU reads a plan's int64 rows as they are)
-            a = buffers[key]
+            a = get(buffers, *args)
             if type(a) is np.ndarray and a.dtype is INDEX_DTYPES[what] and a.ndim == 1 and a.flags.c_contiguous:
                 append(Operand(what, a, a.size, a.size, 0, a))
             else:
@@ -116,7 +128,7 @@ def bind_operands(lowered, table: np.ndarray, buffers, dtype, device, eager: np.
             append(_arena(kept, i, what, buffers[("arena", what, scratch + spare if what == "scratch"
                                                   else lowered.fixed_size)], xp))
         else:
-            a = buffers[key]
+            a = get(buffers, *args)
             if what == "pgrad":
                 add_accumulators(gradients, key, a)
             append(_resolved(what, a, device))

@@ -398,6 +398,13 @@ class Buffers:
     def __getitem__(self, key: tuple):
         return _BY_WHAT[key[0]](self, *key[1:])
 
+    @staticmethod
+    def getter(key: tuple) -> tuple:
+        """(the function resolving ``key``, its arguments after the buffers): what ``buffers[key]`` calls, found
+        once per program's entry by the binder (operands.py) instead of at every batch."""
+        found = _BY_WHAT.get(key[0])
+        return (Buffers.__getitem__, (key,)) if found is None else (found, key[1:])
+
     def _static(self, node, kind_id):
         value = self.state.statics[kind_id].get(node)
         return self.head[("static", node, kind_id)] if value is None else value

@@ -169,3 +169,30 @@ def test_on_the_emulated_device_the_engine_asks_only_what_the_protocol_lists(cud
     for state in b.states.values():
         assert state.program.runner == ("cuda runner" if from_c else "reference runner")
     assert not got.model.device.outside, got.model.device.outside
+
+
+def test_the_binders_getters_resolve_every_key_as_the_lookup_does(tmp_path):
+    """The binder finds, once per program, how each entry's key is resolved (Buffers.getter: the method and its
+    arguments, without the per-batch dispatch on the key); each resolves to what ``buffers[key]`` gives, for F and ∂F
+    (the linked head's keys included); a mapping without ``getter`` is looked up by key; a key no method resolves
+    (an arena's) falls back to the lookup itself."""
+    from minicavs.engine.operands import _memo
+    t = trainer("tree_lstm", tmp_path)
+    result = t.loss_and_grads(t.task.data["train"][:3])
+    state = result.states[next(iter(result.states))]
+    for program in (state.program, state.backward_program):
+        buffers = program.buffers
+        getters = _memo(program.lowered, state.workspace).getters_for(buffers)
+        assert len(getters) == len(program.lowered.keys)
+        for key, (get, args) in zip(program.lowered.keys, getters):
+            if key[0] in ("scratch", "fixed", "pgrad", "dropout"):   # (made per call: compared by what they are)
+                continue
+            want, got = buffers[key], get(buffers, *args)
+            want, got = (want, got) if type(want) is tuple else ((want,), (got,))   # ((buffer, elements): a prefix)
+            assert len(got) == len(want), key
+            for x, y in zip(got, want):
+                assert type(x) is type(y) and (x is y or np.array_equal(x, y)), key
+    assert binding.Buffers.getter(("fixed",)) == (binding.Buffers.__getitem__, (("fixed",),))
+    plain = {("child", 0, 1): np.arange(3)}
+    get, args = _memo(state.program.lowered, None).getters_for(plain)[0]
+    assert get is dict.__getitem__ and args == (state.program.lowered.keys[0],)
