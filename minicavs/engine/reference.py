@@ -358,7 +358,8 @@ def op_skip_if_cat(m: Machine, n, forest) -> int:
 
 
 def op_take(m: Machine, dst, buf, width, idx, cols, off) -> None:
-    """dst (scratch) = rows idx of ``buf`` (first ``cols`` columns; -1: zeros): a pull, a push gradient."""
+    """dst (scratch) = rows idx of ``buf`` (first ``cols`` columns; -1: zeros): a pull, a push gradient. (The C
+    runner points dst at whole rows that follow one another instead: the same numbers, no copy.)"""
     rows = m.take_rows(buf, width, idx, 0, cols)
     m.set(dst, *m.scratch(off, cols))
     m.matrix(dst, m.bs, cols)[...] = rows

@@ -56,3 +56,49 @@ def test_products_in_row_blocks_give_one_calls_and_the_reference_runners_numbers
         ex.lib.mc_set_small_mnk(ex.small_mnk)
     _same(blocks, one_call)
     _same(blocks, reference)
+
+
+class _NaNScratch(dict):
+    """A hand-written program's buffers; its scratch arena made on first use, full of NaN, and kept."""
+
+    def __init__(self, buffers: dict, dtype):
+        super().__init__(buffers)
+        self.dtype, self.scratch = dtype, None
+
+    def __missing__(self, key):
+        assert key[0] == "arena", key
+        self.scratch = np.full(max(1, key[2]), np.nan, self.dtype)
+        return self.scratch
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("rows, cols, in_place", [
+    ([2, 3, 4, 5], 3, True), ([0], 3, True), ([0, 1, 2, 3, 4, 5, 6], 3, True),   # whole rows, one after another
+    ([2, 4, 5, 6], 3, False), ([3, 2, 4, 5], 3, False), ([4, 4, 5], 3, False),    # a gap, out of order, twice
+    ([-1, 0, 1, 2], 3, False), ([0, 1, 2, -1], 3, False),                         # a missing row (zeros)
+    ([2, 3, 4, 5], 2, False)])                                                    # the first columns only
+def test_take_reads_consecutive_whole_rows_where_they_lie(dtype, rows, cols, in_place):
+    """TAKE (a pull, a push gradient) of whole rows that follow one another points its register at them: its
+    scratch rows, NaN before the run, stay NaN (Tree-FC's leaves pull their inputs so; no copy). Other rows are
+    copied into scratch. Either way a COPY of the register writes numpy's rows (zeros for -1) on the C runner,
+    with and without its check mode, and on the reference runner (which always copies)."""
+    from minicavs.cpu import CPU, c_runner
+    from minicavs.engine import reference
+    from minicavs.engine.program import BatchProgram
+    from dataclasses import replace
+    from ..engine.test_reference import _program
+    x = np.random.default_rng(len(rows) * 10 + cols).standard_normal((7, 3)).astype(dtype)
+    idx = np.array(rows, np.int64)
+    keys = [("tensor", "X", 0), ("pullrows", "x", 0), ("tensor", "Y", 0)]
+    program = replace(_program([("TAKE", 0, 0, 3, 1, cols, 0), ("BIND", 1, 2, 1, 0, 3), ("COPY", 1, 0, -1, cols)],
+                               keys, 2), scratch_cols=cols)
+    table = np.array([[0, 0, len(idx), 0, -1]], np.int64)
+    want = np.zeros((len(idx), 3), dtype)
+    want[:, :cols] = np.where(idx[:, None] >= 0, x[np.maximum(idx, 0), :cols], 0)
+    for run, check in ((c_runner.run, False), (c_runner.run, True), (reference.run, False)):
+        buffers = _NaNScratch({keys[0]: x.copy(), keys[1]: idx, keys[2]: np.zeros((len(idx), 3), dtype)}, dtype)
+        run(BatchProgram.of(program, table, buffers, dtype, CPU, check=check))
+        np.testing.assert_array_equal(buffers[keys[2]], want)
+        np.testing.assert_array_equal(buffers[keys[0]], x)
+        if run is c_runner.run:
+            assert np.isnan(buffers.scratch[:len(idx) * cols]).all() == in_place, (run, check)

@@ -176,6 +176,12 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
                 const int64_t width = a[2], cols = a[4];
                 const T *src = (const T *)base[a[1]];
                 const int64_t *idx = (const int64_t *)base[a[3]] + task_row;
+                if (cols == width && bs > 0 && idx[0] >= 0) {{   /* whole rows, consecutive: a view (a pull of
+                                                                    a block's leaves in order), no copy */
+                    int64_t r = 1;
+                    while (r < bs && idx[r] == idx[0] + r) r++;
+                    if (r == bs) {{ SET(a[0], FBASE(a[1]) + idx[0] * width, width, 0, a[1]); break; }}
+                }}
                 T *dst = scratch + a[5] * bs;
                 for (int64_t r = 0; r < bs; r++) {{
                     if (idx[r] == -1) {{ memset(dst + r * cols, 0, (size_t)cols * sizeof(T)); continue; }}
