@@ -130,7 +130,7 @@ def _mode_arguments(p: argparse.ArgumentParser) -> None:
                         "(--repeats, default 3, quick 2), then the same rows' values on the emulated CUDA "
                         "device against the C runner's; writes control.md, summary.md, results.json")
     p.add_argument("--control-rows", nargs="+", default=None, metavar="ROW",
-                   help="rows for --control (default all: foreach_equal foreach_bucketed cond_in_f foreach_in_f "
+                   help="rows for --control (default all: foreach_equal foreach_bucketed foreach_padded cond_in_f foreach_in_f "
                         "while_in_f seq2seq)")
     p.add_argument("--base", default="a065f3c", metavar="COMMIT",
                    help="--control's seq2seq row: the commit its throughput is compared with, checked out into "
@@ -269,7 +269,8 @@ def _control(args: argparse.Namespace) -> int:
     if unknown:
         raise ConfigError(f"--control-rows: unknown {sorted(unknown)}; known: {', '.join(ROWS)}")
     rows = tuple(args.control_rows or ROWS)
-    text = _data_file(args.ptb, PTB, "PTB text", "--ptb") if {"foreach_equal", "foreach_bucketed"} & set(rows) else None
+    var_lstm_rows = {"foreach_equal", "foreach_bucketed", "foreach_padded"}
+    text = _data_file(args.ptb, PTB, "PTB text", "--ptb") if var_lstm_rows & set(rows) else None
     print(run_control(ControlRun(
         Path(args.out), rows, args.repeats or (2 if args.quick else 3), os.path.abspath(text) if text else None,
         None if args.base == "none" else args.base, QUICK if args.quick else {},
