@@ -53,8 +53,6 @@ def loops(t: Template, step, ints: bool = False) -> bool:
     test = dict(f.bodies).get("cond")
     if f.counted and test is None and _trip_count(t, step) is None:
         return False
-    if row_trips.per_row(node) and row_trips.refusal(node, step.inputs) is not None:
-        return False
     if test is not None and (test.outputs[0].dtype != node.dtype or test.outputs[0].has_rows):
         return False
     if any(x in t.literals and not (f.iterated <= i < f.iterated + f.states and _zero(x))
@@ -327,12 +325,15 @@ def _results(t: Template, node: Node, f, body) -> dict:
 
 def _shapes(f, body) -> list:
     """Per result of the loop (its outputs, final states, a while_loop's count, saved states): (has rows, rows,
-    columns) of its memory."""
+    columns) of its memory: a stacked per-row value's rows of its steps side by side, a stacked one-row value's
+    steps as rows (its items' (steps, ...) shape)."""
+    def stacked(v: Node) -> tuple:
+        return (True, _rows(v), f.length * _cols(v)) if v.has_rows else (False, f.length * _rows(v), _cols(v))
     states = body.args[f.iterated:f.iterated + f.states]
-    shapes = [(o.has_rows, _rows(o), f.length * _cols(o)) for o in body.outputs[:f.outputs]]
+    shapes = [stacked(o) for o in body.outputs[:f.outputs]]
     shapes += [(p.has_rows, _rows(p), _cols(p)) for p in states]
     shapes += [(False, 1, 1)] * (_first_saved(f) - f.outputs - f.states)   # (a while_loop's count: STEPS's)
-    return shapes + ([(p.has_rows, _rows(p), f.length * _cols(p)) for p in states] if f.saves else [])
+    return shapes + ([stacked(p) for p in states] if f.saves else [])
 
 
 def _carried(t: Template, step, f, body, results: dict, carried: list, prefix=None) -> dict:

@@ -10,7 +10,7 @@ finished row does no work: its states stay as they were, its output blocks as th
 nothing to a sum over the rows (a loop's gradient's parameter gradients). After the loop its per-row results are
 put back in the rows' order (ROWPERM by the inverse order). The tables are made on the host from the lengths
 when bound, checked there (one per row, each in [0, length]); every runner checks the active-row table again
-where it reads it. A loop that sums over its rows and is no loop's gradient is declined (the step runner runs it).
+where it reads it.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import numpy as np
 
 from ..ir.graph import Node
 from ..ops.row_steps import checked_row_trips
-from ..ops.flow import flow, is_loop
+from ..ops.flow import flow
 from .lowered import Template
 
 LONGEST, ORDER, ACTIVE = "longest", "roworder", "rowsactive"
@@ -42,24 +42,6 @@ def unread_past_run(node: Node) -> frozenset:
     first_saved = f.outputs + f.states
     return frozenset(range(f.outputs - residuals, f.outputs)) | frozenset(range(first_saved,
                                                                                first_saved + f.states))
-
-
-def refusal(node: Node, inputs) -> str | None:
-    """Why a per-row loop is not lowered as masks (None: it is): one that sums over its rows and is no other
-    loop's gradient (its cotangents unknown)."""
-    f = flow(node)
-    body = f.bodies[0][1]
-    sums = [p for p in body.args[f.iterated:f.iterated + f.states] if not p.has_rows]
-    sums += [o for o in body.outputs[:f.outputs] if not o.has_rows]
-    if sums and not _saved(inputs, f):
-        return "a loop with a trip count per row that sums over its rows (not a loop's gradient)"
-    return None
-
-
-def _saved(inputs, f) -> set:
-    """The iterated inputs of a loop's gradient that are its forward loop's saved states (items of a loop;
-    empty: ``inputs`` are no loop's gradient's)."""
-    return {x for x in inputs[:f.iterated] if x.inputs and is_loop(x.inputs[0])}
 
 
 class Prefix:

@@ -121,3 +121,35 @@ def test_a_row_order_out_of_range_is_refused_in_check_mode_by_every_runner(cuda_
                                   ("device", Cuda(cuda_standin), issue.IssueCheckError)]:
         with pytest.raises(error, match=r"\(ROWPERM .*\): operand idx"):
             _on(_lm_rows(), params, feeds, device, runner=runner, check=True)
+
+
+def _summing() -> Model:
+    """A per-row loop that also sums over its rows (a carried value without the row axis: each step adds the
+    column sums of the running rows' states), which is no loop's gradient."""
+    W, U = ops.param_node("W", (D, H), F64), ops.param_node("U", (H, H), F64)
+    x, h0 = ops.input((None, T, D), "float64", name="x"), ops.input((None, H), "float64", name="h0")
+    steps, total = ops.input((None,), "int64", name="steps"), ops.input((H,), "float64", name="total")
+
+    def body(inputs, states):
+        h = ops.tanh(inputs[0] @ W + states[0] @ U)
+        return [h], [h, states[1] + ops.sum(h, axis=0)]
+    _, (h, summed) = C.foreach(body, [x], [h0, total], steps=steps, name="summing")
+    return Model([], loss=ops.sum(h * summed) + ops.sum(h * h), outputs={"summed": summed, "h": h})
+
+
+def test_a_per_row_loop_summing_over_its_rows_runs_in_the_program(cuda_standin):
+    """Its finished rows add nothing to the sum (they do not run), so the program takes it: equal to the step
+    runner on every runner and to finite differences (it was declined while finished rows were masked)."""
+    model = _summing()
+    params, feeds = _values(UNSORTED)
+    params, feeds = {k: params[k] for k in ("W", "U")}, {k: feeds[k] for k in ("x", "h0", "steps")}
+    feeds["total"] = np.linspace(-1.0, 1.0, H)
+    want = _on_the_step_runner(_summing(), params, feeds)
+    for runner, device in [("reference", None), ("device", None), ("device", Cuda(cuda_standin))]:
+        got = _on(model, params, feeds, device, runner=runner, check=True)
+        if device is not None:
+            got.outputs = {k: np.asarray(device.to_host(v)) for k, v in got.outputs.items()}
+        (program,) = _programs(got)
+        assert "ROWS" in _opcodes(program) and not any(run.left for run in got.static), program.runner
+        _close(got, want, program.runner)
+    check_model_grads(model, {}, feeds, params, directions=2)
