@@ -398,5 +398,6 @@ def lower_item(t: Template, step) -> bool:
     else:
         t.emit("ALIAS", t.reg(node), value)
     # (a per-row loop's result kept in its sorted order too: row_trips.Prefix)
-    t.sorted.update({(order, t.regs[node]): copy for (order, r), copy in list(t.sorted.items()) if r == value})
+    t.sorted.update({(guard, order, t.regs[node]): copy for (guard, order, r), copy in list(t.sorted.items())
+                     if r == value})
     return True

@@ -61,10 +61,10 @@ class Prefix:
     def sorted(self, reg: int, cols: int, name: str = "x") -> int:
         """A copy of per-row value ``reg`` (``cols`` numbers a row) with its rows longest first: the one made
         for an earlier loop over the same lengths where there is one (``t.sorted``: a static program writes a
-        value once; a gradient's loop reads its forward's inputs and saved states)."""
-        out = self.t.sorted.get((self.order, reg))
+        value once; a gradient's loop reads its forward's inputs and saved states; under the same branches)."""
+        out = self.t.sorted.get((self.t.guard, self.order, reg))
         if out is None:
-            out = self.t.sorted[self.order, reg] = self._scratch(cols, f"{name} sorted")
+            out = self.t.sorted[self.t.guard, self.order, reg] = self._scratch(cols, f"{name} sorted")
             self.t.emit("ROWPERM", out, reg, self.order, cols)
         return out
 
@@ -78,7 +78,7 @@ class Prefix:
             mine[i] = self._scratch(cols, "result sorted") if has_rows else reg
             if has_rows:
                 self.back.append((reg, mine[i], cols, i not in unread))
-                self.t.sorted[self.order, reg] = mine[i]
+                self.t.sorted[self.t.guard, self.order, reg] = mine[i]
         return mine
 
     def step(self, order: tuple) -> None:
