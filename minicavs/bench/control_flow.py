@@ -6,6 +6,9 @@ Rows (:data:`ROWS`; workloads in :mod:`.control_models`):
   length (no padding), time per training step;
 - ``foreach_bucketed``: the same on PTB sentences, the foreach's batches bucketed by length (``train.order:
   bucket``), the chain graph's shuffled, time per real word;
+- ``foreach_padded``: the same, both shuffled: the foreach's batches padded to their longest sentence (a loop
+  with a trip count per row runs each step over the rows still running: its time per real word should approach
+  the bucketed one's);
 - ``cond_in_f``: an LSTM chain whose F holds a ``cond`` against the same F without it, time per step;
 - ``foreach_in_f`` / ``while_in_f``: a ``foreach`` (``while_loop``) in F against the same F unrolled;
 - ``seq2seq``: seq2seq training, sequences per second, this tree against a base commit (``--base``, default
@@ -78,6 +81,9 @@ ROWS = {
     "foreach_bucketed": Row("foreach Var-LSTM (bucketed) vs the chain graph (shuffled), PTB", "var_lstm",
                             ("foreach, bucketed", "chain graph"),
                             {**LSTM, "sentences": 1000, "per": "word", "passes": 1}, "us per real word"),
+    "foreach_padded": Row("foreach Var-LSTM (shuffled: padded) vs the chain graph (shuffled), PTB", "var_lstm",
+                          ("foreach", "chain graph"),
+                          {**LSTM, "sentences": 1000, "per": "word", "passes": 1}, "us per real word"),
     "cond_in_f": Row("LSTM chain, a cond in F vs the same F without it", "cond", ("cond", "plain"),
                      {"hidden": 128, "batch": 32, "passes": 15}, "ms per step"),
     "foreach_in_f": Row("foreach in F vs the same F unrolled (RNN, 8 steps a vertex)", "loop", ("loop", "unrolled"),
@@ -104,7 +110,8 @@ ROWS.update({
 })
 TREE_WORKLOADS = ("batch1_infer", "tree_train")   # the rows' workloads that read SST (``sst``)
 # --quick: smaller workloads, a couple of minutes in all
-QUICK = {"foreach_equal": {"passes": 2}, "foreach_bucketed": {"sentences": 256}, "cond_in_f": {"passes": 5},
+QUICK = {"foreach_equal": {"passes": 2}, "foreach_bucketed": {"sentences": 256},
+         "foreach_padded": {"sentences": 256}, "cond_in_f": {"passes": 5},
          "foreach_in_f": {"passes": 5}, "while_in_f": {"passes": 5}, "seq2seq": {"sequences": 512, "passes": 2},
          "batch1_infer": {"trees": 64, "passes": 2}, "batch1_train": {"trees": 64},
          "batch64_train": {"trees": 256, "passes": 2}, "seq2seq_predict": {"sequences": 512, "passes": 2}}

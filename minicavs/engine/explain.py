@@ -172,7 +172,21 @@ def _flow_instruction(program, template, pc: int) -> str:
         cond = int(lowered.code[tests[0]][2])
         trips = (f"at most {at['trips']} steps, while r{cond}({template.reg_names[cond]}) is not 0 "
                  f"(WHILE at {tests[0]})")
-    return f"loop at depth {depth}: {trips}, body {n - 1} instructions (to ENDLOOP at {pc + n})"
+    return f"loop at depth {depth}: {trips}, body {n - 1} instructions (to ENDLOOP at {pc + n}){_active(program, pc)}"
+
+
+def _active(program, pc: int) -> str:
+    """How a per-row loop opening at ``pc`` (ROWS first in its body) runs its steps: over the active rows, and
+    the row-steps that makes of those its longest row would run on every row."""
+    op, table, *_ = program.lowered.code[pc + 1].tolist()
+    operand = program.operands[table] if OPCODES_BY_ID[op] == "ROWS" and 0 <= table < len(program.operands) \
+        else None
+    if operand is None or operand.host is None:
+        return ""
+    active = [int(v) for v in operand.host[:int(_value(program, int(program.lowered.code[pc][1])))]]
+    rows = int(program.table[0][2])
+    return (f"; each step over the rows still running, sorted longest first (ROWS): {sum(active)} row-steps of "
+            f"{rows * len(active)}")
 
 
 def _value(program, buf: int):

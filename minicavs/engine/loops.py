@@ -53,8 +53,6 @@ def loops(t: Template, step, ints: bool = False) -> bool:
     test = dict(f.bodies).get("cond")
     if f.counted and test is None and _trip_count(t, step) is None:
         return False
-    if row_trips.per_row(node) and row_trips.refusal(node, step.inputs) is not None:
-        return False
     if test is not None and (test.outputs[0].dtype != node.dtype or test.outputs[0].has_rows):
         return False
     if any(x in t.literals and not (f.iterated <= i < f.iterated + f.states and _zero(x))
@@ -146,33 +144,34 @@ def lower_loop(t: Template, step, statics: set, device, singles: dict, lower_ste
     f = flow(node)
     body, test = f.bodies[0][1], dict(f.bodies).get("cond")
     results = _results(t, node, f, body)
+    prefix = row_trips.Prefix(t, node, step.inputs) if row_trips.per_row(node) else None
+    if prefix is not None:   # (its per-row results written longest row first, put back after it)
+        results = prefix.results(results, _shapes(f, body), row_trips.unread_past_run(node))
     outs, carried = _needed(f, body, results, device, singles, test)
     slots, states = body.args[:f.iterated], body.args[f.iterated:f.iterated + f.states]
-    placed = _carried(t, step, f, body, results, carried)
+    placed = _carried(t, step, f, body, results, carried, prefix)
     placed.update((p, t.reg(name=f"{p.name or 'x'}[t]")) for p in slots)
     if f.counted:   # (steps not run stay zero)
         _zero_stacked(t, f, body, results, row_trips.unread_past_run(node))
-    masks = row_trips.Masks(t, node, step.inputs, (statics, device, singles), lower_step) \
-        if row_trips.per_row(node) else None
+    outer = dict(t.regs)
+    sources = [outer[x] if prefix is None or not p.has_rows else prefix.sorted(outer[x], f.length * _cols(p))
+               for p, x in zip(slots, step.inputs[:f.iterated])]
     depth, begin = _depth(t), len(t.code)
     t.emit("LOOP", f.length, 0, depth)
     order = (-1, -1, depth) if f.reverse else (0, 1, depth)
-    outer = dict(t.regs)
+    if prefix is not None:   # (first in the body: every instruction after it runs over the step's active rows)
+        prefix.step(order)
     t.regs.update(placed)
     t.items.update((n.inputs[0], item_index(n)) for sub in (body, test) if sub is not None for n in sub.computed
                    if item_index(n) is not None)   # (a loop inside: the results its items read)
     try:
         exit_at = _test(t, test, body, (statics, device, singles), lower_step, begin) if test else None
-        for p, x in zip(slots, step.inputs[:f.iterated]):
-            t.emit("STEPCOLS", placed[p], outer[x], _cols(p), *order)
+        for p, source in zip(slots, sources):
+            t.emit("STEPCOLS", placed[p], source, _cols(p), *order)
         for j in carried:
             if _first_saved(f) + j in results:   # (the gradient's saved pre-step state)
                 _into_block(t, results[_first_saved(f) + j], placed[states[j]], states[j], order)
-        if masks is not None:   # (the rows still running; what the body reads of a summing loop's cotangents)
-            masks.step(order)
-            t.regs.update((p, masks.entry(p, placed[p])) for p in list(slots) + [states[j] for j in carried])
-        # (a kernel writes its step into its block, unless masked: a finished row's block stays zero)
-        blocks = [_block(t, results[k], body.outputs[k], order) for k in outs] if masks is None else []
+        blocks = [_block(t, results[k], body.outputs[k], order) for k in outs]   # (a kernel writes its step there)
         added = _added(f, body, carried)
         wanted = tuple(body.outputs[k] for k in outs) + tuple(added.get(j, body.outputs[f.outputs + j])
                                                               for j in carried)
@@ -180,19 +179,17 @@ def lower_loop(t: Template, step, statics: set, device, singles: dict, lower_ste
                       {body.outputs[k]: b for k, b in zip(outs, blocks)})
     finally:
         t.regs = outer
-    if masks is None:
-        for k, reg, block in zip(outs, regs, blocks):
-            if reg != block:
-                t.emit("COPY", block, reg, _rows(body.outputs[k]), _cols(body.outputs[k]))
-    else:
-        for k, reg in zip(outs, regs):
-            _into_block(t, results[k], reg, body.outputs[k], order, masks)
+    for k, reg, block in zip(outs, regs, blocks):
+        if reg != block:
+            t.emit("COPY", block, reg, _rows(body.outputs[k]), _cols(body.outputs[k]))
     new = dict(zip(carried, regs[len(outs):]))
     for j in added:   # (a sum over the steps: its term added in place)
         _add_in_place(t, begin, placed[states[j]], new.pop(j), states[j])
-    _new_states(t, body, states, f.outputs, list(new), list(new.values()), placed, masks)
+    _new_states(t, body, states, f.outputs, list(new), list(new.values()), placed)
     t.emit("ENDLOOP", f.length, len(t.code) - begin, depth)
     _close(t, step, f, begin, exit_at)
+    if prefix is not None:
+        prefix.close(depth)
     if f.outputs + f.states in results and test is not None:   # (its count of steps run, read in this body)
         t.emit("STEPS", results[f.outputs + f.states], depth)
 
@@ -232,9 +229,8 @@ def _add_in_place(t: Template, begin: int, total: int, term: int, state: Node) -
     t.emit("ADD", total, term, _rows(state), _cols(state))
 
 
-def _new_states(t: Template, body, states, first: int, carried: list, regs: list, placed: dict,
-                masks=None) -> None:
-    """Each carried state's new value copied into its memory (``masks``: for the rows still running); a new
+def _new_states(t: Template, body, states, first: int, carried: list, regs: list, placed: dict) -> None:
+    """Each carried state's new value copied into its memory (a per-row loop's: its active rows); a new
     value that may be a view of a state (a state handed on: its own unchanged, or another's) is first copied
     aside, so no state's copy overwrites what another's still reads."""
     views = _views_of_states(body, states)
@@ -249,10 +245,7 @@ def _new_states(t: Template, body, states, first: int, carried: list, regs: list
             reg = aside
         sources.append((placed[p], reg, p))
     for dst, reg, p in sources:
-        if masks is not None and p.has_rows:
-            masks.select(p, dst, reg)
-        else:
-            t.emit("COPY", dst, reg, _rows(p), _cols(p))
+        t.emit("COPY", dst, reg, _rows(p), _cols(p))
 
 
 def _close(t: Template, step, f, begin: int, exit_at: int | None) -> None:
@@ -319,11 +312,7 @@ def _results(t: Template, node: Node, f, body) -> dict:
     pick = node.attrs.get("_pick")
     if not holds_tuple(node):
         return {pick[0] if pick else 0: t.regs[node] if node in t.regs else t.scratch_reg(node)}
-    states = body.args[f.iterated:f.iterated + f.states]
-    shapes = [(o.has_rows, _rows(o), f.length * _cols(o)) for o in body.outputs[:f.outputs]]
-    shapes += [(p.has_rows, _rows(p), _cols(p)) for p in states]
-    shapes += [(False, 1, 1)] * (_first_saved(f) - f.outputs - f.states)   # (a while_loop's count: STEPS's)
-    shapes += [(p.has_rows, _rows(p), f.length * _cols(p)) for p in states] if f.saves else []
+    shapes = _shapes(f, body)
     held = pick if pick is not None else range(len(shapes))
     # (an item with memory of its own, a stored tensor, is the result's memory: loop_grad.py's saved values)
     bound = {item_index(n): r for n, r in t.regs.items() if item_index(n) is not None and n.inputs[0] is node}
@@ -334,17 +323,34 @@ def _results(t: Template, node: Node, f, body) -> dict:
     return results
 
 
-def _carried(t: Template, step, f, body, results: dict, carried: list) -> dict:
+def _shapes(f, body) -> list:
+    """Per result of the loop (its outputs, final states, a while_loop's count, saved states): (has rows, rows,
+    columns) of its memory: a stacked per-row value's rows of its steps side by side, a stacked one-row value's
+    steps as rows (its items' (steps, ...) shape)."""
+    def stacked(v: Node) -> tuple:
+        return (True, _rows(v), f.length * _cols(v)) if v.has_rows else (False, f.length * _rows(v), _cols(v))
+    states = body.args[f.iterated:f.iterated + f.states]
+    shapes = [stacked(o) for o in body.outputs[:f.outputs]]
+    shapes += [(p.has_rows, _rows(p), _cols(p)) for p in states]
+    shapes += [(False, 1, 1)] * (_first_saved(f) - f.outputs - f.states)   # (a while_loop's count: STEPS's)
+    return shapes + ([stacked(p) for p in states] if f.saves else [])
+
+
+def _carried(t: Template, step, f, body, results: dict, carried: list, prefix=None) -> dict:
     """Placeholder -> register before the loop: the captured values' own, each carried state's memory (its
-    final result's, else its own) with the initial state copied in (a literal zero: zeroed)."""
+    final result's, else its own) with the initial state copied in (a literal zero: zeroed); ``prefix`` (a
+    per-row loop's row_trips.Prefix): per-row ones copied with their rows longest first."""
     captured = f.iterated + f.states
-    placed = {p: t.regs[c] for p, c in zip(body.args[captured:], step.inputs[captured:])}
+    placed = {p: t.regs[c] if prefix is None or not p.has_rows else prefix.sorted(t.regs[c], _cols(p), p.name or "x")
+              for p, c in zip(body.args[captured:], step.inputs[captured:])}
     t.origins.update((p, t.origins.get(c, c)) for p, c in zip(body.args[captured:], step.inputs[captured:]))
     for j in carried:
         p, mine, first = body.args[f.iterated + j], results.get(f.outputs + j), step.inputs[f.iterated + j]
         placed[p] = mine if mine is not None else _memory(t, p.has_rows, _rows(p), _cols(p), f"{p.name or 's'}")
         if first in t.literals:   # (a zero: loops() takes no other literal)
             t.emit("ZERO", placed[p], _rows(p), _cols(p))
+        elif prefix is not None and p.has_rows:
+            t.emit("ROWPERM", placed[p], t.regs[first], prefix.order, _cols(p))
         else:
             t.emit("COPY", placed[p], t.regs[first], _rows(p), _cols(p))
     return placed
@@ -357,15 +363,11 @@ def _block(t: Template, stacked: int, node: Node, order: tuple) -> int:
     return block
 
 
-def _into_block(t: Template, stacked: int, value: int, node: Node, order: tuple, masks=None) -> None:
-    """The step's value (``node``'s shape: per-row or one row) copied into its block of the stacked register
-    (``masks``: for the rows still running; a finished row's block written zero)."""
+def _into_block(t: Template, stacked: int, value: int, node: Node, order: tuple) -> None:
+    """The step's value (``node``'s shape: per-row or one row) copied into its block of the stacked register."""
     block = t.reg(name="block[t]")
     t.emit("STEPCOLS", block, stacked, _cols(node), *order)
-    if masks is not None and node.has_rows:
-        masks.put(node, block, value)
-    else:
-        t.emit("COPY", block, value, _rows(node), _cols(node))
+    t.emit("COPY", block, value, _rows(node), _cols(node))
 
 
 def _memory(t: Template, has_rows: bool, rows: int, cols: int, name: str) -> int:
@@ -395,4 +397,7 @@ def lower_item(t: Template, step) -> bool:
             t.emit("COPY", out, value, _rows(node), _cols(node))
     else:
         t.emit("ALIAS", t.reg(node), value)
+    # (a per-row loop's result kept in its sorted order too: row_trips.Prefix)
+    t.sorted.update({(guard, order, t.regs[node]): copy for (guard, order, r), copy in list(t.sorted.items())
+                     if r == value})
     return True

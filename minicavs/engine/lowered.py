@@ -77,6 +77,7 @@ class Template:
         self.computed: dict = {}        # guard -> {a body value's key: its register}: computed under that guard
         self.tuples: dict = {}          # a loop's tuple node -> its results' registers (engine/loops.py)
         self.items: set = set()         # (tuple node, index) of each item the steps lowered here read
+        self.sorted: dict = {}          # (guard, order buffer, register) -> a copy, rows sorted (row_trips.py)
 
     def reg(self, node: Node | None = None, name: str = "") -> int:
         if node is not None and node in self.regs:

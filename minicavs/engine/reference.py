@@ -33,8 +33,8 @@ from ..ops.registry import holds_tuple
 from .backend import to_host
 from .codegen.machine import ARG_KINDS, OPCODES, matrix_shape
 from .codegen.opcodes import BUFFER_SPANS, MAX_DEPTH, OPCODE_TABLE, SPANS, span_values
-from .reference_flow import (op_branch, op_endloop, op_if, op_jump, op_loop, op_loopn, op_loopr, op_stepcols,
-                             op_steps, op_while)
+from .reference_flow import (op_branch, op_endloop, op_if, op_jump, op_loop, op_loopn, op_loopr, op_rows,
+                             op_stepcols, op_steps, op_while)
 
 
 KIND_OF_ARG = {v: k for k, v in ARG_KINDS.items()}
@@ -62,6 +62,7 @@ class Machine:
         self.end = -1   # the end of the running template's instructions (a branch's target lands before it)
         self.preds: dict = {}   # buffer -> a cond's pred, read once (BRANCH)
         self.task_index = -1
+        self.active = None   # a loop's active rows (ROWS; None: the task's)
         self.stream = "main"   # or "eager": the machine of the eager stream's table (a test hook reads it)
 
     # --- the task row's fields ----------------------------------------------------------------------------
@@ -71,6 +72,11 @@ class Machine:
 
     @property
     def bs(self) -> int:
+        """The rows an instruction runs over: a loop's active rows (ROWS), else the task's."""
+        return int(self.task[2]) if self.active is None else self.active
+
+    @property
+    def task_bs(self) -> int:
         return int(self.task[2])
 
     @property
@@ -206,7 +212,7 @@ class Machine:
 
     def scratch(self, off: int, cols: int) -> tuple:
         """The scratch region of ``cols`` columns at column ``off`` (x the task's rows)."""
-        return self.scratch_buf, off * self.bs, cols
+        return self.scratch_buf, off * self.task_bs, cols
 
     # --- what an instruction touches: the opcode table's spans, checked as every C loop checks them ----------
     def check_spans(self, name: str, operands: list) -> None:
@@ -249,8 +255,10 @@ class Machine:
         length, count = (rows, cols) if transposed else (cols, rows)
         return f"register {r}'s rows are {ld} apart, under a row of {length}" if ld < length and count > 1 else ""
 
-    def index_problem(self, i: int, of: int, width: int, col: int, cols: int, missing: int) -> str:
-        """Why the task's rows of index buffer ``i`` do not name rows of buffer ``of`` ('' when they do)."""
+    def index_problem(self, i: int, of: int, width: int, col: int, cols: int, missing: int,
+                      of_rows: int | None = None) -> str:
+        """Why the task's rows of index buffer ``i`` do not name rows of buffer ``of`` ('' when they do;
+        ``of_rows``: rows of that many, the task's own)."""
         if col < 0 or cols < 0 or col + cols > width:
             return f"columns {col}:{col + cols} of rows of {width}"
         if self.task_row < 0 or self.task_row + self.bs > self.flats[i].size:
@@ -261,8 +269,9 @@ class Machine:
             return f"index buffer {i} has no host copy"
         values = self.hosts[i][self.task_row:self.task_row + self.bs]
         allowed = (values == -1) & bool(missing)   # (a zero row)
-        if (~allowed & ((values < 0) | (values * width + col + cols > self.flats[of].size))).any():
-            return f"row index out of range ({values.min()}..{values.max()} of {self.flats[of].size // max(width, 1)} rows)"
+        size = self.flats[of].size if of_rows is None else of_rows * width
+        if (~allowed & ((values < 0) | (values * width + col + cols > size))).any():
+            return f"row index out of range ({values.min()}..{values.max()} of {size // max(width, 1)} rows)"
         return ""
 
     def args_problem(self, pool: int, nargs: int, rows: int, cols: int) -> str:
@@ -294,7 +303,8 @@ SPAN_CHECKS = {
     "index": lambda m, i, of, width, col, cols, missing: m.index_problem(i, of, width, col, cols, missing),
     "keys": lambda m, b: (f"rows {m.task_row}:{m.task_row + m.bs} of a buffer of {m.flats[b].size}"
                           if m.task_row < 0 or m.task_row + m.bs > m.flats[b].size else ""),
-    "scratch": lambda m, off, cols: _elements_problem(m.flats[m.scratch_buf].size, off * m.bs, m.bs, cols, cols),
+    "scratch": lambda m, off, cols: _elements_problem(m.flats[m.scratch_buf].size, off * m.task_bs, m.bs, cols,
+                                                      cols),
     "columns": lambda m, _, col, cols, width: (f"columns {col}:{col + cols} of rows of {width}"
                                                if col < 0 or cols < 0 or col + cols > width else ""),
     "nonneg": lambda m, v: f"{v} < 0" if v < 0 else "",
@@ -302,6 +312,7 @@ SPAN_CHECKS = {
     "kernel": lambda m, k: "" if 0 <= k < len(m.lowered.fused) else f"kernel {k} of {len(m.lowered.fused)}",
     "args": lambda m, pool, nargs, rows, cols: m.args_problem(pool, nargs, rows, cols),
     "scalar": lambda m, b: "" if m.flats[b].size == 1 else f"a buffer of {m.flats[b].size} elements, not one value",
+    "perm": lambda m, i: m.index_problem(i, i, 1, 0, 1, 0, of_rows=m.bs),
     "trips": lambda m, b: ("" if m.flats[b].size == 1 and m.flats[b].dtype == np.int64
                            else f"a buffer of {m.flats[b].size} {m.flats[b].dtype} elements, not one int64"),
     "target": lambda m, n: (f"skipping {n} lands outside the template (instruction {m.pc + 1 + n} of end {m.end})"
@@ -467,6 +478,11 @@ def op_copy(m: Machine, dst, src, rows, cols) -> None:
     m.matrix(dst, rows, cols)[...] = m.matrix(src, rows, cols).copy()
 
 
+def op_rowperm(m: Machine, dst, src, idx, cols) -> None:
+    """dst[r] = src[idx[r]] over the rows (a per-row loop's rows put longest first, or back)."""
+    m.matrix(dst, m.bs, cols)[...] = m.matrix(src, m.bs, cols)[m.checked(idx, m.bs)]
+
+
 def op_zero(m: Machine, dst, rows, cols) -> None:
     """dst = 0."""
     m.matrix(dst, m.dim(rows), cols)[...] = 0
@@ -628,7 +644,8 @@ OPERATIONS = {
     "SPUT": op_sput, "COLS": op_cols, "ALIAS": op_alias, "TRANSPOSE": op_transpose, "FLAT": op_flat,
     "GEMM": op_gemm, "FUSED": op_fused, "COPY": op_copy, "ZERO": op_zero, "ADD": op_add,
     "SUMROWS": op_sumrows, "PUT": op_put, "ADJ": op_adj, "GACC": op_gacc, "DROPOUT": op_dropout, "BMM": op_bmm,
-    "TRANSROWS": op_transrows, "APPLY": op_apply, "ROWOP": op_rowop,
+    "TRANSROWS": op_transrows, "APPLY": op_apply, "ROWOP": op_rowop, "ROWS": op_rows,
+    "ROWPERM": op_rowperm,
 }
 BY_ID = [OPERATIONS[name] for name in OPCODES]
 ARITY = [len(operands) for operands in OPCODES.values()]
@@ -689,7 +706,7 @@ def _loop(m: Machine, table: np.ndarray, code: list, ranges: list, before=None, 
     for t, task in enumerate(table.tolist()):
         if before is not None:
             before(t)
-        m.task, m.task_index = task, t
+        m.task, m.task_index, m.active = task, t, None
         begin, end = ranges[task[0]]
         m.begin, m.end = begin, end
         pc = begin

@@ -82,3 +82,21 @@ def op_if(m: Machine, n, pred) -> int:
     register ``pred`` is 0; NaN is true (on a device: one read, a crossing)."""
     value = float(to_host(m.matrix(pred, 1, 1).reshape(-1))[0])
     return n if value == 0 else 0
+
+
+def op_rows(m: Machine, table, first, stride, depth) -> None:
+    """The instructions after it run over the loop's active rows, ``table``'s entry for the step (first + stride
+    x counter, as STEPCOLS); table -1: over the task's rows again. At the loop's first step the entries it will
+    read are checked (the host copy): each in [0, the task's rows], none above the one before."""
+    if table < 0:
+        m.active = None
+        return
+    if not 0 <= table < len(m.flats) or table not in m.hosts or m.hosts[table].size < m.lim[depth]:
+        m.fail(f"operand table: buffer {table} is no table of {m.lim[depth]} active-row counts")
+    active = m.hosts[table]
+    if m.lt[depth] == 0:
+        steps = active[:m.lim[depth]]
+        if steps.size and (steps.min() < 0 or steps.max() > m.task_bs or (steps[1:] > steps[:-1]).any()):
+            m.fail(f"operand table: active rows {steps.tolist()} are not each in [0, {m.task_bs}] and "
+                   "non-increasing")
+    m.active = int(active[(m.lim[depth] + first if first < 0 else first) + stride * m.lt[depth]])

@@ -1,33 +1,27 @@
 """A loop with a trip count per row (``foreach(steps=lengths)`` in a static graph: padded sequences) in a static
-program, as masks (engine/loops.py calls this module where the template lowers such a loop).
+program, run over its active rows alone (engine/loops.py calls this module where the template lowers such a loop).
 
 The loop runs the batch's longest row's steps (LOOPN over a one-value static the program's binder computes from
-the lengths: ("longest", lengths)); step t reads column t of a float mask of the rows still running (("running",
-lengths): 1 where t < lengths[r], made on the host from the lengths when bound, checked there: one per row, each
-in [0, length]). After the body a row that has finished keeps its states and writes zeros as its outputs: each
-new state and output is ``where(running, new, old)``, a select, so what a finished row computes (NaN or not)
-reaches no value. A loop that also sums over its rows (a carried value without the row axis: the parameter
-gradients of a loop's gradient) must see nothing of a finished row: what the body reads of its per-row values
-(the carried state cotangents, the iterated inputs and cotangents; not the forward's saved states, the finished
-row's own, finite where its forward was) is selected to zero for a finished row, so that row adds exact zeros
-and a NaN in its padding reaches no gradient. A loop of that kind that is no loop's gradient is declined (the
-step runner runs it).
+the lengths: ("longest", lengths)). Before it, its per-row values (iterated inputs, initial states, captured
+values) are copied with their rows longest first (ROWPERM by ("roworder", lengths, length, "order"): a stable
+sort, so rows of one length keep their order); each step then runs over the rows still running, a prefix of
+them (ROWS: the step's entry of ("rowsactive", lengths, length), the count of rows longer than the step), so a
+finished row does no work: its states stay as they were, its output blocks as they were zeroed, and it adds
+nothing to a sum over the rows (a loop's gradient's parameter gradients). After the loop its per-row results are
+put back in the rows' order (ROWPERM by the inverse order). The tables are made on the host from the lengths
+when bound, checked there (one per row, each in [0, length]); every runner checks the active-row table again
+where it reads it.
 """
 from __future__ import annotations
-
-from typing import Callable
 
 import numpy as np
 
 from ..ir.graph import Node
-from ..ops import elementwise as E
 from ..ops.row_steps import checked_row_trips
-from ..ops.flow import flow, is_loop
-from ..ops.sources import input as placeholder
-from .compile import Step
-from .lowered import Template, _cols
+from ..ops.flow import flow
+from .lowered import Template
 
-RUNNING, LONGEST = "running", "longest"
+LONGEST, ORDER, ACTIVE = "longest", "roworder", "rowsactive"
 
 
 def per_row(node: Node) -> bool:
@@ -50,105 +44,73 @@ def unread_past_run(node: Node) -> frozenset:
                                                                                first_saved + f.states))
 
 
-def refusal(node: Node, inputs) -> str | None:
-    """Why a per-row loop is not lowered as masks (None: it is): one that sums over its rows and is no other
-    loop's gradient (its cotangents unknown)."""
-    f = flow(node)
-    body = f.bodies[0][1]
-    sums = [p for p in body.args[f.iterated:f.iterated + f.states] if not p.has_rows]
-    sums += [o for o in body.outputs[:f.outputs] if not o.has_rows]
-    if sums and not _saved(inputs, f):
-        return "a loop with a trip count per row that sums over its rows (not a loop's gradient)"
-    return None
+class Prefix:
+    """The instructions that run per-row loop ``node`` over its active rows in template ``t``: its per-row values
+    copied longest row first before it (:meth:`sorted`), its per-row results written in that order and put back
+    after it (:meth:`results`, :meth:`close`), the rows of each step set first in its body (:meth:`step`)."""
 
+    def __init__(self, t: Template, node: Node, inputs):
+        f = flow(node)
+        lengths = t.origins.get(inputs[-1], inputs[-1])
+        self.t = t
+        self.order = t.buf((ORDER, lengths, f.length, "order"))
+        self.inverse = t.buf((ORDER, lengths, f.length, "inverse"))
+        self.active = t.buf((ACTIVE, lengths, f.length))
+        self.back: list = []   # (a result's register, the register the loop writes it to, its columns, put back?)
 
-def _saved(inputs, f) -> set:
-    """The iterated inputs of a loop's gradient that are its forward loop's saved states (items of a loop;
-    empty: ``inputs`` are no loop's gradient's)."""
-    return {x for x in inputs[:f.iterated] if x.inputs and is_loop(x.inputs[0])}
-
-
-class Masks:
-    """The masks of one per-row loop being lowered into template ``t``."""
-
-    def __init__(self, t: Template, node: Node, inputs, where: tuple, lower_step: Callable):
-        self.t, self.where, self.lower_step = t, where, lower_step   # (where: lower_step's statics, device, singles)
-        self.f = f = flow(node)
-        lengths = inputs[-1]
-        self.matrix = t.reg(name=f"running {lengths.name or lengths.id}")
-        t.emit("STATIC", self.matrix, t.buf((RUNNING, lengths, f.length)))
-        body = f.bodies[0][1]
-        summing = any(not p.has_rows for p in body.args[f.iterated:f.iterated + f.states]) or \
-            any(not o.has_rows for o in body.outputs[:f.outputs])
-        saved = _saved(inputs, f)
-        masked = [p for p, x in zip(body.args[:f.iterated], inputs) if x not in saved]
-        masked += list(body.args[f.iterated:f.iterated + f.states])
-        self.masked = {p for p in masked if summing and p.has_rows and p.dtype.is_float}
-        self.zero, self.column = None, None
-        self.zero_column = t.reg(name="zero")   # (what a finished row's output is: selected, not multiplied)
-        t.emit("SCRATCH", self.zero_column, t.scratch, 1)
-        t.emit("ZERO", self.zero_column, -1, 1)
-        t.scratch += 1
-        if self.masked:   # (what a finished row's masked values read: zeros, selected, so NaN reaches nothing)
-            width = max(_cols(p) for p in self.masked)
-            self.zero = t.reg(name="zeros")
-            t.emit("SCRATCH", self.zero, t.scratch, width)
-            t.emit("ZERO", self.zero, -1, width)
-            t.scratch += width
-
-    def step(self, order: tuple) -> None:
-        """The running mask's column of this step (STEPCOLS, the loop's order)."""
-        self.column = self.t.reg(name="running[t]")
-        self.t.emit("STEPCOLS", self.column, self.matrix, 1, *order)
-
-    def entry(self, p: Node, reg: int) -> int:
-        """The register the body reads for placeholder ``p``: in a summing loop, a value other than a saved
-        state selected to zero on a finished row."""
-        if p not in self.masked:
-            return reg
-        out = self.t.reg(name=f"{p.name or 'x'} running")
-        self.t.emit("SCRATCH", out, self.t.scratch, _cols(p))
-        self.t.scratch += _cols(p)
-        self._where(p, reg, self.zero, out)
+    def sorted(self, reg: int, cols: int, name: str = "x") -> int:
+        """A copy of per-row value ``reg`` (``cols`` numbers a row) with its rows longest first: the one made
+        for an earlier loop over the same lengths where there is one (``t.sorted``: a static program writes a
+        value once; a gradient's loop reads its forward's inputs and saved states; under the same branches)."""
+        out = self.t.sorted.get((self.t.guard, self.order, reg))
+        if out is None:
+            out = self.t.sorted[self.t.guard, self.order, reg] = self._scratch(cols, f"{name} sorted")
+            self.t.emit("ROWPERM", out, reg, self.order, cols)
         return out
 
-    def select(self, node: Node, dst: int, new: int) -> None:
-        """dst = where(running, new, dst): a finished row keeps what ``dst`` holds (its state, its zero); the
-        select goes to scratch first (a kernel's output never aliases its input: its pointers are restrict)."""
-        chosen = self.t.reg(name=f"{node.name or 'x'} chosen")
-        self.t.emit("SCRATCH", chosen, self.t.scratch, _cols(node))
-        self.t.scratch += _cols(node)
-        self._where(node, new, dst, chosen)
-        self.t.emit("COPY", dst, chosen, -1, _cols(node))
+    def results(self, results: dict, shapes: list, unread: frozenset) -> dict:
+        """``results`` (result index -> register) with each per-row one (``shapes[i]``: has rows, rows, cols)
+        replaced by scratch the loop writes in sorted order, put back by :meth:`close` but for the ``unread``
+        ones (row_trips.unread_past_run: only the gradient's loop reads them, from the sorted copy)."""
+        mine = {}
+        for i, reg in results.items():
+            has_rows, _, cols = shapes[i]
+            mine[i] = self._scratch(cols, "result sorted") if has_rows else reg
+            if has_rows:
+                self.back.append((reg, mine[i], cols, i not in unread))
+                self.t.sorted[self.t.guard, self.order, reg] = mine[i]
+        return mine
 
-    def put(self, node: Node, block: int, new: int) -> None:
-        """block = where(running, new, 0): a step's output block, written by the select itself (the block
-        holds nothing it reads: zeroed with its stacked value)."""
-        self._where(node, new, self.zero_column, block, old_cols=1)
+    def step(self, order: tuple) -> None:
+        """The step's rows: the active ones (ROWS, the loop's order: first, stride, depth)."""
+        self.t.emit("ROWS", self.active, *order)
 
-    def _where(self, like: Node, new: int, old: int, out: int, old_cols: int | None = None) -> None:
-        """where(running, new, old) over ``like``'s rows into ``out``: one elementwise step (a fused kernel, as
-        F's single nodes); ``old_cols`` 1: one column, the same for every column."""
-        singles = self.where[2]
-        old_cols = _cols(like) if old_cols is None else old_cols
-        key = ("row mask", _cols(like), like.dtype.name, old_cols)
-        if key not in singles:
-            m = placeholder((None, 1), like.dtype.name, name="running")
-            a = placeholder((None, _cols(like)), like.dtype.name, name="new")
-            b = placeholder((None, old_cols), like.dtype.name, name="old")
-            singles[key] = (m, a, b, E.where(m, a, b))
-        m, a, b, y = singles[key]
-        t = self.t
-        t.regs.update({m: self.column, a: new, b: old, y: out})
-        self.lower_step(t, Step.of(y), *self.where)
-        for x in (m, a, b, y):
-            t.regs.pop(x, None)
+    def close(self, depth: int) -> None:
+        """After the loop: the task's rows again, and the per-row results put back in the rows' order."""
+        self.t.emit("ROWS", -1, 0, 0, depth)
+        for reg, mine, cols, read in self.back:
+            if read:
+                self.t.emit("ROWPERM", reg, mine, self.inverse, cols)
+
+    def _scratch(self, cols: int, name: str) -> int:
+        r = self.t.reg(name=name)
+        self.t.emit("SCRATCH", r, self.t.scratch, cols)
+        self.t.scratch += cols
+        return r
 
 
 def bound(value, key: tuple, rows: int) -> np.ndarray:
-    """What the binder gets for a RUNNING or LONGEST key: from the lengths' ``value`` (checked on the host)."""
-    what, lengths, length = key
-    trips = checked_row_trips(value, rows, length, lengths.label())   # (one per row, each in [0, length])
+    """What the binder gets for a LONGEST, ORDER or ACTIVE key (int64, on the host) from the lengths' ``value``
+    (checked on the host: one per row, each in [0, length])."""
+    what, lengths, length = key[:3]
+    trips = checked_row_trips(value, rows, length, lengths.label())
     if what == LONGEST:
         return np.array([int(trips.max(initial=0))], np.int64)
-    return (np.arange(length)[None, :] < trips[:, None])
+    if what == ACTIVE:   # (rows longer than step t: those not ending at or before it)
+        return len(trips) - np.cumsum(np.bincount(trips, minlength=length + 1)[:length])
+    order = np.argsort(-trips, kind="stable")
+    if key[3] == "order":
+        return order
+    inverse = np.empty_like(order)
+    inverse[order] = np.arange(len(order))
+    return inverse

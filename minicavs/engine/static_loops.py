@@ -15,7 +15,7 @@ from ..ir.graph import Node
 from ..ops.flow import flow, is_cond, is_loop
 from ..ops.registry import OPS, holds_tuple
 from ..ops.subgraph import item_index
-from . import instructions, row_trips, static_branches
+from . import instructions, static_branches
 from .loops import loops, lower_loop
 
 
@@ -29,10 +29,6 @@ def flow_refusal(n: Node) -> str | None:
     if not is_loop(n):
         return "a tuple value no instruction holds" if holds_tuple(n) else None
     f = flow(n)
-    if row_trips.per_row(n):
-        why = row_trips.refusal(n, n.inputs)
-        if why is not None:
-            return why
     if not n.dtype.is_float:
         return f"a loop of {n.dtype.name} values"
     for _, body in f.bodies:

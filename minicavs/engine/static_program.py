@@ -344,9 +344,9 @@ class _Values:
                 value = self.xp.asarray(value)
             return value.reshape(-1, 1) if axis == 0 and node.ndim == 1 else value   # (one number a row)
         rest = key[1:]
-        if what in (row_trips.RUNNING, row_trips.LONGEST):   # (a loop's trip counts per row: checked here)
+        if what in (row_trips.LONGEST, row_trips.ORDER, row_trips.ACTIVE):   # (from a loop's trip counts per row)
             made = row_trips.bound(to_host(self.env[rest[0]]), key, self.rows)
-            return self.xp.asarray(made.astype(self.dtype) if what == row_trips.RUNNING else made)
+            return self.xp.asarray(made) if what == row_trips.LONGEST else made   # (the others: index keys)
         if what == "value":
             return self.xp.ascontiguousarray(self.env[rest[0]])
         if what == "feedrows":

@@ -253,7 +253,8 @@ def test_explain_lists_a_static_programs_loops_and_what_stays_on_the_step_runner
     from minicavs.engine.explain import explain
     for name, loop in [("seq2seq", r"loop at depth 0: 4 steps"),
                        ("var_lstm_foreach", r"loop at depth 0: \d+ steps of at most \d+, the trip count read where it "
-                                            r"runs from longest")]:
+                                            r"runs from longest.*each step over the rows still running, sorted "
+                                            r"longest first \(ROWS\): \d+ row-steps of \d+")]:
         t, graphs, feeds = _model(name, tmp_path)
         text = str(explain(t.model, graphs, feeds, t.params))
         assert len(re.findall(r"      instruction \d+: " + loop, text)) == 2, text   # (forward, gradient)

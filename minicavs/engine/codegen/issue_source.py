@@ -306,7 +306,8 @@ static int row_{T}(mach_{T}_t *M, const int64_t *code, const int64_t *pool, cons
     reg_{T}_t *R = M->R;
     int64_t pc = -1;
     int64_t lt[MAXDEPTH] = {{0}}, lim[MAXDEPTH] = {{0}};   /* per loop depth: its counter and trip count */
-    const int64_t kind_id = task[0], task_row = task[1], bs = task[2], scatter_row = task[3], catfirst = task[4];
+    const int64_t kind_id = task[0], task_row = task[1], task_bs = task[2], scatter_row = task[3], catfirst = task[4];
+    int64_t bs = task_bs;   /* the rows an instruction runs over: a loop's active rows (ROWS), else the task's */
     if (kind_id < 0 || kind_id >= nkinds || bs < 0) FAIL(-2);
     const int64_t begin = kinds[2 * kind_id], end = kinds[2 * kind_id + 1];
     {T} *scratch = FBASE(M->scratch_buf);
@@ -319,7 +320,7 @@ static int row_{T}(mach_{T}_t *M, const int64_t *code, const int64_t *pool, cons
             @CHECKS GATHER@
             @VIEW GATHER@
             const int64_t width = a[2];
-            SET(a[0], scratch + a[6] * bs, width, 0, sbuf);
+            SET(a[0], scratch + a[6] * task_bs, width, 0, sbuf);
             ISSUED(move_{T}(M, 0, FBASE(a[1]), width, 1, IDX(a[3]), NROWS(a[1], width), R[a[0]].p, width, 1, 0, bs, bs,
                             width, 0));
             break;
@@ -327,7 +328,7 @@ static int row_{T}(mach_{T}_t *M, const int64_t *code, const int64_t *pool, cons
         case TAKE: {{
             @CHECKS TAKE@
             const int64_t width = a[2], cols = a[4];
-            SET(a[0], scratch + a[5] * bs, cols, 0, sbuf);
+            SET(a[0], scratch + a[5] * task_bs, cols, 0, sbuf);
             ISSUED(move_{T}(M, 0, FBASE(a[1]), width, 1, IDX(a[3]), NROWS(a[1], width), R[a[0]].p, cols, 1, 0, bs, bs,
                             cols, 0));
             break;
@@ -343,7 +344,7 @@ static int row_{T}(mach_{T}_t *M, const int64_t *code, const int64_t *pool, cons
             @CHECKS SROWS@
             @VIEW SROWS@
             const int64_t col = a[2], ldb = a[3], cols = a[5];
-            SET(a[0], scratch + a[6] * bs, cols, 0, sbuf);
+            SET(a[0], scratch + a[6] * task_bs, cols, 0, sbuf);
             if (a[7])
                 ISSUED(move_{T}(M, 0, FBASE(a[1]) + col, ldb, 1, IDX(a[4]), NROWS(a[1], ldb), R[a[0]].p, cols, 1, 0, bs,
                                 bs, cols, 0));
@@ -408,6 +409,11 @@ static int row_{T}(mach_{T}_t *M, const int64_t *code, const int64_t *pool, cons
             if (!apart) ISSUED(flush_{T}(M));
             for (int64_t i = 0; i < 2 + 2 * nargs; i++) params[i] = &p[i];
             ISSUED(launch_{T}(M, M->fk[a[0]], NRK + a[0], blocks_for_{T}(rows * cols), BLOCK, params));
+            break;
+        }}
+        case ROWPERM: {{
+            @CHECKS ROWPERM@
+            ISSUED(move_{T}(M, 0, R[a[1]].p, R[a[1]].ld, 1, IDX(a[2]), bs, R[a[0]].p, R[a[0]].ld, 1, 0, bs, bs, a[3], 0));
             break;
         }}
         case COPY: case ADD: {{

@@ -152,7 +152,8 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
             }}
         }}
         const int64_t *task = tasks + t * tw;
-        const int64_t kind_id = task[0], task_row = task[1], bs = task[2], scatter_row = task[3], catfirst = task[4];
+        const int64_t kind_id = task[0], task_row = task[1], task_bs = task[2], scatter_row = task[3], catfirst = task[4];
+        int64_t bs = task_bs;   /* the rows an instruction runs over: a loop's active rows (ROWS), else the task's */
         if (check && (kind_id < 0 || kind_id >= nkinds || bs < 0 || bs > max_bs)) FAIL(-2);
         const int64_t begin = kinds[2 * kind_id], end = kinds[2 * kind_id + 1];
         for (pc = begin; pc < end; pc++) {{
@@ -166,7 +167,7 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
                 const int64_t width = a[2];
                 const T *src = (const T *)base[a[1]];
                 const int64_t *idx = (const int64_t *)base[a[3]] + task_row;
-                T *dst = scratch + a[6] * bs;
+                T *dst = scratch + a[6] * task_bs;
                 for (int64_t r = 0; r < bs; r++) memcpy(dst + r * width, src + idx[r] * width, (size_t)width * sizeof(T));
                 R[a[0]].p = dst; R[a[0]].ld = width; R[a[0]].trans = 0; R[a[0]].buf = scratch_buf;
                 break;
@@ -182,7 +183,7 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
                     while (r < bs && idx[r] == idx[0] + r) r++;
                     if (r == bs) {{ SET(a[0], FBASE(a[1]) + idx[0] * width, width, 0, a[1]); break; }}
                 }}
-                T *dst = scratch + a[5] * bs;
+                T *dst = scratch + a[5] * task_bs;
                 for (int64_t r = 0; r < bs; r++) {{
                     if (idx[r] == -1) {{ memset(dst + r * cols, 0, (size_t)cols * sizeof(T)); continue; }}
                     memcpy(dst + r * cols, src + idx[r] * width, (size_t)cols * sizeof(T));
@@ -207,7 +208,7 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
                 @CHECKS SROWS@
                 @VIEW SROWS@
                 const int64_t col = a[2], ldb = a[3], cols = a[5];
-                T *dst = scratch + a[6] * bs;
+                T *dst = scratch + a[6] * task_bs;
                 if (a[7]) {{
                     const T *src = (const T *)base[a[1]];
                     const int64_t *idx = (const int64_t *)base[a[4]] + task_row;
@@ -331,6 +332,13 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
                     ptrs[i] = R[r].p; lds[i] = (long)R[r].ld;
                 }}
                 ((kernel_t)kernels[a[0]])((long)rows, (long)cols, ptrs, lds);
+                break;
+            }}
+            case ROWPERM: {{
+                @CHECKS ROWPERM@
+                const int64_t cols = a[3], *idx = (const int64_t *)base[a[2]] + task_row;
+                for (int64_t r = 0; r < bs; r++)
+                    memcpy(R[a[0]].p + r * R[a[0]].ld, R[a[1]].p + idx[r] * R[a[1]].ld, (size_t)cols * sizeof(T));
                 break;
             }}
             case COPY: case ADD: {{
@@ -574,7 +582,7 @@ int run_{T}(const int64_t *code, const int64_t *pool, const int64_t *kinds, int6
 
 def register_cases(dst_ok: str, indent: int) -> str:
     """The C cases of the instructions that only point a register or move pc (BIND, STATIC, SCRATCH, CATVIEW,
-    SKIP_IF_CAT, BRANCH, IF, JUMP, LOOP, LOOPN, LOOPR, ENDLOOP, WHILE; COLS, STEPCOLS: a column block, ALIAS,
+    SKIP_IF_CAT, BRANCH, IF, JUMP, LOOP, LOOPN, LOOPR, ENDLOOP, WHILE, ROWS; COLS, STEPCOLS: a column block, ALIAS,
     TRANSPOSE, FLAT: a stacked value's steps as rows): one text for the interpreter and the CUDA issuing loop,
     over the macros each defines (SET, FBASE, BLD, BTRANS, FOREST, SCRATCH_BUF, PRED, COUNTS, READ1, and the
     checks' macros), each checking a pointed register with its own ``dst_ok``; indented by ``indent`` spaces."""
@@ -593,7 +601,7 @@ case STATIC:
     break;
 case SCRATCH:
     @CHECKS SCRATCH@
-    SET(a[0], scratch + a[1] * bs, a[2], 0, SCRATCH_BUF);
+    SET(a[0], scratch + a[1] * task_bs, a[2], 0, SCRATCH_BUF);   /* (laid out by the task's rows) */
     break;
 case CATVIEW:
     @CHECKS CATVIEW@
@@ -664,6 +672,18 @@ case TRANSPOSE:
     @CHECKS TRANSPOSE@
     R[a[0]] = R[a[1]]; R[a[0]].trans ^= 1;
     break;
+case ROWS: {
+    @CHECKS ROWS@
+    if (a[0] < 0) { bs = task_bs; break; }   /* after the loop: the task's rows again */
+    BUFOK(a[0], 0);
+    const int64_t d_ = a[3], *active = COUNTS(a[0]);   /* (the CUDA loop: its host copy) */
+    if (!active || BSIZE(a[0]) < lim[d_]) FAIL(0);
+    if (lt[d_] == 0)   /* the loop's first step: every entry it will read checked once */
+        for (int64_t s_ = 0; s_ < lim[d_]; s_++)
+            if (active[s_] < 0 || active[s_] > task_bs || (s_ > 0 && active[s_] > active[s_ - 1])) FAIL(0);
+    bs = active[(a[1] < 0 ? lim[d_] + a[1] : a[1]) + a[2] * lt[d_]];
+    break;
+}
 case FLAT:
     @CHECKS FLAT@
     if (R[a[1]].trans || R[a[1]].ld != a[2] * a[3]) FAIL(3);   /* its rows not k blocks of cols: no such view */

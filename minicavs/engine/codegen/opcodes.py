@@ -123,6 +123,16 @@ OPCODE_TABLE = {
     # type (a loop's step of an int value a static program iterates over: engine/static_loops.py)
     "ROWOP": (("fn", "int"), ("dst", "in"), ("src", "in"), ("g", "later"), ("labels", "later"), ("cols", "int"),
               ("lreg", "int")),
+    # a loop with a trip count per row over rows sorted longest first (engine/row_trips.py): the instructions after
+    # it run over the active rows alone, table[step] of the task's (step: first + stride x counter, a negative
+    # first counted from the trip count, as STEPCOLS); table -1: over the task's rows again (after the ENDLOOP).
+    # At the loop's first step the table's trip-count entries are checked, refused naming ``table`` unless each
+    # is in [0, the task's rows] and none is above the one before (the active rows of a step are a prefix of the
+    # previous step's); ``table`` is an int64 buffer (on a device: its host copy)
+    "ROWS": (("table", "later"), ("first", "int"), ("stride", "int"), ("depth", "int")),
+    # dst[r] = src[idx[task_row + r]] over the rows, cols numbers each (registers, untransposed, not overlapping):
+    # a per-row loop's values put longest row first and its results back in the rows' order (engine/row_trips.py)
+    "ROWPERM": (("dst", "in"), ("src", "in"), ("idx", "buf"), ("cols", "int")),
 }
 OPERAND_KINDS = ("reg", "in", "buf", "later", "dim", "int")
 # name -> operand names (a0, a1, ...): the dump in lowered.py and the reference runner's functions' parameters
@@ -155,6 +165,7 @@ class Span(NamedTuple):
                  with its host copy)
       "target"   skipping ``operand`` instructions lands inside the template (0 <= n, pc + 1 + n <= end)
       "back"     going back ``operand`` instructions lands inside the template, behind pc (1 <= n, begin <= pc - n)
+      "perm"     index buffer ``operand`` has the task's rows, and (in check mode) each names one of them
       "trips"    buffer ``operand`` is one int64 value the loop reads where it runs (a run-time trip count; the
                  CUDA loop: with its host copy); its value in [0, most] is checked always, where it is read
       "args"     the fused kernel's (nargs, rows, cols) arguments listed from pool ``operand``: each a bound
@@ -170,9 +181,9 @@ class Span(NamedTuple):
 
 SPAN_KINDS = {"matrix": 2, "rows": 2, "elements": 4, "first": 1, "index": 5, "keys": 0, "scratch": 1,
               "columns": 3, "nonneg": 0, "dense": 2, "kernel": 0, "args": 3, "scalar": 0, "target": 0,
-              "back": 0, "trips": 0}
+              "back": 0, "trips": 0, "perm": 0}
 # their operand is a buffer (a "later" one: BUFOK first)
-BUFFER_SPANS = ("elements", "first", "index", "keys", "scalar", "trips")
+BUFFER_SPANS = ("elements", "first", "index", "keys", "scalar", "trips", "perm")
 REGISTER_SPANS = ("matrix", "rows", "dense")             # a register (a "later" one: REGOK first)
 
 _NOT_ELIDED = "not (elide and step(slot) >= 1)"
@@ -238,6 +249,8 @@ SPANS = {
               Span("rows", "src", ("bs", "cols"), "fn != 3"), Span("rows", "g", ("bs", "1"), "fn == 2"),
               Span("keys", "labels", (), "(fn == 1 or fn == 2) and not lreg"),
               Span("rows", "labels", ("bs", "1"), "(fn == 1 or fn == 2) and lreg")),
+    "ROWS": (_DEPTH,),
+    "ROWPERM": (Span("rows", "dst", ("bs", "cols")), Span("rows", "src", ("bs", "cols")), Span("perm", "idx")),
 }
 
 
@@ -279,8 +292,10 @@ static inline int index_out(int64_t isize, const int64_t *values, int64_t want, 
 #define FIRST(b, at, operand) do { if (bs > 0 && ((at) < 0 || (at) >= BSIZE(b))) FAIL(operand); } while (0)
 #define INDEX(i, b, width, col, cols, lo, operand) do { if (index_out(BSIZE(i), IVALUES(i), IWANT, BSIZE(b), \
     task_row, bs, width, col, cols, lo)) FAIL(operand); } while (0)
+#define PERM(i, operand) do { if (index_out(BSIZE(i), IVALUES(i), IWANT, bs, task_row, bs, 1, 0, 1, 0)) \
+    FAIL(operand); } while (0)
 #define KEYS(b, operand) do { if (task_row < 0 || task_row + bs > BSIZE(b)) FAIL(operand); } while (0)
-#define SCRATCHSPAN(off, cols, operand) ELEMENTS(SCRATCH_BUF, (off) * bs, bs, cols, cols, operand)
+#define SCRATCHSPAN(off, cols, operand) ELEMENTS(SCRATCH_BUF, (off) * task_bs, bs, cols, cols, operand)
 #define COLUMNS(col, cols, width, operand) do { \
     if ((col) < 0 || (cols) < 0 || (col) + (cols) > (width)) FAIL(operand); } while (0)
 #define SCALAR(b, operand) do { if (BSIZE(b) != 1 || !PRED(b)) FAIL(operand); } while (0)
@@ -337,7 +352,7 @@ def span_c(name: str, span: Span) -> str:
     else:
         macro = {"matrix": "SPAN", "rows": "ROWSPAN", "elements": "ELEMENTS", "first": "FIRST", "keys": "KEYS",
                  "dense": "DENSE", "kernel": "KERNELOK", "scalar": "SCALAR", "target": "TARGET",
-                 "back": "BACK", "trips": "TRIPS"}
+                 "back": "BACK", "trips": "TRIPS", "perm": "PERM"}
         check = f"{macro[span.kind]}({', '.join([f'a[{at}]'] + args)}, {report});"
     check = first + check
     return f"if ({c_expr(name, span.when)}) {{ {check} }}" if span.when else check
