@@ -157,8 +157,8 @@ def _control_arguments(p: argparse.ArgumentParser) -> None:
                         "(--repeats, default 3, quick 2), then the same rows' values on the emulated CUDA "
                         "device against the C runner's; writes control.md, summary.md, results.json")
     p.add_argument("--control-rows", nargs="+", default=None, metavar="ROW",
-                   help="rows for --control (default: foreach_equal foreach_bucketed foreach_padded cond_in_f foreach_in_f "
-                        "while_in_f seq2seq); also, this tree against --base alone: batch1_infer (the SST "
+                   help="rows for --control (default: foreach_equal foreach_bucketed foreach_padded cond_in_f "
+                        "foreach_in_f while_in_f seq2seq); also, this tree against --base alone: batch1_infer (the SST "
                         "Tree-LSTM, hidden 128, one tree at a time, --sst), batch1_train, batch64_train, "
                         "seq2seq_predict (greedy decoding)")
     p.add_argument("--base", default="a065f3c", metavar="COMMIT",
