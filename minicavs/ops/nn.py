@@ -243,7 +243,7 @@ def _lookup_grad_impl(xp, g, idx, table):
 
 register(OpDef("lookup", infer=_lookup_infer, impl=_lookup_impl,
                vjp=lambda g, y, table, idx: (make_node("lookup_grad", (g, idx, table)), None),
-               row_lowering=RowLowering("take", lambda n: n.inputs[0].ndim == 2 and n.inputs[1].ndim == 1
+               row_lowering=RowLowering("take", lambda n: n.inputs[0].ndim == 2 and n.inputs[1].ndim in (1, 2)
                                         and n.inputs[1].has_rows),
                row_groups=lambda n: [(n, n.inputs[1])]))
 # lookup_grad(g, idx, table): the row-sparse gradient of the table (indices + rows, never a dense table);
