@@ -140,7 +140,7 @@ class Split:
         for n in computed:
             if n in self.literals or n in self.views:   # (made before the program, given to it: prepare)
                 continue
-            if is_row_sparse(n) and all(where.get(g) != "after" for g in static_sparse.gradient_rows(n)):
+            if is_row_sparse(n) and _assembled(n, where):
                 where[n] = "assembled"
                 self.assembled.append(n)
                 continue
@@ -170,6 +170,12 @@ class Split:
         self.before = [n for n in self.program + self.views + self.before + self.after]
         self.before.sort(key=self.order.index)
         self.program, self.after, self.views = [], [], []
+
+
+def _assembled(n: Node, where: dict) -> bool:
+    """Can the host pair row-sparse ``n`` (static_sparse.assemble): are its rows known before anything reads it
+    (given, the program's, the step runner's before the program)?"""
+    return all(where.get(g) != "after" for g in static_sparse.gradient_rows(n))
 
 
 def _handed_out(program: list, wanted: set) -> tuple[list, list]:
