@@ -475,7 +475,7 @@ def _stacked(split: Split, mine: set) -> dict:
     stacked = {}
     for n in split.assembled:
         rows = static_sparse.gradient_rows(n)
-        if n.op == "accum" and all(g in mine and g.has_rows and split.classes.find(g) is split.row_class
+        if len(rows) > 1 and all(g in mine and g.has_rows and split.classes.find(g) is split.row_class
                                    for g in rows):
             stacked[n] = rows
     return stacked

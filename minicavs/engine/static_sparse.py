@@ -17,6 +17,7 @@ import numpy as np
 
 from ..core.sparse import RowSparse, add_all
 from ..ir.graph import Node
+from ..ops.nn import row_sparse_parts
 from ..ops.registry import OPS
 
 ASSEMBLED = "a row-sparse gradient: the program's rows (or the given ones) paired with the fed ids on the host"
@@ -24,22 +25,15 @@ GATHERED = ("a host gather (one take, the ids checked): the program would only m
             "gather costs to bind")
 
 
-def leaves(n: Node) -> list:
-    """The lookup gradients a row-sparse value sums (itself, for one), in the order their rows stack."""
-    if n.op == "lookup_grad":
-        return [n]
-    return [leaf for x in n.inputs for leaf in leaves(x)]
-
-
 def gradient_rows(n: Node) -> list:
     """The nodes whose values are the rows of row-sparse ``n`` (each lookup gradient's upstream gradient)."""
-    return [leaf.inputs[0] for leaf in leaves(n)]
+    return [leaf.inputs[0] for leaf in row_sparse_parts(n)]
 
 
 def assemble(n: Node, env: dict, xp, stacked=None) -> RowSparse:
     """Row-sparse ``n`` from ``env``: its ids and rows (``stacked``: a sum's rows, the program's one output of
     every operand's rows side by side per row)."""
-    parts = leaves(n)
+    parts = row_sparse_parts(n)
     dense = tuple(env[parts[0].inputs[2]].shape)
     if stacked is not None:
         rows = stacked.shape[0]
@@ -52,9 +46,10 @@ def assemble(n: Node, env: dict, xp, stacked=None) -> RowSparse:
 
 def gather(n: Node, env: dict, xp):
     """Lookup ``n``'s rows (its table's rows at its ids, checked) made on the host's side of the program."""
-    return OPS["lookup"].impl(xp, env[n.inputs[0]], env[n.inputs[1]])
+    return OPS[n.op].impl(xp, *(env[x] for x in n.inputs))
 
 
 def gathers_only(nodes: list) -> bool:
-    """Are ``nodes`` lookups alone (a pull stage: rows of tables at fed ids)?"""
-    return bool(nodes) and all(n.op == "lookup" for n in nodes)
+    """Are ``nodes`` lookups alone (a pull stage: rows of tables at ids; the registry's "take" ops)?"""
+    return bool(nodes) and all(OPS[n.op].row_lowering is not None and OPS[n.op].row_lowering.how == "take"
+                               for n in nodes)

@@ -269,5 +269,12 @@ def is_row_sparse(n: Node) -> bool:
     return n.op == "accum" and all(is_row_sparse(x) for x in n.inputs)
 
 
+def row_sparse_parts(n: Node) -> list:
+    """The lookup gradients row-sparse ``n`` sums (itself, for one), in the order their rows stack (add_all's)."""
+    if n.op == "lookup_grad":
+        return [n]
+    return [part for x in n.inputs for part in row_sparse_parts(x)]
+
+
 def densify(x: Node) -> Node:
     return make_node("densify", (x,)) if is_row_sparse(x) else x
