@@ -7,13 +7,16 @@ structure's pushed rows), its operands feeds, parameters and the structures' val
 one task of all the rows (kind 0, offset 0, rows the run's row count): a :class:`~.lowered.Lowered` bound per
 run (program.BatchProgram.of, the one binder) and run by the C runner, the CUDA issuing loop or the reference
 runner. The row functions no other opcode computes (softmax, the cross-entropy and its gradient, a row
-broadcast) are ROWOP; a lookup of rows is TAKE (its gradient stays row-sparse: the step runner's, its few rows
-read where they are).
+broadcast) are ROWOP; a lookup of rows is TAKE, by a matrix of ids (rows x k) one TAKETO per step into its
+column block. Its gradient stays row-sparse (the optimizer updates a table's looked-up rows): the host pairs the
+rows the program hands out with the fed ids (static_sparse.py; a sum's rows stacked by the program), and a graph
+whose program would only move rows (a pull stage's lookups) is gathered on the host instead (:attr:`host`).
 
 What no runner takes stays on the step runner (program.run_steps), before the program (what the program reads)
 or after it (what reads the program's values), each node with why (:attr:`Split.left`): an integer
-value, control flow, a row-sparse gradient (the optimizer updates a table's looked-up rows), an op with no
-instruction, rows of another count than the program's.
+value, control flow the lowering declines, a row-sparse gradient of rows computed after the program, an op with
+no instruction, rows of another count than the program's. No bundled model leaves a node there
+(tests/engine/test_lowered_refusals.py).
 
 Memory: the program's values live in the run's scratch and fixed arenas, sized per run by the binder from the
 row count (operands.scratch_elements: the template's scratch columns x the rows), kept by the program from run
