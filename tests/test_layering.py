@@ -49,6 +49,7 @@ LAYERS = [
         ["engine/instructions", "engine/program", "engine/executor", "engine/alg1", "engine/explain"],
         ["engine/static_branches"],      # a static graph's cond as a branch of its program
         ["engine/static_loops"],         # a static graph's loops and their int inputs in its program
+        ["engine/static_sparse"],        # what the host pairs or gathers for a static program (no op evaluated)
         ["engine/static_program"],       # a static graph lowered as a program (by instructions' step lowering)
         ["engine/linked_head"],          # the static graph on top of a structure linked into F's program
         ["engine/model"]]),

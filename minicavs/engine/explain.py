@@ -79,6 +79,7 @@ class StaticReport:
     program: object = None   # its program as the device's runner ran it (static_program.py), or None
     left: dict = field(default_factory=dict)   # why the step runner ran the rest: reason -> ops
     linked: str = ""         # linked into a structure's pass (engine/linked_head.py), or why it ran apart
+    host: dict = field(default_factory=dict)   # what the host did, evaluating no op: reason -> ops
 
 
 @dataclass
@@ -209,8 +210,10 @@ def _static_lines(reports: list, device_runner: str) -> list[str]:
     fused = sum(r.fused for r in reports)
     if any(r.program is not None for r in reports):
         programs = ", ".join(dict.fromkeys(r.program.runner for r in reports if r.program is not None))
+        rest = f"what no runner takes node by node by the {runners}" if runners else \
+            "no node left to the step runner (program.run_steps)"
         lines = [f"static graphs: each one program of instructions run by the {programs} (one call, a task of "
-                 f"all its rows), what no runner takes node by node by the {runners or 'step runner'}"]
+                 f"all its rows), {rest}"]
     else:
         lines = [f"static graphs: run by the {runners}, one step per node"
                  + ("" if fused else ", no fused kernel (the fusion pass groups vertex functions' phases only)")
@@ -219,7 +222,7 @@ def _static_lines(reports: list, device_runner: str) -> list[str]:
                  "with its programs)"]
     for r in reports:
         rows = f", rows {', '.join(map(str, r.rows))}" if r.rows else ""
-        lines.append(f"  {r.title}:" if r.program is not None and not r.steps else
+        lines.append(f"  {r.title}:" if (r.program is not None or r.host) and not r.steps else
                      f"  {r.title}: {r.steps} step{'s' if r.steps != 1 else ''} ({_counts(r.ops)}), fused kernels "
                      f"{r.fused}{rows}, values {r.nbytes / 1024:.1f} KiB")
         lines += _program_lines(r)
@@ -243,6 +246,8 @@ def _program_lines(r: StaticReport) -> list[str]:
                      + (f"; the device's runner declined it: {p.declined}" if p.declined else "")
                      + (f"; {r.linked}" if r.linked else ""))
         lines += flow_lines(p, "      ", where=False)   # (its loops: LOOP/LOOPN ... ENDLOOP)
+    for why, ops in r.host.items():
+        lines.append(f"    host: {', '.join(sorted(ops))}: {why}")
     for why, ops in r.left.items():
         lines.append(f"    step runner: {', '.join(sorted(ops))}: {why}")
     return lines
@@ -307,11 +312,17 @@ def static_report(run: StaticRun) -> StaticReport:
         kind = type_str(node)
         sized.append((node.label(), kind if len(kind) <= 40 else f"({len(node.attrs['_types'])} values)", nbytes))
     largest = sorted(sized, key=lambda v: -v[2])[:8]
-    left: dict = {}
-    for node, why in (run.left or {}).items():
-        left.setdefault(why, set()).add(node.op)
+    left, host = _by_reason(run.left), _by_reason(run.host)
     return StaticReport(run.title, run.runner, len(run.steps), dict(ops), sum(s.fused for s in run.steps),
-                        run.rows, sum(run.nbytes), loops, largest, run.program, left, run.linked)
+                        run.rows, sum(run.nbytes), loops, largest, run.program, left, run.linked, host)
+
+
+def _by_reason(nodes: dict | None) -> dict:
+    """{reason: the ops of ``nodes`` (node -> reason) given it}."""
+    found: dict = {}
+    for node, why in (nodes or {}).items():
+        found.setdefault(why, set()).add(node.op)
+    return found
 
 
 def explain(model, graphs, feeds=None, params=None, ctx=None, policy=None) -> Explanation:

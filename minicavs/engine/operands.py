@@ -19,7 +19,7 @@ from ..runtime.memory import allocations
 from .backend import Operand
 
 # buffer keys of index arrays (row numbers): resolved on the host, the device's copy beside it
-INDEX_KEYS = ("child", "pullrows", "pushrows", "srows", "rowkeys", "feedrows",   # (feedrows: a static graph's)
+INDEX_KEYS = ("child", "pullrows", "pushrows", "srows", "rowkeys", "feedrows", "feedcols",   # (feed*: a static graph's)
               "roworder", "rowsactive")   # (a per-row loop's sort and active rows: engine/row_trips.py)
 INDEX_DTYPES = {what: np.dtype(np.uint64 if what == "rowkeys" else np.int64) for what in INDEX_KEYS}
 # buffer keys that name a workspace's dynamic tensor whole: kept from the program's last binding in the same

@@ -223,6 +223,7 @@ class StaticRun:
     program: Any = None   # the static graph's program (static_program.py) as the device's runner ran it
     left: dict = None     # node -> why the step runner ran it, not the program
     linked: str = ""      # linked into a structure's pass (linked_head.py), or why its program ran apart ("")
+    host: dict = None     # node -> what the host does for it, evaluating no op (static_sparse.py)
 
 
 def record(title: str, steps: list, env: dict, xp) -> StaticRun:
@@ -487,7 +488,8 @@ class Buffers:
 _BY_WHAT = {what: getattr(Buffers, "_" + what) for what in (
     "static", "child", "tensor", "btensor", "scatter", "sgrad", "srows", "pullrows", "pushrows", "pull", "push",
     "pullgrad", "pushgrad", "rowkeys", "dropout", "arena", "pgrad")}
-_BY_WHAT.update({what: lambda self, *rest, what=what: self.head[(what,) + rest] for what in ("value", "feedrows", "out")})
+_BY_WHAT.update({what: lambda self, *rest, what=what: self.head[(what,) + rest] for what in (
+    "value", "feedrows", "feedcols", "out", "stacked")})
 
 
 def _index(rows) -> np.ndarray:

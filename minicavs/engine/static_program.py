@@ -7,13 +7,16 @@ structure's pushed rows), its operands feeds, parameters and the structures' val
 one task of all the rows (kind 0, offset 0, rows the run's row count): a :class:`~.lowered.Lowered` bound per
 run (program.BatchProgram.of, the one binder) and run by the C runner, the CUDA issuing loop or the reference
 runner. The row functions no other opcode computes (softmax, the cross-entropy and its gradient, a row
-broadcast) are ROWOP; a lookup of rows is TAKE (its gradient stays row-sparse: the step runner's, its few rows
-read where they are).
+broadcast) are ROWOP; a lookup of rows is TAKE, by a matrix of ids (rows x k) one TAKETO per step into its
+column block. Its gradient stays row-sparse (the optimizer updates a table's looked-up rows): the host pairs the
+rows the program hands out with the fed ids (static_sparse.py; a sum's rows stacked by the program), and a graph
+whose program would only move rows (a pull stage's lookups) is gathered on the host instead (:attr:`host`).
 
 What no runner takes stays on the step runner (program.run_steps), before the program (what the program reads)
 or after it (what reads the program's values), each node with why (:attr:`Split.left`): an integer
-value, control flow, a row-sparse gradient (the optimizer updates a table's looked-up rows), an op with no
-instruction, rows of another count than the program's.
+value, control flow the lowering declines, a row-sparse gradient of rows computed after the program, an op with
+no instruction, rows of another count than the program's. No bundled model leaves a node there
+(tests/engine/test_lowered_refusals.py).
 
 Memory: the program's values live in the run's scratch and fixed arenas, sized per run by the binder from the
 row count (operands.scratch_elements: the template's scratch columns x the rows), kept by the program from run
@@ -39,7 +42,7 @@ from .lowered import NONE, TASK_COLUMNS, Lowered, Template, _cols, _rows
 from .passes.fusion import fusible
 from . import program as steps_runner
 from .program import BatchProgram, RunContext, _located, is_fed, leaf_value, record
-from . import row_trips, static_loops
+from . import row_trips, static_loops, static_sparse
 
 
 def _rowy(n: Node) -> bool:
@@ -128,6 +131,7 @@ class Split:
     def __init__(self, nodes, present: set, explicit: set):
         classes = _Classes(nodes)
         self.program, self.before, self.after, self.left = [], [], [], {}
+        self.assembled: list = []   # row-sparse gradients the host pairs from rows and ids (static_sparse.py)
         where, rows = {}, None
         needed = _needed(explicit, present)
         self.leaves = [n for n in nodes if n in needed and is_fed(n)]
@@ -139,6 +143,10 @@ class Split:
         for n in computed:
             if n in self.literals or n in self.views:   # (made before the program, given to it: prepare)
                 continue
+            if is_row_sparse(n) and _assembled(n, where):
+                where[n] = "assembled"
+                self.assembled.append(n)
+                continue
             why = held.get(n) or refusal(n)
             if why is None:
                 rowy = [classes.find(x) for x in _register_inputs(n) + (n,) if _rowy(x)]
@@ -149,11 +157,11 @@ class Split:
             if why is None and item_index(n) is not None and where.get(n.inputs[0]) != "program":
                 why = "a result of a loop or cond the step runner runs"
             deps = {where.get(x) for x in n.inputs}
-            if why is None and "after" not in deps:
+            if why is None and not deps & {"after", "assembled"}:
                 where[n] = "program"
                 self.program.append(n)
             else:
-                where[n] = "before" if not deps & {"program", "after"} else "after"
+                where[n] = "before" if not deps & {"program", "after", "assembled"} else "after"
                 (self.before if where[n] == "before" else self.after).append(n)
                 self.left[n] = why or "reads a value the step runner computes after the program"
         self.row_class, self.classes = rows, classes
@@ -165,6 +173,12 @@ class Split:
         self.before = [n for n in self.program + self.views + self.before + self.after]
         self.before.sort(key=self.order.index)
         self.program, self.after, self.views = [], [], []
+
+
+def _assembled(n: Node, where: dict) -> bool:
+    """Can the host pair row-sparse ``n`` (static_sparse.assemble): are its rows known before anything reads it
+    (given, the program's, the step runner's before the program)?"""
+    return all(where.get(g) != "after" for g in static_sparse.gradient_rows(n))
 
 
 def _handed_out(program: list, wanted: set) -> tuple[list, list]:
@@ -212,26 +226,46 @@ class StaticProgram:
         self.split = split = Split(nodes, present, explicit)
         mine = set(split.program)
         read_after = {x for n in split.after for x in n.inputs}
-        self.outputs, again = _handed_out(split.program, wanted | read_after)
+        self.stacked = _stacked(split, mine)   # a sum of row-sparse gradients -> the rows the program stacks
+        paired = {g for n in split.assembled if n not in self.stacked for g in static_sparse.gradient_rows(n)}
+        self.outputs, again = _handed_out(split.program, wanted | read_after | (paired & mine))
         split.after[:0] = again
         self.before = [Step.of(n) for n in split.before]
         self.after = [Step.of(n) for n in split.after]
         self.row_source = next((x for n in split.program for x in n.inputs if x not in mine and None in x.shape
                                 and split.classes.find(x) is split.row_class), None)
         try:
-            self.lowered = _lower(split.program, self.outputs, mine, device) if split.program else None
+            self.lowered = _lower(split.program, self.outputs, mine, device, self.stacked) if split.program else None
         except instructions.Unsupported as e:   # (a loop the lowering declines: the whole graph stays)
             split.give_back(str(e))
             self.before, self.after, self.outputs, self.lowered = [Step.of(n) for n in split.before], [], [], None
+        self.gathers: list = []   # a pull stage's lookups, gathered on the host (static_sparse.gather)
         if self.lowered is not None and not _computes(self.lowered):   # (e.g. a pull's lookup of embeddings)
-            split.give_back("only moves rows: a gather the step runner makes in one call, for less than binding "
-                            "a program costs")
-            self.before, self.after, self.outputs, self.lowered = [Step.of(n) for n in split.before], [], [], None
+            self._only_moves_rows()
+        self.host = {**dict.fromkeys(split.assembled, static_sparse.ASSEMBLED),
+                     **dict.fromkeys(self.gathers, static_sparse.GATHERED)}
         self.classes = static_loops.label_classes(split.program)   # (an int value a loop reads as labels)
         self.tables: dict = {}   # rows -> the one-row task table
         self.row_axis = {x: x.shape.index(None) for n in split.program for x in n.inputs if None in x.shape}
         self.arenas: dict = {}
         self.views: dict = {}   # parameter transpose -> (the parameter's array, its view)
+
+    def _only_moves_rows(self) -> None:
+        """A program that would only move rows is not bound: lookups alone are gathered on the host, anything
+        else goes back to the step runner."""
+        split = self.split
+        moved = split.program + split.before + split.after
+        if static_sparse.gathers_only(moved):
+            self.gathers = sorted(moved, key=split.order.index)
+            split.program, split.before, split.after = [], [], []
+            for n in moved:
+                split.left.pop(n, None)
+            self.before = []
+        else:
+            split.give_back("only moves rows: a gather the step runner makes in one call, for less than binding "
+                            "a program costs")
+            self.before = [Step.of(n) for n in split.before]
+        self.after, self.outputs, self.lowered, self.stacked = [], [], None, {}
 
     def run(self, env: dict, feeds, params, ctx: RunContext, options, static: list) -> None:
         """Compute the graph into ``env``: its leaves, the step runner's part before, the program, the part after;
@@ -250,6 +284,11 @@ class StaticProgram:
         env.update(self._literals(xp))
         for n in self.split.views:
             env[n] = self._view(n, env[n.inputs[0]], xp)
+        for n in self.gathers:
+            try:
+                env[n] = static_sparse.gather(n, env, xp)
+            except FeedError as e:
+                raise _located(e, n) from None
         if self.before:
             steps_runner.run_steps(self.before, env, xp, ctx)
 
@@ -291,12 +330,15 @@ class StaticProgram:
         runner's part after it; ``static`` gets what ran (returned; None when nothing did)."""
         if values is not None:
             env.update((n, v if n.dtype.is_float else static_loops.as_int(v, n)) for n, v in values.made.items())
+        stacks = values.stacks if values is not None else {}
+        for n in self.split.assembled:
+            env[n] = static_sparse.assemble(n, env, self.device.xp, stacks.get(n))
         if self.after:
             steps_runner.run_steps(self.after, env, self.device.xp, ctx)
-        if program is None and not self.before and not self.after:
+        if program is None and not self.before and not self.after and not self.host:
             return None
         ran = record(self.title, self.before + self.after, env, self.device.xp)
-        ran.program, ran.left = program, self.split.left
+        ran.program, ran.left, ran.host = program, self.split.left, self.host
         why = self.__dict__.get("link_refusal")   # (linked_head.head_for's: why not in F's program)
         ran.linked = "" if why is None or program is None else f"apart from the structure's program: {why}"
         static.append(ran)
@@ -328,6 +370,7 @@ class _Values:
         self.owner, self.env, self.rows, self.ctx = owner, env, rows, ctx
         self.xp, self.dtype = owner.device.xp, owner.split.program[0].dtype.np
         self.made: dict = {}
+        self.stacks: dict = {}   # a sum of row-sparse gradients -> its rows, stacked by the program
 
     def __getitem__(self, key: tuple):
         what = key[0]
@@ -351,8 +394,12 @@ class _Values:
             return self.xp.ascontiguousarray(self.env[rest[0]])
         if what == "feedrows":
             return self._checked(*rest)
+        if what == "feedcols":
+            return self._columns(*rest)
         if what == "out":
             return self._made(rest[0])
+        if what == "stacked":
+            return self.stacks.setdefault(rest[0], self.xp.empty((self.rows, rest[1]), self.dtype))
         if what == "arena":
             return self._arena(*rest)
         raise KeyError(key)
@@ -364,7 +411,7 @@ class _Values:
         try:
             if OPS[reader.op].row_lowering.how == "take":
                 table = self.env[reader.inputs[0]]
-                if host.shape != (self.rows,):
+                if host.shape != (self.rows,) + tuple(node.shape[1:]):
                     raise FeedError(f"{reader.op}: indices of shape {host.shape} where the static graph's rows are "
                                     f"{self.rows} ({self.owner.row_source.label()})")
                 return indices(host, f"{reader.op}: row", size=int(table.shape[0]), at="row",
@@ -373,6 +420,14 @@ class _Values:
             return np.ascontiguousarray(check_labels(logits, host, reader.op), np.int64)
         except FeedError as e:
             raise _located(e, reader) from None
+
+    def _columns(self, node: Node, reader: Node, step: int) -> np.ndarray:
+        """Column ``step`` of id matrix ``node`` (a lookup's ids, rows x k), contiguous: the matrix checked against
+        the table ``reader`` reads and transposed once per run."""
+        made = self.__dict__.setdefault("columns", {})
+        if node not in made:
+            made[node] = np.ascontiguousarray(self._checked(node, reader).T)
+        return made[node][step]
 
     def _made(self, node: Node):
         """An array the program hands out: ``node``'s value (the row axis: this run's rows), one per run."""
@@ -417,10 +472,24 @@ class _Shaped:
         self.shape, self.ndim = shape, len(shape)
 
 
-def _lower(nodes: list, outputs: list, mine: set, device) -> Lowered:
+def _stacked(split: Split, mine: set) -> dict:
+    """{a sum of row-sparse gradients: the rows it stacks} where the program computes every one of them over its
+    rows (a matrix of rows each: copied side by side into one output)."""
+    stacked = {}
+    for n in split.assembled:
+        rows = static_sparse.gradient_rows(n)
+        if len(rows) > 1 and all(g in mine and g.has_rows and split.classes.find(g) is split.row_class
+                                   for g in rows):
+            stacked[n] = rows
+    return stacked
+
+
+def _lower(nodes: list, outputs: list, mine: set, device, stacked: dict) -> Lowered:
     """The program's one template: its steps fused as F's, lowered by F's step lowering and ROWOP, TAKE and ADJ,
-    its outputs copied out; linked as a program of one kind."""
-    steps = lower([[Step.of(n) for n in nodes]], set(outputs), device.fused)[0][0]
+    its outputs copied out, the rows of each sum of row-sparse gradients copied side by side into one output;
+    linked as a program of one kind."""
+    kept = {g for rows in stacked.values() for g in rows}
+    steps = lower([[Step.of(n) for n in nodes]], set(outputs) | kept, device.fused)[0][0]
     t = Template("static graph", TASK)
     statics = {x for n in nodes for x in _register_inputs(n) if x not in mine}
     singles: dict = {}
@@ -432,7 +501,23 @@ def _lower(nodes: list, outputs: list, mine: set, device) -> Lowered:
         out = t.reg(name=f"out {node.name or node.id}")
         t.emit("BIND", out, t.buf(("out", node)), NONE, 0, _cols(node))
         t.emit("COPY", out, t.regs[node], _rows(node), _cols(node))
+    for node, rows in stacked.items():
+        _stack_rows(t, node, rows)
     return _link(t)
+
+
+def _stack_rows(t: Template, node: Node, rows: list) -> None:
+    """The rows of each of ``rows`` (per row: a lookup's rows of a gradient) side by side in one output, which
+    the host reads as the row-sparse sum ``node``'s rows (static_sparse.assemble)."""
+    total = sum(_cols(g) for g in rows)
+    out = t.reg(name=f"rows of {node.name or node.id}")
+    t.emit("BIND", out, t.buf(("stacked", node, total)), NONE, 0, total)
+    col = 0
+    for g in rows:
+        block = t.reg(name=f"rows of {node.name or node.id}[:, {col}:]")
+        t.emit("COLS", block, out, col)
+        t.emit("COPY", block, t.regs[g], -1, _cols(g))
+        col += _cols(g)
 
 
 def _static(t: Template, x: Node, statics: set) -> int:
@@ -453,6 +538,8 @@ def _own_step(t: Template, step, statics: set) -> None:
     elif lowering.how == "sum_rows":
         _static(t, ins[0], statics)
         instructions._lowering(t, Step(step.run, step.inputs, step.outputs), "sum_rows")
+    elif lowering.how == "take" and ins[1].ndim == 2:
+        _take_steps(t, node, ins)
     elif lowering.how == "take":
         t.take(node, ("value", ins[0]), _cols(ins[0]), ("feedrows", ins[1], node))
     else:
@@ -465,6 +552,17 @@ def _own_step(t: Template, step, statics: set) -> None:
         out = t.scratch_reg(node)
         cols = _cols(node if lowering.output_cols else ins[lowering.source])
         t.emit("ROWOP", lowering.fn, out, src, g, labels, cols, int(in_register))
+
+
+def _take_steps(t: Template, node: Node, ins: tuple) -> None:
+    """A lookup by a matrix of ids (rows x k: a sequence's tokens per row): its value is k rows of the table side
+    by side per row, each step's rows one TAKETO into its column block, by that step's ids (one index buffer per
+    step: the id matrix's columns, checked on the host once)."""
+    out, width = t.scratch_reg(node), _cols(ins[0])
+    for step in range(ins[1].shape[1]):
+        block = t.reg(name=f"{t.reg_names[out]}[:, {step}]")
+        t.emit("COLS", block, out, step * width)
+        t.emit("TAKETO", block, t.buf(("value", ins[0])), width, t.buf(("feedcols", ins[1], node, step)), width, 0)
 
 
 def _sum_of_columns(t: Template, node: Node, src: int, cols: int) -> None:

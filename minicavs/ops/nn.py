@@ -243,7 +243,7 @@ def _lookup_grad_impl(xp, g, idx, table):
 
 register(OpDef("lookup", infer=_lookup_infer, impl=_lookup_impl,
                vjp=lambda g, y, table, idx: (make_node("lookup_grad", (g, idx, table)), None),
-               row_lowering=RowLowering("take", lambda n: n.inputs[0].ndim == 2 and n.inputs[1].ndim == 1
+               row_lowering=RowLowering("take", lambda n: n.inputs[0].ndim == 2 and n.inputs[1].ndim in (1, 2)
                                         and n.inputs[1].has_rows),
                row_groups=lambda n: [(n, n.inputs[1])]))
 # lookup_grad(g, idx, table): the row-sparse gradient of the table (indices + rows, never a dense table);
@@ -267,6 +267,13 @@ def is_row_sparse(n: Node) -> bool:
     if n.op == "lookup_grad":
         return True
     return n.op == "accum" and all(is_row_sparse(x) for x in n.inputs)
+
+
+def row_sparse_parts(n: Node) -> list:
+    """The lookup gradients row-sparse ``n`` sums (itself, for one), in the order their rows stack (add_all's)."""
+    if n.op == "lookup_grad":
+        return [n]
+    return [part for x in n.inputs for part in row_sparse_parts(x)]
 
 
 def densify(x: Node) -> Node:

@@ -97,3 +97,14 @@ def test_no_bundled_models_pass_is_declined_by_the_c_runner_or_the_cuda_issuing_
         assert passes or name == "seq2seq", (name, "no vertex function")   # (static graphs only)
         for what, got in passes.items():
             assert got == (runner, None, None), (name, what, got)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_no_bundled_models_static_graph_leaves_a_node_to_the_step_runner(name, tmp_path: Path):
+    """Every node of a training step's static graphs is the program's or the host's (a pull stage's gather, a
+    row-sparse gradient paired from rows and ids: static_sparse.py), none run by program.run_steps."""
+    t = Trainer(REPO_ROOT / "models" / f"{name}.yaml", SIZES.get(name, []), run_dir=tmp_path / name)
+    graphs, feeds = t.task.batch(t.task.data["train"][:4])
+    result = t.model.forward_backward(graphs, feeds, t.params, RunContext(seed=3, step=1))
+    left = [(run.title, n.op, why) for run in result.static for n, why in (run.left or {}).items()]
+    assert not left and not [run.title for run in result.static if run.steps], (name, left)

@@ -56,14 +56,16 @@ def _run(t, graphs, feeds, runner: str, device=None, **switches):
 
 
 def _steps_only(t, graphs, feeds):
-    """The same step with every static graph on the step runner (no node lowered: what ran before)."""
-    keep = static_program.refusal
+    """The same step with every static graph on the step runner (no node lowered, no row-sparse gradient paired on
+    the host: what ran before)."""
+    keep = static_program.refusal, static_program._assembled
     static_program.refusal = lambda node: "the step runner's run, for comparison"
+    static_program._assembled = lambda node, where: False
     try:
         t.model._static.programs.clear()
         return _run(t, graphs, feeds, "device")
     finally:
-        static_program.refusal = keep
+        static_program.refusal, static_program._assembled = keep
         t.model._static.programs.clear()
 
 
